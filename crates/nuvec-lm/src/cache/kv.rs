@@ -1,0 +1,73 @@
+//! The plain KV cache: keys and values `[kv_heads, capacity, head_dim]`, grown in blocks.
+
+use nuvec::{Array, DType};
+
+use super::LayerCache;
+use crate::{Error, Result};
+
+/// Positions added at a time when the cache grows (mlx-lm's step).
+const STEP: usize = 256;
+
+/// Keys and values of one attention layer.
+#[derive(Debug, Default)]
+pub struct KvCache {
+    keys: Option<Array>,
+    values: Option<Array>,
+    offset: usize,
+}
+
+impl KvCache {
+    /// An empty cache.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Appends `keys, values [kv_heads, L, head_dim]` and returns the whole buffers (valid up to
+    /// `offset()`).
+    pub fn update_and_fetch(&mut self, keys: &Array, values: &Array) -> Result<(Array, Array)> {
+        let (h, l, d) = (keys.dim(0), keys.dim(1), keys.dim(2));
+        let needed = self.offset + l;
+        let capacity = self.keys.as_ref().map_or(0, |k| k.dim(1));
+        if needed > capacity {
+            let grown = needed.div_ceil(STEP) * STEP;
+            for buffer in [&mut self.keys, &mut self.values] {
+                let mut fresh = Array::zeros(&[h, grown, d], DType::F32);
+                if let Some(old) = buffer.take() {
+                    if self.offset > 0 {
+                        let kept = old
+                            .transpose01()?
+                            .slice_rows(0, self.offset)?
+                            .transpose01()?;
+                        fresh.write_axis1(&kept, 0)?;
+                    }
+                }
+                *buffer = Some(fresh);
+            }
+        }
+        let (k, v) = (
+            self.keys.as_mut().expect("allocated above"),
+            self.values.as_mut().expect("allocated above"),
+        );
+        k.write_axis1(keys, self.offset)?;
+        v.write_axis1(values, self.offset)?;
+        self.offset = needed;
+        Ok((k.clone(), v.clone()))
+    }
+}
+
+impl LayerCache for KvCache {
+    fn offset(&self) -> usize {
+        self.offset
+    }
+
+    fn trim(&mut self, n: usize) -> Result<()> {
+        if n > self.offset {
+            return Err(Error::Invalid(format!(
+                "cannot trim {n} positions from a cache holding {}",
+                self.offset
+            )));
+        }
+        self.offset -= n;
+        Ok(())
+    }
+}

@@ -1,0 +1,153 @@
+//! Chat templates rendered as transformers renders them (jinja2 with trim_blocks and
+//! lstrip_blocks, Python string methods, `raise_exception`, `strftime_now`).
+
+use std::sync::Arc;
+
+use minijinja::{Environment, ErrorKind, Value};
+use serde::Serialize;
+
+use crate::{Error, Result};
+
+/// One chat message.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct Message {
+    /// "system", "user", "assistant" or "tool".
+    pub role: String,
+    /// The text.
+    pub content: String,
+}
+
+impl Message {
+    /// A message of `role` with `content`.
+    pub fn new(role: &str, content: &str) -> Self {
+        Message {
+            role: role.to_string(),
+            content: content.to_string(),
+        }
+    }
+}
+
+/// A compiled chat template.
+#[derive(Clone)]
+pub struct ChatTemplate {
+    env: Arc<Environment<'static>>,
+}
+
+impl std::fmt::Debug for ChatTemplate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ChatTemplate")
+    }
+}
+
+fn raise_exception(message: String) -> std::result::Result<String, minijinja::Error> {
+    Err(minijinja::Error::new(ErrorKind::InvalidOperation, message))
+}
+
+fn strftime_now(format: String) -> String {
+    // Templates use it for "today's date" in system prompts; UTC, like a server without a TZ.
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    let days = (secs / 86_400) as i64;
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    const MONTHS: [&str; 12] = [
+        "January",
+        "February",
+        "March",
+        "April",
+        "May",
+        "June",
+        "July",
+        "August",
+        "September",
+        "October",
+        "November",
+        "December",
+    ];
+    format
+        .replace("%Y", &year.to_string())
+        .replace("%m", &format!("{month:02}"))
+        .replace("%d", &format!("{day:02}"))
+        .replace("%B", MONTHS[(month - 1) as usize])
+        .replace("%b", &MONTHS[(month - 1) as usize][..3])
+}
+
+impl ChatTemplate {
+    /// Compiles `source`; a template that does not parse is an error.
+    pub fn new(source: String) -> Result<Self> {
+        let mut env = Environment::new();
+        env.set_trim_blocks(true);
+        env.set_lstrip_blocks(true);
+        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        env.add_function("raise_exception", raise_exception);
+        env.add_function("strftime_now", strftime_now);
+        env.add_template_owned("chat", source)
+            .map_err(|e| Error::Template(format!("does not parse: {e:#}")))?;
+        Ok(ChatTemplate { env: Arc::new(env) })
+    }
+
+    /// Renders `messages`; `extra` holds the template kwargs (`enable_thinking`, `tools`, ...)
+    /// and the tokenizer's `bos_token`/`eos_token`.
+    pub fn render(
+        &self,
+        messages: &[Message],
+        add_generation_prompt: bool,
+        extra: &serde_json::Map<String, serde_json::Value>,
+    ) -> Result<String> {
+        self.render_values(
+            &serde_json::to_value(messages).expect("messages serialize"),
+            add_generation_prompt,
+            false,
+            extra,
+        )
+    }
+
+    /// Renders arbitrary JSON messages (tool calls, lists of content parts).
+    /// `continue_final_message` leaves the last message open, as transformers does.
+    pub fn render_values(
+        &self,
+        messages: &serde_json::Value,
+        add_generation_prompt: bool,
+        continue_final_message: bool,
+        extra: &serde_json::Map<String, serde_json::Value>,
+    ) -> Result<String> {
+        let mut ctx = extra.clone();
+        ctx.insert("messages".into(), messages.clone());
+        ctx.insert("add_generation_prompt".into(), add_generation_prompt.into());
+        let template = self
+            .env
+            .get_template("chat")
+            .map_err(|e| Error::Template(e.to_string()))?;
+        let rendered = template
+            .render(Value::from_serialize(&ctx))
+            .map_err(|e| Error::Template(format!("failed to render: {e:#}")))?;
+        if !continue_final_message {
+            return Ok(rendered);
+        }
+        // Cut after the final message's content, as transformers' continue_final_message does.
+        let last = messages
+            .as_array()
+            .and_then(|m| m.last())
+            .and_then(|m| m.get("content"))
+            .and_then(|c| c.as_str())
+            .unwrap_or("");
+        let content = last.trim();
+        match rendered.rfind(content) {
+            Some(i) if !content.is_empty() => Ok(rendered[..i + content.len()].to_string()),
+            _ => Err(Error::Template(
+                "continue_final_message: the final message's content is not in the rendered prompt"
+                    .into(),
+            )),
+        }
+    }
+}

@@ -1,0 +1,392 @@
+//! GGUF checkpoints: the config, weights and tokenizer a GGUF file carries, mapped onto the
+//! names and layouts an MLX checkpoint uses so the same model files load them.
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use nuvec::io::{gguf_matrix, GgufFile, GgufValue};
+use nuvec::{Array, Matrix};
+use serde_json::{json, Map, Value};
+
+use crate::config::Config;
+use crate::models::Model;
+use crate::tokenizer::Tokenizer;
+use crate::weights::Weights;
+use crate::{Error, Result};
+
+/// GGUF architectures nuvec maps, and the model_type they load as.
+const ARCHITECTURES: &[(&str, &str)] =
+    &[("llama", "llama"), ("qwen2", "qwen2"), ("qwen3", "qwen3")];
+
+/// Loads a model and its tokenizer from one GGUF file.
+pub fn load_gguf(path: &Path) -> Result<(Model, Tokenizer)> {
+    let file = GgufFile::open(path)?;
+    let label = path.display().to_string();
+    let arch = meta_str(&file, "general.architecture")?;
+    let Some(&(_, model_type)) = ARCHITECTURES.iter().find(|(a, _)| *a == arch) else {
+        return Err(Error::Unsupported(format!(
+            "{label}: GGUF architecture {arch:?} is not mapped (llama, mistral, qwen2, qwen3 are)"
+        )));
+    };
+    let config = Config::from_json(&label, &config_json(&file, arch, model_type)?.to_string())?;
+    let weights = weights(&file, &config, arch)?;
+    let mut model = Model::from_config(&config, &weights)?;
+    let tokenizer = tokenizer(&file)?;
+    model.set_eos_token_ids(tokenizer.eos_token_ids().to_vec());
+    Ok((model, tokenizer))
+}
+
+fn meta<'a>(file: &'a GgufFile, key: &str) -> Result<&'a GgufValue> {
+    file.get(key).ok_or_else(|| {
+        Error::config(
+            file.path().display().to_string(),
+            format!("GGUF metadata {key} is missing"),
+        )
+    })
+}
+
+fn meta_str<'a>(file: &'a GgufFile, key: &str) -> Result<&'a str> {
+    meta(file, key)?.as_str().ok_or_else(|| {
+        Error::config(
+            file.path().display().to_string(),
+            format!("GGUF metadata {key} is not a string"),
+        )
+    })
+}
+
+fn meta_u64(file: &GgufFile, key: &str) -> Result<u64> {
+    meta(file, key)?.as_u64().ok_or_else(|| {
+        Error::config(
+            file.path().display().to_string(),
+            format!("GGUF metadata {key} is not an integer"),
+        )
+    })
+}
+
+/// The config.json an MLX checkpoint of this model would have.
+fn config_json(file: &GgufFile, arch: &str, model_type: &str) -> Result<Value> {
+    let key = |k: &str| format!("{arch}.{k}");
+    let heads = meta_u64(file, &key("attention.head_count"))?;
+    let hidden = meta_u64(file, &key("embedding_length"))?;
+    let vocab = match file.get(&key("vocab_size")).and_then(GgufValue::as_u64) {
+        Some(v) => v,
+        None => meta(file, "tokenizer.ggml.tokens")?
+            .as_array()
+            .map_or(0, |t| t.len() as u64),
+    };
+    if file.tensors().iter().any(|t| t.name == "rope_freqs.weight") {
+        return Err(Error::Unsupported(format!(
+            "{}: per-frequency rope factors (rope_freqs, Llama 3.1 GGUFs) are not mapped yet",
+            file.path().display()
+        )));
+    }
+    let mut config = Map::new();
+    config.insert("model_type".into(), model_type.into());
+    config.insert("hidden_size".into(), hidden.into());
+    config.insert(
+        "num_hidden_layers".into(),
+        meta_u64(file, &key("block_count"))?.into(),
+    );
+    config.insert(
+        "intermediate_size".into(),
+        meta_u64(file, &key("feed_forward_length"))?.into(),
+    );
+    config.insert("num_attention_heads".into(), heads.into());
+    config.insert(
+        "num_key_value_heads".into(),
+        file.get(&key("attention.head_count_kv"))
+            .and_then(GgufValue::as_u64)
+            .unwrap_or(heads)
+            .into(),
+    );
+    let head_dim = file
+        .get(&key("attention.key_length"))
+        .and_then(GgufValue::as_u64)
+        .unwrap_or(hidden / heads.max(1));
+    config.insert("head_dim".into(), head_dim.into());
+    let eps = meta(file, &key("attention.layer_norm_rms_epsilon"))?
+        .as_f64()
+        .unwrap_or(1e-5);
+    config.insert("rms_norm_eps".into(), json!(eps as f32));
+    config.insert("vocab_size".into(), vocab.into());
+    if let Some(theta) = file.get(&key("rope.freq_base")).and_then(GgufValue::as_f64) {
+        config.insert("rope_theta".into(), json!(theta as f32));
+    }
+    if let Some(n) = file.get(&key("context_length")).and_then(GgufValue::as_u64) {
+        config.insert("max_position_embeddings".into(), n.into());
+    }
+    match file
+        .get(&key("rope.scaling.type"))
+        .and_then(GgufValue::as_str)
+    {
+        None | Some("none") => {}
+        Some("linear") => {
+            let factor = file
+                .get(&key("rope.scaling.factor"))
+                .and_then(GgufValue::as_f64)
+                .unwrap_or(1.0);
+            config.insert(
+                "rope_scaling".into(),
+                json!({"type": "linear", "factor": factor}),
+            );
+        }
+        Some(other) => {
+            return Err(Error::Unsupported(format!(
+                "{}: GGUF rope scaling {other:?} is not mapped yet",
+                file.path().display()
+            )))
+        }
+    }
+    let tied = !file.tensors().iter().any(|t| t.name == "output.weight");
+    config.insert("tie_word_embeddings".into(), tied.into());
+    let has_bias = file.tensors().iter().any(|t| t.name == "blk.0.attn_q.bias");
+    if model_type == "llama" {
+        config.insert("attention_bias".into(), has_bias.into());
+    }
+    Ok(Value::Object(config))
+}
+
+/// The checkpoint name of a GGUF tensor name (`blk.3.attn_q.weight` ->
+/// `model.layers.3.self_attn.q_proj.weight`).
+fn checkpoint_name(name: &str) -> Option<String> {
+    let fixed = match name {
+        "token_embd.weight" => Some("model.embed_tokens.weight"),
+        "output_norm.weight" => Some("model.norm.weight"),
+        "output.weight" => Some("lm_head.weight"),
+        _ => None,
+    };
+    if let Some(f) = fixed {
+        return Some(f.to_string());
+    }
+    let rest = name.strip_prefix("blk.")?;
+    let (layer, rest) = rest.split_once('.')?;
+    let (module, suffix) = rest.rsplit_once('.')?;
+    let module = match module {
+        "attn_norm" => "input_layernorm",
+        "ffn_norm" => "post_attention_layernorm",
+        "attn_q" => "self_attn.q_proj",
+        "attn_k" => "self_attn.k_proj",
+        "attn_v" => "self_attn.v_proj",
+        "attn_output" => "self_attn.o_proj",
+        "attn_q_norm" => "self_attn.q_norm",
+        "attn_k_norm" => "self_attn.k_norm",
+        "ffn_gate" => "mlp.gate_proj",
+        "ffn_up" => "mlp.up_proj",
+        "ffn_down" => "mlp.down_proj",
+        _ => return None,
+    };
+    Some(format!("model.layers.{layer}.{module}.{suffix}"))
+}
+
+/// llama.cpp's converter interleaves the two rotary halves of each q/k head for the `llama`
+/// architecture; row `r` of the original is row `order[r]` of the file.
+fn unpermute_order(rows: usize, heads: usize) -> Vec<usize> {
+    let dim = rows / heads;
+    let half = dim / 2;
+    (0..rows)
+        .map(|r| {
+            let (h, within) = (r / dim, r % dim);
+            let (which, i) = (within / half, within % half);
+            h * dim + 2 * i + which
+        })
+        .collect()
+}
+
+fn weights(file: &GgufFile, config: &Config, arch: &str) -> Result<Weights> {
+    let heads = config.usize("num_attention_heads")?;
+    let kv_heads = config.usize("num_key_value_heads")?;
+    let mut arrays: HashMap<String, Array> = HashMap::new();
+    for tensor in file.tensors() {
+        let Some(name) = checkpoint_name(&tensor.name) else {
+            continue;
+        };
+        if tensor.dims.len() == 1 {
+            arrays.insert(name, file.float_array(tensor)?);
+            continue;
+        }
+        let order = match (arch, tensor.name.rsplit('.').nth(1)) {
+            ("llama", Some("attn_q")) => Some(unpermute_order(tensor.dims[1], heads)),
+            ("llama", Some("attn_k")) => Some(unpermute_order(tensor.dims[1], kv_heads)),
+            _ => None,
+        };
+        let base = name.trim_end_matches(".weight").to_string();
+        match gguf_matrix(file, tensor, order.as_deref())? {
+            Matrix::Dense(a) => {
+                arrays.insert(name, a);
+            }
+            Matrix::Quantized(q) => {
+                arrays.insert(format!("{base}.weight"), q.packed);
+                arrays.insert(format!("{base}.scales"), q.scales);
+                arrays.insert(format!("{base}.biases"), q.biases);
+            }
+        }
+    }
+    Ok(Weights::from_arrays(file.path(), arrays))
+}
+
+/// The split patterns llama.cpp names by `tokenizer.ggml.pre`, as tokenizer.json pre-tokenizers.
+fn pre_tokenizer(pre: &str) -> Option<(Value, bool)> {
+    let byte_level = |use_regex: bool| json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": use_regex});
+    let split = |pattern: &str| json!({"type": "Split", "pattern": {"Regex": pattern}, "behavior": "Isolated", "invert": false});
+    const LLAMA3: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+    const QWEN2: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+    // (pre-tokenizer, ignore_merges)
+    Some(match pre {
+        "gpt2" | "default" => (byte_level(true), false),
+        "smollm" => (
+            json!({"type": "Sequence", "pretokenizers": [{"type": "Digits", "individual_digits": true}, byte_level(true)]}),
+            false,
+        ),
+        "llama-bpe" | "llama3" => (
+            json!({"type": "Sequence", "pretokenizers": [split(LLAMA3), byte_level(false)]}),
+            true,
+        ),
+        "qwen2" => (
+            json!({"type": "Sequence", "pretokenizers": [split(QWEN2), byte_level(false)]}),
+            false,
+        ),
+        _ => return None,
+    })
+}
+
+/// The tokenizer a GGUF file describes, built as a tokenizer.json would describe it.
+fn tokenizer(file: &GgufFile) -> Result<Tokenizer> {
+    let label = file.path().display().to_string();
+    let model = meta_str(file, "tokenizer.ggml.model")?;
+    if model != "gpt2" {
+        return Err(Error::Unsupported(format!(
+            "{label}: GGUF tokenizer model {model:?} is not built yet (byte-level BPE, \"gpt2\", is)"
+        )));
+    }
+    let pre = file
+        .get("tokenizer.ggml.pre")
+        .and_then(GgufValue::as_str)
+        .unwrap_or("default");
+    let (pre_tokenizer, ignore_merges) = pre_tokenizer(pre).ok_or_else(|| {
+        Error::Unsupported(format!(
+            "{label}: GGUF pre-tokenizer {pre:?} is not mapped yet"
+        ))
+    })?;
+    let tokens: Vec<&str> = meta(file, "tokenizer.ggml.tokens")?
+        .as_array()
+        .unwrap_or(&[])
+        .iter()
+        .map(|t| t.as_str().unwrap_or(""))
+        .collect();
+    let types: Vec<u64> = file
+        .get("tokenizer.ggml.token_type")
+        .and_then(GgufValue::as_array)
+        .map(|t| t.iter().map(|v| v.as_u64().unwrap_or(1)).collect())
+        .unwrap_or_default();
+    let merges: Vec<&str> = file
+        .get("tokenizer.ggml.merges")
+        .and_then(GgufValue::as_array)
+        .map(|m| m.iter().filter_map(GgufValue::as_str).collect())
+        .unwrap_or_default();
+    let mut vocab = Map::new();
+    let mut added = vec![];
+    for (id, &token) in tokens.iter().enumerate() {
+        vocab.entry(token.to_string()).or_insert(id.into());
+        // Token types: 3 control, 4 user-defined — both are added tokens, matched whole.
+        let kind = types.get(id).copied().unwrap_or(1);
+        if kind == 3 || kind == 4 {
+            added.push(json!({"id": id, "content": token, "single_word": false, "lstrip": false, "rstrip": false, "normalized": kind == 4, "special": kind == 3}));
+        }
+    }
+    let token_of = |key: &str| {
+        file.get(key)
+            .and_then(GgufValue::as_u64)
+            .and_then(|id| tokens.get(id as usize))
+            .map(|t| t.to_string())
+    };
+    let bos = token_of("tokenizer.ggml.bos_token_id");
+    let eos = token_of("tokenizer.ggml.eos_token_id");
+    let add_bos = file
+        .get("tokenizer.ggml.add_bos_token")
+        .and_then(GgufValue::as_bool)
+        .unwrap_or(false);
+    let post_processor = match (&bos, add_bos) {
+        (Some(b), true) => {
+            let id = file
+                .get("tokenizer.ggml.bos_token_id")
+                .and_then(GgufValue::as_u64)
+                .unwrap_or(0);
+            json!({"type": "TemplateProcessing",
+                   "single": [{"SpecialToken": {"id": b, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
+                   "pair": [{"SpecialToken": {"id": b, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}, {"SpecialToken": {"id": b, "type_id": 1}}, {"Sequence": {"id": "B", "type_id": 1}}],
+                   "special_tokens": {b: {"id": b, "ids": [id], "tokens": [b]}}})
+        }
+        _ => Value::Null,
+    };
+    let json = json!({
+        "version": "1.0",
+        "truncation": null,
+        "padding": null,
+        "added_tokens": added,
+        "normalizer": null,
+        "pre_tokenizer": pre_tokenizer,
+        "post_processor": post_processor,
+        "decoder": {"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true, "use_regex": true},
+        "model": {"type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null,
+                  "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false,
+                  "ignore_merges": ignore_merges, "vocab": vocab, "merges": merges}
+    });
+    let inner: tokenizers::Tokenizer = json.to_string().parse().map_err(|e| Error::Tokenizer {
+        file: label.clone(),
+        message: format!("the GGUF vocabulary does not make a tokenizer: {e}"),
+    })?;
+    let mut eos_ids: Vec<u32> = vec![];
+    for key in ["tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id"] {
+        if let Some(id) = file.get(key).and_then(GgufValue::as_u64) {
+            if !eos_ids.contains(&(id as u32)) {
+                eos_ids.push(id as u32);
+            }
+        }
+    }
+    let template = file
+        .get("tokenizer.chat_template")
+        .and_then(GgufValue::as_str)
+        .map(str::to_string);
+    Tokenizer::from_parts(inner, label, bos, eos, eos_ids, template)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unpermute_inverts_llama_cpp_permutation() {
+        // convert_hf_to_gguf: reshape(heads, 2, dim/2) -> swapaxes(1, 2): file row (h, i, which)
+        // holds original row (h, which, i).
+        let (heads, dim) = (3, 8);
+        let original: Vec<usize> = (0..heads * dim).collect();
+        let mut file = vec![0; heads * dim];
+        for h in 0..heads {
+            for which in 0..2 {
+                for i in 0..dim / 2 {
+                    file[h * dim + 2 * i + which] = original[h * dim + which * dim / 2 + i];
+                }
+            }
+        }
+        let order = unpermute_order(heads * dim, heads);
+        let back: Vec<usize> = order.iter().map(|&r| file[r]).collect();
+        assert_eq!(back, original);
+    }
+
+    #[test]
+    fn maps_tensor_names() {
+        assert_eq!(
+            checkpoint_name("blk.12.attn_k.weight").as_deref(),
+            Some("model.layers.12.self_attn.k_proj.weight")
+        );
+        assert_eq!(
+            checkpoint_name("blk.0.ffn_norm.weight").as_deref(),
+            Some("model.layers.0.post_attention_layernorm.weight")
+        );
+        assert_eq!(
+            checkpoint_name("token_embd.weight").as_deref(),
+            Some("model.embed_tokens.weight")
+        );
+        assert_eq!(checkpoint_name("rope_freqs.weight"), None);
+    }
+}

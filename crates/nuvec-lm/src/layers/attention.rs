@@ -1,0 +1,110 @@
+//! Multi-head attention with grouped key/value heads, optional q/k norms and biases.
+
+use nuvec::Array;
+
+use super::{Linear, RmsNorm, Rope};
+use crate::cache::{KvCache, LayerCache};
+use crate::weights::Weights;
+use crate::Result;
+
+/// The sizes and options of an attention block, as the model family reads them from its config.
+#[derive(Debug, Clone)]
+pub struct AttentionShape {
+    /// Model width.
+    pub hidden: usize,
+    /// Query heads.
+    pub heads: usize,
+    /// Key/value heads (a divisor of `heads`).
+    pub kv_heads: usize,
+    /// Features per head.
+    pub head_dim: usize,
+    /// Biases on q, k and v.
+    pub qkv_bias: bool,
+    /// Bias on the output projection.
+    pub o_bias: bool,
+    /// RMS-normalize each query and key head before the rotary embedding (Qwen3), with this eps.
+    pub qk_norm_eps: Option<f32>,
+}
+
+/// Self-attention over a KV cache.
+#[derive(Debug, Clone)]
+pub struct Attention {
+    q_proj: Linear,
+    k_proj: Linear,
+    v_proj: Linear,
+    o_proj: Linear,
+    q_norm: Option<RmsNorm>,
+    k_norm: Option<RmsNorm>,
+    rope: Rope,
+    shape: AttentionShape,
+}
+
+impl Attention {
+    /// Loads `{path}.{q,k,v,o}_proj` (and `q_norm`/`k_norm` when the shape asks for them).
+    pub fn load(weights: &Weights, path: &str, shape: AttentionShape, rope: Rope) -> Result<Self> {
+        let s = &shape;
+        let (q_out, kv_out) = (s.heads * s.head_dim, s.kv_heads * s.head_dim);
+        let norm = |name: &str| -> Result<Option<RmsNorm>> {
+            s.qk_norm_eps
+                .map(|eps| RmsNorm::load(weights, &format!("{path}.{name}"), s.head_dim, eps))
+                .transpose()
+        };
+        Ok(Attention {
+            q_proj: Linear::load(
+                weights,
+                &format!("{path}.q_proj"),
+                s.hidden,
+                q_out,
+                s.qkv_bias,
+            )?,
+            k_proj: Linear::load(
+                weights,
+                &format!("{path}.k_proj"),
+                s.hidden,
+                kv_out,
+                s.qkv_bias,
+            )?,
+            v_proj: Linear::load(
+                weights,
+                &format!("{path}.v_proj"),
+                s.hidden,
+                kv_out,
+                s.qkv_bias,
+            )?,
+            o_proj: Linear::load(
+                weights,
+                &format!("{path}.o_proj"),
+                q_out,
+                s.hidden,
+                s.o_bias,
+            )?,
+            q_norm: norm("q_norm")?,
+            k_norm: norm("k_norm")?,
+            rope,
+            shape,
+        })
+    }
+
+    /// Attends `x [L, hidden]` over the cache (which it extends by L positions).
+    pub fn forward(&self, x: &Array, cache: &mut KvCache) -> Result<Array> {
+        let s = &self.shape;
+        let l = x.dim(0);
+        let heads = |a: Array, n: usize, norm: &Option<RmsNorm>| -> Result<Array> {
+            let a = a.reshape(&[l, n, s.head_dim])?;
+            match norm {
+                Some(norm) => norm.forward(&a),
+                None => Ok(a),
+            }
+        };
+        let offset = cache.offset();
+        let q = heads(self.q_proj.forward(x)?, s.heads, &self.q_norm)?;
+        let k = heads(self.k_proj.forward(x)?, s.kv_heads, &self.k_norm)?;
+        let v = heads(self.v_proj.forward(x)?, s.kv_heads, &None)?;
+        let q = self.rope.forward(&q, offset)?;
+        let k = self.rope.forward(&k, offset)?;
+        let (keys, values) = cache.update_and_fetch(&k.transpose01()?, &v.transpose01()?)?;
+        let scale = (s.head_dim as f32).powf(-0.5);
+        let out = nuvec::attention(&q, &keys, &values, cache.offset(), scale)?;
+        self.o_proj.forward(&out)
+    }
+}

@@ -1,0 +1,28 @@
+//! RMS normalization.
+
+use nuvec::Array;
+
+use crate::weights::Weights;
+use crate::Result;
+
+/// `x * rsqrt(mean(x^2) + eps) * weight` over the last axis.
+#[derive(Debug, Clone)]
+pub struct RmsNorm {
+    weight: Array,
+    eps: f32,
+}
+
+impl RmsNorm {
+    /// Loads `{path}.weight` of `dims` features.
+    pub fn load(weights: &Weights, path: &str, dims: usize, eps: f32) -> Result<Self> {
+        Ok(RmsNorm {
+            weight: weights.tensor(&format!("{path}.weight"), &[dims])?,
+            eps,
+        })
+    }
+
+    /// Normalizes `x`.
+    pub fn forward(&self, x: &Array) -> Result<Array> {
+        Ok(x.rms_norm(&self.weight, self.eps)?)
+    }
+}

@@ -1,0 +1,91 @@
+//! Rotary position embeddings, with the frequency schedules of mlx-lm's `initialize_rope`.
+
+use nuvec::Array;
+use serde_json::Value;
+
+use crate::config::Config;
+use crate::{Error, Result};
+
+/// A rotary embedding: one inverse frequency per rotated pair.
+#[derive(Debug, Clone)]
+pub struct Rope {
+    inv_freqs: Vec<f32>,
+    traditional: bool,
+}
+
+impl Rope {
+    /// The rotary embedding config.json describes for heads of `dims` features
+    /// (`rope_theta`, `rope_traditional`, `rope_scaling` / `rope_parameters`).
+    pub fn from_config(config: &Config, dims: usize, default_theta: Option<f64>) -> Result<Self> {
+        let scaling = config
+            .get("rope_scaling")
+            .or_else(|| config.get("rope_parameters"));
+        let theta = match config.opt_f64("rope_theta")? {
+            Some(t) => t,
+            None => scaling
+                .and_then(|s| s.get("rope_theta"))
+                .and_then(Value::as_f64)
+                .or(default_theta)
+                .ok_or_else(|| config.error("rope_theta", "is missing"))?,
+        };
+        let traditional = config.bool_or("rope_traditional", false)?;
+        // Periods (`base ** (2i / dims)`), as mlx-lm computes them; the kernel takes their inverse.
+        let mut periods: Vec<f64> = (0..dims / 2)
+            .map(|i| theta.powf(2.0 * i as f64 / dims as f64))
+            .collect();
+        let kind = scaling
+            .and_then(|s| s.get("type").or_else(|| s.get("rope_type")))
+            .and_then(Value::as_str)
+            .unwrap_or("default");
+        let field = |name: &str, default: Option<f64>| -> Result<f64> {
+            scaling
+                .and_then(|s| s.get(name))
+                .and_then(Value::as_f64)
+                .or(default)
+                .ok_or_else(|| config.error(&format!("rope_scaling.{name}"), "is missing"))
+        };
+        match kind {
+            "default" => {}
+            "linear" => {
+                let factor = field("factor", None)?;
+                periods.iter_mut().for_each(|p| *p *= factor);
+            }
+            "llama3" => {
+                let factor = field("factor", None)?;
+                let low = field("low_freq_factor", Some(1.0))?;
+                let high = field("high_freq_factor", Some(4.0))?;
+                let old_context = field("original_max_position_embeddings", Some(8192.0))?;
+                let (low_wavelen, high_wavelen) = (old_context / low, old_context / high);
+                for p in periods.iter_mut() {
+                    let wavelen = 2.0 * std::f64::consts::PI * *p;
+                    let scaled = if wavelen > low_wavelen {
+                        *p * factor
+                    } else {
+                        *p
+                    };
+                    if wavelen > high_wavelen && wavelen < low_wavelen {
+                        let smooth = (old_context / wavelen - low) / (high - low);
+                        *p = scaled / ((1.0 - smooth) / factor + smooth);
+                    } else {
+                        *p = scaled;
+                    }
+                }
+            }
+            other => return Err(Error::Unsupported(format!(
+                "{}: rope_scaling type {other:?} is not built yet (default, linear and llama3 are)",
+                config.file()
+            ))),
+        }
+        // mlx computes the periods in float32 before inverting them.
+        let inv_freqs = periods.iter().map(|&p| 1.0 / (p as f32)).collect();
+        Ok(Rope {
+            inv_freqs,
+            traditional,
+        })
+    }
+
+    /// Rotates `x [L, H, D]` at positions `offset..offset+L`.
+    pub fn forward(&self, x: &Array, offset: usize) -> Result<Array> {
+        Ok(x.rope(&self.inv_freqs, offset, self.traditional)?)
+    }
+}

@@ -1,0 +1,42 @@
+//! nuvec-lm: load mlx-community and Hugging Face checkpoints and generate as mlx-lm does.
+//!
+//! ```no_run
+//! use nuvec_lm::{generate, load, GenerateOptions, StreamDecoder};
+//!
+//! # fn main() -> nuvec_lm::Result<()> {
+//! let (model, tokenizer) = load("mlx-community/Qwen3-0.6B-4bit")?;
+//! let prompt = tokenizer.encode("The capital of France is", true)?;
+//! let mut text = StreamDecoder::default();
+//! for id in generate(&model, &prompt, GenerateOptions { max_tokens: 32, ..Default::default() })? {
+//!     print!("{}", text.push(&tokenizer, id?)?);
+//! }
+//! # Ok(())
+//! # }
+//! ```
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod cache;
+pub mod chat;
+pub mod config;
+mod error;
+pub mod generate;
+pub mod gguf;
+pub mod hub;
+pub mod layers;
+mod load;
+pub mod models;
+pub mod quantization;
+pub mod sample;
+pub mod stream;
+pub mod tokenizer;
+pub mod weights;
+
+pub use chat::{ChatTemplate, Message};
+pub use error::{Error, Result};
+pub use generate::{generate, FinishReason, GenerateOptions, Generation, Stats};
+pub use load::{load, load_dir, load_model};
+pub use models::Model;
+pub use sample::Sampler;
+pub use stream::StreamDecoder;
+pub use tokenizer::Tokenizer;

@@ -1,0 +1,180 @@
+//! Llama (1, 2, 3.x) and Mistral, as mlx-lm's `models/llama.py`; Qwen 2 and 3 reuse it with
+//! their own options.
+
+use nuvec::{Array, Matrix};
+
+use crate::cache::KvCache;
+use crate::config::Config;
+use crate::layers::{Attention, AttentionShape, Mlp, RmsNorm, Rope};
+use crate::models::Architecture;
+use crate::weights::Weights;
+use crate::{Error, Result};
+
+/// What differs between the families built on this decoder.
+#[derive(Debug, Clone)]
+pub struct Family {
+    /// Biases on q, k, v.
+    pub qkv_bias: bool,
+    /// Bias on o_proj.
+    pub o_bias: bool,
+    /// Biases in the MLP.
+    pub mlp_bias: bool,
+    /// Qwen3's per-head q/k RMS norms.
+    pub qk_norm: bool,
+    /// `head_dim` when config.json has none: `None` means hidden / heads.
+    pub head_dim_required: bool,
+    /// `rope_theta` when config.json has none.
+    pub default_rope_theta: Option<f64>,
+    /// `tie_word_embeddings` when config.json has none (`None`: the field is required).
+    pub default_tie: Option<bool>,
+}
+
+struct Block {
+    input_layernorm: RmsNorm,
+    self_attn: Attention,
+    post_attention_layernorm: RmsNorm,
+    mlp: Mlp,
+}
+
+impl Block {
+    fn forward(&self, x: &Array, cache: &mut KvCache) -> Result<Array> {
+        let h = x.add(
+            &self
+                .self_attn
+                .forward(&self.input_layernorm.forward(x)?, cache)?,
+        )?;
+        Ok(h.add(
+            &self
+                .mlp
+                .forward(&self.post_attention_layernorm.forward(&h)?)?,
+        )?)
+    }
+}
+
+/// The decoder: embeddings, blocks, final norm, and a head (or the embeddings, tied).
+pub struct Llama {
+    embed_tokens: Matrix,
+    layers: Vec<Block>,
+    norm: RmsNorm,
+    lm_head: Option<Matrix>,
+}
+
+impl Llama {
+    /// Loads Llama or Mistral.
+    pub fn load(config: &Config, weights: &Weights) -> Result<Self> {
+        let family = Family {
+            qkv_bias: config.bool_or("attention_bias", false)?,
+            o_bias: config.bool_or("attention_bias", false)?,
+            mlp_bias: config.bool_or("mlp_bias", false)?,
+            qk_norm: false,
+            head_dim_required: false,
+            default_rope_theta: Some(10000.0),
+            default_tie: Some(true),
+        };
+        Self::load_family(config, weights, &family)
+    }
+
+    /// Loads any family on this decoder.
+    pub fn load_family(config: &Config, weights: &Weights, family: &Family) -> Result<Self> {
+        let hidden = config.usize("hidden_size")?;
+        let heads = config.usize("num_attention_heads")?;
+        let kv_heads = config.opt_usize("num_key_value_heads")?.unwrap_or(heads);
+        let vocab = config.usize("vocab_size")?;
+        let layers = config.usize("num_hidden_layers")?;
+        let intermediate = config.usize("intermediate_size")?;
+        let eps = config.f64("rms_norm_eps")? as f32;
+        if heads == 0 || kv_heads == 0 || heads % kv_heads != 0 {
+            return Err(config.error(
+                "num_key_value_heads",
+                format_args!("= {kv_heads} must divide num_attention_heads = {heads}"),
+            ));
+        }
+        let head_dim = match config.opt_usize("head_dim")? {
+            Some(d) => d,
+            None if family.head_dim_required => return Err(config.error("head_dim", "is missing")),
+            None => hidden / heads,
+        };
+        let tie = match (config.get("tie_word_embeddings"), family.default_tie) {
+            (None, Some(default)) => default,
+            (None, None) => return Err(config.error("tie_word_embeddings", "is missing")),
+            _ => config.bool_or("tie_word_embeddings", false)?,
+        };
+        let rope = Rope::from_config(config, head_dim, family.default_rope_theta)?;
+        let shape = AttentionShape {
+            hidden,
+            heads,
+            kv_heads,
+            head_dim,
+            qkv_bias: family.qkv_bias,
+            o_bias: family.o_bias,
+            qk_norm_eps: family.qk_norm.then_some(eps),
+        };
+        let blocks = (0..layers)
+            .map(|i| {
+                let p = format!("model.layers.{i}");
+                Ok(Block {
+                    input_layernorm: RmsNorm::load(
+                        weights,
+                        &format!("{p}.input_layernorm"),
+                        hidden,
+                        eps,
+                    )?,
+                    self_attn: Attention::load(
+                        weights,
+                        &format!("{p}.self_attn"),
+                        shape.clone(),
+                        rope.clone(),
+                    )?,
+                    post_attention_layernorm: RmsNorm::load(
+                        weights,
+                        &format!("{p}.post_attention_layernorm"),
+                        hidden,
+                        eps,
+                    )?,
+                    mlp: Mlp::load(
+                        weights,
+                        &format!("{p}.mlp"),
+                        hidden,
+                        intermediate,
+                        family.mlp_bias,
+                    )?,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Llama {
+            embed_tokens: weights.matrix("model.embed_tokens", vocab, hidden)?,
+            layers: blocks,
+            norm: RmsNorm::load(weights, "model.norm", hidden, eps)?,
+            lm_head: if tie {
+                None
+            } else {
+                Some(weights.matrix("lm_head", vocab, hidden)?)
+            },
+        })
+    }
+}
+
+impl Architecture for Llama {
+    fn hidden(&self, tokens: &[u32], cache: &mut [KvCache]) -> Result<Array> {
+        if cache.len() != self.layers.len() {
+            return Err(Error::Invalid(format!(
+                "a cache of {} layers for a model of {}",
+                cache.len(),
+                self.layers.len()
+            )));
+        }
+        let mut h = self.embed_tokens.embed(tokens)?;
+        for (layer, c) in self.layers.iter().zip(cache.iter_mut()) {
+            h = layer.forward(&h, c)?;
+        }
+        self.norm.forward(&h)
+    }
+
+    fn logits(&self, hidden: &Array) -> Result<Array> {
+        Ok(hidden.linear(self.lm_head.as_ref().unwrap_or(&self.embed_tokens))?)
+    }
+
+    fn num_layers(&self) -> usize {
+        self.layers.len()
+    }
+}

@@ -1,0 +1,118 @@
+//! Model families, one file each, and the [`Model`] they are loaded as.
+
+mod llama;
+mod qwen2;
+mod qwen3;
+
+use nuvec::Array;
+
+use crate::cache::KvCache;
+use crate::config::Config;
+use crate::weights::Weights;
+use crate::{Error, Result};
+
+/// What a model family implements.
+pub trait Architecture: Send + Sync {
+    /// Runs `tokens` through the decoder, extending `cache` (one per layer); returns the final
+    /// normalized hidden states `[L, hidden]`.
+    fn hidden(&self, tokens: &[u32], cache: &mut [KvCache]) -> Result<Array>;
+    /// The output head: `[L, hidden] -> [L, vocab]` logits.
+    fn logits(&self, hidden: &Array) -> Result<Array>;
+    /// Decoder layers (one cache each).
+    fn num_layers(&self) -> usize;
+}
+
+/// The model types this build loads.
+pub const SUPPORTED_MODEL_TYPES: &[&str] = &["llama", "mistral", "qwen2", "qwen3"];
+
+/// A loaded language model.
+pub struct Model {
+    arch: Box<dyn Architecture>,
+    model_type: String,
+    vocab_size: usize,
+    eos_token_ids: Vec<u32>,
+}
+
+impl std::fmt::Debug for Model {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Model")
+            .field("model_type", &self.model_type)
+            .field("layers", &self.num_layers())
+            .finish()
+    }
+}
+
+impl Model {
+    /// Builds the family `config.json` names from `weights`.
+    pub fn from_config(config: &Config, weights: &Weights) -> Result<Self> {
+        let model_type = config.str("model_type")?.to_string();
+        let arch: Box<dyn Architecture> = match model_type.as_str() {
+            "llama" | "mistral" => Box::new(llama::Llama::load(config, weights)?),
+            "qwen2" => Box::new(qwen2::load(config, weights)?),
+            "qwen3" => Box::new(qwen3::load(config, weights)?),
+            other => {
+                return Err(Error::Unsupported(format!(
+                    "{}: model_type {other:?} is not one nuvec loads ({})",
+                    config.file(),
+                    SUPPORTED_MODEL_TYPES.join(", ")
+                )))
+            }
+        };
+        Ok(Model {
+            arch,
+            model_type,
+            vocab_size: config.usize("vocab_size")?,
+            eos_token_ids: config.eos_token_ids()?,
+        })
+    }
+
+    /// `config.json`'s `model_type`.
+    pub fn model_type(&self) -> &str {
+        &self.model_type
+    }
+
+    /// Rows of the output head.
+    pub fn vocab_size(&self) -> usize {
+        self.vocab_size
+    }
+
+    /// End-of-sequence ids from config.json / generation_config.json.
+    pub fn eos_token_ids(&self) -> &[u32] {
+        &self.eos_token_ids
+    }
+
+    /// Decoder layers.
+    pub fn num_layers(&self) -> usize {
+        self.arch.num_layers()
+    }
+
+    /// A fresh cache, one per layer.
+    pub fn new_cache(&self) -> Vec<KvCache> {
+        (0..self.num_layers()).map(|_| KvCache::new()).collect()
+    }
+
+    /// Logits `[L, vocab]` for every position of `tokens`, extending `cache`.
+    pub fn forward(&self, tokens: &[u32], cache: &mut [KvCache]) -> Result<Array> {
+        let h = self.arch.hidden(tokens, cache)?;
+        self.arch.logits(&h)
+    }
+
+    /// Logits `[1, vocab]` of the last position only (the head runs on one row).
+    pub fn forward_last(&self, tokens: &[u32], cache: &mut [KvCache]) -> Result<Array> {
+        let h = self.arch.hidden(tokens, cache)?;
+        let l = h.dim(0);
+        self.arch.logits(&h.slice_rows(l - 1, l)?)
+    }
+
+    /// Extends `cache` with `tokens` without computing logits (a prefill chunk).
+    pub fn prefill(&self, tokens: &[u32], cache: &mut [KvCache]) -> Result<()> {
+        self.arch.hidden(tokens, cache).map(|_| ())
+    }
+}
+
+impl Model {
+    /// Replaces the end-of-sequence ids (the loader merges the tokenizer's in).
+    pub fn set_eos_token_ids(&mut self, ids: Vec<u32>) {
+        self.eos_token_ids = ids;
+    }
+}

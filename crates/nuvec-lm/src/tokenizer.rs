@@ -1,0 +1,187 @@
+//! The checkpoint's own tokenizer: tokenizer.json through the `tokenizers` crate (every
+//! normalizer, pre-tokenizer and post-processor), plus tokenizer_config.json's special tokens
+//! and chat template.
+
+use std::path::Path;
+
+use serde_json::Value;
+
+use crate::chat::ChatTemplate;
+use crate::{Error, Result};
+
+/// A tokenizer with its chat template and end-of-sequence ids.
+#[derive(Debug, Clone)]
+pub struct Tokenizer {
+    inner: tokenizers::Tokenizer,
+    file: String,
+    bos_token: Option<String>,
+    eos_token: Option<String>,
+    eos_token_ids: Vec<u32>,
+    chat_template: Option<ChatTemplate>,
+}
+
+/// A special token in tokenizer_config.json: a string, or an AddedToken object with `content`.
+fn token_text(v: Option<&Value>) -> Option<String> {
+    match v? {
+        Value::String(s) => Some(s.clone()),
+        Value::Object(o) => o.get("content").and_then(Value::as_str).map(str::to_string),
+        _ => None,
+    }
+}
+
+impl Tokenizer {
+    /// Reads tokenizer.json, tokenizer_config.json and chat_template.jinja (when present) from
+    /// `dir`. `extra_eos_ids` (the model config's) join the tokenizer's own EOS token.
+    pub fn load(dir: &Path, extra_eos_ids: &[u32]) -> Result<Self> {
+        let path = dir.join("tokenizer.json");
+        let file = path.display().to_string();
+        if !path.exists() {
+            return Err(Error::NotFound(format!(
+                "{file}: missing; nuvec needs the checkpoint's tokenizer.json (copy it from the original model)"
+            )));
+        }
+        let inner = tokenizers::Tokenizer::from_file(&path).map_err(|e| Error::Tokenizer {
+            file: file.clone(),
+            message: format!("does not parse ({e}); re-download it"),
+        })?;
+        let config_path = dir.join("tokenizer_config.json");
+        let config: Value = if config_path.exists() {
+            let cfile = config_path.display().to_string();
+            let text = std::fs::read_to_string(&config_path).map_err(|source| Error::Io {
+                path: cfile.clone(),
+                source,
+            })?;
+            serde_json::from_str(&text)
+                .map_err(|e| Error::config(&cfile, format!("is not valid JSON ({e})")))?
+        } else {
+            Value::Null
+        };
+        let template_file = dir.join("chat_template.jinja");
+        let template_source = if template_file.exists() {
+            let tfile = template_file.display().to_string();
+            Some(
+                std::fs::read_to_string(&template_file).map_err(|source| Error::Io {
+                    path: tfile,
+                    source,
+                })?,
+            )
+        } else {
+            match config.get("chat_template") {
+                Some(Value::String(s)) => Some(s.clone()),
+                // A list of named templates: the one called "default".
+                Some(Value::Array(list)) => list
+                    .iter()
+                    .find(|t| t.get("name").and_then(Value::as_str) == Some("default"))
+                    .and_then(|t| t.get("template"))
+                    .and_then(Value::as_str)
+                    .map(str::to_string),
+                _ => None,
+            }
+        };
+        let bos_token = token_text(config.get("bos_token"));
+        let eos_token = token_text(config.get("eos_token"));
+        let mut eos_token_ids: Vec<u32> = extra_eos_ids.to_vec();
+        if let Some(id) = eos_token.as_deref().and_then(|t| inner.token_to_id(t)) {
+            if !eos_token_ids.contains(&id) {
+                eos_token_ids.push(id);
+            }
+        }
+        let chat_template = template_source.map(ChatTemplate::new).transpose()?;
+        Ok(Tokenizer {
+            inner,
+            file,
+            bos_token,
+            eos_token,
+            eos_token_ids,
+            chat_template,
+        })
+    }
+
+    /// A tokenizer built from parts (e.g. a GGUF file's vocabulary); `file` names it in errors.
+    pub fn from_parts(
+        inner: tokenizers::Tokenizer,
+        file: String,
+        bos_token: Option<String>,
+        eos_token: Option<String>,
+        eos_token_ids: Vec<u32>,
+        chat_template: Option<String>,
+    ) -> Result<Self> {
+        let chat_template = chat_template.map(ChatTemplate::new).transpose()?;
+        Ok(Tokenizer {
+            inner,
+            file,
+            bos_token,
+            eos_token,
+            eos_token_ids,
+            chat_template,
+        })
+    }
+
+    /// Token ids of `text`; `add_special_tokens` applies the post-processor (Llama's BOS).
+    pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>> {
+        let enc = self
+            .inner
+            .encode(text, add_special_tokens)
+            .map_err(|e| Error::Tokenizer {
+                file: self.file.clone(),
+                message: format!("cannot encode: {e}"),
+            })?;
+        Ok(enc.get_ids().to_vec())
+    }
+
+    /// Text of `ids` (special tokens kept, as mlx-lm's detokenizers do).
+    pub fn decode(&self, ids: &[u32]) -> Result<String> {
+        self.inner.decode(ids, false).map_err(|e| Error::Tokenizer {
+            file: self.file.clone(),
+            message: format!("cannot decode: {e}"),
+        })
+    }
+
+    /// The id of a token written as text (e.g. `<|im_end|>`).
+    pub fn token_id(&self, token: &str) -> Option<u32> {
+        self.inner.token_to_id(token)
+    }
+
+    /// Tokens in the vocabulary, added tokens included.
+    pub fn vocab_size(&self) -> usize {
+        self.inner.get_vocab_size(true)
+    }
+
+    /// Ids that end generation: the model config's and the tokenizer's EOS token.
+    pub fn eos_token_ids(&self) -> &[u32] {
+        &self.eos_token_ids
+    }
+
+    /// Adds an end-of-sequence token given as text (mlx_lm's `--extra-eos-token`).
+    pub fn add_eos_token(&mut self, token: &str) -> Result<()> {
+        let id = self.token_id(token).ok_or_else(|| {
+            Error::Invalid(format!(
+                "extra EOS token {token:?} is not a token of this tokenizer"
+            ))
+        })?;
+        if !self.eos_token_ids.contains(&id) {
+            self.eos_token_ids.push(id);
+        }
+        Ok(())
+    }
+
+    /// The BOS token's text, if the tokenizer has one.
+    pub fn bos_token(&self) -> Option<&str> {
+        self.bos_token.as_deref()
+    }
+
+    /// The EOS token's text, if the tokenizer has one.
+    pub fn eos_token(&self) -> Option<&str> {
+        self.eos_token.as_deref()
+    }
+
+    /// The chat template, when the checkpoint has one.
+    pub fn chat_template(&self) -> Option<&ChatTemplate> {
+        self.chat_template.as_ref()
+    }
+
+    /// The underlying `tokenizers` tokenizer.
+    pub fn inner(&self) -> &tokenizers::Tokenizer {
+        &self.inner
+    }
+}

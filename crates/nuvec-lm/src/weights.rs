@@ -1,0 +1,238 @@
+//! A checkpoint's tensors: one safetensors file or a sharded set, mapped, looked up by the
+//! checkpoint's own names and checked against the shapes the model expects.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use nuvec::io::SafetensorsFile;
+use nuvec::{Array, DType, Matrix, QuantMode, QuantSpec, Quantized};
+
+use crate::quantization::Quantization;
+use crate::{Error, Result};
+
+/// The tensors of a checkpoint directory.
+#[derive(Debug)]
+pub struct Weights {
+    dir: PathBuf,
+    files: Vec<SafetensorsFile>,
+    index: HashMap<String, usize>,
+    /// Tensors converted at load (from GGUF), by name.
+    converted: HashMap<String, Array>,
+    quantization: Quantization,
+}
+
+impl Weights {
+    /// Opens every `model*.safetensors` in `dir` (the index's shards when
+    /// `model.safetensors.index.json` is there).
+    pub fn open(dir: &Path, quantization: Quantization) -> Result<Self> {
+        let index_path = dir.join("model.safetensors.index.json");
+        let mut names: Vec<PathBuf> = if index_path.exists() {
+            let file = index_path.display().to_string();
+            let text = std::fs::read_to_string(&index_path).map_err(|source| Error::Io {
+                path: file.clone(),
+                source,
+            })?;
+            let json: serde_json::Value = serde_json::from_str(&text)
+                .map_err(|e| Error::config(&file, format!("is not valid JSON ({e})")))?;
+            let map = json
+                .get("weight_map")
+                .and_then(|m| m.as_object())
+                .ok_or_else(|| Error::config(&file, "has no weight_map object"))?;
+            let mut shards: Vec<PathBuf> = map
+                .values()
+                .filter_map(|v| v.as_str())
+                .map(|s| dir.join(s))
+                .collect();
+            shards.sort();
+            shards.dedup();
+            shards
+        } else {
+            let entries = std::fs::read_dir(dir).map_err(|source| Error::Io {
+                path: dir.display().to_string(),
+                source,
+            })?;
+            entries
+                .filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|p| {
+                    let name = p.file_name().and_then(|n| n.to_str()).unwrap_or("");
+                    name.starts_with("model") && name.ends_with(".safetensors")
+                })
+                .collect()
+        };
+        names.sort();
+        if names.is_empty() {
+            return Err(Error::NotFound(format!(
+                "{}: no model*.safetensors files (is this a checkpoint directory?)",
+                dir.display()
+            )));
+        }
+        let mut files = Vec::new();
+        let mut index = HashMap::new();
+        for path in names {
+            let file = SafetensorsFile::open(&path)?;
+            for name in file.tensors().keys() {
+                index.insert(name.clone(), files.len());
+            }
+            files.push(file);
+        }
+        Ok(Weights {
+            dir: dir.to_path_buf(),
+            files,
+            index,
+            converted: HashMap::new(),
+            quantization,
+        })
+    }
+
+    /// Tensors already in memory (converted from another format), named as a checkpoint names
+    /// them; `source` names their origin in errors.
+    pub fn from_arrays(source: &Path, converted: HashMap<String, Array>) -> Self {
+        Weights {
+            dir: source.to_path_buf(),
+            files: vec![],
+            index: HashMap::new(),
+            converted,
+            quantization: Quantization::default(),
+        }
+    }
+
+    /// True when the checkpoint has tensor `name`.
+    pub fn has(&self, name: &str) -> bool {
+        self.index.contains_key(name) || self.converted.contains_key(name)
+    }
+
+    fn file_of(&self, name: &str) -> String {
+        match self.index.get(name) {
+            Some(&i) => self.files[i].path().display().to_string(),
+            None => self.dir.display().to_string(),
+        }
+    }
+
+    fn err(&self, name: &str, message: impl Into<String>) -> Error {
+        Error::Weights {
+            file: self.file_of(name),
+            message: format!("{name}: {}", message.into()),
+        }
+    }
+
+    /// Tensor `name` as it is stored.
+    pub fn raw(&self, name: &str) -> Result<Array> {
+        if let Some(a) = self.converted.get(name) {
+            return Ok(a.clone());
+        }
+        let &i = self.index.get(name).ok_or_else(|| {
+            self.err(
+                name,
+                "is missing from the checkpoint (a different model or an incomplete download?)",
+            )
+        })?;
+        Ok(self.files[i].array(name)?)
+    }
+
+    /// A float tensor of exactly `shape`.
+    pub fn tensor(&self, name: &str, shape: &[usize]) -> Result<Array> {
+        let a = self.raw(name)?;
+        if a.shape() != shape {
+            return Err(self.err(
+                name,
+                format!("has shape {:?}, the config says {shape:?}", a.shape()),
+            ));
+        }
+        if !a.dtype().is_float() {
+            return Err(self.err(
+                name,
+                format!("has dtype {}, expected a float type", a.dtype()),
+            ));
+        }
+        Ok(a)
+    }
+
+    /// Like [`Weights::tensor`], `None` when absent.
+    pub fn opt_tensor(&self, name: &str, shape: &[usize]) -> Result<Option<Array>> {
+        if self.has(name) {
+            self.tensor(name, shape).map(Some)
+        } else {
+            Ok(None)
+        }
+    }
+
+    /// The `[rows, cols]` weight of module `path` (`{path}.weight`), dense or quantized:
+    /// a module is quantized when `{path}.scales` exists, with bits and group size read from
+    /// the shapes (as mlx-lm does) and checked against the config's entry for it.
+    pub fn matrix(&self, path: &str, rows: usize, cols: usize) -> Result<Matrix> {
+        let weight = format!("{path}.weight");
+        let scales = format!("{path}.scales");
+        let listed = self.quantization.overrides.get(path);
+        if !self.has(&scales) {
+            if let Some(Some(spec)) = listed {
+                return Err(self.err(
+                    &weight,
+                    format!(
+                        "config.json quantizes it ({} bits) but {scales} is missing",
+                        spec.bits
+                    ),
+                ));
+            }
+            return Ok(Matrix::Dense(self.tensor(&weight, &[rows, cols])?));
+        }
+        if let Some(None) = listed {
+            return Err(self.err(
+                &weight,
+                "config.json lists it as unquantized, but it has scales",
+            ));
+        }
+        let (packed, scales_a) = (self.raw(&weight)?, self.raw(&scales)?);
+        if scales_a.dtype() == DType::U8 {
+            return Err(Error::Unsupported(format!(
+                "{}: {path} uses a microscaling format (mxfp4/mxfp8/nvfp4), which is not built yet",
+                self.file_of(&weight)
+            )));
+        }
+        if packed.shape().len() != 2
+            || scales_a.shape().len() != 2
+            || packed.dim(0) != rows
+            || scales_a.dim(0) != rows
+        {
+            return Err(self.err(
+                &weight,
+                format!(
+                    "quantized shapes {:?} / scales {:?} do not fit a {rows}x{cols} matrix",
+                    packed.shape(),
+                    scales_a.shape()
+                ),
+            ));
+        }
+        let words = packed.dim(1);
+        let groups = scales_a.dim(1);
+        if (words * 32) % cols != 0 || groups == 0 || cols % groups != 0 {
+            return Err(self.err(
+                &weight,
+                format!(
+                    "packed {words} words and {groups} groups per row cannot hold {cols} columns"
+                ),
+            ));
+        }
+        let spec = QuantSpec {
+            mode: QuantMode::Affine,
+            bits: words * 32 / cols,
+            group_size: cols / groups,
+        };
+        if let Some(Some(want)) = listed {
+            if (want.bits, want.group_size) != (spec.bits, spec.group_size) {
+                return Err(self.err(
+                    &weight,
+                    format!(
+                        "config.json says {} bits, group {}, the tensors hold {} bits, group {}",
+                        want.bits, want.group_size, spec.bits, spec.group_size
+                    ),
+                ));
+            }
+        }
+        spec.validate().map_err(|m| self.err(&weight, m))?;
+        let biases = self.raw(&format!("{path}.biases"))?;
+        Ok(Matrix::Quantized(
+            Quantized::new(packed, scales_a, biases, spec, cols)
+                .map_err(|e| self.err(&weight, e.to_string()))?,
+        ))
+    }
+}

@@ -1,0 +1,66 @@
+//! The op set inference needs, one implementation per device.
+//!
+//! Activations are f32; weights may be f32, f16, bf16 or quantized ([`Matrix`]). Shapes are
+//! documented per op; every op checks them and returns an error rather than panicking.
+
+use crate::{Array, Device, Matrix, Result};
+
+/// One device's implementation of the ops.
+pub trait Backend: Send + Sync {
+    /// The device it runs on.
+    fn device(&self) -> Device;
+
+    /// `x [M, K] @ w[N, K]^T -> [M, N]`.
+    fn linear(&self, x: &Array, w: &Matrix) -> Result<Array>;
+
+    /// Rows `ids` of `table [V, D]` -> `[len(ids), D]`.
+    fn embed(&self, table: &Matrix, ids: &[u32]) -> Result<Array>;
+
+    /// RMS norm over the last axis: `x * rsqrt(mean(x^2) + eps) * weight`.
+    fn rms_norm(&self, x: &Array, weight: &Array, eps: f32) -> Result<Array>;
+
+    /// Rotary embedding of `x [L, H, D]` at positions `offset..offset+L`, rotating the first
+    /// `2 * inv_freqs.len()` features of each head (halves, or interleaved pairs if `traditional`).
+    fn rope(&self, x: &Array, inv_freqs: &[f32], offset: usize, traditional: bool)
+        -> Result<Array>;
+
+    /// Causal attention of `q [L, Hq, D]` over the first `kv_len` positions of
+    /// `k, v [Hkv, capacity, D]`; query `i` sits at position `kv_len - L + i`.
+    /// Returns `[L, Hq * D]`.
+    fn attention(
+        &self,
+        q: &Array,
+        k: &Array,
+        v: &Array,
+        kv_len: usize,
+        scale: f32,
+    ) -> Result<Array>;
+
+    /// Writes `src [A, n, C]` into `dst [A, capacity, C]` at `offset` along axis 1, in place.
+    fn write_axis1(&self, dst: &mut Array, src: &Array, offset: usize) -> Result<()>;
+
+    /// `[A, B, C] -> [B, A, C]`.
+    fn transpose01(&self, x: &Array) -> Result<Array>;
+
+    /// Elementwise `a + b` (same shape).
+    fn add(&self, a: &Array, b: &Array) -> Result<Array>;
+
+    /// `x [M, N] + bias [N]`.
+    fn add_bias(&self, x: &Array, bias: &Array) -> Result<Array>;
+
+    /// `silu(gate) * up`, elementwise.
+    fn silu_mul(&self, gate: &Array, up: &Array) -> Result<Array>;
+
+    /// Rows `start..end` of `x [M, ...]`.
+    fn slice_rows(&self, x: &Array, start: usize, end: usize) -> Result<Array>;
+
+    /// Index of the largest value along the last axis: `[..., N] -> u32 [...]`.
+    fn argmax(&self, x: &Array) -> Result<Array>;
+}
+
+/// The backend of `device`.
+pub fn backend(device: Device) -> &'static dyn Backend {
+    match device {
+        Device::Cpu => &crate::backends::cpu::CpuBackend,
+    }
+}

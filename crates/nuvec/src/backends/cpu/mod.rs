@@ -1,0 +1,106 @@
+//! The CPU backend: plain Rust kernels written for auto-vectorization, threaded with rayon.
+//! It runs every op at once (synchronously), which the asynchronous API allows.
+
+mod attention;
+mod elementwise;
+mod linear;
+
+use crate::{Array, Backend, DType, Device, Error, Matrix, Result};
+
+/// The CPU backend.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct CpuBackend;
+
+/// An f32 array's elements, or a shape error naming the op.
+pub(crate) fn f32s<'a>(op: &'static str, a: &'a Array) -> Result<&'a [f32]> {
+    if a.dtype() != DType::F32 {
+        return Err(Error::shape(
+            op,
+            format!("activations must be float32, got {}", a.dtype()),
+        ));
+    }
+    a.host::<f32>()
+}
+
+/// A float array's elements as f32 (converted when f16/bf16: weights such as norms are small).
+pub(crate) fn floats<'a>(op: &'static str, a: &'a Array) -> Result<std::borrow::Cow<'a, [f32]>> {
+    match a.dtype() {
+        DType::F32 => Ok(std::borrow::Cow::Borrowed(a.host::<f32>()?)),
+        DType::F16 | DType::BF16 => Ok(std::borrow::Cow::Owned(a.to_f32_vec()?)),
+        other => Err(Error::shape(
+            op,
+            format!("expected a float array, got {other}"),
+        )),
+    }
+}
+
+pub(crate) fn output(data: Vec<f32>, shape: &[usize]) -> Result<Array> {
+    Array::from_slice(&data, shape)
+}
+
+impl Backend for CpuBackend {
+    fn device(&self) -> Device {
+        Device::Cpu
+    }
+
+    fn linear(&self, x: &Array, w: &Matrix) -> Result<Array> {
+        linear::linear(x, w)
+    }
+
+    fn embed(&self, table: &Matrix, ids: &[u32]) -> Result<Array> {
+        linear::embed(table, ids)
+    }
+
+    fn rms_norm(&self, x: &Array, weight: &Array, eps: f32) -> Result<Array> {
+        elementwise::rms_norm(x, weight, eps)
+    }
+
+    fn rope(
+        &self,
+        x: &Array,
+        inv_freqs: &[f32],
+        offset: usize,
+        traditional: bool,
+    ) -> Result<Array> {
+        elementwise::rope(x, inv_freqs, offset, traditional)
+    }
+
+    fn attention(
+        &self,
+        q: &Array,
+        k: &Array,
+        v: &Array,
+        kv_len: usize,
+        scale: f32,
+    ) -> Result<Array> {
+        attention::attention(q, k, v, kv_len, scale)
+    }
+
+    fn write_axis1(&self, dst: &mut Array, src: &Array, offset: usize) -> Result<()> {
+        elementwise::write_axis1(dst, src, offset)
+    }
+
+    fn transpose01(&self, x: &Array) -> Result<Array> {
+        elementwise::transpose01(x)
+    }
+
+    fn add(&self, a: &Array, b: &Array) -> Result<Array> {
+        elementwise::binary("add", a, b, |x, y| x + y)
+    }
+
+    fn add_bias(&self, x: &Array, bias: &Array) -> Result<Array> {
+        elementwise::add_bias(x, bias)
+    }
+
+    fn silu_mul(&self, gate: &Array, up: &Array) -> Result<Array> {
+        elementwise::binary("silu_mul", gate, up, |g, u| g / (1.0 + (-g).exp()) * u)
+    }
+
+    fn slice_rows(&self, x: &Array, start: usize, end: usize) -> Result<Array> {
+        elementwise::slice_rows(x, start, end)
+    }
+
+    fn argmax(&self, x: &Array) -> Result<Array> {
+        elementwise::argmax(x)
+    }
+}

@@ -1,0 +1,223 @@
+//! GGUF's block-quantized types converted to the MLX affine layout they are equivalent to:
+//! every simple ggml block is `w = d * q + m` (or `d * (q - offset)`) over 32 values, which is
+//! exactly an affine group of 32 with `scale = d` and `bias = m` (or `-offset * d`).
+
+use half::f16;
+
+use super::gguf::{GgmlType, GgufFile, GgufTensor};
+use crate::{Array, Error, Matrix, QuantMode, QuantSpec, Quantized, Result};
+
+fn f16_at(b: &[u8], i: usize) -> f16 {
+    f16::from_le_bytes([b[i], b[i + 1]])
+}
+
+/// One block decoded: 32 unsigned values, scale and bias.
+fn decode_block(kind: GgmlType, b: &[u8], q: &mut [u8; 32]) -> (f32, f32) {
+    let nibbles = |qs: &[u8], q: &mut [u8; 32]| {
+        for j in 0..16 {
+            q[j] = qs[j] & 0xf;
+            q[j + 16] = qs[j] >> 4;
+        }
+    };
+    let high_bits = |qh: u32, q: &mut [u8; 32]| {
+        for (j, v) in q.iter_mut().enumerate() {
+            *v |= (((qh >> j) & 1) as u8) << 4;
+        }
+    };
+    match kind {
+        GgmlType::Q8_0 => {
+            let d = f16_at(b, 0).to_f32();
+            for (v, &x) in q.iter_mut().zip(&b[2..34]) {
+                *v = (x as i8 as i16 + 128) as u8;
+            }
+            (d, -128.0 * d)
+        }
+        GgmlType::Q4_0 => {
+            let d = f16_at(b, 0).to_f32();
+            nibbles(&b[2..18], q);
+            (d, -8.0 * d)
+        }
+        GgmlType::Q4_1 => {
+            nibbles(&b[4..20], q);
+            (f16_at(b, 0).to_f32(), f16_at(b, 2).to_f32())
+        }
+        GgmlType::Q5_0 => {
+            let d = f16_at(b, 0).to_f32();
+            nibbles(&b[6..22], q);
+            high_bits(u32::from_le_bytes(b[2..6].try_into().expect("4 bytes")), q);
+            (d, -16.0 * d)
+        }
+        GgmlType::Q5_1 => {
+            nibbles(&b[8..24], q);
+            high_bits(u32::from_le_bytes(b[4..8].try_into().expect("4 bytes")), q);
+            (f16_at(b, 0).to_f32(), f16_at(b, 2).to_f32())
+        }
+        _ => unreachable!("only called for block types"),
+    }
+}
+
+/// Packs `values` (each < 2^bits) LSB-first into `out`, as MLX stores affine weights.
+fn pack_lsb(values: &[u8], bits: usize, out: &mut [u8]) {
+    let mut acc: u32 = 0;
+    let mut filled = 0;
+    let mut at = 0;
+    for &v in values {
+        acc |= (v as u32) << filled;
+        filled += bits;
+        while filled >= 8 {
+            out[at] = acc as u8;
+            at += 1;
+            acc >>= 8;
+            filled -= 8;
+        }
+    }
+}
+
+/// Tensor `tensor` as a `[rows, cols]` matrix in MLX's layout, with its rows reordered by
+/// `row_order` when given (row `i` of the result is row `row_order[i]` of the file).
+pub fn gguf_matrix(
+    file: &GgufFile,
+    tensor: &GgufTensor,
+    row_order: Option<&[usize]>,
+) -> Result<Matrix> {
+    let fail = |m: String| Error::Format {
+        path: file.path().display().to_string(),
+        message: format!("tensor {}: {m}", tensor.name),
+    };
+    let (cols, rows) = match tensor.dims[..] {
+        [c, r] => (c, r),
+        _ => {
+            return Err(fail(format!(
+                "expected a matrix, got dimensions {:?}",
+                tensor.dims
+            )))
+        }
+    };
+    if let Some(order) = row_order {
+        if order.len() != rows || order.iter().any(|&r| r >= rows) {
+            return Err(fail("row order does not fit the matrix".into()));
+        }
+    }
+    let source_row = |i: usize| row_order.map_or(i, |o| o[i]);
+    let bits = match tensor.ggml_type {
+        GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => {
+            let a = file.float_array(tensor)?;
+            return Ok(Matrix::Dense(match row_order {
+                None => a,
+                Some(_) => permute_rows(&a, rows, source_row)?,
+            }));
+        }
+        GgmlType::Q8_0 => 8,
+        GgmlType::Q4_0 | GgmlType::Q4_1 => 4,
+        GgmlType::Q5_0 | GgmlType::Q5_1 => 5,
+        GgmlType::Other(id) => {
+            return Err(Error::Unsupported(format!(
+                "{}: tensor {} has ggml type {id}, which nuvec does not convert yet (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 are)",
+                file.path().display(),
+                tensor.name
+            )))
+        }
+    };
+    let (per, block_bytes) = tensor.ggml_type.block().expect("block types have a size");
+    if cols % per != 0 {
+        return Err(fail(format!(
+            "{cols} columns do not split into blocks of {per}"
+        )));
+    }
+    let data = file.data(tensor);
+    let groups = cols / per;
+    let row_bytes = groups * block_bytes;
+    let packed_row = cols * bits / 8;
+    let mut packed = vec![0u8; rows * packed_row];
+    // Q4_1 and Q5_1 keep their f16 scale and min exactly as f16; the offset types' bias
+    // (-8d, -16d, -128d) is exact in f32.
+    let f16_params = matches!(tensor.ggml_type, GgmlType::Q4_1 | GgmlType::Q5_1);
+    let mut scales = vec![0f32; rows * groups];
+    let mut biases = vec![0f32; rows * groups];
+    let mut q = [0u8; 32];
+    for r in 0..rows {
+        let src = &data[source_row(r) * row_bytes..(source_row(r) + 1) * row_bytes];
+        let dst = &mut packed[r * packed_row..(r + 1) * packed_row];
+        for g in 0..groups {
+            let (s, b) = decode_block(
+                tensor.ggml_type,
+                &src[g * block_bytes..(g + 1) * block_bytes],
+                &mut q,
+            );
+            scales[r * groups + g] = s;
+            biases[r * groups + g] = b;
+            pack_lsb(
+                &q,
+                bits,
+                &mut dst[g * 32 * bits / 8..(g + 1) * 32 * bits / 8],
+            );
+        }
+    }
+    let words: Vec<u32> = packed
+        .chunks_exact(4)
+        .map(|c| u32::from_le_bytes(c.try_into().expect("4 bytes")))
+        .collect();
+    let packed = Array::from_slice(&words, &[rows, cols * bits / 32])?;
+    let (scales, biases) = if f16_params {
+        let to16 = |v: &[f32]| v.iter().map(|&x| f16::from_f32(x)).collect::<Vec<_>>();
+        (
+            Array::from_slice(&to16(&scales), &[rows, groups])?,
+            Array::from_slice(&to16(&biases), &[rows, groups])?,
+        )
+    } else {
+        (
+            Array::from_slice(&scales, &[rows, groups])?,
+            Array::from_slice(&biases, &[rows, groups])?,
+        )
+    };
+    let spec = QuantSpec {
+        mode: QuantMode::Affine,
+        bits,
+        group_size: 32,
+    };
+    Ok(Matrix::Quantized(Quantized::new(
+        packed, scales, biases, spec, cols,
+    )?))
+}
+
+fn permute_rows(a: &Array, rows: usize, source_row: impl Fn(usize) -> usize) -> Result<Array> {
+    let row_bytes = a.nbytes() / rows.max(1);
+    let src = a.raw_bytes();
+    let mut out = Vec::with_capacity(src.len());
+    for r in 0..rows {
+        out.extend_from_slice(&src[source_row(r) * row_bytes..(source_row(r) + 1) * row_bytes]);
+    }
+    Array::from_bytes(
+        crate::buffer::Bytes::copy_of(&out),
+        a.shape().to_vec(),
+        a.dtype(),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pack_lsb_matches_mlx_nibble_order() {
+        let values: Vec<u8> = (0..32).map(|i| (i % 16) as u8).collect();
+        let mut out = vec![0u8; 16];
+        pack_lsb(&values, 4, &mut out);
+        assert_eq!(out[0], 0x10);
+        assert_eq!(out[1], 0x32);
+    }
+
+    #[test]
+    fn q8_0_block_is_exact_affine() {
+        let mut block = vec![0u8; 34];
+        block[..2].copy_from_slice(&f16::from_f32(0.5).to_le_bytes());
+        for (i, b) in block[2..].iter_mut().enumerate() {
+            *b = (i as i8 - 16) as u8;
+        }
+        let mut q = [0u8; 32];
+        let (s, b) = decode_block(GgmlType::Q8_0, &block, &mut q);
+        for i in 0..32 {
+            assert_eq!(s * q[i] as f32 + b, 0.5 * (i as f32 - 16.0));
+        }
+    }
+}

@@ -1,0 +1,9 @@
+//! Reading (and writing) arrays from files.
+
+mod gguf;
+mod gguf_blocks;
+mod safetensors;
+
+pub use self::gguf::{GgmlType, GgufFile, GgufTensor, GgufValue};
+pub use self::gguf_blocks::gguf_matrix;
+pub use self::safetensors::{save_safetensors, SafetensorsFile, TensorInfo};

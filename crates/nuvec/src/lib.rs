@@ -1,0 +1,24 @@
+//! nuvec's array layer: [`Array`], [`DType`], [`Device`], weight matrices in their checkpoint's
+//! (quantized) layout, safetensors I/O, and one [`Backend`] per device.
+//!
+//! It knows nothing about language models; `nuvec-lm` builds those on top.
+#![warn(missing_docs)]
+
+mod array;
+mod backend;
+pub mod backends;
+mod buffer;
+mod device;
+mod dtype;
+mod error;
+pub mod io;
+mod ops;
+mod quant;
+
+pub use array::{Array, Element};
+pub use backend::{backend, Backend};
+pub use device::Device;
+pub use dtype::DType;
+pub use error::{Error, Result};
+pub use ops::attention;
+pub use quant::{Matrix, QuantMode, QuantSpec, Quantized};

@@ -1,0 +1,71 @@
+//! Ops as methods on [`Array`], dispatched to the array's device backend.
+
+use crate::{backend, Array, Matrix, Result};
+
+impl Array {
+    /// `self [M, K] @ w^T -> [M, N]`.
+    pub fn linear(&self, w: &Matrix) -> Result<Array> {
+        backend(self.device()).linear(self, w)
+    }
+
+    /// RMS norm over the last axis.
+    pub fn rms_norm(&self, weight: &Array, eps: f32) -> Result<Array> {
+        backend(self.device()).rms_norm(self, weight, eps)
+    }
+
+    /// Rotary embedding; see [`crate::Backend::rope`].
+    pub fn rope(&self, inv_freqs: &[f32], offset: usize, traditional: bool) -> Result<Array> {
+        backend(self.device()).rope(self, inv_freqs, offset, traditional)
+    }
+
+    /// `[A, B, C] -> [B, A, C]`.
+    pub fn transpose01(&self) -> Result<Array> {
+        backend(self.device()).transpose01(self)
+    }
+
+    /// Elementwise sum.
+    pub fn add(&self, other: &Array) -> Result<Array> {
+        backend(self.device()).add(self, other)
+    }
+
+    /// Adds a bias row to every row.
+    pub fn add_bias(&self, bias: &Array) -> Result<Array> {
+        backend(self.device()).add_bias(self, bias)
+    }
+
+    /// `silu(self) * up`.
+    pub fn silu_mul(&self, up: &Array) -> Result<Array> {
+        backend(self.device()).silu_mul(self, up)
+    }
+
+    /// Rows `start..end`.
+    pub fn slice_rows(&self, start: usize, end: usize) -> Result<Array> {
+        backend(self.device()).slice_rows(self, start, end)
+    }
+
+    /// Index of the largest value along the last axis.
+    pub fn argmax(&self) -> Result<Array> {
+        backend(self.device()).argmax(self)
+    }
+
+    /// Writes `src` into `self` at `offset` along axis 1; see [`crate::Backend::write_axis1`].
+    pub fn write_axis1(&mut self, src: &Array, offset: usize) -> Result<()> {
+        backend(self.device()).write_axis1(self, src, offset)
+    }
+}
+
+impl Matrix {
+    /// Rows `ids` as f32 `[len(ids), cols]` (an embedding lookup).
+    pub fn embed(&self, ids: &[u32]) -> Result<Array> {
+        let device = match self {
+            Matrix::Dense(a) => a.device(),
+            Matrix::Quantized(q) => q.packed.device(),
+        };
+        backend(device).embed(self, ids)
+    }
+}
+
+/// Causal attention; see [`crate::Backend::attention`].
+pub fn attention(q: &Array, k: &Array, v: &Array, kv_len: usize, scale: f32) -> Result<Array> {
+    backend(q.device()).attention(q, k, v, kv_len, scale)
+}
