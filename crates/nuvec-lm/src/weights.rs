@@ -204,7 +204,7 @@ impl Weights {
         }
         let words = packed.dim(1);
         let groups = scales_a.dim(1);
-        if (words * 32) % cols != 0 || groups == 0 || cols % groups != 0 {
+        if (words * 32) % cols != 0 || groups == 0 || !cols.is_multiple_of(groups) {
             return Err(self.err(
                 &weight,
                 format!(

@@ -96,7 +96,7 @@ impl Quantized {
                 packed.shape()
             ));
         }
-        if cols % spec.group_size != 0 || (cols * spec.bits) % 32 != 0 {
+        if !cols.is_multiple_of(spec.group_size) || !(cols * spec.bits).is_multiple_of(32) {
             return bad(format!(
                 "{cols} columns do not split into groups of {} at {} bits",
                 spec.group_size, spec.bits

@@ -240,7 +240,7 @@ impl<'a> Reader<'a> {
                     0 | 1 | 7 => 1,
                     2 | 3 => 2,
                     4..=6 => 4,
-                    8 | 10..=12 | 9 => 8,
+                    8..=12 => 8,
                     _ => return Err(self.err(format!("unknown array item type {item}"))),
                 };
                 let n = self.count("array", min)?;
@@ -408,7 +408,7 @@ impl GgufFile {
             }
         };
         let shape: Vec<usize> = tensor.dims.iter().rev().copied().collect();
-        let bytes = if tensor.offset % dtype.size() == 0 {
+        let bytes = if tensor.offset.is_multiple_of(dtype.size()) {
             Bytes::Mapped {
                 map: self.map.clone(),
                 offset: tensor.offset,

@@ -216,8 +216,8 @@ mod tests {
         }
         let mut q = [0u8; 32];
         let (s, b) = decode_block(GgmlType::Q8_0, &block, &mut q);
-        for i in 0..32 {
-            assert_eq!(s * q[i] as f32 + b, 0.5 * (i as f32 - 16.0));
+        for (i, &v) in q.iter().enumerate() {
+            assert_eq!(s * v as f32 + b, 0.5 * (i as f32 - 16.0));
         }
     }
 }

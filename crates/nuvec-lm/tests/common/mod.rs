@@ -1,0 +1,53 @@
+//! Shared by the integration tests: where the oracle's records are and how to read them.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+
+use nuvec::io::SafetensorsFile;
+use serde_json::Value;
+
+/// The fixtures made by `scripts/setup-oracle.sh` (mlx-lm's records). Missing fixtures fail the
+/// test: a parity test that silently skips would prove nothing.
+pub fn fixtures() -> PathBuf {
+    let dir = std::env::var_os("NUVEC_FIXTURES").map(PathBuf::from).unwrap_or_else(|| {
+        panic!("NUVEC_FIXTURES is not set: run `scripts/test.sh` (it runs scripts/setup-oracle.sh and sets it)")
+    });
+    assert!(dir.join("DONE").exists(), "{} is not a complete fixture directory: rerun scripts/setup-oracle.sh", dir.display());
+    dir
+}
+
+/// The default model's GGUF file, installed by the setup script.
+pub fn default_gguf() -> PathBuf {
+    std::env::var_os("NUVEC_DEFAULT_GGUF")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| panic!("NUVEC_DEFAULT_GGUF is not set: run `scripts/test.sh`"))
+}
+
+/// One case's `oracle.json`.
+pub fn oracle_json(dir: &Path) -> Value {
+    let text = std::fs::read_to_string(dir.join("oracle.json")).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+    serde_json::from_str(&text).unwrap()
+}
+
+/// Tensor `name` of one case's `oracle.safetensors`, as f32 or i32 values with its shape.
+pub fn oracle_f32(dir: &Path, name: &str) -> (Vec<f32>, Vec<usize>) {
+    let file = SafetensorsFile::open(dir.join("oracle.safetensors")).unwrap();
+    let a = file.array(name).unwrap();
+    (a.to_f32_vec().unwrap(), a.shape().to_vec())
+}
+
+/// `ids` of a JSON list.
+pub fn ids(v: &Value) -> Vec<u32> {
+    v.as_array().unwrap_or_else(|| panic!("not a list: {v}")).iter().map(|x| x.as_u64().unwrap() as u32).collect()
+}
+
+/// The model cases (subdirectories with an oracle.json), sorted.
+pub fn cases() -> Vec<PathBuf> {
+    let mut out: Vec<PathBuf> = std::fs::read_dir(fixtures())
+        .unwrap()
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.join("oracle.json").exists() && p.join("config.json").exists())
+        .collect();
+    out.sort();
+    out
+}
