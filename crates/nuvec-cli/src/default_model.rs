@@ -10,8 +10,7 @@ pub const FILE_NAME: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
 pub fn cache_dir() -> PathBuf {
     match std::env::var_os("NUVEC_CACHE") {
         Some(dir) => PathBuf::from(dir),
-        None => PathBuf::from(std::env::var_os("HOME").unwrap_or_else(|| ".".into()))
-            .join(".cache/nuvec"),
+        None => PathBuf::from(std::env::var_os("HOME").unwrap_or_else(|| ".".into())).join(".cache/nuvec"),
     }
 }
 

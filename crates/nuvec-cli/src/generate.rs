@@ -92,17 +92,11 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     for ignored in sampler.ignored_settings() {
         eprintln!("warning: {ignored} has no effect");
     }
-    let template_kwargs: serde_json::Map<String, serde_json::Value> = match &args
-        .chat_template_config
-    {
+    let template_kwargs: serde_json::Map<String, serde_json::Value> = match &args.chat_template_config {
         None => Default::default(),
         Some(text) => match serde_json::from_str(text) {
             Ok(serde_json::Value::Object(map)) => map,
-            _ => {
-                return Err(
-                    format!("--chat-template-config must be a JSON object, got {text:?}").into(),
-                )
-            }
+            _ => return Err(format!("--chat-template-config must be a JSON object, got {text:?}").into()),
         },
     };
     let mut prompt = args.prompt.replace("\\n", "\n").replace("\\t", "\t");
@@ -115,10 +109,7 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     for token in &args.extra_eos_token {
         tokenizer.add_eos_token(token)?;
     }
-    let ids = match tokenizer
-        .chat_template()
-        .filter(|_| !args.ignore_chat_template)
-    {
+    let ids = match tokenizer.chat_template().filter(|_| !args.ignore_chat_template) {
         Some(template) => {
             let mut messages = vec![];
             if let Some(system) = &args.system_prompt {
@@ -126,10 +117,7 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
             }
             messages.push(Message::new("user", &prompt));
             let mut ctx = template_kwargs;
-            for (key, value) in [
-                ("bos_token", tokenizer.bos_token()),
-                ("eos_token", tokenizer.eos_token()),
-            ] {
+            for (key, value) in [("bos_token", tokenizer.bos_token()), ("eos_token", tokenizer.eos_token())] {
                 if let Some(v) = value {
                     ctx.entry(key.to_string()).or_insert(v.into());
                 }
@@ -168,16 +156,8 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
             eprintln!("No text generated for this prompt");
         }
         eprintln!("==========");
-        eprintln!(
-            "Prompt: {} tokens, {:.3} tokens-per-sec",
-            stats.prompt_tokens,
-            stats.prompt_tps()
-        );
-        eprintln!(
-            "Generation: {} tokens, {:.3} tokens-per-sec",
-            stats.generation_tokens,
-            stats.generation_tps()
-        );
+        eprintln!("Prompt: {} tokens, {:.3} tokens-per-sec", stats.prompt_tokens, stats.prompt_tps());
+        eprintln!("Generation: {} tokens, {:.3} tokens-per-sec", stats.generation_tokens, stats.generation_tps());
         eprintln!("Peak memory: {:.3} GB", peak_memory() as f64 / 1e9);
     }
     Ok(())

@@ -20,10 +20,7 @@ pub struct Message {
 impl Message {
     /// A message of `role` with `content`.
     pub fn new(role: &str, content: &str) -> Self {
-        Message {
-            role: role.to_string(),
-            content: content.to_string(),
-        }
+        Message { role: role.to_string(), content: content.to_string() }
     }
 }
 
@@ -45,10 +42,7 @@ fn raise_exception(message: String) -> std::result::Result<String, minijinja::Er
 
 fn strftime_now(format: String) -> String {
     // Templates use it for "today's date" in system prompts; UTC, like a server without a TZ.
-    let secs = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0);
+    let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
     let days = (secs / 86_400) as i64;
     // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
     let z = days + 719_468;
@@ -91,8 +85,7 @@ impl ChatTemplate {
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.add_function("raise_exception", raise_exception);
         env.add_function("strftime_now", strftime_now);
-        env.add_template_owned("chat", source)
-            .map_err(|e| Error::Template(format!("does not parse: {e:#}")))?;
+        env.add_template_owned("chat", source).map_err(|e| Error::Template(format!("does not parse: {e:#}")))?;
         Ok(ChatTemplate { env: Arc::new(env) })
     }
 
@@ -124,10 +117,7 @@ impl ChatTemplate {
         let mut ctx = extra.clone();
         ctx.insert("messages".into(), messages.clone());
         ctx.insert("add_generation_prompt".into(), add_generation_prompt.into());
-        let template = self
-            .env
-            .get_template("chat")
-            .map_err(|e| Error::Template(e.to_string()))?;
+        let template = self.env.get_template("chat").map_err(|e| Error::Template(e.to_string()))?;
         let rendered = template
             .render(Value::from_serialize(&ctx))
             .map_err(|e| Error::Template(format!("failed to render: {e:#}")))?;
@@ -145,8 +135,7 @@ impl ChatTemplate {
         match rendered.rfind(content) {
             Some(i) if !content.is_empty() => Ok(rendered[..i + content.len()].to_string()),
             _ => Err(Error::Template(
-                "continue_final_message: the final message's content is not in the rendered prompt"
-                    .into(),
+                "continue_final_message: the final message's content is not in the rendered prompt".into(),
             )),
         }
     }

@@ -34,26 +34,16 @@ impl Config {
 
     fn from_json_file(path: &Path) -> Result<Self> {
         let file = path.display().to_string();
-        let text = std::fs::read_to_string(path).map_err(|source| Error::Io {
-            path: file.clone(),
-            source,
-        })?;
+        let text = std::fs::read_to_string(path).map_err(|source| Error::Io { path: file.clone(), source })?;
         Self::from_json(&file, &text)
     }
 
     /// Parses config JSON text; `file` names it in errors.
     pub fn from_json(file: &str, text: &str) -> Result<Self> {
-        let value: Value = serde_json::from_str(text).map_err(|e| {
-            Error::config(
-                file,
-                format!("is not valid JSON ({e}); re-download or fix the file"),
-            )
-        })?;
+        let value: Value = serde_json::from_str(text)
+            .map_err(|e| Error::config(file, format!("is not valid JSON ({e}); re-download or fix the file")))?;
         match value {
-            Value::Object(values) => Ok(Config {
-                file: file.to_string(),
-                values,
-            }),
+            Value::Object(values) => Ok(Config { file: file.to_string(), values }),
             _ => Err(Error::config(file, "must be a JSON object")),
         }
     }
@@ -75,34 +65,30 @@ impl Config {
 
     /// A required non-negative integer.
     pub fn usize(&self, key: &str) -> Result<usize> {
-        self.opt_usize(key)?
-            .ok_or_else(|| self.error(key, "is missing"))
+        self.opt_usize(key)?.ok_or_else(|| self.error(key, "is missing"))
     }
 
     /// An optional non-negative integer.
     pub fn opt_usize(&self, key: &str) -> Result<Option<usize>> {
         match self.get(key) {
             None => Ok(None),
-            Some(v) => v.as_u64().map(|n| Some(n as usize)).ok_or_else(|| {
-                self.error(key, format_args!("= {v} is not a non-negative integer"))
-            }),
+            Some(v) => v
+                .as_u64()
+                .map(|n| Some(n as usize))
+                .ok_or_else(|| self.error(key, format_args!("= {v} is not a non-negative integer"))),
         }
     }
 
     /// A required number.
     pub fn f64(&self, key: &str) -> Result<f64> {
-        self.opt_f64(key)?
-            .ok_or_else(|| self.error(key, "is missing"))
+        self.opt_f64(key)?.ok_or_else(|| self.error(key, "is missing"))
     }
 
     /// An optional number.
     pub fn opt_f64(&self, key: &str) -> Result<Option<f64>> {
         match self.get(key) {
             None => Ok(None),
-            Some(v) => v
-                .as_f64()
-                .map(Some)
-                .ok_or_else(|| self.error(key, format_args!("= {v} is not a number"))),
+            Some(v) => v.as_f64().map(Some).ok_or_else(|| self.error(key, format_args!("= {v} is not a number"))),
         }
     }
 
@@ -110,9 +96,7 @@ impl Config {
     pub fn bool_or(&self, key: &str, default: bool) -> Result<bool> {
         match self.get(key) {
             None => Ok(default),
-            Some(v) => v
-                .as_bool()
-                .ok_or_else(|| self.error(key, format_args!("= {v} is not true or false"))),
+            Some(v) => v.as_bool().ok_or_else(|| self.error(key, format_args!("= {v} is not true or false"))),
         }
     }
 
@@ -120,9 +104,7 @@ impl Config {
     pub fn str(&self, key: &str) -> Result<&str> {
         match self.get(key) {
             None => Err(self.error(key, "is missing")),
-            Some(v) => v
-                .as_str()
-                .ok_or_else(|| self.error(key, format_args!("= {v} is not a string"))),
+            Some(v) => v.as_str().ok_or_else(|| self.error(key, format_args!("= {v} is not a string"))),
         }
     }
 
@@ -133,17 +115,15 @@ impl Config {
             Some(Value::Array(ids)) => ids
                 .iter()
                 .map(|v| {
-                    v.as_u64().map(|n| n as u32).ok_or_else(|| {
-                        self.error("eos_token_id", format_args!("holds {v}, not a token id"))
-                    })
+                    v.as_u64()
+                        .map(|n| n as u32)
+                        .ok_or_else(|| self.error("eos_token_id", format_args!("holds {v}, not a token id")))
                 })
                 .collect(),
-            Some(v) => v.as_u64().map(|n| vec![n as u32]).ok_or_else(|| {
-                self.error(
-                    "eos_token_id",
-                    format_args!("= {v} is not a token id or a list of them"),
-                )
-            }),
+            Some(v) => v
+                .as_u64()
+                .map(|n| vec![n as u32])
+                .ok_or_else(|| self.error("eos_token_id", format_args!("= {v} is not a token id or a list of them"))),
         }
     }
 }

@@ -57,9 +57,6 @@ pub type Result<T> = std::result::Result<T, Error>;
 
 impl Error {
     pub(crate) fn config(file: impl Into<String>, message: impl Into<String>) -> Self {
-        Error::Config {
-            file: file.into(),
-            message: message.into(),
-        }
+        Error::Config { file: file.into(), message: message.into() }
     }
 }

@@ -44,9 +44,7 @@ impl GenerateOptions {
     pub fn validate(&self) -> Result<()> {
         self.sampler.validate()?;
         if self.prefill_step_size == 0 {
-            return Err(Error::Invalid(
-                "prefill_step_size must be at least 1".into(),
-            ));
+            return Err(Error::Invalid("prefill_step_size must be at least 1".into()));
         }
         Ok(())
     }
@@ -104,16 +102,10 @@ pub struct Generation<'a> {
 }
 
 /// Starts generating from `prompt` (token ids). Nothing runs until the first `next()`.
-pub fn generate<'a>(
-    model: &'a Model,
-    prompt: &[u32],
-    options: GenerateOptions,
-) -> Result<Generation<'a>> {
+pub fn generate<'a>(model: &'a Model, prompt: &[u32], options: GenerateOptions) -> Result<Generation<'a>> {
     options.validate()?;
     if prompt.is_empty() {
-        return Err(Error::Invalid(
-            "the prompt is empty: give at least one token".into(),
-        ));
+        return Err(Error::Invalid("the prompt is empty: give at least one token".into()));
     }
     let rng = match options.seed {
         Some(seed) => ChaCha8Rng::seed_from_u64(seed),
@@ -130,10 +122,7 @@ pub fn generate<'a>(
         last: None,
         yielded: 0,
         finish: None,
-        stats: Stats {
-            prompt_tokens: prompt.len(),
-            ..Stats::default()
-        },
+        stats: Stats { prompt_tokens: prompt.len(), ..Stats::default() },
         clock: None,
         options,
     })

@@ -15,8 +15,7 @@ use crate::weights::Weights;
 use crate::{Error, Result};
 
 /// GGUF architectures nuvec maps, and the model_type they load as.
-const ARCHITECTURES: &[(&str, &str)] =
-    &[("llama", "llama"), ("qwen2", "qwen2"), ("qwen3", "qwen3")];
+const ARCHITECTURES: &[(&str, &str)] = &[("llama", "llama"), ("qwen2", "qwen2"), ("qwen3", "qwen3")];
 
 /// Loads a model and its tokenizer from one GGUF file.
 pub fn load_gguf(path: &Path) -> Result<(Model, Tokenizer)> {
@@ -37,29 +36,19 @@ pub fn load_gguf(path: &Path) -> Result<(Model, Tokenizer)> {
 }
 
 fn meta<'a>(file: &'a GgufFile, key: &str) -> Result<&'a GgufValue> {
-    file.get(key).ok_or_else(|| {
-        Error::config(
-            file.path().display().to_string(),
-            format!("GGUF metadata {key} is missing"),
-        )
-    })
+    file.get(key)
+        .ok_or_else(|| Error::config(file.path().display().to_string(), format!("GGUF metadata {key} is missing")))
 }
 
 fn meta_str<'a>(file: &'a GgufFile, key: &str) -> Result<&'a str> {
-    meta(file, key)?.as_str().ok_or_else(|| {
-        Error::config(
-            file.path().display().to_string(),
-            format!("GGUF metadata {key} is not a string"),
-        )
-    })
+    meta(file, key)?
+        .as_str()
+        .ok_or_else(|| Error::config(file.path().display().to_string(), format!("GGUF metadata {key} is not a string")))
 }
 
 fn meta_u64(file: &GgufFile, key: &str) -> Result<u64> {
     meta(file, key)?.as_u64().ok_or_else(|| {
-        Error::config(
-            file.path().display().to_string(),
-            format!("GGUF metadata {key} is not an integer"),
-        )
+        Error::config(file.path().display().to_string(), format!("GGUF metadata {key} is not an integer"))
     })
 }
 
@@ -70,9 +59,7 @@ fn config_json(file: &GgufFile, arch: &str, model_type: &str) -> Result<Value> {
     let hidden = meta_u64(file, &key("embedding_length"))?;
     let vocab = match file.get(&key("vocab_size")).and_then(GgufValue::as_u64) {
         Some(v) => v,
-        None => meta(file, "tokenizer.ggml.tokens")?
-            .as_array()
-            .map_or(0, |t| t.len() as u64),
+        None => meta(file, "tokenizer.ggml.tokens")?.as_array().map_or(0, |t| t.len() as u64),
     };
     if file.tensors().iter().any(|t| t.name == "rope_freqs.weight") {
         return Err(Error::Unsupported(format!(
@@ -83,30 +70,16 @@ fn config_json(file: &GgufFile, arch: &str, model_type: &str) -> Result<Value> {
     let mut config = Map::new();
     config.insert("model_type".into(), model_type.into());
     config.insert("hidden_size".into(), hidden.into());
-    config.insert(
-        "num_hidden_layers".into(),
-        meta_u64(file, &key("block_count"))?.into(),
-    );
-    config.insert(
-        "intermediate_size".into(),
-        meta_u64(file, &key("feed_forward_length"))?.into(),
-    );
+    config.insert("num_hidden_layers".into(), meta_u64(file, &key("block_count"))?.into());
+    config.insert("intermediate_size".into(), meta_u64(file, &key("feed_forward_length"))?.into());
     config.insert("num_attention_heads".into(), heads.into());
     config.insert(
         "num_key_value_heads".into(),
-        file.get(&key("attention.head_count_kv"))
-            .and_then(GgufValue::as_u64)
-            .unwrap_or(heads)
-            .into(),
+        file.get(&key("attention.head_count_kv")).and_then(GgufValue::as_u64).unwrap_or(heads).into(),
     );
-    let head_dim = file
-        .get(&key("attention.key_length"))
-        .and_then(GgufValue::as_u64)
-        .unwrap_or(hidden / heads.max(1));
+    let head_dim = file.get(&key("attention.key_length")).and_then(GgufValue::as_u64).unwrap_or(hidden / heads.max(1));
     config.insert("head_dim".into(), head_dim.into());
-    let eps = meta(file, &key("attention.layer_norm_rms_epsilon"))?
-        .as_f64()
-        .unwrap_or(1e-5);
+    let eps = meta(file, &key("attention.layer_norm_rms_epsilon"))?.as_f64().unwrap_or(1e-5);
     config.insert("rms_norm_eps".into(), json!(eps as f32));
     config.insert("vocab_size".into(), vocab.into());
     if let Some(theta) = file.get(&key("rope.freq_base")).and_then(GgufValue::as_f64) {
@@ -115,20 +88,11 @@ fn config_json(file: &GgufFile, arch: &str, model_type: &str) -> Result<Value> {
     if let Some(n) = file.get(&key("context_length")).and_then(GgufValue::as_u64) {
         config.insert("max_position_embeddings".into(), n.into());
     }
-    match file
-        .get(&key("rope.scaling.type"))
-        .and_then(GgufValue::as_str)
-    {
+    match file.get(&key("rope.scaling.type")).and_then(GgufValue::as_str) {
         None | Some("none") => {}
         Some("linear") => {
-            let factor = file
-                .get(&key("rope.scaling.factor"))
-                .and_then(GgufValue::as_f64)
-                .unwrap_or(1.0);
-            config.insert(
-                "rope_scaling".into(),
-                json!({"type": "linear", "factor": factor}),
-            );
+            let factor = file.get(&key("rope.scaling.factor")).and_then(GgufValue::as_f64).unwrap_or(1.0);
+            config.insert("rope_scaling".into(), json!({"type": "linear", "factor": factor}));
         }
         Some(other) => {
             return Err(Error::Unsupported(format!(
@@ -237,14 +201,10 @@ fn pre_tokenizer(pre: &str) -> Option<(Value, bool)> {
             json!({"type": "Sequence", "pretokenizers": [{"type": "Digits", "individual_digits": true}, byte_level(true)]}),
             false,
         ),
-        "llama-bpe" | "llama3" => (
-            json!({"type": "Sequence", "pretokenizers": [split(LLAMA3), byte_level(false)]}),
-            true,
-        ),
-        "qwen2" => (
-            json!({"type": "Sequence", "pretokenizers": [split(QWEN2), byte_level(false)]}),
-            false,
-        ),
+        "llama-bpe" | "llama3" => {
+            (json!({"type": "Sequence", "pretokenizers": [split(LLAMA3), byte_level(false)]}), true)
+        }
+        "qwen2" => (json!({"type": "Sequence", "pretokenizers": [split(QWEN2), byte_level(false)]}), false),
         _ => return None,
     })
 }
@@ -258,15 +218,9 @@ fn tokenizer(file: &GgufFile) -> Result<Tokenizer> {
             "{label}: GGUF tokenizer model {model:?} is not built yet (byte-level BPE, \"gpt2\", is)"
         )));
     }
-    let pre = file
-        .get("tokenizer.ggml.pre")
-        .and_then(GgufValue::as_str)
-        .unwrap_or("default");
-    let (pre_tokenizer, ignore_merges) = pre_tokenizer(pre).ok_or_else(|| {
-        Error::Unsupported(format!(
-            "{label}: GGUF pre-tokenizer {pre:?} is not mapped yet"
-        ))
-    })?;
+    let pre = file.get("tokenizer.ggml.pre").and_then(GgufValue::as_str).unwrap_or("default");
+    let (pre_tokenizer, ignore_merges) = pre_tokenizer(pre)
+        .ok_or_else(|| Error::Unsupported(format!("{label}: GGUF pre-tokenizer {pre:?} is not mapped yet")))?;
     let tokens: Vec<&str> = meta(file, "tokenizer.ggml.tokens")?
         .as_array()
         .unwrap_or(&[])
@@ -294,23 +248,14 @@ fn tokenizer(file: &GgufFile) -> Result<Tokenizer> {
         }
     }
     let token_of = |key: &str| {
-        file.get(key)
-            .and_then(GgufValue::as_u64)
-            .and_then(|id| tokens.get(id as usize))
-            .map(|t| t.to_string())
+        file.get(key).and_then(GgufValue::as_u64).and_then(|id| tokens.get(id as usize)).map(|t| t.to_string())
     };
     let bos = token_of("tokenizer.ggml.bos_token_id");
     let eos = token_of("tokenizer.ggml.eos_token_id");
-    let add_bos = file
-        .get("tokenizer.ggml.add_bos_token")
-        .and_then(GgufValue::as_bool)
-        .unwrap_or(false);
+    let add_bos = file.get("tokenizer.ggml.add_bos_token").and_then(GgufValue::as_bool).unwrap_or(false);
     let post_processor = match (&bos, add_bos) {
         (Some(b), true) => {
-            let id = file
-                .get("tokenizer.ggml.bos_token_id")
-                .and_then(GgufValue::as_u64)
-                .unwrap_or(0);
+            let id = file.get("tokenizer.ggml.bos_token_id").and_then(GgufValue::as_u64).unwrap_or(0);
             json!({"type": "TemplateProcessing",
                    "single": [{"SpecialToken": {"id": b, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
                    "pair": [{"SpecialToken": {"id": b, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}, {"SpecialToken": {"id": b, "type_id": 1}}, {"Sequence": {"id": "B", "type_id": 1}}],
@@ -343,10 +288,7 @@ fn tokenizer(file: &GgufFile) -> Result<Tokenizer> {
             }
         }
     }
-    let template = file
-        .get("tokenizer.chat_template")
-        .and_then(GgufValue::as_str)
-        .map(str::to_string);
+    let template = file.get("tokenizer.chat_template").and_then(GgufValue::as_str).map(str::to_string);
     Tokenizer::from_parts(inner, label, bos, eos, eos_ids, template)
 }
 
@@ -375,18 +317,12 @@ mod tests {
 
     #[test]
     fn maps_tensor_names() {
-        assert_eq!(
-            checkpoint_name("blk.12.attn_k.weight").as_deref(),
-            Some("model.layers.12.self_attn.k_proj.weight")
-        );
+        assert_eq!(checkpoint_name("blk.12.attn_k.weight").as_deref(), Some("model.layers.12.self_attn.k_proj.weight"));
         assert_eq!(
             checkpoint_name("blk.0.ffn_norm.weight").as_deref(),
             Some("model.layers.0.post_attention_layernorm.weight")
         );
-        assert_eq!(
-            checkpoint_name("token_embd.weight").as_deref(),
-            Some("model.embed_tokens.weight")
-        );
+        assert_eq!(checkpoint_name("token_embd.weight").as_deref(), Some("model.embed_tokens.weight"));
         assert_eq!(checkpoint_name("rope_freqs.weight"), None);
     }
 }

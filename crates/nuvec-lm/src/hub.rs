@@ -25,9 +25,7 @@ pub fn resolve(model: &str) -> Result<PathBuf> {
     let parts: Vec<&str> = model.split('/').collect();
     let looks_like_repo = parts.len() == 2 && parts.iter().all(|p| !p.is_empty());
     let Some(cache) = hub_cache_dir().filter(|_| looks_like_repo) else {
-        return Err(Error::NotFound(format!(
-            "{model}: no such file or directory"
-        )));
+        return Err(Error::NotFound(format!("{model}: no such file or directory")));
     };
     let repo = cache.join(format!("models--{}--{}", parts[0], parts[1]));
     let snapshot = std::fs::read_to_string(repo.join("refs/main"))

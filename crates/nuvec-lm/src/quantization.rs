@@ -22,33 +22,22 @@ fn spec_from(config: &Config, key: &str, v: &serde_json::Map<String, Value>) -> 
     let int = |name: &str, default: usize| -> Result<usize> {
         match v.get(name) {
             None => Ok(default),
-            Some(x) => x.as_u64().map(|n| n as usize).ok_or_else(|| {
-                config.error(
-                    &format!("{key}.{name}"),
-                    format_args!("= {x} is not an integer"),
-                )
-            }),
+            Some(x) => x
+                .as_u64()
+                .map(|n| n as usize)
+                .ok_or_else(|| config.error(&format!("{key}.{name}"), format_args!("= {x} is not an integer"))),
         }
     };
     let mode = match v.get("mode") {
         None => QuantMode::Affine,
-        Some(Value::String(m)) => QuantMode::parse(m)
-            .map_err(|e| config.error(&format!("{key}.mode"), format_args!(": {e}")))?,
-        Some(x) => {
-            return Err(config.error(
-                &format!("{key}.mode"),
-                format_args!("= {x} is not a string"),
-            ))
+        Some(Value::String(m)) => {
+            QuantMode::parse(m).map_err(|e| config.error(&format!("{key}.mode"), format_args!(": {e}")))?
         }
+        Some(x) => return Err(config.error(&format!("{key}.mode"), format_args!("= {x} is not a string"))),
     };
     // mlx-lm's defaults when a key is absent: 4 bits, group 64 (as nn.quantize).
-    let spec = QuantSpec {
-        mode,
-        bits: int("bits", 4)?,
-        group_size: int("group_size", 64)?,
-    };
-    spec.validate()
-        .map_err(|m| config.error(key, format_args!(": {m}")))?;
+    let spec = QuantSpec { mode, bits: int("bits", 4)?, group_size: int("group_size", 64)? };
+    spec.validate().map_err(|m| config.error(key, format_args!(": {m}")))?;
     Ok(spec)
 }
 
@@ -56,10 +45,7 @@ impl Quantization {
     /// Reads `quantization` (or an MLX-style `quantization_config`) from config.json.
     /// Legacy formats mlx-lm converts at load (AWQ, GPTQ, ...) are refused for now.
     pub fn from_config(config: &Config) -> Result<Self> {
-        let (key, value) = match (
-            config.get("quantization"),
-            config.get("quantization_config"),
-        ) {
+        let (key, value) = match (config.get("quantization"), config.get("quantization_config")) {
             (Some(q), _) => ("quantization", q),
             (None, Some(q)) => ("quantization_config", q),
             (None, None) => return Ok(Self::default()),
@@ -82,17 +68,11 @@ impl Quantization {
                     overrides.insert(path.clone(), None);
                 }
                 Value::Object(o) => {
-                    overrides.insert(
-                        path.clone(),
-                        Some(spec_from(config, &format!("{key}.{path}"), o)?),
-                    );
+                    overrides.insert(path.clone(), Some(spec_from(config, &format!("{key}.{path}"), o)?));
                 }
                 _ => {}
             }
         }
-        Ok(Quantization {
-            default: Some(default),
-            overrides,
-        })
+        Ok(Quantization { default: Some(default), overrides })
     }
 }

@@ -22,13 +22,7 @@ pub struct Sampler {
 
 impl Default for Sampler {
     fn default() -> Self {
-        Sampler {
-            temperature: 0.0,
-            top_p: 0.0,
-            min_p: 0.0,
-            min_tokens_to_keep: 1,
-            top_k: 0,
-        }
+        Sampler { temperature: 0.0, top_p: 0.0, min_p: 0.0, min_tokens_to_keep: 1, top_k: 0 }
     }
 }
 
@@ -36,27 +30,16 @@ impl Sampler {
     /// Checks every setting against mlx-lm's ranges, naming the bad one.
     pub fn validate(&self) -> Result<()> {
         if !(self.temperature >= 0.0 && self.temperature.is_finite()) {
-            return Err(Error::Invalid(format!(
-                "temperature = {} must be a finite number >= 0",
-                self.temperature
-            )));
+            return Err(Error::Invalid(format!("temperature = {} must be a finite number >= 0", self.temperature)));
         }
         if !(0.0..=1.0).contains(&self.top_p) {
-            return Err(Error::Invalid(format!(
-                "top_p = {} must be in [0, 1]",
-                self.top_p
-            )));
+            return Err(Error::Invalid(format!("top_p = {} must be in [0, 1]", self.top_p)));
         }
         if !(0.0..=1.0).contains(&self.min_p) {
-            return Err(Error::Invalid(format!(
-                "min_p = {} must be in [0, 1]",
-                self.min_p
-            )));
+            return Err(Error::Invalid(format!("min_p = {} must be in [0, 1]", self.min_p)));
         }
         if self.min_tokens_to_keep < 1 {
-            return Err(Error::Invalid(
-                "min_tokens_to_keep must be at least 1".into(),
-            ));
+            return Err(Error::Invalid("min_tokens_to_keep must be at least 1".into()));
         }
         Ok(())
     }
@@ -138,10 +121,7 @@ pub fn apply_top_p(logprobs: &mut [f32], p: f32) {
     let total = mass_above[0] + probs[0];
     let dropped = mass_above.iter().filter(|&&m| m >= p * total).count();
     let threshold = sorted[dropped.min(sorted.len() - 1)];
-    logprobs
-        .iter_mut()
-        .filter(|x| **x < threshold)
-        .for_each(|x| *x = f32::NEG_INFINITY);
+    logprobs.iter_mut().filter(|x| **x < threshold).for_each(|x| *x = f32::NEG_INFINITY);
 }
 
 /// mlx-lm's `apply_min_p`: drops tokens below `min_p` times the top probability.
@@ -150,8 +130,7 @@ pub fn apply_min_p(logprobs: &mut [f32], min_p: f32, min_tokens_to_keep: usize) 
     let cutoff = top + min_p.ln();
     let mut keep: Vec<usize> = (0..logprobs.len()).collect();
     keep.sort_by(|&a, &b| logprobs[b].total_cmp(&logprobs[a]));
-    let protected: std::collections::HashSet<usize> =
-        keep.into_iter().take(min_tokens_to_keep).collect();
+    let protected: std::collections::HashSet<usize> = keep.into_iter().take(min_tokens_to_keep).collect();
     for (i, x) in logprobs.iter_mut().enumerate() {
         if *x < cutoff && !protected.contains(&i) {
             *x = f32::NEG_INFINITY;
@@ -171,10 +150,7 @@ pub fn apply_top_k(logprobs: &mut [f32], k: usize) {
 /// A draw from `softmax(logprobs * scale)`.
 pub fn categorical(logprobs: &[f32], scale: f32, rng: &mut impl Rng) -> u32 {
     let max = logprobs.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let weights: Vec<f64> = logprobs
-        .iter()
-        .map(|&x| (((x - max) * scale) as f64).exp())
-        .collect();
+    let weights: Vec<f64> = logprobs.iter().map(|&x| (((x - max) * scale) as f64).exp()).collect();
     let total: f64 = weights.iter().sum();
     let mut u = rng.gen::<f64>() * total;
     for (i, w) in weights.iter().enumerate() {

@@ -47,24 +47,16 @@ impl Tokenizer {
         let config_path = dir.join("tokenizer_config.json");
         let config: Value = if config_path.exists() {
             let cfile = config_path.display().to_string();
-            let text = std::fs::read_to_string(&config_path).map_err(|source| Error::Io {
-                path: cfile.clone(),
-                source,
-            })?;
-            serde_json::from_str(&text)
-                .map_err(|e| Error::config(&cfile, format!("is not valid JSON ({e})")))?
+            let text =
+                std::fs::read_to_string(&config_path).map_err(|source| Error::Io { path: cfile.clone(), source })?;
+            serde_json::from_str(&text).map_err(|e| Error::config(&cfile, format!("is not valid JSON ({e})")))?
         } else {
             Value::Null
         };
         let template_file = dir.join("chat_template.jinja");
         let template_source = if template_file.exists() {
             let tfile = template_file.display().to_string();
-            Some(
-                std::fs::read_to_string(&template_file).map_err(|source| Error::Io {
-                    path: tfile,
-                    source,
-                })?,
-            )
+            Some(std::fs::read_to_string(&template_file).map_err(|source| Error::Io { path: tfile, source })?)
         } else {
             match config.get("chat_template") {
                 Some(Value::String(s)) => Some(s.clone()),
@@ -87,14 +79,7 @@ impl Tokenizer {
             }
         }
         let chat_template = template_source.map(ChatTemplate::new).transpose()?;
-        Ok(Tokenizer {
-            inner,
-            file,
-            bos_token,
-            eos_token,
-            eos_token_ids,
-            chat_template,
-        })
+        Ok(Tokenizer { inner, file, bos_token, eos_token, eos_token_ids, chat_template })
     }
 
     /// A tokenizer built from parts (e.g. a GGUF file's vocabulary); `file` names it in errors.
@@ -107,14 +92,7 @@ impl Tokenizer {
         chat_template: Option<String>,
     ) -> Result<Self> {
         let chat_template = chat_template.map(ChatTemplate::new).transpose()?;
-        Ok(Tokenizer {
-            inner,
-            file,
-            bos_token,
-            eos_token,
-            eos_token_ids,
-            chat_template,
-        })
+        Ok(Tokenizer { inner, file, bos_token, eos_token, eos_token_ids, chat_template })
     }
 
     /// Token ids of `text`; `add_special_tokens` applies the post-processor (Llama's BOS).
@@ -122,19 +100,15 @@ impl Tokenizer {
         let enc = self
             .inner
             .encode(text, add_special_tokens)
-            .map_err(|e| Error::Tokenizer {
-                file: self.file.clone(),
-                message: format!("cannot encode: {e}"),
-            })?;
+            .map_err(|e| Error::Tokenizer { file: self.file.clone(), message: format!("cannot encode: {e}") })?;
         Ok(enc.get_ids().to_vec())
     }
 
     /// Text of `ids` (special tokens kept, as mlx-lm's detokenizers do).
     pub fn decode(&self, ids: &[u32]) -> Result<String> {
-        self.inner.decode(ids, false).map_err(|e| Error::Tokenizer {
-            file: self.file.clone(),
-            message: format!("cannot decode: {e}"),
-        })
+        self.inner
+            .decode(ids, false)
+            .map_err(|e| Error::Tokenizer { file: self.file.clone(), message: format!("cannot decode: {e}") })
     }
 
     /// The id of a token written as text (e.g. `<|im_end|>`).
@@ -154,11 +128,9 @@ impl Tokenizer {
 
     /// Adds an end-of-sequence token given as text (mlx_lm's `--extra-eos-token`).
     pub fn add_eos_token(&mut self, token: &str) -> Result<()> {
-        let id = self.token_id(token).ok_or_else(|| {
-            Error::Invalid(format!(
-                "extra EOS token {token:?} is not a token of this tokenizer"
-            ))
-        })?;
+        let id = self
+            .token_id(token)
+            .ok_or_else(|| Error::Invalid(format!("extra EOS token {token:?} is not a token of this tokenizer")))?;
         if !self.eos_token_ids.contains(&id) {
             self.eos_token_ids.push(id);
         }

@@ -28,29 +28,21 @@ impl Weights {
         let index_path = dir.join("model.safetensors.index.json");
         let mut names: Vec<PathBuf> = if index_path.exists() {
             let file = index_path.display().to_string();
-            let text = std::fs::read_to_string(&index_path).map_err(|source| Error::Io {
-                path: file.clone(),
-                source,
-            })?;
-            let json: serde_json::Value = serde_json::from_str(&text)
-                .map_err(|e| Error::config(&file, format!("is not valid JSON ({e})")))?;
+            let text =
+                std::fs::read_to_string(&index_path).map_err(|source| Error::Io { path: file.clone(), source })?;
+            let json: serde_json::Value =
+                serde_json::from_str(&text).map_err(|e| Error::config(&file, format!("is not valid JSON ({e})")))?;
             let map = json
                 .get("weight_map")
                 .and_then(|m| m.as_object())
                 .ok_or_else(|| Error::config(&file, "has no weight_map object"))?;
-            let mut shards: Vec<PathBuf> = map
-                .values()
-                .filter_map(|v| v.as_str())
-                .map(|s| dir.join(s))
-                .collect();
+            let mut shards: Vec<PathBuf> = map.values().filter_map(|v| v.as_str()).map(|s| dir.join(s)).collect();
             shards.sort();
             shards.dedup();
             shards
         } else {
-            let entries = std::fs::read_dir(dir).map_err(|source| Error::Io {
-                path: dir.display().to_string(),
-                source,
-            })?;
+            let entries =
+                std::fs::read_dir(dir).map_err(|source| Error::Io { path: dir.display().to_string(), source })?;
             entries
                 .filter_map(|e| e.ok().map(|e| e.path()))
                 .filter(|p| {
@@ -75,13 +67,7 @@ impl Weights {
             }
             files.push(file);
         }
-        Ok(Weights {
-            dir: dir.to_path_buf(),
-            files,
-            index,
-            converted: HashMap::new(),
-            quantization,
-        })
+        Ok(Weights { dir: dir.to_path_buf(), files, index, converted: HashMap::new(), quantization })
     }
 
     /// Tensors already in memory (converted from another format), named as a checkpoint names
@@ -109,10 +95,7 @@ impl Weights {
     }
 
     fn err(&self, name: &str, message: impl Into<String>) -> Error {
-        Error::Weights {
-            file: self.file_of(name),
-            message: format!("{name}: {}", message.into()),
-        }
+        Error::Weights { file: self.file_of(name), message: format!("{name}: {}", message.into()) }
     }
 
     /// Tensor `name` as it is stored.
@@ -121,10 +104,7 @@ impl Weights {
             return Ok(a.clone());
         }
         let &i = self.index.get(name).ok_or_else(|| {
-            self.err(
-                name,
-                "is missing from the checkpoint (a different model or an incomplete download?)",
-            )
+            self.err(name, "is missing from the checkpoint (a different model or an incomplete download?)")
         })?;
         Ok(self.files[i].array(name)?)
     }
@@ -133,16 +113,10 @@ impl Weights {
     pub fn tensor(&self, name: &str, shape: &[usize]) -> Result<Array> {
         let a = self.raw(name)?;
         if a.shape() != shape {
-            return Err(self.err(
-                name,
-                format!("has shape {:?}, the config says {shape:?}", a.shape()),
-            ));
+            return Err(self.err(name, format!("has shape {:?}, the config says {shape:?}", a.shape())));
         }
         if !a.dtype().is_float() {
-            return Err(self.err(
-                name,
-                format!("has dtype {}, expected a float type", a.dtype()),
-            ));
+            return Err(self.err(name, format!("has dtype {}, expected a float type", a.dtype())));
         }
         Ok(a)
     }
@@ -165,21 +139,14 @@ impl Weights {
         let listed = self.quantization.overrides.get(path);
         if !self.has(&scales) {
             if let Some(Some(spec)) = listed {
-                return Err(self.err(
-                    &weight,
-                    format!(
-                        "config.json quantizes it ({} bits) but {scales} is missing",
-                        spec.bits
-                    ),
-                ));
+                return Err(
+                    self.err(&weight, format!("config.json quantizes it ({} bits) but {scales} is missing", spec.bits))
+                );
             }
             return Ok(Matrix::Dense(self.tensor(&weight, &[rows, cols])?));
         }
         if let Some(None) = listed {
-            return Err(self.err(
-                &weight,
-                "config.json lists it as unquantized, but it has scales",
-            ));
+            return Err(self.err(&weight, "config.json lists it as unquantized, but it has scales"));
         }
         let (packed, scales_a) = (self.raw(&weight)?, self.raw(&scales)?);
         if scales_a.dtype() == DType::U8 {
@@ -188,10 +155,7 @@ impl Weights {
                 self.file_of(&weight)
             )));
         }
-        if packed.shape().len() != 2
-            || scales_a.shape().len() != 2
-            || packed.dim(0) != rows
-            || scales_a.dim(0) != rows
+        if packed.shape().len() != 2 || scales_a.shape().len() != 2 || packed.dim(0) != rows || scales_a.dim(0) != rows
         {
             return Err(self.err(
                 &weight,
@@ -205,18 +169,10 @@ impl Weights {
         let words = packed.dim(1);
         let groups = scales_a.dim(1);
         if (words * 32) % cols != 0 || groups == 0 || !cols.is_multiple_of(groups) {
-            return Err(self.err(
-                &weight,
-                format!(
-                    "packed {words} words and {groups} groups per row cannot hold {cols} columns"
-                ),
-            ));
+            return Err(self
+                .err(&weight, format!("packed {words} words and {groups} groups per row cannot hold {cols} columns")));
         }
-        let spec = QuantSpec {
-            mode: QuantMode::Affine,
-            bits: words * 32 / cols,
-            group_size: cols / groups,
-        };
+        let spec = QuantSpec { mode: QuantMode::Affine, bits: words * 32 / cols, group_size: cols / groups };
         if let Some(Some(want)) = listed {
             if (want.bits, want.group_size) != (spec.bits, spec.group_size) {
                 return Err(self.err(
@@ -231,8 +187,7 @@ impl Weights {
         spec.validate().map_err(|m| self.err(&weight, m))?;
         let biases = self.raw(&format!("{path}.biases"))?;
         Ok(Matrix::Quantized(
-            Quantized::new(packed, scales_a, biases, spec, cols)
-                .map_err(|e| self.err(&weight, e.to_string()))?,
+            Quantized::new(packed, scales_a, biases, spec, cols).map_err(|e| self.err(&weight, e.to_string()))?,
         ))
     }
 }

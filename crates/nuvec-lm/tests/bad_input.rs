@@ -177,14 +177,20 @@ fn tokenizer_that_does_not_parse() {
 #[test]
 fn chat_templates_that_fail() {
     let c = checkpoint("template", config(), tensors());
-    std::fs::write(c.dir.join("tokenizer_config.json"), json!({"chat_template": "{% for m in messages %}"}).to_string()).unwrap();
+    std::fs::write(
+        c.dir.join("tokenizer_config.json"),
+        json!({"chat_template": "{% for m in messages %}"}).to_string(),
+    )
+    .unwrap();
     assert_mentions(&load_err(&c.dir), &["chat template", "does not parse"]);
 
-    let raising = "{% if messages[0]['role'] == 'system' %}{{ raise_exception('System role not supported') }}{% endif %}ok";
+    let raising =
+        "{% if messages[0]['role'] == 'system' %}{{ raise_exception('System role not supported') }}{% endif %}ok";
     std::fs::write(c.dir.join("tokenizer_config.json"), json!({"chat_template": raising}).to_string()).unwrap();
     let (_, tokenizer) = nuvec_lm::load_dir(&c.dir).unwrap();
     let template = tokenizer.chat_template().unwrap();
-    let err = template.render(&[nuvec_lm::Message::new("system", "x")], true, &Default::default()).unwrap_err().to_string();
+    let err =
+        template.render(&[nuvec_lm::Message::new("system", "x")], true, &Default::default()).unwrap_err().to_string();
     assert_mentions(&err, &["chat template", "System role not supported"]);
     assert_eq!(template.render(&[nuvec_lm::Message::new("user", "x")], true, &Default::default()).unwrap(), "ok");
 }
@@ -205,7 +211,8 @@ fn invalid_sampler_settings() {
     let (model, _) = nuvec_lm::load_dir(&c.dir).unwrap();
     let err = nuvec_lm::generate(&model, &[], GenerateOptions::default()).err().unwrap().to_string();
     assert!(err.contains("prompt is empty"), "{err}");
-    let err = nuvec_lm::generate(&model, &[99], GenerateOptions::default()).unwrap().next().unwrap().unwrap_err().to_string();
+    let err =
+        nuvec_lm::generate(&model, &[99], GenerateOptions::default()).unwrap().next().unwrap().unwrap_err().to_string();
     assert!(err.contains("outside the vocabulary"), "{err}");
 }
 

@@ -13,7 +13,8 @@ fn smollm2_answers_like_mlx_lm() {
     let (model, tokenizer) = nuvec_lm::load(default_gguf().to_str().unwrap()).unwrap();
 
     let template = tokenizer.chat_template().expect("the GGUF carries a chat template");
-    let rendered = template.render(&[Message::new("user", "What is the capital of France?")], true, &Default::default()).unwrap();
+    let rendered =
+        template.render(&[Message::new("user", "What is the capital of France?")], true, &Default::default()).unwrap();
     assert_eq!(rendered, oracle["rendered_prompt"].as_str().unwrap());
     let prompt = tokenizer.encode(&rendered, false).unwrap();
     assert_eq!(prompt, ids(&oracle["prompt_ids"]));

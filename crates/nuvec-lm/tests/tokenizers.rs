@@ -36,7 +36,10 @@ fn encode_and_decode_match_python_tokenizers() {
             let with = tokenizer.encode(text, true).unwrap();
             let plain = tokenizer.encode(text, false).unwrap();
             if with != ids(&r["ids_with_special"]) {
-                failures.push(format!("{name}: {text:?} with special tokens: {with:?} != {:?}", ids(&r["ids_with_special"])));
+                failures.push(format!(
+                    "{name}: {text:?} with special tokens: {with:?} != {:?}",
+                    ids(&r["ids_with_special"])
+                ));
             }
             if plain != ids(&r["ids_plain"]) {
                 failures.push(format!("{name}: {text:?}: {plain:?} != {:?}", ids(&r["ids_plain"])));
@@ -64,7 +67,8 @@ fn chat_templates_render_like_transformers() {
         };
         for r in records(&dir, "chat.json") {
             let mut kwargs = r["kwargs"].as_object().cloned().unwrap_or_default();
-            let add_generation_prompt = kwargs.remove("add_generation_prompt").and_then(|v| v.as_bool()).unwrap_or(false);
+            let add_generation_prompt =
+                kwargs.remove("add_generation_prompt").and_then(|v| v.as_bool()).unwrap_or(false);
             for (key, value) in [("bos_token", tokenizer.bos_token()), ("eos_token", tokenizer.eos_token())] {
                 if let Some(v) = value {
                     kwargs.entry(key.to_string()).or_insert(v.into());
@@ -78,7 +82,10 @@ fn chat_templates_render_like_transformers() {
                 }
             };
             if rendered != r["rendered"].as_str().unwrap() {
-                failures.push(format!("{name}: rendered\n{rendered:?}\n!= transformers'\n{:?}", r["rendered"].as_str().unwrap()));
+                failures.push(format!(
+                    "{name}: rendered\n{rendered:?}\n!= transformers'\n{:?}",
+                    r["rendered"].as_str().unwrap()
+                ));
             } else if tokenizer.encode(&rendered, false).unwrap() != ids(&r["ids"]) {
                 failures.push(format!("{name}: ids of the rendered prompt differ"));
             }

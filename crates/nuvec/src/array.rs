@@ -46,38 +46,21 @@ impl Array {
         if bytes.as_bytes().len() != want {
             return Err(Error::shape(
                 "array",
-                format!(
-                    "{} bytes do not hold {shape:?} of {dtype}",
-                    bytes.as_bytes().len()
-                ),
+                format!("{} bytes do not hold {shape:?} of {dtype}", bytes.as_bytes().len()),
             ));
         }
-        Ok(Array {
-            shape,
-            dtype,
-            device: Device::Cpu,
-            bytes: Arc::new(bytes),
-        })
+        Ok(Array { shape, dtype, device: Device::Cpu, bytes: Arc::new(bytes) })
     }
 
     /// An array holding a copy of `data`, with `shape`.
     pub fn from_slice<T: Element>(data: &[T], shape: &[usize]) -> Result<Self> {
-        Self::from_bytes(
-            Bytes::copy_of(bytemuck::cast_slice(data)),
-            shape.to_vec(),
-            T::DTYPE,
-        )
+        Self::from_bytes(Bytes::copy_of(bytemuck::cast_slice(data)), shape.to_vec(), T::DTYPE)
     }
 
     /// An array of zeros.
     pub fn zeros(shape: &[usize], dtype: DType) -> Self {
         let len = shape.iter().product::<usize>() * dtype.size();
-        Array {
-            shape: shape.to_vec(),
-            dtype,
-            device: Device::Cpu,
-            bytes: Arc::new(Bytes::zeroed(len)),
-        }
+        Array { shape: shape.to_vec(), dtype, device: Device::Cpu, bytes: Arc::new(Bytes::zeroed(len)) }
     }
 
     /// The shape.
@@ -119,15 +102,9 @@ impl Array {
     /// The same elements seen with another shape of the same size.
     pub fn reshape(&self, shape: &[usize]) -> Result<Self> {
         if shape.iter().product::<usize>() != self.len() {
-            return Err(Error::shape(
-                "reshape",
-                format!("{:?} cannot become {shape:?}", self.shape),
-            ));
+            return Err(Error::shape("reshape", format!("{:?} cannot become {shape:?}", self.shape)));
         }
-        Ok(Array {
-            shape: shape.to_vec(),
-            ..self.clone()
-        })
+        Ok(Array { shape: shape.to_vec(), ..self.clone() })
     }
 
     /// The elements as `T`, copied to the host (waits for pending work on the device).
@@ -150,10 +127,7 @@ impl Array {
     /// The elements as a host slice of `T` (the CPU backend's view).
     pub(crate) fn host<T: Element>(&self) -> Result<&[T]> {
         if T::DTYPE != self.dtype {
-            return Err(Error::shape(
-                "host",
-                format!("array is {}, read as {}", self.dtype, T::DTYPE),
-            ));
+            return Err(Error::shape("host", format!("array is {}, read as {}", self.dtype, T::DTYPE)));
         }
         bytemuck::try_cast_slice(self.bytes.as_bytes())
             .map_err(|e| Error::shape("host", format!("misaligned bytes: {e}")))
@@ -162,10 +136,7 @@ impl Array {
     /// Writable host elements; copies first if the bytes are shared or mapped.
     pub(crate) fn host_mut<T: Element>(&mut self) -> Result<&mut [T]> {
         if T::DTYPE != self.dtype {
-            return Err(Error::shape(
-                "host_mut",
-                format!("array is {}, written as {}", self.dtype, T::DTYPE),
-            ));
+            return Err(Error::shape("host_mut", format!("array is {}, written as {}", self.dtype, T::DTYPE)));
         }
         if Arc::get_mut(&mut self.bytes).is_none() {
             self.bytes = Arc::new(Bytes::copy_of(self.bytes.as_bytes()));

@@ -21,20 +21,12 @@ pub trait Backend: Send + Sync {
 
     /// Rotary embedding of `x [L, H, D]` at positions `offset..offset+L`, rotating the first
     /// `2 * inv_freqs.len()` features of each head (halves, or interleaved pairs if `traditional`).
-    fn rope(&self, x: &Array, inv_freqs: &[f32], offset: usize, traditional: bool)
-        -> Result<Array>;
+    fn rope(&self, x: &Array, inv_freqs: &[f32], offset: usize, traditional: bool) -> Result<Array>;
 
     /// Causal attention of `q [L, Hq, D]` over the first `kv_len` positions of
     /// `k, v [Hkv, capacity, D]`; query `i` sits at position `kv_len - L + i`.
     /// Returns `[L, Hq * D]`.
-    fn attention(
-        &self,
-        q: &Array,
-        k: &Array,
-        v: &Array,
-        kv_len: usize,
-        scale: f32,
-    ) -> Result<Array>;
+    fn attention(&self, q: &Array, k: &Array, v: &Array, kv_len: usize, scale: f32) -> Result<Array>;
 
     /// Writes `src [A, n, C]` into `dst [A, capacity, C]` at `offset` along axis 1, in place.
     fn write_axis1(&self, dst: &mut Array, src: &Array, offset: usize) -> Result<()>;

@@ -10,19 +10,12 @@ pub(crate) enum Bytes {
     /// Owned; `u64` storage keeps every element type aligned.
     Owned { words: Vec<u64>, len: usize },
     /// A window of a mapped file, aligned to its element size (checked when made).
-    Mapped {
-        map: Arc<Mmap>,
-        offset: usize,
-        len: usize,
-    },
+    Mapped { map: Arc<Mmap>, offset: usize, len: usize },
 }
 
 impl Bytes {
     pub(crate) fn zeroed(len: usize) -> Self {
-        Bytes::Owned {
-            words: vec![0u64; len.div_ceil(8)],
-            len,
-        }
+        Bytes::Owned { words: vec![0u64; len.div_ceil(8)], len }
     }
 
     pub(crate) fn copy_of(bytes: &[u8]) -> Self {

@@ -40,9 +40,6 @@ pub type Result<T> = std::result::Result<T, Error>;
 
 impl Error {
     pub(crate) fn shape(op: &'static str, message: impl Into<String>) -> Self {
-        Error::Shape {
-            op,
-            message: message.into(),
-        }
+        Error::Shape { op, message: message.into() }
     }
 }

@@ -18,9 +18,9 @@ impl QuantMode {
     pub fn parse(name: &str) -> Result<Self> {
         match name {
             "affine" => Ok(QuantMode::Affine),
-            "mxfp4" | "mxfp8" | "nvfp4" => Err(Error::Unsupported(format!(
-                "quantization mode {name} is not built yet"
-            ))),
+            "mxfp4" | "mxfp8" | "nvfp4" => {
+                Err(Error::Unsupported(format!("quantization mode {name} is not built yet")))
+            }
             other => Err(Error::Unsupported(format!(
                 "quantization mode {other:?} is not one of affine, mxfp4, mxfp8, nvfp4"
             ))),
@@ -53,10 +53,7 @@ impl QuantSpec {
                     return Err(format!("bits = {} is not one of 2,3,4,5,6,8", self.bits));
                 }
                 if !Self::AFFINE_GROUPS.contains(&self.group_size) {
-                    return Err(format!(
-                        "group_size = {} is not one of 32,64,128",
-                        self.group_size
-                    ));
+                    return Err(format!("group_size = {} is not one of 32,64,128", self.group_size));
                 }
             }
         }
@@ -79,13 +76,7 @@ pub struct Quantized {
 
 impl Quantized {
     /// Checks the parts against each other and against the logical `cols`.
-    pub fn new(
-        packed: Array,
-        scales: Array,
-        biases: Array,
-        spec: QuantSpec,
-        cols: usize,
-    ) -> Result<Self> {
+    pub fn new(packed: Array, scales: Array, biases: Array, spec: QuantSpec, cols: usize) -> Result<Self> {
         spec.validate().map_err(|m| Error::shape("quantized", m))?;
         let rows = packed.dim(0);
         let bad = |m: String| Err(Error::shape("quantized", m));
@@ -112,11 +103,7 @@ impl Quantized {
         }
         let groups = [rows, cols / spec.group_size];
         if scales.shape() != groups || biases.shape() != groups {
-            return bad(format!(
-                "scales {:?} and biases {:?} must both be {groups:?}",
-                scales.shape(),
-                biases.shape()
-            ));
+            return bad(format!("scales {:?} and biases {:?} must both be {groups:?}", scales.shape(), biases.shape()));
         }
         if !scales.dtype().is_float() || scales.dtype() != biases.dtype() {
             return bad(format!(
@@ -125,12 +112,7 @@ impl Quantized {
                 biases.dtype()
             ));
         }
-        Ok(Quantized {
-            packed,
-            scales,
-            biases,
-            spec,
-        })
+        Ok(Quantized { packed, scales, biases, spec })
     }
 
     /// Logical rows.

@@ -34,20 +34,14 @@ impl KvCache {
                 let mut fresh = Array::zeros(&[h, grown, d], DType::F32);
                 if let Some(old) = buffer.take() {
                     if self.offset > 0 {
-                        let kept = old
-                            .transpose01()?
-                            .slice_rows(0, self.offset)?
-                            .transpose01()?;
+                        let kept = old.transpose01()?.slice_rows(0, self.offset)?.transpose01()?;
                         fresh.write_axis1(&kept, 0)?;
                     }
                 }
                 *buffer = Some(fresh);
             }
         }
-        let (k, v) = (
-            self.keys.as_mut().expect("allocated above"),
-            self.values.as_mut().expect("allocated above"),
-        );
+        let (k, v) = (self.keys.as_mut().expect("allocated above"), self.values.as_mut().expect("allocated above"));
         k.write_axis1(keys, self.offset)?;
         v.write_axis1(values, self.offset)?;
         self.offset = needed;
@@ -62,10 +56,7 @@ impl LayerCache for KvCache {
 
     fn trim(&mut self, n: usize) -> Result<()> {
         if n > self.offset {
-            return Err(Error::Invalid(format!(
-                "cannot trim {n} positions from a cache holding {}",
-                self.offset
-            )));
+            return Err(Error::Invalid(format!("cannot trim {n} positions from a cache holding {}", self.offset)));
         }
         self.offset -= n;
         Ok(())

@@ -45,39 +45,13 @@ impl Attention {
         let s = &shape;
         let (q_out, kv_out) = (s.heads * s.head_dim, s.kv_heads * s.head_dim);
         let norm = |name: &str| -> Result<Option<RmsNorm>> {
-            s.qk_norm_eps
-                .map(|eps| RmsNorm::load(weights, &format!("{path}.{name}"), s.head_dim, eps))
-                .transpose()
+            s.qk_norm_eps.map(|eps| RmsNorm::load(weights, &format!("{path}.{name}"), s.head_dim, eps)).transpose()
         };
         Ok(Attention {
-            q_proj: Linear::load(
-                weights,
-                &format!("{path}.q_proj"),
-                s.hidden,
-                q_out,
-                s.qkv_bias,
-            )?,
-            k_proj: Linear::load(
-                weights,
-                &format!("{path}.k_proj"),
-                s.hidden,
-                kv_out,
-                s.qkv_bias,
-            )?,
-            v_proj: Linear::load(
-                weights,
-                &format!("{path}.v_proj"),
-                s.hidden,
-                kv_out,
-                s.qkv_bias,
-            )?,
-            o_proj: Linear::load(
-                weights,
-                &format!("{path}.o_proj"),
-                q_out,
-                s.hidden,
-                s.o_bias,
-            )?,
+            q_proj: Linear::load(weights, &format!("{path}.q_proj"), s.hidden, q_out, s.qkv_bias)?,
+            k_proj: Linear::load(weights, &format!("{path}.k_proj"), s.hidden, kv_out, s.qkv_bias)?,
+            v_proj: Linear::load(weights, &format!("{path}.v_proj"), s.hidden, kv_out, s.qkv_bias)?,
+            o_proj: Linear::load(weights, &format!("{path}.o_proj"), q_out, s.hidden, s.o_bias)?,
             q_norm: norm("q_norm")?,
             k_norm: norm("k_norm")?,
             rope,

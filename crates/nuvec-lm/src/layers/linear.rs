@@ -17,19 +17,9 @@ pub struct Linear {
 impl Linear {
     /// Loads module `path` mapping `inputs` to `outputs` features; `bias` says whether the
     /// config gives it one.
-    pub fn load(
-        weights: &Weights,
-        path: &str,
-        inputs: usize,
-        outputs: usize,
-        bias: bool,
-    ) -> Result<Self> {
+    pub fn load(weights: &Weights, path: &str, inputs: usize, outputs: usize, bias: bool) -> Result<Self> {
         let weight = weights.matrix(path, outputs, inputs)?;
-        let bias = if bias {
-            Some(weights.tensor(&format!("{path}.bias"), &[outputs])?)
-        } else {
-            None
-        };
+        let bias = if bias { Some(weights.tensor(&format!("{path}.bias"), &[outputs])?) } else { None };
         Ok(Linear { weight, bias })
     }
 

@@ -16,13 +16,7 @@ pub struct Mlp {
 
 impl Mlp {
     /// Loads `{path}.{gate,up,down}_proj`.
-    pub fn load(
-        weights: &Weights,
-        path: &str,
-        dims: usize,
-        hidden: usize,
-        bias: bool,
-    ) -> Result<Self> {
+    pub fn load(weights: &Weights, path: &str, dims: usize, hidden: usize, bias: bool) -> Result<Self> {
         Ok(Mlp {
             gate_proj: Linear::load(weights, &format!("{path}.gate_proj"), dims, hidden, bias)?,
             up_proj: Linear::load(weights, &format!("{path}.up_proj"), dims, hidden, bias)?,
@@ -32,10 +26,7 @@ impl Mlp {
 
     /// Applies the block to `x [L, dims]`.
     pub fn forward(&self, x: &Array) -> Result<Array> {
-        let h = self
-            .gate_proj
-            .forward(x)?
-            .silu_mul(&self.up_proj.forward(x)?)?;
+        let h = self.gate_proj.forward(x)?.silu_mul(&self.up_proj.forward(x)?)?;
         self.down_proj.forward(&h)
     }
 }

@@ -15,10 +15,7 @@ pub struct RmsNorm {
 impl RmsNorm {
     /// Loads `{path}.weight` of `dims` features.
     pub fn load(weights: &Weights, path: &str, dims: usize, eps: f32) -> Result<Self> {
-        Ok(RmsNorm {
-            weight: weights.tensor(&format!("{path}.weight"), &[dims])?,
-            eps,
-        })
+        Ok(RmsNorm { weight: weights.tensor(&format!("{path}.weight"), &[dims])?, eps })
     }
 
     /// Normalizes `x`.

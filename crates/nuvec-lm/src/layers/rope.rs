@@ -17,9 +17,7 @@ impl Rope {
     /// The rotary embedding config.json describes for heads of `dims` features
     /// (`rope_theta`, `rope_traditional`, `rope_scaling` / `rope_parameters`).
     pub fn from_config(config: &Config, dims: usize, default_theta: Option<f64>) -> Result<Self> {
-        let scaling = config
-            .get("rope_scaling")
-            .or_else(|| config.get("rope_parameters"));
+        let scaling = config.get("rope_scaling").or_else(|| config.get("rope_parameters"));
         let theta = match config.opt_f64("rope_theta")? {
             Some(t) => t,
             None => scaling
@@ -30,9 +28,7 @@ impl Rope {
         };
         let traditional = config.bool_or("rope_traditional", false)?;
         // Periods (`base ** (2i / dims)`), as mlx-lm computes them; the kernel takes their inverse.
-        let mut periods: Vec<f64> = (0..dims / 2)
-            .map(|i| theta.powf(2.0 * i as f64 / dims as f64))
-            .collect();
+        let mut periods: Vec<f64> = (0..dims / 2).map(|i| theta.powf(2.0 * i as f64 / dims as f64)).collect();
         let kind = scaling
             .and_then(|s| s.get("type").or_else(|| s.get("rope_type")))
             .and_then(Value::as_str)
@@ -58,11 +54,7 @@ impl Rope {
                 let (low_wavelen, high_wavelen) = (old_context / low, old_context / high);
                 for p in periods.iter_mut() {
                     let wavelen = 2.0 * std::f64::consts::PI * *p;
-                    let scaled = if wavelen > low_wavelen {
-                        *p * factor
-                    } else {
-                        *p
-                    };
+                    let scaled = if wavelen > low_wavelen { *p * factor } else { *p };
                     if wavelen > high_wavelen && wavelen < low_wavelen {
                         let smooth = (old_context / wavelen - low) / (high - low);
                         *p = scaled / ((1.0 - smooth) / factor + smooth);
@@ -71,17 +63,16 @@ impl Rope {
                     }
                 }
             }
-            other => return Err(Error::Unsupported(format!(
-                "{}: rope_scaling type {other:?} is not built yet (default, linear and llama3 are)",
-                config.file()
-            ))),
+            other => {
+                return Err(Error::Unsupported(format!(
+                    "{}: rope_scaling type {other:?} is not built yet (default, linear and llama3 are)",
+                    config.file()
+                )))
+            }
         }
         // mlx computes the periods in float32 before inverting them.
         let inv_freqs = periods.iter().map(|&p| 1.0 / (p as f32)).collect();
-        Ok(Rope {
-            inv_freqs,
-            traditional,
-        })
+        Ok(Rope { inv_freqs, traditional })
     }
 
     /// Rotates `x [L, H, D]` at positions `offset..offset+L`.

@@ -38,16 +38,8 @@ struct Block {
 
 impl Block {
     fn forward(&self, x: &Array, cache: &mut KvCache) -> Result<Array> {
-        let h = x.add(
-            &self
-                .self_attn
-                .forward(&self.input_layernorm.forward(x)?, cache)?,
-        )?;
-        Ok(h.add(
-            &self
-                .mlp
-                .forward(&self.post_attention_layernorm.forward(&h)?)?,
-        )?)
+        let h = x.add(&self.self_attn.forward(&self.input_layernorm.forward(x)?, cache)?)?;
+        Ok(h.add(&self.mlp.forward(&self.post_attention_layernorm.forward(&h)?)?)?)
     }
 }
 
@@ -84,10 +76,8 @@ impl Llama {
         let intermediate = config.usize("intermediate_size")?;
         let eps = config.f64("rms_norm_eps")? as f32;
         if heads == 0 || kv_heads == 0 || heads % kv_heads != 0 {
-            return Err(config.error(
-                "num_key_value_heads",
-                format_args!("= {kv_heads} must divide num_attention_heads = {heads}"),
-            ));
+            return Err(config
+                .error("num_key_value_heads", format_args!("= {kv_heads} must divide num_attention_heads = {heads}")));
         }
         let head_dim = match config.opt_usize("head_dim")? {
             Some(d) => d,
@@ -113,31 +103,15 @@ impl Llama {
             .map(|i| {
                 let p = format!("model.layers.{i}");
                 Ok(Block {
-                    input_layernorm: RmsNorm::load(
-                        weights,
-                        &format!("{p}.input_layernorm"),
-                        hidden,
-                        eps,
-                    )?,
-                    self_attn: Attention::load(
-                        weights,
-                        &format!("{p}.self_attn"),
-                        shape.clone(),
-                        rope.clone(),
-                    )?,
+                    input_layernorm: RmsNorm::load(weights, &format!("{p}.input_layernorm"), hidden, eps)?,
+                    self_attn: Attention::load(weights, &format!("{p}.self_attn"), shape.clone(), rope.clone())?,
                     post_attention_layernorm: RmsNorm::load(
                         weights,
                         &format!("{p}.post_attention_layernorm"),
                         hidden,
                         eps,
                     )?,
-                    mlp: Mlp::load(
-                        weights,
-                        &format!("{p}.mlp"),
-                        hidden,
-                        intermediate,
-                        family.mlp_bias,
-                    )?,
+                    mlp: Mlp::load(weights, &format!("{p}.mlp"), hidden, intermediate, family.mlp_bias)?,
                 })
             })
             .collect::<Result<Vec<_>>>()?;
@@ -145,11 +119,7 @@ impl Llama {
             embed_tokens: weights.matrix("model.embed_tokens", vocab, hidden)?,
             layers: blocks,
             norm: RmsNorm::load(weights, "model.norm", hidden, eps)?,
-            lm_head: if tie {
-                None
-            } else {
-                Some(weights.matrix("lm_head", vocab, hidden)?)
-            },
+            lm_head: if tie { None } else { Some(weights.matrix("lm_head", vocab, hidden)?) },
         })
     }
 }

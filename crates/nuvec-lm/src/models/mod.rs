@@ -35,10 +35,7 @@ pub struct Model {
 
 impl std::fmt::Debug for Model {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Model")
-            .field("model_type", &self.model_type)
-            .field("layers", &self.num_layers())
-            .finish()
+        f.debug_struct("Model").field("model_type", &self.model_type).field("layers", &self.num_layers()).finish()
     }
 }
 
@@ -58,12 +55,7 @@ impl Model {
                 )))
             }
         };
-        Ok(Model {
-            arch,
-            model_type,
-            vocab_size: config.usize("vocab_size")?,
-            eos_token_ids: config.eos_token_ids()?,
-        })
+        Ok(Model { arch, model_type, vocab_size: config.usize("vocab_size")?, eos_token_ids: config.eos_token_ids()? })
     }
 
     /// `config.json`'s `model_type`.

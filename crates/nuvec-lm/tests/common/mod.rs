@@ -12,7 +12,11 @@ pub fn fixtures() -> PathBuf {
     let dir = std::env::var_os("NUVEC_FIXTURES").map(PathBuf::from).unwrap_or_else(|| {
         panic!("NUVEC_FIXTURES is not set: run `scripts/test.sh` (it runs scripts/setup-oracle.sh and sets it)")
     });
-    assert!(dir.join("DONE").exists(), "{} is not a complete fixture directory: rerun scripts/setup-oracle.sh", dir.display());
+    assert!(
+        dir.join("DONE").exists(),
+        "{} is not a complete fixture directory: rerun scripts/setup-oracle.sh",
+        dir.display()
+    );
     dir
 }
 

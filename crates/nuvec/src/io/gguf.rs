@@ -177,9 +177,7 @@ impl<'a> Reader<'a> {
 
     fn take(&mut self, n: usize) -> Result<&'a [u8]> {
         if n > self.bytes.len() - self.pos {
-            return Err(self.err(format!(
-                "needs {n} more bytes but the file ends (truncated?)"
-            )));
+            return Err(self.err(format!("needs {n} more bytes but the file ends (truncated?)")));
         }
         let out = &self.bytes[self.pos..self.pos + n];
         self.pos += n;
@@ -187,15 +185,11 @@ impl<'a> Reader<'a> {
     }
 
     fn u32(&mut self) -> Result<u32> {
-        Ok(u32::from_le_bytes(
-            self.take(4)?.try_into().expect("4 bytes"),
-        ))
+        Ok(u32::from_le_bytes(self.take(4)?.try_into().expect("4 bytes")))
     }
 
     fn u64(&mut self) -> Result<u64> {
-        Ok(u64::from_le_bytes(
-            self.take(8)?.try_into().expect("8 bytes"),
-        ))
+        Ok(u64::from_le_bytes(self.take(8)?.try_into().expect("8 bytes")))
     }
 
     /// A count of items of at least `min_size` bytes each, checked against what remains.
@@ -203,9 +197,7 @@ impl<'a> Reader<'a> {
         let n = self.u64()?;
         let remaining = (self.bytes.len() - self.pos) as u64;
         if n.saturating_mul(min_size.max(1) as u64) > remaining {
-            return Err(self.err(format!(
-                "{what} count {n} cannot fit in the {remaining} bytes left"
-            )));
+            return Err(self.err(format!("{what} count {n} cannot fit in the {remaining} bytes left")));
         }
         Ok(n as usize)
     }
@@ -262,10 +254,7 @@ impl GgufFile {
     /// Maps and parses `path`.
     pub fn open(path: impl AsRef<Path>) -> Result<Self> {
         let path = path.as_ref().to_path_buf();
-        let io_err = |source| Error::Io {
-            path: path.display().to_string(),
-            source,
-        };
+        let io_err = |source| Error::Io { path: path.display().to_string(), source };
         let file = File::open(&path).map_err(io_err)?;
         // SAFETY: read-only shared map; the file must not be truncated or rewritten while in use,
         // as with every mmap-based model loader.
@@ -274,15 +263,8 @@ impl GgufFile {
     }
 
     fn parse(path: PathBuf, map: Arc<Mmap>) -> Result<Self> {
-        let mut r = Reader {
-            bytes: &map,
-            pos: 0,
-            path: &path,
-        };
-        if r.take(4)
-            .map_err(|_| r.err("too short to be a GGUF file"))?
-            != b"GGUF"
-        {
+        let mut r = Reader { bytes: &map, pos: 0, path: &path };
+        if r.take(4).map_err(|_| r.err("too short to be a GGUF file"))? != b"GGUF" {
             return Err(Error::Format {
                 path: path.display().to_string(),
                 message: "not a GGUF file (bad magic)".into(),
@@ -307,9 +289,7 @@ impl GgufFile {
             let name = r.string()?;
             let n_dims = r.u32()? as usize;
             if n_dims == 0 || n_dims > 4 {
-                return Err(r.err(format!(
-                    "tensor {name} has {n_dims} dimensions (1 to 4 allowed)"
-                )));
+                return Err(r.err(format!("tensor {name} has {n_dims} dimensions (1 to 4 allowed)")));
             }
             let mut dims = Vec::with_capacity(n_dims);
             for _ in 0..n_dims {
@@ -319,14 +299,9 @@ impl GgufFile {
             let offset = r.u64()? as usize;
             infos.push((name, dims, ggml_type, offset));
         }
-        let alignment = metadata
-            .get("general.alignment")
-            .and_then(GgufValue::as_u64)
-            .unwrap_or(32) as usize;
+        let alignment = metadata.get("general.alignment").and_then(GgufValue::as_u64).unwrap_or(32) as usize;
         if alignment == 0 || !alignment.is_power_of_two() {
-            return Err(r.err(format!(
-                "general.alignment = {alignment} is not a power of two"
-            )));
+            return Err(r.err(format!("general.alignment = {alignment} is not a power of two")));
         }
         let data_start = r.pos.div_ceil(alignment) * alignment;
         let mut tensors = Vec::with_capacity(infos.len());
@@ -335,9 +310,7 @@ impl GgufFile {
             let len = match (count, ggml_type.block()) {
                 (Some(n), Some((per, bytes))) => {
                     if n % per != 0 {
-                        return Err(r.err(format!(
-                            "tensor {name}: {n} values do not fill blocks of {per}"
-                        )));
+                        return Err(r.err(format!("tensor {name}: {n} values do not fill blocks of {per}")));
                     }
                     (n / per).checked_mul(bytes)
                 }
@@ -345,27 +318,15 @@ impl GgufFile {
                 (None, _) => None,
             }
             .ok_or_else(|| r.err(format!("tensor {name}: dimensions {dims:?} overflow")))?;
-            let start = data_start
-                .checked_add(offset)
-                .filter(|s| s.checked_add(len).is_some_and(|e| e <= map.len()));
+            let start = data_start.checked_add(offset).filter(|s| s.checked_add(len).is_some_and(|e| e <= map.len()));
             let Some(start) = start else {
-                return Err(r.err(format!("tensor {name}: data at offset {offset} (+{len} bytes) lies past the end of the file (truncated?)")));
+                return Err(r.err(format!(
+                    "tensor {name}: data at offset {offset} (+{len} bytes) lies past the end of the file (truncated?)"
+                )));
             };
-            tensors.push(GgufTensor {
-                name,
-                dims,
-                ggml_type,
-                offset: start,
-                len,
-            });
+            tensors.push(GgufTensor { name, dims, ggml_type, offset: start, len });
         }
-        Ok(GgufFile {
-            path,
-            map: map.clone(),
-            version,
-            metadata,
-            tensors,
-        })
+        Ok(GgufFile { path, map: map.clone(), version, metadata, tensors })
     }
 
     /// The file's path.
@@ -409,11 +370,7 @@ impl GgufFile {
         };
         let shape: Vec<usize> = tensor.dims.iter().rev().copied().collect();
         let bytes = if tensor.offset.is_multiple_of(dtype.size()) {
-            Bytes::Mapped {
-                map: self.map.clone(),
-                offset: tensor.offset,
-                len: tensor.len,
-            }
+            Bytes::Mapped { map: self.map.clone(), offset: tensor.offset, len: tensor.len }
         } else {
             Bytes::copy_of(self.data(tensor))
         };
@@ -428,8 +385,7 @@ mod tests {
     fn parse_bytes(bytes: Vec<u8>) -> Result<GgufFile> {
         static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
         let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let path =
-            std::env::temp_dir().join(format!("nuvec-gguf-test-{}-{n}.gguf", std::process::id()));
+        let path = std::env::temp_dir().join(format!("nuvec-gguf-test-{}-{n}.gguf", std::process::id()));
         std::fs::write(&path, &bytes).unwrap();
         let out = GgufFile::open(&path);
         std::fs::remove_file(&path).ok();
@@ -446,16 +402,10 @@ mod tests {
 
     #[test]
     fn rejects_bad_magic_and_version() {
-        assert!(parse_bytes(b"GGML\x03\0\0\0".to_vec())
-            .unwrap_err()
-            .to_string()
-            .contains("bad magic"));
+        assert!(parse_bytes(b"GGML\x03\0\0\0".to_vec()).unwrap_err().to_string().contains("bad magic"));
         let mut b = header(0, 0);
         b[4] = 9;
-        assert!(parse_bytes(b)
-            .unwrap_err()
-            .to_string()
-            .contains("version 9"));
+        assert!(parse_bytes(b).unwrap_err().to_string().contains("version 9"));
     }
 
     #[test]
@@ -471,10 +421,7 @@ mod tests {
         let mut b = header(0, 1);
         b.extend(1000u64.to_le_bytes());
         b.extend(b"key");
-        assert!(parse_bytes(b)
-            .unwrap_err()
-            .to_string()
-            .contains("string length"));
+        assert!(parse_bytes(b).unwrap_err().to_string().contains("string length"));
 
         let mut b = header(1, 0);
         b.extend(1u64.to_le_bytes());
@@ -495,9 +442,6 @@ mod tests {
         b.push(b'k');
         b.extend(77u32.to_le_bytes());
         b.extend([0u8; 16]);
-        assert!(parse_bytes(b)
-            .unwrap_err()
-            .to_string()
-            .contains("unknown metadata value type 77"));
+        assert!(parse_bytes(b).unwrap_err().to_string().contains("unknown metadata value type 77"));
     }
 }

@@ -75,23 +75,14 @@ fn pack_lsb(values: &[u8], bits: usize, out: &mut [u8]) {
 
 /// Tensor `tensor` as a `[rows, cols]` matrix in MLX's layout, with its rows reordered by
 /// `row_order` when given (row `i` of the result is row `row_order[i]` of the file).
-pub fn gguf_matrix(
-    file: &GgufFile,
-    tensor: &GgufTensor,
-    row_order: Option<&[usize]>,
-) -> Result<Matrix> {
+pub fn gguf_matrix(file: &GgufFile, tensor: &GgufTensor, row_order: Option<&[usize]>) -> Result<Matrix> {
     let fail = |m: String| Error::Format {
         path: file.path().display().to_string(),
         message: format!("tensor {}: {m}", tensor.name),
     };
     let (cols, rows) = match tensor.dims[..] {
         [c, r] => (c, r),
-        _ => {
-            return Err(fail(format!(
-                "expected a matrix, got dimensions {:?}",
-                tensor.dims
-            )))
-        }
+        _ => return Err(fail(format!("expected a matrix, got dimensions {:?}", tensor.dims))),
     };
     if let Some(order) = row_order {
         if order.len() != rows || order.iter().any(|&r| r >= rows) {
@@ -120,9 +111,7 @@ pub fn gguf_matrix(
     };
     let (per, block_bytes) = tensor.ggml_type.block().expect("block types have a size");
     if cols % per != 0 {
-        return Err(fail(format!(
-            "{cols} columns do not split into blocks of {per}"
-        )));
+        return Err(fail(format!("{cols} columns do not split into blocks of {per}")));
     }
     let data = file.data(tensor);
     let groups = cols / per;
@@ -139,45 +128,22 @@ pub fn gguf_matrix(
         let src = &data[source_row(r) * row_bytes..(source_row(r) + 1) * row_bytes];
         let dst = &mut packed[r * packed_row..(r + 1) * packed_row];
         for g in 0..groups {
-            let (s, b) = decode_block(
-                tensor.ggml_type,
-                &src[g * block_bytes..(g + 1) * block_bytes],
-                &mut q,
-            );
+            let (s, b) = decode_block(tensor.ggml_type, &src[g * block_bytes..(g + 1) * block_bytes], &mut q);
             scales[r * groups + g] = s;
             biases[r * groups + g] = b;
-            pack_lsb(
-                &q,
-                bits,
-                &mut dst[g * 32 * bits / 8..(g + 1) * 32 * bits / 8],
-            );
+            pack_lsb(&q, bits, &mut dst[g * 32 * bits / 8..(g + 1) * 32 * bits / 8]);
         }
     }
-    let words: Vec<u32> = packed
-        .chunks_exact(4)
-        .map(|c| u32::from_le_bytes(c.try_into().expect("4 bytes")))
-        .collect();
+    let words: Vec<u32> = packed.chunks_exact(4).map(|c| u32::from_le_bytes(c.try_into().expect("4 bytes"))).collect();
     let packed = Array::from_slice(&words, &[rows, cols * bits / 32])?;
     let (scales, biases) = if f16_params {
         let to16 = |v: &[f32]| v.iter().map(|&x| f16::from_f32(x)).collect::<Vec<_>>();
-        (
-            Array::from_slice(&to16(&scales), &[rows, groups])?,
-            Array::from_slice(&to16(&biases), &[rows, groups])?,
-        )
+        (Array::from_slice(&to16(&scales), &[rows, groups])?, Array::from_slice(&to16(&biases), &[rows, groups])?)
     } else {
-        (
-            Array::from_slice(&scales, &[rows, groups])?,
-            Array::from_slice(&biases, &[rows, groups])?,
-        )
+        (Array::from_slice(&scales, &[rows, groups])?, Array::from_slice(&biases, &[rows, groups])?)
     };
-    let spec = QuantSpec {
-        mode: QuantMode::Affine,
-        bits,
-        group_size: 32,
-    };
-    Ok(Matrix::Quantized(Quantized::new(
-        packed, scales, biases, spec, cols,
-    )?))
+    let spec = QuantSpec { mode: QuantMode::Affine, bits, group_size: 32 };
+    Ok(Matrix::Quantized(Quantized::new(packed, scales, biases, spec, cols)?))
 }
 
 fn permute_rows(a: &Array, rows: usize, source_row: impl Fn(usize) -> usize) -> Result<Array> {
@@ -187,11 +153,7 @@ fn permute_rows(a: &Array, rows: usize, source_row: impl Fn(usize) -> usize) -> 
     for r in 0..rows {
         out.extend_from_slice(&src[source_row(r) * row_bytes..(source_row(r) + 1) * row_bytes]);
     }
-    Array::from_bytes(
-        crate::buffer::Bytes::copy_of(&out),
-        a.shape().to_vec(),
-        a.dtype(),
-    )
+    Array::from_bytes(crate::buffer::Bytes::copy_of(&out), a.shape().to_vec(), a.dtype())
 }
 
 #[cfg(test)]

@@ -59,19 +59,14 @@ impl SafetensorsFile {
     /// Maps `path` and checks its header: a truncated or malformed file is an error naming it.
     pub fn open(path: impl AsRef<Path>) -> Result<Self> {
         let path = path.as_ref().to_path_buf();
-        let io_err = |source| Error::Io {
-            path: path.display().to_string(),
-            source,
-        };
+        let io_err = |source| Error::Io { path: path.display().to_string(), source };
         let file = File::open(&path).map_err(io_err)?;
         // SAFETY: the map is read-only and shared; like every mmap-based loader we rely on the
         // checkpoint not being truncated or rewritten by another process while it is loaded.
         let map = unsafe { Mmap::map(&file) }.map_err(io_err)?;
         let format_err = |e: safetensors::SafeTensorError| Error::Format {
             path: path.display().to_string(),
-            message: format!(
-                "not a valid safetensors file ({e}); is it truncated or still downloading?"
-            ),
+            message: format!("not a valid safetensors file ({e}); is it truncated or still downloading?"),
         };
         let (_, meta) = SafeTensors::read_metadata(&map).map_err(format_err)?;
         let parsed = SafeTensors::deserialize(&map).map_err(format_err)?;
@@ -92,12 +87,7 @@ impl SafetensorsFile {
         }
         let metadata = meta.metadata().clone().unwrap_or_default();
         drop(parsed);
-        Ok(SafetensorsFile {
-            path,
-            map: Arc::new(map),
-            tensors,
-            metadata,
-        })
+        Ok(SafetensorsFile { path, map: Arc::new(map), tensors, metadata })
     }
 
     /// The file's path.
@@ -122,11 +112,7 @@ impl SafetensorsFile {
             message: format!("has no tensor named {name}"),
         })?;
         let bytes = if info.offset % info.dtype.size() == 0 {
-            Bytes::Mapped {
-                map: self.map.clone(),
-                offset: info.offset,
-                len: info.len,
-            }
+            Bytes::Mapped { map: self.map.clone(), offset: info.offset, len: info.len }
         } else {
             Bytes::copy_of(&self.map[info.offset..info.offset + info.len])
         };
@@ -154,14 +140,9 @@ pub fn save_safetensors(
             };
             safetensors::tensor::TensorView::new(dtype, a.shape().to_vec(), a.raw_bytes())
                 .map(|v| (name.clone(), v))
-                .map_err(|e| Error::Format {
-                    path: path.display().to_string(),
-                    message: e.to_string(),
-                })
+                .map_err(|e| Error::Format { path: path.display().to_string(), message: e.to_string() })
         })
         .collect::<Result<_>>()?;
-    safetensors::serialize_to_file(views, &metadata, path).map_err(|e| Error::Format {
-        path: path.display().to_string(),
-        message: e.to_string(),
-    })
+    safetensors::serialize_to_file(views, &metadata, path)
+        .map_err(|e| Error::Format { path: path.display().to_string(), message: e.to_string() })
 }

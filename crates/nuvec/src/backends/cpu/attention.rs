@@ -5,36 +5,17 @@ use rayon::prelude::*;
 use super::{f32s, output};
 use crate::{Array, Error, Result};
 
-pub(crate) fn attention(
-    q: &Array,
-    k: &Array,
-    v: &Array,
-    kv_len: usize,
-    scale: f32,
-) -> Result<Array> {
+pub(crate) fn attention(q: &Array, k: &Array, v: &Array, kv_len: usize, scale: f32) -> Result<Array> {
     let (&[l, hq, d], &[hkv, cap, dk]) = (q.shape(), k.shape()) else {
-        return Err(Error::shape(
-            "attention",
-            format!("q {:?}, k {:?}", q.shape(), k.shape()),
-        ));
+        return Err(Error::shape("attention", format!("q {:?}, k {:?}", q.shape(), k.shape())));
     };
-    if v.shape() != k.shape() || dk != d || hkv == 0 || hq % hkv != 0 || kv_len > cap || l > kv_len
-    {
+    if v.shape() != k.shape() || dk != d || hkv == 0 || hq % hkv != 0 || kv_len > cap || l > kv_len {
         return Err(Error::shape(
             "attention",
-            format!(
-                "q {:?}, k {:?}, v {:?}, kv_len {kv_len}",
-                q.shape(),
-                k.shape(),
-                v.shape()
-            ),
+            format!("q {:?}, k {:?}, v {:?}, kv_len {kv_len}", q.shape(), k.shape(), v.shape()),
         ));
     }
-    let (qd, kd, vd) = (
-        f32s("attention", q)?,
-        f32s("attention", k)?,
-        f32s("attention", v)?,
-    );
+    let (qd, kd, vd) = (f32s("attention", q)?, f32s("attention", k)?, f32s("attention", v)?);
     let group = hq / hkv;
     let first = kv_len - l;
     // One task per (query position, head): out[t, h, :].
@@ -46,15 +27,8 @@ pub(crate) fn attention(
         let keys = &kd[kvh * cap * d..];
         let values = &vd[kvh * cap * d..];
         let n = first + t + 1;
-        let mut scores: Vec<f32> = (0..n)
-            .map(|j| {
-                qv.iter()
-                    .zip(&keys[j * d..(j + 1) * d])
-                    .map(|(a, b)| a * b)
-                    .sum::<f32>()
-                    * scale
-            })
-            .collect();
+        let mut scores: Vec<f32> =
+            (0..n).map(|j| qv.iter().zip(&keys[j * d..(j + 1) * d]).map(|(a, b)| a * b).sum::<f32>() * scale).collect();
         let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
         let mut sum = 0.0;
         for s in scores.iter_mut() {

@@ -5,17 +5,9 @@ use rayon::prelude::*;
 use super::{f32s, floats, output};
 use crate::{Array, Error, Result};
 
-pub(crate) fn binary(
-    op: &'static str,
-    a: &Array,
-    b: &Array,
-    f: impl Fn(f32, f32) -> f32 + Sync,
-) -> Result<Array> {
+pub(crate) fn binary(op: &'static str, a: &Array, b: &Array, f: impl Fn(f32, f32) -> f32 + Sync) -> Result<Array> {
     if a.shape() != b.shape() {
-        return Err(Error::shape(
-            op,
-            format!("{:?} and {:?} differ", a.shape(), b.shape()),
-        ));
+        return Err(Error::shape(op, format!("{:?} and {:?} differ", a.shape(), b.shape())));
     }
     let (x, y) = (f32s(op, a)?, f32s(op, b)?);
     output(x.iter().zip(y).map(|(&x, &y)| f(x, y)).collect(), a.shape())
@@ -24,73 +16,46 @@ pub(crate) fn binary(
 pub(crate) fn add_bias(x: &Array, bias: &Array) -> Result<Array> {
     let n = x.dim(-1);
     if bias.len() != n {
-        return Err(Error::shape(
-            "add_bias",
-            format!("bias of {} for rows of {n}", bias.len()),
-        ));
+        return Err(Error::shape("add_bias", format!("bias of {} for rows of {n}", bias.len())));
     }
     let (data, bias) = (f32s("add_bias", x)?, floats("add_bias", bias)?);
-    let out = data
-        .chunks(n)
-        .flat_map(|row| row.iter().zip(bias.iter()).map(|(a, b)| a + b))
-        .collect();
+    let out = data.chunks(n).flat_map(|row| row.iter().zip(bias.iter()).map(|(a, b)| a + b)).collect();
     output(out, x.shape())
 }
 
 pub(crate) fn rms_norm(x: &Array, weight: &Array, eps: f32) -> Result<Array> {
     let d = x.dim(-1);
     if weight.len() != d {
-        return Err(Error::shape(
-            "rms_norm",
-            format!("weight of {} for rows of {d}", weight.len()),
-        ));
+        return Err(Error::shape("rms_norm", format!("weight of {} for rows of {d}", weight.len())));
     }
     let (data, w) = (f32s("rms_norm", x)?, floats("rms_norm", weight)?);
     let mut out = vec![0f32; data.len()];
-    out.par_chunks_mut(d)
-        .zip(data.par_chunks(d))
-        .for_each(|(o, row)| {
-            let mean_sq = row.iter().map(|v| v * v).sum::<f32>() / d as f32;
-            let inv = 1.0 / (mean_sq + eps).sqrt();
-            for ((o, &v), &w) in o.iter_mut().zip(row).zip(w.iter()) {
-                *o = v * inv * w;
-            }
-        });
+    out.par_chunks_mut(d).zip(data.par_chunks(d)).for_each(|(o, row)| {
+        let mean_sq = row.iter().map(|v| v * v).sum::<f32>() / d as f32;
+        let inv = 1.0 / (mean_sq + eps).sqrt();
+        for ((o, &v), &w) in o.iter_mut().zip(row).zip(w.iter()) {
+            *o = v * inv * w;
+        }
+    });
     output(out, x.shape())
 }
 
-pub(crate) fn rope(
-    x: &Array,
-    inv_freqs: &[f32],
-    offset: usize,
-    traditional: bool,
-) -> Result<Array> {
+pub(crate) fn rope(x: &Array, inv_freqs: &[f32], offset: usize, traditional: bool) -> Result<Array> {
     let [l, h, d] = *x.shape() else {
-        return Err(Error::shape(
-            "rope",
-            format!("expected [L, H, D], got {:?}", x.shape()),
-        ));
+        return Err(Error::shape("rope", format!("expected [L, H, D], got {:?}", x.shape())));
     };
     let half = inv_freqs.len();
     if 2 * half > d {
-        return Err(Error::shape(
-            "rope",
-            format!("{half} frequencies for heads of {d}"),
-        ));
+        return Err(Error::shape("rope", format!("{half} frequencies for heads of {d}")));
     }
     let data = f32s("rope", x)?;
     let mut out = data.to_vec();
     out.par_chunks_mut(h * d).enumerate().for_each(|(t, rows)| {
         let pos = (offset + t) as f32;
-        let (sin, cos): (Vec<f32>, Vec<f32>) =
-            inv_freqs.iter().map(|f| (pos * f).sin_cos()).unzip();
+        let (sin, cos): (Vec<f32>, Vec<f32>) = inv_freqs.iter().map(|f| (pos * f).sin_cos()).unzip();
         for head in rows.chunks_mut(d) {
             for i in 0..half {
-                let (a, b) = if traditional {
-                    (2 * i, 2 * i + 1)
-                } else {
-                    (i, i + half)
-                };
+                let (a, b) = if traditional { (2 * i, 2 * i + 1) } else { (i, i + half) };
                 let (x1, x2) = (head[a], head[b]);
                 head[a] = x1 * cos[i] - x2 * sin[i];
                 head[b] = x1 * sin[i] + x2 * cos[i];
@@ -105,21 +70,13 @@ pub(crate) fn write_axis1(dst: &mut Array, src: &Array, offset: usize) -> Result
     let (&[a, cap, c], &[sa, n, sc]) = (dst.shape(), src.shape()) else {
         return Err(Error::shape(
             "write_axis1",
-            format!(
-                "expected 3-d arrays, got {:?} and {:?}",
-                dst.shape(),
-                src.shape()
-            ),
+            format!("expected 3-d arrays, got {:?} and {:?}", dst.shape(), src.shape()),
         ));
     };
     if a != sa || c != sc || offset + n > cap {
         return Err(Error::shape(
             "write_axis1",
-            format!(
-                "cannot write {:?} into {:?} at {offset}",
-                src.shape(),
-                dst.shape()
-            ),
+            format!("cannot write {:?} into {:?} at {offset}", src.shape(), dst.shape()),
         ));
     }
     let s = f32s("write_axis1", src)?.to_vec();
@@ -133,17 +90,13 @@ pub(crate) fn write_axis1(dst: &mut Array, src: &Array, offset: usize) -> Result
 
 pub(crate) fn transpose01(x: &Array) -> Result<Array> {
     let [a, b, c] = *x.shape() else {
-        return Err(Error::shape(
-            "transpose01",
-            format!("expected [A, B, C], got {:?}", x.shape()),
-        ));
+        return Err(Error::shape("transpose01", format!("expected [A, B, C], got {:?}", x.shape())));
     };
     let data = f32s("transpose01", x)?;
     let mut out = vec![0f32; data.len()];
     for i in 0..a {
         for j in 0..b {
-            out[(j * a + i) * c..(j * a + i + 1) * c]
-                .copy_from_slice(&data[(i * b + j) * c..(i * b + j + 1) * c]);
+            out[(j * a + i) * c..(j * a + i + 1) * c].copy_from_slice(&data[(i * b + j) * c..(i * b + j + 1) * c]);
         }
     }
     output(out, &[b, a, c])
@@ -152,10 +105,7 @@ pub(crate) fn transpose01(x: &Array) -> Result<Array> {
 pub(crate) fn slice_rows(x: &Array, start: usize, end: usize) -> Result<Array> {
     let m = x.dim(0);
     if start > end || end > m {
-        return Err(Error::shape(
-            "slice_rows",
-            format!("rows {start}..{end} of {m}"),
-        ));
+        return Err(Error::shape("slice_rows", format!("rows {start}..{end} of {m}")));
     }
     let row = x.len() / m.max(1);
     let data = f32s("slice_rows", x)?;

@@ -31,14 +31,7 @@ enum RowDecoder<'a> {
     F32(&'a [f32]),
     F16(&'a [f16]),
     BF16(&'a [bf16]),
-    Affine {
-        packed: &'a [u8],
-        scales: Vec<f32>,
-        biases: Vec<f32>,
-        bits: usize,
-        group: usize,
-        row_bytes: usize,
-    },
+    Affine { packed: &'a [u8], scales: Vec<f32>, biases: Vec<f32>, bits: usize, group: usize, row_bytes: usize },
 }
 
 impl<'a> RowDecoder<'a> {
@@ -48,12 +41,7 @@ impl<'a> RowDecoder<'a> {
                 DType::F32 => RowDecoder::F32(a.host()?),
                 DType::F16 => RowDecoder::F16(a.host()?),
                 DType::BF16 => RowDecoder::BF16(a.host()?),
-                other => {
-                    return Err(Error::shape(
-                        "linear",
-                        format!("weights must be float, got {other}"),
-                    ))
-                }
+                other => return Err(Error::shape("linear", format!("weights must be float, got {other}"))),
             },
             Matrix::Quantized(q) => Self::affine(q)?,
         })
@@ -76,22 +64,9 @@ impl<'a> RowDecoder<'a> {
         let k = out.len();
         match self {
             RowDecoder::F32(w) => out.copy_from_slice(&w[r * k..(r + 1) * k]),
-            RowDecoder::F16(w) => out
-                .iter_mut()
-                .zip(&w[r * k..(r + 1) * k])
-                .for_each(|(o, v)| *o = v.to_f32()),
-            RowDecoder::BF16(w) => out
-                .iter_mut()
-                .zip(&w[r * k..(r + 1) * k])
-                .for_each(|(o, v)| *o = v.to_f32()),
-            RowDecoder::Affine {
-                packed,
-                scales,
-                biases,
-                bits,
-                group,
-                row_bytes,
-            } => {
+            RowDecoder::F16(w) => out.iter_mut().zip(&w[r * k..(r + 1) * k]).for_each(|(o, v)| *o = v.to_f32()),
+            RowDecoder::BF16(w) => out.iter_mut().zip(&w[r * k..(r + 1) * k]).for_each(|(o, v)| *o = v.to_f32()),
+            RowDecoder::Affine { packed, scales, biases, bits, group, row_bytes } => {
                 let bytes = &packed[r * row_bytes..(r + 1) * row_bytes];
                 let groups = k / group;
                 unpack_row(bytes, *bits, out);
@@ -137,10 +112,7 @@ pub(crate) fn unpack_row(bytes: &[u8], bits: usize, out: &mut [f32]) {
 pub(crate) fn linear(x: &Array, w: &Matrix) -> Result<Array> {
     let k = x.dim(-1);
     if k != w.cols() {
-        return Err(Error::shape(
-            "linear",
-            format!("input has {k} features, weight {}x{}", w.rows(), w.cols()),
-        ));
+        return Err(Error::shape("linear", format!("input has {k} features, weight {}x{}", w.rows(), w.cols())));
     }
     let m = x.len() / k.max(1);
     let n = w.rows();
@@ -148,18 +120,15 @@ pub(crate) fn linear(x: &Array, w: &Matrix) -> Result<Array> {
     let decoder = RowDecoder::new(w)?;
     // Computed transposed ([N, M]) so each task owns a contiguous block.
     let mut out_t = vec![0f32; n * m];
-    out_t
-        .par_chunks_mut(ROWS_PER_TASK * m)
-        .enumerate()
-        .for_each(|(task, block)| {
-            let mut row = vec![0f32; k];
-            for (i, outs) in block.chunks_mut(m).enumerate() {
-                decoder.row(task * ROWS_PER_TASK + i, &mut row);
-                for (o, xr) in outs.iter_mut().zip(xs.chunks(k)) {
-                    *o = dot(&row, xr);
-                }
+    out_t.par_chunks_mut(ROWS_PER_TASK * m).enumerate().for_each(|(task, block)| {
+        let mut row = vec![0f32; k];
+        for (i, outs) in block.chunks_mut(m).enumerate() {
+            decoder.row(task * ROWS_PER_TASK + i, &mut row);
+            for (o, xr) in outs.iter_mut().zip(xs.chunks(k)) {
+                *o = dot(&row, xr);
             }
-        });
+        }
+    });
     let out = if m == 1 {
         out_t
     } else {
@@ -179,10 +148,7 @@ pub(crate) fn linear(x: &Array, w: &Matrix) -> Result<Array> {
 pub(crate) fn embed(table: &Matrix, ids: &[u32]) -> Result<Array> {
     let (v, d) = (table.rows(), table.cols());
     if let Some(bad) = ids.iter().find(|&&i| i as usize >= v) {
-        return Err(Error::shape(
-            "embed",
-            format!("token id {bad} is outside the vocabulary of {v}"),
-        ));
+        return Err(Error::shape("embed", format!("token id {bad} is outside the vocabulary of {v}")));
     }
     let decoder = RowDecoder::new(table)?;
     let mut out = vec![0f32; ids.len() * d];

@@ -14,10 +14,7 @@ pub struct CpuBackend;
 /// An f32 array's elements, or a shape error naming the op.
 pub(crate) fn f32s<'a>(op: &'static str, a: &'a Array) -> Result<&'a [f32]> {
     if a.dtype() != DType::F32 {
-        return Err(Error::shape(
-            op,
-            format!("activations must be float32, got {}", a.dtype()),
-        ));
+        return Err(Error::shape(op, format!("activations must be float32, got {}", a.dtype())));
     }
     a.host::<f32>()
 }
@@ -27,10 +24,7 @@ pub(crate) fn floats<'a>(op: &'static str, a: &'a Array) -> Result<std::borrow::
     match a.dtype() {
         DType::F32 => Ok(std::borrow::Cow::Borrowed(a.host::<f32>()?)),
         DType::F16 | DType::BF16 => Ok(std::borrow::Cow::Owned(a.to_f32_vec()?)),
-        other => Err(Error::shape(
-            op,
-            format!("expected a float array, got {other}"),
-        )),
+        other => Err(Error::shape(op, format!("expected a float array, got {other}"))),
     }
 }
 
@@ -55,24 +49,11 @@ impl Backend for CpuBackend {
         elementwise::rms_norm(x, weight, eps)
     }
 
-    fn rope(
-        &self,
-        x: &Array,
-        inv_freqs: &[f32],
-        offset: usize,
-        traditional: bool,
-    ) -> Result<Array> {
+    fn rope(&self, x: &Array, inv_freqs: &[f32], offset: usize, traditional: bool) -> Result<Array> {
         elementwise::rope(x, inv_freqs, offset, traditional)
     }
 
-    fn attention(
-        &self,
-        q: &Array,
-        k: &Array,
-        v: &Array,
-        kv_len: usize,
-        scale: f32,
-    ) -> Result<Array> {
+    fn attention(&self, q: &Array, k: &Array, v: &Array, kv_len: usize, scale: f32) -> Result<Array> {
         attention::attention(q, k, v, kv_len, scale)
     }
 
