@@ -1,5 +1,6 @@
 //! `nuvec`: the command line, shaped like mlx-lm's (`nuvec generate` ~ `mlx_lm.generate`).
 
+mod bench;
 mod default_model;
 mod generate;
 
@@ -17,15 +18,19 @@ struct Cli {
 }
 
 #[derive(Subcommand)]
+#[allow(clippy::large_enum_variant)] // parsed once; boxing would only add noise
 enum Command {
     /// Generate text from a prompt (as mlx_lm.generate).
     Generate(generate::Args),
+    /// Measure prompt and generation speed on random tokens (as mlx_lm.benchmark).
+    Bench(bench::Args),
 }
 
 fn main() {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Generate(args) => generate::run(args),
+        Command::Bench(args) => bench::run(args),
     };
     if let Err(e) = result {
         eprintln!("error: {e}");

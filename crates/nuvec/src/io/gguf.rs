@@ -421,6 +421,7 @@ mod tests {
         let mut b = header(0, 1);
         b.extend(1000u64.to_le_bytes());
         b.extend(b"key");
+        b.extend([0u8; 16]);
         assert!(parse_bytes(b).unwrap_err().to_string().contains("string length"));
 
         let mut b = header(1, 0);

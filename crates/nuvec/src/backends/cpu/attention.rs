@@ -1,9 +1,30 @@
 //! Causal scaled-dot-product attention with grouped KV heads.
+//!
+//! Few queries (decode): one task per (query, head) row, SIMD dots over the keys, softmax, then
+//! SIMD `axpy` of the values. Many queries (prefill): per (head, block of queries), the scores
+//! `Q K^T` and the output `P V` are two `gemm` calls on a thread-local score buffer.
 
-use rayon::prelude::*;
+use super::linear::{with_scratch, PAR_MIN_WORK};
+use super::pool::{self, SendPtr};
+use super::{f32s, simd};
+use crate::{Array, DType, Error, Result};
 
-use super::{f32s, output};
-use crate::{Array, Error, Result};
+/// Queries per block on the `gemm` path.
+const BLOCK: usize = 64;
+/// Queries from which the `gemm` path is used.
+const GEMM_MIN_QUERIES: usize = 16;
+
+/// Softmax of `scale * s` over `s` in place (max-subtracted); returns nothing, `s` sums to 1.
+fn softmax_scaled(s: &mut [f32], scale: f32) {
+    let max = s.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let mut sum = 0.0;
+    for v in s.iter_mut() {
+        *v = ((*v - max) * scale).exp();
+        sum += *v;
+    }
+    let inv = 1.0 / sum;
+    s.iter_mut().for_each(|v| *v *= inv);
+}
 
 pub(crate) fn attention(q: &Array, k: &Array, v: &Array, kv_len: usize, scale: f32) -> Result<Array> {
     let (&[l, hq, d], &[hkv, cap, dk]) = (q.shape(), k.shape()) else {
@@ -16,31 +37,189 @@ pub(crate) fn attention(q: &Array, k: &Array, v: &Array, kv_len: usize, scale: f
         ));
     }
     let (qd, kd, vd) = (f32s("attention", q)?, f32s("attention", k)?, f32s("attention", v)?);
+    let mut out = Array::zeros(&[l, hq * d], DType::F32);
+    let o = out.host_mut::<f32>()?;
+    if l >= GEMM_MIN_QUERIES && scale > 0.0 {
+        blocked(qd, kd, vd, o, [l, hq, d, hkv, cap], kv_len, scale);
+    } else {
+        rows(qd, kd, vd, o, [l, hq, d, hkv, cap], kv_len, scale);
+    }
+    Ok(out)
+}
+
+/// One (query, head) row at a time.
+fn rows(qd: &[f32], kd: &[f32], vd: &[f32], out: &mut [f32], dims: [usize; 5], kv_len: usize, scale: f32) {
+    let [l, hq, d, hkv, cap] = dims;
     let group = hq / hkv;
     let first = kv_len - l;
-    // One task per (query position, head): out[t, h, :].
-    let mut out = vec![0f32; l * hq * d];
-    out.par_chunks_mut(d).enumerate().for_each(|(row, o)| {
-        let (t, h) = (row / hq, row % hq);
+    let row = |r: usize, o: &mut [f32]| {
+        let (t, h) = (r / hq, r % hq);
         let kvh = h / group;
         let qv = &qd[(t * hq + h) * d..(t * hq + h + 1) * d];
         let keys = &kd[kvh * cap * d..];
         let values = &vd[kvh * cap * d..];
         let n = first + t + 1;
-        let mut scores: Vec<f32> =
-            (0..n).map(|j| qv.iter().zip(&keys[j * d..(j + 1) * d]).map(|(a, b)| a * b).sum::<f32>() * scale).collect();
-        let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-        let mut sum = 0.0;
-        for s in scores.iter_mut() {
-            *s = (*s - max).exp();
-            sum += *s;
-        }
-        for (j, s) in scores.iter().enumerate() {
-            let w = s / sum;
-            for (o, vv) in o.iter_mut().zip(&values[j * d..(j + 1) * d]) {
-                *o += w * vv;
+        with_scratch(n, |scores| {
+            for (j, s) in scores.iter_mut().enumerate() {
+                *s = simd::dot(qv, &keys[j * d..(j + 1) * d]);
             }
+            if scale > 0.0 {
+                softmax_scaled(scores, scale);
+            } else {
+                // A non-positive scale flips which score is the maximum: scale first.
+                scores.iter_mut().for_each(|s| *s *= scale);
+                softmax_scaled(scores, 1.0);
+            }
+            o.iter_mut().for_each(|v| *v = 0.0);
+            for (j, &p) in scores.iter().enumerate() {
+                simd::axpy(p, &values[j * d..(j + 1) * d], o);
+            }
+        })
+    };
+    let work = kv_len * d * 2;
+    if l * hq * work < PAR_MIN_WORK || pool::threads() == 1 {
+        for (r, o) in out.chunks_mut(d).enumerate() {
+            row(r, o);
+        }
+        return;
+    }
+    let per_task = (l * hq).div_ceil(pool::threads() * 2).max(1);
+    pool::for_chunks(out, per_task * d, |start, chunk| {
+        for (i, o) in chunk.chunks_mut(d).enumerate() {
+            row(start / d + i, o);
         }
     });
-    output(out, &[l, hq * d])
+}
+
+/// Blocks of queries per head through `gemm`.
+fn blocked(qd: &[f32], kd: &[f32], vd: &[f32], out: &mut [f32], dims: [usize; 5], kv_len: usize, scale: f32) {
+    let [l, hq, d, hkv, cap] = dims;
+    let group = hq / hkv;
+    let first = kv_len - l;
+    let blocks = l.div_ceil(BLOCK);
+    let dst = SendPtr(out.as_mut_ptr());
+    let row_stride = (hq * d) as isize;
+    pool::run(hq * blocks, &|task| {
+        // Later blocks have more keys: hand them out first.
+        let (h, b) = (task % hq, blocks - 1 - task / hq);
+        let kvh = h / group;
+        let (t0, t1) = (b * BLOCK, ((b + 1) * BLOCK).min(l));
+        let bl = t1 - t0;
+        let nk = first + t1;
+        with_scratch(bl * nk, |s| {
+            let keys = &kd[kvh * cap * d..kvh * cap * d + nk * d];
+            let values = &vd[kvh * cap * d..kvh * cap * d + nk * d];
+            let qp = qd[(t0 * hq + h) * d..].as_ptr();
+            // SAFETY: s is bl x nk (row-major); lhs reads bl rows of d floats at stride hq*d
+            // starting at query t0 head h (inside q); rhs reads keys 0..nk of this kv head as a
+            // d x nk matrix (column j = key j), inside `keys`.
+            unsafe {
+                gemm::gemm(
+                    bl,
+                    nk,
+                    d,
+                    s.as_mut_ptr(),
+                    1,
+                    nk as isize,
+                    false,
+                    qp,
+                    1,
+                    row_stride,
+                    keys.as_ptr(),
+                    d as isize,
+                    1,
+                    0.0,
+                    1.0,
+                    false,
+                    false,
+                    false,
+                    gemm::Parallelism::None,
+                )
+            };
+            for (i, srow) in s.chunks_mut(nk).enumerate() {
+                let valid = first + t0 + i + 1;
+                softmax_scaled(&mut srow[..valid], scale);
+                srow[valid..].iter_mut().for_each(|v| *v = 0.0);
+            }
+            let dp = dst;
+            // SAFETY: this task alone writes rows t0..t1, columns h*d..(h+1)*d of `out`
+            // ([l, hq*d], alive for the whole region); lhs is s (bl x nk), rhs the values
+            // 0..nk of this kv head (nk x d, row-major), inside `values`.
+            unsafe {
+                gemm::gemm(
+                    bl,
+                    d,
+                    nk,
+                    dp.0.add(t0 * hq * d + h * d),
+                    1,
+                    row_stride,
+                    false,
+                    s.as_ptr(),
+                    1,
+                    nk as isize,
+                    values.as_ptr(),
+                    1,
+                    d as isize,
+                    0.0,
+                    1.0,
+                    false,
+                    false,
+                    false,
+                    gemm::Parallelism::None,
+                )
+            };
+        })
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::simd::tests::randoms;
+    use super::*;
+
+    /// The textbook computation, in f64.
+    fn reference(qd: &[f32], kd: &[f32], vd: &[f32], dims: [usize; 5], kv_len: usize, scale: f32) -> Vec<f32> {
+        let [l, hq, d, hkv, cap] = dims;
+        let mut out = vec![0f32; l * hq * d];
+        for t in 0..l {
+            for h in 0..hq {
+                let kvh = h / (hq / hkv);
+                let n = kv_len - l + t + 1;
+                let q = &qd[(t * hq + h) * d..][..d];
+                let s: Vec<f64> = (0..n)
+                    .map(|j| {
+                        let k = &kd[(kvh * cap + j) * d..][..d];
+                        q.iter().zip(k).map(|(a, b)| *a as f64 * *b as f64).sum::<f64>() * scale as f64
+                    })
+                    .collect();
+                let max = s.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                let e: Vec<f64> = s.iter().map(|v| (v - max).exp()).collect();
+                let sum: f64 = e.iter().sum();
+                for c in 0..d {
+                    out[(t * hq + h) * d + c] =
+                        (0..n).map(|j| e[j] / sum * vd[(kvh * cap + j) * d + c] as f64).sum::<f64>() as f32;
+                }
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn row_and_blocked_attention_match_reference() {
+        let (hq, hkv, d, cap) = (6usize, 2usize, 32usize, 160usize);
+        let kd = randoms(hkv * cap * d, 11);
+        let vd = randoms(hkv * cap * d, 12);
+        for (l, kv_len) in [(1usize, 1usize), (1, 77), (3, 40), (16, 16), (70, 70), (100, 150)] {
+            let qd: Vec<f32> = randoms(l * hq * d, l as u64).iter().map(|v| v * 3.0).collect();
+            let dims = [l, hq, d, hkv, cap];
+            let want = reference(&qd, &kd, &vd, dims, kv_len, 0.2);
+            let mut a = vec![0f32; l * hq * d];
+            rows(&qd, &kd, &vd, &mut a, dims, kv_len, 0.2);
+            let mut b = vec![0f32; l * hq * d];
+            blocked(&qd, &kd, &vd, &mut b, dims, kv_len, 0.2);
+            for ((x, y), w) in a.iter().zip(&b).zip(&want) {
+                assert!((x - w).abs() < 1e-5 && (y - w).abs() < 1e-5, "l {l} kv {kv_len}: {x} {y} vs {w}");
+            }
+        }
+    }
 }

@@ -1,7 +1,7 @@
 //! Norms, rotary embeddings, copies and elementwise ops.
 
-use rayon::prelude::*;
-
+use super::linear::PAR_MIN_WORK;
+use super::pool;
 use super::{f32s, floats, output};
 use crate::{Array, Error, Result};
 
@@ -10,7 +10,11 @@ pub(crate) fn binary(op: &'static str, a: &Array, b: &Array, f: impl Fn(f32, f32
         return Err(Error::shape(op, format!("{:?} and {:?} differ", a.shape(), b.shape())));
     }
     let (x, y) = (f32s(op, a)?, f32s(op, b)?);
-    output(x.iter().zip(y).map(|(&x, &y)| f(x, y)).collect(), a.shape())
+    let mut out = Array::zeros(a.shape(), crate::DType::F32);
+    for ((o, &x), &y) in out.host_mut::<f32>()?.iter_mut().zip(x).zip(y) {
+        *o = f(x, y);
+    }
+    Ok(out)
 }
 
 pub(crate) fn add_bias(x: &Array, bias: &Array) -> Result<Array> {
@@ -29,15 +33,24 @@ pub(crate) fn rms_norm(x: &Array, weight: &Array, eps: f32) -> Result<Array> {
         return Err(Error::shape("rms_norm", format!("weight of {} for rows of {d}", weight.len())));
     }
     let (data, w) = (f32s("rms_norm", x)?, floats("rms_norm", weight)?);
-    let mut out = vec![0f32; data.len()];
-    out.par_chunks_mut(d).zip(data.par_chunks(d)).for_each(|(o, row)| {
-        let mean_sq = row.iter().map(|v| v * v).sum::<f32>() / d as f32;
-        let inv = 1.0 / (mean_sq + eps).sqrt();
-        for ((o, &v), &w) in o.iter_mut().zip(row).zip(w.iter()) {
-            *o = v * inv * w;
+    let mut out = Array::zeros(x.shape(), crate::DType::F32);
+    let norm_rows = |start: usize, o: &mut [f32]| {
+        for (o, row) in o.chunks_mut(d).zip(data[start..].chunks(d)) {
+            let mean_sq = row.iter().map(|v| v * v).sum::<f32>() / d as f32;
+            let inv = 1.0 / (mean_sq + eps).sqrt();
+            for ((o, &v), &w) in o.iter_mut().zip(row).zip(w.iter()) {
+                *o = v * inv * w;
+            }
         }
-    });
-    output(out, x.shape())
+    };
+    let o = out.host_mut::<f32>()?;
+    if o.len() * 4 < PAR_MIN_WORK || d == 0 {
+        norm_rows(0, o);
+    } else {
+        let rows = (o.len() / d).div_ceil(pool::threads() * 4).max(1);
+        pool::for_chunks(o, rows * d, norm_rows);
+    }
+    Ok(out)
 }
 
 pub(crate) fn rope(x: &Array, inv_freqs: &[f32], offset: usize, traditional: bool) -> Result<Array> {
@@ -49,21 +62,41 @@ pub(crate) fn rope(x: &Array, inv_freqs: &[f32], offset: usize, traditional: boo
         return Err(Error::shape("rope", format!("{half} frequencies for heads of {d}")));
     }
     let data = f32s("rope", x)?;
-    let mut out = data.to_vec();
-    out.par_chunks_mut(h * d).enumerate().for_each(|(t, rows)| {
-        let pos = (offset + t) as f32;
-        let (sin, cos): (Vec<f32>, Vec<f32>) = inv_freqs.iter().map(|f| (pos * f).sin_cos()).unzip();
-        for head in rows.chunks_mut(d) {
-            for i in 0..half {
-                let (a, b) = if traditional { (2 * i, 2 * i + 1) } else { (i, i + half) };
-                let (x1, x2) = (head[a], head[b]);
-                head[a] = x1 * cos[i] - x2 * sin[i];
-                head[b] = x1 * sin[i] + x2 * cos[i];
+    let mut out = Array::zeros(x.shape(), crate::DType::F32);
+    let o = out.host_mut::<f32>()?;
+    o.copy_from_slice(data);
+    let rotate = |start: usize, rows: &mut [f32]| {
+        with_sin_cos(half, |sin, cos| {
+            for (i, rows) in rows.chunks_mut(h * d).enumerate() {
+                let pos = (offset + start / (h * d) + i) as f32;
+                for (j, f) in inv_freqs.iter().enumerate() {
+                    (sin[j], cos[j]) = (pos * f).sin_cos();
+                }
+                for head in rows.chunks_mut(d) {
+                    for i in 0..half {
+                        let (a, b) = if traditional { (2 * i, 2 * i + 1) } else { (i, i + half) };
+                        let (x1, x2) = (head[a], head[b]);
+                        head[a] = x1 * cos[i] - x2 * sin[i];
+                        head[b] = x1 * sin[i] + x2 * cos[i];
+                    }
+                }
             }
-        }
-    });
-    let _ = l;
-    output(out, x.shape())
+        })
+    };
+    if l * h * d * 8 < PAR_MIN_WORK || h * d == 0 {
+        rotate(0, o);
+    } else {
+        pool::for_chunks(o, l.div_ceil(pool::threads() * 4).max(1) * h * d, rotate);
+    }
+    Ok(out)
+}
+
+/// Runs `f` with two thread-local buffers of `n` floats.
+fn with_sin_cos<R>(n: usize, f: impl FnOnce(&mut [f32], &mut [f32]) -> R) -> R {
+    super::linear::with_scratch(2 * n, |buf| {
+        let (sin, cos) = buf.split_at_mut(n);
+        f(sin, cos)
+    })
 }
 
 pub(crate) fn write_axis1(dst: &mut Array, src: &Array, offset: usize) -> Result<()> {

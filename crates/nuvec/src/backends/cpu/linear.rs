@@ -1,46 +1,83 @@
 //! Matrix products and embedding lookups over dense and quantized weights.
 //!
-//! Each output row of the weight is decoded once into f32 and dotted with every input row, so a
-//! quantized matrix is never dequantized whole.
+//! - One input row (decode) or a few: a fused dequantizing matrix-vector product per format
+//!   ([`super::qgemv`]), threaded over output rows in chunks sized by work.
+//! - Many input rows (prefill): tiles of weight rows are decoded into a thread-local f32 buffer
+//!   and multiplied with the `gemm` crate straight into the output's columns.
+//!
+//! A quantized matrix is never dequantized whole.
 
-use half::{bf16, f16};
-use rayon::prelude::*;
+use std::cell::RefCell;
 
-use super::{f32s, output};
+use super::pool::{self, SendPtr};
+use super::qgemv::{self, Params, PreparedX, QMatrix};
+use super::simd;
 use crate::{Array, DType, Error, Matrix, QuantMode, Quantized, Result};
+use half::{bf16, f16, slice::HalfFloatSliceExt};
 
-/// Output rows handed to one thread at a time.
-const ROWS_PER_TASK: usize = 16;
+/// Below this many multiply-adds an op runs on the calling thread (a rayon fork costs more).
+pub(crate) const PAR_MIN_WORK: usize = 1 << 16;
+/// Input rows up to which the matrix-vector kernel beats decoding tiles for `gemm`.
+const GEMV_MAX_ROWS: usize = 4;
 
-pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
-    // Eight independent accumulators let the compiler vectorize the loop.
-    let mut acc = [0f32; 8];
-    let (ac, bc) = (a.chunks_exact(8), b.chunks_exact(8));
-    let (ar, br) = (ac.remainder(), bc.remainder());
-    for (x, y) in ac.zip(bc) {
-        for i in 0..8 {
-            acc[i] += x[i] * y[i];
-        }
-    }
-    let tail: f32 = ar.iter().zip(br).map(|(x, y)| x * y).sum();
-    acc.iter().sum::<f32>() + tail
+thread_local! {
+    /// Per-thread scratch: scales/biases of one row, decoded weight tiles.
+    static SCRATCH: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+    /// The calling thread's prepared input vector.
+    static PREPARED: RefCell<PreparedX> = RefCell::new(PreparedX::new());
 }
 
-/// Decodes weight rows into f32.
-enum RowDecoder<'a> {
+/// Runs `f` with a thread-local scratch buffer of at least `len` floats (a fresh one if the
+/// thread's buffer is in use further up the stack).
+pub(crate) fn with_scratch<R>(len: usize, f: impl FnOnce(&mut [f32]) -> R) -> R {
+    SCRATCH.with(|cell| match cell.try_borrow_mut() {
+        Ok(mut buf) => {
+            if buf.len() < len {
+                buf.resize(len, 0.0);
+            }
+            f(&mut buf[..len])
+        }
+        Err(_) => f(&mut vec![0f32; len]),
+    })
+}
+
+/// Splits `out` (one value per output row, `work` multiply-adds each) into chunks handed to
+/// rayon, or runs it whole on this thread when the op is small. `f(first_row, chunk)`.
+pub(crate) fn par_rows(out: &mut [f32], work: usize, f: impl Fn(usize, &mut [f32]) + Sync) {
+    let n = out.len();
+    let threads = pool::threads();
+    if threads <= 1 || n * work < PAR_MIN_WORK || n < 2 {
+        f(0, out);
+        return;
+    }
+    let chunk = n.div_ceil(threads * 4).next_multiple_of(4).max(4);
+    pool::for_chunks(out, chunk, f);
+}
+
+/// A weight matrix as the kernels read it.
+enum Weights<'a> {
     F32(&'a [f32]),
     F16(&'a [f16]),
     BF16(&'a [bf16]),
-    Affine { packed: &'a [u8], scales: Vec<f32>, biases: Vec<f32>, bits: usize, group: usize, row_bytes: usize },
+    Affine(QMatrix<'a>),
 }
 
-impl<'a> RowDecoder<'a> {
+fn params(a: &Array) -> Result<Params<'_>> {
+    Ok(match a.dtype() {
+        DType::F32 => Params::F32(a.host()?),
+        DType::F16 => Params::F16(a.host()?),
+        DType::BF16 => Params::BF16(a.host()?),
+        other => return Err(Error::shape("linear", format!("scales must be float, got {other}"))),
+    })
+}
+
+impl<'a> Weights<'a> {
     fn new(w: &'a Matrix) -> Result<Self> {
         Ok(match w {
             Matrix::Dense(a) => match a.dtype() {
-                DType::F32 => RowDecoder::F32(a.host()?),
-                DType::F16 => RowDecoder::F16(a.host()?),
-                DType::BF16 => RowDecoder::BF16(a.host()?),
+                DType::F32 => Weights::F32(a.host()?),
+                DType::F16 => Weights::F16(a.host()?),
+                DType::BF16 => Weights::BF16(a.host()?),
                 other => return Err(Error::shape("linear", format!("weights must be float, got {other}"))),
             },
             Matrix::Quantized(q) => Self::affine(q)?,
@@ -49,32 +86,35 @@ impl<'a> RowDecoder<'a> {
 
     fn affine(q: &'a Quantized) -> Result<Self> {
         let QuantMode::Affine = q.spec.mode;
-        Ok(RowDecoder::Affine {
+        if q.spec.group_size > 128 || !q.spec.group_size.is_multiple_of(32) {
+            return Err(Error::shape("linear", format!("group size {} is not 32, 64 or 128", q.spec.group_size)));
+        }
+        Ok(Weights::Affine(QMatrix {
             packed: q.packed.raw_bytes(),
-            scales: q.scales.to_f32_vec()?,
-            biases: q.biases.to_f32_vec()?,
+            scales: params(&q.scales)?,
+            biases: params(&q.biases)?,
             bits: q.spec.bits,
             group: q.spec.group_size,
-            row_bytes: q.packed.dim(1) * 4,
-        })
+            cols: q.cols(),
+        }))
     }
 
-    /// Writes row `r` (of `out.len()` columns) into `out`.
-    fn row(&self, r: usize, out: &mut [f32]) {
+    /// Scratch floats `row` needs besides its output.
+    fn row_scratch(&self, k: usize) -> usize {
+        match self {
+            Weights::Affine(q) => 2 * q.groups(),
+            _ => k,
+        }
+    }
+
+    /// Writes row `r` (of `out.len()` columns) into `out`; `scratch` has `row_scratch` floats.
+    fn row(&self, r: usize, out: &mut [f32], scratch: &mut [f32]) {
         let k = out.len();
         match self {
-            RowDecoder::F32(w) => out.copy_from_slice(&w[r * k..(r + 1) * k]),
-            RowDecoder::F16(w) => out.iter_mut().zip(&w[r * k..(r + 1) * k]).for_each(|(o, v)| *o = v.to_f32()),
-            RowDecoder::BF16(w) => out.iter_mut().zip(&w[r * k..(r + 1) * k]).for_each(|(o, v)| *o = v.to_f32()),
-            RowDecoder::Affine { packed, scales, biases, bits, group, row_bytes } => {
-                let bytes = &packed[r * row_bytes..(r + 1) * row_bytes];
-                let groups = k / group;
-                unpack_row(bytes, *bits, out);
-                for (g, chunk) in out.chunks_mut(*group).enumerate() {
-                    let (s, b) = (scales[r * groups + g], biases[r * groups + g]);
-                    chunk.iter_mut().for_each(|v| *v = s * *v + b);
-                }
-            }
+            Weights::F32(w) => out.copy_from_slice(&w[r * k..(r + 1) * k]),
+            Weights::F16(w) => w[r * k..(r + 1) * k].convert_to_f32_slice(out),
+            Weights::BF16(w) => w[r * k..(r + 1) * k].convert_to_f32_slice(out),
+            Weights::Affine(q) => q.dequantize_row(r, out, scratch),
         }
     }
 }
@@ -109,6 +149,89 @@ pub(crate) fn unpack_row(bytes: &[u8], bits: usize, out: &mut [f32]) {
     }
 }
 
+/// `out [N] = W x` for one input row.
+fn gemv(w: &Weights, x: &[f32], out: &mut [f32]) {
+    let k = x.len();
+    match w {
+        Weights::Affine(q) => {
+            let mut run = |xs: &PreparedX| {
+                par_rows(out, k, |r0, o| with_scratch(2 * q.groups(), |p| qgemv::rows(q, r0, x, xs, p, o)));
+            };
+            PREPARED.with(|cell| match cell.try_borrow_mut() {
+                Ok(mut xs) => {
+                    xs.prepare(x, q.group, q.bits, simd::isa());
+                    run(&xs)
+                }
+                Err(_) => {
+                    let mut xs = PreparedX::new();
+                    xs.prepare(x, q.group, q.bits, simd::isa());
+                    run(&xs)
+                }
+            });
+        }
+        Weights::F32(d) => par_rows(out, k, |r0, o| {
+            for (i, o) in o.iter_mut().enumerate() {
+                *o = simd::dot(&d[(r0 + i) * k..(r0 + i + 1) * k], x);
+            }
+        }),
+        _ => par_rows(out, k, |r0, o| {
+            with_scratch(k, |row| {
+                for (i, o) in o.iter_mut().enumerate() {
+                    w.row(r0 + i, row, &mut []);
+                    *o = simd::dot(row, x);
+                }
+            })
+        }),
+    }
+}
+
+/// `out [M, N] = x [M, K] W^T`: tiles of W's rows decoded into f32, then `gemm`.
+fn gemm_tiles(w: &Weights, x: &[f32], m: usize, k: usize, n: usize, out: &mut [f32]) {
+    let threads = pool::threads();
+    let tile = n.div_ceil(threads * 4).next_multiple_of(16).clamp(16, 128);
+    let tiles = n.div_ceil(tile);
+    let dst = SendPtr(out.as_mut_ptr());
+    let extra = w.row_scratch(k);
+    pool::run(tiles, &|t| {
+        let (r0, r1) = (t * tile, ((t + 1) * tile).min(n));
+        let nt = r1 - r0;
+        with_scratch(nt * k + extra, |buf| {
+            let (tbuf, scratch) = buf.split_at_mut(nt * k);
+            for (i, row) in tbuf.chunks_mut(k).enumerate() {
+                w.row(r0 + i, row, scratch);
+            }
+            let p = dst;
+            // SAFETY: dst points to `out` (m x n, row-major), alive until this parallel loop ends;
+            // this task writes only columns r0..r1, which no other task touches. lhs is x (m x k,
+            // row-major) and rhs the tile read as k x nt (column j = decoded row r0 + j); all
+            // strides stay inside their buffers.
+            unsafe {
+                gemm::gemm(
+                    m,
+                    nt,
+                    k,
+                    p.0.add(r0),
+                    1,
+                    n as isize,
+                    false,
+                    x.as_ptr(),
+                    1,
+                    k as isize,
+                    tbuf.as_ptr(),
+                    k as isize,
+                    1,
+                    0.0,
+                    1.0,
+                    false,
+                    false,
+                    false,
+                    gemm::Parallelism::None,
+                )
+            }
+        });
+    });
+}
+
 pub(crate) fn linear(x: &Array, w: &Matrix) -> Result<Array> {
     let k = x.dim(-1);
     if k != w.cols() {
@@ -116,33 +239,20 @@ pub(crate) fn linear(x: &Array, w: &Matrix) -> Result<Array> {
     }
     let m = x.len() / k.max(1);
     let n = w.rows();
-    let xs = f32s("linear", x)?;
-    let decoder = RowDecoder::new(w)?;
-    // Computed transposed ([N, M]) so each task owns a contiguous block.
-    let mut out_t = vec![0f32; n * m];
-    out_t.par_chunks_mut(ROWS_PER_TASK * m).enumerate().for_each(|(task, block)| {
-        let mut row = vec![0f32; k];
-        for (i, outs) in block.chunks_mut(m).enumerate() {
-            decoder.row(task * ROWS_PER_TASK + i, &mut row);
-            for (o, xr) in outs.iter_mut().zip(xs.chunks(k)) {
-                *o = dot(&row, xr);
-            }
-        }
-    });
-    let out = if m == 1 {
-        out_t
-    } else {
-        let mut out = vec![0f32; n * m];
-        for (j, col) in out_t.chunks(m).enumerate() {
-            for (i, v) in col.iter().enumerate() {
-                out[i * n + j] = *v;
-            }
-        }
-        out
-    };
+    let xs = super::f32s("linear", x)?;
+    let weights = Weights::new(w)?;
     let mut shape = x.shape().to_vec();
     *shape.last_mut().expect("x has at least one axis") = n;
-    output(out, &shape)
+    let mut out = Array::zeros(&shape, DType::F32);
+    let o = out.host_mut::<f32>()?;
+    if m <= GEMV_MAX_ROWS || k == 0 {
+        for (xr, or) in xs.chunks(k.max(1)).zip(o.chunks_mut(n.max(1))) {
+            gemv(&weights, xr, or);
+        }
+    } else {
+        gemm_tiles(&weights, xs, m, k, n, o);
+    }
+    Ok(out)
 }
 
 pub(crate) fn embed(table: &Matrix, ids: &[u32]) -> Result<Array> {
@@ -150,17 +260,22 @@ pub(crate) fn embed(table: &Matrix, ids: &[u32]) -> Result<Array> {
     if let Some(bad) = ids.iter().find(|&&i| i as usize >= v) {
         return Err(Error::shape("embed", format!("token id {bad} is outside the vocabulary of {v}")));
     }
-    let decoder = RowDecoder::new(table)?;
-    let mut out = vec![0f32; ids.len() * d];
-    for (o, &id) in out.chunks_mut(d).zip(ids) {
-        decoder.row(id as usize, o);
-    }
-    output(out, &[ids.len(), d])
+    let weights = Weights::new(table)?;
+    let mut out = Array::zeros(&[ids.len(), d], DType::F32);
+    let o = out.host_mut::<f32>()?;
+    with_scratch(weights.row_scratch(d), |scratch| {
+        for (o, &id) in o.chunks_mut(d.max(1)).zip(ids) {
+            weights.row(id as usize, o, scratch);
+        }
+    });
+    Ok(out)
 }
 
 #[cfg(test)]
 mod tests {
+    use super::super::simd::tests::randoms;
     use super::*;
+    use crate::QuantSpec;
 
     #[test]
     fn unpack_generic_matches_fast_paths() {
@@ -177,6 +292,51 @@ mod tests {
                 })
                 .collect();
             assert_eq!(fast, slow, "bits {bits}");
+        }
+    }
+
+    fn reference(x: &[f32], w: &[f32], m: usize, k: usize, n: usize) -> Vec<f32> {
+        let mut out = vec![0f32; m * n];
+        for i in 0..m {
+            for j in 0..n {
+                out[i * n + j] = (0..k).map(|t| x[i * k + t] as f64 * w[j * k + t] as f64).sum::<f64>() as f32;
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn linear_gemv_and_gemm_paths_match_reference() {
+        let (k, n) = (192usize, 72usize);
+        let words = k * 4 / 32;
+        let packed: Vec<u32> = randoms(n * words, 5).iter().map(|v| v.to_bits() ^ 0x9e37_79b9).collect();
+        let scales: Vec<f16> = randoms(n * k / 32, 6).iter().map(|v| f16::from_f32(v * 0.05)).collect();
+        let biases: Vec<f16> = randoms(n * k / 32, 7).iter().map(|v| f16::from_f32(v * 0.2)).collect();
+        let q = Quantized::new(
+            Array::from_slice(&packed, &[n, words]).unwrap(),
+            Array::from_slice(&scales, &[n, k / 32]).unwrap(),
+            Array::from_slice(&biases, &[n, k / 32]).unwrap(),
+            QuantSpec { mode: QuantMode::Affine, bits: 4, group_size: 32 },
+            k,
+        )
+        .unwrap();
+        let wq = Matrix::Quantized(q);
+        let dense = embed(&wq, &(0..n as u32).collect::<Vec<_>>()).unwrap().to_vec::<f32>().unwrap();
+        let wd = Matrix::Dense(Array::from_slice(&dense, &[n, k]).unwrap());
+        let wh = Matrix::Dense(
+            Array::from_slice(&dense.iter().map(|&v| bf16::from_f32(v)).collect::<Vec<_>>(), &[n, k]).unwrap(),
+        );
+        let dense_bf: Vec<f32> = dense.iter().map(|&v| bf16::from_f32(v).to_f32()).collect();
+        for m in [1usize, 3, 9, 33] {
+            let x = randoms(m * k, m as u64);
+            let xa = Array::from_slice(&x, &[m, k]).unwrap();
+            for (w, wf) in [(&wq, &dense), (&wd, &dense), (&wh, &dense_bf)] {
+                let got = linear(&xa, w).unwrap().to_vec::<f32>().unwrap();
+                let want = reference(&x, wf, m, k, n);
+                for (g, w) in got.iter().zip(&want) {
+                    assert!((g - w).abs() <= 1e-4 * (1.0 + w.abs()), "m {m}: {g} vs {w}");
+                }
+            }
         }
     }
 }

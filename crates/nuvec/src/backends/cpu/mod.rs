@@ -4,6 +4,9 @@
 mod attention;
 mod elementwise;
 mod linear;
+mod pool;
+mod qgemv;
+mod simd;
 
 use crate::{Array, Backend, DType, Device, Error, Matrix, Result};
 
@@ -26,6 +29,25 @@ pub(crate) fn floats<'a>(op: &'static str, a: &'a Array) -> Result<std::borrow::
         DType::F16 | DType::BF16 => Ok(std::borrow::Cow::Owned(a.to_f32_vec()?)),
         other => Err(Error::shape(op, format!("expected a float array, got {other}"))),
     }
+}
+
+/// Sets the number of threads the CPU kernels use (the calling thread included). Call it once,
+/// before the first op; a later call is an error.
+pub fn set_num_threads(n: usize) -> Result<()> {
+    if n == 0 {
+        return Err(Error::Device("threads must be at least 1".into()));
+    }
+    if !pool::set_threads(n) {
+        return Err(Error::Device(format!("cannot set {n} CPU threads: the CPU kernels already started")));
+    }
+    // rayon's pool serves what still uses it; a pool already started keeps its size.
+    let _ = rayon::ThreadPoolBuilder::new().num_threads(n).build_global();
+    Ok(())
+}
+
+/// Threads the CPU kernels use.
+pub fn num_threads() -> usize {
+    pool::threads()
 }
 
 pub(crate) fn output(data: Vec<f32>, shape: &[usize]) -> Result<Array> {

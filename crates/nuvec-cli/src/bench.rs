@@ -1,0 +1,160 @@
+//! `nuvec bench`: prompt and generation throughput on random tokens, shaped like `mlx_lm.benchmark`.
+//!
+//! The model is driven directly (no sampler, no stop conditions: EOS is ignored), so every trial
+//! processes exactly `-p` prompt tokens and generates exactly `-g` tokens (greedy).
+
+use std::time::Instant;
+
+use clap::Parser;
+use nuvec_lm::{load, Model};
+
+use crate::default_model;
+
+/// Measure prompt processing and generation speed, as `mlx_lm.benchmark` does.
+#[derive(Parser, Debug)]
+pub struct Args {
+    /// Model directory, Hugging Face repo id in the local cache, or .gguf file
+    /// (default: SmolLM2-135M-Instruct, see scripts/get-default-model.sh).
+    #[arg(long)]
+    model: Option<String>,
+    /// Prompt length in (random) tokens.
+    #[arg(short = 'p', long, default_value_t = 512)]
+    prompt_tokens: usize,
+    /// Tokens to generate per trial.
+    #[arg(short = 'g', long, default_value_t = 1024)]
+    generation_tokens: usize,
+    /// Sequences per batch (only 1 is supported).
+    #[arg(short = 'b', long, default_value_t = 1)]
+    batch_size: usize,
+    /// Timed trials (after one untimed warm-up).
+    #[arg(short = 'n', long, default_value_t = 5)]
+    num_trials: usize,
+    /// Prompt tokens processed per forward pass.
+    #[arg(long, default_value_t = 2048)]
+    prefill_step_size: usize,
+    /// Worker threads for the CPU kernels (default: all cores).
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Seed of the random prompt.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Skip the untimed warm-up trial.
+    #[arg(long)]
+    no_warmup: bool,
+}
+
+/// Peak resident memory of this process, in bytes (Linux; 0 elsewhere).
+fn peak_memory() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .map_or(0, |kb| kb * 1024)
+}
+
+/// A small deterministic generator (splitmix64) for the prompt ids.
+fn random_tokens(n: usize, vocab: usize, seed: u64) -> Vec<u32> {
+    let mut state = seed.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    (0..n)
+        .map(|_| {
+            state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+            let mut z = state;
+            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+            ((z ^ (z >> 31)) % vocab as u64) as u32
+        })
+        .collect()
+}
+
+fn argmax(row: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, &v) in row.iter().enumerate() {
+        if v > row[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+struct Trial {
+    prompt_tps: f64,
+    generation_tps: f64,
+    peak: u64,
+}
+
+fn trial(model: &Model, prompt: &[u32], args: &Args) -> Result<Trial, Box<dyn std::error::Error>> {
+    let mut cache = model.new_cache();
+    let start = Instant::now();
+    // As mlx-lm: chunks of prefill_step_size, the last prompt token goes through the first step.
+    let (body, last) = prompt.split_at(prompt.len() - 1);
+    for chunk in body.chunks(args.prefill_step_size.max(1)) {
+        model.prefill(chunk, &mut cache)?;
+    }
+    let logits = model.forward_last(last, &mut cache)?.to_vec::<f32>()?;
+    let prompt_time = start.elapsed().as_secs_f64();
+    let mut token = argmax(&logits);
+    let start = Instant::now();
+    for _ in 1..args.generation_tokens {
+        token = argmax(&model.forward_last(&[token], &mut cache)?.to_vec::<f32>()?);
+    }
+    let gen_time = start.elapsed().as_secs_f64();
+    let _ = token;
+    Ok(Trial {
+        prompt_tps: prompt.len() as f64 / prompt_time,
+        // The first generated token comes with the prompt pass, as in mlx-lm's statistics.
+        generation_tps: if args.generation_tokens > 1 { (args.generation_tokens - 1) as f64 / gen_time } else { 0.0 },
+        peak: peak_memory(),
+    })
+}
+
+pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
+    if args.batch_size != 1 {
+        return Err(format!(
+            "--batch-size {} is not supported yet: nuvec bench runs batch size 1 only",
+            args.batch_size
+        )
+        .into());
+    }
+    if args.prompt_tokens == 0 || args.generation_tokens == 0 || args.num_trials == 0 {
+        return Err("--prompt-tokens, --generation-tokens and --num-trials must be at least 1".into());
+    }
+    if let Some(threads) = args.threads {
+        nuvec::backends::cpu::set_num_threads(threads)?;
+    }
+    let model_path = match &args.model {
+        Some(m) => m.clone(),
+        None => default_model::resolve()?,
+    };
+    let (model, _tokenizer) = load(&model_path)?;
+    let prompt = random_tokens(args.prompt_tokens, model.vocab_size(), args.seed);
+    println!(
+        "Running benchmark with prompt_tokens={}, generation_tokens={}, batch_size=1, threads={}",
+        args.prompt_tokens,
+        args.generation_tokens,
+        nuvec::backends::cpu::num_threads()
+    );
+    if !args.no_warmup {
+        trial(&model, &prompt, &args)?;
+    }
+    let mut trials = vec![];
+    for i in 0..args.num_trials {
+        let t = trial(&model, &prompt, &args)?;
+        println!(
+            "Trial {}:  prompt_tps={:.3}, generation_tps={:.3}, peak_memory={:.3}",
+            i + 1,
+            t.prompt_tps,
+            t.generation_tps,
+            t.peak as f64 / 1e9
+        );
+        trials.push(t);
+    }
+    let n = trials.len() as f64;
+    println!(
+        "Averages: prompt_tps={:.3}, generation_tps={:.3}, peak_memory={:.3}",
+        trials.iter().map(|t| t.prompt_tps).sum::<f64>() / n,
+        trials.iter().map(|t| t.generation_tps).sum::<f64>() / n,
+        trials.iter().map(|t| t.peak).max().unwrap_or(0) as f64 / 1e9
+    );
+    Ok(())
+}
