@@ -1,9 +1,9 @@
-//! `nuvec generate`: mlx_lm.generate's flags and output.
+//! `nuvec generate`: mlx_lm.generate's flags and output, plus stops, penalties and log-probs.
 
 use std::io::{Read, Write};
 
 use clap::Parser;
-use nuvec_lm::{generate, load, GenerateOptions, Message, Sampler, StreamDecoder};
+use nuvec_lm::{generate, load, FinishReason, GenerateOptions, LogitsProcessors, Sampler, Stop, TextStream, Tokenizer};
 
 use crate::default_model;
 
@@ -20,13 +20,16 @@ pub struct Args {
     /// System prompt for the chat template.
     #[arg(long)]
     system_prompt: Option<String>,
+    /// Start the assistant's answer with this text (continues the final message).
+    #[arg(long)]
+    prefill_response: Option<String>,
     /// Maximum number of tokens to generate.
     #[arg(short = 'm', long, default_value_t = 100)]
     max_tokens: usize,
-    /// Sampling temperature (0 is greedy).
+    /// Sampling temperature (0 is greedy, and turns every filter off).
     #[arg(long, default_value_t = 0.0)]
     temp: f32,
-    /// Nucleus sampling mass (1.0 is off).
+    /// Nucleus sampling mass (filters only inside (0, 1)).
     #[arg(long, default_value_t = 1.0)]
     top_p: f32,
     /// Min-p sampling threshold (0 is off).
@@ -38,6 +41,45 @@ pub struct Args {
     /// Top-k sampling (0 is off).
     #[arg(long, default_value_t = 0)]
     top_k: usize,
+    /// Probability of applying XTC at each step (0 is off).
+    #[arg(long, default_value_t = 0.0)]
+    xtc_probability: f32,
+    /// XTC's probability threshold, in [0, 0.5].
+    #[arg(long, default_value_t = 0.1)]
+    xtc_threshold: f32,
+    /// Multiplicative penalty on recently seen tokens (1 is neutral).
+    #[arg(long)]
+    repetition_penalty: Option<f32>,
+    /// Tokens the repetition penalty looks back at.
+    #[arg(long, default_value_t = 20)]
+    repetition_context_size: usize,
+    /// Subtracted once from every recently seen token's logit.
+    #[arg(long)]
+    presence_penalty: Option<f32>,
+    /// Tokens the presence penalty looks back at.
+    #[arg(long, default_value_t = 20)]
+    presence_context_size: usize,
+    /// Subtracted from a token's logit for each recent occurrence.
+    #[arg(long)]
+    frequency_penalty: Option<f32>,
+    /// Tokens the frequency penalty looks back at.
+    #[arg(long, default_value_t = 20)]
+    frequency_context_size: usize,
+    /// Logit biases as a JSON object of token id to bias, e.g. '{"13": -100}'.
+    #[arg(long)]
+    logit_bias: Option<String>,
+    /// A string that ends generation (repeatable; never shown in the output).
+    #[arg(long)]
+    stop: Vec<String>,
+    /// Tokens to generate before end-of-sequence, stop tokens or stop strings may end it.
+    #[arg(long, default_value_t = 0)]
+    min_tokens: usize,
+    /// Keep generating through end-of-sequence tokens (until max tokens or a stop).
+    #[arg(long)]
+    ignore_eos: bool,
+    /// Print each token's log-probability and its N most likely alternatives (N <= 20) to stderr.
+    #[arg(long)]
+    logprobs: Option<usize>,
     /// Seed of the sampler's random stream.
     #[arg(long)]
     seed: Option<u64>,
@@ -76,6 +118,67 @@ fn peak_memory() -> u64 {
         .map_or(0, |kb| kb * 1024)
 }
 
+fn json_object(flag: &str, text: &Option<String>) -> Result<serde_json::Map<String, serde_json::Value>, String> {
+    match text {
+        None => Ok(Default::default()),
+        Some(text) => match serde_json::from_str(text) {
+            Ok(serde_json::Value::Object(map)) => Ok(map),
+            _ => Err(format!("{flag} must be a JSON object, got {text:?}")),
+        },
+    }
+}
+
+fn logit_bias(text: &Option<String>) -> Result<Vec<(u32, f32)>, String> {
+    json_object("--logit-bias", text)?
+        .into_iter()
+        .map(|(k, v)| match (k.parse::<u32>(), v.as_f64()) {
+            (Ok(id), Some(b)) => Ok((id, b as f32)),
+            _ => Err(format!("--logit-bias: {k:?}: {v} is not a token id mapped to a number")),
+        })
+        .collect()
+}
+
+/// The prompt's token ids, through the chat template when there is one (as mlx_lm.generate).
+fn prompt_ids(args: &Args, tokenizer: &Tokenizer, prompt: &str) -> Result<Vec<u32>, Box<dyn std::error::Error>> {
+    let template_kwargs = json_object("--chat-template-config", &args.chat_template_config)?;
+    let Some(template) = tokenizer.chat_template().filter(|_| !args.ignore_chat_template) else {
+        // mlx_lm.generate drops these without a word when there is no template; we say so.
+        for (flag, set) in [
+            ("--system-prompt", args.system_prompt.is_some()),
+            ("--prefill-response", args.prefill_response.is_some()),
+            ("--chat-template-config", args.chat_template_config.is_some()),
+        ] {
+            if set {
+                let why = if args.ignore_chat_template {
+                    "--ignore-chat-template is set"
+                } else {
+                    "the tokenizer has no chat template"
+                };
+                eprintln!("warning: {flag} is ignored: {why}");
+            }
+        }
+        return Ok(tokenizer.encode(prompt, true)?);
+    };
+    let mut messages = vec![];
+    if let Some(system) = &args.system_prompt {
+        messages.push(serde_json::json!({"role": "system", "content": system}));
+    }
+    messages.push(serde_json::json!({"role": "user", "content": prompt}));
+    if let Some(prefill) = &args.prefill_response {
+        messages.push(serde_json::json!({"role": "assistant", "content": prefill}));
+    }
+    let mut ctx = template_kwargs;
+    for (key, value) in [("bos_token", tokenizer.bos_token()), ("eos_token", tokenizer.eos_token())] {
+        if let Some(v) = value {
+            ctx.entry(key.to_string()).or_insert(v.into());
+        }
+    }
+    let prefill = args.prefill_response.is_some();
+    let text = template.render_values(&serde_json::Value::Array(messages), !prefill, prefill, &ctx)?;
+    // The template already wrote the special tokens (as mlx_lm.generate).
+    Ok(tokenizer.encode(&text, false)?)
+}
+
 pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     let model_path = match &args.model {
         Some(m) => m.clone(),
@@ -86,18 +189,22 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         top_p: args.top_p,
         min_p: args.min_p,
         min_tokens_to_keep: args.min_tokens_to_keep,
+        xtc_probability: args.xtc_probability,
+        xtc_threshold: args.xtc_threshold,
         top_k: args.top_k,
     };
     sampler.validate()?;
-    for ignored in sampler.ignored_settings() {
-        eprintln!("warning: {ignored} has no effect");
+    for note in sampler.ignored_settings() {
+        eprintln!("warning: {note}");
     }
-    let template_kwargs: serde_json::Map<String, serde_json::Value> = match &args.chat_template_config {
-        None => Default::default(),
-        Some(text) => match serde_json::from_str(text) {
-            Ok(serde_json::Value::Object(map)) => map,
-            _ => return Err(format!("--chat-template-config must be a JSON object, got {text:?}").into()),
-        },
+    let processors = LogitsProcessors {
+        repetition_penalty: args.repetition_penalty,
+        repetition_context_size: args.repetition_context_size,
+        presence_penalty: args.presence_penalty,
+        presence_context_size: args.presence_context_size,
+        frequency_penalty: args.frequency_penalty,
+        frequency_context_size: args.frequency_context_size,
+        logit_bias: logit_bias(&args.logit_bias)?,
     };
     let mut prompt = args.prompt.replace("\\n", "\n").replace("\\t", "\t");
     if prompt == "-" {
@@ -109,56 +216,62 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     for token in &args.extra_eos_token {
         tokenizer.add_eos_token(token)?;
     }
-    let ids = match tokenizer.chat_template().filter(|_| !args.ignore_chat_template) {
-        Some(template) => {
-            let mut messages = vec![];
-            if let Some(system) = &args.system_prompt {
-                messages.push(Message::new("system", system));
-            }
-            messages.push(Message::new("user", &prompt));
-            let mut ctx = template_kwargs;
-            for (key, value) in [("bos_token", tokenizer.bos_token()), ("eos_token", tokenizer.eos_token())] {
-                if let Some(v) = value {
-                    ctx.entry(key.to_string()).or_insert(v.into());
-                }
-            }
-            let text = template.render(&messages, true, &ctx)?;
-            // The template already wrote the special tokens (as mlx_lm.generate).
-            tokenizer.encode(&text, false)?
-        }
-        None => tokenizer.encode(&prompt, true)?,
-    };
-
+    let ids = prompt_ids(&args, &tokenizer, &prompt)?;
     let options = GenerateOptions {
         max_tokens: args.max_tokens,
         sampler,
+        processors,
         seed: args.seed,
         prefill_step_size: args.prefill_step_size,
+        stop: Stop::strings(&tokenizer, &args.stop)?,
+        min_tokens: args.min_tokens,
+        ignore_eos: args.ignore_eos,
+        logprobs: args.logprobs,
         extra_eos_token_ids: tokenizer.eos_token_ids().to_vec(),
     };
+    let mut text = TextStream::new(&tokenizer, &options);
     let mut generation = generate(&model, &ids, options)?;
-    let mut decoder = StreamDecoder::default();
     let mut out = std::io::stdout().lock();
     let mut wrote = false;
     for id in generation.by_ref() {
-        let text = decoder.push(&tokenizer, id?)?;
-        wrote |= !text.is_empty();
-        out.write_all(text.as_bytes())?;
+        let piece = text.push(id?);
+        wrote |= !piece.is_empty();
+        out.write_all(piece.as_bytes())?;
         out.flush()?;
     }
-    let rest = decoder.finish(&tokenizer)?;
+    let rest = text.finish();
+    wrote |= !rest.is_empty();
     out.write_all(rest.as_bytes())?;
     writeln!(out)?;
     out.flush()?;
+    if args.logprobs.is_some() {
+        for entry in generation.logprobs() {
+            let alternatives: Vec<String> = entry
+                .top
+                .iter()
+                .map(|(t, lp)| format!("{:?} {lp:.4}", tokenizer.decode(&[*t]).unwrap_or_default()))
+                .collect();
+            let token = tokenizer.decode(&[entry.token]).unwrap_or_default();
+            eprintln!("{} {token:?} {:.4} | {}", entry.token, entry.logprob, alternatives.join(", "));
+        }
+    }
     if args.verbose {
         let stats = generation.stats();
-        if !wrote && rest.is_empty() {
+        if !wrote {
             eprintln!("No text generated for this prompt");
         }
         eprintln!("==========");
         eprintln!("Prompt: {} tokens, {:.3} tokens-per-sec", stats.prompt_tokens, stats.prompt_tps());
         eprintln!("Generation: {} tokens, {:.3} tokens-per-sec", stats.generation_tokens, stats.generation_tps());
         eprintln!("Peak memory: {:.3} GB", peak_memory() as f64 / 1e9);
+        if let Some(reason) = generation.finish_reason() {
+            let reason = match reason {
+                FinishReason::EndOfSequence => "end of sequence".to_string(),
+                FinishReason::Length => "max tokens".to_string(),
+                other => format!("{other:?}"),
+            };
+            eprintln!("Finish: {reason}");
+        }
     }
     Ok(())
 }

@@ -3,6 +3,7 @@
 
 use std::sync::Arc;
 
+use minijinja::value::Kwargs;
 use minijinja::{Environment, ErrorKind, Value};
 use serde::Serialize;
 
@@ -38,6 +39,105 @@ impl std::fmt::Debug for ChatTemplate {
 
 fn raise_exception(message: String) -> std::result::Result<String, minijinja::Error> {
     Err(minijinja::Error::new(ErrorKind::InvalidOperation, message))
+}
+
+/// transformers' `tojson`: Python's `json.dumps(x, ensure_ascii=False, indent=None,
+/// separators=None, sort_keys=False)`, so tool schemas render byte for byte as they do there
+/// (`", "` and `": "` between items, keys in their given order).
+fn py_tojson(value: Value, kwargs: Kwargs) -> std::result::Result<String, minijinja::Error> {
+    let indent: Option<usize> = kwargs.get("indent")?;
+    let ensure_ascii: Option<bool> = kwargs.get("ensure_ascii")?;
+    let sort_keys: Option<bool> = kwargs.get("sort_keys")?;
+    let separators: Option<Vec<String>> = kwargs.get("separators")?;
+    kwargs.assert_all_used()?;
+    let json = serde_json::to_value(&value)
+        .map_err(|e| minijinja::Error::new(ErrorKind::InvalidOperation, format!("tojson: {e}")))?;
+    let (item, key) = match separators.as_deref() {
+        Some([item, key]) => (item.clone(), key.clone()),
+        Some(_) => {
+            return Err(minijinja::Error::new(ErrorKind::InvalidOperation, "tojson: separators takes two strings"))
+        }
+        None if indent.is_some() => (",".to_string(), ": ".to_string()),
+        None => (", ".to_string(), ": ".to_string()),
+    };
+    let style = PyJson { indent, item, key, ascii: ensure_ascii.unwrap_or(false), sort: sort_keys.unwrap_or(false) };
+    let mut out = String::new();
+    style.write(&json, 0, &mut out);
+    Ok(out)
+}
+
+/// Python's json.dumps layout.
+struct PyJson {
+    indent: Option<usize>,
+    item: String,
+    key: String,
+    ascii: bool,
+    sort: bool,
+}
+
+impl PyJson {
+    fn string(&self, s: &str, out: &mut String) {
+        let escaped = serde_json::to_string(s).expect("strings serialize");
+        if !self.ascii {
+            out.push_str(&escaped);
+            return;
+        }
+        for c in escaped.chars() {
+            if c.is_ascii() {
+                out.push(c);
+            } else {
+                let mut units = [0u16; 2];
+                for u in c.encode_utf16(&mut units) {
+                    out.push_str(&format!("\\u{u:04x}"));
+                }
+            }
+        }
+    }
+
+    fn newline(&self, level: usize, out: &mut String) {
+        if let Some(n) = self.indent {
+            out.push('\n');
+            out.push_str(&" ".repeat(n * level));
+        }
+    }
+
+    fn write(&self, v: &serde_json::Value, level: usize, out: &mut String) {
+        use serde_json::Value as J;
+        match v {
+            J::Array(items) if !items.is_empty() => {
+                out.push('[');
+                for (i, x) in items.iter().enumerate() {
+                    if i > 0 {
+                        out.push_str(&self.item);
+                    }
+                    self.newline(level + 1, out);
+                    self.write(x, level + 1, out);
+                }
+                self.newline(level, out);
+                out.push(']');
+            }
+            J::Object(map) if !map.is_empty() => {
+                let mut entries: Vec<(&String, &serde_json::Value)> = map.iter().collect();
+                if self.sort {
+                    entries.sort_by(|a, b| a.0.cmp(b.0));
+                }
+                out.push('{');
+                for (i, (k, x)) in entries.into_iter().enumerate() {
+                    if i > 0 {
+                        out.push_str(&self.item);
+                    }
+                    self.newline(level + 1, out);
+                    self.string(k, out);
+                    out.push_str(&self.key);
+                    self.write(x, level + 1, out);
+                }
+                self.newline(level, out);
+                out.push('}');
+            }
+            J::String(s) => self.string(s, out),
+            other => out.push_str(&other.to_string()),
+        }
+    }
 }
 
 fn strftime_now(format: String) -> String {
@@ -85,6 +185,7 @@ impl ChatTemplate {
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.add_function("raise_exception", raise_exception);
         env.add_function("strftime_now", strftime_now);
+        env.add_filter("tojson", py_tojson);
         env.add_template_owned("chat", source).map_err(|e| Error::Template(format!("does not parse: {e:#}")))?;
         Ok(ChatTemplate { env: Arc::new(env) })
     }

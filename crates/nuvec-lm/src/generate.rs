@@ -1,6 +1,8 @@
 //! The decode loop, as mlx-lm's `generate_step` / `stream_generate`: the prompt is prefilled in
-//! chunks, leaving its last token for the first decode step; each step samples one token; EOS
-//! ends generation without being yielded; `max_tokens` bounds it.
+//! chunks, leaving its last token for the first decode step; each step runs the logits
+//! processors on the raw logits, turns them into log-probabilities, and samples; end-of-sequence
+//! and stop tokens end generation without being yielded; stop strings end it at the token that
+//! completes them; `max_tokens` bounds it.
 
 use std::time::{Duration, Instant};
 
@@ -9,20 +11,37 @@ use rand_chacha::ChaCha8Rng;
 
 use crate::cache::KvCache;
 use crate::models::Model;
-use crate::sample::Sampler;
+use crate::processors::LogitsProcessors;
+use crate::sample::{log_softmax, Sampler};
+use crate::stop::{Stop, StopMatcher, Stopped};
 use crate::{Error, Result};
 
-/// Options of one generation.
+/// Most alternatives [`GenerateOptions::logprobs`] may ask for.
+pub const MAX_LOGPROBS: usize = 20;
+
+/// Options of one generation. Every field has one default, shared by the library and the CLI.
 #[derive(Debug, Clone)]
 pub struct GenerateOptions {
-    /// Most tokens to generate (mlx_lm.generate's default: 256).
+    /// Most tokens to generate (default 256, mlx-lm's `generate` default).
     pub max_tokens: usize,
-    /// How to pick each token.
+    /// How to pick each token (default greedy).
     pub sampler: Sampler,
-    /// Seed of the sampler's random stream; `None` draws one from the OS.
+    /// Penalties and biases applied before sampling (default none).
+    pub processors: LogitsProcessors,
+    /// Seed of this request's random stream: the same seed gives the same tokens, whatever else
+    /// the process does. `None` draws one from the OS.
     pub seed: Option<u64>,
-    /// Prompt positions prefilled per forward pass.
+    /// Prompt positions prefilled per forward pass (default 2048).
     pub prefill_step_size: usize,
+    /// Stop tokens and strings (default none).
+    pub stop: Stop,
+    /// Before this many tokens, end-of-sequence and stop tokens have probability zero and no
+    /// stop string ends generation (default 0).
+    pub min_tokens: usize,
+    /// Treat end-of-sequence tokens as ordinary tokens (default false).
+    pub ignore_eos: bool,
+    /// Record each token's log-probability and this many most likely alternatives (at most 20).
+    pub logprobs: Option<usize>,
     /// More end-of-sequence ids, beside the model's.
     pub extra_eos_token_ids: Vec<u32>,
 }
@@ -32,19 +51,38 @@ impl Default for GenerateOptions {
         GenerateOptions {
             max_tokens: 256,
             sampler: Sampler::default(),
+            processors: LogitsProcessors::default(),
             seed: None,
             prefill_step_size: 2048,
+            stop: Stop::default(),
+            min_tokens: 0,
+            ignore_eos: false,
+            logprobs: None,
             extra_eos_token_ids: vec![],
         }
     }
 }
 
 impl GenerateOptions {
-    /// Checks every option, naming the bad one.
+    /// Checks every option that does not depend on the model, naming the bad one.
     pub fn validate(&self) -> Result<()> {
         self.sampler.validate()?;
         if self.prefill_step_size == 0 {
             return Err(Error::Invalid("prefill_step_size must be at least 1".into()));
+        }
+        if let Some(n) = self.logprobs.filter(|&n| n > MAX_LOGPROBS) {
+            return Err(Error::Invalid(format!("logprobs = {n}: at most {MAX_LOGPROBS} alternatives per token")));
+        }
+        Ok(())
+    }
+
+    /// Checks every option against `model` too (vocabulary-dependent settings).
+    pub fn validate_for(&self, model: &Model) -> Result<()> {
+        self.validate()?;
+        self.sampler.validate_for(model.vocab_size())?;
+        self.processors.validate(model.vocab_size())?;
+        if let Some(t) = self.stop.tokens.iter().find(|&&t| t as usize >= model.vocab_size()) {
+            return Err(Error::Invalid(format!("stop token {t} is outside the vocabulary of {}", model.vocab_size())));
         }
         Ok(())
     }
@@ -57,8 +95,25 @@ pub enum FinishReason {
     EndOfSequence,
     /// `max_tokens` were generated.
     Length,
+    /// A stop token or stop string.
+    Stop(Stopped),
+    /// The request was cancelled.
+    Cancelled,
+    /// The KV cache had no room for another position.
+    CacheFull,
     /// A step failed; the error was yielded.
     Error,
+}
+
+/// A generated token's log-probability and the most likely alternatives at its step.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TokenLogprobs {
+    /// The token.
+    pub token: u32,
+    /// Its log-probability (after the logits processors, before the sampler's filters).
+    pub logprob: f32,
+    /// The most likely tokens at this step, most likely first.
+    pub top: Vec<(u32, f32)>,
 }
 
 /// Timing of a generation, as mlx_lm.generate reports it.
@@ -89,21 +144,25 @@ impl Stats {
 /// A running generation: an iterator of token ids.
 pub struct Generation<'a> {
     model: &'a Model,
-    prompt: Vec<u32>,
     options: GenerateOptions,
     eos: Vec<u32>,
+    xtc_exempt: Vec<u32>,
+    history: Vec<u32>,
+    prompt_len: usize,
     cache: Vec<KvCache>,
     rng: ChaCha8Rng,
-    last: Option<u32>,
+    matcher: StopMatcher,
     yielded: usize,
     finish: Option<FinishReason>,
+    logprobs: Vec<TokenLogprobs>,
     stats: Stats,
     clock: Option<Instant>,
 }
 
-/// Starts generating from `prompt` (token ids). Nothing runs until the first `next()`.
+/// Starts generating from `prompt` (token ids). Options are checked now; the model runs on the
+/// first `next()`.
 pub fn generate<'a>(model: &'a Model, prompt: &[u32], options: GenerateOptions) -> Result<Generation<'a>> {
-    options.validate()?;
+    options.validate_for(model)?;
     if prompt.is_empty() {
         return Err(Error::Invalid("the prompt is empty: give at least one token".into()));
     }
@@ -113,15 +172,20 @@ pub fn generate<'a>(model: &'a Model, prompt: &[u32], options: GenerateOptions) 
     };
     let mut eos = model.eos_token_ids().to_vec();
     eos.extend(&options.extra_eos_token_ids);
+    let mut xtc_exempt = model.newline_token_ids().to_vec();
+    xtc_exempt.extend(&eos);
     Ok(Generation {
         model,
-        prompt: prompt.to_vec(),
         eos,
+        xtc_exempt,
+        history: prompt.to_vec(),
+        prompt_len: prompt.len(),
         cache: model.new_cache(),
         rng,
-        last: None,
+        matcher: StopMatcher::default(),
         yielded: 0,
         finish: None,
+        logprobs: vec![],
         stats: Stats { prompt_tokens: prompt.len(), ..Stats::default() },
         clock: None,
         options,
@@ -144,30 +208,76 @@ impl Generation<'_> {
         &self.cache
     }
 
-    fn step(&mut self) -> Result<u32> {
-        let logits = match self.last {
-            None => {
-                self.clock = Some(Instant::now());
-                let (head, last) = self.prompt.split_at(self.prompt.len() - 1);
-                for chunk in head.chunks(self.options.prefill_step_size) {
-                    self.model.prefill(chunk, &mut self.cache)?;
-                }
-                self.model.forward_last(last, &mut self.cache)?
+    /// Log-probabilities of the yielded tokens, when [`GenerateOptions::logprobs`] asked for them.
+    pub fn logprobs(&self) -> &[TokenLogprobs] {
+        &self.logprobs
+    }
+
+    /// The logits for the next token.
+    fn forward(&mut self) -> Result<Vec<f32>> {
+        let logits = if self.history.len() == self.prompt_len {
+            self.clock = Some(Instant::now());
+            let (head, last) = self.history.split_at(self.prompt_len - 1);
+            for chunk in head.chunks(self.options.prefill_step_size) {
+                self.model.prefill(chunk, &mut self.cache)?;
             }
-            Some(token) => self.model.forward_last(&[token], &mut self.cache)?,
+            self.model.forward_last(last, &mut self.cache)?
+        } else {
+            let last = *self.history.last().expect("history holds the prompt");
+            self.model.forward_last(&[last], &mut self.cache)?
         };
-        let row = logits.to_vec::<f32>()?;
-        let token = self.options.sampler.sample(&row, &mut self.rng)?;
+        Ok(logits.to_vec::<f32>()?)
+    }
+
+    fn step(&mut self) -> Result<u32> {
+        let mut logits = self.forward()?;
+        self.options.processors.apply(&self.history, &mut logits);
+        if self.yielded < self.options.min_tokens {
+            let banned =
+                self.options.stop.tokens.iter().chain(if self.options.ignore_eos { &[][..] } else { &self.eos[..] });
+            for &t in banned {
+                if let Some(x) = logits.get_mut(t as usize) {
+                    *x = f32::NEG_INFINITY;
+                }
+            }
+        }
+        let mut logprobs = log_softmax(&logits);
+        if let Some(n) = self.options.logprobs {
+            let mut order: Vec<u32> = (0..logprobs.len() as u32).collect();
+            let n = n.min(order.len());
+            if n > 0 {
+                order.select_nth_unstable_by(n - 1, |&a, &b| logprobs[b as usize].total_cmp(&logprobs[a as usize]));
+                order.truncate(n);
+                order.sort_by(|&a, &b| logprobs[b as usize].total_cmp(&logprobs[a as usize]));
+            }
+            let top = order.iter().take(n).map(|&t| (t, logprobs[t as usize])).collect();
+            self.logprobs.push(TokenLogprobs { token: 0, logprob: 0.0, top });
+        }
+        let snapshot = self.options.logprobs.map(|_| logprobs.clone());
+        let token = self.options.sampler.sample(&mut logprobs, &self.xtc_exempt, &mut self.rng);
+        if let (Some(all), Some(last)) = (snapshot, self.logprobs.last_mut()) {
+            last.token = token;
+            last.logprob = all[token as usize];
+        }
         let now = Instant::now();
-        if self.last.is_none() {
+        if self.history.len() == self.prompt_len {
             self.stats.prompt_time = now - self.clock.unwrap_or(now);
             self.clock = Some(now);
         } else {
             self.stats.generation_time = now - self.clock.unwrap_or(now);
         }
         self.stats.generation_tokens += 1;
-        self.last = Some(token);
+        self.history.push(token);
         Ok(token)
+    }
+
+    fn end(&mut self, reason: FinishReason) -> Option<Result<u32>> {
+        self.finish = Some(reason);
+        // A token that is not yielded has no log-probability entry either.
+        if self.logprobs.len() > self.yielded {
+            self.logprobs.truncate(self.yielded);
+        }
+        None
     }
 }
 
@@ -179,25 +289,28 @@ impl Iterator for Generation<'_> {
             return None;
         }
         if self.yielded >= self.options.max_tokens {
-            self.finish = Some(FinishReason::Length);
-            return None;
+            return self.end(FinishReason::Length);
         }
-        match self.step() {
+        let token = match self.step() {
+            Ok(t) => t,
             Err(e) => {
                 self.finish = Some(FinishReason::Error);
-                Some(Err(e))
+                return Some(Err(e));
             }
-            Ok(token) if self.eos.contains(&token) => {
-                self.finish = Some(FinishReason::EndOfSequence);
-                None
-            }
-            Ok(token) => {
-                self.yielded += 1;
-                if self.yielded == self.options.max_tokens {
-                    self.finish = Some(FinishReason::Length);
-                }
-                Some(Ok(token))
-            }
+        };
+        if !self.options.ignore_eos && self.eos.contains(&token) {
+            return self.end(FinishReason::EndOfSequence);
         }
+        if self.options.stop.tokens.contains(&token) {
+            return self.end(FinishReason::Stop(Stopped::Token(token)));
+        }
+        self.yielded += 1;
+        let armed = self.yielded >= self.options.min_tokens;
+        if let Some((index, cut)) = self.matcher.push(&self.options.stop, token, armed) {
+            self.finish = Some(FinishReason::Stop(Stopped::String { index, cut }));
+        } else if self.yielded == self.options.max_tokens {
+            self.finish = Some(FinishReason::Length);
+        }
+        Some(Ok(token))
     }
 }

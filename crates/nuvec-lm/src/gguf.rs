@@ -32,6 +32,7 @@ pub fn load_gguf(path: &Path) -> Result<(Model, Tokenizer)> {
     let mut model = Model::from_config(&config, &weights)?;
     let tokenizer = tokenizer(&file)?;
     model.set_eos_token_ids(tokenizer.eos_token_ids().to_vec());
+    model.set_newline_token_ids(tokenizer.encode("\n", false)?);
     Ok((model, tokenizer))
 }
 

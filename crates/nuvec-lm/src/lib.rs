@@ -8,7 +8,7 @@
 //! let prompt = tokenizer.encode("The capital of France is", true)?;
 //! let mut text = StreamDecoder::default();
 //! for id in generate(&model, &prompt, GenerateOptions { max_tokens: 32, ..Default::default() })? {
-//!     print!("{}", text.push(&tokenizer, id?)?);
+//!     print!("{}", text.push(&tokenizer, id?));
 //! }
 //! # Ok(())
 //! # }
@@ -26,17 +26,22 @@ pub mod hub;
 pub mod layers;
 mod load;
 pub mod models;
+pub mod processors;
 pub mod quantization;
 pub mod sample;
+pub mod stop;
 pub mod stream;
+pub mod token_bytes;
 pub mod tokenizer;
 pub mod weights;
 
 pub use chat::{ChatTemplate, Message};
 pub use error::{Error, Result};
-pub use generate::{generate, FinishReason, GenerateOptions, Generation, Stats};
+pub use generate::{generate, FinishReason, GenerateOptions, Generation, Stats, TokenLogprobs};
 pub use load::{load, load_dir, load_model};
 pub use models::Model;
+pub use processors::LogitsProcessors;
 pub use sample::Sampler;
+pub use stop::{Stop, Stopped, TextStream};
 pub use stream::StreamDecoder;
 pub use tokenizer::Tokenizer;

@@ -25,6 +25,7 @@ pub fn load_dir(dir: &Path) -> Result<(Model, Tokenizer)> {
     let tokenizer = Tokenizer::load(dir, model.eos_token_ids())?;
     let mut model = model;
     model.set_eos_token_ids(tokenizer.eos_token_ids().to_vec());
+    model.set_newline_token_ids(tokenizer.encode("\n", false)?);
     Ok((model, tokenizer))
 }
 

@@ -1,89 +1,141 @@
-//! Samplers with mlx-lm's filters, applied in mlx-lm's order: top-p, min-p, top-k, then a
-//! categorical draw at 1/temperature. Temperature 0 is greedy.
+//! Samplers with mlx-lm's filters, applied in mlx-lm's order to log-probabilities: top-p, min-p,
+//! XTC, top-k, then a categorical draw at 1/temperature. Temperature 0 is greedy.
 
 use rand::Rng;
 
 use crate::{Error, Result};
 
-/// Sampling settings. The defaults are mlx-lm's: greedy, every filter off.
+/// Sampling settings. Each has one default, the same in the library and the CLI.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Sampler {
-    /// 0 is greedy (argmax).
+    /// 0 (the default) is greedy: argmax, and every filter below is off.
     pub temperature: f32,
-    /// Nucleus mass in (0, 1); 0 or 1 is off.
+    /// Nucleus mass; filters only inside (0, 1). Default 1.0 (off).
     pub top_p: f32,
-    /// Minimum probability relative to the top token, in [0, 1]; 0 is off.
+    /// Minimum probability relative to the top token, in [0, 1]; 0 (default) is off.
     pub min_p: f32,
     /// Tokens min-p always keeps (at least 1).
     pub min_tokens_to_keep: usize,
-    /// Keep only the k most likely; 0 is off.
+    /// Probability of applying XTC at a step, in [0, 1]; 0 (default) is off.
+    pub xtc_probability: f32,
+    /// XTC removes every token above this probability but the least likely of them, in [0, 0.5].
+    /// Default 0.1. Newline and end-of-sequence tokens are always exempt.
+    pub xtc_threshold: f32,
+    /// Keep only the k most likely; 0 (default) is off.
     pub top_k: usize,
 }
 
 impl Default for Sampler {
     fn default() -> Self {
-        Sampler { temperature: 0.0, top_p: 0.0, min_p: 0.0, min_tokens_to_keep: 1, top_k: 0 }
+        Sampler {
+            temperature: 0.0,
+            top_p: 1.0,
+            min_p: 0.0,
+            min_tokens_to_keep: 1,
+            xtc_probability: 0.0,
+            xtc_threshold: 0.1,
+            top_k: 0,
+        }
     }
 }
 
 impl Sampler {
     /// Checks every setting against mlx-lm's ranges, naming the bad one.
     pub fn validate(&self) -> Result<()> {
+        let bad = |m: String| Err(Error::Invalid(m));
         if !(self.temperature >= 0.0 && self.temperature.is_finite()) {
-            return Err(Error::Invalid(format!("temperature = {} must be a finite number >= 0", self.temperature)));
+            return bad(format!("temperature has to be a finite float >= 0, but is {}", self.temperature));
         }
         if !(0.0..=1.0).contains(&self.top_p) {
-            return Err(Error::Invalid(format!("top_p = {} must be in [0, 1]", self.top_p)));
+            return bad(format!("top_p has to be a float in the [0, 1] interval, but is {}", self.top_p));
         }
         if !(0.0..=1.0).contains(&self.min_p) {
-            return Err(Error::Invalid(format!("min_p = {} must be in [0, 1]", self.min_p)));
+            return bad(format!("min_p has to be a float in the [0, 1] interval, but is {}", self.min_p));
         }
         if self.min_tokens_to_keep < 1 {
-            return Err(Error::Invalid("min_tokens_to_keep must be at least 1".into()));
+            return bad(format!("min_tokens_to_keep has to be a positive integer, but is {}", self.min_tokens_to_keep));
+        }
+        if !(0.0..=0.5).contains(&self.xtc_threshold) {
+            return bad(format!(
+                "xtc_threshold has to be a float in the [0, 0.5] interval, but is {}",
+                self.xtc_threshold
+            ));
+        }
+        if !(0.0..=1.0).contains(&self.xtc_probability) {
+            return bad(format!(
+                "xtc_probability has to be a float in the [0, 1] interval, but is {}",
+                self.xtc_probability
+            ));
         }
         Ok(())
     }
 
-    /// Settings that will have no effect, for front ends to warn about (never silently).
-    pub fn ignored_settings(&self) -> Vec<&'static str> {
-        let mut ignored = vec![];
-        if self.temperature == 0.0 {
-            if self.top_p > 0.0 && self.top_p < 1.0 {
-                ignored.push("top_p (temperature is 0: greedy)");
-            }
-            if self.min_p > 0.0 {
-                ignored.push("min_p (temperature is 0: greedy)");
-            }
-            if self.top_k > 0 {
-                ignored.push("top_k (temperature is 0: greedy)");
-            }
+    /// Checks settings that depend on the vocabulary size.
+    pub fn validate_for(&self, vocab_size: usize) -> Result<()> {
+        self.validate()?;
+        if self.top_k > 0 && self.top_k >= vocab_size {
+            return Err(Error::Invalid(format!(
+                "top_k has to be an integer in the (0, {vocab_size}) interval, but is {}",
+                self.top_k
+            )));
         }
-        ignored
+        Ok(())
     }
 
-    /// Picks the next token from `logits` (one row).
-    pub fn sample(&self, logits: &[f32], rng: &mut impl Rng) -> Result<u32> {
+    /// Settings that will have no effect (or a surprising one), for front ends to warn about,
+    /// so that nothing is silently ignored.
+    pub fn ignored_settings(&self) -> Vec<String> {
+        let mut notes = vec![];
         if self.temperature == 0.0 {
-            return Ok(argmax(logits));
+            let filters = [
+                ("top_p", self.top_p > 0.0 && self.top_p < 1.0),
+                ("min_p", self.min_p > 0.0),
+                ("top_k", self.top_k > 0),
+                ("xtc_probability", self.xtc_probability > 0.0),
+            ];
+            for (name, set) in filters {
+                if set {
+                    notes.push(format!("{name} has no effect: temperature is 0 (greedy decoding)"));
+                }
+            }
         }
-        let mut logprobs = log_softmax(logits);
+        if self.top_p == 0.0 && self.temperature > 0.0 {
+            notes.push("top_p = 0 turns nucleus sampling off (as 1.0 does)".into());
+        }
+        if self.xtc_probability > 0.0 && self.xtc_threshold == 0.0 {
+            notes.push("xtc_threshold = 0 makes XTC remove every token but the least likely".into());
+        }
+        notes
+    }
+
+    /// Applies the filters to `logprobs` in mlx-lm's order (the draw is separate).
+    /// `xtc_exempt` are the newline and end-of-sequence ids.
+    pub fn filter(&self, logprobs: &mut [f32], xtc_exempt: &[u32], rng: &mut impl Rng) {
         if self.top_p > 0.0 && self.top_p < 1.0 {
-            apply_top_p(&mut logprobs, self.top_p);
+            apply_top_p(logprobs, self.top_p);
         }
         if self.min_p != 0.0 {
-            apply_min_p(&mut logprobs, self.min_p, self.min_tokens_to_keep);
+            apply_min_p(logprobs, self.min_p, self.min_tokens_to_keep);
         }
-        if self.top_k > 0 {
-            if self.top_k >= logprobs.len() {
-                return Err(Error::Invalid(format!(
-                    "top_k = {} must be below the vocabulary size {}",
-                    self.top_k,
-                    logprobs.len()
-                )));
+        if self.xtc_probability > 0.0 {
+            // One uniform draw per step decides whether XTC applies, as in mlx-lm.
+            let u: f32 = rng.gen();
+            if u <= self.xtc_probability {
+                apply_xtc(logprobs, self.xtc_threshold, xtc_exempt);
             }
-            apply_top_k(&mut logprobs, self.top_k);
         }
-        Ok(categorical(&logprobs, 1.0 / self.temperature, rng))
+        if self.top_k > 0 && self.top_k < logprobs.len() {
+            apply_top_k(logprobs, self.top_k);
+        }
+    }
+
+    /// Picks the next token from log-probabilities (one row).
+    pub fn sample(&self, logprobs: &mut [f32], xtc_exempt: &[u32], rng: &mut impl Rng) -> u32 {
+        if self.temperature == 0.0 {
+            return argmax(logprobs);
+        }
+        self.filter(logprobs, xtc_exempt, rng);
+        categorical(logprobs, 1.0 / self.temperature, rng)
     }
 }
 
@@ -124,27 +176,58 @@ pub fn apply_top_p(logprobs: &mut [f32], p: f32) {
     logprobs.iter_mut().filter(|x| **x < threshold).for_each(|x| *x = f32::NEG_INFINITY);
 }
 
-/// mlx-lm's `apply_min_p`: drops tokens below `min_p` times the top probability.
+/// mlx-lm's `apply_min_p`: drops tokens below `min_p` times the top probability, keeping at
+/// least `min_tokens_to_keep`.
 pub fn apply_min_p(logprobs: &mut [f32], min_p: f32, min_tokens_to_keep: usize) {
     let top = logprobs.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     let cutoff = top + min_p.ln();
-    let mut keep: Vec<usize> = (0..logprobs.len()).collect();
-    keep.sort_by(|&a, &b| logprobs[b].total_cmp(&logprobs[a]));
-    let protected: std::collections::HashSet<usize> = keep.into_iter().take(min_tokens_to_keep).collect();
-    for (i, x) in logprobs.iter_mut().enumerate() {
-        if *x < cutoff && !protected.contains(&i) {
+    let mut protected = vec![false; logprobs.len()];
+    if min_tokens_to_keep > 1 {
+        let mut order: Vec<usize> = (0..logprobs.len()).collect();
+        let k = min_tokens_to_keep.min(order.len());
+        order.select_nth_unstable_by(k - 1, |&a, &b| by_rank(logprobs, a, b));
+        order[..k].iter().for_each(|&i| protected[i] = true);
+    }
+    for (x, keep) in logprobs.iter_mut().zip(protected) {
+        if *x < cutoff && !keep {
             *x = f32::NEG_INFINITY;
         }
     }
 }
 
+/// mlx-lm's `apply_xtc` (when it fires): removes every token whose probability exceeds the
+/// smallest probability above `threshold`, except the `exempt` tokens.
+pub fn apply_xtc(logprobs: &mut [f32], threshold: f32, exempt: &[u32]) {
+    let probs: Vec<f32> = softmax(logprobs);
+    let floor = probs.iter().copied().filter(|&p| p > threshold).fold(f32::INFINITY, f32::min);
+    for (i, (x, p)) in logprobs.iter_mut().zip(&probs).enumerate() {
+        if *p > floor && !exempt.contains(&(i as u32)) {
+            *x = f32::NEG_INFINITY;
+        }
+    }
+}
+
+/// Most likely first; among equal values the lower id first, so ties at a cut are decided the
+/// same way every time (as MLX's partition decides them on the oracle's records).
+fn by_rank(logprobs: &[f32], a: usize, b: usize) -> std::cmp::Ordering {
+    logprobs[b].total_cmp(&logprobs[a]).then(a.cmp(&b))
+}
+
 /// mlx-lm's `apply_top_k`: keeps the k most likely tokens.
 pub fn apply_top_k(logprobs: &mut [f32], k: usize) {
     let mut order: Vec<usize> = (0..logprobs.len()).collect();
-    order.select_nth_unstable_by(k - 1, |&a, &b| logprobs[b].total_cmp(&logprobs[a]));
+    order.select_nth_unstable_by(k - 1, |&a, &b| by_rank(logprobs, a, b));
     for &i in &order[k..] {
         logprobs[i] = f32::NEG_INFINITY;
     }
+}
+
+/// `softmax(x)`.
+pub fn softmax(x: &[f32]) -> Vec<f32> {
+    let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let e: Vec<f32> = x.iter().map(|&v| (v - max).exp()).collect();
+    let sum: f32 = e.iter().sum();
+    e.into_iter().map(|v| v / sum).collect()
 }
 
 /// A draw from `softmax(logprobs * scale)`.

@@ -4,9 +4,12 @@
 
 use std::path::Path;
 
+use std::sync::{Arc, OnceLock};
+
 use serde_json::Value;
 
 use crate::chat::ChatTemplate;
+use crate::token_bytes::TokenBytes;
 use crate::{Error, Result};
 
 /// A tokenizer with its chat template and end-of-sequence ids.
@@ -18,6 +21,7 @@ pub struct Tokenizer {
     eos_token: Option<String>,
     eos_token_ids: Vec<u32>,
     chat_template: Option<ChatTemplate>,
+    token_bytes: OnceLock<Arc<TokenBytes>>,
 }
 
 /// A special token in tokenizer_config.json: a string, or an AddedToken object with `content`.
@@ -27,6 +31,40 @@ fn token_text(v: Option<&Value>) -> Option<String> {
         Value::Object(o) => o.get("content").and_then(Value::as_str).map(str::to_string),
         _ => None,
     }
+}
+
+/// transformers (which mlx-lm tokenizes with) rebuilds some tokenizer classes' pipelines instead
+/// of reading them from tokenizer.json, and the ids differ where it does (leading spaces, for
+/// one), so we rebuild them the same way. `LlamaTokenizer` (Llama 2, Mistral): no normalizer, a
+/// Metaspace pre-tokenizer that prepends "▁" unless the text starts with one (`always` for
+/// legacy tokenizers, `first` otherwise, `never` without add_prefix_space), byte-fallback BPE.
+fn apply_class_pipeline(json: &mut Value, config: &Value) {
+    let class = config.get("tokenizer_class").and_then(Value::as_str).unwrap_or("");
+    let bpe = json.pointer("/model/type").and_then(Value::as_str) == Some("BPE");
+    if !bpe || !matches!(class, "LlamaTokenizer" | "LlamaTokenizerFast") {
+        return;
+    }
+    let add_prefix_space = config.get("add_prefix_space").and_then(Value::as_bool).unwrap_or(true);
+    let legacy = config.get("legacy").and_then(Value::as_bool).unwrap_or(false);
+    let scheme = match (add_prefix_space, legacy) {
+        (false, _) => "never",
+        (true, true) => "always",
+        (true, false) => "first",
+    };
+    json["normalizer"] = Value::Null;
+    json["pre_tokenizer"] =
+        serde_json::json!({"type": "Metaspace", "replacement": "▁", "prepend_scheme": scheme, "split": false});
+    let mut decoders = vec![
+        serde_json::json!({"type": "Replace", "pattern": {"String": "▁"}, "content": " "}),
+        serde_json::json!({"type": "ByteFallback"}),
+        serde_json::json!({"type": "Fuse"}),
+    ];
+    if add_prefix_space {
+        decoders.push(serde_json::json!({"type": "Strip", "content": " ", "start": 1, "stop": 0}));
+    }
+    json["decoder"] = serde_json::json!({"type": "Sequence", "decoders": decoders});
+    json["model"]["fuse_unk"] = Value::Bool(true);
+    json["model"]["byte_fallback"] = Value::Bool(true);
 }
 
 impl Tokenizer {
@@ -40,10 +78,6 @@ impl Tokenizer {
                 "{file}: missing; nuvec needs the checkpoint's tokenizer.json (copy it from the original model)"
             )));
         }
-        let inner = tokenizers::Tokenizer::from_file(&path).map_err(|e| Error::Tokenizer {
-            file: file.clone(),
-            message: format!("does not parse ({e}); re-download it"),
-        })?;
         let config_path = dir.join("tokenizer_config.json");
         let config: Value = if config_path.exists() {
             let cfile = config_path.display().to_string();
@@ -53,6 +87,14 @@ impl Tokenizer {
         } else {
             Value::Null
         };
+        let does_not_parse = |e: &dyn std::fmt::Display| Error::Tokenizer {
+            file: file.clone(),
+            message: format!("does not parse ({e}); re-download it"),
+        };
+        let text = std::fs::read_to_string(&path).map_err(|source| Error::Io { path: file.clone(), source })?;
+        let mut json: Value = serde_json::from_str(&text).map_err(|e| does_not_parse(&e))?;
+        apply_class_pipeline(&mut json, &config);
+        let inner: tokenizers::Tokenizer = json.to_string().parse().map_err(|e| does_not_parse(&e))?;
         let template_file = dir.join("chat_template.jinja");
         let template_source = if template_file.exists() {
             let tfile = template_file.display().to_string();
@@ -79,7 +121,7 @@ impl Tokenizer {
             }
         }
         let chat_template = template_source.map(ChatTemplate::new).transpose()?;
-        Ok(Tokenizer { inner, file, bos_token, eos_token, eos_token_ids, chat_template })
+        Ok(Tokenizer { inner, file, bos_token, eos_token, eos_token_ids, chat_template, token_bytes: OnceLock::new() })
     }
 
     /// A tokenizer built from parts (e.g. a GGUF file's vocabulary); `file` names it in errors.
@@ -92,7 +134,7 @@ impl Tokenizer {
         chat_template: Option<String>,
     ) -> Result<Self> {
         let chat_template = chat_template.map(ChatTemplate::new).transpose()?;
-        Ok(Tokenizer { inner, file, bos_token, eos_token, eos_token_ids, chat_template })
+        Ok(Tokenizer { inner, file, bos_token, eos_token, eos_token_ids, chat_template, token_bytes: OnceLock::new() })
     }
 
     /// Token ids of `text`; `add_special_tokens` applies the post-processor (Llama's BOS).
@@ -150,6 +192,11 @@ impl Tokenizer {
     /// The chat template, when the checkpoint has one.
     pub fn chat_template(&self) -> Option<&ChatTemplate> {
         self.chat_template.as_ref()
+    }
+
+    /// The bytes of every token, read from the vocabulary on first use and shared after.
+    pub fn token_bytes(&self) -> Arc<TokenBytes> {
+        self.token_bytes.get_or_init(|| Arc::new(TokenBytes::new(&self.inner))).clone()
     }
 
     /// The underlying `tokenizers` tokenizer.

@@ -31,6 +31,7 @@ pub struct Model {
     model_type: String,
     vocab_size: usize,
     eos_token_ids: Vec<u32>,
+    newline_token_ids: Vec<u32>,
 }
 
 impl std::fmt::Debug for Model {
@@ -55,7 +56,19 @@ impl Model {
                 )))
             }
         };
-        Ok(Model { arch, model_type, vocab_size: config.usize("vocab_size")?, eos_token_ids: config.eos_token_ids()? })
+        Ok(Model {
+            arch,
+            model_type,
+            vocab_size: config.usize("vocab_size")?,
+            eos_token_ids: config.eos_token_ids()?,
+            newline_token_ids: vec![],
+        })
+    }
+
+    /// A model from any architecture (custom or scripted), with its vocabulary size and
+    /// end-of-sequence ids.
+    pub fn new(arch: Box<dyn Architecture>, model_type: &str, vocab_size: usize, eos_token_ids: Vec<u32>) -> Self {
+        Model { arch, model_type: model_type.to_string(), vocab_size, eos_token_ids, newline_token_ids: vec![] }
     }
 
     /// `config.json`'s `model_type`.
@@ -106,5 +119,15 @@ impl Model {
     /// Replaces the end-of-sequence ids (the loader merges the tokenizer's in).
     pub fn set_eos_token_ids(&mut self, ids: Vec<u32>) {
         self.eos_token_ids = ids;
+    }
+
+    /// The ids of "\n" (XTC never removes them); the loader sets them from the tokenizer.
+    pub fn newline_token_ids(&self) -> &[u32] {
+        &self.newline_token_ids
+    }
+
+    /// Sets the ids of "\n".
+    pub fn set_newline_token_ids(&mut self, ids: Vec<u32>) {
+        self.newline_token_ids = ids;
     }
 }

@@ -1,0 +1,137 @@
+//! The sampler's filters and the logits processors against mlx-lm's own functions on fixed
+//! logits (records from scripts/oracle/make_sampler_records.py), and sampled distributions
+//! against the distribution mlx-lm's sampler draws from (a seeded chi-square test).
+
+mod common;
+
+use common::fixtures;
+use nuvec_lm::sample::{apply_min_p, apply_top_k, apply_top_p, apply_xtc};
+use nuvec_lm::{LogitsProcessors, Sampler};
+use rand::SeedableRng;
+use serde_json::Value;
+
+fn records() -> Value {
+    let path = fixtures().join("samplers.json");
+    serde_json::from_str(&std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))).unwrap()
+}
+
+/// A recorded vector; null stands for -inf.
+fn vector(v: &Value) -> Vec<f32> {
+    v.as_array().unwrap().iter().map(|x| x.as_f64().map_or(f32::NEG_INFINITY, |f| f as f32)).collect()
+}
+
+fn assert_same(ours: &[f32], theirs: &[f32], what: &str) {
+    assert_eq!(ours.len(), theirs.len(), "{what}");
+    for (i, (a, b)) in ours.iter().zip(theirs).enumerate() {
+        let same =
+            (a.is_infinite() && b.is_infinite() && a.signum() == b.signum()) || (a - b).abs() <= 1e-5 * (1.0 + b.abs());
+        assert!(same, "{what}: token {i}: ours {a}, mlx-lm {b}");
+    }
+}
+
+#[test]
+fn filters_match_mlx_lm() {
+    let records = records();
+    let filters = records["filters"].as_array().unwrap();
+    assert!(filters.len() >= 30);
+    for r in filters {
+        let mut lp = vector(&r["logprobs"]);
+        let what = format!("{} {} {r}", r["case"], r["filter"]);
+        match r["filter"].as_str().unwrap() {
+            "top_p" => apply_top_p(&mut lp, r["top_p"].as_f64().unwrap() as f32),
+            "min_p" => apply_min_p(
+                &mut lp,
+                r["min_p"].as_f64().unwrap() as f32,
+                r["min_tokens_to_keep"].as_u64().unwrap() as usize,
+            ),
+            "xtc" => {
+                let special: Vec<u32> =
+                    r["special"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect();
+                apply_xtc(&mut lp, r["xtc_threshold"].as_f64().unwrap() as f32, &special)
+            }
+            "top_k" => apply_top_k(&mut lp, r["top_k"].as_u64().unwrap() as usize),
+            other => panic!("unknown filter {other}"),
+        }
+        assert_same(&lp, &vector(&r["out"]), &what);
+    }
+}
+
+#[test]
+fn processors_match_mlx_lm() {
+    let records = records();
+    for r in records["processors"].as_array().unwrap() {
+        let s = &r["settings"];
+        let size = |k: &str| s.get(k).and_then(Value::as_u64).map_or(20, |v| v as usize);
+        let penalty = |k: &str| s.get(k).and_then(Value::as_f64).map(|v| v as f32);
+        let processors = LogitsProcessors {
+            repetition_penalty: penalty("repetition_penalty"),
+            repetition_context_size: size("repetition_context_size"),
+            presence_penalty: penalty("presence_penalty"),
+            presence_context_size: size("presence_context_size"),
+            frequency_penalty: penalty("frequency_penalty"),
+            frequency_context_size: size("frequency_context_size"),
+            logit_bias: s
+                .get("logit_bias")
+                .and_then(Value::as_object)
+                .map(|m| m.iter().map(|(k, v)| (k.parse().unwrap(), v.as_f64().unwrap() as f32)).collect())
+                .unwrap_or_default(),
+        };
+        processors.validate(64).unwrap();
+        let history: Vec<u32> = r["history"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect();
+        let mut logits = vector(&r["logits"]);
+        processors.apply(&history, &mut logits);
+        assert_same(&logits, &vector(&r["out"]), &format!("{} {s}", r["case"]));
+    }
+}
+
+/// Wilson-Hilferty approximation of the chi-square quantile at p = 0.999.
+fn chi_square_critical(df: f64) -> f64 {
+    let z = 3.09;
+    df * (1.0 - 2.0 / (9.0 * df) + z * (2.0 / (9.0 * df)).sqrt()).powi(3)
+}
+
+#[test]
+fn sampled_distributions_match_mlx_lm() {
+    let records = records();
+    for (n, r) in records["distributions"].as_array().unwrap().iter().enumerate() {
+        let sampler = Sampler {
+            temperature: r["temperature"].as_f64().unwrap() as f32,
+            top_p: r["top_p"].as_f64().unwrap() as f32,
+            min_p: r["min_p"].as_f64().unwrap() as f32,
+            top_k: r["top_k"].as_u64().unwrap() as usize,
+            ..Default::default()
+        };
+        let lp = vector(&r["logprobs"]);
+        let expected: Vec<f64> = r["probs"].as_array().unwrap().iter().map(|v| v.as_f64().unwrap()).collect();
+        let draws = 20_000;
+        let mut counts = vec![0usize; lp.len()];
+        // Fixed seed: the test is deterministic and cannot flake.
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(n as u64);
+        for _ in 0..draws {
+            let mut x = lp.clone();
+            counts[sampler.sample(&mut x, &[], &mut rng) as usize] += 1;
+        }
+        // Never a token mlx-lm gives zero probability.
+        for (i, (&c, &p)) in counts.iter().zip(&expected).enumerate() {
+            assert!(!(p == 0.0 && c > 0), "case {n}: drew token {i} {c} times; mlx-lm's sampler never draws it");
+        }
+        // Chi-square over tokens expected at least 5 times; the rest pooled.
+        let (mut chi2, mut df, mut pooled_e, mut pooled_o) = (0.0, 0usize, 0.0, 0.0);
+        for (&c, &p) in counts.iter().zip(&expected) {
+            let e = p * draws as f64;
+            if e >= 5.0 {
+                chi2 += (c as f64 - e).powi(2) / e;
+                df += 1;
+            } else {
+                pooled_e += e;
+                pooled_o += c as f64;
+            }
+        }
+        if pooled_e >= 5.0 {
+            chi2 += (pooled_o - pooled_e).powi(2) / pooled_e;
+            df += 1;
+        }
+        let df = (df.max(2) - 1) as f64;
+        assert!(chi2 < chi_square_critical(df), "case {n} ({r:?}): chi2 {chi2:.1} over {df} dof");
+    }
+}
