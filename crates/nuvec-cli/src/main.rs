@@ -1,6 +1,7 @@
 //! `nuvec`: the command line, shaped like mlx-lm's (`nuvec generate` ~ `mlx_lm.generate`).
 
 mod bench;
+mod convert;
 mod default_model;
 mod generate;
 
@@ -24,6 +25,8 @@ enum Command {
     Generate(generate::Args),
     /// Measure prompt and generation speed on random tokens (as mlx_lm.benchmark).
     Bench(bench::Args),
+    /// Convert a Hugging Face, MLX or GGUF checkpoint to MLX format (as mlx_lm.convert).
+    Convert(convert::Args),
 }
 
 fn main() {
@@ -31,6 +34,7 @@ fn main() {
     let result = match cli.command {
         Command::Generate(args) => generate::run(args),
         Command::Bench(args) => bench::run(args),
+        Command::Convert(args) => convert::run(args),
     };
     if let Err(e) = result {
         eprintln!("error: {e}");

@@ -29,6 +29,7 @@ impl Message {
 #[derive(Clone)]
 pub struct ChatTemplate {
     env: Arc<Environment<'static>>,
+    source: Arc<str>,
 }
 
 impl std::fmt::Debug for ChatTemplate {
@@ -186,8 +187,14 @@ impl ChatTemplate {
         env.add_function("raise_exception", raise_exception);
         env.add_function("strftime_now", strftime_now);
         env.add_filter("tojson", py_tojson);
+        let text: Arc<str> = source.as_str().into();
         env.add_template_owned("chat", source).map_err(|e| Error::Template(format!("does not parse: {e:#}")))?;
-        Ok(ChatTemplate { env: Arc::new(env) })
+        Ok(ChatTemplate { env: Arc::new(env), source: text })
+    }
+
+    /// The template's source text.
+    pub fn source(&self) -> &str {
+        &self.source
     }
 
     /// Renders `messages`; `extra` holds the template kwargs (`enable_thinking`, `tools`, ...)

@@ -158,6 +158,11 @@ fn unpermute_order(rows: usize, heads: usize) -> Vec<usize> {
 }
 
 fn weights(file: &GgufFile, config: &Config, arch: &str) -> Result<Weights> {
+    Ok(Weights::from_arrays(file.path(), converted_arrays(file, config, arch)?))
+}
+
+/// Every tensor the model uses, converted and named as an MLX checkpoint names it.
+fn converted_arrays(file: &GgufFile, config: &Config, arch: &str) -> Result<HashMap<String, Array>> {
     let heads = config.usize("num_attention_heads")?;
     let kv_heads = config.usize("num_key_value_heads")?;
     let mut arrays: HashMap<String, Array> = HashMap::new();
@@ -186,7 +191,40 @@ fn weights(file: &GgufFile, config: &Config, arch: &str) -> Result<Weights> {
             }
         }
     }
-    Ok(Weights::from_arrays(file.path(), arrays))
+    Ok(arrays)
+}
+
+/// What a GGUF file holds, as an MLX checkpoint would hold it: config.json's fields, the
+/// tensors (block-quantized ones converted exactly to affine), and the tokenizer.
+pub struct GgufCheckpoint {
+    /// config.json's fields (without the quantization entries).
+    pub config: Value,
+    /// Tensors by checkpoint name.
+    pub tensors: HashMap<String, Array>,
+    /// The tokenizer built from the GGUF vocabulary.
+    pub tokenizer: Tokenizer,
+}
+
+/// Reads a GGUF file as an MLX checkpoint's parts (for `nuvec convert`).
+pub fn read_gguf(path: &Path) -> Result<GgufCheckpoint> {
+    let file = GgufFile::open(path)?;
+    let label = path.display().to_string();
+    let arch = meta_str(&file, "general.architecture")?;
+    let Some(&(_, model_type)) = ARCHITECTURES.iter().find(|(a, _)| *a == arch) else {
+        return Err(Error::Unsupported(format!("{label}: GGUF architecture {arch:?} is not mapped")));
+    };
+    let mut config = config_json(&file, arch, model_type)?;
+    let parsed = Config::from_json(&label, &config.to_string())?;
+    let tensors = converted_arrays(&file, &parsed, arch)?;
+    let tokenizer = tokenizer(&file)?;
+    for (key, field) in
+        [("tokenizer.ggml.bos_token_id", "bos_token_id"), ("tokenizer.ggml.eos_token_id", "eos_token_id")]
+    {
+        if let Some(id) = file.get(key).and_then(GgufValue::as_u64) {
+            config[field] = id.into();
+        }
+    }
+    Ok(GgufCheckpoint { config, tensors, tokenizer })
 }
 
 /// The split patterns llama.cpp names by `tokenizer.ggml.pre`, as tokenizer.json pre-tokenizers.

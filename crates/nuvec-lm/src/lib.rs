@@ -19,6 +19,7 @@
 pub mod cache;
 pub mod chat;
 pub mod config;
+pub mod convert;
 mod error;
 pub mod generate;
 pub mod gguf;

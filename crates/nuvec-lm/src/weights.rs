@@ -82,6 +82,13 @@ impl Weights {
         }
     }
 
+    /// Every tensor name, sorted.
+    pub fn names(&self) -> Vec<String> {
+        let mut names: Vec<String> = self.index.keys().chain(self.converted.keys()).cloned().collect();
+        names.sort();
+        names
+    }
+
     /// True when the checkpoint has tensor `name`.
     pub fn has(&self, name: &str) -> bool {
         self.index.contains_key(name) || self.converted.contains_key(name)

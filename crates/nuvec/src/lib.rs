@@ -14,6 +14,7 @@ mod error;
 pub mod io;
 mod ops;
 mod quant;
+pub mod quantize;
 
 pub use array::{Array, Element};
 pub use backend::{backend, Backend};

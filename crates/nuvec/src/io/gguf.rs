@@ -154,6 +154,7 @@ impl GgufTensor {
 #[derive(Debug)]
 pub struct GgufFile {
     path: PathBuf,
+    file: File,
     map: Arc<Mmap>,
     /// Format version (2 or 3).
     pub version: u32,
@@ -259,10 +260,10 @@ impl GgufFile {
         // SAFETY: read-only shared map; the file must not be truncated or rewritten while in use,
         // as with every mmap-based model loader.
         let map = unsafe { Mmap::map(&file) }.map_err(io_err)?;
-        Self::parse(path, Arc::new(map))
+        Self::parse(path, file, Arc::new(map))
     }
 
-    fn parse(path: PathBuf, map: Arc<Mmap>) -> Result<Self> {
+    fn parse(path: PathBuf, file: File, map: Arc<Mmap>) -> Result<Self> {
         let mut r = Reader { bytes: &map, pos: 0, path: &path };
         if r.take(4).map_err(|_| r.err("too short to be a GGUF file"))? != b"GGUF" {
             return Err(Error::Format {
@@ -326,7 +327,7 @@ impl GgufFile {
             };
             tensors.push(GgufTensor { name, dims, ggml_type, offset: start, len });
         }
-        Ok(GgufFile { path, map: map.clone(), version, metadata, tensors })
+        Ok(GgufFile { path, file, map: map.clone(), version, metadata, tensors })
     }
 
     /// The file's path.
@@ -349,9 +350,25 @@ impl GgufFile {
         &self.tensors
     }
 
-    /// The raw bytes of `tensor`.
+    /// The raw bytes of `tensor`, in the mapped file.
     pub fn data(&self, tensor: &GgufTensor) -> &[u8] {
         &self.map[tensor.offset..tensor.offset + tensor.len]
+    }
+
+    /// A copy of `tensor`'s bytes, read from the file rather than through the map: a tensor that
+    /// is converted at load is then never resident twice (file pages plus converted copy).
+    pub fn read(&self, tensor: &GgufTensor) -> Result<Vec<u8>> {
+        let mut out = vec![0u8; tensor.len];
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::FileExt;
+            self.file
+                .read_exact_at(&mut out, tensor.offset as u64)
+                .map_err(|source| Error::Io { path: self.path.display().to_string(), source })?;
+        }
+        #[cfg(not(unix))]
+        out.copy_from_slice(self.data(tensor));
+        Ok(out)
     }
 
     /// A float tensor as an array of shape `dims` reversed (outermost first), in place when

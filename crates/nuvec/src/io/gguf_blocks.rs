@@ -5,6 +5,7 @@
 use half::f16;
 
 use super::gguf::{GgmlType, GgufFile, GgufTensor};
+use crate::quantize::pack_lsb;
 use crate::{Array, Error, Matrix, QuantMode, QuantSpec, Quantized, Result};
 
 fn f16_at(b: &[u8], i: usize) -> f16 {
@@ -56,23 +57,6 @@ fn decode_block(kind: GgmlType, b: &[u8], q: &mut [u8; 32]) -> (f32, f32) {
     }
 }
 
-/// Packs `values` (each < 2^bits) LSB-first into `out`, as MLX stores affine weights.
-fn pack_lsb(values: &[u8], bits: usize, out: &mut [u8]) {
-    let mut acc: u32 = 0;
-    let mut filled = 0;
-    let mut at = 0;
-    for &v in values {
-        acc |= (v as u32) << filled;
-        filled += bits;
-        while filled >= 8 {
-            out[at] = acc as u8;
-            at += 1;
-            acc >>= 8;
-            filled -= 8;
-        }
-    }
-}
-
 /// Tensor `tensor` as a `[rows, cols]` matrix in MLX's layout, with its rows reordered by
 /// `row_order` when given (row `i` of the result is row `row_order[i]` of the file).
 pub fn gguf_matrix(file: &GgufFile, tensor: &GgufTensor, row_order: Option<&[usize]>) -> Result<Matrix> {
@@ -113,7 +97,7 @@ pub fn gguf_matrix(file: &GgufFile, tensor: &GgufTensor, row_order: Option<&[usi
     if cols % per != 0 {
         return Err(fail(format!("{cols} columns do not split into blocks of {per}")));
     }
-    let data = file.data(tensor);
+    let data = file.read(tensor)?;
     let groups = cols / per;
     let row_bytes = groups * block_bytes;
     let packed_row = cols * bits / 8;

@@ -1,0 +1,290 @@
+//! `convert`: a Hugging Face, MLX or GGUF checkpoint to an MLX-format directory, as
+//! `mlx_lm.convert` writes one (config.json with MLX's `quantization` keys, safetensors shards of
+//! at most 5 GiB with an index, the tokenizer files), optionally cast, quantized or dequantized.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
+
+use half::{bf16, f16};
+use nuvec::io::save_safetensors;
+use nuvec::quantize::{dequantize, quantize_affine};
+use nuvec::{Array, DType, QuantMode, QuantSpec, Quantized};
+use serde_json::{json, Map, Value};
+
+use crate::quantization::Quantization;
+use crate::weights::Weights;
+use crate::{hub, Error, Result};
+
+/// Largest shard written, as mlx_lm (5 GiB).
+const MAX_SHARD_BYTES: usize = 5 << 30;
+
+/// Tokenizer files copied from a checkpoint directory.
+const TOKENIZER_FILES: &[&str] = &[
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+    "generation_config.json",
+    "tokenizer.model",
+];
+
+/// What `convert` does besides copying.
+#[derive(Debug, Clone, Default)]
+pub struct ConvertOptions {
+    /// Quantize every linear and embedding weight whose width divides into groups.
+    pub quantize: Option<QuantSpec>,
+    /// Store the non-quantized float tensors (and new scales) in this dtype; default: config.json's
+    /// `torch_dtype` when it is one of float16, bfloat16, float32, else as stored.
+    pub dtype: Option<DType>,
+    /// Turn quantized weights back into dense ones.
+    pub dequantize: bool,
+    /// Replace an existing output directory.
+    pub force: bool,
+}
+
+/// A checkpoint in memory: config fields, tensors by name, tokenizer files.
+struct Checkpoint {
+    config: Map<String, Value>,
+    tensors: BTreeMap<String, Array>,
+    files: Vec<(String, Vec<u8>)>,
+}
+
+fn read_source(source: &str) -> Result<Checkpoint> {
+    let path = hub::resolve(source)?;
+    if path.is_file() && path.extension().is_some_and(|e| e == "gguf") {
+        let gguf = crate::gguf::read_gguf(&path)?;
+        let tok = &gguf.tokenizer;
+        let mut tokenizer_config = json!({"tokenizer_class": "PreTrainedTokenizerFast", "add_bos_token": false});
+        for (key, value) in [("bos_token", tok.bos_token()), ("eos_token", tok.eos_token())] {
+            if let Some(v) = value {
+                tokenizer_config[key] = v.into();
+            }
+        }
+        if let Some(t) = tok.chat_template() {
+            tokenizer_config["chat_template"] = t.source().into();
+        }
+        let tokenizer_json = tok.inner().to_string(false).map_err(|e| Error::Tokenizer {
+            file: path.display().to_string(),
+            message: format!("cannot write tokenizer.json: {e}"),
+        })?;
+        let Value::Object(mut config) = gguf.config else { unreachable!("config_json builds an object") };
+        // GGUF blocks are groups of 32, which fixes each converted tensor's width.
+        let specs = gguf.tensors.iter().filter(|(n, _)| n.ends_with(".scales")).map(|(n, scales)| {
+            let base = n.trim_end_matches(".scales").to_string();
+            let cols = scales.dim(1) * 32;
+            let bits = gguf.tensors[&format!("{base}.weight")].dim(1) * 32 / cols;
+            (base, QuantSpec { mode: QuantMode::Affine, bits, group_size: 32 })
+        });
+        if let Some(entry) = quantization_entry(specs) {
+            config.insert("quantization".into(), entry.clone());
+            config.insert("quantization_config".into(), entry);
+        }
+        return Ok(Checkpoint {
+            config,
+            tensors: gguf.tensors.into_iter().collect(),
+            files: vec![
+                ("tokenizer.json".into(), tokenizer_json.into_bytes()),
+                ("tokenizer_config.json".into(), serde_json::to_vec_pretty(&tokenizer_config).expect("json")),
+            ],
+        });
+    }
+    let config_path = path.join("config.json");
+    let text = std::fs::read_to_string(&config_path)
+        .map_err(|source| Error::Io { path: config_path.display().to_string(), source })?;
+    let config: Map<String, Value> = serde_json::from_str(&text)
+        .map_err(|e| Error::config(config_path.display().to_string(), format!("is not a valid JSON object ({e})")))?;
+    let weights = Weights::open(&path, Quantization::default())?;
+    let tensors = weights.names().into_iter().map(|n| Ok((n.clone(), weights.raw(&n)?))).collect::<Result<_>>()?;
+    let mut files = vec![];
+    for name in TOKENIZER_FILES {
+        let p = path.join(name);
+        if p.exists() {
+            files.push((
+                name.to_string(),
+                std::fs::read(&p).map_err(|source| Error::Io { path: p.display().to_string(), source })?,
+            ));
+        }
+    }
+    Ok(Checkpoint { config, tensors, files })
+}
+
+fn cast(a: &Array, dtype: DType) -> Result<Array> {
+    if a.dtype() == dtype || !a.dtype().is_float() {
+        return Ok(a.clone());
+    }
+    let v = a.to_f32_vec()?;
+    Ok(match dtype {
+        DType::F32 => Array::from_slice(&v, a.shape())?,
+        DType::F16 => Array::from_slice(&v.iter().map(|&x| f16::from_f32(x)).collect::<Vec<_>>(), a.shape())?,
+        DType::BF16 => Array::from_slice(&v.iter().map(|&x| bf16::from_f32(x)).collect::<Vec<_>>(), a.shape())?,
+        other => return Err(Error::Invalid(format!("--dtype {other} is not a float type"))),
+    })
+}
+
+/// The quantized modules (those with `.scales`), with the spec config.json gives each (its own
+/// entry, else the default), checked against the shapes.
+fn quantized_modules(
+    config: &Map<String, Value>,
+    tensors: &BTreeMap<String, Array>,
+) -> Result<BTreeMap<String, Quantized>> {
+    let parsed = crate::config::Config::from_json("config.json", &Value::Object(config.clone()).to_string())?;
+    let quantization = Quantization::from_config(&parsed)?;
+    let mut out = BTreeMap::new();
+    for name in tensors.keys().filter(|n| n.ends_with(".scales")) {
+        let base = name.trim_end_matches(".scales");
+        let bad =
+            |message: String| Error::Weights { file: "config.json".into(), message: format!("{base}: {message}") };
+        let spec = match quantization.overrides.get(base) {
+            Some(Some(spec)) => *spec,
+            Some(None) => return Err(bad("listed as unquantized, but it has scales".into())),
+            None => quantization.default.ok_or_else(|| bad("has scales but config.json has no quantization".into()))?,
+        };
+        let get = |suffix: &str| {
+            tensors.get(&format!("{base}.{suffix}")).cloned().ok_or_else(|| bad(format!("{base}.{suffix} is missing")))
+        };
+        let packed = get("weight")?;
+        let cols = packed.dim(1) * 32 / spec.bits;
+        out.insert(base.to_string(), Quantized::new(packed, get("scales")?, get("biases")?, spec, cols)?);
+    }
+    Ok(out)
+}
+
+/// config.json's quantization entry for `modules`: the most common spec as the default, the
+/// others listed per module, as MLX writes mixed checkpoints.
+fn quantization_entry(modules: impl Iterator<Item = (String, QuantSpec)>) -> Option<Value> {
+    let modules: Vec<(String, QuantSpec)> = modules.collect();
+    let mut counts: HashMap<(usize, usize), usize> = HashMap::new();
+    for (_, spec) in &modules {
+        *counts.entry((spec.bits, spec.group_size)).or_default() += 1;
+    }
+    let (&(bits, group_size), _) = counts.iter().max_by_key(|(k, n)| (**n, std::cmp::Reverse(**k)))?;
+    let default = QuantSpec { mode: QuantMode::Affine, bits, group_size };
+    let mut entry = spec_json(&default);
+    for (base, spec) in &modules {
+        if *spec != default {
+            entry[base] = spec_json(spec);
+        }
+    }
+    Some(entry)
+}
+
+fn spec_json(spec: &QuantSpec) -> Value {
+    json!({"group_size": spec.group_size, "bits": spec.bits, "mode": "affine"})
+}
+
+/// Converts `source` (a directory, a cached repo id or a .gguf file) into an MLX checkpoint at
+/// `out`. An existing `out` is refused, as mlx_lm.convert does, unless `force`.
+pub fn convert(source: &str, out: &Path, options: &ConvertOptions) -> Result<()> {
+    if options.quantize.is_some() && options.dequantize {
+        return Err(Error::Invalid("choose either quantize or dequantize, not both".into()));
+    }
+    if let Some(spec) = &options.quantize {
+        spec.validate().map_err(|m| Error::Invalid(format!("quantization: {m}")))?;
+    }
+    if out.exists() && !options.force {
+        return Err(Error::Invalid(format!(
+            "cannot save to the path {} as it already exists; delete it, choose another --mlx-path, or pass --force",
+            out.display()
+        )));
+    }
+    let mut ck = read_source(source)?;
+    let mut quantized = quantized_modules(&ck.config, &ck.tensors)?;
+    if options.quantize.is_some() && (!quantized.is_empty() || ck.config.contains_key("quantization")) {
+        return Err(Error::Invalid(format!(
+            "{source} is already quantized: cannot quantize it again (pass -d to dequantize)"
+        )));
+    }
+    let dtype = options.dtype.or_else(|| match ck.config.get("torch_dtype").and_then(Value::as_str) {
+        Some("float16") => Some(DType::F16),
+        Some("bfloat16") => Some(DType::BF16),
+        Some("float32") => Some(DType::F32),
+        _ => None,
+    });
+    if let Some(dtype) = dtype {
+        for a in ck.tensors.values_mut() {
+            *a = cast(a, dtype)?;
+        }
+        quantized = quantized_modules(&ck.config, &ck.tensors)?;
+    }
+    if options.dequantize {
+        for (base, q) in &quantized {
+            let target = dtype.unwrap_or(q.scales.dtype());
+            let dense = cast(&Array::from_slice(&dequantize(q)?, &[q.rows(), q.cols()])?, target)?;
+            ck.tensors.remove(&format!("{base}.scales"));
+            ck.tensors.remove(&format!("{base}.biases"));
+            ck.tensors.insert(format!("{base}.weight"), dense);
+        }
+        quantized.clear();
+        ck.config.remove("quantization");
+        ck.config.remove("quantization_config");
+    }
+    if let Some(spec) = options.quantize {
+        let names: Vec<String> = ck.tensors.keys().cloned().collect();
+        for name in names {
+            let a = &ck.tensors[&name];
+            let dense_matrix = name.ends_with(".weight") && a.shape().len() == 2 && a.dtype().is_float();
+            if !dense_matrix || !a.dim(1).is_multiple_of(spec.group_size) {
+                continue; // as mlx: norms stay, and so does a matrix whose width does not divide
+            }
+            let (rows, cols) = (a.dim(0), a.dim(1));
+            let q = quantize_affine(&a.to_f32_vec()?, rows, cols, spec, a.dtype())?;
+            let base = name.trim_end_matches(".weight").to_string();
+            ck.tensors.insert(format!("{base}.scales"), q.scales.clone());
+            ck.tensors.insert(format!("{base}.biases"), q.biases.clone());
+            ck.tensors.insert(name, q.packed.clone());
+            quantized.insert(base, q);
+        }
+    }
+    if let Some(entry) = quantization_entry(quantized.iter().map(|(b, q)| (b.clone(), q.spec))) {
+        ck.config.insert("quantization".into(), entry.clone());
+        ck.config.insert("quantization_config".into(), entry);
+    }
+    write(out, &ck)
+}
+
+fn write(out: &Path, ck: &Checkpoint) -> Result<()> {
+    let io = |p: &Path| {
+        let path = p.display().to_string();
+        move |source| Error::Io { path, source }
+    };
+    if out.exists() {
+        std::fs::remove_dir_all(out).map_err(io(out))?;
+    }
+    std::fs::create_dir_all(out).map_err(io(out))?;
+    let mut shards: Vec<Vec<(String, Array)>> = vec![];
+    let mut size = 0;
+    for (name, a) in &ck.tensors {
+        if shards.is_empty() || size + a.nbytes() > MAX_SHARD_BYTES {
+            shards.push(vec![]);
+            size = 0;
+        }
+        size += a.nbytes();
+        shards.last_mut().expect("pushed above").push((name.clone(), a.clone()));
+    }
+    let total: usize = ck.tensors.values().map(Array::nbytes).sum();
+    let mut weight_map = Map::new();
+    let metadata: HashMap<String, String> = [("format".to_string(), "mlx".to_string())].into();
+    for (i, shard) in shards.iter().enumerate() {
+        let file = if shards.len() == 1 {
+            "model.safetensors".to_string()
+        } else {
+            format!("model-{:05}-of-{:05}.safetensors", i + 1, shards.len())
+        };
+        save_safetensors(out.join(&file), shard, Some(metadata.clone()))?;
+        for (name, _) in shard {
+            weight_map.insert(name.clone(), file.clone().into());
+        }
+    }
+    let index = json!({"metadata": {"total_size": total}, "weight_map": weight_map});
+    let write_json = |name: &str, v: &Value| {
+        let p = out.join(name);
+        std::fs::write(&p, serde_json::to_vec_pretty(v).expect("json")).map_err(io(&p))
+    };
+    write_json("model.safetensors.index.json", &index)?;
+    write_json("config.json", &Value::Object(ck.config.clone()))?;
+    for (name, bytes) in &ck.files {
+        let p = out.join(name);
+        std::fs::write(&p, bytes).map_err(io(&p))?;
+    }
+    Ok(())
+}

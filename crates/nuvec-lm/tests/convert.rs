@@ -1,0 +1,137 @@
+//! `convert` writes checkpoints that mlx-lm loads and answers from exactly as nuvec does: the
+//! SmolLM2 GGUF converted to MLX format (exact, no re-quantization), and an f32 checkpoint
+//! quantized by nuvec with MLX's own algorithm (bit-identical to mlx_lm.convert's tensors).
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use common::*;
+use nuvec::{DType, QuantMode, QuantSpec};
+use nuvec_lm::convert::{convert, ConvertOptions};
+use nuvec_lm::{generate, GenerateOptions, Message};
+
+fn out_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("nuvec-convert-{name}-{}", std::process::id()));
+    std::fs::remove_dir_all(&dir).ok();
+    dir
+}
+
+fn oracle_python() -> String {
+    std::env::var("NUVEC_ORACLE_PYTHON")
+        .unwrap_or_else(|_| panic!("NUVEC_ORACLE_PYTHON is not set: run scripts/test.sh"))
+}
+
+/// mlx-lm's greedy run on `dir`: (prompt ids, tokens).
+fn mlx_lm(dir: &Path, mode: &str, max_tokens: usize, prompt: &str) -> (Vec<u32>, Vec<u32>) {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/support/mlx_generate.py");
+    let out = Command::new(oracle_python())
+        .arg(&script)
+        .arg(dir)
+        .arg(mode)
+        .arg(max_tokens.to_string())
+        .arg(prompt)
+        .output()
+        .expect("run the oracle's python");
+    assert!(out.status.success(), "mlx-lm failed on {}:\n{}", dir.display(), String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    (ids(&v["prompt_ids"]), ids(&v["tokens"]))
+}
+
+fn ours(model_path: &str, chat: bool, max_tokens: usize, prompt: &str) -> (Vec<u32>, Vec<u32>) {
+    let (model, tokenizer) = nuvec_lm::load(model_path).unwrap();
+    let ids = if chat {
+        let template = tokenizer.chat_template().unwrap();
+        let text = template.render(&[Message::new("user", prompt)], true, &Default::default()).unwrap();
+        tokenizer.encode(&text, false).unwrap()
+    } else {
+        tokenizer.encode(prompt, true).unwrap()
+    };
+    let tokens = generate(&model, &ids, GenerateOptions { max_tokens, ..Default::default() })
+        .unwrap()
+        .map(|t| t.unwrap())
+        .collect();
+    (ids, tokens)
+}
+
+#[test]
+fn gguf_converts_exactly_and_loads_in_mlx_lm() {
+    let gguf = default_gguf();
+    let dir = out_dir("smollm2");
+    convert(gguf.to_str().unwrap(), &dir, &ConvertOptions::default()).unwrap();
+
+    let question = "What is the capital of France?";
+    let from_gguf = ours(gguf.to_str().unwrap(), true, 64, question);
+    let from_mlx_dir = ours(dir.to_str().unwrap(), true, 64, question);
+    assert_eq!(from_gguf, from_mlx_dir, "the converted checkpoint answers differently from its GGUF");
+    let mlx = mlx_lm(&dir, "chat", 64, question);
+    assert_eq!(mlx, from_gguf, "mlx-lm on our conversion vs nuvec on the GGUF");
+
+    // The oracle's own exact conversion gives the same answer.
+    let oracle = oracle_json(&fixtures().join("smollm2-q4_1"));
+    assert_eq!(from_gguf.1, ids(&oracle["greedy_tokens"]));
+
+    // An existing output is refused, as mlx_lm.convert does, unless forced.
+    let err = convert(gguf.to_str().unwrap(), &dir, &ConvertOptions::default()).unwrap_err().to_string();
+    assert!(err.contains("already exists") && err.contains("--force"), "{err}");
+    convert(gguf.to_str().unwrap(), &dir, &ConvertOptions { force: true, ..Default::default() }).unwrap();
+
+    // Dequantized, it has no quantized tensors left and still loads.
+    let dense = out_dir("smollm2-dense");
+    convert(dir.to_str().unwrap(), &dense, &ConvertOptions { dequantize: true, ..Default::default() }).unwrap();
+    let config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dense.join("config.json")).unwrap()).unwrap();
+    assert!(config.get("quantization").is_none());
+    let (model, _) = nuvec_lm::load_dir(&dense).unwrap();
+    assert_eq!(model.vocab_size(), 49152);
+    std::fs::remove_dir_all(&dir).ok();
+    std::fs::remove_dir_all(&dense).ok();
+}
+
+#[test]
+fn quantizing_matches_mlx_lm_convert() {
+    let source = fixtures().join("qwen3-f32");
+    let dir = out_dir("qwen3-q4");
+    let spec = QuantSpec { mode: QuantMode::Affine, bits: 4, group_size: 64 };
+    convert(source.to_str().unwrap(), &dir, &ConvertOptions { quantize: Some(spec), ..Default::default() }).unwrap();
+
+    // Bit-identical to the tensors mlx_lm.convert wrote for the same weights (the oracle's case).
+    let theirs = nuvec::io::SafetensorsFile::open(fixtures().join("qwen3-q4g64/model.safetensors")).unwrap();
+    let ours_file = nuvec::io::SafetensorsFile::open(dir.join("model.safetensors")).unwrap();
+    let mut compared = 0;
+    for name in theirs.tensors().keys() {
+        let (a, b) = (theirs.array(name).unwrap(), ours_file.array(name).unwrap());
+        assert_eq!(a.shape(), b.shape(), "{name}");
+        assert_eq!(a.to_f32_vec().unwrap(), b.to_f32_vec().unwrap(), "{name} differs from mlx_lm.convert's");
+        compared += 1;
+    }
+    assert!(compared > 10);
+
+    let prompt = "The capital of France is";
+    let mlx = mlx_lm(&dir, "raw", 16, prompt);
+    assert_eq!(ours(dir.to_str().unwrap(), false, 16, prompt), mlx);
+
+    // Quantizing twice is refused; so is asking for both directions.
+    let again = ConvertOptions { quantize: Some(spec), force: true, ..Default::default() };
+    let err = convert(dir.to_str().unwrap(), &out_dir("twice"), &again).unwrap_err().to_string();
+    assert!(err.contains("already quantized"), "{err}");
+    let both = ConvertOptions { quantize: Some(spec), dequantize: true, ..Default::default() };
+    assert!(convert(source.to_str().unwrap(), &out_dir("both"), &both).is_err());
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn casting_to_bf16() {
+    let source = fixtures().join("qwen3-f32");
+    let dir = out_dir("qwen3-bf16");
+    convert(source.to_str().unwrap(), &dir, &ConvertOptions { dtype: Some(DType::BF16), ..Default::default() })
+        .unwrap();
+    let file = nuvec::io::SafetensorsFile::open(dir.join("model.safetensors")).unwrap();
+    assert!(file.tensors().values().all(|t| t.dtype == DType::BF16));
+    let prompt = "The capital of France is";
+    let (_, mlx) = mlx_lm(&dir, "raw", 4, prompt);
+    assert_eq!(mlx.len(), 4, "mlx-lm loads the bf16 conversion");
+    nuvec_lm::load_dir(&dir).unwrap();
+    std::fs::remove_dir_all(&dir).ok();
+}
