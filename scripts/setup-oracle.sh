@@ -87,6 +87,8 @@ if [[ ! -f "$FIX/DONE" ]]; then
     log "recording fixtures into $FIX (a few minutes)"
     rm -rf "$FIX"
     "$PY" "$ORACLE/make_fixtures.py" "$FIX" --tokenizers "$TOKDIR" --gguf "$GGUF"
+    log "recording the mixture-of-experts cases"
+    "$PY" "$ORACLE/make_moe_fixtures.py" "$FIX" --tokenizers "$TOKDIR"
     log "recording mlx-lm's f32 runs of the half-precision cases"
     "$PY" "$ORACLE/record_precision_noise.py" "$FIX" >/dev/null
     log "recording mlx-lm's sampler filters and processors"

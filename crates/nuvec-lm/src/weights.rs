@@ -137,6 +137,48 @@ impl Weights {
         }
     }
 
+    /// The `num` expert matrices `[rows, cols]` of a mixture-of-experts projection, as views
+    /// (no copy) into MLX's stacked `{stacked}.weight [experts, rows, cols]` (its scales and biases
+    /// likewise), or from Hugging Face's per-expert modules `{per_expert(e)}` when those exist.
+    pub fn experts(
+        &self,
+        stacked: &str,
+        per_expert: impl Fn(usize) -> String,
+        num: usize,
+        rows: usize,
+        cols: usize,
+    ) -> Result<Vec<Matrix>> {
+        if self.has(&format!("{}.weight", per_expert(0))) {
+            return (0..num).map(|e| self.matrix(&per_expert(e), rows, cols)).collect();
+        }
+        let weight = format!("{stacked}.weight");
+        let packed = self.raw(&weight)?;
+        if packed.shape().len() != 3 || packed.dim(0) != num {
+            return Err(self.err(&weight, format!("has shape {:?}, expected {num} stacked experts", packed.shape())));
+        }
+        let part = |suffix: &str, e: usize| -> Result<Array> { Ok(self.raw(&format!("{stacked}.{suffix}"))?.index_first(e)?) };
+        (0..num)
+            .map(|e| {
+                let w = packed.index_first(e)?;
+                if !self.has(&format!("{stacked}.scales")) {
+                    if w.shape() != [rows, cols] || !w.dtype().is_float() {
+                        return Err(self.err(&weight, format!("expert {e} is {} {:?}, expected [{rows}, {cols}]", w.dtype(), w.shape())));
+                    }
+                    return Ok(Matrix::Dense(w));
+                }
+                let (scales, biases) = (part("scales", e)?, part("biases", e)?);
+                if w.shape().len() != 2 || w.dim(0) != rows || scales.shape().len() != 2 || scales.dim(1) == 0 {
+                    return Err(self.err(&weight, format!("quantized expert {e} shapes {:?} do not fit {rows}x{cols}", w.shape())));
+                }
+                let spec = QuantSpec { mode: QuantMode::Affine, bits: w.dim(1) * 32 / cols, group_size: cols / scales.dim(1) };
+                spec.validate().map_err(|m| self.err(&weight, m))?;
+                Quantized::new(w, scales, biases, spec, cols)
+                    .map(Matrix::Quantized)
+                    .map_err(|e| self.err(&weight, e.to_string()))
+            })
+            .collect()
+    }
+
     /// The `[rows, cols]` weight of module `path` (`{path}.weight`), dense or quantized:
     /// a module is quantized when `{path}.scales` exists, with bits and group size read from
     /// the shapes (as mlx-lm does) and checked against the config's entry for it.

@@ -38,6 +38,8 @@ pub struct Array {
     dtype: DType,
     device: Device,
     bytes: Arc<Bytes>,
+    /// Where this array's elements start in `bytes` (non-zero for a view into a larger array).
+    offset: usize,
 }
 
 impl Array {
@@ -49,7 +51,7 @@ impl Array {
                 format!("{} bytes do not hold {shape:?} of {dtype}", bytes.as_bytes().len()),
             ));
         }
-        Ok(Array { shape, dtype, device: Device::Cpu, bytes: Arc::new(bytes) })
+        Ok(Array { shape, dtype, device: Device::Cpu, bytes: Arc::new(bytes), offset: 0 })
     }
 
     /// An array holding a copy of `data`, with `shape`.
@@ -60,7 +62,7 @@ impl Array {
     /// An array of zeros.
     pub fn zeros(shape: &[usize], dtype: DType) -> Self {
         let len = shape.iter().product::<usize>() * dtype.size();
-        Array { shape: shape.to_vec(), dtype, device: Device::Cpu, bytes: Arc::new(Bytes::zeroed(len)) }
+        Array { shape: shape.to_vec(), dtype, device: Device::Cpu, bytes: Arc::new(Bytes::zeroed(len)), offset: 0 }
     }
 
     /// The shape.
@@ -107,6 +109,19 @@ impl Array {
         Ok(Array { shape: shape.to_vec(), ..self.clone() })
     }
 
+    /// Entry `i` of the first axis, as a view sharing this array's memory (no copy): an
+    /// expert's matrix out of a stacked `[experts, rows, cols]` tensor, say.
+    pub fn index_first(&self, i: usize) -> Result<Array> {
+        let Some((&n, rest)) = self.shape.split_first() else {
+            return Err(Error::shape("index_first", "a 0-d array has no first axis"));
+        };
+        if i >= n {
+            return Err(Error::shape("index_first", format!("index {i} out of {n}")));
+        }
+        let stride = rest.iter().product::<usize>() * self.dtype.size();
+        Ok(Array { shape: rest.to_vec(), offset: self.offset + i * stride, ..self.clone() })
+    }
+
     /// The elements as `T`, copied to the host (waits for pending work on the device).
     pub fn to_vec<T: Element>(&self) -> Result<Vec<T>> {
         Ok(self.host::<T>()?.to_vec())
@@ -129,8 +144,7 @@ impl Array {
         if T::DTYPE != self.dtype {
             return Err(Error::shape("host", format!("array is {}, read as {}", self.dtype, T::DTYPE)));
         }
-        bytemuck::try_cast_slice(self.bytes.as_bytes())
-            .map_err(|e| Error::shape("host", format!("misaligned bytes: {e}")))
+        bytemuck::try_cast_slice(self.raw_bytes()).map_err(|e| Error::shape("host", format!("misaligned bytes: {e}")))
     }
 
     /// Writable host elements; copies first if the bytes are shared or mapped.
@@ -138,8 +152,9 @@ impl Array {
         if T::DTYPE != self.dtype {
             return Err(Error::shape("host_mut", format!("array is {}, written as {}", self.dtype, T::DTYPE)));
         }
-        if Arc::get_mut(&mut self.bytes).is_none() {
-            self.bytes = Arc::new(Bytes::copy_of(self.bytes.as_bytes()));
+        if self.offset != 0 || Arc::get_mut(&mut self.bytes).is_none() {
+            self.bytes = Arc::new(Bytes::copy_of(self.raw_bytes()));
+            self.offset = 0;
         }
         let bytes = Arc::get_mut(&mut self.bytes).expect("unique after the copy above");
         bytemuck::try_cast_slice_mut(bytes.as_mut_bytes())
@@ -147,6 +162,6 @@ impl Array {
     }
 
     pub(crate) fn raw_bytes(&self) -> &[u8] {
-        self.bytes.as_bytes()
+        &self.bytes.as_bytes()[self.offset..self.offset + self.nbytes()]
     }
 }

@@ -3,11 +3,13 @@
 mod attention;
 mod linear;
 mod mlp;
+mod moe;
 mod norm;
 mod rope;
 
 pub use attention::{Attention, AttentionShape};
 pub use linear::Linear;
 pub use mlp::Mlp;
+pub use moe::{FeedForward, MoeShape, SparseMoe};
 pub use norm::RmsNorm;
 pub use rope::Rope;

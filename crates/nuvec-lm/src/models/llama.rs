@@ -5,7 +5,7 @@ use nuvec::{Array, Matrix};
 
 use crate::cache::KvCache;
 use crate::config::Config;
-use crate::layers::{Attention, AttentionShape, Mlp, RmsNorm, Rope};
+use crate::layers::{Attention, AttentionShape, FeedForward, Mlp, MoeShape, RmsNorm, Rope, SparseMoe};
 use crate::models::Architecture;
 use crate::weights::Weights;
 use crate::{Error, Result};
@@ -27,13 +27,17 @@ pub struct Family {
     pub default_rope_theta: Option<f64>,
     /// `tie_word_embeddings` when config.json has none (`None`: the field is required).
     pub default_tie: Option<bool>,
+    /// Mixture-of-experts layers as Qwen3-MoE configures them (num_experts,
+    /// num_experts_per_tok, moe_intermediate_size, decoder_sparse_step, mlp_only_layers,
+    /// norm_topk_prob).
+    pub moe: bool,
 }
 
 struct Block {
     input_layernorm: RmsNorm,
     self_attn: Attention,
     post_attention_layernorm: RmsNorm,
-    mlp: Mlp,
+    mlp: FeedForward,
 }
 
 impl Block {
@@ -62,6 +66,7 @@ impl Llama {
             head_dim_required: false,
             default_rope_theta: Some(10000.0),
             default_tie: Some(true),
+            moe: false,
         };
         Self::load_family(config, weights, &family)
     }
@@ -99,6 +104,32 @@ impl Llama {
             o_bias: family.o_bias,
             qk_norm_eps: family.qk_norm.then_some(eps),
         };
+        let moe = match family.moe {
+            false => None,
+            true => Some(MoeShape {
+                hidden,
+                intermediate: config.usize("moe_intermediate_size")?,
+                experts: config.usize("num_experts")?,
+                top_k: config.usize("num_experts_per_tok")?,
+                norm_topk_prob: config.bool_or("norm_topk_prob", false)?,
+            }),
+        };
+        if let Some(m) = &moe {
+            if m.top_k == 0 || m.top_k > m.experts {
+                let message = format_args!("= {} must be between 1 and num_experts = {}", m.top_k, m.experts);
+                return Err(config.error("num_experts_per_tok", message));
+            }
+        }
+        // mlx-lm's rule: sparse unless listed in mlp_only_layers, every decoder_sparse_step-th layer.
+        let mlp_only: Vec<usize> = match config.get("mlp_only_layers") {
+            None => vec![],
+            Some(v) => serde_json::from_value(v.clone())
+                .map_err(|_| config.error("mlp_only_layers", format_args!("= {v} is not a list of layer indices")))?,
+        };
+        let is_sparse = |i: usize| -> Result<bool> {
+            let step = config.opt_usize("decoder_sparse_step")?.unwrap_or(1).max(1);
+            Ok(!mlp_only.contains(&i) && (i + 1) % step == 0)
+        };
         let blocks = (0..layers)
             .map(|i| {
                 let p = format!("model.layers.{i}");
@@ -111,7 +142,12 @@ impl Llama {
                         hidden,
                         eps,
                     )?,
-                    mlp: Mlp::load(weights, &format!("{p}.mlp"), hidden, intermediate, family.mlp_bias)?,
+                    mlp: match &moe {
+                        Some(shape) if is_sparse(i)? => {
+                            FeedForward::Sparse(SparseMoe::load(weights, &format!("{p}.mlp"), *shape)?)
+                        }
+                        _ => FeedForward::Dense(Mlp::load(weights, &format!("{p}.mlp"), hidden, intermediate, family.mlp_bias)?),
+                    },
                 })
             })
             .collect::<Result<Vec<_>>>()?;

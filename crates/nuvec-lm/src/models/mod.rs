@@ -3,6 +3,7 @@
 mod llama;
 mod qwen2;
 mod qwen3;
+mod qwen3_moe;
 
 use nuvec::Array;
 
@@ -23,7 +24,7 @@ pub trait Architecture: Send + Sync {
 }
 
 /// The model types this build loads.
-pub const SUPPORTED_MODEL_TYPES: &[&str] = &["llama", "mistral", "qwen2", "qwen3"];
+pub const SUPPORTED_MODEL_TYPES: &[&str] = &["llama", "mistral", "qwen2", "qwen3", "qwen3_moe"];
 
 /// A loaded language model.
 pub struct Model {
@@ -48,6 +49,7 @@ impl Model {
             "llama" | "mistral" => Box::new(llama::Llama::load(config, weights)?),
             "qwen2" => Box::new(qwen2::load(config, weights)?),
             "qwen3" => Box::new(qwen3::load(config, weights)?),
+            "qwen3_moe" => Box::new(qwen3_moe::load(config, weights)?),
             other => {
                 return Err(Error::Unsupported(format!(
                     "{}: model_type {other:?} is not one nuvec loads ({})",

@@ -14,6 +14,7 @@ pub fn load(config: &Config, weights: &Weights) -> Result<Llama> {
         qk_norm: false,
         head_dim_required: false,
         default_rope_theta: Some(1_000_000.0),
+        moe: false,
         default_tie: Some(true),
     };
     Llama::load_family(config, weights, &family)

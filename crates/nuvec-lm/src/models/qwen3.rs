@@ -15,6 +15,7 @@ pub fn load(config: &Config, weights: &Weights) -> Result<Llama> {
         qk_norm: true,
         head_dim_required: true,
         default_rope_theta: None,
+        moe: false,
         default_tie: None,
     };
     Llama::load_family(config, weights, &family)
