@@ -1,6 +1,7 @@
 //! `nuvec`: the command line, shaped like mlx-lm's (`nuvec generate` ~ `mlx_lm.generate`).
 
 mod bench;
+mod chat;
 mod convert;
 mod default_model;
 mod generate;
@@ -25,6 +26,8 @@ enum Command {
     Generate(generate::Args),
     /// Measure prompt and generation speed on random tokens (as mlx_lm.benchmark).
     Bench(bench::Args),
+    /// Chat with a model, one persistent cache across turns (as mlx_lm.chat).
+    Chat(chat::Args),
     /// Convert a Hugging Face, MLX or GGUF checkpoint to MLX format (as mlx_lm.convert).
     Convert(convert::Args),
 }
@@ -35,6 +38,7 @@ fn main() {
         Command::Generate(args) => generate::run(args),
         Command::Bench(args) => bench::run(args),
         Command::Convert(args) => convert::run(args),
+        Command::Chat(args) => chat::run(args),
     };
     if let Err(e) = result {
         eprintln!("error: {e}");

@@ -13,6 +13,7 @@ use crate::cache::KvCache;
 use crate::models::Model;
 use crate::processors::LogitsProcessors;
 use crate::sample::{log_softmax, Sampler};
+use crate::session::Session;
 use crate::stop::{Stop, StopMatcher, Stopped};
 use crate::{Error, Result};
 
@@ -149,7 +150,8 @@ pub struct Generation<'a> {
     xtc_exempt: Vec<u32>,
     history: Vec<u32>,
     prompt_len: usize,
-    cache: Vec<KvCache>,
+    session: Held<'a>,
+    reused: usize,
     rng: ChaCha8Rng,
     matcher: StopMatcher,
     yielded: usize,
@@ -159,9 +161,56 @@ pub struct Generation<'a> {
     clock: Option<Instant>,
 }
 
+/// The session a generation fills: its own, or one lent by the caller.
+enum Held<'a> {
+    Own(Session),
+    Lent(&'a mut Session),
+}
+
+impl std::ops::Deref for Held<'_> {
+    type Target = Session;
+    fn deref(&self) -> &Session {
+        match self {
+            Held::Own(s) => s,
+            Held::Lent(s) => s,
+        }
+    }
+}
+
+impl std::ops::DerefMut for Held<'_> {
+    fn deref_mut(&mut self) -> &mut Session {
+        match self {
+            Held::Own(s) => s,
+            Held::Lent(s) => s,
+        }
+    }
+}
+
 /// Starts generating from `prompt` (token ids). Options are checked now; the model runs on the
 /// first `next()`.
 pub fn generate<'a>(model: &'a Model, prompt: &[u32], options: GenerateOptions) -> Result<Generation<'a>> {
+    start(model, Held::Own(Session::new(model)), prompt, options)
+}
+
+/// Like [`generate`], continuing `session`: the longest prefix of `prompt` that the session
+/// already holds is reused, the rest of its cache is trimmed exactly, and only the remainder is
+/// computed. After the generation the session holds the prompt and every generated token that
+/// was fed back (all but the last). A cache that cannot be trimmed there is started afresh.
+pub fn generate_in<'a>(
+    model: &'a Model,
+    session: &'a mut Session,
+    prompt: &[u32],
+    options: GenerateOptions,
+) -> Result<Generation<'a>> {
+    start(model, Held::Lent(session), prompt, options)
+}
+
+fn start<'a>(
+    model: &'a Model,
+    mut session: Held<'a>,
+    prompt: &[u32],
+    options: GenerateOptions,
+) -> Result<Generation<'a>> {
     options.validate_for(model)?;
     if prompt.is_empty() {
         return Err(Error::Invalid("the prompt is empty: give at least one token".into()));
@@ -174,13 +223,20 @@ pub fn generate<'a>(model: &'a Model, prompt: &[u32], options: GenerateOptions) 
     eos.extend(&options.extra_eos_token_ids);
     let mut xtc_exempt = model.newline_token_ids().to_vec();
     xtc_exempt.extend(&eos);
+    let mut reused = session.reusable(prompt);
+    let stale = session.tokens().len() - reused;
+    if session.trim(stale).is_err() {
+        *session = Session::new(model);
+        reused = 0;
+    }
     Ok(Generation {
         model,
         eos,
         xtc_exempt,
         history: prompt.to_vec(),
         prompt_len: prompt.len(),
-        cache: model.new_cache(),
+        session,
+        reused,
         rng,
         matcher: StopMatcher::default(),
         yielded: 0,
@@ -205,7 +261,12 @@ impl Generation<'_> {
 
     /// The KV cache (one per layer), for inspection.
     pub fn cache(&self) -> &[KvCache] {
-        &self.cache
+        self.session.cache()
+    }
+
+    /// Prompt tokens taken from the session instead of being computed.
+    pub fn reused_tokens(&self) -> usize {
+        self.reused
     }
 
     /// Log-probabilities of the yielded tokens, when [`GenerateOptions::logprobs`] asked for them.
@@ -215,16 +276,22 @@ impl Generation<'_> {
 
     /// The logits for the next token.
     fn forward(&mut self) -> Result<Vec<f32>> {
+        let session = &mut *self.session;
         let logits = if self.history.len() == self.prompt_len {
             self.clock = Some(Instant::now());
-            let (head, last) = self.history.split_at(self.prompt_len - 1);
+            let (head, last) = self.history[self.reused..].split_at(self.prompt_len - self.reused - 1);
             for chunk in head.chunks(self.options.prefill_step_size) {
-                self.model.prefill(chunk, &mut self.cache)?;
+                self.model.prefill(chunk, &mut session.cache)?;
+                session.tokens.extend_from_slice(chunk);
             }
-            self.model.forward_last(last, &mut self.cache)?
+            let logits = self.model.forward_last(last, &mut session.cache)?;
+            session.tokens.extend_from_slice(last);
+            logits
         } else {
             let last = *self.history.last().expect("history holds the prompt");
-            self.model.forward_last(&[last], &mut self.cache)?
+            let logits = self.model.forward_last(&[last], &mut session.cache)?;
+            session.tokens.push(last);
+            logits
         };
         Ok(logits.to_vec::<f32>()?)
     }

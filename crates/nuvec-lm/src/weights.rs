@@ -156,21 +156,29 @@ impl Weights {
         if packed.shape().len() != 3 || packed.dim(0) != num {
             return Err(self.err(&weight, format!("has shape {:?}, expected {num} stacked experts", packed.shape())));
         }
-        let part = |suffix: &str, e: usize| -> Result<Array> { Ok(self.raw(&format!("{stacked}.{suffix}"))?.index_first(e)?) };
+        let part =
+            |suffix: &str, e: usize| -> Result<Array> { Ok(self.raw(&format!("{stacked}.{suffix}"))?.index_first(e)?) };
         (0..num)
             .map(|e| {
                 let w = packed.index_first(e)?;
                 if !self.has(&format!("{stacked}.scales")) {
                     if w.shape() != [rows, cols] || !w.dtype().is_float() {
-                        return Err(self.err(&weight, format!("expert {e} is {} {:?}, expected [{rows}, {cols}]", w.dtype(), w.shape())));
+                        return Err(self.err(
+                            &weight,
+                            format!("expert {e} is {} {:?}, expected [{rows}, {cols}]", w.dtype(), w.shape()),
+                        ));
                     }
                     return Ok(Matrix::Dense(w));
                 }
                 let (scales, biases) = (part("scales", e)?, part("biases", e)?);
                 if w.shape().len() != 2 || w.dim(0) != rows || scales.shape().len() != 2 || scales.dim(1) == 0 {
-                    return Err(self.err(&weight, format!("quantized expert {e} shapes {:?} do not fit {rows}x{cols}", w.shape())));
+                    return Err(self.err(
+                        &weight,
+                        format!("quantized expert {e} shapes {:?} do not fit {rows}x{cols}", w.shape()),
+                    ));
                 }
-                let spec = QuantSpec { mode: QuantMode::Affine, bits: w.dim(1) * 32 / cols, group_size: cols / scales.dim(1) };
+                let spec =
+                    QuantSpec { mode: QuantMode::Affine, bits: w.dim(1) * 32 / cols, group_size: cols / scales.dim(1) };
                 spec.validate().map_err(|m| self.err(&weight, m))?;
                 Quantized::new(w, scales, biases, spec, cols)
                     .map(Matrix::Quantized)

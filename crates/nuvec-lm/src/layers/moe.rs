@@ -37,13 +37,20 @@ impl SparseMoe {
     pub fn load(weights: &Weights, path: &str, s: MoeShape) -> Result<Self> {
         let gate = Linear::load(weights, &format!("{path}.gate"), s.hidden, s.experts, false)?;
         let projection = |name: &str, rows, cols| {
-            weights.experts(&format!("{path}.switch_mlp.{name}"), |e| format!("{path}.experts.{e}.{name}"), s.experts, rows, cols)
+            weights.experts(
+                &format!("{path}.switch_mlp.{name}"),
+                |e| format!("{path}.experts.{e}.{name}"),
+                s.experts,
+                rows,
+                cols,
+            )
         };
         let gates = projection("gate_proj", s.intermediate, s.hidden)?;
         let ups = projection("up_proj", s.intermediate, s.hidden)?;
         let downs = projection("down_proj", s.hidden, s.intermediate)?;
         let linear = |weight: Matrix| Linear { weight, bias: None };
-        let experts = gates.into_iter().zip(ups).zip(downs).map(|((g, u), d)| [linear(g), linear(u), linear(d)]).collect();
+        let experts =
+            gates.into_iter().zip(ups).zip(downs).map(|((g, u), d)| [linear(g), linear(u), linear(d)]).collect();
         Ok(SparseMoe { gate, experts, top_k: s.top_k, norm_topk_prob: s.norm_topk_prob })
     }
 

@@ -146,7 +146,13 @@ impl Llama {
                         Some(shape) if is_sparse(i)? => {
                             FeedForward::Sparse(SparseMoe::load(weights, &format!("{p}.mlp"), *shape)?)
                         }
-                        _ => FeedForward::Dense(Mlp::load(weights, &format!("{p}.mlp"), hidden, intermediate, family.mlp_bias)?),
+                        _ => FeedForward::Dense(Mlp::load(
+                            weights,
+                            &format!("{p}.mlp"),
+                            hidden,
+                            intermediate,
+                            family.mlp_bias,
+                        )?),
                     },
                 })
             })
