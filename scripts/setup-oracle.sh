@@ -89,6 +89,8 @@ if [[ ! -f "$FIX/DONE" ]]; then
     "$PY" "$ORACLE/make_fixtures.py" "$FIX" --tokenizers "$TOKDIR" --gguf "$GGUF"
     log "recording the mixture-of-experts cases"
     "$PY" "$ORACLE/make_moe_fixtures.py" "$FIX" --tokenizers "$TOKDIR"
+    log "recording AutoAWQ and GPTQ checkpoints"
+    "$PY" "$ORACLE/make_awq_gptq_fixtures.py" "$FIX"
     log "recording rotating and quantized KV caches and a chat"
     "$PY" "$ORACLE/make_cache_records.py" "$FIX" --tokenizers "$TOKDIR"
     log "recording mlx-lm's f32 runs of the half-precision cases"

@@ -8,10 +8,10 @@ use std::path::Path;
 use half::{bf16, f16};
 use nuvec::io::save_safetensors;
 use nuvec::quantize::{dequantize, quantize_affine};
-use nuvec::{Array, DType, QuantMode, QuantSpec, Quantized};
+use nuvec::{Array, DType, Matrix, QuantMode, QuantSpec, Quantized};
 use serde_json::{json, Map, Value};
 
-use crate::quantization::Quantization;
+use crate::quantization::{Legacy, Quantization};
 use crate::weights::Weights;
 use crate::{hub, Error, Result};
 
@@ -93,8 +93,38 @@ fn read_source(source: &str) -> Result<Checkpoint> {
         .map_err(|source| Error::Io { path: config_path.display().to_string(), source })?;
     let config: Map<String, Value> = serde_json::from_str(&text)
         .map_err(|e| Error::config(config_path.display().to_string(), format!("is not a valid JSON object ({e})")))?;
-    let weights = Weights::open(&path, Quantization::default())?;
-    let tensors = weights.names().into_iter().map(|n| Ok((n.clone(), weights.raw(&n)?))).collect::<Result<_>>()?;
+    let parsed = crate::config::Config::from_json(&config_path.display().to_string(), &text)?;
+    let quantization = Quantization::from_config(&parsed)?;
+    let legacy = quantization.legacy;
+    let weights = Weights::open(&path, quantization)?;
+    let mut tensors: BTreeMap<String, Array> =
+        weights.names().into_iter().map(|n| Ok((n.clone(), weights.raw(&n)?))).collect::<Result<_>>()?;
+    let mut config = config;
+    if let Some(legacy) = legacy {
+        // AWQ/GPTQ layers become MLX affine ones, as mlx_lm.convert writes them.
+        let mut specs = vec![];
+        for name in weights.names().iter().filter(|n| n.ends_with(".qweight")) {
+            let base = name.trim_end_matches(".qweight");
+            let qweight = &tensors[name];
+            let (rows, cols) = match legacy {
+                Legacy::Awq { .. } => (qweight.dim(1) * 8, qweight.dim(0)),
+                Legacy::Gptq { bits, .. } => (qweight.dim(1), qweight.dim(0) * 32 / bits),
+            };
+            let Matrix::Quantized(q) = weights.matrix(base, rows, cols)? else { unreachable!("AWQ/GPTQ layers are quantized") };
+            for suffix in ["qweight", "qzeros", "scales", "g_idx"] {
+                tensors.remove(&format!("{base}.{suffix}"));
+            }
+            tensors.insert(format!("{base}.weight"), q.packed.clone());
+            tensors.insert(format!("{base}.scales"), q.scales.clone());
+            tensors.insert(format!("{base}.biases"), q.biases.clone());
+            specs.push((base.to_string(), q.spec));
+        }
+        config.remove("quantization_config");
+        if let Some(entry) = quantization_entry(specs.into_iter()) {
+            config.insert("quantization".into(), entry.clone());
+            config.insert("quantization_config".into(), entry);
+        }
+    }
     let mut files = vec![];
     for name in TOKENIZER_FILES {
         let p = path.join(name);

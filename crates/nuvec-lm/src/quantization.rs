@@ -16,6 +16,28 @@ pub struct Quantization {
     pub default: Option<QuantSpec>,
     /// Per module path: `Some(spec)`, or `None` for a module left unquantized.
     pub overrides: HashMap<String, Option<QuantSpec>>,
+    /// A Hugging Face quantization converted to MLX's affine layout as it loads.
+    pub legacy: Option<Legacy>,
+}
+
+/// Hugging Face quantization formats converted at load (as mlx-lm converts them, but reading
+/// GPTQ's own layout: mlx-lm 0.32.2 reads GPTQ with AWQ's and garbles it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Legacy {
+    /// AutoAWQ, GEMM layout, 4 bits.
+    Awq {
+        /// Values per group along the input.
+        group_size: usize,
+    },
+    /// GPTQ, 4 or 8 bits, groups in input order (no act-order permutation).
+    Gptq {
+        /// Bits per value.
+        bits: usize,
+        /// Values per group along the input.
+        group_size: usize,
+        /// 1 for v1 checkpoints (zero points stored minus one), 0 for `gptq_v2`.
+        zero_offset: u8,
+    },
 }
 
 fn spec_from(config: &Config, key: &str, v: &serde_json::Map<String, Value>) -> Result<QuantSpec> {
@@ -54,11 +76,7 @@ impl Quantization {
             return Err(config.error(key, "must be an object"));
         };
         if let Some(method) = map.get("quant_method").and_then(Value::as_str) {
-            return Err(Error::Unsupported(format!(
-                "{}: quant_method {method:?} checkpoints are not loaded yet; convert with \
-                 `mlx_lm.convert` to an MLX quantization first",
-                config.file()
-            )));
+            return Self::legacy(config, key, method, map);
         }
         let default = spec_from(config, key, map)?;
         let mut overrides = HashMap::new();
@@ -73,6 +91,55 @@ impl Quantization {
                 _ => {}
             }
         }
-        Ok(Quantization { default: Some(default), overrides })
+        Ok(Quantization { default: Some(default), overrides, legacy: None })
+    }
+}
+
+impl Quantization {
+    fn legacy(config: &Config, key: &str, method: &str, map: &serde_json::Map<String, Value>) -> Result<Self> {
+        let int = |name: &str, default: i64| map.get(name).and_then(Value::as_i64).unwrap_or(default);
+        let group = int("group_size", 128);
+        let group_size = usize::try_from(group).ok().filter(|g| QuantSpec::AFFINE_GROUPS.contains(g)).ok_or_else(|| {
+            config.error(&format!("{key}.group_size"), format_args!("= {group}: only 32, 64 and 128 convert to MLX groups"))
+        })?;
+        let bits = int("bits", 4);
+        let legacy = match method {
+            "awq" => {
+                let version = map.get("version").and_then(Value::as_str).unwrap_or("gemm").to_ascii_lowercase();
+                if bits != 4 || version != "gemm" {
+                    return Err(Error::Unsupported(format!(
+                        "{}: AutoAWQ {version} at {bits} bits is not converted (4-bit GEMM is); convert with \
+                         `mlx_lm.convert` first",
+                        config.file()
+                    )));
+                }
+                Legacy::Awq { group_size }
+            }
+            "gptq" => {
+                if bits != 4 && bits != 8 {
+                    return Err(config.error(&format!("{key}.bits"), format_args!("= {bits}: GPTQ converts at 4 or 8 bits")));
+                }
+                let format = map.get("checkpoint_format").and_then(Value::as_str).unwrap_or("gptq");
+                let zero_offset = match format {
+                    "gptq" => 1,
+                    "gptq_v2" => 0,
+                    other => {
+                        return Err(Error::Unsupported(format!(
+                            "{}: GPTQ checkpoint_format {other:?} is not converted (gptq and gptq_v2 are)",
+                            config.file()
+                        )))
+                    }
+                };
+                Legacy::Gptq { bits: bits as usize, group_size, zero_offset }
+            }
+            other => {
+                return Err(Error::Unsupported(format!(
+                    "{}: quant_method {other:?} checkpoints (FP8, compressed-tensors, ModelOpt, bitnet, ...) are not \
+                     loaded; convert with `mlx_lm.convert` to an MLX quantization first",
+                    config.file()
+                )))
+            }
+        };
+        Ok(Quantization { default: None, overrides: HashMap::new(), legacy: Some(legacy) })
     }
 }

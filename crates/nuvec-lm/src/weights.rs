@@ -5,9 +5,10 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use nuvec::io::SafetensorsFile;
+use nuvec::quantize;
 use nuvec::{Array, DType, Matrix, QuantMode, QuantSpec, Quantized};
 
-use crate::quantization::Quantization;
+use crate::quantization::{Legacy, Quantization};
 use crate::{Error, Result};
 
 /// The tensors of a checkpoint directory.
@@ -137,6 +138,45 @@ impl Weights {
         }
     }
 
+    /// An AutoAWQ or GPTQ layer (`qweight`, `qzeros`, `scales`), converted to MLX affine.
+    fn legacy_matrix(&self, path: &str, rows: usize, cols: usize) -> Result<Matrix> {
+        let name = |suffix: &str| format!("{path}.{suffix}");
+        let ints = |suffix: &str| -> Result<Vec<i32>> {
+            let a = self.raw(&name(suffix))?;
+            a.to_vec::<i32>().map_err(|_| self.err(&name(suffix), format!("has dtype {}, expected int32", a.dtype())))
+        };
+        let scales = self.raw(&name("scales"))?;
+        if !scales.dtype().is_float() {
+            return Err(self.err(&name("scales"), format!("has dtype {}, expected a float type", scales.dtype())));
+        }
+        let scales = scales.to_f32_vec()?;
+        let fail = |e: nuvec::Error| self.err(&name("qweight"), e.to_string());
+        let q = match self.quantization.legacy {
+            Some(Legacy::Awq { group_size }) => {
+                quantize::from_awq(&ints("qweight")?, &ints("qzeros")?, &scales, cols, rows, group_size).map_err(fail)?
+            }
+            Some(Legacy::Gptq { bits, group_size, zero_offset }) => {
+                if self.has(&name("g_idx")) {
+                    let g_idx = ints("g_idx")?;
+                    if g_idx.iter().enumerate().any(|(i, &g)| g as usize != i / group_size) {
+                        return Err(Error::Unsupported(format!(
+                            "{}: {} permutes its groups (act-order GPTQ), which has no MLX equivalent; \
+                             re-quantize with `mlx_lm.convert`",
+                            self.file_of(&name("g_idx")),
+                            name("g_idx")
+                        )));
+                    }
+                }
+                let (qw, qz) = (ints("qweight")?, ints("qzeros")?);
+                quantize::from_gptq(&qw, &qz, &scales, (cols, rows), bits, group_size, zero_offset).map_err(fail)?
+            }
+            None => {
+                return Err(self.err(&name("qweight"), "is an AWQ/GPTQ tensor but config.json has no such quantization_config"))
+            }
+        };
+        Ok(Matrix::Quantized(q))
+    }
+
     /// The `num` expert matrices `[rows, cols]` of a mixture-of-experts projection, as views
     /// (no copy) into MLX's stacked `{stacked}.weight [experts, rows, cols]` (its scales and biases
     /// likewise), or from Hugging Face's per-expert modules `{per_expert(e)}` when those exist.
@@ -191,6 +231,9 @@ impl Weights {
     /// a module is quantized when `{path}.scales` exists, with bits and group size read from
     /// the shapes (as mlx-lm does) and checked against the config's entry for it.
     pub fn matrix(&self, path: &str, rows: usize, cols: usize) -> Result<Matrix> {
+        if self.has(&format!("{path}.qweight")) {
+            return self.legacy_matrix(path, rows, cols);
+        }
         let weight = format!("{path}.weight");
         let scales = format!("{path}.scales");
         let listed = self.quantization.overrides.get(path);

@@ -222,3 +222,36 @@ fn repo_id_not_in_cache() {
     let err = nuvec_lm::load("nobody/no-such-model").unwrap_err().to_string();
     assert_mentions(&err, &["nobody/no-such-model", "Hugging Face cache", "does not download"]);
 }
+
+#[test]
+fn unconvertible_hf_quantizations() {
+    for (name, q, words) in [
+        ("fp8", json!({"quant_method": "fp8"}), vec!["fp8", "mlx_lm.convert"]),
+        ("compressed", json!({"quant_method": "compressed-tensors"}), vec!["compressed-tensors", "mlx_lm.convert"]),
+        ("awq3", json!({"quant_method": "awq", "bits": 3, "group_size": 64}), vec!["AutoAWQ", "3 bits"]),
+        ("gptq2", json!({"quant_method": "gptq", "bits": 2, "group_size": 64}), vec!["bits", "4 or 8"]),
+        ("gptq-g48", json!({"quant_method": "gptq", "bits": 4, "group_size": 48}), vec!["group_size", "48"]),
+    ] {
+        let mut cfg = config();
+        cfg["quantization_config"] = q;
+        let c = checkpoint(name, cfg, tensors());
+        assert_mentions(&load_err(&c.dir), &words);
+    }
+}
+
+#[test]
+fn act_order_gptq_is_refused() {
+    // A 4-bit GPTQ q_proj whose g_idx permutes the groups.
+    let mut cfg = config();
+    cfg["quantization_config"] = json!({"quant_method": "gptq", "bits": 4, "group_size": 32});
+    let mut t = tensors();
+    t.retain(|(n, _)| n != "model.layers.0.self_attn.q_proj.weight");
+    let mut g_idx = vec![0i32; 32];
+    g_idx[0] = 1; // channel 0 in group 1: not i / group_size
+    t.push(("model.layers.0.self_attn.q_proj.qweight".into(), Array::from_slice(&vec![0i32; 4 * 32], &[4, 32]).unwrap()));
+    t.push(("model.layers.0.self_attn.q_proj.qzeros".into(), Array::from_slice(&vec![0i32; 4], &[1, 4]).unwrap()));
+    t.push(("model.layers.0.self_attn.q_proj.scales".into(), Array::from_slice(&vec![0.01f32; 32], &[1, 32]).unwrap()));
+    t.push(("model.layers.0.self_attn.q_proj.g_idx".into(), Array::from_slice(&g_idx, &[32]).unwrap()));
+    let c = checkpoint("actorder", cfg, t);
+    assert_mentions(&load_err(&c.dir), &["g_idx", "act-order", "mlx_lm.convert"]);
+}

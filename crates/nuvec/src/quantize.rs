@@ -120,3 +120,120 @@ mod tests {
         }
     }
 }
+
+/// Which values of an AutoAWQ word hold which column: AutoAWQ packs column `8j + ORDER[i]` into
+/// nibble `i` of word `j`.
+const AWQ_ORDER: [usize; 8] = [0, 2, 4, 6, 1, 3, 5, 7];
+
+/// Unpacks AutoAWQ's interleaved 4-bit words `[rows, cols / 8]` into `[rows, cols]` values.
+fn unpack_awq(words: &[i32], rows: usize, cols: usize) -> Vec<u8> {
+    let mut out = vec![0u8; rows * cols];
+    for r in 0..rows {
+        for j in 0..cols / 8 {
+            let w = words[r * (cols / 8) + j] as u32;
+            for (i, &col) in AWQ_ORDER.iter().enumerate() {
+                out[r * cols + 8 * j + col] = ((w >> (4 * i)) & 0xf) as u8;
+            }
+        }
+    }
+    out
+}
+
+/// Unpacks words holding `32 / bits` values each, LSB first, along `axis` 0 (`[rows * per, cols]`
+/// values from `[rows, cols]` words) or 1 (`[rows, cols * per]` from `[rows, cols]`).
+fn unpack_sequential(words: &[i32], rows: usize, cols: usize, bits: usize, along_rows: bool) -> Vec<u8> {
+    let per = 32 / bits;
+    let mask = (1u32 << bits) - 1;
+    let (out_rows, out_cols) = if along_rows { (rows * per, cols) } else { (rows, cols * per) };
+    let mut out = vec![0u8; out_rows * out_cols];
+    for r in 0..rows {
+        for c in 0..cols {
+            let w = words[r * cols + c] as u32;
+            for i in 0..per {
+                let v = ((w >> (bits * i)) & mask) as u8;
+                let (rr, cc) = if along_rows { (r * per + i, c) } else { (r, c * per + i) };
+                out[rr * out_cols + cc] = v;
+            }
+        }
+    }
+    out
+}
+
+/// `w = (q - z) * s` as MLX's affine layout: `scale = s`, `bias = -z * s` (exact in f32), values
+/// repacked LSB-first along the input. `q [in, out]`, `zeros`/`scales` `[in / group, out]`.
+fn affine_from_zeros(q: &[u8], zeros: &[u8], scales: &[f32], (inputs, outputs): (usize, usize), bits: usize, group: usize) -> Result<Quantized> {
+    let groups = inputs / group;
+    let mut packed = vec![0u8; outputs * inputs * bits / 8];
+    let mut row = vec![0u8; inputs];
+    let (mut s_out, mut b_out) = (vec![0f32; outputs * groups], vec![0f32; outputs * groups]);
+    for o in 0..outputs {
+        for (i, v) in row.iter_mut().enumerate() {
+            *v = q[i * outputs + o];
+        }
+        pack_lsb(&row, bits, &mut packed[o * inputs * bits / 8..(o + 1) * inputs * bits / 8]);
+        for g in 0..groups {
+            let s = scales[g * outputs + o];
+            s_out[o * groups + g] = s;
+            b_out[o * groups + g] = -(zeros[g * outputs + o] as f32) * s;
+        }
+    }
+    let words: Vec<u32> = packed.chunks_exact(4).map(|c| u32::from_le_bytes(c.try_into().expect("4 bytes"))).collect();
+    let spec = QuantSpec { mode: QuantMode::Affine, bits, group_size: group };
+    Quantized::new(
+        Array::from_slice(&words, &[outputs, inputs * bits / 32])?,
+        Array::from_slice(&s_out, &[outputs, groups])?,
+        Array::from_slice(&b_out, &[outputs, groups])?,
+        spec,
+        inputs,
+    )
+}
+
+fn check_len(what: &str, got: usize, want: usize) -> Result<()> {
+    if got != want {
+        return Err(Error::shape("quantized checkpoint", format!("{what} holds {got} values, expected {want}")));
+    }
+    Ok(())
+}
+
+/// An AutoAWQ (GEMM) 4-bit layer as MLX affine: `qweight [in, out / 8]`, `qzeros [in / g, out / 8]`,
+/// `scales [in / g, out]` (as f32), `w = (q - z) * s`.
+pub fn from_awq(qweight: &[i32], qzeros: &[i32], scales: &[f32], inputs: usize, outputs: usize, group: usize) -> Result<Quantized> {
+    if !outputs.is_multiple_of(8) || group == 0 || !inputs.is_multiple_of(group) {
+        return Err(Error::shape("awq", format!("{inputs}x{outputs} with group {group} is not an AutoAWQ layout")));
+    }
+    check_len("qweight", qweight.len(), inputs * outputs / 8)?;
+    check_len("qzeros", qzeros.len(), inputs / group * outputs / 8)?;
+    check_len("scales", scales.len(), inputs / group * outputs)?;
+    let q = unpack_awq(qweight, inputs, outputs);
+    let z = unpack_awq(qzeros, inputs / group, outputs);
+    affine_from_zeros(&q, &z, scales, (inputs, outputs), 4, group)
+}
+
+/// A GPTQ layer as MLX affine: `qweight [in * bits / 32, out]` packed along the input,
+/// `qzeros [in / g, out * bits / 32]` packed along the output, `scales [in / g, out]` (as f32),
+/// `w = (q - (z + zero_offset)) * s` (`zero_offset` is 1 for GPTQ's v1 checkpoints, 0 for v2).
+pub fn from_gptq(
+    qweight: &[i32],
+    qzeros: &[i32],
+    scales: &[f32],
+    (inputs, outputs): (usize, usize),
+    bits: usize,
+    group: usize,
+    zero_offset: u8,
+) -> Result<Quantized> {
+    let per = 32 / bits;
+    if !matches!(bits, 4 | 8) || group == 0 || !inputs.is_multiple_of(group) || !inputs.is_multiple_of(per) || !outputs.is_multiple_of(per) {
+        return Err(Error::shape("gptq", format!("{inputs}x{outputs} at {bits} bits, group {group}, is not a GPTQ layout nuvec reads")));
+    }
+    check_len("qweight", qweight.len(), inputs / per * outputs)?;
+    check_len("qzeros", qzeros.len(), inputs / group * outputs / per)?;
+    check_len("scales", scales.len(), inputs / group * outputs)?;
+    let q = unpack_sequential(qweight, inputs / per, outputs, bits, true);
+    let mut z = unpack_sequential(qzeros, inputs / group, outputs / per, bits, false);
+    // v1 stores zero - 1; a wrapped stored value would not be a GPTQ zero point.
+    let top = ((1u32 << bits) - 1) as u8;
+    for v in z.iter_mut() {
+        *v = v.checked_add(zero_offset).filter(|&x| x <= top).ok_or_else(|| Error::shape("gptq", "a zero point is out of range"))?;
+    }
+    affine_from_zeros(&q, &z, scales, (inputs, outputs), bits, group)
+}
