@@ -41,6 +41,37 @@ def pick_seed_f32(model, family, width, prompt):
 fx.pick_seed = pick_seed_f32
 
 
+def make_hf_per_expert(out):
+    """qwen3_moe-f32's weights as a Hugging Face original publishes them: one module per expert
+    (`mlp.experts.{e}.{gate,up,down}_proj`), which mlx-lm stacks in its sanitize. Same weights,
+    so the same oracle records."""
+    import json
+    import shutil
+
+    src, case = out / "qwen3_moe-f32", out / "qwen3_moe-hf"
+    shutil.rmtree(case, ignore_errors=True)
+    shutil.copytree(src, case)
+    weights = fx.mx.load(str(src / "model.safetensors"))
+    per_expert = {}
+    for name, w in weights.items():
+        if ".mlp.switch_mlp." in name:
+            prefix, proj = name.split(".mlp.switch_mlp.")
+            for e in range(w.shape[0]):
+                per_expert[f"{prefix}.mlp.experts.{e}.{proj}"] = w[e]
+        else:
+            per_expert[name] = w
+    (case / "model.safetensors.index.json").unlink(missing_ok=True)
+    fx.mx.save_safetensors(str(case / "model.safetensors"), per_expert, metadata={"format": "pt"})
+    model, _ = fx.load(str(case))  # mlx-lm must read it
+    record = json.loads((case / "oracle.json").read_text())
+    record["case"] = "qwen3_moe-hf"
+    logits = model(fx.mx.array([record["prompt_ids"]]))[0, -1]
+    first = fx.mx.load(str(src / "oracle.safetensors"))["first_logits"]
+    assert float(fx.mx.abs(logits - first).max()) == 0.0, "per-expert weights load differently in mlx-lm"
+    (case / "oracle.json").write_text(json.dumps(record, indent=1))
+    print("qwen3_moe-hf: mlx-lm reads the per-expert layout as the stacked one")
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("out", type=Path)
@@ -50,6 +81,7 @@ def main():
         for variant in VARIANTS:
             record = fx.make_case(args.out, Path(work), args.tokenizers, "qwen3_moe", variant)
             print(record["case"], "min margin", record["min_margin"])
+    make_hf_per_expert(args.out)
 
 
 if __name__ == "__main__":
