@@ -3,7 +3,10 @@
 use std::io::{Read, Write};
 
 use clap::Parser;
-use nuvec_lm::{generate, load, FinishReason, GenerateOptions, LogitsProcessors, Sampler, Stop, TextStream, Tokenizer};
+use nuvec_lm::{
+    generate_in, load, prompt_cache, FinishReason, GenerateOptions, LogitsProcessors, Sampler, Session, Stop, TextStream,
+    Tokenizer,
+};
 
 use crate::default_model;
 
@@ -95,6 +98,10 @@ pub struct Args {
     /// Prompt tokens processed per forward pass.
     #[arg(long, default_value_t = 2048)]
     prefill_step_size: usize,
+    /// Continue from a cache saved by `nuvec cache-prompt`: the prompt is appended to the cached
+    /// one, and only what the cache does not hold is computed.
+    #[arg(long)]
+    prompt_cache_file: Option<std::path::PathBuf>,
     /// Print the statistics block (to stderr) after the text: true or false.
     #[arg(long, default_value = "true", value_parser = parse_bool, action = clap::ArgAction::Set)]
     verbose: bool,
@@ -136,6 +143,22 @@ fn logit_bias(text: &Option<String>) -> Result<Vec<(u32, f32)>, String> {
             _ => Err(format!("--logit-bias: {k:?}: {v} is not a token id mapped to a number")),
         })
         .collect()
+}
+
+/// The ids `nuvec cache-prompt` caches for `prompt`: with a chat template, an open user message
+/// (continue_final_message, as mlx_lm.cache_prompt), else the raw text.
+pub fn cached_prompt_ids(tokenizer: &Tokenizer, prompt: &str) -> Result<Vec<u32>, Box<dyn std::error::Error>> {
+    let Some(template) = tokenizer.chat_template() else {
+        return Ok(tokenizer.encode(prompt, true)?);
+    };
+    let mut ctx = serde_json::Map::new();
+    for (key, value) in [("bos_token", tokenizer.bos_token()), ("eos_token", tokenizer.eos_token())] {
+        if let Some(v) = value {
+            ctx.insert(key.to_string(), v.into());
+        }
+    }
+    let messages = serde_json::json!([{"role": "user", "content": prompt}]);
+    Ok(tokenizer.encode(&template.render_values(&messages, false, true, &ctx)?, false)?)
 }
 
 /// The prompt's token ids, through the chat template when there is one (as mlx_lm.generate).
@@ -216,6 +239,14 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     for token in &args.extra_eos_token {
         tokenizer.add_eos_token(token)?;
     }
+    // A cached prompt is the start of this one: its text comes first, and the cache's tokens are
+    // reused as far as the full prompt's tokens agree with them (never by slicing strings).
+    let mut session = Session::new(&model);
+    if let Some(file) = &args.prompt_cache_file {
+        let (cached, info) = prompt_cache::load(file, &model)?;
+        session = cached;
+        prompt = info.prompt + &prompt;
+    }
     let ids = prompt_ids(&args, &tokenizer, &prompt)?;
     let options = GenerateOptions {
         max_tokens: args.max_tokens,
@@ -230,7 +261,7 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         extra_eos_token_ids: tokenizer.eos_token_ids().to_vec(),
     };
     let mut text = TextStream::new(&tokenizer, &options);
-    let mut generation = generate(&model, &ids, options)?;
+    let mut generation = generate_in(&model, &mut session, &ids, options)?;
     let mut out = std::io::stdout().lock();
     let mut wrote = false;
     for id in generation.by_ref() {
@@ -261,7 +292,9 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
             eprintln!("No text generated for this prompt");
         }
         eprintln!("==========");
-        eprintln!("Prompt: {} tokens, {:.3} tokens-per-sec", stats.prompt_tokens, stats.prompt_tps());
+        let reused = generation.reused_tokens();
+        let from_cache = if reused > 0 { format!(" ({reused} from the prompt cache)") } else { String::new() };
+        eprintln!("Prompt: {} tokens{from_cache}, {:.3} tokens-per-sec", stats.prompt_tokens, stats.prompt_tps());
         eprintln!("Generation: {} tokens, {:.3} tokens-per-sec", stats.generation_tokens, stats.generation_tps());
         eprintln!("Peak memory: {:.3} GB", peak_memory() as f64 / 1e9);
         if let Some(reason) = generation.finish_reason() {

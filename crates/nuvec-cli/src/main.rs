@@ -1,6 +1,7 @@
 //! `nuvec`: the command line, shaped like mlx-lm's (`nuvec generate` ~ `mlx_lm.generate`).
 
 mod bench;
+mod cache_prompt;
 mod chat;
 mod convert;
 mod default_model;
@@ -28,6 +29,8 @@ enum Command {
     Bench(bench::Args),
     /// Chat with a model, one persistent cache across turns (as mlx_lm.chat).
     Chat(chat::Args),
+    /// Prefill a prompt and save its KV cache to a file (as mlx_lm.cache_prompt).
+    CachePrompt(cache_prompt::Args),
     /// Convert a Hugging Face, MLX or GGUF checkpoint to MLX format (as mlx_lm.convert).
     Convert(convert::Args),
 }
@@ -39,6 +42,7 @@ fn main() {
         Command::Bench(args) => bench::run(args),
         Command::Convert(args) => convert::run(args),
         Command::Chat(args) => chat::run(args),
+        Command::CachePrompt(args) => cache_prompt::run(args),
     };
     if let Err(e) = result {
         eprintln!("error: {e}");

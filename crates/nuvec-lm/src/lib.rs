@@ -28,6 +28,7 @@ pub mod layers;
 mod load;
 pub mod models;
 pub mod processors;
+pub mod prompt_cache;
 pub mod quantization;
 pub mod sample;
 pub mod session;

@@ -7,16 +7,44 @@ use crate::models::Model;
 use crate::quantization::Quantization;
 use crate::tokenizer::Tokenizer;
 use crate::weights::Weights;
-use crate::{hub, Result};
+use crate::{hub, Error, Result};
 
 /// Loads the model and tokenizer at `model`: a checkpoint directory, a `.gguf` file, or a repo id
 /// in the local hub cache.
 pub fn load(model: &str) -> Result<(Model, Tokenizer)> {
     let path = hub::resolve(model)?;
     if path.is_file() && path.extension().is_some_and(|e| e == "gguf") {
-        return crate::gguf::load_gguf(&path);
+        let (mut model, tokenizer) = crate::gguf::load_gguf(&path)?;
+        model.set_fingerprint(fingerprint(&[path])?);
+        return Ok((model, tokenizer));
     }
     load_dir(&path)
+}
+
+/// FNV-1a over each file's size, its first and last 64 KiB: cheap, and different for any two
+/// checkpoints that differ in their headers or the weights at either end of a file.
+fn fingerprint(files: &[std::path::PathBuf]) -> Result<String> {
+    use std::io::{Read, Seek, SeekFrom};
+    const SAMPLE: u64 = 64 << 10;
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut eat = |bytes: &[u8]| {
+        for &b in bytes {
+            hash = (hash ^ b as u64).wrapping_mul(0x0000_0100_0000_01b3);
+        }
+    };
+    for path in files {
+        let io = |source| Error::Io { path: path.display().to_string(), source };
+        let mut f = std::fs::File::open(path).map_err(io)?;
+        let size = f.metadata().map_err(io)?.len();
+        eat(&size.to_le_bytes());
+        let mut buf = vec![0u8; SAMPLE.min(size) as usize];
+        f.read_exact(&mut buf).map_err(io)?;
+        eat(&buf);
+        f.seek(SeekFrom::Start(size - SAMPLE.min(size))).map_err(io)?;
+        f.read_exact(&mut buf).map_err(io)?;
+        eat(&buf);
+    }
+    Ok(format!("{hash:016x}"))
 }
 
 /// Loads the model and tokenizer of checkpoint directory `dir`.
@@ -34,5 +62,9 @@ pub fn load_model(dir: &Path) -> Result<Model> {
     let config = Config::load(dir)?;
     let quantization = Quantization::from_config(&config)?;
     let weights = Weights::open(dir, quantization)?;
-    Model::from_config(&config, &weights)
+    let mut model = Model::from_config(&config, &weights)?;
+    let mut files = vec![dir.join("config.json")];
+    files.extend(weights.files());
+    model.set_fingerprint(fingerprint(&files)?);
+    Ok(model)
 }

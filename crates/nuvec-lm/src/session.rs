@@ -18,6 +18,11 @@ impl Session {
         Session { cache: model.new_cache(), tokens: vec![] }
     }
 
+    /// A session from a cache and the tokens it holds (as a prompt-cache file restores it).
+    pub(crate) fn from_parts(cache: Vec<KvCache>, tokens: Vec<u32>) -> Self {
+        Session { cache, tokens }
+    }
+
     /// The tokens the cache holds, in order.
     pub fn tokens(&self) -> &[u32] {
         &self.tokens
@@ -48,6 +53,16 @@ impl Session {
             c.trim(n)?;
         }
         self.tokens.truncate(self.tokens.len() - n);
+        Ok(())
+    }
+
+    /// Runs `tokens` through the model into the cache (all of them: no logits are needed),
+    /// `step` positions per forward pass.
+    pub fn prefill(&mut self, model: &Model, tokens: &[u32], step: usize) -> Result<()> {
+        for chunk in tokens.chunks(step.max(1)) {
+            model.prefill(chunk, &mut self.cache)?;
+            self.tokens.extend_from_slice(chunk);
+        }
         Ok(())
     }
 

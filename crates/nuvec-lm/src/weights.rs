@@ -83,6 +83,11 @@ impl Weights {
         }
     }
 
+    /// The safetensors files read, in order.
+    pub fn files(&self) -> Vec<PathBuf> {
+        self.files.iter().map(|f| f.path().to_path_buf()).collect()
+    }
+
     /// Every tensor name, sorted.
     pub fn names(&self) -> Vec<String> {
         let mut names: Vec<String> = self.index.keys().chain(self.converted.keys()).cloned().collect();

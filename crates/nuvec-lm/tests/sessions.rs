@@ -65,3 +65,51 @@ fn trim_is_exact_and_refuses_too_much() {
     assert_eq!(again.reused_tokens(), held - 10, "everything the trimmed session holds is the prompt's start");
     assert_eq!(continued, fresh);
 }
+
+#[test]
+fn prompt_cache_file_round_trip_and_refusals() {
+    use nuvec_lm::prompt_cache;
+    let fx = fixtures();
+    let (model, tokenizer) = nuvec_lm::load_dir(&fx.join("qwen3-f32")).unwrap();
+    let head = tokenizer.encode("The capital of France is Paris, and the capital", true).unwrap();
+    let full = tokenizer.encode("The capital of France is Paris, and the capital of Germany is", true).unwrap();
+    assert!(full.starts_with(&head[..head.len() - 1]));
+
+    let mut session = Session::new(&model);
+    session.prefill(&model, &head, 5).unwrap();
+    let path = std::env::temp_dir().join(format!("nuvec-pc-{}.safetensors", std::process::id()));
+    prompt_cache::save(&path, &model, "qwen3-f32", &session, "cached text").unwrap();
+
+    let (mut restored, info) = prompt_cache::load(&path, &model).unwrap();
+    assert_eq!(info.prompt, "cached text");
+    assert_eq!(restored.tokens(), head.as_slice());
+    let mut from_file = generate_in(&model, &mut restored, &full, greedy(16)).unwrap();
+    let cached: Vec<u32> = from_file.by_ref().map(|t| t.unwrap()).collect();
+    assert!(from_file.reused_tokens() >= head.len() - 1);
+    drop(from_file);
+    let fresh: Vec<u32> = generate(&model, &full, greedy(16)).unwrap().map(|t| t.unwrap()).collect();
+    assert_eq!(cached, fresh, "a prompt-cache round trip gives the tokens of an uncached run");
+
+    // Another model: refused, naming both.
+    let (other, _) = nuvec_lm::load_dir(&fx.join("mistral-f32")).unwrap();
+    let err = prompt_cache::load(&path, &other).unwrap_err().to_string();
+    assert!(err.contains("another model") && err.contains("qwen3-f32"), "{err}");
+
+    // Other KV settings: refused.
+    let file = nuvec::io::SafetensorsFile::open(&path).unwrap();
+    let mut meta = file.metadata().clone();
+    meta.insert("kv".into(), r#"{"kind":"quantized","bits":4}"#.into());
+    let tensors: Vec<(String, nuvec::Array)> = file.tensors().keys().map(|k| (k.clone(), file.array(k).unwrap())).collect();
+    let edited = path.with_extension("kv4.safetensors");
+    nuvec::io::save_safetensors(&edited, &tensors, Some(meta)).unwrap();
+    let err = prompt_cache::load(&edited, &model).unwrap_err().to_string();
+    assert!(err.contains("KV cache of settings"), "{err}");
+
+    // A truncated file: an error naming it.
+    let bytes = std::fs::read(&path).unwrap();
+    std::fs::write(&edited, &bytes[..bytes.len() / 2]).unwrap();
+    let err = prompt_cache::load(&edited, &model).unwrap_err().to_string();
+    assert!(err.contains(&edited.display().to_string()), "{err}");
+    std::fs::remove_file(&path).ok();
+    std::fs::remove_file(&edited).ok();
+}

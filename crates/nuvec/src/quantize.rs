@@ -95,32 +95,6 @@ pub fn dequantize(q: &Quantized) -> Result<Vec<f32>> {
     Ok(out)
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn round_trip_is_within_half_a_step() {
-        let (rows, cols) = (4, 128);
-        let w: Vec<f32> = (0..rows * cols).map(|i| ((i * 7919 % 1000) as f32 - 500.0) / 3000.0).collect();
-        for bits in [2, 3, 4, 5, 6, 8] {
-            for group in [32, 64, 128] {
-                let spec = QuantSpec { mode: QuantMode::Affine, bits, group_size: group };
-                let q = quantize_affine(&w, rows, cols, spec, DType::F32).unwrap();
-                let back = dequantize(&q).unwrap();
-                let scales = q.scales.to_f32_vec().unwrap();
-                for (i, (a, b)) in w.iter().zip(&back).enumerate() {
-                    let step = scales[i / group].abs();
-                    assert!(
-                        (a - b).abs() <= 0.5 * step * 1.0001 + 1e-7,
-                        "bits {bits} group {group} at {i}: {a} vs {b}"
-                    );
-                }
-            }
-        }
-    }
-}
-
 /// Which values of an AutoAWQ word hold which column: AutoAWQ packs column `8j + ORDER[i]` into
 /// nibble `i` of word `j`.
 const AWQ_ORDER: [usize; 8] = [0, 2, 4, 6, 1, 3, 5, 7];
@@ -236,4 +210,32 @@ pub fn from_gptq(
         *v = v.checked_add(zero_offset).filter(|&x| x <= top).ok_or_else(|| Error::shape("gptq", "a zero point is out of range"))?;
     }
     affine_from_zeros(&q, &z, scales, (inputs, outputs), bits, group)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trip_is_within_one_step() {
+        let (rows, cols) = (4, 128);
+        let w: Vec<f32> = (0..rows * cols).map(|i| ((i * 7919 % 1000) as f32 - 500.0) / 3000.0).collect();
+        for bits in [2, 3, 4, 5, 6, 8] {
+            for group in [32, 64, 128] {
+                let spec = QuantSpec { mode: QuantMode::Affine, bits, group_size: group };
+                let q = quantize_affine(&w, rows, cols, spec, DType::F32).unwrap();
+                let back = dequantize(&q).unwrap();
+                let scales = q.scales.to_f32_vec().unwrap();
+                for (i, (a, b)) in w.iter().zip(&back).enumerate() {
+                    // MLX makes the larger endpoint exact, which can cost the other end up to a
+                    // whole step (its value is clipped to the last level).
+                    let step = scales[i / group].abs();
+                    assert!(
+                        (a - b).abs() <= step * 1.0001 + 1e-7,
+                        "bits {bits} group {group} at {i}: {a} vs {b}"
+                    );
+                }
+            }
+        }
+    }
 }

@@ -62,3 +62,28 @@ impl LayerCache for KvCache {
         Ok(())
     }
 }
+
+impl KvCache {
+    /// The keys and values held, `[kv_heads, offset, head_dim]` each (`None` when empty): what a
+    /// prompt-cache file stores.
+    pub fn state(&self) -> Result<Option<(Array, Array)>> {
+        let (Some(k), Some(v)) = (&self.keys, &self.values) else {
+            return Ok(None);
+        };
+        let held = |a: &Array| -> Result<Array> { Ok(a.transpose01()?.slice_rows(0, self.offset)?.transpose01()?) };
+        Ok(Some((held(k)?, held(v)?)))
+    }
+
+    /// A cache holding `keys, values [kv_heads, n, head_dim]`.
+    pub fn from_state(keys: &Array, values: &Array) -> Result<Self> {
+        if keys.shape().len() != 3 || keys.shape() != values.shape() {
+            let message = format!("keys {:?} and values {:?} are not [heads, positions, dim]", keys.shape(), values.shape());
+            return Err(Error::Invalid(message));
+        }
+        let mut cache = KvCache::new();
+        if keys.dim(1) > 0 {
+            cache.update_and_fetch(keys, values)?;
+        }
+        Ok(cache)
+    }
+}

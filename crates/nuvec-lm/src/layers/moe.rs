@@ -92,6 +92,7 @@ impl SparseMoe {
 
 /// A layer's feed-forward block: dense, or a mixture of experts.
 #[derive(Debug, Clone)]
+#[allow(clippy::large_enum_variant)] // one per layer, built once: boxing would only add a hop
 pub enum FeedForward {
     /// One gated MLP.
     Dense(Mlp),

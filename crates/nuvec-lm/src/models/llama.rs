@@ -128,7 +128,7 @@ impl Llama {
         };
         let is_sparse = |i: usize| -> Result<bool> {
             let step = config.opt_usize("decoder_sparse_step")?.unwrap_or(1).max(1);
-            Ok(!mlp_only.contains(&i) && (i + 1) % step == 0)
+            Ok(!mlp_only.contains(&i) && (i + 1).is_multiple_of(step))
         };
         let blocks = (0..layers)
             .map(|i| {

@@ -33,6 +33,7 @@ pub struct Model {
     vocab_size: usize,
     eos_token_ids: Vec<u32>,
     newline_token_ids: Vec<u32>,
+    fingerprint: String,
 }
 
 impl std::fmt::Debug for Model {
@@ -64,13 +65,15 @@ impl Model {
             vocab_size: config.usize("vocab_size")?,
             eos_token_ids: config.eos_token_ids()?,
             newline_token_ids: vec![],
+            fingerprint: String::new(),
         })
     }
 
     /// A model from any architecture (custom or scripted), with its vocabulary size and
     /// end-of-sequence ids.
     pub fn new(arch: Box<dyn Architecture>, model_type: &str, vocab_size: usize, eos_token_ids: Vec<u32>) -> Self {
-        Model { arch, model_type: model_type.to_string(), vocab_size, eos_token_ids, newline_token_ids: vec![] }
+        let fingerprint = String::new();
+        Model { arch, model_type: model_type.to_string(), vocab_size, eos_token_ids, newline_token_ids: vec![], fingerprint }
     }
 
     /// `config.json`'s `model_type`.
@@ -126,6 +129,17 @@ impl Model {
     /// The ids of "\n" (XTC never removes them); the loader sets them from the tokenizer.
     pub fn newline_token_ids(&self) -> &[u32] {
         &self.newline_token_ids
+    }
+
+    /// What identifies the weights this model was loaded from (a hash of its files' headers and
+    /// samples of their contents); prompt-cache files record it.
+    pub fn fingerprint(&self) -> &str {
+        &self.fingerprint
+    }
+
+    /// Sets the fingerprint (the loader does).
+    pub fn set_fingerprint(&mut self, fingerprint: String) {
+        self.fingerprint = fingerprint;
     }
 
     /// Sets the ids of "\n".

@@ -1,0 +1,59 @@
+//! `nuvec cache-prompt`: prefill a prompt once and save the cache (as mlx_lm.cache_prompt), for
+//! `nuvec generate --prompt-cache-file` to continue from.
+
+use std::io::Read;
+use std::path::PathBuf;
+
+use clap::Parser;
+use nuvec_lm::{load, prompt_cache, Session};
+
+use crate::default_model;
+
+/// Prefill a prompt and save the KV cache to a file.
+#[derive(Parser, Debug)]
+pub struct Args {
+    /// Model directory, Hugging Face repo id in the local cache, or .gguf file (default: SmolLM2).
+    #[arg(long)]
+    model: Option<String>,
+    /// The prompt to cache; `-` reads stdin. With a chat template it becomes the start of the
+    /// user's message (as mlx_lm.cache_prompt).
+    #[arg(short = 'p', long)]
+    prompt: String,
+    /// Where to save the cache (a .safetensors file).
+    #[arg(long)]
+    prompt_cache_file: PathBuf,
+    /// Prompt tokens processed per forward pass.
+    #[arg(long, default_value_t = 2048)]
+    prefill_step_size: usize,
+    /// Bound the cache (a rotating cache).
+    #[arg(long)]
+    max_kv_size: Option<usize>,
+    /// Quantize the KV cache to this many bits.
+    #[arg(long)]
+    kv_bits: Option<usize>,
+}
+
+pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
+    if args.max_kv_size.is_some() || args.kv_bits.is_some() {
+        return Err("--max-kv-size and --kv-bits need the rotating and quantized KV caches, which are not built yet".into());
+    }
+    let model_name = match &args.model {
+        Some(m) => m.clone(),
+        None => default_model::resolve()?,
+    };
+    let mut prompt = args.prompt.clone();
+    if prompt == "-" {
+        prompt.clear();
+        std::io::stdin().read_to_string(&mut prompt)?;
+    }
+    let (model, tokenizer) = load(&model_name)?;
+    let ids = crate::generate::cached_prompt_ids(&tokenizer, &prompt)?;
+    let started = std::time::Instant::now();
+    let mut session = Session::new(&model);
+    session.prefill(&model, &ids, args.prefill_step_size)?;
+    let secs = started.elapsed().as_secs_f64();
+    eprintln!("Processed {} tokens ({:.2} tok/s)", ids.len(), ids.len() as f64 / secs.max(1e-9));
+    prompt_cache::save(&args.prompt_cache_file, &model, &model_name, &session, &prompt)?;
+    eprintln!("Saved {}", args.prompt_cache_file.display());
+    Ok(())
+}
