@@ -6,9 +6,9 @@
 use std::time::Instant;
 
 use clap::Parser;
-use nuvec_lm::{load, Model};
+use nuvec_lm::{load_on, Model};
 
-use crate::default_model;
+use crate::common::{model_or_default, parse_device, peak_memory};
 
 /// Measure prompt processing and generation speed, as `mlx_lm.benchmark` does.
 #[derive(Parser, Debug)]
@@ -32,6 +32,9 @@ pub struct Args {
     /// Prompt tokens processed per forward pass.
     #[arg(long, default_value_t = 2048)]
     prefill_step_size: usize,
+    /// Where the model runs: cpu, cuda or cuda:N (cuda needs a build with `--features cuda`).
+    #[arg(long, default_value = "cpu")]
+    device: String,
     /// Worker threads for the CPU kernels (default: all cores).
     #[arg(long)]
     threads: Option<usize>,
@@ -41,16 +44,6 @@ pub struct Args {
     /// Skip the untimed warm-up trial.
     #[arg(long)]
     no_warmup: bool,
-}
-
-/// Peak resident memory of this process, in bytes (Linux; 0 elsewhere).
-fn peak_memory() -> u64 {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-        .map_or(0, |kb| kb * 1024)
 }
 
 /// A small deterministic generator (splitmix64) for the prompt ids.
@@ -122,14 +115,12 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     if let Some(threads) = args.threads {
         nuvec::backends::cpu::set_num_threads(threads)?;
     }
-    let model_path = match &args.model {
-        Some(m) => m.clone(),
-        None => default_model::resolve()?,
-    };
-    let (model, _tokenizer) = load(&model_path)?;
+    let model_path = model_or_default(&args.model)?;
+    let (model, _tokenizer) = load_on(&model_path, parse_device(&args.device)?)?;
     let prompt = random_tokens(args.prompt_tokens, model.vocab_size(), args.seed);
     println!(
-        "Running benchmark with prompt_tokens={}, generation_tokens={}, batch_size=1, threads={}",
+        "Running benchmark on {} with prompt_tokens={}, generation_tokens={}, batch_size=1, threads={}",
+        model.device(),
         args.prompt_tokens,
         args.generation_tokens,
         nuvec::backends::cpu::num_threads()

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use clap::Parser;
 use nuvec_lm::{load, prompt_cache, Session};
 
-use crate::default_model;
+use crate::common::{model_or_default, KvArgs};
 
 /// Prefill a prompt and save the KV cache to a file.
 #[derive(Parser, Debug)]
@@ -25,22 +25,12 @@ pub struct Args {
     /// Prompt tokens processed per forward pass.
     #[arg(long, default_value_t = 2048)]
     prefill_step_size: usize,
-    /// Bound the cache (a rotating cache).
-    #[arg(long)]
-    max_kv_size: Option<usize>,
-    /// Quantize the KV cache to this many bits.
-    #[arg(long)]
-    kv_bits: Option<usize>,
+    #[command(flatten)]
+    kv: KvArgs,
 }
 
 pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
-    if args.max_kv_size.is_some() || args.kv_bits.is_some() {
-        return Err("--max-kv-size and --kv-bits need the rotating and quantized KV caches, which are not built yet".into());
-    }
-    let model_name = match &args.model {
-        Some(m) => m.clone(),
-        None => default_model::resolve()?,
-    };
+    let model_name = model_or_default(&args.model)?;
     let mut prompt = args.prompt.clone();
     if prompt == "-" {
         prompt.clear();
@@ -49,11 +39,12 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     let (model, tokenizer) = load(&model_name)?;
     let ids = crate::generate::cached_prompt_ids(&tokenizer, &prompt)?;
     let started = std::time::Instant::now();
-    let mut session = Session::new(&model);
-    session.prefill(&model, &ids, args.prefill_step_size)?;
+    let kv = args.kv.options();
+    let mut session = Session::with_cache(&model, &kv)?;
+    session.prefill(&model, &ids, args.prefill_step_size, &kv)?;
     let secs = started.elapsed().as_secs_f64();
     eprintln!("Processed {} tokens ({:.2} tok/s)", ids.len(), ids.len() as f64 / secs.max(1e-9));
-    prompt_cache::save(&args.prompt_cache_file, &model, &model_name, &session, &prompt)?;
+    prompt_cache::save(&args.prompt_cache_file, &model, &model_name, &session, &kv, &prompt)?;
     eprintln!("Saved {}", args.prompt_cache_file.display());
     Ok(())
 }

@@ -5,10 +5,10 @@
 use std::io::{BufRead, IsTerminal, Write};
 
 use clap::Parser;
-use nuvec_lm::{generate_in, load, GenerateOptions, Sampler, Session, TextStream};
+use nuvec_lm::{generate_in, load_on, GenerateOptions, Sampler, Session, TextStream};
 use serde_json::{json, Value};
 
-use crate::default_model;
+use crate::common::model_or_default;
 
 /// Chat with a model in the terminal (or over a pipe: one message per line).
 #[derive(Parser, Debug)]
@@ -43,19 +43,16 @@ pub struct Args {
     /// Prompt tokens processed per forward pass.
     #[arg(long, default_value_t = 2048)]
     prefill_step_size: usize,
+    /// Where the model runs: cpu, cuda or cuda:N (cuda needs a build with `--features cuda`).
+    #[arg(long, default_value = "cpu")]
+    device: String,
 }
 
 const HELP: &str =
     "Type a message and press Enter. Commands: 'q' quits, 'r' resets the conversation, 'h' shows this help.";
 
 pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
-    if args.max_kv_size.is_some() {
-        return Err("--max-kv-size needs the rotating KV cache, which is not built yet".into());
-    }
-    let model_path = match &args.model {
-        Some(m) => m.clone(),
-        None => default_model::resolve()?,
-    };
+    let model_path = model_or_default(&args.model)?;
     let sampler = Sampler {
         temperature: args.temp,
         top_p: args.top_p,
@@ -67,21 +64,17 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     for note in sampler.ignored_settings() {
         eprintln!("warning: {note}");
     }
-    let (model, tokenizer) = load(&model_path)?;
+    let (model, tokenizer) = load_on(&model_path, crate::common::parse_device(&args.device)?)?;
     let template = tokenizer
         .chat_template()
         .ok_or_else(|| format!("{model_path} has no chat template: use `nuvec generate` for a base model"))?;
-    let mut context = serde_json::Map::new();
-    for (key, value) in [("bos_token", tokenizer.bos_token()), ("eos_token", tokenizer.eos_token())] {
-        if let Some(v) = value {
-            context.insert(key.to_string(), v.into());
-        }
-    }
+    let context = tokenizer.template_context(Default::default());
     let fresh =
         || -> Vec<Value> { args.system_prompt.iter().map(|s| json!({"role": "system", "content": s})).collect() };
     let interactive = std::io::stdin().is_terminal();
     let mut messages = fresh();
-    let mut session = Session::new(&model);
+    let cache = nuvec_lm::cache::CacheOptions { max_kv_size: args.max_kv_size, ..Default::default() };
+    let mut session = Session::with_cache(&model, &cache)?;
     let stdin = std::io::stdin();
     let mut out = std::io::stdout();
     if interactive {
@@ -101,7 +94,7 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
             "q" => break,
             "r" => {
                 messages = fresh();
-                session = Session::new(&model);
+                session = Session::with_cache(&model, &cache)?;
                 eprintln!("[INFO] The conversation was reset.");
                 continue;
             }
@@ -120,6 +113,7 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
             sampler: sampler.clone(),
             seed: args.seed,
             prefill_step_size: args.prefill_step_size,
+            cache: cache.clone(),
             ..Default::default()
         };
         let mut text = TextStream::new(&tokenizer, &options);

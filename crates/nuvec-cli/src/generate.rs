@@ -4,11 +4,11 @@ use std::io::{Read, Write};
 
 use clap::Parser;
 use nuvec_lm::{
-    generate_in, load, prompt_cache, FinishReason, GenerateOptions, LogitsProcessors, Sampler, Session, Stop, TextStream,
-    Tokenizer,
+    generate_in, load_on, prompt_cache, FinishReason, GenerateOptions, LogitsProcessors, Sampler, Session, Stop,
+    TextStream, Tokenizer,
 };
 
-use crate::default_model;
+use crate::common::{model_or_default, peak_memory, KvArgs};
 
 /// Generate text from a prompt, as `mlx_lm.generate` does.
 #[derive(Parser, Debug)]
@@ -17,6 +17,9 @@ pub struct Args {
     /// (default: SmolLM2-135M-Instruct, see scripts/get-default-model.sh).
     #[arg(long)]
     model: Option<String>,
+    /// Where the model runs: cpu, cuda or cuda:N (cuda needs a build with `--features cuda`).
+    #[arg(long, default_value = "cpu")]
+    device: String,
     /// Message to the model; `-` reads stdin. `\n` and `\t` are expanded.
     #[arg(short = 'p', long, default_value = "hello")]
     prompt: String,
@@ -98,6 +101,8 @@ pub struct Args {
     /// Prompt tokens processed per forward pass.
     #[arg(long, default_value_t = 2048)]
     prefill_step_size: usize,
+    #[command(flatten)]
+    kv: KvArgs,
     /// Continue from a cache saved by `nuvec cache-prompt`: the prompt is appended to the cached
     /// one, and only what the cache does not hold is computed.
     #[arg(long)]
@@ -113,16 +118,6 @@ fn parse_bool(s: &str) -> Result<bool, String> {
         "false" | "f" | "0" | "no" => Ok(false),
         _ => Err(format!("{s:?} is not true or false")),
     }
-}
-
-/// Peak resident memory of this process, in bytes (Linux; 0 elsewhere).
-fn peak_memory() -> u64 {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-        .map_or(0, |kb| kb * 1024)
 }
 
 fn json_object(flag: &str, text: &Option<String>) -> Result<serde_json::Map<String, serde_json::Value>, String> {
@@ -151,12 +146,7 @@ pub fn cached_prompt_ids(tokenizer: &Tokenizer, prompt: &str) -> Result<Vec<u32>
     let Some(template) = tokenizer.chat_template() else {
         return Ok(tokenizer.encode(prompt, true)?);
     };
-    let mut ctx = serde_json::Map::new();
-    for (key, value) in [("bos_token", tokenizer.bos_token()), ("eos_token", tokenizer.eos_token())] {
-        if let Some(v) = value {
-            ctx.insert(key.to_string(), v.into());
-        }
-    }
+    let ctx = tokenizer.template_context(Default::default());
     let messages = serde_json::json!([{"role": "user", "content": prompt}]);
     Ok(tokenizer.encode(&template.render_values(&messages, false, true, &ctx)?, false)?)
 }
@@ -190,12 +180,7 @@ fn prompt_ids(args: &Args, tokenizer: &Tokenizer, prompt: &str) -> Result<Vec<u3
     if let Some(prefill) = &args.prefill_response {
         messages.push(serde_json::json!({"role": "assistant", "content": prefill}));
     }
-    let mut ctx = template_kwargs;
-    for (key, value) in [("bos_token", tokenizer.bos_token()), ("eos_token", tokenizer.eos_token())] {
-        if let Some(v) = value {
-            ctx.entry(key.to_string()).or_insert(v.into());
-        }
-    }
+    let ctx = tokenizer.template_context(template_kwargs);
     let prefill = args.prefill_response.is_some();
     let text = template.render_values(&serde_json::Value::Array(messages), !prefill, prefill, &ctx)?;
     // The template already wrote the special tokens (as mlx_lm.generate).
@@ -203,10 +188,7 @@ fn prompt_ids(args: &Args, tokenizer: &Tokenizer, prompt: &str) -> Result<Vec<u3
 }
 
 pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
-    let model_path = match &args.model {
-        Some(m) => m.clone(),
-        None => default_model::resolve()?,
-    };
+    let model_path = model_or_default(&args.model)?;
     let sampler = Sampler {
         temperature: args.temp,
         top_p: args.top_p,
@@ -235,15 +217,16 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         std::io::stdin().read_to_string(&mut prompt)?;
     }
 
-    let (model, mut tokenizer) = load(&model_path)?;
+    let (model, mut tokenizer) = load_on(&model_path, crate::common::parse_device(&args.device)?)?;
     for token in &args.extra_eos_token {
         tokenizer.add_eos_token(token)?;
     }
     // A cached prompt is the start of this one: its text comes first, and the cache's tokens are
     // reused as far as the full prompt's tokens agree with them (never by slicing strings).
-    let mut session = Session::new(&model);
+    let cache_options = args.kv.options();
+    let mut session = Session::with_cache(&model, &cache_options)?;
     if let Some(file) = &args.prompt_cache_file {
-        let (cached, info) = prompt_cache::load(file, &model)?;
+        let (cached, info) = prompt_cache::load(file, &model, &cache_options)?;
         session = cached;
         prompt = info.prompt + &prompt;
     }
@@ -259,6 +242,7 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         ignore_eos: args.ignore_eos,
         logprobs: args.logprobs,
         extra_eos_token_ids: tokenizer.eos_token_ids().to_vec(),
+        cache: cache_options.clone(),
     };
     let mut text = TextStream::new(&tokenizer, &options);
     let mut generation = generate_in(&model, &mut session, &ids, options)?;

@@ -3,6 +3,7 @@
 mod bench;
 mod cache_prompt;
 mod chat;
+mod common;
 mod convert;
 mod default_model;
 mod generate;

@@ -110,7 +110,9 @@ fn read_source(source: &str) -> Result<Checkpoint> {
                 Legacy::Awq { .. } => (qweight.dim(1) * 8, qweight.dim(0)),
                 Legacy::Gptq { bits, .. } => (qweight.dim(1), qweight.dim(0) * 32 / bits),
             };
-            let Matrix::Quantized(q) = weights.matrix(base, rows, cols)? else { unreachable!("AWQ/GPTQ layers are quantized") };
+            let Matrix::Quantized(q) = weights.matrix(base, rows, cols)? else {
+                unreachable!("AWQ/GPTQ layers are quantized")
+            };
             for suffix in ["qweight", "qzeros", "scales", "g_idx"] {
                 tensors.remove(&format!("{base}.{suffix}"));
             }

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 
-use crate::cache::KvCache;
+use crate::cache::{CacheOptions, LayerCache};
 use crate::models::Model;
 use crate::processors::LogitsProcessors;
 use crate::sample::{log_softmax, Sampler};
@@ -45,6 +45,8 @@ pub struct GenerateOptions {
     pub logprobs: Option<usize>,
     /// More end-of-sequence ids, beside the model's.
     pub extra_eos_token_ids: Vec<u32>,
+    /// The KV cache: rotating (`max_kv_size`), quantized (`kv_bits`...), or plain (default).
+    pub cache: CacheOptions,
 }
 
 impl Default for GenerateOptions {
@@ -60,6 +62,7 @@ impl Default for GenerateOptions {
             ignore_eos: false,
             logprobs: None,
             extra_eos_token_ids: vec![],
+            cache: CacheOptions::default(),
         }
     }
 }
@@ -68,6 +71,7 @@ impl GenerateOptions {
     /// Checks every option that does not depend on the model, naming the bad one.
     pub fn validate(&self) -> Result<()> {
         self.sampler.validate()?;
+        self.cache.validate()?;
         if self.prefill_step_size == 0 {
             return Err(Error::Invalid("prefill_step_size must be at least 1".into()));
         }
@@ -157,6 +161,7 @@ pub struct Generation<'a> {
     yielded: usize,
     finish: Option<FinishReason>,
     logprobs: Vec<TokenLogprobs>,
+    last_logits: Vec<f32>,
     stats: Stats,
     clock: Option<Instant>,
 }
@@ -189,7 +194,8 @@ impl std::ops::DerefMut for Held<'_> {
 /// Starts generating from `prompt` (token ids). Options are checked now; the model runs on the
 /// first `next()`.
 pub fn generate<'a>(model: &'a Model, prompt: &[u32], options: GenerateOptions) -> Result<Generation<'a>> {
-    start(model, Held::Own(Session::new(model)), prompt, options)
+    let session = Session::with_cache(model, &options.cache)?;
+    start(model, Held::Own(session), prompt, options)
 }
 
 /// Like [`generate`], continuing `session`: the longest prefix of `prompt` that the session
@@ -242,6 +248,7 @@ fn start<'a>(
         yielded: 0,
         finish: None,
         logprobs: vec![],
+        last_logits: vec![],
         stats: Stats { prompt_tokens: prompt.len(), ..Stats::default() },
         clock: None,
         options,
@@ -260,8 +267,13 @@ impl Generation<'_> {
     }
 
     /// The KV cache (one per layer), for inspection.
-    pub fn cache(&self) -> &[KvCache] {
+    pub fn cache(&self) -> &[LayerCache] {
         self.session.cache()
+    }
+
+    /// The model's raw logits at the last step (before processors and sampling), if one ran.
+    pub fn last_logits(&self) -> Option<&[f32]> {
+        (!self.last_logits.is_empty()).then_some(self.last_logits.as_slice())
     }
 
     /// Prompt tokens taken from the session instead of being computed.
@@ -283,14 +295,17 @@ impl Generation<'_> {
             for chunk in head.chunks(self.options.prefill_step_size) {
                 self.model.prefill(chunk, &mut session.cache)?;
                 session.tokens.extend_from_slice(chunk);
+                session.maybe_quantize(&self.options.cache)?;
             }
             let logits = self.model.forward_last(last, &mut session.cache)?;
             session.tokens.extend_from_slice(last);
+            session.maybe_quantize(&self.options.cache)?;
             logits
         } else {
             let last = *self.history.last().expect("history holds the prompt");
             let logits = self.model.forward_last(&[last], &mut session.cache)?;
             session.tokens.push(last);
+            session.maybe_quantize(&self.options.cache)?;
             logits
         };
         Ok(logits.to_vec::<f32>()?)
@@ -298,6 +313,7 @@ impl Generation<'_> {
 
     fn step(&mut self) -> Result<u32> {
         let mut logits = self.forward()?;
+        self.last_logits.clone_from(&logits);
         self.options.processors.apply(&self.history, &mut logits);
         if self.yielded < self.options.min_tokens {
             let banned =

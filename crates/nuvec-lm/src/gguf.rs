@@ -19,6 +19,11 @@ const ARCHITECTURES: &[(&str, &str)] = &[("llama", "llama"), ("qwen2", "qwen2"),
 
 /// Loads a model and its tokenizer from one GGUF file.
 pub fn load_gguf(path: &Path) -> Result<(Model, Tokenizer)> {
+    load_gguf_on(path, nuvec::Device::Cpu)
+}
+
+/// [`load_gguf`] with the weights on `device`.
+pub fn load_gguf_on(path: &Path, device: nuvec::Device) -> Result<(Model, Tokenizer)> {
     let file = GgufFile::open(path)?;
     let label = path.display().to_string();
     let arch = meta_str(&file, "general.architecture")?;
@@ -28,7 +33,7 @@ pub fn load_gguf(path: &Path) -> Result<(Model, Tokenizer)> {
         )));
     };
     let config = Config::from_json(&label, &config_json(&file, arch, model_type)?.to_string())?;
-    let weights = weights(&file, &config, arch)?;
+    let weights = weights(&file, &config, arch)?.on_device(device);
     let mut model = Model::from_config(&config, &weights)?;
     let tokenizer = tokenizer(&file)?;
     model.set_eos_token_ids(tokenizer.eos_token_ids().to_vec());

@@ -2,6 +2,8 @@
 
 use std::path::Path;
 
+use nuvec::Device;
+
 use crate::config::Config;
 use crate::models::Model;
 use crate::quantization::Quantization;
@@ -12,13 +14,18 @@ use crate::{hub, Error, Result};
 /// Loads the model and tokenizer at `model`: a checkpoint directory, a `.gguf` file, or a repo id
 /// in the local hub cache.
 pub fn load(model: &str) -> Result<(Model, Tokenizer)> {
+    load_on(model, Device::Cpu)
+}
+
+/// [`load`] with every weight on `device` (and the caches the model makes there too).
+pub fn load_on(model: &str, device: Device) -> Result<(Model, Tokenizer)> {
     let path = hub::resolve(model)?;
     if path.is_file() && path.extension().is_some_and(|e| e == "gguf") {
-        let (mut model, tokenizer) = crate::gguf::load_gguf(&path)?;
+        let (mut model, tokenizer) = crate::gguf::load_gguf_on(&path, device)?;
         model.set_fingerprint(fingerprint(&[path])?);
         return Ok((model, tokenizer));
     }
-    load_dir(&path)
+    load_dir_on(&path, device)
 }
 
 /// FNV-1a over each file's size, its first and last 64 KiB: cheap, and different for any two
@@ -49,7 +56,12 @@ fn fingerprint(files: &[std::path::PathBuf]) -> Result<String> {
 
 /// Loads the model and tokenizer of checkpoint directory `dir`.
 pub fn load_dir(dir: &Path) -> Result<(Model, Tokenizer)> {
-    let model = load_model(dir)?;
+    load_dir_on(dir, Device::Cpu)
+}
+
+/// [`load_dir`] with every weight on `device`.
+pub fn load_dir_on(dir: &Path, device: Device) -> Result<(Model, Tokenizer)> {
+    let model = load_model_on(dir, device)?;
     let tokenizer = Tokenizer::load(dir, model.eos_token_ids())?;
     let mut model = model;
     model.set_eos_token_ids(tokenizer.eos_token_ids().to_vec());
@@ -59,9 +71,14 @@ pub fn load_dir(dir: &Path) -> Result<(Model, Tokenizer)> {
 
 /// Loads only the model of checkpoint directory `dir`.
 pub fn load_model(dir: &Path) -> Result<Model> {
+    load_model_on(dir, Device::Cpu)
+}
+
+/// [`load_model`] with every weight on `device`.
+pub fn load_model_on(dir: &Path, device: Device) -> Result<Model> {
     let config = Config::load(dir)?;
     let quantization = Quantization::from_config(&config)?;
-    let weights = Weights::open(dir, quantization)?;
+    let weights = Weights::open(dir, quantization)?.on_device(device);
     let mut model = Model::from_config(&config, &weights)?;
     let mut files = vec![dir.join("config.json")];
     files.extend(weights.files());

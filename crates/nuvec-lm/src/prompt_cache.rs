@@ -1,14 +1,16 @@
-//! Prompt-cache files: a [`Session`] (its KV cache and the token ids it holds) saved as
+//! Prompt-cache files: a [`Session`] (its per-layer caches and the token ids they hold) saved as
 //! safetensors with metadata naming the model, the KV settings and the tokens, so a later run
-//! computes only what follows. Loading with another model or other KV settings is an error, and
-//! nothing is overwritten until a file has been read whole.
+//! computes only what follows. Loading with another model or other KV settings is an error —
+//! including a quantized file loaded without asking for quantization, which mlx-lm silently
+//! inherits — and nothing is replaced until a file has been read whole.
 
 use std::collections::HashMap;
 use std::path::Path;
 
 use nuvec::io::{save_safetensors, SafetensorsFile};
+use serde_json::Value;
 
-use crate::cache::KvCache;
+use crate::cache::{CacheOptions, LayerCache};
 use crate::models::Model;
 use crate::session::Session;
 use crate::{Error, Result};
@@ -23,32 +25,36 @@ pub struct PromptCacheInfo {
     pub model: String,
     /// The loaded model's fingerprint (see [`Model::fingerprint`]).
     pub fingerprint: String,
-    /// The KV cache kind and settings, as JSON.
-    pub kv: String,
+    /// The KV cache settings the file was made with.
+    pub kv: CacheOptions,
     /// Free-form text the maker stored (e.g. the prompt text, for a chat front end).
     pub prompt: String,
 }
 
-/// The KV settings string of the caches this build makes.
-pub fn kv_settings() -> String {
-    r#"{"kind":"kv"}"#.to_string()
-}
-
-/// Saves `session` to `path` (the whole file is written to a temporary name first, then renamed).
-pub fn save(path: &Path, model: &Model, model_name: &str, session: &Session, prompt: &str) -> Result<()> {
+/// Saves `session` (made with `kv`) to `path`; the file is written under a temporary name and
+/// renamed, so a failure never leaves half a file where a good one was.
+pub fn save(
+    path: &Path,
+    model: &Model,
+    model_name: &str,
+    session: &Session,
+    kv: &CacheOptions,
+    prompt: &str,
+) -> Result<()> {
     let mut tensors = vec![];
+    let mut layers = vec![];
     for (i, layer) in session.cache().iter().enumerate() {
-        if let Some((k, v)) = layer.state()? {
-            tensors.push((format!("layers.{i}.keys"), k));
-            tensors.push((format!("layers.{i}.values"), v));
-        }
+        let (arrays, description) = layer.save_state()?;
+        tensors.extend(arrays.into_iter().map(|(name, a)| (format!("layers.{i}.{name}"), a)));
+        layers.push(description);
     }
     let metadata: HashMap<String, String> = [
         ("format", FORMAT.to_string()),
         ("version", VERSION.to_string()),
         ("model", model_name.to_string()),
         ("fingerprint", model.fingerprint().to_string()),
-        ("kv", kv_settings()),
+        ("kv", serde_json::to_string(kv).expect("options serialize")),
+        ("layers", Value::Array(layers).to_string()),
         ("tokens", serde_json::to_string(session.tokens()).expect("ids serialize")),
         ("prompt", prompt.to_string()),
     ]
@@ -61,8 +67,8 @@ pub fn save(path: &Path, model: &Model, model_name: &str, session: &Session, pro
 }
 
 /// Loads the session saved at `path` for `model`, checking that it was made with this model and
-/// these KV settings.
-pub fn load(path: &Path, model: &Model) -> Result<(Session, PromptCacheInfo)> {
+/// the KV settings `kv` this run uses.
+pub fn load(path: &Path, model: &Model, kv: &CacheOptions) -> Result<(Session, PromptCacheInfo)> {
     let file = SafetensorsFile::open(path)?;
     let label = path.display().to_string();
     let bad = |message: String| Error::Config { file: label.clone(), message };
@@ -76,7 +82,14 @@ pub fn load(path: &Path, model: &Model) -> Result<(Session, PromptCacheInfo)> {
     if field("version")? != VERSION {
         return Err(bad(format!("is prompt-cache version {}, this build reads {VERSION}", field("version")?)));
     }
-    let info = PromptCacheInfo { model: field("model")?, fingerprint: field("fingerprint")?, kv: field("kv")?, prompt: field("prompt")? };
+    let file_kv: CacheOptions =
+        serde_json::from_str(&field("kv")?).map_err(|e| bad(format!("has unreadable KV settings ({e})")))?;
+    let info = PromptCacheInfo {
+        model: field("model")?,
+        fingerprint: field("fingerprint")?,
+        kv: file_kv,
+        prompt: field("prompt")?,
+    };
     if info.fingerprint != model.fingerprint() {
         return Err(bad(format!(
             "was made with another model ({}, fingerprint {}), not the one loaded (fingerprint {}); \
@@ -86,22 +99,27 @@ pub fn load(path: &Path, model: &Model) -> Result<(Session, PromptCacheInfo)> {
             model.fingerprint()
         )));
     }
-    if info.kv != kv_settings() {
-        return Err(bad(format!("holds a KV cache of settings {}, but this run uses {}", info.kv, kv_settings())));
+    if &info.kv != kv {
+        return Err(bad(format!(
+            "holds a KV cache made with {:?}, but this run asks for {kv:?}; pass the same --max-kv-size, \
+             --kv-bits, --kv-group-size and --quantized-kv-start",
+            info.kv
+        )));
     }
-    let tokens: Vec<u32> = serde_json::from_str(&field("tokens")?).map_err(|e| bad(format!("has unreadable token ids ({e})")))?;
-    let mut cache = Vec::with_capacity(model.num_layers());
-    for i in 0..model.num_layers() {
-        let (k, v) = (format!("layers.{i}.keys"), format!("layers.{i}.values"));
-        let layer = if tokens.is_empty() {
-            KvCache::new()
-        } else {
-            let (keys, values) = (file.array(&k)?, file.array(&v)?);
-            if keys.dim(1) != tokens.len() {
-                return Err(bad(format!("layer {i} holds {} positions for {} tokens", keys.dim(1), tokens.len())));
-            }
-            KvCache::from_state(&keys, &values).map_err(|e| bad(format!("layer {i}: {e}")))?
-        };
+    let tokens: Vec<u32> =
+        serde_json::from_str(&field("tokens")?).map_err(|e| bad(format!("has unreadable token ids ({e})")))?;
+    let layers: Vec<Value> =
+        serde_json::from_str(&field("layers")?).map_err(|e| bad(format!("has unreadable layers ({e})")))?;
+    if layers.len() != model.num_layers() {
+        return Err(bad(format!("holds {} layers; the model has {}", layers.len(), model.num_layers())));
+    }
+    let mut cache = Vec::with_capacity(layers.len());
+    for (i, description) in layers.iter().enumerate() {
+        let get = |name: &str| -> Result<nuvec::Array> { Ok(file.array(&format!("layers.{i}.{name}"))?) };
+        let layer = LayerCache::load_state(description, get, kv).map_err(|e| bad(format!("layer {i}: {e}")))?;
+        if layer.offset() != tokens.len() {
+            return Err(bad(format!("layer {i} holds {} positions for {} tokens", layer.offset(), tokens.len())));
+        }
         cache.push(layer);
     }
     Ok((Session::from_parts(cache, tokens), info))

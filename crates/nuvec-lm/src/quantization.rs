@@ -99,9 +99,13 @@ impl Quantization {
     fn legacy(config: &Config, key: &str, method: &str, map: &serde_json::Map<String, Value>) -> Result<Self> {
         let int = |name: &str, default: i64| map.get(name).and_then(Value::as_i64).unwrap_or(default);
         let group = int("group_size", 128);
-        let group_size = usize::try_from(group).ok().filter(|g| QuantSpec::AFFINE_GROUPS.contains(g)).ok_or_else(|| {
-            config.error(&format!("{key}.group_size"), format_args!("= {group}: only 32, 64 and 128 convert to MLX groups"))
-        })?;
+        let group_size =
+            usize::try_from(group).ok().filter(|g| QuantSpec::AFFINE_GROUPS.contains(g)).ok_or_else(|| {
+                config.error(
+                    &format!("{key}.group_size"),
+                    format_args!("= {group}: only 32, 64 and 128 convert to MLX groups"),
+                )
+            })?;
         let bits = int("bits", 4);
         let legacy = match method {
             "awq" => {
@@ -117,7 +121,9 @@ impl Quantization {
             }
             "gptq" => {
                 if bits != 4 && bits != 8 {
-                    return Err(config.error(&format!("{key}.bits"), format_args!("= {bits}: GPTQ converts at 4 or 8 bits")));
+                    return Err(
+                        config.error(&format!("{key}.bits"), format_args!("= {bits}: GPTQ converts at 4 or 8 bits"))
+                    );
                 }
                 let format = map.get("checkpoint_format").and_then(Value::as_str).unwrap_or("gptq");
                 let zero_offset = match format {

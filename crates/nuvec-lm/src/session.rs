@@ -1,25 +1,35 @@
 //! A model's KV cache together with the tokens it holds, so a conversation (or a prompt saved
 //! to a file) continues without recomputing what the cache already has.
 
-use crate::cache::{KvCache, LayerCache};
+use crate::cache::{CacheOptions, LayerCache};
 use crate::models::Model;
 use crate::{Error, Result};
 
 /// A cache and the token ids it was filled with, position by position.
 #[derive(Debug)]
 pub struct Session {
-    pub(crate) cache: Vec<KvCache>,
+    pub(crate) cache: Vec<LayerCache>,
     pub(crate) tokens: Vec<u32>,
 }
 
 impl Session {
-    /// An empty session for `model`.
+    /// An empty session for `model`, with a plain cache.
     pub fn new(model: &Model) -> Self {
         Session { cache: model.new_cache(), tokens: vec![] }
     }
 
+    /// An empty session with the cache `options` ask for (rotating, quantized).
+    pub fn with_cache(model: &Model, options: &CacheOptions) -> Result<Self> {
+        Ok(Session { cache: model.make_cache(options)?, tokens: vec![] })
+    }
+
+    /// Converts layer caches to quantized ones where `options` say so (after each forward pass).
+    pub(crate) fn maybe_quantize(&mut self, options: &CacheOptions) -> Result<()> {
+        self.cache.iter_mut().try_for_each(|c| c.maybe_quantize(options))
+    }
+
     /// A session from a cache and the tokens it holds (as a prompt-cache file restores it).
-    pub(crate) fn from_parts(cache: Vec<KvCache>, tokens: Vec<u32>) -> Self {
+    pub(crate) fn from_parts(cache: Vec<LayerCache>, tokens: Vec<u32>) -> Self {
         Session { cache, tokens }
     }
 
@@ -29,7 +39,7 @@ impl Session {
     }
 
     /// The per-layer caches.
-    pub fn cache(&self) -> &[KvCache] {
+    pub fn cache(&self) -> &[LayerCache] {
         &self.cache
     }
 
@@ -57,11 +67,12 @@ impl Session {
     }
 
     /// Runs `tokens` through the model into the cache (all of them: no logits are needed),
-    /// `step` positions per forward pass.
-    pub fn prefill(&mut self, model: &Model, tokens: &[u32], step: usize) -> Result<()> {
+    /// `step` positions per forward pass, quantizing the cache as `options` say after each.
+    pub fn prefill(&mut self, model: &Model, tokens: &[u32], step: usize, options: &CacheOptions) -> Result<()> {
         for chunk in tokens.chunks(step.max(1)) {
             model.prefill(chunk, &mut self.cache)?;
             self.tokens.extend_from_slice(chunk);
+            self.maybe_quantize(options)?;
         }
         Ok(())
     }

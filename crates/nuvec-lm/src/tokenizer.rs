@@ -189,6 +189,18 @@ impl Tokenizer {
         self.eos_token.as_deref()
     }
 
+    /// What a chat template sees besides the messages: the tokenizer's `bos_token` and
+    /// `eos_token` (as transformers passes them), plus `kwargs` (`enable_thinking`, `tools`...).
+    pub fn template_context(&self, kwargs: serde_json::Map<String, Value>) -> serde_json::Map<String, Value> {
+        let mut ctx = kwargs;
+        for (key, value) in [("bos_token", self.bos_token()), ("eos_token", self.eos_token())] {
+            if let Some(v) = value {
+                ctx.entry(key.to_string()).or_insert(v.into());
+            }
+        }
+        ctx
+    }
+
     /// The chat template, when the checkpoint has one.
     pub fn chat_template(&self) -> Option<&ChatTemplate> {
         self.chat_template.as_ref()

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use nuvec::io::SafetensorsFile;
 use nuvec::quantize;
-use nuvec::{Array, DType, Matrix, QuantMode, QuantSpec, Quantized};
+use nuvec::{Array, DType, Device, Matrix, QuantMode, QuantSpec, Quantized};
 
 use crate::quantization::{Legacy, Quantization};
 use crate::{Error, Result};
@@ -20,6 +20,8 @@ pub struct Weights {
     /// Tensors converted at load (from GGUF), by name.
     converted: HashMap<String, Array>,
     quantization: Quantization,
+    /// Where every tensor and matrix handed out is put (uploaded from the mapped file).
+    device: Device,
 }
 
 impl Weights {
@@ -68,7 +70,14 @@ impl Weights {
             }
             files.push(file);
         }
-        Ok(Weights { dir: dir.to_path_buf(), files, index, converted: HashMap::new(), quantization })
+        Ok(Weights {
+            dir: dir.to_path_buf(),
+            files,
+            index,
+            converted: HashMap::new(),
+            quantization,
+            device: Device::Cpu,
+        })
     }
 
     /// Tensors already in memory (converted from another format), named as a checkpoint names
@@ -80,7 +89,21 @@ impl Weights {
             index: HashMap::new(),
             converted,
             quantization: Quantization::default(),
+            device: Device::Cpu,
         }
+    }
+
+    /// The same tensors, handed out on `device` from now on ([`Weights::tensor`],
+    /// [`Weights::matrix`] and [`Weights::experts`] upload what they return; [`Weights::raw`]
+    /// stays on the host, where loading converts and checks it).
+    pub fn on_device(mut self, device: Device) -> Self {
+        self.device = device;
+        self
+    }
+
+    /// Where the tensors and matrices handed out are put.
+    pub fn device(&self) -> Device {
+        self.device
     }
 
     /// The safetensors files read, in order.
@@ -122,8 +145,12 @@ impl Weights {
         Ok(self.files[i].array(name)?)
     }
 
-    /// A float tensor of exactly `shape`.
+    /// A float tensor of exactly `shape`, on the weights' device.
     pub fn tensor(&self, name: &str, shape: &[usize]) -> Result<Array> {
+        Ok(self.host_tensor(name, shape)?.to_device(self.device)?)
+    }
+
+    fn host_tensor(&self, name: &str, shape: &[usize]) -> Result<Array> {
         let a = self.raw(name)?;
         if a.shape() != shape {
             return Err(self.err(name, format!("has shape {:?}, the config says {shape:?}", a.shape())));
@@ -158,7 +185,8 @@ impl Weights {
         let fail = |e: nuvec::Error| self.err(&name("qweight"), e.to_string());
         let q = match self.quantization.legacy {
             Some(Legacy::Awq { group_size }) => {
-                quantize::from_awq(&ints("qweight")?, &ints("qzeros")?, &scales, cols, rows, group_size).map_err(fail)?
+                quantize::from_awq(&ints("qweight")?, &ints("qzeros")?, &scales, cols, rows, group_size)
+                    .map_err(fail)?
             }
             Some(Legacy::Gptq { bits, group_size, zero_offset }) => {
                 if self.has(&name("g_idx")) {
@@ -176,7 +204,9 @@ impl Weights {
                 quantize::from_gptq(&qw, &qz, &scales, (cols, rows), bits, group_size, zero_offset).map_err(fail)?
             }
             None => {
-                return Err(self.err(&name("qweight"), "is an AWQ/GPTQ tensor but config.json has no such quantization_config"))
+                return Err(
+                    self.err(&name("qweight"), "is an AWQ/GPTQ tensor but config.json has no such quantization_config")
+                )
             }
         };
         Ok(Matrix::Quantized(q))
@@ -193,8 +223,20 @@ impl Weights {
         rows: usize,
         cols: usize,
     ) -> Result<Vec<Matrix>> {
+        let host = self.host_experts(stacked, per_expert, num, rows, cols)?;
+        host.into_iter().map(|m| Ok(m.to_device(self.device)?)).collect()
+    }
+
+    fn host_experts(
+        &self,
+        stacked: &str,
+        per_expert: impl Fn(usize) -> String,
+        num: usize,
+        rows: usize,
+        cols: usize,
+    ) -> Result<Vec<Matrix>> {
         if self.has(&format!("{}.weight", per_expert(0))) {
-            return (0..num).map(|e| self.matrix(&per_expert(e), rows, cols)).collect();
+            return (0..num).map(|e| self.host_matrix(&per_expert(e), rows, cols)).collect();
         }
         let weight = format!("{stacked}.weight");
         let packed = self.raw(&weight)?;
@@ -235,7 +277,12 @@ impl Weights {
     /// The `[rows, cols]` weight of module `path` (`{path}.weight`), dense or quantized:
     /// a module is quantized when `{path}.scales` exists, with bits and group size read from
     /// the shapes (as mlx-lm does) and checked against the config's entry for it.
+    /// The matrix is put on the weights' device.
     pub fn matrix(&self, path: &str, rows: usize, cols: usize) -> Result<Matrix> {
+        Ok(self.host_matrix(path, rows, cols)?.to_device(self.device)?)
+    }
+
+    fn host_matrix(&self, path: &str, rows: usize, cols: usize) -> Result<Matrix> {
         if self.has(&format!("{path}.qweight")) {
             return self.legacy_matrix(path, rows, cols);
         }
@@ -248,7 +295,7 @@ impl Weights {
                     self.err(&weight, format!("config.json quantizes it ({} bits) but {scales} is missing", spec.bits))
                 );
             }
-            return Ok(Matrix::Dense(self.tensor(&weight, &[rows, cols])?));
+            return Ok(Matrix::Dense(self.host_tensor(&weight, &[rows, cols])?));
         }
         if let Some(None) = listed {
             return Err(self.err(&weight, "config.json lists it as unquantized, but it has scales"));

@@ -248,9 +248,12 @@ fn act_order_gptq_is_refused() {
     t.retain(|(n, _)| n != "model.layers.0.self_attn.q_proj.weight");
     let mut g_idx = vec![0i32; 32];
     g_idx[0] = 1; // channel 0 in group 1: not i / group_size
-    t.push(("model.layers.0.self_attn.q_proj.qweight".into(), Array::from_slice(&vec![0i32; 4 * 32], &[4, 32]).unwrap()));
-    t.push(("model.layers.0.self_attn.q_proj.qzeros".into(), Array::from_slice(&vec![0i32; 4], &[1, 4]).unwrap()));
-    t.push(("model.layers.0.self_attn.q_proj.scales".into(), Array::from_slice(&vec![0.01f32; 32], &[1, 32]).unwrap()));
+    t.push((
+        "model.layers.0.self_attn.q_proj.qweight".into(),
+        Array::from_slice(&vec![0i32; 4 * 32], &[4, 32]).unwrap(),
+    ));
+    t.push(("model.layers.0.self_attn.q_proj.qzeros".into(), Array::from_slice(&[0i32; 4], &[1, 4]).unwrap()));
+    t.push(("model.layers.0.self_attn.q_proj.scales".into(), Array::from_slice(&[0.01f32; 32], &[1, 32]).unwrap()));
     t.push(("model.layers.0.self_attn.q_proj.g_idx".into(), Array::from_slice(&g_idx, &[32]).unwrap()));
     let c = checkpoint("actorder", cfg, t);
     assert_mentions(&load_err(&c.dir), &["g_idx", "act-order", "mlx_lm.convert"]);

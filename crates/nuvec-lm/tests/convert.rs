@@ -142,7 +142,8 @@ fn awq_and_gptq_convert_to_mlx_affine() {
         let source = fixtures().join(case);
         let dir = out_dir(case);
         convert(source.to_str().unwrap(), &dir, &ConvertOptions::default()).unwrap();
-        let config: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
+        let config: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
         assert!(config["quantization"]["bits"].is_u64(), "{case}: {}", config["quantization"]);
         let oracle = oracle_json(&source);
         let prompt = oracle["prompt"].as_str().unwrap();

@@ -5,7 +5,7 @@
 use std::sync::Mutex;
 
 use nuvec::Array;
-use nuvec_lm::cache::KvCache;
+use nuvec_lm::cache::LayerCache;
 use nuvec_lm::models::Architecture;
 use nuvec_lm::{generate, FinishReason, GenerateOptions, Model, Sampler, Stop, Stopped, TextStream, Tokenizer};
 use serde_json::json;
@@ -67,7 +67,7 @@ struct Scripted {
 const VOCAB: usize = 320;
 
 impl Architecture for Scripted {
-    fn hidden(&self, tokens: &[u32], _cache: &mut [KvCache]) -> nuvec_lm::Result<Array> {
+    fn hidden(&self, tokens: &[u32], _cache: &mut [LayerCache]) -> nuvec_lm::Result<Array> {
         let mut seen = self.seen.lock().unwrap();
         *seen += tokens.len();
         let step = *seen - self.prompt_len;

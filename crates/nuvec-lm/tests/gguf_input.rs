@@ -92,7 +92,7 @@ fn tiny_gguf(arch: &str, q_type: u32) -> Vec<u8> {
         }
         offset += n * 4;
     }
-    while w.0.len() % 32 != 0 {
+    while !w.0.len().is_multiple_of(32) {
         w.0.push(0);
     }
     w.0.extend(data);

@@ -42,7 +42,7 @@ fn floats(v: &serde_json::Value) -> Vec<f32> {
     v.as_array().unwrap().iter().map(|m| m.as_f64().unwrap() as f32).collect()
 }
 
-fn logits_after(model: &Model, tokens: &[u32], cache: &mut [nuvec_lm::cache::KvCache]) -> Result<Vec<f32>, String> {
+fn logits_after(model: &Model, tokens: &[u32], cache: &mut [nuvec_lm::cache::LayerCache]) -> Result<Vec<f32>, String> {
     let out = model.forward_last(tokens, cache).map_err(|e| e.to_string())?;
     Ok(out.to_vec::<f32>().unwrap())
 }

@@ -76,11 +76,12 @@ fn prompt_cache_file_round_trip_and_refusals() {
     assert!(full.starts_with(&head[..head.len() - 1]));
 
     let mut session = Session::new(&model);
-    session.prefill(&model, &head, 5).unwrap();
+    let kv = nuvec_lm::cache::CacheOptions::default();
+    session.prefill(&model, &head, 5, &kv).unwrap();
     let path = std::env::temp_dir().join(format!("nuvec-pc-{}.safetensors", std::process::id()));
-    prompt_cache::save(&path, &model, "qwen3-f32", &session, "cached text").unwrap();
+    prompt_cache::save(&path, &model, "qwen3-f32", &session, &kv, "cached text").unwrap();
 
-    let (mut restored, info) = prompt_cache::load(&path, &model).unwrap();
+    let (mut restored, info) = prompt_cache::load(&path, &model, &kv).unwrap();
     assert_eq!(info.prompt, "cached text");
     assert_eq!(restored.tokens(), head.as_slice());
     let mut from_file = generate_in(&model, &mut restored, &full, greedy(16)).unwrap();
@@ -92,23 +93,25 @@ fn prompt_cache_file_round_trip_and_refusals() {
 
     // Another model: refused, naming both.
     let (other, _) = nuvec_lm::load_dir(&fx.join("mistral-f32")).unwrap();
-    let err = prompt_cache::load(&path, &other).unwrap_err().to_string();
+    let err = prompt_cache::load(&path, &other, &kv).unwrap_err().to_string();
     assert!(err.contains("another model") && err.contains("qwen3-f32"), "{err}");
 
     // Other KV settings: refused.
     let file = nuvec::io::SafetensorsFile::open(&path).unwrap();
     let mut meta = file.metadata().clone();
-    meta.insert("kv".into(), r#"{"kind":"quantized","bits":4}"#.into());
-    let tensors: Vec<(String, nuvec::Array)> = file.tensors().keys().map(|k| (k.clone(), file.array(k).unwrap())).collect();
+    let quantized = nuvec_lm::cache::CacheOptions { kv_bits: Some(4), ..Default::default() };
+    meta.insert("kv".into(), serde_json::to_string(&quantized).unwrap());
+    let tensors: Vec<(String, nuvec::Array)> =
+        file.tensors().keys().map(|k| (k.clone(), file.array(k).unwrap())).collect();
     let edited = path.with_extension("kv4.safetensors");
     nuvec::io::save_safetensors(&edited, &tensors, Some(meta)).unwrap();
-    let err = prompt_cache::load(&edited, &model).unwrap_err().to_string();
-    assert!(err.contains("KV cache of settings"), "{err}");
+    let err = prompt_cache::load(&edited, &model, &kv).unwrap_err().to_string();
+    assert!(err.contains("KV cache made with") && err.contains("--kv-bits"), "{err}");
 
     // A truncated file: an error naming it.
     let bytes = std::fs::read(&path).unwrap();
     std::fs::write(&edited, &bytes[..bytes.len() / 2]).unwrap();
-    let err = prompt_cache::load(&edited, &model).unwrap_err().to_string();
+    let err = prompt_cache::load(&edited, &model, &kv).unwrap_err().to_string();
     assert!(err.contains(&edited.display().to_string()), "{err}");
     std::fs::remove_file(&path).ok();
     std::fs::remove_file(&edited).ok();

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use half::{bf16, f16};
 
 use crate::buffer::Bytes;
-use crate::{DType, Device, Error, Result};
+use crate::{DType, Device, Error, Matrix, Quantized, Result};
 
 /// A Rust type that is the element of some [`DType`].
 pub trait Element: bytemuck::Pod + Send + Sync {
@@ -124,11 +124,19 @@ impl Array {
 
     /// The elements as `T`, copied to the host (waits for pending work on the device).
     pub fn to_vec<T: Element>(&self) -> Result<Vec<T>> {
+        #[cfg(feature = "cuda")]
+        if self.device != Device::Cpu {
+            return self.to_device(Device::Cpu)?.to_vec();
+        }
         Ok(self.host::<T>()?.to_vec())
     }
 
     /// The elements converted to f32 on the host, whatever the float dtype.
     pub fn to_f32_vec(&self) -> Result<Vec<f32>> {
+        #[cfg(feature = "cuda")]
+        if self.device != Device::Cpu {
+            return self.to_device(Device::Cpu)?.to_f32_vec();
+        }
         match self.dtype {
             DType::F32 => self.to_vec::<f32>(),
             DType::F16 => Ok(self.host::<f16>()?.iter().map(|v| v.to_f32()).collect()),
@@ -144,6 +152,8 @@ impl Array {
         if T::DTYPE != self.dtype {
             return Err(Error::shape("host", format!("array is {}, read as {}", self.dtype, T::DTYPE)));
         }
+        #[cfg(feature = "cuda")]
+        self.check_host("host")?;
         bytemuck::try_cast_slice(self.raw_bytes()).map_err(|e| Error::shape("host", format!("misaligned bytes: {e}")))
     }
 
@@ -152,6 +162,8 @@ impl Array {
         if T::DTYPE != self.dtype {
             return Err(Error::shape("host_mut", format!("array is {}, written as {}", self.dtype, T::DTYPE)));
         }
+        #[cfg(feature = "cuda")]
+        self.check_host("host_mut")?;
         if self.offset != 0 || Arc::get_mut(&mut self.bytes).is_none() {
             self.bytes = Arc::new(Bytes::copy_of(self.raw_bytes()));
             self.offset = 0;
@@ -163,5 +175,136 @@ impl Array {
 
     pub(crate) fn raw_bytes(&self) -> &[u8] {
         &self.bytes.as_bytes()[self.offset..self.offset + self.nbytes()]
+    }
+
+    /// A copy on `device` (the same array when it is already there). Host to GPU and back copy
+    /// the bytes; reading a GPU array's values waits for the work pending on it.
+    pub fn to_device(&self, device: Device) -> Result<Array> {
+        if device == self.device {
+            return Ok(self.clone());
+        }
+        #[cfg(feature = "cuda")]
+        {
+            let host = match &*self.bytes {
+                Bytes::Cuda(buf) => {
+                    let mut bytes = Bytes::zeroed(self.nbytes());
+                    buf.download(self.offset, bytes.as_mut_bytes())?;
+                    Array::from_bytes(bytes, self.shape.clone(), self.dtype)?
+                }
+                _ => self.clone(),
+            };
+            match device {
+                Device::Cpu => Ok(host),
+                Device::Cuda(i) => {
+                    let buf = crate::backends::cuda::DeviceBuffer::upload(
+                        crate::backends::cuda::state(i)?,
+                        host.raw_bytes(),
+                    )?;
+                    Ok(Array::from_device_buffer(buf, self.shape.clone(), self.dtype, device))
+                }
+            }
+        }
+        #[cfg(not(feature = "cuda"))]
+        unreachable!("the CPU is the only device without the cuda feature")
+    }
+
+    /// An array of zeros on `device`.
+    pub fn zeros_on(shape: &[usize], dtype: DType, device: Device) -> Result<Self> {
+        match device {
+            Device::Cpu => Ok(Self::zeros(shape, dtype)),
+            #[cfg(feature = "cuda")]
+            Device::Cuda(i) => {
+                let len = shape.iter().product::<usize>() * dtype.size();
+                let buf = crate::backends::cuda::DeviceBuffer::zeroed(crate::backends::cuda::state(i)?, len)?;
+                Ok(Array::from_device_buffer(buf, shape.to_vec(), dtype, device))
+            }
+        }
+    }
+
+    /// An array holding a copy of `data`, with `shape`, on `device`.
+    pub fn from_slice_on<T: Element>(data: &[T], shape: &[usize], device: Device) -> Result<Self> {
+        Self::from_slice(data, shape)?.to_device(device)
+    }
+}
+
+impl Matrix {
+    /// The device its parts live on (a quantized matrix's packed values decide).
+    pub fn device(&self) -> Device {
+        match self {
+            Matrix::Dense(a) => a.device(),
+            Matrix::Quantized(q) => q.packed.device(),
+        }
+    }
+
+    /// A copy with every part on `device`.
+    pub fn to_device(&self, device: Device) -> Result<Matrix> {
+        Ok(match self {
+            Matrix::Dense(a) => Matrix::Dense(a.to_device(device)?),
+            Matrix::Quantized(q) => Matrix::Quantized(Quantized {
+                packed: q.packed.to_device(device)?,
+                scales: q.scales.to_device(device)?,
+                biases: q.biases.to_device(device)?,
+                spec: q.spec,
+            }),
+        })
+    }
+}
+
+/// Device-memory access for the CUDA backend.
+#[cfg(feature = "cuda")]
+impl Array {
+    pub(crate) fn from_device_buffer(
+        buf: crate::backends::cuda::DeviceBuffer,
+        shape: Vec<usize>,
+        dtype: DType,
+        device: Device,
+    ) -> Array {
+        debug_assert_eq!(buf.len(), shape.iter().product::<usize>() * dtype.size());
+        Array { shape, dtype, device, bytes: Arc::new(Bytes::Cuda(buf)), offset: 0 }
+    }
+
+    /// An error unless the array lives on the host.
+    fn check_host(&self, op: &'static str) -> Result<()> {
+        if self.device == Device::Cpu {
+            return Ok(());
+        }
+        Err(Error::Device(format!(
+            "{op}: the array is on {}, not in host memory; copy it with to_device(Device::Cpu)",
+            self.device
+        )))
+    }
+
+    /// The device address of the first element.
+    pub(crate) fn cuda_ptr(&self) -> Result<u64> {
+        match &*self.bytes {
+            Bytes::Cuda(buf) => Ok(buf.ptr() + self.offset as u64),
+            _ => Err(Error::Device(format!("the array is on {}, not on a CUDA device", self.device))),
+        }
+    }
+
+    /// The device address of the first element, for writing: the bytes are copied first when
+    /// they are shared with another array (or this is a view), as `host_mut` does.
+    pub(crate) fn cuda_ptr_mut(&mut self) -> Result<u64> {
+        if !matches!(&*self.bytes, Bytes::Cuda(_)) {
+            return Err(Error::Device(format!("the array is on {}, not on a CUDA device", self.device)));
+        }
+        if self.offset != 0 || Arc::get_mut(&mut self.bytes).is_none() {
+            let Bytes::Cuda(buf) = &*self.bytes else { unreachable!("checked above") };
+            let copy = buf.copy_range(self.offset, self.nbytes())?;
+            self.bytes = Arc::new(Bytes::Cuda(copy));
+            self.offset = 0;
+        }
+        match Arc::get_mut(&mut self.bytes) {
+            Some(Bytes::Cuda(buf)) => {
+                buf.invalidate();
+                Ok(buf.ptr())
+            }
+            _ => unreachable!("a unique device buffer after the copy above"),
+        }
+    }
+
+    /// A view of `shape` starting `byte_offset` bytes into this array (no copy).
+    pub(crate) fn window(&self, shape: Vec<usize>, byte_offset: usize) -> Array {
+        Array { shape, offset: self.offset + byte_offset, ..self.clone() }
     }
 }

@@ -13,6 +13,20 @@ pub trait Backend: Send + Sync {
     /// `x [M, K] @ w[N, K]^T -> [M, N]`.
     fn linear(&self, x: &Array, w: &Matrix) -> Result<Array>;
 
+    /// [`Backend::linear`] of one input with several weights (q/k/v, gate/up): `x @ ws[i]^T` for
+    /// each `i`, in order. A backend may run them as one pass (the CPU does for a single input
+    /// row); the default runs them one by one.
+    fn linear_many(&self, x: &Array, ws: &[&Matrix]) -> Result<Vec<Array>> {
+        ws.iter().map(|w| self.linear(x, w)).collect()
+    }
+
+    /// `(silu(gate) * up) @ w^T` for `gate, up [M, K]` (the down projection of a gated MLP). A
+    /// backend may skip materializing the product; the default is
+    /// [`Backend::silu_mul`] then [`Backend::linear`].
+    fn silu_mul_linear(&self, gate: &Array, up: &Array, w: &Matrix) -> Result<Array> {
+        self.linear(&self.silu_mul(gate, up)?, w)
+    }
+
     /// Rows `ids` of `table [V, D]` -> `[len(ids), D]`.
     fn embed(&self, table: &Matrix, ids: &[u32]) -> Result<Array>;
 
@@ -30,6 +44,15 @@ pub trait Backend: Send + Sync {
 
     /// Writes `src [A, n, C]` into `dst [A, capacity, C]` at `offset` along axis 1, in place.
     fn write_axis1(&self, dst: &mut Array, src: &Array, offset: usize) -> Result<()>;
+
+    /// Writes `src [n, A, C]` into `dst [A, capacity, C]` at `offset` along axis 1, in place:
+    /// [`Backend::write_axis1`] of `src` with its first two axes swapped (new keys or values
+    /// `[L, heads, head_dim]` into a `[heads, capacity, head_dim]` cache). The default transposes,
+    /// then writes.
+    fn write_axis1_from_rows(&self, dst: &mut Array, src: &Array, offset: usize) -> Result<()> {
+        let t = self.transpose01(src)?;
+        self.write_axis1(dst, &t, offset)
+    }
 
     /// `[A, B, C] -> [B, A, C]`.
     fn transpose01(&self, x: &Array) -> Result<Array>;
@@ -53,6 +76,12 @@ pub trait Backend: Send + Sync {
 /// The backend of `device`.
 pub fn backend(device: Device) -> &'static dyn Backend {
     match device {
+        #[cfg(not(feature = "cuda"))]
         Device::Cpu => &crate::backends::cpu::CpuBackend,
+        // With GPU arrays about, CPU ops first check that their inputs are in host memory.
+        #[cfg(feature = "cuda")]
+        Device::Cpu => &crate::backends::host_checked::HostChecked,
+        #[cfg(feature = "cuda")]
+        Device::Cuda(i) => crate::backends::cuda::CudaBackend::get(i),
     }
 }

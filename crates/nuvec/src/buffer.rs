@@ -11,6 +11,9 @@ pub(crate) enum Bytes {
     Owned { words: Vec<u64>, len: usize },
     /// A window of a mapped file, aligned to its element size (checked when made).
     Mapped { map: Arc<Mmap>, offset: usize, len: usize },
+    /// Device memory (cargo feature `cuda`); read as host bytes through a copy made on demand.
+    #[cfg(feature = "cuda")]
+    Cuda(crate::backends::cuda::DeviceBuffer),
 }
 
 impl Bytes {
@@ -28,17 +31,19 @@ impl Bytes {
         match self {
             Bytes::Owned { words, len } => &bytemuck::cast_slice(words)[..*len],
             Bytes::Mapped { map, offset, len } => &map[*offset..*offset + *len],
+            #[cfg(feature = "cuda")]
+            Bytes::Cuda(b) => b.host_mirror(),
         }
     }
 
-    /// Writable bytes; a mapped window is copied into owned memory first.
+    /// Writable bytes; a mapped window (or device memory) is copied into owned memory first.
     pub(crate) fn as_mut_bytes(&mut self) -> &mut [u8] {
-        if let Bytes::Mapped { .. } = self {
+        if !matches!(self, Bytes::Owned { .. }) {
             *self = Bytes::copy_of(self.as_bytes());
         }
         match self {
             Bytes::Owned { words, len } => &mut bytemuck::cast_slice_mut(words)[..*len],
-            Bytes::Mapped { .. } => unreachable!("replaced by an owned copy above"),
+            _ => unreachable!("replaced by an owned copy above"),
         }
     }
 }

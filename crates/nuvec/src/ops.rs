@@ -8,6 +8,16 @@ impl Array {
         backend(self.device()).linear(self, w)
     }
 
+    /// `self @ ws[i]^T` for each weight, in order; see [`crate::Backend::linear_many`].
+    pub fn linear_many(&self, ws: &[&Matrix]) -> Result<Vec<Array>> {
+        backend(self.device()).linear_many(self, ws)
+    }
+
+    /// `(silu(self) * up) @ w^T`; see [`crate::Backend::silu_mul_linear`].
+    pub fn silu_mul_linear(&self, up: &Array, w: &Matrix) -> Result<Array> {
+        backend(self.device()).silu_mul_linear(self, up, w)
+    }
+
     /// RMS norm over the last axis.
     pub fn rms_norm(&self, weight: &Array, eps: f32) -> Result<Array> {
         backend(self.device()).rms_norm(self, weight, eps)
@@ -51,6 +61,12 @@ impl Array {
     /// Writes `src` into `self` at `offset` along axis 1; see [`crate::Backend::write_axis1`].
     pub fn write_axis1(&mut self, src: &Array, offset: usize) -> Result<()> {
         backend(self.device()).write_axis1(self, src, offset)
+    }
+
+    /// Writes `src [n, A, C]` into `self [A, capacity, C]` at `offset` along axis 1; see
+    /// [`crate::Backend::write_axis1_from_rows`].
+    pub fn write_axis1_from_rows(&mut self, src: &Array, offset: usize) -> Result<()> {
+        backend(self.device()).write_axis1_from_rows(self, src, offset)
     }
 }
 

@@ -74,25 +74,31 @@ pub fn pack_lsb(values: &[u8], bits: usize, out: &mut [u8]) {
 /// All values of `q` as f32, row-major `[rows, cols]`.
 pub fn dequantize(q: &Quantized) -> Result<Vec<f32>> {
     let QuantMode::Affine = q.spec.mode;
-    let (rows, cols, bits, group) = (q.rows(), q.cols(), q.spec.bits, q.spec.group_size);
+    let (rows, cols) = (q.rows(), q.cols());
     let (scales, biases) = (q.scales.to_f32_vec()?, q.biases.to_f32_vec()?);
     let words = q.packed.to_vec::<u32>()?;
-    let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+    let mut out = vec![0f32; rows * cols];
+    dequantize_rows(&words, &scales, &biases, cols, q.spec, &mut out);
+    Ok(out)
+}
+
+/// Dequantizes rows of `cols` values from raw parts (`words` as MLX packs them, one scale and
+/// bias per group) into `out` (`rows * cols` values).
+pub fn dequantize_rows(words: &[u32], scales: &[f32], biases: &[f32], cols: usize, spec: QuantSpec, out: &mut [f32]) {
+    let (bits, group) = (spec.bits, spec.group_size);
     let mask = (1u32 << bits) - 1;
-    let row_bytes = cols * bits / 8;
-    let mut out = Vec::with_capacity(rows * cols);
-    for r in 0..rows {
-        let row = &bytes[r * row_bytes..(r + 1) * row_bytes];
-        for c in 0..cols {
+    let row_words = cols * bits / 32;
+    for (r, row) in out.chunks_mut(cols).enumerate() {
+        let bytes: Vec<u8> = words[r * row_words..(r + 1) * row_words].iter().flat_map(|w| w.to_le_bytes()).collect();
+        for (c, o) in row.iter_mut().enumerate() {
             let bit = c * bits;
-            let lo = row[bit / 8] as u32;
-            let hi = row.get(bit / 8 + 1).copied().unwrap_or(0) as u32;
+            let lo = bytes[bit / 8] as u32;
+            let hi = bytes.get(bit / 8 + 1).copied().unwrap_or(0) as u32;
             let v = ((lo | hi << 8) >> (bit % 8)) & mask;
             let g = r * (cols / group) + c / group;
-            out.push(scales[g] * v as f32 + biases[g]);
+            *o = scales[g] * v as f32 + biases[g];
         }
     }
-    Ok(out)
 }
 
 /// Which values of an AutoAWQ word hold which column: AutoAWQ packs column `8j + ORDER[i]` into
@@ -135,7 +141,14 @@ fn unpack_sequential(words: &[i32], rows: usize, cols: usize, bits: usize, along
 
 /// `w = (q - z) * s` as MLX's affine layout: `scale = s`, `bias = -z * s` (exact in f32), values
 /// repacked LSB-first along the input. `q [in, out]`, `zeros`/`scales` `[in / group, out]`.
-fn affine_from_zeros(q: &[u8], zeros: &[u8], scales: &[f32], (inputs, outputs): (usize, usize), bits: usize, group: usize) -> Result<Quantized> {
+fn affine_from_zeros(
+    q: &[u8],
+    zeros: &[u8],
+    scales: &[f32],
+    (inputs, outputs): (usize, usize),
+    bits: usize,
+    group: usize,
+) -> Result<Quantized> {
     let groups = inputs / group;
     let mut packed = vec![0u8; outputs * inputs * bits / 8];
     let mut row = vec![0u8; inputs];
@@ -171,7 +184,14 @@ fn check_len(what: &str, got: usize, want: usize) -> Result<()> {
 
 /// An AutoAWQ (GEMM) 4-bit layer as MLX affine: `qweight [in, out / 8]`, `qzeros [in / g, out / 8]`,
 /// `scales [in / g, out]` (as f32), `w = (q - z) * s`.
-pub fn from_awq(qweight: &[i32], qzeros: &[i32], scales: &[f32], inputs: usize, outputs: usize, group: usize) -> Result<Quantized> {
+pub fn from_awq(
+    qweight: &[i32],
+    qzeros: &[i32],
+    scales: &[f32],
+    inputs: usize,
+    outputs: usize,
+    group: usize,
+) -> Result<Quantized> {
     if !outputs.is_multiple_of(8) || group == 0 || !inputs.is_multiple_of(group) {
         return Err(Error::shape("awq", format!("{inputs}x{outputs} with group {group} is not an AutoAWQ layout")));
     }
@@ -196,8 +216,16 @@ pub fn from_gptq(
     zero_offset: u8,
 ) -> Result<Quantized> {
     let per = 32 / bits;
-    if !matches!(bits, 4 | 8) || group == 0 || !inputs.is_multiple_of(group) || !inputs.is_multiple_of(per) || !outputs.is_multiple_of(per) {
-        return Err(Error::shape("gptq", format!("{inputs}x{outputs} at {bits} bits, group {group}, is not a GPTQ layout nuvec reads")));
+    if !matches!(bits, 4 | 8)
+        || group == 0
+        || !inputs.is_multiple_of(group)
+        || !inputs.is_multiple_of(per)
+        || !outputs.is_multiple_of(per)
+    {
+        return Err(Error::shape(
+            "gptq",
+            format!("{inputs}x{outputs} at {bits} bits, group {group}, is not a GPTQ layout nuvec reads"),
+        ));
     }
     check_len("qweight", qweight.len(), inputs / per * outputs)?;
     check_len("qzeros", qzeros.len(), inputs / group * outputs / per)?;
@@ -207,7 +235,10 @@ pub fn from_gptq(
     // v1 stores zero - 1; a wrapped stored value would not be a GPTQ zero point.
     let top = ((1u32 << bits) - 1) as u8;
     for v in z.iter_mut() {
-        *v = v.checked_add(zero_offset).filter(|&x| x <= top).ok_or_else(|| Error::shape("gptq", "a zero point is out of range"))?;
+        *v = v
+            .checked_add(zero_offset)
+            .filter(|&x| x <= top)
+            .ok_or_else(|| Error::shape("gptq", "a zero point is out of range"))?;
     }
     affine_from_zeros(&q, &z, scales, (inputs, outputs), bits, group)
 }
@@ -230,10 +261,7 @@ mod tests {
                     // MLX makes the larger endpoint exact, which can cost the other end up to a
                     // whole step (its value is clipped to the last level).
                     let step = scales[i / group].abs();
-                    assert!(
-                        (a - b).abs() <= step * 1.0001 + 1e-7,
-                        "bits {bits} group {group} at {i}: {a} vs {b}"
-                    );
+                    assert!((a - b).abs() <= step * 1.0001 + 1e-7, "bits {bits} group {group} at {i}: {a} vs {b}");
                 }
             }
         }

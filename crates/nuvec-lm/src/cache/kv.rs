@@ -1,8 +1,8 @@
 //! The plain KV cache: keys and values `[kv_heads, capacity, head_dim]`, grown in blocks.
 
-use nuvec::{Array, DType};
+use nuvec::{Array, DType, Device};
 
-use super::LayerCache;
+use super::Positions;
 use crate::{Error, Result};
 
 /// Positions added at a time when the cache grows (mlx-lm's step).
@@ -26,12 +26,42 @@ impl KvCache {
     /// `offset()`).
     pub fn update_and_fetch(&mut self, keys: &Array, values: &Array) -> Result<(Array, Array)> {
         let (h, l, d) = (keys.dim(0), keys.dim(1), keys.dim(2));
+        self.reserve(h, l, d, keys.device())?;
+        let (k, v) = (self.keys.as_mut().expect("allocated above"), self.values.as_mut().expect("allocated above"));
+        k.write_axis1(keys, self.offset)?;
+        v.write_axis1(values, self.offset)?;
+        self.offset += l;
+        Ok((k.clone(), v.clone()))
+    }
+
+    /// [`KvCache::update_and_fetch`] with `keys, values [L, kv_heads, head_dim]` (positions first,
+    /// as the projections produce them): written into the cache without a transposed copy.
+    pub fn update_and_fetch_rows(&mut self, keys: &Array, values: &Array) -> Result<(Array, Array)> {
+        let (l, h, d) = (keys.dim(0), keys.dim(1), keys.dim(2));
+        self.reserve(h, l, d, keys.device())?;
+        let (k, v) = (self.keys.as_mut().expect("allocated above"), self.values.as_mut().expect("allocated above"));
+        k.write_axis1_from_rows(keys, self.offset)?;
+        v.write_axis1_from_rows(values, self.offset)?;
+        self.offset += l;
+        Ok((k.clone(), v.clone()))
+    }
+
+    /// Makes room for `l` more positions of `h` heads of `d` features.
+    fn reserve(&mut self, h: usize, l: usize, d: usize, keys_device: Device) -> Result<()> {
         let needed = self.offset + l;
+        let device = self.keys.as_ref().map(Array::device);
+        if device.is_some_and(|d| d != keys_device) {
+            // A cache restored on another device (a prompt-cache file read on the host) follows
+            // the keys.
+            for buffer in [&mut self.keys, &mut self.values].into_iter().flatten() {
+                *buffer = buffer.to_device(keys_device)?;
+            }
+        }
         let capacity = self.keys.as_ref().map_or(0, |k| k.dim(1));
         if needed > capacity {
             let grown = needed.div_ceil(STEP) * STEP;
             for buffer in [&mut self.keys, &mut self.values] {
-                let mut fresh = Array::zeros(&[h, grown, d], DType::F32);
+                let mut fresh = Array::zeros_on(&[h, grown, d], DType::F32, keys_device)?;
                 if let Some(old) = buffer.take() {
                     if self.offset > 0 {
                         let kept = old.transpose01()?.slice_rows(0, self.offset)?.transpose01()?;
@@ -41,15 +71,11 @@ impl KvCache {
                 *buffer = Some(fresh);
             }
         }
-        let (k, v) = (self.keys.as_mut().expect("allocated above"), self.values.as_mut().expect("allocated above"));
-        k.write_axis1(keys, self.offset)?;
-        v.write_axis1(values, self.offset)?;
-        self.offset = needed;
-        Ok((k.clone(), v.clone()))
+        Ok(())
     }
 }
 
-impl LayerCache for KvCache {
+impl Positions for KvCache {
     fn offset(&self) -> usize {
         self.offset
     }
@@ -77,7 +103,8 @@ impl KvCache {
     /// A cache holding `keys, values [kv_heads, n, head_dim]`.
     pub fn from_state(keys: &Array, values: &Array) -> Result<Self> {
         if keys.shape().len() != 3 || keys.shape() != values.shape() {
-            let message = format!("keys {:?} and values {:?} are not [heads, positions, dim]", keys.shape(), values.shape());
+            let message =
+                format!("keys {:?} and values {:?} are not [heads, positions, dim]", keys.shape(), values.shape());
             return Err(Error::Invalid(message));
         }
         let mut cache = KvCache::new();

@@ -1,18 +1,240 @@
-//! Per-layer caches of past keys and values.
+//! Per-layer caches of past keys and values, in the kinds mlx-lm has: plain (grows in blocks),
+//! rotating (`max_kv_size`, with `keep` pinned positions) and quantized (`kv_bits`). Each kind
+//! owns the attention mask its layout implies, as mlx-lm's caches make their masks.
 //!
-//! Every cache kind keeps an exact trim contract: `trim(n)` removes exactly `n` positions or
-//! returns an error, never silently fewer.
+//! Every kind keeps an exact trim contract: `trim(n)` removes exactly `n` positions or returns an
+//! error, never silently fewer.
 
 mod kv;
+mod ops;
+mod quantized;
+mod rotating;
+mod store;
 
 pub use kv::KvCache;
+pub use quantized::{kv_spec, QuantizedKvCache};
+pub use rotating::RotatingKvCache;
+pub use store::{QuantRows, Store};
 
-use crate::Result;
+use nuvec::Array;
+use serde_json::json;
 
-/// What every layer cache offers generation.
-pub trait LayerCache {
+use crate::{Error, Result};
+
+/// Positions held and exact trimming, for the plain cache.
+pub trait Positions {
     /// Positions held.
     fn offset(&self) -> usize;
     /// Removes exactly the last `n` positions, or errors leaving the cache unchanged.
     fn trim(&mut self, n: usize) -> Result<()>;
+}
+
+/// Which cache a generation uses. The defaults are mlx-lm's (`quantized_kv_start` 5000, the
+/// same in the library and the CLI; `keep` 4 as `make_prompt_cache`).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct CacheOptions {
+    /// Bound each layer's cache to this many positions (a rotating cache); `None` grows freely.
+    pub max_kv_size: Option<usize>,
+    /// Positions a rotating cache never evicts (the prompt's first tokens).
+    pub keep: usize,
+    /// Quantize keys and values to this many bits (4 or 8, or any MLX affine width).
+    pub kv_bits: Option<usize>,
+    /// Values per quantization group along the head dimension.
+    pub kv_group_size: usize,
+    /// Quantize a layer's cache once it holds this many positions.
+    pub quantized_kv_start: usize,
+}
+
+impl Default for CacheOptions {
+    fn default() -> Self {
+        CacheOptions { max_kv_size: None, keep: 4, kv_bits: None, kv_group_size: 64, quantized_kv_start: 5000 }
+    }
+}
+
+impl CacheOptions {
+    /// Checks the combination, naming the bad setting.
+    pub fn validate(&self) -> Result<()> {
+        if let Some(max) = self.max_kv_size {
+            if max <= self.keep {
+                return Err(Error::Invalid(format!("max_kv_size = {max} must exceed keep = {}", self.keep)));
+            }
+        }
+        if let Some(bits) = self.kv_bits {
+            QuantizedKvCache::new(bits, self.kv_group_size)?;
+        }
+        Ok(())
+    }
+}
+
+/// One layer's cache.
+#[derive(Debug)]
+pub enum LayerCache {
+    /// Grows in blocks of 256 positions.
+    Plain(KvCache),
+    /// Bounded, with pinned positions.
+    Rotating(RotatingKvCache),
+    /// Quantized keys and values.
+    Quantized(QuantizedKvCache),
+    /// Bounded, with pinned positions, quantized (mlx-lm refuses this combination).
+    QuantizedRotating(RotatingKvCache<QuantRows>),
+}
+
+impl LayerCache {
+    /// A fresh cache of the kind `options` asks for (a quantized one starts plain and is
+    /// converted at `quantized_kv_start`, as in mlx-lm).
+    pub fn new(options: &CacheOptions) -> Result<Self> {
+        Ok(match options.max_kv_size {
+            Some(max) => LayerCache::Rotating(RotatingKvCache::new(max, options.keep)?),
+            None => LayerCache::Plain(KvCache::new()),
+        })
+    }
+
+    /// Positions seen (a rotating cache may hold fewer).
+    pub fn offset(&self) -> usize {
+        match self {
+            LayerCache::Plain(c) => c.offset(),
+            LayerCache::Rotating(c) => c.offset(),
+            LayerCache::Quantized(c) => c.offset(),
+            LayerCache::QuantizedRotating(c) => c.offset(),
+        }
+    }
+
+    /// Removes exactly the last `n` positions, or errors leaving the cache unchanged.
+    pub fn trim(&mut self, n: usize) -> Result<()> {
+        match self {
+            LayerCache::Plain(c) => c.trim(n),
+            LayerCache::Rotating(c) => c.trim(n),
+            LayerCache::Quantized(c) => c.trim(n),
+            LayerCache::QuantizedRotating(c) => c.trim(n),
+        }
+    }
+
+    /// Adds `keys, values [L, kv_heads, head_dim]` (positions first, as the projections give
+    /// them) and attends `q [L, heads, head_dim]` over what the cache holds, with its mask.
+    pub fn attend(&mut self, q: &Array, keys: &Array, values: &Array, scale: f32) -> Result<Array> {
+        match self {
+            LayerCache::Plain(c) => {
+                let (k, v) = c.update_and_fetch_rows(keys, values)?;
+                Ok(nuvec::attention(q, &k, &v, c.offset(), scale)?)
+            }
+            LayerCache::Rotating(c) => c.attend(q, &keys.transpose01()?, &values.transpose01()?, scale),
+            LayerCache::Quantized(c) => c.attend(q, &keys.transpose01()?, &values.transpose01()?, scale),
+            LayerCache::QuantizedRotating(c) => c.attend(q, &keys.transpose01()?, &values.transpose01()?, scale),
+        }
+    }
+
+    /// mlx-lm's `maybe_quantize_kv_cache`: a cache holding at least `quantized_kv_start`
+    /// positions becomes a quantized one (after each forward pass). A rotating cache becomes a
+    /// quantized rotating one, keeping its ring.
+    pub fn maybe_quantize(&mut self, options: &CacheOptions) -> Result<()> {
+        let Some(bits) = options.kv_bits else {
+            return Ok(());
+        };
+        if self.offset() < options.quantized_kv_start || self.offset() == 0 {
+            return Ok(());
+        }
+        match self {
+            LayerCache::Plain(c) => {
+                let (k, v) = c.state()?.expect("a cache holding positions has state");
+                *self = LayerCache::Quantized(QuantizedKvCache::from_plain(&k, &v, bits, options.kv_group_size)?);
+            }
+            LayerCache::Rotating(c) => {
+                *self = LayerCache::QuantizedRotating(c.convert(kv_spec(bits, options.kv_group_size)?)?);
+            }
+            LayerCache::Quantized(_) | LayerCache::QuantizedRotating(_) => {}
+        }
+        Ok(())
+    }
+
+    /// The cache as named arrays and a JSON description, for a prompt-cache file.
+    pub fn save_state(&self) -> Result<(Vec<(String, Array)>, serde_json::Value)> {
+        type Named = (Vec<(String, Array)>, [usize; 2]);
+        let named = |prefix: &str, rows: &QuantRows| -> Result<Named> {
+            let (parts, shape) = rows.to_parts()?;
+            let names = ["words", "scales", "biases"].map(|n| format!("{prefix}_{n}"));
+            Ok((names.into_iter().zip(parts).collect(), shape))
+        };
+        Ok(match self {
+            LayerCache::Plain(c) => match c.state()? {
+                Some((k, v)) => (vec![("keys".into(), k), ("values".into(), v)], json!({"kind": "kv"})),
+                None => (vec![], json!({"kind": "kv"})),
+            },
+            LayerCache::Rotating(c) => match c.state() {
+                Some((k, v, counters)) => {
+                    (vec![("keys".into(), k), ("values".into(), v)], json!({"kind": "rotating", "counters": counters}))
+                }
+                None => (vec![], json!({"kind": "rotating", "counters": null})),
+            },
+            LayerCache::Quantized(c) => {
+                let spec = c.spec();
+                let mut arrays = vec![];
+                let mut shape = [0, 0];
+                if let Some((k, v)) = c.rows() {
+                    let (ka, s) = named("key", k)?;
+                    let (va, _) = named("value", v)?;
+                    arrays = ka.into_iter().chain(va).collect();
+                    shape = s;
+                }
+                (arrays, json!({"kind": "quantized", "bits": spec.bits, "group_size": spec.group_size, "shape": shape}))
+            }
+            LayerCache::QuantizedRotating(c) => {
+                let spec = *c.context();
+                let (k, v, counters) = c.state().expect("a quantized rotating cache holds positions");
+                let (ka, shape) = named("key", &k)?;
+                let (va, _) = named("value", &v)?;
+                let description = json!({"kind": "quantized-rotating", "bits": spec.bits, "group_size": spec.group_size,
+                                         "shape": shape, "counters": counters});
+                (ka.into_iter().chain(va).collect(), description)
+            }
+        })
+    }
+
+    /// A cache restored from [`LayerCache::save_state`]'s description and arrays (`get` fetches
+    /// one by name). `options` makes the empty caches a file lists without arrays.
+    pub fn load_state(
+        description: &serde_json::Value,
+        get: impl Fn(&str) -> Result<Array>,
+        options: &CacheOptions,
+    ) -> Result<Self> {
+        let bad = |m: &str| Error::Invalid(format!("a cache described as {description}: {m}"));
+        let count =
+            |v: &serde_json::Value| v.as_u64().map(|n| n as usize).ok_or_else(|| bad("a count is not a number"));
+        let counters = || -> Result<Option<[usize; 4]>> {
+            match description["counters"].as_array() {
+                Some(c) if c.len() == 4 => Ok(Some([count(&c[0])?, count(&c[1])?, count(&c[2])?, count(&c[3])?])),
+                _ => Ok(None),
+            }
+        };
+        let rows = |prefix: &str| -> Result<QuantRows> {
+            let spec = kv_spec(count(&description["bits"])?, count(&description["group_size"])?)?;
+            let shape = description["shape"].as_array().ok_or_else(|| bad("no shape"))?;
+            let shape = [count(&shape[0])?, count(&shape[1])?];
+            let parts = ["words", "scales", "biases"].map(|n| get(&format!("{prefix}_{n}")));
+            let [w, s, b] = parts;
+            QuantRows::from_parts(spec, [&w?, &s?, &b?], shape)
+        };
+        match description["kind"].as_str() {
+            Some("kv") => match get("keys") {
+                Ok(k) => Ok(LayerCache::Plain(KvCache::from_state(&k, &get("values")?)?)),
+                Err(_) => Ok(LayerCache::Plain(KvCache::new())),
+            },
+            Some("rotating") => match counters()? {
+                Some(c) => Ok(LayerCache::Rotating(RotatingKvCache::from_state(get("keys")?, get("values")?, (), c)?)),
+                None => LayerCache::new(options),
+            },
+            Some("quantized") => match get("key_words") {
+                Ok(_) => Ok(LayerCache::Quantized(QuantizedKvCache::from_rows(rows("key")?, rows("value")?)?)),
+                Err(_) => Ok(LayerCache::Quantized(QuantizedKvCache::new(
+                    count(&description["bits"])?,
+                    count(&description["group_size"])?,
+                )?)),
+            },
+            Some("quantized-rotating") => {
+                let c = counters()?.ok_or_else(|| bad("no counters"))?;
+                let spec = kv_spec(count(&description["bits"])?, count(&description["group_size"])?)?;
+                Ok(LayerCache::QuantizedRotating(RotatingKvCache::from_state(rows("key")?, rows("value")?, spec, c)?))
+            }
+            _ => Err(bad("unknown kind")),
+        }
+    }
 }

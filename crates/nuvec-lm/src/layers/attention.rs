@@ -3,7 +3,7 @@
 use nuvec::Array;
 
 use super::{Linear, RmsNorm, Rope};
-use crate::cache::{KvCache, LayerCache};
+use crate::cache::LayerCache;
 use crate::weights::Weights;
 use crate::Result;
 
@@ -60,7 +60,7 @@ impl Attention {
     }
 
     /// Attends `x [L, hidden]` over the cache (which it extends by L positions).
-    pub fn forward(&self, x: &Array, cache: &mut KvCache) -> Result<Array> {
+    pub fn forward(&self, x: &Array, cache: &mut LayerCache) -> Result<Array> {
         let s = &self.shape;
         let l = x.dim(0);
         let heads = |a: Array, n: usize, norm: &Option<RmsNorm>| -> Result<Array> {
@@ -71,14 +71,14 @@ impl Attention {
             }
         };
         let offset = cache.offset();
-        let q = heads(self.q_proj.forward(x)?, s.heads, &self.q_norm)?;
-        let k = heads(self.k_proj.forward(x)?, s.kv_heads, &self.k_norm)?;
-        let v = heads(self.v_proj.forward(x)?, s.kv_heads, &None)?;
+        let [q, k, v] = Linear::forward_many([&self.q_proj, &self.k_proj, &self.v_proj], x)?;
+        let q = heads(q, s.heads, &self.q_norm)?;
+        let k = heads(k, s.kv_heads, &self.k_norm)?;
+        let v = heads(v, s.kv_heads, &None)?;
         let q = self.rope.forward(&q, offset)?;
         let k = self.rope.forward(&k, offset)?;
-        let (keys, values) = cache.update_and_fetch(&k.transpose01()?, &v.transpose01()?)?;
         let scale = (s.head_dim as f32).powf(-0.5);
-        let out = nuvec::attention(&q, &keys, &values, cache.offset(), scale)?;
+        let out = cache.attend(&q, &k, &v, scale)?;
         self.o_proj.forward(&out)
     }
 }

@@ -3,7 +3,7 @@
 use nuvec::{Array, Matrix};
 
 use crate::weights::Weights;
-use crate::Result;
+use crate::{Error, Result};
 
 /// A linear layer.
 #[derive(Debug, Clone)]
@@ -25,7 +25,32 @@ impl Linear {
 
     /// Applies the layer to `x [..., in]`.
     pub fn forward(&self, x: &Array) -> Result<Array> {
-        let y = x.linear(&self.weight)?;
+        self.with_bias(x.linear(&self.weight)?)
+    }
+
+    /// Applies several layers to the same `x [..., in]` (q/k/v, gate/up), in order; the backend
+    /// may run them as one pass. Same results as [`Linear::forward`] on each.
+    pub fn forward_many<const N: usize>(layers: [&Linear; N], x: &Array) -> Result<[Array; N]> {
+        let weights = layers.map(|l| &l.weight);
+        let mut outs = x.linear_many(&weights)?;
+        if outs.len() != N {
+            return Err(Error::Invalid(format!("linear_many returned {} arrays for {N} weights", outs.len())));
+        }
+        for (y, layer) in outs.iter_mut().zip(layers) {
+            if let Some(b) = &layer.bias {
+                *y = y.add_bias(b)?;
+            }
+        }
+        outs.try_into().map_err(|_| Error::Invalid("linear_many: length checked above".into()))
+    }
+
+    /// `(silu(gate) * up)` through this layer (a gated MLP's down projection); the backend may
+    /// fuse the product into the matrix-vector pass. Same result as `forward(gate.silu_mul(up))`.
+    pub fn forward_silu_mul(&self, gate: &Array, up: &Array) -> Result<Array> {
+        self.with_bias(gate.silu_mul_linear(up, &self.weight)?)
+    }
+
+    fn with_bias(&self, y: Array) -> Result<Array> {
         Ok(match &self.bias {
             Some(b) => y.add_bias(b)?,
             None => y,

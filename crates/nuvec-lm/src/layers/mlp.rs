@@ -26,7 +26,7 @@ impl Mlp {
 
     /// Applies the block to `x [L, dims]`.
     pub fn forward(&self, x: &Array) -> Result<Array> {
-        let h = self.gate_proj.forward(x)?.silu_mul(&self.up_proj.forward(x)?)?;
-        self.down_proj.forward(&h)
+        let [gate, up] = Linear::forward_many([&self.gate_proj, &self.up_proj], x)?;
+        self.down_proj.forward_silu_mul(&gate, &up)
     }
 }

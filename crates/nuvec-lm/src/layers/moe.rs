@@ -57,6 +57,8 @@ impl SparseMoe {
     /// Applies the block to `x [L, hidden]`.
     pub fn forward(&self, x: &Array) -> Result<Array> {
         let (l, hidden) = (x.dim(0), x.dim(1));
+        // Routing and the weighted sum run on the host (small: [L, experts] logits in, [L, hidden]
+        // out); the experts' matrices run on the weights' device.
         let router = self.gate.forward(x)?.to_vec::<f32>()?;
         let n = self.experts.len();
         // Per expert: the tokens routed to it and their weights.
@@ -86,7 +88,7 @@ impl SparseMoe {
                 o.iter_mut().zip(y).for_each(|(o, y)| *o += w * y);
             }
         }
-        Ok(Array::from_slice(&out, &[l, hidden])?)
+        Ok(Array::from_slice_on(&out, &[l, hidden], x.device())?)
     }
 }
 

@@ -3,7 +3,7 @@
 
 use nuvec::{Array, Matrix};
 
-use crate::cache::KvCache;
+use crate::cache::LayerCache;
 use crate::config::Config;
 use crate::layers::{Attention, AttentionShape, FeedForward, Mlp, MoeShape, RmsNorm, Rope, SparseMoe};
 use crate::models::Architecture;
@@ -41,7 +41,7 @@ struct Block {
 }
 
 impl Block {
-    fn forward(&self, x: &Array, cache: &mut KvCache) -> Result<Array> {
+    fn forward(&self, x: &Array, cache: &mut LayerCache) -> Result<Array> {
         let h = x.add(&self.self_attn.forward(&self.input_layernorm.forward(x)?, cache)?)?;
         Ok(h.add(&self.mlp.forward(&self.post_attention_layernorm.forward(&h)?)?)?)
     }
@@ -167,7 +167,7 @@ impl Llama {
 }
 
 impl Architecture for Llama {
-    fn hidden(&self, tokens: &[u32], cache: &mut [KvCache]) -> Result<Array> {
+    fn hidden(&self, tokens: &[u32], cache: &mut [LayerCache]) -> Result<Array> {
         if cache.len() != self.layers.len() {
             return Err(Error::Invalid(format!(
                 "a cache of {} layers for a model of {}",

@@ -5,9 +5,9 @@ mod qwen2;
 mod qwen3;
 mod qwen3_moe;
 
-use nuvec::Array;
+use nuvec::{Array, Device};
 
-use crate::cache::KvCache;
+use crate::cache::{CacheOptions, LayerCache};
 use crate::config::Config;
 use crate::weights::Weights;
 use crate::{Error, Result};
@@ -16,7 +16,7 @@ use crate::{Error, Result};
 pub trait Architecture: Send + Sync {
     /// Runs `tokens` through the decoder, extending `cache` (one per layer); returns the final
     /// normalized hidden states `[L, hidden]`.
-    fn hidden(&self, tokens: &[u32], cache: &mut [KvCache]) -> Result<Array>;
+    fn hidden(&self, tokens: &[u32], cache: &mut [LayerCache]) -> Result<Array>;
     /// The output head: `[L, hidden] -> [L, vocab]` logits.
     fn logits(&self, hidden: &Array) -> Result<Array>;
     /// Decoder layers (one cache each).
@@ -34,6 +34,7 @@ pub struct Model {
     eos_token_ids: Vec<u32>,
     newline_token_ids: Vec<u32>,
     fingerprint: String,
+    device: Device,
 }
 
 impl std::fmt::Debug for Model {
@@ -66,6 +67,7 @@ impl Model {
             eos_token_ids: config.eos_token_ids()?,
             newline_token_ids: vec![],
             fingerprint: String::new(),
+            device: weights.device(),
         })
     }
 
@@ -73,7 +75,19 @@ impl Model {
     /// end-of-sequence ids.
     pub fn new(arch: Box<dyn Architecture>, model_type: &str, vocab_size: usize, eos_token_ids: Vec<u32>) -> Self {
         let fingerprint = String::new();
-        Model { arch, model_type: model_type.to_string(), vocab_size, eos_token_ids, newline_token_ids: vec![], fingerprint }
+        let (model_type, newline_token_ids, device) = (model_type.to_string(), vec![], Device::Cpu);
+        Model { arch, model_type, vocab_size, eos_token_ids, newline_token_ids, fingerprint, device }
+    }
+
+    /// Where the weights are (and where the caches' keys and values go).
+    pub fn device(&self) -> Device {
+        self.device
+    }
+
+    /// Sets the device [`Model::device`] reports, for a custom architecture that put its own
+    /// weights there ([`Model::from_config`] takes it from the weights).
+    pub fn set_device(&mut self, device: Device) {
+        self.device = device;
     }
 
     /// `config.json`'s `model_type`.
@@ -96,26 +110,32 @@ impl Model {
         self.arch.num_layers()
     }
 
-    /// A fresh cache, one per layer.
-    pub fn new_cache(&self) -> Vec<KvCache> {
-        (0..self.num_layers()).map(|_| KvCache::new()).collect()
+    /// A fresh plain cache, one per layer.
+    pub fn new_cache(&self) -> Vec<LayerCache> {
+        (0..self.num_layers()).map(|_| LayerCache::Plain(crate::cache::KvCache::new())).collect()
+    }
+
+    /// A fresh cache of the kind `options` asks for, one per layer.
+    pub fn make_cache(&self, options: &CacheOptions) -> Result<Vec<LayerCache>> {
+        options.validate()?;
+        (0..self.num_layers()).map(|_| LayerCache::new(options)).collect()
     }
 
     /// Logits `[L, vocab]` for every position of `tokens`, extending `cache`.
-    pub fn forward(&self, tokens: &[u32], cache: &mut [KvCache]) -> Result<Array> {
+    pub fn forward(&self, tokens: &[u32], cache: &mut [LayerCache]) -> Result<Array> {
         let h = self.arch.hidden(tokens, cache)?;
         self.arch.logits(&h)
     }
 
     /// Logits `[1, vocab]` of the last position only (the head runs on one row).
-    pub fn forward_last(&self, tokens: &[u32], cache: &mut [KvCache]) -> Result<Array> {
+    pub fn forward_last(&self, tokens: &[u32], cache: &mut [LayerCache]) -> Result<Array> {
         let h = self.arch.hidden(tokens, cache)?;
         let l = h.dim(0);
         self.arch.logits(&h.slice_rows(l - 1, l)?)
     }
 
     /// Extends `cache` with `tokens` without computing logits (a prefill chunk).
-    pub fn prefill(&self, tokens: &[u32], cache: &mut [KvCache]) -> Result<()> {
+    pub fn prefill(&self, tokens: &[u32], cache: &mut [LayerCache]) -> Result<()> {
         self.arch.hidden(tokens, cache).map(|_| ())
     }
 }

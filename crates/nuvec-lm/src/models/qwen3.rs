@@ -6,9 +6,9 @@ use crate::config::Config;
 use crate::weights::Weights;
 use crate::Result;
 
-/// Loads a Qwen 3 checkpoint.
-pub fn load(config: &Config, weights: &Weights) -> Result<Llama> {
-    let family = Family {
+/// Qwen 3's options on the shared decoder.
+pub fn family() -> Family {
+    Family {
         qkv_bias: false,
         o_bias: false,
         mlp_bias: false,
@@ -17,6 +17,10 @@ pub fn load(config: &Config, weights: &Weights) -> Result<Llama> {
         default_rope_theta: None,
         moe: false,
         default_tie: None,
-    };
-    Llama::load_family(config, weights, &family)
+    }
+}
+
+/// Loads a Qwen 3 checkpoint.
+pub fn load(config: &Config, weights: &Weights) -> Result<Llama> {
+    Llama::load_family(config, weights, &family())
 }

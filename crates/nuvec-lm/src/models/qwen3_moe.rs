@@ -8,15 +8,5 @@ use crate::Result;
 
 /// Loads a Qwen 3 MoE checkpoint.
 pub fn load(config: &Config, weights: &Weights) -> Result<Llama> {
-    let family = Family {
-        qkv_bias: false,
-        o_bias: false,
-        mlp_bias: false,
-        qk_norm: true,
-        head_dim_required: true,
-        default_rope_theta: None,
-        moe: true,
-        default_tie: None,
-    };
-    Llama::load_family(config, weights, &family)
+    Llama::load_family(config, weights, &Family { moe: true, ..super::qwen3::family() })
 }

@@ -1,3 +1,117 @@
 //! Device backends. Each folder implements [`crate::Backend`] for one device.
 
 pub mod cpu;
+#[cfg(feature = "cuda")]
+pub mod cuda;
+
+/// The CPU backend behind a check that every input lives in host memory: with the `cuda`
+/// feature an array may live on a GPU, and a CPU op given one returns an error naming the op,
+/// the input and its device instead of reading device memory.
+#[cfg(feature = "cuda")]
+pub(crate) mod host_checked {
+    use super::cpu::CpuBackend;
+    use crate::{Array, Backend, Device, Error, Matrix, Result};
+
+    #[derive(Debug, Clone, Copy, Default)]
+    pub(crate) struct HostChecked;
+
+    fn on_host(op: &str, inputs: &[(&str, &Array)]) -> Result<()> {
+        match inputs.iter().find(|(_, a)| a.device() != Device::Cpu) {
+            None => Ok(()),
+            Some((name, a)) => Err(Error::Device(format!(
+                "{op}: {name} is on {} but the op runs on the cpu; move it with to_device(Device::Cpu)",
+                a.device()
+            ))),
+        }
+    }
+
+    fn matrix<'a>(name: &'a str, w: &'a Matrix) -> Vec<(&'a str, &'a Array)> {
+        match w {
+            Matrix::Dense(a) => vec![(name, a)],
+            Matrix::Quantized(q) => vec![(name, &q.packed), ("scales", &q.scales), ("biases", &q.biases)],
+        }
+    }
+
+    impl Backend for HostChecked {
+        fn device(&self) -> Device {
+            Device::Cpu
+        }
+
+        fn linear(&self, x: &Array, w: &Matrix) -> Result<Array> {
+            on_host("linear", &[&[("x", x)][..], &matrix("weight", w)].concat())?;
+            CpuBackend.linear(x, w)
+        }
+
+        fn embed(&self, table: &Matrix, ids: &[u32]) -> Result<Array> {
+            on_host("embed", &matrix("table", table))?;
+            CpuBackend.embed(table, ids)
+        }
+
+        fn rms_norm(&self, x: &Array, weight: &Array, eps: f32) -> Result<Array> {
+            on_host("rms_norm", &[("x", x), ("weight", weight)])?;
+            CpuBackend.rms_norm(x, weight, eps)
+        }
+
+        fn rope(&self, x: &Array, inv_freqs: &[f32], offset: usize, traditional: bool) -> Result<Array> {
+            on_host("rope", &[("x", x)])?;
+            CpuBackend.rope(x, inv_freqs, offset, traditional)
+        }
+
+        fn attention(&self, q: &Array, k: &Array, v: &Array, kv_len: usize, scale: f32) -> Result<Array> {
+            on_host("attention", &[("q", q), ("k", k), ("v", v)])?;
+            CpuBackend.attention(q, k, v, kv_len, scale)
+        }
+
+        fn write_axis1(&self, dst: &mut Array, src: &Array, offset: usize) -> Result<()> {
+            on_host("write_axis1", &[("dst", dst), ("src", src)])?;
+            CpuBackend.write_axis1(dst, src, offset)
+        }
+
+        fn linear_many(&self, x: &Array, ws: &[&Matrix]) -> Result<Vec<Array>> {
+            let mut inputs = vec![("x", x)];
+            ws.iter().for_each(|w| inputs.extend(matrix("weight", w)));
+            on_host("linear_many", &inputs)?;
+            CpuBackend.linear_many(x, ws)
+        }
+
+        fn silu_mul_linear(&self, gate: &Array, up: &Array, w: &Matrix) -> Result<Array> {
+            on_host("silu_mul_linear", &[&[("gate", gate), ("up", up)][..], &matrix("weight", w)].concat())?;
+            CpuBackend.silu_mul_linear(gate, up, w)
+        }
+
+        fn write_axis1_from_rows(&self, dst: &mut Array, src: &Array, offset: usize) -> Result<()> {
+            on_host("write_axis1_from_rows", &[("dst", dst), ("src", src)])?;
+            CpuBackend.write_axis1_from_rows(dst, src, offset)
+        }
+
+        fn transpose01(&self, x: &Array) -> Result<Array> {
+            on_host("transpose01", &[("x", x)])?;
+            CpuBackend.transpose01(x)
+        }
+
+        fn add(&self, a: &Array, b: &Array) -> Result<Array> {
+            on_host("add", &[("a", a), ("b", b)])?;
+            CpuBackend.add(a, b)
+        }
+
+        fn add_bias(&self, x: &Array, bias: &Array) -> Result<Array> {
+            on_host("add_bias", &[("x", x), ("bias", bias)])?;
+            CpuBackend.add_bias(x, bias)
+        }
+
+        fn silu_mul(&self, gate: &Array, up: &Array) -> Result<Array> {
+            on_host("silu_mul", &[("gate", gate), ("up", up)])?;
+            CpuBackend.silu_mul(gate, up)
+        }
+
+        fn slice_rows(&self, x: &Array, start: usize, end: usize) -> Result<Array> {
+            on_host("slice_rows", &[("x", x)])?;
+            CpuBackend.slice_rows(x, start, end)
+        }
+
+        fn argmax(&self, x: &Array) -> Result<Array> {
+            on_host("argmax", &[("x", x)])?;
+            CpuBackend.argmax(x)
+        }
+    }
+}

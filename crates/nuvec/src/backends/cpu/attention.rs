@@ -1,8 +1,13 @@
 //! Causal scaled-dot-product attention with grouped KV heads.
 //!
-//! Few queries (decode): one task per (query, head) row, SIMD dots over the keys, softmax, then
-//! SIMD `axpy` of the values. Many queries (prefill): per (head, block of queries), the scores
-//! `Q K^T` and the output `P V` are two `gemm` calls on a thread-local score buffer.
+//! One query (decode): split-K ("flash decoding"): one task per (KV head, chunk of keys) serves
+//! every query head of the group, so each key and value row is read from memory once; each task
+//! leaves a partial (max, sum of exponentials, weighted sum of values) and the calling thread
+//! combines them. A few queries: one task per (query, head) row, SIMD dots over the keys,
+//! softmax, then SIMD `axpy` of the values. Many queries (prefill): per (head, block of queries),
+//! the scores `Q K^T` and the output `P V` are two `gemm` calls on a thread-local score buffer.
+
+use std::cell::RefCell;
 
 use super::linear::{with_scratch, PAR_MIN_WORK};
 use super::pool::{self, SendPtr};
@@ -14,14 +19,18 @@ const BLOCK: usize = 64;
 /// Queries from which the `gemm` path is used.
 const GEMM_MIN_QUERIES: usize = 16;
 
+/// Keys per split-K task at least.
+const SPLIT_MIN_KEYS: usize = 32;
+
+thread_local! {
+    /// The calling thread's split-K partials.
+    static PARTIALS: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
 /// Softmax of `scale * s` over `s` in place (max-subtracted); returns nothing, `s` sums to 1.
 fn softmax_scaled(s: &mut [f32], scale: f32) {
     let max = s.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let mut sum = 0.0;
-    for v in s.iter_mut() {
-        *v = ((*v - max) * scale).exp();
-        sum += *v;
-    }
+    let sum = simd::exp_shifted(s, max, scale);
     let inv = 1.0 / sum;
     s.iter_mut().for_each(|v| *v *= inv);
 }
@@ -41,10 +50,110 @@ pub(crate) fn attention(q: &Array, k: &Array, v: &Array, kv_len: usize, scale: f
     let o = out.host_mut::<f32>()?;
     if l >= GEMM_MIN_QUERIES && scale > 0.0 {
         blocked(qd, kd, vd, o, [l, hq, d, hkv, cap], kv_len, scale);
+    } else if l == 1 && scale > 0.0 {
+        PARTIALS.with(|cell| match cell.try_borrow_mut() {
+            Ok(mut p) => decode(qd, kd, vd, o, [hq, d, hkv, cap], kv_len, scale, &mut p),
+            Err(_) => decode(qd, kd, vd, o, [hq, d, hkv, cap], kv_len, scale, &mut vec![]),
+        });
     } else {
         rows(qd, kd, vd, o, [l, hq, d, hkv, cap], kv_len, scale);
     }
     Ok(out)
+}
+
+/// Key chunks per KV head for split-K decode: enough tasks to balance the threads, a multiple of
+/// them in total where the keys allow.
+fn decode_splits(dims: [usize; 4], kv_len: usize) -> usize {
+    let [hq, d, hkv, _] = dims;
+    let threads = pool::threads();
+    if threads == 1 || hq * kv_len * d * 2 < PAR_MIN_WORK {
+        return 1;
+    }
+    let most = kv_len.div_ceil(SPLIT_MIN_KEYS);
+    let mut splits = (threads * 4).div_ceil(hkv).min(most).max(1);
+    while !(hkv * splits).is_multiple_of(threads) && splits < most {
+        splits += 1;
+    }
+    splits
+}
+
+/// One query over `kv_len` keys, split-K; `partials` is reusable scratch.
+#[allow(clippy::too_many_arguments)]
+fn decode(
+    qd: &[f32],
+    kd: &[f32],
+    vd: &[f32],
+    out: &mut [f32],
+    dims: [usize; 4],
+    kv_len: usize,
+    scale: f32,
+    partials: &mut Vec<f32>,
+) {
+    decode_split(qd, kd, vd, out, dims, kv_len, scale, decode_splits(dims, kv_len), partials)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn decode_split(
+    qd: &[f32],
+    kd: &[f32],
+    vd: &[f32],
+    out: &mut [f32],
+    dims: [usize; 4],
+    kv_len: usize,
+    scale: f32,
+    splits: usize,
+    partials: &mut Vec<f32>,
+) {
+    let [hq, d, hkv, cap] = dims;
+    let group = hq / hkv;
+    let chunk = kv_len.div_ceil(splits.max(1));
+    let splits = kv_len.div_ceil(chunk);
+    // Per (kv head, split): the group's weighted values (group x d), then its maxima and sums.
+    let stride = group * (d + 2);
+    partials.resize(hkv * splits * stride, 0.0);
+    let task = |t: usize, part: &mut [f32]| {
+        let (kvh, c) = (t / splits, t % splits);
+        let (j0, j1) = (c * chunk, ((c + 1) * chunk).min(kv_len));
+        let n = j1 - j0;
+        let keys = &kd[(kvh * cap + j0) * d..(kvh * cap + j1) * d];
+        let values = &vd[(kvh * cap + j0) * d..(kvh * cap + j1) * d];
+        let qs = &qd[kvh * group * d..(kvh + 1) * group * d];
+        let (weighted, stats) = part.split_at_mut(group * d);
+        let (maxes, sums) = stats.split_at_mut(group);
+        with_scratch(group * n, |scores| {
+            // Keys and values are short streams from memory: prefetched a few rows ahead, the
+            // values while the scores are computed.
+            simd::dots_rows(qs, keys, values, d, scores);
+            for ((s, m), sum) in scores.chunks_exact_mut(n).zip(maxes.iter_mut()).zip(sums.iter_mut()) {
+                *m = s.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                *sum = simd::exp_shifted(s, *m, scale);
+            }
+            simd::weighted_rows(scores, values, d, weighted);
+        })
+    };
+    let tasks = hkv * splits;
+    if tasks == 1 {
+        task(0, partials);
+    } else {
+        pool::for_chunks(partials, stride, |start, part| task(start / stride, part));
+    }
+    // Combine the splits of each query head: rescale to the largest max.
+    for (h, o) in out.chunks_exact_mut(d).enumerate() {
+        let (kvh, g) = (h / group, h % group);
+        let part = |c: usize| &partials[(kvh * splits + c) * stride..][..stride];
+        let (max_at, sum_at) = (group * d + g, group * d + group + g);
+        let max = (0..splits).map(|c| part(c)[max_at]).fold(f32::NEG_INFINITY, f32::max);
+        o.iter_mut().for_each(|v| *v = 0.0);
+        let mut sum = 0.0;
+        for c in 0..splits {
+            let p = part(c);
+            let w = ((p[max_at] - max) * scale).exp();
+            sum += w * p[sum_at];
+            simd::axpy(w, &p[g * d..(g + 1) * d], o);
+        }
+        let inv = 1.0 / sum;
+        o.iter_mut().for_each(|v| *v *= inv);
+    }
 }
 
 /// One (query, head) row at a time.
@@ -206,10 +315,16 @@ mod tests {
 
     #[test]
     fn row_and_blocked_attention_match_reference() {
-        let (hq, hkv, d, cap) = (6usize, 2usize, 32usize, 160usize);
+        for d in [32usize, 64] {
+            check_attention(d);
+        }
+    }
+
+    fn check_attention(d: usize) {
+        let (hq, hkv, cap) = (6usize, 2usize, 160usize);
         let kd = randoms(hkv * cap * d, 11);
         let vd = randoms(hkv * cap * d, 12);
-        for (l, kv_len) in [(1usize, 1usize), (1, 77), (3, 40), (16, 16), (70, 70), (100, 150)] {
+        for (l, kv_len) in [(1usize, 1usize), (1, 77), (1, 160), (1, 33), (3, 40), (16, 16), (70, 70), (100, 150)] {
             let qd: Vec<f32> = randoms(l * hq * d, l as u64).iter().map(|v| v * 3.0).collect();
             let dims = [l, hq, d, hkv, cap];
             let want = reference(&qd, &kd, &vd, dims, kv_len, 0.2);
@@ -219,6 +334,15 @@ mod tests {
             blocked(&qd, &kd, &vd, &mut b, dims, kv_len, 0.2);
             for ((x, y), w) in a.iter().zip(&b).zip(&want) {
                 assert!((x - w).abs() < 1e-5 && (y - w).abs() < 1e-5, "l {l} kv {kv_len}: {x} {y} vs {w}");
+            }
+            if l == 1 {
+                for splits in [1usize, 2, 3, 4, 7] {
+                    let mut c = vec![0f32; hq * d];
+                    decode_split(&qd, &kd, &vd, &mut c, [hq, d, hkv, cap], kv_len, 0.2, splits, &mut vec![]);
+                    for (x, w) in c.iter().zip(&want) {
+                        assert!((x - w).abs() < 1e-5, "decode kv {kv_len} splits {splits}: {x} vs {w}");
+                    }
+                }
             }
         }
     }

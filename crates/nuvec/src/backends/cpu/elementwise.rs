@@ -17,6 +17,16 @@ pub(crate) fn binary(op: &'static str, a: &Array, b: &Array, f: impl Fn(f32, f32
     Ok(out)
 }
 
+pub(crate) fn silu_mul(gate: &Array, up: &Array) -> Result<Array> {
+    if gate.shape() != up.shape() {
+        return Err(Error::shape("silu_mul", format!("{:?} and {:?} differ", gate.shape(), up.shape())));
+    }
+    let (g, u) = (f32s("silu_mul", gate)?, f32s("silu_mul", up)?);
+    let mut out = Array::zeros(gate.shape(), crate::DType::F32);
+    super::simd::silu_mul(g, u, out.host_mut::<f32>()?);
+    Ok(out)
+}
+
 pub(crate) fn add_bias(x: &Array, bias: &Array) -> Result<Array> {
     let n = x.dim(-1);
     if bias.len() != n {
@@ -112,11 +122,35 @@ pub(crate) fn write_axis1(dst: &mut Array, src: &Array, offset: usize) -> Result
             format!("cannot write {:?} into {:?} at {offset}", src.shape(), dst.shape()),
         ));
     }
-    let s = f32s("write_axis1", src)?.to_vec();
+    let s = f32s("write_axis1", src)?;
     let d = dst.host_mut::<f32>()?;
     for i in 0..a {
         let to = (i * cap + offset) * c;
         d[to..to + n * c].copy_from_slice(&s[i * n * c..(i + 1) * n * c]);
+    }
+    Ok(())
+}
+
+pub(crate) fn write_axis1_from_rows(dst: &mut Array, src: &Array, offset: usize) -> Result<()> {
+    let (&[a, cap, c], &[n, sa, sc]) = (dst.shape(), src.shape()) else {
+        return Err(Error::shape(
+            "write_axis1_from_rows",
+            format!("expected 3-d arrays, got {:?} and {:?}", dst.shape(), src.shape()),
+        ));
+    };
+    if a != sa || c != sc || offset + n > cap {
+        return Err(Error::shape(
+            "write_axis1_from_rows",
+            format!("cannot write {:?} (rows first) into {:?} at {offset}", src.shape(), dst.shape()),
+        ));
+    }
+    let s = f32s("write_axis1_from_rows", src)?;
+    let d = dst.host_mut::<f32>()?;
+    for (t, row) in s.chunks_exact(a * c.max(1)).enumerate().take(n) {
+        for (i, head) in row.chunks_exact(c.max(1)).enumerate() {
+            let to = (i * cap + offset + t) * c;
+            d[to..to + c].copy_from_slice(head);
+        }
     }
     Ok(())
 }

@@ -20,11 +20,31 @@ pub(crate) const PAR_MIN_WORK: usize = 1 << 16;
 /// Input rows up to which the matrix-vector kernel beats decoding tiles for `gemm`.
 const GEMV_MAX_ROWS: usize = 4;
 
+/// Weights [`linear_many`] runs as one pass at most.
+const MANY_MAX: usize = 8;
+
 thread_local! {
     /// Per-thread scratch: scales/biases of one row, decoded weight tiles.
     static SCRATCH: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
     /// The calling thread's prepared input vector.
     static PREPARED: RefCell<PreparedX> = RefCell::new(PreparedX::new());
+    /// The calling thread's `silu(gate) * up` row.
+    static GATED: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Runs `f` with the thread's [`PreparedX`] laid out for `x` (a fresh one if it is in use).
+fn with_prepared<R>(x: &[f32], q: &QMatrix, f: impl FnOnce(&PreparedX) -> R) -> R {
+    PREPARED.with(|cell| match cell.try_borrow_mut() {
+        Ok(mut xs) => {
+            xs.prepare(x, q.group, q.bits, simd::isa());
+            f(&xs)
+        }
+        Err(_) => {
+            let mut xs = PreparedX::new();
+            xs.prepare(x, q.group, q.bits, simd::isa());
+            f(&xs)
+        }
+    })
 }
 
 /// Runs `f` with a thread-local scratch buffer of at least `len` floats (a fresh one if the
@@ -153,22 +173,9 @@ pub(crate) fn unpack_row(bytes: &[u8], bits: usize, out: &mut [f32]) {
 fn gemv(w: &Weights, x: &[f32], out: &mut [f32]) {
     let k = x.len();
     match w {
-        Weights::Affine(q) => {
-            let mut run = |xs: &PreparedX| {
-                par_rows(out, k, |r0, o| with_scratch(2 * q.groups(), |p| qgemv::rows(q, r0, x, xs, p, o)));
-            };
-            PREPARED.with(|cell| match cell.try_borrow_mut() {
-                Ok(mut xs) => {
-                    xs.prepare(x, q.group, q.bits, simd::isa());
-                    run(&xs)
-                }
-                Err(_) => {
-                    let mut xs = PreparedX::new();
-                    xs.prepare(x, q.group, q.bits, simd::isa());
-                    run(&xs)
-                }
-            });
-        }
+        Weights::Affine(q) => with_prepared(x, q, |xs| {
+            par_rows(out, k, |r0, o| with_scratch(2 * q.groups(), |p| qgemv::rows(q, r0, x, xs, p, o)));
+        }),
         Weights::F32(d) => par_rows(out, k, |r0, o| {
             for (i, o) in o.iter_mut().enumerate() {
                 *o = simd::dot(&d[(r0 + i) * k..(r0 + i + 1) * k], x);
@@ -255,6 +262,100 @@ pub(crate) fn linear(x: &Array, w: &Matrix) -> Result<Array> {
     Ok(out)
 }
 
+/// `x @ ws[i]^T` for each weight. One input row over quantized weights of one width and group
+/// size runs as a single parallel pass over all their rows (x prepared once); anything else
+/// runs [`linear`] per weight.
+pub(crate) fn linear_many(x: &Array, ws: &[&Matrix]) -> Result<Vec<Array>> {
+    let k = x.dim(-1);
+    let m = x.len() / k.max(1);
+    let mut qs: [Option<QMatrix>; MANY_MAX] = [None; MANY_MAX];
+    let fused = m == 1 && k > 0 && ws.len() <= MANY_MAX && x.dtype() == DType::F32 && {
+        for (slot, w) in qs.iter_mut().zip(ws) {
+            if let (Matrix::Quantized(q), true) = (w, w.cols() == k) {
+                if let Ok(Weights::Affine(qm)) = Weights::affine(q) {
+                    *slot = Some(qm);
+                }
+            }
+        }
+        let first = qs[0];
+        qs[..ws.len()].iter().all(|q| match (q, first) {
+            (Some(q), Some(f)) => q.bits == f.bits && q.group == f.group,
+            _ => false,
+        })
+    };
+    if !fused {
+        return ws.iter().map(|w| linear(x, w)).collect();
+    }
+    let xs = super::f32s("linear", x)?;
+    let mut outs: Vec<Array> = ws
+        .iter()
+        .map(|w| {
+            let mut shape = x.shape().to_vec();
+            *shape.last_mut().expect("x has at least one axis") = w.rows();
+            Array::zeros(&shape, DType::F32)
+        })
+        .collect();
+    let mut ptrs = [SendPtr(std::ptr::null_mut::<f32>()); MANY_MAX];
+    for (p, o) in ptrs.iter_mut().zip(outs.iter_mut()) {
+        *p = SendPtr(o.host_mut::<f32>()?.as_mut_ptr());
+    }
+    let n_total: usize = ws.iter().map(|w| w.rows()).sum();
+    let threads = pool::threads();
+    let chunk = n_total.div_ceil(threads * 4).next_multiple_of(4).max(4);
+    let first = qs[0].expect("checked above");
+    let mut task_ends = [0usize; MANY_MAX];
+    let mut total = 0;
+    for (end, w) in task_ends.iter_mut().zip(ws) {
+        total += w.rows().div_ceil(chunk);
+        *end = total;
+    }
+    let count = ws.len();
+    with_prepared(xs, &first, |prepared| {
+        let task = |t: usize| {
+            let i = task_ends[..count].iter().position(|&e| t < e).expect("t < total");
+            let q = qs[i].as_ref().expect("checked above");
+            let start = if i == 0 { 0 } else { task_ends[i - 1] };
+            let r0 = (t - start) * chunk;
+            let r1 = (r0 + chunk).min(ws[i].rows());
+            let p = ptrs[i];
+            // SAFETY: output i has ws[i].rows() floats, alive until this region ends; task t alone
+            // writes its rows r0..r1 of it.
+            let o = unsafe { std::slice::from_raw_parts_mut(p.0.add(r0), r1 - r0) };
+            with_scratch(2 * q.groups(), |scratch| qgemv::rows(q, r0, xs, prepared, scratch, o));
+        };
+        if threads <= 1 || n_total * k < PAR_MIN_WORK {
+            (0..total).for_each(task);
+        } else {
+            pool::run(total, &task);
+        }
+    });
+    Ok(outs)
+}
+
+/// `(silu(gate) * up) @ w^T`: one input row goes through a thread-local buffer into the GEMV.
+pub(crate) fn silu_mul_linear(gate: &Array, up: &Array, w: &Matrix) -> Result<Array> {
+    let k = gate.dim(-1);
+    if gate.shape() != up.shape() || gate.len() != k || k != w.cols() {
+        return linear(&super::elementwise::silu_mul(gate, up)?, w);
+    }
+    let (g, u) = (super::f32s("silu_mul", gate)?, super::f32s("silu_mul", up)?);
+    let weights = Weights::new(w)?;
+    let mut shape = gate.shape().to_vec();
+    *shape.last_mut().expect("gate has at least one axis") = w.rows();
+    let mut out = Array::zeros(&shape, DType::F32);
+    let o = out.host_mut::<f32>()?;
+    let mut run = |h: &mut Vec<f32>| {
+        h.resize(k, 0.0);
+        simd::silu_mul(g, u, h);
+        gemv(&weights, h, o);
+    };
+    GATED.with(|cell| match cell.try_borrow_mut() {
+        Ok(mut h) => run(&mut h),
+        Err(_) => run(&mut Vec::new()),
+    });
+    Ok(out)
+}
+
 pub(crate) fn embed(table: &Matrix, ids: &[u32]) -> Result<Array> {
     let (v, d) = (table.rows(), table.cols());
     if let Some(bad) = ids.iter().find(|&&i| i as usize >= v) {
@@ -303,6 +404,45 @@ mod tests {
             }
         }
         out
+    }
+
+    #[test]
+    fn linear_many_and_silu_mul_linear_match_separate_ops() {
+        let k = 576usize;
+        let make = |n: usize, seed: u64, bits: usize| {
+            let words = k * bits / 32;
+            let packed: Vec<u32> = randoms(n * words, seed).iter().map(|v| v.to_bits() ^ 0x9e37_79b9).collect();
+            let scales: Vec<f16> = randoms(n * k / 32, seed + 1).iter().map(|v| f16::from_f32(v * 0.05)).collect();
+            let biases: Vec<f16> = randoms(n * k / 32, seed + 2).iter().map(|v| f16::from_f32(v * 0.2)).collect();
+            Matrix::Quantized(
+                Quantized::new(
+                    Array::from_slice(&packed, &[n, words]).unwrap(),
+                    Array::from_slice(&scales, &[n, k / 32]).unwrap(),
+                    Array::from_slice(&biases, &[n, k / 32]).unwrap(),
+                    QuantSpec { mode: QuantMode::Affine, bits, group_size: 32 },
+                    k,
+                )
+                .unwrap(),
+            )
+        };
+        let (a, b, c) = (make(576, 1, 4), make(192, 4, 4), make(100, 7, 4));
+        let d = make(64, 9, 8);
+        let x = Array::from_slice(&randoms(k, 3), &[1, k]).unwrap();
+        for ws in [vec![&a, &b, &c], vec![&a, &d], vec![&c]] {
+            let many = linear_many(&x, &ws).unwrap();
+            for (w, got) in ws.iter().zip(&many) {
+                let want = linear(&x, w).unwrap().to_vec::<f32>().unwrap();
+                assert_eq!(got.shape(), &[1, w.rows()]);
+                for (g, w) in got.to_vec::<f32>().unwrap().iter().zip(&want) {
+                    assert!((g - w).abs() <= 1e-5 * (1.0 + w.abs()), "{g} vs {w}");
+                }
+            }
+        }
+        let up = Array::from_slice(&randoms(k, 5), &[1, k]).unwrap();
+        let got = silu_mul_linear(&x, &up, &c).unwrap().to_vec::<f32>().unwrap();
+        let h = super::super::elementwise::silu_mul(&x, &up).unwrap();
+        let want = linear(&h, &c).unwrap().to_vec::<f32>().unwrap();
+        assert_eq!(got, want);
     }
 
     #[test]

@@ -1,5 +1,6 @@
-//! The CPU backend: plain Rust kernels written for auto-vectorization, threaded with rayon.
-//! It runs every op at once (synchronously), which the asynchronous API allows.
+//! The CPU backend: SIMD kernels with run-time dispatch (AVX-512, AVX2, scalar), threaded with a
+//! small spinning fork-join pool. It runs every op at once (synchronously), which the
+//! asynchronous API allows.
 
 mod attention;
 mod elementwise;
@@ -63,6 +64,14 @@ impl Backend for CpuBackend {
         linear::linear(x, w)
     }
 
+    fn linear_many(&self, x: &Array, ws: &[&Matrix]) -> Result<Vec<Array>> {
+        linear::linear_many(x, ws)
+    }
+
+    fn silu_mul_linear(&self, gate: &Array, up: &Array, w: &Matrix) -> Result<Array> {
+        linear::silu_mul_linear(gate, up, w)
+    }
+
     fn embed(&self, table: &Matrix, ids: &[u32]) -> Result<Array> {
         linear::embed(table, ids)
     }
@@ -83,6 +92,10 @@ impl Backend for CpuBackend {
         elementwise::write_axis1(dst, src, offset)
     }
 
+    fn write_axis1_from_rows(&self, dst: &mut Array, src: &Array, offset: usize) -> Result<()> {
+        elementwise::write_axis1_from_rows(dst, src, offset)
+    }
+
     fn transpose01(&self, x: &Array) -> Result<Array> {
         elementwise::transpose01(x)
     }
@@ -96,7 +109,7 @@ impl Backend for CpuBackend {
     }
 
     fn silu_mul(&self, gate: &Array, up: &Array) -> Result<Array> {
-        elementwise::binary("silu_mul", gate, up, |g, u| g / (1.0 + (-g).exp()) * u)
+        elementwise::silu_mul(gate, up)
     }
 
     fn slice_rows(&self, x: &Array, start: usize, end: usize) -> Result<Array> {

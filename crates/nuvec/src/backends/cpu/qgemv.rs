@@ -4,8 +4,13 @@
 //! sums of `x` are computed once per call, and each packed byte is read once and turned into floats
 //! in registers (never a dequantized row in memory). Activations and accumulation stay f32.
 //!
-//! Kernels: 4-bit and 8-bit with AVX2+FMA, and a generic scalar kernel (every width) that is also
-//! the fallback; `row_reference` (dequantize, then dot) is the reference the tests hold them to.
+//! Kernels: 4-bit and 8-bit with AVX-512 (four rows per pass sharing the loads of `x`) and with
+//! AVX2+FMA, and a generic scalar kernel (every width) that is also the fallback; `row_reference`
+//! (dequantize, then dot) is the reference the tests hold them to.
+//!
+//! The AVX-512 4-bit kernel dequantizes through a table: per group, the 16 possible values
+//! `scale * q + bias` are one register, and `vpermps` with the nibbles as indices gives the
+//! weights (it reads only the low 4 bits of each index, so no masking).
 
 use half::{bf16, f16, slice::HalfFloatSliceExt};
 
@@ -65,23 +70,51 @@ impl QMatrix<'_> {
     }
 }
 
-/// The input vector in the forms the kernels read: as is, its group sums, and (for the 4-bit
-/// AVX2 kernel) each block of 64 transposed 8x8 so that nibble `j` of 32-bit lane `i` meets
-/// `x[8i + j]`.
+/// The input vector in the forms the kernels read: as is, its group sums, and for the 4-bit
+/// kernels a permuted copy: AVX2 wants each block of 64 transposed 8x8 so that nibble `j` of
+/// 32-bit lane `i` meets `x[8i + j]`; AVX-512 wants each block of 32 split into its even and its
+/// odd elements (low and high nibbles of 16 consecutive bytes).
 pub(crate) struct PreparedX {
     pub sums: Vec<f32>,
     pub perm: Vec<f32>,
+    /// The ISA `perm` was laid out for.
+    pub isa: Isa,
 }
 
 impl PreparedX {
     pub(crate) fn new() -> Self {
-        PreparedX { sums: vec![], perm: vec![] }
+        PreparedX { sums: vec![], perm: vec![], isa: Isa::Scalar }
     }
 
     pub(crate) fn prepare(&mut self, x: &[f32], group: usize, bits: usize, isa: Isa) {
+        self.isa = isa;
         self.sums.clear();
         self.sums.extend(x.chunks(group).map(|c| c.iter().sum::<f32>()));
         self.perm.clear();
+        #[cfg(target_arch = "x86_64")]
+        if isa == Isa::Avx512 && x512_kernel(bits, group) {
+            // Blocks of 16 lanes x `per_lane` values: perm[k0 + 16 j + i] = x[k0 + per_lane i + j],
+            // zero-padded to whole blocks.
+            let per_lane = 32 / bits;
+            let block = 16 * per_lane;
+            self.perm.resize(x.len().div_ceil(block) * block, 0.0);
+            let mut tail = [0f32; 128];
+            for (src, dst) in x.chunks(block).zip(self.perm.chunks_exact_mut(block)) {
+                let src = if src.len() == block {
+                    src
+                } else {
+                    tail[..src.len()].copy_from_slice(src);
+                    tail[src.len()..block].iter_mut().for_each(|v| *v = 0.0);
+                    &tail[..block]
+                };
+                for (i, lane) in src.chunks_exact(per_lane).enumerate() {
+                    for (j, &v) in lane.iter().enumerate() {
+                        dst[16 * j + i] = v;
+                    }
+                }
+            }
+            return;
+        }
         if bits == 4 && isa != Isa::Scalar {
             let blocks = x.len() / 64;
             self.perm.resize(blocks * 64, 0.0);
@@ -95,6 +128,11 @@ impl PreparedX {
             }
         }
     }
+}
+
+/// Whether the AVX-512 kernels take this width and group size.
+fn x512_kernel(bits: usize, group: usize) -> bool {
+    (bits == 4 || bits == 8) && matches!(group, 32 | 64 | 128)
 }
 
 /// Reference: row `r` dequantized, then dotted with `x` in f64.
@@ -127,9 +165,22 @@ pub(crate) fn row_scalar(w: &QMatrix, r: usize, x: &[f32], xs: &PreparedX, param
 /// `out[r] = Σ_k w[r0 + r, k] x[k]` for the rows `r0..r0 + out.len()`. `params` is scratch of at
 /// least `2 * groups` floats.
 pub(crate) fn rows(w: &QMatrix, r0: usize, x: &[f32], xs: &PreparedX, params: &mut [f32], out: &mut [f32]) {
-    let isa = simd::isa();
+    let isa = xs.isa;
     #[cfg(target_arch = "x86_64")]
-    if isa == Isa::Avx2 {
+    if isa == Isa::Avx512 && x512_kernel(w.bits, w.group) {
+        // SAFETY: Avx512 is only chosen after detecting avx512f/bw/vl (and avx2, fma, f16c);
+        // `prepare` laid out `xs` for this ISA and width; the kernel asserts the shapes.
+        unsafe {
+            if w.bits == 4 {
+                x512::q_rows::<4>(w, r0, &xs.perm, &xs.sums, out)
+            } else {
+                x512::q_rows::<8>(w, r0, &xs.perm, &xs.sums, out)
+            }
+        }
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx2 || isa == Isa::Avx512 {
         let (g, rb) = (w.groups(), w.row_bytes());
         for (i, o) in out.iter_mut().enumerate() {
             let r = r0 + i;
@@ -153,6 +204,191 @@ pub(crate) fn rows(w: &QMatrix, r0: usize, x: &[f32], xs: &PreparedX, params: &m
     let _ = isa;
     for (i, o) in out.iter_mut().enumerate() {
         *o = row_scalar(w, r0 + i, x, xs, params);
+    }
+}
+
+/// AVX-512 kernels: four rows per pass, per-group scales and biases converted 16 at a time.
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod x512 {
+    use std::arch::x86_64::*;
+
+    use super::{Params, QMatrix};
+
+    /// Rows per pass.
+    const R: usize = 4;
+    /// How many rows ahead the kernels prefetch the packed weights.
+    const PF_ROWS: usize = 8;
+
+    /// Params `start..start + n` (n <= 16) as 16 f32 lanes (lanes past n are 0).
+    ///
+    /// # Safety
+    /// avx512f/bw/vl and f16c must be available; `start + n` is within `p`.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
+    unsafe fn params16(p: Params, start: usize, n: usize) -> __m512 {
+        let mask: __mmask16 = if n >= 16 { 0xffff } else { (1u16 << n) - 1 };
+        match p {
+            Params::F32(v) => {
+                assert!(start + n <= v.len());
+                // SAFETY: the mask limits the load to start..start + n (asserted in bounds).
+                _mm512_maskz_loadu_ps(mask, v.as_ptr().add(start))
+            }
+            Params::F16(v) => {
+                assert!(start + n <= v.len());
+                // SAFETY: as above, 16-bit elements.
+                _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, v.as_ptr().add(start) as *const i16))
+            }
+            Params::BF16(v) => {
+                assert!(start + n <= v.len());
+                // SAFETY: as above; bf16 is the top half of an f32.
+                let h = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mask, v.as_ptr().add(start) as *const i16));
+                _mm512_castsi512_ps(_mm512_slli_epi32::<16>(h))
+            }
+        }
+    }
+
+    /// `out[i] = Σ_k w[r0 + i, k] x[k]` for a 4-bit (`BITS = 4`) or 8-bit (`BITS = 8`) matrix.
+    /// `xp` is `x` laid out by [`super::PreparedX`] for AVX-512 and `sums` its group sums.
+    ///
+    /// # Safety
+    /// avx512f/bw/vl and f16c must be available; `w.bits == BITS`, `w.group` is 32, 64 or 128,
+    /// `xp` is the prepared layout of an `x` of `w.cols` floats, `sums.len() == w.groups()`, and
+    /// rows `r0..r0 + out.len()` exist in `w`.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
+    pub(crate) unsafe fn q_rows<const BITS: usize>(w: &QMatrix, r0: usize, xp: &[f32], sums: &[f32], out: &mut [f32]) {
+        let mut i = 0;
+        while i + R <= out.len() {
+            // SAFETY: forwarded contract; rows r0 + i .. r0 + i + R exist.
+            let v = q_block::<BITS, R>(w, r0 + i, xp, sums);
+            out[i..i + R].copy_from_slice(&v);
+            i += R;
+        }
+        while i < out.len() {
+            // SAFETY: as above, one row.
+            out[i] = q_block::<BITS, 1>(w, r0 + i, xp, sums)[0];
+            i += 1;
+        }
+    }
+
+    /// `N` rows of [`q_rows`]. Each 64-byte load holds 16 lanes of `32 / BITS` weights; lane `i`
+    /// of a block starting at weight `k0` holds weights `k0 + (32 / BITS) i ..`, and value `j` of
+    /// every lane (a shift and a mask away) meets the prepared `xp[k0 + 16 j ..][..16]`.
+    /// Per block, `Σ q x` per lane is scaled by its group's scale (one `vpermps` of the 16
+    /// scales loaded per 16 groups); the biases meet the group sums of `x` once per 16 groups.
+    #[inline]
+    #[allow(clippy::needless_range_loop)] // rows index several register arrays in step
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
+    unsafe fn q_block<const BITS: usize, const N: usize>(w: &QMatrix, r0: usize, xp: &[f32], sums: &[f32]) -> [f32; N] {
+        let per_lane = 32 / BITS;
+        let block = 16 * per_lane;
+        let (cols, group) = (w.cols, w.group);
+        let (g_total, rb) = (w.groups(), w.row_bytes());
+        assert!(w.bits == BITS && (BITS == 4 || BITS == 8) && matches!(group, 32 | 64 | 128));
+        assert!(xp.len() == cols.div_ceil(block) * block && sums.len() == g_total && cols == g_total * group);
+        assert!((r0 + N) * rb <= w.packed.len());
+        let shift = _mm512_set1_epi32(group.trailing_zeros() as i32);
+        let lane_first = _mm512_mullo_epi32(
+            _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+            _mm512_set1_epi32(per_lane as i32),
+        );
+        let mask_q = _mm512_set1_epi32((1 << BITS) - 1);
+        let iota = _mm512_set_ps(15., 14., 13., 12., 11., 10., 9., 8., 7., 6., 5., 4., 3., 2., 1., 0.);
+        let mut acc = [_mm512_setzero_ps(); N];
+        let mut bacc = [_mm512_setzero_ps(); N];
+        let (px, pb) = (xp.as_ptr(), w.packed.as_ptr().add(r0 * rb));
+        let mut g0 = 0;
+        while g0 < g_total {
+            let gn = (g_total - g0).min(16);
+            let gmask: __mmask16 = if gn >= 16 { 0xffff } else { (1u16 << gn) - 1 };
+            // SAFETY: the mask limits the load to sums[g0..g0 + gn].
+            let sumv = _mm512_maskz_loadu_ps(gmask, sums.as_ptr().add(g0));
+            let mut sv = [_mm512_setzero_ps(); N];
+            for r in 0..N {
+                // SAFETY: groups g0..g0 + gn of row r0 + r exist (the row exists).
+                sv[r] = params16(w.scales, (r0 + r) * g_total + g0, gn);
+                let bv = params16(w.biases, (r0 + r) * g_total + g0, gn);
+                bacc[r] = _mm512_fmadd_ps(bv, sumv, bacc[r]);
+            }
+            let k_end = (g0 + gn) * group;
+            let mut k0 = g0 * group;
+            while k0 < k_end {
+                // Group of each lane's first weight, relative to g0.
+                let idx = _mm512_sub_epi32(
+                    _mm512_srlv_epi32(_mm512_add_epi32(_mm512_set1_epi32(k0 as i32), lane_first), shift),
+                    _mm512_set1_epi32(g0 as i32),
+                );
+                let bytes = (k_end - k0).min(block) * BITS / 8;
+                let lmask: __mmask16 = if bytes >= 64 { 0xffff } else { (1u16 << (bytes / 4)) - 1 };
+                // SAFETY: xp holds whole blocks (zero-padded), so k0 + block <= xp.len().
+                let xb = px.add(k0);
+                if BITS == 4 && bytes == 32 {
+                    // A half block at the end of the row (cols = 64 mod 128, e.g. 576): 8 lanes
+                    // in 256-bit registers, half the work of a masked 512-bit block.
+                    let mask8 = _mm256_set1_epi32(0xf);
+                    let mut t8 = [_mm256_setzero_ps(); N];
+                    let mut v8 = [_mm256_setzero_si256(); N];
+                    for r in 0..N {
+                        // SAFETY: the row's last 32 bytes, k0 / 2 .. k0 / 2 + 32 = rb.
+                        v8[r] = _mm256_loadu_si256(pb.add(r * rb + k0 / 2) as *const __m256i);
+                    }
+                    for j in 0..8 {
+                        // SAFETY: lanes 0..8 of the prepared block's row j (inside xp).
+                        let xv = _mm256_loadu_ps(xb.add(16 * j));
+                        let sh = _mm256_set1_epi32(4 * j as i32);
+                        for r in 0..N {
+                            let q = _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srlv_epi32(v8[r], sh), mask8));
+                            t8[r] = _mm256_fmadd_ps(q, xv, t8[r]);
+                        }
+                    }
+                    for r in 0..N {
+                        let scale = _mm512_castps512_ps256(_mm512_permutexvar_ps(idx, sv[r]));
+                        acc[r] = _mm512_add_ps(acc[r], _mm512_zextps256_ps512(_mm256_mul_ps(t8[r], scale)));
+                    }
+                    k0 += block;
+                    continue;
+                }
+                let mut t = [_mm512_setzero_ps(); N];
+                let mut u = [_mm512_setzero_ps(); N];
+                let mut v = [_mm512_setzero_si512(); N];
+                for r in 0..N {
+                    // Rows are consumed a few at a time, as short strided streams the hardware
+                    // prefetcher does not follow: fetch the same bytes PF_ROWS rows ahead.
+                    let ahead = pb.wrapping_add((r + PF_ROWS) * rb + k0 * BITS / 8);
+                    _mm_prefetch::<_MM_HINT_NTA>(ahead as *const i8);
+                    // SAFETY: the mask limits the load to the row's bytes k0 * BITS / 8 ..
+                    // + bytes, which lie inside row r0 + r.
+                    v[r] = _mm512_maskz_loadu_epi32(lmask, pb.add(r * rb + k0 * BITS / 8) as *const i32);
+                }
+                for j in 0..per_lane {
+                    let xv = _mm512_loadu_ps(xb.add(16 * j));
+                    for r in 0..N {
+                        let sh = _mm512_srlv_epi32(v[r], _mm512_set1_epi32((BITS * j) as i32));
+                        // 4-bit: `vpermps` reads only the low 4 bits of each index, so a lookup in
+                        // 0..16 is the mask and the conversion in one shuffle.
+                        let q = if BITS == 4 {
+                            _mm512_permutexvar_ps(sh, iota)
+                        } else {
+                            _mm512_cvtepi32_ps(_mm512_and_si512(sh, mask_q))
+                        };
+                        if j % 2 == 0 {
+                            t[r] = _mm512_fmadd_ps(q, xv, t[r]);
+                        } else {
+                            u[r] = _mm512_fmadd_ps(q, xv, u[r]);
+                        }
+                    }
+                }
+                for r in 0..N {
+                    acc[r] = _mm512_fmadd_ps(_mm512_add_ps(t[r], u[r]), _mm512_permutexvar_ps(idx, sv[r]), acc[r]);
+                }
+                k0 += block;
+            }
+            g0 += gn;
+        }
+        let mut out = [0f32; N];
+        for r in 0..N {
+            out[r] = _mm512_reduce_add_ps(_mm512_add_ps(acc[r], bacc[r]));
+        }
+        out
     }
 }
 
@@ -299,7 +535,8 @@ mod tests {
     use super::super::simd::tests::randoms;
     use super::*;
 
-    fn check(bits: usize, group: usize, cols: usize, rows_n: usize, f16_params: bool) {
+    /// Scales and biases stored as f32 (0), f16 (1) or bf16 (2).
+    fn check(bits: usize, group: usize, cols: usize, rows_n: usize, kind: u8) {
         let words = cols * bits / 32;
         let packed: Vec<u8> =
             randoms(rows_n * words * 4, bits as u64).iter().map(|v| ((v + 1.0) * 127.9) as u8).collect();
@@ -308,12 +545,17 @@ mod tests {
         let b32: Vec<f32> = randoms(rows_n * g, 8).iter().map(|v| v * 0.5).collect();
         let (s16, b16): (Vec<f16>, Vec<f16>) =
             (s32.iter().map(|&v| f16::from_f32(v)).collect(), b32.iter().map(|&v| f16::from_f32(v)).collect());
-        let (scales, biases) =
-            if f16_params { (Params::F16(&s16), Params::F16(&b16)) } else { (Params::F32(&s32), Params::F32(&b32)) };
+        let (sb, bb): (Vec<bf16>, Vec<bf16>) =
+            (s32.iter().map(|&v| bf16::from_f32(v)).collect(), b32.iter().map(|&v| bf16::from_f32(v)).collect());
+        let (scales, biases) = match kind {
+            1 => (Params::F16(&s16), Params::F16(&b16)),
+            2 => (Params::BF16(&sb), Params::BF16(&bb)),
+            _ => (Params::F32(&s32), Params::F32(&b32)),
+        };
         let w = QMatrix { packed: &packed, scales, biases, bits, group, cols };
         let x = randoms(cols, 99);
         let mut params = vec![0f32; 2 * g];
-        for isa in [Isa::Scalar, simd::isa()] {
+        for isa in simd::testable() {
             let mut xs = PreparedX::new();
             xs.prepare(&x, group, bits, isa);
             let mut out = vec![0f32; rows_n];
@@ -341,13 +583,19 @@ mod tests {
             for group in [32usize, 64, 128] {
                 for cols in [128usize, 384, 576] {
                     if cols % group == 0 && (cols * bits) % 32 == 0 {
-                        check(bits, group, cols, 5, bits == 4);
-                        check(bits, group, cols, 3, false);
+                        check(bits, group, cols, 5, if bits == 4 { 1 } else { 2 });
+                        check(bits, group, cols, 3, 0);
                     }
                 }
             }
         }
         // cols = 32 mod 64 exercises the 4-bit kernel's half block.
-        check(4, 32, 96, 4, true);
+        check(4, 32, 96, 4, 1);
+        // Several 4-row blocks plus a remainder, more than 16 groups, bf16 params.
+        for bits in [4usize, 8] {
+            check(bits, 32, 1536, 11, 1);
+            check(bits, 64, 1088, 6, 2);
+            check(bits, 128, 1024, 9, 0);
+        }
     }
 }

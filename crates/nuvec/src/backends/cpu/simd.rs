@@ -2,7 +2,8 @@
 //!
 //! Every SIMD function here has a scalar twin that is the reference in the unit tests; the
 //! dispatching wrappers pick the widest instruction set the CPU reports, once per process.
-//! `NUVEC_CPU_ISA=scalar` forces the scalar paths (for comparisons and debugging).
+//! `NUVEC_CPU_ISA=scalar` forces the scalar paths and `NUVEC_CPU_ISA=avx2` caps x86 at AVX2 (for
+//! comparisons and debugging).
 
 use std::sync::OnceLock;
 
@@ -14,18 +15,57 @@ pub(crate) enum Isa {
     /// x86-64 AVX2 + FMA + F16C.
     #[cfg(target_arch = "x86_64")]
     Avx2,
+    /// x86-64 AVX-512 F/BW/VL on top of everything [`Isa::Avx2`] needs.
+    #[cfg(target_arch = "x86_64")]
+    Avx512,
+}
+
+/// Whether this CPU can run `isa`'s kernels (tests use it to try every available path).
+#[cfg(test)]
+pub(crate) fn supported(isa: Isa) -> bool {
+    match isa {
+        Isa::Scalar => true,
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => has_avx2(),
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 => has_avx2() && has_avx512(),
+    }
+}
+
+/// Every instruction set to test on this CPU (the scalar reference first).
+#[cfg(test)]
+pub(crate) fn testable() -> Vec<Isa> {
+    let all = [
+        Isa::Scalar,
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2,
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512,
+    ];
+    all.into_iter().filter(|&i| supported(i)).collect()
+}
+
+#[cfg(target_arch = "x86_64")]
+fn has_avx2() -> bool {
+    is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c")
+}
+
+#[cfg(target_arch = "x86_64")]
+fn has_avx512() -> bool {
+    is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512bw") && is_x86_feature_detected!("avx512vl")
 }
 
 /// The instruction set chosen for this process.
 pub(crate) fn isa() -> Isa {
     static ISA: OnceLock<Isa> = OnceLock::new();
     *ISA.get_or_init(|| {
-        if std::env::var("NUVEC_CPU_ISA").is_ok_and(|v| v == "scalar") {
+        let cap = std::env::var("NUVEC_CPU_ISA").unwrap_or_default();
+        if cap == "scalar" {
             return Isa::Scalar;
         }
         #[cfg(target_arch = "x86_64")]
-        if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c") {
-            return Isa::Avx2;
+        if has_avx2() {
+            return if cap != "avx2" && has_avx512() { Isa::Avx512 } else { Isa::Avx2 };
         }
         Isa::Scalar
     })
@@ -51,9 +91,100 @@ pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
     let n = a.len().min(b.len());
     match isa() {
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: `isa()` returned Avx2 only after detecting avx2, fma and f16c on this CPU.
-        Isa::Avx2 => unsafe { x86::dot(&a[..n], &b[..n]) },
+        // SAFETY: `isa()` returns Avx2/Avx512 only after detecting avx2, fma and f16c on this CPU.
+        Isa::Avx2 | Isa::Avx512 => unsafe { x86::dot(&a[..n], &b[..n]) },
         Isa::Scalar => dot_scalar(&a[..n], &b[..n]),
+    }
+}
+
+/// Asks the CPU to bring the cache line holding `data[i]` into L1 (a hint: `i` may be out of
+/// range, nothing is read).
+#[inline(always)]
+pub(crate) fn prefetch(data: &[f32], i: usize) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+        // SAFETY: sse is part of the x86_64 baseline; a prefetch never dereferences its address,
+        // and `wrapping_add` keeps an out-of-range index a valid pointer value.
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(data.as_ptr().wrapping_add(i) as *const i8) };
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (data, i);
+}
+
+/// Rows `k_j` (`d` floats each) ahead of the one being read that [`dots_rows`] prefetches.
+const ROWS_AHEAD: usize = 12;
+
+/// `scores[g * n + j] = q_g · k_j` for the query rows `qs` (G x d) and the key rows `keys`
+/// (n x d) (scalar reference).
+pub(crate) fn dots_rows_scalar(qs: &[f32], keys: &[f32], d: usize, scores: &mut [f32]) {
+    let n = keys.len() / d;
+    for (j, k) in keys.chunks_exact(d).enumerate() {
+        for (g, q) in qs.chunks_exact(d).enumerate() {
+            scores[g * n + j] = dot_scalar(q, k);
+        }
+    }
+}
+
+/// See [`dots_rows_scalar`]; also prefetches the keys a few rows ahead and `companion` (the
+/// values, read next) alongside.
+pub(crate) fn dots_rows(qs: &[f32], keys: &[f32], companion: &[f32], d: usize, scores: &mut [f32]) {
+    let (n, g) = (keys.len() / d.max(1), qs.len() / d.max(1));
+    assert!(scores.len() >= g * n && companion.len() >= n * d);
+    match isa() {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `isa()` returns Avx512 only after detecting avx512f on this CPU; lengths
+        // asserted above and in the kernel.
+        Isa::Avx512 if d.is_multiple_of(16) && d > 0 => unsafe { x512::dots_rows(qs, keys, companion, d, scores) },
+        Isa::Scalar => dots_rows_scalar(qs, keys, d.max(1), scores),
+        #[cfg(target_arch = "x86_64")]
+        _ => {
+            for (j, k) in keys.chunks_exact(d.max(1)).enumerate() {
+                for line in (0..d).step_by(16) {
+                    prefetch(keys, (j + ROWS_AHEAD) * d + line);
+                    prefetch(companion, j * d + line);
+                }
+                for (h, q) in qs.chunks_exact(d.max(1)).enumerate() {
+                    scores[h * n + j] = dot(q, k);
+                }
+            }
+        }
+    }
+}
+
+/// `out[g * d..][..d] = Σ_j p[g * n + j] v_j` for the value rows `values` (n x d) (scalar
+/// reference).
+pub(crate) fn weighted_rows_scalar(p: &[f32], values: &[f32], d: usize, out: &mut [f32]) {
+    let n = values.len() / d;
+    for (g, o) in out.chunks_exact_mut(d).enumerate() {
+        o.iter_mut().for_each(|v| *v = 0.0);
+        for (j, v) in values.chunks_exact(d).enumerate() {
+            axpy_scalar(p[g * n + j], v, o);
+        }
+    }
+}
+
+/// See [`weighted_rows_scalar`].
+pub(crate) fn weighted_rows(p: &[f32], values: &[f32], d: usize, out: &mut [f32]) {
+    let n = values.len() / d.max(1);
+    assert!(p.len() >= (out.len() / d.max(1)) * n);
+    match isa() {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `isa()` returns Avx512 only after detecting avx512f on this CPU.
+        Isa::Avx512 if d == 64 => unsafe { x512::weighted_rows::<4>(p, values, out) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: as above.
+        Isa::Avx512 if d == 128 => unsafe { x512::weighted_rows::<8>(p, values, out) },
+        Isa::Scalar => weighted_rows_scalar(p, values, d.max(1), out),
+        #[cfg(target_arch = "x86_64")]
+        _ => {
+            for (g, o) in out.chunks_exact_mut(d.max(1)).enumerate() {
+                o.iter_mut().for_each(|v| *v = 0.0);
+                for (j, v) in values.chunks_exact(d.max(1)).enumerate() {
+                    axpy(p[g * n + j], v, o);
+                }
+            }
+        }
     }
 }
 
@@ -70,8 +201,8 @@ pub(crate) fn axpy(a: f32, x: &[f32], y: &mut [f32]) {
     let n = x.len().min(y.len());
     match isa() {
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: `isa()` returned Avx2 only after detecting avx2, fma and f16c on this CPU.
-        Isa::Avx2 => unsafe { x86::axpy(a, &x[..n], &mut y[..n]) },
+        // SAFETY: `isa()` returns Avx2/Avx512 only after detecting avx2, fma and f16c on this CPU.
+        Isa::Avx2 | Isa::Avx512 => unsafe { x86::axpy(a, &x[..n], &mut y[..n]) },
         Isa::Scalar => axpy_scalar(a, &x[..n], &mut y[..n]),
     }
 }
@@ -141,6 +272,176 @@ pub(crate) mod x86 {
     }
 }
 
+/// AVX-512 vector primitives.
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod x512 {
+    use std::arch::x86_64::*;
+
+    /// `e^x` per lane: range reduction `x = n ln2 + r` (|r| <= ln2/2, ln2 split in two), Cephes'
+    /// degree-6 polynomial for `e^r` (about 1 ulp), then `* 2^n` with `vscalefps`, which flushes
+    /// results below f32's range to 0 and overflows to +inf like `f32::exp`.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    pub(crate) fn exp(x: __m512) -> __m512 {
+        let x = _mm512_max_ps(_mm512_min_ps(x, _mm512_set1_ps(89.0)), _mm512_set1_ps(-104.0));
+        let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm512_mul_ps(
+            x,
+            _mm512_set1_ps(std::f32::consts::LOG2_E),
+        ));
+        let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693_359_4), x);
+        let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.121_944_4e-4), r);
+        let mut p = _mm512_set1_ps(1.987_569_1e-4);
+        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.398_2e-3));
+        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.333_452e-3));
+        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.166_579_6e-2));
+        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.666_666_5e-1));
+        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5));
+        let r2 = _mm512_mul_ps(r, r);
+        p = _mm512_fmadd_ps(p, r2, _mm512_add_ps(r, _mm512_set1_ps(1.0)));
+        _mm512_scalef_ps(p, n)
+    }
+
+    /// See [`super::dots_rows`].
+    ///
+    /// # Safety
+    /// The CPU must support avx512f; `d` is a multiple of 16, `keys` and `companion` hold at
+    /// least n = keys.len() / d rows, `scores` at least G x n floats.
+    #[target_feature(enable = "avx512f")]
+    pub(crate) unsafe fn dots_rows(qs: &[f32], keys: &[f32], companion: &[f32], d: usize, scores: &mut [f32]) {
+        let (n, groups) = (keys.len() / d, qs.len() / d);
+        assert!(d.is_multiple_of(16) && companion.len() >= n * d && scores.len() >= groups * n);
+        let (pk, pq) = (keys.as_ptr(), qs.as_ptr());
+        for j in 0..n {
+            for line in (0..d).step_by(16) {
+                super::prefetch(keys, (j + super::ROWS_AHEAD) * d + line);
+                super::prefetch(companion, j * d + line);
+            }
+            for g in 0..groups {
+                let mut acc = _mm512_setzero_ps();
+                let mut c = 0;
+                while c < d {
+                    // SAFETY: row j of keys and row g of qs hold d floats (c + 16 <= d).
+                    acc = _mm512_fmadd_ps(_mm512_loadu_ps(pq.add(g * d + c)), _mm512_loadu_ps(pk.add(j * d + c)), acc);
+                    c += 16;
+                }
+                scores[g * n + j] = _mm512_reduce_add_ps(acc);
+            }
+        }
+    }
+
+    /// See [`super::weighted_rows`], for rows of `16 * D16` floats.
+    ///
+    /// # Safety
+    /// The CPU must support avx512f; `p` holds G x n floats for n = values.len() / (16 D16) and
+    /// G = out.len() / (16 D16).
+    #[target_feature(enable = "avx512f")]
+    pub(crate) unsafe fn weighted_rows<const D16: usize>(p: &[f32], values: &[f32], out: &mut [f32]) {
+        let d = 16 * D16;
+        let (n, groups) = (values.len() / d, out.len() / d);
+        assert!(p.len() >= groups * n);
+        let pv = values.as_ptr();
+        for g in 0..groups {
+            let mut acc = [_mm512_setzero_ps(); D16];
+            for j in 0..n {
+                let w = _mm512_set1_ps(p[g * n + j]);
+                for (c, a) in acc.iter_mut().enumerate() {
+                    // SAFETY: row j of values holds d = 16 D16 floats.
+                    *a = _mm512_fmadd_ps(w, _mm512_loadu_ps(pv.add(j * d + 16 * c)), *a);
+                }
+            }
+            for (c, a) in acc.iter().enumerate() {
+                // SAFETY: row g of out holds d floats (groups = out.len() / d).
+                _mm512_storeu_ps(out.as_mut_ptr().add(g * d + 16 * c), *a);
+            }
+        }
+    }
+
+    /// `out[i] = g[i] / (1 + e^-g[i]) * u[i]`.
+    ///
+    /// # Safety
+    /// The CPU must support avx512f; the three slices have the same length.
+    #[target_feature(enable = "avx512f")]
+    pub(crate) unsafe fn silu_mul(g: &[f32], u: &[f32], out: &mut [f32]) {
+        let n = g.len();
+        assert!(u.len() == n && out.len() == n);
+        let (pg, pu, po) = (g.as_ptr(), u.as_ptr(), out.as_mut_ptr());
+        let one = _mm512_set1_ps(1.0);
+        let mut i = 0;
+        while i < n {
+            let mask: __mmask16 = if n - i >= 16 { 0xffff } else { (1u16 << (n - i)) - 1 };
+            // SAFETY: the mask limits every access to indices i..min(i + 16, n) (asserted lengths).
+            let gv = _mm512_maskz_loadu_ps(mask, pg.add(i));
+            let uv = _mm512_maskz_loadu_ps(mask, pu.add(i));
+            let e = exp(_mm512_sub_ps(_mm512_setzero_ps(), gv));
+            let r = _mm512_mul_ps(_mm512_div_ps(gv, _mm512_add_ps(one, e)), uv);
+            _mm512_mask_storeu_ps(po.add(i), mask, r);
+            i += 16;
+        }
+    }
+
+    /// `s[i] = e^(scale * (s[i] - max))` in place; returns the sum of the results.
+    ///
+    /// # Safety
+    /// The CPU must support avx512f.
+    #[target_feature(enable = "avx512f")]
+    pub(crate) unsafe fn exp_shifted(s: &mut [f32], max: f32, scale: f32) -> f32 {
+        let n = s.len();
+        let p = s.as_mut_ptr();
+        let (vm, vs) = (_mm512_set1_ps(max), _mm512_set1_ps(scale));
+        let mut acc = _mm512_setzero_ps();
+        let mut i = 0;
+        while i < n {
+            let mask: __mmask16 = if n - i >= 16 { 0xffff } else { (1u16 << (n - i)) - 1 };
+            // SAFETY: the mask limits the load and store to indices i..min(i + 16, n) of `s`.
+            let v = _mm512_maskz_loadu_ps(mask, p.add(i));
+            let e = exp(_mm512_mul_ps(_mm512_sub_ps(v, vm), vs));
+            _mm512_mask_storeu_ps(p.add(i), mask, e);
+            acc = _mm512_mask_add_ps(acc, mask, acc, e);
+            i += 16;
+        }
+        _mm512_reduce_add_ps(acc)
+    }
+}
+
+/// `out[i] = silu(g[i]) * u[i] = g[i] / (1 + e^-g[i]) * u[i]` (scalar reference).
+pub(crate) fn silu_mul_scalar(g: &[f32], u: &[f32], out: &mut [f32]) {
+    for ((o, &g), &u) in out.iter_mut().zip(g).zip(u) {
+        *o = g / (1.0 + (-g).exp()) * u;
+    }
+}
+
+/// `out[i] = silu(g[i]) * u[i]` over the shortest length.
+pub(crate) fn silu_mul(g: &[f32], u: &[f32], out: &mut [f32]) {
+    let n = g.len().min(u.len()).min(out.len());
+    match isa() {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `isa()` returns Avx512 only after detecting avx512f on this CPU.
+        Isa::Avx512 => unsafe { x512::silu_mul(&g[..n], &u[..n], &mut out[..n]) },
+        _ => silu_mul_scalar(&g[..n], &u[..n], &mut out[..n]),
+    }
+}
+
+/// `s[i] = e^(scale * (s[i] - max))` in place, returning the sum (scalar reference: `f32::exp`).
+pub(crate) fn exp_shifted_scalar(s: &mut [f32], max: f32, scale: f32) -> f32 {
+    let mut sum = 0.0;
+    for v in s.iter_mut() {
+        *v = ((*v - max) * scale).exp();
+        sum += *v;
+    }
+    sum
+}
+
+/// `s[i] = e^(scale * (s[i] - max))` in place, returning the sum.
+#[inline]
+pub(crate) fn exp_shifted(s: &mut [f32], max: f32, scale: f32) -> f32 {
+    match isa() {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `isa()` returns Avx512 only after detecting avx512f on this CPU.
+        Isa::Avx512 => unsafe { x512::exp_shifted(s, max, scale) },
+        _ => exp_shifted_scalar(s, max, scale),
+    }
+}
+
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
@@ -156,6 +457,61 @@ pub(crate) mod tests {
                 ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
             })
             .collect()
+    }
+
+    #[test]
+    fn vector_exp_matches_f64() {
+        let mut xs: Vec<f32> = randoms(4000, 5).iter().map(|v| v * 80.0).collect();
+        xs.extend([0.0, -0.0, 1.0, -1.0, 88.0, -87.0, -103.0, -200.0, 1e-8, -1e-8]);
+        let max = 3.5;
+        let mut fast = xs.clone();
+        let mut slow = xs.clone();
+        let sf = exp_shifted(&mut fast, max, 0.9);
+        let ss = exp_shifted_scalar(&mut slow, max, 0.9);
+        for ((&x, &f), &s) in xs.iter().zip(&fast).zip(&slow) {
+            let want = (((x - max) * 0.9) as f64).exp();
+            let tol = 4.0 * f32::EPSILON as f64 * want + 1e-44;
+            assert!(((f as f64) - want).abs() <= tol, "exp({x}): {f} vs {want}");
+            assert!(((s as f64) - want).abs() <= tol, "scalar exp({x}): {s} vs {want}");
+        }
+        assert!((sf - ss).abs() <= 1e-5 * ss.abs(), "{sf} vs {ss}");
+    }
+
+    #[test]
+    fn attention_rows_match_scalar() {
+        for (d, groups, n) in [(64usize, 3usize, 37usize), (128, 2, 5), (32, 4, 9), (48, 1, 1), (64, 1, 100)] {
+            let (qs, keys, values) = (randoms(groups * d, 1), randoms(n * d, 2), randoms(n * d, 3));
+            let (mut a, mut b) = (vec![0f32; groups * n], vec![0f32; groups * n]);
+            dots_rows_scalar(&qs, &keys, d, &mut a);
+            dots_rows(&qs, &keys, &values, d, &mut b);
+            for (x, y) in a.iter().zip(&b) {
+                assert!((x - y).abs() <= 1e-5 * (1.0 + x.abs()), "dots d {d}: {x} vs {y}");
+            }
+            let (mut a, mut b) = (vec![0f32; groups * d], vec![0f32; groups * d]);
+            let p = randoms(groups * n, 4);
+            weighted_rows_scalar(&p, &values, d, &mut a);
+            weighted_rows(&p, &values, d, &mut b);
+            for (x, y) in a.iter().zip(&b) {
+                assert!((x - y).abs() <= 1e-5 * (1.0 + x.abs()), "weighted d {d}: {x} vs {y}");
+            }
+        }
+    }
+
+    #[test]
+    fn vector_silu_mul_matches_scalar() {
+        for n in [0usize, 1, 15, 16, 17, 1536] {
+            let mut g: Vec<f32> = randoms(n, 21).iter().map(|v| v * 30.0).collect();
+            if n > 4 {
+                g[..4].copy_from_slice(&[-150.0, 150.0, 0.0, -90.0]);
+            }
+            let u = randoms(n, 22);
+            let (mut a, mut b) = (vec![0f32; n], vec![0f32; n]);
+            silu_mul_scalar(&g, &u, &mut a);
+            silu_mul(&g, &u, &mut b);
+            for (i, (x, y)) in a.iter().zip(&b).enumerate() {
+                assert!((x - y).abs() <= 4.0 * f32::EPSILON * x.abs() + 1e-30, "n {n} g {}: {x} vs {y}", g[i]);
+            }
+        }
     }
 
     #[test]

@@ -1,0 +1,82 @@
+//! What several subcommands share: the model argument, KV cache flags, peak memory.
+
+use clap::Args;
+use nuvec_lm::cache::CacheOptions;
+
+use crate::default_model;
+
+/// The model to load: `--model`, else the embedded default.
+pub fn model_or_default(model: &Option<String>) -> Result<String, String> {
+    match model {
+        Some(m) => Ok(m.clone()),
+        None => default_model::resolve(),
+    }
+}
+
+/// The device `--device` names: `cpu` (the default) or `cuda` / `cuda:N` (an NVIDIA GPU; needs a
+/// build with `--features cuda` and a usable GPU, else an error saying which is missing).
+pub fn parse_device(name: &str) -> Result<nuvec::Device, String> {
+    let ordinal = match name {
+        "cpu" => return Ok(nuvec::Device::Cpu),
+        "cuda" | "gpu" => 0,
+        other => match other.strip_prefix("cuda:").and_then(|n| n.parse::<usize>().ok()) {
+            Some(n) => n,
+            None => return Err(format!("--device {other:?}: expected cpu, cuda or cuda:N")),
+        },
+    };
+    cuda_device(ordinal)
+}
+
+#[cfg(feature = "cuda")]
+fn cuda_device(ordinal: usize) -> Result<nuvec::Device, String> {
+    nuvec::backends::cuda::init(ordinal).map_err(|e| format!("--device cuda:{ordinal}: {e}"))?;
+    Ok(nuvec::Device::Cuda(ordinal))
+}
+
+#[cfg(not(feature = "cuda"))]
+fn cuda_device(ordinal: usize) -> Result<nuvec::Device, String> {
+    Err(format!(
+        "--device cuda:{ordinal}: this nuvec was built without GPU support; rebuild with \
+         `cargo build --release -p nuvec-cli --features cuda`"
+    ))
+}
+
+/// KV cache flags (as mlx_lm.generate and mlx_lm.cache_prompt have them).
+#[derive(Args, Debug, Clone)]
+pub struct KvArgs {
+    /// Bound the KV cache to this many positions (a rotating cache, keeping the first 4).
+    #[arg(long)]
+    pub max_kv_size: Option<usize>,
+    /// Quantize the KV cache to this many bits.
+    #[arg(long)]
+    pub kv_bits: Option<usize>,
+    /// Group size of the KV cache quantization.
+    #[arg(long, default_value_t = 64)]
+    pub kv_group_size: usize,
+    /// Start quantizing the KV cache once it holds this many positions.
+    #[arg(long, default_value_t = 5000)]
+    pub quantized_kv_start: usize,
+}
+
+impl KvArgs {
+    /// The cache these flags ask for.
+    pub fn options(&self) -> CacheOptions {
+        CacheOptions {
+            max_kv_size: self.max_kv_size,
+            kv_bits: self.kv_bits,
+            kv_group_size: self.kv_group_size,
+            quantized_kv_start: self.quantized_kv_start,
+            ..Default::default()
+        }
+    }
+}
+
+/// Peak resident memory of this process, in bytes (Linux; 0 elsewhere).
+pub fn peak_memory() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .map_or(0, |kb| kb * 1024)
+}

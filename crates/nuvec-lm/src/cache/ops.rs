@@ -1,0 +1,62 @@
+//! Array plumbing the cache kinds share: slicing and joining along the positions axis, and
+//! attention with the masks mlx-lm's caches produce.
+
+use nuvec::{Array, DType};
+
+use crate::Result;
+
+/// Positions `start..end` of `a [heads, positions, dim]`.
+pub(super) fn slice_axis1(a: &Array, start: usize, end: usize) -> Result<Array> {
+    Ok(a.transpose01()?.slice_rows(start, end)?.transpose01()?)
+}
+
+/// `parts [heads, n_i, dim]` joined along the positions.
+pub(super) fn concat_axis1(parts: &[Array]) -> Result<Array> {
+    let (h, d) = (parts[0].dim(0), parts[0].dim(2));
+    let total: usize = parts.iter().map(|p| p.dim(1)).sum();
+    let mut out = Array::zeros_on(&[h, total, d], DType::F32, parts[0].device())?;
+    let mut at = 0;
+    for p in parts {
+        if p.dim(1) > 0 {
+            out.write_axis1(p, at)?;
+        }
+        at += p.dim(1);
+    }
+    Ok(out)
+}
+
+/// Causal attention of `q [L, heads, dim]` over all of `k, v` (the last L positions are q's).
+pub(super) fn attend_causal(q: &Array, k: &Array, v: &Array, scale: f32) -> Result<Array> {
+    let (k, v) = on_device_of(q, k, v)?;
+    Ok(nuvec::attention(q, &k, &v, k.dim(1), scale)?)
+}
+
+/// `k, v` on `q`'s device: quantized caches dequantize on the host, so their keys and values
+/// cross over here (a no-op when they are already there).
+pub(super) fn on_device_of(q: &Array, k: &Array, v: &Array) -> Result<(Array, Array)> {
+    Ok((k.to_device(q.device())?, v.to_device(q.device())?))
+}
+
+/// mlx-lm's `create_causal_mask(L, offset, window)`: query `i` sits at position `held + i` of
+/// `k, v` and sees positions `p` with `held + i - window < p <= held + i`.
+pub(super) fn attend_windowed(
+    q: &Array,
+    k: &Array,
+    v: &Array,
+    held: usize,
+    window: usize,
+    scale: f32,
+) -> Result<Array> {
+    let (l, width) = (q.dim(0), q.dim(1) * q.dim(2));
+    let (k, v) = on_device_of(q, k, v)?;
+    let (k, v) = (&k, &v);
+    let mut out = Array::zeros_on(&[1, l, width], DType::F32, q.device())?;
+    for i in 0..l {
+        let last = held + i;
+        let first = (last + 1).saturating_sub(window);
+        let (ki, vi) = (slice_axis1(k, first, last + 1)?, slice_axis1(v, first, last + 1)?);
+        let row = nuvec::attention(&q.slice_rows(i, i + 1)?, &ki, &vi, last + 1 - first, scale)?;
+        out.write_axis1(&row.reshape(&[1, 1, width])?, i)?;
+    }
+    Ok(out.reshape(&[l, width])?)
+}

@@ -1,0 +1,219 @@
+//! The rotating cache behind `max_kv_size` (mlx-lm's `RotatingKVCache`): at most `max_size`
+//! positions, the first `keep` of them pinned, the rest a ring. Its semantics — which keys a
+//! prefill chunk sees, how a chunk longer than the window is trimmed — follow mlx-lm's exactly,
+//! so that generation crosses the wrap with mlx-lm's tokens. Unlike mlx-lm's, `trim` never
+//! silently trims less: once the ring has wrapped the old positions are gone and it says so.
+
+use nuvec::{Array, DType};
+
+use super::ops::{attend_causal, attend_windowed, on_device_of};
+use super::store::Store;
+use crate::{Error, Result};
+
+/// Positions added at a time while the ring grows to its size (mlx-lm's step).
+const STEP: usize = 256;
+
+/// A bounded cache of keys and values, held as `S` (f32 arrays, or quantized rows: the
+/// quantized rotating cache mlx-lm refuses to build).
+#[derive(Debug, Clone)]
+pub struct RotatingKvCache<S: Store = Array> {
+    keys: Option<S>,
+    values: Option<S>,
+    context: S::Context,
+    /// Positions seen in total.
+    offset: usize,
+    /// Next write position in the buffer.
+    idx: usize,
+    max_size: usize,
+    keep: usize,
+}
+
+impl RotatingKvCache<Array> {
+    /// An empty cache of at most `max_size` positions, the first `keep` never evicted.
+    pub fn new(max_size: usize, keep: usize) -> Result<Self> {
+        RotatingKvCache::with_context(max_size, keep, ())
+    }
+}
+
+impl<S: Store> RotatingKvCache<S> {
+    /// An empty cache storing positions as `S` made with `context`.
+    pub fn with_context(max_size: usize, keep: usize, context: S::Context) -> Result<Self> {
+        if max_size == 0 || keep >= max_size {
+            return Err(Error::Invalid(format!("max_kv_size = {max_size} must exceed the {keep} kept positions")));
+        }
+        Ok(RotatingKvCache { keys: None, values: None, context, offset: 0, idx: 0, max_size, keep })
+    }
+
+    /// The same ring with its positions converted to another store (quantized, say).
+    pub fn convert<T: Store>(&self, context: T::Context) -> Result<RotatingKvCache<T>> {
+        let to = |s: &Option<S>| -> Result<Option<T>> {
+            s.as_ref().map(|s| T::ingest(&s.to_array()?, &context)).transpose()
+        };
+        Ok(RotatingKvCache {
+            keys: to(&self.keys)?,
+            values: to(&self.values)?,
+            context: context.clone(),
+            offset: self.offset,
+            idx: self.idx,
+            max_size: self.max_size,
+            keep: self.keep,
+        })
+    }
+
+    /// Positions seen in total (not all of them are still held once the ring wraps).
+    pub fn offset(&self) -> usize {
+        self.offset
+    }
+
+    /// Removes exactly the last `n` positions; an error once the ring has wrapped (they are
+    /// gone) or for more than it holds, leaving the cache unchanged.
+    pub fn trim(&mut self, n: usize) -> Result<()> {
+        if self.offset >= self.max_size && n > 0 {
+            return Err(Error::Invalid(format!(
+                "cannot trim a rotating cache of {} positions after it wrapped (it has seen {})",
+                self.max_size, self.offset
+            )));
+        }
+        if n > self.offset {
+            return Err(Error::Invalid(format!("cannot trim {n} positions from a cache holding {}", self.offset)));
+        }
+        self.offset -= n;
+        self.idx -= n;
+        Ok(())
+    }
+
+    fn buffer_len(&self) -> usize {
+        self.keys.as_ref().map_or(0, |k| k.len())
+    }
+
+    /// mlx-lm's `_temporal_order`: the ring unrolled oldest first, unused tail cut.
+    fn temporal(&self, v: &S) -> Result<S> {
+        let len = v.len();
+        if self.idx == len {
+            Ok(v.clone())
+        } else if self.idx < self.offset {
+            S::concat(&[v.slice(0, self.keep)?, v.slice(self.idx, len)?, v.slice(self.keep, self.idx)?])
+        } else {
+            v.slice(0, self.idx)
+        }
+    }
+
+    /// mlx-lm's `_trim`: drops `n` positions after the kept ones, then appends `append`.
+    fn trimmed(&self, v: &S, n: usize, append: Option<&S>) -> Result<S> {
+        let mut parts =
+            if n > 0 { vec![v.slice(0, self.keep)?, v.slice(n + self.keep, v.len())?] } else { vec![v.clone()] };
+        parts.extend(append.cloned());
+        S::concat(&parts)
+    }
+
+    /// Adds `keys, values [kv_heads, L, head_dim]` and attends `q [L, heads, head_dim]` over what
+    /// the cache holds, with mlx-lm's mask for this cache: a causal window of `max_size` over a
+    /// chunk, everything held for a single token.
+    pub fn attend(&mut self, q: &Array, keys: &Array, values: &Array, scale: f32) -> Result<Array> {
+        let l = keys.dim(1);
+        // mlx-lm builds the mask before the update, from the positions held so far.
+        let held_before = self.offset.min(self.max_size - 1);
+        let (keys, values) = (S::ingest(keys, &self.context)?, S::ingest(values, &self.context)?);
+        if l > 1 {
+            self.update_concat(&keys, &values)?;
+            let (k, v) = (self.keys.as_ref().expect("set").to_array()?, self.values.as_ref().expect("set").to_array()?);
+            if held_before + l > self.max_size {
+                attend_windowed(q, &k, &v, held_before, self.max_size, scale)
+            } else {
+                attend_causal(q, &k, &v, scale)
+            }
+        } else {
+            self.update_in_place(&keys, &values)?;
+            let (k, v) = (self.keys.as_ref().expect("set").to_array()?, self.values.as_ref().expect("set").to_array()?);
+            let n = self.offset.min(k.dim(1));
+            let (k, v) = on_device_of(q, &k, &v)?;
+            Ok(nuvec::attention(q, &k, &v, n, scale)?)
+        }
+    }
+
+    fn update_concat(&mut self, keys: &S, values: &S) -> Result<()> {
+        match (self.keys.take(), self.values.take()) {
+            (Some(k), Some(v)) => {
+                let (k, v) = (self.temporal(&k)?, self.temporal(&v)?);
+                self.idx = k.len();
+                // At most max_size - 1 old positions stay, so every new one sees max_size.
+                let trim = (self.idx + 1).saturating_sub(self.max_size);
+                self.keys = Some(self.trimmed(&k, trim, Some(keys))?);
+                self.values = Some(self.trimmed(&v, trim, Some(values))?);
+            }
+            _ => {
+                self.keys = Some(keys.clone());
+                self.values = Some(values.clone());
+            }
+        }
+        self.offset += keys.len();
+        self.idx = self.buffer_len();
+        Ok(())
+    }
+
+    fn update_in_place(&mut self, keys: &S, values: &S) -> Result<()> {
+        let prev = self.offset;
+        let len = self.buffer_len();
+        if self.keys.is_none() || (prev >= len && len < self.max_size) {
+            let grow = STEP.min(self.max_size - prev);
+            let zeros = |like: &S| -> Result<S> {
+                let a = like.to_array()?;
+                S::ingest(&Array::zeros_on(&[a.dim(0), grow, a.dim(2)], DType::F32, a.device())?, &self.context)
+            };
+            let (fresh_k, fresh_v) = (zeros(keys)?, zeros(values)?);
+            for (buffer, fresh) in [(&mut self.keys, fresh_k), (&mut self.values, fresh_v)] {
+                *buffer = Some(match buffer.take() {
+                    Some(old) => S::concat(&[old, fresh])?,
+                    None => fresh,
+                });
+            }
+            self.idx = prev;
+        }
+        let len = self.buffer_len();
+        if len > self.max_size {
+            let trim = len - self.max_size;
+            let (k, v) = (self.keys.take().expect("set"), self.values.take().expect("set"));
+            self.keys = Some(self.trimmed(&k, trim, None)?);
+            self.values = Some(self.trimmed(&v, trim, None)?);
+            self.idx = self.max_size;
+        }
+        if self.idx == self.max_size {
+            self.idx = self.keep;
+        }
+        self.keys.as_mut().expect("set").write(keys, self.idx)?;
+        self.values.as_mut().expect("set").write(values, self.idx)?;
+        self.offset += 1;
+        self.idx += 1;
+        Ok(())
+    }
+}
+
+impl<S: Store> RotatingKvCache<S> {
+    /// Everything needed to restore the cache: its buffers as they lie (ring order) and its
+    /// counters `(offset, idx, max_size, keep)`.
+    pub fn state(&self) -> Option<(S, S, [usize; 4])> {
+        let (k, v) = (self.keys.clone()?, self.values.clone()?);
+        Some((k, v, [self.offset, self.idx, self.max_size, self.keep]))
+    }
+
+    /// A cache restored from [`RotatingKvCache::state`], checked for consistency.
+    pub fn from_state(
+        keys: S,
+        values: S,
+        context: S::Context,
+        [offset, idx, max_size, keep]: [usize; 4],
+    ) -> Result<Self> {
+        let len = keys.len();
+        if values.len() != len || keep >= max_size || idx > len || len > max_size + offset {
+            return Err(Error::Invalid(format!(
+                "an inconsistent rotating cache (buffer {len}, idx {idx}, max {max_size})"
+            )));
+        }
+        Ok(RotatingKvCache { keys: Some(keys), values: Some(values), context, offset, idx, max_size, keep })
+    }
+
+    /// What new positions are made with (the quantization, for quantized rows).
+    pub fn context(&self) -> &S::Context {
+        &self.context
+    }
+}

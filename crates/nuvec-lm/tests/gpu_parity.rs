@@ -1,0 +1,206 @@
+//! Whole models on the GPU against the same models on the CPU (feature `cuda`; run on a machine
+//! with an NVIDIA GPU, see docs/cuda.md).
+//!
+//! Each case loads one fixture checkpoint twice (`Device::Cpu` and `Device::Cuda(0)`), then
+//! - teacher-forced: the GPU is fed the CPU's greedy tokens, and every logit of every position
+//!   (the whole prompt, then each generated step) must be within 2e-3 of the CPU's (the CPU
+//!   parity suite's tolerance against mlx-lm, logits of magnitude ~10);
+//! - free-running: the GPU generates greedily on its own and must produce the CPU's tokens,
+//!   except after a step where the CPU's top-2 margin is under twice the tolerance (a near tie
+//!   either side may break).
+//!
+//! Fixtures: `$NUVEC_GPU_FIXTURES` (a folder of case directories holding at least config.json
+//! and the safetensors; oracle.json when present gives the prompt), else `$NUVEC_FIXTURES`.
+//! Missing fixtures or no usable GPU fail the test: a parity test that skips proves nothing.
+#![cfg(feature = "cuda")]
+
+use std::path::PathBuf;
+
+use nuvec::Device;
+use nuvec_lm::cache::CacheOptions;
+use nuvec_lm::{load_model_on, Model};
+
+const TOLERANCE: f32 = 2e-3;
+const STEPS: usize = 32;
+
+fn case_dir(case: &str) -> PathBuf {
+    let root = std::env::var_os("NUVEC_GPU_FIXTURES")
+        .or_else(|| std::env::var_os("NUVEC_FIXTURES"))
+        .map(PathBuf::from)
+        .unwrap_or_else(|| panic!("set NUVEC_GPU_FIXTURES (or NUVEC_FIXTURES) to the fixture case directories"));
+    let dir = root.join(case);
+    assert!(dir.join("config.json").exists(), "{}: no such fixture case", dir.display());
+    dir
+}
+
+/// The oracle's prompt when the case has one, else `n` fixed pseudo-random ids below `vocab`.
+fn prompt_of(case: &str, vocab: usize, n: usize) -> Vec<u32> {
+    let oracle = case_dir(case).join("oracle.json");
+    if n == 0 {
+        if let Ok(text) = std::fs::read_to_string(&oracle) {
+            let json: serde_json::Value = serde_json::from_str(&text).unwrap();
+            return json["prompt_ids"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect();
+        }
+    }
+    let mut state = 0x2545_f491_4f6c_dd1du64;
+    (0..n.max(8))
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            (state % vocab as u64) as u32
+        })
+        .collect()
+}
+
+fn argmax(row: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, &v) in row.iter().enumerate() {
+        if v > row[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+fn margin(row: &[f32]) -> f32 {
+    let top = argmax(row) as usize;
+    let second = row.iter().enumerate().filter(|&(i, _)| i != top).map(|(_, &v)| v).fold(f32::MIN, f32::max);
+    row[top] - second
+}
+
+/// Logit rows of every prompt position (prefilled in chunks of `chunk`) and of each of `steps`
+/// generated positions, with the tokens generated: greedy, or `forced` when given.
+fn run(
+    model: &Model,
+    options: &CacheOptions,
+    prompt: &[u32],
+    chunk: usize,
+    steps: usize,
+    forced: Option<&[u32]>,
+) -> (Vec<Vec<f32>>, Vec<u32>) {
+    let vocab = model.vocab_size();
+    let mut cache = model.make_cache(options).unwrap();
+    let mut rows = vec![];
+    for part in prompt.chunks(chunk) {
+        let logits = model.forward(part, &mut cache).unwrap();
+        assert_eq!(logits.device(), model.device(), "logits on the model's device");
+        rows.extend(logits.to_vec::<f32>().unwrap().chunks(vocab).map(<[f32]>::to_vec));
+    }
+    let mut tokens = vec![];
+    for step in 0..steps {
+        let next = match forced {
+            Some(f) => f[step],
+            None => argmax(rows.last().unwrap()),
+        };
+        tokens.push(next);
+        if step + 1 < steps {
+            let logits = model.forward_last(&[next], &mut cache).unwrap();
+            rows.push(logits.to_vec::<f32>().unwrap());
+        }
+    }
+    (rows, tokens)
+}
+
+fn check(case: &str, options: CacheOptions, prompt_len: usize, chunk: usize) {
+    let dir = case_dir(case);
+    let cpu = load_model_on(&dir, Device::Cpu).unwrap();
+    let gpu = load_model_on(&dir, Device::Cuda(0)).unwrap_or_else(|e| panic!("{case}: loading on cuda:0: {e}"));
+    assert_eq!(gpu.device(), Device::Cuda(0));
+    let prompt = prompt_of(case, cpu.vocab_size(), prompt_len);
+    let (cpu_rows, cpu_tokens) = run(&cpu, &options, &prompt, chunk, STEPS, None);
+    // Teacher-forced on the CPU's tokens.
+    let (gpu_rows, _) = run(&gpu, &options, &prompt, chunk, STEPS, Some(&cpu_tokens));
+    assert_eq!(cpu_rows.len(), gpu_rows.len());
+    let (mut max_diff, mut sum, mut count, mut max_logit) = (0f32, 0f64, 0usize, 0f32);
+    for (position, (c, g)) in cpu_rows.iter().zip(&gpu_rows).enumerate() {
+        for (i, (a, b)) in c.iter().zip(g).enumerate() {
+            let d = (a - b).abs();
+            assert!(
+                d <= TOLERANCE,
+                "{case}: position {position}, logit {i}: cpu {a} vs gpu {b} (difference {d} > {TOLERANCE})"
+            );
+            max_diff = max_diff.max(d);
+            max_logit = max_logit.max(a.abs());
+            sum += d as f64;
+            count += 1;
+        }
+    }
+    // Free-running on the GPU.
+    let (_, gpu_tokens) = run(&gpu, &options, &prompt, chunk, STEPS, None);
+    let step_row = |s: usize| &cpu_rows[prompt.len() - 1 + s];
+    let diverged = cpu_tokens.iter().zip(&gpu_tokens).position(|(a, b)| a != b);
+    let free = match diverged {
+        None => format!("all {STEPS} greedy tokens equal"),
+        Some(s) => {
+            let m = margin(step_row(s));
+            assert!(
+                m <= 2.0 * TOLERANCE,
+                "{case}: greedy tokens differ at step {s} (cpu {} vs gpu {}) where the cpu's margin is {m}\n cpu {:?}\n gpu {:?}",
+                cpu_tokens[s],
+                gpu_tokens[s],
+                cpu_tokens,
+                gpu_tokens
+            );
+            format!("greedy tokens equal up to step {s}, a near tie (margin {m:.1e})")
+        }
+    };
+    println!(
+        "RESULT {case} kv={:?} prompt={} chunk={chunk}: {} positions x {} logits, max |logit| {max_logit:.2}, \
+         max diff {max_diff:.2e}, mean {:.2e}; {free}",
+        options.max_kv_size,
+        prompt.len(),
+        cpu_rows.len(),
+        cpu.vocab_size(),
+        sum / count as f64
+    );
+}
+
+#[test]
+fn f32_model() {
+    check("mistral-f32", CacheOptions::default(), 0, 2048);
+}
+
+#[test]
+fn q4_model() {
+    check("mistral-q4g64", CacheOptions::default(), 0, 2048);
+}
+
+#[test]
+fn q8_model() {
+    check("mistral-q8g32", CacheOptions::default(), 0, 2048);
+}
+
+#[test]
+fn bf16_model() {
+    check("mistral-bf16", CacheOptions::default(), 0, 2048);
+}
+
+#[test]
+fn qwen3_moe_q4_model() {
+    check("qwen3_moe-q4g64", CacheOptions::default(), 0, 2048);
+}
+
+#[test]
+fn longer_prompt_chunked_prefill() {
+    // 300 positions: prefill past the GEMV/GEMM switch, and a plain cache that grows past its
+    // first 256-position block.
+    check("mistral-q4g64", CacheOptions::default(), 300, 128);
+}
+
+#[test]
+fn rotating_cache_whole_prompt() {
+    // A 40-token prompt into a 16-position ring: the windowed prefill mask, then decode across
+    // the wrap.
+    check("mistral-q4g64", CacheOptions { max_kv_size: Some(16), ..Default::default() }, 40, 2048);
+}
+
+#[test]
+fn rotating_cache_chunked_prompt() {
+    check("mistral-f32", CacheOptions { max_kv_size: Some(16), ..Default::default() }, 40, 7);
+}
+
+#[test]
+fn rotating_cache_moe() {
+    check("qwen3_moe-q4g64", CacheOptions { max_kv_size: Some(16), ..Default::default() }, 35, 2048);
+}

@@ -1,0 +1,84 @@
+// Shared by every nuvec kernel source: prepended to each .cu file before NVRTC compiles it.
+// No headers: NVRTC compiles this without the CUDA include folder.
+
+typedef unsigned int u32;
+typedef unsigned short u16;
+typedef unsigned long long u64;
+
+// Float dtypes of weights and per-group parameters, as the host passes them.
+#define DT_F32 0
+#define DT_F16 1
+#define DT_BF16 2
+
+#define NEG_INF __int_as_float(0xff800000)
+
+__device__ __forceinline__ float f16_to_f32(u16 h) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+    return f;
+}
+
+__device__ __forceinline__ float bf16_to_f32(u16 h) {
+    return __uint_as_float(((u32)h) << 16);
+}
+
+// Element i of a float array of dtype `dt` (f32, f16 or bf16), as f32.
+__device__ __forceinline__ float load_float(const void* p, size_t i, int dt) {
+    if (dt == DT_F32) return ((const float*)p)[i];
+    u16 h = ((const u16*)p)[i];
+    return dt == DT_F16 ? f16_to_f32(h) : bf16_to_f32(h);
+}
+
+// Value `k` of a row of MLX affine-packed values: `bits`-wide unsigned integers packed LSB-first
+// into a little-endian stream of u32 words. `row` points at the row's first word.
+__device__ __forceinline__ u32 unpack(const u32* row, size_t k, int bits) {
+    size_t bit = k * (size_t)bits;
+    size_t word = bit >> 5;
+    int shift = (int)(bit & 31);
+    u32 v = row[word] >> shift;
+    if (shift + bits > 32) v |= row[word + 1] << (32 - shift);
+    return v & ((1u << bits) - 1u);
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+// Sum over the block (blockDim.x a multiple of 32, at most 1024); every thread gets the result.
+// `scratch` holds 33 floats of shared memory; the call synchronizes the block.
+__device__ float block_sum(float v, float* scratch) {
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    v = warp_sum(v);
+    __syncthreads();
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    if (warp == 0) {
+        float t = lane < warps ? scratch[lane] : 0.0f;
+        t = warp_sum(t);
+        if (lane == 0) scratch[32] = t;
+    }
+    __syncthreads();
+    return scratch[32];
+}
+
+// Maximum over the block; same contract as block_sum.
+__device__ float block_max(float v, float* scratch) {
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    v = warp_max(v);
+    __syncthreads();
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    if (warp == 0) {
+        float t = lane < warps ? scratch[lane] : NEG_INF;
+        t = warp_max(t);
+        if (lane == 0) scratch[32] = t;
+    }
+    __syncthreads();
+    return scratch[32];
+}

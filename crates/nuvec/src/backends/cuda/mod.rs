@@ -1,0 +1,293 @@
+//! The CUDA backend (cargo feature `cuda`): CUDA C kernels compiled at run time by NVRTC, once per
+//! process and device, plus cuBLAS SGEMM for the large products. The driver, NVRTC and cuBLAS are
+//! loaded dynamically (cudarc's `dynamic-loading`), so a binary built without CUDA installed runs
+//! wherever those libraries are found, and reports a clear error where they are not.
+//!
+//! Arrays on `Device::Cuda(i)` keep their bytes in one device allocation ([`DeviceBuffer`]); every
+//! op is enqueued on the device's one stream and returns at once, and reading values
+//! (`Array::to_vec`, `Array::to_device(Device::Cpu)`) waits for it.
+//!
+//! Numerics follow the CPU backend (the reference): activations f32, f32 accumulation, weights
+//! f32/f16/bf16 or MLX affine-quantized (bits 2,3,4,5,6,8; groups 32,64,128) decoded in registers.
+
+mod ops;
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::{Arc, Mutex, OnceLock};
+
+use cudarc::cublas::CudaBlas;
+use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr};
+use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions};
+
+use crate::{Error, Result};
+
+pub use ops::CudaBackend;
+
+/// Definitions every kernel source starts with (dtype helpers, bit unpacking, reductions).
+pub const PRELUDE: &str = include_str!("kernels/common.cuh");
+
+/// The kernel sources, by file name, without the [`PRELUDE`].
+pub const SOURCES: [(&str, &str); 3] = [
+    ("elementwise.cu", include_str!("kernels/elementwise.cu")),
+    ("linear.cu", include_str!("kernels/linear.cu")),
+    ("attention.cu", include_str!("kernels/attention.cu")),
+];
+
+/// The NVRTC options every source is compiled with, for a virtual architecture such as
+/// `compute_90` (the device's own, at run time). `scripts/check-cuda-kernels.sh` uses the same.
+pub fn nvrtc_options(arch: &str) -> Vec<String> {
+    vec![format!("--gpu-architecture={arch}"), "--std=c++17".into()]
+}
+
+/// Each kernel source as NVRTC compiles it: `(file name, PRELUDE + source)`.
+pub fn kernel_sources() -> Vec<(&'static str, String)> {
+    SOURCES.iter().map(|(name, src)| (*name, format!("{PRELUDE}\n#line 1 \"{name}\"\n{src}"))).collect()
+}
+
+/// The `extern "C" __global__` kernel names a source defines.
+fn kernel_names(src: &str) -> Vec<&str> {
+    let marker = "extern \"C\" __global__ void ";
+    src.match_indices(marker)
+        .filter_map(|(i, _)| {
+            let rest = &src[i + marker.len()..];
+            rest.find('(').map(|end| rest[..end].trim())
+        })
+        .collect()
+}
+
+/// Number of CUDA devices, or an error saying why none can be used (no driver library, no
+/// device, a driver error).
+pub fn device_count() -> Result<usize> {
+    check_libraries()?;
+    let n = CudaContext::device_count().map_err(|e| Error::Device(format!("cuda: counting devices: {e:?}")))?;
+    Ok(n.max(0) as usize)
+}
+
+/// Makes sure device `ordinal` is usable: context, stream, compiled kernels, cuBLAS. The first
+/// call per device compiles the kernels (a fraction of a second); later calls return at once.
+pub fn init(ordinal: usize) -> Result<()> {
+    state(ordinal).map(|_| ())
+}
+
+fn check_libraries() -> Result<()> {
+    // SAFETY: these only try to dlopen the libraries by their usual names.
+    let (driver, nvrtc, cublas) = unsafe {
+        (
+            cudarc::driver::sys::is_culib_present(),
+            cudarc::nvrtc::sys::is_culib_present(),
+            cudarc::cublas::sys::is_culib_present(),
+        )
+    };
+    let missing: Vec<&str> = [(driver, "libcuda (the NVIDIA driver)"), (nvrtc, "libnvrtc"), (cublas, "libcublas")]
+        .iter()
+        .filter(|(present, _)| !present)
+        .map(|(_, name)| *name)
+        .collect();
+    if !missing.is_empty() {
+        return Err(Error::Device(format!(
+            "cuda: no CUDA device usable here: cannot load {} (install the NVIDIA driver and CUDA 13 \
+             libraries, or add their folder to LD_LIBRARY_PATH)",
+            missing.join(", ")
+        )));
+    }
+    Ok(())
+}
+
+/// One device's context, stream, kernels and cuBLAS handle.
+pub(crate) struct State {
+    pub(crate) ordinal: usize,
+    pub(crate) stream: Arc<CudaStream>,
+    funcs: HashMap<String, CudaFunction>,
+    pub(crate) blas: Mutex<CudaBlas>,
+}
+
+impl fmt::Debug for State {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "cuda:{} ({} kernels)", self.ordinal, self.funcs.len())
+    }
+}
+
+fn driver_err(what: &str) -> impl Fn(cudarc::driver::DriverError) -> Error + '_ {
+    move |e| Error::Device(format!("cuda: {what}: {e:?}"))
+}
+
+impl State {
+    fn new(ordinal: usize) -> Result<Self> {
+        let count = device_count()?;
+        if ordinal >= count {
+            return Err(Error::Device(format!(
+                "cuda:{ordinal} does not exist: this machine has {count} CUDA device(s)"
+            )));
+        }
+        let ctx = CudaContext::new(ordinal).map_err(driver_err("creating a context"))?;
+        // SAFETY: the backend uses one stream per device, so cudarc's cross-stream event tracking
+        // has nothing to order; every allocation, copy, kernel and free goes through that stream.
+        unsafe { ctx.disable_event_tracking() };
+        let stream = ctx.new_stream().map_err(driver_err("creating a stream"))?;
+        let (major, minor) = ctx.compute_capability().map_err(driver_err("reading the compute capability"))?;
+        let arch = format!("compute_{major}{minor}");
+        let mut funcs = HashMap::new();
+        for (name, src) in kernel_sources() {
+            let opts = CompileOptions { options: nvrtc_options(&arch), name: Some(name.into()), ..Default::default() };
+            let ptx = compile_ptx_with_opts(&src, opts).map_err(|e| match e {
+                cudarc::nvrtc::CompileError::CompileError { log, .. } => Error::Device(format!(
+                    "cuda: NVRTC could not compile {name} for {arch}:\n{}",
+                    log.to_string_lossy()
+                )),
+                other => Error::Device(format!("cuda: NVRTC on {name}: {other:?}")),
+            })?;
+            let module = ctx.load_module(ptx).map_err(driver_err("loading a compiled module"))?;
+            for kernel in kernel_names(&src) {
+                let f = module.load_function(kernel).map_err(driver_err("finding a kernel"))?;
+                funcs.insert(kernel.to_string(), f);
+            }
+        }
+        let blas = CudaBlas::new(stream.clone())
+            .map_err(|e| Error::Device(format!("cuda: creating a cuBLAS handle: {e:?}")))?;
+        Ok(State { ordinal, stream, funcs, blas: Mutex::new(blas) })
+    }
+
+    pub(crate) fn func(&self, name: &str) -> Result<&CudaFunction> {
+        self.funcs.get(name).ok_or_else(|| Error::Device(format!("cuda: kernel {name} was not compiled")))
+    }
+}
+
+/// The state of device `ordinal`, made on first use and kept for the process.
+pub(crate) fn state(ordinal: usize) -> Result<&'static State> {
+    static STATES: OnceLock<Mutex<HashMap<usize, &'static State>>> = OnceLock::new();
+    let mut states = STATES.get_or_init(Default::default).lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(s) = states.get(&ordinal) {
+        return Ok(s);
+    }
+    let s: &'static State = Box::leak(Box::new(State::new(ordinal)?));
+    states.insert(ordinal, s);
+    Ok(s)
+}
+
+/// Bytes in device memory: one allocation of the device's stream, plus a host copy made only
+/// if something reads the array as raw host bytes (saving it, say).
+pub(crate) struct DeviceBuffer {
+    slice: CudaSlice<u8>,
+    ptr: u64,
+    len: usize,
+    ordinal: usize,
+    mirror: OnceLock<Vec<u64>>,
+}
+
+impl fmt::Debug for DeviceBuffer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "DeviceBuffer(cuda:{}, {} bytes)", self.ordinal, self.len)
+    }
+}
+
+impl DeviceBuffer {
+    /// `len` bytes, uninitialized (every kernel writing one fills it whole).
+    pub(crate) fn alloc(st: &State, len: usize) -> Result<Self> {
+        // SAFETY: the bytes are written before they are read (callers fill the whole buffer, or
+        // use `zeroed`); u8 has no invalid values.
+        let slice = unsafe { st.stream.alloc::<u8>(len.max(1)) }
+            .map_err(|e| Error::Device(format!("cuda:{}: allocating {len} bytes: {e:?}", st.ordinal)))?;
+        let ptr = {
+            let (ptr, _sync) = slice.device_ptr(&st.stream);
+            ptr
+        };
+        Ok(DeviceBuffer { ptr, slice, len, ordinal: st.ordinal, mirror: OnceLock::new() })
+    }
+
+    /// `len` zero bytes.
+    pub(crate) fn zeroed(st: &State, len: usize) -> Result<Self> {
+        let mut b = Self::alloc(st, len)?;
+        st.stream.memset_zeros(&mut b.slice).map_err(driver_err("zeroing memory"))?;
+        Ok(b)
+    }
+
+    /// A device copy of `bytes`.
+    pub(crate) fn upload(st: &State, bytes: &[u8]) -> Result<Self> {
+        let mut b = Self::alloc(st, bytes.len())?;
+        if !bytes.is_empty() {
+            let mut dst = b.slice.slice_mut(..bytes.len());
+            st.stream.memcpy_htod(bytes, &mut dst).map_err(driver_err("copying to the device"))?;
+        }
+        Ok(b)
+    }
+
+    /// The device address of the first byte.
+    pub(crate) fn ptr(&self) -> u64 {
+        self.ptr
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Copies bytes `offset..offset + out.len()` to `out`, waiting for pending work.
+    pub(crate) fn download(&self, offset: usize, out: &mut [u8]) -> Result<()> {
+        let stream = self.slice.stream();
+        if !out.is_empty() {
+            let src = self.slice.slice(offset..offset + out.len());
+            stream.memcpy_dtoh(&src, out).map_err(driver_err("copying to the host"))?;
+        }
+        stream.synchronize().map_err(driver_err("waiting for the device"))
+    }
+
+    /// A new buffer holding bytes `offset..offset + len`.
+    pub(crate) fn copy_range(&self, offset: usize, len: usize) -> Result<Self> {
+        let st = state(self.ordinal)?;
+        let mut b = Self::alloc(st, len)?;
+        if len > 0 {
+            let src = self.slice.slice(offset..offset + len);
+            let mut dst = b.slice.slice_mut(..len);
+            st.stream.memcpy_dtod(&src, &mut dst).map_err(driver_err("copying on the device"))?;
+        }
+        Ok(b)
+    }
+
+    /// The bytes as host memory, copied once (and again after `invalidate`). A failed copy gives
+    /// no bytes, which every reader reports as a size mismatch.
+    pub(crate) fn host_mirror(&self) -> &[u8] {
+        let words = self.mirror.get_or_init(|| {
+            let mut words = vec![0u64; self.len.div_ceil(8)];
+            match self.download(0, &mut bytemuck::cast_slice_mut(&mut words)[..self.len]) {
+                Ok(()) => words,
+                Err(_) => Vec::new(),
+            }
+        });
+        let bytes: &[u8] = bytemuck::cast_slice(words);
+        &bytes[..self.len.min(bytes.len())]
+    }
+
+    /// Forgets the host copy (the device bytes are about to change).
+    pub(crate) fn invalidate(&mut self) {
+        self.mirror = OnceLock::new();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_kernel_is_found_by_name() {
+        let names: Vec<String> = kernel_sources()
+            .iter()
+            .flat_map(|(_, src)| kernel_names(src).into_iter().map(String::from).collect::<Vec<_>>())
+            .collect();
+        for want in [
+            "add_f32",
+            "silu_mul_f32",
+            "add_bias_f32",
+            "rms_norm_f32",
+            "rope_f32",
+            "write_axis1_f32",
+            "write_axis1_rows_f32",
+            "transpose01_f32",
+            "argmax_f32",
+            "gemv",
+            "gather_rows",
+            "attention_f32",
+        ] {
+            assert!(names.iter().any(|n| n == want), "{want} missing from {names:?}");
+        }
+    }
+}

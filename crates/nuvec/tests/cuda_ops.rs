@@ -1,0 +1,435 @@
+//! Every CUDA op against the CPU backend (the reference) on random inputs.
+//!
+//! Needs a CUDA device: without one every test FAILS, saying so (it never passes silently). It is
+//! built only with `--features cuda`, so the default CPU test run does not include it.
+//!
+//! Tolerance: float results must satisfy `|gpu - cpu| <= TOL * (|cpu| + mean|cpu|)` per element
+//! with `TOL = 1e-4` (f32 arithmetic in another order: SGEMM, warp reductions, fused
+//! multiply-adds); copies, integer results and exact ops must match bit for bit. Each case prints
+//! a `RESULT` line with its largest absolute and relative error (run with `--nocapture`).
+
+#![cfg(feature = "cuda")]
+
+use half::{bf16, f16};
+use nuvec::{backend, Array, DType, Device, Matrix, QuantMode, QuantSpec, Quantized};
+
+const TOL: f32 = 1e-4;
+
+/// The device under test; panics (fails the test) when there is none.
+fn gpu() -> Device {
+    match nuvec::backends::cuda::device_count() {
+        Ok(n) if n > 0 => {}
+        Ok(_) => panic!("no CUDA device: the driver reports 0 devices (these tests need an NVIDIA GPU)"),
+        Err(e) => panic!("no CUDA device: {e}"),
+    }
+    if let Err(e) = nuvec::backends::cuda::init(0) {
+        panic!("CUDA device 0 is not usable: {e}");
+    }
+    Device::Cuda(0)
+}
+
+struct Rng(u64);
+
+impl Rng {
+    fn new(seed: u64) -> Self {
+        Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1)
+    }
+    fn next_u32(&mut self) -> u32 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        (self.0 >> 16) as u32
+    }
+    /// Uniform in [-1, 1).
+    fn f(&mut self) -> f32 {
+        (self.next_u32() as f32 / 4_294_967_296.0) * 2.0 - 1.0
+    }
+    fn vec(&mut self, n: usize, scale: f32) -> Vec<f32> {
+        (0..n).map(|_| self.f() * scale).collect()
+    }
+}
+
+fn arr(data: &[f32], shape: &[usize]) -> Array {
+    Array::from_slice(data, shape).unwrap()
+}
+
+fn floats(data: &[f32], shape: &[usize], dtype: DType) -> Array {
+    match dtype {
+        DType::F32 => arr(data, shape),
+        DType::F16 => Array::from_slice(&data.iter().map(|&v| f16::from_f32(v)).collect::<Vec<_>>(), shape).unwrap(),
+        DType::BF16 => Array::from_slice(&data.iter().map(|&v| bf16::from_f32(v)).collect::<Vec<_>>(), shape).unwrap(),
+        other => panic!("not a float dtype: {other}"),
+    }
+}
+
+/// Checks `got` (from the GPU) against `want` (from the CPU) and prints the errors.
+fn close(case: &str, got: &Array, want: &Array) {
+    assert_eq!(got.shape(), want.shape(), "{case}: shapes");
+    assert_eq!(got.device(), gpu(), "{case}: the result should stay on the GPU");
+    let (g, w) = (got.to_f32_vec().unwrap(), want.to_f32_vec().unwrap());
+    let mean = w.iter().map(|v| v.abs()).sum::<f32>() / w.len().max(1) as f32;
+    let (mut max_abs, mut max_rel) = (0f32, 0f32);
+    for (i, (a, b)) in g.iter().zip(&w).enumerate() {
+        let err = (a - b).abs();
+        let rel = err / (b.abs() + mean).max(f32::MIN_POSITIVE);
+        assert!(err <= TOL * (b.abs() + mean), "{case}: element {i}: gpu {a} vs cpu {b} (mean |cpu| {mean})");
+        max_abs = max_abs.max(err);
+        max_rel = max_rel.max(rel);
+    }
+    eprintln!("RESULT {case:<60} max_abs {max_abs:.3e} max_rel {max_rel:.3e}");
+}
+
+/// Checks bit-for-bit equality.
+fn exact(case: &str, got: &Array, want: &Array) {
+    assert_eq!(got.shape(), want.shape(), "{case}: shapes");
+    assert_eq!(got.dtype(), want.dtype(), "{case}: dtypes");
+    let (g, w) = (got.to_f32_vec().unwrap(), want.to_f32_vec().unwrap());
+    for (i, (a, b)) in g.iter().zip(&w).enumerate() {
+        assert!(a.to_bits() == b.to_bits(), "{case}: element {i}: gpu {a} vs cpu {b}");
+    }
+    eprintln!("RESULT {case:<60} exact");
+}
+
+fn quantized(rng: &mut Rng, rows: usize, cols: usize, bits: usize, group: usize, pdtype: DType) -> Matrix {
+    let words = cols * bits / 32;
+    let packed: Vec<u32> = (0..rows * words).map(|_| rng.next_u32()).collect();
+    let groups = cols / group;
+    let scales = rng.vec(rows * groups, 0.05);
+    let biases = rng.vec(rows * groups, 0.2);
+    Matrix::Quantized(
+        Quantized::new(
+            Array::from_slice(&packed, &[rows, words]).unwrap(),
+            floats(&scales, &[rows, groups], pdtype),
+            floats(&biases, &[rows, groups], pdtype),
+            QuantSpec { mode: QuantMode::Affine, bits, group_size: group },
+            cols,
+        )
+        .unwrap(),
+    )
+}
+
+fn check_linear(case: &str, rng: &mut Rng, w: &Matrix, m: usize) {
+    let dev = gpu();
+    let k = w.cols();
+    let x = arr(&rng.vec(m * k, 1.0), &[m, k]);
+    let want = x.linear(w).unwrap();
+    let got = x.to_device(dev).unwrap().linear(&w.to_device(dev).unwrap()).unwrap();
+    close(&format!("linear {case} m={m}"), &got, &want);
+}
+
+#[test]
+fn linear_dense_all_dtypes() {
+    let mut rng = Rng::new(1);
+    for dtype in [DType::F32, DType::F16, DType::BF16] {
+        for (k, n) in [(64usize, 48usize), (200, 77), (1024, 300)] {
+            let w = Matrix::Dense(floats(&rng.vec(n * k, 0.1), &[n, k], dtype));
+            for m in [1usize, 3, 8, 9, 37, 100] {
+                check_linear(&format!("dense {dtype} k={k} n={n}"), &mut rng, &w, m);
+            }
+        }
+    }
+}
+
+#[test]
+fn linear_quantized_every_width_and_group() {
+    let mut rng = Rng::new(2);
+    let (k, n) = (384usize, 77usize);
+    for bits in QuantSpec::AFFINE_BITS {
+        for group in QuantSpec::AFFINE_GROUPS {
+            for pdtype in [DType::F16, DType::BF16, DType::F32] {
+                let w = quantized(&mut rng, n, k, bits, group, pdtype);
+                for m in [1usize, 5, 8, 9, 37] {
+                    check_linear(&format!("q{bits} g{group} {pdtype} k={k} n={n}"), &mut rng, &w, m);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn linear_many_tiles() {
+    // Wide enough that the dequantize-then-GEMM path takes several tiles (4096 rows each at k=4096).
+    let mut rng = Rng::new(3);
+    let (k, n) = (4096usize, 4500usize);
+    let wq = quantized(&mut rng, n, k, 4, 64, DType::BF16);
+    let wb = Matrix::Dense(floats(&rng.vec(n * k, 0.02), &[n, k], DType::BF16));
+    for m in [2usize, 37] {
+        check_linear(&format!("q4 g64 bf16 k={k} n={n}"), &mut rng, &wq, m);
+        check_linear(&format!("dense bf16 k={k} n={n}"), &mut rng, &wb, m);
+    }
+    // A 3-d input [2, L, K] and a dense f32 weight through cuBLAS.
+    let wf = Matrix::Dense(arr(&rng.vec(300 * 256, 0.1), &[300, 256]));
+    let x = arr(&rng.vec(2 * 37 * 256, 1.0), &[2, 37, 256]);
+    let dev = gpu();
+    let got = x.to_device(dev).unwrap().linear(&wf.to_device(dev).unwrap()).unwrap();
+    close("linear dense float32 [2,37,256] x [300,256]", &got, &x.linear(&wf).unwrap());
+}
+
+#[test]
+fn fused_linear_ops() {
+    // linear_many and silu_mul_linear (default compositions on the GPU, fused passes on the CPU).
+    let dev = gpu();
+    let mut rng = Rng::new(10);
+    let k = 256;
+    let ws = [
+        quantized(&mut rng, 96, k, 4, 64, DType::BF16),
+        quantized(&mut rng, 32, k, 8, 32, DType::F16),
+        Matrix::Dense(floats(&rng.vec(40 * k, 0.1), &[40, k], DType::BF16)),
+    ];
+    let wg: Vec<Matrix> = ws.iter().map(|w| w.to_device(dev).unwrap()).collect();
+    for m in [1usize, 9] {
+        let x = arr(&rng.vec(m * k, 1.0), &[m, k]);
+        let want = x.linear_many(&ws.iter().collect::<Vec<_>>()).unwrap();
+        let got = x.to_device(dev).unwrap().linear_many(&wg.iter().collect::<Vec<_>>()).unwrap();
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            close(&format!("linear_many m={m} weight {i}"), g, w);
+        }
+        let up = arr(&rng.vec(m * k, 1.0), &[m, k]);
+        let wd = quantized(&mut rng, 64, k, 4, 32, DType::BF16);
+        let want = x.silu_mul_linear(&up, &wd).unwrap();
+        let got = x.to_device(dev).unwrap().silu_mul_linear(&up.to_device(dev).unwrap(), &wd.to_device(dev).unwrap());
+        close(&format!("silu_mul_linear m={m} q4 g32"), &got.unwrap(), &want);
+    }
+}
+
+#[test]
+fn embed_dense_and_quantized() {
+    let dev = gpu();
+    let mut rng = Rng::new(4);
+    let (v, d) = (301usize, 256usize);
+    let ids: Vec<u32> = (0..37).map(|_| rng.next_u32() % v as u32).chain([0, 300, 7, 7]).collect();
+    for dtype in [DType::F32, DType::F16, DType::BF16] {
+        let t = Matrix::Dense(floats(&rng.vec(v * d, 1.0), &[v, d], dtype));
+        let got = t.to_device(dev).unwrap().embed(&ids).unwrap();
+        exact(&format!("embed dense {dtype}"), &got, &t.embed(&ids).unwrap());
+    }
+    for bits in QuantSpec::AFFINE_BITS {
+        for group in QuantSpec::AFFINE_GROUPS {
+            let t = quantized(&mut rng, v, d, bits, group, DType::BF16);
+            let got = t.to_device(dev).unwrap().embed(&ids).unwrap();
+            // scale * q + bias may fuse into one rounding on the GPU.
+            close(&format!("embed q{bits} g{group} bf16"), &got, &t.embed(&ids).unwrap());
+        }
+    }
+    let t = quantized(&mut rng, v, d, 4, 64, DType::F16).to_device(dev).unwrap();
+    assert!(t.embed(&[v as u32]).is_err(), "an id outside the vocabulary is an error");
+    assert_eq!(t.embed(&[]).unwrap().shape(), &[0, d]);
+}
+
+#[test]
+fn rms_norm_rows() {
+    let dev = gpu();
+    let mut rng = Rng::new(5);
+    for (rows, d) in [(1usize, 64usize), (37, 100), (5, 4096), (3, 1)] {
+        for wdtype in [DType::F32, DType::F16, DType::BF16] {
+            let x = arr(&rng.vec(rows * d, 3.0), &[rows, d]);
+            let w = floats(&rng.vec(d, 1.0), &[d], wdtype);
+            let want = x.rms_norm(&w, 1e-5).unwrap();
+            let got = x.to_device(dev).unwrap().rms_norm(&w.to_device(dev).unwrap(), 1e-5).unwrap();
+            close(&format!("rms_norm rows={rows} d={d} weight {wdtype}"), &got, &want);
+        }
+    }
+}
+
+#[test]
+fn rope_both_layouts() {
+    let dev = gpu();
+    let mut rng = Rng::new(6);
+    for (l, h, d) in [(1usize, 4usize, 64usize), (37, 4, 128), (37, 3, 80)] {
+        for rotated in [d, d / 2] {
+            let half = rotated / 2;
+            let freqs: Vec<f32> = (0..half).map(|i| 10000f32.powf(-2.0 * i as f32 / rotated as f32)).collect();
+            for traditional in [false, true] {
+                for offset in [0usize, 1000] {
+                    let x = arr(&rng.vec(l * h * d, 1.0), &[l, h, d]);
+                    let want = x.rope(&freqs, offset, traditional).unwrap();
+                    let got = x.to_device(dev).unwrap().rope(&freqs, offset, traditional).unwrap();
+                    close(
+                        &format!("rope L={l} H={h} D={d} rotated={rotated} trad={traditional} off={offset}"),
+                        &got,
+                        &want,
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn attention_causal_gqa() {
+    let dev = gpu();
+    let mut rng = Rng::new(7);
+    for (hq, hkv) in [(8usize, 2usize), (4, 4)] {
+        for d in [64usize, 128] {
+            for (l, kv_len) in [(1usize, 1usize), (1, 77), (1, 1000), (37, 37), (37, 300), (5, 600)] {
+                let cap = kv_len + 13;
+                let q = arr(&rng.vec(l * hq * d, 3.0), &[l, hq, d]);
+                let k = arr(&rng.vec(hkv * cap * d, 1.0), &[hkv, cap, d]);
+                let v = arr(&rng.vec(hkv * cap * d, 1.0), &[hkv, cap, d]);
+                let scale = 1.0 / (d as f32).sqrt();
+                let want = nuvec::attention(&q, &k, &v, kv_len, scale).unwrap();
+                let (qg, kg, vg) = (q.to_device(dev).unwrap(), k.to_device(dev).unwrap(), v.to_device(dev).unwrap());
+                let got = nuvec::attention(&qg, &kg, &vg, kv_len, scale).unwrap();
+                close(&format!("attention Hq={hq} Hkv={hkv} D={d} L={l} kv={kv_len}"), &got, &want);
+            }
+        }
+    }
+}
+
+#[test]
+fn copies_and_elementwise() {
+    let dev = gpu();
+    let mut rng = Rng::new(8);
+    let to = |a: &Array| a.to_device(dev).unwrap();
+
+    // write_axis1, also into an array whose bytes are shared (the other copy must not change).
+    let dst = arr(&rng.vec(2 * 50 * 16, 1.0), &[2, 50, 16]);
+    let src = arr(&rng.vec(2 * 37 * 16, 1.0), &[2, 37, 16]);
+    let mut want = dst.clone();
+    want.write_axis1(&src, 5).unwrap();
+    let mut got = to(&dst);
+    let shared = got.clone();
+    got.write_axis1(&to(&src), 5).unwrap();
+    exact("write_axis1 [2,37,16] into [2,50,16] at 5", &got, &want);
+    exact("write_axis1 leaves a shared copy alone", &shared, &to(&dst));
+    assert!(got.clone().write_axis1(&to(&src), 14).is_err(), "writing past the capacity is an error");
+
+    // write_axis1_from_rows: src [n, A, C] into dst [A, cap, C].
+    let rows = arr(&rng.vec(37 * 2 * 16, 1.0), &[37, 2, 16]);
+    let mut want = dst.clone();
+    want.write_axis1_from_rows(&rows, 9).unwrap();
+    let mut got = to(&dst);
+    got.write_axis1_from_rows(&to(&rows), 9).unwrap();
+    exact("write_axis1_from_rows [37,2,16] into [2,50,16] at 9", &got, &want);
+
+    let x = arr(&rng.vec(37 * 8 * 24, 1.0), &[37, 8, 24]);
+    exact("transpose01 [37,8,24]", &to(&x).transpose01().unwrap(), &x.transpose01().unwrap());
+
+    let (a, b) = (arr(&rng.vec(37 * 129, 4.0), &[37, 129]), arr(&rng.vec(37 * 129, 4.0), &[37, 129]));
+    exact("add [37,129]", &to(&a).add(&to(&b)).unwrap(), &a.add(&b).unwrap());
+    close("silu_mul [37,129]", &to(&a).silu_mul(&to(&b)).unwrap(), &a.silu_mul(&b).unwrap());
+    for dtype in [DType::F32, DType::F16, DType::BF16] {
+        let bias = floats(&rng.vec(129, 1.0), &[129], dtype);
+        exact(
+            &format!("add_bias [37,129] + {dtype}"),
+            &to(&a).add_bias(&to(&bias)).unwrap(),
+            &a.add_bias(&bias).unwrap(),
+        );
+    }
+    assert!(to(&a).add(&to(&arr(&[1.0], &[1]))).is_err(), "shape mismatch is an error");
+
+    // slice_rows gives a view; ops on the view read the right rows.
+    let s = to(&a).slice_rows(3, 20).unwrap();
+    exact("slice_rows 3..20 of 37", &s, &a.slice_rows(3, 20).unwrap());
+    let want = a.slice_rows(3, 20).unwrap();
+    exact("add on a slice_rows view", &s.add(&s).unwrap(), &want.add(&want).unwrap());
+    assert!(to(&a).slice_rows(5, 38).is_err());
+
+    // argmax: random rows, ties (the first maximum wins), a leading NaN, all -inf.
+    let mut rows = rng.vec(37 * 1000, 1.0);
+    rows[1000 + 10] = 5.0;
+    rows[1000 + 900] = 5.0;
+    rows[2000] = f32::NAN;
+    rows[3000..4000].iter_mut().for_each(|v| *v = f32::NEG_INFINITY);
+    rows[4000 + 500] = f32::NAN;
+    let x = arr(&rows, &[37, 1000]);
+    let got = to(&x).argmax().unwrap();
+    assert_eq!(got.dtype(), DType::U32);
+    assert_eq!(got.to_vec::<u32>().unwrap(), x.argmax().unwrap().to_vec::<u32>().unwrap(), "argmax");
+    let x3 = arr(&rng.vec(2 * 3 * 49153, 10.0), &[2, 3, 49153]);
+    assert_eq!(to(&x3).argmax().unwrap().to_vec::<u32>().unwrap(), x3.argmax().unwrap().to_vec::<u32>().unwrap());
+    eprintln!("RESULT {:<60} exact", "argmax (ties, NaN, -inf, [2,3,49153])");
+}
+
+#[test]
+fn transfers_and_device_errors() {
+    let dev = gpu();
+    let mut rng = Rng::new(9);
+    // Round trips of every dtype, views included.
+    let f = rng.vec(1001, 1.0);
+    let a = arr(&f, &[7, 143]);
+    assert_eq!(a.to_device(dev).unwrap().to_vec::<f32>().unwrap(), f);
+    assert_eq!(a.to_device(dev).unwrap().to_device(Device::Cpu).unwrap().device(), Device::Cpu);
+    let u: Vec<u32> = (0..99).map(|_| rng.next_u32()).collect();
+    assert_eq!(Array::from_slice_on(&u, &[99], dev).unwrap().to_vec::<u32>().unwrap(), u);
+    let h = floats(&f, &[1001], DType::BF16);
+    assert_eq!(h.to_device(dev).unwrap().to_f32_vec().unwrap(), h.to_f32_vec().unwrap());
+    let bytes: Vec<u8> = (0..13u8).collect();
+    assert_eq!(Array::from_slice_on(&bytes, &[13], dev).unwrap().to_vec::<u8>().unwrap(), bytes);
+    let z = Array::zeros_on(&[3, 5], DType::F32, dev).unwrap();
+    assert_eq!((z.device(), z.to_vec::<f32>().unwrap()), (dev, vec![0f32; 15]));
+    let stacked = arr(&f[..1000], &[4, 10, 25]).to_device(dev).unwrap();
+    assert_eq!(stacked.index_first(2).unwrap().to_vec::<f32>().unwrap(), f[500..750].to_vec());
+    assert!(a.to_device(dev).unwrap().to_vec::<u32>().is_err(), "reading f32 as u32 is an error");
+
+    // A CPU op given a GPU array, and a GPU op given a CPU array: errors naming op and device.
+    let (x, w) = (arr(&rng.vec(64, 1.0), &[1, 64]), arr(&rng.vec(64, 1.0), &[64]));
+    let xg = x.to_device(dev).unwrap();
+    let e = backend(Device::Cpu).rms_norm(&xg, &w, 1e-5).unwrap_err().to_string();
+    assert!(e.contains("rms_norm") && e.contains("cuda:0"), "{e}");
+    let e = x.rms_norm(&w.to_device(dev).unwrap(), 1e-5).unwrap_err().to_string();
+    assert!(e.contains("rms_norm") && e.contains("cuda:0"), "{e}");
+    let e = xg.rms_norm(&w, 1e-5).unwrap_err().to_string();
+    assert!(e.contains("rms_norm") && e.contains("cpu"), "{e}");
+    let wm = Matrix::Dense(arr(&rng.vec(64 * 8, 1.0), &[8, 64]));
+    let e = x.linear(&wm.to_device(dev).unwrap()).unwrap_err().to_string();
+    assert!(e.contains("linear") && e.contains("cuda:0"), "{e}");
+    let e = xg.linear(&wm).unwrap_err().to_string();
+    assert!(e.contains("linear") && e.contains("cpu"), "{e}");
+    let e = backend(Device::Cpu).argmax(&xg).unwrap_err().to_string();
+    assert!(e.contains("argmax") && e.contains("cuda:0"), "{e}");
+    // A device that does not exist.
+    let e = x.to_device(Device::Cuda(977)).unwrap_err().to_string();
+    assert!(e.contains("cuda:977"), "{e}");
+    let e = backend(Device::Cuda(977)).add(&x, &x).unwrap_err().to_string();
+    assert!(e.contains("cuda"), "{e}");
+    eprintln!("RESULT {:<60} ok", "transfers and device errors");
+}
+
+/// Not a test: rough timings of the phase-1 kernels on shapes of an 8B Llama (run with
+/// `--ignored --nocapture`). Prints, asserts nothing.
+#[test]
+#[ignore]
+fn timing_probe() {
+    let dev = gpu();
+    let mut rng = Rng::new(11);
+    let time = |name: &str, bytes: f64, iters: usize, f: &dyn Fn() -> Array| {
+        let _ = f().to_f32_vec().unwrap();
+        let t = std::time::Instant::now();
+        let mut last = None;
+        for _ in 0..iters {
+            last = Some(f());
+        }
+        let _ = last.unwrap().to_f32_vec().unwrap();
+        let us = t.elapsed().as_secs_f64() * 1e6 / iters as f64;
+        eprintln!("TIMING {name:<52} {us:9.1} us  {:7.1} GB/s", bytes / us / 1e3);
+    };
+    let k = 4096;
+    for (n, bits) in [(4096usize, 4usize), (14336, 4), (4096, 8), (4096, 3)] {
+        let w = quantized(&mut rng, n, k, bits, 64, DType::BF16).to_device(dev).unwrap();
+        let bytes = w.nbytes() as f64;
+        for m in [1usize, 8] {
+            let x = arr(&rng.vec(m * k, 1.0), &[m, k]).to_device(dev).unwrap();
+            time(&format!("linear q{bits} g64 [{m},{k}] x [{n},{k}]"), bytes, 50, &|| x.linear(&w).unwrap());
+        }
+        let x = arr(&rng.vec(512 * k, 1.0), &[512, k]).to_device(dev).unwrap();
+        time(&format!("linear q{bits} g64 [512,{k}] x [{n},{k}] (tiles+SGEMM)"), bytes, 10, &|| x.linear(&w).unwrap());
+    }
+    let wd = Matrix::Dense(floats(&rng.vec(4096 * k, 0.02), &[4096, k], DType::BF16)).to_device(dev).unwrap();
+    let x = arr(&rng.vec(k, 1.0), &[1, k]).to_device(dev).unwrap();
+    time("linear dense bf16 [1,4096] x [4096,4096]", wd.nbytes() as f64, 50, &|| x.linear(&wd).unwrap());
+    let wf = Matrix::Dense(arr(&rng.vec(4096 * k, 0.02), &[4096, k])).to_device(dev).unwrap();
+    time("linear dense f32 [1,4096] x [4096,4096] (SGEMM)", wf.nbytes() as f64, 50, &|| x.linear(&wf).unwrap());
+    for kv in [512usize, 4096] {
+        let (hq, hkv, d) = (32usize, 8usize, 128usize);
+        let q = arr(&rng.vec(hq * d, 1.0), &[1, hq, d]).to_device(dev).unwrap();
+        let kk = arr(&rng.vec(hkv * kv * d, 1.0), &[hkv, kv, d]).to_device(dev).unwrap();
+        let bytes = (2 * hkv * kv * d * 4) as f64;
+        time(&format!("attention decode Hq=32 Hkv=8 D=128 kv={kv}"), bytes, 50, &|| {
+            nuvec::attention(&q, &kk, &kk, kv, 0.088).unwrap()
+        });
+    }
+    let x = arr(&rng.vec(k, 1.0), &[1, k]).to_device(dev).unwrap();
+    let w = arr(&rng.vec(k, 1.0), &[k]).to_device(dev).unwrap();
+    time("rms_norm [1,4096] (launch-bound)", (k * 8) as f64, 200, &|| x.rms_norm(&w, 1e-5).unwrap());
+}

@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# Compiles every CUDA kernel source of nuvec's CUDA backend with NVRTC, on the CPU (no GPU and no
+# CUDA install needed): NVRTC comes from PyPI's nvidia-cuda-nvrtc wheel (pinned), called through
+# ctypes. Each source is compiled exactly as the backend does at run time (prelude + source,
+# `--gpu-architecture=compute_90 --std=c++17`, giving PTX), and again for sm_90 (machine code,
+# so ptxas errors show too); every `extern "C" __global__` kernel must appear in the PTX.
+# Exits non-zero if anything fails. Usage: scripts/check-cuda-kernels.sh
+set -euo pipefail
+
+NVRTC_VERSION=13.0.88
+root="$(cd "$(dirname "$0")/.." && pwd)"
+cache="${NUVEC_CACHE:-$HOME/.cache/nuvec}"
+venv="$cache/nvrtc-$NVRTC_VERSION"
+
+if [ ! -x "$venv/bin/python" ] || ! "$venv/bin/python" -m pip show -q "nvidia-cuda-nvrtc" >/dev/null 2>&1; then
+    rm -rf "$venv"
+    python3 -m venv "$venv"
+    "$venv/bin/python" -m pip install -q --disable-pip-version-check "nvidia-cuda-nvrtc==$NVRTC_VERSION"
+fi
+
+exec "$venv/bin/python" - "$root/crates/nuvec/src/backends/cuda/kernels" <<'PY'
+import ctypes, glob, os, re, sys, sysconfig
+
+kernels = sys.argv[1]
+site = sysconfig.get_paths()["purelib"]
+libs = glob.glob(os.path.join(site, "nvidia", "*", "lib", "libnvrtc.so.*")) + glob.glob(
+    os.path.join(site, "nvidia", "cuda_nvrtc", "lib", "libnvrtc.so.*"))
+libs = [l for l in libs if re.search(r"libnvrtc\.so\.\d+$", l)]
+if not libs:
+    sys.exit("check-cuda-kernels: libnvrtc not found in the nvidia-cuda-nvrtc wheel")
+# NVRTC dlopens its builtins by soname: load them first from the wheel's folder.
+for builtins in glob.glob(os.path.join(os.path.dirname(libs[0]), "libnvrtc-builtins.so.*")):
+    if ".alt." not in builtins:
+        ctypes.CDLL(builtins, mode=ctypes.RTLD_GLOBAL)
+nvrtc = ctypes.CDLL(libs[0])
+major, minor = ctypes.c_int(), ctypes.c_int()
+nvrtc.nvrtcVersion(ctypes.byref(major), ctypes.byref(minor))
+print(f"NVRTC {major.value}.{minor.value} ({libs[0]})")
+
+def compile_src(name, src, opts):
+    prog = ctypes.c_void_p()
+    err = nvrtc.nvrtcCreateProgram(ctypes.byref(prog), src.encode(), name.encode(), 0, None, None)
+    if err:
+        return False, f"nvrtcCreateProgram error {err}", ""
+    arr = (ctypes.c_char_p * len(opts))(*[o.encode() for o in opts])
+    err = nvrtc.nvrtcCompileProgram(prog, len(opts), arr)
+    size = ctypes.c_size_t()
+    nvrtc.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
+    log = ctypes.create_string_buffer(size.value)
+    nvrtc.nvrtcGetProgramLog(prog, log)
+    ptx = ""
+    if err == 0:
+        nvrtc.nvrtcGetPTXSize(prog, ctypes.byref(size))
+        buf = ctypes.create_string_buffer(size.value)
+        nvrtc.nvrtcGetPTX(prog, buf)
+        ptx = buf.value.decode()
+    nvrtc.nvrtcDestroyProgram(ctypes.byref(prog))
+    return err == 0, log.value.decode(errors="replace"), ptx
+
+# Must match crates/nuvec/src/backends/cuda/mod.rs: SOURCES, kernel_sources(), nvrtc_options().
+prelude = open(os.path.join(kernels, "common.cuh")).read()
+sources = sorted(glob.glob(os.path.join(kernels, "*.cu")))
+if not sources:
+    sys.exit(f"check-cuda-kernels: no .cu files in {kernels}")
+failed = 0
+for path in sources:
+    name = os.path.basename(path)
+    body = open(path).read()
+    src = f'{prelude}\n#line 1 "{name}"\n{body}'
+    names = re.findall(r'extern "C" __global__ void (\w+)\s*\(', body)
+    for arch in ("compute_90", "sm_90"):
+        ok, log, ptx = compile_src(name, src, [f"--gpu-architecture={arch}", "--std=c++17"])
+        missing = [k for k in names if ok and arch.startswith("compute") and f".entry {k}(" not in ptx]
+        status = "ok" if ok and not missing else "FAILED"
+        print(f"{status:6} {name:18} {arch:10} kernels: {', '.join(names)}")
+        if log.strip():
+            print(log.rstrip())
+        if missing:
+            print(f"       kernels missing from the PTX: {missing}")
+        failed += status != "ok"
+print(f"{2 * len(sources) - failed} passed, {failed} failed")
+sys.exit(1 if failed else 0)
+PY

@@ -1,0 +1,110 @@
+#!/usr/bin/env python3
+"""A random-weight MLX-format 4-bit Llama checkpoint, for speed measurements only (its text is noise).
+
+Usage: make-random-checkpoint.py OUT_DIR [--shape 8b|1b|tiny] [--bits 4] [--group-size 64]
+       [--tokenizer DIR]   (copies DIR's tokenizer.json / tokenizer_config.json: vocab 32000 fits
+                            the mistral fixtures' tokenizer)
+
+Standard library only, so it runs on the GPU machine (where the multi-GB file is written instead of
+travelling). Packed weights repeat one 64 MiB random block; scales are 0.02 and biases -0.16 (bf16),
+so dequantized weights lie in about [-0.16, 0.14], as small random init would.
+"""
+
+import argparse
+import json
+import os
+import shutil
+import struct
+
+SHAPES = {
+    # Llama-3.1-8B's shape (vocab cut to 32000 to fit the fixtures' tokenizer).
+    "8b": dict(hidden=4096, layers=32, heads=32, kv_heads=8, head_dim=128, inter=14336, vocab=32000),
+    "1b": dict(hidden=2048, layers=16, heads=32, kv_heads=8, head_dim=64, inter=8192, vocab=32000),
+    "tiny": dict(hidden=128, layers=2, heads=4, kv_heads=2, head_dim=32, inter=256, vocab=32000),
+}
+
+
+def bf16(x):
+    return struct.pack("<f", x)[2:4]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("out")
+    ap.add_argument("--shape", default="8b", choices=SHAPES)
+    ap.add_argument("--bits", type=int, default=4)
+    ap.add_argument("--group-size", type=int, default=64)
+    ap.add_argument("--tokenizer")
+    a = ap.parse_args()
+    s = SHAPES[a.shape]
+    h, hd = s["hidden"], s["head_dim"]
+    matrices = [("model.embed_tokens", s["vocab"], h), ("lm_head", s["vocab"], h)]
+    tensors = [("model.norm.weight", "BF16", [h], bf16(1.0))]
+    for i in range(s["layers"]):
+        p = f"model.layers.{i}"
+        matrices += [
+            (f"{p}.self_attn.q_proj", s["heads"] * hd, h),
+            (f"{p}.self_attn.k_proj", s["kv_heads"] * hd, h),
+            (f"{p}.self_attn.v_proj", s["kv_heads"] * hd, h),
+            (f"{p}.self_attn.o_proj", h, s["heads"] * hd),
+            (f"{p}.mlp.gate_proj", s["inter"], h),
+            (f"{p}.mlp.up_proj", s["inter"], h),
+            (f"{p}.mlp.down_proj", h, s["inter"]),
+        ]
+        tensors += [(f"{p}.input_layernorm.weight", "BF16", [h], bf16(1.0))]
+        tensors += [(f"{p}.post_attention_layernorm.weight", "BF16", [h], bf16(1.0))]
+    for name, rows, cols in matrices:
+        tensors.append((f"{name}.weight", "U32", [rows, cols * a.bits // 32], None))
+        tensors.append((f"{name}.scales", "BF16", [rows, cols // a.group_size], bf16(0.02)))
+        tensors.append((f"{name}.biases", "BF16", [rows, cols // a.group_size], bf16(-0.16)))
+    size = {"U32": 4, "BF16": 2}
+    header, offset = {}, 0
+    for name, dtype, shape, _ in tensors:
+        n = size[dtype]
+        for d in shape:
+            n *= d
+        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [offset, offset + n]}
+        offset += n
+    meta = json.dumps(header).encode()
+    meta += b" " * (-len(meta) % 8)
+    os.makedirs(a.out, exist_ok=True)
+    block = os.urandom(64 << 20)
+    with open(os.path.join(a.out, "model.safetensors"), "wb") as f:
+        f.write(struct.pack("<Q", len(meta)) + meta)
+        for name, dtype, shape, fill in tensors:
+            n = header[name]["data_offsets"][1] - header[name]["data_offsets"][0]
+            if fill is None:
+                while n > 0:
+                    f.write(block[: min(n, len(block))])
+                    n -= min(n, len(block))
+            else:
+                f.write(fill * (n // len(fill)))
+    config = {
+        "model_type": "llama",
+        "architectures": ["LlamaForCausalLM"],
+        "hidden_size": h,
+        "num_hidden_layers": s["layers"],
+        "num_attention_heads": s["heads"],
+        "num_key_value_heads": s["kv_heads"],
+        "head_dim": hd,
+        "intermediate_size": s["inter"],
+        "vocab_size": s["vocab"],
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 500000.0,
+        "max_position_embeddings": 8192,
+        "tie_word_embeddings": False,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+        "quantization": {"group_size": a.group_size, "bits": a.bits},
+    }
+    with open(os.path.join(a.out, "config.json"), "w") as f:
+        json.dump(config, f, indent=1)
+    if a.tokenizer:
+        for name in ("tokenizer.json", "tokenizer_config.json"):
+            if os.path.exists(os.path.join(a.tokenizer, name)):
+                shutil.copy(os.path.join(a.tokenizer, name), a.out)
+    print(f"{a.out}: {a.shape}, {offset / 1e9:.2f} GB of tensors")
+
+
+if __name__ == "__main__":
+    main()
