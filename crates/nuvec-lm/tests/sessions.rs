@@ -116,3 +116,19 @@ fn prompt_cache_file_round_trip_and_refusals() {
     std::fs::remove_file(&path).ok();
     std::fs::remove_file(&edited).ok();
 }
+
+#[test]
+fn long_chunks_compute_what_short_chunks_do() {
+    // A 700-token chunk runs its MLPs in row blocks; 100-token chunks do not need to.
+    let (model, _) = nuvec_lm::load_dir(&fixtures().join("qwen3-f32")).unwrap();
+    let prompt: Vec<u32> = (0..700).map(|i| 1000 + (i * 37) % 5000).collect();
+    let last_logits = |step: usize| {
+        let options = GenerateOptions { max_tokens: 1, prefill_step_size: step, ..Default::default() };
+        let mut g = generate(&model, &prompt, options).unwrap();
+        g.next();
+        g.last_logits().unwrap().to_vec()
+    };
+    let (whole, chunked) = (last_logits(2048), last_logits(100));
+    let diff = whole.iter().zip(&chunked).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+    assert!(diff < 1e-4, "{diff}");
+}

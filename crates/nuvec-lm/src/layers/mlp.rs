@@ -6,6 +6,9 @@ use super::Linear;
 use crate::weights::Weights;
 use crate::Result;
 
+/// Rows per block when a prefill chunk is longer (see [`Mlp::forward`]).
+const ROW_BLOCK: usize = 512;
+
 /// `down(silu(gate(x)) * up(x))`.
 #[derive(Debug, Clone)]
 pub struct Mlp {
@@ -24,8 +27,25 @@ impl Mlp {
         })
     }
 
-    /// Applies the block to `x [L, dims]`.
+    /// Applies the block to `x [L, dims]`. Rows are independent here, so a long prefill chunk
+    /// runs in blocks of rows: the same arithmetic, without holding the `[L, hidden]`
+    /// intermediates of the whole chunk at once.
     pub fn forward(&self, x: &Array) -> Result<Array> {
+        let l = x.dim(0);
+        if l <= ROW_BLOCK {
+            return self.forward_rows(x);
+        }
+        let dims = x.dim(1);
+        let mut out = Array::zeros_on(&[1, l, dims], nuvec::DType::F32, x.device())?;
+        for start in (0..l).step_by(ROW_BLOCK) {
+            let end = (start + ROW_BLOCK).min(l);
+            let y = self.forward_rows(&x.slice_rows(start, end)?)?;
+            out.write_axis1(&y.reshape(&[1, end - start, dims])?, start)?;
+        }
+        Ok(out.reshape(&[l, dims])?)
+    }
+
+    fn forward_rows(&self, x: &Array) -> Result<Array> {
         let [gate, up] = Linear::forward_many([&self.gate_proj, &self.up_proj], x)?;
         self.down_proj.forward_silu_mul(&gate, &up)
     }
