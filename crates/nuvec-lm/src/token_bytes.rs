@@ -14,19 +14,27 @@ pub struct TokenBytes {
     strip_start: usize,
 }
 
-/// GPT-2's byte-level alphabet: the char standing for each byte.
-fn byte_level_decoder() -> HashMap<char, u8> {
-    let mut bytes: Vec<u32> = (b'!' as u32..=b'~' as u32).chain(0xA1..=0xAC).chain(0xAE..=0xFF).collect();
-    let mut chars = bytes.clone();
-    let mut n = 0;
+/// GPT-2's byte-level alphabet: the char that stands for each byte in byte-level BPE
+/// vocabularies (printable bytes stand for themselves, the rest are shifted past 255).
+pub fn byte_level_chars() -> [char; 256] {
+    let mut chars = ['\0'; 256];
+    let mut shifted = 0;
     for b in 0..256u32 {
-        if !bytes.contains(&b) {
-            bytes.push(b);
-            chars.push(256 + n);
-            n += 1;
-        }
+        let printable =
+            (b'!' as u32..=b'~' as u32).contains(&b) || (0xA1..=0xAC).contains(&b) || (0xAE..=0xFF).contains(&b);
+        let c = if printable {
+            b
+        } else {
+            shifted += 1;
+            255 + shifted
+        };
+        chars[b as usize] = char::from_u32(c).expect("valid char");
     }
-    bytes.into_iter().zip(chars).map(|(b, c)| (char::from_u32(c).expect("valid char"), b as u8)).collect()
+    chars
+}
+
+fn byte_level_decoder() -> HashMap<char, u8> {
+    byte_level_chars().iter().enumerate().map(|(b, &c)| (c, b as u8)).collect()
 }
 
 /// One step of a decoder pipeline, as far as bytes of single tokens are concerned.

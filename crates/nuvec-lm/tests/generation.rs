@@ -17,23 +17,12 @@ const EXTRA: &[&str] = &["Hel", "lo wor", "ld", "abc", "d", "bc", "<eos>", "é!"
 
 fn tokenizer() -> Tokenizer {
     // GPT-2's byte alphabet, so ids 0..256 decode to the byte of the same value.
-    let mut bytes: Vec<u32> = (b'!' as u32..=b'~' as u32).chain(0xA1..=0xAC).chain(0xAE..=0xFF).collect();
-    let mut chars = bytes.clone();
-    let mut n = 0;
-    for b in 0..256u32 {
-        if !bytes.contains(&b) {
-            bytes.push(b);
-            chars.push(256 + n);
-            n += 1;
-        }
-    }
+    let chars = nuvec_lm::token_bytes::byte_level_chars();
     let mut vocab = serde_json::Map::new();
-    for (b, c) in bytes.iter().zip(&chars) {
-        vocab.insert(char::from_u32(*c).unwrap().to_string(), json!(b));
+    for (b, c) in chars.iter().enumerate() {
+        vocab.insert(c.to_string(), json!(b));
     }
-    let byte_level = |s: &str| -> String {
-        s.bytes().map(|b| char::from_u32(chars[bytes.iter().position(|&x| x == b as u32).unwrap()]).unwrap()).collect()
-    };
+    let byte_level = |s: &str| -> String { s.bytes().map(|b| chars[b as usize]).collect() };
     for (i, t) in EXTRA.iter().enumerate() {
         vocab.insert(byte_level(t), json!(256 + i));
     }
