@@ -81,24 +81,37 @@ done
 GGUF="$("$ROOT/scripts/get-default-model.sh")"
 
 # ---------------------------------------------------------------- fixtures
-FIX_KEY="$(cat "$ORACLE"/*.py "$REQ" | sha256sum | cut -c1-12)"
+# The directory is keyed by what every step shares (the pinned packages and make_fixtures.py, which
+# the other scripts import); each step then carries its own marker keyed by its script, so adding or
+# editing one recording script re-runs that script alone.
+FIX_KEY="$(cat "$REQ" "$ORACLE/make_fixtures.py" | sha256sum | cut -c1-12)"
 FIX="$NUVEC_CACHE/fixtures-$FIX_KEY"
-if [[ ! -f "$FIX/DONE" ]]; then
-    log "recording fixtures into $FIX (a few minutes)"
-    rm -rf "$FIX"
-    "$PY" "$ORACLE/make_fixtures.py" "$FIX" --tokenizers "$TOKDIR" --gguf "$GGUF"
-    log "recording the mixture-of-experts cases"
-    "$PY" "$ORACLE/make_moe_fixtures.py" "$FIX" --tokenizers "$TOKDIR"
-    log "recording AutoAWQ and GPTQ checkpoints"
-    "$PY" "$ORACLE/make_awq_gptq_fixtures.py" "$FIX"
-    log "recording rotating and quantized KV caches and a chat"
-    "$PY" "$ORACLE/make_cache_records.py" "$FIX" --tokenizers "$TOKDIR"
-    log "recording mlx-lm's f32 runs of the half-precision cases"
-    "$PY" "$ORACLE/record_precision_noise.py" "$FIX" >/dev/null
-    log "recording mlx-lm's sampler filters and processors"
-    "$PY" "$ORACLE/make_sampler_records.py" "$FIX/samplers.json"
-    date -u +%Y-%m-%dT%H:%M:%SZ >"$FIX/DONE"
-fi
+mkdir -p "$FIX"
+step() { # name script args...
+    local name="$1" script="$2"
+    shift 2
+    local mark
+    mark="$FIX/.step-$name-$(sha256 "$script" | cut -c1-12)"
+    [[ -f "$mark" ]] && return 0
+    log "recording $name into $FIX"
+    rm -f "$FIX/DONE" "$FIX/.step-$name-"*
+    PYTHONPATH="$ORACLE" "$PY" "$script" "$@"
+    touch "$mark"
+}
+step base "$ORACLE/make_fixtures.py" "$FIX" --tokenizers "$TOKDIR" --gguf "$GGUF"
+step moe "$ORACLE/make_moe_fixtures.py" "$FIX" --tokenizers "$TOKDIR"
+step awq-gptq "$ORACLE/make_awq_gptq_fixtures.py" "$FIX"
+step caches "$ORACLE/make_cache_records.py" "$FIX" --tokenizers "$TOKDIR"
+step precision "$ORACLE/record_precision_noise.py" "$FIX" >/dev/null
+step samplers "$ORACLE/make_sampler_records.py" "$FIX/samplers.json"
+# Further records: every scripts/oracle/more/<name>.py is called as
+#   <name>.py FIXTURES --tokenizers DIR --gguf FILE
+# and writes only below FIXTURES/<its own names>.
+for script in "$ORACLE"/more/*.py; do
+    [[ -e "$script" ]] || continue
+    step "$(basename "$script" .py)" "$script" "$FIX" --tokenizers "$TOKDIR" --gguf "$GGUF"
+done
+[[ -f "$FIX/DONE" ]] || date -u +%Y-%m-%dT%H:%M:%SZ >"$FIX/DONE"
 
 cat >"$NUVEC_CACHE/env.sh" <<EOF
 export NUVEC_FIXTURES=$FIX
