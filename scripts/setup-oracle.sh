@@ -94,7 +94,7 @@ step() { # name script args...
     mark="$FIX/.step-$name-$(sha256 "$script" | cut -c1-12)"
     [[ -f "$mark" ]] && return 0
     log "recording $name into $FIX"
-    rm -f "$FIX/DONE" "$FIX/.step-$name-"*
+    rm -f "$FIX/.step-$name-"*
     PYTHONPATH="$ORACLE" "$PY" "$script" "$@"
     touch "$mark"
 }
