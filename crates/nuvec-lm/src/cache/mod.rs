@@ -1,16 +1,19 @@
 //! Per-layer caches of past keys and values, in the kinds mlx-lm has: plain (grows in blocks),
-//! rotating (`max_kv_size`, with `keep` pinned positions) and quantized (`kv_bits`). Each kind
+//! rotating (`max_kv_size`, with `keep` pinned positions), quantized (`kv_bits`) and chunked
+//! (attention within fixed chunks, Llama 4's local layers). Each kind
 //! owns the attention mask its layout implies, as mlx-lm's caches make their masks.
 //!
 //! Every kind keeps an exact trim contract: `trim(n)` removes exactly `n` positions or returns an
 //! error, never silently fewer.
 
+mod chunked;
 mod kv;
 mod ops;
 mod quantized;
 mod rotating;
 mod store;
 
+pub use chunked::ChunkedKvCache;
 pub use kv::KvCache;
 pub use quantized::{kv_spec, QuantizedKvCache};
 pub use rotating::RotatingKvCache;
@@ -77,6 +80,8 @@ pub enum LayerCache {
     Quantized(QuantizedKvCache),
     /// Bounded, with pinned positions, quantized (mlx-lm refuses this combination).
     QuantizedRotating(RotatingKvCache<QuantRows>),
+    /// Attention within chunks of positions; a model's layer asks for it, not [`CacheOptions`].
+    Chunked(ChunkedKvCache),
 }
 
 impl LayerCache {
@@ -96,6 +101,7 @@ impl LayerCache {
             LayerCache::Rotating(c) => c.offset(),
             LayerCache::Quantized(c) => c.offset(),
             LayerCache::QuantizedRotating(c) => c.offset(),
+            LayerCache::Chunked(c) => c.offset(),
         }
     }
 
@@ -106,6 +112,7 @@ impl LayerCache {
             LayerCache::Rotating(c) => c.trim(n),
             LayerCache::Quantized(c) => c.trim(n),
             LayerCache::QuantizedRotating(c) => c.trim(n),
+            LayerCache::Chunked(c) => c.trim(n),
         }
     }
 
@@ -120,6 +127,7 @@ impl LayerCache {
             LayerCache::Rotating(c) => c.attend(q, &keys.transpose01()?, &values.transpose01()?, scale),
             LayerCache::Quantized(c) => c.attend(q, &keys.transpose01()?, &values.transpose01()?, scale),
             LayerCache::QuantizedRotating(c) => c.attend(q, &keys.transpose01()?, &values.transpose01()?, scale),
+            LayerCache::Chunked(c) => c.attend(q, keys, values, scale),
         }
     }
 
@@ -142,6 +150,14 @@ impl LayerCache {
                 *self = LayerCache::QuantizedRotating(c.convert(kv_spec(bits, options.kv_group_size)?)?);
             }
             LayerCache::Quantized(_) | LayerCache::QuantizedRotating(_) => {}
+            // mlx-lm leaves such a layer in full precision without a word.
+            LayerCache::Chunked(_) => {
+                return Err(Error::Unsupported(
+                    "kv_bits: quantized keys and values for a chunked-attention layer are not built; run \
+                     without --kv-bits"
+                        .into(),
+                ))
+            }
         }
         Ok(())
     }
@@ -185,6 +201,16 @@ impl LayerCache {
                 let description = json!({"kind": "quantized-rotating", "bits": spec.bits, "group_size": spec.group_size,
                                          "shape": shape, "counters": counters});
                 (ka.into_iter().chain(va).collect(), description)
+            }
+            LayerCache::Chunked(c) => {
+                let chunk = c.chunk_size();
+                match c.state()? {
+                    Some((k, v, start)) => (
+                        vec![("keys".into(), k), ("values".into(), v)],
+                        json!({"kind": "chunked", "chunk_size": chunk, "start": start}),
+                    ),
+                    None => (vec![], json!({"kind": "chunked", "chunk_size": chunk, "start": c.start()})),
+                }
             }
         })
     }
@@ -233,6 +259,13 @@ impl LayerCache {
                 let c = counters()?.ok_or_else(|| bad("no counters"))?;
                 let spec = kv_spec(count(&description["bits"])?, count(&description["group_size"])?)?;
                 Ok(LayerCache::QuantizedRotating(RotatingKvCache::from_state(rows("key")?, rows("value")?, spec, c)?))
+            }
+            Some("chunked") => {
+                let (chunk, start) = (count(&description["chunk_size"])?, count(&description["start"])?);
+                match get("keys") {
+                    Ok(k) => Ok(LayerCache::Chunked(ChunkedKvCache::from_state(&k, &get("values")?, start, chunk)?)),
+                    Err(_) => Ok(LayerCache::Chunked(ChunkedKvCache::empty_at(start, chunk)?)),
+                }
             }
             _ => Err(bad("unknown kind")),
         }

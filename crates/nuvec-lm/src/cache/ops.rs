@@ -47,15 +47,30 @@ pub(super) fn attend_windowed(
     window: usize,
     scale: f32,
 ) -> Result<Array> {
+    attend_ranges(q, k, v, scale, |i| {
+        let last = held + i;
+        (last + 1).saturating_sub(window)..last + 1
+    })
+}
+
+/// Attention of each query row `i` of `q [L, heads, dim]` over the positions `visible(i)` of
+/// `k, v [kv_heads, positions, dim]`: the masks that are not plain causal ones (a window, a
+/// chunk), one query at a time.
+pub(super) fn attend_ranges(
+    q: &Array,
+    k: &Array,
+    v: &Array,
+    scale: f32,
+    visible: impl Fn(usize) -> std::ops::Range<usize>,
+) -> Result<Array> {
     let (l, width) = (q.dim(0), q.dim(1) * q.dim(2));
     let (k, v) = on_device_of(q, k, v)?;
     let (k, v) = (&k, &v);
     let mut out = Array::zeros_on(&[1, l, width], DType::F32, q.device())?;
     for i in 0..l {
-        let last = held + i;
-        let first = (last + 1).saturating_sub(window);
-        let (ki, vi) = (slice_axis1(k, first, last + 1)?, slice_axis1(v, first, last + 1)?);
-        let row = nuvec::attention(&q.slice_rows(i, i + 1)?, &ki, &vi, last + 1 - first, scale)?;
+        let range = visible(i);
+        let (ki, vi) = (slice_axis1(k, range.start, range.end)?, slice_axis1(v, range.start, range.end)?);
+        let row = nuvec::attention(&q.slice_rows(i, i + 1)?, &ki, &vi, range.len(), scale)?;
         out.write_axis1(&row.reshape(&[1, 1, width])?, i)?;
     }
     Ok(out.reshape(&[l, width])?)
