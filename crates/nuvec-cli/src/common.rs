@@ -1,7 +1,7 @@
 //! What several subcommands share: the model argument, KV cache flags, peak memory.
 
 use clap::Args;
-use nuvec_lm::cache::CacheOptions;
+use nuvec_lm::cache::{CacheOptions, KvDtype};
 
 use crate::default_model;
 
@@ -56,6 +56,13 @@ pub struct KvArgs {
     /// Start quantizing the KV cache once it holds this many positions.
     #[arg(long, default_value_t = 5000)]
     pub quantized_kv_start: usize,
+    /// Store keys and values as f32, f16 or bf16 (default: the model's own type, f16 for GGUF).
+    #[arg(long, value_parser = parse_kv_dtype)]
+    pub kv_dtype: Option<KvDtype>,
+}
+
+fn parse_kv_dtype(name: &str) -> Result<KvDtype, String> {
+    KvDtype::parse(name).map_err(|e| e.to_string())
 }
 
 impl KvArgs {
@@ -66,6 +73,7 @@ impl KvArgs {
             kv_bits: self.kv_bits,
             kv_group_size: self.kv_group_size,
             quantized_kv_start: self.quantized_kv_start,
+            kv_dtype: self.kv_dtype,
             ..Default::default()
         }
     }

@@ -41,6 +41,8 @@ pub fn save(
     kv: &CacheOptions,
     prompt: &str,
 ) -> Result<()> {
+    // The file records what the cache stores, not "the model's default".
+    let kv = &model.cache_options(kv);
     let mut tensors = vec![];
     let mut layers = vec![];
     for (i, layer) in session.cache().iter().enumerate() {
@@ -69,6 +71,7 @@ pub fn save(
 /// Loads the session saved at `path` for `model`, checking that it was made with this model and
 /// the KV settings `kv` this run uses.
 pub fn load(path: &Path, model: &Model, kv: &CacheOptions) -> Result<(Session, PromptCacheInfo)> {
+    let kv = &model.cache_options(kv);
     let file = SafetensorsFile::open(path)?;
     let label = path.display().to_string();
     let bad = |message: String| Error::Config { file: label.clone(), message };
@@ -87,7 +90,8 @@ pub fn load(path: &Path, model: &Model, kv: &CacheOptions) -> Result<(Session, P
     let info = PromptCacheInfo {
         model: field("model")?,
         fingerprint: field("fingerprint")?,
-        kv: file_kv,
+        // Files from before the cache type was recorded stored the model's type.
+        kv: model.cache_options(&file_kv),
         prompt: field("prompt")?,
     };
     if info.fingerprint != model.fingerprint() {
@@ -102,7 +106,7 @@ pub fn load(path: &Path, model: &Model, kv: &CacheOptions) -> Result<(Session, P
     if &info.kv != kv {
         return Err(bad(format!(
             "holds a KV cache made with {:?}, but this run asks for {kv:?}; pass the same --max-kv-size, \
-             --kv-bits, --kv-group-size and --quantized-kv-start",
+             --kv-bits, --kv-group-size, --quantized-kv-start and --kv-dtype",
             info.kv
         )));
     }

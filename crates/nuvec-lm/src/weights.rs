@@ -101,6 +101,26 @@ impl Weights {
         self
     }
 
+    /// The float type mlx-lm computes this checkpoint in: the most common among its float
+    /// tensors (norms, dense weights, quantization scales), as the activations take the weights'
+    /// type. Tensors converted from GGUF say f16, llama.cpp's type for activations it caches.
+    pub fn compute_dtype(&self) -> DType {
+        if self.files.is_empty() {
+            return DType::F16;
+        }
+        let mut counts = [0usize; 3];
+        for info in self.files.iter().flat_map(|f| f.tensors().values()) {
+            match info.dtype {
+                DType::F32 => counts[0] += 1,
+                DType::F16 => counts[1] += 1,
+                DType::BF16 => counts[2] += 1,
+                _ => {}
+            }
+        }
+        let most = counts.iter().copied().max().unwrap_or(0);
+        [DType::F32, DType::F16, DType::BF16][counts.iter().position(|&c| c == most).unwrap_or(0)]
+    }
+
     /// Where the tensors and matrices handed out are put.
     pub fn device(&self) -> Device {
         self.device

@@ -175,12 +175,17 @@ fn rotating_and_quantized_caches_round_trip_through_files() {
         let path = std::env::temp_dir().join(format!("nuvec-pc-kinds-{}.safetensors", std::process::id()));
         prompt_cache::save(&path, &model, "qwen3-hd64-f32", &direct, &kv, "").unwrap();
         let (mut restored, info) = prompt_cache::load(&path, &model, &kv).unwrap();
-        assert_eq!(info.kv, kv);
+        // The file records what the cache stores: the model's type filled in.
+        assert_eq!(info.kv, model.cache_options(&kv));
+        assert_eq!(info.kv.kv_dtype, Some(nuvec_lm::cache::KvDtype::F32));
         assert_eq!(restored.tokens(), direct.tokens());
         assert_eq!(run(&mut restored), run(&mut direct), "{kv:?}: the file changed the cache");
         // Asking for other settings (or none) is refused rather than silently inherited.
         let err = prompt_cache::load(&path, &model, &CacheOptions::default()).unwrap_err().to_string();
         assert!(err.contains("KV cache made with"), "{err}");
+        let other_type = CacheOptions { kv_dtype: Some(nuvec_lm::cache::KvDtype::Bf16), ..kv.clone() };
+        let err = prompt_cache::load(&path, &model, &other_type).unwrap_err().to_string();
+        assert!(err.contains("--kv-dtype"), "{err}");
         std::fs::remove_file(&path).ok();
     }
 }
@@ -219,4 +224,32 @@ fn quantized_rotating_cache_costs_what_quantizing_costs() {
         rotating_cost < 3.0 * plain_cost + 1e-3,
         "quantized rotating {rotating_cost} vs quantized plain {plain_cost}"
     );
+}
+
+/// Caches store what mlx-lm stores for the checkpoint (its compute type: bf16 for a bf16
+/// checkpoint), f16 for a GGUF file (llama.cpp's cache type), unless asked otherwise.
+#[test]
+fn caches_store_the_models_type_unless_asked() {
+    use nuvec::DType;
+    use nuvec_lm::cache::KvDtype;
+    let stored = |model: &nuvec_lm::Model, kv: &CacheOptions| -> DType {
+        let mut session = Session::with_cache(model, kv).unwrap();
+        session.prefill(model, &[1, 2, 3], 2048, kv).unwrap();
+        let (arrays, _) = session.cache()[0].save_state().unwrap();
+        arrays[0].1.dtype()
+    };
+    let (bf16, _) = nuvec_lm::load_dir(&fixtures().join("qwen3-bf16")).unwrap();
+    let (f32_model, _) = nuvec_lm::load_dir(&fixtures().join("qwen3-f32")).unwrap();
+    let (gguf, _) = nuvec_lm::load(default_gguf().to_str().unwrap()).unwrap();
+    assert_eq!((bf16.kv_dtype(), f32_model.kv_dtype(), gguf.kv_dtype()), (KvDtype::Bf16, KvDtype::F32, KvDtype::F16));
+    let plain = CacheOptions::default();
+    let rotating = CacheOptions { max_kv_size: Some(8), ..Default::default() };
+    for kv in [&plain, &rotating] {
+        assert_eq!(stored(&bf16, kv), DType::BF16);
+        assert_eq!(stored(&f32_model, kv), DType::F32);
+        assert_eq!(stored(&gguf, kv), DType::F16);
+        let asked = CacheOptions { kv_dtype: Some(KvDtype::F32), ..kv.clone() };
+        assert_eq!(stored(&gguf, &asked), DType::F32);
+    }
+    assert!(KvDtype::parse("f8").unwrap_err().to_string().contains("f32, f16, bf16"));
 }

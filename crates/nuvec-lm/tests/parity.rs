@@ -10,13 +10,16 @@
 //! mlx-lm computes bf16 checkpoints in bf16; nuvec keeps f32 activations. For those cases the
 //! oracle also recorded mlx-lm's run of the same weights in f32 (precision_f32.safetensors),
 //! which we must match as tightly as the f32 cases, and how far mlx-lm's own two precisions
-//! differ (precision_noise.json): against the bf16 run we allow twice that.
+//! differ (precision_noise.json): against the bf16 run we allow twice that. Like mlx-lm, nuvec
+//! stores a bf16 checkpoint's KV cache in bf16 by default: the bf16 record is compared with that
+//! default, mlx-lm's f32 records with an f32 cache.
 
 mod common;
 
 use std::path::Path;
 
 use common::*;
+use nuvec_lm::cache::{CacheOptions, KvDtype};
 use nuvec_lm::sample::argmax;
 use nuvec_lm::Model;
 
@@ -36,6 +39,8 @@ struct Run {
     tolerance: (f32, f32),
     /// Whether to decode freely and compare tokens (a run whose tokens we should reproduce).
     free_running: bool,
+    /// The cache type (`None`: the model's own, as a user gets it).
+    kv_dtype: Option<KvDtype>,
 }
 
 fn floats(v: &serde_json::Value) -> Vec<f32> {
@@ -51,7 +56,8 @@ fn check_run(name: &str, model: &Model, prompt: &[u32], run: &Run) -> Result<Str
     let (tol, mean_tol) = run.tolerance;
     let what = format!("{name} ({})", run.label);
     // Teacher-forced on the recorded tokens.
-    let mut cache = model.new_cache();
+    let options = CacheOptions { kv_dtype: run.kv_dtype, ..Default::default() };
+    let mut cache = model.make_cache(&options).map_err(|e| e.to_string())?;
     let mut logits = logits_after(model, prompt, &mut cache)?;
     if logits.len() != run.first.len() {
         return Err(format!("{what}: {} logits, mlx-lm has {}", logits.len(), run.first.len()));
@@ -89,7 +95,7 @@ fn check_run(name: &str, model: &Model, prompt: &[u32], run: &Run) -> Result<Str
     }
     let mut agreed = 0;
     if run.free_running {
-        let mut cache = model.new_cache();
+        let mut cache = model.make_cache(&options).map_err(|e| e.to_string())?;
         let mut logits = logits_after(model, prompt, &mut cache)?;
         for (step, &token) in run.tokens.iter().enumerate() {
             let ours = argmax(&logits);
@@ -123,6 +129,10 @@ fn runs(dir: &Path) -> Vec<Run> {
     let (first, _) = oracle_f32(dir, "first_logits");
     let (top_ids, shape) = oracle_f32(dir, "step_top_ids");
     let (top_logits, _) = oracle_f32(dir, "step_top_logits");
+    // A record mlx-lm computed in f32 (every f32 case, and the AWQ/GPTQ cases whose oracle is
+    // the dense f32 checkpoint) is compared with an f32 cache; the others with the model's own.
+    let computed_in_f32 = oracle["dtype"].as_array().is_some_and(|d| d.iter().all(|t| t == "float32"));
+    let kv_dtype = computed_in_f32.then_some(KvDtype::F32);
     let recorded = |tolerance, free_running| Run {
         label: "mlx-lm",
         tokens: tokens.clone(),
@@ -133,6 +143,7 @@ fn runs(dir: &Path) -> Vec<Run> {
         k: shape[1],
         tolerance,
         free_running,
+        kv_dtype,
     };
     let Ok(text) = std::fs::read_to_string(dir.join("precision_noise.json")) else {
         return vec![recorded((F32_TOLERANCE, F32_TOLERANCE), true)];
@@ -155,6 +166,8 @@ fn runs(dir: &Path) -> Vec<Run> {
             k: shape[1],
             tolerance: (F32_TOLERANCE, F32_TOLERANCE),
             free_running: false,
+            // mlx-lm's f32 computation keeps an f32 cache.
+            kv_dtype: Some(KvDtype::F32),
         },
         // mlx-lm's f32 greedy run of the same weights, decoded freely.
         Run {
@@ -167,6 +180,7 @@ fn runs(dir: &Path) -> Vec<Run> {
             k: 0,
             tolerance: (F32_TOLERANCE, F32_TOLERANCE),
             free_running: true,
+            kv_dtype: Some(KvDtype::F32),
         },
         // The bf16 run itself, within mlx-lm's own bf16-vs-f32 difference.
         recorded((2.0 * max + 0.0625, 2.0 * mean + 0.0625), false),

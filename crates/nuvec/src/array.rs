@@ -147,6 +147,25 @@ impl Array {
         }
     }
 
+    /// The same values in the float dtype `dtype` (f32, f16 or bf16; narrowing rounds to nearest
+    /// even, as MLX's casts do), on the same device. Converted on the host: for caches and
+    /// checkpoints, not for per-token work.
+    pub fn astype(&self, dtype: DType) -> Result<Array> {
+        if dtype == self.dtype {
+            return Ok(self.clone());
+        }
+        let wide = self.to_f32_vec()?;
+        let host = match dtype {
+            DType::F32 => Array::from_slice(&wide, &self.shape)?,
+            DType::F16 => Array::from_slice(&wide.iter().map(|&v| f16::from_f32(v)).collect::<Vec<_>>(), &self.shape)?,
+            DType::BF16 => {
+                Array::from_slice(&wide.iter().map(|&v| bf16::from_f32(v)).collect::<Vec<_>>(), &self.shape)?
+            }
+            other => return Err(Error::shape("astype", format!("{} to {other}: only float dtypes", self.dtype))),
+        };
+        host.to_device(self.device)
+    }
+
     /// The elements as a host slice of `T` (the CPU backend's view).
     pub(crate) fn host<T: Element>(&self) -> Result<&[T]> {
         if T::DTYPE != self.dtype {
@@ -171,6 +190,19 @@ impl Array {
         let bytes = Arc::get_mut(&mut self.bytes).expect("unique after the copy above");
         bytemuck::try_cast_slice_mut(bytes.as_mut_bytes())
             .map_err(|e| Error::shape("host_mut", format!("misaligned bytes: {e}")))
+    }
+
+    /// Writable host bytes, whatever the dtype (copies first, as [`Array::host_mut`]).
+    pub(crate) fn host_bytes_mut(&mut self) -> Result<&mut [u8]> {
+        #[cfg(feature = "cuda")]
+        self.check_host("host_bytes_mut")?;
+        if self.offset != 0 || Arc::get_mut(&mut self.bytes).is_none() {
+            self.bytes = Arc::new(Bytes::copy_of(self.raw_bytes()));
+            self.offset = 0;
+        }
+        let len = self.nbytes();
+        let bytes = Arc::get_mut(&mut self.bytes).expect("unique after the copy above");
+        Ok(&mut bytes.as_mut_bytes()[..len])
     }
 
     pub(crate) fn raw_bytes(&self) -> &[u8] {

@@ -9,17 +9,30 @@ use crate::{Error, Result};
 const STEP: usize = 256;
 
 /// Keys and values of one attention layer.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct KvCache {
     keys: Option<Array>,
     values: Option<Array>,
     offset: usize,
+    /// The element type stored (new positions are narrowed to it as they are written).
+    dtype: DType,
+}
+
+impl Default for KvCache {
+    fn default() -> Self {
+        KvCache::with_dtype(DType::F32)
+    }
 }
 
 impl KvCache {
-    /// An empty cache.
+    /// An empty f32 cache.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// An empty cache storing `dtype` (f32, f16 or bf16).
+    pub fn with_dtype(dtype: DType) -> Self {
+        KvCache { keys: None, values: None, offset: 0, dtype }
     }
 
     /// Appends `keys, values [kv_heads, L, head_dim]` and returns the whole buffers (valid up to
@@ -61,7 +74,7 @@ impl KvCache {
         if needed > capacity {
             let grown = needed.div_ceil(STEP) * STEP;
             for buffer in [&mut self.keys, &mut self.values] {
-                let mut fresh = Array::zeros_on(&[h, grown, d], DType::F32, keys_device)?;
+                let mut fresh = Array::zeros_on(&[h, grown, d], self.dtype, keys_device)?;
                 if let Some(old) = buffer.take() {
                     if self.offset > 0 {
                         let kept = old.transpose01()?.slice_rows(0, self.offset)?.transpose01()?;
@@ -107,7 +120,7 @@ impl KvCache {
                 format!("keys {:?} and values {:?} are not [heads, positions, dim]", keys.shape(), values.shape());
             return Err(Error::Invalid(message));
         }
-        let mut cache = KvCache::new();
+        let mut cache = KvCache::with_dtype(keys.dtype());
         if keys.dim(1) > 0 {
             cache.update_and_fetch(keys, values)?;
         }

@@ -19,7 +19,7 @@ pub use quantized::{kv_spec, QuantizedKvCache};
 pub use rotating::RotatingKvCache;
 pub use store::{QuantRows, Store};
 
-use nuvec::Array;
+use nuvec::{Array, DType};
 use serde_json::json;
 
 use crate::{Error, Result};
@@ -30,6 +30,48 @@ pub trait Positions {
     fn offset(&self) -> usize;
     /// Removes exactly the last `n` positions, or errors leaving the cache unchanged.
     fn trim(&mut self, n: usize) -> Result<()>;
+}
+
+/// The element type a cache stores keys and values in (attention still computes in f32).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum KvDtype {
+    /// 4 bytes per value.
+    F32,
+    /// IEEE half precision: llama.cpp's default cache type.
+    F16,
+    /// bfloat16: what mlx-lm stores for a bf16 checkpoint.
+    Bf16,
+}
+
+impl KvDtype {
+    /// Parses `f32`, `f16` or `bf16`.
+    pub fn parse(name: &str) -> Result<Self> {
+        match name {
+            "f32" | "float32" => Ok(KvDtype::F32),
+            "f16" | "float16" => Ok(KvDtype::F16),
+            "bf16" | "bfloat16" => Ok(KvDtype::Bf16),
+            other => Err(Error::Invalid(format!("kv dtype {other:?} is not one of f32, f16, bf16"))),
+        }
+    }
+
+    /// The array dtype.
+    pub fn dtype(self) -> DType {
+        match self {
+            KvDtype::F32 => DType::F32,
+            KvDtype::F16 => DType::F16,
+            KvDtype::Bf16 => DType::BF16,
+        }
+    }
+
+    /// The cache type for arrays of `dtype` (f32 for anything that is not half precision).
+    pub fn of(dtype: DType) -> Self {
+        match dtype {
+            DType::F16 => KvDtype::F16,
+            DType::BF16 => KvDtype::Bf16,
+            _ => KvDtype::F32,
+        }
+    }
 }
 
 /// Which cache a generation uses. The defaults are mlx-lm's (`quantized_kv_start` 5000, the
@@ -46,11 +88,22 @@ pub struct CacheOptions {
     pub kv_group_size: usize,
     /// Quantize a layer's cache once it holds this many positions.
     pub quantized_kv_start: usize,
+    /// Store keys and values in this type; `None` takes the model's ([`crate::Model::kv_dtype`]:
+    /// the dtype mlx-lm computes the checkpoint in, f16 for GGUF files as llama.cpp).
+    #[serde(default)]
+    pub kv_dtype: Option<KvDtype>,
 }
 
 impl Default for CacheOptions {
     fn default() -> Self {
-        CacheOptions { max_kv_size: None, keep: 4, kv_bits: None, kv_group_size: 64, quantized_kv_start: 5000 }
+        CacheOptions {
+            max_kv_size: None,
+            keep: 4,
+            kv_bits: None,
+            kv_group_size: 64,
+            quantized_kv_start: 5000,
+            kv_dtype: None,
+        }
     }
 }
 
@@ -86,11 +139,13 @@ pub enum LayerCache {
 
 impl LayerCache {
     /// A fresh cache of the kind `options` asks for (a quantized one starts plain and is
-    /// converted at `quantized_kv_start`, as in mlx-lm).
+    /// converted at `quantized_kv_start`, as in mlx-lm), storing `options.kv_dtype` (f32 when
+    /// unset; [`crate::Model::make_cache`] fills in the model's).
     pub fn new(options: &CacheOptions) -> Result<Self> {
+        let dtype = options.kv_dtype.unwrap_or(KvDtype::F32).dtype();
         Ok(match options.max_kv_size {
-            Some(max) => LayerCache::Rotating(RotatingKvCache::new(max, options.keep)?),
-            None => LayerCache::Plain(KvCache::new()),
+            Some(max) => LayerCache::Rotating(RotatingKvCache::with_context(max, options.keep, dtype)?),
+            None => LayerCache::Plain(KvCache::with_dtype(dtype)),
         })
     }
 
@@ -245,7 +300,11 @@ impl LayerCache {
                 Err(_) => Ok(LayerCache::Plain(KvCache::new())),
             },
             Some("rotating") => match counters()? {
-                Some(c) => Ok(LayerCache::Rotating(RotatingKvCache::from_state(get("keys")?, get("values")?, (), c)?)),
+                Some(c) => {
+                    let keys = get("keys")?;
+                    let dtype = keys.dtype();
+                    Ok(LayerCache::Rotating(RotatingKvCache::from_state(keys, get("values")?, dtype, c)?))
+                }
                 None => LayerCache::new(options),
             },
             Some("quantized") => match get("key_words") {

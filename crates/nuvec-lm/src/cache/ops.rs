@@ -14,7 +14,7 @@ pub(super) fn slice_axis1(a: &Array, start: usize, end: usize) -> Result<Array> 
 pub(super) fn concat_axis1(parts: &[Array]) -> Result<Array> {
     let (h, d) = (parts[0].dim(0), parts[0].dim(2));
     let total: usize = parts.iter().map(|p| p.dim(1)).sum();
-    let mut out = Array::zeros_on(&[h, total, d], DType::F32, parts[0].device())?;
+    let mut out = Array::zeros_on(&[h, total, d], parts[0].dtype(), parts[0].device())?;
     let mut at = 0;
     for p in parts {
         if p.dim(1) > 0 {

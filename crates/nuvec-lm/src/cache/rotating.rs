@@ -29,9 +29,9 @@ pub struct RotatingKvCache<S: Store = Array> {
 }
 
 impl RotatingKvCache<Array> {
-    /// An empty cache of at most `max_size` positions, the first `keep` never evicted.
+    /// An empty cache of at most `max_size` positions, the first `keep` never evicted, in f32.
     pub fn new(max_size: usize, keep: usize) -> Result<Self> {
-        RotatingKvCache::with_context(max_size, keep, ())
+        RotatingKvCache::with_context(max_size, keep, DType::F32)
     }
 }
 
@@ -158,7 +158,7 @@ impl<S: Store> RotatingKvCache<S> {
             let grow = STEP.min(self.max_size - prev);
             let zeros = |like: &S| -> Result<S> {
                 let a = like.to_array()?;
-                S::ingest(&Array::zeros_on(&[a.dim(0), grow, a.dim(2)], DType::F32, a.device())?, &self.context)
+                S::ingest(&Array::zeros_on(&[a.dim(0), grow, a.dim(2)], a.dtype(), a.device())?, &self.context)
             };
             let (fresh_k, fresh_v) = (zeros(keys)?, zeros(values)?);
             for (buffer, fresh) in [(&mut self.keys, fresh_k), (&mut self.values, fresh_v)] {

@@ -29,11 +29,12 @@ pub trait Store: Clone + std::fmt::Debug + Sized {
     fn to_array(&self) -> Result<Array>;
 }
 
+/// Plain arrays stored in the element type the context names (f32, f16 or bf16).
 impl Store for Array {
-    type Context = ();
+    type Context = DType;
 
-    fn ingest(a: &Array, _: &()) -> Result<Self> {
-        Ok(a.clone())
+    fn ingest(a: &Array, dtype: &DType) -> Result<Self> {
+        Ok(a.astype(*dtype)?)
     }
 
     fn len(&self) -> usize {

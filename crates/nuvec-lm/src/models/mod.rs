@@ -7,7 +7,7 @@ mod qwen3_moe;
 
 use nuvec::{Array, Device};
 
-use crate::cache::{CacheOptions, LayerCache};
+use crate::cache::{CacheOptions, KvDtype, LayerCache};
 use crate::config::Config;
 use crate::weights::Weights;
 use crate::{Error, Result};
@@ -35,6 +35,8 @@ pub struct Model {
     newline_token_ids: Vec<u32>,
     fingerprint: String,
     device: Device,
+    /// What caches store unless asked otherwise.
+    kv_dtype: KvDtype,
 }
 
 impl std::fmt::Debug for Model {
@@ -68,6 +70,7 @@ impl Model {
             newline_token_ids: vec![],
             fingerprint: String::new(),
             device: weights.device(),
+            kv_dtype: KvDtype::of(weights.compute_dtype()),
         })
     }
 
@@ -76,7 +79,8 @@ impl Model {
     pub fn new(arch: Box<dyn Architecture>, model_type: &str, vocab_size: usize, eos_token_ids: Vec<u32>) -> Self {
         let fingerprint = String::new();
         let (model_type, newline_token_ids, device) = (model_type.to_string(), vec![], Device::Cpu);
-        Model { arch, model_type, vocab_size, eos_token_ids, newline_token_ids, fingerprint, device }
+        let kv_dtype = KvDtype::F32;
+        Model { arch, model_type, vocab_size, eos_token_ids, newline_token_ids, fingerprint, device, kv_dtype }
     }
 
     /// Where the weights are (and where the caches' keys and values go).
@@ -110,15 +114,44 @@ impl Model {
         self.arch.num_layers()
     }
 
-    /// A fresh plain cache, one per layer.
+    /// The type caches store keys and values in unless [`CacheOptions::kv_dtype`] says otherwise:
+    /// the one mlx-lm computes the checkpoint in (f32, f16 or bf16; f16 for a GGUF file, as
+    /// llama.cpp caches). On a GPU caches stay f32 for now: its attention reads f32 only.
+    pub fn kv_dtype(&self) -> KvDtype {
+        if self.device == Device::Cpu {
+            self.kv_dtype
+        } else {
+            KvDtype::F32
+        }
+    }
+
+    /// Sets [`Model::kv_dtype`] (for a custom architecture, whose caches are f32 by default).
+    pub fn set_kv_dtype(&mut self, kv_dtype: KvDtype) {
+        self.kv_dtype = kv_dtype;
+    }
+
+    /// `options` with the cache type filled in: what a cache made from them stores.
+    pub fn cache_options(&self, options: &CacheOptions) -> CacheOptions {
+        CacheOptions { kv_dtype: Some(options.kv_dtype.unwrap_or(self.kv_dtype())), ..options.clone() }
+    }
+
+    /// A fresh plain cache, one per layer, in [`Model::kv_dtype`].
     pub fn new_cache(&self) -> Vec<LayerCache> {
-        (0..self.num_layers()).map(|_| LayerCache::Plain(crate::cache::KvCache::new())).collect()
+        let dtype = self.kv_dtype().dtype();
+        (0..self.num_layers()).map(|_| LayerCache::Plain(crate::cache::KvCache::with_dtype(dtype))).collect()
     }
 
     /// A fresh cache of the kind `options` asks for, one per layer.
     pub fn make_cache(&self, options: &CacheOptions) -> Result<Vec<LayerCache>> {
         options.validate()?;
-        (0..self.num_layers()).map(|_| LayerCache::new(options)).collect()
+        let options = self.cache_options(options);
+        if self.device != Device::Cpu && options.kv_dtype != Some(KvDtype::F32) {
+            return Err(Error::Unsupported(format!(
+                "kv dtype {:?}: caches on the GPU are f32 for now (its attention reads f32); pass --kv-dtype f32",
+                options.kv_dtype.expect("filled in above")
+            )));
+        }
+        (0..self.num_layers()).map(|_| LayerCache::new(&options)).collect()
     }
 
     /// Logits `[L, vocab]` for every position of `tokens`, extending `cache`.

@@ -9,6 +9,7 @@
 
 use std::cell::RefCell;
 
+use super::kv_rows::KvRows;
 use super::linear::{with_scratch, PAR_MIN_WORK};
 use super::pool::{self, SendPtr};
 use super::{f32s, simd};
@@ -25,6 +26,8 @@ const SPLIT_MIN_KEYS: usize = 32;
 thread_local! {
     /// The calling thread's split-K partials.
     static PARTIALS: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+    /// A task's keys and values widened to f32 (half-precision caches).
+    static WIDE: RefCell<(Vec<f32>, Vec<f32>)> = const { RefCell::new((Vec::new(), Vec::new())) };
 }
 
 /// Softmax of `scale * s` over `s` in place (max-subtracted); returns nothing, `s` sums to 1.
@@ -45,16 +48,34 @@ pub(crate) fn attention(q: &Array, k: &Array, v: &Array, kv_len: usize, scale: f
             format!("q {:?}, k {:?}, v {:?}, kv_len {kv_len}", q.shape(), k.shape(), v.shape()),
         ));
     }
-    let (qd, kd, vd) = (f32s("attention", q)?, f32s("attention", k)?, f32s("attention", v)?);
+    let qd = f32s("attention", q)?;
+    let (kr, vr) = (KvRows::of("attention", k)?, KvRows::of("attention", v)?);
     let mut out = Array::zeros(&[l, hq * d], DType::F32);
     let o = out.host_mut::<f32>()?;
+    if l == 1 && scale > 0.0 {
+        // Decode widens half-precision rows chunk by chunk inside its tasks.
+        PARTIALS.with(|cell| match cell.try_borrow_mut() {
+            Ok(mut p) => decode(qd, kr, vr, o, [hq, d, hkv, cap], kv_len, scale, &mut p),
+            Err(_) => decode(qd, kr, vr, o, [hq, d, hkv, cap], kv_len, scale, &mut vec![]),
+        });
+        return Ok(out);
+    }
+    // Several queries: half-precision keys and values are widened once, the first kv_len
+    // positions of each head, and the f32 kernels run on them.
+    let (mut kw, mut vw) = (vec![], vec![]);
+    let (kd, vd, cap) = if kr.is_f32() && vr.is_f32() {
+        (kr.f32s(0..hkv * cap * d, &mut kw), vr.f32s(0..hkv * cap * d, &mut vw), cap)
+    } else {
+        for (rows, wide) in [(kr, &mut kw), (vr, &mut vw)] {
+            let mut head = vec![];
+            for h in 0..hkv {
+                wide.extend_from_slice(rows.f32s(h * cap * d..(h * cap + kv_len) * d, &mut head));
+            }
+        }
+        (&kw[..], &vw[..], kv_len)
+    };
     if l >= GEMM_MIN_QUERIES && scale > 0.0 {
         blocked(qd, kd, vd, o, [l, hq, d, hkv, cap], kv_len, scale);
-    } else if l == 1 && scale > 0.0 {
-        PARTIALS.with(|cell| match cell.try_borrow_mut() {
-            Ok(mut p) => decode(qd, kd, vd, o, [hq, d, hkv, cap], kv_len, scale, &mut p),
-            Err(_) => decode(qd, kd, vd, o, [hq, d, hkv, cap], kv_len, scale, &mut vec![]),
-        });
     } else {
         rows(qd, kd, vd, o, [l, hq, d, hkv, cap], kv_len, scale);
     }
@@ -81,8 +102,8 @@ fn decode_splits(dims: [usize; 4], kv_len: usize) -> usize {
 #[allow(clippy::too_many_arguments)]
 fn decode(
     qd: &[f32],
-    kd: &[f32],
-    vd: &[f32],
+    kd: KvRows,
+    vd: KvRows,
     out: &mut [f32],
     dims: [usize; 4],
     kv_len: usize,
@@ -95,8 +116,8 @@ fn decode(
 #[allow(clippy::too_many_arguments)]
 fn decode_split(
     qd: &[f32],
-    kd: &[f32],
-    vd: &[f32],
+    kd: KvRows,
+    vd: KvRows,
     out: &mut [f32],
     dims: [usize; 4],
     kv_len: usize,
@@ -115,20 +136,28 @@ fn decode_split(
         let (kvh, c) = (t / splits, t % splits);
         let (j0, j1) = (c * chunk, ((c + 1) * chunk).min(kv_len));
         let n = j1 - j0;
-        let keys = &kd[(kvh * cap + j0) * d..(kvh * cap + j1) * d];
-        let values = &vd[(kvh * cap + j0) * d..(kvh * cap + j1) * d];
-        let qs = &qd[kvh * group * d..(kvh + 1) * group * d];
-        let (weighted, stats) = part.split_at_mut(group * d);
-        let (maxes, sums) = stats.split_at_mut(group);
-        with_scratch(group * n, |scores| {
-            // Keys and values are short streams from memory: prefetched a few rows ahead, the
-            // values while the scores are computed.
-            simd::dots_rows(qs, keys, values, d, scores);
-            for ((s, m), sum) in scores.chunks_exact_mut(n).zip(maxes.iter_mut()).zip(sums.iter_mut()) {
-                *m = s.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-                *sum = simd::exp_shifted(s, *m, scale);
-            }
-            simd::weighted_rows(scores, values, d, weighted);
+        WIDE.with(|cell| {
+            let mut borrowed = cell.try_borrow_mut();
+            let (mut own_k, mut own_v) = (vec![], vec![]);
+            let (kbuf, vbuf) = match borrowed.as_deref_mut() {
+                Ok((k, v)) => (k, v),
+                Err(_) => (&mut own_k, &mut own_v),
+            };
+            let keys = kd.f32s((kvh * cap + j0) * d..(kvh * cap + j1) * d, kbuf);
+            let values = vd.f32s((kvh * cap + j0) * d..(kvh * cap + j1) * d, vbuf);
+            let qs = &qd[kvh * group * d..(kvh + 1) * group * d];
+            let (weighted, stats) = part.split_at_mut(group * d);
+            let (maxes, sums) = stats.split_at_mut(group);
+            with_scratch(group * n, |scores| {
+                // Keys and values are short streams from memory: prefetched a few rows ahead, the
+                // values while the scores are computed.
+                simd::dots_rows(qs, keys, values, d, scores);
+                for ((s, m), sum) in scores.chunks_exact_mut(n).zip(maxes.iter_mut()).zip(sums.iter_mut()) {
+                    *m = s.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                    *sum = simd::exp_shifted(s, *m, scale);
+                }
+                simd::weighted_rows(scores, values, d, weighted);
+            })
         })
     };
     let tasks = hkv * splits;
@@ -338,11 +367,42 @@ mod tests {
             if l == 1 {
                 for splits in [1usize, 2, 3, 4, 7] {
                     let mut c = vec![0f32; hq * d];
-                    decode_split(&qd, &kd, &vd, &mut c, [hq, d, hkv, cap], kv_len, 0.2, splits, &mut vec![]);
+                    decode_split(
+                        &qd,
+                        KvRows::F32(&kd),
+                        KvRows::F32(&vd),
+                        &mut c,
+                        [hq, d, hkv, cap],
+                        kv_len,
+                        0.2,
+                        splits,
+                        &mut vec![],
+                    );
                     for (x, w) in c.iter().zip(&want) {
                         assert!((x - w).abs() < 1e-5, "decode kv {kv_len} splits {splits}: {x} vs {w}");
                     }
                 }
+            }
+        }
+    }
+
+    /// Keys and values held in f16 or bf16 give exactly the attention of their f32 values, on
+    /// every path (decode, rows, blocked).
+    #[test]
+    fn half_precision_keys_and_values_attend_as_their_f32_values() {
+        let (hq, hkv, cap, d) = (4usize, 2usize, 96usize, 64usize);
+        let (kd, vd) = (randoms(hkv * cap * d, 21), randoms(hkv * cap * d, 22));
+        for dtype in [DType::F16, DType::BF16] {
+            let narrow = |x: &[f32]| Array::from_slice(x, &[hkv, cap, d]).unwrap().astype(dtype).unwrap();
+            let (k, v) = (narrow(&kd), narrow(&vd));
+            let (kw, vw) = (Array::from_slice(&k.to_f32_vec().unwrap(), &[hkv, cap, d]).unwrap(), {
+                Array::from_slice(&v.to_f32_vec().unwrap(), &[hkv, cap, d]).unwrap()
+            });
+            for (l, kv_len) in [(1usize, 1usize), (1, 90), (5, 60), (40, 96)] {
+                let q = Array::from_slice(&randoms(l * hq * d, 3), &[l, hq, d]).unwrap();
+                let half = attention(&q, &k, &v, kv_len, 0.125).unwrap().to_f32_vec().unwrap();
+                let wide = attention(&q, &kw, &vw, kv_len, 0.125).unwrap().to_f32_vec().unwrap();
+                assert_eq!(half, wide, "{dtype} l {l} kv {kv_len}");
             }
         }
     }

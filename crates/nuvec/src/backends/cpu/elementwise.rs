@@ -1,5 +1,6 @@
 //! Norms, rotary embeddings, copies and elementwise ops.
 
+use super::kv_rows::store_f32s;
 use super::linear::PAR_MIN_WORK;
 use super::pool;
 use super::{f32s, floats, output};
@@ -122,11 +123,20 @@ pub(crate) fn write_axis1(dst: &mut Array, src: &Array, offset: usize) -> Result
             format!("cannot write {:?} into {:?} at {offset}", src.shape(), dst.shape()),
         ));
     }
+    if src.dtype() == dst.dtype() {
+        // Same element type (f32, or a half-precision cache's own positions): a byte copy.
+        let size = src.dtype().size();
+        let (run, s) = (n * c * size, src.raw_bytes().to_vec());
+        let d = dst.host_bytes_mut()?;
+        for i in 0..a {
+            let to = (i * cap + offset) * c * size;
+            d[to..to + run].copy_from_slice(&s[i * run..(i + 1) * run]);
+        }
+        return Ok(());
+    }
     let s = f32s("write_axis1", src)?;
-    let d = dst.host_mut::<f32>()?;
     for i in 0..a {
-        let to = (i * cap + offset) * c;
-        d[to..to + n * c].copy_from_slice(&s[i * n * c..(i + 1) * n * c]);
+        store_f32s(dst, (i * cap + offset) * c, &s[i * n * c..(i + 1) * n * c])?;
     }
     Ok(())
 }
@@ -145,11 +155,9 @@ pub(crate) fn write_axis1_from_rows(dst: &mut Array, src: &Array, offset: usize)
         ));
     }
     let s = f32s("write_axis1_from_rows", src)?;
-    let d = dst.host_mut::<f32>()?;
     for (t, row) in s.chunks_exact(a * c.max(1)).enumerate().take(n) {
         for (i, head) in row.chunks_exact(c.max(1)).enumerate() {
-            let to = (i * cap + offset + t) * c;
-            d[to..to + c].copy_from_slice(head);
+            store_f32s(dst, (i * cap + offset + t) * c, head)?;
         }
     }
     Ok(())
@@ -159,14 +167,17 @@ pub(crate) fn transpose01(x: &Array) -> Result<Array> {
     let [a, b, c] = *x.shape() else {
         return Err(Error::shape("transpose01", format!("expected [A, B, C], got {:?}", x.shape())));
     };
-    let data = f32s("transpose01", x)?;
-    let mut out = vec![0f32; data.len()];
+    // Any element type: a cache in half precision is sliced and reordered as stored.
+    let size = x.dtype().size();
+    let (data, row) = (x.raw_bytes(), c * size);
+    let mut out = vec![0u8; data.len()];
     for i in 0..a {
         for j in 0..b {
-            out[(j * a + i) * c..(j * a + i + 1) * c].copy_from_slice(&data[(i * b + j) * c..(i * b + j + 1) * c]);
+            out[(j * a + i) * row..(j * a + i + 1) * row]
+                .copy_from_slice(&data[(i * b + j) * row..(i * b + j + 1) * row]);
         }
     }
-    output(out, &[b, a, c])
+    Array::from_bytes(crate::buffer::Bytes::copy_of(&out), vec![b, a, c], x.dtype())
 }
 
 pub(crate) fn slice_rows(x: &Array, start: usize, end: usize) -> Result<Array> {
@@ -174,11 +185,11 @@ pub(crate) fn slice_rows(x: &Array, start: usize, end: usize) -> Result<Array> {
     if start > end || end > m {
         return Err(Error::shape("slice_rows", format!("rows {start}..{end} of {m}")));
     }
-    let row = x.len() / m.max(1);
-    let data = f32s("slice_rows", x)?;
+    // Any element type (see transpose01).
+    let row = x.nbytes() / m.max(1);
     let mut shape = x.shape().to_vec();
     shape[0] = end - start;
-    output(data[start * row..end * row].to_vec(), &shape)
+    Array::from_bytes(crate::buffer::Bytes::copy_of(&x.raw_bytes()[start * row..end * row]), shape, x.dtype())
 }
 
 pub(crate) fn argmax(x: &Array) -> Result<Array> {

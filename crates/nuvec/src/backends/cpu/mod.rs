@@ -4,6 +4,7 @@
 
 mod attention;
 mod elementwise;
+mod kv_rows;
 mod linear;
 mod pool;
 mod qgemv;
