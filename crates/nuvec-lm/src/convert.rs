@@ -211,7 +211,7 @@ pub fn convert(source: &str, out: &Path, options: &ConvertOptions) -> Result<()>
         return Err(Error::Invalid("choose either quantize or dequantize, not both".into()));
     }
     if let Some(spec) = &options.quantize {
-        spec.validate().map_err(|m| Error::Invalid(format!("quantization: {m}")))?;
+        spec.validate_mlx().map_err(|m| Error::Invalid(format!("quantization: {m}")))?;
     }
     if out.exists() && !options.force {
         return Err(Error::Invalid(format!(

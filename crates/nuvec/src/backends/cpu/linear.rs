@@ -106,8 +106,8 @@ impl<'a> Weights<'a> {
 
     fn affine(q: &'a Quantized) -> Result<Self> {
         let QuantMode::Affine = q.spec.mode;
-        if q.spec.group_size > 128 || !q.spec.group_size.is_multiple_of(32) {
-            return Err(Error::shape("linear", format!("group size {} is not 32, 64 or 128", q.spec.group_size)));
+        if !crate::QuantSpec::AFFINE_GROUPS.contains(&q.spec.group_size) {
+            return Err(Error::shape("linear", format!("group size {} is not 16, 32, 64 or 128", q.spec.group_size)));
         }
         Ok(Weights::Affine(QMatrix {
             packed: q.packed.raw_bytes(),
@@ -409,26 +409,29 @@ mod tests {
     #[test]
     fn linear_many_and_silu_mul_linear_match_separate_ops() {
         let k = 576usize;
-        let make = |n: usize, seed: u64, bits: usize| {
+        let make_g = |n: usize, seed: u64, bits: usize, group: usize| {
             let words = k * bits / 32;
             let packed: Vec<u32> = randoms(n * words, seed).iter().map(|v| v.to_bits() ^ 0x9e37_79b9).collect();
-            let scales: Vec<f16> = randoms(n * k / 32, seed + 1).iter().map(|v| f16::from_f32(v * 0.05)).collect();
-            let biases: Vec<f16> = randoms(n * k / 32, seed + 2).iter().map(|v| f16::from_f32(v * 0.2)).collect();
+            let scales: Vec<f16> = randoms(n * k / group, seed + 1).iter().map(|v| f16::from_f32(v * 0.05)).collect();
+            let biases: Vec<f16> = randoms(n * k / group, seed + 2).iter().map(|v| f16::from_f32(v * 0.2)).collect();
             Matrix::Quantized(
                 Quantized::new(
                     Array::from_slice(&packed, &[n, words]).unwrap(),
-                    Array::from_slice(&scales, &[n, k / 32]).unwrap(),
-                    Array::from_slice(&biases, &[n, k / 32]).unwrap(),
-                    QuantSpec { mode: QuantMode::Affine, bits, group_size: 32 },
+                    Array::from_slice(&scales, &[n, k / group]).unwrap(),
+                    Array::from_slice(&biases, &[n, k / group]).unwrap(),
+                    QuantSpec { mode: QuantMode::Affine, bits, group_size: group },
                     k,
                 )
                 .unwrap(),
             )
         };
+        let make = |n: usize, seed: u64, bits: usize| make_g(n, seed, bits, 32);
         let (a, b, c) = (make(576, 1, 4), make(192, 4, 4), make(100, 7, 4));
         let d = make(64, 9, 8);
+        // Groups of 16 (a Q4_K_M file's Q6_K tensors beside its Q4_K ones).
+        let (e, f) = (make_g(96, 11, 6, 16), make_g(40, 13, 6, 16));
         let x = Array::from_slice(&randoms(k, 3), &[1, k]).unwrap();
-        for ws in [vec![&a, &b, &c], vec![&a, &d], vec![&c]] {
+        for ws in [vec![&a, &b, &c], vec![&a, &d], vec![&c], vec![&e, &f], vec![&a, &e]] {
             let many = linear_many(&x, &ws).unwrap();
             for (w, got) in ws.iter().zip(&many) {
                 let want = linear(&x, w).unwrap().to_vec::<f32>().unwrap();
@@ -447,16 +450,23 @@ mod tests {
 
     #[test]
     fn linear_gemv_and_gemm_paths_match_reference() {
+        // Groups of 16 are GGUF's Q2_K/Q3_K/Q6_K as loaded (with f32 scales).
+        for (bits, group) in [(4usize, 32usize), (6, 16), (4, 16), (8, 16)] {
+            check_linear_paths(bits, group);
+        }
+    }
+
+    fn check_linear_paths(bits: usize, group: usize) {
         let (k, n) = (192usize, 72usize);
-        let words = k * 4 / 32;
+        let words = k * bits / 32;
         let packed: Vec<u32> = randoms(n * words, 5).iter().map(|v| v.to_bits() ^ 0x9e37_79b9).collect();
-        let scales: Vec<f16> = randoms(n * k / 32, 6).iter().map(|v| f16::from_f32(v * 0.05)).collect();
-        let biases: Vec<f16> = randoms(n * k / 32, 7).iter().map(|v| f16::from_f32(v * 0.2)).collect();
+        let scales: Vec<f16> = randoms(n * k / group, 6).iter().map(|v| f16::from_f32(v * 0.05)).collect();
+        let biases: Vec<f16> = randoms(n * k / group, 7).iter().map(|v| f16::from_f32(v * 0.2)).collect();
         let q = Quantized::new(
             Array::from_slice(&packed, &[n, words]).unwrap(),
-            Array::from_slice(&scales, &[n, k / 32]).unwrap(),
-            Array::from_slice(&biases, &[n, k / 32]).unwrap(),
-            QuantSpec { mode: QuantMode::Affine, bits: 4, group_size: 32 },
+            Array::from_slice(&scales, &[n, k / group]).unwrap(),
+            Array::from_slice(&biases, &[n, k / group]).unwrap(),
+            QuantSpec { mode: QuantMode::Affine, bits, group_size: group },
             k,
         )
         .unwrap();
@@ -474,7 +484,7 @@ mod tests {
                 let got = linear(&xa, w).unwrap().to_vec::<f32>().unwrap();
                 let want = reference(&x, wf, m, k, n);
                 for (g, w) in got.iter().zip(&want) {
-                    assert!((g - w).abs() <= 1e-4 * (1.0 + w.abs()), "m {m}: {g} vs {w}");
+                    assert!((g - w).abs() <= 1e-4 * (1.0 + w.abs()), "bits {bits} group {group} m {m}: {g} vs {w}");
                 }
             }
         }
