@@ -251,10 +251,7 @@ pub fn convert(source: &str, out: &Path, options: &ConvertOptions) -> Result<()>
         }
     }
     let requantize = options.quantize.is_some() && !ck.not_mlx.is_empty();
-    if options.quantize.is_some()
-        && !requantize
-        && (!quantized.is_empty() || ck.config.contains_key("quantization"))
-    {
+    if options.quantize.is_some() && !requantize && (!quantized.is_empty() || ck.config.contains_key("quantization")) {
         return Err(Error::Invalid(format!(
             "{source} is already quantized: cannot quantize it again (pass -d to dequantize)"
         )));

@@ -6,7 +6,6 @@ use std::path::PathBuf;
 
 use rand::{Rng, SeedableRng};
 
-
 struct Writer(Vec<u8>);
 
 impl Writer {

@@ -63,7 +63,13 @@ fn kquant_blocks_dequantize_to_llama_cpp_values() {
         let ours = dequantize(&q).unwrap();
         let bad: Vec<usize> = (0..ours.len()).filter(|&i| ours[i] != theirs[i]).collect();
         if let Some(&i) = bad.first() {
-            panic!("{name}: {} of {} values differ; first at {i}: {} vs gguf-py {}", bad.len(), ours.len(), ours[i], theirs[i]);
+            panic!(
+                "{name}: {} of {} values differ; first at {i}: {} vs gguf-py {}",
+                bad.len(),
+                ours.len(),
+                ours[i],
+                theirs[i]
+            );
         }
 
         // Rows reordered at load (as llama's q/k are) move whole rows.
@@ -88,7 +94,11 @@ fn kquant_blocks_dequantize_to_llama_cpp_values() {
                     let terms = (0..cols).map(|k| theirs[r * cols + k] as f64 * x[i * cols + k] as f64);
                     let (sum, size) = terms.fold((0f64, 0f64), |(s, a), t| (s + t, a + t.abs()));
                     let diff = (got[i * rows + r] as f64 - sum).abs();
-                    assert!(diff <= 4e-5 * size, "{name} m {m}: row {r}: {} vs {sum} (terms up to {size})", got[i * rows + r]);
+                    assert!(
+                        diff <= 4e-5 * size,
+                        "{name} m {m}: row {r}: {} vs {sum} (terms up to {size})",
+                        got[i * rows + r]
+                    );
                 }
             }
         }
@@ -130,7 +140,11 @@ fn check_against_oracle(model: &Model, prompt: &[u32], dir: &Path) {
         let ours = argmax(&logits);
         // Every recorded margin exceeds twice the tolerance (the script picks the seed), so every
         // token must agree.
-        assert!(margins[step] > 2.0 * F32_TOLERANCE, "step {step}: the oracle's margin {} is a near-tie", margins[step]);
+        assert!(
+            margins[step] > 2.0 * F32_TOLERANCE,
+            "step {step}: the oracle's margin {} is a near-tie",
+            margins[step]
+        );
         assert_eq!(ours, token, "free-running step {step}");
         logits = logits_after(model, &[ours], &mut cache);
     }

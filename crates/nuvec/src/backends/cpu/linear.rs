@@ -156,17 +156,40 @@ pub(crate) fn unpack_row(bytes: &[u8], bits: usize, out: &mut [f32]) {
                 }
             }
         }
-        _ => {
-            let mask = (1u16 << bits) - 1;
-            for (j, o) in out.iter_mut().enumerate() {
-                let bit = j * bits;
-                let (byte, shift) = (bit / 8, bit % 8);
-                let lo = bytes[byte] as u16;
-                let hi = bytes.get(byte + 1).copied().unwrap_or(0) as u16;
-                *o = (((lo | (hi << 8)) >> shift) & mask) as f32;
-            }
+        3 => unpack_runs::<3>(bytes, out),
+        5 => unpack_runs::<5>(bytes, out),
+        6 => unpack_runs::<6>(bytes, out),
+        _ => unpack_bits(bytes, bits, out, 0),
+    }
+}
+
+/// Values `first..` of a bit stream, one at a time (any width).
+fn unpack_bits(bytes: &[u8], bits: usize, out: &mut [f32], first: usize) {
+    let mask = (1u16 << bits) - 1;
+    for (j, o) in out.iter_mut().enumerate() {
+        let bit = (first + j) * bits;
+        let (byte, shift) = (bit / 8, bit % 8);
+        let lo = bytes[byte] as u16;
+        let hi = bytes.get(byte + 1).copied().unwrap_or(0) as u16;
+        *o = (((lo | (hi << 8)) >> shift) & mask) as f32;
+    }
+}
+
+/// `BITS`-wide values, 8 at a time: 8 values fill `BITS` whole bytes, read as one integer (rows
+/// and groups hold whole runs of 8 at 3, 5 and 6 bits; a partial run at the end goes bit by bit).
+fn unpack_runs<const BITS: usize>(bytes: &[u8], out: &mut [f32]) {
+    let mask = (1u64 << BITS) - 1;
+    let whole = out.len() / 8;
+    let (runs, rest) = out.split_at_mut(whole * 8);
+    for (run, chunk) in runs.chunks_exact_mut(8).zip(bytes.chunks_exact(BITS)) {
+        let mut word = [0u8; 8];
+        word[..BITS].copy_from_slice(chunk);
+        let v = u64::from_le_bytes(word);
+        for (j, o) in run.iter_mut().enumerate() {
+            *o = ((v >> (BITS * j)) & mask) as f32;
         }
     }
+    unpack_bits(bytes, BITS, rest, whole * 8);
 }
 
 /// `out [N] = W x` for one input row.
@@ -381,18 +404,22 @@ mod tests {
     #[test]
     fn unpack_generic_matches_fast_paths() {
         let bytes: Vec<u8> = (0..48u32).map(|i| (i * 37 + 11) as u8).collect();
-        for bits in [2usize, 4, 8] {
-            let n = bytes.len() * 8 / bits;
-            let mut fast = vec![0f32; n];
-            unpack_row(&bytes, bits, &mut fast);
-            let mask = (1u32 << bits) - 1;
-            let slow: Vec<f32> = (0..n)
-                .map(|j| {
-                    let bit = j * bits;
-                    ((bytes[bit / 8] as u32 >> (bit % 8)) & mask) as f32
-                })
-                .collect();
-            assert_eq!(fast, slow, "bits {bits}");
+        for bits in [2usize, 3, 4, 5, 6, 8] {
+            // Whole rows, and (at the widths unpacked 8 at a time) a last partial run of 8.
+            let whole = bytes.len() * 8 / bits;
+            for n in if matches!(bits, 3 | 5 | 6) { vec![whole, whole - 3] } else { vec![whole] } {
+                let mut fast = vec![0f32; n];
+                unpack_row(&bytes, bits, &mut fast);
+                let mask = (1u32 << bits) - 1;
+                let slow: Vec<f32> = (0..n)
+                    .map(|j| {
+                        let bit = j * bits;
+                        let pair = bytes[bit / 8] as u32 | (bytes.get(bit / 8 + 1).copied().unwrap_or(0) as u32) << 8;
+                        ((pair >> (bit % 8)) & mask) as f32
+                    })
+                    .collect();
+                assert_eq!(fast, slow, "bits {bits}, {n} values");
+            }
         }
     }
 

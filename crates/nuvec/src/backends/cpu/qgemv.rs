@@ -5,7 +5,8 @@
 //! in registers (never a dequantized row in memory). Activations and accumulation stay f32.
 //!
 //! Kernels: 4-bit and 8-bit with AVX-512 (four rows per pass sharing the loads of `x`) and with
-//! AVX2+FMA, and a generic scalar kernel (every width) that is also the fallback; `row_reference`
+//! AVX2+FMA, 2/3/5/6-bit with AVX2+FMA (eight values unpacked per variable shift), and a generic
+//! scalar kernel (every width) that is also the fallback; `row_reference`
 //! (dequantize, then dot) is the reference the tests hold them to. Every kernel takes groups of
 //! 16 (GGUF's Q2_K/Q3_K/Q6_K as loaded), 32, 64 and 128.
 //!
@@ -196,6 +197,10 @@ pub(crate) fn rows(w: &QMatrix, r0: usize, x: &[f32], xs: &PreparedX, params: &m
                 bias + match w.bits {
                     4 => x86::q4(bytes, s, w.group, x, &xs.perm),
                     8 => x86::q8(bytes, s, w.group, x),
+                    2 => x86::unpacked::<2>(bytes, s, w.group, x),
+                    3 => x86::unpacked::<3>(bytes, s, w.group, x),
+                    5 => x86::unpacked::<5>(bytes, s, w.group, x),
+                    6 => x86::unpacked::<6>(bytes, s, w.group, x),
                     _ => row_scalar(w, r, x, xs, params) - bias,
                 }
             };
@@ -504,6 +509,53 @@ pub(crate) mod x86 {
             k0 = end;
         }
         total
+    }
+
+    /// `Σ_g s[g] * Σ_{k in g} q[k] x[k]` for one row of 2, 3, 5 or 6 bits (no bias term).
+    /// Eight values fill `BITS` whole bytes: read as one integer, its low 32 bits hold values
+    /// 0..4 and the 32 bits from bit `4 * BITS` on values 4..8, so one variable shift per lane
+    /// and a mask give all eight.
+    ///
+    /// # Safety
+    /// avx2+fma must be available; `bytes` holds `x.len() * BITS / 8` bytes, `s` one scale per
+    /// `group` of `x`, and `group` is a multiple of 16 dividing `x.len()`.
+    #[target_feature(enable = "avx2,fma")]
+    pub(crate) unsafe fn unpacked<const BITS: usize>(bytes: &[u8], s: &[f32], group: usize, x: &[f32]) -> f32 {
+        let k = x.len();
+        assert!(BITS <= 8 && group.is_multiple_of(16) && k.is_multiple_of(group) && s.len() * group >= k);
+        assert!(bytes.len() * 8 >= k * BITS);
+        let b = BITS as i32;
+        let shifts = _mm256_setr_epi32(0, b, 2 * b, 3 * b, 0, b, 2 * b, 3 * b);
+        let mask = _mm256_set1_epi32((1 << BITS) - 1);
+        let run = |r: usize| {
+            let mut word = [0u8; 8];
+            word[..BITS].copy_from_slice(&bytes[r * BITS..(r + 1) * BITS]);
+            let v = u64::from_le_bytes(word);
+            let (lo, hi) = (v as i32, (v >> (4 * BITS)) as i32);
+            let lanes = _mm256_setr_epi32(lo, lo, lo, lo, hi, hi, hi, hi);
+            _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srlv_epi32(lanes, shifts), mask))
+        };
+        let px = x.as_ptr();
+        let mut acc0 = _mm256_setzero_ps();
+        let mut acc1 = _mm256_setzero_ps();
+        for g in 0..k / group {
+            let mut t0 = _mm256_setzero_ps();
+            let mut t1 = _mm256_setzero_ps();
+            let mut at = g * group;
+            while at < (g + 1) * group {
+                // SAFETY: at + 16 <= k (groups are multiples of 16 and divide k).
+                t0 = _mm256_fmadd_ps(run(at / 8), _mm256_loadu_ps(px.add(at)), t0);
+                t1 = _mm256_fmadd_ps(run(at / 8 + 1), _mm256_loadu_ps(px.add(at + 8)), t1);
+                at += 16;
+            }
+            let sv = _mm256_set1_ps(s[g]);
+            if g % 2 == 0 {
+                acc0 = _mm256_fmadd_ps(_mm256_add_ps(t0, t1), sv, acc0);
+            } else {
+                acc1 = _mm256_fmadd_ps(_mm256_add_ps(t0, t1), sv, acc1);
+            }
+        }
+        hsum(_mm256_add_ps(acc0, acc1))
     }
 
     /// `Σ_g s[g] * Σ_{k in g} q[k] x[k]` for one 8-bit row (no bias term).
