@@ -538,7 +538,7 @@ pub(crate) mod x86 {
         let px = x.as_ptr();
         let mut acc0 = _mm256_setzero_ps();
         let mut acc1 = _mm256_setzero_ps();
-        for g in 0..k / group {
+        for (g, &scale) in s[..k / group].iter().enumerate() {
             let mut t0 = _mm256_setzero_ps();
             let mut t1 = _mm256_setzero_ps();
             let mut at = g * group;
@@ -548,7 +548,7 @@ pub(crate) mod x86 {
                 t1 = _mm256_fmadd_ps(run(at / 8 + 1), _mm256_loadu_ps(px.add(at + 8)), t1);
                 at += 16;
             }
-            let sv = _mm256_set1_ps(s[g]);
+            let sv = _mm256_set1_ps(scale);
             if g % 2 == 0 {
                 acc0 = _mm256_fmadd_ps(_mm256_add_ps(t0, t1), sv, acc0);
             } else {
