@@ -15,7 +15,9 @@ pub struct Args {
     /// Where to write the MLX checkpoint (refused if it exists, unless --force).
     #[arg(long, default_value = "mlx_model")]
     mlx_path: PathBuf,
-    /// Quantize the linear and embedding weights.
+    /// Quantize the linear and embedding weights. From a GGUF file holding Q2_K, Q3_K or Q6_K
+    /// tensors (affine groups of 16, which MLX cannot load): requantize only those, keeping the
+    /// others exactly.
     #[arg(short = 'q', long)]
     quantize: bool,
     /// Values per quantization group (default 64).
@@ -31,7 +33,7 @@ pub struct Args {
     /// torch_dtype, else as stored).
     #[arg(long)]
     dtype: Option<String>,
-    /// Dequantize a quantized model.
+    /// Dequantize a quantized model (a GGUF's K-quants included: exactly llama.cpp's values).
     #[arg(short = 'd', long)]
     dequantize: bool,
     /// Replace --mlx-path if it exists.

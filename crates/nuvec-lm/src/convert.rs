@@ -47,6 +47,9 @@ struct Checkpoint {
     config: Map<String, Value>,
     tensors: BTreeMap<String, Array>,
     files: Vec<(String, Vec<u8>)>,
+    /// Quantized modules in a layout MLX cannot load (GGUF K-quants' groups of 16), kept out of
+    /// `tensors` and `config` until `convert` requantizes or dequantizes them.
+    not_mlx: BTreeMap<String, Quantized>,
 }
 
 fn read_source(source: &str) -> Result<Checkpoint> {
@@ -68,24 +71,32 @@ fn read_source(source: &str) -> Result<Checkpoint> {
             message: format!("cannot write tokenizer.json: {e}"),
         })?;
         let Value::Object(mut config) = gguf.config else { unreachable!("config_json builds an object") };
-        // GGUF blocks are groups of 32, which fixes each converted tensor's width.
-        let specs = gguf.tensors.iter().filter(|(n, _)| n.ends_with(".scales")).map(|(n, scales)| {
-            let base = n.trim_end_matches(".scales").to_string();
-            let cols = scales.dim(1) * 32;
-            let bits = gguf.tensors[&format!("{base}.weight")].dim(1) * 32 / cols;
-            (base, QuantSpec { mode: QuantMode::Affine, bits, group_size: 32 })
-        });
-        if let Some(entry) = quantization_entry(specs) {
+        let mut tensors: BTreeMap<String, Array> = gguf.tensors.into_iter().collect();
+        // Modules in groups of 16 (Q2_K, Q3_K, Q6_K) leave the tensors MLX will read.
+        let mut not_mlx = BTreeMap::new();
+        let mut specs = vec![];
+        for (base, spec) in gguf.specs {
+            if spec.validate_mlx().is_ok() {
+                specs.push((base, spec));
+                continue;
+            }
+            let mut take = |suffix: &str| tensors.remove(&format!("{base}.{suffix}")).expect("converted together");
+            let (packed, scales, biases) = (take("weight"), take("scales"), take("biases"));
+            let cols = packed.dim(1) * 32 / spec.bits;
+            not_mlx.insert(base, Quantized::new(packed, scales, biases, spec, cols)?);
+        }
+        if let Some(entry) = quantization_entry(specs.into_iter()) {
             config.insert("quantization".into(), entry.clone());
             config.insert("quantization_config".into(), entry);
         }
         return Ok(Checkpoint {
             config,
-            tensors: gguf.tensors.into_iter().collect(),
+            tensors,
             files: vec![
                 ("tokenizer.json".into(), tokenizer_json.into_bytes()),
                 ("tokenizer_config.json".into(), serde_json::to_vec_pretty(&tokenizer_config).expect("json")),
             ],
+            not_mlx,
         });
     }
     let config_path = path.join("config.json");
@@ -137,7 +148,7 @@ fn read_source(source: &str) -> Result<Checkpoint> {
             ));
         }
     }
-    Ok(Checkpoint { config, tensors, files })
+    Ok(Checkpoint { config, tensors, files, not_mlx: BTreeMap::new() })
 }
 
 fn cast(a: &Array, dtype: DType) -> Result<Array> {
@@ -206,12 +217,20 @@ fn spec_json(spec: &QuantSpec) -> Value {
 
 /// Converts `source` (a directory, a cached repo id or a .gguf file) into an MLX checkpoint at
 /// `out`. An existing `out` is refused, as mlx_lm.convert does, unless `force`.
+///
+/// GGUF's Q2_K, Q3_K and Q6_K tensors are affine groups of 16, which MLX cannot load (mlx 0.32.4
+/// quantizes only in groups of 32, 64 and 128). A file holding any is refused unless one of:
+/// - `dequantize`: every quantized weight is written dense (exactly llama.cpp's values, in f32
+///   unless `dtype` says otherwise);
+/// - `quantize`: those tensors alone are requantized with MLX's affine quantizer at the spec
+///   given (from their exact dequantized values); every other tensor is written as it is (the
+///   simple block types, Q4_K and Q5_K are exact MLX groups of 32 already).
 pub fn convert(source: &str, out: &Path, options: &ConvertOptions) -> Result<()> {
     if options.quantize.is_some() && options.dequantize {
         return Err(Error::Invalid("choose either quantize or dequantize, not both".into()));
     }
     if let Some(spec) = &options.quantize {
-        spec.validate().map_err(|m| Error::Invalid(format!("quantization: {m}")))?;
+        spec.validate_mlx().map_err(|m| Error::Invalid(format!("quantization: {m}")))?;
     }
     if out.exists() && !options.force {
         return Err(Error::Invalid(format!(
@@ -221,7 +240,18 @@ pub fn convert(source: &str, out: &Path, options: &ConvertOptions) -> Result<()>
     }
     let mut ck = read_source(source)?;
     let mut quantized = quantized_modules(&ck.config, &ck.tensors)?;
-    if options.quantize.is_some() && (!quantized.is_empty() || ck.config.contains_key("quantization")) {
+    if let Some(first) = ck.not_mlx.keys().next() {
+        if options.quantize.is_none() && !options.dequantize {
+            return Err(Error::Unsupported(format!(
+                "{source}: {} quantized tensors (the first: {first}) are GGUF Q2_K/Q3_K/Q6_K blocks, affine \
+                 groups of 16, which MLX cannot load: pass -q (with --q-bits/--q-group-size) to requantize \
+                 them with MLX's quantizer, or -d to write every weight dense",
+                ck.not_mlx.len()
+            )));
+        }
+    }
+    let requantize = options.quantize.is_some() && !ck.not_mlx.is_empty();
+    if options.quantize.is_some() && !requantize && (!quantized.is_empty() || ck.config.contains_key("quantization")) {
         return Err(Error::Invalid(format!(
             "{source} is already quantized: cannot quantize it again (pass -d to dequantize)"
         )));
@@ -239,6 +269,7 @@ pub fn convert(source: &str, out: &Path, options: &ConvertOptions) -> Result<()>
         quantized = quantized_modules(&ck.config, &ck.tensors)?;
     }
     if options.dequantize {
+        quantized.append(&mut ck.not_mlx);
         for (base, q) in &quantized {
             let target = dtype.unwrap_or(q.scales.dtype());
             let dense = cast(&Array::from_slice(&dequantize(q)?, &[q.rows(), q.cols()])?, target)?;
@@ -250,7 +281,22 @@ pub fn convert(source: &str, out: &Path, options: &ConvertOptions) -> Result<()>
         ck.config.remove("quantization");
         ck.config.remove("quantization_config");
     }
-    if let Some(spec) = options.quantize {
+    if let (Some(spec), true) = (options.quantize, requantize) {
+        for (base, q) in std::mem::take(&mut ck.not_mlx) {
+            let (rows, cols) = (q.rows(), q.cols());
+            if !cols.is_multiple_of(spec.group_size) {
+                return Err(Error::Invalid(format!(
+                    "{source}: {base} has {cols} columns, not a multiple of --q-group-size {}",
+                    spec.group_size
+                )));
+            }
+            let q = quantize_affine(&dequantize(&q)?, rows, cols, spec, dtype.unwrap_or(DType::F32))?;
+            ck.tensors.insert(format!("{base}.weight"), q.packed.clone());
+            ck.tensors.insert(format!("{base}.scales"), q.scales.clone());
+            ck.tensors.insert(format!("{base}.biases"), q.biases.clone());
+            quantized.insert(base, q);
+        }
+    } else if let Some(spec) = options.quantize {
         let names: Vec<String> = ck.tensors.keys().cloned().collect();
         for name in names {
             let a = &ck.tensors[&name];

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::path::Path;
 
 use nuvec::io::{gguf_matrix, GgufFile, GgufValue};
-use nuvec::{Array, Matrix};
+use nuvec::{Array, Matrix, QuantSpec};
 use serde_json::{json, Map, Value};
 
 use crate::config::Config;
@@ -163,14 +163,18 @@ fn unpermute_order(rows: usize, heads: usize) -> Vec<usize> {
 }
 
 fn weights(file: &GgufFile, config: &Config, arch: &str) -> Result<Weights> {
-    Ok(Weights::from_arrays(file.path(), converted_arrays(file, config, arch)?))
+    Ok(Weights::from_arrays(file.path(), converted_arrays(file, config, arch)?.0))
 }
 
-/// Every tensor the model uses, converted and named as an MLX checkpoint names it.
-fn converted_arrays(file: &GgufFile, config: &Config, arch: &str) -> Result<HashMap<String, Array>> {
+/// Every tensor the model uses, converted and named as an MLX checkpoint names it, and the
+/// affine layout of each quantized module (by module path).
+type Converted = (HashMap<String, Array>, HashMap<String, QuantSpec>);
+
+fn converted_arrays(file: &GgufFile, config: &Config, arch: &str) -> Result<Converted> {
     let heads = config.usize("num_attention_heads")?;
     let kv_heads = config.usize("num_key_value_heads")?;
     let mut arrays: HashMap<String, Array> = HashMap::new();
+    let mut specs: HashMap<String, QuantSpec> = HashMap::new();
     for tensor in file.tensors() {
         let Some(name) = checkpoint_name(&tensor.name) else {
             continue;
@@ -193,10 +197,11 @@ fn converted_arrays(file: &GgufFile, config: &Config, arch: &str) -> Result<Hash
                 arrays.insert(format!("{base}.weight"), q.packed);
                 arrays.insert(format!("{base}.scales"), q.scales);
                 arrays.insert(format!("{base}.biases"), q.biases);
+                specs.insert(base, q.spec);
             }
         }
     }
-    Ok(arrays)
+    Ok((arrays, specs))
 }
 
 /// What a GGUF file holds, as an MLX checkpoint would hold it: config.json's fields, the
@@ -206,6 +211,10 @@ pub struct GgufCheckpoint {
     pub config: Value,
     /// Tensors by checkpoint name.
     pub tensors: HashMap<String, Array>,
+    /// The affine layout of each quantized module (`model.layers.0.self_attn.q_proj`): groups of
+    /// 32 for the simple block types, Q4_K and Q5_K; groups of 16 (which MLX cannot load) for
+    /// Q2_K, Q3_K and Q6_K.
+    pub specs: HashMap<String, QuantSpec>,
     /// The tokenizer built from the GGUF vocabulary.
     pub tokenizer: Tokenizer,
 }
@@ -220,7 +229,7 @@ pub fn read_gguf(path: &Path) -> Result<GgufCheckpoint> {
     };
     let mut config = config_json(&file, arch, model_type)?;
     let parsed = Config::from_json(&label, &config.to_string())?;
-    let tensors = converted_arrays(&file, &parsed, arch)?;
+    let (tensors, specs) = converted_arrays(&file, &parsed, arch)?;
     let tokenizer = tokenizer(&file)?;
     for (key, field) in
         [("tokenizer.ggml.bos_token_id", "bos_token_id"), ("tokenizer.ggml.eos_token_id", "eos_token_id")]
@@ -229,7 +238,7 @@ pub fn read_gguf(path: &Path) -> Result<GgufCheckpoint> {
             config[field] = id.into();
         }
     }
-    Ok(GgufCheckpoint { config, tensors, tokenizer })
+    Ok(GgufCheckpoint { config, tensors, specs, tokenizer })
 }
 
 /// The split patterns llama.cpp names by `tokenizer.ggml.pre`, as tokenizer.json pre-tokenizers.

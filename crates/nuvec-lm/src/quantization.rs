@@ -59,7 +59,7 @@ fn spec_from(config: &Config, key: &str, v: &serde_json::Map<String, Value>) -> 
     };
     // mlx-lm's defaults when a key is absent: 4 bits, group 64 (as nn.quantize).
     let spec = QuantSpec { mode, bits: int("bits", 4)?, group_size: int("group_size", 64)? };
-    spec.validate().map_err(|m| config.error(key, format_args!(": {m}")))?;
+    spec.validate_mlx().map_err(|m| config.error(key, format_args!(": {m}")))?;
     Ok(spec)
 }
 
@@ -100,7 +100,7 @@ impl Quantization {
         let int = |name: &str, default: i64| map.get(name).and_then(Value::as_i64).unwrap_or(default);
         let group = int("group_size", 128);
         let group_size =
-            usize::try_from(group).ok().filter(|g| QuantSpec::AFFINE_GROUPS.contains(g)).ok_or_else(|| {
+            usize::try_from(group).ok().filter(|g| QuantSpec::MLX_AFFINE_GROUPS.contains(g)).ok_or_else(|| {
                 config.error(
                     &format!("{key}.group_size"),
                     format_args!("= {group}: only 32, 64 and 128 convert to MLX groups"),

@@ -42,10 +42,15 @@ pub struct QuantSpec {
 impl QuantSpec {
     /// Affine bits MLX supports.
     pub const AFFINE_BITS: [usize; 6] = [2, 3, 4, 5, 6, 8];
-    /// Affine group sizes MLX supports.
-    pub const AFFINE_GROUPS: [usize; 3] = [32, 64, 128];
+    /// Affine group sizes the kernels support: MLX's ([`QuantSpec::MLX_AFFINE_GROUPS`]) and 16,
+    /// which GGUF's Q2_K, Q3_K and Q6_K blocks are equivalent to.
+    pub const AFFINE_GROUPS: [usize; 4] = [16, 32, 64, 128];
+    /// Affine group sizes MLX itself accepts (mlx 0.32.4's `mx.quantize` refuses 16): what
+    /// config.json, `kv_group_size` and `nuvec convert`'s output may use.
+    pub const MLX_AFFINE_GROUPS: [usize; 3] = [32, 64, 128];
 
-    /// Checks the combination, with a message naming the bad value.
+    /// Checks the combination against what the kernels support, with a message naming the bad
+    /// value.
     pub fn validate(&self) -> std::result::Result<(), String> {
         match self.mode {
             QuantMode::Affine => {
@@ -53,9 +58,18 @@ impl QuantSpec {
                     return Err(format!("bits = {} is not one of 2,3,4,5,6,8", self.bits));
                 }
                 if !Self::AFFINE_GROUPS.contains(&self.group_size) {
-                    return Err(format!("group_size = {} is not one of 32,64,128", self.group_size));
+                    return Err(format!("group_size = {} is not one of 16,32,64,128", self.group_size));
                 }
             }
+        }
+        Ok(())
+    }
+
+    /// [`QuantSpec::validate`], further limited to what MLX reads and writes (no group 16).
+    pub fn validate_mlx(&self) -> std::result::Result<(), String> {
+        self.validate()?;
+        if !Self::MLX_AFFINE_GROUPS.contains(&self.group_size) {
+            return Err(format!("group_size = {} is not one of 32,64,128", self.group_size));
         }
         Ok(())
     }

@@ -252,7 +252,7 @@ mod tests {
         let (rows, cols) = (4, 128);
         let w: Vec<f32> = (0..rows * cols).map(|i| ((i * 7919 % 1000) as f32 - 500.0) / 3000.0).collect();
         for bits in [2, 3, 4, 5, 6, 8] {
-            for group in [32, 64, 128] {
+            for group in [16, 32, 64, 128] {
                 let spec = QuantSpec { mode: QuantMode::Affine, bits, group_size: group };
                 let q = quantize_affine(&w, rows, cols, spec, DType::F32).unwrap();
                 let back = dequantize(&q).unwrap();

@@ -20,7 +20,7 @@ pub struct QuantizedKvCache {
 /// The quantization `bits`/`group_size` name, checked against MLX's affine formats.
 pub fn kv_spec(bits: usize, group_size: usize) -> Result<QuantSpec> {
     let spec = QuantSpec { mode: QuantMode::Affine, bits, group_size };
-    spec.validate().map_err(|m| Error::Invalid(format!("KV cache quantization: {m}")))?;
+    spec.validate_mlx().map_err(|m| Error::Invalid(format!("KV cache quantization: {m}")))?;
     Ok(spec)
 }
 

@@ -93,6 +93,17 @@ pub enum GgmlType {
     Q5_1,
     /// A type this build does not convert (its ggml number).
     Other(u32),
+    // GGUF K-quants (kquants): 256-value super-blocks, converted by `gguf_kquants`.
+    /// 256 values: 16 sub-blocks of 16 with 4-bit scale and min, f16 d and dmin, 2-bit values.
+    Q2K,
+    /// 256 values: 16 sub-blocks of 16 with 6-bit signed scales, f16 d, 3-bit values (offset 4).
+    Q3K,
+    /// 256 values: 8 sub-blocks of 32 with 6-bit scale and min, f16 d and dmin, 4-bit values.
+    Q4K,
+    /// 256 values: 8 sub-blocks of 32 with 6-bit scale and min, f16 d and dmin, 5-bit values.
+    Q5K,
+    /// 256 values: 16 sub-blocks of 16 with int8 scales, f16 d, 6-bit values (offset 32).
+    Q6K,
 }
 
 impl GgmlType {
@@ -106,6 +117,11 @@ impl GgmlType {
             7 => GgmlType::Q5_1,
             8 => GgmlType::Q8_0,
             30 => GgmlType::BF16,
+            10 => GgmlType::Q2K,
+            11 => GgmlType::Q3K,
+            12 => GgmlType::Q4K,
+            13 => GgmlType::Q5K,
+            14 => GgmlType::Q6K,
             other => GgmlType::Other(other),
         }
     }
@@ -120,6 +136,11 @@ impl GgmlType {
             GgmlType::Q4_1 => (32, 20),
             GgmlType::Q5_0 => (32, 22),
             GgmlType::Q5_1 => (32, 24),
+            GgmlType::Q2K => (256, 84),
+            GgmlType::Q3K => (256, 110),
+            GgmlType::Q4K => (256, 144),
+            GgmlType::Q5K => (256, 176),
+            GgmlType::Q6K => (256, 210),
             GgmlType::Other(_) => return None,
         })
     }

@@ -1,10 +1,12 @@
 //! GGUF's block-quantized types converted to the MLX affine layout they are equivalent to:
 //! every simple ggml block is `w = d * q + m` (or `d * (q - offset)`) over 32 values, which is
-//! exactly an affine group of 32 with `scale = d` and `bias = m` (or `-offset * d`).
+//! exactly an affine group of 32 with `scale = d` and `bias = m` (or `-offset * d`); the K-quants'
+//! sub-blocks are affine groups of 16 or 32 (see `gguf_kquants`).
 
 use half::f16;
 
 use super::gguf::{GgmlType, GgufFile, GgufTensor};
+use super::gguf_kquants::{self, QK_K};
 use crate::quantize::pack_lsb;
 use crate::{Array, Error, Matrix, QuantMode, QuantSpec, Quantized, Result};
 
@@ -74,6 +76,7 @@ pub fn gguf_matrix(file: &GgufFile, tensor: &GgufTensor, row_order: Option<&[usi
         }
     }
     let source_row = |i: usize| row_order.map_or(i, |o| o[i]);
+    let kquant = gguf_kquants::layout(tensor.ggml_type);
     let bits = match tensor.ggml_type {
         GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => {
             let a = file.float_array(tensor)?;
@@ -85,37 +88,48 @@ pub fn gguf_matrix(file: &GgufFile, tensor: &GgufTensor, row_order: Option<&[usi
         GgmlType::Q8_0 => 8,
         GgmlType::Q4_0 | GgmlType::Q4_1 => 4,
         GgmlType::Q5_0 | GgmlType::Q5_1 => 5,
+        GgmlType::Q2K | GgmlType::Q3K | GgmlType::Q4K | GgmlType::Q5K | GgmlType::Q6K => {
+            kquant.expect("K-quants have a layout").0
+        }
         GgmlType::Other(id) => {
             return Err(Error::Unsupported(format!(
-                "{}: tensor {} has ggml type {id}, which nuvec does not convert yet (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 are)",
+                "{}: tensor {} has ggml type {id}, which nuvec does not convert yet (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K are)",
                 file.path().display(),
                 tensor.name
             )))
         }
     };
+    let group = kquant.map_or(32, |(_, g)| g);
     let (per, block_bytes) = tensor.ggml_type.block().expect("block types have a size");
     if cols % per != 0 {
         return Err(fail(format!("{cols} columns do not split into blocks of {per}")));
     }
     let data = file.read(tensor)?;
-    let groups = cols / per;
-    let row_bytes = groups * block_bytes;
+    let (blocks, groups, groups_per_block) = (cols / per, cols / group, per / group);
+    let row_bytes = blocks * block_bytes;
     let packed_row = cols * bits / 8;
+    let packed_block = per * bits / 8;
     let mut packed = vec![0u8; rows * packed_row];
     // Q4_1 and Q5_1 keep their f16 scale and min exactly as f16; the offset types' bias
-    // (-8d, -16d, -128d) is exact in f32.
+    // (-8d, -16d, -128d) is exact in f32, and so are the K-quants' products (kept in f32).
     let f16_params = matches!(tensor.ggml_type, GgmlType::Q4_1 | GgmlType::Q5_1);
     let mut scales = vec![0f32; rows * groups];
     let mut biases = vec![0f32; rows * groups];
-    let mut q = [0u8; 32];
+    let mut q = [0u8; QK_K];
     for r in 0..rows {
         let src = &data[source_row(r) * row_bytes..(source_row(r) + 1) * row_bytes];
         let dst = &mut packed[r * packed_row..(r + 1) * packed_row];
-        for g in 0..groups {
-            let (s, b) = decode_block(tensor.ggml_type, &src[g * block_bytes..(g + 1) * block_bytes], &mut q);
-            scales[r * groups + g] = s;
-            biases[r * groups + g] = b;
-            pack_lsb(&q, bits, &mut dst[g * 32 * bits / 8..(g + 1) * 32 * bits / 8]);
+        for k in 0..blocks {
+            let block = &src[k * block_bytes..(k + 1) * block_bytes];
+            let at = r * groups + k * groups_per_block;
+            let (s, b) = (&mut scales[at..at + groups_per_block], &mut biases[at..at + groups_per_block]);
+            if kquant.is_some() {
+                gguf_kquants::decode(tensor.ggml_type, block, &mut q, s, b);
+            } else {
+                let q32: &mut [u8; 32] = (&mut q[..32]).try_into().expect("32 values");
+                (s[0], b[0]) = decode_block(tensor.ggml_type, block, q32);
+            }
+            pack_lsb(&q[..per], bits, &mut dst[k * packed_block..(k + 1) * packed_block]);
         }
     }
     let words: Vec<u32> = packed.chunks_exact(4).map(|c| u32::from_le_bytes(c.try_into().expect("4 bytes"))).collect();
@@ -126,7 +140,7 @@ pub fn gguf_matrix(file: &GgufFile, tensor: &GgufTensor, row_order: Option<&[usi
     } else {
         (Array::from_slice(&scales, &[rows, groups])?, Array::from_slice(&biases, &[rows, groups])?)
     };
-    let spec = QuantSpec { mode: QuantMode::Affine, bits, group_size: 32 };
+    let spec = QuantSpec { mode: QuantMode::Affine, bits, group_size: group };
     Ok(Matrix::Quantized(Quantized::new(packed, scales, biases, spec, cols)?))
 }
 

@@ -2,6 +2,7 @@
 
 mod gguf;
 mod gguf_blocks;
+mod gguf_kquants;
 mod safetensors;
 
 pub use self::gguf::{GgmlType, GgufFile, GgufTensor, GgufValue};

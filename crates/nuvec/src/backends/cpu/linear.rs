@@ -106,8 +106,8 @@ impl<'a> Weights<'a> {
 
     fn affine(q: &'a Quantized) -> Result<Self> {
         let QuantMode::Affine = q.spec.mode;
-        if q.spec.group_size > 128 || !q.spec.group_size.is_multiple_of(32) {
-            return Err(Error::shape("linear", format!("group size {} is not 32, 64 or 128", q.spec.group_size)));
+        if !crate::QuantSpec::AFFINE_GROUPS.contains(&q.spec.group_size) {
+            return Err(Error::shape("linear", format!("group size {} is not 16, 32, 64 or 128", q.spec.group_size)));
         }
         Ok(Weights::Affine(QMatrix {
             packed: q.packed.raw_bytes(),
@@ -156,17 +156,40 @@ pub(crate) fn unpack_row(bytes: &[u8], bits: usize, out: &mut [f32]) {
                 }
             }
         }
-        _ => {
-            let mask = (1u16 << bits) - 1;
-            for (j, o) in out.iter_mut().enumerate() {
-                let bit = j * bits;
-                let (byte, shift) = (bit / 8, bit % 8);
-                let lo = bytes[byte] as u16;
-                let hi = bytes.get(byte + 1).copied().unwrap_or(0) as u16;
-                *o = (((lo | (hi << 8)) >> shift) & mask) as f32;
-            }
+        3 => unpack_runs::<3>(bytes, out),
+        5 => unpack_runs::<5>(bytes, out),
+        6 => unpack_runs::<6>(bytes, out),
+        _ => unpack_bits(bytes, bits, out, 0),
+    }
+}
+
+/// Values `first..` of a bit stream, one at a time (any width).
+fn unpack_bits(bytes: &[u8], bits: usize, out: &mut [f32], first: usize) {
+    let mask = (1u16 << bits) - 1;
+    for (j, o) in out.iter_mut().enumerate() {
+        let bit = (first + j) * bits;
+        let (byte, shift) = (bit / 8, bit % 8);
+        let lo = bytes[byte] as u16;
+        let hi = bytes.get(byte + 1).copied().unwrap_or(0) as u16;
+        *o = (((lo | (hi << 8)) >> shift) & mask) as f32;
+    }
+}
+
+/// `BITS`-wide values, 8 at a time: 8 values fill `BITS` whole bytes, read as one integer (rows
+/// and groups hold whole runs of 8 at 3, 5 and 6 bits; a partial run at the end goes bit by bit).
+fn unpack_runs<const BITS: usize>(bytes: &[u8], out: &mut [f32]) {
+    let mask = (1u64 << BITS) - 1;
+    let whole = out.len() / 8;
+    let (runs, rest) = out.split_at_mut(whole * 8);
+    for (run, chunk) in runs.chunks_exact_mut(8).zip(bytes.chunks_exact(BITS)) {
+        let mut word = [0u8; 8];
+        word[..BITS].copy_from_slice(chunk);
+        let v = u64::from_le_bytes(word);
+        for (j, o) in run.iter_mut().enumerate() {
+            *o = ((v >> (BITS * j)) & mask) as f32;
         }
     }
+    unpack_bits(bytes, BITS, rest, whole * 8);
 }
 
 /// `out [N] = W x` for one input row.
@@ -381,18 +404,22 @@ mod tests {
     #[test]
     fn unpack_generic_matches_fast_paths() {
         let bytes: Vec<u8> = (0..48u32).map(|i| (i * 37 + 11) as u8).collect();
-        for bits in [2usize, 4, 8] {
-            let n = bytes.len() * 8 / bits;
-            let mut fast = vec![0f32; n];
-            unpack_row(&bytes, bits, &mut fast);
-            let mask = (1u32 << bits) - 1;
-            let slow: Vec<f32> = (0..n)
-                .map(|j| {
-                    let bit = j * bits;
-                    ((bytes[bit / 8] as u32 >> (bit % 8)) & mask) as f32
-                })
-                .collect();
-            assert_eq!(fast, slow, "bits {bits}");
+        for bits in [2usize, 3, 4, 5, 6, 8] {
+            // Whole rows, and (at the widths unpacked 8 at a time) a last partial run of 8.
+            let whole = bytes.len() * 8 / bits;
+            for n in if matches!(bits, 3 | 5 | 6) { vec![whole, whole - 3] } else { vec![whole] } {
+                let mut fast = vec![0f32; n];
+                unpack_row(&bytes, bits, &mut fast);
+                let mask = (1u32 << bits) - 1;
+                let slow: Vec<f32> = (0..n)
+                    .map(|j| {
+                        let bit = j * bits;
+                        let pair = bytes[bit / 8] as u32 | (bytes.get(bit / 8 + 1).copied().unwrap_or(0) as u32) << 8;
+                        ((pair >> (bit % 8)) & mask) as f32
+                    })
+                    .collect();
+                assert_eq!(fast, slow, "bits {bits}, {n} values");
+            }
         }
     }
 
@@ -409,26 +436,29 @@ mod tests {
     #[test]
     fn linear_many_and_silu_mul_linear_match_separate_ops() {
         let k = 576usize;
-        let make = |n: usize, seed: u64, bits: usize| {
+        let make_g = |n: usize, seed: u64, bits: usize, group: usize| {
             let words = k * bits / 32;
             let packed: Vec<u32> = randoms(n * words, seed).iter().map(|v| v.to_bits() ^ 0x9e37_79b9).collect();
-            let scales: Vec<f16> = randoms(n * k / 32, seed + 1).iter().map(|v| f16::from_f32(v * 0.05)).collect();
-            let biases: Vec<f16> = randoms(n * k / 32, seed + 2).iter().map(|v| f16::from_f32(v * 0.2)).collect();
+            let scales: Vec<f16> = randoms(n * k / group, seed + 1).iter().map(|v| f16::from_f32(v * 0.05)).collect();
+            let biases: Vec<f16> = randoms(n * k / group, seed + 2).iter().map(|v| f16::from_f32(v * 0.2)).collect();
             Matrix::Quantized(
                 Quantized::new(
                     Array::from_slice(&packed, &[n, words]).unwrap(),
-                    Array::from_slice(&scales, &[n, k / 32]).unwrap(),
-                    Array::from_slice(&biases, &[n, k / 32]).unwrap(),
-                    QuantSpec { mode: QuantMode::Affine, bits, group_size: 32 },
+                    Array::from_slice(&scales, &[n, k / group]).unwrap(),
+                    Array::from_slice(&biases, &[n, k / group]).unwrap(),
+                    QuantSpec { mode: QuantMode::Affine, bits, group_size: group },
                     k,
                 )
                 .unwrap(),
             )
         };
+        let make = |n: usize, seed: u64, bits: usize| make_g(n, seed, bits, 32);
         let (a, b, c) = (make(576, 1, 4), make(192, 4, 4), make(100, 7, 4));
         let d = make(64, 9, 8);
+        // Groups of 16 (a Q4_K_M file's Q6_K tensors beside its Q4_K ones).
+        let (e, f) = (make_g(96, 11, 6, 16), make_g(40, 13, 6, 16));
         let x = Array::from_slice(&randoms(k, 3), &[1, k]).unwrap();
-        for ws in [vec![&a, &b, &c], vec![&a, &d], vec![&c]] {
+        for ws in [vec![&a, &b, &c], vec![&a, &d], vec![&c], vec![&e, &f], vec![&a, &e]] {
             let many = linear_many(&x, &ws).unwrap();
             for (w, got) in ws.iter().zip(&many) {
                 let want = linear(&x, w).unwrap().to_vec::<f32>().unwrap();
@@ -447,16 +477,23 @@ mod tests {
 
     #[test]
     fn linear_gemv_and_gemm_paths_match_reference() {
+        // Groups of 16 are GGUF's Q2_K/Q3_K/Q6_K as loaded (with f32 scales).
+        for (bits, group) in [(4usize, 32usize), (6, 16), (4, 16), (8, 16)] {
+            check_linear_paths(bits, group);
+        }
+    }
+
+    fn check_linear_paths(bits: usize, group: usize) {
         let (k, n) = (192usize, 72usize);
-        let words = k * 4 / 32;
+        let words = k * bits / 32;
         let packed: Vec<u32> = randoms(n * words, 5).iter().map(|v| v.to_bits() ^ 0x9e37_79b9).collect();
-        let scales: Vec<f16> = randoms(n * k / 32, 6).iter().map(|v| f16::from_f32(v * 0.05)).collect();
-        let biases: Vec<f16> = randoms(n * k / 32, 7).iter().map(|v| f16::from_f32(v * 0.2)).collect();
+        let scales: Vec<f16> = randoms(n * k / group, 6).iter().map(|v| f16::from_f32(v * 0.05)).collect();
+        let biases: Vec<f16> = randoms(n * k / group, 7).iter().map(|v| f16::from_f32(v * 0.2)).collect();
         let q = Quantized::new(
             Array::from_slice(&packed, &[n, words]).unwrap(),
-            Array::from_slice(&scales, &[n, k / 32]).unwrap(),
-            Array::from_slice(&biases, &[n, k / 32]).unwrap(),
-            QuantSpec { mode: QuantMode::Affine, bits: 4, group_size: 32 },
+            Array::from_slice(&scales, &[n, k / group]).unwrap(),
+            Array::from_slice(&biases, &[n, k / group]).unwrap(),
+            QuantSpec { mode: QuantMode::Affine, bits, group_size: group },
             k,
         )
         .unwrap();
@@ -474,7 +511,7 @@ mod tests {
                 let got = linear(&xa, w).unwrap().to_vec::<f32>().unwrap();
                 let want = reference(&x, wf, m, k, n);
                 for (g, w) in got.iter().zip(&want) {
-                    assert!((g - w).abs() <= 1e-4 * (1.0 + w.abs()), "m {m}: {g} vs {w}");
+                    assert!((g - w).abs() <= 1e-4 * (1.0 + w.abs()), "bits {bits} group {group} m {m}: {g} vs {w}");
                 }
             }
         }

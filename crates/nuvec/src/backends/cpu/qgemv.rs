@@ -5,8 +5,10 @@
 //! in registers (never a dequantized row in memory). Activations and accumulation stay f32.
 //!
 //! Kernels: 4-bit and 8-bit with AVX-512 (four rows per pass sharing the loads of `x`) and with
-//! AVX2+FMA, and a generic scalar kernel (every width) that is also the fallback; `row_reference`
-//! (dequantize, then dot) is the reference the tests hold them to.
+//! AVX2+FMA, 2/3/5/6-bit with AVX2+FMA (eight values unpacked per variable shift), and a generic
+//! scalar kernel (every width) that is also the fallback; `row_reference`
+//! (dequantize, then dot) is the reference the tests hold them to. Every kernel takes groups of
+//! 16 (GGUF's Q2_K/Q3_K/Q6_K as loaded), 32, 64 and 128.
 //!
 //! The AVX-512 4-bit kernel dequantizes through a table: per group, the 16 possible values
 //! `scale * q + bias` are one register, and `vpermps` with the nibbles as indices gives the
@@ -132,7 +134,7 @@ impl PreparedX {
 
 /// Whether the AVX-512 kernels take this width and group size.
 fn x512_kernel(bits: usize, group: usize) -> bool {
-    (bits == 4 || bits == 8) && matches!(group, 32 | 64 | 128)
+    (bits == 4 || bits == 8) && matches!(group, 16 | 32 | 64 | 128)
 }
 
 /// Reference: row `r` dequantized, then dotted with `x` in f64.
@@ -195,6 +197,10 @@ pub(crate) fn rows(w: &QMatrix, r0: usize, x: &[f32], xs: &PreparedX, params: &m
                 bias + match w.bits {
                     4 => x86::q4(bytes, s, w.group, x, &xs.perm),
                     8 => x86::q8(bytes, s, w.group, x),
+                    2 => x86::unpacked::<2>(bytes, s, w.group, x),
+                    3 => x86::unpacked::<3>(bytes, s, w.group, x),
+                    5 => x86::unpacked::<5>(bytes, s, w.group, x),
+                    6 => x86::unpacked::<6>(bytes, s, w.group, x),
                     _ => row_scalar(w, r, x, xs, params) - bias,
                 }
             };
@@ -251,7 +257,7 @@ pub(crate) mod x512 {
     /// `xp` is `x` laid out by [`super::PreparedX`] for AVX-512 and `sums` its group sums.
     ///
     /// # Safety
-    /// avx512f/bw/vl and f16c must be available; `w.bits == BITS`, `w.group` is 32, 64 or 128,
+    /// avx512f/bw/vl and f16c must be available; `w.bits == BITS`, `w.group` is 16, 32, 64 or 128,
     /// `xp` is the prepared layout of an `x` of `w.cols` floats, `sums.len() == w.groups()`, and
     /// rows `r0..r0 + out.len()` exist in `w`.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
@@ -283,7 +289,8 @@ pub(crate) mod x512 {
         let block = 16 * per_lane;
         let (cols, group) = (w.cols, w.group);
         let (g_total, rb) = (w.groups(), w.row_bytes());
-        assert!(w.bits == BITS && (BITS == 4 || BITS == 8) && matches!(group, 32 | 64 | 128));
+        // A lane holds 32 / BITS <= 8 weights, so with any of these groups it lies in one group.
+        assert!(w.bits == BITS && (BITS == 4 || BITS == 8) && matches!(group, 16 | 32 | 64 | 128));
         assert!(xp.len() == cols.div_ceil(block) * block && sums.len() == g_total && cols == g_total * group);
         assert!((r0 + N) * rb <= w.packed.len());
         let shift = _mm512_set1_epi32(group.trailing_zeros() as i32);
@@ -473,9 +480,15 @@ pub(crate) mod x86 {
             t1 = _mm256_fmadd_ps(n5, _mm256_loadu_ps(xp.add(40)), t1);
             t0 = _mm256_fmadd_ps(n6, _mm256_loadu_ps(xp.add(48)), t0);
             t1 = _mm256_fmadd_ps(n7, _mm256_loadu_ps(xp.add(56)), t1);
-            // Lanes 0..4 hold elements 64b..64b+32, lanes 4..8 the next 32: one scale each.
+            // Lane i holds elements 64b + 8i .. + 8: lanes 0..4 are the block's first 32 (one
+            // scale from group 32 up), and with groups of 16 each pair of lanes has its own.
             let k0 = 64 * b;
-            let sv = _mm256_set_m128(_mm_set1_ps(s[(k0 + 32) / group]), _mm_set1_ps(s[k0 / group]));
+            let sv = if group == 16 {
+                let g = k0 / 16;
+                _mm256_set_ps(s[g + 3], s[g + 3], s[g + 2], s[g + 2], s[g + 1], s[g + 1], s[g], s[g])
+            } else {
+                _mm256_set_m128(_mm_set1_ps(s[(k0 + 32) / group]), _mm_set1_ps(s[k0 / group]))
+            };
             if b % 2 == 0 {
                 acc0 = _mm256_fmadd_ps(_mm256_add_ps(t0, t1), sv, acc0);
             } else {
@@ -483,41 +496,99 @@ pub(crate) mod x86 {
             }
         }
         let mut total = hsum(_mm256_add_ps(acc0, acc1));
-        // A last half block of 32 (cols = 32 mod 64), in natural order.
-        let k0 = blocks * 64;
-        if k0 < k {
+        // The rest of the row (cols not a multiple of 64), in natural order, group by group.
+        let mut k0 = blocks * 64;
+        while k0 < k {
+            let end = ((k0 / group + 1) * group).min(k);
             let mut t = 0f32;
-            for j in 0..(k - k0) / 2 {
-                let byte = bytes[k0 / 2 + j];
-                t += (byte & 0xf) as f32 * x[k0 + 2 * j] + (byte >> 4) as f32 * x[k0 + 2 * j + 1];
+            for j in (k0..end).step_by(2) {
+                let byte = bytes[j / 2];
+                t += (byte & 0xf) as f32 * x[j] + (byte >> 4) as f32 * x[j + 1];
             }
             total += s[k0 / group] * t;
+            k0 = end;
         }
         total
+    }
+
+    /// `Σ_g s[g] * Σ_{k in g} q[k] x[k]` for one row of 2, 3, 5 or 6 bits (no bias term).
+    /// Eight values fill `BITS` whole bytes: read as one integer, its low 32 bits hold values
+    /// 0..4 and the 32 bits from bit `4 * BITS` on values 4..8, so one variable shift per lane
+    /// and a mask give all eight.
+    ///
+    /// # Safety
+    /// avx2+fma must be available; `bytes` holds `x.len() * BITS / 8` bytes, `s` one scale per
+    /// `group` of `x`, and `group` is a multiple of 16 dividing `x.len()`.
+    #[target_feature(enable = "avx2,fma")]
+    pub(crate) unsafe fn unpacked<const BITS: usize>(bytes: &[u8], s: &[f32], group: usize, x: &[f32]) -> f32 {
+        let k = x.len();
+        assert!(BITS <= 8 && group.is_multiple_of(16) && k.is_multiple_of(group) && s.len() * group >= k);
+        assert!(bytes.len() * 8 >= k * BITS);
+        let b = BITS as i32;
+        let shifts = _mm256_setr_epi32(0, b, 2 * b, 3 * b, 0, b, 2 * b, 3 * b);
+        let mask = _mm256_set1_epi32((1 << BITS) - 1);
+        let run = |r: usize| {
+            let mut word = [0u8; 8];
+            word[..BITS].copy_from_slice(&bytes[r * BITS..(r + 1) * BITS]);
+            let v = u64::from_le_bytes(word);
+            let (lo, hi) = (v as i32, (v >> (4 * BITS)) as i32);
+            let lanes = _mm256_setr_epi32(lo, lo, lo, lo, hi, hi, hi, hi);
+            _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srlv_epi32(lanes, shifts), mask))
+        };
+        let px = x.as_ptr();
+        let mut acc0 = _mm256_setzero_ps();
+        let mut acc1 = _mm256_setzero_ps();
+        for (g, &scale) in s[..k / group].iter().enumerate() {
+            let mut t0 = _mm256_setzero_ps();
+            let mut t1 = _mm256_setzero_ps();
+            let mut at = g * group;
+            while at < (g + 1) * group {
+                // SAFETY: at + 16 <= k (groups are multiples of 16 and divide k).
+                t0 = _mm256_fmadd_ps(run(at / 8), _mm256_loadu_ps(px.add(at)), t0);
+                t1 = _mm256_fmadd_ps(run(at / 8 + 1), _mm256_loadu_ps(px.add(at + 8)), t1);
+                at += 16;
+            }
+            let sv = _mm256_set1_ps(scale);
+            if g % 2 == 0 {
+                acc0 = _mm256_fmadd_ps(_mm256_add_ps(t0, t1), sv, acc0);
+            } else {
+                acc1 = _mm256_fmadd_ps(_mm256_add_ps(t0, t1), sv, acc1);
+            }
+        }
+        hsum(_mm256_add_ps(acc0, acc1))
     }
 
     /// `Σ_g s[g] * Σ_{k in g} q[k] x[k]` for one 8-bit row (no bias term).
     ///
     /// # Safety
     /// avx2+fma must be available; `bytes` holds `x.len()` bytes, `s` one scale per `group` of
-    /// `x`, and `x.len()` is a multiple of 32.
+    /// `x`, and `x.len()` is a multiple of 32 (of 16 with groups of 16).
     #[target_feature(enable = "avx2,fma")]
     pub(crate) unsafe fn q8(bytes: &[u8], s: &[f32], group: usize, x: &[f32]) -> f32 {
         let k = x.len();
-        assert!(bytes.len() >= k && k.is_multiple_of(32) && s.len() * group >= k);
+        assert!(bytes.len() >= k && k.is_multiple_of(group.min(32)) && s.len() * group >= k);
         let (pb, px) = (bytes.as_ptr(), x.as_ptr());
+        // SAFETY (of both closures' reads): callers pass offsets with at most k bytes and floats.
+        let q = |at: usize| _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(pb.add(at) as *const __m128i)));
+        let xv = |at: usize| _mm256_loadu_ps(px.add(at));
         let mut acc0 = _mm256_setzero_ps();
         let mut acc1 = _mm256_setzero_ps();
         let mut k0 = 0;
-        while k0 < k {
-            // SAFETY: reads bytes and x at [k0, k0 + 32) with k0 + 32 <= k (asserted above).
-            let q = |j: usize| {
-                _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(pb.add(k0 + 8 * j) as *const __m128i)))
-            };
-            let mut t0 = _mm256_mul_ps(q(0), _mm256_loadu_ps(px.add(k0)));
-            let mut t1 = _mm256_mul_ps(q(1), _mm256_loadu_ps(px.add(k0 + 8)));
-            t0 = _mm256_fmadd_ps(q(2), _mm256_loadu_ps(px.add(k0 + 16)), t0);
-            t1 = _mm256_fmadd_ps(q(3), _mm256_loadu_ps(px.add(k0 + 24)), t1);
+        while k0 + 32 <= k {
+            // Reads bytes and x at [k0, k0 + 32), inside k.
+            if group == 16 {
+                // Two groups: each half of the 32 gets its own scale.
+                let lo = _mm256_fmadd_ps(q(k0 + 8), xv(k0 + 8), _mm256_mul_ps(q(k0), xv(k0)));
+                let hi = _mm256_fmadd_ps(q(k0 + 24), xv(k0 + 24), _mm256_mul_ps(q(k0 + 16), xv(k0 + 16)));
+                acc0 = _mm256_fmadd_ps(lo, _mm256_set1_ps(s[k0 / 16]), acc0);
+                acc1 = _mm256_fmadd_ps(hi, _mm256_set1_ps(s[k0 / 16 + 1]), acc1);
+                k0 += 32;
+                continue;
+            }
+            let mut t0 = _mm256_mul_ps(q(k0), xv(k0));
+            let mut t1 = _mm256_mul_ps(q(k0 + 8), xv(k0 + 8));
+            t0 = _mm256_fmadd_ps(q(k0 + 16), xv(k0 + 16), t0);
+            t1 = _mm256_fmadd_ps(q(k0 + 24), xv(k0 + 24), t1);
             let sv = _mm256_set1_ps(s[k0 / group]);
             if (k0 / 32) % 2 == 0 {
                 acc0 = _mm256_fmadd_ps(_mm256_add_ps(t0, t1), sv, acc0);
@@ -525,6 +596,11 @@ pub(crate) mod x86 {
                 acc1 = _mm256_fmadd_ps(_mm256_add_ps(t0, t1), sv, acc1);
             }
             k0 += 32;
+        }
+        if k0 < k {
+            // A last group of 16 (group 16, cols = 16 mod 32): reads [k0, k0 + 16) = [k0, k).
+            let t = _mm256_fmadd_ps(q(k0 + 8), xv(k0 + 8), _mm256_mul_ps(q(k0), xv(k0)));
+            acc0 = _mm256_fmadd_ps(t, _mm256_set1_ps(s[k0 / 16]), acc0);
         }
         hsum(_mm256_add_ps(acc0, acc1))
     }
@@ -580,7 +656,7 @@ mod tests {
     #[test]
     fn fused_gemv_matches_dequantize_then_dot() {
         for bits in [2usize, 3, 4, 5, 6, 8] {
-            for group in [32usize, 64, 128] {
+            for group in [16usize, 32, 64, 128] {
                 for cols in [128usize, 384, 576] {
                     if cols % group == 0 && (cols * bits) % 32 == 0 {
                         check(bits, group, cols, 5, if bits == 4 { 1 } else { 2 });
@@ -591,6 +667,16 @@ mod tests {
         }
         // cols = 32 mod 64 exercises the 4-bit kernel's half block.
         check(4, 32, 96, 4, 1);
+        // Groups of 16 (GGUF's Q2_K/Q3_K/Q6_K): rows ending in a half block or a single group,
+        // and more than 16 groups per row.
+        for bits in [2usize, 3, 4, 5, 6, 8] {
+            for cols in [96usize, 80, 16, 1536] {
+                if (cols * bits) % 32 == 0 {
+                    check(bits, 16, cols, 6, 1);
+                    check(bits, 16, cols, 5, 0);
+                }
+            }
+        }
         // Several 4-row blocks plus a remainder, more than 16 groups, bf16 params.
         for bits in [4usize, 8] {
             check(bits, 32, 1536, 11, 1);
