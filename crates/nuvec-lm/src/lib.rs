@@ -23,6 +23,7 @@ pub mod convert;
 mod error;
 pub mod generate;
 pub mod gguf;
+mod gguf_tokenizer;
 pub mod hub;
 pub mod layers;
 mod load;
