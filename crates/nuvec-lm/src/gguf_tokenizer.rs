@@ -1,5 +1,8 @@
 //! The tokenizer a GGUF file carries in its `tokenizer.ggml.*` metadata, rebuilt as the
-//! tokenizer.json it was converted from would describe it.
+//! tokenizer.json it was converted from would describe it: byte-level BPE (`gpt2`, here) and
+//! SentencePiece (`llama`, in [`crate::gguf_spm`]).
+
+use std::path::Path;
 
 use nuvec::io::{GgufFile, GgufValue};
 use serde_json::{json, Map, Value};
@@ -29,15 +32,28 @@ fn pre_tokenizer(pre: &str) -> Option<(Value, bool)> {
     })
 }
 
+/// Reads only the tokenizer of a GGUF file (its `tokenizer.*` metadata; the tensors are not
+/// looked at), with the chat template and end-of-sequence ids the file names.
+pub fn load_gguf_tokenizer(path: &Path) -> Result<Tokenizer> {
+    tokenizer(&GgufFile::open(path)?)
+}
+
 /// The tokenizer a GGUF file describes, built as a tokenizer.json would describe it.
 pub(crate) fn tokenizer(file: &GgufFile) -> Result<Tokenizer> {
     let label = file.path().display().to_string();
-    let model = meta_str(file, "tokenizer.ggml.model")?;
-    if model != "gpt2" {
-        return Err(Error::Unsupported(format!(
-            "{label}: GGUF tokenizer model {model:?} is not built yet (byte-level BPE, \"gpt2\", is)"
-        )));
+    match meta_str(file, "tokenizer.ggml.model")? {
+        "gpt2" => byte_level_tokenizer(file),
+        "llama" => crate::gguf_spm::sentencepiece_tokenizer(file),
+        model => Err(Error::Unsupported(format!(
+            "{label}: GGUF tokenizer model {model:?} is not built yet (byte-level BPE \"gpt2\" and \
+             SentencePiece \"llama\" are)"
+        ))),
     }
+}
+
+/// A byte-level BPE vocabulary (`tokenizer.ggml.model = "gpt2"`) with its merges.
+fn byte_level_tokenizer(file: &GgufFile) -> Result<Tokenizer> {
+    let label = file.path().display().to_string();
     let pre = file.get("tokenizer.ggml.pre").and_then(GgufValue::as_str).unwrap_or("default");
     let (pre_tokenizer, ignore_merges) = pre_tokenizer(pre)
         .ok_or_else(|| Error::Unsupported(format!("{label}: GGUF pre-tokenizer {pre:?} is not mapped yet")))?;
@@ -100,6 +116,18 @@ pub(crate) fn tokenizer(file: &GgufFile) -> Result<Tokenizer> {
         file: label.clone(),
         message: format!("the GGUF vocabulary does not make a tokenizer: {e}"),
     })?;
+    finish(file, inner, bos, eos)
+}
+
+/// The parts every vocabulary kind shares: end-of-sequence ids (EOS and EOT) and the chat
+/// template.
+pub(crate) fn finish(
+    file: &GgufFile,
+    inner: tokenizers::Tokenizer,
+    bos: Option<String>,
+    eos: Option<String>,
+) -> Result<Tokenizer> {
+    let label = file.path().display().to_string();
     let mut eos_ids: Vec<u32> = vec![];
     for key in ["tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id"] {
         if let Some(id) = file.get(key).and_then(GgufValue::as_u64) {
