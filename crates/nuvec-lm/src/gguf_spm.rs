@@ -227,6 +227,16 @@ pub(crate) fn sentencepiece_tokenizer(file: &GgufFile) -> Result<Tokenizer> {
     for (id, piece) in vocab.pieces.iter().enumerate() {
         ids.entry(piece.clone()).or_insert(id as u32);
     }
+    let normal_scores = || vocab.scores.iter().zip(&vocab.kinds).filter(|(_, &k)| k == Kind::Normal).map(|(s, _)| s);
+    if normal_scores().nth(1).is_some() && normal_scores().all(|s| Some(s) == normal_scores().next()) {
+        // convert_hf_to_gguf's fallback without tokenizer.model (LlamaHfVocab) writes -1000
+        // for every token: the merge order is lost, and a guess would tokenize wrongly.
+        return Err(Error::Unsupported(format!(
+            "{label}: every normal token of this SentencePiece vocabulary has the same score, so the \
+             merge order is unknown (the file was converted without tokenizer.model); re-convert it from \
+             a checkpoint that has tokenizer.model"
+        )));
+    }
     let unk = match token_id(file, "tokenizer.ggml.unknown_token_id", n)? {
         Some(id) => Some(id),
         None => vocab.kinds.iter().position(|&k| k == Kind::Unknown).map(|id| id as u32),

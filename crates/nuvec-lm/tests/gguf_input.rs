@@ -310,6 +310,11 @@ fn broken_sentencepiece_vocabularies() {
         ("negative-type", Spm { types: vec![2, 3, 3, 6, 1, 1, -1, 1], ..valid_spm() }, &["token 6", "token type"]),
         ("byte-type", Spm { types: vec![2, 3, 3, 6, 1, 6, 1, 1], ..valid_spm() }, &["token 5", "byte", "<0xNN>"]),
         ("bos-out-of-range", Spm { bos: 99, ..valid_spm() }, &["bos_token_id", "99"]),
+        (
+            "equal-scores",
+            Spm { scores: Some(vec![-1000.0; 8]), ..valid_spm() },
+            &["same score", "merge order", "tokenizer.model"],
+        ),
         ("unknown-model", Spm { model: "bert", ..valid_spm() }, &["\"bert\"", "not built yet", "\"llama\""]),
     ];
     for (name, spm, expected) in cases {

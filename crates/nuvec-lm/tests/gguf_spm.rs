@@ -7,6 +7,7 @@ mod common;
 
 use common::*;
 use nuvec_lm::gguf_tokenizer::load_gguf_tokenizer;
+use nuvec_lm::StreamDecoder;
 use serde_json::Value;
 
 fn records(name: &str, file: &str) -> Vec<Value> {
@@ -37,6 +38,13 @@ fn check_encode(name: &str) {
         let decoded = tokenizer.decode(&ids(&r["ids_plain"])).unwrap();
         if decoded != r["decoded"].as_str().unwrap() {
             failures.push(format!("decode of {text:?}: {decoded:?} != {:?}", r["decoded"]));
+        }
+        // Token by token, as generation streams it: byte-fallback pieces join into characters.
+        let mut stream = StreamDecoder::default();
+        let mut streamed: String = ids(&r["ids_plain"]).into_iter().map(|id| stream.push(&tokenizer, id)).collect();
+        streamed.push_str(&stream.finish());
+        if streamed != r["decoded"].as_str().unwrap() {
+            failures.push(format!("streamed decode of {text:?}: {streamed:?} != {:?}", r["decoded"]));
         }
     }
     assert!(recs.len() >= 50, "{name}: only {} records", recs.len());
