@@ -61,6 +61,32 @@ fn gemma3_gguf_tokenizes_like_the_original() {
     check_encode("gemma3");
 }
 
+/// Llama 2 with its runs of "▁" sharing one score, as in Meta's tokenizer.model: the ranks
+/// among tied merges decide how long runs of spaces split.
+#[test]
+fn llama2_gguf_with_tied_scores_tokenizes_like_the_original() {
+    check_encode("llama2_tied");
+}
+
+/// What `nuvec convert` writes as tokenizer.json for a GGUF: the same tokenizer, read back.
+#[test]
+fn the_tokenizer_json_written_for_a_gguf_reads_back_the_same() {
+    for name in ["llama2", "gemma3"] {
+        let tokenizer = tokenizer(name);
+        let json = tokenizer.inner().to_string(false).unwrap();
+        let back: tokenizers::Tokenizer = json.parse().unwrap();
+        for r in records(name, "encode.json") {
+            let text = r["text"].as_str().unwrap();
+            for special in [false, true] {
+                let got = back.encode(text, special).unwrap().get_ids().to_vec();
+                assert_eq!(got, tokenizer.encode(text, special).unwrap(), "{name}: {text:?}");
+            }
+            let plain = ids(&r["ids_plain"]);
+            assert_eq!(back.decode(&plain, false).unwrap(), tokenizer.decode(&plain).unwrap(), "{name}: {text:?}");
+        }
+    }
+}
+
 #[test]
 fn special_tokens_and_eos_ids_come_from_the_file() {
     let summary: Value =

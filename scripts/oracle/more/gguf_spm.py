@@ -3,7 +3,8 @@ original tokenizers make of a multilingual corpus.
 
     gguf_spm.py FIXTURES --tokenizers DIR --gguf FILE
 
-For llama2 (Llama 2) and gemma3 (Gemma 3) it writes FIXTURES/gguf_spm/<name>/:
+For llama2 (Llama 2), gemma3 (Gemma 3) and llama2_tied (below) it writes
+FIXTURES/gguf_spm/<name>/:
 
   tokenizer.gguf   the vocabulary as llama.cpp's converter (convert_hf_to_gguf.py,
                    `_set_vocab_sentencepiece`) writes it from the model's tokenizer.model:
@@ -31,6 +32,11 @@ transformers' own merge generation (`generate_merges`, the slow->fast conversion
 scores gives back tokenizer.json's merges: exactly for Gemma 3; for Llama 2 (converted by an
 older transformers that ordered the splits of one piece by id, not by length) the same merges
 in the same order of pieces.
+
+llama2_tied is llama2 with the pieces made only of "▁" sharing one score below every other
+piece, as Meta's tokenizer.model scores them (their merges close tokenizer.json's list, in id
+order, as a stable sort of equal scores leaves them): the tokenizer has to rank tied merges, and
+the ids must still be the original tokenizer.json's.
 """
 
 import argparse
@@ -47,11 +53,13 @@ from transformers.tokenization_utils_base import generate_merges
 
 import make_fixtures as fx
 
-NAMES = ("llama2", "gemma3")
+# name -> the tokenizer it is made from
+NAMES = {"llama2": "llama2", "gemma3": "gemma3", "llama2_tied": "llama2"}
 # Gemma 3's config.json has vocab_size 262208: the converter pads the vocabulary to it.
 VOCAB_SIZE = {"llama2": 32000, "gemma3": 262208}
 # llama.cpp's Gemma3Model.set_vocab writes add_space_prefix = false; Llama leaves the default.
 ADD_SPACE_PREFIX = {"llama2": None, "gemma3": False}
+TIED_SCORE = -1e9
 BYTE = re.compile(r"<0x[0-9A-F]{2}>")
 
 EXTRA = [
@@ -105,10 +113,14 @@ def scores_from_merges(vocab, merges):
     return score, set(group_of), len(groups)
 
 
-def rebuild_sentencepiece_model(tok_json, cfg, add_dummy_prefix, path):
+def rebuild_sentencepiece_model(tok_json, cfg, add_dummy_prefix, path, tie_space_runs=False):
     vocab = tok_json["model"]["vocab"]
     merges = merge_list(tok_json)
     score, merged, n_groups = scores_from_merges(vocab, merges)
+    if tie_space_runs:
+        runs = [t for t in vocab if len(t) > 1 and set(t) == {"\u2581"}]
+        assert {a + b for a, b in merges[-sum(1 for a, b in merges if a + b in runs):]} == set(runs)
+        score.update({t: TIED_SCORE for t in runs})
     added = {a["id"]: a for a in tok_json["added_tokens"]}
     unk = tok_json["model"].get("unk_token")
     pieces = sorted(vocab.items(), key=lambda kv: kv[1])
@@ -150,7 +162,10 @@ def rebuild_sentencepiece_model(tok_json, cfg, add_dummy_prefix, path):
     # transformers' slow->fast conversion, on these scores, gives back tokenizer.json's merges.
     regenerated = generate_merges(vocab, sorted(score.items(), key=lambda kv: vocab[kv[0]]))
     exact = regenerated == merges
-    if not exact:
+    if tie_space_runs:
+        # Today's transformers ranks the tied merges by split lengths, not as the file does.
+        assert sorted(regenerated) == sorted(merges)
+    elif not exact:
         assert sorted(regenerated) == sorted(merges), "the reconstructed scores make other merges"
         order = lambda ms: list(dict.fromkeys(a + b for a, b in ms))  # noqa: E731
         assert order(regenerated) == order(merges), "the reconstructed scores reorder the pieces"
@@ -166,6 +181,7 @@ def looks_special(token):
 
 
 def write_gguf(name, src, model_dir, out_path):
+    name = "llama2" if name == "llama2_tied" else name
     cfg = json.loads((src / "tokenizer_config.json").read_text())
     vocab = gguf.SentencePieceVocab(model_dir)
     tokens, scores, types = [], [], []
@@ -214,16 +230,16 @@ def main():
     root = args.fixtures / "gguf_spm"
     shutil.rmtree(root, ignore_errors=True)
     summary = {}
-    for name in NAMES:
-        src = args.tokenizers / name
+    for name, source in NAMES.items():
+        src = args.tokenizers / source
         dst = root / name
         dst.mkdir(parents=True)
         tok_json = json.loads((src / "tokenizer.json").read_text())
         cfg = json.loads((src / "tokenizer_config.json").read_text())
         with tempfile.TemporaryDirectory() as tmp:
             model_dir = Path(tmp)
-            info = rebuild_sentencepiece_model(tok_json, cfg, ADD_SPACE_PREFIX[name] is not False,
-                                               model_dir / "tokenizer.model")
+            info = rebuild_sentencepiece_model(tok_json, cfg, ADD_SPACE_PREFIX[source] is not False,
+                                               model_dir / "tokenizer.model", name == "llama2_tied")
             info.update(write_gguf(name, src, model_dir, dst / "tokenizer.gguf"))
         wrapper = fx.load_tokenizer_wrapper(src)
         records = []
