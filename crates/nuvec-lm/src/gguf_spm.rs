@@ -218,6 +218,31 @@ fn post_processor(bos: Option<(&str, u32)>, eos: Option<(&str, u32)>) -> Value {
     json!({"type": "TemplateProcessing", "single": single, "pair": pair, "special_tokens": specials})
 }
 
+type Components = (Option<NormalizerWrapper>, Option<PreTokenizerWrapper>, DecoderWrapper, PostProcessorWrapper);
+
+fn optional<T: serde::de::DeserializeOwned>(v: Value) -> serde_json::Result<Option<T>> {
+    if v.is_null() {
+        Ok(None)
+    } else {
+        serde_json::from_value(v).map(Some)
+    }
+}
+
+/// [`pipeline`] and [`post_processor`] as the `tokenizers` types they describe.
+fn components(
+    add_space_prefix: bool,
+    bos: Option<(&str, u32)>,
+    eos: Option<(&str, u32)>,
+) -> serde_json::Result<Components> {
+    let (normalizer, pre_tokenizer, decoder) = pipeline(add_space_prefix);
+    Ok((
+        optional(normalizer)?,
+        optional(pre_tokenizer)?,
+        serde_json::from_value(decoder)?,
+        serde_json::from_value(post_processor(bos, eos))?,
+    ))
+}
+
 /// The tokenizer of a GGUF SentencePiece vocabulary.
 pub(crate) fn sentencepiece_tokenizer(file: &GgufFile) -> Result<Tokenizer> {
     let label = file.path().display().to_string();
@@ -276,23 +301,12 @@ pub(crate) fn sentencepiece_tokenizer(file: &GgufFile) -> Result<Tokenizer> {
     };
     let model = model.build().map_err(|e| tokenizer_error(&e))?;
     let mut inner = tokenizers::Tokenizer::new(model);
-    let (normalizer, pre_tokenizer, decoder) = pipeline(add_space_prefix);
-    let processor = post_processor(
+    let (normalizer, pre_tokenizer, decoder, processor) = components(
+        add_space_prefix,
         if add_bos.unwrap_or(true) { text_of(bos) } else { None },
         if add_eos { text_of(eos) } else { None },
-    );
-    fn parse<T: serde::de::DeserializeOwned>(v: Value) -> std::result::Result<T, serde_json::Error> {
-        serde_json::from_value(v)
-    }
-    let parsed = (|| -> std::result::Result<_, serde_json::Error> {
-        let normalizer: Option<NormalizerWrapper> = (!normalizer.is_null()).then(|| parse(normalizer)).transpose()?;
-        let pre_tokenizer: Option<PreTokenizerWrapper> =
-            (!pre_tokenizer.is_null()).then(|| parse(pre_tokenizer)).transpose()?;
-        let decoder: DecoderWrapper = parse(decoder)?;
-        let processor: PostProcessorWrapper = parse(processor)?;
-        Ok((normalizer, pre_tokenizer, decoder, processor))
-    })();
-    let (normalizer, pre_tokenizer, decoder, processor) = parsed.map_err(|e| tokenizer_error(&e))?;
+    )
+    .map_err(|e| tokenizer_error(&e))?;
     inner.with_normalizer(normalizer);
     inner.with_pre_tokenizer(pre_tokenizer);
     inner.with_decoder(Some(decoder));
