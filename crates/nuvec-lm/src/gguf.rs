@@ -9,6 +9,7 @@ use nuvec::{Array, Matrix, QuantSpec};
 use serde_json::{json, Map, Value};
 
 use crate::config::Config;
+use crate::gguf_tokenizer;
 use crate::models::Model;
 use crate::tokenizer::Tokenizer;
 use crate::weights::Weights;
@@ -35,18 +36,18 @@ pub fn load_gguf_on(path: &Path, device: nuvec::Device) -> Result<(Model, Tokeni
     let config = Config::from_json(&label, &config_json(&file, arch, model_type)?.to_string())?;
     let weights = weights(&file, &config, arch)?.on_device(device);
     let mut model = Model::from_config(&config, &weights)?;
-    let tokenizer = tokenizer(&file)?;
+    let tokenizer = gguf_tokenizer::tokenizer(&file)?;
     model.set_eos_token_ids(tokenizer.eos_token_ids().to_vec());
     model.set_newline_token_ids(tokenizer.encode("\n", false)?);
     Ok((model, tokenizer))
 }
 
-fn meta<'a>(file: &'a GgufFile, key: &str) -> Result<&'a GgufValue> {
+pub(crate) fn meta<'a>(file: &'a GgufFile, key: &str) -> Result<&'a GgufValue> {
     file.get(key)
         .ok_or_else(|| Error::config(file.path().display().to_string(), format!("GGUF metadata {key} is missing")))
 }
 
-fn meta_str<'a>(file: &'a GgufFile, key: &str) -> Result<&'a str> {
+pub(crate) fn meta_str<'a>(file: &'a GgufFile, key: &str) -> Result<&'a str> {
     meta(file, key)?
         .as_str()
         .ok_or_else(|| Error::config(file.path().display().to_string(), format!("GGUF metadata {key} is not a string")))
@@ -173,6 +174,14 @@ type Converted = (HashMap<String, Array>, HashMap<String, QuantSpec>);
 fn converted_arrays(file: &GgufFile, config: &Config, arch: &str) -> Result<Converted> {
     let heads = config.usize("num_attention_heads")?;
     let kv_heads = config.usize("num_key_value_heads")?;
+    if heads == 0 || kv_heads == 0 {
+        return Err(Error::Config {
+            file: file.path().display().to_string(),
+            message: format!(
+                "{arch}.attention.head_count = {heads} and head_count_kv = {kv_heads}: both must be at least 1"
+            ),
+        });
+    }
     let mut arrays: HashMap<String, Array> = HashMap::new();
     let mut specs: HashMap<String, QuantSpec> = HashMap::new();
     for tensor in file.tensors() {
@@ -230,7 +239,7 @@ pub fn read_gguf(path: &Path) -> Result<GgufCheckpoint> {
     let mut config = config_json(&file, arch, model_type)?;
     let parsed = Config::from_json(&label, &config.to_string())?;
     let (tensors, specs) = converted_arrays(&file, &parsed, arch)?;
-    let tokenizer = tokenizer(&file)?;
+    let tokenizer = gguf_tokenizer::tokenizer(&file)?;
     for (key, field) in
         [("tokenizer.ggml.bos_token_id", "bos_token_id"), ("tokenizer.ggml.eos_token_id", "eos_token_id")]
     {
@@ -239,110 +248,6 @@ pub fn read_gguf(path: &Path) -> Result<GgufCheckpoint> {
         }
     }
     Ok(GgufCheckpoint { config, tensors, specs, tokenizer })
-}
-
-/// The split patterns llama.cpp names by `tokenizer.ggml.pre`, as tokenizer.json pre-tokenizers.
-fn pre_tokenizer(pre: &str) -> Option<(Value, bool)> {
-    let byte_level = |use_regex: bool| json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": use_regex});
-    let split = |pattern: &str| json!({"type": "Split", "pattern": {"Regex": pattern}, "behavior": "Isolated", "invert": false});
-    const LLAMA3: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
-    const QWEN2: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
-    // (pre-tokenizer, ignore_merges)
-    Some(match pre {
-        "gpt2" | "default" => (byte_level(true), false),
-        "smollm" => (
-            json!({"type": "Sequence", "pretokenizers": [{"type": "Digits", "individual_digits": true}, byte_level(true)]}),
-            false,
-        ),
-        "llama-bpe" | "llama3" => {
-            (json!({"type": "Sequence", "pretokenizers": [split(LLAMA3), byte_level(false)]}), true)
-        }
-        "qwen2" => (json!({"type": "Sequence", "pretokenizers": [split(QWEN2), byte_level(false)]}), false),
-        _ => return None,
-    })
-}
-
-/// The tokenizer a GGUF file describes, built as a tokenizer.json would describe it.
-fn tokenizer(file: &GgufFile) -> Result<Tokenizer> {
-    let label = file.path().display().to_string();
-    let model = meta_str(file, "tokenizer.ggml.model")?;
-    if model != "gpt2" {
-        return Err(Error::Unsupported(format!(
-            "{label}: GGUF tokenizer model {model:?} is not built yet (byte-level BPE, \"gpt2\", is)"
-        )));
-    }
-    let pre = file.get("tokenizer.ggml.pre").and_then(GgufValue::as_str).unwrap_or("default");
-    let (pre_tokenizer, ignore_merges) = pre_tokenizer(pre)
-        .ok_or_else(|| Error::Unsupported(format!("{label}: GGUF pre-tokenizer {pre:?} is not mapped yet")))?;
-    let tokens: Vec<&str> = meta(file, "tokenizer.ggml.tokens")?
-        .as_array()
-        .unwrap_or(&[])
-        .iter()
-        .map(|t| t.as_str().unwrap_or(""))
-        .collect();
-    let types: Vec<u64> = file
-        .get("tokenizer.ggml.token_type")
-        .and_then(GgufValue::as_array)
-        .map(|t| t.iter().map(|v| v.as_u64().unwrap_or(1)).collect())
-        .unwrap_or_default();
-    let merges: Vec<&str> = file
-        .get("tokenizer.ggml.merges")
-        .and_then(GgufValue::as_array)
-        .map(|m| m.iter().filter_map(GgufValue::as_str).collect())
-        .unwrap_or_default();
-    let mut vocab = Map::new();
-    let mut added = vec![];
-    for (id, &token) in tokens.iter().enumerate() {
-        vocab.entry(token.to_string()).or_insert(id.into());
-        // Token types: 3 control, 4 user-defined — both are added tokens, matched whole.
-        let kind = types.get(id).copied().unwrap_or(1);
-        if kind == 3 || kind == 4 {
-            added.push(json!({"id": id, "content": token, "single_word": false, "lstrip": false, "rstrip": false, "normalized": kind == 4, "special": kind == 3}));
-        }
-    }
-    let token_of = |key: &str| {
-        file.get(key).and_then(GgufValue::as_u64).and_then(|id| tokens.get(id as usize)).map(|t| t.to_string())
-    };
-    let bos = token_of("tokenizer.ggml.bos_token_id");
-    let eos = token_of("tokenizer.ggml.eos_token_id");
-    let add_bos = file.get("tokenizer.ggml.add_bos_token").and_then(GgufValue::as_bool).unwrap_or(false);
-    let post_processor = match (&bos, add_bos) {
-        (Some(b), true) => {
-            let id = file.get("tokenizer.ggml.bos_token_id").and_then(GgufValue::as_u64).unwrap_or(0);
-            json!({"type": "TemplateProcessing",
-                   "single": [{"SpecialToken": {"id": b, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
-                   "pair": [{"SpecialToken": {"id": b, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}, {"SpecialToken": {"id": b, "type_id": 1}}, {"Sequence": {"id": "B", "type_id": 1}}],
-                   "special_tokens": {b: {"id": b, "ids": [id], "tokens": [b]}}})
-        }
-        _ => Value::Null,
-    };
-    let json = json!({
-        "version": "1.0",
-        "truncation": null,
-        "padding": null,
-        "added_tokens": added,
-        "normalizer": null,
-        "pre_tokenizer": pre_tokenizer,
-        "post_processor": post_processor,
-        "decoder": {"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true, "use_regex": true},
-        "model": {"type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null,
-                  "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false,
-                  "ignore_merges": ignore_merges, "vocab": vocab, "merges": merges}
-    });
-    let inner: tokenizers::Tokenizer = json.to_string().parse().map_err(|e| Error::Tokenizer {
-        file: label.clone(),
-        message: format!("the GGUF vocabulary does not make a tokenizer: {e}"),
-    })?;
-    let mut eos_ids: Vec<u32> = vec![];
-    for key in ["tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id"] {
-        if let Some(id) = file.get(key).and_then(GgufValue::as_u64) {
-            if !eos_ids.contains(&(id as u32)) {
-                eos_ids.push(id as u32);
-            }
-        }
-    }
-    let template = file.get("tokenizer.chat_template").and_then(GgufValue::as_str).map(str::to_string);
-    Tokenizer::from_parts(inner, label, bos, eos, eos_ids, template)
 }
 
 #[cfg(test)]

@@ -23,6 +23,8 @@ pub mod convert;
 mod error;
 pub mod generate;
 pub mod gguf;
+mod gguf_spm;
+pub mod gguf_tokenizer;
 pub mod hub;
 pub mod layers;
 mod load;

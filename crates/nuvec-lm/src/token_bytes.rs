@@ -102,7 +102,18 @@ impl TokenBytes {
         let pieces = (0..size as u32)
             .map(|id| {
                 if let Some(content) = added.get(&id) {
-                    return content.as_bytes().to_vec();
+                    // tokenizers runs added tokens through the decoder too: a byte-level one
+                    // keeps their text (it is not written in its byte alphabet), a SentencePiece
+                    // one turns their "▁" into spaces (Gemma's whitespace-run tokens).
+                    let mut text = content.clone();
+                    for step in pipeline.iter().take_while(|_| understood) {
+                        match step {
+                            Step::ByteLevel(_) => return content.as_bytes().to_vec(),
+                            Step::Replace(from, to) => text = text.replace(from.as_str(), to),
+                            Step::ByteFallback => {}
+                        }
+                    }
+                    return text.into_bytes();
                 }
                 let Some(piece) = tokenizer.id_to_token(id) else {
                     return vec![];

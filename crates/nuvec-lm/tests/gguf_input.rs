@@ -249,3 +249,188 @@ fn mutate(valid: &[u8], name: &str, seed: u64, runs: usize) {
     std::fs::remove_file(&path).ok();
     assert!(outcomes.1 > runs / 15, "mutations should mostly be refused: {outcomes:?}");
 }
+
+// ---- SentencePiece ("llama") vocabularies ----
+
+/// The llama hyperparameters of the SentencePiece file below (hidden 32 over 2 heads).
+const ARCH_KEYS: &[(&str, u32)] = &[
+    ("embedding_length", 32),
+    ("block_count", 1),
+    ("feed_forward_length", 64),
+    ("attention.head_count", 2),
+    ("attention.head_count_kv", 1),
+];
+
+impl Writer {
+    fn kv_bool(&mut self, k: &str, v: bool) {
+        self.str(k);
+        self.0.extend(7u32.to_le_bytes());
+        self.0.push(v as u8);
+    }
+    fn kv_array_header(&mut self, k: &str, item_type: u32, len: usize) {
+        self.str(k);
+        self.0.extend(9u32.to_le_bytes());
+        self.0.extend(item_type.to_le_bytes());
+        self.0.extend((len as u64).to_le_bytes());
+    }
+}
+
+/// The parts of a SentencePiece vocabulary that the tests below break one at a time.
+struct Spm {
+    model: &'static str,
+    tokens: Vec<&'static str>,
+    scores: Option<Vec<f32>>,
+    types: Vec<i32>,
+    bos: u32,
+}
+
+fn valid_spm() -> Spm {
+    Spm {
+        model: "llama",
+        tokens: vec!["<unk>", "<s>", "</s>", "<0x0A>", "\u{2581}", "a", "b", "\u{2581}a"],
+        scores: Some(vec![0.0, 0.0, 0.0, 0.0, -3.0, -4.0, -5.0, -1.0]),
+        types: vec![2, 3, 3, 6, 1, 1, 1, 1],
+        bos: 1,
+    }
+}
+
+/// The tiny llama file of `tiny_gguf`, with a SentencePiece vocabulary instead of byte-level BPE.
+fn tiny_spm_gguf(spm: &Spm) -> Vec<u8> {
+    let tensors: Vec<(&str, Vec<u64>)> = vec![
+        ("token_embd.weight", vec![32, 8]),
+        ("output_norm.weight", vec![32]),
+        ("blk.0.attn_norm.weight", vec![32]),
+        ("blk.0.ffn_norm.weight", vec![32]),
+        ("blk.0.attn_q.weight", vec![32, 32]),
+        ("blk.0.attn_k.weight", vec![32, 16]),
+        ("blk.0.attn_v.weight", vec![32, 16]),
+        ("blk.0.attn_output.weight", vec![32, 32]),
+        ("blk.0.ffn_gate.weight", vec![32, 64]),
+        ("blk.0.ffn_up.weight", vec![32, 64]),
+        ("blk.0.ffn_down.weight", vec![64, 32]),
+    ];
+    let mut w = Writer(b"GGUF".to_vec());
+    w.0.extend(3u32.to_le_bytes());
+    w.0.extend((tensors.len() as u64).to_le_bytes());
+    let kv_count = ARCH_KEYS.len() + 9 + usize::from(spm.scores.is_some());
+    w.0.extend((kv_count as u64).to_le_bytes());
+    w.kv_str("general.architecture", "llama");
+    for (k, v) in ARCH_KEYS {
+        w.kv_u32(&format!("llama.{k}"), *v);
+    }
+    w.kv_f32("llama.attention.layer_norm_rms_epsilon", 1e-5);
+    w.kv_str("tokenizer.ggml.model", spm.model);
+    w.kv_strs("tokenizer.ggml.tokens", &spm.tokens);
+    if let Some(scores) = &spm.scores {
+        w.kv_array_header("tokenizer.ggml.scores", 6, scores.len());
+        scores.iter().for_each(|s| w.0.extend(s.to_le_bytes()));
+    }
+    w.kv_array_header("tokenizer.ggml.token_type", 5, spm.types.len());
+    spm.types.iter().for_each(|t| w.0.extend(t.to_le_bytes()));
+    w.kv_u32("tokenizer.ggml.bos_token_id", spm.bos);
+    w.kv_u32("tokenizer.ggml.eos_token_id", 2);
+    w.kv_bool("tokenizer.ggml.add_bos_token", true);
+    w.kv_str("tokenizer.chat_template", "{% for m in messages %}[{{ m['content'] }}]{% endfor %}");
+    let mut offset = 0u64;
+    let mut data = vec![];
+    for (i, (name, dims)) in tensors.iter().enumerate() {
+        w.str(name);
+        w.0.extend((dims.len() as u32).to_le_bytes());
+        dims.iter().for_each(|d| w.0.extend(d.to_le_bytes()));
+        w.0.extend(0u32.to_le_bytes());
+        w.0.extend(offset.to_le_bytes());
+        let n: u64 = dims.iter().product();
+        for j in 0..n {
+            data.extend((((i as u64 * 29 + j * 13) % 19) as f32 / 100.0 - 0.1).to_le_bytes());
+        }
+        offset += n * 4;
+    }
+    while !w.0.len().is_multiple_of(32) {
+        w.0.push(0);
+    }
+    w.0.extend(data);
+    w.0
+}
+
+#[test]
+fn a_sentencepiece_vocabulary_loads_and_runs() {
+    let path = write("spm-valid", &tiny_spm_gguf(&valid_spm()));
+    let (model, tokenizer) = nuvec_lm::load(path.to_str().unwrap()).unwrap();
+    std::fs::remove_file(&path).ok();
+    // The file's add_bos_token puts its bos_token_id first; text made of the vocabulary's
+    // pieces and of a byte that only the byte-fallback token holds comes back whole.
+    let ids = tokenizer.encode("a ba\n", true).unwrap();
+    assert_eq!(ids[0], 1);
+    assert!(ids.contains(&3), "the newline should fall back to <0x0A>: {ids:?}");
+    assert_eq!(tokenizer.decode(&ids[1..]).unwrap(), "a ba\n");
+    assert_eq!(tokenizer.eos_token_ids(), &[2]);
+    let rendered = tokenizer.chat_template().unwrap().render_values(
+        &serde_json::json!([{"role": "user", "content": "a b"}]),
+        false,
+        false,
+        &Default::default(),
+    );
+    assert_eq!(rendered.unwrap(), "[a b]");
+    let mut cache = model.new_cache();
+    assert_eq!(model.forward(&ids, &mut cache).unwrap().shape(), &[ids.len(), 8]);
+}
+
+#[test]
+fn broken_sentencepiece_vocabularies() {
+    let cases: Vec<(&str, Spm, &[&str])> = vec![
+        ("no-scores", Spm { scores: None, ..valid_spm() }, &["tokenizer.ggml.scores", "missing"]),
+        (
+            "short-scores",
+            Spm { scores: Some(vec![0.0; 7]), ..valid_spm() },
+            &["tokenizer.ggml.scores", "7 entries for 8 tokens"],
+        ),
+        (
+            "nan-score",
+            Spm { scores: Some(vec![0.0, 0.0, 0.0, 0.0, f32::NAN, -4.0, -5.0, -1.0]), ..valid_spm() },
+            &["token 4", "finite"],
+        ),
+        ("bad-type", Spm { types: vec![2, 3, 3, 6, 1, 9, 1, 1], ..valid_spm() }, &["token 5", "token type", "9"]),
+        ("negative-type", Spm { types: vec![2, 3, 3, 6, 1, 1, -1, 1], ..valid_spm() }, &["token 6", "token type"]),
+        ("byte-type", Spm { types: vec![2, 3, 3, 6, 1, 6, 1, 1], ..valid_spm() }, &["token 5", "byte", "<0xNN>"]),
+        ("bos-out-of-range", Spm { bos: 99, ..valid_spm() }, &["bos_token_id", "99"]),
+        (
+            "equal-scores",
+            Spm { scores: Some(vec![-1000.0; 8]), ..valid_spm() },
+            &["same score", "merge order", "tokenizer.model"],
+        ),
+        ("unknown-model", Spm { model: "bert", ..valid_spm() }, &["\"bert\"", "not built yet", "\"llama\""]),
+    ];
+    for (name, spm, expected) in cases {
+        let err = load_err(name, &tiny_spm_gguf(&spm));
+        for e in expected {
+            assert!(err.contains(e) && err.contains(".gguf"), "{name}: {e:?} not in: {err}");
+        }
+    }
+}
+
+#[test]
+fn mutated_sentencepiece_vocabularies_never_panic() {
+    let valid = tiny_spm_gguf(&valid_spm());
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(2027);
+    let path = write("spm-fuzz", &valid);
+    // Mutations inside the tokenizer's metadata only: from its first key to the tensor infos.
+    let find = |needle: &[u8]| valid.windows(needle.len()).position(|w| w == needle).unwrap();
+    let (start, end) = (find(b"tokenizer.ggml.model") - 8, find(b"token_embd.weight") - 8);
+    let mut refused = 0;
+    for _ in 0..400 {
+        let mut bytes = valid.clone();
+        for _ in 0..rng.gen_range(1..4) {
+            let at = rng.gen_range(start..end);
+            bytes[at] = rng.gen();
+        }
+        std::fs::write(&path, &bytes).unwrap();
+        let p = path.clone();
+        let result = std::panic::catch_unwind(move || nuvec_lm::load(p.to_str().unwrap()).map(|_| ()));
+        match result {
+            Err(_) => panic!("a mutated SentencePiece GGUF panicked the loader; bytes kept at {}", path.display()),
+            Ok(r) => refused += usize::from(r.is_err()),
+        }
+    }
+    std::fs::remove_file(&path).ok();
+    assert!(refused > 100, "mutations should mostly be refused: {refused} of 400");
+}

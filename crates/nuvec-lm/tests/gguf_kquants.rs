@@ -120,7 +120,10 @@ fn check_against_oracle(model: &Model, prompt: &[u32], dir: &Path) {
     let (top_logits, _) = oracle_f32(dir, "step_top_logits");
     let k = shape[1];
 
-    let mut cache = model.new_cache();
+    // mlx-lm computed the dense f32 checkpoint: an f32 cache, not the GGUF default (f16).
+    let f32_cache =
+        nuvec_lm::cache::CacheOptions { kv_dtype: Some(nuvec_lm::cache::KvDtype::F32), ..Default::default() };
+    let mut cache = model.make_cache(&f32_cache).unwrap();
     let mut logits = logits_after(model, prompt, &mut cache);
     assert_eq!(logits.len(), first.len());
     let worst = logits.iter().zip(&first).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
@@ -134,7 +137,7 @@ fn check_against_oracle(model: &Model, prompt: &[u32], dir: &Path) {
         logits = logits_after(model, &[token], &mut cache);
     }
 
-    let mut cache = model.new_cache();
+    let mut cache = model.make_cache(&f32_cache).unwrap();
     let mut logits = logits_after(model, prompt, &mut cache);
     for (step, &token) in tokens.iter().enumerate() {
         let ours = argmax(&logits);
