@@ -34,11 +34,16 @@ pub fn load_gguf_on(path: &Path, device: nuvec::Device) -> Result<(Model, Tokeni
         )));
     };
     let config = Config::from_json(&label, &config_json(&file, arch, model_type)?.to_string())?;
+    // The tokenizer first: building it from the vocabulary takes transient memory, handed back
+    // before the weights are converted, so the two peaks do not stack.
+    let tokenizer = gguf_tokenizer::tokenizer(&file)?;
+    nuvec::backends::cpu::release_free_memory();
     let weights = weights(&file, &config, arch)?.on_device(device);
     let mut model = Model::from_config(&config, &weights)?;
-    let tokenizer = gguf_tokenizer::tokenizer(&file)?;
+    drop(weights);
     model.set_eos_token_ids(tokenizer.eos_token_ids().to_vec());
     model.set_newline_token_ids(tokenizer.encode("\n", false)?);
+    nuvec::backends::cpu::release_free_memory();
     Ok((model, tokenizer))
 }
 

@@ -33,6 +33,19 @@ pub(crate) fn floats<'a>(op: &'static str, a: &'a Array) -> Result<std::borrow::
     }
 }
 
+/// Hands heap pages freed so far back to the operating system. glibc keeps freed memory for
+/// reuse, so the transient buffers of a load (a tokenizer's JSON, converted tensors) would stay
+/// in the resident set for the life of the process; loaders call this when they are done. A
+/// no-op where the C library is not glibc.
+pub fn release_free_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only walks glibc's own free lists and returns whole free pages; it has
+    // no preconditions and touches no live allocation.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
 /// Sets the number of threads the CPU kernels use (the calling thread included). Call it once,
 /// before the first op; a later call is an error.
 pub fn set_num_threads(n: usize) -> Result<()> {
