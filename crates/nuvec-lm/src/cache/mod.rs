@@ -4,15 +4,20 @@
 //!
 //! Every kind keeps an exact trim contract: `trim(n)` removes exactly `n` positions or returns an
 //! error, never silently fewer.
+//!
+//! Hybrid models (Qwen3.5) also have recurrent layers, whose [`RecurrentCache`] holds a state
+//! rather than positions: it cannot be trimmed at all.
 
 mod kv;
 mod ops;
 mod quantized;
+mod recurrent;
 mod rotating;
 mod store;
 
 pub use kv::KvCache;
 pub use quantized::{kv_spec, QuantizedKvCache};
+pub use recurrent::RecurrentCache;
 pub use rotating::RotatingKvCache;
 pub use store::{QuantRows, Store};
 
@@ -77,6 +82,9 @@ pub enum LayerCache {
     Quantized(QuantizedKvCache),
     /// Bounded, with pinned positions, quantized (mlx-lm refuses this combination).
     QuantizedRotating(RotatingKvCache<QuantRows>),
+    // ---- Gated DeltaNet ----
+    /// A linear-attention layer's convolution inputs and recurrent state (never trimmed).
+    Recurrent(RecurrentCache),
 }
 
 impl LayerCache {
@@ -96,6 +104,7 @@ impl LayerCache {
             LayerCache::Rotating(c) => c.offset(),
             LayerCache::Quantized(c) => c.offset(),
             LayerCache::QuantizedRotating(c) => c.offset(),
+            LayerCache::Recurrent(c) => c.offset(),
         }
     }
 
@@ -106,6 +115,7 @@ impl LayerCache {
             LayerCache::Rotating(c) => c.trim(n),
             LayerCache::Quantized(c) => c.trim(n),
             LayerCache::QuantizedRotating(c) => c.trim(n),
+            LayerCache::Recurrent(c) => c.trim(n),
         }
     }
 
@@ -120,6 +130,9 @@ impl LayerCache {
             LayerCache::Rotating(c) => c.attend(q, &keys.transpose01()?, &values.transpose01()?, scale),
             LayerCache::Quantized(c) => c.attend(q, &keys.transpose01()?, &values.transpose01()?, scale),
             LayerCache::QuantizedRotating(c) => c.attend(q, &keys.transpose01()?, &values.transpose01()?, scale),
+            LayerCache::Recurrent(_) => {
+                Err(Error::Invalid("an attention layer was given a recurrent (Gated DeltaNet) cache".into()))
+            }
         }
     }
 
@@ -141,7 +154,7 @@ impl LayerCache {
             LayerCache::Rotating(c) => {
                 *self = LayerCache::QuantizedRotating(c.convert(kv_spec(bits, options.kv_group_size)?)?);
             }
-            LayerCache::Quantized(_) | LayerCache::QuantizedRotating(_) => {}
+            LayerCache::Quantized(_) | LayerCache::QuantizedRotating(_) | LayerCache::Recurrent(_) => {}
         }
         Ok(())
     }
@@ -186,6 +199,13 @@ impl LayerCache {
                                          "shape": shape, "counters": counters});
                 (ka.into_iter().chain(va).collect(), description)
             }
+            LayerCache::Recurrent(c) => match c.state() {
+                Some((conv, state)) => (
+                    vec![("conv".into(), conv.clone()), ("state".into(), state.clone())],
+                    json!({"kind": "recurrent", "offset": c.offset()}),
+                ),
+                None => (vec![], json!({"kind": "recurrent", "offset": 0})),
+            },
         })
     }
 
@@ -234,6 +254,10 @@ impl LayerCache {
                 let spec = kv_spec(count(&description["bits"])?, count(&description["group_size"])?)?;
                 Ok(LayerCache::QuantizedRotating(RotatingKvCache::from_state(rows("key")?, rows("value")?, spec, c)?))
             }
+            Some("recurrent") => match count(&description["offset"])? {
+                0 => Ok(LayerCache::Recurrent(RecurrentCache::new())),
+                n => Ok(LayerCache::Recurrent(RecurrentCache::from_state(get("conv")?, get("state")?, n)?)),
+            },
             _ => Err(bad("unknown kind")),
         }
     }
