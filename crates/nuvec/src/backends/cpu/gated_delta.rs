@@ -274,6 +274,39 @@ mod tests {
         assert_eq!(s2.to_vec::<f32>().unwrap(), s_all.to_vec::<f32>().unwrap());
     }
 
+    /// Large enough to run one head per pool task: equal to the heads run one after another.
+    #[test]
+    fn threaded_heads_equal_sequential_heads() {
+        let d = GatedDeltaDims { key_heads: 4, value_heads: 8, key_dim: 64, value_dim: 64 };
+        let l = 5;
+        let wave = |n: usize, f: f32| -> Vec<f32> { (0..n).map(|i| (i as f32 * f).sin()).collect() };
+        let (mixed, a, b) = (wave(l * d.mixed_width(), 0.37), wave(l * 8, 0.11), wave(l * 8, 0.53));
+        let (a_log, dt, state) = (wave(8, 0.7), wave(8, 0.9), wave(8 * 64 * 64, 0.013));
+        let arr = |v: &[f32], shape: &[usize]| Array::from_slice(v, shape).unwrap();
+        assert!(8 * (64 * 64 + l * 64) * 4 >= PAR_MIN_WORK, "the op must take its threaded path");
+        let (y, next) = gated_delta(
+            &arr(&mixed, &[l, d.mixed_width()]),
+            &arr(&a, &[l, 8]),
+            &arr(&b, &[l, 8]),
+            &arr(&a_log, &[8]),
+            &arr(&dt, &[8]),
+            &arr(&state, &[8, 64, 64]),
+            d,
+        )
+        .unwrap();
+        let inputs = prepare(&mixed, &a, &b, &a_log, &dt, l, d);
+        let (y, next) = (y.to_vec::<f32>().unwrap(), next.to_vec::<f32>().unwrap());
+        for h in 0..8 {
+            let mut s = state[h * 4096..(h + 1) * 4096].to_vec();
+            let mut out = vec![0f32; l * 64];
+            recur_head(&inputs, h, l, d, &mut s, &mut out);
+            assert_eq!(s, next[h * 4096..(h + 1) * 4096]);
+            for t in 0..l {
+                assert_eq!(out[t * 64..(t + 1) * 64], y[(t * 8 + h) * 64..(t * 8 + h + 1) * 64]);
+            }
+        }
+    }
+
     #[test]
     fn conv_continues_across_calls_and_checks_shapes() {
         let (c, k, l) = (3, 4, 6);
