@@ -182,6 +182,42 @@ fn sessions_continue_restart_and_round_trip_through_prompt_cache_files() {
 }
 
 #[test]
+fn quantized_kv_cache_quantizes_the_attention_layers_as_mlx_lm() {
+    let dir = fixtures().join("qwen3_5").join("qwen3_5-f32");
+    let (model, _) = nuvec_lm::load_dir(&dir).unwrap();
+    let oracle = oracle_json(&dir);
+    let record = &oracle["quantized_kv"];
+    let count = |key: &str| record[key].as_u64().unwrap() as usize;
+    let cache = CacheOptions {
+        kv_bits: Some(count("kv_bits")),
+        kv_group_size: count("kv_group_size"),
+        quantized_kv_start: count("quantized_kv_start"),
+        ..Default::default()
+    };
+    let expect = ids(&record["greedy_tokens"]);
+    let margins: Vec<f64> = record["margins"].as_array().unwrap().iter().map(|m| m.as_f64().unwrap()).collect();
+    let options =
+        GenerateOptions { cache, ..greedy(expect.len(), oracle["prefill_step_size"].as_u64().unwrap() as usize) };
+    let mut generation = generate(&model, &ids(&oracle["prompt_ids"]), options).unwrap();
+    let ours: Vec<u32> = generation.by_ref().map(|t| t.unwrap()).collect();
+    let agreed = ours.iter().zip(&expect).take_while(|(a, b)| a == b).count();
+    assert!(
+        agreed == expect.len() || margins[agreed] <= 2.0 * F32_TOLERANCE as f64,
+        "token {agreed}: {ours:?} vs mlx-lm {expect:?}"
+    );
+    let kinds: Vec<&str> = generation
+        .cache()
+        .iter()
+        .map(|c| match c {
+            LayerCache::Recurrent(_) => "recurrent",
+            LayerCache::Quantized(_) => "quantized",
+            _ => "other",
+        })
+        .collect();
+    assert_eq!(kinds, ["recurrent", "quantized", "recurrent", "quantized"]);
+}
+
+#[test]
 fn hybrid_refuses_max_kv_size_and_a_broken_config() {
     let dir = fixtures().join("qwen3_5").join("qwen3_5-f32");
     let (model, _) = nuvec_lm::load_dir(&dir).unwrap();

@@ -21,7 +21,10 @@ oracle.json has the usual fields (make_fixtures.write_oracle) plus `prefill_step
 - `changed_prompt`: {prompt, prompt_ids, greedy_tokens}: a prompt sharing a prefix with `prompt`
   and then differing (a session must start afresh: a recurrent state cannot be trimmed);
 - `continued_prompt`: {prompt_ids, greedy_tokens, reused_generated}: prompt_ids + the first
-  `reused_generated` greedy tokens + more text (a session continues without recomputing).
+  `reused_generated` greedy tokens + more text (a session continues without recomputing);
+- qwen3_5-f32 only, `quantized_kv`: {kv_bits, kv_group_size, quantized_kv_start, greedy_tokens,
+  margins}: generate_step with a quantized KV cache (the attention layers' caches are quantized,
+  the recurrent ones are not). head_dim is 64 so that MLX can quantize keys in groups of 64.
 """
 
 import argparse
@@ -49,7 +52,7 @@ TEXT = dict(
     full_attention_interval=2,
     num_attention_heads=4,
     num_key_value_heads=2,
-    head_dim=16,
+    head_dim=64,
     intermediate_size=128,
     linear_num_value_heads=4,
     linear_num_key_heads=2,
@@ -83,7 +86,7 @@ def random_weights(model, seed):
     return out
 
 
-def greedy_run(model, prompt_ids, steps):
+def greedy_run(model, prompt_ids, steps, **kwargs):
     """make_fixtures.greedy_run with a small prefill step."""
     captured = []
 
@@ -93,7 +96,7 @@ def greedy_run(model, prompt_ids, steps):
 
     tokens = []
     for tok, _ in fx.generate_step(mx.array(prompt_ids), model, max_tokens=steps,
-                                   logits_processors=[capture], prefill_step_size=PREFILL_STEP):
+                                   logits_processors=[capture], prefill_step_size=PREFILL_STEP, **kwargs):
         tokens.append(int(tok))
     logits = mx.concatenate(captured[: len(tokens)], axis=0).astype(mx.float32)
     return tokens, np.array(logits)
@@ -155,6 +158,11 @@ def record(case_dir, case, extra):
         "continued_prompt": {"prompt_ids": continued_ids, "greedy_tokens": continued_tokens,
                              "reused_generated": REUSED_GENERATED},
     }
+    if case == "qwen3_5-f32":
+        kv = dict(kv_bits=8, kv_group_size=64, quantized_kv_start=0)
+        kv_tokens, kv_logits = greedy_run(model, prompt_ids, SHORT_STEPS, **kv)
+        top2 = np.sort(kv_logits, axis=1)[:, -2:]
+        rec["quantized_kv"] = dict(kv, greedy_tokens=kv_tokens, margins=[float(m) for m in top2[:, 1] - top2[:, 0]])
     rec.update(extra)
     fx.write_oracle(case_dir, rec, logits, tokens)
     return rec

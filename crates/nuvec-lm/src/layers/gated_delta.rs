@@ -46,7 +46,7 @@ impl GatedDeltaNet {
     /// (PyTorch): both hold the same values in the same order.
     pub fn load(weights: &Weights, path: &str, shape: GatedDeltaShape) -> Result<Self> {
         let d = shape.dims;
-        if d.key_heads == 0 || d.value_heads % d.key_heads != 0 || shape.conv_kernel == 0 {
+        if d.key_heads == 0 || !d.value_heads.is_multiple_of(d.key_heads) || shape.conv_kernel == 0 {
             return Err(Error::Invalid(format!(
                 "{path}: linear_num_value_heads = {} must be a multiple of linear_num_key_heads = {} and \
                  linear_conv_kernel_dim = {} at least 1",

@@ -24,12 +24,14 @@ use crate::weights::Weights;
 use crate::{Error, Result};
 
 /// A layer's token mixer.
+#[allow(clippy::large_enum_variant)] // one per layer, built once: boxing would only add a hop
 enum Mixer {
     Linear(GatedDeltaNet),
     Full(GatedAttention),
 }
 
 /// A layer's feed-forward block.
+#[allow(clippy::large_enum_variant)] // as above
 enum FeedForward {
     Dense(Mlp),
     Sparse(SharedExpertMoe),
@@ -140,7 +142,7 @@ fn rope(text: &Config, head_dim: usize) -> Result<Rope> {
     let theta = number("rope_theta", 100000.0)?;
     let fraction = number("partial_rotary_factor", 0.25)?;
     let rotated = (head_dim as f64 * fraction) as usize;
-    if rotated == 0 || rotated > head_dim || rotated % 2 != 0 {
+    if rotated == 0 || rotated > head_dim || !rotated.is_multiple_of(2) {
         return Err(text.error(
             "rope_parameters.partial_rotary_factor",
             format_args!(
