@@ -195,6 +195,8 @@ fn quantized_kv_cache_quantizes_the_attention_layers_as_mlx_lm() {
         ..Default::default()
     };
     let expect = ids(&record["greedy_tokens"]);
+    let unquantized = ids(&oracle["greedy_tokens"]);
+    assert_ne!(expect, unquantized[..expect.len()], "the record should show the quantization's effect");
     let margins: Vec<f64> = record["margins"].as_array().unwrap().iter().map(|m| m.as_f64().unwrap()).collect();
     let options =
         GenerateOptions { cache, ..greedy(expect.len(), oracle["prefill_step_size"].as_u64().unwrap() as usize) };

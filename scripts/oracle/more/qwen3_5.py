@@ -159,7 +159,7 @@ def record(case_dir, case, extra):
                              "reused_generated": REUSED_GENERATED},
     }
     if case == "qwen3_5-f32":
-        kv = dict(kv_bits=8, kv_group_size=64, quantized_kv_start=0)
+        kv = dict(kv_bits=4, kv_group_size=64, quantized_kv_start=0)
         kv_tokens, kv_logits = greedy_run(model, prompt_ids, SHORT_STEPS, **kv)
         top2 = np.sort(kv_logits, axis=1)[:, -2:]
         rec["quantized_kv"] = dict(kv, greedy_tokens=kv_tokens, margins=[float(m) for m in top2[:, 1] - top2[:, 0]])
