@@ -1,7 +1,7 @@
 //! Qwen3.5 hybrids (Gated DeltaNet + gated full attention) against mlx-lm's records
 //! (`scripts/oracle/more/qwen3_5.py`): dense f32 and 4-bit, MoE with a shared expert, the
-//! multimodal wrapper config (text_config, unread vision and MTP tensors) and a Hugging Face
-//! original's layout. For each:
+//! multimodal wrapper config (text_config, unread vision and MTP tensors) and Hugging Face
+//! originals' layout (dense, and MoE with fused experts). For each:
 //! - teacher-forced on mlx-lm's tokens (the prompt in one pass, then one token at a time), our
 //!   logits match within parity.rs's f32 tolerance and our argmax is mlx-lm's token wherever
 //!   its margin exceeds twice that;
@@ -31,7 +31,7 @@ fn case_dirs() -> Vec<PathBuf> {
         .collect();
     out.sort();
     let names: Vec<String> = out.iter().map(|p| p.file_name().unwrap().to_string_lossy().into()).collect();
-    for want in ["qwen3_5-f32", "qwen3_5-q4g64", "qwen3_5_moe-f32", "qwen3_5-vl", "qwen3_5-hf"] {
+    for want in ["qwen3_5-f32", "qwen3_5-q4g64", "qwen3_5_moe-f32", "qwen3_5-vl", "qwen3_5-hf", "qwen3_5_moe-hf"] {
         assert!(names.iter().any(|n| n == want), "missing case {want} in {}", dir.display());
     }
     out

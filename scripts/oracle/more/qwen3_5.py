@@ -12,6 +12,8 @@ level, does not meet a model type that other branches do not load):
                    plus a vision tensor and a multi-token-prediction tensor that sanitize drops
 - qwen3_5-hf       qwen3_5-f32 as a Hugging Face original stores it: `model.language_model.*`
                    names, conv1d weights [C, 1, K], and the (1 + w) norms stored as w
+- qwen3_5_moe-hf   qwen3_5_moe-f32 likewise, with each layer's experts fused as Hugging Face
+                   stores them (`mlp.experts.gate_up_proj` [E, 2I, H], `mlp.experts.down_proj`)
 
 Layers alternate linear (Gated DeltaNet) and full attention (full_attention_interval 2, 4 layers).
 The prompt is longer than the conv kernel and is prefilled in chunks of PREFILL_STEP, so both the
@@ -191,9 +193,9 @@ def add_tensors(case_dir, extra):
     index.write_text(json.dumps(data, indent=4))
 
 
-def make_hf(out, tokenizers):
-    """qwen3_5-f32 renamed and reshaped as a Hugging Face original; mlx-lm's sanitize must undo it."""
-    src, case_dir = out / "qwen3_5-f32", out / "qwen3_5-hf"
+def make_hf(out, src_case, case):
+    """`src_case` renamed and reshaped as a Hugging Face original; mlx-lm's sanitize must undo it."""
+    src, case_dir = out / src_case, out / case
     shutil.rmtree(case_dir, ignore_errors=True)
     shutil.copytree(src, case_dir)
     for f in ("oracle.json", "oracle.safetensors", "model.safetensors.index.json"):
@@ -201,7 +203,13 @@ def make_hf(out, tokenizers):
     shifted = (".input_layernorm.weight", ".post_attention_layernorm.weight", "model.norm.weight",
                ".q_norm.weight", ".k_norm.weight")
     hf = {}
-    for name, w in mx.load(str(src / "model.safetensors")).items():
+    weights = mx.load(str(src / "model.safetensors"))
+    for name in [n for n in weights if ".mlp.switch_mlp.gate_proj." in n]:
+        prefix = name.split(".switch_mlp.")[0]
+        gate, up = weights.pop(name), weights.pop(f"{prefix}.switch_mlp.up_proj.weight")
+        weights[f"{prefix}.experts.gate_up_proj"] = mx.concatenate([gate, up], axis=1)
+        weights[f"{prefix}.experts.down_proj"] = weights.pop(f"{prefix}.switch_mlp.down_proj.weight")
+    for name, w in weights.items():
         if name.endswith("conv1d.weight"):
             w = w.moveaxis(2, 1)  # mlx [C, K, 1] -> torch [C, 1, K]
         elif name.endswith(shifted):
@@ -212,7 +220,7 @@ def make_hf(out, tokenizers):
             name = name[len("language_model."):]
         hf[name] = w
     mx.save_safetensors(str(case_dir / "model.safetensors"), hf, metadata={"format": "pt"})
-    return record(case_dir, "qwen3_5-hf", {"source": "qwen3_5-f32 in Hugging Face layout"})
+    return record(case_dir, case, {"source": f"{src_case} in Hugging Face layout"})
 
 
 def main():
@@ -255,8 +263,9 @@ def main():
                                              "convert_kwargs": kwargs,
                                              "unread_tensors": ["model.visual.*", "vision_tower.*", "*mtp.*"]})
         print("qwen3_5-vl min margin", rec["min_margin"])
-    rec = make_hf(out, args.tokenizers)
-    print("qwen3_5-hf min margin", rec["min_margin"])
+    for src_case, case in [("qwen3_5-f32", "qwen3_5-hf"), ("qwen3_5_moe-f32", "qwen3_5_moe-hf")]:
+        rec = make_hf(out, src_case, case)
+        print(case, "min margin", rec["min_margin"])
 
 
 if __name__ == "__main__":

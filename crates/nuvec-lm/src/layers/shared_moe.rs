@@ -1,12 +1,13 @@
 //! A mixture of experts with an always-on shared expert (mlx-lm's `Qwen3NextSparseMoeBlock`,
 //! which Qwen3.5-MoE uses): the routed experts of [`SparseMoe`] plus one gated MLP whose output
-//! is scaled by `sigmoid(shared_expert_gate(x))`, a single number per token.
+//! is scaled by `sigmoid(shared_expert_gate(x))`, a single number per token. The experts may be
+//! stacked as MLX stores them, one module each, or fused as Hugging Face's Qwen3.5-MoE stores them.
 
-use nuvec::Array;
+use nuvec::{Array, Matrix};
 
 use super::{Linear, Mlp, MoeShape, SparseMoe};
 use crate::weights::Weights;
-use crate::Result;
+use crate::{Error, Result};
 
 /// Routed experts and the shared one.
 #[derive(Debug, Clone)]
@@ -17,11 +18,17 @@ pub struct SharedExpertMoe {
 }
 
 impl SharedExpertMoe {
-    /// Loads `{path}.gate`, `{path}.switch_mlp` (or `{path}.experts.{e}`), `{path}.shared_expert`
-    /// (of `shared_intermediate` features) and `{path}.shared_expert_gate`.
+    /// Loads `{path}.gate`, `{path}.switch_mlp` (or `{path}.experts.{e}`, or the fused
+    /// `{path}.experts.gate_up_proj` and `{path}.experts.down_proj`), `{path}.shared_expert` (of
+    /// `shared_intermediate` features) and `{path}.shared_expert_gate`.
     pub fn load(weights: &Weights, path: &str, shape: MoeShape, shared_intermediate: usize) -> Result<Self> {
+        let routed = if weights.has(&format!("{path}.experts.gate_up_proj")) {
+            fused_experts(weights, path, shape)?
+        } else {
+            SparseMoe::load(weights, path, shape)?
+        };
         Ok(SharedExpertMoe {
-            routed: SparseMoe::load(weights, path, shape)?,
+            routed,
             shared_expert: Mlp::load(
                 weights,
                 &format!("{path}.shared_expert"),
@@ -47,4 +54,36 @@ impl SharedExpertMoe {
         }
         Ok(Array::from_slice_on(&out, &[l, hidden], x.device())?)
     }
+}
+
+/// Hugging Face's fused experts: `gate_up_proj [E, 2I, H]` (each expert's gate rows, then its up
+/// rows) and `down_proj [E, H, I]`, dense. Seen as `[2E, I, H]`, entry `2e` is expert `e`'s gate
+/// and `2e + 1` its up projection: views, no copy (mlx-lm's sanitize splits them the same way).
+fn fused_experts(weights: &Weights, path: &str, s: MoeShape) -> Result<SparseMoe> {
+    let (gate_up_name, down_name) = (format!("{path}.experts.gate_up_proj"), format!("{path}.experts.down_proj"));
+    let (gate_up, down) = (weights.raw(&gate_up_name)?, weights.raw(&down_name)?);
+    let (e, i, h) = (s.experts, s.intermediate, s.hidden);
+    if gate_up.shape() != [e, 2 * i, h] || down.shape() != [e, h, i] || !gate_up.dtype().is_float() {
+        return Err(Error::Invalid(format!(
+            "{gate_up_name} {:?} and {down_name} {:?} are not [{e}, {}, {h}] and [{e}, {h}, {i}] floats \
+             (num_experts, moe_intermediate_size, hidden_size)",
+            gate_up.shape(),
+            down.shape(),
+            2 * i
+        )));
+    }
+    let halves = gate_up.reshape(&[2 * e, i, h])?;
+    let device = weights.device();
+    let dense = |a: Array| -> Result<Linear> { Ok(Linear { weight: Matrix::Dense(a.to_device(device)?), bias: None }) };
+    let experts = (0..e)
+        .map(|x| {
+            Ok([
+                dense(halves.index_first(2 * x)?)?,
+                dense(halves.index_first(2 * x + 1)?)?,
+                dense(down.index_first(x)?)?,
+            ])
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let gate = Linear::load(weights, &format!("{path}.gate"), h, e, false)?;
+    Ok(SparseMoe::from_parts(gate, experts, s.top_k, s.norm_topk_prob))
 }

@@ -204,13 +204,6 @@ impl Qwen3_5 {
             return Err(text.error("num_experts_per_tok", message));
         }
         let lm = names.model;
-        if experts > 0 && weights.has(&format!("{lm}.layers.0.mlp.experts.gate_up_proj")) {
-            return Err(Error::Unsupported(format!(
-                "{}: the experts are stored fused (experts.gate_up_proj), as a Hugging Face original; \
-                 convert the checkpoint with `mlx_lm.convert` (or `nuvec convert`) first",
-                config.file()
-            )));
-        }
         let shifted = names.hf_layout;
         let blocks = (0..layers)
             .map(|i| {
