@@ -127,3 +127,18 @@ impl Config {
         }
     }
 }
+
+impl Config {
+    /// The language model's fields of a multimodal config (`text_config`, as Qwen3.5's wrapper
+    /// nests them), or this config itself when it has none (a text-only checkpoint), as
+    /// mlx-lm's `ModelArgs.from_dict` reads either.
+    pub fn text_config(&self) -> Result<Config> {
+        match self.get("text_config") {
+            None => Ok(self.clone()),
+            Some(Value::Object(values)) => {
+                Ok(Config { file: format!("{} (text_config)", self.file), values: values.clone() })
+            }
+            Some(v) => Err(self.error("text_config", format_args!("= {v} is not an object"))),
+        }
+    }
+}

@@ -262,6 +262,7 @@ pub fn convert(source: &str, out: &Path, options: &ConvertOptions) -> Result<()>
         Some("float32") => Some(DType::F32),
         _ => None,
     });
+    refuse_hybrid(source, &ck.config, options.quantize.is_some() || dtype.is_some())?;
     if let Some(dtype) = dtype {
         for a in ck.tensors.values_mut() {
             *a = cast(a, dtype)?;
@@ -363,6 +364,23 @@ fn write(out: &Path, ck: &Checkpoint) -> Result<()> {
     for (name, bytes) in &ck.files {
         let p = out.join(name);
         std::fs::write(&p, bytes).map_err(io(&p))?;
+    }
+    Ok(())
+}
+
+// ---- Gated DeltaNet ----
+
+/// mlx_lm.convert treats Qwen3.5 specially when it casts or quantizes (A_log stays float32, the
+/// MoE router and shared-expert gates get 8 bits, vision and MTP tensors are dropped); this
+/// converter does not yet, so it refuses rather than write something mlx-lm would not.
+fn refuse_hybrid(source: &str, config: &serde_json::Map<String, Value>, changes_tensors: bool) -> Result<()> {
+    let model_type = config.get("model_type").and_then(Value::as_str).unwrap_or("");
+    if changes_tensors && matches!(model_type, "qwen3_5" | "qwen3_5_moe") {
+        return Err(Error::Unsupported(format!(
+            "{source}: converting a {model_type} checkpoint (cast or quantized) is not built yet: mlx_lm.convert keeps \
+             A_log in float32, quantizes the MoE gates to 8 bits and drops vision tensors; convert it with \
+             mlx_lm.convert, which nuvec loads"
+        )));
     }
     Ok(())
 }

@@ -232,7 +232,9 @@ fn start<'a>(
     let mut reused = session.reusable(prompt);
     let stale = session.tokens().len() - reused;
     if session.trim(stale).is_err() {
-        *session = Session::new(model);
+        // The cache kind the options ask for (a recurrent layer's state is never trimmed, so a
+        // changed prompt on a hybrid model always lands here).
+        *session = Session::with_cache(model, &options.cache)?;
         reused = 0;
     }
     Ok(Generation {

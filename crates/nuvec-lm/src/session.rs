@@ -59,6 +59,11 @@ impl Session {
                 self.tokens.len()
             )));
         }
+        // A recurrent layer refuses any trim; ask it before touching the others, so that the
+        // session is left unchanged.
+        if let Some(c) = self.cache.iter_mut().find(|c| matches!(c, LayerCache::Recurrent(_))) {
+            c.trim(n)?;
+        }
         for c in &mut self.cache {
             c.trim(n)?;
         }

@@ -71,6 +71,63 @@ pub trait Backend: Send + Sync {
 
     /// Index of the largest value along the last axis: `[..., N] -> u32 [...]`.
     fn argmax(&self, x: &Array) -> Result<Array>;
+
+    // ---- Gated DeltaNet (the linear-attention layers of Qwen3.5 / Qwen3-Next hybrids) ----
+
+    /// Depthwise causal convolution with SiLU over `x [L, C]`, continuing from the `K - 1` rows
+    /// before it (`state [K - 1, C]`, zeros at the start of a sequence), with one kernel of `K`
+    /// taps per channel (`weight [C, K]`, f32/f16/bf16):
+    /// `out[t, c] = silu(sum_j weight[c, j] * in[t + j, c])` where `in = state ++ x`
+    /// (a cross-correlation, as MLX's `conv1d`). Returns `(out [L, C], in's last K - 1 rows)`,
+    /// the latter being the state for the next call.
+    fn causal_conv1d_silu(&self, x: &Array, state: &Array, weight: &Array) -> Result<(Array, Array)>;
+
+    /// The gated delta rule over `L` positions, as mlx-lm's `normalize_qk` followed by
+    /// `gated_delta_update` (scalar gate, no mask):
+    /// - `mixed [L, 2 * Hk * Dk + Hv * Dv]` holds each position's queries, keys (`Hk` heads of
+    ///   `Dk`) and values (`Hv` heads of `Dv`), in that order (the convolution's output);
+    ///   queries and keys are RMS-normalized per head (eps `1e-6 / Dk`) and scaled by `1 / Dk`
+    ///   and `1 / sqrt(Dk)` respectively; value head `h` reads key head `h / (Hv / Hk)`;
+    /// - `a, b [L, Hv]` give the decay `g = exp(-exp(a_log) * softplus(a + dt_bias))` and the
+    ///   write strength `beta = sigmoid(b)` (`a_log, dt_bias [Hv]`, any float dtype);
+    /// - `state [Hv, Dv, Dk]` f32 (zeros at the start of a sequence) is, per position,
+    ///   decayed by `g`, corrected towards `v` along `k` by `beta`, and read out by `q`.
+    ///
+    /// Returns `(y [L, Hv, Dv], the state after the last position)`.
+    #[allow(clippy::too_many_arguments)]
+    fn gated_delta(
+        &self,
+        mixed: &Array,
+        a: &Array,
+        b: &Array,
+        a_log: &Array,
+        dt_bias: &Array,
+        state: &Array,
+        dims: GatedDeltaDims,
+    ) -> Result<(Array, Array)>;
+
+    /// `x * sigmoid(gate)`, elementwise (same shape): the output gate of gated attention.
+    fn sigmoid_mul(&self, gate: &Array, x: &Array) -> Result<Array>;
+}
+
+/// Head counts and sizes of a Gated DeltaNet layer (see [`Backend::gated_delta`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GatedDeltaDims {
+    /// Query/key heads (`Hk`).
+    pub key_heads: usize,
+    /// Value heads (`Hv`), a multiple of `key_heads`.
+    pub value_heads: usize,
+    /// Features per query/key head (`Dk`).
+    pub key_dim: usize,
+    /// Features per value head (`Dv`).
+    pub value_dim: usize,
+}
+
+impl GatedDeltaDims {
+    /// Width of a `mixed` row: queries, keys and values.
+    pub fn mixed_width(&self) -> usize {
+        2 * self.key_heads * self.key_dim + self.value_heads * self.value_dim
+    }
 }
 
 /// The backend of `device`.

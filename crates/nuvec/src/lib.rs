@@ -17,9 +17,9 @@ mod quant;
 pub mod quantize;
 
 pub use array::{Array, Element};
-pub use backend::{backend, Backend};
+pub use backend::{backend, Backend, GatedDeltaDims};
 pub use device::Device;
 pub use dtype::DType;
 pub use error::{Error, Result};
-pub use ops::attention;
+pub use ops::{attention, gated_delta};
 pub use quant::{Matrix, QuantMode, QuantSpec, Quantized};

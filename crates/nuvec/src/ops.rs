@@ -85,3 +85,29 @@ impl Matrix {
 pub fn attention(q: &Array, k: &Array, v: &Array, kv_len: usize, scale: f32) -> Result<Array> {
     backend(q.device()).attention(q, k, v, kv_len, scale)
 }
+
+// ---- Gated DeltaNet ----
+
+impl Array {
+    /// Depthwise causal convolution with SiLU, continuing from `state`; see
+    /// [`crate::Backend::causal_conv1d_silu`].
+    pub fn causal_conv1d_silu(&self, state: &Array, weight: &Array) -> Result<(Array, Array)> {
+        backend(self.device()).causal_conv1d_silu(self, state, weight)
+    }
+
+    /// `self * sigmoid(gate)`; see [`crate::Backend::sigmoid_mul`].
+    pub fn sigmoid_mul(&self, gate: &Array) -> Result<Array> {
+        backend(self.device()).sigmoid_mul(gate, self)
+    }
+}
+
+/// The gated delta rule over `mixed`'s positions from `state`; see [`crate::Backend::gated_delta`].
+pub fn gated_delta(
+    mixed: &Array,
+    [a, b]: [&Array; 2],
+    [a_log, dt_bias]: [&Array; 2],
+    state: &Array,
+    dims: crate::GatedDeltaDims,
+) -> Result<(Array, Array)> {
+    backend(mixed.device()).gated_delta(mixed, a, b, a_log, dt_bias, state, dims)
+}

@@ -5,17 +5,22 @@
 //!
 //! Every kind keeps an exact trim contract: `trim(n)` removes exactly `n` positions or returns an
 //! error, never silently fewer.
+//!
+//! Hybrid models (Qwen3.5) also have recurrent layers, whose [`RecurrentCache`] holds a state
+//! rather than positions: it cannot be trimmed at all.
 
 mod chunked;
 mod kv;
 mod ops;
 mod quantized;
+mod recurrent;
 mod rotating;
 mod store;
 
 pub use chunked::ChunkedKvCache;
 pub use kv::KvCache;
 pub use quantized::{kv_spec, QuantizedKvCache};
+pub use recurrent::RecurrentCache;
 pub use rotating::RotatingKvCache;
 pub use store::{QuantRows, Store};
 
@@ -135,6 +140,9 @@ pub enum LayerCache {
     QuantizedRotating(RotatingKvCache<QuantRows>),
     /// Attention within chunks of positions; a model's layer asks for it, not [`CacheOptions`].
     Chunked(ChunkedKvCache),
+    // ---- Gated DeltaNet ----
+    /// A linear-attention layer's convolution inputs and recurrent state (never trimmed).
+    Recurrent(RecurrentCache),
 }
 
 impl LayerCache {
@@ -157,6 +165,7 @@ impl LayerCache {
             LayerCache::Quantized(c) => c.offset(),
             LayerCache::QuantizedRotating(c) => c.offset(),
             LayerCache::Chunked(c) => c.offset(),
+            LayerCache::Recurrent(c) => c.offset(),
         }
     }
 
@@ -168,6 +177,7 @@ impl LayerCache {
             LayerCache::Quantized(c) => c.trim(n),
             LayerCache::QuantizedRotating(c) => c.trim(n),
             LayerCache::Chunked(c) => c.trim(n),
+            LayerCache::Recurrent(c) => c.trim(n),
         }
     }
 
@@ -183,6 +193,9 @@ impl LayerCache {
             LayerCache::Quantized(c) => c.attend(q, &keys.transpose01()?, &values.transpose01()?, scale),
             LayerCache::QuantizedRotating(c) => c.attend(q, &keys.transpose01()?, &values.transpose01()?, scale),
             LayerCache::Chunked(c) => c.attend(q, keys, values, scale),
+            LayerCache::Recurrent(_) => {
+                Err(Error::Invalid("an attention layer was given a recurrent (Gated DeltaNet) cache".into()))
+            }
         }
     }
 
@@ -204,7 +217,7 @@ impl LayerCache {
             LayerCache::Rotating(c) => {
                 *self = LayerCache::QuantizedRotating(c.convert(kv_spec(bits, options.kv_group_size)?)?);
             }
-            LayerCache::Quantized(_) | LayerCache::QuantizedRotating(_) => {}
+            LayerCache::Quantized(_) | LayerCache::QuantizedRotating(_) | LayerCache::Recurrent(_) => {}
             // mlx-lm leaves such a layer in full precision without a word.
             LayerCache::Chunked(_) => {
                 return Err(Error::Unsupported(
@@ -267,6 +280,13 @@ impl LayerCache {
                     None => (vec![], json!({"kind": "chunked", "chunk_size": chunk, "start": c.start()})),
                 }
             }
+            LayerCache::Recurrent(c) => match c.state() {
+                Some((conv, state)) => (
+                    vec![("conv".into(), conv.clone()), ("state".into(), state.clone())],
+                    json!({"kind": "recurrent", "offset": c.offset()}),
+                ),
+                None => (vec![], json!({"kind": "recurrent", "offset": 0})),
+            },
         })
     }
 
@@ -326,6 +346,10 @@ impl LayerCache {
                     Err(_) => Ok(LayerCache::Chunked(ChunkedKvCache::empty_at(start, chunk)?)),
                 }
             }
+            Some("recurrent") => match count(&description["offset"])? {
+                0 => Ok(LayerCache::Recurrent(RecurrentCache::new())),
+                n => Ok(LayerCache::Recurrent(RecurrentCache::from_state(get("conv")?, get("state")?, n)?)),
+            },
             _ => Err(bad("unknown kind")),
         }
     }

@@ -1,15 +1,21 @@
 //! The building blocks model files are made of.
 
 mod attention;
+mod gated_attention;
+mod gated_delta;
 mod linear;
 mod mlp;
 mod moe;
 mod norm;
 mod rope;
+mod shared_moe;
 
 pub use attention::{Attention, AttentionShape};
+pub use gated_attention::{GatedAttention, GatedAttentionShape};
+pub use gated_delta::{GatedDeltaNet, GatedDeltaShape};
 pub use linear::Linear;
 pub use mlp::Mlp;
 pub use moe::{FeedForward, MoeShape, SparseMoe};
 pub use norm::RmsNorm;
 pub use rope::Rope;
+pub use shared_moe::SharedExpertMoe;

@@ -92,6 +92,14 @@ impl SparseMoe {
     }
 }
 
+impl SparseMoe {
+    /// A block from its router (`[experts, hidden]`) and each expert's gate, up and down
+    /// projections, for a loader that reads experts from another layout.
+    pub fn from_parts(gate: Linear, experts: Vec<[Linear; 3]>, top_k: usize, norm_topk_prob: bool) -> Self {
+        SparseMoe { gate, experts, top_k, norm_topk_prob }
+    }
+}
+
 /// A layer's feed-forward block: dense, or a mixture of experts.
 #[derive(Debug, Clone)]
 #[allow(clippy::large_enum_variant)] // one per layer, built once: boxing would only add a hop

@@ -18,6 +18,11 @@ impl RmsNorm {
         Ok(RmsNorm { weight: weights.tensor(&format!("{path}.weight"), &[dims])?, eps })
     }
 
+    /// A norm with the given `weight` (one per feature), e.g. one adjusted at load.
+    pub fn from_weight(weight: Array, eps: f32) -> Self {
+        RmsNorm { weight, eps }
+    }
+
     /// Normalizes `x`.
     pub fn forward(&self, x: &Array) -> Result<Array> {
         Ok(x.rms_norm(&self.weight, self.eps)?)

@@ -3,6 +3,7 @@
 mod llama;
 mod qwen2;
 mod qwen3;
+mod qwen3_5;
 mod qwen3_moe;
 
 use nuvec::{Array, Device};
@@ -21,10 +22,18 @@ pub trait Architecture: Send + Sync {
     fn logits(&self, hidden: &Array) -> Result<Array>;
     /// Decoder layers (one cache each).
     fn num_layers(&self) -> usize;
+
+    // ---- Gated DeltaNet ----
+    /// Whether layer `i` keeps a recurrent state ([`crate::cache::RecurrentCache`]) instead of
+    /// keys and values. Hybrid models (Qwen3.5) say so for their linear-attention layers.
+    fn is_recurrent(&self, _layer: usize) -> bool {
+        false
+    }
 }
 
 /// The model types this build loads.
-pub const SUPPORTED_MODEL_TYPES: &[&str] = &["llama", "mistral", "qwen2", "qwen3", "qwen3_moe"];
+pub const SUPPORTED_MODEL_TYPES: &[&str] =
+    &["llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "qwen3_5", "qwen3_5_moe"];
 
 /// A loaded language model.
 pub struct Model {
@@ -54,6 +63,7 @@ impl Model {
             "qwen2" => Box::new(qwen2::load(config, weights)?),
             "qwen3" => Box::new(qwen3::load(config, weights)?),
             "qwen3_moe" => Box::new(qwen3_moe::load(config, weights)?),
+            "qwen3_5" | "qwen3_5_moe" => Box::new(qwen3_5::Qwen3_5::load(config, weights)?),
             other => {
                 return Err(Error::Unsupported(format!(
                     "{}: model_type {other:?} is not one nuvec loads ({})",
@@ -65,7 +75,11 @@ impl Model {
         Ok(Model {
             arch,
             model_type,
-            vocab_size: config.usize("vocab_size")?,
+            vocab_size: match config.opt_usize("vocab_size")? {
+                Some(v) => v,
+                // A multimodal wrapper keeps the language model's fields in text_config.
+                None => config.text_config()?.usize("vocab_size")?,
+            },
             eos_token_ids: config.eos_token_ids()?,
             newline_token_ids: vec![],
             fingerprint: String::new(),
@@ -135,13 +149,22 @@ impl Model {
         CacheOptions { kv_dtype: Some(options.kv_dtype.unwrap_or(self.kv_dtype())), ..options.clone() }
     }
 
-    /// A fresh plain cache, one per layer, in [`Model::kv_dtype`].
+    /// A fresh plain cache, one per layer, in [`Model::kv_dtype`] (a recurrent one for a hybrid's
+    /// linear layers).
     pub fn new_cache(&self) -> Vec<LayerCache> {
         let dtype = self.kv_dtype().dtype();
-        (0..self.num_layers()).map(|_| LayerCache::Plain(crate::cache::KvCache::with_dtype(dtype))).collect()
+        (0..self.num_layers())
+            .map(|i| match self.arch.is_recurrent(i) {
+                true => LayerCache::Recurrent(crate::cache::RecurrentCache::new()),
+                false => LayerCache::Plain(crate::cache::KvCache::with_dtype(dtype)),
+            })
+            .collect()
     }
 
-    /// A fresh cache of the kind `options` asks for, one per layer.
+    /// A fresh cache of the kind `options` asks for, one per layer (a recurrent one for a
+    /// hybrid's linear layers). A hybrid refuses `max_kv_size`: its recurrent layers remember
+    /// every position whatever the attention layers forget, and mlx-lm silently ignores the
+    /// setting for such models.
     pub fn make_cache(&self, options: &CacheOptions) -> Result<Vec<LayerCache>> {
         options.validate()?;
         let options = self.cache_options(options);
@@ -151,7 +174,20 @@ impl Model {
                 options.kv_dtype.expect("filled in above")
             )));
         }
-        (0..self.num_layers()).map(|_| LayerCache::new(&options)).collect()
+        let hybrid = (0..self.num_layers()).any(|i| self.arch.is_recurrent(i));
+        if let (true, Some(max)) = (hybrid, options.max_kv_size) {
+            return Err(Error::Unsupported(format!(
+                "max_kv_size = {max}: {} has recurrent (Gated DeltaNet) layers, which cannot forget positions; \
+                 run it without --max-kv-size (mlx-lm ignores the setting for this model)",
+                self.model_type
+            )));
+        }
+        (0..self.num_layers())
+            .map(|i| match self.arch.is_recurrent(i) {
+                true => Ok(LayerCache::Recurrent(crate::cache::RecurrentCache::new())),
+                false => LayerCache::new(&options),
+            })
+            .collect()
     }
 
     /// Logits `[L, vocab]` for every position of `tokens`, extending `cache`.

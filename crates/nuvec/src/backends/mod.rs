@@ -10,7 +10,7 @@ pub mod cuda;
 #[cfg(feature = "cuda")]
 pub(crate) mod host_checked {
     use super::cpu::CpuBackend;
-    use crate::{Array, Backend, Device, Error, Matrix, Result};
+    use crate::{Array, Backend, Device, Error, GatedDeltaDims, Matrix, Result};
 
     #[derive(Debug, Clone, Copy, Default)]
     pub(crate) struct HostChecked;
@@ -112,6 +112,34 @@ pub(crate) mod host_checked {
         fn argmax(&self, x: &Array) -> Result<Array> {
             on_host("argmax", &[("x", x)])?;
             CpuBackend.argmax(x)
+        }
+
+        // ---- Gated DeltaNet ----
+
+        fn causal_conv1d_silu(&self, x: &Array, state: &Array, weight: &Array) -> Result<(Array, Array)> {
+            on_host("causal_conv1d_silu", &[("x", x), ("state", state), ("weight", weight)])?;
+            CpuBackend.causal_conv1d_silu(x, state, weight)
+        }
+
+        fn gated_delta(
+            &self,
+            mixed: &Array,
+            a: &Array,
+            b: &Array,
+            a_log: &Array,
+            dt_bias: &Array,
+            state: &Array,
+            dims: GatedDeltaDims,
+        ) -> Result<(Array, Array)> {
+            let inputs =
+                [("mixed", mixed), ("a", a), ("b", b), ("a_log", a_log), ("dt_bias", dt_bias), ("state", state)];
+            on_host("gated_delta", &inputs)?;
+            CpuBackend.gated_delta(mixed, a, b, a_log, dt_bias, state, dims)
+        }
+
+        fn sigmoid_mul(&self, gate: &Array, x: &Array) -> Result<Array> {
+            on_host("sigmoid_mul", &[("gate", gate), ("x", x)])?;
+            CpuBackend.sigmoid_mul(gate, x)
         }
     }
 }

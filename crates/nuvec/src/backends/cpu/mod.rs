@@ -4,13 +4,14 @@
 
 mod attention;
 mod elementwise;
+mod gated_delta;
 mod kv_rows;
 mod linear;
 mod pool;
 mod qgemv;
 mod simd;
 
-use crate::{Array, Backend, DType, Device, Error, Matrix, Result};
+use crate::{Array, Backend, DType, Device, Error, GatedDeltaDims, Matrix, Result};
 
 /// The CPU backend.
 #[derive(Debug, Clone, Copy, Default)]
@@ -132,5 +133,28 @@ impl Backend for CpuBackend {
 
     fn argmax(&self, x: &Array) -> Result<Array> {
         elementwise::argmax(x)
+    }
+
+    // ---- Gated DeltaNet ----
+
+    fn causal_conv1d_silu(&self, x: &Array, state: &Array, weight: &Array) -> Result<(Array, Array)> {
+        gated_delta::causal_conv1d_silu(x, state, weight)
+    }
+
+    fn gated_delta(
+        &self,
+        mixed: &Array,
+        a: &Array,
+        b: &Array,
+        a_log: &Array,
+        dt_bias: &Array,
+        state: &Array,
+        dims: GatedDeltaDims,
+    ) -> Result<(Array, Array)> {
+        gated_delta::gated_delta(mixed, a, b, a_log, dt_bias, state, dims)
+    }
+
+    fn sigmoid_mul(&self, gate: &Array, x: &Array) -> Result<Array> {
+        gated_delta::sigmoid_mul(gate, x)
     }
 }

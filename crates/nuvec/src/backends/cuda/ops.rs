@@ -8,7 +8,7 @@ use cudarc::cublas::sys::cublasOperation_t;
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 
 use super::{state, DeviceBuffer, State};
-use crate::{Array, Backend, DType, Device, Error, Matrix, QuantMode, QuantSpec, Result};
+use crate::{Array, Backend, DType, Device, Error, GatedDeltaDims, Matrix, QuantMode, QuantSpec, Result};
 
 /// Input rows up to which `linear` runs the fused matrix-vector kernel (must match `GEMV_MAX_M`).
 const GEMV_MAX_ROWS: usize = 8;
@@ -538,4 +538,34 @@ impl Backend for CudaBackend {
         }
         Ok(out)
     }
+
+    // ---- Gated DeltaNet: no kernels yet; an error, never a wrong result ----
+
+    fn causal_conv1d_silu(&self, _x: &Array, _state: &Array, _weight: &Array) -> Result<(Array, Array)> {
+        Err(gated_delta_not_built("causal_conv1d_silu"))
+    }
+
+    fn gated_delta(
+        &self,
+        _mixed: &Array,
+        _a: &Array,
+        _b: &Array,
+        _a_log: &Array,
+        _dt_bias: &Array,
+        _state: &Array,
+        _dims: GatedDeltaDims,
+    ) -> Result<(Array, Array)> {
+        Err(gated_delta_not_built("gated_delta"))
+    }
+
+    fn sigmoid_mul(&self, _gate: &Array, _x: &Array) -> Result<Array> {
+        Err(gated_delta_not_built("sigmoid_mul"))
+    }
+}
+
+/// The error for a Gated DeltaNet op on CUDA, which has no kernel for it yet.
+fn gated_delta_not_built(op: &str) -> Error {
+    Error::Unsupported(format!(
+        "{op} (Gated DeltaNet, used by Qwen3.5 hybrids) is not yet implemented on CUDA; run the model on the cpu"
+    ))
 }

@@ -1,0 +1,82 @@
+//! Full attention with an output gate, as Qwen3.5 / Qwen3-Next interleave it with Gated DeltaNet
+//! layers (mlx-lm's `Qwen3NextAttention`): `q_proj` yields each head's queries and a gate of
+//! the same size; queries and keys are RMS-normalized per head and rotated on a part of their
+//! features; the attention output is multiplied by `sigmoid(gate)` before `o_proj`.
+
+use nuvec::Array;
+
+use super::{Linear, RmsNorm, Rope};
+use crate::cache::LayerCache;
+use crate::weights::Weights;
+use crate::Result;
+
+/// Sizes of a gated attention block.
+#[derive(Debug, Clone, Copy)]
+pub struct GatedAttentionShape {
+    /// Model width.
+    pub hidden: usize,
+    /// Query heads.
+    pub heads: usize,
+    /// Key/value heads (a divisor of `heads`).
+    pub kv_heads: usize,
+    /// Features per head.
+    pub head_dim: usize,
+    /// Biases on every projection (`attention_bias`).
+    pub bias: bool,
+}
+
+/// Self-attention with a sigmoid output gate over a KV cache.
+#[derive(Debug, Clone)]
+pub struct GatedAttention {
+    q_proj: Linear,
+    k_proj: Linear,
+    v_proj: Linear,
+    o_proj: Linear,
+    q_norm: RmsNorm,
+    k_norm: RmsNorm,
+    rope: Rope,
+    shape: GatedAttentionShape,
+}
+
+impl GatedAttention {
+    /// Loads `{path}.{q,k,v,o}_proj`; the q/k norms (which a loader may have adjusted) and the
+    /// rotary embedding come from the model file.
+    pub fn load(
+        weights: &Weights,
+        path: &str,
+        shape: GatedAttentionShape,
+        [q_norm, k_norm]: [RmsNorm; 2],
+        rope: Rope,
+    ) -> Result<Self> {
+        let s = &shape;
+        let (q_out, kv_out) = (s.heads * s.head_dim, s.kv_heads * s.head_dim);
+        let p = |name: &str| format!("{path}.{name}");
+        Ok(GatedAttention {
+            q_proj: Linear::load(weights, &p("q_proj"), s.hidden, 2 * q_out, s.bias)?,
+            k_proj: Linear::load(weights, &p("k_proj"), s.hidden, kv_out, s.bias)?,
+            v_proj: Linear::load(weights, &p("v_proj"), s.hidden, kv_out, s.bias)?,
+            o_proj: Linear::load(weights, &p("o_proj"), q_out, s.hidden, s.bias)?,
+            q_norm,
+            k_norm,
+            rope,
+            shape,
+        })
+    }
+
+    /// Attends `x [L, hidden]` over the cache (which it extends by L positions).
+    pub fn forward(&self, x: &Array, cache: &mut LayerCache) -> Result<Array> {
+        let s = &self.shape;
+        let l = x.dim(0);
+        let offset = cache.offset();
+        let [q_and_gate, k, v] = Linear::forward_many([&self.q_proj, &self.k_proj, &self.v_proj], x)?;
+        // Each head's row is [queries | gate]: split it as [2, L * heads, head_dim].
+        let halves = q_and_gate.reshape(&[l * s.heads, 2, s.head_dim])?.transpose01()?;
+        let q = halves.slice_rows(0, 1)?.reshape(&[l, s.heads, s.head_dim])?;
+        let gate = halves.slice_rows(1, 2)?.reshape(&[l, s.heads * s.head_dim])?;
+        let q = self.rope.forward(&self.q_norm.forward(&q)?, offset)?;
+        let k = self.rope.forward(&self.k_norm.forward(&k.reshape(&[l, s.kv_heads, s.head_dim])?)?, offset)?;
+        let v = v.reshape(&[l, s.kv_heads, s.head_dim])?;
+        let out = cache.attend(&q, &k, &v, (s.head_dim as f32).powf(-0.5))?;
+        self.o_proj.forward(&out.sigmoid_mul(&gate)?)
+    }
+}

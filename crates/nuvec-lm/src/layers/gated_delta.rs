@@ -1,0 +1,104 @@
+//! Gated DeltaNet: the linear-attention mixer of Qwen3.5 / Qwen3-Next hybrids (mlx-lm's
+//! `GatedDeltaNet` in `models/qwen3_5.py`). Each position's queries, keys and values pass a
+//! depthwise causal convolution, then a per-head matrix memory is decayed, corrected towards
+//! the value along the key (the delta rule) and read by the query. Its cache is the
+//! convolution's last inputs and that memory: constant in size, whatever the length.
+
+use nuvec::{Array, DType, GatedDeltaDims};
+
+use super::{Linear, RmsNorm};
+use crate::cache::{Positions, RecurrentCache};
+use crate::weights::Weights;
+use crate::{Error, Result};
+
+/// Sizes of a Gated DeltaNet layer, from the config's `linear_*` fields.
+#[derive(Debug, Clone, Copy)]
+pub struct GatedDeltaShape {
+    /// Model width.
+    pub hidden: usize,
+    /// Heads and head sizes of the recurrence.
+    pub dims: GatedDeltaDims,
+    /// Taps of the causal convolution (`linear_conv_kernel_dim`).
+    pub conv_kernel: usize,
+    /// Epsilon of the gated output norm (`rms_norm_eps`).
+    pub eps: f32,
+}
+
+/// One Gated DeltaNet mixer.
+#[derive(Debug, Clone)]
+pub struct GatedDeltaNet {
+    in_proj_qkv: Linear,
+    in_proj_z: Linear,
+    in_proj_b: Linear,
+    in_proj_a: Linear,
+    /// `[channels, taps]`.
+    conv_weight: Array,
+    a_log: Array,
+    dt_bias: Array,
+    norm: RmsNorm,
+    out_proj: Linear,
+    shape: GatedDeltaShape,
+}
+
+impl GatedDeltaNet {
+    /// Loads `{path}.{in_proj_qkv, in_proj_z, in_proj_b, in_proj_a, conv1d, A_log, dt_bias,
+    /// norm, out_proj}`. The convolution weight may be stored `[C, K, 1]` (MLX) or `[C, 1, K]`
+    /// (PyTorch): both hold the same values in the same order.
+    pub fn load(weights: &Weights, path: &str, shape: GatedDeltaShape) -> Result<Self> {
+        let d = shape.dims;
+        if d.key_heads == 0 || !d.value_heads.is_multiple_of(d.key_heads) || shape.conv_kernel == 0 {
+            return Err(Error::Invalid(format!(
+                "{path}: linear_num_value_heads = {} must be a multiple of linear_num_key_heads = {} and \
+                 linear_conv_kernel_dim = {} at least 1",
+                d.value_heads, d.key_heads, shape.conv_kernel
+            )));
+        }
+        let (h, value_width, channels) = (shape.hidden, d.value_heads * d.value_dim, d.mixed_width());
+        let conv_name = format!("{path}.conv1d.weight");
+        let conv = weights.raw(&conv_name)?;
+        let k = shape.conv_kernel;
+        if !(conv.shape() == [channels, k, 1] || conv.shape() == [channels, 1, k]) || !conv.dtype().is_float() {
+            return Err(Error::Invalid(format!(
+                "{conv_name} is {} {:?}; the config asks for [{channels}, {k}, 1] (or [{channels}, 1, {k}]) floats",
+                conv.dtype(),
+                conv.shape()
+            )));
+        }
+        let p = |name: &str| format!("{path}.{name}");
+        Ok(GatedDeltaNet {
+            in_proj_qkv: Linear::load(weights, &p("in_proj_qkv"), h, channels, false)?,
+            in_proj_z: Linear::load(weights, &p("in_proj_z"), h, value_width, false)?,
+            in_proj_b: Linear::load(weights, &p("in_proj_b"), h, d.value_heads, false)?,
+            in_proj_a: Linear::load(weights, &p("in_proj_a"), h, d.value_heads, false)?,
+            conv_weight: conv.reshape(&[channels, k])?.to_device(weights.device())?,
+            a_log: weights.tensor(&p("A_log"), &[d.value_heads])?,
+            dt_bias: weights.tensor(&p("dt_bias"), &[d.value_heads])?,
+            norm: RmsNorm::load(weights, &p("norm"), d.value_dim, shape.eps)?,
+            out_proj: Linear::load(weights, &p("out_proj"), value_width, h, false)?,
+            shape,
+        })
+    }
+
+    /// Mixes `x [L, hidden]`, continuing from `cache` (which it advances by L positions).
+    pub fn forward(&self, x: &Array, cache: &mut RecurrentCache) -> Result<Array> {
+        let (l, d) = (x.dim(0), self.shape.dims);
+        let [qkv, z, b, a] =
+            Linear::forward_many([&self.in_proj_qkv, &self.in_proj_z, &self.in_proj_b, &self.in_proj_a], x)?;
+        let (conv_state, state) = match cache.state() {
+            Some((c, s)) => (c.clone(), s.clone()),
+            None if cache.offset() == 0 => (
+                Array::zeros_on(&[self.shape.conv_kernel - 1, d.mixed_width()], DType::F32, x.device())?,
+                Array::zeros_on(&[d.value_heads, d.value_dim, d.key_dim], DType::F32, x.device())?,
+            ),
+            None => return Err(Error::Invalid("a recurrent cache holds positions but no state".into())),
+        };
+        let (mixed, conv_next) = qkv.causal_conv1d_silu(&conv_state.to_device(x.device())?, &self.conv_weight)?;
+        let (y, state_next) =
+            nuvec::gated_delta(&mixed, [&a, &b], [&self.a_log, &self.dt_bias], &state.to_device(x.device())?, d)?;
+        cache.update(conv_next, state_next, l);
+        // The gated norm: silu(z) * rms_norm(y), per value head.
+        let z = z.reshape(&[l, d.value_heads, d.value_dim])?;
+        let out = z.silu_mul(&self.norm.forward(&y)?)?;
+        self.out_proj.forward(&out.reshape(&[l, d.value_heads * d.value_dim])?)
+    }
+}

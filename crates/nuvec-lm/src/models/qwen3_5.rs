@@ -1,0 +1,285 @@
+//! Qwen3.5 / Qwen3.6, dense and mixture-of-experts (mlx-lm's `models/qwen3_5.py` and
+//! `qwen3_5_moe.py`): a hybrid decoder whose layers are Gated DeltaNet linear attention, except
+//! every `full_attention_interval`-th, which is full attention with an output gate and partial
+//! rotary embeddings. Feed-forward blocks are a gated MLP, or (when `num_experts > 0`) routed
+//! experts plus a gated shared expert in every layer.
+//!
+//! The published checkpoints are multimodal: config.json nests the language model's fields in
+//! `text_config`, and only the language model's tensors are read (never the vision tower's or
+//! the multi-token-prediction head's). Tensor names follow mlx-lm's sanitized layout
+//! (`language_model.model.*`), a Hugging Face original's (`model.language_model.*`, with the
+//! convolution stored `[C, 1, K]` and the `1 + w` norms stored as `w`), or a text-only one's
+//! (`model.*`).
+
+use nuvec::{Array, DType, GatedDeltaDims, Matrix};
+use serde_json::{json, Value};
+
+use super::Architecture;
+use crate::cache::LayerCache;
+use crate::config::Config;
+use crate::layers::{
+    GatedAttention, GatedAttentionShape, GatedDeltaNet, GatedDeltaShape, Mlp, MoeShape, RmsNorm, Rope, SharedExpertMoe,
+};
+use crate::weights::Weights;
+use crate::{Error, Result};
+
+/// A layer's token mixer.
+#[allow(clippy::large_enum_variant)] // one per layer, built once: boxing would only add a hop
+enum Mixer {
+    Linear(GatedDeltaNet),
+    Full(GatedAttention),
+}
+
+/// A layer's feed-forward block.
+#[allow(clippy::large_enum_variant)] // as above
+enum FeedForward {
+    Dense(Mlp),
+    Sparse(SharedExpertMoe),
+}
+
+struct Block {
+    input_layernorm: RmsNorm,
+    mixer: Mixer,
+    post_attention_layernorm: RmsNorm,
+    mlp: FeedForward,
+}
+
+impl Block {
+    fn forward(&self, x: &Array, cache: &mut LayerCache) -> Result<Array> {
+        let normed = self.input_layernorm.forward(x)?;
+        let r = match (&self.mixer, cache) {
+            (Mixer::Linear(m), LayerCache::Recurrent(c)) => m.forward(&normed, c)?,
+            (Mixer::Full(m), c) if !matches!(c, LayerCache::Recurrent(_)) => m.forward(&normed, c)?,
+            _ => return Err(Error::Invalid("a Qwen3.5 layer was given the other kind of cache".into())),
+        };
+        let h = x.add(&r)?;
+        let normed = self.post_attention_layernorm.forward(&h)?;
+        let f = match &self.mlp {
+            FeedForward::Dense(m) => m.forward(&normed)?,
+            FeedForward::Sparse(m) => m.forward(&normed)?,
+        };
+        Ok(h.add(&f)?)
+    }
+}
+
+/// The Qwen3.5 decoder.
+pub struct Qwen3_5 {
+    embed_tokens: Matrix,
+    layers: Vec<Block>,
+    norm: RmsNorm,
+    lm_head: Option<Matrix>,
+}
+
+/// Where a checkpoint keeps the language model's tensors.
+struct Names {
+    /// The decoder's prefix: `language_model.model`, `model.language_model` or `model`.
+    model: &'static str,
+    /// Hugging Face's layout: convolutions `[C, 1, K]` and norms stored as `w` for `1 + w`.
+    hf_layout: bool,
+}
+
+impl Names {
+    fn detect(weights: &Weights, linear_layers: &[usize]) -> Result<Self> {
+        let model = ["language_model.model", "model.language_model", "model"]
+            .into_iter()
+            .find(|p| weights.has(&format!("{p}.embed_tokens.weight")))
+            .ok_or_else(|| {
+                Error::NotFound(
+                    "no language_model.model.embed_tokens, model.language_model.embed_tokens or \
+                     model.embed_tokens tensor: not a Qwen3.5 checkpoint"
+                        .into(),
+                )
+            })?;
+        // mlx-lm's sanitize: any convolution whose last axis is not 1 means a PyTorch original.
+        let mut hf_layout = false;
+        for i in linear_layers {
+            let a = weights.raw(&format!("{model}.layers.{i}.linear_attn.conv1d.weight"))?;
+            hf_layout |= a.shape().last().is_some_and(|&k| k != 1);
+        }
+        Ok(Names { model, hf_layout })
+    }
+
+    /// The output head's module, when untied.
+    fn lm_head(&self, weights: &Weights) -> &'static str {
+        match self.model {
+            "language_model.model" if weights.has("language_model.lm_head.weight") => "language_model.lm_head",
+            _ => "lm_head",
+        }
+    }
+}
+
+/// An RMS norm of `dims` features at `path`; `shifted` adds 1 to the stored weight in its own
+/// dtype, as mlx-lm's sanitize does for Hugging Face originals (whose norm computes `1 + w`).
+fn norm(weights: &Weights, path: &str, dims: usize, eps: f32, shifted: bool) -> Result<RmsNorm> {
+    if !shifted {
+        return RmsNorm::load(weights, path, dims, eps);
+    }
+    let w = weights.tensor(&format!("{path}.weight"), &[dims])?;
+    let round = |v: f32| match w.dtype() {
+        DType::BF16 => half::bf16::from_f32(v).to_f32(),
+        DType::F16 => half::f16::from_f32(v).to_f32(),
+        _ => v,
+    };
+    let plus_one: Vec<f32> = w.to_f32_vec()?.iter().map(|&v| round(v + 1.0)).collect();
+    Ok(RmsNorm::from_weight(Array::from_slice_on(&plus_one, &[dims], weights.device())?, eps))
+}
+
+/// The rotary embedding of `rope_parameters` (mlx-lm's defaults when absent: theta 100000,
+/// a quarter of each head rotated), for heads of `head_dim`.
+fn rope(text: &Config, head_dim: usize) -> Result<Rope> {
+    let params = text.get("rope_parameters").cloned().unwrap_or_else(|| json!({}));
+    let Value::Object(fields) = &params else {
+        return Err(text.error("rope_parameters", format_args!("= {params} is not an object")));
+    };
+    let number = |key: &str, default: f64| -> Result<f64> {
+        match fields.get(key) {
+            None => Ok(default),
+            Some(v) => v
+                .as_f64()
+                .ok_or_else(|| text.error(&format!("rope_parameters.{key}"), format_args!("= {v} is not a number"))),
+        }
+    };
+    let theta = number("rope_theta", 100000.0)?;
+    let fraction = number("partial_rotary_factor", 0.25)?;
+    let rotated = (head_dim as f64 * fraction) as usize;
+    if rotated == 0 || rotated > head_dim || !rotated.is_multiple_of(2) {
+        return Err(text.error(
+            "rope_parameters.partial_rotary_factor",
+            format_args!(
+                "= {fraction} rotates {rotated} of {head_dim} features; it must be an even number, at least 2"
+            ),
+        ));
+    }
+    // mlx-lm hands rope_parameters to initialize_rope as the scaling config.
+    let spec = json!({"rope_theta": theta, "rope_scaling": params});
+    Rope::from_config(&Config::from_json(text.file(), &spec.to_string())?, rotated, None)
+}
+
+impl Qwen3_5 {
+    /// Loads a `qwen3_5` or `qwen3_5_moe` checkpoint (flat or with `text_config`).
+    pub fn load(config: &Config, weights: &Weights) -> Result<Self> {
+        let text = config.text_config()?;
+        let hidden = text.usize("hidden_size")?;
+        let layers = text.usize("num_hidden_layers")?;
+        let heads = text.usize("num_attention_heads")?;
+        let kv_heads = text.usize("num_key_value_heads")?;
+        let vocab = text.usize("vocab_size")?;
+        let eps = text.opt_f64("rms_norm_eps")?.unwrap_or(1e-6) as f32;
+        let head_dim = text.opt_usize("head_dim")?.unwrap_or(hidden / heads.max(1));
+        let interval = text.opt_usize("full_attention_interval")?.unwrap_or(4);
+        if interval == 0 {
+            return Err(text.error("full_attention_interval", "= 0: it must be at least 1"));
+        }
+        if heads == 0 || kv_heads == 0 || heads % kv_heads != 0 {
+            return Err(text
+                .error("num_key_value_heads", format_args!("= {kv_heads} must divide num_attention_heads = {heads}")));
+        }
+        let is_linear = |i: usize| !(i + 1).is_multiple_of(interval);
+        let linear_layers: Vec<usize> = (0..layers).filter(|&i| is_linear(i)).collect();
+        let names = Names::detect(weights, &linear_layers)?;
+        let delta = GatedDeltaShape {
+            hidden,
+            dims: GatedDeltaDims {
+                key_heads: text.usize("linear_num_key_heads")?,
+                value_heads: text.usize("linear_num_value_heads")?,
+                key_dim: text.usize("linear_key_head_dim")?,
+                value_dim: text.usize("linear_value_head_dim")?,
+            },
+            conv_kernel: text.opt_usize("linear_conv_kernel_dim")?.unwrap_or(4),
+            eps,
+        };
+        let attention =
+            GatedAttentionShape { hidden, heads, kv_heads, head_dim, bias: text.bool_or("attention_bias", false)? };
+        let rope = rope(&text, head_dim)?;
+        let experts = text.opt_usize("num_experts")?.unwrap_or(0);
+        let moe = MoeShape {
+            hidden,
+            intermediate: if experts > 0 { text.usize("moe_intermediate_size")? } else { 0 },
+            experts,
+            top_k: text.opt_usize("num_experts_per_tok")?.unwrap_or(0),
+            norm_topk_prob: text.bool_or("norm_topk_prob", true)?,
+        };
+        if experts > 0 && (moe.top_k == 0 || moe.top_k > experts) {
+            let message = format_args!("= {} must be between 1 and num_experts = {experts}", moe.top_k);
+            return Err(text.error("num_experts_per_tok", message));
+        }
+        let lm = names.model;
+        let shifted = names.hf_layout;
+        let blocks = (0..layers)
+            .map(|i| {
+                let p = format!("{lm}.layers.{i}");
+                let mixer = if is_linear(i) {
+                    Mixer::Linear(GatedDeltaNet::load(weights, &format!("{p}.linear_attn"), delta)?)
+                } else {
+                    let qk_norms = [
+                        norm(weights, &format!("{p}.self_attn.q_norm"), head_dim, eps, shifted)?,
+                        norm(weights, &format!("{p}.self_attn.k_norm"), head_dim, eps, shifted)?,
+                    ];
+                    Mixer::Full(GatedAttention::load(
+                        weights,
+                        &format!("{p}.self_attn"),
+                        attention,
+                        qk_norms,
+                        rope.clone(),
+                    )?)
+                };
+                let mlp = if experts > 0 {
+                    let shared = text.usize("shared_expert_intermediate_size")?;
+                    FeedForward::Sparse(SharedExpertMoe::load(weights, &format!("{p}.mlp"), moe, shared)?)
+                } else {
+                    let intermediate = text.usize("intermediate_size")?;
+                    FeedForward::Dense(Mlp::load(weights, &format!("{p}.mlp"), hidden, intermediate, false)?)
+                };
+                Ok(Block {
+                    input_layernorm: norm(weights, &format!("{p}.input_layernorm"), hidden, eps, shifted)?,
+                    mixer,
+                    post_attention_layernorm: norm(
+                        weights,
+                        &format!("{p}.post_attention_layernorm"),
+                        hidden,
+                        eps,
+                        shifted,
+                    )?,
+                    mlp,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        // mlx-lm reads tie_word_embeddings from the text config only (default false).
+        let tie = text.bool_or("tie_word_embeddings", false)?;
+        Ok(Qwen3_5 {
+            embed_tokens: weights.matrix(&format!("{lm}.embed_tokens"), vocab, hidden)?,
+            layers: blocks,
+            norm: norm(weights, &format!("{lm}.norm"), hidden, eps, shifted)?,
+            lm_head: if tie { None } else { Some(weights.matrix(names.lm_head(weights), vocab, hidden)?) },
+        })
+    }
+}
+
+impl Architecture for Qwen3_5 {
+    fn hidden(&self, tokens: &[u32], cache: &mut [LayerCache]) -> Result<Array> {
+        if cache.len() != self.layers.len() {
+            return Err(Error::Invalid(format!(
+                "a cache of {} layers for a model of {}",
+                cache.len(),
+                self.layers.len()
+            )));
+        }
+        let mut h = self.embed_tokens.embed(tokens)?;
+        for (layer, c) in self.layers.iter().zip(cache.iter_mut()) {
+            h = layer.forward(&h, c)?;
+        }
+        self.norm.forward(&h)
+    }
+
+    fn logits(&self, hidden: &Array) -> Result<Array> {
+        Ok(hidden.linear(self.lm_head.as_ref().unwrap_or(&self.embed_tokens))?)
+    }
+
+    fn num_layers(&self) -> usize {
+        self.layers.len()
+    }
+
+    fn is_recurrent(&self, layer: usize) -> bool {
+        self.layers.get(layer).is_some_and(|b| matches!(b.mixer, Mixer::Linear(_)))
+    }
+}
