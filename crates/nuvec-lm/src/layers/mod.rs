@@ -1,6 +1,7 @@
 //! The building blocks model files are made of.
 
 mod attention;
+mod gelu_mlp;
 mod linear;
 mod mlp;
 mod moe;
@@ -13,3 +14,5 @@ pub use mlp::Mlp;
 pub use moe::{FeedForward, MoeShape, SparseMoe};
 pub use norm::RmsNorm;
 pub use rope::Rope;
+// Gemma 4
+pub use gelu_mlp::GeluMlp;

@@ -23,3 +23,17 @@ impl RmsNorm {
         Ok(x.rms_norm(&self.weight, self.eps)?)
     }
 }
+
+// Gemma 4
+impl RmsNorm {
+    /// A norm without a learned scale (mlx's `rms_norm(x, None, eps)`): the weight is all ones,
+    /// which multiplies exactly. Made on `device`, where the activations it normalizes are.
+    pub fn without_scale(dims: usize, eps: f32, device: nuvec::Device) -> Result<Self> {
+        Ok(RmsNorm { weight: Array::from_slice_on(&vec![1f32; dims], &[dims], device)?, eps })
+    }
+
+    /// A norm whose weight was computed at load (a router's `scale * hidden^-0.5`, say).
+    pub fn from_weight(weight: Array, eps: f32) -> Self {
+        RmsNorm { weight, eps }
+    }
+}

@@ -1,5 +1,6 @@
 //! Model families, one file each, and the [`Model`] they are loaded as.
 
+mod gemma4;
 mod llama;
 mod qwen2;
 mod qwen3;
@@ -21,10 +22,25 @@ pub trait Architecture: Send + Sync {
     fn logits(&self, hidden: &Array) -> Result<Array>;
     /// Decoder layers (one cache each).
     fn num_layers(&self) -> usize;
+
+    // Gemma 4
+
+    /// The caches the model makes itself, as mlx-lm's `make_cache` (Gemma 4: rotating caches
+    /// for sliding-window layers, none for KV-shared layers); `None` means one plain cache per
+    /// layer, or the kind the generation's options ask for.
+    fn own_cache(&self) -> Option<Vec<LayerCache>> {
+        None
+    }
+
+    /// Rows of the output head, when config.json's top-level `vocab_size` is not it (a
+    /// multimodal checkpoint's language model); `None` means it is.
+    fn vocab_size(&self) -> Option<usize> {
+        None
+    }
 }
 
 /// The model types this build loads.
-pub const SUPPORTED_MODEL_TYPES: &[&str] = &["llama", "mistral", "qwen2", "qwen3", "qwen3_moe"];
+pub const SUPPORTED_MODEL_TYPES: &[&str] = &["llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "gemma4", "gemma4_text"];
 
 /// A loaded language model.
 pub struct Model {
@@ -52,6 +68,8 @@ impl Model {
             "qwen2" => Box::new(qwen2::load(config, weights)?),
             "qwen3" => Box::new(qwen3::load(config, weights)?),
             "qwen3_moe" => Box::new(qwen3_moe::load(config, weights)?),
+            "gemma4_text" => Box::new(gemma4::Gemma4::load_text(config, weights)?),
+            "gemma4" => Box::new(gemma4::Gemma4::load_multimodal(config, weights)?),
             other => {
                 return Err(Error::Unsupported(format!(
                     "{}: model_type {other:?} is not one nuvec loads ({})",
@@ -60,10 +78,14 @@ impl Model {
                 )))
             }
         };
+        let vocab_size = match arch.vocab_size() {
+            Some(v) => v,
+            None => config.usize("vocab_size")?,
+        };
         Ok(Model {
             arch,
             model_type,
-            vocab_size: config.usize("vocab_size")?,
+            vocab_size,
             eos_token_ids: config.eos_token_ids()?,
             newline_token_ids: vec![],
             fingerprint: String::new(),
@@ -110,14 +132,30 @@ impl Model {
         self.arch.num_layers()
     }
 
-    /// A fresh plain cache, one per layer.
+    /// A fresh plain cache, one per layer (or the caches the model makes itself, see
+    /// [`Architecture::own_cache`]).
     pub fn new_cache(&self) -> Vec<LayerCache> {
+        if let Some(caches) = self.arch.own_cache() {
+            return caches;
+        }
         (0..self.num_layers()).map(|_| LayerCache::Plain(crate::cache::KvCache::new())).collect()
     }
 
-    /// A fresh cache of the kind `options` asks for, one per layer.
+    /// A fresh cache of the kind `options` asks for, one per layer. A model that makes its own
+    /// caches (Gemma 4) refuses `max_kv_size`, which mlx-lm silently ignores for it; `kv_bits`
+    /// applies to its caches as to any.
     pub fn make_cache(&self, options: &CacheOptions) -> Result<Vec<LayerCache>> {
         options.validate()?;
+        if let Some(caches) = self.arch.own_cache() {
+            if let Some(max) = options.max_kv_size {
+                return Err(Error::Unsupported(format!(
+                    "max_kv_size = {max}: model_type {} makes its own caches (its sliding-window layers \
+                     already rotate); drop --max-kv-size",
+                    self.model_type
+                )));
+            }
+            return Ok(caches);
+        }
         (0..self.num_layers()).map(|_| LayerCache::new(options)).collect()
     }
 

@@ -4,6 +4,7 @@
 
 mod attention;
 mod elementwise;
+mod gemma4;
 mod linear;
 mod pool;
 mod qgemv;
@@ -118,5 +119,18 @@ impl Backend for CpuBackend {
 
     fn argmax(&self, x: &Array) -> Result<Array> {
         elementwise::argmax(x)
+    }
+
+    // Gemma 4
+    fn gelu_mul(&self, gate: &Array, up: &Array) -> Result<Array> {
+        gemma4::gelu_mul(gate, up)
+    }
+
+    fn scale(&self, x: &Array, s: f32) -> Result<Array> {
+        gemma4::scale(x, s)
+    }
+
+    fn softcap(&self, x: &Array, cap: f32) -> Result<Array> {
+        gemma4::softcap(x, cap)
     }
 }
