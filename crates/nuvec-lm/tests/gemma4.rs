@@ -35,7 +35,8 @@ fn floats(v: &serde_json::Value) -> Vec<f32> {
 
 /// The text model's config (inside `text_config` for the wrapper).
 fn text_config(dir: &Path) -> serde_json::Value {
-    let config: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
+    let config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
     match config.get("text_config") {
         Some(t) => t.clone(),
         None => config,
@@ -96,8 +97,10 @@ fn check_case(case: &str) -> Result<String, String> {
 
     // Free-running, through the library's decode loop (greedy by default).
     let options = GenerateOptions { max_tokens: tokens.len(), ignore_eos: true, seed: Some(0), ..Default::default() };
-    let generated: Vec<u32> =
-        generate(&model, &prompt, options).map_err(|e| e.to_string())?.collect::<Result<_, _>>().map_err(|e| e.to_string())?;
+    let generated: Vec<u32> = generate(&model, &prompt, options)
+        .map_err(|e| e.to_string())?
+        .collect::<Result<_, _>>()
+        .map_err(|e| e.to_string())?;
     let agreed = generated.iter().zip(&tokens).take_while(|(a, b)| a == b).count();
     if agreed < tokens.len() {
         // A near-tie is the only excuse for parting ways.

@@ -123,7 +123,7 @@ impl Rope {
                 let fraction = number("partial_rotary_factor", 1.0)?;
                 let factor = number("factor", 1.0)?;
                 let rotated = (dims as f64 * fraction) as usize;
-                if rotated > dims || rotated % 2 != 0 {
+                if rotated > dims || !rotated.is_multiple_of(2) {
                     return Err(config.error(
                         &format!("{field}.partial_rotary_factor"),
                         format_args!("= {fraction} rotates {rotated} of {dims} features; it must be an even count"),

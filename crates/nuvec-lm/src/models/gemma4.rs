@@ -114,7 +114,7 @@ impl Args {
                     return Err(c.error("sliding_window_pattern", "= 0 must be at least 1"));
                 }
                 (0..layers)
-                    .map(|i| if (i + 1) % pattern == 0 { LayerType::Full } else { LayerType::Sliding })
+                    .map(|i| if (i + 1).is_multiple_of(pattern) { LayerType::Full } else { LayerType::Sliding })
                     .collect()
             }
         };
@@ -169,9 +169,11 @@ impl Args {
         if args.sliding_window == 0 {
             return Err(c.error("sliding_window", "= 0 must be at least 1"));
         }
-        for (field, kv) in [("num_key_value_heads", Some(args.kv_heads)), ("num_global_key_value_heads", args.global_kv_heads)] {
+        for (field, kv) in
+            [("num_key_value_heads", Some(args.kv_heads)), ("num_global_key_value_heads", args.global_kv_heads)]
+        {
             if let Some(kv) = kv {
-                if kv == 0 || args.heads % kv != 0 {
+                if kv == 0 || !args.heads.is_multiple_of(kv) {
                     return Err(c.error(field, format_args!("= {kv} must divide num_attention_heads = {}", args.heads)));
                 }
             }
@@ -326,8 +328,7 @@ impl Experts {
         let scale = weights.tensor(&format!("{path}.router.scale"), &[hidden])?.to_f32_vec()?;
         let root = (hidden as f64).powf(-0.5) as f32;
         let scaled: Vec<f32> = scale.iter().map(|s| s * root).collect();
-        let router_norm =
-            RmsNorm::from_weight(Array::from_slice_on(&scaled, &[hidden], weights.device())?, args.eps);
+        let router_norm = RmsNorm::from_weight(Array::from_slice_on(&scaled, &[hidden], weights.device())?, args.eps);
         let per_expert_scale =
             weights.tensor(&format!("{path}.router.per_expert_scale"), &[m.experts])?.to_f32_vec()?;
         let projection = |name: &str, rows, cols| {
@@ -440,8 +441,20 @@ impl DecoderLayer {
         let per_layer = match args.per_layer_input_dims {
             0 => None,
             dims => Some(PerLayerGate {
-                per_layer_input_gate: Linear::load(weights, &format!("{p}.per_layer_input_gate"), args.hidden, dims, false)?,
-                per_layer_projection: Linear::load(weights, &format!("{p}.per_layer_projection"), dims, args.hidden, false)?,
+                per_layer_input_gate: Linear::load(
+                    weights,
+                    &format!("{p}.per_layer_input_gate"),
+                    args.hidden,
+                    dims,
+                    false,
+                )?,
+                per_layer_projection: Linear::load(
+                    weights,
+                    &format!("{p}.per_layer_projection"),
+                    dims,
+                    args.hidden,
+                    false,
+                )?,
                 post_per_layer_input_norm: norm("post_per_layer_input_norm", args.hidden)?,
             }),
         };
@@ -555,8 +568,9 @@ impl Gemma4 {
 
     fn load_with(config: &Config, weights: &Weights, prefix: &str, head: &str) -> Result<Self> {
         let args = Args::read(config)?;
-        let layers =
-            (0..args.layers).map(|i| DecoderLayer::load(weights, config, &args, prefix, i)).collect::<Result<Vec<_>>>()?;
+        let layers = (0..args.layers)
+            .map(|i| DecoderLayer::load(weights, config, &args, prefix, i))
+            .collect::<Result<Vec<_>>>()?;
         // mlx-lm's `previous_kvs`: a shared layer reads the last earlier computing layer of its type.
         let first_shared = args.first_shared();
         let kv_source = (0..args.layers)

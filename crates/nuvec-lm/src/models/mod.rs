@@ -40,7 +40,8 @@ pub trait Architecture: Send + Sync {
 }
 
 /// The model types this build loads.
-pub const SUPPORTED_MODEL_TYPES: &[&str] = &["llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "gemma4", "gemma4_text"];
+pub const SUPPORTED_MODEL_TYPES: &[&str] =
+    &["llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "gemma4", "gemma4_text"];
 
 /// A loaded language model.
 pub struct Model {
