@@ -21,8 +21,15 @@ use nuvec_lm::{generate, GenerateOptions, Model};
 /// Summation order alone: the tolerance of an f32 computation (as in parity.rs).
 const F32_TOLERANCE: f32 = 2e-3;
 
-const CASES: [&str; 6] =
-    ["gemma4-f32", "gemma4-q4g64", "gemma4_moe-f32", "gemma4_moe-q4g64", "gemma4-wrapper-hf", "gemma4-wrapper-q4g64"];
+const CASES: [&str; 7] = [
+    "gemma4-f32",
+    "gemma4-q4g64",
+    "gemma4_moe-f32",
+    "gemma4_moe-q4g64",
+    "gemma4_moe-hf",
+    "gemma4-wrapper-hf",
+    "gemma4-wrapper-q4g64",
+];
 
 fn case_dir(case: &str) -> PathBuf {
     let dir = fixtures().join("gemma4").join(case);

@@ -17,6 +17,8 @@ oracle.json / oracle.safetensors in make_fixtures.py's format:
 - gemma4_moe-f32, gemma4_moe-q4g64: the MoE block (4 experts, top 2, beside the dense MLP) and
   attention_k_eq_v with num_global_key_value_heads 1; no per-layer inputs or shared K/V.
   mlx-lm's quant predicate puts router.proj at 8 bits.
+- gemma4_moe-hf: gemma4_moe-f32's weights with the experts as Hugging Face stores them
+  (`experts.gate_up_proj`, `experts.down_proj`, which mlx-lm's sanitize splits); same records.
 - gemma4-wrapper-hf: model_type gemma4 (text_config inside), gemma4-f32's weights under Hugging
   Face's `model.language_model.*` names, plus vision tensors that mlx-lm drops (and nuvec must
   never read). mlx-lm loads it as is.
@@ -224,6 +226,33 @@ def record_chunked(case_dir, step):
         "margins": margins, "min_margin": min(margins)}, indent=1))
 
 
+def make_hf_fused_experts(out):
+    """gemma4_moe-f32 with Hugging Face's fused expert tensors; mlx-lm must answer identically."""
+    src, case = out / "gemma4_moe-f32", "gemma4_moe-hf"
+    case_dir = out / case
+    shutil.rmtree(case_dir, ignore_errors=True)
+    shutil.copytree(src, case_dir)
+    weights, fused = mx.load(str(src / "model.safetensors")), {}
+    for name, w in weights.items():
+        if ".experts.switch_glu." not in name:
+            fused[name] = w
+        elif name.endswith(".gate_proj.weight"):
+            base = name.removesuffix(".switch_glu.gate_proj.weight")
+            up = weights[name.replace(".gate_proj.", ".up_proj.")]
+            fused[f"{base}.gate_up_proj"] = mx.concatenate([w, up], axis=-2)
+        elif name.endswith(".down_proj.weight"):
+            fused[name.replace(".switch_glu.down_proj.weight", ".down_proj")] = w
+    (case_dir / "model.safetensors.index.json").unlink(missing_ok=True)
+    mx.save_safetensors(str(case_dir / "model.safetensors"), fused, metadata={"format": "pt"})
+    record = fx.record_plain_prompt(case_dir, case, {"same_weights_as": src.name})
+    f32 = json.loads((src / "oracle.json").read_text())
+    ours = mx.load(str(case_dir / "oracle.safetensors"))["first_logits"]
+    theirs = mx.load(str(src / "oracle.safetensors"))["first_logits"]
+    assert record["greedy_tokens"] == f32["greedy_tokens"], "fused experts answer differently in mlx-lm"
+    assert float(mx.abs(ours - theirs).max()) < 1e-4, "fused experts load differently in mlx-lm"
+    return record
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("fixtures", type=Path)
@@ -243,6 +272,7 @@ def main():
         moe_src = build_source(work, "gemma4_moe", MOE, args.tokenizers)
         records.append(convert_case(out, moe_src, "gemma4_moe-f32", None))
         records.append(convert_case(out, moe_src, "gemma4_moe-q4g64", q4))
+        records.append(make_hf_fused_experts(out))
         wrapper_src = make_wrapper_source(work, text_src, args.tokenizers)
         records.append(record_wrapper_hf(out, wrapper_src, "gemma4-f32"))
         records.append(convert_case(out, wrapper_src, "gemma4-wrapper-q4g64", q4))

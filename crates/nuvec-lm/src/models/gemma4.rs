@@ -317,13 +317,6 @@ struct Experts {
 impl Experts {
     fn load(weights: &Weights, path: &str, args: &Args, m: MoeArgs) -> Result<Self> {
         let hidden = args.hidden;
-        let fused = format!("{path}.experts.gate_up_proj");
-        if weights.has(&fused) {
-            return Err(Error::Unsupported(format!(
-                "{fused}: Hugging Face's fused expert layout is not read yet; convert the checkpoint with \
-                 mlx_lm.convert, which splits it into experts.switch_glu.{{gate,up,down}}_proj"
-            )));
-        }
         // mlx-lm: rms_norm(x, scale * hidden^-0.5): the product is formed once here.
         let scale = weights.tensor(&format!("{path}.router.scale"), &[hidden])?.to_f32_vec()?;
         let root = (hidden as f64).powf(-0.5) as f32;
@@ -340,9 +333,15 @@ impl Experts {
                 cols,
             )
         };
-        let gates = projection("gate_proj", m.intermediate, hidden)?;
-        let ups = projection("up_proj", m.intermediate, hidden)?;
-        let downs = projection("down_proj", hidden, m.intermediate)?;
+        let (gates, ups, downs) = if weights.has(&format!("{path}.experts.gate_up_proj")) {
+            fused_experts(weights, &format!("{path}.experts"), m, hidden)?
+        } else {
+            (
+                projection("gate_proj", m.intermediate, hidden)?,
+                projection("up_proj", m.intermediate, hidden)?,
+                projection("down_proj", hidden, m.intermediate)?,
+            )
+        };
         let linear = |weight: Matrix| Linear { weight, bias: None };
         let experts = gates
             .into_iter()
@@ -393,6 +392,37 @@ impl Experts {
         Ok(Array::from_slice_on(&out, &[l, hidden], x.device())?)
     }
 }
+
+/// Hugging Face's expert layout, which mlx-lm's `sanitize` splits: `{path}.gate_up_proj
+/// [experts, 2 * intermediate, hidden]` (gate rows first, then up) and `{path}.down_proj
+/// [experts, hidden, intermediate]`, dense. Each expert's matrices are views into them.
+fn fused_experts(weights: &Weights, path: &str, m: MoeArgs, hidden: usize) -> Result<FusedParts> {
+    let tensor = |name: &str, shape: [usize; 3]| -> Result<Array> {
+        let full = format!("{path}.{name}");
+        let a = weights.raw(&full)?;
+        if a.shape() != shape || !a.dtype().is_float() {
+            return Err(Error::Weights {
+                file: weights.files().first().map_or_else(String::new, |f| f.display().to_string()),
+                message: format!("{full}: {} {:?}, expected a float tensor {shape:?}", a.dtype(), a.shape()),
+            });
+        }
+        Ok(a)
+    };
+    let gate_up = tensor("gate_up_proj", [m.experts, 2 * m.intermediate, hidden])?;
+    let down = tensor("down_proj", [m.experts, hidden, m.intermediate])?;
+    let device = weights.device();
+    let (mut gates, mut ups, mut downs) = (vec![], vec![], vec![]);
+    for e in 0..m.experts {
+        let halves = gate_up.index_first(e)?.reshape(&[2, m.intermediate, hidden])?;
+        gates.push(Matrix::Dense(halves.index_first(0)?).to_device(device)?);
+        ups.push(Matrix::Dense(halves.index_first(1)?).to_device(device)?);
+        downs.push(Matrix::Dense(down.index_first(e)?).to_device(device)?);
+    }
+    Ok((gates, ups, downs))
+}
+
+/// Every expert's gate, up and down matrices.
+type FusedParts = (Vec<Matrix>, Vec<Matrix>, Vec<Matrix>);
 
 /// The MoE half of a layer's feed-forward and its norms.
 struct MoeBlock {
