@@ -142,3 +142,18 @@ impl Config {
         }
     }
 }
+
+// Gemma 4
+impl Config {
+    /// True when `key` is present with the value `null`, which some fields read differently from
+    /// an absent key (Gemma 4's `final_logit_softcapping`: null turns capping off, absent is 30).
+    pub fn is_null(&self, key: &str) -> bool {
+        self.values.get(key).is_some_and(Value::is_null)
+    }
+
+    /// The JSON object under `key` (a multimodal checkpoint's `text_config`) as a config of its
+    /// own; errors name it as `file (key)`.
+    pub fn sub_config(&self, key: &str, values: Map<String, Value>) -> Config {
+        Config { file: format!("{} ({key})", self.file), values }
+    }
+}

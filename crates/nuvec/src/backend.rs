@@ -108,6 +108,18 @@ pub trait Backend: Send + Sync {
 
     /// `x * sigmoid(gate)`, elementwise (same shape): the output gate of gated attention.
     fn sigmoid_mul(&self, gate: &Array, x: &Array) -> Result<Array>;
+
+    // Gemma 4
+
+    /// `gelu_approx(gate) * up`, elementwise, with mlx's tanh approximation of GELU:
+    /// `0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3)))` (Gemma's gated MLP and per-layer gate).
+    fn gelu_mul(&self, gate: &Array, up: &Array) -> Result<Array>;
+
+    /// `x * s` elementwise, for a scalar `s`.
+    fn scale(&self, x: &Array, s: f32) -> Result<Array>;
+
+    /// Logit soft-capping, `tanh(x / cap) * cap` elementwise; `cap` must be positive.
+    fn softcap(&self, x: &Array, cap: f32) -> Result<Array>;
 }
 
 /// Head counts and sizes of a Gated DeltaNet layer (see [`Backend::gated_delta`]).

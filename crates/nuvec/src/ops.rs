@@ -70,6 +70,24 @@ impl Array {
     }
 }
 
+// Gemma 4
+impl Array {
+    /// `gelu_approx(self) * up`; see [`crate::Backend::gelu_mul`].
+    pub fn gelu_mul(&self, up: &Array) -> Result<Array> {
+        backend(self.device()).gelu_mul(self, up)
+    }
+
+    /// `self * s`.
+    pub fn scale(&self, s: f32) -> Result<Array> {
+        backend(self.device()).scale(self, s)
+    }
+
+    /// `tanh(self / cap) * cap`; see [`crate::Backend::softcap`].
+    pub fn softcap(&self, cap: f32) -> Result<Array> {
+        backend(self.device()).softcap(self, cap)
+    }
+}
+
 impl Matrix {
     /// Rows `ids` as f32 `[len(ids), cols]` (an embedding lookup).
     pub fn embed(&self, ids: &[u32]) -> Result<Array> {

@@ -127,3 +127,12 @@ impl KvCache {
         Ok(cache)
     }
 }
+
+// Gemma 4
+impl KvCache {
+    /// The buffers `[kv_heads, capacity, head_dim]` (valid up to [`Positions::offset`]), `None`
+    /// before the first update.
+    pub fn buffers(&self) -> Option<(&Array, &Array)> {
+        Some((self.keys.as_ref()?, self.values.as_ref()?))
+    }
+}

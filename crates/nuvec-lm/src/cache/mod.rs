@@ -354,3 +354,28 @@ impl LayerCache {
         }
     }
 }
+
+// Gemma 4
+impl LayerCache {
+    /// Attends `q [L, heads, head_dim]`, the queries of the last `L` positions added, over the
+    /// keys and values this cache holds, with the mask [`LayerCache::attend`] used when it added
+    /// them. Gemma 4's KV-shared layers attend this way over an earlier layer's cache, in the
+    /// same forward pass, without a cache of their own.
+    pub fn attend_held(&self, q: &Array, scale: f32) -> Result<Array> {
+        match self {
+            LayerCache::Plain(c) => {
+                let (l, held) = (q.dim(0), c.offset());
+                let Some((k, v)) = c.buffers().filter(|_| l > 0 && l <= held) else {
+                    return Err(Error::Invalid(format!("{l} queries for a cache holding {held} positions")));
+                };
+                Ok(nuvec::attention(q, k, v, held, scale)?)
+            }
+            LayerCache::Rotating(c) => c.attend_held(q, scale),
+            LayerCache::Quantized(c) => c.attend_held(q, scale),
+            LayerCache::QuantizedRotating(c) => c.attend_held(q, scale),
+            LayerCache::Chunked(_) | LayerCache::Recurrent(_) => Err(Error::Invalid(
+                "a KV-shared layer can only attend over a plain, rotating or quantized cache".into(),
+            )),
+        }
+    }
+}

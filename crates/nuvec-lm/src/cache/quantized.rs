@@ -90,3 +90,18 @@ impl QuantizedKvCache {
         Ok(QuantizedKvCache { spec: keys.spec, keys: Some(keys), values: Some(values) })
     }
 }
+
+// Gemma 4
+impl QuantizedKvCache {
+    /// Attends `q [L, heads, head_dim]`, the queries of the last `L` positions added, causally
+    /// over everything held, as [`QuantizedKvCache::attend`] did when it added them.
+    pub fn attend_held(&self, q: &Array, scale: f32) -> Result<Array> {
+        let (Some(k), Some(v)) = (&self.keys, &self.values) else {
+            return Err(Error::Invalid("attending over an empty quantized cache".into()));
+        };
+        if q.dim(0) > k.len() {
+            return Err(Error::Invalid(format!("{} queries for a cache holding {}", q.dim(0), k.len())));
+        }
+        attend_causal(q, &k.to_array()?, &v.to_array()?, scale)
+    }
+}

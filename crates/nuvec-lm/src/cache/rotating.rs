@@ -111,20 +111,37 @@ impl<S: Store> RotatingKvCache<S> {
     /// chunk, everything held for a single token.
     pub fn attend(&mut self, q: &Array, keys: &Array, values: &Array, scale: f32) -> Result<Array> {
         let l = keys.dim(1);
-        // mlx-lm builds the mask before the update, from the positions held so far.
-        let held_before = self.offset.min(self.max_size - 1);
         let (keys, values) = (S::ingest(keys, &self.context)?, S::ingest(values, &self.context)?);
         if l > 1 {
             self.update_concat(&keys, &values)?;
-            let (k, v) = (self.keys.as_ref().expect("set").to_array()?, self.values.as_ref().expect("set").to_array()?);
+        } else {
+            self.update_in_place(&keys, &values)?;
+        }
+        self.attend_held(q, scale)
+    }
+
+    /// Attends `q [L, heads, head_dim]`, the queries of the last `L` positions added, over what
+    /// the cache holds, with the mask [`RotatingKvCache::attend`] gave them when it added them.
+    /// ([`RotatingKvCache::attend`] is the update followed by this; Gemma 4's KV-shared layers
+    /// call it alone, attending over an earlier layer's keys and values.)
+    pub fn attend_held(&self, q: &Array, scale: f32) -> Result<Array> {
+        let l = q.dim(0);
+        let (Some(k), Some(v)) = (&self.keys, &self.values) else {
+            return Err(Error::Invalid("attending over an empty rotating cache".into()));
+        };
+        if l == 0 || l > self.offset {
+            return Err(Error::Invalid(format!("{l} queries for a rotating cache that has seen {}", self.offset)));
+        }
+        let (k, v) = (k.to_array()?, v.to_array()?);
+        if l > 1 {
+            // mlx-lm builds the mask before the update, from the positions held then.
+            let held_before = (self.offset - l).min(self.max_size - 1);
             if held_before + l > self.max_size {
                 attend_windowed(q, &k, &v, held_before, self.max_size, scale)
             } else {
                 attend_causal(q, &k, &v, scale)
             }
         } else {
-            self.update_in_place(&keys, &values)?;
-            let (k, v) = (self.keys.as_ref().expect("set").to_array()?, self.values.as_ref().expect("set").to_array()?);
             let n = self.offset.min(k.dim(1));
             let (k, v) = on_device_of(q, &k, &v)?;
             Ok(nuvec::attention(q, &k, &v, n, scale)?)

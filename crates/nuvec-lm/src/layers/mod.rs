@@ -3,6 +3,7 @@
 mod attention;
 mod gated_attention;
 mod gated_delta;
+mod gelu_mlp;
 mod linear;
 mod mlp;
 mod moe;
@@ -19,3 +20,5 @@ pub use moe::{FeedForward, MoeShape, SparseMoe};
 pub use norm::RmsNorm;
 pub use rope::Rope;
 pub use shared_moe::SharedExpertMoe;
+// Gemma 4
+pub use gelu_mlp::GeluMlp;

@@ -18,7 +18,8 @@ impl RmsNorm {
         Ok(RmsNorm { weight: weights.tensor(&format!("{path}.weight"), &[dims])?, eps })
     }
 
-    /// A norm with the given `weight` (one per feature), e.g. one adjusted at load.
+    /// A norm with the given `weight` (one per feature), e.g. one adjusted or computed at load (a
+    /// router's `scale * hidden^-0.5`).
     pub fn from_weight(weight: Array, eps: f32) -> Self {
         RmsNorm { weight, eps }
     }
@@ -26,5 +27,14 @@ impl RmsNorm {
     /// Normalizes `x`.
     pub fn forward(&self, x: &Array) -> Result<Array> {
         Ok(x.rms_norm(&self.weight, self.eps)?)
+    }
+}
+
+// Gemma 4
+impl RmsNorm {
+    /// A norm without a learned scale (mlx's `rms_norm(x, None, eps)`): the weight is all ones,
+    /// which multiplies exactly. Made on `device`, where the activations it normalizes are.
+    pub fn without_scale(dims: usize, eps: f32, device: nuvec::Device) -> Result<Self> {
+        Ok(RmsNorm { weight: Array::from_slice_on(&vec![1f32; dims], &[dims], device)?, eps })
     }
 }

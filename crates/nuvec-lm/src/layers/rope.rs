@@ -80,3 +80,66 @@ impl Rope {
         Ok(x.rope(&self.inv_freqs, offset, self.traditional)?)
     }
 }
+
+// Gemma 4
+impl Rope {
+    /// One layer type's rotary embedding from its own rope parameters (Gemma 4's
+    /// `rope_parameters.{sliding_attention,full_attention}`), as mlx-lm's `initialize_rope` builds
+    /// it for heads of `dims` features: `default`, `linear` (`factor`) and `proportional`, which
+    /// rotates the first `partial_rotary_factor * dims / 2` frequency pairs with periods
+    /// `factor * rope_theta^(2i / dims)` (the exponent over all `dims`) and leaves the other pairs
+    /// unrotated (mlx-lm gives them infinite periods). `field` names the object in errors.
+    pub fn from_parameters(
+        config: &Config,
+        field: &str,
+        params: Option<&Value>,
+        dims: usize,
+        traditional: bool,
+    ) -> Result<Self> {
+        let number = |name: &str, default: f64| -> Result<f64> {
+            match params.and_then(|p| p.get(name)).filter(|v| !v.is_null()) {
+                None => Ok(default),
+                Some(v) => v
+                    .as_f64()
+                    .ok_or_else(|| config.error(&format!("{field}.{name}"), format_args!("= {v} is not a number"))),
+            }
+        };
+        let theta = number("rope_theta", 10000.0)?;
+        let kind = params
+            .and_then(|p| p.get("type").filter(|v| !v.is_null()).or_else(|| p.get("rope_type")))
+            .and_then(Value::as_str)
+            .unwrap_or("default");
+        let period = |i: usize| theta.powf(2.0 * i as f64 / dims as f64);
+        let periods: Vec<Option<f64>> = match kind {
+            "default" => (0..dims / 2).map(|i| Some(period(i))).collect(),
+            "linear" => {
+                let factor = number("factor", f64::NAN)?;
+                if factor.is_nan() {
+                    return Err(config.error(&format!("{field}.factor"), "is missing (rope_type linear needs it)"));
+                }
+                (0..dims / 2).map(|i| Some(period(i) * factor)).collect()
+            }
+            "proportional" => {
+                let fraction = number("partial_rotary_factor", 1.0)?;
+                let factor = number("factor", 1.0)?;
+                let rotated = (dims as f64 * fraction) as usize;
+                if rotated > dims || !rotated.is_multiple_of(2) {
+                    return Err(config.error(
+                        &format!("{field}.partial_rotary_factor"),
+                        format_args!("= {fraction} rotates {rotated} of {dims} features; it must be an even count"),
+                    ));
+                }
+                (0..dims / 2).map(|i| (i < rotated / 2).then(|| factor * period(i))).collect()
+            }
+            other => {
+                return Err(Error::Unsupported(format!(
+                    "{}: {field}.rope_type {other:?} is not built yet (default, linear and proportional are)",
+                    config.file()
+                )))
+            }
+        };
+        // An unrotated pair has frequency zero: cos 1, sin 0, the features pass through exactly.
+        let inv_freqs = periods.iter().map(|p| p.map_or(0.0, |p| 1.0 / (p as f32))).collect();
+        Ok(Rope { inv_freqs, traditional })
+    }
+}

@@ -1,5 +1,6 @@
 //! Model families, one file each, and the [`Model`] they are loaded as.
 
+mod gemma4;
 mod llama;
 mod qwen2;
 mod qwen3;
@@ -29,11 +30,26 @@ pub trait Architecture: Send + Sync {
     fn is_recurrent(&self, _layer: usize) -> bool {
         false
     }
+
+    // Gemma 4
+
+    /// The caches the model makes itself (storing `kv_dtype`), as mlx-lm's `make_cache` (Gemma 4: rotating caches
+    /// for sliding-window layers, none for KV-shared layers); `None` means one plain cache per
+    /// layer, or the kind the generation's options ask for.
+    fn own_cache(&self, _kv_dtype: nuvec::DType) -> Option<Vec<LayerCache>> {
+        None
+    }
+
+    /// Rows of the output head, when config.json's top-level `vocab_size` is not it (a
+    /// multimodal checkpoint's language model); `None` means it is.
+    fn vocab_size(&self) -> Option<usize> {
+        None
+    }
 }
 
 /// The model types this build loads.
 pub const SUPPORTED_MODEL_TYPES: &[&str] =
-    &["llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "qwen3_5", "qwen3_5_moe"];
+    &["llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "qwen3_5", "qwen3_5_moe", "gemma4", "gemma4_text"];
 
 /// A loaded language model.
 pub struct Model {
@@ -64,6 +80,8 @@ impl Model {
             "qwen3" => Box::new(qwen3::load(config, weights)?),
             "qwen3_moe" => Box::new(qwen3_moe::load(config, weights)?),
             "qwen3_5" | "qwen3_5_moe" => Box::new(qwen3_5::Qwen3_5::load(config, weights)?),
+            "gemma4_text" => Box::new(gemma4::Gemma4::load_text(config, weights)?),
+            "gemma4" => Box::new(gemma4::Gemma4::load_multimodal(config, weights)?),
             other => {
                 return Err(Error::Unsupported(format!(
                     "{}: model_type {other:?} is not one nuvec loads ({})",
@@ -72,14 +90,18 @@ impl Model {
                 )))
             }
         };
-        Ok(Model {
-            arch,
-            model_type,
-            vocab_size: match config.opt_usize("vocab_size")? {
+        let vocab_size = match arch.vocab_size() {
+            Some(v) => v,
+            None => match config.opt_usize("vocab_size")? {
                 Some(v) => v,
                 // A multimodal wrapper keeps the language model's fields in text_config.
                 None => config.text_config()?.usize("vocab_size")?,
             },
+        };
+        Ok(Model {
+            arch,
+            model_type,
+            vocab_size,
             eos_token_ids: config.eos_token_ids()?,
             newline_token_ids: vec![],
             fingerprint: String::new(),
@@ -150,9 +172,12 @@ impl Model {
     }
 
     /// A fresh plain cache, one per layer, in [`Model::kv_dtype`] (a recurrent one for a hybrid's
-    /// linear layers).
+    /// linear layers; the caches the model makes itself, see [`Architecture::own_cache`]).
     pub fn new_cache(&self) -> Vec<LayerCache> {
         let dtype = self.kv_dtype().dtype();
+        if let Some(caches) = self.arch.own_cache(dtype) {
+            return caches;
+        }
         (0..self.num_layers())
             .map(|i| match self.arch.is_recurrent(i) {
                 true => LayerCache::Recurrent(crate::cache::RecurrentCache::new()),
@@ -164,15 +189,26 @@ impl Model {
     /// A fresh cache of the kind `options` asks for, one per layer (a recurrent one for a
     /// hybrid's linear layers). A hybrid refuses `max_kv_size`: its recurrent layers remember
     /// every position whatever the attention layers forget, and mlx-lm silently ignores the
-    /// setting for such models.
+    /// setting for such models. So does a model that makes its own caches (Gemma 4, whose
+    /// sliding-window layers already rotate); `kv_bits` applies to its caches as to any.
     pub fn make_cache(&self, options: &CacheOptions) -> Result<Vec<LayerCache>> {
         options.validate()?;
         let options = self.cache_options(options);
-        if self.device != Device::Cpu && options.kv_dtype != Some(KvDtype::F32) {
+        let dtype = options.kv_dtype.expect("filled in above");
+        if self.device != Device::Cpu && dtype != KvDtype::F32 {
             return Err(Error::Unsupported(format!(
-                "kv dtype {:?}: caches on the GPU are f32 for now (its attention reads f32); pass --kv-dtype f32",
-                options.kv_dtype.expect("filled in above")
+                "kv dtype {dtype:?}: caches on the GPU are f32 for now (its attention reads f32); pass --kv-dtype f32"
             )));
+        }
+        if let Some(caches) = self.arch.own_cache(dtype.dtype()) {
+            if let Some(max) = options.max_kv_size {
+                return Err(Error::Unsupported(format!(
+                    "max_kv_size = {max}: model_type {} makes its own caches (its sliding-window layers \
+                     already rotate); drop --max-kv-size",
+                    self.model_type
+                )));
+            }
+            return Ok(caches);
         }
         let hybrid = (0..self.num_layers()).any(|i| self.arch.is_recurrent(i));
         if let (true, Some(max)) = (hybrid, options.max_kv_size) {

@@ -141,5 +141,21 @@ pub(crate) mod host_checked {
             on_host("sigmoid_mul", &[("gate", gate), ("x", x)])?;
             CpuBackend.sigmoid_mul(gate, x)
         }
+
+        // Gemma 4
+        fn gelu_mul(&self, gate: &Array, up: &Array) -> Result<Array> {
+            on_host("gelu_mul", &[("gate", gate), ("up", up)])?;
+            CpuBackend.gelu_mul(gate, up)
+        }
+
+        fn scale(&self, x: &Array, s: f32) -> Result<Array> {
+            on_host("scale", &[("x", x)])?;
+            CpuBackend.scale(x, s)
+        }
+
+        fn softcap(&self, x: &Array, cap: f32) -> Result<Array> {
+            on_host("softcap", &[("x", x)])?;
+            CpuBackend.softcap(x, cap)
+        }
     }
 }

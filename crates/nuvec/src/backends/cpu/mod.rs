@@ -5,6 +5,7 @@
 mod attention;
 mod elementwise;
 mod gated_delta;
+mod gemma4;
 mod kv_rows;
 mod linear;
 mod pool;
@@ -156,5 +157,18 @@ impl Backend for CpuBackend {
 
     fn sigmoid_mul(&self, gate: &Array, x: &Array) -> Result<Array> {
         gated_delta::sigmoid_mul(gate, x)
+    }
+
+    // Gemma 4
+    fn gelu_mul(&self, gate: &Array, up: &Array) -> Result<Array> {
+        gemma4::gelu_mul(gate, up)
+    }
+
+    fn scale(&self, x: &Array, s: f32) -> Result<Array> {
+        gemma4::scale(x, s)
+    }
+
+    fn softcap(&self, x: &Array, cap: f32) -> Result<Array> {
+        gemma4::softcap(x, cap)
     }
 }

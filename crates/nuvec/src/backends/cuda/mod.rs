@@ -28,10 +28,12 @@ pub use ops::CudaBackend;
 pub const PRELUDE: &str = include_str!("kernels/common.cuh");
 
 /// The kernel sources, by file name, without the [`PRELUDE`].
-pub const SOURCES: [(&str, &str); 3] = [
+pub const SOURCES: [(&str, &str); 4] = [
     ("elementwise.cu", include_str!("kernels/elementwise.cu")),
     ("linear.cu", include_str!("kernels/linear.cu")),
     ("attention.cu", include_str!("kernels/attention.cu")),
+    // Gemma 4
+    ("gemma4.cu", include_str!("kernels/gemma4.cu")),
 ];
 
 /// The NVRTC options every source is compiled with, for a virtual architecture such as
@@ -286,6 +288,9 @@ mod tests {
             "gemv",
             "gather_rows",
             "attention_f32",
+            "gelu_mul_f32",
+            "scale_f32",
+            "softcap_f32",
         ] {
             assert!(names.iter().any(|n| n == want), "{want} missing from {names:?}");
         }

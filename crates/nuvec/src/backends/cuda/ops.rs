@@ -561,6 +561,36 @@ impl Backend for CudaBackend {
     fn sigmoid_mul(&self, _gate: &Array, _x: &Array) -> Result<Array> {
         Err(gated_delta_not_built("sigmoid_mul"))
     }
+
+    // Gemma 4
+    fn gelu_mul(&self, gate: &Array, up: &Array) -> Result<Array> {
+        self.binary("gelu_mul", "gelu_mul_f32", gate, up)
+    }
+
+    fn scale(&self, x: &Array, s: f32) -> Result<Array> {
+        self.with_scalar("scale", "scale_f32", x, s)
+    }
+
+    fn softcap(&self, x: &Array, cap: f32) -> Result<Array> {
+        if !(cap > 0.0 && cap.is_finite()) {
+            return Err(Error::shape("softcap", format!("cap must be a positive number, got {cap}")));
+        }
+        self.with_scalar("softcap", "softcap_f32", x, cap)
+    }
+}
+
+// Gemma 4
+impl CudaBackend {
+    /// An elementwise kernel `(out, x, scalar, n)` over all of `x`.
+    fn with_scalar(&self, op: &'static str, kernel: &str, x: &Array, s: f32) -> Result<Array> {
+        let xp = self.f32_ptr(op, "x", x)?;
+        let out = self.output(x.shape(), DType::F32, false)?;
+        let (o, n) = (out.cuda_ptr()?, x.len() as u64);
+        if n > 0 {
+            launch!(self.st()?, op, kernel, cfg_1d(n as usize); o, xp, s, n);
+        }
+        Ok(out)
+    }
 }
 
 /// The error for a Gated DeltaNet op on CUDA, which has no kernel for it yet.
