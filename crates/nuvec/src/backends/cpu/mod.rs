@@ -4,6 +4,7 @@
 
 mod attention;
 mod elementwise;
+mod fpgemv;
 mod linear;
 mod pool;
 mod qgemv;

@@ -148,7 +148,14 @@ impl CudaBackend {
                 Ok(WeightArgs { dense, packed: 0, scales: 0, biases: 0, w_dt, p_dt: 0, bits: 0, group: 0 })
             }
             Matrix::Quantized(q) => {
-                let QuantSpec { mode: QuantMode::Affine, bits, group_size } = q.spec;
+                if q.spec.mode != QuantMode::Affine {
+                    // fpquant: the floating-point modes have no CUDA kernels yet.
+                    return Err(Error::Unsupported(format!(
+                        "{op}: {} weights are not yet implemented on CUDA; run this model on the CPU",
+                        q.spec.mode.name()
+                    )));
+                }
+                let QuantSpec { bits, group_size, .. } = q.spec;
                 if !QuantSpec::AFFINE_BITS.contains(&bits) || !QuantSpec::AFFINE_GROUPS.contains(&group_size) {
                     return Err(Error::shape(
                         op,
