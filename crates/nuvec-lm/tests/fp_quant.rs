@@ -190,9 +190,12 @@ fn with_config(case: &str, label: &str, edit: impl Fn(&mut serde_json::Value)) -
     dir
 }
 
+/// Edits a config's quantization entry.
+type Edit = Box<dyn Fn(&mut serde_json::Value)>;
+
 #[test]
 fn contradictions_and_invalid_modes_are_refused() {
-    let cases: [(&str, &str, Box<dyn Fn(&mut serde_json::Value)>, &[&str]); 4] = [
+    let cases: [(&str, &str, Edit, &[&str]); 4] = [
         ("llama-mxfp4", "bits8", Box::new(|q| q["bits"] = 8.into()), &["config.json", "mode mxfp4 needs bits = 4"]),
         ("llama-nvfp4", "group32", Box::new(|q| q["group_size"] = 32.into()), &["nvfp4 needs", "group_size = 16"]),
         (

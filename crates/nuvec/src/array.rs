@@ -244,7 +244,7 @@ impl Matrix {
                 packed: q.packed.to_device(device)?,
                 scales: q.scales.to_device(device)?,
                 // The floating-point modes' biases are empty: nothing to move.
-                biases: if q.biases.len() == 0 { q.biases.clone() } else { q.biases.to_device(device)? },
+                biases: if q.biases.is_empty() { q.biases.clone() } else { q.biases.to_device(device)? },
                 spec: q.spec,
                 global_scale: q.global_scale,
             }),
