@@ -1,6 +1,8 @@
 //! Checkpoints in MLX's floating-point quantization modes (mxfp4, mxfp8, nvfp4, and a per-layer
-//! mix of them with affine and dense layers), written by mlx_lm.convert and recorded by
-//! scripts/oracle/more/fp_quant.py in `$NUVEC_FIXTURES/fp_quant/<case>`:
+//! mix of them with affine and dense layers), written by mlx_lm.convert, and a Qwen3-MoE in nvfp4
+//! with per-expert global scales (mlx_lm.utils.quantize_model; its oracle is mlx-lm on the
+//! same weights with those experts dequantized by mx.dequantize, since mlx's CPU cannot run
+//! them), recorded by scripts/oracle/more/fp_quant.py in `$NUVEC_FIXTURES/fp_quant/<case>`:
 //! - teacher-forced on mlx-lm's greedy tokens, our logits match its recorded ones (the first
 //!   step's full vector, then the top 16 of every step) within f32 summation error, and decoding
 //!   freely we produce its tokens up to the first near-tie (as tests/parity.rs checks);
@@ -110,8 +112,9 @@ fn every_fp_case_matches_mlx_lm() {
         }
     }
     assert!(failures.is_empty(), "{} cases differ from mlx-lm:\n{}", failures.len(), failures.join("\n"));
-    // llama and qwen3 (tied embeddings), each in mxfp4, mxfp8, nvfp4 and the per-layer mix.
-    assert_eq!(cases.len(), 8, "expected 8 fp_quant cases, found {cases:?}");
+    // llama and qwen3 (tied embeddings), each in mxfp4, mxfp8, nvfp4 and the per-layer mix, and
+    // Qwen3-MoE in nvfp4 with per-expert global scales.
+    assert_eq!(cases.len(), 9, "expected 9 fp_quant cases, found {cases:?}");
 }
 
 fn out_dir(name: &str) -> PathBuf {

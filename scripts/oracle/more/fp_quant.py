@@ -10,8 +10,15 @@ Writes only below FIXTURES/fp_quant/:
   mx.quantized_matmul's output for a few activation rows, and raw random codes with every scale
   byte dequantized; for nvfp4 also a matrix quantized and dequantized with a global scale.
 - <family>-<mode>/: checkpoints written by mlx_lm.convert from the llama-f32 and qwen3-f32 cases
-  with q_mode=<mode>, and <family>-fpmixed: per-layer modes mixed by a quant_predicate. Each holds
-  oracle.json / oracle.safetensors recorded exactly as make_fixtures.py records its cases.
+  with q_mode=<mode>, and <family>-fpmixed: per-layer modes mixed by a quant_predicate; and
+  qwen3_moe-nvfp4-global: the qwen3_moe-f32 case quantized by mlx_lm.utils.quantize_model in nvfp4
+  with global_scale=True (one f32 scale per expert on the stacked expert projections, the only
+  place mlx-lm writes one; its router gate is affine 8-bit by the model's own quant_predicate).
+  mlx 0.32.4 runs gather_qmm with a global scale only on the GPU, so that case's oracle is mlx-lm
+  on the same checkpoint with the expert projections replaced by mx.dequantize's f32 output (the
+  other layers stay nvfp4), as make_awq_gptq_fixtures.py does for formats mlx-lm cannot run.
+  Each holds oracle.json / oracle.safetensors recorded exactly as make_fixtures.py records its
+  cases.
 
 The cases live in a subdirectory so tests that walk every top-level case do not pick them up.
 """
@@ -24,7 +31,9 @@ from pathlib import Path
 import numpy as np
 
 import mlx.core as mx
+from mlx_lm import load
 from mlx_lm.convert import convert
+from mlx_lm.utils import quantize_model, save
 
 import make_fixtures as fx
 
@@ -143,6 +152,49 @@ def make_case(out, fixtures, family, variant):
     })
 
 
+def make_moe_global_case(out, fixtures):
+    case = "qwen3_moe-nvfp4-global"
+    case_dir = out / case
+    shutil.rmtree(case_dir, ignore_errors=True)
+    src = fixtures / "qwen3_moe-f32"
+    model, tokenizer, config = load(str(src), return_config=True, lazy=True)
+    model, config = quantize_model(model, config, None, None, mode="nvfp4", global_scale=True)
+    save(case_dir, str(src), model, tokenizer, config)
+    (case_dir / "README.md").unlink(missing_ok=True)
+    # The oracle's checkpoint: the global-scale expert projections dequantized to f32.
+    dense_dir = out / ".qwen3_moe-nvfp4-global-dense"
+    shutil.rmtree(dense_dir, ignore_errors=True)
+    shutil.copytree(case_dir, dense_dir)
+    weights = mx.load(str(case_dir / "model.safetensors"))
+    dense_config = json.loads((case_dir / "config.json").read_text())
+    for name in [n for n in weights if n.endswith(".global_scale")]:
+        base = name[: -len(".global_scale")]
+        q, s, gs = weights.pop(f"{base}.weight"), weights.pop(f"{base}.scales"), weights.pop(name)
+        weights[f"{base}.weight"] = mx.stack([
+            mx.dequantize(q[e], s[e], mode="nvfp4", global_scale=gs[e], dtype=mx.float32)
+            for e in range(q.shape[0])
+        ])
+        for key in ("quantization", "quantization_config"):
+            dense_config[key][base] = False
+    for f in dense_dir.glob("model*.safetensors*"):
+        f.unlink()
+    mx.save_safetensors(str(dense_dir / "model.safetensors"), weights, metadata={"format": "mlx"})
+    (dense_dir / "config.json").write_text(json.dumps(dense_config, indent=4, sort_keys=True))
+    source = json.loads((src / "oracle.json").read_text())
+    record = fx.record_plain_prompt(dense_dir, case, {
+        "source_case": "qwen3_moe-f32",
+        "weights_seed": source.get("weights_seed"),
+        "quantize_model_kwargs": {"mode": "nvfp4", "global_scale": True},
+        "oracle": "mlx-lm on this checkpoint with the global-scale expert projections dequantized "
+                  "to f32 by mx.dequantize (gather_qmm takes a global scale only on the GPU)",
+    })
+    record["quantization"] = config.get("quantization")
+    (case_dir / "oracle.json").write_text(json.dumps(record, indent=1, ensure_ascii=False))
+    shutil.copy(dense_dir / "oracle.safetensors", case_dir / "oracle.safetensors")
+    shutil.rmtree(dense_dir)
+    return record
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("fixtures", type=Path)
@@ -156,6 +208,8 @@ def main():
         for variant in MODES + ("fpmixed",):
             record = make_case(out, args.fixtures, family, variant)
             print(record["case"], "min margin", record["min_margin"])
+    record = make_moe_global_case(out, args.fixtures)
+    print(record["case"], "min margin", record["min_margin"])
 
 
 if __name__ == "__main__":
