@@ -28,10 +28,12 @@ pub use ops::CudaBackend;
 pub const PRELUDE: &str = include_str!("kernels/common.cuh");
 
 /// The kernel sources, by file name, without the [`PRELUDE`].
-pub const SOURCES: [(&str, &str); 3] = [
+pub const SOURCES: [(&str, &str); 4] = [
     ("elementwise.cu", include_str!("kernels/elementwise.cu")),
     ("linear.cu", include_str!("kernels/linear.cu")),
     ("attention.cu", include_str!("kernels/attention.cu")),
+    // fpquant: mxfp4, mxfp8, nvfp4 weights.
+    ("fp_linear.cu", include_str!("kernels/fp_linear.cu")),
 ];
 
 /// The NVRTC options every source is compiled with, for a virtual architecture such as
