@@ -20,13 +20,13 @@ pub struct Args {
     /// others exactly.
     #[arg(short = 'q', long)]
     quantize: bool,
-    /// Values per quantization group (default 64).
+    /// Values per quantization group (default: 64 for affine, 32 for mxfp4/mxfp8, 16 for nvfp4).
     #[arg(long)]
     q_group_size: Option<usize>,
-    /// Bits per quantized value (default 4).
+    /// Bits per quantized value (default: 4, or 8 for mxfp8).
     #[arg(long)]
     q_bits: Option<usize>,
-    /// Quantization mode (affine is the one built).
+    /// Quantization mode: affine, mxfp4, mxfp8 or nvfp4.
     #[arg(long, default_value = "affine")]
     q_mode: String,
     /// dtype of the non-quantized parameters: float16, bfloat16 or float32 (default: config.json's
@@ -53,10 +53,11 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     if !args.quantize && (args.q_bits.is_some() || args.q_group_size.is_some()) {
         return Err("--q-bits and --q-group-size only apply with -q/--quantize".into());
     }
+    let (bits, group_size) = mode.defaults();
     let quantize = args.quantize.then(|| QuantSpec {
         mode,
-        bits: args.q_bits.unwrap_or(4),
-        group_size: args.q_group_size.unwrap_or(64),
+        bits: args.q_bits.unwrap_or(bits),
+        group_size: args.q_group_size.unwrap_or(group_size),
     });
     let options = ConvertOptions { quantize, dtype, dequantize: args.dequantize, force: args.force };
     convert(&args.hf_path, &args.mlx_path, &options)?;

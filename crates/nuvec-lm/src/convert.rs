@@ -6,6 +6,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 
 use half::{bf16, f16};
+use nuvec::fpquant::quantize_fp;
 use nuvec::io::save_safetensors;
 use nuvec::quantize::{dequantize, quantize_affine};
 use nuvec::{Array, DType, Matrix, QuantMode, QuantSpec, Quantized};
@@ -185,23 +186,52 @@ fn quantized_modules(
         let get = |suffix: &str| {
             tensors.get(&format!("{base}.{suffix}")).cloned().ok_or_else(|| bad(format!("{base}.{suffix} is missing")))
         };
-        let packed = get("weight")?;
+        let (packed, scales) = (get("weight")?, get("scales")?);
+        if scales.dtype() == DType::U8 {
+            // fpquant: as mlx-lm, an unlisted module's floating-point mode is told by its shapes.
+            let spec = fp_spec_of(&packed, &scales, spec)
+                .ok_or_else(|| bad(format!("uint8 scales {:?} fit none of mxfp4, mxfp8, nvfp4", scales.shape())))?;
+            let cols = packed.dim(1) * 32 / spec.bits;
+            let global = tensors.get(&format!("{base}.global_scale"));
+            if global.is_some() {
+                return Err(bad("nvfp4 global scales are not converted yet".into()));
+            }
+            out.insert(base.to_string(), Quantized::new_fp(packed, scales, None, spec, cols)?);
+            continue;
+        }
         let cols = packed.dim(1) * 32 / spec.bits;
-        out.insert(base.to_string(), Quantized::new(packed, get("scales")?, get("biases")?, spec, cols)?);
+        out.insert(base.to_string(), Quantized::new(packed, scales, get("biases")?, spec, cols)?);
     }
     Ok(out)
+}
+
+/// The floating-point spec whose shape `packed` / `scales` hold: `listed` when it fits, else the
+/// one mode that does.
+fn fp_spec_of(packed: &Array, scales: &Array, listed: QuantSpec) -> Option<QuantSpec> {
+    let fits = |spec: QuantSpec| {
+        let cols = packed.dim(1) * 32 / spec.bits;
+        packed.shape().len() == 2 && scales.shape().len() == 2 && scales.dim(1) * spec.group_size == cols
+    };
+    let candidates = [listed.mode, QuantMode::Mxfp4, QuantMode::Mxfp8, QuantMode::Nvfp4];
+    candidates
+        .into_iter()
+        .filter_map(|mode| {
+            let (bits, group_size) = mode.fixed_shape()?;
+            Some(QuantSpec { mode, bits, group_size })
+        })
+        .find(|&spec| fits(spec))
 }
 
 /// config.json's quantization entry for `modules`: the most common spec as the default, the
 /// others listed per module, as MLX writes mixed checkpoints.
 fn quantization_entry(modules: impl Iterator<Item = (String, QuantSpec)>) -> Option<Value> {
     let modules: Vec<(String, QuantSpec)> = modules.collect();
-    let mut counts: HashMap<(usize, usize), usize> = HashMap::new();
+    let mut counts: HashMap<(&str, usize, usize), (usize, QuantMode)> = HashMap::new();
     for (_, spec) in &modules {
-        *counts.entry((spec.bits, spec.group_size)).or_default() += 1;
+        counts.entry((spec.mode.name(), spec.bits, spec.group_size)).or_insert((0, spec.mode)).0 += 1;
     }
-    let (&(bits, group_size), _) = counts.iter().max_by_key(|(k, n)| (**n, std::cmp::Reverse(**k)))?;
-    let default = QuantSpec { mode: QuantMode::Affine, bits, group_size };
+    let (&(_, bits, group_size), &(_, mode)) = counts.iter().max_by_key(|(k, (n, _))| (*n, std::cmp::Reverse(**k)))?;
+    let default = QuantSpec { mode, bits, group_size };
     let mut entry = spec_json(&default);
     for (base, spec) in &modules {
         if *spec != default {
@@ -212,7 +242,7 @@ fn quantization_entry(modules: impl Iterator<Item = (String, QuantSpec)>) -> Opt
 }
 
 fn spec_json(spec: &QuantSpec) -> Value {
-    json!({"group_size": spec.group_size, "bits": spec.bits, "mode": "affine"})
+    json!({"group_size": spec.group_size, "bits": spec.bits, "mode": spec.mode.name()})
 }
 
 /// Converts `source` (a directory, a cached repo id or a .gguf file) into an MLX checkpoint at
@@ -272,7 +302,10 @@ pub fn convert(source: &str, out: &Path, options: &ConvertOptions) -> Result<()>
     if options.dequantize {
         quantized.append(&mut ck.not_mlx);
         for (base, q) in &quantized {
-            let target = dtype.unwrap_or(q.scales.dtype());
+            // As mlx_lm.convert -d: affine weights take the (cast) scales' dtype; the floating-point
+            // modes come out of mx.dequantize as bfloat16 whatever --dtype says (exact: their
+            // values have at most 6 significant bits).
+            let target = if q.spec.mode == QuantMode::Affine { dtype.unwrap_or(q.scales.dtype()) } else { DType::BF16 };
             let dense = cast(&Array::from_slice(&dequantize(q)?, &[q.rows(), q.cols()])?, target)?;
             ck.tensors.remove(&format!("{base}.scales"));
             ck.tensors.remove(&format!("{base}.biases"));
@@ -306,10 +339,16 @@ pub fn convert(source: &str, out: &Path, options: &ConvertOptions) -> Result<()>
                 continue; // as mlx: norms stay, and so does a matrix whose width does not divide
             }
             let (rows, cols) = (a.dim(0), a.dim(1));
-            let q = quantize_affine(&a.to_f32_vec()?, rows, cols, spec, a.dtype())?;
+            let q = if spec.mode == QuantMode::Affine {
+                quantize_affine(&a.to_f32_vec()?, rows, cols, spec, a.dtype())?
+            } else {
+                quantize_fp(&a.to_f32_vec()?, rows, cols, spec)?
+            };
             let base = name.trim_end_matches(".weight").to_string();
             ck.tensors.insert(format!("{base}.scales"), q.scales.clone());
-            ck.tensors.insert(format!("{base}.biases"), q.biases.clone());
+            if q.spec.mode.has_biases() {
+                ck.tensors.insert(format!("{base}.biases"), q.biases.clone());
+            }
             ck.tensors.insert(name, q.packed.clone());
             quantized.insert(base, q);
         }

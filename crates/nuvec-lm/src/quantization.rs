@@ -57,8 +57,10 @@ fn spec_from(config: &Config, key: &str, v: &serde_json::Map<String, Value>) -> 
         }
         Some(x) => return Err(config.error(&format!("{key}.mode"), format_args!("= {x} is not a string"))),
     };
-    // mlx-lm's defaults when a key is absent: 4 bits, group 64 (as nn.quantize).
-    let spec = QuantSpec { mode, bits: int("bits", 4)?, group_size: int("group_size", 64)? };
+    // mlx-lm's defaults when a key is absent, per mode (as nn.quantize): affine 4 bits in
+    // groups of 64; a floating-point mode its one shape.
+    let (bits, group_size) = mode.defaults();
+    let spec = QuantSpec { mode, bits: int("bits", bits)?, group_size: int("group_size", group_size)? };
     spec.validate_mlx().map_err(|m| config.error(key, format_args!(": {m}")))?;
     Ok(spec)
 }

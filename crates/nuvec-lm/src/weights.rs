@@ -11,6 +11,8 @@ use nuvec::{Array, DType, Device, Matrix, QuantMode, QuantSpec, Quantized};
 use crate::quantization::{Legacy, Quantization};
 use crate::{Error, Result};
 
+mod fp;
+
 /// The tensors of a checkpoint directory.
 #[derive(Debug)]
 pub struct Weights {
@@ -277,6 +279,9 @@ impl Weights {
                     }
                     return Ok(Matrix::Dense(w));
                 }
+                if self.raw(&format!("{stacked}.scales"))?.dtype() == DType::U8 {
+                    return self.fp_expert(stacked, e, (w, part("scales", e)?), (rows, cols));
+                }
                 let (scales, biases) = (part("scales", e)?, part("biases", e)?);
                 if w.shape().len() != 2 || w.dim(0) != rows || scales.shape().len() != 2 || scales.dim(1) == 0 {
                     return Err(self.err(
@@ -323,10 +328,19 @@ impl Weights {
         }
         let (packed, scales_a) = (self.raw(&weight)?, self.raw(&scales)?);
         if scales_a.dtype() == DType::U8 {
-            return Err(Error::Unsupported(format!(
-                "{}: {path} uses a microscaling format (mxfp4/mxfp8/nvfp4), which is not built yet",
-                self.file_of(&weight)
-            )));
+            return self.fp_matrix(path, (packed, scales_a), listed.copied().flatten(), (rows, cols));
+        }
+        if let Some(Some(want)) = listed {
+            if want.mode != QuantMode::Affine {
+                return Err(self.err(
+                    &weight,
+                    format!(
+                        "config.json says mode {}, but its scales are {} (affine)",
+                        want.mode.name(),
+                        scales_a.dtype()
+                    ),
+                ));
+            }
         }
         if packed.shape().len() != 2 || scales_a.shape().len() != 2 || packed.dim(0) != rows || scales_a.dim(0) != rows
         {

@@ -275,8 +275,10 @@ impl Matrix {
             Matrix::Quantized(q) => Matrix::Quantized(Quantized {
                 packed: q.packed.to_device(device)?,
                 scales: q.scales.to_device(device)?,
-                biases: q.biases.to_device(device)?,
+                // The floating-point modes' biases are empty: nothing to move.
+                biases: if q.biases.is_empty() { q.biases.clone() } else { q.biases.to_device(device)? },
                 spec: q.spec,
+                global_scale: q.global_scale,
             }),
         })
     }

@@ -11,6 +11,7 @@ mod buffer;
 mod device;
 mod dtype;
 mod error;
+pub mod fpquant;
 pub mod io;
 mod ops;
 mod quant;

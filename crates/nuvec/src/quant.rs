@@ -3,6 +3,10 @@
 //! Affine quantization (MLX's default) stores, per row, groups of `group_size` values as unsigned
 //! `bits`-wide integers packed LSB-first into a little-endian bit stream held in `u32` words,
 //! with one scale and one bias per group: `w = scale * q + bias`.
+//!
+//! The floating-point modes (mxfp4, mxfp8, nvfp4) store each value as a small float code, packed
+//! LSB-first in `u32` words like affine values, with one `u8` scale per group and no biases:
+//! `w = value(code) * scale(byte)`; see [`crate::fpquant`] for the codes and scales.
 
 use crate::{Array, DType, Error, Result};
 
@@ -11,6 +15,14 @@ use crate::{Array, DType, Error, Result};
 pub enum QuantMode {
     /// `w = scale * q + bias` per group; scales and biases in a float dtype.
     Affine,
+    // Floating-point modes (fpquant): fixed bits and group size each, `u8` scales, no biases.
+    /// OCP microscaling fp4: e2m1 codes, groups of 32, a power-of-two (e8m0) scale each.
+    Mxfp4,
+    /// OCP microscaling fp8: e4m3 codes, groups of 32, a power-of-two (e8m0) scale each.
+    Mxfp8,
+    /// NVIDIA fp4: e2m1 codes, groups of 16, an e4m3 scale each (and optionally one f32 global
+    /// scale per matrix, which mlx-lm writes only for mixture-of-experts projections).
+    Nvfp4,
 }
 
 impl QuantMode {
@@ -18,13 +30,44 @@ impl QuantMode {
     pub fn parse(name: &str) -> Result<Self> {
         match name {
             "affine" => Ok(QuantMode::Affine),
-            "mxfp4" | "mxfp8" | "nvfp4" => {
-                Err(Error::Unsupported(format!("quantization mode {name} is not built yet")))
-            }
+            "mxfp4" => Ok(QuantMode::Mxfp4),
+            "mxfp8" => Ok(QuantMode::Mxfp8),
+            "nvfp4" => Ok(QuantMode::Nvfp4),
             other => Err(Error::Unsupported(format!(
                 "quantization mode {other:?} is not one of affine, mxfp4, mxfp8, nvfp4"
             ))),
         }
+    }
+
+    /// MLX's name of the mode (`"affine"`, `"mxfp4"`, ...), as config.json writes it.
+    pub fn name(self) -> &'static str {
+        match self {
+            QuantMode::Affine => "affine",
+            QuantMode::Mxfp4 => "mxfp4",
+            QuantMode::Mxfp8 => "mxfp8",
+            QuantMode::Nvfp4 => "nvfp4",
+        }
+    }
+
+    /// The only `(bits, group_size)` a floating-point mode allows; `None` for affine.
+    pub fn fixed_shape(self) -> Option<(usize, usize)> {
+        match self {
+            QuantMode::Affine => None,
+            QuantMode::Mxfp4 => Some((4, 32)),
+            QuantMode::Mxfp8 => Some((8, 32)),
+            QuantMode::Nvfp4 => Some((4, 16)),
+        }
+    }
+
+    /// Whether the mode stores a bias per group (only affine does).
+    pub fn has_biases(self) -> bool {
+        self == QuantMode::Affine
+    }
+
+    /// The `(bits, group_size)` MLX uses when a config or flag leaves them out: 4 and 64 for
+    /// affine, the mode's fixed pair otherwise.
+    pub fn defaults(self) -> (usize, usize) {
+        self.fixed_shape().unwrap_or((4, 64))
     }
 }
 
@@ -61,14 +104,27 @@ impl QuantSpec {
                     return Err(format!("group_size = {} is not one of 16,32,64,128", self.group_size));
                 }
             }
+            // fpquant: each floating-point mode has exactly one shape.
+            QuantMode::Mxfp4 | QuantMode::Mxfp8 | QuantMode::Nvfp4 => {
+                let (bits, group) = self.mode.fixed_shape().expect("floating-point modes have a fixed shape");
+                if (self.bits, self.group_size) != (bits, group) {
+                    return Err(format!(
+                        "mode {} needs bits = {bits} and group_size = {group}, got bits = {}, group_size = {}",
+                        self.mode.name(),
+                        self.bits,
+                        self.group_size
+                    ));
+                }
+            }
         }
         Ok(())
     }
 
-    /// [`QuantSpec::validate`], further limited to what MLX reads and writes (no group 16).
+    /// [`QuantSpec::validate`], further limited to what MLX reads and writes (no affine group 16;
+    /// nvfp4's groups of 16 are MLX's own).
     pub fn validate_mlx(&self) -> std::result::Result<(), String> {
         self.validate()?;
-        if !Self::MLX_AFFINE_GROUPS.contains(&self.group_size) {
+        if self.mode == QuantMode::Affine && !Self::MLX_AFFINE_GROUPS.contains(&self.group_size) {
             return Err(format!("group_size = {} is not one of 32,64,128", self.group_size));
         }
         Ok(())
@@ -82,39 +138,27 @@ pub struct Quantized {
     pub packed: Array,
     /// One scale per group, `[rows, cols / group_size]`.
     pub scales: Array,
-    /// One bias per group, same shape and dtype as `scales`.
+    /// One bias per group, same shape and dtype as `scales`; an empty `f32 [0]` array for the
+    /// floating-point modes, which have none.
     pub biases: Array,
     /// The format.
     pub spec: QuantSpec,
+    /// nvfp4 only: the matrix's f32 global scale, when the checkpoint has one (every value is
+    /// then multiplied by `global_scale / (448 * 6)`).
+    pub global_scale: Option<f32>,
 }
 
 impl Quantized {
     /// Checks the parts against each other and against the logical `cols`.
     pub fn new(packed: Array, scales: Array, biases: Array, spec: QuantSpec, cols: usize) -> Result<Self> {
-        spec.validate().map_err(|m| Error::shape("quantized", m))?;
-        let rows = packed.dim(0);
+        if !spec.mode.has_biases() {
+            return Err(Error::shape(
+                "quantized",
+                format!("mode {} has no biases: build it with Quantized::new_fp", spec.mode.name()),
+            ));
+        }
+        let rows = check_packed(&packed, spec, cols)?;
         let bad = |m: String| Err(Error::shape("quantized", m));
-        if packed.dtype() != DType::U32 || packed.shape().len() != 2 {
-            return bad(format!(
-                "packed weight must be uint32 [rows, words], got {} {:?}",
-                packed.dtype(),
-                packed.shape()
-            ));
-        }
-        if !cols.is_multiple_of(spec.group_size) || !(cols * spec.bits).is_multiple_of(32) {
-            return bad(format!(
-                "{cols} columns do not split into groups of {} at {} bits",
-                spec.group_size, spec.bits
-            ));
-        }
-        if packed.dim(1) != cols * spec.bits / 32 {
-            return bad(format!(
-                "packed weight has {} words per row; {cols} columns at {} bits need {}",
-                packed.dim(1),
-                spec.bits,
-                cols * spec.bits / 32
-            ));
-        }
         let groups = [rows, cols / spec.group_size];
         if scales.shape() != groups || biases.shape() != groups {
             return bad(format!("scales {:?} and biases {:?} must both be {groups:?}", scales.shape(), biases.shape()));
@@ -126,7 +170,44 @@ impl Quantized {
                 biases.dtype()
             ));
         }
-        Ok(Quantized { packed, scales, biases, spec })
+        Ok(Quantized { packed, scales, biases, spec, global_scale: None })
+    }
+
+    /// A matrix in a floating-point mode (mxfp4, mxfp8, nvfp4): `packed` codes, one `u8` scale
+    /// per group, and for nvfp4 an optional global scale.
+    pub fn new_fp(
+        packed: Array,
+        scales: Array,
+        global_scale: Option<f32>,
+        spec: QuantSpec,
+        cols: usize,
+    ) -> Result<Self> {
+        if spec.mode.has_biases() {
+            return Err(Error::shape("quantized", "affine matrices have biases: build them with Quantized::new"));
+        }
+        let rows = check_packed(&packed, spec, cols)?;
+        let groups = [rows, cols / spec.group_size];
+        if scales.shape() != groups || scales.dtype() != DType::U8 {
+            return Err(Error::shape(
+                "quantized",
+                format!(
+                    "{} scales must be uint8 {groups:?}, got {} {:?}",
+                    spec.mode.name(),
+                    scales.dtype(),
+                    scales.shape()
+                ),
+            ));
+        }
+        if let Some(g) = global_scale {
+            if spec.mode != QuantMode::Nvfp4 || !g.is_finite() {
+                return Err(Error::shape(
+                    "quantized",
+                    format!("a global scale ({g}) needs mode nvfp4 and a finite value, got mode {}", spec.mode.name()),
+                ));
+            }
+        }
+        let biases = Array::from_slice::<f32>(&[], &[0])?;
+        Ok(Quantized { packed, scales, biases, spec, global_scale })
     }
 
     /// Logical rows.
@@ -138,6 +219,27 @@ impl Quantized {
     pub fn cols(&self) -> usize {
         self.packed.dim(1) * 32 / self.spec.bits
     }
+}
+
+/// Checks `packed` against the spec and the logical `cols`; returns its rows.
+fn check_packed(packed: &Array, spec: QuantSpec, cols: usize) -> Result<usize> {
+    spec.validate().map_err(|m| Error::shape("quantized", m))?;
+    let bad = |m: String| Err(Error::shape("quantized", m));
+    if packed.dtype() != DType::U32 || packed.shape().len() != 2 {
+        return bad(format!("packed weight must be uint32 [rows, words], got {} {:?}", packed.dtype(), packed.shape()));
+    }
+    if !cols.is_multiple_of(spec.group_size) || !(cols * spec.bits).is_multiple_of(32) {
+        return bad(format!("{cols} columns do not split into groups of {} at {} bits", spec.group_size, spec.bits));
+    }
+    if packed.dim(1) != cols * spec.bits / 32 {
+        return bad(format!(
+            "packed weight has {} words per row; {cols} columns at {} bits need {}",
+            packed.dim(1),
+            spec.bits,
+            cols * spec.bits / 32
+        ));
+    }
+    Ok(packed.dim(0))
 }
 
 /// A weight matrix `[rows (out), cols (in)]` as a linear layer or embedding table stores it.

@@ -72,8 +72,11 @@ pub fn pack_lsb(values: &[u8], bits: usize, out: &mut [u8]) {
 }
 
 /// All values of `q` as f32, row-major `[rows, cols]`.
+/// Floating-point modes decode through [`crate::fpquant::dequantize_fp`].
 pub fn dequantize(q: &Quantized) -> Result<Vec<f32>> {
-    let QuantMode::Affine = q.spec.mode;
+    if q.spec.mode != QuantMode::Affine {
+        return crate::fpquant::dequantize_fp(q);
+    }
     let (rows, cols) = (q.rows(), q.cols());
     let (scales, biases) = (q.scales.to_f32_vec()?, q.biases.to_f32_vec()?);
     let words = q.packed.to_vec::<u32>()?;

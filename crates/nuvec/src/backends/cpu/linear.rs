@@ -9,6 +9,7 @@
 
 use std::cell::RefCell;
 
+use super::fpgemv::FpMatrix;
 use super::pool::{self, SendPtr};
 use super::qgemv::{self, Params, PreparedX, QMatrix};
 use super::simd;
@@ -80,6 +81,8 @@ enum Weights<'a> {
     F16(&'a [f16]),
     BF16(&'a [bf16]),
     Affine(QMatrix<'a>),
+    /// mxfp4, mxfp8 or nvfp4 (fpquant).
+    Fp(FpMatrix<'a>),
 }
 
 fn params(a: &Array) -> Result<Params<'_>> {
@@ -100,12 +103,15 @@ impl<'a> Weights<'a> {
                 DType::BF16 => Weights::BF16(a.host()?),
                 other => return Err(Error::shape("linear", format!("weights must be float, got {other}"))),
             },
+            Matrix::Quantized(q) if q.spec.mode != QuantMode::Affine => Weights::Fp(FpMatrix::new(q)?),
             Matrix::Quantized(q) => Self::affine(q)?,
         })
     }
 
     fn affine(q: &'a Quantized) -> Result<Self> {
-        let QuantMode::Affine = q.spec.mode;
+        if q.spec.mode != QuantMode::Affine {
+            return Err(Error::shape("linear", format!("{} is not affine", q.spec.mode.name())));
+        }
         if !crate::QuantSpec::AFFINE_GROUPS.contains(&q.spec.group_size) {
             return Err(Error::shape("linear", format!("group size {} is not 16, 32, 64 or 128", q.spec.group_size)));
         }
@@ -123,6 +129,7 @@ impl<'a> Weights<'a> {
     fn row_scratch(&self, k: usize) -> usize {
         match self {
             Weights::Affine(q) => 2 * q.groups(),
+            Weights::Fp(_) => 0,
             _ => k,
         }
     }
@@ -135,6 +142,7 @@ impl<'a> Weights<'a> {
             Weights::F16(w) => w[r * k..(r + 1) * k].convert_to_f32_slice(out),
             Weights::BF16(w) => w[r * k..(r + 1) * k].convert_to_f32_slice(out),
             Weights::Affine(q) => q.dequantize_row(r, out, scratch),
+            Weights::Fp(q) => q.dequantize_row(r, out),
         }
     }
 }
@@ -198,6 +206,11 @@ fn gemv(w: &Weights, x: &[f32], out: &mut [f32]) {
     match w {
         Weights::Affine(q) => with_prepared(x, q, |xs| {
             par_rows(out, k, |r0, o| with_scratch(2 * q.groups(), |p| qgemv::rows(q, r0, x, xs, p, o)));
+        }),
+        Weights::Fp(q) => par_rows(out, k, |r0, o| {
+            for (i, o) in o.iter_mut().enumerate() {
+                *o = q.dot_row(r0 + i, x);
+            }
         }),
         Weights::F32(d) => par_rows(out, k, |r0, o| {
             for (i, o) in o.iter_mut().enumerate() {

@@ -4,6 +4,7 @@
 
 mod attention;
 mod elementwise;
+mod fpgemv;
 mod gated_delta;
 mod gemma4;
 mod kv_rows;

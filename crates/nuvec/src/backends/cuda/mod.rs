@@ -28,12 +28,14 @@ pub use ops::CudaBackend;
 pub const PRELUDE: &str = include_str!("kernels/common.cuh");
 
 /// The kernel sources, by file name, without the [`PRELUDE`].
-pub const SOURCES: [(&str, &str); 4] = [
+pub const SOURCES: [(&str, &str); 5] = [
     ("elementwise.cu", include_str!("kernels/elementwise.cu")),
     ("linear.cu", include_str!("kernels/linear.cu")),
     ("attention.cu", include_str!("kernels/attention.cu")),
     // Gemma 4
     ("gemma4.cu", include_str!("kernels/gemma4.cu")),
+    // fpquant: mxfp4, mxfp8, nvfp4 weights.
+    ("fp_linear.cu", include_str!("kernels/fp_linear.cu")),
 ];
 
 /// The NVRTC options every source is compiled with, for a virtual architecture such as

@@ -119,6 +119,9 @@ macro_rules! launch {
     }};
 }
 
+// fpquant: linear and embed over mxfp4, mxfp8 and nvfp4 weights (kernels/fp_linear.cu).
+mod fp;
+
 /// A weight matrix as kernel arguments (see `struct Weights` in linear.cu).
 struct WeightArgs {
     dense: u64,
@@ -148,7 +151,15 @@ impl CudaBackend {
                 Ok(WeightArgs { dense, packed: 0, scales: 0, biases: 0, w_dt, p_dt: 0, bits: 0, group: 0 })
             }
             Matrix::Quantized(q) => {
-                let QuantSpec { mode: QuantMode::Affine, bits, group_size } = q.spec;
+                if q.spec.mode != QuantMode::Affine {
+                    // fpquant: the floating-point modes have their own kernels (ops/fp.rs), for
+                    // linear and embed only.
+                    return Err(Error::Unsupported(format!(
+                        "{op}: {} weights are not yet implemented on CUDA; run this model on the CPU",
+                        q.spec.mode.name()
+                    )));
+                }
+                let QuantSpec { bits, group_size, .. } = q.spec;
                 if !QuantSpec::AFFINE_BITS.contains(&bits) || !QuantSpec::AFFINE_GROUPS.contains(&group_size) {
                     return Err(Error::shape(
                         op,
@@ -268,6 +279,11 @@ impl Backend for CudaBackend {
         if k != w.cols() {
             return Err(Error::shape(op, format!("input has {k} features, weight {}x{}", w.rows(), w.cols())));
         }
+        if let Matrix::Quantized(q) = w {
+            if q.spec.mode != QuantMode::Affine {
+                return self.fp_linear(x, q);
+            }
+        }
         let xp = self.f32_ptr(op, "x", x)?;
         let wa = self.weight_args(op, w)?;
         let m = x.len() / k.max(1);
@@ -311,6 +327,11 @@ impl Backend for CudaBackend {
         let (v, d) = (table.rows(), table.cols());
         if let Some(bad) = ids.iter().find(|&&i| i as usize >= v) {
             return Err(Error::shape(op, format!("token id {bad} is outside the vocabulary of {v}")));
+        }
+        if let Matrix::Quantized(q) = table {
+            if q.spec.mode != QuantMode::Affine {
+                return self.fp_embed(q, ids);
+            }
         }
         let wa = self.weight_args(op, table)?;
         let out = self.output(&[ids.len(), d], DType::F32, false)?;
