@@ -199,9 +199,11 @@ fn fused_quantized_decode_ops() {
     // of the kernel's 4 rows per block, k over several chunks per lane.
     let dev = gpu();
     let mut rng = Rng::new(12);
-    for bits in QuantSpec::AFFINE_BITS {
-        for group in QuantSpec::AFFINE_GROUPS {
-            let k = 1024;
+    for (bits, group, k) in QuantSpec::AFFINE_BITS
+        .iter()
+        .flat_map(|&b| QuantSpec::AFFINE_GROUPS.iter().flat_map(move |&g| [(b, g, 1024usize), (b, g, 4096)]))
+    {
+        {
             let pdtype = if bits % 2 == 0 { DType::BF16 } else { DType::F16 };
             let ws = [
                 quantized(&mut rng, 130, k, bits, group, pdtype),
@@ -213,7 +215,7 @@ fn fused_quantized_decode_ops() {
             let want = x.linear_many(&ws.iter().collect::<Vec<_>>()).unwrap();
             let got = x.to_device(dev).unwrap().linear_many(&wg.iter().collect::<Vec<_>>()).unwrap();
             for (i, (g, w)) in got.iter().zip(&want).enumerate() {
-                close(&format!("linear_many fused q{bits} g{group} {pdtype} weight {i}"), g, w);
+                close(&format!("linear_many fused q{bits} g{group} {pdtype} k={k} weight {i}"), g, w);
             }
             let up = arr(&rng.vec(k, 1.0), &[1, k]);
             let wd = quantized(&mut rng, 77, k, bits, group, pdtype);
@@ -223,7 +225,7 @@ fn fused_quantized_decode_ops() {
                 .unwrap()
                 .silu_mul_linear(&up.to_device(dev).unwrap(), &wd.to_device(dev).unwrap())
                 .unwrap();
-            close(&format!("silu_mul_linear fused q{bits} g{group} {pdtype}"), &got, &want);
+            close(&format!("silu_mul_linear fused q{bits} g{group} {pdtype} k={k}"), &got, &want);
         }
     }
 }
@@ -463,7 +465,9 @@ fn timing_probe() {
         for _ in 0..iters {
             last = Some(f());
         }
-        let _ = last.unwrap().to_f32_vec().unwrap();
+        // Waits for the device by reading one row (reading a whole large output would time the
+        // copy to the host instead).
+        let _ = last.unwrap().slice_rows(0, 1).unwrap().to_f32_vec().unwrap();
         let us = t.elapsed().as_secs_f64() * 1e6 / iters as f64;
         eprintln!("TIMING {name:<52} {us:9.1} us  {:7.1} GB/s", bytes / us / 1e3);
     };

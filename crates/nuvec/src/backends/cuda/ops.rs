@@ -104,17 +104,23 @@ fn tf32_matmul() -> bool {
     *TF32.get_or_init(|| std::env::var("NUVEC_CUDA_MATMUL").is_ok_and(|v| v.eq_ignore_ascii_case("tf32")))
 }
 
-/// The shape of the one-row 4-bit GEMV: `(kernel name suffix, output rows per block, threads per
-/// block)`. `NUVEC_QGEMV_VARIANT=1|2|3` picks one of the measured alternatives in linear.cu (for
-/// timing them against each other); anything else the default.
-fn qgemv4_variant() -> (&'static str, usize, u32) {
-    static V: OnceLock<(&'static str, usize, u32)> = OnceLock::new();
-    *V.get_or_init(|| match std::env::var("NUVEC_QGEMV_VARIANT").as_deref() {
-        Ok("1") => ("_v1", 2, 128),
-        Ok("2") => ("_v2", 4, 32),
-        Ok("3") => ("_v3", 2, 64),
-        _ => ("", QG_ROWS, QG_THREADS),
-    })
+/// The shape of the one-row 4-bit GEMV for `k` inputs and `n` outputs: `(kernel name suffix,
+/// output rows per block, threads per block)`. Measured on the H200 (docs/cuda.md): 4 warps
+/// splitting K leave most lanes idle when K <= 2048 (K / 32 chunks per row), where one warp per
+/// 4 rows with the K loop unrolled twice (`_v2`) is faster (Qwen3-0.6B's LM head 269 -> 100 us);
+/// it also reads the 8B's LM head faster (335 -> 263 us), but not its other layers.
+/// `NUVEC_QGEMV_VARIANT=0|1|2|3` forces one shape (for timing them against each other).
+fn qgemv4_variant(k: usize, n: usize, multi: bool) -> (&'static str, usize, u32) {
+    const V: [(&str, usize, u32); 4] = [("", QG_ROWS, QG_THREADS), ("_v1", 2, 128), ("_v2", 4, 32), ("_v3", 2, 64)];
+    static FORCED: OnceLock<Option<usize>> = OnceLock::new();
+    let forced = *FORCED.get_or_init(|| {
+        std::env::var("NUVEC_QGEMV_VARIANT").ok().and_then(|v| v.parse::<usize>().ok()).filter(|&v| v < V.len())
+    });
+    match forced {
+        Some(v) => V[v],
+        None if k <= 2048 || (!multi && n >= 65536) => V[2],
+        None => V[0],
+    }
 }
 
 /// The dtype code of a float array, for kernels that read f32, f16 or bf16.
@@ -330,7 +336,8 @@ impl CudaBackend {
             return Ok(false);
         }
         let lg = group.trailing_zeros() as i32;
-        let (suffix, rows, threads) = if m == 1 && bits == 4 { qgemv4_variant() } else { ("", QG_ROWS, QG_THREADS) };
+        let (suffix, rows, threads) =
+            if m == 1 && bits == 4 { qgemv4_variant(k, n, false) } else { ("", QG_ROWS, QG_THREADS) };
         let name = format!("{}_b{bits}{suffix}", if m == 1 { "qgemv1" } else { "qgemv" });
         let (mi, ni, ki) = (m as i32, to_i32(op, "rows", n)?, to_i32(op, "k", k)?);
         let blocks = to_i32(op, "blocks", n.div_ceil(rows))? as u32;
@@ -432,7 +439,8 @@ impl CudaBackend {
         {
             return Ok(None);
         }
-        let (suffix, rows_per_block, threads) = if a0.bits == 4 { qgemv4_variant() } else { ("", QG_ROWS, QG_THREADS) };
+        let (suffix, rows_per_block, threads) =
+            if a0.bits == 4 { qgemv4_variant(k, 0, true) } else { ("", QG_ROWS, QG_THREADS) };
         let mut outs = Vec::with_capacity(ws.len());
         let mut slots = [(0u64, 0i32, 0u64, 0u64, 0u64); 3];
         let mut blocks = 0usize;
