@@ -332,7 +332,13 @@ impl CudaBackend {
             _ => 4,
         };
         let group = group as usize;
-        if w_dt != -1 || k % 32 != 0 || !group.is_power_of_two() || group < 16 || packed % align != 0 || x % 16 != 0 {
+        if w_dt != -1
+            || !k.is_multiple_of(32)
+            || !group.is_power_of_two()
+            || group < 16
+            || !packed.is_multiple_of(align)
+            || !x.is_multiple_of(16)
+        {
             return Ok(false);
         }
         let lg = group.trailing_zeros() as i32;
@@ -364,7 +370,13 @@ impl CudaBackend {
             _ => 4,
         };
         let group = group as usize;
-        if w_dt != -1 || k % 32 != 0 || !group.is_power_of_two() || group < 16 || packed % align != 0 || out % 16 != 0 {
+        if w_dt != -1
+            || !k.is_multiple_of(32)
+            || !group.is_power_of_two()
+            || group < 16
+            || !packed.is_multiple_of(align)
+            || !out.is_multiple_of(16)
+        {
             return Ok(false);
         }
         let lg = group.trailing_zeros() as i32;
@@ -409,7 +421,10 @@ impl CudaBackend {
             return Ok(None);
         }
         let k = x.dim(-1);
-        if x.len() != k || k % 32 != 0 || ws.iter().any(|w| w.cols() != k || !matches!(w, Matrix::Quantized(_))) {
+        if x.len() != k
+            || !k.is_multiple_of(32)
+            || ws.iter().any(|w| w.cols() != k || !matches!(w, Matrix::Quantized(_)))
+        {
             return Ok(None);
         }
         if let Some(u) = up {
@@ -434,8 +449,8 @@ impl CudaBackend {
         if !same
             || !group.is_power_of_two()
             || group < 16
-            || args.iter().any(|a| a.packed % align != 0)
-            || (xp | upp) % 16 != 0
+            || args.iter().any(|a| !a.packed.is_multiple_of(align))
+            || !(xp | upp).is_multiple_of(16)
         {
             return Ok(None);
         }
@@ -760,7 +775,7 @@ impl Backend for CudaBackend {
             return Ok(out);
         }
         let o = out.cuda_ptr()?;
-        let aligned = d % 4 == 0 && (qp | kp | vp) % 16 == 0;
+        let aligned = d.is_multiple_of(4) && (qp | kp | vp).is_multiple_of(16);
         if aligned && l >= ATTN_GEMM_MIN_QUERIES {
             return self.attention_gemm(op, o, (qp, kp, vp), (l, hq, hkv, d), cap, kv_len, scale).map(|_| out);
         }
