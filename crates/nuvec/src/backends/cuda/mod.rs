@@ -306,6 +306,16 @@ mod tests {
             "gemv",
             "gather_rows",
             "attention_f32",
+            // phase 3; some carry __launch_bounds__ between `void` and the name
+            "attention_split_f32",
+            "attention_merge_f32",
+            "causal_softmax_f32",
+            "qdequant_b3",
+            "qgemv_b5",
+            "qgemv1_b4",
+            "qgemv1_b4_v2",
+            "qgemv_multi_b8",
+            "qgemv_multi_b4_v3",
         ] {
             assert!(names.iter().any(|n| n == want), "{want} missing from {names:?}");
         }
