@@ -67,7 +67,7 @@ for path in sources:
     name = os.path.basename(path)
     body = open(path).read()
     src = f'{prelude}\n#line 1 "{name}"\n{body}'
-    names = re.findall(r'extern "C" __global__ void (\w+)\s*\(', body)
+    names = re.findall(r'extern "C" __global__ void (?:__launch_bounds__\([^)]*\)\s*)?(\w+)\s*\(', body)
     for arch in ("compute_90", "sm_90"):
         ok, log, ptx = compile_src(name, src, [f"--gpu-architecture={arch}", "--std=c++17"])
         missing = [k for k in names if ok and arch.startswith("compute") and f".entry {k}(" not in ptx]

@@ -60,14 +60,9 @@ fn random_tokens(n: usize, vocab: usize, seed: u64) -> Vec<u32> {
         .collect()
 }
 
-fn argmax(row: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, &v) in row.iter().enumerate() {
-        if v > row[best] {
-            best = i;
-        }
-    }
-    best as u32
+/// The id of the first largest logit of `logits [1, vocab]`.
+fn argmax(logits: &nuvec::Array) -> Result<u32, Box<dyn std::error::Error>> {
+    Ok(logits.argmax()?.to_vec::<u32>()?[0])
 }
 
 struct Trial {
@@ -84,12 +79,12 @@ fn trial(model: &Model, prompt: &[u32], args: &Args) -> Result<Trial, Box<dyn st
     for chunk in body.chunks(args.prefill_step_size.max(1)) {
         model.prefill(chunk, &mut cache)?;
     }
-    let logits = model.forward_last(last, &mut cache)?.to_vec::<f32>()?;
+    // Greedy, with the argmax where the logits are (on a GPU only the token id comes back).
+    let mut token = argmax(&model.forward_last(last, &mut cache)?)?;
     let prompt_time = start.elapsed().as_secs_f64();
-    let mut token = argmax(&logits);
     let start = Instant::now();
     for _ in 1..args.generation_tokens {
-        token = argmax(&model.forward_last(&[token], &mut cache)?.to_vec::<f32>()?);
+        token = argmax(&model.forward_last(&[token], &mut cache)?)?;
     }
     let gen_time = start.elapsed().as_secs_f64();
     let _ = token;

@@ -193,6 +193,71 @@ fn fused_linear_ops() {
 }
 
 #[test]
+fn fused_quantized_decode_ops() {
+    // One input row and weights of one width/group/scale dtype: linear_many and silu_mul_linear
+    // run as one fused GEMV launch on the GPU; every width and group size, rows not a multiple
+    // of the kernel's 4 rows per block, k over several chunks per lane.
+    let dev = gpu();
+    let mut rng = Rng::new(12);
+    for (bits, group, k) in QuantSpec::AFFINE_BITS
+        .iter()
+        .flat_map(|&b| QuantSpec::AFFINE_GROUPS.iter().flat_map(move |&g| [(b, g, 1024usize), (b, g, 4096)]))
+    {
+        {
+            let pdtype = if bits % 2 == 0 { DType::BF16 } else { DType::F16 };
+            let ws = [
+                quantized(&mut rng, 130, k, bits, group, pdtype),
+                quantized(&mut rng, 33, k, bits, group, pdtype),
+                quantized(&mut rng, 64, k, bits, group, pdtype),
+            ];
+            let wg: Vec<Matrix> = ws.iter().map(|w| w.to_device(dev).unwrap()).collect();
+            let x = arr(&rng.vec(k, 1.0), &[1, k]);
+            let want = x.linear_many(&ws.iter().collect::<Vec<_>>()).unwrap();
+            let got = x.to_device(dev).unwrap().linear_many(&wg.iter().collect::<Vec<_>>()).unwrap();
+            for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                close(&format!("linear_many fused q{bits} g{group} {pdtype} k={k} weight {i}"), g, w);
+            }
+            let up = arr(&rng.vec(k, 1.0), &[1, k]);
+            let wd = quantized(&mut rng, 77, k, bits, group, pdtype);
+            let want = x.silu_mul_linear(&up, &wd).unwrap();
+            let got = x
+                .to_device(dev)
+                .unwrap()
+                .silu_mul_linear(&up.to_device(dev).unwrap(), &wd.to_device(dev).unwrap())
+                .unwrap();
+            close(&format!("silu_mul_linear fused q{bits} g{group} {pdtype} k={k}"), &got, &want);
+        }
+    }
+}
+
+#[test]
+fn attention_split_and_gemm_paths() {
+    // Decode-sized (split keys) and prefill-sized (SGEMM + softmax) attention against the CPU,
+    // including a chunk that continues a cache (kv_len > L) and GQA.
+    let dev = gpu();
+    let mut rng = Rng::new(13);
+    for (l, kv, hq, hkv, d) in [
+        (1usize, 1usize, 4usize, 2usize, 64usize),
+        (2, 50, 4, 2, 30),
+        (1, 1000, 32, 8, 128),
+        (3, 700, 8, 8, 128),
+        (64, 64, 4, 1, 64),
+        (100, 357, 8, 2, 128),
+        (300, 300, 2, 2, 256),
+    ] {
+        let cap = kv + 5;
+        let q = arr(&rng.vec(l * hq * d, 1.0), &[l, hq, d]);
+        let k = arr(&rng.vec(hkv * cap * d, 1.0), &[hkv, cap, d]);
+        let v = arr(&rng.vec(hkv * cap * d, 1.0), &[hkv, cap, d]);
+        let scale = 1.0 / (d as f32).sqrt();
+        let want = nuvec::attention(&q, &k, &v, kv, scale).unwrap();
+        let (qg, kg, vg) = (q.to_device(dev).unwrap(), k.to_device(dev).unwrap(), v.to_device(dev).unwrap());
+        let got = nuvec::attention(&qg, &kg, &vg, kv, scale).unwrap();
+        close(&format!("attention L={l} kv={kv} Hq={hq} Hkv={hkv} D={d}"), &got, &want);
+    }
+}
+
+#[test]
 fn embed_dense_and_quantized() {
     let dev = gpu();
     let mut rng = Rng::new(4);
@@ -400,7 +465,9 @@ fn timing_probe() {
         for _ in 0..iters {
             last = Some(f());
         }
-        let _ = last.unwrap().to_f32_vec().unwrap();
+        // Waits for the device by reading one row (reading a whole large output would time the
+        // copy to the host instead).
+        let _ = last.unwrap().slice_rows(0, 1).unwrap().to_f32_vec().unwrap();
         let us = t.elapsed().as_secs_f64() * 1e6 / iters as f64;
         eprintln!("TIMING {name:<52} {us:9.1} us  {:7.1} GB/s", bytes / us / 1e3);
     };
@@ -429,6 +496,26 @@ fn timing_probe() {
             nuvec::attention(&q, &kk, &kk, kv, 0.088).unwrap()
         });
     }
+    for l in [512usize, 2048] {
+        let (hq, hkv, d) = (32usize, 8usize, 128usize);
+        let q = arr(&rng.vec(l * hq * d, 1.0), &[l, hq, d]).to_device(dev).unwrap();
+        let kk = arr(&rng.vec(hkv * l * d, 1.0), &[hkv, l, d]).to_device(dev).unwrap();
+        let flops = (4 * hq * l * l * d) as f64; // QK^T and PV, the full (unmasked) products
+        time(&format!("attention prefill L={l} Hq=32 Hkv=8 D=128 (GFLOP/s as GB/s)"), flops, 5, &|| {
+            nuvec::attention(&q, &kk, &kk, l, 0.088).unwrap()
+        });
+    }
+    // Qwen3-0.6B shapes and the 8B's LM head.
+    for (n, kk) in [(2048usize, 1024usize), (3072, 1024), (1024, 3072), (151936, 1024), (128256, 4096)] {
+        let w = quantized(&mut rng, n, kk, 4, 64, DType::BF16).to_device(dev).unwrap();
+        let x = arr(&rng.vec(kk, 1.0), &[1, kk]).to_device(dev).unwrap();
+        time(&format!("linear q4 g64 [1,{kk}] x [{n},{kk}]"), w.nbytes() as f64, 50, &|| x.linear(&w).unwrap());
+    }
+    // The copy bandwidth the roofline is measured against: add reads 2 and writes 1 array.
+    let big = 1usize << 28;
+    let a = Array::zeros_on(&[big], DType::F32, dev).unwrap();
+    let b = Array::zeros_on(&[big], DType::F32, dev).unwrap();
+    time("add of 2 x 1 GiB f32 (copy bandwidth: 3 GiB moved)", (3 * big * 4) as f64, 20, &|| a.add(&b).unwrap());
     let x = arr(&rng.vec(k, 1.0), &[1, k]).to_device(dev).unwrap();
     let w = arr(&rng.vec(k, 1.0), &[k]).to_device(dev).unwrap();
     time("rms_norm [1,4096] (launch-bound)", (k * 8) as f64, 200, &|| x.rms_norm(&w, 1e-5).unwrap());

@@ -54,7 +54,11 @@ fn kernel_names(src: &str) -> Vec<&str> {
     let marker = "extern \"C\" __global__ void ";
     src.match_indices(marker)
         .filter_map(|(i, _)| {
-            let rest = &src[i + marker.len()..];
+            let mut rest = &src[i + marker.len()..];
+            // An optional `__launch_bounds__(...)` sits between `void` and the name.
+            if let Some(after) = rest.strip_prefix("__launch_bounds__(") {
+                rest = after.split_once(')').map(|(_, r)| r.trim_start())?;
+            }
             rest.find('(').map(|end| rest[..end].trim())
         })
         .collect()
@@ -129,6 +133,22 @@ impl State {
         // has nothing to order; every allocation, copy, kernel and free goes through that stream.
         unsafe { ctx.disable_event_tracking() };
         let stream = ctx.new_stream().map_err(driver_err("creating a stream"))?;
+        // Stream-ordered allocations come from the device's default memory pool, which by default
+        // hands its free memory back to the driver at every synchronization (each token's logits
+        // read): the next large allocation (a prefill tile, attention scores) then maps fresh pages,
+        // milliseconds each. Keep the freed memory in the pool instead.
+        // SAFETY: the device handle comes from the context just made; the attribute takes a u64.
+        unsafe {
+            let pool = cudarc::driver::result::device::get_default_mem_pool(ctx.cu_device())
+                .map_err(driver_err("reading the memory pool"))?;
+            let mut keep = u64::MAX;
+            cudarc::driver::result::mem_pool::set_attribute(
+                pool,
+                cudarc::driver::sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+                (&mut keep as *mut u64).cast(),
+            )
+            .map_err(driver_err("setting the memory pool's release threshold"))?;
+        }
         let (major, minor) = ctx.compute_capability().map_err(driver_err("reading the compute capability"))?;
         let arch = format!("compute_{major}{minor}");
         let mut funcs = HashMap::new();
@@ -293,6 +313,16 @@ mod tests {
             "gelu_mul_f32",
             "scale_f32",
             "softcap_f32",
+            // phase 3; some carry __launch_bounds__ between `void` and the name
+            "attention_split_f32",
+            "attention_merge_f32",
+            "causal_softmax_f32",
+            "qdequant_b3",
+            "qgemv_b5",
+            "qgemv1_b4",
+            "qgemv1_b4_v2",
+            "qgemv_multi_b8",
+            "qgemv_multi_b4_v3",
         ] {
             assert!(names.iter().any(|n| n == want), "{want} missing from {names:?}");
         }

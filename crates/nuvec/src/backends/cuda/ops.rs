@@ -20,6 +20,20 @@ const TILE_FLOATS: usize = 1 << 24;
 /// (`ATTN_MAX_ACC` accumulators per thread).
 const ATTN_THREADS: usize = 128;
 const ATTN_MAX_DIM: usize = 4 * ATTN_THREADS;
+/// Output rows per block and threads per block of the fast quantized GEMV (`QG_ROWS`,
+/// `QG_WARPS` in linear.cu), and the most input rows it takes (`QG_MAX_M`).
+const QG_ROWS: usize = 4;
+const QG_THREADS: u32 = 128;
+/// Threads per block of the split-key attention kernel (`ATTS_WARPS` warps), the most head
+/// size it takes, and the blocks a decode step should spread over (about 4 per multiprocessor
+/// of an H200).
+const ATTS_THREADS: u32 = 128;
+const ATTS_MAX_DIM: usize = 512;
+const ATTS_TARGET_BLOCKS: usize = 512;
+/// Queries from which attention runs as SGEMM + softmax + SGEMM per head (prefill), and the
+/// most bytes of scores that path keeps at once.
+const ATTN_GEMM_MIN_QUERIES: usize = 64;
+const ATTN_GEMM_SCORE_BYTES: usize = 1 << 30;
 
 const DT_F32: i32 = 0;
 const DT_F16: i32 = 1;
@@ -79,6 +93,33 @@ impl CudaBackend {
 
     fn upload<T: bytemuck::Pod>(&self, data: &[T]) -> Result<DeviceBuffer> {
         DeviceBuffer::upload(self.st()?, bytemuck::cast_slice(data))
+    }
+}
+
+/// Whether the weight products of more than 8 rows (prefill) run on the tensor cores in TF32
+/// (inputs rounded to 10-bit mantissas, f32 accumulation): `NUVEC_CUDA_MATMUL=tf32`. The default,
+/// `f32`, is plain SGEMM, whose results match the CPU backend to f32 rounding.
+fn tf32_matmul() -> bool {
+    static TF32: OnceLock<bool> = OnceLock::new();
+    *TF32.get_or_init(|| std::env::var("NUVEC_CUDA_MATMUL").is_ok_and(|v| v.eq_ignore_ascii_case("tf32")))
+}
+
+/// The shape of the one-row 4-bit GEMV for `k` inputs and `n` outputs: `(kernel name suffix,
+/// output rows per block, threads per block)`. Measured on the H200 (docs/cuda.md): 4 warps
+/// splitting K leave most lanes idle when K <= 2048 (K / 32 chunks per row), where one warp per
+/// 4 rows with the K loop unrolled twice (`_v2`) is faster (Qwen3-0.6B's LM head 269 -> 100 us);
+/// it also reads the 8B's LM head faster (335 -> 263 us), but not its other layers.
+/// `NUVEC_QGEMV_VARIANT=0|1|2|3` forces one shape (for timing them against each other).
+fn qgemv4_variant(k: usize, n: usize, multi: bool) -> (&'static str, usize, u32) {
+    const V: [(&str, usize, u32); 4] = [("", QG_ROWS, QG_THREADS), ("_v1", 2, 128), ("_v2", 4, 32), ("_v3", 2, 64)];
+    static FORCED: OnceLock<Option<usize>> = OnceLock::new();
+    let forced = *FORCED.get_or_init(|| {
+        std::env::var("NUVEC_QGEMV_VARIANT").ok().and_then(|v| v.parse::<usize>().ok()).filter(|&v| v < V.len())
+    });
+    match forced {
+        Some(v) => V[v],
+        None if k <= 2048 || (!multi && n >= 65536) => V[2],
+        None => V[0],
     }
 }
 
@@ -227,6 +268,36 @@ impl CudaBackend {
             (to_i32(op, "rows", m)?, to_i32(op, "rows", rows)?, to_i32(op, "k", k)?, to_i32(op, "n", n)?);
         let blas = st.blas.lock().unwrap_or_else(|p| p.into_inner());
         let (alpha, beta) = (1f32, 0f32);
+        if tf32_matmul() {
+            use cudarc::cublas::sys::{cublasComputeType_t, cublasGemmAlgo_t, cudaDataType};
+            let f = cudaDataType::CUDA_R_32F;
+            // SAFETY: as for the SGEMM below (same matrices, extents and leading dimensions);
+            // alpha and beta are f32, as CUBLAS_COMPUTE_32F_FAST_TF32 requires.
+            return unsafe {
+                cudarc::cublas::result::gemm_ex(
+                    *blas.handle(),
+                    cublasOperation_t::CUBLAS_OP_T,
+                    cublasOperation_t::CUBLAS_OP_N,
+                    ri,
+                    mi,
+                    ki,
+                    (&alpha as *const f32).cast(),
+                    w as *const std::ffi::c_void,
+                    f,
+                    ki,
+                    x as *const std::ffi::c_void,
+                    f,
+                    ki,
+                    (&beta as *const f32).cast(),
+                    out as *mut std::ffi::c_void,
+                    f,
+                    ni,
+                    cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_TF32,
+                    cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+                )
+            }
+            .map_err(|e| Error::Device(format!("{op}: cuBLAS TF32 GEMM on cuda:{}: {e:?}", st.ordinal)));
+        }
         // SAFETY: w holds rows x k f32 (row-major = column-major k x rows, lda k), x holds m x k
         // (column-major k x m, ldb k), out holds m rows of n >= rows f32 (column-major, ldc n);
         // all on this device; the handle's stream is the device stream.
@@ -249,6 +320,298 @@ impl CudaBackend {
             )
         }
         .map_err(|e| Error::Device(format!("{op}: cuBLAS SGEMM on cuda:{}: {e:?}", st.ordinal)))
+    }
+
+    /// The fast quantized GEMV (`qgemv1_bN` / `qgemv_bN`), when `w` is affine-quantized with a
+    /// power-of-two group size >= 16, `k` is a multiple of 32 and the packed words are aligned
+    /// for the kernel's wide loads. Returns false (nothing launched) otherwise.
+    #[allow(clippy::too_many_arguments)]
+    fn fast_qgemv(
+        &self,
+        op: &'static str,
+        out: u64,
+        x: u64,
+        m: usize,
+        n: usize,
+        k: usize,
+        w: &WeightArgs,
+    ) -> Result<bool> {
+        let WeightArgs { packed, scales, biases, w_dt, p_dt, bits, group, .. } = *w;
+        let align = match bits {
+            2 => 8,
+            4 | 8 => 16,
+            _ => 4,
+        };
+        let group = group as usize;
+        if w_dt != -1
+            || !k.is_multiple_of(32)
+            || !group.is_power_of_two()
+            || group < 16
+            || !packed.is_multiple_of(align)
+            || !x.is_multiple_of(16)
+        {
+            return Ok(false);
+        }
+        let lg = group.trailing_zeros() as i32;
+        let (suffix, rows, threads) =
+            if m == 1 && bits == 4 { qgemv4_variant(k, n, false) } else { ("", QG_ROWS, QG_THREADS) };
+        let name = format!("{}_b{bits}{suffix}", if m == 1 { "qgemv1" } else { "qgemv" });
+        let (mi, ni, ki) = (m as i32, to_i32(op, "rows", n)?, to_i32(op, "k", k)?);
+        let blocks = to_i32(op, "blocks", n.div_ceil(rows))? as u32;
+        let cfg = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (threads, 1, 1), shared_mem_bytes: 0 };
+        launch!(self.st()?, op, name.as_str(), cfg; out, x, mi, ni, packed, scales, biases, p_dt, lg, ki);
+        Ok(true)
+    }
+
+    /// Decodes weight rows `row0..row0 + rows` of an affine-quantized `w` to f32 with the
+    /// chunked kernel (`qdequant_bN`), under the fast GEMV's conditions; false if they do not hold.
+    fn fast_dequant(
+        &self,
+        op: &'static str,
+        out: u64,
+        row0: usize,
+        rows: usize,
+        k: usize,
+        w: &WeightArgs,
+    ) -> Result<bool> {
+        let WeightArgs { packed, scales, biases, w_dt, p_dt, bits, group, .. } = *w;
+        let align = match bits {
+            2 => 8,
+            4 | 8 => 16,
+            _ => 4,
+        };
+        let group = group as usize;
+        if w_dt != -1
+            || !k.is_multiple_of(32)
+            || !group.is_power_of_two()
+            || group < 16
+            || !packed.is_multiple_of(align)
+            || !out.is_multiple_of(16)
+        {
+            return Ok(false);
+        }
+        let lg = group.trailing_zeros() as i32;
+        let name = format!("qdequant_b{bits}");
+        let (row0, rowsl, ki) = (row0 as i64, rows as i64, to_i32(op, "k", k)?);
+        launch!(self.st()?, op, name.as_str(), cfg_1d(rows * k / 32); out, row0, rowsl, packed, scales, biases, p_dt, lg, ki);
+        Ok(true)
+    }
+
+    /// A device copy of a rope frequency table, uploaded once per distinct table and kept (a
+    /// model has one or two), so that a decode step copies nothing from the host for rope.
+    fn rope_table(&self, freqs: &[f32]) -> Result<u64> {
+        type Tables = Mutex<HashMap<(usize, Vec<u32>), DeviceBuffer>>;
+        static TABLES: OnceLock<Tables> = OnceLock::new();
+        let key = (self.ordinal, freqs.iter().map(|f| f.to_bits()).collect::<Vec<u32>>());
+        let mut tables = TABLES.get_or_init(Default::default).lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(b) = tables.get(&key) {
+            return Ok(b.ptr());
+        }
+        if tables.len() >= 64 {
+            // Frees are ordered after the kernels already enqueued on the device's stream.
+            tables.clear();
+        }
+        let b = self.upload(freqs)?;
+        let p = b.ptr();
+        tables.insert(key, b);
+        Ok(p)
+    }
+
+    /// One launch of `qgemv_multi_bN` for one input row and up to three affine-quantized weights
+    /// of one width, group size and scale dtype (q/k/v, gate/up), or for the down projection of
+    /// `silu(x) * up` (`up` set, one weight). `None` (nothing launched) when the case is not that.
+    fn fused_qgemv(
+        &self,
+        op: &'static str,
+        x: &Array,
+        ws: &[&Matrix],
+        up: Option<&Array>,
+    ) -> Result<Option<Vec<Array>>> {
+        if ws.is_empty() || ws.len() > 3 || x.shape().is_empty() || x.dtype() != DType::F32 || x.device() != self.dev()
+        {
+            return Ok(None);
+        }
+        let k = x.dim(-1);
+        if x.len() != k
+            || !k.is_multiple_of(32)
+            || ws.iter().any(|w| w.cols() != k || !matches!(w, Matrix::Quantized(_)))
+        {
+            return Ok(None);
+        }
+        if let Some(u) = up {
+            if u.shape() != x.shape() || u.dtype() != DType::F32 || u.device() != self.dev() || ws.len() != 1 {
+                return Ok(None);
+            }
+        }
+        let args = ws.iter().map(|w| self.weight_args(op, w)).collect::<Result<Vec<_>>>()?;
+        let a0 = &args[0];
+        let group = a0.group as usize;
+        let align = match a0.bits {
+            2 => 8,
+            4 | 8 => 16,
+            _ => 4,
+        };
+        let same = args.iter().all(|a| a.bits == a0.bits && a.group == a0.group && a.p_dt == a0.p_dt);
+        let xp = x.cuda_ptr()?;
+        let upp = match up {
+            Some(u) => u.cuda_ptr()?,
+            None => 0,
+        };
+        if !same
+            || !group.is_power_of_two()
+            || group < 16
+            || args.iter().any(|a| !a.packed.is_multiple_of(align))
+            || !(xp | upp).is_multiple_of(16)
+        {
+            return Ok(None);
+        }
+        let (suffix, rows_per_block, threads) =
+            if a0.bits == 4 { qgemv4_variant(k, 0, true) } else { ("", QG_ROWS, QG_THREADS) };
+        let mut outs = Vec::with_capacity(ws.len());
+        let mut slots = [(0u64, 0i32, 0u64, 0u64, 0u64); 3];
+        let mut blocks = 0usize;
+        for (i, (w, a)) in ws.iter().zip(&args).enumerate() {
+            let n = w.rows();
+            let mut shape = x.shape().to_vec();
+            *shape.last_mut().expect("x has an axis") = n;
+            let out = self.output(&shape, DType::F32, false)?;
+            slots[i] = (out.cuda_ptr()?, to_i32(op, "rows", n)?, a.packed, a.scales, a.biases);
+            blocks += n.div_ceil(rows_per_block);
+            outs.push(out);
+        }
+        if blocks == 0 {
+            return Ok(Some(outs));
+        }
+        let (p_dt, lg, ki) = (a0.p_dt, group.trailing_zeros() as i32, to_i32(op, "k", k)?);
+        let [(o0, n0, pk0, sc0, bi0), (o1, n1, pk1, sc1, bi1), (o2, n2, pk2, sc2, bi2)] = slots;
+        let name = format!("qgemv_multi_b{}{suffix}", a0.bits);
+        let cfg = LaunchConfig {
+            grid_dim: (to_i32(op, "blocks", blocks)? as u32, 1, 1),
+            block_dim: (threads, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        launch!(self.st()?, op, name.as_str(), cfg;
+            xp, p_dt, lg, ki, o0, n0, pk0, sc0, bi0, upp, o1, n1, pk1, sc1, bi1, o2, n2, pk2, sc2, bi2);
+        Ok(Some(outs))
+    }
+
+    /// Column-major `c (m x n, ldc) = alpha * op(a) op(b)` by cuBLAS SGEMM (f32, no TF32).
+    #[allow(clippy::too_many_arguments)]
+    fn sgemm_raw(
+        &self,
+        op: &'static str,
+        (ta, tb): (bool, bool),
+        (m, n, k): (usize, usize, usize),
+        alpha: f32,
+        (a, lda): (u64, usize),
+        (b, ldb): (u64, usize),
+        (c, ldc): (u64, usize),
+    ) -> Result<()> {
+        let st = self.st()?;
+        let t = |x: bool| if x { cublasOperation_t::CUBLAS_OP_T } else { cublasOperation_t::CUBLAS_OP_N };
+        let d = |v: usize| to_i32(op, "GEMM extent", v);
+        let blas = st.blas.lock().unwrap_or_else(|p| p.into_inner());
+        let beta = 0f32;
+        // SAFETY: the callers pass addresses of live allocations of this device holding the
+        // matrices with the extents and leading dimensions given; the handle's stream is the
+        // device stream, so the product is ordered with the kernels around it.
+        unsafe {
+            cudarc::cublas::result::sgemm(
+                *blas.handle(),
+                t(ta),
+                t(tb),
+                d(m)?,
+                d(n)?,
+                d(k)?,
+                &alpha,
+                a as *const f32,
+                d(lda)?,
+                b as *const f32,
+                d(ldb)?,
+                &beta,
+                c as *mut f32,
+                d(ldc)?,
+            )
+        }
+        .map_err(|e| Error::Device(format!("{op}: cuBLAS SGEMM on cuda:{}: {e:?}", st.ordinal)))
+    }
+
+    /// Attention for a decode step or a short chunk: the split-key kernel, then the merge.
+    #[allow(clippy::too_many_arguments)]
+    fn attention_split(
+        &self,
+        op: &'static str,
+        o: u64,
+        (qp, kp, vp): (u64, u64, u64),
+        (l, hq, hkv, d): (usize, usize, usize, usize),
+        cap: usize,
+        kv_len: usize,
+        scale: f32,
+    ) -> Result<()> {
+        let want = ATTS_TARGET_BLOCKS.div_ceil(hq * l).max(1);
+        let chunk = kv_len.div_ceil(want).max(32);
+        let splits = kv_len.div_ceil(chunk).max(1);
+        let part = DeviceBuffer::alloc(self.st()?, l * hq * splits * (d + 2) * 4)?;
+        let pp = part.ptr();
+        let (li, hqi, hkvi, di) = (l as i32, hq as i32, hkv as i32, d as i32);
+        let (capi, kvi, chunki, si) = (to_i32(op, "capacity", cap)?, kv_len as i32, chunk as i32, splits as i32);
+        let cfg = LaunchConfig {
+            grid_dim: (hq as u32, l as u32, splits as u32),
+            block_dim: (ATTS_THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        launch!(self.st()?, op, "attention_split_f32", cfg; pp, qp, kp, vp, li, hqi, hkvi, di, capi, kvi, scale, chunki);
+        let cfg = LaunchConfig { grid_dim: (hq as u32, l as u32, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
+        launch!(self.st()?, op, "attention_merge_f32", cfg; o, pp, hqi, di, si);
+        Ok(())
+    }
+
+    /// Attention for a long chunk of queries (prefill): per query head, scores = Q K^T * scale
+    /// by SGEMM, a causal softmax in place, then P V by SGEMM into the output columns; queries
+    /// go in blocks so that the scores stay under `ATTN_GEMM_SCORE_BYTES`.
+    #[allow(clippy::too_many_arguments)]
+    fn attention_gemm(
+        &self,
+        op: &'static str,
+        o: u64,
+        (qp, kp, vp): (u64, u64, u64),
+        (l, hq, hkv, d): (usize, usize, usize, usize),
+        cap: usize,
+        kv_len: usize,
+        scale: f32,
+    ) -> Result<()> {
+        let group = hq / hkv;
+        let rows_per_block = (ATTN_GEMM_SCORE_BYTES / (hq * kv_len * 4)).clamp(1, l);
+        let scores = DeviceBuffer::alloc(self.st()?, hq * rows_per_block * kv_len * 4)?;
+        let sp = scores.ptr();
+        let mut t0 = 0;
+        while t0 < l {
+            let rows = rows_per_block.min(l - t0);
+            let first = kv_len - l + t0; // position of query t0
+            let n = first + rows; // keys the last query of the block sees
+            for h in 0..hq {
+                let g = h / group;
+                let (qh, kg, _) =
+                    (qp + ((t0 * hq + h) * d * 4) as u64, kp + (g * cap * d * 4) as u64, vp + (g * cap * d * 4) as u64);
+                let s_h = sp + (h * rows * n * 4) as u64;
+                // S^T (n x rows, col-major) = K_g^T(op T of d x n) * Q_h (d x rows, ld hq*d)
+                self.sgemm_raw(op, (true, false), (n, rows, d), scale, (kg, d), (qh, hq * d), (s_h, n))?;
+            }
+            let cfg =
+                LaunchConfig { grid_dim: (rows as u32, hq as u32, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+            let (ri, ni, fi) = (rows as i32, to_i32(op, "keys", n)?, first as i64);
+            launch!(self.st()?, op, "causal_softmax_f32", cfg; sp, ri, ni, fi);
+            for h in 0..hq {
+                let g = h / group;
+                let vg = vp + (g * cap * d * 4) as u64;
+                let s_h = sp + (h * rows * n * 4) as u64;
+                let oh = o + ((t0 * hq + h) * d * 4) as u64;
+                // O^T (d x rows, ld hq*d) = V_g^T (d x n, ld d) * P^T (n x rows, ld n)
+                self.sgemm_raw(op, (false, false), (d, rows, n), 1.0, (vg, d), (s_h, n), (oh, hq * d))?;
+            }
+            t0 += rows;
+        }
+        Ok(())
     }
 
     fn binary(&self, op: &'static str, kernel: &str, a: &Array, b: &Array) -> Result<Array> {
@@ -297,6 +660,8 @@ impl Backend for CudaBackend {
         let o = out.cuda_ptr()?;
         if wa.w_dt == DT_F32 {
             self.sgemm(op, o, xp, wa.dense, m, n, k, n)?;
+        } else if m <= GEMV_MAX_ROWS && self.fast_qgemv(op, o, xp, m, n, k, &wa)? {
+            // done by the fast quantized GEMV
         } else if m <= GEMV_MAX_ROWS {
             let WeightArgs { dense, packed, scales, biases, w_dt, p_dt, bits, group } = wa;
             let (mi, ni, ki) = (m as i32, to_i32(op, "rows", n)?, to_i32(op, "k", k)?);
@@ -314,12 +679,28 @@ impl Backend for CudaBackend {
             let mut r0 = 0;
             while r0 < n {
                 let rows = tile.min(n - r0);
-                self.gather_rows(op, scratch.ptr(), 0, r0, rows, k, &wa)?;
+                if !self.fast_dequant(op, scratch.ptr(), r0, rows, k, &wa)? {
+                    self.gather_rows(op, scratch.ptr(), 0, r0, rows, k, &wa)?;
+                }
                 self.sgemm(op, o + (r0 * 4) as u64, xp, scratch.ptr(), m, rows, k, n)?;
                 r0 += rows;
             }
         }
         Ok(out)
+    }
+
+    fn linear_many(&self, x: &Array, ws: &[&Matrix]) -> Result<Vec<Array>> {
+        if let Some(outs) = self.fused_qgemv("linear_many", x, ws, None)? {
+            return Ok(outs);
+        }
+        ws.iter().map(|w| self.linear(x, w)).collect()
+    }
+
+    fn silu_mul_linear(&self, gate: &Array, up: &Array, w: &Matrix) -> Result<Array> {
+        if let Some(mut outs) = self.fused_qgemv("silu_mul_linear", gate, &[w], Some(up))? {
+            return Ok(outs.remove(0));
+        }
+        self.linear(&self.silu_mul(gate, up)?, w)
     }
 
     fn embed(&self, table: &Matrix, ids: &[u32]) -> Result<Array> {
@@ -382,8 +763,8 @@ impl Backend for CudaBackend {
         if n == 0 {
             return Ok(out);
         }
-        let freqs = self.upload(if inv_freqs.is_empty() { &[0f32][..] } else { inv_freqs })?;
-        let (o, fp) = (out.cuda_ptr()?, freqs.ptr());
+        let fp = self.rope_table(if inv_freqs.is_empty() { &[0f32][..] } else { inv_freqs })?;
+        let o = out.cuda_ptr()?;
         let (half, hi, di) = (half as i32, to_i32(op, "heads", h)?, to_i32(op, "head size", d)?);
         let (offset, trad) = (offset as i64, traditional as i32);
         launch!(self.st()?, op, "rope_f32", cfg_1d(n as usize); o, xp, fp, half, hi, di, offset, trad, n);
@@ -415,6 +796,13 @@ impl Backend for CudaBackend {
             return Ok(out);
         }
         let o = out.cuda_ptr()?;
+        let aligned = d.is_multiple_of(4) && (qp | kp | vp).is_multiple_of(16);
+        if aligned && l >= ATTN_GEMM_MIN_QUERIES {
+            return self.attention_gemm(op, o, (qp, kp, vp), (l, hq, hkv, d), cap, kv_len, scale).map(|_| out);
+        }
+        if aligned && d <= ATTS_MAX_DIM {
+            return self.attention_split(op, o, (qp, kp, vp), (l, hq, hkv, d), cap, kv_len, scale).map(|_| out);
+        }
         let (li, hqi, hkvi, di) = (l as i32, to_i32(op, "heads", hq)?, hkv as i32, d as i32);
         let (capi, kvi) = (to_i32(op, "capacity", cap)?, kv_len as i32);
         let cfg = LaunchConfig {

@@ -64,3 +64,148 @@ extern "C" __global__ void attention_f32(float* out, const float* q, const float
         if (c < d) o[c] = acc[i] * inv;
     }
 }
+
+// ---- Split-key attention (issue 7, speed) ----
+//
+// For head sizes that are a multiple of 4 (up to 512). Grid (Hq, L, S): block (h, t, s) handles
+// keys [s * chunk, min((s + 1) * chunk, n_t)) of query t, head h. Each of its warps takes every
+// ATTS_WARPS-th key: the warp reads the key row with 16-byte loads (lane c holds features
+// 4c..4c+3, then 128 + 4c.., ...), reduces the dot product by shuffles, and keeps an online softmax
+// (running maximum, sum and weighted values). The warps' states are combined in shared memory and
+// written as a partial (max, sum, values[D]); attention_merge_f32 combines the S partials.
+// Keys are read coalesced, and with S > 1 a short decode step still fills the GPU.
+
+#define ATTS_WARPS 4
+#define ATTS_SLOTS 4  // float4 slots per lane: D <= 32 * 4 * ATTS_SLOTS = 512
+
+extern "C" __global__ void attention_split_f32(float* part, const float* q, const float* k, const float* v, int l, int hq, int hkv, int d,
+                        int cap, int kv_len, float scale, int chunk) {
+    __shared__ float sm_m[ATTS_WARPS], sm_l[ATTS_WARPS];
+    __shared__ float4 sm_acc[ATTS_WARPS][32 * ATTS_SLOTS];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int h = blockIdx.x, t = blockIdx.y, s = blockIdx.z, splits = gridDim.z;
+    const int kvh = h / (hq / hkv);
+    const int n = kv_len - l + t + 1;
+    const int j_begin = s * chunk, j_end = min(n, j_begin + chunk);
+    const int d4 = d >> 2;
+    const float4* qv = (const float4*)(q + ((size_t)t * hq + h) * d);
+    const float4* keys = (const float4*)(k + (size_t)kvh * cap * d);
+    const float4* vals = (const float4*)(v + (size_t)kvh * cap * d);
+    float4 qr[ATTS_SLOTS], acc[ATTS_SLOTS];
+#pragma unroll
+    for (int i = 0; i < ATTS_SLOTS; ++i) {
+        int c = lane + 32 * i;
+        float4 z = make_float4(0.f, 0.f, 0.f, 0.f);
+        qr[i] = c < d4 ? qv[c] : z;
+        qr[i].x *= scale; qr[i].y *= scale; qr[i].z *= scale; qr[i].w *= scale;
+        acc[i] = z;
+    }
+    float run_m = NEG_INF, run_l = 0.0f;
+    for (int j = j_begin + warp; j < j_end; j += ATTS_WARPS) {
+        const float4* kr = keys + (size_t)j * d4;
+        const float4* vr = vals + (size_t)j * d4;
+        float4 kk[ATTS_SLOTS], vv[ATTS_SLOTS];
+#pragma unroll
+        for (int i = 0; i < ATTS_SLOTS; ++i) {
+            int c = lane + 32 * i;
+            if (c < d4) { kk[i] = kr[c]; vv[i] = vr[c]; }
+        }
+        float dot = 0.0f;
+#pragma unroll
+        for (int i = 0; i < ATTS_SLOTS; ++i) {
+            int c = lane + 32 * i;
+            if (c < d4) {
+                dot = fmaf(qr[i].x, kk[i].x, dot); dot = fmaf(qr[i].y, kk[i].y, dot);
+                dot = fmaf(qr[i].z, kk[i].z, dot); dot = fmaf(qr[i].w, kk[i].w, dot);
+            }
+        }
+        float sc = warp_sum(dot);
+        float new_m = fmaxf(run_m, sc);
+        float corr = expf(run_m - new_m);  // run_m = -inf on the first key: exp(-inf) = 0
+        float p = expf(sc - new_m);
+        run_l = run_l * corr + p;
+        run_m = new_m;
+#pragma unroll
+        for (int i = 0; i < ATTS_SLOTS; ++i) {
+            int c = lane + 32 * i;
+            if (c < d4) {
+                acc[i].x = fmaf(p, vv[i].x, acc[i].x * corr); acc[i].y = fmaf(p, vv[i].y, acc[i].y * corr);
+                acc[i].z = fmaf(p, vv[i].z, acc[i].z * corr); acc[i].w = fmaf(p, vv[i].w, acc[i].w * corr);
+            }
+        }
+    }
+    if (lane == 0) { sm_m[warp] = run_m; sm_l[warp] = run_l; }
+#pragma unroll
+    for (int i = 0; i < ATTS_SLOTS; ++i) {
+        int c = lane + 32 * i;
+        if (c < d4) sm_acc[warp][c] = acc[i];
+    }
+    __syncthreads();
+    float m = NEG_INF;
+#pragma unroll
+    for (int w = 0; w < ATTS_WARPS; ++w) m = fmaxf(m, sm_m[w]);
+    float wts[ATTS_WARPS], tot = 0.0f;
+#pragma unroll
+    for (int w = 0; w < ATTS_WARPS; ++w) {
+        wts[w] = sm_m[w] == NEG_INF ? 0.0f : expf(sm_m[w] - m);
+        tot += sm_l[w] * wts[w];
+    }
+    size_t base = (((size_t)t * hq + h) * splits + s);
+    float* pv = part + base * (size_t)(d + 2);
+    if (threadIdx.x == 0) { pv[0] = m; pv[1] = tot; }
+    for (int c = threadIdx.x; c < d4; c += blockDim.x) {
+        float4 a = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+        for (int w = 0; w < ATTS_WARPS; ++w) {
+            float4 b = sm_acc[w][c];
+            a.x = fmaf(wts[w], b.x, a.x); a.y = fmaf(wts[w], b.y, a.y);
+            a.z = fmaf(wts[w], b.z, a.z); a.w = fmaf(wts[w], b.w, a.w);
+        }
+        pv[2 + 4 * c] = a.x; pv[3 + 4 * c] = a.y; pv[4 + 4 * c] = a.z; pv[5 + 4 * c] = a.w;
+    }
+}
+
+// out [L, Hq * D] from the S partials of each (query, head): one block per (head, query).
+extern "C" __global__ void attention_merge_f32(float* out, const float* part, int hq, int d, int splits) {
+    const int h = blockIdx.x, t = blockIdx.y;
+    const float* p = part + ((size_t)t * hq + h) * splits * (size_t)(d + 2);
+    float m = NEG_INF;
+    for (int s = 0; s < splits; ++s) m = fmaxf(m, p[(size_t)s * (d + 2)]);
+    float tot = 0.0f;
+    for (int s = 0; s < splits; ++s) {
+        float ms = p[(size_t)s * (d + 2)];
+        if (ms != NEG_INF) tot += p[(size_t)s * (d + 2) + 1] * expf(ms - m);
+    }
+    float inv = 1.0f / tot;
+    float* o = out + ((size_t)t * hq + h) * d;
+    for (int c = threadIdx.x; c < d; c += blockDim.x) {
+        float a = 0.0f;
+        for (int s = 0; s < splits; ++s) {
+            const float* ps = p + (size_t)s * (d + 2);
+            if (ps[0] != NEG_INF) a = fmaf(expf(ps[0] - m), ps[2 + c], a);
+        }
+        o[c] = a * inv;
+    }
+}
+
+// Causal softmax in place over scores [H, rows, n] (the prefill path: scores = Q K^T * scale by
+// SGEMM, then this, then P V by SGEMM). Row r of every head is query `first + r`, which sees keys
+// 0..=first + r; later entries become 0. One block per (row, head).
+extern "C" __global__ void causal_softmax_f32(float* scores, int rows, int n, long long first) {
+    __shared__ float scratch[33];
+    const int r = blockIdx.x, h = blockIdx.y;
+    float* row = scores + ((size_t)h * rows + r) * n;
+    const int valid = (int)min((long long)n, first + r + 1);
+    float m = NEG_INF;
+    for (int j = threadIdx.x; j < valid; j += blockDim.x) m = fmaxf(m, row[j]);
+    m = block_max(m, scratch);
+    float sum = 0.0f;
+    for (int j = threadIdx.x; j < valid; j += blockDim.x) {
+        float e = expf(row[j] - m);
+        row[j] = e;
+        sum += e;
+    }
+    sum = block_sum(sum, scratch);
+    float inv = 1.0f / sum;
+    for (int j = threadIdx.x; j < n; j += blockDim.x) row[j] = j < valid ? row[j] * inv : 0.0f;
+}

@@ -68,3 +68,286 @@ extern "C" __global__ void gather_rows(float* out, const u32* ids, long long row
         out[i] = weight(w, r, c);
     }
 }
+
+// ---- Fast quantized GEMV (issue 7, speed) ----
+//
+// out [M, N] = x [M, K] W^T for affine-quantized W, M <= QG_MAX_M, K a multiple of 32.
+// The K axis is cut into chunks of 32 values, which are exactly BITS u32 words of a row (one
+// 16-byte load for 4 bits, two for 8, one 8-byte load for 2, BITS scalar loads for 3/5/6).
+// A chunk lies inside one group when the group size is >= 32, or covers two groups of 16.
+// A block of QG_WARPS warps computes QG_ROWS output rows: its lanes stride the chunks (so the
+// warps split K), each lane decodes the QG_ROWS rows' chunks once per input row and reuses its
+// x values for all of them; per group it accumulates s * sum(q * x) + b * sum(x).
+// The values become floats without an integer conversion: 0x4B000000 | q is the float 2^23 + q.
+
+#define QG_MAX_M 8
+#define QG_ROWS 4
+#define QG_WARPS 4
+#define QG_MAGIC 0x4B000000u
+
+__device__ __forceinline__ float qg_f(u32 bits23) { return __uint_as_float(bits23 | QG_MAGIC) - 8388608.0f; }
+
+// The BITS words of one chunk; `p` is aligned to the load width (checked by the host).
+template <int BITS>
+__device__ __forceinline__ void qg_load(u32 (&w)[BITS], const u32* p) {
+    if constexpr (BITS == 4) {
+        uint4 v = __ldg((const uint4*)p);
+        w[0] = v.x; w[1] = v.y; w[2] = v.z; w[3] = v.w;
+    } else if constexpr (BITS == 8) {
+        uint4 a = __ldg((const uint4*)p), b = __ldg((const uint4*)p + 1);
+        w[0] = a.x; w[1] = a.y; w[2] = a.z; w[3] = a.w; w[4] = b.x; w[5] = b.y; w[6] = b.z; w[7] = b.w;
+    } else if constexpr (BITS == 2) {
+        uint2 v = __ldg((const uint2*)p);
+        w[0] = v.x; w[1] = v.y;
+    } else {
+#pragma unroll
+        for (int i = 0; i < BITS; ++i) w[i] = __ldg(p + i);
+    }
+}
+
+// The 32 values of a chunk as floats.
+template <int BITS>
+__device__ __forceinline__ void qg_decode(const u32 (&w)[BITS], float (&q)[32]) {
+    if constexpr (BITS == 8) {
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+#pragma unroll
+            for (int b = 0; b < 4; ++b) q[4 * j + b] = __uint_as_float(__byte_perm(w[j], QG_MAGIC, 0x7540 | b)) - 8388608.0f;
+    } else if constexpr (BITS == 4) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            u32 lo = w[j] & 0x0F0F0F0Fu, hi = (w[j] >> 4) & 0x0F0F0F0Fu;
+#pragma unroll
+            for (int b = 0; b < 4; ++b) {
+                q[8 * j + 2 * b] = __uint_as_float(__byte_perm(lo, QG_MAGIC, 0x7540 | b)) - 8388608.0f;
+                q[8 * j + 2 * b + 1] = __uint_as_float(__byte_perm(hi, QG_MAGIC, 0x7540 | b)) - 8388608.0f;
+            }
+        }
+    } else {
+#pragma unroll
+        for (int i = 0; i < 32; ++i) {
+            const int bit = i * BITS, word = bit >> 5, sh = bit & 31;
+            u32 v;
+            if (sh + BITS <= 32) v = w[word] >> sh;
+            else v = __funnelshift_r(w[word], w[word + 1], sh);
+            q[i] = qg_f(v & ((1u << BITS) - 1u));
+        }
+    }
+}
+
+// G16: groups of 16 (two per chunk); otherwise 1 << lg values per group (lg >= 5).
+// `block` is this block's index among the blocks of this weight. With `up` set (one input row
+// only), the input is silu(x) * up, as silu_mul computes it: the fused down projection.
+template <int BITS, bool G16, int MAXM, int ROWS = QG_ROWS, int WARPS = QG_WARPS, int UNROLL = 1>
+__device__ __forceinline__ void qgemv_body(float* out, const float* x, int m, int n, const u32* packed,
+                                           const void* scales, const void* biases, int p_dt, int lg, int k,
+                                           int block, const float* up = nullptr) {
+    __shared__ float red[WARPS][ROWS][MAXM];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int r0 = block * ROWS;
+    const int chunks = k >> 5;
+    const size_t words = (size_t)(k >> 5) * BITS;
+    const size_t gpr = (size_t)(k >> lg);
+    float acc[ROWS][MAXM];
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r)
+#pragma unroll
+        for (int i = 0; i < MAXM; ++i) acc[r][i] = 0.0f;
+#pragma unroll UNROLL
+    for (int c = threadIdx.x; c < chunks; c += 32 * WARPS) {
+        u32 w[ROWS][BITS];
+        float s[ROWS][2], b[ROWS][2];
+#pragma unroll
+        for (int r = 0; r < ROWS; ++r) {
+            int row = min(r0 + r, n - 1);  // rows past the end repeat the last one; never written
+            qg_load<BITS>(w[r], packed + row * words + (size_t)c * BITS);
+            size_t g = row * gpr + (G16 ? 2 * (size_t)c : (((size_t)c << 5) >> lg));
+            s[r][0] = load_float(scales, g, p_dt);
+            b[r][0] = load_float(biases, g, p_dt);
+            if (G16) {
+                s[r][1] = load_float(scales, g + 1, p_dt);
+                b[r][1] = load_float(biases, g + 1, p_dt);
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < MAXM; ++i) {
+            if (i < m) {
+                float xv[32];
+                const float4* xp = (const float4*)(x + (size_t)i * k + ((size_t)c << 5));
+#pragma unroll
+                for (int v = 0; v < 8; ++v) {
+                    float4 t = xp[v];
+                    xv[4 * v] = t.x; xv[4 * v + 1] = t.y; xv[4 * v + 2] = t.z; xv[4 * v + 3] = t.w;
+                }
+                if (MAXM == 1 && up != nullptr) {
+                    const float4* upp = (const float4*)(up + ((size_t)c << 5));
+#pragma unroll
+                    for (int v = 0; v < 8; ++v) {
+                        float4 u = upp[v];
+                        float uu[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+                        for (int e = 0; e < 4; ++e) {
+                            float g = xv[4 * v + e];
+                            xv[4 * v + e] = g / (1.0f + expf(-g)) * uu[e];
+                        }
+                    }
+                }
+                float xs0 = 0.0f, xs1 = 0.0f;
+#pragma unroll
+                for (int j = 0; j < 16; ++j) xs0 += xv[j];
+#pragma unroll
+                for (int j = 16; j < 32; ++j) xs1 += xv[j];
+#pragma unroll
+                for (int r = 0; r < ROWS; ++r) {
+                    float q[32];
+                    qg_decode<BITS>(w[r], q);
+                    float d0 = 0.0f, d1 = 0.0f;
+#pragma unroll
+                    for (int j = 0; j < 16; ++j) d0 = fmaf(q[j], xv[j], d0);
+#pragma unroll
+                    for (int j = 16; j < 32; ++j) d1 = fmaf(q[j], xv[j], d1);
+                    if (G16) acc[r][i] += s[r][0] * d0 + b[r][0] * xs0 + (s[r][1] * d1 + b[r][1] * xs1);
+                    else acc[r][i] += s[r][0] * (d0 + d1) + b[r][0] * (xs0 + xs1);
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r)
+#pragma unroll
+        for (int i = 0; i < MAXM; ++i)
+            if (i < m) {
+                float v = warp_sum(acc[r][i]);
+                if (lane == 0) red[warp][r][i] = v;
+            }
+    __syncthreads();
+    if (threadIdx.x < ROWS * MAXM) {
+        int r = threadIdx.x / MAXM, i = threadIdx.x % MAXM;
+        if (i < m && r0 + r < n) {
+            float v = 0.0f;
+#pragma unroll
+            for (int wi = 0; wi < WARPS; ++wi) v += red[wi][r][i];
+            out[(size_t)i * n + r0 + r] = v;
+        }
+    }
+}
+
+// out [rows, K] f32 = rows row0.. of an affine-quantized W, decoded: the tiles of the prefill
+// GEMM. One thread per 32-value chunk (same loads and decoding as the GEMV), 16-byte stores.
+template <int BITS>
+__device__ __forceinline__ void qdequant_body(float* out, long long row0, long long rows, const u32* packed,
+                                              const void* scales, const void* biases, int p_dt, int lg, int k) {
+    const int chunks = k >> 5;
+    const size_t words = (size_t)chunks * BITS;
+    const size_t gpr = (size_t)(k >> lg);
+    const size_t total = (size_t)rows * chunks;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x) {
+        size_t r = i / chunks, c = i % chunks, row = (size_t)row0 + r;
+        u32 w[BITS];
+        qg_load<BITS>(w, packed + row * words + c * BITS);
+        float q[32];
+        qg_decode<BITS>(w, q);
+        size_t g0 = row * gpr + ((c << 5) >> lg), g1 = row * gpr + (((c << 5) + 16) >> lg);
+        float s0 = load_float(scales, g0, p_dt), b0 = load_float(biases, g0, p_dt);
+        float s1 = load_float(scales, g1, p_dt), b1 = load_float(biases, g1, p_dt);
+        float4* o = (float4*)(out + r * (size_t)k + (c << 5));
+#pragma unroll
+        for (int v = 0; v < 8; ++v) {
+            float sc = v < 4 ? s0 : s1, bi = v < 4 ? b0 : b1;
+            o[v] = make_float4(fmaf(sc, q[4 * v], bi), fmaf(sc, q[4 * v + 1], bi), fmaf(sc, q[4 * v + 2], bi),
+                               fmaf(sc, q[4 * v + 3], bi));
+        }
+    }
+}
+
+#define QD_PARAMS \
+    float *out, long long row0, long long rows, const u32 *packed, const void *scales, const void *biases, int p_dt, \
+        int lg, int k
+#define QD_ARGS out, row0, rows, packed, scales, biases, p_dt, lg, k
+extern "C" __global__ void qdequant_b2(QD_PARAMS) { qdequant_body<2>(QD_ARGS); }
+extern "C" __global__ void qdequant_b3(QD_PARAMS) { qdequant_body<3>(QD_ARGS); }
+extern "C" __global__ void qdequant_b4(QD_PARAMS) { qdequant_body<4>(QD_ARGS); }
+extern "C" __global__ void qdequant_b5(QD_PARAMS) { qdequant_body<5>(QD_ARGS); }
+extern "C" __global__ void qdequant_b6(QD_PARAMS) { qdequant_body<6>(QD_ARGS); }
+extern "C" __global__ void qdequant_b8(QD_PARAMS) { qdequant_body<8>(QD_ARGS); }
+
+// qgemv1_bN: one input row (decode); qgemv_bN: up to QG_MAX_M rows. Separate kernels so that
+// the one-row kernel gets the registers (and occupancy) of its smaller accumulator. Written out
+// (no macro) so that the host and scripts/check-cuda-kernels.sh find every name in the text.
+#define QG_PARAMS \
+    float *out, const float *x, int m, int n, const u32 *packed, const void *scales, const void *biases, int p_dt, \
+        int lg, int k
+#define QG_ARGS out, x, m, n, packed, scales, biases, p_dt, lg, k
+#define QG_DISPATCH(BITS, MAXM) \
+    if (lg == 4) qgemv_body<BITS, true, MAXM>(QG_ARGS, blockIdx.x); \
+    else qgemv_body<BITS, false, MAXM>(QG_ARGS, blockIdx.x)
+
+// One input row, up to three weights of the same width, group size and scale dtype in one launch
+// (q/k/v, gate/up): blocks [0, nb0) compute weight 0, the next nb1 weight 1, then weight 2.
+// With up0 set (one weight), the input is silu(x) * up0: the fused down projection.
+#define QGM_PARAMS                                                                                              \
+    const float *x, int p_dt, int lg, int k, float *out0, int n0, const u32 *pk0, const void *sc0, const void *bi0, \
+        const float *up0, float *out1, int n1, const u32 *pk1, const void *sc1, const void *bi1, float *out2, int n2, \
+        const u32 *pk2, const void *sc2, const void *bi2
+#define QGM_DISPATCH(BITS)                                                                                      \
+    int nb0 = (n0 + QG_ROWS - 1) / QG_ROWS, nb1 = (n1 + QG_ROWS - 1) / QG_ROWS, b = blockIdx.x;                 \
+    float* out = out0;                                                                                          \
+    int n = n0;                                                                                                 \
+    const u32* pk = pk0;                                                                                        \
+    const void *sc = sc0, *bi = bi0;                                                                            \
+    const float* up = up0;                                                                                      \
+    if (b >= nb0 + nb1) {                                                                                       \
+        out = out2; n = n2; pk = pk2; sc = sc2; bi = bi2; up = nullptr; b -= nb0 + nb1;                         \
+    } else if (b >= nb0) {                                                                                      \
+        out = out1; n = n1; pk = pk1; sc = sc1; bi = bi1; up = nullptr; b -= nb0;                               \
+    }                                                                                                           \
+    if (lg == 4) qgemv_body<BITS, true, 1>(out, x, 1, n, pk, sc, bi, p_dt, lg, k, b, up);                       \
+    else qgemv_body<BITS, false, 1>(out, x, 1, n, pk, sc, bi, p_dt, lg, k, b, up);
+
+extern "C" __global__ void __launch_bounds__(128, 4) qgemv1_b2(QG_PARAMS) { QG_DISPATCH(2, 1); }
+extern "C" __global__ void qgemv_b2(QG_PARAMS) { QG_DISPATCH(2, QG_MAX_M); }
+extern "C" __global__ void __launch_bounds__(128, 4) qgemv1_b3(QG_PARAMS) { QG_DISPATCH(3, 1); }
+extern "C" __global__ void qgemv_b3(QG_PARAMS) { QG_DISPATCH(3, QG_MAX_M); }
+extern "C" __global__ void __launch_bounds__(128, 4) qgemv1_b4(QG_PARAMS) { QG_DISPATCH(4, 1); }
+extern "C" __global__ void qgemv_b4(QG_PARAMS) { QG_DISPATCH(4, QG_MAX_M); }
+extern "C" __global__ void __launch_bounds__(128, 4) qgemv1_b5(QG_PARAMS) { QG_DISPATCH(5, 1); }
+extern "C" __global__ void qgemv_b5(QG_PARAMS) { QG_DISPATCH(5, QG_MAX_M); }
+extern "C" __global__ void __launch_bounds__(128, 4) qgemv1_b6(QG_PARAMS) { QG_DISPATCH(6, 1); }
+extern "C" __global__ void qgemv_b6(QG_PARAMS) { QG_DISPATCH(6, QG_MAX_M); }
+extern "C" __global__ void __launch_bounds__(128, 4) qgemv1_b8(QG_PARAMS) { QG_DISPATCH(8, 1); }
+extern "C" __global__ void qgemv_b8(QG_PARAMS) { QG_DISPATCH(8, QG_MAX_M); }
+extern "C" __global__ void __launch_bounds__(128, 4) qgemv_multi_b2(QGM_PARAMS) { QGM_DISPATCH(2) }
+extern "C" __global__ void __launch_bounds__(128, 4) qgemv_multi_b3(QGM_PARAMS) { QGM_DISPATCH(3) }
+extern "C" __global__ void __launch_bounds__(128, 4) qgemv_multi_b4(QGM_PARAMS) { QGM_DISPATCH(4) }
+extern "C" __global__ void __launch_bounds__(128, 4) qgemv_multi_b5(QGM_PARAMS) { QGM_DISPATCH(5) }
+extern "C" __global__ void __launch_bounds__(128, 4) qgemv_multi_b6(QGM_PARAMS) { QGM_DISPATCH(6) }
+extern "C" __global__ void __launch_bounds__(128, 4) qgemv_multi_b8(QGM_PARAMS) { QGM_DISPATCH(8) }
+
+// Variants of the 4-bit one-row kernels, picked on the host by NUVEC_QGEMV_VARIANT (1..3) to
+// measure which shape of work keeps the most bytes in flight (rows per block, warps per block,
+// K-loop unrolling): v1 = 2 rows x 4 warps, v2 = 4 rows x 1 warp unrolled by 2, v3 = 2 rows x
+// 2 warps unrolled by 2. The multi kernels map blocks to weights with the same rows per block.
+#define QGV_DISPATCH(ROWS, WARPS, UNROLL)                                                                       \
+    if (lg == 4) qgemv_body<4, true, 1, ROWS, WARPS, UNROLL>(QG_ARGS, blockIdx.x);                              \
+    else qgemv_body<4, false, 1, ROWS, WARPS, UNROLL>(QG_ARGS, blockIdx.x)
+#define QGMV_DISPATCH(ROWS, WARPS, UNROLL)                                                                      \
+    int nb0 = (n0 + ROWS - 1) / ROWS, nb1 = (n1 + ROWS - 1) / ROWS, b = blockIdx.x;                             \
+    float* out = out0;                                                                                          \
+    int n = n0;                                                                                                 \
+    const u32* pk = pk0;                                                                                        \
+    const void *sc = sc0, *bi = bi0;                                                                            \
+    const float* up = up0;                                                                                      \
+    if (b >= nb0 + nb1) {                                                                                       \
+        out = out2; n = n2; pk = pk2; sc = sc2; bi = bi2; up = nullptr; b -= nb0 + nb1;                         \
+    } else if (b >= nb0) {                                                                                      \
+        out = out1; n = n1; pk = pk1; sc = sc1; bi = bi1; up = nullptr; b -= nb0;                               \
+    }                                                                                                           \
+    if (lg == 4) qgemv_body<4, true, 1, ROWS, WARPS, UNROLL>(out, x, 1, n, pk, sc, bi, p_dt, lg, k, b, up);     \
+    else qgemv_body<4, false, 1, ROWS, WARPS, UNROLL>(out, x, 1, n, pk, sc, bi, p_dt, lg, k, b, up);
+
+extern "C" __global__ void __launch_bounds__(128) qgemv1_b4_v1(QG_PARAMS) { QGV_DISPATCH(2, 4, 1); }
+extern "C" __global__ void __launch_bounds__(32) qgemv1_b4_v2(QG_PARAMS) { QGV_DISPATCH(4, 1, 2); }
+extern "C" __global__ void __launch_bounds__(64) qgemv1_b4_v3(QG_PARAMS) { QGV_DISPATCH(2, 2, 2); }
+extern "C" __global__ void __launch_bounds__(128) qgemv_multi_b4_v1(QGM_PARAMS) { QGMV_DISPATCH(2, 4, 1) }
+extern "C" __global__ void __launch_bounds__(32) qgemv_multi_b4_v2(QGM_PARAMS) { QGMV_DISPATCH(4, 1, 2) }
+extern "C" __global__ void __launch_bounds__(64) qgemv_multi_b4_v3(QGM_PARAMS) { QGMV_DISPATCH(2, 2, 2) }

@@ -1,0 +1,76 @@
+#!/usr/bin/env python3
+"""A random-weight MLX checkpoint of a real architecture, made with mlx-lm's own model classes,
+for speed comparisons only (its text is noise): bench/compare-gpu makes one per architecture and
+both engines load the same files.
+
+Usage: make_mlx_random.py OUT_DIR --arch qwen3-0.6b|llama-3.1-8b [--layers N] [--bits 4]
+       [--group-size 64] --tokenizer DIR
+
+The weights are mlx's default initialisation under seed 0, cast to bfloat16 and quantized with
+`nn.quantize` (affine, bf16 scales and biases; embeddings and the LM head included), as
+`mlx_lm.convert -q` leaves a bf16 model. --layers cuts the layer count (say so when reporting).
+"""
+
+import argparse
+import json
+import shutil
+from pathlib import Path
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx.utils import tree_flatten
+
+CONFIGS = {
+    # Qwen/Qwen3-0.6B config.json (the fields mlx-lm reads).
+    "qwen3-0.6b": dict(
+        model_type="qwen3", hidden_size=1024, num_hidden_layers=28, intermediate_size=3072,
+        num_attention_heads=16, num_key_value_heads=8, head_dim=128, rms_norm_eps=1e-6,
+        vocab_size=151936, rope_theta=1000000.0, max_position_embeddings=40960,
+        tie_word_embeddings=True, hidden_act="silu",
+    ),
+    # meta-llama/Llama-3.1-8B config.json.
+    "llama-3.1-8b": dict(
+        model_type="llama", hidden_size=4096, num_hidden_layers=32, intermediate_size=14336,
+        num_attention_heads=32, num_key_value_heads=8, head_dim=128, rms_norm_eps=1e-5,
+        vocab_size=128256, rope_theta=500000.0, max_position_embeddings=131072,
+        tie_word_embeddings=False, hidden_act="silu", attention_bias=False, mlp_bias=False,
+        rope_scaling=dict(factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                          original_max_position_embeddings=8192, rope_type="llama3"),
+    ),
+}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("out")
+    ap.add_argument("--arch", required=True, choices=CONFIGS)
+    ap.add_argument("--layers", type=int)
+    ap.add_argument("--bits", type=int, default=4)
+    ap.add_argument("--group-size", type=int, default=64)
+    ap.add_argument("--tokenizer", required=True, help="folder with tokenizer.json and tokenizer_config.json")
+    a = ap.parse_args()
+
+    from mlx_lm.utils import _get_classes, save_config, save_model
+
+    config = dict(CONFIGS[a.arch])
+    if a.layers:
+        config["num_hidden_layers"] = a.layers
+    mx.random.seed(0)
+    model_class, args_class = _get_classes(config)
+    model = model_class(args_class.from_dict(config))
+    model.set_dtype(mx.bfloat16)
+    nn.quantize(model, group_size=a.group_size, bits=a.bits)
+    mx.eval(model.parameters())
+    config["quantization"] = {"group_size": a.group_size, "bits": a.bits, "mode": "affine"}
+    out = Path(a.out)
+    save_model(out, model, donate_model=True)
+    save_config(config, out / "config.json")
+    for f in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(Path(a.tokenizer) / f, out / f)
+    size = sum(p.stat().st_size for p in out.glob("*.safetensors"))
+    print(f"made {out}: {a.arch}, {config['num_hidden_layers']} layers, {a.bits}-bit g{a.group_size}, "
+          f"{size / 1e9:.3f} GB of weights")
+
+
+if __name__ == "__main__":
+    main()
