@@ -138,6 +138,15 @@ impl Quantization {
                 };
                 Legacy::Gptq { bits: bits as usize, group_size, zero_offset }
             }
+            // Hugging Face's microscaling releases (gpt-oss's MXFP4 experts): mlx-lm loads them as
+            // its mxfp4/mxfp8 modes, which nuvec does not have yet.
+            "mxfp4" | "mxfp8" => {
+                return Err(Error::Unsupported(format!(
+                    "{}: quant_method {method:?} needs the {method} quantization mode, which this build does not \
+                     have yet; convert with `mlx_lm.convert` to an affine quantization first",
+                    config.file()
+                )))
+            }
             other => {
                 return Err(Error::Unsupported(format!(
                     "{}: quant_method {other:?} checkpoints (FP8, compressed-tensors, ModelOpt, bitnet, ...) are not \

@@ -21,5 +21,5 @@ pub use backend::{backend, Backend};
 pub use device::Device;
 pub use dtype::DType;
 pub use error::{Error, Result};
-pub use ops::attention;
+pub use ops::{attention, attention_sinks};
 pub use quant::{Matrix, QuantMode, QuantSpec, Quantized};

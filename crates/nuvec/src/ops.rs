@@ -70,6 +70,24 @@ impl Array {
     }
 }
 
+// gpt-oss.
+impl Array {
+    /// gpt-oss's clamped SwiGLU of `self` (the gate) and `up`; see [`crate::Backend::swiglu_oai`].
+    pub fn swiglu_oai(&self, up: &Array, alpha: f32, limit: f32) -> Result<Array> {
+        backend(self.device()).swiglu_oai(self, up, alpha, limit)
+    }
+
+    /// `self * factor`.
+    pub fn scale(&self, factor: f32) -> Result<Array> {
+        backend(self.device()).scale(self, factor)
+    }
+}
+
+/// Causal attention with per-head sink logits; see [`crate::Backend::attention_sinks`].
+pub fn attention_sinks(q: &Array, k: &Array, v: &Array, kv_len: usize, scale: f32, sinks: &[f32]) -> Result<Array> {
+    backend(q.device()).attention_sinks(q, k, v, kv_len, scale, sinks)
+}
+
 impl Matrix {
     /// Rows `ids` as f32 `[len(ids), cols]` (an embedding lookup).
     pub fn embed(&self, ids: &[u32]) -> Result<Array> {

@@ -25,10 +25,21 @@ pub(super) fn concat_axis1(parts: &[Array]) -> Result<Array> {
     Ok(out)
 }
 
+/// Per query head, a logit joining each softmax (gpt-oss's attention sinks), or none.
+pub(super) type Sinks<'a> = Option<&'a [f32]>;
+
+/// Causal attention over the first `kv_len` positions of `k, v`, with sinks when given.
+pub(super) fn sdpa(q: &Array, k: &Array, v: &Array, kv_len: usize, scale: f32, sinks: Sinks) -> Result<Array> {
+    Ok(match sinks {
+        None => nuvec::attention(q, k, v, kv_len, scale)?,
+        Some(s) => nuvec::attention_sinks(q, k, v, kv_len, scale, s)?,
+    })
+}
+
 /// Causal attention of `q [L, heads, dim]` over all of `k, v` (the last L positions are q's).
-pub(super) fn attend_causal(q: &Array, k: &Array, v: &Array, scale: f32) -> Result<Array> {
+pub(super) fn attend_causal(q: &Array, k: &Array, v: &Array, scale: f32, sinks: Sinks) -> Result<Array> {
     let (k, v) = on_device_of(q, k, v)?;
-    Ok(nuvec::attention(q, &k, &v, k.dim(1), scale)?)
+    sdpa(q, &k, &v, k.dim(1), scale, sinks)
 }
 
 /// `k, v` on `q`'s device: quantized caches dequantize on the host, so their keys and values
@@ -46,6 +57,7 @@ pub(super) fn attend_windowed(
     held: usize,
     window: usize,
     scale: f32,
+    sinks: Sinks,
 ) -> Result<Array> {
     let (l, width) = (q.dim(0), q.dim(1) * q.dim(2));
     let (k, v) = on_device_of(q, k, v)?;
@@ -55,7 +67,7 @@ pub(super) fn attend_windowed(
         let last = held + i;
         let first = (last + 1).saturating_sub(window);
         let (ki, vi) = (slice_axis1(k, first, last + 1)?, slice_axis1(v, first, last + 1)?);
-        let row = nuvec::attention(&q.slice_rows(i, i + 1)?, &ki, &vi, last + 1 - first, scale)?;
+        let row = sdpa(&q.slice_rows(i, i + 1)?, &ki, &vi, last + 1 - first, scale, sinks)?;
         out.write_axis1(&row.reshape(&[1, 1, width])?, i)?;
     }
     Ok(out.reshape(&[l, width])?)

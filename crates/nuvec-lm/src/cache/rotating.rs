@@ -6,7 +6,7 @@
 
 use nuvec::{Array, DType};
 
-use super::ops::{attend_causal, attend_windowed, on_device_of};
+use super::ops::{attend_causal, attend_windowed, on_device_of, sdpa, Sinks};
 use super::store::Store;
 use crate::{Error, Result};
 
@@ -110,6 +110,18 @@ impl<S: Store> RotatingKvCache<S> {
     /// the cache holds, with mlx-lm's mask for this cache: a causal window of `max_size` over a
     /// chunk, everything held for a single token.
     pub fn attend(&mut self, q: &Array, keys: &Array, values: &Array, scale: f32) -> Result<Array> {
+        self.attend_with_sinks(q, keys, values, scale, None)
+    }
+
+    /// [`RotatingKvCache::attend`] with a sink logit per query head joining each softmax.
+    pub fn attend_with_sinks(
+        &mut self,
+        q: &Array,
+        keys: &Array,
+        values: &Array,
+        scale: f32,
+        sinks: Sinks,
+    ) -> Result<Array> {
         let l = keys.dim(1);
         // mlx-lm builds the mask before the update, from the positions held so far.
         let held_before = self.offset.min(self.max_size - 1);
@@ -118,16 +130,16 @@ impl<S: Store> RotatingKvCache<S> {
             self.update_concat(&keys, &values)?;
             let (k, v) = (self.keys.as_ref().expect("set").to_array()?, self.values.as_ref().expect("set").to_array()?);
             if held_before + l > self.max_size {
-                attend_windowed(q, &k, &v, held_before, self.max_size, scale)
+                attend_windowed(q, &k, &v, held_before, self.max_size, scale, sinks)
             } else {
-                attend_causal(q, &k, &v, scale)
+                attend_causal(q, &k, &v, scale, sinks)
             }
         } else {
             self.update_in_place(&keys, &values)?;
             let (k, v) = (self.keys.as_ref().expect("set").to_array()?, self.values.as_ref().expect("set").to_array()?);
             let n = self.offset.min(k.dim(1));
             let (k, v) = on_device_of(q, &k, &v)?;
-            Ok(nuvec::attention(q, &k, &v, n, scale)?)
+            sdpa(q, &k, &v, n, scale, sinks)
         }
     }
 

@@ -10,6 +10,6 @@ mod rope;
 pub use attention::{Attention, AttentionShape};
 pub use linear::Linear;
 pub use mlp::Mlp;
-pub use moe::{FeedForward, MoeShape, SparseMoe};
+pub use moe::{Activation, FeedForward, MoeShape, Routing, SparseMoe};
 pub use norm::RmsNorm;
 pub use rope::Rope;

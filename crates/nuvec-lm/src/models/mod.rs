@@ -1,5 +1,6 @@
 //! Model families, one file each, and the [`Model`] they are loaded as.
 
+mod gpt_oss;
 mod llama;
 mod qwen2;
 mod qwen3;
@@ -21,10 +22,18 @@ pub trait Architecture: Send + Sync {
     fn logits(&self, hidden: &Array) -> Result<Array>;
     /// Decoder layers (one cache each).
     fn num_layers(&self) -> usize;
+
+    /// The caches this architecture's layers need, when they are not one cache of the kind
+    /// `options` ask for per layer (mlx-lm's `make_cache`, e.g. gpt-oss's sliding layers);
+    /// `None` for the usual kind.
+    fn make_cache(&self, options: &CacheOptions) -> Result<Option<Vec<LayerCache>>> {
+        let _ = options;
+        Ok(None)
+    }
 }
 
 /// The model types this build loads.
-pub const SUPPORTED_MODEL_TYPES: &[&str] = &["llama", "mistral", "qwen2", "qwen3", "qwen3_moe"];
+pub const SUPPORTED_MODEL_TYPES: &[&str] = &["llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "gpt_oss"];
 
 /// A loaded language model.
 pub struct Model {
@@ -52,6 +61,7 @@ impl Model {
             "qwen2" => Box::new(qwen2::load(config, weights)?),
             "qwen3" => Box::new(qwen3::load(config, weights)?),
             "qwen3_moe" => Box::new(qwen3_moe::load(config, weights)?),
+            "gpt_oss" => Box::new(gpt_oss::GptOss::load(config, weights)?),
             other => {
                 return Err(Error::Unsupported(format!(
                     "{}: model_type {other:?} is not one nuvec loads ({})",
@@ -110,14 +120,24 @@ impl Model {
         self.arch.num_layers()
     }
 
-    /// A fresh plain cache, one per layer.
+    /// A fresh plain cache, one per layer (or the caches the architecture makes for itself,
+    /// see [`Architecture::make_cache`]).
     pub fn new_cache(&self) -> Vec<LayerCache> {
-        (0..self.num_layers()).map(|_| LayerCache::Plain(crate::cache::KvCache::new())).collect()
+        match self.arch.make_cache(&CacheOptions::default()) {
+            Ok(Some(caches)) => caches,
+            // Default options are valid for every architecture (each checks its own sizes at
+            // load), so only `None` lands here.
+            _ => (0..self.num_layers()).map(|_| LayerCache::Plain(crate::cache::KvCache::new())).collect(),
+        }
     }
 
-    /// A fresh cache of the kind `options` asks for, one per layer.
+    /// A fresh cache of the kind `options` asks for, one per layer (or the architecture's own,
+    /// see [`Architecture::make_cache`]).
     pub fn make_cache(&self, options: &CacheOptions) -> Result<Vec<LayerCache>> {
         options.validate()?;
+        if let Some(caches) = self.arch.make_cache(options)? {
+            return Ok(caches);
+        }
         (0..self.num_layers()).map(|_| LayerCache::new(options)).collect()
     }
 

@@ -4,6 +4,7 @@
 
 mod attention;
 mod elementwise;
+mod gpt_oss;
 mod linear;
 mod pool;
 mod qgemv;
@@ -118,5 +119,27 @@ impl Backend for CpuBackend {
 
     fn argmax(&self, x: &Array) -> Result<Array> {
         elementwise::argmax(x)
+    }
+
+    // gpt-oss.
+
+    fn attention_sinks(
+        &self,
+        q: &Array,
+        k: &Array,
+        v: &Array,
+        kv_len: usize,
+        scale: f32,
+        sinks: &[f32],
+    ) -> Result<Array> {
+        attention::attention_sinks(q, k, v, kv_len, scale, sinks)
+    }
+
+    fn swiglu_oai(&self, gate: &Array, up: &Array, alpha: f32, limit: f32) -> Result<Array> {
+        gpt_oss::swiglu_oai(gate, up, alpha, limit)
+    }
+
+    fn scale(&self, x: &Array, factor: f32) -> Result<Array> {
+        gpt_oss::scale(x, factor)
     }
 }

@@ -538,4 +538,31 @@ impl Backend for CudaBackend {
         }
         Ok(out)
     }
+
+    // gpt-oss: not built on CUDA yet; the CPU backend has them.
+
+    fn attention_sinks(
+        &self,
+        _q: &Array,
+        _k: &Array,
+        _v: &Array,
+        _kv_len: usize,
+        _scale: f32,
+        _sinks: &[f32],
+    ) -> Result<Array> {
+        Err(not_on_cuda("attention_sinks (gpt-oss attention sinks)"))
+    }
+
+    fn swiglu_oai(&self, _gate: &Array, _up: &Array, _alpha: f32, _limit: f32) -> Result<Array> {
+        Err(not_on_cuda("swiglu_oai (gpt-oss's clamped SwiGLU)"))
+    }
+
+    fn scale(&self, _x: &Array, _factor: f32) -> Result<Array> {
+        Err(not_on_cuda("scale"))
+    }
+}
+
+/// The error of an op the CUDA backend does not have yet.
+fn not_on_cuda(op: &str) -> Error {
+    Error::Unsupported(format!("{op} is not yet implemented on CUDA; run this model with --device cpu"))
 }
