@@ -110,7 +110,7 @@ fn sliding_layers_get_rotating_caches_of_the_window() {
     // mlx-lm builds its own caches for gpt-oss and ignores max_kv_size; we refuse it instead.
     let options = CacheOptions { max_kv_size: Some(64), ..Default::default() };
     let err = model.make_cache(&options).unwrap_err().to_string();
-    assert!(err.contains("max_kv_size") && err.contains("gpt-oss"), "{err}");
+    assert!(err.contains("max_kv_size") && err.contains("gpt_oss"), "{err}");
 }
 
 /// A copy of a case with `edit` applied to its tensors and config.

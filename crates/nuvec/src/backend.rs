@@ -93,8 +93,8 @@ pub trait Backend: Send + Sync {
     /// `(u + 1) * g * sigmoid(alpha * g)`.
     fn swiglu_oai(&self, gate: &Array, up: &Array, alpha: f32, limit: f32) -> Result<Array>;
 
-    /// `x * factor`, elementwise.
-    fn scale(&self, x: &Array, factor: f32) -> Result<Array>;
+    /// `x * s` elementwise, for a scalar `s` (the same op as the Gemma 4 branch's: keep one).
+    fn scale(&self, x: &Array, s: f32) -> Result<Array>;
 }
 
 /// The backend of `device`.

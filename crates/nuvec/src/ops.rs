@@ -77,9 +77,9 @@ impl Array {
         backend(self.device()).swiglu_oai(self, up, alpha, limit)
     }
 
-    /// `self * factor`.
-    pub fn scale(&self, factor: f32) -> Result<Array> {
-        backend(self.device()).scale(self, factor)
+    /// `self * s`.
+    pub fn scale(&self, s: f32) -> Result<Array> {
+        backend(self.device()).scale(self, s)
     }
 }
 

@@ -11,7 +11,7 @@
 
 use nuvec::{Array, Matrix};
 
-use crate::cache::{CacheOptions, KvCache, LayerCache, RotatingKvCache};
+use crate::cache::{KvCache, LayerCache, RotatingKvCache};
 use crate::config::Config;
 use crate::layers::{Activation, Attention, AttentionShape, Linear, RmsNorm, Rope, Routing, SparseMoe};
 use crate::models::Architecture;
@@ -203,9 +203,9 @@ fn unsanitized_experts_error(weights: &Weights, path: &str) -> Error {
     }
     if weights.has(&format!("{path}.gate_up_proj")) {
         return Error::Unsupported(format!(
-            "{dir}: {path}.gate_up_proj is transformers' own [experts, hidden, 2 * intermediate] layout, which \
-             mlx-lm does not load either; convert the checkpoint with `mlx_lm.convert` from the original MXFP4 \
-             release"
+            "{dir}: {path}.gate_up_proj is transformers' in-memory [experts, hidden, 2 * intermediate] layout \
+             (a re-saved or dequantized model), which mlx-lm does not load either; use an mlx-community \
+             conversion or the original release"
         ));
     }
     Error::Weights {
@@ -244,23 +244,17 @@ impl Architecture for GptOss {
     /// mlx-lm's `make_cache`: a plain cache for full-attention layers, a rotating cache of
     /// `sliding_window` positions (nothing pinned) for sliding ones. The rotating cache's own
     /// mask is the sliding window, exactly as mlx-lm masks those layers.
-    fn make_cache(&self, options: &CacheOptions) -> Result<Option<Vec<LayerCache>>> {
-        if let Some(max) = options.max_kv_size {
-            return Err(Error::Invalid(format!(
-                "max_kv_size = {max}: gpt-oss makes its own caches (a window of {} on its sliding layers, every \
-                 position on the others), as mlx-lm does; leave max_kv_size unset",
-                self.sliding_window
-            )));
-        }
-        self.layer_types
+    fn own_cache(&self) -> Option<Vec<LayerCache>> {
+        let caches = self
+            .layer_types
             .iter()
-            .map(|t| {
-                Ok(match t {
-                    LayerType::Full => LayerCache::Plain(KvCache::new()),
-                    LayerType::Sliding => LayerCache::Rotating(RotatingKvCache::new(self.sliding_window, 0)?),
-                })
+            .map(|t| match t {
+                LayerType::Full => LayerCache::Plain(KvCache::new()),
+                LayerType::Sliding => LayerCache::Rotating(
+                    RotatingKvCache::new(self.sliding_window, 0).expect("a window of at least 1 was checked at load"),
+                ),
             })
-            .collect::<Result<Vec<_>>>()
-            .map(Some)
+            .collect();
+        Some(caches)
     }
 }

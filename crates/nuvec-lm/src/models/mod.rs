@@ -23,12 +23,13 @@ pub trait Architecture: Send + Sync {
     /// Decoder layers (one cache each).
     fn num_layers(&self) -> usize;
 
-    /// The caches this architecture's layers need, when they are not one cache of the kind
-    /// `options` ask for per layer (mlx-lm's `make_cache`, e.g. gpt-oss's sliding layers);
-    /// `None` for the usual kind.
-    fn make_cache(&self, options: &CacheOptions) -> Result<Option<Vec<LayerCache>>> {
-        let _ = options;
-        Ok(None)
+    // gpt-oss (the same method as the Gemma 4 branch's)
+
+    /// The caches the model makes itself, as mlx-lm's `make_cache` (gpt-oss: rotating caches
+    /// for sliding-window layers); `None` means one plain cache per layer, or the kind the
+    /// generation's options ask for.
+    fn own_cache(&self) -> Option<Vec<LayerCache>> {
+        None
     }
 }
 
@@ -120,22 +121,28 @@ impl Model {
         self.arch.num_layers()
     }
 
-    /// A fresh plain cache, one per layer (or the caches the architecture makes for itself,
-    /// see [`Architecture::make_cache`]).
+    /// A fresh plain cache, one per layer (or the caches the model makes itself, see
+    /// [`Architecture::own_cache`]).
     pub fn new_cache(&self) -> Vec<LayerCache> {
-        match self.arch.make_cache(&CacheOptions::default()) {
-            Ok(Some(caches)) => caches,
-            // Default options are valid for every architecture (each checks its own sizes at
-            // load), so only `None` lands here.
-            _ => (0..self.num_layers()).map(|_| LayerCache::Plain(crate::cache::KvCache::new())).collect(),
+        if let Some(caches) = self.arch.own_cache() {
+            return caches;
         }
+        (0..self.num_layers()).map(|_| LayerCache::Plain(crate::cache::KvCache::new())).collect()
     }
 
-    /// A fresh cache of the kind `options` asks for, one per layer (or the architecture's own,
-    /// see [`Architecture::make_cache`]).
+    /// A fresh cache of the kind `options` asks for, one per layer. A model that makes its own
+    /// caches (gpt-oss) refuses `max_kv_size`, which mlx-lm silently ignores for it; `kv_bits`
+    /// applies to its caches as to any.
     pub fn make_cache(&self, options: &CacheOptions) -> Result<Vec<LayerCache>> {
         options.validate()?;
-        if let Some(caches) = self.arch.make_cache(options)? {
+        if let Some(caches) = self.arch.own_cache() {
+            if let Some(max) = options.max_kv_size {
+                return Err(Error::Unsupported(format!(
+                    "max_kv_size = {max}: model_type {} makes its own caches (its sliding-window layers \
+                     already rotate); drop --max-kv-size",
+                    self.model_type
+                )));
+            }
             return Ok(caches);
         }
         (0..self.num_layers()).map(|_| LayerCache::new(options)).collect()

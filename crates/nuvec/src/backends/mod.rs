@@ -134,9 +134,9 @@ pub(crate) mod host_checked {
             CpuBackend.swiglu_oai(gate, up, alpha, limit)
         }
 
-        fn scale(&self, x: &Array, factor: f32) -> Result<Array> {
+        fn scale(&self, x: &Array, s: f32) -> Result<Array> {
             on_host("scale", &[("x", x)])?;
-            CpuBackend.scale(x, factor)
+            CpuBackend.scale(x, s)
         }
     }
 }

@@ -139,7 +139,7 @@ impl Backend for CpuBackend {
         gpt_oss::swiglu_oai(gate, up, alpha, limit)
     }
 
-    fn scale(&self, x: &Array, factor: f32) -> Result<Array> {
-        gpt_oss::scale(x, factor)
+    fn scale(&self, x: &Array, s: f32) -> Result<Array> {
+        gpt_oss::scale(x, s)
     }
 }

@@ -557,7 +557,7 @@ impl Backend for CudaBackend {
         Err(not_on_cuda("swiglu_oai (gpt-oss's clamped SwiGLU)"))
     }
 
-    fn scale(&self, _x: &Array, _factor: f32) -> Result<Array> {
+    fn scale(&self, _x: &Array, _s: f32) -> Result<Array> {
         Err(not_on_cuda("scale"))
     }
 }
