@@ -17,8 +17,13 @@ const F32_TOLERANCE: f32 = 2e-3;
 
 const CASES: [&str; 3] = ["gpt_oss-f32", "gpt_oss-q4g64", "gpt_oss-hf"];
 
+/// `scripts/oracle/more/gpt_oss.py`'s records (a folder of their own).
+fn records_dir() -> PathBuf {
+    fixtures().join("gpt_oss")
+}
+
 fn case(name: &str) -> PathBuf {
-    let dir = fixtures().join(name);
+    let dir = records_dir().join(name);
     assert!(dir.join("oracle.json").exists(), "{}: missing; rerun scripts/setup-oracle.sh", dir.display());
     dir
 }
@@ -177,7 +182,7 @@ fn unsupported_layouts_and_bad_configs_are_named() {
 // The real tokenizer and its harmony chat template.
 
 fn harmony() -> (PathBuf, Tokenizer) {
-    let dir = fixtures().join("gpt_oss-harmony");
+    let dir = records_dir().join("gpt_oss-harmony");
     let tokenizer = Tokenizer::load(&dir, &[]).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
     (dir, tokenizer)
 }

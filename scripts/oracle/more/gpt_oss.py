@@ -3,7 +3,8 @@ gpt-oss tokenizer's chat template (harmony) rendered by transformers.
 
     gpt_oss.py FIXTURES --tokenizers DIR [--gguf FILE]
 
-Writes, below FIXTURES:
+Writes, below FIXTURES/gpt_oss (a folder of its own, so that the other branches' parity.rs,
+which loads every top-level case, does not meet a model type it lacks):
 
 - `gpt_oss-f32`, `gpt_oss-q4g64`: made by `mlx_lm.convert` from an f32 source (4 layers
   alternating sliding window 8 / full attention, sinks, q/k/v/o biases, yarn rope with factor
@@ -334,7 +335,8 @@ def main():
     args = parser.parse_args()
     TOKENIZERS = args.tokenizers
     fx.mx.random.seed(0)
-    out = args.out.resolve()
+    out = args.out.resolve() / "gpt_oss"
+    out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as work:
         for variant in ("f32", "q4g64"):
             rec = make_case(out, Path(work), variant)
