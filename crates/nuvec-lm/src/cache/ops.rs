@@ -61,12 +61,16 @@ pub(super) fn attend_windowed(
 ) -> Result<Array> {
     let (l, width) = (q.dim(0), q.dim(1) * q.dim(2));
     let (k, v) = on_device_of(q, k, v)?;
-    let (k, v) = (&k, &v);
+    // Positions first, once: each query then copies only its window (a sliding-window model's
+    // long prefill comes here for every query).
+    let (k, v) = (k.transpose01()?, v.transpose01()?);
+    let window_of =
+        |a: &Array, first: usize, end: usize| -> Result<Array> { Ok(a.slice_rows(first, end)?.transpose01()?) };
     let mut out = Array::zeros_on(&[1, l, width], DType::F32, q.device())?;
     for i in 0..l {
         let last = held + i;
         let first = (last + 1).saturating_sub(window);
-        let (ki, vi) = (slice_axis1(k, first, last + 1)?, slice_axis1(v, first, last + 1)?);
+        let (ki, vi) = (window_of(&k, first, last + 1)?, window_of(&v, first, last + 1)?);
         let row = sdpa(&q.slice_rows(i, i + 1)?, &ki, &vi, last + 1 - first, scale, sinks)?;
         out.write_axis1(&row.reshape(&[1, 1, width])?, i)?;
     }
