@@ -140,6 +140,15 @@ impl Quantization {
                 };
                 Legacy::Gptq { bits: bits as usize, group_size, zero_offset }
             }
+            // Hugging Face's microscaling releases (gpt-oss's MXFP4 experts as `_blocks`/`_scales`):
+            // nuvec has MLX's mxfp4/mxfp8 modes but does not rearrange this layout into them yet.
+            "mxfp4" | "mxfp8" => {
+                return Err(Error::Unsupported(format!(
+                    "{}: quant_method {method:?} (Hugging Face's `_blocks`/`_scales` layout) is not converted yet; \
+                     convert with `mlx_lm.convert`, whose {method} output nuvec loads",
+                    config.file()
+                )))
+            }
             other => {
                 return Err(Error::Unsupported(format!(
                     "{}: quant_method {other:?} checkpoints (FP8, compressed-tensors, ModelOpt, bitnet, ...) are not \

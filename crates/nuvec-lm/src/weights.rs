@@ -381,3 +381,62 @@ impl Weights {
         ))
     }
 }
+
+// gpt-oss: Hugging Face's fused expert projections, whose rows (or bias entries) alternate
+// between two projections (what mlx-lm's gpt_oss `sanitize` splits with `[..., ::2, :]` and
+// `[..., 1::2, :]`).
+impl Weights {
+    /// Splits the float tensor `name [num, 2 * rows, cols]` into its even rows and its odd rows:
+    /// two lists of `num` dense `[rows, cols]` matrices (copies, in the tensor's dtype).
+    pub fn deinterleaved_experts(&self, name: &str, num: usize, rows: usize, cols: usize) -> Result<[Vec<Matrix>; 2]> {
+        let fused = self.raw(name)?;
+        if fused.shape() != [num, 2 * rows, cols] || !fused.dtype().is_float() {
+            return Err(self.err(
+                name,
+                format!(
+                    "is {} {:?}; expected a float [{num}, {}, {cols}] (interleaved gate/up rows)",
+                    fused.dtype(),
+                    fused.shape(),
+                    2 * rows
+                ),
+            ));
+        }
+        let mut halves = [Vec::with_capacity(num), Vec::with_capacity(num)];
+        for e in 0..num {
+            let expert = fused.index_first(e)?;
+            for (parity, half) in halves.iter_mut().enumerate() {
+                let picked = every_other_row(&expert, parity, cols)?.to_device(self.device)?;
+                half.push(Matrix::Dense(picked));
+            }
+        }
+        Ok(halves)
+    }
+
+    /// Splits the float tensor `name [num, 2 * n]` into its even and its odd entries per row:
+    /// two `[num, n]` arrays on the weights' device.
+    pub fn deinterleaved_rows(&self, name: &str, num: usize, n: usize) -> Result<[Array; 2]> {
+        let fused = self.host_tensor(name, &[num, 2 * n])?;
+        let columns = fused.reshape(&[num * 2 * n, 1])?;
+        let halves = [0, 1].map(|parity| -> Result<Array> {
+            let picked = every_other_row(&columns, parity, 1)?;
+            Ok(picked.reshape(&[num, n])?.to_device(self.device)?)
+        });
+        let [even, odd] = halves;
+        Ok([even?, odd?])
+    }
+}
+
+/// Rows `parity, parity + 2, ...` of the float array `a [2 * r, cols]`, copied.
+fn every_other_row(a: &Array, parity: usize, cols: usize) -> Result<Array> {
+    fn pick<T: nuvec::Element>(a: &Array, parity: usize, cols: usize) -> Result<Array> {
+        let data = a.to_vec::<T>()?;
+        let picked: Vec<T> = data.chunks(cols).skip(parity).step_by(2).flatten().copied().collect();
+        Ok(Array::from_slice(&picked, &[picked.len() / cols.max(1), cols])?)
+    }
+    match a.dtype() {
+        DType::F32 => pick::<f32>(a, parity, cols),
+        DType::F16 => pick::<half::f16>(a, parity, cols),
+        DType::BF16 => pick::<half::bf16>(a, parity, cols),
+        other => Err(Error::Invalid(format!("cannot split rows of a {other} tensor"))),
+    }
+}

@@ -120,6 +120,27 @@ pub trait Backend: Send + Sync {
 
     /// Logit soft-capping, `tanh(x / cap) * cap` elementwise; `cap` must be positive.
     fn softcap(&self, x: &Array, cap: f32) -> Result<Array>;
+
+    // gpt-oss: attention sinks, the clamped SwiGLU of its experts, and a scalar multiply (yarn's
+    // rope magnitude correction).
+
+    /// [`Backend::attention`] with one learned logit per query head (`sinks [Hq]`) joining each
+    /// softmax: the weights become `exp(scale * s_j) / (exp(sink) + sum_i exp(scale * s_i))`
+    /// (the sink is not scaled) and the sink adds no value, so the weights sum to less than one.
+    fn attention_sinks(
+        &self,
+        q: &Array,
+        k: &Array,
+        v: &Array,
+        kv_len: usize,
+        scale: f32,
+        sinks: &[f32],
+    ) -> Result<Array>;
+
+    /// gpt-oss's expert activation (mlx-lm's `swiglu_oai`), elementwise over `gate, up` of one
+    /// shape: `g = min(gate, limit)`, `u = clip(up, -limit, limit)`,
+    /// `(u + 1) * g * sigmoid(alpha * g)`.
+    fn swiglu_oai(&self, gate: &Array, up: &Array, alpha: f32, limit: f32) -> Result<Array>;
 }
 
 /// Head counts and sizes of a Gated DeltaNet layer (see [`Backend::gated_delta`]).

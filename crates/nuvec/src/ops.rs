@@ -77,6 +77,11 @@ impl Array {
         backend(self.device()).gelu_mul(self, up)
     }
 
+    /// gpt-oss's clamped SwiGLU of `self` (the gate) and `up`; see [`crate::Backend::swiglu_oai`].
+    pub fn swiglu_oai(&self, up: &Array, alpha: f32, limit: f32) -> Result<Array> {
+        backend(self.device()).swiglu_oai(self, up, alpha, limit)
+    }
+
     /// `self * s`.
     pub fn scale(&self, s: f32) -> Result<Array> {
         backend(self.device()).scale(self, s)
@@ -86,6 +91,11 @@ impl Array {
     pub fn softcap(&self, cap: f32) -> Result<Array> {
         backend(self.device()).softcap(self, cap)
     }
+}
+
+/// Causal attention with per-head sink logits; see [`crate::Backend::attention_sinks`].
+pub fn attention_sinks(q: &Array, k: &Array, v: &Array, kv_len: usize, scale: f32, sinks: &[f32]) -> Result<Array> {
+    backend(q.device()).attention_sinks(q, k, v, kv_len, scale, sinks)
 }
 
 impl Matrix {

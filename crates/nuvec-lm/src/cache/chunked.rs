@@ -88,7 +88,7 @@ impl ChunkedKvCache {
         let first_query = self.offset();
         let (k, v) = self.held.update_and_fetch_rows(keys, values)?;
         let (start, chunk) = (self.start, self.chunk_size);
-        attend_ranges(q, &k, &v, scale, |i| {
+        attend_ranges(q, &k, &v, scale, None, |i| {
             let position = first_query + i;
             let chunk_start = (position / chunk * chunk).max(start);
             chunk_start - start..position + 1 - start

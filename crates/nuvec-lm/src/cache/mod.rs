@@ -184,15 +184,37 @@ impl LayerCache {
     /// Adds `keys, values [L, kv_heads, head_dim]` (positions first, as the projections give
     /// them) and attends `q [L, heads, head_dim]` over what the cache holds, with its mask.
     pub fn attend(&mut self, q: &Array, keys: &Array, values: &Array, scale: f32) -> Result<Array> {
+        self.attend_with_sinks(q, keys, values, scale, None)
+    }
+
+    /// [`LayerCache::attend`] with `sinks` (one logit per query head, gpt-oss's attention
+    /// sinks) joining each softmax when given.
+    pub fn attend_with_sinks(
+        &mut self,
+        q: &Array,
+        keys: &Array,
+        values: &Array,
+        scale: f32,
+        sinks: Option<&[f32]>,
+    ) -> Result<Array> {
         match self {
             LayerCache::Plain(c) => {
                 let (k, v) = c.update_and_fetch_rows(keys, values)?;
-                Ok(nuvec::attention(q, &k, &v, c.offset(), scale)?)
+                ops::sdpa(q, &k, &v, c.offset(), scale, sinks)
             }
-            LayerCache::Rotating(c) => c.attend(q, &keys.transpose01()?, &values.transpose01()?, scale),
-            LayerCache::Quantized(c) => c.attend(q, &keys.transpose01()?, &values.transpose01()?, scale),
-            LayerCache::QuantizedRotating(c) => c.attend(q, &keys.transpose01()?, &values.transpose01()?, scale),
-            LayerCache::Chunked(c) => c.attend(q, keys, values, scale),
+            LayerCache::Rotating(c) => {
+                c.attend_with_sinks(q, &keys.transpose01()?, &values.transpose01()?, scale, sinks)
+            }
+            LayerCache::Quantized(c) => {
+                c.attend_with_sinks(q, &keys.transpose01()?, &values.transpose01()?, scale, sinks)
+            }
+            LayerCache::QuantizedRotating(c) => {
+                c.attend_with_sinks(q, &keys.transpose01()?, &values.transpose01()?, scale, sinks)
+            }
+            LayerCache::Chunked(c) if sinks.is_none() => c.attend(q, keys, values, scale),
+            LayerCache::Chunked(_) => {
+                Err(Error::Unsupported("attention sinks over a chunked cache are not built (no model has both)".into()))
+            }
             LayerCache::Recurrent(_) => {
                 Err(Error::Invalid("an attention layer was given a recurrent (Gated DeltaNet) cache".into()))
             }

@@ -25,10 +25,21 @@ pub(super) fn concat_axis1(parts: &[Array]) -> Result<Array> {
     Ok(out)
 }
 
+/// Per query head, a logit joining each softmax (gpt-oss's attention sinks), or none.
+pub(super) type Sinks<'a> = Option<&'a [f32]>;
+
+/// Causal attention over the first `kv_len` positions of `k, v`, with sinks when given.
+pub(super) fn sdpa(q: &Array, k: &Array, v: &Array, kv_len: usize, scale: f32, sinks: Sinks) -> Result<Array> {
+    Ok(match sinks {
+        None => nuvec::attention(q, k, v, kv_len, scale)?,
+        Some(s) => nuvec::attention_sinks(q, k, v, kv_len, scale, s)?,
+    })
+}
+
 /// Causal attention of `q [L, heads, dim]` over all of `k, v` (the last L positions are q's).
-pub(super) fn attend_causal(q: &Array, k: &Array, v: &Array, scale: f32) -> Result<Array> {
+pub(super) fn attend_causal(q: &Array, k: &Array, v: &Array, scale: f32, sinks: Sinks) -> Result<Array> {
     let (k, v) = on_device_of(q, k, v)?;
-    Ok(nuvec::attention(q, &k, &v, k.dim(1), scale)?)
+    sdpa(q, &k, &v, k.dim(1), scale, sinks)
 }
 
 /// `k, v` on `q`'s device: quantized caches dequantize on the host, so their keys and values
@@ -46,31 +57,37 @@ pub(super) fn attend_windowed(
     held: usize,
     window: usize,
     scale: f32,
+    sinks: Sinks,
 ) -> Result<Array> {
-    attend_ranges(q, k, v, scale, |i| {
+    attend_ranges(q, k, v, scale, sinks, |i| {
         let last = held + i;
         (last + 1).saturating_sub(window)..last + 1
     })
 }
 
 /// Attention of each query row `i` of `q [L, heads, dim]` over the positions `visible(i)` of
-/// `k, v [kv_heads, positions, dim]`: the masks that are not plain causal ones (a window, a
-/// chunk), one query at a time.
+/// `k, v [kv_heads, positions, dim]` (with sinks when given): the masks that are not plain
+/// causal ones (a window, a chunk), one query at a time.
 pub(super) fn attend_ranges(
     q: &Array,
     k: &Array,
     v: &Array,
     scale: f32,
+    sinks: Sinks,
     visible: impl Fn(usize) -> std::ops::Range<usize>,
 ) -> Result<Array> {
     let (l, width) = (q.dim(0), q.dim(1) * q.dim(2));
     let (k, v) = on_device_of(q, k, v)?;
-    let (k, v) = (&k, &v);
+    // Positions first, once: each query then copies only its range (a sliding-window model's
+    // long prefill comes here for every query).
+    let (k, v) = (k.transpose01()?, v.transpose01()?);
+    let range_of =
+        |a: &Array, r: &std::ops::Range<usize>| -> Result<Array> { Ok(a.slice_rows(r.start, r.end)?.transpose01()?) };
     let mut out = Array::zeros_on(&[1, l, width], DType::F32, q.device())?;
     for i in 0..l {
         let range = visible(i);
-        let (ki, vi) = (slice_axis1(k, range.start, range.end)?, slice_axis1(v, range.start, range.end)?);
-        let row = nuvec::attention(&q.slice_rows(i, i + 1)?, &ki, &vi, range.len(), scale)?;
+        let (ki, vi) = (range_of(&k, &range)?, range_of(&v, &range)?);
+        let row = sdpa(&q.slice_rows(i, i + 1)?, &ki, &vi, range.len(), scale, sinks)?;
         out.write_axis1(&row.reshape(&[1, 1, width])?, i)?;
     }
     Ok(out.reshape(&[l, width])?)

@@ -5,7 +5,7 @@
 
 use nuvec::{Array, QuantMode, QuantSpec};
 
-use super::ops::attend_causal;
+use super::ops::{attend_causal, Sinks};
 use super::store::{QuantRows, Store};
 use crate::{Error, Result};
 
@@ -55,6 +55,18 @@ impl QuantizedKvCache {
     /// Appends `keys, values [kv_heads, L, head_dim]` (quantized) and attends `q` causally over
     /// everything held.
     pub fn attend(&mut self, q: &Array, keys: &Array, values: &Array, scale: f32) -> Result<Array> {
+        self.attend_with_sinks(q, keys, values, scale, None)
+    }
+
+    /// [`QuantizedKvCache::attend`] with a sink logit per query head joining each softmax.
+    pub fn attend_with_sinks(
+        &mut self,
+        q: &Array,
+        keys: &Array,
+        values: &Array,
+        scale: f32,
+        sinks: Sinks,
+    ) -> Result<Array> {
         for (held, new) in [(&mut self.keys, keys), (&mut self.values, values)] {
             let new = QuantRows::quantize(new, self.spec)?;
             *held = Some(match held.take() {
@@ -63,7 +75,7 @@ impl QuantizedKvCache {
             });
         }
         let (k, v) = (self.keys.as_ref().expect("set"), self.values.as_ref().expect("set"));
-        attend_causal(q, &k.to_array()?, &v.to_array()?, scale)
+        attend_causal(q, &k.to_array()?, &v.to_array()?, scale, sinks)
     }
 
     /// A quantized copy of a plain cache's contents `[kv_heads, n, head_dim]` (mlx-lm's
@@ -102,6 +114,6 @@ impl QuantizedKvCache {
         if q.dim(0) > k.len() {
             return Err(Error::Invalid(format!("{} queries for a cache holding {}", q.dim(0), k.len())));
         }
-        attend_causal(q, &k.to_array()?, &v.to_array()?, scale)
+        attend_causal(q, &k.to_array()?, &v.to_array()?, scale, None)
     }
 }

@@ -6,7 +6,7 @@
 
 use nuvec::{Array, DType};
 
-use super::ops::{attend_causal, attend_windowed, on_device_of};
+use super::ops::{attend_causal, attend_windowed, on_device_of, sdpa, Sinks};
 use super::store::Store;
 use crate::{Error, Result};
 
@@ -110,6 +110,18 @@ impl<S: Store> RotatingKvCache<S> {
     /// the cache holds, with mlx-lm's mask for this cache: a causal window of `max_size` over a
     /// chunk, everything held for a single token.
     pub fn attend(&mut self, q: &Array, keys: &Array, values: &Array, scale: f32) -> Result<Array> {
+        self.attend_with_sinks(q, keys, values, scale, None)
+    }
+
+    /// [`RotatingKvCache::attend`] with a sink logit per query head joining each softmax.
+    pub fn attend_with_sinks(
+        &mut self,
+        q: &Array,
+        keys: &Array,
+        values: &Array,
+        scale: f32,
+        sinks: Sinks,
+    ) -> Result<Array> {
         let l = keys.dim(1);
         let (keys, values) = (S::ingest(keys, &self.context)?, S::ingest(values, &self.context)?);
         if l > 1 {
@@ -117,7 +129,7 @@ impl<S: Store> RotatingKvCache<S> {
         } else {
             self.update_in_place(&keys, &values)?;
         }
-        self.attend_held(q, scale)
+        self.attend_held_with_sinks(q, scale, sinks)
     }
 
     /// Attends `q [L, heads, head_dim]`, the queries of the last `L` positions added, over what
@@ -125,6 +137,11 @@ impl<S: Store> RotatingKvCache<S> {
     /// ([`RotatingKvCache::attend`] is the update followed by this; Gemma 4's KV-shared layers
     /// call it alone, attending over an earlier layer's keys and values.)
     pub fn attend_held(&self, q: &Array, scale: f32) -> Result<Array> {
+        self.attend_held_with_sinks(q, scale, None)
+    }
+
+    /// [`RotatingKvCache::attend_held`] with a sink logit per query head joining each softmax.
+    pub fn attend_held_with_sinks(&self, q: &Array, scale: f32, sinks: Sinks) -> Result<Array> {
         let l = q.dim(0);
         let (Some(k), Some(v)) = (&self.keys, &self.values) else {
             return Err(Error::Invalid("attending over an empty rotating cache".into()));
@@ -137,14 +154,14 @@ impl<S: Store> RotatingKvCache<S> {
             // mlx-lm builds the mask before the update, from the positions held then.
             let held_before = (self.offset - l).min(self.max_size - 1);
             if held_before + l > self.max_size {
-                attend_windowed(q, &k, &v, held_before, self.max_size, scale)
+                attend_windowed(q, &k, &v, held_before, self.max_size, scale, sinks)
             } else {
-                attend_causal(q, &k, &v, scale)
+                attend_causal(q, &k, &v, scale, sinks)
             }
         } else {
             let n = self.offset.min(k.dim(1));
             let (k, v) = on_device_of(q, &k, &v)?;
-            Ok(nuvec::attention(q, &k, &v, n, scale)?)
+            sdpa(q, &k, &v, n, scale, sinks)
         }
     }
 

@@ -37,6 +37,8 @@ pub struct Attention {
     k_norm: Option<RmsNorm>,
     rope: Rope,
     shape: AttentionShape,
+    /// One logit per query head joining each softmax (gpt-oss's attention sinks).
+    sinks: Option<Vec<f32>>,
 }
 
 impl Attention {
@@ -56,7 +58,15 @@ impl Attention {
             k_norm: norm("k_norm")?,
             rope,
             shape,
+            sinks: None,
         })
+    }
+
+    /// The same block with attention sinks read from `{path}.sinks [heads]` (gpt-oss).
+    pub fn with_sinks(mut self, weights: &Weights, path: &str) -> Result<Self> {
+        let sinks = weights.tensor(&format!("{path}.sinks"), &[self.shape.heads])?;
+        self.sinks = Some(sinks.to_f32_vec()?);
+        Ok(self)
     }
 
     /// Attends `x [L, hidden]` over the cache (which it extends by L positions).
@@ -78,7 +88,7 @@ impl Attention {
         let q = self.rope.forward(&q, offset)?;
         let k = self.rope.forward(&k, offset)?;
         let scale = (s.head_dim as f32).powf(-0.5);
-        let out = cache.attend(&q, &k, &v, scale)?;
+        let out = cache.attend_with_sinks(&q, &k, &v, scale, self.sinks.as_deref())?;
         self.o_proj.forward(&out)
     }
 }

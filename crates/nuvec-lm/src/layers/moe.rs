@@ -1,6 +1,7 @@
 //! Mixture-of-experts feed-forward (mlx-lm's `SwitchGLU` behind a softmax router), as Qwen3-MoE
 //! uses it: each token goes to its top-k experts, whose gated MLP outputs are summed with the
-//! router's (optionally renormalized) probabilities.
+//! router's (optionally renormalized) probabilities. gpt-oss routes and activates differently
+//! ([`Routing`], [`Activation`]) and gives every projection a bias.
 
 use nuvec::{Array, Matrix};
 
@@ -15,6 +16,31 @@ pub struct SparseMoe {
     experts: Vec<[Linear; 3]>,
     top_k: usize,
     norm_topk_prob: bool,
+    routing: Routing,
+    activation: Activation,
+}
+
+/// How router logits become each token's experts and their weights.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Routing {
+    /// Softmax over all experts, then the top k (renormalized when `norm_topk_prob`): Qwen3-MoE.
+    SoftmaxTopK,
+    /// The top k logits, then a softmax over those k alone: gpt-oss.
+    TopKSoftmax,
+}
+
+/// The experts' gated activation, `act(gate, up)` before the down projection.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Activation {
+    /// `silu(gate) * up`.
+    Silu,
+    /// gpt-oss's clamped SwiGLU (mlx-lm's `swiglu_oai`; see [`nuvec::Backend::swiglu_oai`]).
+    SwigluOai {
+        /// The sigmoid's slope.
+        alpha: f32,
+        /// The clamp.
+        limit: f32,
+    },
 }
 
 /// Sizes and options of a sparse block.
@@ -51,7 +77,26 @@ impl SparseMoe {
         let linear = |weight: Matrix| Linear { weight, bias: None };
         let experts =
             gates.into_iter().zip(ups).zip(downs).map(|((g, u), d)| [linear(g), linear(u), linear(d)]).collect();
-        Ok(SparseMoe { gate, experts, top_k: s.top_k, norm_topk_prob: s.norm_topk_prob })
+        Ok(SparseMoe {
+            gate,
+            experts,
+            top_k: s.top_k,
+            norm_topk_prob: s.norm_topk_prob,
+            routing: Routing::SoftmaxTopK,
+            activation: Activation::Silu,
+        })
+    }
+
+    /// A block from its parts: the `router` (biased or not), each expert's `[gate, up, down]`
+    /// projections, and how it routes and activates (gpt-oss builds its own this way).
+    pub fn from_parts(
+        router: Linear,
+        experts: Vec<[Linear; 3]>,
+        top_k: usize,
+        routing: Routing,
+        activation: Activation,
+    ) -> Self {
+        SparseMoe { gate: router, experts, top_k, norm_topk_prob: false, routing, activation }
     }
 
     /// Applies the block to `x [L, hidden]`.
@@ -64,14 +109,9 @@ impl SparseMoe {
         // Per expert: the tokens routed to it and their weights.
         let mut routed: Vec<(Vec<u32>, Vec<f32>)> = vec![(vec![], vec![]); n];
         for (t, logits) in router.chunks(n).enumerate() {
-            let probs = crate::sample::softmax(logits);
-            let mut order: Vec<usize> = (0..n).collect();
-            order.sort_by(|&a, &b| probs[b].total_cmp(&probs[a]).then(a.cmp(&b)));
-            let chosen = &order[..self.top_k];
-            let total: f32 = if self.norm_topk_prob { chosen.iter().map(|&e| probs[e]).sum() } else { 1.0 };
-            for &e in chosen {
+            for (e, weight) in self.route(logits) {
                 routed[e].0.push(t as u32);
-                routed[e].1.push(probs[e] / total);
+                routed[e].1.push(weight);
             }
         }
         let rows = Matrix::Dense(x.clone());
@@ -82,7 +122,12 @@ impl SparseMoe {
             }
             let [gate, up, down] = expert;
             let xe = rows.embed(tokens)?;
-            let h = down.forward(&gate.forward(&xe)?.silu_mul(&up.forward(&xe)?)?)?.to_vec::<f32>()?;
+            let (g, u) = (gate.forward(&xe)?, up.forward(&xe)?);
+            let a = match self.activation {
+                Activation::Silu => g.silu_mul(&u)?,
+                Activation::SwigluOai { alpha, limit } => g.swiglu_oai(&u, alpha, limit)?,
+            };
+            let h = down.forward(&a)?.to_vec::<f32>()?;
             for ((&t, &w), y) in tokens.iter().zip(weights).zip(h.chunks(hidden)) {
                 let o = &mut out[t as usize * hidden..(t as usize + 1) * hidden];
                 o.iter_mut().zip(y).for_each(|(o, y)| *o += w * y);
@@ -93,10 +138,34 @@ impl SparseMoe {
 }
 
 impl SparseMoe {
-    /// A block from its router (`[experts, hidden]`) and each expert's gate, up and down
-    /// projections, for a loader that reads experts from another layout.
-    pub fn from_parts(gate: Linear, experts: Vec<[Linear; 3]>, top_k: usize, norm_topk_prob: bool) -> Self {
-        SparseMoe { gate, experts, top_k, norm_topk_prob }
+    /// A Qwen-style block (softmax over all experts, then the top k; SiLU experts) from its
+    /// router (`[experts, hidden]`) and each expert's gate, up and down projections, for a
+    /// loader that reads experts from another layout.
+    pub fn softmax_top_k(gate: Linear, experts: Vec<[Linear; 3]>, top_k: usize, norm_topk_prob: bool) -> Self {
+        SparseMoe { gate, experts, top_k, norm_topk_prob, routing: Routing::SoftmaxTopK, activation: Activation::Silu }
+    }
+
+    /// One token's experts and their weights from its router logits.
+    fn route(&self, logits: &[f32]) -> Vec<(usize, f32)> {
+        let by_value = |v: &[f32]| {
+            let mut order: Vec<usize> = (0..v.len()).collect();
+            order.sort_by(|&a, &b| v[b].total_cmp(&v[a]).then(a.cmp(&b)));
+            order.truncate(self.top_k);
+            order
+        };
+        match self.routing {
+            Routing::SoftmaxTopK => {
+                let probs = crate::sample::softmax(logits);
+                let chosen = by_value(&probs);
+                let total: f32 = if self.norm_topk_prob { chosen.iter().map(|&e| probs[e]).sum() } else { 1.0 };
+                chosen.into_iter().map(|e| (e, probs[e] / total)).collect()
+            }
+            Routing::TopKSoftmax => {
+                let chosen = by_value(logits);
+                let picked: Vec<f32> = chosen.iter().map(|&e| logits[e]).collect();
+                chosen.into_iter().zip(crate::sample::softmax(&picked)).collect()
+            }
+        }
     }
 }
 

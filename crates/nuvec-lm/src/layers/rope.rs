@@ -11,6 +11,8 @@ use crate::{Error, Result};
 pub struct Rope {
     inv_freqs: Vec<f32>,
     traditional: bool,
+    /// Multiplies the input before rotating it (yarn's magnitude correction; 1 otherwise).
+    mscale: f32,
 }
 
 impl Rope {
@@ -27,6 +29,7 @@ impl Rope {
                 .ok_or_else(|| config.error("rope_theta", "is missing"))?,
         };
         let traditional = config.bool_or("rope_traditional", false)?;
+        let mut mscale = 1.0;
         // Periods (`base ** (2i / dims)`), as mlx-lm computes them; the kernel takes their inverse.
         let mut periods: Vec<f64> = (0..dims / 2).map(|i| theta.powf(2.0 * i as f64 / dims as f64)).collect();
         let kind = scaling
@@ -63,21 +66,85 @@ impl Rope {
                     }
                 }
             }
+            // mlx-lm's YarnRoPE (all three names build it).
+            "yarn" | "deepseek_yarn" | "telechat3-yarn" => {
+                let yarn = Yarn {
+                    factor: field("factor", None)?,
+                    original_context: field("original_max_position_embeddings", Some(4096.0))?,
+                    beta_fast: field("beta_fast", Some(32.0))?,
+                    beta_slow: field("beta_slow", Some(1.0))?,
+                    mscale: field("mscale", Some(1.0))?,
+                    mscale_all_dim: field("mscale_all_dim", Some(0.0))?,
+                };
+                yarn.scale_periods(&mut periods, theta, dims);
+                mscale = yarn.input_scale() as f32;
+            }
             other => {
                 return Err(Error::Unsupported(format!(
-                    "{}: rope_scaling type {other:?} is not built yet (default, linear and llama3 are)",
+                    "{}: rope_scaling type {other:?} is not built yet (default, linear, llama3 and yarn are)",
                     config.file()
                 )))
             }
         }
         // mlx computes the periods in float32 before inverting them.
         let inv_freqs = periods.iter().map(|&p| 1.0 / (p as f32)).collect();
-        Ok(Rope { inv_freqs, traditional })
+        Ok(Rope { inv_freqs, traditional, mscale })
     }
 
     /// Rotates `x [L, H, D]` at positions `offset..offset+L`.
     pub fn forward(&self, x: &Array, offset: usize) -> Result<Array> {
-        Ok(x.rope(&self.inv_freqs, offset, self.traditional)?)
+        if self.mscale == 1.0 {
+            return Ok(x.rope(&self.inv_freqs, offset, self.traditional)?);
+        }
+        // mlx-lm scales only the rotated features; here they are the whole head.
+        if 2 * self.inv_freqs.len() != x.dim(-1) {
+            return Err(Error::Unsupported(format!(
+                "yarn rope over {} of {} features per head (partial rotary) is not built yet",
+                2 * self.inv_freqs.len(),
+                x.dim(-1)
+            )));
+        }
+        Ok(x.scale(self.mscale)?.rope(&self.inv_freqs, offset, self.traditional)?)
+    }
+}
+
+/// Yarn's settings (`rope_scaling` with `rope_type: yarn`), with mlx-lm's defaults.
+struct Yarn {
+    factor: f64,
+    original_context: f64,
+    beta_fast: f64,
+    beta_slow: f64,
+    mscale: f64,
+    mscale_all_dim: f64,
+}
+
+impl Yarn {
+    /// The feature index (fractional) whose pair turns `rotations` times over the original
+    /// context.
+    fn correction_dim(&self, rotations: f64, theta: f64, dims: usize) -> f64 {
+        dims as f64 * (self.original_context / (rotations * 2.0 * std::f64::consts::PI)).ln() / (2.0 * theta.ln())
+    }
+
+    /// Blends each period between the original (fast pairs, below `low`) and the period
+    /// stretched by `factor` (slow pairs, above `high`), linearly in between.
+    fn scale_periods(&self, periods: &mut [f64], theta: f64, dims: usize) {
+        let low = self.correction_dim(self.beta_fast, theta, dims).floor().max(0.0);
+        let high = self.correction_dim(self.beta_slow, theta, dims).ceil().min(dims as f64 - 1.0);
+        // mlx-lm widens an empty ramp to avoid dividing by zero.
+        let high = if low == high { high + 0.001 } else { high };
+        for (i, p) in periods.iter_mut().enumerate() {
+            let ramp = ((i as f64 - low) / (high - low)).clamp(0.0, 1.0);
+            // The share of the original period: 1 below `low`, 0 above `high`.
+            let keep = 1.0 - ramp;
+            let stretched = self.factor * *p;
+            *p = (stretched * *p) / (stretched * keep + *p * (1.0 - keep));
+        }
+    }
+
+    /// The factor the input is multiplied by before rotating.
+    fn input_scale(&self) -> f64 {
+        let magnitude = |m: f64| if self.factor <= 1.0 { 1.0 } else { 0.1 * m * self.factor.ln() + 1.0 };
+        magnitude(self.mscale) / magnitude(self.mscale_all_dim)
     }
 }
 
@@ -140,6 +207,6 @@ impl Rope {
         };
         // An unrotated pair has frequency zero: cos 1, sin 0, the features pass through exactly.
         let inv_freqs = periods.iter().map(|p| p.map_or(0.0, |p| 1.0 / (p as f32))).collect();
-        Ok(Rope { inv_freqs, traditional })
+        Ok(Rope { inv_freqs, traditional, mscale: 1.0 })
     }
 }

@@ -1,6 +1,7 @@
 //! Model families, one file each, and the [`Model`] they are loaded as.
 
 mod gemma4;
+mod gpt_oss;
 mod llama;
 mod qwen2;
 mod qwen3;
@@ -49,7 +50,7 @@ pub trait Architecture: Send + Sync {
 
 /// The model types this build loads.
 pub const SUPPORTED_MODEL_TYPES: &[&str] =
-    &["llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "qwen3_5", "qwen3_5_moe", "gemma4", "gemma4_text"];
+    &["llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "qwen3_5", "qwen3_5_moe", "gemma4", "gemma4_text", "gpt_oss"];
 
 /// A loaded language model.
 pub struct Model {
@@ -82,6 +83,7 @@ impl Model {
             "qwen3_5" | "qwen3_5_moe" => Box::new(qwen3_5::Qwen3_5::load(config, weights)?),
             "gemma4_text" => Box::new(gemma4::Gemma4::load_text(config, weights)?),
             "gemma4" => Box::new(gemma4::Gemma4::load_multimodal(config, weights)?),
+            "gpt_oss" => Box::new(gpt_oss::GptOss::load(config, weights)?),
             other => {
                 return Err(Error::Unsupported(format!(
                     "{}: model_type {other:?} is not one nuvec loads ({})",

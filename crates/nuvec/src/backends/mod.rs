@@ -148,6 +148,26 @@ pub(crate) mod host_checked {
             CpuBackend.gelu_mul(gate, up)
         }
 
+        // gpt-oss.
+
+        fn attention_sinks(
+            &self,
+            q: &Array,
+            k: &Array,
+            v: &Array,
+            kv_len: usize,
+            scale: f32,
+            sinks: &[f32],
+        ) -> Result<Array> {
+            on_host("attention_sinks", &[("q", q), ("k", k), ("v", v)])?;
+            CpuBackend.attention_sinks(q, k, v, kv_len, scale, sinks)
+        }
+
+        fn swiglu_oai(&self, gate: &Array, up: &Array, alpha: f32, limit: f32) -> Result<Array> {
+            on_host("swiglu_oai", &[("gate", gate), ("up", up)])?;
+            CpuBackend.swiglu_oai(gate, up, alpha, limit)
+        }
+
         fn scale(&self, x: &Array, s: f32) -> Result<Array> {
             on_host("scale", &[("x", x)])?;
             CpuBackend.scale(x, s)

@@ -30,15 +30,49 @@ thread_local! {
     static WIDE: RefCell<(Vec<f32>, Vec<f32>)> = const { RefCell::new((Vec::new(), Vec::new())) };
 }
 
-/// Softmax of `scale * s` over `s` in place (max-subtracted); returns nothing, `s` sums to 1.
-fn softmax_scaled(s: &mut [f32], scale: f32) {
+/// Softmax of `scale * s` over `s` in place (max-subtracted, `scale > 0`); `s` sums to 1, or
+/// to less with a `sink` logit (already scaled) joining the denominator.
+fn softmax_scaled(s: &mut [f32], scale: f32, sink: Option<f32>) {
     let max = s.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let sum = simd::exp_shifted(s, max, scale);
+    // With a sink, shift by the larger of the two so that no exponential overflows.
+    let max = sink.map_or(max, |sink| max.max(sink / scale));
+    let mut sum = simd::exp_shifted(s, max, scale);
+    if let Some(sink) = sink {
+        sum += (sink - max * scale).exp();
+    }
     let inv = 1.0 / sum;
     s.iter_mut().for_each(|v| *v *= inv);
 }
 
+/// Per query head, the sink logit joining its softmax (gpt-oss), if any.
+type Sinks<'a> = Option<&'a [f32]>;
+
+fn sink_of(sinks: Sinks, head: usize) -> Option<f32> {
+    sinks.map(|s| s[head])
+}
+
 pub(crate) fn attention(q: &Array, k: &Array, v: &Array, kv_len: usize, scale: f32) -> Result<Array> {
+    attention_with(q, k, v, kv_len, scale, None)
+}
+
+pub(crate) fn attention_sinks(
+    q: &Array,
+    k: &Array,
+    v: &Array,
+    kv_len: usize,
+    scale: f32,
+    sinks: &[f32],
+) -> Result<Array> {
+    if q.shape().len() != 3 || sinks.len() != q.dim(1) {
+        return Err(Error::shape(
+            "attention_sinks",
+            format!("{} sinks for q {:?} (one per query head)", sinks.len(), q.shape()),
+        ));
+    }
+    attention_with(q, k, v, kv_len, scale, Some(sinks))
+}
+
+fn attention_with(q: &Array, k: &Array, v: &Array, kv_len: usize, scale: f32, sinks: Sinks) -> Result<Array> {
     let (&[l, hq, d], &[hkv, cap, dk]) = (q.shape(), k.shape()) else {
         return Err(Error::shape("attention", format!("q {:?}, k {:?}", q.shape(), k.shape())));
     };
@@ -55,8 +89,8 @@ pub(crate) fn attention(q: &Array, k: &Array, v: &Array, kv_len: usize, scale: f
     if l == 1 && scale > 0.0 {
         // Decode widens half-precision rows chunk by chunk inside its tasks.
         PARTIALS.with(|cell| match cell.try_borrow_mut() {
-            Ok(mut p) => decode(qd, kr, vr, o, [hq, d, hkv, cap], kv_len, scale, &mut p),
-            Err(_) => decode(qd, kr, vr, o, [hq, d, hkv, cap], kv_len, scale, &mut vec![]),
+            Ok(mut p) => decode(qd, kr, vr, o, [hq, d, hkv, cap], kv_len, scale, sinks, &mut p),
+            Err(_) => decode(qd, kr, vr, o, [hq, d, hkv, cap], kv_len, scale, sinks, &mut vec![]),
         });
         return Ok(out);
     }
@@ -75,9 +109,9 @@ pub(crate) fn attention(q: &Array, k: &Array, v: &Array, kv_len: usize, scale: f
         (&kw[..], &vw[..], kv_len)
     };
     if l >= GEMM_MIN_QUERIES && scale > 0.0 {
-        blocked(qd, kd, vd, o, [l, hq, d, hkv, cap], kv_len, scale);
+        blocked(qd, kd, vd, o, [l, hq, d, hkv, cap], kv_len, scale, sinks);
     } else {
-        rows(qd, kd, vd, o, [l, hq, d, hkv, cap], kv_len, scale);
+        rows(qd, kd, vd, o, [l, hq, d, hkv, cap], kv_len, scale, sinks);
     }
     Ok(out)
 }
@@ -108,9 +142,10 @@ fn decode(
     dims: [usize; 4],
     kv_len: usize,
     scale: f32,
+    sinks: Sinks,
     partials: &mut Vec<f32>,
 ) {
-    decode_split(qd, kd, vd, out, dims, kv_len, scale, decode_splits(dims, kv_len), partials)
+    decode_split(qd, kd, vd, out, dims, kv_len, scale, sinks, decode_splits(dims, kv_len), partials)
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -122,6 +157,7 @@ fn decode_split(
     dims: [usize; 4],
     kv_len: usize,
     scale: f32,
+    sinks: Sinks,
     splits: usize,
     partials: &mut Vec<f32>,
 ) {
@@ -172,8 +208,10 @@ fn decode_split(
         let part = |c: usize| &partials[(kvh * splits + c) * stride..][..stride];
         let (max_at, sum_at) = (group * d + g, group * d + group + g);
         let max = (0..splits).map(|c| part(c)[max_at]).fold(f32::NEG_INFINITY, f32::max);
+        let sink = sink_of(sinks, h);
+        let max = sink.map_or(max, |sink| max.max(sink / scale));
         o.iter_mut().for_each(|v| *v = 0.0);
-        let mut sum = 0.0;
+        let mut sum = sink.map_or(0.0, |sink| (sink - max * scale).exp());
         for c in 0..splits {
             let p = part(c);
             let w = ((p[max_at] - max) * scale).exp();
@@ -186,7 +224,17 @@ fn decode_split(
 }
 
 /// One (query, head) row at a time.
-fn rows(qd: &[f32], kd: &[f32], vd: &[f32], out: &mut [f32], dims: [usize; 5], kv_len: usize, scale: f32) {
+#[allow(clippy::too_many_arguments)]
+fn rows(
+    qd: &[f32],
+    kd: &[f32],
+    vd: &[f32],
+    out: &mut [f32],
+    dims: [usize; 5],
+    kv_len: usize,
+    scale: f32,
+    sinks: Sinks,
+) {
     let [l, hq, d, hkv, cap] = dims;
     let group = hq / hkv;
     let first = kv_len - l;
@@ -202,11 +250,11 @@ fn rows(qd: &[f32], kd: &[f32], vd: &[f32], out: &mut [f32], dims: [usize; 5], k
                 *s = simd::dot(qv, &keys[j * d..(j + 1) * d]);
             }
             if scale > 0.0 {
-                softmax_scaled(scores, scale);
+                softmax_scaled(scores, scale, sink_of(sinks, h));
             } else {
                 // A non-positive scale flips which score is the maximum: scale first.
                 scores.iter_mut().for_each(|s| *s *= scale);
-                softmax_scaled(scores, 1.0);
+                softmax_scaled(scores, 1.0, sink_of(sinks, h));
             }
             o.iter_mut().for_each(|v| *v = 0.0);
             for (j, &p) in scores.iter().enumerate() {
@@ -230,7 +278,17 @@ fn rows(qd: &[f32], kd: &[f32], vd: &[f32], out: &mut [f32], dims: [usize; 5], k
 }
 
 /// Blocks of queries per head through `gemm`.
-fn blocked(qd: &[f32], kd: &[f32], vd: &[f32], out: &mut [f32], dims: [usize; 5], kv_len: usize, scale: f32) {
+#[allow(clippy::too_many_arguments)]
+fn blocked(
+    qd: &[f32],
+    kd: &[f32],
+    vd: &[f32],
+    out: &mut [f32],
+    dims: [usize; 5],
+    kv_len: usize,
+    scale: f32,
+    sinks: Sinks,
+) {
     let [l, hq, d, hkv, cap] = dims;
     let group = hq / hkv;
     let first = kv_len - l;
@@ -276,7 +334,7 @@ fn blocked(qd: &[f32], kd: &[f32], vd: &[f32], out: &mut [f32], dims: [usize; 5]
             };
             for (i, srow) in s.chunks_mut(nk).enumerate() {
                 let valid = first + t0 + i + 1;
-                softmax_scaled(&mut srow[..valid], scale);
+                softmax_scaled(&mut srow[..valid], scale, sink_of(sinks, h));
                 srow[valid..].iter_mut().for_each(|v| *v = 0.0);
             }
             let dp = dst;
@@ -315,8 +373,16 @@ mod tests {
     use super::super::simd::tests::randoms;
     use super::*;
 
-    /// The textbook computation, in f64.
-    fn reference(qd: &[f32], kd: &[f32], vd: &[f32], dims: [usize; 5], kv_len: usize, scale: f32) -> Vec<f32> {
+    /// The textbook computation, in f64 (a sink logit adds `exp(sink)` to each denominator).
+    fn reference(
+        qd: &[f32],
+        kd: &[f32],
+        vd: &[f32],
+        dims: [usize; 5],
+        kv_len: usize,
+        scale: f32,
+        sinks: Sinks,
+    ) -> Vec<f32> {
         let [l, hq, d, hkv, cap] = dims;
         let mut out = vec![0f32; l * hq * d];
         for t in 0..l {
@@ -330,9 +396,10 @@ mod tests {
                         q.iter().zip(k).map(|(a, b)| *a as f64 * *b as f64).sum::<f64>() * scale as f64
                     })
                     .collect();
-                let max = s.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                let sink = sinks.map(|s| s[h] as f64);
+                let max = s.iter().copied().chain(sink).fold(f64::NEG_INFINITY, f64::max);
                 let e: Vec<f64> = s.iter().map(|v| (v - max).exp()).collect();
-                let sum: f64 = e.iter().sum();
+                let sum: f64 = e.iter().sum::<f64>() + sink.map_or(0.0, |s| (s - max).exp());
                 for c in 0..d {
                     out[(t * hq + h) * d + c] =
                         (0..n).map(|j| e[j] / sum * vd[(kvh * cap + j) * d + c] as f64).sum::<f64>() as f32;
@@ -349,18 +416,31 @@ mod tests {
         }
     }
 
+    #[test]
+    fn attention_with_sinks_matches_reference() {
+        // Sinks below, around and far above the scaled scores (the last outweighs every key).
+        let sinks = [-3.0f32, 0.0, 0.5, 2.0, 4.0, 60.0];
+        for d in [32usize, 64] {
+            check_attention_with(d, Some(&sinks));
+        }
+    }
+
     fn check_attention(d: usize) {
+        check_attention_with(d, None)
+    }
+
+    fn check_attention_with(d: usize, sinks: Sinks) {
         let (hq, hkv, cap) = (6usize, 2usize, 160usize);
         let kd = randoms(hkv * cap * d, 11);
         let vd = randoms(hkv * cap * d, 12);
         for (l, kv_len) in [(1usize, 1usize), (1, 77), (1, 160), (1, 33), (3, 40), (16, 16), (70, 70), (100, 150)] {
             let qd: Vec<f32> = randoms(l * hq * d, l as u64).iter().map(|v| v * 3.0).collect();
             let dims = [l, hq, d, hkv, cap];
-            let want = reference(&qd, &kd, &vd, dims, kv_len, 0.2);
+            let want = reference(&qd, &kd, &vd, dims, kv_len, 0.2, sinks);
             let mut a = vec![0f32; l * hq * d];
-            rows(&qd, &kd, &vd, &mut a, dims, kv_len, 0.2);
+            rows(&qd, &kd, &vd, &mut a, dims, kv_len, 0.2, sinks);
             let mut b = vec![0f32; l * hq * d];
-            blocked(&qd, &kd, &vd, &mut b, dims, kv_len, 0.2);
+            blocked(&qd, &kd, &vd, &mut b, dims, kv_len, 0.2, sinks);
             for ((x, y), w) in a.iter().zip(&b).zip(&want) {
                 assert!((x - w).abs() < 1e-5 && (y - w).abs() < 1e-5, "l {l} kv {kv_len}: {x} {y} vs {w}");
             }
@@ -375,6 +455,7 @@ mod tests {
                         [hq, d, hkv, cap],
                         kv_len,
                         0.2,
+                        sinks,
                         splits,
                         &mut vec![],
                     );

@@ -7,6 +7,7 @@ mod elementwise;
 mod fpgemv;
 mod gated_delta;
 mod gemma4;
+mod gpt_oss;
 mod kv_rows;
 mod linear;
 mod pool;
@@ -171,5 +172,23 @@ impl Backend for CpuBackend {
 
     fn softcap(&self, x: &Array, cap: f32) -> Result<Array> {
         gemma4::softcap(x, cap)
+    }
+
+    // gpt-oss.
+
+    fn attention_sinks(
+        &self,
+        q: &Array,
+        k: &Array,
+        v: &Array,
+        kv_len: usize,
+        scale: f32,
+        sinks: &[f32],
+    ) -> Result<Array> {
+        attention::attention_sinks(q, k, v, kv_len, scale, sinks)
+    }
+
+    fn swiglu_oai(&self, gate: &Array, up: &Array, alpha: f32, limit: f32) -> Result<Array> {
+        gpt_oss::swiglu_oai(gate, up, alpha, limit)
     }
 }

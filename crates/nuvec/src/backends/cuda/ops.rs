@@ -986,6 +986,24 @@ impl Backend for CudaBackend {
         }
         self.with_scalar("softcap", "softcap_f32", x, cap)
     }
+
+    // gpt-oss: not built on CUDA yet; the CPU backend has them.
+
+    fn attention_sinks(
+        &self,
+        _q: &Array,
+        _k: &Array,
+        _v: &Array,
+        _kv_len: usize,
+        _scale: f32,
+        _sinks: &[f32],
+    ) -> Result<Array> {
+        Err(not_on_cuda("attention_sinks (gpt-oss attention sinks)"))
+    }
+
+    fn swiglu_oai(&self, _gate: &Array, _up: &Array, _alpha: f32, _limit: f32) -> Result<Array> {
+        Err(not_on_cuda("swiglu_oai (gpt-oss's clamped SwiGLU)"))
+    }
 }
 
 // Gemma 4
@@ -1007,4 +1025,9 @@ fn gated_delta_not_built(op: &str) -> Error {
     Error::Unsupported(format!(
         "{op} (Gated DeltaNet, used by Qwen3.5 hybrids) is not yet implemented on CUDA; run the model on the cpu"
     ))
+}
+
+/// The error of an op the CUDA backend does not have yet.
+fn not_on_cuda(op: &str) -> Error {
+    Error::Unsupported(format!("{op} is not yet implemented on CUDA; run this model with --device cpu"))
 }
