@@ -107,6 +107,9 @@ fn check(case: &str, options: CacheOptions, prompt_len: usize, chunk: usize) {
     let cpu = load_model_on(&dir, Device::Cpu).unwrap();
     let gpu = load_model_on(&dir, Device::Cuda(0)).unwrap_or_else(|e| panic!("{case}: loading on cuda:0: {e}"));
     assert_eq!(gpu.device(), Device::Cuda(0));
+    // The same cache type on both: caches on the GPU are f32, so the CPU's is too (its default
+    // for a bf16 checkpoint is bf16, as mlx-lm's).
+    let options = CacheOptions { kv_dtype: Some(nuvec_lm::cache::KvDtype::F32), ..options };
     let prompt = prompt_of(case, cpu.vocab_size(), prompt_len);
     let (cpu_rows, cpu_tokens) = run(&cpu, &options, &prompt, chunk, STEPS, None);
     // Teacher-forced on the CPU's tokens.
