@@ -207,3 +207,15 @@ fn rotating_cache_chunked_prompt() {
 fn rotating_cache_moe() {
     check("qwen3_moe-q4g64", CacheOptions { max_kv_size: Some(16), ..Default::default() }, 35, 2048);
 }
+
+#[test]
+fn gemma4_q4_model() {
+    // Sliding-window layers (its own rotating caches) across the window, KV-shared layers,
+    // per-layer inputs, GELU MLPs and logit soft-capping on the device.
+    check("gemma4/gemma4-q4g64", CacheOptions::default(), 0, 2048);
+}
+
+#[test]
+fn gemma4_moe_q4_model() {
+    check("gemma4/gemma4_moe-q4g64", CacheOptions::default(), 0, 2048);
+}

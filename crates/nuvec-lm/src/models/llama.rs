@@ -8,7 +8,7 @@ use crate::config::Config;
 use crate::layers::{Attention, AttentionShape, FeedForward, Mlp, MoeShape, RmsNorm, Rope, SparseMoe};
 use crate::models::Architecture;
 use crate::weights::Weights;
-use crate::{Error, Result};
+use crate::Result;
 
 /// What differs between the families built on this decoder.
 #[derive(Debug, Clone)]
@@ -168,17 +168,8 @@ impl Llama {
 
 impl Architecture for Llama {
     fn hidden(&self, tokens: &[u32], cache: &mut [LayerCache]) -> Result<Array> {
-        if cache.len() != self.layers.len() {
-            return Err(Error::Invalid(format!(
-                "a cache of {} layers for a model of {}",
-                cache.len(),
-                self.layers.len()
-            )));
-        }
-        let mut h = self.embed_tokens.embed(tokens)?;
-        for (layer, c) in self.layers.iter().zip(cache.iter_mut()) {
-            h = layer.forward(&h, c)?;
-        }
+        let h = self.embed_tokens.embed(tokens)?;
+        let h = super::through_layers(&self.layers, cache, h, |layer, h, c| layer.forward(h, c))?;
         self.norm.forward(&h)
     }
 

@@ -48,6 +48,23 @@ pub trait Architecture: Send + Sync {
     }
 }
 
+/// Runs `h` through `layers` in order, each with its own cache (`forward(layer, h, cache)`): the
+/// decoder loop every family shares, after checking the cache has one entry per layer.
+pub(crate) fn through_layers<L>(
+    layers: &[L],
+    cache: &mut [LayerCache],
+    mut h: Array,
+    forward: impl Fn(&L, &Array, &mut LayerCache) -> Result<Array>,
+) -> Result<Array> {
+    if cache.len() != layers.len() {
+        return Err(Error::Invalid(format!("a cache of {} layers for a model of {}", cache.len(), layers.len())));
+    }
+    for (layer, c) in layers.iter().zip(cache.iter_mut()) {
+        h = forward(layer, &h, c)?;
+    }
+    Ok(h)
+}
+
 /// The model types this build loads.
 pub const SUPPORTED_MODEL_TYPES: &[&str] =
     &["llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "qwen3_5", "qwen3_5_moe", "gemma4", "gemma4_text", "gpt_oss"];

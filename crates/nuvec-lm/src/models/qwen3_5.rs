@@ -257,17 +257,8 @@ impl Qwen3_5 {
 
 impl Architecture for Qwen3_5 {
     fn hidden(&self, tokens: &[u32], cache: &mut [LayerCache]) -> Result<Array> {
-        if cache.len() != self.layers.len() {
-            return Err(Error::Invalid(format!(
-                "a cache of {} layers for a model of {}",
-                cache.len(),
-                self.layers.len()
-            )));
-        }
-        let mut h = self.embed_tokens.embed(tokens)?;
-        for (layer, c) in self.layers.iter().zip(cache.iter_mut()) {
-            h = layer.forward(&h, c)?;
-        }
+        let h = self.embed_tokens.embed(tokens)?;
+        let h = super::through_layers(&self.layers, cache, h, |layer, h, c| layer.forward(h, c))?;
         self.norm.forward(&h)
     }
 
