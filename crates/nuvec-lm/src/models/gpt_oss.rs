@@ -196,9 +196,8 @@ fn unsanitized_experts_error(weights: &Weights, path: &str) -> Error {
     let dir = weights.files().first().and_then(|f| f.parent().map(|d| d.display().to_string())).unwrap_or_default();
     if weights.has(&format!("{path}.gate_up_proj_blocks")) {
         return Error::Unsupported(format!(
-            "{dir}: {path}.gate_up_proj_blocks is Hugging Face's MXFP4 layout, which needs the mxfp4 quantization \
-             mode; this build does not have it yet (convert with `mlx_lm.convert` to an affine quantization, or use \
-             a bf16 checkpoint)"
+            "{dir}: {path}.gate_up_proj_blocks is Hugging Face's MXFP4 layout, which nuvec does not rearrange \
+             into MLX's mxfp4 mode yet; convert with `mlx_lm.convert` (its output loads), or use a bf16 checkpoint"
         ));
     }
     if weights.has(&format!("{path}.gate_up_proj")) {
