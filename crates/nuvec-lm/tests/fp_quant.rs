@@ -25,14 +25,7 @@ use nuvec_lm::Model;
 const TOLERANCE: f32 = 2e-3;
 
 fn fp_cases() -> Vec<PathBuf> {
-    let root = fixtures().join("fp_quant");
-    let mut out: Vec<PathBuf> = std::fs::read_dir(&root)
-        .unwrap_or_else(|e| panic!("{}: {e}; rerun scripts/setup-oracle.sh", root.display()))
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.join("oracle.json").exists())
-        .collect();
-    out.sort();
-    out
+    cases_in(&fixtures().join("fp_quant"))
 }
 
 fn logits_after(model: &Model, tokens: &[u32], cache: &mut [nuvec_lm::cache::LayerCache]) -> Vec<f32> {

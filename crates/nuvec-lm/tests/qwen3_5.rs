@@ -24,12 +24,7 @@ const F32_TOLERANCE: f32 = 2e-3;
 
 fn case_dirs() -> Vec<PathBuf> {
     let dir = fixtures().join("qwen3_5");
-    let mut out: Vec<PathBuf> = std::fs::read_dir(&dir)
-        .unwrap_or_else(|e| panic!("{}: {e}; rerun scripts/setup-oracle.sh", dir.display()))
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.join("oracle.json").exists())
-        .collect();
-    out.sort();
+    let out = cases_in(&dir);
     let names: Vec<String> = out.iter().map(|p| p.file_name().unwrap().to_string_lossy().into()).collect();
     for want in ["qwen3_5-f32", "qwen3_5-q4g64", "qwen3_5_moe-f32", "qwen3_5-vl", "qwen3_5-hf", "qwen3_5_moe-hf"] {
         assert!(names.iter().any(|n| n == want), "missing case {want} in {}", dir.display());

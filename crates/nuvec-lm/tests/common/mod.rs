@@ -47,8 +47,13 @@ pub fn ids(v: &Value) -> Vec<u32> {
 
 /// The model cases (subdirectories with an oracle.json), sorted.
 pub fn cases() -> Vec<PathBuf> {
-    let mut out: Vec<PathBuf> = std::fs::read_dir(fixtures())
-        .unwrap()
+    cases_in(&fixtures())
+}
+
+/// The model cases in `dir` (a recording script's own folder, e.g. `fixtures()/qwen3_5`), sorted.
+pub fn cases_in(dir: &Path) -> Vec<PathBuf> {
+    let mut out: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap_or_else(|e| panic!("{}: {e}; rerun scripts/setup-oracle.sh", dir.display()))
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| p.join("oracle.json").exists() && p.join("config.json").exists())
         .collect();
