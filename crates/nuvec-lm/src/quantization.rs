@@ -140,8 +140,12 @@ impl Quantization {
                 };
                 Legacy::Gptq { bits: bits as usize, group_size, zero_offset }
             }
-            // Hugging Face's microscaling releases (gpt-oss's MXFP4 experts as `_blocks`/`_scales`):
-            // nuvec has MLX's mxfp4/mxfp8 modes but does not rearrange this layout into them yet.
+            // gpt-oss as Hugging Face publishes it: MXFP4 experts as `_blocks`/`_scales`, which its
+            // loader reads as MLX's mxfp4 mode (what mlx-lm's sanitize does); every other tensor
+            // is dense.
+            "mxfp4" if config.str("model_type").is_ok_and(|t| t == "gpt_oss") => return Ok(Self::default()),
+            // Other microscaling releases: nuvec has MLX's mxfp4/mxfp8 modes but does not rearrange
+            // these layouts into them yet.
             "mxfp4" | "mxfp8" => {
                 return Err(Error::Unsupported(format!(
                     "{}: quant_method {method:?} (Hugging Face's `_blocks`/`_scales` layout) is not converted yet; \

@@ -426,6 +426,58 @@ impl Weights {
     }
 }
 
+// gpt-oss: Hugging Face's MXFP4 experts. `{name}_blocks` u8 `[num, rows, cols / 32, 16]` holds
+// MLX's mxfp4 codes byte for byte (mlx-lm's sanitize only views each row's bytes as u32 words)
+// and `{name}_scales` u8 `[num, rows, cols / 32]` its e8m0 scales; a fused `gate_up_proj`
+// alternates gate and up rows.
+impl Weights {
+    /// The `num` experts' `[rows, cols]` mxfp4 matrices under `name` (`..._blocks`,
+    /// `..._scales`): one list, or two (even rows, odd rows) when `fused`.
+    pub fn mxfp4_experts(
+        &self,
+        name: &str,
+        num: usize,
+        rows: usize,
+        cols: usize,
+        fused: bool,
+    ) -> Result<Vec<Vec<Matrix>>> {
+        let (blocks_name, scales_name) = (format!("{name}_blocks"), format!("{name}_scales"));
+        let parts = if fused { 2 } else { 1 };
+        let groups = cols / 32;
+        let (blocks, scales) = (self.raw(&blocks_name)?, self.raw(&scales_name)?);
+        let expect = |a: &Array, label: &str, shape: &[usize]| -> Result<()> {
+            if a.dtype() != DType::U8 || a.shape() != shape || cols % 32 != 0 {
+                return Err(self.err(
+                    label,
+                    format!("is {} {:?}; expected u8 {shape:?} (MXFP4 blocks of 32 values)", a.dtype(), a.shape()),
+                ));
+            }
+            Ok(())
+        };
+        expect(&blocks, &blocks_name, &[num, parts * rows, groups, 16])?;
+        expect(&scales, &scales_name, &[num, parts * rows, groups])?;
+        let (codes, scale_bytes) = (blocks.to_vec::<u8>()?, scales.to_vec::<u8>()?);
+        let spec = QuantSpec { mode: QuantMode::Mxfp4, bits: 4, group_size: 32 };
+        let mut out: Vec<Vec<Matrix>> = (0..parts).map(|_| Vec::with_capacity(num)).collect();
+        for e in 0..num {
+            for (part, list) in out.iter_mut().enumerate() {
+                let (mut words, mut row_scales) =
+                    (Vec::with_capacity(rows * groups * 4), Vec::with_capacity(rows * groups));
+                for r in 0..rows {
+                    let source = e * parts * rows + r * parts + part;
+                    let bytes = &codes[source * groups * 16..(source + 1) * groups * 16];
+                    words.extend(bytes.chunks_exact(4).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]])));
+                    row_scales.extend_from_slice(&scale_bytes[source * groups..(source + 1) * groups]);
+                }
+                let packed = Array::from_slice(&words, &[rows, groups * 4])?;
+                let q = Quantized::new_fp(packed, Array::from_slice(&row_scales, &[rows, groups])?, None, spec, cols)?;
+                list.push(Matrix::Quantized(q).to_device(self.device)?);
+            }
+        }
+        Ok(out)
+    }
+}
+
 /// Rows `parity, parity + 2, ...` of the float array `a [2 * r, cols]`, copied.
 fn every_other_row(a: &Array, parity: usize, cols: usize) -> Result<Array> {
     fn pick<T: nuvec::Element>(a: &Array, parity: usize, cols: usize) -> Result<Array> {

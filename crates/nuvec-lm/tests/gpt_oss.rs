@@ -15,7 +15,7 @@ use serde_json::Value;
 /// parity.rs's tolerance for an f32 computation (summation order alone).
 const F32_TOLERANCE: f32 = 2e-3;
 
-const CASES: [&str; 3] = ["gpt_oss-f32", "gpt_oss-q4g64", "gpt_oss-hf"];
+const CASES: [&str; 4] = ["gpt_oss-f32", "gpt_oss-q4g64", "gpt_oss-hf", "gpt_oss-hf-mxfp4"];
 
 /// `scripts/oracle/more/gpt_oss.py`'s records (a folder of their own).
 fn records_dir() -> PathBuf {
@@ -74,15 +74,18 @@ fn tiny_checkpoints_match_mlx_lm() {
         assert_eq!(tokenizer.encode(oracle["prompt"].as_str().unwrap(), true).unwrap(), prompt, "{name}: prompt ids");
         let worst = check_logits(name, &model, &prompt, &dir);
 
-        // Greedy through the generation loop (mlx-lm's cache layout, prefill then decode):
-        // the margins are comfortable, so every token must agree.
+        // Greedy through the generation loop (mlx-lm's cache layout, prefill then decode): every
+        // token up to the first step whose top-2 margin is within twice the tolerance (a near
+        // tie either side may break; the teacher-forced logits above cover the rest).
         let want = ids(&oracle["greedy_tokens"]);
-        let margin = oracle["min_margin"].as_f64().unwrap() as f32;
-        assert!(margin > 4.0 * F32_TOLERANCE, "{name}: the oracle's margin {margin} is too small to compare");
+        let margins: Vec<f32> =
+            oracle["margins"].as_array().unwrap().iter().map(|m| m.as_f64().unwrap() as f32).collect();
+        let sure = margins.iter().position(|&m| m <= 2.0 * F32_TOLERANCE).unwrap_or(want.len()).min(want.len());
+        assert!(sure >= want.len() / 2, "{name}: a near tie at step {sure} leaves too little to compare");
         let options = GenerateOptions { max_tokens: want.len(), ignore_eos: true, ..Default::default() };
         let got: Vec<u32> = nuvec_lm::generate(&model, &prompt, options).unwrap().map(|t| t.unwrap()).collect();
-        assert_eq!(got, want, "{name}: greedy tokens differ from mlx-lm's");
-        eprintln!("{name}: {} greedy tokens equal; worst logit diff {worst:.2e}", got.len());
+        assert_eq!(got[..sure], want[..sure], "{name}: greedy tokens differ from mlx-lm's");
+        eprintln!("{name}: {sure}/{} greedy tokens compared, equal; worst logit diff {worst:.2e}", want.len());
     }
 }
 
@@ -143,7 +146,7 @@ fn edited_copy(name: &str, tag: &str, edit: impl Fn(&mut Vec<(String, nuvec::Arr
 
 #[test]
 fn unsupported_layouts_and_bad_configs_are_named() {
-    // Hugging Face's MXFP4 experts: blocks and scales instead of the fused float weight.
+    // Hugging Face's MXFP4 experts with their blocks but not their scales.
     let dir = edited_copy("gpt_oss-hf", "mxfp4", |tensors, _| {
         for (name, a) in tensors.iter_mut() {
             if name.ends_with("gate_up_proj.weight") {
@@ -153,14 +156,27 @@ fn unsupported_layouts_and_bad_configs_are_named() {
         }
     });
     let err = nuvec_lm::load_dir(&dir).unwrap_err().to_string();
-    assert!(err.contains("gate_up_proj_blocks") && err.contains("mxfp4"), "{err}");
+    assert!(err.contains("gate_up_proj_scales"), "{err}");
     std::fs::remove_dir_all(&dir).ok();
 
-    let dir = edited_copy("gpt_oss-f32", "mxfp4-config", |_, config| {
-        config["quantization_config"] = serde_json::json!({"quant_method": "mxfp4"});
+    // Blocks of the wrong shape (rows of 48 values do not split into MXFP4 blocks of 32).
+    let dir = edited_copy("gpt_oss-hf-mxfp4", "mxfp4-shape", |tensors, _| {
+        for (name, a) in tensors.iter_mut() {
+            if name.ends_with("gate_up_proj_blocks") {
+                *a = nuvec::Array::zeros(&[4, 128, 3, 16], nuvec::DType::U8);
+            }
+        }
     });
     let err = nuvec_lm::load_dir(&dir).unwrap_err().to_string();
-    assert!(err.contains("config.json") && err.contains("mxfp4"), "{err}");
+    assert!(err.contains("gate_up_proj_blocks") && err.contains("MXFP4"), "{err}");
+    std::fs::remove_dir_all(&dir).ok();
+
+    // Hugging Face's MXFP8 releases are not rearranged yet.
+    let dir = edited_copy("gpt_oss-f32", "mxfp8-config", |_, config| {
+        config["quantization_config"] = serde_json::json!({"quant_method": "mxfp8"});
+    });
+    let err = nuvec_lm::load_dir(&dir).unwrap_err().to_string();
+    assert!(err.contains("config.json") && err.contains("mxfp8"), "{err}");
     std::fs::remove_dir_all(&dir).ok();
 
     let dir = edited_copy("gpt_oss-f32", "layer-types", |_, config| {

@@ -14,6 +14,9 @@ which loads every top-level case, does not meet a model type it lacks):
 - `gpt_oss-hf`: gpt_oss-f32's weights in Hugging Face's fused layout (`gate_up_proj.weight`
   with gate and up rows interleaved, `gate_up_proj_bias`, `down_proj_bias`), which mlx-lm's
   sanitize splits; same records as gpt_oss-f32 (checked here: mlx-lm's logits are identical).
+- `gpt_oss-hf-mxfp4`: gpt_oss-f32 as Hugging Face publishes gpt-oss: experts as MXFP4
+  `_blocks`/`_scales` (mx.quantize's mxfp4 codes), `quantization_config.quant_method = mxfp4`;
+  recorded from mlx-lm's load of it (its sanitize views the blocks as MLX's mxfp4 weights).
 - `gpt_oss-harmony/`: the gptoss tokenizer with gpt-oss's chat template
   (`chat_template.jinja`, taken from llama.cpp's copy inside the PyPI sdist of
   llama-cpp-python 0.3.36, checked by sha256), plus `chat.json` (transformers'
@@ -160,6 +163,51 @@ def make_hf_layout(out):
     want = reference(mx.array([rec["prompt_ids"]]))[0, -1]
     assert float(mx.abs(logits - want).max()) == 0.0, "the fused layout loads differently in mlx-lm"
     (case / "oracle.json").write_text(json.dumps(rec, indent=1))
+
+
+def make_hf_mxfp4(out):
+    """gpt_oss-f32 as Hugging Face publishes gpt-oss: experts in MXFP4 (`_blocks` u8
+    [E, rows, cols/32, 16] and `_scales` u8 [E, rows, cols/32], gate/up rows interleaved), the rest
+    dense, `quantization_config: {quant_method: mxfp4}`. The blocks are mx.quantize's mxfp4 codes,
+    so mlx-lm (whose sanitize views them back) is the oracle."""
+    src, name = out / "gpt_oss-f32", "gpt_oss-hf-mxfp4"
+    case = out / name
+    shutil.rmtree(case, ignore_errors=True)
+    shutil.copytree(src, case)
+    mx = fx.mx
+    weights = mx.load(str(src / "model.safetensors"))
+
+    def blocks(w):
+        q, scales = mx.quantize(w, group_size=32, bits=4, mode="mxfp4")
+        e, rows = w.shape[0], w.shape[1]
+        return q.view(mx.uint8).reshape(e, rows, -1, 16), scales
+
+    def interleave(a, b):
+        return mx.stack([a, b], axis=2).reshape(a.shape[0], 2 * a.shape[1], *a.shape[2:])
+
+    hf = {}
+    for name_, w in weights.items():
+        if ".experts." not in name_:
+            hf[name_] = w
+    for name_, gate in weights.items():
+        if not name_.endswith(".experts.gate_proj.weight"):
+            continue
+        prefix = name_[: -len("gate_proj.weight")]
+        (gq, gs), (uq, us) = blocks(gate), blocks(weights[prefix + "up_proj.weight"])
+        hf[prefix + "gate_up_proj_blocks"] = interleave(gq, uq)
+        hf[prefix + "gate_up_proj_scales"] = interleave(gs, us)
+        gb, ub = weights[prefix + "gate_proj.bias"], weights[prefix + "up_proj.bias"]
+        hf[prefix + "gate_up_proj_bias"] = mx.stack([gb, ub], axis=2).reshape(gb.shape[0], -1)
+        dq, ds = blocks(weights[prefix + "down_proj.weight"])
+        hf[prefix + "down_proj_blocks"], hf[prefix + "down_proj_scales"] = dq, ds
+        hf[prefix + "down_proj_bias"] = weights[prefix + "down_proj.bias"]
+    (case / "model.safetensors.index.json").unlink(missing_ok=True)
+    mx.save_safetensors(str(case / "model.safetensors"), hf, metadata={"format": "pt"})
+    config = json.loads((case / "config.json").read_text())
+    config.pop("quantization", None)
+    config["quantization_config"] = {"quant_method": "mxfp4"}
+    (case / "config.json").write_text(json.dumps(config, indent=4, sort_keys=True))
+    return record(case, name, {"layout": "Hugging Face MXFP4 experts (_blocks/_scales)"})
 
 
 # --------------------------------------------------------------------------
@@ -343,6 +391,8 @@ def main():
             print(rec["case"], "min margin", round(rec["min_margin"], 3), "sinks", rec["sinks_nonzero"], flush=True)
     make_hf_layout(out)
     print("gpt_oss-hf: mlx-lm reads the fused layout as the stacked one", flush=True)
+    rec = make_hf_mxfp4(out)
+    print(rec["case"], "min margin", round(rec["min_margin"], 3), flush=True)
     print("gpt_oss-harmony: %d chats, %d texts" % make_harmony(out, args.tokenizers), flush=True)
 
 

@@ -165,19 +165,35 @@ fn load_experts(
     let name = |suffix: &str| format!("{path}.{suffix}");
     let stacked =
         |proj: &str, rows, cols| weights.experts(&name(proj), |e| format!("{path}.{e}.{proj}"), num, rows, cols);
-    let (gates, ups, gate_bias, up_bias, down_bias) = if weights.has(&name("gate_proj.weight")) {
+    let (gates, ups, downs, gate_bias, up_bias, down_bias) = if weights.has(&name("gate_proj.weight")) {
         let gates = stacked("gate_proj", intermediate, hidden)?;
         let ups = stacked("up_proj", intermediate, hidden)?;
         let bias = |proj: &str, n| weights.tensor(&name(&format!("{proj}.bias")), &[num, n]);
-        (gates, ups, bias("gate_proj", intermediate)?, bias("up_proj", intermediate)?, bias("down_proj", hidden)?)
+        let downs = stacked("down_proj", hidden, intermediate)?;
+        (
+            gates,
+            ups,
+            downs,
+            bias("gate_proj", intermediate)?,
+            bias("up_proj", intermediate)?,
+            bias("down_proj", hidden)?,
+        )
     } else if weights.has(&name("gate_up_proj.weight")) {
         let [gates, ups] = weights.deinterleaved_experts(&name("gate_up_proj.weight"), num, intermediate, hidden)?;
         let [gate_bias, up_bias] = weights.deinterleaved_rows(&name("gate_up_proj_bias"), num, intermediate)?;
-        (gates, ups, gate_bias, up_bias, weights.tensor(&name("down_proj_bias"), &[num, hidden])?)
+        let downs = stacked("down_proj", hidden, intermediate)?;
+        (gates, ups, downs, gate_bias, up_bias, weights.tensor(&name("down_proj_bias"), &[num, hidden])?)
+    } else if weights.has(&name("gate_up_proj_blocks")) {
+        // Hugging Face's MXFP4 release: the experts in MLX's mxfp4 mode, as mlx-lm's sanitize
+        // reads them.
+        let mut fused = weights.mxfp4_experts(&name("gate_up_proj"), num, intermediate, hidden, true)?.into_iter();
+        let (gates, ups) = (fused.next().expect("two halves"), fused.next().expect("two halves"));
+        let downs = weights.mxfp4_experts(&name("down_proj"), num, hidden, intermediate, false)?.remove(0);
+        let [gate_bias, up_bias] = weights.deinterleaved_rows(&name("gate_up_proj_bias"), num, intermediate)?;
+        (gates, ups, downs, gate_bias, up_bias, weights.tensor(&name("down_proj_bias"), &[num, hidden])?)
     } else {
         return Err(unsanitized_experts_error(weights, path));
     };
-    let downs = stacked("down_proj", hidden, intermediate)?;
     let linear = |weight: Matrix, bias: &Array, e: usize| -> Result<Linear> {
         Ok(Linear { weight, bias: Some(bias.index_first(e)?) })
     };
