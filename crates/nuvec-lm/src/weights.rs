@@ -446,7 +446,7 @@ impl Weights {
         let groups = cols / 32;
         let (blocks, scales) = (self.raw(&blocks_name)?, self.raw(&scales_name)?);
         let expect = |a: &Array, label: &str, shape: &[usize]| -> Result<()> {
-            if a.dtype() != DType::U8 || a.shape() != shape || cols % 32 != 0 {
+            if a.dtype() != DType::U8 || a.shape() != shape || !cols.is_multiple_of(32) {
                 return Err(self.err(
                     label,
                     format!("is {} {:?}; expected u8 {shape:?} (MXFP4 blocks of 32 values)", a.dtype(), a.shape()),
