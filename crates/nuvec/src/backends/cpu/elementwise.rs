@@ -1,6 +1,6 @@
 //! Norms, rotary embeddings, copies and elementwise ops.
 
-use super::kv_rows::store_f32s;
+use super::kv_rows::KvRowsMut;
 use super::linear::PAR_MIN_WORK;
 use super::pool;
 use super::{f32s, floats, output};
@@ -126,7 +126,7 @@ pub(crate) fn write_axis1(dst: &mut Array, src: &Array, offset: usize) -> Result
     if src.dtype() == dst.dtype() {
         // Same element type (f32, or a half-precision cache's own positions): a byte copy.
         let size = src.dtype().size();
-        let (run, s) = (n * c * size, src.raw_bytes().to_vec());
+        let (run, s) = (n * c * size, src.raw_bytes());
         let d = dst.host_bytes_mut()?;
         for i in 0..a {
             let to = (i * cap + offset) * c * size;
@@ -135,8 +135,9 @@ pub(crate) fn write_axis1(dst: &mut Array, src: &Array, offset: usize) -> Result
         return Ok(());
     }
     let s = f32s("write_axis1", src)?;
+    let mut d = KvRowsMut::of("write_axis1", dst)?;
     for i in 0..a {
-        store_f32s(dst, (i * cap + offset) * c, &s[i * n * c..(i + 1) * n * c])?;
+        d.store((i * cap + offset) * c, &s[i * n * c..(i + 1) * n * c]);
     }
     Ok(())
 }
@@ -155,9 +156,10 @@ pub(crate) fn write_axis1_from_rows(dst: &mut Array, src: &Array, offset: usize)
         ));
     }
     let s = f32s("write_axis1_from_rows", src)?;
+    let mut d = KvRowsMut::of("write_axis1_from_rows", dst)?;
     for (t, row) in s.chunks_exact(a * c.max(1)).enumerate().take(n) {
         for (i, head) in row.chunks_exact(c.max(1)).enumerate() {
-            store_f32s(dst, (i * cap + offset + t) * c, head)?;
+            d.store((i * cap + offset + t) * c, head);
         }
     }
     Ok(())

@@ -50,15 +50,31 @@ impl<'a> KvRows<'a> {
     }
 }
 
-/// `dst[..] = src` narrowed to `dst`'s dtype (f32 copies; f16 and bf16 round to nearest even,
-/// as MLX's casts do).
-pub(crate) fn store_f32s(dst: &mut Array, at: usize, src: &[f32]) -> Result<()> {
-    let range = at..at + src.len();
-    match dst.dtype() {
-        DType::F32 => dst.host_mut::<f32>()?[range].copy_from_slice(src),
-        DType::F16 => dst.host_mut::<f16>()?[range].convert_from_f32_slice(src),
-        DType::BF16 => dst.host_mut::<bf16>()?[range].convert_from_f32_slice(src),
-        other => return Err(Error::shape("write_axis1", format!("cannot store into a {other} array"))),
+/// The writable rows of a keys or values array, taken once per write.
+pub(crate) enum KvRowsMut<'a> {
+    F32(&'a mut [f32]),
+    F16(&'a mut [f16]),
+    Bf16(&'a mut [bf16]),
+}
+
+impl<'a> KvRowsMut<'a> {
+    pub(crate) fn of(op: &'static str, a: &'a mut Array) -> Result<Self> {
+        Ok(match a.dtype() {
+            DType::F32 => KvRowsMut::F32(a.host_mut()?),
+            DType::F16 => KvRowsMut::F16(a.host_mut()?),
+            DType::BF16 => KvRowsMut::Bf16(a.host_mut()?),
+            other => return Err(Error::shape(op, format!("cannot store into a {other} array"))),
+        })
     }
-    Ok(())
+
+    /// Elements `at..at + src.len()` = `src` narrowed to this dtype (f32 copies; f16 and bf16
+    /// round to nearest even, as MLX's casts do).
+    pub(crate) fn store(&mut self, at: usize, src: &[f32]) {
+        let range = at..at + src.len();
+        match self {
+            KvRowsMut::F32(d) => d[range].copy_from_slice(src),
+            KvRowsMut::F16(d) => d[range].convert_from_f32_slice(src),
+            KvRowsMut::Bf16(d) => d[range].convert_from_f32_slice(src),
+        }
+    }
 }

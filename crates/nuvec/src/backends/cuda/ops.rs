@@ -336,23 +336,10 @@ impl CudaBackend {
         k: usize,
         w: &WeightArgs,
     ) -> Result<bool> {
-        let WeightArgs { packed, scales, biases, w_dt, p_dt, bits, group, .. } = *w;
-        let align = match bits {
-            2 => 8,
-            4 | 8 => 16,
-            _ => 4,
-        };
-        let group = group as usize;
-        if w_dt != -1
-            || !k.is_multiple_of(32)
-            || !group.is_power_of_two()
-            || group < 16
-            || !packed.is_multiple_of(align)
-            || !x.is_multiple_of(16)
-        {
+        let Some(lg) = fast_path_log_group(w, k, x) else {
             return Ok(false);
-        }
-        let lg = group.trailing_zeros() as i32;
+        };
+        let WeightArgs { packed, scales, biases, p_dt, bits, .. } = *w;
         let (suffix, rows, threads) =
             if m == 1 && bits == 4 { qgemv4_variant(k, n, false) } else { ("", QG_ROWS, QG_THREADS) };
         let name = format!("{}_b{bits}{suffix}", if m == 1 { "qgemv1" } else { "qgemv" });
@@ -374,23 +361,10 @@ impl CudaBackend {
         k: usize,
         w: &WeightArgs,
     ) -> Result<bool> {
-        let WeightArgs { packed, scales, biases, w_dt, p_dt, bits, group, .. } = *w;
-        let align = match bits {
-            2 => 8,
-            4 | 8 => 16,
-            _ => 4,
-        };
-        let group = group as usize;
-        if w_dt != -1
-            || !k.is_multiple_of(32)
-            || !group.is_power_of_two()
-            || group < 16
-            || !packed.is_multiple_of(align)
-            || !out.is_multiple_of(16)
-        {
+        let Some(lg) = fast_path_log_group(w, k, out) else {
             return Ok(false);
-        }
-        let lg = group.trailing_zeros() as i32;
+        };
+        let WeightArgs { packed, scales, biases, p_dt, bits, .. } = *w;
         let name = format!("qdequant_b{bits}");
         let (row0, rowsl, ki) = (row0 as i64, rows as i64, to_i32(op, "k", k)?);
         launch!(self.st()?, op, name.as_str(), cfg_1d(rows * k / 32); out, row0, rowsl, packed, scales, biases, p_dt, lg, ki);
@@ -1018,6 +992,26 @@ impl CudaBackend {
         }
         Ok(out)
     }
+}
+
+/// When the fast quantized kernels (`qgemv*`, `qdequant_b*`) can take `w`: affine-quantized with
+/// a power-of-two group of at least 16, `k` a multiple of 32, the packed words aligned for the
+/// width's wide loads and `wide` (the f32 side the kernel reads or writes in 16-byte units)
+/// 16-byte aligned. Returns log2 of the group size.
+fn fast_path_log_group(w: &WeightArgs, k: usize, wide: u64) -> Option<i32> {
+    let align = match w.bits {
+        2 => 8,
+        4 | 8 => 16,
+        _ => 4,
+    };
+    let group = w.group as usize;
+    let fits = w.w_dt == -1
+        && k.is_multiple_of(32)
+        && group.is_power_of_two()
+        && group >= 16
+        && w.packed.is_multiple_of(align)
+        && wide.is_multiple_of(16);
+    fits.then(|| group.trailing_zeros() as i32)
 }
 
 /// The error for a Gated DeltaNet op on CUDA, which has no kernel for it yet.
