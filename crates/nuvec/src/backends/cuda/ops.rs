@@ -104,21 +104,33 @@ fn tf32_matmul() -> bool {
     *TF32.get_or_init(|| std::env::var("NUVEC_CUDA_MATMUL").is_ok_and(|v| v.eq_ignore_ascii_case("tf32")))
 }
 
-/// The shape of the one-row 4-bit GEMV for `k` inputs and `n` outputs: `(kernel name suffix,
-/// output rows per block, threads per block)`. Measured on the H200 (docs/cuda.md): 4 warps
-/// splitting K leave most lanes idle when K <= 2048 (K / 32 chunks per row), where one warp per
-/// 4 rows with the K loop unrolled twice (`_v2`) is faster (Qwen3-0.6B's LM head 269 -> 100 us);
-/// it also reads the 8B's LM head faster (335 -> 263 us), but not its other layers.
-/// `NUVEC_QGEMV_VARIANT=0|1|2|3` forces one shape (for timing them against each other).
+/// The shape of the one-row 4-bit GEMV for `k` inputs and `n` outputs (`n` unknown, 0, for the
+/// multi-weight launch): `(kernel name suffix, output rows per block, threads per block)`.
+/// Measured on the H200 with weights rotated through more memory than L2 holds (docs/cuda.md,
+/// "GEMV shapes"): 8 rows per lane read each lane's 32 x values once for 8 weight chunks, which
+/// lifts the L1-bound rate of 4 rows (8B gate/up 25.9 -> 19.9 us with 2 warps per row, `_v4`;
+/// the LM heads 187 -> 122 us and 114 -> 45 us with 1 warp, `_v5`). Where K <= 2048 (K / 32
+/// chunks per row) one warp per 4 rows unrolled twice (`_v2`) keeps the lanes busy; for K > 2048
+/// and fewer than 4096 rows (Qwen3-0.6B's down projection) the 4-warp shape stays fastest.
+/// `NUVEC_QGEMV_VARIANT=0..5` forces one shape (for timing them against each other).
 fn qgemv4_variant(k: usize, n: usize, multi: bool) -> (&'static str, usize, u32) {
-    const V: [(&str, usize, u32); 4] = [("", QG_ROWS, QG_THREADS), ("_v1", 2, 128), ("_v2", 4, 32), ("_v3", 2, 64)];
+    const V: [(&str, usize, u32); 6] = [
+        ("", QG_ROWS, QG_THREADS),
+        ("_v1", 2, 128),
+        ("_v2", 4, 32),
+        ("_v3", 2, 64),
+        ("_v4", 8, 64),
+        ("_v5", 8, 32),
+    ];
     static FORCED: OnceLock<Option<usize>> = OnceLock::new();
     let forced = *FORCED.get_or_init(|| {
         std::env::var("NUVEC_QGEMV_VARIANT").ok().and_then(|v| v.parse::<usize>().ok()).filter(|&v| v < V.len())
     });
     match forced {
         Some(v) => V[v],
-        None if k <= 2048 || (!multi && n >= 65536) => V[2],
+        None if !multi && n >= 65536 => V[5],
+        None if k <= 2048 => V[2],
+        None if multi || n >= 4096 => V[4],
         None => V[0],
     }
 }

@@ -323,10 +323,13 @@ extern "C" __global__ void __launch_bounds__(128, 4) qgemv_multi_b5(QGM_PARAMS) 
 extern "C" __global__ void __launch_bounds__(128, 4) qgemv_multi_b6(QGM_PARAMS) { QGM_DISPATCH(6) }
 extern "C" __global__ void __launch_bounds__(128, 4) qgemv_multi_b8(QGM_PARAMS) { QGM_DISPATCH(8) }
 
-// Variants of the 4-bit one-row kernels, picked on the host by NUVEC_QGEMV_VARIANT (1..3) to
-// measure which shape of work keeps the most bytes in flight (rows per block, warps per block,
-// K-loop unrolling): v1 = 2 rows x 4 warps, v2 = 4 rows x 1 warp unrolled by 2, v3 = 2 rows x
-// 2 warps unrolled by 2. The multi kernels map blocks to weights with the same rows per block.
+// Variants of the 4-bit one-row kernels, picked on the host by shape (or NUVEC_QGEMV_VARIANT
+// 1..5) to keep the most bytes in flight (rows per block, warps per block, K-loop unrolling):
+// v1 = 2 rows x 4 warps, v2 = 4 rows x 1 warp unrolled by 2, v3 = 2 rows x 2 warps unrolled by 2,
+// v4 = 8 rows x 2 warps, v5 = 8 rows x 1 warp. More rows per lane reuse each lane's 32 x values
+// for more weights (x is read 8x the weight bytes at one row per lane, and L1 bandwidth, not
+// HBM, then limits); fewer warps per row leave more blocks for the SMs.
+// The multi kernels map blocks to weights with the same rows per block.
 #define QGV_DISPATCH(ROWS, WARPS, UNROLL)                                                                       \
     if (lg == 4) qgemv_body<4, true, 1, ROWS, WARPS, UNROLL>(QG_ARGS, blockIdx.x);                              \
     else qgemv_body<4, false, 1, ROWS, WARPS, UNROLL>(QG_ARGS, blockIdx.x)
@@ -348,6 +351,10 @@ extern "C" __global__ void __launch_bounds__(128, 4) qgemv_multi_b8(QGM_PARAMS) 
 extern "C" __global__ void __launch_bounds__(128) qgemv1_b4_v1(QG_PARAMS) { QGV_DISPATCH(2, 4, 1); }
 extern "C" __global__ void __launch_bounds__(32) qgemv1_b4_v2(QG_PARAMS) { QGV_DISPATCH(4, 1, 2); }
 extern "C" __global__ void __launch_bounds__(64) qgemv1_b4_v3(QG_PARAMS) { QGV_DISPATCH(2, 2, 2); }
+extern "C" __global__ void __launch_bounds__(64) qgemv1_b4_v4(QG_PARAMS) { QGV_DISPATCH(8, 2, 1); }
+extern "C" __global__ void __launch_bounds__(32) qgemv1_b4_v5(QG_PARAMS) { QGV_DISPATCH(8, 1, 1); }
 extern "C" __global__ void __launch_bounds__(128) qgemv_multi_b4_v1(QGM_PARAMS) { QGMV_DISPATCH(2, 4, 1) }
 extern "C" __global__ void __launch_bounds__(32) qgemv_multi_b4_v2(QGM_PARAMS) { QGMV_DISPATCH(4, 1, 2) }
 extern "C" __global__ void __launch_bounds__(64) qgemv_multi_b4_v3(QGM_PARAMS) { QGMV_DISPATCH(2, 2, 2) }
+extern "C" __global__ void __launch_bounds__(64) qgemv_multi_b4_v4(QGM_PARAMS) { QGMV_DISPATCH(8, 2, 1) }
+extern "C" __global__ void __launch_bounds__(32) qgemv_multi_b4_v5(QGM_PARAMS) { QGMV_DISPATCH(8, 1, 1) }
