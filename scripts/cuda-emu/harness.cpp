@@ -51,17 +51,20 @@ static void test_conv(int l, int c, int k, int wdt) {
 }
 
 // ---- gated delta ----
-static void test_delta(int hk, int hv, int dk, int dv, int l) {
+static void test_delta(int hk, int hv, int dk, int dv, int l, bool bias_bf16 = false) {
     int width = 2 * hk * dk + hv * dv;
     auto mixed = rnd((size_t)l * width, 1), a = rnd((size_t)l * hv, 3), b = rnd((size_t)l * hv, 3);
     auto alog = rnd(hv, 1), dtb = rnd(hv, 1), state = rnd((size_t)hv * dv * dk, 0.3);
+    std::vector<unsigned short> dtb16(hv);  // dt_bias in bf16 next to an f32 a_log, as mlx-lm converts
+    for (int h = 0; h < hv; ++h) { dtb16[h] = to_bf16(dtb[h]); if (bias_bf16) dtb[h] = from_bf16(dtb16[h]); }
+    const void* dtp = bias_bf16 ? (const void*)dtb16.data() : (const void*)dtb.data();
     std::vector<float> y((size_t)l * hv * dv), next((size_t)hv * dv * dk);
     double inv_scale = std::pow((double)dk, -0.5);
     float eps = (float)(1e-6 * inv_scale * inv_scale), qs = (float)(inv_scale * inv_scale), ks = (float)inv_scale;
     dim3 grid{(unsigned)hv, (unsigned)((dv + 15) / 16), 1};
     emu_launch(grid, {128, 1, 1}, [&] {
-        gated_delta_f32(y.data(), next.data(), mixed.data(), a.data(), b.data(), alog.data(), dtb.data(), DT_F32,
-                        state.data(), l, hk, hv, dk, dv, eps, qs, ks);
+        gated_delta_f32(y.data(), next.data(), mixed.data(), a.data(), b.data(), alog.data(), dtp, DT_F32,
+                        bias_bf16 ? DT_BF16 : DT_F32, state.data(), l, hk, hv, dk, dv, eps, qs, ks);
     });
     // reference in double from the definition
     std::vector<double> S(state.begin(), state.end()), wy((size_t)l * hv * dv);
@@ -89,7 +92,8 @@ static void test_delta(int hk, int hv, int dk, int dv, int l) {
             }
         }
     }
-    char name[200]; snprintf(name, 200, "gated_delta Hk=%d Hv=%d Dk=%d Dv=%d L=%d", hk, hv, dk, dv, l);
+    char name[200];
+    snprintf(name, 200, "gated_delta Hk=%d Hv=%d Dk=%d Dv=%d L=%d dt_bias %s", hk, hv, dk, dv, l, bias_bf16 ? "bf16" : "f32");
     cmp(name, y, wy);
     std::string n2 = std::string(name) + " state"; cmp(n2.c_str(), next, S);
 }
@@ -158,7 +162,7 @@ static void test_swiglu() {
 int main() {
     test_conv(1, 96, 4, DT_F32); test_conv(37, 200, 4, DT_BF16); test_conv(5, 33, 2, DT_F32); test_conv(4, 10, 1, DT_F32);
     test_delta(2, 2, 16, 16, 1); test_delta(2, 4, 16, 16, 37); test_delta(1, 2, 32, 40, 5); test_delta(2, 6, 64, 96, 3);
-    test_delta(2, 4, 128, 128, 4); test_delta(3, 3, 48, 24, 9);
+    test_delta(2, 4, 128, 128, 4); test_delta(3, 3, 48, 24, 9, true);
     for (int s = 0; s < 2; ++s) {
         test_attn(1, 1, 4, 2, 64, s, 1); test_attn(1, 300, 8, 2, 128, s, 1); test_attn(3, 70, 8, 8, 16, s, 1);
         test_attn(2, 50, 4, 2, 30, s, 0); test_attn(1, 77, 4, 1, 30, s, 0); test_attn(1, 300, 4, 2, 16, s, 0);

@@ -44,7 +44,8 @@ extern "C" __global__ void sigmoid_mul_f32(float* out, const float* gate, const 
 // ---- The gated delta rule ----
 //
 // mixed [L, 2*Hk*Dk + Hv*Dv] (queries, keys, values), a, b [L, Hv], a_log, dt_bias [Hv],
-// state [Hv, Dv, Dk] -> y [L, Hv, Dv], next [Hv, Dv, Dk].
+// state [Hv, Dv, Dk] -> y [L, Hv, Dv], next [Hv, Dv, Dk]. a_log and dt_bias have dtype codes of
+// their own (mlx-lm's conversions keep A_log in f32 next to a bf16 dt_bias).
 //
 // The rows of a head's state never interact: row r only reads v[r]. So each warp owns GD_ROWS
 // rows of one value head (held in registers, lane c keeping features c, c + 32, ...) and walks
@@ -58,7 +59,7 @@ extern "C" __global__ void sigmoid_mul_f32(float* out, const float* gate, const 
 
 extern "C" __global__ void __launch_bounds__(32 * GD_WARPS)
     gated_delta_f32(float* y, float* next, const float* mixed, const float* a, const float* b, const void* a_log,
-                    const void* dt_bias, int p_dt, const float* state, int l, int hk, int hv, int dk, int dv,
+                    const void* dt_bias, int alog_dt, int bias_dt, const float* state, int l, int hk, int hv, int dk, int dv,
                     float eps, float q_scale, float k_scale) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int h = blockIdx.x, kh = h / (hv / hk);
@@ -75,8 +76,8 @@ extern "C" __global__ void __launch_bounds__(32 * GD_WARPS)
             s[i][j] = (r < dv && c < dk) ? state[((size_t)h * dv + r) * dk + c] : 0.0f;
         }
     }
-    const float decay = expf(load_float(a_log, h, p_dt));
-    const float bias = load_float(dt_bias, h, p_dt);
+    const float decay = expf(load_float(a_log, h, alog_dt));
+    const float bias = load_float(dt_bias, h, bias_dt);
     for (int t = 0; t < l; ++t) {
         const float* row = mixed + (size_t)t * width;
         const float* qv = row + (size_t)kh * dk;

@@ -95,15 +95,8 @@ impl CudaBackend {
         let mp = self.f32_ptr(op, "mixed", mixed)?;
         let (ap, bp) = (self.f32_ptr(op, "a", a)?, self.f32_ptr(op, "b", b)?);
         let sp = self.f32_ptr(op, "state", state)?;
-        // One dtype code for both per-head parameters: the kernel reads them with one.
-        let p_dt = float_code(op, "a_log", a_log)?;
-        let (a_log, dt_bias) = if float_code(op, "dt_bias", dt_bias)? == p_dt {
-            (a_log.clone(), dt_bias.clone())
-        } else {
-            (self.widen(op, a_log)?, self.widen(op, dt_bias)?)
-        };
-        let p_dt = float_code(op, "a_log", &a_log)?;
-        let (alp, dtp) = (self.ptr(op, "a_log", &a_log)?, self.ptr(op, "dt_bias", &dt_bias)?);
+        let (alog_dt, bias_dt) = (float_code(op, "a_log", a_log)?, float_code(op, "dt_bias", dt_bias)?);
+        let (alp, dtp) = (self.ptr(op, "a_log", a_log)?, self.ptr(op, "dt_bias", dt_bias)?);
         let y = self.output(&[l, hv, dv], DType::F32, false)?;
         let next = self.output(&[hv, dv, dk], DType::F32, false)?;
         // As the CPU computes them: eps 1e-6 / Dk, queries scaled by 1 / Dk, keys by 1 / sqrt(Dk).
@@ -123,14 +116,7 @@ impl CudaBackend {
         };
         let st: &State = self.st()?;
         launch!(st, op, "gated_delta_f32", cfg;
-            yp, np, mp, ap, bp, alp, dtp, p_dt, sp, li, hki, hvi, dki, dvi, eps, q_scale, k_scale);
+            yp, np, mp, ap, bp, alp, dtp, alog_dt, bias_dt, sp, li, hki, hvi, dki, dvi, eps, q_scale, k_scale);
         Ok((y, next))
-    }
-
-    /// A small float array (per-head parameters) as f32 on this device.
-    fn widen(&self, op: &'static str, a: &Array) -> Result<Array> {
-        self.ptr(op, "parameter", a)?;
-        let values = a.to_f32_vec()?;
-        Array::from_slice_on(&values, a.shape(), self.dev())
     }
 }
