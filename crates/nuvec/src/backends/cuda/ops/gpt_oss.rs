@@ -2,7 +2,6 @@
 //! copies of its attention sinks, which the attention kernels of attention.cu take as an
 //! optional pointer (see `CudaBackend::attention_with`).
 
-use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock};
 
 use cudarc::driver::PushKernelArg;
@@ -36,13 +35,14 @@ impl CudaBackend {
     }
 
     /// The device address of a copy of `sinks`, uploaded once per distinct table and kept, so
-    /// that a decode step copies nothing from the host for them.
+    /// that a decode step copies nothing from the host for them. Found by value in a short list
+    /// (no key is built per call: this runs in every attention layer of every step).
     pub(super) fn sinks_table(&self, sinks: &[f32]) -> Result<u64> {
-        type Tables = Mutex<HashMap<(usize, Vec<u32>), DeviceBuffer>>;
+        type Tables = Mutex<Vec<(usize, Vec<f32>, DeviceBuffer)>>;
         static TABLES: OnceLock<Tables> = OnceLock::new();
-        let key = (self.ordinal, sinks.iter().map(|f| f.to_bits()).collect::<Vec<u32>>());
+        let same = |t: &[f32]| t.len() == sinks.len() && t.iter().zip(sinks).all(|(a, b)| a.to_bits() == b.to_bits());
         let mut tables = TABLES.get_or_init(Default::default).lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(b) = tables.get(&key) {
+        if let Some((_, _, b)) = tables.iter().find(|(o, t, _)| *o == self.ordinal && same(t)) {
             return Ok(b.ptr());
         }
         if tables.len() >= MAX_SINK_TABLES {
@@ -51,7 +51,7 @@ impl CudaBackend {
         }
         let b = self.upload(sinks)?;
         let p = b.ptr();
-        tables.insert(key, b);
+        tables.push((self.ordinal, sinks.to_vec(), b));
         Ok(p)
     }
 }
