@@ -219,3 +219,53 @@ fn gemma4_q4_model() {
 fn gemma4_moe_q4_model() {
     check("gemma4/gemma4_moe-q4g64", CacheOptions::default(), 0, 2048);
 }
+
+// Qwen3.5 hybrids: Gated DeltaNet layers (causal convolution, gated delta rule, their recurrent
+// caches on the device) and gated full attention (sigmoid_mul).
+
+#[test]
+fn qwen3_5_q4_model() {
+    check("qwen3_5/qwen3_5-q4g64", CacheOptions::default(), 0, 2048);
+}
+
+#[test]
+fn qwen3_5_chunked_prompt() {
+    // 300 positions in chunks of 128: the recurrent state and convolution inputs carried across
+    // chunks, the full-attention layers on the SGEMM path, then decode from the carried state.
+    check("qwen3_5/qwen3_5-q4g64", CacheOptions::default(), 300, 128);
+}
+
+#[test]
+fn qwen3_5_small_chunks() {
+    // 40 positions in chunks of 7 (fewer than the convolution's state rows at the start).
+    check("qwen3_5/qwen3_5-q4g64", CacheOptions::default(), 40, 7);
+}
+
+#[test]
+fn qwen3_5_moe_bf16_model() {
+    // Routed experts (softmax then top k) plus the gated shared expert; a bf16 copy of the
+    // qwen3_5_moe-f32 fixture (scripts/bf16-checkpoint.py: the f32 one is over the GPU machine's
+    // 64 MiB transfer limit).
+    check("qwen3_5/qwen3_5_moe-bf16", CacheOptions::default(), 0, 2048);
+}
+
+// gpt-oss: attention sinks on every attention path, sliding-window layers over rotating caches,
+// top-k-then-softmax routing to experts with biases and the clamped SwiGLU.
+
+#[test]
+fn gpt_oss_q4_model() {
+    check("gpt_oss/gpt_oss-q4g64", CacheOptions::default(), 0, 2048);
+}
+
+#[test]
+fn gpt_oss_chunked_prompt() {
+    // 300 positions in chunks of 128: full layers through SGEMM + softmax with sinks, sliding
+    // layers (window 8) attending each query over its window.
+    check("gpt_oss/gpt_oss-q4g64", CacheOptions::default(), 300, 128);
+}
+
+#[test]
+fn gpt_oss_bf16_model() {
+    // A bf16 copy of the gpt_oss-f32 fixture (scripts/bf16-checkpoint.py), dense experts.
+    check("gpt_oss/gpt_oss-bf16", CacheOptions::default(), 0, 2048);
+}

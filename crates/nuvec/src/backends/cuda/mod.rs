@@ -28,7 +28,7 @@ pub use ops::CudaBackend;
 pub const PRELUDE: &str = include_str!("kernels/common.cuh");
 
 /// The kernel sources, by file name, without the [`PRELUDE`].
-pub const SOURCES: [(&str, &str); 5] = [
+pub const SOURCES: [(&str, &str); 7] = [
     ("elementwise.cu", include_str!("kernels/elementwise.cu")),
     ("linear.cu", include_str!("kernels/linear.cu")),
     ("attention.cu", include_str!("kernels/attention.cu")),
@@ -36,6 +36,10 @@ pub const SOURCES: [(&str, &str); 5] = [
     ("gemma4.cu", include_str!("kernels/gemma4.cu")),
     // fpquant: mxfp4, mxfp8, nvfp4 weights.
     ("fp_linear.cu", include_str!("kernels/fp_linear.cu")),
+    // Qwen3.5 hybrids: Gated DeltaNet.
+    ("gated_delta.cu", include_str!("kernels/gated_delta.cu")),
+    // gpt-oss: the clamped SwiGLU (its attention sinks are in attention.cu).
+    ("gpt_oss.cu", include_str!("kernels/gpt_oss.cu")),
 ];
 
 /// The NVRTC options every source is compiled with, for a virtual architecture such as
@@ -323,6 +327,11 @@ mod tests {
             "qgemv1_b4_v2",
             "qgemv_multi_b8",
             "qgemv_multi_b4_v3",
+            // Qwen3.5 hybrids and gpt-oss
+            "conv1d_silu_f32",
+            "sigmoid_mul_f32",
+            "gated_delta_f32",
+            "swiglu_oai_f32",
         ] {
             assert!(names.iter().any(|n| n == want), "{want} missing from {names:?}");
         }

@@ -174,6 +174,10 @@ macro_rules! launch {
 
 // fpquant: linear and embed over mxfp4, mxfp8 and nvfp4 weights (kernels/fp_linear.cu).
 mod fp;
+// Qwen3.5 hybrids: the Gated DeltaNet ops (kernels/gated_delta.cu).
+mod gated_delta;
+// gpt-oss: the clamped SwiGLU (kernels/gpt_oss.cu) and the attention sinks' device tables.
+mod gpt_oss;
 
 /// A weight matrix as kernel arguments (see `struct Weights` in linear.cu).
 struct WeightArgs {
@@ -522,7 +526,8 @@ impl CudaBackend {
         .map_err(|e| Error::Device(format!("{op}: cuBLAS SGEMM on cuda:{}: {e:?}", st.ordinal)))
     }
 
-    /// Attention for a decode step or a short chunk: the split-key kernel, then the merge.
+    /// Attention for a decode step or a short chunk: the split-key kernel, then the merge (which
+    /// adds the sinks, a device pointer or 0).
     #[allow(clippy::too_many_arguments)]
     fn attention_split(
         &self,
@@ -533,6 +538,7 @@ impl CudaBackend {
         cap: usize,
         kv_len: usize,
         scale: f32,
+        sinks: u64,
     ) -> Result<()> {
         let want = ATTS_TARGET_BLOCKS.div_ceil(hq * l).max(1);
         let chunk = kv_len.div_ceil(want).max(32);
@@ -548,13 +554,14 @@ impl CudaBackend {
         };
         launch!(self.st()?, op, "attention_split_f32", cfg; pp, qp, kp, vp, li, hqi, hkvi, di, capi, kvi, scale, chunki);
         let cfg = LaunchConfig { grid_dim: (hq as u32, l as u32, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
-        launch!(self.st()?, op, "attention_merge_f32", cfg; o, pp, hqi, di, si);
+        launch!(self.st()?, op, "attention_merge_f32", cfg; o, pp, hqi, di, si, sinks);
         Ok(())
     }
 
     /// Attention for a long chunk of queries (prefill): per query head, scores = Q K^T * scale
     /// by SGEMM, a causal softmax in place, then P V by SGEMM into the output columns; queries
-    /// go in blocks so that the scores stay under `ATTN_GEMM_SCORE_BYTES`.
+    /// go in blocks so that the scores stay under `ATTN_GEMM_SCORE_BYTES`. The softmax adds the
+    /// sinks (a device pointer or 0).
     #[allow(clippy::too_many_arguments)]
     fn attention_gemm(
         &self,
@@ -565,6 +572,7 @@ impl CudaBackend {
         cap: usize,
         kv_len: usize,
         scale: f32,
+        sinks: u64,
     ) -> Result<()> {
         let group = hq / hkv;
         let rows_per_block = (ATTN_GEMM_SCORE_BYTES / (hq * kv_len * 4)).clamp(1, l);
@@ -586,7 +594,7 @@ impl CudaBackend {
             let cfg =
                 LaunchConfig { grid_dim: (rows as u32, hq as u32, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
             let (ri, ni, fi) = (rows as i32, to_i32(op, "keys", n)?, first as i64);
-            launch!(self.st()?, op, "causal_softmax_f32", cfg; sp, ri, ni, fi);
+            launch!(self.st()?, op, "causal_softmax_f32", cfg; sp, ri, ni, fi, sinks);
             for h in 0..hq {
                 let g = h / group;
                 let vg = vp + (g * cap * d * 4) as u64;
@@ -598,6 +606,64 @@ impl CudaBackend {
             t0 += rows;
         }
         Ok(())
+    }
+
+    /// [`Backend::attention`], and with `sinks` (one logit per query head, already checked
+    /// against q's heads) [`Backend::attention_sinks`]: every path takes the sinks as a device
+    /// pointer, null for plain attention.
+    fn attention_with(
+        &self,
+        q: &Array,
+        k: &Array,
+        v: &Array,
+        kv_len: usize,
+        scale: f32,
+        sinks: Option<&[f32]>,
+    ) -> Result<Array> {
+        let op = "attention";
+        let (&[l, hq, d], &[hkv, cap, dk]) = (q.shape(), k.shape()) else {
+            return Err(Error::shape(op, format!("q {:?}, k {:?}", q.shape(), k.shape())));
+        };
+        if v.shape() != k.shape() || dk != d || hkv == 0 || hq % hkv != 0 || kv_len > cap || l > kv_len {
+            return Err(Error::shape(
+                op,
+                format!("q {:?}, k {:?}, v {:?}, kv_len {kv_len}", q.shape(), k.shape(), v.shape()),
+            ));
+        }
+        if d > ATTN_MAX_DIM {
+            return Err(Error::Unsupported(format!(
+                "{op}: head size {d} (the CUDA kernel handles up to {ATTN_MAX_DIM})"
+            )));
+        }
+        if l > 65535 {
+            return Err(Error::Unsupported(format!("{op}: {l} queries in one call (at most 65535 on CUDA)")));
+        }
+        let (qp, kp, vp) = (self.f32_ptr(op, "q", q)?, self.f32_ptr(op, "k", k)?, self.f32_ptr(op, "v", v)?);
+        let out = self.output(&[l, hq * d], DType::F32, false)?;
+        if l == 0 || hq == 0 || d == 0 {
+            return Ok(out);
+        }
+        let o = out.cuda_ptr()?;
+        let sp = match sinks {
+            Some(s) => self.sinks_table(s)?,
+            None => 0,
+        };
+        let aligned = d.is_multiple_of(4) && (qp | kp | vp).is_multiple_of(16);
+        if aligned && l >= ATTN_GEMM_MIN_QUERIES {
+            return self.attention_gemm(op, o, (qp, kp, vp), (l, hq, hkv, d), cap, kv_len, scale, sp).map(|_| out);
+        }
+        if aligned && d <= ATTS_MAX_DIM {
+            return self.attention_split(op, o, (qp, kp, vp), (l, hq, hkv, d), cap, kv_len, scale, sp).map(|_| out);
+        }
+        let (li, hqi, hkvi, di) = (l as i32, to_i32(op, "heads", hq)?, hkv as i32, d as i32);
+        let (capi, kvi) = (to_i32(op, "capacity", cap)?, kv_len as i32);
+        let cfg = LaunchConfig {
+            grid_dim: (hqi as u32, l as u32, 1),
+            block_dim: (ATTN_THREADS as u32, 1, 1),
+            shared_mem_bytes: ((d + ATTN_THREADS + 33) * 4) as u32,
+        };
+        launch!(self.st()?, op, "attention_f32", cfg; o, qp, kp, vp, li, hqi, hkvi, di, capi, kvi, scale, sp);
+        Ok(out)
     }
 
     fn binary(&self, op: &'static str, kernel: &str, a: &Array, b: &Array) -> Result<Array> {
@@ -758,46 +824,7 @@ impl Backend for CudaBackend {
     }
 
     fn attention(&self, q: &Array, k: &Array, v: &Array, kv_len: usize, scale: f32) -> Result<Array> {
-        let op = "attention";
-        let (&[l, hq, d], &[hkv, cap, dk]) = (q.shape(), k.shape()) else {
-            return Err(Error::shape(op, format!("q {:?}, k {:?}", q.shape(), k.shape())));
-        };
-        if v.shape() != k.shape() || dk != d || hkv == 0 || hq % hkv != 0 || kv_len > cap || l > kv_len {
-            return Err(Error::shape(
-                op,
-                format!("q {:?}, k {:?}, v {:?}, kv_len {kv_len}", q.shape(), k.shape(), v.shape()),
-            ));
-        }
-        if d > ATTN_MAX_DIM {
-            return Err(Error::Unsupported(format!(
-                "{op}: head size {d} (the CUDA kernel handles up to {ATTN_MAX_DIM})"
-            )));
-        }
-        if l > 65535 {
-            return Err(Error::Unsupported(format!("{op}: {l} queries in one call (at most 65535 on CUDA)")));
-        }
-        let (qp, kp, vp) = (self.f32_ptr(op, "q", q)?, self.f32_ptr(op, "k", k)?, self.f32_ptr(op, "v", v)?);
-        let out = self.output(&[l, hq * d], DType::F32, false)?;
-        if l == 0 || hq == 0 || d == 0 {
-            return Ok(out);
-        }
-        let o = out.cuda_ptr()?;
-        let aligned = d.is_multiple_of(4) && (qp | kp | vp).is_multiple_of(16);
-        if aligned && l >= ATTN_GEMM_MIN_QUERIES {
-            return self.attention_gemm(op, o, (qp, kp, vp), (l, hq, hkv, d), cap, kv_len, scale).map(|_| out);
-        }
-        if aligned && d <= ATTS_MAX_DIM {
-            return self.attention_split(op, o, (qp, kp, vp), (l, hq, hkv, d), cap, kv_len, scale).map(|_| out);
-        }
-        let (li, hqi, hkvi, di) = (l as i32, to_i32(op, "heads", hq)?, hkv as i32, d as i32);
-        let (capi, kvi) = (to_i32(op, "capacity", cap)?, kv_len as i32);
-        let cfg = LaunchConfig {
-            grid_dim: (hqi as u32, l as u32, 1),
-            block_dim: (ATTN_THREADS as u32, 1, 1),
-            shared_mem_bytes: ((d + ATTN_THREADS + 33) * 4) as u32,
-        };
-        launch!(self.st()?, op, "attention_f32", cfg; o, qp, kp, vp, li, hqi, hkvi, di, capi, kvi, scale);
-        Ok(out)
+        self.attention_with(q, k, v, kv_len, scale, None)
     }
 
     fn write_axis1(&self, dst: &mut Array, src: &Array, offset: usize) -> Result<()> {
@@ -934,27 +961,27 @@ impl Backend for CudaBackend {
         Ok(out)
     }
 
-    // ---- Gated DeltaNet: no kernels yet; an error, never a wrong result ----
+    // ---- Gated DeltaNet (kernels/gated_delta.cu, launched by ops/gated_delta.rs) ----
 
-    fn causal_conv1d_silu(&self, _x: &Array, _state: &Array, _weight: &Array) -> Result<(Array, Array)> {
-        Err(gated_delta_not_built("causal_conv1d_silu"))
+    fn causal_conv1d_silu(&self, x: &Array, state: &Array, weight: &Array) -> Result<(Array, Array)> {
+        self.conv1d_silu(x, state, weight)
     }
 
     fn gated_delta(
         &self,
-        _mixed: &Array,
-        _a: &Array,
-        _b: &Array,
-        _a_log: &Array,
-        _dt_bias: &Array,
-        _state: &Array,
-        _dims: GatedDeltaDims,
+        mixed: &Array,
+        a: &Array,
+        b: &Array,
+        a_log: &Array,
+        dt_bias: &Array,
+        state: &Array,
+        dims: GatedDeltaDims,
     ) -> Result<(Array, Array)> {
-        Err(gated_delta_not_built("gated_delta"))
+        self.gated_delta_rule(mixed, [a, b], [a_log, dt_bias], state, dims)
     }
 
-    fn sigmoid_mul(&self, _gate: &Array, _x: &Array) -> Result<Array> {
-        Err(gated_delta_not_built("sigmoid_mul"))
+    fn sigmoid_mul(&self, gate: &Array, x: &Array) -> Result<Array> {
+        self.binary("sigmoid_mul", "sigmoid_mul_f32", gate, x)
     }
 
     // Gemma 4
@@ -973,22 +1000,29 @@ impl Backend for CudaBackend {
         self.with_scalar("softcap", "softcap_f32", x, cap)
     }
 
-    // gpt-oss: not built on CUDA yet; the CPU backend has them.
+    // gpt-oss (sinks: an argument of the attention kernels; swiglu_oai: kernels/gpt_oss.cu,
+    // launched by ops/gpt_oss.rs)
 
     fn attention_sinks(
         &self,
-        _q: &Array,
-        _k: &Array,
-        _v: &Array,
-        _kv_len: usize,
-        _scale: f32,
-        _sinks: &[f32],
+        q: &Array,
+        k: &Array,
+        v: &Array,
+        kv_len: usize,
+        scale: f32,
+        sinks: &[f32],
     ) -> Result<Array> {
-        Err(not_on_cuda("attention_sinks (gpt-oss attention sinks)"))
+        if q.shape().len() != 3 || sinks.len() != q.dim(1) {
+            return Err(Error::shape(
+                "attention_sinks",
+                format!("{} sinks for q {:?} (one per query head)", sinks.len(), q.shape()),
+            ));
+        }
+        self.attention_with(q, k, v, kv_len, scale, Some(sinks))
     }
 
-    fn swiglu_oai(&self, _gate: &Array, _up: &Array, _alpha: f32, _limit: f32) -> Result<Array> {
-        Err(not_on_cuda("swiglu_oai (gpt-oss's clamped SwiGLU)"))
+    fn swiglu_oai(&self, gate: &Array, up: &Array, alpha: f32, limit: f32) -> Result<Array> {
+        self.swiglu_oai_clamped(gate, up, alpha, limit)
     }
 }
 
@@ -1024,16 +1058,4 @@ fn fast_path_log_group(w: &WeightArgs, k: usize, wide: u64) -> Option<i32> {
         && w.packed.is_multiple_of(align)
         && wide.is_multiple_of(16);
     fits.then(|| group.trailing_zeros() as i32)
-}
-
-/// The error for a Gated DeltaNet op on CUDA, which has no kernel for it yet.
-fn gated_delta_not_built(op: &str) -> Error {
-    Error::Unsupported(format!(
-        "{op} (Gated DeltaNet, used by Qwen3.5 hybrids) is not yet implemented on CUDA; run the model on the cpu"
-    ))
-}
-
-/// The error of an op the CUDA backend does not have yet.
-fn not_on_cuda(op: &str) -> Error {
-    Error::Unsupported(format!("{op} is not yet implemented on CUDA; run this model with --device cpu"))
 }

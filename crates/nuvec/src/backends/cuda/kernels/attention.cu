@@ -1,6 +1,8 @@
 // Causal scaled-dot-product attention with grouped KV heads, f32 throughout.
 // q [L, Hq, D]; k, v [Hkv, cap, D] (first kv_len positions valid); out [L, Hq * D].
 // Query t sits at position kv_len - L + t and sees keys 0..=that position.
+// `sinks` (null for plain attention) gives one logit per query head (gpt-oss's attention sinks)
+// that joins each softmax's denominator as it is (not scaled) and adds no value.
 //
 // One block per (head, query). Keys go by in chunks of blockDim.x: each thread scores one key,
 // the chunk's softmax weights (online, with a running maximum and sum) land in shared memory, and
@@ -9,7 +11,7 @@
 #define ATTN_MAX_ACC 4
 
 extern "C" __global__ void attention_f32(float* out, const float* q, const float* k, const float* v, int l, int hq,
-                                         int hkv, int d, int cap, int kv_len, float scale) {
+                                         int hkv, int d, int cap, int kv_len, float scale, const float* sinks) {
     extern __shared__ float smem[];
     float* qs = smem;            // d floats
     float* ps = smem + d;        // blockDim.x floats
@@ -25,7 +27,8 @@ extern "C" __global__ void attention_f32(float* out, const float* q, const float
     float acc[ATTN_MAX_ACC];
 #pragma unroll
     for (int i = 0; i < ATTN_MAX_ACC; ++i) acc[i] = 0.0f;
-    float run_max = NEG_INF, run_sum = 0.0f;
+    // A sink starts the online softmax as one more term of weight exp(sink) and value 0.
+    float run_max = sinks ? sinks[h] : NEG_INF, run_sum = sinks ? 1.0f : 0.0f;
     for (int j0 = 0; j0 < n; j0 += blockDim.x) {
         int j = j0 + threadIdx.x;
         float s = NEG_INF;
@@ -72,7 +75,8 @@ extern "C" __global__ void attention_f32(float* out, const float* q, const float
 // ATTS_WARPS-th key: the warp reads the key row with 16-byte loads (lane c holds features
 // 4c..4c+3, then 128 + 4c.., ...), reduces the dot product by shuffles, and keeps an online softmax
 // (running maximum, sum and weighted values). The warps' states are combined in shared memory and
-// written as a partial (max, sum, values[D]); attention_merge_f32 combines the S partials.
+// written as a partial (max, sum, values[D]); attention_merge_f32 combines the S partials (and
+// the sink of the head, when `sinks` is not null).
 // Keys are read coalesced, and with S > 1 a short decode step still fills the GPU.
 
 #define ATTS_WARPS 4
@@ -166,12 +170,14 @@ extern "C" __global__ void attention_split_f32(float* part, const float* q, cons
 }
 
 // out [L, Hq * D] from the S partials of each (query, head): one block per (head, query).
-extern "C" __global__ void attention_merge_f32(float* out, const float* part, int hq, int d, int splits) {
+extern "C" __global__ void attention_merge_f32(float* out, const float* part, int hq, int d, int splits,
+                                               const float* sinks) {
     const int h = blockIdx.x, t = blockIdx.y;
     const float* p = part + ((size_t)t * hq + h) * splits * (size_t)(d + 2);
-    float m = NEG_INF;
+    // The sink is one more partial: maximum `sink`, sum 1, values 0.
+    float m = sinks ? sinks[h] : NEG_INF;
     for (int s = 0; s < splits; ++s) m = fmaxf(m, p[(size_t)s * (d + 2)]);
-    float tot = 0.0f;
+    float tot = sinks ? expf(sinks[h] - m) : 0.0f;
     for (int s = 0; s < splits; ++s) {
         float ms = p[(size_t)s * (d + 2)];
         if (ms != NEG_INF) tot += p[(size_t)s * (d + 2) + 1] * expf(ms - m);
@@ -190,8 +196,9 @@ extern "C" __global__ void attention_merge_f32(float* out, const float* part, in
 
 // Causal softmax in place over scores [H, rows, n] (the prefill path: scores = Q K^T * scale by
 // SGEMM, then this, then P V by SGEMM). Row r of every head is query `first + r`, which sees keys
-// 0..=first + r; later entries become 0. One block per (row, head).
-extern "C" __global__ void causal_softmax_f32(float* scores, int rows, int n, long long first) {
+// 0..=first + r; later entries become 0. One block per (row, head). With `sinks`, head h's sink
+// logit joins the denominator (the weights then sum to less than one).
+extern "C" __global__ void causal_softmax_f32(float* scores, int rows, int n, long long first, const float* sinks) {
     __shared__ float scratch[33];
     const int r = blockIdx.x, h = blockIdx.y;
     float* row = scores + ((size_t)h * rows + r) * n;
@@ -199,6 +206,7 @@ extern "C" __global__ void causal_softmax_f32(float* scores, int rows, int n, lo
     float m = NEG_INF;
     for (int j = threadIdx.x; j < valid; j += blockDim.x) m = fmaxf(m, row[j]);
     m = block_max(m, scratch);
+    if (sinks) m = fmaxf(m, sinks[h]);
     float sum = 0.0f;
     for (int j = threadIdx.x; j < valid; j += blockDim.x) {
         float e = expf(row[j] - m);
@@ -206,6 +214,7 @@ extern "C" __global__ void causal_softmax_f32(float* scores, int rows, int n, lo
         sum += e;
     }
     sum = block_sum(sum, scratch);
+    if (sinks) sum += expf(sinks[h] - m);
     float inv = 1.0f / sum;
     for (int j = threadIdx.x; j < n; j += blockDim.x) row[j] = j < valid ? row[j] * inv : 0.0f;
 }

@@ -1,0 +1,80 @@
+// Minimal CPU emulation of the CUDA features nuvec's kernels use (no GPU needed): one std::thread
+// per CUDA thread, blocks one after another, __syncthreads and warp shuffles as barriers. It checks
+// a kernel's indexing and logic, not its speed or memory model.
+#include <barrier>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <thread>
+#include <vector>
+#include <algorithm>
+
+struct dim3 { unsigned x = 1, y = 1, z = 1; };
+struct float4 { float x, y, z, w; };
+inline float4 make_float4(float a, float b, float c, float d) { return {a, b, c, d}; }
+
+thread_local dim3 threadIdx, blockIdx;
+dim3 blockDim, gridDim;
+
+struct Warp { float buf[32]; std::unique_ptr<std::barrier<>> bar; };
+struct Block {
+    std::unique_ptr<std::barrier<>> bar;
+    std::vector<Warp> warps;
+};
+thread_local Block* t_block;
+static float emu_dyn_smem[1 << 16];
+
+inline void __syncthreads() { t_block->bar->arrive_and_wait(); }
+inline float __shfl_xor_sync(unsigned, float v, int o) {
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    Warp& w = t_block->warps[warp];
+    w.bar->arrive_and_wait();
+    w.buf[lane] = v;
+    w.bar->arrive_and_wait();
+    return w.buf[lane ^ o];
+}
+inline float __int_as_float(int i) { float f; std::memcpy(&f, &i, 4); return f; }
+inline float __int_as_float(unsigned i) { float f; std::memcpy(&f, &i, 4); return f; }
+inline float __uint_as_float(unsigned i) { float f; std::memcpy(&f, &i, 4); return f; }
+inline int min(int a, int b) { return a < b ? a : b; }
+inline long long min(long long a, long long b) { return a < b ? a : b; }
+inline int max(int a, int b) { return a > b ? a : b; }
+inline float emu_half_to_float(unsigned short h) {
+    unsigned s = (h >> 15) & 1, e = (h >> 10) & 31, m = h & 1023;
+    float v;
+    if (e == 0) v = std::ldexp((float)m, -24);
+    else if (e == 31) v = m ? NAN : INFINITY;
+    else v = std::ldexp((float)(m | 1024), (int)e - 25);
+    return s ? -v : v;
+}
+
+#define __global__
+#define __device__
+#define __forceinline__ inline
+#define __launch_bounds__(x)
+#define __shared__ static
+
+void emu_launch(dim3 grid, dim3 block, std::function<void()> body) {
+    gridDim = grid; blockDim = block;
+    int n = block.x * block.y * block.z;
+    for (unsigned bz = 0; bz < grid.z; ++bz)
+        for (unsigned by = 0; by < grid.y; ++by)
+            for (unsigned bx = 0; bx < grid.x; ++bx) {
+                Block b;
+                b.bar = std::make_unique<std::barrier<>>(n);
+                b.warps.resize((n + 31) / 32);
+                for (auto& w : b.warps) w.bar = std::make_unique<std::barrier<>>(32);
+                std::vector<std::thread> ts;
+                for (int t = 0; t < n; ++t)
+                    ts.emplace_back([&, t, bx, by, bz] {
+                        t_block = &b;
+                        threadIdx = dim3{(unsigned)t, 0, 0};
+                        blockIdx = dim3{bx, by, bz};
+                        body();
+                    });
+                for (auto& t : ts) t.join();
+            }
+}

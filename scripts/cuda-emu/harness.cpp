@@ -1,0 +1,174 @@
+// Runs the Gated DeltaNet and gpt-oss kernels (and the attention paths with and without sinks) through
+// cuda_emu.h on the CPU and compares them with the ops written from their definitions in f64
+// (tolerance 1e-4 relative to |want| + mean|want|; the convolution's next state exactly).
+// Built and run by run.sh, which prepends the kernel sources.
+#include "kernels.cpp"
+#include <cstdio>
+#include <random>
+
+static std::mt19937 rng(7);
+static std::vector<float> rnd(size_t n, float s) {
+    std::uniform_real_distribution<float> d(-s, s);
+    std::vector<float> v(n);
+    for (auto& x : v) x = d(rng);
+    return v;
+}
+static int fails = 0;
+static void cmp(const char* what, const std::vector<float>& got, const std::vector<double>& want, double tol = 1e-4) {
+    double mean = 0;
+    for (double w : want) mean += std::fabs(w);
+    mean /= std::max<size_t>(1, want.size());
+    double worst = 0;
+    for (size_t i = 0; i < want.size(); ++i) {
+        double e = std::fabs(got[i] - want[i]) / (std::fabs(want[i]) + mean + 1e-30);
+        worst = std::max(worst, e);
+        if (!(e <= tol)) { printf("FAIL %s at %zu: got %g want %g\n", what, i, got[i], want[i]); fails++; return; }
+    }
+    printf("ok   %-60s max rel %.2e\n", what, worst);
+}
+static unsigned short to_bf16(float f) { unsigned u; memcpy(&u, &f, 4); return (u + 0x7fff + ((u >> 16) & 1)) >> 16; }
+static float from_bf16(unsigned short h) { unsigned u = (unsigned)h << 16; float f; memcpy(&f, &u, 4); return f; }
+
+// ---- conv ----
+static void test_conv(int l, int c, int k, int wdt) {
+    int keep = k - 1;
+    auto x = rnd((size_t)l * c, 2), st = rnd((size_t)keep * c, 1), w = rnd((size_t)c * k, 0.5);
+    std::vector<unsigned short> wb(w.size());
+    if (wdt == DT_BF16) for (size_t i = 0; i < w.size(); ++i) { wb[i] = to_bf16(w[i]); w[i] = from_bf16(wb[i]); }
+    std::vector<float> out((size_t)l * c), next((size_t)keep * c);
+    const void* wp = wdt == DT_BF16 ? (const void*)wb.data() : (const void*)w.data();
+    emu_launch({2, 1, 1}, {64, 1, 1}, [&] { conv1d_silu_f32(out.data(), next.data(), x.data(), st.data(), wp, wdt, l, c, keep); });
+    auto row = [&](int r, int ch) -> double { return r < keep ? st[(size_t)r * c + ch] : x[(size_t)(r - keep) * c + ch]; };
+    std::vector<double> want((size_t)l * c), wn((size_t)keep * c);
+    for (int t = 0; t < l; ++t) for (int ch = 0; ch < c; ++ch) {
+        double acc = 0; for (int j = 0; j < k; ++j) acc += w[(size_t)ch * k + j] * row(t + j, ch);
+        want[(size_t)t * c + ch] = acc / (1 + std::exp(-acc));
+    }
+    for (int r = 0; r < keep; ++r) for (int ch = 0; ch < c; ++ch) wn[(size_t)r * c + ch] = row(l + r, ch);
+    char name[200]; snprintf(name, 200, "conv L=%d C=%d K=%d wdt=%d", l, c, k, wdt);
+    cmp(name, out, want);
+    std::string n2 = std::string(name) + " next"; cmp(n2.c_str(), next, wn, 0);
+}
+
+// ---- gated delta ----
+static void test_delta(int hk, int hv, int dk, int dv, int l, bool bias_bf16 = false) {
+    int width = 2 * hk * dk + hv * dv;
+    auto mixed = rnd((size_t)l * width, 1), a = rnd((size_t)l * hv, 3), b = rnd((size_t)l * hv, 3);
+    auto alog = rnd(hv, 1), dtb = rnd(hv, 1), state = rnd((size_t)hv * dv * dk, 0.3);
+    std::vector<unsigned short> dtb16(hv);  // dt_bias in bf16 next to an f32 a_log, as mlx-lm converts
+    for (int h = 0; h < hv; ++h) { dtb16[h] = to_bf16(dtb[h]); if (bias_bf16) dtb[h] = from_bf16(dtb16[h]); }
+    const void* dtp = bias_bf16 ? (const void*)dtb16.data() : (const void*)dtb.data();
+    std::vector<float> y((size_t)l * hv * dv), next((size_t)hv * dv * dk);
+    double inv_scale = std::pow((double)dk, -0.5);
+    float eps = (float)(1e-6 * inv_scale * inv_scale), qs = (float)(inv_scale * inv_scale), ks = (float)inv_scale;
+    dim3 grid{(unsigned)hv, (unsigned)((dv + 15) / 16), 1};
+    emu_launch(grid, {128, 1, 1}, [&] {
+        gated_delta_f32(y.data(), next.data(), mixed.data(), a.data(), b.data(), alog.data(), dtp, DT_F32,
+                        bias_bf16 ? DT_BF16 : DT_F32, state.data(), l, hk, hv, dk, dv, eps, qs, ks);
+    });
+    // reference in double from the definition
+    std::vector<double> S(state.begin(), state.end()), wy((size_t)l * hv * dv);
+    for (int t = 0; t < l; ++t) {
+        const float* row = &mixed[(size_t)t * width];
+        for (int h = 0; h < hv; ++h) {
+            int kh = h / (hv / hk);
+            auto norm = [&](const float* x, double scale) {
+                double ss = 0; for (int i = 0; i < dk; ++i) ss += (double)x[i] * x[i];
+                std::vector<double> o(dk);
+                for (int i = 0; i < dk; ++i) o[i] = x[i] / std::sqrt(ss / dk + 1e-6 / dk) * scale;
+                return o;
+            };
+            auto q = norm(row + kh * dk, 1.0 / dk), k = norm(row + hk * dk + kh * dk, inv_scale);
+            const float* v = row + 2 * hk * dk + h * dv;
+            double x = a[(size_t)t * hv + h] + dtb[h];
+            double sp = std::max(x, 0.0) + std::log1p(std::exp(-std::fabs(x)));
+            double g = std::exp(-std::exp((double)alog[h]) * sp), beta = 1 / (1 + std::exp(-(double)b[(size_t)t * hv + h]));
+            for (int r = 0; r < dv; ++r) {
+                double* s = &S[((size_t)h * dv + r) * dk];
+                double mem = 0; for (int j = 0; j < dk; ++j) { s[j] *= g; mem += s[j] * k[j]; }
+                double delta = (v[r] - mem) * beta, o = 0;
+                for (int j = 0; j < dk; ++j) { s[j] += k[j] * delta; o += s[j] * q[j]; }
+                wy[((size_t)t * hv + h) * dv + r] = o;
+            }
+        }
+    }
+    char name[200];
+    snprintf(name, 200, "gated_delta Hk=%d Hv=%d Dk=%d Dv=%d L=%d dt_bias %s", hk, hv, dk, dv, l, bias_bf16 ? "bf16" : "f32");
+    cmp(name, y, wy);
+    std::string n2 = std::string(name) + " state"; cmp(n2.c_str(), next, S);
+}
+
+// ---- attention with sinks ----
+static void test_attn(int l, int kv, int hq, int hkv, int d, bool sink, int path) {
+    int cap = kv + 5;
+    auto q = rnd((size_t)l * hq * d, 1), k = rnd((size_t)hkv * cap * d, 1), v = rnd((size_t)hkv * cap * d, 1);
+    auto sinks = rnd(hq, 3); sinks[0] = 12; if (hq > 1) sinks[1] = -12;
+    const float* sp = sink ? sinks.data() : nullptr;
+    float scale = 1 / std::sqrt((float)d);
+    std::vector<float> out((size_t)l * hq * d);
+    if (path == 0) {  // fallback
+        emu_launch({(unsigned)hq, (unsigned)l, 1}, {128, 1, 1}, [&] {
+            attention_f32(out.data(), q.data(), k.data(), v.data(), l, hq, hkv, d, cap, kv, scale, sp);
+        });
+    } else if (path == 1) {  // split
+        int want = std::max(1, (512 + hq * l - 1) / (hq * l));
+        int chunk = std::max(32, (kv + want - 1) / want), splits = std::max(1, (kv + chunk - 1) / chunk);
+        std::vector<float> part((size_t)l * hq * splits * (d + 2));
+        emu_launch({(unsigned)hq, (unsigned)l, (unsigned)splits}, {128, 1, 1}, [&] {
+            attention_split_f32(part.data(), q.data(), k.data(), v.data(), l, hq, hkv, d, cap, kv, scale, chunk);
+        });
+        emu_launch({(unsigned)hq, (unsigned)l, 1}, {128, 1, 1}, [&] { attention_merge_f32(out.data(), part.data(), hq, d, splits, sp); });
+    } else {  // scores by hand (as the SGEMM would), then the causal softmax kernel, then PV by hand
+        int first = kv - l, n = kv;
+        std::vector<float> sc((size_t)hq * l * n);
+        for (int h = 0; h < hq; ++h) for (int r = 0; r < l; ++r) for (int j = 0; j < n; ++j) {
+            int g = h / (hq / hkv); double dot = 0;
+            for (int c = 0; c < d; ++c) dot += (double)q[((size_t)r * hq + h) * d + c] * k[((size_t)g * cap + j) * d + c];
+            sc[((size_t)h * l + r) * n + j] = (float)(dot * scale);
+        }
+        emu_launch({(unsigned)l, (unsigned)hq, 1}, {256, 1, 1}, [&] { causal_softmax_f32(sc.data(), l, n, first, sp); });
+        for (int h = 0; h < hq; ++h) for (int r = 0; r < l; ++r) for (int c = 0; c < d; ++c) {
+            int g = h / (hq / hkv); double acc = 0;
+            for (int j = 0; j < n; ++j) acc += (double)sc[((size_t)h * l + r) * n + j] * v[((size_t)g * cap + j) * d + c];
+            out[((size_t)r * hq + h) * d + c] = (float)acc;
+        }
+    }
+    std::vector<double> want(out.size());
+    for (int t = 0; t < l; ++t) for (int h = 0; h < hq; ++h) {
+        int g = h / (hq / hkv), n = kv - l + t + 1;
+        std::vector<double> s(n); double m = sink ? sinks[h] : -INFINITY;
+        for (int j = 0; j < n; ++j) { double dot = 0; for (int c = 0; c < d; ++c) dot += (double)q[((size_t)t * hq + h) * d + c] * k[((size_t)g * cap + j) * d + c]; s[j] = dot * scale; m = std::max(m, s[j]); }
+        double den = sink ? std::exp(sinks[h] - m) : 0;
+        for (int j = 0; j < n; ++j) den += std::exp(s[j] - m);
+        for (int c = 0; c < d; ++c) { double acc = 0; for (int j = 0; j < n; ++j) acc += std::exp(s[j] - m) / den * v[((size_t)g * cap + j) * d + c]; want[((size_t)t * hq + h) * d + c] = acc; }
+    }
+    char name[200]; snprintf(name, 200, "attention path=%d sinks=%d L=%d kv=%d Hq=%d Hkv=%d D=%d", path, sink, l, kv, hq, hkv, d);
+    cmp(name, out, want);
+}
+
+static void test_swiglu() {
+    size_t n = 5000; auto g = rnd(n, 12), u = rnd(n, 12);
+    std::vector<float> out(n);
+    emu_launch({4, 1, 1}, {256, 1, 1}, [&] { swiglu_oai_f32(out.data(), g.data(), u.data(), 1.702f, 7.0f, n); });
+    std::vector<double> want(n);
+    for (size_t i = 0; i < n; ++i) { double gg = std::min((double)g[i], 7.0), uu = std::max(-7.0, std::min((double)u[i], 7.0)); want[i] = (uu + 1) * gg / (1 + std::exp(-1.702 * gg)); }
+    cmp("swiglu_oai", out, want);
+    std::vector<float> o2(n);
+    emu_launch({4, 1, 1}, {256, 1, 1}, [&] { sigmoid_mul_f32(o2.data(), g.data(), u.data(), n); });
+    for (size_t i = 0; i < n; ++i) want[i] = u[i] / (1 + std::exp(-(double)g[i]));
+    cmp("sigmoid_mul", o2, want);
+}
+
+int main() {
+    test_conv(1, 96, 4, DT_F32); test_conv(37, 200, 4, DT_BF16); test_conv(5, 33, 2, DT_F32); test_conv(4, 10, 1, DT_F32);
+    test_delta(2, 2, 16, 16, 1); test_delta(2, 4, 16, 16, 37); test_delta(1, 2, 32, 40, 5); test_delta(2, 6, 64, 96, 3);
+    test_delta(2, 4, 128, 128, 4); test_delta(3, 3, 48, 24, 9, true);
+    for (int s = 0; s < 2; ++s) {
+        test_attn(1, 1, 4, 2, 64, s, 1); test_attn(1, 300, 8, 2, 128, s, 1); test_attn(3, 70, 8, 8, 16, s, 1);
+        test_attn(2, 50, 4, 2, 30, s, 0); test_attn(1, 77, 4, 1, 30, s, 0); test_attn(1, 300, 4, 2, 16, s, 0);
+        test_attn(64, 64, 4, 1, 64, s, 2); test_attn(10, 57, 2, 2, 16, s, 2);
+    }
+    test_swiglu();
+    printf("%d failures\n", fails);
+    return fails != 0;
+}

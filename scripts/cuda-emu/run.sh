@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Checks the logic of the Gated DeltaNet / gpt-oss CUDA kernels and of the attention kernels'
+# sinks on the CPU: the kernel sources (common.cuh prelude patched for the host: f16 conversion
+# in C instead of PTX, dynamic shared memory as a static array) compiled with g++ over
+# cuda_emu.h, run on small random cases against the ops' definitions. Needs g++ with C++20
+# (std::barrier); about a minute on 2 cores (a thread per CUDA thread). Exits non-zero on a
+# mismatch. Usage: scripts/cuda-emu/run.sh
+set -euo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+k="$here/../../crates/nuvec/src/backends/cuda/kernels"
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+{
+    echo '#include "cuda_emu.h"'
+    sed 's/asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));/f = emu_half_to_float(h);/' "$k/common.cuh"
+    cat "$k/gated_delta.cu" "$k/gpt_oss.cu"
+    sed 's/extern __shared__ float smem\[\];/float* smem = emu_dyn_smem;/' "$k/attention.cu"
+} >"$work/kernels.cpp"
+grep -q emu_half_to_float "$work/kernels.cpp" && grep -q emu_dyn_smem "$work/kernels.cpp" \
+    || { echo "cuda-emu: the host patches no longer apply to the kernel sources" >&2; exit 1; }
+cp "$here/cuda_emu.h" "$here/harness.cpp" "$work/"
+g++ -std=c++20 -O1 -w -pthread "$work/harness.cpp" -o "$work/harness"
+"$work/harness"
