@@ -269,3 +269,51 @@ fn gpt_oss_bf16_model() {
     // A bf16 copy of the gpt_oss-f32 fixture (scripts/bf16-checkpoint.py), dense experts.
     check("gpt_oss/gpt_oss-bf16", CacheOptions::default(), 0, 2048);
 }
+
+// The floating-point quant modes (mxfp4, mxfp8, nvfp4; nvfp4's global scale on MoE experts) and
+// per-layer mixes of modes: their linear and embedding kernels (kernels/fp_linear.cu) in whole
+// models.
+
+#[test]
+fn mxfp4_model() {
+    check("fp_quant/qwen3-mxfp4", CacheOptions::default(), 0, 2048);
+}
+
+#[test]
+fn mxfp8_model() {
+    check("fp_quant/qwen3-mxfp8", CacheOptions::default(), 0, 2048);
+}
+
+#[test]
+fn nvfp4_model() {
+    check("fp_quant/qwen3-nvfp4", CacheOptions::default(), 0, 2048);
+}
+
+#[test]
+fn nvfp4_global_scale_moe() {
+    check("fp_quant/qwen3_moe-nvfp4-global", CacheOptions::default(), 0, 2048);
+}
+
+#[test]
+fn per_layer_fp_modes() {
+    check("fp_quant/qwen3-fpmixed", CacheOptions::default(), 0, 2048);
+}
+
+#[test]
+fn per_layer_affine_widths() {
+    // mlx-lm's mixed recipe: layers at different affine widths and group sizes in one model.
+    check("qwen3-mixed", CacheOptions::default(), 0, 2048);
+}
+
+// AutoAWQ and GPTQ checkpoints, converted at load to MLX affine on the host, then uploaded.
+// (Each checkpoint is 66 MB: one device call carries one.)
+
+#[test]
+fn awq4_model() {
+    check("llama-awq4", CacheOptions::default(), 0, 2048);
+}
+
+#[test]
+fn gptq4_model() {
+    check("llama-gptq4", CacheOptions::default(), 0, 2048);
+}
