@@ -147,7 +147,8 @@ impl Array {
         backend(self.device()).add_rms_norm(self, other, weight, eps)
     }
 
-    /// Per row, the first maximum's index and its gap to the values before it (`u32 [..., 2]`);
+    /// Per row, the first maximum's index, the maximum and its gap to the values before it
+    /// (`u32 [..., 3]`, the last two as f32 bits);
     /// see [`crate::Backend::argmax_gap`].
     pub fn argmax_gap(&self) -> Result<Array> {
         backend(self.device()).argmax_gap(self)

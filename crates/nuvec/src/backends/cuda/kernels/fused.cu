@@ -94,9 +94,10 @@ extern "C" __global__ void write_kv_rows_f32(float* kd, float* vd, const float* 
     }
 }
 
-// One block (256 threads) per row of n: out[2 * row] = the index of the row's first maximum (as
-// argmax_f32 finds it), out[2 * row + 1] = the f32 bits of max - (largest value before that index)
-// (+inf when the maximum comes first; a quiet NaN when the row holds a NaN or an infinity).
+// One block (256 threads) per row of n: out[3 * row] = the index r of the row's first maximum (as
+// argmax_f32 finds it), out[3 * row + 1] = the f32 bits of x[r], out[3 * row + 2] = those of
+// x[r] - (largest value before r) (+inf when r = 0; a quiet NaN when the row holds a NaN or an
+// infinity).
 extern "C" __global__ void argmax_gap_f32(u32* out, const float* x, int n) {
     __shared__ float sv[256];
     __shared__ int si[256];
@@ -144,7 +145,8 @@ extern "C" __global__ void argmax_gap_f32(u32* out, const float* x, int n) {
     before = block_max(before, scratch);
     if (threadIdx.x == 0) {
         float gap = bad ? __int_as_float(0x7fc00000) : row[r] - before;
-        out[2 * (size_t)blockIdx.x] = (u32)r;
-        out[2 * (size_t)blockIdx.x + 1] = __float_as_uint(gap);
+        out[3 * (size_t)blockIdx.x] = (u32)r;
+        out[3 * (size_t)blockIdx.x + 1] = __float_as_uint(row[r]);
+        out[3 * (size_t)blockIdx.x + 2] = __float_as_uint(gap);
     }
 }

@@ -54,7 +54,10 @@ impl CudaBackend {
     ) -> Result<(Array, Array)> {
         let op = "rope_qk";
         let (&[l, hq, d], &[lk, hkv, dk]) = (q.shape(), k.shape()) else {
-            return Err(Error::shape(op, format!("expected [L, H, D] q and k, got {:?} and {:?}", q.shape(), k.shape())));
+            return Err(Error::shape(
+                op,
+                format!("expected [L, H, D] q and k, got {:?} and {:?}", q.shape(), k.shape()),
+            ));
         };
         if l != lk || d != dk {
             return Err(Error::shape(op, format!("q {:?} and k {:?} differ in L or D", q.shape(), k.shape())));
@@ -71,7 +74,10 @@ impl CudaBackend {
                 Some((qw, kw, eps)) => (self.rms_norm(q, qw, eps)?, self.rms_norm(k, kw, eps)?),
                 None => (q.clone(), k.clone()),
             };
-            return Ok((self.rope(&q, inv_freqs, offset, traditional)?, self.rope(&k, inv_freqs, offset, traditional)?));
+            return Ok((
+                self.rope(&q, inv_freqs, offset, traditional)?,
+                self.rope(&k, inv_freqs, offset, traditional)?,
+            ));
         }
         let (qp, kp) = (self.f32_ptr(op, "q", q)?, self.f32_ptr(op, "k", k)?);
         let (qwp, kwp, w_dt, eps, norm) = match qk_norm {
@@ -154,7 +160,7 @@ impl CudaBackend {
         let n = x.dim(-1);
         let xp = self.f32_ptr(op, "x", x)?;
         let mut shape = x.shape().to_vec();
-        *shape.last_mut().expect("checked above") = 2;
+        *shape.last_mut().expect("checked above") = 3;
         let out = self.output(&shape, DType::U32, false)?;
         let rows = x.len() / n;
         if rows > 0 {
