@@ -271,11 +271,21 @@ fn embed_dense_and_quantized() {
     for bits in QuantSpec::AFFINE_BITS {
         for group in QuantSpec::AFFINE_GROUPS {
             let t = quantized(&mut rng, v, d, bits, group, DType::BF16);
-            let got = t.to_device(dev).unwrap().embed(&ids).unwrap();
+            let tg = t.to_device(dev).unwrap();
             // scale * q + bias may fuse into one rounding on the GPU.
-            close(&format!("embed q{bits} g{group} bf16"), &got, &t.embed(&ids).unwrap());
+            close(&format!("embed q{bits} g{group} bf16"), &tg.embed(&ids).unwrap(), &t.embed(&ids).unwrap());
+            // One id (a decode step) takes the row directly, without uploading the ids.
+            for id in [0u32, 123, 300] {
+                close(
+                    &format!("embed q{bits} g{group} bf16, one id {id}"),
+                    &tg.embed(&[id]).unwrap(),
+                    &t.embed(&[id]).unwrap(),
+                );
+            }
         }
     }
+    let t = Matrix::Dense(floats(&rng.vec(v * d, 1.0), &[v, d], DType::BF16));
+    exact("embed dense bf16, one id", &t.to_device(dev).unwrap().embed(&[299]).unwrap(), &t.embed(&[299]).unwrap());
     let t = quantized(&mut rng, v, d, 4, 64, DType::F16).to_device(dev).unwrap();
     assert!(t.embed(&[v as u32]).is_err(), "an id outside the vocabulary is an error");
     assert_eq!(t.embed(&[]).unwrap().shape(), &[0, d]);

@@ -712,6 +712,11 @@ impl Backend for CudaBackend {
         if ids.is_empty() || d == 0 {
             return Ok(out);
         }
+        if let [id] = ids {
+            // A decode step's one token goes as the first row: nothing to upload.
+            self.gather_rows(op, out.cuda_ptr()?, 0, *id as usize, 1, d, &wa)?;
+            return Ok(out);
+        }
         let idb = self.upload(ids)?;
         self.gather_rows(op, out.cuda_ptr()?, idb.ptr(), 0, ids.len(), d, &wa)?;
         Ok(out)
