@@ -83,7 +83,10 @@ impl Attention {
             (Some(qn), Some(kn)) => self.rope.forward_qk(&q, &k, Some((qn, kn)), offset)?,
             (None, None) => self.rope.forward_qk(&q, &k, None, offset)?,
             (qn, kn) => {
-                let norm = |a: Array, n: &Option<RmsNorm>| n.as_ref().map_or(Ok(a.clone()), |n| n.forward(&a));
+                let norm = |a: Array, n: &Option<RmsNorm>| match n {
+                    Some(n) => n.forward(&a),
+                    None => Ok(a),
+                };
                 self.rope.forward_qk(&norm(q, qn)?, &norm(k, kn)?, None, offset)?
             }
         };
