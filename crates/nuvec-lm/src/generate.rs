@@ -4,7 +4,10 @@
 //! and stop tokens end generation without being yielded; stop strings end it at the token that
 //! completes them; `max_tokens` bounds it.
 
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
+
+use nuvec::Array;
 
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
@@ -161,7 +164,10 @@ pub struct Generation<'a> {
     yielded: usize,
     finish: Option<FinishReason>,
     logprobs: Vec<TokenLogprobs>,
-    last_logits: Vec<f32>,
+    /// The last step's raw logits `[1, vocab]`, where the model computed them.
+    last_logits: Option<Array>,
+    /// Their host copy, made when a step needed it or `last_logits()` asks.
+    last_logits_host: OnceLock<Vec<f32>>,
     stats: Stats,
     clock: Option<Instant>,
 }
@@ -250,7 +256,8 @@ fn start<'a>(
         yielded: 0,
         finish: None,
         logprobs: vec![],
-        last_logits: vec![],
+        last_logits: None,
+        last_logits_host: OnceLock::new(),
         stats: Stats { prompt_tokens: prompt.len(), ..Stats::default() },
         clock: None,
         options,
@@ -274,8 +281,15 @@ impl Generation<'_> {
     }
 
     /// The model's raw logits at the last step (before processors and sampling), if one ran.
+    /// A greedy step on a GPU leaves them there; this copies them to the host on first call
+    /// (`None` if that copy fails, as it does only when the device itself fails).
     pub fn last_logits(&self) -> Option<&[f32]> {
-        (!self.last_logits.is_empty()).then_some(self.last_logits.as_slice())
+        let logits = self.last_logits.as_ref()?;
+        if let Some(host) = self.last_logits_host.get() {
+            return Some(host);
+        }
+        let host = logits.to_vec::<f32>().ok()?;
+        Some(self.last_logits_host.get_or_init(|| host))
     }
 
     /// Prompt tokens taken from the session instead of being computed.
@@ -288,8 +302,8 @@ impl Generation<'_> {
         &self.logprobs
     }
 
-    /// The logits for the next token.
-    fn forward(&mut self) -> Result<Vec<f32>> {
+    /// The logits for the next token, `[1, vocab]` on the model's device.
+    fn forward(&mut self) -> Result<Array> {
         let session = &mut *self.session;
         let logits = if self.history.len() == self.prompt_len {
             self.clock = Some(Instant::now());
@@ -310,12 +324,62 @@ impl Generation<'_> {
             session.maybe_quantize(&self.options.cache)?;
             logits
         };
-        Ok(logits.to_vec::<f32>()?)
+        Ok(logits)
+    }
+
+    /// The greedy token taken where the logits are, when nothing else needs the whole row (no
+    /// processors, log-probabilities or banned tokens): only the index, the maximum and its gap
+    /// cross to the host, not the row. `None` when the full host path must decide.
+    ///
+    /// The host path takes the first maximum of `logits - c` (log-softmax, `c` its log-sum-exp,
+    /// between the maximum and the maximum + ln(vocab) + rounding). Subtracting `c` keeps the
+    /// order but rounding may turn an earlier logit just below the maximum into a tie, which the
+    /// host would then pick. A gap over `2^-18 (ln(vocab) + 4 + |max|)`, 16 times the widest
+    /// rounding interval of those differences, rules that out; a smaller gap, or a NaN or
+    /// infinity in the row, goes the host path, so the token is always the host path's.
+    fn greedy_on_device(&self, logits: &Array) -> Result<Option<u32>> {
+        let o = &self.options;
+        let plain = o.sampler.temperature == 0.0
+            && o.processors.is_empty()
+            && o.logprobs.is_none()
+            && self.yielded >= o.min_tokens;
+        if !plain || logits.shape().len() != 2 || logits.dim(0) != 1 {
+            return Ok(None);
+        }
+        let pick = logits.argmax_gap()?.to_vec::<u32>()?;
+        let [index, max, gap] = pick[..] else {
+            return Err(Error::Invalid(format!("argmax_gap gave {} values for one row", pick.len())));
+        };
+        let (max, gap) = (f32::from_bits(max), f32::from_bits(gap));
+        Ok(survives_log_softmax(max, gap, logits.dim(1)).then_some(index))
     }
 
     fn step(&mut self) -> Result<u32> {
-        let mut logits = self.forward()?;
-        self.last_logits.clone_from(&logits);
+        let raw = self.forward()?;
+        self.last_logits_host = OnceLock::new();
+        let token = match self.greedy_on_device(&raw)? {
+            Some(token) => token,
+            None => self.sample_on_host(&raw)?,
+        };
+        self.last_logits = Some(raw);
+        let now = Instant::now();
+        if self.history.len() == self.prompt_len {
+            self.stats.prompt_time = now - self.clock.unwrap_or(now);
+            self.clock = Some(now);
+        } else {
+            self.stats.generation_time = now - self.clock.unwrap_or(now);
+        }
+        self.stats.generation_tokens += 1;
+        self.history.push(token);
+        Ok(token)
+    }
+
+    /// The token from the whole row on the host: the logits processors, the bans of
+    /// `min_tokens`, log-softmax, the log-probabilities asked for, then the sampler.
+    fn sample_on_host(&mut self, raw: &Array) -> Result<u32> {
+        let mut logits = raw.to_vec::<f32>()?;
+        // Already read: keep it for last_logits().
+        let _ = self.last_logits_host.set(logits.clone());
         self.options.processors.apply(&self.history, &mut logits);
         if self.yielded < self.options.min_tokens {
             let banned =
@@ -344,15 +408,6 @@ impl Generation<'_> {
             last.token = token;
             last.logprob = all[token as usize];
         }
-        let now = Instant::now();
-        if self.history.len() == self.prompt_len {
-            self.stats.prompt_time = now - self.clock.unwrap_or(now);
-            self.clock = Some(now);
-        } else {
-            self.stats.generation_time = now - self.clock.unwrap_or(now);
-        }
-        self.stats.generation_tokens += 1;
-        self.history.push(token);
         Ok(token)
     }
 
@@ -364,6 +419,14 @@ impl Generation<'_> {
         }
         None
     }
+}
+
+/// Whether the first maximum of a row of `vocab` logits, `max`, lying `gap` above every value
+/// before it, is certainly also the first maximum of the row's log-softmax (see
+/// `Generation::greedy_on_device`). NaN gaps (a row with NaN or infinities) are not.
+fn survives_log_softmax(max: f32, gap: f32, vocab: usize) -> bool {
+    let bound = ((vocab as f32).ln() + 4.0 + max.abs()) * (-18f32).exp2();
+    gap > bound
 }
 
 impl Iterator for Generation<'_> {
@@ -397,5 +460,71 @@ impl Iterator for Generation<'_> {
             self.finish = Some(FinishReason::Length);
         }
         Some(Ok(token))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sample::argmax;
+
+    /// The greedy token taken from (index, max, gap) must be the host path's,
+    /// `argmax(log_softmax(row))`, whenever `survives_log_softmax` trusts it: random rows of
+    /// several scales, and rows with an earlier value a few ulps to a few bounds below the
+    /// maximum (where rounding in the log-softmax can make a tie).
+    #[test]
+    fn trusted_greedy_picks_equal_the_host_path() {
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            (state >> 40) as f32 / (1u64 << 24) as f32
+        };
+        let (mut trusted, mut fell_back, mut would_differ) = (0, 0, 0);
+        for case in 0..3000 {
+            let vocab = [7usize, 1000, 5000][case % 3];
+            let scale = [0.01f32, 1.0, 30.0, 3000.0][(case / 3) % 4];
+            let shift = [0.0f32, -50.0, 200.0][(case / 12) % 3];
+            let mut row: Vec<f32> = (0..vocab).map(|_| (next() * 2.0 - 1.0) * scale + shift).collect();
+            let t = (next() * vocab as f32) as usize % vocab;
+            let top = row.iter().copied().fold(f32::NEG_INFINITY, f32::max) + next() * scale * 0.01;
+            row[t] = top;
+            if t > 0 && case % 2 == 1 {
+                // An earlier near tie: k ulps below, or a multiple of the bound below.
+                let j = (next() * t as f32) as usize % t;
+                row[j] = if case % 4 == 1 {
+                    f32::from_bits(top.to_bits() - 1 - (next() * 64.0) as u32)
+                } else {
+                    let bound = ((vocab as f32).ln() + 4.0 + top.abs()) * (-18f32).exp2();
+                    top - bound * (0.5 + 2.0 * next())
+                };
+            }
+            let array = Array::from_slice(&row, &[1, vocab]).unwrap();
+            let pick = array.argmax_gap().unwrap().to_vec::<u32>().unwrap();
+            let (index, max, gap) = (pick[0], f32::from_bits(pick[1]), f32::from_bits(pick[2]));
+            let host = argmax(&log_softmax(&row));
+            if index != host {
+                would_differ += 1;
+            }
+            if survives_log_softmax(max, gap, vocab) {
+                trusted += 1;
+                assert_eq!(index, host, "case {case}: vocab {vocab}, max {max}, gap {gap}");
+            } else {
+                fell_back += 1;
+            }
+        }
+        eprintln!("{trusted} trusted, {fell_back} fell back, {would_differ} where argmax(raw) != host path");
+        assert!(trusted > 1400, "the device path should decide the ordinary rows ({trusted} of 3000 decided)");
+        assert!(fell_back > 0, "the near ties should reach the host path");
+    }
+
+    #[test]
+    fn rows_with_nan_or_infinity_go_to_the_host() {
+        for row in [vec![1.0, f32::NAN, 0.5], vec![f32::NEG_INFINITY, 0.0, 2.0], vec![1.0, f32::INFINITY]] {
+            let a = Array::from_slice(&row, &[1, row.len()]).unwrap();
+            let pick = a.argmax_gap().unwrap().to_vec::<u32>().unwrap();
+            assert!(!survives_log_softmax(f32::from_bits(pick[1]), f32::from_bits(pick[2]), row.len()), "{row:?}");
+        }
     }
 }

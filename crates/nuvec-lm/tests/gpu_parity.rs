@@ -317,3 +317,55 @@ fn awq4_model() {
 fn gptq4_model() {
     check("llama-gptq4", CacheOptions::default(), 0, 2048);
 }
+
+// ---- decode: greedy generation takes its token on the device ----
+
+/// `generate` with the greedy sampler and nothing else needing the logits takes each token with
+/// `argmax_gap` on the GPU (only the index and two numbers come back); asking for
+/// log-probabilities makes every step read the whole row and run the host path instead. On the
+/// same device the two must give the same tokens (the device path defers to the host path at
+/// near ties), and the free-running tokens must be the CPU's as in `check`.
+fn greedy_on_device(case: &str) {
+    let dir = case_dir(case);
+    let gpu = load_model_on(&dir, Device::Cuda(0)).unwrap_or_else(|e| panic!("{case}: loading on cuda:0: {e}"));
+    let cpu = load_model_on(&dir, Device::Cpu).unwrap();
+    let cache = CacheOptions { kv_dtype: Some(nuvec_lm::cache::KvDtype::F32), ..Default::default() };
+    let options = |logprobs: Option<usize>| nuvec_lm::GenerateOptions {
+        max_tokens: STEPS,
+        ignore_eos: true,
+        logprobs,
+        cache: cache.clone(),
+        ..Default::default()
+    };
+    let prompt = prompt_of(case, gpu.vocab_size(), 0);
+    let tokens = |model: &Model, logprobs: Option<usize>| -> Vec<u32> {
+        let mut g = nuvec_lm::generate(model, &prompt, options(logprobs)).unwrap();
+        let tokens: Vec<u32> = g.by_ref().map(|t| t.unwrap()).collect();
+        let last = g.last_logits().expect("a step ran");
+        assert_eq!(last.len(), model.vocab_size(), "{case}: last_logits() copies the last row");
+        tokens
+    };
+    let device_path = tokens(&gpu, None);
+    let host_path = tokens(&gpu, Some(1));
+    assert_eq!(device_path.len(), STEPS, "{case}");
+    assert_eq!(device_path, host_path, "{case}: greedy on the device vs the host path, same GPU logits");
+    let cpu_tokens = tokens(&cpu, None);
+    let agree = cpu_tokens.iter().zip(&device_path).take_while(|(a, b)| a == b).count();
+    println!("RESULT {case} generate greedy: device path = host path ({STEPS} tokens); {agree} equal to the cpu's");
+    if agree < STEPS {
+        // As in `check`: only a near tie on the CPU may break the agreement.
+        let (rows, _) = run(&cpu, &cache, &prompt, 2048, STEPS, Some(&cpu_tokens));
+        let m = margin(&rows[prompt.len() - 1 + agree]);
+        assert!(m <= 2.0 * TOLERANCE, "{case}: tokens differ from the cpu's at step {agree} (margin {m})");
+    }
+}
+
+#[test]
+fn greedy_generation_on_device_q4() {
+    greedy_on_device("mistral-q4g64");
+}
+
+#[test]
+fn greedy_generation_on_device_qwen3_moe() {
+    greedy_on_device("qwen3_moe-q4g64");
+}

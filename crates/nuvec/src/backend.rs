@@ -141,6 +141,96 @@ pub trait Backend: Send + Sync {
     /// shape: `g = min(gate, limit)`, `u = clip(up, -limit, limit)`,
     /// `(u + 1) * g * sigmoid(alpha * g)`.
     fn swiglu_oai(&self, gate: &Array, up: &Array, alpha: f32, limit: f32) -> Result<Array>;
+
+    // decode fusions: several ops of a decode step as one (one kernel launch on a GPU, where the
+    // host cost of each launch is what a small model's decode step spends its time on). Each
+    // default composes the ops above, and a backend's own version gives the same results.
+
+    /// A residual add and the norm after it: `(a + b, rms_norm(a + b, weight, eps))`.
+    fn add_rms_norm(&self, a: &Array, b: &Array, weight: &Array, eps: f32) -> Result<(Array, Array)> {
+        let sum = self.add(a, b)?;
+        let normed = self.rms_norm(&sum, weight, eps)?;
+        Ok((sum, normed))
+    }
+
+    /// The queries `q [L, Hq, D]` and keys `k [L, Hkv, D]` of an attention step, each first
+    /// RMS-normalized per head when `qk_norm` gives `(q weight [D], k weight [D], eps)` (Qwen3),
+    /// then rotated by [`Backend::rope`] with the same frequencies and positions. `q` and `k`
+    /// must share `L` and `D`.
+    fn rope_qk(
+        &self,
+        q: &Array,
+        k: &Array,
+        qk_norm: Option<(&Array, &Array, f32)>,
+        inv_freqs: &[f32],
+        offset: usize,
+        traditional: bool,
+    ) -> Result<(Array, Array)> {
+        let (qs, ks) = (q.shape(), k.shape());
+        if qs.len() != 3 || ks.len() != 3 || qs[0] != ks[0] || qs[2] != ks[2] {
+            let message = format!("q {qs:?} and k {ks:?} must be [L, heads, D] of one L and D");
+            return Err(crate::Error::shape("rope_qk", message));
+        }
+        let (q, k) = match qk_norm {
+            Some((qw, kw, eps)) => (self.rms_norm(q, qw, eps)?, self.rms_norm(k, kw, eps)?),
+            None => (q.clone(), k.clone()),
+        };
+        Ok((self.rope(&q, inv_freqs, offset, traditional)?, self.rope(&k, inv_freqs, offset, traditional)?))
+    }
+
+    /// New keys and values `[L, heads, head_dim]` written into their caches
+    /// `[heads, capacity, head_dim]` at `offset`: [`Backend::write_axis1_from_rows`] of each.
+    fn write_kv_rows(
+        &self,
+        k_cache: &mut Array,
+        v_cache: &mut Array,
+        k: &Array,
+        v: &Array,
+        offset: usize,
+    ) -> Result<()> {
+        self.write_axis1_from_rows(k_cache, k, offset)?;
+        self.write_axis1_from_rows(v_cache, v, offset)
+    }
+
+    /// Per row of `x [..., N]` (f32): the index of its first maximum, the maximum, and how far
+    /// the largest value before that index lies below it, as `u32 [..., 3]` holding the index
+    /// and the f32 bits of the other two (the gap is `f32::INFINITY` when the maximum comes
+    /// first, NaN when the row holds a NaN or an infinity). Greedy decoding needs only this from
+    /// the logits, not the whole row (see `nuvec-lm`'s generation). The default reads `x` to
+    /// the host.
+    fn argmax_gap(&self, x: &Array) -> Result<Array> {
+        if x.shape().is_empty() || x.dim(-1) == 0 {
+            return Err(crate::Error::shape("argmax_gap", format!("rows of {:?}", x.shape())));
+        }
+        let n = x.dim(-1);
+        let values = x.to_vec::<f32>()?;
+        let out: Vec<u32> = values
+            .chunks(n)
+            .flat_map(|row| {
+                let (index, max, gap) = argmax_gap_row(row);
+                [index, max.to_bits(), gap.to_bits()]
+            })
+            .collect();
+        let mut shape = x.shape().to_vec();
+        *shape.last_mut().expect("checked above") = 3;
+        Array::from_slice_on(&out, &shape, self.device())
+    }
+}
+
+/// [`Backend::argmax_gap`] of one row (the reference the device kernels follow).
+pub(crate) fn argmax_gap_row(row: &[f32]) -> (u32, f32, f32) {
+    // The first maximum, as `argmax` finds it (a leading NaN wins there).
+    let mut best = 0;
+    for (i, &v) in row.iter().enumerate() {
+        if v > row[best] {
+            best = i;
+        }
+    }
+    if row.iter().any(|v| !v.is_finite()) {
+        return (best as u32, row[best], f32::NAN);
+    }
+    let before = row[..best].iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    (best as u32, row[best], row[best] - before)
 }
 
 /// Head counts and sizes of a Gated DeltaNet layer (see [`Backend::gated_delta`]).

@@ -22,5 +22,5 @@ pub use backend::{backend, Backend, GatedDeltaDims};
 pub use device::Device;
 pub use dtype::DType;
 pub use error::{Error, Result};
-pub use ops::{attention, attention_sinks, gated_delta};
+pub use ops::{attention, attention_sinks, gated_delta, rope_qk};
 pub use quant::{Matrix, QuantMode, QuantSpec, Quantized};

@@ -139,3 +139,38 @@ pub fn gated_delta(
 ) -> Result<(Array, Array)> {
     backend(mixed.device()).gated_delta(mixed, a, b, a_log, dt_bias, state, dims)
 }
+
+// decode fusions
+impl Array {
+    /// `(self + other, rms_norm(self + other, weight, eps))`; see [`crate::Backend::add_rms_norm`].
+    pub fn add_rms_norm(&self, other: &Array, weight: &Array, eps: f32) -> Result<(Array, Array)> {
+        backend(self.device()).add_rms_norm(self, other, weight, eps)
+    }
+
+    /// Per row, the first maximum's index, the maximum and its gap to the values before it
+    /// (`u32 [..., 3]`, the last two as f32 bits);
+    /// see [`crate::Backend::argmax_gap`].
+    pub fn argmax_gap(&self) -> Result<Array> {
+        backend(self.device()).argmax_gap(self)
+    }
+
+    /// Writes new keys `k` and values `v` `[L, heads, head_dim]` into the caches `self` (keys)
+    /// and `v_cache` `[heads, capacity, head_dim]` at `offset`; see
+    /// [`crate::Backend::write_kv_rows`].
+    pub fn write_kv_rows(&mut self, v_cache: &mut Array, k: &Array, v: &Array, offset: usize) -> Result<()> {
+        backend(self.device()).write_kv_rows(self, v_cache, k, v, offset)
+    }
+}
+
+/// Queries and keys of an attention step, optionally RMS-normalized per head, then rotated; see
+/// [`crate::Backend::rope_qk`].
+pub fn rope_qk(
+    q: &Array,
+    k: &Array,
+    qk_norm: Option<(&Array, &Array, f32)>,
+    inv_freqs: &[f32],
+    offset: usize,
+    traditional: bool,
+) -> Result<(Array, Array)> {
+    backend(q.device()).rope_qk(q, k, qk_norm, inv_freqs, offset, traditional)
+}

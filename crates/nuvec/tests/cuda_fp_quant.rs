@@ -76,5 +76,11 @@ fn fp_linear_and_embed_match_the_cpu() {
             assert!(a.to_bits() == b.to_bits(), "{case} embed: element {i}: gpu {a} vs cpu {b}");
         }
         assert!(wg.embed(&[n as u32]).is_err(), "an id outside the vocabulary is an error");
+        // decode fusions: one id (a decode step) is read without uploading the ids.
+        for id in [0u32, 123, 199] {
+            let (got, want) =
+                (wg.embed(&[id]).unwrap().to_f32_vec().unwrap(), w.embed(&[id]).unwrap().to_f32_vec().unwrap());
+            assert!(got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()), "{case} embed of id {id}");
+        }
     }
 }

@@ -271,11 +271,21 @@ fn embed_dense_and_quantized() {
     for bits in QuantSpec::AFFINE_BITS {
         for group in QuantSpec::AFFINE_GROUPS {
             let t = quantized(&mut rng, v, d, bits, group, DType::BF16);
-            let got = t.to_device(dev).unwrap().embed(&ids).unwrap();
+            let tg = t.to_device(dev).unwrap();
             // scale * q + bias may fuse into one rounding on the GPU.
-            close(&format!("embed q{bits} g{group} bf16"), &got, &t.embed(&ids).unwrap());
+            close(&format!("embed q{bits} g{group} bf16"), &tg.embed(&ids).unwrap(), &t.embed(&ids).unwrap());
+            // One id (a decode step) takes the row directly, without uploading the ids.
+            for id in [0u32, 123, 300] {
+                close(
+                    &format!("embed q{bits} g{group} bf16, one id {id}"),
+                    &tg.embed(&[id]).unwrap(),
+                    &t.embed(&[id]).unwrap(),
+                );
+            }
         }
     }
+    let t = Matrix::Dense(floats(&rng.vec(v * d, 1.0), &[v, d], DType::BF16));
+    exact("embed dense bf16, one id", &t.to_device(dev).unwrap().embed(&[299]).unwrap(), &t.embed(&[299]).unwrap());
     let t = quantized(&mut rng, v, d, 4, 64, DType::F16).to_device(dev).unwrap();
     assert!(t.embed(&[v as u32]).is_err(), "an id outside the vocabulary is an error");
     assert_eq!(t.embed(&[]).unwrap().shape(), &[0, d]);
@@ -451,8 +461,8 @@ fn transfers_and_device_errors() {
     eprintln!("RESULT {:<60} ok", "transfers and device errors");
 }
 
-/// Not a test: rough timings of the phase-1 kernels on shapes of an 8B Llama (run with
-/// `--ignored --nocapture`). Prints, asserts nothing.
+/// Not a test: rough timings of the kernels on shapes of an 8B Llama, and the host cost per op
+/// (run with `--ignored --nocapture`). Prints, asserts nothing.
 #[test]
 #[ignore]
 fn timing_probe() {
@@ -519,4 +529,183 @@ fn timing_probe() {
     let x = arr(&rng.vec(k, 1.0), &[1, k]).to_device(dev).unwrap();
     let w = arr(&rng.vec(k, 1.0), &[k]).to_device(dev).unwrap();
     time("rms_norm [1,4096] (launch-bound)", (k * 8) as f64, 200, &|| x.rms_norm(&w, 1e-5).unwrap());
+
+    // Host cost per op: 1000 tiny dependent ops per call, with the allocation cache on and off
+    // (off: every op allocates and frees through the driver, as before the cache), and the
+    // residual add + norm of a decode step as two ops and as the fused one.
+    let x = arr(&rng.vec(1024, 1.0), &[1, 1024]).to_device(dev).unwrap();
+    let w = arr(&rng.vec(1024, 1.0), &[1024]).to_device(dev).unwrap();
+    let per_op = |name: &str, f: &dyn Fn(&Array) -> Array| {
+        let run = || {
+            let mut y = x.clone();
+            for _ in 0..1000 {
+                y = f(&y);
+            }
+            y.to_vec::<f32>().unwrap()
+        };
+        run();
+        let t = std::time::Instant::now();
+        for _ in 0..5 {
+            run();
+        }
+        let us = t.elapsed().as_secs_f64() * 1e6 / 5000.0;
+        eprintln!("TIMING {name:<52} {us:9.2} us per op (1000 per call)");
+    };
+    for (cache, limit) in [("cache on", 1usize << 30), ("cache off", 0)] {
+        nuvec::backends::cuda::set_cache_limit(0, limit).unwrap();
+        per_op(&format!("rms_norm [1,1024], {cache}"), &|y| y.rms_norm(&w, 1e-5).unwrap());
+        per_op(&format!("add + rms_norm [1,1024], {cache}"), &|y| y.add(&x).unwrap().rms_norm(&w, 1e-5).unwrap());
+        per_op(&format!("add_rms_norm [1,1024] (fused), {cache}"), &|y| y.add_rms_norm(&x, &w, 1e-5).unwrap().1);
+    }
+    nuvec::backends::cuda::set_cache_limit(0, 1 << 30).unwrap();
+}
+
+// ---- decode fusions and the caching allocator ----
+
+#[test]
+fn decode_fusions() {
+    let dev = gpu();
+    let mut rng = Rng::new(12);
+    let to = |a: &Array| a.to_device(dev).unwrap();
+
+    // add_rms_norm: the sum is exact, the norm as rms_norm's tolerance.
+    for (rows, d) in [(1usize, 1024usize), (37, 100), (5, 4096), (3, 1)] {
+        for wdtype in [DType::F32, DType::F16, DType::BF16] {
+            let a = arr(&rng.vec(rows * d, 3.0), &[rows, d]);
+            let b = arr(&rng.vec(rows * d, 3.0), &[rows, d]);
+            let w = floats(&rng.vec(d, 1.0), &[d], wdtype);
+            let (want_sum, want) = a.add_rms_norm(&b, &w, 1e-6).unwrap();
+            let (got_sum, got) = to(&a).add_rms_norm(&to(&b), &to(&w), 1e-6).unwrap();
+            let case = format!("add_rms_norm rows={rows} d={d} weight {wdtype}");
+            exact(&format!("{case} (sum)"), &got_sum, &want_sum);
+            close(&case, &got, &want);
+        }
+    }
+    assert!(to(&arr(&[1.0; 8], &[2, 4]))
+        .add_rms_norm(&to(&arr(&[1.0; 8], &[4, 2])), &to(&arr(&[1.0; 4], &[4])), 1e-6)
+        .is_err());
+
+    // rope_qk: q/k norms (Qwen3) or none, both layouts, partial rotation, GQA, L = 1 and 37.
+    for (l, hq, hkv, d) in [(1usize, 16usize, 8usize, 128usize), (37, 4, 2, 64), (5, 3, 1, 80)] {
+        for rotated in [d, d / 2] {
+            let half = rotated / 2;
+            let freqs: Vec<f32> = (0..half).map(|i| 1e6f32.powf(-2.0 * i as f32 / rotated as f32)).collect();
+            for norm in [None, Some(DType::BF16), Some(DType::F32)] {
+                for (traditional, offset) in [(false, 0usize), (true, 1000), (false, 517)] {
+                    let q = arr(&rng.vec(l * hq * d, 2.0), &[l, hq, d]);
+                    let k = arr(&rng.vec(l * hkv * d, 2.0), &[l, hkv, d]);
+                    let ws = norm.map(|dt| (floats(&rng.vec(d, 1.0), &[d], dt), floats(&rng.vec(d, 1.0), &[d], dt)));
+                    let cpu_norm = ws.as_ref().map(|(a, b)| (a, b, 1e-6f32));
+                    let (wq, wk) = nuvec::rope_qk(&q, &k, cpu_norm, &freqs, offset, traditional).unwrap();
+                    let gws = ws.as_ref().map(|(a, b)| (to(a), to(b)));
+                    let gpu_norm = gws.as_ref().map(|(a, b)| (a, b, 1e-6f32));
+                    let (gq, gk) = nuvec::rope_qk(&to(&q), &to(&k), gpu_norm, &freqs, offset, traditional).unwrap();
+                    let case = format!(
+                        "rope_qk L={l} Hq={hq} Hkv={hkv} D={d} rot={rotated} norm={norm:?} trad={traditional} off={offset}"
+                    );
+                    close(&format!("{case} q"), &gq, &wq);
+                    close(&format!("{case} k"), &gk, &wk);
+                }
+            }
+        }
+    }
+
+    // write_kv_rows: both caches at once, bit for bit; a shared cache copy stays as it was.
+    let (a, cap, c, n) = (4usize, 300usize, 64usize, 37usize);
+    let kc = arr(&rng.vec(a * cap * c, 1.0), &[a, cap, c]);
+    let vc = arr(&rng.vec(a * cap * c, 1.0), &[a, cap, c]);
+    for (rows, offset) in [(1usize, 0usize), (n, 17), (1, cap - 1)] {
+        let k = arr(&rng.vec(rows * a * c, 1.0), &[rows, a, c]);
+        let v = arr(&rng.vec(rows * a * c, 1.0), &[rows, a, c]);
+        let (mut wk, mut wv) = (kc.clone(), vc.clone());
+        wk.write_kv_rows(&mut wv, &k, &v, offset).unwrap();
+        let (mut gk, mut gv) = (to(&kc), to(&vc));
+        let shared = gk.clone();
+        gk.write_kv_rows(&mut gv, &to(&k), &to(&v), offset).unwrap();
+        exact(&format!("write_kv_rows [{rows},{a},{c}] at {offset} (keys)"), &gk, &wk);
+        exact(&format!("write_kv_rows [{rows},{a},{c}] at {offset} (values)"), &gv, &wv);
+        exact("write_kv_rows leaves a shared copy alone", &shared, &to(&kc));
+    }
+    let one = arr(&rng.vec(2 * a * c, 1.0), &[2, a, c]);
+    assert!(to(&kc).write_kv_rows(&mut to(&vc), &to(&one), &to(&one), cap - 1).is_err(), "past the capacity");
+
+    // argmax_gap: index, maximum and gap bit for bit: ties, the maximum first or last, near
+    // ties, NaN and infinities, long rows.
+    let mut rows = rng.vec(8 * 1000, 5.0);
+    rows[10] = 9.0; // row 0: maximum early, a tie later
+    rows[900] = 9.0;
+    rows[1000] = 9.0; // row 1: maximum first
+    rows[2999] = 9.0; // row 2: maximum last, a near tie before it
+    rows[2500] = 9.0 - 1e-6;
+    rows[3100] = f32::NAN; // row 3: a NaN
+    rows[4000] = f32::NAN; // row 4: a leading NaN
+    rows[5000..6000].iter_mut().for_each(|v| *v = f32::NEG_INFINITY); // row 5: all -inf
+    rows[6500] = f32::INFINITY; // row 6: +inf
+    let x = arr(&rows, &[8, 1000]);
+    let want = x.argmax_gap().unwrap();
+    let got = to(&x).argmax_gap().unwrap();
+    assert_eq!((got.dtype(), got.shape()), (DType::U32, &[8usize, 3][..]));
+    let (g, w) = (got.to_vec::<u32>().unwrap(), want.to_vec::<u32>().unwrap());
+    assert_eq!(g, w, "argmax_gap [8,1000]");
+    let ids: Vec<u32> = w.chunks(3).map(|r| r[0]).collect();
+    assert_eq!(ids, x.argmax().unwrap().to_vec::<u32>().unwrap(), "argmax_gap's index is argmax's");
+    let x3 = arr(&rng.vec(2 * 151_936, 10.0), &[2, 151_936]);
+    let (g, w) = (to(&x3).argmax_gap().unwrap(), x3.argmax_gap().unwrap());
+    assert_eq!(g.to_vec::<u32>().unwrap(), w.to_vec::<u32>().unwrap(), "argmax_gap [2,151936]");
+    eprintln!("RESULT {:<60} exact", "argmax_gap (ties, near ties, NaN, inf, [2,151936])");
+}
+
+#[test]
+fn caching_allocator_reuses_memory_safely() {
+    let dev = gpu();
+    let mut rng = Rng::new(13);
+    let limit = 8usize << 20;
+    nuvec::backends::cuda::set_cache_limit(0, limit).unwrap();
+    // Mixed sizes (small powers of two, odd sizes, over 1 MiB), allocated and dropped in
+    // varying order; every result is checked against the CPU, so a buffer handed out while
+    // still in use would show as a wrong value.
+    let sizes = [1usize, 3, 64, 255, 256, 1000, 4096, 70_001, 262_144, 300_000, 1 << 20];
+    let mut held: Vec<(Array, Vec<f32>)> = Vec::new();
+    for round in 0..400 {
+        let n = sizes[rng.next_u32() as usize % sizes.len()];
+        let a = rng.vec(n, 1.0);
+        let b = rng.vec(n, 1.0);
+        let sum = to_gpu(&a, dev).add(&to_gpu(&b, dev)).unwrap();
+        let want: Vec<f32> = a.iter().zip(&b).map(|(x, y)| x + y).collect();
+        held.push((sum, want));
+        // Drop a random held array now and then (its memory goes to the cache).
+        if held.len() > 6 || round % 3 == 0 {
+            let i = rng.next_u32() as usize % held.len();
+            let (arr_gpu, want) = held.swap_remove(i);
+            assert_eq!(arr_gpu.to_vec::<f32>().unwrap(), want, "round {round}: values changed while held");
+        }
+        let cached = nuvec::backends::cuda::cached_bytes(0).unwrap();
+        assert!(cached <= limit, "round {round}: {cached} bytes cached over the limit of {limit}");
+    }
+    for (arr_gpu, want) in held {
+        assert_eq!(arr_gpu.to_vec::<f32>().unwrap(), want);
+    }
+    // Zeroed arrays from reused memory are zero.
+    for n in [5usize, 1000, 300_000] {
+        let z = Array::zeros_on(&[n], DType::F32, dev).unwrap();
+        assert!(z.to_vec::<f32>().unwrap().iter().all(|&v| v == 0.0), "zeros_on({n}) from the cache");
+    }
+    // An impossible allocation is an error (after handing the cache back), not a panic, and
+    // the device works afterwards.
+    let e = Array::zeros_on(&[1usize << 40], DType::F32, dev).unwrap_err().to_string();
+    assert!(e.contains("allocating"), "{e}");
+    let a = rng.vec(1000, 1.0);
+    assert_eq!(
+        to_gpu(&a, dev).add(&to_gpu(&a, dev)).unwrap().to_vec::<f32>().unwrap(),
+        a.iter().map(|x| x + x).collect::<Vec<_>>()
+    );
+    // Turning the cache off frees what it holds.
+    nuvec::backends::cuda::set_cache_limit(0, 0).unwrap();
+    assert_eq!(nuvec::backends::cuda::cached_bytes(0).unwrap(), 0);
+    nuvec::backends::cuda::set_cache_limit(0, 1 << 30).unwrap();
+    eprintln!("RESULT {:<60} ok", "caching allocator (400 rounds of mixed sizes)");
+}
+
+fn to_gpu(data: &[f32], dev: Device) -> Array {
+    Array::from_slice_on(data, &[data.len()], dev).unwrap()
 }

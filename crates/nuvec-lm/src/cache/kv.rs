@@ -53,8 +53,8 @@ impl KvCache {
         let (l, h, d) = (keys.dim(0), keys.dim(1), keys.dim(2));
         self.reserve(h, l, d, keys.device())?;
         let (k, v) = (self.keys.as_mut().expect("allocated above"), self.values.as_mut().expect("allocated above"));
-        k.write_axis1_from_rows(keys, self.offset)?;
-        v.write_axis1_from_rows(values, self.offset)?;
+        // Both writes as one op (one launch on a GPU).
+        k.write_kv_rows(v, keys, values, self.offset)?;
         self.offset += l;
         Ok((k.clone(), v.clone()))
     }

@@ -73,20 +73,23 @@ impl Attention {
     pub fn forward(&self, x: &Array, cache: &mut LayerCache) -> Result<Array> {
         let s = &self.shape;
         let l = x.dim(0);
-        let heads = |a: Array, n: usize, norm: &Option<RmsNorm>| -> Result<Array> {
-            let a = a.reshape(&[l, n, s.head_dim])?;
-            match norm {
-                Some(norm) => norm.forward(&a),
-                None => Ok(a),
-            }
-        };
         let offset = cache.offset();
         let [q, k, v] = Linear::forward_many([&self.q_proj, &self.k_proj, &self.v_proj], x)?;
-        let q = heads(q, s.heads, &self.q_norm)?;
-        let k = heads(k, s.kv_heads, &self.k_norm)?;
-        let v = heads(v, s.kv_heads, &None)?;
-        let q = self.rope.forward(&q, offset)?;
-        let k = self.rope.forward(&k, offset)?;
+        let q = q.reshape(&[l, s.heads, s.head_dim])?;
+        let k = k.reshape(&[l, s.kv_heads, s.head_dim])?;
+        let v = v.reshape(&[l, s.kv_heads, s.head_dim])?;
+        // The q/k norms (when the family has them) and rope of both, as one op.
+        let (q, k) = match (&self.q_norm, &self.k_norm) {
+            (Some(qn), Some(kn)) => self.rope.forward_qk(&q, &k, Some((qn, kn)), offset)?,
+            (None, None) => self.rope.forward_qk(&q, &k, None, offset)?,
+            (qn, kn) => {
+                let norm = |a: Array, n: &Option<RmsNorm>| match n {
+                    Some(n) => n.forward(&a),
+                    None => Ok(a),
+                };
+                self.rope.forward_qk(&norm(q, qn)?, &norm(k, kn)?, None, offset)?
+            }
+        };
         let scale = (s.head_dim as f32).powf(-0.5);
         let out = cache.attend_with_sinks(&q, &k, &v, scale, self.sinks.as_deref())?;
         self.o_proj.forward(&out)

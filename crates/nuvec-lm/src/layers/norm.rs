@@ -28,6 +28,22 @@ impl RmsNorm {
     pub fn forward(&self, x: &Array) -> Result<Array> {
         Ok(x.rms_norm(&self.weight, self.eps)?)
     }
+
+    /// `(x + residual, self.forward(x + residual))`: a residual add and this norm after it, in
+    /// one op where the backend fuses them (the same values as `add` then `forward`).
+    pub fn forward_add(&self, x: &Array, residual: &Array) -> Result<(Array, Array)> {
+        Ok(x.add_rms_norm(residual, &self.weight, self.eps)?)
+    }
+
+    /// The learned scale, one per feature.
+    pub fn weight(&self) -> &Array {
+        &self.weight
+    }
+
+    /// The epsilon added to the mean square.
+    pub fn eps(&self) -> f32 {
+        self.eps
+    }
 }
 
 // Gemma 4

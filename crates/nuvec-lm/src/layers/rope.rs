@@ -3,6 +3,8 @@
 use nuvec::Array;
 use serde_json::Value;
 
+use super::RmsNorm;
+
 use crate::config::Config;
 use crate::{Error, Result};
 
@@ -105,6 +107,32 @@ impl Rope {
             )));
         }
         Ok(x.scale(self.mscale)?.rope(&self.inv_freqs, offset, self.traditional)?)
+    }
+
+    /// `(self.forward(q'), self.forward(k'))` where `q', k'` are `q, k` RMS-normalized per head
+    /// by `qk_norm` (Qwen3's q/k norms) when given: one op where the backend fuses them.
+    pub fn forward_qk(
+        &self,
+        q: &Array,
+        k: &Array,
+        qk_norm: Option<(&RmsNorm, &RmsNorm)>,
+        offset: usize,
+    ) -> Result<(Array, Array)> {
+        if self.mscale != 1.0 {
+            let (q, k) = match qk_norm {
+                Some((qn, kn)) => (qn.forward(q)?, kn.forward(k)?),
+                None => (q.clone(), k.clone()),
+            };
+            return Ok((self.forward(&q, offset)?, self.forward(&k, offset)?));
+        }
+        let norms = qk_norm.map(|(qn, kn)| (qn.weight(), kn.weight(), qn.eps()));
+        if let Some((qn, kn)) = qk_norm {
+            if qn.eps() != kn.eps() {
+                // Not a model's layout; the separate ops keep it exact.
+                return self.forward_qk(&qn.forward(q)?, &kn.forward(k)?, None, offset);
+            }
+        }
+        Ok(nuvec::rope_qk(q, k, norms, &self.inv_freqs, offset, self.traditional)?)
     }
 }
 

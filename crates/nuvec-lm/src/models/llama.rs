@@ -41,9 +41,20 @@ struct Block {
 }
 
 impl Block {
-    fn forward(&self, x: &Array, cache: &mut LayerCache) -> Result<Array> {
-        let h = x.add(&self.self_attn.forward(&self.input_layernorm.forward(x)?, cache)?)?;
-        Ok(h.add(&self.mlp.forward(&self.post_attention_layernorm.forward(&h)?)?)?)
+    /// The block on the residual stream `x`, given `normed = input_layernorm(x)`; `next_norm`
+    /// is the norm that follows the block (the next block's input norm, or the model's final
+    /// one). Returns the stream after the block and `next_norm` of it: each residual add runs
+    /// with the norm after it as one op (`RmsNorm::forward_add`), the same values as
+    /// `h = x + attn(norm(x)); out = h + mlp(norm(h))` followed by `next_norm(out)`.
+    fn forward(
+        &self,
+        x: &Array,
+        normed: &Array,
+        next_norm: &RmsNorm,
+        cache: &mut LayerCache,
+    ) -> Result<(Array, Array)> {
+        let (h, h_normed) = self.post_attention_layernorm.forward_add(x, &self.self_attn.forward(normed, cache)?)?;
+        next_norm.forward_add(&h, &self.mlp.forward(&h_normed)?)
     }
 }
 
@@ -168,9 +179,21 @@ impl Llama {
 
 impl Architecture for Llama {
     fn hidden(&self, tokens: &[u32], cache: &mut [LayerCache]) -> Result<Array> {
-        let h = self.embed_tokens.embed(tokens)?;
-        let h = super::through_layers(&self.layers, cache, h, |layer, h, c| layer.forward(h, c))?;
-        self.norm.forward(&h)
+        if cache.len() != self.layers.len() {
+            let message = format!("a cache of {} layers for a model of {}", cache.len(), self.layers.len());
+            return Err(crate::Error::Invalid(message));
+        }
+        let mut h = self.embed_tokens.embed(tokens)?;
+        let Some(first) = self.layers.first() else {
+            return self.norm.forward(&h);
+        };
+        // The residual stream and its norm for the next block travel together.
+        let mut normed = first.input_layernorm.forward(&h)?;
+        for (i, (layer, c)) in self.layers.iter().zip(cache.iter_mut()).enumerate() {
+            let next_norm = self.layers.get(i + 1).map_or(&self.norm, |next| &next.input_layernorm);
+            (h, normed) = layer.forward(&h, &normed, next_norm, c)?;
+        }
+        Ok(normed)
     }
 
     fn logits(&self, hidden: &Array) -> Result<Array> {

@@ -177,5 +177,46 @@ pub(crate) mod host_checked {
             on_host("softcap", &[("x", x)])?;
             CpuBackend.softcap(x, cap)
         }
+
+        // decode fusions
+
+        fn add_rms_norm(&self, a: &Array, b: &Array, weight: &Array, eps: f32) -> Result<(Array, Array)> {
+            on_host("add_rms_norm", &[("a", a), ("b", b), ("weight", weight)])?;
+            CpuBackend.add_rms_norm(a, b, weight, eps)
+        }
+
+        fn rope_qk(
+            &self,
+            q: &Array,
+            k: &Array,
+            qk_norm: Option<(&Array, &Array, f32)>,
+            inv_freqs: &[f32],
+            offset: usize,
+            traditional: bool,
+        ) -> Result<(Array, Array)> {
+            let mut inputs = vec![("q", q), ("k", k)];
+            if let Some((qw, kw, _)) = qk_norm {
+                inputs.extend([("q norm weight", qw), ("k norm weight", kw)]);
+            }
+            on_host("rope_qk", &inputs)?;
+            CpuBackend.rope_qk(q, k, qk_norm, inv_freqs, offset, traditional)
+        }
+
+        fn write_kv_rows(
+            &self,
+            k_cache: &mut Array,
+            v_cache: &mut Array,
+            k: &Array,
+            v: &Array,
+            offset: usize,
+        ) -> Result<()> {
+            on_host("write_kv_rows", &[("k cache", k_cache), ("v cache", v_cache), ("k", k), ("v", v)])?;
+            CpuBackend.write_kv_rows(k_cache, v_cache, k, v, offset)
+        }
+
+        fn argmax_gap(&self, x: &Array) -> Result<Array> {
+            on_host("argmax_gap", &[("x", x)])?;
+            CpuBackend.argmax_gap(x)
+        }
     }
 }

@@ -10,10 +10,12 @@
 //! Numerics follow the CPU backend (the reference): activations f32, f32 accumulation, weights
 //! f32/f16/bf16 or MLX affine-quantized (bits 2,3,4,5,6,8; groups 32,64,128) decoded in registers.
 
+mod alloc;
 mod ops;
 
 use std::collections::HashMap;
 use std::fmt;
+use std::mem::ManuallyDrop;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use cudarc::cublas::CudaBlas;
@@ -22,13 +24,14 @@ use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions};
 
 use crate::{Error, Result};
 
+pub use alloc::{cached_bytes, set_cache_limit};
 pub use ops::CudaBackend;
 
 /// Definitions every kernel source starts with (dtype helpers, bit unpacking, reductions).
 pub const PRELUDE: &str = include_str!("kernels/common.cuh");
 
 /// The kernel sources, by file name, without the [`PRELUDE`].
-pub const SOURCES: [(&str, &str); 7] = [
+pub const SOURCES: [(&str, &str); 8] = [
     ("elementwise.cu", include_str!("kernels/elementwise.cu")),
     ("linear.cu", include_str!("kernels/linear.cu")),
     ("attention.cu", include_str!("kernels/attention.cu")),
@@ -40,6 +43,8 @@ pub const SOURCES: [(&str, &str); 7] = [
     ("gated_delta.cu", include_str!("kernels/gated_delta.cu")),
     // gpt-oss: the clamped SwiGLU (its attention sinks are in attention.cu).
     ("gpt_oss.cu", include_str!("kernels/gpt_oss.cu")),
+    // decode fusions
+    ("fused.cu", include_str!("kernels/fused.cu")),
 ];
 
 /// The NVRTC options every source is compiled with, for a virtual architecture such as
@@ -112,6 +117,8 @@ pub(crate) struct State {
     pub(crate) stream: Arc<CudaStream>,
     funcs: HashMap<String, CudaFunction>,
     pub(crate) blas: Mutex<CudaBlas>,
+    /// Freed buffers kept for the next allocation of their size class (see `alloc.rs`).
+    cache: Mutex<alloc::Cache>,
 }
 
 impl fmt::Debug for State {
@@ -173,7 +180,7 @@ impl State {
         }
         let blas = CudaBlas::new(stream.clone())
             .map_err(|e| Error::Device(format!("cuda: creating a cuBLAS handle: {e:?}")))?;
-        Ok(State { ordinal, stream, funcs, blas: Mutex::new(blas) })
+        Ok(State { ordinal, stream, funcs, blas: Mutex::new(blas), cache: Mutex::new(alloc::Cache::new()) })
     }
 
     pub(crate) fn func(&self, name: &str) -> Result<&CudaFunction> {
@@ -181,8 +188,15 @@ impl State {
     }
 }
 
+/// Devices whose state is found without a lock (every op asks for it, several times).
+const FAST_DEVICES: usize = 16;
+
 /// The state of device `ordinal`, made on first use and kept for the process.
 pub(crate) fn state(ordinal: usize) -> Result<&'static State> {
+    static FAST: [OnceLock<&'static State>; FAST_DEVICES] = [const { OnceLock::new() }; FAST_DEVICES];
+    if let Some(s) = FAST.get(ordinal).and_then(OnceLock::get) {
+        return Ok(s);
+    }
     static STATES: OnceLock<Mutex<HashMap<usize, &'static State>>> = OnceLock::new();
     let mut states = STATES.get_or_init(Default::default).lock().unwrap_or_else(|p| p.into_inner());
     if let Some(s) = states.get(&ordinal) {
@@ -190,48 +204,62 @@ pub(crate) fn state(ordinal: usize) -> Result<&'static State> {
     }
     let s: &'static State = Box::leak(Box::new(State::new(ordinal)?));
     states.insert(ordinal, s);
+    if let Some(slot) = FAST.get(ordinal) {
+        // Made under the lock above, so no other thread set it.
+        let _ = slot.set(s);
+    }
     Ok(s)
 }
 
-/// Bytes in device memory: one allocation of the device's stream, plus a host copy made only
-/// if something reads the array as raw host bytes (saving it, say).
+/// Bytes in device memory: one allocation of the device's stream (taken from the device's cache
+/// of freed buffers when one of the size class is there, and handed back to it when dropped),
+/// plus a host copy made only if something reads the array as raw host bytes (saving it, say).
 pub(crate) struct DeviceBuffer {
-    slice: CudaSlice<u8>,
+    /// At least `len` bytes (its size class); taken out only by `drop`.
+    slice: ManuallyDrop<CudaSlice<u8>>,
     ptr: u64,
     len: usize,
-    ordinal: usize,
+    st: &'static State,
     mirror: OnceLock<Vec<u64>>,
 }
 
 impl fmt::Debug for DeviceBuffer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "DeviceBuffer(cuda:{}, {} bytes)", self.ordinal, self.len)
+        write!(f, "DeviceBuffer(cuda:{}, {} bytes)", self.st.ordinal, self.len)
+    }
+}
+
+impl Drop for DeviceBuffer {
+    fn drop(&mut self) {
+        // SAFETY: `slice` is taken once, here, and `self` is not used afterwards.
+        let slice = unsafe { ManuallyDrop::take(&mut self.slice) };
+        self.st.recycle(slice);
     }
 }
 
 impl DeviceBuffer {
     /// `len` bytes, uninitialized (every kernel writing one fills it whole).
-    pub(crate) fn alloc(st: &State, len: usize) -> Result<Self> {
-        // SAFETY: the bytes are written before they are read (callers fill the whole buffer, or
-        // use `zeroed`); u8 has no invalid values.
-        let slice = unsafe { st.stream.alloc::<u8>(len.max(1)) }
-            .map_err(|e| Error::Device(format!("cuda:{}: allocating {len} bytes: {e:?}", st.ordinal)))?;
+    pub(crate) fn alloc(st: &'static State, len: usize) -> Result<Self> {
+        let slice = st.take_or_alloc(len)?;
         let ptr = {
             let (ptr, _sync) = slice.device_ptr(&st.stream);
             ptr
         };
-        Ok(DeviceBuffer { ptr, slice, len, ordinal: st.ordinal, mirror: OnceLock::new() })
+        Ok(DeviceBuffer { ptr, slice: ManuallyDrop::new(slice), len, st, mirror: OnceLock::new() })
     }
 
     /// `len` zero bytes.
-    pub(crate) fn zeroed(st: &State, len: usize) -> Result<Self> {
+    pub(crate) fn zeroed(st: &'static State, len: usize) -> Result<Self> {
         let mut b = Self::alloc(st, len)?;
-        st.stream.memset_zeros(&mut b.slice).map_err(driver_err("zeroing memory"))?;
+        if len > 0 {
+            let mut dst = b.slice.slice_mut(..len);
+            st.stream.memset_zeros(&mut dst).map_err(driver_err("zeroing memory"))?;
+        }
         Ok(b)
     }
 
     /// A device copy of `bytes`.
-    pub(crate) fn upload(st: &State, bytes: &[u8]) -> Result<Self> {
+    pub(crate) fn upload(st: &'static State, bytes: &[u8]) -> Result<Self> {
         let mut b = Self::alloc(st, bytes.len())?;
         if !bytes.is_empty() {
             let mut dst = b.slice.slice_mut(..bytes.len());
@@ -261,7 +289,7 @@ impl DeviceBuffer {
 
     /// A new buffer holding bytes `offset..offset + len`.
     pub(crate) fn copy_range(&self, offset: usize, len: usize) -> Result<Self> {
-        let st = state(self.ordinal)?;
+        let st = self.st;
         let mut b = Self::alloc(st, len)?;
         if len > 0 {
             let src = self.slice.slice(offset..offset + len);
@@ -332,6 +360,11 @@ mod tests {
             "sigmoid_mul_f32",
             "gated_delta_f32",
             "swiglu_oai_f32",
+            // decode fusions
+            "add_rms_norm_f32",
+            "rope_qk_f32",
+            "write_kv_rows_f32",
+            "argmax_gap_f32",
         ] {
             assert!(names.iter().any(|n| n == want), "{want} missing from {names:?}");
         }

@@ -47,8 +47,22 @@ pub struct CudaBackend {
 }
 
 impl CudaBackend {
-    /// The backend of device `ordinal` (one per process).
+    /// The backend of device `ordinal` (one per process). Every op on a GPU array asks for it,
+    /// so the first devices are found without a lock.
     pub fn get(ordinal: usize) -> &'static CudaBackend {
+        const FIXED: usize = 16;
+        static FIRST: [CudaBackend; FIXED] = {
+            let mut all = [const { CudaBackend { ordinal: 0 } }; FIXED];
+            let mut i = 0;
+            while i < FIXED {
+                all[i].ordinal = i;
+                i += 1;
+            }
+            all
+        };
+        if let Some(b) = FIRST.get(ordinal) {
+            return b;
+        }
         static BACKENDS: OnceLock<Mutex<HashMap<usize, &'static CudaBackend>>> = OnceLock::new();
         let mut all = BACKENDS.get_or_init(Default::default).lock().unwrap_or_else(|p| p.into_inner());
         all.entry(ordinal).or_insert_with(|| Box::leak(Box::new(CudaBackend { ordinal })))
@@ -178,6 +192,9 @@ mod fp;
 mod gated_delta;
 // gpt-oss: the clamped SwiGLU (kernels/gpt_oss.cu) and the attention sinks' device tables.
 mod gpt_oss;
+
+// decode fusions (kernels/fused.cu).
+mod fused;
 
 /// A weight matrix as kernel arguments (see `struct Weights` in linear.cu).
 struct WeightArgs {
@@ -390,11 +407,13 @@ impl CudaBackend {
     /// A device copy of a rope frequency table, uploaded once per distinct table and kept (a
     /// model has one or two), so that a decode step copies nothing from the host for rope.
     fn rope_table(&self, freqs: &[f32]) -> Result<u64> {
-        type Tables = Mutex<HashMap<(usize, Vec<u32>), DeviceBuffer>>;
+        // A short list searched by value: no key is built per call (this runs twice per layer
+        // of every decode step).
+        type Tables = Mutex<Vec<(usize, Vec<f32>, DeviceBuffer)>>;
         static TABLES: OnceLock<Tables> = OnceLock::new();
-        let key = (self.ordinal, freqs.iter().map(|f| f.to_bits()).collect::<Vec<u32>>());
+        let same = |t: &[f32]| t.len() == freqs.len() && t.iter().zip(freqs).all(|(a, b)| a.to_bits() == b.to_bits());
         let mut tables = TABLES.get_or_init(Default::default).lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(b) = tables.get(&key) {
+        if let Some((_, _, b)) = tables.iter().find(|(o, t, _)| *o == self.ordinal && same(t)) {
             return Ok(b.ptr());
         }
         if tables.len() >= 64 {
@@ -403,7 +422,7 @@ impl CudaBackend {
         }
         let b = self.upload(freqs)?;
         let p = b.ptr();
-        tables.insert(key, b);
+        tables.push((self.ordinal, freqs.to_vec(), b));
         Ok(p)
     }
 
@@ -771,6 +790,11 @@ impl Backend for CudaBackend {
         if ids.is_empty() || d == 0 {
             return Ok(out);
         }
+        if let [id] = ids {
+            // A decode step's one token goes as the first row: nothing to upload.
+            self.gather_rows(op, out.cuda_ptr()?, 0, *id as usize, 1, d, &wa)?;
+            return Ok(out);
+        }
         let idb = self.upload(ids)?;
         self.gather_rows(op, out.cuda_ptr()?, idb.ptr(), 0, ids.len(), d, &wa)?;
         Ok(out)
@@ -1023,6 +1047,38 @@ impl Backend for CudaBackend {
 
     fn swiglu_oai(&self, gate: &Array, up: &Array, alpha: f32, limit: f32) -> Result<Array> {
         self.swiglu_oai_clamped(gate, up, alpha, limit)
+    }
+    // decode fusions (ops/fused.rs)
+
+    fn add_rms_norm(&self, a: &Array, b: &Array, weight: &Array, eps: f32) -> Result<(Array, Array)> {
+        self.fused_add_rms_norm(a, b, weight, eps)
+    }
+
+    fn rope_qk(
+        &self,
+        q: &Array,
+        k: &Array,
+        qk_norm: Option<(&Array, &Array, f32)>,
+        inv_freqs: &[f32],
+        offset: usize,
+        traditional: bool,
+    ) -> Result<(Array, Array)> {
+        self.fused_rope_qk(q, k, qk_norm, inv_freqs, offset, traditional)
+    }
+
+    fn write_kv_rows(
+        &self,
+        k_cache: &mut Array,
+        v_cache: &mut Array,
+        k: &Array,
+        v: &Array,
+        offset: usize,
+    ) -> Result<()> {
+        self.fused_write_kv_rows(k_cache, v_cache, k, v, offset)
+    }
+
+    fn argmax_gap(&self, x: &Array) -> Result<Array> {
+        self.fused_argmax_gap(x)
     }
 }
 

@@ -116,6 +116,11 @@ impl CudaBackend {
         if ids.is_empty() || d == 0 {
             return Ok(out);
         }
+        if let [id] = ids {
+            // decode fusions: one token (a decode step) is the first row; nothing to upload.
+            self.fp_gather_rows(op, out.cuda_ptr()?, 0, *id as usize, 1, d, w)?;
+            return Ok(out);
+        }
         let idb = self.upload(ids)?;
         self.fp_gather_rows(op, out.cuda_ptr()?, idb.ptr(), 0, ids.len(), d, w)?;
         Ok(out)

@@ -1,0 +1,153 @@
+//! The decode fusions (`add_rms_norm`, `rope_qk`, `write_kv_rows`, `argmax_gap`) on the CPU:
+//! each must equal, bit for bit, the ops it replaces (the model layers use them only where that
+//! holds), and `argmax_gap` a direct reading of each row.
+
+use nuvec::{backend, Array, DType, Device};
+
+struct Rng(u64);
+
+impl Rng {
+    fn vec(&mut self, n: usize, scale: f32) -> Vec<f32> {
+        (0..n)
+            .map(|_| {
+                self.0 ^= self.0 << 13;
+                self.0 ^= self.0 >> 7;
+                self.0 ^= self.0 << 17;
+                ((self.0 >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * scale
+            })
+            .collect()
+    }
+}
+
+fn arr(data: &[f32], shape: &[usize]) -> Array {
+    Array::from_slice(data, shape).unwrap()
+}
+
+fn bits(a: &Array) -> Vec<u32> {
+    a.to_f32_vec().unwrap().iter().map(|v| v.to_bits()).collect()
+}
+
+fn same(case: &str, got: &Array, want: &Array) {
+    assert_eq!(got.shape(), want.shape(), "{case}: shapes");
+    assert_eq!(bits(got), bits(want), "{case}: values");
+}
+
+fn weights(rng: &mut Rng, d: usize, dtype: DType) -> Array {
+    let w = rng.vec(d, 1.0);
+    match dtype {
+        DType::F32 => arr(&w, &[d]),
+        DType::BF16 => {
+            Array::from_slice(&w.iter().map(|&v| half::bf16::from_f32(v)).collect::<Vec<_>>(), &[d]).unwrap()
+        }
+        _ => Array::from_slice(&w.iter().map(|&v| half::f16::from_f32(v)).collect::<Vec<_>>(), &[d]).unwrap(),
+    }
+}
+
+#[test]
+fn add_rms_norm_is_add_then_rms_norm() {
+    let mut rng = Rng(7);
+    for (rows, d) in [(1usize, 1024usize), (37, 100), (3, 1), (300, 64)] {
+        for dtype in [DType::F32, DType::F16, DType::BF16] {
+            let (a, b) = (arr(&rng.vec(rows * d, 3.0), &[rows, d]), arr(&rng.vec(rows * d, 3.0), &[rows, d]));
+            let w = weights(&mut rng, d, dtype);
+            let (sum, normed) = a.add_rms_norm(&b, &w, 1e-6).unwrap();
+            let want = a.add(&b).unwrap();
+            same(&format!("sum rows={rows} d={d}"), &sum, &want);
+            same(&format!("norm rows={rows} d={d} {dtype}"), &normed, &want.rms_norm(&w, 1e-6).unwrap());
+        }
+    }
+    let w = arr(&[1.0; 4], &[4]);
+    assert!(arr(&[1.0; 8], &[2, 4]).add_rms_norm(&arr(&[1.0; 8], &[4, 2]), &w, 1e-6).is_err(), "shapes differ");
+    assert!(arr(&[1.0; 8], &[2, 4]).add_rms_norm(&arr(&[1.0; 8], &[2, 4]), &arr(&[1.0; 3], &[3]), 1e-6).is_err());
+}
+
+#[test]
+fn rope_qk_is_norms_then_rope() {
+    let mut rng = Rng(8);
+    for (l, hq, hkv, d) in [(1usize, 16usize, 8usize, 128usize), (37, 4, 2, 64), (5, 3, 1, 80)] {
+        for rotated in [d, d / 2] {
+            let freqs: Vec<f32> = (0..rotated / 2).map(|i| 1e6f32.powf(-2.0 * i as f32 / rotated as f32)).collect();
+            for norm in [None, Some(DType::BF16), Some(DType::F32)] {
+                for (traditional, offset) in [(false, 0usize), (true, 1000)] {
+                    let q = arr(&rng.vec(l * hq * d, 2.0), &[l, hq, d]);
+                    let k = arr(&rng.vec(l * hkv * d, 2.0), &[l, hkv, d]);
+                    let ws = norm.map(|dt| (weights(&mut rng, d, dt), weights(&mut rng, d, dt)));
+                    let (gq, gk) =
+                        nuvec::rope_qk(&q, &k, ws.as_ref().map(|(a, b)| (a, b, 1e-6)), &freqs, offset, traditional)
+                            .unwrap();
+                    let (nq, nk) = match &ws {
+                        Some((wq, wk)) => (q.rms_norm(wq, 1e-6).unwrap(), k.rms_norm(wk, 1e-6).unwrap()),
+                        None => (q.clone(), k.clone()),
+                    };
+                    let case = format!("L={l} Hq={hq} Hkv={hkv} D={d} rot={rotated} norm={norm:?} trad={traditional}");
+                    same(&format!("{case} q"), &gq, &nq.rope(&freqs, offset, traditional).unwrap());
+                    same(&format!("{case} k"), &gk, &nk.rope(&freqs, offset, traditional).unwrap());
+                }
+            }
+        }
+    }
+    let q = arr(&[0.0; 2 * 4 * 8], &[2, 4, 8]);
+    let k3 = arr(&[0.0; 3 * 4 * 8], &[3, 4, 8]);
+    assert!(nuvec::rope_qk(&q, &k3, None, &[1.0], 0, false).is_err(), "q and k of different lengths");
+}
+
+#[test]
+fn write_kv_rows_is_two_row_writes() {
+    let mut rng = Rng(9);
+    let (a, cap, c) = (4usize, 300usize, 64usize);
+    let kc = arr(&rng.vec(a * cap * c, 1.0), &[a, cap, c]);
+    let vc = arr(&rng.vec(a * cap * c, 1.0), &[a, cap, c]);
+    for (rows, offset) in [(1usize, 0usize), (37, 17), (1, cap - 1)] {
+        let k = arr(&rng.vec(rows * a * c, 1.0), &[rows, a, c]);
+        let v = arr(&rng.vec(rows * a * c, 1.0), &[rows, a, c]);
+        let (mut gk, mut gv) = (kc.clone(), vc.clone());
+        gk.write_kv_rows(&mut gv, &k, &v, offset).unwrap();
+        let (mut wk, mut wv) = (kc.clone(), vc.clone());
+        wk.write_axis1_from_rows(&k, offset).unwrap();
+        wv.write_axis1_from_rows(&v, offset).unwrap();
+        same(&format!("keys [{rows},{a},{c}] at {offset}"), &gk, &wk);
+        same(&format!("values [{rows},{a},{c}] at {offset}"), &gv, &wv);
+    }
+    let two = arr(&rng.vec(2 * a * c, 1.0), &[2, a, c]);
+    let (mut k, mut v) = (kc.clone(), vc.clone());
+    assert!(k.write_kv_rows(&mut v, &two, &two, cap - 1).is_err(), "past the capacity");
+}
+
+#[test]
+fn argmax_gap_reads_each_row() {
+    let mut rng = Rng(10);
+    let n = 1000;
+    let mut rows = rng.vec(6 * n, 5.0);
+    rows[10] = 9.0; // row 0: the first of two maxima, gap to the largest value before it
+    rows[900] = 9.0;
+    rows[n] = 9.0; // row 1: maximum first, gap infinite
+    rows[3 * n - 1] = 9.0; // row 2: maximum last, a near tie before it
+    rows[2 * n + 500] = 9.0 - 1e-6;
+    rows[3 * n + 100] = f32::NAN; // row 3: a NaN, gap NaN
+    rows[4 * n] = f32::NAN; // row 4: a leading NaN wins, as in argmax
+    rows[5 * n + 7] = f32::INFINITY; // row 5: +inf
+    let x = arr(&rows, &[6, n]);
+    let out = backend(Device::Cpu).argmax_gap(&x).unwrap();
+    assert_eq!((out.dtype(), out.shape()), (DType::U32, &[6usize, 3][..]));
+    let out = out.to_vec::<u32>().unwrap();
+    let argmax = x.argmax().unwrap().to_vec::<u32>().unwrap();
+    for (r, got) in out.chunks(3).enumerate() {
+        let row = &rows[r * n..(r + 1) * n];
+        let (index, max, gap) = (got[0], f32::from_bits(got[1]), f32::from_bits(got[2]));
+        assert_eq!(index, argmax[r], "row {r}: the index is argmax's");
+        assert_eq!(max.to_bits(), row[index as usize].to_bits(), "row {r}: the maximum");
+        if row.iter().any(|v| !v.is_finite()) {
+            assert!(gap.is_nan(), "row {r}: a NaN or infinity makes the gap NaN, got {gap}");
+        } else {
+            let before = row[..index as usize].iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            assert_eq!(gap.to_bits(), (max - before).to_bits(), "row {r}: gap");
+        }
+    }
+    assert_eq!((out[0], f32::from_bits(out[2]) > 0.0), (10, true), "row 0: the first maximum");
+    assert_eq!((out[3], f32::from_bits(out[5])), (0, f32::INFINITY), "row 1: maximum first");
+    assert_eq!(out[6], (n - 1) as u32, "row 2");
+    assert!(f32::from_bits(out[8]) < 2e-6, "row 2: the near tie's gap");
+    assert_eq!(out[12], 0, "row 4: a leading NaN");
+    assert_eq!(out[15], 7, "row 5: +inf");
+    assert!(arr(&[], &[2, 0]).argmax_gap().is_err(), "empty rows");
+}
