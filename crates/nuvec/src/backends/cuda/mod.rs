@@ -23,12 +23,14 @@ use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions};
 use crate::{Error, Result};
 
 pub use ops::CudaBackend;
+// Phase 4: the prefill matmul precision (bf16 tensor cores by default).
+pub use ops::{matmul_precision, set_matmul_precision, MatmulPrecision};
 
 /// Definitions every kernel source starts with (dtype helpers, bit unpacking, reductions).
 pub const PRELUDE: &str = include_str!("kernels/common.cuh");
 
 /// The kernel sources, by file name, without the [`PRELUDE`].
-pub const SOURCES: [(&str, &str); 5] = [
+pub const SOURCES: [(&str, &str); 6] = [
     ("elementwise.cu", include_str!("kernels/elementwise.cu")),
     ("linear.cu", include_str!("kernels/linear.cu")),
     ("attention.cu", include_str!("kernels/attention.cu")),
@@ -36,6 +38,8 @@ pub const SOURCES: [(&str, &str); 5] = [
     ("gemma4.cu", include_str!("kernels/gemma4.cu")),
     // fpquant: mxfp4, mxfp8, nvfp4 weights.
     ("fp_linear.cu", include_str!("kernels/fp_linear.cu")),
+    // Phase 4: tensor-core prefill (bf16 operands for cuBLAS).
+    ("prefill.cu", include_str!("kernels/prefill.cu")),
 ];
 
 /// The NVRTC options every source is compiled with, for a virtual architecture such as
@@ -323,6 +327,13 @@ mod tests {
             "qgemv1_b4_v2",
             "qgemv_multi_b8",
             "qgemv_multi_b4_v3",
+            // phase 4
+            "gather3_bf16",
+            "convert_bf16",
+            "qdequant_bf16_b4",
+            "qdequant_bf16_b6",
+            "qdequant_bf16_any",
+            "causal_softmax_bf16",
         ] {
             assert!(names.iter().any(|n| n == want), "{want} missing from {names:?}");
         }

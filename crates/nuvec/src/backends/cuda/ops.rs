@@ -96,12 +96,12 @@ impl CudaBackend {
     }
 }
 
-/// Whether the weight products of more than 8 rows (prefill) run on the tensor cores in TF32
-/// (inputs rounded to 10-bit mantissas, f32 accumulation): `NUVEC_CUDA_MATMUL=tf32`. The default,
-/// `f32`, is plain SGEMM, whose results match the CPU backend to f32 rounding.
-fn tf32_matmul() -> bool {
-    static TF32: OnceLock<bool> = OnceLock::new();
-    *TF32.get_or_init(|| std::env::var("NUVEC_CUDA_MATMUL").is_ok_and(|v| v.eq_ignore_ascii_case("tf32")))
+/// Whether the SGEMM weight products run on the tensor cores in TF32 (inputs rounded to 10-bit
+/// mantissas, f32 accumulation): [`MatmulPrecision::Tf32`] (`NUVEC_CUDA_MATMUL=tf32`). Under
+/// `F32` (and for what still calls SGEMM under `Bf16`) it is plain SGEMM, whose results match the
+/// CPU backend to f32 rounding.
+fn tf32_matmul() -> Result<bool> {
+    Ok(matmul_precision()? == MatmulPrecision::Tf32)
 }
 
 /// The shape of the one-row 4-bit GEMV for `k` inputs and `n` outputs: `(kernel name suffix,
@@ -162,6 +162,11 @@ macro_rules! launch {
 
 // fpquant: linear and embed over mxfp4, mxfp8 and nvfp4 weights (kernels/fp_linear.cu).
 mod fp;
+
+// Phase 4: tensor-core prefill (bf16 weight products and attention, kernels/prefill.cu) and the
+// process-wide matmul precision that selects it.
+mod prefill;
+pub use prefill::{matmul_precision, set_matmul_precision, MatmulPrecision};
 
 /// A weight matrix as kernel arguments (see `struct Weights` in linear.cu).
 struct WeightArgs {
@@ -268,7 +273,7 @@ impl CudaBackend {
             (to_i32(op, "rows", m)?, to_i32(op, "rows", rows)?, to_i32(op, "k", k)?, to_i32(op, "n", n)?);
         let blas = st.blas.lock().unwrap_or_else(|p| p.into_inner());
         let (alpha, beta) = (1f32, 0f32);
-        if tf32_matmul() {
+        if tf32_matmul()? {
             use cudarc::cublas::sys::{cublasComputeType_t, cublasGemmAlgo_t, cudaDataType};
             let f = cudaDataType::CUDA_R_32F;
             // SAFETY: as for the SGEMM below (same matrices, extents and leading dimensions);
@@ -632,7 +637,9 @@ impl Backend for CudaBackend {
             return Ok(out);
         }
         let o = out.cuda_ptr()?;
-        if wa.w_dt == DT_F32 {
+        if m > GEMV_MAX_ROWS && self.prefill_linear(op, o, xp, m, n, k, &wa)? {
+            // phase 4: bf16 on the tensor cores (ops/prefill.rs), under MatmulPrecision::Bf16
+        } else if wa.w_dt == DT_F32 {
             self.sgemm(op, o, xp, wa.dense, m, n, k, n)?;
         } else if m <= GEMV_MAX_ROWS && self.fast_qgemv(op, o, xp, m, n, k, &wa)? {
             // done by the fast quantized GEMV
@@ -770,6 +777,12 @@ impl Backend for CudaBackend {
             return Ok(out);
         }
         let o = out.cuda_ptr()?;
+        // phase 4: long chunks in bf16 on the tensor cores (ops/prefill.rs), under MatmulPrecision::Bf16
+        if l >= ATTN_GEMM_MIN_QUERIES
+            && self.prefill_attention(op, o, (qp, kp, vp), (l, hq, hkv, d), cap, kv_len, scale)?
+        {
+            return Ok(out);
+        }
         let aligned = d.is_multiple_of(4) && (qp | kp | vp).is_multiple_of(16);
         if aligned && l >= ATTN_GEMM_MIN_QUERIES {
             return self.attention_gemm(op, o, (qp, kp, vp), (l, hq, hkv, d), cap, kv_len, scale).map(|_| out);
