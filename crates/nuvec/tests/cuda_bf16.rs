@@ -178,31 +178,47 @@ fn check_linear(case: &str, rng: &mut Rng, w: &Weight, m: usize) {
     if m <= 8 {
         return close_f32(&case, &got, &cpu);
     }
-    compare_linear(&case, &xv, w, m, &got, &cpu);
+    compare_linear(&case, &xv, 0.0, w, m, &got, &cpu);
 }
 
 /// `got` [m, n] against the product of the bf16-rounded operands and against the CPU's `cpu`.
-fn compare_linear(case: &str, xv: &[f32], w: &Weight, m: usize, got: &[f32], cpu: &[f32]) {
+/// `x_rel`: how far (relative) the GPU's f32 inputs may be from `xv` before rounding (0 when it
+/// reads `xv` itself): where that straddles a bf16 rounding boundary, the GPU's rounded input
+/// may be the neighbour (one step, at most 2^-7 relative), so those terms are allowed that.
+fn compare_linear(case: &str, xv: &[f32], x_rel: f64, w: &Weight, m: usize, got: &[f32], cpu: &[f32]) {
     let (n, k) = (w.matrix.rows(), w.matrix.cols());
     let xb: Vec<f64> = xv.iter().map(|&v| bf(v)).collect();
+    let x_step: Vec<f64> = xv
+        .iter()
+        .zip(&xb)
+        .map(|(&v, &r)| {
+            let moves = bf((v as f64 * (1.0 + x_rel)) as f32) != r || bf((v as f64 * (1.0 - x_rel)) as f32) != r;
+            if moves {
+                1.01 * 2.0 * U * (v as f64).abs()
+            } else {
+                0.0
+            }
+        })
+        .collect();
     let wb: Vec<f64> = w.values.iter().map(|&v| bf(v)).collect();
     let (mut exact, mut vs_cpu) = (Check::new("exact-operands"), Check::new("cpu-f32"));
     let gamma = k as f64 * F32_ADD;
     for t in 0..m {
-        let (xr, xbr) = (&xv[t * k..(t + 1) * k], &xb[t * k..(t + 1) * k]);
+        let (xr, xbr, xs) = (&xv[t * k..(t + 1) * k], &xb[t * k..(t + 1) * k], &x_step[t * k..(t + 1) * k]);
         for r in 0..n {
             let (wr, wbr) = (&w.values[r * k..(r + 1) * k], &wb[r * k..(r + 1) * k]);
-            let (mut dot, mut abs_hat, mut abs) = (0f64, 0f64, 0f64);
+            let (mut dot, mut abs_hat, mut abs, mut steps) = (0f64, 0f64, 0f64, 0f64);
             for c in 0..k {
                 let p = xbr[c] * wbr[c];
                 dot += p;
                 abs_hat += p.abs();
                 abs += (xr[c] as f64 * wr[c] as f64).abs();
+                steps += xs[c] * wbr[c].abs();
             }
             let g = got[t * n + r];
             let at = || format!("row {t}, output {r}");
-            exact.at(case, at, g, dot, gamma * abs_hat + 1e-30);
-            let bound = (2.0 * U + U * U) * abs + 2.0 * gamma * abs * (1.0 + 2.0 * U) + 1e-30;
+            exact.at(case, at, g, dot, steps + gamma * (abs_hat + steps) + 1e-30);
+            let bound = (2.0 * U + U * U + x_rel) * abs + 2.0 * gamma * abs * (1.0 + 2.0 * U) + 1e-30;
             vs_cpu.at(case, at, g, cpu[t * n + r] as f64, bound);
         }
     }
@@ -243,6 +259,50 @@ fn linear_quantized_every_width_and_group() {
     for bits in [2usize, 4, 6, 8] {
         let w = quantized(&mut rng, 70, 48, bits, 16, DType::BF16);
         check_linear(&format!("q{bits} g16 bf16 k=48 n=70 (generic decoder)"), &mut rng, &w, 37);
+    }
+}
+
+#[test]
+fn linear_many_and_silu_mul_linear() {
+    // The input converted once for several weights (q/k/v, gate/up), and the down projection of
+    // silu(gate) * up made in bf16 in one pass; decode-sized calls stay f32.
+    let dev = gpu();
+    let mut rng = Rng::new(25);
+    let k = 512;
+    let ws = [
+        quantized(&mut rng, 96, k, 4, 64, DType::BF16),
+        quantized(&mut rng, 32, k, 8, 32, DType::F16),
+        dense(&mut rng, 40, k, DType::BF16),
+    ];
+    let wg: Vec<Matrix> = ws.iter().map(|w| w.matrix.to_device(dev).unwrap()).collect();
+    let wd = quantized(&mut rng, 64, k, 4, 32, DType::BF16);
+    let wdg = wd.matrix.to_device(dev).unwrap();
+    for m in [8usize, 9, 100] {
+        let (xv, uv) = (rng.vec(m * k, 1.0), rng.vec(m * k, 1.0));
+        let (x, u) = (arr(&xv, &[m, k]), arr(&uv, &[m, k]));
+        let (xg, ug) = (x.to_device(dev).unwrap(), u.to_device(dev).unwrap());
+        let got = xg.linear_many(&wg.iter().collect::<Vec<_>>()).unwrap();
+        for (i, (g, w)) in got.iter().zip(&ws).enumerate() {
+            assert_eq!((g.shape(), g.device()), (&[m, w.matrix.rows()][..], dev));
+            let cpu = x.linear(&w.matrix).unwrap().to_f32_vec().unwrap();
+            let case = format!("linear_many bf16 m={m} weight {i}");
+            if m <= 8 {
+                close_f32(&case, &g.to_f32_vec().unwrap(), &cpu);
+            } else {
+                compare_linear(&case, &xv, 0.0, w, m, &g.to_f32_vec().unwrap(), &cpu);
+            }
+        }
+        let got = xg.silu_mul_linear(&ug, &wdg).unwrap();
+        assert_eq!((got.shape(), got.device()), (&[m, 64][..], dev));
+        let cpu = x.silu_mul_linear(&u, &wd.matrix).unwrap().to_f32_vec().unwrap();
+        let case = format!("silu_mul_linear bf16 m={m} q4 g32");
+        if m <= 8 {
+            close_f32(&case, &got.to_f32_vec().unwrap(), &cpu);
+        } else {
+            // The GPU's silu (its expf) may differ from the host's by a few f32 ulps.
+            let s: Vec<f32> = xv.iter().zip(&uv).map(|(&g, &u)| g / (1.0 + (-g).exp()) * u).collect();
+            compare_linear(&case, &s, 1.0 / 1_048_576.0, &wd, m, &got.to_f32_vec().unwrap(), &cpu);
+        }
     }
 }
 

@@ -126,6 +126,8 @@ fn driver_err(what: &str) -> impl Fn(cudarc::driver::DriverError) -> Error + '_ 
 
 impl State {
     fn new(ordinal: usize) -> Result<Self> {
+        // Phase 4: a bad NUVEC_CUDA_MATMUL fails the device's first use, not a later prefill.
+        matmul_precision()?;
         let count = device_count()?;
         if ordinal >= count {
             return Err(Error::Device(format!(
@@ -330,6 +332,7 @@ mod tests {
             // phase 4
             "gather3_bf16",
             "convert_bf16",
+            "silu_mul_bf16",
             "qdequant_bf16_b4",
             "qdequant_bf16_b6",
             "qdequant_bf16_any",

@@ -674,11 +674,19 @@ impl Backend for CudaBackend {
         if let Some(outs) = self.fused_qgemv("linear_many", x, ws, None)? {
             return Ok(outs);
         }
+        // phase 4: prefill in bf16, the input converted once for all the weights (ops/prefill.rs)
+        if let Some(outs) = self.prefill_linear_many("linear_many", x, ws, None)? {
+            return Ok(outs);
+        }
         ws.iter().map(|w| self.linear(x, w)).collect()
     }
 
     fn silu_mul_linear(&self, gate: &Array, up: &Array, w: &Matrix) -> Result<Array> {
         if let Some(mut outs) = self.fused_qgemv("silu_mul_linear", gate, &[w], Some(up))? {
+            return Ok(outs.remove(0));
+        }
+        // phase 4: prefill in bf16, silu(gate) * up made in bf16 in one pass (ops/prefill.rs)
+        if let Some(mut outs) = self.prefill_linear_many("silu_mul_linear", gate, &[w], Some(up))? {
             return Ok(outs.remove(0));
         }
         self.linear(&self.silu_mul(gate, up)?, w)

@@ -48,6 +48,15 @@ extern "C" __global__ void convert_bf16(u16* out, const void* src, int dt, size_
     if ((n & 1) && blockIdx.x == 0 && threadIdx.x == 0) out[n - 1] = (u16)pf_bf16(load_float(src, n - 1, dt));
 }
 
+// out [n] bf16 = silu(g) * u, computed in f32 as silu_mul_f32 computes it (g / (1 + exp(-g)) * u),
+// then rounded: the input of a down projection, made in one pass.
+extern "C" __global__ void silu_mul_bf16(u16* out, const float* g, const float* u, size_t n) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        float x = g[i];
+        out[i] = (u16)pf_bf16(x / (1.0f + expf(-x)) * u[i]);
+    }
+}
+
 // The BITS u32 words of one 32-value chunk of a packed row; `p` aligned to the load's width
 // (checked on the host, as for the GEMV).
 template <int BITS>

@@ -15,9 +15,11 @@ use std::sync::OnceLock;
 use cudarc::cublas::sys::{cublasComputeType_t, cublasGemmAlgo_t, cublasOperation_t, cudaDataType};
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 
-use super::{cfg_1d, fast_path_log_group, to_i32, CudaBackend, WeightArgs, ATTN_GEMM_SCORE_BYTES, DT_BF16, DT_F32};
+use super::{
+    cfg_1d, fast_path_log_group, to_i32, CudaBackend, WeightArgs, ATTN_GEMM_SCORE_BYTES, DT_BF16, DT_F32, GEMV_MAX_ROWS,
+};
 use crate::backends::cuda::{DeviceBuffer, State};
-use crate::{Error, Result};
+use crate::{Array, DType, Error, Matrix, QuantMode, Result};
 
 /// How the CUDA backend multiplies matrices on the prefill paths (`linear` of more than 8 input
 /// rows, `attention` of 64 queries or more). Decode (the GEMV and split-key attention kernels)
@@ -150,34 +152,96 @@ impl CudaBackend {
         if matmul_precision()? != MatmulPrecision::Bf16 {
             return Ok(false);
         }
-        let st = self.st()?;
-        let xb = DeviceBuffer::alloc(st, m * k * 2)?;
+        let xb = DeviceBuffer::alloc(self.st()?, m * k * 2)?;
         self.convert_bf16(op, xb.ptr(), xp, DT_F32, m * k)?;
+        self.linear_bf16_rows(op, o, xb.ptr(), m, n, k, w)?;
+        Ok(true)
+    }
+
+    /// `linear_many` (q/k/v, gate/up) of more than 8 rows in bf16, the input converted once for
+    /// all the weights; with `up`, the `silu_mul_linear` down projection of `silu(x) * up`, the
+    /// input made in one pass. `None` (nothing done) unless the precision is bf16 and the case is
+    /// plain (f32 input on this device, dense or affine weights of `x`'s width): `linear` then
+    /// runs (and reports what is wrong).
+    pub(super) fn prefill_linear_many(
+        &self,
+        op: &'static str,
+        x: &Array,
+        ws: &[&Matrix],
+        up: Option<&Array>,
+    ) -> Result<Option<Vec<Array>>> {
+        if x.shape().is_empty() || x.dtype() != DType::F32 || x.device() != self.dev() {
+            return Ok(None);
+        }
+        let k = x.dim(-1);
+        let m = x.len() / k.max(1);
+        let plain = |w: &&Matrix| match w {
+            Matrix::Dense(_) => w.cols() == k,
+            Matrix::Quantized(q) => q.spec.mode == QuantMode::Affine && w.cols() == k,
+        };
+        if k == 0 || m <= GEMV_MAX_ROWS || ws.is_empty() || !ws.iter().all(plain) {
+            return Ok(None);
+        }
+        if let Some(u) = up {
+            if u.shape() != x.shape() || u.dtype() != DType::F32 || u.device() != self.dev() {
+                return Ok(None);
+            }
+        }
+        if matmul_precision()? != MatmulPrecision::Bf16 {
+            return Ok(None);
+        }
+        let args = ws.iter().map(|w| self.weight_args(op, w)).collect::<Result<Vec<_>>>()?;
+        let xb = DeviceBuffer::alloc(self.st()?, m * k * 2)?;
+        let (xbp, xp) = (xb.ptr(), x.cuda_ptr()?);
+        match up {
+            Some(u) => {
+                let (up_p, nl) = (u.cuda_ptr()?, (m * k) as u64);
+                launch!(self.st()?, op, "silu_mul_bf16", cfg_1d(m * k); xbp, xp, up_p, nl);
+            }
+            None => self.convert_bf16(op, xbp, xp, DT_F32, m * k)?,
+        }
+        let mut outs = Vec::with_capacity(ws.len());
+        for (w, a) in ws.iter().zip(&args) {
+            let n = w.rows();
+            let mut shape = x.shape().to_vec();
+            *shape.last_mut().expect("x has an axis") = n;
+            let out = self.output(&shape, DType::F32, false)?;
+            if n > 0 {
+                self.linear_bf16_rows(op, out.cuda_ptr()?, xbp, m, n, k, a)?;
+            }
+            outs.push(out);
+        }
+        Ok(Some(outs))
+    }
+
+    /// `out [m, n]` f32 (at `o`) = `xb [m, k]` (bf16) times `w [n, k]`: a bf16 weight as it is,
+    /// others decoded to bf16 in tiles of `TILE_BF16` values, each one GEMM into its columns.
+    #[allow(clippy::too_many_arguments)]
+    fn linear_bf16_rows(
+        &self,
+        op: &'static str,
+        o: u64,
+        xb: u64,
+        m: usize,
+        n: usize,
+        k: usize,
+        w: &WeightArgs,
+    ) -> Result<()> {
         if w.w_dt == DT_BF16 {
             // A bf16 checkpoint's weights are the GEMM's operand as they are.
-            self.gemm_bf16(op, (true, false), (n, m, k), 1.0, (w.dense, k, 0), (xb.ptr(), k, 0), (o, n, 0), 1)?;
-            return Ok(true);
+            return self.gemm_bf16(op, (true, false), (n, m, k), 1.0, (w.dense, k, 0), (xb, k, 0), (o, n, 0), 1);
         }
         let tile = (TILE_BF16 / k).max(64).next_multiple_of(64).min(n);
-        let scratch = DeviceBuffer::alloc(st, tile * k * 2)?;
+        let scratch = DeviceBuffer::alloc(self.st()?, tile * k * 2)?;
         let mut r0 = 0;
         while r0 < n {
             let rows = tile.min(n - r0);
             self.decode_bf16(op, scratch.ptr(), r0, rows, k, w)?;
             let out = o + (r0 * 4) as u64;
-            self.gemm_bf16(
-                op,
-                (true, false),
-                (rows, m, k),
-                1.0,
-                (scratch.ptr(), k, 0),
-                (xb.ptr(), k, 0),
-                (out, n, 0),
-                1,
-            )?;
+            self.gemm_bf16(op, (true, false), (rows, m, k), 1.0, (scratch.ptr(), k, 0), (xb, k, 0), (out, n, 0), 1)?;
             r0 += rows;
         }
-        Ok(true)
+        Ok(())
     }
 
     /// Weight rows `row0..row0 + rows` of `w` (not bf16) decoded to bf16 at `out` ([rows, k]).
