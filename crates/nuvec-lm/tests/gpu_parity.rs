@@ -12,6 +12,9 @@
 //! Fixtures: `$NUVEC_GPU_FIXTURES` (a folder of case directories holding at least config.json
 //! and the safetensors; oracle.json when present gives the prompt), else `$NUVEC_FIXTURES`.
 //! Missing fixtures or no usable GPU fail the test: a parity test that skips proves nothing.
+//!
+//! The tolerance is f32's, so the prefill products run in f32 (`set_matmul_precision(F32)`;
+//! the default is bf16, checked by tests/gpu_parity_bf16.rs).
 #![cfg(feature = "cuda")]
 
 use std::path::PathBuf;
@@ -103,6 +106,8 @@ fn run(
 }
 
 fn check(case: &str, options: CacheOptions, prompt_len: usize, chunk: usize) {
+    // Every test of this binary compares at f32 rounding (process-wide, the same for all).
+    nuvec::backends::cuda::set_matmul_precision(nuvec::backends::cuda::MatmulPrecision::F32);
     let dir = case_dir(case);
     let cpu = load_model_on(&dir, Device::Cpu).unwrap();
     let gpu = load_model_on(&dir, Device::Cuda(0)).unwrap_or_else(|e| panic!("{case}: loading on cuda:0: {e}"));

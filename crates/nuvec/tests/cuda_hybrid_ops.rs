@@ -16,6 +16,8 @@ const TOL: f32 = 1e-4;
 
 /// The device under test; panics (fails the test) when there is none.
 fn gpu() -> Device {
+    // Compared at f32 tolerance: the prefill products (64+ query attention here) in f32.
+    nuvec::backends::cuda::set_matmul_precision(nuvec::backends::cuda::MatmulPrecision::F32);
     match nuvec::backends::cuda::device_count() {
         Ok(n) if n > 0 => {}
         Ok(_) => panic!("no CUDA device: the driver reports 0 devices (these tests need an NVIDIA GPU)"),

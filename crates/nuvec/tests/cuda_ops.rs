@@ -7,16 +7,22 @@
 //! with `TOL = 1e-4` (f32 arithmetic in another order: SGEMM, warp reductions, fused
 //! multiply-adds); copies, integer results and exact ops must match bit for bit. Each case prints
 //! a `RESULT` line with its largest absolute and relative error (run with `--nocapture`).
+//!
+//! These comparisons are at f32 rounding, so the process runs the prefill products in f32
+//! (`set_matmul_precision(F32)`; the default is bf16). The bf16 paths: tests/cuda_bf16.rs.
 
 #![cfg(feature = "cuda")]
 
 use half::{bf16, f16};
+use nuvec::backends::cuda::{set_matmul_precision, MatmulPrecision};
 use nuvec::{backend, Array, DType, Device, Matrix, QuantMode, QuantSpec, Quantized};
 
 const TOL: f32 = 1e-4;
 
-/// The device under test; panics (fails the test) when there is none.
+/// The device under test; panics (fails the test) when there is none. Every test starts here,
+/// so every product runs in f32 (every test of this binary wants the same).
 fn gpu() -> Device {
+    set_matmul_precision(MatmulPrecision::F32);
     match nuvec::backends::cuda::device_count() {
         Ok(n) if n > 0 => {}
         Ok(_) => panic!("no CUDA device: the driver reports 0 devices (these tests need an NVIDIA GPU)"),
@@ -558,6 +564,37 @@ fn timing_probe() {
         per_op(&format!("add_rms_norm [1,1024] (fused), {cache}"), &|y| y.add_rms_norm(&x, &w, 1e-5).unwrap().1);
     }
     nuvec::backends::cuda::set_cache_limit(0, 1 << 30).unwrap();
+    // Phase 4: the prefill products in each matmul precision (8B shapes; TFLOP/s printed in the
+    // GB/s column as GFLOP/s). Attention counts the full (unmasked) products, as above.
+    let w = quantized(&mut rng, 14336, k, 4, 64, DType::BF16).to_device(dev).unwrap();
+    let wb = Matrix::Dense(floats(&rng.vec(14336 * k, 0.02), &[14336, k], DType::BF16)).to_device(dev).unwrap();
+    let xs: Vec<Array> =
+        [512usize, 4096].iter().map(|&m| arr(&rng.vec(m * k, 1.0), &[m, k]).to_device(dev).unwrap()).collect();
+    let (hq, hkv, d) = (32usize, 8usize, 128usize);
+    let att: Vec<(usize, Array, Array)> = [2048usize, 4096]
+        .iter()
+        .map(|&l| {
+            let q = arr(&rng.vec(l * hq * d, 1.0), &[l, hq, d]).to_device(dev).unwrap();
+            let kk = arr(&rng.vec(hkv * l * d, 1.0), &[hkv, l, d]).to_device(dev).unwrap();
+            (l, q, kk)
+        })
+        .collect();
+    for precision in [MatmulPrecision::F32, MatmulPrecision::Tf32, MatmulPrecision::Bf16] {
+        set_matmul_precision(precision);
+        for x in &xs {
+            let m = x.dim(0);
+            let flops = (2 * m * 14336 * k) as f64;
+            time(&format!("{precision} linear q4 g64 [{m},{k}] x [14336,{k}]"), flops, 10, &|| x.linear(&w).unwrap());
+            time(&format!("{precision} linear bf16 [{m},{k}] x [14336,{k}]"), flops, 10, &|| x.linear(&wb).unwrap());
+        }
+        for (l, q, kk) in &att {
+            let flops = (4 * hq * l * l * d) as f64;
+            time(&format!("{precision} attention prefill L=kv={l} Hq=32 Hkv=8 D=128"), flops, 5, &|| {
+                nuvec::attention(q, kk, kk, *l, 0.088).unwrap()
+            });
+        }
+    }
+    set_matmul_precision(MatmulPrecision::F32);
 }
 
 // ---- decode fusions and the caching allocator ----

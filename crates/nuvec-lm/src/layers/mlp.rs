@@ -32,7 +32,10 @@ impl Mlp {
     /// intermediates of the whole chunk at once.
     pub fn forward(&self, x: &Array) -> Result<Array> {
         let l = x.dim(0);
-        if l <= ROW_BLOCK {
+        // CUDA prefill (issue 7, phase 4): each product decodes its whole weight to bf16 tiles
+        // per call, so blocks of rows would decode every weight once per block (4 times per
+        // 2048-token chunk); the chunk's intermediates fit in GPU memory, so take it whole.
+        if l <= ROW_BLOCK || x.device() != nuvec::Device::Cpu {
             return self.forward_rows(x);
         }
         let dims = x.dim(1);

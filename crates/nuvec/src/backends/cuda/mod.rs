@@ -26,12 +26,14 @@ use crate::{Error, Result};
 
 pub use alloc::{cached_bytes, set_cache_limit};
 pub use ops::CudaBackend;
+// Phase 4: the prefill matmul precision (bf16 tensor cores by default).
+pub use ops::{matmul_precision, set_matmul_precision, MatmulPrecision};
 
 /// Definitions every kernel source starts with (dtype helpers, bit unpacking, reductions).
 pub const PRELUDE: &str = include_str!("kernels/common.cuh");
 
 /// The kernel sources, by file name, without the [`PRELUDE`].
-pub const SOURCES: [(&str, &str); 8] = [
+pub const SOURCES: [(&str, &str); 9] = [
     ("elementwise.cu", include_str!("kernels/elementwise.cu")),
     ("linear.cu", include_str!("kernels/linear.cu")),
     ("attention.cu", include_str!("kernels/attention.cu")),
@@ -45,6 +47,8 @@ pub const SOURCES: [(&str, &str); 8] = [
     ("gpt_oss.cu", include_str!("kernels/gpt_oss.cu")),
     // decode fusions
     ("fused.cu", include_str!("kernels/fused.cu")),
+    // Phase 4: tensor-core prefill (bf16 operands for cuBLAS).
+    ("prefill.cu", include_str!("kernels/prefill.cu")),
 ];
 
 /// The NVRTC options every source is compiled with, for a virtual architecture such as
@@ -133,6 +137,8 @@ fn driver_err(what: &str) -> impl Fn(cudarc::driver::DriverError) -> Error + '_ 
 
 impl State {
     fn new(ordinal: usize) -> Result<Self> {
+        // Phase 4: a bad NUVEC_CUDA_MATMUL fails the device's first use, not a later prefill.
+        matmul_precision()?;
         let count = device_count()?;
         if ordinal >= count {
             return Err(Error::Device(format!(
@@ -365,6 +371,14 @@ mod tests {
             "rope_qk_f32",
             "write_kv_rows_f32",
             "argmax_gap_f32",
+            // phase 4
+            "gather3_bf16",
+            "convert_bf16",
+            "silu_mul_bf16",
+            "qdequant_bf16_b4",
+            "qdequant_bf16_b6",
+            "qdequant_bf16_any",
+            "causal_softmax_bf16",
         ] {
             assert!(names.iter().any(|n| n == want), "{want} missing from {names:?}");
         }

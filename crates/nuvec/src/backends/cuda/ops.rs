@@ -110,12 +110,12 @@ impl CudaBackend {
     }
 }
 
-/// Whether the weight products of more than 8 rows (prefill) run on the tensor cores in TF32
-/// (inputs rounded to 10-bit mantissas, f32 accumulation): `NUVEC_CUDA_MATMUL=tf32`. The default,
-/// `f32`, is plain SGEMM, whose results match the CPU backend to f32 rounding.
-fn tf32_matmul() -> bool {
-    static TF32: OnceLock<bool> = OnceLock::new();
-    *TF32.get_or_init(|| std::env::var("NUVEC_CUDA_MATMUL").is_ok_and(|v| v.eq_ignore_ascii_case("tf32")))
+/// Whether the SGEMM weight products run on the tensor cores in TF32 (inputs rounded to 10-bit
+/// mantissas, f32 accumulation): [`MatmulPrecision::Tf32`] (`NUVEC_CUDA_MATMUL=tf32`). Under
+/// `F32` (and for what still calls SGEMM under `Bf16`) it is plain SGEMM, whose results match the
+/// CPU backend to f32 rounding.
+fn tf32_matmul() -> Result<bool> {
+    Ok(matmul_precision()? == MatmulPrecision::Tf32)
 }
 
 /// The shape of the one-row 4-bit GEMV for `k` inputs and `n` outputs (`n` unknown, 0, for the
@@ -195,6 +195,11 @@ mod gpt_oss;
 
 // decode fusions (kernels/fused.cu).
 mod fused;
+
+// Phase 4: tensor-core prefill (bf16 weight products and attention, kernels/prefill.cu) and the
+// process-wide matmul precision that selects it.
+mod prefill;
+pub use prefill::{matmul_precision, set_matmul_precision, MatmulPrecision};
 
 /// A weight matrix as kernel arguments (see `struct Weights` in linear.cu).
 struct WeightArgs {
@@ -301,7 +306,7 @@ impl CudaBackend {
             (to_i32(op, "rows", m)?, to_i32(op, "rows", rows)?, to_i32(op, "k", k)?, to_i32(op, "n", n)?);
         let blas = st.blas.lock().unwrap_or_else(|p| p.into_inner());
         let (alpha, beta) = (1f32, 0f32);
-        if tf32_matmul() {
+        if tf32_matmul()? {
             use cudarc::cublas::sys::{cublasComputeType_t, cublasGemmAlgo_t, cudaDataType};
             let f = cudaDataType::CUDA_R_32F;
             // SAFETY: as for the SGEMM below (same matrices, extents and leading dimensions);
@@ -663,6 +668,14 @@ impl CudaBackend {
             return Ok(out);
         }
         let o = out.cuda_ptr()?;
+        // phase 4: long chunks in bf16 on the tensor cores (ops/prefill.rs), under
+        // MatmulPrecision::Bf16; its softmax has no sink term, so sinks take the f32 path.
+        if sinks.is_none()
+            && l >= ATTN_GEMM_MIN_QUERIES
+            && self.prefill_attention(op, o, (qp, kp, vp), (l, hq, hkv, d), cap, kv_len, scale)?
+        {
+            return Ok(out);
+        }
         let sp = match sinks {
             Some(s) => self.sinks_table(s)?,
             None => 0,
@@ -729,7 +742,9 @@ impl Backend for CudaBackend {
             return Ok(out);
         }
         let o = out.cuda_ptr()?;
-        if wa.w_dt == DT_F32 {
+        if m > GEMV_MAX_ROWS && self.prefill_linear(op, o, xp, m, n, k, &wa)? {
+            // phase 4: bf16 on the tensor cores (ops/prefill.rs), under MatmulPrecision::Bf16
+        } else if wa.w_dt == DT_F32 {
             self.sgemm(op, o, xp, wa.dense, m, n, k, n)?;
         } else if m <= GEMV_MAX_ROWS && self.fast_qgemv(op, o, xp, m, n, k, &wa)? {
             // done by the fast quantized GEMV
@@ -764,11 +779,19 @@ impl Backend for CudaBackend {
         if let Some(outs) = self.fused_qgemv("linear_many", x, ws, None)? {
             return Ok(outs);
         }
+        // phase 4: prefill in bf16, the input converted once for all the weights (ops/prefill.rs)
+        if let Some(outs) = self.prefill_linear_many("linear_many", x, ws, None)? {
+            return Ok(outs);
+        }
         ws.iter().map(|w| self.linear(x, w)).collect()
     }
 
     fn silu_mul_linear(&self, gate: &Array, up: &Array, w: &Matrix) -> Result<Array> {
         if let Some(mut outs) = self.fused_qgemv("silu_mul_linear", gate, &[w], Some(up))? {
+            return Ok(outs.remove(0));
+        }
+        // phase 4: prefill in bf16, silu(gate) * up made in bf16 in one pass (ops/prefill.rs)
+        if let Some(mut outs) = self.prefill_linear_many("silu_mul_linear", gate, &[w], Some(up))? {
             return Ok(outs.remove(0));
         }
         self.linear(&self.silu_mul(gate, up)?, w)

@@ -1,0 +1,201 @@
+// Phase 4 (issue 7): prefill on the tensor cores in bf16. The weight products and attention of
+// long chunks run as cuBLAS GEMMs with bf16 inputs and f32 accumulation and outputs; these kernels
+// make their bf16 operands: activations converted once per call, weight tiles decoded straight to
+// bf16 (from MLX affine-quantized rows, or dense f32/f16), probabilities written by the softmax.
+// bf16 values are u16 bit patterns (no cuda_bf16.h under NVRTC); every conversion rounds to
+// nearest, ties to even, as the host's `half::bf16::from_f32` does.
+
+__device__ __forceinline__ u32 pf_bf16(float f) {
+    u32 u = __float_as_uint(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (u >> 16) | 0x40u;  // NaN stays a (quiet) NaN
+    u += 0x7fffu + ((u >> 16) & 1u);  // carries into the exponent when rounding up (inf past max)
+    return u >> 16;
+}
+
+__device__ __forceinline__ u32 pf_bf16x2(float lo, float hi) { return pf_bf16(lo) | (pf_bf16(hi) << 16); }
+
+// out [B, A, C] bf16 = src[a * sa + b * sb + c] (element strides) for a < A, b < B, c < C; src is
+// f32, f16 or bf16 (`dt`). For attention the queries [L, Hkv, group * D] become
+// [Hkv, L, group * D] (the heads of one KV group side by side) and the first kv_len rows of each
+// KV head of the cache [Hkv, cap, D] become [Hkv, kv_len, D]. Index math in 32 bits where it fits.
+extern "C" __global__ void gather3_bf16(u16* out, const void* src, int dt, long long a_n, long long b_n, long long c_n,
+                                        long long sa, long long sb, size_t total) {
+    const size_t stride = (size_t)gridDim.x * blockDim.x;
+    if (total <= 0xffffffffull) {
+        const u32 an = (u32)a_n, cn = (u32)c_n;
+        for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total; i += stride) {
+            u32 ii = (u32)i, c = ii % cn, r = ii / cn, a = r % an, b = r / an;
+            out[i] = (u16)pf_bf16(load_float(src, a * (size_t)sa + b * (size_t)sb + c, dt));
+        }
+        return;
+    }
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total; i += stride) {
+        size_t c = i % (size_t)c_n;
+        size_t r = i / (size_t)c_n;
+        size_t a = r % (size_t)a_n;
+        size_t b = r / (size_t)a_n;
+        out[i] = (u16)pf_bf16(load_float(src, a * (size_t)sa + b * (size_t)sb + c, dt));
+    }
+}
+
+// out [n] bf16 = src [n] (f32, f16 or bf16 `dt`): activations and dense weight tiles. Pairs of
+// values per thread, written as one u32 (`out` 4-byte aligned: the host passes buffer starts).
+extern "C" __global__ void convert_bf16(u16* out, const void* src, int dt, size_t n) {
+    const size_t pairs = n / 2;
+    u32* out2 = (u32*)out;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < pairs; i += (size_t)gridDim.x * blockDim.x)
+        out2[i] = pf_bf16x2(load_float(src, 2 * i, dt), load_float(src, 2 * i + 1, dt));
+    if ((n & 1) && blockIdx.x == 0 && threadIdx.x == 0) out[n - 1] = (u16)pf_bf16(load_float(src, n - 1, dt));
+}
+
+// out [n] bf16 = silu(g) * u, computed in f32 as silu_mul_f32 computes it (g / (1 + exp(-g)) * u),
+// then rounded: the input of a down projection, made in one pass.
+extern "C" __global__ void silu_mul_bf16(u16* out, const float* g, const float* u, size_t n) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        float x = g[i];
+        out[i] = (u16)pf_bf16(x / (1.0f + expf(-x)) * u[i]);
+    }
+}
+
+// The BITS u32 words of one 32-value chunk of a packed row; `p` aligned to the load's width
+// (checked on the host, as for the GEMV).
+template <int BITS>
+__device__ __forceinline__ void pf_load(u32 (&w)[BITS], const u32* p) {
+    if constexpr (BITS == 4) {
+        uint4 v = __ldg((const uint4*)p);
+        w[0] = v.x; w[1] = v.y; w[2] = v.z; w[3] = v.w;
+    } else if constexpr (BITS == 8) {
+        uint4 a = __ldg((const uint4*)p), b = __ldg((const uint4*)p + 1);
+        w[0] = a.x; w[1] = a.y; w[2] = a.z; w[3] = a.w; w[4] = b.x; w[5] = b.y; w[6] = b.z; w[7] = b.w;
+    } else if constexpr (BITS == 2) {
+        uint2 v = __ldg((const uint2*)p);
+        w[0] = v.x; w[1] = v.y;
+    } else {
+#pragma unroll
+        for (int i = 0; i < BITS; ++i) w[i] = __ldg(p + i);
+    }
+}
+
+// Value i of a chunk (LSB-first bit stream; i is a constant once unrolled).
+template <int BITS>
+__device__ __forceinline__ float pf_value(const u32 (&w)[BITS], int i) {
+    const int bit = i * BITS, word = bit >> 5, sh = bit & 31;
+    u32 v = sh + BITS <= 32 ? w[word] >> sh : __funnelshift_r(w[word], w[word + 1], sh);
+    return (float)(v & ((1u << BITS) - 1u));
+}
+
+// out [rows, K] bf16 = rows row0.. of an affine-quantized W (K a multiple of 32, groups of 1 << lg
+// values, lg >= 4), each value fmaf(scale, q, bias) in f32, then rounded to bf16. One thread per
+// 32-value chunk: BITS words in, 64 bytes out in four 16-byte stores.
+template <int BITS>
+__device__ __forceinline__ void qdequant_bf16_body(u16* out, long long row0, long long rows, const u32* packed,
+                                                   const void* scales, const void* biases, int p_dt, int lg, int k) {
+    const int chunks = k >> 5;
+    const size_t words = (size_t)chunks * BITS;
+    const size_t gpr = (size_t)(k >> lg);
+    const size_t total = (size_t)rows * chunks;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x) {
+        size_t r = i / chunks, c = i % chunks, row = (size_t)row0 + r;
+        u32 w[BITS];
+        pf_load<BITS>(w, packed + row * words + c * BITS);
+        // A chunk lies in one group (groups >= 32) or covers two groups of 16.
+        size_t g0 = row * gpr + ((c << 5) >> lg), g1 = row * gpr + (((c << 5) + 16) >> lg);
+        float s0 = load_float(scales, g0, p_dt), b0 = load_float(biases, g0, p_dt);
+        float s1 = load_float(scales, g1, p_dt), b1 = load_float(biases, g1, p_dt);
+        u32 o[16];
+#pragma unroll
+        for (int j = 0; j < 16; ++j) {
+            float sc = j < 8 ? s0 : s1, bi = j < 8 ? b0 : b1;
+            o[j] = pf_bf16x2(fmaf(sc, pf_value<BITS>(w, 2 * j), bi), fmaf(sc, pf_value<BITS>(w, 2 * j + 1), bi));
+        }
+        uint4* dst = (uint4*)(out + r * (size_t)k + (c << 5));
+#pragma unroll
+        for (int v = 0; v < 4; ++v) dst[v] = make_uint4(o[4 * v], o[4 * v + 1], o[4 * v + 2], o[4 * v + 3]);
+    }
+}
+
+#define QDB_PARAMS \
+    u16 *out, long long row0, long long rows, const u32 *packed, const void *scales, const void *biases, int p_dt, \
+        int lg, int k
+#define QDB_ARGS out, row0, rows, packed, scales, biases, p_dt, lg, k
+extern "C" __global__ void qdequant_bf16_b2(QDB_PARAMS) { qdequant_bf16_body<2>(QDB_ARGS); }
+extern "C" __global__ void qdequant_bf16_b3(QDB_PARAMS) { qdequant_bf16_body<3>(QDB_ARGS); }
+extern "C" __global__ void qdequant_bf16_b4(QDB_PARAMS) { qdequant_bf16_body<4>(QDB_ARGS); }
+extern "C" __global__ void qdequant_bf16_b5(QDB_PARAMS) { qdequant_bf16_body<5>(QDB_ARGS); }
+extern "C" __global__ void qdequant_bf16_b6(QDB_PARAMS) { qdequant_bf16_body<6>(QDB_ARGS); }
+extern "C" __global__ void qdequant_bf16_b8(QDB_PARAMS) { qdequant_bf16_body<8>(QDB_ARGS); }
+
+// The same for any affine case the chunked kernel does not take (K not a multiple of 32, words not
+// aligned for its wide loads): one thread per value, read through the bit stream.
+extern "C" __global__ void qdequant_bf16_any(u16* out, long long row0, size_t total, const u32* packed,
+                                             const void* scales, const void* biases, int p_dt, int bits, int group,
+                                             int k) {
+    const size_t words = (size_t)k * bits / 32;
+    const size_t gpr = (size_t)(k / group);
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x) {
+        size_t row = (size_t)row0 + i / k;
+        int c = (int)(i % k);
+        float q = (float)unpack(packed + row * words, (size_t)c, bits);
+        size_t g = row * gpr + c / group;
+        out[i] = (u16)pf_bf16(fmaf(load_float(scales, g, p_dt), q, load_float(biases, g, p_dt)));
+    }
+}
+
+// The causal softmax of the bf16 attention path. `scores` [Hkv, rows, ld] f32 (the first n of
+// each row's ld entries used) holds Q K^T * scale for the query heads of each KV group side by
+// side: row r is query `first + r / group` (head `r % group` of its group), which sees keys
+// 0..=first + r / group. Writes the normalized probabilities to `probs` (same layout, bf16; 0 past
+// the causal limit, up to n). One block of SMX_THREADS per (row, KV head). Rows of up to
+// SMX_THREADS * SMX_PER keys stay in registers (one read of the scores, one write of the
+// probabilities); longer ones use `scores` as scratch for the exponentials.
+#define SMX_THREADS 256
+#define SMX_PER 16
+
+extern "C" __global__ void __launch_bounds__(SMX_THREADS) causal_softmax_bf16(u16* probs, float* scores, int rows,
+                                                                              int n, int ld, long long first,
+                                                                              int group) {
+    __shared__ float scratch[33];
+    const int r = blockIdx.x, h = blockIdx.y;
+    const size_t off = ((size_t)h * rows + r) * ld;
+    float* row = scores + off;
+    u16* out = probs + off;
+    const int valid = (int)min((long long)n, first + r / group + 1);
+    if (n <= SMX_THREADS * SMX_PER) {
+        float e[SMX_PER];
+        float m = NEG_INF;
+#pragma unroll
+        for (int i = 0; i < SMX_PER; ++i) {
+            int j = threadIdx.x + i * SMX_THREADS;
+            e[i] = j < valid ? row[j] : NEG_INF;
+            m = fmaxf(m, e[i]);
+        }
+        m = block_max(m, scratch);
+        float sum = 0.0f;
+#pragma unroll
+        for (int i = 0; i < SMX_PER; ++i) {
+            int j = threadIdx.x + i * SMX_THREADS;
+            e[i] = j < valid ? expf(e[i] - m) : 0.0f;
+            sum += e[i];
+        }
+        sum = block_sum(sum, scratch);
+        float inv = 1.0f / sum;
+#pragma unroll
+        for (int i = 0; i < SMX_PER; ++i) {
+            int j = threadIdx.x + i * SMX_THREADS;
+            if (j < n) out[j] = (u16)pf_bf16(e[i] * inv);  // 0 past the causal limit
+        }
+        return;
+    }
+    float m = NEG_INF;
+    for (int j = threadIdx.x; j < valid; j += blockDim.x) m = fmaxf(m, row[j]);
+    m = block_max(m, scratch);
+    float sum = 0.0f;
+    for (int j = threadIdx.x; j < valid; j += blockDim.x) {
+        float e = expf(row[j] - m);
+        row[j] = e;
+        sum += e;
+    }
+    sum = block_sum(sum, scratch);
+    float inv = 1.0f / sum;
+    for (int j = threadIdx.x; j < n; j += blockDim.x) out[j] = j < valid ? (u16)pf_bf16(row[j] * inv) : (u16)0;
+}

@@ -1,0 +1,497 @@
+//! Phase 4 (issue 7): prefill on the tensor cores. Under [`MatmulPrecision::Bf16`] (the default),
+//! `linear` of more than 8 input rows and `attention` of 64 queries or more run as cuBLAS GEMMs
+//! with bf16 inputs, f32 accumulation and f32 outputs (`cublasGemmEx`, `CUBLAS_COMPUTE_32F`),
+//! as mlx-lm, llama.cpp and vLLM compute prefill: activations are rounded to bf16 once per call,
+//! weights decoded straight to bf16 tile by tile (`kernels/prefill.cu`), attention probabilities
+//! written in bf16 by the softmax. Nothing is kept between calls: memory use is as with f32.
+//! Under [`MatmulPrecision::F32`] and [`MatmulPrecision::Tf32`] these paths are off and the f32
+//! kernels of `ops.rs` run (SGEMM, or its TF32 mode for the weight products).
+
+use std::fmt;
+use std::str::FromStr;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::OnceLock;
+
+use cudarc::cublas::sys::{cublasComputeType_t, cublasGemmAlgo_t, cublasOperation_t, cudaDataType};
+use cudarc::driver::{LaunchConfig, PushKernelArg};
+
+use super::{
+    cfg_1d, fast_path_log_group, to_i32, CudaBackend, WeightArgs, ATTN_GEMM_SCORE_BYTES, DT_BF16, DT_F32, GEMV_MAX_ROWS,
+};
+use crate::backends::cuda::{DeviceBuffer, State};
+use crate::{Array, DType, Error, Matrix, QuantMode, Result};
+
+/// How the CUDA backend multiplies matrices on the prefill paths (`linear` of more than 8 input
+/// rows, `attention` of 64 queries or more). Decode (the GEMV and split-key attention kernels)
+/// is f32 whatever this says: it is limited by memory, not arithmetic.
+///
+/// Process-wide: [`set_matmul_precision`], else the environment variable `NUVEC_CUDA_MATMUL`
+/// (`f32`, `tf32` or `bf16`, read once), else [`MatmulPrecision::DEFAULT`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MatmulPrecision {
+    /// f32 SGEMM: results match the CPU backend to f32 rounding (about 1e-6 relative).
+    F32,
+    /// The weight products on the tensor cores in TF32 (inputs rounded to 10-bit mantissas,
+    /// f32 accumulation); attention as with `F32`.
+    Tf32,
+    /// Weight products and attention on the tensor cores with bf16 inputs (8-bit significands,
+    /// relative rounding 2^-9 per input) and f32 accumulation and outputs.
+    Bf16,
+}
+
+impl MatmulPrecision {
+    /// What runs when neither the setter nor `NUVEC_CUDA_MATMUL` says otherwise: bf16, as
+    /// mlx-lm, llama.cpp and vLLM compute prefill (about 4x f32's speed on an H200; see
+    /// docs/cuda.md, phase 4, for what it changes in the logits).
+    pub const DEFAULT: MatmulPrecision = MatmulPrecision::Bf16;
+
+    /// The name `NUVEC_CUDA_MATMUL` takes: `f32`, `tf32` or `bf16`.
+    pub fn name(self) -> &'static str {
+        match self {
+            MatmulPrecision::F32 => "f32",
+            MatmulPrecision::Tf32 => "tf32",
+            MatmulPrecision::Bf16 => "bf16",
+        }
+    }
+
+    fn code(self) -> u8 {
+        match self {
+            MatmulPrecision::F32 => 1,
+            MatmulPrecision::Tf32 => 2,
+            MatmulPrecision::Bf16 => 3,
+        }
+    }
+
+    fn from_code(c: u8) -> Option<Self> {
+        match c {
+            1 => Some(MatmulPrecision::F32),
+            2 => Some(MatmulPrecision::Tf32),
+            3 => Some(MatmulPrecision::Bf16),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for MatmulPrecision {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for MatmulPrecision {
+    type Err = Error;
+
+    /// `f32`, `tf32` or `bf16` (any case).
+    fn from_str(s: &str) -> Result<Self> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "f32" => Ok(MatmulPrecision::F32),
+            "tf32" => Ok(MatmulPrecision::Tf32),
+            "bf16" => Ok(MatmulPrecision::Bf16),
+            _ => Err(Error::Unsupported(format!(
+                "matmul precision {s:?}: the CUDA backend knows f32 (exact to f32 rounding), tf32 and bf16 (the default)"
+            ))),
+        }
+    }
+}
+
+/// The setter's choice (0: none yet).
+static CHOSEN: AtomicU8 = AtomicU8::new(0);
+
+/// Sets the prefill matmul precision of every CUDA device for the rest of the process (or until
+/// the next call); it overrides `NUVEC_CUDA_MATMUL`. Ops already enqueued keep theirs.
+pub fn set_matmul_precision(precision: MatmulPrecision) {
+    CHOSEN.store(precision.code(), Ordering::Relaxed);
+}
+
+/// The prefill matmul precision in force: the last [`set_matmul_precision`], else
+/// `NUVEC_CUDA_MATMUL`, else [`MatmulPrecision::DEFAULT`]. An unknown value of the variable is
+/// an error (every prefill op returns it), never a silent default.
+pub fn matmul_precision() -> Result<MatmulPrecision> {
+    if let Some(p) = MatmulPrecision::from_code(CHOSEN.load(Ordering::Relaxed)) {
+        return Ok(p);
+    }
+    static FROM_ENV: OnceLock<std::result::Result<MatmulPrecision, String>> = OnceLock::new();
+    FROM_ENV
+        .get_or_init(|| match std::env::var("NUVEC_CUDA_MATMUL") {
+            Err(std::env::VarError::NotPresent) => Ok(MatmulPrecision::DEFAULT),
+            Err(e) => Err(format!("NUVEC_CUDA_MATMUL: {e}; set it to f32, tf32 or bf16")),
+            Ok(v) if v.trim().is_empty() => Ok(MatmulPrecision::DEFAULT),
+            Ok(v) => v.parse::<MatmulPrecision>().map_err(|_| {
+                format!("NUVEC_CUDA_MATMUL={v:?} is not a matmul precision: set it to f32, tf32 or bf16 (or unset it)")
+            }),
+        })
+        .clone()
+        .map_err(Error::Unsupported)
+}
+
+/// Values per bf16 weight tile (64 MiB, the bytes of the f32 path's tiles).
+const TILE_BF16: usize = 1 << 25;
+/// Queries per block of the bf16 attention path: the scores of a block are computed for the
+/// keys its last query sees, so smaller blocks skip more of the masked triangle (at 4096 queries,
+/// blocks of 256 compute 53 % of the full square) while keeping the GEMMs large.
+const ATTN_BF16_QUERIES: usize = 256;
+
+/// A matrix operand of [`CudaBackend::gemm_bf16`]: device address, leading dimension and the
+/// stride between batch entries (elements).
+type Operand = (u64, usize, usize);
+
+impl CudaBackend {
+    /// `linear` of `m > 8` rows in bf16 (`out [m, n]` at `o`, f32): false (nothing done) unless
+    /// the precision is bf16. Shapes and pointers were checked by `linear`.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn prefill_linear(
+        &self,
+        op: &'static str,
+        o: u64,
+        xp: u64,
+        m: usize,
+        n: usize,
+        k: usize,
+        w: &WeightArgs,
+    ) -> Result<bool> {
+        if matmul_precision()? != MatmulPrecision::Bf16 {
+            return Ok(false);
+        }
+        let xb = DeviceBuffer::alloc(self.st()?, m * k * 2)?;
+        self.convert_bf16(op, xb.ptr(), xp, DT_F32, m * k)?;
+        self.linear_bf16_rows(op, o, xb.ptr(), m, n, k, w)?;
+        Ok(true)
+    }
+
+    /// `linear_many` (q/k/v, gate/up) of more than 8 rows in bf16, the input converted once for
+    /// all the weights; with `up`, the `silu_mul_linear` down projection of `silu(x) * up`, the
+    /// input made in one pass. `None` (nothing done) unless the precision is bf16 and the case is
+    /// plain (f32 input on this device, dense or affine weights of `x`'s width): `linear` then
+    /// runs (and reports what is wrong).
+    pub(super) fn prefill_linear_many(
+        &self,
+        op: &'static str,
+        x: &Array,
+        ws: &[&Matrix],
+        up: Option<&Array>,
+    ) -> Result<Option<Vec<Array>>> {
+        if x.shape().is_empty() || x.dtype() != DType::F32 || x.device() != self.dev() {
+            return Ok(None);
+        }
+        let k = x.dim(-1);
+        let m = x.len() / k.max(1);
+        let plain = |w: &&Matrix| match w {
+            Matrix::Dense(_) => w.cols() == k,
+            Matrix::Quantized(q) => q.spec.mode == QuantMode::Affine && w.cols() == k,
+        };
+        if k == 0 || m <= GEMV_MAX_ROWS || ws.is_empty() || !ws.iter().all(plain) {
+            return Ok(None);
+        }
+        if let Some(u) = up {
+            if u.shape() != x.shape() || u.dtype() != DType::F32 || u.device() != self.dev() {
+                return Ok(None);
+            }
+        }
+        if matmul_precision()? != MatmulPrecision::Bf16 {
+            return Ok(None);
+        }
+        let args = ws.iter().map(|w| self.weight_args(op, w)).collect::<Result<Vec<_>>>()?;
+        let xb = DeviceBuffer::alloc(self.st()?, m * k * 2)?;
+        let (xbp, xp) = (xb.ptr(), x.cuda_ptr()?);
+        match up {
+            Some(u) => {
+                let (up_p, nl) = (u.cuda_ptr()?, (m * k) as u64);
+                launch!(self.st()?, op, "silu_mul_bf16", cfg_1d(m * k); xbp, xp, up_p, nl);
+            }
+            None => self.convert_bf16(op, xbp, xp, DT_F32, m * k)?,
+        }
+        let mut outs = Vec::with_capacity(ws.len());
+        for (w, a) in ws.iter().zip(&args) {
+            let n = w.rows();
+            let mut shape = x.shape().to_vec();
+            *shape.last_mut().expect("x has an axis") = n;
+            let out = self.output(&shape, DType::F32, false)?;
+            if n > 0 {
+                self.linear_bf16_rows(op, out.cuda_ptr()?, xbp, m, n, k, a)?;
+            }
+            outs.push(out);
+        }
+        Ok(Some(outs))
+    }
+
+    /// `out [m, n]` f32 (at `o`) = `xb [m, k]` (bf16) times `w [n, k]`: a bf16 weight as it is,
+    /// others decoded to bf16 in tiles of `TILE_BF16` values, each one GEMM into its columns.
+    #[allow(clippy::too_many_arguments)]
+    fn linear_bf16_rows(
+        &self,
+        op: &'static str,
+        o: u64,
+        xb: u64,
+        m: usize,
+        n: usize,
+        k: usize,
+        w: &WeightArgs,
+    ) -> Result<()> {
+        if w.w_dt == DT_BF16 {
+            // A bf16 checkpoint's weights are the GEMM's operand as they are.
+            return self.gemm_bf16(op, (true, false), (n, m, k), 1.0, (w.dense, k, 0), (xb, k, 0), (o, n, 0), 1);
+        }
+        let tile = (TILE_BF16 / k).max(64).next_multiple_of(64).min(n);
+        let scratch = DeviceBuffer::alloc(self.st()?, tile * k * 2)?;
+        let mut r0 = 0;
+        while r0 < n {
+            let rows = tile.min(n - r0);
+            self.decode_bf16(op, scratch.ptr(), r0, rows, k, w)?;
+            let out = o + (r0 * 4) as u64;
+            self.gemm_bf16(op, (true, false), (rows, m, k), 1.0, (scratch.ptr(), k, 0), (xb, k, 0), (out, n, 0), 1)?;
+            r0 += rows;
+        }
+        Ok(())
+    }
+
+    /// Weight rows `row0..row0 + rows` of `w` (not bf16) decoded to bf16 at `out` ([rows, k]).
+    fn decode_bf16(
+        &self,
+        op: &'static str,
+        out: u64,
+        row0: usize,
+        rows: usize,
+        k: usize,
+        w: &WeightArgs,
+    ) -> Result<()> {
+        if w.w_dt >= 0 {
+            let size = if w.w_dt == DT_F32 { 4 } else { 2 };
+            return self.convert_bf16(op, out, w.dense + (row0 * k * size) as u64, w.w_dt, rows * k);
+        }
+        let WeightArgs { packed, scales, biases, p_dt, bits, group, .. } = *w;
+        let (row0, ki) = (row0 as i64, to_i32(op, "k", k)?);
+        if let Some(lg) = fast_path_log_group(w, k, out) {
+            let name = format!("qdequant_bf16_b{bits}");
+            let rowsl = rows as i64;
+            launch!(self.st()?, op, name.as_str(), cfg_1d(rows * k / 32);
+                out, row0, rowsl, packed, scales, biases, p_dt, lg, ki);
+        } else {
+            let total = (rows * k) as u64;
+            launch!(self.st()?, op, "qdequant_bf16_any", cfg_1d(rows * k);
+                out, row0, total, packed, scales, biases, p_dt, bits, group, ki);
+        }
+        Ok(())
+    }
+
+    /// `out [n]` bf16 = `src [n]` (dtype code `dt`); `out` is the start of a buffer (4-byte aligned).
+    fn convert_bf16(&self, op: &'static str, out: u64, src: u64, dt: i32, n: usize) -> Result<()> {
+        if n == 0 {
+            return Ok(());
+        }
+        let nl = n as u64;
+        launch!(self.st()?, op, "convert_bf16", cfg_1d(n.div_ceil(2)); out, src, dt, nl);
+        Ok(())
+    }
+
+    /// `out [B, A, C]` bf16 = `src[a * sa + b * sb + c]` (element strides; src of dtype code `dt`).
+    fn to_bf16(
+        &self,
+        op: &'static str,
+        out: u64,
+        src: u64,
+        dt: i32,
+        (a, b, c): (usize, usize, usize),
+        (sa, sb): (usize, usize),
+    ) -> Result<()> {
+        let total = a * b * c;
+        if total == 0 {
+            return Ok(());
+        }
+        let (ai, bi, ci, sai, sbi, t) = (a as i64, b as i64, c as i64, sa as i64, sb as i64, total as u64);
+        launch!(self.st()?, op, "gather3_bf16", cfg_1d(total); out, src, dt, ai, bi, ci, sai, sbi, t);
+        Ok(())
+    }
+
+    /// Column-major `C = alpha * op(A) op(B)` (`m x n`, inner `k`) with A and B bf16 and C f32,
+    /// accumulated in f32 on the tensor cores, for `batch` entries (strides in elements).
+    #[allow(clippy::too_many_arguments)]
+    fn gemm_bf16(
+        &self,
+        op: &'static str,
+        (ta, tb): (bool, bool),
+        (m, n, k): (usize, usize, usize),
+        alpha: f32,
+        (a, lda, sa): Operand,
+        (b, ldb, sb): Operand,
+        (c, ldc, sc): Operand,
+        batch: usize,
+    ) -> Result<()> {
+        let st = self.st()?;
+        let t = |x: bool| if x { cublasOperation_t::CUBLAS_OP_T } else { cublasOperation_t::CUBLAS_OP_N };
+        let d = |v: usize| to_i32(op, "GEMM extent", v);
+        let (mi, ni, ki, lda, ldb, ldc, bi) = (d(m)?, d(n)?, d(k)?, d(lda)?, d(ldb)?, d(ldc)?, d(batch)?);
+        let (bf, f) = (cudaDataType::CUDA_R_16BF, cudaDataType::CUDA_R_32F);
+        let (compute, algo) = (cublasComputeType_t::CUBLAS_COMPUTE_32F, cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT);
+        let beta = 0f32;
+        let (alpha_p, beta_p) = ((&alpha as *const f32).cast(), (&beta as *const f32).cast());
+        let (ap, bp, cp) = (a as *const std::ffi::c_void, b as *const std::ffi::c_void, c as *mut std::ffi::c_void);
+        let blas = st.blas.lock().unwrap_or_else(|p| p.into_inner());
+        // SAFETY: the callers pass addresses of live allocations of this device holding `batch`
+        // bf16 matrices A and B and f32 matrices C with the extents, leading dimensions and
+        // strides given (checked by the ops that call this); alpha and beta are f32, as
+        // CUBLAS_COMPUTE_32F requires; the handle's stream is the device stream, so the product
+        // is ordered with the kernels around it and the buffers outlive it.
+        let r = unsafe {
+            if batch == 1 {
+                cudarc::cublas::result::gemm_ex(
+                    *blas.handle(),
+                    t(ta),
+                    t(tb),
+                    mi,
+                    ni,
+                    ki,
+                    alpha_p,
+                    ap,
+                    bf,
+                    lda,
+                    bp,
+                    bf,
+                    ldb,
+                    beta_p,
+                    cp,
+                    f,
+                    ldc,
+                    compute,
+                    algo,
+                )
+            } else {
+                cudarc::cublas::result::gemm_strided_batched_ex(
+                    *blas.handle(),
+                    t(ta),
+                    t(tb),
+                    mi,
+                    ni,
+                    ki,
+                    alpha_p,
+                    ap,
+                    bf,
+                    lda,
+                    sa as i64,
+                    bp,
+                    bf,
+                    ldb,
+                    sb as i64,
+                    beta_p,
+                    cp,
+                    f,
+                    ldc,
+                    sc as i64,
+                    bi,
+                    compute,
+                    algo,
+                )
+            }
+        };
+        r.map_err(|e| Error::Device(format!("{op}: cuBLAS bf16 GEMM on cuda:{}: {e:?}", st.ordinal)))
+    }
+
+    /// Causal attention of `l >= 64` queries in bf16 (`out [l, hq * d]` at `o`, f32): false
+    /// (nothing done) unless the precision is bf16. Shapes and pointers were checked by
+    /// `attention`. Per block of queries: scores = Q K^T * scale for all KV groups in one batched
+    /// GEMM (the query heads of a group side by side, so GQA needs no copies of K or V), the
+    /// causal softmax writing bf16 probabilities, P V in one batched GEMM, then the heads back
+    /// in order.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn prefill_attention(
+        &self,
+        op: &'static str,
+        o: u64,
+        (qp, kp, vp): (u64, u64, u64),
+        (l, hq, hkv, d): (usize, usize, usize, usize),
+        cap: usize,
+        kv_len: usize,
+        scale: f32,
+    ) -> Result<bool> {
+        if matmul_precision()? != MatmulPrecision::Bf16 {
+            return Ok(false);
+        }
+        let st: &State = self.st()?;
+        let group = hq / hkv;
+        // Q [L, Hkv, group * D] -> [Hkv, L, group * D]; K, V: the first kv_len rows of each head.
+        let qb = DeviceBuffer::alloc(st, l * hq * d * 2)?;
+        self.to_bf16(op, qb.ptr(), qp, DT_F32, (l, hkv, group * d), (hq * d, group * d))?;
+        let kb = DeviceBuffer::alloc(st, hkv * kv_len * d * 2)?;
+        self.to_bf16(op, kb.ptr(), kp, DT_F32, (kv_len, hkv, d), (d, cap * d))?;
+        let vb = DeviceBuffer::alloc(st, hkv * kv_len * d * 2)?;
+        self.to_bf16(op, vb.ptr(), vp, DT_F32, (kv_len, hkv, d), (d, cap * d))?;
+        // Rows of scores and probabilities padded to 8 values (16-byte aligned bf16 rows).
+        let ld_all = kv_len.next_multiple_of(8);
+        let block = (ATTN_GEMM_SCORE_BYTES / (hq * ld_all * 6)).clamp(1, ATTN_BF16_QUERIES).min(l);
+        let scores = DeviceBuffer::alloc(st, hq * block * ld_all * 4)?;
+        let probs = DeviceBuffer::alloc(st, hq * block * ld_all * 2)?;
+        let heads = DeviceBuffer::alloc(st, hq * block * d * 4)?;
+        let (sp, pp, hp) = (scores.ptr(), probs.ptr(), heads.ptr());
+        let (groupi, di) = (to_i32(op, "heads per KV head", group)?, to_i32(op, "head size", d)?);
+        let mut t0 = 0;
+        while t0 < l {
+            let rows = block.min(l - t0);
+            let first = kv_len - l + t0; // position of query t0
+            let n = first + rows; // keys the last query of the block sees
+            let ld = n.next_multiple_of(8);
+            let gr = rows * group; // score rows per KV head
+                                   // S_g (column-major n x gr, ld) = K_g^T (n x d) * Q_g (d x gr), for every KV head g.
+            let q0 = qb.ptr() + (t0 * group * d * 2) as u64;
+            self.gemm_bf16(
+                op,
+                (true, false),
+                (n, gr, d),
+                scale,
+                (kb.ptr(), d, kv_len * d),
+                (q0, d, l * group * d),
+                (sp, ld, gr * ld),
+                hkv,
+            )?;
+            let cfg = LaunchConfig {
+                grid_dim: (to_i32(op, "score rows", gr)? as u32, hkv as u32, 1),
+                block_dim: (256, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            let (gri, ni, ldi, fi) = (gr as i32, to_i32(op, "keys", n)?, to_i32(op, "keys", ld)?, first as i64);
+            launch!(st, op, "causal_softmax_bf16", cfg; pp, sp, gri, ni, ldi, fi, groupi);
+            // O_g (column-major d x gr) = V_g (d x n) * P_g (n x gr, ld): heads [Hkv, rows, group * D].
+            self.gemm_bf16(
+                op,
+                (false, false),
+                (d, gr, n),
+                1.0,
+                (vb.ptr(), d, kv_len * d),
+                (pp, ld, gr * ld),
+                (hp, d, gr * d),
+                hkv,
+            )?;
+            // [Hkv, rows, group * D] -> rows t0.. of out [L, Hkv * group * D].
+            let out = o + (t0 * hq * d * 4) as u64;
+            let (ai, bi, ci) = (hkv as i32, rows as i32, groupi * di);
+            let total = (rows * hq * d) as u64;
+            launch!(st, op, "transpose01_f32", cfg_1d(total as usize); out, hp, ai, bi, ci, total);
+            t0 += rows;
+        }
+        Ok(true)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn precision_names_parse_both_ways() {
+        for p in [MatmulPrecision::F32, MatmulPrecision::Tf32, MatmulPrecision::Bf16] {
+            assert_eq!(p.name().parse::<MatmulPrecision>().unwrap(), p);
+            assert_eq!(p.to_string().to_uppercase().parse::<MatmulPrecision>().unwrap(), p);
+            assert_eq!(MatmulPrecision::from_code(p.code()), Some(p));
+        }
+        let e = "fp8".parse::<MatmulPrecision>().unwrap_err().to_string();
+        assert!(e.contains("\"fp8\"") && e.contains("f32") && e.contains("bf16"), "{e}");
+        assert_eq!(MatmulPrecision::from_code(0), None);
+    }
+
+    #[test]
+    fn the_setter_wins() {
+        // The only test in this binary that sets it.
+        set_matmul_precision(MatmulPrecision::Tf32);
+        assert_eq!(matmul_precision().unwrap(), MatmulPrecision::Tf32);
+        set_matmul_precision(MatmulPrecision::F32);
+        assert_eq!(matmul_precision().unwrap(), MatmulPrecision::F32);
+    }
+}

@@ -1,0 +1,450 @@
+//! The bf16 tensor-core prefill paths (phase 4) against references on the host.
+//!
+//! Needs a CUDA device (without one every test FAILS, saying so); built only with
+//! `--features cuda`. The process runs in `MatmulPrecision::Bf16`, set explicitly.
+//!
+//! Each result is checked twice, with bounds that come from the arithmetic, not from the
+//! results (u = 2^-8 is bf16's unit roundoff; f32 sums are bounded with 2^-23 per addition,
+//! enough for tensor cores that truncate instead of rounding):
+//! - **exact operands**: the host computes the product of the bf16-rounded operands in f64
+//!   (the GPU rounds the same f32 values to nearest even, and decodes quantized weights with
+//!   the same `fma(scale, q, bias)`), so the only difference allowed is f32 accumulation:
+//!   `|gpu - ref| <= K * 2^-23 * sum|x^ w^|` (Higham's bound for any summation order). For
+//!   attention the probabilities are rounded to bf16 after an f32 softmax: where the host's
+//!   probability lies within the GPU's f32 error of a bf16 rounding boundary, the two may round
+//!   to neighbours, so those terms are also allowed one bf16 step (2^-7 relative).
+//! - **against the CPU backend's f32 result**: the error bf16 rounding can cause, e.g. for a
+//!   weight product `(2u + u^2) * sum|x||w|` plus both sides' accumulation.
+//!
+//! Decode-sized calls (at most 8 rows, fewer than 64 queries) must still match the CPU at the
+//! f32 tolerance of tests/cuda_ops.rs: bf16 is for prefill only.
+//!
+//! Each case prints a `RESULT` line with its largest error as a fraction of each bound (run with
+//! `--nocapture`).
+
+#![cfg(feature = "cuda")]
+
+use half::{bf16, f16};
+use nuvec::backends::cuda::{matmul_precision, set_matmul_precision, MatmulPrecision};
+use nuvec::{Array, DType, Device, Matrix, QuantMode, QuantSpec, Quantized};
+
+/// bf16's unit roundoff (round to nearest, 8-bit significand).
+const U: f64 = 1.0 / 256.0;
+/// One f32 addition's relative error, rounding or truncating.
+const F32_ADD: f64 = 1.0 / 8_388_608.0;
+/// The f32 tolerance of tests/cuda_ops.rs, for the paths that stay f32.
+const F32_TOL: f32 = 1e-4;
+
+/// The device under test, in bf16 mode; panics (fails the test) when there is none.
+fn gpu() -> Device {
+    set_matmul_precision(MatmulPrecision::Bf16);
+    match nuvec::backends::cuda::device_count() {
+        Ok(n) if n > 0 => {}
+        Ok(_) => panic!("no CUDA device: the driver reports 0 devices (these tests need an NVIDIA GPU)"),
+        Err(e) => panic!("no CUDA device: {e}"),
+    }
+    if let Err(e) = nuvec::backends::cuda::init(0) {
+        panic!("CUDA device 0 is not usable: {e}");
+    }
+    assert_eq!(matmul_precision().unwrap(), MatmulPrecision::Bf16);
+    Device::Cuda(0)
+}
+
+struct Rng(u64);
+
+impl Rng {
+    fn new(seed: u64) -> Self {
+        Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1)
+    }
+    fn next_u32(&mut self) -> u32 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        (self.0 >> 16) as u32
+    }
+    /// Uniform in [-1, 1).
+    fn f(&mut self) -> f32 {
+        (self.next_u32() as f32 / 4_294_967_296.0) * 2.0 - 1.0
+    }
+    fn vec(&mut self, n: usize, scale: f32) -> Vec<f32> {
+        (0..n).map(|_| self.f() * scale).collect()
+    }
+}
+
+fn arr(data: &[f32], shape: &[usize]) -> Array {
+    Array::from_slice(data, shape).unwrap()
+}
+
+/// `data` stored as `dtype`, and the stored values read back as f32.
+fn floats(data: &[f32], shape: &[usize], dtype: DType) -> (Array, Vec<f32>) {
+    let a = match dtype {
+        DType::F32 => arr(data, shape),
+        DType::F16 => Array::from_slice(&data.iter().map(|&v| f16::from_f32(v)).collect::<Vec<_>>(), shape).unwrap(),
+        DType::BF16 => Array::from_slice(&data.iter().map(|&v| bf16::from_f32(v)).collect::<Vec<_>>(), shape).unwrap(),
+        other => panic!("not a float dtype: {other}"),
+    };
+    let values = a.to_f32_vec().unwrap();
+    (a, values)
+}
+
+/// An f32 value rounded to bf16 (nearest, ties to even), as f64.
+fn bf(v: f32) -> f64 {
+    bf16::from_f32(v).to_f64()
+}
+
+/// A weight matrix and its values `[rows, cols]` as the GPU decodes them before rounding:
+/// dense values as stored, affine ones as `fma(scale, q, bias)` in f32.
+struct Weight {
+    matrix: Matrix,
+    values: Vec<f32>,
+}
+
+fn dense(rng: &mut Rng, rows: usize, cols: usize, dtype: DType) -> Weight {
+    let (a, values) = floats(&rng.vec(rows * cols, 0.1), &[rows, cols], dtype);
+    Weight { matrix: Matrix::Dense(a), values }
+}
+
+fn quantized(rng: &mut Rng, rows: usize, cols: usize, bits: usize, group: usize, pdtype: DType) -> Weight {
+    let words = cols * bits / 32;
+    let packed: Vec<u32> = (0..rows * words).map(|_| rng.next_u32()).collect();
+    let groups = cols / group;
+    let (scales, s) = floats(&rng.vec(rows * groups, 0.05), &[rows, groups], pdtype);
+    let (biases, b) = floats(&rng.vec(rows * groups, 0.2), &[rows, groups], pdtype);
+    let mut values = Vec::with_capacity(rows * cols);
+    for r in 0..rows {
+        let row = &packed[r * words..(r + 1) * words];
+        for c in 0..cols {
+            // MLX's layout: `bits`-wide values packed LSB-first into little-endian u32 words.
+            let (bit, mask) = (c * bits, (1u64 << bits) - 1);
+            let (word, shift) = (bit / 32, bit % 32);
+            let lo = row[word] as u64;
+            let hi = row.get(word + 1).copied().unwrap_or(0) as u64;
+            let q = (((hi << 32) | lo) >> shift) & mask;
+            let g = r * groups + c / group;
+            values.push(s[g].mul_add(q as f32, b[g]));
+        }
+    }
+    let spec = QuantSpec { mode: QuantMode::Affine, bits, group_size: group };
+    let q = Quantized::new(Array::from_slice(&packed, &[rows, words]).unwrap(), scales, biases, spec, cols).unwrap();
+    Weight { matrix: Matrix::Quantized(q), values }
+}
+
+/// f32 comparison with the CPU, as tests/cuda_ops.rs does it.
+fn close_f32(case: &str, got: &[f32], want: &[f32]) {
+    let mean = want.iter().map(|v| v.abs()).sum::<f32>() / want.len().max(1) as f32;
+    let mut worst = 0f32;
+    for (i, (a, b)) in got.iter().zip(want).enumerate() {
+        let err = (a - b).abs();
+        assert!(err <= F32_TOL * (b.abs() + mean), "{case}: element {i}: gpu {a} vs cpu {b} (f32 path expected)");
+        worst = worst.max(err / (b.abs() + mean).max(f32::MIN_POSITIVE));
+    }
+    eprintln!("RESULT {case:<64} f32 path, max_rel {worst:.3e}");
+}
+
+/// Tracks the largest error / bound ratio of one check; panics past 1.
+struct Check {
+    name: &'static str,
+    worst: f64,
+    max_abs: f64,
+}
+
+impl Check {
+    fn new(name: &'static str) -> Self {
+        Check { name, worst: 0.0, max_abs: 0.0 }
+    }
+    fn at(&mut self, case: &str, what: impl Fn() -> String, got: f32, want: f64, bound: f64) {
+        let err = (got as f64 - want).abs();
+        assert!(
+            err <= bound,
+            "{case}: {} check, {}: gpu {got} vs {want} (error {err:.3e} > bound {bound:.3e})",
+            self.name,
+            what()
+        );
+        self.worst = self.worst.max(err / bound);
+        self.max_abs = self.max_abs.max(err);
+    }
+}
+
+fn check_linear(case: &str, rng: &mut Rng, w: &Weight, m: usize) {
+    let dev = gpu();
+    let (n, k) = (w.matrix.rows(), w.matrix.cols());
+    let xv = rng.vec(m * k, 1.0);
+    let x = arr(&xv, &[m, k]);
+    let cpu = x.linear(&w.matrix).unwrap().to_f32_vec().unwrap();
+    let got = x.to_device(dev).unwrap().linear(&w.matrix.to_device(dev).unwrap()).unwrap();
+    assert_eq!((got.shape(), got.device()), (&[m, n][..], dev), "{case}");
+    let got = got.to_f32_vec().unwrap();
+    let case = format!("linear bf16 {case} m={m}");
+    if m <= 8 {
+        return close_f32(&case, &got, &cpu);
+    }
+    compare_linear(&case, &xv, 0.0, w, m, &got, &cpu);
+}
+
+/// `got` [m, n] against the product of the bf16-rounded operands and against the CPU's `cpu`.
+/// `x_rel`: how far (relative) the GPU's f32 inputs may be from `xv` before rounding (0 when it
+/// reads `xv` itself): where that straddles a bf16 rounding boundary, the GPU's rounded input
+/// may be the neighbour (one step, at most 2^-7 relative), so those terms are allowed that.
+fn compare_linear(case: &str, xv: &[f32], x_rel: f64, w: &Weight, m: usize, got: &[f32], cpu: &[f32]) {
+    let (n, k) = (w.matrix.rows(), w.matrix.cols());
+    let xb: Vec<f64> = xv.iter().map(|&v| bf(v)).collect();
+    let x_step: Vec<f64> = xv
+        .iter()
+        .zip(&xb)
+        .map(|(&v, &r)| {
+            let moves = bf((v as f64 * (1.0 + x_rel)) as f32) != r || bf((v as f64 * (1.0 - x_rel)) as f32) != r;
+            if moves {
+                1.01 * 2.0 * U * (v as f64).abs()
+            } else {
+                0.0
+            }
+        })
+        .collect();
+    let wb: Vec<f64> = w.values.iter().map(|&v| bf(v)).collect();
+    let (mut exact, mut vs_cpu) = (Check::new("exact-operands"), Check::new("cpu-f32"));
+    let gamma = k as f64 * F32_ADD;
+    for t in 0..m {
+        let (xr, xbr, xs) = (&xv[t * k..(t + 1) * k], &xb[t * k..(t + 1) * k], &x_step[t * k..(t + 1) * k]);
+        for r in 0..n {
+            let (wr, wbr) = (&w.values[r * k..(r + 1) * k], &wb[r * k..(r + 1) * k]);
+            let (mut dot, mut abs_hat, mut abs, mut steps) = (0f64, 0f64, 0f64, 0f64);
+            for c in 0..k {
+                let p = xbr[c] * wbr[c];
+                dot += p;
+                abs_hat += p.abs();
+                abs += (xr[c] as f64 * wr[c] as f64).abs();
+                steps += xs[c] * wbr[c].abs();
+            }
+            let g = got[t * n + r];
+            let at = || format!("row {t}, output {r}");
+            exact.at(case, at, g, dot, steps + gamma * (abs_hat + steps) + 1e-30);
+            let bound = (2.0 * U + U * U + x_rel) * abs + 2.0 * gamma * abs * (1.0 + 2.0 * U) + 1e-30;
+            vs_cpu.at(case, at, g, cpu[t * n + r] as f64, bound);
+        }
+    }
+    eprintln!(
+        "RESULT {case:<64} err/bound: exact operands {:.3}, cpu f32 {:.3} (max |gpu - cpu| {:.3e})",
+        exact.worst, vs_cpu.worst, vs_cpu.max_abs
+    );
+}
+
+#[test]
+fn linear_dense_all_dtypes() {
+    let mut rng = Rng::new(21);
+    for dtype in [DType::F32, DType::F16, DType::BF16] {
+        for (k, n) in [(64usize, 48usize), (200, 77), (1024, 300)] {
+            let w = dense(&mut rng, n, k, dtype);
+            for m in [1usize, 8, 9, 37, 100] {
+                check_linear(&format!("dense {dtype} k={k} n={n}"), &mut rng, &w, m);
+            }
+        }
+    }
+}
+
+#[test]
+fn linear_quantized_every_width_and_group() {
+    let mut rng = Rng::new(22);
+    let (k, n) = (384usize, 77usize);
+    for bits in QuantSpec::AFFINE_BITS {
+        for group in QuantSpec::AFFINE_GROUPS {
+            for pdtype in [DType::F16, DType::BF16, DType::F32] {
+                let w = quantized(&mut rng, n, k, bits, group, pdtype);
+                for m in [8usize, 9, 37] {
+                    check_linear(&format!("q{bits} g{group} {pdtype} k={k} n={n}"), &mut rng, &w, m);
+                }
+            }
+        }
+    }
+    // K not a multiple of 32: the one-value-per-thread decoder.
+    for bits in [2usize, 4, 6, 8] {
+        let w = quantized(&mut rng, 70, 48, bits, 16, DType::BF16);
+        check_linear(&format!("q{bits} g16 bf16 k=48 n=70 (generic decoder)"), &mut rng, &w, 37);
+    }
+}
+
+#[test]
+fn linear_many_and_silu_mul_linear() {
+    // The input converted once for several weights (q/k/v, gate/up), and the down projection of
+    // silu(gate) * up made in bf16 in one pass; decode-sized calls stay f32.
+    let dev = gpu();
+    let mut rng = Rng::new(25);
+    let k = 512;
+    let ws = [
+        quantized(&mut rng, 96, k, 4, 64, DType::BF16),
+        quantized(&mut rng, 32, k, 8, 32, DType::F16),
+        dense(&mut rng, 40, k, DType::BF16),
+    ];
+    let wg: Vec<Matrix> = ws.iter().map(|w| w.matrix.to_device(dev).unwrap()).collect();
+    let wd = quantized(&mut rng, 64, k, 4, 32, DType::BF16);
+    let wdg = wd.matrix.to_device(dev).unwrap();
+    for m in [8usize, 9, 100] {
+        let (xv, uv) = (rng.vec(m * k, 1.0), rng.vec(m * k, 1.0));
+        let (x, u) = (arr(&xv, &[m, k]), arr(&uv, &[m, k]));
+        let (xg, ug) = (x.to_device(dev).unwrap(), u.to_device(dev).unwrap());
+        let got = xg.linear_many(&wg.iter().collect::<Vec<_>>()).unwrap();
+        for (i, (g, w)) in got.iter().zip(&ws).enumerate() {
+            assert_eq!((g.shape(), g.device()), (&[m, w.matrix.rows()][..], dev));
+            let cpu = x.linear(&w.matrix).unwrap().to_f32_vec().unwrap();
+            let case = format!("linear_many bf16 m={m} weight {i}");
+            if m <= 8 {
+                close_f32(&case, &g.to_f32_vec().unwrap(), &cpu);
+            } else {
+                compare_linear(&case, &xv, 0.0, w, m, &g.to_f32_vec().unwrap(), &cpu);
+            }
+        }
+        let got = xg.silu_mul_linear(&ug, &wdg).unwrap();
+        assert_eq!((got.shape(), got.device()), (&[m, 64][..], dev));
+        let cpu = x.silu_mul_linear(&u, &wd.matrix).unwrap().to_f32_vec().unwrap();
+        let case = format!("silu_mul_linear bf16 m={m} q4 g32");
+        if m <= 8 {
+            close_f32(&case, &got.to_f32_vec().unwrap(), &cpu);
+        } else {
+            // The GPU's silu (its expf) may differ from the host's by a few f32 ulps.
+            let s: Vec<f32> = xv.iter().zip(&uv).map(|(&g, &u)| g / (1.0 + (-g).exp()) * u).collect();
+            compare_linear(&case, &s, 1.0 / 1_048_576.0, &wd, m, &got.to_f32_vec().unwrap(), &cpu);
+        }
+    }
+}
+
+#[test]
+fn linear_tiles_views_and_3d() {
+    let dev = gpu();
+    let mut rng = Rng::new(23);
+    // Two bf16 tiles of 4096 rows at K = 8192; a dense bf16 weight multiplied as it is.
+    let wq = quantized(&mut rng, 4500, 8192, 4, 64, DType::BF16);
+    check_linear("q4 g64 bf16 k=8192 n=4500 (two tiles)", &mut rng, &wq, 37);
+    let wb = dense(&mut rng, 4500, 4096, DType::BF16);
+    check_linear("dense bf16 k=4096 n=4500", &mut rng, &wb, 37);
+    // A 3-d input, and a view (rows 3..40 of a larger array), against the same 2-d product.
+    let w = dense(&mut rng, 300, 256, DType::F32);
+    let wg = w.matrix.to_device(dev).unwrap();
+    let xv = rng.vec(2 * 37 * 256, 1.0);
+    let flat = arr(&xv, &[74, 256]).to_device(dev).unwrap().linear(&wg).unwrap().to_f32_vec().unwrap();
+    let x3 = arr(&xv, &[2, 37, 256]).to_device(dev).unwrap().linear(&wg).unwrap();
+    assert_eq!(x3.shape(), &[2, 37, 300]);
+    assert_eq!(x3.to_f32_vec().unwrap(), flat, "a 3-d input is its rows");
+    // Same shape, same product: the view's rows give what a fresh array of them gives.
+    let view = arr(&xv, &[74, 256]).to_device(dev).unwrap().slice_rows(3, 40).unwrap();
+    let got = view.linear(&wg).unwrap().to_f32_vec().unwrap();
+    let fresh = arr(&xv[3 * 256..40 * 256], &[37, 256]).to_device(dev).unwrap().linear(&wg).unwrap();
+    assert_eq!(got, fresh.to_f32_vec().unwrap(), "a view of rows 3..40 gives those rows");
+    eprintln!("RESULT {:<64} equal", "linear bf16 3-d input and view");
+}
+
+/// Causal GQA attention on the host: the product of the bf16-rounded operands (probabilities
+/// rounded after an f64 softmax) with its bound, and the bound against the CPU's f32 result.
+#[allow(clippy::too_many_arguments)]
+fn check_attention(
+    case: &str,
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    dims: (usize, usize, usize, usize),
+    cap: usize,
+    kv: usize,
+    scale: f32,
+    got: &[f32],
+    cpu: &[f32],
+) {
+    let (l, hq, hkv, d) = dims;
+    let group = hq / hkv;
+    let (mut exact, mut vs_cpu) = (Check::new("exact-operands"), Check::new("cpu-f32"));
+    let cpu_mean = cpu.iter().map(|v| v.abs() as f64).sum::<f64>() / cpu.len().max(1) as f64;
+    let scale = scale as f64;
+    for t in 0..l {
+        let n = kv - l + t + 1;
+        for h in 0..hq {
+            let g = h / group;
+            let qv = &q[(t * hq + h) * d..(t * hq + h + 1) * d];
+            let key = |j: usize| &k[(g * cap + j) * d..(g * cap + j + 1) * d];
+            let val = |j: usize| &v[(g * cap + j) * d..(g * cap + j + 1) * d];
+            // Scores of the rounded operands, their f32 error bound, and the rounding's effect.
+            let (mut s, mut ds, mut e_round, mut s_f) = (vec![0f64; n], 0f64, 0f64, vec![0f64; n]);
+            for j in 0..n {
+                let kr = key(j);
+                let (mut dot, mut abs, mut dot_f, mut abs_f) = (0f64, 0f64, 0f64, 0f64);
+                for c in 0..d {
+                    let p = bf(qv[c]) * bf(kr[c]);
+                    dot += p;
+                    abs += p.abs();
+                    dot_f += qv[c] as f64 * kr[c] as f64;
+                    abs_f += (qv[c] as f64 * kr[c] as f64).abs();
+                }
+                s[j] = scale * dot;
+                s_f[j] = scale * dot_f;
+                ds = ds.max(scale * abs * d as f64 * F32_ADD + s[j].abs() * F32_ADD);
+                e_round = e_round.max(scale * abs_f * (2.0 * U + U * U));
+            }
+            let softmax = |s: &[f64]| {
+                let m = s.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                let e: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
+                let sum: f64 = e.iter().sum();
+                e.into_iter().map(|x| x / sum).collect::<Vec<f64>>()
+            };
+            let (p, p_f) = (softmax(&s), softmax(&s_f));
+            // The GPU's f32 probabilities are within dp (relative) of p: score errors, exp,
+            // the sum over n keys, the division and the rounding to f32.
+            let dp = (2.0 * ds).exp_m1() + (n as f64 + 16.0) * F32_ADD;
+            let p_hat: Vec<f64> = p.iter().map(|&x| bf(x as f32)).collect();
+            let flips: Vec<bool> = p
+                .iter()
+                .zip(&p_hat)
+                .map(|(&x, &r)| bf((x * (1.0 + dp)) as f32) != r || bf((x * (1.0 - dp)) as f32) != r)
+                .collect();
+            let grow = (2.0 * e_round).exp() * (1.0 + U) * (1.0 + U) - 1.0;
+            for c in 0..d {
+                let (mut out, mut flip_tol, mut abs, mut pv_f) = (0f64, 0f64, 0f64, 0f64);
+                for j in 0..n {
+                    let vb = bf(val(j)[c]);
+                    out += p_hat[j] * vb;
+                    abs += (p_hat[j] * vb).abs();
+                    if flips[j] {
+                        flip_tol += 1.01 * 2.0 * U * p[j] * vb.abs();
+                    }
+                    pv_f += p_f[j] * (val(j)[c] as f64).abs();
+                }
+                let i = (t * hq + h) * d + c;
+                let at = || format!("query {t}, head {h}, feature {c}");
+                exact.at(case, at, got[i], out, flip_tol + n as f64 * F32_ADD * abs + 1e-30);
+                let cpu_err = F32_TOL as f64 * (cpu[i].abs() as f64 + cpu_mean);
+                let bound = grow * pv_f + flip_tol + 2.0 * n as f64 * F32_ADD * abs + cpu_err;
+                vs_cpu.at(case, at, got[i], cpu[i] as f64, bound);
+            }
+        }
+    }
+    eprintln!(
+        "RESULT {case:<64} err/bound: exact operands {:.3}, cpu f32 {:.3} (max |gpu - cpu| {:.3e})",
+        exact.worst, vs_cpu.worst, vs_cpu.max_abs
+    );
+}
+
+#[test]
+fn attention_prefill_bf16() {
+    let dev = gpu();
+    let mut rng = Rng::new(24);
+    for (l, kv, hq, hkv, d) in [
+        (64usize, 64usize, 4usize, 1usize, 64usize),
+        (100, 357, 8, 2, 128),
+        (300, 300, 2, 2, 256),
+        (600, 600, 8, 2, 64), // three blocks of queries
+        (70, 90, 4, 2, 30),   // a head size the f32 GEMM path does not take
+        (77, 1000, 32, 8, 128),
+        (37, 300, 8, 2, 128), // under 64 queries: the f32 split-key kernel
+    ] {
+        let cap = kv + 5;
+        let (qv, kvv, vv) = (rng.vec(l * hq * d, 1.0), rng.vec(hkv * cap * d, 1.0), rng.vec(hkv * cap * d, 1.0));
+        let (q, k, v) = (arr(&qv, &[l, hq, d]), arr(&kvv, &[hkv, cap, d]), arr(&vv, &[hkv, cap, d]));
+        let scale = 1.0 / (d as f32).sqrt();
+        let cpu = nuvec::attention(&q, &k, &v, kv, scale).unwrap().to_f32_vec().unwrap();
+        let (qg, kg, vg) = (q.to_device(dev).unwrap(), k.to_device(dev).unwrap(), v.to_device(dev).unwrap());
+        let got = nuvec::attention(&qg, &kg, &vg, kv, scale).unwrap();
+        assert_eq!((got.shape(), got.device()), (&[l, hq * d][..], dev));
+        let got = got.to_f32_vec().unwrap();
+        let case = format!("attention bf16 L={l} kv={kv} Hq={hq} Hkv={hkv} D={d}");
+        if l < 64 {
+            close_f32(&case, &got, &cpu);
+        } else {
+            check_attention(&case, &qv, &kvv, &vv, (l, hq, hkv, d), cap, kv, scale, &got, &cpu);
+        }
+    }
+}
