@@ -331,6 +331,8 @@ fn gptq4_model() {
 /// same device the two must give the same tokens (the device path defers to the host path at
 /// near ties), and the free-running tokens must be the CPU's as in `check`.
 fn greedy_on_device(case: &str) {
+    // Compared with the CPU at f32 tolerance, as `check`.
+    nuvec::backends::cuda::set_matmul_precision(nuvec::backends::cuda::MatmulPrecision::F32);
     let dir = case_dir(case);
     let gpu = load_model_on(&dir, Device::Cuda(0)).unwrap_or_else(|e| panic!("{case}: loading on cuda:0: {e}"));
     let cpu = load_model_on(&dir, Device::Cpu).unwrap();
