@@ -128,14 +128,8 @@ fn tf32_matmul() -> Result<bool> {
 /// and fewer than 4096 rows (Qwen3-0.6B's down projection) the 4-warp shape stays fastest.
 /// `NUVEC_QGEMV_VARIANT=0..5` forces one shape (for timing them against each other).
 fn qgemv4_variant(k: usize, n: usize, multi: bool) -> (&'static str, usize, u32) {
-    const V: [(&str, usize, u32); 6] = [
-        ("", QG_ROWS, QG_THREADS),
-        ("_v1", 2, 128),
-        ("_v2", 4, 32),
-        ("_v3", 2, 64),
-        ("_v4", 8, 64),
-        ("_v5", 8, 32),
-    ];
+    const V: [(&str, usize, u32); 6] =
+        [("", QG_ROWS, QG_THREADS), ("_v1", 2, 128), ("_v2", 4, 32), ("_v3", 2, 64), ("_v4", 8, 64), ("_v5", 8, 32)];
     static FORCED: OnceLock<Option<usize>> = OnceLock::new();
     let forced = *FORCED.get_or_init(|| {
         std::env::var("NUVEC_QGEMV_VARIANT").ok().and_then(|v| v.parse::<usize>().ok()).filter(|&v| v < V.len())
