@@ -310,19 +310,6 @@ fn per_layer_affine_widths() {
     check("qwen3-mixed", CacheOptions::default(), 0, 2048);
 }
 
-// AutoAWQ and GPTQ checkpoints, converted at load to MLX affine on the host, then uploaded.
-// (Each checkpoint is 66 MB: one device call carries one.)
-
-#[test]
-fn awq4_model() {
-    check("llama-awq4", CacheOptions::default(), 0, 2048);
-}
-
-#[test]
-fn gptq4_model() {
-    check("llama-gptq4", CacheOptions::default(), 0, 2048);
-}
-
 // ---- decode: greedy generation takes its token on the device ----
 
 /// `generate` with the greedy sampler and nothing else needing the logits takes each token with

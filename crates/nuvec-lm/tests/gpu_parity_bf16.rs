@@ -7,16 +7,16 @@
 //! f32, on caches the bf16 prefill filled). Each case:
 //! - teacher-forced on the CPU's greedy tokens: the GPU's logits at every position must differ
 //!   from the CPU's by no more than mlx-lm's own bf16 computation of the same weights differs
-//!   from its f32 computation (the oracle's `precision_noise.json`: largest and mean absolute
-//!   logit difference over a 70-token forward pass, recorded by scripts/oracle/
-//!   record_precision_noise.py). mlx-lm rounds every activation to bf16; nuvec rounds only the
-//!   prefill products' inputs, so it should stay well inside both numbers (printed);
+//!   from its f32 computation on the same 331 positions (largest and mean absolute logit
+//!   difference, `precision_noise_long/<case>.json`, recorded by scripts/oracle/more/
+//!   precision_noise_long.py). mlx-lm rounds every activation to bf16; nuvec rounds only the
+//!   prefill products' inputs (both numbers printed);
 //! - free-running: the GPU's greedy tokens equal the CPU's, except after a step where the CPU's
 //!   top-2 margin is within twice the logit difference measured at that position (only there
 //!   can the difference change the argmax).
 //!
-//! Fixtures: `$NUVEC_GPU_FIXTURES`, else `$NUVEC_FIXTURES` (config.json, the safetensors, and for
-//! the bf16 case precision_noise.json). Missing fixtures or no usable GPU fail the test.
+//! Fixtures: `$NUVEC_GPU_FIXTURES`, else `$NUVEC_FIXTURES` (config.json and the safetensors of
+//! each case, and `precision_noise_long/`). Missing fixtures or no usable GPU fail the test.
 #![cfg(feature = "cuda")]
 
 use std::path::PathBuf;
@@ -39,14 +39,19 @@ fn case_dir(case: &str) -> PathBuf {
     dir
 }
 
-/// mlx-lm's bf16-vs-f32 logit difference recorded for `case`: (largest, mean).
+/// mlx-lm's bf16-vs-f32 logit difference for `case` on this test's prompt and steps: (largest,
+/// mean), recorded by scripts/oracle/more/precision_noise_long.py into
+/// `precision_noise_long/<case>.json` next to the cases.
 fn precision_noise(case: &str) -> (f32, f32) {
-    let path = case_dir(case).join("precision_noise.json");
+    let root = case_dir(case).parent().unwrap().to_path_buf();
+    let path = root.join("precision_noise_long").join(format!("{case}.json"));
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| {
-        panic!("{}: {e} (copy it from $NUVEC_FIXTURES/{case}/ with the checkpoint)", path.display())
+        panic!("{}: {e} (copy $NUVEC_FIXTURES/precision_noise_long/ next to the cases)", path.display())
     });
     let json: serde_json::Value = serde_json::from_str(&text).unwrap();
     let get = |k: &str| json[k].as_f64().unwrap_or_else(|| panic!("{}: no {k}", path.display())) as f32;
+    let positions = json["positions"].as_u64().unwrap_or(0) as usize;
+    assert_eq!(positions, PROMPT + STEPS - 1, "{}: recorded for another prompt length", path.display());
     (get("max_abs_diff"), get("mean_abs_diff"))
 }
 

@@ -120,13 +120,13 @@ fn tf32_matmul() -> Result<bool> {
 
 /// The shape of the one-row 4-bit GEMV for `k` inputs and `n` outputs (`n` unknown, 0, for the
 /// multi-weight launch): `(kernel name suffix, output rows per block, threads per block)`.
-/// Measured on the H200 with weights rotated through more memory than L2 holds (docs/cuda.md,
-/// "GEMV shapes"): 8 rows per lane read each lane's 32 x values once for 8 weight chunks, which
-/// lifts the L1-bound rate of 4 rows (8B gate/up 25.9 -> 19.9 us with 2 warps per row, `_v4`;
-/// the LM heads 187 -> 122 us and 114 -> 45 us with 1 warp, `_v5`). Where K <= 2048 (K / 32
-/// chunks per row) one warp per 4 rows unrolled twice (`_v2`) keeps the lanes busy; for K > 2048
-/// and fewer than 4096 rows (Qwen3-0.6B's down projection) the 4-warp shape stays fastest.
-/// `NUVEC_QGEMV_VARIANT=0..5` forces one shape (for timing them against each other).
+/// Measured on the H200 (docs/cuda.md): 4 warps splitting K leave most lanes idle when K <= 2048
+/// (K / 32 chunks per row), where one warp per 4 rows with the K loop unrolled twice (`_v2`) is
+/// faster (Qwen3-0.6B's LM head 269 -> 100 us); it also reads the 8B's LM head faster (335 ->
+/// 263 us), but not its other layers. `_v4` (8 rows x 2 warps) and `_v5` (8 rows x 1 warp) were
+/// faster in a standalone probe (bench/cuda/gemv_probe.cu) but slower as built here (8B gate/up
+/// 32.6 -> 41.2 us, LM head 267 -> 418 us; docs/cuda.md, third session), so they are only
+/// reachable by `NUVEC_QGEMV_VARIANT=0..5`, which forces one shape (for timing them).
 fn qgemv4_variant(k: usize, n: usize, multi: bool) -> (&'static str, usize, u32) {
     const V: [(&str, usize, u32); 6] =
         [("", QG_ROWS, QG_THREADS), ("_v1", 2, 128), ("_v2", 4, 32), ("_v3", 2, 64), ("_v4", 8, 64), ("_v5", 8, 32)];
@@ -136,9 +136,7 @@ fn qgemv4_variant(k: usize, n: usize, multi: bool) -> (&'static str, usize, u32)
     });
     match forced {
         Some(v) => V[v],
-        None if !multi && n >= 65536 => V[5],
-        None if k <= 2048 => V[2],
-        None if multi || n >= 4096 => V[4],
+        None if k <= 2048 || (!multi && n >= 65536) => V[2],
         None => V[0],
     }
 }
