@@ -440,8 +440,12 @@ impl CudaBackend {
         let k = x.dim(-1);
         if x.len() != k
             || !k.is_multiple_of(32)
-            || ws.iter().any(|w| w.cols() != k || !matches!(w, Matrix::Quantized(_)))
+            || ws
+                .iter()
+                .any(|w| w.cols() != k || !matches!(w, Matrix::Quantized(q) if q.spec.mode == QuantMode::Affine))
         {
+            // The floating-point modes (mxfp4, mxfp8, nvfp4) go through `linear`, which has
+            // their kernels (ops/fp.rs).
             return Ok(None);
         }
         if let Some(u) = up {
