@@ -15,6 +15,10 @@
 struct dim3 { unsigned x = 1, y = 1, z = 1; };
 struct float4 { float x, y, z, w; };
 inline float4 make_float4(float a, float b, float c, float d) { return {a, b, c, d}; }
+// For the shared chunk loader in common.cuh (qg_load), which these kernels do not call.
+struct uint4 { unsigned x, y, z, w; };
+struct uint2 { unsigned x, y; };
+template <class T> T __ldg(const T* p) { return *p; }
 
 thread_local dim3 threadIdx, blockIdx;
 dim3 blockDim, gridDim;

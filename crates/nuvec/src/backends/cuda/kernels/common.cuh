@@ -82,3 +82,25 @@ __device__ float block_max(float v, float* scratch) {
     __syncthreads();
     return scratch[32];
 }
+
+// The BITS u32 words of one 32-value chunk of an MLX affine-packed row (32 values of BITS bits
+// are exactly BITS words): one 16-byte load for 4 bits, two for 8, 8 bytes for 2, BITS word loads
+// for 3/5/6. `p` is aligned to the load width (checked by the host). Used by the GEMV, the f32
+// dequantizer (linear.cu) and the bf16 one (prefill.cu).
+template <int BITS>
+__device__ __forceinline__ void qg_load(u32 (&w)[BITS], const u32* p) {
+    if constexpr (BITS == 4) {
+        uint4 v = __ldg((const uint4*)p);
+        w[0] = v.x; w[1] = v.y; w[2] = v.z; w[3] = v.w;
+    } else if constexpr (BITS == 8) {
+        uint4 a = __ldg((const uint4*)p), b = __ldg((const uint4*)p + 1);
+        w[0] = a.x; w[1] = a.y; w[2] = a.z; w[3] = a.w; w[4] = b.x; w[5] = b.y; w[6] = b.z; w[7] = b.w;
+    } else if constexpr (BITS == 2) {
+        uint2 v = __ldg((const uint2*)p);
+        w[0] = v.x; w[1] = v.y;
+    } else {
+#pragma unroll
+        for (int i = 0; i < BITS; ++i) w[i] = __ldg(p + i);
+    }
+}
+

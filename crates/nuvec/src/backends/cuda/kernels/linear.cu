@@ -87,24 +87,6 @@ extern "C" __global__ void gather_rows(float* out, const u32* ids, long long row
 
 __device__ __forceinline__ float qg_f(u32 bits23) { return __uint_as_float(bits23 | QG_MAGIC) - 8388608.0f; }
 
-// The BITS words of one chunk; `p` is aligned to the load width (checked by the host).
-template <int BITS>
-__device__ __forceinline__ void qg_load(u32 (&w)[BITS], const u32* p) {
-    if constexpr (BITS == 4) {
-        uint4 v = __ldg((const uint4*)p);
-        w[0] = v.x; w[1] = v.y; w[2] = v.z; w[3] = v.w;
-    } else if constexpr (BITS == 8) {
-        uint4 a = __ldg((const uint4*)p), b = __ldg((const uint4*)p + 1);
-        w[0] = a.x; w[1] = a.y; w[2] = a.z; w[3] = a.w; w[4] = b.x; w[5] = b.y; w[6] = b.z; w[7] = b.w;
-    } else if constexpr (BITS == 2) {
-        uint2 v = __ldg((const uint2*)p);
-        w[0] = v.x; w[1] = v.y;
-    } else {
-#pragma unroll
-        for (int i = 0; i < BITS; ++i) w[i] = __ldg(p + i);
-    }
-}
-
 // The 32 values of a chunk as floats.
 template <int BITS>
 __device__ __forceinline__ void qg_decode(const u32 (&w)[BITS], float (&q)[32]) {

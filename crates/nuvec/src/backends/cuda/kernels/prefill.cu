@@ -57,25 +57,6 @@ extern "C" __global__ void silu_mul_bf16(u16* out, const float* g, const float* 
     }
 }
 
-// The BITS u32 words of one 32-value chunk of a packed row; `p` aligned to the load's width
-// (checked on the host, as for the GEMV).
-template <int BITS>
-__device__ __forceinline__ void pf_load(u32 (&w)[BITS], const u32* p) {
-    if constexpr (BITS == 4) {
-        uint4 v = __ldg((const uint4*)p);
-        w[0] = v.x; w[1] = v.y; w[2] = v.z; w[3] = v.w;
-    } else if constexpr (BITS == 8) {
-        uint4 a = __ldg((const uint4*)p), b = __ldg((const uint4*)p + 1);
-        w[0] = a.x; w[1] = a.y; w[2] = a.z; w[3] = a.w; w[4] = b.x; w[5] = b.y; w[6] = b.z; w[7] = b.w;
-    } else if constexpr (BITS == 2) {
-        uint2 v = __ldg((const uint2*)p);
-        w[0] = v.x; w[1] = v.y;
-    } else {
-#pragma unroll
-        for (int i = 0; i < BITS; ++i) w[i] = __ldg(p + i);
-    }
-}
-
 // Value i of a chunk (LSB-first bit stream; i is a constant once unrolled).
 template <int BITS>
 __device__ __forceinline__ float pf_value(const u32 (&w)[BITS], int i) {
@@ -97,7 +78,7 @@ __device__ __forceinline__ void qdequant_bf16_body(u16* out, long long row0, lon
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x) {
         size_t r = i / chunks, c = i % chunks, row = (size_t)row0 + r;
         u32 w[BITS];
-        pf_load<BITS>(w, packed + row * words + c * BITS);
+        qg_load<BITS>(w, packed + row * words + c * BITS);
         // A chunk lies in one group (groups >= 32) or covers two groups of 16.
         size_t g0 = row * gpr + ((c << 5) >> lg), g1 = row * gpr + (((c << 5) + 16) >> lg);
         float s0 = load_float(scales, g0, p_dt), b0 = load_float(biases, g0, p_dt);
