@@ -25,7 +25,7 @@
 #![cfg(feature = "cuda")]
 
 use half::{bf16, f16};
-use nuvec::backends::cuda::{matmul_precision, set_matmul_precision, MatmulPrecision};
+use nuvec::backends::cuda::{matmul_precision, MatmulPrecision};
 use nuvec::{Array, DType, Device, Matrix, QuantMode, QuantSpec, Quantized};
 
 /// bf16's unit roundoff (round to nearest, 8-bit significand).
@@ -35,44 +35,14 @@ const F32_ADD: f64 = 1.0 / 8_388_608.0;
 /// The f32 tolerance of tests/cuda_ops.rs, for the paths that stay f32.
 const F32_TOL: f32 = 1e-4;
 
+mod common;
+use common::{arr, Rng};
+
 /// The device under test, in bf16 mode; panics (fails the test) when there is none.
 fn gpu() -> Device {
-    set_matmul_precision(MatmulPrecision::Bf16);
-    match nuvec::backends::cuda::device_count() {
-        Ok(n) if n > 0 => {}
-        Ok(_) => panic!("no CUDA device: the driver reports 0 devices (these tests need an NVIDIA GPU)"),
-        Err(e) => panic!("no CUDA device: {e}"),
-    }
-    if let Err(e) = nuvec::backends::cuda::init(0) {
-        panic!("CUDA device 0 is not usable: {e}");
-    }
+    let dev = common::gpu_with(MatmulPrecision::Bf16);
     assert_eq!(matmul_precision().unwrap(), MatmulPrecision::Bf16);
-    Device::Cuda(0)
-}
-
-struct Rng(u64);
-
-impl Rng {
-    fn new(seed: u64) -> Self {
-        Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1)
-    }
-    fn next_u32(&mut self) -> u32 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        (self.0 >> 16) as u32
-    }
-    /// Uniform in [-1, 1).
-    fn f(&mut self) -> f32 {
-        (self.next_u32() as f32 / 4_294_967_296.0) * 2.0 - 1.0
-    }
-    fn vec(&mut self, n: usize, scale: f32) -> Vec<f32> {
-        (0..n).map(|_| self.f() * scale).collect()
-    }
-}
-
-fn arr(data: &[f32], shape: &[usize]) -> Array {
-    Array::from_slice(data, shape).unwrap()
+    dev
 }
 
 /// `data` stored as `dtype`, and the stored values read back as f32.

@@ -13,87 +13,16 @@
 
 #![cfg(feature = "cuda")]
 
-use half::{bf16, f16};
 use nuvec::backends::cuda::{set_matmul_precision, MatmulPrecision};
 use nuvec::{backend, Array, DType, Device, Matrix, QuantMode, QuantSpec, Quantized};
 
-const TOL: f32 = 1e-4;
+mod common;
+use common::{arr, close, exact, floats, Rng};
 
-/// The device under test; panics (fails the test) when there is none. Every test starts here,
-/// so every product runs in f32 (every test of this binary wants the same).
+/// The device under test; every test starts here, so every product runs in f32 (every test of
+/// this binary wants the same).
 fn gpu() -> Device {
-    set_matmul_precision(MatmulPrecision::F32);
-    match nuvec::backends::cuda::device_count() {
-        Ok(n) if n > 0 => {}
-        Ok(_) => panic!("no CUDA device: the driver reports 0 devices (these tests need an NVIDIA GPU)"),
-        Err(e) => panic!("no CUDA device: {e}"),
-    }
-    if let Err(e) = nuvec::backends::cuda::init(0) {
-        panic!("CUDA device 0 is not usable: {e}");
-    }
-    Device::Cuda(0)
-}
-
-struct Rng(u64);
-
-impl Rng {
-    fn new(seed: u64) -> Self {
-        Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1)
-    }
-    fn next_u32(&mut self) -> u32 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        (self.0 >> 16) as u32
-    }
-    /// Uniform in [-1, 1).
-    fn f(&mut self) -> f32 {
-        (self.next_u32() as f32 / 4_294_967_296.0) * 2.0 - 1.0
-    }
-    fn vec(&mut self, n: usize, scale: f32) -> Vec<f32> {
-        (0..n).map(|_| self.f() * scale).collect()
-    }
-}
-
-fn arr(data: &[f32], shape: &[usize]) -> Array {
-    Array::from_slice(data, shape).unwrap()
-}
-
-fn floats(data: &[f32], shape: &[usize], dtype: DType) -> Array {
-    match dtype {
-        DType::F32 => arr(data, shape),
-        DType::F16 => Array::from_slice(&data.iter().map(|&v| f16::from_f32(v)).collect::<Vec<_>>(), shape).unwrap(),
-        DType::BF16 => Array::from_slice(&data.iter().map(|&v| bf16::from_f32(v)).collect::<Vec<_>>(), shape).unwrap(),
-        other => panic!("not a float dtype: {other}"),
-    }
-}
-
-/// Checks `got` (from the GPU) against `want` (from the CPU) and prints the errors.
-fn close(case: &str, got: &Array, want: &Array) {
-    assert_eq!(got.shape(), want.shape(), "{case}: shapes");
-    assert_eq!(got.device(), gpu(), "{case}: the result should stay on the GPU");
-    let (g, w) = (got.to_f32_vec().unwrap(), want.to_f32_vec().unwrap());
-    let mean = w.iter().map(|v| v.abs()).sum::<f32>() / w.len().max(1) as f32;
-    let (mut max_abs, mut max_rel) = (0f32, 0f32);
-    for (i, (a, b)) in g.iter().zip(&w).enumerate() {
-        let err = (a - b).abs();
-        let rel = err / (b.abs() + mean).max(f32::MIN_POSITIVE);
-        assert!(err <= TOL * (b.abs() + mean), "{case}: element {i}: gpu {a} vs cpu {b} (mean |cpu| {mean})");
-        max_abs = max_abs.max(err);
-        max_rel = max_rel.max(rel);
-    }
-    eprintln!("RESULT {case:<60} max_abs {max_abs:.3e} max_rel {max_rel:.3e}");
-}
-
-/// Checks bit-for-bit equality.
-fn exact(case: &str, got: &Array, want: &Array) {
-    assert_eq!(got.shape(), want.shape(), "{case}: shapes");
-    assert_eq!(got.dtype(), want.dtype(), "{case}: dtypes");
-    let (g, w) = (got.to_f32_vec().unwrap(), want.to_f32_vec().unwrap());
-    for (i, (a, b)) in g.iter().zip(&w).enumerate() {
-        assert!(a.to_bits() == b.to_bits(), "{case}: element {i}: gpu {a} vs cpu {b}");
-    }
-    eprintln!("RESULT {case:<60} exact");
+    common::gpu_with(MatmulPrecision::F32)
 }
 
 fn quantized(rng: &mut Rng, rows: usize, cols: usize, bits: usize, group: usize, pdtype: DType) -> Matrix {
