@@ -233,7 +233,7 @@ pub struct StepGraph {
     /// The step's output, written by every launch.
     out: Array,
     /// Buffers the capture may read, dropped by their owners during it.
-    _kept: Vec<CudaSlice<u8>>,
+    kept: Vec<CudaSlice<u8>>,
     /// `State::graph_written_dropped` when the capture ended.
     written_mark: u64,
 }
@@ -241,6 +241,16 @@ pub struct StepGraph {
 impl std::fmt::Debug for StepGraph {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "StepGraph(cuda:{}, position {}, {} patched nodes)", self.st.ordinal, self.base, self.patches.len())
+    }
+}
+
+impl Drop for StepGraph {
+    fn drop(&mut self) {
+        // Back to the allocator (work already enqueued, the graph's launches included, comes
+        // before any reuse on the one stream), or kept by a capture running now.
+        for slice in self.kept.drain(..) {
+            self.st.release(slice, 0, false);
+        }
     }
 }
 
@@ -331,7 +341,7 @@ impl StepGraph {
             patches: cap.patches,
             base: pos,
             out,
-            _kept: cap.deferred,
+            kept: cap.deferred,
             written_mark: st.graph_written_dropped.load(Ordering::Acquire),
         };
         // The captured parameters are the step's own, so the first launch needs no patching.
