@@ -220,6 +220,11 @@ impl State {
 /// One batch-1 decode step captured as a CUDA graph, replayable at later positions with other
 /// tokens. Made by [`StepGraph::capture`]; see the module notes for what it may capture.
 ///
+/// A replay moves every recorded position argument (cache offsets, rope offsets, kv lengths) on
+/// by the positions since the captured step: a step whose ops take positions otherwise (a
+/// rotating cache's ring index) must not be captured. Attention over 64 or more queries refuses
+/// to be captured.
+///
 /// Use one device from one thread while capturing (another thread's work on the device would
 /// fail the capture). A replay writes the buffers the captured step wrote (a model's caches):
 /// the caller must keep them, unmoved, for as long as it replays; a replay refuses (returns
@@ -303,10 +308,12 @@ impl StepGraph {
         }
         // The step, then its output copied into `out` (made before the capture); the step's own
         // output is freed inside the graph.
+        let unwinding = EndOnUnwind(st);
         let ran = match f() {
             Ok(y) => finish_step(st, ordinal, &out, out_shape, y).map_err(|e| e.to_string()),
             Err(e) => Err(e.to_string()),
         };
+        std::mem::forget(unwinding);
         // Always end the capture, whatever happened.
         st.capture_epoch.store(0, Ordering::Release);
         let ended = st.stream.end_capture(sys::CUgraphInstantiate_flags(0));
@@ -425,6 +432,25 @@ impl StepGraph {
         );
         copy_device(self.st, y.cuda_ptr()?, self.out.cuda_ptr()?, len)?;
         Ok(y)
+    }
+}
+
+/// Ends a capture when `f` panics (forgotten when it returns), so that the stream is never
+/// left capturing.
+struct EndOnUnwind(&'static State);
+
+impl Drop for EndOnUnwind {
+    fn drop(&mut self) {
+        let st = self.0;
+        st.capture_epoch.store(0, Ordering::Release);
+        // The graph, if any, is dropped unlaunched.
+        let _ = st.stream.end_capture(sys::CUgraphInstantiate_flags(0));
+        let cap = st.capture_slot().take();
+        if let Some(cap) = cap {
+            for slice in cap.deferred {
+                st.recycle(slice);
+            }
+        }
     }
 }
 

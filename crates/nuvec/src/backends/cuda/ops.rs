@@ -702,6 +702,10 @@ impl CudaBackend {
             return Ok(out);
         }
         let o = out.cuda_ptr()?;
+        if l >= ATTN_GEMM_MIN_QUERIES {
+            // CUDA graphs: these paths take positions in ways no replay patches.
+            self.st()?.not_capturing("attention over 64 or more queries")?;
+        }
         // phase 4: long chunks in bf16 on the tensor cores (ops/prefill.rs), under
         // MatmulPrecision::Bf16; its softmax has no sink term, so sinks take the f32 path.
         if sinks.is_none()
