@@ -6,6 +6,7 @@
 use std::time::Instant;
 
 use clap::Parser;
+use nuvec_lm::decode_graph::{DecodeGraph, GraphMode};
 use nuvec_lm::{load_on, Model};
 
 use crate::common::{model_or_default, parse_device, peak_memory};
@@ -69,9 +70,11 @@ struct Trial {
     prompt_tps: f64,
     generation_tps: f64,
     peak: u64,
+    /// Decode steps replayed as a CUDA graph.
+    replayed: usize,
 }
 
-fn trial(model: &Model, prompt: &[u32], args: &Args) -> Result<Trial, Box<dyn std::error::Error>> {
+fn trial(model: &Model, prompt: &[u32], args: &Args, graphs: GraphMode) -> Result<Trial, Box<dyn std::error::Error>> {
     let mut cache = model.new_cache();
     let start = Instant::now();
     // As mlx-lm: chunks of prefill_step_size, the last prompt token goes through the first step.
@@ -83,8 +86,13 @@ fn trial(model: &Model, prompt: &[u32], args: &Args) -> Result<Trial, Box<dyn st
     let mut token = argmax(&model.forward_last(last, &mut cache)?)?;
     let prompt_time = start.elapsed().as_secs_f64();
     let start = Instant::now();
+    // One-token steps as CUDA graphs where the model allows (NUVEC_CUDA_GRAPHS=0: never).
+    let mut steps = DecodeGraph::new(graphs);
     for _ in 1..args.generation_tokens {
-        token = argmax(&model.forward_last(&[token], &mut cache)?)?;
+        token = argmax(&steps.step(model, &mut cache, token)?)?;
+    }
+    if let Some(why) = steps.stopped() {
+        eprintln!("CUDA graphs stopped: {why}");
     }
     let gen_time = start.elapsed().as_secs_f64();
     let _ = token;
@@ -93,6 +101,7 @@ fn trial(model: &Model, prompt: &[u32], args: &Args) -> Result<Trial, Box<dyn st
         // The first generated token comes with the prompt pass, as in mlx-lm's statistics.
         generation_tps: if args.generation_tokens > 1 { (args.generation_tokens - 1) as f64 / gen_time } else { 0.0 },
         peak: peak_memory(),
+        replayed: steps.replayed_steps(),
     })
 }
 
@@ -120,12 +129,13 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         args.generation_tokens,
         nuvec::backends::cpu::num_threads()
     );
+    let graphs = GraphMode::from_env()?;
     if !args.no_warmup {
-        trial(&model, &prompt, &args)?;
+        trial(&model, &prompt, &args, graphs)?;
     }
     let mut trials = vec![];
     for i in 0..args.num_trials {
-        let t = trial(&model, &prompt, &args)?;
+        let t = trial(&model, &prompt, &args, graphs)?;
         println!(
             "Trial {}:  prompt_tps={:.3}, generation_tps={:.3}, peak_memory={:.3}",
             i + 1,
@@ -142,5 +152,19 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         trials.iter().map(|t| t.generation_tps).sum::<f64>() / n,
         trials.iter().map(|t| t.peak).max().unwrap_or(0) as f64 / 1e9
     );
+    // CUDA graphs: when steps were replayed, one more trial without them, per-token times side
+    // by side.
+    let replayed = trials.iter().map(|t| t.replayed).sum::<usize>();
+    if replayed > 0 {
+        let eager = trial(&model, &prompt, &args, GraphMode::Off)?;
+        let graph_tps = trials.iter().map(|t| t.generation_tps).sum::<f64>() / n;
+        println!(
+            "CUDA graphs: decode {:.3} ms/token with graphs ({} of {} steps replayed per trial), {:.3} ms/token eager              (NUVEC_CUDA_GRAPHS=0)",
+            1e3 / graph_tps,
+            replayed / trials.len(),
+            args.generation_tokens - 1,
+            1e3 / eager.generation_tps
+        );
+    }
     Ok(())
 }

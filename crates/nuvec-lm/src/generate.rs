@@ -13,6 +13,7 @@ use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 
 use crate::cache::{CacheOptions, LayerCache};
+use crate::decode_graph::DecodeGraph;
 use crate::models::Model;
 use crate::processors::LogitsProcessors;
 use crate::sample::{log_softmax, Sampler};
@@ -170,6 +171,8 @@ pub struct Generation<'a> {
     last_logits_host: OnceLock<Vec<f32>>,
     stats: Stats,
     clock: Option<Instant>,
+    /// CUDA graphs: runs the one-token steps.
+    decode_graph: DecodeGraph,
 }
 
 /// The session a generation fills: its own, or one lent by the caller.
@@ -260,6 +263,7 @@ fn start<'a>(
         last_logits_host: OnceLock::new(),
         stats: Stats { prompt_tokens: prompt.len(), ..Stats::default() },
         clock: None,
+        decode_graph: DecodeGraph::from_env()?,
         options,
     })
 }
@@ -292,6 +296,11 @@ impl Generation<'_> {
         Some(self.last_logits_host.get_or_init(|| host))
     }
 
+    /// How the one-token steps ran (CUDA graphs replayed, captured, given up).
+    pub fn decode_graph(&self) -> &DecodeGraph {
+        &self.decode_graph
+    }
+
     /// Prompt tokens taken from the session instead of being computed.
     pub fn reused_tokens(&self) -> usize {
         self.reused
@@ -319,7 +328,7 @@ impl Generation<'_> {
             logits
         } else {
             let last = *self.history.last().expect("history holds the prompt");
-            let logits = self.model.forward_last(&[last], &mut session.cache)?;
+            let logits = self.decode_graph.step(self.model, &mut session.cache, last)?;
             session.tokens.push(last);
             session.maybe_quantize(&self.options.cache)?;
             logits

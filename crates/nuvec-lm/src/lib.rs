@@ -20,6 +20,8 @@ pub mod cache;
 pub mod chat;
 pub mod config;
 pub mod convert;
+// CUDA graphs: one-token decode steps replayed.
+pub mod decode_graph;
 mod error;
 pub mod generate;
 pub mod gguf;

@@ -342,3 +342,14 @@ impl Array {
         Array { shape, offset: self.offset + byte_offset, ..self.clone() }
     }
 }
+
+// CUDA graphs
+impl Array {
+    /// An identity of the storage this array views (equal for arrays sharing one buffer, e.g. a
+    /// cache and the views fetched from it; an address, so a freed buffer's id may come back for
+    /// a new one). A replayed step graph checks with it that a cache still holds the buffers
+    /// it captured.
+    pub fn storage_id(&self) -> usize {
+        Arc::as_ptr(&self.bytes) as *const u8 as usize
+    }
+}

@@ -136,3 +136,53 @@ impl KvCache {
         Some((self.keys.as_ref()?, self.values.as_ref()?))
     }
 }
+
+// CUDA graphs: a replayed decode step wrote the cache on the device; the host only moves on.
+impl KvCache {
+    /// Positions the buffers hold before they must grow (0 before the first update).
+    pub fn capacity(&self) -> usize {
+        self.keys.as_ref().map_or(0, |k| k.dim(1))
+    }
+
+    /// The element type stored.
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    /// Counts `n` more positions as held without writing anything: for a caller that wrote
+    /// them into the buffers itself (a replayed CUDA graph of a decode step). Errors, leaving
+    /// the cache unchanged, when the buffers have no room for them.
+    pub fn advance(&mut self, n: usize) -> Result<()> {
+        let capacity = self.capacity();
+        if self.offset + n > capacity {
+            return Err(Error::Invalid(format!(
+                "cannot advance a cache holding {} of {capacity} positions by {n}",
+                self.offset
+            )));
+        }
+        self.offset += n;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod advance_tests {
+    use super::*;
+
+    #[test]
+    fn advance_moves_the_offset_within_capacity_only() {
+        let mut c = KvCache::new();
+        assert!(c.advance(1).is_err(), "an empty cache has no room");
+        assert_eq!(c.advance(0).ok(), Some(()));
+        let kv = Array::from_slice(&[1f32; 2 * 3 * 4], &[2, 3, 4]).unwrap();
+        c.update_and_fetch(&kv, &kv).unwrap();
+        assert_eq!((c.offset(), c.capacity()), (3, STEP));
+        c.advance(STEP - 3).unwrap();
+        assert_eq!(c.offset(), STEP);
+        let err = c.advance(1).unwrap_err().to_string();
+        assert!(err.contains("256 of 256"), "{err}");
+        assert_eq!(c.offset(), STEP, "a refused advance changes nothing");
+        c.trim(STEP - 3).unwrap();
+        assert_eq!(c.offset(), 3);
+    }
+}

@@ -12,10 +12,13 @@
 
 mod alloc;
 mod ops;
+// CUDA graphs: a decode step captured and replayed.
+mod graph;
 
 use std::collections::HashMap;
 use std::fmt;
 use std::mem::ManuallyDrop;
+use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use cudarc::cublas::CudaBlas;
@@ -28,6 +31,8 @@ pub use alloc::{cached_bytes, set_cache_limit};
 pub use ops::CudaBackend;
 // Phase 4: the prefill matmul precision (bf16 tensor cores by default).
 pub use ops::{matmul_precision, set_matmul_precision, MatmulPrecision};
+// CUDA graphs
+pub use graph::StepGraph;
 
 /// Definitions every kernel source starts with (dtype helpers, bit unpacking, reductions).
 pub const PRELUDE: &str = include_str!("kernels/common.cuh");
@@ -123,6 +128,13 @@ pub(crate) struct State {
     pub(crate) blas: Mutex<CudaBlas>,
     /// Freed buffers kept for the next allocation of their size class (see `alloc.rs`).
     cache: Mutex<alloc::Cache>,
+    // ---- CUDA graphs (graph.rs) ----
+    /// The capture running on the stream, if any.
+    capture: Mutex<Option<graph::Capture>>,
+    /// Its epoch (0: none), read without the lock on every allocation.
+    capture_epoch: AtomicU64,
+    /// Buffers written during a capture that have been dropped since (a replay then refuses).
+    graph_written_dropped: AtomicU64,
 }
 
 impl fmt::Debug for State {
@@ -186,7 +198,16 @@ impl State {
         }
         let blas = CudaBlas::new(stream.clone())
             .map_err(|e| Error::Device(format!("cuda: creating a cuBLAS handle: {e:?}")))?;
-        Ok(State { ordinal, stream, funcs, blas: Mutex::new(blas), cache: Mutex::new(alloc::Cache::new()) })
+        Ok(State {
+            ordinal,
+            stream,
+            funcs,
+            blas: Mutex::new(blas),
+            cache: Mutex::new(alloc::Cache::new()),
+            capture: Mutex::new(None),
+            capture_epoch: AtomicU64::new(0),
+            graph_written_dropped: AtomicU64::new(0),
+        })
     }
 
     pub(crate) fn func(&self, name: &str) -> Result<&CudaFunction> {
@@ -227,6 +248,10 @@ pub(crate) struct DeviceBuffer {
     len: usize,
     st: &'static State,
     mirror: OnceLock<Vec<u64>>,
+    /// The capture that made it (its memory is graph memory), 0 for none.
+    epoch: u64,
+    /// Written by a captured step (a replay writes it again): its drop stops replays.
+    graph_written: bool,
 }
 
 impl fmt::Debug for DeviceBuffer {
@@ -239,19 +264,31 @@ impl Drop for DeviceBuffer {
     fn drop(&mut self) {
         // SAFETY: `slice` is taken once, here, and `self` is not used afterwards.
         let slice = unsafe { ManuallyDrop::take(&mut self.slice) };
-        self.st.recycle(slice);
+        self.st.release(slice, self.epoch, self.graph_written);
     }
 }
 
 impl DeviceBuffer {
     /// `len` bytes, uninitialized (every kernel writing one fills it whole).
     pub(crate) fn alloc(st: &'static State, len: usize) -> Result<Self> {
-        let slice = st.take_or_alloc(len)?;
+        // While a capture runs, the memory comes from the driver (a graph allocation).
+        let (slice, epoch) = match st.capture_alloc_if_capturing(len) {
+            Some(made) => made?,
+            None => (st.take_or_alloc(len)?, 0),
+        };
         let ptr = {
             let (ptr, _sync) = slice.device_ptr(&st.stream);
             ptr
         };
-        Ok(DeviceBuffer { ptr, slice: ManuallyDrop::new(slice), len, st, mirror: OnceLock::new() })
+        Ok(DeviceBuffer {
+            ptr,
+            slice: ManuallyDrop::new(slice),
+            len,
+            st,
+            mirror: OnceLock::new(),
+            epoch,
+            graph_written: false,
+        })
     }
 
     /// `len` zero bytes.
@@ -266,6 +303,7 @@ impl DeviceBuffer {
 
     /// A device copy of `bytes`.
     pub(crate) fn upload(st: &'static State, bytes: &[u8]) -> Result<Self> {
+        st.not_capturing("a copy from the host")?;
         let mut b = Self::alloc(st, bytes.len())?;
         if !bytes.is_empty() {
             let mut dst = b.slice.slice_mut(..bytes.len());
@@ -285,6 +323,7 @@ impl DeviceBuffer {
 
     /// Copies bytes `offset..offset + out.len()` to `out`, waiting for pending work.
     pub(crate) fn download(&self, offset: usize, out: &mut [u8]) -> Result<()> {
+        self.st.not_capturing("a copy to the host")?;
         let stream = self.slice.stream();
         if !out.is_empty() {
             let src = self.slice.slice(offset..offset + out.len());
@@ -322,6 +361,9 @@ impl DeviceBuffer {
     /// Forgets the host copy (the device bytes are about to change).
     pub(crate) fn invalidate(&mut self) {
         self.mirror = OnceLock::new();
+        if self.epoch == 0 && self.st.capturing() != 0 {
+            self.graph_written = true;
+        }
     }
 }
 

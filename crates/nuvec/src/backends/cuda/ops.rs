@@ -7,6 +7,7 @@ use std::sync::{Mutex, OnceLock};
 use cudarc::cublas::sys::cublasOperation_t;
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 
+use super::graph::{KArg, StepPos};
 use super::{state, DeviceBuffer, State};
 use crate::{Array, Backend, DType, Device, Error, GatedDeltaDims, Matrix, QuantMode, QuantSpec, Result};
 
@@ -176,6 +177,23 @@ macro_rules! launch {
         unsafe { b.launch($cfg) }
             .map_err(|e| Error::Device(format!("{}: launching {} on cuda:{}: {e:?}", $op, $name, st.ordinal)))?;
     }};
+}
+
+/// CUDA graphs: while a capture runs, records the kernel `$name` just launched as depending on
+/// the step's position; `$pos` (a `StepPos`) is in scope of the body, which gives `Some((cfg,
+/// [args...]))` for that step (the same argument list as the launch, in order) or `None`.
+macro_rules! record {
+    ($st:expr, $op:expr, $name:expr, |$pos:ident| $body:expr) => {{
+        let st: &State = $st;
+        if st.capturing() != 0 {
+            st.record($op, $name, Box::new(move |$pos: StepPos| -> Option<(LaunchConfig, Vec<KArg>)> { $body }))?;
+        }
+    }};
+}
+
+/// The argument list of a recorded launch.
+macro_rules! kargs {
+    ($($arg:expr),* $(,)?) => { vec![$(KArg::from($arg)),*] };
 }
 
 // fpquant: linear and embed over mxfp4, mxfp8 and nvfp4 weights (kernels/fp_linear.cu).
@@ -561,9 +579,15 @@ impl CudaBackend {
         sinks: u64,
     ) -> Result<()> {
         let want = ATTS_TARGET_BLOCKS.div_ceil(hq * l).max(1);
-        let chunk = kv_len.div_ceil(want).max(32);
-        let splits = kv_len.div_ceil(chunk).max(1);
-        let part = DeviceBuffer::alloc(self.st()?, l * hq * splits * (d + 2) * 4)?;
+        let split = move |kv_len: usize| {
+            let chunk = kv_len.div_ceil(want).max(32);
+            (chunk, kv_len.div_ceil(chunk).max(1))
+        };
+        let (chunk, splits) = split(kv_len);
+        // CUDA graphs: a captured step's partials serve every later kv length (at most `want`
+        // splits, see `split`).
+        let most = if self.st()?.capturing() != 0 { want.max(splits) } else { splits };
+        let part = DeviceBuffer::alloc(self.st()?, l * hq * most * (d + 2) * 4)?;
         let pp = part.ptr();
         let (li, hqi, hkvi, di) = (l as i32, hq as i32, hkv as i32, d as i32);
         let (capi, kvi, chunki, si) = (to_i32(op, "capacity", cap)?, kv_len as i32, chunk as i32, splits as i32);
@@ -573,8 +597,22 @@ impl CudaBackend {
             shared_mem_bytes: 0,
         };
         launch!(self.st()?, op, "attention_split_f32", cfg; pp, qp, kp, vp, li, hqi, hkvi, di, capi, kvi, scale, chunki);
+        let at_len = move |at: StepPos| {
+            let kv_len = kv_len + at.delta;
+            let (chunk, splits) = split(kv_len);
+            (kv_len <= cap && splits <= most).then_some((kv_len as i32, chunk as i32, splits as i32))
+        };
+        record!(self.st()?, op, "attention_split_f32", |at| {
+            let (kvi, chunki, si) = at_len(at)?;
+            let cfg = LaunchConfig { grid_dim: (cfg.grid_dim.0, cfg.grid_dim.1, si as u32), ..cfg };
+            Some((cfg, kargs![pp, qp, kp, vp, li, hqi, hkvi, di, capi, kvi, scale, chunki]))
+        });
         let cfg = LaunchConfig { grid_dim: (hq as u32, l as u32, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
         launch!(self.st()?, op, "attention_merge_f32", cfg; o, pp, hqi, di, si, sinks);
+        record!(self.st()?, op, "attention_merge_f32", |at| {
+            let (_, _, si) = at_len(at)?;
+            Some((cfg, kargs![o, pp, hqi, di, si, sinks]))
+        });
         Ok(())
     }
 
@@ -664,6 +702,10 @@ impl CudaBackend {
             return Ok(out);
         }
         let o = out.cuda_ptr()?;
+        if l >= ATTN_GEMM_MIN_QUERIES {
+            // CUDA graphs: these paths take positions in ways no replay patches.
+            self.st()?.not_capturing("attention over 64 or more queries")?;
+        }
         // phase 4: long chunks in bf16 on the tensor cores (ops/prefill.rs), under
         // MatmulPrecision::Bf16; its softmax has no sink term, so sinks take the f32 path.
         if sinks.is_none()
@@ -691,6 +733,10 @@ impl CudaBackend {
             shared_mem_bytes: ((d + ATTN_THREADS + 33) * 4) as u32,
         };
         launch!(self.st()?, op, "attention_f32", cfg; o, qp, kp, vp, li, hqi, hkvi, di, capi, kvi, scale, sp);
+        record!(self.st()?, op, "attention_f32", |at| {
+            let kvi = i32::try_from(kv_len + at.delta).ok().filter(|&n| n <= capi)?;
+            Some((cfg, kargs![o, qp, kp, vp, li, hqi, hkvi, di, capi, kvi, scale, sp]))
+        });
         Ok(out)
     }
 
@@ -811,7 +857,19 @@ impl Backend for CudaBackend {
         }
         if let [id] = ids {
             // A decode step's one token goes as the first row: nothing to upload.
-            self.gather_rows(op, out.cuda_ptr()?, 0, *id as usize, 1, d, &wa)?;
+            let o = out.cuda_ptr()?;
+            self.gather_rows(op, o, 0, *id as usize, 1, d, &wa)?;
+            // CUDA graphs: the token is the row.
+            let (total, k) = (d as u64, to_i32(op, "columns", d)?);
+            let WeightArgs { dense, packed, scales, biases, w_dt, p_dt, bits, group } = wa;
+            record!(self.st()?, op, "gather_rows", |at| {
+                let row0 = (at.token as usize) < v;
+                row0.then(|| {
+                    let row0 = at.token as i64;
+                    let a = kargs![o, 0u64, row0, total, dense, packed, scales, biases, w_dt, p_dt, bits, group, k];
+                    (cfg_1d(total as usize), a)
+                })
+            });
             return Ok(out);
         }
         let idb = self.upload(ids)?;
@@ -863,6 +921,10 @@ impl Backend for CudaBackend {
         let (half, hi, di) = (half as i32, to_i32(op, "heads", h)?, to_i32(op, "head size", d)?);
         let (offset, trad) = (offset as i64, traditional as i32);
         launch!(self.st()?, op, "rope_f32", cfg_1d(n as usize); o, xp, fp, half, hi, di, offset, trad, n);
+        record!(self.st()?, op, "rope_f32", |at| {
+            let offset = offset + at.delta as i64;
+            Some((cfg_1d(n as usize), kargs![o, xp, fp, half, hi, di, offset, trad, n]))
+        });
         Ok(out)
     }
 
@@ -892,6 +954,10 @@ impl Backend for CudaBackend {
             to_i32(op, "offset", offset)?,
         );
         launch!(self.st()?, op, "write_axis1_f32", cfg_1d(total as usize); dp, sp, total, ni, capi, ci, offi);
+        record!(self.st()?, op, "write_axis1_f32", |at| {
+            let offi = i32::try_from(offset + at.delta).ok().filter(|&o| o + ni <= capi)?;
+            Some((cfg_1d(total as usize), kargs![dp, sp, total, ni, capi, ci, offi]))
+        });
         Ok(())
     }
 
@@ -920,6 +986,11 @@ impl Backend for CudaBackend {
             to_i32(op, "offset", offset)?,
         );
         launch!(self.st()?, op, "write_axis1_rows_f32", cfg_1d(total as usize); dp, sp, total, ai, capi, ci, offi);
+        let ni = n;
+        record!(self.st()?, op, "write_axis1_rows_f32", |at| {
+            let offi = i32::try_from(offset + at.delta).ok().filter(|&o| o as usize + ni <= cap)?;
+            Some((cfg_1d(total as usize), kargs![dp, sp, total, ai, capi, ci, offi]))
+        });
         Ok(())
     }
 

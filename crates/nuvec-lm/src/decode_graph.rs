@@ -1,0 +1,313 @@
+//! One-token decode steps replayed as a CUDA graph (feature `cuda`; see docs/cuda-graphs.md).
+//!
+//! A decode step of a dense Llama-family model launches ~10 kernels per layer, each costing
+//! about 4 µs of host time: a small model is bound by the host. [`DecodeGraph`] runs the
+//! second one-token step of a generation under a stream capture
+//! ([`nuvec::backends::cuda::StepGraph`]) and replays that graph for the following steps,
+//! with the position and token patched in and the caches' offsets moved on by one
+//! ([`KvCache::advance`](crate::cache::KvCache::advance)). It captures again when a cache is
+//! about to grow (its buffers move every 256 positions) or holds other buffers than the ones
+//! captured. A capture that fails leaves the caches as they were before the step, which then
+//! runs eagerly, and stops graphs for the rest of the generation. Anything not eligible (the
+//! CPU, other families, MoE routing that reads to the host, caches that are not all plain f32)
+//! runs exactly the eager path.
+//!
+//! `NUVEC_CUDA_GRAPHS=0` turns graphs off; `force` also tries families not known to capture
+//! (for tests of the failure path).
+
+use nuvec::{Array, DType, Device};
+
+use crate::cache::LayerCache;
+use crate::{Error, Model, Result};
+
+/// Families whose decode step reads nothing to the host (dense Llama-style decoders).
+pub const GRAPH_MODEL_TYPES: &[&str] = &["llama", "mistral", "qwen2", "qwen3"];
+
+/// Whether decode steps may run as CUDA graphs (`NUVEC_CUDA_GRAPHS`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GraphMode {
+    /// Every step eager (`0`, `off`).
+    Off,
+    /// Graphs for the families in [`GRAPH_MODEL_TYPES`] (unset, `1`, `on`).
+    On,
+    /// Graphs tried for any family; a capture that fails falls back (`force`, for tests).
+    Force,
+}
+
+impl GraphMode {
+    /// Reads `NUVEC_CUDA_GRAPHS`.
+    pub fn from_env() -> Result<Self> {
+        match std::env::var("NUVEC_CUDA_GRAPHS") {
+            Ok(v) => Self::parse(&v),
+            Err(_) => Ok(GraphMode::On),
+        }
+    }
+
+    /// Parses a `NUVEC_CUDA_GRAPHS` value.
+    pub fn parse(value: &str) -> Result<Self> {
+        match value.trim() {
+            "0" | "off" | "false" => Ok(GraphMode::Off),
+            "" | "1" | "on" | "true" => Ok(GraphMode::On),
+            "force" => Ok(GraphMode::Force),
+            other => Err(Error::Invalid(format!("NUVEC_CUDA_GRAPHS={other:?}: use 0 (off), 1 (on) or force"))),
+        }
+    }
+}
+
+/// Why a one-token step cannot be a graph (`None`: it can): the mode, the model type, whether
+/// the model is on a CUDA device, and its caches.
+pub fn ineligible(mode: GraphMode, model_type: &str, on_cuda: bool, cache: &[LayerCache]) -> Option<&'static str> {
+    if mode == GraphMode::Off {
+        return Some("NUVEC_CUDA_GRAPHS=0");
+    }
+    if !on_cuda {
+        return Some("the model is not on a CUDA device");
+    }
+    if mode == GraphMode::On && !GRAPH_MODEL_TYPES.contains(&model_type) {
+        return Some("the model family's decode step is not known to be capturable");
+    }
+    let mut offsets = cache.iter().map(LayerCache::offset);
+    let Some(first) = offsets.next() else {
+        return Some("the model has no layers");
+    };
+    if offsets.any(|o| o != first) {
+        return Some("the caches hold different numbers of positions");
+    }
+    let plain_f32 = cache.iter().all(|c| match c {
+        LayerCache::Plain(kv) => kv.dtype() == DType::F32 && kv.buffers().is_some(),
+        _ => false,
+    });
+    if !plain_f32 {
+        return Some("a cache is not a plain f32 cache holding positions");
+    }
+    None
+}
+
+// Used by the capture path, which only the `cuda` feature builds.
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+/// Whether every cache has room for one more position without growing.
+fn has_room(cache: &[LayerCache]) -> bool {
+    cache.iter().all(|c| match c {
+        LayerCache::Plain(kv) => kv.capacity() > c.offset(),
+        _ => false,
+    })
+}
+
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+/// The storage of every cache's keys and values.
+fn buffer_ids(cache: &[LayerCache]) -> Vec<(usize, usize)> {
+    cache
+        .iter()
+        .filter_map(|c| match c {
+            LayerCache::Plain(kv) => kv.buffers().map(|(k, v)| (k.storage_id(), v.storage_id())),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Runs one-token decode steps, as CUDA graphs where it can (see the module notes).
+#[derive(Debug)]
+pub struct DecodeGraph {
+    mode: GraphMode,
+    /// One-token steps run eagerly so far (the first builds what a capture cannot upload).
+    eager_steps: usize,
+    /// The logits' shape of the last eager step.
+    out_shape: Option<Vec<usize>>,
+    /// Why graphs were given up for this generation.
+    stopped: Option<String>,
+    replayed: usize,
+    captures: usize,
+    #[cfg(feature = "cuda")]
+    held: Option<Held>,
+}
+
+#[cfg(feature = "cuda")]
+#[derive(Debug)]
+struct Held {
+    graph: nuvec::backends::cuda::StepGraph,
+    /// The caches' buffers the graph writes.
+    buffers: Vec<(usize, usize)>,
+}
+
+impl DecodeGraph {
+    /// In `mode`.
+    pub fn new(mode: GraphMode) -> Self {
+        DecodeGraph {
+            mode,
+            eager_steps: 0,
+            out_shape: None,
+            stopped: None,
+            replayed: 0,
+            captures: 0,
+            #[cfg(feature = "cuda")]
+            held: None,
+        }
+    }
+
+    /// In the mode `NUVEC_CUDA_GRAPHS` asks for.
+    pub fn from_env() -> Result<Self> {
+        Ok(Self::new(GraphMode::from_env()?))
+    }
+
+    /// Steps computed by replaying a graph.
+    pub fn replayed_steps(&self) -> usize {
+        self.replayed
+    }
+
+    /// Graphs captured.
+    pub fn captures(&self) -> usize {
+        self.captures
+    }
+
+    /// Why graphs stopped for this generation (a capture failed), if they did.
+    pub fn stopped(&self) -> Option<&str> {
+        self.stopped.as_deref()
+    }
+
+    /// Logits `[1, vocab]` of `token` at the caches' position, extending `cache` by one: a
+    /// graph replay, a capture, or the eager [`Model::forward_last`].
+    pub fn step(&mut self, model: &Model, cache: &mut [LayerCache], token: u32) -> Result<Array> {
+        let on_cuda = model.device() != Device::Cpu;
+        if self.stopped.is_some() || ineligible(self.mode, model.model_type(), on_cuda, cache).is_some() {
+            return model.forward_last(&[token], cache);
+        }
+        self.graph_step(model, cache, token)
+    }
+
+    fn eager(&mut self, model: &Model, cache: &mut [LayerCache], token: u32) -> Result<Array> {
+        let y = model.forward_last(&[token], cache)?;
+        self.eager_steps += 1;
+        self.out_shape = Some(y.shape().to_vec());
+        Ok(y)
+    }
+
+    #[cfg(not(feature = "cuda"))]
+    fn graph_step(&mut self, model: &Model, cache: &mut [LayerCache], token: u32) -> Result<Array> {
+        self.eager(model, cache, token)
+    }
+
+    #[cfg(feature = "cuda")]
+    fn graph_step(&mut self, model: &Model, cache: &mut [LayerCache], token: u32) -> Result<Array> {
+        use nuvec::backends::cuda::StepGraph;
+        let Device::Cuda(ordinal) = model.device() else {
+            return self.eager(model, cache, token);
+        };
+        let pos = cache.first().map_or(0, LayerCache::offset);
+        let room = has_room(cache);
+        if let Some(held) = &mut self.held {
+            if room && held.buffers == buffer_ids(cache) {
+                if let Some(y) = held.graph.replay(pos, token)? {
+                    for c in cache.iter_mut() {
+                        if let LayerCache::Plain(kv) = c {
+                            kv.advance(1)?;
+                        }
+                    }
+                    self.replayed += 1;
+                    return Ok(y);
+                }
+            }
+            self.held = None;
+        }
+        let Some(out_shape) = self.out_shape.clone().filter(|_| room) else {
+            // The first one-token step (or one that grows a cache) runs eagerly.
+            return self.eager(model, cache, token);
+        };
+        let before = buffer_ids(cache);
+        let captured = StepGraph::capture(ordinal, pos, token, &out_shape, || model.forward_last(&[token], cache));
+        match captured {
+            Ok((y, graph)) => {
+                let buffers = buffer_ids(cache);
+                if buffers != before {
+                    return Err(Error::Invalid(
+                        "a captured decode step replaced a KV cache's buffers (it should have failed)".into(),
+                    ));
+                }
+                self.held = Some(Held { graph, buffers });
+                self.captures += 1;
+                Ok(y)
+            }
+            Err(e) => {
+                // Nothing of the captured step ran: undo what it did on the host, then run it.
+                for c in cache.iter_mut() {
+                    let extra = c.offset().saturating_sub(pos);
+                    c.trim(extra)?;
+                }
+                if buffer_ids(cache) != before {
+                    return Err(Error::Invalid(format!(
+                        "a failed CUDA-graph capture replaced the KV caches' buffers ({e}); run with \
+                         NUVEC_CUDA_GRAPHS=0"
+                    )));
+                }
+                self.stopped = Some(e.to_string());
+                self.eager(model, cache, token)
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cache::{KvCache, RecurrentCache};
+
+    fn plain(positions: usize, dtype: DType) -> LayerCache {
+        let mut c = KvCache::with_dtype(dtype);
+        if positions > 0 {
+            let kv = Array::from_slice(&vec![0.5f32; 2 * positions * 4], &[2, positions, 4]).unwrap();
+            c.update_and_fetch(&kv, &kv).unwrap();
+        }
+        LayerCache::Plain(c)
+    }
+
+    #[test]
+    fn only_dense_llama_families_with_plain_f32_caches_on_cuda_are_eligible() {
+        let good = vec![plain(3, DType::F32), plain(3, DType::F32)];
+        for family in GRAPH_MODEL_TYPES {
+            assert_eq!(ineligible(GraphMode::On, family, true, &good), None, "{family}");
+        }
+        assert!(ineligible(GraphMode::Off, "llama", true, &good).is_some());
+        assert!(ineligible(GraphMode::On, "llama", false, &good).is_some(), "the CPU never captures");
+        for family in ["qwen3_moe", "gpt_oss", "qwen3_5", "gemma4_text"] {
+            assert!(ineligible(GraphMode::On, family, true, &good).is_some(), "{family}");
+            assert_eq!(ineligible(GraphMode::Force, family, true, &good), None, "force tries {family}");
+        }
+        let cases: [(&str, Vec<LayerCache>); 5] = [
+            ("bf16 cache", vec![plain(3, DType::F32), plain(3, DType::BF16)]),
+            ("empty cache", vec![plain(0, DType::F32)]),
+            ("uneven offsets", vec![plain(3, DType::F32), plain(4, DType::F32)]),
+            ("recurrent layer", vec![plain(3, DType::F32), LayerCache::Recurrent(RecurrentCache::new())]),
+            ("no layers", vec![]),
+        ];
+        for (what, cache) in cases {
+            assert!(ineligible(GraphMode::Force, "llama", true, &cache).is_some(), "{what}");
+        }
+    }
+
+    #[test]
+    fn room_and_buffer_identity_follow_the_caches() {
+        let mut cache = vec![plain(255, DType::F32)];
+        assert!(has_room(&cache));
+        let ids = buffer_ids(&cache);
+        assert_eq!(ids.len(), 1);
+        if let LayerCache::Plain(kv) = &mut cache[0] {
+            kv.advance(1).unwrap();
+        }
+        assert!(!has_room(&cache), "256 of 256 positions: the next step grows the cache");
+        assert_eq!(buffer_ids(&cache), ids, "advancing moves no buffer");
+        let kv = Array::from_slice(&[0.5f32; 8], &[2, 1, 4]).unwrap();
+        if let LayerCache::Plain(c) = &mut cache[0] {
+            c.update_and_fetch(&kv, &kv).unwrap();
+        }
+        assert!(has_room(&cache));
+        assert_ne!(buffer_ids(&cache), ids, "growing moves the buffers");
+    }
+
+    #[test]
+    fn the_mode_parses_and_names_bad_values() {
+        assert_eq!(GraphMode::parse("0").unwrap(), GraphMode::Off);
+        assert_eq!(GraphMode::parse("1").unwrap(), GraphMode::On);
+        assert_eq!(GraphMode::parse("force").unwrap(), GraphMode::Force);
+        let err = GraphMode::parse("yes please").unwrap_err().to_string();
+        assert!(err.contains("NUVEC_CUDA_GRAPHS"), "{err}");
+    }
+}

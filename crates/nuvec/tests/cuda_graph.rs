@@ -1,0 +1,184 @@
+//! `StepGraph` (a decode step captured as a CUDA graph, replayed at later positions) against the
+//! same step run eagerly (feature `cuda`; needs an NVIDIA GPU; run with one test thread).
+//!
+//! The step is a miniature attention layer built from the position-dependent ops: a one-token
+//! embedding, `rope_qk` and `rope`, `write_kv_rows` into a cache, attention over it, and the
+//! projections around them. Replays use the eager path's kernels and attention splits, so each
+//! step's output must equal the eager one bit for bit, at every position up to 900 (the split
+//! count changes every 32 positions). Head size 64 takes the split-key attention kernels, 6 the
+//! fallback kernel. Also: what a capture must refuse (an upload, a buffer outliving it), and
+//! that the device works normally after a refused capture.
+#![cfg(feature = "cuda")]
+
+use nuvec::backends::cuda::StepGraph;
+use nuvec::{attention, rope_qk, Array, DType, Device, Matrix};
+
+const VOCAB: usize = 300;
+const HQ: usize = 8;
+const HKV: usize = 2;
+const CAP: usize = 1024;
+
+fn gpu() -> Device {
+    match nuvec::backends::cuda::device_count() {
+        Ok(n) if n > 0 => {}
+        Ok(_) => panic!("no CUDA device: the driver reports 0 devices (these tests need an NVIDIA GPU)"),
+        Err(e) => panic!("no CUDA device: {e}"),
+    }
+    Device::Cuda(0)
+}
+
+fn random(n: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        })
+        .collect()
+}
+
+struct Layer {
+    embed: Matrix,
+    wk: Matrix,
+    wv: Matrix,
+    wo: Matrix,
+    freqs: Vec<f32>,
+    d: usize,
+}
+
+impl Layer {
+    fn new(d: usize) -> Self {
+        let dev = gpu();
+        let m = |rows: usize, cols: usize, seed: u64| {
+            Matrix::Dense(Array::from_slice_on(&random(rows * cols, seed), &[rows, cols], dev).unwrap())
+        };
+        let freqs = (0..d / 2).map(|i| 10000f32.powf(-((2 * i) as f32) / d as f32)).collect();
+        Layer {
+            embed: m(VOCAB, HQ * d, 1),
+            wk: m(HKV * d, HQ * d, 2),
+            wv: m(HKV * d, HQ * d, 3),
+            wo: m(VOCAB, HQ * d, 4),
+            freqs,
+            d,
+        }
+    }
+
+    fn caches(&self) -> (Array, Array) {
+        let z = || Array::zeros_on(&[HKV, CAP, self.d], DType::F32, gpu()).unwrap();
+        (z(), z())
+    }
+
+    /// One decode step at `pos` with `token`: logits `[1, VOCAB]`.
+    fn step(&self, pos: usize, token: u32, kc: &mut Array, vc: &mut Array) -> nuvec::Result<Array> {
+        let d = self.d;
+        let x = self.embed.embed(&[token])?;
+        let k = x.linear(&self.wk)?.reshape(&[1, HKV, d])?;
+        let v = x.linear(&self.wv)?.reshape(&[1, HKV, d])?;
+        let q = x.reshape(&[1, HQ, d])?;
+        let (q, k) = rope_qk(&q, &k, None, &self.freqs, pos, false)?;
+        // The separate rope kernel too (a second rotation; any function of the position will do).
+        let q = q.rope(&self.freqs, pos, true)?;
+        kc.write_kv_rows(vc, &k, &v, pos)?;
+        let o = attention(&q, kc, vc, pos + 1, 1.0 / (d as f32).sqrt())?;
+        o.linear(&self.wo)
+    }
+}
+
+fn bits(a: &Array) -> Vec<u32> {
+    a.to_vec::<f32>().unwrap().iter().map(|v| v.to_bits()).collect()
+}
+
+fn replays_equal_eager(d: usize) {
+    let layer = Layer::new(d);
+    let (mut ke, mut ve) = layer.caches();
+    let (mut kg, mut vg) = layer.caches();
+    let token = |pos: usize| ((pos * 7919 + 13) % VOCAB) as u32;
+    // Position 0 eagerly on both (the rope table is uploaded here, which no capture may do).
+    let a = layer.step(0, token(0), &mut ke, &mut ve).unwrap();
+    let b = layer.step(0, token(0), &mut kg, &mut vg).unwrap();
+    assert_eq!(bits(&a), bits(&b), "d {d}: eager position 0");
+    let a = layer.step(1, token(1), &mut ke, &mut ve).unwrap();
+    let (b, mut graph) =
+        StepGraph::capture(0, 1, token(1), &[1, VOCAB], || layer.step(1, token(1), &mut kg, &mut vg)).unwrap();
+    assert_eq!(bits(&a), bits(&b), "d {d}: the captured step's own launch");
+    assert!(graph.patched_nodes() >= 5, "d {d}: {} patched nodes", graph.patched_nodes());
+    let mut held = Vec::new();
+    for pos in 2..900 {
+        let a = layer.step(pos, token(pos), &mut ke, &mut ve).unwrap();
+        let b = graph.replay(pos, token(pos)).unwrap().unwrap_or_else(|| panic!("d {d}: replay refused {pos}"));
+        let (x, y) = (bits(&a), bits(&b));
+        if let Some(i) = x.iter().zip(&y).position(|(p, q)| p != q) {
+            panic!("d {d} position {pos}: logit {i} eager {} replay {}", f32::from_bits(x[i]), f32::from_bits(y[i]));
+        }
+        // Earlier outputs keep their values while the graph runs again.
+        if pos % 100 == 0 {
+            held.push((pos, y, b));
+        }
+    }
+    for (pos, y, b) in held {
+        assert_eq!(bits(&b), y, "d {d}: the output of position {pos} changed after later replays");
+    }
+    // The caches hold what the eager steps wrote.
+    assert_eq!(bits(&kg), bits(&ke), "d {d}: key caches");
+    assert_eq!(bits(&vg), bits(&ve), "d {d}: value caches");
+    assert!(graph.replay(0, 1).unwrap().is_none(), "d {d}: a position before the capture");
+    assert!(graph.replay(CAP, 1).unwrap().is_none(), "d {d}: a position past the cache's capacity");
+    assert!(graph.replay(5, VOCAB as u32).unwrap().is_none(), "d {d}: a token outside the table");
+    println!("RESULT d {d}: 898 replays bit-identical to eager ({} patched nodes)", graph.patched_nodes());
+}
+
+#[test]
+fn replays_equal_eager_split_attention() {
+    replays_equal_eager(64);
+}
+
+#[test]
+fn replays_equal_eager_fallback_attention() {
+    replays_equal_eager(6);
+}
+
+#[test]
+fn refused_captures_leave_the_device_working() {
+    let dev = gpu();
+    let layer = Layer::new(64);
+    let (mut kc, mut vc) = layer.caches();
+    layer.step(0, 1, &mut kc, &mut vc).unwrap();
+    // An upload cannot be captured.
+    let err = StepGraph::capture(0, 1, 1, &[1, 4], || Array::from_slice_on(&[1f32; 4], &[1, 4], dev)).unwrap_err();
+    assert!(err.to_string().contains("cannot be captured"), "{err}");
+    // A read to the host neither.
+    let err = StepGraph::capture(0, 1, 1, &[1, VOCAB], || -> nuvec::Result<Array> {
+        let y = layer.step(1, 1, &mut kc, &mut vc)?;
+        y.to_vec::<f32>()?;
+        Ok(y)
+    })
+    .unwrap_err();
+    assert!(err.to_string().contains("cannot be captured"), "{err}");
+    // A buffer made in the capture must not outlive it.
+    let mut escaped = None;
+    let err = StepGraph::capture(0, 1, 1, &[1, VOCAB], || -> nuvec::Result<Array> {
+        let y = layer.step(1, 1, &mut kc, &mut vc)?;
+        escaped = Some(layer.embed.embed(&[2])?);
+        Ok(y)
+    })
+    .unwrap_err();
+    assert!(err.to_string().contains("outlive"), "{err}");
+    drop(escaped);
+    // The wrong output shape.
+    let err = StepGraph::capture(0, 1, 1, &[1, 7], || layer.step(1, 1, &mut kc, &mut vc)).unwrap_err();
+    assert!(err.to_string().contains("expected f32 [1, 7]"), "{err}");
+    // The device works as before, and a buffer dropped during a capture is kept for the graph.
+    let (mut ke, mut ve) = layer.caches();
+    layer.step(0, 1, &mut ke, &mut ve).unwrap();
+    let want = layer.step(1, 1, &mut ke, &mut ve).unwrap();
+    let old = Array::zeros_on(&[4096], DType::F32, dev).unwrap();
+    let (got, _graph) = StepGraph::capture(0, 1, 1, &[1, VOCAB], || -> nuvec::Result<Array> {
+        drop(old);
+        layer.step(1, 1, &mut kc, &mut vc)
+    })
+    .unwrap();
+    assert_eq!(bits(&got), bits(&want), "a capture after refused ones");
+    println!("RESULT refused captures: upload, host read, escaping buffer, wrong shape; device fine after");
+}
