@@ -131,15 +131,19 @@ fn fused_linear_ops() {
 fn fused_quantized_decode_ops() {
     // One input row and weights of one width/group/scale dtype: linear_many and silu_mul_linear
     // run as one fused GEMV launch on the GPU; every width and group size, rows not a multiple
-    // of the kernel's 4 rows per block, k over several chunks per lane.
+    // of the kernel's 4 (or 8) rows per block, k over several chunks per lane. 4 bits (whose
+    // kernel shape NUVEC_QGEMV_VARIANT forces, and whose v6/v7 kernels have one instance per
+    // scale dtype) also run with f16 and f32 scales, and one plain one-row linear per case
+    // covers the qgemv1 kernels at these k.
     let dev = gpu();
     let mut rng = Rng::new(12);
     for (bits, group, k) in QuantSpec::AFFINE_BITS
         .iter()
         .flat_map(|&b| QuantSpec::AFFINE_GROUPS.iter().flat_map(move |&g| [(b, g, 1024usize), (b, g, 4096)]))
     {
-        {
-            let pdtype = if bits % 2 == 0 { DType::BF16 } else { DType::F16 };
+        let default = if bits % 2 == 0 { DType::BF16 } else { DType::F16 };
+        let pdtypes: &[DType] = if bits == 4 { &[DType::BF16, DType::F16, DType::F32] } else { &[default] };
+        for &pdtype in pdtypes {
             let ws = [
                 quantized(&mut rng, 130, k, bits, group, pdtype),
                 quantized(&mut rng, 33, k, bits, group, pdtype),
@@ -161,6 +165,9 @@ fn fused_quantized_decode_ops() {
                 .silu_mul_linear(&up.to_device(dev).unwrap(), &wd.to_device(dev).unwrap())
                 .unwrap();
             close(&format!("silu_mul_linear fused q{bits} g{group} {pdtype} k={k}"), &got, &want);
+            let want = x.linear(&ws[0]).unwrap();
+            let got = x.to_device(dev).unwrap().linear(&wg[0]).unwrap();
+            close(&format!("linear one row q{bits} g{group} {pdtype} k={k}"), &got, &want);
         }
     }
 }

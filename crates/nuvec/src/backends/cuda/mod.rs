@@ -403,6 +403,10 @@ mod tests {
             "qgemv1_b4_v2",
             "qgemv_multi_b8",
             "qgemv_multi_b4_v3",
+            "qgemv1_b4_v6",
+            "qgemv1_b4_v7",
+            "qgemv_multi_b4_v6",
+            "qgemv_multi_b4_v7",
             // Qwen3.5 hybrids and gpt-oss
             "conv1d_silu_f32",
             "sigmoid_mul_f32",

@@ -126,11 +126,21 @@ fn tf32_matmul() -> Result<bool> {
 /// faster (Qwen3-0.6B's LM head 269 -> 100 us); it also reads the 8B's LM head faster (335 ->
 /// 263 us), but not its other layers. `_v4` (8 rows x 2 warps) and `_v5` (8 rows x 1 warp) were
 /// faster in a standalone probe (bench/cuda/gemv_probe.cu) but slower as built here (8B gate/up
-/// 32.6 -> 41.2 us, LM head 267 -> 418 us; docs/cuda.md, third session), so they are only
-/// reachable by `NUVEC_QGEMV_VARIANT=0..5`, which forces one shape (for timing them).
+/// 32.6 -> 41.2 us, LM head 267 -> 418 us; docs/cuda.md, third session). `_v6` (8 rows x 2
+/// warps) and `_v7` (8 rows x 1 warp) are the probe's own loop (one word decoded at a time, 128
+/// registers as the probe compiled, where `_v4`/`_v5` take 254), not yet timed. All of them are
+/// only reachable by `NUVEC_QGEMV_VARIANT=0..7`, which forces one shape (for timing them).
 fn qgemv4_variant(k: usize, n: usize, multi: bool) -> (&'static str, usize, u32) {
-    const V: [(&str, usize, u32); 6] =
-        [("", QG_ROWS, QG_THREADS), ("_v1", 2, 128), ("_v2", 4, 32), ("_v3", 2, 64), ("_v4", 8, 64), ("_v5", 8, 32)];
+    const V: [(&str, usize, u32); 8] = [
+        ("", QG_ROWS, QG_THREADS),
+        ("_v1", 2, 128),
+        ("_v2", 4, 32),
+        ("_v3", 2, 64),
+        ("_v4", 8, 64),
+        ("_v5", 8, 32),
+        ("_v6", 8, 64),
+        ("_v7", 8, 32),
+    ];
     static FORCED: OnceLock<Option<usize>> = OnceLock::new();
     let forced = *FORCED.get_or_init(|| {
         std::env::var("NUVEC_QGEMV_VARIANT").ok().and_then(|v| v.parse::<usize>().ok()).filter(|&v| v < V.len())

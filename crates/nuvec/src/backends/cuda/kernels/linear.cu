@@ -340,3 +340,161 @@ extern "C" __global__ void __launch_bounds__(32) qgemv_multi_b4_v2(QGM_PARAMS) {
 extern "C" __global__ void __launch_bounds__(64) qgemv_multi_b4_v3(QGM_PARAMS) { QGMV_DISPATCH(2, 2, 2) }
 extern "C" __global__ void __launch_bounds__(64) qgemv_multi_b4_v4(QGM_PARAMS) { QGMV_DISPATCH(8, 2, 1) }
 extern "C" __global__ void __launch_bounds__(32) qgemv_multi_b4_v5(QGM_PARAMS) { QGMV_DISPATCH(8, 1, 1) }
+
+// ---- 4-bit one-row GEMV in the probe's shape (v6, v7; issue 7) ----
+//
+// The loop of bench/cuda/gemv_probe.cu's `cur4`, which read 8B-sized weights faster than the
+// `qgemv_body` instances of the same shape (_v4/_v5; docs/cuda.md): per chunk a lane loads its
+// ROWS rows' 16-byte words and one scale/bias pair per row (two for groups of 16), loads the 32
+// x values once, then per row decodes and multiplies one u32 word (8 values) at a time, so only
+// 8 decoded values are live instead of 32. Same arithmetic per group as qgemv_body:
+// s * sum(q * x) + b * sum(x). The scale dtype is a template argument (PDT >= 0) for groups
+// >= 32, picked once per launch from the runtime `p_dt`, so the loads need no per-load branch;
+// groups of 16 (rare) pass PDT = -1 and read `p_dt` at run time. v6 = 8 rows x 2 warps,
+// v7 = 8 rows x 1 warp.
+
+// The 8 values of one 4-bit word, in order, as floats (2^23 + q minus 2^23).
+__device__ __forceinline__ void qg4_word(u32 w, float (&q)[8]) {
+    u32 lo = w & 0x0F0F0F0Fu, hi = (w >> 4) & 0x0F0F0F0Fu;
+#pragma unroll
+    for (int b = 0; b < 4; ++b) {
+        q[2 * b] = __uint_as_float(__byte_perm(lo, QG_MAGIC, 0x7540 | b)) - 8388608.0f;
+        q[2 * b + 1] = __uint_as_float(__byte_perm(hi, QG_MAGIC, 0x7540 | b)) - 8388608.0f;
+    }
+}
+
+template <bool G16, int PDT, int ROWS, int WARPS>
+__device__ __forceinline__ void qgemv4w_body(float* out, const float* __restrict__ x, int n,
+                                             const u32* __restrict__ packed, const void* __restrict__ scales,
+                                             const void* __restrict__ biases, int p_dt, int lg, int k, int block,
+                                             const float* __restrict__ up) {
+    __shared__ float red[WARPS][ROWS];
+    const int dt = PDT >= 0 ? PDT : p_dt;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int r0 = block * ROWS;
+    const int chunks = k >> 5;
+    const size_t words = (size_t)chunks * 4;
+    const size_t gpr = (size_t)(k >> lg);
+    constexpr int NG = G16 ? 2 : 1;  // scale/bias pairs per chunk
+    float acc[ROWS];
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r) acc[r] = 0.0f;
+    for (int c = threadIdx.x; c < chunks; c += 32 * WARPS) {
+        uint4 w[ROWS];
+        float s[ROWS][NG], b[ROWS][NG];
+#pragma unroll
+        for (int r = 0; r < ROWS; ++r) {
+            const size_t row = (size_t)min(r0 + r, n - 1);  // rows past the end repeat the last; never written
+            w[r] = __ldg((const uint4*)(packed + row * words + (size_t)c * 4));
+            const size_t g = row * gpr + (G16 ? 2 * (size_t)c : (((size_t)c << 5) >> lg));
+#pragma unroll
+            for (int h = 0; h < NG; ++h) {
+                s[r][h] = load_float(scales, g + h, dt);
+                b[r][h] = load_float(biases, g + h, dt);
+            }
+        }
+        float xv[32];
+        const float4* xp = (const float4*)(x + ((size_t)c << 5));
+#pragma unroll
+        for (int v = 0; v < 8; ++v) {
+            float4 t = __ldg(xp + v);
+            xv[4 * v] = t.x; xv[4 * v + 1] = t.y; xv[4 * v + 2] = t.z; xv[4 * v + 3] = t.w;
+        }
+        if (up != nullptr) {  // the fused down projection: silu(x) * up, as silu_mul computes it
+            const float4* upp = (const float4*)(up + ((size_t)c << 5));
+#pragma unroll
+            for (int v = 0; v < 8; ++v) {
+                float4 u = __ldg(upp + v);
+                float uu[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    float g = xv[4 * v + e];
+                    xv[4 * v + e] = g / (1.0f + expf(-g)) * uu[e];
+                }
+            }
+        }
+        float xs[NG];
+#pragma unroll
+        for (int h = 0; h < NG; ++h) {
+            xs[h] = 0.0f;
+#pragma unroll
+            for (int j = 0; j < 32 / NG; ++j) xs[h] += xv[h * (32 / NG) + j];
+        }
+#pragma unroll
+        for (int r = 0; r < ROWS; ++r) {
+            const u32 ww[4] = {w[r].x, w[r].y, w[r].z, w[r].w};
+            float d[NG];
+#pragma unroll
+            for (int h = 0; h < NG; ++h) d[h] = 0.0f;
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                float q[8];
+                qg4_word(ww[j], q);
+                const int h = G16 ? (j >> 1) : 0;  // words 0-1 are the chunk's first 16 values
+#pragma unroll
+                for (int t = 0; t < 8; ++t) d[h] = fmaf(q[t], xv[8 * j + t], d[h]);
+            }
+#pragma unroll
+            for (int h = 0; h < NG; ++h) acc[r] += s[r][h] * d[h] + b[r][h] * xs[h];
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r) {
+        float v = warp_sum(acc[r]);
+        if (lane == 0) red[warp][r] = v;
+    }
+    __syncthreads();
+    if (threadIdx.x < ROWS && r0 + (int)threadIdx.x < n) {
+        float v = 0.0f;
+#pragma unroll
+        for (int wi = 0; wi < WARPS; ++wi) v += red[wi][threadIdx.x];
+        out[r0 + threadIdx.x] = v;
+    }
+}
+
+// One-row launch (QG_PARAMS, `m` is 1, so that the host launches it like the other variants):
+// groups of 16 with the runtime dtype, otherwise one instance per scale dtype.
+template <int ROWS, int WARPS>
+__device__ __forceinline__ void qgemv4w_one(QG_PARAMS) {
+    if (lg == 4) qgemv4w_body<true, -1, ROWS, WARPS>(out, x, n, packed, scales, biases, p_dt, lg, k, blockIdx.x, nullptr);
+    else if (p_dt == DT_BF16)
+        qgemv4w_body<false, DT_BF16, ROWS, WARPS>(out, x, n, packed, scales, biases, p_dt, lg, k, blockIdx.x, nullptr);
+    else if (p_dt == DT_F16)
+        qgemv4w_body<false, DT_F16, ROWS, WARPS>(out, x, n, packed, scales, biases, p_dt, lg, k, blockIdx.x, nullptr);
+    else qgemv4w_body<false, DT_F32, ROWS, WARPS>(out, x, n, packed, scales, biases, p_dt, lg, k, blockIdx.x, nullptr);
+}
+
+// The multi-weight launch: the same block-to-weight mapping as QGMV_DISPATCH, done inside each
+// (group, dtype) instance: picking the weight before the dtype branch made ptxas spill at the
+// 128-register cap (216 bytes), this order does not.
+template <bool G16, int PDT, int ROWS, int WARPS>
+__device__ __forceinline__ void qgemv4w_pick(QGM_PARAMS) {
+    int nb0 = (n0 + ROWS - 1) / ROWS, nb1 = (n1 + ROWS - 1) / ROWS, b = blockIdx.x;
+    float* out = out0;
+    int n = n0;
+    const u32* pk = pk0;
+    const void *sc = sc0, *bi = bi0;
+    const float* up = up0;
+    if (b >= nb0 + nb1) {
+        out = out2; n = n2; pk = pk2; sc = sc2; bi = bi2; up = nullptr; b -= nb0 + nb1;
+    } else if (b >= nb0) {
+        out = out1; n = n1; pk = pk1; sc = sc1; bi = bi1; up = nullptr; b -= nb0;
+    }
+    qgemv4w_body<G16, PDT, ROWS, WARPS>(out, x, n, pk, sc, bi, p_dt, lg, k, b, up);
+}
+#define QGM_ARGS x, p_dt, lg, k, out0, n0, pk0, sc0, bi0, up0, out1, n1, pk1, sc1, bi1, out2, n2, pk2, sc2, bi2
+template <int ROWS, int WARPS>
+__device__ __forceinline__ void qgemv4w_multi(QGM_PARAMS) {
+    if (lg == 4) qgemv4w_pick<true, -1, ROWS, WARPS>(QGM_ARGS);
+    else if (p_dt == DT_BF16) qgemv4w_pick<false, DT_BF16, ROWS, WARPS>(QGM_ARGS);
+    else if (p_dt == DT_F16) qgemv4w_pick<false, DT_F16, ROWS, WARPS>(QGM_ARGS);
+    else qgemv4w_pick<false, DT_F32, ROWS, WARPS>(QGM_ARGS);
+}
+
+// Launch bounds as the probe compiled: 128 registers (8 blocks of 2 warps, or 16 of 1, per SM).
+// Without the minimum-blocks bound ptxas gave these kernels ~250 registers (as it gives _v4/_v5:
+// 254), i.e. half the resident warps, although each (group, dtype) body needs 128.
+extern "C" __global__ void __launch_bounds__(64, 8) qgemv1_b4_v6(QG_PARAMS) { qgemv4w_one<8, 2>(QG_ARGS); }
+extern "C" __global__ void __launch_bounds__(32, 16) qgemv1_b4_v7(QG_PARAMS) { qgemv4w_one<8, 1>(QG_ARGS); }
+extern "C" __global__ void __launch_bounds__(64, 8) qgemv_multi_b4_v6(QGM_PARAMS) { qgemv4w_multi<8, 2>(QGM_ARGS); }
+extern "C" __global__ void __launch_bounds__(32, 16) qgemv_multi_b4_v7(QGM_PARAMS) { qgemv4w_multi<8, 1>(QGM_ARGS); }
