@@ -43,6 +43,16 @@ inline float __shfl_xor_sync(unsigned, float v, int o) {
 inline float __int_as_float(int i) { float f; std::memcpy(&f, &i, 4); return f; }
 inline float __int_as_float(unsigned i) { float f; std::memcpy(&f, &i, 4); return f; }
 inline float __uint_as_float(unsigned i) { float f; std::memcpy(&f, &i, 4); return f; }
+// Byte i of the result is byte (s >> 4i) & 7 of the 8 bytes y:x (x the low four).
+inline unsigned __byte_perm(unsigned x, unsigned y, unsigned s) {
+    unsigned long long v = ((unsigned long long)y << 32) | x;
+    unsigned r = 0;
+    for (int i = 0; i < 4; ++i) r |= (unsigned)((v >> (8 * ((s >> (4 * i)) & 7))) & 0xFF) << (8 * i);
+    return r;
+}
+inline unsigned __funnelshift_r(unsigned lo, unsigned hi, unsigned sh) {
+    return (unsigned)((((unsigned long long)hi << 32) | lo) >> (sh & 31));
+}
 inline int min(int a, int b) { return a < b ? a : b; }
 inline long long min(long long a, long long b) { return a < b ? a : b; }
 inline int max(int a, int b) { return a > b ? a : b; }
@@ -58,7 +68,7 @@ inline float emu_half_to_float(unsigned short h) {
 #define __global__
 #define __device__
 #define __forceinline__ inline
-#define __launch_bounds__(x)
+#define __launch_bounds__(...)
 #define __shared__ static
 
 void emu_launch(dim3 grid, dim3 block, std::function<void()> body) {

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Checks the logic of the Gated DeltaNet / gpt-oss CUDA kernels and of the attention kernels'
-# sinks on the CPU: the kernel sources (common.cuh prelude patched for the host: f16 conversion
+# Checks the logic of the Gated DeltaNet / gpt-oss CUDA kernels, of the attention kernels'
+# sinks and of the 4-bit one-row GEMVs (linear.cu: qgemv.cpp) on the CPU: the kernel sources (common.cuh prelude patched for the host: f16 conversion
 # in C instead of PTX, dynamic shared memory as a static array) compiled with g++ over
 # cuda_emu.h, run on small random cases against the ops' definitions. Needs g++ with C++20
 # (std::barrier); about a minute on 2 cores (a thread per CUDA thread). Exits non-zero on a
@@ -21,3 +21,12 @@ grep -q emu_half_to_float "$work/kernels.cpp" && grep -q emu_dyn_smem "$work/ker
 cp "$here/cuda_emu.h" "$here/harness.cpp" "$work/"
 g++ -std=c++20 -O1 -w -pthread "$work/harness.cpp" -o "$work/harness"
 "$work/harness"
+# The 4-bit one-row GEMV kernels (linear.cu), in a second program: qgemv.cpp.
+{
+    echo '#include "cuda_emu.h"'
+    sed 's/asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));/f = emu_half_to_float(h);/' "$k/common.cuh"
+    cat "$k/linear.cu"
+} >"$work/kernels_linear.cpp"
+cp "$here/qgemv.cpp" "$work/"
+g++ -std=c++20 -O1 -w -pthread "$work/qgemv.cpp" -o "$work/qgemv"
+"$work/qgemv"

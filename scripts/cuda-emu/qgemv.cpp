@@ -1,0 +1,145 @@
+// Runs the 4-bit one-row GEMV kernels of linear.cu (the per-word v6/v7 shapes, and the production
+// qgemv1_b4 / qgemv_multi_b4 as a control) through cuda_emu.h on the CPU and compares them with
+// the affine product written from its definition in f64: out[r] = sum_c (s * q + b) * x[c], with
+// x replaced by silu(x) * up for the fused down projection (tolerance 1e-4 relative to
+// |want| + mean|want|). Every group size (16..128), scale dtype (f32, f16, bf16), row counts that
+// are not a multiple of 8 and the three-weight block mapping. Built and run by run.sh, which
+// prepends the kernel sources.
+#include "kernels_linear.cpp"
+#include <cstdio>
+#include <random>
+#include <string>
+
+static std::mt19937 rng(11);
+static int fails = 0;
+static void cmp(const std::string& what, const std::vector<float>& got, const std::vector<double>& want) {
+    double mean = 0;
+    for (double w : want) mean += std::fabs(w);
+    mean /= std::max<size_t>(1, want.size());
+    double worst = 0;
+    for (size_t i = 0; i < want.size(); ++i) {
+        double e = std::fabs(got[i] - want[i]) / (std::fabs(want[i]) + mean + 1e-30);
+        worst = std::max(worst, e);
+        if (!(e <= 1e-4)) { printf("FAIL %s at %zu: got %g want %g\n", what.c_str(), i, got[i], want[i]); fails++; return; }
+    }
+    printf("ok   %-60s max rel %.2e\n", what.c_str(), worst);
+}
+
+// An affine 4-bit weight [n, k]: random words; scales and biases stored in dtype `dt` (random
+// bit patterns of moderate magnitude, so the reference decodes exactly what the kernel reads).
+struct QW {
+    int n, k, group, dt;
+    std::vector<unsigned> packed;
+    std::vector<unsigned char> sc, bi;  // raw bytes of the dtype
+    float param(const std::vector<unsigned char>& v, size_t i) const {
+        if (dt == DT_F32) { float f; memcpy(&f, &v[4 * i], 4); return f; }
+        unsigned short h; memcpy(&h, &v[2 * i], 2);
+        return dt == DT_F16 ? emu_half_to_float(h) : __uint_as_float((unsigned)h << 16);
+    }
+    double at(int r, int c) const {
+        unsigned q = (packed[(size_t)r * (k / 8) + c / 8] >> (4 * (c % 8))) & 15u;
+        size_t g = (size_t)r * (k / group) + c / group;
+        return (double)param(sc, g) * q + param(bi, g);
+    }
+};
+static QW make(int n, int k, int group, int dt, float s) {
+    QW w{n, k, group, dt, {}, {}, {}};
+    w.packed.resize((size_t)n * k / 8);
+    for (auto& v : w.packed) v = rng();
+    size_t groups = (size_t)n * (k / group), bytes = dt == DT_F32 ? 4 : 2;
+    std::uniform_real_distribution<float> d(-s, s);
+    for (auto* v : {&w.sc, &w.bi}) {
+        v->resize(groups * bytes);
+        for (size_t i = 0; i < groups; ++i) {
+            float f = d(rng);
+            if (dt == DT_F32) memcpy(&(*v)[4 * i], &f, 4);
+            else {
+                unsigned short h;
+                if (dt == DT_BF16) { unsigned u; memcpy(&u, &f, 4); h = u >> 16; }
+                else {  // f16: sign, exponent 8..14 (2^-7 .. 2^-1), random mantissa
+                    h = (unsigned short)(((f < 0) << 15) | ((8 + rng() % 7) << 10) | (rng() & 1023));
+                }
+                memcpy(&(*v)[2 * i], &h, 2);
+            }
+        }
+        s *= 4;  // biases larger than scales, as in the CUDA tests
+    }
+    return w;
+}
+static std::vector<double> reference(const QW& w, const std::vector<float>& x, const std::vector<float>* up) {
+    std::vector<double> out(w.n);
+    for (int r = 0; r < w.n; ++r) {
+        double a = 0;
+        for (int c = 0; c < w.k; ++c) {
+            double xv = x[c];
+            if (up) xv = xv / (1.0 + std::exp(-xv)) * (*up)[c];
+            a += w.at(r, c) * xv;
+        }
+        out[r] = a;
+    }
+    return out;
+}
+static std::vector<float> rnd(size_t n) {
+    std::uniform_real_distribution<float> d(-1, 1);
+    std::vector<float> v(n);
+    for (auto& x : v) x = d(rng);
+    return v;
+}
+
+typedef void (*One)(float*, const float*, int, int, const u32*, const void*, const void*, int, int, int);
+typedef void (*Multi)(const float*, int, int, int, float*, int, const u32*, const void*, const void*, const float*,
+                      float*, int, const u32*, const void*, const void*, float*, int, const u32*, const void*,
+                      const void*);
+
+static void test_one(const char* name, One f, int rows, int threads, int n, int k, int group, int dt) {
+    QW w = make(n, k, group, dt, 0.05f);
+    auto x = rnd(k);
+    std::vector<float> out(n, NAN);
+    int lg = __builtin_ctz(group);
+    emu_launch({(unsigned)((n + rows - 1) / rows), 1, 1}, {(unsigned)threads, 1, 1},
+               [&] { f(out.data(), x.data(), 1, n, w.packed.data(), w.sc.data(), w.bi.data(), dt, lg, k); });
+    cmp(std::string(name) + " n=" + std::to_string(n) + " k=" + std::to_string(k) + " g" + std::to_string(group) +
+            " dt" + std::to_string(dt),
+        out, reference(w, x, nullptr));
+}
+
+// Three weights in one launch (q/k/v shape), then one weight with the silu(x) * up input.
+static void test_multi(const char* name, Multi f, int rows, int threads, int k, int group, int dt) {
+    int ns[3] = {33, 77, 8};
+    QW w[3] = {make(ns[0], k, group, dt, 0.05f), make(ns[1], k, group, dt, 0.05f), make(ns[2], k, group, dt, 0.05f)};
+    auto x = rnd(k), up = rnd(k);
+    std::vector<float> o[3] = {std::vector<float>(ns[0], NAN), std::vector<float>(ns[1], NAN), std::vector<float>(ns[2], NAN)};
+    int lg = __builtin_ctz(group);
+    unsigned blocks = 0;
+    for (int n : ns) blocks += (n + rows - 1) / rows;
+    emu_launch({blocks, 1, 1}, {(unsigned)threads, 1, 1}, [&] {
+        f(x.data(), dt, lg, k, o[0].data(), ns[0], w[0].packed.data(), w[0].sc.data(), w[0].bi.data(), nullptr,
+          o[1].data(), ns[1], w[1].packed.data(), w[1].sc.data(), w[1].bi.data(), o[2].data(), ns[2],
+          w[2].packed.data(), w[2].sc.data(), w[2].bi.data());
+    });
+    std::string tag = std::string(name) + " k=" + std::to_string(k) + " g" + std::to_string(group) + " dt" + std::to_string(dt);
+    for (int i = 0; i < 3; ++i) cmp(tag + " weight " + std::to_string(i), o[i], reference(w[i], x, nullptr));
+    std::vector<float> od(ns[1], NAN);
+    emu_launch({(unsigned)((ns[1] + rows - 1) / rows), 1, 1}, {(unsigned)threads, 1, 1}, [&] {
+        f(x.data(), dt, lg, k, od.data(), ns[1], w[1].packed.data(), w[1].sc.data(), w[1].bi.data(), up.data(),
+          nullptr, 0, nullptr, nullptr, nullptr, nullptr, 0, nullptr, nullptr, nullptr);
+    });
+    cmp(tag + " silu(x)*up", od, reference(w[1], x, &up));
+}
+
+int main() {
+    struct { const char* name; One one; Multi multi; int rows, threads; } kernels[] = {
+        {"qgemv1_b4_v6", qgemv1_b4_v6, qgemv_multi_b4_v6, 8, 64},
+        {"qgemv1_b4_v7", qgemv1_b4_v7, qgemv_multi_b4_v7, 8, 32},
+        {"qgemv1_b4 (production)", qgemv1_b4, qgemv_multi_b4, QG_ROWS, 32 * QG_WARPS},
+    };
+    for (auto& kn : kernels)
+        for (int group : {16, 32, 64, 128})
+            for (int dt : {DT_F32, DT_F16, DT_BF16}) {
+                test_one(kn.name, kn.one, kn.rows, kn.threads, 77, 384, group, dt);
+                test_one(kn.name, kn.one, kn.rows, kn.threads, 5, 4096, group, dt);
+                test_multi(kn.name, kn.multi, kn.rows, kn.threads, 1024, group, dt);
+            }
+    printf("%d failures\n", fails);
+    return fails != 0;
+}
