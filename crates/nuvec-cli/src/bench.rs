@@ -159,7 +159,8 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         let eager = trial(&model, &prompt, &args, GraphMode::Off)?;
         let graph_tps = trials.iter().map(|t| t.generation_tps).sum::<f64>() / n;
         println!(
-            "CUDA graphs: decode {:.3} ms/token with graphs ({} of {} steps replayed per trial), {:.3} ms/token eager              (NUVEC_CUDA_GRAPHS=0)",
+            "CUDA graphs: decode {:.3} ms/token with graphs ({} of {} steps replayed per trial), \
+             {:.3} ms/token eager (NUVEC_CUDA_GRAPHS=0)",
             1e3 / graph_tps,
             replayed / trials.len(),
             args.generation_tokens - 1,
