@@ -3,7 +3,7 @@
 //! Activations are f32; weights may be f32, f16, bf16 or quantized ([`Matrix`]). Shapes are
 //! documented per op; every op checks them and returns an error rather than panicking.
 
-use crate::{Array, Device, Matrix, Result};
+use crate::{Array, Device, Error, Matrix, Result};
 
 /// One device's implementation of the ops.
 pub trait Backend: Send + Sync {
@@ -250,6 +250,44 @@ impl GatedDeltaDims {
     /// Width of a `mixed` row: queries, keys and values.
     pub fn mixed_width(&self) -> usize {
         2 * self.key_heads * self.key_dim + self.value_heads * self.value_dim
+    }
+
+    /// Checks the inputs of [`Backend::gated_delta`] against these dimensions (every backend
+    /// runs the same check) and returns the number of positions `L`.
+    pub(crate) fn check_inputs(
+        &self,
+        mixed: &Array,
+        [a, b]: [&Array; 2],
+        [a_log, dt_bias]: [&Array; 2],
+        state: &Array,
+    ) -> Result<usize> {
+        let op = "gated_delta";
+        let (hk, hv, dk, dv) = (self.key_heads, self.value_heads, self.key_dim, self.value_dim);
+        if hk == 0 || hv == 0 || !hv.is_multiple_of(hk) || dk == 0 || dv == 0 {
+            return Err(Error::shape(op, format!("{self:?}: value heads must be a non-zero multiple of key heads")));
+        }
+        let l = mixed.shape().first().copied().unwrap_or(0);
+        let fits = mixed.shape() == [l, self.mixed_width()]
+            && a.shape() == [l, hv]
+            && b.shape() == [l, hv]
+            && a_log.len() == hv
+            && dt_bias.len() == hv
+            && state.shape() == [hv, dv, dk];
+        if !fits {
+            return Err(Error::shape(
+                op,
+                format!(
+                    "mixed {:?}, a {:?}, b {:?}, a_log {:?}, dt_bias {:?}, state {:?} do not fit {self:?}",
+                    mixed.shape(),
+                    a.shape(),
+                    b.shape(),
+                    a_log.shape(),
+                    dt_bias.shape(),
+                    state.shape()
+                ),
+            ));
+        }
+        Ok(l)
     }
 }
 

@@ -145,31 +145,8 @@ pub(crate) fn gated_delta(
     d: GatedDeltaDims,
 ) -> Result<(Array, Array)> {
     let op = "gated_delta";
-    let (hk, hv, dk, dv) = (d.key_heads, d.value_heads, d.key_dim, d.value_dim);
-    if hk == 0 || hv == 0 || !hv.is_multiple_of(hk) || dk == 0 || dv == 0 {
-        return Err(Error::shape(op, format!("{d:?}: value heads must be a non-zero multiple of key heads")));
-    }
-    let l = mixed.dim(0);
-    let fits = mixed.shape() == [l, d.mixed_width()]
-        && a.shape() == [l, hv]
-        && b.shape() == [l, hv]
-        && a_log.len() == hv
-        && dt_bias.len() == hv
-        && state.shape() == [hv, dv, dk];
-    if !fits {
-        return Err(Error::shape(
-            op,
-            format!(
-                "mixed {:?}, a {:?}, b {:?}, a_log {:?}, dt_bias {:?}, state {:?} do not fit {d:?}",
-                mixed.shape(),
-                a.shape(),
-                b.shape(),
-                a_log.shape(),
-                dt_bias.shape(),
-                state.shape()
-            ),
-        ));
-    }
+    let (hv, dk, dv) = (d.value_heads, d.key_dim, d.value_dim);
+    let l = d.check_inputs(mixed, [a, b], [a_log, dt_bias], state)?;
     let inputs =
         prepare(f32s(op, mixed)?, f32s(op, a)?, f32s(op, b)?, &floats(op, a_log)?, &floats(op, dt_bias)?, l, d);
     // Per head, its state then its outputs, so that heads run as independent chunks.

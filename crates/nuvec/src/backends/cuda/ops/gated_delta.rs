@@ -63,30 +63,7 @@ impl CudaBackend {
     ) -> Result<(Array, Array)> {
         let op = "gated_delta";
         let (hk, hv, dk, dv) = (d.key_heads, d.value_heads, d.key_dim, d.value_dim);
-        if hk == 0 || hv == 0 || !hv.is_multiple_of(hk) || dk == 0 || dv == 0 {
-            return Err(Error::shape(op, format!("{d:?}: value heads must be a non-zero multiple of key heads")));
-        }
-        let l = mixed.shape().first().copied().unwrap_or(0);
-        let fits = mixed.shape() == [l, d.mixed_width()]
-            && a.shape() == [l, hv]
-            && b.shape() == [l, hv]
-            && a_log.len() == hv
-            && dt_bias.len() == hv
-            && state.shape() == [hv, dv, dk];
-        if !fits {
-            return Err(Error::shape(
-                op,
-                format!(
-                    "mixed {:?}, a {:?}, b {:?}, a_log {:?}, dt_bias {:?}, state {:?} do not fit {d:?}",
-                    mixed.shape(),
-                    a.shape(),
-                    b.shape(),
-                    a_log.shape(),
-                    dt_bias.shape(),
-                    state.shape()
-                ),
-            ));
-        }
+        let l = d.check_inputs(mixed, [a, b], [a_log, dt_bias], state)?;
         if dk > GD_MAX_KEY_DIM {
             return Err(Error::Unsupported(format!(
                 "{op}: key heads of {dk} features (the CUDA kernel handles up to {GD_MAX_KEY_DIM})"
