@@ -13,48 +13,17 @@
 //! else `$NUVEC_FIXTURES`. No usable GPU fails the tests.
 #![cfg(feature = "cuda")]
 
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use nuvec_lm::cache::{CacheOptions, KvDtype, LayerCache};
 use nuvec_lm::decode_graph::{DecodeGraph, GraphMode};
 use nuvec_lm::{load_model_on, Model};
 
+mod common;
+use common::gpu_cases::{argmax, case_dir, prompt};
+
 const STEPS: usize = 300;
 const PROMPT: usize = 12;
-
-fn case_dir(case: &str) -> PathBuf {
-    let root = std::env::var_os("NUVEC_GPU_FIXTURES")
-        .or_else(|| std::env::var_os("NUVEC_FIXTURES"))
-        .map(PathBuf::from)
-        .unwrap_or_else(|| panic!("set NUVEC_GPU_FIXTURES (or NUVEC_FIXTURES) to the fixture case directories"));
-    let dir = root.join(case);
-    assert!(dir.join("config.json").exists(), "{}: no such fixture case", dir.display());
-    dir
-}
-
-/// `n` fixed pseudo-random ids below `vocab`.
-fn prompt(vocab: usize, n: usize) -> Vec<u32> {
-    let mut state = 0x2545_f491_4f6c_dd1du64;
-    (0..n)
-        .map(|_| {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            (state % vocab as u64) as u32
-        })
-        .collect()
-}
-
-fn argmax(row: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, &v) in row.iter().enumerate() {
-        if v > row[best] {
-            best = i;
-        }
-    }
-    best as u32
-}
 
 fn load(case: &str) -> Model {
     load_model_on(&case_dir(case), nuvec::Device::Cuda(0)).unwrap_or_else(|e| panic!("{case}: loading on cuda:0: {e}"))

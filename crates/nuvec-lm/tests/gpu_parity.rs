@@ -17,24 +17,15 @@
 //! the default is bf16, checked by tests/gpu_parity_bf16.rs).
 #![cfg(feature = "cuda")]
 
-use std::path::PathBuf;
-
 use nuvec::Device;
 use nuvec_lm::cache::CacheOptions;
 use nuvec_lm::{load_model_on, Model};
 
+mod common;
+use common::gpu_cases::{argmax, case_dir, margin, prompt};
+
 const TOLERANCE: f32 = 2e-3;
 const STEPS: usize = 32;
-
-fn case_dir(case: &str) -> PathBuf {
-    let root = std::env::var_os("NUVEC_GPU_FIXTURES")
-        .or_else(|| std::env::var_os("NUVEC_FIXTURES"))
-        .map(PathBuf::from)
-        .unwrap_or_else(|| panic!("set NUVEC_GPU_FIXTURES (or NUVEC_FIXTURES) to the fixture case directories"));
-    let dir = root.join(case);
-    assert!(dir.join("config.json").exists(), "{}: no such fixture case", dir.display());
-    dir
-}
 
 /// The oracle's prompt when the case has one, else `n` fixed pseudo-random ids below `vocab`.
 fn prompt_of(case: &str, vocab: usize, n: usize) -> Vec<u32> {
@@ -45,31 +36,7 @@ fn prompt_of(case: &str, vocab: usize, n: usize) -> Vec<u32> {
             return json["prompt_ids"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect();
         }
     }
-    let mut state = 0x2545_f491_4f6c_dd1du64;
-    (0..n.max(8))
-        .map(|_| {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            (state % vocab as u64) as u32
-        })
-        .collect()
-}
-
-fn argmax(row: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, &v) in row.iter().enumerate() {
-        if v > row[best] {
-            best = i;
-        }
-    }
-    best as u32
-}
-
-fn margin(row: &[f32]) -> f32 {
-    let top = argmax(row) as usize;
-    let second = row.iter().enumerate().filter(|&(i, _)| i != top).map(|(_, &v)| v).fold(f32::MIN, f32::max);
-    row[top] - second
+    prompt(vocab, n.max(8))
 }
 
 /// Logit rows of every prompt position (prefilled in chunks of `chunk`) and of each of `steps`

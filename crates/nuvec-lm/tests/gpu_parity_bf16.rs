@@ -19,25 +19,16 @@
 //! each case, and `precision_noise_long/`). Missing fixtures or no usable GPU fail the test.
 #![cfg(feature = "cuda")]
 
-use std::path::PathBuf;
-
 use nuvec::backends::cuda::{set_matmul_precision, MatmulPrecision};
 use nuvec::Device;
 use nuvec_lm::cache::{CacheOptions, KvDtype};
 use nuvec_lm::{load_model_on, Model};
 
+mod common;
+use common::gpu_cases::{argmax, case_dir, margin, prompt};
+
 const STEPS: usize = 32;
 const PROMPT: usize = 300;
-
-fn case_dir(case: &str) -> PathBuf {
-    let root = std::env::var_os("NUVEC_GPU_FIXTURES")
-        .or_else(|| std::env::var_os("NUVEC_FIXTURES"))
-        .map(PathBuf::from)
-        .unwrap_or_else(|| panic!("set NUVEC_GPU_FIXTURES (or NUVEC_FIXTURES) to the fixture case directories"));
-    let dir = root.join(case);
-    assert!(dir.join("config.json").exists(), "{}: no such fixture case", dir.display());
-    dir
-}
 
 /// mlx-lm's bf16-vs-f32 logit difference for `case` on this test's prompt and steps: (largest,
 /// mean), recorded by scripts/oracle/more/precision_noise_long.py into
@@ -53,35 +44,6 @@ fn precision_noise(case: &str) -> (f32, f32) {
     let positions = json["positions"].as_u64().unwrap_or(0) as usize;
     assert_eq!(positions, PROMPT + STEPS - 1, "{}: recorded for another prompt length", path.display());
     (get("max_abs_diff"), get("mean_abs_diff"))
-}
-
-/// `n` fixed pseudo-random ids below `vocab`.
-fn prompt(vocab: usize, n: usize) -> Vec<u32> {
-    let mut state = 0x2545_f491_4f6c_dd1du64;
-    (0..n)
-        .map(|_| {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            (state % vocab as u64) as u32
-        })
-        .collect()
-}
-
-fn argmax(row: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, &v) in row.iter().enumerate() {
-        if v > row[best] {
-            best = i;
-        }
-    }
-    best as u32
-}
-
-fn margin(row: &[f32]) -> f32 {
-    let top = argmax(row) as usize;
-    let second = row.iter().enumerate().filter(|&(i, _)| i != top).map(|(_, &v)| v).fold(f32::MIN, f32::max);
-    row[top] - second
 }
 
 /// Logit rows of every prompt position (prefilled in chunks of `chunk`) and of each of `steps`

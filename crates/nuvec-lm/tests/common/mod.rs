@@ -1,6 +1,8 @@
 //! Shared by the integration tests: where the oracle's records are and how to read them.
 #![allow(dead_code)]
 
+pub mod gpu_cases;
+
 use std::path::{Path, PathBuf};
 
 use nuvec::io::SafetensorsFile;
