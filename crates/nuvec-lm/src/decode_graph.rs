@@ -96,13 +96,16 @@ fn has_room(cache: &[LayerCache]) -> bool {
 #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 /// The storage of every cache's keys and values.
 fn buffer_ids(cache: &[LayerCache]) -> Vec<(usize, usize)> {
-    cache
-        .iter()
-        .filter_map(|c| match c {
-            LayerCache::Plain(kv) => kv.buffers().map(|(k, v)| (k.storage_id(), v.storage_id())),
-            _ => None,
-        })
-        .collect()
+    buffer_id_iter(cache).collect()
+}
+
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+/// [`buffer_ids`] without collecting them (a replay compares them every step).
+fn buffer_id_iter(cache: &[LayerCache]) -> impl Iterator<Item = (usize, usize)> + '_ {
+    cache.iter().filter_map(|c| match c {
+        LayerCache::Plain(kv) => kv.buffers().map(|(k, v)| (k.storage_id(), v.storage_id())),
+        _ => None,
+    })
 }
 
 /// Runs one-token decode steps, as CUDA graphs where it can (see the module notes).
@@ -195,7 +198,7 @@ impl DecodeGraph {
         let pos = cache.first().map_or(0, LayerCache::offset);
         let room = has_room(cache);
         if let Some(held) = &mut self.held {
-            if room && held.buffers == buffer_ids(cache) {
+            if room && held.buffers.iter().copied().eq(buffer_id_iter(cache)) {
                 if let Some(y) = held.graph.replay(pos, token)? {
                     for c in cache.iter_mut() {
                         if let LayerCache::Plain(kv) = c {
