@@ -429,26 +429,11 @@ impl CudaBackend {
         Ok(true)
     }
 
-    /// A device copy of a rope frequency table, uploaded once per distinct table and kept (a
-    /// model has one or two), so that a decode step copies nothing from the host for rope.
+    /// A device copy of a rope frequency table, uploaded once per distinct table and kept, so
+    /// that a decode step copies nothing from the host for rope.
     fn rope_table(&self, freqs: &[f32]) -> Result<u64> {
-        // A short list searched by value: no key is built per call (this runs twice per layer
-        // of every decode step).
-        type Tables = Mutex<Vec<(usize, Vec<f32>, DeviceBuffer)>>;
-        static TABLES: OnceLock<Tables> = OnceLock::new();
-        let same = |t: &[f32]| t.len() == freqs.len() && t.iter().zip(freqs).all(|(a, b)| a.to_bits() == b.to_bits());
-        let mut tables = TABLES.get_or_init(Default::default).lock().unwrap_or_else(|p| p.into_inner());
-        if let Some((_, _, b)) = tables.iter().find(|(o, t, _)| *o == self.ordinal && same(t)) {
-            return Ok(b.ptr());
-        }
-        if tables.len() >= 64 {
-            // Frees are ordered after the kernels already enqueued on the device's stream.
-            tables.clear();
-        }
-        let b = self.upload(freqs)?;
-        let p = b.ptr();
-        tables.push((self.ordinal, freqs.to_vec(), b));
-        Ok(p)
+        static TABLES: ConstantTables = ConstantTables::new();
+        TABLES.get(self, freqs)
     }
 
     /// One launch of `qgemv_multi_bN` for one input row and up to three affine-quantized weights
@@ -1193,6 +1178,35 @@ impl CudaBackend {
             launch!(self.st()?, op, kernel, cfg_1d(n as usize); o, xp, s, n);
         }
         Ok(out)
+    }
+}
+
+/// Small f32 tables the kernels read (rope frequencies, attention sinks), one device copy per
+/// distinct table and device, found by value in a short list (no key is built per call: lookups
+/// run in every layer of every decode step). Copies are kept for the process and never freed:
+/// a launch enqueued by another thread, or a captured CUDA graph, may still read an address
+/// handed out earlier (a model has a handful of tables, a few KB each).
+pub(super) struct ConstantTables(OnceLock<Mutex<Vec<ConstantTable>>>);
+
+/// One table: its device ordinal, its values, its device copy.
+type ConstantTable = (usize, Vec<f32>, DeviceBuffer);
+
+impl ConstantTables {
+    pub(super) const fn new() -> Self {
+        ConstantTables(OnceLock::new())
+    }
+
+    /// The device address of `values`' copy on `backend`'s device, uploaded on first use.
+    pub(super) fn get(&self, backend: &CudaBackend, values: &[f32]) -> Result<u64> {
+        let same = |t: &[f32]| t.len() == values.len() && t.iter().zip(values).all(|(a, b)| a.to_bits() == b.to_bits());
+        let mut tables = self.0.get_or_init(Default::default).lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((_, _, b)) = tables.iter().find(|(o, t, _)| *o == backend.ordinal && same(t)) {
+            return Ok(b.ptr());
+        }
+        let b = backend.upload(values)?;
+        let p = b.ptr();
+        tables.push((backend.ordinal, values.to_vec(), b));
+        Ok(p)
     }
 }
 

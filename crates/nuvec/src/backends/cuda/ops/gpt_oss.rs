@@ -2,16 +2,11 @@
 //! copies of its attention sinks, which the attention kernels of attention.cu take as an
 //! optional pointer (see `CudaBackend::attention_with`).
 
-use std::sync::{Mutex, OnceLock};
-
 use cudarc::driver::PushKernelArg;
 
-use super::{cfg_1d, CudaBackend};
-use crate::backends::cuda::{DeviceBuffer, State};
+use super::{cfg_1d, ConstantTables, CudaBackend};
+use crate::backends::cuda::State;
 use crate::{Array, DType, Error, Result};
-
-/// Distinct sink tables kept per process (gpt-oss has one per layer: 24 or 36).
-const MAX_SINK_TABLES: usize = 256;
 
 impl CudaBackend {
     /// [`crate::Backend::swiglu_oai`].
@@ -35,23 +30,9 @@ impl CudaBackend {
     }
 
     /// The device address of a copy of `sinks`, uploaded once per distinct table and kept, so
-    /// that a decode step copies nothing from the host for them. Found by value in a short list
-    /// (no key is built per call: this runs in every attention layer of every step).
+    /// that a decode step copies nothing from the host for them.
     pub(super) fn sinks_table(&self, sinks: &[f32]) -> Result<u64> {
-        type Tables = Mutex<Vec<(usize, Vec<f32>, DeviceBuffer)>>;
-        static TABLES: OnceLock<Tables> = OnceLock::new();
-        let same = |t: &[f32]| t.len() == sinks.len() && t.iter().zip(sinks).all(|(a, b)| a.to_bits() == b.to_bits());
-        let mut tables = TABLES.get_or_init(Default::default).lock().unwrap_or_else(|p| p.into_inner());
-        if let Some((_, _, b)) = tables.iter().find(|(o, t, _)| *o == self.ordinal && same(t)) {
-            return Ok(b.ptr());
-        }
-        if tables.len() >= MAX_SINK_TABLES {
-            // Frees are ordered after the kernels already enqueued on the device's stream.
-            tables.clear();
-        }
-        let b = self.upload(sinks)?;
-        let p = b.ptr();
-        tables.push((self.ordinal, sinks.to_vec(), b));
-        Ok(p)
+        static TABLES: ConstantTables = ConstantTables::new();
+        TABLES.get(self, sinks)
     }
 }
