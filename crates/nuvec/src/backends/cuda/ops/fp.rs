@@ -5,8 +5,8 @@
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 
 use super::{cfg_1d, to_i32, CudaBackend, GEMV_MAX_ROWS, GEMV_ROWS_PER_BLOCK, TILE_FLOATS};
-use crate::backends::cuda::{DeviceBuffer, State};
 use crate::backends::cuda::graph::STEP_TOKEN;
+use crate::backends::cuda::{DeviceBuffer, State};
 use crate::fpquant::global_factor;
 use crate::{Array, DType, Error, QuantMode, Quantized, Result};
 
