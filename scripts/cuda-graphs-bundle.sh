@@ -17,9 +17,10 @@ exe() { sed -n "s|.*Executable tests/$1.rs (\(.*\))|\1|p"; }
 nuvec_tests=$(cargo test --release -p nuvec --features cuda --no-run 2>&1)
 lm_tests=$(cargo test --release -p nuvec-lm --features cuda --no-run 2>&1)
 cp "$(echo "$nuvec_tests" | exe cuda_graph)" .cuda-bin/cuda_graph
+cp "$(echo "$nuvec_tests" | exe cuda_ops)" .cuda-bin/cuda_ops   # the eager kernels (step scalars null)
 cp "$(echo "$lm_tests" | exe cuda_graphs)" .cuda-bin/cuda_graphs
 cp "$(echo "$lm_tests" | exe gpu_parity)" .cuda-bin/gpu_parity
 cargo build --release -p nuvec-cli --features cuda
 cp target/release/nuvec .cuda-bin/nuvec
-strip .cuda-bin/cuda_graph .cuda-bin/cuda_graphs .cuda-bin/gpu_parity .cuda-bin/nuvec
+strip .cuda-bin/cuda_graph .cuda-bin/cuda_ops .cuda-bin/cuda_graphs .cuda-bin/gpu_parity .cuda-bin/nuvec
 du -sh .cuda-bin .gpu-fixtures

@@ -1,4 +1,5 @@
-// Runs the Gated DeltaNet and gpt-oss kernels (and the attention paths with and without sinks) through
+// Runs the Gated DeltaNet and gpt-oss kernels (and the attention paths with and without sinks, and split
+// attention reading its kv length from a graph's step scalars, against eager bit for bit) through
 // cuda_emu.h on the CPU and compares them with the ops written from their definitions in f64
 // (tolerance 1e-4 relative to |want| + mean|want|; the convolution's next state exactly).
 // Built and run by run.sh, which prepends the kernel sources.
@@ -115,7 +116,7 @@ static void test_attn(int l, int kv, int hq, int hkv, int d, bool sink, int path
         int chunk = std::max(32, (kv + want - 1) / want), splits = std::max(1, (kv + chunk - 1) / chunk);
         std::vector<float> part((size_t)l * hq * splits * (d + 2));
         emu_launch({(unsigned)hq, (unsigned)l, (unsigned)splits}, {128, 1, 1}, [&] {
-            attention_split_f32(part.data(), q.data(), k.data(), v.data(), l, hq, hkv, d, cap, kv, scale, chunk);
+            attention_split_f32(part.data(), q.data(), k.data(), v.data(), l, hq, hkv, d, cap, kv, scale, chunk, nullptr, want);
         });
         emu_launch({(unsigned)hq, (unsigned)l, 1}, {128, 1, 1}, [&] { attention_merge_f32(out.data(), part.data(), hq, d, splits, sp); });
     } else {  // scores by hand (as the SGEMM would), then the causal softmax kernel, then PV by hand
@@ -146,6 +147,47 @@ static void test_attn(int l, int kv, int hq, int hkv, int d, bool sink, int path
     cmp(name, out, want);
 }
 
+// ---- split attention reading its kv length from the step scalars (CUDA graphs) ----
+// The launch a graph captured at kv length kv0 (grid of `want` splits, chunk of kv0, step
+// scalars {kv - kv0, token}) against the eager launch at kv (its own splits and chunk): the
+// outputs must be equal bit for bit.
+static void split_launch(std::vector<float>& out, const std::vector<float>& q, const std::vector<float>& k,
+                         const std::vector<float>& v, int l, int hq, int hkv, int d, int cap, int kv, float scale,
+                         const float* sp, const int* step, int kv_arg, int want, int chunk, int splits) {
+    std::vector<float> part((size_t)l * hq * splits * (d + 2));
+    emu_launch({(unsigned)hq, (unsigned)l, (unsigned)splits}, {128, 1, 1}, [&] {
+        attention_split_f32(part.data(), q.data(), k.data(), v.data(), l, hq, hkv, d, cap, kv_arg, scale, chunk, step, want);
+    });
+    emu_launch({(unsigned)hq, (unsigned)l, 1}, {128, 1, 1}, [&] { attention_merge_f32(out.data(), part.data(), hq, d, splits, sp); });
+}
+static void test_attn_step(int l, int hq, int hkv, int d, bool sink, int kv0, std::vector<int> kvs) {
+    int cap = 700;
+    auto q = rnd((size_t)l * hq * d, 1), k = rnd((size_t)hkv * cap * d, 1), v = rnd((size_t)hkv * cap * d, 1);
+    auto sinks = rnd(hq, 3);
+    const float* sp = sink ? sinks.data() : nullptr;
+    float scale = 1 / std::sqrt((float)d);
+    int want = std::max(1, (512 + hq * l - 1) / (hq * l));
+    auto split = [&](int kv, int& chunk, int& splits) {
+        chunk = std::max(32, (kv + want - 1) / want);
+        splits = std::max(1, (kv + chunk - 1) / chunk);
+    };
+    int chunk0, splits0;
+    split(kv0, chunk0, splits0);
+    for (int kv : kvs) {
+        int chunk, splits;
+        split(kv, chunk, splits);
+        std::vector<float> eager((size_t)l * hq * d), graph((size_t)l * hq * d);
+        split_launch(eager, q, k, v, l, hq, hkv, d, cap, kv, scale, sp, nullptr, kv, want, chunk, splits);
+        int step[4] = {kv - kv0, 0, 0, 0};
+        split_launch(graph, q, k, v, l, hq, hkv, d, cap, kv, scale, sp, step, kv0, want, chunk0, std::max(want, splits0));
+        bool same = memcmp(eager.data(), graph.data(), eager.size() * 4) == 0;
+        printf("%s attention split, step scalars: kv %d captured at %d, L=%d Hq=%d D=%d sinks=%d (%d of %d splits used): %s\n",
+               same ? "ok  " : "FAIL", kv, kv0, l, hq, d, sink, splits, std::max(want, splits0),
+               same ? "bit-identical to eager" : "differs from eager");
+        fails += !same;
+    }
+}
+
 static void test_swiglu() {
     size_t n = 5000; auto g = rnd(n, 12), u = rnd(n, 12);
     std::vector<float> out(n);
@@ -168,6 +210,9 @@ int main() {
         test_attn(2, 50, 4, 2, 30, s, 0); test_attn(1, 77, 4, 1, 30, s, 0); test_attn(1, 300, 4, 2, 16, s, 0);
         test_attn(64, 64, 4, 1, 64, s, 2); test_attn(10, 57, 2, 2, 16, s, 2);
     }
+    test_attn_step(1, 8, 2, 64, false, 1, {1, 2, 31, 32, 33, 65, 257, 511, 512, 513, 700});
+    test_attn_step(1, 16, 4, 128, true, 9, {9, 10, 300, 699});
+    test_attn_step(1, 32, 8, 64, false, 3, {3, 513, 600, 699});  // chunks over 32 (kv > 32 * want)
     test_swiglu();
     printf("%d failures\n", fails);
     return fails != 0;

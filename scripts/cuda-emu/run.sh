@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Checks the logic of the Gated DeltaNet / gpt-oss CUDA kernels, of the attention kernels'
-# sinks and of the 4-bit one-row GEMVs (linear.cu: qgemv.cpp) on the CPU: the kernel sources (common.cuh prelude patched for the host: f16 conversion
+# sinks, of split attention reading its kv length from a CUDA graph's step scalars (bit-identical
+# to the eager launch), and of the 4-bit one-row GEMVs (linear.cu: qgemv.cpp) on the CPU: the kernel sources (common.cuh prelude patched for the host: f16 conversion
 # in C instead of PTX, dynamic shared memory as a static array) compiled with g++ over
 # cuda_emu.h, run on small random cases against the ops' definitions. Needs g++ with C++20
 # (std::barrier); about a minute on 2 cores (a thread per CUDA thread). Exits non-zero on a

@@ -4,7 +4,9 @@
 //! about 4 µs of host time: a small model is bound by the host. [`DecodeGraph`] runs the
 //! second one-token step of a generation under a stream capture
 //! ([`nuvec::backends::cuda::StepGraph`]) and replays that graph for the following steps,
-//! with the position and token patched in and the caches' offsets moved on by one
+//! with the position and token written to the graph's step scalars (which its position-dependent
+//! kernels read on the device: no kernel node is patched on this path) and the caches' offsets
+//! moved on by one
 //! ([`KvCache::advance`](crate::cache::KvCache::advance)). It captures again when a cache is
 //! about to grow (its buffers move every 256 positions) or holds other buffers than the ones
 //! captured. A capture that fails leaves the caches as they were before the step, which then
@@ -120,6 +122,8 @@ pub struct DecodeGraph {
     stopped: Option<String>,
     replayed: usize,
     captures: usize,
+    /// Kernel nodes the last captured graph patches from the host at each replay.
+    patched: Option<usize>,
     #[cfg(feature = "cuda")]
     held: Option<Held>,
 }
@@ -142,6 +146,7 @@ impl DecodeGraph {
             stopped: None,
             replayed: 0,
             captures: 0,
+            patched: None,
             #[cfg(feature = "cuda")]
             held: None,
         }
@@ -160,6 +165,13 @@ impl DecodeGraph {
     /// Graphs captured.
     pub fn captures(&self) -> usize {
         self.captures
+    }
+
+    /// Kernel nodes whose parameters each replay of the last captured graph sets from the host
+    /// (`None` before any capture). 0 on the Llama/Qwen path: its position-dependent kernels read
+    /// the step's scalars on the device instead.
+    pub fn patched_nodes(&self) -> Option<usize> {
+        self.patched
     }
 
     /// Why graphs stopped for this generation (a capture failed), if they did.
@@ -225,6 +237,7 @@ impl DecodeGraph {
                         "a captured decode step replaced a KV cache's buffers (it should have failed)".into(),
                     ));
                 }
+                self.patched = Some(graph.patched_nodes());
                 self.held = Some(Held { graph, buffers });
                 self.captures += 1;
                 Ok(y)

@@ -1,8 +1,10 @@
 //! One-token decode steps replayed as CUDA graphs against the same steps run eagerly (feature
 //! `cuda`; run on a machine with an NVIDIA GPU, one test thread: see docs/cuda-graphs.md).
 //!
-//! A replay runs the eager path's kernels with the eager path's attention splits, so its logits
-//! must equal the eager step's bit for bit at every position. Each case decodes 300 steps on
+//! A replay runs the eager path's kernels, which read the step's position and token from the
+//! graph's step scalars (split attention recomputes the eager chunk from the device kv length),
+//! so its logits must equal the eager step's bit for bit at every position, with no kernel node
+//! patched from the host per replay. Each case decodes 300 steps on
 //! two caches of one model, one through `DecodeGraph` in each mode, feeding both the eager
 //! run's greedy tokens; the run crosses the caches' growth at 256 positions (so the graph is
 //! captured twice). The failure case forces a capture on a mixture-of-experts model, whose
@@ -87,11 +89,13 @@ fn graphs_equal_eager(case: &str) {
     // eager step that grows them, a second capture, replays to the end.
     assert_eq!(graphs.captures(), 2, "{case}: captures");
     assert_eq!(graphs.replayed_steps(), STEPS - 4, "{case}: replayed steps");
+    assert_eq!(graphs.patched_nodes(), Some(0), "{case}: kernel nodes patched per replay");
     println!(
-        "RESULT {case}: {STEPS} steps bit-identical, {} replayed, {} captures; eager {:.1} us/step, graph path {:.1} \
-         us/step (each with its logits copied to the host)",
+        "RESULT {case}: {STEPS} steps bit-identical, {} replayed, {} captures, {} patched nodes per replay; eager \
+         {:.1} us/step, graph path {:.1} us/step (each with its logits copied to the host)",
         graphs.replayed_steps(),
         graphs.captures(),
+        graphs.patched_nodes().unwrap_or(0),
         eager.as_secs_f64() * 1e6 / STEPS as f64,
         graph.as_secs_f64() * 1e6 / STEPS as f64
     );

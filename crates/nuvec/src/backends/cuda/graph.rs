@@ -2,13 +2,26 @@
 //!
 //! A step of batch 1 launches the same kernels in the same order at every position; only a few
 //! launch sites take the position (or the token) as an argument: the one-token embedding
-//! (`gather_rows`' `row0`), rope (`rope_f32`, `rope_qk_f32`), the cache writes (`write_axis1*`,
-//! `write_kv_rows_f32`) and attention (`attention_split_f32`'s kv length, chunk and split count
-//! = grid z, `attention_merge_f32`'s split count, `attention_f32`'s kv length). While a capture
-//! runs, each of those sites records its graph node (the capture's last node) and a closure
-//! from the step's position and token to its grid and whole argument list ([`State::record`]);
-//! a replay sets those nodes' parameters and launches the graph. The kernels are the eager
-//! path's own, with the eager path's splits, so a replay computes what an eager step computes.
+//! (`gather_rows`' row), rope (`rope_f32`, `rope_qk_f32`), the cache writes (`write_axis1*`,
+//! `write_kv_rows_f32`) and attention (`attention_split_f32`'s kv length and chunk,
+//! `attention_f32`'s kv length).
+//!
+//! Step scalars (the common case): every [`StepGraph`] owns a small device buffer, `[delta,
+//! token]` ([`STEP_DELTA`], [`STEP_TOKEN`]: positions since the captured step, and the step's
+//! token). While a capture runs, the launch sites above pass its address
+//! ([`State::step_scalars`]) to their kernels, which then add `delta` to their captured position
+//! argument (the embedding reads the token as its one id); each site also registers a check
+//! ([`State::guard`]) that says whether a step is still one the graph computes as the eager path
+//! would. A replay runs the checks, writes the two scalars (two 4-byte memsets on the stream) and
+//! launches the graph: no node's parameters change. The split attention kernel recomputes the
+//! eager chunk from the device kv length, and is launched with the largest split count the
+//! cache can need; its extra splits write empty partials the merge skips (attention.cu), so the
+//! results stay the eager ones, bit for bit.
+//!
+//! Patches (the fallback, for kernels without a step argument: `attention_f32`): the site
+//! records its graph node (the capture's last node) and a closure from the step's position and
+//! token to its grid and whole argument list ([`State::record`]); a replay sets those nodes'
+//! parameters from the host (`cuGraphExecKernelNodeSetParams`) before launching.
 //!
 //! Memory while capturing: the caching allocator is bypassed (allocations and frees go to the
 //! driver, so they become the graph's memory nodes); a buffer made before the capture and
@@ -81,6 +94,16 @@ pub(crate) struct StepPos {
 /// cannot compute that step as the eager path would (the caller then runs it eagerly).
 pub(crate) type Remake = Box<dyn Fn(StepPos) -> Option<(LaunchConfig, Vec<KArg>)> + Send>;
 
+/// Whether a launch reading the step scalars computes a step as the eager path would.
+pub(crate) type Guard = Box<dyn Fn(StepPos) -> bool + Send>;
+
+/// Index (in i32 words) of the positions since the captured step in the step scalars.
+pub(crate) const STEP_DELTA: u64 = 0;
+/// Index (in i32 words) of the step's token (read as a u32 id) in the step scalars.
+pub(crate) const STEP_TOKEN: u64 = 1;
+/// Bytes of the step scalars buffer (two i32 used, padded to 16).
+const STEP_BYTES: usize = 16;
+
 struct Patch {
     /// `CUgraphNode` of the captured kernel.
     node: usize,
@@ -94,6 +117,9 @@ pub(crate) struct Capture {
     epoch: u64,
     thread: ThreadId,
     patches: Vec<Patch>,
+    guards: Vec<Guard>,
+    /// Device address of the capture's step scalars.
+    step: u64,
     /// Buffers made before the capture and dropped during it.
     deferred: Vec<CudaSlice<u8>>,
     /// Buffers made during the capture and alive.
@@ -174,6 +200,26 @@ impl State {
         Err(Error::Device(format!("cuda:{}: {message}", self.ordinal)))
     }
 
+    /// The device address of the running capture's step scalars (`[delta, token]`, i32), 0 when
+    /// no capture runs: kernels given 0 take their arguments as they are (the eager path).
+    pub(crate) fn step_scalars(&self) -> u64 {
+        if self.capturing() == 0 {
+            return 0;
+        }
+        self.capture_slot().as_ref().map_or(0, |cap| cap.step)
+    }
+
+    /// Registers the check of a launch that reads the step scalars (a no-op when no capture
+    /// runs): a replay at a step it refuses runs nothing.
+    pub(crate) fn guard(&self, check: Guard) {
+        if self.capturing() == 0 {
+            return;
+        }
+        if let Some(cap) = self.capture_slot().as_mut() {
+            cap.guards.push(check);
+        }
+    }
+
     /// Records the kernel just launched as kernel `name` as position-dependent (a no-op when
     /// no capture runs).
     pub(crate) fn record(&self, op: &str, name: &str, remake: Remake) -> Result<()> {
@@ -233,6 +279,9 @@ pub struct StepGraph {
     graph: CudaGraph,
     st: &'static State,
     patches: Vec<Patch>,
+    guards: Vec<Guard>,
+    /// The step scalars the graph's kernels read (`[delta, token]`), written before each launch.
+    step: DeviceBuffer,
     /// Position and token of the captured step.
     base: usize,
     /// The step's output, written by every launch.
@@ -286,6 +335,9 @@ impl StepGraph {
             DType::F32,
             Device::Cuda(ordinal),
         );
+        // The step scalars of the captured step itself: delta 0, its token.
+        let step = DeviceBuffer::zeroed(st, STEP_BYTES)?;
+        write_step(st, step.ptr(), 0, token)?;
         {
             let mut slot = st.capture_slot();
             if slot.is_some() {
@@ -296,6 +348,8 @@ impl StepGraph {
                 epoch,
                 thread: std::thread::current().id(),
                 patches: Vec::new(),
+                guards: Vec::new(),
+                step: step.ptr(),
                 deferred: Vec::new(),
                 live: 0,
                 poisoned: None,
@@ -346,20 +400,29 @@ impl StepGraph {
             graph,
             st,
             patches: cap.patches,
+            guards: cap.guards,
+            step,
             base: pos,
             out,
             kept: cap.deferred,
             written_mark: st.graph_written_dropped.load(Ordering::Acquire),
         };
-        // The captured parameters are the step's own, so the first launch needs no patching.
+        // The captured parameters and the step scalars are the step's own: the first launch
+        // needs no patching.
         let y = g.launch_and_copy()?;
-        let _ = token;
         Ok((y, g))
     }
 
-    /// Number of position-dependent kernels the replay patches.
+    /// Number of kernel nodes whose parameters each replay sets from the host (the fallback for
+    /// kernels that cannot read the step scalars; 0 on the Llama/Qwen decode path).
     pub fn patched_nodes(&self) -> usize {
         self.patches.len()
+    }
+
+    /// Number of launch sites that read the step scalars (position-dependent kernels that a
+    /// replay moves on without touching their nodes).
+    pub fn step_scalar_sites(&self) -> usize {
+        self.guards.len()
     }
 
     /// Position of the captured step.
@@ -376,6 +439,12 @@ impl StepGraph {
             return Ok(None);
         }
         let at = StepPos { delta: pos - self.base, token };
+        if !self.guards.iter().all(|g| g(at)) {
+            return Ok(None);
+        }
+        let Ok(delta) = i32::try_from(at.delta) else {
+            return Ok(None);
+        };
         let mut launches = Vec::with_capacity(self.patches.len());
         for p in &self.patches {
             match (p.remake)(at) {
@@ -415,6 +484,7 @@ impl StepGraph {
                 )));
             }
         }
+        write_step(self.st, self.step.ptr(), delta, token)?;
         self.launch_and_copy().map(Some)
     }
 
@@ -466,6 +536,21 @@ fn finish_step(st: &State, ordinal: usize, out: &Array, out_shape: &[usize], y: 
         )));
     }
     copy_device(st, out.cuda_ptr()?, y.cuda_ptr()?, out.len() * 4)
+}
+
+/// Enqueues the writes of the step scalars at `step` (a [`STEP_BYTES`] device buffer): `delta`
+/// and `token`, one 4-byte memset each on the device's stream (ordered before the graph's
+/// launch that reads them, and after the previous launch that read them).
+fn write_step(st: &State, step: u64, delta: i32, token: u32) -> Result<()> {
+    for (index, word) in [(STEP_DELTA, delta as u32), (STEP_TOKEN, token)] {
+        // SAFETY: `step` is a live allocation of this device of STEP_BYTES bytes (owned by the
+        // StepGraph or the capture making it), and both words lie inside it.
+        let r = unsafe { sys::cuMemsetD32Async(step + 4 * index, word, 1, st.stream.cu_stream()) };
+        if r != sys::CUresult::CUDA_SUCCESS {
+            return Err(Error::Device(format!("cuda:{}: writing a graph's step scalars: {r:?}", st.ordinal)));
+        }
+    }
+    Ok(())
 }
 
 /// Enqueues a copy of `len` bytes between two device addresses.

@@ -7,7 +7,7 @@ use std::sync::{Mutex, OnceLock};
 use cudarc::cublas::sys::cublasOperation_t;
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 
-use super::graph::{KArg, StepPos};
+use super::graph::{KArg, StepPos, STEP_TOKEN};
 use super::{state, DeviceBuffer, State};
 use crate::{Array, Backend, DType, Device, Error, GatedDeltaDims, Matrix, QuantMode, QuantSpec, Result};
 
@@ -197,6 +197,18 @@ macro_rules! record {
         let st: &State = $st;
         if st.capturing() != 0 {
             st.record($op, $name, Box::new(move |$pos: StepPos| -> Option<(LaunchConfig, Vec<KArg>)> { $body }))?;
+        }
+    }};
+}
+
+/// CUDA graphs: while a capture runs, registers the check of a launch that reads the step
+/// scalars (`State::step_scalars`); `$pos` (a `StepPos`) is in scope of the body, which says
+/// whether the graph computes that step as the eager path would.
+macro_rules! guard {
+    ($st:expr, |$pos:ident| $body:expr) => {{
+        let st: &State = $st;
+        if st.capturing() != 0 {
+            st.guard(Box::new(move |$pos: StepPos| -> bool { $body }));
         }
     }};
 }
@@ -579,35 +591,27 @@ impl CudaBackend {
             (chunk, kv_len.div_ceil(chunk).max(1))
         };
         let (chunk, splits) = split(kv_len);
-        // CUDA graphs: a captured step's partials serve every later kv length (at most `want`
-        // splits, see `split`).
-        let most = if self.st()?.capturing() != 0 { want.max(splits) } else { splits };
-        let part = DeviceBuffer::alloc(self.st()?, l * hq * most * (d + 2) * 4)?;
+        // CUDA graphs: while capturing, the kernel reads the kv length from the step scalars and
+        // takes its chunk by `split`'s rule on the device; the grid has `want` splits (`split`
+        // never gives more, whatever the kv length), those past the last key write empty
+        // partials that the merge skips: every later step's result is the eager one.
+        let step = self.st()?.step_scalars();
+        let grid_splits = if step != 0 { want.max(splits) } else { splits };
+        let part = DeviceBuffer::alloc(self.st()?, l * hq * grid_splits * (d + 2) * 4)?;
         let pp = part.ptr();
         let (li, hqi, hkvi, di) = (l as i32, hq as i32, hkv as i32, d as i32);
-        let (capi, kvi, chunki, si) = (to_i32(op, "capacity", cap)?, kv_len as i32, chunk as i32, splits as i32);
+        let (capi, kvi, chunki, si) = (to_i32(op, "capacity", cap)?, kv_len as i32, chunk as i32, grid_splits as i32);
+        let wanti = to_i32(op, "splits", want)?;
         let cfg = LaunchConfig {
-            grid_dim: (hq as u32, l as u32, splits as u32),
+            grid_dim: (hq as u32, l as u32, grid_splits as u32),
             block_dim: (ATTS_THREADS, 1, 1),
             shared_mem_bytes: 0,
         };
-        launch!(self.st()?, op, "attention_split_f32", cfg; pp, qp, kp, vp, li, hqi, hkvi, di, capi, kvi, scale, chunki);
-        let at_len = move |at: StepPos| {
-            let kv_len = kv_len + at.delta;
-            let (chunk, splits) = split(kv_len);
-            (kv_len <= cap && splits <= most).then_some((kv_len as i32, chunk as i32, splits as i32))
-        };
-        record!(self.st()?, op, "attention_split_f32", |at| {
-            let (kvi, chunki, si) = at_len(at)?;
-            let cfg = LaunchConfig { grid_dim: (cfg.grid_dim.0, cfg.grid_dim.1, si as u32), ..cfg };
-            Some((cfg, kargs![pp, qp, kp, vp, li, hqi, hkvi, di, capi, kvi, scale, chunki]))
-        });
+        launch!(self.st()?, op, "attention_split_f32", cfg;
+            pp, qp, kp, vp, li, hqi, hkvi, di, capi, kvi, scale, chunki, step, wanti);
+        guard!(self.st()?, |at| kv_len + at.delta <= cap);
         let cfg = LaunchConfig { grid_dim: (hq as u32, l as u32, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
         launch!(self.st()?, op, "attention_merge_f32", cfg; o, pp, hqi, di, si, sinks);
-        record!(self.st()?, op, "attention_merge_f32", |at| {
-            let (_, _, si) = at_len(at)?;
-            Some((cfg, kargs![o, pp, hqi, di, si, sinks]))
-        });
         Ok(())
     }
 
@@ -853,18 +857,14 @@ impl Backend for CudaBackend {
         if let [id] = ids {
             // A decode step's one token goes as the first row: nothing to upload.
             let o = out.cuda_ptr()?;
-            self.gather_rows(op, o, 0, *id as usize, 1, d, &wa)?;
-            // CUDA graphs: the token is the row.
-            let (total, k) = (d as u64, to_i32(op, "columns", d)?);
-            let WeightArgs { dense, packed, scales, biases, w_dt, p_dt, bits, group } = wa;
-            record!(self.st()?, op, "gather_rows", |at| {
-                let row0 = (at.token as usize) < v;
-                row0.then(|| {
-                    let row0 = at.token as i64;
-                    let a = kargs![o, 0u64, row0, total, dense, packed, scales, biases, w_dt, p_dt, bits, group, k];
-                    (cfg_1d(total as usize), a)
-                })
-            });
+            let step = self.st()?.step_scalars();
+            if step == 0 {
+                self.gather_rows(op, o, 0, *id as usize, 1, d, &wa)?;
+            } else {
+                // CUDA graphs: the one id is the step's token, read from the step scalars.
+                self.gather_rows(op, o, step + 4 * STEP_TOKEN, 0, 1, d, &wa)?;
+                guard!(self.st()?, |at| (at.token as usize) < v);
+            }
             return Ok(out);
         }
         let idb = self.upload(ids)?;
@@ -915,11 +915,10 @@ impl Backend for CudaBackend {
         let o = out.cuda_ptr()?;
         let (half, hi, di) = (half as i32, to_i32(op, "heads", h)?, to_i32(op, "head size", d)?);
         let (offset, trad) = (offset as i64, traditional as i32);
-        launch!(self.st()?, op, "rope_f32", cfg_1d(n as usize); o, xp, fp, half, hi, di, offset, trad, n);
-        record!(self.st()?, op, "rope_f32", |at| {
-            let offset = offset + at.delta as i64;
-            Some((cfg_1d(n as usize), kargs![o, xp, fp, half, hi, di, offset, trad, n]))
-        });
+        // CUDA graphs: while capturing, the kernel adds the step's delta to the offset.
+        let step = self.st()?.step_scalars();
+        launch!(self.st()?, op, "rope_f32", cfg_1d(n as usize); o, xp, fp, half, hi, di, offset, trad, n, step);
+        guard!(self.st()?, |_at| true);
         Ok(out)
     }
 
@@ -948,11 +947,10 @@ impl Backend for CudaBackend {
             to_i32(op, "row size", c)?,
             to_i32(op, "offset", offset)?,
         );
-        launch!(self.st()?, op, "write_axis1_f32", cfg_1d(total as usize); dp, sp, total, ni, capi, ci, offi);
-        record!(self.st()?, op, "write_axis1_f32", |at| {
-            let offi = i32::try_from(offset + at.delta).ok().filter(|&o| o + ni <= capi)?;
-            Some((cfg_1d(total as usize), kargs![dp, sp, total, ni, capi, ci, offi]))
-        });
+        // CUDA graphs: while capturing, the kernel adds the step's delta to the offset.
+        let step = self.st()?.step_scalars();
+        launch!(self.st()?, op, "write_axis1_f32", cfg_1d(total as usize); dp, sp, total, ni, capi, ci, offi, step);
+        guard!(self.st()?, |at| offset + at.delta + n <= cap);
         Ok(())
     }
 
@@ -980,12 +978,10 @@ impl Backend for CudaBackend {
             to_i32(op, "row size", c)?,
             to_i32(op, "offset", offset)?,
         );
-        launch!(self.st()?, op, "write_axis1_rows_f32", cfg_1d(total as usize); dp, sp, total, ai, capi, ci, offi);
-        let ni = n;
-        record!(self.st()?, op, "write_axis1_rows_f32", |at| {
-            let offi = i32::try_from(offset + at.delta).ok().filter(|&o| o as usize + ni <= cap)?;
-            Some((cfg_1d(total as usize), kargs![dp, sp, total, ai, capi, ci, offi]))
-        });
+        // CUDA graphs: while capturing, the kernel adds the step's delta to the offset.
+        let step = self.st()?.step_scalars();
+        launch!(self.st()?, op, "write_axis1_rows_f32", cfg_1d(total as usize); dp, sp, total, ai, capi, ci, offi, step);
+        guard!(self.st()?, |at| offset + at.delta + n <= cap);
         Ok(())
     }
 

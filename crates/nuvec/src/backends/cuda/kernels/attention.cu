@@ -78,17 +78,27 @@ extern "C" __global__ void attention_f32(float* out, const float* q, const float
 // written as a partial (max, sum, values[D]); attention_merge_f32 combines the S partials (and
 // the sink of the head, when `sinks` is not null).
 // Keys are read coalesced, and with S > 1 a short decode step still fills the GPU.
+//
+// CUDA graphs: with `step` (null in eager launches) the kv length is kv_len + step[0] (positions
+// since the captured step) and the chunk is recomputed from it by the host's rule,
+// max(ceil(kv_len / want), 32); the grid then has as many splits as the largest kv length needs
+// (`want`), and the splits past the last key write an empty partial (maximum -inf, sum 0) that
+// attention_merge_f32 skips, so the result is the eager launch's, bit for bit.
 
 #define ATTS_WARPS 4
 #define ATTS_SLOTS 4  // float4 slots per lane: D <= 32 * 4 * ATTS_SLOTS = 512
 
 extern "C" __global__ void attention_split_f32(float* part, const float* q, const float* k, const float* v, int l, int hq, int hkv, int d,
-                        int cap, int kv_len, float scale, int chunk) {
+                        int cap, int kv_len, float scale, int chunk, const int* step, int want) {
     __shared__ float sm_m[ATTS_WARPS], sm_l[ATTS_WARPS];
     __shared__ float4 sm_acc[ATTS_WARPS][32 * ATTS_SLOTS];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int h = blockIdx.x, t = blockIdx.y, s = blockIdx.z, splits = gridDim.z;
     const int kvh = h / (hq / hkv);
+    if (step) {
+        kv_len += step[0];
+        chunk = max((kv_len + want - 1) / want, 32);
+    }
     const int n = kv_len - l + t + 1;
     const int j_begin = s * chunk, j_end = min(n, j_begin + chunk);
     const int d4 = d >> 2;

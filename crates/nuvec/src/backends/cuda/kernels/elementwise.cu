@@ -36,8 +36,11 @@ extern "C" __global__ void rms_norm_f32(float* out, const float* x, const void* 
 
 // Rotary embedding of x [L, H, D] at positions offset..offset+L. `half` = number of frequencies;
 // the first 2*half features of each head rotate (halves, or interleaved pairs if traditional).
+// `step` (CUDA graphs; null in eager launches): the replayed step's scalars, whose step[0]
+// (positions since the captured step) is added to `offset`.
 extern "C" __global__ void rope_f32(float* out, const float* x, const float* inv_freqs, int half, int heads, int d,
-                                    long long offset, int traditional, size_t n) {
+                                    long long offset, int traditional, size_t n, const int* step) {
+    if (step) offset += step[0];
     GRID_STRIDE(i, n) {
         int j = (int)(i % d);
         size_t t = i / ((size_t)d * heads);
@@ -67,9 +70,10 @@ extern "C" __global__ void rope_f32(float* out, const float* x, const float* inv
     }
 }
 
-// dst [A, cap, C] rows offset..offset+n of every A <- src [A, n, C].
+// dst [A, cap, C] rows offset..offset+n of every A <- src [A, n, C]. `step`: as in rope_f32.
 extern "C" __global__ void write_axis1_f32(float* dst, const float* src, size_t n_total, int n, int cap, int c,
-                                           int offset) {
+                                           int offset, const int* step) {
+    if (step) offset += step[0];
     GRID_STRIDE(i, n_total) {
         size_t e = i % c;
         size_t r = i / c;
@@ -129,9 +133,11 @@ extern "C" __global__ void argmax_f32(u32* out, const float* x, int n) {
 }
 
 // dst [A, cap, C] rows offset..offset+n of every A <- src [n, A, C] (write_axis1 of src with its
-// first two axes swapped: new keys or values [L, heads, head_dim] into a cache).
+// first two axes swapped: new keys or values [L, heads, head_dim] into a cache). `step`: as in
+// rope_f32.
 extern "C" __global__ void write_axis1_rows_f32(float* dst, const float* src, size_t n_total, int a, int cap, int c,
-                                                int offset) {
+                                                int offset, const int* step) {
+    if (step) offset += step[0];
     GRID_STRIDE(i, n_total) {
         size_t e = i % c;
         size_t r = i / c;

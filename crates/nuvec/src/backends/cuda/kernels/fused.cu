@@ -29,10 +29,13 @@ extern "C" __global__ void add_rms_norm_f32(float* sum, float* out, const float*
 // (head, position), heads 0..hq-1 being q's and hq.. k's. When `norm` is set the head is first
 // RMS-normalized as rms_norm_f32 does it (weights qw / kw, dtype w_dt), then rotated as rope_f32
 // does it (`half` frequencies; halves, or interleaved pairs if `traditional`). Dynamic shared
-// memory: d floats.
+// memory: d floats. `step` (CUDA graphs; null in eager launches): the replayed step's scalars,
+// whose step[0] (positions since the captured step) is added to `offset`.
 extern "C" __global__ void rope_qk_f32(float* qo, float* ko, const float* q, const float* k, const void* qw,
                                        const void* kw, int w_dt, float eps, int norm, const float* inv_freqs,
-                                       int half, int hq, int hkv, int d, long long offset, int traditional) {
+                                       int half, int hq, int hkv, int d, long long offset, int traditional,
+                                       const int* step) {
+    if (step) offset += step[0];
     extern __shared__ float head[];
     __shared__ float scratch[33];
     int h = blockIdx.x;
@@ -81,8 +84,10 @@ extern "C" __global__ void rope_qk_f32(float* qo, float* ko, const float* q, con
 
 // New keys and values [n, a, c] (positions first) into their caches [a, cap, c] at `offset`:
 // write_axis1_rows_f32 of both in one grid (elements 0..n_each-1 are keys', the rest values').
+// `step`: as in rope_qk_f32.
 extern "C" __global__ void write_kv_rows_f32(float* kd, float* vd, const float* ks, const float* vs, size_t n_each,
-                                             int a, int cap, int c, int offset) {
+                                             int a, int cap, int c, int offset, const int* step) {
+    if (step) offset += step[0];
     FUSED_GRID_STRIDE(i, 2 * n_each) {
         bool values = i >= n_each;
         size_t e0 = values ? i - n_each : i;

@@ -5,6 +5,7 @@
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 
 use super::{cfg_1d, to_i32, CudaBackend, GEMV_MAX_ROWS, GEMV_ROWS_PER_BLOCK, TILE_FLOATS};
+use crate::backends::cuda::graph::STEP_TOKEN;
 use crate::backends::cuda::{DeviceBuffer, State};
 use crate::fpquant::global_factor;
 use crate::{Array, DType, Error, QuantMode, Quantized, Result};
@@ -118,7 +119,16 @@ impl CudaBackend {
         }
         if let [id] = ids {
             // decode fusions: one token (a decode step) is the first row; nothing to upload.
-            self.fp_gather_rows(op, out.cuda_ptr()?, 0, *id as usize, 1, d, w)?;
+            // CUDA graphs: while capturing, the id is the step's token, read from the step
+            // scalars (a replay embeds its own token).
+            let step = self.st()?.step_scalars();
+            if step == 0 {
+                self.fp_gather_rows(op, out.cuda_ptr()?, 0, *id as usize, 1, d, w)?;
+            } else {
+                self.fp_gather_rows(op, out.cuda_ptr()?, step + 4 * STEP_TOKEN, 0, 1, d, w)?;
+                let rows = q.rows();
+                self.st()?.guard(Box::new(move |at| (at.token as usize) < rows));
+            }
             return Ok(out);
         }
         let idb = self.upload(ids)?;

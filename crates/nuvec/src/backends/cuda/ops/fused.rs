@@ -6,7 +6,7 @@
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 
 use super::{cfg_1d, float_code, to_i32, CudaBackend};
-use crate::backends::cuda::graph::{KArg, StepPos};
+use crate::backends::cuda::graph::StepPos;
 use crate::backends::cuda::State;
 use crate::{Array, Backend, DType, Error, Result};
 
@@ -107,12 +107,11 @@ impl CudaBackend {
             block_dim: (ROW_THREADS, 1, 1),
             shared_mem_bytes: (d * 4) as u32,
         };
+        // CUDA graphs: while capturing, the kernel adds the step's delta to the offset.
+        let step = self.st()?.step_scalars();
         launch!(self.st()?, op, "rope_qk_f32", cfg;
-            qop, kop, qp, kp, qwp, kwp, w_dt, eps, norm, fp, halfi, hqi, hkvi, di, offset, trad);
-        record!(self.st()?, op, "rope_qk_f32", |at| {
-            let offset = offset + at.delta as i64;
-            Some((cfg, kargs![qop, kop, qp, kp, qwp, kwp, w_dt, eps, norm, fp, halfi, hqi, hkvi, di, offset, trad]))
-        });
+            qop, kop, qp, kp, qwp, kwp, w_dt, eps, norm, fp, halfi, hqi, hkvi, di, offset, trad, step);
+        guard!(self.st()?, |_at| true);
         Ok((qo, ko))
     }
 
@@ -153,11 +152,11 @@ impl CudaBackend {
             to_i32(op, "row size", c)?,
             to_i32(op, "offset", offset)?,
         );
-        launch!(self.st()?, op, "write_kv_rows_f32", cfg_1d(2 * each as usize); kd, vd, kp, vp, each, ai, capi, ci, offi);
-        record!(self.st()?, op, "write_kv_rows_f32", |at| {
-            let offi = i32::try_from(offset + at.delta).ok().filter(|&o| o as usize + n <= cap)?;
-            Some((cfg_1d(2 * each as usize), kargs![kd, vd, kp, vp, each, ai, capi, ci, offi]))
-        });
+        // CUDA graphs: while capturing, the kernel adds the step's delta to the offset.
+        let step = self.st()?.step_scalars();
+        launch!(self.st()?, op, "write_kv_rows_f32", cfg_1d(2 * each as usize);
+            kd, vd, kp, vp, each, ai, capi, ci, offi, step);
+        guard!(self.st()?, |at| offset + at.delta + n <= cap);
         Ok(())
     }
 
