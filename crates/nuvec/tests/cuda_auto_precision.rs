@@ -1,8 +1,8 @@
 //! `MatmulPrecision::Auto` (the default prefill precision) picks, per call, the path mlx-lm's
 //! type for the checkpoint calls for: the bf16 tensor-core path for weights stored in half
-//! precision (dense f16/bf16, or quantized with f16/bf16 scales) and for attention while the
-//! model running computes in half precision (`nuvec::with_compute_dtype`); the f32 path for
-//! everything else.
+//! precision (dense f16/bf16, or quantized with f16/bf16 scales) unless the model running
+//! computes in f32, and for attention while the model running computes in half precision
+//! (`nuvec::with_compute_dtype`); the f32 path for everything else.
 //!
 //! Each case computes the same op under `Auto`, `F32` and `Bf16` on the GPU and checks that
 //! `Auto` is bit for bit the path it should take, that the two paths really differ on that input
@@ -119,11 +119,20 @@ fn linear_follows_each_weight() {
             let run = |p| under(p, || vec![xg.linear(&wg).unwrap()]).remove(0);
             let (auto, f32_, bf16_) =
                 (run(MatmulPrecision::Auto), run(MatmulPrecision::F32), run(MatmulPrecision::Bf16));
+            // Inside a model computing in `dt` (`nuvec::with_compute_dtype`).
+            let in_model = |dt| {
+                under(MatmulPrecision::Auto, || nuvec::with_compute_dtype(dt, || vec![xg.linear(&wg).unwrap()]))
+                    .remove(0)
+            };
             let case = format!("linear auto {name} m={m}");
             if half(w) {
                 same_path(&case, &auto, &bf16_, &f32_, "bf16");
+                same_path(&format!("{case}, bf16 model"), &in_model(DType::BF16), &bf16_, &f32_, "bf16");
+                // mlx-lm promotes the product to an f32 model's activations.
+                same_path(&format!("{case}, f32 model"), &in_model(DType::F32), &f32_, &bf16_, "f32");
             } else {
                 same_path(&case, &auto, &f32_, &bf16_, "f32");
+                same_path(&format!("{case}, bf16 model"), &in_model(DType::BF16), &f32_, &bf16_, "f32");
                 close_f32(&case, &auto, &x.linear(w).unwrap().to_f32_vec().unwrap());
             }
         }

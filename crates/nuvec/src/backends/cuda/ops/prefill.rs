@@ -8,8 +8,9 @@
 //! kernels of `ops.rs` run (SGEMM, or its TF32 mode for the weight products). Under
 //! [`MatmulPrecision::Auto`] (the default) they follow the checkpoint, as mlx-lm computes it: a
 //! weight product takes the bf16 path when its weight is stored in half precision (dense f16/bf16,
-//! or quantized with f16/bf16 scales) and plain SGEMM otherwise; attention takes it when the model
-//! running says it computes in half precision ([`crate::with_compute_dtype`]).
+//! or quantized with f16/bf16 scales) and the model running, if any, computes in half precision
+//! ([`crate::with_compute_dtype`]), plain SGEMM otherwise; attention takes it when the model
+//! running computes in half precision.
 
 use std::fmt;
 use std::str::FromStr;
@@ -44,9 +45,10 @@ pub enum MatmulPrecision {
     Bf16,
     // precision: the checkpoint's own type (appended)
     /// As the checkpoint computes in mlx-lm: `Bf16` for a weight stored in half precision (dense
-    /// f16/bf16 weights, quantized weights with f16/bf16 scales) and for attention while the
-    /// model running computes in half precision ([`crate::with_compute_dtype`]); `F32`
-    /// otherwise (f32 weights, f32 scales, f32 models, and ops called outside a model).
+    /// f16/bf16 weights, quantized weights with f16/bf16 scales) unless the model running
+    /// computes in f32, and for attention while the model running computes in half precision
+    /// ([`crate::with_compute_dtype`]); `F32` otherwise (f32 weights, f32 scales, f32 models,
+    /// and attention called outside a model).
     Auto,
 }
 
@@ -68,12 +70,19 @@ impl MatmulPrecision {
     }
 
     /// Whether a prefill product with the weight stored as `w_dt` (dense, dtype code) or, for a
-    /// quantized weight (`w_dt < 0`), with scales of `p_dt` runs on the bf16 path.
-    fn bf16_weight(self, w_dt: i32, p_dt: i32) -> bool {
+    /// quantized weight (`w_dt < 0`), with scales of `p_dt` runs on the bf16 path. `model`: the
+    /// compute type of the model running ([`crate::compute_dtype_hint`]). Under `Auto` both must
+    /// be half precision, as in mlx-lm, where a product's type is the promotion of its input's
+    /// (the model's activations) and its weight's: a half weight in an f32 model (an AWQ
+    /// checkpoint's f16 scales beside f32 norms) computes in f32. Without a hint (an op called
+    /// outside a model) the weight decides.
+    fn bf16_weight(self, w_dt: i32, p_dt: i32, model: Option<DType>) -> bool {
         let stored = if w_dt >= 0 { w_dt } else { p_dt };
         match self {
             MatmulPrecision::Bf16 => true,
-            MatmulPrecision::Auto => stored == DT_F16 || stored == DT_BF16,
+            MatmulPrecision::Auto => {
+                (stored == DT_F16 || stored == DT_BF16) && model.is_none_or(|d| matches!(d, DType::F16 | DType::BF16))
+            }
             MatmulPrecision::F32 | MatmulPrecision::Tf32 => false,
         }
     }
@@ -187,7 +196,7 @@ impl CudaBackend {
         k: usize,
         w: &WeightArgs,
     ) -> Result<bool> {
-        if !matmul_precision()?.bf16_weight(w.w_dt, w.p_dt) {
+        if !matmul_precision()?.bf16_weight(w.w_dt, w.p_dt, crate::compute_dtype_hint()) {
             return Ok(false);
         }
         let xb = DeviceBuffer::alloc(self.st()?, m * k * 2)?;
@@ -231,7 +240,8 @@ impl CudaBackend {
             return Ok(None);
         }
         let args = ws.iter().map(|w| self.weight_args(op, w)).collect::<Result<Vec<_>>>()?;
-        if !args.iter().all(|a| precision.bf16_weight(a.w_dt, a.p_dt)) {
+        let model = crate::compute_dtype_hint();
+        if !args.iter().all(|a| precision.bf16_weight(a.w_dt, a.p_dt, model)) {
             return Ok(None);
         }
         let xb = DeviceBuffer::alloc(self.st()?, m * k * 2)?;
@@ -538,16 +548,25 @@ mod tests {
         // (w_dt, p_dt): dense weights carry their type, quantized ones (w_dt -1) their scales'.
         let half = [(DT_F16, 0), (DT_BF16, 0), (-1, DT_F16), (-1, DT_BF16)];
         let full = [(DT_F32, 0), (-1, DT_F32)];
+        let (half_models, f32_model) = ([None, Some(DType::BF16), Some(DType::F16)], Some(DType::F32));
         for (w, p) in half {
-            assert!(Auto.bf16_weight(w, p), "half weight ({w}, {p})");
+            for model in half_models {
+                assert!(Auto.bf16_weight(w, p, model), "half weight ({w}, {p}), model {model:?}");
+            }
+            // mlx-lm promotes the product to the f32 activations' type.
+            assert!(!Auto.bf16_weight(w, p, f32_model), "half weight ({w}, {p}) in an f32 model");
         }
         for (w, p) in full {
-            assert!(!Auto.bf16_weight(w, p), "f32 weight ({w}, {p})");
+            for model in half_models.into_iter().chain([f32_model]) {
+                assert!(!Auto.bf16_weight(w, p, model), "f32 weight ({w}, {p}), model {model:?}");
+            }
         }
-        // The explicit settings ignore the weight.
+        // The explicit settings ignore the weight and the model.
         for (w, p) in half.into_iter().chain(full) {
-            assert!(Bf16.bf16_weight(w, p));
-            assert!(!F32.bf16_weight(w, p) && !Tf32.bf16_weight(w, p));
+            for model in half_models.into_iter().chain([f32_model]) {
+                assert!(Bf16.bf16_weight(w, p, model));
+                assert!(!F32.bf16_weight(w, p, model) && !Tf32.bf16_weight(w, p, model));
+            }
         }
     }
 
