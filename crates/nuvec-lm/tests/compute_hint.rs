@@ -1,7 +1,7 @@
 //! The model's compute type, as the backends see it: `Model::compute_dtype()` is the float type
 //! mlx-lm computes each fixture checkpoint in (oracle.json's `dtype`, the checkpoint's float
 //! types as mlx-lm loads them), and `Model::forward`, `forward_last` and `prefill` run the
-//! decoder inside `nuvec::with_compute_dtype` with it (what the CUDA backend's default prefill
+//! decoder and the output head inside `nuvec::with_compute_dtype` with it (what the CUDA backend's default prefill
 //! precision, `Auto`, reads to choose bf16 or f32 attention), scoped to the call.
 
 use std::sync::{Arc, Mutex};
@@ -13,19 +13,21 @@ use nuvec_lm::{load_model_on, Model};
 
 mod common;
 
-/// Records the hint each `hidden` call saw.
+/// Which call (`hidden` or `logits`) saw which hint.
+type Seen = Vec<(&'static str, Option<DType>)>;
+
+/// Records the hint each `hidden` and `logits` call saw.
 struct Probe {
-    seen: Arc<Mutex<Vec<Option<DType>>>>,
+    seen: Arc<Mutex<Seen>>,
 }
 
 impl Architecture for Probe {
     fn hidden(&self, tokens: &[u32], _cache: &mut [LayerCache]) -> nuvec_lm::Result<Array> {
-        self.seen.lock().unwrap().push(nuvec::compute_dtype_hint());
+        self.seen.lock().unwrap().push(("hidden", nuvec::compute_dtype_hint()));
         Ok(Array::from_slice(&vec![0f32; tokens.len() * 4], &[tokens.len(), 4])?)
     }
     fn logits(&self, hidden: &Array) -> nuvec_lm::Result<Array> {
-        // The output head is a weight product: it decides from its weight, outside the scope.
-        assert!(nuvec::compute_dtype_hint().is_none(), "the hint is scoped to the decoder layers");
+        self.seen.lock().unwrap().push(("logits", nuvec::compute_dtype_hint()));
         Ok(hidden.clone())
     }
     fn num_layers(&self) -> usize {
@@ -44,7 +46,9 @@ fn forward_runs_the_decoder_with_the_models_compute_dtype() {
     model.forward_last(&[3], &mut cache).unwrap();
     model.set_compute_dtype(DType::F16);
     model.prefill(&[4], &mut cache).unwrap();
-    assert_eq!(*seen.lock().unwrap(), vec![Some(DType::F32), Some(DType::BF16), Some(DType::F16)]);
+    let (f32_, bf16, f16) = (Some(DType::F32), Some(DType::BF16), Some(DType::F16));
+    let want = [("hidden", f32_), ("logits", f32_), ("hidden", bf16), ("logits", bf16), ("hidden", f16)];
+    assert_eq!(*seen.lock().unwrap(), want);
     assert_eq!(nuvec::compute_dtype_hint(), None, "nothing is left behind after the calls");
 }
 

@@ -27,8 +27,10 @@ use common::{arr, floats, Rng};
 /// Held while a test switches the process-wide precision and runs ops under it.
 static MODE: Mutex<()> = Mutex::new(());
 
-/// The device under test (panics, failing the test, when there is none).
+/// The device under test (panics, failing the test, when there is none). `gpu_with` sets the
+/// precision, so it waits for its turn too.
 fn gpu() -> Device {
+    let _turn = MODE.lock().unwrap_or_else(|e| e.into_inner());
     common::gpu_with(MatmulPrecision::Auto)
 }
 

@@ -261,20 +261,26 @@ impl Model {
 
     /// Logits `[L, vocab]` for every position of `tokens`, extending `cache`.
     pub fn forward(&self, tokens: &[u32], cache: &mut [LayerCache]) -> Result<Array> {
-        let h = self.hidden(tokens, cache)?;
-        self.arch.logits(&h)
+        self.in_compute_dtype(|| {
+            let h = self.arch.hidden(tokens, cache)?;
+            self.arch.logits(&h)
+        })
     }
 
     /// Logits `[1, vocab]` of the last position only (the head runs on one row).
     pub fn forward_last(&self, tokens: &[u32], cache: &mut [LayerCache]) -> Result<Array> {
-        let h = self.hidden(tokens, cache)?;
+        self.in_compute_dtype(|| self.forward_last_row(tokens, cache))
+    }
+
+    fn forward_last_row(&self, tokens: &[u32], cache: &mut [LayerCache]) -> Result<Array> {
+        let h = self.arch.hidden(tokens, cache)?;
         let l = h.dim(0);
         self.arch.logits(&h.slice_rows(l - 1, l)?)
     }
 
     /// Extends `cache` with `tokens` without computing logits (a prefill chunk).
     pub fn prefill(&self, tokens: &[u32], cache: &mut [LayerCache]) -> Result<()> {
-        self.hidden(tokens, cache).map(|_| ())
+        self.in_compute_dtype(|| self.arch.hidden(tokens, cache).map(|_| ()))
     }
 
     /// The float type mlx-lm computes this checkpoint in (f32, f16 or bf16; f32 for a model
@@ -288,12 +294,13 @@ impl Model {
         self.compute_dtype = dtype;
     }
 
-    /// The decoder layers' output, run with [`Model::compute_dtype`] as the backends' hint
+    /// `f()` (a forward pass) with [`Model::compute_dtype`] as the backends' hint
     /// ([`nuvec::with_compute_dtype`]): the CUDA backend's default prefill precision computes
-    /// attention in bf16 only for a half-precision model, as mlx-lm does (its weight products
-    /// decide from each weight). Scoped to this call and thread: loading sets nothing global.
-    fn hidden(&self, tokens: &[u32], cache: &mut [LayerCache]) -> Result<Array> {
-        nuvec::with_compute_dtype(self.compute_dtype, || self.arch.hidden(tokens, cache))
+    /// attention in bf16 only for a half-precision model, and a half-precision weight in bf16
+    /// only when the model is not f32, as mlx-lm does. Scoped to this call and thread: loading
+    /// sets nothing global.
+    fn in_compute_dtype<R>(&self, f: impl FnOnce() -> R) -> R {
+        nuvec::with_compute_dtype(self.compute_dtype, f)
     }
 }
 
