@@ -104,14 +104,18 @@ impl Weights {
     }
 
     /// The float type mlx-lm computes this checkpoint in: the most common among its float
-    /// tensors (norms, dense weights, quantization scales), as the activations take the weights'
-    /// type. Tensors converted from GGUF say f16, llama.cpp's type for activations it caches.
+    /// tensors other than quantization scales and biases (norms, dense weights, embeddings), as
+    /// the activations take those tensors' type and a quantized product's result is promoted to
+    /// its input's type (an AWQ/GPTQ checkpoint with f16 scales and f32 norms computes in f32).
+    /// Tensors converted from GGUF say f16, llama.cpp's type for activations it caches.
     pub fn compute_dtype(&self) -> DType {
         if self.files.is_empty() {
             return DType::F16;
         }
         let mut counts = [0usize; 3];
-        for info in self.files.iter().flat_map(|f| f.tensors().values()) {
+        let tensors = self.files.iter().flat_map(|f| f.tensors().iter());
+        let not_scales = tensors.filter(|(name, _)| !name.ends_with(".scales") && !name.ends_with(".biases"));
+        for (_, info) in not_scales {
             match info.dtype {
                 DType::F32 => counts[0] += 1,
                 DType::F16 => counts[1] += 1,

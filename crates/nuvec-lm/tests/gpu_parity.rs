@@ -14,7 +14,7 @@
 //! Missing fixtures or no usable GPU fail the test: a parity test that skips proves nothing.
 //!
 //! The tolerance is f32's, so the prefill products run in f32 (`set_matmul_precision(F32)`;
-//! the default is bf16, checked by tests/gpu_parity_bf16.rs).
+//! the default, `Auto`, computes bf16 checkpoints in bf16: tests/gpu_parity_bf16.rs).
 #![cfg(feature = "cuda")]
 
 use nuvec::Device;

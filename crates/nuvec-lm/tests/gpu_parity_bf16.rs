@@ -1,6 +1,8 @@
-//! Whole models with the bf16 tensor-core prefill (the CUDA backend's default matmul precision,
-//! set here explicitly) against the same models on the CPU in f32 (feature `cuda`; run on a
-//! machine with an NVIDIA GPU, see docs/cuda.md, phase 4).
+//! Whole models with the bf16 tensor-core prefill (`MatmulPrecision::Bf16`, set explicitly)
+//! against the same models on the CPU in f32 (feature `cuda`; run on a machine with an NVIDIA
+//! GPU, see docs/cuda.md, phase 4); and the default, `MatmulPrecision::Auto`, which computes each
+//! checkpoint in its own type as mlx-lm does: the bf16 checkpoint exactly as under `Bf16`, the q4
+//! checkpoint with f32 scales exactly as under `F32`, within the f32 tolerance of gpu_parity.rs.
 //!
 //! A 300-token prompt (so that the weight products take more than 8 rows and attention 64
 //! queries or more: the bf16 paths), whole or in chunks of 128, then 32 greedy steps (decode is
@@ -17,7 +19,10 @@
 //!
 //! Fixtures: `$NUVEC_GPU_FIXTURES`, else `$NUVEC_FIXTURES` (config.json and the safetensors of
 //! each case, and `precision_noise_long/`). Missing fixtures or no usable GPU fail the test.
+//! The precision is process-wide, so the tests of this binary take turns (`MODE`).
 #![cfg(feature = "cuda")]
+
+use std::sync::{Mutex, MutexGuard};
 
 use nuvec::backends::cuda::{set_matmul_precision, MatmulPrecision};
 use nuvec::Device;
@@ -29,6 +34,23 @@ use common::gpu_cases::{argmax, case_dir, margin, prompt};
 
 const STEPS: usize = 32;
 const PROMPT: usize = 300;
+/// gpu_parity.rs's f32 tolerance on logits (the CPU parity suite's against mlx-lm).
+const F32_TOLERANCE: f32 = 2e-3;
+
+/// Held while a test runs models under the process-wide precision it set.
+static MODE: Mutex<()> = Mutex::new(());
+
+/// This test's turn, with the prefill precision `p`.
+fn turn(p: MatmulPrecision) -> MutexGuard<'static, ()> {
+    let guard = MODE.lock().unwrap_or_else(|e| e.into_inner());
+    set_matmul_precision(p);
+    guard
+}
+
+/// Rows of logits as bits, for bit-for-bit comparisons.
+fn bits(rows: &[Vec<f32>]) -> Vec<Vec<u32>> {
+    rows.iter().map(|r| r.iter().map(|v| v.to_bits()).collect()).collect()
+}
 
 /// mlx-lm's bf16-vs-f32 logit difference for `case` on this test's prompt and steps: (largest,
 /// mean), recorded by scripts/oracle/more/precision_noise_long.py into
@@ -74,7 +96,7 @@ fn run(model: &Model, prompt: &[u32], chunk: usize, forced: Option<&[u32]>) -> (
 
 /// `case` prefilled in bf16 on the GPU against the CPU, within mlx-lm's bf16 noise of `noise_case`.
 fn check(case: &str, noise_case: &str, chunk: usize) {
-    set_matmul_precision(MatmulPrecision::Bf16);
+    let _turn = turn(MatmulPrecision::Bf16);
     let (max_tol, mean_tol) = precision_noise(noise_case);
     let dir = case_dir(case);
     let cpu = load_model_on(&dir, Device::Cpu).unwrap();
@@ -140,8 +162,81 @@ fn bf16_checkpoint_chunked_prefill() {
 }
 
 #[test]
-fn q4_checkpoint_prefill() {
-    // mlx-lm computed this checkpoint in f32 (f32 scales), so it has no bf16 record of its own:
+fn q4_checkpoint_prefill_forced_bf16() {
+    // mlx-lm computes this checkpoint in f32 (f32 scales), so it has no bf16 record of its own:
     // the bound is that of the bf16 checkpoint of the same architecture and sizes.
     check("mistral-q4g64", "mistral-bf16", 2048);
+}
+
+/// The GPU's teacher-forced logit rows (on `tokens`) under precision `p`.
+fn gpu_rows(gpu: &Model, prompt: &[u32], chunk: usize, tokens: &[u32], p: MatmulPrecision) -> Vec<Vec<f32>> {
+    set_matmul_precision(p);
+    run(gpu, prompt, chunk, Some(tokens)).0
+}
+
+#[test]
+fn q4_checkpoint_prefill() {
+    // Under the default (Auto) a checkpoint with f32 scales computes in f32, as in mlx-lm: the
+    // GPU's logits are the F32 setting's bit for bit, within gpu_parity.rs's f32 tolerance of
+    // the CPU's, and its greedy tokens the CPU's (but after a near tie).
+    let case = "mistral-q4g64";
+    let _turn = turn(MatmulPrecision::Auto);
+    let dir = case_dir(case);
+    let cpu = load_model_on(&dir, Device::Cpu).unwrap();
+    let gpu = load_model_on(&dir, Device::Cuda(0)).unwrap_or_else(|e| panic!("{case}: loading on cuda:0: {e}"));
+    assert_eq!(gpu.compute_dtype(), nuvec::DType::F32, "{case}: mlx-lm computes it in f32");
+    let prompt = prompt(cpu.vocab_size(), PROMPT);
+    let (cpu_rows, cpu_tokens) = run(&cpu, &prompt, 2048, None);
+    let auto = gpu_rows(&gpu, &prompt, 2048, &cpu_tokens, MatmulPrecision::Auto);
+    let mut max_diff = 0f32;
+    for (position, (c, g)) in cpu_rows.iter().zip(&auto).enumerate() {
+        for (i, (a, b)) in c.iter().zip(g).enumerate() {
+            let d = (a - b).abs();
+            assert!(
+                d <= F32_TOLERANCE,
+                "{case}: position {position}, logit {i}: cpu {a} vs gpu {b} (difference {d} > {F32_TOLERANCE}: \
+                 not the f32 path)"
+            );
+            max_diff = max_diff.max(d);
+        }
+    }
+    let f32_rows = gpu_rows(&gpu, &prompt, 2048, &cpu_tokens, MatmulPrecision::F32);
+    assert!(bits(&auto) == bits(&f32_rows), "{case}: Auto's logits are not the F32 setting's bit for bit");
+    set_matmul_precision(MatmulPrecision::Auto);
+    let (_, gpu_tokens) = run(&gpu, &prompt, 2048, None);
+    if let Some(s) = cpu_tokens.iter().zip(&gpu_tokens).position(|(a, b)| a != b) {
+        let m = margin(&cpu_rows[prompt.len() - 1 + s]);
+        assert!(
+            m <= 2.0 * F32_TOLERANCE,
+            "{case}: greedy tokens differ at step {s} (cpu {} vs gpu {}), margin {m} not a near tie",
+            cpu_tokens[s],
+            gpu_tokens[s]
+        );
+    }
+    println!(
+        "RESULT auto {case} prompt={PROMPT}: max diff {max_diff:.2e} (f32 tolerance {F32_TOLERANCE:.0e}), \
+         logits equal to the f32 setting's bit for bit"
+    );
+}
+
+#[test]
+fn bf16_checkpoint_prefill_auto() {
+    // Under the default (Auto) a bf16 checkpoint takes the bf16 paths everywhere (its weights,
+    // and attention, since the model computes in bf16): the Bf16 setting's logits bit for bit,
+    // which bf16_checkpoint_prefill bounds against mlx-lm; and not the F32 setting's.
+    let case = "mistral-bf16";
+    let _turn = turn(MatmulPrecision::Auto);
+    let dir = case_dir(case);
+    let gpu = load_model_on(&dir, Device::Cuda(0)).unwrap_or_else(|e| panic!("{case}: loading on cuda:0: {e}"));
+    assert_eq!(gpu.compute_dtype(), nuvec::DType::BF16, "{case}: mlx-lm computes it in bf16");
+    let prompt = prompt(gpu.vocab_size(), PROMPT);
+    for chunk in [2048, 128] {
+        let (_, tokens) = run(&gpu, &prompt, chunk, None);
+        let auto = gpu_rows(&gpu, &prompt, chunk, &tokens, MatmulPrecision::Auto);
+        let bf16 = gpu_rows(&gpu, &prompt, chunk, &tokens, MatmulPrecision::Bf16);
+        let f32_rows = gpu_rows(&gpu, &prompt, chunk, &tokens, MatmulPrecision::F32);
+        assert!(bits(&auto) == bits(&bf16), "{case} chunk {chunk}: Auto's logits are not the Bf16 setting's");
+        assert!(bits(&auto) != bits(&f32_rows), "{case} chunk {chunk}: the bf16 and f32 paths agree: proves nothing");
+        println!("RESULT auto {case} prompt={PROMPT} chunk={chunk}: logits equal to the bf16 setting's bit for bit");
+    }
 }

@@ -8,6 +8,7 @@ mod array;
 mod backend;
 pub mod backends;
 mod buffer;
+mod compute_hint;
 mod device;
 mod dtype;
 mod error;
@@ -19,6 +20,7 @@ pub mod quantize;
 
 pub use array::{Array, Element};
 pub use backend::{backend, Backend, GatedDeltaDims};
+pub use compute_hint::{compute_dtype_hint, hint_is_half, with_compute_dtype};
 pub use device::Device;
 pub use dtype::DType;
 pub use error::{Error, Result};

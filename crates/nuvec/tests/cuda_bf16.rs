@@ -1,7 +1,9 @@
 //! The bf16 tensor-core prefill paths (phase 4) against references on the host.
 //!
 //! Needs a CUDA device (without one every test FAILS, saying so); built only with
-//! `--features cuda`. The process runs in `MatmulPrecision::Bf16`, set explicitly.
+//! `--features cuda`. The process runs in `MatmulPrecision::Bf16`, set explicitly, so every
+//! weight (f32 ones too) and every long attention takes the bf16 path; which path the default,
+//! `Auto`, picks is tests/cuda_auto_precision.rs's subject.
 //!
 //! Each result is checked twice, with bounds that come from the arithmetic, not from the
 //! results (u = 2^-8 is bf16's unit roundoff; f32 sums are bounded with 2^-23 per addition,

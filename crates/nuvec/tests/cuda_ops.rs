@@ -9,7 +9,8 @@
 //! a `RESULT` line with its largest absolute and relative error (run with `--nocapture`).
 //!
 //! These comparisons are at f32 rounding, so the process runs the prefill products in f32
-//! (`set_matmul_precision(F32)`; the default is bf16). The bf16 paths: tests/cuda_bf16.rs.
+//! (`set_matmul_precision(F32)`; the default, `Auto`, takes bf16 for half-precision weights and
+//! models). The bf16 paths: tests/cuda_bf16.rs; `Auto`'s choices: tests/cuda_auto_precision.rs.
 
 #![cfg(feature = "cuda")]
 

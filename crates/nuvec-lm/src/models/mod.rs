@@ -8,7 +8,7 @@ mod qwen3;
 mod qwen3_5;
 mod qwen3_moe;
 
-use nuvec::{Array, Device};
+use nuvec::{Array, DType, Device};
 
 use crate::cache::{CacheOptions, KvDtype, LayerCache};
 use crate::config::Config;
@@ -80,6 +80,9 @@ pub struct Model {
     device: Device,
     /// What caches store unless asked otherwise.
     kv_dtype: KvDtype,
+    /// The float type mlx-lm computes the checkpoint in ([`Weights::compute_dtype`]; f32 for a
+    /// custom architecture), given to the backends while the model runs.
+    compute_dtype: DType,
 }
 
 impl std::fmt::Debug for Model {
@@ -126,6 +129,7 @@ impl Model {
             fingerprint: String::new(),
             device: weights.device(),
             kv_dtype: KvDtype::of(weights.compute_dtype()),
+            compute_dtype: weights.compute_dtype(),
         })
     }
 
@@ -134,8 +138,18 @@ impl Model {
     pub fn new(arch: Box<dyn Architecture>, model_type: &str, vocab_size: usize, eos_token_ids: Vec<u32>) -> Self {
         let fingerprint = String::new();
         let (model_type, newline_token_ids, device) = (model_type.to_string(), vec![], Device::Cpu);
-        let kv_dtype = KvDtype::F32;
-        Model { arch, model_type, vocab_size, eos_token_ids, newline_token_ids, fingerprint, device, kv_dtype }
+        let (kv_dtype, compute_dtype) = (KvDtype::F32, DType::F32);
+        Model {
+            arch,
+            model_type,
+            vocab_size,
+            eos_token_ids,
+            newline_token_ids,
+            fingerprint,
+            device,
+            kv_dtype,
+            compute_dtype,
+        }
     }
 
     /// Where the weights are (and where the caches' keys and values go).
@@ -247,12 +261,18 @@ impl Model {
 
     /// Logits `[L, vocab]` for every position of `tokens`, extending `cache`.
     pub fn forward(&self, tokens: &[u32], cache: &mut [LayerCache]) -> Result<Array> {
-        let h = self.arch.hidden(tokens, cache)?;
-        self.arch.logits(&h)
+        self.in_compute_dtype(|| {
+            let h = self.arch.hidden(tokens, cache)?;
+            self.arch.logits(&h)
+        })
     }
 
     /// Logits `[1, vocab]` of the last position only (the head runs on one row).
     pub fn forward_last(&self, tokens: &[u32], cache: &mut [LayerCache]) -> Result<Array> {
+        self.in_compute_dtype(|| self.forward_last_row(tokens, cache))
+    }
+
+    fn forward_last_row(&self, tokens: &[u32], cache: &mut [LayerCache]) -> Result<Array> {
         let h = self.arch.hidden(tokens, cache)?;
         let l = h.dim(0);
         self.arch.logits(&h.slice_rows(l - 1, l)?)
@@ -260,7 +280,27 @@ impl Model {
 
     /// Extends `cache` with `tokens` without computing logits (a prefill chunk).
     pub fn prefill(&self, tokens: &[u32], cache: &mut [LayerCache]) -> Result<()> {
-        self.arch.hidden(tokens, cache).map(|_| ())
+        self.in_compute_dtype(|| self.arch.hidden(tokens, cache).map(|_| ()))
+    }
+
+    /// The float type mlx-lm computes this checkpoint in (f32, f16 or bf16; f32 for a model
+    /// made with [`Model::new`] unless [`Model::set_compute_dtype`] says otherwise).
+    pub fn compute_dtype(&self) -> DType {
+        self.compute_dtype
+    }
+
+    /// Sets [`Model::compute_dtype`] (for a custom architecture whose weights are half precision).
+    pub fn set_compute_dtype(&mut self, dtype: DType) {
+        self.compute_dtype = dtype;
+    }
+
+    /// `f()` (a forward pass) with [`Model::compute_dtype`] as the backends' hint
+    /// ([`nuvec::with_compute_dtype`]): the CUDA backend's default prefill precision computes
+    /// attention in bf16 only for a half-precision model, and a half-precision weight in bf16
+    /// only when the model is not f32, as mlx-lm does. Scoped to this call and thread: loading
+    /// sets nothing global.
+    fn in_compute_dtype<R>(&self, f: impl FnOnce() -> R) -> R {
+        nuvec::with_compute_dtype(self.compute_dtype, f)
     }
 }
 

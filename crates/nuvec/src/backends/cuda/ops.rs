@@ -113,8 +113,8 @@ impl CudaBackend {
 
 /// Whether the SGEMM weight products run on the tensor cores in TF32 (inputs rounded to 10-bit
 /// mantissas, f32 accumulation): [`MatmulPrecision::Tf32`] (`NUVEC_CUDA_MATMUL=tf32`). Under
-/// `F32` (and for what still calls SGEMM under `Bf16`) it is plain SGEMM, whose results match the
-/// CPU backend to f32 rounding.
+/// `F32` (and for what still calls SGEMM under `Bf16` and `Auto`, e.g. f32 weights under `Auto`)
+/// it is plain SGEMM, whose results match the CPU backend to f32 rounding.
 fn tf32_matmul() -> Result<bool> {
     Ok(matmul_precision()? == MatmulPrecision::Tf32)
 }
@@ -784,7 +784,8 @@ impl Backend for CudaBackend {
         }
         let o = out.cuda_ptr()?;
         if m > GEMV_MAX_ROWS && self.prefill_linear(op, o, xp, m, n, k, &wa)? {
-            // phase 4: bf16 on the tensor cores (ops/prefill.rs), under MatmulPrecision::Bf16
+            // phase 4: bf16 on the tensor cores (ops/prefill.rs), under MatmulPrecision::Bf16 (or
+            // Auto and a half-precision weight)
         } else if wa.w_dt == DT_F32 {
             self.sgemm(op, o, xp, wa.dense, m, n, k, n)?;
         } else if m <= GEMV_MAX_ROWS && self.fast_qgemv(op, o, xp, m, n, k, &wa)? {

@@ -1,11 +1,16 @@
-//! Phase 4 (issue 7): prefill on the tensor cores. Under [`MatmulPrecision::Bf16`] (the default),
-//! `linear` of more than 8 input rows and `attention` of 64 queries or more run as cuBLAS GEMMs
+//! Phase 4 (issue 7): prefill on the tensor cores. Under [`MatmulPrecision::Bf16`], `linear` of
+//! more than 8 input rows and `attention` of 64 queries or more run as cuBLAS GEMMs
 //! with bf16 inputs, f32 accumulation and f32 outputs (`cublasGemmEx`, `CUBLAS_COMPUTE_32F`),
 //! as mlx-lm, llama.cpp and vLLM compute prefill: activations are rounded to bf16 once per call,
 //! weights decoded straight to bf16 tile by tile (`kernels/prefill.cu`), attention probabilities
 //! written in bf16 by the softmax. Nothing is kept between calls: memory use is as with f32.
 //! Under [`MatmulPrecision::F32`] and [`MatmulPrecision::Tf32`] these paths are off and the f32
-//! kernels of `ops.rs` run (SGEMM, or its TF32 mode for the weight products).
+//! kernels of `ops.rs` run (SGEMM, or its TF32 mode for the weight products). Under
+//! [`MatmulPrecision::Auto`] (the default) they follow the checkpoint, as mlx-lm computes it: a
+//! weight product takes the bf16 path when its weight is stored in half precision (dense f16/bf16,
+//! or quantized with f16/bf16 scales) and the model running, if any, computes in half precision
+//! ([`crate::with_compute_dtype`]), plain SGEMM otherwise; attention takes it when the model
+//! running computes in half precision.
 
 use std::fmt;
 use std::str::FromStr;
@@ -16,7 +21,8 @@ use cudarc::cublas::sys::{cublasComputeType_t, cublasGemmAlgo_t, cublasOperation
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 
 use super::{
-    cfg_1d, fast_path_log_group, to_i32, CudaBackend, WeightArgs, ATTN_GEMM_SCORE_BYTES, DT_BF16, DT_F32, GEMV_MAX_ROWS,
+    cfg_1d, fast_path_log_group, to_i32, CudaBackend, WeightArgs, ATTN_GEMM_SCORE_BYTES, DT_BF16, DT_F16, DT_F32,
+    GEMV_MAX_ROWS,
 };
 use crate::backends::cuda::{DeviceBuffer, State};
 use crate::{Array, DType, Error, Matrix, QuantMode, Result};
@@ -26,7 +32,7 @@ use crate::{Array, DType, Error, Matrix, QuantMode, Result};
 /// is f32 whatever this says: it is limited by memory, not arithmetic.
 ///
 /// Process-wide: [`set_matmul_precision`], else the environment variable `NUVEC_CUDA_MATMUL`
-/// (`f32`, `tf32` or `bf16`, read once), else [`MatmulPrecision::DEFAULT`].
+/// (`auto`, `f32`, `tf32` or `bf16`, read once), else [`MatmulPrecision::DEFAULT`] (`Auto`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum MatmulPrecision {
     /// f32 SGEMM: results match the CPU backend to f32 rounding (about 1e-6 relative).
@@ -37,20 +43,57 @@ pub enum MatmulPrecision {
     /// Weight products and attention on the tensor cores with bf16 inputs (8-bit significands,
     /// relative rounding 2^-9 per input) and f32 accumulation and outputs.
     Bf16,
+    // precision: the checkpoint's own type (appended)
+    /// As the checkpoint computes in mlx-lm: `Bf16` for a weight stored in half precision (dense
+    /// f16/bf16 weights, quantized weights with f16/bf16 scales) unless the model running
+    /// computes in f32, and for attention while the model running computes in half precision
+    /// ([`crate::with_compute_dtype`]); `F32` otherwise (f32 weights, f32 scales, f32 models,
+    /// and attention called outside a model).
+    Auto,
 }
 
 impl MatmulPrecision {
-    /// What runs when neither the setter nor `NUVEC_CUDA_MATMUL` says otherwise: bf16, as
-    /// mlx-lm, llama.cpp and vLLM compute prefill (about 4x f32's speed on an H200; see
-    /// docs/cuda.md, phase 4, for what it changes in the logits).
-    pub const DEFAULT: MatmulPrecision = MatmulPrecision::Bf16;
+    /// What runs when neither the setter nor `NUVEC_CUDA_MATMUL` says otherwise: `Auto`, the
+    /// checkpoint's own type, as mlx-lm computes it (bf16 on the tensor cores, about 4x f32's
+    /// speed on an H200, for the usual bf16 checkpoints; f32 for f32 ones; see docs/cuda.md,
+    /// phase 4, for what bf16 changes in the logits).
+    pub const DEFAULT: MatmulPrecision = MatmulPrecision::Auto;
 
-    /// The name `NUVEC_CUDA_MATMUL` takes: `f32`, `tf32` or `bf16`.
+    /// The name `NUVEC_CUDA_MATMUL` takes: `f32`, `tf32`, `bf16` or `auto`.
     pub fn name(self) -> &'static str {
         match self {
             MatmulPrecision::F32 => "f32",
             MatmulPrecision::Tf32 => "tf32",
             MatmulPrecision::Bf16 => "bf16",
+            MatmulPrecision::Auto => "auto",
+        }
+    }
+
+    /// Whether a prefill product with the weight stored as `w_dt` (dense, dtype code) or, for a
+    /// quantized weight (`w_dt < 0`), with scales of `p_dt` runs on the bf16 path. `model`: the
+    /// compute type of the model running ([`crate::compute_dtype_hint`]). Under `Auto` both must
+    /// be half precision, as in mlx-lm, where a product's type is the promotion of its input's
+    /// (the model's activations) and its weight's: a half weight in an f32 model (an AWQ
+    /// checkpoint's f16 scales beside f32 norms) computes in f32. Without a hint (an op called
+    /// outside a model) the weight decides.
+    fn bf16_weight(self, w_dt: i32, p_dt: i32, model: Option<DType>) -> bool {
+        let stored = if w_dt >= 0 { w_dt } else { p_dt };
+        match self {
+            MatmulPrecision::Bf16 => true,
+            MatmulPrecision::Auto => {
+                (stored == DT_F16 || stored == DT_BF16) && model.is_none_or(|d| matches!(d, DType::F16 | DType::BF16))
+            }
+            MatmulPrecision::F32 | MatmulPrecision::Tf32 => false,
+        }
+    }
+
+    /// Whether prefill attention runs on the bf16 path; `half_model`: the model running computes
+    /// in f16 or bf16 ([`crate::hint_is_half`]).
+    fn bf16_attention(self, half_model: bool) -> bool {
+        match self {
+            MatmulPrecision::Bf16 => true,
+            MatmulPrecision::Auto => half_model,
+            MatmulPrecision::F32 | MatmulPrecision::Tf32 => false,
         }
     }
 
@@ -59,6 +102,7 @@ impl MatmulPrecision {
             MatmulPrecision::F32 => 1,
             MatmulPrecision::Tf32 => 2,
             MatmulPrecision::Bf16 => 3,
+            MatmulPrecision::Auto => 4,
         }
     }
 
@@ -67,6 +111,7 @@ impl MatmulPrecision {
             1 => Some(MatmulPrecision::F32),
             2 => Some(MatmulPrecision::Tf32),
             3 => Some(MatmulPrecision::Bf16),
+            4 => Some(MatmulPrecision::Auto),
             _ => None,
         }
     }
@@ -81,14 +126,15 @@ impl fmt::Display for MatmulPrecision {
 impl FromStr for MatmulPrecision {
     type Err = Error;
 
-    /// `f32`, `tf32` or `bf16` (any case).
+    /// `auto`, `f32`, `tf32` or `bf16` (any case).
     fn from_str(s: &str) -> Result<Self> {
         match s.trim().to_ascii_lowercase().as_str() {
             "f32" => Ok(MatmulPrecision::F32),
             "tf32" => Ok(MatmulPrecision::Tf32),
             "bf16" => Ok(MatmulPrecision::Bf16),
+            "auto" => Ok(MatmulPrecision::Auto),
             _ => Err(Error::Unsupported(format!(
-                "matmul precision {s:?}: the CUDA backend knows f32 (exact to f32 rounding), tf32 and bf16 (the default)"
+                "matmul precision {s:?}: the CUDA backend knows auto (the checkpoint's own type, the default), f32 (exact to f32 rounding), tf32 and bf16"
             ))),
         }
     }
@@ -114,10 +160,10 @@ pub fn matmul_precision() -> Result<MatmulPrecision> {
     FROM_ENV
         .get_or_init(|| match std::env::var("NUVEC_CUDA_MATMUL") {
             Err(std::env::VarError::NotPresent) => Ok(MatmulPrecision::DEFAULT),
-            Err(e) => Err(format!("NUVEC_CUDA_MATMUL: {e}; set it to f32, tf32 or bf16")),
+            Err(e) => Err(format!("NUVEC_CUDA_MATMUL: {e}; set it to auto, f32, tf32 or bf16")),
             Ok(v) if v.trim().is_empty() => Ok(MatmulPrecision::DEFAULT),
             Ok(v) => v.parse::<MatmulPrecision>().map_err(|_| {
-                format!("NUVEC_CUDA_MATMUL={v:?} is not a matmul precision: set it to f32, tf32 or bf16 (or unset it)")
+                format!("NUVEC_CUDA_MATMUL={v:?} is not a matmul precision: set it to auto, f32, tf32 or bf16 (or unset it)")
             }),
         })
         .clone()
@@ -137,7 +183,8 @@ type Operand = (u64, usize, usize);
 
 impl CudaBackend {
     /// `linear` of `m > 8` rows in bf16 (`out [m, n]` at `o`, f32): false (nothing done) unless
-    /// the precision is bf16. Shapes and pointers were checked by `linear`.
+    /// the precision puts this weight on the bf16 path (`Bf16`, or `Auto` and a half-precision
+    /// weight). Shapes and pointers were checked by `linear`.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn prefill_linear(
         &self,
@@ -149,7 +196,7 @@ impl CudaBackend {
         k: usize,
         w: &WeightArgs,
     ) -> Result<bool> {
-        if matmul_precision()? != MatmulPrecision::Bf16 {
+        if !matmul_precision()?.bf16_weight(w.w_dt, w.p_dt, crate::compute_dtype_hint()) {
             return Ok(false);
         }
         let xb = DeviceBuffer::alloc(self.st()?, m * k * 2)?;
@@ -160,9 +207,10 @@ impl CudaBackend {
 
     /// `linear_many` (q/k/v, gate/up) of more than 8 rows in bf16, the input converted once for
     /// all the weights; with `up`, the `silu_mul_linear` down projection of `silu(x) * up`, the
-    /// input made in one pass. `None` (nothing done) unless the precision is bf16 and the case is
-    /// plain (f32 input on this device, dense or affine weights of `x`'s width): `linear` then
-    /// runs (and reports what is wrong).
+    /// input made in one pass. `None` (nothing done) unless the precision puts every weight on
+    /// the bf16 path and the case is plain (f32 input on this device, dense or affine weights of
+    /// `x`'s width): `linear` then runs for each weight (deciding its path, and reporting what is
+    /// wrong).
     pub(super) fn prefill_linear_many(
         &self,
         op: &'static str,
@@ -187,10 +235,15 @@ impl CudaBackend {
                 return Ok(None);
             }
         }
-        if matmul_precision()? != MatmulPrecision::Bf16 {
+        let precision = matmul_precision()?;
+        if precision == MatmulPrecision::F32 || precision == MatmulPrecision::Tf32 {
             return Ok(None);
         }
         let args = ws.iter().map(|w| self.weight_args(op, w)).collect::<Result<Vec<_>>>()?;
+        let model = crate::compute_dtype_hint();
+        if !args.iter().all(|a| precision.bf16_weight(a.w_dt, a.p_dt, model)) {
+            return Ok(None);
+        }
         let xb = DeviceBuffer::alloc(self.st()?, m * k * 2)?;
         let (xbp, xp) = (xb.ptr(), x.cuda_ptr()?);
         match up {
@@ -386,7 +439,8 @@ impl CudaBackend {
     }
 
     /// Causal attention of `l >= 64` queries in bf16 (`out [l, hq * d]` at `o`, f32): false
-    /// (nothing done) unless the precision is bf16. Shapes and pointers were checked by
+    /// (nothing done) unless the precision is bf16 (or `Auto` while the model running computes in
+    /// half precision, [`crate::hint_is_half`]). Shapes and pointers were checked by
     /// `attention`. Per block of queries: scores = Q K^T * scale for all KV groups in one batched
     /// GEMM (the query heads of a group side by side, so GQA needs no copies of K or V), the
     /// causal softmax writing bf16 probabilities, P V in one batched GEMM, then the heads back
@@ -402,7 +456,7 @@ impl CudaBackend {
         kv_len: usize,
         scale: f32,
     ) -> Result<bool> {
-        if matmul_precision()? != MatmulPrecision::Bf16 {
+        if !matmul_precision()?.bf16_attention(crate::hint_is_half()) {
             return Ok(false);
         }
         let st: &State = self.st()?;
@@ -476,14 +530,59 @@ mod tests {
 
     #[test]
     fn precision_names_parse_both_ways() {
-        for p in [MatmulPrecision::F32, MatmulPrecision::Tf32, MatmulPrecision::Bf16] {
+        for p in [MatmulPrecision::F32, MatmulPrecision::Tf32, MatmulPrecision::Bf16, MatmulPrecision::Auto] {
             assert_eq!(p.name().parse::<MatmulPrecision>().unwrap(), p);
             assert_eq!(p.to_string().to_uppercase().parse::<MatmulPrecision>().unwrap(), p);
             assert_eq!(MatmulPrecision::from_code(p.code()), Some(p));
         }
         let e = "fp8".parse::<MatmulPrecision>().unwrap_err().to_string();
-        assert!(e.contains("\"fp8\"") && e.contains("f32") && e.contains("bf16"), "{e}");
+        assert!(e.contains("\"fp8\"") && e.contains("f32") && e.contains("bf16") && e.contains("auto"), "{e}");
         assert_eq!(MatmulPrecision::from_code(0), None);
+        assert_eq!(MatmulPrecision::DEFAULT, MatmulPrecision::Auto);
+        assert_eq!(" Auto ".parse::<MatmulPrecision>().unwrap(), MatmulPrecision::Auto);
+    }
+
+    #[test]
+    fn auto_follows_each_weights_stored_type() {
+        use MatmulPrecision::*;
+        // (w_dt, p_dt): dense weights carry their type, quantized ones (w_dt -1) their scales'.
+        let half = [(DT_F16, 0), (DT_BF16, 0), (-1, DT_F16), (-1, DT_BF16)];
+        let full = [(DT_F32, 0), (-1, DT_F32)];
+        let (half_models, f32_model) = ([None, Some(DType::BF16), Some(DType::F16)], Some(DType::F32));
+        for (w, p) in half {
+            for model in half_models {
+                assert!(Auto.bf16_weight(w, p, model), "half weight ({w}, {p}), model {model:?}");
+            }
+            // mlx-lm promotes the product to the f32 activations' type.
+            assert!(!Auto.bf16_weight(w, p, f32_model), "half weight ({w}, {p}) in an f32 model");
+        }
+        for (w, p) in full {
+            for model in half_models.into_iter().chain([f32_model]) {
+                assert!(!Auto.bf16_weight(w, p, model), "f32 weight ({w}, {p}), model {model:?}");
+            }
+        }
+        // The explicit settings ignore the weight and the model.
+        for (w, p) in half.into_iter().chain(full) {
+            for model in half_models.into_iter().chain([f32_model]) {
+                assert!(Bf16.bf16_weight(w, p, model));
+                assert!(!F32.bf16_weight(w, p, model) && !Tf32.bf16_weight(w, p, model));
+            }
+        }
+    }
+
+    #[test]
+    fn auto_attention_follows_the_model() {
+        use MatmulPrecision::*;
+        assert!(Auto.bf16_attention(true) && !Auto.bf16_attention(false));
+        assert!(Bf16.bf16_attention(false) && Bf16.bf16_attention(true));
+        for p in [F32, Tf32] {
+            assert!(!p.bf16_attention(true) && !p.bf16_attention(false));
+        }
+        // What the attention path reads: the model's scoped hint.
+        assert!(crate::with_compute_dtype(DType::BF16, crate::hint_is_half));
+        assert!(crate::with_compute_dtype(DType::F16, crate::hint_is_half));
+        assert!(!crate::with_compute_dtype(DType::F32, crate::hint_is_half));
+        assert!(!crate::hint_is_half());
     }
 
     #[test]
