@@ -11,6 +11,7 @@
 #include <thread>
 #include <vector>
 #include <algorithm>
+#include <atomic>
 
 struct dim3 { unsigned x = 1, y = 1, z = 1; };
 struct float4 { float x, y, z, w; };
@@ -27,11 +28,23 @@ struct Warp { float buf[32]; std::unique_ptr<std::barrier<>> bar; };
 struct Block {
     std::unique_ptr<std::barrier<>> bar;
     std::vector<Warp> warps;
+    std::atomic<int> any{0};  // __syncthreads_or
 };
 thread_local Block* t_block;
 static float emu_dyn_smem[1 << 16];
 
 inline void __syncthreads() { t_block->bar->arrive_and_wait(); }
+// Every thread's v ORed; thread 0 clears the flag after the last read, before any thread can
+// reach the next call's first barrier.
+inline int __syncthreads_or(int v) {
+    t_block->bar->arrive_and_wait();
+    if (v) t_block->any.fetch_or(1);
+    t_block->bar->arrive_and_wait();
+    int r = t_block->any.load();
+    t_block->bar->arrive_and_wait();
+    if (threadIdx.x == 0) t_block->any.store(0);
+    return r;
+}
 inline float __shfl_xor_sync(unsigned, float v, int o) {
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     Warp& w = t_block->warps[warp];
@@ -43,6 +56,7 @@ inline float __shfl_xor_sync(unsigned, float v, int o) {
 inline float __int_as_float(int i) { float f; std::memcpy(&f, &i, 4); return f; }
 inline float __int_as_float(unsigned i) { float f; std::memcpy(&f, &i, 4); return f; }
 inline float __uint_as_float(unsigned i) { float f; std::memcpy(&f, &i, 4); return f; }
+inline unsigned __float_as_uint(float f) { unsigned i; std::memcpy(&i, &f, 4); return i; }
 // Byte i of the result is byte (s >> 4i) & 7 of the 8 bytes y:x (x the low four).
 inline unsigned __byte_perm(unsigned x, unsigned y, unsigned s) {
     unsigned long long v = ((unsigned long long)y << 32) | x;
@@ -53,6 +67,7 @@ inline unsigned __byte_perm(unsigned x, unsigned y, unsigned s) {
 inline unsigned __funnelshift_r(unsigned lo, unsigned hi, unsigned sh) {
     return (unsigned)((((unsigned long long)hi << 32) | lo) >> (sh & 31));
 }
+[[noreturn]] inline void __trap() { std::abort(); }
 inline int min(int a, int b) { return a < b ? a : b; }
 inline long long min(long long a, long long b) { return a < b ? a : b; }
 inline int max(int a, int b) { return a > b ? a : b; }

@@ -207,6 +207,8 @@ int main() {
     test_delta(2, 4, 128, 128, 4); test_delta(3, 3, 48, 24, 9, true);
     for (int s = 0; s < 2; ++s) {
         test_attn(1, 1, 4, 2, 64, s, 1); test_attn(1, 300, 8, 2, 128, s, 1); test_attn(3, 70, 8, 8, 16, s, 1);
+        // split path at head sizes 256 and 512 (2 and 4 float4 slots per lane, keys 2 and 1 at a time)
+        test_attn(1, 45, 2, 1, 256, s, 1); test_attn(2, 37, 2, 2, 512, s, 1);
         test_attn(2, 50, 4, 2, 30, s, 0); test_attn(1, 77, 4, 1, 30, s, 0); test_attn(1, 300, 4, 2, 16, s, 0);
         test_attn(64, 64, 4, 1, 64, s, 2); test_attn(10, 57, 2, 2, 16, s, 2);
     }

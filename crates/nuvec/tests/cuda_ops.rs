@@ -459,11 +459,40 @@ fn timing_probe() {
         });
     }
     // Qwen3-0.6B shapes and the 8B's LM head.
-    for (n, kk) in [(2048usize, 1024usize), (3072, 1024), (1024, 3072), (151936, 1024), (128256, 4096)] {
+    for (n, kk) in [(2048usize, 1024usize), (3072, 1024), (1024, 3072), (151936, 1024), (4096, 14336), (128256, 4096)] {
         let w = quantized(&mut rng, n, kk, 4, 64, DType::BF16).to_device(dev).unwrap();
         let x = arr(&rng.vec(kk, 1.0), &[1, kk]).to_device(dev).unwrap();
         time(&format!("linear q4 g64 [1,{kk}] x [{n},{kk}]"), w.nbytes() as f64, 50, &|| x.linear(&w).unwrap());
     }
+    // The 8B's fused q/k/v launch and its down projection of silu(gate) * up (one row).
+    let qkv: Vec<Matrix> = [4096usize, 1024, 1024]
+        .iter()
+        .map(|&n| quantized(&mut rng, n, 4096, 4, 64, DType::BF16).to_device(dev).unwrap())
+        .collect();
+    let qkv_bytes = qkv.iter().map(|w| w.nbytes() as f64).sum::<f64>();
+    let x = arr(&rng.vec(4096, 1.0), &[1, 4096]).to_device(dev).unwrap();
+    let refs: Vec<&Matrix> = qkv.iter().collect();
+    time("linear_many q4 g64 [1,4096] x q/k/v [4096|1024|1024,4096]", qkv_bytes, 50, &|| {
+        x.linear_many(&refs).unwrap().remove(0)
+    });
+    let down = quantized(&mut rng, 4096, 14336, 4, 64, DType::BF16).to_device(dev).unwrap();
+    let (g, u) = (arr(&rng.vec(14336, 1.0), &[1, 14336]), arr(&rng.vec(14336, 1.0), &[1, 14336]));
+    let (g, u) = (g.to_device(dev).unwrap(), u.to_device(dev).unwrap());
+    time("silu_mul_linear q4 g64 [1,14336] x [4096,14336]", down.nbytes() as f64, 50, &|| {
+        g.silu_mul_linear(&u, &down).unwrap()
+    });
+    // Row ops of a decode step: the norms and the greedy pick over Qwen3's vocabulary.
+    let (a, b) = (arr(&rng.vec(4096, 1.0), &[1, 4096]), arr(&rng.vec(4096, 1.0), &[1, 4096]));
+    let (a, b) = (a.to_device(dev).unwrap(), b.to_device(dev).unwrap());
+    let nw = arr(&rng.vec(4096, 1.0), &[4096]).to_device(dev).unwrap();
+    time("add_rms_norm [1,4096]", (4 * 4096 * 4) as f64, 50, &|| a.add_rms_norm(&b, &nw, 1e-5).unwrap().1);
+    let logits = arr(&rng.vec(151936, 1.0), &[1, 151936]).to_device(dev).unwrap();
+    // `time` waits by reading its result's first row as f32: a row of the logits, read after the
+    // u32 triple was enqueued on the same stream.
+    time("argmax_gap [1,151936]", (151936 * 4) as f64, 50, &|| {
+        let _pick = logits.argmax_gap().unwrap();
+        logits.slice_rows(0, 1).unwrap()
+    });
     // The copy bandwidth the roofline is measured against: add reads 2 and writes 1 array.
     let big = 1usize << 28;
     let a = Array::zeros_on(&[big], DType::F32, dev).unwrap();
@@ -623,10 +652,33 @@ fn decode_fusions() {
     assert_eq!(g, w, "argmax_gap [8,1000]");
     let ids: Vec<u32> = w.chunks(3).map(|r| r[0]).collect();
     assert_eq!(ids, x.argmax().unwrap().to_vec::<u32>().unwrap(), "argmax_gap's index is argmax's");
+    // Rows of 5000: the GPU cuts a row into ranges of 1024+ values, one block each, and combines
+    // them: ties and near ties across ranges, a range of NaNs, the maximum at a range's start.
+    let n = 5000;
+    let mut rows = rng.vec(8 * n, 5.0);
+    rows[100] = 9.0; // row 0: a tie two ranges later
+    rows[3000] = 9.0;
+    rows[n + 4999] = 9.0; // row 1: maximum last, a near tie in the first range
+    rows[n + 7] = 9.0 - 1e-6;
+    rows[2 * n + 1000..2 * n + 2000].iter_mut().for_each(|v| *v = f32::NAN); // row 2: a range of NaN
+    rows[3 * n] = f32::NAN; // row 3: a leading NaN
+    rows[4 * n + 1000] = 9.0; // row 4: the maximum at a range's first value
+    rows[4 * n + 999] = 9.0 - 1e-6;
+    rows[5 * n..6 * n].iter_mut().for_each(|v| *v = f32::NEG_INFINITY); // row 5: all -inf
+    rows[6 * n + 4000] = f32::INFINITY; // row 6: +inf late
+    rows[7 * n..8 * n].iter_mut().for_each(|v| *v = f32::NAN); // row 7: all NaN
+    let x = arr(&rows, &[8, n]);
+    let (g, w) = (to(&x).argmax_gap().unwrap(), x.argmax_gap().unwrap());
+    assert_eq!(g.to_vec::<u32>().unwrap(), w.to_vec::<u32>().unwrap(), "argmax_gap [8,5000]");
+    assert_eq!(
+        to(&x).argmax().unwrap().to_vec::<u32>().unwrap(),
+        x.argmax().unwrap().to_vec::<u32>().unwrap(),
+        "argmax [8,5000]"
+    );
     let x3 = arr(&rng.vec(2 * 151_936, 10.0), &[2, 151_936]);
     let (g, w) = (to(&x3).argmax_gap().unwrap(), x3.argmax_gap().unwrap());
     assert_eq!(g.to_vec::<u32>().unwrap(), w.to_vec::<u32>().unwrap(), "argmax_gap [2,151936]");
-    eprintln!("RESULT {:<60} exact", "argmax_gap (ties, near ties, NaN, inf, [2,151936])");
+    eprintln!("RESULT {:<60} exact", "argmax_gap (ties, near ties, NaN, inf, across ranges, [2,151936])");
 }
 
 #[test]

@@ -119,19 +119,22 @@ fn tf32_matmul() -> Result<bool> {
     Ok(matmul_precision()? == MatmulPrecision::Tf32)
 }
 
-/// The shape of the one-row 4-bit GEMV for `k` inputs and `n` outputs (`n` unknown, 0, for the
-/// multi-weight launch): `(kernel name suffix, output rows per block, threads per block)`.
-/// Measured on the H200 (docs/cuda.md): 4 warps splitting K leave most lanes idle when K <= 2048
-/// (K / 32 chunks per row), where one warp per 4 rows with the K loop unrolled twice (`_v2`) is
-/// faster (Qwen3-0.6B's LM head 269 -> 100 us); it also reads the 8B's LM head faster (335 ->
-/// 263 us), but not its other layers. `_v4` (8 rows x 2 warps) and `_v5` (8 rows x 1 warp) were
-/// faster in a standalone probe (bench/cuda/gemv_probe.cu) but slower as built here (8B gate/up
-/// 32.6 -> 41.2 us, LM head 267 -> 418 us; docs/cuda.md, third session). `_v6` (8 rows x 2
-/// warps) and `_v7` (8 rows x 1 warp) are the probe's own loop (one word decoded at a time, 128
-/// registers as the probe compiled, where `_v4`/`_v5` take 254), not yet timed. All of them are
-/// only reachable by `NUVEC_QGEMV_VARIANT=0..7`, which forces one shape (for timing them).
-fn qgemv4_variant(k: usize, n: usize, multi: bool) -> (&'static str, usize, u32) {
-    const V: [(&str, usize, u32); 8] = [
+/// The shape of the one-row 4-bit GEMV for `k` inputs and `rows` outputs (all weights of a
+/// multi-weight launch together): `(kernel name suffix, output rows per block, threads per block)`.
+///
+/// Measured on the H200 (docs/cuda.md, fourth session): the probe's per-word loop at 8 rows per
+/// block and 128 registers (`_v6` = 2 warps, `_v7` = 1, `_v8` = 4, `_v9` = 8) decoded the 8B at
+/// 230 tok/s where the older `qgemv_body` shapes gave 137. Long grids take `_v11` (see
+/// [`QG_LONG_GRID`]) where they can; otherwise the warps per block grow from 1 while
+/// the grid holds fewer than [`QG_TARGET_WARPS`] warps and every lane still gets a 32-value chunk
+/// of each row: a [4096, 14336] down projection is only 512 blocks of 8 rows, and at 2 warps
+/// those blocks leave most warp slots of the 132 SMs empty (45 us for 33 MB under ncu), while
+/// long grids (gate/up, LM heads) read as fast with one warp per block. `NUVEC_QGEMV_VARIANT=0..12`
+/// forces one shape (for timing them): `_v1`..`_v5` are the older shapes, slower here; `_v10`..
+/// `_v12` read x per word at 64-96 registers (more warps per SM) and apply only where `plain`
+/// (groups of 32 or more, no fused silu(x) * up).
+fn qgemv4_variant(k: usize, rows: usize, plain: bool) -> (&'static str, usize, u32) {
+    const V: [(&str, usize, u32); 13] = [
         ("", QG_ROWS, QG_THREADS),
         ("_v1", 2, 128),
         ("_v2", 4, 32),
@@ -140,17 +143,56 @@ fn qgemv4_variant(k: usize, n: usize, multi: bool) -> (&'static str, usize, u32)
         ("_v5", 8, 32),
         ("_v6", 8, 64),
         ("_v7", 8, 32),
+        ("_v8", 8, 128),
+        ("_v9", 8, 256),
+        ("_v10", 4, 32),
+        ("_v11", 8, 32),
+        ("_v12", 4, 128),
     ];
     static FORCED: OnceLock<Option<usize>> = OnceLock::new();
     let forced = *FORCED.get_or_init(|| {
         std::env::var("NUVEC_QGEMV_VARIANT").ok().and_then(|v| v.parse::<usize>().ok()).filter(|&v| v < V.len())
     });
-    match forced {
-        Some(v) => V[v],
-        None if k <= 2048 || (!multi && n >= 65536) => V[2],
-        None => V[0],
+    // `_v10`..`_v12` read x per word and take only groups of 32+ without a fused silu(x) * up.
+    if let Some(v) = forced.filter(|&v| v < 10 || plain) {
+        return V[v];
+    }
+    let (blocks, chunks) = (rows.div_ceil(8), k / 32);
+    if plain && blocks >= QG_LONG_GRID {
+        return V[11];
+    }
+    let mut warps = 1;
+    while warps < 8 && blocks * warps < QG_TARGET_WARPS && chunks >= 64 * warps {
+        warps *= 2;
+    }
+    match warps {
+        1 => V[7],
+        2 => V[6],
+        4 => V[8],
+        _ => V[9],
     }
 }
+
+/// Whether the decode down projection takes `silu(gate) * up` inside the GEMV
+/// (`NUVEC_QGEMV_FUSED_SILU=1`) rather than from a `silu_mul` launch before it (the default).
+fn fused_silu() -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(|| std::env::var("NUVEC_QGEMV_FUSED_SILU").is_ok_and(|v| v == "1"))
+}
+
+/// Values of a row per block of `argmax_part_f32` (at least; at most 1024 blocks per row): 4 per
+/// thread of its 256.
+const ARGMAX_CHUNK: usize = 1024;
+
+/// Blocks of 8 rows from which a one-row 4-bit GEMV is a long grid (LM heads, an 8B's gate/up):
+/// there `_v11` (8 rows x 1 warp, x per word, 96 registers) read fastest on the H200: the 8B's
+/// LM head 110 us against 128 (`_v7`), Qwen3-0.6B's 44 against 50, a [14336, 4096] gate 17.8
+/// against 19.2 (`timing_probe`, fourth session).
+const QG_LONG_GRID: usize = 1536;
+
+/// Warps a one-row 4-bit GEMV grid should hold before it adds warps per block: 16 per SM of the
+/// H200's 132 (the 128-register kernels fit 16 warps per SM).
+const QG_TARGET_WARPS: usize = 2048;
 
 /// The dtype code of a float array, for kernels that read f32, f16 or bf16.
 fn float_code(op: &'static str, name: &str, a: &Array) -> Result<i32> {
@@ -160,6 +202,18 @@ fn float_code(op: &'static str, name: &str, a: &Array) -> Result<i32> {
         DType::BF16 => Ok(DT_BF16),
         other => Err(Error::shape(op, format!("{name} must be a float array, got {other}"))),
     }
+}
+
+/// Threads per block of the row-norm kernels (`rms_norm_f32`, `add_rms_norm_f32`, which must
+/// agree so that their sums add in one order): a thread per 4 values of the row, 32 to 1024.
+pub(super) fn norm_threads(d: usize) -> u32 {
+    d.div_ceil(4).next_multiple_of(32).clamp(32, 1024) as u32
+}
+
+/// Whether rows of `d` f32 values at these device addresses can be read 4 at a time (16-byte
+/// loads): every row start is then 16-byte aligned.
+pub(super) fn rows_vectorizable(d: usize, ptrs: &[u64]) -> bool {
+    d.is_multiple_of(4) && ptrs.iter().all(|p| p.is_multiple_of(16))
 }
 
 /// A grid-stride launch over `n` elements.
@@ -411,7 +465,7 @@ impl CudaBackend {
         };
         let WeightArgs { packed, scales, biases, p_dt, bits, .. } = *w;
         let (suffix, rows, threads) =
-            if m == 1 && bits == 4 { qgemv4_variant(k, n, false) } else { ("", QG_ROWS, QG_THREADS) };
+            if m == 1 && bits == 4 { qgemv4_variant(k, n, lg > 4) } else { ("", QG_ROWS, QG_THREADS) };
         let name = format!("{}_b{bits}{suffix}", if m == 1 { "qgemv1" } else { "qgemv" });
         let (mi, ni, ki) = (m as i32, to_i32(op, "rows", n)?, to_i32(op, "k", k)?);
         let blocks = to_i32(op, "blocks", n.div_ceil(rows))? as u32;
@@ -500,8 +554,9 @@ impl CudaBackend {
         {
             return Ok(None);
         }
+        let rows: usize = ws.iter().map(|w| w.rows()).sum();
         let (suffix, rows_per_block, threads) =
-            if a0.bits == 4 { qgemv4_variant(k, 0, true) } else { ("", QG_ROWS, QG_THREADS) };
+            if a0.bits == 4 { qgemv4_variant(k, rows, group > 16 && up.is_none()) } else { ("", QG_ROWS, QG_THREADS) };
         let mut outs = Vec::with_capacity(ws.len());
         let mut slots = [(0u64, 0i32, 0u64, 0u64, 0u64); 3];
         let mut blocks = 0usize;
@@ -528,6 +583,35 @@ impl CudaBackend {
         launch!(self.st()?, op, name.as_str(), cfg;
             xp, p_dt, lg, ki, o0, n0, pk0, sc0, bi0, upp, o1, n1, pk1, sc1, bi1, o2, n2, pk2, sc2, bi2);
         Ok(Some(outs))
+    }
+
+    /// The first maximum of each row of `x` into `out` (u32s): its index (`gap` false: `argmax`),
+    /// or its index, value and lead over the values before it (`gap` true: `argmax_gap`, three
+    /// per row). Each row is cut into ranges of [`ARGMAX_CHUNK`] values or more, a block each
+    /// (`argmax_part_f32`), then one block per row combines them (`argmax_final_f32`).
+    pub(super) fn argmax_rows(&self, op: &'static str, x: &Array, out: u64, gap: bool) -> Result<()> {
+        let n = x.dim(-1);
+        let rows = x.len() / n;
+        let xp = self.f32_ptr(op, "x", x)?;
+        let parts = n.div_ceil(ARGMAX_CHUNK).clamp(1, 1024);
+        let chunk = n.div_ceil(parts);
+        let (ni, parts_i, chunk_i, gap_i) =
+            (to_i32(op, "row length", n)?, parts as i32, to_i32(op, "chunk", chunk)?, i32::from(gap));
+        let per_row = if gap { 3 } else { 1 };
+        // The grid's second axis holds at most 65535 rows: larger batches go in pieces.
+        for first in (0..rows).step_by(65535) {
+            let count = (rows - first).min(65535);
+            let part = DeviceBuffer::alloc(self.st()?, count * parts * 16)?;
+            let pp = part.ptr();
+            let xr = xp + (first * n * 4) as u64;
+            let o = out + (first * per_row * 4) as u64;
+            let cfg =
+                LaunchConfig { grid_dim: (parts as u32, count as u32, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+            launch!(self.st()?, op, "argmax_part_f32", cfg; pp, xr, ni, chunk_i);
+            let cfg = LaunchConfig { grid_dim: (count as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+            launch!(self.st()?, op, "argmax_final_f32", cfg; o, pp, xr, ni, parts_i, gap_i);
+        }
+        Ok(())
     }
 
     /// Column-major `c (m x n, ldc) = alpha * op(a) op(b)` by cuBLAS SGEMM (f32, no TF32).
@@ -829,8 +913,14 @@ impl Backend for CudaBackend {
     }
 
     fn silu_mul_linear(&self, gate: &Array, up: &Array, w: &Matrix) -> Result<Array> {
-        if let Some(mut outs) = self.fused_qgemv("silu_mul_linear", gate, &[w], Some(up))? {
-            return Ok(outs.remove(0));
+        // Decode: silu(gate) * up is one small launch, then the plain GEMV. Folding it into the
+        // GEMV (`NUVEC_QGEMV_FUSED_SILU=1`) makes every block of the down projection recompute
+        // all of it (an exp and a division per value per block): the 8B's down projection took
+        // 45 us that way against 37 us for gate and up together (twice its bytes; ncu, H200).
+        if fused_silu() {
+            if let Some(mut outs) = self.fused_qgemv("silu_mul_linear", gate, &[w], Some(up))? {
+                return Ok(outs.remove(0));
+            }
         }
         // phase 4: prefill in bf16, silu(gate) * up made in bf16 in one pass (ops/prefill.rs)
         if let Some(mut outs) = self.prefill_linear_many("silu_mul_linear", gate, &[w], Some(up))? {
@@ -892,8 +982,9 @@ impl Backend for CudaBackend {
         }
         let (o, di) = (out.cuda_ptr()?, to_i32(op, "row length", d)?);
         let grid = u32::try_from(rows).map_err(|_| Error::Unsupported(format!("{op}: {rows} rows")))?;
-        let cfg = LaunchConfig { grid_dim: (grid, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
-        launch!(self.st()?, op, "rms_norm_f32", cfg; o, xp, wp, w_dt, di, eps);
+        let cfg = LaunchConfig { grid_dim: (grid, 1, 1), block_dim: (norm_threads(d), 1, 1), shared_mem_bytes: 0 };
+        let vec = i32::from(rows_vectorizable(d, &[xp, o]));
+        launch!(self.st()?, op, "rms_norm_f32", cfg; o, xp, wp, w_dt, di, eps, vec);
         Ok(out)
     }
 
@@ -1053,17 +1144,9 @@ impl Backend for CudaBackend {
         if x.shape().is_empty() || x.dim(-1) == 0 {
             return Err(Error::shape(op, format!("cannot take the argmax of rows of {:?}", x.shape())));
         }
-        let n = x.dim(-1);
-        let xp = self.f32_ptr(op, "x", x)?;
         let shape = &x.shape()[..x.shape().len() - 1];
         let out = self.output(shape, DType::U32, false)?;
-        let rows = x.len() / n;
-        if rows > 0 {
-            let (o, ni) = (out.cuda_ptr()?, to_i32(op, "row length", n)?);
-            let grid = u32::try_from(rows).map_err(|_| Error::Unsupported(format!("{op}: {rows} rows")))?;
-            let cfg = LaunchConfig { grid_dim: (grid, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
-            launch!(self.st()?, op, "argmax_f32", cfg; o, xp, ni);
-        }
+        self.argmax_rows(op, x, out.cuda_ptr()?, false)?;
         Ok(out)
     }
 

@@ -88,10 +88,15 @@ extern "C" __global__ void attention_f32(float* out, const float* q, const float
 #define ATTS_WARPS 4
 #define ATTS_SLOTS 4  // float4 slots per lane: D <= 32 * 4 * ATTS_SLOTS = 512
 
-extern "C" __global__ void attention_split_f32(float* part, const float* q, const float* k, const float* v, int l, int hq, int hkv, int d,
-                        int cap, int kv_len, float scale, int chunk, const int* step, int want) {
-    __shared__ float sm_m[ATTS_WARPS], sm_l[ATTS_WARPS];
-    __shared__ float4 sm_acc[ATTS_WARPS][32 * ATTS_SLOTS];
+// The body for head sizes up to 128 * SLOTS. A warp takes its keys KB = 4 / SLOTS at a time:
+// their rows' loads are in flight together, and the running maximum and sum move once per group
+// (a key at a time, a 512-key decode step spent 11.5 us on the H200 mostly waiting on each key's
+// loads in turn). KB * SLOTS stays 4, so the rows held take the registers one key of D = 512 did.
+template <int SLOTS>
+__device__ __forceinline__ void atts_body(float* part, const float* q, const float* k, const float* v, int l, int hq,
+                                          int hkv, int d, int cap, int kv_len, float scale, int chunk, const int* step,
+                                          int want, float* sm_m, float* sm_l, float4 (*sm_acc)[32 * ATTS_SLOTS]) {
+    constexpr int KB = 4 / SLOTS;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int h = blockIdx.x, t = blockIdx.y, s = blockIdx.z, splits = gridDim.z;
     const int kvh = h / (hq / hkv);
@@ -105,9 +110,9 @@ extern "C" __global__ void attention_split_f32(float* part, const float* q, cons
     const float4* qv = (const float4*)(q + ((size_t)t * hq + h) * d);
     const float4* keys = (const float4*)(k + (size_t)kvh * cap * d);
     const float4* vals = (const float4*)(v + (size_t)kvh * cap * d);
-    float4 qr[ATTS_SLOTS], acc[ATTS_SLOTS];
+    float4 qr[SLOTS], acc[SLOTS];
 #pragma unroll
-    for (int i = 0; i < ATTS_SLOTS; ++i) {
+    for (int i = 0; i < SLOTS; ++i) {
         int c = lane + 32 * i;
         float4 z = make_float4(0.f, 0.f, 0.f, 0.f);
         qr[i] = c < d4 ? qv[c] : z;
@@ -115,42 +120,69 @@ extern "C" __global__ void attention_split_f32(float* part, const float* q, cons
         acc[i] = z;
     }
     float run_m = NEG_INF, run_l = 0.0f;
-    for (int j = j_begin + warp; j < j_end; j += ATTS_WARPS) {
-        const float4* kr = keys + (size_t)j * d4;
-        const float4* vr = vals + (size_t)j * d4;
-        float4 kk[ATTS_SLOTS], vv[ATTS_SLOTS];
+    // This warp's keys are j_begin + warp + ATTS_WARPS * i; a group is KB consecutive i.
+    for (int j0 = j_begin + warp; j0 < j_end; j0 += ATTS_WARPS * KB) {
+        float4 kk[KB][SLOTS], vv[KB][SLOTS];
 #pragma unroll
-        for (int i = 0; i < ATTS_SLOTS; ++i) {
-            int c = lane + 32 * i;
-            if (c < d4) { kk[i] = kr[c]; vv[i] = vr[c]; }
-        }
-        float dot = 0.0f;
+        for (int b = 0; b < KB; ++b) {
+            const int j = j0 + ATTS_WARPS * b;
+            const float4* kr = keys + (size_t)j * d4;
+            const float4* vr = vals + (size_t)j * d4;
 #pragma unroll
-        for (int i = 0; i < ATTS_SLOTS; ++i) {
-            int c = lane + 32 * i;
-            if (c < d4) {
-                dot = fmaf(qr[i].x, kk[i].x, dot); dot = fmaf(qr[i].y, kk[i].y, dot);
-                dot = fmaf(qr[i].z, kk[i].z, dot); dot = fmaf(qr[i].w, kk[i].w, dot);
+            for (int i = 0; i < SLOTS; ++i) {
+                int c = lane + 32 * i;
+                if (j < j_end && c < d4) {
+                    kk[b][i] = kr[c];
+                    vv[b][i] = vr[c];
+                } else {
+                    kk[b][i] = vv[b][i] = make_float4(0.f, 0.f, 0.f, 0.f);
+                }
             }
         }
-        float sc = warp_sum(dot);
-        float new_m = fmaxf(run_m, sc);
-        float corr = expf(run_m - new_m);  // run_m = -inf on the first key: exp(-inf) = 0
-        float p = expf(sc - new_m);
-        run_l = run_l * corr + p;
-        run_m = new_m;
+        float sc[KB];
+        float gm = run_m;
 #pragma unroll
-        for (int i = 0; i < ATTS_SLOTS; ++i) {
-            int c = lane + 32 * i;
-            if (c < d4) {
-                acc[i].x = fmaf(p, vv[i].x, acc[i].x * corr); acc[i].y = fmaf(p, vv[i].y, acc[i].y * corr);
-                acc[i].z = fmaf(p, vv[i].z, acc[i].z * corr); acc[i].w = fmaf(p, vv[i].w, acc[i].w * corr);
+        for (int b = 0; b < KB; ++b) {
+            float dot = 0.0f;
+#pragma unroll
+            for (int i = 0; i < SLOTS; ++i) {
+                int c = lane + 32 * i;
+                if (c < d4) {
+                    dot = fmaf(qr[i].x, kk[b][i].x, dot); dot = fmaf(qr[i].y, kk[b][i].y, dot);
+                    dot = fmaf(qr[i].z, kk[b][i].z, dot); dot = fmaf(qr[i].w, kk[b][i].w, dot);
+                }
+            }
+            dot = warp_sum(dot);  // every lane takes part: j is the same across the warp
+            sc[b] = j0 + ATTS_WARPS * b < j_end ? dot : NEG_INF;
+            gm = fmaxf(gm, sc[b]);
+        }
+        // The group's first key exists, so gm is a score (run_m = -inf on the first group:
+        // exp(-inf) = 0); keys past the end weigh exp(-inf) = 0.
+        float corr = expf(run_m - gm);
+        run_l *= corr;
+#pragma unroll
+        for (int i = 0; i < SLOTS; ++i) {
+            acc[i].x *= corr; acc[i].y *= corr; acc[i].z *= corr; acc[i].w *= corr;
+        }
+#pragma unroll
+        for (int b = 0; b < KB; ++b) {
+            if (j0 + ATTS_WARPS * b >= j_end) break;
+            float p = expf(sc[b] - gm);
+            run_l += p;
+#pragma unroll
+            for (int i = 0; i < SLOTS; ++i) {
+                int c = lane + 32 * i;
+                if (c < d4) {
+                    acc[i].x = fmaf(p, vv[b][i].x, acc[i].x); acc[i].y = fmaf(p, vv[b][i].y, acc[i].y);
+                    acc[i].z = fmaf(p, vv[b][i].z, acc[i].z); acc[i].w = fmaf(p, vv[b][i].w, acc[i].w);
+                }
             }
         }
+        run_m = gm;
     }
     if (lane == 0) { sm_m[warp] = run_m; sm_l[warp] = run_l; }
 #pragma unroll
-    for (int i = 0; i < ATTS_SLOTS; ++i) {
+    for (int i = 0; i < SLOTS; ++i) {
         int c = lane + 32 * i;
         if (c < d4) sm_acc[warp][c] = acc[i];
     }
@@ -177,6 +209,15 @@ extern "C" __global__ void attention_split_f32(float* part, const float* q, cons
         }
         pv[2 + 4 * c] = a.x; pv[3 + 4 * c] = a.y; pv[4 + 4 * c] = a.z; pv[5 + 4 * c] = a.w;
     }
+}
+
+extern "C" __global__ void attention_split_f32(float* part, const float* q, const float* k, const float* v, int l, int hq, int hkv, int d,
+                        int cap, int kv_len, float scale, int chunk, const int* step, int want) {
+    __shared__ float sm_m[ATTS_WARPS], sm_l[ATTS_WARPS];
+    __shared__ float4 sm_acc[ATTS_WARPS][32 * ATTS_SLOTS];
+    if (d <= 128) atts_body<1>(part, q, k, v, l, hq, hkv, d, cap, kv_len, scale, chunk, step, want, sm_m, sm_l, sm_acc);
+    else if (d <= 256) atts_body<2>(part, q, k, v, l, hq, hkv, d, cap, kv_len, scale, chunk, step, want, sm_m, sm_l, sm_acc);
+    else atts_body<4>(part, q, k, v, l, hq, hkv, d, cap, kv_len, scale, chunk, step, want, sm_m, sm_l, sm_acc);
 }
 
 // out [L, Hq * D] from the S partials of each (query, head): one block per (head, query).

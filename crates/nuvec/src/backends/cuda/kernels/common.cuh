@@ -83,6 +83,32 @@ __device__ float block_max(float v, float* scratch) {
     return scratch[32];
 }
 
+// The 4 consecutive values of a row at i (i a multiple of 4), zero past `d`: one 16-byte load
+// when `vec` (d a multiple of 4 and the row 16-byte aligned; the host checks), else scalar loads.
+// The row kernels give thread t the values 4t..4t+3, 4(t + T)..., whichever the loads, so that a
+// row's sum of squares adds in one order on every path (add_rms_norm_f32 in fused.cu matches rms_norm_f32 in elementwise.cu).
+__device__ __forceinline__ float4 row_quad(const float* __restrict__ row, int i, int d, int vec) {
+    if (vec) return *(const float4*)(row + i);
+    return make_float4(row[i], i + 1 < d ? row[i + 1] : 0.0f, i + 2 < d ? row[i + 2] : 0.0f,
+                       i + 3 < d ? row[i + 3] : 0.0f);
+}
+
+__device__ __forceinline__ float quad_sumsq(float4 v) {
+    float s = v.x * v.x;
+    s = fmaf(v.y, v.y, s);
+    s = fmaf(v.z, v.z, s);
+    return fmaf(v.w, v.w, s);
+}
+
+// out = v * inv * w for the (up to) 4 values at i.
+__device__ __forceinline__ void quad_norm_store(float* __restrict__ o, float4 v, int i, int d, float inv, const void* w,
+                                                int w_dt) {
+    float r[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+        if (i + e < d) o[i + e] = r[e] * inv * load_float(w, i + e, w_dt);
+}
+
 // The BITS u32 words of one 32-value chunk of an MLX affine-packed row (32 values of BITS bits
 // are exactly BITS words): one 16-byte load for 4 bits, two for 8, 8 bytes for 2, BITS word loads
 // for 3/5/6. `p` is aligned to the load width (checked by the host). Used by the GEMV, the f32

@@ -22,16 +22,19 @@ extern "C" __global__ void add_bias_f32(float* out, const float* x, const void* 
     GRID_STRIDE(i, n) out[i] = x[i] + load_float(bias, i % cols, bias_dt);
 }
 
-// One block per row of `d`: out = x * (1 / sqrt(mean(x^2) + eps)) * w, as the CPU does it.
-extern "C" __global__ void rms_norm_f32(float* out, const float* x, const void* w, int w_dt, int d, float eps) {
+// One block per row of `d` (blockDim.x >= d / 4 up to 1024, so that a 4096-wide row is one
+// 16-byte load per thread: a 256-thread loop over it took 15 us under ncu on the H200, a decode
+// step has two per layer): out = x * (1 / sqrt(mean(x^2) + eps)) * w.
+extern "C" __global__ void rms_norm_f32(float* out, const float* __restrict__ x, const void* w, int w_dt, int d,
+                                        float eps, int vec) {
     __shared__ float scratch[33];
     const float* row = x + (size_t)blockIdx.x * d;
     float* o = out + (size_t)blockIdx.x * d;
     float s = 0.0f;
-    for (int i = threadIdx.x; i < d; i += blockDim.x) s += row[i] * row[i];
+    for (int i = 4 * threadIdx.x; i < d; i += 4 * blockDim.x) s += quad_sumsq(row_quad(row, i, d, vec));
     s = block_sum(s, scratch);
     float inv = 1.0f / sqrtf(s / (float)d + eps);
-    for (int i = threadIdx.x; i < d; i += blockDim.x) o[i] = row[i] * inv * load_float(w, i, w_dt);
+    for (int i = 4 * threadIdx.x; i < d; i += 4 * blockDim.x) quad_norm_store(o, row_quad(row, i, d, vec), i, d, inv, w, w_dt);
 }
 
 // Rotary embedding of x [L, H, D] at positions offset..offset+L. `half` = number of frequencies;
@@ -94,22 +97,17 @@ extern "C" __global__ void transpose01_f32(float* out, const float* x, int a, in
     }
 }
 
-// One block per row of `n`: index of the first maximum (as the CPU: a value replaces the best
-// only when strictly greater, starting from element 0; so a NaN first element wins).
-extern "C" __global__ void argmax_f32(u32* out, const float* x, int n) {
-    __shared__ float sv[1024];
-    __shared__ int si[1024];
-    const float* row = x + (size_t)blockIdx.x * n;
-    float best = NEG_INF;
-    int bi = -1;
-    for (int i = threadIdx.x; i < n; i += blockDim.x) {
-        float v = row[i];
-        if (bi < 0 || v > best) {
-            if (bi < 0 && !(v == v)) continue;  // a NaN never becomes a thread's best
-            best = v;
-            bi = i;
-        }
-    }
+// ---- argmax over rows, in two launches (argmax and argmax_gap; ops.rs, ops/fused.rs) ----
+//
+// The CPU's argmax: the index of the first maximum, a value replacing the best only when strictly
+// greater, starting from element 0 (so a NaN first element wins, and other NaNs never do). One
+// block per row took 55 us for a 32000-entry row on the H200 (ncu), and a 151936-entry one is
+// Qwen3's: a decode step's greedy pick was a tenth of the step. So each row is cut into `parts`
+// ranges of `chunk` values, a block each (argmax_part_f32), and one block per row combines them
+// (argmax_final_f32).
+
+// (value, index) of the block's first maximum among its threads' (index -1: none), in sv/si[0].
+__device__ void argmax_block_pick(float best, int bi, float* sv, int* si) {
     sv[threadIdx.x] = best;
     si[threadIdx.x] = bi;
     __syncthreads();
@@ -125,10 +123,97 @@ extern "C" __global__ void argmax_f32(u32* out, const float* x, int n) {
         }
         __syncthreads();
     }
+}
+
+// Block (p, row), 256 threads: over x[row][p * chunk, min(n, (p + 1) * chunk)) writes part[4 * (row
+// * parts + p) + 0..3] = the first maximum's f32 bits, its index (-1 when the range is all NaN),
+// the largest value before it in the range (-inf if none), and 1 if the range holds a NaN or an
+// infinity (else 0).
+extern "C" __global__ void argmax_part_f32(u32* part, const float* x, int n, int chunk) {
+    __shared__ float sv[256];
+    __shared__ int si[256];
+    __shared__ float scratch[33];
+    const int p = blockIdx.x, parts = gridDim.x;
+    const float* row = x + (size_t)blockIdx.y * n;
+    const int lo = p * chunk, hi = min(n, lo + chunk);
+    float best = NEG_INF;
+    int bi = -1, bad = 0;
+    for (int i = lo + threadIdx.x; i < hi; i += blockDim.x) {
+        float v = row[i];
+        bad |= !(fabsf(v) <= 3.402823466e38f);  // NaN or an infinity
+        if (bi < 0 || v > best) {
+            if (bi < 0 && !(v == v)) continue;  // a NaN never becomes a thread's best
+            best = v;
+            bi = i;
+        }
+    }
+    bad = __syncthreads_or(bad);
+    argmax_block_pick(best, bi, sv, si);
+    const int r = si[0];
+    const float top = sv[0];
+    float before = NEG_INF;
+    for (int i = lo + threadIdx.x; i < r; i += blockDim.x) before = fmaxf(before, row[i]);
+    before = block_max(before, scratch);
     if (threadIdx.x == 0) {
-        int r = si[0];
-        if (!(row[0] == row[0]) || r < 0) r = 0;
-        out[blockIdx.x] = (u32)r;
+        u32* o = part + 4 * ((size_t)blockIdx.y * parts + p);
+        o[0] = __float_as_uint(top);
+        o[1] = (u32)r;
+        o[2] = __float_as_uint(before);
+        o[3] = (u32)bad;
+    }
+}
+
+// One block per row (256 threads) over its `parts` partial results. gap == 0 (argmax): out[row] =
+// the index. gap == 1 (argmax_gap): out[3 * row + 0..2] = the index r, the f32 bits of x[r] and of
+// x[r] - (largest value before r) (+inf when r = 0; a quiet NaN when the row holds a NaN or an
+// infinity).
+extern "C" __global__ void argmax_final_f32(u32* out, const u32* part, const float* x, int n, int parts, int gap) {
+    __shared__ float sv[256];
+    __shared__ int si[256];
+    __shared__ float scratch[33];
+    __shared__ int at_part;
+    const u32* pr = part + 4 * (size_t)blockIdx.x * parts;
+    const float* row = x + (size_t)blockIdx.x * n;
+    float best = NEG_INF;
+    int bi = -1, bp = -1, bad = 0;
+    for (int q = threadIdx.x; q < parts; q += blockDim.x) {  // parts in order: the first wins ties
+        float v = __uint_as_float(pr[4 * q]);
+        int vi = (int)pr[4 * q + 1];
+        bad |= (int)pr[4 * q + 3];
+        if (vi >= 0 && (bi < 0 || v > best)) {
+            best = v;
+            bi = vi;
+            bp = q;
+        }
+    }
+    bad = __syncthreads_or(bad);
+    argmax_block_pick(best, bi, sv, si);
+    int r = si[0];
+    // The part that holds r: the one whose range contains it.
+    if (threadIdx.x == 0) at_part = -1;
+    __syncthreads();
+    if (bp >= 0 && bi == r) at_part = bp;
+    __syncthreads();
+    const int rp = at_part;
+    // Largest value before r: the maxima of the parts before r's, and what r's part saw before it.
+    float before = NEG_INF;
+    for (int q = threadIdx.x; q < rp; q += blockDim.x)
+        if ((int)pr[4 * q + 1] >= 0) before = fmaxf(before, __uint_as_float(pr[4 * q]));
+    before = block_max(before, scratch);
+    if (threadIdx.x == 0) {
+        if (rp >= 0) before = fmaxf(before, __uint_as_float(pr[4 * rp + 2]));
+        if (!(row[0] == row[0]) || r < 0) {
+            r = 0;
+            before = NEG_INF;
+        }
+        if (gap) {
+            float g = bad ? __int_as_float(0x7fc00000) : row[r] - before;
+            out[3 * (size_t)blockIdx.x] = (u32)r;
+            out[3 * (size_t)blockIdx.x + 1] = __float_as_uint(row[r]);
+            out[3 * (size_t)blockIdx.x + 2] = __float_as_uint(g);
+        } else {
+            out[blockIdx.x] = (u32)r;
+        }
     }
 }
 

@@ -363,6 +363,45 @@ __device__ __forceinline__ void qg4_word(u32 w, float (&q)[8]) {
     }
 }
 
+// A lane's chunk c of rows r0.. (ROWS of them; rows past n repeat the last, never written): the
+// 16-byte word group of each row and its scale/bias pair (two for groups of 16).
+template <bool G16, int ROWS>
+__device__ __forceinline__ void qg4_load_rows(uint4 (&w)[ROWS], float (&s)[ROWS][G16 ? 2 : 1],
+                                              float (&b)[ROWS][G16 ? 2 : 1], const u32* __restrict__ packed,
+                                              const void* __restrict__ scales, const void* __restrict__ biases, int dt,
+                                              int lg, int r0, int n, int c, size_t words, size_t gpr) {
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r) {
+        const size_t row = (size_t)min(r0 + r, n - 1);
+        w[r] = __ldg((const uint4*)(packed + row * words + (size_t)c * 4));
+        const size_t g = row * gpr + (G16 ? 2 * (size_t)c : (((size_t)c << 5) >> lg));
+#pragma unroll
+        for (int h = 0; h < (G16 ? 2 : 1); ++h) {
+            s[r][h] = load_float(scales, g + h, dt);
+            b[r][h] = load_float(biases, g + h, dt);
+        }
+    }
+}
+
+// Each row's lane sums added across the warp, then the warps' sums in order; rows < n written.
+template <int ROWS, int WARPS>
+__device__ __forceinline__ void qg4_store_rows(float* out, const float (&acc)[ROWS], float (&red)[WARPS][ROWS], int r0,
+                                               int n) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r) {
+        float v = warp_sum(acc[r]);
+        if (lane == 0) red[warp][r] = v;
+    }
+    __syncthreads();
+    if (threadIdx.x < ROWS && r0 + (int)threadIdx.x < n) {
+        float v = 0.0f;
+#pragma unroll
+        for (int wi = 0; wi < WARPS; ++wi) v += red[wi][threadIdx.x];
+        out[r0 + threadIdx.x] = v;
+    }
+}
+
 template <bool G16, int PDT, int ROWS, int WARPS>
 __device__ __forceinline__ void qgemv4w_body(float* out, const float* __restrict__ x, int n,
                                              const u32* __restrict__ packed, const void* __restrict__ scales,
@@ -370,7 +409,6 @@ __device__ __forceinline__ void qgemv4w_body(float* out, const float* __restrict
                                              const float* __restrict__ up) {
     __shared__ float red[WARPS][ROWS];
     const int dt = PDT >= 0 ? PDT : p_dt;
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int r0 = block * ROWS;
     const int chunks = k >> 5;
     const size_t words = (size_t)chunks * 4;
@@ -382,17 +420,7 @@ __device__ __forceinline__ void qgemv4w_body(float* out, const float* __restrict
     for (int c = threadIdx.x; c < chunks; c += 32 * WARPS) {
         uint4 w[ROWS];
         float s[ROWS][NG], b[ROWS][NG];
-#pragma unroll
-        for (int r = 0; r < ROWS; ++r) {
-            const size_t row = (size_t)min(r0 + r, n - 1);  // rows past the end repeat the last; never written
-            w[r] = __ldg((const uint4*)(packed + row * words + (size_t)c * 4));
-            const size_t g = row * gpr + (G16 ? 2 * (size_t)c : (((size_t)c << 5) >> lg));
-#pragma unroll
-            for (int h = 0; h < NG; ++h) {
-                s[r][h] = load_float(scales, g + h, dt);
-                b[r][h] = load_float(biases, g + h, dt);
-            }
-        }
+        qg4_load_rows<G16, ROWS>(w, s, b, packed, scales, biases, dt, lg, r0, n, c, words, gpr);
         float xv[32];
         const float4* xp = (const float4*)(x + ((size_t)c << 5));
 #pragma unroll
@@ -438,36 +466,98 @@ __device__ __forceinline__ void qgemv4w_body(float* out, const float* __restrict
             for (int h = 0; h < NG; ++h) acc[r] += s[r][h] * d[h] + b[r][h] * xs[h];
         }
     }
+    qg4_store_rows<ROWS, WARPS>(out, acc, red, r0, n);
+}
+
+// The same arithmetic with x read per word (v10-v12; no fused silu(x) * up): for each of a chunk's 4 words, the lane
+// loads its 8 x values and multiplies them with that word of every row, so 8 x values are live
+// instead of 32. Each row's sums add in the order of qgemv4w_body (words in order, values in
+// order). The registers saved buy occupancy: at 64 registers
+// (4 rows) an SM holds 32 warps where the 128 of qgemv4w_body hold 16 (ncu on the H200: the v7
+// gate/up launch reached 1.8 TB/s at 13.5 active warps per SM, 4 per scheduler).
+template <bool G16, int PDT, int ROWS, int WARPS>
+__device__ __forceinline__ void qgemv4x_body(float* out, const float* __restrict__ x, int n,
+                                             const u32* __restrict__ packed, const void* __restrict__ scales,
+                                             const void* __restrict__ biases, int p_dt, int lg, int k, int block) {
+    __shared__ float red[WARPS][ROWS];
+    const int dt = PDT >= 0 ? PDT : p_dt;
+    const int r0 = block * ROWS;
+    const int chunks = k >> 5;
+    const size_t words = (size_t)chunks * 4;
+    const size_t gpr = (size_t)(k >> lg);
+    constexpr int NG = G16 ? 2 : 1;  // scale/bias pairs per chunk
+    float acc[ROWS];
 #pragma unroll
-    for (int r = 0; r < ROWS; ++r) {
-        float v = warp_sum(acc[r]);
-        if (lane == 0) red[warp][r] = v;
-    }
-    __syncthreads();
-    if (threadIdx.x < ROWS && r0 + (int)threadIdx.x < n) {
-        float v = 0.0f;
+    for (int r = 0; r < ROWS; ++r) acc[r] = 0.0f;
+    for (int c = threadIdx.x; c < chunks; c += 32 * WARPS) {
+        uint4 w[ROWS];
+        float s[ROWS][NG], b[ROWS][NG];
+        qg4_load_rows<G16, ROWS>(w, s, b, packed, scales, biases, dt, lg, r0, n, c, words, gpr);
+        float d[ROWS][NG], xs[NG];
 #pragma unroll
-        for (int wi = 0; wi < WARPS; ++wi) v += red[wi][threadIdx.x];
-        out[r0 + threadIdx.x] = v;
+        for (int h = 0; h < NG; ++h) {
+            xs[h] = 0.0f;
+#pragma unroll
+            for (int r = 0; r < ROWS; ++r) d[r][h] = 0.0f;
+        }
+        const float4* xp = (const float4*)(x + ((size_t)c << 5));
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const int h = G16 ? (j >> 1) : 0;  // words 0-1 are the chunk's first 16 values
+            float4 t0 = __ldg(xp + 2 * j), t1 = __ldg(xp + 2 * j + 1);
+            float xv[8] = {t0.x, t0.y, t0.z, t0.w, t1.x, t1.y, t1.z, t1.w};
+#pragma unroll
+            for (int t = 0; t < 8; ++t) xs[h] += xv[t];
+#pragma unroll
+            for (int r = 0; r < ROWS; ++r) {
+                const u32 word = j == 0 ? w[r].x : j == 1 ? w[r].y : j == 2 ? w[r].z : w[r].w;
+                float q[8];
+                qg4_word(word, q);
+#pragma unroll
+                for (int t = 0; t < 8; ++t) d[r][h] = fmaf(q[t], xv[t], d[r][h]);
+            }
+        }
+#pragma unroll
+        for (int r = 0; r < ROWS; ++r)
+#pragma unroll
+            for (int h = 0; h < NG; ++h) acc[r] += s[r][h] * d[r][h] + b[r][h] * xs[h];
     }
+    qg4_store_rows<ROWS, WARPS>(out, acc, red, r0, n);
 }
 
 // One-row launch (QG_PARAMS, `m` is 1, so that the host launches it like the other variants):
 // groups of 16 with the runtime dtype, otherwise one instance per scale dtype.
-template <int ROWS, int WARPS>
+// XW picks qgemv4x_body (x per word) over qgemv4w_body.
+template <bool G16, int PDT, int ROWS, int WARPS, bool XW>
+__device__ __forceinline__ void qgemv4_run(float* out, const float* __restrict__ x, int n,
+                                           const u32* __restrict__ packed, const void* __restrict__ scales,
+                                           const void* __restrict__ biases, int p_dt, int lg, int k, int block,
+                                           const float* __restrict__ up) {
+    if constexpr (XW) {
+        if (up != nullptr) __trap();  // the host sends silu(x) * up launches to qgemv4w_body
+        qgemv4x_body<G16, PDT, ROWS, WARPS>(out, x, n, packed, scales, biases, p_dt, lg, k, block);
+    }
+    else qgemv4w_body<G16, PDT, ROWS, WARPS>(out, x, n, packed, scales, biases, p_dt, lg, k, block, up);
+}
+
+// The x-per-word kernels (XW) take groups of 32 and more only: their register cap (64) would
+// spill the two scale pairs per row of groups of 16, so the host never launches them for those
+// (a launch that did would trap, not return wrong numbers).
+template <int ROWS, int WARPS, bool XW = false>
 __device__ __forceinline__ void qgemv4w_one(QG_PARAMS) {
-    if (lg == 4) qgemv4w_body<true, -1, ROWS, WARPS>(out, x, n, packed, scales, biases, p_dt, lg, k, blockIdx.x, nullptr);
+    if (XW && lg == 4) __trap();
+    if (!XW && lg == 4) qgemv4_run<true, -1, ROWS, WARPS, XW>(out, x, n, packed, scales, biases, p_dt, lg, k, blockIdx.x, nullptr);
     else if (p_dt == DT_BF16)
-        qgemv4w_body<false, DT_BF16, ROWS, WARPS>(out, x, n, packed, scales, biases, p_dt, lg, k, blockIdx.x, nullptr);
+        qgemv4_run<false, DT_BF16, ROWS, WARPS, XW>(out, x, n, packed, scales, biases, p_dt, lg, k, blockIdx.x, nullptr);
     else if (p_dt == DT_F16)
-        qgemv4w_body<false, DT_F16, ROWS, WARPS>(out, x, n, packed, scales, biases, p_dt, lg, k, blockIdx.x, nullptr);
-    else qgemv4w_body<false, DT_F32, ROWS, WARPS>(out, x, n, packed, scales, biases, p_dt, lg, k, blockIdx.x, nullptr);
+        qgemv4_run<false, DT_F16, ROWS, WARPS, XW>(out, x, n, packed, scales, biases, p_dt, lg, k, blockIdx.x, nullptr);
+    else qgemv4_run<false, DT_F32, ROWS, WARPS, XW>(out, x, n, packed, scales, biases, p_dt, lg, k, blockIdx.x, nullptr);
 }
 
 // The multi-weight launch: the same block-to-weight mapping as QGMV_DISPATCH, done inside each
 // (group, dtype) instance: picking the weight before the dtype branch made ptxas spill at the
 // 128-register cap (216 bytes), this order does not.
-template <bool G16, int PDT, int ROWS, int WARPS>
+template <bool G16, int PDT, int ROWS, int WARPS, bool XW>
 __device__ __forceinline__ void qgemv4w_pick(QGM_PARAMS) {
     int nb0 = (n0 + ROWS - 1) / ROWS, nb1 = (n1 + ROWS - 1) / ROWS, b = blockIdx.x;
     float* out = out0;
@@ -480,15 +570,16 @@ __device__ __forceinline__ void qgemv4w_pick(QGM_PARAMS) {
     } else if (b >= nb0) {
         out = out1; n = n1; pk = pk1; sc = sc1; bi = bi1; up = nullptr; b -= nb0;
     }
-    qgemv4w_body<G16, PDT, ROWS, WARPS>(out, x, n, pk, sc, bi, p_dt, lg, k, b, up);
+    qgemv4_run<G16, PDT, ROWS, WARPS, XW>(out, x, n, pk, sc, bi, p_dt, lg, k, b, up);
 }
 #define QGM_ARGS x, p_dt, lg, k, out0, n0, pk0, sc0, bi0, up0, out1, n1, pk1, sc1, bi1, out2, n2, pk2, sc2, bi2
-template <int ROWS, int WARPS>
+template <int ROWS, int WARPS, bool XW = false>
 __device__ __forceinline__ void qgemv4w_multi(QGM_PARAMS) {
-    if (lg == 4) qgemv4w_pick<true, -1, ROWS, WARPS>(QGM_ARGS);
-    else if (p_dt == DT_BF16) qgemv4w_pick<false, DT_BF16, ROWS, WARPS>(QGM_ARGS);
-    else if (p_dt == DT_F16) qgemv4w_pick<false, DT_F16, ROWS, WARPS>(QGM_ARGS);
-    else qgemv4w_pick<false, DT_F32, ROWS, WARPS>(QGM_ARGS);
+    if (XW && lg == 4) __trap();
+    if (!XW && lg == 4) qgemv4w_pick<true, -1, ROWS, WARPS, XW>(QGM_ARGS);
+    else if (p_dt == DT_BF16) qgemv4w_pick<false, DT_BF16, ROWS, WARPS, XW>(QGM_ARGS);
+    else if (p_dt == DT_F16) qgemv4w_pick<false, DT_F16, ROWS, WARPS, XW>(QGM_ARGS);
+    else qgemv4w_pick<false, DT_F32, ROWS, WARPS, XW>(QGM_ARGS);
 }
 
 // Launch bounds as the probe compiled: 128 registers (8 blocks of 2 warps, or 16 of 1, per SM).
@@ -498,3 +589,19 @@ extern "C" __global__ void __launch_bounds__(64, 8) qgemv1_b4_v6(QG_PARAMS) { qg
 extern "C" __global__ void __launch_bounds__(32, 16) qgemv1_b4_v7(QG_PARAMS) { qgemv4w_one<8, 1>(QG_ARGS); }
 extern "C" __global__ void __launch_bounds__(64, 8) qgemv_multi_b4_v6(QGM_PARAMS) { qgemv4w_multi<8, 2>(QGM_ARGS); }
 extern "C" __global__ void __launch_bounds__(32, 16) qgemv_multi_b4_v7(QGM_PARAMS) { qgemv4w_multi<8, 1>(QGM_ARGS); }
+// The same loop with 4 and 8 warps per block (v8, v9): for weights of few rows and long rows (an
+// 8B's o and down projections: 512 blocks of 8 rows), where 2 warps per block leave most of the
+// SMs' warp slots empty and each lane waits on its loads in turn. 128 registers, as v6.
+extern "C" __global__ void __launch_bounds__(128, 4) qgemv1_b4_v8(QG_PARAMS) { qgemv4w_one<8, 4>(QG_ARGS); }
+extern "C" __global__ void __launch_bounds__(256, 2) qgemv1_b4_v9(QG_PARAMS) { qgemv4w_one<8, 8>(QG_ARGS); }
+extern "C" __global__ void __launch_bounds__(128, 4) qgemv_multi_b4_v8(QGM_PARAMS) { qgemv4w_multi<8, 4>(QGM_ARGS); }
+extern "C" __global__ void __launch_bounds__(256, 2) qgemv_multi_b4_v9(QGM_PARAMS) { qgemv4w_multi<8, 8>(QGM_ARGS); }
+// x per word (qgemv4x_body; groups of 32 and more): v10 = 4 rows x 1 warp and v12 = 4 rows x 4
+// warps at 64 registers (32 warps per SM; their multi-weight twins at 72, which do not spill),
+// v11 = 8 rows x 1 warp at 96 (20 warps per SM).
+extern "C" __global__ void __launch_bounds__(32, 32) qgemv1_b4_v10(QG_PARAMS) { qgemv4w_one<4, 1, true>(QG_ARGS); }
+extern "C" __global__ void __launch_bounds__(32, 20) qgemv1_b4_v11(QG_PARAMS) { qgemv4w_one<8, 1, true>(QG_ARGS); }
+extern "C" __global__ void __launch_bounds__(128, 8) qgemv1_b4_v12(QG_PARAMS) { qgemv4w_one<4, 4, true>(QG_ARGS); }
+extern "C" __global__ void __launch_bounds__(32, 28) qgemv_multi_b4_v10(QGM_PARAMS) { qgemv4w_multi<4, 1, true>(QGM_ARGS); }
+extern "C" __global__ void __launch_bounds__(32, 20) qgemv_multi_b4_v11(QGM_PARAMS) { qgemv4w_multi<8, 1, true>(QGM_ARGS); }
+extern "C" __global__ void __launch_bounds__(128, 7) qgemv_multi_b4_v12(QGM_PARAMS) { qgemv4w_multi<4, 4, true>(QGM_ARGS); }

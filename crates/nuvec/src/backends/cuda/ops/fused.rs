@@ -5,12 +5,12 @@
 
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 
-use super::{cfg_1d, float_code, to_i32, CudaBackend};
+use super::{cfg_1d, float_code, norm_threads, rows_vectorizable, to_i32, CudaBackend};
 use crate::backends::cuda::graph::StepPos;
 use crate::backends::cuda::State;
 use crate::{Array, Backend, DType, Error, Result};
 
-/// Threads per block of the row kernels (as `rms_norm_f32`, so that sums add in the same order).
+/// Threads per block of `rope_qk_f32` and `argmax_gap_f32`.
 const ROW_THREADS: u32 = 256;
 /// Most features per head `rope_qk_f32` stages in shared memory.
 const ROPE_QK_MAX_DIM: usize = 8192;
@@ -39,8 +39,9 @@ impl CudaBackend {
         }
         let (sp, np, di) = (sum.cuda_ptr()?, normed.cuda_ptr()?, to_i32(op, "row length", d)?);
         let grid = u32::try_from(rows).map_err(|_| Error::Unsupported(format!("{op}: {rows} rows")))?;
-        let cfg = LaunchConfig { grid_dim: (grid, 1, 1), block_dim: (ROW_THREADS, 1, 1), shared_mem_bytes: 0 };
-        launch!(self.st()?, op, "add_rms_norm_f32", cfg; sp, np, ap, bp, wp, w_dt, di, eps);
+        let cfg = LaunchConfig { grid_dim: (grid, 1, 1), block_dim: (norm_threads(d), 1, 1), shared_mem_bytes: 0 };
+        let vec = i32::from(rows_vectorizable(d, &[sp, np, ap, bp]));
+        launch!(self.st()?, op, "add_rms_norm_f32", cfg; sp, np, ap, bp, wp, w_dt, di, eps, vec);
         Ok((sum, normed))
     }
 
@@ -165,18 +166,10 @@ impl CudaBackend {
         if x.shape().is_empty() || x.dim(-1) == 0 {
             return Err(Error::shape(op, format!("rows of {:?}", x.shape())));
         }
-        let n = x.dim(-1);
-        let xp = self.f32_ptr(op, "x", x)?;
         let mut shape = x.shape().to_vec();
         *shape.last_mut().expect("checked above") = 3;
         let out = self.output(&shape, DType::U32, false)?;
-        let rows = x.len() / n;
-        if rows > 0 {
-            let (o, ni) = (out.cuda_ptr()?, to_i32(op, "row length", n)?);
-            let grid = u32::try_from(rows).map_err(|_| Error::Unsupported(format!("{op}: {rows} rows")))?;
-            let cfg = LaunchConfig { grid_dim: (grid, 1, 1), block_dim: (ROW_THREADS, 1, 1), shared_mem_bytes: 0 };
-            launch!(self.st()?, op, "argmax_gap_f32", cfg; o, xp, ni);
-        }
+        self.argmax_rows(op, x, out.cuda_ptr()?, true)?;
         Ok(out)
     }
 }
