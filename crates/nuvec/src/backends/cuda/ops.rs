@@ -129,48 +129,57 @@ fn tf32_matmul() -> Result<bool> {
 /// the grid holds fewer than [`QG_TARGET_WARPS`] warps and every lane still gets a 32-value chunk
 /// of each row: a [4096, 14336] down projection is only 512 blocks of 8 rows, and at 2 warps
 /// those blocks leave most warp slots of the 132 SMs empty (45 us for 33 MB under ncu), while
-/// long grids (gate/up, LM heads) read as fast with one warp per block. `NUVEC_QGEMV_VARIANT=0..12`
-/// forces one shape (for timing them): `_v1`..`_v5` are the older shapes, slower here; `_v10`..
-/// `_v12` read x per word at 64-96 registers (more warps per SM) and apply only where `plain`
-/// (groups of 32 or more, no fused silu(x) * up).
+/// long grids (gate/up, LM heads) read as fast with one warp per block.
+/// `NUVEC_QGEMV_VARIANT=0|6..12` forces one shape (for timing them; see [`qgemv4_shape`]);
+/// `_v10`..`_v12` read x per word at 64-96 registers (more warps per SM) and apply only where
+/// `plain` (groups of 32 or more, no fused silu(x) * up).
 fn qgemv4_variant(k: usize, rows: usize, plain: bool) -> (&'static str, usize, u32) {
-    const V: [(&str, usize, u32); 13] = [
-        ("", QG_ROWS, QG_THREADS),
-        ("_v1", 2, 128),
-        ("_v2", 4, 32),
-        ("_v3", 2, 64),
-        ("_v4", 8, 64),
-        ("_v5", 8, 32),
-        ("_v6", 8, 64),
-        ("_v7", 8, 32),
-        ("_v8", 8, 128),
-        ("_v9", 8, 256),
-        ("_v10", 4, 32),
-        ("_v11", 8, 32),
-        ("_v12", 4, 128),
-    ];
     static FORCED: OnceLock<Option<usize>> = OnceLock::new();
     let forced = *FORCED.get_or_init(|| {
-        std::env::var("NUVEC_QGEMV_VARIANT").ok().and_then(|v| v.parse::<usize>().ok()).filter(|&v| v < V.len())
+        std::env::var("NUVEC_QGEMV_VARIANT")
+            .ok()
+            .and_then(|v| v.parse::<usize>().ok())
+            .filter(|&v| qgemv4_shape(v).is_some())
     });
-    // `_v10`..`_v12` read x per word and take only groups of 32+ without a fused silu(x) * up.
-    if let Some(v) = forced.filter(|&v| v < 10 || plain) {
-        return V[v];
-    }
-    let (blocks, chunks) = (rows.div_ceil(8), k / 32);
-    if plain && blocks >= QG_LONG_GRID {
-        return V[11];
-    }
-    let mut warps = 1;
-    while warps < 8 && blocks * warps < QG_TARGET_WARPS && chunks >= 64 * warps {
-        warps *= 2;
-    }
-    match warps {
-        1 => V[7],
-        2 => V[6],
-        4 => V[8],
-        _ => V[9],
-    }
+    let v = match forced.filter(|&v| v < 10 || plain) {
+        Some(v) => v,
+        None => {
+            let (blocks, chunks) = (rows.div_ceil(8), k / 32);
+            if plain && blocks >= QG_LONG_GRID {
+                11
+            } else {
+                let mut warps = 1;
+                while warps < 8 && blocks * warps < QG_TARGET_WARPS && chunks >= 64 * warps {
+                    warps *= 2;
+                }
+                match warps {
+                    1 => 7,
+                    2 => 6,
+                    4 => 8,
+                    _ => 9,
+                }
+            }
+        }
+    };
+    qgemv4_shape(v).expect("qgemv4_variant picks listed shapes only")
+}
+
+/// The one-row 4-bit GEMV kernels by variant number: `(kernel name suffix, output rows per block,
+/// threads per block)`. 0 is `qgemv1_b4`, the `qgemv_body` kernel every width has; 1-5 were
+/// earlier `qgemv_body` shapes, removed after they lost on the H200 (docs/cuda.md, third and
+/// fourth sessions).
+fn qgemv4_shape(v: usize) -> Option<(&'static str, usize, u32)> {
+    Some(match v {
+        0 => ("", QG_ROWS, QG_THREADS),
+        6 => ("_v6", 8, 64),
+        7 => ("_v7", 8, 32),
+        8 => ("_v8", 8, 128),
+        9 => ("_v9", 8, 256),
+        10 => ("_v10", 4, 32),
+        11 => ("_v11", 8, 32),
+        12 => ("_v12", 4, 128),
+        _ => return None,
+    })
 }
 
 /// Whether the decode down projection takes `silu(gate) * up` inside the GEMV

@@ -120,10 +120,11 @@ __device__ __forceinline__ void qg_decode(const u32 (&w)[BITS], float (&q)[32]) 
 // G16: groups of 16 (two per chunk); otherwise 1 << lg values per group (lg >= 5).
 // `block` is this block's index among the blocks of this weight. With `up` set (one input row
 // only), the input is silu(x) * up, as silu_mul computes it: the fused down projection.
-template <int BITS, bool G16, int MAXM, int ROWS = QG_ROWS, int WARPS = QG_WARPS, int UNROLL = 1>
+template <int BITS, bool G16, int MAXM>
 __device__ __forceinline__ void qgemv_body(float* out, const float* x, int m, int n, const u32* packed,
                                            const void* scales, const void* biases, int p_dt, int lg, int k,
                                            int block, const float* up = nullptr) {
+    constexpr int ROWS = QG_ROWS, WARPS = QG_WARPS;
     __shared__ float red[WARPS][ROWS][MAXM];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int r0 = block * ROWS;
@@ -135,7 +136,7 @@ __device__ __forceinline__ void qgemv_body(float* out, const float* x, int m, in
     for (int r = 0; r < ROWS; ++r)
 #pragma unroll
         for (int i = 0; i < MAXM; ++i) acc[r][i] = 0.0f;
-#pragma unroll UNROLL
+#pragma unroll 1
     for (int c = threadIdx.x; c < chunks; c += 32 * WARPS) {
         u32 w[ROWS][BITS];
         float s[ROWS][2], b[ROWS][2];
@@ -271,19 +272,39 @@ extern "C" __global__ void qdequant_b8(QD_PARAMS) { qdequant_body<8>(QD_ARGS); }
     const float *x, int p_dt, int lg, int k, float *out0, int n0, const u32 *pk0, const void *sc0, const void *bi0, \
         const float *up0, float *out1, int n1, const u32 *pk1, const void *sc1, const void *bi1, float *out2, int n2, \
         const u32 *pk2, const void *sc2, const void *bi2
-#define QGM_DISPATCH(BITS)                                                                                      \
-    int nb0 = (n0 + QG_ROWS - 1) / QG_ROWS, nb1 = (n1 + QG_ROWS - 1) / QG_ROWS, b = blockIdx.x;                 \
-    float* out = out0;                                                                                          \
-    int n = n0;                                                                                                 \
-    const u32* pk = pk0;                                                                                        \
-    const void *sc = sc0, *bi = bi0;                                                                            \
-    const float* up = up0;                                                                                      \
-    if (b >= nb0 + nb1) {                                                                                       \
-        out = out2; n = n2; pk = pk2; sc = sc2; bi = bi2; up = nullptr; b -= nb0 + nb1;                         \
-    } else if (b >= nb0) {                                                                                      \
-        out = out1; n = n1; pk = pk1; sc = sc1; bi = bi1; up = nullptr; b -= nb0;                               \
-    }                                                                                                           \
-    if (lg == 4) qgemv_body<BITS, true, 1>(out, x, 1, n, pk, sc, bi, p_dt, lg, k, b, up);                       \
+#define QGM_ARGS x, p_dt, lg, k, out0, n0, pk0, sc0, bi0, up0, out1, n1, pk1, sc1, bi1, out2, n2, pk2, sc2, bi2
+
+// The weight a block of a multi-weight launch computes, at ROWS rows per block: blocks [0, nb0)
+// weight 0, the next nb1 weight 1, the rest weight 2; `b` becomes the block's index among that
+// weight's blocks, and `up` (the fused silu(x) * up input) belongs to weight 0 only.
+template <int ROWS>
+__device__ __forceinline__ void qgm_slot(QGM_PARAMS, float*& out, int& n, const u32*& pk, const void*& sc,
+                                         const void*& bi, const float*& up, int& b) {
+    int nb0 = (n0 + ROWS - 1) / ROWS, nb1 = (n1 + ROWS - 1) / ROWS;
+    b = blockIdx.x;
+    out = out0;
+    n = n0;
+    pk = pk0;
+    sc = sc0;
+    bi = bi0;
+    up = up0;
+    if (b >= nb0 + nb1) {
+        out = out2; n = n2; pk = pk2; sc = sc2; bi = bi2; up = nullptr; b -= nb0 + nb1;
+    } else if (b >= nb0) {
+        out = out1; n = n1; pk = pk1; sc = sc1; bi = bi1; up = nullptr; b -= nb0;
+    }
+}
+#define QGM_SLOT(ROWS)        \
+    float* out;               \
+    int n, b;                 \
+    const u32* pk;            \
+    const void *sc, *bi;      \
+    const float* up;          \
+    qgm_slot<ROWS>(QGM_ARGS, out, n, pk, sc, bi, up, b)
+
+#define QGM_DISPATCH(BITS)                                                                \
+    QGM_SLOT(QG_ROWS);                                                                    \
+    if (lg == 4) qgemv_body<BITS, true, 1>(out, x, 1, n, pk, sc, bi, p_dt, lg, k, b, up); \
     else qgemv_body<BITS, false, 1>(out, x, 1, n, pk, sc, bi, p_dt, lg, k, b, up);
 
 extern "C" __global__ void __launch_bounds__(128, 4) qgemv1_b2(QG_PARAMS) { QG_DISPATCH(2, 1); }
@@ -305,46 +326,10 @@ extern "C" __global__ void __launch_bounds__(128, 4) qgemv_multi_b5(QGM_PARAMS) 
 extern "C" __global__ void __launch_bounds__(128, 4) qgemv_multi_b6(QGM_PARAMS) { QGM_DISPATCH(6) }
 extern "C" __global__ void __launch_bounds__(128, 4) qgemv_multi_b8(QGM_PARAMS) { QGM_DISPATCH(8) }
 
-// Variants of the 4-bit one-row kernels, picked on the host by shape (or NUVEC_QGEMV_VARIANT
-// 1..5) to keep the most bytes in flight (rows per block, warps per block, K-loop unrolling):
-// v1 = 2 rows x 4 warps, v2 = 4 rows x 1 warp unrolled by 2, v3 = 2 rows x 2 warps unrolled by 2,
-// v4 = 8 rows x 2 warps, v5 = 8 rows x 1 warp. More rows per lane reuse each lane's 32 x values
-// for more weights (x is read 8x the weight bytes at one row per lane, and L1 bandwidth, not
-// HBM, then limits); fewer warps per row leave more blocks for the SMs.
-// The multi kernels map blocks to weights with the same rows per block.
-#define QGV_DISPATCH(ROWS, WARPS, UNROLL)                                                                       \
-    if (lg == 4) qgemv_body<4, true, 1, ROWS, WARPS, UNROLL>(QG_ARGS, blockIdx.x);                              \
-    else qgemv_body<4, false, 1, ROWS, WARPS, UNROLL>(QG_ARGS, blockIdx.x)
-#define QGMV_DISPATCH(ROWS, WARPS, UNROLL)                                                                      \
-    int nb0 = (n0 + ROWS - 1) / ROWS, nb1 = (n1 + ROWS - 1) / ROWS, b = blockIdx.x;                             \
-    float* out = out0;                                                                                          \
-    int n = n0;                                                                                                 \
-    const u32* pk = pk0;                                                                                        \
-    const void *sc = sc0, *bi = bi0;                                                                            \
-    const float* up = up0;                                                                                      \
-    if (b >= nb0 + nb1) {                                                                                       \
-        out = out2; n = n2; pk = pk2; sc = sc2; bi = bi2; up = nullptr; b -= nb0 + nb1;                         \
-    } else if (b >= nb0) {                                                                                      \
-        out = out1; n = n1; pk = pk1; sc = sc1; bi = bi1; up = nullptr; b -= nb0;                               \
-    }                                                                                                           \
-    if (lg == 4) qgemv_body<4, true, 1, ROWS, WARPS, UNROLL>(out, x, 1, n, pk, sc, bi, p_dt, lg, k, b, up);     \
-    else qgemv_body<4, false, 1, ROWS, WARPS, UNROLL>(out, x, 1, n, pk, sc, bi, p_dt, lg, k, b, up);
-
-extern "C" __global__ void __launch_bounds__(128) qgemv1_b4_v1(QG_PARAMS) { QGV_DISPATCH(2, 4, 1); }
-extern "C" __global__ void __launch_bounds__(32) qgemv1_b4_v2(QG_PARAMS) { QGV_DISPATCH(4, 1, 2); }
-extern "C" __global__ void __launch_bounds__(64) qgemv1_b4_v3(QG_PARAMS) { QGV_DISPATCH(2, 2, 2); }
-extern "C" __global__ void __launch_bounds__(64) qgemv1_b4_v4(QG_PARAMS) { QGV_DISPATCH(8, 2, 1); }
-extern "C" __global__ void __launch_bounds__(32) qgemv1_b4_v5(QG_PARAMS) { QGV_DISPATCH(8, 1, 1); }
-extern "C" __global__ void __launch_bounds__(128) qgemv_multi_b4_v1(QGM_PARAMS) { QGMV_DISPATCH(2, 4, 1) }
-extern "C" __global__ void __launch_bounds__(32) qgemv_multi_b4_v2(QGM_PARAMS) { QGMV_DISPATCH(4, 1, 2) }
-extern "C" __global__ void __launch_bounds__(64) qgemv_multi_b4_v3(QGM_PARAMS) { QGMV_DISPATCH(2, 2, 2) }
-extern "C" __global__ void __launch_bounds__(64) qgemv_multi_b4_v4(QGM_PARAMS) { QGMV_DISPATCH(8, 2, 1) }
-extern "C" __global__ void __launch_bounds__(32) qgemv_multi_b4_v5(QGM_PARAMS) { QGMV_DISPATCH(8, 1, 1) }
-
 // ---- 4-bit one-row GEMV in the probe's shape (v6, v7; issue 7) ----
 //
 // The loop of bench/cuda/gemv_probe.cu's `cur4`, which read 8B-sized weights faster than the
-// `qgemv_body` instances of the same shape (_v4/_v5; docs/cuda.md): per chunk a lane loads its
+// `qgemv_body` at the same shape (8 rows per block; docs/cuda.md, third session): per chunk a lane loads its
 // ROWS rows' 16-byte words and one scale/bias pair per row (two for groups of 16), loads the 32
 // x values once, then per row decodes and multiplies one u32 word (8 values) at a time, so only
 // 8 decoded values are live instead of 32. Same arithmetic per group as qgemv_body:
@@ -554,25 +539,14 @@ __device__ __forceinline__ void qgemv4w_one(QG_PARAMS) {
     else qgemv4_run<false, DT_F32, ROWS, WARPS, XW>(out, x, n, packed, scales, biases, p_dt, lg, k, blockIdx.x, nullptr);
 }
 
-// The multi-weight launch: the same block-to-weight mapping as QGMV_DISPATCH, done inside each
+// The multi-weight launch: the block-to-weight mapping of qgm_slot, done inside each
 // (group, dtype) instance: picking the weight before the dtype branch made ptxas spill at the
 // 128-register cap (216 bytes), this order does not.
 template <bool G16, int PDT, int ROWS, int WARPS, bool XW>
 __device__ __forceinline__ void qgemv4w_pick(QGM_PARAMS) {
-    int nb0 = (n0 + ROWS - 1) / ROWS, nb1 = (n1 + ROWS - 1) / ROWS, b = blockIdx.x;
-    float* out = out0;
-    int n = n0;
-    const u32* pk = pk0;
-    const void *sc = sc0, *bi = bi0;
-    const float* up = up0;
-    if (b >= nb0 + nb1) {
-        out = out2; n = n2; pk = pk2; sc = sc2; bi = bi2; up = nullptr; b -= nb0 + nb1;
-    } else if (b >= nb0) {
-        out = out1; n = n1; pk = pk1; sc = sc1; bi = bi1; up = nullptr; b -= nb0;
-    }
+    QGM_SLOT(ROWS);
     qgemv4_run<G16, PDT, ROWS, WARPS, XW>(out, x, n, pk, sc, bi, p_dt, lg, k, b, up);
 }
-#define QGM_ARGS x, p_dt, lg, k, out0, n0, pk0, sc0, bi0, up0, out1, n1, pk1, sc1, bi1, out2, n2, pk2, sc2, bi2
 template <int ROWS, int WARPS, bool XW = false>
 __device__ __forceinline__ void qgemv4w_multi(QGM_PARAMS) {
     if (XW && lg == 4) __trap();
@@ -583,8 +557,9 @@ __device__ __forceinline__ void qgemv4w_multi(QGM_PARAMS) {
 }
 
 // Launch bounds as the probe compiled: 128 registers (8 blocks of 2 warps, or 16 of 1, per SM).
-// Without the minimum-blocks bound ptxas gave these kernels ~250 registers (as it gives _v4/_v5:
-// 254), i.e. half the resident warps, although each (group, dtype) body needs 128.
+// Without the minimum-blocks bound ptxas gave these kernels ~250 registers (as it gave the removed
+// 8-row qgemv_body shapes: 254), i.e. half the resident warps, although each (group, dtype) body
+// needs 128.
 extern "C" __global__ void __launch_bounds__(64, 8) qgemv1_b4_v6(QG_PARAMS) { qgemv4w_one<8, 2>(QG_ARGS); }
 extern "C" __global__ void __launch_bounds__(32, 16) qgemv1_b4_v7(QG_PARAMS) { qgemv4w_one<8, 1>(QG_ARGS); }
 extern "C" __global__ void __launch_bounds__(64, 8) qgemv_multi_b4_v6(QGM_PARAMS) { qgemv4w_multi<8, 2>(QGM_ARGS); }
