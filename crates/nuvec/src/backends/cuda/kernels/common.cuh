@@ -83,6 +83,31 @@ __device__ float block_max(float v, float* scratch) {
     return scratch[32];
 }
 
+// Feature j (j < 2 * half) of one head after the rotary embedding at position `pos`, from the
+// head's input `head`: feature f of each pair turns by pos * inv_freqs[f]; pairs are the two
+// halves of the rotated features, or neighbours (2f, 2f + 1) when `traditional`. rope_f32
+// (elementwise.cu) and rope_qk_f32 (fused.cu) share it.
+__device__ __forceinline__ float rope_feature(const float* head, int j, int half, int traditional, float pos,
+                                              const float* inv_freqs) {
+    int f, a, b;
+    bool second;
+    if (traditional) {
+        f = j >> 1;
+        a = 2 * f;
+        b = a + 1;
+        second = j & 1;
+    } else {
+        f = j < half ? j : j - half;
+        a = f;
+        b = f + half;
+        second = j >= half;
+    }
+    float s, c;
+    sincosf(pos * inv_freqs[f], &s, &c);
+    float x1 = head[a], x2 = head[b];
+    return second ? x1 * s + x2 * c : x1 * c - x2 * s;
+}
+
 // The 4 consecutive values of a row at i (i a multiple of 4), zero past `d`: one 16-byte load
 // when `vec` (d a multiple of 4 and the row 16-byte aligned; the host checks), else scalar loads.
 // The row kernels give thread t the values 4t..4t+3, 4(t + T)..., whichever the loads, so that a

@@ -51,25 +51,7 @@ extern "C" __global__ void rope_f32(float* out, const float* x, const float* inv
             out[i] = x[i];
             continue;
         }
-        const float* head = x + (i - j);
-        int f, a, b;
-        bool second;
-        if (traditional) {
-            f = j >> 1;
-            a = 2 * f;
-            b = a + 1;
-            second = j & 1;
-        } else {
-            f = j < half ? j : j - half;
-            a = f;
-            b = f + half;
-            second = j >= half;
-        }
-        float pos = (float)(offset + (long long)t);
-        float s, c;
-        sincosf(pos * inv_freqs[f], &s, &c);
-        float x1 = head[a], x2 = head[b];
-        out[i] = second ? x1 * s + x2 * c : x1 * c - x2 * s;
+        out[i] = rope_feature(x + (i - j), j, half, traditional, (float)(offset + (long long)t), inv_freqs);
     }
 }
 

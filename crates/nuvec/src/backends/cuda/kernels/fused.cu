@@ -70,23 +70,7 @@ extern "C" __global__ void rope_qk_f32(float* qo, float* ko, const float* q, con
             dst[j] = head[j];
             continue;
         }
-        int f, a, b;
-        bool second;
-        if (traditional) {
-            f = j >> 1;
-            a = 2 * f;
-            b = a + 1;
-            second = j & 1;
-        } else {
-            f = j < half ? j : j - half;
-            a = f;
-            b = f + half;
-            second = j >= half;
-        }
-        float sn, cs;
-        sincosf(pos * inv_freqs[f], &sn, &cs);
-        float x1 = head[a], x2 = head[b];
-        dst[j] = second ? x1 * sn + x2 * cs : x1 * cs - x2 * sn;
+        dst[j] = rope_feature(head, j, half, traditional, pos, inv_freqs);
     }
 }
 
