@@ -155,3 +155,23 @@ __device__ __forceinline__ void qg_load(u32 (&w)[BITS], const u32* p) {
     }
 }
 
+// Flat chunk i of the tile dequantizers (linear.cu's f32 tiles, prefill.cu's bf16 ones): the
+// row `r` within the tile (rows row0.., `chunks` 32-value chunks each, `words` u32 per row,
+// `gpr` groups per row) and chunk `c` it names, the chunk's BITS words, and the scale and bias of
+// its two 16-value halves (one group unless groups of 16).
+template <int BITS>
+__device__ __forceinline__ void qg_tile_chunk(size_t i, int chunks, size_t words, size_t gpr, long long row0,
+                                              const u32* packed, const void* scales, const void* biases, int p_dt,
+                                              int lg, size_t& r, size_t& c, u32 (&w)[BITS], float& s0, float& b0,
+                                              float& s1, float& b1) {
+    r = i / chunks;
+    c = i % chunks;
+    const size_t row = (size_t)row0 + r;
+    qg_load<BITS>(w, packed + row * words + c * BITS);
+    const size_t g0 = row * gpr + ((c << 5) >> lg), g1 = row * gpr + (((c << 5) + 16) >> lg);
+    s0 = load_float(scales, g0, p_dt);
+    b0 = load_float(biases, g0, p_dt);
+    s1 = load_float(scales, g1, p_dt);
+    b1 = load_float(biases, g1, p_dt);
+}
+

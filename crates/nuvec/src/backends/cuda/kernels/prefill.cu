@@ -76,13 +76,10 @@ __device__ __forceinline__ void qdequant_bf16_body(u16* out, long long row0, lon
     const size_t gpr = (size_t)(k >> lg);
     const size_t total = (size_t)rows * chunks;
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x) {
-        size_t r = i / chunks, c = i % chunks, row = (size_t)row0 + r;
+        size_t r, c;
         u32 w[BITS];
-        qg_load<BITS>(w, packed + row * words + c * BITS);
-        // A chunk lies in one group (groups >= 32) or covers two groups of 16.
-        size_t g0 = row * gpr + ((c << 5) >> lg), g1 = row * gpr + (((c << 5) + 16) >> lg);
-        float s0 = load_float(scales, g0, p_dt), b0 = load_float(biases, g0, p_dt);
-        float s1 = load_float(scales, g1, p_dt), b1 = load_float(biases, g1, p_dt);
+        float s0, b0, s1, b1;
+        qg_tile_chunk<BITS>(i, chunks, words, gpr, row0, packed, scales, biases, p_dt, lg, r, c, w, s0, b0, s1, b1);
         u32 o[16];
 #pragma unroll
         for (int j = 0; j < 16; ++j) {
