@@ -8,34 +8,10 @@
 #![cfg(feature = "cuda")]
 
 use nuvec::fpquant::quantize_fp;
-use nuvec::{Array, Device, Matrix, QuantMode, QuantSpec, Quantized};
+use nuvec::{Array, Matrix, QuantMode, QuantSpec, Quantized};
 
-const TOL: f32 = 1e-4;
-
-fn gpu() -> Device {
-    match nuvec::backends::cuda::device_count() {
-        Ok(n) if n > 0 => {}
-        Ok(_) => panic!("no CUDA device: the driver reports 0 devices (these tests need an NVIDIA GPU)"),
-        Err(e) => panic!("no CUDA device: {e}"),
-    }
-    if let Err(e) = nuvec::backends::cuda::init(0) {
-        panic!("CUDA device 0 is not usable: {e}");
-    }
-    Device::Cuda(0)
-}
-
-/// Deterministic pseudo-random floats in [-1, 1) times `scale`.
-fn randoms(n: usize, seed: u64, scale: f32) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            (((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0) * scale
-        })
-        .collect()
-}
+mod common;
+use common::{close, exact, gpu, randoms};
 
 /// A random matrix quantized in `mode` (optionally with an nvfp4 global scale).
 fn matrix(mode: QuantMode, rows: usize, cols: usize, seed: u64, global: Option<f32>) -> Matrix {
@@ -43,15 +19,6 @@ fn matrix(mode: QuantMode, rows: usize, cols: usize, seed: u64, global: Option<f
     let spec = QuantSpec { mode, bits, group_size };
     let q = quantize_fp(&randoms(rows * cols, seed, 0.3), rows, cols, spec).unwrap();
     Matrix::Quantized(Quantized::new_fp(q.packed, q.scales, global, spec, cols).unwrap())
-}
-
-fn close(case: &str, got: &Array, want: &Array) {
-    assert_eq!(got.shape(), want.shape(), "{case}: shapes");
-    let (g, w) = (got.to_f32_vec().unwrap(), want.to_f32_vec().unwrap());
-    let mean = w.iter().map(|v| v.abs()).sum::<f32>() / w.len().max(1) as f32;
-    for (i, (a, b)) in g.iter().zip(&w).enumerate() {
-        assert!((a - b).abs() <= TOL * (b.abs() + mean), "{case}: element {i}: gpu {a} vs cpu {b}");
-    }
 }
 
 #[test]
@@ -71,16 +38,11 @@ fn fp_linear_and_embed_match_the_cpu() {
             close(&format!("{case} linear m={m}"), &got, &want);
         }
         let ids: Vec<u32> = vec![0, 199, 7, 7, 123];
-        let (got, want) = (wg.embed(&ids).unwrap().to_f32_vec().unwrap(), w.embed(&ids).unwrap().to_f32_vec().unwrap());
-        for (i, (a, b)) in got.iter().zip(&want).enumerate() {
-            assert!(a.to_bits() == b.to_bits(), "{case} embed: element {i}: gpu {a} vs cpu {b}");
-        }
+        exact(&format!("{case} embed"), &wg.embed(&ids).unwrap(), &w.embed(&ids).unwrap());
         assert!(wg.embed(&[n as u32]).is_err(), "an id outside the vocabulary is an error");
         // decode fusions: one id (a decode step) is read without uploading the ids.
         for id in [0u32, 123, 199] {
-            let (got, want) =
-                (wg.embed(&[id]).unwrap().to_f32_vec().unwrap(), w.embed(&[id]).unwrap().to_f32_vec().unwrap());
-            assert!(got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()), "{case} embed of id {id}");
+            exact(&format!("{case} embed of id {id}"), &wg.embed(&[id]).unwrap(), &w.embed(&[id]).unwrap());
         }
     }
 }

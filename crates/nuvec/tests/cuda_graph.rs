@@ -14,32 +14,14 @@
 #![cfg(feature = "cuda")]
 
 use nuvec::backends::cuda::StepGraph;
-use nuvec::{attention, rope_qk, Array, DType, Device, Matrix};
+use nuvec::{attention, rope_qk, Array, DType, Matrix};
 
 const VOCAB: usize = 300;
 const HKV: usize = 2;
 const CAP: usize = 1024;
 
-fn gpu() -> Device {
-    match nuvec::backends::cuda::device_count() {
-        Ok(n) if n > 0 => {}
-        Ok(_) => panic!("no CUDA device: the driver reports 0 devices (these tests need an NVIDIA GPU)"),
-        Err(e) => panic!("no CUDA device: {e}"),
-    }
-    Device::Cuda(0)
-}
-
-fn random(n: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-        })
-        .collect()
-}
+mod common;
+use common::{gpu, randoms};
 
 struct Layer {
     embed: Matrix,
@@ -55,7 +37,7 @@ impl Layer {
     fn new(d: usize, hq: usize) -> Self {
         let dev = gpu();
         let m = |rows: usize, cols: usize, seed: u64| {
-            Matrix::Dense(Array::from_slice_on(&random(rows * cols, seed), &[rows, cols], dev).unwrap())
+            Matrix::Dense(Array::from_slice_on(&randoms(rows * cols, seed, 1.0), &[rows, cols], dev).unwrap())
         };
         let freqs = (0..d / 2).map(|i| 10000f32.powf(-((2 * i) as f32) / d as f32)).collect();
         Layer {

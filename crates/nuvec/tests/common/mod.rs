@@ -1,4 +1,5 @@
-//! Helpers of the CUDA test binaries (`cuda_ops.rs`, `cuda_hybrid_ops.rs`, `cuda_bf16.rs`; each is
+//! Helpers of the CUDA test binaries (`cuda_ops.rs`, `cuda_hybrid_ops.rs`, `cuda_bf16.rs`,
+//! `cuda_auto_precision.rs`, `cuda_fp_quant.rs`, `cuda_graph.rs`; each is
 //! `#![cfg(feature = "cuda")]`): the device under test, seeded random inputs, and the GPU-vs-CPU
 //! comparisons with the tolerance they share. Each binary uses part of it.
 #![allow(dead_code)]
@@ -14,6 +15,12 @@ pub const TOL: f32 = 1e-4;
 /// a binary asks for the same); panics (fails the test) when there is no usable device.
 pub fn gpu_with(precision: MatmulPrecision) -> Device {
     set_matmul_precision(precision);
+    gpu()
+}
+
+/// The device under test, the process-wide prefill precision left as it is; panics (fails the
+/// test) when there is no usable device.
+pub fn gpu() -> Device {
     match nuvec::backends::cuda::device_count() {
         Ok(n) if n > 0 => {}
         Ok(_) => panic!("no CUDA device: the driver reports 0 devices (these tests need an NVIDIA GPU)"),
@@ -45,6 +52,20 @@ impl Rng {
     pub fn vec(&mut self, n: usize, scale: f32) -> Vec<f32> {
         (0..n).map(|_| self.f() * scale).collect()
     }
+}
+
+/// `n` seeded pseudo-random floats in [-1, 1) times `scale` (xorshift64, 24 bits per value): the
+/// inputs of `cuda_fp_quant.rs` and `cuda_graph.rs`.
+pub fn randoms(n: usize, seed: u64, scale: f32) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            (((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0) * scale
+        })
+        .collect()
 }
 
 /// An f32 host array.
