@@ -114,9 +114,8 @@ fn buffer_id_iter(cache: &[LayerCache]) -> impl Iterator<Item = (usize, usize)> 
 #[derive(Debug)]
 pub struct DecodeGraph {
     mode: GraphMode,
-    /// One-token steps run eagerly so far (the first builds what a capture cannot upload).
-    eager_steps: usize,
-    /// The logits' shape of the last eager step.
+    /// The logits' shape of the last eager step (`None` before one: the first one-token step
+    /// runs eagerly, building what a capture cannot upload).
     out_shape: Option<Vec<usize>>,
     /// Why graphs were given up for this generation.
     stopped: Option<String>,
@@ -141,7 +140,6 @@ impl DecodeGraph {
     pub fn new(mode: GraphMode) -> Self {
         DecodeGraph {
             mode,
-            eager_steps: 0,
             out_shape: None,
             stopped: None,
             replayed: 0,
@@ -191,7 +189,6 @@ impl DecodeGraph {
 
     fn eager(&mut self, model: &Model, cache: &mut [LayerCache], token: u32) -> Result<Array> {
         let y = model.forward_last(&[token], cache)?;
-        self.eager_steps += 1;
         self.out_shape = Some(y.shape().to_vec());
         Ok(y)
     }

@@ -120,6 +120,7 @@ impl Model {
                 None => config.text_config()?.usize("vocab_size")?,
             },
         };
+        let compute_dtype = weights.compute_dtype();
         Ok(Model {
             arch,
             model_type,
@@ -128,8 +129,8 @@ impl Model {
             newline_token_ids: vec![],
             fingerprint: String::new(),
             device: weights.device(),
-            kv_dtype: KvDtype::of(weights.compute_dtype()),
-            compute_dtype: weights.compute_dtype(),
+            kv_dtype: KvDtype::of(compute_dtype),
+            compute_dtype,
         })
     }
 
