@@ -4,6 +4,7 @@
 // (tolerance 1e-4 relative to |want| + mean|want|; the convolution's next state exactly).
 // Built and run by run.sh, which prepends the kernel sources.
 #include "kernels.cpp"
+#include "emu_check.h"
 #include <cstdio>
 #include <random>
 
@@ -13,19 +14,6 @@ static std::vector<float> rnd(size_t n, float s) {
     std::vector<float> v(n);
     for (auto& x : v) x = d(rng);
     return v;
-}
-static int fails = 0;
-static void cmp(const char* what, const std::vector<float>& got, const std::vector<double>& want, double tol = 1e-4) {
-    double mean = 0;
-    for (double w : want) mean += std::fabs(w);
-    mean /= std::max<size_t>(1, want.size());
-    double worst = 0;
-    for (size_t i = 0; i < want.size(); ++i) {
-        double e = std::fabs(got[i] - want[i]) / (std::fabs(want[i]) + mean + 1e-30);
-        worst = std::max(worst, e);
-        if (!(e <= tol)) { printf("FAIL %s at %zu: got %g want %g\n", what, i, got[i], want[i]); fails++; return; }
-    }
-    printf("ok   %-60s max rel %.2e\n", what, worst);
 }
 static unsigned short to_bf16(float f) { unsigned u; memcpy(&u, &f, 4); return (u + 0x7fff + ((u >> 16) & 1)) >> 16; }
 static float from_bf16(unsigned short h) { unsigned u = (unsigned)h << 16; float f; memcpy(&f, &u, 4); return f; }
@@ -48,7 +36,7 @@ static void test_conv(int l, int c, int k, int wdt) {
     for (int r = 0; r < keep; ++r) for (int ch = 0; ch < c; ++ch) wn[(size_t)r * c + ch] = row(l + r, ch);
     char name[200]; snprintf(name, 200, "conv L=%d C=%d K=%d wdt=%d", l, c, k, wdt);
     cmp(name, out, want);
-    std::string n2 = std::string(name) + " next"; cmp(n2.c_str(), next, wn, 0);
+    cmp(std::string(name) + " next", next, wn, 0);
 }
 
 // ---- gated delta ----
@@ -96,7 +84,7 @@ static void test_delta(int hk, int hv, int dk, int dv, int l, bool bias_bf16 = f
     char name[200];
     snprintf(name, 200, "gated_delta Hk=%d Hv=%d Dk=%d Dv=%d L=%d dt_bias %s", hk, hv, dk, dv, l, bias_bf16 ? "bf16" : "f32");
     cmp(name, y, wy);
-    std::string n2 = std::string(name) + " state"; cmp(n2.c_str(), next, S);
+    cmp(std::string(name) + " state", next, S);
 }
 
 // ---- attention with sinks ----

@@ -6,24 +6,12 @@
 // are not a multiple of 8 and the three-weight block mapping. Built and run by run.sh, which
 // prepends the kernel sources.
 #include "kernels_linear.cpp"
+#include "emu_check.h"
 #include <cstdio>
 #include <random>
 #include <string>
 
 static std::mt19937 rng(11);
-static int fails = 0;
-static void cmp(const std::string& what, const std::vector<float>& got, const std::vector<double>& want) {
-    double mean = 0;
-    for (double w : want) mean += std::fabs(w);
-    mean /= std::max<size_t>(1, want.size());
-    double worst = 0;
-    for (size_t i = 0; i < want.size(); ++i) {
-        double e = std::fabs(got[i] - want[i]) / (std::fabs(want[i]) + mean + 1e-30);
-        worst = std::max(worst, e);
-        if (!(e <= 1e-4)) { printf("FAIL %s at %zu: got %g want %g\n", what.c_str(), i, got[i], want[i]); fails++; return; }
-    }
-    printf("ok   %-60s max rel %.2e\n", what.c_str(), worst);
-}
 
 // An affine 4-bit weight [n, k]: random words; scales and biases stored in dtype `dt` (random
 // bit patterns of moderate magnitude, so the reference decodes exactly what the kernel reads).

@@ -5,17 +5,10 @@
 // rule (first maximum, strictly greater replaces, a leading NaN wins, NaN/inf make the gap NaN)
 // on rows cut into several ranges. Built and run by run.sh, which prepends the kernel sources.
 #include "kernels_rows.cpp"
+#include "emu_check.h"
 #include <cstdio>
 #include <random>
 #include <string>
-
-static int fails = 0;
-static void check(bool ok, const std::string& what) {
-    if (!ok) {
-        ++fails;
-        printf("MISMATCH %s\n", what.c_str());
-    }
-}
 
 static unsigned threads_for(int d) {  // ops.rs norm_threads
     unsigned t = ((d + 3) / 4 + 31) / 32 * 32;

@@ -19,7 +19,7 @@ trap 'rm -rf "$work"' EXIT
 } >"$work/kernels.cpp"
 grep -q emu_half_to_float "$work/kernels.cpp" && grep -q emu_dyn_smem "$work/kernels.cpp" \
     || { echo "cuda-emu: the host patches no longer apply to the kernel sources" >&2; exit 1; }
-cp "$here/cuda_emu.h" "$here/harness.cpp" "$work/"
+cp "$here/cuda_emu.h" "$here/emu_check.h" "$here/harness.cpp" "$work/"
 g++ -std=c++20 -O1 -w -pthread "$work/harness.cpp" -o "$work/harness"
 "$work/harness"
 # The 4-bit one-row GEMV kernels (linear.cu), in a second program: qgemv.cpp.
