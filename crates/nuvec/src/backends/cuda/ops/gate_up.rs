@@ -10,7 +10,7 @@ use cudarc::driver::{LaunchConfig, PushKernelArg};
 
 use super::{qgemv4_variant, to_i32, CudaBackend};
 use crate::backends::cuda::State;
-use crate::{Array, DType, Matrix, QuantMode, Result};
+use crate::{Array, DType, Error, Matrix, QuantMode, Result};
 
 /// Whether the fused launch is on (`NUVEC_GATE_UP_SILU=0` turns it off, so the two launches of
 /// the composition can be timed and compared against it).
