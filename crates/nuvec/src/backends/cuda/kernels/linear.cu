@@ -413,7 +413,7 @@ __device__ __forceinline__ void qg4_reduce_rows(const float (&acc)[ROWS], float 
 
 // Row r's total after qg4_reduce_rows: the warps' sums in order.
 template <int ROWS, int WARPS>
-__device__ __forceinline__ float qg4_row_total(const float (&red)[WARPS][ROWS], int r) {
+__device__ __forceinline__ float qg4_row_total(const float (&red)[WARPS][ROWS], unsigned r) {
     float v = 0.0f;
 #pragma unroll
     for (int wi = 0; wi < WARPS; ++wi) v += red[wi][r];
@@ -681,8 +681,8 @@ __device__ __forceinline__ void gate_up_silu_body(float* out, const float* __res
     if constexpr (XW) qgemv4x_acc<false, R2, WARPS>(acc, x, k, load);
     else qgemv4w_acc<false, R2, WARPS>(acc, x, k, nullptr, load);
     qg4_reduce_rows<R2, WARPS>(acc, red);
-    const int t = threadIdx.x;
-    if (t < ROWS && r0 + t < n) {
+    const unsigned t = threadIdx.x;
+    if (t < ROWS && r0 + (int)t < n) {
         const float g = qg4_row_total<R2, WARPS>(red, t), u = qg4_row_total<R2, WARPS>(red, ROWS + t);
         out[r0 + t] = g / (1.0f + expf(-g)) * u;
     }
