@@ -3,8 +3,11 @@
 // the affine product written from its definition in f64: out[r] = sum_c (s * q + b) * x[c], with
 // x replaced by silu(x) * up for the fused down projection (tolerance 1e-4 relative to
 // |want| + mean|want|). Every group size (16..128), scale dtype (f32, f16, bf16), row counts that
-// are not a multiple of 8 and the three-weight block mapping. Built and run by run.sh, which
-// prepends the kernel sources.
+// are not a multiple of 8 and the three-weight block mapping. The gated MLP fusion
+// (gate_up_silu_b4_*: silu(x . gate) * (x . up)) against the same f64 definition, and bit for bit
+// against the composition it replaces: the qgemv_multi_b4 variant of the same loop and warps over
+// [gate; up], then silu_mul_f32's expression. Built and run by run.sh, which prepends the kernel
+// sources.
 #include "kernels_linear.cpp"
 #include "emu_check.h"
 #include <cstdio>
@@ -116,6 +119,42 @@ static void test_multi(const char* name, Multi f, int rows, int threads, int k, 
     if (with_up) cmp(tag + " silu(x)*up", od, reference(w[1], x, &up));
 }
 
+typedef void (*GateUp)(float*, const float*, int, const u32*, const void*, const void*, const u32*, const void*,
+                       const void*, int, int, int);
+
+static void test_gate_up(const char* name, GateUp f, Multi multi, int rows, int threads, int n, int k, int group, int dt) {
+    QW g = make(n, k, group, dt, 0.05f), u = make(n, k, group, dt, 0.05f);
+    auto x = rnd(k);
+    int lg = __builtin_ctz(group);
+    std::vector<float> got(n, NAN), og(n, NAN), ou(n, NAN);
+    // The fused launch: rows / 2 rows of gate (and as many of up) per block.
+    emu_launch({(unsigned)((n + rows / 2 - 1) / (rows / 2)), 1, 1}, {(unsigned)threads, 1, 1}, [&] {
+        f(got.data(), x.data(), n, g.packed.data(), g.sc.data(), g.bi.data(), u.packed.data(), u.sc.data(), u.bi.data(),
+          dt, lg, k);
+    });
+    // The composition: one multi launch over [gate; up], then silu(g) * u as silu_mul_f32 writes it.
+    unsigned blocks = 2 * ((n + rows - 1) / rows);
+    emu_launch({blocks, 1, 1}, {(unsigned)threads, 1, 1}, [&] {
+        multi(x.data(), dt, lg, k, og.data(), n, g.packed.data(), g.sc.data(), g.bi.data(), nullptr, ou.data(), n,
+              u.packed.data(), u.sc.data(), u.bi.data(), nullptr, 0, nullptr, nullptr, nullptr);
+    });
+    std::string tag = std::string(name) + " n=" + std::to_string(n) + " k=" + std::to_string(k) + " g" +
+                      std::to_string(group) + " dt" + std::to_string(dt);
+    auto rg = reference(g, x, nullptr), ru = reference(u, x, nullptr);
+    std::vector<double> want(n);
+    for (int i = 0; i < n; ++i) want[i] = rg[i] / (1.0 + std::exp(-rg[i])) * ru[i];
+    cmp(tag, got, want);
+    for (int i = 0; i < n; ++i) {
+        float c = og[i] / (1.0f + expf(-og[i])) * ou[i];
+        if (memcmp(&c, &got[i], 4) != 0) {
+            printf("FAIL %s row %d: fused %.9g, multi then silu_mul %.9g\n", tag.c_str(), i, got[i], c);
+            fails++;
+            return;
+        }
+    }
+    printf("ok   %-60s = multi + silu_mul bit for bit\n", tag.c_str());
+}
+
 int main() {
     // xw: the x-per-word kernels (v10-v12), which take neither groups of 16 nor silu(x) * up.
     struct { const char* name; One one; Multi multi; int rows, threads; bool xw; } kernels[] = {
@@ -135,6 +174,22 @@ int main() {
                 test_one(kn.name, kn.one, kn.rows, kn.threads, 77, 384, group, dt);
                 test_one(kn.name, kn.one, kn.rows, kn.threads, 5, 4096, group, dt);
                 test_multi(kn.name, kn.multi, kn.rows, kn.threads, 1024, group, dt, !kn.xw);
+            }
+    // The gated MLP fusion, each kernel with the multi variant of the same loop and warps.
+    struct { const char* name; GateUp f; Multi multi; int rows, threads; } fused[] = {
+        {"gate_up_silu_b4_v6", gate_up_silu_b4_v6, qgemv_multi_b4_v6, 8, 64},
+        {"gate_up_silu_b4_v7", gate_up_silu_b4_v7, qgemv_multi_b4_v7, 8, 32},
+        {"gate_up_silu_b4_v8", gate_up_silu_b4_v8, qgemv_multi_b4_v8, 8, 128},
+        {"gate_up_silu_b4_v9", gate_up_silu_b4_v9, qgemv_multi_b4_v9, 8, 256},
+        {"gate_up_silu_b4_v10", gate_up_silu_b4_v10, qgemv_multi_b4_v10, 4, 32},
+        {"gate_up_silu_b4_v11", gate_up_silu_b4_v11, qgemv_multi_b4_v11, 8, 32},
+        {"gate_up_silu_b4_v12", gate_up_silu_b4_v12, qgemv_multi_b4_v12, 4, 128},
+    };
+    for (auto& kn : fused)
+        for (int group : {32, 64, 128})
+            for (int dt : {DT_F32, DT_F16, DT_BF16}) {
+                test_gate_up(kn.name, kn.f, kn.multi, kn.rows, kn.threads, 77, 384, group, dt);
+                test_gate_up(kn.name, kn.f, kn.multi, kn.rows, kn.threads, 6, 4096, group, dt);
             }
     printf("%d failures\n", fails);
     return fails != 0;

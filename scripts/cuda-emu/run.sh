@@ -22,7 +22,8 @@ grep -q emu_half_to_float "$work/kernels.cpp" && grep -q emu_dyn_smem "$work/ker
 cp "$here/cuda_emu.h" "$here/emu_check.h" "$here/harness.cpp" "$work/"
 g++ -std=c++20 -O1 -w -pthread "$work/harness.cpp" -o "$work/harness"
 "$work/harness"
-# The 4-bit one-row GEMV kernels (linear.cu), in a second program: qgemv.cpp.
+# The 4-bit one-row GEMV kernels and the gated MLP fusion (linear.cu), in a second program:
+# qgemv.cpp.
 {
     echo '#include "cuda_emu.h"'
     sed 's/asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));/f = emu_half_to_float(h);/' "$k/common.cuh"

@@ -215,6 +215,32 @@ pub trait Backend: Send + Sync {
         *shape.last_mut().expect("checked above") = 3;
         Array::from_slice_on(&out, &shape, self.device())
     }
+
+    // gated MLP fusion: the SwiGLU hidden activations of one gate/up pass (one kernel launch
+    // fewer per layer in a GPU decode step).
+
+    /// The hidden activations of a gated (SwiGLU) MLP: `silu(x @ gate^T) * (x @ up^T)` for
+    /// `x [..., K]` and `gate, up [N, K]`, `-> [..., N]`. The default is
+    /// [`Backend::linear_many`] of `[gate, up]` then [`Backend::silu_mul`] (see
+    /// [`gate_up_silu_composed`]); a backend's own version gives the same results.
+    fn gate_up_silu(&self, x: &Array, gate: &Matrix, up: &Matrix) -> Result<Array> {
+        gate_up_silu_composed(self, x, gate, up)
+    }
+}
+
+/// [`Backend::gate_up_silu`] as its default composes it (for backends that fuse only some cases
+/// and fall back to this for the rest).
+pub(crate) fn gate_up_silu_composed<B: Backend + ?Sized>(
+    backend: &B,
+    x: &Array,
+    gate: &Matrix,
+    up: &Matrix,
+) -> Result<Array> {
+    let outs = backend.linear_many(x, &[gate, up])?;
+    match outs.as_slice() {
+        [g, u] => backend.silu_mul(g, u),
+        _ => Err(Error::shape("gate_up_silu", format!("linear_many returned {} arrays for 2 weights", outs.len()))),
+    }
 }
 
 /// [`Backend::argmax_gap`] of one row (the reference the device kernels follow).

@@ -162,6 +162,15 @@ impl Array {
     }
 }
 
+// gated MLP fusion
+impl Array {
+    /// `silu(self @ gate^T) * (self @ up^T)`, a gated MLP's hidden activations; see
+    /// [`crate::Backend::gate_up_silu`].
+    pub fn gate_up_silu(&self, gate: &Matrix, up: &Matrix) -> Result<Array> {
+        backend(self.device()).gate_up_silu(self, gate, up)
+    }
+}
+
 /// Queries and keys of an attention step, optionally RMS-normalized per head, then rotated; see
 /// [`crate::Backend::rope_qk`].
 pub fn rope_qk(

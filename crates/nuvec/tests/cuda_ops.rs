@@ -174,6 +174,44 @@ fn fused_quantized_decode_ops() {
 }
 
 #[test]
+fn gate_up_silu_fused_and_composed() {
+    // A gated MLP's hidden activations: for one row, 4-bit gate and up with groups of 32+ run as
+    // one gate_up_silu_b4 launch (the variant the [gate; up] launch of linear_many takes: every
+    // variant that rule picks, _v11 at 6144+ rows), which must equal linear_many then silu_mul
+    // on this device bit for bit and the CPU at the file's tolerance. Groups of 16, other widths
+    // and several rows run that composition, compared the same way. NUVEC_GATE_UP_SILU=0 turns
+    // the fused launch off (the comparison then holds trivially).
+    let dev = gpu();
+    let mut rng = Rng::new(21);
+    let mut cases: Vec<(usize, usize, usize, usize, DType, usize)> = Vec::new(); // bits, group, k, n, dtype, rows
+    for group in QuantSpec::AFFINE_GROUPS {
+        for pdtype in [DType::BF16, DType::F16, DType::F32] {
+            // k and n picking _v7, _v8, _v6, _v9 and _v11 (rows not a multiple of 4 or 8).
+            for (k, n) in [(1024usize, 130usize), (4096, 77), (2048, 3000), (8192, 300), (4096, 6200)] {
+                cases.push((4, group, k, n, pdtype, 1));
+            }
+        }
+    }
+    cases.extend([
+        (4, 64, 1024, 130, DType::BF16, 3),
+        (8, 64, 1024, 130, DType::BF16, 1),
+        (3, 32, 1024, 77, DType::F16, 1),
+    ]);
+    for (bits, group, k, n, pdtype, rows) in cases {
+        let (gate, up) =
+            (quantized(&mut rng, n, k, bits, group, pdtype), quantized(&mut rng, n, k, bits, group, pdtype));
+        let (gg, ug) = (gate.to_device(dev).unwrap(), up.to_device(dev).unwrap());
+        let x = arr(&rng.vec(rows * k, 1.0), &[rows, k]);
+        let xg = x.to_device(dev).unwrap();
+        let case = format!("gate_up_silu q{bits} g{group} {pdtype} k={k} n={n} rows={rows}");
+        let got = xg.gate_up_silu(&gg, &ug).unwrap();
+        close(&case, &got, &x.gate_up_silu(&gate, &up).unwrap());
+        let [g, u]: [Array; 2] = xg.linear_many(&[&gg, &ug]).unwrap().try_into().unwrap();
+        exact(&format!("{case} = linear_many + silu_mul on the GPU"), &got, &g.silu_mul(&u).unwrap());
+    }
+}
+
+#[test]
 fn attention_split_and_gemm_paths() {
     // Decode-sized (split keys) and prefill-sized (SGEMM + softmax) attention against the CPU,
     // including a chunk that continues a cache (kv_len > L) and GQA.
@@ -481,6 +519,21 @@ fn timing_probe() {
     time("silu_mul_linear q4 g64 [1,14336] x [4096,14336]", down.nbytes() as f64, 50, &|| {
         g.silu_mul_linear(&u, &down).unwrap()
     });
+    // The 8B's and Qwen3-0.6B's gate/up with silu(gate) * up: one gate_up_silu launch, against
+    // linear_many then silu_mul (two).
+    for (n, kk) in [(14336usize, 4096usize), (3072, 1024)] {
+        let gate = quantized(&mut rng, n, kk, 4, 64, DType::BF16).to_device(dev).unwrap();
+        let up = quantized(&mut rng, n, kk, 4, 64, DType::BF16).to_device(dev).unwrap();
+        let bytes = (gate.nbytes() + up.nbytes()) as f64;
+        let x = arr(&rng.vec(kk, 1.0), &[1, kk]).to_device(dev).unwrap();
+        time(&format!("gate_up_silu q4 g64 [1,{kk}] x 2 x [{n},{kk}]"), bytes, 50, &|| {
+            x.gate_up_silu(&gate, &up).unwrap()
+        });
+        time(&format!("linear_many + silu_mul q4 g64 [1,{kk}] x 2 x [{n},{kk}]"), bytes, 50, &|| {
+            let [g, u]: [Array; 2] = x.linear_many(&[&gate, &up]).unwrap().try_into().unwrap();
+            g.silu_mul(&u).unwrap()
+        });
+    }
     // Row ops of a decode step: the norms and the greedy pick over Qwen3's vocabulary.
     let (a, b) = (arr(&rng.vec(4096, 1.0), &[1, 4096]), arr(&rng.vec(4096, 1.0), &[1, 4096]));
     let (a, b) = (a.to_device(dev).unwrap(), b.to_device(dev).unwrap());

@@ -1,8 +1,9 @@
-//! The decode fusions (`add_rms_norm`, `rope_qk`, `write_kv_rows`, `argmax_gap`) on the CPU:
-//! each must equal, bit for bit, the ops it replaces (the model layers use them only where that
-//! holds), and `argmax_gap` a direct reading of each row.
+//! The decode fusions (`add_rms_norm`, `rope_qk`, `write_kv_rows`, `argmax_gap`,
+//! `gate_up_silu`) on the CPU: each must equal, bit for bit, the ops it replaces (the model layers
+//! use them only where that holds), and `argmax_gap` a direct reading of each row.
 
-use nuvec::{backend, Array, DType, Device};
+use nuvec::quantize::quantize_affine;
+use nuvec::{backend, Array, DType, Device, Matrix, QuantMode, QuantSpec};
 
 struct Rng(u64);
 
@@ -150,4 +151,52 @@ fn argmax_gap_reads_each_row() {
     assert_eq!(out[12], 0, "row 4: a leading NaN");
     assert_eq!(out[15], 7, "row 5: +inf");
     assert!(arr(&[], &[2, 0]).argmax_gap().is_err(), "empty rows");
+}
+
+/// A gated MLP's gate or up weight `[n, k]`: dense f32, or 4/8-bit affine (the quantized shapes
+/// the one-row fused pass of the CPU's `linear_many` takes, and one it does not: 3 bits).
+fn mlp_weight(rng: &mut Rng, n: usize, k: usize, quant: Option<(usize, usize, DType)>) -> Matrix {
+    let w = rng.vec(n * k, 0.5);
+    match quant {
+        None => Matrix::Dense(arr(&w, &[n, k])),
+        Some((bits, group, dtype)) => {
+            let spec = QuantSpec { mode: QuantMode::Affine, bits, group_size: group };
+            Matrix::Quantized(quantize_affine(&w, n, k, spec, dtype).unwrap())
+        }
+    }
+}
+
+#[test]
+fn gate_up_silu_is_linear_many_then_silu_mul() {
+    let mut rng = Rng(11);
+    let quants = [
+        None,
+        Some((4, 32, DType::BF16)),
+        Some((4, 64, DType::F16)),
+        Some((4, 16, DType::F32)),
+        Some((8, 128, DType::BF16)),
+        Some((3, 32, DType::F16)),
+    ];
+    for (n, k) in [(96usize, 256usize), (1000, 512)] {
+        for quant in quants {
+            let gate = mlp_weight(&mut rng, n, k, quant);
+            let up = mlp_weight(&mut rng, n, k, quant);
+            for rows in [1usize, 3, 9] {
+                let x = arr(&rng.vec(rows * k, 2.0), &[rows, k]);
+                let got = x.gate_up_silu(&gate, &up).unwrap();
+                let [g, u]: [Array; 2] = x.linear_many(&[&gate, &up]).unwrap().try_into().unwrap();
+                let case = format!("n={n} k={k} {quant:?} rows={rows}");
+                same(&case, &got, &g.silu_mul(&u).unwrap());
+                // And the down projection the model runs next: the same bits as the fused
+                // `silu_mul_linear` that took silu(gate) * up before.
+                let down = mlp_weight(&mut rng, k, n, quant.filter(|&(_, group, _)| n.is_multiple_of(group)));
+                same(&format!("{case} down"), &got.linear(&down).unwrap(), &g.silu_mul_linear(&u, &down).unwrap());
+            }
+        }
+    }
+    let x = arr(&rng.vec(64, 1.0), &[1, 64]);
+    let (gate, up) = (mlp_weight(&mut rng, 8, 64, None), mlp_weight(&mut rng, 9, 64, None));
+    assert!(x.gate_up_silu(&gate, &up).is_err(), "gate and up of different rows");
+    let narrow = mlp_weight(&mut rng, 8, 32, None);
+    assert!(x.gate_up_silu(&narrow, &narrow).is_err(), "weights narrower than x");
 }

@@ -49,6 +49,15 @@ impl Mlp {
     }
 
     fn forward_rows(&self, x: &Array) -> Result<Array> {
+        // A decode row without biases: the backend makes silu(gate) * up in one op (on CUDA
+        // inside the gate/up GEMV, one launch fewer per layer), with the bits of the path below
+        // (linear_many, silu_mul, then the down projection). Longer inputs (prefill) keep that
+        // path: CUDA makes silu(gate) * up there in bf16 in the same pass that feeds the bf16
+        // GEMM of the down projection.
+        if x.dim(0) == 1 && self.gate_proj.bias.is_none() && self.up_proj.bias.is_none() {
+            let hidden = x.gate_up_silu(&self.gate_proj.weight, &self.up_proj.weight)?;
+            return self.down_proj.forward(&hidden);
+        }
         let [gate, up] = Linear::forward_many([&self.gate_proj, &self.up_proj], x)?;
         self.down_proj.forward_silu_mul(&gate, &up)
     }

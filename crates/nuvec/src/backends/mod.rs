@@ -218,5 +218,12 @@ pub(crate) mod host_checked {
             on_host("argmax_gap", &[("x", x)])?;
             CpuBackend.argmax_gap(x)
         }
+
+        // gated MLP fusion
+
+        fn gate_up_silu(&self, x: &Array, gate: &Matrix, up: &Matrix) -> Result<Array> {
+            on_host("gate_up_silu", &[&[("x", x)][..], &matrix("gate", gate), &matrix("up", up)].concat())?;
+            CpuBackend.gate_up_silu(x, gate, up)
+        }
     }
 }

@@ -416,6 +416,14 @@ mod tests {
             "qgemv_multi_b4_v10",
             "qgemv_multi_b4_v11",
             "qgemv_multi_b4_v12",
+            // gated MLP fusion
+            "gate_up_silu_b4_v6",
+            "gate_up_silu_b4_v7",
+            "gate_up_silu_b4_v8",
+            "gate_up_silu_b4_v9",
+            "gate_up_silu_b4_v10",
+            "gate_up_silu_b4_v11",
+            "gate_up_silu_b4_v12",
             // Qwen3.5 hybrids and gpt-oss
             "conv1d_silu_f32",
             "sigmoid_mul_f32",

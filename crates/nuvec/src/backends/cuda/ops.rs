@@ -296,6 +296,9 @@ mod fused;
 mod prefill;
 pub use prefill::{matmul_precision, set_matmul_precision, MatmulPrecision};
 
+// gated MLP fusion: silu(gate) * up in the gate/up GEMV (kernels/linear.cu).
+mod gate_up;
+
 /// A weight matrix as kernel arguments (see `struct Weights` in linear.cu).
 struct WeightArgs {
     dense: u64,
@@ -1253,6 +1256,15 @@ impl Backend for CudaBackend {
 
     fn argmax_gap(&self, x: &Array) -> Result<Array> {
         self.fused_argmax_gap(x)
+    }
+
+    // gated MLP fusion (ops/gate_up.rs)
+
+    fn gate_up_silu(&self, x: &Array, gate: &Matrix, up: &Matrix) -> Result<Array> {
+        match self.fused_gate_up_silu(x, gate, up)? {
+            Some(hidden) => Ok(hidden),
+            None => crate::backend::gate_up_silu_composed(self, x, gate, up),
+        }
     }
 }
 

@@ -346,30 +346,45 @@ __device__ __forceinline__ void qg4_word(u32 w, float (&q)[8]) {
     }
 }
 
-// A lane's chunk c of rows r0.. (ROWS of them; rows past n repeat the last, never written): the
-// 16-byte word group of each row and its scale/bias pair (two for groups of 16).
-template <bool G16, int ROWS>
+// A lane's chunk c of rows r0.. (COUNT of them, into slots FIRST.. of the ROWS-row arrays; rows
+// past n repeat the last, never written): the 16-byte word group of each row and its scale/bias
+// pair (two for groups of 16). gate_up_silu fills the first half from gate, the second from up.
+template <bool G16, int ROWS, int FIRST = 0, int COUNT = ROWS>
 __device__ __forceinline__ void qg4_load_rows(uint4 (&w)[ROWS], float (&s)[ROWS][G16 ? 2 : 1],
                                               float (&b)[ROWS][G16 ? 2 : 1], const u32* __restrict__ packed,
                                               const void* __restrict__ scales, const void* __restrict__ biases, int dt,
                                               int lg, int r0, int n, int c, size_t words, size_t gpr) {
+    static_assert(FIRST + COUNT <= ROWS, "rows outside the arrays");
 #pragma unroll
-    for (int r = 0; r < ROWS; ++r) {
+    for (int r = 0; r < COUNT; ++r) {
         const size_t row = (size_t)min(r0 + r, n - 1);
-        w[r] = __ldg((const uint4*)(packed + row * words + (size_t)c * 4));
+        w[FIRST + r] = __ldg((const uint4*)(packed + row * words + (size_t)c * 4));
         const size_t g = row * gpr + (G16 ? 2 * (size_t)c : (((size_t)c << 5) >> lg));
 #pragma unroll
         for (int h = 0; h < (G16 ? 2 : 1); ++h) {
-            s[r][h] = load_float(scales, g + h, dt);
-            b[r][h] = load_float(biases, g + h, dt);
+            s[FIRST + r][h] = load_float(scales, g + h, dt);
+            b[FIRST + r][h] = load_float(biases, g + h, dt);
         }
     }
 }
 
-// Each row's lane sums added across the warp, then the warps' sums in order; rows < n written.
+// The rows of one weight whose chunk a lane loads (qg4_load_rows into slots FIRST..): the row
+// source of qgemv4w_acc / qgemv4x_acc.
+template <bool G16, int ROWS, int FIRST = 0, int COUNT = ROWS>
+struct Qg4Rows {
+    const u32* packed;
+    const void *scales, *biases;
+    int dt, lg, r0, n;
+    size_t words, gpr;
+    __device__ __forceinline__ void operator()(uint4 (&w)[ROWS], float (&s)[ROWS][G16 ? 2 : 1],
+                                               float (&b)[ROWS][G16 ? 2 : 1], int c) const {
+        qg4_load_rows<G16, ROWS, FIRST, COUNT>(w, s, b, packed, scales, biases, dt, lg, r0, n, c, words, gpr);
+    }
+};
+
+// Each row's lane sums added across the warp into red[warp][row], then a barrier.
 template <int ROWS, int WARPS>
-__device__ __forceinline__ void qg4_store_rows(float* out, const float (&acc)[ROWS], float (&red)[WARPS][ROWS], int r0,
-                                               int n) {
+__device__ __forceinline__ void qg4_reduce_rows(const float (&acc)[ROWS], float (&red)[WARPS][ROWS]) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
 #pragma unroll
     for (int r = 0; r < ROWS; ++r) {
@@ -377,33 +392,38 @@ __device__ __forceinline__ void qg4_store_rows(float* out, const float (&acc)[RO
         if (lane == 0) red[warp][r] = v;
     }
     __syncthreads();
-    if (threadIdx.x < ROWS && r0 + (int)threadIdx.x < n) {
-        float v = 0.0f;
-#pragma unroll
-        for (int wi = 0; wi < WARPS; ++wi) v += red[wi][threadIdx.x];
-        out[r0 + threadIdx.x] = v;
-    }
 }
 
-template <bool G16, int PDT, int ROWS, int WARPS>
-__device__ __forceinline__ void qgemv4w_body(float* out, const float* __restrict__ x, int n,
-                                             const u32* __restrict__ packed, const void* __restrict__ scales,
-                                             const void* __restrict__ biases, int p_dt, int lg, int k, int block,
-                                             const float* __restrict__ up) {
-    __shared__ float red[WARPS][ROWS];
-    const int dt = PDT >= 0 ? PDT : p_dt;
-    const int r0 = block * ROWS;
+// Row r's total after qg4_reduce_rows: the warps' sums in order.
+template <int ROWS, int WARPS>
+__device__ __forceinline__ float qg4_row_total(const float (&red)[WARPS][ROWS], unsigned r) {
+    float v = 0.0f;
+#pragma unroll
+    for (int wi = 0; wi < WARPS; ++wi) v += red[wi][r];
+    return v;
+}
+
+// Each row's total; rows < n written.
+template <int ROWS, int WARPS>
+__device__ __forceinline__ void qg4_store_rows(float* out, const float (&acc)[ROWS], float (&red)[WARPS][ROWS], int r0,
+                                               int n) {
+    qg4_reduce_rows<ROWS, WARPS>(acc, red);
+    if (threadIdx.x < ROWS && r0 + (int)threadIdx.x < n) out[r0 + threadIdx.x] = qg4_row_total<ROWS, WARPS>(red, threadIdx.x);
+}
+
+// A lane's sums of the per-word loop: acc[r] over the chunks c = lane, lane + 32 * WARPS, ...
+// of the ROWS rows that load(w, s, b, c) fetches (qg4_load_rows).
+template <bool G16, int ROWS, int WARPS, class Load>
+__device__ __forceinline__ void qgemv4w_acc(float (&acc)[ROWS], const float* __restrict__ x, int k,
+                                            const float* __restrict__ up, Load load) {
     const int chunks = k >> 5;
-    const size_t words = (size_t)chunks * 4;
-    const size_t gpr = (size_t)(k >> lg);
     constexpr int NG = G16 ? 2 : 1;  // scale/bias pairs per chunk
-    float acc[ROWS];
 #pragma unroll
     for (int r = 0; r < ROWS; ++r) acc[r] = 0.0f;
     for (int c = threadIdx.x; c < chunks; c += 32 * WARPS) {
         uint4 w[ROWS];
         float s[ROWS][NG], b[ROWS][NG];
-        qg4_load_rows<G16, ROWS>(w, s, b, packed, scales, biases, dt, lg, r0, n, c, words, gpr);
+        load(w, s, b, c);
         float xv[32];
         const float4* xp = (const float4*)(x + ((size_t)c << 5));
 #pragma unroll
@@ -449,6 +469,19 @@ __device__ __forceinline__ void qgemv4w_body(float* out, const float* __restrict
             for (int h = 0; h < NG; ++h) acc[r] += s[r][h] * d[h] + b[r][h] * xs[h];
         }
     }
+}
+
+template <bool G16, int PDT, int ROWS, int WARPS>
+__device__ __forceinline__ void qgemv4w_body(float* out, const float* __restrict__ x, int n,
+                                             const u32* __restrict__ packed, const void* __restrict__ scales,
+                                             const void* __restrict__ biases, int p_dt, int lg, int k, int block,
+                                             const float* __restrict__ up) {
+    __shared__ float red[WARPS][ROWS];
+    const int dt = PDT >= 0 ? PDT : p_dt;
+    const int r0 = block * ROWS;
+    const size_t words = (size_t)(k >> 5) * 4, gpr = (size_t)(k >> lg);
+    float acc[ROWS];
+    qgemv4w_acc<G16, ROWS, WARPS>(acc, x, k, up, Qg4Rows<G16, ROWS>{packed, scales, biases, dt, lg, r0, n, words, gpr});
     qg4_store_rows<ROWS, WARPS>(out, acc, red, r0, n);
 }
 
@@ -458,24 +491,17 @@ __device__ __forceinline__ void qgemv4w_body(float* out, const float* __restrict
 // order). The registers saved buy occupancy: at 64 registers
 // (4 rows) an SM holds 32 warps where the 128 of qgemv4w_body hold 16 (ncu on the H200: the v7
 // gate/up launch reached 1.8 TB/s at 13.5 active warps per SM, 4 per scheduler).
-template <bool G16, int PDT, int ROWS, int WARPS>
-__device__ __forceinline__ void qgemv4x_body(float* out, const float* __restrict__ x, int n,
-                                             const u32* __restrict__ packed, const void* __restrict__ scales,
-                                             const void* __restrict__ biases, int p_dt, int lg, int k, int block) {
-    __shared__ float red[WARPS][ROWS];
-    const int dt = PDT >= 0 ? PDT : p_dt;
-    const int r0 = block * ROWS;
+// A lane's sums with x read per word, over the rows that load fetches (as qgemv4w_acc).
+template <bool G16, int ROWS, int WARPS, class Load>
+__device__ __forceinline__ void qgemv4x_acc(float (&acc)[ROWS], const float* __restrict__ x, int k, Load load) {
     const int chunks = k >> 5;
-    const size_t words = (size_t)chunks * 4;
-    const size_t gpr = (size_t)(k >> lg);
     constexpr int NG = G16 ? 2 : 1;  // scale/bias pairs per chunk
-    float acc[ROWS];
 #pragma unroll
     for (int r = 0; r < ROWS; ++r) acc[r] = 0.0f;
     for (int c = threadIdx.x; c < chunks; c += 32 * WARPS) {
         uint4 w[ROWS];
         float s[ROWS][NG], b[ROWS][NG];
-        qg4_load_rows<G16, ROWS>(w, s, b, packed, scales, biases, dt, lg, r0, n, c, words, gpr);
+        load(w, s, b, c);
         float d[ROWS][NG], xs[NG];
 #pragma unroll
         for (int h = 0; h < NG; ++h) {
@@ -505,6 +531,18 @@ __device__ __forceinline__ void qgemv4x_body(float* out, const float* __restrict
 #pragma unroll
             for (int h = 0; h < NG; ++h) acc[r] += s[r][h] * d[r][h] + b[r][h] * xs[h];
     }
+}
+
+template <bool G16, int PDT, int ROWS, int WARPS>
+__device__ __forceinline__ void qgemv4x_body(float* out, const float* __restrict__ x, int n,
+                                             const u32* __restrict__ packed, const void* __restrict__ scales,
+                                             const void* __restrict__ biases, int p_dt, int lg, int k, int block) {
+    __shared__ float red[WARPS][ROWS];
+    const int dt = PDT >= 0 ? PDT : p_dt;
+    const int r0 = block * ROWS;
+    const size_t words = (size_t)(k >> 5) * 4, gpr = (size_t)(k >> lg);
+    float acc[ROWS];
+    qgemv4x_acc<G16, ROWS, WARPS>(acc, x, k, Qg4Rows<G16, ROWS>{packed, scales, biases, dt, lg, r0, n, words, gpr});
     qg4_store_rows<ROWS, WARPS>(out, acc, red, r0, n);
 }
 
@@ -578,3 +616,71 @@ extern "C" __global__ void __launch_bounds__(128, 8) qgemv1_b4_v12(QG_PARAMS) { 
 extern "C" __global__ void __launch_bounds__(32, 28) qgemv_multi_b4_v10(QGM_PARAMS) { qgemv4w_multi<4, 1, true>(QGM_ARGS); }
 extern "C" __global__ void __launch_bounds__(32, 20) qgemv_multi_b4_v11(QGM_PARAMS) { qgemv4w_multi<8, 1, true>(QGM_ARGS); }
 extern "C" __global__ void __launch_bounds__(128, 7) qgemv_multi_b4_v12(QGM_PARAMS) { qgemv4w_multi<4, 4, true>(QGM_ARGS); }
+
+// ---- gate_up_silu: a gated MLP's hidden activations in the gate/up GEMV (issue 7) ----
+//
+// out[i] = silu(x . gate[i]) * (x . up[i]) for one input row, 4-bit affine gate and up of one
+// shape, group size (32 and more) and scale dtype: one launch where linear_many then silu_mul
+// took two. Each block takes ROWS rows of gate and the same ROWS rows of up as one 2 * ROWS-row
+// pass of the per-word loop (qgemv4w_acc) or of the x-per-word loop (qgemv4x_acc), so each row's
+// sum adds in the order of the qgemv_multi_b4 kernel of the same loop and warps per block; the
+// host picks the variant that qgemv4_variant picks for the [gate; up] launch (the same grid:
+// 2 * ROWS rows per block there too), so that the fused result equals linear_many then silu_mul
+// bit for bit. The product is silu_mul_f32's expression.
+// ROWS rows of gate into the first half of a block's row arrays, the same rows of up into the second.
+template <int ROWS>
+struct GateUpRows {
+    Qg4Rows<false, 2 * ROWS, 0, ROWS> gate;
+    Qg4Rows<false, 2 * ROWS, ROWS, ROWS> up;
+    __device__ __forceinline__ void operator()(uint4 (&w)[2 * ROWS], float (&s)[2 * ROWS][1], float (&b)[2 * ROWS][1],
+                                               int c) const {
+        gate(w, s, b, c);
+        up(w, s, b, c);
+    }
+};
+
+template <bool XW, int PDT, int ROWS, int WARPS>
+__device__ __forceinline__ void gate_up_silu_body(float* out, const float* __restrict__ x, int n,
+                                                  const u32* __restrict__ pg, const void* __restrict__ sg,
+                                                  const void* __restrict__ bg, const u32* __restrict__ pu,
+                                                  const void* __restrict__ su, const void* __restrict__ bu, int lg,
+                                                  int k) {
+    constexpr int R2 = 2 * ROWS;  // gate rows, then up rows
+    __shared__ float red[WARPS][R2];
+    const int r0 = blockIdx.x * ROWS;
+    const size_t words = (size_t)(k >> 5) * 4, gpr = (size_t)(k >> lg);
+    float acc[R2];
+    const GateUpRows<ROWS> load{{pg, sg, bg, PDT, lg, r0, n, words, gpr}, {pu, su, bu, PDT, lg, r0, n, words, gpr}};
+    if constexpr (XW) qgemv4x_acc<false, R2, WARPS>(acc, x, k, load);
+    else qgemv4w_acc<false, R2, WARPS>(acc, x, k, nullptr, load);
+    qg4_reduce_rows<R2, WARPS>(acc, red);
+    const unsigned t = threadIdx.x;
+    if (t < ROWS && r0 + (int)t < n) {
+        const float g = qg4_row_total<R2, WARPS>(red, t), u = qg4_row_total<R2, WARPS>(red, ROWS + t);
+        out[r0 + t] = g / (1.0f + expf(-g)) * u;
+    }
+}
+
+#define GUS_PARAMS                                                                                               \
+    float *out, const float *x, int n, const u32 *pg, const void *sg, const void *bg, const u32 *pu, const void *su, \
+        const void *bu, int p_dt, int lg, int k
+#define GUS_ARGS out, x, n, pg, sg, bg, pu, su, bu, lg, k
+#define GUS_CALL out, x, n, pg, sg, bg, pu, su, bu, p_dt, lg, k
+// Groups of 16 trap: the host runs linear_many then silu_mul for those.
+template <int ROWS, int WARPS, bool XW>
+__device__ __forceinline__ void gate_up_silu_b4(GUS_PARAMS) {
+    if (lg < 5) __trap();
+    if (p_dt == DT_BF16) gate_up_silu_body<XW, DT_BF16, ROWS, WARPS>(GUS_ARGS);
+    else if (p_dt == DT_F16) gate_up_silu_body<XW, DT_F16, ROWS, WARPS>(GUS_ARGS);
+    else gate_up_silu_body<XW, DT_F32, ROWS, WARPS>(GUS_ARGS);
+}
+
+// One per qgemv_multi_b4 variant of the 8-row loops and the x-per-word ones, with its launch
+// bounds: 4 rows of gate and 4 of up per block where the variant takes 8 rows (2 and 2 for 4).
+extern "C" __global__ void __launch_bounds__(64, 8) gate_up_silu_b4_v6(GUS_PARAMS) { gate_up_silu_b4<4, 2, false>(GUS_CALL); }
+extern "C" __global__ void __launch_bounds__(32, 16) gate_up_silu_b4_v7(GUS_PARAMS) { gate_up_silu_b4<4, 1, false>(GUS_CALL); }
+extern "C" __global__ void __launch_bounds__(128, 4) gate_up_silu_b4_v8(GUS_PARAMS) { gate_up_silu_b4<4, 4, false>(GUS_CALL); }
+extern "C" __global__ void __launch_bounds__(256, 2) gate_up_silu_b4_v9(GUS_PARAMS) { gate_up_silu_b4<4, 8, false>(GUS_CALL); }
+extern "C" __global__ void __launch_bounds__(32, 28) gate_up_silu_b4_v10(GUS_PARAMS) { gate_up_silu_b4<2, 1, true>(GUS_CALL); }
+extern "C" __global__ void __launch_bounds__(32, 20) gate_up_silu_b4_v11(GUS_PARAMS) { gate_up_silu_b4<4, 1, true>(GUS_CALL); }
+extern "C" __global__ void __launch_bounds__(128, 7) gate_up_silu_b4_v12(GUS_PARAMS) { gate_up_silu_b4<2, 4, true>(GUS_CALL); }

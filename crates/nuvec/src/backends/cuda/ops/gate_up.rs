@@ -1,0 +1,92 @@
+//! gated MLP fusion on a CUDA device (`gate_up_silu_b4_*` in kernels/linear.cu): a decode row's
+//! `silu(x gate^T) * (x up^T)` in the gate/up GEMV, one launch where `linear_many` then
+//! `silu_mul` take two. It takes the case that `linear_many` runs as one `qgemv_multi_b4_*`
+//! launch with groups of 32 or more, in the shape that launch would take, so its result equals
+//! the composition bit for bit; anything else runs the composition.
+
+use std::sync::OnceLock;
+
+use cudarc::driver::{LaunchConfig, PushKernelArg};
+
+use super::{qgemv4_variant, to_i32, CudaBackend};
+use crate::backends::cuda::State;
+use crate::{Array, DType, Error, Matrix, QuantMode, Result};
+
+/// Whether the fused launch is on (`NUVEC_GATE_UP_SILU=0` turns it off, so the two launches of
+/// the composition can be timed and compared against it).
+fn enabled() -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(|| std::env::var("NUVEC_GATE_UP_SILU").map_or(true, |v| v != "0"))
+}
+
+/// The fused kernel for the `qgemv_multi_b4` variant `suffix`, and the gate rows per block: half
+/// the variant's rows (each block takes as many up rows). `None` for the variants without a
+/// fused twin (the older shapes `NUVEC_QGEMV_VARIANT=0..5` forces).
+fn fused_kernel(suffix: &str) -> Option<(&'static str, usize)> {
+    Some(match suffix {
+        "_v6" => ("gate_up_silu_b4_v6", 4),
+        "_v7" => ("gate_up_silu_b4_v7", 4),
+        "_v8" => ("gate_up_silu_b4_v8", 4),
+        "_v9" => ("gate_up_silu_b4_v9", 4),
+        "_v10" => ("gate_up_silu_b4_v10", 2),
+        "_v11" => ("gate_up_silu_b4_v11", 4),
+        "_v12" => ("gate_up_silu_b4_v12", 2),
+        _ => return None,
+    })
+}
+
+impl CudaBackend {
+    /// One `gate_up_silu_b4_*` launch for one input row (f32, 16-byte aligned, `k` a multiple of
+    /// 32) and 4-bit affine `gate`, `up` of one shape, group size (32 or more) and scale dtype,
+    /// their packed words 16-byte aligned. `None` (nothing launched) otherwise, or when
+    /// `NUVEC_GATE_UP_SILU=0`.
+    pub(super) fn fused_gate_up_silu(&self, x: &Array, gate: &Matrix, up: &Matrix) -> Result<Option<Array>> {
+        let op = "gate_up_silu";
+        if !enabled() || x.shape().is_empty() || x.dtype() != DType::F32 || x.device() != self.dev() {
+            return Ok(None);
+        }
+        let k = x.dim(-1);
+        let (Matrix::Quantized(g), Matrix::Quantized(u)) = (gate, up) else {
+            return Ok(None);
+        };
+        let n = gate.rows();
+        let fits = x.len() == k
+            && k.is_multiple_of(32)
+            && gate.cols() == k
+            && up.cols() == k
+            && up.rows() == n
+            && g.spec == u.spec
+            && g.spec.mode == QuantMode::Affine
+            && g.spec.bits == 4
+            && g.spec.group_size >= 32;
+        if !fits {
+            return Ok(None);
+        }
+        let (ga, ua) = (self.weight_args(op, gate)?, self.weight_args(op, up)?);
+        let xp = x.cuda_ptr()?;
+        if ga.p_dt != ua.p_dt || !(xp | ga.packed | ua.packed).is_multiple_of(16) {
+            return Ok(None);
+        }
+        // The shape of the [gate; up] launch of `linear_many` (same warps per block, so each
+        // row's sum adds in the same order).
+        let (suffix, _, threads) = qgemv4_variant(k, 2 * n, true);
+        let Some((name, rows_per_block)) = fused_kernel(suffix) else {
+            return Ok(None);
+        };
+        let mut shape = x.shape().to_vec();
+        *shape.last_mut().expect("x has an axis") = n;
+        let out = self.output(&shape, DType::F32, false)?;
+        if n == 0 {
+            return Ok(Some(out));
+        }
+        let st: &State = self.st()?;
+        let o = out.cuda_ptr()?;
+        let (ni, p_dt, ki) = (to_i32(op, "rows", n)?, ga.p_dt, to_i32(op, "k", k)?);
+        let lg = g.spec.group_size.trailing_zeros() as i32;
+        let (pg, sg, bg, pu, su, bu) = (ga.packed, ga.scales, ga.biases, ua.packed, ua.scales, ua.biases);
+        let blocks = to_i32(op, "blocks", n.div_ceil(rows_per_block))? as u32;
+        let cfg = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (threads, 1, 1), shared_mem_bytes: 0 };
+        launch!(st, op, name, cfg; o, xp, ni, pg, sg, bg, pu, su, bu, p_dt, lg, ki);
+        Ok(Some(out))
+    }
+}
