@@ -3,7 +3,8 @@
 # CUDA install needed): NVRTC comes from PyPI's nvidia-cuda-nvrtc wheel (pinned), called through
 # ctypes. Each source is compiled exactly as the backend does at run time (prelude + source,
 # `--gpu-architecture=compute_90 --std=c++17`, giving PTX), and again for sm_90 (machine code,
-# so ptxas errors show too); every `extern "C" __global__` kernel must appear in the PTX.
+# so ptxas errors show too); every `extern "C" __global__` kernel must appear in the PTX and start
+# with `pdl_begin();`.
 # Exits non-zero if anything fails. Usage: scripts/check-cuda-kernels.sh
 set -euo pipefail
 
@@ -78,6 +79,33 @@ for path in sources:
         if missing:
             print(f"       kernels missing from the PTX: {missing}")
         failed += status != "ok"
-print(f"{2 * len(sources) - failed} passed, {failed} failed")
+
+def body_start(text, at):
+    """Index just past the `{` that opens the body of the kernel declared at `at`: after the
+    parameter list's closing parenthesis (skipping __launch_bounds__(...))."""
+    i = text.index("(", at)
+    if "__launch_bounds__" in text[at:i]:
+        i = text.index("(", text.index(")", i) + 1)
+    depth = 0
+    while True:
+        depth += {"(": 1, ")": -1}.get(text[i], 0)
+        if depth == 0:
+            break
+        i += 1
+    return text.index("{", i) + 1
+
+# Every kernel starts with pdl_begin() (common.cuh): the backend launches kernels with
+# programmatic stream serialization, so a kernel that touched memory before it could race with
+# the kernel before it on the stream.
+checks = 0
+for path in sources:
+    name, body = os.path.basename(path), open(path).read()
+    for m in re.finditer(r'extern "C" __global__', body):
+        checks += 1
+        if not body[body_start(body, m.end()):].lstrip().startswith("pdl_begin();"):
+            line = body.count("\n", 0, m.start()) + 1
+            print(f"FAILED {name}:{line}: the kernel does not start with pdl_begin();")
+            failed += 1
+print(f"{2 * len(sources) + checks - failed} passed, {failed} failed")
 sys.exit(1 if failed else 0)
 PY

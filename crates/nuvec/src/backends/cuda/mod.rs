@@ -135,6 +135,8 @@ pub(crate) struct State {
     capture_epoch: AtomicU64,
     /// Buffers written during a capture that have been dropped since (a replay then refuses).
     graph_written_dropped: AtomicU64,
+    /// Kernels launch with programmatic stream serialization (see [`State::launch_raw`]).
+    pdl: bool,
 }
 
 impl fmt::Debug for State {
@@ -207,7 +209,68 @@ impl State {
             capture: Mutex::new(None),
             capture_epoch: AtomicU64::new(0),
             graph_written_dropped: AtomicU64::new(0),
+            pdl: major >= 9 && std::env::var("NUVEC_PDL").map_or(true, |v| v != "0"),
         })
+    }
+
+    /// Enqueues kernel `f` on the device stream with the argument addresses `params`. On sm_90
+    /// and later (unless `NUVEC_PDL=0`) with programmatic stream serialization: the kernel may
+    /// begin launching while the kernel before it finishes, which hides most of the gap between
+    /// two dependent kernels of a decode step. That is safe because every nuvec kernel starts
+    /// with `pdl_begin()` (common.cuh), which waits for the previous kernel to complete and its
+    /// writes to be visible before anything else; work of other libraries (cuBLAS, copies) is
+    /// launched without the attribute, so it waits as usual, and a kernel after it waits for it.
+    ///
+    /// # Safety
+    /// `params` holds one pointer per kernel parameter, each to a value of the parameter's type
+    /// that lives until this returns; pointer values among them address live allocations of this
+    /// device sized for the launch.
+    pub(crate) unsafe fn launch_raw(
+        &self,
+        f: &CudaFunction,
+        cfg: cudarc::driver::LaunchConfig,
+        params: &mut [*mut std::ffi::c_void],
+    ) -> std::result::Result<(), cudarc::driver::DriverError> {
+        use cudarc::driver::sys;
+        self.stream.context().bind_to_thread()?;
+        let (grid, block) = (cfg.grid_dim, cfg.block_dim);
+        if !self.pdl {
+            // SAFETY: as the caller promises; the stream belongs to this context.
+            return unsafe {
+                cudarc::driver::result::launch_kernel(
+                    f.cu_function(),
+                    grid,
+                    block,
+                    cfg.shared_mem_bytes,
+                    self.stream.cu_stream(),
+                    params,
+                )
+            };
+        }
+        // SAFETY: an all-zero launch attribute value is valid (a union of integers and structs of
+        // integers); the field written is the one the attribute id names.
+        let mut value: sys::CUlaunchAttributeValue = unsafe { std::mem::zeroed() };
+        value.programmaticStreamSerializationAllowed = 1;
+        let mut attr = sys::CUlaunchAttribute {
+            id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
+            pad: [0; 4],
+            value,
+        };
+        let config = sys::CUlaunchConfig {
+            gridDimX: grid.0,
+            gridDimY: grid.1,
+            gridDimZ: grid.2,
+            blockDimX: block.0,
+            blockDimY: block.1,
+            blockDimZ: block.2,
+            sharedMemBytes: cfg.shared_mem_bytes,
+            hStream: self.stream.cu_stream(),
+            attrs: &mut attr,
+            numAttrs: 1,
+        };
+        // SAFETY: `config` and `attr` live across the call; the function, stream and parameters
+        // are as the caller promises.
+        unsafe { sys::cuLaunchKernelEx(&config, f.cu_function(), params.as_mut_ptr(), std::ptr::null_mut()) }.result()
     }
 
     pub(crate) fn func(&self, name: &str) -> Result<&CudaFunction> {

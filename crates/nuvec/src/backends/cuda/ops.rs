@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock};
 
 use cudarc::cublas::sys::cublasOperation_t;
-use cudarc::driver::{LaunchConfig, PushKernelArg};
+use cudarc::driver::LaunchConfig;
 
 use super::graph::{KArg, StepPos, STEP_TOKEN};
 use super::{state, DeviceBuffer, State};
@@ -241,13 +241,13 @@ macro_rules! launch {
     ($st:expr, $op:expr, $name:expr, $cfg:expr; $($arg:ident),* $(,)?) => {{
         let st: &State = $st;
         let f = st.func($name)?;
-        let mut b = st.stream.launch_builder(f);
-        $(b.arg(&$arg);)*
-        // SAFETY: every pointer argument is the address of a live device allocation of this
-        // device (held by an Array or DeviceBuffer that outlives the enqueue; frees are ordered
-        // after the kernel on the same stream), sized for the extents passed alongside it, which
-        // the caller checked; the argument types match the kernel's parameters.
-        unsafe { b.launch($cfg) }
+        let mut params = [$(std::ptr::addr_of!($arg) as *mut std::ffi::c_void),*];
+        // SAFETY: one address per kernel parameter, of locals of its exact type that outlive the
+        // call; every pointer argument is the address of a live device allocation of this device
+        // (held by an Array or DeviceBuffer that outlives the enqueue; frees are ordered after
+        // the kernel on the same stream), sized for the extents passed alongside it, which the
+        // caller checked.
+        unsafe { st.launch_raw(f, $cfg, &mut params) }
             .map_err(|e| Error::Device(format!("{}: launching {} on cuda:{}: {e:?}", $op, $name, st.ordinal)))?;
     }};
 }

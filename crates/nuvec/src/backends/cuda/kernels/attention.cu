@@ -12,6 +12,7 @@
 
 extern "C" __global__ void attention_f32(float* out, const float* q, const float* k, const float* v, int l, int hq,
                                          int hkv, int d, int cap, int kv_len, float scale, const float* sinks) {
+    pdl_begin();
     extern __shared__ float smem[];
     float* qs = smem;            // d floats
     float* ps = smem + d;        // blockDim.x floats
@@ -213,6 +214,7 @@ __device__ __forceinline__ void atts_body(float* part, const float* q, const flo
 
 extern "C" __global__ void attention_split_f32(float* part, const float* q, const float* k, const float* v, int l, int hq, int hkv, int d,
                         int cap, int kv_len, float scale, int chunk, const int* step, int want) {
+    pdl_begin();
     __shared__ float sm_m[ATTS_WARPS], sm_l[ATTS_WARPS];
     __shared__ float4 sm_acc[ATTS_WARPS][32 * ATTS_SLOTS];
     if (d <= 128) atts_body<1>(part, q, k, v, l, hq, hkv, d, cap, kv_len, scale, chunk, step, want, sm_m, sm_l, sm_acc);
@@ -223,6 +225,7 @@ extern "C" __global__ void attention_split_f32(float* part, const float* q, cons
 // out [L, Hq * D] from the S partials of each (query, head): one block per (head, query).
 extern "C" __global__ void attention_merge_f32(float* out, const float* part, int hq, int d, int splits,
                                                const float* sinks) {
+    pdl_begin();
     const int h = blockIdx.x, t = blockIdx.y;
     const float* p = part + ((size_t)t * hq + h) * splits * (size_t)(d + 2);
     // The sink is one more partial: maximum `sink`, sum 1, values 0.
@@ -250,6 +253,7 @@ extern "C" __global__ void attention_merge_f32(float* out, const float* part, in
 // 0..=first + r; later entries become 0. One block per (row, head). With `sinks`, head h's sink
 // logit joins the denominator (the weights then sum to less than one).
 extern "C" __global__ void causal_softmax_f32(float* scores, int rows, int n, long long first, const float* sinks) {
+    pdl_begin();
     __shared__ float scratch[33];
     const int r = blockIdx.x, h = blockIdx.y;
     float* row = scores + ((size_t)h * rows + r) * n;

@@ -12,6 +12,19 @@ typedef unsigned long long u64;
 
 #define NEG_INF __int_as_float(0xff800000)
 
+// Programmatic dependent launch (sm_90+): the host launches kernels so that one may start while
+// the kernel before it on the stream is finishing (State::launch_raw). Every kernel calls this
+// first: griddepcontrol.wait returns once the kernels it depends on have completed and their
+// writes are visible (at once for a launch without that dependency), and launch_dependents then
+// lets the next kernel start launching; its blocks in turn wait here. A kernel that read or
+// wrote global memory before this call could race with the kernel before it.
+__device__ __forceinline__ void pdl_begin() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 __device__ __forceinline__ float f16_to_f32(u16 h) {
     float f;
     asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));

@@ -5,11 +5,13 @@
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < (n); i += (size_t)gridDim.x * blockDim.x)
 
 extern "C" __global__ void add_f32(float* out, const float* a, const float* b, size_t n) {
+    pdl_begin();
     GRID_STRIDE(i, n) out[i] = a[i] + b[i];
 }
 
 // silu(g) * u, written as the CPU backend writes it: g / (1 + exp(-g)) * u.
 extern "C" __global__ void silu_mul_f32(float* out, const float* g, const float* u, size_t n) {
+    pdl_begin();
     GRID_STRIDE(i, n) {
         float x = g[i];
         out[i] = x / (1.0f + expf(-x)) * u[i];
@@ -19,6 +21,7 @@ extern "C" __global__ void silu_mul_f32(float* out, const float* g, const float*
 // out [M, N] = x [M, N] + bias [N] (bias f32, f16 or bf16).
 extern "C" __global__ void add_bias_f32(float* out, const float* x, const void* bias, int bias_dt, size_t n,
                                         size_t cols) {
+    pdl_begin();
     GRID_STRIDE(i, n) out[i] = x[i] + load_float(bias, i % cols, bias_dt);
 }
 
@@ -27,6 +30,7 @@ extern "C" __global__ void add_bias_f32(float* out, const float* x, const void* 
 // step has two per layer): out = x * (1 / sqrt(mean(x^2) + eps)) * w.
 extern "C" __global__ void rms_norm_f32(float* out, const float* __restrict__ x, const void* w, int w_dt, int d,
                                         float eps, int vec) {
+    pdl_begin();
     __shared__ float scratch[33];
     const float* row = x + (size_t)blockIdx.x * d;
     float* o = out + (size_t)blockIdx.x * d;
@@ -43,6 +47,7 @@ extern "C" __global__ void rms_norm_f32(float* out, const float* __restrict__ x,
 // (positions since the captured step) is added to `offset`.
 extern "C" __global__ void rope_f32(float* out, const float* x, const float* inv_freqs, int half, int heads, int d,
                                     long long offset, int traditional, size_t n, const int* step) {
+    pdl_begin();
     if (step) offset += step[0];
     GRID_STRIDE(i, n) {
         int j = (int)(i % d);
@@ -58,6 +63,7 @@ extern "C" __global__ void rope_f32(float* out, const float* x, const float* inv
 // dst [A, cap, C] rows offset..offset+n of every A <- src [A, n, C]. `step`: as in rope_f32.
 extern "C" __global__ void write_axis1_f32(float* dst, const float* src, size_t n_total, int n, int cap, int c,
                                            int offset, const int* step) {
+    pdl_begin();
     if (step) offset += step[0];
     GRID_STRIDE(i, n_total) {
         size_t e = i % c;
@@ -70,6 +76,7 @@ extern "C" __global__ void write_axis1_f32(float* dst, const float* src, size_t 
 
 // [A, B, C] -> [B, A, C].
 extern "C" __global__ void transpose01_f32(float* out, const float* x, int a, int b, int c, size_t n) {
+    pdl_begin();
     GRID_STRIDE(i, n) {
         size_t e = i % c;
         size_t r = i / c;
@@ -112,6 +119,7 @@ __device__ void argmax_block_pick(float best, int bi, float* sv, int* si) {
 // the largest value before it in the range (-inf if none), and 1 if the range holds a NaN or an
 // infinity (else 0).
 extern "C" __global__ void argmax_part_f32(u32* part, const float* x, int n, int chunk) {
+    pdl_begin();
     __shared__ float sv[256];
     __shared__ int si[256];
     __shared__ float scratch[33];
@@ -150,6 +158,7 @@ extern "C" __global__ void argmax_part_f32(u32* part, const float* x, int n, int
 // x[r] - (largest value before r) (+inf when r = 0; a quiet NaN when the row holds a NaN or an
 // infinity).
 extern "C" __global__ void argmax_final_f32(u32* out, const u32* part, const float* x, int n, int parts, int gap) {
+    pdl_begin();
     __shared__ float sv[256];
     __shared__ int si[256];
     __shared__ float scratch[33];
@@ -204,6 +213,7 @@ extern "C" __global__ void argmax_final_f32(u32* out, const u32* part, const flo
 // rope_f32.
 extern "C" __global__ void write_axis1_rows_f32(float* dst, const float* src, size_t n_total, int a, int cap, int c,
                                                 int offset, const int* step) {
+    pdl_begin();
     if (step) offset += step[0];
     GRID_STRIDE(i, n_total) {
         size_t e = i % c;

@@ -58,6 +58,7 @@ __device__ __forceinline__ float fp_weight(const FpWeights& w, size_t r, int k) 
 // f32 partial sums reduced across the warp.
 extern "C" __global__ void fp_gemv(float* out, const float* x, int m, int n, const u32* packed,
                                    const unsigned char* scales, int mode, float factor, int k) {
+    pdl_begin();
     FpWeights w = {packed, scales, mode, factor, k};
     int lane = threadIdx.x & 31;
     size_t r = (size_t)blockIdx.x * FP_GEMV_WARPS + (threadIdx.x >> 5);
@@ -85,6 +86,7 @@ extern "C" __global__ void fp_gemv(float* out, const float* x, int m, int n, con
 extern "C" __global__ void fp_gather_rows(float* out, const u32* ids, long long row0, size_t total,
                                           const u32* packed, const unsigned char* scales, int mode,
                                           float factor, int k) {
+    pdl_begin();
     FpWeights w = {packed, scales, mode, factor, k};
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x) {
         size_t t = i / k;

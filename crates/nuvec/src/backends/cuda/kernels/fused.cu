@@ -11,6 +11,7 @@
 extern "C" __global__ void add_rms_norm_f32(float* __restrict__ sum, float* __restrict__ out,
                                             const float* __restrict__ a, const float* __restrict__ b, const void* w,
                                             int w_dt, int d, float eps, int vec) {
+    pdl_begin();
     __shared__ float scratch[33];
     size_t base = (size_t)blockIdx.x * d;
     float s = 0.0f;
@@ -43,6 +44,7 @@ extern "C" __global__ void rope_qk_f32(float* qo, float* ko, const float* q, con
                                        const void* kw, int w_dt, float eps, int norm, const float* inv_freqs,
                                        int half, int hq, int hkv, int d, long long offset, int traditional,
                                        const int* step) {
+    pdl_begin();
     if (step) offset += step[0];
     extern __shared__ float head[];
     __shared__ float scratch[33];
@@ -79,6 +81,7 @@ extern "C" __global__ void rope_qk_f32(float* qo, float* ko, const float* q, con
 // `step`: as in rope_qk_f32.
 extern "C" __global__ void write_kv_rows_f32(float* kd, float* vd, const float* ks, const float* vs, size_t n_each,
                                              int a, int cap, int c, int offset, const int* step) {
+    pdl_begin();
     if (step) offset += step[0];
     FUSED_GRID_STRIDE(i, 2 * n_each) {
         bool values = i >= n_each;

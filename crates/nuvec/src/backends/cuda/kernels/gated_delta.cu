@@ -17,6 +17,7 @@ __device__ __forceinline__ float gd_softplus(float x) { return fmaxf(x, 0.0f) + 
 // One thread per element of out, then of next.
 extern "C" __global__ void conv1d_silu_f32(float* out, float* next, const float* x, const float* state,
                                            const void* w, int w_dt, long long l, long long c, int keep) {
+    pdl_begin();
     const size_t n_out = (size_t)(l * c), n = n_out + (size_t)keep * c;
     const int taps = keep + 1;
     GD_GRID_STRIDE(i, n) {
@@ -38,6 +39,7 @@ extern "C" __global__ void conv1d_silu_f32(float* out, float* next, const float*
 
 // x * sigmoid(gate).
 extern "C" __global__ void sigmoid_mul_f32(float* out, const float* gate, const float* x, size_t n) {
+    pdl_begin();
     GD_GRID_STRIDE(i, n) out[i] = x[i] * gd_sigmoid(gate[i]);
 }
 
@@ -61,6 +63,7 @@ extern "C" __global__ void __launch_bounds__(32 * GD_WARPS)
     gated_delta_f32(float* y, float* next, const float* mixed, const float* a, const float* b, const void* a_log,
                     const void* dt_bias, int alog_dt, int bias_dt, const float* state, int l, int hk, int hv, int dk, int dv,
                     float eps, float q_scale, float k_scale) {
+    pdl_begin();
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int h = blockIdx.x, kh = h / (hv / hk);
     const int r0 = (blockIdx.y * GD_WARPS + warp) * GD_ROWS;

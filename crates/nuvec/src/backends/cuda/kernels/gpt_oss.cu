@@ -6,6 +6,7 @@
 // stays NaN (as f32::clamp).
 extern "C" __global__ void swiglu_oai_f32(float* out, const float* gate, const float* up, float alpha, float limit,
                                           size_t n) {
+    pdl_begin();
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
         const float g = fminf(gate[i], limit);
         float u = up[i];

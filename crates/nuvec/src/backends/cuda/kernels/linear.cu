@@ -33,6 +33,7 @@ __device__ __forceinline__ float weight(const Weights& w, size_t r, int k) {
 extern "C" __global__ void gemv(float* out, const float* x, int m, int n, const void* dense, const u32* packed,
                                 const void* scales, const void* biases, int w_dt, int p_dt, int bits, int group,
                                 int k) {
+    pdl_begin();
     Weights w = {dense, packed, scales, biases, w_dt, p_dt, bits, group, k};
     int lane = threadIdx.x & 31;
     size_t r = (size_t)blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5);
@@ -60,6 +61,7 @@ extern "C" __global__ void gemv(float* out, const float* x, int m, int n, const 
 extern "C" __global__ void gather_rows(float* out, const u32* ids, long long row0, size_t total, const void* dense,
                                        const u32* packed, const void* scales, const void* biases, int w_dt, int p_dt,
                                        int bits, int group, int k) {
+    pdl_begin();
     Weights w = {dense, packed, scales, biases, w_dt, p_dt, bits, group, k};
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x) {
         size_t t = i / k;
@@ -245,12 +247,12 @@ __device__ __forceinline__ void qdequant_body(float* out, long long row0, long l
     float *out, long long row0, long long rows, const u32 *packed, const void *scales, const void *biases, int p_dt, \
         int lg, int k
 #define QD_ARGS out, row0, rows, packed, scales, biases, p_dt, lg, k
-extern "C" __global__ void qdequant_b2(QD_PARAMS) { qdequant_body<2>(QD_ARGS); }
-extern "C" __global__ void qdequant_b3(QD_PARAMS) { qdequant_body<3>(QD_ARGS); }
-extern "C" __global__ void qdequant_b4(QD_PARAMS) { qdequant_body<4>(QD_ARGS); }
-extern "C" __global__ void qdequant_b5(QD_PARAMS) { qdequant_body<5>(QD_ARGS); }
-extern "C" __global__ void qdequant_b6(QD_PARAMS) { qdequant_body<6>(QD_ARGS); }
-extern "C" __global__ void qdequant_b8(QD_PARAMS) { qdequant_body<8>(QD_ARGS); }
+extern "C" __global__ void qdequant_b2(QD_PARAMS) { pdl_begin(); qdequant_body<2>(QD_ARGS); }
+extern "C" __global__ void qdequant_b3(QD_PARAMS) { pdl_begin(); qdequant_body<3>(QD_ARGS); }
+extern "C" __global__ void qdequant_b4(QD_PARAMS) { pdl_begin(); qdequant_body<4>(QD_ARGS); }
+extern "C" __global__ void qdequant_b5(QD_PARAMS) { pdl_begin(); qdequant_body<5>(QD_ARGS); }
+extern "C" __global__ void qdequant_b6(QD_PARAMS) { pdl_begin(); qdequant_body<6>(QD_ARGS); }
+extern "C" __global__ void qdequant_b8(QD_PARAMS) { pdl_begin(); qdequant_body<8>(QD_ARGS); }
 
 // qgemv1_bN: one input row (decode); qgemv_bN: up to QG_MAX_M rows. Separate kernels so that
 // the one-row kernel gets the registers (and occupancy) of its smaller accumulator. Written out
@@ -305,24 +307,24 @@ __device__ __forceinline__ void qgm_slot(QGM_PARAMS, float*& out, int& n, const 
     if (lg == 4) qgemv_body<BITS, true, 1>(out, x, 1, n, pk, sc, bi, p_dt, lg, k, b, up); \
     else qgemv_body<BITS, false, 1>(out, x, 1, n, pk, sc, bi, p_dt, lg, k, b, up);
 
-extern "C" __global__ void __launch_bounds__(128, 4) qgemv1_b2(QG_PARAMS) { QG_DISPATCH(2, 1); }
-extern "C" __global__ void qgemv_b2(QG_PARAMS) { QG_DISPATCH(2, QG_MAX_M); }
-extern "C" __global__ void __launch_bounds__(128, 4) qgemv1_b3(QG_PARAMS) { QG_DISPATCH(3, 1); }
-extern "C" __global__ void qgemv_b3(QG_PARAMS) { QG_DISPATCH(3, QG_MAX_M); }
-extern "C" __global__ void __launch_bounds__(128, 4) qgemv1_b4(QG_PARAMS) { QG_DISPATCH(4, 1); }
-extern "C" __global__ void qgemv_b4(QG_PARAMS) { QG_DISPATCH(4, QG_MAX_M); }
-extern "C" __global__ void __launch_bounds__(128, 4) qgemv1_b5(QG_PARAMS) { QG_DISPATCH(5, 1); }
-extern "C" __global__ void qgemv_b5(QG_PARAMS) { QG_DISPATCH(5, QG_MAX_M); }
-extern "C" __global__ void __launch_bounds__(128, 4) qgemv1_b6(QG_PARAMS) { QG_DISPATCH(6, 1); }
-extern "C" __global__ void qgemv_b6(QG_PARAMS) { QG_DISPATCH(6, QG_MAX_M); }
-extern "C" __global__ void __launch_bounds__(128, 4) qgemv1_b8(QG_PARAMS) { QG_DISPATCH(8, 1); }
-extern "C" __global__ void qgemv_b8(QG_PARAMS) { QG_DISPATCH(8, QG_MAX_M); }
-extern "C" __global__ void __launch_bounds__(128, 4) qgemv_multi_b2(QGM_PARAMS) { QGM_DISPATCH(2) }
-extern "C" __global__ void __launch_bounds__(128, 4) qgemv_multi_b3(QGM_PARAMS) { QGM_DISPATCH(3) }
-extern "C" __global__ void __launch_bounds__(128, 4) qgemv_multi_b4(QGM_PARAMS) { QGM_DISPATCH(4) }
-extern "C" __global__ void __launch_bounds__(128, 4) qgemv_multi_b5(QGM_PARAMS) { QGM_DISPATCH(5) }
-extern "C" __global__ void __launch_bounds__(128, 4) qgemv_multi_b6(QGM_PARAMS) { QGM_DISPATCH(6) }
-extern "C" __global__ void __launch_bounds__(128, 4) qgemv_multi_b8(QGM_PARAMS) { QGM_DISPATCH(8) }
+extern "C" __global__ void __launch_bounds__(128, 4) qgemv1_b2(QG_PARAMS) { pdl_begin(); QG_DISPATCH(2, 1); }
+extern "C" __global__ void qgemv_b2(QG_PARAMS) { pdl_begin(); QG_DISPATCH(2, QG_MAX_M); }
+extern "C" __global__ void __launch_bounds__(128, 4) qgemv1_b3(QG_PARAMS) { pdl_begin(); QG_DISPATCH(3, 1); }
+extern "C" __global__ void qgemv_b3(QG_PARAMS) { pdl_begin(); QG_DISPATCH(3, QG_MAX_M); }
+extern "C" __global__ void __launch_bounds__(128, 4) qgemv1_b4(QG_PARAMS) { pdl_begin(); QG_DISPATCH(4, 1); }
+extern "C" __global__ void qgemv_b4(QG_PARAMS) { pdl_begin(); QG_DISPATCH(4, QG_MAX_M); }
+extern "C" __global__ void __launch_bounds__(128, 4) qgemv1_b5(QG_PARAMS) { pdl_begin(); QG_DISPATCH(5, 1); }
+extern "C" __global__ void qgemv_b5(QG_PARAMS) { pdl_begin(); QG_DISPATCH(5, QG_MAX_M); }
+extern "C" __global__ void __launch_bounds__(128, 4) qgemv1_b6(QG_PARAMS) { pdl_begin(); QG_DISPATCH(6, 1); }
+extern "C" __global__ void qgemv_b6(QG_PARAMS) { pdl_begin(); QG_DISPATCH(6, QG_MAX_M); }
+extern "C" __global__ void __launch_bounds__(128, 4) qgemv1_b8(QG_PARAMS) { pdl_begin(); QG_DISPATCH(8, 1); }
+extern "C" __global__ void qgemv_b8(QG_PARAMS) { pdl_begin(); QG_DISPATCH(8, QG_MAX_M); }
+extern "C" __global__ void __launch_bounds__(128, 4) qgemv_multi_b2(QGM_PARAMS) { pdl_begin(); QGM_DISPATCH(2) }
+extern "C" __global__ void __launch_bounds__(128, 4) qgemv_multi_b3(QGM_PARAMS) { pdl_begin(); QGM_DISPATCH(3) }
+extern "C" __global__ void __launch_bounds__(128, 4) qgemv_multi_b4(QGM_PARAMS) { pdl_begin(); QGM_DISPATCH(4) }
+extern "C" __global__ void __launch_bounds__(128, 4) qgemv_multi_b5(QGM_PARAMS) { pdl_begin(); QGM_DISPATCH(5) }
+extern "C" __global__ void __launch_bounds__(128, 4) qgemv_multi_b6(QGM_PARAMS) { pdl_begin(); QGM_DISPATCH(6) }
+extern "C" __global__ void __launch_bounds__(128, 4) qgemv_multi_b8(QGM_PARAMS) { pdl_begin(); QGM_DISPATCH(8) }
 
 // ---- 4-bit one-row GEMV in the probe's shape (v6, v7; issue 7) ----
 //
@@ -596,26 +598,26 @@ __device__ __forceinline__ void qgemv4w_multi(QGM_PARAMS) {
 // Without the minimum-blocks bound ptxas gave these kernels ~250 registers (as it gave the removed
 // 8-row qgemv_body shapes: 254), i.e. half the resident warps, although each (group, dtype) body
 // needs 128.
-extern "C" __global__ void __launch_bounds__(64, 8) qgemv1_b4_v6(QG_PARAMS) { qgemv4w_one<8, 2>(QG_ARGS); }
-extern "C" __global__ void __launch_bounds__(32, 16) qgemv1_b4_v7(QG_PARAMS) { qgemv4w_one<8, 1>(QG_ARGS); }
-extern "C" __global__ void __launch_bounds__(64, 8) qgemv_multi_b4_v6(QGM_PARAMS) { qgemv4w_multi<8, 2>(QGM_ARGS); }
-extern "C" __global__ void __launch_bounds__(32, 16) qgemv_multi_b4_v7(QGM_PARAMS) { qgemv4w_multi<8, 1>(QGM_ARGS); }
+extern "C" __global__ void __launch_bounds__(64, 8) qgemv1_b4_v6(QG_PARAMS) { pdl_begin(); qgemv4w_one<8, 2>(QG_ARGS); }
+extern "C" __global__ void __launch_bounds__(32, 16) qgemv1_b4_v7(QG_PARAMS) { pdl_begin(); qgemv4w_one<8, 1>(QG_ARGS); }
+extern "C" __global__ void __launch_bounds__(64, 8) qgemv_multi_b4_v6(QGM_PARAMS) { pdl_begin(); qgemv4w_multi<8, 2>(QGM_ARGS); }
+extern "C" __global__ void __launch_bounds__(32, 16) qgemv_multi_b4_v7(QGM_PARAMS) { pdl_begin(); qgemv4w_multi<8, 1>(QGM_ARGS); }
 // The same loop with 4 and 8 warps per block (v8, v9): for weights of few rows and long rows (an
 // 8B's o and down projections: 512 blocks of 8 rows), where 2 warps per block leave most of the
 // SMs' warp slots empty and each lane waits on its loads in turn. 128 registers, as v6.
-extern "C" __global__ void __launch_bounds__(128, 4) qgemv1_b4_v8(QG_PARAMS) { qgemv4w_one<8, 4>(QG_ARGS); }
-extern "C" __global__ void __launch_bounds__(256, 2) qgemv1_b4_v9(QG_PARAMS) { qgemv4w_one<8, 8>(QG_ARGS); }
-extern "C" __global__ void __launch_bounds__(128, 4) qgemv_multi_b4_v8(QGM_PARAMS) { qgemv4w_multi<8, 4>(QGM_ARGS); }
-extern "C" __global__ void __launch_bounds__(256, 2) qgemv_multi_b4_v9(QGM_PARAMS) { qgemv4w_multi<8, 8>(QGM_ARGS); }
+extern "C" __global__ void __launch_bounds__(128, 4) qgemv1_b4_v8(QG_PARAMS) { pdl_begin(); qgemv4w_one<8, 4>(QG_ARGS); }
+extern "C" __global__ void __launch_bounds__(256, 2) qgemv1_b4_v9(QG_PARAMS) { pdl_begin(); qgemv4w_one<8, 8>(QG_ARGS); }
+extern "C" __global__ void __launch_bounds__(128, 4) qgemv_multi_b4_v8(QGM_PARAMS) { pdl_begin(); qgemv4w_multi<8, 4>(QGM_ARGS); }
+extern "C" __global__ void __launch_bounds__(256, 2) qgemv_multi_b4_v9(QGM_PARAMS) { pdl_begin(); qgemv4w_multi<8, 8>(QGM_ARGS); }
 // x per word (qgemv4x_body; groups of 32 and more): v10 = 4 rows x 1 warp and v12 = 4 rows x 4
 // warps at 64 registers (32 warps per SM; their multi-weight twins at 72, which do not spill),
 // v11 = 8 rows x 1 warp at 96 (20 warps per SM).
-extern "C" __global__ void __launch_bounds__(32, 32) qgemv1_b4_v10(QG_PARAMS) { qgemv4w_one<4, 1, true>(QG_ARGS); }
-extern "C" __global__ void __launch_bounds__(32, 20) qgemv1_b4_v11(QG_PARAMS) { qgemv4w_one<8, 1, true>(QG_ARGS); }
-extern "C" __global__ void __launch_bounds__(128, 8) qgemv1_b4_v12(QG_PARAMS) { qgemv4w_one<4, 4, true>(QG_ARGS); }
-extern "C" __global__ void __launch_bounds__(32, 28) qgemv_multi_b4_v10(QGM_PARAMS) { qgemv4w_multi<4, 1, true>(QGM_ARGS); }
-extern "C" __global__ void __launch_bounds__(32, 20) qgemv_multi_b4_v11(QGM_PARAMS) { qgemv4w_multi<8, 1, true>(QGM_ARGS); }
-extern "C" __global__ void __launch_bounds__(128, 7) qgemv_multi_b4_v12(QGM_PARAMS) { qgemv4w_multi<4, 4, true>(QGM_ARGS); }
+extern "C" __global__ void __launch_bounds__(32, 32) qgemv1_b4_v10(QG_PARAMS) { pdl_begin(); qgemv4w_one<4, 1, true>(QG_ARGS); }
+extern "C" __global__ void __launch_bounds__(32, 20) qgemv1_b4_v11(QG_PARAMS) { pdl_begin(); qgemv4w_one<8, 1, true>(QG_ARGS); }
+extern "C" __global__ void __launch_bounds__(128, 8) qgemv1_b4_v12(QG_PARAMS) { pdl_begin(); qgemv4w_one<4, 4, true>(QG_ARGS); }
+extern "C" __global__ void __launch_bounds__(32, 28) qgemv_multi_b4_v10(QGM_PARAMS) { pdl_begin(); qgemv4w_multi<4, 1, true>(QGM_ARGS); }
+extern "C" __global__ void __launch_bounds__(32, 20) qgemv_multi_b4_v11(QGM_PARAMS) { pdl_begin(); qgemv4w_multi<8, 1, true>(QGM_ARGS); }
+extern "C" __global__ void __launch_bounds__(128, 7) qgemv_multi_b4_v12(QGM_PARAMS) { pdl_begin(); qgemv4w_multi<4, 4, true>(QGM_ARGS); }
 
 // ---- gate_up_silu: a gated MLP's hidden activations in the gate/up GEMV (issue 7) ----
 //
@@ -677,10 +679,10 @@ __device__ __forceinline__ void gate_up_silu_b4(GUS_PARAMS) {
 
 // One per qgemv_multi_b4 variant of the 8-row loops and the x-per-word ones, with its launch
 // bounds: 4 rows of gate and 4 of up per block where the variant takes 8 rows (2 and 2 for 4).
-extern "C" __global__ void __launch_bounds__(64, 8) gate_up_silu_b4_v6(GUS_PARAMS) { gate_up_silu_b4<4, 2, false>(GUS_CALL); }
-extern "C" __global__ void __launch_bounds__(32, 16) gate_up_silu_b4_v7(GUS_PARAMS) { gate_up_silu_b4<4, 1, false>(GUS_CALL); }
-extern "C" __global__ void __launch_bounds__(128, 4) gate_up_silu_b4_v8(GUS_PARAMS) { gate_up_silu_b4<4, 4, false>(GUS_CALL); }
-extern "C" __global__ void __launch_bounds__(256, 2) gate_up_silu_b4_v9(GUS_PARAMS) { gate_up_silu_b4<4, 8, false>(GUS_CALL); }
-extern "C" __global__ void __launch_bounds__(32, 28) gate_up_silu_b4_v10(GUS_PARAMS) { gate_up_silu_b4<2, 1, true>(GUS_CALL); }
-extern "C" __global__ void __launch_bounds__(32, 20) gate_up_silu_b4_v11(GUS_PARAMS) { gate_up_silu_b4<4, 1, true>(GUS_CALL); }
-extern "C" __global__ void __launch_bounds__(128, 7) gate_up_silu_b4_v12(GUS_PARAMS) { gate_up_silu_b4<2, 4, true>(GUS_CALL); }
+extern "C" __global__ void __launch_bounds__(64, 8) gate_up_silu_b4_v6(GUS_PARAMS) { pdl_begin(); gate_up_silu_b4<4, 2, false>(GUS_CALL); }
+extern "C" __global__ void __launch_bounds__(32, 16) gate_up_silu_b4_v7(GUS_PARAMS) { pdl_begin(); gate_up_silu_b4<4, 1, false>(GUS_CALL); }
+extern "C" __global__ void __launch_bounds__(128, 4) gate_up_silu_b4_v8(GUS_PARAMS) { pdl_begin(); gate_up_silu_b4<4, 4, false>(GUS_CALL); }
+extern "C" __global__ void __launch_bounds__(256, 2) gate_up_silu_b4_v9(GUS_PARAMS) { pdl_begin(); gate_up_silu_b4<4, 8, false>(GUS_CALL); }
+extern "C" __global__ void __launch_bounds__(32, 28) gate_up_silu_b4_v10(GUS_PARAMS) { pdl_begin(); gate_up_silu_b4<2, 1, true>(GUS_CALL); }
+extern "C" __global__ void __launch_bounds__(32, 20) gate_up_silu_b4_v11(GUS_PARAMS) { pdl_begin(); gate_up_silu_b4<4, 1, true>(GUS_CALL); }
+extern "C" __global__ void __launch_bounds__(128, 7) gate_up_silu_b4_v12(GUS_PARAMS) { pdl_begin(); gate_up_silu_b4<2, 4, true>(GUS_CALL); }

@@ -20,6 +20,7 @@ __device__ __forceinline__ u32 pf_bf16x2(float lo, float hi) { return pf_bf16(lo
 // KV head of the cache [Hkv, cap, D] become [Hkv, kv_len, D]. Index math in 32 bits where it fits.
 extern "C" __global__ void gather3_bf16(u16* out, const void* src, int dt, long long a_n, long long b_n, long long c_n,
                                         long long sa, long long sb, size_t total) {
+    pdl_begin();
     const size_t stride = (size_t)gridDim.x * blockDim.x;
     if (total <= 0xffffffffull) {
         const u32 an = (u32)a_n, cn = (u32)c_n;
@@ -41,6 +42,7 @@ extern "C" __global__ void gather3_bf16(u16* out, const void* src, int dt, long 
 // out [n] bf16 = src [n] (f32, f16 or bf16 `dt`): activations and dense weight tiles. Pairs of
 // values per thread, written as one u32 (`out` 4-byte aligned: the host passes buffer starts).
 extern "C" __global__ void convert_bf16(u16* out, const void* src, int dt, size_t n) {
+    pdl_begin();
     const size_t pairs = n / 2;
     u32* out2 = (u32*)out;
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < pairs; i += (size_t)gridDim.x * blockDim.x)
@@ -51,6 +53,7 @@ extern "C" __global__ void convert_bf16(u16* out, const void* src, int dt, size_
 // out [n] bf16 = silu(g) * u, computed in f32 as silu_mul_f32 computes it (g / (1 + exp(-g)) * u),
 // then rounded: the input of a down projection, made in one pass.
 extern "C" __global__ void silu_mul_bf16(u16* out, const float* g, const float* u, size_t n) {
+    pdl_begin();
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
         float x = g[i];
         out[i] = (u16)pf_bf16(x / (1.0f + expf(-x)) * u[i]);
@@ -96,18 +99,19 @@ __device__ __forceinline__ void qdequant_bf16_body(u16* out, long long row0, lon
     u16 *out, long long row0, long long rows, const u32 *packed, const void *scales, const void *biases, int p_dt, \
         int lg, int k
 #define QDB_ARGS out, row0, rows, packed, scales, biases, p_dt, lg, k
-extern "C" __global__ void qdequant_bf16_b2(QDB_PARAMS) { qdequant_bf16_body<2>(QDB_ARGS); }
-extern "C" __global__ void qdequant_bf16_b3(QDB_PARAMS) { qdequant_bf16_body<3>(QDB_ARGS); }
-extern "C" __global__ void qdequant_bf16_b4(QDB_PARAMS) { qdequant_bf16_body<4>(QDB_ARGS); }
-extern "C" __global__ void qdequant_bf16_b5(QDB_PARAMS) { qdequant_bf16_body<5>(QDB_ARGS); }
-extern "C" __global__ void qdequant_bf16_b6(QDB_PARAMS) { qdequant_bf16_body<6>(QDB_ARGS); }
-extern "C" __global__ void qdequant_bf16_b8(QDB_PARAMS) { qdequant_bf16_body<8>(QDB_ARGS); }
+extern "C" __global__ void qdequant_bf16_b2(QDB_PARAMS) { pdl_begin(); qdequant_bf16_body<2>(QDB_ARGS); }
+extern "C" __global__ void qdequant_bf16_b3(QDB_PARAMS) { pdl_begin(); qdequant_bf16_body<3>(QDB_ARGS); }
+extern "C" __global__ void qdequant_bf16_b4(QDB_PARAMS) { pdl_begin(); qdequant_bf16_body<4>(QDB_ARGS); }
+extern "C" __global__ void qdequant_bf16_b5(QDB_PARAMS) { pdl_begin(); qdequant_bf16_body<5>(QDB_ARGS); }
+extern "C" __global__ void qdequant_bf16_b6(QDB_PARAMS) { pdl_begin(); qdequant_bf16_body<6>(QDB_ARGS); }
+extern "C" __global__ void qdequant_bf16_b8(QDB_PARAMS) { pdl_begin(); qdequant_bf16_body<8>(QDB_ARGS); }
 
 // The same for any affine case the chunked kernel does not take (K not a multiple of 32, words not
 // aligned for its wide loads): one thread per value, read through the bit stream.
 extern "C" __global__ void qdequant_bf16_any(u16* out, long long row0, size_t total, const u32* packed,
                                              const void* scales, const void* biases, int p_dt, int bits, int group,
                                              int k) {
+    pdl_begin();
     const size_t words = (size_t)k * bits / 32;
     const size_t gpr = (size_t)(k / group);
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x) {
@@ -132,6 +136,7 @@ extern "C" __global__ void qdequant_bf16_any(u16* out, long long row0, size_t to
 extern "C" __global__ void __launch_bounds__(SMX_THREADS) causal_softmax_bf16(u16* probs, float* scores, int rows,
                                                                               int n, int ld, long long first,
                                                                               int group) {
+    pdl_begin();
     __shared__ float scratch[33];
     const int r = blockIdx.x, h = blockIdx.y;
     const size_t off = ((size_t)h * rows + r) * ld;

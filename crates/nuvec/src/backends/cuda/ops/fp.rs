@@ -2,7 +2,7 @@
 //! CUDA device: the kernels of `kernels/fp_linear.cu`, laid out as the affine path in `ops.rs`
 //! (a warp-per-row GEMV for a few input rows, decoded f32 tiles through cuBLAS for many).
 
-use cudarc::driver::{LaunchConfig, PushKernelArg};
+use cudarc::driver::LaunchConfig;
 
 use super::{cfg_1d, to_i32, CudaBackend, GEMV_MAX_ROWS, GEMV_ROWS_PER_BLOCK, TILE_FLOATS};
 use crate::backends::cuda::graph::STEP_TOKEN;

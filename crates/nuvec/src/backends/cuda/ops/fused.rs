@@ -3,7 +3,7 @@
 //! launch where the separate ops take two to six. Cases the kernels do not take (mixed dtypes,
 //! very long rows) run the separate ops, as the trait's defaults do.
 
-use cudarc::driver::{LaunchConfig, PushKernelArg};
+use cudarc::driver::LaunchConfig;
 
 use super::{cfg_1d, float_code, norm_threads, rows_vectorizable, to_i32, CudaBackend};
 use crate::backends::cuda::graph::StepPos;

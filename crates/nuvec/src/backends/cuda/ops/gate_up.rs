@@ -6,7 +6,7 @@
 
 use std::sync::OnceLock;
 
-use cudarc::driver::{LaunchConfig, PushKernelArg};
+use cudarc::driver::LaunchConfig;
 
 use super::{qgemv4_variant, to_i32, CudaBackend};
 use crate::backends::cuda::State;

@@ -4,7 +4,7 @@
 //! positions: each warp owns a few rows of one value head's state, in registers, and walks the
 //! positions in order.
 
-use cudarc::driver::{LaunchConfig, PushKernelArg};
+use cudarc::driver::LaunchConfig;
 
 use super::{cfg_1d, float_code, to_i32, CudaBackend};
 use crate::backends::cuda::State;

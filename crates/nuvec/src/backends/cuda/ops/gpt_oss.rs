@@ -2,8 +2,6 @@
 //! copies of its attention sinks, which the attention kernels of attention.cu take as an
 //! optional pointer (see `CudaBackend::attention_with`).
 
-use cudarc::driver::PushKernelArg;
-
 use super::{cfg_1d, ConstantTables, CudaBackend};
 use crate::backends::cuda::State;
 use crate::{Array, DType, Error, Result};

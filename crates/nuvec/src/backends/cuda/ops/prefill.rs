@@ -18,7 +18,7 @@ use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::OnceLock;
 
 use cudarc::cublas::sys::{cublasComputeType_t, cublasGemmAlgo_t, cublasOperation_t, cudaDataType};
-use cudarc::driver::{LaunchConfig, PushKernelArg};
+use cudarc::driver::LaunchConfig;
 
 use super::{
     cfg_1d, fast_path_log_group, to_i32, CudaBackend, WeightArgs, ATTN_GEMM_SCORE_BYTES, DT_BF16, DT_F16, DT_F32,
