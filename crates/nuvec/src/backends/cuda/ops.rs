@@ -235,13 +235,29 @@ fn to_i32(op: &'static str, what: &str, v: usize) -> Result<i32> {
     i32::try_from(v).map_err(|_| Error::Unsupported(format!("{op}: {what} = {v} is over the CUDA kernels' 2^31 limit")))
 }
 
+/// The types a kernel argument may have: the kernels' parameter types as the host holds them
+/// (u64 for pointers and size_t, i32 for int, u32 for unsigned, i64 for long long, f32 for
+/// float). `launch!` passes each argument's address, so any other type would not compile rather
+/// than reach a kernel as the wrong bytes.
+trait KernelArg: Copy {}
+impl KernelArg for u64 {}
+impl KernelArg for i32 {}
+impl KernelArg for u32 {}
+impl KernelArg for i64 {}
+impl KernelArg for f32 {}
+
+/// The address of a kernel argument, as `cuLaunchKernel` takes it.
+fn arg_ptr<T: KernelArg>(v: &T) -> *mut std::ffi::c_void {
+    (v as *const T).cast_mut().cast()
+}
+
 /// Launches kernel `$name` with `$cfg` and the given arguments (locals of the kernel's exact
-/// parameter types: u64 for pointers and size_t, i32 for int, i64 for long long, f32 for float).
+/// parameter types: see [`KernelArg`]).
 macro_rules! launch {
     ($st:expr, $op:expr, $name:expr, $cfg:expr; $($arg:ident),* $(,)?) => {{
         let st: &State = $st;
         let f = st.func($name)?;
-        let mut params = [$(std::ptr::addr_of!($arg) as *mut std::ffi::c_void),*];
+        let mut params = [$($crate::backends::cuda::ops::arg_ptr(&$arg)),*];
         // SAFETY: one address per kernel parameter, of locals of its exact type that outlive the
         // call; every pointer argument is the address of a live device allocation of this device
         // (held by an Array or DeviceBuffer that outlives the enqueue; frees are ordered after
