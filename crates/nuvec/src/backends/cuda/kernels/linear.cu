@@ -473,25 +473,11 @@ __device__ __forceinline__ void qgemv4w_acc(float (&acc)[ROWS], const float* __r
     }
 }
 
-template <bool G16, int PDT, int ROWS, int WARPS>
-__device__ __forceinline__ void qgemv4w_body(float* out, const float* __restrict__ x, int n,
-                                             const u32* __restrict__ packed, const void* __restrict__ scales,
-                                             const void* __restrict__ biases, int p_dt, int lg, int k, int block,
-                                             const float* __restrict__ up) {
-    __shared__ float red[WARPS][ROWS];
-    const int dt = PDT >= 0 ? PDT : p_dt;
-    const int r0 = block * ROWS;
-    const size_t words = (size_t)(k >> 5) * 4, gpr = (size_t)(k >> lg);
-    float acc[ROWS];
-    qgemv4w_acc<G16, ROWS, WARPS>(acc, x, k, up, Qg4Rows<G16, ROWS>{packed, scales, biases, dt, lg, r0, n, words, gpr});
-    qg4_store_rows<ROWS, WARPS>(out, acc, red, r0, n);
-}
-
 // The same arithmetic with x read per word (v10-v12; no fused silu(x) * up): for each of a chunk's 4 words, the lane
 // loads its 8 x values and multiplies them with that word of every row, so 8 x values are live
-// instead of 32. Each row's sums add in the order of qgemv4w_body (words in order, values in
+// instead of 32. Each row's sums add in the order of qgemv4w_acc (words in order, values in
 // order). The registers saved buy occupancy: at 64 registers
-// (4 rows) an SM holds 32 warps where the 128 of qgemv4w_body hold 16 (ncu on the H200: the v7
+// (4 rows) an SM holds 32 warps where the 128 of qgemv4w_acc's kernels hold 16 (ncu on the H200: the v7
 // gate/up launch reached 1.8 TB/s at 13.5 active warps per SM, 4 per scheduler).
 // A lane's sums with x read per word, over the rows that load fetches (as qgemv4w_acc).
 template <bool G16, int ROWS, int WARPS, class Load>
@@ -535,32 +521,25 @@ __device__ __forceinline__ void qgemv4x_acc(float (&acc)[ROWS], const float* __r
     }
 }
 
-template <bool G16, int PDT, int ROWS, int WARPS>
-__device__ __forceinline__ void qgemv4x_body(float* out, const float* __restrict__ x, int n,
-                                             const u32* __restrict__ packed, const void* __restrict__ scales,
-                                             const void* __restrict__ biases, int p_dt, int lg, int k, int block) {
-    __shared__ float red[WARPS][ROWS];
-    const int dt = PDT >= 0 ? PDT : p_dt;
-    const int r0 = block * ROWS;
-    const size_t words = (size_t)(k >> 5) * 4, gpr = (size_t)(k >> lg);
-    float acc[ROWS];
-    qgemv4x_acc<G16, ROWS, WARPS>(acc, x, k, Qg4Rows<G16, ROWS>{packed, scales, biases, dt, lg, r0, n, words, gpr});
-    qg4_store_rows<ROWS, WARPS>(out, acc, red, r0, n);
-}
-
-// One-row launch (QG_PARAMS, `m` is 1, so that the host launches it like the other variants):
-// groups of 16 with the runtime dtype, otherwise one instance per scale dtype.
-// XW picks qgemv4x_body (x per word) over qgemv4w_body.
+// One block of a one-row launch (QG_PARAMS, `m` is 1, so that the host launches it like the
+// other variants): groups of 16 with the runtime dtype, otherwise one instance per scale dtype.
+// XW picks the x-per-word loop (qgemv4x_acc) over the per-word one (qgemv4w_acc, which also
+// takes the fused silu(x) * up input).
 template <bool G16, int PDT, int ROWS, int WARPS, bool XW>
 __device__ __forceinline__ void qgemv4_run(float* out, const float* __restrict__ x, int n,
                                            const u32* __restrict__ packed, const void* __restrict__ scales,
                                            const void* __restrict__ biases, int p_dt, int lg, int k, int block,
                                            const float* __restrict__ up) {
-    if constexpr (XW) {
-        if (up != nullptr) __trap();  // the host sends silu(x) * up launches to qgemv4w_body
-        qgemv4x_body<G16, PDT, ROWS, WARPS>(out, x, n, packed, scales, biases, p_dt, lg, k, block);
-    }
-    else qgemv4w_body<G16, PDT, ROWS, WARPS>(out, x, n, packed, scales, biases, p_dt, lg, k, block, up);
+    if (XW && up != nullptr) __trap();  // the host sends silu(x) * up launches to the per-word loop
+    __shared__ float red[WARPS][ROWS];
+    const int dt = PDT >= 0 ? PDT : p_dt;
+    const int r0 = block * ROWS;
+    const size_t words = (size_t)(k >> 5) * 4, gpr = (size_t)(k >> lg);
+    const Qg4Rows<G16, ROWS> load{packed, scales, biases, dt, lg, r0, n, words, gpr};
+    float acc[ROWS];
+    if constexpr (XW) qgemv4x_acc<G16, ROWS, WARPS>(acc, x, k, load);
+    else qgemv4w_acc<G16, ROWS, WARPS>(acc, x, k, up, load);
+    qg4_store_rows<ROWS, WARPS>(out, acc, red, r0, n);
 }
 
 // The x-per-word kernels (XW) take groups of 32 and more only: their register cap (64) would
@@ -609,7 +588,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) qgemv1_b4_v8(QG_PARAMS) { p
 extern "C" __global__ void __launch_bounds__(256, 2) qgemv1_b4_v9(QG_PARAMS) { pdl_begin(); qgemv4w_one<8, 8>(QG_ARGS); }
 extern "C" __global__ void __launch_bounds__(128, 4) qgemv_multi_b4_v8(QGM_PARAMS) { pdl_begin(); qgemv4w_multi<8, 4>(QGM_ARGS); }
 extern "C" __global__ void __launch_bounds__(256, 2) qgemv_multi_b4_v9(QGM_PARAMS) { pdl_begin(); qgemv4w_multi<8, 8>(QGM_ARGS); }
-// x per word (qgemv4x_body; groups of 32 and more): v10 = 4 rows x 1 warp and v12 = 4 rows x 4
+// x per word (qgemv4x_acc; groups of 32 and more): v10 = 4 rows x 1 warp and v12 = 4 rows x 4
 // warps at 64 registers (32 warps per SM; their multi-weight twins at 72, which do not spill),
 // v11 = 8 rows x 1 warp at 96 (20 warps per SM).
 extern "C" __global__ void __launch_bounds__(32, 32) qgemv1_b4_v10(QG_PARAMS) { pdl_begin(); qgemv4w_one<4, 1, true>(QG_ARGS); }
