@@ -1,0 +1,592 @@
+// The one-row 4-bit GEMV loop of kernels/linear.cu (qgemv4w_acc: a block of WARPS warps computes
+// ROWS rows, lanes stride the 32-value chunks) timed with three ways of turning a 4-bit value into
+// a float (docs/cuda.md, sixth session), at the shapes of the Llama-3.1-8B and Qwen3-0.6B decode
+// step (affine 4-bit, group 64, bf16 scales and biases, f32 x and output):
+//   DEC 0  2^23 + q, then minus 2^23 (what linear.cu does): byte_perm + FADD + FFMA per value;
+//   DEC 1  1 + q/16 (q placed in the mantissa's top 4 bits): byte_perm + FFMA per value, and
+//          sum(q x) = 16 (sum(f x) - sum(x)) per group;
+//   DEC 2  2 + q/64 (no shift for the low nibbles): sum(q x) = 64 (sum(f x) - 2 sum(x)).
+// PF 1 also loads the lane's next chunk before multiplying the current one. Each shape's weight
+// is copied until the copies fill >= 600 MB and the calls rotate through them (no L2 help); every
+// variant is checked against a scalar kernel. Build and run on the GPU machine:
+//   nvcc -O3 -arch=sm_90 -std=c++17 bench/cuda/gemv_decode_probe.cu -o /tmp/p && /tmp/p
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+typedef unsigned int u32;
+typedef unsigned short u16;
+#define CK(x)                                                                                     \
+    do {                                                                                          \
+        cudaError_t e = (x);                                                                      \
+        if (e != cudaSuccess) {                                                                   \
+            printf("%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e));                      \
+            exit(1);                                                                              \
+        }                                                                                         \
+    } while (0)
+
+__device__ __forceinline__ float bf(u16 h) { return __uint_as_float(((u32)h) << 16); }
+__device__ __forceinline__ float warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+__global__ void ref_gemv(float* out, const float* x, const u32* packed, const u16* sc, const u16* bi, int n, int k,
+                         int lg) {
+    int r = blockIdx.x * 4 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+    if (r >= n) return;
+    size_t words = (size_t)k / 8;
+    double acc = 0;
+    for (int c = lane; c < k; c += 32) {
+        u32 q = (packed[r * words + (c >> 3)] >> (4 * (c & 7))) & 15u;
+        size_t g = (size_t)r * (k >> lg) + (c >> lg);
+        acc += ((double)bf(sc[g]) * q + bf(bi[g])) * x[c];
+    }
+    for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+    if (lane == 0) out[r] = (float)acc;
+}
+
+// The 8 values of a word in order as floats: DEC 0 the values, DEC 1 1 + q/16, DEC 2 2 + q/64.
+template <int DEC>
+__device__ __forceinline__ void dec(u32 w, float (&q)[8]) {
+    if (DEC == 0) {
+        u32 lo = w & 0x0F0F0F0Fu, hi = (w >> 4) & 0x0F0F0F0Fu;
+#pragma unroll
+        for (int b = 0; b < 4; ++b) {
+            q[2 * b] = __uint_as_float(__byte_perm(lo, 0x4B000000u, 0x7540 | b)) - 8388608.0f;
+            q[2 * b + 1] = __uint_as_float(__byte_perm(hi, 0x4B000000u, 0x7540 | b)) - 8388608.0f;
+        }
+    } else if (DEC == 1) {
+        // byte = 1qqqq000: bit 7 is the exponent's low bit of 1.0 (0x3F800000), q the top mantissa bits
+        u32 lo = ((w << 3) & 0x78787878u) | 0x80808080u, hi = ((w >> 1) & 0x78787878u) | 0x80808080u;
+#pragma unroll
+        for (int b = 0; b < 4; ++b) {
+            q[2 * b] = __uint_as_float(__byte_perm(lo, 0x3F000000u, 0x7054 | (b << 8)));
+            q[2 * b + 1] = __uint_as_float(__byte_perm(hi, 0x3F000000u, 0x7054 | (b << 8)));
+        }
+    } else {
+        u32 lo = w & 0x0F0F0F0Fu, hi = (w >> 4) & 0x0F0F0F0Fu;
+#pragma unroll
+        for (int b = 0; b < 4; ++b) {
+            q[2 * b] = __uint_as_float(__byte_perm(lo, 0x40000000u, 0x7054 | (b << 8)));
+            q[2 * b + 1] = __uint_as_float(__byte_perm(hi, 0x40000000u, 0x7054 | (b << 8)));
+        }
+    }
+}
+
+template <int ROWS>
+__device__ __forceinline__ void load_rows(uint4 (&w)[ROWS], float (&s)[ROWS], float (&b)[ROWS],
+                                          const u32* __restrict__ packed, const u16* __restrict__ sc,
+                                          const u16* __restrict__ bi, int r0, int n, int c, size_t words, size_t gpr,
+                                          int lg) {
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r) {
+        const size_t row = (size_t)min(r0 + r, n - 1);
+        w[r] = __ldg((const uint4*)(packed + row * words + (size_t)c * 4));
+        const size_t g = row * gpr + (((size_t)c << 5) >> lg);
+        s[r] = bf(__ldg(sc + g));
+        b[r] = bf(__ldg(bi + g));
+    }
+}
+
+template <int ROWS, int DEC>
+__device__ __forceinline__ void mul_chunk(float (&acc)[ROWS], const uint4 (&w)[ROWS], const float (&s)[ROWS],
+                                          const float (&b)[ROWS], const float* __restrict__ x, int c) {
+    float xv[32];
+    const float4* xp = (const float4*)(x + ((size_t)c << 5));
+#pragma unroll
+    for (int v = 0; v < 8; ++v) {
+        float4 t = __ldg(xp + v);
+        xv[4 * v] = t.x; xv[4 * v + 1] = t.y; xv[4 * v + 2] = t.z; xv[4 * v + 3] = t.w;
+    }
+    float xs = 0.0f;
+#pragma unroll
+    for (int j = 0; j < 32; ++j) xs += xv[j];
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r) {
+        const u32 ww[4] = {w[r].x, w[r].y, w[r].z, w[r].w};
+        float d = 0.0f;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            float q[8];
+            dec<DEC>(ww[j], q);
+#pragma unroll
+            for (int t = 0; t < 8; ++t) d = fmaf(q[t], xv[8 * j + t], d);
+        }
+        if (DEC == 0) acc[r] += s[r] * d + b[r] * xs;
+        else if (DEC == 1) acc[r] += (16.0f * s[r]) * d + (b[r] - 16.0f * s[r]) * xs;
+        else acc[r] += (64.0f * s[r]) * d + (b[r] - 128.0f * s[r]) * xs;
+    }
+}
+
+// Before waiting on the kernel before it (programmatic dependent launch), PRE 1 asks L2 for the
+// block's rows with one bulk prefetch per row (and its scales and biases), PRE 2 with one
+// prefetch.global.L2 per 128-byte line spread over the block's lanes. Weights are never written
+// by an earlier kernel of a step, and L2 is where all writes land, so this cannot read stale data.
+template <int ROWS, int PRE>
+__device__ __forceinline__ void prefetch_rows(const u32* packed, const u16* sc, const u16* bi, int r0, int n,
+                                              size_t words, size_t gpr) {
+    if (PRE == 1) {
+        if (threadIdx.x < ROWS) {
+            const size_t row = (size_t)min(r0 + (int)threadIdx.x, n - 1);
+            asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(packed + row * words), "r"((u32)(words * 4))
+                         : "memory");
+            asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(sc + row * gpr), "r"((u32)(gpr * 2))
+                         : "memory");
+            asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(bi + row * gpr), "r"((u32)(gpr * 2))
+                         : "memory");
+        }
+    } else if (PRE == 2) {
+        const size_t lines = words * 4 / 128;
+        for (size_t i = threadIdx.x; i < ROWS * lines; i += blockDim.x) {
+            const size_t row = (size_t)min(r0 + (int)(i / lines), n - 1);
+            asm volatile("prefetch.global.L2 [%0];" ::"l"((const char*)(packed + row * words) + (i % lines) * 128));
+        }
+    }
+}
+
+__device__ __forceinline__ void pdl_begin() {
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+}
+
+template <int ROWS, int WARPS, int DEC, int PF, int PRE = 0>
+__global__ void __launch_bounds__(WARPS * 32, (PF ? (ROWS >= 8 ? 256 : 512) : ROWS >= 16 ? 256 : ROWS >= 8 ? 512 : 768) / (WARPS * 32))
+    gemv4(float* out, const float* __restrict__ x, const u32* __restrict__ packed, const u16* __restrict__ sc,
+          const u16* __restrict__ bi, int n, int k, int lg) {
+    __shared__ float red[WARPS][ROWS];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int r0 = blockIdx.x * ROWS;
+    const int chunks = k >> 5;
+    const size_t words = (size_t)chunks * 4, gpr = (size_t)(k >> lg);
+    prefetch_rows<ROWS, PRE>(packed, sc, bi, r0, n, words, gpr);
+    pdl_begin();
+    float acc[ROWS];
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r) acc[r] = 0.0f;
+    if (PF == 0) {
+        for (int c = threadIdx.x; c < chunks; c += 32 * WARPS) {
+            uint4 w[ROWS];
+            float s[ROWS], b[ROWS];
+            load_rows<ROWS>(w, s, b, packed, sc, bi, r0, n, c, words, gpr, lg);
+            mul_chunk<ROWS, DEC>(acc, w, s, b, x, c);
+        }
+    } else {
+        int c = threadIdx.x;
+        if (c < chunks) {
+            uint4 w[ROWS];
+            float s[ROWS], b[ROWS];
+            load_rows<ROWS>(w, s, b, packed, sc, bi, r0, n, c, words, gpr, lg);
+            for (;;) {
+                const int cn = c + 32 * WARPS;
+                if (cn >= chunks) {
+                    mul_chunk<ROWS, DEC>(acc, w, s, b, x, c);
+                    break;
+                }
+                uint4 w2[ROWS];
+                float s2[ROWS], b2[ROWS];
+                load_rows<ROWS>(w2, s2, b2, packed, sc, bi, r0, n, cn, words, gpr, lg);
+                mul_chunk<ROWS, DEC>(acc, w, s, b, x, c);
+#pragma unroll
+                for (int r = 0; r < ROWS; ++r) {
+                    w[r] = w2[r];
+                    s[r] = s2[r];
+                    b[r] = b2[r];
+                }
+                c = cn;
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r) {
+        float v = warp_sum(acc[r]);
+        if (lane == 0) red[warp][r] = v;
+    }
+    __syncthreads();
+    if (threadIdx.x < ROWS && r0 + (int)threadIdx.x < n) {
+        float v = 0.0f;
+#pragma unroll
+        for (int wi = 0; wi < WARPS; ++wi) v += red[wi][threadIdx.x];
+        out[r0 + threadIdx.x] = v;
+    }
+}
+
+// ---- TMA-fed GEMV: bulk copies (cp.async.bulk, mbarrier completion) stream each block's rows
+// through a ring of STAGES shared-memory tiles of TK values, so the loads in flight do not depend
+// on registers. Block = WARPS warps x RPW rows each; lane l multiplies the tile's 16-byte chunk l
+// of its warp's rows (TK = 1024: 32 chunks). Warp 0's lanes r < ROWS issue row r's copies.
+__device__ __forceinline__ u32 sh_addr(const void* p) { return (u32)__cvta_generic_to_shared(p); }
+__device__ __forceinline__ void bar_wait(u32 bar, u32 parity) {
+    u32 done;
+    do {
+        asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
+                     : "=r"(done)
+                     : "r"(bar), "r"(parity)
+                     : "memory");
+    } while (!done);
+}
+__device__ __forceinline__ void bulk_copy(u32 dst, const void* src, u32 bytes, u32 bar) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(dst),
+                 "l"(src), "r"(bytes), "r"(bar)
+                 : "memory");
+}
+
+template <int RPW, int WARPS, int STAGES, int DEC>
+__global__ void __launch_bounds__(WARPS * 32) tma4(float* out, const float* __restrict__ x,
+                                                   const u32* __restrict__ packed, const u16* __restrict__ sc,
+                                                   const u16* __restrict__ bi, int n, int k, int lg) {
+    constexpr int ROWS = RPW * WARPS, TK = 1024;
+    constexpr int WB = TK / 2;  // weight bytes per row per tile
+    extern __shared__ __align__(128) unsigned char smem[];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int r0 = blockIdx.x * ROWS;
+    const int tiles = k / TK;
+    const int gpt = TK >> lg;           // groups per tile per row
+    const u32 sbytes = (u32)gpt * 2u;   // scale (or bias) bytes per row per tile
+    const u32 stage_bytes = ROWS * (WB + 2 * sbytes);
+    unsigned long long* bars = (unsigned long long*)smem;
+    unsigned char* ring = smem + 128;
+    const size_t words = (size_t)k / 8, gpr = (size_t)(k >> lg);
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < STAGES; ++s) asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(sh_addr(bars + s)));
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncthreads();
+    pdl_begin();
+    auto issue = [&](int t) {  // warp 0
+        const int s = t % STAGES;
+        const u32 bar = sh_addr(bars + s);
+        if (lane == 0) asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(stage_bytes) : "memory");
+        __syncwarp();
+        unsigned char* st = ring + (size_t)s * stage_bytes;
+        for (int r = lane; r < ROWS; r += 32) {
+            const size_t row = (size_t)min(r0 + r, n - 1);
+            bulk_copy(sh_addr(st + r * WB), (const unsigned char*)(packed + row * words) + (size_t)t * WB, WB, bar);
+            bulk_copy(sh_addr(st + ROWS * WB + r * sbytes), sc + row * gpr + (size_t)t * gpt, sbytes, bar);
+            bulk_copy(sh_addr(st + ROWS * (WB + sbytes) + r * sbytes), bi + row * gpr + (size_t)t * gpt, sbytes, bar);
+        }
+    };
+    if (warp == 0)
+        for (int t = 0; t < STAGES && t < tiles; ++t) issue(t);
+    float acc[RPW];
+#pragma unroll
+    for (int r = 0; r < RPW; ++r) acc[r] = 0.0f;
+    for (int t = 0; t < tiles; ++t) {
+        const int s = t % STAGES;
+        float xv[32];
+        const float4* xp = (const float4*)(x + (size_t)t * TK + lane * 32);
+#pragma unroll
+        for (int v = 0; v < 8; ++v) {
+            float4 q = __ldg(xp + v);
+            xv[4 * v] = q.x; xv[4 * v + 1] = q.y; xv[4 * v + 2] = q.z; xv[4 * v + 3] = q.w;
+        }
+        float xs = 0.0f;
+#pragma unroll
+        for (int j = 0; j < 32; ++j) xs += xv[j];
+        bar_wait(sh_addr(bars + s), (t / STAGES) & 1);
+        const unsigned char* st = ring + (size_t)s * stage_bytes;
+        const int g = (lane * 32) >> lg;
+#pragma unroll
+        for (int r = 0; r < RPW; ++r) {
+            const int rr = warp * RPW + r;
+            const uint4 w = *(const uint4*)(st + rr * WB + lane * 16);
+            const float sv = bf(((const u16*)(st + ROWS * WB + rr * sbytes))[g]);
+            const float bv = bf(((const u16*)(st + ROWS * (WB + sbytes) + rr * sbytes))[g]);
+            const u32 ww[4] = {w.x, w.y, w.z, w.w};
+            float d = 0.0f;
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                float q[8];
+                dec<DEC>(ww[j], q);
+#pragma unroll
+                for (int e = 0; e < 8; ++e) d = fmaf(q[e], xv[8 * j + e], d);
+            }
+            if (DEC == 0) acc[r] += sv * d + bv * xs;
+            else if (DEC == 1) acc[r] += (16.0f * sv) * d + (bv - 16.0f * sv) * xs;
+            else acc[r] += (64.0f * sv) * d + (bv - 128.0f * sv) * xs;
+        }
+        __syncthreads();  // every warp is done with stage s
+        if (warp == 0 && t + STAGES < tiles) issue(t + STAGES);
+    }
+#pragma unroll
+    for (int r = 0; r < RPW; ++r) {
+        float v = warp_sum(acc[r]);
+        const int row = r0 + warp * RPW + r;
+        if (lane == 0 && row < n) out[row] = v;
+    }
+}
+
+__global__ void copy_k(float4* dst, const float4* src, size_t n) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        dst[i] = src[i];
+}
+
+// Stands in for a step's small kernels (norms, rope, cache write, attention): busy for `cycles`.
+__global__ void spin(long long cycles) {
+    pdl_begin();
+    long long t0 = clock64();
+    while (clock64() - t0 < cycles) {
+    }
+}
+
+typedef void (*Kern)(float*, const float*, const u32*, const u16*, const u16*, int, int, int);
+struct Mat {
+    u32* p;
+    u16* s;
+    u16* b;
+};
+struct V {
+    const char* name;
+    Kern f;
+    int rows, threads, smem;
+};
+
+template <typename... A>
+static void launch_pdl(void (*f)(A...), int grid, int threads, int smem, cudaStream_t st, A... args) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(grid);
+    cfg.blockDim = dim3(threads);
+    cfg.stream = st;
+    cfg.dynamicSmemBytes = smem;
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = at;
+    cfg.numAttrs = 1;
+    CK(cudaLaunchKernelEx(&cfg, f, args...));
+}
+
+// An 8B decode step's GEMVs (32 layers: q/k/v, o, gate+up, down; then the LM head) with spin
+// kernels where the step's small kernels run, launched with programmatic dependent launch and
+// captured in a CUDA graph, as the runtime runs a step. Prints ms per step.
+struct Lin {
+    Mat m;
+    int n, k;
+};
+static Lin make_lin(int n, int k) {
+    Lin l{{}, n, k};
+    size_t words = (size_t)n * k / 8, groups = (size_t)n * (k / 64);
+    CK(cudaMalloc(&l.m.p, words * 4));
+    CK(cudaMalloc(&l.m.s, groups * 2));
+    CK(cudaMalloc(&l.m.b, groups * 2));
+    CK(cudaMemset(l.m.p, 0x35, words * 4));
+    CK(cudaMemset(l.m.s, 0x3c, groups * 2));
+    CK(cudaMemset(l.m.b, 0xbc, groups * 2));
+    return l;
+}
+struct KL {
+    Kern f;
+    int threads, rows, smem;
+};
+struct Plan {
+    const char* name;
+    KL q, o, gu, dn, head;
+    double small_us;  // spin time per layer (three spins: 20 %, 65 %, 15 %)
+};
+static void layer_sim() {
+    const int L = 32;
+    std::vector<Lin> qkv, o, gu, dn;
+    for (int l = 0; l < L; ++l) {
+        qkv.push_back(make_lin(6144, 4096));
+        o.push_back(make_lin(4096, 4096));
+        gu.push_back(make_lin(28672, 4096));
+        dn.push_back(make_lin(4096, 14336));
+    }
+    Lin head = make_lin(128256, 4096);
+    float *x, *y;
+    CK(cudaMalloc(&x, 28672 * 4 * 2));
+    CK(cudaMalloc(&y, 128256 * 4));
+    CK(cudaMemset(x, 0, 28672 * 8));
+    cudaStream_t st;
+    CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    int clk_khz = 0;
+    CK(cudaDeviceGetAttribute(&clk_khz, cudaDevAttrClockRate, 0));
+    printf("\nlayer sim: 8B step (32 layers + head, PDL, one graph), SM clock %d MHz\n", clk_khz / 1000);
+#define G(R, W, D, PRE) KL{gemv4<R, W, D, 0, PRE>, 32 * W, R, 0}
+#define T(R, W, S, D) KL{tma4<R, W, S, D>, 32 * W, R * W, 128 + S * R * W * 576}
+#define P(D, PRE, SMALL) \
+    Plan { "dec" #D " pre" #PRE " small" #SMALL "us", G(8, 2, D, PRE), G(8, 4, D, PRE), G(8, 1, D, PRE), G(8, 4, D, PRE), G(8, 1, D, PRE), SMALL }
+#define PT(R, W, S, SMALL) \
+    Plan { "tma " #R "x" #W " s" #S " small" #SMALL "us", T(R, W, S, 1), T(R, W, S, 1), T(R, W, S, 1), T(R, W, S, 1), T(R, W, S, 1), SMALL }
+#define PM(SMALL) \
+    Plan { "tma qkv/o/down, gemv gu/head small" #SMALL "us", T(2, 4, 4, 1), T(2, 4, 4, 1), G(8, 1, 1, 0), T(4, 4, 4, 1), G(8, 1, 1, 0), SMALL }
+    Plan plans[] = {P(0, 0, 0), P(1, 0, 0), PT(4, 4, 4, 0), PT(2, 4, 4, 0), PT(4, 2, 4, 0), PT(2, 8, 4, 0), PM(0),
+                    P(0, 0, 18), P(1, 0, 18), PT(4, 4, 4, 18), PT(2, 4, 4, 18), PT(4, 2, 4, 18), PT(2, 8, 4, 18), PM(18)};
+    for (int rep = 0; rep < 2; ++rep)
+        for (auto& p : plans) {
+            auto run = [&](const KL& kl, const Lin& l, const float* in, float* out) {
+                if (kl.smem > 48 * 1024)
+                    CK(cudaFuncSetAttribute(kl.f, cudaFuncAttributeMaxDynamicSharedMemorySize, kl.smem));
+                launch_pdl(kl.f, (l.n + kl.rows - 1) / kl.rows, kl.threads, kl.smem, st, out, in, (const u32*)l.m.p,
+                           (const u16*)l.m.s, (const u16*)l.m.b, l.n, l.k, 6);
+            };
+            auto sp = [&](double us) {
+                if (us > 0) launch_pdl(spin, 132, 128, 0, st, (long long)(us * clk_khz / 1000.0));
+            };
+            cudaGraph_t g;
+            CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+            for (int l = 0; l < L; ++l) {
+                sp(p.small_us * 0.2);
+                run(p.q, qkv[l], x, y);
+                sp(p.small_us * 0.65);
+                run(p.o, o[l], x, y);
+                sp(p.small_us * 0.15);
+                run(p.gu, gu[l], x, y);
+                run(p.dn, dn[l], x, y);
+            }
+            run(p.head, head, x, y);
+            CK(cudaStreamEndCapture(st, &g));
+            cudaGraphExec_t ge;
+            CK(cudaGraphInstantiate(&ge, g, 0));
+            for (int i = 0; i < 3; ++i) CK(cudaGraphLaunch(ge, st));
+            CK(cudaStreamSynchronize(st));
+            std::vector<float> t;
+            cudaEvent_t e0, e1;
+            cudaEventCreate(&e0);
+            cudaEventCreate(&e1);
+            for (int i = 0; i < 15; ++i) {
+                cudaEventRecord(e0, st);
+                CK(cudaGraphLaunch(ge, st));
+                cudaEventRecord(e1, st);
+                CK(cudaEventSynchronize(e1));
+                float ms;
+                cudaEventElapsedTime(&ms, e0, e1);
+                t.push_back(ms);
+            }
+            std::sort(t.begin(), t.end());
+            printf("  %-24s median %.3f ms/step (min %.3f, max %.3f) -> %.0f steps/s\n", p.name, t[7], t[0], t[14],
+                   1e3 / t[7]);
+            cudaGraphExecDestroy(ge);
+            cudaGraphDestroy(g);
+        }
+}
+
+#define VAR(R, W, D, P) {#R "r x" #W "w dec" #D " pf" #P, gemv4<R, W, D, P>, R, 32 * W, 0}
+#define TMA(R, W, S, D) {"tma " #R "r x" #W "w s" #S " dec" #D, tma4<R, W, S, D>, R * W, 32 * W, 128 + S * R * W * (512 + 64)}
+
+int main(int argc, char** argv) {
+    cudaDeviceProp prop;
+    CK(cudaGetDeviceProperties(&prop, 0));
+    printf("%s, %d SMs, L2 %d MB\n", prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20);
+    {
+        size_t n4 = (size_t)1 << 26;
+        float4 *a, *b;
+        CK(cudaMalloc(&a, n4 * 16));
+        CK(cudaMalloc(&b, n4 * 16));
+        cudaEvent_t e0, e1;
+        cudaEventCreate(&e0);
+        cudaEventCreate(&e1);
+        copy_k<<<132 * 8, 512>>>(b, a, n4);
+        cudaEventRecord(e0);
+        for (int i = 0; i < 10; ++i) copy_k<<<132 * 8, 512>>>(b, a, n4);
+        cudaEventRecord(e1);
+        CK(cudaEventSynchronize(e1));
+        float ms;
+        cudaEventElapsedTime(&ms, e0, e1);
+        printf("copy: %.2f TB/s (read+write)\n", 2.0 * n4 * 16 * 10 / (ms * 1e-3) / 1e12);
+        cudaFree(a);
+        cudaFree(b);
+    }
+    struct Shape {
+        int n, k;
+        const char* name;
+    } shapes[] = {{6144, 4096, "8B qkv"},          {4096, 4096, "8B o"},        {28672, 4096, "8B gate+up"},
+                  {4096, 14336, "8B down"},        {128256, 4096, "8B head"},   {4096, 1024, "0.6B qkv"},
+                  {1024, 2048, "0.6B o"},          {6144, 1024, "0.6B gate+up"}, {1024, 3072, "0.6B down"},
+                  {151936, 1024, "0.6B head"}};
+    V vs[] = {VAR(8, 1, 0, 0), VAR(8, 2, 0, 0), VAR(8, 4, 0, 0), VAR(8, 1, 1, 0), VAR(8, 2, 1, 0), VAR(8, 4, 1, 0),
+              TMA(4, 4, 4, 1), TMA(2, 4, 4, 1), TMA(4, 2, 4, 1), TMA(2, 2, 4, 1), TMA(4, 4, 2, 1), TMA(4, 4, 8, 1),
+              TMA(8, 4, 4, 1), TMA(1, 4, 4, 1), TMA(2, 8, 4, 1), TMA(4, 4, 4, 0)};
+    const int lg = 6;
+    for (auto& sh : shapes) {
+        if (argc > 1) break;  // any argument: the layer simulation only
+        int n = sh.n, k = sh.k;
+        size_t words = (size_t)n * k / 8, groups = (size_t)n * (k >> lg);
+        size_t bytes = words * 4 + groups * 4;
+        int copies = (int)std::max<size_t>(1, ((size_t)600 << 20) / bytes);
+        std::vector<Mat> m(copies);
+        std::vector<u32> hp(words);
+        std::vector<u16> hs(groups), hb(groups);
+        srand(1);
+        for (auto& v : hp) v = (u32)rand() * 2654435761u ^ (u32)rand();
+        for (size_t i = 0; i < groups; ++i) {
+            float s = 0.01f + 0.02f * (rand() / (float)RAND_MAX), b = -8 * s;
+            u32 su, bu;
+            memcpy(&su, &s, 4);
+            memcpy(&bu, &b, 4);
+            hs[i] = su >> 16;
+            hb[i] = bu >> 16;
+        }
+        for (auto& mm : m) {
+            CK(cudaMalloc(&mm.p, words * 4));
+            CK(cudaMalloc(&mm.s, groups * 2));
+            CK(cudaMalloc(&mm.b, groups * 2));
+            CK(cudaMemcpy(mm.p, hp.data(), words * 4, cudaMemcpyHostToDevice));
+            CK(cudaMemcpy(mm.s, hs.data(), groups * 2, cudaMemcpyHostToDevice));
+            CK(cudaMemcpy(mm.b, hb.data(), groups * 2, cudaMemcpyHostToDevice));
+        }
+        // x like a normed activation: mostly O(1), a few large
+        std::vector<float> hx(k);
+        for (int i = 0; i < k; ++i) hx[i] = (rand() / (float)RAND_MAX - 0.5f) * (i % 97 == 0 ? 40.0f : 2.0f);
+        float *x, *out, *ref;
+        CK(cudaMalloc(&x, k * 4));
+        CK(cudaMalloc(&out, n * 4));
+        CK(cudaMalloc(&ref, n * 4));
+        CK(cudaMemcpy(x, hx.data(), k * 4, cudaMemcpyHostToDevice));
+        ref_gemv<<<(n + 3) / 4, 128>>>(ref, x, m[0].p, m[0].s, m[0].b, n, k, lg);
+        std::vector<float> href(n), hout(n);
+        CK(cudaMemcpy(href.data(), ref, n * 4, cudaMemcpyDeviceToHost));
+        double rsum = 0;
+        for (int i = 0; i < n; ++i) rsum += fabs(href[i]);
+        printf("\n%s %dx%d (%.1f MB, %d copies, mean|ref| %.3f)\n", sh.name, n, k, bytes / 1e6, copies, rsum / n);
+        for (auto& v : vs) {
+            int grid = (n + v.rows - 1) / v.rows;
+            if (v.smem > 48 * 1024) CK(cudaFuncSetAttribute(v.f, cudaFuncAttributeMaxDynamicSharedMemorySize, v.smem));
+            v.f<<<grid, v.threads, v.smem>>>(out, x, m[0].p, m[0].s, m[0].b, n, k, lg);
+            CK(cudaGetLastError());
+            CK(cudaDeviceSynchronize());
+            CK(cudaMemcpy(hout.data(), out, n * 4, cudaMemcpyDeviceToHost));
+            double md = 0, mrel = 0;
+            for (int i = 0; i < n; ++i) {
+                double d = fabs((double)hout[i] - href[i]);
+                md = std::max(md, d);
+            }
+            mrel = md / (rsum / n);
+            float best = 1e30f;
+            cudaEvent_t e0, e1;
+            cudaEventCreate(&e0);
+            cudaEventCreate(&e1);
+            for (int t = 0; t < 3; ++t) {
+                int reps = std::max(30, copies * 4);
+                cudaEventRecord(e0);
+                for (int i = 0; i < reps; ++i) {
+                    auto& mm = m[i % copies];
+                    v.f<<<grid, v.threads, v.smem>>>(out, x, mm.p, mm.s, mm.b, n, k, lg);
+                }
+                cudaEventRecord(e1);
+                CK(cudaEventSynchronize(e1));
+                float ms;
+                cudaEventElapsedTime(&ms, e0, e1);
+                best = std::min(best, ms * 1e3f / reps);
+            }
+            printf("  %-20s %8.2f us  %5.2f TB/s  maxdiff/mean %.1e\n", v.name, best, bytes / (best * 1e-6) / 1e12,
+                   mrel);
+        }
+        for (auto& mm : m) {
+            cudaFree(mm.p);
+            cudaFree(mm.s);
+            cudaFree(mm.b);
+        }
+        cudaFree(x);
+        cudaFree(out);
+        cudaFree(ref);
+    }
+    layer_sim();
+    return 0;
+}
