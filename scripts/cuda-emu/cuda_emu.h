@@ -16,15 +16,22 @@
 struct dim3 { unsigned x = 1, y = 1, z = 1; };
 struct float4 { float x, y, z, w; };
 inline float4 make_float4(float a, float b, float c, float d) { return {a, b, c, d}; }
-// For the shared chunk loader in common.cuh (qg_load), which these kernels do not call.
 struct uint4 { unsigned x, y, z, w; };
+inline uint4 make_uint4(unsigned a, unsigned b, unsigned c, unsigned d) { return {a, b, c, d}; }
 struct uint2 { unsigned x, y; };
+struct float2 { float x, y; };
+inline float2 make_float2(float a, float b) { return {a, b}; }
 template <class T> T __ldg(const T* p) { return *p; }
 
 thread_local dim3 threadIdx, blockIdx;
 dim3 blockDim, gridDim;
 
-struct Warp { float buf[32]; std::unique_ptr<std::barrier<>> bar; };
+// buf: a shuffle's values; mma_*: each lane's fragments of an mma.sync (fa_mma below).
+struct Warp {
+    float buf[32];
+    std::unique_ptr<std::barrier<>> bar;
+    unsigned mma_a[32][4], mma_b[32][2];
+};
 struct Block {
     std::unique_ptr<std::barrier<>> bar;
     std::vector<Warp> warps;
@@ -85,6 +92,9 @@ inline float emu_half_to_float(unsigned short h) {
 #define __forceinline__ inline
 #define __launch_bounds__(...)
 #define __shared__ static
+#define __align__(n) __attribute__((aligned(n)))
+// The kernel sources leave their inline-PTX wrappers out under this (fa_mma, fa_pack below).
+#define NUVEC_CUDA_EMU 1
 
 void emu_launch(dim3 grid, dim3 block, std::function<void()> body) {
     gridDim = grid; blockDim = block;
@@ -106,4 +116,43 @@ void emu_launch(dim3 grid, dim3 block, std::function<void()> body) {
                     });
                 for (auto& t : ts) t.join();
             }
+}
+
+// flash_attention.cu's wrappers: bf16 rounding to nearest even, and the warp's m16n8k16 mma.sync
+// from its lanes' fragments (A row-major, B column-major, f32 C), each output summed in f64 and
+// rounded once (the hardware's f32 accumulation may differ in the last bits).
+inline unsigned short emu_bf16_rn(float f) {
+    unsigned u = __float_as_uint(f);
+    if ((u & 0x7FFFFFFFu) > 0x7F800000u) return 0x7FC0;
+    u += 0x7FFFu + ((u >> 16) & 1u);
+    return (unsigned short)(u >> 16);
+}
+inline float emu_bf16(unsigned v) { return __uint_as_float((v & 0xFFFFu) << 16); }
+inline unsigned fa_pack(float lo, float hi) { return emu_bf16_rn(lo) | ((unsigned)emu_bf16_rn(hi) << 16); }
+inline void fa_mma(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
+    int lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
+    Warp& w = t_block->warps[threadIdx.x >> 5];
+    w.bar->arrive_and_wait();
+    std::memcpy(w.mma_a[lane], a, sizeof a);
+    std::memcpy(w.mma_b[lane], b, sizeof b);
+    w.bar->arrive_and_wait();
+    // A[r][k]: lane (r % 8) * 4 + (k % 8) / 2, register (r >= 8) + 2 (k >= 8), half k % 2;
+    // B[k][n]: lane n * 4 + (k % 8) / 2, register k >= 8, half k % 2.
+    auto A = [&](int r, int k) {
+        unsigned v = w.mma_a[(r & 7) * 4 + ((k & 7) >> 1)][(r >= 8) + 2 * (k >= 8)];
+        return (double)emu_bf16(k & 1 ? v >> 16 : v);
+    };
+    auto B = [&](int k, int n) {
+        unsigned v = w.mma_b[n * 4 + ((k & 7) >> 1)][k >= 8];
+        return (double)emu_bf16(k & 1 ? v >> 16 : v);
+    };
+    double r[4];
+    for (int i = 0; i < 4; ++i) {
+        int row = g + 8 * (i >> 1), n = 2 * c + (i & 1);
+        double s = d[i];
+        for (int k = 0; k < 16; ++k) s += A(row, k) * B(k, n);
+        r[i] = s;
+    }
+    w.bar->arrive_and_wait();  // every lane has read the fragments before any lane's next call
+    for (int i = 0; i < 4; ++i) d[i] = (float)r[i];
 }

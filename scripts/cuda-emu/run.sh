@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Checks the logic of the Gated DeltaNet / gpt-oss CUDA kernels, of the attention kernels'
 # sinks, of split attention reading its kv length from a CUDA graph's step scalars (bit-identical
-# to the eager launch), and of the 4-bit one-row GEMVs (linear.cu: qgemv.cpp) on the CPU: the kernel sources (common.cuh prelude patched for the host: f16 conversion
+# to the eager launch), of the 4-bit one-row GEMVs (linear.cu: qgemv.cpp) and of the flash-attention
+# prefill kernels (flash_attention.cu: attn.cpp) on the CPU: the kernel sources (common.cuh prelude patched for the host: f16 conversion
 # in C instead of PTX, dynamic shared memory as a static array) compiled with g++ over
 # cuda_emu.h, run on small random cases against the ops' definitions. Needs g++ with C++20
 # (std::barrier); about a minute on 2 cores (a thread per CUDA thread). Exits non-zero on a
@@ -45,3 +46,12 @@ cp "$here/rows.cpp" "$work/"
 g++ -std=c++20 -O1 -w -pthread "$work/rows.cpp" -o "$work/rows"
 "$work/rows"
 
+# The flash-attention prefill kernels (flash_attention.cu), in a fourth program: attn.cpp.
+{
+    echo '#include "cuda_emu.h"'
+    sed 's/asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));/f = emu_half_to_float(h);/' "$k/common.cuh"
+    cat "$k/flash_attention.cu"
+} >"$work/kernels_attn.cpp"
+cp "$here/attn.cpp" "$work/"
+g++ -std=c++20 -O1 -w -pthread "$work/attn.cpp" -o "$work/attn"
+"$work/attn"

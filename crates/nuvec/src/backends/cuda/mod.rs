@@ -38,7 +38,7 @@ pub use graph::StepGraph;
 pub const PRELUDE: &str = include_str!("kernels/common.cuh");
 
 /// The kernel sources, by file name, without the [`PRELUDE`].
-pub const SOURCES: [(&str, &str); 9] = [
+pub const SOURCES: [(&str, &str); 10] = [
     ("elementwise.cu", include_str!("kernels/elementwise.cu")),
     ("linear.cu", include_str!("kernels/linear.cu")),
     ("attention.cu", include_str!("kernels/attention.cu")),
@@ -54,6 +54,8 @@ pub const SOURCES: [(&str, &str); 9] = [
     ("fused.cu", include_str!("kernels/fused.cu")),
     // Phase 4: tensor-core prefill (bf16 operands for cuBLAS).
     ("prefill.cu", include_str!("kernels/prefill.cu")),
+    // Flash attention for bf16 prefill (mma.sync, sm_80+).
+    ("flash_attention.cu", include_str!("kernels/flash_attention.cu")),
 ];
 
 /// The NVRTC options every source is compiled with, for a virtual architecture such as
@@ -137,6 +139,9 @@ pub(crate) struct State {
     graph_written_dropped: AtomicU64,
     /// Kernels launch with programmatic stream serialization (see [`State::launch_raw`]).
     pdl: bool,
+    /// bf16 prefill attention runs the flash kernels (`kernels/flash_attention.cu`, sm_80+;
+    /// `NUVEC_FLASH_ATTENTION=0` keeps the cuBLAS path).
+    pub(crate) flash: bool,
 }
 
 impl fmt::Debug for State {
@@ -210,6 +215,7 @@ impl State {
             capture_epoch: AtomicU64::new(0),
             graph_written_dropped: AtomicU64::new(0),
             pdl: major >= 9 && std::env::var("NUVEC_PDL").map_or(true, |v| v != "0"),
+            flash: major >= 8 && std::env::var("NUVEC_FLASH_ATTENTION").map_or(true, |v| v != "0"),
         })
     }
 

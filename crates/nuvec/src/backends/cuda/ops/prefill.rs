@@ -177,6 +177,11 @@ const TILE_BF16: usize = 1 << 25;
 /// blocks of 256 compute 53 % of the full square) while keeping the GEMMs large.
 const ATTN_BF16_QUERIES: usize = 256;
 
+/// Queries per block of the flash-attention kernels (`FA_WARPS` warps of 16 rows in
+/// `kernels/flash_attention.cu`) and their threads per block.
+const FLASH_QUERIES: usize = 64;
+const FLASH_THREADS: u32 = 128;
+
 /// A matrix operand of [`CudaBackend::gemm_bf16`]: device address, leading dimension and the
 /// stride between batch entries (elements).
 type Operand = (u64, usize, usize);
@@ -441,10 +446,13 @@ impl CudaBackend {
     /// Causal attention of `l >= 64` queries in bf16 (`out [l, hq * d]` at `o`, f32): false
     /// (nothing done) unless the precision is bf16 (or `Auto` while the model running computes in
     /// half precision, [`crate::hint_is_half`]). Shapes and pointers were checked by
-    /// `attention`. Per block of queries: scores = Q K^T * scale for all KV groups in one batched
-    /// GEMM (the query heads of a group side by side, so GQA needs no copies of K or V), the
-    /// causal softmax writing bf16 probabilities, P V in one batched GEMM, then the heads back
-    /// in order.
+    /// `attention`. K and V are converted to bf16 once; then, for head sizes 64 and 128, one
+    /// flash-attention launch (`kernels/flash_attention.cu`: scores and probabilities stay on the
+    /// SM, online softmax in f32, probabilities rounded to bf16 for P V). Otherwise (or with
+    /// `NUVEC_FLASH_ATTENTION=0`), per block of queries: scores = Q K^T * scale for all KV groups
+    /// in one batched GEMM (the query heads of a group side by side, so GQA needs no copies of K
+    /// or V), the causal softmax writing bf16 probabilities, P V in one batched GEMM, then the
+    /// heads back in order.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn prefill_attention(
         &self,
@@ -461,13 +469,32 @@ impl CudaBackend {
         }
         let st: &State = self.st()?;
         let group = hq / hkv;
-        // Q [L, Hkv, group * D] -> [Hkv, L, group * D]; K, V: the first kv_len rows of each head.
-        let qb = DeviceBuffer::alloc(st, l * hq * d * 2)?;
-        self.to_bf16(op, qb.ptr(), qp, DT_F32, (l, hkv, group * d), (hq * d, group * d))?;
+        // K, V: the first kv_len rows of each head, [Hkv, kv_len, D] in bf16.
         let kb = DeviceBuffer::alloc(st, hkv * kv_len * d * 2)?;
         self.to_bf16(op, kb.ptr(), kp, DT_F32, (kv_len, hkv, d), (d, cap * d))?;
         let vb = DeviceBuffer::alloc(st, hkv * kv_len * d * 2)?;
         self.to_bf16(op, vb.ptr(), vp, DT_F32, (kv_len, hkv, d), (d, cap * d))?;
+        // Flash attention where it has a kernel: head sizes 64 and 128, q and out 8-byte aligned
+        // (its float2 loads and stores).
+        if st.flash && (d == 64 || d == 128) && qp.is_multiple_of(8) && o.is_multiple_of(8) {
+            let cfg = LaunchConfig {
+                grid_dim: (
+                    to_i32(op, "queries", l.div_ceil(FLASH_QUERIES))? as u32,
+                    to_i32(op, "heads", hq)? as u32,
+                    1,
+                ),
+                block_dim: (FLASH_THREADS, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            let name = if d == 64 { "flash_attn_bf16_d64" } else { "flash_attn_bf16_d128" };
+            let (li, kvi, hqi, hkvi) = (to_i32(op, "queries", l)?, to_i32(op, "keys", kv_len)?, hq as i32, hkv as i32);
+            let (kbp, vbp) = (kb.ptr(), vb.ptr());
+            launch!(st, op, name, cfg; o, qp, kbp, vbp, li, kvi, hqi, hkvi, scale);
+            return Ok(true);
+        }
+        // Q [L, Hkv, group * D] -> [Hkv, L, group * D].
+        let qb = DeviceBuffer::alloc(st, l * hq * d * 2)?;
+        self.to_bf16(op, qb.ptr(), qp, DT_F32, (l, hkv, group * d), (hq * d, group * d))?;
         // Rows of scores and probabilities padded to 8 values (16-byte aligned bf16 rows).
         let ld_all = kv_len.next_multiple_of(8);
         let block = (ATTN_GEMM_SCORE_BYTES / (hq * ld_all * 6)).clamp(1, ATTN_BF16_QUERIES).min(l);
