@@ -170,6 +170,9 @@ pub fn matmul_precision() -> Result<MatmulPrecision> {
         .map_err(Error::Unsupported)
 }
 
+/// Packed words per thread of `qdequant_bf16_b4` (`QDB4_WORDS` in `kernels/prefill.cu`).
+const QDB4_WORDS: usize = 4;
+
 /// Values per bf16 weight tile (64 MiB, the bytes of the f32 path's tiles).
 const TILE_BF16: usize = 1 << 25;
 /// Queries per block of the bf16 attention path: the scores of a block are computed for the
@@ -321,7 +324,20 @@ impl CudaBackend {
         if let Some(lg) = fast_path_log_group(w, k, out) {
             let name = format!("qdequant_bf16_b{bits}");
             let rowsl = rows as i64;
-            launch!(self.st()?, op, name.as_str(), cfg_1d(rows * k / 32);
+            let cfg = if bits == 4 {
+                // A thread per packed word, QDB4_WORDS of them: x over a row's words, y over rows.
+                let words = k / 8;
+                let threads = words.div_ceil(QDB4_WORDS).next_multiple_of(32).clamp(32, 256);
+                let grid_x = words.div_ceil(threads * QDB4_WORDS);
+                LaunchConfig {
+                    grid_dim: (grid_x as u32, rows.min(65535) as u32, 1),
+                    block_dim: (threads as u32, 1, 1),
+                    shared_mem_bytes: 0,
+                }
+            } else {
+                cfg_1d(rows * k / 32)
+            };
+            launch!(self.st()?, op, name.as_str(), cfg;
                 out, row0, rowsl, packed, scales, biases, p_dt, lg, ki);
         } else {
             let total = (rows * k) as u64;
