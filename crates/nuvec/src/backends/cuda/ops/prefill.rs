@@ -1,9 +1,11 @@
 //! Phase 4 (issue 7): prefill on the tensor cores. Under [`MatmulPrecision::Bf16`], `linear` of
-//! more than 8 input rows and `attention` of 64 queries or more run as cuBLAS GEMMs
-//! with bf16 inputs, f32 accumulation and f32 outputs (`cublasGemmEx`, `CUBLAS_COMPUTE_32F`),
-//! as mlx-lm, llama.cpp and vLLM compute prefill: activations are rounded to bf16 once per call,
-//! weights decoded straight to bf16 tile by tile (`kernels/prefill.cu`), attention probabilities
-//! written in bf16 by the softmax. Nothing is kept between calls: memory use is as with f32.
+//! more than 8 input rows runs as cuBLAS GEMMs with bf16 inputs, f32 accumulation and f32
+//! outputs (`cublasGemmEx`, `CUBLAS_COMPUTE_32F`), as mlx-lm, llama.cpp and vLLM compute
+//! prefill: activations are rounded to bf16 once per call, weights decoded straight to bf16 tile
+//! by tile (`kernels/prefill.cu`). `attention` of 64 queries or more takes bf16 operands too:
+//! a flash-attention kernel for head sizes 64 and 128 (`kernels/flash_attention.cu`; scores stay
+//! on the SM), otherwise cuBLAS GEMMs around a softmax that writes bf16 probabilities. Nothing is
+//! kept between calls: memory use is as with f32.
 //! Under [`MatmulPrecision::F32`] and [`MatmulPrecision::Tf32`] these paths are off and the f32
 //! kernels of `ops.rs` run (SGEMM, or its TF32 mode for the weight products). Under
 //! [`MatmulPrecision::Auto`] (the default) they follow the checkpoint, as mlx-lm computes it: a
