@@ -18,7 +18,7 @@ static void test_flash(int d, int l, int kv_len, int hq, int hkv, std::mt19937& 
     for (auto& v : kb) v = emu_bf16_rn(nd(rng));
     for (auto& v : vb) v = emu_bf16_rn(nd(rng));
     const float scale = 1.0f / std::sqrt((float)d);
-    emu_launch({(unsigned)((l + 63) / 64), (unsigned)hq, 1}, {FA_WARPS * 32, 1, 1}, [&] {
+    emu_launch({(unsigned)((l + 16 * FA_WARPS - 1) / (16 * FA_WARPS)), (unsigned)hq, 1}, {FA_WARPS * 32, 1, 1}, [&] {
         if (d == 64) flash_attn_bf16_d64(out.data(), q.data(), kb.data(), vb.data(), l, kv_len, hq, hkv, scale);
         else flash_attn_bf16_d128(out.data(), q.data(), kb.data(), vb.data(), l, kv_len, hq, hkv, scale);
     });
@@ -52,7 +52,8 @@ static void test_flash(int d, int l, int kv_len, int hq, int hkv, std::mt19937& 
 
 int main() {
     std::mt19937 rng(7);
-    test_flash(64, 70, 100, 4, 2, rng);   // two query blocks, the second cut; 30 earlier rows
+    test_flash(64, 70, 100, 4, 2, rng);   // one query block, cut; 30 earlier rows
+    test_flash(64, 200, 230, 2, 1, rng);  // two query blocks, the second cut
     test_flash(64, 64, 64, 2, 2, rng);    // one block, keys = queries
     test_flash(128, 80, 150, 4, 1, rng);  // four query heads per KV head; a partial key tile
     test_flash(128, 16, 16, 1, 1, rng);   // fewer queries than a warp's rows in the block

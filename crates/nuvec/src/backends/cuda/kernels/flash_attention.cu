@@ -15,7 +15,9 @@
 // operand's, so they never leave registers) and accumulates O in f32. Shared-memory rows are
 // padded by 8 values so that a warp's fragment loads hit 32 different banks.
 
-#define FA_WARPS 4
+// 8 warps (128 queries) per block rather than 4: each K/V tile copied to shared memory serves
+// twice the queries (random 8B prefill 4096: +2 %, 16384: +7 %; random 1B 4096: +5 % on the H200).
+#define FA_WARPS 8
 #define FA_KEYS 64
 
 #ifndef NUVEC_CUDA_EMU
@@ -193,7 +195,7 @@ __device__ __forceinline__ void flash_attn_body(float* __restrict__ out, const f
 #define FA_PARAMS                                                                                                  \
     float *out, const float *q, const u16 *kb, const u16 *vb, int l, int kv_len, int hq, int hkv, float scale
 #define FA_ARGS out, q, kb, vb, l, kv_len, hq, hkv, scale
-// Grid (ceil(L / 64), Hq), FA_WARPS * 32 threads; one kernel per head size.
+// Grid (ceil(L / (16 * FA_WARPS)), Hq), FA_WARPS * 32 threads; one kernel per head size.
 extern "C" __global__ void __launch_bounds__(FA_WARPS * 32) flash_attn_bf16_d64(FA_PARAMS) {
     pdl_begin();
     flash_attn_body<64>(FA_ARGS);
