@@ -95,11 +95,9 @@ __device__ __forceinline__ void load_rows(uint4 (&w)[ROWS], float (&s)[ROWS], fl
     }
 }
 
-template <int ROWS, int DEC>
-__device__ __forceinline__ void mul_chunk(float (&acc)[ROWS], const uint4 (&w)[ROWS], const float (&s)[ROWS],
-                                          const float (&b)[ROWS], const float* __restrict__ x, int c) {
-    float xv[32];
-    const float4* xp = (const float4*)(x + ((size_t)c << 5));
+// The 32 x values at p and their sum.
+__device__ __forceinline__ float load_x32(float (&xv)[32], const float* __restrict__ p) {
+    const float4* xp = (const float4*)p;
 #pragma unroll
     for (int v = 0; v < 8; ++v) {
         float4 t = __ldg(xp + v);
@@ -108,6 +106,14 @@ __device__ __forceinline__ void mul_chunk(float (&acc)[ROWS], const uint4 (&w)[R
     float xs = 0.0f;
 #pragma unroll
     for (int j = 0; j < 32; ++j) xs += xv[j];
+    return xs;
+}
+
+template <int ROWS, int DEC>
+__device__ __forceinline__ void mul_chunk(float (&acc)[ROWS], const uint4 (&w)[ROWS], const float (&s)[ROWS],
+                                          const float (&b)[ROWS], const float* __restrict__ x, int c) {
+    float xv[32];
+    const float xs = load_x32(xv, x + ((size_t)c << 5));
 #pragma unroll
     for (int r = 0; r < ROWS; ++r) {
         const u32 ww[4] = {w[r].x, w[r].y, w[r].z, w[r].w};
@@ -290,15 +296,7 @@ __global__ void __launch_bounds__(WARPS * 32) tma4(float* out, const float* __re
     for (int t = 0; t < tiles; ++t) {
         const int s = t % STAGES;
         float xv[32];
-        const float4* xp = (const float4*)(x + (size_t)t * TK + lane * 32);
-#pragma unroll
-        for (int v = 0; v < 8; ++v) {
-            float4 q = __ldg(xp + v);
-            xv[4 * v] = q.x; xv[4 * v + 1] = q.y; xv[4 * v + 2] = q.z; xv[4 * v + 3] = q.w;
-        }
-        float xs = 0.0f;
-#pragma unroll
-        for (int j = 0; j < 32; ++j) xs += xv[j];
+        const float xs = load_x32(xv, x + (size_t)t * TK + lane * 32);
         bar_wait(sh_addr(bars + s), (t / STAGES) & 1);
         const unsigned char* st = ring + (size_t)s * stage_bytes;
         const int g = (lane * 32) >> lg;
