@@ -261,7 +261,9 @@ impl CudaBackend {
         match up {
             Some(u) => {
                 let (up_p, nl) = (u.cuda_ptr()?, (m * k) as u64);
-                launch!(self.st()?, op, "silu_mul_bf16", cfg_1d(m * k); xbp, xp, up_p, nl);
+                // Four values per thread where aligned (the kernel's grid-stride loops cover the
+                // rest either way).
+                launch!(self.st()?, op, "silu_mul_bf16", cfg_1d((m * k).div_ceil(4)); xbp, xp, up_p, nl);
             }
             None => self.convert_bf16(op, xbp, xp, DT_F32, m * k)?,
         }
