@@ -26,7 +26,7 @@ template <class T> T __ldg(const T* p) { return *p; }
 thread_local dim3 threadIdx, blockIdx;
 dim3 blockDim, gridDim;
 
-// buf: a shuffle's values; mma_*: each lane's fragments of an mma.sync (fa_mma below).
+// buf: a shuffle's values; mma_*: each lane's fragments of an mma.sync (mma_bf16 below).
 struct Warp {
     float buf[32];
     std::unique_ptr<std::barrier<>> bar;
@@ -93,7 +93,7 @@ inline float emu_half_to_float(unsigned short h) {
 #define __launch_bounds__(...)
 #define __shared__ static
 #define __align__(n) __attribute__((aligned(n)))
-// The kernel sources leave their inline-PTX wrappers out under this (fa_mma, fa_pack below).
+// The kernel sources leave their inline-PTX wrappers out under this (mma_bf16, bf16x2_rn below).
 #define NUVEC_CUDA_EMU 1
 
 void emu_launch(dim3 grid, dim3 block, std::function<void()> body) {
@@ -118,7 +118,7 @@ void emu_launch(dim3 grid, dim3 block, std::function<void()> body) {
             }
 }
 
-// flash_attention.cu's wrappers: bf16 rounding to nearest even, and the warp's m16n8k16 mma.sync
+// common.cuh's tensor-core wrappers: bf16 rounding to nearest even, and the warp's m16n8k16 mma.sync
 // from its lanes' fragments (A row-major, B column-major, f32 C), each output summed in f64 and
 // rounded once (the hardware's f32 accumulation may differ in the last bits).
 inline unsigned short emu_bf16_rn(float f) {
@@ -128,8 +128,8 @@ inline unsigned short emu_bf16_rn(float f) {
     return (unsigned short)(u >> 16);
 }
 inline float emu_bf16(unsigned v) { return __uint_as_float((v & 0xFFFFu) << 16); }
-inline unsigned fa_pack(float lo, float hi) { return emu_bf16_rn(lo) | ((unsigned)emu_bf16_rn(hi) << 16); }
-inline void fa_mma(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
+inline unsigned bf16x2_rn(float lo, float hi) { return emu_bf16_rn(lo) | ((unsigned)emu_bf16_rn(hi) << 16); }
+inline void mma_bf16(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
     int lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
     Warp& w = t_block->warps[threadIdx.x >> 5];
     w.bar->arrive_and_wait();

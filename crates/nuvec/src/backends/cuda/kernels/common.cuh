@@ -188,3 +188,52 @@ __device__ __forceinline__ void qg_tile_chunk(size_t i, int chunks, size_t words
     b1 = load_float(biases, g1, p_dt);
 }
 
+// The 8 values of one 4-bit word (nibble i is value i), exactly, as floats: each byte of the
+// masked words holds one value, which byte_perm puts under 0x4B (the float 2^23 + q), minus 2^23.
+// No integer-to-float conversion. The f32 GEMV's chunk decoder (linear.cu) and the bf16 weight
+// decoder (prefill.cu) share it.
+__device__ __forceinline__ void q4_values(u32 w, float (&q)[8]) {
+    const u32 lo = w & 0x0F0F0F0Fu, hi = (w >> 4) & 0x0F0F0F0Fu;  // values 2b and 2b + 1 in byte b
+#pragma unroll
+    for (int b = 0; b < 4; ++b) {
+        q[2 * b] = __uint_as_float(__byte_perm(lo, 0x4B000000u, 0x7540 | b)) - 8388608.0f;
+        q[2 * b + 1] = __uint_as_float(__byte_perm(hi, 0x4B000000u, 0x7540 | b)) - 8388608.0f;
+    }
+}
+
+// f to bf16 bits, rounded to nearest, ties to even, as the host's `half::bf16::from_f32` does.
+__device__ __forceinline__ u32 bf16_rn(float f) {
+    u32 u = __float_as_uint(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (u >> 16) | 0x40u;  // NaN stays a (quiet) NaN
+    u += 0x7fffu + ((u >> 16) & 1u);  // carries into the exponent when rounding up (inf past max)
+    return u >> 16;
+}
+
+#ifndef NUVEC_CUDA_EMU
+// Tensor-core helpers (flash attention, the bf16 weight decoder); the CPU emulator
+// (scripts/cuda-emu/cuda_emu.h) defines its own.
+// d += A B for one m16n8k16 step (A row-major, B column-major, bf16 in, f32 accumulation); bf16
+// mma.sync needs sm_80, where the host launches the kernels using it (elsewhere it traps).
+__device__ __forceinline__ void mma_bf16(float (&d)[4], const u32 (&a)[4], const u32 (&b)[2]) {
+#if __CUDA_ARCH__ >= 800
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#else
+    __trap();
+#endif
+}
+// Two floats rounded to bf16 (nearest even), lo in the low half: one cvt on sm_80+ (the same
+// rounding as bf16_rn, except that a NaN becomes the canonical NaN 0x7FFF), bf16_rn before.
+__device__ __forceinline__ u32 bf16x2_rn(float lo, float hi) {
+#if __CUDA_ARCH__ >= 800
+    u32 r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+#else
+    return bf16_rn(lo) | (bf16_rn(hi) << 16);
+#endif
+}
+#endif

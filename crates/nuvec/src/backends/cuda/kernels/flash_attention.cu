@@ -20,32 +20,6 @@
 #define FA_WARPS 8
 #define FA_KEYS 64
 
-#ifndef NUVEC_CUDA_EMU
-// bf16 mma.sync and cvt need sm_80; the host launches these kernels there only (elsewhere they trap).
-// d += A B for one m16n8k16 step (A row-major, B column-major, bf16 in, f32 accumulation).
-__device__ __forceinline__ void fa_mma(float (&d)[4], const u32 (&a)[4], const u32 (&b)[2]) {
-#if __CUDA_ARCH__ >= 800
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-#else
-    __trap();
-#endif
-}
-// Two floats rounded to bf16 (nearest even), lo in the low half.
-__device__ __forceinline__ u32 fa_pack(float lo, float hi) {
-    u32 r = 0;
-#if __CUDA_ARCH__ >= 800
-    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-#else
-    __trap();
-#endif
-    return r;
-}
-#endif
-
 template <int D>
 __device__ __forceinline__ void flash_attn_body(float* __restrict__ out, const float* __restrict__ q,
                                                 const u16* __restrict__ kb, const u16* __restrict__ vb, int l,
@@ -72,10 +46,10 @@ __device__ __forceinline__ void flash_attn_body(float* __restrict__ out, const f
         for (int kk = 0; kk < KS; ++kk) {
             const float2 a = *(const float2*)(q0p + 16 * kk), b = *(const float2*)(q1p + 16 * kk);
             const float2 c = *(const float2*)(q0p + 16 * kk + 8), e = *(const float2*)(q1p + 16 * kk + 8);
-            qa[kk][0] = fa_pack(a.x, a.y);
-            qa[kk][1] = fa_pack(b.x, b.y);
-            qa[kk][2] = fa_pack(c.x, c.y);
-            qa[kk][3] = fa_pack(e.x, e.y);
+            qa[kk][0] = bf16x2_rn(a.x, a.y);
+            qa[kk][1] = bf16x2_rn(b.x, b.y);
+            qa[kk][2] = bf16x2_rn(c.x, c.y);
+            qa[kk][3] = bf16x2_rn(e.x, e.y);
         }
     }
     float o[NT][4];
@@ -120,7 +94,7 @@ __device__ __forceinline__ void flash_attn_body(float* __restrict__ out, const f
 #pragma unroll
             for (int kk = 0; kk < KS; ++kk) {
                 const u32 b[2] = {*(const u32*)(kr + 16 * kk), *(const u32*)(kr + 16 * kk + 8)};
-                fa_mma(sc[n], qa[kk], b);
+                mma_bf16(sc[n], qa[kk], b);
             }
         }
         // Scaled scores; keys after a row's position (or past kv_len) out.
@@ -159,8 +133,8 @@ __device__ __forceinline__ void flash_attn_body(float* __restrict__ out, const f
             const float p10 = exp2f(sc[n][2] - nm1), p11 = exp2f(sc[n][3] - nm1);
             ps0 += p00 + p01;
             ps1 += p10 + p11;
-            pa[n >> 1][(n & 1) * 2] = fa_pack(p00, p01);
-            pa[n >> 1][(n & 1) * 2 + 1] = fa_pack(p10, p11);
+            pa[n >> 1][(n & 1) * 2] = bf16x2_rn(p00, p01);
+            pa[n >> 1][(n & 1) * 2 + 1] = bf16x2_rn(p10, p11);
         }
         s0 = s0 * corr0 + ps0;  // the lane's part; summed across the four lanes at the end
         s1 = s1 * corr1 + ps1;
@@ -175,7 +149,7 @@ __device__ __forceinline__ void flash_attn_body(float* __restrict__ out, const f
 #pragma unroll
             for (int kk = 0; kk < FA_KEYS / 16; ++kk) {
                 const u32 b[2] = {*(const u32*)(vr + 16 * kk), *(const u32*)(vr + 16 * kk + 8)};
-                fa_mma(o[n], pa[kk], b);
+                mma_bf16(o[n], pa[kk], b);
             }
         }
     }

@@ -100,12 +100,10 @@ __device__ __forceinline__ void qg_decode(const u32 (&w)[BITS], float (&q)[32]) 
     } else if constexpr (BITS == 4) {
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
-            u32 lo = w[j] & 0x0F0F0F0Fu, hi = (w[j] >> 4) & 0x0F0F0F0Fu;
+            float v[8];
+            q4_values(w[j], v);
 #pragma unroll
-            for (int b = 0; b < 4; ++b) {
-                q[8 * j + 2 * b] = __uint_as_float(__byte_perm(lo, QG_MAGIC, 0x7540 | b)) - 8388608.0f;
-                q[8 * j + 2 * b + 1] = __uint_as_float(__byte_perm(hi, QG_MAGIC, 0x7540 | b)) - 8388608.0f;
-            }
+            for (int t = 0; t < 8; ++t) q[8 * j + t] = v[t];
         }
     } else {
 #pragma unroll

@@ -5,26 +5,8 @@
 // bf16 values are u16 bit patterns (no cuda_bf16.h under NVRTC); every conversion rounds to
 // nearest, ties to even, as the host's `half::bf16::from_f32` does.
 
-__device__ __forceinline__ u32 pf_bf16(float f) {
-    u32 u = __float_as_uint(f);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (u >> 16) | 0x40u;  // NaN stays a (quiet) NaN
-    u += 0x7fffu + ((u >> 16) & 1u);  // carries into the exponent when rounding up (inf past max)
-    return u >> 16;
-}
-
-__device__ __forceinline__ u32 pf_bf16x2(float lo, float hi) { return pf_bf16(lo) | (pf_bf16(hi) << 16); }
-
-// pf_bf16x2 in one instruction on sm_80+ (cvt.rn: the same rounding, except that a NaN becomes
-// the canonical NaN 0x7FFF instead of keeping its payload).
-__device__ __forceinline__ u32 pf_bf16x2_cvt(float lo, float hi) {
-#if __CUDA_ARCH__ >= 800
-    u32 r;
-    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-    return r;
-#else
-    return pf_bf16x2(lo, hi);
-#endif
-}
+// Two values as bf16 in software (bf16_rn, common.cuh: NaN payloads kept), lo in the low half.
+__device__ __forceinline__ u32 pf_bf16x2(float lo, float hi) { return bf16_rn(lo) | (bf16_rn(hi) << 16); }
 
 // out [B, A, C] bf16 = src[a * sa + b * sb + c] (element strides) for a < A, b < B, c < C; src is
 // f32, f16 or bf16 (`dt`). For attention the queries [L, Hkv, group * D] become
@@ -38,7 +20,7 @@ extern "C" __global__ void gather3_bf16(u16* out, const void* src, int dt, long 
         const u32 an = (u32)a_n, cn = (u32)c_n;
         for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total; i += stride) {
             u32 ii = (u32)i, c = ii % cn, r = ii / cn, a = r % an, b = r / an;
-            out[i] = (u16)pf_bf16(load_float(src, a * (size_t)sa + b * (size_t)sb + c, dt));
+            out[i] = (u16)bf16_rn(load_float(src, a * (size_t)sa + b * (size_t)sb + c, dt));
         }
         return;
     }
@@ -47,7 +29,7 @@ extern "C" __global__ void gather3_bf16(u16* out, const void* src, int dt, long 
         size_t r = i / (size_t)c_n;
         size_t a = r % (size_t)a_n;
         size_t b = r / (size_t)a_n;
-        out[i] = (u16)pf_bf16(load_float(src, a * (size_t)sa + b * (size_t)sb + c, dt));
+        out[i] = (u16)bf16_rn(load_float(src, a * (size_t)sa + b * (size_t)sb + c, dt));
     }
 }
 
@@ -59,7 +41,7 @@ extern "C" __global__ void convert_bf16(u16* out, const void* src, int dt, size_
     u32* out2 = (u32*)out;
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < pairs; i += (size_t)gridDim.x * blockDim.x)
         out2[i] = pf_bf16x2(load_float(src, 2 * i, dt), load_float(src, 2 * i + 1, dt));
-    if ((n & 1) && blockIdx.x == 0 && threadIdx.x == 0) out[n - 1] = (u16)pf_bf16(load_float(src, n - 1, dt));
+    if ((n & 1) && blockIdx.x == 0 && threadIdx.x == 0) out[n - 1] = (u16)bf16_rn(load_float(src, n - 1, dt));
 }
 
 // out [n] bf16 = silu(g) * u, computed in f32 as silu_mul_f32 computes it (g / (1 + exp(-g)) * u),
@@ -80,7 +62,7 @@ extern "C" __global__ void silu_mul_bf16(u16* out, const float* g, const float* 
         return;
     }
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += stride)
-        out[i] = (u16)pf_bf16(pf_silu_mul(g[i], u[i]));
+        out[i] = (u16)bf16_rn(pf_silu_mul(g[i], u[i]));
 }
 
 // Value i of a chunk (LSB-first bit stream; i is a constant once unrolled).
@@ -129,8 +111,8 @@ extern "C" __global__ void qdequant_bf16_b3(QDB_PARAMS) { pdl_begin(); qdequant_
 // (8 values, always in one group, groups being >= 16), QDB4_WORDS words per thread a block width
 // apart, so that a warp's 4-byte loads and 16-byte stores are contiguous and a thread's loads are
 // in flight together. Grid: x over a row's words (QDB4_WORDS * blockDim.x per block), y over the
-// rows (strided past 65535). The values become floats as 2^23 + q minus 2^23 (no integer
-// conversion), then fmaf(scale, q, bias) as for the other widths.
+// rows (strided past 65535). The values become floats by q4_values (no integer conversion), then
+// fmaf(scale, q, bias) as for the other widths.
 #define QDB4_WORDS 4
 extern "C" __global__ void qdequant_bf16_b4(QDB_PARAMS) {
     pdl_begin();
@@ -153,14 +135,11 @@ extern "C" __global__ void qdequant_bf16_b4(QDB_PARAMS) {
             if (j >= wpr) break;
             const size_t g = row * gpr + (((size_t)j << 3) >> lg);
             const float sc = load_float(scales, g, p_dt), bi = load_float(biases, g, p_dt);
-            const u32 lo = w[i] & 0x0F0F0F0Fu, hi = (w[i] >> 4) & 0x0F0F0F0Fu;  // values 2e and 2e + 1 in byte e
+            float q[8];
+            q4_values(w[i], q);
             u32 o[4];
 #pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const float q0 = __uint_as_float(__byte_perm(lo, 0x4B000000u, 0x7540 | e)) - 8388608.0f;
-                const float q1 = __uint_as_float(__byte_perm(hi, 0x4B000000u, 0x7540 | e)) - 8388608.0f;
-                o[e] = pf_bf16x2_cvt(fmaf(sc, q0, bi), fmaf(sc, q1, bi));
-            }
+            for (int e = 0; e < 4; ++e) o[e] = bf16x2_rn(fmaf(sc, q[2 * e], bi), fmaf(sc, q[2 * e + 1], bi));
             *(uint4*)(dst + (size_t)j * 8) = make_uint4(o[0], o[1], o[2], o[3]);
         }
     }
@@ -182,7 +161,7 @@ extern "C" __global__ void qdequant_bf16_any(u16* out, long long row0, size_t to
         int c = (int)(i % k);
         float q = (float)unpack(packed + row * words, (size_t)c, bits);
         size_t g = row * gpr + c / group;
-        out[i] = (u16)pf_bf16(fmaf(load_float(scales, g, p_dt), q, load_float(biases, g, p_dt)));
+        out[i] = (u16)bf16_rn(fmaf(load_float(scales, g, p_dt), q, load_float(biases, g, p_dt)));
     }
 }
 
@@ -228,7 +207,7 @@ extern "C" __global__ void __launch_bounds__(SMX_THREADS) causal_softmax_bf16(u1
 #pragma unroll
         for (int i = 0; i < SMX_PER; ++i) {
             int j = threadIdx.x + i * SMX_THREADS;
-            if (j < n) out[j] = (u16)pf_bf16(e[i] * inv);  // 0 past the causal limit
+            if (j < n) out[j] = (u16)bf16_rn(e[i] * inv);  // 0 past the causal limit
         }
         return;
     }
@@ -243,5 +222,5 @@ extern "C" __global__ void __launch_bounds__(SMX_THREADS) causal_softmax_bf16(u1
     }
     sum = block_sum(sum, scratch);
     float inv = 1.0f / sum;
-    for (int j = threadIdx.x; j < n; j += blockDim.x) out[j] = j < valid ? (u16)pf_bf16(row[j] * inv) : (u16)0;
+    for (int j = threadIdx.x; j < n; j += blockDim.x) out[j] = j < valid ? (u16)bf16_rn(row[j] * inv) : (u16)0;
 }

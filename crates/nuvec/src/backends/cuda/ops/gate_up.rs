@@ -19,21 +19,10 @@ fn enabled() -> bool {
     *ON.get_or_init(|| std::env::var("NUVEC_GATE_UP_SILU").map_or(true, |v| v != "0"))
 }
 
-/// The fused kernel for the `qgemv_multi_b4` variant `suffix`, and the gate rows per block: half
-/// the variant's rows (each block takes as many up rows). `None` for the variants without a
-/// fused twin (the older shapes `NUVEC_QGEMV_VARIANT=0..5` forces).
-fn fused_kernel(suffix: &str) -> Option<(&'static str, usize)> {
-    Some(match suffix {
-        "_v6" => ("gate_up_silu_b4_v6", 4),
-        "_v7" => ("gate_up_silu_b4_v7", 4),
-        "_v8" => ("gate_up_silu_b4_v8", 4),
-        "_v9" => ("gate_up_silu_b4_v9", 4),
-        "_v10" => ("gate_up_silu_b4_v10", 2),
-        "_v11" => ("gate_up_silu_b4_v11", 4),
-        "_v12" => ("gate_up_silu_b4_v12", 2),
-        _ => return None,
-    })
-}
+/// The `qgemv_multi_b4` variants with a fused twin `gate_up_silu_b4{suffix}` (the per-word and
+/// x-per-word loops; not `qgemv1_b4`'s, which `NUVEC_QGEMV_VARIANT=0` forces). A twin takes half
+/// its variant's rows of gate per block, and as many of up.
+const FUSED_VARIANTS: [&str; 7] = ["_v6", "_v7", "_v8", "_v9", "_v10", "_v11", "_v12"];
 
 impl CudaBackend {
     /// One `gate_up_silu_b4_*` launch for one input row (f32, 16-byte aligned, `k` a multiple of
@@ -69,10 +58,11 @@ impl CudaBackend {
         }
         // The shape of the [gate; up] launch of `linear_many` (same warps per block, so each
         // row's sum adds in the same order).
-        let (suffix, _, threads) = qgemv4_variant(k, 2 * n, true);
-        let Some((name, rows_per_block)) = fused_kernel(suffix) else {
+        let (suffix, rows, threads) = qgemv4_variant(k, 2 * n, true);
+        if !FUSED_VARIANTS.contains(&suffix) {
             return Ok(None);
-        };
+        }
+        let (name, rows_per_block) = (format!("gate_up_silu_b4{suffix}"), rows / 2);
         let mut shape = x.shape().to_vec();
         *shape.last_mut().expect("x has an axis") = n;
         let out = self.output(&shape, DType::F32, false)?;
@@ -86,7 +76,7 @@ impl CudaBackend {
         let (pg, sg, bg, pu, su, bu) = (ga.packed, ga.scales, ga.biases, ua.packed, ua.scales, ua.biases);
         let blocks = to_i32(op, "blocks", n.div_ceil(rows_per_block))? as u32;
         let cfg = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (threads, 1, 1), shared_mem_bytes: 0 };
-        launch!(st, op, name, cfg; o, xp, ni, pg, sg, bg, pu, su, bu, p_dt, lg, ki);
+        launch!(st, op, name.as_str(), cfg; o, xp, ni, pg, sg, bg, pu, su, bu, p_dt, lg, ki);
         Ok(Some(out))
     }
 }

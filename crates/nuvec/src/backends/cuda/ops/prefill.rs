@@ -184,10 +184,9 @@ const TILE_BF16: usize = 1 << 26;
 /// blocks of 256 compute 53 % of the full square) while keeping the GEMMs large.
 const ATTN_BF16_QUERIES: usize = 256;
 
-/// Queries per block of the flash-attention kernels (`FA_WARPS` warps of 16 rows in
-/// `kernels/flash_attention.cu`) and their threads per block.
-const FLASH_QUERIES: usize = 128;
-const FLASH_THREADS: u32 = 256;
+/// Warps per block of the flash-attention kernels (`FA_WARPS` in `kernels/flash_attention.cu`),
+/// 16 queries each.
+const FLASH_WARPS: usize = 8;
 
 /// A matrix operand of [`CudaBackend::gemm_bf16`]: device address, leading dimension and the
 /// stride between batch entries (elements).
@@ -501,11 +500,11 @@ impl CudaBackend {
         if st.flash && (d == 64 || d == 128) && qp.is_multiple_of(8) && o.is_multiple_of(8) {
             let cfg = LaunchConfig {
                 grid_dim: (
-                    to_i32(op, "queries", l.div_ceil(FLASH_QUERIES))? as u32,
+                    to_i32(op, "queries", l.div_ceil(16 * FLASH_WARPS))? as u32,
                     to_i32(op, "heads", hq)? as u32,
                     1,
                 ),
-                block_dim: (FLASH_THREADS, 1, 1),
+                block_dim: (32 * FLASH_WARPS as u32, 1, 1),
                 shared_mem_bytes: 0,
             };
             let name = if d == 64 { "flash_attn_bf16_d64" } else { "flash_attn_bf16_d128" };
