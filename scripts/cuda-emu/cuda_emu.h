@@ -26,11 +26,13 @@ template <class T> T __ldg(const T* p) { return *p; }
 thread_local dim3 threadIdx, blockIdx;
 dim3 blockDim, gridDim;
 
-// buf: a shuffle's values; mma_*: each lane's fragments of an mma.sync (mma_bf16 below).
+// buf: a shuffle's values; mma_*: each lane's fragments of an mma.sync (mma_bf16 below); rows:
+// each lane's row address of an ldmatrix.
 struct Warp {
     float buf[32];
     std::unique_ptr<std::barrier<>> bar;
     unsigned mma_a[32][4], mma_b[32][2];
+    const unsigned short* rows[32];  // ldmatrix's row addresses
 };
 struct Block {
     std::unique_ptr<std::barrier<>> bar;
@@ -93,7 +95,8 @@ inline float emu_half_to_float(unsigned short h) {
 #define __launch_bounds__(...)
 #define __shared__ static
 #define __align__(n) __attribute__((aligned(n)))
-// The kernel sources leave their inline-PTX wrappers out under this (mma_bf16, bf16x2_rn below).
+// The kernel sources leave their inline-PTX wrappers out under this (mma_bf16, bf16x2_rn, smem_addr,
+// cp_async*, ldmatrix_x4*, exp2_ftz below).
 #define NUVEC_CUDA_EMU 1
 
 void emu_launch(dim3 grid, dim3 block, std::function<void()> body) {
@@ -155,4 +158,51 @@ inline void mma_bf16(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[
     }
     w.bar->arrive_and_wait();  // every lane has read the fragments before any lane's next call
     for (int i = 0; i < 4; ++i) d[i] = (float)r[i];
+}
+
+// Shared memory by 32-bit address: the emulated window is emu_dyn_smem (the kernels' dynamic
+// shared memory under run.sh's patch), an address the byte offset into it.
+inline unsigned smem_addr(const void* p) { return (unsigned)((const char*)p - (const char*)emu_dyn_smem); }
+inline void* emu_smem(unsigned a) { return (char*)emu_dyn_smem + a; }
+// cp.async as a plain copy at once (the kernels wait and __syncthreads before reading, which
+// the emulation then only has to honour as barriers).
+inline void cp_async16(unsigned dst, const void* src, bool valid) {
+    if (valid) std::memcpy(emu_smem(dst), src, 16);
+    else std::memset(emu_smem(dst), 0, 16);
+}
+inline void cp_async_commit() {}
+template <int N> void cp_async_wait() {}
+// ldmatrix .x4: lane i gives row i % 8 of matrix i / 8; r[m] gets matrix m's row lane / 4, columns
+// 2 (lane % 4) and + 1 (trans: rows 2 (lane % 4) and + 1 of column lane / 4).
+inline void emu_ldmatrix(unsigned (&r)[4], unsigned addr, bool trans) {
+    int lane = threadIdx.x & 31;
+    Warp& w = t_block->warps[threadIdx.x >> 5];
+    w.bar->arrive_and_wait();
+    w.rows[lane] = (const unsigned short*)emu_smem(addr);
+    w.bar->arrive_and_wait();
+    for (int m = 0; m < 4; ++m) {
+        unsigned short e[2];
+        for (int i = 0; i < 2; ++i)
+            e[i] = trans ? w.rows[8 * m + 2 * (lane & 3) + i][lane >> 2] : w.rows[8 * m + (lane >> 2)][2 * (lane & 3) + i];
+        r[m] = e[0] | ((unsigned)e[1] << 16);
+    }
+    w.bar->arrive_and_wait();  // every lane has read before any lane's next call
+}
+inline void ldmatrix_x4(unsigned (&r)[4], unsigned addr) { emu_ldmatrix(r, addr, false); }
+inline void ldmatrix_x4_trans(unsigned (&r)[4], unsigned addr) { emu_ldmatrix(r, addr, true); }
+inline float exp2_ftz(float x) {
+    float r = std::exp2(x);
+    return std::fabs(r) < 1.17549435e-38f ? 0.0f : r;
+}
+// Whether any lane of the warp passes v.
+inline bool __any_sync(unsigned, bool v) {
+    int lane = threadIdx.x & 31;
+    Warp& w = t_block->warps[threadIdx.x >> 5];
+    w.bar->arrive_and_wait();
+    w.buf[lane] = v ? 1.0f : 0.0f;
+    w.bar->arrive_and_wait();
+    bool any = false;
+    for (int i = 0; i < 32; ++i) any = any || w.buf[i] != 0.0f;
+    w.bar->arrive_and_wait();  // every lane has read before any lane's next call
+    return any;
 }

@@ -50,8 +50,10 @@ g++ -std=c++20 -O1 -w -pthread "$work/rows.cpp" -o "$work/rows"
 {
     echo '#include "cuda_emu.h"'
     sed 's/asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));/f = emu_half_to_float(h);/' "$k/common.cuh"
-    cat "$k/flash_attention.cu"
+    sed 's/extern __shared__ __align__(16) u16 fa_smem\[\];/u16* const fa_smem = (u16*)emu_dyn_smem;/' "$k/flash_attention.cu"
 } >"$work/kernels_attn.cpp"
+grep -q 'fa_smem = (u16\*)emu_dyn_smem' "$work/kernels_attn.cpp" \
+    || { echo "cuda-emu: the host patch no longer applies to flash_attention.cu" >&2; exit 1; }
 cp "$here/attn.cpp" "$work/"
 g++ -std=c++20 -O1 -w -pthread "$work/attn.cpp" -o "$work/attn"
 "$work/attn"

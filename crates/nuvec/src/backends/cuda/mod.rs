@@ -200,6 +200,18 @@ impl State {
             let module = ctx.load_module(ptx).map_err(driver_err("loading a compiled module"))?;
             for kernel in kernel_names(&src) {
                 let f = module.load_function(kernel).map_err(driver_err("finding a kernel"))?;
+                // The flash-attention kernels' double-buffered K/V tiles pass the default 48 KiB
+                // of dynamic shared memory at head size 128 (they run on sm_80+ only).
+                if let Some(d) = kernel.strip_prefix("flash_attn_bf16_d").and_then(|d| d.parse().ok()) {
+                    if major >= 8 {
+                        let bytes = ops::prefill::flash_smem_bytes(d);
+                        f.set_attribute(
+                            cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                            bytes as i32,
+                        )
+                        .map_err(driver_err("raising a flash-attention kernel's shared memory"))?;
+                    }
+                }
                 funcs.insert(kernel.to_string(), f);
             }
         }

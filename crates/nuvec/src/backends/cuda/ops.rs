@@ -309,7 +309,7 @@ mod fused;
 
 // Phase 4: tensor-core prefill (bf16 weight products and attention, kernels/prefill.cu) and the
 // process-wide matmul precision that selects it.
-mod prefill;
+pub(super) mod prefill;
 pub use prefill::{matmul_precision, set_matmul_precision, MatmulPrecision};
 
 // gated MLP fusion: silu(gate) * up in the gate/up GEMV (kernels/linear.cu).

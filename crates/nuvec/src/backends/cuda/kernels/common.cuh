@@ -211,7 +211,7 @@ __device__ __forceinline__ u32 bf16_rn(float f) {
 
 #ifndef NUVEC_CUDA_EMU
 // Tensor-core helpers (flash attention, the bf16 weight decoder); the CPU emulator
-// (scripts/cuda-emu/cuda_emu.h) defines its own.
+// (scripts/cuda-emu/cuda_emu.h) defines its own of each.
 // d += A B for one m16n8k16 step (A row-major, B column-major, bf16 in, f32 accumulation); bf16
 // mma.sync needs sm_80, where the host launches the kernels using it (elsewhere it traps).
 __device__ __forceinline__ void mma_bf16(float (&d)[4], const u32 (&a)[4], const u32 (&b)[2]) {
@@ -235,5 +235,67 @@ __device__ __forceinline__ u32 bf16x2_rn(float lo, float hi) {
 #else
     return bf16_rn(lo) | (bf16_rn(hi) << 16);
 #endif
+}
+
+// Shared-memory staging for the tensor cores (flash attention; sm_80+, where the host launches
+// the kernels using them, elsewhere they trap). Shared memory by its 32-bit address in the shared
+// window (smem_addr), so that offsets stay 32-bit adds the instructions can take as immediates.
+__device__ __forceinline__ u32 smem_addr(const void* p) {
+    u32 a;
+    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
+    return a;
+}
+// 16 bytes from global to shared memory without passing through registers (cp.async, L2 only);
+// zeros when !valid (src is then not read, but must be a valid address).
+__device__ __forceinline__ void cp_async16(u32 dst, const void* src, bool valid) {
+#if __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0) : "memory");
+#else
+    __trap();
+#endif
+}
+// Closes a group of this thread's cp.async copies.
+__device__ __forceinline__ void cp_async_commit() {
+#if __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.commit_group;" ::: "memory");
+#endif
+}
+// Waits until at most N of this thread's groups are in flight (the newest ones); a
+// __syncthreads after it makes every thread's copies visible to the block.
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+#if __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+#endif
+}
+// Four 8x8 bf16 matrices from shared memory, lane i giving the address of row i % 8 of matrix
+// i / 8 (16 bytes): r[m] holds matrix m's row lane / 4, columns 2 (lane % 4) and + 1, i.e. an
+// mma fragment. The trans form gives rows 2 (lane % 4) and + 1 of column lane / 4 instead.
+__device__ __forceinline__ void ldmatrix_x4(u32 (&r)[4], u32 addr) {
+#if __CUDA_ARCH__ >= 800
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+#else
+    r[0] = r[1] = r[2] = r[3] = 0u;
+    __trap();
+#endif
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(u32 (&r)[4], u32 addr) {
+#if __CUDA_ARCH__ >= 800
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+#else
+    r[0] = r[1] = r[2] = r[3] = 0u;
+    __trap();
+#endif
+}
+// 2^x in one MUFU instruction, results below 2^-126 flushed to 0 (exp2f adds a range fix-up
+// around it for those; softmax probabilities that small round to nothing anyway).
+__device__ __forceinline__ float exp2_ftz(float x) {
+    float r;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
+    return r;
 }
 #endif

@@ -6,37 +6,62 @@
 // kb, vb bf16 [Hkv, kv_len, D] (the cache's first kv_len rows, converted by gather3_bf16);
 // out f32 [L, Hq * D]. Query head h reads KV head h / (Hq / Hkv).
 //
-// A block takes FA_WARPS * 16 queries of one head; each warp 16 of them, with their q rows as
-// mma.sync A fragments in registers for the whole call. Keys go by in tiles of FA_KEYS: the block
-// copies the tile's K rows and V (transposed, so that P V's B fragments are 4-byte loads) into
-// shared memory; each warp computes its 16 x FA_KEYS scores with m16n8k16 MMAs, keeps a running
-// maximum and sum per query row (online softmax in base 2, the scale folded in), rounds the
-// probabilities to bf16 as the A fragments of P V (the score accumulator's layout is the A
-// operand's, so they never leave registers) and accumulates O in f32. Shared-memory rows are
-// padded by 8 values so that a warp's fragment loads hit 32 different banks.
-
-// 8 warps (128 queries) per block rather than 4: each K/V tile copied to shared memory serves
-// twice the queries (random 8B prefill 4096: +2 %, 16384: +7 %; random 1B 4096: +5 % on the H200).
-#define FA_WARPS 8
+// A block takes WARPS * 16 queries of one head; each warp 16 of them, with their q rows as
+// mma.sync A fragments in registers for the whole call. Keys go by in tiles of FA_KEYS, K and V
+// rows copied as they are into shared memory by cp.async, double-buffered: tile j + 1 lands while
+// the warps compute tile j, and one barrier per tile both publishes tile j and retires tile j - 1's
+// buffers. Each warp computes its 16 x FA_KEYS scores with m16n8k16 MMAs (K's B fragments by
+// ldmatrix), keeps a running maximum and sum per query row (online softmax in base 2, the scale
+// folded in), rounds the probabilities to bf16 as the A fragments of P V (the score accumulator's
+// layout is the A operand's, so they never leave registers) and accumulates O in f32 (V's B
+// fragments by ldmatrix.trans). Shared-memory rows are padded by 8 values so that the eight rows
+// of an ldmatrix hit 32 different banks. The tiles take 4 * FA_KEYS * (D + 8) * 2 bytes of dynamic
+// shared memory (68 KiB for D = 128; the host raises the kernels' limit).
 #define FA_KEYS 64
 
-template <int D>
+// Rows j0.. of one head's K or V (D bf16 each) into the tile at shared address dst (rows of
+// D + 8), zeros past kv_len; consecutive threads take consecutive 16-byte pieces of a row
+// (coalesced), each thread the same piece of every (WARPS * 32 / (D / 8))-th row.
+template <int D, int WARPS>
+__device__ __forceinline__ void fa_load_tile(u32 dst, const u16* __restrict__ src, int j0, int kv_len) {
+    constexpr int VEC = D / 8, PASS = WARPS * 32 / VEC;  // rows per pass of the block
+    const int key0 = threadIdx.x / VEC, d0 = (threadIdx.x % VEC) * 8;
+#pragma unroll
+    for (int r = 0; r < FA_KEYS / PASS; ++r) {
+        const int key = key0 + r * PASS;
+        const bool in = j0 + key < kv_len;
+        cp_async16(dst + 2 * (key * (D + 8) + d0), src + (size_t)(in ? j0 + key : 0) * D + d0, in);
+    }
+}
+
+extern __shared__ __align__(16) u16 fa_smem[];
+
+template <int D, int WARPS>
 __device__ __forceinline__ void flash_attn_body(float* __restrict__ out, const float* __restrict__ q,
                                                 const u16* __restrict__ kb, const u16* __restrict__ vb, int l,
                                                 int kv_len, int hq, int hkv, float scale) {
-    constexpr int KS = D / 16;       // k steps of Q K^T
-    constexpr int NT = D / 8;        // n tiles of P V (8 output features each)
-    constexpr int KROW = D + 8;      // bf16 per K row in shared memory
-    constexpr int VROW = FA_KEYS + 8;  // bf16 per transposed V row (one feature, FA_KEYS keys)
-    __shared__ __align__(16) u16 ks[FA_KEYS * KROW];
-    __shared__ __align__(16) u16 vt[D * VROW];
+    constexpr int KS = D / 16;                 // k steps of Q K^T
+    constexpr int NT = D / 8;                  // n tiles of P V (8 output features each)
+    constexpr int ROW = 2 * (D + 8);           // bytes per K or V row in shared memory
+    constexpr int TILE = FA_KEYS * ROW;        // bytes per K or V tile
+    static_assert(FA_KEYS % (WARPS * 32 / (D / 8)) == 0, "whole passes of fa_load_tile");
+    const u32 ks = smem_addr(fa_smem), vs = ks + 2 * TILE;  // K tiles 0 and 1, then V tiles 0 and 1
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;  // fragment row group and column pair
-    const int h = blockIdx.y, kvh = h / (hq / hkv);
-    const int first = kv_len - l;           // position of query 0
-    const int q0 = blockIdx.x * (FA_WARPS * 16);
+    // Heads along x, query blocks along y from the last: the blocks with the most keys start
+    // first (the causal work is uneven), and neighbouring blocks share a KV head in L2.
+    const int h = blockIdx.x, kvh = h / (hq / hkv);
+    const int first = kv_len - l;  // position of query 0
+    const int q0 = (gridDim.y - 1 - blockIdx.y) * (WARPS * 16);
     const int r0 = q0 + warp * 16 + g, r1 = r0 + 8;  // this lane's two query rows
     const size_t qstride = (size_t)hq * D;
+    // Keys the block's last query sees.
+    const int n_keys = min(kv_len, first + min(q0 + WARPS * 16, l));
+    const u16* kh = kb + (size_t)kvh * kv_len * D;
+    const u16* vh = vb + (size_t)kvh * kv_len * D;
+    fa_load_tile<D, WARPS>(ks, kh, 0, kv_len);
+    fa_load_tile<D, WARPS>(vs, vh, 0, kv_len);
+    cp_async_commit();
     // Q as A fragments: rows r0 / r1, features 16 kk + 2t (+1, +8, +9). Rows past L repeat L - 1.
     u32 qa[KS][4];
     {
@@ -55,103 +80,101 @@ __device__ __forceinline__ void flash_attn_body(float* __restrict__ out, const f
     float o[NT][4];
 #pragma unroll
     for (int n = 0; n < NT; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
-    // Running maximum (of scores times scale * log2 e) and sum for rows r0 and r1.
+    // Running maximum of the raw scores and running sum of exp2((score - max) * c) for rows r0
+    // and r1 (softmax in base 2, the scale folded into one multiply-add per score).
     float m0 = NEG_INF, m1 = NEG_INF, s0 = 0.0f, s1 = 0.0f;
     const float c = scale * 1.4426950408889634f;
     const int pos0 = first + r0, pos1 = first + r1;
-    // Keys the block's last query sees.
-    const int n_keys = min(kv_len, first + min(q0 + FA_WARPS * 16, l));
-    const u16* kh = kb + (size_t)kvh * kv_len * D;
-    const u16* vh = vb + (size_t)kvh * kv_len * D;
-    for (int j0 = 0; j0 < n_keys; j0 += FA_KEYS) {
-        __syncthreads();  // the previous tile's readers are done
-        // K rows j0.. as they are, V transposed; 8 values (16 bytes) per step, keys past the end 0.
-        // Consecutive threads take consecutive keys, so that a warp's transposed V stores fall
-        // into consecutive addresses of one feature row.
-        constexpr int VEC = D / 8;  // 16-byte vectors per row
-        for (int i = threadIdx.x; i < FA_KEYS * VEC; i += FA_WARPS * 32) {
-            const int key = i % FA_KEYS, d0 = (i / FA_KEYS) * 8;
-            uint4 kw = make_uint4(0u, 0u, 0u, 0u), vw = make_uint4(0u, 0u, 0u, 0u);
-            if (j0 + key < kv_len) {
-                kw = *(const uint4*)(kh + (size_t)(j0 + key) * D + d0);
-                vw = *(const uint4*)(vh + (size_t)(j0 + key) * D + d0);
-            }
-            *(uint4*)(ks + key * KROW + d0) = kw;
-            const u32 vv[4] = {vw.x, vw.y, vw.z, vw.w};
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                vt[(d0 + 2 * e) * VROW + key] = (u16)(vv[e] & 0xFFFFu);
-                vt[(d0 + 2 * e + 1) * VROW + key] = (u16)(vv[e] >> 16);
-            }
+    const int warp_pos = first + q0 + warp * 16;  // the warp's first query position
+    // ldmatrix row addresses: K rows (keys) 8n + lane % 8 at features 8 (lane / 8) of a 32-feature
+    // step (B fragments of two k steps); V rows 16 kk + lane % 16 at features 8 (lane / 16) of a
+    // 16-feature pair of n tiles (B fragments of both).
+    const u32 kl = ks + (lane & 7) * ROW + 16 * (lane >> 3);
+    const u32 vl = vs + (lane & 15) * ROW + 16 * (lane >> 4);
+    for (int j0 = 0, buf = 0; j0 < n_keys; j0 += FA_KEYS, buf ^= 1) {
+        cp_async_wait<0>();  // this thread's copies of tile j
+        __syncthreads();     // everyone's; and every warp is done with tile j - 1's buffers
+        if (j0 + FA_KEYS < n_keys) {
+            fa_load_tile<D, WARPS>(ks + (buf ^ 1) * TILE, kh, j0 + FA_KEYS, kv_len);
+            fa_load_tile<D, WARPS>(vs + (buf ^ 1) * TILE, vh, j0 + FA_KEYS, kv_len);
+            cp_async_commit();
         }
-        __syncthreads();
+        const u32 kt = kl + buf * TILE, vt = vl + buf * TILE;
         // S = Q K^T for this warp's 16 rows and the tile's keys: 8 n tiles of 8 keys.
         float sc[FA_KEYS / 8][4];
 #pragma unroll
-        for (int n = 0; n < FA_KEYS / 8; ++n) {
-            sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.0f;
-            const u16* kr = ks + (8 * n + g) * KROW + 2 * t;
+        for (int n = 0; n < FA_KEYS / 8; ++n) sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.0f;
 #pragma unroll
-            for (int kk = 0; kk < KS; ++kk) {
-                const u32 b[2] = {*(const u32*)(kr + 16 * kk), *(const u32*)(kr + 16 * kk + 8)};
-                mma_bf16(sc[n], qa[kk], b);
+        for (int kk = 0; kk < KS; kk += 2)
+#pragma unroll
+            for (int n = 0; n < FA_KEYS / 8; ++n) {
+                u32 b[4];
+                ldmatrix_x4(b, kt + 8 * n * ROW + 32 * kk);
+                const u32 b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
+                mma_bf16(sc[n], qa[kk], b0);
+                mma_bf16(sc[n], qa[kk + 1], b1);
             }
-        }
-        // Scaled scores; keys after a row's position (or past kv_len) out.
-        const bool edge = j0 + FA_KEYS > pos0 + 1 || j0 + FA_KEYS > kv_len;
-        float mx0 = NEG_INF, mx1 = NEG_INF;
+        // Keys after a row's position (or past kv_len) out: only in tiles that reach past the
+        // warp's first query (a warp-uniform test).
+        if (j0 + FA_KEYS > warp_pos + 1 || j0 + FA_KEYS > kv_len) {
 #pragma unroll
-        for (int n = 0; n < FA_KEYS / 8; ++n)
+            for (int n = 0; n < FA_KEYS / 8; ++n)
 #pragma unroll
-            for (int e = 0; e < 2; ++e) {
-                const int key = j0 + 8 * n + 2 * t + e;
-                float a = sc[n][e] * c, b = sc[n][2 + e] * c;
-                if (edge) {
-                    if (key > pos0 || key >= kv_len) a = NEG_INF;
-                    if (key > pos1 || key >= kv_len) b = NEG_INF;
+                for (int e = 0; e < 2; ++e) {
+                    const int key = j0 + 8 * n + 2 * t + e;
+                    if (key > pos0 || key >= kv_len) sc[n][e] = NEG_INF;
+                    if (key > pos1 || key >= kv_len) sc[n][2 + e] = NEG_INF;
                 }
-                sc[n][e] = a;
-                sc[n][2 + e] = b;
-                mx0 = fmaxf(mx0, a);
-                mx1 = fmaxf(mx1, b);
-            }
+        }
+        float mx0 = m0, mx1 = m1;
+#pragma unroll
+        for (int n = 0; n < FA_KEYS / 8; ++n) {
+            mx0 = fmaxf(mx0, fmaxf(sc[n][0], sc[n][1]));
+            mx1 = fmaxf(mx1, fmaxf(sc[n][2], sc[n][3]));
+        }
         // The row's maximum over its four lanes (t = 0..3).
         mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
         mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
         mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
         mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
-        const float nm0 = fmaxf(m0, mx0), nm1 = fmaxf(m1, mx1);
-        // Every row sees key 0 in the first tile, so nm is finite from then on.
-        const float corr0 = exp2f(m0 - nm0), corr1 = exp2f(m1 - nm1);
-        m0 = nm0;
-        m1 = nm1;
-        float ps0 = 0.0f, ps1 = 0.0f;
+        // Every row sees key 0 in the first tile, so the maximum is finite from then on. O and
+        // the sums need rescaling only where it grew (rarely, after the first tiles).
+        if (__any_sync(0xffffffffu, mx0 != m0 || mx1 != m1)) {
+            const float corr0 = exp2_ftz((m0 - mx0) * c), corr1 = exp2_ftz((m1 - mx1) * c);
+            s0 *= corr0;
+            s1 *= corr1;
+#pragma unroll
+            for (int n = 0; n < NT; ++n) {
+                o[n][0] *= corr0;
+                o[n][1] *= corr0;
+                o[n][2] *= corr1;
+                o[n][3] *= corr1;
+            }
+            m0 = mx0;
+            m1 = mx1;
+        }
+        const float mc0 = m0 * c, mc1 = m1 * c;
         u32 pa[FA_KEYS / 16][4];  // P as A fragments, one per 16 keys
 #pragma unroll
         for (int n = 0; n < FA_KEYS / 8; ++n) {
-            const float p00 = exp2f(sc[n][0] - nm0), p01 = exp2f(sc[n][1] - nm0);
-            const float p10 = exp2f(sc[n][2] - nm1), p11 = exp2f(sc[n][3] - nm1);
-            ps0 += p00 + p01;
-            ps1 += p10 + p11;
+            const float p00 = exp2_ftz(fmaf(sc[n][0], c, -mc0)), p01 = exp2_ftz(fmaf(sc[n][1], c, -mc0));
+            const float p10 = exp2_ftz(fmaf(sc[n][2], c, -mc1)), p11 = exp2_ftz(fmaf(sc[n][3], c, -mc1));
+            s0 += p00 + p01;  // the lane's part; summed across the four lanes at the end
+            s1 += p10 + p11;
             pa[n >> 1][(n & 1) * 2] = bf16x2_rn(p00, p01);
             pa[n >> 1][(n & 1) * 2 + 1] = bf16x2_rn(p10, p11);
         }
-        s0 = s0 * corr0 + ps0;  // the lane's part; summed across the four lanes at the end
-        s1 = s1 * corr1 + ps1;
-        // O = O * corr + P V: k steps of 16 keys, n tiles of 8 features.
+        // O += P V: k steps of 16 keys, pairs of n tiles of 8 features.
 #pragma unroll
-        for (int n = 0; n < NT; ++n) {
-            o[n][0] *= corr0;
-            o[n][1] *= corr0;
-            o[n][2] *= corr1;
-            o[n][3] *= corr1;
-            const u16* vr = vt + (8 * n + g) * VROW + 2 * t;
+        for (int kk = 0; kk < FA_KEYS / 16; ++kk)
 #pragma unroll
-            for (int kk = 0; kk < FA_KEYS / 16; ++kk) {
-                const u32 b[2] = {*(const u32*)(vr + 16 * kk), *(const u32*)(vr + 16 * kk + 8)};
-                mma_bf16(o[n], pa[kk], b);
+            for (int n = 0; n < NT; n += 2) {
+                u32 b[4];
+                ldmatrix_x4_trans(b, vt + 16 * kk * ROW + 16 * n);
+                const u32 b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
+                mma_bf16(o[n], pa[kk], b0);
+                mma_bf16(o[n + 1], pa[kk], b1);
             }
-        }
     }
     s0 += __shfl_xor_sync(0xffffffffu, s0, 1);
     s0 += __shfl_xor_sync(0xffffffffu, s0, 2);
@@ -169,12 +192,15 @@ __device__ __forceinline__ void flash_attn_body(float* __restrict__ out, const f
 #define FA_PARAMS                                                                                                  \
     float *out, const float *q, const u16 *kb, const u16 *vb, int l, int kv_len, int hq, int hkv, float scale
 #define FA_ARGS out, q, kb, vb, l, kv_len, hq, hkv, scale
-// Grid (ceil(L / (16 * FA_WARPS)), Hq), FA_WARPS * 32 threads; one kernel per head size.
-extern "C" __global__ void __launch_bounds__(FA_WARPS * 32) flash_attn_bf16_d64(FA_PARAMS) {
+// Grid (Hq, ceil(L / (16 * warps))), 32 * warps threads; one kernel per head size. Head size
+// 128 takes 8 warps (each K/V tile serves 128 queries), 64 takes 4 (two or three blocks share an
+// SM, out of step): random 8B prefill 4096 +0.6 % against 4 warps, random 1B 4096 +2 % against
+// 8 (H200).
+extern "C" __global__ void __launch_bounds__(128) flash_attn_bf16_d64(FA_PARAMS) {
     pdl_begin();
-    flash_attn_body<64>(FA_ARGS);
+    flash_attn_body<64, 4>(FA_ARGS);
 }
-extern "C" __global__ void __launch_bounds__(FA_WARPS * 32) flash_attn_bf16_d128(FA_PARAMS) {
+extern "C" __global__ void __launch_bounds__(256) flash_attn_bf16_d128(FA_PARAMS) {
     pdl_begin();
-    flash_attn_body<128>(FA_ARGS);
+    flash_attn_body<128, 8>(FA_ARGS);
 }

@@ -184,9 +184,24 @@ const TILE_BF16: usize = 1 << 26;
 /// blocks of 256 compute 53 % of the full square) while keeping the GEMMs large.
 const ATTN_BF16_QUERIES: usize = 256;
 
-/// Warps per block of the flash-attention kernels (`FA_WARPS` in `kernels/flash_attention.cu`),
+/// Warps per block of the flash-attention kernel for head size `d` (`kernels/flash_attention.cu`),
 /// 16 queries each.
-const FLASH_WARPS: usize = 8;
+fn flash_warps(d: usize) -> usize {
+    if d == 64 {
+        4
+    } else {
+        8
+    }
+}
+
+/// Keys per tile of the flash-attention kernels (`FA_KEYS`).
+const FLASH_KEYS: usize = 64;
+
+/// Dynamic shared memory of a flash-attention kernel for head size `d`: two K and two V tiles of
+/// `FLASH_KEYS` rows padded by 8 bf16 values.
+pub(crate) fn flash_smem_bytes(d: usize) -> usize {
+    4 * FLASH_KEYS * (d + 8) * 2
+}
 
 /// A matrix operand of [`CudaBackend::gemm_bf16`]: device address, leading dimension and the
 /// stride between batch entries (elements).
@@ -496,16 +511,14 @@ impl CudaBackend {
         let vb = DeviceBuffer::alloc(st, hkv * kv_len * d * 2)?;
         self.to_bf16(op, vb.ptr(), vp, DT_F32, (kv_len, hkv, d), (d, cap * d))?;
         // Flash attention where it has a kernel: head sizes 64 and 128, q and out 8-byte aligned
-        // (its float2 loads and stores).
-        if st.flash && (d == 64 || d == 128) && qp.is_multiple_of(8) && o.is_multiple_of(8) {
+        // (its float2 loads and stores), query blocks within a grid's y limit.
+        let warps = flash_warps(d);
+        let query_blocks = l.div_ceil(16 * warps);
+        if st.flash && (d == 64 || d == 128) && qp.is_multiple_of(8) && o.is_multiple_of(8) && query_blocks <= 65535 {
             let cfg = LaunchConfig {
-                grid_dim: (
-                    to_i32(op, "queries", l.div_ceil(16 * FLASH_WARPS))? as u32,
-                    to_i32(op, "heads", hq)? as u32,
-                    1,
-                ),
-                block_dim: (32 * FLASH_WARPS as u32, 1, 1),
-                shared_mem_bytes: 0,
+                grid_dim: (to_i32(op, "heads", hq)? as u32, query_blocks as u32, 1),
+                block_dim: (32 * warps as u32, 1, 1),
+                shared_mem_bytes: flash_smem_bytes(d) as u32,
             };
             let name = if d == 64 { "flash_attn_bf16_d64" } else { "flash_attn_bf16_d128" };
             let (li, kvi, hqi, hkvi) = (to_i32(op, "queries", l)?, to_i32(op, "keys", kv_len)?, hq as i32, hkv as i32);
