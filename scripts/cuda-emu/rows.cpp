@@ -1,5 +1,5 @@
-// Runs the row kernels of elementwise.cu and fused.cu (rms_norm_f32, add_rms_norm_f32, and the
-// two-launch argmax: argmax_part_f32 + argmax_final_f32) through cuda_emu.h on the CPU. The norms
+// Runs the row kernels of elementwise.cu and fused.cu (rms_norm_f32, add_rms_norm_f32, rope_qk_f32
+// and the two-launch argmax: argmax_part_f32 + argmax_final_f32) through cuda_emu.h on the CPU. The norms
 // against the definition in f64 (relative 1e-5), add_rms_norm bit for bit against add + rms_norm
 // on the 16-byte and the scalar paths; argmax and argmax_gap bit for bit against the CPU backend's
 // rule (first maximum, strictly greater replaces, a leading NaN wins, NaN/inf make the gap NaN)
@@ -10,9 +10,13 @@
 #include <random>
 #include <string>
 
-static unsigned threads_for(int d) {  // ops.rs norm_threads
+// ops.rs norm_threads: the virtual threads of a row (a thread per 4 values, 32..1024), run
+// `per_thread` (1, 2 or 4) to a thread where that divides them into whole warps.
+static unsigned threads_for(int d, int per_thread = 1) {
     unsigned t = ((d + 3) / 4 + 31) / 32 * 32;
-    return t < 32 ? 32 : (t > 1024 ? 1024 : t);
+    t = t < 32 ? 32 : (t > 1024 ? 1024 : t);
+    while (per_thread > 1 && t % (32 * per_thread)) per_thread /= 2;
+    return t / per_thread;
 }
 
 static void test_norms(int rows, int d, int vec, std::mt19937& rng) {
@@ -22,15 +26,22 @@ static void test_norms(int rows, int d, int vec, std::mt19937& rng) {
     for (auto& v : b) v = nd(rng);
     for (auto& v : w) v = nd(rng);
     std::vector<float> sum(rows * d), out(rows * d), ref_sum(rows * d), ref_out(rows * d);
+    std::string tag = "rows=" + std::to_string(rows) + " d=" + std::to_string(d) + " vec=" + std::to_string(vec);
     for (int i = 0; i < rows * d; ++i) ref_sum[i] = a[i] + b[i];
     float eps = 1e-5f;
-    emu_launch({(unsigned)rows, 1, 1}, {threads_for(d), 1, 1}, [&] {
+    // The fused kernel with 4 virtual threads per thread (a prefill's blocks), the reference with
+    // 1 (a decode row's): bit for bit equal, as the row order does not depend on the block.
+    emu_launch({(unsigned)rows, 1, 1}, {threads_for(d, 4), 1, 1}, [&] {
         add_rms_norm_f32(sum.data(), out.data(), a.data(), b.data(), w.data(), DT_F32, d, eps, vec);
     });
     emu_launch({(unsigned)rows, 1, 1}, {threads_for(d), 1, 1}, [&] {
         rms_norm_f32(ref_out.data(), ref_sum.data(), w.data(), DT_F32, d, eps, vec);
     });
-    std::string tag = "rows=" + std::to_string(rows) + " d=" + std::to_string(d) + " vec=" + std::to_string(vec);
+    std::vector<float> out2(rows * d);  // and rms_norm itself with 2 per thread
+    emu_launch({(unsigned)rows, 1, 1}, {threads_for(d, 2), 1, 1}, [&] {
+        rms_norm_f32(out2.data(), ref_sum.data(), w.data(), DT_F32, d, eps, vec);
+    });
+    check(std::memcmp(out2.data(), ref_out.data(), 4 * out2.size()) == 0, "rms_norm 2 per thread " + tag);
     check(std::memcmp(sum.data(), ref_sum.data(), 4 * sum.size()) == 0, "add_rms_norm sum " + tag);
     check(std::memcmp(out.data(), ref_out.data(), 4 * out.size()) == 0, "add_rms_norm == add + rms_norm " + tag);
     for (int r = 0; r < rows; ++r) {
@@ -44,6 +55,60 @@ static void test_norms(int rows, int d, int vec, std::mt19937& rng) {
                 return;
             }
         }
+    }
+}
+
+// rope_qk_f32 (a warp per head, 8 per block, 2 * half floats of cos/sin) against rope_f32 on the
+// same heads (bit for bit: the same sincosf arguments and products) and, with norms, against the
+// norm and rotation in f64 (relative 1e-5).
+static void test_rope_qk(int l, int hq, int hkv, int d, int half, int traditional, int norm, std::mt19937& rng) {
+    std::normal_distribution<float> nd(0.0f, 2.0f);
+    std::vector<float> q((size_t)l * hq * d), k((size_t)l * hkv * d), qw(d), kw(d), freqs(half);
+    for (auto& v : q) v = nd(rng);
+    for (auto& v : k) v = nd(rng);
+    for (auto& v : qw) v = nd(rng);
+    for (auto& v : kw) v = nd(rng);
+    for (int f = 0; f < half; ++f) freqs[f] = std::pow(1e4f, -2.0f * f / (2 * half));
+    const long long offset = 517;
+    std::vector<float> qo(q.size(), NAN), ko(k.size(), NAN);
+    emu_launch({(unsigned)((hq + hkv + 7) / 8), (unsigned)l, 1}, {256, 1, 1}, [&] {
+        rope_qk_f32(qo.data(), ko.data(), q.data(), k.data(), qw.data(), kw.data(), DT_F32, 1e-6f, norm, freqs.data(),
+                    half, hq, hkv, d, offset, traditional, nullptr);
+    });
+    std::string tag = "rope_qk l=" + std::to_string(l) + " hq=" + std::to_string(hq) + " hkv=" + std::to_string(hkv) +
+                      " d=" + std::to_string(d) + " half=" + std::to_string(half) + " trad=" + std::to_string(traditional) +
+                      " norm=" + std::to_string(norm);
+    for (int is_q = 1; is_q >= 0; --is_q) {
+        const std::vector<float>& x = is_q ? q : k;
+        const std::vector<float>& got = is_q ? qo : ko;
+        const std::vector<float>& w = is_q ? qw : kw;
+        const int heads = is_q ? hq : hkv;
+        if (!norm) {
+            std::vector<float> want(x.size(), NAN);
+            emu_launch({1, 1, 1}, {256, 1, 1}, [&] {
+                rope_f32(want.data(), x.data(), freqs.data(), half, heads, d, offset, traditional, x.size(), nullptr);
+            });
+            check(std::memcmp(got.data(), want.data(), 4 * got.size()) == 0, tag + (is_q ? " q" : " k") + " == rope");
+            continue;
+        }
+        std::vector<double> want(x.size());
+        for (size_t r = 0; r < x.size() / d; ++r) {
+            const float* h = &x[r * d];
+            double ss = 0;
+            for (int i = 0; i < d; ++i) ss += (double)h[i] * h[i];
+            const double inv = 1.0 / std::sqrt(ss / d + 1e-6);
+            std::vector<double> n(d);
+            for (int i = 0; i < d; ++i) n[i] = h[i] * inv * w[i];
+            const double pos = (double)(offset + (long long)(r / heads));
+            for (int i = 0; i < d; ++i) want[r * d + i] = n[i];
+            for (int f = 0; f < half; ++f) {
+                const int a = traditional ? 2 * f : f, b = traditional ? a + 1 : f + half;
+                const double th = (double)(float)(pos * freqs[f]), c = std::cos(th), sn = std::sin(th);
+                want[r * d + a] = n[a] * c - n[b] * sn;
+                want[r * d + b] = n[a] * sn + n[b] * c;
+            }
+        }
+        cmp(tag + (is_q ? " q" : " k"), got, want, 1e-5);
     }
 }
 
@@ -88,7 +153,15 @@ int main() {
         test_norms(1, 128, vec, rng);
     }
     test_norms(2, 1001, 0, rng);  // not a multiple of 4: the scalar path's tail
-    test_norms(1, 6000, 0, rng);  // over 1024 threads' 4 values: two passes per thread
+    test_norms(1, 6000, 0, rng);  // over 1024 virtual threads' 4 values, a partial last pass
+    test_norms(1, 20000, 1, rng);  // several quads per virtual thread
+    std::mt19937 rr(11);
+    for (int norm : {0, 1})
+        for (int trad : {0, 1}) {
+            test_rope_qk(3, 16, 8, 128, 64, trad, norm, rr);  // three blocks per position
+            test_rope_qk(2, 3, 1, 80, 20, trad, norm, rr);    // partial rotation, a block part empty
+            test_rope_qk(1, 5, 3, 256, 128, trad, norm, rr);  // two batches of pairs per lane
+        }
     // argmax: the ops' ranges of 1024 values, and 100-value ranges for more of them per row.
     int n = 5000;
     std::normal_distribution<float> nd(0.0f, 5.0f);

@@ -38,9 +38,9 @@ g++ -std=c++20 -O1 -w -pthread "$work/qgemv.cpp" -o "$work/qgemv"
     echo '#include "cuda_emu.h"'
     sed 's/asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));/f = emu_half_to_float(h);/' "$k/common.cuh"
     cat "$k/elementwise.cu"
-    sed 's/extern __shared__ float head\[\];/float* head = emu_dyn_smem;/' "$k/fused.cu"
+    sed 's/extern __shared__ float rope_cs\[\];/float* rope_cs = emu_dyn_smem;/' "$k/fused.cu"
 } >"$work/kernels_rows.cpp"
-grep -q 'float\* head = emu_dyn_smem' "$work/kernels_rows.cpp" \
+grep -q 'float\* rope_cs = emu_dyn_smem' "$work/kernels_rows.cpp" \
     || { echo "cuda-emu: the host patch no longer applies to fused.cu" >&2; exit 1; }
 cp "$here/rows.cpp" "$work/"
 g++ -std=c++20 -O1 -w -pthread "$work/rows.cpp" -o "$work/rows"

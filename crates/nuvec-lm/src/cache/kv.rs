@@ -76,7 +76,10 @@ impl KvCache {
             for buffer in [&mut self.keys, &mut self.values] {
                 let mut fresh = Array::zeros_on(&[h, grown, d], self.dtype, keys_device)?;
                 if let Some(old) = buffer.take() {
-                    if self.offset > 0 {
+                    if self.offset == old.dim(1) {
+                        // Full (as after every whole step of a long prompt): all of it, as it is.
+                        fresh.write_axis1(&old, 0)?;
+                    } else if self.offset > 0 {
                         let kept = old.transpose01()?.slice_rows(0, self.offset)?.transpose01()?;
                         fresh.write_axis1(&kept, 0)?;
                     }
@@ -184,5 +187,36 @@ mod advance_tests {
         assert_eq!(c.offset(), STEP, "a refused advance changes nothing");
         c.trim(STEP - 3).unwrap();
         assert_eq!(c.offset(), 3);
+    }
+}
+
+#[cfg(test)]
+mod growth_tests {
+    use super::*;
+
+    /// Growing a full cache copies it whole; growing a partly filled one copies its held rows.
+    /// Either way every position written reads back, in its place, for every head.
+    #[test]
+    fn growing_keeps_every_held_position() {
+        let (h, d) = (2usize, 3usize);
+        let rows = |start: usize, n: usize| -> Array {
+            let data: Vec<f32> = (0..n * h * d).map(|i| (start * h * d + i) as f32).collect();
+            Array::from_slice(&data, &[n, h, d]).unwrap()
+        };
+        for first in [STEP, STEP - 5] {
+            let mut c = KvCache::new();
+            c.update_and_fetch_rows(&rows(0, first), &rows(0, first)).unwrap();
+            let (k, _) = c.update_and_fetch_rows(&rows(first, 7), &rows(first, 7)).unwrap();
+            assert_eq!((c.offset(), k.dim(1)), (first + 7, 2 * STEP));
+            let got = k.to_vec::<f32>().unwrap();
+            for p in 0..first + 7 {
+                for head in 0..h {
+                    for f in 0..d {
+                        let want = ((p * h + head) * d + f) as f32;
+                        assert_eq!(got[(head * 2 * STEP + p) * d + f], want, "first={first} p={p} head={head}");
+                    }
+                }
+            }
+        }
     }
 }

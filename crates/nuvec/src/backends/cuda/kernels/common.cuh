@@ -131,6 +131,61 @@ __device__ __forceinline__ float4 row_quad(const float* __restrict__ row, int i,
                        i + 3 < d ? row[i + 3] : 0.0f);
 }
 
+// The row-norm kernels' layout (rms_norm_f32, add_rms_norm_f32): a row of d values is summed as by
+// VT = norm_vthreads(d) "virtual" threads, v taking the quads at 4v, 4(v + VT), ... in that order,
+// and the VT partial sums reduced as block_sum reduces VT threads' values. A block of T = VT / F
+// real threads (F = 1, 2 or 4: the host's choice, norm_threads in ops.rs) runs it with thread t
+// as the virtual threads t + T k (k < F): warp w then holds virtual warps w + (T / 32) k whole, so
+// the shuffles and the order of every sum are those of VT threads whatever F is. A decode row
+// takes F = 1 (most threads on one row), a prefill's thousands of rows F = 4 (more rows per SM,
+// four loads in flight per thread).
+#define NORM_MAX_F 4
+__device__ __forceinline__ int norm_vthreads(int d) {
+    const int t = ((d + 3) / 4 + 31) / 32 * 32;
+    return t < 32 ? 32 : (t > 1024 ? 1024 : t);
+}
+// One pass over the row: for each step of the virtual threads, this thread's (up to F) quads are
+// all loaded (`load(i)`: a float4, or one with its weights) before any is used (`use(k, i, q)`,
+// k the virtual thread's slot), so that their loads are in flight together.
+template <class Load, class Use>
+__device__ __forceinline__ void row_quads(int d, int vt, Load load, Use use) {
+    const int f = vt / blockDim.x;
+    for (int i0 = 4 * threadIdx.x; i0 < d; i0 += 4 * vt) {
+        decltype(load(0)) v[NORM_MAX_F];
+#pragma unroll
+        for (int k = 0; k < NORM_MAX_F; ++k) {
+            const int i = i0 + 4 * blockDim.x * k;
+            if (k < f && i < d) v[k] = load(i);
+        }
+#pragma unroll
+        for (int k = 0; k < NORM_MAX_F; ++k) {
+            const int i = i0 + 4 * blockDim.x * k;
+            if (k < f && i < d) use(k, i, v[k]);
+        }
+    }
+}
+// block_sum of the virtual threads' partial sums s[k] (row_quads' slots): every thread gets the
+// row's sum. `scratch` holds 33 floats of shared memory; the call synchronizes the block.
+__device__ __forceinline__ float norm_row_sum(float (&s)[NORM_MAX_F], int vt, float* scratch) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, f = vt / blockDim.x;
+#pragma unroll
+    for (int k = 0; k < NORM_MAX_F; ++k)
+        if (k < f) s[k] = warp_sum(s[k]);
+    __syncthreads();
+    if (lane == 0)
+#pragma unroll
+        for (int k = 0; k < NORM_MAX_F; ++k)
+            if (k < f) scratch[warp + (blockDim.x >> 5) * k] = s[k];
+    __syncthreads();
+    if (warp == 0) {
+        float t = lane < (vt >> 5) ? scratch[lane] : 0.0f;
+        t = warp_sum(t);
+        if (lane == 0) scratch[32] = t;
+    }
+    __syncthreads();
+    return scratch[32];
+}
+
 __device__ __forceinline__ float quad_sumsq(float4 v) {
     float s = v.x * v.x;
     s = fmaf(v.y, v.y, s);
@@ -138,13 +193,27 @@ __device__ __forceinline__ float quad_sumsq(float4 v) {
     return fmaf(v.w, v.w, s);
 }
 
-// out = v * inv * w for the (up to) 4 values at i.
-__device__ __forceinline__ void quad_norm_store(float* __restrict__ o, float4 v, int i, int d, float inv, const void* w,
-                                                int w_dt) {
-    float r[4] = {v.x, v.y, v.z, v.w};
+// A row value quad and the norm weights at the same features (zero past `d`).
+struct NormQuad {
+    float4 v, w;
+};
+__device__ __forceinline__ NormQuad norm_quad(float4 v, const void* w, int i, int d, int w_dt) {
+    float r[4];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) r[e] = i + e < d ? load_float(w, i + e, w_dt) : 0.0f;
+    return {v, make_float4(r[0], r[1], r[2], r[3])};
+}
+
+// out = v * inv * w for the (up to) 4 values at i: one 16-byte store when `vec` (as row_quad).
+__device__ __forceinline__ void quad_norm_store(float* __restrict__ o, NormQuad q, int i, int d, float inv, int vec) {
+    const float r[4] = {q.v.x * inv * q.w.x, q.v.y * inv * q.w.y, q.v.z * inv * q.w.z, q.v.w * inv * q.w.w};
+    if (vec) {
+        *(float4*)(o + i) = make_float4(r[0], r[1], r[2], r[3]);
+        return;
+    }
 #pragma unroll
     for (int e = 0; e < 4; ++e)
-        if (i + e < d) o[i + e] = r[e] * inv * load_float(w, i + e, w_dt);
+        if (i + e < d) o[i + e] = r[e];
 }
 
 // The BITS u32 words of one 32-value chunk of an MLX affine-packed row (32 values of BITS bits

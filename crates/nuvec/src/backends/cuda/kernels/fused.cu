@@ -5,75 +5,107 @@
 #define FUSED_GRID_STRIDE(i, n) \
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < (n); i += (size_t)gridDim.x * blockDim.x)
 
-// One block per row of `d`, shaped and ordered as rms_norm_f32 (same threads per row, the
-// same 4 values per thread): sum = a + b, then out = sum * (1 / sqrt(mean(sum^2) + eps)) * w.
+// One block per row of `d`, shaped and ordered as rms_norm_f32 (norm_vthreads' layout, common.cuh): sum = a + b, then out = sum * (1 / sqrt(mean(sum^2) + eps)) * w.
 // `vec`: a, b and sum rows 16-byte aligned and d a multiple of 4 (the host checks).
-extern "C" __global__ void add_rms_norm_f32(float* __restrict__ sum, float* __restrict__ out,
+extern "C" __global__ void __launch_bounds__(1024) add_rms_norm_f32(float* __restrict__ sum, float* __restrict__ out,
                                             const float* __restrict__ a, const float* __restrict__ b, const void* w,
                                             int w_dt, int d, float eps, int vec) {
     pdl_begin();
     __shared__ float scratch[33];
     size_t base = (size_t)blockIdx.x * d;
-    float s = 0.0f;
-    for (int i = 4 * threadIdx.x; i < d; i += 4 * blockDim.x) {
+    const int vt = norm_vthreads(d);
+    float s[NORM_MAX_F] = {0.0f, 0.0f, 0.0f, 0.0f};
+    auto added = [&](int i) {
         float4 u = row_quad(a + base, i, d, vec), t = row_quad(b + base, i, d, vec);
-        float4 v = make_float4(u.x + t.x, u.y + t.y, u.z + t.z, u.w + t.w);
+        return make_float4(u.x + t.x, u.y + t.y, u.z + t.z, u.w + t.w);
+    };
+    row_quads(d, vt, added, [&](int k, int i, float4 v) {
         if (vec) *(float4*)(sum + base + i) = v;
         else {
             float r[4] = {v.x, v.y, v.z, v.w};
             for (int e = 0; e < 4 && i + e < d; ++e) sum[base + i + e] = r[e];
         }
-        s += quad_sumsq(v);
-    }
-    s = block_sum(s, scratch);
-    float inv = 1.0f / sqrtf(s / (float)d + eps);
-    for (int i = 4 * threadIdx.x; i < d; i += 4 * blockDim.x) {
-        float4 u = row_quad(a + base, i, d, vec), t = row_quad(b + base, i, d, vec);
-        quad_norm_store(out + base, make_float4(u.x + t.x, u.y + t.y, u.z + t.z, u.w + t.w), i, d, inv, w, w_dt);
-    }
+        s[k] += quad_sumsq(v);
+    });
+    float inv = 1.0f / sqrtf(norm_row_sum(s, vt, scratch) / (float)d + eps);
+    // The weights load with the values (a store could alias them, so they would not be hoisted).
+    auto weighted = [&](int i) { return norm_quad(added(i), w, i, d, w_dt); };
+    row_quads(d, vt, weighted, [&](int, int i, NormQuad q) { quad_norm_store(out + base, q, i, d, inv, vec); });
 }
 
-// Queries q [L, hq, d] and keys k [L, hkv, d] of an attention step: one block (256 threads) per
-// (head, position), heads 0..hq-1 being q's and hq.. k's. When `norm` is set the head is first
-// RMS-normalized with rms_norm_f32's arithmetic (weights qw / kw, dtype w_dt; one value per thread,
-// so its sums add in another order), then rotated as rope_f32
-// does it (`half` frequencies; halves, or interleaved pairs if `traditional`). Dynamic shared
-// memory: d floats. `step` (CUDA graphs; null in eager launches): the replayed step's scalars,
-// whose step[0] (positions since the captured step) is added to `offset`.
+// Queries q [L, hq, d] and keys k [L, hkv, d] of an attention step: a warp per (head, position),
+// blockDim.x / 32 heads of one position per block, heads 0..hq-1 being q's and hq.. k's. The
+// block first computes the position's cos and sin of each of the `half` frequencies once (into
+// dynamic shared memory: 2 * half floats) for all its heads; a warp then takes its head's
+// rotation pairs (halves, or interleaved if `traditional`) lane by lane, with rope_feature's
+// arithmetic. When `norm` is set the head is first RMS-normalized (weights qw / kw, dtype w_dt)
+// with its sum of squares over the warp (rms_norm_f32 adds in another order). `step` (CUDA
+// graphs; null in eager launches): the replayed step's scalars, whose step[0] (positions since
+// the captured step) is added to `offset`.
 extern "C" __global__ void rope_qk_f32(float* qo, float* ko, const float* q, const float* k, const void* qw,
                                        const void* kw, int w_dt, float eps, int norm, const float* inv_freqs,
                                        int half, int hq, int hkv, int d, long long offset, int traditional,
                                        const int* step) {
     pdl_begin();
     if (step) offset += step[0];
-    extern __shared__ float head[];
-    __shared__ float scratch[33];
-    int h = blockIdx.x;
-    size_t t = blockIdx.y;
-    bool is_q = h < hq;
-    int heads = is_q ? hq : hkv;
-    size_t at = (t * heads + (is_q ? h : h - hq)) * (size_t)d;
+    extern __shared__ float rope_cs[];  // cos of frequency f at f, sin at half + f
+    const size_t t = blockIdx.y;
+    const int lane = threadIdx.x & 31, h = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    const bool live = h < hq + hkv, is_q = h < hq;
+    const int heads = is_q ? hq : hkv;
+    const size_t at = live ? (t * heads + (is_q ? h : h - hq)) * (size_t)d : 0;
     const float* src = (is_q ? q : k) + at;
     float* dst = (is_q ? qo : ko) + at;
-    if (norm) {
-        float s = 0.0f;
-        for (int i = threadIdx.x; i < d; i += blockDim.x) s += src[i] * src[i];
-        s = block_sum(s, scratch);
-        float inv = 1.0f / sqrtf(s / (float)d + eps);
-        const void* w = is_q ? qw : kw;
-        for (int i = threadIdx.x; i < d; i += blockDim.x) head[i] = src[i] * inv * load_float(w, i, w_dt);
-    } else {
-        for (int i = threadIdx.x; i < d; i += blockDim.x) head[i] = src[i];
+    const void* w = is_q ? qw : kw;
+    // Two rotation pairs per lane at a time (features a(f), b(f) for f = f0 and f0 + 32), loaded
+    // together; the first two before the cos/sin table is made (at decode they are all there is).
+    auto pair_at = [&](int f, int& a, int& b) {
+        a = traditional ? 2 * f : f;
+        b = traditional ? a + 1 : f + half;
+    };
+    float x[2][2];
+    auto load_pairs = [&](int f0) {
+#pragma unroll
+        for (int u = 0; u < 2; ++u) {
+            int a, b;
+            pair_at(f0 + 32 * u, a, b);
+            if (f0 + 32 * u < half) x[u][0] = src[a], x[u][1] = src[b];
+        }
+    };
+    float inv = 1.0f;
+    if (live) {
+        if (norm) {
+            float s = 0.0f;
+            for (int i = lane; i < d; i += 32) s = fmaf(src[i], src[i], s);
+            inv = 1.0f / sqrtf(warp_sum(s) / (float)d + eps);
+        }
+        load_pairs(lane);
+    }
+    const float pos = (float)(offset + (long long)t);
+    for (int f = threadIdx.x; f < half; f += blockDim.x) {
+        float sn, cs;
+        sincosf(pos * inv_freqs[f], &sn, &cs);
+        rope_cs[f] = cs;
+        rope_cs[half + f] = sn;
     }
     __syncthreads();
-    float pos = (float)(offset + (long long)t);
-    for (int j = threadIdx.x; j < d; j += blockDim.x) {
-        if (j >= 2 * half) {
-            dst[j] = head[j];
-            continue;
+    if (!live) return;
+    // Feature i as rope_feature reads it: normalized first when `norm`.
+    auto scaled = [&](float v, int i) { return norm ? v * inv * load_float(w, i, w_dt) : v; };
+    for (int f0 = lane; f0 < half; f0 += 64) {
+        if (f0 != lane) load_pairs(f0);
+#pragma unroll
+        for (int u = 0; u < 2; ++u) {
+            const int f = f0 + 32 * u;
+            if (f >= half) break;
+            int a, b;
+            pair_at(f, a, b);
+            const float x1 = scaled(x[u][0], a), x2 = scaled(x[u][1], b), cs = rope_cs[f], sn = rope_cs[half + f];
+            dst[a] = x1 * cs - x2 * sn;
+            dst[b] = x1 * sn + x2 * cs;
         }
-        dst[j] = rope_feature(head, j, half, traditional, pos, inv_freqs);
     }
+    for (int i = 2 * half + lane; i < d; i += 32) dst[i] = scaled(src[i], i);
 }
 
 // New keys and values [n, a, c] (positions first) into their caches [a, cap, c] at `offset`:

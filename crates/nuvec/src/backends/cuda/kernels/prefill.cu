@@ -12,10 +12,21 @@ __device__ __forceinline__ u32 pf_bf16x2(float lo, float hi) { return bf16_rn(lo
 // f32, f16 or bf16 (`dt`). For attention the queries [L, Hkv, group * D] become
 // [Hkv, L, group * D] (the heads of one KV group side by side) and the first kv_len rows of each
 // KV head of the cache [Hkv, cap, D] become [Hkv, kv_len, D]. Index math in 32 bits where it fits.
+// Four values (16-byte loads, an 8-byte store) per thread when src is f32, C, both strides and
+// src are multiples of 4 values (16 bytes) and out is 8-byte aligned (the cache's K and V).
 extern "C" __global__ void gather3_bf16(u16* out, const void* src, int dt, long long a_n, long long b_n, long long c_n,
                                         long long sa, long long sb, size_t total) {
     pdl_begin();
     const size_t stride = (size_t)gridDim.x * blockDim.x;
+    if (dt == DT_F32 && ((c_n | sa | sb) & 3) == 0 && ((size_t)src & 15) == 0 && ((size_t)out & 7) == 0) {
+        const size_t quads = total / 4, cq = (size_t)c_n / 4;
+        for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < quads; i += stride) {
+            const size_t c = i % cq, r = i / cq, a = r % (size_t)a_n, b = r / (size_t)a_n;
+            const float4 v = *(const float4*)((const float*)src + a * (size_t)sa + b * (size_t)sb + 4 * c);
+            ((uint2*)out)[i] = make_uint2(pf_bf16x2(v.x, v.y), pf_bf16x2(v.z, v.w));
+        }
+        return;
+    }
     if (total <= 0xffffffffull) {
         const u32 an = (u32)a_n, cn = (u32)c_n;
         for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total; i += stride) {
@@ -35,11 +46,24 @@ extern "C" __global__ void gather3_bf16(u16* out, const void* src, int dt, long 
 
 // out [n] bf16 = src [n] (f32, f16 or bf16 `dt`): activations and dense weight tiles. Pairs of
 // values per thread, written as one u32 (`out` 4-byte aligned: the host passes buffer starts).
+// f32 sources 16-byte aligned with out 8-byte aligned take four values per thread (16-byte loads,
+// an 8-byte store; the host then launches a thread per four), the rest a pair.
 extern "C" __global__ void convert_bf16(u16* out, const void* src, int dt, size_t n) {
     pdl_begin();
+    const size_t stride = (size_t)gridDim.x * blockDim.x;
+    if (dt == DT_F32 && ((size_t)src & 15) == 0 && ((size_t)out & 7) == 0) {
+        const size_t quads = n / 4;
+        for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < quads; i += stride) {
+            const float4 v = ((const float4*)src)[i];
+            ((uint2*)out)[i] = make_uint2(pf_bf16x2(v.x, v.y), pf_bf16x2(v.z, v.w));
+        }
+        if (blockIdx.x == 0 && threadIdx.x < (n & 3))
+            out[4 * quads + threadIdx.x] = (u16)bf16_rn(((const float*)src)[4 * quads + threadIdx.x]);
+        return;
+    }
     const size_t pairs = n / 2;
     u32* out2 = (u32*)out;
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < pairs; i += (size_t)gridDim.x * blockDim.x)
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < pairs; i += stride)
         out2[i] = pf_bf16x2(load_float(src, 2 * i, dt), load_float(src, 2 * i + 1, dt));
     if ((n & 1) && blockIdx.x == 0 && threadIdx.x == 0) out[n - 1] = (u16)bf16_rn(load_float(src, n - 1, dt));
 }

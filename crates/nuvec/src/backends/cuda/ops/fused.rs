@@ -10,10 +10,11 @@ use crate::backends::cuda::graph::StepPos;
 use crate::backends::cuda::State;
 use crate::{Array, Backend, DType, Error, Result};
 
-/// Threads per block of `rope_qk_f32` and `argmax_gap_f32`.
-const ROW_THREADS: u32 = 256;
-/// Most features per head `rope_qk_f32` stages in shared memory.
+/// Most features per head `rope_qk_f32` takes (its cos/sin table of d floats stays within the
+/// 48 KiB of shared memory every device gives a block).
 const ROPE_QK_MAX_DIM: usize = 8192;
+/// Heads (warps) per block of `rope_qk_f32`.
+const ROPE_QK_HEADS: usize = 8;
 
 impl CudaBackend {
     pub(super) fn fused_add_rms_norm(&self, a: &Array, b: &Array, weight: &Array, eps: f32) -> Result<(Array, Array)> {
@@ -39,7 +40,8 @@ impl CudaBackend {
         }
         let (sp, np, di) = (sum.cuda_ptr()?, normed.cuda_ptr()?, to_i32(op, "row length", d)?);
         let grid = u32::try_from(rows).map_err(|_| Error::Unsupported(format!("{op}: {rows} rows")))?;
-        let cfg = LaunchConfig { grid_dim: (grid, 1, 1), block_dim: (norm_threads(d), 1, 1), shared_mem_bytes: 0 };
+        let cfg =
+            LaunchConfig { grid_dim: (grid, 1, 1), block_dim: (norm_threads(d, rows), 1, 1), shared_mem_bytes: 0 };
         let vec = i32::from(rows_vectorizable(d, &[sp, np, ap, bp]));
         launch!(self.st()?, op, "add_rms_norm_f32", cfg; sp, np, ap, bp, wp, w_dt, di, eps, vec);
         Ok((sum, normed))
@@ -103,10 +105,12 @@ impl CudaBackend {
         let (qop, kop) = (qo.cuda_ptr()?, ko.cuda_ptr()?);
         let (halfi, hqi, hkvi, di) = (half as i32, to_i32(op, "heads", hq)?, to_i32(op, "heads", hkv)?, d as i32);
         let (offset, trad) = (offset as i64, traditional as i32);
+        // A warp per head, ROPE_QK_HEADS heads of one position per block (which share its
+        // cos/sin table of 2 * half floats).
         let cfg = LaunchConfig {
-            grid_dim: (to_i32(op, "heads", hq + hkv)? as u32, l as u32, 1),
-            block_dim: (ROW_THREADS, 1, 1),
-            shared_mem_bytes: (d * 4) as u32,
+            grid_dim: ((hq + hkv).div_ceil(ROPE_QK_HEADS) as u32, l as u32, 1),
+            block_dim: (32 * ROPE_QK_HEADS as u32, 1, 1),
+            shared_mem_bytes: (2 * half * 4) as u32,
         };
         // CUDA graphs: while capturing, the kernel adds the step's delta to the offset.
         let step = self.st()?.step_scalars();

@@ -372,8 +372,10 @@ impl CudaBackend {
         if n == 0 {
             return Ok(());
         }
+        // A thread per four values where the kernel takes them so (f32, aligned), else per pair.
+        let per_thread = if dt == DT_F32 && src.is_multiple_of(16) && out.is_multiple_of(8) { 4 } else { 2 };
         let nl = n as u64;
-        launch!(self.st()?, op, "convert_bf16", cfg_1d(n.div_ceil(2)); out, src, dt, nl);
+        launch!(self.st()?, op, "convert_bf16", cfg_1d(n.div_ceil(per_thread)); out, src, dt, nl);
         Ok(())
     }
 
@@ -391,8 +393,15 @@ impl CudaBackend {
         if total == 0 {
             return Ok(());
         }
+        // A thread per four values where the kernel takes them so (f32, rows of whole 16-byte
+        // pieces, aligned), else per value.
+        let quads = dt == DT_F32
+            && [c, sa, sb].iter().all(|v| v.is_multiple_of(4))
+            && src.is_multiple_of(16)
+            && out.is_multiple_of(8);
+        let threads = if quads { total / 4 } else { total };
         let (ai, bi, ci, sai, sbi, t) = (a as i64, b as i64, c as i64, sa as i64, sb as i64, total as u64);
-        launch!(self.st()?, op, "gather3_bf16", cfg_1d(total); out, src, dt, ai, bi, ci, sai, sbi, t);
+        launch!(self.st()?, op, "gather3_bf16", cfg_1d(threads); out, src, dt, ai, bi, ci, sai, sbi, t);
         Ok(())
     }
 
