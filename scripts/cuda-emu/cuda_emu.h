@@ -96,7 +96,7 @@ inline float emu_half_to_float(unsigned short h) {
 #define __shared__ static
 #define __align__(n) __attribute__((aligned(n)))
 // The kernel sources leave their inline-PTX wrappers out under this (mma_bf16, bf16x2_rn, smem_addr,
-// cp_async*, ldmatrix_x4*, exp2_ftz below).
+// cp_async*, ldmatrix_x4, exp2_ftz below).
 #define NUVEC_CUDA_EMU 1
 
 void emu_launch(dim3 grid, dim3 block, std::function<void()> body) {
@@ -188,8 +188,7 @@ inline void emu_ldmatrix(unsigned (&r)[4], unsigned addr, bool trans) {
     }
     w.bar->arrive_and_wait();  // every lane has read before any lane's next call
 }
-inline void ldmatrix_x4(unsigned (&r)[4], unsigned addr) { emu_ldmatrix(r, addr, false); }
-inline void ldmatrix_x4_trans(unsigned (&r)[4], unsigned addr) { emu_ldmatrix(r, addr, true); }
+template <bool TRANS> void ldmatrix_x4(unsigned (&r)[4], unsigned addr) { emu_ldmatrix(r, addr, TRANS); }
 inline float exp2_ftz(float x) {
     float r = std::exp2(x);
     return std::fabs(r) < 1.17549435e-38f ? 0.0f : r;

@@ -339,22 +339,17 @@ __device__ __forceinline__ void cp_async_wait() {
 }
 // Four 8x8 bf16 matrices from shared memory, lane i giving the address of row i % 8 of matrix
 // i / 8 (16 bytes): r[m] holds matrix m's row lane / 4, columns 2 (lane % 4) and + 1, i.e. an
-// mma fragment. The trans form gives rows 2 (lane % 4) and + 1 of column lane / 4 instead.
+// mma fragment. TRANS (ldmatrix .trans) gives rows 2 (lane % 4) and + 1 of column lane / 4.
+template <bool TRANS>
 __device__ __forceinline__ void ldmatrix_x4(u32 (&r)[4], u32 addr) {
 #if __CUDA_ARCH__ >= 800
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr));
-#else
-    r[0] = r[1] = r[2] = r[3] = 0u;
-    __trap();
-#endif
-}
-__device__ __forceinline__ void ldmatrix_x4_trans(u32 (&r)[4], u32 addr) {
-#if __CUDA_ARCH__ >= 800
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr));
+#define NUVEC_LDMATRIX_X4(form)                                                                 \
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4" form ".shared.b16 {%0,%1,%2,%3}, [%4];"         \
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])                                 \
+                 : "r"(addr))
+    if constexpr (TRANS) NUVEC_LDMATRIX_X4(".trans");
+    else NUVEC_LDMATRIX_X4("");
+#undef NUVEC_LDMATRIX_X4
 #else
     r[0] = r[1] = r[2] = r[3] = 0u;
     __trap();

@@ -109,7 +109,7 @@ __device__ __forceinline__ void flash_attn_body(float* __restrict__ out, const f
 #pragma unroll
             for (int n = 0; n < FA_KEYS / 8; ++n) {
                 u32 b[4];
-                ldmatrix_x4(b, kt + 8 * n * ROW + 32 * kk);
+                ldmatrix_x4<false>(b, kt + 8 * n * ROW + 32 * kk);
                 const u32 b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
                 mma_bf16(sc[n], qa[kk], b0);
                 mma_bf16(sc[n], qa[kk + 1], b1);
@@ -170,7 +170,7 @@ __device__ __forceinline__ void flash_attn_body(float* __restrict__ out, const f
 #pragma unroll
             for (int n = 0; n < NT; n += 2) {
                 u32 b[4];
-                ldmatrix_x4_trans(b, vt + 16 * kk * ROW + 16 * n);
+                ldmatrix_x4<true>(b, vt + 16 * kk * ROW + 16 * n);
                 const u32 b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
                 mma_bf16(o[n], pa[kk], b0);
                 mma_bf16(o[n + 1], pa[kk], b1);
