@@ -1,59 +1,67 @@
 #!/usr/bin/env bash
-# Checks the logic of the Gated DeltaNet / gpt-oss CUDA kernels, of the attention kernels'
-# sinks, of split attention reading its kv length from a CUDA graph's step scalars (bit-identical
-# to the eager launch), of the 4-bit one-row GEMVs (linear.cu: qgemv.cpp) and of the flash-attention
-# prefill kernels (flash_attention.cu: attn.cpp) on the CPU: the kernel sources (common.cuh prelude patched for the host: f16 conversion
-# in C instead of PTX, dynamic shared memory as a static array) compiled with g++ over
-# cuda_emu.h, run on small random cases against the ops' definitions. Needs g++ with C++20
-# (std::barrier); about a minute on 2 cores (a thread per CUDA thread). Exits non-zero on a
+# Checks the logic of CUDA kernels on the CPU, in four programs: the Gated DeltaNet / gpt-oss
+# kernels, the attention kernels' sinks and split attention reading its kv length from a CUDA
+# graph's step scalars (bit-identical to the eager launch) (harness.cpp); the 4-bit one-row GEMVs
+# (linear.cu: qgemv.cpp); the row kernels (rows.cpp); the flash-attention prefill kernels
+# (flash_attention.cu: attn.cpp). The kernel sources (common.cuh patched for the host: f16
+# conversion in C instead of PTX, dynamic shared memory as a static array) are compiled with g++
+# over cuda_emu.h and run on small random cases against the ops' definitions. Needs g++ with
+# C++20 (std::barrier); a few minutes on 2 cores (a thread per CUDA thread). Exits non-zero on a
 # mismatch. Usage: scripts/cuda-emu/run.sh
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 k="$here/../../crates/nuvec/src/backends/cuda/kernels"
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
-{
+cp "$here/cuda_emu.h" "$here/emu_check.h" "$work/"
+
+# Kernel source $1 through the sed expression $2 (a host patch); stops the run when the
+# expression no longer changes the source.
+patched() {
+    local out
+    out="$(sed "$2" "$1")"
+    if [ "$out" = "$(cat "$1")" ]; then
+        echo "cuda-emu: the host patch no longer applies to $(basename "$1")" >&2
+        exit 1
+    fi
+    printf '%s\n' "$out"
+}
+# What every program's kernels file starts with: the emulation, then common.cuh with its f16
+# conversion in C instead of PTX.
+prelude() {
     echo '#include "cuda_emu.h"'
-    sed 's/asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));/f = emu_half_to_float(h);/' "$k/common.cuh"
+    patched "$k/common.cuh" 's/asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));/f = emu_half_to_float(h);/'
+}
+# Program $1.cpp (which includes the kernels file written before it) built and run.
+run_program() {
+    cp "$here/$1.cpp" "$work/"
+    g++ -std=c++20 -O1 -w -pthread "$work/$1.cpp" -o "$work/$1"
+    "$work/$1"
+}
+
+# Gated DeltaNet, gpt-oss and the attention kernels: harness.cpp.
+{
+    prelude
     cat "$k/gated_delta.cu" "$k/gpt_oss.cu"
-    sed 's/extern __shared__ float smem\[\];/float* smem = emu_dyn_smem;/' "$k/attention.cu"
+    patched "$k/attention.cu" 's/extern __shared__ float smem\[\];/float* smem = emu_dyn_smem;/'
 } >"$work/kernels.cpp"
-grep -q emu_half_to_float "$work/kernels.cpp" && grep -q emu_dyn_smem "$work/kernels.cpp" \
-    || { echo "cuda-emu: the host patches no longer apply to the kernel sources" >&2; exit 1; }
-cp "$here/cuda_emu.h" "$here/emu_check.h" "$here/harness.cpp" "$work/"
-g++ -std=c++20 -O1 -w -pthread "$work/harness.cpp" -o "$work/harness"
-"$work/harness"
-# The 4-bit one-row GEMV kernels and the gated MLP fusion (linear.cu), in a second program:
-# qgemv.cpp.
+run_program harness
+# The 4-bit one-row GEMV kernels and the gated MLP fusion (linear.cu): qgemv.cpp.
 {
-    echo '#include "cuda_emu.h"'
-    sed 's/asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));/f = emu_half_to_float(h);/' "$k/common.cuh"
+    prelude
     cat "$k/linear.cu"
 } >"$work/kernels_linear.cpp"
-cp "$here/qgemv.cpp" "$work/"
-g++ -std=c++20 -O1 -w -pthread "$work/qgemv.cpp" -o "$work/qgemv"
-"$work/qgemv"
-# The row kernels (norms, argmax) of elementwise.cu and fused.cu, in a third program: rows.cpp.
+run_program qgemv
+# The row kernels (norms, rope, argmax) of elementwise.cu and fused.cu: rows.cpp.
 {
-    echo '#include "cuda_emu.h"'
-    sed 's/asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));/f = emu_half_to_float(h);/' "$k/common.cuh"
+    prelude
     cat "$k/elementwise.cu"
-    sed 's/extern __shared__ float rope_cs\[\];/float* rope_cs = emu_dyn_smem;/' "$k/fused.cu"
+    patched "$k/fused.cu" 's/extern __shared__ float rope_cs\[\];/float* rope_cs = emu_dyn_smem;/'
 } >"$work/kernels_rows.cpp"
-grep -q 'float\* rope_cs = emu_dyn_smem' "$work/kernels_rows.cpp" \
-    || { echo "cuda-emu: the host patch no longer applies to fused.cu" >&2; exit 1; }
-cp "$here/rows.cpp" "$work/"
-g++ -std=c++20 -O1 -w -pthread "$work/rows.cpp" -o "$work/rows"
-"$work/rows"
-
-# The flash-attention prefill kernels (flash_attention.cu), in a fourth program: attn.cpp.
+run_program rows
+# The flash-attention prefill kernels (flash_attention.cu): attn.cpp.
 {
-    echo '#include "cuda_emu.h"'
-    sed 's/asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));/f = emu_half_to_float(h);/' "$k/common.cuh"
-    sed 's/extern __shared__ __align__(16) u16 fa_smem\[\];/u16* const fa_smem = (u16*)emu_dyn_smem;/' "$k/flash_attention.cu"
+    prelude
+    patched "$k/flash_attention.cu" 's/extern __shared__ __align__(16) u16 fa_smem\[\];/u16* const fa_smem = (u16*)emu_dyn_smem;/'
 } >"$work/kernels_attn.cpp"
-grep -q 'fa_smem = (u16\*)emu_dyn_smem' "$work/kernels_attn.cpp" \
-    || { echo "cuda-emu: the host patch no longer applies to flash_attention.cu" >&2; exit 1; }
-cp "$here/attn.cpp" "$work/"
-g++ -std=c++20 -O1 -w -pthread "$work/attn.cpp" -o "$work/attn"
-"$work/attn"
+run_program attn

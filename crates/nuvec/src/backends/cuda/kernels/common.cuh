@@ -63,21 +63,37 @@ __device__ __forceinline__ float warp_max(float v) {
     return v;
 }
 
-// Sum over the block (blockDim.x a multiple of 32, at most 1024); every thread gets the result.
-// `scratch` holds 33 floats of shared memory; the call synchronizes the block.
-__device__ float block_sum(float v, float* scratch) {
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-    v = warp_sum(v);
+// The sum of f * blockDim.x values (at most 1024 in all, blockDim.x a multiple of 32) as a block
+// of that many threads adds them (each warp's, then the warps' in order), thread t holding the
+// values of threads t + blockDim.x k in s[k] (k < f <= NORM_MAX_F): warp w then holds warps
+// w + (blockDim.x / 32) k whole. Every thread gets the result (s is overwritten). `scratch`
+// holds 33 floats of shared memory; the call synchronizes the block.
+#define NORM_MAX_F 4
+__device__ __forceinline__ float block_sum_slots(float (&s)[NORM_MAX_F], int f, float* scratch) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+#pragma unroll
+    for (int k = 0; k < NORM_MAX_F; ++k)
+        if (k < f) s[k] = warp_sum(s[k]);  // in place: s is the caller's scratch
     __syncthreads();
-    if (lane == 0) scratch[warp] = v;
+    if (lane == 0)
+#pragma unroll
+        for (int k = 0; k < NORM_MAX_F; ++k)
+            if (k < f) scratch[warp + warps * k] = s[k];
     __syncthreads();
     if (warp == 0) {
-        float t = lane < warps ? scratch[lane] : 0.0f;
+        float t = lane < warps * f ? scratch[lane] : 0.0f;
         t = warp_sum(t);
         if (lane == 0) scratch[32] = t;
     }
     __syncthreads();
     return scratch[32];
+}
+
+// Sum over the block (blockDim.x a multiple of 32, at most 1024); every thread gets the result.
+// `scratch` holds 33 floats of shared memory; the call synchronizes the block.
+__device__ float block_sum(float v, float* scratch) {
+    float s[NORM_MAX_F] = {v, 0.0f, 0.0f, 0.0f};
+    return block_sum_slots(s, 1, scratch);
 }
 
 // Maximum over the block; same contract as block_sum.
@@ -96,29 +112,36 @@ __device__ float block_max(float v, float* scratch) {
     return scratch[32];
 }
 
+// The rotary embedding's pair f (of `half`): features a and b, the two halves of the rotated
+// features, or neighbours (2f, 2f + 1) when `traditional`. Feature f of each pair turns by
+// pos * inv_freqs[f]: rope_rotate gives a's value (x1 c - x2 s) or, `second`, b's (x1 s + x2 c).
+// rope_f32 (elementwise.cu, by rope_feature) and rope_qk_f32 (fused.cu) share them, so that they
+// agree bit for bit.
+__device__ __forceinline__ void rope_pair(int f, int half, int traditional, int& a, int& b) {
+    a = traditional ? 2 * f : f;
+    b = traditional ? a + 1 : f + half;
+}
+__device__ __forceinline__ float rope_rotate(float x1, float x2, float c, float s, bool second) {
+    return second ? x1 * s + x2 * c : x1 * c - x2 * s;
+}
+
 // Feature j (j < 2 * half) of one head after the rotary embedding at position `pos`, from the
-// head's input `head`: feature f of each pair turns by pos * inv_freqs[f]; pairs are the two
-// halves of the rotated features, or neighbours (2f, 2f + 1) when `traditional`. rope_f32
-// (elementwise.cu) and rope_qk_f32 (fused.cu) share it.
+// head's input `head`.
 __device__ __forceinline__ float rope_feature(const float* head, int j, int half, int traditional, float pos,
                                               const float* inv_freqs) {
     int f, a, b;
     bool second;
     if (traditional) {
         f = j >> 1;
-        a = 2 * f;
-        b = a + 1;
         second = j & 1;
     } else {
         f = j < half ? j : j - half;
-        a = f;
-        b = f + half;
         second = j >= half;
     }
+    rope_pair(f, half, traditional, a, b);
     float s, c;
     sincosf(pos * inv_freqs[f], &s, &c);
-    float x1 = head[a], x2 = head[b];
-    return second ? x1 * s + x2 * c : x1 * c - x2 * s;
+    return rope_rotate(head[a], head[b], c, s, second);
 }
 
 // The 4 consecutive values of a row at i (i a multiple of 4), zero past `d`: one 16-byte load
@@ -135,11 +158,9 @@ __device__ __forceinline__ float4 row_quad(const float* __restrict__ row, int i,
 // VT = norm_vthreads(d) "virtual" threads, v taking the quads at 4v, 4(v + VT), ... in that order,
 // and the VT partial sums reduced as block_sum reduces VT threads' values. A block of T = VT / F
 // real threads (F = 1, 2 or 4: the host's choice, norm_threads in ops.rs) runs it with thread t
-// as the virtual threads t + T k (k < F): warp w then holds virtual warps w + (T / 32) k whole, so
-// the shuffles and the order of every sum are those of VT threads whatever F is. A decode row
-// takes F = 1 (most threads on one row), a prefill's thousands of rows F = 4 (more rows per SM,
-// four loads in flight per thread).
-#define NORM_MAX_F 4
+// as the virtual threads t + T k (k < F), their sums added by block_sum_slots, so the order of
+// every sum is that of VT threads whatever F is. A decode row takes F = 1 (most threads on one
+// row), a prefill's thousands of rows F = 4 (more rows per SM, four loads in flight per thread).
 __device__ __forceinline__ int norm_vthreads(int d) {
     const int t = ((d + 3) / 4 + 31) / 32 * 32;
     return t < 32 ? 32 : (t > 1024 ? 1024 : t);
@@ -164,28 +185,6 @@ __device__ __forceinline__ void row_quads(int d, int vt, Load load, Use use) {
         }
     }
 }
-// block_sum of the virtual threads' partial sums s[k] (row_quads' slots): every thread gets the
-// row's sum. `scratch` holds 33 floats of shared memory; the call synchronizes the block.
-__device__ __forceinline__ float norm_row_sum(float (&s)[NORM_MAX_F], int vt, float* scratch) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, f = vt / blockDim.x;
-#pragma unroll
-    for (int k = 0; k < NORM_MAX_F; ++k)
-        if (k < f) s[k] = warp_sum(s[k]);
-    __syncthreads();
-    if (lane == 0)
-#pragma unroll
-        for (int k = 0; k < NORM_MAX_F; ++k)
-            if (k < f) scratch[warp + (blockDim.x >> 5) * k] = s[k];
-    __syncthreads();
-    if (warp == 0) {
-        float t = lane < (vt >> 5) ? scratch[lane] : 0.0f;
-        t = warp_sum(t);
-        if (lane == 0) scratch[32] = t;
-    }
-    __syncthreads();
-    return scratch[32];
-}
-
 __device__ __forceinline__ float quad_sumsq(float4 v) {
     float s = v.x * v.x;
     s = fmaf(v.y, v.y, s);

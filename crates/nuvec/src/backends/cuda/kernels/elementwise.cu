@@ -25,9 +25,10 @@ extern "C" __global__ void add_bias_f32(float* out, const float* x, const void* 
     GRID_STRIDE(i, n) out[i] = x[i] + load_float(bias, i % cols, bias_dt);
 }
 
-// One block per row of `d` (blockDim.x >= d / 4 up to 1024, so that a 4096-wide row is one
-// 16-byte load per thread: a 256-thread loop over it took 15 us under ncu on the H200, a decode
-// step has two per layer): out = x * (1 / sqrt(mean(x^2) + eps)) * w.
+// One block per row of `d`, summed in norm_vthreads' layout (common.cuh; a decode row gets a thread
+// per 4 values up to 1024, so that a 4096-wide row is one 16-byte load per thread: a 256-thread
+// loop over it took 15 us under ncu on the H200, a decode step has two per layer):
+// out = x * (1 / sqrt(mean(x^2) + eps)) * w.
 extern "C" __global__ void __launch_bounds__(1024) rms_norm_f32(float* out, const float* __restrict__ x, const void* w, int w_dt, int d,
                                         float eps, int vec) {
     pdl_begin();
@@ -38,7 +39,7 @@ extern "C" __global__ void __launch_bounds__(1024) rms_norm_f32(float* out, cons
     float s[NORM_MAX_F] = {0.0f, 0.0f, 0.0f, 0.0f};
     auto load = [&](int i) { return row_quad(row, i, d, vec); };
     row_quads(d, vt, load, [&](int k, int, float4 v) { s[k] += quad_sumsq(v); });
-    float inv = 1.0f / sqrtf(norm_row_sum(s, vt, scratch) / (float)d + eps);
+    float inv = 1.0f / sqrtf(block_sum_slots(s, vt / blockDim.x, scratch) / (float)d + eps);
     // The weights load with the values (a store could alias them, so they would not be hoisted).
     auto weighted = [&](int i) { return norm_quad(load(i), w, i, d, w_dt); };
     row_quads(d, vt, weighted, [&](int, int i, NormQuad q) { quad_norm_store(o, q, i, d, inv, vec); });

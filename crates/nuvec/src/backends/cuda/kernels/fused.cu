@@ -5,7 +5,8 @@
 #define FUSED_GRID_STRIDE(i, n) \
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < (n); i += (size_t)gridDim.x * blockDim.x)
 
-// One block per row of `d`, shaped and ordered as rms_norm_f32 (norm_vthreads' layout, common.cuh): sum = a + b, then out = sum * (1 / sqrt(mean(sum^2) + eps)) * w.
+// One block per row of `d`, shaped and ordered as rms_norm_f32 (norm_vthreads' layout,
+// common.cuh): sum = a + b, then out = sum * (1 / sqrt(mean(sum^2) + eps)) * w.
 // `vec`: a, b and sum rows 16-byte aligned and d a multiple of 4 (the host checks).
 extern "C" __global__ void __launch_bounds__(1024) add_rms_norm_f32(float* __restrict__ sum, float* __restrict__ out,
                                             const float* __restrict__ a, const float* __restrict__ b, const void* w,
@@ -27,7 +28,7 @@ extern "C" __global__ void __launch_bounds__(1024) add_rms_norm_f32(float* __res
         }
         s[k] += quad_sumsq(v);
     });
-    float inv = 1.0f / sqrtf(norm_row_sum(s, vt, scratch) / (float)d + eps);
+    float inv = 1.0f / sqrtf(block_sum_slots(s, vt / blockDim.x, scratch) / (float)d + eps);
     // The weights load with the values (a store could alias them, so they would not be hoisted).
     auto weighted = [&](int i) { return norm_quad(added(i), w, i, d, w_dt); };
     row_quads(d, vt, weighted, [&](int, int i, NormQuad q) { quad_norm_store(out + base, q, i, d, inv, vec); });
@@ -37,11 +38,10 @@ extern "C" __global__ void __launch_bounds__(1024) add_rms_norm_f32(float* __res
 // blockDim.x / 32 heads of one position per block, heads 0..hq-1 being q's and hq.. k's. The
 // block first computes the position's cos and sin of each of the `half` frequencies once (into
 // dynamic shared memory: 2 * half floats) for all its heads; a warp then takes its head's
-// rotation pairs (halves, or interleaved if `traditional`) lane by lane, with rope_feature's
-// arithmetic. When `norm` is set the head is first RMS-normalized (weights qw / kw, dtype w_dt)
-// with its sum of squares over the warp (rms_norm_f32 adds in another order). `step` (CUDA
-// graphs; null in eager launches): the replayed step's scalars, whose step[0] (positions since
-// the captured step) is added to `offset`.
+// rotation pairs (rope_pair, rope_rotate: rope_f32's arithmetic) lane by lane. When `norm` is set
+// the head is first RMS-normalized (weights qw / kw, dtype w_dt) with its sum of squares over the
+// warp (rms_norm_f32 adds in another order). `step` (CUDA graphs; null in eager launches): the
+// replayed step's scalars, whose step[0] (positions since the captured step) is added to `offset`.
 extern "C" __global__ void rope_qk_f32(float* qo, float* ko, const float* q, const float* k, const void* qw,
                                        const void* kw, int w_dt, float eps, int norm, const float* inv_freqs,
                                        int half, int hq, int hkv, int d, long long offset, int traditional,
@@ -57,18 +57,15 @@ extern "C" __global__ void rope_qk_f32(float* qo, float* ko, const float* q, con
     const float* src = (is_q ? q : k) + at;
     float* dst = (is_q ? qo : ko) + at;
     const void* w = is_q ? qw : kw;
-    // Two rotation pairs per lane at a time (features a(f), b(f) for f = f0 and f0 + 32), loaded
-    // together; the first two before the cos/sin table is made (at decode they are all there is).
-    auto pair_at = [&](int f, int& a, int& b) {
-        a = traditional ? 2 * f : f;
-        b = traditional ? a + 1 : f + half;
-    };
+    // Two rotation pairs per lane at a time (rope_pair's features a, b for f = f0 and f0 + 32),
+    // loaded together; the first two before the cos/sin table is made (at decode they are all
+    // there is).
     float x[2][2];
     auto load_pairs = [&](int f0) {
 #pragma unroll
         for (int u = 0; u < 2; ++u) {
             int a, b;
-            pair_at(f0 + 32 * u, a, b);
+            rope_pair(f0 + 32 * u, half, traditional, a, b);
             if (f0 + 32 * u < half) x[u][0] = src[a], x[u][1] = src[b];
         }
     };
@@ -90,7 +87,7 @@ extern "C" __global__ void rope_qk_f32(float* qo, float* ko, const float* q, con
     }
     __syncthreads();
     if (!live) return;
-    // Feature i as rope_feature reads it: normalized first when `norm`.
+    // Feature i as the rotation reads it: normalized first when `norm`.
     auto scaled = [&](float v, int i) { return norm ? v * inv * load_float(w, i, w_dt) : v; };
     for (int f0 = lane; f0 < half; f0 += 64) {
         if (f0 != lane) load_pairs(f0);
@@ -99,10 +96,10 @@ extern "C" __global__ void rope_qk_f32(float* qo, float* ko, const float* q, con
             const int f = f0 + 32 * u;
             if (f >= half) break;
             int a, b;
-            pair_at(f, a, b);
+            rope_pair(f, half, traditional, a, b);
             const float x1 = scaled(x[u][0], a), x2 = scaled(x[u][1], b), cs = rope_cs[f], sn = rope_cs[half + f];
-            dst[a] = x1 * cs - x2 * sn;
-            dst[b] = x1 * sn + x2 * cs;
+            dst[a] = rope_rotate(x1, x2, cs, sn, false);
+            dst[b] = rope_rotate(x1, x2, cs, sn, true);
         }
     }
     for (int i = 2 * half + lane; i < d; i += 32) dst[i] = scaled(src[i], i);
