@@ -156,6 +156,21 @@ static void test_gate_up(const char* name, GateUp f, Multi multi, int rows, int 
 }
 
 int main() {
+    // qg4_word: each value of a word exactly 1 + q/16, in order (the f16 pairs widened), for
+    // every byte pattern in each position (a value in the wrong slot, or off by a bit, fails).
+    {
+        int bad = 0;
+        for (unsigned v = 0; v < 256; ++v)
+            for (int pos = 0; pos < 4; ++pos) {
+                const unsigned w = (v << (8 * pos)) | (0x9E3779B9u & ~(0xFFu << (8 * pos)));
+                float q[8];
+                qg4_word(w, q);
+                for (int t = 0; t < 8; ++t)
+                    if (q[t] != 1.0f + (float)((w >> (4 * t)) & 15u) / 16.0f) ++bad;
+            }
+        printf("%s qg4_word: 8 values of 1024 words exactly 1 + q/16 (%d wrong)\n", bad ? "FAIL" : "ok  ", bad);
+        fails += bad != 0;
+    }
     // xw: the x-per-word kernels (v10-v12), which take neither groups of 16 nor silu(x) * up.
     struct { const char* name; One one; Multi multi; int rows, threads; bool xw; } kernels[] = {
         {"qgemv1_b4_v6", qgemv1_b4_v6, qgemv_multi_b4_v6, 8, 64, false},

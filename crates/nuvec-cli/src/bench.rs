@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use clap::Parser;
 use nuvec_lm::decode_graph::{DecodeGraph, GraphMode};
-use nuvec_lm::{load_on, Model};
+use nuvec_lm::{default_prefill_step, load_on, Model};
 
 use crate::common::{model_or_default, parse_device, peak_memory};
 
@@ -30,9 +30,10 @@ pub struct Args {
     /// Timed trials (after one untimed warm-up).
     #[arg(short = 'n', long, default_value_t = 5)]
     num_trials: usize,
-    /// Prompt tokens processed per forward pass.
-    #[arg(long, default_value_t = 2048)]
-    prefill_step_size: usize,
+    /// Prompt tokens processed per forward pass (default 2048 on the CPU, as mlx-lm; 4096 on
+    /// CUDA, where each pass decodes the quantized weights for the tensor cores).
+    #[arg(long)]
+    prefill_step_size: Option<usize>,
     /// Where the model runs: cpu, cuda or cuda:N (cuda needs a build with `--features cuda`).
     #[arg(long, default_value = "cpu")]
     device: String,
@@ -79,7 +80,8 @@ fn trial(model: &Model, prompt: &[u32], args: &Args, graphs: GraphMode) -> Resul
     let start = Instant::now();
     // As mlx-lm: chunks of prefill_step_size, the last prompt token goes through the first step.
     let (body, last) = prompt.split_at(prompt.len() - 1);
-    for chunk in body.chunks(args.prefill_step_size.max(1)) {
+    let step = args.prefill_step_size.unwrap_or_else(|| default_prefill_step(model.device()));
+    for chunk in body.chunks(step.max(1)) {
         model.prefill(chunk, &mut cache)?;
     }
     // Greedy, with the argmax where the logits are (on a GPU only the token id comes back).

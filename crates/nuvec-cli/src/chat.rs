@@ -5,7 +5,7 @@
 use std::io::{BufRead, IsTerminal, Write};
 
 use clap::Parser;
-use nuvec_lm::{generate_in, load_on, GenerateOptions, Sampler, Session, TextStream};
+use nuvec_lm::{default_prefill_step, generate_in, load_on, GenerateOptions, Sampler, Session, TextStream};
 use serde_json::{json, Value};
 
 use crate::common::model_or_default;
@@ -40,9 +40,10 @@ pub struct Args {
     /// Bound the KV cache to this many positions (a rotating cache).
     #[arg(long)]
     max_kv_size: Option<usize>,
-    /// Prompt tokens processed per forward pass.
-    #[arg(long, default_value_t = 2048)]
-    prefill_step_size: usize,
+    /// Prompt tokens processed per forward pass (default 2048 on the CPU, as mlx-lm; 4096 on
+    /// CUDA, where each pass decodes the quantized weights for the tensor cores).
+    #[arg(long)]
+    prefill_step_size: Option<usize>,
     /// Where the model runs: cpu, cuda or cuda:N (cuda needs a build with `--features cuda`).
     #[arg(long, default_value = "cpu")]
     device: String,
@@ -112,7 +113,7 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
             max_tokens: args.max_tokens,
             sampler: sampler.clone(),
             seed: args.seed,
-            prefill_step_size: args.prefill_step_size,
+            prefill_step_size: args.prefill_step_size.unwrap_or_else(|| default_prefill_step(model.device())),
             cache: cache.clone(),
             ..Default::default()
         };

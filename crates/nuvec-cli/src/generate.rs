@@ -4,8 +4,8 @@ use std::io::{Read, Write};
 
 use clap::Parser;
 use nuvec_lm::{
-    generate_in, load_on, prompt_cache, FinishReason, GenerateOptions, LogitsProcessors, Sampler, Session, Stop,
-    TextStream, Tokenizer,
+    default_prefill_step, generate_in, load_on, prompt_cache, FinishReason, GenerateOptions, LogitsProcessors, Sampler,
+    Session, Stop, TextStream, Tokenizer,
 };
 
 use crate::common::{model_or_default, peak_memory, KvArgs};
@@ -98,9 +98,10 @@ pub struct Args {
     /// Tokens (as text) that also end generation; repeatable.
     #[arg(long, num_args = 1..)]
     extra_eos_token: Vec<String>,
-    /// Prompt tokens processed per forward pass.
-    #[arg(long, default_value_t = 2048)]
-    prefill_step_size: usize,
+    /// Prompt tokens processed per forward pass (default 2048 on the CPU, as mlx-lm; 4096 on
+    /// CUDA, where each pass decodes the quantized weights for the tensor cores).
+    #[arg(long)]
+    prefill_step_size: Option<usize>,
     #[command(flatten)]
     kv: KvArgs,
     /// Continue from a cache saved by `nuvec cache-prompt`: the prompt is appended to the cached
@@ -236,7 +237,7 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         sampler,
         processors,
         seed: args.seed,
-        prefill_step_size: args.prefill_step_size,
+        prefill_step_size: args.prefill_step_size.unwrap_or_else(|| default_prefill_step(model.device())),
         stop: Stop::strings(&tokenizer, &args.stop)?,
         min_tokens: args.min_tokens,
         ignore_eos: args.ignore_eos,

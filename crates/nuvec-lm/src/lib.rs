@@ -44,7 +44,9 @@ pub mod weights;
 
 pub use chat::{ChatTemplate, Message};
 pub use error::{Error, Result};
-pub use generate::{generate, generate_in, FinishReason, GenerateOptions, Generation, Stats, TokenLogprobs};
+pub use generate::{
+    default_prefill_step, generate, generate_in, FinishReason, GenerateOptions, Generation, Stats, TokenLogprobs,
+};
 pub use load::{load, load_dir, load_dir_on, load_model, load_model_on, load_on};
 pub use models::Model;
 pub use processors::LogitsProcessors;

@@ -30,7 +30,7 @@
 #![cfg(feature = "cuda")]
 
 use half::{bf16, f16};
-use nuvec::backends::cuda::{matmul_precision, MatmulPrecision};
+use nuvec::backends::cuda::{matmul_precision, set_decode_stream, MatmulPrecision};
 use nuvec::{Array, DType, Device, Matrix, QuantMode, QuantSpec, Quantized};
 
 /// bf16's unit roundoff (round to nearest, 8-bit significand).
@@ -285,9 +285,10 @@ fn linear_many_and_silu_mul_linear() {
 fn linear_tiles_views_and_3d() {
     let dev = gpu();
     let mut rng = Rng::new(23);
-    // Two bf16 tiles of 4096 rows at K = 8192; a dense bf16 weight multiplied as it is.
-    let wq = quantized(&mut rng, 4500, 8192, 4, 64, DType::BF16);
-    check_linear("q4 g64 bf16 k=8192 n=4500 (two tiles)", &mut rng, &wq, 37);
+    // Two bf16 tiles (of 8192 rows at K = 8192: TILE_BF16 is 64M values); a dense bf16 weight
+    // multiplied as it is.
+    let wq = quantized(&mut rng, 8500, 8192, 4, 64, DType::BF16);
+    check_linear("q4 g64 bf16 k=8192 n=8500 (two tiles)", &mut rng, &wq, 37);
     let wb = dense(&mut rng, 4500, 4096, DType::BF16);
     check_linear("dense bf16 k=4096 n=4500", &mut rng, &wb, 37);
     // A 3-d input, and a view (rows 3..40 of a larger array), against the same 2-d product.
@@ -304,6 +305,32 @@ fn linear_tiles_views_and_3d() {
     let fresh = arr(&xv[3 * 256..40 * 256], &[37, 256]).to_device(dev).unwrap().linear(&wg).unwrap();
     assert_eq!(got, fresh.to_f32_vec().unwrap(), "a view of rows 3..40 gives those rows");
     eprintln!("RESULT {:<64} equal", "linear bf16 3-d input and view");
+}
+
+#[test]
+fn decode_lane_equals_device_stream() {
+    // Prefill weights are decoded to bf16 tiles on a second stream (the decode lane, the
+    // default) while the device stream multiplies the tile before; decoding on the device stream
+    // gives the same products bit for bit (same kernels, same GEMMs). Two weights of two tiles
+    // each (8192 + 308 rows), twice over: the two slots are each reused three times, with GEMMs
+    // long enough that a tile decoded into a slot a GEMM still reads, or a GEMM started before
+    // its tile was decoded, would change the results.
+    let dev = gpu();
+    let mut rng = Rng::new(29);
+    let ws: Vec<Matrix> =
+        (0..2).map(|_| quantized(&mut rng, 8500, 8192, 4, 64, DType::BF16).matrix.to_device(dev).unwrap()).collect();
+    let x = arr(&rng.vec(1024 * 8192, 1.0), &[1024, 8192]).to_device(dev).unwrap();
+    let run = |on: bool| {
+        set_decode_stream(on);
+        let outs: Vec<Array> = ws.iter().chain(&ws).map(|w| x.linear(w).unwrap()).collect();
+        outs.iter().map(|o| o.to_f32_vec().unwrap()).collect::<Vec<_>>()
+    };
+    let (lane, single) = (run(true), run(false));
+    set_decode_stream(true);
+    for (i, (a, b)) in lane.iter().zip(&single).enumerate() {
+        assert!(a == b, "product {i}: the decode lane's result differs from the device stream's");
+    }
+    eprintln!("RESULT {:<64} equal", "linear bf16 decode lane vs device stream (4 products, 2 tiles each)");
 }
 
 /// Causal GQA attention on the host: the product of the bf16-rounded operands (probabilities

@@ -11,6 +11,8 @@
 //! f32/f16/bf16 or MLX affine-quantized (bits 2,3,4,5,6,8; groups 32,64,128) decoded in registers.
 
 mod alloc;
+// The prefill weight decoder's own stream.
+mod decode_lane;
 mod ops;
 // CUDA graphs: a decode step captured and replayed.
 mod graph;
@@ -28,6 +30,8 @@ use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions};
 use crate::{Error, Result};
 
 pub use alloc::{cached_bytes, set_cache_limit};
+// Prefill weights decoded on a second stream.
+pub use decode_lane::set_decode_stream;
 pub use ops::CudaBackend;
 // Phase 4: the prefill matmul precision (bf16 tensor cores by default).
 pub use ops::{matmul_precision, set_matmul_precision, MatmulPrecision};
@@ -137,11 +141,13 @@ pub(crate) struct State {
     capture_epoch: AtomicU64,
     /// Buffers written during a capture that have been dropped since (a replay then refuses).
     graph_written_dropped: AtomicU64,
-    /// Kernels launch with programmatic stream serialization (see [`State::launch_raw`]).
+    /// Kernels launch with programmatic stream serialization (see [`State::launch_raw_on`]).
     pdl: bool,
     /// bf16 prefill attention runs the flash kernels (`kernels/flash_attention.cu`, sm_80+;
     /// `NUVEC_FLASH_ATTENTION=0` keeps the cuBLAS path).
     pub(crate) flash: bool,
+    /// The prefill weight decoder's stream and tile buffers (`decode_lane.rs`), made on first use.
+    decode_lane: decode_lane::LaneCell,
 }
 
 impl fmt::Debug for State {
@@ -165,8 +171,9 @@ impl State {
             )));
         }
         let ctx = CudaContext::new(ordinal).map_err(driver_err("creating a context"))?;
-        // SAFETY: the backend uses one stream per device, so cudarc's cross-stream event tracking
-        // has nothing to order; every allocation, copy, kernel and free goes through that stream.
+        // SAFETY: the backend orders its work itself: every allocation, copy, kernel and free goes
+        // through the device stream, except the prefill weight decoder's tiles, which the decode
+        // lane (decode_lane.rs) orders with its own events; cudarc's tracking has nothing to add.
         unsafe { ctx.disable_event_tracking() };
         let stream = ctx.new_stream().map_err(driver_err("creating a stream"))?;
         // Stream-ordered allocations come from the device's default memory pool, which by default
@@ -228,10 +235,12 @@ impl State {
             graph_written_dropped: AtomicU64::new(0),
             pdl: major >= 9 && std::env::var("NUVEC_PDL").map_or(true, |v| v != "0"),
             flash: major >= 8 && std::env::var("NUVEC_FLASH_ATTENTION").map_or(true, |v| v != "0"),
+            decode_lane: Mutex::new(None),
         })
     }
 
-    /// Enqueues kernel `f` on the device stream with the argument addresses `params`. On sm_90
+    /// Enqueues kernel `f` on `stream` (the device stream, or the decode lane's) with the
+    /// argument addresses `params`. On sm_90
     /// and later (unless `NUVEC_PDL=0`) with programmatic stream serialization: the kernel may
     /// begin launching while the kernel before it finishes, which hides most of the gap between
     /// two dependent kernels of a decode step. That is safe because every nuvec kernel starts
@@ -242,15 +251,16 @@ impl State {
     /// # Safety
     /// `params` holds one pointer per kernel parameter, each to a value of the parameter's type
     /// that lives until this returns; pointer values among them address live allocations of this
-    /// device sized for the launch.
-    pub(crate) unsafe fn launch_raw(
+    /// device sized for the launch; `stream` belongs to this device's context.
+    pub(crate) unsafe fn launch_raw_on(
         &self,
+        stream: &CudaStream,
         f: &CudaFunction,
         cfg: cudarc::driver::LaunchConfig,
         params: &mut [*mut std::ffi::c_void],
     ) -> std::result::Result<(), cudarc::driver::DriverError> {
         use cudarc::driver::sys;
-        self.stream.context().bind_to_thread()?;
+        stream.context().bind_to_thread()?;
         let (grid, block) = (cfg.grid_dim, cfg.block_dim);
         if !self.pdl {
             // SAFETY: as the caller promises; the stream belongs to this context.
@@ -260,7 +270,7 @@ impl State {
                     grid,
                     block,
                     cfg.shared_mem_bytes,
-                    self.stream.cu_stream(),
+                    stream.cu_stream(),
                     params,
                 )
             };
@@ -282,7 +292,7 @@ impl State {
             blockDimY: block.1,
             blockDimZ: block.2,
             sharedMemBytes: cfg.shared_mem_bytes,
-            hStream: self.stream.cu_stream(),
+            hStream: stream.cu_stream(),
             attrs: &mut attr,
             numAttrs: 1,
         };

@@ -261,17 +261,22 @@ fn arg_ptr<T: KernelArg>(v: &T) -> *mut std::ffi::c_void {
 /// Launches kernel `$name` with `$cfg` and the given arguments (locals of the kernel's exact
 /// parameter types: see [`KernelArg`]).
 macro_rules! launch {
-    ($st:expr, $op:expr, $name:expr, $cfg:expr; $($arg:ident),* $(,)?) => {{
+    // On a given stream of the device (the decode lane's; the device stream below).
+    (@on $stream:expr, $st:expr, $op:expr, $name:expr, $cfg:expr; $($arg:ident),* $(,)?) => {{
         let st: &State = $st;
         let f = st.func($name)?;
         let mut params = [$($crate::backends::cuda::ops::arg_ptr(&$arg)),*];
         // SAFETY: one address per kernel parameter, of locals of its exact type that outlive the
         // call; every pointer argument is the address of a live device allocation of this device
         // (held by an Array or DeviceBuffer that outlives the enqueue; frees are ordered after
-        // the kernel on the same stream), sized for the extents passed alongside it, which the
-        // caller checked.
-        unsafe { st.launch_raw(f, $cfg, &mut params) }
+        // the kernel on the device stream, which the decode lane's work joins before anything
+        // later), sized for the extents passed alongside it, which the caller checked.
+        unsafe { st.launch_raw_on($stream, f, $cfg, &mut params) }
             .map_err(|e| Error::Device(format!("{}: launching {} on cuda:{}: {e:?}", $op, $name, st.ordinal)))?;
+    }};
+    ($st:expr, $op:expr, $name:expr, $cfg:expr; $($arg:ident),* $(,)?) => {{
+        let st: &State = $st;
+        launch!(@on &st.stream, st, $op, $name, $cfg; $($arg),*)
     }};
 }
 

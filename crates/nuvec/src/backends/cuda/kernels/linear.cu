@@ -336,18 +336,23 @@ extern "C" __global__ void __launch_bounds__(128, 4) qgemv_multi_b8(QGM_PARAMS) 
 // groups of 16 (rare) pass PDT = -1 and read `p_dt` at run time. v6 = 8 rows x 2 warps,
 // v7 = 8 rows x 1 warp.
 
-// The 8 values q of one 4-bit word, in order, as the floats 1 + q / 16: each byte of lo / hi is
-// 1qqqq000, which byte_perm puts under 0x3F, giving 0x3F800000 (1.0) with q in the top four
-// mantissa bits. One byte_perm per value and no subtraction (2^23 + q needed one more
-// instruction per value): the loops fold the 1 into the group's sum of x, since
-// sum(q x) = 16 (sum((1 + q/16) x) - sum(x)) (qg4_group). ~6 % faster GEMVs on the H200
-// (bench/cuda/gemv_decode_probe.cu); products and sums stay f32, relative error ~4e-6 of mean|out|.
+// The 8 values q of one 4-bit word, in order, as the floats 1 + q / 16 (exact). Values v and
+// v + 4 sit at bits 4v and 4v + 16; one shift puts both at bits 6-9 of their 16-bit half and one
+// lop3 puts them under 0x3C00 (f16 1.0), giving the f16 pair (1 + q_v / 16, 1 + q_{v+4} / 16);
+// cvt.f32.f16 widens each. The loops multiply that by x and fold the 1 into the group's sum of
+// x, since sum(q x) = 16 (sum((1 + q/16) x) - sum(x)) (qg4_group). The same floats as the former
+// byte_perm per value (a byte 1qqqq000 under 0x3F), so the same sums bit for bit, but the widening
+// issues on the FMA pipe instead of the integer pipe that bounds this loop (sixth session's probe:
+// decoding cost a third of the GEMVs' bandwidth); products and sums stay f32, relative error
+// ~4e-6 of mean|out|.
 __device__ __forceinline__ void qg4_word(u32 w, float (&q)[8]) {
-    u32 lo = ((w << 3) & 0x78787878u) | 0x80808080u, hi = ((w >> 1) & 0x78787878u) | 0x80808080u;
+    const u32 one = 0x3C003C00u;  // f16 1.0 in both halves
+    const u32 p[4] = {and_or<0x03C003C0u>(w << 6, one), and_or<0x03C003C0u>(w << 2, one),
+                      and_or<0x03C003C0u>(w >> 2, one), and_or<0x03C003C0u>(w >> 6, one)};
 #pragma unroll
-    for (int b = 0; b < 4; ++b) {
-        q[2 * b] = __uint_as_float(__byte_perm(lo, 0x3F000000u, 0x7054 | (b << 8)));
-        q[2 * b + 1] = __uint_as_float(__byte_perm(hi, 0x3F000000u, 0x7054 | (b << 8)));
+    for (int v = 0; v < 4; ++v) {
+        q[v] = f16_lo_f32(p[v]);
+        q[v + 4] = f16_hi_f32(p[v]);
     }
 }
 

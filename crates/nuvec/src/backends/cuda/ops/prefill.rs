@@ -20,7 +20,7 @@ use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::OnceLock;
 
 use cudarc::cublas::sys::{cublasComputeType_t, cublasGemmAlgo_t, cublasOperation_t, cudaDataType};
-use cudarc::driver::LaunchConfig;
+use cudarc::driver::{CudaStream, LaunchConfig};
 
 use super::{
     cfg_1d, fast_path_log_group, to_i32, CudaBackend, WeightArgs, ATTN_GEMM_SCORE_BYTES, DT_BF16, DT_F16, DT_F32,
@@ -313,11 +313,29 @@ impl CudaBackend {
             return self.gemm_bf16(op, (true, false), (n, m, k), 1.0, (w.dense, k, 0), (xb, k, 0), (o, n, 0), 1);
         }
         let tile = (TILE_BF16 / k).max(64).next_multiple_of(64).min(n);
-        let scratch = DeviceBuffer::alloc(self.st()?, tile * k * 2)?;
+        let st = self.st()?;
+        if let Some(mut guard) = st.decode_lane()? {
+            // Each tile decoded on the lane's stream while the device stream multiplies the one
+            // before (decode_lane.rs).
+            let lane = guard.as_mut().expect("decode_lane makes the lane");
+            let mut r0 = 0;
+            while r0 < n {
+                let rows = tile.min(n - r0);
+                let (slot, i) = lane.begin(rows * k * 2)?;
+                self.decode_bf16(op, Some(lane.stream()), slot, r0, rows, k, w)?;
+                lane.ready(st, i)?;
+                let out = o + (r0 * 4) as u64;
+                self.gemm_bf16(op, (true, false), (rows, m, k), 1.0, (slot, k, 0), (xb, k, 0), (out, n, 0), 1)?;
+                lane.done(st, i)?;
+                r0 += rows;
+            }
+            return Ok(());
+        }
+        let scratch = DeviceBuffer::alloc(st, tile * k * 2)?;
         let mut r0 = 0;
         while r0 < n {
             let rows = tile.min(n - r0);
-            self.decode_bf16(op, scratch.ptr(), r0, rows, k, w)?;
+            self.decode_bf16(op, None, scratch.ptr(), r0, rows, k, w)?;
             let out = o + (r0 * 4) as u64;
             self.gemm_bf16(op, (true, false), (rows, m, k), 1.0, (scratch.ptr(), k, 0), (xb, k, 0), (out, n, 0), 1)?;
             r0 += rows;
@@ -325,10 +343,13 @@ impl CudaBackend {
         Ok(())
     }
 
-    /// Weight rows `row0..row0 + rows` of `w` (not bf16) decoded to bf16 at `out` ([rows, k]).
+    /// Weight rows `row0..row0 + rows` of `w` (not bf16) decoded to bf16 at `out` ([rows, k]),
+    /// on `stream` (the decode lane's) or the device stream.
+    #[allow(clippy::too_many_arguments)]
     fn decode_bf16(
         &self,
         op: &'static str,
+        stream: Option<&CudaStream>,
         out: u64,
         row0: usize,
         rows: usize,
@@ -337,10 +358,12 @@ impl CudaBackend {
     ) -> Result<()> {
         if w.w_dt >= 0 {
             let size = if w.w_dt == DT_F32 { 4 } else { 2 };
-            return self.convert_bf16(op, out, w.dense + (row0 * k * size) as u64, w.w_dt, rows * k);
+            return self.convert_bf16_on(op, stream, out, w.dense + (row0 * k * size) as u64, w.w_dt, rows * k);
         }
         let WeightArgs { packed, scales, biases, p_dt, bits, group, .. } = *w;
         let (row0, ki) = (row0 as i64, to_i32(op, "k", k)?);
+        let st = self.st()?;
+        let on = stream.unwrap_or(&st.stream);
         if let Some(lg) = fast_path_log_group(w, k, out) {
             let name = format!("qdequant_bf16_b{bits}");
             let rowsl = rows as i64;
@@ -357,11 +380,11 @@ impl CudaBackend {
             } else {
                 cfg_1d(rows * k / 32)
             };
-            launch!(self.st()?, op, name.as_str(), cfg;
+            launch!(@on on, st, op, name.as_str(), cfg;
                 out, row0, rowsl, packed, scales, biases, p_dt, lg, ki);
         } else {
             let total = (rows * k) as u64;
-            launch!(self.st()?, op, "qdequant_bf16_any", cfg_1d(rows * k);
+            launch!(@on on, st, op, "qdequant_bf16_any", cfg_1d(rows * k);
                 out, row0, total, packed, scales, biases, p_dt, bits, group, ki);
         }
         Ok(())
@@ -369,13 +392,27 @@ impl CudaBackend {
 
     /// `out [n]` bf16 = `src [n]` (dtype code `dt`); `out` is the start of a buffer (4-byte aligned).
     fn convert_bf16(&self, op: &'static str, out: u64, src: u64, dt: i32, n: usize) -> Result<()> {
+        self.convert_bf16_on(op, None, out, src, dt, n)
+    }
+
+    /// [`Self::convert_bf16`] on `stream` (the decode lane's) or the device stream.
+    fn convert_bf16_on(
+        &self,
+        op: &'static str,
+        stream: Option<&CudaStream>,
+        out: u64,
+        src: u64,
+        dt: i32,
+        n: usize,
+    ) -> Result<()> {
         if n == 0 {
             return Ok(());
         }
         // A thread per four values where the kernel takes them so (f32, aligned), else per pair.
         let per_thread = if dt == DT_F32 && src.is_multiple_of(16) && out.is_multiple_of(8) { 4 } else { 2 };
         let nl = n as u64;
-        launch!(self.st()?, op, "convert_bf16", cfg_1d(n.div_ceil(per_thread)); out, src, dt, nl);
+        let st = self.st()?;
+        launch!(@on stream.unwrap_or(&st.stream), st, op, "convert_bf16", cfg_1d(n.div_ceil(per_thread)); out, src, dt, nl);
         Ok(())
     }
 

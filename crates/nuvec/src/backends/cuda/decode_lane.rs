@@ -1,0 +1,138 @@
+//! The prefill weight decoder's own stream: quantized weights are decoded to bf16 tiles there
+//! while the device stream multiplies the tile before (issue 7).
+//!
+//! A bf16 prefill GEMM reads its weight as bf16 tiles that a decoder kernel writes first (an 8B's
+//! 512-token prefill spends about a quarter of its time there: 16 GB written per chunk). The
+//! weights never change, so a tile's decoding depends on nothing the device stream computes; only
+//! its buffer must not be overwritten while a GEMM still reads it. The lane holds two tile buffers
+//! (slots) and a stream; for each tile the lane's stream waits until the GEMM that last read the
+//! slot has finished, decodes into it and records `ready`; the device stream waits for `ready`,
+//! runs the GEMM and records `free`. So tile i + 1 is decoded while GEMM i runs, and a weight's
+//! first tile while the kernels before its linear run (attention, norms). Everything the lane's
+//! stream does is joined into the device stream (through `ready`) before anything enqueued on
+//! the device stream after it, so the single-stream ordering that the rest of the backend relies
+//! on (frees, the caching allocator) still holds: a weight freed later is freed after its last
+//! decoding.
+//!
+//! `NUVEC_DECODE_STREAM=0` (or [`set_decode_stream`]) decodes on the device stream instead (the
+//! previous behaviour; the results are the same bit for bit).
+
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+
+use cudarc::driver::{CudaEvent, CudaSlice, CudaStream, DevicePtr};
+
+use super::{driver_err, State};
+use crate::Result;
+
+/// Tile buffers the lane cycles through: the one being decoded and the one being multiplied.
+const SLOTS: usize = 2;
+
+struct Slot {
+    /// Allocated on the lane's stream (so dropping it frees it in that stream's order).
+    buf: Option<CudaSlice<u8>>,
+    /// Recorded on the lane's stream when this slot's tile is decoded.
+    ready: CudaEvent,
+    /// Recorded on the device stream when the GEMM reading this slot is enqueued after.
+    free: CudaEvent,
+}
+
+/// The lane of one device (see the module docs).
+pub(crate) struct DecodeLane {
+    stream: Arc<CudaStream>,
+    slots: Vec<Slot>,
+    next: usize,
+}
+
+impl DecodeLane {
+    fn new(st: &State) -> Result<Self> {
+        let ctx = st.stream.context();
+        let stream = ctx.new_stream().map_err(driver_err("creating the weight decoder's stream"))?;
+        let mut slots = Vec::with_capacity(SLOTS);
+        for _ in 0..SLOTS {
+            slots.push(Slot {
+                buf: None,
+                ready: ctx.new_event(None).map_err(driver_err("creating an event"))?,
+                free: ctx.new_event(None).map_err(driver_err("creating an event"))?,
+            });
+        }
+        Ok(DecodeLane { stream, slots, next: 0 })
+    }
+
+    /// The stream the decoder kernels go on.
+    pub(crate) fn stream(&self) -> &CudaStream {
+        &self.stream
+    }
+
+    /// The next slot, at least `bytes` long, once the GEMM that last read it is done (in the
+    /// lane's stream order): its device address, and its index for [`Self::ready`] / [`Self::done`].
+    pub(crate) fn begin(&mut self, bytes: usize) -> Result<(u64, usize)> {
+        let i = self.next;
+        self.next = (i + 1) % SLOTS;
+        let slot = &mut self.slots[i];
+        // An event never recorded counts as complete, so the first use waits for nothing.
+        self.stream.wait(&slot.free).map_err(driver_err("ordering a decoded tile after its GEMM"))?;
+        if slot.buf.as_ref().is_none_or(|b| b.len() < bytes) {
+            // Dropping the old buffer frees it on the lane's stream, after the wait above.
+            slot.buf = None;
+            // SAFETY: a u8 buffer that the decoder kernel writes whole before the GEMM reads it.
+            let buf = unsafe { self.stream.alloc::<u8>(bytes) }.map_err(driver_err("allocating a weight tile"))?;
+            slot.buf = Some(buf);
+        }
+        let buf = slot.buf.as_ref().expect("allocated above");
+        let (ptr, _sync) = buf.device_ptr(&self.stream);
+        Ok((ptr, i))
+    }
+
+    /// Slot `i` is decoded: the device stream waits for it before the GEMM that reads it.
+    pub(crate) fn ready(&self, st: &State, i: usize) -> Result<()> {
+        let slot = &self.slots[i];
+        slot.ready.record(&self.stream).map_err(driver_err("recording a decoded tile"))?;
+        st.stream.wait(&slot.ready).map_err(driver_err("waiting for a decoded tile"))
+    }
+
+    /// The GEMM reading slot `i` is enqueued: the slot is free once the device stream gets here.
+    pub(crate) fn done(&self, st: &State, i: usize) -> Result<()> {
+        self.slots[i].free.record(&st.stream).map_err(driver_err("recording a tile's GEMM"))
+    }
+}
+
+/// `set_decode_stream`'s choice: 0 none (the variable decides), 1 off, 2 on.
+static CHOSEN: AtomicU8 = AtomicU8::new(0);
+
+/// Turns the decode lane on or off for the rest of the process (prefill results are the same
+/// bit for bit either way; this is for measuring, and for the test that checks that sameness).
+pub fn set_decode_stream(on: bool) {
+    CHOSEN.store(if on { 2 } else { 1 }, Ordering::Relaxed);
+}
+
+/// Whether prefill decodes weights on the lane: the last [`set_decode_stream`], else
+/// `NUVEC_DECODE_STREAM` (on unless "0").
+fn enabled() -> bool {
+    match CHOSEN.load(Ordering::Relaxed) {
+        1 => false,
+        2 => true,
+        _ => {
+            static FROM_ENV: OnceLock<bool> = OnceLock::new();
+            *FROM_ENV.get_or_init(|| std::env::var("NUVEC_DECODE_STREAM").map_or(true, |v| v != "0"))
+        }
+    }
+}
+
+impl State {
+    /// The device's decode lane, made on first use; `None` while a CUDA graph capture runs (a
+    /// capture records one stream) or when the lane is turned off.
+    pub(crate) fn decode_lane(&self) -> Result<Option<MutexGuard<'_, Option<DecodeLane>>>> {
+        if !enabled() || self.capturing() != 0 {
+            return Ok(None);
+        }
+        let mut lane = self.decode_lane.lock().unwrap_or_else(|p| p.into_inner());
+        if lane.is_none() {
+            *lane = Some(DecodeLane::new(self)?);
+        }
+        Ok(Some(lane))
+    }
+}
+
+/// The slot for `State::decode_lane`'s field.
+pub(crate) type LaneCell = Mutex<Option<DecodeLane>>;
