@@ -23,8 +23,8 @@
 #include <cstring>
 #include <vector>
 
-typedef unsigned int u32;
-typedef unsigned short u16;
+// The kernels' shared helpers (u32, u16, warp_sum, pdl_begin, and_or, f16_lo_f32 / f16_hi_f32).
+#include "../../crates/nuvec/src/backends/cuda/kernels/common.cuh"
 #define CK(x)                                                                                     \
     do {                                                                                          \
         cudaError_t e = (x);                                                                      \
@@ -34,11 +34,7 @@ typedef unsigned short u16;
         }                                                                                         \
     } while (0)
 
-__device__ __forceinline__ float bf(u16 h) { return __uint_as_float(((u32)h) << 16); }
-__device__ __forceinline__ float warp_sum(float v) {
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
+__device__ __forceinline__ float bf(u16 h) { return bf16_to_f32(h); }
 
 __global__ void ref_gemv(float* out, const float* x, const u32* packed, const u16* sc, const u16* bi, int n, int k,
                          int lg) {
@@ -56,30 +52,14 @@ __global__ void ref_gemv(float* out, const float* x, const u32* packed, const u1
 }
 
 // The 8 values of a word in order as floats: DEC 0 the values, DEC 1 1 + q/16, DEC 2 2 + q/64.
-__device__ __forceinline__ u32 f16_pair(u32 a, u32 one) {
-    u32 d;
-    asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(d) : "r"(a), "n"(0x03C003C0), "r"(one));
-    return d;
-}
-__device__ __forceinline__ float f16_lo(u32 p) {
-    float f;
-    asm("{.reg .b16 l, h; mov.b32 {l, h}, %1; cvt.f32.f16 %0, l;}" : "=f"(f) : "r"(p));
-    return f;
-}
-__device__ __forceinline__ float f16_hi(u32 p) {
-    float f;
-    asm("{.reg .b16 l, h; mov.b32 {l, h}, %1; cvt.f32.f16 %0, h;}" : "=f"(f) : "r"(p));
-    return f;
-}
-
 template <int DEC>
 __device__ __forceinline__ void dec(u32 w, float (&q)[8]) {
     if (DEC == 3) {
         const u32 one = 0x3C003C00u;
-        const u32 p0 = f16_pair(w << 6, one), p1 = f16_pair(w << 2, one), p2 = f16_pair(w >> 2, one),
-                  p3 = f16_pair(w >> 6, one);
-        q[0] = f16_lo(p0); q[4] = f16_hi(p0); q[1] = f16_lo(p1); q[5] = f16_hi(p1);
-        q[2] = f16_lo(p2); q[6] = f16_hi(p2); q[3] = f16_lo(p3); q[7] = f16_hi(p3);
+        const u32 p0 = and_or<0x03C003C0u>(w << 6, one), p1 = and_or<0x03C003C0u>(w << 2, one),
+                  p2 = and_or<0x03C003C0u>(w >> 2, one), p3 = and_or<0x03C003C0u>(w >> 6, one);
+        q[0] = f16_lo_f32(p0); q[4] = f16_hi_f32(p0); q[1] = f16_lo_f32(p1); q[5] = f16_hi_f32(p1);
+        q[2] = f16_lo_f32(p2); q[6] = f16_hi_f32(p2); q[3] = f16_lo_f32(p3); q[7] = f16_hi_f32(p3);
     } else if (DEC == 0) {
         u32 lo = w & 0x0F0F0F0Fu, hi = (w >> 4) & 0x0F0F0F0Fu;
 #pragma unroll
@@ -192,10 +172,6 @@ __device__ __forceinline__ void prefetch_rows(const u32* packed, const u16* sc, 
     }
 }
 
-__device__ __forceinline__ void pdl_begin() {
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-}
 
 template <int ROWS, int WARPS, int DEC, int PF, int PRE = 0>
 __global__ void __launch_bounds__(WARPS * 32, (PF ? (ROWS >= 8 ? 256 : 512) : ROWS >= 16 ? 256 : ROWS >= 8 ? 512 : 768) / (WARPS * 32))
