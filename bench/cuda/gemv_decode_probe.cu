@@ -234,6 +234,88 @@ __global__ void __launch_bounds__(WARPS * 32, (PF ? (ROWS >= 8 ? 256 : 512) : RO
     }
 }
 
+// ---- A GEMV whose weights stream through a per-warp cp.async ring (gemv4r): each lane keeps its
+// next STAGES - 1 chunks of the warp's ROWS rows in flight in shared memory (bytes in flight
+// without registers) while it multiplies the current one, and loads the next chunk's scales and
+// biases into registers one chunk ahead. A lane reads back only the 16 bytes it copied itself,
+// so cp.async.wait_group suffices (no barrier). Same arithmetic and order as gemv4 (the same sums
+// bit for bit). MINW: the warps per SM the register cap is set for.
+template <int ROWS>
+__device__ __forceinline__ void load_scales(float (&s)[ROWS], float (&b)[ROWS], const u16* __restrict__ sc,
+                                            const u16* __restrict__ bi, int r0, int n, int c, int chunks, size_t gpr,
+                                            int lg) {
+    if (c >= chunks) return;
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r) {
+        const size_t g = (size_t)min(r0 + r, n - 1) * gpr + (((size_t)c << 5) >> lg);
+        s[r] = bf(__ldg(sc + g));
+        b[r] = bf(__ldg(bi + g));
+    }
+}
+
+template <int ROWS, int WARPS, int STAGES, int DEC, int MINW>
+__global__ void __launch_bounds__(WARPS * 32, MINW / WARPS)
+    gemv4r(float* out, const float* __restrict__ x, const u32* __restrict__ packed, const u16* __restrict__ sc,
+           const u16* __restrict__ bi, int n, int k, int lg) {
+    static_assert(STAGES >= 2, "one chunk in flight at least");
+    extern __shared__ __align__(16) unsigned char ring_raw[];
+    __shared__ float red[WARPS][ROWS];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int r0 = blockIdx.x * ROWS;
+    const int chunks = k >> 5, step = 32 * WARPS;
+    const size_t words = (size_t)chunks * 4, gpr = (size_t)(k >> lg);
+    // This lane's slot of (stage, row) is mine[(stage * ROWS + row) * 32].
+    uint4* mine = (uint4*)ring_raw + (size_t)warp * STAGES * ROWS * 32 + lane;
+    pdl_begin();
+    auto issue = [&](int c, int stage) {
+        if (c < chunks) {
+#pragma unroll
+            for (int r = 0; r < ROWS; ++r) {
+                const size_t row = (size_t)min(r0 + r, n - 1);
+                cp_async16(smem_addr(mine + (stage * ROWS + r) * 32), packed + row * words + (size_t)c * 4, true);
+            }
+        }
+        cp_async_commit();  // an empty group past the end keeps the wait counts uniform
+    };
+    float acc[ROWS];
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r) acc[r] = 0.0f;
+    int c = threadIdx.x;
+#pragma unroll
+    for (int st = 0; st < STAGES - 1; ++st) issue(c + st * step, st);
+    float s[ROWS], b[ROWS];
+    load_scales<ROWS>(s, b, sc, bi, r0, n, c, chunks, gpr, lg);
+    for (int i = 0; c < chunks; ++i, c += step) {
+        cp_async_wait<STAGES - 2>();  // chunk c's group, the oldest in flight, has landed
+        const int stage = i % STAGES;
+        uint4 w[ROWS];
+#pragma unroll
+        for (int r = 0; r < ROWS; ++r) w[r] = mine[(stage * ROWS + r) * 32];
+        issue(c + (STAGES - 1) * step, (i + STAGES - 1) % STAGES);  // the stage read one chunk ago
+        float sn[ROWS], bn[ROWS];
+        load_scales<ROWS>(sn, bn, sc, bi, r0, n, c + step, chunks, gpr, lg);
+        mul_chunk<ROWS, DEC>(acc, w, s, b, x, c);
+#pragma unroll
+        for (int r = 0; r < ROWS; ++r) {
+            s[r] = sn[r];
+            b[r] = bn[r];
+        }
+    }
+    cp_async_wait<0>();
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r) {
+        float v = warp_sum(acc[r]);
+        if (lane == 0) red[warp][r] = v;
+    }
+    __syncthreads();
+    if (threadIdx.x < ROWS && r0 + (int)threadIdx.x < n) {
+        float v = 0.0f;
+#pragma unroll
+        for (int wi = 0; wi < WARPS; ++wi) v += red[wi][threadIdx.x];
+        out[r0 + threadIdx.x] = v;
+    }
+}
+
 // ---- TMA-fed GEMV: bulk copies (cp.async.bulk, mbarrier completion) stream each block's rows
 // through a ring of STAGES shared-memory tiles of TK values, so the loads in flight do not depend
 // on registers. Block = WARPS warps x RPW rows each; lane l multiplies the tile's 16-byte chunk l
@@ -425,7 +507,14 @@ static void layer_sim() {
     Plan { "tma " #R "x" #W " s" #S " small" #SMALL "us", T(R, W, S, 1), T(R, W, S, 1), T(R, W, S, 1), T(R, W, S, 1), T(R, W, S, 1), SMALL }
 #define PM(SMALL) \
     Plan { "tma qkv/o/down, gemv gu/head small" #SMALL "us", T(2, 4, 4, 1), T(2, 4, 4, 1), G(8, 1, 1, 0), T(4, 4, 4, 1), G(8, 1, 1, 0), SMALL }
-    Plan plans[] = {P(1, 0, 0), P(3, 0, 0), P(1, 0, 18), P(3, 0, 18)};
+#define GR(R, W, S, M) KL{gemv4r<R, W, S, 3, M>, 32 * W, R, W * S * R * 512}
+#define PR(NAME, Q, O, GU, DN, HEAD, SMALL) \
+    Plan { NAME " small" #SMALL "us", Q, O, GU, DN, HEAD, SMALL }
+    Plan plans[] = {P(3, 0, 0), P(3, 0, 18),
+                    PR("ring 4r s3", GR(4, 2, 3, 20), GR(4, 4, 3, 20), GR(4, 1, 3, 20), GR(4, 4, 3, 20), GR(4, 1, 3, 20), 0),
+                    PR("ring 8r s2", GR(8, 2, 2, 16), GR(8, 4, 2, 16), GR(8, 1, 2, 16), GR(8, 4, 2, 16), GR(8, 1, 2, 16), 0),
+                    PR("ring 4r s3", GR(4, 2, 3, 20), GR(4, 4, 3, 20), GR(4, 1, 3, 20), GR(4, 4, 3, 20), GR(4, 1, 3, 20), 18),
+                    PR("ring 8r s2", GR(8, 2, 2, 16), GR(8, 4, 2, 16), GR(8, 1, 2, 16), GR(8, 4, 2, 16), GR(8, 1, 2, 16), 18)};
     for (int rep = 0; rep < 2; ++rep)
         for (auto& p : plans) {
             auto run = [&](const KL& kl, const Lin& l, const float* in, float* out) {
@@ -477,6 +566,7 @@ static void layer_sim() {
 
 #define VAR(R, W, D, P) {#R "r x" #W "w dec" #D " pf" #P, gemv4<R, W, D, P>, R, 32 * W, 0}
 #define TMA(R, W, S, D) {"tma " #R "r x" #W "w s" #S " dec" #D, tma4<R, W, S, D>, R * W, 32 * W, 128 + S * R * W * (512 + 64)}
+#define RING(R, W, S, M) {"ring " #R "r x" #W "w s" #S " m" #M, gemv4r<R, W, S, 3, M>, R, 32 * W, W * S * R * 512}
 
 int main(int argc, char** argv) {
     cudaDeviceProp prop;
@@ -508,8 +598,10 @@ int main(int argc, char** argv) {
                   {4096, 14336, "8B down"},        {128256, 4096, "8B head"},   {4096, 1024, "0.6B qkv"},
                   {1024, 2048, "0.6B o"},          {6144, 1024, "0.6B gate+up"}, {1024, 3072, "0.6B down"},
                   {151936, 1024, "0.6B head"}};
-    V vs[] = {VAR(8, 1, 1, 0), VAR(8, 2, 1, 0), VAR(8, 4, 1, 0), VAR(8, 1, 3, 0), VAR(8, 2, 3, 0), VAR(8, 4, 3, 0),
-              VAR(4, 1, 1, 0), VAR(4, 1, 3, 0), VAR(8, 1, 9, 0), VAR(8, 2, 9, 0), VAR(8, 4, 9, 0)};
+    V vs[] = {VAR(8, 1, 3, 0),       VAR(8, 2, 3, 0),       VAR(8, 4, 3, 0),       VAR(8, 1, 9, 0),
+              VAR(8, 4, 9, 0),       RING(8, 1, 2, 16),     RING(8, 1, 3, 16),     RING(8, 2, 2, 16),
+              RING(8, 4, 2, 16),     RING(4, 1, 2, 20),     RING(4, 1, 3, 20),     RING(4, 2, 3, 20),
+              RING(4, 4, 3, 20),     RING(4, 1, 4, 24),     RING(2, 1, 4, 32),     RING(2, 4, 4, 32)};
     const int lg = 6;
     for (auto& sh : shapes) {
         if (argc > 1 && strcmp(argv[1], "shapes") != 0) break;  // "sim": the layer simulation only
