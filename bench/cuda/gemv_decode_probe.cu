@@ -316,6 +316,127 @@ __global__ void __launch_bounds__(WARPS * 32, MINW / WARPS)
     }
 }
 
+// ---- Integer dot products (gemv4i): x split per 32-value block (a chunk) into a 24-bit block
+// fixed point, X = rint(x 2^e) with |X| <= 2^22 for the block's largest |x|, held as three int8
+// parts X = 65536 hi + 256 mid + lo (hi signed, mid and lo unsigned). A word's 8 nibbles masked
+// into two registers (values 0,2,4,6 and 1,3,5,7 as bytes) meet the parts' bytes in that order
+// in dp4a: 6 dp4a and 3 masks per word and row, the int32 sums exact; per chunk and row the three
+// sums become one f32 (65536 S_hi + 256 S_mid + S_lo, 2^-24 relative), scaled by 2^-e, and
+// s * dot + b * sum(x) as before. x's parts, 2^-e and sum(x) are made once per input (xsplit; in
+// a step, by the kernel that writes x). Layout per chunk: 24 u32, [part][word][even, odd].
+__device__ const u32* g_xparts;
+__device__ const float* g_xscale;
+__device__ const float* g_xsum;
+
+__global__ void xsplit(u32* __restrict__ parts, float* __restrict__ scale, float* __restrict__ sum,
+                       const float* __restrict__ x, int k) {
+    pdl_begin();
+    const int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= k / 32) return;
+    const float* xc = x + (size_t)c * 32;
+    float m = 0.0f, sx = 0.0f;
+    for (int i = 0; i < 32; ++i) {
+        m = fmaxf(m, fabsf(xc[i]));
+        sx += xc[i];
+    }
+    int ex = 0;
+    if (m > 0.0f) frexpf(m, &ex);  // m < 2^ex
+    const int e = m > 0.0f ? 22 - ex : 0;  // |x| 2^e < 2^22
+    u32 w[3][4][2] = {};
+    for (int j = 0; j < 4; ++j)
+        for (int eo = 0; eo < 2; ++eo)
+            for (int t = 0; t < 4; ++t) {
+                const int X = (int)rintf(ldexpf(xc[8 * j + 2 * t + eo], e));
+                const u32 hi = (u32)(X >> 16) & 255u, mid = (u32)(X >> 8) & 255u, lo = (u32)X & 255u;
+                w[0][j][eo] |= hi << (8 * t);
+                w[1][j][eo] |= mid << (8 * t);
+                w[2][j][eo] |= lo << (8 * t);
+            }
+    u32* out = parts + (size_t)c * 24;
+    for (int p = 0; p < 3; ++p)
+        for (int j = 0; j < 4; ++j)
+            for (int eo = 0; eo < 2; ++eo) out[p * 8 + j * 2 + eo] = w[p][j][eo];
+    scale[c] = ldexpf(1.0f, -e);
+    sum[c] = sx;
+}
+
+__device__ __forceinline__ int dp4a_us(u32 a, u32 b, int c) {  // a unsigned bytes, b signed bytes
+    int d;
+    asm("dp4a.u32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+}
+__device__ __forceinline__ int dp4a_uu(u32 a, u32 b, int c) {
+    int d;
+    asm("dp4a.u32.u32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+}
+
+template <int ROWS, int WARPS>
+__global__ void __launch_bounds__(WARPS * 32, (ROWS >= 8 ? 512 : 768) / (WARPS * 32))
+    gemv4i(float* out, const float* __restrict__ /*x: read as g_xparts*/, const u32* __restrict__ packed,
+           const u16* __restrict__ sc, const u16* __restrict__ bi, int n, int k, int lg) {
+    __shared__ float red[WARPS][ROWS];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int r0 = blockIdx.x * ROWS;
+    const int chunks = k >> 5;
+    const size_t words = (size_t)chunks * 4, gpr = (size_t)(k >> lg);
+    pdl_begin();
+    const u32* __restrict__ xparts = g_xparts;
+    float acc[ROWS];
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r) acc[r] = 0.0f;
+    for (int c = threadIdx.x; c < chunks; c += 32 * WARPS) {
+        uint4 w[ROWS];
+        float s[ROWS], b[ROWS];
+        load_rows<ROWS>(w, s, b, packed, sc, bi, r0, n, c, words, gpr, lg);
+        const uint4* xp = (const uint4*)(xparts + (size_t)c * 24);
+        int S[ROWS][3];
+#pragma unroll
+        for (int r = 0; r < ROWS; ++r) S[r][0] = S[r][1] = S[r][2] = 0;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {  // words 2h and 2h + 1: one uint4 per part
+            const uint4 xh = __ldg(xp + h), xm = __ldg(xp + 2 + h), xl = __ldg(xp + 4 + h);
+#pragma unroll
+            for (int jj = 0; jj < 2; ++jj) {
+                const u32 he = jj ? xh.z : xh.x, ho = jj ? xh.w : xh.y;
+                const u32 me = jj ? xm.z : xm.x, mo = jj ? xm.w : xm.y;
+                const u32 le = jj ? xl.z : xl.x, lo_ = jj ? xl.w : xl.y;
+#pragma unroll
+                for (int r = 0; r < ROWS; ++r) {
+                    const int j = 2 * h + jj;
+                    const u32 word = j == 0 ? w[r].x : j == 1 ? w[r].y : j == 2 ? w[r].z : w[r].w;
+                    const u32 ev = word & 0x0F0F0F0Fu, od = (word >> 4) & 0x0F0F0F0Fu;
+                    S[r][0] = dp4a_us(od, ho, dp4a_us(ev, he, S[r][0]));
+                    S[r][1] = dp4a_uu(od, mo, dp4a_uu(ev, me, S[r][1]));
+                    S[r][2] = dp4a_uu(od, lo_, dp4a_uu(ev, le, S[r][2]));
+                }
+            }
+        }
+        const float xsc = __ldg(g_xscale + c), xs = __ldg(g_xsum + c);
+#pragma unroll
+        for (int r = 0; r < ROWS; ++r) {
+            const float d = fmaf((float)S[r][0], 65536.0f, fmaf((float)S[r][1], 256.0f, (float)S[r][2]));
+            acc[r] += s[r] * (d * xsc) + b[r] * xs;
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r) {
+        float v = warp_sum(acc[r]);
+        if (lane == 0) red[warp][r] = v;
+    }
+    __syncthreads();
+    if (threadIdx.x < ROWS && r0 + (int)threadIdx.x < n) {
+        float v = 0.0f;
+#pragma unroll
+        for (int wi = 0; wi < WARPS; ++wi) v += red[wi][threadIdx.x];
+        out[r0 + threadIdx.x] = v;
+    }
+}
+
+// x's parts for gemv4i (device buffers for K <= 28672, shared by the runs), made on `st`; with
+// `pdl`, launched as the step's kernels are (the layer sim).
+static void split_x(const float* x, int k, cudaStream_t st = 0, bool pdl = false);
+
 // ---- TMA-fed GEMV: bulk copies (cp.async.bulk, mbarrier completion) stream each block's rows
 // through a ring of STAGES shared-memory tiles of TK values, so the loads in flight do not depend
 // on registers. Block = WARPS warps x RPW rows each; lane l multiplies the tile's 16-byte chunk l
@@ -453,6 +574,23 @@ static void launch_pdl(void (*f)(A...), int grid, int threads, int smem, cudaStr
     CK(cudaLaunchKernelEx(&cfg, f, args...));
 }
 
+static void split_x(const float* x, int k, cudaStream_t st, bool pdl) {
+    static u32* parts = nullptr;
+    static float *scale = nullptr, *sum = nullptr;
+    if (!parts) {
+        CK(cudaMalloc(&parts, 28672 / 32 * 24 * 4));
+        CK(cudaMalloc(&scale, 28672 / 32 * 4));
+        CK(cudaMalloc(&sum, 28672 / 32 * 4));
+        CK(cudaMemcpyToSymbol(g_xparts, &parts, sizeof(parts)));
+        CK(cudaMemcpyToSymbol(g_xscale, &scale, sizeof(scale)));
+        CK(cudaMemcpyToSymbol(g_xsum, &sum, sizeof(sum)));
+    }
+    const int grid = (k / 32 + 127) / 128;
+    if (pdl) launch_pdl(xsplit, grid, 128, 0, st, parts, scale, sum, x, k);
+    else xsplit<<<grid, 128, 0, st>>>(parts, scale, sum, x, k);
+    CK(cudaGetLastError());
+}
+
 // An 8B decode step's GEMVs (32 layers: q/k/v, o, gate+up, down; then the LM head) with spin
 // kernels where the step's small kernels run, launched with programmatic dependent launch and
 // captured in a CUDA graph, as the runtime runs a step. Prints ms per step.
@@ -479,6 +617,7 @@ struct Plan {
     const char* name;
     KL q, o, gu, dn, head;
     double small_us;  // spin time per layer (three spins: 20 %, 65 %, 15 %)
+    bool xs = false;  // an xsplit launch before each layer GEMV (gemv4i's input parts)
 };
 static void layer_sim() {
     const int L = 32;
@@ -496,6 +635,8 @@ static void layer_sim() {
     CK(cudaMemset(x, 0, 28672 * 8));
     cudaStream_t st;
     CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    split_x(x, 14336, st);  // gemv4i's parts of x (zeros), for the plans without an xsplit per GEMV
+    CK(cudaStreamSynchronize(st));
     int clk_khz = 0;
     CK(cudaDeviceGetAttribute(&clk_khz, cudaDevAttrClockRate, 0));
     printf("\nlayer sim: 8B step (32 layers + head, PDL, one graph), SM clock %d MHz\n", clk_khz / 1000);
@@ -508,13 +649,17 @@ static void layer_sim() {
 #define PM(SMALL) \
     Plan { "tma qkv/o/down, gemv gu/head small" #SMALL "us", T(2, 4, 4, 1), T(2, 4, 4, 1), G(8, 1, 1, 0), T(4, 4, 4, 1), G(8, 1, 1, 0), SMALL }
 #define GR(R, W, S, M) KL{gemv4r<R, W, S, 3, M>, 32 * W, R, W * S * R * 512}
+#define GI(R, W) KL{gemv4i<R, W>, 32 * W, R, 0}
+#define PI(NAME, SMALL, XS) \
+    Plan { NAME " small" #SMALL "us", GI(8, 2), GI(8, 4), GI(8, 1), GI(8, 4), GI(8, 1), SMALL, XS }
 #define PR(NAME, Q, O, GU, DN, HEAD, SMALL) \
     Plan { NAME " small" #SMALL "us", Q, O, GU, DN, HEAD, SMALL }
     Plan plans[] = {P(3, 0, 0), P(3, 0, 18),
                     PR("ring 4r s3", GR(4, 2, 3, 20), GR(4, 4, 3, 20), GR(4, 1, 3, 20), GR(4, 4, 3, 20), GR(4, 1, 3, 20), 0),
                     PR("ring 8r s2", GR(8, 2, 2, 16), GR(8, 4, 2, 16), GR(8, 1, 2, 16), GR(8, 4, 2, 16), GR(8, 1, 2, 16), 0),
                     PR("ring 4r s3", GR(4, 2, 3, 20), GR(4, 4, 3, 20), GR(4, 1, 3, 20), GR(4, 4, 3, 20), GR(4, 1, 3, 20), 18),
-                    PR("ring 8r s2", GR(8, 2, 2, 16), GR(8, 4, 2, 16), GR(8, 1, 2, 16), GR(8, 4, 2, 16), GR(8, 1, 2, 16), 18)};
+                    PR("ring 8r s2", GR(8, 2, 2, 16), GR(8, 4, 2, 16), GR(8, 1, 2, 16), GR(8, 4, 2, 16), GR(8, 1, 2, 16), 18),
+                    PI("dp4a", 0, false), PI("dp4a + xsplit", 0, true), PI("dp4a", 18, false), PI("dp4a + xsplit", 18, true)};
     for (int rep = 0; rep < 2; ++rep)
         for (auto& p : plans) {
             auto run = [&](const KL& kl, const Lin& l, const float* in, float* out) {
@@ -528,13 +673,20 @@ static void layer_sim() {
             };
             cudaGraph_t g;
             CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+            auto xs = [&](int k) {
+                if (p.xs) split_x(x, k, st, true);
+            };
             for (int l = 0; l < L; ++l) {
                 sp(p.small_us * 0.2);
+                xs(4096);
                 run(p.q, qkv[l], x, y);
                 sp(p.small_us * 0.65);
+                xs(4096);
                 run(p.o, o[l], x, y);
                 sp(p.small_us * 0.15);
+                xs(4096);
                 run(p.gu, gu[l], x, y);
+                xs(14336);
                 run(p.dn, dn[l], x, y);
             }
             run(p.head, head, x, y);
@@ -567,6 +719,7 @@ static void layer_sim() {
 #define VAR(R, W, D, P) {#R "r x" #W "w dec" #D " pf" #P, gemv4<R, W, D, P>, R, 32 * W, 0}
 #define TMA(R, W, S, D) {"tma " #R "r x" #W "w s" #S " dec" #D, tma4<R, W, S, D>, R * W, 32 * W, 128 + S * R * W * (512 + 64)}
 #define RING(R, W, S, M) {"ring " #R "r x" #W "w s" #S " m" #M, gemv4r<R, W, S, 3, M>, R, 32 * W, W * S * R * 512}
+#define INT(R, W) {"dp4a " #R "r x" #W "w", gemv4i<R, W>, R, 32 * W, 0}
 
 int main(int argc, char** argv) {
     cudaDeviceProp prop;
@@ -601,7 +754,9 @@ int main(int argc, char** argv) {
     V vs[] = {VAR(8, 1, 3, 0),       VAR(8, 2, 3, 0),       VAR(8, 4, 3, 0),       VAR(8, 1, 9, 0),
               VAR(8, 4, 9, 0),       RING(8, 1, 2, 16),     RING(8, 1, 3, 16),     RING(8, 2, 2, 16),
               RING(8, 4, 2, 16),     RING(4, 1, 2, 20),     RING(4, 1, 3, 20),     RING(4, 2, 3, 20),
-              RING(4, 4, 3, 20),     RING(4, 1, 4, 24),     RING(2, 1, 4, 32),     RING(2, 4, 4, 32)};
+              RING(4, 4, 3, 20),     RING(4, 1, 4, 24),     RING(2, 1, 4, 32),     RING(2, 4, 4, 32),
+              INT(8, 1),             INT(8, 2),             INT(8, 4),             INT(4, 1),
+              INT(4, 4)};
     const int lg = 6;
     for (auto& sh : shapes) {
         if (argc > 1 && strcmp(argv[1], "shapes") != 0) break;  // "sim": the layer simulation only
@@ -639,6 +794,7 @@ int main(int argc, char** argv) {
         CK(cudaMalloc(&ref, n * 4));
         CK(cudaMemcpy(x, hx.data(), k * 4, cudaMemcpyHostToDevice));
         ref_gemv<<<(n + 3) / 4, 128>>>(ref, x, m[0].p, m[0].s, m[0].b, n, k, lg);
+        split_x(x, k);  // gemv4i reads x as its parts
         std::vector<float> href(n), hout(n);
         CK(cudaMemcpy(href.data(), ref, n * 4, cudaMemcpyDeviceToHost));
         double rsum = 0;
