@@ -23,8 +23,10 @@
 #include <cstring>
 #include <vector>
 
-// The kernels' shared helpers (u32, u16, warp_sum, pdl_begin, and_or, f16_lo_f32 / f16_hi_f32).
+// The kernels' shared helpers (u32, u16, warp_sum, pdl_begin, and_or, f16_lo_f32 / f16_hi_f32) and
+// the GEMV kernels' row reduction (linear.cu, whose kernels compile along).
 #include "../../crates/nuvec/src/backends/cuda/kernels/common.cuh"
+#include "../../crates/nuvec/src/backends/cuda/kernels/linear.cu"
 #define CK(x)                                                                                     \
     do {                                                                                          \
         cudaError_t e = (x);                                                                      \
@@ -173,12 +175,17 @@ __device__ __forceinline__ void prefetch_rows(const u32* packed, const u16* sc, 
 }
 
 
+// The block's row sums (linear.cu's reduction): rows < n written.
+template <int ROWS, int WARPS>
+__device__ __forceinline__ void store_rows(float* out, const float (&acc)[ROWS], int r0, int n) {
+    __shared__ float red[WARPS][ROWS];
+    qg4_store_rows<ROWS, WARPS>(out, acc, red, r0, n);
+}
+
 template <int ROWS, int WARPS, int DEC, int PF, int PRE = 0>
 __global__ void __launch_bounds__(WARPS * 32, (PF ? (ROWS >= 8 ? 256 : 512) : ROWS >= 16 ? 256 : ROWS >= 8 ? 512 : 768) / (WARPS * 32))
     gemv4(float* out, const float* __restrict__ x, const u32* __restrict__ packed, const u16* __restrict__ sc,
           const u16* __restrict__ bi, int n, int k, int lg) {
-    __shared__ float red[WARPS][ROWS];
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int r0 = blockIdx.x * ROWS;
     const int chunks = k >> 5;
     const size_t words = (size_t)chunks * 4, gpr = (size_t)(k >> lg);
@@ -220,18 +227,7 @@ __global__ void __launch_bounds__(WARPS * 32, (PF ? (ROWS >= 8 ? 256 : 512) : RO
             }
         }
     }
-#pragma unroll
-    for (int r = 0; r < ROWS; ++r) {
-        float v = warp_sum(acc[r]);
-        if (lane == 0) red[warp][r] = v;
-    }
-    __syncthreads();
-    if (threadIdx.x < ROWS && r0 + (int)threadIdx.x < n) {
-        float v = 0.0f;
-#pragma unroll
-        for (int wi = 0; wi < WARPS; ++wi) v += red[wi][threadIdx.x];
-        out[r0 + threadIdx.x] = v;
-    }
+    store_rows<ROWS, WARPS>(out, acc, r0, n);
 }
 
 // ---- A GEMV whose weights stream through a per-warp cp.async ring (gemv4r): each lane keeps its
@@ -259,13 +255,11 @@ __global__ void __launch_bounds__(WARPS * 32, MINW / WARPS)
            const u16* __restrict__ bi, int n, int k, int lg) {
     static_assert(STAGES >= 2, "one chunk in flight at least");
     extern __shared__ __align__(16) unsigned char ring_raw[];
-    __shared__ float red[WARPS][ROWS];
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int r0 = blockIdx.x * ROWS;
     const int chunks = k >> 5, step = 32 * WARPS;
     const size_t words = (size_t)chunks * 4, gpr = (size_t)(k >> lg);
     // This lane's slot of (stage, row) is mine[(stage * ROWS + row) * 32].
-    uint4* mine = (uint4*)ring_raw + (size_t)warp * STAGES * ROWS * 32 + lane;
+    uint4* mine = (uint4*)ring_raw + (size_t)(threadIdx.x >> 5) * STAGES * ROWS * 32 + (threadIdx.x & 31);
     pdl_begin();
     auto issue = [&](int c, int stage) {
         if (c < chunks) {
@@ -302,18 +296,7 @@ __global__ void __launch_bounds__(WARPS * 32, MINW / WARPS)
         }
     }
     cp_async_wait<0>();
-#pragma unroll
-    for (int r = 0; r < ROWS; ++r) {
-        float v = warp_sum(acc[r]);
-        if (lane == 0) red[warp][r] = v;
-    }
-    __syncthreads();
-    if (threadIdx.x < ROWS && r0 + (int)threadIdx.x < n) {
-        float v = 0.0f;
-#pragma unroll
-        for (int wi = 0; wi < WARPS; ++wi) v += red[wi][threadIdx.x];
-        out[r0 + threadIdx.x] = v;
-    }
+    store_rows<ROWS, WARPS>(out, acc, r0, n);
 }
 
 // ---- Integer dot products (gemv4i): x split per 32-value block (a chunk) into a 24-bit block
@@ -375,8 +358,6 @@ template <int ROWS, int WARPS>
 __global__ void __launch_bounds__(WARPS * 32, (ROWS >= 8 ? 512 : 768) / (WARPS * 32))
     gemv4i(float* out, const float* __restrict__ /*x: read as g_xparts*/, const u32* __restrict__ packed,
            const u16* __restrict__ sc, const u16* __restrict__ bi, int n, int k, int lg) {
-    __shared__ float red[WARPS][ROWS];
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int r0 = blockIdx.x * ROWS;
     const int chunks = k >> 5;
     const size_t words = (size_t)chunks * 4, gpr = (size_t)(k >> lg);
@@ -419,18 +400,7 @@ __global__ void __launch_bounds__(WARPS * 32, (ROWS >= 8 ? 512 : 768) / (WARPS *
             acc[r] += s[r] * (d * xsc) + b[r] * xs;
         }
     }
-#pragma unroll
-    for (int r = 0; r < ROWS; ++r) {
-        float v = warp_sum(acc[r]);
-        if (lane == 0) red[warp][r] = v;
-    }
-    __syncthreads();
-    if (threadIdx.x < ROWS && r0 + (int)threadIdx.x < n) {
-        float v = 0.0f;
-#pragma unroll
-        for (int wi = 0; wi < WARPS; ++wi) v += red[wi][threadIdx.x];
-        out[r0 + threadIdx.x] = v;
-    }
+    store_rows<ROWS, WARPS>(out, acc, r0, n);
 }
 
 // x's parts for gemv4i (device buffers for K <= 28672, shared by the runs), made on `st`; with
