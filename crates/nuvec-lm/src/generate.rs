@@ -57,11 +57,12 @@ pub struct GenerateOptions {
 
 /// Prompt positions per prefill forward pass by default on `device`: 2048 (mlx-lm's
 /// `prefill_step_size`) on the CPU, 4096 on a CUDA device. There every forward pass of more than
-/// 8 positions decodes each quantized weight to bf16 tiles for the tensor cores (about a tenth of
-/// an 8B's 4096-token prefill at 2048), so fewer, longer passes are faster: on an H200 a random
+/// 8 positions decodes each quantized weight to bf16 tiles for the tensor cores (~7 % of an 8B's
+/// 4096-token prefill at 2048, by ncu), so fewer, longer passes are faster: on an H200 a random
 /// Llama-3.1-8B prefilled 4096 tokens 6 % faster and a 1B 9 % faster in one pass than in two
-/// (docs/cuda.md, eighth session). A pass's activations grow with it (an 8B at 4096 positions:
-/// ~1.5 GB more than at 2048); set `prefill_step_size` lower where memory is short.
+/// (docs/cuda.md, eighth session). A pass's activations grow with it (an 8B's f32 gate and up
+/// outputs alone take 235 MB per 2048 positions); set `prefill_step_size` lower where memory is
+/// short.
 pub fn default_prefill_step(device: Device) -> usize {
     match device {
         Device::Cpu => 2048,

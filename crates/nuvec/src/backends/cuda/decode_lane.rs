@@ -1,8 +1,9 @@
 //! The prefill weight decoder's own stream: quantized weights are decoded to bf16 tiles there
 //! while the device stream multiplies the tile before (issue 7).
 //!
-//! A bf16 prefill GEMM reads its weight as bf16 tiles that a decoder kernel writes first (an 8B's
-//! 512-token prefill spends about a quarter of its time there: 16 GB written per chunk). The
+//! A bf16 prefill GEMM reads its weight as bf16 tiles that a decoder kernel writes first (16 GB
+//! written per forward pass of an 8B: a fifth to a quarter of a 512-token prefill, 7 % of a
+//! 4096-token one, by ncu on the H200). The
 //! weights never change, so a tile's decoding depends on nothing the device stream computes; only
 //! its buffer must not be overwritten while a GEMM still reads it. The lane holds two tile buffers
 //! (slots) and a stream; for each tile the lane's stream waits until the GEMM that last read the
@@ -13,6 +14,10 @@
 //! the device stream after it, so the single-stream ordering that the rest of the backend relies
 //! on (frees, the caching allocator) still holds: a weight freed later is freed after its last
 //! decoding.
+//!
+//! What it buys is modest (docs/cuda.md, eighth session: random 8B prefill 512 +1.7 %, 4096 and a
+//! 1B unchanged): cuBLAS's GEMMs hold every SM (a 384-thread CTA with all the registers), so the
+//! decoder overlaps only their tails and the short kernels between them.
 //!
 //! `NUVEC_DECODE_STREAM=0` (or [`set_decode_stream`]) decodes on the device stream instead (the
 //! previous behaviour; the results are the same bit for bit).
@@ -33,7 +38,7 @@ struct Slot {
     buf: Option<CudaSlice<u8>>,
     /// Recorded on the lane's stream when this slot's tile is decoded.
     ready: CudaEvent,
-    /// Recorded on the device stream when the GEMM reading this slot is enqueued after.
+    /// Recorded on the device stream right after the GEMM that reads this slot.
     free: CudaEvent,
 }
 
