@@ -311,36 +311,36 @@ __device__ const u32* g_xparts;
 __device__ const float* g_xscale;
 __device__ const float* g_xsum;
 
+// A warp per chunk: lane v takes value v; the chunk's largest |x| and its sum by warp reductions;
+// lane 8j + 2t + eo holds byte t of word (j, eo) of each part, ORed over lane bits 1-2.
 __global__ void xsplit(u32* __restrict__ parts, float* __restrict__ scale, float* __restrict__ sum,
                        const float* __restrict__ x, int k) {
     pdl_begin();
-    const int c = blockIdx.x * blockDim.x + threadIdx.x;
-    if (c >= k / 32) return;
-    const float* xc = x + (size_t)c * 32;
-    float m = 0.0f, sx = 0.0f;
-    for (int i = 0; i < 32; ++i) {
-        m = fmaxf(m, fabsf(xc[i]));
-        sx += xc[i];
-    }
+    const int c = (int)((blockIdx.x * blockDim.x + threadIdx.x) >> 5), lane = threadIdx.x & 31;
+    if (c >= k / 32) return;  // whole warps
+    const float v = x[(size_t)c * 32 + lane];
+    const float m = warp_max(fabsf(v)), sx = warp_sum(v);
     int ex = 0;
     if (m > 0.0f) frexpf(m, &ex);  // m < 2^ex
     const int e = m > 0.0f ? 22 - ex : 0;  // |x| 2^e < 2^22
-    u32 w[3][4][2] = {};
-    for (int j = 0; j < 4; ++j)
-        for (int eo = 0; eo < 2; ++eo)
-            for (int t = 0; t < 4; ++t) {
-                const int X = (int)rintf(ldexpf(xc[8 * j + 2 * t + eo], e));
-                const u32 hi = (u32)(X >> 16) & 255u, mid = (u32)(X >> 8) & 255u, lo = (u32)X & 255u;
-                w[0][j][eo] |= hi << (8 * t);
-                w[1][j][eo] |= mid << (8 * t);
-                w[2][j][eo] |= lo << (8 * t);
-            }
-    u32* out = parts + (size_t)c * 24;
-    for (int p = 0; p < 3; ++p)
-        for (int j = 0; j < 4; ++j)
-            for (int eo = 0; eo < 2; ++eo) out[p * 8 + j * 2 + eo] = w[p][j][eo];
-    scale[c] = ldexpf(1.0f, -e);
-    sum[c] = sx;
+    const int X = (int)rintf(ldexpf(v, e));
+    const int t = (lane >> 1) & 3;
+    u32 hi = ((u32)(X >> 16) & 255u) << (8 * t), mid = ((u32)(X >> 8) & 255u) << (8 * t), lo = ((u32)X & 255u) << (8 * t);
+    for (int o = 2; o <= 4; o <<= 1) {
+        hi |= __shfl_xor_sync(0xffffffffu, hi, o);
+        mid |= __shfl_xor_sync(0xffffffffu, mid, o);
+        lo |= __shfl_xor_sync(0xffffffffu, lo, o);
+    }
+    if (t == 0) {
+        u32* out = parts + (size_t)c * 24 + (lane >> 3) * 2 + (lane & 1);
+        out[0] = hi;
+        out[8] = mid;
+        out[16] = lo;
+    }
+    if (lane == 0) {
+        scale[c] = ldexpf(1.0f, -e);
+        sum[c] = sx;
+    }
 }
 
 __device__ __forceinline__ int dp4a_us(u32 a, u32 b, int c) {  // a unsigned bytes, b signed bytes
@@ -555,7 +555,7 @@ static void split_x(const float* x, int k, cudaStream_t st, bool pdl) {
         CK(cudaMemcpyToSymbol(g_xscale, &scale, sizeof(scale)));
         CK(cudaMemcpyToSymbol(g_xsum, &sum, sizeof(sum)));
     }
-    const int grid = (k / 32 + 127) / 128;
+    const int grid = (k / 32 * 32 + 127) / 128;  // a warp per chunk
     if (pdl) launch_pdl(xsplit, grid, 128, 0, st, parts, scale, sum, x, k);
     else xsplit<<<grid, 128, 0, st>>>(parts, scale, sum, x, k);
     CK(cudaGetLastError());
