@@ -23,7 +23,7 @@
 #include <cstring>
 #include <vector>
 
-// The kernels' shared helpers (u32, u16, warp_sum, pdl_begin, and_or, f16_lo_f32 / f16_hi_f32) and
+// The kernels' shared helpers (u32, u16, warp_sum, pdl_begin, and_or, f16_to_f32) and
 // the GEMV kernels' row reduction (linear.cu, whose kernels compile along).
 #include "../../crates/nuvec/src/backends/cuda/kernels/common.cuh"
 #include "../../crates/nuvec/src/backends/cuda/kernels/linear.cu"
@@ -36,7 +36,6 @@
         }                                                                                         \
     } while (0)
 
-__device__ __forceinline__ float bf(u16 h) { return bf16_to_f32(h); }
 
 __global__ void ref_gemv(float* out, const float* x, const u32* packed, const u16* sc, const u16* bi, int n, int k,
                          int lg) {
@@ -47,7 +46,7 @@ __global__ void ref_gemv(float* out, const float* x, const u32* packed, const u1
     for (int c = lane; c < k; c += 32) {
         u32 q = (packed[r * words + (c >> 3)] >> (4 * (c & 7))) & 15u;
         size_t g = (size_t)r * (k >> lg) + (c >> lg);
-        acc += ((double)bf(sc[g]) * q + bf(bi[g])) * x[c];
+        acc += ((double)bf16_to_f32(sc[g]) * q + bf16_to_f32(bi[g])) * x[c];
     }
     for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
     if (lane == 0) out[r] = (float)acc;
@@ -60,8 +59,11 @@ __device__ __forceinline__ void dec(u32 w, float (&q)[8]) {
         const u32 one = 0x3C003C00u;
         const u32 p0 = and_or<0x03C003C0u>(w << 6, one), p1 = and_or<0x03C003C0u>(w << 2, one),
                   p2 = and_or<0x03C003C0u>(w >> 2, one), p3 = and_or<0x03C003C0u>(w >> 6, one);
-        q[0] = f16_lo_f32(p0); q[4] = f16_hi_f32(p0); q[1] = f16_lo_f32(p1); q[5] = f16_hi_f32(p1);
-        q[2] = f16_lo_f32(p2); q[6] = f16_hi_f32(p2); q[3] = f16_lo_f32(p3); q[7] = f16_hi_f32(p3);
+        const u32 p[4] = {p0, p1, p2, p3};
+        for (int v = 0; v < 4; ++v) {
+            q[v] = f16_to_f32((u16)(p[v] & 0xFFFFu));
+            q[v + 4] = f16_to_f32((u16)(p[v] >> 16));
+        }
     } else if (DEC == 0) {
         u32 lo = w & 0x0F0F0F0Fu, hi = (w >> 4) & 0x0F0F0F0Fu;
 #pragma unroll
@@ -97,8 +99,8 @@ __device__ __forceinline__ void load_rows(uint4 (&w)[ROWS], float (&s)[ROWS], fl
         const size_t row = (size_t)min(r0 + r, n - 1);
         w[r] = __ldg((const uint4*)(packed + row * words + (size_t)c * 4));
         const size_t g = row * gpr + (((size_t)c << 5) >> lg);
-        s[r] = bf(__ldg(sc + g));
-        b[r] = bf(__ldg(bi + g));
+        s[r] = bf16_to_f32(__ldg(sc + g));
+        b[r] = bf16_to_f32(__ldg(bi + g));
     }
 }
 
@@ -244,8 +246,8 @@ __device__ __forceinline__ void load_scales(float (&s)[ROWS], float (&b)[ROWS], 
 #pragma unroll
     for (int r = 0; r < ROWS; ++r) {
         const size_t g = (size_t)min(r0 + r, n - 1) * gpr + (((size_t)c << 5) >> lg);
-        s[r] = bf(__ldg(sc + g));
-        b[r] = bf(__ldg(bi + g));
+        s[r] = bf16_to_f32(__ldg(sc + g));
+        b[r] = bf16_to_f32(__ldg(bi + g));
     }
 }
 
@@ -478,8 +480,8 @@ __global__ void __launch_bounds__(WARPS * 32) tma4(float* out, const float* __re
         for (int r = 0; r < RPW; ++r) {
             const int rr = warp * RPW + r;
             const uint4 w = *(const uint4*)(st + rr * WB + lane * 16);
-            const float sv = bf(((const u16*)(st + ROWS * WB + rr * sbytes))[g]);
-            const float bv = bf(((const u16*)(st + ROWS * (WB + sbytes) + rr * sbytes))[g]);
+            const float sv = bf16_to_f32(((const u16*)(st + ROWS * WB + rr * sbytes))[g]);
+            const float bv = bf16_to_f32(((const u16*)(st + ROWS * (WB + sbytes) + rr * sbytes))[g]);
             const u32 ww[4] = {w.x, w.y, w.z, w.w};
             float d = 0.0f;
 #pragma unroll

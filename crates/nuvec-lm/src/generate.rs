@@ -90,8 +90,8 @@ impl Default for GenerateOptions {
 }
 
 impl GenerateOptions {
-    /// The defaults for a model on `device` (the CLI's): [`GenerateOptions::default`] with
-    /// [`default_prefill_step`]'s step.
+    /// The defaults for a model on `device`: [`GenerateOptions::default`] with
+    /// [`default_prefill_step`]'s step (the step the CLI's commands default to).
     pub fn for_device(device: Device) -> Self {
         GenerateOptions { prefill_step_size: default_prefill_step(device), ..Default::default() }
     }

@@ -70,8 +70,9 @@ impl DecodeLane {
     }
 
     /// The next slot, at least `bytes` long, once the GEMM that last read it is done (in the
-    /// lane's stream order): its device address, and its index for [`Self::ready`] / [`Self::done`].
-    pub(crate) fn begin(&mut self, bytes: usize) -> Result<(u64, usize)> {
+    /// lane's stream order): its device address. [`Self::ready`] and [`Self::done`] then refer
+    /// to it.
+    pub(crate) fn begin(&mut self, bytes: usize) -> Result<u64> {
         let i = self.next;
         self.next = (i + 1) % SLOTS;
         let slot = &mut self.slots[i];
@@ -86,19 +87,25 @@ impl DecodeLane {
         }
         let buf = slot.buf.as_ref().expect("allocated above");
         let (ptr, _sync) = buf.device_ptr(&self.stream);
-        Ok((ptr, i))
+        Ok(ptr)
     }
 
-    /// Slot `i` is decoded: the device stream waits for it before the GEMM that reads it.
-    pub(crate) fn ready(&self, st: &State, i: usize) -> Result<()> {
-        let slot = &self.slots[i];
+    /// The slot [`Self::begin`] handed out last.
+    fn current(&self) -> &Slot {
+        &self.slots[(self.next + SLOTS - 1) % SLOTS]
+    }
+
+    /// The current slot is decoded: the device stream waits for it before the GEMM that reads it.
+    pub(crate) fn ready(&self, st: &State) -> Result<()> {
+        let slot = self.current();
         slot.ready.record(&self.stream).map_err(driver_err("recording a decoded tile"))?;
         st.stream.wait(&slot.ready).map_err(driver_err("waiting for a decoded tile"))
     }
 
-    /// The GEMM reading slot `i` is enqueued: the slot is free once the device stream gets here.
-    pub(crate) fn done(&self, st: &State, i: usize) -> Result<()> {
-        self.slots[i].free.record(&st.stream).map_err(driver_err("recording a tile's GEMM"))
+    /// The GEMM reading the current slot is enqueued: the slot is free once the device stream
+    /// gets here.
+    pub(crate) fn done(&self, st: &State) -> Result<()> {
+        self.current().free.record(&st.stream).map_err(driver_err("recording a tile's GEMM"))
     }
 }
 
@@ -127,17 +134,15 @@ fn enabled() -> bool {
 impl State {
     /// The device's decode lane, made on first use; `None` while a CUDA graph capture runs (a
     /// capture records one stream) or when the lane is turned off.
-    pub(crate) fn decode_lane(&self) -> Result<Option<MutexGuard<'_, Option<DecodeLane>>>> {
+    pub(crate) fn decode_lane(&self) -> Result<Option<MutexGuard<'_, DecodeLane>>> {
         if !enabled() || self.capturing() != 0 {
             return Ok(None);
         }
-        let mut lane = self.decode_lane.lock().unwrap_or_else(|p| p.into_inner());
-        if lane.is_none() {
-            *lane = Some(DecodeLane::new(self)?);
+        if self.decode_lane.get().is_none() {
+            // Two threads may both make one; the one not kept is dropped unused.
+            let _ = self.decode_lane.set(Mutex::new(DecodeLane::new(self)?));
         }
-        Ok(Some(lane))
+        let lane = self.decode_lane.get().expect("set above");
+        Ok(Some(lane.lock().unwrap_or_else(|p| p.into_inner())))
     }
 }
-
-/// The slot for `State::decode_lane`'s field.
-pub(crate) type LaneCell = Mutex<Option<DecodeLane>>;

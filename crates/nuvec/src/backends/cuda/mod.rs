@@ -147,7 +147,7 @@ pub(crate) struct State {
     /// `NUVEC_FLASH_ATTENTION=0` keeps the cuBLAS path).
     pub(crate) flash: bool,
     /// The prefill weight decoder's stream and tile buffers (`decode_lane.rs`), made on first use.
-    decode_lane: decode_lane::LaneCell,
+    decode_lane: OnceLock<Mutex<decode_lane::DecodeLane>>,
 }
 
 impl fmt::Debug for State {
@@ -235,7 +235,7 @@ impl State {
             graph_written_dropped: AtomicU64::new(0),
             pdl: major >= 9 && std::env::var("NUVEC_PDL").map_or(true, |v| v != "0"),
             flash: major >= 8 && std::env::var("NUVEC_FLASH_ATTENTION").map_or(true, |v| v != "0"),
-            decode_lane: Mutex::new(None),
+            decode_lane: OnceLock::new(),
         })
     }
 

@@ -355,24 +355,12 @@ __device__ __forceinline__ void ldmatrix_x4(u32 (&r)[4], u32 addr) {
 #endif
 }
 // (a & MASK) | c in one lop3, with c in a register: from two constants the compiler makes an and
-// and an or (the 4-bit GEMVs' decoding is bound by these integer instructions).
+// and an or (one more instruction per use in the 4-bit GEMVs' decoding).
 template <u32 MASK>
 __device__ __forceinline__ u32 and_or(u32 a, u32 c) {
     u32 d;
     asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(d) : "r"(a), "n"(MASK), "r"(c));
     return d;
-}
-// The low / high f16 of a pair as a float, exactly: cvt.f32.f16 (HADD2.F32 in SASS), which issues
-// on the FMA pipe where byte_perm and lop3 share the integer one.
-__device__ __forceinline__ float f16_lo_f32(u32 p) {
-    float f;
-    asm("{ .reg .b16 l, h; mov.b32 {l, h}, %1; cvt.f32.f16 %0, l; }" : "=f"(f) : "r"(p));
-    return f;
-}
-__device__ __forceinline__ float f16_hi_f32(u32 p) {
-    float f;
-    asm("{ .reg .b16 l, h; mov.b32 {l, h}, %1; cvt.f32.f16 %0, h; }" : "=f"(f) : "r"(p));
-    return f;
 }
 // 2^x in one MUFU instruction, results below 2^-126 flushed to 0 (exp2f adds a range fix-up
 // around it for those; softmax probabilities that small round to nothing anyway).

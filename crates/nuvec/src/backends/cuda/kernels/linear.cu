@@ -339,20 +339,21 @@ extern "C" __global__ void __launch_bounds__(128, 4) qgemv_multi_b8(QGM_PARAMS) 
 // The 8 values q of one 4-bit word, in order, as the floats 1 + q / 16 (exact). Values v and
 // v + 4 sit at bits 4v and 4v + 16; one shift puts both at bits 6-9 of their 16-bit half and one
 // lop3 puts them under 0x3C00 (f16 1.0), giving the f16 pair (1 + q_v / 16, 1 + q_{v+4} / 16);
-// cvt.f32.f16 widens each. The loops multiply that by x and fold the 1 into the group's sum of
-// x, since sum(q x) = 16 (sum((1 + q/16) x) - sum(x)) (qg4_group). The same floats as the former
-// byte_perm per value (a byte 1qqqq000 under 0x3F), so the same sums bit for bit, but the widening
-// issues on the FMA pipe instead of the integer pipe that bounds this loop (sixth session's probe:
-// decoding cost a third of the GEMVs' bandwidth); products and sums stay f32, relative error
-// ~4e-6 of mean|out|.
+// f16_to_f32 (cvt.f32.f16, HADD2.F32 in SASS) widens each. The loops multiply that by x and fold
+// the 1 into the group's sum of x, since sum(q x) = 16 (sum((1 + q/16) x) - sum(x)) (qg4_group).
+// The same floats as the former byte_perm per value (a byte 1qqqq000 under 0x3F), so the same
+// sums bit for bit, with the widening on the FMA pipe instead of the integer one: the same
+// instruction count, random 8B decode +2 % on the H200 (docs/cuda.md, eighth session: the loop is
+// bound by instructions issued, not by one pipe). Products and sums stay f32, relative error ~4e-6
+// of mean|out|.
 __device__ __forceinline__ void qg4_word(u32 w, float (&q)[8]) {
     const u32 one = 0x3C003C00u;  // f16 1.0 in both halves
     const u32 p[4] = {and_or<0x03C003C0u>(w << 6, one), and_or<0x03C003C0u>(w << 2, one),
                       and_or<0x03C003C0u>(w >> 2, one), and_or<0x03C003C0u>(w >> 6, one)};
 #pragma unroll
     for (int v = 0; v < 4; ++v) {
-        q[v] = f16_lo_f32(p[v]);
-        q[v + 4] = f16_hi_f32(p[v]);
+        q[v] = f16_to_f32((u16)(p[v] & 0xFFFFu));
+        q[v + 4] = f16_to_f32((u16)(p[v] >> 16));
     }
 }
 

@@ -226,7 +226,7 @@ impl CudaBackend {
             return Ok(false);
         }
         let xb = DeviceBuffer::alloc(self.st()?, m * k * 2)?;
-        self.convert_bf16(op, xb.ptr(), xp, DT_F32, m * k)?;
+        self.convert_bf16(op, &self.st()?.stream, xb.ptr(), xp, DT_F32, m * k)?;
         self.linear_bf16_rows(op, o, xb.ptr(), m, n, k, w)?;
         Ok(true)
     }
@@ -279,7 +279,7 @@ impl CudaBackend {
                 // rest either way).
                 launch!(self.st()?, op, "silu_mul_bf16", cfg_1d((m * k).div_ceil(4)); xbp, xp, up_p, nl);
             }
-            None => self.convert_bf16(op, xbp, xp, DT_F32, m * k)?,
+            None => self.convert_bf16(op, &self.st()?.stream, xbp, xp, DT_F32, m * k)?,
         }
         let mut outs = Vec::with_capacity(ws.len());
         for (w, a) in ws.iter().zip(&args) {
@@ -314,42 +314,38 @@ impl CudaBackend {
         }
         let tile = (TILE_BF16 / k).max(64).next_multiple_of(64).min(n);
         let st = self.st()?;
-        if let Some(mut guard) = st.decode_lane()? {
-            // Each tile decoded on the lane's stream while the device stream multiplies the one
-            // before (decode_lane.rs).
-            let lane = guard.as_mut().expect("decode_lane makes the lane");
-            let mut r0 = 0;
-            while r0 < n {
-                let rows = tile.min(n - r0);
-                let (slot, i) = lane.begin(rows * k * 2)?;
-                self.decode_bf16(op, Some(lane.stream()), slot, r0, rows, k, w)?;
-                lane.ready(st, i)?;
-                let out = o + (r0 * 4) as u64;
-                self.gemm_bf16(op, (true, false), (rows, m, k), 1.0, (slot, k, 0), (xb, k, 0), (out, n, 0), 1)?;
-                lane.done(st, i)?;
-                r0 += rows;
-            }
-            return Ok(());
-        }
-        let scratch = DeviceBuffer::alloc(st, tile * k * 2)?;
+        // Each tile decoded on the decode lane's stream while the device stream multiplies the
+        // one before (decode_lane.rs), else into one scratch buffer on the device stream.
+        let mut lane = st.decode_lane()?;
+        let scratch = if lane.is_none() { Some(DeviceBuffer::alloc(st, tile * k * 2)?) } else { None };
         let mut r0 = 0;
         while r0 < n {
             let rows = tile.min(n - r0);
-            self.decode_bf16(op, None, scratch.ptr(), r0, rows, k, w)?;
+            let (buf, stream) = match lane.as_deref_mut() {
+                Some(l) => (l.begin(rows * k * 2)?, l.stream()),
+                None => (scratch.as_ref().expect("made without a lane").ptr(), &*st.stream),
+            };
+            self.decode_bf16(op, stream, buf, r0, rows, k, w)?;
+            if let Some(l) = lane.as_deref() {
+                l.ready(st)?;
+            }
             let out = o + (r0 * 4) as u64;
-            self.gemm_bf16(op, (true, false), (rows, m, k), 1.0, (scratch.ptr(), k, 0), (xb, k, 0), (out, n, 0), 1)?;
+            self.gemm_bf16(op, (true, false), (rows, m, k), 1.0, (buf, k, 0), (xb, k, 0), (out, n, 0), 1)?;
+            if let Some(l) = lane.as_deref() {
+                l.done(st)?;
+            }
             r0 += rows;
         }
         Ok(())
     }
 
     /// Weight rows `row0..row0 + rows` of `w` (not bf16) decoded to bf16 at `out` ([rows, k]),
-    /// on `stream` (the decode lane's) or the device stream.
+    /// on `stream` (the decode lane's, or the device stream).
     #[allow(clippy::too_many_arguments)]
     fn decode_bf16(
         &self,
         op: &'static str,
-        stream: Option<&CudaStream>,
+        stream: &CudaStream,
         out: u64,
         row0: usize,
         rows: usize,
@@ -358,12 +354,11 @@ impl CudaBackend {
     ) -> Result<()> {
         if w.w_dt >= 0 {
             let size = if w.w_dt == DT_F32 { 4 } else { 2 };
-            return self.convert_bf16_on(op, stream, out, w.dense + (row0 * k * size) as u64, w.w_dt, rows * k);
+            return self.convert_bf16(op, stream, out, w.dense + (row0 * k * size) as u64, w.w_dt, rows * k);
         }
         let WeightArgs { packed, scales, biases, p_dt, bits, group, .. } = *w;
         let (row0, ki) = (row0 as i64, to_i32(op, "k", k)?);
         let st = self.st()?;
-        let on = stream.unwrap_or(&st.stream);
         if let Some(lg) = fast_path_log_group(w, k, out) {
             let name = format!("qdequant_bf16_b{bits}");
             let rowsl = rows as i64;
@@ -380,31 +375,19 @@ impl CudaBackend {
             } else {
                 cfg_1d(rows * k / 32)
             };
-            launch!(@on on, st, op, name.as_str(), cfg;
+            launch!(@on stream, st, op, name.as_str(), cfg;
                 out, row0, rowsl, packed, scales, biases, p_dt, lg, ki);
         } else {
             let total = (rows * k) as u64;
-            launch!(@on on, st, op, "qdequant_bf16_any", cfg_1d(rows * k);
+            launch!(@on stream, st, op, "qdequant_bf16_any", cfg_1d(rows * k);
                 out, row0, total, packed, scales, biases, p_dt, bits, group, ki);
         }
         Ok(())
     }
 
-    /// `out [n]` bf16 = `src [n]` (dtype code `dt`); `out` is the start of a buffer (4-byte aligned).
-    fn convert_bf16(&self, op: &'static str, out: u64, src: u64, dt: i32, n: usize) -> Result<()> {
-        self.convert_bf16_on(op, None, out, src, dt, n)
-    }
-
-    /// [`Self::convert_bf16`] on `stream` (the decode lane's) or the device stream.
-    fn convert_bf16_on(
-        &self,
-        op: &'static str,
-        stream: Option<&CudaStream>,
-        out: u64,
-        src: u64,
-        dt: i32,
-        n: usize,
-    ) -> Result<()> {
+    /// `out [n]` bf16 = `src [n]` (dtype code `dt`) on `stream` (the device stream, or the decode
+    /// lane's for weights); `out` is the start of a buffer (4-byte aligned).
+    fn convert_bf16(&self, op: &'static str, stream: &CudaStream, out: u64, src: u64, dt: i32, n: usize) -> Result<()> {
         if n == 0 {
             return Ok(());
         }
@@ -412,7 +395,7 @@ impl CudaBackend {
         let per_thread = if dt == DT_F32 && src.is_multiple_of(16) && out.is_multiple_of(8) { 4 } else { 2 };
         let nl = n as u64;
         let st = self.st()?;
-        launch!(@on stream.unwrap_or(&st.stream), st, op, "convert_bf16", cfg_1d(n.div_ceil(per_thread)); out, src, dt, nl);
+        launch!(@on stream, st, op, "convert_bf16", cfg_1d(n.div_ceil(per_thread)); out, src, dt, nl);
         Ok(())
     }
 
