@@ -96,7 +96,7 @@ inline float emu_half_to_float(unsigned short h) {
 #define __shared__ static
 #define __align__(n) __attribute__((aligned(n)))
 // The kernel sources leave their inline-PTX wrappers out under this (mma_bf16, bf16x2_rn, smem_addr,
-// cp_async*, ldmatrix_x4, exp2_ftz, and_or below).
+// cp_async*, ldmatrix_x4, exp2_ftz, and_or, dp4a_us/dp4a_uu below).
 #define NUVEC_CUDA_EMU 1
 
 void emu_launch(dim3 grid, dim3 block, std::function<void()> body) {
@@ -190,6 +190,14 @@ inline void emu_ldmatrix(unsigned (&r)[4], unsigned addr, bool trans) {
 }
 template <bool TRANS> void ldmatrix_x4(unsigned (&r)[4], unsigned addr) { emu_ldmatrix(r, addr, TRANS); }
 template <unsigned MASK> unsigned and_or(unsigned a, unsigned c) { return (a & MASK) | c; }
+inline int dp4a_us(unsigned a, unsigned b, int c) {
+    for (int i = 0; i < 4; ++i) c += (int)((a >> 8 * i) & 255u) * (int)(signed char)((b >> 8 * i) & 255u);
+    return c;
+}
+inline int dp4a_uu(unsigned a, unsigned b, int c) {
+    for (int i = 0; i < 4; ++i) c += (int)((a >> 8 * i) & 255u) * (int)((b >> 8 * i) & 255u);
+    return c;
+}
 inline float exp2_ftz(float x) {
     float r = std::exp2(x);
     return std::fabs(r) < 1.17549435e-38f ? 0.0f : r;

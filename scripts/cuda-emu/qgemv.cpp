@@ -77,34 +77,49 @@ static std::vector<float> rnd(size_t n) {
     return v;
 }
 
+// What a kernel reads as x: x itself, or for the integer variants (int_x) x's parts as xsplit_f32
+// writes them (run through the emulator too), in `keep`.
+static const float* kernel_x(const std::vector<float>& x, bool int_x, std::vector<unsigned>& keep) {
+    if (!int_x) return x.data();
+    const int k = (int)x.size(), chunks = k / 32;
+    keep.assign((size_t)chunks * (QI_WORDS + 2), 0u);
+    emu_launch({(unsigned)((chunks + 127) / 128), 1, 1}, {128, 1, 1}, [&] { xsplit_f32(keep.data(), x.data(), k); });
+    return (const float*)keep.data();
+}
+
 typedef void (*One)(float*, const float*, int, int, const u32*, const void*, const void*, int, int, int);
 typedef void (*Multi)(const float*, int, int, int, float*, int, const u32*, const void*, const void*, const float*,
                       float*, int, const u32*, const void*, const void*, float*, int, const u32*, const void*,
                       const void*);
 
-static void test_one(const char* name, One f, int rows, int threads, int n, int k, int group, int dt) {
+static void test_one(const char* name, One f, int rows, int threads, int n, int k, int group, int dt, bool int_x) {
     QW w = make(n, k, group, dt, 0.05f);
     auto x = rnd(k);
+    std::vector<unsigned> parts;
+    const float* xk = kernel_x(x, int_x, parts);
     std::vector<float> out(n, NAN);
     int lg = __builtin_ctz(group);
     emu_launch({(unsigned)((n + rows - 1) / rows), 1, 1}, {(unsigned)threads, 1, 1},
-               [&] { f(out.data(), x.data(), 1, n, w.packed.data(), w.sc.data(), w.bi.data(), dt, lg, k); });
+               [&] { f(out.data(), xk, 1, n, w.packed.data(), w.sc.data(), w.bi.data(), dt, lg, k); });
     cmp(std::string(name) + " n=" + std::to_string(n) + " k=" + std::to_string(k) + " g" + std::to_string(group) +
             " dt" + std::to_string(dt),
         out, reference(w, x, nullptr));
 }
 
 // Three weights in one launch (q/k/v shape), then one weight with the silu(x) * up input.
-static void test_multi(const char* name, Multi f, int rows, int threads, int k, int group, int dt, bool with_up) {
+static void test_multi(const char* name, Multi f, int rows, int threads, int k, int group, int dt, bool with_up,
+                       bool int_x) {
     int ns[3] = {33, 77, 8};
     QW w[3] = {make(ns[0], k, group, dt, 0.05f), make(ns[1], k, group, dt, 0.05f), make(ns[2], k, group, dt, 0.05f)};
     auto x = rnd(k), up = rnd(k);
+    std::vector<unsigned> parts;
+    const float* xk = kernel_x(x, int_x, parts);
     std::vector<float> o[3] = {std::vector<float>(ns[0], NAN), std::vector<float>(ns[1], NAN), std::vector<float>(ns[2], NAN)};
     int lg = __builtin_ctz(group);
     unsigned blocks = 0;
     for (int n : ns) blocks += (n + rows - 1) / rows;
     emu_launch({blocks, 1, 1}, {(unsigned)threads, 1, 1}, [&] {
-        f(x.data(), dt, lg, k, o[0].data(), ns[0], w[0].packed.data(), w[0].sc.data(), w[0].bi.data(), nullptr,
+        f(xk, dt, lg, k, o[0].data(), ns[0], w[0].packed.data(), w[0].sc.data(), w[0].bi.data(), nullptr,
           o[1].data(), ns[1], w[1].packed.data(), w[1].sc.data(), w[1].bi.data(), o[2].data(), ns[2],
           w[2].packed.data(), w[2].sc.data(), w[2].bi.data());
     });
@@ -122,20 +137,23 @@ static void test_multi(const char* name, Multi f, int rows, int threads, int k, 
 typedef void (*GateUp)(float*, const float*, int, const u32*, const void*, const void*, const u32*, const void*,
                        const void*, int, int, int);
 
-static void test_gate_up(const char* name, GateUp f, Multi multi, int rows, int threads, int n, int k, int group, int dt) {
+static void test_gate_up(const char* name, GateUp f, Multi multi, int rows, int threads, int n, int k, int group, int dt,
+                         bool int_x) {
     QW g = make(n, k, group, dt, 0.05f), u = make(n, k, group, dt, 0.05f);
     auto x = rnd(k);
+    std::vector<unsigned> parts;
+    const float* xk = kernel_x(x, int_x, parts);
     int lg = __builtin_ctz(group);
     std::vector<float> got(n, NAN), og(n, NAN), ou(n, NAN);
     // The fused launch: rows / 2 rows of gate (and as many of up) per block.
     emu_launch({(unsigned)((n + rows / 2 - 1) / (rows / 2)), 1, 1}, {(unsigned)threads, 1, 1}, [&] {
-        f(got.data(), x.data(), n, g.packed.data(), g.sc.data(), g.bi.data(), u.packed.data(), u.sc.data(), u.bi.data(),
+        f(got.data(), xk, n, g.packed.data(), g.sc.data(), g.bi.data(), u.packed.data(), u.sc.data(), u.bi.data(),
           dt, lg, k);
     });
     // The composition: one multi launch over [gate; up], then silu(g) * u as silu_mul_f32 writes it.
     unsigned blocks = 2 * ((n + rows - 1) / rows);
     emu_launch({blocks, 1, 1}, {(unsigned)threads, 1, 1}, [&] {
-        multi(x.data(), dt, lg, k, og.data(), n, g.packed.data(), g.sc.data(), g.bi.data(), nullptr, ou.data(), n,
+        multi(xk, dt, lg, k, og.data(), n, g.packed.data(), g.sc.data(), g.bi.data(), nullptr, ou.data(), n,
               u.packed.data(), u.sc.data(), u.bi.data(), nullptr, 0, nullptr, nullptr, nullptr);
     });
     std::string tag = std::string(name) + " n=" + std::to_string(n) + " k=" + std::to_string(k) + " g" +
@@ -171,40 +189,45 @@ int main() {
         printf("%s qg4_word: 8 values of 1024 words exactly 1 + q/16 (%d wrong)\n", bad ? "FAIL" : "ok  ", bad);
         fails += bad != 0;
     }
-    // xw: the x-per-word kernels (v10-v12), which take neither groups of 16 nor silu(x) * up.
-    struct { const char* name; One one; Multi multi; int rows, threads; bool xw; } kernels[] = {
-        {"qgemv1_b4_v6", qgemv1_b4_v6, qgemv_multi_b4_v6, 8, 64, false},
-        {"qgemv1_b4_v7", qgemv1_b4_v7, qgemv_multi_b4_v7, 8, 32, false},
-        {"qgemv1_b4_v8", qgemv1_b4_v8, qgemv_multi_b4_v8, 8, 128, false},
-        {"qgemv1_b4_v9", qgemv1_b4_v9, qgemv_multi_b4_v9, 8, 256, false},
-        {"qgemv1_b4_v10", qgemv1_b4_v10, qgemv_multi_b4_v10, 4, 32, true},
-        {"qgemv1_b4_v11", qgemv1_b4_v11, qgemv_multi_b4_v11, 8, 32, true},
-        {"qgemv1_b4_v12", qgemv1_b4_v12, qgemv_multi_b4_v12, 4, 128, true},
-        {"qgemv1_b4 (production)", qgemv1_b4, qgemv_multi_b4, QG_ROWS, 32 * QG_WARPS, false},
+    // xw: the x-per-word and integer kernels (v10-v14), which take neither groups of 16 nor
+    // silu(x) * up; int_x: the integer ones (v13, v14), which read x's parts.
+    struct { const char* name; One one; Multi multi; int rows, threads; bool xw, int_x; } kernels[] = {
+        {"qgemv1_b4_v6", qgemv1_b4_v6, qgemv_multi_b4_v6, 8, 64, false, false},
+        {"qgemv1_b4_v7", qgemv1_b4_v7, qgemv_multi_b4_v7, 8, 32, false, false},
+        {"qgemv1_b4_v8", qgemv1_b4_v8, qgemv_multi_b4_v8, 8, 128, false, false},
+        {"qgemv1_b4_v9", qgemv1_b4_v9, qgemv_multi_b4_v9, 8, 256, false, false},
+        {"qgemv1_b4_v10", qgemv1_b4_v10, qgemv_multi_b4_v10, 4, 32, true, false},
+        {"qgemv1_b4_v11", qgemv1_b4_v11, qgemv_multi_b4_v11, 8, 32, true, false},
+        {"qgemv1_b4_v12", qgemv1_b4_v12, qgemv_multi_b4_v12, 4, 128, true, false},
+        {"qgemv1_b4_v13", qgemv1_b4_v13, qgemv_multi_b4_v13, 8, 32, true, true},
+        {"qgemv1_b4_v14", qgemv1_b4_v14, qgemv_multi_b4_v14, 8, 128, true, true},
+        {"qgemv1_b4 (production)", qgemv1_b4, qgemv_multi_b4, QG_ROWS, 32 * QG_WARPS, false, false},
     };
     for (auto& kn : kernels)
         for (int group : {16, 32, 64, 128})
             for (int dt : {DT_F32, DT_F16, DT_BF16}) {
                 if (kn.xw && group == 16) continue;
-                test_one(kn.name, kn.one, kn.rows, kn.threads, 77, 384, group, dt);
-                test_one(kn.name, kn.one, kn.rows, kn.threads, 5, 4096, group, dt);
-                test_multi(kn.name, kn.multi, kn.rows, kn.threads, 1024, group, dt, !kn.xw);
+                test_one(kn.name, kn.one, kn.rows, kn.threads, 77, 384, group, dt, kn.int_x);
+                test_one(kn.name, kn.one, kn.rows, kn.threads, 5, 4096, group, dt, kn.int_x);
+                test_multi(kn.name, kn.multi, kn.rows, kn.threads, 1024, group, dt, !kn.xw, kn.int_x);
             }
     // The gated MLP fusion, each kernel with the multi variant of the same loop and warps.
-    struct { const char* name; GateUp f; Multi multi; int rows, threads; } fused[] = {
-        {"gate_up_silu_b4_v6", gate_up_silu_b4_v6, qgemv_multi_b4_v6, 8, 64},
-        {"gate_up_silu_b4_v7", gate_up_silu_b4_v7, qgemv_multi_b4_v7, 8, 32},
-        {"gate_up_silu_b4_v8", gate_up_silu_b4_v8, qgemv_multi_b4_v8, 8, 128},
-        {"gate_up_silu_b4_v9", gate_up_silu_b4_v9, qgemv_multi_b4_v9, 8, 256},
-        {"gate_up_silu_b4_v10", gate_up_silu_b4_v10, qgemv_multi_b4_v10, 4, 32},
-        {"gate_up_silu_b4_v11", gate_up_silu_b4_v11, qgemv_multi_b4_v11, 8, 32},
-        {"gate_up_silu_b4_v12", gate_up_silu_b4_v12, qgemv_multi_b4_v12, 4, 128},
+    struct { const char* name; GateUp f; Multi multi; int rows, threads; bool int_x; } fused[] = {
+        {"gate_up_silu_b4_v6", gate_up_silu_b4_v6, qgemv_multi_b4_v6, 8, 64, false},
+        {"gate_up_silu_b4_v7", gate_up_silu_b4_v7, qgemv_multi_b4_v7, 8, 32, false},
+        {"gate_up_silu_b4_v8", gate_up_silu_b4_v8, qgemv_multi_b4_v8, 8, 128, false},
+        {"gate_up_silu_b4_v9", gate_up_silu_b4_v9, qgemv_multi_b4_v9, 8, 256, false},
+        {"gate_up_silu_b4_v10", gate_up_silu_b4_v10, qgemv_multi_b4_v10, 4, 32, false},
+        {"gate_up_silu_b4_v11", gate_up_silu_b4_v11, qgemv_multi_b4_v11, 8, 32, false},
+        {"gate_up_silu_b4_v12", gate_up_silu_b4_v12, qgemv_multi_b4_v12, 4, 128, false},
+        {"gate_up_silu_b4_v13", gate_up_silu_b4_v13, qgemv_multi_b4_v13, 8, 32, true},
+        {"gate_up_silu_b4_v14", gate_up_silu_b4_v14, qgemv_multi_b4_v14, 8, 128, true},
     };
     for (auto& kn : fused)
         for (int group : {32, 64, 128})
             for (int dt : {DT_F32, DT_F16, DT_BF16}) {
-                test_gate_up(kn.name, kn.f, kn.multi, kn.rows, kn.threads, 77, 384, group, dt);
-                test_gate_up(kn.name, kn.f, kn.multi, kn.rows, kn.threads, 6, 4096, group, dt);
+                test_gate_up(kn.name, kn.f, kn.multi, kn.rows, kn.threads, 77, 384, group, dt, kn.int_x);
+                test_gate_up(kn.name, kn.f, kn.multi, kn.rows, kn.threads, 6, 4096, group, dt, kn.int_x);
             }
     printf("%d failures\n", fails);
     return fails != 0;

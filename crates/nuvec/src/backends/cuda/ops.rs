@@ -178,8 +178,16 @@ fn qgemv4_shape(v: usize) -> Option<(&'static str, usize, u32)> {
         10 => ("_v10", 4, 32),
         11 => ("_v11", 8, 32),
         12 => ("_v12", 4, 128),
+        // Integer dot products over x's parts (`xsplit_f32`); only when forced, not yet measured.
+        13 => ("_v13", 8, 32),
+        14 => ("_v14", 8, 128),
         _ => return None,
     })
+}
+
+/// Whether a one-row 4-bit variant reads x as `xsplit_f32`'s parts (integer dot products).
+fn int_variant(suffix: &str) -> bool {
+    matches!(suffix, "_v13" | "_v14")
 }
 
 /// Whether the decode down projection takes `silu(gate) * up` inside the GEMV
@@ -188,6 +196,10 @@ fn fused_silu() -> bool {
     static ON: OnceLock<bool> = OnceLock::new();
     *ON.get_or_init(|| std::env::var("NUVEC_QGEMV_FUSED_SILU").is_ok_and(|v| v == "1"))
 }
+
+/// u32 words of x's parts per 32-value chunk (`QI_WORDS` in `kernels/linear.cu`); a scale and a
+/// sum follow the parts.
+const QI_WORDS: usize = 24;
 
 /// Values of a row per block of `argmax_part_f32` (at least; at most 1024 blocks per row): 4 per
 /// thread of its 256.
@@ -507,11 +519,31 @@ impl CudaBackend {
         let (suffix, rows, threads) =
             if m == 1 && bits == 4 { qgemv4_variant(k, n, lg > 4) } else { ("", QG_ROWS, QG_THREADS) };
         let name = format!("{}_b{bits}{suffix}", if m == 1 { "qgemv1" } else { "qgemv" });
+        let (x, _parts) = self.gemv_input(op, suffix, x, k)?;
         let (mi, ni, ki) = (m as i32, to_i32(op, "rows", n)?, to_i32(op, "k", k)?);
         let blocks = to_i32(op, "blocks", n.div_ceil(rows))? as u32;
         let cfg = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (threads, 1, 1), shared_mem_bytes: 0 };
         launch!(self.st()?, op, name.as_str(), cfg; out, x, mi, ni, packed, scales, biases, p_dt, lg, ki);
         Ok(true)
+    }
+
+    /// The `x` argument of a one-row GEMV of variant `suffix`: for the integer variants x's parts
+    /// (`xsplit_f32`, in a buffer that must outlive the launch), else x itself.
+    pub(super) fn gemv_input(
+        &self,
+        op: &'static str,
+        suffix: &str,
+        x: u64,
+        k: usize,
+    ) -> Result<(u64, Option<DeviceBuffer>)> {
+        if !int_variant(suffix) {
+            return Ok((x, None));
+        }
+        let chunks = k / 32;
+        let parts = DeviceBuffer::alloc(self.st()?, chunks * (QI_WORDS + 2) * 4)?;
+        let (pp, ki) = (parts.ptr(), to_i32(op, "k", k)?);
+        launch!(self.st()?, op, "xsplit_f32", cfg_1d(chunks); pp, x, ki);
+        Ok((pp, Some(parts)))
     }
 
     /// Decodes weight rows `row0..row0 + rows` of an affine-quantized `w` to f32 with the
@@ -615,6 +647,7 @@ impl CudaBackend {
         let (p_dt, lg, ki) = (a0.p_dt, group.trailing_zeros() as i32, to_i32(op, "k", k)?);
         let [(o0, n0, pk0, sc0, bi0), (o1, n1, pk1, sc1, bi1), (o2, n2, pk2, sc2, bi2)] = slots;
         let name = format!("qgemv_multi_b{}{suffix}", a0.bits);
+        let (xp, _parts) = self.gemv_input(op, suffix, xp, k)?;
         let cfg = LaunchConfig {
             grid_dim: (to_i32(op, "blocks", blocks)? as u32, 1, 1),
             block_dim: (threads, 1, 1),

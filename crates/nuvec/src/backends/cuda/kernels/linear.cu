@@ -535,56 +535,161 @@ __device__ __forceinline__ void qgemv4x_acc(float (&acc)[ROWS], const float* __r
     }
 }
 
+// ---- Integer dot products (issue 7; v13, v14: taken only when NUVEC_QGEMV_VARIANT forces them) ----
+//
+// x split per 32-value chunk into a 24-bit block fixed point: X = rint(x 2^e), |X| <= 2^22 for the
+// chunk's largest |x|, held as three int8 parts X = 65536 hi + 256 mid + lo (hi signed, mid and lo
+// unsigned). Each value is x to within 2^-23 of its chunk's largest (what an f32 sum of the
+// products resolves anyway). A word's 8 nibbles masked into two registers (values 0,2,4,6 and
+// 1,3,5,7, a byte each) meet the parts' bytes in that order in dp4a: 2 masks, 1 shift and 6 dp4a
+// per word and row (the f32 loops issue ~24), the int32 sums exact; per chunk and row the three
+// sums join in f32 (65536 S_hi + 256 S_mid + S_lo), scale by 2^-e, and s * dot + b * sum(x).
+// The sixth and eighth sessions' probes found the f32 loops bound by instructions issued per word.
+
+// xsplit_f32's layout of a K-value x: [chunks][24] u32 parts ([part][word][even, odd] bytes), then
+// chunks f32 scales 2^-e, then chunks f32 sums of x (in order).
+#define QI_WORDS 24
+
+// x's parts for the integer GEMVs, one thread per 32-value chunk.
+extern "C" __global__ void xsplit_f32(u32* __restrict__ parts, const float* __restrict__ x, int k) {
+    pdl_begin();
+    const int chunks = k >> 5;
+    float* scale = (float*)(parts + (size_t)chunks * QI_WORDS);
+    float* sum = scale + chunks;
+    for (int c = blockIdx.x * blockDim.x + threadIdx.x; c < chunks; c += gridDim.x * blockDim.x) {
+        const float* xc = x + (size_t)c * 32;
+        float m = 0.0f, sx = 0.0f;
+        for (int i = 0; i < 32; ++i) {
+            m = fmaxf(m, fabsf(xc[i]));
+            sx += xc[i];
+        }
+        int ex = 0;
+        if (m > 0.0f) frexpf(m, &ex);  // m < 2^ex
+        const int e = m > 0.0f ? 22 - ex : 0;
+        u32* out = parts + (size_t)c * QI_WORDS;
+        for (int j = 0; j < 4; ++j)
+            for (int eo = 0; eo < 2; ++eo) {
+                u32 hi = 0, mid = 0, lo = 0;
+                for (int t = 0; t < 4; ++t) {
+                    const int X = (int)rintf(ldexpf(xc[8 * j + 2 * t + eo], e));
+                    hi |= ((u32)(X >> 16) & 255u) << (8 * t);
+                    mid |= ((u32)(X >> 8) & 255u) << (8 * t);
+                    lo |= ((u32)X & 255u) << (8 * t);
+                }
+                out[j * 2 + eo] = hi;
+                out[8 + j * 2 + eo] = mid;
+                out[16 + j * 2 + eo] = lo;
+            }
+        scale[c] = ldexpf(1.0f, -e);
+        sum[c] = sx;
+    }
+}
+
+// A lane's sums over x's parts (xsplit_f32's buffer `xq`), over the rows that load fetches (as
+// qgemv4x_acc; groups of 32 and more: one scale/bias pair per chunk).
+template <int ROWS, int WARPS, class Load>
+__device__ __forceinline__ void qgemv4i_acc(float (&acc)[ROWS], const u32* __restrict__ xq, int k, Load load) {
+    const int chunks = k >> 5;
+    const float* __restrict__ xscale = (const float*)(xq + (size_t)chunks * QI_WORDS);
+    const float* __restrict__ xsum = xscale + chunks;
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r) acc[r] = 0.0f;
+    for (int c = threadIdx.x; c < chunks; c += 32 * WARPS) {
+        uint4 w[ROWS];
+        float s[ROWS][1], b[ROWS][1];
+        load(w, s, b, c);
+        const uint4* xp = (const uint4*)(xq + (size_t)c * QI_WORDS);
+        int S[ROWS][3];
+#pragma unroll
+        for (int r = 0; r < ROWS; ++r) S[r][0] = S[r][1] = S[r][2] = 0;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {  // words 2h and 2h + 1: one uint4 of each part
+            const uint4 xh = __ldg(xp + h), xm = __ldg(xp + 2 + h), xl = __ldg(xp + 4 + h);
+#pragma unroll
+            for (int jj = 0; jj < 2; ++jj) {
+                const u32 he = jj ? xh.z : xh.x, ho = jj ? xh.w : xh.y, me = jj ? xm.z : xm.x, mo = jj ? xm.w : xm.y;
+                const u32 le = jj ? xl.z : xl.x, lo = jj ? xl.w : xl.y;
+#pragma unroll
+                for (int r = 0; r < ROWS; ++r) {
+                    const int j = 2 * h + jj;
+                    const u32 word = j == 0 ? w[r].x : j == 1 ? w[r].y : j == 2 ? w[r].z : w[r].w;
+                    const u32 ev = word & 0x0F0F0F0Fu, od = (word >> 4) & 0x0F0F0F0Fu;
+                    S[r][0] = dp4a_us(od, ho, dp4a_us(ev, he, S[r][0]));
+                    S[r][1] = dp4a_uu(od, mo, dp4a_uu(ev, me, S[r][1]));
+                    S[r][2] = dp4a_uu(od, lo, dp4a_uu(ev, le, S[r][2]));
+                }
+            }
+        }
+        const float xsc = __ldg(xscale + c), xs = __ldg(xsum + c);
+#pragma unroll
+        for (int r = 0; r < ROWS; ++r) {
+            const float d = fmaf((float)S[r][0], 65536.0f, fmaf((float)S[r][1], 256.0f, (float)S[r][2]));
+            acc[r] += s[r][0] * (d * xsc) + b[r][0] * xs;
+        }
+    }
+}
+
+// The loops of the one-row 4-bit kernels: per word (qgemv4w_acc, which also takes the fused
+// silu(x) * up input), x per word (qgemv4x_acc) and integer dot products over x's parts
+// (qgemv4i_acc, where the kernel's `x` argument is xsplit_f32's buffer). The last two take groups
+// of 32 and more only, without silu(x) * up.
+#define QG_LOOP_WORD 0
+#define QG_LOOP_XWORD 1
+#define QG_LOOP_INT 2
+
 // One block of a one-row launch (QG_PARAMS, `m` is 1, so that the host launches it like the
 // other variants): groups of 16 with the runtime dtype, otherwise one instance per scale dtype.
-// XW picks the x-per-word loop (qgemv4x_acc) over the per-word one (qgemv4w_acc, which also
-// takes the fused silu(x) * up input).
-template <bool G16, int PDT, int ROWS, int WARPS, bool XW>
+// LOOP picks the loop (QG_LOOP_*).
+template <bool G16, int PDT, int ROWS, int WARPS, int LOOP>
 __device__ __forceinline__ void qgemv4_run(float* out, const float* __restrict__ x, int n,
                                            const u32* __restrict__ packed, const void* __restrict__ scales,
                                            const void* __restrict__ biases, int p_dt, int lg, int k, int block,
                                            const float* __restrict__ up) {
-    if (XW && up != nullptr) __trap();  // the host sends silu(x) * up launches to the per-word loop
+    if (LOOP != QG_LOOP_WORD && up != nullptr) __trap();  // the host sends silu(x) * up to the per-word loop
     __shared__ float red[WARPS][ROWS];
     const int dt = PDT >= 0 ? PDT : p_dt;
     const int r0 = block * ROWS;
     const size_t words = (size_t)(k >> 5) * 4, gpr = (size_t)(k >> lg);
     const Qg4Rows<G16, ROWS> load{packed, scales, biases, dt, lg, r0, n, words, gpr};
     float acc[ROWS];
-    if constexpr (XW) qgemv4x_acc<G16, ROWS, WARPS>(acc, x, k, load);
+    if constexpr (LOOP == QG_LOOP_INT) qgemv4i_acc<ROWS, WARPS>(acc, (const u32*)x, k, load);
+    else if constexpr (LOOP == QG_LOOP_XWORD) qgemv4x_acc<G16, ROWS, WARPS>(acc, x, k, load);
     else qgemv4w_acc<G16, ROWS, WARPS>(acc, x, k, up, load);
     qg4_store_rows<ROWS, WARPS>(out, acc, red, r0, n);
 }
 
-// The x-per-word kernels (XW) take groups of 32 and more only: their register cap (64) would
-// spill the two scale pairs per row of groups of 16, so the host never launches them for those
-// (a launch that did would trap, not return wrong numbers).
-template <int ROWS, int WARPS, bool XW = false>
+// The x-per-word and integer kernels take groups of 32 and more only: the x-per-word ones' register
+// cap (64) would spill the two scale pairs per row of groups of 16, and x's parts carry one sum per
+// 32 values, so the host never launches them for those (a launch that did would trap, not return
+// wrong numbers).
+template <int ROWS, int WARPS, int LOOP = QG_LOOP_WORD>
 __device__ __forceinline__ void qgemv4w_one(QG_PARAMS) {
-    if (XW && lg == 4) __trap();
-    if (!XW && lg == 4) qgemv4_run<true, -1, ROWS, WARPS, XW>(out, x, n, packed, scales, biases, p_dt, lg, k, blockIdx.x, nullptr);
-    else if (p_dt == DT_BF16)
-        qgemv4_run<false, DT_BF16, ROWS, WARPS, XW>(out, x, n, packed, scales, biases, p_dt, lg, k, blockIdx.x, nullptr);
+    if (LOOP != QG_LOOP_WORD && lg == 4) __trap();
+    if constexpr (LOOP == QG_LOOP_WORD)
+        if (lg == 4) return qgemv4_run<true, -1, ROWS, WARPS, LOOP>(out, x, n, packed, scales, biases, p_dt, lg, k, blockIdx.x, nullptr);
+    if (p_dt == DT_BF16)
+        qgemv4_run<false, DT_BF16, ROWS, WARPS, LOOP>(out, x, n, packed, scales, biases, p_dt, lg, k, blockIdx.x, nullptr);
     else if (p_dt == DT_F16)
-        qgemv4_run<false, DT_F16, ROWS, WARPS, XW>(out, x, n, packed, scales, biases, p_dt, lg, k, blockIdx.x, nullptr);
-    else qgemv4_run<false, DT_F32, ROWS, WARPS, XW>(out, x, n, packed, scales, biases, p_dt, lg, k, blockIdx.x, nullptr);
+        qgemv4_run<false, DT_F16, ROWS, WARPS, LOOP>(out, x, n, packed, scales, biases, p_dt, lg, k, blockIdx.x, nullptr);
+    else qgemv4_run<false, DT_F32, ROWS, WARPS, LOOP>(out, x, n, packed, scales, biases, p_dt, lg, k, blockIdx.x, nullptr);
 }
 
 // The multi-weight launch: the block-to-weight mapping of qgm_slot, done inside each
 // (group, dtype) instance: picking the weight before the dtype branch made ptxas spill at the
 // 128-register cap (216 bytes), this order does not.
-template <bool G16, int PDT, int ROWS, int WARPS, bool XW>
+template <bool G16, int PDT, int ROWS, int WARPS, int LOOP>
 __device__ __forceinline__ void qgemv4w_pick(QGM_PARAMS) {
     QGM_SLOT(ROWS);
-    qgemv4_run<G16, PDT, ROWS, WARPS, XW>(out, x, n, pk, sc, bi, p_dt, lg, k, b, up);
+    qgemv4_run<G16, PDT, ROWS, WARPS, LOOP>(out, x, n, pk, sc, bi, p_dt, lg, k, b, up);
 }
-template <int ROWS, int WARPS, bool XW = false>
+template <int ROWS, int WARPS, int LOOP = QG_LOOP_WORD>
 __device__ __forceinline__ void qgemv4w_multi(QGM_PARAMS) {
-    if (XW && lg == 4) __trap();
-    if (!XW && lg == 4) qgemv4w_pick<true, -1, ROWS, WARPS, XW>(QGM_ARGS);
-    else if (p_dt == DT_BF16) qgemv4w_pick<false, DT_BF16, ROWS, WARPS, XW>(QGM_ARGS);
-    else if (p_dt == DT_F16) qgemv4w_pick<false, DT_F16, ROWS, WARPS, XW>(QGM_ARGS);
-    else qgemv4w_pick<false, DT_F32, ROWS, WARPS, XW>(QGM_ARGS);
+    if (LOOP != QG_LOOP_WORD && lg == 4) __trap();
+    if constexpr (LOOP == QG_LOOP_WORD)
+        if (lg == 4) return qgemv4w_pick<true, -1, ROWS, WARPS, LOOP>(QGM_ARGS);
+    if (p_dt == DT_BF16) qgemv4w_pick<false, DT_BF16, ROWS, WARPS, LOOP>(QGM_ARGS);
+    else if (p_dt == DT_F16) qgemv4w_pick<false, DT_F16, ROWS, WARPS, LOOP>(QGM_ARGS);
+    else qgemv4w_pick<false, DT_F32, ROWS, WARPS, LOOP>(QGM_ARGS);
 }
 
 // Launch bounds as the probe compiled: 128 registers (8 blocks of 2 warps, or 16 of 1, per SM).
@@ -605,12 +710,18 @@ extern "C" __global__ void __launch_bounds__(256, 2) qgemv_multi_b4_v9(QGM_PARAM
 // x per word (qgemv4x_acc; groups of 32 and more): v10 = 4 rows x 1 warp and v12 = 4 rows x 4
 // warps at 64 registers (32 warps per SM; their multi-weight twins at 72, which do not spill),
 // v11 = 8 rows x 1 warp at 96 (20 warps per SM).
-extern "C" __global__ void __launch_bounds__(32, 32) qgemv1_b4_v10(QG_PARAMS) { pdl_begin(); qgemv4w_one<4, 1, true>(QG_ARGS); }
-extern "C" __global__ void __launch_bounds__(32, 20) qgemv1_b4_v11(QG_PARAMS) { pdl_begin(); qgemv4w_one<8, 1, true>(QG_ARGS); }
-extern "C" __global__ void __launch_bounds__(128, 8) qgemv1_b4_v12(QG_PARAMS) { pdl_begin(); qgemv4w_one<4, 4, true>(QG_ARGS); }
-extern "C" __global__ void __launch_bounds__(32, 28) qgemv_multi_b4_v10(QGM_PARAMS) { pdl_begin(); qgemv4w_multi<4, 1, true>(QGM_ARGS); }
-extern "C" __global__ void __launch_bounds__(32, 20) qgemv_multi_b4_v11(QGM_PARAMS) { pdl_begin(); qgemv4w_multi<8, 1, true>(QGM_ARGS); }
-extern "C" __global__ void __launch_bounds__(128, 7) qgemv_multi_b4_v12(QGM_PARAMS) { pdl_begin(); qgemv4w_multi<4, 4, true>(QGM_ARGS); }
+extern "C" __global__ void __launch_bounds__(32, 32) qgemv1_b4_v10(QG_PARAMS) { pdl_begin(); qgemv4w_one<4, 1, QG_LOOP_XWORD>(QG_ARGS); }
+extern "C" __global__ void __launch_bounds__(32, 20) qgemv1_b4_v11(QG_PARAMS) { pdl_begin(); qgemv4w_one<8, 1, QG_LOOP_XWORD>(QG_ARGS); }
+extern "C" __global__ void __launch_bounds__(128, 8) qgemv1_b4_v12(QG_PARAMS) { pdl_begin(); qgemv4w_one<4, 4, QG_LOOP_XWORD>(QG_ARGS); }
+extern "C" __global__ void __launch_bounds__(32, 28) qgemv_multi_b4_v10(QGM_PARAMS) { pdl_begin(); qgemv4w_multi<4, 1, QG_LOOP_XWORD>(QGM_ARGS); }
+extern "C" __global__ void __launch_bounds__(32, 20) qgemv_multi_b4_v11(QGM_PARAMS) { pdl_begin(); qgemv4w_multi<8, 1, QG_LOOP_XWORD>(QGM_ARGS); }
+extern "C" __global__ void __launch_bounds__(128, 7) qgemv_multi_b4_v12(QGM_PARAMS) { pdl_begin(); qgemv4w_multi<4, 4, QG_LOOP_XWORD>(QGM_ARGS); }
+// Integer dot products over x's parts (the `x` argument is xsplit_f32's buffer): v13 = 8 rows x 1
+// warp, v14 = 8 rows x 4 warps, 128 registers.
+extern "C" __global__ void __launch_bounds__(32, 16) qgemv1_b4_v13(QG_PARAMS) { pdl_begin(); qgemv4w_one<8, 1, QG_LOOP_INT>(QG_ARGS); }
+extern "C" __global__ void __launch_bounds__(128, 4) qgemv1_b4_v14(QG_PARAMS) { pdl_begin(); qgemv4w_one<8, 4, QG_LOOP_INT>(QG_ARGS); }
+extern "C" __global__ void __launch_bounds__(32, 16) qgemv_multi_b4_v13(QGM_PARAMS) { pdl_begin(); qgemv4w_multi<8, 1, QG_LOOP_INT>(QGM_ARGS); }
+extern "C" __global__ void __launch_bounds__(128, 4) qgemv_multi_b4_v14(QGM_PARAMS) { pdl_begin(); qgemv4w_multi<8, 4, QG_LOOP_INT>(QGM_ARGS); }
 
 // ---- gate_up_silu: a gated MLP's hidden activations in the gate/up GEMV (issue 7) ----
 //
@@ -634,7 +745,7 @@ struct GateUpRows {
     }
 };
 
-template <bool XW, int PDT, int ROWS, int WARPS>
+template <int LOOP, int PDT, int ROWS, int WARPS>
 __device__ __forceinline__ void gate_up_silu_body(float* out, const float* __restrict__ x, int n,
                                                   const u32* __restrict__ pg, const void* __restrict__ sg,
                                                   const void* __restrict__ bg, const u32* __restrict__ pu,
@@ -646,7 +757,8 @@ __device__ __forceinline__ void gate_up_silu_body(float* out, const float* __res
     const size_t words = (size_t)(k >> 5) * 4, gpr = (size_t)(k >> lg);
     float acc[R2];
     const GateUpRows<ROWS> load{{pg, sg, bg, PDT, lg, r0, n, words, gpr}, {pu, su, bu, PDT, lg, r0, n, words, gpr}};
-    if constexpr (XW) qgemv4x_acc<false, R2, WARPS>(acc, x, k, load);
+    if constexpr (LOOP == QG_LOOP_INT) qgemv4i_acc<R2, WARPS>(acc, (const u32*)x, k, load);
+    else if constexpr (LOOP == QG_LOOP_XWORD) qgemv4x_acc<false, R2, WARPS>(acc, x, k, load);
     else qgemv4w_acc<false, R2, WARPS>(acc, x, k, nullptr, load);
     qg4_reduce_rows<R2, WARPS>(acc, red);
     const unsigned t = threadIdx.x;
@@ -662,20 +774,22 @@ __device__ __forceinline__ void gate_up_silu_body(float* out, const float* __res
 #define GUS_ARGS out, x, n, pg, sg, bg, pu, su, bu, lg, k
 #define GUS_CALL out, x, n, pg, sg, bg, pu, su, bu, p_dt, lg, k
 // Groups of 16 trap: the host runs linear_many then silu_mul for those.
-template <int ROWS, int WARPS, bool XW>
+template <int ROWS, int WARPS, int LOOP>
 __device__ __forceinline__ void gate_up_silu_b4(GUS_PARAMS) {
     if (lg < 5) __trap();
-    if (p_dt == DT_BF16) gate_up_silu_body<XW, DT_BF16, ROWS, WARPS>(GUS_ARGS);
-    else if (p_dt == DT_F16) gate_up_silu_body<XW, DT_F16, ROWS, WARPS>(GUS_ARGS);
-    else gate_up_silu_body<XW, DT_F32, ROWS, WARPS>(GUS_ARGS);
+    if (p_dt == DT_BF16) gate_up_silu_body<LOOP, DT_BF16, ROWS, WARPS>(GUS_ARGS);
+    else if (p_dt == DT_F16) gate_up_silu_body<LOOP, DT_F16, ROWS, WARPS>(GUS_ARGS);
+    else gate_up_silu_body<LOOP, DT_F32, ROWS, WARPS>(GUS_ARGS);
 }
 
 // One per qgemv_multi_b4 variant of the 8-row loops and the x-per-word ones, with its launch
 // bounds: 4 rows of gate and 4 of up per block where the variant takes 8 rows (2 and 2 for 4).
-extern "C" __global__ void __launch_bounds__(64, 8) gate_up_silu_b4_v6(GUS_PARAMS) { pdl_begin(); gate_up_silu_b4<4, 2, false>(GUS_CALL); }
-extern "C" __global__ void __launch_bounds__(32, 16) gate_up_silu_b4_v7(GUS_PARAMS) { pdl_begin(); gate_up_silu_b4<4, 1, false>(GUS_CALL); }
-extern "C" __global__ void __launch_bounds__(128, 4) gate_up_silu_b4_v8(GUS_PARAMS) { pdl_begin(); gate_up_silu_b4<4, 4, false>(GUS_CALL); }
-extern "C" __global__ void __launch_bounds__(256, 2) gate_up_silu_b4_v9(GUS_PARAMS) { pdl_begin(); gate_up_silu_b4<4, 8, false>(GUS_CALL); }
-extern "C" __global__ void __launch_bounds__(32, 28) gate_up_silu_b4_v10(GUS_PARAMS) { pdl_begin(); gate_up_silu_b4<2, 1, true>(GUS_CALL); }
-extern "C" __global__ void __launch_bounds__(32, 20) gate_up_silu_b4_v11(GUS_PARAMS) { pdl_begin(); gate_up_silu_b4<4, 1, true>(GUS_CALL); }
-extern "C" __global__ void __launch_bounds__(128, 7) gate_up_silu_b4_v12(GUS_PARAMS) { pdl_begin(); gate_up_silu_b4<2, 4, true>(GUS_CALL); }
+extern "C" __global__ void __launch_bounds__(64, 8) gate_up_silu_b4_v6(GUS_PARAMS) { pdl_begin(); gate_up_silu_b4<4, 2, QG_LOOP_WORD>(GUS_CALL); }
+extern "C" __global__ void __launch_bounds__(32, 16) gate_up_silu_b4_v7(GUS_PARAMS) { pdl_begin(); gate_up_silu_b4<4, 1, QG_LOOP_WORD>(GUS_CALL); }
+extern "C" __global__ void __launch_bounds__(128, 4) gate_up_silu_b4_v8(GUS_PARAMS) { pdl_begin(); gate_up_silu_b4<4, 4, QG_LOOP_WORD>(GUS_CALL); }
+extern "C" __global__ void __launch_bounds__(256, 2) gate_up_silu_b4_v9(GUS_PARAMS) { pdl_begin(); gate_up_silu_b4<4, 8, QG_LOOP_WORD>(GUS_CALL); }
+extern "C" __global__ void __launch_bounds__(32, 28) gate_up_silu_b4_v10(GUS_PARAMS) { pdl_begin(); gate_up_silu_b4<2, 1, QG_LOOP_XWORD>(GUS_CALL); }
+extern "C" __global__ void __launch_bounds__(32, 20) gate_up_silu_b4_v11(GUS_PARAMS) { pdl_begin(); gate_up_silu_b4<4, 1, QG_LOOP_XWORD>(GUS_CALL); }
+extern "C" __global__ void __launch_bounds__(128, 7) gate_up_silu_b4_v12(GUS_PARAMS) { pdl_begin(); gate_up_silu_b4<2, 4, QG_LOOP_XWORD>(GUS_CALL); }
+extern "C" __global__ void __launch_bounds__(32, 16) gate_up_silu_b4_v13(GUS_PARAMS) { pdl_begin(); gate_up_silu_b4<4, 1, QG_LOOP_INT>(GUS_CALL); }
+extern "C" __global__ void __launch_bounds__(128, 4) gate_up_silu_b4_v14(GUS_PARAMS) { pdl_begin(); gate_up_silu_b4<4, 4, QG_LOOP_INT>(GUS_CALL); }
