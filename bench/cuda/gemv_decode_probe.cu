@@ -345,17 +345,7 @@ __global__ void xsplit(u32* __restrict__ parts, float* __restrict__ scale, float
     }
 }
 
-__device__ __forceinline__ int dp4a_us(u32 a, u32 b, int c) {  // a unsigned bytes, b signed bytes
-    int d;
-    asm("dp4a.u32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
-    return d;
-}
-__device__ __forceinline__ int dp4a_uu(u32 a, u32 b, int c) {
-    int d;
-    asm("dp4a.u32.u32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
-    return d;
-}
-
+// dp4a_us / dp4a_uu: common.cuh's.
 template <int ROWS, int WARPS>
 __global__ void __launch_bounds__(WARPS * 32, (ROWS >= 8 ? 512 : 768) / (WARPS * 32))
     gemv4i(float* out, const float* __restrict__ /*x: read as g_xparts*/, const u32* __restrict__ packed,
