@@ -63,6 +63,15 @@ inline float __shfl_xor_sync(unsigned, float v, int o) {
     return w.buf[lane ^ o];
 }
 inline float __int_as_float(int i) { float f; std::memcpy(&f, &i, 4); return f; }
+// The unsigned shuffle (xsplit_f32's byte words), through the float one's exchange.
+inline unsigned __shfl_xor_sync(unsigned m, unsigned v, int o) {
+    float f, r;
+    std::memcpy(&f, &v, 4);
+    r = __shfl_xor_sync(m, f, o);
+    unsigned u;
+    std::memcpy(&u, &r, 4);
+    return u;
+}
 inline float __int_as_float(unsigned i) { float f; std::memcpy(&f, &i, 4); return f; }
 inline float __uint_as_float(unsigned i) { float f; std::memcpy(&f, &i, 4); return f; }
 inline unsigned __float_as_uint(float f) { unsigned i; std::memcpy(&i, &f, 4); return i; }

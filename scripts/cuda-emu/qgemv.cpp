@@ -83,7 +83,7 @@ static const float* kernel_x(const std::vector<float>& x, bool int_x, std::vecto
     if (!int_x) return x.data();
     const int k = (int)x.size(), chunks = k / 32;
     keep.assign((size_t)chunks * (QI_WORDS + 2), 0u);
-    emu_launch({(unsigned)((chunks + 127) / 128), 1, 1}, {128, 1, 1}, [&] { xsplit_f32(keep.data(), x.data(), k); });
+    emu_launch({(unsigned)((chunks * 32 + 127) / 128), 1, 1}, {128, 1, 1}, [&] { xsplit_f32(keep.data(), x.data(), k); });
     return (const float*)keep.data();
 }
 

@@ -528,7 +528,8 @@ impl CudaBackend {
     }
 
     /// The `x` argument of a one-row GEMV of variant `suffix`: for the integer variants x's parts
-    /// (`xsplit_f32`, in a buffer that must outlive the launch), else x itself.
+    /// (`xsplit_f32`, a warp per 32 values, in a buffer that must outlive the launch), else x
+    /// itself.
     pub(super) fn gemv_input(
         &self,
         op: &'static str,
@@ -542,7 +543,7 @@ impl CudaBackend {
         let chunks = k / 32;
         let parts = DeviceBuffer::alloc(self.st()?, chunks * (QI_WORDS + 2) * 4)?;
         let (pp, ki) = (parts.ptr(), to_i32(op, "k", k)?);
-        launch!(self.st()?, op, "xsplit_f32", cfg_1d(chunks); pp, x, ki);
+        launch!(self.st()?, op, "xsplit_f32", cfg_1d(chunks * 32); pp, x, ki);
         Ok((pp, Some(parts)))
     }
 

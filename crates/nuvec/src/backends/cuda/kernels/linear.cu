@@ -550,38 +550,41 @@ __device__ __forceinline__ void qgemv4x_acc(float (&acc)[ROWS], const float* __r
 // chunks f32 scales 2^-e, then chunks f32 sums of x (in order).
 #define QI_WORDS 24
 
-// x's parts for the integer GEMVs, one thread per 32-value chunk.
+// x's parts for the integer GEMVs, a warp per 32-value chunk: lane v takes value v; the chunk's
+// largest |x| and its sum by warp reductions; lane 8j + 2t + eo holds byte t of word (j, eo) of
+// each part, ORed into the word over the lanes that share it (lane bits 1-2).
 extern "C" __global__ void xsplit_f32(u32* __restrict__ parts, const float* __restrict__ x, int k) {
     pdl_begin();
-    const int chunks = k >> 5;
+    const int chunks = k >> 5, lane = threadIdx.x & 31;
     float* scale = (float*)(parts + (size_t)chunks * QI_WORDS);
     float* sum = scale + chunks;
-    for (int c = blockIdx.x * blockDim.x + threadIdx.x; c < chunks; c += gridDim.x * blockDim.x) {
-        const float* xc = x + (size_t)c * 32;
-        float m = 0.0f, sx = 0.0f;
-        for (int i = 0; i < 32; ++i) {
-            m = fmaxf(m, fabsf(xc[i]));
-            sx += xc[i];
-        }
+    const int warps = (int)((gridDim.x * blockDim.x) >> 5);
+    for (int c = (int)((blockIdx.x * blockDim.x + threadIdx.x) >> 5); c < chunks; c += warps) {
+        const float v = x[(size_t)c * 32 + lane];
+        const float m = warp_max(fabsf(v)), sx = warp_sum(v);
         int ex = 0;
         if (m > 0.0f) frexpf(m, &ex);  // m < 2^ex
         const int e = m > 0.0f ? 22 - ex : 0;
-        u32* out = parts + (size_t)c * QI_WORDS;
-        for (int j = 0; j < 4; ++j)
-            for (int eo = 0; eo < 2; ++eo) {
-                u32 hi = 0, mid = 0, lo = 0;
-                for (int t = 0; t < 4; ++t) {
-                    const int X = (int)rintf(ldexpf(xc[8 * j + 2 * t + eo], e));
-                    hi |= ((u32)(X >> 16) & 255u) << (8 * t);
-                    mid |= ((u32)(X >> 8) & 255u) << (8 * t);
-                    lo |= ((u32)X & 255u) << (8 * t);
-                }
-                out[j * 2 + eo] = hi;
-                out[8 + j * 2 + eo] = mid;
-                out[16 + j * 2 + eo] = lo;
-            }
-        scale[c] = ldexpf(1.0f, -e);
-        sum[c] = sx;
+        const int X = (int)rintf(ldexpf(v, e));
+        const int t = (lane >> 1) & 3;
+        u32 hi = ((u32)(X >> 16) & 255u) << (8 * t), mid = ((u32)(X >> 8) & 255u) << (8 * t),
+            lo = ((u32)X & 255u) << (8 * t);
+#pragma unroll
+        for (int o = 2; o <= 4; o <<= 1) {
+            hi |= __shfl_xor_sync(0xffffffffu, hi, o);
+            mid |= __shfl_xor_sync(0xffffffffu, mid, o);
+            lo |= __shfl_xor_sync(0xffffffffu, lo, o);
+        }
+        if (t == 0) {
+            u32* out = parts + (size_t)c * QI_WORDS + (lane >> 3) * 2 + (lane & 1);
+            out[0] = hi;
+            out[8] = mid;
+            out[16] = lo;
+        }
+        if (lane == 0) {
+            scale[c] = ldexpf(1.0f, -e);
+            sum[c] = sx;
+        }
     }
 }
 
