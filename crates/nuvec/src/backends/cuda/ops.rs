@@ -122,40 +122,46 @@ fn tf32_matmul() -> Result<bool> {
 /// The shape of the one-row 4-bit GEMV for `k` inputs and `rows` outputs (all weights of a
 /// multi-weight launch together): `(kernel name suffix, output rows per block, threads per block)`.
 ///
-/// Measured on the H200 (docs/cuda.md, fourth session): the probe's per-word loop at 8 rows per
-/// block and 128 registers (`_v6` = 2 warps, `_v7` = 1, `_v8` = 4, `_v9` = 8) decoded the 8B at
-/// 230 tok/s where the older `qgemv_body` shapes gave 137. Long grids take `_v11` (see
-/// [`QG_LONG_GRID`]) where they can; otherwise the warps per block grow from 1 while
-/// the grid holds fewer than [`QG_TARGET_WARPS`] warps and every lane still gets a 32-value chunk
-/// of each row: a [4096, 14336] down projection is only 512 blocks of 8 rows, and at 2 warps
-/// those blocks leave most warp slots of the 132 SMs empty (45 us for 33 MB under ncu), while
-/// long grids (gate/up, LM heads) read as fast with one warp per block.
-/// `NUVEC_QGEMV_VARIANT=0|6..12` forces one shape (for timing them; see [`qgemv4_shape`]);
-/// `_v10`..`_v12` read x per word at 64-96 registers (more warps per SM) and apply only where
-/// `plain` (groups of 32 or more, no fused silu(x) * up).
+/// Where `plain` (groups of 32 or more, no fused silu(x) * up) the integer dot-product kernels
+/// run: `xsplit_f32` first splits x into int8 parts, then each word of weights costs 2 masks, a
+/// shift and 6 `dp4a` per row where the f32 loops issue ~24 instructions (they were bound by
+/// issue, docs/cuda.md, eighth session). Measured on the H200 (ninth session): the 8B decoded at
+/// 402 tok/s against 347 with the f32 loops. Long grids (LM heads, an 8B's gate/up) take 1 warp
+/// per block (`_v13`); otherwise the warps per block grow from 1 while the grid holds fewer than
+/// [`QG_TARGET_WARPS`] warps and every lane still gets a 32-value chunk of each row (`_v13`,
+/// `_v15`, `_v14`): a [4096, 14336] down projection is only 512 blocks of 8 rows. Groups of 16
+/// and the fused silu(x) * up take the per-word f32 loop (`_v7`, `_v6`, `_v8`, `_v9`) by the same
+/// rule. `NUVEC_QGEMV_VARIANT=0|6..15` forces one shape (for timing them; see [`qgemv4_shape`];
+/// `_v10`.. apply only where `plain`), `NUVEC_QGEMV_INT=0` keeps the f32 loops (`_v11` for long
+/// grids).
 fn qgemv4_variant(k: usize, rows: usize, plain: bool) -> (&'static str, usize, u32) {
     static FORCED: OnceLock<Option<usize>> = OnceLock::new();
+    static INT: OnceLock<bool> = OnceLock::new();
     let forced = *FORCED.get_or_init(|| {
         std::env::var("NUVEC_QGEMV_VARIANT")
             .ok()
             .and_then(|v| v.parse::<usize>().ok())
             .filter(|&v| qgemv4_shape(v).is_some())
     });
+    let int = plain && *INT.get_or_init(|| std::env::var("NUVEC_QGEMV_INT").map_or(true, |v| v != "0"));
     let v = match forced.filter(|&v| v < 10 || plain) {
         Some(v) => v,
         None => {
             let (blocks, chunks) = (rows.div_ceil(8), k / 32);
             if plain && blocks >= QG_LONG_GRID {
-                11
+                if int { 13 } else { 11 }
             } else {
                 let mut warps = 1;
                 while warps < 8 && blocks * warps < QG_TARGET_WARPS && chunks >= 64 * warps {
                     warps *= 2;
                 }
-                match warps {
-                    1 => 7,
-                    2 => 6,
-                    4 => 8,
+                match (warps, int) {
+                    (1, true) => 13,
+                    (2, true) => 15,
+                    (_, true) => 14,
+                    (1, false) => 7,
+                    (2, false) => 6,
+                    (4, false) => 8,
                     _ => 9,
                 }
             }
@@ -178,16 +184,17 @@ fn qgemv4_shape(v: usize) -> Option<(&'static str, usize, u32)> {
         10 => ("_v10", 4, 32),
         11 => ("_v11", 8, 32),
         12 => ("_v12", 4, 128),
-        // Integer dot products over x's parts (`xsplit_f32`); only when forced, not yet measured.
+        // Integer dot products over x's parts (`xsplit_f32`): 1, 4 and 2 warps.
         13 => ("_v13", 8, 32),
         14 => ("_v14", 8, 128),
+        15 => ("_v15", 8, 64),
         _ => return None,
     })
 }
 
 /// Whether a one-row 4-bit variant reads x as `xsplit_f32`'s parts (integer dot products).
 fn int_variant(suffix: &str) -> bool {
-    matches!(suffix, "_v13" | "_v14")
+    matches!(suffix, "_v13" | "_v14" | "_v15")
 }
 
 /// Whether the decode down projection takes `silu(gate) * up` inside the GEMV

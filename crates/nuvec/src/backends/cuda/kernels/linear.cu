@@ -720,11 +720,13 @@ extern "C" __global__ void __launch_bounds__(32, 28) qgemv_multi_b4_v10(QGM_PARA
 extern "C" __global__ void __launch_bounds__(32, 20) qgemv_multi_b4_v11(QGM_PARAMS) { pdl_begin(); qgemv4w_multi<8, 1, QG_LOOP_XWORD>(QGM_ARGS); }
 extern "C" __global__ void __launch_bounds__(128, 7) qgemv_multi_b4_v12(QGM_PARAMS) { pdl_begin(); qgemv4w_multi<4, 4, QG_LOOP_XWORD>(QGM_ARGS); }
 // Integer dot products over x's parts (the `x` argument is xsplit_f32's buffer): v13 = 8 rows x 1
-// warp, v14 = 8 rows x 4 warps, 128 registers.
+// warp, v14 = 8 rows x 4 warps, v15 = 8 rows x 2 warps, 128 registers.
 extern "C" __global__ void __launch_bounds__(32, 16) qgemv1_b4_v13(QG_PARAMS) { pdl_begin(); qgemv4w_one<8, 1, QG_LOOP_INT>(QG_ARGS); }
 extern "C" __global__ void __launch_bounds__(128, 4) qgemv1_b4_v14(QG_PARAMS) { pdl_begin(); qgemv4w_one<8, 4, QG_LOOP_INT>(QG_ARGS); }
 extern "C" __global__ void __launch_bounds__(32, 16) qgemv_multi_b4_v13(QGM_PARAMS) { pdl_begin(); qgemv4w_multi<8, 1, QG_LOOP_INT>(QGM_ARGS); }
 extern "C" __global__ void __launch_bounds__(128, 4) qgemv_multi_b4_v14(QGM_PARAMS) { pdl_begin(); qgemv4w_multi<8, 4, QG_LOOP_INT>(QGM_ARGS); }
+extern "C" __global__ void __launch_bounds__(64, 8) qgemv1_b4_v15(QG_PARAMS) { pdl_begin(); qgemv4w_one<8, 2, QG_LOOP_INT>(QG_ARGS); }
+extern "C" __global__ void __launch_bounds__(64, 8) qgemv_multi_b4_v15(QGM_PARAMS) { pdl_begin(); qgemv4w_multi<8, 2, QG_LOOP_INT>(QGM_ARGS); }
 
 // ---- gate_up_silu: a gated MLP's hidden activations in the gate/up GEMV (issue 7) ----
 //
@@ -796,3 +798,4 @@ extern "C" __global__ void __launch_bounds__(32, 20) gate_up_silu_b4_v11(GUS_PAR
 extern "C" __global__ void __launch_bounds__(128, 7) gate_up_silu_b4_v12(GUS_PARAMS) { pdl_begin(); gate_up_silu_b4<2, 4, QG_LOOP_XWORD>(GUS_CALL); }
 extern "C" __global__ void __launch_bounds__(32, 16) gate_up_silu_b4_v13(GUS_PARAMS) { pdl_begin(); gate_up_silu_b4<4, 1, QG_LOOP_INT>(GUS_CALL); }
 extern "C" __global__ void __launch_bounds__(128, 4) gate_up_silu_b4_v14(GUS_PARAMS) { pdl_begin(); gate_up_silu_b4<4, 4, QG_LOOP_INT>(GUS_CALL); }
+extern "C" __global__ void __launch_bounds__(64, 8) gate_up_silu_b4_v15(GUS_PARAMS) { pdl_begin(); gate_up_silu_b4<4, 2, QG_LOOP_INT>(GUS_CALL); }
