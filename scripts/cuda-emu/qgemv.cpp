@@ -84,6 +84,8 @@ static const float* kernel_x(const std::vector<float>& x, bool int_x, std::vecto
     const int k = (int)x.size(), chunks = k / 32;
     keep.assign((size_t)chunks * (QI_WORDS + 2), 0u);
     emu_launch({(unsigned)((chunks * 32 + 127) / 128), 1, 1}, {128, 1, 1}, [&] { xsplit_f32(keep.data(), x.data(), k); });
+    static bool checked = false;  // the split itself against its definition, once
+    if (!checked) check_parts("xsplit_f32 k=" + std::to_string(k), keep.data(), x.data(), k), checked = true;
     return (const float*)keep.data();
 }
 

@@ -177,7 +177,7 @@ fn fused_quantized_decode_ops() {
 fn gate_up_silu_fused_and_composed() {
     // A gated MLP's hidden activations: for one row, 4-bit gate and up with groups of 32+ run as
     // one gate_up_silu_b4 launch (the variant the [gate; up] launch of linear_many takes: every
-    // variant that rule picks, _v11 at 6144+ rows), which must equal linear_many then silu_mul
+    // variant that rule picks, the integer _v13 / _v15 / _v14), which must equal linear_many then silu_mul
     // on this device bit for bit and the CPU at the file's tolerance. Groups of 16, other widths
     // and several rows run that composition, compared the same way. NUVEC_GATE_UP_SILU=0 turns
     // the fused launch off (the comparison then holds trivially).
@@ -186,7 +186,8 @@ fn gate_up_silu_fused_and_composed() {
     let mut cases: Vec<(usize, usize, usize, usize, DType, usize)> = Vec::new(); // bits, group, k, n, dtype, rows
     for group in QuantSpec::AFFINE_GROUPS {
         for pdtype in [DType::BF16, DType::F16, DType::F32] {
-            // k and n picking _v7, _v8, _v6, _v9 and _v11 (rows not a multiple of 4 or 8).
+            // k and n picking _v13, _v14, _v15, _v14 (8 warps by the rule) and _v13 for a long
+            // grid (rows not a multiple of 4 or 8).
             for (k, n) in [(1024usize, 130usize), (4096, 77), (2048, 3000), (8192, 300), (4096, 6200)] {
                 cases.push((4, group, k, n, pdtype, 1));
             }

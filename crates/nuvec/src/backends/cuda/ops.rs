@@ -126,7 +126,7 @@ fn tf32_matmul() -> Result<bool> {
 /// run: `xsplit_f32` first splits x into int8 parts, then each word of weights costs 2 masks, a
 /// shift and 6 `dp4a` per row where the f32 loops issue ~24 instructions (they were bound by
 /// issue, docs/cuda.md, eighth session). Measured on the H200 (ninth session): the 8B decoded at
-/// 402 tok/s against 347 with the f32 loops. Long grids (LM heads, an 8B's gate/up) take 1 warp
+/// 427 tok/s against 347 with the f32 loops, a 1B at 1308 against 1236. Long grids (LM heads, an 8B's gate/up) take 1 warp
 /// per block (`_v13`); otherwise the warps per block grow from 1 while the grid holds fewer than
 /// [`QG_TARGET_WARPS`] warps and every lane still gets a 32-value chunk of each row (`_v13`,
 /// `_v15`, `_v14`): a [4096, 14336] down projection is only 512 blocks of 8 rows. Groups of 16
@@ -149,7 +149,11 @@ fn qgemv4_variant(k: usize, rows: usize, plain: bool) -> (&'static str, usize, u
         None => {
             let (blocks, chunks) = (rows.div_ceil(8), k / 32);
             if plain && blocks >= QG_LONG_GRID {
-                if int { 13 } else { 11 }
+                if int {
+                    13
+                } else {
+                    11
+                }
             } else {
                 let mut warps = 1;
                 while warps < 8 && blocks * warps < QG_TARGET_WARPS && chunks >= 64 * warps {
