@@ -301,97 +301,25 @@ __global__ void __launch_bounds__(WARPS * 32, MINW / WARPS)
     store_rows<ROWS, WARPS>(out, acc, r0, n);
 }
 
-// ---- Integer dot products (gemv4i): x split per 32-value block (a chunk) into a 24-bit block
-// fixed point, X = rint(x 2^e) with |X| <= 2^22 for the block's largest |x|, held as three int8
-// parts X = 65536 hi + 256 mid + lo (hi signed, mid and lo unsigned). A word's 8 nibbles masked
-// into two registers (values 0,2,4,6 and 1,3,5,7 as bytes) meet the parts' bytes in that order
-// in dp4a: 6 dp4a and 3 masks per word and row, the int32 sums exact; per chunk and row the three
-// sums become one f32 (65536 S_hi + 256 S_mid + S_lo, 2^-24 relative), scaled by 2^-e, and
-// s * dot + b * sum(x) as before. x's parts, 2^-e and sum(x) are made once per input (xsplit; in
-// a step, by the kernel that writes x). Layout per chunk: 24 u32, [part][word][even, odd].
+// ---- Integer dot products (gemv4i): linear.cu's loop (qgemv4i_acc) over x's parts as linear.cu's
+// xsplit_f32 writes them (the layout and rounding are described there), with this file's loads.
 __device__ const u32* g_xparts;
-__device__ const float* g_xscale;
-__device__ const float* g_xsum;
 
-// A warp per chunk: lane v takes value v; the chunk's largest |x| and its sum by warp reductions;
-// lane 8j + 2t + eo holds byte t of word (j, eo) of each part, ORed over lane bits 1-2.
-__global__ void xsplit(u32* __restrict__ parts, float* __restrict__ scale, float* __restrict__ sum,
-                       const float* __restrict__ x, int k) {
-    pdl_begin();
-    const int c = (int)((blockIdx.x * blockDim.x + threadIdx.x) >> 5), lane = threadIdx.x & 31;
-    if (c >= k / 32) return;  // whole warps
-    const float v = x[(size_t)c * 32 + lane];
-    const float m = warp_max(fabsf(v)), sx = warp_sum(v);
-    int ex = 0;
-    if (m > 0.0f) frexpf(m, &ex);  // m < 2^ex
-    const int e = m > 0.0f ? 22 - ex : 0;  // |x| 2^e < 2^22
-    const int X = (int)rintf(ldexpf(v, e));
-    const int t = (lane >> 1) & 3;
-    u32 hi = ((u32)(X >> 16) & 255u) << (8 * t), mid = ((u32)(X >> 8) & 255u) << (8 * t), lo = ((u32)X & 255u) << (8 * t);
-    for (int o = 2; o <= 4; o <<= 1) {
-        hi |= __shfl_xor_sync(0xffffffffu, hi, o);
-        mid |= __shfl_xor_sync(0xffffffffu, mid, o);
-        lo |= __shfl_xor_sync(0xffffffffu, lo, o);
-    }
-    if (t == 0) {
-        u32* out = parts + (size_t)c * 24 + (lane >> 3) * 2 + (lane & 1);
-        out[0] = hi;
-        out[8] = mid;
-        out[16] = lo;
-    }
-    if (lane == 0) {
-        scale[c] = ldexpf(1.0f, -e);
-        sum[c] = sx;
-    }
-}
-
-// dp4a_us / dp4a_uu: common.cuh's.
 template <int ROWS, int WARPS>
 __global__ void __launch_bounds__(WARPS * 32, (ROWS >= 8 ? 512 : 768) / (WARPS * 32))
     gemv4i(float* out, const float* __restrict__ /*x: read as g_xparts*/, const u32* __restrict__ packed,
            const u16* __restrict__ sc, const u16* __restrict__ bi, int n, int k, int lg) {
     const int r0 = blockIdx.x * ROWS;
-    const int chunks = k >> 5;
-    const size_t words = (size_t)chunks * 4, gpr = (size_t)(k >> lg);
+    const size_t words = (size_t)(k >> 5) * 4, gpr = (size_t)(k >> lg);
     pdl_begin();
-    const u32* __restrict__ xparts = g_xparts;
+    auto load = [&](uint4 (&w)[ROWS], float (&s)[ROWS][1], float (&b)[ROWS][1], int c) {
+        float s1[ROWS], b1[ROWS];
+        load_rows<ROWS>(w, s1, b1, packed, sc, bi, r0, n, c, words, gpr, lg);
+#pragma unroll
+        for (int r = 0; r < ROWS; ++r) s[r][0] = s1[r], b[r][0] = b1[r];
+    };
     float acc[ROWS];
-#pragma unroll
-    for (int r = 0; r < ROWS; ++r) acc[r] = 0.0f;
-    for (int c = threadIdx.x; c < chunks; c += 32 * WARPS) {
-        uint4 w[ROWS];
-        float s[ROWS], b[ROWS];
-        load_rows<ROWS>(w, s, b, packed, sc, bi, r0, n, c, words, gpr, lg);
-        const uint4* xp = (const uint4*)(xparts + (size_t)c * 24);
-        int S[ROWS][3];
-#pragma unroll
-        for (int r = 0; r < ROWS; ++r) S[r][0] = S[r][1] = S[r][2] = 0;
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {  // words 2h and 2h + 1: one uint4 per part
-            const uint4 xh = __ldg(xp + h), xm = __ldg(xp + 2 + h), xl = __ldg(xp + 4 + h);
-#pragma unroll
-            for (int jj = 0; jj < 2; ++jj) {
-                const u32 he = jj ? xh.z : xh.x, ho = jj ? xh.w : xh.y;
-                const u32 me = jj ? xm.z : xm.x, mo = jj ? xm.w : xm.y;
-                const u32 le = jj ? xl.z : xl.x, lo_ = jj ? xl.w : xl.y;
-#pragma unroll
-                for (int r = 0; r < ROWS; ++r) {
-                    const int j = 2 * h + jj;
-                    const u32 word = j == 0 ? w[r].x : j == 1 ? w[r].y : j == 2 ? w[r].z : w[r].w;
-                    const u32 ev = word & 0x0F0F0F0Fu, od = (word >> 4) & 0x0F0F0F0Fu;
-                    S[r][0] = dp4a_us(od, ho, dp4a_us(ev, he, S[r][0]));
-                    S[r][1] = dp4a_uu(od, mo, dp4a_uu(ev, me, S[r][1]));
-                    S[r][2] = dp4a_uu(od, lo_, dp4a_uu(ev, le, S[r][2]));
-                }
-            }
-        }
-        const float xsc = __ldg(g_xscale + c), xs = __ldg(g_xsum + c);
-#pragma unroll
-        for (int r = 0; r < ROWS; ++r) {
-            const float d = fmaf((float)S[r][0], 65536.0f, fmaf((float)S[r][1], 256.0f, (float)S[r][2]));
-            acc[r] += s[r] * (d * xsc) + b[r] * xs;
-        }
-    }
+    qgemv4i_acc<ROWS, WARPS>(acc, g_xparts, k, load);
     store_rows<ROWS, WARPS>(out, acc, r0, n);
 }
 
@@ -538,18 +466,13 @@ static void launch_pdl(void (*f)(A...), int grid, int threads, int smem, cudaStr
 
 static void split_x(const float* x, int k, cudaStream_t st, bool pdl) {
     static u32* parts = nullptr;
-    static float *scale = nullptr, *sum = nullptr;
     if (!parts) {
-        CK(cudaMalloc(&parts, 28672 / 32 * 24 * 4));
-        CK(cudaMalloc(&scale, 28672 / 32 * 4));
-        CK(cudaMalloc(&sum, 28672 / 32 * 4));
+        CK(cudaMalloc(&parts, 28672 / 32 * (QI_WORDS + 2) * 4));
         CK(cudaMemcpyToSymbol(g_xparts, &parts, sizeof(parts)));
-        CK(cudaMemcpyToSymbol(g_xscale, &scale, sizeof(scale)));
-        CK(cudaMemcpyToSymbol(g_xsum, &sum, sizeof(sum)));
     }
     const int grid = (k / 32 * 32 + 127) / 128;  // a warp per chunk
-    if (pdl) launch_pdl(xsplit, grid, 128, 0, st, parts, scale, sum, x, k);
-    else xsplit<<<grid, 128, 0, st>>>(parts, scale, sum, x, k);
+    if (pdl) launch_pdl(xsplit_f32, grid, 128, 0, st, parts, x, k);
+    else xsplit_f32<<<grid, 128, 0, st>>>(parts, x, k);
     CK(cudaGetLastError());
 }
 

@@ -535,7 +535,7 @@ __device__ __forceinline__ void qgemv4x_acc(float (&acc)[ROWS], const float* __r
     }
 }
 
-// ---- Integer dot products (issue 7; v13, v14: taken only when NUVEC_QGEMV_VARIANT forces them) ----
+// ---- Integer dot products (issue 7; v13-v15, the default for groups of 32 and more) ----
 //
 // x split per 32-value chunk into a 24-bit block fixed point: X = rint(x 2^e), |X| <= 2^22 for the
 // chunk's largest |x|, held as three int8 parts X = 65536 hi + 256 mid + lo (hi signed, mid and lo
