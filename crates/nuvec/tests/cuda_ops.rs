@@ -177,8 +177,8 @@ fn fused_quantized_decode_ops() {
 fn gate_up_silu_fused_and_composed() {
     // A gated MLP's hidden activations: for one row, 4-bit gate and up with groups of 32+ run as
     // one gate_up_silu_b4 launch (the variant the [gate; up] launch of linear_many takes: every
-    // variant that rule picks, the integer _v13 / _v15 / _v14), which must equal linear_many then silu_mul
-    // on this device bit for bit and the CPU at the file's tolerance. Groups of 16, other widths
+    // variant that rule picks, the integer _v13 / _v15 / _v14), which must equal linear_many
+    // then silu_mul on this device bit for bit and the CPU at the file's tolerance. Groups of 16, other widths
     // and several rows run that composition, compared the same way. NUVEC_GATE_UP_SILU=0 turns
     // the fused launch off (the comparison then holds trivially).
     let dev = gpu();

@@ -733,10 +733,10 @@ extern "C" __global__ void __launch_bounds__(64, 8) qgemv_multi_b4_v15(QGM_PARAM
 // out[i] = silu(x . gate[i]) * (x . up[i]) for one input row, 4-bit affine gate and up of one
 // shape, group size (32 and more) and scale dtype: one launch where linear_many then silu_mul
 // took two. Each block takes ROWS rows of gate and the same ROWS rows of up as one 2 * ROWS-row
-// pass of the per-word loop (qgemv4w_acc) or of the x-per-word loop (qgemv4x_acc), so each row's
-// sum adds in the order of the qgemv_multi_b4 kernel of the same loop and warps per block; the
-// host picks the variant that qgemv4_variant picks for the [gate; up] launch (the same grid:
-// 2 * ROWS rows per block there too), so that the fused result equals linear_many then silu_mul
+// pass of the per-word, x-per-word or integer loop (qgemv4w_acc, qgemv4x_acc, qgemv4i_acc), so
+// each row's sum adds in the order of the qgemv_multi_b4 kernel of the same loop and warps per
+// block; the host picks the variant that qgemv4_variant picks for the [gate; up] launch (the same
+// grid: 2 * ROWS rows per block there too), so that the fused result equals linear_many then silu_mul
 // bit for bit. The product is silu_mul_f32's expression.
 // ROWS rows of gate into the first half of a block's row arrays, the same rows of up into the second.
 template <int ROWS>
@@ -787,7 +787,7 @@ __device__ __forceinline__ void gate_up_silu_b4(GUS_PARAMS) {
     else gate_up_silu_body<LOOP, DT_F32, ROWS, WARPS>(GUS_ARGS);
 }
 
-// One per qgemv_multi_b4 variant of the 8-row loops and the x-per-word ones, with its launch
+// One per qgemv_multi_b4 variant of the per-word, x-per-word and integer loops, with its launch
 // bounds: 4 rows of gate and 4 of up per block where the variant takes 8 rows (2 and 2 for 4).
 extern "C" __global__ void __launch_bounds__(64, 8) gate_up_silu_b4_v6(GUS_PARAMS) { pdl_begin(); gate_up_silu_b4<4, 2, QG_LOOP_WORD>(GUS_CALL); }
 extern "C" __global__ void __launch_bounds__(32, 16) gate_up_silu_b4_v7(GUS_PARAMS) { pdl_begin(); gate_up_silu_b4<4, 1, QG_LOOP_WORD>(GUS_CALL); }

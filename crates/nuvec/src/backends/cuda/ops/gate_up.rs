@@ -19,9 +19,9 @@ fn enabled() -> bool {
     *ON.get_or_init(|| std::env::var("NUVEC_GATE_UP_SILU").map_or(true, |v| v != "0"))
 }
 
-/// The `qgemv_multi_b4` variants with a fused twin `gate_up_silu_b4{suffix}` (the per-word and
-/// x-per-word loops; not `qgemv1_b4`'s, which `NUVEC_QGEMV_VARIANT=0` forces). A twin takes half
-/// its variant's rows of gate per block, and as many of up.
+/// The `qgemv_multi_b4` variants with a fused twin `gate_up_silu_b4{suffix}` (the per-word,
+/// x-per-word and integer loops; not `qgemv1_b4`'s, which `NUVEC_QGEMV_VARIANT=0` forces). A twin
+/// takes half its variant's rows of gate per block, and as many of up.
 const FUSED_VARIANTS: [&str; 10] = ["_v6", "_v7", "_v8", "_v9", "_v10", "_v11", "_v12", "_v13", "_v14", "_v15"];
 
 impl CudaBackend {
@@ -63,13 +63,13 @@ impl CudaBackend {
             return Ok(None);
         }
         let (name, rows_per_block) = (format!("gate_up_silu_b4{suffix}"), rows / 2);
-        let (xp, _parts) = self.gemv_input(op, suffix, xp, k)?;
         let mut shape = x.shape().to_vec();
         *shape.last_mut().expect("x has an axis") = n;
         let out = self.output(&shape, DType::F32, false)?;
         if n == 0 {
             return Ok(Some(out));
         }
+        let (xp, _parts) = self.gemv_input(op, suffix, xp, k)?;
         let st: &State = self.st()?;
         let o = out.cuda_ptr()?;
         let (ni, p_dt, ki) = (to_i32(op, "rows", n)?, ga.p_dt, to_i32(op, "k", k)?);
