@@ -31,3 +31,35 @@ static void cmp(const std::string& what, const std::vector<float>& got, const st
     }
     printf("ok   %-60s max rel %.2e\n", what.c_str(), worst);
 }
+
+// The integer GEMVs' parts of a row x (common.cuh xsplit_chunk: per 32-value chunk, X = rint(x 2^e)
+// with e = 22 - the exponent of the chunk's largest |x|, bytes hi (signed), mid, lo of X; value v at
+// word (v / 8, v % 2) byte (v % 8) / 2 of each part; then the scales 2^-e and the sums) checked
+// against that definition written out here: every byte and scale exactly, the sums to 1e-5.
+static void check_parts(const std::string& what, const unsigned* parts, const float* x, int k) {
+    const int chunks = k / 32;
+    const float* scale = (const float*)(parts + (size_t)chunks * 24);
+    for (int c = 0; c < chunks; ++c) {
+        float m = 0;
+        double sum = 0, asum = 0;
+        for (int v = 0; v < 32; ++v) m = std::max(m, std::fabs(x[c * 32 + v])), sum += x[c * 32 + v], asum += std::fabs(x[c * 32 + v]);
+        int ex = 0;
+        if (m > 0) std::frexp(m, &ex);
+        const int e = m > 0 ? 22 - ex : 0;
+        if (scale[c] != std::ldexp(1.0f, -e) || std::fabs(scale[chunks + c] - sum) > 1e-5 * (asum + 1e-30)) {
+            check(false, what + " chunk " + std::to_string(c) + " scale or sum");
+            return;
+        }
+        for (int v = 0; v < 32; ++v) {
+            const long X = std::lrint(std::ldexp((double)x[c * 32 + v], e));
+            const int word = (v / 8) * 2 + v % 2, shift = 8 * ((v % 8) / 2);
+            const unsigned* p = parts + (size_t)c * 24 + word;
+            const long got = (long)(signed char)(p[0] >> shift) * 65536 + ((p[8] >> shift) & 255u) * 256 + ((p[16] >> shift) & 255u);
+            if (got != X) {
+                check(false, what + " chunk " + std::to_string(c) + " value " + std::to_string(v));
+                return;
+            }
+        }
+    }
+    printf("ok   %-60s parts as defined\n", what.c_str());
+}

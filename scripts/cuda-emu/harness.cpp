@@ -106,7 +106,7 @@ static void test_attn(int l, int kv, int hq, int hkv, int d, bool sink, int path
         emu_launch({(unsigned)hq, (unsigned)l, (unsigned)splits}, {128, 1, 1}, [&] {
             attention_split_f32(part.data(), q.data(), k.data(), v.data(), l, hq, hkv, d, cap, kv, scale, chunk, nullptr, want);
         });
-        emu_launch({(unsigned)hq, (unsigned)l, 1}, {128, 1, 1}, [&] { attention_merge_f32(out.data(), part.data(), hq, d, splits, sp); });
+        emu_launch({(unsigned)hq, (unsigned)l, 1}, {128, 1, 1}, [&] { attention_merge_f32(out.data(), part.data(), hq, d, splits, sp, nullptr); });
     } else {  // scores by hand (as the SGEMM would), then the causal softmax kernel, then PV by hand
         int first = kv - l, n = kv;
         std::vector<float> sc((size_t)hq * l * n);
@@ -133,6 +133,18 @@ static void test_attn(int l, int kv, int hq, int hkv, int d, bool sink, int path
     }
     char name[200]; snprintf(name, 200, "attention path=%d sinks=%d L=%d kv=%d Hq=%d Hkv=%d D=%d", path, sink, l, kv, hq, hkv, d);
     cmp(name, out, want);
+    if (path == 1 && l == 1 && d % 32 == 0) {  // a decode row: the merge again, writing the parts too
+        int want_s = std::max(1, (512 + hq - 1) / hq);
+        int chunk = std::max(32, (kv + want_s - 1) / want_s), splits = std::max(1, (kv + chunk - 1) / chunk);
+        std::vector<float> part((size_t)hq * splits * (d + 2)), o2(out.size());
+        std::vector<unsigned> parts((size_t)hq * d / 32 * 26, 0xdeadbeefu);
+        emu_launch({(unsigned)hq, 1, (unsigned)splits}, {128, 1, 1}, [&] {
+            attention_split_f32(part.data(), q.data(), k.data(), v.data(), l, hq, hkv, d, cap, kv, scale, chunk, nullptr, want_s);
+        });
+        emu_launch({(unsigned)hq, 1, 1}, {128, 1, 1}, [&] { attention_merge_f32(o2.data(), part.data(), hq, d, splits, sp, parts.data()); });
+        check(o2 == out, std::string(name) + " with parts: same output");
+        check_parts(std::string(name) + " merge parts", parts.data(), o2.data(), hq * d);
+    }
 }
 
 // ---- split attention reading its kv length from the step scalars (CUDA graphs) ----
@@ -146,7 +158,7 @@ static void split_launch(std::vector<float>& out, const std::vector<float>& q, c
     emu_launch({(unsigned)hq, (unsigned)l, (unsigned)splits}, {128, 1, 1}, [&] {
         attention_split_f32(part.data(), q.data(), k.data(), v.data(), l, hq, hkv, d, cap, kv_arg, scale, chunk, step, want);
     });
-    emu_launch({(unsigned)hq, (unsigned)l, 1}, {128, 1, 1}, [&] { attention_merge_f32(out.data(), part.data(), hq, d, splits, sp); });
+    emu_launch({(unsigned)hq, (unsigned)l, 1}, {128, 1, 1}, [&] { attention_merge_f32(out.data(), part.data(), hq, d, splits, sp, nullptr); });
 }
 static void test_attn_step(int l, int hq, int hkv, int d, bool sink, int kv0, std::vector<int> kvs) {
     int cap = 700;

@@ -77,38 +77,6 @@ static std::vector<float> rnd(size_t n) {
     return v;
 }
 
-// x's parts as linear.cu's xsplit_f32 defines them (per 32-value chunk, X = rint(x 2^e) with
-// e = 22 - the exponent of the chunk's largest |x|, bytes hi (signed), mid, lo of X; value v at
-// word (v / 8, v % 2) byte (v % 8) / 2 of each part; then the scales 2^-e and the sums), checked
-// against that definition written out here: every byte and scale exactly, the sums to 1e-5.
-static void check_parts(const std::string& what, const unsigned* parts, const float* x, int k) {
-    const int chunks = k / 32;
-    const float* scale = (const float*)(parts + (size_t)chunks * QI_WORDS);
-    for (int c = 0; c < chunks; ++c) {
-        float m = 0;
-        double sum = 0, asum = 0;
-        for (int v = 0; v < 32; ++v) m = std::max(m, std::fabs(x[c * 32 + v])), sum += x[c * 32 + v], asum += std::fabs(x[c * 32 + v]);
-        int ex = 0;
-        if (m > 0) std::frexp(m, &ex);
-        const int e = m > 0 ? 22 - ex : 0;
-        if (scale[c] != std::ldexp(1.0f, -e) || std::fabs(scale[chunks + c] - sum) > 1e-5 * (asum + 1e-30)) {
-            check(false, what + " chunk " + std::to_string(c) + " scale or sum");
-            return;
-        }
-        for (int v = 0; v < 32; ++v) {
-            const long X = std::lrint(std::ldexp((double)x[c * 32 + v], e));
-            const int word = (v / 8) * 2 + v % 2, shift = 8 * ((v % 8) / 2);
-            const unsigned* p = parts + (size_t)c * QI_WORDS + word;
-            const long got = (long)(signed char)(p[0] >> shift) * 65536 + ((p[8] >> shift) & 255u) * 256 + ((p[16] >> shift) & 255u);
-            if (got != X) {
-                check(false, what + " chunk " + std::to_string(c) + " value " + std::to_string(v));
-                return;
-            }
-        }
-    }
-    printf("ok   %-60s parts as defined\n", what.c_str());
-}
-
 // What a kernel reads as x: x itself, or for the integer variants (int_x) x's parts as xsplit_f32
 // writes them (run through the emulator too), in `keep`.
 static const float* kernel_x(const std::vector<float>& x, bool int_x, std::vector<unsigned>& keep) {
@@ -207,6 +175,29 @@ static void test_gate_up(const char* name, GateUp f, Multi multi, int rows, int 
     printf("ok   %-60s = multi + silu_mul bit for bit\n", tag.c_str());
 }
 
+// gate_up_silu_b4_v16 (v13's blocks as the 8 warps of a 32-output block, writing the down
+// projection's parts): its outputs equal v13's bit for bit, and its parts are as defined.
+static void test_gate_up_chunk(int n, int k, int group, int dt) {
+    QW g = make(n, k, group, dt, 0.05f), u = make(n, k, group, dt, 0.05f);
+    auto x = rnd(k);
+    std::vector<unsigned> parts, hparts((size_t)n / 32 * (QI_WORDS + 2), 0xdeadbeefu);
+    const float* xk = kernel_x(x, true, parts);
+    const int lg = __builtin_ctz(group);
+    std::vector<float> got(n, NAN), v13(n, NAN);
+    emu_launch({(unsigned)(n / 32), 1, 1}, {256, 1, 1}, [&] {
+        gate_up_silu_b4_v16(got.data(), xk, n, g.packed.data(), g.sc.data(), g.bi.data(), u.packed.data(), u.sc.data(),
+                            u.bi.data(), dt, lg, k, hparts.data());
+    });
+    emu_launch({(unsigned)(n / 4), 1, 1}, {32, 1, 1}, [&] {
+        gate_up_silu_b4_v13(v13.data(), xk, n, g.packed.data(), g.sc.data(), g.bi.data(), u.packed.data(), u.sc.data(),
+                            u.bi.data(), dt, lg, k);
+    });
+    const std::string tag = "gate_up_silu_b4_v16 n=" + std::to_string(n) + " k=" + std::to_string(k) + " g" +
+                            std::to_string(group) + " dt" + std::to_string(dt);
+    check(memcmp(got.data(), v13.data(), 4 * (size_t)n) == 0, tag + " = v13 bit for bit");
+    check_parts(tag + " down projection's", hparts.data(), got.data(), n);
+}
+
 int main() {
     // qg4_word: each value of a word exactly 1 + q/16, in order (the f16 pairs widened), for
     // every byte pattern in each position (a value in the wrong slot, or off by a bit, fails).
@@ -265,6 +256,11 @@ int main() {
                 test_gate_up(kn.name, kn.f, kn.multi, kn.rows, kn.threads, 77, 384, group, dt, kn.int_x);
                 test_gate_up(kn.name, kn.f, kn.multi, kn.rows, kn.threads, 6, 4096, group, dt, kn.int_x);
             }
+    for (int group : {32, 64, 128})
+        for (int dt : {DT_F32, DT_F16, DT_BF16}) {
+            test_gate_up_chunk(64, 384, group, dt);
+            test_gate_up_chunk(32, 4096, group, dt);
+        }
     printf("%d failures\n", fails);
     return fails != 0;
 }

@@ -42,6 +42,25 @@ static void test_norms(int rows, int d, int vec, std::mt19937& rng) {
         rms_norm_f32(out2.data(), ref_sum.data(), w.data(), DT_F32, d, eps, vec);
     });
     check(std::memcmp(out2.data(), ref_out.data(), 4 * out2.size()) == 0, "rms_norm 2 per thread " + tag);
+    if (rows == 1 && d % 32 == 0) {  // a decode row: the multi-block norms that write the parts
+        // ops/fused.rs norm_row_cfg: up to 256 threads (F = 1, 2, 4), a block per warps' chunks.
+        unsigned vt = threads_for(d), f = 1;
+        while (f < 4 && (vt / f > 256 || vt % (32 * f))) f *= 2;
+        if (vt % (32 * f)) f = 1;
+        const unsigned threads = vt / f, blocks = (d / 32 + threads / 32 - 1) / (threads / 32);
+        std::vector<unsigned> pa((size_t)d / 32 * 26, 0xdeadbeefu), pr(pa);
+        std::vector<float> s1(d, NAN), o1(d, NAN), o2(d, NAN);
+        emu_launch({blocks, 1, 1}, {threads, 1, 1}, [&] {
+            add_rms_norm_row_f32(s1.data(), o1.data(), a.data(), b.data(), w.data(), DT_F32, d, eps, vec, pa.data());
+        });
+        emu_launch({blocks, 1, 1}, {threads, 1, 1}, [&] {
+            rms_norm_row_f32(o2.data(), ref_sum.data(), w.data(), DT_F32, d, eps, vec, pr.data());
+        });
+        check(o1 == ref_out && o2 == ref_out && s1 == ref_sum,
+              "row norms over " + std::to_string(blocks) + " blocks of " + std::to_string(threads) + " = one block " + tag);
+        check_parts("add_rms_norm_row_f32 parts " + tag, pa.data(), o1.data(), d);
+        check_parts("rms_norm_row_f32 parts " + tag, pr.data(), o2.data(), d);
+    }
     check(std::memcmp(sum.data(), ref_sum.data(), 4 * sum.size()) == 0, "add_rms_norm sum " + tag);
     check(std::memcmp(out.data(), ref_out.data(), 4 * out.size()) == 0, "add_rms_norm == add + rms_norm " + tag);
     for (int r = 0; r < rows; ++r) {
@@ -78,6 +97,26 @@ static void test_rope_qk(int l, int hq, int hkv, int d, int half, int traditiona
     std::string tag = "rope_qk l=" + std::to_string(l) + " hq=" + std::to_string(hq) + " hkv=" + std::to_string(hkv) +
                       " d=" + std::to_string(d) + " half=" + std::to_string(half) + " trad=" + std::to_string(traditional) +
                       " norm=" + std::to_string(norm);
+    {  // rope_qk_kv_f32: the same queries, and keys / values in their caches at cache_off + t
+        const int cap = l + 9, at = 5;
+        std::vector<float> v(k.size()), kc((size_t)hkv * cap * d, 7.0f), vc(kc), q2(q.size(), NAN);
+        for (auto& x : v) x = nd(rng);
+        emu_launch({(unsigned)((hq + 2 * hkv + 7) / 8), (unsigned)l, 1}, {256, 1, 1}, [&] {
+            rope_qk_kv_f32(q2.data(), kc.data(), vc.data(), q.data(), k.data(), v.data(), qw.data(), kw.data(), DT_F32,
+                           1e-6f, norm, freqs.data(), half, hq, hkv, d, offset, traditional, nullptr, cap, at);
+        });
+        bool same = std::memcmp(q2.data(), qo.data(), 4 * q2.size()) == 0;
+        for (int h = 0; h < hkv; ++h)
+            for (int p = 0; p < cap; ++p)
+                for (int i = 0; i < d; ++i) {
+                    const size_t c = ((size_t)h * cap + p) * d + i;
+                    const bool row = p >= at && p < at + l;
+                    const size_t src = ((size_t)(p - at) * hkv + h) * d + i;
+                    const float wk = row ? ko[src] : 7.0f, wv = row ? v[src] : 7.0f;
+                    same = same && std::memcmp(&kc[c], &wk, 4) == 0 && std::memcmp(&vc[c], &wv, 4) == 0;
+                }
+        check(same, tag + " rope_qk_kv_f32 == rope_qk_f32 + the cache writes");
+    }
     for (int is_q = 1; is_q >= 0; --is_q) {
         const std::vector<float>& x = is_q ? q : k;
         const std::vector<float>& got = is_q ? qo : ko;
@@ -151,6 +190,9 @@ int main() {
         test_norms(2, 4096, vec, rng);
         test_norms(3, 1024, vec, rng);
         test_norms(1, 128, vec, rng);
+        test_norms(1, 4096, vec, rng);
+        test_norms(1, 1536, vec, rng);  // 384 virtual threads: 192 threads of 2
+        test_norms(1, 1920, vec, rng);  // 480: one per thread
     }
     test_norms(2, 1001, 0, rng);  // not a multiple of 4: the scalar path's tail
     test_norms(1, 6000, 0, rng);  // over 1024 virtual threads' 4 values, a partial last pass

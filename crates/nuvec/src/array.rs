@@ -337,6 +337,23 @@ impl Array {
         }
     }
 
+    /// Records `parts` (written by the launch that wrote this array) as the integer GEMVs' parts
+    /// of this array as one f32 row.
+    pub(crate) fn set_int_parts(&self, parts: crate::backends::cuda::DeviceBuffer) {
+        if let Bytes::Cuda(buf) = &*self.bytes {
+            buf.set_int_parts(parts);
+        }
+    }
+
+    /// The device address of the integer GEMVs' parts of this array, when they were recorded for
+    /// its bytes and it views all of them (a reshape does; a window into a larger array does not).
+    pub(crate) fn int_parts(&self) -> Option<u64> {
+        match &*self.bytes {
+            Bytes::Cuda(buf) if self.offset == 0 && self.nbytes() == buf.len() => buf.int_parts(),
+            _ => None,
+        }
+    }
+
     /// A view of `shape` starting `byte_offset` bytes into this array (no copy).
     pub(crate) fn window(&self, shape: Vec<usize>, byte_offset: usize) -> Array {
         Array { shape, offset: self.offset + byte_offset, ..self.clone() }

@@ -226,6 +226,30 @@ pub trait Backend: Send + Sync {
     fn gate_up_silu(&self, x: &Array, gate: &Matrix, up: &Matrix) -> Result<Array> {
         gate_up_silu_composed(self, x, gate, up)
     }
+
+    // rope with the cache write: an attention step's rope and its key/value cache write as one
+    // (one kernel launch fewer per layer in a GPU decode step).
+
+    /// [`Backend::rope_qk`] of `q, k`, then [`Backend::write_kv_rows`] of the rotated keys and
+    /// `v [L, kv_heads, head_dim]` into `k_cache, v_cache [kv_heads, capacity, head_dim]` at
+    /// `cache_offset`; returns the rotated queries. The default is those two ops; a backend's own
+    /// version gives the same results.
+    #[allow(clippy::too_many_arguments)]
+    fn rope_qk_write_kv(
+        &self,
+        q: &Array,
+        k: &Array,
+        v: &Array,
+        qk_norm: Option<(&Array, &Array, f32)>,
+        inv_freqs: &[f32],
+        offset: usize,
+        traditional: bool,
+        (k_cache, v_cache, cache_offset): (&mut Array, &mut Array, usize),
+    ) -> Result<Array> {
+        let (q, k) = self.rope_qk(q, k, qk_norm, inv_freqs, offset, traditional)?;
+        self.write_kv_rows(k_cache, v_cache, &k, v, cache_offset)?;
+        Ok(q)
+    }
 }
 
 /// [`Backend::gate_up_silu`] as its default composes it (for backends that fuse only some cases

@@ -183,3 +183,20 @@ pub fn rope_qk(
 ) -> Result<(Array, Array)> {
     backend(q.device()).rope_qk(q, k, qk_norm, inv_freqs, offset, traditional)
 }
+
+/// [`rope_qk`], then the rotated keys and `v` written into `k_cache, v_cache` at `cache_offset`
+/// (as [`Array::write_kv_rows`]); returns the rotated queries. One launch on a GPU; see
+/// [`crate::Backend::rope_qk_write_kv`].
+#[allow(clippy::too_many_arguments)]
+pub fn rope_qk_write_kv(
+    q: &Array,
+    k: &Array,
+    v: &Array,
+    qk_norm: Option<(&Array, &Array, f32)>,
+    inv_freqs: &[f32],
+    offset: usize,
+    traditional: bool,
+    cache: (&mut Array, &mut Array, usize),
+) -> Result<Array> {
+    backend(q.device()).rope_qk_write_kv(q, k, v, qk_norm, inv_freqs, offset, traditional, cache)
+}

@@ -177,8 +177,9 @@ fn fused_quantized_decode_ops() {
 fn gate_up_silu_fused_and_composed() {
     // A gated MLP's hidden activations: for one row, 4-bit gate and up with groups of 32+ run as
     // one gate_up_silu_b4 launch (the variant the [gate; up] launch of linear_many takes: every
-    // variant that rule picks, the integer _v13 / _v15 / _v14), which must equal linear_many
-    // then silu_mul on this device bit for bit and the CPU at the file's tolerance. Groups of 16, other widths
+    // variant that rule picks: the integer _v13 / _v15 / _v14, which with n a multiple of 32 also
+    // write the down projection's parts), which must equal linear_many then silu_mul
+    // on this device bit for bit and the CPU at the file's tolerance. Groups of 16, other widths
     // and several rows run that composition, compared the same way. NUVEC_GATE_UP_SILU=0 turns
     // the fused launch off (the comparison then holds trivially).
     let dev = gpu();
@@ -186,9 +187,9 @@ fn gate_up_silu_fused_and_composed() {
     let mut cases: Vec<(usize, usize, usize, usize, DType, usize)> = Vec::new(); // bits, group, k, n, dtype, rows
     for group in QuantSpec::AFFINE_GROUPS {
         for pdtype in [DType::BF16, DType::F16, DType::F32] {
-            // k and n picking _v13, _v14, _v15, _v14 (8 warps by the rule) and _v13 for a long
-            // grid (rows not a multiple of 4 or 8).
-            for (k, n) in [(1024usize, 130usize), (4096, 77), (2048, 3000), (8192, 300), (4096, 6200)] {
+            // k and n picking _v13, _v14, _v15, _v14 (8 warps by the rule), _v13 (a long grid,
+            // n not a multiple of 32) and _v13 writing parts (n = 6144).
+            for (k, n) in [(1024usize, 130usize), (4096, 77), (2048, 3000), (8192, 300), (4096, 6200), (1024, 6144)] {
                 cases.push((4, group, k, n, pdtype, 1));
             }
         }
@@ -210,6 +211,51 @@ fn gate_up_silu_fused_and_composed() {
         let [g, u]: [Array; 2] = xg.linear_many(&[&gg, &ug]).unwrap().try_into().unwrap();
         exact(&format!("{case} = linear_many + silu_mul on the GPU"), &got, &g.silu_mul(&u).unwrap());
     }
+}
+
+#[test]
+fn producers_write_the_gemv_parts() {
+    // The integer GEMVs (4-bit, groups of 32+, one row) read x as int8 parts. On a decode row the
+    // row norms, the decode attention's merge and the fused gate/up write those parts with their
+    // output; a GEMV over such an output must equal, bit for bit, the GEMV over the same values
+    // uploaded afresh (whose parts a separate xsplit_f32 launch writes), and the CPU at the file's
+    // tolerance.
+    let dev = gpu();
+    let mut rng = Rng::new(31);
+    let (d, hidden) = (4096usize, 6144usize);
+    let w = quantized(&mut rng, 3000, d, 4, 64, DType::BF16);
+    let w2 = quantized(&mut rng, 1000, d, 4, 64, DType::BF16);
+    let down = quantized(&mut rng, d, hidden, 4, 64, DType::BF16);
+    let (gate, up) =
+        (quantized(&mut rng, hidden, d, 4, 64, DType::BF16), quantized(&mut rng, hidden, d, 4, 64, DType::BF16));
+    let on = |m: &Matrix| m.to_device(dev).unwrap();
+    let (wg, w2g, downg) = (on(&w), on(&w2), on(&down));
+    let check = |case: &str, produced: &Array, w: &Matrix, wg: &Matrix| {
+        let host = produced.to_device(Device::Cpu).unwrap();
+        let got = produced.linear(wg).unwrap();
+        let fresh = host.to_device(dev).unwrap().linear(wg).unwrap();
+        exact(&format!("{case}: the producer's parts = xsplit_f32's"), &got, &fresh);
+        close(case, &got, &host.linear(w).unwrap());
+    };
+    let g = |v: Vec<f32>, shape: &[usize]| arr(&v, shape).to_device(dev).unwrap();
+    let (x, res, nw) = (g(rng.vec(d, 1.0), &[1, d]), g(rng.vec(d, 1.0), &[1, d]), g(rng.vec(d, 1.0), &[d]));
+    let normed = x.rms_norm(&nw, 1e-5).unwrap();
+    check("rms_norm then linear", &normed, &w, &wg);
+    let many = normed.linear_many(&[&wg, &w2g]).unwrap();
+    let host = normed.to_device(Device::Cpu).unwrap().to_device(dev).unwrap();
+    let fresh = host.linear_many(&[&wg, &w2g]).unwrap();
+    for (i, (a, b)) in many.iter().zip(&fresh).enumerate() {
+        exact(&format!("rms_norm then linear_many weight {i}"), a, b);
+    }
+    let (_, normed) = x.add_rms_norm(&res, &nw, 1e-5).unwrap();
+    check("add_rms_norm then linear", &normed, &w, &wg);
+    let (hq, hkv, hd, kv) = (32usize, 8usize, 128usize, 300usize);
+    let q = g(rng.vec(hq * hd, 1.0), &[1, hq, hd]);
+    let (k, v) = (g(rng.vec(hkv * kv * hd, 1.0), &[hkv, kv, hd]), g(rng.vec(hkv * kv * hd, 1.0), &[hkv, kv, hd]));
+    let attn = nuvec::attention(&q, &k, &v, kv, 1.0 / (hd as f32).sqrt()).unwrap();
+    check("decode attention then linear", &attn, &w, &wg);
+    let h = normed.gate_up_silu(&on(&gate), &on(&up)).unwrap();
+    check("gate_up_silu then the down projection", &h, &down, &downg);
 }
 
 #[test]
@@ -664,6 +710,54 @@ fn decode_fusions() {
                     close(&format!("{case} k"), &gk, &wk);
                 }
             }
+        }
+    }
+
+    // rope_qk_write_kv: one launch equals rope_qk then write_kv_rows on this device bit for bit
+    // (queries and both caches), and the CPU (the trait's composition) at the file's tolerance;
+    // a cache of another dtype takes the separate ops.
+    for (l, hq, hkv, d, cap, at) in [(1usize, 32usize, 8usize, 128usize, 300usize, 17usize), (5, 4, 2, 64, 64, 59)] {
+        let freqs: Vec<f32> = (0..d / 2).map(|i| 5e5f32.powf(-2.0 * i as f32 / d as f32)).collect();
+        for norm in [None, Some(DType::BF16)] {
+            let q = arr(&rng.vec(l * hq * d, 2.0), &[l, hq, d]);
+            let k = arr(&rng.vec(l * hkv * d, 2.0), &[l, hkv, d]);
+            let v = arr(&rng.vec(l * hkv * d, 2.0), &[l, hkv, d]);
+            let (kc, vc) =
+                (arr(&rng.vec(hkv * cap * d, 1.0), &[hkv, cap, d]), arr(&rng.vec(hkv * cap * d, 1.0), &[hkv, cap, d]));
+            let ws = norm.map(|dt| (floats(&rng.vec(d, 1.0), &[d], dt), floats(&rng.vec(d, 1.0), &[d], dt)));
+            let cpu_norm = ws.as_ref().map(|(a, b)| (a, b, 1e-6f32));
+            let gws = ws.as_ref().map(|(a, b)| (to(a), to(b)));
+            let gpu_norm = gws.as_ref().map(|(a, b)| (a, b, 1e-6f32));
+            let case = format!("rope_qk_write_kv L={l} Hq={hq} Hkv={hkv} D={d} norm={norm:?} at {at}");
+            let (mut wk, mut wv) = (kc.clone(), vc.clone());
+            let wq = nuvec::rope_qk_write_kv(&q, &k, &v, cpu_norm, &freqs, 300, false, (&mut wk, &mut wv, at)).unwrap();
+            let (mut gk, mut gv) = (to(&kc), to(&vc));
+            let (gq_in, gk_in, gv_in) = (to(&q), to(&k), to(&v));
+            let gq =
+                nuvec::rope_qk_write_kv(&gq_in, &gk_in, &gv_in, gpu_norm, &freqs, 300, false, (&mut gk, &mut gv, at))
+                    .unwrap();
+            let (sq, sk) = nuvec::rope_qk(&gq_in, &gk_in, gpu_norm, &freqs, 300, false).unwrap();
+            let (mut sk_cache, mut sv_cache) = (to(&kc), to(&vc));
+            sk_cache.write_kv_rows(&mut sv_cache, &sk, &gv_in, at).unwrap();
+            exact(&format!("{case}: queries = rope_qk's"), &gq, &sq);
+            exact(&format!("{case}: key cache = rope_qk then write_kv_rows"), &gk, &sk_cache);
+            exact(&format!("{case}: value cache = write_kv_rows'"), &gv, &sv_cache);
+            close(&format!("{case} q against the CPU"), &gq, &wq);
+            close(&format!("{case} key cache against the CPU"), &gk, &wk);
+            exact(&format!("{case} value cache against the CPU"), &gv, &wv);
+            // A bf16 cache: this backend's write_kv_rows refuses it, and so does the fused op
+            // (it runs the separate ops for caches it does not take).
+            let bf = |c: &Array| to(&c.astype(DType::BF16).unwrap());
+            let (mut hk, mut hv) = (bf(&kc), bf(&vc));
+            let fused =
+                nuvec::rope_qk_write_kv(&gq_in, &gk_in, &gv_in, gpu_norm, &freqs, 300, false, (&mut hk, &mut hv, at));
+            let (mut bk, mut bv) = (bf(&kc), bf(&vc));
+            let separate = bk.write_kv_rows(&mut bv, &sk, &gv_in, at);
+            assert_eq!(
+                fused.is_ok(),
+                separate.is_ok(),
+                "{case}: a bf16 cache, fused {fused:?} / separate {separate:?}"
+            );
         }
     }
 

@@ -59,6 +59,24 @@ impl KvCache {
         Ok((k.clone(), v.clone()))
     }
 
+    /// Adds `l` positions of `h` heads of `d` features through `write(keys, values, at)`, which
+    /// writes them into the cache buffers at position `at` and returns the queries (it may make
+    /// them along: the rope of queries and keys with the cache write is one op on a GPU), then
+    /// attends those queries over the cache as [`super::LayerCache::attend_with_sinks`] does.
+    pub fn attend_written(
+        &mut self,
+        (l, h, d): (usize, usize, usize),
+        device: Device,
+        (scale, sinks): (f32, Option<&[f32]>),
+        write: impl FnOnce(&mut Array, &mut Array, usize) -> Result<Array>,
+    ) -> Result<Array> {
+        self.reserve(h, l, d, device)?;
+        let (k, v) = (self.keys.as_mut().expect("allocated above"), self.values.as_mut().expect("allocated above"));
+        let q = write(k, v, self.offset)?;
+        self.offset += l;
+        super::ops::sdpa(&q, k, v, self.offset, scale, sinks)
+    }
+
     /// Makes room for `l` more positions of `h` heads of `d` features.
     fn reserve(&mut self, h: usize, l: usize, d: usize, keys_device: Device) -> Result<()> {
         let needed = self.offset + l;

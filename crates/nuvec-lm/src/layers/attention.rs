@@ -78,7 +78,22 @@ impl Attention {
         let q = q.reshape(&[l, s.heads, s.head_dim])?;
         let k = k.reshape(&[l, s.kv_heads, s.head_dim])?;
         let v = v.reshape(&[l, s.kv_heads, s.head_dim])?;
-        // The q/k norms (when the family has them) and rope of both, as one op.
+        let scale = (s.head_dim as f32).powf(-0.5);
+        // On a plain cache: the q/k norms (when the family has them), rope of both and the cache
+        // write of k and v, as one op.
+        let norms = match (&self.q_norm, &self.k_norm) {
+            (Some(qn), Some(kn)) => Some(Some((qn, kn))),
+            (None, None) => Some(None),
+            _ => None,
+        };
+        if let (Some(norms), LayerCache::Plain(c)) = (norms, &mut *cache) {
+            let shape = (l, s.kv_heads, s.head_dim);
+            let out = c.attend_written(shape, k.device(), (scale, self.sinks.as_deref()), |kc, vc, at| {
+                self.rope.forward_qk_into(&q, &k, &v, norms, offset, (kc, vc, at))
+            })?;
+            return self.o_proj.forward(&out);
+        }
+        // Otherwise the q/k norms and rope of both as one op, then the cache's attention.
         let (q, k) = match (&self.q_norm, &self.k_norm) {
             (Some(qn), Some(kn)) => self.rope.forward_qk(&q, &k, Some((qn, kn)), offset)?,
             (None, None) => self.rope.forward_qk(&q, &k, None, offset)?,
@@ -90,7 +105,6 @@ impl Attention {
                 self.rope.forward_qk(&norm(q, qn)?, &norm(k, kn)?, None, offset)?
             }
         };
-        let scale = (s.head_dim as f32).powf(-0.5);
         let out = cache.attend_with_sinks(&q, &k, &v, scale, self.sinks.as_deref())?;
         self.o_proj.forward(&out)
     }

@@ -134,6 +134,29 @@ impl Rope {
         }
         Ok(nuvec::rope_qk(q, k, norms, &self.inv_freqs, offset, self.traditional)?)
     }
+
+    /// [`Rope::forward_qk`], then the rotated keys and `v` written into the cache buffers
+    /// `(keys, values, at)` (as [`nuvec::Array::write_kv_rows`]): returns the rotated queries. One
+    /// op where the backend fuses it.
+    pub fn forward_qk_into(
+        &self,
+        q: &Array,
+        k: &Array,
+        v: &Array,
+        qk_norm: Option<(&RmsNorm, &RmsNorm)>,
+        offset: usize,
+        (k_cache, v_cache, at): (&mut Array, &mut Array, usize),
+    ) -> Result<Array> {
+        let fused = self.mscale == 1.0 && qk_norm.is_none_or(|(qn, kn)| qn.eps() == kn.eps());
+        if !fused {
+            let (q, k) = self.forward_qk(q, k, qk_norm, offset)?;
+            k_cache.write_kv_rows(v_cache, &k, v, at)?;
+            return Ok(q);
+        }
+        let norms = qk_norm.map(|(qn, kn)| (qn.weight(), kn.weight(), qn.eps()));
+        let cache = (k_cache, v_cache, at);
+        Ok(nuvec::rope_qk_write_kv(q, k, v, norms, &self.inv_freqs, offset, self.traditional, cache)?)
+    }
 }
 
 /// Yarn's settings (`rope_scaling` with `rope_type: yarn`), with mlx-lm's defaults.

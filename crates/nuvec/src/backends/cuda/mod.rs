@@ -339,6 +339,9 @@ pub(crate) struct DeviceBuffer {
     len: usize,
     st: &'static State,
     mirror: OnceLock<Vec<u64>>,
+    /// The integer GEMVs' parts of these bytes as one f32 row (`xsplit_chunk`, kernels/common.cuh),
+    /// when the kernel that wrote the row wrote them too; forgotten with the host copy.
+    int_parts: OnceLock<Box<DeviceBuffer>>,
     /// The capture that made it (its memory is graph memory), 0 for none.
     epoch: u64,
     /// Written by a captured step (a replay writes it again): its drop stops replays.
@@ -377,6 +380,7 @@ impl DeviceBuffer {
             len,
             st,
             mirror: OnceLock::new(),
+            int_parts: OnceLock::new(),
             epoch,
             graph_written: false,
         })
@@ -449,9 +453,21 @@ impl DeviceBuffer {
         &bytes[..self.len.min(bytes.len())]
     }
 
-    /// Forgets the host copy (the device bytes are about to change).
+    /// Records `parts` as the integer GEMVs' parts of these bytes (see `int_parts`); a second
+    /// record for the same bytes is dropped (one kernel writes a buffer's row once).
+    pub(crate) fn set_int_parts(&self, parts: DeviceBuffer) {
+        let _ = self.int_parts.set(Box::new(parts));
+    }
+
+    /// The device address of the integer GEMVs' parts of these bytes, if recorded.
+    pub(crate) fn int_parts(&self) -> Option<u64> {
+        self.int_parts.get().map(|p| p.ptr())
+    }
+
+    /// Forgets the host copy and the integer parts (the device bytes are about to change).
     pub(crate) fn invalidate(&mut self) {
         self.mirror = OnceLock::new();
+        self.int_parts = OnceLock::new();
         if self.epoch == 0 && self.st.capturing() != 0 {
             self.graph_written = true;
         }

@@ -136,14 +136,13 @@ fn tf32_matmul() -> Result<bool> {
 /// grids).
 fn qgemv4_variant(k: usize, rows: usize, plain: bool) -> (&'static str, usize, u32) {
     static FORCED: OnceLock<Option<usize>> = OnceLock::new();
-    static INT: OnceLock<bool> = OnceLock::new();
     let forced = *FORCED.get_or_init(|| {
         std::env::var("NUVEC_QGEMV_VARIANT")
             .ok()
             .and_then(|v| v.parse::<usize>().ok())
             .filter(|&v| qgemv4_shape(v).is_some())
     });
-    let int = plain && *INT.get_or_init(|| std::env::var("NUVEC_QGEMV_INT").map_or(true, |v| v != "0"));
+    let int = plain && int_gemvs();
     let v = match forced.filter(|&v| v < 10 || plain) {
         Some(v) => v,
         None => {
@@ -194,6 +193,32 @@ fn qgemv4_shape(v: usize) -> Option<(&'static str, usize, u32)> {
         15 => ("_v15", 8, 64),
         _ => return None,
     })
+}
+
+/// Whether the integer dot-product GEMVs are on (`NUVEC_QGEMV_INT=0` turns them off).
+fn int_gemvs() -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(|| std::env::var("NUVEC_QGEMV_INT").map_or(true, |v| v != "0"))
+}
+
+/// Whether `producer` ("norm": the row norms, "attention": the decode attention's merge,
+/// "gate_up": the fused gate/up), which writes one-row f32 inputs of the integer GEMVs, also
+/// writes the row's parts, so that no `xsplit_f32` launch is needed: while the integer GEMVs are
+/// on, unless `NUVEC_PRODUCER_PARTS` is `0` (none; the separate split launches, for timing) or a
+/// comma-separated list of the producers that do.
+fn producer_parts(producer: &str) -> bool {
+    static ON: OnceLock<Option<Vec<String>>> = OnceLock::new();
+    let on = ON.get_or_init(|| match std::env::var("NUVEC_PRODUCER_PARTS") {
+        Ok(v) if v == "0" => Some(Vec::new()),
+        Ok(v) if v != "1" => Some(v.split(',').map(|p| p.trim().to_string()).collect()),
+        _ => None,
+    });
+    int_gemvs() && on.as_ref().is_none_or(|list| list.iter().any(|p| p == producer))
+}
+
+/// Bytes of the integer GEMVs' parts of a `k`-value row (`xsplit_chunk`'s layout).
+fn int_parts_bytes(k: usize) -> usize {
+    k / 32 * (QI_WORDS + 2) * 4
 }
 
 /// Whether a one-row 4-bit variant reads x as `xsplit_f32`'s parts (integer dot products).
@@ -517,13 +542,13 @@ impl CudaBackend {
         &self,
         op: &'static str,
         out: u64,
-        x: u64,
+        x: &Array,
         m: usize,
         n: usize,
         k: usize,
         w: &WeightArgs,
     ) -> Result<bool> {
-        let Some(lg) = fast_path_log_group(w, k, x) else {
+        let Some(lg) = fast_path_log_group(w, k, x.cuda_ptr()?) else {
             return Ok(false);
         };
         let WeightArgs { packed, scales, biases, p_dt, bits, .. } = *w;
@@ -539,23 +564,36 @@ impl CudaBackend {
     }
 
     /// The `x` argument of a one-row GEMV of variant `suffix`: for the integer variants x's parts
-    /// (`xsplit_f32`, a warp per 32 values, in a buffer that must outlive the launch), else x
-    /// itself.
+    /// (those its producer wrote, else `xsplit_f32`'s into a buffer that must outlive the
+    /// launch), else x itself.
     pub(super) fn gemv_input(
         &self,
         op: &'static str,
         suffix: &str,
-        x: u64,
+        x: &Array,
         k: usize,
     ) -> Result<(u64, Option<DeviceBuffer>)> {
         if !int_variant(suffix) {
-            return Ok((x, None));
+            return Ok((x.cuda_ptr()?, None));
         }
-        let chunks = k / 32;
-        let parts = DeviceBuffer::alloc(self.st()?, chunks * (QI_WORDS + 2) * 4)?;
-        let (pp, ki) = (parts.ptr(), to_i32(op, "k", k)?);
-        launch!(self.st()?, op, "xsplit_f32", cfg_1d(chunks * 32); pp, x, ki);
+        if let Some(parts) = x.int_parts() {
+            return Ok((parts, None));
+        }
+        let parts = DeviceBuffer::alloc(self.st()?, int_parts_bytes(k))?;
+        let (pp, xp, ki) = (parts.ptr(), x.cuda_ptr()?, to_i32(op, "k", k)?);
+        launch!(self.st()?, op, "xsplit_f32", cfg_1d(k); pp, xp, ki);
         Ok((pp, Some(parts)))
+    }
+
+    /// A buffer for the integer GEMVs' parts of a producer's output when it is one row of `d`
+    /// values that such a GEMV could read, and `producer` writes parts (see [`producer_parts`]):
+    /// the producer writes them, and the caller records the buffer on the output
+    /// (`Array::set_int_parts`).
+    pub(super) fn row_int_parts(&self, producer: &str, rows: usize, d: usize) -> Result<Option<DeviceBuffer>> {
+        if rows != 1 || d == 0 || !d.is_multiple_of(32) || !producer_parts(producer) {
+            return Ok(None);
+        }
+        Ok(Some(DeviceBuffer::alloc(self.st()?, int_parts_bytes(d))?))
     }
 
     /// Decodes weight rows `row0..row0 + rows` of an affine-quantized `w` to f32 with the
@@ -659,7 +697,7 @@ impl CudaBackend {
         let (p_dt, lg, ki) = (a0.p_dt, group.trailing_zeros() as i32, to_i32(op, "k", k)?);
         let [(o0, n0, pk0, sc0, bi0), (o1, n1, pk1, sc1, bi1), (o2, n2, pk2, sc2, bi2)] = slots;
         let name = format!("qgemv_multi_b{}{suffix}", a0.bits);
-        let (xp, _parts) = self.gemv_input(op, suffix, xp, k)?;
+        let (xp, _parts) = self.gemv_input(op, suffix, x, k)?;
         let cfg = LaunchConfig {
             grid_dim: (to_i32(op, "blocks", blocks)? as u32, 1, 1),
             block_dim: (threads, 1, 1),
@@ -741,12 +779,14 @@ impl CudaBackend {
     }
 
     /// Attention for a decode step or a short chunk: the split-key kernel, then the merge (which
-    /// adds the sinks, a device pointer or 0).
+    /// adds the sinks, a device pointer or 0, and writes the integer GEMVs' parts of the one
+    /// output row into `parts` unless it is 0).
     #[allow(clippy::too_many_arguments)]
     fn attention_split(
         &self,
         op: &'static str,
         o: u64,
+        parts: u64,
         (qp, kp, vp): (u64, u64, u64),
         (l, hq, hkv, d): (usize, usize, usize, usize),
         cap: usize,
@@ -780,7 +820,7 @@ impl CudaBackend {
             pp, qp, kp, vp, li, hqi, hkvi, di, capi, kvi, scale, chunki, step, wanti);
         guard!(self.st()?, |at| kv_len + at.delta <= cap);
         let cfg = LaunchConfig { grid_dim: (hq as u32, l as u32, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
-        launch!(self.st()?, op, "attention_merge_f32", cfg; o, pp, hqi, di, si, sinks);
+        launch!(self.st()?, op, "attention_merge_f32", cfg; o, pp, hqi, di, si, sinks, parts);
         Ok(())
     }
 
@@ -891,7 +931,15 @@ impl CudaBackend {
             return self.attention_gemm(op, o, (qp, kp, vp), (l, hq, hkv, d), cap, kv_len, scale, sp).map(|_| out);
         }
         if aligned && d <= ATTS_MAX_DIM {
-            return self.attention_split(op, o, (qp, kp, vp), (l, hq, hkv, d), cap, kv_len, scale, sp).map(|_| out);
+            // The merge writes the integer GEMVs' parts of a decode row (for o_proj) when its
+            // warps hold whole 32-value chunks (head sizes a multiple of 32).
+            let parts = if d.is_multiple_of(32) { self.row_int_parts("attention", l, hq * d)? } else { None };
+            let pp = parts.as_ref().map_or(0, DeviceBuffer::ptr);
+            self.attention_split(op, o, pp, (qp, kp, vp), (l, hq, hkv, d), cap, kv_len, scale, sp)?;
+            if let Some(parts) = parts {
+                out.set_int_parts(parts);
+            }
+            return Ok(out);
         }
         let (li, hqi, hkvi, di) = (l as i32, to_i32(op, "heads", hq)?, hkv as i32, d as i32);
         let (capi, kvi) = (to_i32(op, "capacity", cap)?, kv_len as i32);
@@ -957,7 +1005,7 @@ impl Backend for CudaBackend {
             // Auto and a half-precision weight)
         } else if wa.w_dt == DT_F32 {
             self.sgemm(op, o, xp, wa.dense, m, n, k, n)?;
-        } else if m <= GEMV_MAX_ROWS && self.fast_qgemv(op, o, xp, m, n, k, &wa)? {
+        } else if m <= GEMV_MAX_ROWS && self.fast_qgemv(op, o, x, m, n, k, &wa)? {
             // done by the fast quantized GEMV
         } else if m <= GEMV_MAX_ROWS {
             let WeightArgs { dense, packed, scales, biases, w_dt, p_dt, bits, group } = wa;
@@ -1066,10 +1114,16 @@ impl Backend for CudaBackend {
             return Ok(out);
         }
         let (o, di) = (out.cuda_ptr()?, to_i32(op, "row length", d)?);
+        let vec = i32::from(rows_vectorizable(d, &[xp, o]));
+        if let Some(parts) = self.row_int_parts("norm", rows, d)? {
+            let (cfg, pp) = (fused::norm_row_cfg(d), parts.ptr());
+            launch!(self.st()?, op, "rms_norm_row_f32", cfg; o, xp, wp, w_dt, di, eps, vec, pp);
+            out.set_int_parts(parts);
+            return Ok(out);
+        }
         let grid = u32::try_from(rows).map_err(|_| Error::Unsupported(format!("{op}: {rows} rows")))?;
         let cfg =
             LaunchConfig { grid_dim: (grid, 1, 1), block_dim: (norm_threads(d, rows), 1, 1), shared_mem_bytes: 0 };
-        let vec = i32::from(rows_vectorizable(d, &[xp, o]));
         launch!(self.st()?, op, "rms_norm_f32", cfg; o, xp, wp, w_dt, di, eps, vec);
         Ok(out)
     }
@@ -1339,6 +1393,23 @@ impl Backend for CudaBackend {
             Some(hidden) => Ok(hidden),
             None => crate::backend::gate_up_silu_composed(self, x, gate, up),
         }
+    }
+
+    // rope with the cache write (ops/fused.rs)
+
+    #[allow(clippy::too_many_arguments)]
+    fn rope_qk_write_kv(
+        &self,
+        q: &Array,
+        k: &Array,
+        v: &Array,
+        qk_norm: Option<(&Array, &Array, f32)>,
+        inv_freqs: &[f32],
+        offset: usize,
+        traditional: bool,
+        cache: (&mut Array, &mut Array, usize),
+    ) -> Result<Array> {
+        self.fused_rope_qk_write_kv(q, k, v, qk_norm, inv_freqs, offset, traditional, cache)
     }
 }
 

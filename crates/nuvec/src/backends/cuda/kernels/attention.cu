@@ -223,8 +223,10 @@ extern "C" __global__ void attention_split_f32(float* part, const float* q, cons
 }
 
 // out [L, Hq * D] from the S partials of each (query, head): one block per (head, query).
+// `parts` (L = 1, D a multiple of 32, so that a warp holds whole chunks; else null): the integer
+// GEMVs' parts of out too (xsplit_chunk), for the output projection.
 extern "C" __global__ void attention_merge_f32(float* out, const float* part, int hq, int d, int splits,
-                                               const float* sinks) {
+                                               const float* sinks, u32* parts) {
     pdl_begin();
     const int h = blockIdx.x, t = blockIdx.y;
     const float* p = part + ((size_t)t * hq + h) * splits * (size_t)(d + 2);
@@ -245,6 +247,7 @@ extern "C" __global__ void attention_merge_f32(float* out, const float* part, in
             if (ps[0] != NEG_INF) a = fmaf(expf(ps[0] - m), ps[2 + c], a);
         }
         o[c] = a * inv;
+        if (parts) xsplit_chunk(parts, (hq * d) >> 5, (h * d + c) >> 5, a * inv, (int)(threadIdx.x & 31));
     }
 }
 

@@ -381,3 +381,38 @@ __device__ __forceinline__ float exp2_ftz(float x) {
     return r;
 }
 #endif
+
+// ---- x's parts for the integer GEMVs (linear.cu qgemv4i_acc) ----
+// Layout for a K-value x: [chunks][QI_WORDS] u32 parts ([part][word][even, odd] bytes), then
+// chunks f32 scales 2^-e, then chunks f32 sums of x (chunks = K / 32).
+#define QI_WORDS 24
+// Chunk c of x, lane v of a full warp holding value v: the chunk's largest |x| and its sum by warp
+// reductions, X = rint(x 2^e) with |X| <= 2^22, split X = 65536 hi + 256 mid + lo; lane
+// 8j + 2t + eo holds byte t of word (j, eo) of each part, ORed into the word over the lanes that
+// share it (lane bits 1-2). Every producer calls this, so the parts are the same whoever writes them.
+__device__ __forceinline__ void xsplit_chunk(u32* __restrict__ parts, int chunks, int c, float v, int lane) {
+    const float m = warp_max(fabsf(v)), sx = warp_sum(v);
+    int ex = 0;
+    if (m > 0.0f) frexpf(m, &ex);  // m < 2^ex
+    const int e = m > 0.0f ? 22 - ex : 0;
+    const int X = (int)rintf(ldexpf(v, e));
+    const int t = (lane >> 1) & 3;
+    u32 hi = ((u32)(X >> 16) & 255u) << (8 * t), mid = ((u32)(X >> 8) & 255u) << (8 * t), lo = ((u32)X & 255u) << (8 * t);
+#pragma unroll
+    for (int o = 2; o <= 4; o <<= 1) {
+        hi |= __shfl_xor_sync(0xffffffffu, hi, o);
+        mid |= __shfl_xor_sync(0xffffffffu, mid, o);
+        lo |= __shfl_xor_sync(0xffffffffu, lo, o);
+    }
+    if (t == 0) {
+        u32* out = parts + (size_t)c * QI_WORDS + (lane >> 3) * 2 + (lane & 1);
+        out[0] = hi;
+        out[8] = mid;
+        out[16] = lo;
+    }
+    if (lane == 0) {
+        float* scale = (float*)(parts + (size_t)chunks * QI_WORDS);
+        scale[c] = ldexpf(1.0f, -e);
+        scale[chunks + c] = sx;
+    }
+}

@@ -34,6 +34,54 @@ extern "C" __global__ void __launch_bounds__(1024) add_rms_norm_f32(float* __res
     row_quads(d, vt, weighted, [&](int, int i, NormQuad q) { quad_norm_store(out + base, q, i, d, inv, vec); });
 }
 
+// A decode row's norm spread over several blocks, which also writes the integer GEMVs' parts of
+// its output (xsplit_chunk), so that neither the norm nor a split launch runs on one SM (issue 7:
+// a one-block 4096-value norm took 5.8 us under ncu, its split launch 2.9). Each block sums the
+// whole row's squares in norm_vthreads' layout (blockDim.x = VT / F, the host's choice), so its
+// 1 / rms is the one-block kernels' bit for bit; then its warps take its 32-value chunks, a warp
+// per chunk, and write them: sum = a + b (when b is set), out = v * inv * w (quad_norm_store's
+// arithmetic), and the chunk's parts. The blocks re-read the row from L2, a few hundred cycles;
+// no block waits for another. d is a multiple of 32, sum and out do not alias a or b (the host's
+// fresh outputs).
+__device__ __forceinline__ void norm_row_chunks(float* __restrict__ sum, float* __restrict__ out,
+                                                const float* __restrict__ a, const float* __restrict__ b,
+                                                const void* w, int w_dt, int d, float eps, int vec,
+                                                u32* __restrict__ parts) {
+    __shared__ float scratch[33];
+    const int vt = norm_vthreads(d);
+    float s[NORM_MAX_F] = {0.0f, 0.0f, 0.0f, 0.0f};
+    auto load = [&](int i) {
+        const float4 u = row_quad(a, i, d, vec);
+        if (b == nullptr) return u;
+        const float4 t = row_quad(b, i, d, vec);
+        return make_float4(u.x + t.x, u.y + t.y, u.z + t.z, u.w + t.w);
+    };
+    row_quads(d, vt, load, [&](int k, int, float4 v) { s[k] += quad_sumsq(v); });
+    const float inv = 1.0f / sqrtf(block_sum_slots(s, vt / blockDim.x, scratch) / (float)d + eps);
+    const int lane = threadIdx.x & 31, warps = (int)(blockDim.x >> 5), chunks = d >> 5;
+    for (int c = (int)blockIdx.x * warps + (int)(threadIdx.x >> 5); c < chunks; c += (int)gridDim.x * warps) {
+        const int i = c * 32 + lane;
+        const float v = b == nullptr ? a[i] : a[i] + b[i];
+        if (sum != nullptr) sum[i] = v;
+        const float o = v * inv * load_float(w, i, w_dt);
+        out[i] = o;
+        xsplit_chunk(parts, chunks, c, o, lane);
+    }
+}
+extern "C" __global__ void __launch_bounds__(1024) add_rms_norm_row_f32(float* __restrict__ sum, float* __restrict__ out,
+                                                                const float* __restrict__ a, const float* __restrict__ b,
+                                                                const void* w, int w_dt, int d, float eps, int vec,
+                                                                u32* __restrict__ parts) {
+    pdl_begin();
+    norm_row_chunks(sum, out, a, b, w, w_dt, d, eps, vec, parts);
+}
+extern "C" __global__ void __launch_bounds__(1024) rms_norm_row_f32(float* __restrict__ out, const float* __restrict__ x,
+                                                            const void* w, int w_dt, int d, float eps, int vec,
+                                                            u32* __restrict__ parts) {
+    pdl_begin();
+    norm_row_chunks(nullptr, out, x, nullptr, w, w_dt, d, eps, vec, parts);
+}
+
 // Queries q [L, hq, d] and keys k [L, hkv, d] of an attention step: a warp per (head, position),
 // blockDim.x / 32 heads of one position per block, heads 0..hq-1 being q's and hq.. k's. The
 // block first computes the position's cos and sin of each of the `half` frequencies once (into
@@ -42,12 +90,16 @@ extern "C" __global__ void __launch_bounds__(1024) add_rms_norm_f32(float* __res
 // the head is first RMS-normalized (weights qw / kw, dtype w_dt) with its sum of squares over the
 // warp (rms_norm_f32 adds in another order). `step` (CUDA graphs; null in eager launches): the
 // replayed step's scalars, whose step[0] (positions since the captured step) is added to `offset`.
-extern "C" __global__ void rope_qk_f32(float* qo, float* ko, const float* q, const float* k, const void* qw,
-                                       const void* kw, int w_dt, float eps, int norm, const float* inv_freqs,
-                                       int half, int hq, int hkv, int d, long long offset, int traditional,
-                                       const int* step) {
-    pdl_begin();
-    if (step) offset += step[0];
+// With `kc` set (rope_qk_kv_f32) the rotated keys go straight into the key cache [hkv, cap, d] at
+// position cache_off + t (plus step[0] too) instead of `ko`, and hkv more warps (heads hq + hkv..)
+// copy the values v [L, hkv, d] into the value cache `vc` likewise: write_kv_rows_f32's writes,
+// without its launch.
+__device__ __forceinline__ void rope_qk_run(float* qo, float* ko, const float* q, const float* k, const void* qw,
+                                            const void* kw, int w_dt, float eps, int norm, const float* inv_freqs,
+                                            int half, int hq, int hkv, int d, long long offset, int traditional,
+                                            const int* step, const float* v, float* kc, float* vc, int cap,
+                                            int cache_off) {
+    if (step) offset += step[0], cache_off += step[0];
     extern __shared__ float rope_cs[];  // cos of frequency f at f, sin at half + f
     const size_t t = blockIdx.y;
     const int lane = threadIdx.x & 31, h = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
@@ -55,8 +107,14 @@ extern "C" __global__ void rope_qk_f32(float* qo, float* ko, const float* q, con
     const int heads = is_q ? hq : hkv;
     const size_t at = live ? (t * heads + (is_q ? h : h - hq)) * (size_t)d : 0;
     const float* src = (is_q ? q : k) + at;
-    float* dst = (is_q ? qo : ko) + at;
+    float* dst = is_q ? qo + at : kc ? kc + ((size_t)(h - hq) * cap + cache_off + t) * d : ko + at;
     const void* w = is_q ? qw : kw;
+    if (kc && h >= hq + hkv && h < hq + 2 * hkv) {  // a value row into its cache
+        const int hv = h - hq - hkv;
+        const float* vs = v + (t * hkv + hv) * (size_t)d;
+        float* vd = vc + ((size_t)hv * cap + cache_off + t) * d;
+        for (int i = lane; i < d; i += 32) vd[i] = vs[i];
+    }
     // Two rotation pairs per lane at a time (rope_pair's features a, b for f = f0 and f0 + 32),
     // loaded together; the first two before the cos/sin table is made (at decode they are all
     // there is).
@@ -103,6 +161,24 @@ extern "C" __global__ void rope_qk_f32(float* qo, float* ko, const float* q, con
         }
     }
     for (int i = 2 * half + lane; i < d; i += 32) dst[i] = scaled(src[i], i);
+}
+
+extern "C" __global__ void rope_qk_f32(float* qo, float* ko, const float* q, const float* k, const void* qw,
+                                       const void* kw, int w_dt, float eps, int norm, const float* inv_freqs,
+                                       int half, int hq, int hkv, int d, long long offset, int traditional,
+                                       const int* step) {
+    pdl_begin();
+    rope_qk_run(qo, ko, q, k, qw, kw, w_dt, eps, norm, inv_freqs, half, hq, hkv, d, offset, traditional, step,
+                nullptr, nullptr, nullptr, 0, 0);
+}
+extern "C" __global__ void rope_qk_kv_f32(float* qo, float* kc, float* vc, const float* q, const float* k,
+                                          const float* v, const void* qw, const void* kw, int w_dt, float eps,
+                                          int norm, const float* inv_freqs, int half, int hq, int hkv, int d,
+                                          long long offset, int traditional, const int* step, int cap,
+                                          int cache_off) {
+    pdl_begin();
+    rope_qk_run(qo, nullptr, q, k, qw, kw, w_dt, eps, norm, inv_freqs, half, hq, hkv, d, offset, traditional, step,
+                v, kc, vc, cap, cache_off);
 }
 
 // New keys and values [n, a, c] (positions first) into their caches [a, cap, c] at `offset`:

@@ -546,58 +546,30 @@ __device__ __forceinline__ void qgemv4x_acc(float (&acc)[ROWS], const float* __r
 // sums join in f32 (65536 S_hi + 256 S_mid + S_lo), scale by 2^-e, and s * dot + b * sum(x).
 // The sixth and eighth sessions' probes found the f32 loops bound by instructions issued per word.
 
-// xsplit_f32's layout of a K-value x: [chunks][24] u32 parts ([part][word][even, odd] bytes), then
-// chunks f32 scales 2^-e, then chunks f32 sums of x (in order).
-#define QI_WORDS 24
-
-// x's parts for the integer GEMVs, a warp per 32-value chunk: lane v takes value v; the chunk's
-// largest |x| and its sum by warp reductions; lane 8j + 2t + eo holds byte t of word (j, eo) of
-// each part, ORed into the word over the lanes that share it (lane bits 1-2).
+// x's parts for the integer GEMVs (layout and rounding: xsplit_chunk, common.cuh), a warp per
+// 32-value chunk. Producers that can (the row norms, attention_merge_f32, gate_up_silu_b4_*)
+// write the parts of their one-row outputs themselves, which saves this launch.
 extern "C" __global__ void xsplit_f32(u32* __restrict__ parts, const float* __restrict__ x, int k) {
     pdl_begin();
     const int chunks = k >> 5, lane = threadIdx.x & 31;
-    float* scale = (float*)(parts + (size_t)chunks * QI_WORDS);
-    float* sum = scale + chunks;
     const int warps = (int)((gridDim.x * blockDim.x) >> 5);
-    for (int c = (int)((blockIdx.x * blockDim.x + threadIdx.x) >> 5); c < chunks; c += warps) {
-        const float v = x[(size_t)c * 32 + lane];
-        const float m = warp_max(fabsf(v)), sx = warp_sum(v);
-        int ex = 0;
-        if (m > 0.0f) frexpf(m, &ex);  // m < 2^ex
-        const int e = m > 0.0f ? 22 - ex : 0;
-        const int X = (int)rintf(ldexpf(v, e));
-        const int t = (lane >> 1) & 3;
-        u32 hi = ((u32)(X >> 16) & 255u) << (8 * t), mid = ((u32)(X >> 8) & 255u) << (8 * t),
-            lo = ((u32)X & 255u) << (8 * t);
-#pragma unroll
-        for (int o = 2; o <= 4; o <<= 1) {
-            hi |= __shfl_xor_sync(0xffffffffu, hi, o);
-            mid |= __shfl_xor_sync(0xffffffffu, mid, o);
-            lo |= __shfl_xor_sync(0xffffffffu, lo, o);
-        }
-        if (t == 0) {
-            u32* out = parts + (size_t)c * QI_WORDS + (lane >> 3) * 2 + (lane & 1);
-            out[0] = hi;
-            out[8] = mid;
-            out[16] = lo;
-        }
-        if (lane == 0) {
-            scale[c] = ldexpf(1.0f, -e);
-            sum[c] = sx;
-        }
-    }
+    for (int c = (int)((blockIdx.x * blockDim.x + threadIdx.x) >> 5); c < chunks; c += warps)
+        xsplit_chunk(parts, chunks, c, x[(size_t)c * 32 + lane], lane);
 }
 
 // A lane's sums over x's parts (xsplit_f32's buffer `xq`), over the rows that load fetches (as
 // qgemv4x_acc; groups of 32 and more: one scale/bias pair per chunk).
+// `first`: the lane's first chunk where it is not threadIdx.x (gate_up_silu_b4_v16's warps each
+// run a block's loop of their own).
 template <int ROWS, int WARPS, class Load>
-__device__ __forceinline__ void qgemv4i_acc(float (&acc)[ROWS], const u32* __restrict__ xq, int k, Load load) {
+__device__ __forceinline__ void qgemv4i_acc(float (&acc)[ROWS], const u32* __restrict__ xq, int k, Load load,
+                                            int first = -1) {
     const int chunks = k >> 5;
     const float* __restrict__ xscale = (const float*)(xq + (size_t)chunks * QI_WORDS);
     const float* __restrict__ xsum = xscale + chunks;
 #pragma unroll
     for (int r = 0; r < ROWS; ++r) acc[r] = 0.0f;
-    for (int c = threadIdx.x; c < chunks; c += 32 * WARPS) {
+    for (int c = first < 0 ? (int)threadIdx.x : first; c < chunks; c += 32 * WARPS) {
         uint4 w[ROWS];
         float s[ROWS][1], b[ROWS][1];
         load(w, s, b, c);
@@ -799,3 +771,43 @@ extern "C" __global__ void __launch_bounds__(128, 7) gate_up_silu_b4_v12(GUS_PAR
 extern "C" __global__ void __launch_bounds__(32, 16) gate_up_silu_b4_v13(GUS_PARAMS) { pdl_begin(); gate_up_silu_b4<4, 1, QG_LOOP_INT>(GUS_CALL); }
 extern "C" __global__ void __launch_bounds__(128, 4) gate_up_silu_b4_v14(GUS_PARAMS) { pdl_begin(); gate_up_silu_b4<4, 4, QG_LOOP_INT>(GUS_CALL); }
 extern "C" __global__ void __launch_bounds__(64, 8) gate_up_silu_b4_v15(GUS_PARAMS) { pdl_begin(); gate_up_silu_b4<4, 2, QG_LOOP_INT>(GUS_CALL); }
+
+// v16: v13's blocks (4 rows of gate and 4 of up, one warp, the integer loop) as the 8 warps of one
+// block, which then holds 32 outputs: one 32-value chunk of the down projection's input, whose
+// integer parts its first warp writes (xsplit_chunk) with the outputs, so that the down
+// projection needs no xsplit_f32 launch. Each warp's loop, warp sums (lane 0's, as
+// qg4_reduce_rows keeps) and 0 + sum (qg4_row_total over one warp) are v13's, so the outputs
+// equal v13's bit for bit. The host takes it where v13 is picked and n is a multiple of 32.
+template <int PDT>
+__device__ __forceinline__ void gate_up_silu_chunk(float* out, const u32* __restrict__ xq, int n,
+                                                   const u32* __restrict__ pg, const void* __restrict__ sg,
+                                                   const void* __restrict__ bg, const u32* __restrict__ pu,
+                                                   const void* __restrict__ su, const void* __restrict__ bu, int lg,
+                                                   int k, u32* __restrict__ parts) {
+    __shared__ float red[8][8];  // [warp][gate rows, then up rows]
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int r0 = blockIdx.x * 32 + warp * 4;
+    const size_t words = (size_t)(k >> 5) * 4, gpr = (size_t)(k >> lg);
+    float acc[8];
+    const GateUpRows<4> load{{pg, sg, bg, PDT, lg, r0, n, words, gpr}, {pu, su, bu, PDT, lg, r0, n, words, gpr}};
+    qgemv4i_acc<8, 1>(acc, xq, k, load, lane);
+#pragma unroll
+    for (int r = 0; r < 8; ++r) {
+        const float v = warp_sum(acc[r]);
+        if (lane == 0) red[warp][r] = v;
+    }
+    __syncthreads();
+    if (warp != 0) return;
+    const float g = 0.0f + red[lane >> 2][lane & 3], u = 0.0f + red[lane >> 2][4 + (lane & 3)];
+    const float h = g / (1.0f + expf(-g)) * u;
+    out[blockIdx.x * 32 + lane] = h;
+    xsplit_chunk(parts, n >> 5, (int)blockIdx.x, h, lane);
+}
+extern "C" __global__ void __launch_bounds__(256, 2) gate_up_silu_b4_v16(GUS_PARAMS, u32* parts) {
+    pdl_begin();
+    if (lg < 5 || (n & 31)) __trap();
+    const u32* xq = (const u32*)x;
+    if (p_dt == DT_BF16) gate_up_silu_chunk<DT_BF16>(out, xq, n, pg, sg, bg, pu, su, bu, lg, k, parts);
+    else if (p_dt == DT_F16) gate_up_silu_chunk<DT_F16>(out, xq, n, pg, sg, bg, pu, su, bu, lg, k, parts);
+    else gate_up_silu_chunk<DT_F32>(out, xq, n, pg, sg, bg, pu, su, bu, lg, k, parts);
+}

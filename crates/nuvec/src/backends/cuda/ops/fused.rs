@@ -16,6 +16,59 @@ const ROPE_QK_MAX_DIM: usize = 8192;
 /// Heads (warps) per block of `rope_qk_f32`.
 const ROPE_QK_HEADS: usize = 8;
 
+/// Whether rope_qk_write_kv is one launch (`NUVEC_ROPE_KV=0` runs rope_qk then write_kv_rows,
+/// for timing).
+fn rope_kv_enabled() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("NUVEC_ROPE_KV").map_or(true, |v| v != "0"))
+}
+
+/// What one `rope_qk_f32` launch takes: heads of at most ROPE_QK_MAX_DIM features, at most 65535
+/// positions (the grid's y), and q and k norm weights of one dtype.
+fn rope_qk_fits(d: usize, l: usize, qk_norm: Option<(&Array, &Array, f32)>) -> bool {
+    d <= ROPE_QK_MAX_DIM && l <= 65535 && qk_norm.is_none_or(|(qw, kw, _)| qw.dtype() == kw.dtype())
+}
+
+/// The arguments of `rope_qk` (see [`Backend::rope_qk`]).
+#[derive(Clone, Copy)]
+struct RopeArgs<'a> {
+    q: &'a Array,
+    k: &'a Array,
+    qk_norm: Option<(&'a Array, &'a Array, f32)>,
+    inv_freqs: &'a [f32],
+    offset: usize,
+    traditional: bool,
+}
+
+/// Where `rope_qk_kv_f32` writes keys and values: the values' device address, both caches'
+/// (`[kv_heads, cap, head_dim]`), and the position of the first new row.
+#[derive(Clone, Copy)]
+struct CacheTarget {
+    v: u64,
+    kd: u64,
+    vd: u64,
+    cap: usize,
+    at: usize,
+}
+
+/// The launch of a one-row norm that also writes its output's integer parts
+/// (`add_rms_norm_row_f32`, `rms_norm_row_f32`; `d` a multiple of 32): blocks of norm_vthreads'
+/// virtual threads run F = 1, 2 or 4 per thread (at most 256 threads where F allows: 8 warps
+/// share a block's sum), and a block per 8 chunks of 32 values, so that a 4096-value row is
+/// written by 16 blocks.
+pub(super) fn norm_row_cfg(d: usize) -> LaunchConfig {
+    let vt = d.div_ceil(4).next_multiple_of(32).clamp(32, 1024);
+    let divides = |f: &usize| vt.is_multiple_of(32 * f);
+    let per_thread = [1usize, 2, 4]
+        .into_iter()
+        .find(|f| divides(f) && vt / f <= 256)
+        .or_else(|| [4usize, 2, 1].into_iter().find(divides))
+        .unwrap_or(1);
+    let threads = vt / per_thread;
+    let blocks = (d / 32).div_ceil(threads / 32).max(1);
+    LaunchConfig { grid_dim: (blocks as u32, 1, 1), block_dim: (threads as u32, 1, 1), shared_mem_bytes: 0 }
+}
+
 impl CudaBackend {
     pub(super) fn fused_add_rms_norm(&self, a: &Array, b: &Array, weight: &Array, eps: f32) -> Result<(Array, Array)> {
         let op = "add_rms_norm";
@@ -39,10 +92,16 @@ impl CudaBackend {
             return Ok((sum, normed));
         }
         let (sp, np, di) = (sum.cuda_ptr()?, normed.cuda_ptr()?, to_i32(op, "row length", d)?);
+        let vec = i32::from(rows_vectorizable(d, &[sp, np, ap, bp]));
+        if let Some(parts) = self.row_int_parts("norm", rows, d)? {
+            let (cfg, pp) = (norm_row_cfg(d), parts.ptr());
+            launch!(self.st()?, op, "add_rms_norm_row_f32", cfg; sp, np, ap, bp, wp, w_dt, di, eps, vec, pp);
+            normed.set_int_parts(parts);
+            return Ok((sum, normed));
+        }
         let grid = u32::try_from(rows).map_err(|_| Error::Unsupported(format!("{op}: {rows} rows")))?;
         let cfg =
             LaunchConfig { grid_dim: (grid, 1, 1), block_dim: (norm_threads(d, rows), 1, 1), shared_mem_bytes: 0 };
-        let vec = i32::from(rows_vectorizable(d, &[sp, np, ap, bp]));
         launch!(self.st()?, op, "add_rms_norm_f32", cfg; sp, np, ap, bp, wp, w_dt, di, eps, vec);
         Ok((sum, normed))
     }
@@ -56,7 +115,69 @@ impl CudaBackend {
         offset: usize,
         traditional: bool,
     ) -> Result<(Array, Array)> {
-        let op = "rope_qk";
+        let rope = RopeArgs { q, k, qk_norm, inv_freqs, offset, traditional };
+        match self.rope_qk_launch(&rope, None)? {
+            (qo, Some(ko)) => Ok((qo, ko)),
+            (qo, None) => Err(Error::Device(format!("rope_qk: no keys came back for queries {:?}", qo.shape()))),
+        }
+    }
+
+    /// `rope_qk_kv_f32`: rope_qk with the keys written into the key cache and `v` into the value
+    /// cache (write_kv_rows' writes) by the same launch. Shapes or dtypes that kernel does not
+    /// take run the two ops.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn fused_rope_qk_write_kv(
+        &self,
+        q: &Array,
+        k: &Array,
+        v: &Array,
+        qk_norm: Option<(&Array, &Array, f32)>,
+        inv_freqs: &[f32],
+        offset: usize,
+        traditional: bool,
+        (k_cache, v_cache, cache_offset): (&mut Array, &mut Array, usize),
+    ) -> Result<Array> {
+        let (&[a, cap, c], &[l, hkv, d]) = (k_cache.shape(), k.shape()) else {
+            return Err(Error::shape(
+                "rope_qk_write_kv",
+                format!(
+                    "expected a [heads, capacity, D] cache and [L, heads, D] keys, got {:?} and {:?}",
+                    k_cache.shape(),
+                    k.shape()
+                ),
+            ));
+        };
+        let f32s = [k_cache.dtype(), v_cache.dtype(), k.dtype(), v.dtype()].iter().all(|&t| t == DType::F32);
+        let one_launch = rope_kv_enabled()
+            && f32s
+            && k_cache.shape() == v_cache.shape()
+            && v.shape() == k.shape()
+            && a == hkv
+            && c == d
+            && cache_offset + l <= cap
+            && rope_qk_fits(d, l, qk_norm);
+        if !one_launch {
+            let (q, k) = self.fused_rope_qk(q, k, qk_norm, inv_freqs, offset, traditional)?;
+            self.fused_write_kv_rows(k_cache, v_cache, &k, v, cache_offset)?;
+            return Ok(q);
+        }
+        let op = "rope_qk_write_kv";
+        self.f32_ptr(op, "v", v)?;
+        self.ptr(op, "k cache", k_cache)?;
+        self.ptr(op, "v cache", v_cache)?;
+        let (kd, vd) = (k_cache.cuda_ptr_mut()?, v_cache.cuda_ptr_mut()?);
+        let target = CacheTarget { v: v.cuda_ptr()?, kd, vd, cap, at: cache_offset };
+        let rope = RopeArgs { q, k, qk_norm, inv_freqs, offset, traditional };
+        let (qo, _) = self.rope_qk_launch(&rope, Some(target))?;
+        guard!(self.st()?, |at| cache_offset + at.delta + l <= cap);
+        Ok(qo)
+    }
+
+    /// rope_qk_f32, or rope_qk_kv_f32 when `cache` is given (the keys then go into it, and no
+    /// key output is made).
+    fn rope_qk_launch(&self, r: &RopeArgs, cache: Option<CacheTarget>) -> Result<(Array, Option<Array>)> {
+        let op = if cache.is_some() { "rope_qk_write_kv" } else { "rope_qk" };
+        let RopeArgs { q, k, qk_norm, inv_freqs, offset, traditional } = *r;
         let (&[l, hq, d], &[lk, hkv, dk]) = (q.shape(), k.shape()) else {
             return Err(Error::shape(
                 op,
@@ -70,18 +191,19 @@ impl CudaBackend {
         if 2 * half > d {
             return Err(Error::shape(op, format!("{half} frequencies for heads of {d}")));
         }
-        let norm_dtypes = qk_norm.map(|(qw, kw, _)| (qw.dtype(), kw.dtype()));
-        let fits = d <= ROPE_QK_MAX_DIM && l <= 65535 && norm_dtypes.is_none_or(|(a, b)| a == b);
-        if !fits {
+        if !rope_qk_fits(d, l, qk_norm) {
             // The separate ops (the trait's default).
             let (q, k) = match qk_norm {
                 Some((qw, kw, eps)) => (self.rms_norm(q, qw, eps)?, self.rms_norm(k, kw, eps)?),
                 None => (q.clone(), k.clone()),
             };
-            return Ok((
-                self.rope(&q, inv_freqs, offset, traditional)?,
-                self.rope(&k, inv_freqs, offset, traditional)?,
-            ));
+            let (qo, ko) =
+                (self.rope(&q, inv_freqs, offset, traditional)?, self.rope(&k, inv_freqs, offset, traditional)?);
+            return match cache {
+                None => Ok((qo, Some(ko))),
+                // fused_rope_qk_write_kv checks `rope_qk_fits` first.
+                Some(_) => Err(Error::Unsupported(format!("{op}: heads of {d} over {l} positions in one launch"))),
+            };
         }
         let (qp, kp) = (self.f32_ptr(op, "q", q)?, self.f32_ptr(op, "k", k)?);
         let (qwp, kwp, w_dt, eps, norm) = match qk_norm {
@@ -97,25 +219,39 @@ impl CudaBackend {
             None => (0u64, 0u64, 0i32, 0f32, 0i32),
         };
         let qo = self.output(q.shape(), DType::F32, false)?;
-        let ko = self.output(k.shape(), DType::F32, false)?;
+        let ko = if cache.is_none() { Some(self.output(k.shape(), DType::F32, false)?) } else { None };
         if l == 0 || d == 0 || hq + hkv == 0 {
             return Ok((qo, ko));
         }
         let fp = self.rope_table(if inv_freqs.is_empty() { &[0f32][..] } else { inv_freqs })?;
-        let (qop, kop) = (qo.cuda_ptr()?, ko.cuda_ptr()?);
+        let qop = qo.cuda_ptr()?;
         let (halfi, hqi, hkvi, di) = (half as i32, to_i32(op, "heads", hq)?, to_i32(op, "heads", hkv)?, d as i32);
         let (offset, trad) = (offset as i64, traditional as i32);
-        // A warp per head, ROPE_QK_HEADS heads of one position per block (which share its
-        // cos/sin table of 2 * half floats).
+        // A warp per head (and per value row when writing the cache), ROPE_QK_HEADS heads of one
+        // position per block (which share its cos/sin table of 2 * half floats).
+        let warps = hq + hkv + if cache.is_some() { hkv } else { 0 };
         let cfg = LaunchConfig {
-            grid_dim: ((hq + hkv).div_ceil(ROPE_QK_HEADS) as u32, l as u32, 1),
+            grid_dim: (warps.div_ceil(ROPE_QK_HEADS) as u32, l as u32, 1),
             block_dim: (32 * ROPE_QK_HEADS as u32, 1, 1),
             shared_mem_bytes: (2 * half * 4) as u32,
         };
-        // CUDA graphs: while capturing, the kernel adds the step's delta to the offset.
+        // CUDA graphs: while capturing, the kernel adds the step's delta to the offsets.
         let step = self.st()?.step_scalars();
-        launch!(self.st()?, op, "rope_qk_f32", cfg;
-            qop, kop, qp, kp, qwp, kwp, w_dt, eps, norm, fp, halfi, hqi, hkvi, di, offset, trad, step);
+        match (&ko, cache) {
+            (Some(ko), _) => {
+                let kop = ko.cuda_ptr()?;
+                launch!(self.st()?, op, "rope_qk_f32", cfg;
+                    qop, kop, qp, kp, qwp, kwp, w_dt, eps, norm, fp, halfi, hqi, hkvi, di, offset, trad, step);
+            }
+            (None, Some(t)) => {
+                let (vp, kd, vd) = (t.v, t.kd, t.vd);
+                let (capi, ati) = (to_i32(op, "capacity", t.cap)?, to_i32(op, "offset", t.at)?);
+                launch!(self.st()?, op, "rope_qk_kv_f32", cfg;
+                    qop, kd, vd, qp, kp, vp, qwp, kwp, w_dt, eps, norm, fp, halfi, hqi, hkvi, di, offset, trad, step,
+                    capi, ati);
+            }
+            (None, None) => return Err(Error::Device(format!("{op}: neither a key output nor a cache"))),
+        }
         guard!(self.st()?, |_at| true);
         Ok((qo, ko))
     }

@@ -62,19 +62,30 @@ impl CudaBackend {
         if !FUSED_VARIANTS.contains(&suffix) {
             return Ok(None);
         }
-        let (name, rows_per_block) = (format!("gate_up_silu_b4{suffix}"), rows / 2);
         let mut shape = x.shape().to_vec();
         *shape.last_mut().expect("x has an axis") = n;
         let out = self.output(&shape, DType::F32, false)?;
         if n == 0 {
             return Ok(Some(out));
         }
-        let (xp, _parts) = self.gemv_input(op, suffix, xp, k)?;
-        let st: &State = self.st()?;
+        let (xp, _parts) = self.gemv_input(op, suffix, x, k)?;
+        let st = self.st()?;
         let o = out.cuda_ptr()?;
         let (ni, p_dt, ki) = (to_i32(op, "rows", n)?, ga.p_dt, to_i32(op, "k", k)?);
         let lg = g.spec.group_size.trailing_zeros() as i32;
         let (pg, sg, bg, pu, su, bu) = (ga.packed, ga.scales, ga.biases, ua.packed, ua.scales, ua.biases);
+        // Where v13 is picked and the outputs are whole 32-value chunks, v16 runs v13's blocks as
+        // the warps of a chunk's block and also writes the down projection's integer parts.
+        let parts = if suffix == "_v13" && n.is_multiple_of(32) { self.row_int_parts("gate_up", 1, n)? } else { None };
+        if let Some(parts) = parts {
+            let pp = parts.ptr();
+            let blocks = to_i32(op, "blocks", n / 32)? as u32;
+            let cfg = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+            launch!(st, op, "gate_up_silu_b4_v16", cfg; o, xp, ni, pg, sg, bg, pu, su, bu, p_dt, lg, ki, pp);
+            out.set_int_parts(parts);
+            return Ok(Some(out));
+        }
+        let (name, rows_per_block) = (format!("gate_up_silu_b4{suffix}"), rows / 2);
         let blocks = to_i32(op, "blocks", n.div_ceil(rows_per_block))? as u32;
         let cfg = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (threads, 1, 1), shared_mem_bytes: 0 };
         launch!(st, op, name.as_str(), cfg; o, xp, ni, pg, sg, bg, pu, su, bu, p_dt, lg, ki);
