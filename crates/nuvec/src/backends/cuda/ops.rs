@@ -261,6 +261,12 @@ fn float_code(op: &'static str, name: &str, a: &Array) -> Result<i32> {
     }
 }
 
+/// The row norms' virtual threads for rows of `d` (kernels/common.cuh `norm_vthreads`): a thread
+/// per 4 values, in whole warps, 32 to 1024.
+pub(super) fn norm_vthreads(d: usize) -> usize {
+    d.div_ceil(4).next_multiple_of(32).clamp(32, 1024)
+}
+
 /// Threads per block of the row-norm kernels (`rms_norm_f32`, `add_rms_norm_f32`) for `rows` rows
 /// of `d`: the kernels sum a row as `norm_vthreads(d)` virtual threads do (a thread per 4 values,
 /// 32 to 1024; common.cuh), whatever the block, so every shape adds in one order. A block runs
@@ -268,7 +274,7 @@ fn float_code(op: &'static str, name: &str, a: &Array) -> Result<i32> {
 /// (prefill: four loads in flight per thread and four times the rows per SM; a 511 x 4096
 /// add_rms_norm took 17.8 us with 1024-thread blocks and 11.3 us with 256 under ncu on the H200).
 pub(super) fn norm_threads(d: usize, rows: usize) -> u32 {
-    let virtual_threads = d.div_ceil(4).next_multiple_of(32).clamp(32, 1024);
+    let virtual_threads = norm_vthreads(d);
     let per_thread =
         if rows < 64 { 1 } else { [4, 2, 1].into_iter().find(|f| virtual_threads.is_multiple_of(32 * f)).unwrap_or(1) };
     (virtual_threads / per_thread) as u32

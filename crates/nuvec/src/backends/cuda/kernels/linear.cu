@@ -775,8 +775,8 @@ extern "C" __global__ void __launch_bounds__(64, 8) gate_up_silu_b4_v15(GUS_PARA
 // v16: v13's blocks (4 rows of gate and 4 of up, one warp, the integer loop) as the 8 warps of one
 // block, which then holds 32 outputs: one 32-value chunk of the down projection's input, whose
 // integer parts its first warp writes (xsplit_chunk) with the outputs, so that the down
-// projection needs no xsplit_f32 launch. Each warp's loop, warp sums (lane 0's, as
-// qg4_reduce_rows keeps) and 0 + sum (qg4_row_total over one warp) are v13's, so the outputs
+// projection needs no xsplit_f32 launch. Each warp's loop, warp sums (qg4_reduce_rows, whose
+// rows are per warp here) and 0 + sum (qg4_row_total over one warp) are v13's, so the outputs
 // equal v13's bit for bit. The host takes it where v13 is picked and n is a multiple of 32.
 template <int PDT>
 __device__ __forceinline__ void gate_up_silu_chunk(float* out, const u32* __restrict__ xq, int n,
@@ -791,12 +791,7 @@ __device__ __forceinline__ void gate_up_silu_chunk(float* out, const u32* __rest
     float acc[8];
     const GateUpRows<4> load{{pg, sg, bg, PDT, lg, r0, n, words, gpr}, {pu, su, bu, PDT, lg, r0, n, words, gpr}};
     qgemv4i_acc<8, 1>(acc, xq, k, load, lane);
-#pragma unroll
-    for (int r = 0; r < 8; ++r) {
-        const float v = warp_sum(acc[r]);
-        if (lane == 0) red[warp][r] = v;
-    }
-    __syncthreads();
+    qg4_reduce_rows<8, 8>(acc, red);  // each warp's own rows: red[warp][row]
     if (warp != 0) return;
     const float g = 0.0f + red[lane >> 2][lane & 3], u = 0.0f + red[lane >> 2][4 + (lane & 3)];
     const float h = g / (1.0f + expf(-g)) * u;

@@ -5,7 +5,7 @@
 
 use cudarc::driver::LaunchConfig;
 
-use super::{cfg_1d, float_code, norm_threads, rows_vectorizable, to_i32, CudaBackend};
+use super::{cfg_1d, float_code, norm_threads, norm_vthreads, rows_vectorizable, to_i32, CudaBackend};
 use crate::backends::cuda::graph::StepPos;
 use crate::backends::cuda::State;
 use crate::{Array, Backend, DType, Error, Result};
@@ -57,7 +57,7 @@ struct CacheTarget {
 /// share a block's sum), and a block per 8 chunks of 32 values, so that a 4096-value row is
 /// written by 16 blocks.
 pub(super) fn norm_row_cfg(d: usize) -> LaunchConfig {
-    let vt = d.div_ceil(4).next_multiple_of(32).clamp(32, 1024);
+    let vt = norm_vthreads(d);
     let divides = |f: &usize| vt.is_multiple_of(32 * f);
     let per_thread = [1usize, 2, 4]
         .into_iter()
