@@ -4,7 +4,7 @@
 # ctypes. Each source is compiled exactly as the backend does at run time (prelude + source,
 # `--gpu-architecture=compute_90 --std=c++17`, giving PTX), and again for sm_90 (machine code,
 # so ptxas errors show too); every `extern "C" __global__` kernel must appear in the PTX and start
-# with `pdl_begin();`.
+# with `pdl_begin();` (or an L2 prefetch first: linear.cu's *_BEGIN macros, attention.cu's atts_prefetch).
 # Exits non-zero if anything fails. Usage: scripts/check-cuda-kernels.sh
 set -euo pipefail
 
@@ -96,13 +96,16 @@ def body_start(text, at):
 
 # Every kernel starts with pdl_begin() (common.cuh): the backend launches kernels with
 # programmatic stream serialization, so a kernel that touched memory before it could race with
-# the kernel before it on the stream.
+# the kernel before it on the stream. The 4-bit GEMVs start with QG4_BEGIN / QGM4_BEGIN /
+# GUS_BEGIN (linear.cu) and the decode attention split with atts_prefetch: an L2 prefetch of what
+# they will read (a hint, which cannot race), then pdl_begin.
+starts = ("pdl_begin();", "atts_prefetch(", "QG4_BEGIN(", "QGM4_BEGIN(", "GUS_BEGIN(")
 checks = 0
 for path in sources:
     name, body = os.path.basename(path), open(path).read()
     for m in re.finditer(r'extern "C" __global__', body):
         checks += 1
-        if not body[body_start(body, m.end()):].lstrip().startswith("pdl_begin();"):
+        if not body[body_start(body, m.end()):].lstrip().startswith(starts):
             line = body.count("\n", 0, m.start()) + 1
             print(f"FAILED {name}:{line}: the kernel does not start with pdl_begin();")
             failed += 1

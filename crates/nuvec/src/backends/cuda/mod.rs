@@ -196,7 +196,12 @@ impl State {
         let arch = format!("compute_{major}{minor}");
         let mut funcs = HashMap::new();
         for (name, src) in kernel_sources() {
-            let opts = CompileOptions { options: nvrtc_options(&arch), name: Some(name.into()), ..Default::default() };
+            let mut options = nvrtc_options(&arch);
+            // Experiments only: kernel macros set at run time (`NUVEC_NVRTC_DEFINES=QG_PF_BYTES=0`).
+            if let Ok(defines) = std::env::var("NUVEC_NVRTC_DEFINES") {
+                options.extend(defines.split(',').filter(|d| !d.is_empty()).map(|d| format!("-D{d}")));
+            }
+            let opts = CompileOptions { options, name: Some(name.into()), ..Default::default() };
             let ptx = compile_ptx_with_opts(&src, opts).map_err(|e| match e {
                 cudarc::nvrtc::CompileError::CompileError { log, .. } => Error::Device(format!(
                     "cuda: NVRTC could not compile {name} for {arch}:\n{}",

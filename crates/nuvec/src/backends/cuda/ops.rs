@@ -247,9 +247,13 @@ const ARGMAX_CHUNK: usize = 1024;
 /// against 19.2 (`timing_probe`, fourth session).
 const QG_LONG_GRID: usize = 1536;
 
-/// Warps a one-row 4-bit GEMV grid should hold before it adds warps per block: 16 per SM of the
-/// H200's 132 (the 128-register kernels fit 16 warps per SM).
-const QG_TARGET_WARPS: usize = 2048;
+/// Warps a one-row 4-bit GEMV grid should hold before it adds warps per block: ~12 per SM of the
+/// H200's 132 (the 128-register kernels fit 16 warps per SM). At 16 per SM an 8B's q/k/v launch
+/// (768 blocks of 8 rows) took 4 warps per block, 1.45 waves of the 528 blocks an H200 holds;
+/// with 2 warps (`_v15`, 1 056 resident) it is one wave, and the 8B decoded 1.5 % faster
+/// (eleventh session: 451 against 444 tok/s, medians of 3); 1 024 (`_v15` for the o and down
+/// projections too) was 3.5 % slower.
+const QG_TARGET_WARPS: usize = 1536;
 
 /// The dtype code of a float array, for kernels that read f32, f16 or bf16.
 fn float_code(op: &'static str, name: &str, a: &Array) -> Result<i32> {

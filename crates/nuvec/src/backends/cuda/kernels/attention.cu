@@ -88,16 +88,21 @@ extern "C" __global__ void attention_f32(float* out, const float* q, const float
 
 #define ATTS_WARPS 4
 #define ATTS_SLOTS 4  // float4 slots per lane: D <= 32 * 4 * ATTS_SLOTS = 512
+// Keys per group for D <= 128 (fewer for larger heads); a macro for experiments
+// (NUVEC_NVRTC_DEFINES=ATTS_KB=8 measured even on the H200, eleventh session).
+#ifndef ATTS_KB
+#define ATTS_KB 4
+#endif
 
-// The body for head sizes up to 128 * SLOTS. A warp takes its keys KB = 4 / SLOTS at a time:
+// The body for head sizes up to 128 * SLOTS. A warp takes its keys KB = ATTS_KB / SLOTS at a time:
 // their rows' loads are in flight together, and the running maximum and sum move once per group
 // (a key at a time, a 512-key decode step spent 11.5 us on the H200 mostly waiting on each key's
-// loads in turn). KB * SLOTS stays 4, so the rows held take the registers one key of D = 512 did.
+// loads in turn). KB * SLOTS stays ATTS_KB, so the rows held take the registers one key of D = 512 did.
 template <int SLOTS>
 __device__ __forceinline__ void atts_body(float* part, const float* q, const float* k, const float* v, int l, int hq,
                                           int hkv, int d, int cap, int kv_len, float scale, int chunk, const int* step,
                                           int want, float* sm_m, float* sm_l, float4 (*sm_acc)[32 * ATTS_SLOTS]) {
-    constexpr int KB = 4 / SLOTS;
+    constexpr int KB = ATTS_KB / SLOTS;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int h = blockIdx.x, t = blockIdx.y, s = blockIdx.z, splits = gridDim.z;
     const int kvh = h / (hq / hkv);
@@ -212,8 +217,30 @@ __device__ __forceinline__ void atts_body(float* part, const float* q, const flo
     }
 }
 
+// Before pdl_begin (issue 7): the keys and values of the split's cached positions asked into L2
+// while the kernel before (rope and the cache write) runs; one query head per key head asks.
+// A hint only (the newest position, being written, comes through L2 like any other).
+#ifndef ATT_PF
+#define ATT_PF 1
+#endif
+__device__ __forceinline__ void atts_prefetch(const float* k, const float* v, int l, int hq, int hkv, int d, int cap,
+                                              int kv_len, int chunk, const int* step, int want) {
+    const int h = blockIdx.x, t = blockIdx.y, s = blockIdx.z;
+    if (!ATT_PF || threadIdx.x != 0 || t != 0 || h % (hq / hkv) != 0) return;
+    if (step) {
+        kv_len += step[0];
+        chunk = max((kv_len + want - 1) / want, 32);
+    }
+    const int j_begin = s * chunk, j_end = min(kv_len - l + 1, j_begin + chunk);
+    if (j_end <= j_begin) return;
+    const size_t row = (size_t)d * 4, first = ((size_t)(h / (hq / hkv)) * cap + j_begin) * row;
+    l2_prefetch((const char*)k + first, (size_t)(j_end - j_begin) * row);
+    l2_prefetch((const char*)v + first, (size_t)(j_end - j_begin) * row);
+}
+
 extern "C" __global__ void attention_split_f32(float* part, const float* q, const float* k, const float* v, int l, int hq, int hkv, int d,
                         int cap, int kv_len, float scale, int chunk, const int* step, int want) {
+    atts_prefetch(k, v, l, hq, hkv, d, cap, kv_len, chunk, step, want);
     pdl_begin();
     __shared__ float sm_m[ATTS_WARPS], sm_l[ATTS_WARPS];
     __shared__ float4 sm_acc[ATTS_WARPS][32 * ATTS_SLOTS];

@@ -25,6 +25,18 @@ __device__ __forceinline__ void pdl_begin() {
 #endif
 }
 
+// Bytes [p, p + bytes) fetched into L2 without waiting (the 16-byte-aligned part inside the
+// range; a no-op before sm_90). A hint only: L2 is where every write lands, so what it fetches
+// can never be stale, and kernels call it before pdl_begin for data they will read (issue 7: a
+// GEMV's blocks, launched while the kernel before them runs, stream their weights into L2 then,
+// when HBM would otherwise be idle).
+__device__ __forceinline__ void l2_prefetch(const void* p, size_t bytes) {
+#if __CUDA_ARCH__ >= 900
+    const size_t a = ((size_t)p + 15) & ~(size_t)15, e = ((size_t)p + bytes) & ~(size_t)15;
+    if (e > a) asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(a), "r"((u32)(e - a)) : "memory");
+#endif
+}
+
 __device__ __forceinline__ float f16_to_f32(u16 h) {
     float f;
     asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
