@@ -244,12 +244,29 @@ pub trait Backend: Send + Sync {
         inv_freqs: &[f32],
         offset: usize,
         traditional: bool,
-        (k_cache, v_cache, cache_offset): (&mut Array, &mut Array, usize),
+        cache: (&mut Array, &mut Array, usize),
     ) -> Result<Array> {
-        let (q, k) = self.rope_qk(q, k, qk_norm, inv_freqs, offset, traditional)?;
-        self.write_kv_rows(k_cache, v_cache, &k, v, cache_offset)?;
-        Ok(q)
+        rope_qk_write_kv_composed(self, q, k, v, qk_norm, inv_freqs, offset, traditional, cache)
     }
+}
+
+/// [`Backend::rope_qk_write_kv`] as its default composes it (for backends that fuse only some
+/// cases and fall back to this for the rest).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn rope_qk_write_kv_composed<B: Backend + ?Sized>(
+    backend: &B,
+    q: &Array,
+    k: &Array,
+    v: &Array,
+    qk_norm: Option<(&Array, &Array, f32)>,
+    inv_freqs: &[f32],
+    offset: usize,
+    traditional: bool,
+    (k_cache, v_cache, cache_offset): (&mut Array, &mut Array, usize),
+) -> Result<Array> {
+    let (q, k) = backend.rope_qk(q, k, qk_norm, inv_freqs, offset, traditional)?;
+    backend.write_kv_rows(k_cache, v_cache, &k, v, cache_offset)?;
+    Ok(q)
 }
 
 /// [`Backend::gate_up_silu`] as its default composes it (for backends that fuse only some cases

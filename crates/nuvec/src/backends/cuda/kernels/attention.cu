@@ -88,30 +88,34 @@ extern "C" __global__ void attention_f32(float* out, const float* q, const float
 
 #define ATTS_WARPS 4
 #define ATTS_SLOTS 4  // float4 slots per lane: D <= 32 * 4 * ATTS_SLOTS = 512
-// Keys per group for D <= 128 (fewer for larger heads); a macro for experiments
-// (NUVEC_NVRTC_DEFINES=ATTS_KB=8 measured even on the H200, eleventh session).
-#ifndef ATTS_KB
-#define ATTS_KB 4
-#endif
-
-// The body for head sizes up to 128 * SLOTS. A warp takes its keys KB = ATTS_KB / SLOTS at a time:
-// their rows' loads are in flight together, and the running maximum and sum move once per group
-// (a key at a time, a 512-key decode step spent 11.5 us on the H200 mostly waiting on each key's
-// loads in turn). KB * SLOTS stays ATTS_KB, so the rows held take the registers one key of D = 512 did.
-template <int SLOTS>
-__device__ __forceinline__ void atts_body(float* part, const float* q, const float* k, const float* v, int l, int hq,
-                                          int hkv, int d, int cap, int kv_len, float scale, int chunk, const int* step,
-                                          int want, float* sm_m, float* sm_l, float4 (*sm_acc)[32 * ATTS_SLOTS]) {
-    constexpr int KB = ATTS_KB / SLOTS;
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int h = blockIdx.x, t = blockIdx.y, s = blockIdx.z, splits = gridDim.z;
-    const int kvh = h / (hq / hkv);
+// The keys [j_begin, j_end) that split s of query t attends, with the step scalars' delta added
+// to kv_len (and the chunk taken by the host's rule on the device) when `step` is set (CUDA
+// graphs). atts_body and atts_prefetch both take their range here.
+__device__ __forceinline__ void atts_keys(int l, int t, int s, int kv_len, int chunk, const int* step, int want,
+                                          int& j_begin, int& j_end) {
     if (step) {
         kv_len += step[0];
         chunk = max((kv_len + want - 1) / want, 32);
     }
-    const int n = kv_len - l + t + 1;
-    const int j_begin = s * chunk, j_end = min(n, j_begin + chunk);
+    j_begin = s * chunk;
+    j_end = min(kv_len - l + t + 1, j_begin + chunk);
+}
+
+// The body for head sizes up to 128 * SLOTS. A warp takes its keys KB = 4 / SLOTS at a time:
+// their rows' loads are in flight together, and the running maximum and sum move once per group
+// (a key at a time, a 512-key decode step spent 11.5 us on the H200 mostly waiting on each key's
+// loads in turn). KB * SLOTS stays 4, so the rows held take the registers one key of D = 512 did
+// (8 keys per group for D = 128 measured even: eleventh session).
+template <int SLOTS>
+__device__ __forceinline__ void atts_body(float* part, const float* q, const float* k, const float* v, int l, int hq,
+                                          int hkv, int d, int cap, int kv_len, float scale, int chunk, const int* step,
+                                          int want, float* sm_m, float* sm_l, float4 (*sm_acc)[32 * ATTS_SLOTS]) {
+    constexpr int KB = 4 / SLOTS;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int h = blockIdx.x, t = blockIdx.y, s = blockIdx.z, splits = gridDim.z;
+    const int kvh = h / (hq / hkv);
+    int j_begin, j_end;
+    atts_keys(l, t, s, kv_len, chunk, step, want, j_begin, j_end);
     const int d4 = d >> 2;
     const float4* qv = (const float4*)(q + ((size_t)t * hq + h) * d);
     const float4* keys = (const float4*)(k + (size_t)kvh * cap * d);
@@ -225,13 +229,10 @@ __device__ __forceinline__ void atts_body(float* part, const float* q, const flo
 #endif
 __device__ __forceinline__ void atts_prefetch(const float* k, const float* v, int l, int hq, int hkv, int d, int cap,
                                               int kv_len, int chunk, const int* step, int want) {
-    const int h = blockIdx.x, t = blockIdx.y, s = blockIdx.z;
+    const int h = blockIdx.x, t = blockIdx.y;
     if (!ATT_PF || threadIdx.x != 0 || t != 0 || h % (hq / hkv) != 0) return;
-    if (step) {
-        kv_len += step[0];
-        chunk = max((kv_len + want - 1) / want, 32);
-    }
-    const int j_begin = s * chunk, j_end = min(kv_len - l + 1, j_begin + chunk);
+    int j_begin, j_end;
+    atts_keys(l, t, blockIdx.z, kv_len, chunk, step, want, j_begin, j_end);
     if (j_end <= j_begin) return;
     const size_t row = (size_t)d * 4, first = ((size_t)(h / (hq / hkv)) * cap + j_begin) * row;
     l2_prefetch((const char*)k + first, (size_t)(j_end - j_begin) * row);

@@ -158,16 +158,25 @@ impl CudaBackend {
             && cache_offset + l <= cap
             && rope_qk_fits(d, l, qk_norm);
         if !one_launch {
-            let (q, k) = self.fused_rope_qk(q, k, qk_norm, inv_freqs, offset, traditional)?;
-            self.fused_write_kv_rows(k_cache, v_cache, &k, v, cache_offset)?;
-            return Ok(q);
+            let cache = (k_cache, v_cache, cache_offset);
+            return crate::backend::rope_qk_write_kv_composed(
+                self,
+                q,
+                k,
+                v,
+                qk_norm,
+                inv_freqs,
+                offset,
+                traditional,
+                cache,
+            );
         }
         let op = "rope_qk_write_kv";
-        self.f32_ptr(op, "v", v)?;
+        let vp = self.f32_ptr(op, "v", v)?;
         self.ptr(op, "k cache", k_cache)?;
         self.ptr(op, "v cache", v_cache)?;
         let (kd, vd) = (k_cache.cuda_ptr_mut()?, v_cache.cuda_ptr_mut()?);
-        let target = CacheTarget { v: v.cuda_ptr()?, kd, vd, cap, at: cache_offset };
+        let target = CacheTarget { v: vp, kd, vd, cap, at: cache_offset };
         let rope = RopeArgs { q, k, qk_norm, inv_freqs, offset, traditional };
         let (qo, _) = self.rope_qk_launch(&rope, Some(target))?;
         guard!(self.st()?, |at| cache_offset + at.delta + l <= cap);
@@ -193,6 +202,10 @@ impl CudaBackend {
             return Err(Error::shape(op, format!("{half} frequencies for heads of {d}")));
         }
         if !rope_qk_fits(d, l, qk_norm) {
+            if cache.is_some() {
+                // fused_rope_qk_write_kv checks `rope_qk_fits` first.
+                return Err(Error::Unsupported(format!("{op}: heads of {d} over {l} positions in one launch")));
+            }
             // The separate ops (the trait's default).
             let (q, k) = match qk_norm {
                 Some((qw, kw, eps)) => (self.rms_norm(q, qw, eps)?, self.rms_norm(k, kw, eps)?),
@@ -200,11 +213,7 @@ impl CudaBackend {
             };
             let (qo, ko) =
                 (self.rope(&q, inv_freqs, offset, traditional)?, self.rope(&k, inv_freqs, offset, traditional)?);
-            return match cache {
-                None => Ok((qo, Some(ko))),
-                // fused_rope_qk_write_kv checks `rope_qk_fits` first.
-                Some(_) => Err(Error::Unsupported(format!("{op}: heads of {d} over {l} positions in one launch"))),
-            };
+            return Ok((qo, Some(ko)));
         }
         let (qp, kp) = (self.f32_ptr(op, "q", q)?, self.f32_ptr(op, "k", k)?);
         let (qwp, kwp, w_dt, eps, norm) = match qk_norm {
