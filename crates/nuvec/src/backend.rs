@@ -166,8 +166,7 @@ pub trait Backend: Send + Sync {
         weight: &Array,
         eps: f32,
     ) -> Result<(Array, Array)> {
-        let y = self.linear(x, w)?;
-        self.add_rms_norm(residual, &y, weight, eps)
+        linear_add_rms_norm_composed(self, x, w, residual, weight, eps)
     }
 
     /// The queries `q [L, Hq, D]` and keys `k [L, Hkv, D]` of an attention step, each first
@@ -369,4 +368,18 @@ pub fn backend(device: Device) -> &'static dyn Backend {
         #[cfg(feature = "cuda")]
         Device::Cuda(i) => crate::backends::cuda::CudaBackend::get(i),
     }
+}
+
+/// [`Backend::linear_add_rms_norm`] as its default composes it (for backends that fold only some
+/// cases and fall back to this for the rest).
+pub(crate) fn linear_add_rms_norm_composed<B: Backend + ?Sized>(
+    backend: &B,
+    x: &Array,
+    w: &Matrix,
+    residual: &Array,
+    weight: &Array,
+    eps: f32,
+) -> Result<(Array, Array)> {
+    let y = backend.linear(x, w)?;
+    backend.add_rms_norm(residual, &y, weight, eps)
 }

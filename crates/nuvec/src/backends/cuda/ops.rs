@@ -1415,10 +1415,7 @@ impl Backend for CudaBackend {
     ) -> Result<(Array, Array)> {
         match self.fused_linear_add_rms_norm(x, w, residual, weight, eps)? {
             Some(out) => Ok(out),
-            None => {
-                let y = self.linear(x, w)?;
-                self.fused_add_rms_norm(residual, &y, weight, eps)
-            }
+            None => crate::backend::linear_add_rms_norm_composed(self, x, w, residual, weight, eps),
         }
     }
 
