@@ -384,7 +384,9 @@ impl DeviceBuffer {
     /// Scales a norm's output whose scale is pending (`set_pending_norm`) in place, once, so that
     /// its bytes hold the norm's values (`rms_settle_f32`); nothing otherwise.
     pub(crate) fn settle(&self) -> Result<()> {
-        if !self.pending_norm.swap(false, std::sync::atomic::Ordering::AcqRel) {
+        use std::sync::atomic::Ordering;
+        // A plain load first: every kernel input passes here, and almost none is pending.
+        if !self.pending_norm.load(Ordering::Acquire) || !self.pending_norm.swap(false, Ordering::AcqRel) {
             return Ok(());
         }
         let op = "rms_norm (pending scale)";
