@@ -36,9 +36,12 @@ static void cmp(const std::string& what, const std::vector<float>& got, const st
 // with e = 22 - the exponent of the chunk's largest |x|, bytes hi (signed), mid, lo of X; value v at
 // word (v / 8, v % 2) byte (v % 8) / 2 of each part; then the scales 2^-e and the sums) checked
 // against that definition written out here: every byte and scale exactly, the sums to 1e-5.
-static void check_parts(const std::string& what, const unsigned* parts, const float* x, int k) {
+// `pending`: the parts of a norm's u whose scale is pending (qgemv_norm_b4_v17), with the scales
+// and sums negated.
+static void check_parts(const std::string& what, const unsigned* parts, const float* x, int k, bool pending = false) {
     const int chunks = k / 32;
     const float* scale = (const float*)(parts + (size_t)chunks * 24);
+    const float sign = pending ? -1.0f : 1.0f;
     for (int c = 0; c < chunks; ++c) {
         float m = 0;
         double sum = 0, asum = 0;
@@ -46,7 +49,7 @@ static void check_parts(const std::string& what, const unsigned* parts, const fl
         int ex = 0;
         if (m > 0) std::frexp(m, &ex);
         const int e = m > 0 ? 22 - ex : 0;
-        if (scale[c] != std::ldexp(1.0f, -e) || std::fabs(scale[chunks + c] - sum) > 1e-5 * (asum + 1e-30)) {
+        if (scale[c] != sign * std::ldexp(1.0f, -e) || std::fabs(scale[chunks + c] - sign * sum) > 1e-5 * (asum + 1e-30)) {
             check(false, what + " chunk " + std::to_string(c) + " scale or sum");
             return;
         }

@@ -137,7 +137,7 @@ static void test_attn(int l, int kv, int hq, int hkv, int d, bool sink, int path
         int want_s = std::max(1, (512 + hq - 1) / hq);
         int chunk = std::max(32, (kv + want_s - 1) / want_s), splits = std::max(1, (kv + chunk - 1) / chunk);
         std::vector<float> part((size_t)hq * splits * (d + 2)), o2(out.size());
-        std::vector<unsigned> parts((size_t)hq * d / 32 * 26, 0xdeadbeefu);
+        std::vector<unsigned> parts(QI_PARTS_WORDS(hq * d / 32), 0xdeadbeefu);
         emu_launch({(unsigned)hq, 1, (unsigned)splits}, {128, 1, 1}, [&] {
             attention_split_f32(part.data(), q.data(), k.data(), v.data(), l, hq, hkv, d, cap, kv, scale, chunk, nullptr, want_s);
         });

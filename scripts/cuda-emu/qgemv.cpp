@@ -82,7 +82,7 @@ static std::vector<float> rnd(size_t n) {
 static const float* kernel_x(const std::vector<float>& x, bool int_x, std::vector<unsigned>& keep) {
     if (!int_x) return x.data();
     const int k = (int)x.size(), chunks = k / 32;
-    keep.assign((size_t)chunks * (QI_WORDS + 2), 0u);
+    keep.assign(QI_PARTS_WORDS(chunks), 0u);
     emu_launch({(unsigned)((chunks * 32 + 127) / 128), 1, 1}, {128, 1, 1}, [&] { xsplit_f32(keep.data(), x.data(), k); });
     static bool checked = false;  // the split itself against its definition, once
     if (!checked) check_parts("xsplit_f32 k=" + std::to_string(k), keep.data(), x.data(), k), checked = true;
@@ -180,7 +180,7 @@ static void test_gate_up(const char* name, GateUp f, Multi multi, int rows, int 
 static void test_gate_up_chunk(int n, int k, int group, int dt) {
     QW g = make(n, k, group, dt, 0.05f), u = make(n, k, group, dt, 0.05f);
     auto x = rnd(k);
-    std::vector<unsigned> parts, hparts((size_t)n / 32 * (QI_WORDS + 2), 0xdeadbeefu);
+    std::vector<unsigned> parts, hparts(QI_PARTS_WORDS(n / 32), 0xdeadbeefu);
     const float* xk = kernel_x(x, true, parts);
     const int lg = __builtin_ctz(group);
     std::vector<float> got(n, NAN), v13(n, NAN);
@@ -196,6 +196,83 @@ static void test_gate_up_chunk(int n, int k, int group, int dt) {
                             std::to_string(group) + " dt" + std::to_string(dt);
     check(memcmp(got.data(), v13.data(), 4 * (size_t)n) == 0, tag + " = v13 bit for bit");
     check_parts(tag + " down projection's", hparts.data(), got.data(), n);
+}
+
+// qgemv_norm_b4_v17 (the o / down projection with the residual add and the next norm's first
+// half): h = res + W x equals _v14's output plus res bit for bit, y holds u = h * w bit for bit,
+// its parts are u's with the pending sign, the tail holds eps and the partial sums of squares;
+// then the integer GEMVs over those parts (one row, the three-weight launch, the fused gate/up
+// v13 and v16) against the f64 product with y = rms_norm(h) * w, and the same GEMVs over
+// x's own parts still bit for bit what they were (scale 1).
+static void test_norm_rows(int n, int k, int group, int dt, int nw_dt) {
+    QW w = make(n, k, group, dt, 0.05f);
+    auto x = rnd(k), res = rnd(n), nwf = rnd(n);
+    std::vector<unsigned char> nw(n * (nw_dt == DT_F32 ? 4 : 2));
+    for (int i = 0; i < n; ++i) {  // the norm weight as its dtype stores it
+        if (nw_dt == DT_F32) memcpy(&nw[4 * i], &nwf[i], 4);
+        else { unsigned u; memcpy(&u, &nwf[i], 4); unsigned short hb = u >> 16; memcpy(&nw[2 * i], &hb, 2); nwf[i] = __uint_as_float((unsigned)hb << 16); }
+    }
+    const float eps = 1e-5f;
+    std::vector<unsigned> xparts;
+    const float* xk = kernel_x(x, true, xparts);
+    const int lg = __builtin_ctz(group);
+    std::vector<float> o14(n, NAN), h(n, NAN), y(n, NAN);
+    std::vector<unsigned> parts(QI_PARTS_WORDS(n / 32), 0xdeadbeefu);
+    emu_launch({(unsigned)(n / 8), 1, 1}, {128, 1, 1},
+               [&] { qgemv1_b4_v14(o14.data(), xk, 1, n, w.packed.data(), w.sc.data(), w.bi.data(), dt, lg, k); });
+    emu_launch({(unsigned)(n / 32), 1, 1}, {512, 1, 1}, [&] {
+        qgemv_norm_b4_v17(h.data(), y.data(), xk, n, w.packed.data(), w.sc.data(), w.bi.data(), dt, lg, k, res.data(),
+                          nw.data(), nw_dt, eps, parts.data());
+    });
+    const std::string tag = "qgemv_norm_b4_v17 n=" + std::to_string(n) + " k=" + std::to_string(k) + " g" +
+                            std::to_string(group) + " dt" + std::to_string(dt) + " w" + std::to_string(nw_dt);
+    bool h_ok = true, u_ok = true;
+    for (int i = 0; i < n; ++i) {
+        const float hv = res[i] + o14[i], u = hv * nwf[i];
+        h_ok &= memcmp(&hv, &h[i], 4) == 0;
+        u_ok &= memcmp(&u, &y[i], 4) == 0;
+    }
+    check(h_ok, tag + " h = res + _v14 bit for bit");
+    check(u_ok, tag + " y = h * w bit for bit");
+    check_parts(tag + " u's", parts.data(), y.data(), n, true);
+    const float* tail = (const float*)(parts.data() + (size_t)(n / 32) * QI_WORDS) + 2 * (n / 32);
+    double ss = 0, got = 0;
+    for (int i = 0; i < n; ++i) ss += (double)h[i] * h[i];
+    for (int c = 0; c < n / 32; ++c) got += tail[1 + c];
+    check(tail[0] == eps && std::fabs(got - ss) <= 1e-5 * ss, tag + " tail: eps and the sum of squares");
+    // The consumers, against y = rms_norm(h) * w in f64.
+    std::vector<float> yref(n);
+    const double inv = 1.0 / std::sqrt(ss / n + eps);
+    for (int i = 0; i < n; ++i) yref[i] = (float)(h[i] * inv * nwf[i]);
+    const int m = 64;
+    QW a = make(m, n, group, dt, 0.05f), b = make(m, n, group, dt, 0.05f), c3 = make(40, n, group, dt, 0.05f);
+    const float* pk = (const float*)parts.data();
+    std::vector<float> one(m, NAN), ma(m, NAN), mb(m, NAN), mc(40, NAN), gu13(m, NAN), gu16(m, NAN);
+    emu_launch({(unsigned)(m / 8), 1, 1}, {128, 1, 1},
+               [&] { qgemv1_b4_v14(one.data(), pk, 1, m, a.packed.data(), a.sc.data(), a.bi.data(), dt, lg, n); });
+    cmp(tag + " -> qgemv1_b4_v14", one, reference(a, yref, nullptr));
+    emu_launch({(unsigned)(m / 8 + m / 8 + 5), 1, 1}, {64, 1, 1}, [&] {
+        qgemv_multi_b4_v15(pk, dt, lg, n, ma.data(), m, a.packed.data(), a.sc.data(), a.bi.data(), nullptr, mb.data(),
+                           m, b.packed.data(), b.sc.data(), b.bi.data(), mc.data(), 40, c3.packed.data(),
+                           c3.sc.data(), c3.bi.data());
+    });
+    cmp(tag + " -> qgemv_multi_b4_v15 weight 0", ma, reference(a, yref, nullptr));
+    cmp(tag + " -> qgemv_multi_b4_v15 weight 2", mc, reference(c3, yref, nullptr));
+    emu_launch({(unsigned)(m / 4), 1, 1}, {32, 1, 1}, [&] {
+        gate_up_silu_b4_v13(gu13.data(), pk, m, a.packed.data(), a.sc.data(), a.bi.data(), b.packed.data(),
+                            b.sc.data(), b.bi.data(), dt, lg, n);
+    });
+    std::vector<unsigned> dparts(QI_PARTS_WORDS(m / 32), 0u);
+    emu_launch({(unsigned)(m / 32), 1, 1}, {256, 1, 1}, [&] {
+        gate_up_silu_b4_v16(gu16.data(), pk, m, a.packed.data(), a.sc.data(), a.bi.data(), b.packed.data(),
+                            b.sc.data(), b.bi.data(), dt, lg, n, dparts.data());
+    });
+    auto ra = reference(a, yref, nullptr), rb = reference(b, yref, nullptr);
+    std::vector<double> want(m);
+    for (int i = 0; i < m; ++i) want[i] = ra[i] / (1.0 + std::exp(-ra[i])) * rb[i];
+    cmp(tag + " -> gate_up_silu_b4_v13", gu13, want);
+    check(gu13 == gu16, tag + " -> gate_up_silu_b4_v16 = v13");
+    check_parts(tag + " -> v16's own parts (not pending)", dparts.data(), gu16.data(), m);
 }
 
 int main() {
@@ -261,6 +338,10 @@ int main() {
             test_gate_up_chunk(64, 384, group, dt);
             test_gate_up_chunk(32, 4096, group, dt);
         }
+    for (int group : {32, 64, 128})
+        for (int dt : {DT_F32, DT_F16, DT_BF16})
+            for (int nw_dt : {DT_F32, DT_BF16}) test_norm_rows(128, 512, group, dt, nw_dt);
+    test_norm_rows(4096, 1024, 64, DT_BF16, DT_BF16);
     printf("%d failures\n", fails);
     return fails != 0;
 }

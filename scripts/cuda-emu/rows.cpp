@@ -48,7 +48,7 @@ static void test_norms(int rows, int d, int vec, std::mt19937& rng) {
         while (f < 4 && (vt / f > 512 || vt % (32 * f))) f *= 2;
         if (vt % (32 * f)) f = 1;
         const unsigned threads = vt / f, blocks = (d / 32 + threads / 32 - 1) / (threads / 32);
-        std::vector<unsigned> pa((size_t)d / 32 * 26, 0xdeadbeefu), pr(pa);
+        std::vector<unsigned> pa(QI_PARTS_WORDS(d / 32), 0xdeadbeefu), pr(pa);
         std::vector<float> s1(d, NAN), o1(d, NAN), o2(d, NAN);
         emu_launch({blocks, 1, 1}, {threads, 1, 1}, [&] {
             add_rms_norm_row_f32(s1.data(), o1.data(), a.data(), b.data(), w.data(), DT_F32, d, eps, vec, pa.data());

@@ -308,8 +308,20 @@ impl Array {
         )))
     }
 
-    /// The device address of the first element.
+    /// The device address of the first element, for a kernel that reads the values (a norm's
+    /// output whose scale is still pending is scaled first: `DeviceBuffer::settle`).
     pub(crate) fn cuda_ptr(&self) -> Result<u64> {
+        match &*self.bytes {
+            Bytes::Cuda(buf) => {
+                buf.settle()?;
+                Ok(buf.ptr() + self.offset as u64)
+            }
+            _ => Err(Error::Device(format!("the array is on {}, not on a CUDA device", self.device))),
+        }
+    }
+
+    /// The device address of the first element, for alignment checks only (nothing is settled).
+    pub(crate) fn cuda_addr(&self) -> Result<u64> {
         match &*self.bytes {
             Bytes::Cuda(buf) => Ok(buf.ptr() + self.offset as u64),
             _ => Err(Error::Device(format!("the array is on {}, not on a CUDA device", self.device))),
@@ -321,6 +333,9 @@ impl Array {
     pub(crate) fn cuda_ptr_mut(&mut self) -> Result<u64> {
         if !matches!(&*self.bytes, Bytes::Cuda(_)) {
             return Err(Error::Device(format!("the array is on {}, not on a CUDA device", self.device)));
+        }
+        if let Bytes::Cuda(buf) = &*self.bytes {
+            buf.settle()?; // a partial write keeps the other values
         }
         if self.offset != 0 || Arc::get_mut(&mut self.bytes).is_none() {
             let Bytes::Cuda(buf) = &*self.bytes else { unreachable!("checked above") };
@@ -342,6 +357,14 @@ impl Array {
     pub(crate) fn set_int_parts(&self, parts: crate::backends::cuda::DeviceBuffer) {
         if let Bytes::Cuda(buf) = &*self.bytes {
             buf.set_int_parts(parts);
+        }
+    }
+
+    /// Marks this array's bytes as a norm's output with its scale pending in the parts just
+    /// recorded (`DeviceBuffer::set_pending_norm`).
+    pub(crate) fn set_pending_norm(&self) {
+        if let Bytes::Cuda(buf) = &*self.bytes {
+            buf.set_pending_norm();
         }
     }
 

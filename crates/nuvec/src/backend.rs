@@ -153,6 +153,22 @@ pub trait Backend: Send + Sync {
         Ok((sum, normed))
     }
 
+    /// A projection, the residual add after it and the norm after that:
+    /// `h = residual + x @ w^T` and `(h, rms_norm(h, weight, eps))` (an attention block's output
+    /// projection or an MLP's down projection, and the next norm). A backend may fold the norm
+    /// into the projection and the kernels that read its output (CUDA, one decode row of 4-bit
+    /// weights): its values then match the composition to rounding, not bit for bit.
+    fn linear_add_rms_norm(
+        &self,
+        x: &Array,
+        w: &Matrix,
+        residual: &Array,
+        weight: &Array,
+        eps: f32,
+    ) -> Result<(Array, Array)> {
+        linear_add_rms_norm_composed(self, x, w, residual, weight, eps)
+    }
+
     /// The queries `q [L, Hq, D]` and keys `k [L, Hkv, D]` of an attention step, each first
     /// RMS-normalized per head when `qk_norm` gives `(q weight [D], k weight [D], eps)` (Qwen3),
     /// then rotated by [`Backend::rope`] with the same frequencies and positions. `q` and `k`
@@ -369,4 +385,18 @@ pub fn backend(device: Device) -> &'static dyn Backend {
         #[cfg(feature = "cuda")]
         Device::Cuda(i) => crate::backends::cuda::CudaBackend::get(i),
     }
+}
+
+/// [`Backend::linear_add_rms_norm`] as its default composes it (for backends that fold only some
+/// cases and fall back to this for the rest).
+pub(crate) fn linear_add_rms_norm_composed<B: Backend + ?Sized>(
+    backend: &B,
+    x: &Array,
+    w: &Matrix,
+    residual: &Array,
+    weight: &Array,
+    eps: f32,
+) -> Result<(Array, Array)> {
+    let y = backend.linear(x, w)?;
+    backend.add_rms_norm(residual, &y, weight, eps)
 }

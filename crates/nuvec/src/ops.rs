@@ -147,6 +147,18 @@ impl Array {
         backend(self.device()).add_rms_norm(self, other, weight, eps)
     }
 
+    /// `h = residual + self @ w^T` and `(h, rms_norm(h, weight, eps))`; see
+    /// [`crate::Backend::linear_add_rms_norm`].
+    pub fn linear_add_rms_norm(
+        &self,
+        w: &Matrix,
+        residual: &Array,
+        weight: &Array,
+        eps: f32,
+    ) -> Result<(Array, Array)> {
+        backend(self.device()).linear_add_rms_norm(self, w, residual, weight, eps)
+    }
+
     /// Per row, the first maximum's index, the maximum and its gap to the values before it
     /// (`u32 [..., 3]`, the last two as f32 bits);
     /// see [`crate::Backend::argmax_gap`].

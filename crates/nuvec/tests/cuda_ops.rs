@@ -259,6 +259,60 @@ fn producers_write_the_gemv_parts() {
 }
 
 #[test]
+fn linear_add_rms_norm_folds_the_norm() {
+    // The o / down projection with the residual add and the next norm (qgemv_norm_b4_v17, one
+    // decode row of 4-bit weights): h bit for bit the composition's (the same GEMV loop), the
+    // norm's output, as the integer GEMVs read it (its scale pending) and as values (scaled in
+    // place when read), within the file's tolerance of the composition's.
+    let dev = gpu();
+    let mut rng = Rng::new(37);
+    let on = |m: &Matrix| m.to_device(dev).unwrap();
+    let g = |v: Vec<f32>, shape: &[usize]| arr(&v, shape).to_device(dev).unwrap();
+    for (n, k) in [(4096usize, 4096usize), (4096, 14336), (1024, 3072)] {
+        let w = on(&quantized(&mut rng, n, k, 4, 64, DType::BF16));
+        let (q, gate, up) = (
+            on(&quantized(&mut rng, 1536, n, 4, 64, DType::BF16)),
+            on(&quantized(&mut rng, 2048, n, 4, 64, DType::BF16)),
+            on(&quantized(&mut rng, 2048, n, 4, 64, DType::BF16)),
+        );
+        let (x, res, nw) = (g(rng.vec(k, 1.0), &[1, k]), g(rng.vec(n, 1.0), &[1, n]), g(rng.vec(n, 1.0), &[n]));
+        let (h, normed) = x.linear_add_rms_norm(&w, &res, &nw, 1e-5).unwrap();
+        let (h2, normed2) = res.add_rms_norm(&x.linear(&w).unwrap(), &nw, 1e-5).unwrap();
+        let case = format!("n={n} k={k}");
+        if k != 3072 {
+            // The composition's GEMV is _v14 at these shapes, the loop the fold runs.
+            exact(&format!("{case}: h"), &h, &h2);
+        } else {
+            close(&format!("{case}: h"), &h, &h2);
+        }
+        close(
+            &format!("{case}: q/k/v-like GEMV of the norm"),
+            &normed.linear(&q).unwrap(),
+            &normed2.linear(&q).unwrap(),
+        );
+        let many = normed.linear_many(&[&q, &gate]).unwrap();
+        let many2 = normed2.linear_many(&[&q, &gate]).unwrap();
+        close(&format!("{case}: linear_many weight 1"), &many[1], &many2[1]);
+        let act = normed.gate_up_silu(&gate, &up).unwrap();
+        close(&format!("{case}: gate_up_silu of the norm"), &act, &normed2.gate_up_silu(&gate, &up).unwrap());
+        // Read as values (settles the pending scale), then by the GEMV again.
+        close(&format!("{case}: the norm's values"), &normed, &normed2);
+        close(
+            &format!("{case}: GEMV after the values were read"),
+            &normed.linear(&q).unwrap(),
+            &normed2.linear(&q).unwrap(),
+        );
+        // And a fold whose input is itself a norm's output (its parts still carry the pending
+        // scale): the next layer's projection of it.
+        let w3 = on(&quantized(&mut rng, n, n, 4, 64, DType::BF16));
+        let (h3, normed3) = normed.linear_add_rms_norm(&w3, &h, &nw, 1e-5).unwrap();
+        let (h3r, normed3r) = h2.add_rms_norm(&normed2.linear(&w3).unwrap(), &nw, 1e-5).unwrap();
+        close(&format!("{case}: a fold of a fold, h"), &h3, &h3r);
+        close(&format!("{case}: a fold of a fold, the norm"), &normed3, &normed3r);
+    }
+}
+
+#[test]
 fn attention_split_and_gemm_paths() {
     // Decode-sized (split keys) and prefill-sized (SGEMM + softmax) attention against the CPU,
     // including a chunk that continues a cache (kv_len > L) and GQA.

@@ -1,4 +1,4 @@
-//! The decode fusions (`add_rms_norm`, `rope_qk`, `write_kv_rows`, `argmax_gap`,
+//! The decode fusions (`add_rms_norm`, `linear_add_rms_norm`, `rope_qk`, `write_kv_rows`, `argmax_gap`,
 //! `gate_up_silu`) on the CPU: each must equal, bit for bit, the ops it replaces (the model layers
 //! use them only where that holds), and `argmax_gap` a direct reading of each row.
 
@@ -199,4 +199,23 @@ fn gate_up_silu_is_linear_many_then_silu_mul() {
     assert!(x.gate_up_silu(&gate, &up).is_err(), "gate and up of different rows");
     let narrow = mlp_weight(&mut rng, 8, 32, None);
     assert!(x.gate_up_silu(&narrow, &narrow).is_err(), "weights narrower than x");
+}
+
+#[test]
+fn linear_add_rms_norm_is_linear_then_add_rms_norm() {
+    let mut rng = Rng(12);
+    for quant in [None, Some((4, 64, DType::BF16)), Some((8, 32, DType::F16))] {
+        let (n, k) = (128usize, 256usize);
+        let w = mlp_weight(&mut rng, n, k, quant);
+        for rows in [1usize, 3] {
+            let x = arr(&rng.vec(rows * k, 2.0), &[rows, k]);
+            let res = arr(&rng.vec(rows * n, 2.0), &[rows, n]);
+            let nw = weights(&mut rng, n, DType::BF16);
+            let (h, normed) = x.linear_add_rms_norm(&w, &res, &nw, 1e-5).unwrap();
+            let (h2, normed2) = res.add_rms_norm(&x.linear(&w).unwrap(), &nw, 1e-5).unwrap();
+            let case = format!("{quant:?} rows={rows}");
+            same(&format!("{case} h"), &h, &h2);
+            same(&format!("{case} normed"), &normed, &normed2);
+        }
+    }
 }

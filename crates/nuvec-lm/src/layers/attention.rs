@@ -71,6 +71,23 @@ impl Attention {
 
     /// Attends `x [L, hidden]` over the cache (which it extends by L positions).
     pub fn forward(&self, x: &Array, cache: &mut LayerCache) -> Result<Array> {
+        self.o_proj.forward(&self.attend(x, cache)?)
+    }
+
+    /// [`Attention::forward`] with the residual add and the norm after it:
+    /// `(h, norm(h))` for `h = residual + forward(x)` ([`Linear::forward_add_norm`]).
+    pub fn forward_add_norm(
+        &self,
+        x: &Array,
+        cache: &mut LayerCache,
+        residual: &Array,
+        norm: &RmsNorm,
+    ) -> Result<(Array, Array)> {
+        self.o_proj.forward_add_norm(&self.attend(x, cache)?, residual, norm)
+    }
+
+    /// The heads' outputs `[L, heads * head_dim]`, before the output projection.
+    fn attend(&self, x: &Array, cache: &mut LayerCache) -> Result<Array> {
         let s = &self.shape;
         let l = x.dim(0);
         let offset = cache.offset();
@@ -88,10 +105,9 @@ impl Attention {
         };
         if let (Some(norms), LayerCache::Plain(c)) = (norms, &mut *cache) {
             let shape = (l, s.kv_heads, s.head_dim);
-            let out = c.attend_written(shape, k.device(), (scale, self.sinks.as_deref()), |kc, vc, at| {
+            return c.attend_written(shape, k.device(), (scale, self.sinks.as_deref()), |kc, vc, at| {
                 self.rope.forward_qk_into(&q, &k, &v, norms, offset, (kc, vc, at))
-            })?;
-            return self.o_proj.forward(&out);
+            });
         }
         // Otherwise the q/k norms and rope of both as one op, then the cache's attention.
         let (q, k) = match (&self.q_norm, &self.k_norm) {
@@ -105,7 +121,6 @@ impl Attention {
                 self.rope.forward_qk(&norm(q, qn)?, &norm(k, kn)?, None, offset)?
             }
         };
-        let out = cache.attend_with_sinks(&q, &k, &v, scale, self.sinks.as_deref())?;
-        self.o_proj.forward(&out)
+        cache.attend_with_sinks(&q, &k, &v, scale, self.sinks.as_deref())
     }
 }

@@ -2,6 +2,7 @@
 
 use nuvec::{Array, Matrix};
 
+use super::RmsNorm;
 use crate::weights::Weights;
 use crate::{Error, Result};
 
@@ -48,6 +49,16 @@ impl Linear {
     /// fuse the product into the matrix-vector pass. Same result as `forward(gate.silu_mul(up))`.
     pub fn forward_silu_mul(&self, gate: &Array, up: &Array) -> Result<Array> {
         self.with_bias(gate.silu_mul_linear(up, &self.weight)?)
+    }
+
+    /// `h = residual + self.forward(x)` and `(h, norm(h))`: an output or down projection with
+    /// the residual add and the norm after it, which a backend may fold together
+    /// ([`nuvec::Backend::linear_add_rms_norm`]; with a bias, the separate ops).
+    pub fn forward_add_norm(&self, x: &Array, residual: &Array, norm: &RmsNorm) -> Result<(Array, Array)> {
+        if self.bias.is_some() {
+            return norm.forward_add(residual, &self.forward(x)?);
+        }
+        Ok(x.linear_add_rms_norm(&self.weight, residual, norm.weight(), norm.eps())?)
     }
 
     fn with_bias(&self, y: Array) -> Result<Array> {

@@ -2,7 +2,7 @@
 
 use nuvec::Array;
 
-use super::Linear;
+use super::{Linear, RmsNorm};
 use crate::weights::Weights;
 use crate::Result;
 
@@ -46,6 +46,17 @@ impl Mlp {
             out.write_axis1(&y.reshape(&[1, end - start, dims])?, start)?;
         }
         Ok(out.reshape(&[l, dims])?)
+    }
+
+    /// [`Mlp::forward`] with the residual add and the norm after it: `(h, norm(h))` for
+    /// `h = residual + forward(x)`, the down projection folding them in on a decode row
+    /// ([`Linear::forward_add_norm`]).
+    pub fn forward_add_norm(&self, x: &Array, residual: &Array, norm: &RmsNorm) -> Result<(Array, Array)> {
+        if x.dim(0) == 1 && self.gate_proj.bias.is_none() && self.up_proj.bias.is_none() {
+            let hidden = x.gate_up_silu(&self.gate_proj.weight, &self.up_proj.weight)?;
+            return self.down_proj.forward_add_norm(&hidden, residual, norm);
+        }
+        norm.forward_add(residual, &self.forward(x)?)
     }
 
     fn forward_rows(&self, x: &Array) -> Result<Array> {

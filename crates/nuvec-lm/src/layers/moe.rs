@@ -5,7 +5,7 @@
 
 use nuvec::{Array, Matrix};
 
-use super::{Linear, Mlp};
+use super::{Linear, Mlp, RmsNorm};
 use crate::weights::Weights;
 use crate::Result;
 
@@ -185,6 +185,14 @@ impl FeedForward {
         match self {
             FeedForward::Dense(m) => m.forward(x),
             FeedForward::Sparse(m) => m.forward(x),
+        }
+    }
+
+    /// `(h, norm(h))` for `h = residual + forward(x)`; see [`Mlp::forward_add_norm`].
+    pub fn forward_add_norm(&self, x: &Array, residual: &Array, norm: &RmsNorm) -> Result<(Array, Array)> {
+        match self {
+            FeedForward::Dense(m) => m.forward_add_norm(x, residual, norm),
+            FeedForward::Sparse(m) => norm.forward_add(residual, &m.forward(x)?),
         }
     }
 }

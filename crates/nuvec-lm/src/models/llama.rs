@@ -44,8 +44,10 @@ impl Block {
     /// The block on the residual stream `x`, given `normed = input_layernorm(x)`; `next_norm`
     /// is the norm that follows the block (the next block's input norm, or the model's final
     /// one). Returns the stream after the block and `next_norm` of it: each residual add runs
-    /// with the norm after it as one op (`RmsNorm::forward_add`), the same values as
-    /// `h = x + attn(norm(x)); out = h + mlp(norm(h))` followed by `next_norm(out)`.
+    /// with the projection before it and the norm after it (`Linear::forward_add_norm`), the
+    /// values of `h = x + attn(norm(x)); out = h + mlp(norm(h))` followed by `next_norm(out)`
+    /// (bit for bit where the backend composes them; CUDA folds a decode row's norms into the
+    /// GEMVs, the same to rounding).
     fn forward(
         &self,
         x: &Array,
@@ -53,8 +55,8 @@ impl Block {
         next_norm: &RmsNorm,
         cache: &mut LayerCache,
     ) -> Result<(Array, Array)> {
-        let (h, h_normed) = self.post_attention_layernorm.forward_add(x, &self.self_attn.forward(normed, cache)?)?;
-        next_norm.forward_add(&h, &self.mlp.forward(&h_normed)?)
+        let (h, h_normed) = self.self_attn.forward_add_norm(normed, cache, x, &self.post_attention_layernorm)?;
+        self.mlp.forward_add_norm(&h_normed, &h, next_norm)
     }
 }
 

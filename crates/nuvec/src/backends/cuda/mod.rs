@@ -347,6 +347,10 @@ pub(crate) struct DeviceBuffer {
     /// The integer GEMVs' parts of these bytes as one f32 row (`xsplit_chunk`, kernels/common.cuh),
     /// when the kernel that wrote the row wrote them too; forgotten with the host copy.
     int_parts: OnceLock<Box<DeviceBuffer>>,
+    /// The bytes are a norm's u = h * w with its scale pending (ops/norm_fold.rs): `int_parts`
+    /// holds the scale's terms, and `settle` (ops.rs) scales the bytes in place before anything
+    /// reads them as values.
+    pending_norm: std::sync::atomic::AtomicBool,
     /// The capture that made it (its memory is graph memory), 0 for none.
     epoch: u64,
     /// Written by a captured step (a replay writes it again): its drop stops replays.
@@ -386,6 +390,7 @@ impl DeviceBuffer {
             st,
             mirror: OnceLock::new(),
             int_parts: OnceLock::new(),
+            pending_norm: std::sync::atomic::AtomicBool::new(false),
             epoch,
             graph_written: false,
         })
@@ -424,6 +429,7 @@ impl DeviceBuffer {
     /// Copies bytes `offset..offset + out.len()` to `out`, waiting for pending work.
     pub(crate) fn download(&self, offset: usize, out: &mut [u8]) -> Result<()> {
         self.st.not_capturing("a copy to the host")?;
+        self.settle()?;
         let stream = self.slice.stream();
         if !out.is_empty() {
             let src = self.slice.slice(offset..offset + out.len());
@@ -434,6 +440,7 @@ impl DeviceBuffer {
 
     /// A new buffer holding bytes `offset..offset + len`.
     pub(crate) fn copy_range(&self, offset: usize, len: usize) -> Result<Self> {
+        self.settle()?;
         let st = self.st;
         let mut b = Self::alloc(st, len)?;
         if len > 0 {
@@ -469,10 +476,17 @@ impl DeviceBuffer {
         self.int_parts.get().map(|p| p.ptr())
     }
 
+    /// Marks the bytes as a norm's u with its scale pending in the integer parts just recorded
+    /// (`set_int_parts`), which the integer GEMVs read; see `settle`.
+    pub(crate) fn set_pending_norm(&self) {
+        self.pending_norm.store(true, std::sync::atomic::Ordering::Release);
+    }
+
     /// Forgets the host copy and the integer parts (the device bytes are about to change).
     pub(crate) fn invalidate(&mut self) {
         self.mirror = OnceLock::new();
         self.int_parts = OnceLock::new();
+        *self.pending_norm.get_mut() = false;
         if self.epoch == 0 && self.st.capturing() != 0 {
             self.graph_written = true;
         }

@@ -79,6 +79,12 @@ impl CudaBackend {
 
     /// The device address of `a`, checking it lives on this device.
     fn ptr(&self, op: &'static str, name: &str, a: &Array) -> Result<u64> {
+        self.on_device(op, name, a)?;
+        a.cuda_ptr()
+    }
+
+    /// An error unless `a` lives on this device.
+    fn on_device(&self, op: &'static str, name: &str, a: &Array) -> Result<()> {
         if a.device() != self.dev() {
             return Err(Error::Device(format!(
                 "{op}: {name} is on {} but the op runs on {}; move it with to_device({:?})",
@@ -87,15 +93,21 @@ impl CudaBackend {
                 self.dev()
             )));
         }
-        a.cuda_ptr()
+        Ok(())
     }
 
     /// Like `ptr`, for an f32 activation.
     fn f32_ptr(&self, op: &'static str, name: &str, a: &Array) -> Result<u64> {
+        self.f32_check(op, name, a)?;
+        a.cuda_ptr()
+    }
+
+    /// `f32_ptr`'s checks, without taking the address (which settles a pending norm's output).
+    fn f32_check(&self, op: &'static str, name: &str, a: &Array) -> Result<()> {
         if a.dtype() != DType::F32 {
             return Err(Error::shape(op, format!("activations must be float32, got {} for {name}", a.dtype())));
         }
-        self.ptr(op, name, a)
+        self.on_device(op, name, a)
     }
 
     /// A fresh f32/u32 array on this device (contents unspecified unless `zero`).
@@ -216,9 +228,10 @@ fn producer_parts(producer: &str) -> bool {
     int_gemvs() && on.as_ref().is_none_or(|list| list.iter().any(|p| p == producer))
 }
 
-/// Bytes of the integer GEMVs' parts of a `k`-value row (`xsplit_chunk`'s layout).
+/// Bytes of the integer GEMVs' parts of a `k`-value row (`xsplit_chunk`'s layout, with the norm
+/// tail: `QI_PARTS_WORDS` in kernels/common.cuh).
 fn int_parts_bytes(k: usize) -> usize {
-    k / 32 * (QI_WORDS + 2) * 4
+    ((k / 32) * (QI_WORDS + 3) + 1) * 4
 }
 
 /// Whether a one-row 4-bit variant reads x as `xsplit_f32`'s parts (integer dot products).
@@ -367,6 +380,27 @@ macro_rules! kargs {
     ($($arg:expr),* $(,)?) => { vec![$(KArg::from($arg)),*] };
 }
 
+impl DeviceBuffer {
+    /// Scales a norm's output whose scale is pending (`set_pending_norm`) in place, once, so that
+    /// its bytes hold the norm's values (`rms_settle_f32`); nothing otherwise.
+    pub(crate) fn settle(&self) -> Result<()> {
+        use std::sync::atomic::Ordering;
+        // A plain load first: every kernel input passes here, and almost none is pending.
+        if !self.pending_norm.load(Ordering::Acquire) || !self.pending_norm.swap(false, Ordering::AcqRel) {
+            return Ok(());
+        }
+        let op = "rms_norm (pending scale)";
+        let parts = self.int_parts().ok_or_else(|| Error::Device(format!("{op}: the norm's parts are gone")))?;
+        let (y, d) = (self.ptr(), self.len() / 4);
+        let di = to_i32(op, "row length", d)?;
+        launch!(self.st, op, "rms_settle_f32", cfg_1d(d); y, parts, di);
+        Ok(())
+    }
+}
+
+// The o and down projections with the residual add and the next norm (kernels/linear.cu
+// qgemv_norm_b4_v17).
+mod norm_fold;
 // fpquant: linear and embed over mxfp4, mxfp8 and nvfp4 weights (kernels/fp_linear.cu).
 mod fp;
 // Qwen3.5 hybrids: the Gated DeltaNet ops (kernels/gated_delta.cu).
@@ -558,7 +592,7 @@ impl CudaBackend {
         k: usize,
         w: &WeightArgs,
     ) -> Result<bool> {
-        let Some(lg) = fast_path_log_group(w, k, x.cuda_ptr()?) else {
+        let Some(lg) = fast_path_log_group(w, k, x.cuda_addr()?) else {
             return Ok(false);
         };
         let WeightArgs { packed, scales, biases, p_dt, bits, .. } = *w;
@@ -673,7 +707,7 @@ impl CudaBackend {
             _ => 4,
         };
         let same = args.iter().all(|a| a.bits == a0.bits && a.group == a0.group && a.p_dt == a0.p_dt);
-        let xp = x.cuda_ptr()?;
+        let xp = x.cuda_addr()?; // alignment only: gemv_input gives what the kernel reads
         let upp = match up {
             Some(u) => u.cuda_ptr()?,
             None => 0,
@@ -999,7 +1033,7 @@ impl Backend for CudaBackend {
                 return self.fp_linear(x, q);
             }
         }
-        let xp = self.f32_ptr(op, "x", x)?;
+        self.f32_check(op, "x", x)?;
         let wa = self.weight_args(op, w)?;
         let m = x.len() / k.max(1);
         let n = w.rows();
@@ -1010,13 +1044,17 @@ impl Backend for CudaBackend {
             return Ok(out);
         }
         let o = out.cuda_ptr()?;
+        // The fast quantized GEMV first: its integer variants read x's parts, not x (a norm's
+        // output with its scale pending stays pending for them; every other path reads x).
+        if m <= GEMV_MAX_ROWS && wa.w_dt != DT_F32 && self.fast_qgemv(op, o, x, m, n, k, &wa)? {
+            return Ok(out);
+        }
+        let xp = x.cuda_ptr()?;
         if m > GEMV_MAX_ROWS && self.prefill_linear(op, o, xp, m, n, k, &wa)? {
             // phase 4: bf16 on the tensor cores (ops/prefill.rs), under MatmulPrecision::Bf16 (or
             // Auto and a half-precision weight)
         } else if wa.w_dt == DT_F32 {
             self.sgemm(op, o, xp, wa.dense, m, n, k, n)?;
-        } else if m <= GEMV_MAX_ROWS && self.fast_qgemv(op, o, x, m, n, k, &wa)? {
-            // done by the fast quantized GEMV
         } else if m <= GEMV_MAX_ROWS {
             let WeightArgs { dense, packed, scales, biases, w_dt, p_dt, bits, group } = wa;
             let (mi, ni, ki) = (m as i32, to_i32(op, "rows", n)?, to_i32(op, "k", k)?);
@@ -1367,6 +1405,20 @@ impl Backend for CudaBackend {
 
     fn add_rms_norm(&self, a: &Array, b: &Array, weight: &Array, eps: f32) -> Result<(Array, Array)> {
         self.fused_add_rms_norm(a, b, weight, eps)
+    }
+
+    fn linear_add_rms_norm(
+        &self,
+        x: &Array,
+        w: &Matrix,
+        residual: &Array,
+        weight: &Array,
+        eps: f32,
+    ) -> Result<(Array, Array)> {
+        match self.fused_linear_add_rms_norm(x, w, residual, weight, eps)? {
+            Some(out) => Ok(out),
+            None => crate::backend::linear_add_rms_norm_composed(self, x, w, residual, weight, eps),
+        }
     }
 
     fn rope_qk(

@@ -396,13 +396,22 @@ __device__ __forceinline__ float exp2_ftz(float x) {
 
 // ---- x's parts for the integer GEMVs (linear.cu qgemv4i_acc) ----
 // Layout for a K-value x: [chunks][QI_WORDS] u32 parts ([part][word][even, odd] bytes), then
-// chunks f32 scales 2^-e, then chunks f32 sums of x (chunks = K / 32).
+// chunks f32 scales 2^-e, then chunks f32 sums of x (chunks = K / 32), then a norm tail of one
+// f32 eps and chunks f32 partial sums. Scales are positive for x's own parts. Negated scales and
+// sums (-2^-e, -sum(u): written by qgemv_norm_b4_v17) mark the parts of u = h * w of an RMS norm
+// whose scale is pending: x = u / rms(h), rms(h) = sqrt(sum of the tail's partials / K + eps).
+// The integer GEMVs' sums then come out negated, and they multiply their totals by
+// -1 / rms(h) (xq_norm_scale), having seen the sign in the scales they load anyway. The tail is
+// read only then.
 #define QI_WORDS 24
+// u32 words of a K-value x's parts (chunks = K / 32).
+#define QI_PARTS_WORDS(chunks) ((size_t)(chunks) * (QI_WORDS + 3) + 1)
 // Chunk c of x, lane v of a full warp holding value v: the chunk's largest |x| and its sum by warp
 // reductions, X = rint(x 2^e) with |X| <= 2^22, split X = 65536 hi + 256 mid + lo; lane
 // 8j + 2t + eo holds byte t of word (j, eo) of each part, ORed into the word over the lanes that
 // share it (lane bits 1-2). Every producer calls this, so the parts are the same whoever writes them.
-__device__ __forceinline__ void xsplit_chunk(u32* __restrict__ parts, int chunks, int c, float v, int lane) {
+__device__ __forceinline__ void xsplit_chunk(u32* __restrict__ parts, int chunks, int c, float v, int lane,
+                                             bool pending = false) {
     const float m = warp_max(fabsf(v)), sx = warp_sum(v);
     int ex = 0;
     if (m > 0.0f) frexpf(m, &ex);  // m < 2^ex
@@ -424,7 +433,20 @@ __device__ __forceinline__ void xsplit_chunk(u32* __restrict__ parts, int chunks
     }
     if (lane == 0) {
         float* scale = (float*)(parts + (size_t)chunks * QI_WORDS);
-        scale[c] = ldexpf(1.0f, -e);
-        scale[chunks + c] = sx;
+        scale[c] = pending ? -ldexpf(1.0f, -e) : ldexpf(1.0f, -e);
+        scale[chunks + c] = pending ? -sx : sx;
     }
+}
+
+// What the integer GEMVs multiply their totals by for parts `xq` of a K-value x: 1, or when a
+// norm's scale is pending (`pending`: a negative scale seen, any lane of the warp) -1 / rms(h)
+// from the norm tail (the layout above; the totals came out negated). Every warp that calls it
+// gets the same value (the lanes add the partials in one order).
+__device__ __forceinline__ float xq_norm_scale(const u32* __restrict__ xq, int k, bool pending) {
+    if (!__any_sync(0xffffffffu, pending)) return 1.0f;
+    const int chunks = k >> 5;
+    const float* tail = (const float*)(xq + (size_t)chunks * QI_WORDS) + 2 * chunks;
+    float s = 0.0f;
+    for (int c = (int)(threadIdx.x & 31); c < chunks; c += 32) s += tail[1 + c];
+    return -1.0f / sqrtf(warp_sum(s) / (float)k + tail[0]);
 }

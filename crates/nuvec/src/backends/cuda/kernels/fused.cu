@@ -198,3 +198,12 @@ extern "C" __global__ void write_kv_rows_f32(float* kd, float* vd, const float* 
         (values ? vd : kd)[(ia * cap + offset + j) * c + e] = (values ? vs : ks)[e0];
     }
 }
+
+// y [d] *= 1 / rms(h) for a row that qgemv_norm_b4_v17 wrote as u = h * w with its norm's scale
+// pending in `parts` (common.cuh, xq_norm_scale): the norm's output, made when something other
+// than an integer GEMV reads it. Grid-stride over d.
+extern "C" __global__ void rms_settle_f32(float* y, const u32* parts, int d) {
+    pdl_begin();
+    const float scale = -xq_norm_scale(parts, d, true);  // 1 / rms(h)
+    FUSED_GRID_STRIDE(i, (size_t)d) y[i] *= scale;
+}

@@ -457,11 +457,13 @@ __device__ __forceinline__ float qg4_row_total(const float (&red)[WARPS][ROWS], 
 }
 
 // Each row's total; rows < n written.
+// `scale`: xq_norm_scale's factor for the integer loop (1 otherwise, which changes no bit).
 template <int ROWS, int WARPS>
 __device__ __forceinline__ void qg4_store_rows(float* out, const float (&acc)[ROWS], float (&red)[WARPS][ROWS], int r0,
-                                               int n) {
+                                               int n, float scale = 1.0f) {
     qg4_reduce_rows<ROWS, WARPS>(acc, red);
-    if (threadIdx.x < ROWS && r0 + (int)threadIdx.x < n) out[r0 + threadIdx.x] = qg4_row_total<ROWS, WARPS>(red, threadIdx.x);
+    if (threadIdx.x < ROWS && r0 + (int)threadIdx.x < n)
+        out[r0 + threadIdx.x] = qg4_row_total<ROWS, WARPS>(red, threadIdx.x) * scale;
 }
 
 // A lane's sums of the per-word loop: acc[r] over the chunks c = lane, lane + 32 * WARPS, ...
@@ -599,13 +601,14 @@ extern "C" __global__ void xsplit_f32(u32* __restrict__ parts, const float* __re
 // `first`: the lane's first chunk where it is not threadIdx.x (gate_up_silu_b4_v16's warps each
 // run a block's loop of their own).
 template <int ROWS, int WARPS, class Load>
-__device__ __forceinline__ void qgemv4i_acc(float (&acc)[ROWS], const u32* __restrict__ xq, int k, Load load,
-                                            int first = -1) {
+__device__ __forceinline__ void qgemv4i_acc(float (&acc)[ROWS], bool& pending, const u32* __restrict__ xq, int k,
+                                            Load load, int first = -1) {
     const int chunks = k >> 5;
     const float* __restrict__ xscale = (const float*)(xq + (size_t)chunks * QI_WORDS);
     const float* __restrict__ xsum = xscale + chunks;
 #pragma unroll
     for (int r = 0; r < ROWS; ++r) acc[r] = 0.0f;
+    pending = false;
     for (int c = first < 0 ? (int)threadIdx.x : first; c < chunks; c += 32 * WARPS) {
         uint4 w[ROWS];
         float s[ROWS][1], b[ROWS][1];
@@ -633,6 +636,7 @@ __device__ __forceinline__ void qgemv4i_acc(float (&acc)[ROWS], const u32* __res
             }
         }
         const float xsc = __ldg(xscale + c), xs = __ldg(xsum + c);
+        pending = xsc < 0.0f;  // a norm's scale pending (every chunk's sign): the sums come out negated (common.cuh)
 #pragma unroll
         for (int r = 0; r < ROWS; ++r) {
             const float d = fmaf((float)S[r][0], 65536.0f, fmaf((float)S[r][1], 256.0f, (float)S[r][2]));
@@ -664,10 +668,12 @@ __device__ __forceinline__ void qgemv4_run(float* out, const float* __restrict__
     const size_t words = (size_t)(k >> 5) * 4, gpr = (size_t)(k >> lg);
     const Qg4Rows<G16, ROWS> load{packed, scales, biases, dt, lg, r0, n, words, gpr};
     float acc[ROWS];
-    if constexpr (LOOP == QG_LOOP_INT) qgemv4i_acc<ROWS, WARPS>(acc, (const u32*)x, k, load);
+    bool pending = false;
+    if constexpr (LOOP == QG_LOOP_INT) qgemv4i_acc<ROWS, WARPS>(acc, pending, (const u32*)x, k, load);
     else if constexpr (LOOP == QG_LOOP_XWORD) qgemv4x_acc<G16, ROWS, WARPS>(acc, x, k, load);
     else qgemv4w_acc<G16, ROWS, WARPS>(acc, x, k, up, load);
-    qg4_store_rows<ROWS, WARPS>(out, acc, red, r0, n);
+    const float scale = LOOP == QG_LOOP_INT ? xq_norm_scale((const u32*)x, k, pending) : 1.0f;
+    qg4_store_rows<ROWS, WARPS>(out, acc, red, r0, n, scale);
 }
 
 // The x-per-word and integer kernels take groups of 32 and more only: the x-per-word ones' register
@@ -771,13 +777,15 @@ __device__ __forceinline__ void gate_up_silu_body(float* out, const float* __res
     const size_t words = (size_t)(k >> 5) * 4, gpr = (size_t)(k >> lg);
     float acc[R2];
     const GateUpRows<ROWS> load{{pg, sg, bg, PDT, lg, r0, n, words, gpr}, {pu, su, bu, PDT, lg, r0, n, words, gpr}};
-    if constexpr (LOOP == QG_LOOP_INT) qgemv4i_acc<R2, WARPS>(acc, (const u32*)x, k, load);
+    bool pending = false;
+    if constexpr (LOOP == QG_LOOP_INT) qgemv4i_acc<R2, WARPS>(acc, pending, (const u32*)x, k, load);
     else if constexpr (LOOP == QG_LOOP_XWORD) qgemv4x_acc<false, R2, WARPS>(acc, x, k, load);
     else qgemv4w_acc<false, R2, WARPS>(acc, x, k, nullptr, load);
     qg4_reduce_rows<R2, WARPS>(acc, red);
+    const float scale = LOOP == QG_LOOP_INT ? xq_norm_scale((const u32*)x, k, pending) : 1.0f;
     const unsigned t = threadIdx.x;
     if (t < ROWS && r0 + (int)t < n) {
-        const float g = qg4_row_total<R2, WARPS>(red, t), u = qg4_row_total<R2, WARPS>(red, ROWS + t);
+        const float g = qg4_row_total<R2, WARPS>(red, t) * scale, u = qg4_row_total<R2, WARPS>(red, ROWS + t) * scale;
         out[r0 + t] = g / (1.0f + expf(-g)) * u;
     }
 }
@@ -827,10 +835,12 @@ __device__ __forceinline__ void gate_up_silu_chunk(float* out, const u32* __rest
     const size_t words = (size_t)(k >> 5) * 4, gpr = (size_t)(k >> lg);
     float acc[8];
     const GateUpRows<4> load{{pg, sg, bg, PDT, lg, r0, n, words, gpr}, {pu, su, bu, PDT, lg, r0, n, words, gpr}};
-    qgemv4i_acc<8, 1>(acc, xq, k, load, lane);
+    bool pending;
+    qgemv4i_acc<8, 1>(acc, pending, xq, k, load, lane);
     qg4_reduce_rows<8, 8>(acc, red);  // each warp's own rows: red[warp][row]
     if (warp != 0) return;
-    const float g = 0.0f + red[lane >> 2][lane & 3], u = 0.0f + red[lane >> 2][4 + (lane & 3)];
+    const float scale = xq_norm_scale(xq, k, pending);
+    const float g = (0.0f + red[lane >> 2][lane & 3]) * scale, u = (0.0f + red[lane >> 2][4 + (lane & 3)]) * scale;
     const float h = g / (1.0f + expf(-g)) * u;
     out[blockIdx.x * 32 + lane] = h;
     xsplit_chunk(parts, n >> 5, (int)blockIdx.x, h, lane);
@@ -842,4 +852,58 @@ extern "C" __global__ void __launch_bounds__(256, 2) gate_up_silu_b4_v16(GUS_PAR
     if (p_dt == DT_BF16) gate_up_silu_chunk<DT_BF16>(out, xq, n, pg, sg, bg, pu, su, bu, lg, k, parts);
     else if (p_dt == DT_F16) gate_up_silu_chunk<DT_F16>(out, xq, n, pg, sg, bg, pu, su, bu, lg, k, parts);
     else gate_up_silu_chunk<DT_F32>(out, xq, n, pg, sg, bg, pu, su, bu, lg, k, parts);
+}
+
+// ---- The o and down projections with the residual add and half the next norm (issue 7) ----
+//
+// h = res + W x for one input row, 32 rows per block as four groups of _v14's 8 rows x 4 warps
+// (the same loop, warp sums and 0 + sum over the group's warps, so h equals _v14's output plus
+// res bit for bit), then, for the integer GEMVs that read the norm's output y = rms_norm(h) * w:
+// the parts of u = h * w (xsplit_chunk) and the 32 rows' sum of squares of h in the parts' norm
+// tail, with eps (common.cuh), so that those GEMVs scale their totals by 1 / rms(h) and no norm
+// kernel runs. `y` gets u (the host scales it in place, rms_settle_f32, if anything else reads
+// it). n a multiple of 32, groups of 32 and more, eps > 0 (the host checks).
+template <int PDT>
+__device__ __forceinline__ void qgemv_norm_rows(float* h, float* y, const u32* __restrict__ xq, int n,
+                                                const u32* __restrict__ packed, const void* __restrict__ scales,
+                                                const void* __restrict__ biases, int lg, int k,
+                                                const float* __restrict__ res, const void* nw, int nw_dt, float eps,
+                                                u32* __restrict__ parts) {
+    __shared__ float red[16][8];  // [warp][row of its group]
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, group = warp >> 2;
+    const int r0 = blockIdx.x * 32 + group * 8;
+    const size_t words = (size_t)(k >> 5) * 4, gpr = (size_t)(k >> lg);
+    const Qg4Rows<false, 8> load{packed, scales, biases, PDT, lg, r0, n, words, gpr};
+    float acc[8];
+    bool pending;
+    qgemv4i_acc<8, 4>(acc, pending, xq, k, load, (warp & 3) * 32 + lane);
+    qg4_reduce_rows<8, 16>(acc, red);
+    if (warp != 0) return;
+    float t = 0.0f;
+#pragma unroll
+    for (int wi = 0; wi < 4; ++wi) t += red[4 * (lane >> 3) + wi][lane & 7];
+    t *= xq_norm_scale(xq, k, pending);  // its own input may be a pending norm's too
+    const int row = blockIdx.x * 32 + lane, chunks = n >> 5;
+    const float hv = res[row] + t, u = hv * load_float(nw, row, nw_dt);
+    h[row] = hv;
+    y[row] = u;
+    xsplit_chunk(parts, chunks, (int)blockIdx.x, u, lane, true);
+    const float ss = warp_sum(hv * hv);
+    if (lane == 0) {
+        float* tail = (float*)(parts + (size_t)chunks * QI_WORDS) + 2 * chunks;
+        tail[1 + blockIdx.x] = ss;
+        if (blockIdx.x == 0) tail[0] = eps;
+    }
+}
+extern "C" __global__ void __launch_bounds__(512, 1) qgemv_norm_b4_v17(float* h, float* y, const float* x, int n,
+                                                                     const u32* packed, const void* scales,
+                                                                     const void* biases, int p_dt, int lg, int k,
+                                                                     const float* res, const void* nw, int nw_dt,
+                                                                     float eps, u32* parts) {
+    QG4_BEGIN(32);
+    if (lg < 5 || (n & 31)) __trap();
+    const u32* xq = (const u32*)x;
+    if (p_dt == DT_BF16) qgemv_norm_rows<DT_BF16>(h, y, xq, n, packed, scales, biases, lg, k, res, nw, nw_dt, eps, parts);
+    else if (p_dt == DT_F16) qgemv_norm_rows<DT_F16>(h, y, xq, n, packed, scales, biases, lg, k, res, nw, nw_dt, eps, parts);
+    else qgemv_norm_rows<DT_F32>(h, y, xq, n, packed, scales, biases, lg, k, res, nw, nw_dt, eps, parts);
 }

@@ -52,7 +52,7 @@ impl CudaBackend {
             return Ok(None);
         }
         let (ga, ua) = (self.weight_args(op, gate)?, self.weight_args(op, up)?);
-        let xp = x.cuda_ptr()?;
+        let xp = x.cuda_addr()?; // alignment only: gemv_input gives what the kernel reads
         if ga.p_dt != ua.p_dt || !(xp | ga.packed | ua.packed).is_multiple_of(16) {
             return Ok(None);
         }
