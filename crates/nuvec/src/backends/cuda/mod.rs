@@ -141,6 +141,8 @@ pub(crate) struct State {
     capture_epoch: AtomicU64,
     /// Buffers written during a capture that have been dropped since (a replay then refuses).
     graph_written_dropped: AtomicU64,
+    /// Bytes of the next capture's arena (graph.rs): what the largest capture so far asked for.
+    capture_arena_bytes: std::sync::atomic::AtomicUsize,
     /// Kernels launch with programmatic stream serialization (see [`State::launch_raw_on`]).
     pdl: bool,
     /// bf16 prefill attention runs the flash kernels (`kernels/flash_attention.cu`, sm_80+;
@@ -238,6 +240,7 @@ impl State {
             capture: Mutex::new(None),
             capture_epoch: AtomicU64::new(0),
             graph_written_dropped: AtomicU64::new(0),
+            capture_arena_bytes: std::sync::atomic::AtomicUsize::new(graph::FIRST_ARENA_BYTES),
             pdl: major >= 9 && std::env::var("NUVEC_PDL").map_or(true, |v| v != "0"),
             flash: major >= 8 && std::env::var("NUVEC_FLASH_ATTENTION").map_or(true, |v| v != "0"),
             decode_lane: OnceLock::new(),
