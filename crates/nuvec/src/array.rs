@@ -311,13 +311,10 @@ impl Array {
     /// The device address of the first element, for a kernel that reads the values (a norm's
     /// output whose scale is still pending is scaled first: `DeviceBuffer::settle`).
     pub(crate) fn cuda_ptr(&self) -> Result<u64> {
-        match &*self.bytes {
-            Bytes::Cuda(buf) => {
-                buf.settle()?;
-                Ok(buf.ptr() + self.offset as u64)
-            }
-            _ => Err(Error::Device(format!("the array is on {}, not on a CUDA device", self.device))),
+        if let Bytes::Cuda(buf) = &*self.bytes {
+            buf.settle()?;
         }
+        self.cuda_addr()
     }
 
     /// The device address of the first element, for alignment checks only (nothing is settled).
@@ -331,12 +328,10 @@ impl Array {
     /// The device address of the first element, for writing: the bytes are copied first when
     /// they are shared with another array (or this is a view), as `host_mut` does.
     pub(crate) fn cuda_ptr_mut(&mut self) -> Result<u64> {
-        if !matches!(&*self.bytes, Bytes::Cuda(_)) {
+        let Bytes::Cuda(buf) = &*self.bytes else {
             return Err(Error::Device(format!("the array is on {}, not on a CUDA device", self.device)));
-        }
-        if let Bytes::Cuda(buf) = &*self.bytes {
-            buf.settle()?; // a partial write keeps the other values
-        }
+        };
+        buf.settle()?; // a partial write keeps the other values
         if self.offset != 0 || Arc::get_mut(&mut self.bytes).is_none() {
             let Bytes::Cuda(buf) = &*self.bytes else { unreachable!("checked above") };
             let copy = buf.copy_range(self.offset, self.nbytes())?;

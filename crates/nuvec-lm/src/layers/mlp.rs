@@ -52,24 +52,29 @@ impl Mlp {
     /// `h = residual + forward(x)`, the down projection folding them in on a decode row
     /// ([`Linear::forward_add_norm`]).
     pub fn forward_add_norm(&self, x: &Array, residual: &Array, norm: &RmsNorm) -> Result<(Array, Array)> {
-        if x.dim(0) == 1 && self.gate_proj.bias.is_none() && self.up_proj.bias.is_none() {
-            let hidden = x.gate_up_silu(&self.gate_proj.weight, &self.up_proj.weight)?;
-            return self.down_proj.forward_add_norm(&hidden, residual, norm);
+        match self.decode_row_hidden(x)? {
+            Some(hidden) => self.down_proj.forward_add_norm(&hidden, residual, norm),
+            None => norm.forward_add(residual, &self.forward(x)?),
         }
-        norm.forward_add(residual, &self.forward(x)?)
     }
 
     fn forward_rows(&self, x: &Array) -> Result<Array> {
-        // A decode row without biases: the backend makes silu(gate) * up in one op (on CUDA
-        // inside the gate/up GEMV, one launch fewer per layer), with the bits of the path below
-        // (linear_many, silu_mul, then the down projection). Longer inputs (prefill) keep that
-        // path: CUDA makes silu(gate) * up there in bf16 in the same pass that feeds the bf16
-        // GEMM of the down projection.
-        if x.dim(0) == 1 && self.gate_proj.bias.is_none() && self.up_proj.bias.is_none() {
-            let hidden = x.gate_up_silu(&self.gate_proj.weight, &self.up_proj.weight)?;
+        if let Some(hidden) = self.decode_row_hidden(x)? {
             return self.down_proj.forward(&hidden);
         }
         let [gate, up] = Linear::forward_many([&self.gate_proj, &self.up_proj], x)?;
         self.down_proj.forward_silu_mul(&gate, &up)
+    }
+
+    /// silu(gate) * up for a decode row without biases, in one op (on CUDA inside the gate/up
+    /// GEMV, one launch fewer per layer), with the bits of forward_rows' other path
+    /// (linear_many, then silu_mul inside the down projection); `None` for other inputs. Longer
+    /// inputs (prefill) keep that path: CUDA makes silu(gate) * up there in bf16 in the same
+    /// pass that feeds the bf16 GEMM of the down projection.
+    fn decode_row_hidden(&self, x: &Array) -> Result<Option<Array>> {
+        if x.dim(0) != 1 || self.gate_proj.bias.is_some() || self.up_proj.bias.is_some() {
+            return Ok(None);
+        }
+        Ok(Some(x.gate_up_silu(&self.gate_proj.weight, &self.up_proj.weight)?))
     }
 }

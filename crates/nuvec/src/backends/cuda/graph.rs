@@ -129,12 +129,9 @@ pub(crate) struct Capture {
     deferred: Vec<CudaSlice<u8>>,
     /// Buffers made during the capture and alive.
     live: usize,
-    /// The arena (see the module notes): its device address, bytes, bytes handed out, and the
-    /// bytes the capture asked for in all.
-    arena: Option<CudaSlice<u8>>,
-    arena_base: u64,
-    arena_len: usize,
-    arena_used: usize,
+    /// Where its buffers are cut from (see the module notes).
+    arena: Option<Arena>,
+    /// Bytes the capture asked for in all (the arena's and the driver's).
     asked: usize,
     /// Why the capture cannot succeed (something no error return could report).
     poisoned: Option<String>,
@@ -148,10 +145,29 @@ pub(super) const FIRST_ARENA_BYTES: usize = 32 << 20;
 /// Alignment of buffers cut from an arena (what the driver's allocations give).
 const ARENA_ALIGN: usize = 256;
 
-impl Capture {
-    /// Whether device address `addr` lies in this capture's arena.
-    fn in_arena(&self, addr: u64) -> bool {
-        addr >= self.arena_base && addr < self.arena_base + self.arena_len as u64
+/// A capture's arena: one allocation made before the capture, handed out front to back
+/// (nothing is reused within a step).
+struct Arena {
+    slice: CudaSlice<u8>,
+    /// Device address of its first byte.
+    base: u64,
+    /// Bytes handed out.
+    used: usize,
+}
+
+impl Arena {
+    /// The next `cut` bytes' device address (`cut` a multiple of ARENA_ALIGN), if they fit.
+    fn cut(&mut self, cut: usize) -> Option<u64> {
+        if self.used + cut > self.slice.len() {
+            return None;
+        }
+        self.used += cut;
+        Some(self.base + (self.used - cut) as u64)
+    }
+
+    /// Whether device address `addr` lies in the arena.
+    fn holds(&self, addr: u64) -> bool {
+        addr >= self.base && addr < self.base + self.slice.len() as u64
     }
 }
 
@@ -178,9 +194,7 @@ impl State {
         }
         let cut = len.max(1).next_multiple_of(ARENA_ALIGN);
         cap.asked += cut;
-        if cap.arena_used + cut <= cap.arena_len {
-            let addr = cap.arena_base + cap.arena_used as u64;
-            cap.arena_used += cut;
+        if let Some(addr) = cap.arena.as_mut().and_then(|a| a.cut(cut)) {
             cap.live += 1;
             // SAFETY: [addr, addr + len) lies inside the arena, a live allocation of this
             // device that the capture and then its graph own; a slice cut from it is never
@@ -211,7 +225,7 @@ impl State {
             Some(cap) if epoch == 0 => cap.deferred.push(slice),
             Some(cap) if epoch == cap.epoch => {
                 cap.live -= 1;
-                if cap.in_arena(slice.device_ptr(&self.stream).0) {
+                if cap.arena.as_ref().is_some_and(|a| a.holds(slice.device_ptr(&self.stream).0)) {
                     // The arena's bytes stay the graph's.
                     slice.leak();
                     return;
@@ -380,9 +394,9 @@ impl StepGraph {
         // The step scalars of the captured step itself: delta 0, its token.
         let step = DeviceBuffer::zeroed(st, STEP_BYTES)?;
         write_step(st, step.ptr(), 0, token)?;
-        let arena_len = st.capture_arena_bytes.load(Ordering::Relaxed);
-        let arena = st.take_or_alloc(arena_len)?;
-        let arena_base = arena.device_ptr(&st.stream).0;
+        let slice = st.take_or_alloc(st.capture_arena_bytes.load(Ordering::Relaxed))?;
+        let base = slice.device_ptr(&st.stream).0;
+        let arena = Arena { slice, base, used: 0 };
         {
             let mut slot = st.capture_slot();
             if slot.is_some() {
@@ -398,9 +412,6 @@ impl StepGraph {
                 deferred: Vec::new(),
                 live: 0,
                 arena: Some(arena),
-                arena_base,
-                arena_len,
-                arena_used: 0,
                 asked: 0,
                 poisoned: None,
             });
@@ -435,9 +446,9 @@ impl StepGraph {
             }
             if let Some(arena) = cap.arena {
                 if cap.live == 0 {
-                    st.recycle(arena);
+                    st.recycle(arena.slice);
                 } else {
-                    arena.leak();
+                    arena.slice.leak();
                 }
             }
             Error::Device(format!("cuda:{ordinal}: capturing a decode step: {why}"))
@@ -466,7 +477,7 @@ impl StepGraph {
             step,
             base: pos,
             out,
-            kept: cap.deferred.into_iter().chain(cap.arena).collect(),
+            kept: cap.deferred.into_iter().chain(cap.arena.map(|a| a.slice)).collect(),
             written_mark: st.graph_written_dropped.load(Ordering::Acquire),
         };
         // The captured parameters and the step scalars are the step's own: the first launch
