@@ -11,6 +11,7 @@ use crate::common::{model_or_default, KvArgs};
 
 /// Prefill a prompt and save the KV cache to a file.
 #[derive(Parser, Debug)]
+#[command(allow_negative_numbers = true)]
 pub struct Args {
     /// Model directory, Hugging Face repo id in the local cache, or .gguf file (default: SmolLM2).
     #[arg(long)]
@@ -19,9 +20,13 @@ pub struct Args {
     /// user's message (as mlx_lm.cache_prompt).
     #[arg(short = 'p', long)]
     prompt: String,
-    /// Where to save the cache (a .safetensors file).
+    /// Where to save the cache (a .safetensors file). An existing prompt cache is replaced;
+    /// any other existing file is refused unless --force.
     #[arg(long)]
     prompt_cache_file: PathBuf,
+    /// Replace --prompt-cache-file even if it is not a prompt cache.
+    #[arg(long)]
+    force: bool,
     /// Prompt tokens processed per forward pass.
     #[arg(long, default_value_t = 2048)]
     prefill_step_size: usize,
@@ -36,6 +41,8 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         prompt.clear();
         std::io::stdin().read_to_string(&mut prompt)?;
     }
+    // Refuse a target that cannot or must not be written before the prefill, not after it.
+    let target = prompt_cache::prepare_save(&args.prompt_cache_file, args.force)?;
     let (model, tokenizer) = load(&model_name)?;
     let ids = crate::generate::cached_prompt_ids(&tokenizer, &prompt)?;
     let started = std::time::Instant::now();
@@ -44,7 +51,7 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     session.prefill(&model, &ids, args.prefill_step_size, &kv)?;
     let secs = started.elapsed().as_secs_f64();
     eprintln!("Processed {} tokens ({:.2} tok/s)", ids.len(), ids.len() as f64 / secs.max(1e-9));
-    prompt_cache::save(&args.prompt_cache_file, &model, &model_name, &session, &kv, &prompt)?;
+    target.save(&model, &model_name, &session, &kv, &prompt)?;
     eprintln!("Saved {}", args.prompt_cache_file.display());
     Ok(())
 }

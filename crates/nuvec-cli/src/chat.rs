@@ -5,13 +5,16 @@
 use std::io::{BufRead, IsTerminal, Write};
 
 use clap::Parser;
-use nuvec_lm::{default_prefill_step, generate_in, load_on, GenerateOptions, Sampler, Session, TextStream};
+use nuvec_lm::{
+    default_prefill_step, generate_in, load_on, FinishReason, GenerateOptions, Sampler, Session, TextStream,
+};
 use serde_json::{json, Value};
 
-use crate::common::model_or_default;
+use crate::common::{describe_finish, model_or_default, ContextArgs};
 
 /// Chat with a model in the terminal (or over a pipe: one message per line).
 #[derive(Parser, Debug)]
+#[command(allow_negative_numbers = true)]
 pub struct Args {
     /// Model directory, Hugging Face repo id in the local cache, or .gguf file (default: SmolLM2).
     #[arg(long)]
@@ -47,6 +50,8 @@ pub struct Args {
     /// Where the model runs: cpu, cuda or cuda:N (cuda needs a build with `--features cuda`).
     #[arg(long, default_value = "cpu")]
     device: String,
+    #[command(flatten)]
+    context: ContextArgs,
 }
 
 const HELP: &str =
@@ -115,10 +120,20 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
             seed: args.seed,
             prefill_step_size: args.prefill_step_size.unwrap_or_else(|| default_prefill_step(model.device())),
             cache: cache.clone(),
+            context_length: args.context.ctx_size,
+            allow_past_context: args.context.allow_past_context,
             ..Default::default()
         };
-        let mut text = TextStream::new(&tokenizer, &options);
-        let mut generation = generate_in(&model, &mut session, &ids, options)?;
+        let mut text = TextStream::new(&tokenizer, &options).with_mlx_lm_spacing();
+        let mut generation = match generate_in(&model, &mut session, &ids, options) {
+            Ok(generation) => generation,
+            Err(e) => {
+                // A message the model cannot take (past its context) must not end the session.
+                messages.pop();
+                eprintln!("error: {e}\n[INFO] The message was not sent; 'r' resets the conversation.");
+                continue;
+            }
+        };
         let mut reply = Vec::new();
         for id in generation.by_ref() {
             let id = id?;
@@ -128,6 +143,9 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         }
         writeln!(out, "{}", text.finish())?;
         out.flush()?;
+        if let Some(reason @ FinishReason::ContextLength(_)) = generation.finish_reason() {
+            eprintln!("[INFO] Finish: {}; 'r' resets the conversation.", describe_finish(reason));
+        }
         messages.push(json!({"role": "assistant", "content": tokenizer.decode(&reply)?}));
     }
     Ok(())

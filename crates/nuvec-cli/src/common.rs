@@ -2,14 +2,42 @@
 
 use clap::Args;
 use nuvec_lm::cache::{CacheOptions, KvDtype};
+use nuvec_lm::FinishReason;
 
 use crate::default_model;
 
 /// The model to load: `--model`, else the embedded default.
 pub fn model_or_default(model: &Option<String>) -> Result<String, String> {
     match model {
+        Some(m) if m.trim().is_empty() => {
+            Err("--model is empty: name a model directory, a .gguf file or a Hugging Face repo id, or leave \
+                 --model out for the default model"
+                .into())
+        }
         Some(m) => Ok(m.clone()),
         None => default_model::resolve(),
+    }
+}
+
+/// The context flags (as llama.cpp's `--ctx-size`), beside mlx-lm's.
+#[derive(Args, Debug, Clone)]
+pub struct ContextArgs {
+    /// Most positions (prompt and answer) a generation may reach; default the model's context
+    /// (max_position_embeddings). A longer prompt is an error; an answer that fills it ends.
+    #[arg(short = 'c', long)]
+    pub ctx_size: Option<usize>,
+    /// Run past the model's trained context (its output degrades there).
+    #[arg(long)]
+    pub allow_past_context: bool,
+}
+
+/// Why generation ended, in words.
+pub fn describe_finish(reason: &FinishReason) -> String {
+    match reason {
+        FinishReason::EndOfSequence => "end of sequence".to_string(),
+        FinishReason::Length => "max tokens".to_string(),
+        FinishReason::ContextLength(n) => format!("length (the context of {n} positions is full)"),
+        other => format!("{other:?}"),
     }
 }
 

@@ -12,7 +12,8 @@ pub struct Args {
     /// The source: a checkpoint directory, a Hugging Face repo id in the local cache, or a .gguf file.
     #[arg(long, visible_alias = "model")]
     hf_path: String,
-    /// Where to write the MLX checkpoint (refused if it exists, unless --force).
+    /// Where to write the MLX checkpoint (refused if it exists, unless --force). It is written
+    /// beside it under a temporary name and renamed into place once it loads back.
     #[arg(long, default_value = "mlx_model")]
     mlx_path: PathBuf,
     /// Quantize the linear and embedding weights. From a GGUF file holding Q2_K, Q3_K or Q6_K
@@ -36,7 +37,9 @@ pub struct Args {
     /// Dequantize a quantized model (a GGUF's K-quants included: exactly llama.cpp's values).
     #[arg(short = 'd', long)]
     dequantize: bool,
-    /// Replace --mlx-path if it exists.
+    /// Replace --mlx-path if it exists and is a model checkpoint (config.json, weights and
+    /// tokenizer files, nothing else); never the working, home or root directory, or one
+    /// holding the source.
     #[arg(long)]
     force: bool,
 }

@@ -4,14 +4,15 @@ use std::io::{Read, Write};
 
 use clap::Parser;
 use nuvec_lm::{
-    default_prefill_step, generate_in, load_on, prompt_cache, FinishReason, GenerateOptions, LogitsProcessors, Sampler,
-    Session, Stop, TextStream, Tokenizer,
+    default_prefill_step, generate_in, load_on, prompt_cache, GenerateOptions, LogitsProcessors, Sampler, Session,
+    Stop, TextStream, Tokenizer,
 };
 
-use crate::common::{model_or_default, peak_memory, KvArgs};
+use crate::common::{model_or_default, peak_memory, ContextArgs, KvArgs};
 
 /// Generate text from a prompt, as `mlx_lm.generate` does.
 #[derive(Parser, Debug)]
+#[command(allow_negative_numbers = true)]
 pub struct Args {
     /// Model directory, Hugging Face repo id in the local cache, or .gguf file
     /// (default: SmolLM2-135M-Instruct, see scripts/get-default-model.sh).
@@ -104,8 +105,11 @@ pub struct Args {
     prefill_step_size: Option<usize>,
     #[command(flatten)]
     kv: KvArgs,
+    #[command(flatten)]
+    context: ContextArgs,
     /// Continue from a cache saved by `nuvec cache-prompt`: the prompt is appended to the cached
-    /// one, and only what the cache does not hold is computed.
+    /// one, and only what the cache does not hold is computed. Without --model, the model the
+    /// file was made with.
     #[arg(long)]
     prompt_cache_file: Option<std::path::PathBuf>,
     /// Print the statistics block (to stderr) after the text: true or false.
@@ -189,7 +193,15 @@ fn prompt_ids(args: &Args, tokenizer: &Tokenizer, prompt: &str) -> Result<Vec<u3
 }
 
 pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
-    let model_path = model_or_default(&args.model)?;
+    // A prompt cache names the model it was made with, as mlx_lm.generate reads it from there.
+    let cached = match &args.prompt_cache_file {
+        Some(file) => Some(prompt_cache::read_info(file)?),
+        None => None,
+    };
+    let model_path = match (&args.model, &cached) {
+        (None, Some(info)) => info.model.clone(),
+        _ => model_or_default(&args.model)?,
+    };
     let sampler = Sampler {
         temperature: args.temp,
         top_p: args.top_p,
@@ -244,8 +256,10 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         logprobs: args.logprobs,
         extra_eos_token_ids: tokenizer.eos_token_ids().to_vec(),
         cache: cache_options.clone(),
+        context_length: args.context.ctx_size,
+        allow_past_context: args.context.allow_past_context,
     };
-    let mut text = TextStream::new(&tokenizer, &options);
+    let mut text = TextStream::new(&tokenizer, &options).with_mlx_lm_spacing();
     let mut generation = generate_in(&model, &mut session, &ids, options)?;
     let mut out = std::io::stdout().lock();
     let mut wrote = false;
@@ -283,12 +297,7 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         eprintln!("Generation: {} tokens, {:.3} tokens-per-sec", stats.generation_tokens, stats.generation_tps());
         eprintln!("Peak memory: {:.3} GB", peak_memory() as f64 / 1e9);
         if let Some(reason) = generation.finish_reason() {
-            let reason = match reason {
-                FinishReason::EndOfSequence => "end of sequence".to_string(),
-                FinishReason::Length => "max tokens".to_string(),
-                other => format!("{other:?}"),
-            };
-            eprintln!("Finish: {reason}");
+            eprintln!("Finish: {}", crate::common::describe_finish(reason));
         }
     }
     Ok(())

@@ -12,7 +12,9 @@ use nuvec::quantize::{dequantize, quantize_affine};
 use nuvec::{Array, DType, Matrix, QuantMode, QuantSpec, Quantized};
 use serde_json::{json, Map, Value};
 
+use crate::output_dir::check_output;
 use crate::quantization::{Legacy, Quantization};
+use crate::staged::Staged;
 use crate::weights::Weights;
 use crate::{hub, Error, Result};
 
@@ -20,7 +22,7 @@ use crate::{hub, Error, Result};
 const MAX_SHARD_BYTES: usize = 5 << 30;
 
 /// Tokenizer files copied from a checkpoint directory.
-const TOKENIZER_FILES: &[&str] = &[
+pub(crate) const TOKENIZER_FILES: &[&str] = &[
     "tokenizer.json",
     "tokenizer_config.json",
     "special_tokens_map.json",
@@ -262,12 +264,7 @@ pub fn convert(source: &str, out: &Path, options: &ConvertOptions) -> Result<()>
     if let Some(spec) = &options.quantize {
         spec.validate_mlx().map_err(|m| Error::Invalid(format!("quantization: {m}")))?;
     }
-    if out.exists() && !options.force {
-        return Err(Error::Invalid(format!(
-            "cannot save to the path {} as it already exists; delete it, choose another --mlx-path, or pass --force",
-            out.display()
-        )));
-    }
+    check_output(out, &hub::resolve(source)?, options.force)?;
     let mut ck = read_source(source)?;
     let mut quantized = quantized_modules(&ck.config, &ck.tensors)?;
     if let Some(first) = ck.not_mlx.keys().next() {
@@ -357,7 +354,24 @@ pub fn convert(source: &str, out: &Path, options: &ConvertOptions) -> Result<()>
         ck.config.insert("quantization".into(), entry.clone());
         ck.config.insert("quantization_config".into(), entry);
     }
-    write(out, &ck)
+    let stage = Staged::dir(out)?;
+    write(stage.path(), &ck).map_err(crate::staged::write_error(out))?;
+    loads_back(stage.path()).map_err(|e| {
+        Error::Invalid(format!(
+            "the converted checkpoint does not load back, so it was not saved ({} is unchanged): {e}",
+            out.display()
+        ))
+    })?;
+    stage.commit()
+}
+
+/// Whether nuvec can load the checkpoint written at `dir` (its tokenizer too, when it has one).
+fn loads_back(dir: &Path) -> Result<()> {
+    let model = crate::load_model(dir)?;
+    if dir.join("tokenizer.json").exists() {
+        crate::tokenizer::Tokenizer::load(dir, model.eos_token_ids())?;
+    }
+    Ok(())
 }
 
 fn write(out: &Path, ck: &Checkpoint) -> Result<()> {
@@ -365,10 +379,6 @@ fn write(out: &Path, ck: &Checkpoint) -> Result<()> {
         let path = p.display().to_string();
         move |source| Error::Io { path, source }
     };
-    if out.exists() {
-        std::fs::remove_dir_all(out).map_err(io(out))?;
-    }
-    std::fs::create_dir_all(out).map_err(io(out))?;
     let mut shards: Vec<Vec<(String, Array)>> = vec![];
     let mut size = 0;
     for (name, a) in &ck.tensors {

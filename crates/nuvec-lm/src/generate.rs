@@ -53,6 +53,15 @@ pub struct GenerateOptions {
     pub extra_eos_token_ids: Vec<u32>,
     /// The KV cache: rotating (`max_kv_size`), quantized (`kv_bits`...), or plain (default).
     pub cache: CacheOptions,
+    /// Most positions (prompt and generated tokens) a generation may reach, as llama.cpp's
+    /// `--ctx-size`; `None` (the default) takes the model's [`Model::context_length`]. A longer
+    /// prompt is refused; a generation that fills it ends with [`FinishReason::ContextLength`].
+    /// Above the model's context it is refused unless `allow_past_context`.
+    pub context_length: Option<usize>,
+    /// Run past the model's trained context (positions its rope never saw, where output
+    /// degrades), as `--allow-past-context` does; a rotating cache (`cache.max_kv_size`) does
+    /// too, as mlx-lm's does. Default false.
+    pub allow_past_context: bool,
 }
 
 /// Prompt positions per prefill forward pass by default on `device`: 2048 (mlx-lm's
@@ -85,6 +94,8 @@ impl Default for GenerateOptions {
             logprobs: None,
             extra_eos_token_ids: vec![],
             cache: CacheOptions::default(),
+            context_length: None,
+            allow_past_context: false,
         }
     }
 }
@@ -117,7 +128,35 @@ impl GenerateOptions {
         if let Some(t) = self.stop.tokens.iter().find(|&&t| t as usize >= model.vocab_size()) {
             return Err(Error::Invalid(format!("stop token {t} is outside the vocabulary of {}", model.vocab_size())));
         }
+        if self.min_tokens > self.max_tokens {
+            return Err(Error::Invalid(format!(
+                "min_tokens = {} is above max_tokens = {}: generation would end before it may (--min-tokens, \
+                 --max-tokens)",
+                self.min_tokens, self.max_tokens
+            )));
+        }
+        self.context_limit(model)?;
         Ok(())
+    }
+
+    /// The most positions a generation with these options may reach on `model` (`None`: no
+    /// bound), or an error for a `context_length` that cannot hold.
+    pub fn context_limit(&self, model: &Model) -> Result<Option<usize>> {
+        let trained = model.context_length();
+        let past_allowed = self.allow_past_context || self.cache.max_kv_size.is_some();
+        match self.context_length {
+            Some(0) => Err(Error::Invalid("context_length (--ctx-size) = 0: give at least 1 position".into())),
+            Some(n) => match trained {
+                Some(t) if n > t && !past_allowed => Err(Error::Invalid(format!(
+                    "context_length (--ctx-size) = {n} is above the model's context of {t} positions \
+                     (max_position_embeddings); use at most {t}, or pass allow_past_context \
+                     (--allow-past-context) to run past what the model was trained for"
+                ))),
+                _ => Ok(Some(n)),
+            },
+            None if past_allowed => Ok(None),
+            None => Ok(trained),
+        }
     }
 }
 
@@ -134,6 +173,9 @@ pub enum FinishReason {
     Cancelled,
     /// The KV cache had no room for another position.
     CacheFull,
+    /// The sequence reached the context limit ([`GenerateOptions::context_length`], by default
+    /// the model's): as `max_tokens`, an OpenAI `length`, but saying why.
+    ContextLength(usize),
     /// A step failed; the error was yielded.
     Error,
 }
@@ -158,7 +200,8 @@ pub struct Stats {
     pub prompt_time: Duration,
     /// Tokens sampled (the EOS that ended generation included, as mlx-lm counts).
     pub generation_tokens: usize,
-    /// Time from the first sampled token to the last.
+    /// Time from the first sampled token to the end of generation (as mlx-lm's, whose last
+    /// rate is taken as its final token is handed out).
     pub generation_time: Duration,
 }
 
@@ -197,6 +240,8 @@ pub struct Generation<'a> {
     clock: Option<Instant>,
     /// CUDA graphs: runs the one-token steps.
     decode_graph: DecodeGraph,
+    /// Most tokens (prompt and generated) the sequence may hold.
+    context_limit: Option<usize>,
 }
 
 /// The session a generation fills: its own, or one lent by the caller.
@@ -254,6 +299,22 @@ fn start<'a>(
     if prompt.is_empty() {
         return Err(Error::Invalid("the prompt is empty: give at least one token".into()));
     }
+    let context_limit = options.context_limit(model)?;
+    if let Some(limit) = context_limit.filter(|&l| prompt.len() >= l) {
+        let (whose, fix) = match options.context_length {
+            Some(_) => ("the context limit set by context_length (--ctx-size)", "or raise context_length (--ctx-size)"),
+            None => (
+                "the model's context (max_position_embeddings)",
+                "bound the cache with max_kv_size (--max-kv-size), or pass allow_past_context \
+                 (--allow-past-context) to run past it",
+            ),
+        };
+        return Err(Error::Invalid(format!(
+            "the prompt is {} tokens, and {whose} is {limit} positions, which leaves no room to generate; \
+             shorten the prompt, {fix}",
+            prompt.len()
+        )));
+    }
     let rng = match options.seed {
         Some(seed) => ChaCha8Rng::seed_from_u64(seed),
         None => ChaCha8Rng::from_entropy(),
@@ -288,6 +349,7 @@ fn start<'a>(
         stats: Stats { prompt_tokens: prompt.len(), ..Stats::default() },
         clock: None,
         decode_graph: DecodeGraph::from_env()?,
+        context_limit,
         options,
     })
 }
@@ -444,8 +506,17 @@ impl Generation<'_> {
         Ok(token)
     }
 
-    fn end(&mut self, reason: FinishReason) -> Option<Result<u32>> {
+    /// Records why generation ended, and closes the generation clock there, as mlx-lm's last
+    /// rate is taken when its final token is handed out: one token still gets an interval.
+    fn set_finish(&mut self, reason: FinishReason) {
+        if let (Some(clock), true) = (self.clock, self.stats.generation_tokens > 0) {
+            self.stats.generation_time = clock.elapsed();
+        }
         self.finish = Some(reason);
+    }
+
+    fn end(&mut self, reason: FinishReason) -> Option<Result<u32>> {
+        self.set_finish(reason);
         // A token that is not yielded has no log-probability entry either.
         if self.logprobs.len() > self.yielded {
             self.logprobs.truncate(self.yielded);
@@ -472,6 +543,9 @@ impl Iterator for Generation<'_> {
         if self.yielded >= self.options.max_tokens {
             return self.end(FinishReason::Length);
         }
+        if let Some(limit) = self.context_limit.filter(|&l| self.history.len() >= l) {
+            return self.end(FinishReason::ContextLength(limit));
+        }
         let token = match self.step() {
             Ok(t) => t,
             Err(e) => {
@@ -488,9 +562,9 @@ impl Iterator for Generation<'_> {
         self.yielded += 1;
         let armed = self.yielded >= self.options.min_tokens;
         if let Some((index, cut)) = self.matcher.push(&self.options.stop, token, armed) {
-            self.finish = Some(FinishReason::Stop(Stopped::String { index, cut }));
+            self.set_finish(FinishReason::Stop(Stopped::String { index, cut }));
         } else if self.yielded == self.options.max_tokens {
-            self.finish = Some(FinishReason::Length);
+            self.set_finish(FinishReason::Length);
         }
         Some(Ok(token))
     }

@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::path::Path;
 
-use nuvec::io::{gguf_matrix, GgufFile, GgufValue};
+use nuvec::io::{gguf_matrix, GgufFile, GgufTensor, GgufValue};
 use nuvec::{Array, Matrix, QuantSpec};
 use serde_json::{json, Map, Value};
 
@@ -168,6 +168,23 @@ fn unpermute_order(rows: usize, heads: usize) -> Vec<usize> {
         .collect()
 }
 
+/// The row order of a q/k projection of `heads` heads (`key` names the metadata that says so),
+/// refusing a head count that does not split its rows into heads of an even size.
+fn head_rows(file: &GgufFile, tensor: &GgufTensor, arch: &str, key: &str, heads: usize) -> Result<Vec<usize>> {
+    let rows = tensor.dims[1];
+    if !rows.is_multiple_of(heads) || !(rows / heads).is_multiple_of(2) {
+        return Err(Error::Config {
+            file: file.path().display().to_string(),
+            message: format!(
+                "{arch}.attention.{key} = {heads} does not split the {rows} rows of {} into heads of an even \
+                 size; the file's metadata is wrong: convert the model again",
+                tensor.name
+            ),
+        });
+    }
+    Ok(unpermute_order(rows, heads))
+}
+
 fn weights(file: &GgufFile, config: &Config, arch: &str) -> Result<Weights> {
     Ok(Weights::from_arrays(file.path(), converted_arrays(file, config, arch)?.0))
 }
@@ -198,8 +215,8 @@ fn converted_arrays(file: &GgufFile, config: &Config, arch: &str) -> Result<Conv
             continue;
         }
         let order = match (arch, tensor.name.rsplit('.').nth(1)) {
-            ("llama", Some("attn_q")) => Some(unpermute_order(tensor.dims[1], heads)),
-            ("llama", Some("attn_k")) => Some(unpermute_order(tensor.dims[1], kv_heads)),
+            ("llama", Some("attn_q")) => Some(head_rows(file, tensor, arch, "head_count", heads)?),
+            ("llama", Some("attn_k")) => Some(head_rows(file, tensor, arch, "head_count_kv", kv_heads)?),
             _ => None,
         };
         let base = name.trim_end_matches(".weight").to_string();

@@ -141,16 +141,45 @@ pub struct TextStream {
     matcher: StopMatcher,
     pending: Vec<u8>,
     tokens: usize,
+    /// Trim the start as mlx-lm's detokenizer does, not as the tokenizer's decoder does.
+    mlx_lm: bool,
     stripped: usize,
     started: bool,
     done: bool,
 }
 
 impl TextStream {
-    /// A stream for a generation run with `options` (its stops and min_tokens).
+    /// The text as mlx-lm prints it: while nothing has been printed, each piece its streaming
+    /// detokenizer flushes loses one leading space (`BPEStreamingDetokenizer._maybe_trim_space`,
+    /// and `SPMStreamingDetokenizer`'s trim), so the tokens of " EST EST" print "EST EST" for a
+    /// byte-level BPE tokenizer. [`TextStream::new`] keeps that space, as the tokenizer's own
+    /// decoding does.
+    pub fn with_mlx_lm_spacing(mut self) -> Self {
+        self.mlx_lm = self.table.mlx_lm_trims_space();
+        self
+    }
+
+    /// mlx-lm's trim at the start (see [`TextStream::with_mlx_lm_spacing`]): a piece is flushed
+    /// once its characters are complete, and byte-level BPE holds a lone space token for the
+    /// next. Returns whether the text is still held back.
+    fn mlx_lm_start(&mut self, id: u32) -> bool {
+        let lone_space = self.table.is_byte_level() && self.table.get(id) == b" ";
+        if lone_space || String::from_utf8_lossy(&self.pending).ends_with('\u{FFFD}') {
+            return true;
+        }
+        if self.pending.first() == Some(&b' ') {
+            self.pending.remove(0);
+        }
+        self.started = !self.pending.is_empty();
+        !self.started
+    }
+
+    /// A stream for a generation run with `options` (its stops and min_tokens): the bytes the
+    /// tokens stand for, as the tokenizer decodes them (see [`TextStream::with_mlx_lm_spacing`]).
     pub fn new(tokenizer: &Tokenizer, options: &GenerateOptions) -> Self {
         TextStream {
             table: tokenizer.token_bytes(),
+            mlx_lm: false,
             stop: options.stop.clone(),
             min_tokens: options.min_tokens,
             eos: tokenizer.eos_token_ids().to_vec(),
@@ -179,7 +208,10 @@ impl TextStream {
         let armed = self.tokens >= self.min_tokens;
         let matched = self.matcher.push(&self.stop, id, armed);
         self.pending.extend_from_slice(self.table.get(id));
-        if !self.started {
+        let mut held = false;
+        if !self.started && self.mlx_lm {
+            held = self.mlx_lm_start(id);
+        } else if !self.started {
             while self.stripped < self.table.strip_start() && self.pending.first() == Some(&b' ') {
                 self.pending.remove(0);
                 self.stripped += 1;
@@ -191,6 +223,9 @@ impl TextStream {
             self.pending.truncate(keep);
             self.done = true;
             return String::from_utf8_lossy(&std::mem::take(&mut self.pending)).into_owned();
+        }
+        if held {
+            return String::new();
         }
         // Hold back the longest suffix that is a prefix of some stop string.
         let hold = self
@@ -215,6 +250,9 @@ impl TextStream {
 
     /// The rest of the text once generation has ended without a stop string.
     pub fn finish(&mut self) -> String {
+        if !self.started && self.mlx_lm && self.pending.first() == Some(&b' ') {
+            self.pending.remove(0);
+        }
         self.done = true;
         String::from_utf8_lossy(&std::mem::take(&mut self.pending)).into_owned()
     }

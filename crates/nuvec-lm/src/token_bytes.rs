@@ -12,6 +12,9 @@ pub struct TokenBytes {
     pieces: Vec<Vec<u8>>,
     /// Leading spaces the decoder strips from the start of a text (SentencePiece's `Strip`).
     strip_start: usize,
+    /// Whether the decoder is byte-level BPE's (`ByteLevel`), whose text mlx-lm's detokenizer
+    /// prints without its first leading space.
+    byte_level: bool,
 }
 
 /// GPT-2's byte-level alphabet: the char that stands for each byte in byte-level BPE
@@ -139,7 +142,8 @@ impl TokenBytes {
                 text.into_bytes()
             })
             .collect();
-        TokenBytes { pieces, strip_start: if understood { strip_start } else { 0 } }
+        let byte_level = decoder.as_ref().is_some_and(|d| d.get("type").and_then(Value::as_str) == Some("ByteLevel"));
+        TokenBytes { pieces, strip_start: if understood { strip_start } else { 0 }, byte_level }
     }
 
     /// The bytes of token `id` (empty for an id outside the vocabulary).
@@ -150,6 +154,18 @@ impl TokenBytes {
     /// Leading spaces the decoder removes from the start of a text.
     pub fn strip_start(&self) -> usize {
         self.strip_start
+    }
+
+    /// Whether mlx-lm's streaming detokenizer drops a leading space from its first pieces: its
+    /// `BPEStreamingDetokenizer` (byte-level BPE, whose own decoding keeps every space) and its
+    /// `SPMStreamingDetokenizer` (a SentencePiece decoder that strips the start) do.
+    pub fn mlx_lm_trims_space(&self) -> bool {
+        self.byte_level || self.strip_start > 0
+    }
+
+    /// Whether the decoder is byte-level BPE's.
+    pub fn is_byte_level(&self) -> bool {
+        self.byte_level
     }
 
     /// The longest stop string worth keeping bytes for is bounded by callers; this is the

@@ -113,6 +113,34 @@ impl Default for CacheOptions {
 }
 
 impl CacheOptions {
+    /// The settings as the command-line flags that ask for them (`--kv-bits 4 --kv-group-size
+    /// 64 ...`), for messages about a mismatch.
+    pub fn describe(&self) -> String {
+        let mut flags = vec![];
+        if let Some(n) = self.max_kv_size {
+            flags.push(format!("--max-kv-size {n}"));
+            if self.keep != CacheOptions::default().keep {
+                flags.push(format!("keep {}", self.keep));
+            }
+        }
+        if let Some(bits) = self.kv_bits {
+            flags.push(format!(
+                "--kv-bits {bits} --kv-group-size {} --quantized-kv-start {}",
+                self.kv_group_size, self.quantized_kv_start
+            ));
+        }
+        if let Some(dtype) = self.kv_dtype {
+            flags.push(format!("--kv-dtype {}", dtype.dtype()));
+        }
+        if self.max_kv_size.is_none() {
+            flags.push("no --max-kv-size".into());
+        }
+        if self.kv_bits.is_none() {
+            flags.push("no --kv-bits".into());
+        }
+        format!("({})", flags.join(", "))
+    }
+
     /// Checks the combination, naming the bad setting.
     pub fn validate(&self) -> Result<()> {
         if let Some(max) = self.max_kv_size {

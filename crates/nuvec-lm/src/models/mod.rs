@@ -83,6 +83,9 @@ pub struct Model {
     /// The float type mlx-lm computes the checkpoint in ([`Weights::compute_dtype`]; f32 for a
     /// custom architecture), given to the backends while the model runs.
     compute_dtype: DType,
+    /// Positions the model was trained for (`max_position_embeddings`, a GGUF's
+    /// `context_length`), when the checkpoint says.
+    context_length: Option<usize>,
 }
 
 impl std::fmt::Debug for Model {
@@ -121,6 +124,16 @@ impl Model {
             },
         };
         let compute_dtype = weights.compute_dtype();
+        let context_length = match config.opt_usize("max_position_embeddings")? {
+            Some(n) => Some(n),
+            None if config.get("text_config").is_some() => {
+                config.text_config()?.opt_usize("max_position_embeddings")?
+            }
+            None => None,
+        };
+        if context_length == Some(0) {
+            return Err(config.error("max_position_embeddings", "= 0: a model needs at least one position"));
+        }
         Ok(Model {
             arch,
             model_type,
@@ -131,6 +144,7 @@ impl Model {
             device: weights.device(),
             kv_dtype: KvDtype::of(compute_dtype),
             compute_dtype,
+            context_length,
         })
     }
 
@@ -150,7 +164,20 @@ impl Model {
             device,
             kv_dtype,
             compute_dtype,
+            context_length: None,
         }
+    }
+
+    /// Positions the model was trained for (`max_position_embeddings`), if the checkpoint says:
+    /// generation refuses a prompt that does not fit and ends when it is full
+    /// ([`crate::GenerateOptions::context_length`]).
+    pub fn context_length(&self) -> Option<usize> {
+        self.context_length
+    }
+
+    /// Sets (or clears) the context the model was trained for.
+    pub fn set_context_length(&mut self, positions: Option<usize>) {
+        self.context_length = positions;
     }
 
     /// Where the weights are (and where the caches' keys and values go).

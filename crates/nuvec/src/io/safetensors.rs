@@ -143,6 +143,9 @@ pub fn save_safetensors(
                 .map_err(|e| Error::Format { path: path.display().to_string(), message: e.to_string() })
         })
         .collect::<Result<_>>()?;
-    safetensors::serialize_to_file(views, &metadata, path)
-        .map_err(|e| Error::Format { path: path.display().to_string(), message: e.to_string() })
+    safetensors::serialize_to_file(views, &metadata, path).map_err(|e| match e {
+        // A full disk or a missing directory is the OS's word, not a format problem.
+        safetensors::SafeTensorError::IoError(source) => Error::Io { path: path.display().to_string(), source },
+        other => Error::Format { path: path.display().to_string(), message: other.to_string() },
+    })
 }
