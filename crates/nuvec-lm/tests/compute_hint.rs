@@ -7,9 +7,9 @@
 use std::sync::{Arc, Mutex};
 
 use nuvec::{Array, DType, Device};
-use nuvec_lm::cache::LayerCache;
+
 use nuvec_lm::models::Architecture;
-use nuvec_lm::{load_model_on, Model};
+use nuvec_lm::{load_model_on, Model, StepBatch};
 
 mod common;
 
@@ -22,7 +22,8 @@ struct Probe {
 }
 
 impl Architecture for Probe {
-    fn hidden(&self, tokens: &[u32], _cache: &mut [LayerCache]) -> nuvec_lm::Result<Array> {
+    fn hidden(&self, step: &mut StepBatch) -> nuvec_lm::Result<Array> {
+        let tokens = step.tokens();
         self.seen.lock().unwrap().push(("hidden", nuvec::compute_dtype_hint()));
         Ok(Array::from_slice(&vec![0f32; tokens.len() * 4], &[tokens.len(), 4])?)
     }

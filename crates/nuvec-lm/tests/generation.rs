@@ -5,9 +5,11 @@
 use std::sync::Mutex;
 
 use nuvec::Array;
-use nuvec_lm::cache::LayerCache;
+
 use nuvec_lm::models::Architecture;
-use nuvec_lm::{generate, FinishReason, GenerateOptions, Model, Sampler, Stop, Stopped, TextStream, Tokenizer};
+use nuvec_lm::{
+    generate, FinishReason, GenerateOptions, Model, Sampler, StepBatch, Stop, Stopped, TextStream, Tokenizer,
+};
 use serde_json::json;
 
 const EOS: u32 = 300;
@@ -56,7 +58,8 @@ struct Scripted {
 const VOCAB: usize = 320;
 
 impl Architecture for Scripted {
-    fn hidden(&self, tokens: &[u32], _cache: &mut [LayerCache]) -> nuvec_lm::Result<Array> {
+    fn hidden(&self, step: &mut StepBatch) -> nuvec_lm::Result<Array> {
+        let tokens = step.tokens();
         let mut seen = self.seen.lock().unwrap();
         *seen += tokens.len();
         let step = *seen - self.prompt_len;

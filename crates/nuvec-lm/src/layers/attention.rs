@@ -4,6 +4,7 @@ use nuvec::Array;
 
 use super::{Linear, RmsNorm, Rope};
 use crate::cache::LayerCache;
+use crate::step::StepBatch;
 use crate::weights::Weights;
 use crate::Result;
 
@@ -69,9 +70,10 @@ impl Attention {
         Ok(self)
     }
 
-    /// Attends `x [L, hidden]` over the cache (which it extends by L positions).
-    pub fn forward(&self, x: &Array, cache: &mut LayerCache) -> Result<Array> {
-        self.o_proj.forward(&self.attend(x, cache)?)
+    /// Attends the step's rows `x [T, hidden]`, each sequence's over its layer-`layer` cache
+    /// (which grows by its rows).
+    pub fn forward(&self, x: &Array, step: &mut StepBatch, layer: usize) -> Result<Array> {
+        self.o_proj.forward(&self.attend(x, step, layer)?)
     }
 
     /// [`Attention::forward`] with the residual add and the norm after it:
@@ -79,19 +81,26 @@ impl Attention {
     pub fn forward_add_norm(
         &self,
         x: &Array,
-        cache: &mut LayerCache,
+        step: &mut StepBatch,
+        layer: usize,
         residual: &Array,
         norm: &RmsNorm,
     ) -> Result<(Array, Array)> {
-        self.o_proj.forward_add_norm(&self.attend(x, cache)?, residual, norm)
+        self.o_proj.forward_add_norm(&self.attend(x, step, layer)?, residual, norm)
     }
 
-    /// The heads' outputs `[L, heads * head_dim]`, before the output projection.
-    fn attend(&self, x: &Array, cache: &mut LayerCache) -> Result<Array> {
-        let s = &self.shape;
-        let l = x.dim(0);
-        let offset = cache.offset();
+    /// The heads' outputs `[T, heads * head_dim]`, before the output projection: the
+    /// projections over every row, attention per sequence.
+    fn attend(&self, x: &Array, step: &mut StepBatch, layer: usize) -> Result<Array> {
         let [q, k, v] = Linear::forward_many([&self.q_proj, &self.k_proj, &self.v_proj], x)?;
+        step.each([&q, &k, &v], |[q, k, v], cache| self.attend_one(&q, &k, &v, &mut cache[layer]))
+    }
+
+    /// One sequence's rows of the projections `q, k, v [L, ...]` over its cache.
+    fn attend_one(&self, q: &Array, k: &Array, v: &Array, cache: &mut LayerCache) -> Result<Array> {
+        let s = &self.shape;
+        let l = q.dim(0);
+        let offset = cache.offset();
         let q = q.reshape(&[l, s.heads, s.head_dim])?;
         let k = k.reshape(&[l, s.kv_heads, s.head_dim])?;
         let v = v.reshape(&[l, s.kv_heads, s.head_dim])?;

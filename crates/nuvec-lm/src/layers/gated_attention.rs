@@ -7,8 +7,9 @@ use nuvec::Array;
 
 use super::{Linear, RmsNorm, Rope};
 use crate::cache::LayerCache;
+use crate::step::StepBatch;
 use crate::weights::Weights;
-use crate::Result;
+use crate::{Error, Result};
 
 /// Sizes of a gated attention block.
 #[derive(Debug, Clone, Copy)]
@@ -63,12 +64,22 @@ impl GatedAttention {
         })
     }
 
-    /// Attends `x [L, hidden]` over the cache (which it extends by L positions).
-    pub fn forward(&self, x: &Array, cache: &mut LayerCache) -> Result<Array> {
-        let s = &self.shape;
-        let l = x.dim(0);
-        let offset = cache.offset();
+    /// Attends the step's rows `x [T, hidden]`, each sequence's over its layer-`layer` cache
+    /// (which grows by its rows): the projections over every row, attention per sequence.
+    pub fn forward(&self, x: &Array, step: &mut StepBatch, layer: usize) -> Result<Array> {
         let [q_and_gate, k, v] = Linear::forward_many([&self.q_proj, &self.k_proj, &self.v_proj], x)?;
+        let out = step.each([&q_and_gate, &k, &v], |[q_and_gate, k, v], cache| match &mut cache[layer] {
+            LayerCache::Recurrent(_) => Err(Error::Invalid("a Qwen3.5 attention layer given a recurrent cache".into())),
+            c => self.attend_one(&q_and_gate, &k, &v, c),
+        })?;
+        self.o_proj.forward(&out)
+    }
+
+    /// One sequence's rows of the projections over its cache, gated.
+    fn attend_one(&self, q_and_gate: &Array, k: &Array, v: &Array, cache: &mut LayerCache) -> Result<Array> {
+        let s = &self.shape;
+        let l = q_and_gate.dim(0);
+        let offset = cache.offset();
         // Each head's row is [queries | gate]: split it as [2, L * heads, head_dim].
         let halves = q_and_gate.reshape(&[l * s.heads, 2, s.head_dim])?.transpose01()?;
         let q = halves.slice_rows(0, 1)?.reshape(&[l, s.heads, s.head_dim])?;
@@ -77,6 +88,6 @@ impl GatedAttention {
         let k = self.rope.forward(&self.k_norm.forward(&k.reshape(&[l, s.kv_heads, s.head_dim])?)?, offset)?;
         let v = v.reshape(&[l, s.kv_heads, s.head_dim])?;
         let out = cache.attend(&q, &k, &v, (s.head_dim as f32).powf(-0.5))?;
-        self.o_proj.forward(&out.sigmoid_mul(&gate)?)
+        Ok(out.sigmoid_mul(&gate)?)
     }
 }

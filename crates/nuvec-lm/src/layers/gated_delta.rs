@@ -7,7 +7,8 @@
 use nuvec::{Array, DType, GatedDeltaDims};
 
 use super::{Linear, RmsNorm};
-use crate::cache::{Positions, RecurrentCache};
+use crate::cache::{LayerCache, Positions, RecurrentCache};
+use crate::step::StepBatch;
 use crate::weights::Weights;
 use crate::{Error, Result};
 
@@ -79,26 +80,39 @@ impl GatedDeltaNet {
         })
     }
 
-    /// Mixes `x [L, hidden]`, continuing from `cache` (which it advances by L positions).
-    pub fn forward(&self, x: &Array, cache: &mut RecurrentCache) -> Result<Array> {
-        let (l, d) = (x.dim(0), self.shape.dims);
+    /// Mixes the step's rows `x [T, hidden]`, each sequence's continuing from its layer-`layer`
+    /// recurrent state (which advances by its rows): the projections over every row, the
+    /// recurrence per sequence.
+    pub fn forward(&self, x: &Array, step: &mut StepBatch, layer: usize) -> Result<Array> {
         let [qkv, z, b, a] =
             Linear::forward_many([&self.in_proj_qkv, &self.in_proj_z, &self.in_proj_b, &self.in_proj_a], x)?;
+        let out = step.each([&qkv, &z, &b, &a], |[qkv, z, b, a], cache| match &mut cache[layer] {
+            LayerCache::Recurrent(c) => self.mix_one([&qkv, &z, &b, &a], c),
+            _ => Err(Error::Invalid("a Qwen3.5 linear-attention layer given a key/value cache".into())),
+        })?;
+        let d = self.shape.dims;
+        self.out_proj.forward(&out.reshape(&[out.dim(0), d.value_heads * d.value_dim])?)
+    }
+
+    /// One sequence's rows of the input projections through its recurrent state: the gated
+    /// norm's output `[L, value_heads, value_dim]`.
+    fn mix_one(&self, [qkv, z, b, a]: [&Array; 4], cache: &mut RecurrentCache) -> Result<Array> {
+        let (l, d) = (qkv.dim(0), self.shape.dims);
+        let device = qkv.device();
         let (conv_state, state) = match cache.state() {
             Some((c, s)) => (c.clone(), s.clone()),
             None if cache.offset() == 0 => (
-                Array::zeros_on(&[self.shape.conv_kernel - 1, d.mixed_width()], DType::F32, x.device())?,
-                Array::zeros_on(&[d.value_heads, d.value_dim, d.key_dim], DType::F32, x.device())?,
+                Array::zeros_on(&[self.shape.conv_kernel - 1, d.mixed_width()], DType::F32, device)?,
+                Array::zeros_on(&[d.value_heads, d.value_dim, d.key_dim], DType::F32, device)?,
             ),
             None => return Err(Error::Invalid("a recurrent cache holds positions but no state".into())),
         };
-        let (mixed, conv_next) = qkv.causal_conv1d_silu(&conv_state.to_device(x.device())?, &self.conv_weight)?;
+        let (mixed, conv_next) = qkv.causal_conv1d_silu(&conv_state.to_device(device)?, &self.conv_weight)?;
         let (y, state_next) =
-            nuvec::gated_delta(&mixed, [&a, &b], [&self.a_log, &self.dt_bias], &state.to_device(x.device())?, d)?;
+            nuvec::gated_delta(&mixed, [a, b], [&self.a_log, &self.dt_bias], &state.to_device(device)?, d)?;
         cache.update(conv_next, state_next, l);
         // The gated norm: silu(z) * rms_norm(y), per value head.
         let z = z.reshape(&[l, d.value_heads, d.value_dim])?;
-        let out = z.silu_mul(&self.norm.forward(&y)?)?;
-        self.out_proj.forward(&out.reshape(&[l, d.value_heads * d.value_dim])?)
+        Ok(z.silu_mul(&self.norm.forward(&y)?)?)
     }
 }

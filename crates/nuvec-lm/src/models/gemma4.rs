@@ -27,6 +27,7 @@ use crate::cache::{KvCache, LayerCache, RotatingKvCache};
 use crate::config::Config;
 use crate::layers::{GeluMlp, Linear, RmsNorm, Rope};
 use crate::models::Architecture;
+use crate::step::StepBatch;
 use crate::weights::Weights;
 use crate::{Error, Result};
 
@@ -187,14 +188,6 @@ impl Args {
     }
 }
 
-/// Where a layer's keys and values come from.
-enum Kv<'a> {
-    /// Its own projections, added to its own cache.
-    Own(&'a mut LayerCache),
-    /// An earlier layer's cache, already extended by this forward pass.
-    Shared(&'a LayerCache),
-}
-
 /// The key and value projections of a layer that computes them.
 struct KeyValue {
     k_proj: Linear,
@@ -254,13 +247,13 @@ impl Attention {
         })
     }
 
-    /// Attends `x [L, hidden]`, with its own keys and values or an earlier layer's.
-    fn forward(&self, x: &Array, kv: Kv) -> Result<Array> {
-        let l = x.dim(0);
-        let heads = |a: Array, n: usize| a.reshape(&[l, n, self.head_dim]);
-        let out = match (kv, &self.kv) {
-            (Kv::Own(cache), Some(p)) => {
-                let offset = cache.offset();
+    /// Attends the step's rows `x [T, hidden]`: the projections over every row, then each
+    /// sequence over its own keys and values (`Kv::Own`: layer `layer`'s cache) or an earlier
+    /// layer's (`Kv::Shared`: layer `source`'s, already extended by this pass).
+    fn forward(&self, x: &Array, step: &mut StepBatch, layer: usize, source: usize) -> Result<Array> {
+        let heads = |a: &Array, n: usize| a.reshape(&[a.dim(0), n, self.head_dim]);
+        let out = match &self.kv {
+            Some(p) if source == layer => {
                 let (q, k, v) = match &p.v_proj {
                     Some(v_proj) => {
                         let [q, k, v] = Linear::forward_many([&self.q_proj, &p.k_proj, v_proj], x)?;
@@ -271,19 +264,27 @@ impl Attention {
                         (q, k.clone(), k)
                     }
                 };
-                let q = self.rope.forward(&self.q_norm.forward(&heads(q, self.heads)?)?, offset)?;
-                let k = self.rope.forward(&p.k_norm.forward(&heads(k, self.kv_heads)?)?, offset)?;
-                let v = p.v_norm.forward(&heads(v, self.kv_heads)?)?;
-                cache.attend(&q, &k, &v, 1.0)?
+                step.each([&q, &k, &v], |[q, k, v], caches| {
+                    let cache = &mut caches[layer];
+                    let offset = cache.offset();
+                    let q = self.rope.forward(&self.q_norm.forward(&heads(&q, self.heads)?)?, offset)?;
+                    let k = self.rope.forward(&p.k_norm.forward(&heads(&k, self.kv_heads)?)?, offset)?;
+                    let v = p.v_norm.forward(&heads(&v, self.kv_heads)?)?;
+                    cache.attend(&q, &k, &v, 1.0)
+                })?
             }
-            (Kv::Shared(cache), None) => {
-                // The queries sit where the source layer's new keys do.
-                let offset = cache.offset().checked_sub(l).ok_or_else(|| {
-                    Error::Invalid(format!("a shared cache of {} positions for {l} new ones", cache.offset()))
-                })?;
+            None if source != layer => {
                 let q = self.q_proj.forward(x)?;
-                let q = self.rope.forward(&self.q_norm.forward(&heads(q, self.heads)?)?, offset)?;
-                cache.attend_held(&q, 1.0)?
+                step.each([&q], |[q], caches| {
+                    let cache = &caches[source];
+                    let l = q.dim(0);
+                    // The queries sit where the source layer's new keys do.
+                    let offset = cache.offset().checked_sub(l).ok_or_else(|| {
+                        Error::Invalid(format!("a shared cache of {} positions for {l} new ones", cache.offset()))
+                    })?;
+                    let q = self.rope.forward(&self.q_norm.forward(&heads(&q, self.heads)?)?, offset)?;
+                    cache.attend_held(&q, 1.0)
+                })?
             }
             _ => return Err(Error::Invalid("a Gemma 4 layer given the wrong kind of key/value source".into())),
         };
@@ -502,8 +503,14 @@ impl DecoderLayer {
         })
     }
 
-    fn forward(&self, x: &Array, kv: Kv, per_layer_input: Option<&Array>) -> Result<Array> {
-        let attn = self.self_attn.forward(&self.input_layernorm.forward(x)?, kv)?;
+    fn forward(
+        &self,
+        x: &Array,
+        step: &mut StepBatch,
+        [layer, source]: [usize; 2],
+        per_layer_input: Option<&Array>,
+    ) -> Result<Array> {
+        let attn = self.self_attn.forward(&self.input_layernorm.forward(x)?, step, layer, source)?;
         let h = x.add(&self.post_attention_layernorm.forward(&attn)?)?;
         let ff = match &self.moe {
             None => self.mlp.forward(&self.pre_feedforward_layernorm.forward(&h)?)?,
@@ -669,20 +676,12 @@ impl Gemma4 {
 }
 
 impl Architecture for Gemma4 {
-    fn hidden(&self, tokens: &[u32], cache: &mut [LayerCache]) -> Result<Array> {
-        if cache.len() != self.caching_layers() {
-            return Err(Error::Invalid(format!(
-                "a cache of {} layers for a Gemma 4 model whose {} first layers keep keys and values",
-                cache.len(),
-                self.caching_layers()
-            )));
-        }
-        let mut h = self.embed_tokens.embed(tokens)?.scale(self.embed_scale)?;
-        let per_layer = self.per_layer_inputs.as_ref().map(|p| p.compute(tokens, &h)).transpose()?;
+    fn hidden(&self, step: &mut StepBatch) -> Result<Array> {
+        step.check_layers(self.caching_layers(), "layers that keep keys and values (KV-shared layers have none)")?;
+        let mut h = self.embed_tokens.embed(step.tokens())?.scale(self.embed_scale)?;
+        let per_layer = self.per_layer_inputs.as_ref().map(|p| p.compute(step.tokens(), &h)).transpose()?;
         for (i, layer) in self.layers.iter().enumerate() {
-            let source = self.kv_source[i];
-            let kv = if source == i { Kv::Own(&mut cache[i]) } else { Kv::Shared(&cache[source]) };
-            h = layer.forward(&h, kv, per_layer.as_ref().map(|p| &p[i]))?;
+            h = layer.forward(&h, step, [i, self.kv_source[i]], per_layer.as_ref().map(|p| &p[i]))?;
         }
         self.norm.forward(&h)
     }

@@ -15,6 +15,7 @@ use crate::cache::{KvCache, LayerCache, RotatingKvCache};
 use crate::config::Config;
 use crate::layers::{Activation, Attention, AttentionShape, Linear, RmsNorm, Rope, Routing, SparseMoe};
 use crate::models::Architecture;
+use crate::step::StepBatch;
 use crate::weights::Weights;
 use crate::{Error, Result};
 
@@ -40,8 +41,8 @@ struct Block {
 }
 
 impl Block {
-    fn forward(&self, x: &Array, cache: &mut LayerCache) -> Result<Array> {
-        let h = x.add(&self.self_attn.forward(&self.input_layernorm.forward(x)?, cache)?)?;
+    fn forward(&self, x: &Array, step: &mut StepBatch, layer: usize) -> Result<Array> {
+        let h = x.add(&self.self_attn.forward(&self.input_layernorm.forward(x)?, step, layer)?)?;
         Ok(h.add(&self.mlp.forward(&self.post_attention_layernorm.forward(&h)?)?)?)
     }
 }
@@ -233,9 +234,9 @@ fn unsanitized_experts_error(weights: &Weights, path: &str) -> Error {
 }
 
 impl Architecture for GptOss {
-    fn hidden(&self, tokens: &[u32], cache: &mut [LayerCache]) -> Result<Array> {
-        let h = self.embed_tokens.embed(tokens)?;
-        let h = super::through_layers(&self.layers, cache, h, |layer, h, c| layer.forward(h, c))?;
+    fn hidden(&self, step: &mut StepBatch) -> Result<Array> {
+        let h = self.embed_tokens.embed(step.tokens())?;
+        let h = super::through_layers(&self.layers, step, h, |layer, h, step, i| layer.forward(h, step, i))?;
         self.norm.forward(&h)
     }
 

@@ -3,10 +3,10 @@
 
 use nuvec::{Array, Matrix};
 
-use crate::cache::LayerCache;
 use crate::config::Config;
 use crate::layers::{Attention, AttentionShape, FeedForward, Mlp, MoeShape, RmsNorm, Rope, SparseMoe};
 use crate::models::Architecture;
+use crate::step::StepBatch;
 use crate::weights::Weights;
 use crate::Result;
 
@@ -53,9 +53,10 @@ impl Block {
         x: &Array,
         normed: &Array,
         next_norm: &RmsNorm,
-        cache: &mut LayerCache,
+        step: &mut StepBatch,
+        layer: usize,
     ) -> Result<(Array, Array)> {
-        let (h, h_normed) = self.self_attn.forward_add_norm(normed, cache, x, &self.post_attention_layernorm)?;
+        let (h, h_normed) = self.self_attn.forward_add_norm(normed, step, layer, x, &self.post_attention_layernorm)?;
         self.mlp.forward_add_norm(&h_normed, &h, next_norm)
     }
 }
@@ -180,20 +181,17 @@ impl Llama {
 }
 
 impl Architecture for Llama {
-    fn hidden(&self, tokens: &[u32], cache: &mut [LayerCache]) -> Result<Array> {
-        if cache.len() != self.layers.len() {
-            let message = format!("a cache of {} layers for a model of {}", cache.len(), self.layers.len());
-            return Err(crate::Error::Invalid(message));
-        }
-        let mut h = self.embed_tokens.embed(tokens)?;
+    fn hidden(&self, step: &mut StepBatch) -> Result<Array> {
+        step.check_layers(self.layers.len(), "layers")?;
+        let mut h = self.embed_tokens.embed(step.tokens())?;
         let Some(first) = self.layers.first() else {
             return self.norm.forward(&h);
         };
         // The residual stream and its norm for the next block travel together.
         let mut normed = first.input_layernorm.forward(&h)?;
-        for (i, (layer, c)) in self.layers.iter().zip(cache.iter_mut()).enumerate() {
+        for (i, layer) in self.layers.iter().enumerate() {
             let next_norm = self.layers.get(i + 1).map_or(&self.norm, |next| &next.input_layernorm);
-            (h, normed) = layer.forward(&h, &normed, next_norm, c)?;
+            (h, normed) = layer.forward(&h, &normed, next_norm, step, i)?;
         }
         Ok(normed)
     }

@@ -12,14 +12,15 @@ use nuvec::{Array, DType, Device};
 
 use crate::cache::{CacheOptions, KvDtype, LayerCache};
 use crate::config::Config;
+use crate::step::StepBatch;
 use crate::weights::Weights;
 use crate::{Error, Result};
 
 /// What a model family implements.
 pub trait Architecture: Send + Sync {
-    /// Runs `tokens` through the decoder, extending `cache` (one per layer); returns the final
-    /// normalized hidden states `[L, hidden]`.
-    fn hidden(&self, tokens: &[u32], cache: &mut [LayerCache]) -> Result<Array>;
+    /// Runs the step's rows (every sequence's new tokens) through the decoder, extending each
+    /// sequence's caches; returns the final normalized hidden states `[rows, hidden]`.
+    fn hidden(&self, step: &mut StepBatch) -> Result<Array>;
     /// The output head: `[L, hidden] -> [L, vocab]` logits.
     fn logits(&self, hidden: &Array) -> Result<Array>;
     /// Decoder layers (one cache each).
@@ -48,19 +49,17 @@ pub trait Architecture: Send + Sync {
     }
 }
 
-/// Runs `h` through `layers` in order, each with its own cache (`forward(layer, h, cache)`): the
-/// decoder loop every family shares, after checking the cache has one entry per layer.
+/// Runs `h` through `layers` in order (`forward(layer, h, step, i)` for layer `i`): the decoder
+/// loop every family shares, after checking every sequence has one cache per layer.
 pub(crate) fn through_layers<L>(
     layers: &[L],
-    cache: &mut [LayerCache],
+    step: &mut StepBatch,
     mut h: Array,
-    forward: impl Fn(&L, &Array, &mut LayerCache) -> Result<Array>,
+    forward: impl Fn(&L, &Array, &mut StepBatch, usize) -> Result<Array>,
 ) -> Result<Array> {
-    if cache.len() != layers.len() {
-        return Err(Error::Invalid(format!("a cache of {} layers for a model of {}", cache.len(), layers.len())));
-    }
-    for (layer, c) in layers.iter().zip(cache.iter_mut()) {
-        h = forward(layer, &h, c)?;
+    step.check_layers(layers.len(), "layers")?;
+    for (i, layer) in layers.iter().enumerate() {
+        h = forward(layer, &h, step, i)?;
     }
     Ok(h)
 }
@@ -290,25 +289,55 @@ impl Model {
     /// Logits `[L, vocab]` for every position of `tokens`, extending `cache`.
     pub fn forward(&self, tokens: &[u32], cache: &mut [LayerCache]) -> Result<Array> {
         self.in_compute_dtype(|| {
-            let h = self.arch.hidden(tokens, cache)?;
+            let h = self.arch.hidden(&mut StepBatch::one(tokens, cache))?;
             self.arch.logits(&h)
         })
     }
 
     /// Logits `[1, vocab]` of the last position only (the head runs on one row).
     pub fn forward_last(&self, tokens: &[u32], cache: &mut [LayerCache]) -> Result<Array> {
-        self.in_compute_dtype(|| self.forward_last_row(tokens, cache))
-    }
-
-    fn forward_last_row(&self, tokens: &[u32], cache: &mut [LayerCache]) -> Result<Array> {
-        let h = self.arch.hidden(tokens, cache)?;
-        let l = h.dim(0);
-        self.arch.logits(&h.slice_rows(l - 1, l)?)
+        self.in_compute_dtype(|| {
+            let h = self.arch.hidden(&mut StepBatch::one(tokens, cache))?;
+            let l = h.dim(0);
+            self.arch.logits(&h.slice_rows(l - 1, l)?)
+        })
     }
 
     /// Extends `cache` with `tokens` without computing logits (a prefill chunk).
     pub fn prefill(&self, tokens: &[u32], cache: &mut [LayerCache]) -> Result<()> {
-        self.in_compute_dtype(|| self.arch.hidden(tokens, cache).map(|_| ()))
+        self.in_compute_dtype(|| self.arch.hidden(&mut StepBatch::one(tokens, cache)).map(|_| ()))
+    }
+
+    /// One forward pass over every sequence of `step` (decode rows and prefill chunks alike):
+    /// the logits `[B, vocab]` of each sequence's last new token, in the step's order. Each
+    /// sequence's caches grow by its tokens; if the pass fails, they are trimmed back to where
+    /// they were (a cache that cannot be trimmed, a recurrent state, is named in the error).
+    pub fn step(&self, step: &mut StepBatch) -> Result<Array> {
+        if step.is_empty() {
+            return Err(Error::Invalid("a step of no sequences".into()));
+        }
+        if let Some(&t) = step.tokens().iter().find(|&&t| t as usize >= self.vocab_size) {
+            return Err(Error::Invalid(format!("token {t} is outside the vocabulary of {}", self.vocab_size)));
+        }
+        let before = step.offsets();
+        let run = |step: &mut StepBatch| -> Result<Array> {
+            let h = self.arch.hidden(step)?;
+            let last = step.last_rows();
+            let rows = if last.len() == h.dim(0) {
+                h
+            } else {
+                let picked = last.iter().map(|&r| h.slice_rows(r, r + 1)).collect::<nuvec::Result<Vec<_>>>()?;
+                crate::step::concat_rows(&picked)?
+            };
+            self.arch.logits(&rows)
+        };
+        self.in_compute_dtype(|| match run(step) {
+            Ok(logits) => Ok(logits),
+            Err(e) => {
+                step.restore(&before)?;
+                Err(e)
+            }
+        })
     }
 
     /// The float type mlx-lm computes this checkpoint in (f32, f16 or bf16; f32 for a model

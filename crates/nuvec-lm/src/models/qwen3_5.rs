@@ -15,11 +15,11 @@ use nuvec::{Array, DType, GatedDeltaDims, Matrix};
 use serde_json::{json, Value};
 
 use super::Architecture;
-use crate::cache::LayerCache;
 use crate::config::Config;
 use crate::layers::{
     GatedAttention, GatedAttentionShape, GatedDeltaNet, GatedDeltaShape, Mlp, MoeShape, RmsNorm, Rope, SharedExpertMoe,
 };
+use crate::step::StepBatch;
 use crate::weights::Weights;
 use crate::{Error, Result};
 
@@ -45,12 +45,11 @@ struct Block {
 }
 
 impl Block {
-    fn forward(&self, x: &Array, cache: &mut LayerCache) -> Result<Array> {
+    fn forward(&self, x: &Array, step: &mut StepBatch, layer: usize) -> Result<Array> {
         let normed = self.input_layernorm.forward(x)?;
-        let r = match (&self.mixer, cache) {
-            (Mixer::Linear(m), LayerCache::Recurrent(c)) => m.forward(&normed, c)?,
-            (Mixer::Full(m), c) if !matches!(c, LayerCache::Recurrent(_)) => m.forward(&normed, c)?,
-            _ => return Err(Error::Invalid("a Qwen3.5 layer was given the other kind of cache".into())),
+        let r = match &self.mixer {
+            Mixer::Linear(m) => m.forward(&normed, step, layer)?,
+            Mixer::Full(m) => m.forward(&normed, step, layer)?,
         };
         let h = x.add(&r)?;
         let normed = self.post_attention_layernorm.forward(&h)?;
@@ -256,9 +255,9 @@ impl Qwen3_5 {
 }
 
 impl Architecture for Qwen3_5 {
-    fn hidden(&self, tokens: &[u32], cache: &mut [LayerCache]) -> Result<Array> {
-        let h = self.embed_tokens.embed(tokens)?;
-        let h = super::through_layers(&self.layers, cache, h, |layer, h, c| layer.forward(h, c))?;
+    fn hidden(&self, step: &mut StepBatch) -> Result<Array> {
+        let h = self.embed_tokens.embed(step.tokens())?;
+        let h = super::through_layers(&self.layers, step, h, |layer, h, step, i| layer.forward(h, step, i))?;
         self.norm.forward(&h)
     }
 

@@ -1,0 +1,155 @@
+//! The one way a model runs: a [`StepBatch`] of sequences, each with its new tokens (one for a
+//! decode step, a chunk for a prefill) and its own per-layer caches. Every projection, norm and
+//! MoE runs once over the rows of all sequences; attention (and a hybrid's recurrence) runs per
+//! sequence over its own cache ([`StepBatch::each`]). `generate` is a batch of one.
+
+use nuvec::Array;
+
+use crate::cache::LayerCache;
+use crate::{Error, Result};
+
+/// One sequence of a step: how many rows (new tokens) it has and its caches, one per layer.
+struct StepSeq<'a> {
+    rows: usize,
+    cache: &'a mut [LayerCache],
+}
+
+/// Sequences run together through one forward pass. Rows are the sequences' new tokens, in
+/// order: sequence 0's first, then sequence 1's, and so on.
+pub struct StepBatch<'a> {
+    tokens: Vec<u32>,
+    seqs: Vec<StepSeq<'a>>,
+}
+
+impl<'a> StepBatch<'a> {
+    /// An empty batch.
+    pub fn new() -> Self {
+        StepBatch { tokens: vec![], seqs: vec![] }
+    }
+
+    /// A batch of one sequence: `tokens` appended to `cache`.
+    pub fn one(tokens: &[u32], cache: &'a mut [LayerCache]) -> Self {
+        StepBatch { tokens: tokens.to_vec(), seqs: vec![StepSeq { rows: tokens.len(), cache }] }
+    }
+
+    /// Adds a sequence whose `tokens` extend `cache`; an empty chunk is refused.
+    pub fn push(&mut self, tokens: &[u32], cache: &'a mut [LayerCache]) -> Result<()> {
+        if tokens.is_empty() {
+            return Err(Error::Invalid(format!("sequence {} of the step has no tokens", self.seqs.len())));
+        }
+        self.tokens.extend_from_slice(tokens);
+        self.seqs.push(StepSeq { rows: tokens.len(), cache });
+        Ok(())
+    }
+
+    /// Every row's token, sequence by sequence.
+    pub fn tokens(&self) -> &[u32] {
+        &self.tokens
+    }
+
+    /// Sequences in the batch.
+    pub fn len(&self) -> usize {
+        self.seqs.len()
+    }
+
+    /// Whether the batch has no sequence.
+    pub fn is_empty(&self) -> bool {
+        self.seqs.is_empty()
+    }
+
+    /// The row of each sequence's last token.
+    pub fn last_rows(&self) -> Vec<usize> {
+        let mut end = 0;
+        self.seqs
+            .iter()
+            .map(|s| {
+                end += s.rows;
+                end - 1
+            })
+            .collect()
+    }
+
+    /// Errors unless every sequence has `layers` caches (`what` names them for the message).
+    pub(crate) fn check_layers(&self, layers: usize, what: &str) -> Result<()> {
+        match self.seqs.iter().position(|s| s.cache.len() != layers) {
+            None => Ok(()),
+            Some(i) => Err(Error::Invalid(format!(
+                "sequence {i} has a cache of {} layers for a model with {layers} {what}",
+                self.seqs[i].cache.len()
+            ))),
+        }
+    }
+
+    /// Each layer's position count in each sequence, to restore after a failed step.
+    pub(crate) fn offsets(&self) -> Vec<Vec<usize>> {
+        self.seqs.iter().map(|s| s.cache.iter().map(LayerCache::offset).collect()).collect()
+    }
+
+    /// Trims every cache back to `offsets` (what [`StepBatch::offsets`] recorded), so a step
+    /// that failed half-way leaves each sequence as it was. A cache that cannot be trimmed (a
+    /// recurrent state, a rotating cache that wrapped) is named in the error.
+    pub(crate) fn restore(&mut self, offsets: &[Vec<usize>]) -> Result<()> {
+        for (s, (seq, before)) in self.seqs.iter_mut().zip(offsets).enumerate() {
+            for (layer, (cache, &n)) in seq.cache.iter_mut().zip(before).enumerate() {
+                let grown = cache.offset().saturating_sub(n);
+                if grown > 0 {
+                    cache.trim(grown).map_err(|e| {
+                        Error::Invalid(format!("sequence {s}, layer {layer}: cannot undo the failed step ({e})"))
+                    })?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Runs `f` for each sequence on its rows of `xs` (each `[rows, ...]`) and its caches, and
+    /// stacks the results' rows in sequence order. A batch of one passes the arrays as they are.
+    pub(crate) fn each<const N: usize>(
+        &mut self,
+        xs: [&Array; N],
+        mut f: impl FnMut([Array; N], &mut [LayerCache]) -> Result<Array>,
+    ) -> Result<Array> {
+        if let [seq] = &mut self.seqs[..] {
+            return f(xs.map(Array::clone), seq.cache);
+        }
+        let mut parts = Vec::with_capacity(self.seqs.len());
+        let mut start = 0;
+        for seq in &mut self.seqs {
+            let end = start + seq.rows;
+            let rows = xs.iter().map(|x| x.slice_rows(start, end)).collect::<nuvec::Result<Vec<_>>>()?;
+            let rows: [Array; N] = rows.try_into().unwrap_or_else(|_| unreachable!("N arrays sliced"));
+            parts.push(f(rows, seq.cache)?);
+            start = end;
+        }
+        concat_rows(&parts)
+    }
+}
+
+impl Default for StepBatch<'_> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// The rows of `parts` (each `[r_i, ...]`, the same trailing shape) stacked into one array.
+pub(crate) fn concat_rows(parts: &[Array]) -> Result<Array> {
+    let first = parts.first().ok_or_else(|| Error::Invalid("no rows to stack".into()))?;
+    if parts.len() == 1 {
+        return Ok(first.clone());
+    }
+    let tail = &first.shape()[1..];
+    let width: usize = tail.iter().product();
+    let rows: usize = parts.iter().map(|p| p.dim(0)).sum();
+    let mut out = Array::zeros_on(&[1, rows, width], first.dtype(), first.device())?;
+    let mut at = 0;
+    for p in parts {
+        if &p.shape()[1..] != tail {
+            return Err(Error::Invalid(format!("rows of shape {:?} stacked under {:?}", p.shape(), first.shape())));
+        }
+        out.write_axis1(&p.reshape(&[1, p.dim(0), width])?, at)?;
+        at += p.dim(0);
+    }
+    let mut shape = vec![rows];
+    shape.extend_from_slice(tail);
+    Ok(out.reshape(&shape)?)
+}
