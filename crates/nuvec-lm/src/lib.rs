@@ -45,6 +45,7 @@ pub mod token_bytes;
 pub mod tokenizer;
 pub mod weights;
 
+pub use cache::paged::{decode_batch, PagedCache, SeqId};
 pub use chat::{ChatTemplate, Message};
 pub use error::{Error, Result};
 pub use generate::{

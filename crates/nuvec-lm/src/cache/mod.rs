@@ -12,6 +12,7 @@
 mod chunked;
 mod kv;
 mod ops;
+pub mod paged;
 mod quantized;
 mod recurrent;
 mod rotating;
@@ -171,6 +172,8 @@ pub enum LayerCache {
     // ---- Gated DeltaNet ----
     /// A linear-attention layer's convolution inputs and recurrent state (never trimmed).
     Recurrent(RecurrentCache),
+    /// One sequence's block table into a [`paged::PagedCache`]'s shared pool.
+    Paged(paged::PagedKv),
 }
 
 impl LayerCache {
@@ -194,6 +197,7 @@ impl LayerCache {
             LayerCache::QuantizedRotating(c) => c.offset(),
             LayerCache::Chunked(c) => c.offset(),
             LayerCache::Recurrent(c) => c.offset(),
+            LayerCache::Paged(c) => c.offset(),
         }
     }
 
@@ -206,6 +210,7 @@ impl LayerCache {
             LayerCache::QuantizedRotating(c) => c.trim(n),
             LayerCache::Chunked(c) => c.trim(n),
             LayerCache::Recurrent(c) => c.trim(n),
+            LayerCache::Paged(c) => c.trim(n),
         }
     }
 
@@ -246,6 +251,7 @@ impl LayerCache {
             LayerCache::Recurrent(_) => {
                 Err(Error::Invalid("an attention layer was given a recurrent (Gated DeltaNet) cache".into()))
             }
+            LayerCache::Paged(c) => c.attend(q, keys, values, scale, sinks),
         }
     }
 
@@ -274,6 +280,11 @@ impl LayerCache {
                     "kv_bits: quantized keys and values for a chunked-attention layer are not built; run \
                      without --kv-bits"
                         .into(),
+                ))
+            }
+            LayerCache::Paged(_) => {
+                return Err(Error::Unsupported(
+                    "kv_bits: quantized blocks in a paged cache are not built yet; run without --kv-bits".into(),
                 ))
             }
         }
@@ -337,6 +348,11 @@ impl LayerCache {
                 ),
                 None => (vec![], json!({"kind": "recurrent", "offset": 0})),
             },
+            LayerCache::Paged(_) => {
+                return Err(Error::Unsupported(
+                    "saving a paged sequence to a prompt-cache file is not built yet; save a plain cache".into(),
+                ))
+            }
         })
     }
 
@@ -423,8 +439,16 @@ impl LayerCache {
             LayerCache::Rotating(c) => c.attend_held(q, scale),
             LayerCache::Quantized(c) => c.attend_held(q, scale),
             LayerCache::QuantizedRotating(c) => c.attend_held(q, scale),
+            LayerCache::Paged(c) => {
+                let (l, held) = (q.dim(0), c.offset());
+                if l == 0 || l > held {
+                    return Err(Error::Invalid(format!("{l} queries for a paged sequence holding {held} positions")));
+                }
+                let (k, v) = c.gathered()?;
+                Ok(nuvec::attention(q, &k, &v, held, scale)?)
+            }
             LayerCache::Chunked(_) | LayerCache::Recurrent(_) => Err(Error::Invalid(
-                "a KV-shared layer can only attend over a plain, rotating or quantized cache".into(),
+                "a KV-shared layer can only attend over a plain, rotating, quantized or paged cache".into(),
             )),
         }
     }

@@ -11,7 +11,7 @@ pub(super) fn slice_axis1(a: &Array, start: usize, end: usize) -> Result<Array> 
 }
 
 /// `parts [heads, n_i, dim]` joined along the positions.
-pub(super) fn concat_axis1(parts: &[Array]) -> Result<Array> {
+pub(crate) fn concat_axis1(parts: &[Array]) -> Result<Array> {
     let (h, d) = (parts[0].dim(0), parts[0].dim(2));
     let total: usize = parts.iter().map(|p| p.dim(1)).sum();
     let mut out = Array::zeros_on(&[h, total, d], parts[0].dtype(), parts[0].device())?;
@@ -26,10 +26,10 @@ pub(super) fn concat_axis1(parts: &[Array]) -> Result<Array> {
 }
 
 /// Per query head, a logit joining each softmax (gpt-oss's attention sinks), or none.
-pub(super) type Sinks<'a> = Option<&'a [f32]>;
+pub(crate) type Sinks<'a> = Option<&'a [f32]>;
 
 /// Causal attention over the first `kv_len` positions of `k, v`, with sinks when given.
-pub(super) fn sdpa(q: &Array, k: &Array, v: &Array, kv_len: usize, scale: f32, sinks: Sinks) -> Result<Array> {
+pub(crate) fn sdpa(q: &Array, k: &Array, v: &Array, kv_len: usize, scale: f32, sinks: Sinks) -> Result<Array> {
     Ok(match sinks {
         None => nuvec::attention(q, k, v, kv_len, scale)?,
         Some(s) => nuvec::attention_sinks(q, k, v, kv_len, scale, s)?,

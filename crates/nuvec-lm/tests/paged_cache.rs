@@ -1,0 +1,207 @@
+//! `PagedCache` and `decode_batch`: sequences in blocks of a shared pool, advanced together,
+//! each getting the greedy tokens it gets decoding alone (and the same logits to rounding; a
+//! batch of one bit for bit); blocks counted exactly, freed on remove and trim; bad ids, a full
+//! pool, another model refused with the cache left as it was.
+
+mod common;
+
+use common::fixtures;
+use nuvec_lm::sample::argmax;
+use nuvec_lm::{decode_batch, load_dir, Model, PagedCache, SeqId};
+
+/// As batch_step.rs: row-batched products sum in another order than one row's.
+const TOLERANCE: f32 = 1e-3;
+
+fn prompt(len: usize, seed: u32, vocab: usize) -> Vec<u32> {
+    (0..len as u32)
+        .map(|i| (i.wrapping_mul(2654435761).wrapping_add(seed * 131) >> 9) % (vocab as u32 - 4) + 3)
+        .collect()
+}
+
+fn rows(logits: &nuvec::Array) -> Vec<Vec<f32>> {
+    let v = logits.to_vec::<f32>().unwrap();
+    v.chunks(logits.dim(1)).map(<[f32]>::to_vec).collect()
+}
+
+/// Greedy decoding of `prompt` alone on a plain cache, in the same passes as [`paged`] (the
+/// prompt but its last token, then one token at a time): each step's logits.
+fn alone(model: &Model, prompt: &[u32], steps: usize) -> Vec<Vec<f32>> {
+    let mut cache = model.new_cache();
+    let (head, last) = prompt.split_at(prompt.len() - 1);
+    if !head.is_empty() {
+        model.prefill(head, &mut cache).unwrap();
+    }
+    let mut logits = rows(&model.forward_last(last, &mut cache).unwrap()).remove(0);
+    let mut all = vec![];
+    for _ in 0..steps {
+        let t = argmax(&logits);
+        all.push(logits);
+        logits = rows(&model.forward_last(&[t], &mut cache).unwrap()).remove(0);
+    }
+    all
+}
+
+/// The seed's flow: prefill each prompt but its last token alone, insert the cache, then
+/// decode_batch the last tokens and every greedy token after them together.
+fn paged(model: &Model, prompts: &[Vec<u32>], steps: usize, block_size: usize) -> Vec<Vec<Vec<f32>>> {
+    let mut paged = PagedCache::new(model, 512, block_size, 8).unwrap();
+    let mut ids = vec![];
+    for p in prompts {
+        let id = match p.len() {
+            1 => paged.add().unwrap(),
+            n => {
+                let mut kv = model.new_cache();
+                model.prefill(&p[..n - 1], &mut kv).unwrap();
+                paged.insert(&kv).unwrap()
+            }
+        };
+        assert_eq!(paged.positions(id).unwrap(), p.len() - 1);
+        ids.push(id);
+    }
+    let mut tokens: Vec<u32> = prompts.iter().map(|p| *p.last().unwrap()).collect();
+    let mut out = vec![vec![]; prompts.len()];
+    for _ in 0..steps {
+        let logits = rows(&decode_batch(model, &tokens, &ids, &mut paged).unwrap());
+        for (i, row) in logits.into_iter().enumerate() {
+            tokens[i] = argmax(&row);
+            out[i].push(row);
+        }
+    }
+    out
+}
+
+fn check(case: &str, lengths: &[usize], steps: usize) {
+    let (model, _) = load_dir(&fixtures().join(case)).unwrap();
+    let prompts: Vec<Vec<u32>> =
+        lengths.iter().enumerate().map(|(i, &n)| prompt(n, i as u32 + 3, model.vocab_size())).collect();
+    let together = paged(&model, &prompts, steps, 16);
+    let mut widest = 0f32;
+    for (i, p) in prompts.iter().enumerate() {
+        let reference = alone(&model, p, steps);
+        let tokens: Vec<u32> = reference.iter().map(|r| argmax(r)).collect();
+        let ours: Vec<u32> = together[i].iter().map(|r| argmax(r)).collect();
+        assert_eq!(ours, tokens, "{case}: sequence {i} ({} prompt tokens)", p.len());
+        for (a, b) in reference.iter().zip(&together[i]) {
+            let worst = a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
+            assert!(worst <= TOLERANCE, "{case}: sequence {i}: logits differ by {worst}");
+            widest = widest.max(worst);
+        }
+    }
+    eprintln!("{case}: lengths {lengths:?}, widest logit difference from alone {widest:e}");
+}
+
+#[test]
+fn decode_batch_of_mixed_lengths_matches_decoding_alone() {
+    check("llama-f32", &[1, 17, 300, 2100], 8);
+    check("qwen3-f32", &[17, 1, 300], 6);
+    check("llama-q4g64", &[300, 17], 6);
+    check("qwen3_moe-f32", &[1, 17, 32], 6);
+}
+
+#[test]
+fn hybrid_states_live_in_slots_of_their_own() {
+    check("qwen3_5/qwen3_5-f32", &[1, 17, 300], 6);
+}
+
+#[test]
+fn a_batch_of_one_is_the_plain_cache_bit_for_bit() {
+    let (model, _) = load_dir(&fixtures().join("qwen3-f32")).unwrap();
+    for block_size in [1, 16, 48] {
+        let p = prompt(100, 1, model.vocab_size());
+        let together = paged(&model, std::slice::from_ref(&p), 5, block_size);
+        assert_eq!(together[0], alone(&model, &p, 5), "block size {block_size}");
+    }
+}
+
+#[test]
+fn blocks_are_counted_taken_and_given_back() {
+    let (model, _) = load_dir(&fixtures().join("llama-f32")).unwrap();
+    let mut paged = PagedCache::new(&model, 4, 16, 2).unwrap();
+    assert_eq!((paged.total_blocks(), paged.free_blocks(), paged.block_size()), (4, 4, 16));
+    let mut kv = model.new_cache();
+    model.prefill(&prompt(17, 1, model.vocab_size()), &mut kv).unwrap();
+    let a = paged.insert(&kv).unwrap();
+    assert_eq!(paged.free_blocks(), 2, "17 positions take 2 blocks of 16");
+    // Decoding to 32 positions stays in two blocks; the 33rd takes a third.
+    let mut t = 5;
+    for _ in 0..15 {
+        t = argmax(&rows(&decode_batch(&model, &[t], &[a], &mut paged).unwrap())[0]);
+    }
+    assert_eq!((paged.positions(a).unwrap(), paged.free_blocks()), (32, 2));
+    decode_batch(&model, &[t], &[a], &mut paged).unwrap();
+    assert_eq!((paged.positions(a).unwrap(), paged.free_blocks()), (33, 1));
+    // More sequences than slots.
+    let b = paged.add().unwrap();
+    let err = paged.add().unwrap_err().to_string();
+    assert!(err.contains("2 sequences"), "{err}");
+    // A step that runs out of blocks half-way (b takes the last block, a needs none, then a
+    // prefill chunk of 20 for b needs another) leaves both as they were.
+    decode_batch(&model, &[7, 8], &[a, b], &mut paged).unwrap();
+    assert_eq!(paged.free_blocks(), 0);
+    let chunk = prompt(20, 2, model.vocab_size());
+    let before = (paged.positions(a).unwrap(), paged.positions(b).unwrap());
+    let err = paged.step(&model, &[(a, &[9]), (b, &chunk)]).unwrap_err().to_string();
+    assert!(err.contains("paged cache is full") && err.contains("4 blocks of 16"), "{err}");
+    assert_eq!((paged.positions(a).unwrap(), paged.positions(b).unwrap()), before);
+    assert_eq!(paged.free_blocks(), 0, "the failed step gave back what it took");
+    // Removing a frees its three blocks at once.
+    paged.remove(a).unwrap();
+    assert_eq!((paged.free_blocks(), paged.len()), (3, 1));
+    assert!(paged.positions(a).is_err());
+}
+
+#[test]
+fn bad_ids_and_another_model_are_refused() {
+    let (model, _) = load_dir(&fixtures().join("llama-f32")).unwrap();
+    let mut paged = PagedCache::new(&model, 8, 16, 4).unwrap();
+    let a = paged.add().unwrap();
+    let err = decode_batch(&model, &[5, 6], &[a, a], &mut paged).unwrap_err().to_string();
+    assert!(err.contains("appears twice"), "{err}");
+    let err = decode_batch(&model, &[5], &[SeqId(3)], &mut paged).unwrap_err().to_string();
+    assert!(err.contains("sequence 3 is not in the paged cache"), "{err}");
+    let err = decode_batch(&model, &[5, 6], &[a], &mut paged).unwrap_err().to_string();
+    assert!(err.contains("2 tokens for 1 sequences"), "{err}");
+    let vocab = model.vocab_size() as u32;
+    let err = decode_batch(&model, &[vocab], &[a], &mut paged).unwrap_err().to_string();
+    assert!(err.contains(&format!("token {vocab}")), "{err}");
+    let (other, _) = load_dir(&fixtures().join("qwen3-f32")).unwrap();
+    let err = decode_batch(&other, &[5], &[a], &mut paged).unwrap_err().to_string();
+    assert!(err.contains("another model"), "{err}");
+    let mut qwen_cache = other.new_cache();
+    other.prefill(&[5, 6, 7], &mut qwen_cache).unwrap();
+    assert!(paged.insert(&qwen_cache[..1]).is_err(), "a cache of another layer count");
+    assert_eq!(paged.positions(a).unwrap(), 0, "nothing ran");
+    for (name, v) in [("blocks", (0, 16, 1)), ("block_size", (8, 0, 1)), ("max_seqs", (8, 16, 0))] {
+        let err = PagedCache::new(&model, v.0, v.1, v.2).unwrap_err().to_string();
+        assert!(err.contains(name), "{err}");
+    }
+}
+
+#[test]
+fn sliding_window_models_are_refused_until_their_paged_form_exists() {
+    let (model, _) = load_dir(&fixtures().join("gpt_oss/gpt_oss-f32")).unwrap();
+    let err = PagedCache::new(&model, 8, 16, 4).unwrap_err().to_string();
+    assert!(err.contains("rotating") && err.contains("not built yet"), "{err}");
+}
+
+#[test]
+fn trimming_a_paged_sequence_is_exact_and_frees_blocks() {
+    let (model, _) = load_dir(&fixtures().join("llama-f32")).unwrap();
+    let mut paged = PagedCache::new(&model, 8, 16, 1).unwrap();
+    let p = prompt(40, 4, model.vocab_size());
+    let id = paged.add().unwrap();
+    paged.step(&model, &[(id, &p)]).unwrap();
+    assert_eq!((paged.positions(id).unwrap(), paged.free_blocks()), (40, 5));
+    let err = paged.trim(id, 41).unwrap_err().to_string();
+    assert!(err.contains("41"), "{err}");
+    assert_eq!(paged.positions(id).unwrap(), 40, "a refused trim removes nothing");
+    paged.trim(id, 30).unwrap();
+    assert_eq!((paged.positions(id).unwrap(), paged.free_blocks()), (10, 7));
+    // Continuing from the 10 kept positions is what a plain cache trimmed alike gives, bit for bit.
+    let resumed = rows(&paged.step(&model, &[(id, &p[10..11])]).unwrap()).remove(0);
+    let mut kv = model.new_cache();
+    model.prefill(&p, &mut kv).unwrap();
+    kv.iter_mut().for_each(|c| c.trim(30).unwrap());
+    let plain = rows(&model.forward_last(&p[10..11], &mut kv).unwrap()).remove(0);
+    assert_eq!(resumed, plain);
+}
