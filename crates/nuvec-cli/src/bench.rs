@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use clap::Parser;
 use nuvec_lm::decode_graph::{DecodeGraph, GraphMode};
-use nuvec_lm::{default_prefill_step, load_on, Model};
+use nuvec_lm::{decode_batch, default_prefill_step, load_on, Model, PagedCache, SeqId};
 
 use crate::common::{model_or_default, parse_device, peak_memory};
 
@@ -24,7 +24,9 @@ pub struct Args {
     /// Tokens to generate per trial.
     #[arg(short = 'g', long, default_value_t = 1024)]
     generation_tokens: usize,
-    /// Sequences per batch (only 1 is supported).
+    /// Sequences decoded together (as mlx_lm.benchmark's -b): each gets its own random prompt
+    /// of -p tokens and generates -g; the rates are totals over all of them. Above 1 the
+    /// sequences live in a paged cache and every decode step is one forward pass for all.
     #[arg(short = 'b', long, default_value_t = 1)]
     batch_size: usize,
     /// Timed trials (after one untimed warm-up).
@@ -107,37 +109,78 @@ fn trial(model: &Model, prompt: &[u32], args: &Args, graphs: GraphMode) -> Resul
     })
 }
 
-pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
-    if args.batch_size != 1 {
-        return Err(format!(
-            "--batch-size {} is not supported yet: nuvec bench runs batch size 1 only",
-            args.batch_size
-        )
-        .into());
+/// `prompts.len()` sequences together in a paged cache: the prompts prefilled in steps of at
+/// most `prefill_step_size` rows (whole prompts of several sequences per step where they fit),
+/// then every decode step one forward pass over all sequences.
+fn batch_trial(model: &Model, prompts: &[Vec<u32>], args: &Args) -> Result<Trial, Box<dyn std::error::Error>> {
+    const BLOCK: usize = nuvec_lm::cache::paged::DEFAULT_BLOCK_SIZE;
+    let b = prompts.len();
+    let per_seq = (args.prompt_tokens + args.generation_tokens).div_ceil(BLOCK);
+    let mut paged = PagedCache::new(model, b * per_seq, BLOCK, b)?;
+    let ids: Vec<SeqId> = (0..b).map(|_| paged.add()).collect::<Result<_, _>>()?;
+    let step = args.prefill_step_size.unwrap_or_else(|| default_prefill_step(model.device())).max(1);
+    let start = Instant::now();
+    // As mlx-lm: the prompt but its last token is prefilled; the last goes through the first step.
+    let body = args.prompt_tokens - 1;
+    for chunk_start in (0..body).step_by(step) {
+        let chunk_end = (chunk_start + step).min(body);
+        let per_step = (step / (chunk_end - chunk_start)).max(1);
+        for group in ids.iter().zip(prompts).collect::<Vec<_>>().chunks(per_step) {
+            let work: Vec<(SeqId, &[u32])> = group.iter().map(|(&id, p)| (id, &p[chunk_start..chunk_end])).collect();
+            paged.step(model, &work)?;
+        }
     }
-    if args.prompt_tokens == 0 || args.generation_tokens == 0 || args.num_trials == 0 {
-        return Err("--prompt-tokens, --generation-tokens and --num-trials must be at least 1".into());
+    let mut tokens: Vec<u32> = prompts.iter().map(|p| p[p.len() - 1]).collect();
+    tokens = decode_batch(model, &tokens, &ids, &mut paged)?.argmax()?.to_vec::<u32>()?;
+    let prompt_time = start.elapsed().as_secs_f64();
+    let start = Instant::now();
+    for _ in 1..args.generation_tokens {
+        tokens = decode_batch(model, &tokens, &ids, &mut paged)?.argmax()?.to_vec::<u32>()?;
+    }
+    let gen_time = start.elapsed().as_secs_f64();
+    Ok(Trial {
+        prompt_tps: (b * args.prompt_tokens) as f64 / prompt_time,
+        generation_tps: if args.generation_tokens > 1 {
+            (b * (args.generation_tokens - 1)) as f64 / gen_time
+        } else {
+            0.0
+        },
+        peak: peak_memory(),
+        replayed: 0,
+    })
+}
+
+pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
+    if args.prompt_tokens == 0 || args.generation_tokens == 0 || args.num_trials == 0 || args.batch_size == 0 {
+        return Err("--prompt-tokens, --generation-tokens, --num-trials and --batch-size must be at least 1".into());
     }
     if let Some(threads) = args.threads {
         nuvec::backends::cpu::set_num_threads(threads)?;
     }
     let model_path = model_or_default(&args.model)?;
     let (model, _tokenizer) = load_on(&model_path, parse_device(&args.device)?)?;
-    let prompt = random_tokens(args.prompt_tokens, model.vocab_size(), args.seed);
+    let prompts: Vec<Vec<u32>> = (0..args.batch_size as u64)
+        .map(|i| random_tokens(args.prompt_tokens, model.vocab_size(), args.seed.wrapping_add(i)))
+        .collect();
     println!(
-        "Running benchmark on {} with prompt_tokens={}, generation_tokens={}, batch_size=1, threads={}",
+        "Running benchmark on {} with prompt_tokens={}, generation_tokens={}, batch_size={}, threads={}",
         model.device(),
         args.prompt_tokens,
         args.generation_tokens,
+        args.batch_size,
         nuvec::backends::cpu::num_threads()
     );
     let graphs = GraphMode::from_env()?;
+    let run_trial = |graphs| match args.batch_size {
+        1 => trial(&model, &prompts[0], &args, graphs),
+        _ => batch_trial(&model, &prompts, &args),
+    };
     if !args.no_warmup {
-        trial(&model, &prompt, &args, graphs)?;
+        run_trial(graphs)?;
     }
     let mut trials = vec![];
     for i in 0..args.num_trials {
-        let t = trial(&model, &prompt, &args, graphs)?;
+        let t = run_trial(graphs)?;
         println!(
             "Trial {}:  prompt_tps={:.3}, generation_tps={:.3}, peak_memory={:.3}",
             i + 1,
@@ -158,7 +201,7 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     // by side.
     let replayed = trials.iter().map(|t| t.replayed).sum::<usize>();
     if replayed > 0 {
-        let eager = trial(&model, &prompt, &args, GraphMode::Off)?;
+        let eager = trial(&model, &prompts[0], &args, GraphMode::Off)?;
         let graph_tps = trials.iter().map(|t| t.generation_tps).sum::<f64>() / n;
         println!(
             "CUDA graphs: decode {:.3} ms/token with graphs ({} of {} steps replayed per trial), \

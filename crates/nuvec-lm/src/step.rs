@@ -19,17 +19,18 @@ struct StepSeq<'a> {
 pub struct StepBatch<'a> {
     tokens: Vec<u32>,
     seqs: Vec<StepSeq<'a>>,
+    invariant: bool,
 }
 
 impl<'a> StepBatch<'a> {
     /// An empty batch.
     pub fn new() -> Self {
-        StepBatch { tokens: vec![], seqs: vec![] }
+        StepBatch { tokens: vec![], seqs: vec![], invariant: false }
     }
 
     /// A batch of one sequence: `tokens` appended to `cache`.
     pub fn one(tokens: &[u32], cache: &'a mut [LayerCache]) -> Self {
-        StepBatch { tokens: tokens.to_vec(), seqs: vec![StepSeq { rows: tokens.len(), cache }] }
+        StepBatch { tokens: tokens.to_vec(), seqs: vec![StepSeq { rows: tokens.len(), cache }], invariant: false }
     }
 
     /// Adds a sequence whose `tokens` extend `cache`; an empty chunk is refused.
@@ -40,6 +41,31 @@ impl<'a> StepBatch<'a> {
         self.tokens.extend_from_slice(tokens);
         self.seqs.push(StepSeq { rows: tokens.len(), cache });
         Ok(())
+    }
+
+    /// Batch invariance: every sequence gets exactly (bit for bit) the logits it gets in a batch
+    /// of its own, whatever it is batched with, because [`crate::Model::step`] then runs each
+    /// sequence's rows as a pass of their own instead of one pass over all rows. It costs the
+    /// batching's speed-up; the default (off) matches to rounding (row-batched products sum in
+    /// another order) and gives the same greedy tokens on every model tested.
+    pub fn set_batch_invariant(&mut self, invariant: bool) {
+        self.invariant = invariant;
+    }
+
+    /// Whether [`StepBatch::set_batch_invariant`] asked for batch invariance.
+    pub fn batch_invariant(&self) -> bool {
+        self.invariant
+    }
+
+    /// Each sequence's new tokens and caches, in order.
+    pub(crate) fn sequences_mut(&mut self) -> impl Iterator<Item = (&[u32], &mut [LayerCache])> + use<'_, 'a> {
+        let mut start = 0;
+        let tokens = &self.tokens;
+        self.seqs.iter_mut().map(move |s| {
+            let rows = &tokens[start..start + s.rows];
+            start += s.rows;
+            (rows, &mut *s.cache)
+        })
     }
 
     /// Every row's token, sequence by sequence.
@@ -138,18 +164,14 @@ pub(crate) fn concat_rows(parts: &[Array]) -> Result<Array> {
         return Ok(first.clone());
     }
     let tail = &first.shape()[1..];
-    let width: usize = tail.iter().product();
-    let rows: usize = parts.iter().map(|p| p.dim(0)).sum();
-    let mut out = Array::zeros_on(&[1, rows, width], first.dtype(), first.device())?;
-    let mut at = 0;
-    for p in parts {
-        if &p.shape()[1..] != tail {
-            return Err(Error::Invalid(format!("rows of shape {:?} stacked under {:?}", p.shape(), first.shape())));
-        }
-        out.write_axis1(&p.reshape(&[1, p.dim(0), width])?, at)?;
-        at += p.dim(0);
+    if let Some(p) = parts.iter().find(|p| &p.shape()[1..] != tail) {
+        return Err(Error::Invalid(format!("rows of shape {:?} stacked under {:?}", p.shape(), first.shape())));
     }
-    let mut shape = vec![rows];
+    let width: usize = tail.iter().product();
+    // Rows are positions of one "head": the cache's join along positions does the copy.
+    let views = parts.iter().map(|p| p.reshape(&[1, p.dim(0), width])).collect::<nuvec::Result<Vec<_>>>()?;
+    let joined = crate::cache::ops::concat_axis1(&views)?;
+    let mut shape = vec![joined.dim(1)];
     shape.extend_from_slice(tail);
-    Ok(out.reshape(&shape)?)
+    Ok(joined.reshape(&shape)?)
 }

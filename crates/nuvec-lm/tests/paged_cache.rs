@@ -93,6 +93,8 @@ fn check(case: &str, lengths: &[usize], steps: usize) {
 #[test]
 fn decode_batch_of_mixed_lengths_matches_decoding_alone() {
     check("llama-f32", &[1, 17, 300, 2100], 8);
+    // More than four rows: the projections run as one matrix product, not a GEMV per row.
+    check("llama-q4g64", &[1, 2, 3, 17, 40, 300, 5], 6);
     check("qwen3-f32", &[17, 1, 300], 6);
     check("llama-q4g64", &[300, 17], 6);
     check("qwen3_moe-f32", &[1, 17, 32], 6);

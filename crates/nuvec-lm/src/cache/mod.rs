@@ -11,7 +11,7 @@
 
 mod chunked;
 mod kv;
-mod ops;
+pub(crate) mod ops;
 pub mod paged;
 mod quantized;
 mod recurrent;

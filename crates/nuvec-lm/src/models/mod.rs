@@ -321,6 +321,13 @@ impl Model {
         }
         let before = step.offsets();
         let run = |step: &mut StepBatch| -> Result<Array> {
+            if step.batch_invariant() {
+                let rows = step
+                    .sequences_mut()
+                    .map(|(tokens, cache)| self.forward_last(tokens, cache))
+                    .collect::<Result<Vec<_>>>()?;
+                return crate::step::concat_rows(&rows);
+            }
             let h = self.arch.hidden(step)?;
             let last = step.last_rows();
             let rows = if last.len() == h.dim(0) {

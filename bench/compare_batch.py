@@ -1,0 +1,73 @@
+"""Driver of bench/compare-batch: alternates llama-batched-bench and `nuvec bench -b` per batch
+size and round, each a fresh process, and prints medians, spread, then the ratios last."""
+
+import argparse
+import re
+import statistics
+import subprocess
+import sys
+
+
+def llama(args, batch):
+    cmd = [args.llama, "-m", args.gguf, "-npp", str(args.prompt), "-ntg", str(args.gen), "-npl", str(batch),
+           "-c", str(batch * (args.prompt + args.gen) + 16), "-t", str(args.threads), "-tb", str(args.threads)]
+    if args.device == "cuda":
+        cmd += ["-ngl", "99", "-fa", "on"]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+    # | PP | TG | B | N_KV | T_PP s | S_PP t/s | T_TG s | S_TG t/s | T s | S t/s |
+    for line in out.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) >= 8 and cells[2] == str(batch) and cells[0] == str(args.prompt):
+            return float(cells[7])
+    sys.exit(f"no result row for B={batch} in llama-batched-bench's output:\n{out}")
+
+
+def nuvec(args, batch):
+    cmd = [args.nuvec, "bench", "--model", args.gguf, "-p", str(args.prompt), "-g", str(args.gen), "-b", str(batch),
+           "-n", "1", "--no-warmup", "--device", args.device]
+    if args.device == "cpu":
+        cmd += ["--threads", str(args.threads)]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+    m = re.search(r"Averages: prompt_tps=[\d.]+, generation_tps=([\d.]+)", out)
+    if not m:
+        sys.exit(f"no averages in nuvec bench's output:\n{out}")
+    return float(m.group(1))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--gguf", required=True)
+    ap.add_argument("--nuvec", required=True)
+    ap.add_argument("--llama", required=True)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32])
+    ap.add_argument("--prompt", type=int, default=512)
+    ap.add_argument("--gen", type=int, default=128)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=3)
+    args = ap.parse_args()
+    results = {}
+    for batch in args.batches:
+        for r in range(args.rounds):
+            # Alternate which engine goes first, so drift hits both alike.
+            order = [("llama.cpp", llama), ("nuvec", nuvec)]
+            if r % 2:
+                order.reverse()
+            for name, run in order:
+                tps = run(args, batch)
+                results.setdefault((batch, name), []).append(tps)
+                print(f"B={batch:<3} round {r + 1}: {name:<9} {tps:9.1f} generated tok/s", flush=True)
+    print(f"\n{args.device}, prompt {args.prompt}, generated {args.gen} per sequence, threads {args.threads}")
+    for batch in args.batches:
+        for name in ("llama.cpp", "nuvec"):
+            v = results[(batch, name)]
+            print(f"B={batch:<3} {name:<9} median {statistics.median(v):9.1f}  (min {min(v):.1f}, max {max(v):.1f})")
+    print("\nratios nuvec / llama.cpp (total generated tok/s, medians):")
+    for batch in args.batches:
+        a = statistics.median(results[(batch, "nuvec")])
+        b = statistics.median(results[(batch, "llama.cpp")])
+        print(f"B={batch:<3} {a / b:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
