@@ -18,7 +18,8 @@
 //! its inputs first: `~` (replaced by a call that measures both sides as it prints them),
 //! printing, the `replace`, `join`, `indent`, `string`, `format`, `tojson`, `batch` and `slice`
 //! filters and the `replace`/`join`/`format` methods. A list of one large string repeated is
-//! small in memory but not when printed, so printing is measured without building the text.
+//! small in memory but not when printed, so printing is measured without building the text;
+//! the template's own text counts as printed too.
 //! Values are measured by walking at most [`MAX_ITEMS`] items, which also bounds each check.
 
 use std::cell::Cell;
@@ -172,6 +173,16 @@ pub(crate) fn patch<'s>(compiled: &Instructions<'s>) -> Instructions<'s> {
             | Instruction::CallMethod(..)
             | Instruction::CallObject(..) => true,
             Instruction::CallFunction(name, _) => name != "super",
+            Instruction::EmitRaw(text) => {
+                // Template text is counted as printed too: in a loop it adds up.
+                let at = out.add(Instruction::LoadConst(Value::from(text.len())));
+                out.add(Instruction::CallFunction("__nuvec_printed", Some(1)));
+                out.add(Instruction::DiscardTop);
+                out.add_with_line(instr(pc), line(pc));
+                out.add(Instruction::Jump(pc + 1));
+                *out.get_mut(pc).expect("index below the length") = Instruction::Jump(at);
+                continue;
+            }
             _ => false,
         };
         if !grows {
@@ -239,6 +250,7 @@ pub(crate) fn install(env: &mut Environment<'static>) {
     });
     env.add_function("__nuvec_bound", bound);
     env.add_function("__nuvec_concat", concat);
+    env.add_function("__nuvec_printed", |len: usize| count(len));
     env.add_filter("string", |state: &State, v: &Value| {
         checked_printing(std::slice::from_ref(v), "string")?;
         minijinja::filters::string(state, v)
