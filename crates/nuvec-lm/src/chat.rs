@@ -9,6 +9,10 @@ use serde::Serialize;
 
 use crate::{Error, Result};
 
+mod limits;
+
+pub use limits::{FUEL, MAX_BYTES};
+
 /// One chat message.
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct Message {
@@ -25,11 +29,12 @@ impl Message {
     }
 }
 
-/// A compiled chat template.
+/// A compiled chat template, rendered within [`FUEL`] instructions and [`MAX_BYTES`] of text.
 #[derive(Clone)]
 pub struct ChatTemplate {
     env: Arc<Environment<'static>>,
     source: Arc<str>,
+    origin: Arc<str>,
 }
 
 impl std::fmt::Debug for ChatTemplate {
@@ -51,6 +56,7 @@ fn py_tojson(value: Value, kwargs: Kwargs) -> std::result::Result<String, miniji
     let sort_keys: Option<bool> = kwargs.get("sort_keys")?;
     let separators: Option<Vec<String>> = kwargs.get("separators")?;
     kwargs.assert_all_used()?;
+    limits::check_size(&value, "tojson")?;
     let json = serde_json::to_value(&value)
         .map_err(|e| minijinja::Error::new(ErrorKind::InvalidOperation, format!("tojson: {e}")))?;
     let (item, key) = match separators.as_deref() {
@@ -61,9 +67,19 @@ fn py_tojson(value: Value, kwargs: Kwargs) -> std::result::Result<String, miniji
         None if indent.is_some() => (",".to_string(), ": ".to_string()),
         None => (", ".to_string(), ": ".to_string()),
     };
-    let style = PyJson { indent, item, key, ascii: ensure_ascii.unwrap_or(false), sort: sort_keys.unwrap_or(false) };
+    let style = PyJson {
+        indent,
+        item,
+        key,
+        ascii: ensure_ascii.unwrap_or(false),
+        sort: sort_keys.unwrap_or(false),
+        overflow: Default::default(),
+    };
     let mut out = String::new();
     style.write(&json, 0, &mut out);
+    if style.overflow.get() || out.len() > MAX_BYTES {
+        return Err(limits::too_large("tojson"));
+    }
     Ok(out)
 }
 
@@ -74,6 +90,8 @@ struct PyJson {
     key: String,
     ascii: bool,
     sort: bool,
+    /// Set when the output would pass [`MAX_BYTES`].
+    overflow: std::cell::Cell<bool>,
 }
 
 impl PyJson {
@@ -97,6 +115,11 @@ impl PyJson {
 
     fn newline(&self, level: usize, out: &mut String) {
         if let Some(n) = self.indent {
+            if out.len().saturating_add(n.saturating_mul(level)) > MAX_BYTES {
+                // A huge indent stops here; the caller refuses the result as too large.
+                self.overflow.set(true);
+                return;
+            }
             out.push('\n');
             out.push_str(&" ".repeat(n * level));
         }
@@ -104,6 +127,10 @@ impl PyJson {
 
     fn write(&self, v: &serde_json::Value, level: usize, out: &mut String) {
         use serde_json::Value as J;
+        if out.len() > MAX_BYTES {
+            self.overflow.set(true);
+            return;
+        }
         match v {
             J::Array(items) if !items.is_empty() => {
                 out.push('[');
@@ -178,23 +205,49 @@ fn strftime_now(format: String) -> String {
 }
 
 impl ChatTemplate {
-    /// Compiles `source`; a template that does not parse is an error.
-    pub fn new(source: String) -> Result<Self> {
+    /// Compiles `source`; a template that does not parse is an error. `origin` names where it
+    /// came from in errors (`.../tokenizer_config.json`, `.../chat_template.jinja`, or a GGUF
+    /// file's `tokenizer.chat_template`).
+    pub fn new(source: String, origin: &str) -> Result<Self> {
         let mut env = Environment::new();
         env.set_trim_blocks(true);
         env.set_lstrip_blocks(true);
-        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.add_function("raise_exception", raise_exception);
         env.add_function("strftime_now", strftime_now);
         env.add_filter("tojson", py_tojson);
+        limits::install(&mut env);
         let text: Arc<str> = source.as_str().into();
-        env.add_template_owned("chat", source).map_err(|e| Error::Template(format!("does not parse: {e:#}")))?;
-        Ok(ChatTemplate { env: Arc::new(env), source: text })
+        let origin: Arc<str> = origin.into();
+        let error = |message: String| Error::Template { origin: origin.to_string(), message };
+        env.add_template_owned("chat", source).map_err(|e| error(format!("does not parse: {e:#}")))?;
+        Ok(ChatTemplate { env: Arc::new(env), source: text, origin })
     }
 
     /// The template's source text.
     pub fn source(&self) -> &str {
         &self.source
+    }
+
+    /// Where the template came from (the file, or the GGUF metadata key).
+    pub fn origin(&self) -> &str {
+        &self.origin
+    }
+
+    fn error(&self, message: String) -> Error {
+        Error::Template { origin: self.origin.to_string(), message }
+    }
+
+    /// Runs the template on `ctx` within its limits (see [`limits`]).
+    fn run(&self, ctx: Value) -> std::result::Result<String, minijinja::Error> {
+        use minijinja::machinery::{get_compiled_template, make_string_output, Vm};
+        let template = self.env.get_template("chat")?;
+        let compiled = get_compiled_template(&template);
+        let patched = limits::patch(&compiled.instructions);
+        let mut rendered = String::new();
+        limits::start_render();
+        let mut out = make_string_output(&mut rendered);
+        Vm::new(&self.env).eval(&patched, ctx, &compiled.blocks, &mut out, compiled.initial_auto_escape)?;
+        Ok(rendered)
     }
 
     /// Renders `messages`; `extra` holds the template kwargs (`enable_thinking`, `tools`, ...)
@@ -225,10 +278,12 @@ impl ChatTemplate {
         let mut ctx = extra.clone();
         ctx.insert("messages".into(), messages.clone());
         ctx.insert("add_generation_prompt".into(), add_generation_prompt.into());
-        let template = self.env.get_template("chat").map_err(|e| Error::Template(e.to_string()))?;
-        let rendered = template
-            .render(Value::from_serialize(&ctx))
-            .map_err(|e| Error::Template(format!("failed to render: {e:#}")))?;
+        let rendered = self.run(Value::from_serialize(&ctx)).map_err(|e| match e.kind() {
+            ErrorKind::OutOfFuel => self.error(format!(
+                "ran past {FUEL} instructions, the most a chat template may run (an endless or hostile loop?)"
+            )),
+            _ => self.error(format!("failed to render: {e:#}")),
+        })?;
         if !continue_final_message {
             return Ok(rendered);
         }
@@ -242,9 +297,10 @@ impl ChatTemplate {
         let content = last.trim();
         match rendered.rfind(content) {
             Some(i) if !content.is_empty() => Ok(rendered[..i + content.len()].to_string()),
-            _ => Err(Error::Template(
-                "continue_final_message: the final message's content is not in the rendered prompt".into(),
-            )),
+            _ => {
+                Err(self
+                    .error("continue_final_message: the final message's content is not in the rendered prompt".into()))
+            }
         }
     }
 }

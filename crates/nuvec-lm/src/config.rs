@@ -12,6 +12,8 @@ use crate::{Error, Result};
 pub struct Config {
     file: String,
     values: Map<String, Value>,
+    /// The file `eos_token_id` came from, when not `file` (generation_config.json).
+    eos_file: Option<String>,
 }
 
 impl Config {
@@ -26,6 +28,7 @@ impl Config {
             if let Ok(g) = Self::from_json_file(&generation) {
                 if let Some(eos) = g.values.get("eos_token_id").filter(|v| !v.is_null()) {
                     config.values.insert("eos_token_id".into(), eos.clone());
+                    config.eos_file = Some(g.file);
                 }
             }
         }
@@ -43,7 +46,7 @@ impl Config {
         let value: Value = serde_json::from_str(text)
             .map_err(|e| Error::config(file, format!("is not valid JSON ({e}); re-download or fix the file")))?;
         match value {
-            Value::Object(values) => Ok(Config { file: file.to_string(), values }),
+            Value::Object(values) => Ok(Config { file: file.to_string(), values, eos_file: None }),
             _ => Err(Error::config(file, "must be a JSON object")),
         }
     }
@@ -108,6 +111,22 @@ impl Config {
         }
     }
 
+    /// `eos_token_id` as a list, each id checked to be below `vocab_size` (an id past the
+    /// vocabulary can never be sampled, so generation would never stop on it).
+    pub fn eos_token_ids_within(&self, vocab_size: usize) -> Result<Vec<u32>> {
+        let ids = self.eos_token_ids()?;
+        match ids.iter().find(|&&id| id as usize >= vocab_size) {
+            None => Ok(ids),
+            Some(id) => Err(Error::config(
+                self.eos_file.as_deref().unwrap_or(&self.file),
+                format!(
+                    "eos_token_id holds {id}, outside the vocabulary of {vocab_size} tokens; fix the id (or the \
+                     checkpoint's vocab_size)"
+                ),
+            )),
+        }
+    }
+
     /// `eos_token_id` as a list (it may be one id or several).
     pub fn eos_token_ids(&self) -> Result<Vec<u32>> {
         match self.get("eos_token_id") {
@@ -136,7 +155,7 @@ impl Config {
         match self.get("text_config") {
             None => Ok(self.clone()),
             Some(Value::Object(values)) => {
-                Ok(Config { file: format!("{} (text_config)", self.file), values: values.clone() })
+                Ok(Config { file: format!("{} (text_config)", self.file), values: values.clone(), eos_file: None })
             }
             Some(v) => Err(self.error("text_config", format_args!("= {v} is not an object"))),
         }
@@ -154,6 +173,49 @@ impl Config {
     /// The JSON object under `key` (a multimodal checkpoint's `text_config`) as a config of its
     /// own; errors name it as `file (key)`.
     pub fn sub_config(&self, key: &str, values: Map<String, Value>) -> Config {
-        Config { file: format!("{} ({key})", self.file), values }
+        Config { file: format!("{} ({key})", self.file), values, eos_file: None }
+    }
+}
+
+// Values no model can run with, refused at load instead of computing NaN (mlx-lm takes them).
+impl Config {
+    /// Refuses `rms_norm_eps` (and `layer_norm_eps`) <= 0, `rope_theta` <= 0 (also inside
+    /// `rope_parameters` / `rope_scaling`), and `num_hidden_layers` = 0, in this config and its
+    /// `text_config`.
+    pub fn check_ranges(&self) -> Result<()> {
+        let text = self.text_config()?;
+        for c in [self, &text] {
+            for key in ["rms_norm_eps", "layer_norm_eps", "rope_theta"] {
+                if let Some(v) = c.opt_f64(key)? {
+                    if !(v.is_finite() && v > 0.0) {
+                        return Err(c.error(key, format_args!("= {v} must be a positive number; fix config.json")));
+                    }
+                }
+            }
+            if c.opt_usize("num_hidden_layers")? == Some(0) {
+                return Err(c.error("num_hidden_layers", "= 0: a model needs at least one layer; fix config.json"));
+            }
+            for key in ["rope_parameters", "rope_scaling"] {
+                c.check_nested_theta(key)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// `rope_theta` in `key` (an object, or an object of them per layer type) must be positive.
+    fn check_nested_theta(&self, key: &str) -> Result<()> {
+        let Some(Value::Object(outer)) = self.get(key) else { return Ok(()) };
+        let nested = outer.iter().filter_map(|(k, v)| v.as_object().map(|o| (format!("{key}.{k}"), o)));
+        for (path, object) in std::iter::once((key.to_string(), outer)).chain(nested) {
+            if let Some(v) = object.get("rope_theta").filter(|v| !v.is_null()) {
+                if !v.as_f64().is_some_and(|t| t.is_finite() && t > 0.0) {
+                    return Err(self.error(
+                        &format!("{path}.rope_theta"),
+                        format_args!("= {v} must be a positive number; fix config.json"),
+                    ));
+                }
+            }
+        }
+        Ok(())
     }
 }

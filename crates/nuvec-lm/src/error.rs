@@ -41,9 +41,14 @@ pub enum Error {
         /// What went wrong.
         message: String,
     },
-    /// The chat template failed to parse or render.
-    #[error("chat template: {0}")]
-    Template(String),
+    /// The chat template failed to parse or render, or ran past its limits.
+    #[error("chat template ({origin}): {message}")]
+    Template {
+        /// Where the template came from (its file, or a GGUF file's metadata key).
+        origin: String,
+        /// What went wrong.
+        message: String,
+    },
     /// An option is out of range (names the option and the allowed range).
     #[error("{0}")]
     Invalid(String),

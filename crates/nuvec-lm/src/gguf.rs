@@ -64,6 +64,12 @@ fn meta_u64(file: &GgufFile, key: &str) -> Result<u64> {
     })
 }
 
+/// A metadata value no model can run with (JSON cannot even hold a NaN: it would turn into a
+/// missing field).
+fn bad_meta(file: &GgufFile, key: &str, what: &str) -> Error {
+    Error::config(file.path().display().to_string(), format!("GGUF metadata {key} {what}; fix or re-convert the file"))
+}
+
 /// The config.json an MLX checkpoint of this model would have.
 fn config_json(file: &GgufFile, arch: &str, model_type: &str) -> Result<Value> {
     let key = |k: &str| format!("{arch}.{k}");
@@ -82,7 +88,11 @@ fn config_json(file: &GgufFile, arch: &str, model_type: &str) -> Result<Value> {
     let mut config = Map::new();
     config.insert("model_type".into(), model_type.into());
     config.insert("hidden_size".into(), hidden.into());
-    config.insert("num_hidden_layers".into(), meta_u64(file, &key("block_count"))?.into());
+    let layers = meta_u64(file, &key("block_count"))?;
+    if layers == 0 {
+        return Err(bad_meta(file, &key("block_count"), "= 0: a model needs at least one layer"));
+    }
+    config.insert("num_hidden_layers".into(), layers.into());
     config.insert("intermediate_size".into(), meta_u64(file, &key("feed_forward_length"))?.into());
     config.insert("num_attention_heads".into(), heads.into());
     config.insert(
@@ -91,10 +101,17 @@ fn config_json(file: &GgufFile, arch: &str, model_type: &str) -> Result<Value> {
     );
     let head_dim = file.get(&key("attention.key_length")).and_then(GgufValue::as_u64).unwrap_or(hidden / heads.max(1));
     config.insert("head_dim".into(), head_dim.into());
-    let eps = meta(file, &key("attention.layer_norm_rms_epsilon"))?.as_f64().unwrap_or(1e-5);
+    let eps_key = key("attention.layer_norm_rms_epsilon");
+    let eps = meta(file, &eps_key)?.as_f64().unwrap_or(1e-5);
+    if !(eps.is_finite() && eps > 0.0) {
+        return Err(bad_meta(file, &eps_key, &format!("= {eps} must be a positive number")));
+    }
     config.insert("rms_norm_eps".into(), json!(eps as f32));
     config.insert("vocab_size".into(), vocab.into());
     if let Some(theta) = file.get(&key("rope.freq_base")).and_then(GgufValue::as_f64) {
+        if !(theta.is_finite() && theta > 0.0) {
+            return Err(bad_meta(file, &key("rope.freq_base"), &format!("= {theta} must be a positive number")));
+        }
         config.insert("rope_theta".into(), json!(theta as f32));
     }
     if let Some(n) = file.get(&key("context_length")).and_then(GgufValue::as_u64) {
@@ -201,6 +218,22 @@ fn converted_arrays(file: &GgufFile, config: &Config, arch: &str) -> Result<Conv
             file: file.path().display().to_string(),
             message: format!(
                 "{arch}.attention.head_count = {heads} and head_count_kv = {kv_heads}: both must be at least 1"
+            ),
+        });
+    }
+    // llama.cpp refuses a file with tensors its model does not load ("wrong number of
+    // tensors"), and so does mlx-lm for a checkpoint's: they are another model's weights.
+    let unmapped: Vec<&str> =
+        file.tensors().iter().map(|t| t.name.as_str()).filter(|n| checkpoint_name(n).is_none()).collect();
+    if !unmapped.is_empty() {
+        let shown = unmapped.iter().take(5).copied().collect::<Vec<_>>().join(", ");
+        return Err(Error::Weights {
+            file: file.path().display().to_string(),
+            message: format!(
+                "{} tensors are not used by GGUF architecture {arch} ({shown}{}); llama.cpp refuses them too \
+                 (\"wrong number of tensors\"): the file is another architecture or was converted wrongly",
+                unmapped.len(),
+                if unmapped.len() > 5 { ", ..." } else { "" }
             ),
         });
     }

@@ -7,6 +7,7 @@ use std::path::Path;
 use nuvec::io::{GgufFile, GgufValue};
 use serde_json::{json, Map, Value};
 
+use crate::chat::ChatTemplate;
 use crate::gguf::{meta, meta_str};
 use crate::tokenizer::Tokenizer;
 use crate::{Error, Result};
@@ -128,14 +129,31 @@ pub(crate) fn finish(
     eos: Option<String>,
 ) -> Result<Tokenizer> {
     let label = file.path().display().to_string();
+    let vocab = inner.get_vocab_size(true) as u64;
     let mut eos_ids: Vec<u32> = vec![];
     for key in ["tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id"] {
         if let Some(id) = file.get(key).and_then(GgufValue::as_u64) {
+            // An id past the vocabulary can never be sampled: generation would never stop.
+            if id >= vocab {
+                return Err(Error::config(
+                    &label,
+                    format!("GGUF metadata {key} = {id} is outside the vocabulary of {vocab} tokens; fix or drop it"),
+                ));
+            }
             if !eos_ids.contains(&(id as u32)) {
                 eos_ids.push(id as u32);
             }
         }
     }
-    let template = file.get("tokenizer.chat_template").and_then(GgufValue::as_str).map(str::to_string);
+    let key = "tokenizer.chat_template";
+    let template = match file.get(key) {
+        None => None,
+        Some(v) => {
+            let source = v
+                .as_str()
+                .ok_or_else(|| Error::config(&label, format!("GGUF metadata {key} is not a string; fix or drop it")))?;
+            Some(ChatTemplate::new(source.to_string(), &format!("{label}: {key}"))?)
+        }
+    };
     Tokenizer::from_parts(inner, label, bos, eos, eos_ids, template)
 }

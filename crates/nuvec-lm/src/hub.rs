@@ -28,15 +28,59 @@ pub fn resolve(model: &str) -> Result<PathBuf> {
         return Err(Error::NotFound(format!("{model}: no such file or directory")));
     };
     let repo = cache.join(format!("models--{}--{}", parts[0], parts[1]));
-    let snapshot = std::fs::read_to_string(repo.join("refs/main"))
-        .ok()
-        .map(|commit| repo.join("snapshots").join(commit.trim()))
-        .filter(|p| p.is_dir());
-    snapshot.ok_or_else(|| {
-        Error::NotFound(format!(
+    let refs = repo.join("refs/main");
+    let Ok(commit) = std::fs::read_to_string(&refs) else {
+        return Err(Error::NotFound(format!(
             "{model}: not a local path, and not in the Hugging Face cache ({}); nuvec does not \
              download models: fetch it first (e.g. `hf download {model}`) or pass a directory",
             repo.display()
-        ))
-    })
+        )));
+    };
+    let snapshot = snapshot_dir(&repo, &refs, commit.trim())?;
+    if !snapshot.is_dir() {
+        return Err(Error::NotFound(format!(
+            "{model}: {} names snapshot {}, which is not in the cache; fetch it again (e.g. `hf download {model}`)",
+            refs.display(),
+            snapshot.display()
+        )));
+    }
+    Ok(snapshot)
+}
+
+/// The snapshot `refs/main` names, refused unless it is a commit-like name (no `/`, no `..`)
+/// whose directory, and every file in it, resolves inside the repo's cache directory `repo`
+/// (snapshot files are symlinks into `repo/blobs`): a cache is not a way to read other files.
+fn snapshot_dir(repo: &Path, refs: &Path, commit: &str) -> Result<PathBuf> {
+    let refused = |what: String| Error::Config { file: refs.display().to_string(), message: what };
+    let commit_like = !commit.is_empty()
+        && commit != "."
+        && commit != ".."
+        && commit.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
+    if !commit_like {
+        return Err(refused(format!(
+            "holds {commit:?}, not a commit hash; fix or delete the cache entry (`hf download` rewrites it)"
+        )));
+    }
+    let snapshot = repo.join("snapshots").join(commit);
+    let (Ok(root), Ok(resolved)) = (repo.canonicalize(), snapshot.canonicalize()) else {
+        return Ok(snapshot);
+    };
+    let outside = |p: &Path| -> Result<()> {
+        match p.canonicalize() {
+            Ok(real) if !real.starts_with(&root) => Err(refused(format!(
+                "snapshot {commit}: {} resolves to {}, outside {}; the cache is corrupt: fetch the model again",
+                p.display(),
+                real.display(),
+                root.display()
+            ))),
+            _ => Ok(()),
+        }
+    };
+    outside(&snapshot)?;
+    if let Ok(entries) = std::fs::read_dir(&resolved) {
+        for entry in entries.flatten() {
+            outside(&snapshot.join(entry.file_name()))?;
+        }
+    }
+    Ok(snapshot)
 }

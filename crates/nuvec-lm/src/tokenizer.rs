@@ -67,6 +67,38 @@ fn apply_class_pipeline(json: &mut Value, config: &Value) {
     json["model"]["byte_fallback"] = Value::Bool(true);
 }
 
+/// The chat template of checkpoint `dir`: chat_template.jinja, else tokenizer_config.json's
+/// `chat_template` (a string, or a list of named templates, of which the one called "default").
+fn chat_template(dir: &Path, config: &Value) -> Result<Option<ChatTemplate>> {
+    let jinja = dir.join("chat_template.jinja");
+    if jinja.exists() {
+        let origin = jinja.display().to_string();
+        let text = std::fs::read_to_string(&jinja).map_err(|source| Error::Io { path: origin.clone(), source })?;
+        return ChatTemplate::new(text, &origin).map(Some);
+    }
+    let origin = dir.join("tokenizer_config.json").display().to_string();
+    let source = match config.get("chat_template") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(s)) => Some(s.clone()),
+        Some(Value::Array(list)) => list
+            .iter()
+            .find(|t| t.get("name").and_then(Value::as_str) == Some("default"))
+            .and_then(|t| t.get("template"))
+            .and_then(Value::as_str)
+            .map(str::to_string),
+        Some(other) => {
+            return Err(Error::config(
+                &origin,
+                format!(
+                    "chat_template = {other} is not a template (a string, or a list of {{\"name\", \"template\"}}); \
+                     fix the field or remove it"
+                ),
+            ))
+        }
+    };
+    source.map(|s| ChatTemplate::new(s, &origin)).transpose()
+}
+
 impl Tokenizer {
     /// Reads tokenizer.json, tokenizer_config.json and chat_template.jinja (when present) from
     /// `dir`. `extra_eos_ids` (the model config's) join the tokenizer's own EOS token.
@@ -95,23 +127,7 @@ impl Tokenizer {
         let mut json: Value = serde_json::from_str(&text).map_err(|e| does_not_parse(&e))?;
         apply_class_pipeline(&mut json, &config);
         let inner: tokenizers::Tokenizer = json.to_string().parse().map_err(|e| does_not_parse(&e))?;
-        let template_file = dir.join("chat_template.jinja");
-        let template_source = if template_file.exists() {
-            let tfile = template_file.display().to_string();
-            Some(std::fs::read_to_string(&template_file).map_err(|source| Error::Io { path: tfile, source })?)
-        } else {
-            match config.get("chat_template") {
-                Some(Value::String(s)) => Some(s.clone()),
-                // A list of named templates: the one called "default".
-                Some(Value::Array(list)) => list
-                    .iter()
-                    .find(|t| t.get("name").and_then(Value::as_str) == Some("default"))
-                    .and_then(|t| t.get("template"))
-                    .and_then(Value::as_str)
-                    .map(str::to_string),
-                _ => None,
-            }
-        };
+        let chat_template = chat_template(dir, &config)?;
         let bos_token = token_text(config.get("bos_token"));
         let eos_token = token_text(config.get("eos_token"));
         let mut eos_token_ids: Vec<u32> = extra_eos_ids.to_vec();
@@ -120,7 +136,6 @@ impl Tokenizer {
                 eos_token_ids.push(id);
             }
         }
-        let chat_template = template_source.map(ChatTemplate::new).transpose()?;
         Ok(Tokenizer { inner, file, bos_token, eos_token, eos_token_ids, chat_template, token_bytes: OnceLock::new() })
     }
 
@@ -131,9 +146,8 @@ impl Tokenizer {
         bos_token: Option<String>,
         eos_token: Option<String>,
         eos_token_ids: Vec<u32>,
-        chat_template: Option<String>,
+        chat_template: Option<ChatTemplate>,
     ) -> Result<Self> {
-        let chat_template = chat_template.map(ChatTemplate::new).transpose()?;
         Ok(Tokenizer { inner, file, bos_token, eos_token, eos_token_ids, chat_template, token_bytes: OnceLock::new() })
     }
 

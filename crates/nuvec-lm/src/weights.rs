@@ -1,8 +1,9 @@
 //! A checkpoint's tensors: one safetensors file or a sharded set, mapped, looked up by the
 //! checkpoint's own names and checked against the shapes the model expects.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 
 use nuvec::io::SafetensorsFile;
 use nuvec::quantize;
@@ -12,6 +13,26 @@ use crate::quantization::{Legacy, Quantization};
 use crate::{Error, Result};
 
 mod fp;
+
+/// A shard named by the index's weight_map: a relative path that stays inside the checkpoint
+/// directory (no `..`, not absolute), so an index cannot make the loader read other files.
+fn shard_name<'a>(index: &str, tensor: &str, shard: &'a serde_json::Value) -> Result<&'a str> {
+    use std::path::Component;
+    let name = shard.as_str().ok_or_else(|| {
+        Error::config(index, format!("weight_map.{tensor} = {shard} is not a file name; fix the index"))
+    })?;
+    let plain = !name.is_empty() && Path::new(name).components().all(|c| matches!(c, Component::Normal(_)));
+    if !plain {
+        return Err(Error::config(
+            index,
+            format!(
+                "weight_map.{tensor} = {name:?} leaves the checkpoint directory; shards must be file names \
+                 inside it (fix the index)"
+            ),
+        ));
+    }
+    Ok(name)
+}
 
 /// The tensors of a checkpoint directory.
 #[derive(Debug)]
@@ -24,6 +45,9 @@ pub struct Weights {
     quantization: Quantization,
     /// Where every tensor and matrix handed out is put (uploaded from the mapped file).
     device: Device,
+    /// The names read so far: what is left over after a model is built is a tensor it does not
+    /// use, which mlx-lm's strict `load_weights` refuses.
+    read: Mutex<HashSet<String>>,
 }
 
 impl Weights {
@@ -41,7 +65,10 @@ impl Weights {
                 .get("weight_map")
                 .and_then(|m| m.as_object())
                 .ok_or_else(|| Error::config(&file, "has no weight_map object"))?;
-            let mut shards: Vec<PathBuf> = map.values().filter_map(|v| v.as_str()).map(|s| dir.join(s)).collect();
+            let mut shards = Vec::with_capacity(map.len());
+            for (tensor, shard) in map {
+                shards.push(dir.join(shard_name(&file, tensor, shard)?));
+            }
             shards.sort();
             shards.dedup();
             shards
@@ -79,6 +106,7 @@ impl Weights {
             converted: HashMap::new(),
             quantization,
             device: Device::Cpu,
+            read: Mutex::default(),
         })
     }
 
@@ -92,6 +120,7 @@ impl Weights {
             converted,
             quantization: Quantization::default(),
             device: Device::Cpu,
+            read: Mutex::default(),
         }
     }
 
@@ -160,8 +189,24 @@ impl Weights {
         Error::Weights { file: self.file_of(name), message: format!("{name}: {}", message.into()) }
     }
 
+    /// Every tensor name not read so far ([`Weights::raw`] and everything built on it), sorted.
+    pub fn unread(&self) -> Vec<String> {
+        let read = self.read.lock().unwrap_or_else(|e| e.into_inner());
+        let mut names: Vec<String> = self.names().into_iter().filter(|n| !read.contains(n)).collect();
+        names.sort();
+        names
+    }
+
+    /// The directory or file the tensors come from.
+    pub fn source(&self) -> &Path {
+        &self.dir
+    }
+
     /// Tensor `name` as it is stored.
     pub fn raw(&self, name: &str) -> Result<Array> {
+        if self.has(name) {
+            self.read.lock().unwrap_or_else(|e| e.into_inner()).insert(name.to_string());
+        }
         if let Some(a) = self.converted.get(name) {
             return Ok(a.clone());
         }
@@ -185,6 +230,20 @@ impl Weights {
             return Err(self.err(name, format!("has dtype {}, expected a float type", a.dtype())));
         }
         Ok(a)
+    }
+
+    /// A norm's scale `name` of exactly `shape`, on the weights' device, refused when it holds a
+    /// NaN or an infinity: every token's hidden state would turn NaN. Norm scales are small
+    /// vectors, so reading them all is cheap.
+    pub fn norm_tensor(&self, name: &str, shape: &[usize]) -> Result<Array> {
+        let a = self.host_tensor(name, shape)?;
+        if let Some(i) = a.to_f32_vec()?.iter().position(|v| !v.is_finite()) {
+            return Err(self.err(
+                name,
+                format!("holds a NaN or infinite value (at index {i}); the checkpoint is corrupt: re-download or re-convert it"),
+            ));
+        }
+        Ok(a.to_device(self.device)?)
     }
 
     /// Like [`Weights::tensor`], `None` when absent.

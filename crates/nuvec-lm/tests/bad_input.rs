@@ -216,11 +216,45 @@ fn invalid_sampler_settings() {
     assert!(err.contains("outside the vocabulary"), "{err}");
 }
 
+/// The hub cache tests share one test, as HF_HUB_CACHE is process-wide.
 #[test]
-fn repo_id_not_in_cache() {
-    std::env::set_var("HF_HUB_CACHE", std::env::temp_dir().join("nuvec-empty-hub"));
+fn hub_cache_lookups() {
+    let hub = std::env::temp_dir().join(format!("nuvec-hub-{}", std::process::id()));
+    std::fs::remove_dir_all(&hub).ok();
+    std::env::set_var("HF_HUB_CACHE", &hub);
     let err = nuvec_lm::load("nobody/no-such-model").unwrap_err().to_string();
     assert_mentions(&err, &["nobody/no-such-model", "Hugging Face cache", "does not download"]);
+
+    // refs/main must name a snapshot inside the repo's cache directory.
+    let c = checkpoint("hub-outside", config(), tensors());
+    let repo = hub.join("models--org--tiny");
+    std::fs::create_dir_all(repo.join("refs")).unwrap();
+    std::fs::create_dir_all(repo.join("snapshots/abc123")).unwrap();
+    let outside = c.dir.display().to_string();
+    for bad in ["../../../../../../../..".to_string() + &outside, outside.clone(), "a/b".into(), "..".into()] {
+        std::fs::write(repo.join("refs/main"), &bad).unwrap();
+        let err = nuvec_lm::load("org/tiny").unwrap_err().to_string();
+        assert_mentions(&err, &["refs/main", "not a commit hash"]);
+    }
+    // A snapshot that is a symlink out of the cache.
+    std::fs::write(repo.join("refs/main"), "def456").unwrap();
+    std::os::unix::fs::symlink(&c.dir, repo.join("snapshots/def456")).unwrap();
+    let err = nuvec_lm::load("org/tiny").unwrap_err().to_string();
+    assert_mentions(&err, &["refs/main", "def456", "outside"]);
+    // A snapshot file linked out of the cache (they link into blobs/, inside it).
+    std::fs::write(repo.join("refs/main"), "abc123").unwrap();
+    let blobs = repo.join("blobs");
+    std::fs::create_dir_all(&blobs).unwrap();
+    for f in ["config.json", "model.safetensors", "tokenizer.json"] {
+        std::fs::copy(c.dir.join(f), blobs.join(f)).unwrap();
+        std::os::unix::fs::symlink(format!("../../blobs/{f}"), repo.join("snapshots/abc123").join(f)).unwrap();
+    }
+    nuvec_lm::load("org/tiny").expect("a snapshot linking into blobs/ loads");
+    std::os::unix::fs::symlink(c.dir.join("config.json"), repo.join("snapshots/abc123/generation_config.json"))
+        .unwrap();
+    let err = nuvec_lm::load("org/tiny").unwrap_err().to_string();
+    assert_mentions(&err, &["refs/main", "generation_config.json", "outside"]);
+    std::fs::remove_dir_all(&hub).ok();
 }
 
 #[test]
@@ -257,4 +291,77 @@ fn act_order_gptq_is_refused() {
     t.push(("model.layers.0.self_attn.q_proj.g_idx".into(), Array::from_slice(&g_idx, &[32]).unwrap()));
     let c = checkpoint("actorder", cfg, t);
     assert_mentions(&load_err(&c.dir), &["g_idx", "act-order", "mlx_lm.convert"]);
+}
+
+#[test]
+fn values_no_model_can_run_with() {
+    for (name, key, value) in [
+        ("eps0", "rms_norm_eps", json!(0.0)),
+        ("eps-neg", "rms_norm_eps", json!(-1e-5)),
+        ("theta0", "rope_theta", json!(0.0)),
+        ("theta-neg", "rope_theta", json!(-10000.0)),
+        ("layers0", "num_hidden_layers", json!(0)),
+    ] {
+        let mut cfg = config();
+        cfg[key] = value;
+        let c = checkpoint(name, cfg, tensors());
+        assert_mentions(&load_err(&c.dir), &["config.json", key]);
+    }
+    let mut cfg = config();
+    cfg["rope_scaling"] = json!({"rope_type": "default", "rope_theta": -1.0});
+    let c = checkpoint("theta-nested", cfg, tensors());
+    assert_mentions(&load_err(&c.dir), &["config.json", "rope_scaling.rope_theta"]);
+}
+
+#[test]
+fn norms_with_nan_or_infinity() {
+    for (name, bad) in [("nan", f32::NAN), ("inf", f32::INFINITY)] {
+        let mut t = tensors();
+        let mut values = vec![1f32; 32];
+        values[3] = bad;
+        t[2].1 = Array::from_slice(&values, &[32]).unwrap();
+        let c = checkpoint(name, config(), t);
+        assert_mentions(&load_err(&c.dir), &["model.safetensors", "input_layernorm.weight", "NaN or infinite"]);
+    }
+}
+
+#[test]
+fn eos_outside_the_vocabulary() {
+    let mut cfg = config();
+    cfg["eos_token_id"] = json!([1, 64]);
+    let c = checkpoint("eos", cfg, tensors());
+    assert_mentions(&load_err(&c.dir), &["config.json", "eos_token_id", "64", "outside the vocabulary"]);
+    let c = checkpoint("eos-generation", config(), tensors());
+    std::fs::write(c.dir.join("generation_config.json"), r#"{"eos_token_id": 1000}"#).unwrap();
+    assert_mentions(&load_err(&c.dir), &["generation_config.json", "eos_token_id", "1000"]);
+}
+
+#[test]
+fn tensors_the_model_does_not_use() {
+    let mut t = tensors();
+    for i in 0..7 {
+        t.push((format!("model.layers.0.extra_{i}.weight"), Array::from_slice(&[0f32; 4], &[4]).unwrap()));
+    }
+    let c = checkpoint("extra", config(), t);
+    let err = load_err(&c.dir);
+    assert_mentions(&err, &["7 tensors are not used", "model.layers.0.extra_0.weight", "and 2 more", "model_type"]);
+    // What mlx-lm's llama sanitize drops loads: rotary inv_freq, and lm_head when tied.
+    let mut t = tensors();
+    t.push(("model.layers.0.self_attn.rotary_emb.inv_freq".into(), Array::from_slice(&[0f32; 8], &[8]).unwrap()));
+    t.push(("lm_head.weight".into(), Array::from_slice(&vec![0f32; 64 * 32], &[64, 32]).unwrap()));
+    let c = checkpoint("sanitized", config(), t);
+    nuvec_lm::load_dir(&c.dir).expect("tensors mlx-lm drops are skipped");
+}
+
+#[test]
+fn shard_index_that_leaves_the_directory() {
+    let c = checkpoint("index", config(), tensors());
+    let outside = checkpoint("index-outside", config(), tensors());
+    let absolute = outside.dir.join("model.safetensors").display().to_string();
+    for shard in [absolute.as_str(), "../elsewhere/model.safetensors", "sub/../../model.safetensors"] {
+        let index = json!({"weight_map": {"model.embed_tokens.weight": shard}});
+        std::fs::write(c.dir.join("model.safetensors.index.json"), index.to_string()).unwrap();
+        let err = load_err(&c.dir);
+        assert_mentions(&err, &["model.safetensors.index.json", "weight_map.model.embed_tokens.weight", "leaves"]);
+    }
 }

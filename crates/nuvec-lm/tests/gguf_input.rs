@@ -197,6 +197,48 @@ fn kquant_rows_must_fill_super_blocks() {
     assert!(err.contains("attn_norm") && err.contains("blocks of 256"), "{err}");
 }
 
+/// Overwrites the bytes just after `key` (past `skip` bytes) with `value`.
+fn patch(bytes: &mut [u8], key: &[u8], skip: usize, value: &[u8]) {
+    let at = find(bytes, key) + key.len() + skip;
+    bytes[at..at + value.len()].copy_from_slice(value);
+}
+
+/// A file broken at one place: name, the key it is found by, bytes to skip past the key (a
+/// value's type, or a tensor's dims and type), the bytes written there, and words the error says.
+type Case = (&'static str, &'static [u8], usize, Vec<u8>, &'static [&'static str]);
+
+#[test]
+fn values_and_layouts_that_cannot_be_right() {
+    let file = || tiny_gguf("llama", 0);
+    let cases: [Case; 7] = [
+        ("layers0", b"llama.block_count", 4, 0u32.to_le_bytes().to_vec(), &["llama.block_count", "= 0"]),
+        ("eps-nan", b"layer_norm_rms_epsilon", 4, f32::NAN.to_le_bytes().to_vec(), &["layer_norm_rms_epsilon", "NaN"]),
+        ("eps0", b"layer_norm_rms_epsilon", 4, 0f32.to_le_bytes().to_vec(), &["layer_norm_rms_epsilon", "positive"]),
+        ("eos", b"tokenizer.ggml.eos_token_id", 4, 99u32.to_le_bytes().to_vec(), &["eos_token_id = 99", "outside"]),
+        // output_norm (1 dim): data offset + 4 bytes, off the 32-byte alignment.
+        ("misaligned", b"output_norm.weight", 4 + 8 + 4, 4100u64.to_le_bytes().to_vec(), &["output_norm", "alignment"]),
+        // output_norm placed over token_embd's bytes.
+        ("overlap", b"output_norm.weight", 4 + 8 + 4, 0u64.to_le_bytes().to_vec(), &["overlap", "token_embd"]),
+        (
+            "unmapped",
+            b"blk.0.ffn_norm.weight",
+            0,
+            vec![],
+            &["not used", "blk.0.ffn_nrrm.weight", "wrong number of tensors"],
+        ),
+    ];
+    for (name, key, skip, value, words) in cases {
+        let mut bytes = file();
+        if name == "unmapped" {
+            patch(&mut bytes, b"blk.0.ffn_n", 0, b"rrm");
+        } else {
+            patch(&mut bytes, key, skip, &value);
+        }
+        let err = load_err(name, &bytes);
+        assert!(err.contains(".gguf") && words.iter().all(|w| err.contains(w)), "{name}: {err}");
+    }
+}
+
 fn find(haystack: &[u8], needle: &[u8]) -> usize {
     haystack.windows(needle.len()).position(|w| w == needle).expect("present")
 }

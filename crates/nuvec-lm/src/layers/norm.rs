@@ -13,9 +13,9 @@ pub struct RmsNorm {
 }
 
 impl RmsNorm {
-    /// Loads `{path}.weight` of `dims` features.
+    /// Loads `{path}.weight` of `dims` features (refused when it holds a NaN or an infinity).
     pub fn load(weights: &Weights, path: &str, dims: usize, eps: f32) -> Result<Self> {
-        Ok(RmsNorm { weight: weights.tensor(&format!("{path}.weight"), &[dims])?, eps })
+        Ok(RmsNorm { weight: weights.norm_tensor(&format!("{path}.weight"), &[dims])?, eps })
     }
 
     /// A norm with the given `weight` (one per feature), e.g. one adjusted or computed at load (a

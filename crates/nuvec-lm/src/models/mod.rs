@@ -7,6 +7,7 @@ mod qwen2;
 mod qwen3;
 mod qwen3_5;
 mod qwen3_moe;
+mod unused;
 
 use nuvec::{Array, DType, Device};
 
@@ -97,6 +98,7 @@ impl Model {
     /// Builds the family `config.json` names from `weights`.
     pub fn from_config(config: &Config, weights: &Weights) -> Result<Self> {
         let model_type = config.str("model_type")?.to_string();
+        config.check_ranges()?;
         let arch: Box<dyn Architecture> = match model_type.as_str() {
             "llama" | "mistral" => Box::new(llama::Llama::load(config, weights)?),
             "qwen2" => Box::new(qwen2::load(config, weights)?),
@@ -122,6 +124,7 @@ impl Model {
                 None => config.text_config()?.usize("vocab_size")?,
             },
         };
+        unused::refuse_unused(&model_type, weights)?;
         let compute_dtype = weights.compute_dtype();
         let context_length = match config.opt_usize("max_position_embeddings")? {
             Some(n) => Some(n),
@@ -137,7 +140,7 @@ impl Model {
             arch,
             model_type,
             vocab_size,
-            eos_token_ids: config.eos_token_ids()?,
+            eos_token_ids: config.eos_token_ids_within(vocab_size)?,
             newline_token_ids: vec![],
             fingerprint: String::new(),
             device: weights.device(),

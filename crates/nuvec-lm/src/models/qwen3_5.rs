@@ -113,7 +113,7 @@ fn norm(weights: &Weights, path: &str, dims: usize, eps: f32, shifted: bool) -> 
     if !shifted {
         return RmsNorm::load(weights, path, dims, eps);
     }
-    let w = weights.tensor(&format!("{path}.weight"), &[dims])?;
+    let w = weights.norm_tensor(&format!("{path}.weight"), &[dims])?;
     let round = |v: f32| match w.dtype() {
         DType::BF16 => half::bf16::from_f32(v).to_f32(),
         DType::F16 => half::f16::from_f32(v).to_f32(),

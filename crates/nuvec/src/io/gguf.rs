@@ -272,6 +272,30 @@ impl<'a> Reader<'a> {
     }
 }
 
+/// Two tensors whose bytes overlap, or one name given twice, make a file whose tensors are not
+/// what they claim (one tensor's writes would show in another); llama.cpp refuses both.
+fn refuse_overlaps(tensors: &[GgufTensor]) -> std::result::Result<(), String> {
+    let mut names = std::collections::HashSet::new();
+    if let Some(t) = tensors.iter().find(|t| !names.insert(t.name.as_str())) {
+        return Err(format!("tensor {} is listed twice", t.name));
+    }
+    let mut by_offset: Vec<&GgufTensor> = tensors.iter().filter(|t| t.len > 0).collect();
+    by_offset.sort_by_key(|t| t.offset);
+    for pair in by_offset.windows(2) {
+        if pair[0].offset + pair[0].len > pair[1].offset {
+            return Err(format!(
+                "tensors {} and {} overlap in the file (bytes {}..{} and {}..); a corrupt file: re-convert it",
+                pair[0].name,
+                pair[1].name,
+                pair[0].offset,
+                pair[0].offset + pair[0].len,
+                pair[1].offset
+            ));
+        }
+    }
+    Ok(())
+}
+
 impl GgufFile {
     /// Maps and parses `path`.
     pub fn open(path: impl AsRef<Path>) -> Result<Self> {
@@ -346,8 +370,16 @@ impl GgufFile {
                     "tensor {name}: data at offset {offset} (+{len} bytes) lies past the end of the file (truncated?)"
                 )));
             };
+            // llama.cpp lays tensors out at aligned offsets and refuses any other layout.
+            if !offset.is_multiple_of(alignment) {
+                return Err(r.err(format!(
+                    "tensor {name}: offset {offset} is not a multiple of general.alignment = {alignment} (a corrupt \
+                     or hand-edited file; re-convert it)"
+                )));
+            }
             tensors.push(GgufTensor { name, dims, ggml_type, offset: start, len });
         }
+        refuse_overlaps(&tensors).map_err(|m| r.err(m))?;
         Ok(GgufFile { path, file, map: map.clone(), version, metadata, tensors })
     }
 
