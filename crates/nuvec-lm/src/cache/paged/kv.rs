@@ -1,14 +1,15 @@
 //! A sequence's keys and values for one layer of a [`super::PagedCache`]: a block table into
 //! the layer's shared pool. New positions are written into the table's blocks; attention reads
-//! the sequence's blocks (gathered into one array for the attention op, which then reads
-//! exactly the positions a plain cache would hold, so the result is the same bit for bit).
+//! the sequence's blocks, gathered into one array (a row gather and a transpose: the attention
+//! op then reads exactly the values a plain cache would hold, so the result is the same bit for
+//! bit; a kernel reading the blocks in place is the next step).
 
 use std::sync::{Arc, Mutex};
 
 use nuvec::Array;
 
 use super::pool::LayerPool;
-use crate::cache::ops::{concat_axis1, sdpa, Sinks};
+use crate::cache::ops::{sdpa, Sinks};
 use crate::cache::Positions;
 use crate::{Error, Result};
 
@@ -56,16 +57,13 @@ impl PagedKv {
         let mut at = 0;
         while at < l {
             let pos = self.len + at;
-            let (id, within) = (self.table[pos / bs], pos % bs);
+            let (id, within) = (self.table[pos / bs] as usize, pos % bs);
             let n = (bs - within).min(l - at);
-            let block = pool.block_mut(id);
-            let (k, v) = if n == l {
-                (keys.clone(), values.clone())
+            if n == l {
+                pool.write(id * bs + within, keys, values)?;
             } else {
-                (keys.slice_rows(at, at + n)?, values.slice_rows(at, at + n)?)
-            };
-            block.keys.write_axis1_from_rows(&k, within)?;
-            block.values.write_axis1_from_rows(&v, within)?;
+                pool.write(id * bs + within, &keys.slice_rows(at, at + n)?, &values.slice_rows(at, at + n)?)?;
+            }
             at += n;
         }
         self.len += l;
@@ -75,13 +73,10 @@ impl PagedKv {
     /// The held keys and values, `[kv_heads, blocks * block_size, head_dim]` each (valid up to
     /// `offset()`).
     pub(crate) fn gathered(&self) -> Result<(Array, Array)> {
-        let pool = self.pool();
-        let keys: Vec<Array> = self.table.iter().map(|&b| pool.block(b).keys.clone()).collect();
-        let values: Vec<Array> = self.table.iter().map(|&b| pool.block(b).values.clone()).collect();
-        if keys.is_empty() {
+        if self.table.is_empty() {
             return Err(Error::Invalid("a paged sequence with no positions has nothing to attend".into()));
         }
-        Ok((concat_axis1(&keys)?, concat_axis1(&values)?))
+        self.pool().gather(&self.table)
     }
 
     /// Adds `keys, values [L, kv_heads, head_dim]` and attends `q [L, heads, head_dim]` over

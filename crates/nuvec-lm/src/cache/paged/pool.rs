@@ -1,36 +1,26 @@
-//! One layer's block pool: `blocks` blocks of `block_size` positions of keys and values
-//! (`[kv_heads, block_size, head_dim]` each, made on first use), handed out and taken back
-//! through a free list.
+//! One layer's block pool: keys and values of `blocks` blocks of `block_size` positions, held as
+//! one array each, `[1, blocks * block_size, kv_heads * head_dim]` (positions first, as the
+//! projections produce them; made on first use), and a free list of block ids.
 
-use nuvec::{Array, DType, Device};
+use nuvec::{Array, DType, Device, Matrix};
 
 use crate::{Error, Result};
-
-/// The keys and values of one block.
-#[derive(Debug)]
-pub(crate) struct Block {
-    pub keys: Array,
-    pub values: Array,
-}
 
 /// Blocks of one attention layer, shared by every sequence of a [`super::PagedCache`].
 #[derive(Debug)]
 pub(crate) struct LayerPool {
     block_size: usize,
+    blocks: usize,
     dtype: DType,
-    blocks: Vec<Option<Block>>,
+    /// Keys and values, and the heads and head size they were made for.
+    store: Option<(Array, Array, [usize; 2])>,
     /// Free block ids; the most recently freed is handed out first (still warm in cache).
     free: Vec<u32>,
 }
 
 impl LayerPool {
     pub fn new(blocks: usize, block_size: usize, dtype: DType) -> Self {
-        LayerPool {
-            block_size,
-            dtype,
-            blocks: (0..blocks).map(|_| None).collect(),
-            free: (0..blocks as u32).rev().collect(),
-        }
+        LayerPool { block_size, blocks, dtype, store: None, free: (0..blocks as u32).rev().collect() }
     }
 
     pub fn block_size(&self) -> usize {
@@ -42,33 +32,35 @@ impl LayerPool {
     }
 
     pub fn total_blocks(&self) -> usize {
-        self.blocks.len()
+        self.blocks
     }
 
-    /// Takes a free block for `heads` heads of `dim` features on `device`.
+    /// Takes a free block, for keys of `heads` heads of `dim` features on `device` (the pool's
+    /// arrays are made at the first take).
     pub fn take(&mut self, heads: usize, dim: usize, device: Device) -> Result<u32> {
-        let Some(id) = self.free.pop() else {
+        if self.free.is_empty() {
             return Err(Error::Invalid(format!(
                 "the paged cache is full: all {} blocks of {} positions are in use; remove a sequence or \
                  make the cache with more blocks",
-                self.blocks.len(),
-                self.block_size
+                self.blocks, self.block_size
             )));
-        };
-        let slot = &mut self.blocks[id as usize];
-        let fits =
-            slot.as_ref().is_some_and(|b| b.keys.shape() == [heads, self.block_size, dim] && b.keys.device() == device);
-        if !fits {
-            let make = || Array::zeros_on(&[heads, self.block_size, dim], self.dtype, device);
-            match (make(), make()) {
-                (Ok(keys), Ok(values)) => *slot = Some(Block { keys, values }),
-                (Err(e), _) | (_, Err(e)) => {
-                    self.free.push(id);
-                    return Err(e.into());
-                }
+        }
+        match &self.store {
+            Some((k, _, shape)) if *shape == [heads, dim] && k.device() == device => {}
+            Some((_, _, shape)) => {
+                return Err(Error::Invalid(format!(
+                    "a paged layer made for {} heads of {} features on its first write was given {heads} of {dim}",
+                    shape[0], shape[1]
+                )))
+            }
+            None => {
+                let shape = [1, self.blocks * self.block_size, heads * dim];
+                let keys = Array::zeros_on(&shape, self.dtype, device)?;
+                let values = Array::zeros_on(&shape, self.dtype, device)?;
+                self.store = Some((keys, values, [heads, dim]));
             }
         }
-        Ok(id)
+        Ok(self.free.pop().expect("checked above"))
     }
 
     /// Returns `ids` to the free list.
@@ -76,11 +68,24 @@ impl LayerPool {
         self.free.extend(ids);
     }
 
-    pub fn block(&self, id: u32) -> &Block {
-        self.blocks[id as usize].as_ref().expect("a block in use was made when taken")
+    /// Writes `keys, values [n, heads, dim]` at physical position `at` (within one block).
+    pub fn write(&mut self, at: usize, keys: &Array, values: &Array) -> Result<()> {
+        let (k, v, [heads, dim]) = self.store.as_mut().expect("a block was taken, so the store exists");
+        let n = keys.dim(0);
+        k.write_axis1(&keys.reshape(&[1, n, *heads * *dim])?, at)?;
+        v.write_axis1(&values.reshape(&[1, n, *heads * *dim])?, at)?;
+        Ok(())
     }
 
-    pub fn block_mut(&mut self, id: u32) -> &mut Block {
-        self.blocks[id as usize].as_mut().expect("a block in use was made when taken")
+    /// The blocks of `table`, in order, as keys and values `[heads, table.len() * block_size,
+    /// dim]` in f32 (the layout attention reads): one row gather and one transpose each.
+    pub fn gather(&self, table: &[u32]) -> Result<(Array, Array)> {
+        let (k, v, [heads, dim]) = self.store.as_ref().expect("a block was taken, so the store exists");
+        let bs = self.block_size;
+        let one = |a: &Array| -> Result<Array> {
+            let rows = Matrix::Dense(a.reshape(&[self.blocks, bs * heads * dim])?).embed(table)?;
+            Ok(rows.reshape(&[table.len() * bs, *heads, *dim])?.transpose01()?)
+        };
+        Ok((one(k)?, one(v)?))
     }
 }
