@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::fixtures;
+use common::{fixtures, rows_of as rows, seeded_prompt as prompt};
 use nuvec_lm::cache::LayerCache;
 use nuvec_lm::sample::argmax;
 use nuvec_lm::{Model, StepBatch};
@@ -13,17 +13,6 @@ use nuvec_lm::{Model, StepBatch};
 /// Most a batched logit may differ from the same sequence's logit alone: the row-batched
 /// products sum in another order than a single row's (at most 7e-5 measured on these models).
 const TOLERANCE: f32 = 1e-3;
-
-fn prompt(len: usize, seed: u32, vocab: usize) -> Vec<u32> {
-    (0..len as u32)
-        .map(|i| (i.wrapping_mul(2654435761).wrapping_add(seed * 97) >> 7) % (vocab as u32 - 4) + 3)
-        .collect()
-}
-
-fn rows(logits: &nuvec::Array) -> Vec<Vec<f32>> {
-    let v = logits.to_vec::<f32>().unwrap();
-    v.chunks(logits.dim(1)).map(<[f32]>::to_vec).collect()
-}
 
 /// Greedy tokens and each step's logits decoding `prompt` alone (the batch-of-one path).
 fn alone(model: &Model, prompt: &[u32], steps: usize) -> (Vec<u32>, Vec<Vec<f32>>) {

@@ -5,23 +5,12 @@
 
 mod common;
 
-use common::fixtures;
+use common::{fixtures, rows_of as rows, seeded_prompt as prompt};
 use nuvec_lm::sample::argmax;
 use nuvec_lm::{decode_batch, load_dir, Model, PagedCache, SeqId};
 
 /// As batch_step.rs: row-batched products sum in another order than one row's.
 const TOLERANCE: f32 = 1e-3;
-
-fn prompt(len: usize, seed: u32, vocab: usize) -> Vec<u32> {
-    (0..len as u32)
-        .map(|i| (i.wrapping_mul(2654435761).wrapping_add(seed * 131) >> 9) % (vocab as u32 - 4) + 3)
-        .collect()
-}
-
-fn rows(logits: &nuvec::Array) -> Vec<Vec<f32>> {
-    let v = logits.to_vec::<f32>().unwrap();
-    v.chunks(logits.dim(1)).map(<[f32]>::to_vec).collect()
-}
 
 /// Greedy decoding of `prompt` alone on a plain cache, in the same passes as [`paged`] (the
 /// prompt but its last token, then one token at a time): each step's logits.

@@ -62,3 +62,17 @@ pub fn cases_in(dir: &Path) -> Vec<PathBuf> {
     out.sort();
     out
 }
+
+/// `len` fixed pseudo-random ids in `3..vocab - 1`, different for each `seed` (batched-decoding
+/// tests give each sequence its own).
+pub fn seeded_prompt(len: usize, seed: u32, vocab: usize) -> Vec<u32> {
+    (0..len as u32)
+        .map(|i| (i.wrapping_mul(2654435761).wrapping_add(seed * 97) >> 7) % (vocab as u32 - 4) + 3)
+        .collect()
+}
+
+/// The rows of a `[rows, cols]` array.
+pub fn rows_of(a: &nuvec::Array) -> Vec<Vec<f32>> {
+    let v = a.to_vec::<f32>().unwrap();
+    v.chunks(a.dim(1)).map(<[f32]>::to_vec).collect()
+}
