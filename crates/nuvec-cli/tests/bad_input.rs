@@ -307,3 +307,63 @@ fn one_token_has_a_rate_measured_as_mlx_lm_measures_it() {
     // A rate over an interval of zero would print 1e9 (the clamp), over a real one far less.
     assert!(rate.is_finite() && rate > 0.0 && rate < 1e8, "{line}");
 }
+
+/// A copy of the small checkpoint in `dir/name` (its large files linked), with `edit` applied.
+fn broken_copy(dir: &Path, name: &str, edit: impl FnOnce(&Path)) -> PathBuf {
+    let out = dir.join(name);
+    std::fs::create_dir_all(&out).unwrap();
+    for entry in std::fs::read_dir(small_model()).unwrap() {
+        let path = entry.unwrap().path();
+        let target = out.join(path.file_name().unwrap());
+        if path.metadata().unwrap().len() > 1 << 20 {
+            std::os::unix::fs::symlink(&path, &target).unwrap();
+        } else {
+            std::fs::copy(&path, &target).unwrap();
+        }
+    }
+    edit(&out);
+    out
+}
+
+fn edit_json(path: &Path, edit: impl FnOnce(&mut serde_json::Value)) {
+    let mut v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    edit(&mut v);
+    std::fs::write(path, v.to_string()).unwrap();
+}
+
+#[test]
+fn broken_checkpoints_exit_1_naming_the_file_and_field() {
+    let s = Scratch::new("checkpoints");
+    let eps = broken_copy(&s.dir, "eps", |d| edit_json(&d.join("config.json"), |c| c["rms_norm_eps"] = 0.into()));
+    let template = broken_copy(&s.dir, "template", |d| {
+        let doubling =
+            "{% set s = namespace(t='ab') %}{% for i in range(100) %}{% set s.t = s.t + s.t %}{% endfor %}{{ s.t }}";
+        std::fs::write(d.join("chat_template.jinja"), doubling).unwrap();
+    });
+    let extra = broken_copy(&s.dir, "extra", |d| {
+        let tensor = nuvec::Array::from_slice(&[1f32, 2.0], &[2]).unwrap();
+        nuvec::io::save_safetensors(
+            d.join("extra.safetensors"),
+            &[("model.layers.0.unused.weight".into(), tensor)],
+            None,
+        )
+        .unwrap();
+        edit_json(&d.join("model.safetensors.index.json"), |i| {
+            i["weight_map"]["model.layers.0.unused.weight"] = "extra.safetensors".into()
+        });
+    });
+    let escape = broken_copy(&s.dir, "escape", |d| {
+        edit_json(&d.join("model.safetensors.index.json"), |i| {
+            i["weight_map"]["model.norm.weight"] = "../../sentinel.txt".into()
+        });
+    });
+    let before = s.snapshot();
+    let run = |dir: &Path| nuvec_in(&s.dir, &["generate", "--model", dir.to_str().unwrap(), "-p", "hi", "-m", "2"]);
+    assert_refused(&run(&eps), &["config.json", "rms_norm_eps"]);
+    let started = std::time::Instant::now();
+    assert_refused(&run(&template), &["chat_template.jinja"]);
+    assert!(started.elapsed().as_secs() < 60, "the hostile template ran for {:?}", started.elapsed());
+    assert_refused(&run(&extra), &["model.layers.0.unused.weight"]);
+    assert_refused(&run(&escape), &["model.safetensors.index.json", "weight_map.model.norm.weight"]);
+    assert_eq!(s.snapshot(), before, "a refused load changed the scratch directory");
+}

@@ -210,8 +210,10 @@ type Case = (&'static str, &'static [u8], usize, Vec<u8>, &'static [&'static str
 #[test]
 fn values_and_layouts_that_cannot_be_right() {
     let file = || tiny_gguf("llama", 0);
-    let cases: [Case; 7] = [
+    let cases: [Case; 8] = [
         ("layers0", b"llama.block_count", 4, 0u32.to_le_bytes().to_vec(), &["llama.block_count", "= 0"]),
+        // Three heads cannot split attn_q's rows (the hidden size) into heads of an even size.
+        ("heads", b"llama.attention.head_count", 4, 3u32.to_le_bytes().to_vec(), &["head_count = 3", "does not split"]),
         ("eps-nan", b"layer_norm_rms_epsilon", 4, f32::NAN.to_le_bytes().to_vec(), &["layer_norm_rms_epsilon", "NaN"]),
         ("eps0", b"layer_norm_rms_epsilon", 4, 0f32.to_le_bytes().to_vec(), &["layer_norm_rms_epsilon", "positive"]),
         ("eos", b"tokenizer.ggml.eos_token_id", 4, 99u32.to_le_bytes().to_vec(), &["eos_token_id = 99", "outside"]),
