@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 
 use nuvec::Array;
 
-use super::pool::LayerPool;
+use super::pool::{lock, LayerPool};
 use crate::cache::ops::{sdpa, Sinks};
 use crate::cache::Positions;
 use crate::{Error, Result};
@@ -32,8 +32,7 @@ impl PagedKv {
     }
 
     fn pool(&self) -> std::sync::MutexGuard<'_, LayerPool> {
-        // A panic while the lock was held cannot leave a block half-handed: recover the pool.
-        self.pool.lock().unwrap_or_else(|p| p.into_inner())
+        lock(&self.pool)
     }
 
     /// Appends `keys, values [L, kv_heads, head_dim]`, taking blocks as needed; on error (the
@@ -41,7 +40,7 @@ impl PagedKv {
     pub(crate) fn write(&mut self, keys: &Array, values: &Array) -> Result<()> {
         let (l, heads, dim) = (keys.dim(0), keys.dim(1), keys.dim(2));
         let pool = self.pool.clone();
-        let mut pool = pool.lock().unwrap_or_else(|p| p.into_inner());
+        let mut pool = lock(&pool);
         let bs = pool.block_size();
         let needed = (self.len + l).div_ceil(bs);
         let had = self.table.len();

@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex};
 use nuvec::Array;
 
 pub use kv::PagedKv;
-use pool::LayerPool;
+use pool::{lock, LayerPool};
 
 use super::LayerCache;
 use crate::models::Model;
@@ -212,29 +212,20 @@ impl PagedCache {
                 model.num_layers()
             )));
         }
-        let mut order: Vec<usize> = (0..work.len()).collect();
-        order.sort_by_key(|&i| work[i].0);
-        if let Some(w) = order.windows(2).find(|w| work[w[0]].0 == work[w[1]].0) {
-            return Err(Error::Invalid(format!("sequence {} appears twice in one step", work[w[0]].0 .0)));
-        }
-        for (id, _) in work {
-            self.caches(*id)?;
-        }
-        // Disjoint borrows of the slots, then put back in the order given.
-        let mut lent: Vec<Option<&mut Vec<LayerCache>>> = (0..work.len()).map(|_| None).collect();
-        let mut wanted = order.iter().peekable();
-        for (slot, caches) in self.slots.iter_mut().enumerate() {
-            // Ids are distinct (checked above): each slot is lent at most once.
-            if let Some(&&i) = wanted.peek() {
-                if work[i].0 .0 as usize == slot {
-                    lent[i] = caches.as_mut();
-                    wanted.next();
-                }
-            }
-        }
+        // Each slot can be lent once: a second mention of an id finds it taken.
+        let mut slots: Vec<Option<&mut Vec<LayerCache>>> = self.slots.iter_mut().map(Option::as_mut).collect();
+        let mut lent = vec![false; slots.len()];
         let mut batch = StepBatch::new();
-        for ((_, tokens), caches) in work.iter().zip(lent) {
-            batch.push(tokens, caches.expect("checked above"))?;
+        for &(id, tokens) in work {
+            let slot = id.0 as usize;
+            match slots.get_mut(slot).and_then(Option::take) {
+                Some(caches) => batch.push(tokens, caches)?,
+                None if lent.get(slot) == Some(&true) => {
+                    return Err(Error::Invalid(format!("sequence {} appears twice in one step", id.0)))
+                }
+                None => return Err(missing(id)),
+            }
+            lent[slot] = true;
         }
         model.step(&mut batch)
     }
@@ -248,10 +239,6 @@ pub fn decode_batch(model: &Model, tokens: &[u32], ids: &[SeqId], paged: &mut Pa
     }
     let work: Vec<(SeqId, &[u32])> = ids.iter().zip(tokens).map(|(&id, t)| (id, std::slice::from_ref(t))).collect();
     paged.step(model, &work)
-}
-
-fn lock(pool: &Mutex<LayerPool>) -> std::sync::MutexGuard<'_, LayerPool> {
-    pool.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 fn missing(id: SeqId) -> Error {

@@ -2,6 +2,8 @@
 //! one array each, `[1, blocks * block_size, kv_heads * head_dim]` (positions first, as the
 //! projections produce them; made on first use), and a free list of block ids.
 
+use std::sync::{Mutex, MutexGuard};
+
 use nuvec::{Array, DType, Device, Matrix};
 
 use crate::{Error, Result};
@@ -88,4 +90,10 @@ impl LayerPool {
         };
         Ok((one(k)?, one(v)?))
     }
+}
+
+/// The pool behind `pool`: a panic while it was held cannot leave a block half handed out (the
+/// free list changes in single pushes and pops), so a poisoned lock is taken as it is.
+pub(crate) fn lock(pool: &Mutex<LayerPool>) -> MutexGuard<'_, LayerPool> {
+    pool.lock().unwrap_or_else(|p| p.into_inner())
 }
