@@ -61,6 +61,17 @@ pub enum Error {
 pub type Result<T> = std::result::Result<T, Error>;
 
 impl Error {
+    /// Whether this is a device running out of memory (a step that may succeed with fewer
+    /// sequences or shorter chunks), as opposed to bad input or a broken model.
+    pub fn is_oom(&self) -> bool {
+        match self {
+            Error::Array(nuvec::Error::Device(message)) => {
+                message.contains("OUT_OF_MEMORY") || message.to_lowercase().contains("out of memory")
+            }
+            _ => false,
+        }
+    }
+
     pub(crate) fn config(file: impl Into<String>, message: impl Into<String>) -> Self {
         Error::Config { file: file.into(), message: message.into() }
     }

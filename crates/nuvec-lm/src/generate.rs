@@ -9,16 +9,14 @@ use std::time::{Duration, Instant};
 
 use nuvec::{Array, Device};
 
-use rand::SeedableRng;
-use rand_chacha::ChaCha8Rng;
-
 use crate::cache::{CacheOptions, LayerCache};
 use crate::decode_graph::DecodeGraph;
+use crate::engine::request::Request;
 use crate::models::Model;
 use crate::processors::LogitsProcessors;
-use crate::sample::{log_softmax, Sampler};
+use crate::sample::Sampler;
 use crate::session::Session;
-use crate::stop::{Stop, StopMatcher, Stopped};
+use crate::stop::{Stop, Stopped};
 use crate::{Error, Result};
 
 /// Most alternatives [`GenerateOptions::logprobs`] may ask for.
@@ -220,18 +218,10 @@ impl Stats {
 /// A running generation: an iterator of token ids.
 pub struct Generation<'a> {
     model: &'a Model,
-    options: GenerateOptions,
-    eos: Vec<u32>,
-    xtc_exempt: Vec<u32>,
-    history: Vec<u32>,
-    prompt_len: usize,
+    /// Sampling, stops and finish reason: the part shared with the [`crate::Batcher`].
+    request: Request,
     session: Held<'a>,
     reused: usize,
-    rng: ChaCha8Rng,
-    matcher: StopMatcher,
-    yielded: usize,
-    finish: Option<FinishReason>,
-    logprobs: Vec<TokenLogprobs>,
     /// The last step's raw logits `[1, vocab]`, where the model computed them.
     last_logits: Option<Array>,
     /// Their host copy, made when a step needed it or `last_logits()` asks.
@@ -240,8 +230,6 @@ pub struct Generation<'a> {
     clock: Option<Instant>,
     /// CUDA graphs: runs the one-token steps.
     decode_graph: DecodeGraph,
-    /// Most tokens (prompt and generated) the sequence may hold.
-    context_limit: Option<usize>,
 }
 
 /// The session a generation fills: its own, or one lent by the caller.
@@ -295,69 +283,32 @@ fn start<'a>(
     prompt: &[u32],
     options: GenerateOptions,
 ) -> Result<Generation<'a>> {
-    options.validate_for(model)?;
-    if prompt.is_empty() {
-        return Err(Error::Invalid("the prompt is empty: give at least one token".into()));
-    }
-    let context_limit = options.context_limit(model)?;
-    if let Some(limit) = context_limit.filter(|&l| prompt.len() >= l) {
-        let (whose, fix) = match options.context_length {
-            Some(_) => ("the context limit set by context_length (--ctx-size)", "or raise context_length (--ctx-size)"),
-            None => (
-                "the model's context (max_position_embeddings)",
-                "bound the cache with max_kv_size (--max-kv-size), or pass allow_past_context \
-                 (--allow-past-context) to run past it",
-            ),
-        };
-        return Err(Error::Invalid(format!(
-            "the prompt is {} tokens, and {whose} is {limit} positions, which leaves no room to generate; \
-             shorten the prompt, {fix}",
-            prompt.len()
-        )));
-    }
-    let rng = match options.seed {
-        Some(seed) => ChaCha8Rng::seed_from_u64(seed),
-        None => ChaCha8Rng::from_entropy(),
-    };
-    let mut eos = model.eos_token_ids().to_vec();
-    eos.extend(&options.extra_eos_token_ids);
-    let mut xtc_exempt = model.newline_token_ids().to_vec();
-    xtc_exempt.extend(&eos);
+    let request = Request::new(model, prompt, options)?;
     let mut reused = session.reusable(prompt);
     let stale = session.tokens().len() - reused;
     if session.trim(stale).is_err() {
         // The cache kind the options ask for (a recurrent layer's state is never trimmed, so a
         // changed prompt on a hybrid model always lands here).
-        *session = Session::with_cache(model, &options.cache)?;
+        *session = Session::with_cache(model, &request.options.cache)?;
         reused = 0;
     }
     Ok(Generation {
         model,
-        eos,
-        xtc_exempt,
-        history: prompt.to_vec(),
-        prompt_len: prompt.len(),
+        request,
         session,
         reused,
-        rng,
-        matcher: StopMatcher::default(),
-        yielded: 0,
-        finish: None,
-        logprobs: vec![],
         last_logits: None,
         last_logits_host: OnceLock::new(),
         stats: Stats { prompt_tokens: prompt.len(), ..Stats::default() },
         clock: None,
         decode_graph: DecodeGraph::from_env()?,
-        context_limit,
-        options,
     })
 }
 
 impl Generation<'_> {
     /// Why generation ended, once it has.
     pub fn finish_reason(&self) -> Option<&FinishReason> {
-        self.finish.as_ref()
+        self.request.finish_reason()
     }
 
     /// Timing so far.
@@ -394,186 +345,100 @@ impl Generation<'_> {
 
     /// Log-probabilities of the yielded tokens, when [`GenerateOptions::logprobs`] asked for them.
     pub fn logprobs(&self) -> &[TokenLogprobs] {
-        &self.logprobs
+        self.request.logprobs()
     }
 
     /// The logits for the next token, `[1, vocab]` on the model's device.
     fn forward(&mut self) -> Result<Array> {
         let session = &mut *self.session;
-        let logits = if self.history.len() == self.prompt_len {
+        let (history, prompt_len) = (&self.request.history, self.request.prompt_len);
+        let cache_options = &self.request.options.cache;
+        let logits = if history.len() == prompt_len {
             self.clock = Some(Instant::now());
-            let (head, last) = self.history[self.reused..].split_at(self.prompt_len - self.reused - 1);
-            for chunk in head.chunks(self.options.prefill_step_size) {
+            let (head, last) = history[self.reused..].split_at(prompt_len - self.reused - 1);
+            for chunk in head.chunks(self.request.options.prefill_step_size) {
                 self.model.prefill(chunk, &mut session.cache)?;
                 session.tokens.extend_from_slice(chunk);
-                session.maybe_quantize(&self.options.cache)?;
+                session.maybe_quantize(cache_options)?;
             }
             let logits = self.model.forward_last(last, &mut session.cache)?;
             session.tokens.extend_from_slice(last);
-            session.maybe_quantize(&self.options.cache)?;
+            session.maybe_quantize(cache_options)?;
             logits
         } else {
-            let last = *self.history.last().expect("history holds the prompt");
+            let last = *history.last().expect("history holds the prompt");
             let logits = self.decode_graph.step(self.model, &mut session.cache, last)?;
             session.tokens.push(last);
-            session.maybe_quantize(&self.options.cache)?;
+            session.maybe_quantize(cache_options)?;
             logits
         };
         Ok(logits)
     }
 
-    /// The greedy token taken where the logits are, when nothing else needs the whole row (no
-    /// processors, log-probabilities or banned tokens): only the index, the maximum and its gap
-    /// cross to the host, not the row. `None` when the full host path must decide.
-    ///
-    /// The host path takes the first maximum of `logits - c` (log-softmax, `c` its log-sum-exp,
-    /// between the maximum and the maximum + ln(vocab) + rounding). Subtracting `c` keeps the
-    /// order but rounding may turn an earlier logit just below the maximum into a tie, which the
-    /// host would then pick. A gap over `2^-18 (ln(vocab) + 4 + |max|)`, 16 times the widest
-    /// rounding interval of those differences, rules that out; a smaller gap, or a NaN or
-    /// infinity in the row, goes the host path, so the token is always the host path's.
-    fn greedy_on_device(&self, logits: &Array) -> Result<Option<u32>> {
-        let o = &self.options;
-        let plain = o.sampler.temperature == 0.0
-            && o.processors.is_empty()
-            && o.logprobs.is_none()
-            && self.yielded >= o.min_tokens;
-        if !plain || logits.shape().len() != 2 || logits.dim(0) != 1 {
-            return Ok(None);
-        }
-        let pick = logits.argmax_gap()?.to_vec::<u32>()?;
-        let [index, max, gap] = pick[..] else {
-            return Err(Error::Invalid(format!("argmax_gap gave {} values for one row", pick.len())));
-        };
-        let (max, gap) = (f32::from_bits(max), f32::from_bits(gap));
-        Ok(survives_log_softmax(max, gap, logits.dim(1)).then_some(index))
-    }
-
     fn step(&mut self) -> Result<u32> {
         let raw = self.forward()?;
         self.last_logits_host = OnceLock::new();
-        let token = match self.greedy_on_device(&raw)? {
+        let token = match self.request.greedy_on_device(&raw)? {
             Some(token) => token,
-            None => self.sample_on_host(&raw)?,
+            None => {
+                let host = raw.to_vec::<f32>()?;
+                // Already read: keep it for last_logits().
+                let _ = self.last_logits_host.set(host.clone());
+                self.request.sample_on_host(host)
+            }
         };
         self.last_logits = Some(raw);
         let now = Instant::now();
-        if self.history.len() == self.prompt_len {
+        if self.request.history.len() == self.request.prompt_len {
             self.stats.prompt_time = now - self.clock.unwrap_or(now);
             self.clock = Some(now);
         } else {
             self.stats.generation_time = now - self.clock.unwrap_or(now);
         }
         self.stats.generation_tokens += 1;
-        self.history.push(token);
         Ok(token)
     }
 
-    /// The token from the whole row on the host: the logits processors, the bans of
-    /// `min_tokens`, log-softmax, the log-probabilities asked for, then the sampler.
-    fn sample_on_host(&mut self, raw: &Array) -> Result<u32> {
-        let mut logits = raw.to_vec::<f32>()?;
-        // Already read: keep it for last_logits().
-        let _ = self.last_logits_host.set(logits.clone());
-        self.options.processors.apply(&self.history, &mut logits);
-        if self.yielded < self.options.min_tokens {
-            let banned =
-                self.options.stop.tokens.iter().chain(if self.options.ignore_eos { &[][..] } else { &self.eos[..] });
-            for &t in banned {
-                if let Some(x) = logits.get_mut(t as usize) {
-                    *x = f32::NEG_INFINITY;
-                }
-            }
-        }
-        let mut logprobs = log_softmax(&logits);
-        if let Some(n) = self.options.logprobs {
-            let mut order: Vec<u32> = (0..logprobs.len() as u32).collect();
-            let n = n.min(order.len());
-            if n > 0 {
-                order.select_nth_unstable_by(n - 1, |&a, &b| logprobs[b as usize].total_cmp(&logprobs[a as usize]));
-                order.truncate(n);
-                order.sort_by(|&a, &b| logprobs[b as usize].total_cmp(&logprobs[a as usize]));
-            }
-            let top = order.iter().take(n).map(|&t| (t, logprobs[t as usize])).collect();
-            self.logprobs.push(TokenLogprobs { token: 0, logprob: 0.0, top });
-        }
-        let snapshot = self.options.logprobs.map(|_| logprobs.clone());
-        let token = self.options.sampler.sample(&mut logprobs, &self.xtc_exempt, &mut self.rng);
-        if let (Some(all), Some(last)) = (snapshot, self.logprobs.last_mut()) {
-            last.token = token;
-            last.logprob = all[token as usize];
-        }
-        Ok(token)
-    }
-
-    /// Records why generation ended, and closes the generation clock there, as mlx-lm's last
-    /// rate is taken when its final token is handed out: one token still gets an interval.
-    fn set_finish(&mut self, reason: FinishReason) {
+    /// Closes the generation clock as the generation ends, as mlx-lm's last rate is taken when
+    /// its final token is handed out: one token still gets an interval.
+    fn close_clock(&mut self) {
         if let (Some(clock), true) = (self.clock, self.stats.generation_tokens > 0) {
             self.stats.generation_time = clock.elapsed();
         }
-        self.finish = Some(reason);
     }
-
-    fn end(&mut self, reason: FinishReason) -> Option<Result<u32>> {
-        self.set_finish(reason);
-        // A token that is not yielded has no log-probability entry either.
-        if self.logprobs.len() > self.yielded {
-            self.logprobs.truncate(self.yielded);
-        }
-        None
-    }
-}
-
-/// Whether the first maximum of a row of `vocab` logits, `max`, lying `gap` above every value
-/// before it, is certainly also the first maximum of the row's log-softmax (see
-/// `Generation::greedy_on_device`). NaN gaps (a row with NaN or infinities) are not.
-fn survives_log_softmax(max: f32, gap: f32, vocab: usize) -> bool {
-    let bound = ((vocab as f32).ln() + 4.0 + max.abs()) * (-18f32).exp2();
-    gap > bound
 }
 
 impl Iterator for Generation<'_> {
     type Item = Result<u32>;
 
     fn next(&mut self) -> Option<Self::Item> {
-        if self.finish.is_some() {
+        if self.request.finish_reason().is_some() {
             return None;
         }
-        if self.yielded >= self.options.max_tokens {
-            return self.end(FinishReason::Length);
-        }
-        if let Some(limit) = self.context_limit.filter(|&l| self.history.len() >= l) {
-            return self.end(FinishReason::ContextLength(limit));
+        if self.request.reached_limit() {
+            self.close_clock();
+            return None;
         }
         let token = match self.step() {
             Ok(t) => t,
             Err(e) => {
-                self.finish = Some(FinishReason::Error);
+                self.request.fail();
                 return Some(Err(e));
             }
         };
-        if !self.options.ignore_eos && self.eos.contains(&token) {
-            return self.end(FinishReason::EndOfSequence);
+        let handed_out = self.request.accept(token);
+        if self.request.finish_reason().is_some() {
+            self.close_clock();
         }
-        if self.options.stop.tokens.contains(&token) {
-            return self.end(FinishReason::Stop(Stopped::Token(token)));
-        }
-        self.yielded += 1;
-        let armed = self.yielded >= self.options.min_tokens;
-        if let Some((index, cut)) = self.matcher.push(&self.options.stop, token, armed) {
-            self.set_finish(FinishReason::Stop(Stopped::String { index, cut }));
-        } else if self.yielded == self.options.max_tokens {
-            self.set_finish(FinishReason::Length);
-        }
-        Some(Ok(token))
+        handed_out.map(Ok)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sample::argmax;
+    use crate::engine::request::survives_log_softmax;
+    use crate::sample::{argmax, log_softmax};
 
     /// The prefill pass size by device: mlx-lm's 2048 on the CPU (also the device-free default),
     /// 4096 on CUDA; `for_device` changes nothing else.

@@ -22,6 +22,7 @@ pub mod config;
 pub mod convert;
 // CUDA graphs: one-token decode steps replayed.
 pub mod decode_graph;
+pub mod engine;
 mod error;
 pub mod generate;
 pub mod gguf;
@@ -47,6 +48,7 @@ pub mod weights;
 
 pub use cache::paged::{decode_batch, PagedCache, SeqId};
 pub use chat::{ChatTemplate, Message};
+pub use engine::{Batcher, BatcherOptions, BatcherStats, Event, RequestId};
 pub use error::{Error, Result};
 pub use generate::{
     default_prefill_step, generate, generate_in, FinishReason, GenerateOptions, Generation, Stats, TokenLogprobs,

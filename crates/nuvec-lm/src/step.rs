@@ -5,7 +5,7 @@
 
 use nuvec::Array;
 
-use crate::cache::LayerCache;
+use crate::cache::{LayerCache, RecurrentCache};
 use crate::{Error, Result};
 
 /// One sequence of a step: how many rows (new tokens) it has and its caches, one per layer.
@@ -106,22 +106,44 @@ impl<'a> StepBatch<'a> {
         }
     }
 
-    /// Each layer's position count in each sequence, to restore after a failed step.
-    pub(crate) fn offsets(&self) -> Vec<Vec<usize>> {
-        self.seqs.iter().map(|s| s.cache.iter().map(LayerCache::offset).collect()).collect()
+    /// What a failed step must put back: each layer's position count in each sequence, and a
+    /// copy of each recurrent state (which cannot be trimmed; a copy shares the arrays, which
+    /// the step replaces rather than writes).
+    pub(crate) fn checkpoint(&self) -> Checkpoint {
+        let seqs = self
+            .seqs
+            .iter()
+            .map(|s| {
+                s.cache
+                    .iter()
+                    .map(|c| match c {
+                        LayerCache::Recurrent(r) => Saved::State(r.clone()),
+                        other => Saved::Offset(other.offset()),
+                    })
+                    .collect()
+            })
+            .collect();
+        Checkpoint(seqs)
     }
 
-    /// Trims every cache back to `offsets` (what [`StepBatch::offsets`] recorded), so a step
-    /// that failed half-way leaves each sequence as it was. A cache that cannot be trimmed (a
-    /// recurrent state, a rotating cache that wrapped) is named in the error.
-    pub(crate) fn restore(&mut self, offsets: &[Vec<usize>]) -> Result<()> {
-        for (s, (seq, before)) in self.seqs.iter_mut().zip(offsets).enumerate() {
-            for (layer, (cache, &n)) in seq.cache.iter_mut().zip(before).enumerate() {
-                let grown = cache.offset().saturating_sub(n);
-                if grown > 0 {
-                    cache.trim(grown).map_err(|e| {
-                        Error::Invalid(format!("sequence {s}, layer {layer}: cannot undo the failed step ({e})"))
-                    })?;
+    /// Puts every cache back as `saved` ([`StepBatch::checkpoint`]) holds it, so a step that
+    /// failed half-way leaves each sequence as it was. A cache that cannot be trimmed back (a
+    /// rotating cache that wrapped) is named in the error.
+    pub(crate) fn restore(&mut self, saved: &Checkpoint) -> Result<()> {
+        for (s, (seq, before)) in self.seqs.iter_mut().zip(&saved.0).enumerate() {
+            for (layer, (cache, was)) in seq.cache.iter_mut().zip(before).enumerate() {
+                match was {
+                    Saved::State(r) => *cache = LayerCache::Recurrent(r.clone()),
+                    Saved::Offset(n) => {
+                        let grown = cache.offset().saturating_sub(*n);
+                        if grown > 0 {
+                            cache.trim(grown).map_err(|e| {
+                                Error::Invalid(format!(
+                                    "sequence {s}, layer {layer}: cannot undo the failed step ({e})"
+                                ))
+                            })?;
+                        }
+                    }
                 }
             }
         }
@@ -149,6 +171,14 @@ impl<'a> StepBatch<'a> {
         }
         concat_rows(&parts)
     }
+}
+
+/// The caches of a step's sequences as they were before it ([`StepBatch::checkpoint`]).
+pub(crate) struct Checkpoint(Vec<Vec<Saved>>);
+
+enum Saved {
+    Offset(usize),
+    State(RecurrentCache),
 }
 
 impl Default for StepBatch<'_> {

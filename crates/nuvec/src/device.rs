@@ -23,3 +23,25 @@ impl fmt::Display for Device {
         }
     }
 }
+
+impl Device {
+    /// Bytes this device can still hand out for new arrays: on the CPU the kernel's
+    /// `MemAvailable` (Linux; an error elsewhere, where the caller should size memory itself),
+    /// on a GPU the driver's free memory plus the freed buffers kept for reuse.
+    pub fn available_memory(self) -> crate::Result<usize> {
+        match self {
+            Device::Cpu => {
+                let text = std::fs::read_to_string("/proc/meminfo")
+                    .map_err(|e| crate::Error::Io { path: "/proc/meminfo".into(), source: e })?;
+                text.lines()
+                    .find_map(|l| l.strip_prefix("MemAvailable:"))
+                    .and_then(|v| v.trim().strip_suffix("kB"))
+                    .and_then(|v| v.trim().parse::<usize>().ok())
+                    .map(|kb| kb * 1024)
+                    .ok_or_else(|| crate::Error::Unsupported("/proc/meminfo has no MemAvailable line".into()))
+            }
+            #[cfg(feature = "cuda")]
+            Device::Cuda(i) => crate::backends::cuda::available_bytes(i),
+        }
+    }
+}

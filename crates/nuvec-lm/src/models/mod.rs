@@ -322,7 +322,7 @@ impl Model {
         if let Some(&t) = step.tokens().iter().find(|&&t| t as usize >= self.vocab_size) {
             return Err(Error::Invalid(format!("token {t} is outside the vocabulary of {}", self.vocab_size)));
         }
-        let before = step.offsets();
+        let before = step.checkpoint();
         let run = |step: &mut StepBatch| -> Result<Array> {
             if step.batch_invariant() {
                 let rows = step
@@ -348,6 +348,33 @@ impl Model {
                 Err(e)
             }
         })
+    }
+
+    /// Bytes one position of one sequence takes in a plain (or paged) KV cache: the keys and
+    /// values of every attention layer in [`Model::kv_dtype`]. Measured, not derived from the
+    /// config: one token runs through a fresh cache and the stored bytes are counted (a
+    /// recurrent layer's state does not grow with positions and counts 0).
+    pub fn kv_bytes_per_position(&self) -> Result<usize> {
+        let mut cache = self.new_cache();
+        self.prefill(&[0], &mut cache)?;
+        let mut bytes = 0;
+        for (i, c) in cache.iter().enumerate() {
+            match c {
+                LayerCache::Plain(kv) => {
+                    if let Some((k, v)) = kv.state()? {
+                        bytes += (k.len() + v.len()) * self.kv_dtype().dtype().size();
+                    }
+                }
+                LayerCache::Recurrent(_) => {}
+                _ => {
+                    return Err(Error::Unsupported(format!(
+                        "kv_bytes_per_position: layer {i} of {} does not use a plain cache",
+                        self.model_type
+                    )))
+                }
+            }
+        }
+        Ok(bytes)
     }
 
     /// The float type mlx-lm computes this checkpoint in (f32, f16 or bf16; f32 for a model

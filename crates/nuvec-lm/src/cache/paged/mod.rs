@@ -37,6 +37,8 @@ pub struct PagedCache {
     slots: Vec<Option<Vec<LayerCache>>>,
     /// The model the cache was made for (its fingerprint and layer count).
     model: (String, usize),
+    /// Steps run each sequence as a pass of its own ([`StepBatch::set_batch_invariant`]).
+    invariant: bool,
 }
 
 impl PagedCache {
@@ -69,7 +71,19 @@ impl PagedCache {
             block_size,
             slots: (0..max_seqs).map(|_| None).collect(),
             model: (model.fingerprint().to_string(), model.num_layers()),
+            invariant: false,
         })
+    }
+
+    /// Batch invariance for every later [`PagedCache::step`]: each sequence gets exactly the
+    /// logits it gets alone (see [`StepBatch::set_batch_invariant`]).
+    pub fn set_batch_invariant(&mut self, invariant: bool) {
+        self.invariant = invariant;
+    }
+
+    /// Sequences the cache can hold at once.
+    pub fn max_seqs(&self) -> usize {
+        self.slots.len()
     }
 
     /// Positions per block.
@@ -216,6 +230,7 @@ impl PagedCache {
         let mut slots: Vec<Option<&mut Vec<LayerCache>>> = self.slots.iter_mut().map(Option::as_mut).collect();
         let mut lent = vec![false; slots.len()];
         let mut batch = StepBatch::new();
+        batch.set_batch_invariant(self.invariant);
         for &(id, tokens) in work {
             let slot = id.0 as usize;
             match slots.get_mut(slot).and_then(Option::take) {

@@ -139,6 +139,15 @@ pub fn cached_bytes(ordinal: usize) -> Result<usize> {
     Ok(state(ordinal)?.cache().kept)
 }
 
+/// Bytes device `ordinal` can still hand out: what the driver reports free plus the freed
+/// buffers this process keeps for reuse.
+pub fn available_bytes(ordinal: usize) -> Result<usize> {
+    let st = state(ordinal)?;
+    let (free, _total) =
+        st.stream.context().mem_get_info().map_err(|e| Error::Device(format!("cuda:{ordinal}: memory info: {e:?}")))?;
+    Ok(free + st.cache().kept)
+}
+
 /// Sets the most bytes of freed buffers device `ordinal` keeps for reuse (default 1 GiB, or
 /// `NUVEC_CUDA_ALLOC_CACHE_MB` MiB; 0 turns the cache off). Buffers kept beyond the new limit
 /// are freed now.

@@ -29,7 +29,7 @@ use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions};
 
 use crate::{Error, Result};
 
-pub use alloc::{cached_bytes, set_cache_limit};
+pub use alloc::{available_bytes, cached_bytes, set_cache_limit};
 // Prefill weights decoded on a second stream.
 pub use decode_lane::set_decode_stream;
 pub use ops::CudaBackend;

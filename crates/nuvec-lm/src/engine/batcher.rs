@@ -1,0 +1,462 @@
+//! The public [`Batcher`]: many requests decoded together over one [`PagedCache`].
+
+use std::collections::{BTreeMap, HashSet};
+
+use nuvec::{Array, Device};
+
+use super::executor::{self, Outcome};
+use super::request::Request;
+use super::scheduler::{Key, Scheduler, Work};
+use crate::cache::paged::{PagedCache, SeqId, DEFAULT_BLOCK_SIZE};
+use crate::cache::CacheOptions;
+use crate::generate::{FinishReason, GenerateOptions, TokenLogprobs};
+use crate::models::Model;
+use crate::{Error, Result};
+
+/// Most positions per sequence the default cache size allows for (with [`BatcherOptions::max_batch`]).
+pub const DEFAULT_MAX_POSITIONS: usize = 131_072;
+
+/// Bytes of KV cache a CPU Batcher takes by default at most (vLLM's `VLLM_CPU_KVCACHE_SPACE`
+/// default): host memory is shared with everything else, so it is not sized to what is free.
+pub const DEFAULT_CPU_KV_BYTES: usize = 4 << 30;
+
+/// A request of a [`Batcher`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct RequestId(pub u64);
+
+/// What a [`Batcher::step`] reports.
+#[derive(Debug)]
+pub enum Event {
+    /// Request `id` produced `token`.
+    Token {
+        /// The request.
+        id: RequestId,
+        /// The token.
+        token: u32,
+    },
+    /// The log-probabilities of the token reported next for `id`, when its options asked for them.
+    Logprobs {
+        /// The request.
+        id: RequestId,
+        /// The token's log-probability and the most likely alternatives.
+        logprobs: TokenLogprobs,
+    },
+    /// Request `id`'s step failed with `error`; a [`Event::Finished`] with
+    /// [`FinishReason::Error`] follows. Other requests go on.
+    Failed {
+        /// The request.
+        id: RequestId,
+        /// What failed ([`Error::is_oom`] tells out-of-memory apart).
+        error: Error,
+    },
+    /// Request `id` ended; it reports nothing more.
+    Finished {
+        /// The request.
+        id: RequestId,
+        /// Why, with `generate`'s reasons.
+        reason: FinishReason,
+    },
+}
+
+/// Settings of a [`Batcher`]; each is checked by [`BatcherOptions::validate`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct BatcherOptions {
+    /// Most requests decoded together (default 32, mlx-lm's `BatchGenerator`).
+    pub max_batch: usize,
+    /// Positions per cache block (default 16).
+    pub block_size: usize,
+    /// Blocks of the cache; `None` sizes it from memory: `memory_fraction` of what the device
+    /// has free once the weights are loaded (on the CPU at most [`DEFAULT_CPU_KV_BYTES`]), and
+    /// at most room for `max_batch` sequences of `max_positions` positions.
+    pub blocks: Option<usize>,
+    /// Share of free device memory the default cache takes (default 0.9).
+    pub memory_fraction: f64,
+    /// Positions per sequence the default cache size is bounded by (default 131,072).
+    pub max_positions: usize,
+    /// Most tokens one step computes, decodes and prefill chunks together (vLLM's
+    /// `max_num_batched_tokens`); `None` takes 8192 on a GPU and 4096 on the CPU.
+    pub token_budget: Option<usize>,
+    /// Serve every request exactly the tokens (and logits) it gets alone, at a cost in speed:
+    /// each sequence's rows run as a pass of their own (default false; requests then match
+    /// their solo runs to rounding, and in greedy tokens on every model tested).
+    pub batch_invariant: bool,
+    /// Micro-batches for a pipelined model; only `None` or `Some(1)`, as no model here is
+    /// pipelined.
+    pub micro_batches: Option<usize>,
+}
+
+impl Default for BatcherOptions {
+    fn default() -> Self {
+        BatcherOptions {
+            max_batch: 32,
+            block_size: DEFAULT_BLOCK_SIZE,
+            blocks: None,
+            memory_fraction: 0.9,
+            max_positions: DEFAULT_MAX_POSITIONS,
+            token_budget: None,
+            batch_invariant: false,
+            micro_batches: None,
+        }
+    }
+}
+
+impl BatcherOptions {
+    /// Checks every setting, naming the bad one.
+    pub fn validate(&self) -> Result<()> {
+        let at_least_one =
+            [("max_batch", self.max_batch), ("block_size", self.block_size), ("max_positions", self.max_positions)];
+        for (name, v) in at_least_one {
+            if v == 0 {
+                return Err(Error::Invalid(format!("BatcherOptions::{name} = 0: give at least 1")));
+            }
+        }
+        if self.blocks == Some(0) {
+            return Err(Error::Invalid(
+                "BatcherOptions::blocks = 0: give at least 1 (or None to size from memory)".into(),
+            ));
+        }
+        if !(self.memory_fraction > 0.0 && self.memory_fraction <= 1.0) {
+            return Err(Error::Invalid(format!(
+                "BatcherOptions::memory_fraction = {}: give a share in (0, 1]",
+                self.memory_fraction
+            )));
+        }
+        if let Some(b) = self.token_budget.filter(|&b| b < self.max_batch) {
+            return Err(Error::Invalid(format!(
+                "BatcherOptions::token_budget = {b} is below max_batch = {}: a step must hold one token of each \
+                 running request",
+                self.max_batch
+            )));
+        }
+        match self.micro_batches {
+            None | Some(1) => Ok(()),
+            Some(0) => Err(Error::Invalid("BatcherOptions::micro_batches = 0: give at least 1".into())),
+            Some(n) => Err(Error::Unsupported(format!(
+                "BatcherOptions::micro_batches = {n}: micro-batches apply to pipelined models, which this build \
+                 does not run; leave it None"
+            ))),
+        }
+    }
+
+    /// The token budget on `device`.
+    pub fn token_budget_on(&self, device: Device) -> usize {
+        self.token_budget.unwrap_or(match device {
+            Device::Cpu => 4096,
+            #[cfg(feature = "cuda")]
+            Device::Cuda(_) => 8192,
+        })
+    }
+}
+
+/// Counts for monitoring a [`Batcher`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct BatcherStats {
+    /// Requests queued, not yet admitted (or preempted).
+    pub waiting: usize,
+    /// Requests admitted, holding cache.
+    pub running: usize,
+    /// Cache blocks held by requests.
+    pub blocks_used: usize,
+    /// Cache blocks in all.
+    pub blocks_total: usize,
+    /// Requests preempted so far (each re-prefilled later).
+    pub preemptions: u64,
+    /// Prompt (and re-prefilled) tokens computed so far.
+    pub prefill_tokens: u64,
+    /// Tokens sampled so far.
+    pub generated_tokens: u64,
+}
+
+/// One request in flight.
+struct Live {
+    request: Request,
+    seq: Option<SeqId>,
+    cancelled: bool,
+}
+
+/// Continuous batching: requests are queued, admitted while cache and slots allow, prefilled in
+/// chunks inside a per-step token budget alongside the others' decoding, and each ends exactly
+/// as it would alone (see `docs/batching.md`).
+pub struct Batcher<'m> {
+    model: &'m Model,
+    paged: PagedCache,
+    scheduler: Scheduler,
+    live: BTreeMap<u64, Live>,
+    next_id: u64,
+    /// Prefill rows per pass: at most the budget less one token of every other running request.
+    max_chunk: usize,
+    faults: HashSet<u64>,
+    stats: BatcherStats,
+}
+
+impl<'m> Batcher<'m> {
+    /// A batcher for `model` with `options` (checked; the cache is sized now).
+    pub fn new(model: &'m Model, options: BatcherOptions) -> Result<Self> {
+        options.validate()?;
+        let blocks = match options.blocks {
+            Some(b) => b,
+            None => default_blocks(model, &options)?,
+        };
+        let mut paged = PagedCache::new(model, blocks, options.block_size, options.max_batch)?;
+        paged.set_batch_invariant(options.batch_invariant);
+        let budget = options.token_budget_on(model.device());
+        Ok(Batcher {
+            model,
+            scheduler: Scheduler::new(options.block_size, blocks, options.max_batch, budget),
+            paged,
+            live: BTreeMap::new(),
+            next_id: 0,
+            max_chunk: budget - (options.max_batch - 1),
+            faults: HashSet::new(),
+            stats: BatcherStats { blocks_total: blocks, ..BatcherStats::default() },
+        })
+    }
+
+    /// Queues `prompt` (token ids) with `options`; it starts at a later [`Batcher::step`].
+    /// Refuses an empty prompt, one that could never fit the cache, invalid options, and cache
+    /// options the paged cache does not have (a rotating or quantized cache).
+    pub fn submit(&mut self, prompt: Vec<u32>, options: GenerateOptions) -> Result<RequestId> {
+        check_cache_options(self.model, &options.cache)?;
+        let chunk = options.prefill_step_size.min(self.max_chunk);
+        let request = Request::new(self.model, &prompt, options)?;
+        let need = self.scheduler.blocks_for(prompt.len());
+        if need > self.paged.total_blocks() {
+            return Err(Error::Invalid(format!(
+                "a prompt of {} tokens needs {need} cache blocks of {}, and the cache has {} in all; shorten it or \
+                 give the Batcher more blocks (BatcherOptions::blocks)",
+                prompt.len(),
+                self.paged.block_size(),
+                self.paged.total_blocks()
+            )));
+        }
+        let id = self.next_id;
+        self.next_id += 1;
+        self.scheduler.add(Key(id), prompt.len(), chunk);
+        self.live.insert(id, Live { request, seq: None, cancelled: false });
+        Ok(RequestId(id))
+    }
+
+    /// Whether any request is waiting or running.
+    pub fn is_busy(&self) -> bool {
+        !self.live.is_empty()
+    }
+
+    /// Ends request `id` with [`FinishReason::Cancelled`] at the next step, whether it waits or
+    /// runs. Returns false for a request that already ended (or never was).
+    pub fn cancel(&mut self, id: RequestId) -> bool {
+        match self.live.get_mut(&id.0) {
+            Some(live) => {
+                live.cancelled = true;
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Counts for monitoring.
+    pub fn stats(&self) -> BatcherStats {
+        let (waiting, running) = self.scheduler.counts();
+        let blocks_used = self.paged.total_blocks() - self.scheduler.free_blocks();
+        BatcherStats { waiting, running, blocks_used, ..self.stats.clone() }
+    }
+
+    /// Log-probabilities of the tokens request `id` has reported so far, if it is in flight.
+    pub fn logprobs(&self, id: RequestId) -> Option<&[TokenLogprobs]> {
+        self.live.get(&id.0).map(|l| l.request.logprobs())
+    }
+
+    /// Makes every step request `id` takes part in fail before the model runs, to test that a
+    /// failure stays with its request.
+    #[doc(hidden)]
+    pub fn inject_failure(&mut self, id: RequestId) {
+        self.faults.insert(id.0);
+    }
+
+    /// Runs one step: ends cancelled and finished requests, admits, preempts, then one forward
+    /// pass over every scheduled request. The events of this step, in order. An error here
+    /// means the batcher itself could not go on (a device that failed reading results); a
+    /// failed forward pass only fails its requests ([`Event::Failed`]).
+    pub fn step(&mut self) -> Result<Vec<Event>> {
+        let mut events = vec![];
+        let ended: Vec<(u64, FinishReason)> = self
+            .live
+            .iter_mut()
+            .filter_map(|(&k, l)| {
+                if l.cancelled {
+                    Some((k, FinishReason::Cancelled))
+                } else if l.request.reached_limit() {
+                    l.request.finish_reason().map(|r| (k, r.clone()))
+                } else {
+                    None
+                }
+            })
+            .collect();
+        for (k, reason) in ended {
+            self.finish(k, reason, &mut events);
+        }
+        let plan = self.scheduler.plan();
+        for k in &plan.preempted {
+            self.stats.preemptions += 1;
+            self.release(*k);
+        }
+        for k in plan.cache_full {
+            self.finish(k.0, FinishReason::CacheFull, &mut events);
+        }
+        let mut work: Vec<Work> = Vec::with_capacity(plan.work.len());
+        for w in plan.work {
+            let live = self.live.get_mut(&w.key.0).expect("scheduled requests are live");
+            if live.seq.is_none() {
+                match self.paged.add() {
+                    Ok(seq) => live.seq = Some(seq),
+                    Err(error) => {
+                        self.fail(w.key.0, error, &mut events);
+                        continue;
+                    }
+                }
+            }
+            work.push(w);
+        }
+        if work.is_empty() {
+            return Ok(events);
+        }
+        let faults: HashSet<SeqId> = self.faults.iter().filter_map(|k| self.live.get(k).and_then(|l| l.seq)).collect();
+        let items: Vec<(SeqId, &[u32], usize)> = work
+            .iter()
+            .map(|w| {
+                let live = &self.live[&w.key.0];
+                (live.seq.expect("given a sequence above"), &live.request.history[w.start..w.end], w.start)
+            })
+            .collect();
+        let outcome = executor::run(self.model, &mut self.paged, &items, &faults);
+        drop(items);
+        match outcome {
+            Outcome::Together(logits) => self.take_rows(&work, &logits, &mut events)?,
+            Outcome::Apart(results) => {
+                for (w, result) in work.iter().zip(results) {
+                    match result {
+                        Ok(logits) => self.take_rows(std::slice::from_ref(w), &logits, &mut events)?,
+                        Err(error) => self.fail(w.key.0, error, &mut events),
+                    }
+                }
+            }
+        }
+        Ok(events)
+    }
+
+    /// Commits `work`'s rows and samples the next token of each request whose logits row (in
+    /// `logits [work, vocab]`, in order) ends its known tokens.
+    fn take_rows(&mut self, work: &[Work], logits: &Array, events: &mut Vec<Event>) -> Result<()> {
+        let vocab = logits.dim(1);
+        let sampling = |w: &Work| w.samples;
+        let any_greedy = work.iter().any(|w| sampling(w) && self.live[&w.key.0].request.plain_greedy());
+        let gaps = match any_greedy {
+            true => Some(logits.argmax_gap()?.to_vec::<u32>()?),
+            false => None,
+        };
+        let mut host: Option<Vec<f32>> = None;
+        for (row, w) in work.iter().enumerate() {
+            self.stats.prefill_tokens += (w.end - w.start - usize::from(w.samples)) as u64;
+            if !w.samples {
+                self.scheduler.ran(w, false);
+                continue;
+            }
+            let live = self.live.get_mut(&w.key.0).expect("scheduled requests are live");
+            let greedy = match (&gaps, live.request.plain_greedy()) {
+                (Some(g), true) => live.request.greedy_from_gap(&g[3 * row..3 * row + 3], vocab)?,
+                _ => None,
+            };
+            let token = match greedy {
+                Some(t) => t,
+                None => {
+                    if host.is_none() {
+                        host = Some(logits.to_vec::<f32>()?);
+                    }
+                    let all = host.as_ref().expect("read above");
+                    live.request.sample_on_host(all[row * vocab..(row + 1) * vocab].to_vec())
+                }
+            };
+            self.stats.generated_tokens += 1;
+            self.scheduler.ran(w, true);
+            let id = RequestId(w.key.0);
+            let handed_out = live.request.accept(token);
+            if let Some(token) = handed_out {
+                if live.request.options.logprobs.is_some() {
+                    if let Some(lp) = live.request.logprobs().last() {
+                        events.push(Event::Logprobs { id, logprobs: lp.clone() });
+                    }
+                }
+                events.push(Event::Token { id, token });
+            }
+            if let Some(reason) = live.request.finish_reason().cloned() {
+                self.finish(w.key.0, reason, events);
+            }
+        }
+        Ok(())
+    }
+
+    /// Frees request `k`'s cache (it stays queued: preempted).
+    fn release(&mut self, k: Key) {
+        if let Some(seq) = self.live.get_mut(&k.0).and_then(|l| l.seq.take()) {
+            // The id came from this cache and was not removed since.
+            let _ = self.paged.remove(seq);
+        }
+    }
+
+    fn fail(&mut self, k: u64, error: Error, events: &mut Vec<Event>) {
+        if let Some(live) = self.live.get_mut(&k) {
+            live.request.fail();
+        }
+        events.push(Event::Failed { id: RequestId(k), error });
+        self.finish(k, FinishReason::Error, events);
+    }
+
+    /// Ends request `k`: reported, forgotten, its blocks free.
+    fn finish(&mut self, k: u64, reason: FinishReason, events: &mut Vec<Event>) {
+        self.release(Key(k));
+        self.scheduler.remove(Key(k));
+        if self.live.remove(&k).is_some() {
+            events.push(Event::Finished { id: RequestId(k), reason });
+        }
+    }
+}
+
+/// Refuses cache options the paged cache does not have yet, naming them.
+fn check_cache_options(model: &Model, cache: &CacheOptions) -> Result<()> {
+    let asked = model.cache_options(cache).kv_dtype;
+    let unsupported = if cache.max_kv_size.is_some() {
+        Some("max_kv_size (a rotating cache)")
+    } else if cache.kv_bits.is_some() {
+        Some("kv_bits (a quantized cache)")
+    } else if asked != Some(model.kv_dtype()) {
+        Some("kv_dtype other than the model's")
+    } else {
+        None
+    };
+    match unsupported {
+        Some(what) => Err(Error::Unsupported(format!(
+            "the Batcher's paged cache has no {what} yet; submit the request with the default cache options"
+        ))),
+        None => Ok(()),
+    }
+}
+
+/// Blocks for `options` on `model`'s device (see [`BatcherOptions::blocks`]).
+fn default_blocks(model: &Model, options: &BatcherOptions) -> Result<usize> {
+    let per_block = model.kv_bytes_per_position()? * options.block_size;
+    let cap = (options.max_batch * options.max_positions).div_ceil(options.block_size);
+    if per_block == 0 {
+        return Ok(cap);
+    }
+    let mut bytes = model.device().available_memory()? as f64 * options.memory_fraction;
+    if model.device() == Device::Cpu {
+        bytes = bytes.min(DEFAULT_CPU_KV_BYTES as f64);
+    }
+    let blocks = ((bytes / per_block as f64) as usize).min(cap);
+    if blocks == 0 {
+        return Err(Error::Invalid(format!(
+            "no memory left for one cache block ({per_block} bytes) on {}; set BatcherOptions::blocks",
+            model.device()
+        )));
+    }
+    Ok(blocks)
+}

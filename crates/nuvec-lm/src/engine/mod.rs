@@ -1,0 +1,12 @@
+//! Serving many requests: one request's state machine (`request`), what each step computes
+//! (`scheduler`, bookkeeping only), running a step on the paged cache (`executor`), and the
+//! public [`Batcher`] over them (`batcher`).
+
+mod batcher;
+mod executor;
+pub(crate) mod request;
+mod scheduler;
+
+pub use batcher::{
+    Batcher, BatcherOptions, BatcherStats, Event, RequestId, DEFAULT_CPU_KV_BYTES, DEFAULT_MAX_POSITIONS,
+};

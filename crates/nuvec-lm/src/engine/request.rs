@@ -1,0 +1,220 @@
+//! One request's state machine, the same for [`crate::generate`] and the [`super::Batcher`]: its
+//! tokens so far, its random stream, logits processors, sampler, stops, log-probabilities and
+//! why it ended. It never runs the model: it is handed each step's logits row and decides the
+//! next token and whether the request goes on.
+
+use nuvec::Array;
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+
+use crate::generate::{FinishReason, GenerateOptions, TokenLogprobs};
+use crate::models::Model;
+use crate::sample::log_softmax;
+use crate::stop::{StopMatcher, Stopped};
+use crate::{Error, Result};
+
+/// A request from its prompt to its finish reason.
+pub(crate) struct Request {
+    pub(crate) options: GenerateOptions,
+    eos: Vec<u32>,
+    xtc_exempt: Vec<u32>,
+    /// The prompt, then every sampled token (the last one not yet fed to the model).
+    pub(crate) history: Vec<u32>,
+    pub(crate) prompt_len: usize,
+    rng: ChaCha8Rng,
+    matcher: StopMatcher,
+    yielded: usize,
+    finish: Option<FinishReason>,
+    logprobs: Vec<TokenLogprobs>,
+    /// Most tokens (prompt and generated) the sequence may hold.
+    context_limit: Option<usize>,
+}
+
+impl Request {
+    /// Checks `options` against `model` and `prompt` against the context limit.
+    pub(crate) fn new(model: &Model, prompt: &[u32], options: GenerateOptions) -> Result<Self> {
+        options.validate_for(model)?;
+        if prompt.is_empty() {
+            return Err(Error::Invalid("the prompt is empty: give at least one token".into()));
+        }
+        if let Some(&t) = prompt.iter().find(|&&t| t as usize >= model.vocab_size()) {
+            return Err(Error::Invalid(format!(
+                "prompt token {t} is outside the vocabulary of {} (was it encoded with another tokenizer?)",
+                model.vocab_size()
+            )));
+        }
+        let context_limit = options.context_limit(model)?;
+        if let Some(limit) = context_limit.filter(|&l| prompt.len() >= l) {
+            let (whose, fix) = match options.context_length {
+                Some(_) => {
+                    ("the context limit set by context_length (--ctx-size)", "or raise context_length (--ctx-size)")
+                }
+                None => (
+                    "the model's context (max_position_embeddings)",
+                    "bound the cache with max_kv_size (--max-kv-size), or pass allow_past_context \
+                     (--allow-past-context) to run past it",
+                ),
+            };
+            return Err(Error::Invalid(format!(
+                "the prompt is {} tokens, and {whose} is {limit} positions, which leaves no room to generate; \
+                 shorten the prompt, {fix}",
+                prompt.len()
+            )));
+        }
+        let rng = match options.seed {
+            Some(seed) => ChaCha8Rng::seed_from_u64(seed),
+            None => ChaCha8Rng::from_entropy(),
+        };
+        let mut eos = model.eos_token_ids().to_vec();
+        eos.extend(&options.extra_eos_token_ids);
+        let mut xtc_exempt = model.newline_token_ids().to_vec();
+        xtc_exempt.extend(&eos);
+        Ok(Request {
+            options,
+            eos,
+            xtc_exempt,
+            history: prompt.to_vec(),
+            prompt_len: prompt.len(),
+            rng,
+            matcher: StopMatcher::default(),
+            yielded: 0,
+            finish: None,
+            logprobs: vec![],
+            context_limit,
+        })
+    }
+
+    /// Why the request ended, once it has.
+    pub(crate) fn finish_reason(&self) -> Option<&FinishReason> {
+        self.finish.as_ref()
+    }
+
+    /// Log-probabilities of the handed-out tokens, when the options asked for them.
+    pub(crate) fn logprobs(&self) -> &[TokenLogprobs] {
+        &self.logprobs
+    }
+
+    /// Before a step: ends the request when it has its `max_tokens` or fills its context, so no
+    /// step runs for it. Returns whether it ended.
+    pub(crate) fn reached_limit(&mut self) -> bool {
+        if self.finish.is_some() {
+            return true;
+        }
+        if self.yielded >= self.options.max_tokens {
+            self.end(FinishReason::Length);
+        } else if let Some(limit) = self.context_limit.filter(|&l| self.history.len() >= l) {
+            self.end(FinishReason::ContextLength(limit));
+        }
+        self.finish.is_some()
+    }
+
+    /// Ends the request for `reason` (a token not handed out keeps no log-probability entry).
+    pub(crate) fn end(&mut self, reason: FinishReason) {
+        self.finish = Some(reason);
+        if self.logprobs.len() > self.yielded {
+            self.logprobs.truncate(self.yielded);
+        }
+    }
+
+    /// Whether the next token can be the raw logits' greedy pick without reading the row: no
+    /// processors, log-probabilities or bans of `min_tokens` (see [`greedy_from_gap`]).
+    pub(crate) fn plain_greedy(&self) -> bool {
+        let o = &self.options;
+        o.sampler.temperature == 0.0 && o.processors.is_empty() && o.logprobs.is_none() && self.yielded >= o.min_tokens
+    }
+
+    /// The greedy token from one row's `argmax_gap` triple, when it is certainly the host
+    /// path's pick.
+    pub(crate) fn greedy_from_gap(&self, pick: &[u32], vocab: usize) -> Result<Option<u32>> {
+        let [index, max, gap] = pick[..] else {
+            return Err(Error::Invalid(format!("argmax_gap gave {} values for one row", pick.len())));
+        };
+        let (max, gap) = (f32::from_bits(max), f32::from_bits(gap));
+        Ok(survives_log_softmax(max, gap, vocab).then_some(index))
+    }
+
+    /// The greedy token taken where `logits [1, vocab]` are, when nothing needs the whole row;
+    /// `None` when the host path must decide.
+    pub(crate) fn greedy_on_device(&self, logits: &Array) -> Result<Option<u32>> {
+        if !self.plain_greedy() || logits.shape().len() != 2 || logits.dim(0) != 1 {
+            return Ok(None);
+        }
+        self.greedy_from_gap(&logits.argmax_gap()?.to_vec::<u32>()?, logits.dim(1))
+    }
+
+    /// The token from the whole row on the host: the logits processors, the bans of
+    /// `min_tokens`, log-softmax, the log-probabilities asked for, then the sampler.
+    pub(crate) fn sample_on_host(&mut self, mut logits: Vec<f32>) -> u32 {
+        self.options.processors.apply(&self.history, &mut logits);
+        if self.yielded < self.options.min_tokens {
+            let banned =
+                self.options.stop.tokens.iter().chain(if self.options.ignore_eos { &[][..] } else { &self.eos[..] });
+            for &t in banned {
+                if let Some(x) = logits.get_mut(t as usize) {
+                    *x = f32::NEG_INFINITY;
+                }
+            }
+        }
+        let mut logprobs = log_softmax(&logits);
+        if let Some(n) = self.options.logprobs {
+            let mut order: Vec<u32> = (0..logprobs.len() as u32).collect();
+            let n = n.min(order.len());
+            if n > 0 {
+                order.select_nth_unstable_by(n - 1, |&a, &b| logprobs[b as usize].total_cmp(&logprobs[a as usize]));
+                order.truncate(n);
+                order.sort_by(|&a, &b| logprobs[b as usize].total_cmp(&logprobs[a as usize]));
+            }
+            let top = order.iter().take(n).map(|&t| (t, logprobs[t as usize])).collect();
+            self.logprobs.push(TokenLogprobs { token: 0, logprob: 0.0, top });
+        }
+        let snapshot = self.options.logprobs.map(|_| logprobs.clone());
+        let token = self.options.sampler.sample(&mut logprobs, &self.xtc_exempt, &mut self.rng);
+        if let (Some(all), Some(last)) = (snapshot, self.logprobs.last_mut()) {
+            last.token = token;
+            last.logprob = all[token as usize];
+        }
+        token
+    }
+
+    /// Takes the sampled `token`: end-of-sequence and stop tokens end the request without being
+    /// handed out (`None`); any other token is handed out, and may end it (a stop string it
+    /// completes, the last of `max_tokens`).
+    pub(crate) fn accept(&mut self, token: u32) -> Option<u32> {
+        self.history.push(token);
+        if !self.options.ignore_eos && self.eos.contains(&token) {
+            self.end(FinishReason::EndOfSequence);
+            return None;
+        }
+        if self.options.stop.tokens.contains(&token) {
+            self.end(FinishReason::Stop(Stopped::Token(token)));
+            return None;
+        }
+        self.yielded += 1;
+        let armed = self.yielded >= self.options.min_tokens;
+        if let Some((index, cut)) = self.matcher.push(&self.options.stop, token, armed) {
+            self.finish = Some(FinishReason::Stop(Stopped::String { index, cut }));
+        } else if self.yielded == self.options.max_tokens {
+            self.finish = Some(FinishReason::Length);
+        }
+        Some(token)
+    }
+
+    /// Marks the request failed (its step's error is handed out by the caller).
+    pub(crate) fn fail(&mut self) {
+        self.finish = Some(FinishReason::Error);
+    }
+}
+
+/// Whether the first maximum of a row of `vocab` logits, `max`, lying `gap` above every value
+/// before it, is certainly also the first maximum of the row's log-softmax.
+///
+/// The host path takes the first maximum of `logits - c` (log-softmax, `c` its log-sum-exp,
+/// between the maximum and the maximum + ln(vocab) + rounding). Subtracting `c` keeps the
+/// order but rounding may turn an earlier logit just below the maximum into a tie, which the
+/// host would then pick. A gap over `2^-18 (ln(vocab) + 4 + |max|)`, 16 times the widest
+/// rounding interval of those differences, rules that out; a smaller gap, or a NaN or
+/// infinity in the row (a NaN gap), goes the host path, so the token is always the host path's.
+pub(crate) fn survives_log_softmax(max: f32, gap: f32, vocab: usize) -> bool {
+    let bound = ((vocab as f32).ln() + 4.0 + max.abs()) * (-18f32).exp2();
+    gap > bound
+}

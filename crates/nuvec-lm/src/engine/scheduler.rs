@@ -1,0 +1,298 @@
+//! What each step computes: bookkeeping only (token counts and blocks), no tensors, so it is
+//! tested without a model.
+//!
+//! Every step first gives each running request, in the order they were admitted, its next
+//! rows: a prefill chunk of the tokens it has not computed, or its one last token, whose logits
+//! give the next token. Then, while slots, blocks and the token budget allow, it admits waiting
+//! requests in order. Chunks are cut on a grid of the request's own (`chunk` tokens, then the
+//! last token alone, as `generate` does), so what a request computes in which pass never depends
+//! on what it is batched with; a chunk that does not fit the step's remaining budget waits for
+//! the next step instead of being split. When the blocks run out, the most recently admitted
+//! request is preempted: its blocks are freed and it waits again at the front of the queue, to
+//! be prefilled afresh with the tokens it has produced (vLLM's recompute preemption).
+
+use std::collections::VecDeque;
+
+/// A request as the scheduler sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub(crate) struct Key(pub u64);
+
+#[derive(Debug, Clone)]
+struct Tracked {
+    key: Key,
+    /// Tokens known: the prompt and every sampled token.
+    known: usize,
+    /// Tokens in the cache.
+    computed: usize,
+    /// Prefill rows per pass.
+    chunk: usize,
+}
+
+/// Rows of one request in a step: its tokens `start..end`; the step's logits for it sample
+/// the next token when `end` is every token it knows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Work {
+    pub key: Key,
+    pub start: usize,
+    pub end: usize,
+    pub samples: bool,
+}
+
+/// One step's decisions, in the order the caller applies them: preempted requests lose their
+/// cache, requests that can never fit end with `CacheFull`, admitted ones get a cache, then
+/// `work` runs.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub(crate) struct Plan {
+    pub preempted: Vec<Key>,
+    pub cache_full: Vec<Key>,
+    pub admitted: Vec<Key>,
+    pub work: Vec<Work>,
+}
+
+/// The queues and the block count.
+#[derive(Debug)]
+pub(crate) struct Scheduler {
+    block_size: usize,
+    total_blocks: usize,
+    max_running: usize,
+    token_budget: usize,
+    waiting: VecDeque<Tracked>,
+    /// In admission order.
+    running: Vec<Tracked>,
+}
+
+impl Scheduler {
+    pub(crate) fn new(block_size: usize, total_blocks: usize, max_running: usize, token_budget: usize) -> Self {
+        Scheduler { block_size, total_blocks, max_running, token_budget, waiting: VecDeque::new(), running: vec![] }
+    }
+
+    /// Blocks that `positions` positions occupy.
+    pub(crate) fn blocks_for(&self, positions: usize) -> usize {
+        positions.div_ceil(self.block_size)
+    }
+
+    /// Blocks no running request holds.
+    pub(crate) fn free_blocks(&self) -> usize {
+        self.total_blocks - self.running.iter().map(|t| self.blocks_for(t.computed)).sum::<usize>()
+    }
+
+    /// Queues a request knowing `known` tokens, prefilled `chunk` rows per pass.
+    pub(crate) fn add(&mut self, key: Key, known: usize, chunk: usize) {
+        self.waiting.push_back(Tracked { key, known, computed: 0, chunk: chunk.max(1) });
+    }
+
+    /// Forgets a request (finished or cancelled); its blocks count as free at once.
+    pub(crate) fn remove(&mut self, key: Key) {
+        self.waiting.retain(|t| t.key != key);
+        self.running.retain(|t| t.key != key);
+    }
+
+    /// Whether any request is waiting or running.
+    #[cfg(test)]
+    pub(crate) fn is_busy(&self) -> bool {
+        !self.waiting.is_empty() || !self.running.is_empty()
+    }
+
+    /// Requests waiting and running.
+    pub(crate) fn counts(&self) -> (usize, usize) {
+        (self.waiting.len(), self.running.len())
+    }
+
+    /// Records a step that ran `work`: its rows are in the cache, and a sampled request knows one
+    /// token more (`sampled`: it goes on; a request that ended is removed instead).
+    pub(crate) fn ran(&mut self, work: &Work, sampled: bool) {
+        if let Some(t) = self.running.iter_mut().find(|t| t.key == work.key) {
+            t.computed = work.end;
+            if sampled {
+                t.known += 1;
+            }
+        }
+    }
+
+    /// The rows `t` computes next: a chunk of its uncomputed tokens but the last, or the last.
+    fn next_rows(t: &Tracked) -> (usize, usize) {
+        let last = t.known - 1;
+        if t.computed < last {
+            (t.computed, (t.computed + t.chunk).min(last))
+        } else {
+            (t.computed, t.known)
+        }
+    }
+
+    /// Decides the next step.
+    pub(crate) fn plan(&mut self) -> Plan {
+        let mut plan = Plan::default();
+        let mut budget = self.token_budget;
+        let mut free = self.free_blocks();
+        let mut i = 0;
+        while i < self.running.len() {
+            let t = self.running[i].clone();
+            let (start, end) = Self::next_rows(&t);
+            let rows = end - start;
+            if rows > budget {
+                i += 1;
+                continue;
+            }
+            let need = self.blocks_for(end) - self.blocks_for(start);
+            if self.blocks_for(end) > self.total_blocks {
+                let t = self.running.remove(i);
+                free += self.blocks_for(t.computed);
+                plan.cache_full.push(t.key);
+                continue;
+            }
+            // Preempt from the most recently admitted until `t` fits (possibly `t` itself).
+            while need > free {
+                let victim = self.running.pop().expect("t itself is running");
+                free += self.blocks_for(victim.computed);
+                plan.preempted.push(victim.key);
+                let is_t = self.running.len() == i;
+                self.waiting.push_front(Tracked { computed: 0, ..victim });
+                if is_t {
+                    break;
+                }
+            }
+            if i >= self.running.len() {
+                break;
+            }
+            free -= need;
+            budget -= rows;
+            plan.work.push(Work { key: t.key, start, end, samples: end == t.known });
+            i += 1;
+        }
+        // No admission in a step that had to preempt: the freed blocks go to the running.
+        while plan.preempted.is_empty() && self.running.len() < self.max_running {
+            let Some(t) = self.waiting.front() else { break };
+            if self.blocks_for(t.known) > self.total_blocks {
+                let t = self.waiting.pop_front().expect("just seen");
+                plan.cache_full.push(t.key);
+                continue;
+            }
+            let (start, end) = Self::next_rows(t);
+            let need = self.blocks_for(end);
+            if end - start > budget || need > free {
+                break;
+            }
+            let t = self.waiting.pop_front().expect("just seen");
+            free -= need;
+            budget -= end - start;
+            plan.admitted.push(t.key);
+            plan.work.push(Work { key: t.key, start, end, samples: end == t.known });
+            self.running.push(t);
+        }
+        plan
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Runs plans until every request has `max` tokens, as the Batcher would with requests that
+    /// never end early; returns every plan.
+    fn drive(s: &mut Scheduler, max: &[(Key, usize)], steps: usize) -> Vec<Plan> {
+        let mut plans = vec![];
+        for _ in 0..steps {
+            if !s.is_busy() {
+                break;
+            }
+            let plan = s.plan();
+            for w in &plan.work {
+                let known = s.running.iter().find(|t| t.key == w.key).unwrap().known;
+                let limit = max.iter().find(|(k, _)| *k == w.key).unwrap().1;
+                if w.samples && known + 1 > limit {
+                    s.remove(w.key);
+                } else {
+                    s.ran(w, w.samples);
+                }
+            }
+            for k in &plan.cache_full {
+                s.remove(*k);
+            }
+            plans.push(plan);
+        }
+        plans
+    }
+
+    #[test]
+    fn prompts_are_chunked_on_their_own_grid_with_the_last_token_alone() {
+        let mut s = Scheduler::new(16, 100, 4, 64);
+        s.add(Key(1), 70, 32);
+        let plan = s.plan();
+        assert_eq!(plan.admitted, vec![Key(1)]);
+        assert_eq!(plan.work, vec![Work { key: Key(1), start: 0, end: 32, samples: false }]);
+        s.ran(&plan.work[0], false);
+        let w: Vec<_> = (0..3)
+            .map(|_| {
+                let p = s.plan();
+                s.ran(&p.work[0], p.work[0].samples);
+                (p.work[0].start, p.work[0].end, p.work[0].samples)
+            })
+            .collect();
+        assert_eq!(w, vec![(32, 64, false), (64, 69, false), (69, 70, true)]);
+        let p = s.plan();
+        assert_eq!(p.work, vec![Work { key: Key(1), start: 70, end: 71, samples: true }]);
+    }
+
+    #[test]
+    fn a_chunk_that_does_not_fit_the_budget_waits_whole() {
+        // Budget 40: two decodes (2 rows) leave 38, so a 39-row chunk waits; alone it runs.
+        let mut s = Scheduler::new(16, 100, 4, 40);
+        s.add(Key(1), 1, 39);
+        s.add(Key(2), 1, 39);
+        let p = s.plan();
+        assert_eq!(p.admitted, vec![Key(1), Key(2)]);
+        for w in &p.work {
+            s.ran(w, true);
+        }
+        s.add(Key(3), 40, 39);
+        let p = s.plan();
+        assert_eq!(p.admitted, Vec::<Key>::new());
+        assert_eq!(p.work.len(), 2);
+        s.remove(Key(1));
+        s.remove(Key(2));
+        let p = s.plan();
+        assert_eq!(p.work, vec![Work { key: Key(3), start: 0, end: 39, samples: false }]);
+    }
+
+    #[test]
+    fn blocks_running_out_preempt_the_most_recently_admitted() {
+        // 4 blocks of 4 positions; two requests of 7 prompt tokens take 2 blocks each.
+        let mut s = Scheduler::new(4, 4, 4, 64);
+        s.add(Key(1), 7, 64);
+        s.add(Key(2), 7, 64);
+        let plans = drive(&mut s, &[(Key(1), 12), (Key(2), 12)], 40);
+        let preempted: Vec<Key> = plans.iter().flat_map(|p| p.preempted.clone()).collect();
+        assert!(!preempted.is_empty(), "the pool is too small for both to finish together");
+        assert!(preempted.iter().all(|&k| k == Key(2)), "the later request goes: {preempted:?}");
+        assert!(plans.iter().all(|p| p.cache_full.is_empty()));
+        assert!(!s.is_busy(), "both finished");
+        // Blocks never overcommitted: every plan's rows fit the pool.
+        assert!(plans.iter().all(|p| p.work.iter().all(|w| w.end <= 16)));
+    }
+
+    #[test]
+    fn a_request_outgrowing_the_whole_cache_ends_cache_full() {
+        let mut s = Scheduler::new(4, 2, 2, 64);
+        s.add(Key(1), 3, 64);
+        let plans = drive(&mut s, &[(Key(1), 100)], 40);
+        let full: Vec<Key> = plans.iter().flat_map(|p| p.cache_full.clone()).collect();
+        assert_eq!(full, vec![Key(1)]);
+        // It got to 8 positions (the whole cache) before.
+        let last = plans.iter().flat_map(|p| p.work.clone()).last().unwrap();
+        assert_eq!(last.end, 8);
+    }
+
+    #[test]
+    fn slots_bound_the_running_set_and_admission_is_in_order() {
+        let mut s = Scheduler::new(16, 100, 2, 1000);
+        for k in 1..=4 {
+            s.add(Key(k), 5, 64);
+        }
+        let p = s.plan();
+        assert_eq!(p.admitted, vec![Key(1), Key(2)]);
+        s.remove(Key(1));
+        let p = s.plan();
+        assert_eq!(p.admitted, vec![Key(3)]);
+        assert_eq!(s.counts(), (1, 2));
+    }
+}

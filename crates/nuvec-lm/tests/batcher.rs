@@ -1,0 +1,303 @@
+//! The `Batcher`: requests submitted together, at different lengths and with different
+//! options, each get what `generate` gives them alone — exactly (tokens, log-probabilities,
+//! seeded samples) in batch-invariant mode, the same greedy tokens otherwise — whether they are
+//! preempted, cancelled, outgrow the cache or share a step with a request that fails.
+
+mod common;
+
+use std::collections::BTreeMap;
+
+use common::{fixtures, seeded_prompt as prompt};
+use nuvec_lm::{
+    generate, load_dir, Batcher, BatcherOptions, Event, FinishReason, GenerateOptions, Model, RequestId, Sampler,
+    TokenLogprobs,
+};
+
+/// What one request produced.
+#[derive(Debug, Default, Clone, PartialEq)]
+struct Output {
+    tokens: Vec<u32>,
+    logprobs: Vec<TokenLogprobs>,
+    reason: Option<FinishReason>,
+    failed: bool,
+}
+
+/// `generate` alone: the reference.
+fn solo(model: &Model, prompt: &[u32], options: &GenerateOptions) -> Output {
+    let mut generation = generate(model, prompt, options.clone()).unwrap();
+    let tokens = generation.by_ref().map(Result::unwrap).collect();
+    Output {
+        tokens,
+        logprobs: generation.logprobs().to_vec(),
+        reason: generation.finish_reason().cloned(),
+        failed: false,
+    }
+}
+
+/// Steps `batcher` until it is idle, collecting each request's events; also the most
+/// requests that ran in one step.
+fn drain(batcher: &mut Batcher) -> BTreeMap<RequestId, Output> {
+    let mut out: BTreeMap<RequestId, Output> = BTreeMap::new();
+    let mut steps = 0;
+    while batcher.is_busy() {
+        steps += 1;
+        assert!(steps < 10_000, "the batcher does not finish");
+        for event in batcher.step().unwrap() {
+            match event {
+                Event::Token { id, token } => {
+                    let o = out.entry(id).or_default();
+                    assert!(o.reason.is_none(), "{id:?} reported a token after finishing");
+                    o.tokens.push(token);
+                }
+                Event::Logprobs { id, logprobs } => out.entry(id).or_default().logprobs.push(logprobs),
+                Event::Failed { id, .. } => out.entry(id).or_default().failed = true,
+                Event::Finished { id, reason } => {
+                    let o = out.entry(id).or_default();
+                    assert!(o.reason.is_none(), "{id:?} finished twice");
+                    o.reason = Some(reason);
+                }
+            }
+        }
+    }
+    out
+}
+
+fn greedy(max_tokens: usize) -> GenerateOptions {
+    GenerateOptions { max_tokens, ..Default::default() }
+}
+
+/// Submits every `(prompt, options)` to a batcher with `options`, and checks each output
+/// against `generate` alone: equal, or (`exact` false) equal in tokens and finish reason.
+fn check(
+    case: &str,
+    requests: &[(Vec<u32>, GenerateOptions)],
+    options: BatcherOptions,
+    exact: bool,
+) -> Batcher<'static> {
+    let model: &'static Model = Box::leak(Box::new(load_dir(&fixtures().join(case)).unwrap().0));
+    let mut batcher = Batcher::new(model, options).unwrap();
+    let ids: Vec<RequestId> = requests.iter().map(|(p, o)| batcher.submit(p.clone(), o.clone()).unwrap()).collect();
+    let outputs = drain(&mut batcher);
+    for ((p, o), id) in requests.iter().zip(&ids) {
+        let reference = solo(model, p, o);
+        let ours = &outputs[id];
+        if exact {
+            assert_eq!(ours, &reference, "{case}: request of {} prompt tokens", p.len());
+        } else {
+            assert_eq!(
+                (&ours.tokens, &ours.reason),
+                (&reference.tokens, &reference.reason),
+                "{case}: request of {} prompt tokens",
+                p.len()
+            );
+        }
+    }
+    batcher
+}
+
+fn mixed(model_vocab: usize, lengths: &[usize], max_tokens: usize) -> Vec<(Vec<u32>, GenerateOptions)> {
+    lengths.iter().enumerate().map(|(i, &n)| (prompt(n, i as u32 + 5, model_vocab), greedy(max_tokens))).collect()
+}
+
+fn vocab(case: &str) -> usize {
+    load_dir(&fixtures().join(case)).unwrap().0.vocab_size()
+}
+
+#[test]
+fn concurrent_requests_get_their_solo_tokens_exactly_when_batch_invariant() {
+    let invariant = BatcherOptions { batch_invariant: true, blocks: Some(1024), ..Default::default() };
+    for case in ["llama-f32", "llama-q4g64", "qwen3-f32", "qwen2-q8g32", "qwen3_moe-q4g64", "qwen3_5/qwen3_5-f32"] {
+        // 2100 positions: a prefill of two chunks (2048 + 51) before the last token.
+        let lengths: &[usize] = if case == "llama-f32" { &[1, 17, 300, 2100] } else { &[1, 17, 300, 40] };
+        check(case, &mixed(vocab(case), lengths, 8), invariant.clone(), true);
+    }
+}
+
+#[test]
+fn concurrent_requests_get_their_solo_greedy_tokens_batched() {
+    let batched = BatcherOptions { blocks: Some(1024), ..Default::default() };
+    for case in ["llama-f32", "llama-q4g64", "mistral-q4g64", "qwen3-q8g32", "qwen3_moe-f32", "qwen3_5/qwen3_5-q4g64"] {
+        let lengths = [1, 17, 300, 5, 64, 2, 33];
+        let b = check(case, &mixed(vocab(case), &lengths, 8), batched.clone(), false);
+        assert_eq!(b.stats().preemptions, 0);
+    }
+}
+
+#[test]
+fn sampling_stops_and_logprobs_are_each_requests_own() {
+    let case = "qwen3-f32";
+    let v = vocab(case);
+    let sampled = |seed| GenerateOptions {
+        max_tokens: 12,
+        sampler: Sampler { temperature: 0.9, top_p: 0.95, ..Default::default() },
+        seed: Some(seed),
+        ..Default::default()
+    };
+    let with_logprobs = GenerateOptions { logprobs: Some(3), ..greedy(6) };
+    let first = solo(&load_dir(&fixtures().join(case)).unwrap().0, &prompt(9, 1, v), &greedy(6));
+    // A stop token that greedy decoding of this prompt reaches at its third token.
+    let stop_at = GenerateOptions { stop: nuvec_lm::Stop::tokens([first.tokens[2]]), ..greedy(6) };
+    let requests = vec![
+        (prompt(9, 1, v), sampled(7)),
+        (prompt(30, 2, v), sampled(8)),
+        (prompt(9, 1, v), with_logprobs),
+        (prompt(9, 1, v), stop_at),
+        (prompt(5, 3, v), GenerateOptions { max_tokens: 0, ..Default::default() }),
+        (prompt(5, 4, v), GenerateOptions { min_tokens: 3, ..greedy(5) }),
+    ];
+    let invariant = BatcherOptions { batch_invariant: true, blocks: Some(256), ..Default::default() };
+    check(case, &requests, invariant, true);
+}
+
+#[test]
+fn a_pool_too_small_for_everyone_preempts_and_still_gives_the_solo_tokens() {
+    // 24 blocks of 4 positions: six requests of 20 + 12 positions cannot all be held at once.
+    let case = "llama-q4g64";
+    let options = BatcherOptions { blocks: Some(24), block_size: 4, max_batch: 6, ..Default::default() };
+    let requests = mixed(vocab(case), &[20, 20, 19, 18, 20, 17], 12);
+    let b = check(case, &requests, options, false);
+    assert!(b.stats().preemptions > 0, "the pool was meant to run out");
+    // The same in batch-invariant mode, exactly (a re-prefill recomputes the same positions).
+    let options =
+        BatcherOptions { blocks: Some(24), block_size: 4, max_batch: 6, batch_invariant: true, ..Default::default() };
+    let b = check("llama-f32", &mixed(vocab("llama-f32"), &[20, 20, 19, 18, 20, 17], 12), options, false);
+    assert!(b.stats().preemptions > 0);
+}
+
+#[test]
+fn cancel_while_waiting_and_while_running() {
+    let (model, _) = load_dir(&fixtures().join("llama-f32")).unwrap();
+    let v = model.vocab_size();
+    let mut b = Batcher::new(&model, BatcherOptions { max_batch: 1, blocks: Some(64), ..Default::default() }).unwrap();
+    let running = b.submit(prompt(10, 1, v), greedy(50)).unwrap();
+    let waiting = b.submit(prompt(10, 2, v), greedy(50)).unwrap();
+    let other = b.submit(prompt(10, 3, v), greedy(4)).unwrap();
+    let mut tokens = 0;
+    for _ in 0..4 {
+        tokens += b.step().unwrap().iter().filter(|e| matches!(e, Event::Token { id, .. } if *id == running)).count();
+    }
+    assert!(tokens >= 2, "the first request runs");
+    assert!(b.cancel(running));
+    assert!(b.cancel(waiting));
+    let out = drain(&mut b);
+    assert_eq!(out[&running].reason, Some(FinishReason::Cancelled));
+    assert_eq!(out[&running].tokens, Vec::<u32>::new(), "nothing after the cancel");
+    assert_eq!(out[&waiting], Output { reason: Some(FinishReason::Cancelled), ..Default::default() });
+    assert_eq!(out[&other], solo(&model, &prompt(10, 3, v), &greedy(4)));
+    assert!(!b.cancel(running), "an ended request cannot be cancelled again");
+    assert_eq!(b.stats().blocks_used, 0);
+}
+
+#[test]
+fn a_request_that_outgrows_the_whole_cache_ends_cache_full() {
+    let (model, _) = load_dir(&fixtures().join("llama-f32")).unwrap();
+    let v = model.vocab_size();
+    let mut b = Batcher::new(&model, BatcherOptions { blocks: Some(3), block_size: 4, ..Default::default() }).unwrap();
+    let id = b.submit(prompt(5, 1, v), greedy(100)).unwrap();
+    let out = drain(&mut b);
+    let reference = solo(&model, &prompt(5, 1, v), &greedy(100));
+    // 12 positions: the 5 prompt tokens and 7 generated ones fed back, plus the last sampled.
+    assert_eq!(out[&id].reason, Some(FinishReason::CacheFull));
+    assert_eq!(out[&id].tokens, reference.tokens[..8]);
+    // A prompt that could never fit is refused up front.
+    let e = b.submit(prompt(13, 1, v), greedy(1)).unwrap_err().to_string();
+    assert!(e.contains("13 tokens") && e.contains("BatcherOptions::blocks"), "{e}");
+}
+
+#[test]
+fn a_failing_step_fails_only_its_request() {
+    let case = "qwen3_5/qwen3_5-f32";
+    let (model, _) = load_dir(&fixtures().join(case)).unwrap();
+    let v = model.vocab_size();
+    let mut b = Batcher::new(&model, BatcherOptions { blocks: Some(256), ..Default::default() }).unwrap();
+    let prompts: Vec<Vec<u32>> = (0..4).map(|i| prompt(12 + i, i as u32, v)).collect();
+    let ids: Vec<RequestId> = prompts.iter().map(|p| b.submit(p.clone(), greedy(6)).unwrap()).collect();
+    // Let every request prefill and decode a little, then make one fail mid-decode.
+    for _ in 0..3 {
+        b.step().unwrap();
+    }
+    b.inject_failure(ids[1]);
+    let mut failed = vec![];
+    let mut out: BTreeMap<RequestId, Vec<u32>> = BTreeMap::new();
+    while b.is_busy() {
+        for e in b.step().unwrap() {
+            match e {
+                Event::Failed { id, error } => failed.push((id, error.to_string())),
+                Event::Token { id, token } => out.entry(id).or_default().push(token),
+                _ => {}
+            }
+        }
+    }
+    assert_eq!(failed.len(), 1, "{failed:?}");
+    assert_eq!(failed[0].0, ids[1]);
+    assert!(failed[0].1.contains("injected failure"), "{}", failed[0].1);
+    for (i, p) in prompts.iter().enumerate().filter(|&(i, _)| i != 1) {
+        // The tokens after the failed step continue the solo run (the first steps' tokens were
+        // read before the collection started).
+        let reference = solo(&model, p, &greedy(6)).tokens;
+        let tail = &out[&ids[i]];
+        assert_eq!(&reference[reference.len() - tail.len()..], &tail[..], "request {i}");
+        assert!(!tail.is_empty());
+    }
+}
+
+#[test]
+fn bad_options_and_requests_are_refused_naming_the_field() {
+    let (model, _) = load_dir(&fixtures().join("llama-f32")).unwrap();
+    let bad = [
+        (BatcherOptions { max_batch: 0, ..Default::default() }, "max_batch"),
+        (BatcherOptions { block_size: 0, ..Default::default() }, "block_size"),
+        (BatcherOptions { blocks: Some(0), ..Default::default() }, "blocks"),
+        (BatcherOptions { memory_fraction: 1.5, ..Default::default() }, "memory_fraction"),
+        (BatcherOptions { memory_fraction: f64::NAN, ..Default::default() }, "memory_fraction"),
+        (BatcherOptions { token_budget: Some(4), max_batch: 8, ..Default::default() }, "token_budget"),
+        (BatcherOptions { micro_batches: Some(2), ..Default::default() }, "micro_batches"),
+    ];
+    for (options, field) in bad {
+        let e = Batcher::new(&model, options).err().expect("refused").to_string();
+        assert!(e.contains(field), "{field}: {e}");
+    }
+    let mut b = Batcher::new(&model, BatcherOptions { blocks: Some(64), ..Default::default() }).unwrap();
+    let v = model.vocab_size() as u32;
+    let refused = [
+        (vec![], greedy(4), "empty"),
+        (vec![1, v], greedy(4), "outside the vocabulary"),
+        (
+            vec![1, 2],
+            GenerateOptions { sampler: Sampler { temperature: -1.0, ..Default::default() }, ..greedy(4) },
+            "temperature",
+        ),
+        (
+            vec![1, 2],
+            GenerateOptions {
+                cache: nuvec_lm::cache::CacheOptions { kv_bits: Some(8), ..Default::default() },
+                ..greedy(4)
+            },
+            "kv_bits",
+        ),
+        (
+            vec![1, 2],
+            GenerateOptions {
+                cache: nuvec_lm::cache::CacheOptions { max_kv_size: Some(64), ..Default::default() },
+                ..greedy(4)
+            },
+            "max_kv_size",
+        ),
+    ];
+    for (p, o, words) in refused {
+        let e = b.submit(p, o).unwrap_err().to_string();
+        assert!(e.contains(words), "{words}: {e}");
+    }
+    assert!(!b.is_busy(), "nothing refused was queued");
+}
+
+#[test]
+fn the_cache_is_sized_from_memory_by_default() {
+    let (model, _) = load_dir(&fixtures().join("llama-f32")).unwrap();
+    let per_position = model.kv_bytes_per_position().unwrap();
+    assert!(per_position > 0);
+    let b = Batcher::new(&model, BatcherOptions { max_batch: 2, max_positions: 4096, ..Default::default() }).unwrap();
+    // Bounded by room for max_batch sequences of max_positions (the random model's cache is
+    // small enough that memory does not bind first on a machine with a few GiB free).
+    assert_eq!(b.stats().blocks_total, 2 * 4096 / 16);
+}
