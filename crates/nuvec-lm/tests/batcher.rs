@@ -20,6 +20,8 @@ struct Output {
     logprobs: Vec<TokenLogprobs>,
     reason: Option<FinishReason>,
     failed: bool,
+    /// Prompt tokens from the prefix cache (not compared with `generate`'s).
+    cached: Option<usize>,
 }
 
 /// `generate` alone: the reference.
@@ -31,6 +33,7 @@ fn solo(model: &Model, prompt: &[u32], options: &GenerateOptions) -> Output {
         logprobs: generation.logprobs().to_vec(),
         reason: generation.finish_reason().cloned(),
         failed: false,
+        cached: None,
     }
 }
 
@@ -51,6 +54,11 @@ fn drain(batcher: &mut Batcher) -> BTreeMap<RequestId, Output> {
                 }
                 Event::Logprobs { id, logprobs } => out.entry(id).or_default().logprobs.push(logprobs),
                 Event::Failed { id, .. } => out.entry(id).or_default().failed = true,
+                Event::Started { id, cached_tokens } => {
+                    let o = out.entry(id).or_default();
+                    assert!(o.cached.is_none(), "{id:?} started twice");
+                    o.cached = Some(cached_tokens);
+                }
                 Event::Finished { id, reason } => {
                     let o = out.entry(id).or_default();
                     assert!(o.reason.is_none(), "{id:?} finished twice");
@@ -80,7 +88,7 @@ fn check(
     let outputs = drain(&mut batcher);
     for ((p, o), id) in requests.iter().zip(&ids) {
         let reference = solo(model, p, o);
-        let ours = &outputs[id];
+        let ours = &Output { cached: None, ..outputs[id].clone() };
         if exact {
             assert_eq!(ours, &reference, "{case}: request of {} prompt tokens", p.len());
         } else {
@@ -183,7 +191,7 @@ fn cancel_while_waiting_and_while_running() {
     assert_eq!(out[&running].reason, Some(FinishReason::Cancelled));
     assert_eq!(out[&running].tokens, Vec::<u32>::new(), "nothing after the cancel");
     assert_eq!(out[&waiting], Output { reason: Some(FinishReason::Cancelled), ..Default::default() });
-    assert_eq!(out[&other], solo(&model, &prompt(10, 3, v), &greedy(4)));
+    assert_eq!(out[&other], Output { cached: Some(0), ..solo(&model, &prompt(10, 3, v), &greedy(4)) });
     assert!(!b.cancel(running), "an ended request cannot be cancelled again");
     assert_eq!(b.stats().blocks_used, 0);
 }
@@ -300,4 +308,60 @@ fn the_cache_is_sized_from_memory_by_default() {
     // Bounded by room for max_batch sequences of max_positions (the random model's cache is
     // small enough that memory does not bind first on a machine with a few GiB free).
     assert_eq!(b.stats().blocks_total, 2 * 4096 / 16);
+}
+
+/// `prefix` then `suffix`.
+fn joined(prefix: &[u32], suffix: &[u32]) -> Vec<u32> {
+    prefix.iter().chain(suffix).copied().collect()
+}
+
+#[test]
+fn prefix_hits_share_whole_blocks_and_give_the_cold_tokens() {
+    for case in ["llama-f32", "qwen3-q4g64", "qwen3_moe-f32"] {
+        let (model, _) = load_dir(&fixtures().join(case)).unwrap();
+        let v = model.vocab_size();
+        let system = prompt(40, 9, v);
+        let mut b = Batcher::new(&model, BatcherOptions { blocks: Some(64), ..Default::default() }).unwrap();
+        assert!(b.prefix_caching(), "on by default");
+        let first = b.submit(joined(&system, &prompt(7, 1, v)), greedy(6)).unwrap();
+        let out = drain(&mut b);
+        assert_eq!(out[&first].cached, Some(0), "{case}: a cold cache");
+        // Then three requests sharing the 40-token prefix: two full blocks of 16 (the hit ends
+        // mid-way through the prefix's third block, which is computed again), one of them
+        // a prompt that is the prefix alone (its last token is always computed).
+        let suffixes = [prompt(7, 2, v), prompt(30, 3, v), vec![]];
+        let ids: Vec<RequestId> = suffixes.iter().map(|s| b.submit(joined(&system, s), greedy(6)).unwrap()).collect();
+        let out = drain(&mut b);
+        for (s, id) in suffixes.iter().zip(&ids) {
+            let p = joined(&system, s);
+            assert_eq!(out[id].cached, Some(32), "{case}: suffix of {}", s.len());
+            let cold = solo(&model, &p, &greedy(6));
+            assert_eq!((&out[id].tokens, &out[id].reason), (&cold.tokens, &cold.reason), "{case}: suffix {}", s.len());
+        }
+        // A prompt identical to an earlier one hits all its full blocks but the last token's.
+        let again = b.submit(joined(&system, &prompt(30, 3, v)), greedy(6)).unwrap();
+        let out = drain(&mut b);
+        assert_eq!(out[&again].cached, Some(64), "{case}");
+        assert_eq!(b.stats().blocks_used, 0, "{case}: indexed blocks count as free");
+    }
+}
+
+#[test]
+fn prefix_caching_off_and_on_hybrids() {
+    let (model, _) = load_dir(&fixtures().join("llama-f32")).unwrap();
+    let v = model.vocab_size();
+    let off = BatcherOptions { blocks: Some(64), prefix_cache: Some(false), ..Default::default() };
+    let mut b = Batcher::new(&model, off).unwrap();
+    let p = prompt(40, 9, v);
+    b.submit(p.clone(), greedy(2)).unwrap();
+    drain(&mut b);
+    let again = b.submit(p, greedy(2)).unwrap();
+    assert_eq!(drain(&mut b)[&again].cached, Some(0));
+    // A hybrid has no prefix caching yet: off by default, refused when asked for.
+    let (hybrid, _) = load_dir(&fixtures().join("qwen3_5/qwen3_5-f32")).unwrap();
+    let b = Batcher::new(&hybrid, BatcherOptions { blocks: Some(64), ..Default::default() }).unwrap();
+    assert!(!b.prefix_caching());
+    let asked = BatcherOptions { blocks: Some(64), prefix_cache: Some(true), ..Default::default() };
+    let e = Batcher::new(&hybrid, asked).err().expect("refused").to_string();
+    assert!(e.contains("prefix caching") && e.contains("recurrent"), "{e}");
 }

@@ -6,7 +6,7 @@ use nuvec::{Array, Device};
 
 use super::executor::{self, Outcome};
 use super::request::Request;
-use super::scheduler::{Key, Scheduler, Work};
+use super::scheduler::{BlockView, Key, Scheduler, Work};
 use crate::cache::paged::{PagedCache, SeqId, DEFAULT_BLOCK_SIZE};
 use crate::cache::CacheOptions;
 use crate::generate::{FinishReason, GenerateOptions, TokenLogprobs};
@@ -27,6 +27,14 @@ pub struct RequestId(pub u64);
 /// What a [`Batcher::step`] reports.
 #[derive(Debug)]
 pub enum Event {
+    /// Request `id` was admitted for the first time; `cached_tokens` of its prompt came from
+    /// the prefix cache instead of being computed (OpenAI's `cached_tokens`).
+    Started {
+        /// The request.
+        id: RequestId,
+        /// Prompt tokens whose keys and values were shared from earlier requests.
+        cached_tokens: usize,
+    },
     /// Request `id` produced `token`.
     Token {
         /// The request.
@@ -83,6 +91,10 @@ pub struct BatcherOptions {
     /// Micro-batches for a pipelined model; only `None` or `Some(1)`, as no model here is
     /// pipelined.
     pub micro_batches: Option<usize>,
+    /// Share the cache blocks of prompt prefixes across requests (vLLM's automatic prefix
+    /// caching): `None` (the default) turns it on where the model allows it (not on hybrids with
+    /// recurrent layers, yet), `Some(true)` insists, `Some(false)` turns it off.
+    pub prefix_cache: Option<bool>,
 }
 
 impl Default for BatcherOptions {
@@ -96,6 +108,7 @@ impl Default for BatcherOptions {
             token_budget: None,
             batch_invariant: false,
             micro_batches: None,
+            prefix_cache: None,
         }
     }
 }
@@ -172,6 +185,8 @@ struct Live {
     request: Request,
     seq: Option<SeqId>,
     cancelled: bool,
+    /// Prompt tokens a prefix hit gave it at its first admission.
+    cached: Option<usize>,
 }
 
 /// Continuous batching: requests are queued, admitted while cache and slots allow, prefilled in
@@ -199,6 +214,13 @@ impl<'m> Batcher<'m> {
         };
         let mut paged = PagedCache::new(model, blocks, options.block_size, options.max_batch)?;
         paged.set_batch_invariant(options.batch_invariant);
+        match options.prefix_cache {
+            Some(on) => paged.set_prefix_caching(on)?,
+            None => {
+                // Where the model cannot have it, the default is off (the error says why).
+                let _ = paged.set_prefix_caching(true);
+            }
+        }
         let budget = options.token_budget_on(model.device());
         Ok(Batcher {
             model,
@@ -232,7 +254,7 @@ impl<'m> Batcher<'m> {
         let id = self.next_id;
         self.next_id += 1;
         self.scheduler.add(Key(id), prompt.len(), chunk);
-        self.live.insert(id, Live { request, seq: None, cancelled: false });
+        self.live.insert(id, Live { request, seq: None, cancelled: false, cached: None });
         Ok(RequestId(id))
     }
 
@@ -256,8 +278,13 @@ impl<'m> Batcher<'m> {
     /// Counts for monitoring.
     pub fn stats(&self) -> BatcherStats {
         let (waiting, running) = self.scheduler.counts();
-        let blocks_used = self.paged.total_blocks() - self.scheduler.free_blocks();
+        let blocks_used = self.paged.total_blocks() - self.paged.free_blocks();
         BatcherStats { waiting, running, blocks_used, ..self.stats.clone() }
+    }
+
+    /// Whether requests share prompt-prefix blocks ([`BatcherOptions::prefix_cache`]).
+    pub fn prefix_caching(&self) -> bool {
+        self.paged.prefix_caching()
     }
 
     /// Log-probabilities of the tokens request `id` has reported so far, if it is in flight.
@@ -294,7 +321,7 @@ impl<'m> Batcher<'m> {
         for (k, reason) in ended {
             self.finish(k, reason, &mut events);
         }
-        let plan = self.scheduler.plan();
+        let plan = self.scheduler.plan(&View { paged: &self.paged, live: &self.live });
         for k in &plan.preempted {
             self.stats.preemptions += 1;
             self.release(*k);
@@ -306,8 +333,23 @@ impl<'m> Batcher<'m> {
         for w in plan.work {
             let live = self.live.get_mut(&w.key.0).expect("scheduled requests are live");
             if live.seq.is_none() {
-                match self.paged.add() {
-                    Ok(seq) => live.seq = Some(seq),
+                let added = self.paged.add_with_prefix(&live.request.history).and_then(|(seq, held)| {
+                    live.seq = Some(seq);
+                    match held == w.start {
+                        true => Ok(held),
+                        false => Err(Error::Invalid(format!(
+                            "internal: a prefix hit of {held} positions where the scheduler planned {}",
+                            w.start
+                        ))),
+                    }
+                });
+                match added {
+                    Ok(held) => {
+                        if live.cached.is_none() {
+                            live.cached = Some(held);
+                            events.push(Event::Started { id: RequestId(w.key.0), cached_tokens: held });
+                        }
+                    }
                     Err(error) => {
                         self.fail(w.key.0, error, &mut events);
                         continue;
@@ -417,6 +459,27 @@ impl<'m> Batcher<'m> {
         if self.live.remove(&k).is_some() {
             events.push(Event::Finished { id: RequestId(k), reason });
         }
+    }
+}
+
+/// The scheduler's view of the cache's blocks.
+struct View<'a> {
+    paged: &'a PagedCache,
+    live: &'a BTreeMap<u64, Live>,
+}
+
+impl BlockView for View<'_> {
+    fn free(&self) -> usize {
+        self.paged.free_blocks()
+    }
+
+    fn exclusive(&self, key: Key) -> usize {
+        let seq = self.live.get(&key.0).and_then(|l| l.seq);
+        seq.and_then(|s| self.paged.exclusive_blocks(s).ok()).unwrap_or(0)
+    }
+
+    fn prefix(&self, key: Key) -> (usize, usize) {
+        self.live.get(&key.0).map_or((0, 0), |l| self.paged.probe_prefix(&l.request.history))
     }
 }
 

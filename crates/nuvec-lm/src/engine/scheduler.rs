@@ -10,6 +10,10 @@
 //! the next step instead of being split. When the blocks run out, the most recently admitted
 //! request is preempted: its blocks are freed and it waits again at the front of the queue, to
 //! be prefilled afresh with the tokens it has produced (vLLM's recompute preemption).
+//!
+//! Blocks are counted through a [`BlockView`] of the cache: what is free, what a preempted
+//! request would free (blocks it shares with others stay), and how much of a waiting request's
+//! tokens a prefix hit would give it.
 
 use std::collections::VecDeque;
 
@@ -49,6 +53,17 @@ pub(crate) struct Plan {
     pub work: Vec<Work>,
 }
 
+/// What the scheduler asks of the cache's blocks.
+pub(crate) trait BlockView {
+    /// Blocks no request holds.
+    fn free(&self) -> usize;
+    /// Blocks that dropping request `key`'s cache would free.
+    fn exclusive(&self, key: Key) -> usize;
+    /// For waiting request `key`: the positions a prefix hit gives it (whole blocks), and how
+    /// many of those blocks are free now (the hit takes them out of the free count).
+    fn prefix(&self, key: Key) -> (usize, usize);
+}
+
 /// The queues and the block count.
 #[derive(Debug)]
 pub(crate) struct Scheduler {
@@ -69,11 +84,6 @@ impl Scheduler {
     /// Blocks that `positions` positions occupy.
     pub(crate) fn blocks_for(&self, positions: usize) -> usize {
         positions.div_ceil(self.block_size)
-    }
-
-    /// Blocks no running request holds.
-    pub(crate) fn free_blocks(&self) -> usize {
-        self.total_blocks - self.running.iter().map(|t| self.blocks_for(t.computed)).sum::<usize>()
     }
 
     /// Queues a request knowing `known` tokens, prefilled `chunk` rows per pass.
@@ -120,10 +130,10 @@ impl Scheduler {
     }
 
     /// Decides the next step.
-    pub(crate) fn plan(&mut self) -> Plan {
+    pub(crate) fn plan(&mut self, blocks: &dyn BlockView) -> Plan {
         let mut plan = Plan::default();
         let mut budget = self.token_budget;
-        let mut free = self.free_blocks();
+        let mut free = blocks.free();
         let mut i = 0;
         while i < self.running.len() {
             let t = self.running[i].clone();
@@ -136,14 +146,14 @@ impl Scheduler {
             let need = self.blocks_for(end) - self.blocks_for(start);
             if self.blocks_for(end) > self.total_blocks {
                 let t = self.running.remove(i);
-                free += self.blocks_for(t.computed);
+                free += blocks.exclusive(t.key);
                 plan.cache_full.push(t.key);
                 continue;
             }
             // Preempt from the most recently admitted until `t` fits (possibly `t` itself).
             while need > free {
                 let victim = self.running.pop().expect("t itself is running");
-                free += self.blocks_for(victim.computed);
+                free += blocks.exclusive(victim.key);
                 plan.preempted.push(victim.key);
                 let is_t = self.running.len() == i;
                 self.waiting.push_front(Tracked { computed: 0, ..victim });
@@ -167,12 +177,14 @@ impl Scheduler {
                 plan.cache_full.push(t.key);
                 continue;
             }
-            let (start, end) = Self::next_rows(t);
-            let need = self.blocks_for(end);
+            let (cached, revived) = blocks.prefix(t.key);
+            let (start, end) = Self::next_rows(&Tracked { computed: cached, ..t.clone() });
+            let need = self.blocks_for(end) - self.blocks_for(start) + revived;
             if end - start > budget || need > free {
                 break;
             }
-            let t = self.waiting.pop_front().expect("just seen");
+            let mut t = self.waiting.pop_front().expect("just seen");
+            t.computed = cached;
             free -= need;
             budget -= end - start;
             plan.admitted.push(t.key);
@@ -187,6 +199,34 @@ impl Scheduler {
 mod tests {
     use super::*;
 
+    /// Blocks as a cache without sharing holds them: each running request its own.
+    struct Own(Vec<(Key, usize)>, usize);
+
+    impl Own {
+        fn of(s: &Scheduler) -> Self {
+            let held: Vec<(Key, usize)> = s.running.iter().map(|t| (t.key, s.blocks_for(t.computed))).collect();
+            let used: usize = held.iter().map(|h| h.1).sum();
+            Own(held, s.total_blocks - used)
+        }
+    }
+
+    impl BlockView for Own {
+        fn free(&self) -> usize {
+            self.1
+        }
+        fn exclusive(&self, key: Key) -> usize {
+            self.0.iter().find(|h| h.0 == key).map_or(0, |h| h.1)
+        }
+        fn prefix(&self, _: Key) -> (usize, usize) {
+            (0, 0)
+        }
+    }
+
+    fn plan(s: &mut Scheduler) -> Plan {
+        let view = Own::of(s);
+        s.plan(&view)
+    }
+
     /// Runs plans until every request has `max` tokens, as the Batcher would with requests that
     /// never end early; returns every plan.
     fn drive(s: &mut Scheduler, max: &[(Key, usize)], steps: usize) -> Vec<Plan> {
@@ -195,8 +235,8 @@ mod tests {
             if !s.is_busy() {
                 break;
             }
-            let plan = s.plan();
-            for w in &plan.work {
+            let p = plan(s);
+            for w in &p.work {
                 let known = s.running.iter().find(|t| t.key == w.key).unwrap().known;
                 let limit = max.iter().find(|(k, _)| *k == w.key).unwrap().1;
                 if w.samples && known + 1 > limit {
@@ -205,10 +245,10 @@ mod tests {
                     s.ran(w, w.samples);
                 }
             }
-            for k in &plan.cache_full {
+            for k in &p.cache_full {
                 s.remove(*k);
             }
-            plans.push(plan);
+            plans.push(p);
         }
         plans
     }
@@ -217,19 +257,19 @@ mod tests {
     fn prompts_are_chunked_on_their_own_grid_with_the_last_token_alone() {
         let mut s = Scheduler::new(16, 100, 4, 64);
         s.add(Key(1), 70, 32);
-        let plan = s.plan();
-        assert_eq!(plan.admitted, vec![Key(1)]);
-        assert_eq!(plan.work, vec![Work { key: Key(1), start: 0, end: 32, samples: false }]);
-        s.ran(&plan.work[0], false);
+        let first = plan(&mut s);
+        assert_eq!(first.admitted, vec![Key(1)]);
+        assert_eq!(first.work, vec![Work { key: Key(1), start: 0, end: 32, samples: false }]);
+        s.ran(&first.work[0], false);
         let w: Vec<_> = (0..3)
             .map(|_| {
-                let p = s.plan();
+                let p = plan(&mut s);
                 s.ran(&p.work[0], p.work[0].samples);
                 (p.work[0].start, p.work[0].end, p.work[0].samples)
             })
             .collect();
         assert_eq!(w, vec![(32, 64, false), (64, 69, false), (69, 70, true)]);
-        let p = s.plan();
+        let p = plan(&mut s);
         assert_eq!(p.work, vec![Work { key: Key(1), start: 70, end: 71, samples: true }]);
     }
 
@@ -239,18 +279,18 @@ mod tests {
         let mut s = Scheduler::new(16, 100, 4, 40);
         s.add(Key(1), 1, 39);
         s.add(Key(2), 1, 39);
-        let p = s.plan();
+        let p = plan(&mut s);
         assert_eq!(p.admitted, vec![Key(1), Key(2)]);
         for w in &p.work {
             s.ran(w, true);
         }
         s.add(Key(3), 40, 39);
-        let p = s.plan();
+        let p = plan(&mut s);
         assert_eq!(p.admitted, Vec::<Key>::new());
         assert_eq!(p.work.len(), 2);
         s.remove(Key(1));
         s.remove(Key(2));
-        let p = s.plan();
+        let p = plan(&mut s);
         assert_eq!(p.work, vec![Work { key: Key(3), start: 0, end: 39, samples: false }]);
     }
 
@@ -288,10 +328,10 @@ mod tests {
         for k in 1..=4 {
             s.add(Key(k), 5, 64);
         }
-        let p = s.plan();
+        let p = plan(&mut s);
         assert_eq!(p.admitted, vec![Key(1), Key(2)]);
         s.remove(Key(1));
-        let p = s.plan();
+        let p = plan(&mut s);
         assert_eq!(p.admitted, vec![Key(3)]);
         assert_eq!(s.counts(), (1, 2));
     }

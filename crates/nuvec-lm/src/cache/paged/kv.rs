@@ -1,14 +1,15 @@
-//! A sequence's keys and values for one layer of a [`super::PagedCache`]: a block table into
-//! the layer's shared pool. New positions are written into the table's blocks; attention reads
-//! the sequence's blocks, gathered into one array (a row gather and a transpose: the attention
-//! op then reads exactly the values a plain cache would hold, so the result is the same bit for
-//! bit; a kernel reading the blocks in place is the next step).
+//! A sequence's keys and values for one layer of a [`super::PagedCache`]: its length, and the
+//! sequence's block table (shared by all its layers, grown by the cache before each step) into
+//! the layer's store. Attention reads the sequence's blocks gathered into one array (a row
+//! gather and a transpose: the attention op then reads exactly the values a plain cache would
+//! hold, so the result is the same bit for bit; a kernel reading the blocks in place is next).
 
 use std::sync::{Arc, Mutex};
 
 use nuvec::Array;
 
-use super::pool::{lock, LayerPool};
+use super::pool::lock;
+use super::store::LayerStore;
 use crate::cache::ops::{sdpa, Sinks};
 use crate::cache::Positions;
 use crate::{Error, Result};
@@ -16,52 +17,49 @@ use crate::{Error, Result};
 /// One layer of one paged sequence.
 #[derive(Debug)]
 pub struct PagedKv {
-    pool: Arc<Mutex<LayerPool>>,
-    table: Vec<u32>,
+    store: Arc<Mutex<LayerStore>>,
+    table: Arc<Mutex<Vec<u32>>>,
+    block_size: usize,
     len: usize,
 }
 
 impl PagedKv {
-    pub(crate) fn new(pool: Arc<Mutex<LayerPool>>) -> Self {
-        PagedKv { pool, table: vec![], len: 0 }
+    pub(crate) fn new(store: Arc<Mutex<LayerStore>>, table: Arc<Mutex<Vec<u32>>>, block_size: usize) -> Self {
+        PagedKv { store, table, block_size, len: 0 }
+    }
+
+    /// Starts the layer at `len` positions already in its table's blocks (a shared prefix).
+    pub(crate) fn set_held(&mut self, len: usize) {
+        self.len = len;
     }
 
     /// The block ids this sequence holds, in position order.
-    pub fn block_table(&self) -> &[u32] {
-        &self.table
+    pub fn block_table(&self) -> Vec<u32> {
+        lock(&self.table).clone()
     }
 
-    fn pool(&self) -> std::sync::MutexGuard<'_, LayerPool> {
-        lock(&self.pool)
-    }
-
-    /// Appends `keys, values [L, kv_heads, head_dim]`, taking blocks as needed; on error (the
-    /// pool ran out) nothing is written and the blocks taken are given back.
+    /// Appends `keys, values [L, kv_heads, head_dim]` into the blocks the cache reserved.
     pub(crate) fn write(&mut self, keys: &Array, values: &Array) -> Result<()> {
-        let (l, heads, dim) = (keys.dim(0), keys.dim(1), keys.dim(2));
-        let pool = self.pool.clone();
-        let mut pool = lock(&pool);
-        let bs = pool.block_size();
-        let needed = (self.len + l).div_ceil(bs);
-        let had = self.table.len();
-        while self.table.len() < needed {
-            match pool.take(heads, dim, keys.device()) {
-                Ok(id) => self.table.push(id),
-                Err(e) => {
-                    pool.give_back(self.table.drain(had..));
-                    return Err(e);
-                }
-            }
+        let l = keys.dim(0);
+        let bs = self.block_size;
+        let table = lock(&self.table);
+        if table.len() * bs < self.len + l {
+            return Err(Error::Invalid(format!(
+                "a paged sequence of {} positions in {} blocks was given {l} more without blocks reserved for them",
+                self.len,
+                table.len()
+            )));
         }
+        let mut store = lock(&self.store);
         let mut at = 0;
         while at < l {
             let pos = self.len + at;
-            let (id, within) = (self.table[pos / bs] as usize, pos % bs);
+            let (id, within) = (table[pos / bs] as usize, pos % bs);
             let n = (bs - within).min(l - at);
             if n == l {
-                pool.write(id * bs + within, keys, values)?;
+                store.write(id * bs + within, keys, values)?;
             } else {
-                pool.write(id * bs + within, &keys.slice_rows(at, at + n)?, &values.slice_rows(at, at + n)?)?;
+                store.write(id * bs + within, &keys.slice_rows(at, at + n)?, &values.slice_rows(at, at + n)?)?;
             }
             at += n;
         }
@@ -72,10 +70,12 @@ impl PagedKv {
     /// The held keys and values, `[kv_heads, blocks * block_size, head_dim]` each (valid up to
     /// `offset()`).
     pub(crate) fn gathered(&self) -> Result<(Array, Array)> {
-        if self.table.is_empty() {
+        let table = lock(&self.table);
+        let used = self.len.div_ceil(self.block_size);
+        if used == 0 {
             return Err(Error::Invalid("a paged sequence with no positions has nothing to attend".into()));
         }
-        self.pool().gather(&self.table)
+        lock(&self.store).gather(&table[..used])
     }
 
     /// Adds `keys, values [L, kv_heads, head_dim]` and attends `q [L, heads, head_dim]` over
@@ -92,13 +92,6 @@ impl PagedKv {
         let (k, v) = self.gathered()?;
         sdpa(q, &k, &v, self.len, scale, sinks)
     }
-
-    /// Gives every block back (the sequence is removed).
-    pub(crate) fn release(&mut self) {
-        let table = std::mem::take(&mut self.table);
-        self.pool().give_back(table);
-        self.len = 0;
-    }
 }
 
 impl Positions for PagedKv {
@@ -106,7 +99,7 @@ impl Positions for PagedKv {
         self.len
     }
 
-    /// Removes exactly `n` positions; blocks no position uses any more go back to the pool.
+    /// Removes exactly `n` positions (their blocks go back when the cache trims the table).
     fn trim(&mut self, n: usize) -> Result<()> {
         if n > self.len {
             return Err(Error::Invalid(format!(
@@ -115,15 +108,6 @@ impl Positions for PagedKv {
             )));
         }
         self.len -= n;
-        let keep = self.len.div_ceil(self.pool().block_size());
-        let freed: Vec<u32> = self.table.drain(keep..).collect();
-        self.pool().give_back(freed);
         Ok(())
-    }
-}
-
-impl Drop for PagedKv {
-    fn drop(&mut self) {
-        self.release();
     }
 }

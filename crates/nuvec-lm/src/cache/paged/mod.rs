@@ -1,19 +1,28 @@
-//! `PagedCache`: the keys and values of many sequences in fixed-size blocks of one pool per
-//! layer, each sequence a block table, so that memory is bounded up front and a finished
-//! sequence's blocks serve the next at once. [`decode_batch`] advances several sequences, each
-//! at its own length, in one forward pass ([`crate::StepBatch`]); [`PagedCache::step`] also takes
-//! prefill chunks. Recurrent (Gated DeltaNet) layers keep each sequence's state in a slot of
-//! their own, updated in place.
+//! `PagedCache`: the keys and values of many sequences in fixed-size blocks of one store per
+//! layer, each sequence a block table (the same ids in every layer), so that memory is bounded
+//! up front and a finished sequence's blocks serve the next at once. [`decode_batch`] advances
+//! several sequences, each at its own length, in one forward pass ([`crate::StepBatch`]);
+//! [`PagedCache::step`] also takes prefill chunks. Recurrent (Gated DeltaNet) layers keep each
+//! sequence's state in a slot of their own, updated in place.
+//!
+//! With prefix caching on ([`PagedCache::set_prefix_caching`]), every full block a step
+//! completes is indexed by the hash chain of its tokens; [`PagedCache::add_with_prefix`] starts a
+//! sequence on the blocks that already hold its prompt's prefix, shared (reference-counted,
+//! never copied: only full blocks are shared, and a sequence writes only past them). Freed
+//! indexed blocks keep their content until the pool needs them, least recently freed first.
 
 mod kv;
 mod pool;
+mod prefix;
+mod store;
 
 use std::sync::{Arc, Mutex};
 
 use nuvec::Array;
 
 pub use kv::PagedKv;
-use pool::{lock, LayerPool};
+use pool::{lock, BlockPool};
+use store::LayerStore;
 
 use super::LayerCache;
 use crate::models::Model;
@@ -27,18 +36,31 @@ pub const DEFAULT_BLOCK_SIZE: usize = 16;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct SeqId(pub u32);
 
+/// One sequence: its per-layer caches and the block table they share.
+#[derive(Debug)]
+struct Seq {
+    caches: Vec<LayerCache>,
+    table: Arc<Mutex<Vec<u32>>>,
+    /// The tokens in the cache, when known (a sequence inserted from a plain cache has none and
+    /// is never indexed).
+    tokens: Option<Vec<u32>>,
+    /// The hash chain of its full blocks, as far as indexed.
+    hashes: Vec<u64>,
+}
+
 /// Many sequences' caches in fixed-size blocks (see the module docs).
 #[derive(Debug)]
 pub struct PagedCache {
-    /// One pool per attention layer (`None` for a recurrent layer).
-    pools: Vec<Option<Arc<Mutex<LayerPool>>>>,
-    block_size: usize,
-    /// Sequence slots: `slots[id]` holds that sequence's caches, one per layer.
-    slots: Vec<Option<Vec<LayerCache>>>,
+    /// One store per attention layer (`None` for a recurrent layer).
+    stores: Vec<Option<Arc<Mutex<LayerStore>>>>,
+    pool: BlockPool,
+    slots: Vec<Option<Seq>>,
     /// The model the cache was made for (its fingerprint and layer count).
-    model: (String, usize),
+    model: (String, usize, String),
     /// Steps run each sequence as a pass of its own ([`StepBatch::set_batch_invariant`]).
     invariant: bool,
+    /// Whether the model has recurrent layers (whose state a shared prefix cannot give).
+    recurrent: bool,
 }
 
 impl PagedCache {
@@ -52,11 +74,11 @@ impl PagedCache {
         }
         let plain = model.new_cache();
         let dtype = model.kv_dtype().dtype();
-        let pools = plain
+        let stores = plain
             .iter()
             .enumerate()
             .map(|(i, c)| match c {
-                LayerCache::Plain(_) => Ok(Some(Arc::new(Mutex::new(LayerPool::new(blocks, block_size, dtype))))),
+                LayerCache::Plain(_) => Ok(Some(Arc::new(Mutex::new(LayerStore::new(blocks, block_size, dtype))))),
                 LayerCache::Recurrent(_) => Ok(None),
                 other => Err(Error::Unsupported(format!(
                     "PagedCache: layer {i} of {} uses a {} cache, whose paged form is not built yet (plain and \
@@ -67,10 +89,11 @@ impl PagedCache {
             })
             .collect::<Result<Vec<_>>>()?;
         Ok(PagedCache {
-            pools,
-            block_size,
+            recurrent: stores.iter().any(Option::is_none),
+            stores,
+            pool: BlockPool::new(blocks, block_size),
             slots: (0..max_seqs).map(|_| None).collect(),
-            model: (model.fingerprint().to_string(), model.num_layers()),
+            model: (model.fingerprint().to_string(), model.num_layers(), model.model_type().to_string()),
             invariant: false,
         })
     }
@@ -81,6 +104,26 @@ impl PagedCache {
         self.invariant = invariant;
     }
 
+    /// Turns prefix caching on or off (off by default; off forgets every indexed block). A
+    /// model with recurrent layers refuses it: a shared prefix would need the recurrent state
+    /// at the block boundary, and those checkpoints are not built yet.
+    pub fn set_prefix_caching(&mut self, on: bool) -> Result<()> {
+        if on && self.recurrent {
+            return Err(Error::Unsupported(format!(
+                "prefix caching for {}: its recurrent (Gated DeltaNet) layers would need state checkpoints at \
+                 block boundaries, which are not built yet; turn prefix caching off",
+                self.model.2
+            )));
+        }
+        self.pool.set_caching(on);
+        Ok(())
+    }
+
+    /// Whether prefix caching is on.
+    pub fn prefix_caching(&self) -> bool {
+        self.pool.caching()
+    }
+
     /// Sequences the cache can hold at once.
     pub fn max_seqs(&self) -> usize {
         self.slots.len()
@@ -88,17 +131,18 @@ impl PagedCache {
 
     /// Positions per block.
     pub fn block_size(&self) -> usize {
-        self.block_size
+        self.pool.block_size()
     }
 
-    /// Blocks per attention layer that no sequence holds.
+    /// Blocks no sequence holds (including indexed ones kept for prefix hits, which are reused
+    /// when needed).
     pub fn free_blocks(&self) -> usize {
-        self.pools.iter().flatten().map(|p| lock(p).free_blocks()).min().unwrap_or(0)
+        self.pool.free()
     }
 
-    /// Blocks per attention layer in all.
+    /// Blocks in all.
     pub fn total_blocks(&self) -> usize {
-        self.pools.iter().flatten().map(|p| lock(p).total_blocks()).next().unwrap_or(0)
+        self.pool.total()
     }
 
     /// Sequences held.
@@ -113,7 +157,13 @@ impl PagedCache {
 
     /// Positions sequence `id` holds.
     pub fn positions(&self, id: SeqId) -> Result<usize> {
-        Ok(self.caches(id)?.first().map_or(0, LayerCache::offset))
+        Ok(self.seq(id)?.caches.first().map_or(0, LayerCache::offset))
+    }
+
+    /// Blocks that only sequence `id` holds: what removing it frees.
+    pub fn exclusive_blocks(&self, id: SeqId) -> Result<usize> {
+        let seq = self.seq(id)?;
+        Ok(lock(&seq.table).iter().filter(|&&b| self.pool.holders(b) == 1).count())
     }
 
     /// A new, empty sequence (its prompt is then prefilled with [`PagedCache::step`]).
@@ -124,26 +174,80 @@ impl PagedCache {
                 self.slots.len()
             ))
         })?;
+        let table = Arc::new(Mutex::new(Vec::new()));
+        let bs = self.block_size();
         let caches = self
-            .pools
+            .stores
             .iter()
-            .map(|p| match p {
-                Some(pool) => LayerCache::Paged(PagedKv::new(pool.clone())),
+            .map(|s| match s {
+                Some(store) => LayerCache::Paged(PagedKv::new(store.clone(), table.clone(), bs)),
                 None => LayerCache::Recurrent(super::RecurrentCache::new()),
             })
             .collect();
-        self.slots[slot] = Some(caches);
+        self.slots[slot] = Some(Seq { caches, table, tokens: Some(vec![]), hashes: vec![] });
         Ok(SeqId(slot as u32))
+    }
+
+    /// The blocks holding the longest indexed prefix of `tokens` (full blocks only, and never
+    /// the last token, whose logits a request needs computed).
+    fn prefix_blocks(&self, tokens: &[u32]) -> Vec<(u32, u64)> {
+        if !self.pool.caching() || tokens.is_empty() {
+            return vec![];
+        }
+        let bs = self.block_size();
+        let usable = &tokens[..(tokens.len() - 1) / bs * bs];
+        let mut parent = prefix::ROOT;
+        let mut hits = vec![];
+        for block in usable.chunks_exact(bs) {
+            let h = prefix::block_hash(parent, block);
+            match self.pool.lookup(h, parent, block) {
+                Some(b) => hits.push((b, h)),
+                None => break,
+            }
+            parent = h;
+        }
+        hits
+    }
+
+    /// What [`PagedCache::add_with_prefix`] would find for `tokens`, changing nothing: the
+    /// positions it would start with, and how many of their blocks are free now (a hit takes
+    /// them out of the free count).
+    pub fn probe_prefix(&self, tokens: &[u32]) -> (usize, usize) {
+        let hits = self.prefix_blocks(tokens);
+        let revived = hits.iter().filter(|&&(b, _)| self.pool.holders(b) == 0).count();
+        (hits.len() * self.block_size(), revived)
+    }
+
+    /// A new sequence for `tokens`, starting on the indexed blocks that already hold their
+    /// longest prefix (shared, not copied): returns it and the positions it starts with. The
+    /// caller then steps the rest of `tokens` from there.
+    pub fn add_with_prefix(&mut self, tokens: &[u32]) -> Result<(SeqId, usize)> {
+        let hits = self.prefix_blocks(tokens);
+        let id = self.add()?;
+        let held = hits.len() * self.block_size();
+        for &(b, _) in &hits {
+            self.pool.share(b);
+        }
+        let seq = self.slots[id.0 as usize].as_mut().expect("just added");
+        *lock(&seq.table) = hits.iter().map(|&(b, _)| b).collect();
+        for c in &mut seq.caches {
+            if let LayerCache::Paged(kv) = c {
+                kv.set_held(held);
+            }
+        }
+        seq.tokens = Some(tokens[..held].to_vec());
+        seq.hashes = hits.iter().map(|&(_, h)| h).collect();
+        Ok((id, held))
     }
 
     /// A sequence holding what `cache` (a prefilled plain cache of the same model, one per layer)
     /// holds: its keys and values copied into blocks, recurrent states taken as they are.
     pub fn insert(&mut self, cache: &[LayerCache]) -> Result<SeqId> {
-        if cache.len() != self.pools.len() {
+        if cache.len() != self.stores.len() {
             return Err(Error::Invalid(format!(
                 "a cache of {} layers inserted into a paged cache for {}",
                 cache.len(),
-                self.pools.len()
+                self.stores.len()
             )));
         }
         let id = self.add()?;
@@ -155,8 +259,11 @@ impl PagedCache {
     }
 
     fn fill(&mut self, id: SeqId, cache: &[LayerCache]) -> Result<()> {
-        let caches = self.caches_mut(id)?;
-        for (i, (to, from)) in caches.iter_mut().zip(cache).enumerate() {
+        let held = cache.iter().find(|c| matches!(c, LayerCache::Plain(_))).map_or(0, LayerCache::offset);
+        self.reserve(id, held)?;
+        let seq = self.seq_mut(id)?;
+        seq.tokens = None;
+        for (i, (to, from)) in seq.caches.iter_mut().zip(cache).enumerate() {
             match (to, from) {
                 (LayerCache::Paged(to), LayerCache::Plain(from)) => {
                     if let Some((k, v)) = from.state()? {
@@ -175,11 +282,55 @@ impl PagedCache {
         Ok(())
     }
 
-    /// Removes sequence `id`; its blocks are free again at once.
+    /// Grows sequence `id`'s table to hold `more` positions beyond what it holds; on error (the
+    /// pool ran out) nothing is taken.
+    fn reserve(&mut self, id: SeqId, more: usize) -> Result<()> {
+        let bs = self.block_size();
+        let held = self.positions(id)?;
+        let seq = self.slots[id.0 as usize].as_ref().expect("checked by positions");
+        let mut table = lock(&seq.table);
+        let had = table.len();
+        while table.len() * bs < held + more {
+            match self.pool.take() {
+                Some(b) => table.push(b),
+                None => {
+                    for b in table.drain(had..) {
+                        self.pool.release(b);
+                    }
+                    return Err(Error::Invalid(format!(
+                        "the paged cache is full: all {} blocks of {bs} positions are in use; remove a sequence or \
+                         make the cache with more blocks",
+                        self.pool.total()
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Gives back the blocks of sequence `id`'s table past what it holds.
+    fn shrink(&mut self, id: SeqId) -> Result<()> {
+        let bs = self.block_size();
+        let keep = self.positions(id)?.div_ceil(bs);
+        let seq = self.slots[id.0 as usize].as_mut().expect("checked by positions");
+        let freed: Vec<u32> = {
+            let mut table = lock(&seq.table);
+            let keep = keep.min(table.len());
+            table.drain(keep..).collect()
+        };
+        for b in freed {
+            self.pool.release(b);
+        }
+        Ok(())
+    }
+
+    /// Removes sequence `id`; the blocks only it held are free again at once.
     pub fn remove(&mut self, id: SeqId) -> Result<()> {
-        self.caches(id)?;
-        // Dropping the per-layer views gives their blocks back.
-        self.slots[id.0 as usize] = None;
+        self.seq(id)?;
+        let seq = self.slots[id.0 as usize].take().expect("checked above");
+        for b in lock(&seq.table).drain(..) {
+            self.pool.release(b);
+        }
         Ok(())
     }
 
@@ -187,28 +338,33 @@ impl PagedCache {
     /// position uses any more are free again), or errors leaving it unchanged; a sequence of a
     /// hybrid model, whose recurrent state cannot forget positions, refuses any `n > 0`.
     pub fn trim(&mut self, id: SeqId, n: usize) -> Result<()> {
-        let caches = self.caches_mut(id)?;
-        let held = caches.first().map_or(0, LayerCache::offset);
+        let bs = self.block_size();
+        let seq = self.seq_mut(id)?;
+        let held = seq.caches.first().map_or(0, LayerCache::offset);
         if n > held {
             return Err(Error::Invalid(format!("cannot trim {n} positions from sequence {} holding {held}", id.0)));
         }
-        if n > 0 && caches.iter().any(|c| matches!(c, LayerCache::Recurrent(_))) {
+        if n > 0 && seq.caches.iter().any(|c| matches!(c, LayerCache::Recurrent(_))) {
             return Err(Error::Invalid(format!(
                 "sequence {} has recurrent layers, which cannot forget positions: remove it and start afresh",
                 id.0
             )));
         }
-        for cache in caches.iter_mut() {
+        for cache in seq.caches.iter_mut() {
             cache.trim(n)?;
         }
-        Ok(())
+        if let Some(t) = seq.tokens.as_mut() {
+            t.truncate(held - n);
+        }
+        seq.hashes.truncate((held - n) / bs);
+        self.shrink(id)
     }
 
-    fn caches(&self, id: SeqId) -> Result<&Vec<LayerCache>> {
+    fn seq(&self, id: SeqId) -> Result<&Seq> {
         self.slots.get(id.0 as usize).and_then(Option::as_ref).ok_or_else(|| missing(id))
     }
 
-    fn caches_mut(&mut self, id: SeqId) -> Result<&mut Vec<LayerCache>> {
+    fn seq_mut(&mut self, id: SeqId) -> Result<&mut Seq> {
         self.slots.get_mut(id.0 as usize).and_then(Option::as_mut).ok_or_else(|| missing(id))
     }
 
@@ -226,23 +382,64 @@ impl PagedCache {
                 model.num_layers()
             )));
         }
-        // Each slot can be lent once: a second mention of an id finds it taken.
-        let mut slots: Vec<Option<&mut Vec<LayerCache>>> = self.slots.iter_mut().map(Option::as_mut).collect();
-        let mut lent = vec![false; slots.len()];
+        let mut seen = vec![false; self.slots.len()];
+        for &(id, tokens) in work {
+            self.seq(id)?;
+            if std::mem::replace(&mut seen[id.0 as usize], true) {
+                return Err(Error::Invalid(format!("sequence {} appears twice in one step", id.0)));
+            }
+            if tokens.is_empty() {
+                return Err(Error::Invalid(format!("sequence {} of the step has no tokens", id.0)));
+            }
+        }
+        for (i, &(id, tokens)) in work.iter().enumerate() {
+            if let Err(e) = self.reserve(id, tokens.len()) {
+                for &(id, _) in &work[..i] {
+                    self.shrink(id)?;
+                }
+                return Err(e);
+            }
+        }
+        let result = self.run(model, work);
+        for &(id, tokens) in work {
+            if result.is_ok() {
+                self.commit(id, tokens);
+            }
+            self.shrink(id)?;
+        }
+        result
+    }
+
+    fn run(&mut self, model: &Model, work: &[(SeqId, &[u32])]) -> Result<Array> {
+        // Each slot is lent once (ids were checked distinct above).
+        let mut slots: Vec<Option<&mut Seq>> = self.slots.iter_mut().map(Option::as_mut).collect();
         let mut batch = StepBatch::new();
         batch.set_batch_invariant(self.invariant);
         for &(id, tokens) in work {
-            let slot = id.0 as usize;
-            match slots.get_mut(slot).and_then(Option::take) {
-                Some(caches) => batch.push(tokens, caches)?,
-                None if lent.get(slot) == Some(&true) => {
-                    return Err(Error::Invalid(format!("sequence {} appears twice in one step", id.0)))
-                }
-                None => return Err(missing(id)),
-            }
-            lent[slot] = true;
+            let seq = slots[id.0 as usize].take().expect("checked in step");
+            batch.push(tokens, &mut seq.caches)?;
         }
         model.step(&mut batch)
+    }
+
+    /// Records sequence `id`'s new `tokens` and indexes the blocks they completed.
+    fn commit(&mut self, id: SeqId, tokens: &[u32]) {
+        let bs = self.block_size();
+        let Some(seq) = self.slots[id.0 as usize].as_mut() else { return };
+        let Some(known) = seq.tokens.as_mut() else { return };
+        known.extend_from_slice(tokens);
+        if !self.pool.caching() {
+            return;
+        }
+        let table = lock(&seq.table);
+        while seq.hashes.len() < known.len() / bs {
+            let i = seq.hashes.len();
+            let parent = seq.hashes.last().copied().unwrap_or(prefix::ROOT);
+            let block = &known[i * bs..(i + 1) * bs];
+            let h = prefix::block_hash(parent, block);
+            self.pool.register(table[i], h, parent, block);
+            seq.hashes.push(h);
+        }
     }
 }
 

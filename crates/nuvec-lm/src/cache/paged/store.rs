@@ -1,0 +1,65 @@
+//! One layer's keys and values of every block: one array each, `[1, blocks * block_size,
+//! kv_heads * head_dim]` (positions first, as the projections produce them; made on first use).
+
+use nuvec::{Array, DType, Device, Matrix};
+
+use crate::{Error, Result};
+
+/// The tensors of one attention layer of a [`super::PagedCache`].
+#[derive(Debug)]
+pub(crate) struct LayerStore {
+    block_size: usize,
+    blocks: usize,
+    dtype: DType,
+    /// Keys and values, and the heads and head size they were made for.
+    arrays: Option<(Array, Array, [usize; 2])>,
+}
+
+impl LayerStore {
+    pub(crate) fn new(blocks: usize, block_size: usize, dtype: DType) -> Self {
+        LayerStore { block_size, blocks, dtype, arrays: None }
+    }
+
+    /// Makes the arrays for `heads` heads of `dim` features on `device` at the first write, and
+    /// refuses a later write of another shape.
+    fn ready(&mut self, heads: usize, dim: usize, device: Device) -> Result<()> {
+        match &self.arrays {
+            Some((k, _, shape)) if *shape == [heads, dim] && k.device() == device => Ok(()),
+            Some((_, _, shape)) => Err(Error::Invalid(format!(
+                "a paged layer made for {} heads of {} features on its first write was given {heads} of {dim}",
+                shape[0], shape[1]
+            ))),
+            None => {
+                let shape = [1, self.blocks * self.block_size, heads * dim];
+                let keys = Array::zeros_on(&shape, self.dtype, device)?;
+                let values = Array::zeros_on(&shape, self.dtype, device)?;
+                self.arrays = Some((keys, values, [heads, dim]));
+                Ok(())
+            }
+        }
+    }
+
+    /// Writes `keys, values [n, heads, dim]` at physical position `at` (within one block).
+    pub(crate) fn write(&mut self, at: usize, keys: &Array, values: &Array) -> Result<()> {
+        let (n, heads, dim) = (keys.dim(0), keys.dim(1), keys.dim(2));
+        self.ready(heads, dim, keys.device())?;
+        let (k, v, _) = self.arrays.as_mut().expect("made above");
+        k.write_axis1(&keys.reshape(&[1, n, heads * dim])?, at)?;
+        v.write_axis1(&values.reshape(&[1, n, heads * dim])?, at)?;
+        Ok(())
+    }
+
+    /// The blocks of `table`, in order, as keys and values `[heads, table.len() * block_size,
+    /// dim]` (the layout attention reads): one row gather and one transpose each.
+    pub(crate) fn gather(&self, table: &[u32]) -> Result<(Array, Array)> {
+        let Some((k, v, [heads, dim])) = self.arrays.as_ref() else {
+            return Err(Error::Invalid("a paged layer read before anything was written to it".into()));
+        };
+        let bs = self.block_size;
+        let one = |a: &Array| -> Result<Array> {
+            let rows = Matrix::Dense(a.reshape(&[self.blocks, bs * heads * dim])?).embed(table)?;
+            Ok(rows.reshape(&[table.len() * bs, *heads, *dim])?.transpose01()?)
+        };
+        Ok((one(k)?, one(v)?))
+    }
+}
