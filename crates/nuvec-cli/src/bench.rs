@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use clap::Parser;
 use nuvec_lm::decode_graph::{DecodeGraph, GraphMode};
-use nuvec_lm::{decode_batch, default_prefill_step, load_on, Model, PagedCache, SeqId};
+use nuvec_lm::{decode_batch, default_prefill_step, load_on, BatcherOptions, Model, PagedCache, SeqId};
 
 use crate::common::{model_or_default, parse_device, peak_memory};
 
@@ -48,6 +48,17 @@ pub struct Args {
     /// Skip the untimed warm-up trial.
     #[arg(long)]
     no_warmup: bool,
+    /// Run a serving workload through the Batcher instead: a JSON file of requests with
+    /// arrival times, as bench/compare-serve-workload writes (see crates/nuvec-cli/src/workload.rs);
+    /// reports throughput, time to first token and inter-token latency.
+    #[arg(long, value_name = "FILE")]
+    workload: Option<String>,
+    /// With --workload: turn the Batcher's prefix cache off.
+    #[arg(long, requires = "workload")]
+    no_prefix_cache: bool,
+    /// With --workload: cache blocks of 16 positions (default: sized from memory).
+    #[arg(long, requires = "workload")]
+    blocks: Option<usize>,
 }
 
 /// A small deterministic generator (splitmix64) for the prompt ids.
@@ -159,6 +170,14 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     }
     let model_path = model_or_default(&args.model)?;
     let (model, _tokenizer) = load_on(&model_path, parse_device(&args.device)?)?;
+    if let Some(path) = &args.workload {
+        let options = BatcherOptions {
+            prefix_cache: args.no_prefix_cache.then_some(false),
+            blocks: args.blocks,
+            ..Default::default()
+        };
+        return crate::workload::run(&model, path, options);
+    }
     let prompts: Vec<Vec<u32>> = (0..args.batch_size as u64)
         .map(|i| random_tokens(args.prompt_tokens, model.vocab_size(), args.seed.wrapping_add(i)))
         .collect();

@@ -7,6 +7,7 @@ mod common;
 mod convert;
 mod default_model;
 mod generate;
+mod workload;
 
 use clap::{Parser, Subcommand};
 
