@@ -6,7 +6,12 @@
 #![cfg(feature = "cuda")]
 
 use nuvec::Device;
-use nuvec_lm::{decode_batch, load_model_on, Model, PagedCache, StepBatch};
+use std::collections::HashMap;
+
+use nuvec_lm::{
+    decode_batch, load_model_on, Batcher, BatcherOptions, Event, GenerateOptions, Model, PagedCache, RequestId,
+    StepBatch,
+};
 
 mod common;
 use common::gpu_cases::{argmax, case_dir, margin, prompt};
@@ -109,4 +114,61 @@ fn qwen3_batched_on_the_gpu() {
 #[test]
 fn moe_batched_on_the_gpu() {
     check("qwen3_moe-q4g64");
+}
+
+/// Each request's greedy tokens alone (`generate` on the GPU) and each step's margin between
+/// its two largest logits.
+fn solo(model: &Model, p: &[u32], max_tokens: usize) -> (Vec<u32>, Vec<f32>) {
+    let mut g = nuvec_lm::generate(model, p, GenerateOptions { max_tokens, ..Default::default() }).unwrap();
+    let (mut tokens, mut margins) = (vec![], vec![]);
+    while let Some(t) = g.next() {
+        tokens.push(t.unwrap());
+        margins.push(margin(g.last_logits().unwrap()));
+    }
+    (tokens, margins)
+}
+
+/// The Batcher on the GPU: requests of mixed lengths served together get the greedy tokens each
+/// gets alone, up to the first step whose top two logits lie within rounding of each other
+/// (where batched rounding may legitimately pick the other), batched and batch-invariant.
+fn check_batcher(case: &str) {
+    nuvec::backends::cuda::init(0).expect("a CUDA device");
+    let model = load_model_on(&case_dir(case), Device::Cuda(0)).unwrap();
+    let prompts = prompts(&model);
+    for invariant in [false, true] {
+        let options = BatcherOptions { batch_invariant: invariant, ..Default::default() };
+        let mut batcher = Batcher::new(&model, options).unwrap();
+        let ids: Vec<RequestId> = prompts
+            .iter()
+            .map(|p| batcher.submit(p.clone(), GenerateOptions { max_tokens: STEPS, ..Default::default() }).unwrap())
+            .collect();
+        let mut got: HashMap<RequestId, Vec<u32>> = HashMap::new();
+        while batcher.is_busy() {
+            for e in batcher.step().unwrap() {
+                match e {
+                    Event::Token { id, token } => got.entry(id).or_default().push(token),
+                    Event::Failed { id, error } => panic!("{case}: {id:?} failed: {error}"),
+                    _ => {}
+                }
+            }
+        }
+        let mut equal = 0;
+        for (p, id) in prompts.iter().zip(&ids) {
+            let (tokens, margins) = solo(&model, p, STEPS);
+            let sure = margins.iter().position(|&m| m <= 2.0 * TOLERANCE).unwrap_or(tokens.len());
+            let ours = &got[id];
+            assert_eq!(ours[..sure.min(ours.len())], tokens[..sure], "{case}: {} prompt tokens", p.len());
+            equal += usize::from(*ours == tokens);
+        }
+        println!(
+            "RESULT gpu_batcher {case} invariant={invariant}: {equal} of {} requests equal their solo run in every token",
+            prompts.len()
+        );
+    }
+}
+
+#[test]
+fn the_batcher_serves_solo_greedy_tokens_on_the_gpu() {
+    check_batcher("mistral-q4g64");
+    check_batcher("qwen3_moe-q4g64");
 }
