@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The project's tests: installs the pinned oracle (mlx-lm), the real tokenizers and the default
-# model, records mlx-lm's reference outputs (cached by content hash), then runs every Rust test.
+# model, records mlx-lm's reference outputs (cached by content hash), curl and the OpenAI SDK for the
+# server's tests, then runs every Rust test.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -9,4 +10,13 @@ export NUVEC_CACHE
 scripts/setup-oracle.sh >/dev/null
 # shellcheck disable=SC1091
 . "$NUVEC_CACHE/env.sh"
-cargo test --release --workspace "$@"
+# curl and the pinned OpenAI SDK for the `nuvec serve` tests (crates/nuvec-cli/tests/serve.rs).
+NUVEC_OPENAI_PYTHON="$(scripts/setup-serve-tests.sh)"
+export NUVEC_OPENAI_PYTHON
+# The whole workspace, unless packages are named (`scripts/test.sh -p nuvec-server -p nuvec-cli`:
+# cargo's --workspace would override them).
+scope=(--workspace)
+for arg in "$@"; do
+    case "$arg" in -p | --package | --package=* | -p?*) scope=() ;; esac
+done
+cargo test --release "${scope[@]}" "$@"

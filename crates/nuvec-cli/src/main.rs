@@ -7,6 +7,7 @@ mod common;
 mod convert;
 mod default_model;
 mod generate;
+mod serve;
 mod workload;
 
 use clap::{Parser, Subcommand};
@@ -35,6 +36,8 @@ enum Command {
     CachePrompt(cache_prompt::Args),
     /// Convert a Hugging Face, MLX or GGUF checkpoint to MLX format (as mlx_lm.convert).
     Convert(convert::Args),
+    /// Serve a model with OpenAI's HTTP API, requests batched continuously (as mlx_lm.server).
+    Serve(serve::Args),
 }
 
 fn main() {
@@ -45,6 +48,7 @@ fn main() {
         Command::Convert(args) => convert::run(args),
         Command::Chat(args) => chat::run(args),
         Command::CachePrompt(args) => cache_prompt::run(args),
+        Command::Serve(args) => serve::run(args),
     };
     if let Err(e) = result {
         eprintln!("error: {e}");

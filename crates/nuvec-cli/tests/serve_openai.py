@@ -1,0 +1,151 @@
+"""`nuvec serve` through the real OpenAI Python SDK (pinned in scripts/serve/requirements.txt).
+
+    python serve_openai.py BASE_URL API_KEY EXPECTED_CHAT_ANSWER
+
+Run by crates/nuvec-cli/tests/serve.rs against a server started with `--api-key API_KEY` on the
+default SmolLM2 model; EXPECTED_CHAT_ANSWER is what `nuvec generate` answers (greedy, 40 tokens) to
+"What is the capital of France?". Every check raises on failure; the last line is "ok".
+"""
+
+import math
+import sys
+
+import openai
+
+base_url, key, expected = sys.argv[1], sys.argv[2], sys.argv[3]
+client = openai.OpenAI(base_url=base_url, api_key=key, max_retries=0, timeout=120)
+QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+def check(cond, what):
+    if not cond:
+        raise AssertionError(what)
+
+
+# Models: the served id, which requests may name.
+models = client.models.list()
+ids = [m.id for m in models.data]
+check(len(ids) == 1, f"one model is served: {ids}")
+model = ids[0]
+
+# Chat, whole: the same greedy answer as `nuvec generate`.
+chat = client.chat.completions.create(model=model, messages=QUESTION, max_tokens=40, temperature=0)
+choice = chat.choices[0]
+check(choice.message.role == "assistant", chat)
+check(choice.message.content == expected, f"{choice.message.content!r} != {expected!r}")
+check(choice.finish_reason in ("stop", "length"), chat)
+usage = chat.usage
+check(usage.prompt_tokens > 0 and usage.completion_tokens > 0, usage)
+check(usage.total_tokens == usage.prompt_tokens + usage.completion_tokens, usage)
+check(chat.object == "chat.completion" and chat.id.startswith("chatcmpl-"), chat)
+print("chat:", repr(choice.message.content))
+
+# Chat, streamed with a usage chunk: the same text, in pieces.
+stream = client.chat.completions.create(
+    model=model,
+    messages=QUESTION,
+    max_tokens=40,
+    temperature=0,
+    stream=True,
+    stream_options={"include_usage": True},
+)
+pieces, finish, final_usage, roles = [], None, None, []
+for chunk in stream:
+    check(chunk.object == "chat.completion.chunk", chunk)
+    if chunk.usage is not None:
+        check(chunk.choices == [], f"the usage chunk has no choices: {chunk}")
+        final_usage = chunk.usage
+        continue
+    delta = chunk.choices[0].delta
+    if delta.role:
+        roles.append(delta.role)
+    if delta.content:
+        pieces.append(delta.content)
+    if chunk.choices[0].finish_reason:
+        finish = chunk.choices[0].finish_reason
+check(roles == ["assistant"], roles)
+check("".join(pieces) == expected, f"{''.join(pieces)!r} != {expected!r}")
+check(len(pieces) > 1, f"streamed in pieces: {pieces}")
+check(finish == choice.finish_reason, finish)
+check(final_usage is not None and final_usage.completion_tokens == usage.completion_tokens, final_usage)
+check(final_usage.prompt_tokens == usage.prompt_tokens, final_usage)
+
+# Content as a list of text parts, and a system message: accepted.
+parts = client.chat.completions.create(
+    messages=[
+        {"role": "system", "content": "You are a helpful assistant."},
+        {"role": "user", "content": [{"type": "text", "text": "What is the capital "}, {"type": "text", "text": "of France?"}]},
+    ],
+    model=model,
+    max_completion_tokens=40,
+)
+check("Paris" in parts.choices[0].message.content, parts)
+
+# Chat logprobs: one entry per token, the greedy token the most likely, top_logprobs as asked.
+lp = client.chat.completions.create(
+    model=model, messages=QUESTION, max_tokens=12, temperature=0, logprobs=True, top_logprobs=3
+)
+content = lp.choices[0].logprobs.content
+check(len(content) == lp.usage.completion_tokens, f"{len(content)} entries for {lp.usage.completion_tokens} tokens")
+check("".join(e.token for e in content).startswith(lp.choices[0].message.content[:5]), content)
+for e in content:
+    check(e.logprob <= 0 and math.isfinite(e.logprob), e)
+    check(len(e.top_logprobs) == 3, e)
+    check(e.top_logprobs[0].token == e.token, f"greedy picks the most likely: {e}")
+    check(abs(e.top_logprobs[0].logprob - e.logprob) < 1e-6, e)
+    check(e.top_logprobs[0].logprob >= e.top_logprobs[1].logprob >= e.top_logprobs[2].logprob, e)
+    check(bytes(e.bytes).decode("utf-8", "replace") == e.token, e)
+print("logprobs:", [(e.token, round(e.logprob, 3)) for e in content[:4]])
+
+# Completions, whole and streamed: the same text.
+prompt = "The capital of France is"
+whole = client.completions.create(model=model, prompt=prompt, max_tokens=16, temperature=0)
+text = whole.choices[0].text
+check("Paris" in text, whole)
+check(whole.usage.completion_tokens == 16 or whole.choices[0].finish_reason == "stop", whole)
+streamed = "".join(
+    c.choices[0].text for c in client.completions.create(model=model, prompt=prompt, max_tokens=16, temperature=0, stream=True)
+)
+check(streamed == text, f"{streamed!r} != {text!r}")
+print("completion:", repr(text))
+
+# Completions from token ids, with stop strings and legacy logprobs.
+ids_prompt = client.completions.create(model=model, prompt=[504, 3575, 282, 4649, 314], max_tokens=5, logprobs=2)
+check(ids_prompt.usage.prompt_tokens == 5, ids_prompt.usage)
+lps = ids_prompt.choices[0].logprobs
+check(len(lps.tokens) == len(lps.token_logprobs) == len(lps.top_logprobs) == ids_prompt.usage.completion_tokens, lps)
+check(all(len(t) == 2 for t in lps.top_logprobs), lps)
+stopped = client.completions.create(model=model, prompt=prompt, max_tokens=16, temperature=0, stop=["."])
+check(stopped.choices[0].finish_reason == "stop", stopped)
+check(stopped.choices[0].text == text.split(".")[0], f"{stopped.choices[0].text!r} vs {text!r}")
+
+# Seeded sampling: the same seed gives the same text.
+a, b = (
+    client.chat.completions.create(model=model, messages=QUESTION, max_tokens=20, temperature=0.9, seed=7)
+    for _ in range(2)
+)
+check(a.choices[0].message.content == b.choices[0].message.content, (a, b))
+
+# Errors, as the SDK's exception types.
+try:
+    client.chat.completions.create(model=model, messages=QUESTION, temperature=-1)
+    raise AssertionError("temperature -1 was accepted")
+except openai.BadRequestError as e:
+    check(e.status_code == 400, e)
+    check(e.body["param"] == "temperature", e.body)
+try:
+    client.chat.completions.create(model=model, messages=QUESTION, n=2)
+    raise AssertionError("n=2 was accepted")
+except openai.BadRequestError as e:
+    check("n = 1" in e.message, e.message)
+try:
+    client.chat.completions.create(model="gpt-4o", messages=QUESTION)
+    raise AssertionError("another model was accepted")
+except openai.NotFoundError as e:
+    check(e.body["code"] == "model_not_found", e.body)
+try:
+    openai.OpenAI(base_url=base_url, api_key="wrong", max_retries=0).models.list()
+    raise AssertionError("a wrong key was accepted")
+except openai.AuthenticationError as e:
+    check(e.status_code == 401, e)
+print("ok")

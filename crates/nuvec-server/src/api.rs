@@ -1,0 +1,578 @@
+//! The routes: OpenAI's completions, chat completions and models, and `/health`; their
+//! responses and stream chunks in OpenAI's shapes.
+
+use std::convert::Infallible;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{Path, Request, State};
+use axum::http::{header, HeaderValue, Method, StatusCode, Uri};
+use axum::middleware::{self, Next};
+use axum::response::sse::{Event as SseEvent, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use nuvec_lm::token_bytes::TokenBytes;
+use nuvec_lm::{FinishReason, TextStream, TokenLogprobs};
+use serde_json::{json, Map, Value};
+use tokio::sync::{mpsc as tmpsc, oneshot};
+use tokio_stream::wrappers::ReceiverStream;
+use tower_http::catch_panic::CatchPanicLayer;
+use tower_http::cors::{AllowOrigin, Any, CorsLayer};
+
+use crate::engine::{panic_text, Output, Submission};
+use crate::error::ApiError;
+use crate::params::{self, Kind, Parsed, Prompt};
+use crate::AppState;
+
+/// The router over `state`: `/v1` (behind the API key when one is set), `/health`, and OpenAI
+/// errors for unknown routes, wrong methods, oversized bodies and panics.
+pub(crate) fn router(state: Arc<AppState>) -> Router {
+    let v1 = Router::new()
+        .route("/chat/completions", post(chat_completions))
+        .route("/completions", post(completions))
+        .route("/models", get(models))
+        .route("/models/{*model}", get(model))
+        .route_layer(middleware::from_fn_with_state(state.clone(), authorize));
+    let mut app = Router::new()
+        .nest("/v1", v1)
+        .route("/health", get(health))
+        .fallback(no_route)
+        .method_not_allowed_fallback(wrong_method)
+        .layer(axum::extract::DefaultBodyLimit::max(state.config.body_limit))
+        .layer(CatchPanicLayer::custom(panicked));
+    if let Some(cors) = cors(&state.config.allowed_origins) {
+        app = app.layer(cors);
+    }
+    app.with_state(state)
+}
+
+fn cors(origins: &[String]) -> Option<CorsLayer> {
+    if origins.is_empty() {
+        return None;
+    }
+    let allow = if origins.iter().any(|o| o == "*") {
+        AllowOrigin::from(Any)
+    } else {
+        AllowOrigin::list(origins.iter().filter_map(|o| HeaderValue::from_str(o).ok()))
+    };
+    Some(CorsLayer::new().allow_origin(allow).allow_methods(Any).allow_headers(Any).expose_headers(Any))
+}
+
+fn panicked(panic: Box<dyn std::any::Any + Send + 'static>) -> Response {
+    let text = panic_text(&panic);
+    eprintln!("[ERROR] a request handler panicked: {text}");
+    ApiError::internal("(handler)", format!("the handler panicked: {text}")).into_response()
+}
+
+async fn no_route(method: Method, uri: Uri) -> ApiError {
+    ApiError::no_route(method.as_str(), uri.path())
+}
+
+async fn wrong_method(method: Method, uri: Uri) -> ApiError {
+    ApiError {
+        status: StatusCode::METHOD_NOT_ALLOWED,
+        code: Some("method_not_allowed"),
+        ..ApiError::no_route(method.as_str(), uri.path())
+    }
+}
+
+/// `Authorization: Bearer <key>` on every `/v1` route when the server has a key.
+async fn authorize(State(state): State<Arc<AppState>>, request: Request, next: Next) -> Response {
+    if let Some(key) = &state.config.api_key {
+        let given = request
+            .headers()
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")))
+            .map(str::trim);
+        let message = match given {
+            Some(g) if same(g.as_bytes(), key.as_bytes()) => None,
+            Some(_) => Some("Incorrect API key provided"),
+            None => Some("Missing API key: send it as the header `Authorization: Bearer <key>`"),
+        };
+        if let Some(message) = message {
+            let error = ApiError {
+                status: StatusCode::UNAUTHORIZED,
+                message: message.into(),
+                kind: "invalid_request_error",
+                param: None,
+                code: Some("invalid_api_key"),
+            };
+            return error.into_response();
+        }
+    }
+    next.run(request).await
+}
+
+/// Equality that takes as long whichever byte differs.
+fn same(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+fn now() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}
+
+async fn health(State(state): State<Arc<AppState>>) -> Response {
+    let stats = state.shared.stats();
+    let requests = json!({
+        "waiting": stats.waiting,
+        "running": stats.running,
+        "completed": stats.completed,
+        "cancelled": stats.cancelled,
+        "failed": stats.failed,
+        "generated_tokens": stats.generated_tokens,
+    });
+    match state.shared.failure() {
+        Some(why) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(json!({"status": "error", "error": why, "model": state.config.model_id, "requests": requests})),
+        )
+            .into_response(),
+        None => Json(json!({"status": "ok", "model": state.config.model_id, "requests": requests})).into_response(),
+    }
+}
+
+fn model_object(state: &AppState) -> Value {
+    json!({"id": state.config.model_id, "object": "model", "created": state.created, "owned_by": "nuvec"})
+}
+
+async fn models(State(state): State<Arc<AppState>>) -> Json<Value> {
+    Json(json!({"object": "list", "data": [model_object(&state)]}))
+}
+
+async fn model(State(state): State<Arc<AppState>>, Path(id): Path<String>) -> Result<Json<Value>, ApiError> {
+    match id == state.config.model_id {
+        true => Ok(Json(model_object(&state))),
+        false => Err(ApiError::no_model(&id, &state.config.model_id)),
+    }
+}
+
+async fn chat_completions(State(state): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> Response {
+    with_id(state, Kind::Chat, body).await
+}
+
+async fn completions(State(state): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> Response {
+    with_id(state, Kind::Completion, body).await
+}
+
+/// Every completion response, errors included, names its request in `x-request-id`.
+async fn with_id(state: Arc<AppState>, kind: Kind, body: Result<Bytes, BytesRejection>) -> Response {
+    let id = request_id(kind);
+    let mut response = complete(state, kind, body, &id).await.unwrap_or_else(IntoResponse::into_response);
+    if let Ok(value) = HeaderValue::from_str(&id) {
+        response.headers_mut().insert(header::HeaderName::from_static("x-request-id"), value);
+    }
+    response
+}
+
+fn body_error(rejection: BytesRejection, limit: usize) -> ApiError {
+    if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+        return ApiError {
+            status: StatusCode::PAYLOAD_TOO_LARGE,
+            message: format!("the request body is larger than this server's limit of {limit} bytes"),
+            kind: "invalid_request_error",
+            param: None,
+            code: Some("request_too_large"),
+        };
+    }
+    ApiError { status: rejection.status(), ..ApiError::bad_request(format!("the body could not be read: {rejection}")) }
+}
+
+/// A fresh id: `chatcmpl-…` or `cmpl-…`, unique within the process and unlikely across them.
+fn request_id(kind: Kind) -> String {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(COUNTER.fetch_add(1, Ordering::Relaxed));
+    let prefix = match kind {
+        Kind::Chat => "chatcmpl",
+        Kind::Completion => "cmpl",
+    };
+    format!("{prefix}-{:016x}", h.finish())
+}
+
+/// A request checked and tokenized, ready for the engine.
+struct Prepared {
+    parsed: Parsed,
+    ids: Vec<u32>,
+}
+
+/// Parses, renders the chat template and encodes (on a blocking thread: templates and
+/// tokenizers are CPU work).
+fn prepare(state: &AppState, kind: Kind, body: &Map<String, Value>) -> Result<Prepared, ApiError> {
+    let tokenizer = &state.tokenizer;
+    let cx = params::Context {
+        model_id: &state.config.model_id,
+        defaults: &state.config.defaults,
+        template_args: &state.config.template_args,
+        vocab_size: state.info.vocab_size,
+        tokenizer,
+    };
+    let parsed = params::parse(kind, body, &cx)?;
+    let (ids, param) = match &parsed.prompt {
+        Prompt::Messages(messages, args) => {
+            let template = tokenizer.chat_template().ok_or_else(|| {
+                ApiError::invalid("messages", "this model has no chat template: use /v1/completions with a prompt")
+            })?;
+            let ctx = tokenizer.template_context(args.clone());
+            let text = template.render_values(messages, true, false, &ctx).map_err(|e| {
+                ApiError::invalid("messages", format!("the chat template failed on these messages: {e}"))
+            })?;
+            // The template wrote the special tokens.
+            (tokenizer.encode(&text, false), "messages")
+        }
+        Prompt::Text(text) => (tokenizer.encode(text, true), "prompt"),
+        Prompt::Tokens(ids) => (Ok(ids.clone()), "prompt"),
+    };
+    let ids = ids.map_err(|e| ApiError::invalid(param, format!("the prompt could not be tokenized: {e}")))?;
+    if ids.is_empty() {
+        return Err(ApiError::invalid(param, "the prompt is empty: it encodes to no tokens"));
+    }
+    let limit = match parsed.options.context_length {
+        Some(n) => Some(n),
+        None => state.info.context_length,
+    };
+    if let Some(limit) = limit.filter(|&l| ids.len() >= l) {
+        return Err(ApiError {
+            code: Some("context_length_exceeded"),
+            ..ApiError::invalid(
+                param,
+                format!(
+                    "This model's maximum context length is {limit} tokens, and the prompt is {} tokens, which \
+                     leaves no room for an answer; shorten the prompt",
+                    ids.len()
+                ),
+            )
+        });
+    }
+    Ok(Prepared { parsed, ids })
+}
+
+/// The runtime's refusal of a request: bad input is a 400, anything else a 500.
+fn refused(request_id: &str, error: nuvec_lm::Error) -> ApiError {
+    match error {
+        nuvec_lm::Error::Invalid(message) => ApiError::bad_request(message),
+        nuvec_lm::Error::Unsupported(message) => ApiError {
+            code: Some("unsupported_parameter"),
+            ..ApiError::bad_request(format!("not supported: {message}"))
+        },
+        other => {
+            eprintln!("[ERROR] request {request_id} was refused: {other}");
+            ApiError::internal(request_id, other)
+        }
+    }
+}
+
+fn engine_gone(state: &AppState) -> ApiError {
+    ApiError::unavailable(&state.shared.failure().unwrap_or_else(|| "the engine has stopped".into()))
+}
+
+async fn complete(
+    state: Arc<AppState>,
+    kind: Kind,
+    body: Result<Bytes, BytesRejection>,
+    id: &str,
+) -> Result<Response, ApiError> {
+    let bytes = body.map_err(|r| body_error(r, state.config.body_limit))?;
+    let value: Value = serde_json::from_slice(&bytes).map_err(|e| ApiError {
+        code: Some("invalid_json"),
+        ..ApiError::bad_request(format!("the body is not valid JSON: {e}"))
+    })?;
+    let Value::Object(body) = value else {
+        return Err(ApiError::bad_request("the body must be a JSON object"));
+    };
+    if state.shared.failure().is_some() {
+        return Err(engine_gone(&state));
+    }
+    let prepared = {
+        let state = state.clone();
+        tokio::task::spawn_blocking(move || prepare(&state, kind, &body))
+            .await
+            .map_err(|e| ApiError::internal(id, format!("preparing the prompt failed: {e}")))??
+    };
+    let Prepared { parsed, ids } = prepared;
+
+    let (outputs, mut receiver) = tmpsc::unbounded_channel();
+    let (accepted, was_accepted) = oneshot::channel();
+    let submission =
+        Submission { prompt: ids.clone(), options: parsed.options.clone(), outputs, accepted, request_id: id.into() };
+    state.engine.send(submission).map_err(|_| engine_gone(&state))?;
+    match was_accepted.await {
+        Ok(Ok(())) => {}
+        Ok(Err(error)) => return Err(refused(id, error)),
+        Err(_) => return Err(engine_gone(&state)),
+    }
+
+    let mut text = TextStream::new(&state.tokenizer, &parsed.options);
+    if kind == Kind::Chat {
+        // The answer as mlx_lm.server and `nuvec generate` give it (a byte-level BPE answer's
+        // first leading space dropped); a completion keeps it, so prompt + text is the whole.
+        text = text.with_mlx_lm_spacing();
+    }
+    let mut reply = Reply {
+        kind,
+        id: id.into(),
+        created: now(),
+        model: state.config.model_id.clone(),
+        text,
+        table: state.tokenizer.token_bytes(),
+        prompt_tokens: ids.len(),
+        cached_tokens: 0,
+        completion_tokens: 0,
+        logprobs: parsed.options.logprobs.is_some(),
+        pending: vec![],
+        offset: 0,
+        include_usage: parsed.include_usage,
+    };
+    if !parsed.stream {
+        let mut content = String::new();
+        let mut failed = None;
+        let reason = loop {
+            match receiver.recv().await {
+                Some(Output::Started { cached_tokens }) => reply.cached_tokens = cached_tokens,
+                Some(Output::Token { token, logprobs }) => content.push_str(&reply.token(token, logprobs)),
+                Some(Output::Failed(message)) => failed = Some(message),
+                Some(Output::Finished(reason)) => break reason,
+                None => return Err(engine_gone(&state)),
+            }
+        };
+        if let Some(message) = failed {
+            return Err(ApiError::internal(id, message));
+        }
+        content.push_str(&reply.text.finish());
+        return Ok(Json(reply.whole(content, &reason)).into_response());
+    }
+
+    let (chunks, body) = tmpsc::channel::<Result<SseEvent, Infallible>>(64);
+    tokio::spawn(async move {
+        let send = |value: Value| {
+            let chunks = chunks.clone();
+            async move { chunks.send(Ok(SseEvent::default().data(value.to_string()))).await.is_ok() }
+        };
+        if kind == Kind::Chat && !send(reply.chunk(json!({"role": "assistant", "content": ""}), None)).await {
+            return;
+        }
+        let mut failed = None;
+        loop {
+            let output = tokio::select! {
+                // The client left: dropping the receiver makes the engine cancel the request.
+                _ = chunks.closed() => return,
+                output = receiver.recv() => output,
+            };
+            match output {
+                Some(Output::Started { cached_tokens }) => reply.cached_tokens = cached_tokens,
+                Some(Output::Token { token, logprobs }) => {
+                    let piece = reply.token(token, logprobs);
+                    if !piece.is_empty() && !send(reply.piece(piece, None)).await {
+                        return;
+                    }
+                }
+                Some(Output::Failed(message)) => failed = Some(message),
+                Some(Output::Finished(reason)) => {
+                    if let Some(message) = failed.take() {
+                        let _ = send(ApiError::internal(&reply.id, message).body()).await;
+                    } else {
+                        let rest = reply.text.finish();
+                        if !rest.is_empty() && !send(reply.piece(rest, None)).await {
+                            return;
+                        }
+                        let last = reply.piece(String::new(), Some(&reason));
+                        if !send(last).await {
+                            return;
+                        }
+                        if reply.include_usage && !send(reply.usage_chunk()).await {
+                            return;
+                        }
+                    }
+                    let _ = chunks.send(Ok(SseEvent::default().data("[DONE]"))).await;
+                    return;
+                }
+                None => {
+                    let why = "the engine stopped before the request finished";
+                    let _ = send(ApiError::internal(&reply.id, why).body()).await;
+                    let _ = chunks.send(Ok(SseEvent::default().data("[DONE]"))).await;
+                    return;
+                }
+            }
+        }
+    });
+    Ok(Sse::new(ReceiverStream::new(body)).into_response())
+}
+
+/// OpenAI's finish reason for `reason`.
+fn finish_reason(reason: &FinishReason) -> &'static str {
+    match reason {
+        FinishReason::EndOfSequence | FinishReason::Stop(_) | FinishReason::Cancelled => "stop",
+        // The KV cache ran out of room: cut short by a limit, as "length" says.
+        FinishReason::Length | FinishReason::ContextLength(_) | FinishReason::CacheFull => "length",
+        FinishReason::Error => "error",
+    }
+}
+
+/// One request's answer as it is built: its text, counts and log-probabilities.
+struct Reply {
+    kind: Kind,
+    id: String,
+    created: u64,
+    model: String,
+    text: TextStream,
+    table: Arc<TokenBytes>,
+    prompt_tokens: usize,
+    /// Prompt tokens whose keys and values came from the prefix cache.
+    cached_tokens: usize,
+    completion_tokens: usize,
+    logprobs: bool,
+    /// Log-probabilities of the tokens not yet sent.
+    pending: Vec<TokenLogprobs>,
+    /// Characters of the token strings sent so far (a completion's `text_offset`).
+    offset: usize,
+    include_usage: bool,
+}
+
+/// OpenAI's floor for a log-probability that is not finite.
+fn finite(lp: f32) -> f64 {
+    if lp.is_finite() {
+        lp as f64
+    } else {
+        -9999.0
+    }
+}
+
+impl Reply {
+    /// Takes a token: returns the text that is now final.
+    fn token(&mut self, token: u32, logprobs: Option<TokenLogprobs>) -> String {
+        self.completion_tokens += 1;
+        if let Some(lp) = logprobs.filter(|_| self.logprobs) {
+            self.pending.push(lp);
+        }
+        self.text.push(token)
+    }
+
+    fn token_text(&self, id: u32) -> (String, &[u8]) {
+        let bytes = self.table.get(id);
+        (String::from_utf8_lossy(bytes).into_owned(), bytes)
+    }
+
+    /// The log-probabilities of the pending tokens in this endpoint's shape (None when not
+    /// asked, or in a stream chunk when no token is pending).
+    fn take_logprobs(&mut self, streaming: bool) -> Option<Value> {
+        if !self.logprobs || (streaming && self.pending.is_empty()) {
+            return None;
+        }
+        let pending = std::mem::take(&mut self.pending);
+        Some(match self.kind {
+            Kind::Chat => {
+                let content: Vec<Value> = pending
+                    .iter()
+                    .map(|lp| {
+                        let (token, bytes) = self.token_text(lp.token);
+                        let top: Vec<Value> = lp
+                            .top
+                            .iter()
+                            .map(|&(t, l)| {
+                                let (token, bytes) = self.token_text(t);
+                                json!({"token": token, "logprob": finite(l), "bytes": bytes})
+                            })
+                            .collect();
+                        json!({"token": token, "logprob": finite(lp.logprob), "bytes": bytes, "top_logprobs": top})
+                    })
+                    .collect();
+                json!({"content": content, "refusal": null})
+            }
+            Kind::Completion => {
+                let (mut tokens, mut values, mut tops, mut offsets) = (vec![], vec![], vec![], vec![]);
+                for lp in &pending {
+                    let (token, _) = self.token_text(lp.token);
+                    offsets.push(self.offset);
+                    self.offset += token.chars().count();
+                    tokens.push(token);
+                    values.push(finite(lp.logprob));
+                    let top: Map<String, Value> =
+                        lp.top.iter().map(|&(t, l)| (self.token_text(t).0, json!(finite(l)))).collect();
+                    tops.push(Value::Object(top));
+                }
+                json!({"tokens": tokens, "token_logprobs": values, "top_logprobs": tops, "text_offset": offsets})
+            }
+        })
+    }
+
+    fn usage(&self) -> Value {
+        json!({
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "total_tokens": self.prompt_tokens + self.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": self.cached_tokens},
+        })
+    }
+
+    fn object(&self, streaming: bool) -> &'static str {
+        match (self.kind, streaming) {
+            (Kind::Chat, true) => "chat.completion.chunk",
+            (Kind::Chat, false) => "chat.completion",
+            (Kind::Completion, _) => "text_completion",
+        }
+    }
+
+    /// A stream chunk of one choice.
+    fn chunk(&mut self, delta: Value, reason: Option<&FinishReason>) -> Value {
+        let logprobs = self.take_logprobs(true);
+        let choice = match self.kind {
+            Kind::Chat => json!({
+                "index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": reason.map(finish_reason)
+            }),
+            Kind::Completion => json!({
+                "index": 0, "text": delta, "logprobs": logprobs, "finish_reason": reason.map(finish_reason)
+            }),
+        };
+        let mut chunk = json!({
+            "id": self.id, "object": self.object(true), "created": self.created, "model": self.model,
+            "choices": [choice],
+        });
+        if self.include_usage {
+            chunk["usage"] = Value::Null;
+        }
+        chunk
+    }
+
+    /// A chunk carrying `text` (and a finish reason on the last).
+    fn piece(&mut self, text: String, reason: Option<&FinishReason>) -> Value {
+        match (self.kind, text.is_empty()) {
+            (Kind::Chat, true) => self.chunk(json!({}), reason),
+            (Kind::Chat, false) => self.chunk(json!({"content": text}), reason),
+            (Kind::Completion, _) => self.chunk(Value::String(text), reason),
+        }
+    }
+
+    /// The final chunk of `stream_options.include_usage`: no choices, the usage.
+    fn usage_chunk(&self) -> Value {
+        json!({
+            "id": self.id, "object": self.object(true), "created": self.created, "model": self.model,
+            "choices": [], "usage": self.usage(),
+        })
+    }
+
+    /// The whole (non-streaming) response.
+    fn whole(&mut self, text: String, reason: &FinishReason) -> Value {
+        let logprobs = self.take_logprobs(false);
+        let choice = match self.kind {
+            Kind::Chat => json!({
+                "index": 0,
+                "message": {"role": "assistant", "content": text},
+                "logprobs": logprobs,
+                "finish_reason": finish_reason(reason),
+            }),
+            Kind::Completion => json!({
+                "index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish_reason(reason),
+            }),
+        };
+        json!({
+            "id": self.id, "object": self.object(false), "created": self.created, "model": self.model,
+            "choices": [choice], "usage": self.usage(),
+        })
+    }
+}

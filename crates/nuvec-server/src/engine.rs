@@ -1,0 +1,260 @@
+//! The engine thread: it owns the model's [`Batcher`] (through [`EngineCore`]), takes
+//! submissions from the HTTP handlers over a channel, steps while any request is in flight,
+//! blocks on the channel when idle, and sends each request's tokens back over that request's
+//! own channel. A request whose receiver is gone (its client disconnected) is cancelled at the
+//! next step. A failed request fails alone; a failed step ends the engine and marks it failed,
+//! which `/health` reports.
+
+use std::collections::HashMap;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::{mpsc, Arc, Mutex};
+
+use nuvec_lm::{Batcher, BatcherStats, Event, FinishReason, GenerateOptions, RequestId, TokenLogprobs};
+use tokio::sync::{mpsc as tmpsc, oneshot};
+
+/// What the engine thread drives: the [`Batcher`]'s request interface. The Batcher is the one
+/// implementation a server runs; tests put others in its place (a core that fails) through
+/// [`crate::Server::with_engine`].
+pub trait EngineCore {
+    /// Queues a request (see [`Batcher::submit`]).
+    fn submit(&mut self, prompt: Vec<u32>, options: GenerateOptions) -> nuvec_lm::Result<RequestId>;
+    /// Runs one step (see [`Batcher::step`]); an error means the core cannot go on.
+    fn step(&mut self) -> nuvec_lm::Result<Vec<Event>>;
+    /// Whether any request is waiting or running.
+    fn is_busy(&self) -> bool;
+    /// Ends a request at the next step (see [`Batcher::cancel`]).
+    fn cancel(&mut self, id: RequestId) -> bool;
+    /// Counts for monitoring.
+    fn stats(&self) -> BatcherStats;
+}
+
+impl EngineCore for Batcher<'_> {
+    fn submit(&mut self, prompt: Vec<u32>, options: GenerateOptions) -> nuvec_lm::Result<RequestId> {
+        Batcher::submit(self, prompt, options)
+    }
+    fn step(&mut self) -> nuvec_lm::Result<Vec<Event>> {
+        Batcher::step(self)
+    }
+    fn is_busy(&self) -> bool {
+        Batcher::is_busy(self)
+    }
+    fn cancel(&mut self, id: RequestId) -> bool {
+        Batcher::cancel(self, id)
+    }
+    fn stats(&self) -> BatcherStats {
+        Batcher::stats(self)
+    }
+}
+
+/// What a request's channel carries, in order: `Started` (unless it ends before admission),
+/// tokens, then one `Finished` (a `Failed` before it when the request's step failed).
+#[derive(Debug)]
+pub(crate) enum Output {
+    /// The request was admitted; this many prompt tokens came from the prefix cache.
+    Started { cached_tokens: usize },
+    /// A generated token, with its log-probabilities when the request asked for them.
+    Token { token: u32, logprobs: Option<TokenLogprobs> },
+    /// The request failed (the engine goes on); `Finished(Error)` follows.
+    Failed(String),
+    /// The request ended.
+    Finished(FinishReason),
+}
+
+/// A request handed to the engine thread.
+pub(crate) struct Submission {
+    pub prompt: Vec<u32>,
+    pub options: GenerateOptions,
+    /// The request's outputs.
+    pub outputs: tmpsc::UnboundedSender<Output>,
+    /// Whether the core took it (an invalid request is refused here, before any output).
+    pub accepted: oneshot::Sender<nuvec_lm::Result<()>>,
+    /// The HTTP request's id, for the log.
+    pub request_id: String,
+}
+
+/// Counts the engine publishes after every step (read by `/health`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct EngineStats {
+    /// Requests queued, not yet admitted.
+    pub waiting: usize,
+    /// Requests running.
+    pub running: usize,
+    /// Requests that ended normally (a stop, end of sequence or a length limit).
+    pub completed: u64,
+    /// Requests cancelled because their client went away.
+    pub cancelled: u64,
+    /// Requests that failed.
+    pub failed: u64,
+    /// Tokens generated so far.
+    pub generated_tokens: u64,
+}
+
+/// What the engine thread shares with the handlers.
+#[derive(Debug, Default)]
+pub(crate) struct Shared {
+    /// Set once the engine failed as a whole: the message. Requests then get 503.
+    pub failure: Mutex<Option<String>>,
+    pub stats: Mutex<EngineStats>,
+}
+
+impl Shared {
+    pub fn failure(&self) -> Option<String> {
+        self.failure.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    pub fn stats(&self) -> EngineStats {
+        self.stats.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    fn fail(&self, message: String) {
+        *self.failure.lock().unwrap_or_else(|e| e.into_inner()) = Some(message);
+    }
+}
+
+/// One request in flight on the engine thread.
+struct Live {
+    outputs: tmpsc::UnboundedSender<Output>,
+    /// Log-probabilities reported for the token that comes next.
+    logprobs: Option<TokenLogprobs>,
+    cancelled: bool,
+    request_id: String,
+}
+
+/// The engine thread's side of the server: call [`EngineLoop::run`] with the core on the
+/// thread [`crate::Server::with_engine`] starts; it returns when the server is gone and no
+/// request is left, or when the core failed.
+pub struct EngineLoop {
+    pub(crate) submissions: mpsc::Receiver<Submission>,
+    pub(crate) shared: Arc<Shared>,
+    pub(crate) ready: Option<mpsc::Sender<()>>,
+}
+
+impl EngineLoop {
+    /// Serves requests with `core` until the server is dropped (and every request ended) or
+    /// the core fails (then `/health` reports 503 and new requests are refused).
+    pub fn run<C: EngineCore>(mut self, mut core: C) {
+        if let Some(ready) = self.ready.take() {
+            let _ = ready.send(());
+        }
+        let mut live: HashMap<RequestId, Live> = HashMap::new();
+        let mut counts = EngineStats::default();
+        loop {
+            if !core.is_busy() {
+                self.publish(&core, &counts);
+                match self.submissions.recv() {
+                    Ok(s) => admit(&mut core, &mut live, s),
+                    Err(_) => return, // the server is gone and nothing is in flight
+                }
+            }
+            while let Ok(s) = self.submissions.try_recv() {
+                admit(&mut core, &mut live, s);
+            }
+            for (id, l) in live.iter_mut() {
+                if !l.cancelled && l.outputs.is_closed() {
+                    core.cancel(*id);
+                    l.cancelled = true;
+                }
+            }
+            if !core.is_busy() {
+                continue;
+            }
+            let step = catch_unwind(AssertUnwindSafe(|| core.step()));
+            let events = match step {
+                Ok(Ok(events)) => events,
+                Ok(Err(error)) => return self.fail(live, format!("the engine's step failed: {error}")),
+                Err(panic) => return self.fail(live, format!("the engine's step panicked: {}", panic_text(&panic))),
+            };
+            for event in events {
+                dispatch(&mut live, &mut counts, event);
+            }
+            self.publish(&core, &counts);
+        }
+    }
+
+    fn publish<C: EngineCore>(&self, core: &C, counts: &EngineStats) {
+        let stats = core.stats();
+        let mut shared = self.shared.stats.lock().unwrap_or_else(|e| e.into_inner());
+        *shared = EngineStats {
+            waiting: stats.waiting,
+            running: stats.running,
+            generated_tokens: stats.generated_tokens,
+            ..counts.clone()
+        };
+    }
+
+    /// The core cannot go on: every request in flight fails, and so does every later one.
+    fn fail(self, live: HashMap<RequestId, Live>, message: String) {
+        eprintln!("[ERROR] {message}; the server no longer takes requests (/health reports 503)");
+        self.shared.fail(message.clone());
+        for (_, l) in live {
+            let _ = l.outputs.send(Output::Failed(message.clone()));
+            let _ = l.outputs.send(Output::Finished(FinishReason::Error));
+        }
+        // Requests still queued in the channel are dropped with it: their senders see it closed.
+    }
+}
+
+fn admit<C: EngineCore>(core: &mut C, live: &mut HashMap<RequestId, Live>, s: Submission) {
+    if s.outputs.is_closed() {
+        return; // the client left before the engine saw the request
+    }
+    let submitted = catch_unwind(AssertUnwindSafe(|| core.submit(s.prompt, s.options)))
+        .unwrap_or_else(|panic| Err(nuvec_lm::Error::Unsupported(format!("submit panicked: {}", panic_text(&panic)))));
+    match submitted {
+        Ok(id) => {
+            if s.accepted.send(Ok(())).is_err() {
+                core.cancel(id);
+            }
+            live.insert(id, Live { outputs: s.outputs, logprobs: None, cancelled: false, request_id: s.request_id });
+        }
+        Err(error) => {
+            let _ = s.accepted.send(Err(error));
+        }
+    }
+}
+
+fn dispatch(live: &mut HashMap<RequestId, Live>, counts: &mut EngineStats, event: Event) {
+    match event {
+        Event::Started { id, cached_tokens } => {
+            if let Some(l) = live.get(&id) {
+                let _ = l.outputs.send(Output::Started { cached_tokens });
+            }
+        }
+        Event::Logprobs { id, logprobs } => {
+            if let Some(l) = live.get_mut(&id) {
+                l.logprobs = Some(logprobs);
+            }
+        }
+        Event::Token { id, token } => {
+            if let Some(l) = live.get_mut(&id) {
+                let _ = l.outputs.send(Output::Token { token, logprobs: l.logprobs.take() });
+            }
+        }
+        Event::Failed { id, error } => {
+            if let Some(l) = live.get_mut(&id) {
+                eprintln!("[ERROR] request {} failed: {error}", l.request_id);
+                let _ = l.outputs.send(Output::Failed(error.to_string()));
+            }
+        }
+        Event::Finished { id, reason } => {
+            if let Some(l) = live.remove(&id) {
+                match reason {
+                    FinishReason::Cancelled => counts.cancelled += 1,
+                    FinishReason::Error => counts.failed += 1,
+                    _ => counts.completed += 1,
+                }
+                let _ = l.outputs.send(Output::Finished(reason));
+            }
+        }
+    }
+}
+
+pub(crate) fn panic_text(panic: &Box<dyn std::any::Any + Send>) -> String {
+    if let Some(s) = panic.downcast_ref::<&str>() {
+        s.to_string()
+    } else if let Some(s) = panic.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "(no message)".into()
+    }
+}

@@ -1,0 +1,246 @@
+//! nuvec-server: an OpenAI-compatible HTTP server over nuvec-lm's continuous-batching
+//! [`Batcher`](nuvec_lm::Batcher), as `nuvec serve` runs it.
+//!
+//! Endpoints: `POST /v1/chat/completions` and `POST /v1/completions` (streaming as server-sent
+//! events in OpenAI's chunk shape, ending with `data: [DONE]`, or whole), `GET /v1/models`,
+//! `GET /v1/models/{id}` and `GET /health`. Errors are OpenAI's error objects
+//! (`{"error": {"message", "type", "param", "code"}}`) with their status.
+//!
+//! The shape: one engine thread owns the model and its Batcher ([`EngineLoop`]); each HTTP
+//! handler checks and tokenizes its request, hands it to the engine over a channel and reads the
+//! request's tokens back over a channel of its own, turning them into text with
+//! [`TextStream`](nuvec_lm::TextStream) (stop strings cut, held back while they may still
+//! match). The engine steps while any request is in flight and blocks when none is; a request
+//! whose client went away is cancelled at the next step. A request that fails fails alone; a
+//! step that fails as a whole stops the engine, and `/health` then answers 503. This crate
+//! knows requests and events, never arrays.
+//!
+//! ```no_run
+//! use nuvec_server::{Server, ServerConfig};
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let (model, tokenizer) = nuvec_lm::load("mlx-community/Qwen3-0.6B-4bit")?;
+//! let config = ServerConfig::new("Qwen3-0.6B-4bit", &tokenizer);
+//! let server = Server::start(model, tokenizer, Default::default(), config)?;
+//! server.run("127.0.0.1", 8080)?; // until ctrl-c or SIGTERM
+//! # Ok(())
+//! # }
+//! ```
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+mod api;
+mod engine;
+mod error;
+mod params;
+
+use std::future::Future;
+use std::sync::{mpsc, Arc};
+use std::thread::JoinHandle;
+
+use nuvec_lm::{Batcher, BatcherOptions, GenerateOptions, Model, Tokenizer};
+use serde_json::{Map, Value};
+
+pub use engine::{EngineCore, EngineLoop, EngineStats};
+pub use error::{ApiError, Error};
+
+/// Request bodies larger than this are refused with 413 by default (16 MiB).
+pub const DEFAULT_BODY_LIMIT: usize = 16 << 20;
+
+/// How a server answers: the model's id, the defaults requests start from, and access.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    /// The id `/v1/models` lists; a request naming another model gets 404 (one naming none is
+    /// served).
+    pub model_id: String,
+    /// What a request that sets nothing gets: `max_tokens`, the sampler, the prefill step, the
+    /// end-of-sequence ids. Each request's fields replace these.
+    pub defaults: GenerateOptions,
+    /// Extra arguments for the chat template (`enable_thinking`...), under each request's own
+    /// `chat_template_kwargs`.
+    pub template_args: Map<String, Value>,
+    /// When set, `/v1` requires `Authorization: Bearer <key>` (401 otherwise); `/health` is open.
+    pub api_key: Option<String>,
+    /// Origins allowed by CORS (`*` for any); empty turns CORS off.
+    pub allowed_origins: Vec<String>,
+    /// The largest request body taken, in bytes (413 above).
+    pub body_limit: usize,
+}
+
+impl ServerConfig {
+    /// A config serving `model_id` with the library's generation defaults and `tokenizer`'s
+    /// end-of-sequence tokens; no key, no CORS, [`DEFAULT_BODY_LIMIT`].
+    pub fn new(model_id: &str, tokenizer: &Tokenizer) -> Self {
+        ServerConfig {
+            model_id: model_id.to_string(),
+            defaults: GenerateOptions {
+                extra_eos_token_ids: tokenizer.eos_token_ids().to_vec(),
+                ..GenerateOptions::default()
+            },
+            template_args: Map::new(),
+            api_key: None,
+            allowed_origins: vec![],
+            body_limit: DEFAULT_BODY_LIMIT,
+        }
+    }
+}
+
+/// What the handlers need to know about the model (they never touch it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ModelInfo {
+    /// Its vocabulary size (token ids and `logit_bias` keys are checked against it).
+    pub vocab_size: usize,
+    /// Its context in positions, if bounded (a longer prompt is a 400).
+    pub context_length: Option<usize>,
+}
+
+impl ModelInfo {
+    /// `model`'s.
+    pub fn of(model: &Model) -> Self {
+        ModelInfo { vocab_size: model.vocab_size(), context_length: model.context_length() }
+    }
+}
+
+/// What every handler shares.
+pub(crate) struct AppState {
+    pub config: ServerConfig,
+    pub info: ModelInfo,
+    pub tokenizer: Arc<Tokenizer>,
+    pub engine: mpsc::Sender<engine::Submission>,
+    pub shared: Arc<engine::Shared>,
+    /// When the server started (the model's `created`).
+    pub created: u64,
+}
+
+/// A server: its engine thread running, ready to be served on a socket.
+pub struct Server {
+    state: Arc<AppState>,
+    engine: Option<JoinHandle<nuvec_lm::Result<()>>>,
+}
+
+impl Server {
+    /// Starts the engine thread for `model` with a [`Batcher`] of `batcher` options (the cache
+    /// is sized now, so a setting that cannot work fails here, not at the first request).
+    pub fn start(
+        model: Model,
+        tokenizer: Tokenizer,
+        batcher: BatcherOptions,
+        config: ServerConfig,
+    ) -> Result<Self, Error> {
+        let info = ModelInfo::of(&model);
+        Self::with_engine(tokenizer, info, config, move |engine| {
+            let batcher = Batcher::new(&model, batcher)?;
+            engine.run(batcher);
+            Ok(())
+        })
+    }
+
+    /// Starts the engine thread running `engine`, which must call [`EngineLoop::run`] with its
+    /// core (or return the error that kept it from making one). [`Server::start`] runs the
+    /// Batcher this way; tests run other cores.
+    pub fn with_engine<F>(tokenizer: Tokenizer, info: ModelInfo, config: ServerConfig, engine: F) -> Result<Self, Error>
+    where
+        F: FnOnce(EngineLoop) -> nuvec_lm::Result<()> + Send + 'static,
+    {
+        if config.body_limit == 0 {
+            return Err(Error::Invalid("the body limit is 0 bytes: every request would be refused".into()));
+        }
+        if config.model_id.is_empty() {
+            return Err(Error::Invalid("the model id is empty: name the served model".into()));
+        }
+        config.defaults.validate().map_err(Error::Runtime)?;
+        let (submit, submissions) = mpsc::channel();
+        let (ready, started) = mpsc::channel();
+        let shared = Arc::new(engine::Shared::default());
+        let lp = EngineLoop { submissions, shared: shared.clone(), ready: Some(ready) };
+        let handle = std::thread::Builder::new()
+            .name("nuvec-engine".into())
+            .spawn(move || engine(lp))
+            .map_err(|e| Error::Io { what: "starting the engine thread".into(), source: e })?;
+        if started.recv().is_err() {
+            // The thread ended without serving: its error says why.
+            return Err(match handle.join() {
+                Ok(Err(e)) => Error::Runtime(e),
+                Ok(Ok(())) => Error::Engine("the engine returned without running".into()),
+                Err(panic) => Error::Engine(format!("it panicked: {}", engine::panic_text(&panic))),
+            });
+        }
+        let created = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+        let state =
+            Arc::new(AppState { config, info, tokenizer: Arc::new(tokenizer), engine: submit, shared, created });
+        Ok(Server { state, engine: Some(handle) })
+    }
+
+    /// The HTTP routes, for serving on a listener of the caller's (or calling in tests).
+    pub fn router(&self) -> axum::Router {
+        api::router(self.state.clone())
+    }
+
+    /// The engine's counts (as `/health` reports them).
+    pub fn stats(&self) -> EngineStats {
+        self.state.shared.stats()
+    }
+
+    /// Serves on `listener` until `shutdown` completes; then waits for the requests in flight
+    /// to end and for the engine thread to finish.
+    pub async fn serve(
+        mut self,
+        listener: tokio::net::TcpListener,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> Result<(), Error> {
+        let served = axum::serve(listener, self.router()).with_graceful_shutdown(shutdown).await;
+        served.map_err(|e| Error::Io { what: "serving HTTP".into(), source: e })?;
+        let handle = self.engine.take();
+        drop(self); // the last sender: the engine thread ends once idle
+        if let Some(handle) = handle {
+            let joined = tokio::task::spawn_blocking(move || handle.join()).await;
+            if let Ok(Ok(Err(e))) = joined {
+                return Err(Error::Runtime(e));
+            }
+        }
+        Ok(())
+    }
+
+    /// Binds `host:port` (port 0 takes a free one), prints `listening on http://ADDR` to
+    /// stderr, and serves until ctrl-c or SIGTERM, on a runtime of its own.
+    pub fn run(self, host: &str, port: u16) -> Result<(), Error> {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .thread_name("nuvec-http")
+            .build()
+            .map_err(|e| Error::Io { what: "starting the async runtime".into(), source: e })?;
+        runtime.block_on(async move {
+            let what = || format!("binding {host}:{port}");
+            let listener =
+                tokio::net::TcpListener::bind((host, port)).await.map_err(|e| Error::Io { what: what(), source: e })?;
+            let addr = listener.local_addr().map_err(|e| Error::Io { what: what(), source: e })?;
+            eprintln!("[INFO] listening on http://{addr}");
+            self.serve(listener, shutdown_signal()).await?;
+            eprintln!("[INFO] shut down");
+            Ok(())
+        })
+    }
+}
+
+/// Resolves at ctrl-c or SIGTERM.
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {},
+        _ = terminate => {},
+    }
+    eprintln!("[INFO] shutting down: finishing the requests in flight");
+}
