@@ -114,7 +114,16 @@ fn vocab(case: &str) -> usize {
 #[test]
 fn concurrent_requests_get_their_solo_tokens_exactly_when_batch_invariant() {
     let invariant = BatcherOptions { batch_invariant: true, blocks: Some(1024), ..Default::default() };
-    for case in ["llama-f32", "llama-q4g64", "qwen3-f32", "qwen2-q8g32", "qwen3_moe-q4g64", "qwen3_5/qwen3_5-f32"] {
+    for case in [
+        "llama-f32",
+        "llama-q4g64",
+        "qwen3-f32",
+        "qwen2-q8g32",
+        "qwen3_moe-q4g64",
+        "qwen3_5/qwen3_5-f32",
+        "gemma4/gemma4-f32",
+        "gpt_oss/gpt_oss-f32",
+    ] {
         // 2100 positions: a prefill of two chunks (2048 + 51) before the last token.
         let lengths: &[usize] = if case == "llama-f32" { &[1, 17, 300, 2100] } else { &[1, 17, 300, 40] };
         check(case, &mixed(vocab(case), lengths, 8), invariant.clone(), true);
@@ -124,7 +133,18 @@ fn concurrent_requests_get_their_solo_tokens_exactly_when_batch_invariant() {
 #[test]
 fn concurrent_requests_get_their_solo_greedy_tokens_batched() {
     let batched = BatcherOptions { blocks: Some(1024), ..Default::default() };
-    for case in ["llama-f32", "llama-q4g64", "mistral-q4g64", "qwen3-q8g32", "qwen3_moe-f32", "qwen3_5/qwen3_5-q4g64"] {
+    for case in [
+        "llama-f32",
+        "llama-q4g64",
+        "mistral-q4g64",
+        "qwen3-q8g32",
+        "qwen3_moe-f32",
+        "qwen3_5/qwen3_5-q4g64",
+        // Sliding windows of 8 (and Gemma 4's KV-shared layers, gpt-oss's sinks).
+        "gemma4/gemma4-f32",
+        "gemma4/gemma4_moe-q4g64",
+        "gpt_oss/gpt_oss-q4g64",
+    ] {
         let lengths = [1, 17, 300, 5, 64, 2, 33];
         let b = check(case, &mixed(vocab(case), &lengths, 8), batched.clone(), false);
         assert_eq!(b.stats().preemptions, 0);

@@ -168,11 +168,71 @@ fn bad_ids_and_another_model_are_refused() {
     }
 }
 
+/// Sliding-window layers in the paged cache: every sequence prefilled through
+/// `PagedCache::step` (in chunks of `chunk`, so chunks cross the 8-token window), then decoded
+/// together, against decoding alone on the model's own rotating caches (mlx-lm's semantics).
+fn check_stepped(case: &str, lengths: &[usize], steps: usize, chunk: usize) {
+    let (model, _) = load_dir(&fixtures().join(case)).unwrap();
+    let prompts: Vec<Vec<u32>> =
+        lengths.iter().enumerate().map(|(i, &n)| prompt(n, i as u32 + 3, model.vocab_size())).collect();
+    let mut paged = PagedCache::new(&model, 512, 16, 8).unwrap();
+    let mut ids = vec![];
+    for p in &prompts {
+        let id = paged.add().unwrap();
+        for c in p[..p.len() - 1].chunks(chunk) {
+            paged.step(&model, &[(id, c)]).unwrap();
+        }
+        ids.push(id);
+    }
+    let mut tokens: Vec<u32> = prompts.iter().map(|p| *p.last().unwrap()).collect();
+    let mut together = vec![vec![]; prompts.len()];
+    for _ in 0..steps {
+        for (i, row) in rows(&decode_batch(&model, &tokens, &ids, &mut paged).unwrap()).into_iter().enumerate() {
+            tokens[i] = argmax(&row);
+            together[i].push(row);
+        }
+    }
+    let mut widest = 0f32;
+    for (i, p) in prompts.iter().enumerate() {
+        // Alone: the same chunks on the model's own caches.
+        let mut cache = model.new_cache();
+        for c in p[..p.len() - 1].chunks(chunk) {
+            model.prefill(c, &mut cache).unwrap();
+        }
+        let mut t = *p.last().unwrap();
+        for (step, ours) in together[i].iter().enumerate() {
+            let reference = rows(&model.forward_last(&[t], &mut cache).unwrap()).remove(0);
+            t = argmax(&reference);
+            assert_eq!(argmax(ours), t, "{case}: sequence {i} ({} tokens) step {step}", p.len());
+            let worst = reference.iter().zip(ours).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
+            assert!(worst <= TOLERANCE, "{case}: sequence {i} step {step}: logits differ by {worst}");
+            widest = widest.max(worst);
+        }
+    }
+    eprintln!("{case}: lengths {lengths:?}, chunks of {chunk}, widest logit difference from alone {widest:e}");
+}
+
 #[test]
-fn sliding_window_models_are_refused_until_their_paged_form_exists() {
+fn sliding_window_layers_see_the_window_mlx_lm_rotating_caches_give() {
+    // Windows of 8: prompts shorter than it, crossing it once, and far past it; chunks shorter
+    // and longer than the window.
+    check_stepped("gpt_oss/gpt_oss-f32", &[1, 5, 17, 60], 12, 3);
+    check_stepped("gpt_oss/gpt_oss-q4g64", &[30, 2], 10, 64);
+    check_stepped("gemma4/gemma4-f32", &[1, 9, 40], 12, 5);
+    check_stepped("gemma4/gemma4_moe-f32", &[20, 3], 8, 64);
+}
+
+#[test]
+fn inserting_a_sliding_window_cache_is_refused() {
+    // A ring may have dropped positions the full layers still hold: such sequences are
+    // prefilled through the paged cache itself.
     let (model, _) = load_dir(&fixtures().join("gpt_oss/gpt_oss-f32")).unwrap();
-    let err = PagedCache::new(&model, 8, 16, 4).unwrap_err().to_string();
-    assert!(err.contains("rotating") && err.contains("not built yet"), "{err}");
+    let mut paged = PagedCache::new(&model, 8, 16, 1).unwrap();
+    let mut kv = model.new_cache();
+    model.prefill(&[5, 6, 7], &mut kv).unwrap();
+    let err = paged.insert(&kv).unwrap_err().to_string();
+    assert!(err.contains("sliding-window") && err.contains("PagedCache::step"), "{err}");
+    assert!(paged.is_empty(), "a refused insert leaves no sequence behind");
 }
 
 #[test]

@@ -439,14 +439,7 @@ impl LayerCache {
             LayerCache::Rotating(c) => c.attend_held(q, scale),
             LayerCache::Quantized(c) => c.attend_held(q, scale),
             LayerCache::QuantizedRotating(c) => c.attend_held(q, scale),
-            LayerCache::Paged(c) => {
-                let (l, held) = (q.dim(0), c.offset());
-                if l == 0 || l > held {
-                    return Err(Error::Invalid(format!("{l} queries for a paged sequence holding {held} positions")));
-                }
-                let (k, v) = c.gathered()?;
-                Ok(nuvec::attention(q, &k, &v, held, scale)?)
-            }
+            LayerCache::Paged(c) => c.attend_held(q, scale, None),
             LayerCache::Chunked(_) | LayerCache::Recurrent(_) => Err(Error::Invalid(
                 "a KV-shared layer can only attend over a plain, rotating, quantized or paged cache".into(),
             )),

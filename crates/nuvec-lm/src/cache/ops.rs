@@ -37,20 +37,20 @@ pub(crate) fn sdpa(q: &Array, k: &Array, v: &Array, kv_len: usize, scale: f32, s
 }
 
 /// Causal attention of `q [L, heads, dim]` over all of `k, v` (the last L positions are q's).
-pub(super) fn attend_causal(q: &Array, k: &Array, v: &Array, scale: f32, sinks: Sinks) -> Result<Array> {
+pub(crate) fn attend_causal(q: &Array, k: &Array, v: &Array, scale: f32, sinks: Sinks) -> Result<Array> {
     let (k, v) = on_device_of(q, k, v)?;
     sdpa(q, &k, &v, k.dim(1), scale, sinks)
 }
 
 /// `k, v` on `q`'s device: quantized caches dequantize on the host, so their keys and values
 /// cross over here (a no-op when they are already there).
-pub(super) fn on_device_of(q: &Array, k: &Array, v: &Array) -> Result<(Array, Array)> {
+pub(crate) fn on_device_of(q: &Array, k: &Array, v: &Array) -> Result<(Array, Array)> {
     Ok((k.to_device(q.device())?, v.to_device(q.device())?))
 }
 
 /// mlx-lm's `create_causal_mask(L, offset, window)`: query `i` sits at position `held + i` of
 /// `k, v` and sees positions `p` with `held + i - window < p <= held + i`.
-pub(super) fn attend_windowed(
+pub(crate) fn attend_windowed(
     q: &Array,
     k: &Array,
     v: &Array,

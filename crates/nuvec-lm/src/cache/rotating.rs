@@ -36,6 +36,11 @@ impl RotatingKvCache<Array> {
 }
 
 impl<S: Store> RotatingKvCache<S> {
+    /// The most positions it holds and how many of the first it pins.
+    pub fn window(&self) -> (usize, usize) {
+        (self.max_size, self.keep)
+    }
+
     /// An empty cache storing positions as `S` made with `context`.
     pub fn with_context(max_size: usize, keep: usize, context: S::Context) -> Result<Self> {
         if max_size == 0 || keep >= max_size {

@@ -10,7 +10,7 @@ use nuvec::Array;
 
 use super::pool::lock;
 use super::store::LayerStore;
-use crate::cache::ops::{sdpa, Sinks};
+use crate::cache::ops::{attend_causal, attend_windowed, on_device_of, sdpa, Sinks};
 use crate::cache::Positions;
 use crate::{Error, Result};
 
@@ -21,11 +21,25 @@ pub struct PagedKv {
     table: Arc<Mutex<Vec<u32>>>,
     block_size: usize,
     len: usize,
+    /// A sliding-window layer's window: each query sees the last `window` positions, itself
+    /// included (what mlx-lm's rotating cache with nothing pinned gives, prefilled whole, in
+    /// chunks or decoding).
+    window: Option<usize>,
 }
 
 impl PagedKv {
-    pub(crate) fn new(store: Arc<Mutex<LayerStore>>, table: Arc<Mutex<Vec<u32>>>, block_size: usize) -> Self {
-        PagedKv { store, table, block_size, len: 0 }
+    pub(crate) fn new(
+        store: Arc<Mutex<LayerStore>>,
+        table: Arc<Mutex<Vec<u32>>>,
+        block_size: usize,
+        window: Option<usize>,
+    ) -> Self {
+        PagedKv { store, table, block_size, len: 0, window }
+    }
+
+    /// The sliding window, for a sliding-window layer.
+    pub fn window(&self) -> Option<usize> {
+        self.window
     }
 
     /// Starts the layer at `len` positions already in its table's blocks (a shared prefix).
@@ -79,7 +93,8 @@ impl PagedKv {
     }
 
     /// Adds `keys, values [L, kv_heads, head_dim]` and attends `q [L, heads, head_dim]` over
-    /// every position held (causal within the new ones), as a plain cache does.
+    /// every position held (causal within the new ones), as a plain cache does; a
+    /// sliding-window layer over the window of each query.
     pub(crate) fn attend(
         &mut self,
         q: &Array,
@@ -89,8 +104,34 @@ impl PagedKv {
         sinks: Sinks,
     ) -> Result<Array> {
         self.write(keys, values)?;
-        let (k, v) = self.gathered()?;
-        sdpa(q, &k, &v, self.len, scale, sinks)
+        self.attend_held(q, scale, sinks)
+    }
+
+    /// Attends `q [L, heads, head_dim]`, the queries of the last `L` positions added, over what
+    /// they see (Gemma 4's KV-shared layers call it alone, over an earlier layer's cache).
+    pub(crate) fn attend_held(&self, q: &Array, scale: f32, sinks: Sinks) -> Result<Array> {
+        let l = q.dim(0);
+        if l == 0 || l > self.len {
+            return Err(Error::Invalid(format!("{l} queries for a paged sequence holding {}", self.len)));
+        }
+        let Some(window) = self.window else {
+            let (k, v) = self.gathered()?;
+            return sdpa(q, &k, &v, self.len, scale, sinks);
+        };
+        // The positions before the new ones that a window still reaches (mlx-lm's rotating cache
+        // keeps `window - 1` of them for a chunk, and a decode step sees the last `window`).
+        let first_new = self.len - l;
+        let from = first_new.saturating_sub(window - 1);
+        let (k, v) = lock(&self.store).gather_range(&lock(&self.table), from, self.len)?;
+        let held = first_new - from;
+        if l == 1 {
+            let (k, v) = on_device_of(q, &k, &v)?;
+            sdpa(q, &k, &v, held + 1, scale, sinks)
+        } else if held + l > window {
+            attend_windowed(q, &k, &v, held, window, scale, sinks)
+        } else {
+            attend_causal(q, &k, &v, scale, sinks)
+        }
     }
 }
 

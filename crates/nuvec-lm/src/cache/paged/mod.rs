@@ -53,6 +53,9 @@ struct Seq {
 pub struct PagedCache {
     /// One store per attention layer (`None` for a recurrent layer).
     stores: Vec<Option<Arc<Mutex<LayerStore>>>>,
+    /// Each sliding-window layer's window. Its blocks stay with the sequence (its table is the
+    /// one the full layers use), so a window does not yet save memory.
+    windows: Vec<Option<usize>>,
     pool: BlockPool,
     slots: Vec<Option<Seq>>,
     /// The model the cache was made for (its fingerprint and layer count).
@@ -74,23 +77,27 @@ impl PagedCache {
         }
         let plain = model.new_cache();
         let dtype = model.kv_dtype().dtype();
-        let stores = plain
+        let store = || Some(Arc::new(Mutex::new(LayerStore::new(blocks, block_size, dtype))));
+        let layers = plain
             .iter()
             .enumerate()
             .map(|(i, c)| match c {
-                LayerCache::Plain(_) => Ok(Some(Arc::new(Mutex::new(LayerStore::new(blocks, block_size, dtype))))),
-                LayerCache::Recurrent(_) => Ok(None),
+                LayerCache::Plain(_) => Ok((store(), None)),
+                LayerCache::Rotating(r) if r.window().1 == 0 => Ok((store(), Some(r.window().0))),
+                LayerCache::Recurrent(_) => Ok((None, None)),
                 other => Err(Error::Unsupported(format!(
-                    "PagedCache: layer {i} of {} uses a {} cache, whose paged form is not built yet (plain and \
-                     recurrent layers are)",
+                    "PagedCache: layer {i} of {} uses a {} cache, whose paged form is not built yet (plain, \
+                     sliding-window and recurrent layers are)",
                     model.model_type(),
                     kind(other)
                 ))),
             })
             .collect::<Result<Vec<_>>>()?;
+        let (stores, windows): (Vec<_>, Vec<_>) = layers.into_iter().unzip();
         Ok(PagedCache {
             recurrent: stores.iter().any(Option::is_none),
             stores,
+            windows,
             pool: BlockPool::new(blocks, block_size),
             slots: (0..max_seqs).map(|_| None).collect(),
             model: (model.fingerprint().to_string(), model.num_layers(), model.model_type().to_string()),
@@ -179,8 +186,9 @@ impl PagedCache {
         let caches = self
             .stores
             .iter()
-            .map(|s| match s {
-                Some(store) => LayerCache::Paged(PagedKv::new(store.clone(), table.clone(), bs)),
+            .zip(&self.windows)
+            .map(|(s, &window)| match s {
+                Some(store) => LayerCache::Paged(PagedKv::new(store.clone(), table.clone(), bs, window)),
                 None => LayerCache::Recurrent(super::RecurrentCache::new()),
             })
             .collect();
@@ -271,6 +279,13 @@ impl PagedCache {
                     }
                 }
                 (LayerCache::Recurrent(to), LayerCache::Recurrent(from)) => *to = from.clone(),
+                (LayerCache::Paged(_), LayerCache::Rotating(_)) => {
+                    return Err(Error::Unsupported(format!(
+                        "layer {i}: inserting a sliding-window (rotating) cache into a paged cache is not built (its \
+                         ring may have dropped positions the full layers still hold); prefill the sequence with \
+                         PagedCache::step instead"
+                    )))
+                }
                 (_, other) => {
                     return Err(Error::Unsupported(format!(
                         "layer {i}: a {} cache cannot be inserted into a paged cache (plain and recurrent can)",

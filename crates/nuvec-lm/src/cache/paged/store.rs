@@ -49,6 +49,23 @@ impl LayerStore {
         Ok(())
     }
 
+    /// Positions `from..to` of the sequence whose blocks are `table`, as keys and values
+    /// `[heads, to - from, dim]`: the blocks holding them gathered, the ends cut, one transpose.
+    pub(crate) fn gather_range(&self, table: &[u32], from: usize, to: usize) -> Result<(Array, Array)> {
+        let Some((k, v, [heads, dim])) = self.arrays.as_ref() else {
+            return Err(Error::Invalid("a paged layer read before anything was written to it".into()));
+        };
+        let bs = self.block_size;
+        let blocks = &table[from / bs..to.div_ceil(bs)];
+        let skip = from / bs * bs;
+        let one = |a: &Array| -> Result<Array> {
+            let rows = Matrix::Dense(a.reshape(&[self.blocks, bs * heads * dim])?).embed(blocks)?;
+            let rows = rows.reshape(&[blocks.len() * bs, *heads, *dim])?.slice_rows(from - skip, to - skip)?;
+            Ok(rows.transpose01()?)
+        };
+        Ok((one(k)?, one(v)?))
+    }
+
     /// The blocks of `table`, in order, as keys and values `[heads, table.len() * block_size,
     /// dim]` (the layout attention reads): one row gather and one transpose each.
     pub(crate) fn gather(&self, table: &[u32]) -> Result<(Array, Array)> {
