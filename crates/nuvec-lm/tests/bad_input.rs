@@ -211,9 +211,9 @@ fn invalid_sampler_settings() {
     let (model, _) = nuvec_lm::load_dir(&c.dir).unwrap();
     let err = nuvec_lm::generate(&model, &[], GenerateOptions::default()).err().unwrap().to_string();
     assert!(err.contains("prompt is empty"), "{err}");
-    let err =
-        nuvec_lm::generate(&model, &[99], GenerateOptions::default()).unwrap().next().unwrap().unwrap_err().to_string();
-    assert!(err.contains("outside the vocabulary"), "{err}");
+    // Refused up front, before the model runs.
+    let err = nuvec_lm::generate(&model, &[99], GenerateOptions::default()).err().unwrap().to_string();
+    assert!(err.contains("prompt token 99 is outside the vocabulary of 64"), "{err}");
 }
 
 /// The hub cache tests share one test, as HF_HUB_CACHE is process-wide.
