@@ -10,8 +10,14 @@ use serde::Serialize;
 use crate::{Error, Result};
 
 mod limits;
+mod output;
+pub mod reasoning;
+pub mod tools;
 
 pub use limits::{FUEL, MAX_BYTES};
+pub use output::ChatOutput;
+pub use reasoning::ThinkSplitter;
+pub use tools::{ChatDelta, ToolCall, ToolFormat, ToolParser};
 
 /// One chat message.
 #[derive(Debug, Clone, Serialize, PartialEq)]
