@@ -29,10 +29,12 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+mod answer;
 mod api;
 mod engine;
 mod error;
 mod params;
+mod tools;
 
 use std::future::Future;
 use std::sync::{mpsc, Arc};
