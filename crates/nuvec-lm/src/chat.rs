@@ -1,5 +1,7 @@
 //! Chat templates rendered as transformers renders them (jinja2 with trim_blocks and
-//! lstrip_blocks, Python string methods, `raise_exception`, `strftime_now`).
+//! lstrip_blocks, Python string methods, `raise_exception`, `strftime_now`), and the answers
+//! read back: [`tools`] parses tool calls per family, [`reasoning`] splits off `<think>`
+//! blocks, and [`ChatOutput`] does both for one answer as it streams.
 
 use std::sync::Arc;
 
@@ -10,8 +12,14 @@ use serde::Serialize;
 use crate::{Error, Result};
 
 mod limits;
+mod output;
+pub mod reasoning;
+pub mod tools;
 
 pub use limits::{FUEL, MAX_BYTES};
+pub use output::ChatOutput;
+pub use reasoning::ThinkSplitter;
+pub use tools::{ChatDelta, ToolCall, ToolFormat, ToolParser};
 
 /// One chat message.
 #[derive(Debug, Clone, Serialize, PartialEq)]

@@ -15,6 +15,7 @@ use axum::response::sse::{Event as SseEvent, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
+use nuvec_lm::chat::{ChatOutput, ToolFormat};
 use nuvec_lm::token_bytes::TokenBytes;
 use nuvec_lm::{FinishReason, TextStream, TokenLogprobs};
 use serde_json::{json, Map, Value};
@@ -23,9 +24,11 @@ use tokio_stream::wrappers::ReceiverStream;
 use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::cors::{AllowOrigin, Any, CorsLayer};
 
+use crate::answer::ChatAnswer;
 use crate::engine::{panic_text, Output, Submission};
 use crate::error::ApiError;
 use crate::params::{self, Kind, Parsed, Prompt};
+use crate::tools::ToolChoice;
 use crate::AppState;
 
 /// The router over `state`: `/v1` (behind the API key when one is set), `/health`, and OpenAI
@@ -200,6 +203,52 @@ fn request_id(kind: Kind) -> String {
 struct Prepared {
     parsed: Parsed,
     ids: Vec<u32>,
+    /// A chat request's answer reader.
+    answer: Option<ChatAnswer>,
+}
+
+/// The chat prompt for `messages`, and the reader of its answer: tools shown to the model are
+/// parsed back out of it in the template's format, and tool_choice "required" or a named
+/// function starts the answer inside a call (the call's opening is appended to the prompt and
+/// read first), since the model cannot be constrained to one otherwise.
+fn chat_prompt(
+    state: &AppState,
+    parsed: &Parsed,
+    messages: &Value,
+    args: &Map<String, Value>,
+) -> Result<(String, ChatAnswer), ApiError> {
+    let tokenizer = &state.tokenizer;
+    let template = tokenizer.chat_template().ok_or_else(|| {
+        ApiError::invalid("messages", "this model has no chat template: use /v1/completions with a prompt")
+    })?;
+    let ctx = tokenizer.template_context(args.clone());
+    let mut text = template
+        .render_values(messages, true, false, &ctx)
+        .map_err(|e| ApiError::invalid("messages", format!("the chat template failed on these messages: {e}")))?;
+    let format = ToolFormat::of_template(template.source());
+    let tools = parsed.tools.as_ref().filter(|t| t.parses_calls());
+    if tools.is_some() && format.is_none() {
+        return Err(ApiError::unsupported(
+            "tools",
+            format!(
+                "the chat template ({}) writes no tool calls in a format this server reads (Hermes/Qwen <tool_call>, \
+                 Llama 3 JSON, Mistral [TOOL_CALLS], gpt-oss harmony): serve a checkpoint whose template supports \
+                 tools, or send no tools",
+                template.origin()
+            ),
+        ));
+    }
+    let prefix = match (tools.map(|t| &t.choice), format) {
+        (Some(ToolChoice::Required), Some(f)) => f.forced_prefix(None),
+        (Some(ToolChoice::Named(name)), Some(f)) => f.forced_prefix(Some(name)),
+        _ => String::new(),
+    };
+    text.push_str(&prefix);
+    let mut output = ChatOutput::new(template, &text, format, tools.is_some());
+    // The opening is inside a call: nothing of it is final yet.
+    let held = output.push(&prefix);
+    debug_assert!(held.is_empty(), "a forced call's opening gave {held:?}");
+    Ok((text, ChatAnswer::new(output, format)))
 }
 
 /// Parses, renders the chat template and encodes (on a blocking thread: templates and
@@ -214,15 +263,11 @@ fn prepare(state: &AppState, kind: Kind, body: &Map<String, Value>) -> Result<Pr
         tokenizer,
     };
     let parsed = params::parse(kind, body, &cx)?;
+    let mut answer = None;
     let (ids, param) = match &parsed.prompt {
         Prompt::Messages(messages, args) => {
-            let template = tokenizer.chat_template().ok_or_else(|| {
-                ApiError::invalid("messages", "this model has no chat template: use /v1/completions with a prompt")
-            })?;
-            let ctx = tokenizer.template_context(args.clone());
-            let text = template.render_values(messages, true, false, &ctx).map_err(|e| {
-                ApiError::invalid("messages", format!("the chat template failed on these messages: {e}"))
-            })?;
+            let (text, reader) = chat_prompt(state, &parsed, messages, args)?;
+            answer = Some(reader);
             // The template wrote the special tokens.
             (tokenizer.encode(&text, false), "messages")
         }
@@ -250,7 +295,7 @@ fn prepare(state: &AppState, kind: Kind, body: &Map<String, Value>) -> Result<Pr
             )
         });
     }
-    Ok(Prepared { parsed, ids })
+    Ok(Prepared { parsed, ids, answer })
 }
 
 /// The runtime's refusal of a request: bad input is a 400, anything else a 500.
@@ -295,7 +340,7 @@ async fn complete(
             .await
             .map_err(|e| ApiError::internal(id, format!("preparing the prompt failed: {e}")))??
     };
-    let Prepared { parsed, ids } = prepared;
+    let Prepared { parsed, ids, answer } = prepared;
 
     let (outputs, mut receiver) = tmpsc::unbounded_channel();
     let (accepted, was_accepted) = oneshot::channel();
@@ -328,6 +373,7 @@ async fn complete(
         pending: vec![],
         offset: 0,
         include_usage: parsed.include_usage,
+        answer,
     };
     if !parsed.stream {
         let mut content = String::new();
@@ -335,7 +381,13 @@ async fn complete(
         let reason = loop {
             match receiver.recv().await {
                 Some(Output::Started { cached_tokens }) => reply.cached_tokens = cached_tokens,
-                Some(Output::Token { token, logprobs }) => content.push_str(&reply.token(token, logprobs)),
+                Some(Output::Token { token, logprobs }) => {
+                    let piece = reply.token(token, logprobs);
+                    match &mut reply.answer {
+                        Some(answer) => answer.gather(&piece, false),
+                        None => content.push_str(&piece),
+                    }
+                }
                 Some(Output::Failed(message)) => failed = Some(message),
                 Some(Output::Finished(reason)) => break reason,
                 None => return Err(engine_gone(&state)),
@@ -344,7 +396,11 @@ async fn complete(
         if let Some(message) = failed {
             return Err(ApiError::internal(id, message));
         }
-        content.push_str(&reply.text.finish());
+        let rest = reply.text.finish();
+        match &mut reply.answer {
+            Some(answer) => answer.gather(&rest, true),
+            None => content.push_str(&rest),
+        }
         return Ok(Json(reply.whole(content, &reason)).into_response());
     }
 
@@ -368,8 +424,10 @@ async fn complete(
                 Some(Output::Started { cached_tokens }) => reply.cached_tokens = cached_tokens,
                 Some(Output::Token { token, logprobs }) => {
                     let piece = reply.token(token, logprobs);
-                    if !piece.is_empty() && !send(reply.piece(piece, None)).await {
-                        return;
+                    for chunk in reply.pieces(piece, false) {
+                        if !send(chunk).await {
+                            return;
+                        }
                     }
                 }
                 Some(Output::Failed(message)) => failed = Some(message),
@@ -378,8 +436,10 @@ async fn complete(
                         let _ = send(ApiError::internal(&reply.id, message).body()).await;
                     } else {
                         let rest = reply.text.finish();
-                        if !rest.is_empty() && !send(reply.piece(rest, None)).await {
-                            return;
+                        for chunk in reply.pieces(rest, true) {
+                            if !send(chunk).await {
+                                return;
+                            }
                         }
                         let last = reply.piece(String::new(), Some(&reason));
                         if !send(last).await {
@@ -404,13 +464,15 @@ async fn complete(
     Ok(Sse::new(ReceiverStream::new(body)).into_response())
 }
 
-/// OpenAI's finish reason for `reason`.
-fn finish_reason(reason: &FinishReason) -> &'static str {
+/// OpenAI's finish reason for `reason` ("tool_calls" when the answer `called` a tool and
+/// ended without an error, as vLLM reports it even when a limit cut the text after the call).
+fn finish_reason(reason: &FinishReason, called: bool) -> &'static str {
     match reason {
+        FinishReason::Error => "error",
+        _ if called => "tool_calls",
         FinishReason::EndOfSequence | FinishReason::Stop(_) | FinishReason::Cancelled => "stop",
         // The KV cache ran out of room: cut short by a limit, as "length" says.
         FinishReason::Length | FinishReason::ContextLength(_) | FinishReason::CacheFull => "length",
-        FinishReason::Error => "error",
     }
 }
 
@@ -432,6 +494,8 @@ struct Reply {
     /// Characters of the token strings sent so far (a completion's `text_offset`).
     offset: usize,
     include_usage: bool,
+    /// A chat answer's reader (None for a completion).
+    answer: Option<ChatAnswer>,
 }
 
 /// OpenAI's floor for a log-probability that is not finite.
@@ -518,16 +582,29 @@ impl Reply {
         }
     }
 
+    fn called(&self) -> bool {
+        self.answer.as_ref().is_some_and(ChatAnswer::called)
+    }
+
+    /// The chunks carrying `text` (with `end`, the answer's last text): a completion's text as
+    /// it is, a chat answer's as its reader splits it (none while it holds text back).
+    fn pieces(&mut self, text: String, end: bool) -> Vec<Value> {
+        let deltas = match &mut self.answer {
+            Some(answer) => answer.stream(&text, end),
+            None if text.is_empty() => vec![],
+            None => return vec![self.piece(text, None)],
+        };
+        deltas.into_iter().map(|d| self.chunk(d, None)).collect()
+    }
+
     /// A stream chunk of one choice.
     fn chunk(&mut self, delta: Value, reason: Option<&FinishReason>) -> Value {
+        let called = self.called();
+        let finish = reason.map(|r| finish_reason(r, called));
         let logprobs = self.take_logprobs(true);
         let choice = match self.kind {
-            Kind::Chat => json!({
-                "index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": reason.map(finish_reason)
-            }),
-            Kind::Completion => json!({
-                "index": 0, "text": delta, "logprobs": logprobs, "finish_reason": reason.map(finish_reason)
-            }),
+            Kind::Chat => json!({"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}),
+            Kind::Completion => json!({"index": 0, "text": delta, "logprobs": logprobs, "finish_reason": finish}),
         };
         let mut chunk = json!({
             "id": self.id, "object": self.object(true), "created": self.created, "model": self.model,
@@ -556,19 +633,21 @@ impl Reply {
         })
     }
 
-    /// The whole (non-streaming) response.
+    /// The whole (non-streaming) response: a completion's `text`, or the chat answer's message.
     fn whole(&mut self, text: String, reason: &FinishReason) -> Value {
         let logprobs = self.take_logprobs(false);
-        let choice = match self.kind {
-            Kind::Chat => json!({
-                "index": 0,
-                "message": {"role": "assistant", "content": text},
-                "logprobs": logprobs,
-                "finish_reason": finish_reason(reason),
+        let finish = finish_reason(reason, self.called());
+        let choice = match (&self.answer, self.kind) {
+            (Some(answer), _) => json!({
+                "index": 0, "message": answer.message(), "logprobs": logprobs, "finish_reason": finish,
             }),
-            Kind::Completion => json!({
-                "index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish_reason(reason),
+            (None, Kind::Chat) => json!({
+                "index": 0, "message": {"role": "assistant", "content": text}, "logprobs": logprobs,
+                "finish_reason": finish,
             }),
+            (None, Kind::Completion) => {
+                json!({"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish})
+            }
         };
         json!({
             "id": self.id, "object": self.object(false), "created": self.created, "model": self.model,

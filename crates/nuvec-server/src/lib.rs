@@ -10,7 +10,11 @@
 //! handler checks and tokenizes its request, hands it to the engine over a channel and reads the
 //! request's tokens back over a channel of its own, turning them into text with
 //! [`TextStream`](nuvec_lm::TextStream) (stop strings cut, held back while they may still
-//! match). The engine steps while any request is in flight and blocks when none is; a request
+//! match); a chat answer's text then goes through nuvec-lm's
+//! [`ChatOutput`](nuvec_lm::chat::ChatOutput), which splits off its reasoning
+//! (`reasoning_content`) and parses its tool calls (`tool_calls`) in the chat template's format
+//! (Hermes/Qwen, Llama 3, Mistral, gpt-oss harmony), holding back text that may still be markup.
+//! The engine steps while any request is in flight and blocks when none is; a request
 //! whose client went away is cancelled at the next step. A request that fails fails alone; a
 //! step that fails as a whole stops the engine, and `/health` then answers 503. This crate
 //! knows requests and events, never arrays.
@@ -29,10 +33,12 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+mod answer;
 mod api;
 mod engine;
 mod error;
 mod params;
+mod tools;
 
 use std::future::Future;
 use std::sync::{mpsc, Arc};

@@ -1,12 +1,14 @@
 //! Reading a request body: each field OpenAI defines is checked for its type and range, and a
 //! wrong one is a 400 naming it; fields this server does not know are ignored, as OpenAI
-//! ignores them; fields it knows but cannot honour (n > 1, tools, echo) are refused saying so.
+//! ignores them; fields it knows but cannot honour (n > 1, echo) are refused saying so. The
+//! tool-calling fields are read in [`crate::tools`].
 
 use nuvec_lm::generate::MAX_LOGPROBS as MAX_LOGPROBS_ALTERNATIVES;
 use nuvec_lm::{GenerateOptions, LogitsProcessors, Stop, Tokenizer};
 use serde_json::{Map, Value};
 
 use crate::error::ApiError;
+use crate::tools::{self, ToolRequest};
 
 /// Which endpoint a body is for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -20,8 +22,9 @@ pub(crate) enum Kind {
 /// The prompt as the request gave it.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) enum Prompt {
-    /// Chat messages, each `{"role", "content"}` with text content, for the chat template;
-    /// with the template's extra arguments.
+    /// Chat messages, each `{"role", "content"}` with text content (and a call's or a
+    /// result's fields), for the chat template; with the template's extra arguments (`tools`
+    /// among them when the model is shown the tools).
     Messages(Value, Map<String, Value>),
     /// Text to encode as it is (the tokenizer adds its BOS as it does).
     Text(String),
@@ -36,6 +39,8 @@ pub(crate) struct Parsed {
     pub options: GenerateOptions,
     pub stream: bool,
     pub include_usage: bool,
+    /// A chat request's tools, when it offers some.
+    pub tools: Option<ToolRequest>,
 }
 
 /// What parsing needs to know about the server.
@@ -58,7 +63,7 @@ fn type_name(v: &Value) -> &'static str {
     }
 }
 
-fn wrong_type(param: &str, expected: &str, got: &Value) -> ApiError {
+pub(crate) fn wrong_type(param: &str, expected: &str, got: &Value) -> ApiError {
     ApiError {
         code: Some("invalid_type"),
         ..ApiError::invalid(param, format!("{param} must be {expected}, got {}", type_name(got)))
@@ -75,6 +80,11 @@ pub(crate) struct Fields<'a> {
 impl<'a> Fields<'a> {
     pub fn new(map: &'a Map<String, Value>) -> Self {
         Fields { map, prefix: String::new() }
+    }
+
+    /// The fields of `map`, named in errors as `prefix` + the field ("tools[0].function.").
+    pub fn with_prefix(map: &'a Map<String, Value>, prefix: &str) -> Self {
+        Fields { map, prefix: prefix.to_string() }
     }
 
     fn name(&self, key: &str) -> String {
@@ -291,17 +301,23 @@ pub(crate) fn parse(kind: Kind, body: &Map<String, Value>, cx: &Context) -> Resu
         ));
     }
 
-    let prompt = match kind {
+    let (prompt, tools) = match kind {
         Kind::Chat => {
+            let tools = tools::parse(&f)?;
             let mut args = cx.template_args.clone();
             if let Some(extra) = f.object("chat_template_kwargs")? {
                 args.extend(extra.iter().map(|(k, v)| (k.clone(), v.clone())));
             }
-            Prompt::Messages(messages(&f)?, args)
+            // tool_choice "none" keeps the tools from the model, as vLLM's
+            // --exclude-tools-when-tool-choice-none does: it cannot be tempted to call them.
+            if let Some(t) = tools.as_ref().filter(|t| t.parses_calls()) {
+                args.insert("tools".into(), Value::Array(t.tools.clone()));
+            }
+            (Prompt::Messages(messages(&f)?, args), tools)
         }
-        Kind::Completion => completion_prompt(&f, cx.vocab_size)?,
+        Kind::Completion => (completion_prompt(&f, cx.vocab_size)?, None),
     };
-    Ok(Parsed { prompt, options, stream, include_usage })
+    Ok(Parsed { prompt, options, stream, include_usage, tools })
 }
 
 /// Fields that ask for what this server does not do: refused rather than ignored.
@@ -312,31 +328,6 @@ fn refuse_unsupported(kind: Kind, f: &Fields) -> Result<(), ApiError> {
                 "n",
                 format!("n = {n}: this server gives one choice per request; use n = 1"),
             ));
-        }
-    }
-    for key in ["tools", "functions"] {
-        match f.get(key) {
-            Some(Value::Array(a)) if a.is_empty() => {}
-            Some(Value::Array(_)) => {
-                return Err(ApiError::unsupported(
-                    key,
-                    format!("{key}: tool calls are not supported by this server yet"),
-                ))
-            }
-            Some(v) => return Err(wrong_type(key, "an array", v)),
-            None => {}
-        }
-    }
-    for key in ["tool_choice", "function_call"] {
-        match f.get(key) {
-            None => {}
-            Some(Value::String(s)) if s == "none" || s == "auto" => {}
-            Some(_) => {
-                return Err(ApiError::unsupported(
-                    key,
-                    format!("{key}: tool calls are not supported by this server yet"),
-                ))
-            }
         }
     }
     if let Some(format) = f.object("response_format")? {
@@ -419,7 +410,11 @@ fn processors(f: &Fields, cx: &Context) -> Result<LogitsProcessors, ApiError> {
     Ok(p)
 }
 
-/// The messages, each reduced to `{"role", "content"}` with text content.
+/// The messages, each reduced to `{"role", "content"}` with text content, plus what a call or
+/// its result carries: an assistant's `tool_calls` (see [`tools::message_calls`]) and its
+/// `reasoning_content` (or `reasoning`), given to the template as both `reasoning_content`
+/// (Qwen3 reads it) and `thinking` (gpt-oss does); a tool message's `tool_call_id` and `name`.
+/// A key is only set when the request has it: templates test `'tool_calls' in message`.
 fn messages(f: &Fields) -> Result<Value, ApiError> {
     let list = match f.get("messages") {
         None => return Err(ApiError::invalid("messages", "messages is required: a list of {role, content} objects")),
@@ -438,28 +433,35 @@ fn messages(f: &Fields) -> Result<Value, ApiError> {
             .string("role")?
             .ok_or_else(|| ApiError::invalid(&format!("{at}.role"), format!("{at}.role is required")))?;
         let role = match role {
-            "system" | "user" | "assistant" => role,
+            "system" | "user" | "assistant" | "tool" => role,
             // OpenAI's newer name for the system role.
             "developer" => "system",
-            "tool" | "function" => {
+            "function" => {
                 return Err(ApiError::unsupported(
                     &format!("{at}.role"),
-                    format!("{at}.role {role:?}: tool calls are not supported by this server yet"),
+                    format!("{at}.role \"function\" is OpenAI's deprecated form: send role \"tool\" with tool_call_id"),
                 ))
             }
             other => {
                 return Err(ApiError::invalid(
                     &format!("{at}.role"),
-                    format!("{at}.role {other:?} is not one of system, developer, user, assistant"),
+                    format!("{at}.role {other:?} is not one of system, developer, user, assistant, tool"),
                 ))
             }
         };
-        if mf.get("tool_calls").is_some_and(|t| t.as_array().is_none_or(|a| !a.is_empty())) {
-            return Err(ApiError::unsupported(
-                &format!("{at}.tool_calls"),
-                format!("{at}.tool_calls: tool calls are not supported by this server yet"),
-            ));
-        }
+        let calls = match mf.get("tool_calls") {
+            None => None,
+            Some(Value::Array(calls)) if role == "assistant" => {
+                Some(calls).filter(|c| !c.is_empty()).map(|c| tools::message_calls(&at, c)).transpose()?
+            }
+            Some(Value::Array(_)) => {
+                return Err(ApiError::invalid(
+                    &format!("{at}.tool_calls"),
+                    format!("{at}.tool_calls: only an assistant message carries tool calls"),
+                ))
+            }
+            Some(v) => return Err(wrong_type(&format!("{at}.tool_calls"), "an array", v)),
+        };
         let content = match mf.get("content") {
             Some(Value::String(s)) => s.clone(),
             Some(Value::Array(parts)) => text_parts(&at, parts)?,
@@ -467,7 +469,30 @@ fn messages(f: &Fields) -> Result<Value, ApiError> {
             None => return Err(ApiError::invalid(&format!("{at}.content"), format!("{at}.content is required"))),
             Some(v) => return Err(wrong_type(&format!("{at}.content"), "a string or an array of content parts", v)),
         };
-        out.push(serde_json::json!({"role": role, "content": content}));
+        let mut message = Map::new();
+        message.insert("role".into(), role.into());
+        message.insert("content".into(), content.into());
+        if role == "assistant" {
+            let reasoning = match mf.string("reasoning_content")? {
+                Some(r) => Some(r),
+                None => mf.string("reasoning")?,
+            };
+            if let Some(r) = reasoning {
+                message.insert("reasoning_content".into(), r.into());
+                message.insert("thinking".into(), r.into());
+            }
+            if let Some(calls) = calls {
+                message.insert("tool_calls".into(), Value::Array(calls));
+            }
+        }
+        if role == "tool" {
+            for key in ["tool_call_id", "name"] {
+                if let Some(v) = mf.string(key)? {
+                    message.insert(key.into(), v.into());
+                }
+            }
+        }
+        out.push(Value::Object(message));
     }
     Ok(Value::Array(out))
 }

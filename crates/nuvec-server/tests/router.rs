@@ -198,7 +198,10 @@ fn every_field_is_checked_naming_it() {
             (json!({"top_logprobs": 2}), StatusCode::BAD_REQUEST, "top_logprobs"),
             (json!({"n": 2}), StatusCode::BAD_REQUEST, "n"),
             (json!({"n": "1"}), StatusCode::BAD_REQUEST, "n"),
-            (json!({"tools": [{"type": "function"}]}), StatusCode::BAD_REQUEST, "tools"),
+            (json!({"tools": [{"type": "function"}]}), StatusCode::BAD_REQUEST, "tools[0].function"),
+            // SmolLM2's template writes no tool calls.
+            (json!({"tools": [{"type": "function", "function": {"name": "f"}}]}), StatusCode::BAD_REQUEST, "tools"),
+            (json!({"tool_choice": "required"}), StatusCode::BAD_REQUEST, "tool_choice"),
             (json!({"response_format": {"type": "json_object"}}), StatusCode::BAD_REQUEST, "response_format"),
             (json!({"min_tokens": 9}), StatusCode::BAD_REQUEST, "min_tokens"),
             (json!({"model": "gpt-4o"}), StatusCode::NOT_FOUND, "model"),
@@ -207,7 +210,7 @@ fn every_field_is_checked_naming_it() {
             (json!({"messages": "hi"}), StatusCode::BAD_REQUEST, "messages"),
             (json!({"messages": [{"content": "hi"}]}), StatusCode::BAD_REQUEST, "messages[0].role"),
             (json!({"messages": [{"role": "robot", "content": "hi"}]}), StatusCode::BAD_REQUEST, "messages[0].role"),
-            (json!({"messages": [{"role": "tool", "content": "hi"}]}), StatusCode::BAD_REQUEST, "messages[0].role"),
+            (json!({"messages": [{"role": "function", "content": "hi"}]}), StatusCode::BAD_REQUEST, "messages[0].role"),
             (json!({"messages": [{"role": "user", "content": 7}]}), StatusCode::BAD_REQUEST, "messages[0].content"),
             (json!({"messages": [{"role": "user"}]}), StatusCode::BAD_REQUEST, "messages[0].content"),
             (
