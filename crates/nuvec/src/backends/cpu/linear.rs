@@ -1,7 +1,10 @@
 //! Matrix products and embedding lookups over dense and quantized weights.
 //!
-//! - One input row (decode) or a few: a fused dequantizing matrix-vector product per format
+//! - One input row (decode): a fused dequantizing matrix-vector product per format
 //!   ([`super::qgemv`]), threaded over output rows in chunks sized by work.
+//! - A few input rows (batched decode): over affine weights, a multi-row kernel that unpacks
+//!   each weight once for all the rows ([`super::qbatch`]); other formats run the
+//!   matrix-vector product per row.
 //! - Many input rows (prefill): tiles of weight rows are decoded into a thread-local f32 buffer
 //!   and multiplied with the `gemm` crate straight into the output's columns.
 //!
@@ -11,6 +14,7 @@ use std::cell::RefCell;
 
 use super::fpgemv::FpMatrix;
 use super::pool::{self, SendPtr};
+use super::qbatch::{self, PreparedRows};
 use super::qgemv::{self, Params, PreparedX, QMatrix};
 use super::simd;
 use crate::{Array, DType, Error, Matrix, QuantMode, Quantized, Result};
@@ -29,6 +33,8 @@ thread_local! {
     static SCRATCH: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
     /// The calling thread's prepared input vector.
     static PREPARED: RefCell<PreparedX> = RefCell::new(PreparedX::new());
+    /// The calling thread's prepared input rows.
+    static PREPARED_ROWS: RefCell<PreparedRows> = const { RefCell::new(PreparedRows::new()) };
     /// The calling thread's `silu(gate) * up` row.
     static GATED: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
 }
@@ -43,6 +49,22 @@ fn with_prepared<R>(x: &[f32], q: &QMatrix, f: impl FnOnce(&PreparedX) -> R) -> 
         Err(_) => {
             let mut xs = PreparedX::new();
             xs.prepare(x, q.group, q.bits, simd::isa());
+            f(&xs)
+        }
+    })
+}
+
+/// Runs `f` with the thread's [`PreparedRows`] laid out for the rows of `x` (a fresh one if it
+/// is in use).
+fn with_prepared_rows<R>(x: &[f32], q: &QMatrix, f: impl FnOnce(&PreparedRows) -> R) -> R {
+    PREPARED_ROWS.with(|cell| match cell.try_borrow_mut() {
+        Ok(mut xs) => {
+            xs.prepare(x, q.cols, q.bits, simd::isa());
+            f(&xs)
+        }
+        Err(_) => {
+            let mut xs = PreparedRows::new();
+            xs.prepare(x, q.cols, q.bits, simd::isa());
             f(&xs)
         }
     })
@@ -228,6 +250,54 @@ fn gemv(w: &Weights, x: &[f32], out: &mut [f32]) {
     }
 }
 
+/// Output rows `r0..r1` of `out [M, N] = x [M, K] W^T` through the multi-row kernel; `out`
+/// points at row 0 column 0 of an output with `n` columns.
+///
+/// # Safety
+/// `out` is valid for `M * n` floats, where `M = x.len() / q.cols`, and nothing else accesses
+/// columns `r0..r1` of it during the call.
+unsafe fn qbatch_rows(q: &QMatrix, x: &[f32], xs: &PreparedRows, r0: usize, r1: usize, out: SendPtr<f32>, n: usize) {
+    let m = x.len() / q.cols.max(1);
+    let mut vals = [0f32; 2 * qbatch::MAX_ROWS];
+    with_scratch(qbatch::scratch_len(q), |scratch| {
+        let mut r = r0;
+        while r < r1 {
+            let nr = (r1 - r).min(qbatch::pass_rows(q, xs));
+            qbatch::rows(q, r, m, x, xs, scratch, &mut vals[..nr * m]);
+            for (ji, &v) in vals[..nr * m].iter().enumerate() {
+                let (j, i) = (ji / m, ji % m);
+                // SAFETY: i < M and r + j < r1 <= n (the caller's contract); the column is this
+                // call's.
+                unsafe { *out.0.add(i * n + r + j) = v };
+            }
+            r += nr;
+        }
+    });
+}
+
+/// `out [M, N] = x [M, K] W^T` for `M <= qbatch::MAX_ROWS` over affine weights, threaded over
+/// output rows.
+fn qbatch(q: &QMatrix, x: &[f32], m: usize, n: usize, out: &mut [f32]) {
+    assert!(m <= qbatch::MAX_ROWS && x.len() == m * q.cols && out.len() == m * n);
+    let threads = pool::threads();
+    let chunk = n.div_ceil(threads * 4).next_multiple_of(4).max(4);
+    let tasks = n.div_ceil(chunk);
+    let dst = SendPtr(out.as_mut_ptr());
+    with_prepared_rows(x, q, |xs| {
+        let task = |t: usize| {
+            let (r0, r1) = (t * chunk, ((t + 1) * chunk).min(n));
+            // SAFETY: dst is `out` (m x n), alive until this region ends; task t alone writes
+            // its columns r0..r1.
+            unsafe { qbatch_rows(q, x, xs, r0, r1, dst, n) }
+        };
+        if threads <= 1 || n * q.cols * m < PAR_MIN_WORK || n < 2 {
+            (0..tasks).for_each(task);
+        } else {
+            pool::run(tasks, &task);
+        }
+    });
+}
+
 /// `out [M, N] = x [M, K] W^T`: tiles of W's rows decoded into f32, then `gemm`.
 fn gemm_tiles(w: &Weights, x: &[f32], m: usize, k: usize, n: usize, out: &mut [f32]) {
     let threads = pool::threads();
@@ -288,6 +358,13 @@ pub(crate) fn linear(x: &Array, w: &Matrix) -> Result<Array> {
     *shape.last_mut().expect("x has at least one axis") = n;
     let mut out = Array::zeros(&shape, DType::F32);
     let o = out.host_mut::<f32>()?;
+    match &weights {
+        Weights::Affine(q) if m >= 2 && m <= qbatch::max_rows(q.bits, simd::isa()) && k > 0 => {
+            qbatch(q, xs, m, n, o);
+            return Ok(out);
+        }
+        _ => {}
+    }
     if m <= GEMV_MAX_ROWS || k == 0 {
         for (xr, or) in xs.chunks(k.max(1)).zip(o.chunks_mut(n.max(1))) {
             gemv(&weights, xr, or);
@@ -298,14 +375,14 @@ pub(crate) fn linear(x: &Array, w: &Matrix) -> Result<Array> {
     Ok(out)
 }
 
-/// `x @ ws[i]^T` for each weight. One input row over quantized weights of one width and group
-/// size runs as a single parallel pass over all their rows (x prepared once); anything else
-/// runs [`linear`] per weight.
+/// `x @ ws[i]^T` for each weight. One input row, or a few (up to `qbatch::max_rows`), over affine
+/// weights of one width and group size runs as a single parallel pass over all their rows (x
+/// prepared once); anything else runs [`linear`] per weight.
 pub(crate) fn linear_many(x: &Array, ws: &[&Matrix]) -> Result<Vec<Array>> {
     let k = x.dim(-1);
     let m = x.len() / k.max(1);
     let mut qs: [Option<QMatrix>; MANY_MAX] = [None; MANY_MAX];
-    let fused = m == 1 && k > 0 && ws.len() <= MANY_MAX && x.dtype() == DType::F32 && {
+    let fused = k > 0 && ws.len() <= MANY_MAX && x.dtype() == DType::F32 && {
         for (slot, w) in qs.iter_mut().zip(ws) {
             if let (Matrix::Quantized(q), true) = (w, w.cols() == k) {
                 if let Ok(Weights::Affine(qm)) = Weights::affine(q) {
@@ -314,8 +391,9 @@ pub(crate) fn linear_many(x: &Array, ws: &[&Matrix]) -> Result<Vec<Array>> {
             }
         }
         let first = qs[0];
+        let rows_ok = |f: &QMatrix| m == 1 || (2..=qbatch::max_rows(f.bits, simd::isa())).contains(&m);
         qs[..ws.len()].iter().all(|q| match (q, first) {
-            (Some(q), Some(f)) => q.bits == f.bits && q.group == f.group,
+            (Some(q), Some(f)) => q.bits == f.bits && q.group == f.group && rows_ok(&f),
             _ => false,
         })
     };
@@ -346,25 +424,43 @@ pub(crate) fn linear_many(x: &Array, ws: &[&Matrix]) -> Result<Vec<Array>> {
         *end = total;
     }
     let count = ws.len();
-    with_prepared(xs, &first, |prepared| {
-        let task = |t: usize| {
-            let i = task_ends[..count].iter().position(|&e| t < e).expect("t < total");
-            let q = qs[i].as_ref().expect("checked above");
-            let start = if i == 0 { 0 } else { task_ends[i - 1] };
-            let r0 = (t - start) * chunk;
-            let r1 = (r0 + chunk).min(ws[i].rows());
-            let p = ptrs[i];
-            // SAFETY: output i has ws[i].rows() floats, alive until this region ends; task t alone
-            // writes its rows r0..r1 of it.
-            let o = unsafe { std::slice::from_raw_parts_mut(p.0.add(r0), r1 - r0) };
-            with_scratch(2 * q.groups(), |scratch| qgemv::rows(q, r0, xs, prepared, scratch, o));
-        };
-        if threads <= 1 || n_total * k < PAR_MIN_WORK {
+    // Weight i, and the rows r0..r1 of it that task t computes.
+    let place = |t: usize| {
+        let i = task_ends[..count].iter().position(|&e| t < e).expect("t < total");
+        let start = if i == 0 { 0 } else { task_ends[i - 1] };
+        let r0 = (t - start) * chunk;
+        (i, r0, (r0 + chunk).min(ws[i].rows()))
+    };
+    let run = |task: &(dyn Fn(usize) + Sync)| {
+        if threads <= 1 || n_total * k * m < PAR_MIN_WORK {
             (0..total).for_each(task);
         } else {
-            pool::run(total, &task);
+            pool::run(total, task);
         }
-    });
+    };
+    if m == 1 {
+        with_prepared(xs, &first, |prepared| {
+            run(&|t| {
+                let (i, r0, r1) = place(t);
+                let q = qs[i].as_ref().expect("checked above");
+                let p = ptrs[i];
+                // SAFETY: output i has ws[i].rows() floats, alive until this region ends; task t
+                // alone writes its rows r0..r1 of it.
+                let o = unsafe { std::slice::from_raw_parts_mut(p.0.add(r0), r1 - r0) };
+                with_scratch(2 * q.groups(), |scratch| qgemv::rows(q, r0, xs, prepared, scratch, o));
+            })
+        });
+    } else {
+        with_prepared_rows(xs, &first, |prepared| {
+            run(&|t| {
+                let (i, r0, r1) = place(t);
+                let q = qs[i].as_ref().expect("checked above");
+                // SAFETY: output i is m x ws[i].rows(), alive until this region ends; task t alone
+                // writes its columns r0..r1.
+                unsafe { qbatch_rows(q, xs, prepared, r0, r1, ptrs[i], ws[i].rows()) }
+            })
+        });
+    }
     Ok(outs)
 }
 
@@ -470,17 +566,21 @@ mod tests {
         let d = make(64, 9, 8);
         // Groups of 16 (a Q4_K_M file's Q6_K tensors beside its Q4_K ones).
         let (e, f) = (make_g(96, 11, 6, 16), make_g(40, 13, 6, 16));
-        let x = Array::from_slice(&randoms(k, 3), &[1, k]).unwrap();
-        for ws in [vec![&a, &b, &c], vec![&a, &d], vec![&c], vec![&e, &f], vec![&a, &e]] {
-            let many = linear_many(&x, &ws).unwrap();
-            for (w, got) in ws.iter().zip(&many) {
-                let want = linear(&x, w).unwrap().to_vec::<f32>().unwrap();
-                assert_eq!(got.shape(), &[1, w.rows()]);
-                for (g, w) in got.to_vec::<f32>().unwrap().iter().zip(&want) {
-                    assert!((g - w).abs() <= 1e-5 * (1.0 + w.abs()), "{g} vs {w}");
+        // One row (the matrix-vector kernel) and several (the multi-row kernel).
+        for m in [1usize, 3, 10] {
+            let x = Array::from_slice(&randoms(m * k, 3), &[m, k]).unwrap();
+            for ws in [vec![&a, &b, &c], vec![&a, &d], vec![&c], vec![&e, &f], vec![&a, &e]] {
+                let many = linear_many(&x, &ws).unwrap();
+                for (w, got) in ws.iter().zip(&many) {
+                    let want = linear(&x, w).unwrap().to_vec::<f32>().unwrap();
+                    assert_eq!(got.shape(), &[m, w.rows()]);
+                    for (g, w) in got.to_vec::<f32>().unwrap().iter().zip(&want) {
+                        assert!((g - w).abs() <= 1e-5 * (1.0 + w.abs()), "m {m}: {g} vs {w}");
+                    }
                 }
             }
         }
+        let x = Array::from_slice(&randoms(k, 3), &[1, k]).unwrap();
         let up = Array::from_slice(&randoms(k, 5), &[1, k]).unwrap();
         let got = silu_mul_linear(&x, &up, &c).unwrap().to_vec::<f32>().unwrap();
         let h = super::super::elementwise::silu_mul(&x, &up).unwrap();
@@ -517,7 +617,8 @@ mod tests {
             Array::from_slice(&dense.iter().map(|&v| bf16::from_f32(v)).collect::<Vec<_>>(), &[n, k]).unwrap(),
         );
         let dense_bf: Vec<f32> = dense.iter().map(|&v| bf16::from_f32(v).to_f32()).collect();
-        for m in [1usize, 3, 9, 33] {
+        // One row, the multi-row kernel (one tile, several, a partial one), the gemm tiles.
+        for m in [1usize, 2, 3, 9, 17, 20, 21, 32, 33] {
             let x = randoms(m * k, m as u64);
             let xa = Array::from_slice(&x, &[m, k]).unwrap();
             for (w, wf) in [(&wq, &dense), (&wd, &dense), (&wh, &dense_bf)] {

@@ -11,6 +11,7 @@ mod gpt_oss;
 mod kv_rows;
 mod linear;
 mod pool;
+mod qbatch;
 mod qgemv;
 mod simd;
 
