@@ -3,7 +3,7 @@
 
 use clap::Parser;
 use nuvec_lm::{default_prefill_step, load_on, BatcherOptions, GenerateOptions, Sampler};
-use nuvec_server::{Server, ServerConfig, DEFAULT_BODY_LIMIT};
+use nuvec_server::{Server, ServerConfig, DEFAULT_BODY_LIMIT, DEFAULT_MAX_QUEUE};
 
 use crate::common::model_or_default;
 
@@ -66,6 +66,10 @@ pub struct Args {
     /// Largest request body in bytes (413 above).
     #[arg(long, default_value_t = DEFAULT_BODY_LIMIT)]
     max_body_bytes: usize,
+    /// Most requests waiting for a place in the batch; more get 429 (rate_limit_exceeded,
+    /// with Retry-After) until the queue drains.
+    #[arg(long, default_value_t = DEFAULT_MAX_QUEUE)]
+    max_queue: usize,
 }
 
 /// The id a model is served as: a repo id as given, a path's file (without `.gguf`) or
@@ -102,6 +106,9 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
             _ => return Err(format!("--chat-template-args must be a JSON object, got {text:?}").into()),
         },
     };
+    if args.max_queue == 0 {
+        return Err("--max-queue 0: every request would get 429; give at least 1".into());
+    }
     if args.api_key.as_deref().is_some_and(|k| k.trim().is_empty()) {
         return Err("--api-key is empty: give a key, or leave --api-key out to serve without one".into());
     }
@@ -125,6 +132,7 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     config.allowed_origins =
         args.allowed_origins.iter().map(|o| o.trim().to_string()).filter(|o| !o.is_empty()).collect();
     config.body_limit = args.max_body_bytes;
+    config.max_queue = args.max_queue;
     let server = Server::start(model, tokenizer, batcher, config)?;
     eprintln!("[INFO] serving {model_path} as {id:?} on {}", args.device);
     server.run(&args.host, args.port)?;
