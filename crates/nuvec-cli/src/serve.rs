@@ -22,6 +22,9 @@ pub struct Args {
     /// Where the model runs: cpu, cuda or cuda:N (cuda needs a build with `--features cuda`).
     #[arg(long, default_value = "cpu")]
     device: String,
+    /// Worker threads for the CPU kernels (default: all cores).
+    #[arg(long)]
+    threads: Option<usize>,
     /// Address to listen on.
     #[arg(long, default_value = "127.0.0.1")]
     host: String,
@@ -116,6 +119,9 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         BatcherOptions { max_batch: args.max_batch, batch_invariant: args.batch_invariant, ..Default::default() };
     batcher.validate()?;
 
+    if let Some(threads) = args.threads {
+        nuvec::backends::cpu::set_num_threads(threads)?;
+    }
     let device = crate::common::parse_device(&args.device)?;
     let (model, tokenizer) = load_on(&model_path, device)?;
     sampler.validate_for(model.vocab_size())?;
