@@ -3,7 +3,7 @@
 
 use clap::Parser;
 use nuvec_lm::{default_prefill_step, load_on, BatcherOptions, GenerateOptions, Sampler};
-use nuvec_server::{Server, ServerConfig, DEFAULT_BODY_LIMIT};
+use nuvec_server::{Server, ServerConfig, DEFAULT_BODY_LIMIT, DEFAULT_MAX_QUEUE};
 
 use crate::common::model_or_default;
 
@@ -22,6 +22,9 @@ pub struct Args {
     /// Where the model runs: cpu, cuda or cuda:N (cuda needs a build with `--features cuda`).
     #[arg(long, default_value = "cpu")]
     device: String,
+    /// Worker threads for the CPU kernels (default: all cores).
+    #[arg(long)]
+    threads: Option<usize>,
     /// Address to listen on.
     #[arg(long, default_value = "127.0.0.1")]
     host: String,
@@ -66,6 +69,10 @@ pub struct Args {
     /// Largest request body in bytes (413 above).
     #[arg(long, default_value_t = DEFAULT_BODY_LIMIT)]
     max_body_bytes: usize,
+    /// Most requests waiting for a place in the batch; more get 429 (rate_limit_exceeded,
+    /// with Retry-After) until the queue drains.
+    #[arg(long, default_value_t = DEFAULT_MAX_QUEUE)]
+    max_queue: usize,
 }
 
 /// The id a model is served as: a repo id as given, a path's file (without `.gguf`) or
@@ -102,6 +109,9 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
             _ => return Err(format!("--chat-template-args must be a JSON object, got {text:?}").into()),
         },
     };
+    if args.max_queue == 0 {
+        return Err("--max-queue 0: every request would get 429; give at least 1".into());
+    }
     if args.api_key.as_deref().is_some_and(|k| k.trim().is_empty()) {
         return Err("--api-key is empty: give a key, or leave --api-key out to serve without one".into());
     }
@@ -109,6 +119,9 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         BatcherOptions { max_batch: args.max_batch, batch_invariant: args.batch_invariant, ..Default::default() };
     batcher.validate()?;
 
+    if let Some(threads) = args.threads {
+        nuvec::backends::cpu::set_num_threads(threads)?;
+    }
     let device = crate::common::parse_device(&args.device)?;
     let (model, tokenizer) = load_on(&model_path, device)?;
     sampler.validate_for(model.vocab_size())?;
@@ -125,6 +138,7 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     config.allowed_origins =
         args.allowed_origins.iter().map(|o| o.trim().to_string()).filter(|o| !o.is_empty()).collect();
     config.body_limit = args.max_body_bytes;
+    config.max_queue = args.max_queue;
     let server = Server::start(model, tokenizer, batcher, config)?;
     eprintln!("[INFO] serving {model_path} as {id:?} on {}", args.device);
     server.run(&args.host, args.port)?;

@@ -4,7 +4,7 @@
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
@@ -29,10 +29,11 @@ use crate::engine::{panic_text, Output, Submission};
 use crate::error::ApiError;
 use crate::params::{self, Kind, Parsed, Prompt};
 use crate::tools::ToolChoice;
-use crate::AppState;
+use crate::{metrics as prometheus, tokenize, AppState};
 
-/// The router over `state`: `/v1` (behind the API key when one is set), `/health`, and OpenAI
-/// errors for unknown routes, wrong methods, oversized bodies and panics.
+/// The router over `state`: `/v1`, `/tokenize` and `/detokenize` (behind the API key when one
+/// is set), `/health` and `/metrics` (open, for monitors), and OpenAI errors for unknown routes,
+/// wrong methods, oversized bodies and panics.
 pub(crate) fn router(state: Arc<AppState>) -> Router {
     let v1 = Router::new()
         .route("/chat/completions", post(chat_completions))
@@ -40,9 +41,16 @@ pub(crate) fn router(state: Arc<AppState>) -> Router {
         .route("/models", get(models))
         .route("/models/{*model}", get(model))
         .route_layer(middleware::from_fn_with_state(state.clone(), authorize));
+    // vLLM's tokenizer routes sit beside /v1; they read prompts, so the key guards them too.
+    let tokens = Router::new()
+        .route("/tokenize", post(tokenize::tokenize))
+        .route("/detokenize", post(tokenize::detokenize))
+        .route_layer(middleware::from_fn_with_state(state.clone(), authorize));
     let mut app = Router::new()
         .nest("/v1", v1)
+        .merge(tokens)
         .route("/health", get(health))
+        .route("/metrics", get(metrics))
         .fallback(no_route)
         .method_not_allowed_fallback(wrong_method)
         .layer(axum::extract::DefaultBodyLimit::max(state.config.body_limit))
@@ -140,6 +148,14 @@ async fn health(State(state): State<Arc<AppState>>) -> Response {
     }
 }
 
+async fn metrics(State(state): State<Arc<AppState>>) -> Response {
+    let stats = state.shared.stats();
+    let metrics = state.shared.metrics().clone();
+    let rejected = state.shared.rejected.load(Ordering::Relaxed);
+    let text = prometheus::render(&state.config.model_id, &metrics, &stats, rejected);
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], text).into_response()
+}
+
 fn model_object(state: &AppState) -> Value {
     json!({"id": state.config.model_id, "object": "model", "created": state.created, "owned_by": "nuvec"})
 }
@@ -170,7 +186,24 @@ async fn with_id(state: Arc<AppState>, kind: Kind, body: Result<Bytes, BytesReje
     if let Ok(value) = HeaderValue::from_str(&id) {
         response.headers_mut().insert(header::HeaderName::from_static("x-request-id"), value);
     }
+    if response.status() == StatusCode::TOO_MANY_REQUESTS {
+        // The queue drains in about a request's time; clients back off by this much.
+        response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+    }
     response
+}
+
+/// A request body as a JSON object, or the 400 (413) that says why it is not one.
+pub(crate) fn json_object(body: Result<Bytes, BytesRejection>, limit: usize) -> Result<Map<String, Value>, ApiError> {
+    let bytes = body.map_err(|r| body_error(r, limit))?;
+    let value: Value = serde_json::from_slice(&bytes).map_err(|e| ApiError {
+        code: Some("invalid_json"),
+        ..ApiError::bad_request(format!("the body is not valid JSON: {e}"))
+    })?;
+    match value {
+        Value::Object(body) => Ok(body),
+        _ => Err(ApiError::bad_request("the body must be a JSON object")),
+    }
 }
 
 fn body_error(rejection: BytesRejection, limit: usize) -> ApiError {
@@ -323,14 +356,8 @@ async fn complete(
     body: Result<Bytes, BytesRejection>,
     id: &str,
 ) -> Result<Response, ApiError> {
-    let bytes = body.map_err(|r| body_error(r, state.config.body_limit))?;
-    let value: Value = serde_json::from_slice(&bytes).map_err(|e| ApiError {
-        code: Some("invalid_json"),
-        ..ApiError::bad_request(format!("the body is not valid JSON: {e}"))
-    })?;
-    let Value::Object(body) = value else {
-        return Err(ApiError::bad_request("the body must be a JSON object"));
-    };
+    let arrived = Instant::now();
+    let body = json_object(body, state.config.body_limit)?;
     if state.shared.failure().is_some() {
         return Err(engine_gone(&state));
     }
@@ -341,11 +368,21 @@ async fn complete(
             .map_err(|e| ApiError::internal(id, format!("preparing the prompt failed: {e}")))??
     };
     let Prepared { parsed, ids, answer } = prepared;
+    // After the checks, so a bad request hears what is wrong with it whatever the load.
+    let max_queue = state.config.max_queue;
+    let slot = state.shared.enqueue(max_queue).ok_or_else(|| ApiError::queue_full(max_queue))?;
 
     let (outputs, mut receiver) = tmpsc::unbounded_channel();
     let (accepted, was_accepted) = oneshot::channel();
-    let submission =
-        Submission { prompt: ids.clone(), options: parsed.options.clone(), outputs, accepted, request_id: id.into() };
+    let submission = Submission {
+        prompt: ids.clone(),
+        options: parsed.options.clone(),
+        outputs,
+        accepted,
+        request_id: id.into(),
+        arrived,
+        slot,
+    };
     state.engine.send(submission).map_err(|_| engine_gone(&state))?;
     match was_accepted.await {
         Ok(Ok(())) => {}

@@ -3,14 +3,20 @@
 //! blocks on the channel when idle, and sends each request's tokens back over that request's
 //! own channel. A request whose receiver is gone (its client disconnected) is cancelled at the
 //! next step. A failed request fails alone; a failed step ends the engine and marks it failed,
-//! which `/health` reports.
+//! which `/health` reports. The engine thread is also where the events are, so it keeps the
+//! counters and latency histograms `/metrics` shows, and it frees each request's queue slot
+//! (see [`QueueSlot`]) when the request is admitted.
 
 use std::collections::HashMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::{mpsc, Arc, Mutex};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{mpsc, Arc, Mutex, MutexGuard};
+use std::time::Instant;
 
 use nuvec_lm::{Batcher, BatcherStats, Event, FinishReason, GenerateOptions, RequestId, TokenLogprobs};
 use tokio::sync::{mpsc as tmpsc, oneshot};
+
+use crate::metrics::Metrics;
 
 /// What the engine thread drives: the [`Batcher`]'s request interface. The Batcher is the one
 /// implementation a server runs; tests put others in its place (a core that fails) through
@@ -70,6 +76,10 @@ pub(crate) struct Submission {
     pub accepted: oneshot::Sender<nuvec_lm::Result<()>>,
     /// The HTTP request's id, for the log.
     pub request_id: String,
+    /// When the HTTP request arrived (time to first token counts from here).
+    pub arrived: Instant,
+    /// Its place in the queue, given back once it is admitted (or ends).
+    pub slot: QueueSlot,
 }
 
 /// Counts the engine publishes after every step (read by `/health`).
@@ -87,6 +97,12 @@ pub struct EngineStats {
     pub failed: u64,
     /// Tokens generated so far.
     pub generated_tokens: u64,
+    /// KV cache blocks held by requests.
+    pub blocks_used: usize,
+    /// KV cache blocks in all.
+    pub blocks_total: usize,
+    /// Requests preempted so far.
+    pub preemptions: u64,
 }
 
 /// What the engine thread shares with the handlers.
@@ -95,6 +111,26 @@ pub(crate) struct Shared {
     /// Set once the engine failed as a whole: the message. Requests then get 503.
     pub failure: Mutex<Option<String>>,
     pub stats: Mutex<EngineStats>,
+    /// What `/metrics` shows besides the stats.
+    pub metrics: Mutex<Metrics>,
+    /// Requests holding a [`QueueSlot`]: handed to the engine, not yet admitted.
+    queued: AtomicUsize,
+    /// Requests refused because the queue was full.
+    pub rejected: AtomicU64,
+}
+
+/// A request's place in the queue of those not yet admitted to the batch. The handler takes
+/// one before it hands a request to the engine ([`Shared::enqueue`] refuses when the queue is
+/// full); dropping it gives the place back, so the count stays exact whichever way a request
+/// leaves the queue: admitted, refused by the core, cancelled while waiting, or dropped with
+/// the engine.
+#[derive(Debug)]
+pub(crate) struct QueueSlot(Arc<Shared>);
+
+impl Drop for QueueSlot {
+    fn drop(&mut self) {
+        self.0.queued.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 impl Shared {
@@ -109,6 +145,21 @@ impl Shared {
     fn fail(&self, message: String) {
         *self.failure.lock().unwrap_or_else(|e| e.into_inner()) = Some(message);
     }
+
+    pub fn metrics(&self) -> MutexGuard<'_, Metrics> {
+        self.metrics.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A place in the queue, unless `max` requests already wait (then the refusal is counted).
+    pub fn enqueue(self: &Arc<Self>, max: usize) -> Option<QueueSlot> {
+        match self.queued.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < max).then_some(n + 1)) {
+            Ok(_) => Some(QueueSlot(self.clone())),
+            Err(_) => {
+                self.rejected.fetch_add(1, Ordering::Relaxed);
+                None
+            }
+        }
+    }
 }
 
 /// One request in flight on the engine thread.
@@ -118,6 +169,12 @@ struct Live {
     logprobs: Option<TokenLogprobs>,
     cancelled: bool,
     request_id: String,
+    prompt_tokens: usize,
+    arrived: Instant,
+    /// When its last token was sent (None before the first).
+    last_token: Option<Instant>,
+    /// Held until the request is admitted.
+    slot: Option<QueueSlot>,
 }
 
 /// The engine thread's side of the server: call [`EngineLoop::run`] with the core on the
@@ -142,12 +199,12 @@ impl EngineLoop {
             if !core.is_busy() {
                 self.publish(&core, &counts);
                 match self.submissions.recv() {
-                    Ok(s) => admit(&mut core, &mut live, s),
+                    Ok(s) => admit(&mut core, &mut live, &self.shared, s),
                     Err(_) => return, // the server is gone and nothing is in flight
                 }
             }
             while let Ok(s) = self.submissions.try_recv() {
-                admit(&mut core, &mut live, s);
+                admit(&mut core, &mut live, &self.shared, s);
             }
             for (id, l) in live.iter_mut() {
                 if !l.cancelled && l.outputs.is_closed() {
@@ -164,9 +221,12 @@ impl EngineLoop {
                 Ok(Err(error)) => return self.fail(live, format!("the engine's step failed: {error}")),
                 Err(panic) => return self.fail(live, format!("the engine's step panicked: {}", panic_text(&panic))),
             };
+            let now = Instant::now();
+            let mut metrics = self.shared.metrics();
             for event in events {
-                dispatch(&mut live, &mut counts, event);
+                dispatch(&mut live, &mut counts, &mut metrics, event, now);
             }
+            drop(metrics);
             self.publish(&core, &counts);
         }
     }
@@ -178,6 +238,9 @@ impl EngineLoop {
             waiting: stats.waiting,
             running: stats.running,
             generated_tokens: stats.generated_tokens,
+            blocks_used: stats.blocks_used,
+            blocks_total: stats.blocks_total,
+            preemptions: stats.preemptions,
             ..counts.clone()
         };
     }
@@ -194,10 +257,11 @@ impl EngineLoop {
     }
 }
 
-fn admit<C: EngineCore>(core: &mut C, live: &mut HashMap<RequestId, Live>, s: Submission) {
+fn admit<C: EngineCore>(core: &mut C, live: &mut HashMap<RequestId, Live>, shared: &Shared, s: Submission) {
     if s.outputs.is_closed() {
         return; // the client left before the engine saw the request
     }
+    let prompt_tokens = s.prompt.len();
     let submitted = catch_unwind(AssertUnwindSafe(|| core.submit(s.prompt, s.options)))
         .unwrap_or_else(|panic| Err(nuvec_lm::Error::Unsupported(format!("submit panicked: {}", panic_text(&panic)))));
     match submitted {
@@ -205,7 +269,18 @@ fn admit<C: EngineCore>(core: &mut C, live: &mut HashMap<RequestId, Live>, s: Su
             if s.accepted.send(Ok(())).is_err() {
                 core.cancel(id);
             }
-            live.insert(id, Live { outputs: s.outputs, logprobs: None, cancelled: false, request_id: s.request_id });
+            shared.metrics().prompt_tokens += prompt_tokens as u64;
+            let l = Live {
+                outputs: s.outputs,
+                logprobs: None,
+                cancelled: false,
+                request_id: s.request_id,
+                prompt_tokens,
+                arrived: s.arrived,
+                last_token: None,
+                slot: Some(s.slot),
+            };
+            live.insert(id, l);
         }
         Err(error) => {
             let _ = s.accepted.send(Err(error));
@@ -213,10 +288,20 @@ fn admit<C: EngineCore>(core: &mut C, live: &mut HashMap<RequestId, Live>, s: Su
     }
 }
 
-fn dispatch(live: &mut HashMap<RequestId, Live>, counts: &mut EngineStats, event: Event) {
+/// Sends `event` to its request, counting it; `now` is when its step ended.
+fn dispatch(
+    live: &mut HashMap<RequestId, Live>,
+    counts: &mut EngineStats,
+    m: &mut Metrics,
+    event: Event,
+    now: Instant,
+) {
     match event {
         Event::Started { id, cached_tokens } => {
-            if let Some(l) = live.get(&id) {
+            if let Some(l) = live.get_mut(&id) {
+                l.slot = None; // admitted: its place in the queue is free
+                m.prefix_queries += l.prompt_tokens as u64;
+                m.prefix_hits += cached_tokens as u64;
                 let _ = l.outputs.send(Output::Started { cached_tokens });
             }
         }
@@ -227,6 +312,12 @@ fn dispatch(live: &mut HashMap<RequestId, Live>, counts: &mut EngineStats, event
         }
         Event::Token { id, token } => {
             if let Some(l) = live.get_mut(&id) {
+                match l.last_token {
+                    None => m.ttft.observe(now - l.arrived),
+                    Some(last) => m.itl.observe(now - last),
+                }
+                l.last_token = Some(now);
+                m.generation_tokens += 1;
                 let _ = l.outputs.send(Output::Token { token, logprobs: l.logprobs.take() });
             }
         }
@@ -243,6 +334,8 @@ fn dispatch(live: &mut HashMap<RequestId, Live>, counts: &mut EngineStats, event
                     FinishReason::Error => counts.failed += 1,
                     _ => counts.completed += 1,
                 }
+                m.finished.count(&reason);
+                m.e2e.observe(now - l.arrived);
                 let _ = l.outputs.send(Output::Finished(reason));
             }
         }

@@ -104,6 +104,19 @@ impl ApiError {
         }
     }
 
+    /// A 429: `max` requests already wait for the engine (`--max-queue`).
+    pub fn queue_full(max: usize) -> Self {
+        ApiError {
+            status: StatusCode::TOO_MANY_REQUESTS,
+            message: format!(
+                "the server is at capacity: {max} requests are already waiting (--max-queue); retry after a moment"
+            ),
+            kind: "rate_limit_exceeded",
+            param: None,
+            code: Some("rate_limit_exceeded"),
+        }
+    }
+
     /// A 503: the engine failed and takes no more requests.
     pub fn unavailable(why: &str) -> Self {
         ApiError {

@@ -3,8 +3,11 @@
 //!
 //! Endpoints: `POST /v1/chat/completions` and `POST /v1/completions` (streaming as server-sent
 //! events in OpenAI's chunk shape, ending with `data: [DONE]`, or whole), `GET /v1/models`,
-//! `GET /v1/models/{id}` and `GET /health`. Errors are OpenAI's error objects
-//! (`{"error": {"message", "type", "param", "code"}}`) with their status.
+//! `GET /v1/models/{id}`, vLLM's `POST /tokenize` and `POST /detokenize`, `GET /health`, and
+//! `GET /metrics` (Prometheus' text format: queue and cache gauges, token and prefix-cache
+//! counters, finish reasons, time-to-first-token and inter-token histograms). Errors are
+//! OpenAI's error objects (`{"error": {"message", "type", "param", "code"}}`) with their
+//! status; a request that finds [`ServerConfig::max_queue`] others waiting gets 429.
 //!
 //! The shape: one engine thread owns the model and its Batcher ([`EngineLoop`]); each HTTP
 //! handler checks and tokenizes its request, hands it to the engine over a channel and reads the
@@ -37,7 +40,9 @@ mod answer;
 mod api;
 mod engine;
 mod error;
+mod metrics;
 mod params;
+mod tokenize;
 mod tools;
 
 use std::future::Future;
@@ -52,6 +57,9 @@ pub use error::{ApiError, Error};
 
 /// Request bodies larger than this are refused with 413 by default (16 MiB).
 pub const DEFAULT_BODY_LIMIT: usize = 16 << 20;
+
+/// Requests that may wait for admission by default; more get 429.
+pub const DEFAULT_MAX_QUEUE: usize = 256;
 
 /// How a server answers: the model's id, the defaults requests start from, and access.
 #[derive(Debug, Clone)]
@@ -71,11 +79,15 @@ pub struct ServerConfig {
     pub allowed_origins: Vec<String>,
     /// The largest request body taken, in bytes (413 above).
     pub body_limit: usize,
+    /// Most requests handed to the engine and not yet admitted to its batch; one more gets 429
+    /// (`rate_limit_exceeded`, with `Retry-After`), so a flood queues boundedly instead of
+    /// growing memory and latency without end.
+    pub max_queue: usize,
 }
 
 impl ServerConfig {
     /// A config serving `model_id` with the library's generation defaults and `tokenizer`'s
-    /// end-of-sequence tokens; no key, no CORS, [`DEFAULT_BODY_LIMIT`].
+    /// end-of-sequence tokens; no key, no CORS, [`DEFAULT_BODY_LIMIT`], [`DEFAULT_MAX_QUEUE`].
     pub fn new(model_id: &str, tokenizer: &Tokenizer) -> Self {
         ServerConfig {
             model_id: model_id.to_string(),
@@ -87,6 +99,7 @@ impl ServerConfig {
             api_key: None,
             allowed_origins: vec![],
             body_limit: DEFAULT_BODY_LIMIT,
+            max_queue: DEFAULT_MAX_QUEUE,
         }
     }
 }
@@ -150,6 +163,9 @@ impl Server {
     {
         if config.body_limit == 0 {
             return Err(Error::Invalid("the body limit is 0 bytes: every request would be refused".into()));
+        }
+        if config.max_queue == 0 {
+            return Err(Error::Invalid("the queue limit is 0 requests: every request would get 429".into()));
         }
         if config.model_id.is_empty() {
             return Err(Error::Invalid("the model id is empty: name the served model".into()));

@@ -410,12 +410,30 @@ fn processors(f: &Fields, cx: &Context) -> Result<LogitsProcessors, ApiError> {
     Ok(p)
 }
 
+/// `messages` rendered by the model's chat template with its extra arguments `args`
+/// (the text holds the special tokens the template writes).
+pub(crate) fn chat_text(
+    tokenizer: &Tokenizer,
+    messages: &Value,
+    args: Map<String, Value>,
+    add_generation_prompt: bool,
+    continue_final_message: bool,
+) -> Result<String, ApiError> {
+    let template = tokenizer.chat_template().ok_or_else(|| {
+        ApiError::invalid("messages", "this model has no chat template: use /v1/completions with a prompt")
+    })?;
+    let ctx = tokenizer.template_context(args);
+    template
+        .render_values(messages, add_generation_prompt, continue_final_message, &ctx)
+        .map_err(|e| ApiError::invalid("messages", format!("the chat template failed on these messages: {e}")))
+}
+
 /// The messages, each reduced to `{"role", "content"}` with text content, plus what a call or
 /// its result carries: an assistant's `tool_calls` (see [`tools::message_calls`]) and its
 /// `reasoning_content` (or `reasoning`), given to the template as both `reasoning_content`
 /// (Qwen3 reads it) and `thinking` (gpt-oss does); a tool message's `tool_call_id` and `name`.
 /// A key is only set when the request has it: templates test `'tool_calls' in message`.
-fn messages(f: &Fields) -> Result<Value, ApiError> {
+pub(crate) fn messages(f: &Fields) -> Result<Value, ApiError> {
     let list = match f.get("messages") {
         None => return Err(ApiError::invalid("messages", "messages is required: a list of {role, content} objects")),
         Some(Value::Array(list)) => list,
