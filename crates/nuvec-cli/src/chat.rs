@@ -59,17 +59,16 @@ const HELP: &str =
 
 pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     let model_path = model_or_default(&args.model)?;
-    let sampler = Sampler {
-        temperature: args.temp,
-        top_p: args.top_p,
-        xtc_probability: args.xtc_probability,
-        xtc_threshold: args.xtc_threshold,
-        ..Default::default()
-    };
-    sampler.validate()?;
-    for note in sampler.ignored_settings() {
-        eprintln!("warning: {note}");
-    }
+    let sampler = crate::common::checked_sampler(
+        Sampler {
+            temperature: args.temp,
+            top_p: args.top_p,
+            xtc_probability: args.xtc_probability,
+            xtc_threshold: args.xtc_threshold,
+            ..Default::default()
+        },
+        "",
+    )?;
     let (model, tokenizer) = load_on(&model_path, crate::common::parse_device(&args.device)?)?;
     let template = tokenizer
         .chat_template()

@@ -116,3 +116,13 @@ pub fn peak_memory() -> u64 {
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
         .map_or(0, |kb| kb * 1024)
 }
+
+/// `sampler` checked, with a warning on stderr for each setting it ignores (`note` follows
+/// each warning: what the setting applies to).
+pub fn checked_sampler(sampler: nuvec_lm::Sampler, note: &str) -> Result<nuvec_lm::Sampler, nuvec_lm::Error> {
+    sampler.validate()?;
+    for ignored in sampler.ignored_settings() {
+        eprintln!("warning: {ignored}{note}");
+    }
+    Ok(sampler)
+}

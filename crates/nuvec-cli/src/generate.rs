@@ -202,19 +202,18 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         (None, Some(info)) => info.model.clone(),
         _ => model_or_default(&args.model)?,
     };
-    let sampler = Sampler {
-        temperature: args.temp,
-        top_p: args.top_p,
-        min_p: args.min_p,
-        min_tokens_to_keep: args.min_tokens_to_keep,
-        xtc_probability: args.xtc_probability,
-        xtc_threshold: args.xtc_threshold,
-        top_k: args.top_k,
-    };
-    sampler.validate()?;
-    for note in sampler.ignored_settings() {
-        eprintln!("warning: {note}");
-    }
+    let sampler = crate::common::checked_sampler(
+        Sampler {
+            temperature: args.temp,
+            top_p: args.top_p,
+            min_p: args.min_p,
+            min_tokens_to_keep: args.min_tokens_to_keep,
+            xtc_probability: args.xtc_probability,
+            xtc_threshold: args.xtc_threshold,
+            top_k: args.top_k,
+        },
+        "",
+    )?;
     let processors = LogitsProcessors {
         repetition_penalty: args.repetition_penalty,
         repetition_context_size: args.repetition_context_size,

@@ -88,17 +88,16 @@ fn model_id(model: &str) -> String {
 
 pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     let model_path = model_or_default(&args.model)?;
-    let sampler = Sampler {
-        temperature: args.temp,
-        top_p: args.top_p,
-        top_k: args.top_k,
-        min_p: args.min_p,
-        ..Default::default()
-    };
-    sampler.validate()?;
-    for note in sampler.ignored_settings() {
-        eprintln!("warning: {note} (for requests that do not set it)");
-    }
+    let sampler = crate::common::checked_sampler(
+        Sampler {
+            temperature: args.temp,
+            top_p: args.top_p,
+            top_k: args.top_k,
+            min_p: args.min_p,
+            ..Default::default()
+        },
+        " (for requests that do not set it)",
+    )?;
     if args.max_tokens == 0 {
         return Err("--max-tokens 0: give at least 1".into());
     }

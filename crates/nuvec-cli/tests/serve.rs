@@ -4,72 +4,17 @@
 //! errors' statuses, concurrent streams that each get their solo answer, and a client that
 //! disconnects mid-stream, whose request is cancelled without hurting the others.
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-fn gguf() -> String {
-    std::env::var("NUVEC_DEFAULT_GGUF").unwrap_or_else(|_| panic!("NUVEC_DEFAULT_GGUF is not set: run scripts/test.sh"))
-}
+mod common;
+use common::served::{gguf, Served};
 
 const QUESTION: &str = "What is the capital of France?";
-
-/// A running `nuvec serve`, killed when dropped.
-struct Served {
-    child: Child,
-    base: String,
-    log: Arc<Mutex<String>>,
-}
-
-impl Served {
-    fn start(extra: &[&str]) -> Served {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_nuvec"))
-            .args(["serve", "--model", &gguf(), "--port", "0"])
-            .args(extra)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let log = Arc::new(Mutex::new(String::new()));
-        let (tx, rx) = std::sync::mpsc::channel();
-        let stderr = child.stderr.take().unwrap();
-        let sink = log.clone();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                if let Some(at) = line.find("listening on http://") {
-                    let _ = tx.send(line[at + "listening on ".len()..].trim().to_string());
-                }
-                let mut log = sink.lock().unwrap();
-                log.push_str(&line);
-                log.push('\n');
-            }
-        });
-        let base = match rx.recv_timeout(Duration::from_secs(120)) {
-            Ok(base) => base,
-            Err(_) => {
-                let _ = child.kill();
-                panic!("nuvec serve did not start: {}", log.lock().unwrap());
-            }
-        };
-        Served { child, base, log }
-    }
-
-    fn log(&self) -> String {
-        self.log.lock().unwrap().clone()
-    }
-}
-
-impl Drop for Served {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 /// `curl` with `args`: (status, body).
 fn curl(args: &[&str]) -> (u16, String) {

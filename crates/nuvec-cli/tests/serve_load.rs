@@ -11,14 +11,16 @@
 //! scripts/test.sh -p nuvec-cli --test serve_load`.
 
 use std::collections::HashMap;
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
+
+mod common;
+use common::served::Served;
 
 const CLIENTS: usize = 64;
 /// Tokens each completed answer gets at most (short: the point is many requests).
@@ -46,62 +48,11 @@ const MALFORMED: [&str; 5] = [
     "[1, 2, 3]",
 ];
 
-fn gguf() -> String {
-    std::env::var("NUVEC_DEFAULT_GGUF").unwrap_or_else(|_| panic!("NUVEC_DEFAULT_GGUF is not set: run scripts/test.sh"))
-}
-
-/// A running `nuvec serve`, killed when dropped.
-struct Served {
-    child: Child,
-    addr: String,
-    log: Arc<Mutex<String>>,
-}
-
-impl Served {
-    fn start() -> Served {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_nuvec"))
-            .args(["serve", "--model", &gguf(), "--port", "0"])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let log = Arc::new(Mutex::new(String::new()));
-        let (tx, rx) = std::sync::mpsc::channel();
-        let stderr = child.stderr.take().unwrap();
-        let sink = log.clone();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                if let Some(at) = line.find("listening on http://") {
-                    let _ = tx.send(line[at + "listening on http://".len()..].trim().to_string());
-                }
-                let mut log = sink.lock().unwrap();
-                log.push_str(&line);
-                log.push('\n');
-            }
-        });
-        match rx.recv_timeout(Duration::from_secs(120)) {
-            Ok(addr) => Served { child, addr, log },
-            Err(_) => {
-                let _ = child.kill();
-                panic!("nuvec serve did not start: {}", log.lock().unwrap());
-            }
-        }
-    }
-
-    /// Resident memory in KiB (/proc/PID/status VmRSS).
-    fn rss_kib(&self) -> u64 {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap();
-        let line = status.lines().find(|l| l.starts_with("VmRSS:")).expect("VmRSS in /proc/PID/status");
-        line.split_whitespace().nth(1).unwrap().parse().unwrap()
-    }
-}
-
-impl Drop for Served {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// Resident memory in KiB of `served` (/proc/PID/status VmRSS).
+fn rss_kib(served: &Served) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{}/status", served.child.id())).unwrap();
+    let line = status.lines().find(|l| l.starts_with("VmRSS:")).expect("VmRSS in /proc/PID/status");
+    line.split_whitespace().nth(1).unwrap().parse().unwrap()
 }
 
 /// An HTTP/1.1 response read to the end (`Connection: close`).
@@ -302,8 +253,8 @@ fn metric(addr: &str, series: &str) -> f64 {
 fn many_clients_with_disconnects_and_bad_bodies_get_their_solo_answers() {
     let n: usize = std::env::var("NUVEC_LOAD_REQUESTS")
         .map_or(1000, |v| v.parse().unwrap_or_else(|_| panic!("NUVEC_LOAD_REQUESTS={v:?} is not a count of requests")));
-    let served = Served::start();
-    let addr = served.addr.clone();
+    let served = Served::start(&[]);
+    let addr = served.addr().to_string();
     let start = Instant::now();
 
     // Each prompt's answer alone, one request at a time.
@@ -317,14 +268,14 @@ fn many_clients_with_disconnects_and_bad_bodies_get_their_solo_answers() {
     let warm = round(&addr, CLIENTS, &solo);
     assert!(warm.wrong.is_empty(), "warm-up: {:?}", warm.wrong);
     idle(&addr);
-    let rss_before = served.rss_kib();
+    let rss_before = rss_kib(&served);
     eprintln!("solo and warm-up: {:.1?}, RSS {rss_before} KiB", start.elapsed());
 
     let run = Instant::now();
     let tally = round(&addr, n, &solo);
     let ran = run.elapsed();
     let h = idle(&addr);
-    let rss_after = served.rss_kib();
+    let rss_after = rss_kib(&served);
     let count = |t: &Tally, k: Kind| t.kinds.get(&k).copied().unwrap_or(0);
     eprintln!(
         "{n} requests from {CLIENTS} clients in {ran:.1?} (slowest {:.1?}): {} complete, {} hung up, {} malformed; \
@@ -358,5 +309,6 @@ fn many_clients_with_disconnects_and_bad_bodies_get_their_solo_answers() {
         rss_after as f64 <= rss_before as f64 * 1.10,
         "RSS grew from {rss_before} KiB to {rss_after} KiB over {n} requests"
     );
-    assert!(!served.log.lock().unwrap().contains("panicked"), "{}", served.log.lock().unwrap());
+    let log = served.log();
+    assert!(!log.contains("panicked"), "{log}");
 }

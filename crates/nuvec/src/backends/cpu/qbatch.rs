@@ -383,30 +383,14 @@ mod x86 {
 
 #[cfg(test)]
 mod tests {
-    use half::{bf16, f16};
-
-    use super::super::qgemv::{row_reference, Params};
+    use super::super::qgemv::{row_reference, test_weights};
     use super::super::simd::tests::randoms;
     use super::*;
 
     /// `m` input rows against `n` weight rows; scales and biases as f32 (0), f16 (1) or bf16 (2).
     fn check(bits: usize, group: usize, cols: usize, n: usize, m: usize, kind: u8) {
-        let words = cols * bits / 32;
-        let packed: Vec<u8> =
-            randoms(n * words * 4, bits as u64 + m as u64).iter().map(|v| ((v + 1.0) * 127.9) as u8).collect();
-        let g = cols / group;
-        let s32: Vec<f32> = randoms(n * g, 7).iter().map(|v| v * 0.1).collect();
-        let b32: Vec<f32> = randoms(n * g, 8).iter().map(|v| v * 0.5).collect();
-        let (s16, b16): (Vec<f16>, Vec<f16>) =
-            (s32.iter().map(|&v| f16::from_f32(v)).collect(), b32.iter().map(|&v| f16::from_f32(v)).collect());
-        let (sb, bb): (Vec<bf16>, Vec<bf16>) =
-            (s32.iter().map(|&v| bf16::from_f32(v)).collect(), b32.iter().map(|&v| bf16::from_f32(v)).collect());
-        let (scales, biases) = match kind {
-            1 => (Params::F16(&s16), Params::F16(&b16)),
-            2 => (Params::BF16(&sb), Params::BF16(&bb)),
-            _ => (Params::F32(&s32), Params::F32(&b32)),
-        };
-        let w = QMatrix { packed: &packed, scales, biases, bits, group, cols };
+        let weights = test_weights::Weights::new(bits, group, cols, n, bits as u64 + m as u64);
+        let w = weights.matrix(kind);
         let x = randoms(m * cols, 99 + m as u64);
         let mut scratch = vec![0f32; scratch_len(&w)];
         for isa in simd::testable() {

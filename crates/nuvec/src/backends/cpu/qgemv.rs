@@ -606,6 +606,62 @@ pub(crate) mod x86 {
     }
 }
 
+/// Random quantized weights for the kernels' tests.
+#[cfg(test)]
+pub(crate) mod test_weights {
+    use half::{bf16, f16};
+
+    use super::super::simd::tests::randoms;
+    use super::{Params, QMatrix};
+
+    /// `rows` rows of `cols` packed `bits`-wide values (drawn from `seed`) with per-group
+    /// scales and biases, kept in f32, f16 and bf16.
+    pub(crate) struct Weights {
+        packed: Vec<u8>,
+        s32: Vec<f32>,
+        b32: Vec<f32>,
+        s16: Vec<f16>,
+        b16: Vec<f16>,
+        sb: Vec<bf16>,
+        bb: Vec<bf16>,
+        bits: usize,
+        group: usize,
+        cols: usize,
+    }
+
+    impl Weights {
+        pub(crate) fn new(bits: usize, group: usize, cols: usize, rows: usize, seed: u64) -> Self {
+            let words = cols * bits / 32;
+            let packed = randoms(rows * words * 4, seed).iter().map(|v| ((v + 1.0) * 127.9) as u8).collect();
+            let g = cols / group;
+            let s32: Vec<f32> = randoms(rows * g, 7).iter().map(|v| v * 0.1).collect();
+            let b32: Vec<f32> = randoms(rows * g, 8).iter().map(|v| v * 0.5).collect();
+            Weights {
+                packed,
+                s16: s32.iter().map(|&v| f16::from_f32(v)).collect(),
+                b16: b32.iter().map(|&v| f16::from_f32(v)).collect(),
+                sb: s32.iter().map(|&v| bf16::from_f32(v)).collect(),
+                bb: b32.iter().map(|&v| bf16::from_f32(v)).collect(),
+                s32,
+                b32,
+                bits,
+                group,
+                cols,
+            }
+        }
+
+        /// The matrix with scales and biases as f32 (`kind` 0), f16 (1) or bf16 (2).
+        pub(crate) fn matrix(&self, kind: u8) -> QMatrix<'_> {
+            let (scales, biases) = match kind {
+                1 => (Params::F16(&self.s16), Params::F16(&self.b16)),
+                2 => (Params::BF16(&self.sb), Params::BF16(&self.bb)),
+                _ => (Params::F32(&self.s32), Params::F32(&self.b32)),
+            };
+            QMatrix { packed: &self.packed, scales, biases, bits: self.bits, group: self.group, cols: self.cols }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::super::simd::tests::randoms;
@@ -613,22 +669,9 @@ mod tests {
 
     /// Scales and biases stored as f32 (0), f16 (1) or bf16 (2).
     fn check(bits: usize, group: usize, cols: usize, rows_n: usize, kind: u8) {
-        let words = cols * bits / 32;
-        let packed: Vec<u8> =
-            randoms(rows_n * words * 4, bits as u64).iter().map(|v| ((v + 1.0) * 127.9) as u8).collect();
         let g = cols / group;
-        let s32: Vec<f32> = randoms(rows_n * g, 7).iter().map(|v| v * 0.1).collect();
-        let b32: Vec<f32> = randoms(rows_n * g, 8).iter().map(|v| v * 0.5).collect();
-        let (s16, b16): (Vec<f16>, Vec<f16>) =
-            (s32.iter().map(|&v| f16::from_f32(v)).collect(), b32.iter().map(|&v| f16::from_f32(v)).collect());
-        let (sb, bb): (Vec<bf16>, Vec<bf16>) =
-            (s32.iter().map(|&v| bf16::from_f32(v)).collect(), b32.iter().map(|&v| bf16::from_f32(v)).collect());
-        let (scales, biases) = match kind {
-            1 => (Params::F16(&s16), Params::F16(&b16)),
-            2 => (Params::BF16(&sb), Params::BF16(&bb)),
-            _ => (Params::F32(&s32), Params::F32(&b32)),
-        };
-        let w = QMatrix { packed: &packed, scales, biases, bits, group, cols };
+        let weights = test_weights::Weights::new(bits, group, cols, rows_n, bits as u64);
+        let w = weights.matrix(kind);
         let x = randoms(cols, 99);
         let mut params = vec![0f32; 2 * g];
         for isa in simd::testable() {

@@ -1,0 +1,3 @@
+//! Helpers shared by the CLI's test binaries.
+
+pub mod served;

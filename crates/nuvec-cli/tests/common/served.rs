@@ -1,0 +1,72 @@
+//! A running `nuvec serve` on a free port with the default model, for the serve tests.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// The default GGUF model scripts/test.sh installs.
+pub fn gguf() -> String {
+    std::env::var("NUVEC_DEFAULT_GGUF").unwrap_or_else(|_| panic!("NUVEC_DEFAULT_GGUF is not set: run scripts/test.sh"))
+}
+
+/// A running `nuvec serve`, killed when dropped.
+pub struct Served {
+    pub child: Child,
+    /// `http://HOST:PORT`.
+    pub base: String,
+    log: Arc<Mutex<String>>,
+}
+
+impl Served {
+    /// Starts `nuvec serve --model <default> --port 0 <extra>` and waits for its address.
+    pub fn start(extra: &[&str]) -> Served {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_nuvec"))
+            .args(["serve", "--model", &gguf(), "--port", "0"])
+            .args(extra)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let log = Arc::new(Mutex::new(String::new()));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let stderr = child.stderr.take().unwrap();
+        let sink = log.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if let Some(at) = line.find("listening on http://") {
+                    let _ = tx.send(line[at + "listening on ".len()..].trim().to_string());
+                }
+                let mut log = sink.lock().unwrap();
+                log.push_str(&line);
+                log.push('\n');
+            }
+        });
+        match rx.recv_timeout(Duration::from_secs(120)) {
+            Ok(base) => Served { child, base, log },
+            Err(_) => {
+                let _ = child.kill();
+                panic!("nuvec serve did not start: {}", log.lock().unwrap());
+            }
+        }
+    }
+
+    /// `HOST:PORT`, for clients speaking HTTP over a socket themselves.
+    #[allow(dead_code)] // not every test binary reads it
+    pub fn addr(&self) -> &str {
+        self.base.trim_start_matches("http://")
+    }
+
+    /// What the server wrote to stderr so far.
+    pub fn log(&self) -> String {
+        self.log.lock().unwrap().clone()
+    }
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
