@@ -1,11 +1,13 @@
 //! `nuvec serve`: an OpenAI-compatible server over the continuous-batching Batcher (as
 //! mlx_lm.server, with its flags where they exist).
 
+use std::time::Duration;
+
 use clap::Parser;
 use nuvec_lm::{default_prefill_step, load_on, BatcherOptions, GenerateOptions, Sampler};
-use nuvec_server::{Server, ServerConfig, DEFAULT_BODY_LIMIT, DEFAULT_MAX_QUEUE};
+use nuvec_server::{Server, ServerConfig, DEFAULT_BODY_LIMIT, DEFAULT_MAX_QUEUE, DEFAULT_SHUTDOWN_GRACE};
 
-use crate::common::model_or_default;
+use crate::common::{model_or_default, ContextArgs};
 
 /// Serve a model over HTTP with OpenAI's API (as mlx_lm.server).
 #[derive(Parser, Debug)]
@@ -46,9 +48,38 @@ pub struct Args {
     /// Default min-p (0 is off).
     #[arg(long, default_value_t = 0.0)]
     min_p: f32,
-    /// Most requests decoded together; more wait their turn.
-    #[arg(long, default_value_t = 32)]
+    /// Most requests decoded together; more wait their turn (mlx_lm.server's
+    /// --decode-concurrency).
+    #[arg(long, visible_alias = "decode-concurrency", default_value_t = 32)]
     max_batch: usize,
+    #[command(flatten)]
+    context: ContextArgs,
+    /// The KV cache's size in bytes (suffixes K, M, G: 4G), as mlx_lm.server's flag sizes its
+    /// caches; it holds the running requests and the cached prompt prefixes. Default: 90 % of
+    /// free memory on a GPU, at most 4 GiB on the CPU (see --memory-fraction).
+    #[arg(long, value_parser = parse_bytes)]
+    prompt_cache_bytes: Option<usize>,
+    /// Share of free device memory the KV cache takes when --prompt-cache-bytes is not given
+    /// (vLLM's --gpu-memory-utilization).
+    #[arg(long, visible_alias = "gpu-memory-utilization", default_value_t = 0.9)]
+    memory_fraction: f64,
+    /// Do not share the cache of common prompt prefixes across requests (prefix caching is on
+    /// by default where the model allows it).
+    #[arg(long)]
+    no_prefix_cache: bool,
+    /// Most tokens one engine step computes, decodes and prompt chunks together (vLLM's
+    /// --max-num-batched-tokens; default 4096 on the CPU, 8192 on CUDA).
+    #[arg(long, visible_alias = "max-num-batched-tokens")]
+    token_budget: Option<usize>,
+    /// Quantize the KV cache to this many bits (mlx_lm.server's flag): not available when
+    /// serving yet, as the paged cache keeps keys and values in the model's dtype; giving it is
+    /// an error rather than a silently unquantized cache.
+    #[arg(long)]
+    kv_bits: Option<u32>,
+    /// Seconds the requests in flight may take to finish after ctrl-c or SIGTERM; those still
+    /// running then end with an error (a second signal ends them at once).
+    #[arg(long, default_value_t = DEFAULT_SHUTDOWN_GRACE.as_secs_f64())]
+    shutdown_grace: f64,
     /// Require this key as `Authorization: Bearer <key>` on /v1 (not on /health).
     #[arg(long)]
     api_key: Option<String>,
@@ -73,6 +104,37 @@ pub struct Args {
     /// with Retry-After) until the queue drains.
     #[arg(long, default_value_t = DEFAULT_MAX_QUEUE)]
     max_queue: usize,
+}
+
+/// A size in bytes: a number, optionally with K, M, G or T (powers of 1024; a trailing B or iB
+/// is allowed).
+fn parse_bytes(text: &str) -> Result<usize, String> {
+    let upper = text.trim().to_ascii_uppercase();
+    let t = upper.strip_suffix("IB").or_else(|| upper.strip_suffix('B')).unwrap_or(&upper);
+    let (digits, shift) = match t.char_indices().last() {
+        Some((at, c)) if c.is_ascii_alphabetic() => {
+            let shift = match c {
+                'K' => 10,
+                'M' => 20,
+                'G' => 30,
+                'T' => 40,
+                _ => return Err(format!("{text:?} is not a size in bytes: the suffix must be K, M, G or T")),
+            };
+            (&t[..at], shift)
+        }
+        _ => (t, 0),
+    };
+    let n: f64 = digits
+        .trim()
+        .parse()
+        .ok()
+        .filter(|n: &f64| n.is_finite())
+        .ok_or_else(|| format!("{text:?} is not a size in bytes (e.g. 4G or 4294967296)"))?;
+    let bytes = n * (1u64 << shift) as f64;
+    if !(bytes >= 1.0 && bytes < usize::MAX as f64) {
+        return Err(format!("{text:?}: give a size of at least one byte"));
+    }
+    Ok(bytes as usize)
 }
 
 /// The id a model is served as: a repo id as given, a path's file (without `.gguf`) or
@@ -114,9 +176,30 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     if args.api_key.as_deref().is_some_and(|k| k.trim().is_empty()) {
         return Err("--api-key is empty: give a key, or leave --api-key out to serve without one".into());
     }
-    let batcher =
-        BatcherOptions { max_batch: args.max_batch, batch_invariant: args.batch_invariant, ..Default::default() };
-    batcher.validate()?;
+    if let Some(bits) = args.kv_bits {
+        return Err(format!(
+            "--kv-bits {bits}: the server's paged KV cache is not quantized yet (it keeps keys and values in the \
+             model's dtype); serve without --kv-bits, or use `nuvec generate --kv-bits {bits}` for one request"
+        )
+        .into());
+    }
+    if !(args.shutdown_grace.is_finite() && args.shutdown_grace >= 0.0) {
+        return Err(format!("--shutdown-grace {}: give a number of seconds, 0 or more", args.shutdown_grace).into());
+    }
+    if args.context.ctx_size == Some(0) {
+        return Err("--ctx-size 0: give at least 1 position".into());
+    }
+    let batcher = BatcherOptions {
+        max_batch: args.max_batch,
+        batch_invariant: args.batch_invariant,
+        cache_bytes: args.prompt_cache_bytes,
+        memory_fraction: args.memory_fraction,
+        prefix_cache: args.no_prefix_cache.then_some(false),
+        token_budget: args.token_budget,
+        max_positions: args.context.ctx_size.unwrap_or(nuvec_lm::engine::DEFAULT_MAX_POSITIONS),
+        ..Default::default()
+    };
+    batcher.validate().map_err(|e| flag_names(&e.to_string()))?;
 
     if let Some(threads) = args.threads {
         nuvec::backends::cpu::set_num_threads(threads)?;
@@ -130,16 +213,51 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         max_tokens: args.max_tokens,
         sampler,
         prefill_step_size: args.prefill_step_size.unwrap_or_else(|| default_prefill_step(model.device())),
+        context_length: args.context.ctx_size,
+        allow_past_context: args.context.allow_past_context,
         ..config.defaults
     };
+    config.defaults.validate_for(&model)?;
     config.template_args = template_args;
     config.api_key = args.api_key.clone();
     config.allowed_origins =
         args.allowed_origins.iter().map(|o| o.trim().to_string()).filter(|o| !o.is_empty()).collect();
     config.body_limit = args.max_body_bytes;
     config.max_queue = args.max_queue;
-    let server = Server::start(model, tokenizer, batcher, config)?;
+    config.shutdown_grace = Duration::from_secs_f64(args.shutdown_grace);
+    let server = Server::start(model, tokenizer, batcher, config).map_err(|e| flag_names(&e.to_string()))?;
     eprintln!("[INFO] serving {model_path} as {id:?} on {}", args.device);
     server.run(&args.host, args.port)?;
     Ok(())
+}
+
+/// A Batcher error in the flags' names, for the command line.
+fn flag_names(message: &str) -> String {
+    [
+        ("BatcherOptions::max_batch", "--max-batch"),
+        ("BatcherOptions::cache_bytes", "--prompt-cache-bytes"),
+        ("BatcherOptions::memory_fraction", "--memory-fraction"),
+        ("BatcherOptions::token_budget", "--token-budget"),
+        ("BatcherOptions::max_positions", "--ctx-size"),
+        ("BatcherOptions::blocks", "--prompt-cache-bytes"),
+    ]
+    .iter()
+    .fold(message.to_string(), |m, (field, flag)| m.replace(field, flag))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_bytes;
+
+    #[test]
+    fn sizes_in_bytes_take_binary_suffixes() {
+        assert_eq!(parse_bytes("4096"), Ok(4096));
+        assert_eq!(parse_bytes("4G"), Ok(4 << 30));
+        assert_eq!(parse_bytes("1.5M"), Ok(3 << 19));
+        assert_eq!(parse_bytes("512KiB"), Ok(512 << 10));
+        assert_eq!(parse_bytes("2gb"), Ok(2 << 30));
+        for bad in ["", "G", "-1", "0", "4X", "lots", "NaN"] {
+            assert!(parse_bytes(bad).is_err(), "{bad:?}");
+        }
+    }
 }

@@ -280,11 +280,19 @@ fn bad_options_and_requests_are_refused_naming_the_field() {
         (BatcherOptions { memory_fraction: f64::NAN, ..Default::default() }, "memory_fraction"),
         (BatcherOptions { token_budget: Some(4), max_batch: 8, ..Default::default() }, "token_budget"),
         (BatcherOptions { micro_batches: Some(2), ..Default::default() }, "micro_batches"),
+        (BatcherOptions { cache_bytes: Some(0), ..Default::default() }, "cache_bytes"),
+        (BatcherOptions { cache_bytes: Some(1), ..Default::default() }, "less than one cache block"),
+        (BatcherOptions { cache_bytes: Some(usize::MAX), ..Default::default() }, "more than the"),
+        (BatcherOptions { cache_bytes: Some(1 << 20), blocks: Some(8), ..Default::default() }, "both set"),
     ];
     for (options, field) in bad {
         let e = Batcher::new(&model, options).err().expect("refused").to_string();
         assert!(e.contains(field), "{field}: {e}");
     }
+    // The cache sized in bytes holds as many whole blocks as fit.
+    let per_block = model.kv_bytes_per_position().unwrap() * 16;
+    let sized = Batcher::new(&model, BatcherOptions { cache_bytes: Some(per_block * 5 + 1), ..Default::default() });
+    assert_eq!(sized.unwrap().stats().blocks_total, 5);
     let mut b = Batcher::new(&model, BatcherOptions { blocks: Some(64), ..Default::default() }).unwrap();
     let v = model.vocab_size() as u32;
     let refused = [

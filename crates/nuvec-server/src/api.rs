@@ -313,6 +313,7 @@ fn prepare(state: &AppState, kind: Kind, body: &Map<String, Value>) -> Result<Pr
     }
     let limit = match parsed.options.context_length {
         Some(n) => Some(n),
+        None if parsed.options.allow_past_context => None,
         None => state.info.context_length,
     };
     if let Some(limit) = limit.filter(|&l| ids.len() >= l) {

@@ -9,7 +9,7 @@
 
 use std::collections::HashMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
@@ -117,6 +117,9 @@ pub(crate) struct Shared {
     queued: AtomicUsize,
     /// Requests refused because the queue was full.
     pub rejected: AtomicU64,
+    /// Set when a shutting-down server stops waiting for its requests: each one in flight then
+    /// ends with an error saying so (its client must not take a cut answer for a whole one).
+    aborting: AtomicBool,
 }
 
 /// A request's place in the queue of those not yet admitted to the batch. The handler takes
@@ -148,6 +151,15 @@ impl Shared {
 
     pub fn metrics(&self) -> MutexGuard<'_, Metrics> {
         self.metrics.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Ends every request in flight (and any that still arrives) at the engine's next step.
+    pub fn abort_all(&self) {
+        self.aborting.store(true, Ordering::Release);
+    }
+
+    fn aborting(&self) -> bool {
+        self.aborting.load(Ordering::Acquire)
     }
 
     /// A place in the queue, unless `max` requests already wait (then the refusal is counted).
@@ -206,8 +218,16 @@ impl EngineLoop {
             while let Ok(s) = self.submissions.try_recv() {
                 admit(&mut core, &mut live, &self.shared, s);
             }
+            let aborting = self.shared.aborting();
             for (id, l) in live.iter_mut() {
-                if !l.cancelled && l.outputs.is_closed() {
+                if l.cancelled {
+                    continue;
+                }
+                if aborting {
+                    let why = "the server shut down before this request finished; send it again once it is back";
+                    let _ = l.outputs.send(Output::Failed(why.into()));
+                }
+                if aborting || l.outputs.is_closed() {
                     core.cancel(*id);
                     l.cancelled = true;
                 }

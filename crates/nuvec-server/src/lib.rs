@@ -48,6 +48,7 @@ mod tools;
 use std::future::Future;
 use std::sync::{mpsc, Arc};
 use std::thread::JoinHandle;
+use std::time::Duration;
 
 use nuvec_lm::{Batcher, BatcherOptions, GenerateOptions, Model, Tokenizer};
 use serde_json::{Map, Value};
@@ -60,6 +61,11 @@ pub const DEFAULT_BODY_LIMIT: usize = 16 << 20;
 
 /// Requests that may wait for admission by default; more get 429.
 pub const DEFAULT_MAX_QUEUE: usize = 256;
+
+/// How long a shutting-down server lets its requests finish by default: inside the 30 seconds
+/// that service managers (systemd's default stop timeout is longer; Kubernetes' grace period is
+/// 30 s) allow before they kill the process.
+pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(20);
 
 /// How a server answers: the model's id, the defaults requests start from, and access.
 #[derive(Debug, Clone)]
@@ -83,6 +89,11 @@ pub struct ServerConfig {
     /// (`rate_limit_exceeded`, with `Retry-After`), so a flood queues boundedly instead of
     /// growing memory and latency without end.
     pub max_queue: usize,
+    /// After ctrl-c or SIGTERM the server takes no new connections and lets the requests in
+    /// flight finish for this long; those still running then end with an error (a stream gets
+    /// an error object before `[DONE]`, a whole response a 500 saying the server shut down). A
+    /// second signal ends them at once.
+    pub shutdown_grace: Duration,
 }
 
 impl ServerConfig {
@@ -100,6 +111,7 @@ impl ServerConfig {
             allowed_origins: vec![],
             body_limit: DEFAULT_BODY_LIMIT,
             max_queue: DEFAULT_MAX_QUEUE,
+            shutdown_grace: DEFAULT_SHUTDOWN_GRACE,
         }
     }
 }
@@ -203,14 +215,33 @@ impl Server {
         self.state.shared.stats()
     }
 
-    /// Serves on `listener` until `shutdown` completes; then waits for the requests in flight
-    /// to end and for the engine thread to finish.
+    /// Serves on `listener` until `shutdown` completes; then takes no new connections, lets
+    /// the requests in flight finish for [`ServerConfig::shutdown_grace`] (or until `abort`
+    /// completes, if sooner), ends those still running with an error, and waits for the engine
+    /// thread to finish.
     pub async fn serve(
         mut self,
         listener: tokio::net::TcpListener,
         shutdown: impl Future<Output = ()> + Send + 'static,
+        abort: impl Future<Output = ()> + Send + 'static,
     ) -> Result<(), Error> {
-        let served = axum::serve(listener, self.router()).with_graceful_shutdown(shutdown).await;
+        let shared = self.state.shared.clone();
+        let grace = self.state.config.shutdown_grace;
+        let draining = async move {
+            shutdown.await;
+            eprintln!("[INFO] shutting down: finishing the requests in flight (at most {grace:?})");
+            tokio::spawn(async move {
+                tokio::select! {
+                    _ = tokio::time::sleep(grace) => {},
+                    _ = abort => {},
+                }
+                if shared.stats().running + shared.stats().waiting > 0 {
+                    eprintln!("[WARN] ending the requests still in flight with an error");
+                }
+                shared.abort_all();
+            });
+        };
+        let served = axum::serve(listener, self.router()).with_graceful_shutdown(draining).await;
         served.map_err(|e| Error::Io { what: "serving HTTP".into(), source: e })?;
         let handle = self.engine.take();
         drop(self); // the last sender: the engine thread ends once idle
@@ -237,7 +268,24 @@ impl Server {
                 tokio::net::TcpListener::bind((host, port)).await.map_err(|e| Error::Io { what: what(), source: e })?;
             let addr = listener.local_addr().map_err(|e| Error::Io { what: what(), source: e })?;
             eprintln!("[INFO] listening on http://{addr}");
-            self.serve(listener, shutdown_signal()).await?;
+            // The first signal starts the shutdown; a second one ends the requests at once.
+            let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+            let (abort, aborted) = tokio::sync::oneshot::channel::<()>();
+            let signals = tokio::spawn(async move {
+                shutdown_signal().await;
+                let _ = stop.send(());
+                shutdown_signal().await;
+                let _ = abort.send(());
+            });
+            let stopped = async move {
+                let _ = stopped.await;
+            };
+            let aborted = async move {
+                let _ = aborted.await;
+            };
+            let result = self.serve(listener, stopped, aborted).await;
+            signals.abort();
+            result?;
             eprintln!("[INFO] shut down");
             Ok(())
         })
@@ -264,5 +312,4 @@ async fn shutdown_signal() {
         _ = ctrl_c => {},
         _ = terminate => {},
     }
-    eprintln!("[INFO] shutting down: finishing the requests in flight");
 }

@@ -463,9 +463,10 @@ fn the_openai_sdk_gets_parsed_tool_calls() {
     let listener = rt.block_on(tokio::net::TcpListener::bind("127.0.0.1:0")).unwrap();
     let base = format!("http://{}/v1", listener.local_addr().unwrap());
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let serving = rt.spawn(served.server.serve(listener, async {
+    let stopped = async {
         let _ = stopped.await;
-    }));
+    };
+    let serving = rt.spawn(served.server.serve(listener, stopped, std::future::pending()));
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/tools_openai.py");
     let out = std::process::Command::new(&python).args([script, &base]).output().unwrap();
     let _ = stop.send(());

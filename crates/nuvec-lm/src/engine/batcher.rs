@@ -75,10 +75,15 @@ pub struct BatcherOptions {
     pub block_size: usize,
     /// Blocks of the cache; `None` sizes it from memory: `memory_fraction` of what the device
     /// has free once the weights are loaded (on the CPU at most [`DEFAULT_CPU_KV_BYTES`]), and
-    /// at most room for `max_batch` sequences of `max_positions` positions.
+    /// at most room for `max_batch` sequences of `max_positions` positions (or `cache_bytes`
+    /// of it, when set).
     pub blocks: Option<usize>,
     /// Share of free device memory the default cache takes (default 0.9).
     pub memory_fraction: f64,
+    /// The cache's size in bytes instead of a share of memory (mlx_lm.server's
+    /// `--prompt-cache-bytes`): as many blocks as fit, still at most room for `max_batch`
+    /// sequences of `max_positions`. Set it or `blocks`, not both.
+    pub cache_bytes: Option<usize>,
     /// Positions per sequence the default cache size is bounded by (default 131,072).
     pub max_positions: usize,
     /// Most tokens one step computes, decodes and prefill chunks together (vLLM's
@@ -104,6 +109,7 @@ impl Default for BatcherOptions {
             block_size: DEFAULT_BLOCK_SIZE,
             blocks: None,
             memory_fraction: 0.9,
+            cache_bytes: None,
             max_positions: DEFAULT_MAX_POSITIONS,
             token_budget: None,
             batch_invariant: false,
@@ -127,6 +133,19 @@ impl BatcherOptions {
             return Err(Error::Invalid(
                 "BatcherOptions::blocks = 0: give at least 1 (or None to size from memory)".into(),
             ));
+        }
+        match (self.blocks, self.cache_bytes) {
+            (_, Some(0)) => {
+                return Err(Error::Invalid(
+                    "BatcherOptions::cache_bytes = 0: give the cache's size in bytes (or None to size it from memory)"
+                        .into(),
+                ))
+            }
+            (Some(_), Some(_)) => return Err(Error::Invalid(
+                "BatcherOptions::blocks and BatcherOptions::cache_bytes are both set: size the cache by one of them"
+                    .into(),
+            )),
+            _ => {}
         }
         if !(self.memory_fraction > 0.0 && self.memory_fraction <= 1.0) {
             return Err(Error::Invalid(format!(
@@ -510,10 +529,28 @@ fn default_blocks(model: &Model, options: &BatcherOptions) -> Result<usize> {
     if per_block == 0 {
         return Ok(cap);
     }
-    let mut bytes = model.device().available_memory()? as f64 * options.memory_fraction;
-    if model.device() == Device::Cpu {
-        bytes = bytes.min(DEFAULT_CPU_KV_BYTES as f64);
-    }
+    let available = model.device().available_memory()?;
+    let bytes = match options.cache_bytes {
+        Some(asked) if asked > available => {
+            return Err(Error::Invalid(format!(
+                "BatcherOptions::cache_bytes = {asked} is more than the {available} bytes free on {}; give less",
+                model.device()
+            )))
+        }
+        Some(asked) if asked < per_block => {
+            return Err(Error::Invalid(format!(
+                "BatcherOptions::cache_bytes = {asked} is less than one cache block ({per_block} bytes: {} positions \
+                 of {} bytes); give more",
+                options.block_size,
+                per_block / options.block_size
+            )))
+        }
+        Some(asked) => asked as f64,
+        None if model.device() == Device::Cpu => {
+            (available as f64 * options.memory_fraction).min(DEFAULT_CPU_KV_BYTES as f64)
+        }
+        None => available as f64 * options.memory_fraction,
+    };
     let blocks = ((bytes / per_block as f64) as usize).min(cap);
     if blocks == 0 {
         return Err(Error::Invalid(format!(

@@ -1,0 +1,193 @@
+//! `nuvec serve`'s engine flags and its shutdown, end to end on the default SmolLM2 model: the
+//! KV cache sized in bytes, a context limit, flags refused with the reason, and SIGTERM letting
+//! the requests in flight finish within the grace period and ending the rest with an error.
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::TcpStream;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+mod common;
+use common::served::{gguf, Served};
+
+/// `nuvec serve ARGS` that must fail: its stderr.
+fn refused(args: &[&str]) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_nuvec"))
+        .args(["serve", "--model", &gguf(), "--port", "0"])
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(!out.status.success(), "{args:?} was served");
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// POSTs `body` to `path` with curl: (status, body).
+fn post(base: &str, path: &str, body: &Value) -> (u16, Value) {
+    let url = format!("{base}{path}");
+    let out = Command::new("curl")
+        .args(["-sS", "-w", "\n%{http_code}", "-H", "content-type: application/json", "--data-binary"])
+        .arg(body.to_string())
+        .arg(&url)
+        .output()
+        .expect("curl (scripts/setup-serve-tests.sh installs it)");
+    let text = String::from_utf8(out.stdout).unwrap();
+    let (body, status) = text.rsplit_once('\n').unwrap();
+    (status.parse().unwrap(), serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {body}")))
+}
+
+/// A gauge's value from `/metrics`.
+fn gauge(base: &str, name: &str) -> f64 {
+    let out = Command::new("curl").args(["-sS", &format!("{base}/metrics")]).output().unwrap();
+    let text = String::from_utf8(out.stdout).unwrap();
+    let line = text.lines().find(|l| l.starts_with(name) && !l.starts_with('#')).unwrap_or_else(|| panic!("{text}"));
+    line.rsplit(' ').next().unwrap().parse().unwrap()
+}
+
+#[test]
+fn flags_the_server_cannot_honour_are_refused_with_the_reason() {
+    let e = refused(&["--kv-bits", "4"]);
+    assert!(e.contains("--kv-bits") && e.contains("not quantized yet"), "{e}");
+    let e = refused(&["--prompt-cache-bytes", "1"]);
+    assert!(e.contains("--prompt-cache-bytes") && e.contains("less than one cache block"), "{e}");
+    let e = refused(&["--prompt-cache-bytes", "lots"]);
+    assert!(e.contains("not a size in bytes"), "{e}");
+    let e = refused(&["--memory-fraction", "2"]);
+    assert!(e.contains("--memory-fraction"), "{e}");
+    let e = refused(&["--token-budget", "4"]);
+    assert!(e.contains("--token-budget") && e.contains("max_batch"), "{e}");
+    let e = refused(&["--ctx-size", "100000"]);
+    assert!(e.contains("--ctx-size") && e.contains("above the model's context"), "{e}");
+    let e = refused(&["--shutdown-grace", "-1"]);
+    assert!(e.contains("--shutdown-grace"), "{e}");
+}
+
+#[test]
+fn the_cache_is_sized_in_bytes_and_the_context_limit_holds() {
+    let small = Served::start(&["--prompt-cache-bytes", "4M", "--decode-concurrency", "4"]);
+    let blocks_small = gauge(&small.base, "nuvec:kv_cache_blocks_total");
+    drop(small);
+    let big = Served::start(&["--prompt-cache-bytes", "8MiB", "--ctx-size", "64"]);
+    let blocks_big = gauge(&big.base, "nuvec:kv_cache_blocks_total");
+    // The same bytes per block, so twice the bytes hold twice the blocks (to the one that
+    // does not fit whole).
+    assert!(blocks_small >= 1.0, "{blocks_small}");
+    assert!(blocks_big == 2.0 * blocks_small || blocks_big == 2.0 * blocks_small + 1.0, "{blocks_small} {blocks_big}");
+
+    // --ctx-size 64: a longer prompt is refused; an answer that fills the context ends there.
+    let long = "word ".repeat(80);
+    let (status, body) = post(&big.base, "/v1/completions", &json!({"prompt": long, "max_tokens": 4}));
+    assert_eq!(status, 400, "{body}");
+    assert_eq!(body["error"]["code"], "context_length_exceeded", "{body}");
+    let request = json!({"prompt": "Once upon a time", "max_tokens": 200, "ignore_eos": true});
+    let (status, body) = post(&big.base, "/v1/completions", &request);
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["choices"][0]["finish_reason"], "length", "{body}");
+    let usage = &body["usage"];
+    assert_eq!(usage["prompt_tokens"].as_u64().unwrap() + usage["completion_tokens"].as_u64().unwrap(), 64, "{body}");
+}
+
+/// A streaming completion over a socket of its own, read line by line.
+struct Stream {
+    lines: BufReader<TcpStream>,
+}
+
+impl Stream {
+    fn open(base: &str, body: &Value) -> Stream {
+        let addr = base.strip_prefix("http://").unwrap();
+        let mut socket = TcpStream::connect(addr).unwrap();
+        let body = body.to_string();
+        write!(
+            socket,
+            "POST /v1/completions HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .unwrap();
+        socket.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+        Stream { lines: BufReader::new(socket) }
+    }
+
+    /// The next `data:` payload (None when the connection closed).
+    fn next(&mut self) -> Option<String> {
+        let mut line = String::new();
+        loop {
+            line.clear();
+            if self.lines.read_line(&mut line).ok()? == 0 {
+                return None;
+            }
+            if let Some(data) = line.trim_end().strip_prefix("data: ") {
+                return Some(data.to_string());
+            }
+        }
+    }
+
+    /// The rest: the text of its chunks, and the error object if one came; checks `[DONE]`.
+    fn rest(mut self, mut text: String) -> (String, Option<Value>) {
+        let mut error = None;
+        loop {
+            let data = self.next().expect("the stream ended without [DONE]");
+            if data == "[DONE]" {
+                return (text, error);
+            }
+            let chunk: Value = serde_json::from_str(&data).unwrap();
+            if chunk.get("error").is_some() {
+                error = Some(chunk);
+            } else if let Some(piece) = chunk["choices"][0]["text"].as_str() {
+                text.push_str(piece);
+            }
+        }
+    }
+}
+
+#[test]
+fn sigterm_finishes_short_requests_and_ends_long_ones_with_an_error() {
+    let short = json!({"prompt": "The capital of France is", "max_tokens": 16, "stream": true});
+    let served = Served::start(&["--shutdown-grace", "10"]);
+    // The reference: the short request alone, before any shutdown.
+    let solo = Stream::open(&served.base, &short);
+    let (expected, error) = solo.rest(String::new());
+    assert!(error.is_none() && !expected.is_empty(), "{error:?}");
+
+    let long = json!({"prompt": "Count:", "max_tokens": 100000, "ignore_eos": true, "stream": true});
+    let mut slow = Stream::open(&served.base, &long);
+    let first = slow.next().expect("the long request streams");
+    let mut fast = Stream::open(&served.base, &short);
+    let fast_first = fast.next().expect("the short request streams");
+    let chunk: Value = serde_json::from_str(&fast_first).unwrap();
+    let fast_text = chunk["choices"][0]["text"].as_str().unwrap().to_string();
+
+    let signalled = Instant::now();
+    let status = Command::new("kill").args(["-TERM", &served.child.id().to_string()]).status().unwrap();
+    assert!(status.success());
+    // The short request in flight finishes whole, as it would alone.
+    let (text, error) = fast.rest(fast_text);
+    assert!(error.is_none(), "{error:?}: {}", served.log());
+    assert_eq!(text, expected);
+    // No new connection is taken while draining.
+    std::thread::sleep(Duration::from_millis(300));
+    let addr = served.addr().to_string();
+    let refused = TcpStream::connect(&addr).is_err();
+    // The long one is ended after the grace period, with an error saying why.
+    let (_, error) = slow.rest(first);
+    let waited = signalled.elapsed();
+    let error = error.unwrap_or_else(|| panic!("the cut stream carried no error: {}", served.log()));
+    assert!(error["error"]["message"].as_str().unwrap().contains("shut down"), "{error}");
+    assert!(waited >= Duration::from_secs(10), "ended after {waited:?}, before the grace period");
+    assert!(waited < Duration::from_secs(40), "ended after {waited:?}");
+    assert!(refused, "a connection was taken while shutting down");
+
+    let mut served = served;
+    let start = Instant::now();
+    let exit = loop {
+        if let Some(exit) = served.child.try_wait().unwrap() {
+            break exit;
+        }
+        assert!(start.elapsed() < Duration::from_secs(30), "still running after SIGTERM: {}", served.log());
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(exit.success(), "{exit:?}: {}", served.log());
+    std::thread::sleep(Duration::from_millis(100));
+    let log = served.log();
+    assert!(log.contains("ending the requests still in flight") && log.contains("shut down"), "{log}");
+}
