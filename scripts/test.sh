@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The project's tests: installs the pinned oracle (mlx-lm), the real tokenizers and the default
-# model, records mlx-lm's reference outputs (cached by content hash), curl and the OpenAI SDK for the
-# server's tests, then runs every Rust test.
+# model, records mlx-lm's reference outputs (cached by content hash), curl, the OpenAI SDK and
+# headless Chromium for the server's tests, then runs every Rust test.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -13,6 +13,10 @@ scripts/setup-oracle.sh >/dev/null
 # curl and the pinned OpenAI SDK for the `nuvec serve` tests (crates/nuvec-cli/tests/serve.rs).
 NUVEC_OPENAI_PYTHON="$(scripts/setup-serve-tests.sh)"
 export NUVEC_OPENAI_PYTHON
+# Debian's chromium and the pinned playwright-core for the chat page's browser test
+# (crates/nuvec-cli/tests/serve_page.rs): exports NUVEC_CHROMIUM and NUVEC_PAGE_NODE_MODULES.
+page_env="$(scripts/setup-page-tests.sh)"
+eval "$page_env"
 # The whole workspace, unless packages are named (`scripts/test.sh -p nuvec-server -p nuvec-cli`:
 # cargo's --workspace would override them).
 scope=(--workspace)

@@ -32,7 +32,8 @@ use crate::tools::ToolChoice;
 use crate::{metrics as prometheus, tokenize, AppState};
 
 /// The router over `state`: `/v1`, `/tokenize` and `/detokenize` (behind the API key when one
-/// is set), `/health` and `/metrics` (open, for monitors), and OpenAI errors for unknown routes,
+/// is set), `/health` and `/metrics` (open, for monitors), the chat page at `/` (open: it asks
+/// its user for the key), and OpenAI errors for unknown routes,
 /// wrong methods, oversized bodies and panics.
 pub(crate) fn router(state: Arc<AppState>) -> Router {
     let v1 = Router::new()
@@ -51,6 +52,7 @@ pub(crate) fn router(state: Arc<AppState>) -> Router {
         .merge(tokens)
         .route("/health", get(health))
         .route("/metrics", get(metrics))
+        .merge(crate::page::routes())
         .fallback(no_route)
         .method_not_allowed_fallback(wrong_method)
         .layer(axum::extract::DefaultBodyLimit::max(state.config.body_limit))

@@ -8,6 +8,10 @@
 //! counters, finish reasons, time-to-first-token and inter-token histograms). Errors are
 //! OpenAI's error objects (`{"error": {"message", "type", "param", "code"}}`) with their
 //! status; a request that finds [`ServerConfig::max_queue`] others waiting gets 429.
+//! `GET /` is a chat page (HTML, CSS and JavaScript from `page/`, built into the binary; open
+//! without a key, its own `/v1` requests sending the key it is given): answers streamed and
+//! rendered as Markdown by an escaping renderer, Stop (the request is cancelled), reasoning
+//! folded, sampler settings, the conversation kept in the browser's localStorage.
 //!
 //! The shape: one engine thread owns the model and its Batcher ([`EngineLoop`]); each HTTP
 //! handler checks and tokenizes its request, hands it to the engine over a channel and reads the
@@ -41,6 +45,7 @@ mod api;
 mod engine;
 mod error;
 mod metrics;
+mod page;
 mod params;
 mod tokenize;
 mod tools;
