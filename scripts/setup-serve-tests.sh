@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # What the `nuvec serve` tests need beside the oracle: curl (the Debian package) and the
-# pinned OpenAI Python SDK in a venv of its own, keyed by the hash of its requirements file.
+# pinned OpenAI and Anthropic Python SDKs in a venv of their own, keyed by the hash of the
+# requirements file.
 # Prints the venv's python, which scripts/test.sh exports as NUVEC_OPENAI_PYTHON.
 #
 #   NUVEC_OPENAI_PYTHON="$(scripts/setup-serve-tests.sh)"

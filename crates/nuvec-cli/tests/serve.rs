@@ -1,6 +1,8 @@
 //! `nuvec serve` end to end: the real binary on a free port with the default SmolLM2 model,
-//! driven by curl and by the OpenAI Python SDK (installed by scripts/setup-serve-tests.sh,
-//! which scripts/test.sh runs): answers equal to `nuvec generate`'s, streaming and whole, the
+//! driven by curl and by the OpenAI and Anthropic Python SDKs (installed by
+//! scripts/setup-serve-tests.sh, which scripts/test.sh runs): answers equal to `nuvec
+//! generate`'s through chat completions, the Responses API and the Messages API, streaming and
+//! whole, the
 //! errors' statuses, concurrent streams that each get their solo answer, and a client that
 //! disconnects mid-stream, whose request is cancelled without hurting the others.
 
@@ -244,6 +246,28 @@ fn the_openai_sdk_drives_the_server() {
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/serve_openai.py");
     let out = Command::new(&python)
         .args([script, &format!("{}/v1", served.base), "sk-sdk-test", &expected])
+        .output()
+        .unwrap_or_else(|e| panic!("{python}: {e}"));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    eprintln!("{stdout}");
+    assert!(
+        out.status.success() && stdout.lines().last() == Some("ok"),
+        "{stdout}\n{stderr}\nserver:\n{}",
+        served.log()
+    );
+}
+
+#[test]
+fn the_anthropic_sdk_drives_the_messages_api() {
+    let python = std::env::var("NUVEC_OPENAI_PYTHON").unwrap_or_else(|_| {
+        panic!("NUVEC_OPENAI_PYTHON is not set: run scripts/test.sh (it runs scripts/setup-serve-tests.sh)")
+    });
+    let expected = generate(&["--prompt", QUESTION, "-m", "40"]);
+    let served = Served::start(&["--api-key", "sk-anthropic-test"]);
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/serve_anthropic.py");
+    let out = Command::new(&python)
+        .args([script, &served.base, "sk-anthropic-test", "SmolLM2-135M-Instruct.Q4_1", &expected])
         .output()
         .unwrap_or_else(|e| panic!("{python}: {e}"));
     let stdout = String::from_utf8_lossy(&out.stdout);

@@ -1,10 +1,12 @@
-"""`nuvec serve` through the real OpenAI Python SDK (pinned in scripts/serve/requirements.txt).
+"""`nuvec serve` through the real OpenAI Python SDK (pinned in scripts/serve/requirements.txt):
+models, chat completions, completions and the Responses API.
 
     python serve_openai.py BASE_URL API_KEY EXPECTED_CHAT_ANSWER
 
 Run by crates/nuvec-cli/tests/serve.rs against a server started with `--api-key API_KEY` on the
 default SmolLM2 model; EXPECTED_CHAT_ANSWER is what `nuvec generate` answers (greedy, 40 tokens) to
-"What is the capital of France?". Every check raises on failure; the last line is "ok".
+"What is the capital of France?" (the same greedy answer comes from chat completions and
+from /v1/responses). Every check raises on failure; the last line is "ok".
 """
 
 import math
@@ -125,6 +127,43 @@ a, b = (
     for _ in range(2)
 )
 check(a.choices[0].message.content == b.choices[0].message.content, (a, b))
+
+# Responses, whole: the same greedy answer as chat completions, as one message's output_text.
+resp = client.responses.create(model=model, input=QUESTION[0]["content"], max_output_tokens=40, temperature=0)
+check(resp.object == "response" and resp.id.startswith("resp_"), resp)
+check(resp.output_text == expected, f"responses: {resp.output_text!r} != {expected!r}")
+check([item.type for item in resp.output] == ["message"], resp.output)
+check(resp.output[0].content[0].type == "output_text", resp.output)
+check(resp.status == ("completed" if choice.finish_reason == "stop" else "incomplete"), resp)
+check(resp.usage.input_tokens == usage.prompt_tokens, resp.usage)
+check(resp.usage.output_tokens == usage.completion_tokens, resp.usage)
+check(resp.usage.total_tokens == usage.total_tokens, resp.usage)
+print("responses:", repr(resp.output_text))
+
+# Responses, streamed: typed events, numbered in order, whose deltas are the same text.
+events = list(
+    client.responses.create(model=model, input=QUESTION, max_output_tokens=40, temperature=0, stream=True)
+)
+kinds = [e.type for e in events]
+check(kinds[:4] == ["response.created", "response.in_progress", "response.output_item.added", "response.content_part.added"], kinds)
+check(kinds[-4:] == ["response.output_text.done", "response.content_part.done", "response.output_item.done", "response.completed"], kinds)
+check([e.sequence_number for e in events] == list(range(len(events))), kinds)
+deltas = [e for e in events if e.type == "response.output_text.delta"]
+check(all(type(e).__name__ == "ResponseTextDeltaEvent" for e in deltas), [type(e) for e in deltas])
+check("".join(e.delta for e in deltas) == expected, deltas)
+check(len(deltas) > 1, f"streamed in pieces: {deltas}")
+check(events[-1].response.output_text == expected, events[-1])
+
+# The SDK's stream helper, which checks that the events build the final response.
+with client.responses.stream(model=model, input=QUESTION, max_output_tokens=40, temperature=0) as helper:
+    pieces = [e.delta for e in helper if e.type == "response.output_text.delta"]
+    final = helper.get_final_response()
+check("".join(pieces) == expected and final.output_text == expected, (pieces, final))
+try:
+    client.responses.create(model=model, input="hi", previous_response_id="resp_0")
+    raise AssertionError("previous_response_id was accepted")
+except openai.BadRequestError as e:
+    check(e.body["param"] == "previous_response_id" and "no state" in e.message, e.body)
 
 # Errors, as the SDK's exception types.
 try:

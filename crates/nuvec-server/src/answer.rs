@@ -1,10 +1,32 @@
-//! A chat answer in OpenAI's shape: its text read by nuvec-lm's [`ChatOutput`] into content,
-//! `reasoning_content` (with vLLM's alias `reasoning`) and `tool_calls`, as a whole message or
-//! as stream deltas. A call is streamed as two deltas: its index, id, type and name (with empty
-//! arguments), then its arguments, once the call's JSON is complete.
+//! A chat answer read into its parts by nuvec-lm's [`ChatOutput`]: content, reasoning and tool
+//! calls (each call with an id minted in its template's style), in the order the model gave
+//! them. Every protocol renders these parts in its own shape (`completions.rs`,
+//! `responses/`, `messages/`), so the reading is done once.
 
-use nuvec_lm::chat::{ChatDelta, ChatOutput, ToolCall, ToolFormat};
-use serde_json::{json, Value};
+use nuvec_lm::chat::{ChatDelta, ChatOutput, ToolFormat};
+
+/// A final piece of an answer.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Part {
+    /// Text for the answer itself.
+    Content(String),
+    /// Text the model thought in (Qwen3's `<think>`, gpt-oss' analysis channel).
+    Reasoning(String),
+    /// A whole tool call.
+    Call(Call),
+}
+
+/// A tool call the model made.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Call {
+    /// Which call of the answer this is (0 first).
+    pub index: usize,
+    /// Its id, as the template's format mints them (`call_…`; 9 letters and digits for Mistral).
+    pub id: String,
+    pub name: String,
+    /// JSON text of an object.
+    pub arguments: String,
+}
 
 /// One answer's reader, and the calls it has given so far.
 #[derive(Debug)]
@@ -14,89 +36,65 @@ pub(crate) struct ChatAnswer {
     format: Option<ToolFormat>,
     /// Calls given so far.
     calls: usize,
-    /// The whole answer, for a response that is not streamed.
-    content: String,
-    reasoning: String,
-    tool_calls: Vec<Value>,
 }
 
 impl ChatAnswer {
     pub fn new(output: ChatOutput, format: Option<ToolFormat>) -> Self {
-        ChatAnswer { output, format, calls: 0, content: String::new(), reasoning: String::new(), tool_calls: vec![] }
+        ChatAnswer { output, format, calls: 0 }
     }
 
-    /// Whether the model called a tool (the finish reason is then "tool_calls").
-    pub fn called(&self) -> bool {
-        self.calls > 0
-    }
-
-    fn call_json(&mut self, call: ToolCall) -> (usize, String, ToolCall) {
-        let index = self.calls;
-        self.calls += 1;
-        let id = self.format.unwrap_or(ToolFormat::Hermes).call_id();
-        (index, id, call)
-    }
-
-    /// Takes the next text of the answer (or, with `end`, the last): the stream deltas that
-    /// became final.
-    pub fn stream(&mut self, text: &str, end: bool) -> Vec<Value> {
+    /// Takes the next text of the answer (or, with `end`, the last): the parts that became
+    /// final (none while the reader holds back text that may still be markup).
+    pub fn read(&mut self, text: &str, end: bool) -> Vec<Part> {
         let mut deltas = self.output.push(text);
         if end {
             deltas.extend(self.output.finish());
         }
-        let mut out = vec![];
-        for delta in deltas {
-            match delta {
-                ChatDelta::Content(t) => out.push(json!({"content": t})),
-                ChatDelta::Reasoning(t) => out.push(json!({"reasoning_content": t, "reasoning": t})),
+        deltas
+            .into_iter()
+            .map(|delta| match delta {
+                ChatDelta::Content(t) => Part::Content(t),
+                ChatDelta::Reasoning(t) => Part::Reasoning(t),
                 ChatDelta::ToolCall(call) => {
-                    let (index, id, call) = self.call_json(call);
-                    out.push(json!({"tool_calls": [{
-                        "index": index, "id": id, "type": "function",
-                        "function": {"name": call.name, "arguments": ""},
-                    }]}));
-                    out.push(json!({"tool_calls": [{"index": index, "function": {"arguments": call.arguments}}]}));
+                    let index = self.calls;
+                    self.calls += 1;
+                    let id = self.format.unwrap_or(ToolFormat::Hermes).call_id();
+                    Part::Call(Call { index, id, name: call.name, arguments: call.arguments })
                 }
-            }
-        }
-        out
+            })
+            .collect()
     }
+}
 
-    /// Takes text of an answer that is not streamed (with `end`, the last).
-    pub fn gather(&mut self, text: &str, end: bool) {
-        let mut deltas = self.output.push(text);
-        if end {
-            deltas.extend(self.output.finish());
-        }
-        for delta in deltas {
-            match delta {
-                ChatDelta::Content(t) => self.content.push_str(&t),
-                ChatDelta::Reasoning(t) => self.reasoning.push_str(&t),
-                ChatDelta::ToolCall(call) => {
-                    let (_, id, call) = self.call_json(call);
-                    self.tool_calls.push(json!({
-                        "id": id, "type": "function", "function": {"name": call.name, "arguments": call.arguments},
-                    }));
+/// A whole answer: its parts in order, adjacent text of one kind joined.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub(crate) struct Answer {
+    pub parts: Vec<Part>,
+}
+
+impl Answer {
+    pub fn extend(&mut self, parts: Vec<Part>) {
+        for part in parts {
+            match (self.parts.last_mut(), part) {
+                (Some(Part::Content(a)), Part::Content(b)) | (Some(Part::Reasoning(a)), Part::Reasoning(b)) => {
+                    a.push_str(&b)
                 }
+                (_, part) => self.parts.push(part),
             }
         }
     }
 
-    /// The gathered answer as a message: `content` is null when the model only called tools;
-    /// the reasoning fields are there when it reasoned.
-    pub fn message(&self) -> Value {
-        let content = match self.content.is_empty() && !self.tool_calls.is_empty() {
-            true => Value::Null,
-            false => self.content.clone().into(),
-        };
-        let mut message = json!({"role": "assistant", "content": content});
-        if !self.reasoning.is_empty() {
-            message["reasoning_content"] = self.reasoning.clone().into();
-            message["reasoning"] = self.reasoning.clone().into();
-        }
-        if !self.tool_calls.is_empty() {
-            message["tool_calls"] = Value::Array(self.tool_calls.clone());
-        }
-        message
+    /// All the answer's content.
+    pub fn content(&self) -> String {
+        self.parts.iter().filter_map(|p| if let Part::Content(t) = p { Some(t.as_str()) } else { None }).collect()
+    }
+
+    /// All its reasoning.
+    pub fn reasoning(&self) -> String {
+        self.parts.iter().filter_map(|p| if let Part::Reasoning(t) = p { Some(t.as_str()) } else { None }).collect()
+    }
+
+    pub fn calls(&self) -> impl Iterator<Item = &Call> {
+        self.parts.iter().filter_map(|p| if let Part::Call(c) = p { Some(c) } else { None })
     }
 }

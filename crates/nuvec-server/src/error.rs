@@ -128,6 +128,23 @@ impl ApiError {
         }
     }
 
+    /// This error as a protocol that calls field `from` `to` names it (a `/v1/responses`
+    /// body's `max_output_tokens` is checked as chat completions' `max_tokens`): the param, a
+    /// path under it, and the field's name in the message.
+    pub(crate) fn renamed(mut self, from: &str, to: &str) -> Self {
+        if let Some(param) = &self.param {
+            let under = param.strip_prefix(from).filter(|rest| rest.is_empty() || rest.starts_with(['.', '[']));
+            if let Some(rest) = under {
+                self.param = Some(format!("{to}{rest}"));
+                // Only names no prose uses ("max_tokens", not "messages") are renamed in the text.
+                if from.contains('_') {
+                    self.message = self.message.replace(from, to);
+                }
+            }
+        }
+        self
+    }
+
     /// The body: `{"error": {...}}`.
     pub fn body(&self) -> serde_json::Value {
         json!({"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}})

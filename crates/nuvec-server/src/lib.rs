@@ -2,7 +2,10 @@
 //! [`Batcher`](nuvec_lm::Batcher), as `nuvec serve` runs it.
 //!
 //! Endpoints: `POST /v1/chat/completions` and `POST /v1/completions` (streaming as server-sent
-//! events in OpenAI's chunk shape, ending with `data: [DONE]`, or whole), `GET /v1/models`,
+//! events in OpenAI's chunk shape, ending with `data: [DONE]`, or whole), OpenAI's Responses API
+//! `POST /v1/responses` (output items, typed stream events; no stored state) and Anthropic's
+//! Messages API `POST /v1/messages` and `/v1/messages/count_tokens` (content blocks, Anthropic's
+//! stream events and error shape, the key also as `x-api-key`) over the same requests, `GET /v1/models`,
 //! `GET /v1/models/{id}`, vLLM's `POST /tokenize` and `POST /detokenize`, `GET /health`, and
 //! `GET /metrics` (Prometheus' text format: queue and cache gauges, token and prefix-cache
 //! counters, finish reasons, time-to-first-token and inter-token histograms). Errors are
@@ -14,7 +17,8 @@
 //! folded, sampler settings, the conversation kept in the browser's localStorage.
 //!
 //! The shape: one engine thread owns the model and its Batcher ([`EngineLoop`]); each HTTP
-//! handler checks and tokenizes its request, hands it to the engine over a channel and reads the
+//! handler (the Responses and Messages ones after translating their body into a chat
+//! completions body) checks and tokenizes its request, hands it to the engine over a channel and reads the
 //! request's tokens back over a channel of its own, turning them into text with
 //! [`TextStream`](nuvec_lm::TextStream) (stop strings cut, held back while they may still
 //! match); a chat answer's text then goes through nuvec-lm's
@@ -42,11 +46,16 @@
 
 mod answer;
 mod api;
+mod completions;
 mod engine;
 mod error;
+mod generation;
+mod messages;
 mod metrics;
 mod page;
 mod params;
+mod prepare;
+mod responses;
 mod tokenize;
 mod tools;
 

@@ -35,6 +35,7 @@ pub(crate) enum Prompt {
 /// A checked request.
 #[derive(Debug, Clone)]
 pub(crate) struct Parsed {
+    pub kind: Kind,
     pub prompt: Prompt,
     pub options: GenerateOptions,
     pub stream: bool,
@@ -317,7 +318,7 @@ pub(crate) fn parse(kind: Kind, body: &Map<String, Value>, cx: &Context) -> Resu
         }
         Kind::Completion => (completion_prompt(&f, cx.vocab_size)?, None),
     };
-    Ok(Parsed { prompt, options, stream, include_usage, tools })
+    Ok(Parsed { kind, prompt, options, stream, include_usage, tools })
 }
 
 /// Fields that ask for what this server does not do: refused rather than ignored.

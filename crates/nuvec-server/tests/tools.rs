@@ -4,124 +4,18 @@
 //! the prompts the server renders equal transformers', and the answers' calls and reasoning
 //! come back parsed, whole and streamed, and through the real OpenAI SDK.
 
-use std::collections::VecDeque;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
-use axum::body::Body;
-use axum::http::{Request, StatusCode};
-use nuvec_lm::{BatcherStats, ChatTemplate, Event, FinishReason, GenerateOptions, RequestId, Tokenizer};
-use nuvec_server::{EngineCore, ModelInfo, Server, ServerConfig};
+use axum::http::StatusCode;
+use nuvec_lm::{ChatTemplate, Tokenizer};
 use serde_json::{json, Value};
-use tower::ServiceExt;
 
-fn fixture(name: &str) -> PathBuf {
-    let root =
-        std::env::var("NUVEC_FIXTURES").unwrap_or_else(|_| panic!("NUVEC_FIXTURES is not set: run scripts/test.sh"));
-    let dir = PathBuf::from(root).join("tool_chats").join(name);
-    assert!(dir.join("chats.json").exists(), "{}: missing; run scripts/setup-oracle.sh", dir.display());
-    dir
-}
-
-/// Gives the answer (token ids) to a prompt.
-type Answerer = Arc<dyn Fn(&Tokenizer, &[u32]) -> Vec<u32> + Send + Sync>;
-
-/// A core that answers each request with its answerer's tokens, one per step, then ends it
-/// (end of sequence, or the length limit when max_tokens cuts it); it keeps every prompt.
-struct Scripted {
-    tokenizer: Tokenizer,
-    answer: Answerer,
-    prompts: Arc<Mutex<Vec<Vec<u32>>>>,
-    next: u64,
-    live: Vec<(RequestId, VecDeque<u32>, bool)>,
-}
-
-impl EngineCore for Scripted {
-    fn submit(&mut self, prompt: Vec<u32>, options: GenerateOptions) -> nuvec_lm::Result<RequestId> {
-        let id = RequestId(self.next);
-        self.next += 1;
-        let mut tokens: VecDeque<u32> = (self.answer)(&self.tokenizer, &prompt).into();
-        let cut = tokens.len() > options.max_tokens;
-        tokens.truncate(options.max_tokens);
-        self.prompts.lock().unwrap().push(prompt);
-        self.live.push((id, tokens, cut));
-        Ok(id)
-    }
-
-    fn step(&mut self) -> nuvec_lm::Result<Vec<Event>> {
-        let mut events = vec![];
-        for (id, tokens, cut) in &mut self.live {
-            if let Some(token) = tokens.pop_front() {
-                events.push(Event::Token { id: *id, token });
-            }
-            if tokens.is_empty() {
-                let reason = if *cut { FinishReason::Length } else { FinishReason::EndOfSequence };
-                events.push(Event::Finished { id: *id, reason });
-            }
-        }
-        self.live.retain(|(_, tokens, _)| !tokens.is_empty());
-        Ok(events)
-    }
-
-    fn is_busy(&self) -> bool {
-        !self.live.is_empty()
-    }
-
-    fn cancel(&mut self, _id: RequestId) -> bool {
-        false
-    }
-
-    fn stats(&self) -> BatcherStats {
-        BatcherStats { running: self.live.len(), ..Default::default() }
-    }
-}
-
-struct Served {
-    server: Server,
-    tokenizer: Tokenizer,
-    prompts: Arc<Mutex<Vec<Vec<u32>>>>,
-}
-
-impl Served {
-    fn last_prompt(&self) -> Vec<u32> {
-        self.prompts.lock().unwrap().last().cloned().expect("a prompt was submitted")
-    }
-}
-
-fn serve(dir: &std::path::Path, answer: Answerer) -> Served {
-    let tokenizer = Tokenizer::load(dir, &[]).unwrap();
-    let config = ServerConfig::new("scripted", &tokenizer);
-    let info = ModelInfo { vocab_size: tokenizer.vocab_size(), context_length: None };
-    let prompts = Arc::new(Mutex::new(vec![]));
-    let core = Scripted { tokenizer: tokenizer.clone(), answer, prompts: prompts.clone(), next: 0, live: vec![] };
-    let server = Server::with_engine(tokenizer.clone(), info, config, move |engine| {
-        engine.run(core);
-        Ok(())
-    })
-    .unwrap();
-    Served { server, tokenizer, prompts }
-}
-
-/// An answerer that always says `text`.
-fn says(text: &'static str) -> Answerer {
-    Arc::new(move |tokenizer: &Tokenizer, _: &[u32]| tokenizer.encode(text, false).unwrap())
-}
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap()
-}
+mod common;
+use common::{fixture, runtime, says, serve, Answerer};
 
 async fn post(app: &axum::Router, body: &Value) -> (StatusCode, String) {
-    let request = Request::builder()
-        .method("POST")
-        .uri("/v1/chat/completions")
-        .header("content-type", "application/json")
-        .body(Body::from(body.to_string()))
-        .unwrap();
-    let response = app.clone().oneshot(request).await.unwrap();
-    let status = response.status();
-    let bytes = axum::body::to_bytes(response.into_body(), usize::MAX).await.unwrap();
-    (status, String::from_utf8(bytes.to_vec()).unwrap())
+    common::post(app, "/v1/chat/completions", body, &[]).await
 }
 
 async fn whole(app: &axum::Router, body: &Value) -> Value {
