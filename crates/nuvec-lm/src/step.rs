@@ -5,6 +5,7 @@
 
 use nuvec::Array;
 
+use crate::cache::paged::PagedKv;
 use crate::cache::{LayerCache, RecurrentCache};
 use crate::{Error, Result};
 
@@ -148,6 +149,24 @@ impl<'a> StepBatch<'a> {
             }
         }
         Ok(())
+    }
+
+    /// Each sequence's cache of `layer`, when the step decodes several sequences (one row each)
+    /// whose caches of that layer are of one paged store and have no window: such a layer can
+    /// attend them all as one op ([`crate::cache::paged::attend_decodes`]). None otherwise.
+    pub(crate) fn paged_decodes(&mut self, layer: usize) -> Option<Vec<&mut PagedKv>> {
+        if self.seqs.len() < 2 || self.seqs.iter().any(|s| s.rows != 1) {
+            return None;
+        }
+        let mut caches = Vec::with_capacity(self.seqs.len());
+        for seq in &mut self.seqs {
+            match seq.cache.get_mut(layer)? {
+                LayerCache::Paged(p) if p.window().is_none() => caches.push(p),
+                _ => return None,
+            }
+        }
+        let first: &PagedKv = caches[0];
+        caches.iter().all(|c| c.same_store(first)).then_some(caches)
     }
 
     /// Runs `f` for each sequence on its rows of `xs` (each `[rows, ...]`) and its caches, and

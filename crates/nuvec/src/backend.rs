@@ -137,6 +137,28 @@ pub trait Backend: Send + Sync {
         sinks: &[f32],
     ) -> Result<Array>;
 
+    /// Decode attention of several sequences over one paged cache, as one op: query row `i`
+    /// of `q [n, Hq, D]` is sequence `seqs[i]`'s next position and attends that sequence's first
+    /// `len` positions, which sit in the blocks its `table` lists (block `b` holds positions
+    /// `b * block_size ..` of the store) of `k, v [blocks * block_size, Hkv * D]` (position-major,
+    /// as the projections write them; any leading axes of length 1 are allowed). With `sinks`,
+    /// as [`Backend::attention_sinks`]. Returns `[n, Hq * D]`, each row what
+    /// [`Backend::attention`] gives over that sequence's positions gathered, which is what the
+    /// default does; a backend may read the blocks in place instead.
+    #[allow(clippy::too_many_arguments)]
+    fn paged_decode_attention(
+        &self,
+        q: &Array,
+        k: &Array,
+        v: &Array,
+        seqs: &[PagedSeq<'_>],
+        block_size: usize,
+        scale: f32,
+        sinks: Option<&[f32]>,
+    ) -> Result<Array> {
+        paged_decode_attention_composed(self, q, k, v, seqs, block_size, scale, sinks)
+    }
+
     /// gpt-oss's expert activation (mlx-lm's `swiglu_oai`), elementwise over `gate, up` of one
     /// shape: `g = min(gate, limit)`, `u = clip(up, -limit, limit)`,
     /// `(u + 1) * g * sigmoid(alpha * g)`.
@@ -372,6 +394,104 @@ impl GatedDeltaDims {
         }
         Ok(l)
     }
+}
+
+/// One sequence of [`Backend::paged_decode_attention`]: its blocks in position order and how
+/// many positions it holds (its new one included).
+#[derive(Debug, Clone, Copy)]
+pub struct PagedSeq<'a> {
+    /// Block ids into the store, in position order.
+    pub table: &'a [u32],
+    /// Positions held, the query's own included (at least 1).
+    pub len: usize,
+}
+
+/// The dimensions of a [`Backend::paged_decode_attention`] call, checked: `(n, Hq, Hkv, D,
+/// blocks)`. Every backend runs this check.
+pub(crate) fn check_paged(
+    q: &Array,
+    k: &Array,
+    v: &Array,
+    seqs: &[PagedSeq<'_>],
+    block_size: usize,
+    sinks: Option<&[f32]>,
+) -> Result<(usize, usize, usize, usize, usize)> {
+    let op = "paged_decode_attention";
+    let &[n, hq, d] = q.shape() else {
+        return Err(Error::shape(op, format!("q {:?} must be [n, heads, head_dim]", q.shape())));
+    };
+    let width = k.shape().last().copied().unwrap_or(0);
+    let hkv = width.checked_div(d).unwrap_or(0);
+    let positions = k.len().checked_div(width).unwrap_or(0);
+    let leading_ones = k.shape().len() >= 2 && k.shape()[..k.shape().len() - 2].iter().all(|&a| a == 1);
+    if v.shape() != k.shape() || !leading_ones || hkv == 0 || hkv * d != width || hq % hkv != 0 {
+        return Err(Error::shape(
+            op,
+            format!(
+                "q {:?}, k {:?}, v {:?}: keys must be [positions, kv_heads * head_dim]",
+                q.shape(),
+                k.shape(),
+                v.shape()
+            ),
+        ));
+    }
+    if block_size == 0 || !positions.is_multiple_of(block_size) || seqs.len() != n {
+        return Err(Error::shape(
+            op,
+            format!("{} sequences for {n} queries over {positions} positions in blocks of {block_size}", seqs.len()),
+        ));
+    }
+    let blocks = positions / block_size;
+    for (i, s) in seqs.iter().enumerate() {
+        let bad_block = s.table.iter().find(|&&b| b as usize >= blocks);
+        if s.len == 0 || s.table.len() * block_size < s.len || bad_block.is_some() {
+            return Err(Error::shape(
+                op,
+                format!(
+                    "sequence {i} holds {} positions in blocks {:?} of a store of {blocks} blocks of {block_size}",
+                    s.len, s.table
+                ),
+            ));
+        }
+    }
+    if let Some(s) = sinks.filter(|s| s.len() != hq) {
+        return Err(Error::shape(op, format!("{} sinks for {hq} query heads", s.len())));
+    }
+    Ok((n, hq, hkv, d, blocks))
+}
+
+/// [`Backend::paged_decode_attention`] as its default composes it: each sequence's blocks
+/// gathered into `[Hkv, positions, D]`, then [`Backend::attention`] (or its sinks variant).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn paged_decode_attention_composed<B: Backend + ?Sized>(
+    backend: &B,
+    q: &Array,
+    k: &Array,
+    v: &Array,
+    seqs: &[PagedSeq<'_>],
+    block_size: usize,
+    scale: f32,
+    sinks: Option<&[f32]>,
+) -> Result<Array> {
+    let (n, hq, hkv, d, blocks) = check_paged(q, k, v, seqs, block_size, sinks)?;
+    let rows = |a: &Array| a.reshape(&[blocks, block_size * hkv * d]);
+    let (k_blocks, v_blocks) = (Matrix::Dense(rows(k)?), Matrix::Dense(rows(v)?));
+    let mut out = Array::zeros_on(&[1, n, hq * d], crate::DType::F32, q.device())?;
+    for (i, s) in seqs.iter().enumerate() {
+        let used = &s.table[..s.len.div_ceil(block_size)];
+        let gather = |m: &Matrix| -> Result<Array> {
+            let g = backend.embed(m, used)?.reshape(&[used.len() * block_size, hkv, d])?;
+            backend.transpose01(&g)
+        };
+        let (ks, vs) = (gather(&k_blocks)?, gather(&v_blocks)?);
+        let qi = backend.slice_rows(q, i, i + 1)?;
+        let row = match sinks {
+            None => backend.attention(&qi, &ks, &vs, s.len, scale)?,
+            Some(sinks) => backend.attention_sinks(&qi, &ks, &vs, s.len, scale, sinks)?,
+        };
+        backend.write_axis1(&mut out, &row.reshape(&[1, 1, hq * d])?, i)?;
+    }
+    out.reshape(&[n, hq * d])
 }
 
 /// The backend of `device`.

@@ -19,10 +19,10 @@ mod quant;
 pub mod quantize;
 
 pub use array::{Array, Element};
-pub use backend::{backend, Backend, GatedDeltaDims};
+pub use backend::{backend, Backend, GatedDeltaDims, PagedSeq};
 pub use compute_hint::{compute_dtype_hint, hint_is_half, with_compute_dtype};
 pub use device::Device;
 pub use dtype::DType;
 pub use error::{Error, Result};
-pub use ops::{attention, attention_sinks, gated_delta, rope_qk, rope_qk_write_kv};
+pub use ops::{attention, attention_sinks, gated_delta, paged_decode_attention, rope_qk, rope_qk_write_kv};
 pub use quant::{Matrix, QuantMode, QuantSpec, Quantized};

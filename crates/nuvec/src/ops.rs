@@ -109,6 +109,20 @@ impl Matrix {
     }
 }
 
+/// Decode attention of several sequences over one paged cache's blocks; see
+/// [`crate::Backend::paged_decode_attention`].
+pub fn paged_decode_attention(
+    q: &Array,
+    k: &Array,
+    v: &Array,
+    seqs: &[crate::PagedSeq<'_>],
+    block_size: usize,
+    scale: f32,
+    sinks: Option<&[f32]>,
+) -> Result<Array> {
+    backend(q.device()).paged_decode_attention(q, k, v, seqs, block_size, scale, sinks)
+}
+
 /// Causal attention; see [`crate::Backend::attention`].
 pub fn attention(q: &Array, k: &Array, v: &Array, kv_len: usize, scale: f32) -> Result<Array> {
     backend(q.device()).attention(q, k, v, kv_len, scale)

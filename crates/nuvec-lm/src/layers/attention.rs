@@ -3,8 +3,9 @@
 use nuvec::Array;
 
 use super::{Linear, RmsNorm, Rope};
-use crate::cache::LayerCache;
-use crate::step::StepBatch;
+use crate::cache::paged::{attend_decodes, PagedKv};
+use crate::cache::{LayerCache, Positions};
+use crate::step::{concat_rows, StepBatch};
 use crate::weights::Weights;
 use crate::Result;
 
@@ -90,10 +91,47 @@ impl Attention {
     }
 
     /// The heads' outputs `[T, heads * head_dim]`, before the output projection: the
-    /// projections over every row, attention per sequence.
+    /// projections over every row, attention per sequence (a decode of several sequences over
+    /// one paged cache as one op).
     fn attend(&self, x: &Array, step: &mut StepBatch, layer: usize) -> Result<Array> {
         let [q, k, v] = Linear::forward_many([&self.q_proj, &self.k_proj, &self.v_proj], x)?;
+        if let Some(caches) = step.paged_decodes(layer) {
+            return self.attend_decodes(&q, &k, &v, caches);
+        }
         step.each([&q, &k, &v], |[q, k, v], cache| self.attend_one(&q, &k, &v, &mut cache[layer]))
+    }
+
+    /// A decode step of several paged sequences, one row of `q, k, v` each: per sequence its
+    /// norms, rope and cache write, exactly as [`Attention::attend_one`] does them, then one
+    /// attention op over all of them.
+    fn attend_decodes(&self, q: &Array, k: &Array, v: &Array, mut caches: Vec<&mut PagedKv>) -> Result<Array> {
+        let s = &self.shape;
+        let mut rotated = Vec::with_capacity(caches.len());
+        for (i, cache) in caches.iter_mut().enumerate() {
+            let q = q.slice_rows(i, i + 1)?.reshape(&[1, s.heads, s.head_dim])?;
+            let k = k.slice_rows(i, i + 1)?.reshape(&[1, s.kv_heads, s.head_dim])?;
+            let v = v.slice_rows(i, i + 1)?.reshape(&[1, s.kv_heads, s.head_dim])?;
+            let (q, k) = self.rotate(q, k, cache.offset())?;
+            cache.write(&k, &v)?;
+            rotated.push(q);
+        }
+        let scale = (s.head_dim as f32).powf(-0.5);
+        attend_decodes(&caches, &concat_rows(&rotated)?, scale, self.sinks.as_deref())
+    }
+
+    /// The q/k norms (where the family has them) and rope of both, as one op, at `offset`.
+    fn rotate(&self, q: Array, k: Array, offset: usize) -> Result<(Array, Array)> {
+        match (&self.q_norm, &self.k_norm) {
+            (Some(qn), Some(kn)) => self.rope.forward_qk(&q, &k, Some((qn, kn)), offset),
+            (None, None) => self.rope.forward_qk(&q, &k, None, offset),
+            (qn, kn) => {
+                let norm = |a: Array, n: &Option<RmsNorm>| match n {
+                    Some(n) => n.forward(&a),
+                    None => Ok(a),
+                };
+                self.rope.forward_qk(&norm(q, qn)?, &norm(k, kn)?, None, offset)
+            }
+        }
     }
 
     /// One sequence's rows of the projections `q, k, v [L, ...]` over its cache.
@@ -119,17 +157,7 @@ impl Attention {
             });
         }
         // Otherwise the q/k norms and rope of both as one op, then the cache's attention.
-        let (q, k) = match (&self.q_norm, &self.k_norm) {
-            (Some(qn), Some(kn)) => self.rope.forward_qk(&q, &k, Some((qn, kn)), offset)?,
-            (None, None) => self.rope.forward_qk(&q, &k, None, offset)?,
-            (qn, kn) => {
-                let norm = |a: Array, n: &Option<RmsNorm>| match n {
-                    Some(n) => n.forward(&a),
-                    None => Ok(a),
-                };
-                self.rope.forward_qk(&norm(q, qn)?, &norm(k, kn)?, None, offset)?
-            }
-        };
+        let (q, k) = self.rotate(q, k, offset)?;
         cache.attend_with_sinks(&q, &k, &v, scale, self.sinks.as_deref())
     }
 }

@@ -57,6 +57,20 @@ pub(crate) mod host_checked {
             CpuBackend.rope(x, inv_freqs, offset, traditional)
         }
 
+        fn paged_decode_attention(
+            &self,
+            q: &Array,
+            k: &Array,
+            v: &Array,
+            seqs: &[crate::PagedSeq<'_>],
+            block_size: usize,
+            scale: f32,
+            sinks: Option<&[f32]>,
+        ) -> Result<Array> {
+            on_host("paged_decode_attention", &[("q", q), ("k", k), ("v", v)])?;
+            CpuBackend.paged_decode_attention(q, k, v, seqs, block_size, scale, sinks)
+        }
+
         fn attention(&self, q: &Array, k: &Array, v: &Array, kv_len: usize, scale: f32) -> Result<Array> {
             on_host("attention", &[("q", q), ("k", k), ("v", v)])?;
             CpuBackend.attention(q, k, v, kv_len, scale)

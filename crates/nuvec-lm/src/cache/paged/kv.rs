@@ -1,12 +1,13 @@
 //! A sequence's keys and values for one layer of a [`super::PagedCache`]: its length, and the
 //! sequence's block table (shared by all its layers, grown by the cache before each step) into
-//! the layer's store. Attention reads the sequence's blocks gathered into one array (a row
-//! gather and a transpose: the attention op then reads exactly the values a plain cache would
-//! hold, so the result is the same bit for bit; a kernel reading the blocks in place is next).
+//! the layer's store. A decode step of several sequences attends them all in one op that reads
+//! the blocks in place ([`attend_decodes`]); otherwise attention reads the sequence's blocks
+//! gathered into one array (a row gather and a transpose). Either way the attention reads
+//! exactly the values a plain cache would hold and gives the same result bit for bit.
 
 use std::sync::{Arc, Mutex};
 
-use nuvec::Array;
+use nuvec::{Array, PagedSeq};
 
 use super::pool::lock;
 use super::store::LayerStore;
@@ -35,6 +36,11 @@ impl PagedKv {
         window: Option<usize>,
     ) -> Self {
         PagedKv { store, table, block_size, len: 0, window }
+    }
+
+    /// Whether `other` is a layer of the same paged cache's store.
+    pub(crate) fn same_store(&self, other: &PagedKv) -> bool {
+        Arc::ptr_eq(&self.store, &other.store)
     }
 
     /// The sliding window, for a sliding-window layer.
@@ -133,6 +139,24 @@ impl PagedKv {
             attend_causal(q, &k, &v, scale, sinks)
         }
     }
+}
+
+/// Attends `q [n, heads, head_dim]`, whose row `i` is the newest position of `seqs[i]` (its
+/// keys and values written already), over every position each sequence holds, as one op over
+/// the store the sequences share: what [`PagedKv::attend_held`] gives each alone, without the
+/// per-sequence gathers. The layers must be of one store and have no window.
+pub(crate) fn attend_decodes(seqs: &[&mut PagedKv], q: &Array, scale: f32, sinks: Sinks) -> Result<Array> {
+    let Some(first) = seqs.first() else {
+        return Err(Error::Invalid("a decode step of no sequences".into()));
+    };
+    if seqs.iter().any(|s| !s.same_store(first) || s.window.is_some()) {
+        return Err(Error::Invalid("sequences of one decode pass must share one paged layer without a window".into()));
+    }
+    let tables: Vec<Vec<u32>> = seqs.iter().map(|s| lock(&s.table).clone()).collect();
+    let paged: Vec<PagedSeq> = seqs.iter().zip(&tables).map(|(s, t)| PagedSeq { table: t, len: s.len }).collect();
+    let store = lock(&first.store);
+    let (k, v) = store.arrays()?;
+    Ok(nuvec::paged_decode_attention(q, k, v, &paged, first.block_size, scale, sinks)?)
 }
 
 impl Positions for PagedKv {

@@ -20,6 +20,7 @@ use std::sync::{Arc, Mutex};
 
 use nuvec::Array;
 
+pub(crate) use kv::attend_decodes;
 pub use kv::PagedKv;
 use pool::{lock, BlockPool};
 use store::LayerStore;

@@ -49,6 +49,14 @@ impl LayerStore {
         Ok(())
     }
 
+    /// The keys and values of every block, `[1, blocks * block_size, heads * dim]` each.
+    pub(crate) fn arrays(&self) -> Result<(&Array, &Array)> {
+        match self.arrays.as_ref() {
+            Some((k, v, _)) => Ok((k, v)),
+            None => Err(Error::Invalid("a paged layer read before anything was written to it".into())),
+        }
+    }
+
     /// Positions `from..to` of the sequence whose blocks are `table`, as keys and values
     /// `[heads, to - from, dim]`: the blocks holding them gathered, the ends cut, one transpose.
     pub(crate) fn gather_range(&self, table: &[u32], from: usize, to: usize) -> Result<(Array, Array)> {

@@ -45,7 +45,7 @@ fn softmax_scaled(s: &mut [f32], scale: f32, sink: Option<f32>) {
 }
 
 /// Per query head, the sink logit joining its softmax (gpt-oss), if any.
-type Sinks<'a> = Option<&'a [f32]>;
+pub(super) type Sinks<'a> = Option<&'a [f32]>;
 
 fn sink_of(sinks: Sinks, head: usize) -> Option<f32> {
     sinks.map(|s| s[head])
@@ -118,7 +118,7 @@ fn attention_with(q: &Array, k: &Array, v: &Array, kv_len: usize, scale: f32, si
 
 /// Key chunks per KV head for split-K decode: enough tasks to balance the threads, a multiple of
 /// them in total where the keys allow.
-fn decode_splits(dims: [usize; 4], kv_len: usize) -> usize {
+pub(super) fn decode_splits(dims: [usize; 4], kv_len: usize) -> usize {
     let [hq, d, hkv, _] = dims;
     let threads = pool::threads();
     if threads == 1 || hq * kv_len * d * 2 < PAR_MIN_WORK {
@@ -163,37 +163,16 @@ fn decode_split(
 ) {
     let [hq, d, hkv, cap] = dims;
     let group = hq / hkv;
-    let chunk = kv_len.div_ceil(splits.max(1));
-    let splits = kv_len.div_ceil(chunk);
-    // Per (kv head, split): the group's weighted values (group x d), then its maxima and sums.
+    let (chunk, splits) = split_chunks(kv_len, splits);
     let stride = group * (d + 2);
     partials.resize(hkv * splits * stride, 0.0);
     let task = |t: usize, part: &mut [f32]| {
         let (kvh, c) = (t / splits, t % splits);
         let (j0, j1) = (c * chunk, ((c + 1) * chunk).min(kv_len));
-        let n = j1 - j0;
-        WIDE.with(|cell| {
-            let mut borrowed = cell.try_borrow_mut();
-            let (mut own_k, mut own_v) = (vec![], vec![]);
-            let (kbuf, vbuf) = match borrowed.as_deref_mut() {
-                Ok((k, v)) => (k, v),
-                Err(_) => (&mut own_k, &mut own_v),
-            };
+        with_wide(|kbuf, vbuf| {
             let keys = kd.f32s((kvh * cap + j0) * d..(kvh * cap + j1) * d, kbuf);
             let values = vd.f32s((kvh * cap + j0) * d..(kvh * cap + j1) * d, vbuf);
-            let qs = &qd[kvh * group * d..(kvh + 1) * group * d];
-            let (weighted, stats) = part.split_at_mut(group * d);
-            let (maxes, sums) = stats.split_at_mut(group);
-            with_scratch(group * n, |scores| {
-                // Keys and values are short streams from memory: prefetched a few rows ahead, the
-                // values while the scores are computed.
-                simd::dots_rows(qs, keys, values, d, scores);
-                for ((s, m), sum) in scores.chunks_exact_mut(n).zip(maxes.iter_mut()).zip(sums.iter_mut()) {
-                    *m = s.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-                    *sum = simd::exp_shifted(s, *m, scale);
-                }
-                simd::weighted_rows(scores, values, d, weighted);
-            })
+            decode_part(&qd[kvh * group * d..(kvh + 1) * group * d], keys, values, d, scale, part);
         })
     };
     let tasks = hkv * splits;
@@ -202,7 +181,52 @@ fn decode_split(
     } else {
         pool::for_chunks(partials, stride, |start, part| task(start / stride, part));
     }
-    // Combine the splits of each query head: rescale to the largest max.
+    combine(partials, out, [hq, d, hkv], splits, scale, sinks);
+}
+
+/// Keys per split and the number of splits that gives, for `splits` asked over `kv_len` keys.
+pub(super) fn split_chunks(kv_len: usize, splits: usize) -> (usize, usize) {
+    let chunk = kv_len.div_ceil(splits.max(1));
+    (chunk, kv_len.div_ceil(chunk))
+}
+
+/// `f` with this thread's scratch for keys and values widened to f32 (fresh buffers when a
+/// task nests inside another on the same thread).
+pub(super) fn with_wide<R>(f: impl FnOnce(&mut Vec<f32>, &mut Vec<f32>) -> R) -> R {
+    WIDE.with(|cell| match cell.try_borrow_mut() {
+        Ok(mut b) => {
+            let (k, v) = &mut *b;
+            f(k, v)
+        }
+        Err(_) => f(&mut vec![], &mut vec![]),
+    })
+}
+
+/// One split-K task: the group of query heads `qs [group, d]` sharing a KV head, over `keys,
+/// values` (rows of `d`); leaves in `part` the group's weighted values `[group, d]`, then their
+/// maxima `[group]` and sums of exponentials `[group]`.
+pub(super) fn decode_part(qs: &[f32], keys: &[f32], values: &[f32], d: usize, scale: f32, part: &mut [f32]) {
+    let (group, n) = (qs.len() / d, keys.len() / d);
+    let (weighted, stats) = part.split_at_mut(group * d);
+    let (maxes, sums) = stats.split_at_mut(group);
+    with_scratch(group * n, |scores| {
+        // Keys and values are short streams from memory: prefetched a few rows ahead, the
+        // values while the scores are computed.
+        simd::dots_rows(qs, keys, values, d, scores);
+        for ((s, m), sum) in scores.chunks_exact_mut(n).zip(maxes.iter_mut()).zip(sums.iter_mut()) {
+            *m = s.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            *sum = simd::exp_shifted(s, *m, scale);
+        }
+        simd::weighted_rows(scores, values, d, weighted);
+    })
+}
+
+/// Combines the `splits` partials of each KV head (as [`decode_part`] leaves them, KV head by
+/// KV head) into one query's output `out [hq * d]`: each rescaled to the largest maximum.
+pub(super) fn combine(partials: &[f32], out: &mut [f32], dims: [usize; 3], splits: usize, scale: f32, sinks: Sinks) {
+    let [hq, d, hkv] = dims;
+    let group = hq / hkv;
+    let stride = group * (d + 2);
     for (h, o) in out.chunks_exact_mut(d).enumerate() {
         let (kvh, g) = (h / group, h % group);
         let part = |c: usize| &partials[(kvh * splits + c) * stride..][..stride];

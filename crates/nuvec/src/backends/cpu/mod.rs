@@ -10,6 +10,7 @@ mod gemma4;
 mod gpt_oss;
 mod kv_rows;
 mod linear;
+mod paged_attention;
 mod pool;
 mod qbatch;
 mod qgemv;
@@ -176,6 +177,19 @@ impl Backend for CpuBackend {
     }
 
     // gpt-oss.
+
+    fn paged_decode_attention(
+        &self,
+        q: &Array,
+        k: &Array,
+        v: &Array,
+        seqs: &[crate::PagedSeq<'_>],
+        block_size: usize,
+        scale: f32,
+        sinks: Option<&[f32]>,
+    ) -> Result<Array> {
+        paged_attention::paged_decode_attention(q, k, v, seqs, block_size, scale, sinks)
+    }
 
     fn attention_sinks(
         &self,

@@ -15,8 +15,37 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::*};
 use std::sync::{Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-/// How long an idle worker spins before it parks.
+/// How long an idle worker waits (spinning, then yielding) before it parks.
 const SPIN: Duration = Duration::from_millis(2);
+
+/// Busy-wait rounds before a waiting thread starts yielding its core (tens of microseconds).
+const SPIN_ROUNDS: u32 = 1 << 10;
+
+/// A wait for another thread of the pool: it spins first, as the wait is usually shorter than a
+/// context switch, then yields its core at every round. On a machine with more runnable threads
+/// than cores (a build or a browser beside the model) the thread being waited for may not be
+/// running at all; a thread that kept spinning would hold the core it needs for its whole time
+/// slice, and every parallel region would last a scheduler tick.
+struct Backoff(u32);
+
+impl Backoff {
+    fn new() -> Self {
+        Backoff(0)
+    }
+
+    fn snooze(&mut self) {
+        if self.0 < SPIN_ROUNDS {
+            self.0 += 1;
+            std::hint::spin_loop();
+        } else {
+            std::thread::yield_now();
+        }
+    }
+
+    fn yielding(&self) -> bool {
+        self.0 >= SPIN_ROUNDS
+    }
+}
 
 /// Threads requested before the pool starts (0: all cores).
 static REQUESTED: AtomicUsize = AtomicUsize::new(0);
@@ -110,14 +139,13 @@ fn worker(shared: &'static Shared) {
     let mut seen = 0u64;
     loop {
         let start = Instant::now();
-        let mut spins = 0u32;
+        let mut backoff = Backoff::new();
         loop {
             if shared.generation.load(Acquire) != seen {
                 break;
             }
-            spins += 1;
-            if !spins.is_multiple_of(256) || start.elapsed() < SPIN {
-                std::hint::spin_loop();
+            if !backoff.yielding() || start.elapsed() < SPIN {
+                backoff.snooze();
                 continue;
             }
             let mut guard = shared.lock.lock().unwrap_or_else(|e| e.into_inner());
@@ -171,8 +199,9 @@ pub(crate) fn run(tasks: usize, f: &(dyn Fn(usize) + Sync)) {
     IN_POOL.with(|c| c.set(true));
     run_tasks(shared, job);
     IN_POOL.with(|c| c.set(false));
+    let mut backoff = Backoff::new();
     while shared.active.load(Acquire) != 0 {
-        std::hint::spin_loop();
+        backoff.snooze();
     }
     // SAFETY: every worker has left the region (active == 0).
     unsafe { *shared.job.get() = None };

@@ -1,0 +1,170 @@
+//! Decode attention of many sequences over one paged cache, reading the blocks in place.
+//!
+//! Each sequence's query is split exactly as a decode of that sequence alone splits it (the
+//! same key chunks per KV head, the same partials combined in the same order), and each task's
+//! key and value rows are copied out of the blocks into the thread's scratch before the same
+//! inner kernel runs: so a sequence's row is bit for bit what [`super::attention`] gives it
+//! over its positions gathered, and batching never changes a token. What changes is the
+//! parallel region: one for every sequence's tasks instead of one (plus two gathers and two
+//! transposes) per sequence.
+
+use super::attention::{combine, decode_part, decode_splits, split_chunks, with_wide, Sinks};
+use super::f32s;
+use super::kv_rows::KvRows;
+use super::pool;
+use crate::backend::{check_paged, paged_decode_attention_composed, PagedSeq};
+use crate::{Array, DType, Result};
+
+/// Where one sequence's tasks and partials start, and how its keys are split.
+struct Plan {
+    first_task: usize,
+    chunk: usize,
+    splits: usize,
+}
+
+pub(crate) fn paged_decode_attention(
+    q: &Array,
+    k: &Array,
+    v: &Array,
+    seqs: &[PagedSeq<'_>],
+    block_size: usize,
+    scale: f32,
+    sinks: Sinks,
+) -> Result<Array> {
+    let (n, hq, hkv, d, _) = check_paged(q, k, v, seqs, block_size, sinks)?;
+    if scale <= 0.0 {
+        // The split-K decode kernel takes the maximum before scaling; the general path
+        // handles a non-positive scale.
+        return paged_decode_attention_composed(&super::CpuBackend, q, k, v, seqs, block_size, scale, sinks);
+    }
+    let qd = f32s("paged_decode_attention", q)?;
+    let (kr, vr) = (KvRows::of("paged_decode_attention", k)?, KvRows::of("paged_decode_attention", v)?);
+    let group = hq / hkv;
+    let stride = group * (d + 2);
+    let mut tasks = 0;
+    let plans: Vec<Plan> = seqs
+        .iter()
+        .map(|s| {
+            let (chunk, splits) = split_chunks(s.len, decode_splits([hq, d, hkv, s.len], s.len));
+            let plan = Plan { first_task: tasks, chunk, splits };
+            tasks += hkv * splits;
+            plan
+        })
+        .collect();
+    let mut partials = vec![0.0f32; tasks * stride];
+    let width = hkv * d;
+    let task = |t: usize, part: &mut [f32]| {
+        let i = plans.partition_point(|p| p.first_task <= t) - 1;
+        let (plan, seq) = (&plans[i], &seqs[i]);
+        let local = t - plan.first_task;
+        let (kvh, c) = (local / plan.splits, local % plan.splits);
+        let (j0, j1) = (c * plan.chunk, ((c + 1) * plan.chunk).min(seq.len));
+        with_wide(|kbuf, vbuf| {
+            // This KV head's rows of positions j0..j1, in order, out of their blocks.
+            let row = |j: usize| {
+                let at = (seq.table[j / block_size] as usize * block_size + j % block_size) * width + kvh * d;
+                at..at + d
+            };
+            gather_rows(kr, (j0..j1).map(row), d, kbuf);
+            gather_rows(vr, (j0..j1).map(row), d, vbuf);
+            let qs = &qd[(i * hq + kvh * group) * d..(i * hq + (kvh + 1) * group) * d];
+            decode_part(qs, kbuf, vbuf, d, scale, part);
+        })
+    };
+    pool::for_chunks(&mut partials, stride, |start, part| task(start / stride, part));
+    let mut out = Array::zeros(&[n, hq * d], DType::F32);
+    let o = out.host_mut::<f32>()?;
+    for (plan, o) in plans.iter().zip(o.chunks_exact_mut(hq * d)) {
+        let mine = &partials[plan.first_task * stride..(plan.first_task + hkv * plan.splits) * stride];
+        combine(mine, o, [hq, d, hkv], plan.splits, scale, sinks);
+    }
+    Ok(out)
+}
+
+/// The rows `ranges` of `rows`, widened to f32, one after another into `out`.
+fn gather_rows(rows: KvRows, ranges: impl Iterator<Item = std::ops::Range<usize>>, d: usize, out: &mut Vec<f32>) {
+    out.clear();
+    let mut wide = Vec::new();
+    for r in ranges {
+        match rows {
+            KvRows::F32(x) => out.extend_from_slice(&x[r]),
+            other => out.extend_from_slice(other.f32s(r, &mut wide)),
+        }
+    }
+    debug_assert!(out.len().is_multiple_of(d.max(1)));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::simd::tests::randoms;
+    use super::*;
+    use crate::Backend;
+
+    /// Every sequence's row equals, bit for bit, the attention of that sequence alone over its
+    /// blocks gathered (what a decode of it alone computes): in f32, f16 and bf16, with and
+    /// without sinks, for lengths that split the keys and ones that do not, blocks in any order.
+    #[test]
+    fn each_row_is_the_solo_decode_bit_for_bit() {
+        let (hq, hkv, d, bs, blocks) = (6usize, 2usize, 64usize, 16usize, 64usize);
+        let width = hkv * d;
+        let (kd, vd) = (randoms(blocks * bs * width, 31), randoms(blocks * bs * width, 32));
+        // Lengths from one position to most of the store; tables drawn out of order.
+        let lens = [1usize, 15, 16, 17, 100, 333, 700];
+        let mut next = 0u32;
+        let tables: Vec<Vec<u32>> = lens
+            .iter()
+            .map(|&len| {
+                (0..len.div_ceil(bs) + 1)
+                    .map(|_| {
+                        next = (next + 37) % blocks as u32;
+                        next
+                    })
+                    .collect()
+            })
+            .collect();
+        let seqs: Vec<PagedSeq> = tables.iter().zip(lens).map(|(t, len)| PagedSeq { table: t, len }).collect();
+        let q = Array::from_slice(&randoms(lens.len() * hq * d, 33), &[lens.len(), hq, d]).unwrap();
+        let sinks = [-2.0f32, 0.0, 0.5, 1.0, 3.0, 40.0];
+        for dtype in [DType::F32, DType::F16, DType::BF16] {
+            let k = Array::from_slice(&kd, &[1, blocks * bs, width]).unwrap().astype(dtype).unwrap();
+            let v = Array::from_slice(&vd, &[1, blocks * bs, width]).unwrap().astype(dtype).unwrap();
+            for sinks in [None, Some(&sinks[..])] {
+                let fused = paged_decode_attention(&q, &k, &v, &seqs, bs, 0.125, sinks).unwrap();
+                let solo =
+                    paged_decode_attention_composed(&super::super::CpuBackend, &q, &k, &v, &seqs, bs, 0.125, sinks)
+                        .unwrap();
+                assert_eq!(fused.shape(), [lens.len(), hq * d]);
+                let (a, b) = (fused.host::<f32>().unwrap(), solo.host::<f32>().unwrap());
+                for (i, (x, y)) in a.chunks(hq * d).zip(b.chunks(hq * d)).enumerate() {
+                    let same = x.iter().zip(y).all(|(x, y)| x.to_bits() == y.to_bits());
+                    assert!(same, "{dtype} sinks {:?}: sequence {i} (len {}) differs", sinks.is_some(), lens[i]);
+                }
+            }
+        }
+        // The backend entry point runs the same kernel.
+        let k = Array::from_slice(&kd, &[blocks * bs, width]).unwrap();
+        let v = Array::from_slice(&vd, &[blocks * bs, width]).unwrap();
+        let via = super::super::CpuBackend.paged_decode_attention(&q, &k, &v, &seqs, bs, 0.125, None).unwrap();
+        let direct = paged_decode_attention(&q, &k, &v, &seqs, bs, 0.125, None).unwrap();
+        assert_eq!(via.host::<f32>().unwrap(), direct.host::<f32>().unwrap());
+    }
+
+    #[test]
+    fn bad_tables_and_shapes_are_errors() {
+        let (hq, hkv, d, bs, blocks) = (4usize, 2usize, 8usize, 4usize, 3usize);
+        let k = Array::zeros(&[blocks * bs, hkv * d], DType::F32);
+        let q = Array::zeros(&[1, hq, d], DType::F32);
+        let run = |table: &[u32], len: usize, q: &Array, sinks: Option<&[f32]>| {
+            let seqs = [PagedSeq { table, len }];
+            paged_decode_attention(q, &k, &k, &seqs, bs, 0.5, sinks).map(|_| ()).unwrap_err().to_string()
+        };
+        assert!(run(&[0], 5, &q, None).contains("holds 5 positions"));
+        assert!(run(&[3], 1, &q, None).contains("store of 3 blocks"));
+        assert!(run(&[0], 0, &q, None).contains("holds 0 positions"));
+        assert!(run(&[0], 1, &q, Some(&[0.0])).contains("sinks"));
+        let q3 = Array::zeros(&[1, 3, d], DType::F32);
+        assert!(run(&[0], 1, &q3, None).contains("kv_heads"));
+        let two = Array::zeros(&[2, hq, d], DType::F32);
+        assert!(run(&[0], 1, &two, None).contains("1 sequences for 2 queries"));
+    }
+}
