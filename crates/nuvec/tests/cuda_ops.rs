@@ -340,6 +340,70 @@ fn attention_split_and_gemm_paths() {
 }
 
 #[test]
+fn paged_decode_attention_reads_the_blocks_in_place() {
+    // Several sequences over one paged store against the CPU kernel, and each row bit for bit
+    // the GPU's own decode of that sequence over its blocks gathered; with and without sinks.
+    let dev = gpu();
+    let mut rng = Rng::new(17);
+    for (hq, hkv, d) in [(9usize, 3usize, 64usize), (8, 2, 128), (4, 4, 32)] {
+        let (bs, blocks) = (16usize, 80usize);
+        let width = hkv * d;
+        let k = arr(&rng.vec(blocks * bs * width, 1.0), &[1, blocks * bs, width]);
+        let v = arr(&rng.vec(blocks * bs * width, 1.0), &[1, blocks * bs, width]);
+        let lens = [1usize, 16, 33, 200, 700, 1000];
+        let mut next = 5u32;
+        let tables: Vec<Vec<u32>> = lens
+            .iter()
+            .map(|&len| {
+                (0..len.div_ceil(bs))
+                    .map(|_| {
+                        next = (next + 29) % blocks as u32;
+                        next
+                    })
+                    .collect()
+            })
+            .collect();
+        let seqs: Vec<nuvec::PagedSeq> =
+            tables.iter().zip(lens).map(|(t, len)| nuvec::PagedSeq { table: t, len }).collect();
+        let q = arr(&rng.vec(lens.len() * hq * d, 1.0), &[lens.len(), hq, d]);
+        let sinks: Vec<f32> = (0..hq).map(|h| h as f32 * 0.5 - 1.0).collect();
+        let scale = 1.0 / (d as f32).sqrt();
+        let (qg, kg, vg) = (q.to_device(dev).unwrap(), k.to_device(dev).unwrap(), v.to_device(dev).unwrap());
+        for sinks in [None, Some(&sinks[..])] {
+            let case = format!("paged Hq={hq} Hkv={hkv} D={d} sinks={}", sinks.is_some());
+            let want = nuvec::paged_decode_attention(&q, &k, &v, &seqs, bs, scale, sinks).unwrap();
+            let got = nuvec::paged_decode_attention(&qg, &kg, &vg, &seqs, bs, scale, sinks).unwrap();
+            close(&case, &got, &want);
+            let got = got.to_f32_vec().unwrap();
+            let (kh, vh) = (k.to_f32_vec().unwrap(), v.to_f32_vec().unwrap());
+            for (i, (table, &len)) in tables.iter().zip(&lens).enumerate() {
+                // [Hkv, len, D] of this sequence, gathered on the host.
+                let gather = |x: &[f32]| {
+                    let mut out = vec![0f32; hkv * len * d];
+                    for j in 0..len {
+                        let at = (table[j / bs] as usize * bs + j % bs) * width;
+                        for h in 0..hkv {
+                            out[(h * len + j) * d..][..d].copy_from_slice(&x[at + h * d..][..d]);
+                        }
+                    }
+                    arr(&out, &[hkv, len, d]).to_device(dev).unwrap()
+                };
+                let qi =
+                    arr(&q.to_f32_vec().unwrap()[i * hq * d..(i + 1) * hq * d], &[1, hq, d]).to_device(dev).unwrap();
+                let solo = match sinks {
+                    None => nuvec::attention(&qi, &gather(&kh), &gather(&vh), len, scale),
+                    Some(s) => nuvec::attention_sinks(&qi, &gather(&kh), &gather(&vh), len, scale, s),
+                };
+                let solo = solo.unwrap().to_f32_vec().unwrap();
+                let row = &got[i * hq * d..(i + 1) * hq * d];
+                let same = row.iter().zip(&solo).all(|(a, b)| a.to_bits() == b.to_bits());
+                assert!(same, "{case}: sequence {i} (len {len}) differs from its own decode");
+            }
+        }
+    }
+}
+
+#[test]
 fn embed_dense_and_quantized() {
     let dev = gpu();
     let mut rng = Rng::new(4);

@@ -407,6 +407,7 @@ mod fp;
 mod gated_delta;
 // gpt-oss: the clamped SwiGLU (kernels/gpt_oss.cu) and the attention sinks' device tables.
 mod gpt_oss;
+mod paged;
 
 // decode fusions (kernels/fused.cu).
 mod fused;
@@ -1400,6 +1401,19 @@ impl Backend for CudaBackend {
 
     fn swiglu_oai(&self, gate: &Array, up: &Array, alpha: f32, limit: f32) -> Result<Array> {
         self.swiglu_oai_clamped(gate, up, alpha, limit)
+    }
+
+    fn paged_decode_attention(
+        &self,
+        q: &Array,
+        k: &Array,
+        v: &Array,
+        seqs: &[crate::PagedSeq<'_>],
+        block_size: usize,
+        scale: f32,
+        sinks: Option<&[f32]>,
+    ) -> Result<Array> {
+        self.paged_attention(q, k, v, seqs, block_size, scale, sinks)
     }
     // decode fusions (ops/fused.rs)
 

@@ -106,20 +106,34 @@ __device__ __forceinline__ void atts_keys(int l, int t, int s, int kv_len, int c
 // (a key at a time, a 512-key decode step spent 11.5 us on the H200 mostly waiting on each key's
 // loads in turn). KB * SLOTS stays 4, so the rows held take the registers one key of D = 512 did
 // (8 keys per group for D = 128 measured even: eleventh session).
-template <int SLOTS>
-__device__ __forceinline__ void atts_body(float* part, const float* q, const float* k, const float* v, int l, int hq,
-                                          int hkv, int d, int cap, int kv_len, float scale, int chunk, const int* step,
-                                          int want, float* sm_m, float* sm_l, float4 (*sm_acc)[32 * ATTS_SLOTS]) {
+// Where key and value row j of one KV head are: consecutive rows of a [Hkv, capacity, D] cache,
+// or (PagedRows) the rows of a paged store [blocks * block_size, Hkv * D] through a block table.
+struct ContigRows {
+    const float4* keys;
+    const float4* vals;
+    int d4;
+    __device__ __forceinline__ const float4* key(int j) const { return keys + (size_t)j * d4; }
+    __device__ __forceinline__ const float4* val(int j) const { return vals + (size_t)j * d4; }
+};
+struct PagedRows {
+    const float4* k;
+    const float4* v;
+    const int* table;
+    int block_size, width4, head4;
+    __device__ __forceinline__ size_t at(int j) const {
+        return ((size_t)table[j / block_size] * block_size + j % block_size) * width4 + head4;
+    }
+    __device__ __forceinline__ const float4* key(int j) const { return k + at(j); }
+    __device__ __forceinline__ const float4* val(int j) const { return v + at(j); }
+};
+
+// One split's partial (max, sum, values[D]) into `pv`: query `qv` over key rows [j_begin, j_end).
+template <int SLOTS, class Rows>
+__device__ __forceinline__ void atts_core(float* pv, const float4* qv, Rows rows, int d, float scale, int j_begin,
+                                          int j_end, float* sm_m, float* sm_l, float4 (*sm_acc)[32 * ATTS_SLOTS]) {
     constexpr int KB = 4 / SLOTS;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int h = blockIdx.x, t = blockIdx.y, s = blockIdx.z, splits = gridDim.z;
-    const int kvh = h / (hq / hkv);
-    int j_begin, j_end;
-    atts_keys(l, t, s, kv_len, chunk, step, want, j_begin, j_end);
     const int d4 = d >> 2;
-    const float4* qv = (const float4*)(q + ((size_t)t * hq + h) * d);
-    const float4* keys = (const float4*)(k + (size_t)kvh * cap * d);
-    const float4* vals = (const float4*)(v + (size_t)kvh * cap * d);
     float4 qr[SLOTS], acc[SLOTS];
 #pragma unroll
     for (int i = 0; i < SLOTS; ++i) {
@@ -136,8 +150,9 @@ __device__ __forceinline__ void atts_body(float* part, const float* q, const flo
 #pragma unroll
         for (int b = 0; b < KB; ++b) {
             const int j = j0 + ATTS_WARPS * b;
-            const float4* kr = keys + (size_t)j * d4;
-            const float4* vr = vals + (size_t)j * d4;
+            // Past the end no row is addressed (a paged table has no entry there).
+            const float4* kr = j < j_end ? rows.key(j) : nullptr;
+            const float4* vr = j < j_end ? rows.val(j) : nullptr;
 #pragma unroll
             for (int i = 0; i < SLOTS; ++i) {
                 int c = lane + 32 * i;
@@ -206,8 +221,6 @@ __device__ __forceinline__ void atts_body(float* part, const float* q, const flo
         wts[w] = sm_m[w] == NEG_INF ? 0.0f : expf(sm_m[w] - m);
         tot += sm_l[w] * wts[w];
     }
-    size_t base = (((size_t)t * hq + h) * splits + s);
-    float* pv = part + base * (size_t)(d + 2);
     if (threadIdx.x == 0) { pv[0] = m; pv[1] = tot; }
     for (int c = threadIdx.x; c < d4; c += blockDim.x) {
         float4 a = make_float4(0.f, 0.f, 0.f, 0.f);
@@ -219,6 +232,21 @@ __device__ __forceinline__ void atts_body(float* part, const float* q, const flo
         }
         pv[2 + 4 * c] = a.x; pv[3 + 4 * c] = a.y; pv[4 + 4 * c] = a.z; pv[5 + 4 * c] = a.w;
     }
+}
+
+template <int SLOTS>
+__device__ __forceinline__ void atts_body(float* part, const float* q, const float* k, const float* v, int l, int hq,
+                                          int hkv, int d, int cap, int kv_len, float scale, int chunk, const int* step,
+                                          int want, float* sm_m, float* sm_l, float4 (*sm_acc)[32 * ATTS_SLOTS]) {
+    const int h = blockIdx.x, t = blockIdx.y, s = blockIdx.z, splits = gridDim.z;
+    const int kvh = h / (hq / hkv);
+    int j_begin, j_end;
+    atts_keys(l, t, s, kv_len, chunk, step, want, j_begin, j_end);
+    const int d4 = d >> 2;
+    const float4* qv = (const float4*)(q + ((size_t)t * hq + h) * d);
+    ContigRows rows{(const float4*)(k + (size_t)kvh * cap * d), (const float4*)(v + (size_t)kvh * cap * d), d4};
+    float* pv = part + (((size_t)t * hq + h) * splits + s) * (size_t)(d + 2);
+    atts_core<SLOTS>(pv, qv, rows, d, scale, j_begin, j_end, sm_m, sm_l, sm_acc);
 }
 
 // Before pdl_begin (issue 7): the keys and values of the split's cached positions asked into L2
@@ -248,6 +276,30 @@ extern "C" __global__ void attention_split_f32(float* part, const float* q, cons
     if (d <= 128) atts_body<1>(part, q, k, v, l, hq, hkv, d, cap, kv_len, scale, chunk, step, want, sm_m, sm_l, sm_acc);
     else if (d <= 256) atts_body<2>(part, q, k, v, l, hq, hkv, d, cap, kv_len, scale, chunk, step, want, sm_m, sm_l, sm_acc);
     else atts_body<4>(part, q, k, v, l, hq, hkv, d, cap, kv_len, scale, chunk, step, want, sm_m, sm_l, sm_acc);
+}
+
+// Decode attention of many sequences over one paged store (k, v [blocks * bs, Hkv * D]): grid
+// (Hq, n, want); block (h, t, s) takes query t's keys by the host's split rule for one query,
+// chunk = max(ceil(len / want), 32), so each sequence gets the partials its own decode gets and
+// the merge (over `want` splits, the empty ones skipped) gives its result bit for bit. Sequence
+// t's blocks are tables[t * table_stride ..], its length lens[t].
+extern "C" __global__ void paged_attention_split_f32(float* part, const float* q, const float* k, const float* v,
+                                                     const int* tables, int table_stride, const int* lens, int hq,
+                                                     int hkv, int d, int block_size, float scale, int want) {
+    pdl_begin();
+    __shared__ float sm_m[ATTS_WARPS], sm_l[ATTS_WARPS];
+    __shared__ float4 sm_acc[ATTS_WARPS][32 * ATTS_SLOTS];
+    const int h = blockIdx.x, t = blockIdx.y, s = blockIdx.z;
+    const int kv_len = lens[t];
+    const int chunk = max((kv_len + want - 1) / want, 32);
+    const int j_begin = s * chunk, j_end = min(kv_len, j_begin + chunk);
+    const int kvh = h / (hq / hkv), d4 = d >> 2;
+    PagedRows rows{(const float4*)k, (const float4*)v, tables + (size_t)t * table_stride, block_size, hkv * d4, kvh * d4};
+    const float4* qv = (const float4*)(q + ((size_t)t * hq + h) * d);
+    float* pv = part + (((size_t)t * hq + h) * gridDim.z + s) * (size_t)(d + 2);
+    if (d <= 128) atts_core<1>(pv, qv, rows, d, scale, j_begin, j_end, sm_m, sm_l, sm_acc);
+    else if (d <= 256) atts_core<2>(pv, qv, rows, d, scale, j_begin, j_end, sm_m, sm_l, sm_acc);
+    else atts_core<4>(pv, qv, rows, d, scale, j_begin, j_end, sm_m, sm_l, sm_acc);
 }
 
 // out [L, Hq * D] from the S partials of each (query, head): one block per (head, query).

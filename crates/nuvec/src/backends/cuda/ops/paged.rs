@@ -1,0 +1,70 @@
+//! Decode attention of many sequences over one paged cache on a CUDA device: one split-key
+//! launch over every sequence (attention.cu's `paged_attention_split_f32`, reading the blocks
+//! through each sequence's table) and one merge, instead of gathers, transposes and two
+//! launches per sequence.
+
+use cudarc::driver::LaunchConfig;
+
+use super::{to_i32, CudaBackend, ATTS_MAX_DIM, ATTS_TARGET_BLOCKS, ATTS_THREADS};
+use crate::backend::{check_paged, paged_decode_attention_composed, PagedSeq};
+use crate::backends::cuda::{DeviceBuffer, State};
+use crate::{Array, DType, Error, Result};
+
+impl CudaBackend {
+    /// [`crate::Backend::paged_decode_attention`].
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn paged_attention(
+        &self,
+        q: &Array,
+        k: &Array,
+        v: &Array,
+        seqs: &[PagedSeq<'_>],
+        block_size: usize,
+        scale: f32,
+        sinks: Option<&[f32]>,
+    ) -> Result<Array> {
+        let op = "paged_decode_attention";
+        let (n, hq, hkv, d, _) = check_paged(q, k, v, seqs, block_size, sinks)?;
+        let (qp, kp, vp) = (self.f32_ptr(op, "q", q)?, self.f32_ptr(op, "k", k)?, self.f32_ptr(op, "v", v)?);
+        let aligned = d.is_multiple_of(4) && (qp | kp | vp).is_multiple_of(16);
+        if !aligned || d > ATTS_MAX_DIM || n > 65535 {
+            return paged_decode_attention_composed(self, q, k, v, seqs, block_size, scale, sinks);
+        }
+        // The grid's shape follows the sequences' lengths, which no graph replay patches.
+        self.st()?.not_capturing("paged decode attention")?;
+        // Each sequence's splits as a decode of it alone takes them (`attention_split` for one
+        // query), so its partials and result are that decode's.
+        let want = ATTS_TARGET_BLOCKS.div_ceil(hq).max(1);
+        let stride = seqs.iter().map(|s| s.len.div_ceil(block_size)).max().unwrap_or(1);
+        let mut tables = vec![0i32; n * stride];
+        for (row, s) in tables.chunks_exact_mut(stride).zip(seqs) {
+            for (t, &b) in row.iter_mut().zip(&s.table[..s.len.div_ceil(block_size)]) {
+                *t = to_i32(op, "block id", b as usize)?;
+            }
+        }
+        let lens = seqs.iter().map(|s| to_i32(op, "sequence length", s.len)).collect::<Result<Vec<i32>>>()?;
+        let (tables, lens) = (self.upload(&tables)?, self.upload(&lens)?);
+        let sp = match sinks {
+            Some(s) => self.sinks_table(s)?,
+            None => 0,
+        };
+        let out = self.output(&[n, hq * d], DType::F32, false)?;
+        let o = out.cuda_ptr()?;
+        let part = DeviceBuffer::alloc(self.st()?, n * hq * want * (d + 2) * 4)?;
+        let pp = part.ptr();
+        let (tp, lp) = (tables.ptr(), lens.ptr());
+        let (stridei, hqi, hkvi, di) = (to_i32(op, "table", stride)?, hq as i32, hkv as i32, d as i32);
+        let (bsi, wanti) = (to_i32(op, "block size", block_size)?, to_i32(op, "splits", want)?);
+        let cfg = LaunchConfig {
+            grid_dim: (hq as u32, n as u32, want as u32),
+            block_dim: (ATTS_THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        launch!(self.st()?, op, "paged_attention_split_f32", cfg;
+            pp, qp, kp, vp, tp, stridei, lp, hqi, hkvi, di, bsi, scale, wanti);
+        let cfg = LaunchConfig { grid_dim: (hq as u32, n as u32, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
+        let no_parts = 0u64;
+        launch!(self.st()?, op, "attention_merge_f32", cfg; o, pp, hqi, di, wanti, sp, no_parts);
+        Ok(out)
+    }
+}
