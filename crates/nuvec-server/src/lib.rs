@@ -46,6 +46,7 @@
 
 mod answer;
 mod api;
+mod choice;
 mod completions;
 mod engine;
 mod error;
@@ -151,7 +152,8 @@ pub(crate) struct AppState {
     pub config: ServerConfig,
     pub info: ModelInfo,
     pub tokenizer: Arc<Tokenizer>,
-    pub engine: mpsc::Sender<engine::Submission>,
+    /// Each request's submissions, one per choice, sent together.
+    pub engine: mpsc::Sender<Vec<engine::Submission>>,
     pub shared: Arc<engine::Shared>,
     /// When the server started (the model's `created`).
     pub created: u64,
