@@ -453,7 +453,7 @@ fn a_failing_choice_fails_the_request_and_cancels_the_others() {
                 let before = served.log.lock().unwrap().submitted.len();
                 // Choice 2's seed fails at its third token; the others would go on for long.
                 let seed = FAILING_SEED - 2;
-                let extra = json!({"n": 3, "seed": seed, "ignore_eos": true, "max_tokens": 100000, "stream": stream});
+                let extra = json!({"n": 3, "seed": seed, "ignore_eos": true, "max_tokens": 2000, "stream": stream});
                 let (status, text) = post(&app, path(chat), &body(chat, extra), &[]).await;
                 let error = match stream {
                     false => {
