@@ -102,6 +102,7 @@ fn greedy_choices_each_equal_the_single_answer() {
         }
         assert_eq!(usage["completion_tokens"], 3 * solo_tokens, "{usage}");
     }
+    assert!(!served.log().contains("[ERROR]"), "{}", served.log());
 }
 
 #[test]
@@ -130,4 +131,5 @@ fn seeded_choices_each_equal_the_single_answer_with_seed_plus_i() {
         let (choices, _) = streamed_choices(&post(base, path(chat), &sampled(stream)), 3);
         assert_eq!(choices, alone, "streamed");
     }
+    assert!(!served.log().contains("[ERROR]"), "{}", served.log());
 }
