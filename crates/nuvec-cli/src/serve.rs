@@ -100,8 +100,8 @@ pub struct Args {
     /// Largest request body in bytes (413 above).
     #[arg(long, default_value_t = DEFAULT_BODY_LIMIT)]
     max_body_bytes: usize,
-    /// Most requests waiting for a place in the batch; more get 429 (rate_limit_exceeded,
-    /// with Retry-After) until the queue drains.
+    /// Most requests waiting for a place in the batch (a request of n choices counts n); more
+    /// get 429 (rate_limit_exceeded, with Retry-After) until the queue drains.
     #[arg(long, default_value_t = DEFAULT_MAX_QUEUE)]
     max_queue: usize,
 }

@@ -1,7 +1,9 @@
 //! OpenAI's `POST /v1/chat/completions` and `POST /v1/completions`: the answer as a
-//! `chat.completion` (its message with `content`, `reasoning_content` with vLLM's alias
-//! `reasoning`, and `tool_calls`) or a `text_completion`, whole or as chunks ending with
-//! `data: [DONE]`, with log-probabilities when asked. A call is streamed as two deltas: its
+//! `chat.completion` (each choice's message with `content`, `reasoning_content` with vLLM's
+//! alias `reasoning`, and `tool_calls`) or a `text_completion`, whole or as chunks ending with
+//! `data: [DONE]`, with log-probabilities when asked. A request of `n` choices has them at
+//! `index` 0 to n-1; streamed, each chunk carries one choice, the choices' chunks interleaved
+//! as their tokens come, and the usage chunk and `[DONE]` follow the last choice's end. A call is streamed as two deltas: its
 //! index, id, type and name (with empty arguments), then its arguments, once the call's JSON is
 //! complete.
 
@@ -19,7 +21,7 @@ use serde_json::{json, Map, Value};
 use crate::answer::{Answer, Part};
 use crate::api::json_object;
 use crate::error::ApiError;
-use crate::generation::{self, End, Protocol, Usage};
+use crate::generation::{self, Choice, End, Protocol, Usage};
 use crate::params::Kind;
 use crate::prepare::prepare;
 use crate::AppState;
@@ -41,8 +43,7 @@ pub(crate) async fn complete(
         model: state.config.model_id.clone(),
         table: state.tokenizer.token_bytes(),
         logprobs: prepared.parsed.options.logprobs.is_some(),
-        pending: vec![],
-        offset: 0,
+        choices: (0..prepared.parsed.n).map(|_| Sent::default()).collect(),
         include_usage: prepared.parsed.include_usage,
     };
     generation::run(state, prepared, reply, id, arrived).await
@@ -60,7 +61,7 @@ fn finish_reason(reason: &FinishReason, called: bool) -> &'static str {
     }
 }
 
-/// One request's answer in OpenAI's shapes, and the log-probabilities not yet sent.
+/// One request's choices in OpenAI's shapes, and what each has still to send.
 struct Reply {
     kind: Kind,
     id: String,
@@ -68,11 +69,18 @@ struct Reply {
     model: String,
     table: Arc<TokenBytes>,
     logprobs: bool,
+    /// Each choice's log-probabilities, by its index.
+    choices: Vec<Sent>,
+    include_usage: bool,
+}
+
+/// One choice's log-probabilities: those not yet sent, and where its text has got to.
+#[derive(Default)]
+struct Sent {
     /// Log-probabilities of the tokens not yet sent.
     pending: Vec<TokenLogprobs>,
     /// Characters of the token strings sent so far (a completion's `text_offset`).
     offset: usize,
-    include_usage: bool,
 }
 
 /// OpenAI's floor for a log-probability that is not finite.
@@ -146,13 +154,15 @@ impl Reply {
         (String::from_utf8_lossy(bytes).into_owned(), bytes)
     }
 
-    /// The log-probabilities of the pending tokens in this endpoint's shape (None when not
-    /// asked, or in a stream chunk when no token is pending).
-    fn take_logprobs(&mut self, streaming: bool) -> Option<Value> {
-        if !self.logprobs || (streaming && self.pending.is_empty()) {
+    /// The log-probabilities of choice `index`'s pending tokens in this endpoint's shape (None
+    /// when not asked, or in a stream chunk when no token is pending).
+    fn take_logprobs(&mut self, index: usize, streaming: bool) -> Option<Value> {
+        let sent = self.choices.get_mut(index)?;
+        if !self.logprobs || (streaming && sent.pending.is_empty()) {
             return None;
         }
-        let pending = std::mem::take(&mut self.pending);
+        let pending = std::mem::take(&mut sent.pending);
+        let mut offset = sent.offset;
         Some(match self.kind {
             Kind::Chat => {
                 let content: Vec<Value> = pending
@@ -176,13 +186,16 @@ impl Reply {
                 let (mut tokens, mut values, mut tops, mut offsets) = (vec![], vec![], vec![], vec![]);
                 for lp in &pending {
                     let (token, _) = self.token_text(lp.token);
-                    offsets.push(self.offset);
-                    self.offset += token.chars().count();
+                    offsets.push(offset);
+                    offset += token.chars().count();
                     tokens.push(token);
                     values.push(finite(lp.logprob));
                     let top: Map<String, Value> =
                         lp.top.iter().map(|&(t, l)| (self.token_text(t).0, json!(finite(l)))).collect();
                     tops.push(Value::Object(top));
+                }
+                if let Some(sent) = self.choices.get_mut(index) {
+                    sent.offset = offset;
                 }
                 json!({"tokens": tokens, "token_logprobs": values, "top_logprobs": tops, "text_offset": offsets})
             }
@@ -197,12 +210,14 @@ impl Reply {
         }
     }
 
-    /// A stream chunk of one choice: a chat delta, or a completion's text.
-    fn chunk(&mut self, delta: Value, finish: Option<&'static str>) -> Value {
-        let logprobs = self.take_logprobs(true);
+    /// A stream chunk of choice `index`: a chat delta, or a completion's text.
+    fn chunk(&mut self, index: usize, delta: Value, finish: Option<&'static str>) -> Value {
+        let logprobs = self.take_logprobs(index, true);
         let choice = match self.kind {
-            Kind::Chat => json!({"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}),
-            Kind::Completion => json!({"index": 0, "text": delta, "logprobs": logprobs, "finish_reason": finish}),
+            Kind::Chat => json!({"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}),
+            Kind::Completion => {
+                json!({"index": index, "text": delta, "logprobs": logprobs, "finish_reason": finish})
+            }
         };
         let mut chunk = json!({
             "id": self.id, "object": self.object(true), "created": self.created, "model": self.model,
@@ -215,47 +230,57 @@ impl Reply {
     }
 }
 
+impl Reply {
+    /// Choice `index` of a whole response.
+    fn choice(&mut self, index: usize, choice: Choice) -> Value {
+        let logprobs = self.take_logprobs(index, false);
+        let finish = finish_reason(&choice.end.reason, choice.end.called);
+        match self.kind {
+            Kind::Chat => json!({
+                "index": index, "message": message(&choice.answer), "logprobs": logprobs, "finish_reason": finish,
+            }),
+            Kind::Completion => json!({
+                "index": index, "text": choice.answer.content(), "logprobs": logprobs, "finish_reason": finish,
+            }),
+        }
+    }
+}
+
 impl Protocol for Reply {
-    fn token(&mut self, logprobs: Option<TokenLogprobs>) {
+    fn token(&mut self, choice: usize, logprobs: Option<TokenLogprobs>) {
         if let Some(lp) = logprobs.filter(|_| self.logprobs) {
-            self.pending.push(lp);
+            if let Some(sent) = self.choices.get_mut(choice) {
+                sent.pending.push(lp);
+            }
         }
     }
 
-    fn whole(&mut self, answer: Answer, end: &End) -> Value {
-        let logprobs = self.take_logprobs(false);
-        let finish = finish_reason(end.reason, end.called);
-        let choice = match self.kind {
-            Kind::Chat => json!({
-                "index": 0, "message": message(&answer), "logprobs": logprobs, "finish_reason": finish,
-            }),
-            Kind::Completion => {
-                json!({"index": 0, "text": answer.content(), "logprobs": logprobs, "finish_reason": finish})
-            }
-        };
+    fn whole(&mut self, first: Choice, others: Vec<Choice>, counts: &Usage) -> Value {
+        let choices: Vec<Value> =
+            std::iter::once(first).chain(others).enumerate().map(|(i, choice)| self.choice(i, choice)).collect();
         json!({
             "id": self.id, "object": self.object(false), "created": self.created, "model": self.model,
-            "choices": [choice], "usage": usage(&end.usage),
+            "choices": choices, "usage": usage(counts),
         })
     }
 
-    fn opening(&mut self, _: &Usage) -> Vec<SseEvent> {
+    fn opening(&mut self, choice: usize, _: &Usage) -> Vec<SseEvent> {
         match self.kind {
-            Kind::Chat => vec![data(self.chunk(json!({"role": "assistant", "content": ""}), None))],
+            Kind::Chat => vec![data(self.chunk(choice, json!({"role": "assistant", "content": ""}), None))],
             Kind::Completion => vec![],
         }
     }
 
-    fn parts(&mut self, parts: Vec<Part>) -> Vec<SseEvent> {
+    fn parts(&mut self, choice: usize, parts: Vec<Part>) -> Vec<SseEvent> {
         let mut events = vec![];
         for part in parts {
             match (self.kind, part) {
-                (Kind::Completion, Part::Content(t)) => events.push(data(self.chunk(Value::String(t), None))),
+                (Kind::Completion, Part::Content(t)) => events.push(data(self.chunk(choice, Value::String(t), None))),
                 // A completion's text is all content.
                 (Kind::Completion, _) => {}
                 (Kind::Chat, part) => {
                     for delta in deltas(part) {
-                        events.push(data(self.chunk(delta, None)));
+                        events.push(data(self.chunk(choice, delta, None)));
                     }
                 }
             }
@@ -263,18 +288,22 @@ impl Protocol for Reply {
         events
     }
 
-    fn closing(&mut self, end: &End) -> Vec<SseEvent> {
-        let finish = Some(finish_reason(end.reason, end.called));
+    fn closing(&mut self, choice: usize, end: &End) -> Vec<SseEvent> {
+        let finish = Some(finish_reason(&end.reason, end.called));
         let last = match self.kind {
-            Kind::Chat => self.chunk(json!({}), finish),
-            Kind::Completion => self.chunk(Value::String(String::new()), finish),
+            Kind::Chat => self.chunk(choice, json!({}), finish),
+            Kind::Completion => self.chunk(choice, Value::String(String::new()), finish),
         };
-        let mut events = vec![data(last)];
+        vec![data(last)]
+    }
+
+    fn ending(&mut self, counts: &Usage) -> Vec<SseEvent> {
+        let mut events = vec![];
         if self.include_usage {
             // The final chunk of `stream_options.include_usage`: no choices, the usage.
             events.push(data(json!({
                 "id": self.id, "object": self.object(true), "created": self.created, "model": self.model,
-                "choices": [], "usage": usage(&end.usage),
+                "choices": [], "usage": usage(counts),
             })));
         }
         events.push(done());

@@ -1,5 +1,6 @@
 //! The engine thread: it owns the model's [`Batcher`] (through [`EngineCore`]), takes
-//! submissions from the HTTP handlers over a channel, steps while any request is in flight,
+//! submissions from the HTTP handlers over a channel (a request's choices together, so they
+//! are submitted in one go), steps while any request is in flight,
 //! blocks on the channel when idle, and sends each request's tokens back over that request's
 //! own channel. A request whose receiver is gone (its client disconnected) is cancelled at the
 //! next step. A failed request fails alone; a failed step ends the engine and marks it failed,
@@ -52,7 +53,7 @@ impl EngineCore for Batcher<'_> {
     }
 }
 
-/// What a request's channel carries, in order: `Started` (unless it ends before admission),
+/// What a request's channel carries for each of its choices, in order: `Started` (unless it ends before admission),
 /// tokens, then one `Finished` (a `Failed` before it when the request's step failed).
 #[derive(Debug)]
 pub(crate) enum Output {
@@ -66,12 +67,16 @@ pub(crate) enum Output {
     Finished(FinishReason),
 }
 
-/// A request handed to the engine thread.
+/// One choice of a request handed to the engine thread (a request of `n` choices is `n`
+/// submissions sent together, each a request of the core's).
 pub(crate) struct Submission {
     pub prompt: Vec<u32>,
     pub options: GenerateOptions,
-    /// The request's outputs.
-    pub outputs: tmpsc::UnboundedSender<Output>,
+    /// Which choice of its request this is (0 for the first).
+    pub choice: usize,
+    /// The request's outputs, each tagged with its choice; all its choices share the channel,
+    /// so a client that leaves (the receiver dropped) cancels every one.
+    pub outputs: Outputs,
     /// Whether the core took it (an invalid request is refused here, before any output).
     pub accepted: oneshot::Sender<nuvec_lm::Result<()>>,
     /// The HTTP request's id, for the log.
@@ -81,6 +86,9 @@ pub(crate) struct Submission {
     /// Its place in the queue, given back once it is admitted (or ends).
     pub slot: QueueSlot,
 }
+
+/// A request's output channel: each output with the index of the choice it belongs to.
+pub(crate) type Outputs = tmpsc::UnboundedSender<(usize, Output)>;
 
 /// Counts the engine publishes after every step (read by `/health`).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -113,7 +121,7 @@ pub(crate) struct Shared {
     pub stats: Mutex<EngineStats>,
     /// What `/metrics` shows besides the stats.
     pub metrics: Mutex<Metrics>,
-    /// Requests holding a [`QueueSlot`]: handed to the engine, not yet admitted.
+    /// Submissions (choices) holding a [`QueueSlot`]: handed to the engine, not yet admitted.
     queued: AtomicUsize,
     /// Requests refused because the queue was full.
     pub rejected: AtomicU64,
@@ -122,8 +130,8 @@ pub(crate) struct Shared {
     aborting: AtomicBool,
 }
 
-/// A request's place in the queue of those not yet admitted to the batch. The handler takes
-/// one before it hands a request to the engine ([`Shared::enqueue`] refuses when the queue is
+/// A submission's place in the queue of those not yet admitted to the batch. The handler takes
+/// one per choice before it hands a request to the engine ([`Shared::enqueue`] refuses when the queue is
 /// full); dropping it gives the place back, so the count stays exact whichever way a request
 /// leaves the queue: admitted, refused by the core, cancelled while waiting, or dropped with
 /// the engine.
@@ -162,10 +170,12 @@ impl Shared {
         self.aborting.load(Ordering::Acquire)
     }
 
-    /// A place in the queue, unless `max` requests already wait (then the refusal is counted).
-    pub fn enqueue(self: &Arc<Self>, max: usize) -> Option<QueueSlot> {
-        match self.queued.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < max).then_some(n + 1)) {
-            Ok(_) => Some(QueueSlot(self.clone())),
+    /// `count` places in the queue (one per choice of a request), all or none: none when fewer
+    /// than `count` of `max` are free (then the refusal is counted, once for the request).
+    pub fn enqueue(self: &Arc<Self>, max: usize, count: usize) -> Option<Vec<QueueSlot>> {
+        let free = |n: usize| n.checked_add(count).filter(|&after| after <= max);
+        match self.queued.fetch_update(Ordering::AcqRel, Ordering::Acquire, free) {
+            Ok(_) => Some((0..count).map(|_| QueueSlot(self.clone())).collect()),
             Err(_) => {
                 self.rejected.fetch_add(1, Ordering::Relaxed);
                 None
@@ -174,9 +184,10 @@ impl Shared {
     }
 }
 
-/// One request in flight on the engine thread.
+/// One request of the core's (a choice) in flight on the engine thread.
 struct Live {
-    outputs: tmpsc::UnboundedSender<Output>,
+    outputs: Outputs,
+    choice: usize,
     /// Log-probabilities reported for the token that comes next.
     logprobs: Option<TokenLogprobs>,
     cancelled: bool,
@@ -189,11 +200,18 @@ struct Live {
     slot: Option<QueueSlot>,
 }
 
+impl Live {
+    /// Sends `output` to the choice's HTTP request (which may have gone: the next step cancels).
+    fn send(&self, output: Output) {
+        let _ = self.outputs.send((self.choice, output));
+    }
+}
+
 /// The engine thread's side of the server: call [`EngineLoop::run`] with the core on the
 /// thread [`crate::Server::with_engine`] starts; it returns when the server is gone and no
 /// request is left, or when the core failed.
 pub struct EngineLoop {
-    pub(crate) submissions: mpsc::Receiver<Submission>,
+    pub(crate) submissions: mpsc::Receiver<Vec<Submission>>,
     pub(crate) shared: Arc<Shared>,
     pub(crate) ready: Option<mpsc::Sender<()>>,
 }
@@ -211,12 +229,12 @@ impl EngineLoop {
             if !core.is_busy() {
                 self.publish(&core, &counts);
                 match self.submissions.recv() {
-                    Ok(s) => admit(&mut core, &mut live, &self.shared, s),
+                    Ok(choices) => admit(&mut core, &mut live, &self.shared, choices),
                     Err(_) => return, // the server is gone and nothing is in flight
                 }
             }
-            while let Ok(s) = self.submissions.try_recv() {
-                admit(&mut core, &mut live, &self.shared, s);
+            while let Ok(choices) = self.submissions.try_recv() {
+                admit(&mut core, &mut live, &self.shared, choices);
             }
             let aborting = self.shared.aborting();
             for (id, l) in live.iter_mut() {
@@ -225,7 +243,7 @@ impl EngineLoop {
                 }
                 if aborting {
                     let why = "the server shut down before this request finished; send it again once it is back";
-                    let _ = l.outputs.send(Output::Failed(why.into()));
+                    l.send(Output::Failed(why.into()));
                 }
                 if aborting || l.outputs.is_closed() {
                     core.cancel(*id);
@@ -270,14 +288,21 @@ impl EngineLoop {
         eprintln!("[ERROR] {message}; the server no longer takes requests (/health reports 503)");
         self.shared.fail(message.clone());
         for (_, l) in live {
-            let _ = l.outputs.send(Output::Failed(message.clone()));
-            let _ = l.outputs.send(Output::Finished(FinishReason::Error));
+            l.send(Output::Failed(message.clone()));
+            l.send(Output::Finished(FinishReason::Error));
         }
         // Requests still queued in the channel are dropped with it: their senders see it closed.
     }
 }
 
-fn admit<C: EngineCore>(core: &mut C, live: &mut HashMap<RequestId, Live>, shared: &Shared, s: Submission) {
+/// Submits a request's choices to the core, in order.
+fn admit<C: EngineCore>(core: &mut C, live: &mut HashMap<RequestId, Live>, shared: &Shared, choices: Vec<Submission>) {
+    for s in choices {
+        admit_one(core, live, shared, s);
+    }
+}
+
+fn admit_one<C: EngineCore>(core: &mut C, live: &mut HashMap<RequestId, Live>, shared: &Shared, s: Submission) {
     if s.outputs.is_closed() {
         return; // the client left before the engine saw the request
     }
@@ -292,6 +317,7 @@ fn admit<C: EngineCore>(core: &mut C, live: &mut HashMap<RequestId, Live>, share
             shared.metrics().prompt_tokens += prompt_tokens as u64;
             let l = Live {
                 outputs: s.outputs,
+                choice: s.choice,
                 logprobs: None,
                 cancelled: false,
                 request_id: s.request_id,
@@ -322,7 +348,7 @@ fn dispatch(
                 l.slot = None; // admitted: its place in the queue is free
                 m.prefix_queries += l.prompt_tokens as u64;
                 m.prefix_hits += cached_tokens as u64;
-                let _ = l.outputs.send(Output::Started { cached_tokens });
+                l.send(Output::Started { cached_tokens });
             }
         }
         Event::Logprobs { id, logprobs } => {
@@ -338,13 +364,14 @@ fn dispatch(
                 }
                 l.last_token = Some(now);
                 m.generation_tokens += 1;
-                let _ = l.outputs.send(Output::Token { token, logprobs: l.logprobs.take() });
+                let logprobs = l.logprobs.take();
+                l.send(Output::Token { token, logprobs });
             }
         }
         Event::Failed { id, error } => {
             if let Some(l) = live.get_mut(&id) {
                 eprintln!("[ERROR] request {} failed: {error}", l.request_id);
-                let _ = l.outputs.send(Output::Failed(error.to_string()));
+                l.send(Output::Failed(error.to_string()));
             }
         }
         Event::Finished { id, reason } => {
@@ -356,7 +383,7 @@ fn dispatch(
                 }
                 m.finished.count(&reason);
                 m.e2e.observe(now - l.arrived);
-                let _ = l.outputs.send(Output::Finished(reason));
+                l.send(Output::Finished(reason));
             }
         }
     }

@@ -104,12 +104,13 @@ impl ApiError {
         }
     }
 
-    /// A 429: `max` requests already wait for the engine (`--max-queue`).
+    /// A 429: the queue of `max` (`--max-queue`) has no room for a request's choices.
     pub fn queue_full(max: usize) -> Self {
         ApiError {
             status: StatusCode::TOO_MANY_REQUESTS,
             message: format!(
-                "the server is at capacity: {max} requests are already waiting (--max-queue); retry after a moment"
+                "the server is at capacity: its queue holds {max} requests (--max-queue; one of n choices takes n \
+                 places) and has no room for this one; retry after a moment"
             ),
             kind: "rate_limit_exceeded",
             param: None,

@@ -1,8 +1,8 @@
-//! One prepared request through the engine, for every protocol: it takes a queue slot, is
-//! submitted, and its outputs come back as text ([`TextStream`]: stop strings cut, held back
-//! while they may still match), then as answer parts ([`ChatAnswer`]); a [`Protocol`] renders
-//! those as one whole response or as server-sent events. A streaming client that leaves
-//! drops its receiver, which makes the engine cancel the request.
+//! One prepared request through the engine, for every protocol: its choices (one, or OpenAI's
+//! `n`) take their queue slots and are submitted together, and each one's outputs come back
+//! as text and answer parts (`choice.rs`); a [`Protocol`] renders those as one whole response
+//! or as server-sent events. A streaming client that leaves drops the request's receiver,
+//! which makes the engine cancel every choice.
 
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -12,59 +12,38 @@ use std::time::Instant;
 use axum::response::sse::{Event as SseEvent, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use nuvec_lm::{FinishReason, TextStream, TokenLogprobs};
+use nuvec_lm::TokenLogprobs;
 use serde_json::Value;
 use tokio::sync::{mpsc as tmpsc, oneshot};
 use tokio_stream::wrappers::ReceiverStream;
 
-use crate::answer::{Answer, ChatAnswer, Part};
+use crate::answer::{Answer, Part};
+use crate::choice::Reading;
+pub(crate) use crate::choice::{Choice, End, Usage};
 use crate::engine::{Output, Submission};
 use crate::error::ApiError;
-use crate::params::Kind;
 use crate::prepare::{engine_gone, Prepared};
 use crate::AppState;
 
-/// A request's token counts.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub(crate) struct Usage {
-    pub prompt_tokens: usize,
-    /// Prompt tokens whose keys and values came from the prefix cache.
-    pub cached_tokens: usize,
-    pub completion_tokens: usize,
-    /// Tokens of the answer's reasoning (counted by encoding its text again at the end: the
-    /// reader holds text back, so tokens cannot be told apart as they come).
-    pub reasoning_tokens: usize,
-}
-
-/// How an answer ended.
-#[derive(Debug)]
-pub(crate) struct End<'a> {
-    pub reason: &'a FinishReason,
-    /// Whether the model called a tool.
-    pub called: bool,
-    pub usage: Usage,
-}
-
-impl End<'_> {
-    /// Whether a limit cut the answer (max_tokens, the context, or the KV cache).
-    pub fn cut(&self) -> bool {
-        matches!(self.reason, FinishReason::Length | FinishReason::ContextLength(_) | FinishReason::CacheFull)
-    }
-}
-
-/// How one protocol renders an answer. Events of a stream go out in the order given.
+/// How one protocol renders a request's choices (one unless chat completions or completions
+/// asked for `n`). Events of a stream go out in the order given; those of different choices
+/// interleave as their tokens come.
 pub(crate) trait Protocol: Send + 'static {
     /// Sees each token's log-probabilities before the token's text (only chat completions
-    /// give them back).
-    fn token(&mut self, _logprobs: Option<TokenLogprobs>) {}
-    /// The whole response.
-    fn whole(&mut self, answer: Answer, end: &End) -> Value;
-    /// A stream's first events, sent when the engine's first output for the request arrives.
-    fn opening(&mut self, usage: &Usage) -> Vec<SseEvent>;
-    /// The events for answer parts that became final.
-    fn parts(&mut self, parts: Vec<Part>) -> Vec<SseEvent>;
-    /// A stream's last events.
-    fn closing(&mut self, end: &End) -> Vec<SseEvent>;
+    /// and completions give them back).
+    fn token(&mut self, _choice: usize, _logprobs: Option<TokenLogprobs>) {}
+    /// The whole response: choice 0, the other choices in order, and the request's counts.
+    fn whole(&mut self, first: Choice, others: Vec<Choice>, usage: &Usage) -> Value;
+    /// A choice's first events, sent when the engine's first output for it arrives.
+    fn opening(&mut self, choice: usize, usage: &Usage) -> Vec<SseEvent>;
+    /// The events for answer parts of a choice that became final.
+    fn parts(&mut self, choice: usize, parts: Vec<Part>) -> Vec<SseEvent>;
+    /// A choice's last events.
+    fn closing(&mut self, choice: usize, end: &End) -> Vec<SseEvent>;
+    /// The events after every choice closed, with the request's counts.
+    fn ending(&mut self, _usage: &Usage) -> Vec<SseEvent> {
+        vec![]
+    }
     /// The events that end a stream whose request failed.
     fn failure(&mut self, error: ApiError) -> Vec<SseEvent>;
 }
@@ -93,181 +72,189 @@ fn refused(request_id: &str, error: nuvec_lm::Error) -> ApiError {
     }
 }
 
-/// The answer as it is read: text, parts and counts.
-struct Reading {
-    text: TextStream,
-    /// A chat answer's reader (None for a completion, whose text is all content).
-    answer: Option<ChatAnswer>,
-    usage: Usage,
-    called: bool,
-    reasoning: String,
-    tokenizer: Arc<nuvec_lm::Tokenizer>,
-}
-
-impl Reading {
-    fn token(&mut self, token: u32) -> Vec<Part> {
-        self.usage.completion_tokens += 1;
-        let text = self.text.push(token);
-        self.read(text, false)
-    }
-
-    fn finish(&mut self) -> Vec<Part> {
-        let text = self.text.finish();
-        let parts = self.read(text, true);
-        if !self.reasoning.is_empty() {
-            self.usage.reasoning_tokens = self.tokenizer.encode(&self.reasoning, false).map_or(0, |ids| ids.len());
-        }
-        parts
-    }
-
-    fn read(&mut self, text: String, end: bool) -> Vec<Part> {
-        let parts = match &mut self.answer {
-            Some(answer) => answer.read(&text, end),
-            None if text.is_empty() => vec![],
-            None => vec![Part::Content(text)],
-        };
-        for part in &parts {
-            match part {
-                Part::Call(_) => self.called = true,
-                Part::Reasoning(t) => self.reasoning.push_str(t),
-                Part::Content(_) => {}
-            }
-        }
-        parts
-    }
-}
-
 /// Runs `prepared` and answers it through `protocol`: whole, or streamed when the request
-/// asked. `arrived` is when the HTTP request came (time to first token counts from there).
+/// asked. Each of its `n` choices is a request of the engine's, submitted together with the
+/// others, with its own seed (see [`crate::params::Parsed::choice_options`]); all take their
+/// queue places at once. `arrived` is when the HTTP request came (time to first token counts
+/// from there).
 pub(crate) async fn run<P: Protocol>(
     state: Arc<AppState>,
     prepared: Prepared,
-    mut protocol: P,
+    protocol: P,
     request_id: &str,
     arrived: Instant,
 ) -> Result<Response, ApiError> {
-    let Prepared { parsed, ids, answer } = prepared;
-    // After the checks, so a bad request hears what is wrong with it whatever the load.
+    let Prepared { parsed, ids, answers } = prepared;
+    let n = parsed.n;
     let max_queue = state.config.max_queue;
-    let slot = state.shared.enqueue(max_queue).ok_or_else(|| ApiError::queue_full(max_queue))?;
-
-    let (outputs, mut receiver) = tmpsc::unbounded_channel();
-    let (accepted, was_accepted) = oneshot::channel();
-    let prompt_tokens = ids.len();
-    let submission = Submission {
-        prompt: ids,
-        options: parsed.options.clone(),
-        outputs,
-        accepted,
-        request_id: request_id.into(),
-        arrived,
-        slot,
-    };
-    state.engine.send(submission).map_err(|_| engine_gone(&state))?;
-    match was_accepted.await {
-        Ok(Ok(())) => {}
-        Ok(Err(error)) => return Err(refused(request_id, error)),
-        Err(_) => return Err(engine_gone(&state)),
+    if n > max_queue {
+        // Could never be served: a 429 would have the client retry for ever.
+        return Err(ApiError::invalid(
+            "n",
+            format!("n = {n} is more than the server's queue holds (--max-queue {max_queue}); ask for fewer choices"),
+        ));
     }
+    // After the checks, so a bad request hears what is wrong with it whatever the load.
+    let slots = state.shared.enqueue(max_queue, n).ok_or_else(|| ApiError::queue_full(max_queue))?;
 
-    let mut text = TextStream::new(&state.tokenizer, &parsed.options);
-    if parsed.kind == Kind::Chat {
-        // The answer as mlx_lm.server and `nuvec generate` give it (a byte-level BPE answer's
-        // first leading space dropped); a completion keeps it, so prompt + text is the whole.
-        text = text.with_mlx_lm_spacing();
-    }
-    let mut reading = Reading {
-        text,
-        answer,
-        usage: Usage { prompt_tokens, ..Usage::default() },
-        called: false,
-        reasoning: String::new(),
-        tokenizer: state.tokenizer.clone(),
-    };
-    if !parsed.stream {
-        let mut whole = Answer::default();
-        let mut failed = None;
-        let reason = loop {
-            match receiver.recv().await {
-                Some(Output::Started { cached_tokens }) => reading.usage.cached_tokens = cached_tokens,
-                Some(Output::Token { token, logprobs }) => {
-                    protocol.token(logprobs);
-                    whole.extend(reading.token(token));
-                }
-                Some(Output::Failed(message)) => failed = Some(message),
-                Some(Output::Finished(reason)) => break reason,
-                None => return Err(engine_gone(&state)),
+    let (outputs, receiver) = tmpsc::unbounded_channel();
+    let mut accepted = Vec::with_capacity(n);
+    let submissions = slots
+        .into_iter()
+        .enumerate()
+        .map(|(choice, slot)| {
+            let (sender, was_accepted) = oneshot::channel();
+            accepted.push(was_accepted);
+            Submission {
+                prompt: ids.clone(),
+                options: parsed.choice_options(choice),
+                choice,
+                outputs: outputs.clone(),
+                accepted: sender,
+                request_id: request_id.into(),
+                arrived,
+                slot,
             }
-        };
-        if let Some(message) = failed {
-            return Err(ApiError::internal(request_id, message));
+        })
+        .collect();
+    // The submissions hold the only senders: once the engine drops them, the receiver ends.
+    drop(outputs);
+    state.engine.send(submissions).map_err(|_| engine_gone(&state))?;
+    for was_accepted in accepted {
+        // A refusal drops the receiver, which cancels the choices the core took.
+        match was_accepted.await {
+            Ok(Ok(())) => {}
+            Ok(Err(error)) => return Err(refused(request_id, error)),
+            Err(_) => return Err(engine_gone(&state)),
         }
-        whole.extend(reading.finish());
-        let end = End { reason: &reason, called: reading.called, usage: reading.usage };
-        return Ok(Json(protocol.whole(whole, &end)).into_response());
     }
 
-    let (events, body) = tmpsc::channel::<Result<SseEvent, Infallible>>(64);
-    let request_id = request_id.to_string();
-    tokio::spawn(async move {
-        let send = |batch: Vec<SseEvent>| {
-            let events = events.clone();
-            async move {
+    let readings =
+        answers.into_iter().map(|answer| Reading::new(&state.tokenizer, &parsed, answer, ids.len())).collect();
+    let request = Request { state, protocol, readings, receiver, request_id: request_id.into() };
+    match parsed.stream {
+        false => request.whole().await,
+        true => Ok(request.stream()),
+    }
+}
+
+/// A request's choices in flight.
+struct Request<P> {
+    state: Arc<AppState>,
+    protocol: P,
+    readings: Vec<Reading>,
+    /// Every choice's outputs, tagged with its index. Dropping it cancels every choice.
+    receiver: tmpsc::UnboundedReceiver<(usize, Output)>,
+    request_id: String,
+}
+
+impl<P: Protocol> Request<P> {
+    /// The request's counts over its choices.
+    fn usage(&self) -> Usage {
+        Usage::of_request(&self.readings.iter().map(|r| r.usage).collect::<Vec<_>>())
+    }
+
+    fn done(&self) -> bool {
+        self.readings.iter().all(|r| r.end.is_some())
+    }
+
+    /// Reads every choice to its end. A choice that fails fails the request (500 naming its
+    /// id): the others are cancelled as the receiver is dropped.
+    async fn whole(mut self) -> Result<Response, ApiError> {
+        let mut answers: Vec<Answer> = self.readings.iter().map(|_| Answer::default()).collect();
+        while !self.done() {
+            let Some((i, output)) = self.receiver.recv().await else { return Err(engine_gone(&self.state)) };
+            let (Some(reading), Some(answer)) = (self.readings.get_mut(i), answers.get_mut(i)) else { continue };
+            match output {
+                Output::Started { cached_tokens } => reading.usage.cached_tokens = cached_tokens,
+                Output::Token { token, logprobs } => {
+                    self.protocol.token(i, logprobs);
+                    answer.extend(reading.token(token));
+                }
+                Output::Failed(message) => return Err(ApiError::internal(&self.request_id, message)),
+                Output::Finished(reason) => answer.extend(reading.finish(reason)),
+            }
+        }
+        let usage = self.usage();
+        let mut choices =
+            answers.into_iter().zip(self.readings).filter_map(|(answer, r)| Some(Choice { answer, end: r.end? }));
+        let Some(first) = choices.next() else { return Err(engine_gone(&self.state)) };
+        Ok(Json(self.protocol.whole(first, choices.collect(), &usage)).into_response())
+    }
+
+    /// The events of choice `i`'s output, and whether the stream goes on after them.
+    fn events(&mut self, i: usize, output: Output) -> (Vec<SseEvent>, bool) {
+        let Some(reading) = self.readings.get_mut(i) else { return (vec![], true) };
+        if let Output::Started { cached_tokens } = output {
+            reading.usage.cached_tokens = cached_tokens;
+        }
+        let mut events = vec![];
+        if !reading.opened {
+            reading.opened = true;
+            events = self.protocol.opening(i, &reading.usage);
+        }
+        match output {
+            Output::Started { .. } => {}
+            Output::Token { token, logprobs } => {
+                self.protocol.token(i, logprobs);
+                let parts = reading.token(token);
+                if !parts.is_empty() {
+                    events.extend(self.protocol.parts(i, parts));
+                }
+            }
+            // One choice failing ends the stream; dropping the receiver cancels the others.
+            Output::Failed(message) => {
+                events.extend(self.protocol.failure(ApiError::internal(&self.request_id, message)));
+                return (events, false);
+            }
+            Output::Finished(reason) => {
+                let parts = reading.finish(reason);
+                events.extend(self.protocol.parts(i, parts));
+                if let Some(end) = &reading.end {
+                    events.extend(self.protocol.closing(i, end));
+                }
+                if self.done() {
+                    let usage = self.usage();
+                    events.extend(self.protocol.ending(&usage));
+                    return (events, false);
+                }
+            }
+        }
+        (events, true)
+    }
+
+    /// The choices as server-sent events, interleaved as they come. A client that leaves
+    /// drops the stream, and with it the receiver: the engine cancels every choice.
+    fn stream(mut self) -> Response {
+        let (events, body) = tmpsc::channel::<Result<SseEvent, Infallible>>(64);
+        tokio::spawn(async move {
+            loop {
+                let output = tokio::select! {
+                    _ = events.closed() => return,
+                    output = self.receiver.recv() => output,
+                };
+                let (batch, more) = match output {
+                    Some((i, output)) => self.events(i, output),
+                    None => {
+                        let why = "the engine stopped before the request finished";
+                        let mut batch = match self.readings.iter().any(|r| r.opened) {
+                            false => self.protocol.opening(0, &self.usage()),
+                            true => vec![],
+                        };
+                        batch.extend(self.protocol.failure(ApiError::internal(&self.request_id, why)));
+                        (batch, false)
+                    }
+                };
                 for event in batch {
                     if events.send(Ok(event)).await.is_err() {
-                        return false;
-                    }
-                }
-                true
-            }
-        };
-        let mut opened = false;
-        let mut failed = None;
-        loop {
-            let output = tokio::select! {
-                // The client left: dropping the receiver makes the engine cancel the request.
-                _ = events.closed() => return,
-                output = receiver.recv() => output,
-            };
-            if let Some(Output::Started { cached_tokens }) = &output {
-                reading.usage.cached_tokens = *cached_tokens;
-            }
-            if !opened {
-                opened = true;
-                if !send(protocol.opening(&reading.usage)).await {
-                    return;
-                }
-            }
-            match output {
-                Some(Output::Started { .. }) => {}
-                Some(Output::Token { token, logprobs }) => {
-                    protocol.token(logprobs);
-                    let parts = reading.token(token);
-                    if !parts.is_empty() && !send(protocol.parts(parts)).await {
                         return;
                     }
                 }
-                Some(Output::Failed(message)) => failed = Some(message),
-                Some(Output::Finished(reason)) => {
-                    let last = match failed.take() {
-                        Some(message) => protocol.failure(ApiError::internal(&request_id, message)),
-                        None => {
-                            let mut last = protocol.parts(reading.finish());
-                            let end = End { reason: &reason, called: reading.called, usage: reading.usage };
-                            last.extend(protocol.closing(&end));
-                            last
-                        }
-                    };
-                    send(last).await;
-                    return;
-                }
-                None => {
-                    let why = "the engine stopped before the request finished";
-                    send(protocol.failure(ApiError::internal(&request_id, why))).await;
+                if !more {
                     return;
                 }
             }
-        }
-    });
-    Ok(Sse::new(ReceiverStream::new(body)).into_response())
+        });
+        Sse::new(ReceiverStream::new(body)).into_response()
+    }
 }

@@ -2,7 +2,8 @@
 //! [`Batcher`](nuvec_lm::Batcher), as `nuvec serve` runs it.
 //!
 //! Endpoints: `POST /v1/chat/completions` and `POST /v1/completions` (streaming as server-sent
-//! events in OpenAI's chunk shape, ending with `data: [DONE]`, or whole), OpenAI's Responses API
+//! events in OpenAI's chunk shape, ending with `data: [DONE]`, or whole; `n` choices, each a
+//! Batcher request of its own, seeded seed + i when the request has a seed), OpenAI's Responses API
 //! `POST /v1/responses` (output items, typed stream events; no stored state) and Anthropic's
 //! Messages API `POST /v1/messages` and `/v1/messages/count_tokens` (content blocks, Anthropic's
 //! stream events and error shape, the key also as `x-api-key`) over the same requests, `GET /v1/models`,
@@ -10,7 +11,8 @@
 //! `GET /metrics` (Prometheus' text format: queue and cache gauges, token and prefix-cache
 //! counters, finish reasons, time-to-first-token and inter-token histograms). Errors are
 //! OpenAI's error objects (`{"error": {"message", "type", "param", "code"}}`) with their
-//! status; a request that finds [`ServerConfig::max_queue`] others waiting gets 429.
+//! status; a request whose choices find fewer than that many of [`ServerConfig::max_queue`]
+//! places free gets 429.
 //! `GET /` is a chat page (HTML, CSS and JavaScript from `page/`, built into the binary; open
 //! without a key, its own `/v1` requests sending the key it is given): answers streamed and
 //! rendered as Markdown by an escaping renderer, Stop (the request is cancelled), reasoning
@@ -46,6 +48,7 @@
 
 mod answer;
 mod api;
+mod choice;
 mod completions;
 mod engine;
 mod error;
@@ -99,7 +102,8 @@ pub struct ServerConfig {
     pub allowed_origins: Vec<String>,
     /// The largest request body taken, in bytes (413 above).
     pub body_limit: usize,
-    /// Most requests handed to the engine and not yet admitted to its batch; one more gets 429
+    /// Most requests handed to the engine and not yet admitted to its batch, each choice of a
+    /// request counted (a request of `n` above this is a 400); one more gets 429
     /// (`rate_limit_exceeded`, with `Retry-After`), so a flood queues boundedly instead of
     /// growing memory and latency without end.
     pub max_queue: usize,
@@ -151,7 +155,8 @@ pub(crate) struct AppState {
     pub config: ServerConfig,
     pub info: ModelInfo,
     pub tokenizer: Arc<Tokenizer>,
-    pub engine: mpsc::Sender<engine::Submission>,
+    /// Each request's submissions, one per choice, sent together.
+    pub engine: mpsc::Sender<Vec<engine::Submission>>,
     pub shared: Arc<engine::Shared>,
     /// When the server started (the model's `created`).
     pub created: u64,

@@ -1,6 +1,6 @@
 //! Reading a request body: each field OpenAI defines is checked for its type and range, and a
 //! wrong one is a 400 naming it; fields this server does not know are ignored, as OpenAI
-//! ignores them; fields it knows but cannot honour (n > 1, echo) are refused saying so. The
+//! ignores them; fields it knows but cannot honour (echo, best_of) are refused saying so. The
 //! tool-calling fields are read in [`crate::tools`].
 
 use nuvec_lm::generate::MAX_LOGPROBS as MAX_LOGPROBS_ALTERNATIVES;
@@ -32,12 +32,18 @@ pub(crate) enum Prompt {
     Tokens(Vec<u32>),
 }
 
+/// The most choices (`n`) one request may ask for.
+pub(crate) const MAX_CHOICES: usize = 16;
+
 /// A checked request.
 #[derive(Debug, Clone)]
 pub(crate) struct Parsed {
     pub kind: Kind,
     pub prompt: Prompt,
+    /// The options of choice 0; [`Parsed::choice_options`] gives each choice's.
     pub options: GenerateOptions,
+    /// How many choices to generate (OpenAI's `n`, 1 to [`MAX_CHOICES`]).
+    pub n: usize,
     pub stream: bool,
     pub include_usage: bool,
     /// A chat request's tools, when it offers some.
@@ -179,6 +185,16 @@ pub(crate) fn parse(kind: Kind, body: &Map<String, Value>, cx: &Context) -> Resu
         }
     }
     refuse_unsupported(kind, &f)?;
+    let n = match f.count("n")? {
+        None => 1,
+        Some(n) if (1..=MAX_CHOICES).contains(&n) => n,
+        Some(n) => {
+            return Err(ApiError::invalid(
+                "n",
+                format!("n must be in [1, {MAX_CHOICES}] (choices per request), got {n}"),
+            ))
+        }
+    };
 
     let stream = f.boolean("stream")?.unwrap_or(false);
     let include_usage = match f.object("stream_options")? {
@@ -318,19 +334,22 @@ pub(crate) fn parse(kind: Kind, body: &Map<String, Value>, cx: &Context) -> Resu
         }
         Kind::Completion => (completion_prompt(&f, cx.vocab_size)?, None),
     };
-    Ok(Parsed { kind, prompt, options, stream, include_usage, tools })
+    Ok(Parsed { kind, prompt, options, n, stream, include_usage, tools })
+}
+
+impl Parsed {
+    /// The options of choice `index`: the request's, with its `seed` + `index` (wrapping) as
+    /// the seed, so each choice of a seeded request can be had again alone (vLLM also derives
+    /// each choice's generator from the seed). Without a seed every choice draws its own.
+    pub fn choice_options(&self, index: usize) -> GenerateOptions {
+        let mut options = self.options.clone();
+        options.seed = options.seed.map(|seed| seed.wrapping_add(index as u64));
+        options
+    }
 }
 
 /// Fields that ask for what this server does not do: refused rather than ignored.
 fn refuse_unsupported(kind: Kind, f: &Fields) -> Result<(), ApiError> {
-    if let Some(n) = f.integer("n")? {
-        if n != 1 {
-            return Err(ApiError::unsupported(
-                "n",
-                format!("n = {n}: this server gives one choice per request; use n = 1"),
-            ));
-        }
-    }
     if let Some(format) = f.object("response_format")? {
         let kind = format.get("type").and_then(Value::as_str).unwrap_or("");
         if kind != "text" {
@@ -542,8 +561,8 @@ fn text_parts(at: &str, parts: &[Value]) -> Result<String, ApiError> {
     Ok(text)
 }
 
-/// `prompt`: a string, a list of token ids, or a list of one of either (OpenAI's batch forms
-/// with more than one prompt would be n > 1 choices: refused).
+/// `prompt`: a string, a list of token ids, or a list of one of either (OpenAI's batch forms,
+/// several prompts in one request, are refused).
 fn completion_prompt(f: &Fields, vocab_size: usize) -> Result<Prompt, ApiError> {
     let ids = |list: &[Value], at: &str| -> Result<Vec<u32>, ApiError> {
         list.iter()

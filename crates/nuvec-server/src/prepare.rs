@@ -15,8 +15,9 @@ use crate::AppState;
 pub(crate) struct Prepared {
     pub parsed: Parsed,
     pub ids: Vec<u32>,
-    /// A chat request's answer reader.
-    pub answer: Option<ChatAnswer>,
+    /// Each choice's answer reader (`parsed.n` of them; None for a completion, whose text is
+    /// all content).
+    pub answers: Vec<Option<ChatAnswer>>,
 }
 
 /// Checks and encodes `body` for `kind` on a blocking thread (templates and tokenizers are CPU
@@ -40,7 +41,7 @@ pub(crate) fn engine_gone(state: &AppState) -> ApiError {
     ApiError::unavailable(&state.shared.failure().unwrap_or_else(|| "the engine has stopped".into()))
 }
 
-/// The chat prompt for `messages`, and the reader of its answer: tools shown to the model are
+/// The chat prompt for `messages`, and a reader for each of its `parsed.n` answers: tools shown to the model are
 /// parsed back out of it in the template's format, and tool_choice "required" or a named
 /// function starts the answer inside a call (the call's opening is appended to the prompt and
 /// read first), since the model cannot be constrained to one otherwise.
@@ -49,7 +50,7 @@ fn chat_prompt(
     parsed: &Parsed,
     messages: &Value,
     args: &Map<String, Value>,
-) -> Result<(String, ChatAnswer), ApiError> {
+) -> Result<(String, Vec<Option<ChatAnswer>>), ApiError> {
     let tokenizer = &state.tokenizer;
     let template = tokenizer.chat_template().ok_or_else(|| {
         ApiError::invalid("messages", "this model has no chat template: use /v1/completions with a prompt")
@@ -77,11 +78,15 @@ fn chat_prompt(
         _ => String::new(),
     };
     text.push_str(&prefix);
-    let mut output = ChatOutput::new(template, &text, format, tools.is_some());
-    // The opening is inside a call: nothing of it is final yet.
-    let held = output.push(&prefix);
-    debug_assert!(held.is_empty(), "a forced call's opening gave {held:?}");
-    Ok((text, ChatAnswer::new(output, format)))
+    let reader = || {
+        let mut output = ChatOutput::new(template, &text, format, tools.is_some());
+        // The opening is inside a call: nothing of it is final yet.
+        let held = output.push(&prefix);
+        debug_assert!(held.is_empty(), "a forced call's opening gave {held:?}");
+        Some(ChatAnswer::new(output, format))
+    };
+    let readers = (0..parsed.n).map(|_| reader()).collect();
+    Ok((text, readers))
 }
 
 fn prepare_now(state: &AppState, kind: Kind, body: &Map<String, Value>) -> Result<Prepared, ApiError> {
@@ -94,11 +99,11 @@ fn prepare_now(state: &AppState, kind: Kind, body: &Map<String, Value>) -> Resul
         tokenizer,
     };
     let parsed = params::parse(kind, body, &cx)?;
-    let mut answer = None;
+    let mut answers = (0..parsed.n).map(|_| None).collect();
     let (ids, param) = match &parsed.prompt {
         Prompt::Messages(messages, args) => {
-            let (text, reader) = chat_prompt(state, &parsed, messages, args)?;
-            answer = Some(reader);
+            let (text, readers) = chat_prompt(state, &parsed, messages, args)?;
+            answers = readers;
             // The template wrote the special tokens.
             (tokenizer.encode(&text, false), "messages")
         }
@@ -127,5 +132,5 @@ fn prepare_now(state: &AppState, kind: Kind, body: &Map<String, Value>) -> Resul
             )
         });
     }
-    Ok(Prepared { parsed, ids, answer })
+    Ok(Prepared { parsed, ids, answers })
 }

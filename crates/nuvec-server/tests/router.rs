@@ -252,7 +252,10 @@ fn every_field_is_checked_naming_it() {
             (json!({"logprobs": 1}), StatusCode::BAD_REQUEST, "logprobs"),
             (json!({"logprobs": true, "top_logprobs": 21}), StatusCode::BAD_REQUEST, "top_logprobs"),
             (json!({"top_logprobs": 2}), StatusCode::BAD_REQUEST, "top_logprobs"),
-            (json!({"n": 2}), StatusCode::BAD_REQUEST, "n"),
+            (json!({"n": 0}), StatusCode::BAD_REQUEST, "n"),
+            (json!({"n": 17}), StatusCode::BAD_REQUEST, "n"),
+            (json!({"n": -1}), StatusCode::BAD_REQUEST, "n"),
+            (json!({"n": 1.5}), StatusCode::BAD_REQUEST, "n"),
             (json!({"n": "1"}), StatusCode::BAD_REQUEST, "n"),
             (json!({"tools": [{"type": "function"}]}), StatusCode::BAD_REQUEST, "tools[0].function"),
             // SmolLM2's template writes no tool calls.

@@ -12,9 +12,9 @@ use nuvec_lm::{FinishReason, Stopped};
 use serde_json::{json, Value};
 
 use super::error_body;
-use crate::answer::{Answer, Part};
+use crate::answer::Part;
 use crate::error::ApiError;
-use crate::generation::{End, Protocol, Usage};
+use crate::generation::{Choice, End, Protocol, Usage};
 
 /// Which block is open for more text.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -62,7 +62,7 @@ impl Rendering {
 
     /// Anthropic's stop reason, and the stop sequence that matched, if one did.
     fn stop_reason(&self, end: &End) -> (&'static str, Option<String>) {
-        match end.reason {
+        match &end.reason {
             _ if end.called => ("tool_use", None),
             FinishReason::Stop(Stopped::String { index, .. }) => {
                 ("stop_sequence", self.stop_sequences.get(*index).cloned())
@@ -152,7 +152,10 @@ impl Rendering {
 }
 
 impl Protocol for Rendering {
-    fn whole(&mut self, answer: Answer, end: &End) -> Value {
+    // No `n` here: the request has one choice.
+    fn whole(&mut self, first: Choice, _: Vec<Choice>, _: &Usage) -> Value {
+        let Choice { answer, end } = first;
+        let end = &end;
         let mut unsent = vec![];
         for part in answer.parts {
             self.push(part, &mut unsent);
@@ -160,7 +163,7 @@ impl Protocol for Rendering {
         self.message(Value::Array(self.blocks.clone()), Some(end), usage(&end.usage))
     }
 
-    fn opening(&mut self, usage_now: &Usage) -> Vec<SseEvent> {
+    fn opening(&mut self, _: usize, usage_now: &Usage) -> Vec<SseEvent> {
         let mut start = usage(usage_now);
         start["output_tokens"] = 0.into();
         let message = self.message(json!([]), None, start);
@@ -170,7 +173,7 @@ impl Protocol for Rendering {
         ]
     }
 
-    fn parts(&mut self, parts: Vec<Part>) -> Vec<SseEvent> {
+    fn parts(&mut self, _: usize, parts: Vec<Part>) -> Vec<SseEvent> {
         let mut events = vec![];
         for part in parts {
             self.push(part, &mut events);
@@ -178,7 +181,7 @@ impl Protocol for Rendering {
         events
     }
 
-    fn closing(&mut self, end: &End) -> Vec<SseEvent> {
+    fn closing(&mut self, _: usize, end: &End) -> Vec<SseEvent> {
         let mut events = vec![];
         self.close(&mut events);
         let (reason, sequence) = self.stop_reason(end);

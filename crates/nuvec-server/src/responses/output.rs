@@ -13,9 +13,9 @@ use nuvec_lm::GenerateOptions;
 use serde_json::{json, Value};
 
 use super::input::Echo;
-use crate::answer::{Answer, Part};
+use crate::answer::Part;
 use crate::error::ApiError;
-use crate::generation::{fresh_id, End, Protocol, Usage};
+use crate::generation::{fresh_id, Choice, End, Protocol, Usage};
 
 /// Which output item is open for more text.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -217,7 +217,10 @@ impl Rendering {
 }
 
 impl Protocol for Rendering {
-    fn whole(&mut self, answer: Answer, end: &End) -> Value {
+    // No `n` here: the request has one choice.
+    fn whole(&mut self, first: Choice, _: Vec<Choice>, _: &Usage) -> Value {
+        let Choice { answer, end } = first;
+        let end = &end;
         let mut unsent = vec![];
         for part in answer.parts {
             self.push(part, &mut unsent);
@@ -226,7 +229,7 @@ impl Protocol for Rendering {
         self.response(status, Some(end), None)
     }
 
-    fn opening(&mut self, _: &Usage) -> Vec<SseEvent> {
+    fn opening(&mut self, _: usize, _: &Usage) -> Vec<SseEvent> {
         let response = self.response("in_progress", None, None);
         vec![
             self.event("response.created", json!({"response": response})),
@@ -234,7 +237,7 @@ impl Protocol for Rendering {
         ]
     }
 
-    fn parts(&mut self, parts: Vec<Part>) -> Vec<SseEvent> {
+    fn parts(&mut self, _: usize, parts: Vec<Part>) -> Vec<SseEvent> {
         let mut events = vec![];
         for part in parts {
             self.push(part, &mut events);
@@ -242,7 +245,7 @@ impl Protocol for Rendering {
         events
     }
 
-    fn closing(&mut self, end: &End) -> Vec<SseEvent> {
+    fn closing(&mut self, _: usize, end: &End) -> Vec<SseEvent> {
         let mut events = vec![];
         let status = self.finish(end, &mut events);
         let response = self.response(status, Some(end), None);
