@@ -380,14 +380,7 @@ fn sigterm_shuts_down_gracefully() {
     let pid = served.child.id().to_string();
     let status = Command::new("kill").args(["-TERM", &pid]).status().unwrap();
     assert!(status.success());
-    let start = Instant::now();
-    let exit = loop {
-        if let Some(exit) = served.child.try_wait().unwrap() {
-            break exit;
-        }
-        assert!(start.elapsed() < Duration::from_secs(30), "still running after SIGTERM: {}", served.log());
-        std::thread::sleep(Duration::from_millis(50));
-    };
+    let exit = served.wait_exit(Duration::from_secs(30));
     assert!(exit.success(), "{exit:?}: {}", served.log());
     std::thread::sleep(Duration::from_millis(100));
     assert!(served.log().contains("shut down"), "{}", served.log());

@@ -178,14 +178,7 @@ fn sigterm_finishes_short_requests_and_ends_long_ones_with_an_error() {
     assert!(refused, "a connection was taken while shutting down");
 
     let mut served = served;
-    let start = Instant::now();
-    let exit = loop {
-        if let Some(exit) = served.child.try_wait().unwrap() {
-            break exit;
-        }
-        assert!(start.elapsed() < Duration::from_secs(30), "still running after SIGTERM: {}", served.log());
-        std::thread::sleep(Duration::from_millis(50));
-    };
+    let exit = served.wait_exit(Duration::from_secs(30));
     assert!(exit.success(), "{exit:?}: {}", served.log());
     std::thread::sleep(Duration::from_millis(100));
     let log = served.log();

@@ -162,3 +162,22 @@ pub(crate) fn message_calls(at: &str, calls: &[Value]) -> Result<Vec<Value>, Api
     }
     Ok(out)
 }
+
+/// A function tool of another protocol (`tf`, at `at` in its body) in the chat shape
+/// `{"type": "function", "function": {name, description, parameters}}`, its JSON schema read from
+/// `schema` (`parameters` in the Responses API, `input_schema` in Anthropic's).
+pub(crate) fn chat_function_tool(tf: &Fields, at: &str, schema: &str) -> Result<Value, ApiError> {
+    let name = tf
+        .string("name")?
+        .filter(|n| !n.is_empty())
+        .ok_or_else(|| ApiError::invalid(&format!("{at}.name"), format!("{at}.name is required")))?;
+    let mut function = Map::new();
+    function.insert("name".into(), name.into());
+    if let Some(d) = tf.string("description")? {
+        function.insert("description".into(), d.into());
+    }
+    if let Some(p) = tf.object(schema)? {
+        function.insert("parameters".into(), Value::Object(p.clone()));
+    }
+    Ok(json!({"type": "function", "function": function}))
+}

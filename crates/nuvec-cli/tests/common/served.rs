@@ -52,6 +52,19 @@ impl Served {
         }
     }
 
+    /// Waits (at most `limit`) for the server to exit, then its exit status.
+    #[allow(dead_code)] // not every test binary stops it
+    pub fn wait_exit(&mut self, limit: Duration) -> std::process::ExitStatus {
+        let start = std::time::Instant::now();
+        loop {
+            if let Some(exit) = self.child.try_wait().unwrap() {
+                return exit;
+            }
+            assert!(start.elapsed() < limit, "still running after {limit:?}: {}", self.log());
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
     /// `HOST:PORT`, for clients speaking HTTP over a socket themselves.
     #[allow(dead_code)] // not every test binary reads it
     pub fn addr(&self) -> &str {

@@ -13,6 +13,7 @@ use serde_json::{json, Map, Value};
 
 use crate::error::ApiError;
 use crate::params::{wrong_type, Fields};
+use crate::tools::chat_function_tool;
 
 /// A Messages request, translated.
 pub(crate) struct Request {
@@ -139,19 +140,7 @@ fn tools(f: &Fields) -> Result<Vec<Value>, ApiError> {
                 format!("{at}.type {kind:?}: this server runs no server tools; give client tools (name, input_schema)"),
             ));
         }
-        let name = tf
-            .string("name")?
-            .filter(|n| !n.is_empty())
-            .ok_or_else(|| ApiError::invalid(&format!("{at}.name"), format!("{at}.name is required")))?;
-        let mut function = Map::new();
-        function.insert("name".into(), name.into());
-        if let Some(d) = tf.string("description")? {
-            function.insert("description".into(), d.into());
-        }
-        if let Some(schema) = tf.object("input_schema")? {
-            function.insert("parameters".into(), Value::Object(schema.clone()));
-        }
-        out.push(json!({"type": "function", "function": function}));
+        out.push(chat_function_tool(&tf, &at, "input_schema")?);
     }
     Ok(out)
 }

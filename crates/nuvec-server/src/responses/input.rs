@@ -14,6 +14,7 @@ use serde_json::{json, Map, Value};
 
 use crate::error::ApiError;
 use crate::params::{wrong_type, Fields};
+use crate::tools::chat_function_tool;
 
 /// What a response repeats of its request.
 #[derive(Debug, Clone, Default)]
@@ -170,19 +171,7 @@ fn tools(f: &Fields) -> Result<Vec<Value>, ApiError> {
             out.push(tool.clone());
             continue;
         }
-        let name = tf
-            .string("name")?
-            .filter(|n| !n.is_empty())
-            .ok_or_else(|| ApiError::invalid(&format!("{at}.name"), format!("{at}.name is required")))?;
-        let mut function = Map::new();
-        function.insert("name".into(), name.into());
-        if let Some(d) = tf.string("description")? {
-            function.insert("description".into(), d.into());
-        }
-        if let Some(p) = tf.object("parameters")? {
-            function.insert("parameters".into(), Value::Object(p.clone()));
-        }
-        out.push(json!({"type": "function", "function": function}));
+        out.push(chat_function_tool(&tf, &at, "parameters")?);
     }
     Ok(out)
 }
