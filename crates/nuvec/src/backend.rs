@@ -137,6 +137,28 @@ pub trait Backend: Send + Sync {
         sinks: &[f32],
     ) -> Result<Array>;
 
+    /// A decode step's rope and cache writes for several paged sequences, as one op: row `i` of
+    /// `q [n, Hq, D]` and `k, v [n, Hkv, D]` sits at position `positions[i]`; q and k are
+    /// RMS-normalized per head first when `qk_norm` is given (as [`Backend::rope_qk`]), and the
+    /// rotated key and the value of row `i` are written into `stores` (keys, values; each
+    /// `[1, P, Hkv * D]`, position-major) at row `slots[i]`. Returns the rotated
+    /// queries `[n, Hq, D]`: per row what [`Backend::rope_qk`] and the writes give, which is what
+    /// the default does row by row.
+    #[allow(clippy::too_many_arguments)]
+    fn rope_qk_write_paged(
+        &self,
+        q: &Array,
+        k: &Array,
+        v: &Array,
+        qk_norm: Option<(&Array, &Array, f32)>,
+        inv_freqs: &[f32],
+        traditional: bool,
+        rows: (&[usize], &[usize]),
+        stores: (&mut Array, &mut Array),
+    ) -> Result<Array> {
+        rope_qk_write_paged_composed(self, q, k, v, qk_norm, inv_freqs, traditional, rows, stores)
+    }
+
     /// Decode attention of several sequences over one paged cache, as one op: query row `i`
     /// of `q [n, Hq, D]` is sequence `seqs[i]`'s next position and attends that sequence's first
     /// `len` positions, which sit in the blocks its `table` lists (block `b` holds positions
@@ -458,6 +480,66 @@ pub(crate) fn check_paged(
         return Err(Error::shape(op, format!("{} sinks for {hq} query heads", s.len())));
     }
     Ok((n, hq, hkv, d, blocks))
+}
+
+/// The dimensions of a [`Backend::rope_qk_write_paged`] call, checked: `(n, Hq, Hkv, D,
+/// store positions)`.
+pub(crate) fn check_rope_paged(
+    q: &Array,
+    k: &Array,
+    v: &Array,
+    (positions, slots): (&[usize], &[usize]),
+    (ks, vs): (&Array, &Array),
+) -> Result<(usize, usize, usize, usize, usize)> {
+    let op = "rope_qk_write_paged";
+    let (&[n, hq, d], &[nk, hkv, dk]) = (q.shape(), k.shape()) else {
+        return Err(Error::shape(op, format!("q {:?}, k {:?} must be [n, heads, head_dim]", q.shape(), k.shape())));
+    };
+    let width = hkv * d;
+    let store_rows = match ks.shape() {
+        &[1, rows, w] if w == width => rows,
+        _ => usize::MAX,
+    };
+    if nk != n || dk != d || v.shape() != k.shape() || vs.shape() != ks.shape() || store_rows == usize::MAX {
+        return Err(Error::shape(
+            op,
+            format!("q {:?}, k {:?}, v {:?} into stores {:?}", q.shape(), k.shape(), v.shape(), ks.shape()),
+        ));
+    }
+    if positions.len() != n || slots.len() != n || slots.iter().any(|&s| s >= store_rows) {
+        return Err(Error::shape(
+            op,
+            format!("{} positions and slots {slots:?} for {n} rows into a store of {store_rows}", positions.len()),
+        ));
+    }
+    Ok((n, hq, hkv, d, store_rows))
+}
+
+/// [`Backend::rope_qk_write_paged`] as its default composes it: per row [`Backend::rope_qk`] at
+/// its position, then its key and value written at its slot.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn rope_qk_write_paged_composed<B: Backend + ?Sized>(
+    backend: &B,
+    q: &Array,
+    k: &Array,
+    v: &Array,
+    qk_norm: Option<(&Array, &Array, f32)>,
+    inv_freqs: &[f32],
+    traditional: bool,
+    (positions, slots): (&[usize], &[usize]),
+    (ks, vs): (&mut Array, &mut Array),
+) -> Result<Array> {
+    let (n, hq, hkv, d, _) = check_rope_paged(q, k, v, (positions, slots), (ks, vs))?;
+    let mut out = Array::zeros_on(&[1, n, hq * d], crate::DType::F32, q.device())?;
+    for i in 0..n {
+        let (qi, ki) = (backend.slice_rows(q, i, i + 1)?, backend.slice_rows(k, i, i + 1)?);
+        let (qr, kr) = backend.rope_qk(&qi, &ki, qk_norm, inv_freqs, positions[i], traditional)?;
+        backend.write_axis1(&mut out, &qr.reshape(&[1, 1, hq * d])?, i)?;
+        backend.write_axis1(ks, &kr.reshape(&[1, 1, hkv * d])?, slots[i])?;
+        let vi = backend.slice_rows(v, i, i + 1)?;
+        backend.write_axis1(vs, &vi.reshape(&[1, 1, hkv * d])?, slots[i])?;
+    }
+    out.reshape(&[n, hq, d])
 }
 
 /// [`Backend::paged_decode_attention`] as its default composes it: each sequence's blocks

@@ -109,6 +109,22 @@ impl Matrix {
     }
 }
 
+/// Rope and cache writes of a decode step of several paged sequences, as one op (one launch on a
+/// GPU); see [`crate::Backend::rope_qk_write_paged`].
+#[allow(clippy::too_many_arguments)]
+pub fn rope_qk_write_paged(
+    q: &Array,
+    k: &Array,
+    v: &Array,
+    qk_norm: Option<(&Array, &Array, f32)>,
+    inv_freqs: &[f32],
+    traditional: bool,
+    rows: (&[usize], &[usize]),
+    stores: (&mut Array, &mut Array),
+) -> Result<Array> {
+    backend(q.device()).rope_qk_write_paged(q, k, v, qk_norm, inv_freqs, traditional, rows, stores)
+}
+
 /// Decode attention of several sequences over one paged cache's blocks; see
 /// [`crate::Backend::paged_decode_attention`].
 pub fn paged_decode_attention(

@@ -404,6 +404,51 @@ fn paged_decode_attention_reads_the_blocks_in_place() {
 }
 
 #[test]
+fn rope_and_paged_writes_of_a_decode_step_in_one_launch() {
+    // Each row rotated at its own position (with and without q/k norms), bit for bit the GPU's
+    // rope_qk of that row alone; its key and value land in its store row, and no other row moves.
+    let dev = gpu();
+    let mut rng = Rng::new(19);
+    let (n, hq, hkv, d, rows) = (5usize, 6usize, 2usize, 64usize, 40usize);
+    let inv_freqs: Vec<f32> = (0..d / 2).map(|i| 10000f32.powf(-2.0 * i as f32 / d as f32)).collect();
+    let positions = [0usize, 7, 130, 4095, 31];
+    let slots = [3usize, 17, 0, 39, 22];
+    let q = arr(&rng.vec(n * hq * d, 1.0), &[n, hq, d]).to_device(dev).unwrap();
+    let k = arr(&rng.vec(n * hkv * d, 1.0), &[n, hkv, d]).to_device(dev).unwrap();
+    let v = arr(&rng.vec(n * hkv * d, 1.0), &[n, hkv, d]).to_device(dev).unwrap();
+    let (qw, kw) =
+        (arr(&rng.vec(d, 1.0), &[d]).to_device(dev).unwrap(), arr(&rng.vec(d, 1.0), &[d]).to_device(dev).unwrap());
+    let before = rng.vec(rows * hkv * d, 1.0);
+    for norm in [None, Some((&qw, &kw, 1e-6f32))] {
+        let mut ks = arr(&before, &[1, rows, hkv * d]).to_device(dev).unwrap();
+        let mut vs = arr(&before, &[1, rows, hkv * d]).to_device(dev).unwrap();
+        let qo =
+            nuvec::rope_qk_write_paged(&q, &k, &v, norm, &inv_freqs, false, (&positions, &slots), (&mut ks, &mut vs))
+                .unwrap();
+        let (qo, ks, vs) = (qo.to_f32_vec().unwrap(), ks.to_f32_vec().unwrap(), vs.to_f32_vec().unwrap());
+        let vh = v.to_f32_vec().unwrap();
+        let w = hkv * d;
+        for i in 0..n {
+            let qi = q.slice_rows(i, i + 1).unwrap();
+            let ki = k.slice_rows(i, i + 1).unwrap();
+            let (qr, kr) = nuvec::rope_qk(&qi, &ki, norm, &inv_freqs, positions[i], false).unwrap();
+            let same = |a: &[f32], b: &[f32]| a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
+            assert!(
+                same(&qo[i * hq * d..][..hq * d], &qr.to_f32_vec().unwrap()),
+                "row {i} query, norm {}",
+                norm.is_some()
+            );
+            assert!(same(&ks[slots[i] * w..][..w], &kr.to_f32_vec().unwrap()), "row {i} key");
+            assert!(same(&vs[slots[i] * w..][..w], &vh[i * w..][..w]), "row {i} value");
+        }
+        for r in (0..rows).filter(|r| !slots.contains(r)) {
+            assert_eq!(&ks[r * w..][..w], &before[r * w..][..w], "store row {r} was not written");
+            assert_eq!(&vs[r * w..][..w], &before[r * w..][..w], "store row {r} was not written");
+        }
+    }
+}
+
+#[test]
 fn embed_dense_and_quantized() {
     let dev = gpu();
     let mut rng = Rng::new(4);

@@ -3,7 +3,7 @@
 use nuvec::Array;
 
 use super::{Linear, RmsNorm, Rope};
-use crate::cache::paged::{attend_decodes, PagedKv};
+use crate::cache::paged::{attend_decodes, write_decodes, PagedKv};
 use crate::cache::{LayerCache, Positions};
 use crate::step::{concat_rows, StepBatch};
 use crate::weights::Weights;
@@ -106,6 +106,24 @@ impl Attention {
     /// attention op over all of them.
     fn attend_decodes(&self, q: &Array, k: &Array, v: &Array, mut caches: Vec<&mut PagedKv>) -> Result<Array> {
         let s = &self.shape;
+        let scale = (s.head_dim as f32).powf(-0.5);
+        let norms = match (&self.q_norm, &self.k_norm) {
+            (Some(qn), Some(kn)) => Some(Some((qn, kn))),
+            (None, None) => Some(None),
+            _ => None,
+        };
+        if let Some(norms) = norms.filter(|&n| self.rope.fuses_paged(n)) {
+            // Every row's norms, rope and cache write as one op.
+            let n = caches.len();
+            let q = q.reshape(&[n, s.heads, s.head_dim])?;
+            let k = k.reshape(&[n, s.kv_heads, s.head_dim])?;
+            let v = v.reshape(&[n, s.kv_heads, s.head_dim])?;
+            let dims = (s.kv_heads, s.head_dim, k.device());
+            let rotated = write_decodes(&mut caches, dims, |rows, stores| {
+                self.rope.forward_qk_paged((&q, &k, &v), norms, rows, stores)
+            })?;
+            return attend_decodes(&caches, &rotated, scale, self.sinks.as_deref());
+        }
         let mut rotated = Vec::with_capacity(caches.len());
         for (i, cache) in caches.iter_mut().enumerate() {
             let q = q.slice_rows(i, i + 1)?.reshape(&[1, s.heads, s.head_dim])?;
@@ -115,7 +133,6 @@ impl Attention {
             cache.write(&k, &v)?;
             rotated.push(q);
         }
-        let scale = (s.head_dim as f32).powf(-0.5);
         attend_decodes(&caches, &concat_rows(&rotated)?, scale, self.sinks.as_deref())
     }
 

@@ -159,6 +159,31 @@ impl Rope {
     }
 }
 
+impl Rope {
+    /// Whether [`Rope::forward_qk_paged`] takes q/k norms `qk_norm` (it runs the one fused op).
+    pub fn fuses_paged(&self, qk_norm: Option<(&RmsNorm, &RmsNorm)>) -> bool {
+        self.mscale == 1.0 && qk_norm.is_none_or(|(qn, kn)| qn.eps() == kn.eps())
+    }
+
+    /// One new position of each of several paged sequences: row `i` of `q, k, v [n, heads,
+    /// head_dim]` normalized (with `qk_norm`) and rotated at `positions[i]`, its key and value
+    /// written at row `slots[i]` of the stores; returns the rotated queries. One op
+    /// ([`nuvec::rope_qk_write_paged`]); only where [`Rope::fuses_paged`] says so.
+    pub fn forward_qk_paged(
+        &self,
+        (q, k, v): (&Array, &Array, &Array),
+        qk_norm: Option<(&RmsNorm, &RmsNorm)>,
+        rows: (&[usize], &[usize]),
+        stores: (&mut Array, &mut Array),
+    ) -> Result<Array> {
+        if !self.fuses_paged(qk_norm) {
+            return Err(Error::Unsupported("this rope's paged decode writes are not one op".into()));
+        }
+        let norms = qk_norm.map(|(qn, kn)| (qn.weight(), kn.weight(), qn.eps()));
+        Ok(nuvec::rope_qk_write_paged(q, k, v, norms, &self.inv_freqs, self.traditional, rows, stores)?)
+    }
+}
+
 /// Yarn's settings (`rope_scaling` with `rope_type: yarn`), with mlx-lm's defaults.
 struct Yarn {
     factor: f64,

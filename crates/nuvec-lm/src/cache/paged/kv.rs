@@ -7,7 +7,7 @@
 
 use std::sync::{Arc, Mutex};
 
-use nuvec::{Array, PagedSeq};
+use nuvec::{Array, Device, PagedSeq};
 
 use super::pool::lock;
 use super::store::LayerStore;
@@ -139,6 +139,44 @@ impl PagedKv {
             attend_causal(q, &k, &v, scale, sinks)
         }
     }
+}
+
+/// The rows of one new position for each of `seqs` (layers of one store), written by `write`:
+/// it gets each row's position and its row in the store, and the store's keys and values (made
+/// for `heads` heads of `dim` features on `device` at the first write), and returns what the
+/// layer goes on with. Each sequence then holds one position more.
+pub(crate) fn write_decodes(
+    seqs: &mut [&mut PagedKv],
+    (heads, dim, device): (usize, usize, Device),
+    write: impl FnOnce((&[usize], &[usize]), (&mut Array, &mut Array)) -> Result<Array>,
+) -> Result<Array> {
+    let Some(first) = seqs.first() else {
+        return Err(Error::Invalid("a decode step of no sequences".into()));
+    };
+    let store = first.store.clone();
+    let mut positions = Vec::with_capacity(seqs.len());
+    let mut slots = Vec::with_capacity(seqs.len());
+    for s in seqs.iter() {
+        if !s.same_store(first) {
+            return Err(Error::Invalid("sequences of one decode pass must share one paged layer".into()));
+        }
+        let table = lock(&s.table);
+        let Some(&block) = table.get(s.len / s.block_size) else {
+            return Err(Error::Invalid(format!(
+                "a paged sequence of {} positions in {} blocks was given 1 more without a block reserved for it",
+                s.len,
+                table.len()
+            )));
+        };
+        positions.push(s.len);
+        slots.push(block as usize * s.block_size + s.len % s.block_size);
+    }
+    let mut store = lock(&store);
+    let out = write((&positions, &slots), store.arrays_mut(heads, dim, device)?)?;
+    for s in seqs.iter_mut() {
+        s.len += 1;
+    }
+    Ok(out)
 }
 
 /// Attends `q [n, heads, head_dim]`, whose row `i` is the newest position of `seqs[i]` (its

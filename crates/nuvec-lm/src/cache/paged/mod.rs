@@ -20,8 +20,8 @@ use std::sync::{Arc, Mutex};
 
 use nuvec::Array;
 
-pub(crate) use kv::attend_decodes;
 pub use kv::PagedKv;
+pub(crate) use kv::{attend_decodes, write_decodes};
 use pool::{lock, BlockPool};
 use store::LayerStore;
 

@@ -49,6 +49,14 @@ impl LayerStore {
         Ok(())
     }
 
+    /// The keys and values of every block for writing, made for `heads` heads of `dim` features
+    /// on `device` at the first write.
+    pub(crate) fn arrays_mut(&mut self, heads: usize, dim: usize, device: Device) -> Result<(&mut Array, &mut Array)> {
+        self.ready(heads, dim, device)?;
+        let (k, v, _) = self.arrays.as_mut().expect("made by ready");
+        Ok((k, v))
+    }
+
     /// The keys and values of every block, `[1, blocks * block_size, heads * dim]` each.
     pub(crate) fn arrays(&self) -> Result<(&Array, &Array)> {
         match self.arrays.as_ref() {

@@ -526,6 +526,7 @@ mod tests {
             // phase 3; some carry __launch_bounds__ between `void` and the name
             "attention_split_f32",
             "paged_attention_split_f32",
+            "rope_qk_paged_f32",
             "attention_merge_f32",
             "causal_softmax_f32",
             "qdequant_b3",

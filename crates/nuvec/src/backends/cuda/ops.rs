@@ -1403,6 +1403,20 @@ impl Backend for CudaBackend {
         self.swiglu_oai_clamped(gate, up, alpha, limit)
     }
 
+    fn rope_qk_write_paged(
+        &self,
+        q: &Array,
+        k: &Array,
+        v: &Array,
+        qk_norm: Option<(&Array, &Array, f32)>,
+        inv_freqs: &[f32],
+        traditional: bool,
+        rows: (&[usize], &[usize]),
+        stores: (&mut Array, &mut Array),
+    ) -> Result<Array> {
+        self.fused_rope_qk_write_paged(q, k, v, qk_norm, inv_freqs, traditional, rows, stores)
+    }
+
     fn paged_decode_attention(
         &self,
         q: &Array,

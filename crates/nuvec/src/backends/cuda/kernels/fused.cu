@@ -98,7 +98,7 @@ __device__ __forceinline__ void rope_qk_run(float* qo, float* ko, const float* q
                                             const void* kw, int w_dt, float eps, int norm, const float* inv_freqs,
                                             int half, int hq, int hkv, int d, long long offset, int traditional,
                                             const int* step, const float* v, float* kc, float* vc, int cap,
-                                            int cache_off) {
+                                            int cache_off, const long long* positions, const int* slots) {
     if (step) offset += step[0], cache_off += step[0];
     extern __shared__ float rope_cs[];  // cos of frequency f at f, sin at half + f
     const size_t t = blockIdx.y;
@@ -107,12 +107,16 @@ __device__ __forceinline__ void rope_qk_run(float* qo, float* ko, const float* q
     const int heads = is_q ? hq : hkv;
     const size_t at = live ? (t * heads + (is_q ? h : h - hq)) * (size_t)d : 0;
     const float* src = (is_q ? q : k) + at;
-    float* dst = is_q ? qo + at : kc ? kc + ((size_t)(h - hq) * cap + cache_off + t) * d : ko + at;
+    // A paged store [positions, hkv * d] takes row t at its slot; a cache [hkv, cap, d] at cache_off + t.
+    auto cache_row = [&](float* c, int head) {
+        return slots ? c + ((size_t)slots[t] * hkv + head) * d : c + ((size_t)head * cap + cache_off + t) * d;
+    };
+    float* dst = is_q ? qo + at : kc ? cache_row(kc, h - hq) : ko + at;
     const void* w = is_q ? qw : kw;
     if (kc && h >= hq + hkv && h < hq + 2 * hkv) {  // a value row into its cache
         const int hv = h - hq - hkv;
         const float* vs = v + (t * hkv + hv) * (size_t)d;
-        float* vd = vc + ((size_t)hv * cap + cache_off + t) * d;
+        float* vd = cache_row(vc, hv);
         for (int i = lane; i < d; i += 32) vd[i] = vs[i];
     }
     // Two rotation pairs per lane at a time (rope_pair's features a, b for f = f0 and f0 + 32),
@@ -136,7 +140,7 @@ __device__ __forceinline__ void rope_qk_run(float* qo, float* ko, const float* q
         }
         load_pairs(lane);
     }
-    const float pos = (float)(offset + (long long)t);
+    const float pos = (float)(positions ? positions[t] : offset + (long long)t);
     for (int f = threadIdx.x; f < half; f += blockDim.x) {
         float sn, cs;
         sincosf(pos * inv_freqs[f], &sn, &cs);
@@ -169,7 +173,7 @@ extern "C" __global__ void rope_qk_f32(float* qo, float* ko, const float* q, con
                                        const int* step) {
     pdl_begin();
     rope_qk_run(qo, ko, q, k, qw, kw, w_dt, eps, norm, inv_freqs, half, hq, hkv, d, offset, traditional, step,
-                nullptr, nullptr, nullptr, 0, 0);
+                nullptr, nullptr, nullptr, 0, 0, nullptr, nullptr);
 }
 extern "C" __global__ void rope_qk_kv_f32(float* qo, float* kc, float* vc, const float* q, const float* k,
                                           const float* v, const void* qw, const void* kw, int w_dt, float eps,
@@ -178,7 +182,17 @@ extern "C" __global__ void rope_qk_kv_f32(float* qo, float* kc, float* vc, const
                                           int cache_off) {
     pdl_begin();
     rope_qk_run(qo, nullptr, q, k, qw, kw, w_dt, eps, norm, inv_freqs, half, hq, hkv, d, offset, traditional, step,
-                v, kc, vc, cap, cache_off);
+                v, kc, vc, cap, cache_off, nullptr, nullptr);
+}
+// A decode step of several paged sequences: row t of q, k, v at position positions[t], its key and
+// value written into the stores kc, vc [positions, hkv * d] at row slots[t].
+extern "C" __global__ void rope_qk_paged_f32(float* qo, float* kc, float* vc, const float* q, const float* k,
+                                             const float* v, const void* qw, const void* kw, int w_dt, float eps,
+                                             int norm, const float* inv_freqs, int half, int hq, int hkv, int d,
+                                             int traditional, const long long* positions, const int* slots) {
+    pdl_begin();
+    rope_qk_run(qo, nullptr, q, k, qw, kw, w_dt, eps, norm, inv_freqs, half, hq, hkv, d, 0, traditional, nullptr, v,
+                kc, vc, 0, 0, positions, slots);
 }
 
 // New keys and values [n, a, c] (positions first) into their caches [a, cap, c] at `offset`:

@@ -41,7 +41,9 @@ struct RopeArgs<'a> {
 }
 
 /// Where `rope_qk_kv_f32` writes keys and values: the values' device address, both caches'
-/// (`[kv_heads, cap, head_dim]`), and the position of the first new row.
+/// (`[kv_heads, cap, head_dim]`), and the position of the first new row; or, with `paged`
+/// (`rope_qk_paged_f32`), two paged stores `[positions, kv_heads * head_dim]` and the device
+/// addresses of each row's position (i64) and store row (i32).
 #[derive(Clone, Copy)]
 struct CacheTarget {
     v: u64,
@@ -49,6 +51,7 @@ struct CacheTarget {
     vd: u64,
     cap: usize,
     at: usize,
+    paged: Option<(u64, u64)>,
 }
 
 /// The launch of a one-row norm that also writes its output's integer parts
@@ -176,10 +179,56 @@ impl CudaBackend {
         self.ptr(op, "k cache", k_cache)?;
         self.ptr(op, "v cache", v_cache)?;
         let (kd, vd) = (k_cache.cuda_ptr_mut()?, v_cache.cuda_ptr_mut()?);
-        let target = CacheTarget { v: vp, kd, vd, cap, at: cache_offset };
+        let target = CacheTarget { v: vp, kd, vd, cap, at: cache_offset, paged: None };
         let rope = RopeArgs { q, k, qk_norm, inv_freqs, offset, traditional };
         let (qo, _) = self.rope_qk_launch(&rope, Some(target))?;
         guard!(self.st()?, |at| cache_offset + at.delta + l <= cap);
+        Ok(qo)
+    }
+
+    /// [`crate::Backend::rope_qk_write_paged`]: `rope_qk_paged_f32`, one launch for every row
+    /// (shapes or dtypes it does not take run the rows one by one).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn fused_rope_qk_write_paged(
+        &self,
+        q: &Array,
+        k: &Array,
+        v: &Array,
+        qk_norm: Option<(&Array, &Array, f32)>,
+        inv_freqs: &[f32],
+        traditional: bool,
+        (positions, slots): (&[usize], &[usize]),
+        (ks, vs): (&mut Array, &mut Array),
+    ) -> Result<Array> {
+        let op = "rope_qk_write_paged";
+        let (n, _, _, d, rows) = crate::backend::check_rope_paged(q, k, v, (positions, slots), (ks, vs))?;
+        let f32s = [ks.dtype(), vs.dtype(), k.dtype(), v.dtype()].iter().all(|&t| t == DType::F32);
+        if !(rope_kv_enabled() && f32s && rope_qk_fits(d, n, qk_norm)) {
+            let rows = (positions, slots);
+            return crate::backend::rope_qk_write_paged_composed(
+                self,
+                q,
+                k,
+                v,
+                qk_norm,
+                inv_freqs,
+                traditional,
+                rows,
+                (ks, vs),
+            );
+        }
+        // Positions and slots per row: a grid no graph replay patches.
+        self.st()?.not_capturing("the rope and cache writes of several paged sequences")?;
+        let positions = positions.iter().map(|&p| p as i64).collect::<Vec<i64>>();
+        let slots = slots.iter().map(|&s| to_i32(op, "store row", s)).collect::<Result<Vec<i32>>>()?;
+        let (positions, slots) = (self.upload(&positions)?, self.upload(&slots)?);
+        let vp = self.f32_ptr(op, "v", v)?;
+        self.ptr(op, "k store", ks)?;
+        self.ptr(op, "v store", vs)?;
+        let (kd, vd) = (ks.cuda_ptr_mut()?, vs.cuda_ptr_mut()?);
+        let target = CacheTarget { v: vp, kd, vd, cap: rows, at: 0, paged: Some((positions.ptr(), slots.ptr())) };
+        let rope = RopeArgs { q, k, qk_norm, inv_freqs, offset: 0, traditional };
+        let (qo, _) = self.rope_qk_launch(&rope, Some(target))?;
         Ok(qo)
     }
 
@@ -252,6 +301,10 @@ impl CudaBackend {
                 let kop = ko.cuda_ptr()?;
                 launch!(self.st()?, op, "rope_qk_f32", cfg;
                     qop, kop, qp, kp, qwp, kwp, w_dt, eps, norm, fp, halfi, hqi, hkvi, di, offset, trad, step);
+            }
+            (None, Some(CacheTarget { v: vp, kd, vd, paged: Some((pp, sp)), .. })) => {
+                launch!(self.st()?, op, "rope_qk_paged_f32", cfg;
+                    qop, kd, vd, qp, kp, vp, qwp, kwp, w_dt, eps, norm, fp, halfi, hqi, hkvi, di, trad, pp, sp);
             }
             (None, Some(t)) => {
                 let (vp, kd, vd) = (t.v, t.kd, t.vd);
