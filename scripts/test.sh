@@ -7,6 +7,15 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 NUVEC_CACHE="${NUVEC_CACHE:-$HOME/.cache/nuvec}"
 export NUVEC_CACHE
+# The chat test drives a real terminal through tmux.
+if ! command -v tmux >/dev/null; then
+    if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null; then
+        apt-get update -qq && apt-get install -y -qq tmux >/dev/null
+    else
+        echo "error: the chat test needs tmux; install it (apt-get install tmux)" >&2
+        exit 1
+    fi
+fi
 scripts/setup-oracle.sh >/dev/null
 # shellcheck disable=SC1091
 . "$NUVEC_CACHE/env.sh"
