@@ -157,9 +157,7 @@ impl Rope {
         let cache = (k_cache, v_cache, at);
         Ok(nuvec::rope_qk_write_kv(q, k, v, norms, &self.inv_freqs, offset, self.traditional, cache)?)
     }
-}
 
-impl Rope {
     /// Whether [`Rope::forward_qk_paged`] takes q/k norms `qk_norm` (it runs the one fused op).
     pub fn fuses_paged(&self, qk_norm: Option<(&RmsNorm, &RmsNorm)>) -> bool {
         self.mscale == 1.0 && qk_norm.is_none_or(|(qn, kn)| qn.eps() == kn.eps())
