@@ -286,14 +286,15 @@ impl Server {
             let listener =
                 tokio::net::TcpListener::bind((host, port)).await.map_err(|e| Error::Io { what: what(), source: e })?;
             let addr = listener.local_addr().map_err(|e| Error::Io { what: what(), source: e })?;
+            let mut signals = StopSignals::new()?;
             eprintln!("[INFO] listening on http://{addr}");
             // The first signal starts the shutdown; a second one ends the requests at once.
             let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
             let (abort, aborted) = tokio::sync::oneshot::channel::<()>();
             let signals = tokio::spawn(async move {
-                shutdown_signal().await;
+                signals.next().await;
                 let _ = stop.send(());
-                shutdown_signal().await;
+                signals.next().await;
                 let _ = abort.send(());
             });
             let stopped = async move {
@@ -311,24 +312,44 @@ impl Server {
     }
 }
 
-/// Resolves at ctrl-c or SIGTERM.
-async fn shutdown_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
+/// The signals that stop the server (ctrl-c and SIGTERM), listened for from the moment this is
+/// made: until then a signal has its default action, which kills the process, so the server makes
+/// it before it says it is listening.
+struct StopSignals {
     #[cfg(unix)]
-    let terminate = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
+    interrupt: tokio::signal::unix::Signal,
+    #[cfg(unix)]
+    terminate: tokio::signal::unix::Signal,
+}
+
+impl StopSignals {
+    /// Inside the runtime.
+    fn new() -> Result<Self, Error> {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{signal, SignalKind};
+            let listen = |kind: SignalKind, name: &str| {
+                signal(kind).map_err(|e| Error::Io { what: format!("listening for {name}"), source: e })
+            };
+            Ok(StopSignals {
+                interrupt: listen(SignalKind::interrupt(), "ctrl-c")?,
+                terminate: listen(SignalKind::terminate(), "SIGTERM")?,
+            })
         }
-    };
-    #[cfg(not(unix))]
-    let terminate = std::future::pending::<()>();
-    tokio::select! {
-        _ = ctrl_c => {},
-        _ = terminate => {},
+        #[cfg(not(unix))]
+        Ok(StopSignals {})
+    }
+
+    /// Resolves at the next ctrl-c or SIGTERM.
+    async fn next(&mut self) {
+        #[cfg(unix)]
+        tokio::select! {
+            _ = self.interrupt.recv() => {},
+            _ = self.terminate.recv() => {},
+        }
+        #[cfg(not(unix))]
+        {
+            let _ = tokio::signal::ctrl_c().await;
+        }
     }
 }
