@@ -236,18 +236,14 @@ fn curl_401_without_the_api_key() {
     assert_eq!(status, 200, "/health is open: {text}");
 }
 
-#[test]
-fn the_openai_sdk_drives_the_server() {
+/// Runs the SDK script `script` (in this folder) with `args` under the pinned SDKs' python
+/// against `served`; it must end by printing "ok".
+fn run_sdk_script(script: &str, args: &[&str], served: &Served) {
     let python = std::env::var("NUVEC_OPENAI_PYTHON").unwrap_or_else(|_| {
         panic!("NUVEC_OPENAI_PYTHON is not set: run scripts/test.sh (it runs scripts/setup-serve-tests.sh)")
     });
-    let expected = generate(&["--prompt", QUESTION, "-m", "40"]);
-    let served = Served::start(&["--api-key", "sk-sdk-test"]);
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/serve_openai.py");
-    let out = Command::new(&python)
-        .args([script, &format!("{}/v1", served.base), "sk-sdk-test", &expected])
-        .output()
-        .unwrap_or_else(|e| panic!("{python}: {e}"));
+    let script = format!("{}/tests/{script}", env!("CARGO_MANIFEST_DIR"));
+    let out = Command::new(&python).arg(&script).args(args).output().unwrap_or_else(|e| panic!("{python}: {e}"));
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     eprintln!("{stdout}");
@@ -259,25 +255,18 @@ fn the_openai_sdk_drives_the_server() {
 }
 
 #[test]
+fn the_openai_sdk_drives_the_server() {
+    let expected = generate(&["--prompt", QUESTION, "-m", "40"]);
+    let served = Served::start(&["--api-key", "sk-sdk-test"]);
+    run_sdk_script("serve_openai.py", &[&format!("{}/v1", served.base), "sk-sdk-test", &expected], &served);
+}
+
+#[test]
 fn the_anthropic_sdk_drives_the_messages_api() {
-    let python = std::env::var("NUVEC_OPENAI_PYTHON").unwrap_or_else(|_| {
-        panic!("NUVEC_OPENAI_PYTHON is not set: run scripts/test.sh (it runs scripts/setup-serve-tests.sh)")
-    });
     let expected = generate(&["--prompt", QUESTION, "-m", "40"]);
     let served = Served::start(&["--api-key", "sk-anthropic-test"]);
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/serve_anthropic.py");
-    let out = Command::new(&python)
-        .args([script, &served.base, "sk-anthropic-test", "SmolLM2-135M-Instruct.Q4_1", &expected])
-        .output()
-        .unwrap_or_else(|e| panic!("{python}: {e}"));
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    eprintln!("{stdout}");
-    assert!(
-        out.status.success() && stdout.lines().last() == Some("ok"),
-        "{stdout}\n{stderr}\nserver:\n{}",
-        served.log()
-    );
+    let args = [&served.base[..], "sk-anthropic-test", "SmolLM2-135M-Instruct.Q4_1", &expected];
+    run_sdk_script("serve_anthropic.py", &args, &served);
 }
 
 /// Sends a streaming chat request over a bare socket, reads `events` chunks, then hangs up.

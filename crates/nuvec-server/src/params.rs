@@ -502,7 +502,9 @@ pub(crate) fn messages(f: &Fields) -> Result<Value, ApiError> {
         };
         let content = match mf.get("content") {
             Some(Value::String(s)) => s.clone(),
-            Some(Value::Array(parts)) => text_parts(&at, parts)?,
+            Some(Value::Array(parts)) => {
+                text_parts(&format!("{at}.content"), parts, (&["text", "input_text"], "text"))?
+            }
             None if role == "assistant" => String::new(),
             None => return Err(ApiError::invalid(&format!("{at}.content"), format!("{at}.content is required"))),
             Some(v) => return Err(wrong_type(&format!("{at}.content"), "a string or an array of content parts", v)),
@@ -537,19 +539,21 @@ pub(crate) fn messages(f: &Fields) -> Result<Value, ApiError> {
 
 /// A list of content parts, as the text of its `{"type": "text", "text"}` parts (joined as
 /// mlx_lm.server joins them).
-fn text_parts(at: &str, parts: &[Value]) -> Result<String, ApiError> {
+/// The text of content `parts` (the array at `at`), each an object whose `type` is one of
+/// `kinds` (`named` in the refusal of any other: this model reads text), joined.
+pub(crate) fn text_parts(at: &str, parts: &[Value], (kinds, named): (&[&str], &str)) -> Result<String, ApiError> {
     let mut text = String::new();
     for (j, part) in parts.iter().enumerate() {
-        let here = format!("{at}.content[{j}]");
+        let here = format!("{at}[{j}]");
         let map = part.as_object().ok_or_else(|| wrong_type(&here, "an object", part))?;
         let pf = Fields { map, prefix: format!("{here}.") };
         match pf.string("type")? {
-            Some("text") | Some("input_text") => {}
+            Some(kind) if kinds.contains(&kind) => {}
             Some(other) => {
                 return Err(ApiError::unsupported(
                     &format!("{here}.type"),
-                    format!("{here}.type {other:?}: only text parts are supported (this model reads text)"),
-                ))
+                    format!("{here}.type {other:?}: only {named} parts are supported (this model reads text)"),
+                ));
             }
             None => return Err(ApiError::invalid(&format!("{here}.type"), format!("{here}.type is required"))),
         }

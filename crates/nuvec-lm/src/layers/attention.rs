@@ -107,12 +107,7 @@ impl Attention {
     fn attend_decodes(&self, q: &Array, k: &Array, v: &Array, mut caches: Vec<&mut PagedKv>) -> Result<Array> {
         let s = &self.shape;
         let scale = (s.head_dim as f32).powf(-0.5);
-        let norms = match (&self.q_norm, &self.k_norm) {
-            (Some(qn), Some(kn)) => Some(Some((qn, kn))),
-            (None, None) => Some(None),
-            _ => None,
-        };
-        if let Some(norms) = norms.filter(|&n| self.rope.fuses_paged(n)) {
+        if let Some(norms) = self.paired_norms().filter(|&n| self.rope.fuses_paged(n)) {
             // Every row's norms, rope and cache write as one op.
             let n = caches.len();
             let q = q.reshape(&[n, s.heads, s.head_dim])?;
@@ -134,6 +129,16 @@ impl Attention {
             rotated.push(q);
         }
         attend_decodes(&caches, &concat_rows(&rotated)?, scale, self.sinks.as_deref())
+    }
+
+    /// The q/k norms as the fused rope ops take them: `Some(Some(..))` with both, `Some(None)`
+    /// with neither, `None` for one without the other (which only the separate ops handle).
+    fn paired_norms(&self) -> Option<Option<(&RmsNorm, &RmsNorm)>> {
+        match (&self.q_norm, &self.k_norm) {
+            (Some(qn), Some(kn)) => Some(Some((qn, kn))),
+            (None, None) => Some(None),
+            _ => None,
+        }
     }
 
     /// The q/k norms (where the family has them) and rope of both, as one op, at `offset`.
@@ -162,12 +167,7 @@ impl Attention {
         let scale = (s.head_dim as f32).powf(-0.5);
         // On a plain cache: the q/k norms (when the family has them), rope of both and the cache
         // write of k and v, as one op.
-        let norms = match (&self.q_norm, &self.k_norm) {
-            (Some(qn), Some(kn)) => Some(Some((qn, kn))),
-            (None, None) => Some(None),
-            _ => None,
-        };
-        if let (Some(norms), LayerCache::Plain(c)) = (norms, &mut *cache) {
+        if let (Some(norms), LayerCache::Plain(c)) = (self.paired_norms(), &mut *cache) {
             let shape = (l, s.kv_heads, s.head_dim);
             return c.attend_written(shape, k.device(), (scale, self.sinks.as_deref()), |kc, vc, at| {
                 self.rope.forward_qk_into(&q, &k, &v, norms, offset, (kc, vc, at))

@@ -13,8 +13,11 @@ use std::collections::HashMap;
 use serde_json::{json, Map, Value};
 
 use crate::error::ApiError;
-use crate::params::{wrong_type, Fields};
+use crate::params::{text_parts, wrong_type, Fields};
 use crate::tools::chat_function_tool;
+
+/// The content parts the Responses API sends text in (`text` as chat completions does).
+const TEXT_PARTS: (&[&str], &str) = (&["input_text", "output_text", "text"], "input_text and output_text");
 
 /// What a response repeats of its request.
 #[derive(Debug, Clone, Default)]
@@ -280,7 +283,7 @@ impl Conversation {
         }
         let content = match f.get("content") {
             Some(Value::String(s)) => s.clone(),
-            Some(Value::Array(parts)) => text_parts(&format!("{at}.content"), parts)?,
+            Some(Value::Array(parts)) => text_parts(&format!("{at}.content"), parts, TEXT_PARTS)?,
             None => return Err(ApiError::invalid(&format!("{at}.content"), format!("{at}.content is required"))),
             Some(v) => return Err(wrong_type(&format!("{at}.content"), "a string or an array of content parts", v)),
         };
@@ -339,7 +342,7 @@ impl Conversation {
         })?;
         let output = match f.get("output") {
             Some(Value::String(s)) => s.clone(),
-            Some(Value::Array(parts)) => text_parts(&format!("{at}.output"), parts)?,
+            Some(Value::Array(parts)) => text_parts(&format!("{at}.output"), parts, TEXT_PARTS)?,
             None => return Err(ApiError::invalid(&format!("{at}.output"), format!("{at}.output is required"))),
             Some(v) => return Err(wrong_type(&format!("{at}.output"), "a string or an array of input_text parts", v)),
         };
@@ -376,30 +379,4 @@ impl Conversation {
         }
         Ok(())
     }
-}
-
-/// A list of content parts as their text: `input_text`, `output_text` (an earlier answer) and
-/// `text`; anything else (images, files, audio) is refused, since this model reads text.
-fn text_parts(at: &str, parts: &[Value]) -> Result<String, ApiError> {
-    let mut text = String::new();
-    for (j, part) in parts.iter().enumerate() {
-        let here = format!("{at}[{j}]");
-        let map = part.as_object().ok_or_else(|| wrong_type(&here, "an object", part))?;
-        let pf = Fields::with_prefix(map, &format!("{here}."));
-        match pf.string("type")? {
-            Some("input_text" | "output_text" | "text") => {}
-            Some(other) => {
-                return Err(ApiError::unsupported(
-                    &format!("{here}.type"),
-                    format!("{here}.type {other:?}: only input_text and output_text parts are supported (this model reads text)"),
-                ))
-            }
-            None => return Err(ApiError::invalid(&format!("{here}.type"), format!("{here}.type is required"))),
-        }
-        let piece = pf
-            .string("text")?
-            .ok_or_else(|| ApiError::invalid(&format!("{here}.text"), format!("{here}.text is required")))?;
-        text.push_str(piece);
-    }
-    Ok(text)
 }

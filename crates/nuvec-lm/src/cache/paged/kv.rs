@@ -190,7 +190,9 @@ pub(crate) fn attend_decodes(seqs: &[&mut PagedKv], q: &Array, scale: f32, sinks
     if seqs.iter().any(|s| !s.same_store(first) || s.window.is_some()) {
         return Err(Error::Invalid("sequences of one decode pass must share one paged layer without a window".into()));
     }
-    let tables: Vec<Vec<u32>> = seqs.iter().map(|s| lock(&s.table).clone()).collect();
+    // Each sequence has a table of its own (a step holds a sequence once), so holding them all
+    // at once cannot deadlock.
+    let tables: Vec<_> = seqs.iter().map(|s| lock(&s.table)).collect();
     let paged: Vec<PagedSeq> = seqs.iter().zip(&tables).map(|(s, t)| PagedSeq { table: t, len: s.len }).collect();
     let store = lock(&first.store);
     let (k, v) = store.arrays()?;

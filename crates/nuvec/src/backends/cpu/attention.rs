@@ -88,10 +88,7 @@ fn attention_with(q: &Array, k: &Array, v: &Array, kv_len: usize, scale: f32, si
     let o = out.host_mut::<f32>()?;
     if l == 1 && scale > 0.0 {
         // Decode widens half-precision rows chunk by chunk inside its tasks.
-        PARTIALS.with(|cell| match cell.try_borrow_mut() {
-            Ok(mut p) => decode(qd, kr, vr, o, [hq, d, hkv, cap], kv_len, scale, sinks, &mut p),
-            Err(_) => decode(qd, kr, vr, o, [hq, d, hkv, cap], kv_len, scale, sinks, &mut vec![]),
-        });
+        with_partials(|p| decode(qd, kr, vr, o, [hq, d, hkv, cap], kv_len, scale, sinks, p));
         return Ok(out);
     }
     // Several queries: half-precision keys and values are widened once, the first kv_len
@@ -188,6 +185,14 @@ fn decode_split(
 pub(super) fn split_chunks(kv_len: usize, splits: usize) -> (usize, usize) {
     let chunk = kv_len.div_ceil(splits.max(1));
     (chunk, kv_len.div_ceil(chunk))
+}
+
+/// `f` with this thread's split-K partials (a fresh buffer when nested on the same thread).
+pub(super) fn with_partials<R>(f: impl FnOnce(&mut Vec<f32>) -> R) -> R {
+    PARTIALS.with(|cell| match cell.try_borrow_mut() {
+        Ok(mut p) => f(&mut p),
+        Err(_) => f(&mut vec![]),
+    })
 }
 
 /// `f` with this thread's scratch for keys and values widened to f32 (fresh buffers when a

@@ -45,6 +45,18 @@ impl<'a> KvRows<'a> {
         }
     }
 
+    /// Appends the elements `range` to `out` as f32.
+    pub(crate) fn extend_f32(&self, range: std::ops::Range<usize>, out: &mut Vec<f32>) {
+        let at = out.len();
+        out.resize(at + range.len(), 0.0);
+        let dst = &mut out[at..];
+        match self {
+            KvRows::F32(x) => dst.copy_from_slice(&x[range]),
+            KvRows::F16(x) => x[range].convert_to_f32_slice(dst),
+            KvRows::Bf16(x) => x[range].convert_to_f32_slice(dst),
+        }
+    }
+
     pub(crate) fn is_f32(&self) -> bool {
         matches!(self, KvRows::F32(_))
     }

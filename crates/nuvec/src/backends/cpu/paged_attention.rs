@@ -8,7 +8,7 @@
 //! parallel region: one for every sequence's tasks instead of one (plus two gathers and two
 //! transposes) per sequence.
 
-use super::attention::{combine, decode_part, decode_splits, split_chunks, with_wide, Sinks};
+use super::attention::{combine, decode_part, decode_splits, split_chunks, with_partials, with_wide, Sinks};
 use super::f32s;
 use super::kv_rows::KvRows;
 use super::pool;
@@ -51,7 +51,6 @@ pub(crate) fn paged_decode_attention(
             plan
         })
         .collect();
-    let mut partials = vec![0.0f32; tasks * stride];
     let width = hkv * d;
     let task = |t: usize, part: &mut [f32]| {
         let i = plans.partition_point(|p| p.first_task <= t) - 1;
@@ -65,33 +64,32 @@ pub(crate) fn paged_decode_attention(
                 let at = (seq.table[j / block_size] as usize * block_size + j % block_size) * width + kvh * d;
                 at..at + d
             };
-            gather_rows(kr, (j0..j1).map(row), d, kbuf);
-            gather_rows(vr, (j0..j1).map(row), d, vbuf);
+            gather_rows(kr, (j0..j1).map(row), kbuf);
+            gather_rows(vr, (j0..j1).map(row), vbuf);
             let qs = &qd[(i * hq + kvh * group) * d..(i * hq + (kvh + 1) * group) * d];
             decode_part(qs, kbuf, vbuf, d, scale, part);
         })
     };
-    pool::for_chunks(&mut partials, stride, |start, part| task(start / stride, part));
     let mut out = Array::zeros(&[n, hq * d], DType::F32);
     let o = out.host_mut::<f32>()?;
-    for (plan, o) in plans.iter().zip(o.chunks_exact_mut(hq * d)) {
-        let mine = &partials[plan.first_task * stride..(plan.first_task + hkv * plan.splits) * stride];
-        combine(mine, o, [hq, d, hkv], plan.splits, scale, sinks);
-    }
+    with_partials(|partials| {
+        // Every task writes its whole part: the buffer's old contents are never read.
+        partials.resize(tasks * stride, 0.0);
+        pool::for_chunks(&mut partials[..], stride, |start, part| task(start / stride, part));
+        for (plan, o) in plans.iter().zip(o.chunks_exact_mut(hq * d)) {
+            let mine = &partials[plan.first_task * stride..(plan.first_task + hkv * plan.splits) * stride];
+            combine(mine, o, [hq, d, hkv], plan.splits, scale, sinks);
+        }
+    });
     Ok(out)
 }
 
 /// The rows `ranges` of `rows`, widened to f32, one after another into `out`.
-fn gather_rows(rows: KvRows, ranges: impl Iterator<Item = std::ops::Range<usize>>, d: usize, out: &mut Vec<f32>) {
+fn gather_rows(rows: KvRows, ranges: impl Iterator<Item = std::ops::Range<usize>>, out: &mut Vec<f32>) {
     out.clear();
-    let mut wide = Vec::new();
     for r in ranges {
-        match rows {
-            KvRows::F32(x) => out.extend_from_slice(&x[r]),
-            other => out.extend_from_slice(other.f32s(r, &mut wide)),
-        }
+        rows.extend_f32(r, out);
     }
-    debug_assert!(out.len().is_multiple_of(d.max(1)));
 }
 
 #[cfg(test)]
