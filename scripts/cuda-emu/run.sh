@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Checks the logic of CUDA kernels on the CPU, in four programs: the Gated DeltaNet / gpt-oss
+# Checks the logic of CUDA kernels on the CPU, in five programs: the Gated DeltaNet / gpt-oss
 # kernels, the attention kernels' sinks and split attention reading its kv length from a CUDA
 # graph's step scalars (bit-identical to the eager launch) (harness.cpp); the 4-bit one-row GEMVs
-# (linear.cu: qgemv.cpp); the row kernels (rows.cpp); the flash-attention prefill kernels
+# (linear.cu: qgemv.cpp); the row kernels (rows.cpp); the few-row quantized products on the
+# tensor cores (qmma.cu: qmma.cpp); the flash-attention prefill kernels
 # (flash_attention.cu: attn.cpp). The kernel sources (common.cuh patched for the host: f16
 # conversion in C instead of PTX, dynamic shared memory as a static array) are compiled with g++
 # over cuda_emu.h and run on small random cases against the ops' definitions. Needs g++ with
@@ -59,6 +60,12 @@ run_program qgemv
     patched "$k/fused.cu" 's/extern __shared__ float rope_cs\[\];/float* rope_cs = emu_dyn_smem;/'
 } >"$work/kernels_rows.cpp"
 run_program rows
+# The few-row quantized products on the tensor cores (qmma.cu): qmma.cpp.
+{
+    prelude
+    cat "$k/qmma.cu"
+} >"$work/kernels_qmma.cpp"
+run_program qmma
 # The flash-attention prefill kernels (flash_attention.cu): attn.cpp.
 {
     prelude

@@ -22,7 +22,8 @@
 //!   weight product `(2u + u^2) * sum|x||w|` plus both sides' accumulation.
 //!
 //! Decode-sized calls (at most 8 rows, fewer than 64 queries) must still match the CPU at the
-//! f32 tolerance of tests/cuda_ops.rs: bf16 is for prefill only.
+//! f32 tolerance of tests/cuda_ops.rs: bf16 is for prefill and batched decode of more than 8
+//! rows (2 to 8 rows of 4- and 8-bit weights run on the tensor cores too, in three bf16 parts).
 //!
 //! Each case prints a `RESULT` line with its largest error as a fraction of each bound (run with
 //! `--nocapture`).
@@ -224,7 +225,7 @@ fn linear_quantized_every_width_and_group() {
         for group in QuantSpec::AFFINE_GROUPS {
             for pdtype in [DType::F16, DType::BF16, DType::F32] {
                 let w = quantized(&mut rng, n, k, bits, group, pdtype);
-                for m in [8usize, 9, 37] {
+                for m in [2usize, 8, 9, 37] {
                     check_linear(&format!("q{bits} g{group} {pdtype} k={k} n={n}"), &mut rng, &w, m);
                 }
             }
@@ -234,6 +235,34 @@ fn linear_quantized_every_width_and_group() {
     for bits in [2usize, 4, 6, 8] {
         let w = quantized(&mut rng, 70, 48, bits, 16, DType::BF16);
         check_linear(&format!("q{bits} g16 bf16 k=48 n=70 (generic decoder)"), &mut rng, &w, 37);
+    }
+}
+
+#[test]
+fn batched_decode_products_on_the_tensor_cores() {
+    // 2 to 32 rows over 4- and 8-bit weights run kernels/qmma.cu: up to 8 rows at f32 accuracy
+    // (x in three bf16 parts), 9 to 32 in bf16 like prefill; K cut into ranges (4096) or not,
+    // with a partial last chunk (288); 33 and more rows take the prefill GEMM again.
+    let dev = gpu();
+    let mut rng = Rng::new(26);
+    for (bits, group, k, n) in [(4usize, 64usize, 4096usize, 1000usize), (8, 32, 288, 136), (4, 128, 1024, 300)] {
+        let w = quantized(&mut rng, n, k, bits, group, DType::BF16);
+        let wg = w.matrix.to_device(dev).unwrap();
+        for m in [2usize, 5, 8, 9, 16, 17, 33, 48, 64, 65] {
+            check_linear(&format!("q{bits} g{group} bf16 k={k} n={n}"), &mut rng, &w, m);
+        }
+        // A row's bits do not depend on the rows beside it: the first rows of 32 (bf16) or of 8
+        // (f32 parts) equal the same rows alone.
+        for (many, few) in [(32usize, 9usize), (8, 2)] {
+            let xv = rng.vec(many * k, 1.0);
+            let all = arr(&xv, &[many, k]).to_device(dev).unwrap().linear(&wg).unwrap().to_f32_vec().unwrap();
+            let part = arr(&xv[..few * k], &[few, k]).to_device(dev).unwrap().linear(&wg).unwrap();
+            assert_eq!(
+                &all[..few * n],
+                &part.to_f32_vec().unwrap()[..],
+                "q{bits} g{group} k={k}: {few} of {many} rows"
+            );
+        }
     }
 }
 

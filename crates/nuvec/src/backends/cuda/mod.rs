@@ -42,7 +42,7 @@ pub use graph::StepGraph;
 pub const PRELUDE: &str = include_str!("kernels/common.cuh");
 
 /// The kernel sources, by file name, without the [`PRELUDE`].
-pub const SOURCES: [(&str, &str); 10] = [
+pub const SOURCES: [(&str, &str); 11] = [
     ("elementwise.cu", include_str!("kernels/elementwise.cu")),
     ("linear.cu", include_str!("kernels/linear.cu")),
     ("attention.cu", include_str!("kernels/attention.cu")),
@@ -60,6 +60,8 @@ pub const SOURCES: [(&str, &str); 10] = [
     ("prefill.cu", include_str!("kernels/prefill.cu")),
     // Flash attention for bf16 prefill (mma.sync, sm_80+).
     ("flash_attention.cu", include_str!("kernels/flash_attention.cu")),
+    // Batched decode: few-row quantized products on the tensor cores (mma.sync, sm_80+).
+    ("qmma.cu", include_str!("kernels/qmma.cu")),
 ];
 
 /// The NVRTC options every source is compiled with, for a virtual architecture such as

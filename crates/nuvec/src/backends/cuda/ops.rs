@@ -420,6 +420,10 @@ pub use prefill::{matmul_precision, set_matmul_precision, MatmulPrecision};
 // gated MLP fusion: silu(gate) * up in the gate/up GEMV (kernels/linear.cu).
 mod gate_up;
 
+// Batched decode: products of 2 to 64 rows on the tensor cores (kernels/qmma.cu).
+mod qmma;
+use qmma::QmmaInput;
+
 /// A weight matrix as kernel arguments (see `struct Weights` in linear.cu).
 struct WeightArgs {
     dense: u64,
@@ -1045,6 +1049,14 @@ impl Backend for CudaBackend {
             return Ok(out);
         }
         let o = out.cuda_ptr()?;
+        // A few rows of a half-precision model (a batched decode step) on the tensor cores, x
+        // taken in three bf16 parts so that the products keep f32 accuracy.
+        if (2..=GEMV_MAX_ROWS).contains(&m)
+            && matmul_precision()?.bf16_weight(wa.w_dt, wa.p_dt, crate::compute_dtype_hint())
+            && self.qmma(op, o, QmmaInput::F32Split(x.cuda_ptr()?), m, n, k, &wa)?
+        {
+            return Ok(out);
+        }
         // The fast quantized GEMV first: its integer variants read x's parts, not x (a norm's
         // output with its scale pending stays pending for them; every other path reads x).
         if m <= GEMV_MAX_ROWS && wa.w_dt != DT_F32 && self.fast_qgemv(op, o, x, m, n, k, &wa)? {

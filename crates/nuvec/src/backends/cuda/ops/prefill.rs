@@ -23,15 +23,17 @@ use cudarc::cublas::sys::{cublasComputeType_t, cublasGemmAlgo_t, cublasOperation
 use cudarc::driver::{CudaStream, LaunchConfig};
 
 use super::{
-    cfg_1d, fast_path_log_group, to_i32, CudaBackend, WeightArgs, ATTN_GEMM_SCORE_BYTES, DT_BF16, DT_F16, DT_F32,
-    GEMV_MAX_ROWS,
+    cfg_1d, fast_path_log_group, to_i32, CudaBackend, QmmaInput, WeightArgs, ATTN_GEMM_SCORE_BYTES, DT_BF16, DT_F16,
+    DT_F32, GEMV_MAX_ROWS,
 };
 use crate::backends::cuda::{DeviceBuffer, State};
 use crate::{Array, DType, Error, Matrix, QuantMode, Result};
 
 /// How the CUDA backend multiplies matrices on the prefill paths (`linear` of more than 8 input
 /// rows, `attention` of 64 queries or more). Decode (the GEMV and split-key attention kernels)
-/// is f32 whatever this says: it is limited by memory, not arithmetic.
+/// is f32 whatever this says: it is limited by memory, not arithmetic. Where this puts a weight
+/// on bf16, 2 to 8 rows of it (a batched decode step) run on the tensor cores too, but with x
+/// and the weights each in three bf16 parts, which keeps f32 accuracy (kernels/qmma.cu).
 ///
 /// Process-wide: [`set_matmul_precision`], else the environment variable `NUVEC_CUDA_MATMUL`
 /// (`auto`, `f32`, `tf32` or `bf16`, read once), else [`MatmulPrecision::DEFAULT`] (`Auto`).
@@ -78,7 +80,7 @@ impl MatmulPrecision {
     /// (the model's activations) and its weight's: a half weight in an f32 model (an AWQ
     /// checkpoint's f16 scales beside f32 norms) computes in f32. Without a hint (an op called
     /// outside a model) the weight decides.
-    fn bf16_weight(self, w_dt: i32, p_dt: i32, model: Option<DType>) -> bool {
+    pub(super) fn bf16_weight(self, w_dt: i32, p_dt: i32, model: Option<DType>) -> bool {
         let stored = if w_dt >= 0 { w_dt } else { p_dt };
         match self {
             MatmulPrecision::Bf16 => true,
@@ -308,6 +310,10 @@ impl CudaBackend {
         k: usize,
         w: &WeightArgs,
     ) -> Result<()> {
+        // A few rows (a batched decode step) read each packed weight once, decoded in registers.
+        if self.qmma(op, o, QmmaInput::Bf16(xb), m, n, k, w)? {
+            return Ok(());
+        }
         if w.w_dt == DT_BF16 {
             // A bf16 checkpoint's weights are the GEMM's operand as they are.
             return self.gemm_bf16(op, (true, false), (n, m, k), 1.0, (w.dense, k, 0), (xb, k, 0), (o, n, 0), 1);

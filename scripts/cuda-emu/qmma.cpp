@@ -1,0 +1,138 @@
+// Runs the few-row quantized products on the tensor cores (qmma.cu) through cuda_emu.h on the CPU
+// and compares them with the product written from its definition in f64:
+// - qmma_bN_mR (bf16 x): sum_c bf16(x) * bf16(fmaf(s, q, b)), the operands rounded as the kernel
+//   rounds them, so only the f32 accumulation may differ (tolerance 1e-5 of |want| + mean|want|);
+// - qmma_bN_x3 (f32 x in three bf16 parts): sum_c x * fmaf(s, q, b) exactly, at the CUDA tests'
+//   f32 tolerance (1e-4).
+// 4 and 8 bits, groups of 32, 64 and 128, scales in f32, f16 and bf16, row counts that are not a
+// multiple of the block's 128, K with a partial last chunk (K = 288), one range of K and several
+// (partial slices added by qmma_reduce), and a row's bits at M = 2 and M = 32 (a row never depends
+// on the rows beside it). Built and run by run.sh, which prepends the kernel sources.
+#include "kernels_qmma.cpp"
+#include "emu_check.h"
+#include <cstdio>
+#include <random>
+#include <string>
+
+static std::mt19937 rng(17);
+
+// An affine weight [n, k] of `bits`: random words; scales and biases stored in dtype `dt`.
+struct QW {
+    int n, k, bits, group, dt;
+    std::vector<unsigned> packed;
+    std::vector<unsigned char> sc, bi;
+    float param(const std::vector<unsigned char>& v, size_t i) const {
+        if (dt == DT_F32) { float f; memcpy(&f, &v[4 * i], 4); return f; }
+        unsigned short h; memcpy(&h, &v[2 * i], 2);
+        return dt == DT_F16 ? emu_half_to_float(h) : __uint_as_float((unsigned)h << 16);
+    }
+    // The decoded value in f32, as the kernel computes it before rounding.
+    float at(int r, int c) const {
+        const size_t bit = (size_t)c * bits, words = (size_t)k * bits / 32;
+        unsigned q = (packed[(size_t)r * words + bit / 32] >> (bit % 32)) & ((1u << bits) - 1u);
+        size_t g = (size_t)r * (k / group) + c / group;
+        return std::fmaf(param(sc, g), (float)q, param(bi, g));
+    }
+};
+static QW make(int n, int k, int bits, int group, int dt) {
+    QW w{n, k, bits, group, dt, {}, {}, {}};
+    w.packed.resize((size_t)n * k * bits / 32);
+    for (auto& v : w.packed) v = rng();
+    size_t groups = (size_t)n * (k / group), bytes = dt == DT_F32 ? 4 : 2;
+    float s = bits == 4 ? 0.05f : 0.004f;
+    std::uniform_real_distribution<float> d(-s, s);
+    for (auto* v : {&w.sc, &w.bi}) {
+        v->resize(groups * bytes);
+        for (size_t i = 0; i < groups; ++i) {
+            float f = d(rng);
+            if (dt == DT_F32) memcpy(&(*v)[4 * i], &f, 4);
+            else {
+                unsigned short h;
+                if (dt == DT_BF16) h = emu_bf16_rn(f);
+                else h = (unsigned short)(((f < 0) << 15) | ((8 + rng() % 7) << 10) | (rng() & 1023));
+                memcpy(&(*v)[2 * i], &h, 2);
+            }
+        }
+        s *= 4;
+    }
+    return w;
+}
+
+typedef void (*Kernel)(float*, const void*, int, int, const u32*, const void*, const void*, int, int, int, int);
+
+// Runs `f` over x ([m, k]: f32 for x3, else bf16 bits) with `cps` chunks per range of K, then
+// qmma_reduce when there are several ranges: out [m, n].
+static std::vector<float> run(Kernel f, const QW& w, const void* x, int m, int cps) {
+    const int chunks = (w.k + 127) / 128, splits = (chunks + cps - 1) / cps;
+    const int lg = __builtin_ctz(w.group);
+    std::vector<float> part((size_t)splits * m * w.n, NAN), out((size_t)m * w.n, NAN);
+    emu_launch({(unsigned)((w.n + 127) / 128), (unsigned)splits, 1}, {128, 1, 1}, [&] {
+        f(part.data(), x, m, w.n, w.packed.data(), w.sc.data(), w.bi.data(), w.dt, lg, w.k, cps);
+    });
+    if (splits == 1) return part;
+    emu_launch({2, 1, 1}, {64, 1, 1}, [&] { qmma_reduce(out.data(), part.data(), splits, (size_t)m * w.n); });
+    return out;
+}
+
+static void test(const char* name, Kernel f, bool x3, int bits, int m, int n, int k, int group, int dt) {
+    QW w = make(n, k, bits, group, dt);
+    std::uniform_real_distribution<float> d(-1, 1);
+    std::vector<float> x((size_t)m * k);
+    for (auto& v : x) v = d(rng);
+    std::vector<unsigned short> xb(x.size());
+    for (size_t i = 0; i < x.size(); ++i) xb[i] = emu_bf16_rn(x[i]);
+    std::vector<double> want((size_t)m * n);
+    for (int i = 0; i < m; ++i)
+        for (int r = 0; r < n; ++r) {
+            double a = 0;
+            for (int c = 0; c < k; ++c) {
+                const float wv = w.at(r, c), xv = x[(size_t)i * k + c];
+                a += x3 ? (double)xv * wv : (double)emu_bf16(emu_bf16_rn(xv)) * emu_bf16(emu_bf16_rn(wv));
+            }
+            want[(size_t)i * n + r] = a;
+        }
+    const void* xk = x3 ? (const void*)x.data() : (const void*)xb.data();
+    const int chunks = (k + 127) / 128;
+    std::string tag = std::string(name) + " m=" + std::to_string(m) + " n=" + std::to_string(n) + " k=" +
+                      std::to_string(k) + " g" + std::to_string(group) + " dt" + std::to_string(dt);
+    const double tol = x3 ? 1e-4 : 1e-5;
+    auto whole = run(f, w, xk, m, chunks);
+    cmp(tag + " one range", whole, want, tol);
+    auto split = run(f, w, xk, m, 1);
+    cmp(tag + " ranges of one chunk", split, want, tol);
+}
+
+// Rows 0 and 1 of a 32-row product are bit for bit those of the same two rows alone.
+static void test_rows_alone(Kernel wide, Kernel narrow) {
+    QW w = make(136, 256, 4, 64, DT_BF16);
+    std::uniform_real_distribution<float> d(-1, 1);
+    std::vector<unsigned short> xb((size_t)32 * 256);
+    for (auto& v : xb) v = emu_bf16_rn(d(rng));
+    auto all = run(wide, w, xb.data(), 32, 1);
+    auto two = run(narrow, w, xb.data(), 2, 1);
+    bool same = std::memcmp(all.data(), two.data(), two.size() * sizeof(float)) == 0;
+    check(same, "qmma rows 0-1 at m=32 equal m=2");
+    if (same) printf("ok   %-60s bit for bit\n", "qmma rows 0-1 at m=32 and at m=2");
+}
+
+int main() {
+    const int dts[3] = {DT_F32, DT_F16, DT_BF16};
+    int i = 0;
+    for (int group : {32, 64, 128}) {
+        for (int k : {256, 288}) {
+            if (k % group) continue;
+            const int dt = dts[i++ % 3];
+            test("qmma_b4_m16", qmma_b4_m16, false, 4, 2, 136, k, group, dt);
+            test("qmma_b4_m16", qmma_b4_m16, false, 4, 9, 40, k, group, dt);
+            test("qmma_b8_m32", qmma_b8_m32, false, 8, 17, 136, k, group, dt);
+            test("qmma_b4_x3", qmma_b4_x3, true, 4, 8, 136, k, group, dt);
+            test("qmma_b8_x3", qmma_b8_x3, true, 8, 3, 40, k, group, dt);
+        }
+    }
+    test("qmma_b4_m32", qmma_b4_m32, false, 4, 32, 136, 256, 64, DT_BF16);
+    test("qmma_b4_m32", qmma_b4_m32, false, 4, 25, 40, 288, 32, DT_F16);
+    test("qmma_b8_m32", qmma_b8_m32, false, 8, 32, 136, 256, 128, DT_F32);
+    test_rows_alone(qmma_b4_m32, qmma_b4_m16);
+    printf("%d failures\n", fails);
+    return fails ? 1 : 0;
+}
