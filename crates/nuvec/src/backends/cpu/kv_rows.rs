@@ -5,6 +5,7 @@
 use half::slice::HalfFloatSliceExt;
 use half::{bf16, f16};
 
+use super::simd;
 use crate::{Array, DType, Error, Result};
 
 /// The rows of a keys or values array `[kv_heads, capacity, dim]`.
@@ -34,12 +35,12 @@ impl<'a> KvRows<'a> {
             KvRows::F32(x) => &x[range],
             KvRows::F16(x) => {
                 scratch.resize(range.len(), 0.0);
-                x[range].convert_to_f32_slice(scratch);
+                simd::widen_f16(&x[range], scratch);
                 scratch
             }
             KvRows::Bf16(x) => {
                 scratch.resize(range.len(), 0.0);
-                x[range].convert_to_f32_slice(scratch);
+                simd::widen_bf16(&x[range], scratch);
                 scratch
             }
         }
@@ -52,8 +53,8 @@ impl<'a> KvRows<'a> {
         let dst = &mut out[at..];
         match self {
             KvRows::F32(x) => dst.copy_from_slice(&x[range]),
-            KvRows::F16(x) => x[range].convert_to_f32_slice(dst),
-            KvRows::Bf16(x) => x[range].convert_to_f32_slice(dst),
+            KvRows::F16(x) => simd::widen_f16(&x[range], dst),
+            KvRows::Bf16(x) => simd::widen_bf16(&x[range], dst),
         }
     }
 

@@ -18,7 +18,7 @@ use super::qbatch::{self, PreparedRows};
 use super::qgemv::{self, Params, PreparedX, QMatrix};
 use super::simd;
 use crate::{Array, DType, Error, Matrix, QuantMode, Quantized, Result};
-use half::{bf16, f16, slice::HalfFloatSliceExt};
+use half::{bf16, f16};
 
 /// Below this many multiply-adds an op runs on the calling thread (a rayon fork costs more).
 pub(crate) const PAR_MIN_WORK: usize = 1 << 16;
@@ -161,8 +161,8 @@ impl<'a> Weights<'a> {
         let k = out.len();
         match self {
             Weights::F32(w) => out.copy_from_slice(&w[r * k..(r + 1) * k]),
-            Weights::F16(w) => w[r * k..(r + 1) * k].convert_to_f32_slice(out),
-            Weights::BF16(w) => w[r * k..(r + 1) * k].convert_to_f32_slice(out),
+            Weights::F16(w) => simd::widen_f16(&w[r * k..(r + 1) * k], out),
+            Weights::BF16(w) => simd::widen_bf16(&w[r * k..(r + 1) * k], out),
             Weights::Affine(q) => q.dequantize_row(r, out, scratch),
             Weights::Fp(q) => q.dequantize_row(r, out),
         }

@@ -14,7 +14,7 @@
 //! `scale * q + bias` are one register, and `vpermps` with the nibbles as indices gives the
 //! weights (it reads only the low 4 bits of each index, so no masking).
 
-use half::{bf16, f16, slice::HalfFloatSliceExt};
+use half::{bf16, f16};
 
 use super::linear::unpack_row;
 use super::simd::{self, Isa};
@@ -33,8 +33,8 @@ impl Params<'_> {
         let end = start + out.len();
         match self {
             Params::F32(p) => out.copy_from_slice(&p[start..end]),
-            Params::F16(p) => p[start..end].convert_to_f32_slice(out),
-            Params::BF16(p) => p[start..end].convert_to_f32_slice(out),
+            Params::F16(p) => simd::widen_f16(&p[start..end], out),
+            Params::BF16(p) => simd::widen_bf16(&p[start..end], out),
         }
     }
 }
