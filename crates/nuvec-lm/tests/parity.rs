@@ -212,5 +212,13 @@ fn every_case_matches_mlx_lm() {
         }
     }
     assert!(failures.is_empty(), "{} cases differ from mlx-lm:\n{}", failures.len(), failures.join("\n"));
-    assert!(cases.len() >= 30, "expected the oracle's 30+ model cases, found {}", cases.len());
+    // Every case the oracle recorded (index.json) was found and checked: a case whose folder went
+    // missing fails here instead of shrinking the suite.
+    let index: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(common::fixtures().join("index.json")).unwrap()).unwrap();
+    let recorded = index["cases"].as_object().expect("index.json lists the recorded cases");
+    assert!(recorded.len() >= 30, "index.json records {} cases, the oracle script makes 30+", recorded.len());
+    for name in recorded.keys() {
+        assert!(cases.iter().any(|d| d.ends_with(name)), "recorded case {name} is missing from the fixtures");
+    }
 }

@@ -33,7 +33,8 @@ fn assert_same(ours: &[f32], theirs: &[f32], what: &str) {
 fn filters_match_mlx_lm() {
     let records = records();
     let filters = records["filters"].as_array().unwrap();
-    assert!(filters.len() >= 30);
+    // scripts/oracle/make_sampler_records.py records 10 filters for each of its 3 logits cases.
+    assert!(filters.len() >= 30, "samplers.json has {} filter records, the oracle script makes 30", filters.len());
     for r in filters {
         let mut lp = vector(&r["logprobs"]);
         let what = format!("{} {} {r}", r["case"], r["filter"]);
@@ -59,7 +60,14 @@ fn filters_match_mlx_lm() {
 #[test]
 fn processors_match_mlx_lm() {
     let records = records();
-    for r in records["processors"].as_array().unwrap() {
+    let processors = records["processors"].as_array().unwrap();
+    // 6 processor settings for each of the oracle script's 3 logits cases.
+    assert!(
+        processors.len() >= 18,
+        "samplers.json has {} processor records, the oracle script makes 18",
+        processors.len()
+    );
+    for r in processors {
         let s = &r["settings"];
         let size = |k: &str| s.get(k).and_then(Value::as_u64).map_or(20, |v| v as usize);
         let penalty = |k: &str| s.get(k).and_then(Value::as_f64).map(|v| v as f32);
@@ -93,7 +101,14 @@ fn chi_square_critical(df: f64) -> f64 {
 #[test]
 fn sampled_distributions_match_mlx_lm() {
     let records = records();
-    for (n, r) in records["distributions"].as_array().unwrap().iter().enumerate() {
+    let distributions = records["distributions"].as_array().unwrap();
+    // 3 sampler settings for each of the oracle script's 3 logits cases.
+    assert!(
+        distributions.len() >= 9,
+        "samplers.json has {} distribution records, the oracle script makes 9",
+        distributions.len()
+    );
+    for (n, r) in distributions.iter().enumerate() {
         let sampler = Sampler {
             temperature: r["temperature"].as_f64().unwrap() as f32,
             top_p: r["top_p"].as_f64().unwrap() as f32,
