@@ -2,10 +2,35 @@
 // a comparison of kernel output with a reference in f64, relative to |want| + mean|want|.
 #include <cmath>
 #include <cstdio>
+#include <cstring>
+#include <random>
 #include <string>
 #include <vector>
 
 static int fails = 0;
+
+// `groups` random per-group scales or biases in [-s, s), as the bytes of dtype `dt` (DT_F32,
+// DT_F16 or DT_BF16) that a kernel reads: bf16 truncated from f32, f16 with an exponent of 2^-7 ..
+// 2^-1 and a random mantissa.
+static void random_params(std::vector<unsigned char>& v, size_t groups, int dt, float s, std::mt19937& rng) {
+    std::uniform_real_distribution<float> d(-s, s);
+    v.resize(groups * (dt == DT_F32 ? 4 : 2));
+    for (size_t i = 0; i < groups; ++i) {
+        float f = d(rng);
+        if (dt == DT_F32) { memcpy(&v[4 * i], &f, 4); continue; }
+        unsigned short h;
+        if (dt == DT_BF16) { unsigned u; memcpy(&u, &f, 4); h = u >> 16; }
+        else h = (unsigned short)(((f < 0) << 15) | ((8 + rng() % 7) << 10) | (rng() & 1023));
+        memcpy(&v[2 * i], &h, 2);
+    }
+}
+
+// Value i of bytes made by random_params, as f32.
+static float param_at(const std::vector<unsigned char>& v, size_t i, int dt) {
+    if (dt == DT_F32) { float f; memcpy(&f, &v[4 * i], 4); return f; }
+    unsigned short h; memcpy(&h, &v[2 * i], 2);
+    return dt == DT_F16 ? emu_half_to_float(h) : __uint_as_float((unsigned)h << 16);
+}
 
 static void check(bool ok, const std::string& what) {
     if (!ok) {

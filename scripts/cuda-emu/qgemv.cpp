@@ -22,11 +22,7 @@ struct QW {
     int n, k, group, dt;
     std::vector<unsigned> packed;
     std::vector<unsigned char> sc, bi;  // raw bytes of the dtype
-    float param(const std::vector<unsigned char>& v, size_t i) const {
-        if (dt == DT_F32) { float f; memcpy(&f, &v[4 * i], 4); return f; }
-        unsigned short h; memcpy(&h, &v[2 * i], 2);
-        return dt == DT_F16 ? emu_half_to_float(h) : __uint_as_float((unsigned)h << 16);
-    }
+    float param(const std::vector<unsigned char>& v, size_t i) const { return param_at(v, i, dt); }
     double at(int r, int c) const {
         unsigned q = (packed[(size_t)r * (k / 8) + c / 8] >> (4 * (c % 8))) & 15u;
         size_t g = (size_t)r * (k / group) + c / group;
@@ -37,24 +33,9 @@ static QW make(int n, int k, int group, int dt, float s) {
     QW w{n, k, group, dt, {}, {}, {}};
     w.packed.resize((size_t)n * k / 8);
     for (auto& v : w.packed) v = rng();
-    size_t groups = (size_t)n * (k / group), bytes = dt == DT_F32 ? 4 : 2;
-    std::uniform_real_distribution<float> d(-s, s);
-    for (auto* v : {&w.sc, &w.bi}) {
-        v->resize(groups * bytes);
-        for (size_t i = 0; i < groups; ++i) {
-            float f = d(rng);
-            if (dt == DT_F32) memcpy(&(*v)[4 * i], &f, 4);
-            else {
-                unsigned short h;
-                if (dt == DT_BF16) { unsigned u; memcpy(&u, &f, 4); h = u >> 16; }
-                else {  // f16: sign, exponent 8..14 (2^-7 .. 2^-1), random mantissa
-                    h = (unsigned short)(((f < 0) << 15) | ((8 + rng() % 7) << 10) | (rng() & 1023));
-                }
-                memcpy(&(*v)[2 * i], &h, 2);
-            }
-        }
-        s *= 4;  // biases larger than scales, as in the CUDA tests
-    }
+    size_t groups = (size_t)n * (k / group);
+    random_params(w.sc, groups, dt, s, rng);
+    random_params(w.bi, groups, dt, 4 * s, rng);  // biases larger than scales, as in the CUDA tests
     return w;
 }
 static std::vector<double> reference(const QW& w, const std::vector<float>& x, const std::vector<float>* up) {

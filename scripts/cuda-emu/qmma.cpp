@@ -21,11 +21,7 @@ struct QW {
     int n, k, bits, group, dt;
     std::vector<unsigned> packed;
     std::vector<unsigned char> sc, bi;
-    float param(const std::vector<unsigned char>& v, size_t i) const {
-        if (dt == DT_F32) { float f; memcpy(&f, &v[4 * i], 4); return f; }
-        unsigned short h; memcpy(&h, &v[2 * i], 2);
-        return dt == DT_F16 ? emu_half_to_float(h) : __uint_as_float((unsigned)h << 16);
-    }
+    float param(const std::vector<unsigned char>& v, size_t i) const { return param_at(v, i, dt); }
     // The decoded value in f32, as the kernel computes it before rounding.
     float at(int r, int c) const {
         const size_t bit = (size_t)c * bits, words = (size_t)k * bits / 32;
@@ -38,23 +34,10 @@ static QW make(int n, int k, int bits, int group, int dt) {
     QW w{n, k, bits, group, dt, {}, {}, {}};
     w.packed.resize((size_t)n * k * bits / 32);
     for (auto& v : w.packed) v = rng();
-    size_t groups = (size_t)n * (k / group), bytes = dt == DT_F32 ? 4 : 2;
+    size_t groups = (size_t)n * (k / group);
     float s = bits == 4 ? 0.05f : 0.004f;
-    std::uniform_real_distribution<float> d(-s, s);
-    for (auto* v : {&w.sc, &w.bi}) {
-        v->resize(groups * bytes);
-        for (size_t i = 0; i < groups; ++i) {
-            float f = d(rng);
-            if (dt == DT_F32) memcpy(&(*v)[4 * i], &f, 4);
-            else {
-                unsigned short h;
-                if (dt == DT_BF16) h = emu_bf16_rn(f);
-                else h = (unsigned short)(((f < 0) << 15) | ((8 + rng() % 7) << 10) | (rng() & 1023));
-                memcpy(&(*v)[2 * i], &h, 2);
-            }
-        }
-        s *= 4;
-    }
+    random_params(w.sc, groups, dt, s, rng);
+    random_params(w.bi, groups, dt, 4 * s, rng);
     return w;
 }
 

@@ -537,10 +537,9 @@ pub(crate) fn messages(f: &Fields) -> Result<Value, ApiError> {
     Ok(Value::Array(out))
 }
 
-/// A list of content parts, as the text of its `{"type": "text", "text"}` parts (joined as
-/// mlx_lm.server joins them).
 /// The text of content `parts` (the array at `at`), each an object whose `type` is one of
-/// `kinds` (`named` in the refusal of any other: this model reads text), joined.
+/// `kinds` (`named` in the refusal of any other: this model reads text), joined as
+/// mlx_lm.server joins them.
 pub(crate) fn text_parts(at: &str, parts: &[Value], (kinds, named): (&[&str], &str)) -> Result<String, ApiError> {
     let mut text = String::new();
     for (j, part) in parts.iter().enumerate() {

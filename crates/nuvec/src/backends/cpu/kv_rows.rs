@@ -33,14 +33,9 @@ impl<'a> KvRows<'a> {
     {
         match self {
             KvRows::F32(x) => &x[range],
-            KvRows::F16(x) => {
-                scratch.resize(range.len(), 0.0);
-                simd::widen_f16(&x[range], scratch);
-                scratch
-            }
-            KvRows::Bf16(x) => {
-                scratch.resize(range.len(), 0.0);
-                simd::widen_bf16(&x[range], scratch);
+            _ => {
+                scratch.clear();
+                self.extend_f32(range, scratch);
                 scratch
             }
         }

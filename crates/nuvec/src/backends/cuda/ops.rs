@@ -420,7 +420,7 @@ pub use prefill::{matmul_precision, set_matmul_precision, MatmulPrecision};
 // gated MLP fusion: silu(gate) * up in the gate/up GEMV (kernels/linear.cu).
 mod gate_up;
 
-// Batched decode: products of 2 to 64 rows on the tensor cores (kernels/qmma.cu).
+// Batched decode: products of 2 to 32 rows on the tensor cores (kernels/qmma.cu).
 mod qmma;
 use qmma::QmmaInput;
 

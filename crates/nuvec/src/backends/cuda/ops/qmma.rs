@@ -9,10 +9,6 @@ use super::{cfg_1d, fast_path_log_group, to_i32, CudaBackend, WeightArgs};
 use crate::backends::cuda::{DeviceBuffer, State};
 use crate::{Error, Result};
 
-/// Input rows up to which [`CudaBackend::qmma`] runs a product (two tiles of 16): at 64 rows the
-/// kernel was slower on an H200 than decoding the weights to bf16 for a cuBLAS GEMM (random 8B,
-/// 2 943 against 3 331 generated tok/s), at 32 and fewer faster (2 671 against 2 132 at 32).
-const QMMA_MAX_ROWS: usize = 32;
 /// Weight rows per block (`QM_ROWS`), values of K per chunk (`QM_CHUNK`) and threads per block
 /// of the kernels.
 const QM_ROWS: usize = 128;
@@ -25,15 +21,17 @@ const QMMA_TARGET_BLOCKS: usize = 512;
 /// The input of a [`CudaBackend::qmma`] product.
 #[derive(Clone, Copy)]
 pub(super) enum QmmaInput {
-    /// `[m, k]` bf16, converted once by the caller (m up to [`QMMA_MAX_ROWS`]).
+    /// `[m, k]` bf16, converted once by the caller (m up to 32, two tiles of 16: at 64 rows the
+    /// kernel was slower on an H200 than decoding the weights to bf16 for a cuBLAS GEMM, random
+    /// 8B 2 943 against 3 331 generated tok/s; at 32 and fewer faster, 2 671 against 2 132 at 32).
     Bf16(u64),
-    /// `[m, k]` f32, taken in three bf16 parts for f32 accuracy (m up to 16).
+    /// `[m, k]` f32, taken in three bf16 parts for f32 accuracy (m up to 16; the caller passes 8).
     F32Split(u64),
 }
 
 /// The log2 group size when the kernels take `w` for inputs of `k` features at `x`: affine 4- or
 /// 8-bit weights with groups of 32 or more, K a multiple of 32, 16-byte aligned rows and input.
-pub(super) fn qmma_log_group(w: &WeightArgs, k: usize, x: u64) -> Option<i32> {
+fn qmma_log_group(w: &WeightArgs, k: usize, x: u64) -> Option<i32> {
     if !matches!(w.bits, 4 | 8) {
         return None;
     }
@@ -55,11 +53,18 @@ impl CudaBackend {
         k: usize,
         w: &WeightArgs,
     ) -> Result<bool> {
-        let (xp, rows_max, name) = match x {
-            QmmaInput::Bf16(p) => (p, QMMA_MAX_ROWS, format!("qmma_b{}_m{}", w.bits, 16 * m.div_ceil(16))),
-            QmmaInput::F32Split(p) => (p, 16, format!("qmma_b{}_x3", w.bits)),
+        // The kernel for this input, width and row count (a name from a table: this runs for
+        // every weight of every batched decode step).
+        let (xp, name) = match (x, w.bits, m.div_ceil(16)) {
+            (QmmaInput::Bf16(p), 4, 1) => (p, "qmma_b4_m16"),
+            (QmmaInput::Bf16(p), 4, 2) => (p, "qmma_b4_m32"),
+            (QmmaInput::Bf16(p), 8, 1) => (p, "qmma_b8_m16"),
+            (QmmaInput::Bf16(p), 8, 2) => (p, "qmma_b8_m32"),
+            (QmmaInput::F32Split(p), 4, 1) => (p, "qmma_b4_x3"),
+            (QmmaInput::F32Split(p), 8, 1) => (p, "qmma_b8_x3"),
+            _ => return Ok(false),
         };
-        if !(2..=rows_max).contains(&m) || n == 0 {
+        if m < 2 || n == 0 {
             return Ok(false);
         }
         let Some(lg) = qmma_log_group(w, k, xp) else {
@@ -78,13 +83,13 @@ impl CudaBackend {
         let (mi, ni, ki, cps) = (m as i32, to_i32(op, "rows", n)?, to_i32(op, "k", k)?, per_range as i32);
         let st = self.st()?;
         if ranges == 1 {
-            launch!(st, op, name.as_str(), cfg; o, xp, mi, ni, packed, scales, biases, p_dt, lg, ki, cps);
+            launch!(st, op, name, cfg; o, xp, mi, ni, packed, scales, biases, p_dt, lg, ki, cps);
             return Ok(true);
         }
         // Each range's partial sums in a slice of their own, then added in range order.
         let parts = DeviceBuffer::alloc(st, ranges * m * n * 4)?;
         let pp = parts.ptr();
-        launch!(st, op, name.as_str(), cfg; pp, xp, mi, ni, packed, scales, biases, p_dt, lg, ki, cps);
+        launch!(st, op, name, cfg; pp, xp, mi, ni, packed, scales, biases, p_dt, lg, ki, cps);
         let (splits, mn) = (ranges as i32, (m * n) as u64);
         launch!(st, op, "qmma_reduce", cfg_1d(m * n); o, pp, splits, mn);
         Ok(true)
