@@ -107,10 +107,11 @@ fn greedy_choices_each_equal_the_single_answer() {
 
 #[test]
 fn seeded_choices_each_equal_the_single_answer_with_seed_plus_i() {
-    // Batch-invariant steps, so a sampled token cannot move with its neighbours in the batch;
-    // no prefix cache, since a prompt prefilled from cached blocks gives logits a rounding apart
-    // from one prefilled whole, which can move a sampled token (seen with seed 7 here).
-    let served = Served::start(&["--batch-invariant", "--no-prefix-cache"]);
+    // Batch-invariant steps, so a sampled token cannot move with its neighbours in the batch,
+    // and prefilled 16 tokens per pass, so the chat prompt's later requests start from cached
+    // 16-token chunks: a batch-invariant hit is bit for bit the cold run (before hits were cut
+    // to the prefill grid, seed 7 here sampled another answer from the cache).
+    let served = Served::start(&["--batch-invariant", "--prefill-step-size", "16"]);
     let base = &served.base;
     for chat in [true, false] {
         let sampled = |extra: Value| {
@@ -126,6 +127,10 @@ fn seeded_choices_each_equal_the_single_answer_with_seed_plus_i() {
         let three = post(base, path(chat), &sampled(json!({"seed": 7, "n": 3})));
         for (i, expected) in alone.iter().enumerate() {
             assert_eq!(&whole_choice(&three, i), expected, "choice {i} against seed {} alone: {three}", 7 + i);
+        }
+        if chat {
+            let cached = three["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap();
+            assert!(cached >= 16 && cached.is_multiple_of(16), "whole chunks from the cache: {three}");
         }
         let stream = json!({"seed": 7, "n": 3, "stream": true, "stream_options": {"include_usage": true}});
         let (choices, _) = streamed_choices(&post(base, path(chat), &sampled(stream)), 3);

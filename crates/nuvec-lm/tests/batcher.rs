@@ -374,6 +374,49 @@ fn prefix_hits_share_whole_blocks_and_give_the_cold_tokens() {
     }
 }
 
+/// Runs `prompt` alone through `batcher`: its output.
+fn run_alone(batcher: &mut Batcher, prompt: Vec<u32>, options: GenerateOptions) -> Output {
+    let id = batcher.submit(prompt, options).unwrap();
+    drain(batcher).remove(&id).unwrap()
+}
+
+#[test]
+fn batch_invariant_prefix_hits_give_the_cold_samples_bit_for_bit() {
+    // Seeded sampling with log-probabilities, prefilled 32 rows per pass: a hit is taken only on
+    // whole chunks of that grid that passes of the same shape computed, so each output is
+    // exactly `generate`'s alone (tokens, every log-probability, finish reason).
+    for case in ["llama-f32", "qwen3-q4g64", "qwen3_moe-f32"] {
+        let (model, _) = load_dir(&fixtures().join(case)).unwrap();
+        let v = model.vocab_size();
+        let options = |seed: u64, chunk: usize| GenerateOptions {
+            max_tokens: 12,
+            seed: Some(seed),
+            logprobs: Some(2),
+            prefill_step_size: chunk,
+            sampler: Sampler { temperature: 0.9, ..Default::default() },
+            ..Default::default()
+        };
+        let batcher = BatcherOptions { blocks: Some(64), batch_invariant: true, ..Default::default() };
+        let mut b = Batcher::new(&model, batcher).unwrap();
+        let first = prompt(70, 1, v);
+        let expect = |b: &mut Batcher, p: Vec<u32>, o: GenerateOptions, cached: usize, what: &str| {
+            let out = run_alone(b, p.clone(), o.clone());
+            assert_eq!(out.cached, Some(cached), "{case}: {what}");
+            assert_eq!(Output { cached: None, ..out.clone() }, solo(&model, &p, &o), "{case}: {what}");
+            out
+        };
+        // Cold: chunks 0..32 and 32..64 are indexed; 64..69 and the last token alone are not.
+        let cold = expect(&mut b, first.clone(), options(3, 32), 0, "cold");
+        expect(&mut b, joined(&first[..64], &prompt(26, 2, v)), options(4, 32), 64, "two whole chunks");
+        // Three whole blocks match, but the third would leave its chunk half computed.
+        expect(&mut b, joined(&first[..56], &prompt(20, 3, v)), options(5, 32), 32, "one whole chunk");
+        expect(&mut b, first.clone(), options(3, 16), 0, "another grid");
+        // The next turn of a chat: the earlier answer's blocks came from passes of one row.
+        let turn = joined(&joined(&first, &cold.tokens), &prompt(9, 4, v));
+        expect(&mut b, turn, options(6, 32), 64, "the next turn");
+    }
+}
+
 #[test]
 fn prefix_caching_off_and_on_hybrids() {
     let (model, _) = load_dir(&fixtures().join("llama-f32")).unwrap();

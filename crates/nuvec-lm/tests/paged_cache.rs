@@ -256,3 +256,48 @@ fn trimming_a_paged_sequence_is_exact_and_frees_blocks() {
     let plain = rows(&model.forward_last(&p[10..11], &mut kv).unwrap()).remove(0);
     assert_eq!(resumed, plain);
 }
+
+/// The logits of `then` on a plain cache that computed `first` in one pass and forgot its last
+/// `trim` positions: the reference for a paged sequence whose positions that pass computed.
+fn plain(model: &Model, first: &[u32], trim: usize, then: &[u32]) -> Vec<f32> {
+    let mut kv = model.new_cache();
+    model.prefill(first, &mut kv).unwrap();
+    kv.iter_mut().for_each(|c| c.trim(trim).unwrap());
+    rows(&model.forward_last(then, &mut kv).unwrap()).remove(0)
+}
+
+#[test]
+fn trimming_back_into_a_shared_or_indexed_block_never_changes_what_others_read() {
+    let (model, _) = load_dir(&fixtures().join("llama-f32")).unwrap();
+    let v = model.vocab_size();
+    let (p, other) = (prompt(40, 4, v), prompt(12, 6, v));
+    let mut paged = PagedCache::new(&model, 16, 16, 3).unwrap();
+    paged.set_prefix_caching(true).unwrap();
+    let a = paged.add().unwrap();
+    paged.step(&model, &[(a, &p)]).unwrap();
+    // B starts on A's two full blocks, then trims back into the second and writes other tokens.
+    let (b, held) = paged.add_with_prefix(&p[..33], 2048).unwrap();
+    assert_eq!(held, 32);
+    let free = paged.free_blocks();
+    paged.trim(b, 8).unwrap();
+    assert_eq!(paged.free_blocks(), free - 1, "the shared block was copied into a free one");
+    let got = rows(&paged.step(&model, &[(b, &other)]).unwrap()).remove(0);
+    assert_eq!(got, plain(&model, &p, 16, &other));
+    // A and a later hit still read A's keys and values.
+    let got = rows(&paged.step(&model, &[(a, &[7])]).unwrap()).remove(0);
+    assert_eq!(got, plain(&model, &p, 0, &[7]));
+    let (c, held) = paged.add_with_prefix(&p[..33], 2048).unwrap();
+    assert_eq!(held, 32);
+    let got = rows(&paged.step(&model, &[(c, &p[32..40])]).unwrap()).remove(0);
+    assert_eq!(got, plain(&model, &p, 8, &p[32..40]));
+    paged.remove(c).unwrap();
+
+    // A block only A holds, but indexed, leaves the index before A writes into it again.
+    paged.remove(b).unwrap();
+    paged.trim(a, 17).unwrap();
+    paged.step(&model, &[(a, &other)]).unwrap();
+    let (d, held) = paged.add_with_prefix(&p[..33], 2048).unwrap();
+    assert_eq!(held, 16, "the rewritten block is no hit");
+    let got = rows(&paged.step(&model, &[(d, &p[16..40])]).unwrap()).remove(0);
+    assert_eq!(got, plain(&model, &p, 24, &p[16..40]));
+}

@@ -98,7 +98,9 @@ pub struct BatcherOptions {
     pub micro_batches: Option<usize>,
     /// Share the cache blocks of prompt prefixes across requests (vLLM's automatic prefix
     /// caching): `None` (the default) turns it on where the model allows it (not on hybrids with
-    /// recurrent layers, yet), `Some(true)` insists, `Some(false)` turns it off.
+    /// recurrent layers, yet), `Some(true)` insists, `Some(false)` turns it off. With
+    /// `batch_invariant`, a hit is cut to whole chunks of the request's `prefill_step_size` that
+    /// passes of that size computed, so it is exact too (see `PagedCache`'s docs).
     pub prefix_cache: Option<bool>,
 }
 
@@ -206,6 +208,8 @@ struct Live {
     cancelled: bool,
     /// Prompt tokens a prefix hit gave it at its first admission.
     cached: Option<usize>,
+    /// Prefill rows per pass.
+    chunk: usize,
 }
 
 /// Continuous batching: requests are queued, admitted while cache and slots allow, prefilled in
@@ -273,7 +277,7 @@ impl<'m> Batcher<'m> {
         let id = self.next_id;
         self.next_id += 1;
         self.scheduler.add(Key(id), prompt.len(), chunk);
-        self.live.insert(id, Live { request, seq: None, cancelled: false, cached: None });
+        self.live.insert(id, Live { request, seq: None, cancelled: false, cached: None, chunk });
         Ok(RequestId(id))
     }
 
@@ -352,7 +356,7 @@ impl<'m> Batcher<'m> {
         for w in plan.work {
             let live = self.live.get_mut(&w.key.0).expect("scheduled requests are live");
             if live.seq.is_none() {
-                let added = self.paged.add_with_prefix(&live.request.history).and_then(|(seq, held)| {
+                let added = self.paged.add_with_prefix(&live.request.history, live.chunk).and_then(|(seq, held)| {
                     live.seq = Some(seq);
                     match held == w.start {
                         true => Ok(held),
@@ -498,7 +502,7 @@ impl BlockView for View<'_> {
     }
 
     fn prefix(&self, key: Key) -> (usize, usize) {
-        self.live.get(&key.0).map_or((0, 0), |l| self.paged.probe_prefix(&l.request.history))
+        self.live.get(&key.0).map_or((0, 0), |l| self.paged.probe_prefix(&l.request.history, l.chunk))
     }
 }
 

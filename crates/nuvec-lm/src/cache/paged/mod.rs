@@ -8,8 +8,14 @@
 //! With prefix caching on ([`PagedCache::set_prefix_caching`]), every full block a step
 //! completes is indexed by the hash chain of its tokens; [`PagedCache::add_with_prefix`] starts a
 //! sequence on the blocks that already hold its prompt's prefix, shared (reference-counted,
-//! never copied: only full blocks are shared, and a sequence writes only past them). Freed
-//! indexed blocks keep their content until the pool needs them, least recently freed first.
+//! never copied: only full blocks are shared, and a sequence writes only past them; trimming
+//! back into a shared block copies it first). Freed indexed blocks keep their content until the
+//! pool needs them, least recently freed first.
+//!
+//! A block is indexed with how its rows were computed (`prefix::Computed`). With batch
+//! invariance on, a hit takes only blocks that passes of the request's own prefill grid
+//! computed, and only whole chunks of that grid, so its tokens and log-probabilities are bit for
+//! bit those of the cold run; otherwise a hit matches the cold run to rounding, as batching does.
 
 mod kv;
 mod pool;
@@ -23,6 +29,7 @@ use nuvec::Array;
 pub use kv::PagedKv;
 pub(crate) use kv::{attend_decodes, write_decodes};
 use pool::{lock, BlockPool};
+use prefix::Computed;
 use store::LayerStore;
 
 use super::LayerCache;
@@ -45,8 +52,10 @@ struct Seq {
     /// The tokens in the cache, when known (a sequence inserted from a plain cache has none and
     /// is never indexed).
     tokens: Option<Vec<u32>>,
-    /// The hash chain of its full blocks, as far as indexed.
+    /// The hash chain of its full blocks.
     hashes: Vec<u64>,
+    /// How the rows of its partly filled last block were computed (`None`: it has none).
+    open: Option<Computed>,
 }
 
 /// Many sequences' caches in fixed-size blocks (see the module docs).
@@ -193,45 +202,57 @@ impl PagedCache {
                 None => LayerCache::Recurrent(super::RecurrentCache::new()),
             })
             .collect();
-        self.slots[slot] = Some(Seq { caches, table, tokens: Some(vec![]), hashes: vec![] });
+        self.slots[slot] = Some(Seq { caches, table, tokens: Some(vec![]), hashes: vec![], open: None });
         Ok(SeqId(slot as u32))
     }
 
     /// The blocks holding the longest indexed prefix of `tokens` (full blocks only, and never
-    /// the last token, whose logits a request needs computed).
-    fn prefix_blocks(&self, tokens: &[u32]) -> Vec<(u32, u64)> {
+    /// the last token, whose logits a request needs computed) for a request prefilled `chunk`
+    /// rows per pass: with batch invariance, blocks its own grid computed, ending on that grid.
+    fn prefix_blocks(&self, tokens: &[u32], chunk: usize) -> Vec<(u32, u64)> {
         if !self.pool.caching() || tokens.is_empty() {
             return vec![];
         }
         let bs = self.block_size();
         let usable = &tokens[..(tokens.len() - 1) / bs * bs];
+        let computed = match self.invariant {
+            false => Computed::Batched,
+            true => Computed::Chunks(chunk.max(1)),
+        };
         let mut parent = prefix::ROOT;
         let mut hits = vec![];
         for block in usable.chunks_exact(bs) {
-            let h = prefix::block_hash(parent, block);
-            match self.pool.lookup(h, parent, block) {
+            let h = prefix::block_hash(parent, computed, block);
+            match self.pool.lookup(h, parent, computed, block) {
                 Some(b) => hits.push((b, h)),
                 None => break,
             }
             parent = h;
         }
+        if let Computed::Chunks(c) = computed {
+            // A hit ending inside a chunk would have the rest of that chunk computed in a pass
+            // of another shape than the cold run's.
+            let whole = bs * c / gcd(bs, c);
+            hits.truncate(hits.len() * bs / whole * whole / bs);
+        }
         hits
     }
 
-    /// What [`PagedCache::add_with_prefix`] would find for `tokens`, changing nothing: the
-    /// positions it would start with, and how many of their blocks are free now (a hit takes
-    /// them out of the free count).
-    pub fn probe_prefix(&self, tokens: &[u32]) -> (usize, usize) {
-        let hits = self.prefix_blocks(tokens);
+    /// What [`PagedCache::add_with_prefix`] would find for `tokens` prefilled `chunk` rows per
+    /// pass, changing nothing: the positions it would start with, and how many of their blocks
+    /// are free now (a hit takes them out of the free count).
+    pub fn probe_prefix(&self, tokens: &[u32], chunk: usize) -> (usize, usize) {
+        let hits = self.prefix_blocks(tokens, chunk);
         let revived = hits.iter().filter(|&&(b, _)| self.pool.holders(b) == 0).count();
         (hits.len() * self.block_size(), revived)
     }
 
     /// A new sequence for `tokens`, starting on the indexed blocks that already hold their
     /// longest prefix (shared, not copied): returns it and the positions it starts with. The
-    /// caller then steps the rest of `tokens` from there.
-    pub fn add_with_prefix(&mut self, tokens: &[u32]) -> Result<(SeqId, usize)> {
-        let hits = self.prefix_blocks(tokens);
+    /// caller then steps the rest of `tokens` from there, `chunk` rows per prefill pass (with
+    /// batch invariance the hit is cut to that grid; see the module docs).
+    pub fn add_with_prefix(&mut self, tokens: &[u32], chunk: usize) -> Result<(SeqId, usize)> {
+        let hits = self.prefix_blocks(tokens, chunk);
         let id = self.add()?;
         let held = hits.len() * self.block_size();
         for &(b, _) in &hits {
@@ -366,14 +387,50 @@ impl PagedCache {
                 id.0
             )));
         }
+        let keep = held - n;
+        if n > 0 && !keep.is_multiple_of(bs) {
+            // The sequence will write into the block it now ends in.
+            self.own_block(id, keep / bs)?;
+        }
+        let seq = self.seq_mut(id)?;
         for cache in seq.caches.iter_mut() {
             cache.trim(n)?;
         }
         if let Some(t) = seq.tokens.as_mut() {
-            t.truncate(held - n);
+            t.truncate(keep);
         }
-        seq.hashes.truncate((held - n) / bs);
+        seq.hashes.truncate(keep / bs);
+        // What passes computed the rows left in that block is no longer known.
+        seq.open = (!keep.is_multiple_of(bs)).then_some(Computed::Mixed);
         self.shrink(id)
+    }
+
+    /// Makes block `i` of sequence `id`'s table its own to write into: a block other sequences
+    /// share is copied into a fresh one first, and an indexed block leaves the index.
+    fn own_block(&mut self, id: SeqId, i: usize) -> Result<()> {
+        let table = self.seq(id)?.table.clone();
+        let b = lock(&table)[i];
+        if self.pool.holders(b) <= 1 {
+            self.pool.unindex(b);
+            return Ok(());
+        }
+        let Some(copy) = self.pool.take() else {
+            return Err(Error::Invalid(format!(
+                "cannot trim sequence {} into a block it shares with another: copying it needs a free block, and all \
+                 {} are in use; remove a sequence first",
+                id.0,
+                self.pool.total()
+            )));
+        };
+        for store in self.stores.iter().flatten() {
+            if let Err(e) = lock(store).copy_block(b, copy) {
+                self.pool.release(copy);
+                return Err(e);
+            }
+        }
+        lock(&table)[i] = copy;
+        self.pool.release(b);
+        Ok(())
     }
 
     fn seq(&self, id: SeqId) -> Result<&Seq> {
@@ -443,19 +500,30 @@ impl PagedCache {
         let bs = self.block_size();
         let Some(seq) = self.slots[id.0 as usize].as_mut() else { return };
         let Some(known) = seq.tokens.as_mut() else { return };
+        let pass = Computed::pass(self.invariant, known.len(), tokens.len());
         known.extend_from_slice(tokens);
-        if !self.pool.caching() {
-            return;
-        }
         let table = lock(&seq.table);
+        let mut open = seq.open.take();
         while seq.hashes.len() < known.len() / bs {
             let i = seq.hashes.len();
             let parent = seq.hashes.last().copied().unwrap_or(prefix::ROOT);
             let block = &known[i * bs..(i + 1) * bs];
-            let h = prefix::block_hash(parent, block);
-            self.pool.register(table[i], h, parent, block);
+            let computed = open.take().map_or(pass, |o| o.and(pass));
+            let h = prefix::block_hash(parent, computed, block);
+            self.pool.register(table[i], h, parent, computed, block);
             seq.hashes.push(h);
         }
+        if known.len() % bs != 0 {
+            seq.open = Some(open.map_or(pass, |o| o.and(pass)));
+        }
+    }
+}
+
+fn gcd(a: usize, b: usize) -> usize {
+    if b == 0 {
+        a
+    } else {
+        gcd(b, a % b)
     }
 }
 

@@ -9,6 +9,8 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Mutex, MutexGuard};
 
+use super::prefix::Computed;
+
 /// Free blocks, reference counts and the prefix index of one paged cache (every layer uses the
 /// same block ids).
 #[derive(Debug)]
@@ -26,9 +28,9 @@ pub(crate) struct BlockPool {
     freed_at: Vec<Option<u64>>,
     cached_free: usize,
     index: HashMap<u64, u32>,
-    /// What each indexed block holds: its parent's hash and its tokens (a hit compares them,
-    /// so a hash collision can never share the wrong keys and values).
-    content: Vec<Option<(u64, Vec<u32>)>>,
+    /// What each indexed block holds: its parent's hash, how it was computed and its tokens (a
+    /// hit compares them, so a hash collision can never share the wrong keys and values).
+    content: Vec<Option<(u64, Computed, Vec<u32>)>>,
     clock: u64,
     /// Whether full blocks are indexed at all.
     caching: bool,
@@ -136,23 +138,37 @@ impl BlockPool {
         }
     }
 
-    /// Indexes block `b` as holding `tokens` after the prefix hashed `parent`, hashed `h` (a
-    /// first holder of that content keeps the index; a block is indexed once).
-    pub(crate) fn register(&mut self, b: u32, h: u64, parent: u64, tokens: &[u32]) {
-        if !self.caching || self.index.contains_key(&h) || self.hash[b as usize].is_some() {
+    /// Indexes block `b` as holding `tokens`, computed as `computed`, after the prefix hashed
+    /// `parent`, hashed `h` (a first holder of that content keeps the index; a block is indexed
+    /// once; a `Mixed` block never is).
+    pub(crate) fn register(&mut self, b: u32, h: u64, parent: u64, computed: Computed, tokens: &[u32]) {
+        if !self.caching
+            || computed == Computed::Mixed
+            || self.index.contains_key(&h)
+            || self.hash[b as usize].is_some()
+        {
             return;
         }
         self.index.insert(h, b);
         self.hash[b as usize] = Some(h);
-        self.content[b as usize] = Some((parent, tokens.to_vec()));
+        self.content[b as usize] = Some((parent, computed, tokens.to_vec()));
     }
 
-    /// The block holding `tokens` after the prefix hashed `parent` (hashed `h`), if indexed.
-    pub(crate) fn lookup(&self, h: u64, parent: u64, tokens: &[u32]) -> Option<u32> {
+    /// The block holding `tokens`, computed as `computed`, after the prefix hashed `parent`
+    /// (hashed `h`), if indexed.
+    pub(crate) fn lookup(&self, h: u64, parent: u64, computed: Computed, tokens: &[u32]) -> Option<u32> {
         let b = *self.index.get(&h)?;
         match &self.content[b as usize] {
-            Some((p, t)) if *p == parent && t[..] == *tokens => Some(b),
+            Some((p, c, t)) if *p == parent && *c == computed && t[..] == *tokens => Some(b),
             _ => None,
+        }
+    }
+
+    /// Takes block `b` out of the prefix index (its holder is about to write into it).
+    pub(crate) fn unindex(&mut self, b: u32) {
+        if let Some(h) = self.hash[b as usize].take() {
+            self.index.remove(&h);
+            self.content[b as usize] = None;
         }
     }
 }
@@ -167,14 +183,16 @@ pub(crate) fn lock<T>(pool: &Mutex<T>) -> MutexGuard<'_, T> {
 mod tests {
     use super::*;
 
+    const B: Computed = Computed::Batched;
+
     #[test]
     fn indexed_blocks_wait_in_the_free_list_and_are_evicted_least_recent_first() {
         let mut p = BlockPool::new(3, 16);
         p.set_caching(true);
         let (a, b, c) = (p.take().unwrap(), p.take().unwrap(), p.take().unwrap());
         assert_eq!((p.take(), p.free()), (None, 0));
-        p.register(a, 11, 0, &[1]);
-        p.register(b, 22, 0, &[2]);
+        p.register(a, 11, 0, B, &[1]);
+        p.register(b, 22, 0, B, &[2]);
         p.release(a);
         p.release(b);
         p.release(c);
@@ -182,8 +200,8 @@ mod tests {
         // The plain block first, then the least recently freed indexed one (a).
         assert_eq!(p.take(), Some(c));
         assert_eq!(p.take(), Some(a));
-        assert_eq!((p.lookup(11, 0, &[1]), p.lookup(22, 0, &[2])), (None, Some(b)));
-        assert_eq!(p.lookup(22, 0, &[3]), None, "a colliding hash of other tokens is no hit");
+        assert_eq!((p.lookup(11, 0, B, &[1]), p.lookup(22, 0, B, &[2])), (None, Some(b)));
+        assert_eq!(p.lookup(22, 0, B, &[3]), None, "a colliding hash of other tokens is no hit");
         // A hit on a free indexed block takes it out of the free list.
         p.share(b);
         assert_eq!((p.free(), p.holders(b)), (0, 1));
@@ -192,8 +210,8 @@ mod tests {
         p.release(b);
         assert_eq!(p.free(), 0, "still held once");
         p.release(b);
-        assert_eq!((p.free(), p.lookup(22, 0, &[2])), (1, Some(b)));
+        assert_eq!((p.free(), p.lookup(22, 0, B, &[2])), (1, Some(b)));
         p.set_caching(false);
-        assert_eq!((p.free(), p.lookup(22, 0, &[2])), (1, None));
+        assert_eq!((p.free(), p.lookup(22, 0, B, &[2])), (1, None));
     }
 }

@@ -49,6 +49,20 @@ impl LayerStore {
         Ok(())
     }
 
+    /// Copies block `from`'s keys and values into block `to` (nothing to copy before the first
+    /// write).
+    pub(crate) fn copy_block(&mut self, from: u32, to: u32) -> Result<()> {
+        let bs = self.block_size;
+        let blocks = self.blocks;
+        let Some((k, v, [heads, dim])) = self.arrays.as_mut() else { return Ok(()) };
+        let width = *heads * *dim;
+        for a in [k, v] {
+            let rows = Matrix::Dense(a.reshape(&[blocks, bs * width])?).embed(&[from])?;
+            a.write_axis1(&rows.reshape(&[1, bs, width])?, to as usize * bs)?;
+        }
+        Ok(())
+    }
+
     /// The keys and values of every block for writing, made for `heads` heads of `dim` features
     /// on `device` at the first write.
     pub(crate) fn arrays_mut(&mut self, heads: usize, dim: usize, device: Device) -> Result<(&mut Array, &mut Array)> {
