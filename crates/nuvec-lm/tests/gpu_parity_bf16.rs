@@ -17,6 +17,10 @@
 //!   top-2 margin is within twice the logit difference measured at that position (only there
 //!   can the difference change the argmax).
 //!
+//! `q4_batched_decode_forced_bf16` runs batched decode steps of 6, 12 and 20 sequences under
+//! `Bf16`, whose products take the tensor-core kernels of `kernels/qmma.cu`, against each
+//! sequence decoded alone.
+//!
 //! Fixtures: `$NUVEC_GPU_FIXTURES`, else `$NUVEC_FIXTURES` (config.json and the safetensors of
 //! each case, and `precision_noise_long/`). Missing fixtures or no usable GPU fail the test.
 //! The precision is process-wide, so the tests of this binary take turns (`MODE`).
@@ -238,5 +242,78 @@ fn bf16_checkpoint_prefill_auto() {
         assert!(bits(&auto) == bits(&bf16), "{case} chunk {chunk}: Auto's logits are not the Bf16 setting's");
         assert!(bits(&auto) != bits(&f32_rows), "{case} chunk {chunk}: the bf16 and f32 paths agree: proves nothing");
         println!("RESULT auto {case} prompt={PROMPT} chunk={chunk}: logits equal to the bf16 setting's bit for bit");
+    }
+}
+
+/// Greedy decoding of each of `prompts` alone on the GPU (its prompt but the last token in one
+/// pass, then a token at a time): each step's logits.
+fn decode_alone(gpu: &Model, p: &[u32], steps: usize) -> Vec<Vec<f32>> {
+    let mut cache = gpu.new_cache();
+    if p.len() > 1 {
+        gpu.prefill(&p[..p.len() - 1], &mut cache).unwrap();
+    }
+    let mut t = p[p.len() - 1];
+    (0..steps)
+        .map(|_| {
+            let row = gpu.forward_last(&[t], &mut cache).unwrap().to_vec::<f32>().unwrap();
+            t = argmax(&row);
+            row
+        })
+        .collect()
+}
+
+#[test]
+fn q4_batched_decode_forced_bf16() {
+    // Under Bf16 a batched decode step's products of 2 to 8 rows take x in three bf16 parts (f32
+    // accuracy) and of 9 to 32 rows x in bf16, on the tensor cores (kernels/qmma.cu); the same
+    // steps alone take the one-row f32 GEMV. Each sequence's batched logits must stay within
+    // gpu_parity.rs's f32 tolerance of its own (6 sequences), or mlx-lm's bf16-vs-f32 noise (12
+    // and 20), and give its greedy tokens but after a near tie.
+    use nuvec_lm::{decode_batch, PagedCache};
+    let case = "mistral-q4g64";
+    let _turn = turn(MatmulPrecision::Bf16);
+    let (noise, _) = precision_noise("mistral-bf16");
+    let gpu = load_model_on(&case_dir(case), Device::Cuda(0)).unwrap_or_else(|e| panic!("{case}: cuda:0: {e}"));
+    let lengths = [1, 17, 300, 5, 40, 2, 64, 9, 130, 3, 33, 77, 1, 4, 250, 6, 18, 90, 2, 11];
+    let steps = 8;
+    let prompts: Vec<Vec<u32>> =
+        lengths.iter().enumerate().map(|(i, &n)| prompt(gpu.vocab_size() - i, n)).collect();
+    let alone: Vec<Vec<Vec<f32>>> = prompts.iter().map(|p| decode_alone(&gpu, p, steps)).collect();
+    for (count, bound) in [(6, F32_TOLERANCE), (12, noise), (20, noise)] {
+        let mut paged = PagedCache::new(&gpu, 512, 16, count).unwrap();
+        let mut ids = vec![];
+        for p in &prompts[..count] {
+            let id = paged.add().unwrap();
+            if p.len() > 1 {
+                paged.step(&gpu, &[(id, &p[..p.len() - 1])]).unwrap();
+            }
+            ids.push(id);
+        }
+        let mut tokens: Vec<u32> = prompts[..count].iter().map(|p| p[p.len() - 1]).collect();
+        let mut widest = 0f32;
+        let mut diverged = vec![false; count];
+        for step in 0..steps {
+            let logits = decode_batch(&gpu, &tokens, &ids, &mut paged).unwrap().to_vec::<f32>().unwrap();
+            for (i, row) in logits.chunks(gpu.vocab_size()).enumerate() {
+                if diverged[i] {
+                    continue;
+                }
+                let own = &alone[i][step];
+                let d = own.iter().zip(row).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+                assert!(d <= bound, "{count} sequences: sequence {i} step {step}: logits differ by {d} > {bound}");
+                widest = widest.max(d);
+                tokens[i] = argmax(row);
+                if tokens[i] != argmax(own) {
+                    let m = margin(own);
+                    assert!(m <= 2.0 * d, "{count} sequences: sequence {i} step {step}: another token, margin {m}");
+                    diverged[i] = true;
+                }
+            }
+        }
+        let equal = diverged.iter().filter(|d| !**d).count();
+        println!(
+            "RESULT bf16 batched {case}: {count} sequences x {steps} steps, widest logit difference {widest:.2e} \
+             (bound {bound:.2e}), {equal} of {count} all greedy tokens equal"
+        );
     }
 }
