@@ -374,6 +374,43 @@ fn prefix_hits_share_whole_blocks_and_give_the_cold_tokens() {
     }
 }
 
+#[test]
+fn requests_arriving_together_compute_a_shared_prefix_once() {
+    // Three requests after one 40-token system prompt, submitted at once (as `n` choices or a
+    // burst of agent calls are): the first computes the prefix, the others wait for its two
+    // full blocks and take them from the cache, and a request with another prompt, queued
+    // behind them, is not held up. Every one gets its solo greedy tokens.
+    let (model, _) = load_dir(&fixtures().join("llama-f32")).unwrap();
+    let v = model.vocab_size();
+    let system = prompt(40, 9, v);
+    let mut b = Batcher::new(&model, BatcherOptions { blocks: Some(64), ..Default::default() }).unwrap();
+    let mut prompts: Vec<Vec<u32>> = [1, 2, 3].iter().map(|&s| joined(&system, &prompt(5, s, v))).collect();
+    prompts.push(prompt(30, 4, v));
+    let ids: Vec<RequestId> = prompts.iter().map(|p| b.submit(p.clone(), greedy(4)).unwrap()).collect();
+    let first = b.step().unwrap();
+    let started: Vec<RequestId> = first.iter().filter(|e| matches!(e, Event::Started { .. })).map(event_id).collect();
+    assert_eq!(started, vec![ids[0], ids[3]], "the other prompt is not held up");
+    let out = drain(&mut b);
+    let cached: Vec<Option<usize>> = ids[1..3].iter().map(|id| out[id].cached).collect();
+    assert_eq!(cached, vec![Some(32), Some(32)], "both take the first request's two full blocks");
+    // Each prompt but its last token (which the sampling pass computes), less what was shared.
+    assert_eq!(b.stats().prefill_tokens, (44 + 12 + 12 + 29) as u64);
+    for (p, id) in prompts.iter().zip(&ids).skip(1) {
+        let alone = solo(&model, p, &greedy(4));
+        assert_eq!((&out[id].tokens, &out[id].reason), (&alone.tokens, &alone.reason));
+    }
+}
+
+fn event_id(e: &Event) -> RequestId {
+    match e {
+        Event::Token { id, .. }
+        | Event::Logprobs { id, .. }
+        | Event::Failed { id, .. }
+        | Event::Started { id, .. }
+        | Event::Finished { id, .. } => *id,
+    }
+}
+
 /// Runs `prompt` alone through `batcher`: its output.
 fn run_alone(batcher: &mut Batcher, prompt: Vec<u32>, options: GenerateOptions) -> Output {
     let id = batcher.submit(prompt, options).unwrap();

@@ -62,6 +62,10 @@ pub(crate) trait BlockView {
     /// For waiting request `key`: the positions a prefix hit gives it (whole blocks), and how
     /// many of those blocks are free now (the hit takes them out of the free count).
     fn prefix(&self, key: Key) -> (usize, usize);
+    /// Whether waiting request `key` would get a longer prefix hit once one of the `running`
+    /// requests (each with the positions it has computed) has computed blocks they share: it
+    /// then waits for them instead of computing the same blocks beside it.
+    fn shares_pending(&self, key: Key, running: &[(Key, usize)]) -> bool;
 }
 
 /// The queues and the block count.
@@ -169,12 +173,20 @@ impl Scheduler {
             plan.work.push(Work { key: t.key, start, end, samples: end == t.known });
             i += 1;
         }
-        // No admission in a step that had to preempt: the freed blocks go to the running.
+        // No admission in a step that had to preempt: the freed blocks go to the running. In
+        // order, but a request waiting for a prefix that a running one is computing lets the
+        // ones behind it go first.
+        let mut at = 0;
         while plan.preempted.is_empty() && self.running.len() < self.max_running {
-            let Some(t) = self.waiting.front() else { break };
+            let Some(t) = self.waiting.get(at) else { break };
             if self.blocks_for(t.known) > self.total_blocks {
-                let t = self.waiting.pop_front().expect("just seen");
+                let t = self.waiting.remove(at).expect("just seen");
                 plan.cache_full.push(t.key);
+                continue;
+            }
+            let running: Vec<(Key, usize)> = self.running.iter().map(|r| (r.key, r.computed)).collect();
+            if blocks.shares_pending(t.key, &running) {
+                at += 1;
                 continue;
             }
             let (cached, revived) = blocks.prefix(t.key);
@@ -183,7 +195,7 @@ impl Scheduler {
             if end - start > budget || need > free {
                 break;
             }
-            let mut t = self.waiting.pop_front().expect("just seen");
+            let mut t = self.waiting.remove(at).expect("just seen");
             t.computed = cached;
             free -= need;
             budget -= end - start;
@@ -219,6 +231,9 @@ mod tests {
         }
         fn prefix(&self, _: Key) -> (usize, usize) {
             (0, 0)
+        }
+        fn shares_pending(&self, _: Key, _: &[(Key, usize)]) -> bool {
+            false
         }
     }
 
@@ -320,6 +335,45 @@ mod tests {
         // It got to 8 positions (the whole cache) before.
         let last = plans.iter().flat_map(|p| p.work.clone()).last().unwrap();
         assert_eq!(last.end, 8);
+    }
+
+    /// Blocks as [`Own`] counts them, where request 2 shares request 1's prefix until request 1
+    /// has computed 32 positions.
+    struct Sharing(Own);
+
+    impl BlockView for Sharing {
+        fn free(&self) -> usize {
+            self.0.free()
+        }
+        fn exclusive(&self, key: Key) -> usize {
+            self.0.exclusive(key)
+        }
+        fn prefix(&self, _: Key) -> (usize, usize) {
+            (0, 0)
+        }
+        fn shares_pending(&self, key: Key, running: &[(Key, usize)]) -> bool {
+            key == Key(2) && running.iter().any(|&(k, computed)| k == Key(1) && computed < 32)
+        }
+    }
+
+    #[test]
+    fn a_request_waits_for_a_shared_prefix_being_computed_and_lets_others_pass() {
+        let mut s = Scheduler::new(16, 100, 4, 1000);
+        for k in 1..=3 {
+            s.add(Key(k), 40, 16);
+        }
+        let p = s.plan(&Sharing(Own::of(&s)));
+        assert_eq!(p.admitted, vec![Key(1), Key(3)], "2 waits for 1's blocks; 3 goes past it");
+        for w in &p.work {
+            s.ran(w, false);
+        }
+        let p = s.plan(&Sharing(Own::of(&s)));
+        assert_eq!(p.admitted, Vec::<Key>::new(), "1 has computed 16 of the 32");
+        for w in &p.work {
+            s.ran(w, false);
+        }
+        let p = s.plan(&Sharing(Own::of(&s)));
+        assert_eq!(p.admitted, vec![Key(2)]);
     }
 
     #[test]
