@@ -12,7 +12,9 @@
 //! which we must match as tightly as the f32 cases, and how far mlx-lm's own two precisions
 //! differ (precision_noise.json): against the bf16 run we allow twice that. Like mlx-lm, nuvec
 //! stores a bf16 checkpoint's KV cache in bf16 by default: the bf16 record is compared with that
-//! default, mlx-lm's f32 records with an f32 cache.
+//! default, mlx-lm's f32 records with an f32 cache. The default itself (f32 compute, bf16 cache)
+//! is compared like for like with mlx-lm computing in f32 with a bf16-rounding cache
+//! (kv_half_cache/, see `half_cache_run`).
 
 mod common;
 
@@ -184,13 +186,52 @@ fn runs(dir: &Path) -> Vec<Run> {
         },
         // The bf16 run itself, within mlx-lm's own bf16-vs-f32 difference.
         recorded((2.0 * max + 0.0625, 2.0 * mean + 0.0625), false),
+        half_cache_run(dir),
     ]
+}
+
+/// mlx-lm computing the same weights in f32 with a cache of the checkpoint's own (half) dtype
+/// (scripts/oracle/more/kv_half_cache.py): nuvec's default path for these checkpoints, like for
+/// like, teacher-forced and free-running. The two computations differ by summation order, which
+/// can round a key or value of the cache the other way: one unit in the last place of that one
+/// element, where rounding the whole cache (cache_noise: the oracle's run against its own f32
+/// cache) moves every element by up to half a unit. An eighth of cache_noise leaves room for
+/// many such elements, and still fails a cache rounded otherwise or not at all (checked by
+/// `the_half_cache_record_tells_an_f32_cache_apart`).
+fn half_cache_run(dir: &Path) -> Run {
+    let name = dir.file_name().unwrap().to_string_lossy().to_string();
+    let records = dir.parent().unwrap().join("kv_half_cache");
+    let text = std::fs::read_to_string(records.join(format!("{name}.json")))
+        .unwrap_or_else(|e| panic!("{name}: no kv_half_cache record ({e}): rerun scripts/setup-oracle.sh"));
+    let record: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(record["kv_dtype"], "mlx.core.bfloat16", "{name}: a half cache other than bf16");
+    let file = nuvec::io::SafetensorsFile::open(records.join(format!("{name}.safetensors"))).unwrap();
+    let get = |n: &str| file.array(n).unwrap().to_f32_vec().unwrap();
+    let top_ids = get("step_top_ids");
+    let tokens = ids(&record["greedy_tokens"]);
+    let noise = |k: &str| record[k].as_f64().unwrap() as f32;
+    Run {
+        label: "mlx-lm in f32 with a bf16 cache",
+        k: top_ids.len() / tokens.len(),
+        margins: floats(&record["margins"]),
+        tokens,
+        first: get("first_logits"),
+        top_ids,
+        top_logits: get("step_top_logits"),
+        tolerance: (F32_TOLERANCE + noise("cache_noise_max") / 8.0, F32_TOLERANCE + noise("cache_noise_mean") / 8.0),
+        free_running: true,
+        // The default, which must be the bf16 cache this record was made with.
+        kv_dtype: None,
+    }
 }
 
 fn check_case(dir: &Path) -> Result<Vec<String>, String> {
     let name = dir.file_name().unwrap().to_string_lossy().to_string();
     let oracle = oracle_json(dir);
     let (model, tokenizer) = nuvec_lm::load_dir(dir).map_err(|e| format!("{name}: load failed: {e}"))?;
+    if dir.join("precision_noise.json").exists() && model.kv_dtype() != KvDtype::Bf16 {
+        return Err(format!("{name}: a bf16 checkpoint's default KV cache is {:?}, not bf16", model.kv_dtype()));
+    }
     let prompt = ids(&oracle["prompt_ids"]);
     if let Some(text) = oracle["prompt"].as_str() {
         let ours = tokenizer.encode(text, true).map_err(|e| e.to_string())?;
@@ -220,5 +261,19 @@ fn every_case_matches_mlx_lm() {
     assert!(recorded.len() >= 30, "index.json records {} cases, the oracle script makes 30+", recorded.len());
     for name in recorded.keys() {
         assert!(cases.iter().any(|d| d.ends_with(name)), "recorded case {name} is missing from the fixtures");
+    }
+}
+
+#[test]
+fn the_half_cache_record_tells_an_f32_cache_apart() {
+    // The like-for-like record's tolerance is tight enough that the same computation with an f32
+    // cache (what nuvec would do if its default cache stopped being bf16) fails it.
+    for case in ["llama-bf16", "qwen3-bf16"] {
+        let dir = fixtures().join(case);
+        let (model, _) = nuvec_lm::load_dir(&dir).unwrap();
+        let prompt = ids(&oracle_json(&dir)["prompt_ids"]);
+        let run = Run { kv_dtype: Some(KvDtype::F32), ..half_cache_run(&dir) };
+        let err = check_run(case, &model, &prompt, &run).expect_err("an f32 cache passes the bf16-cache record");
+        eprintln!("{err}");
     }
 }
