@@ -81,15 +81,25 @@ fn panicked(panic: Box<dyn std::any::Any + Send + 'static>) -> Response {
     ApiError::internal("(handler)", format!("the handler panicked: {text}")).into_response()
 }
 
-async fn no_route(method: Method, uri: Uri) -> ApiError {
-    ApiError::no_route(method.as_str(), uri.path())
+async fn no_route(method: Method, uri: Uri) -> Response {
+    in_shape_of(&uri, ApiError::no_route(method.as_str(), uri.path()))
 }
 
-async fn wrong_method(method: Method, uri: Uri) -> ApiError {
-    ApiError {
+async fn wrong_method(method: Method, uri: Uri) -> Response {
+    let error = ApiError {
         status: StatusCode::METHOD_NOT_ALLOWED,
         code: Some("method_not_allowed"),
         ..ApiError::no_route(method.as_str(), uri.path())
+    };
+    in_shape_of(&uri, error)
+}
+
+/// `error` in the shape the clients of `uri` read: Anthropic's under `/v1/messages`, OpenAI's
+/// elsewhere.
+fn in_shape_of(uri: &Uri, error: ApiError) -> Response {
+    match uri.path().strip_prefix("/v1/messages") {
+        Some(rest) if rest.is_empty() || rest.starts_with('/') => messages::error_response(error),
+        _ => error.into_response(),
     }
 }
 

@@ -555,6 +555,27 @@ fn bad_input_names_the_field_in_each_protocols_shape() {
         let bytes = axum::body::to_bytes(response.into_body(), usize::MAX).await.unwrap();
         let error: Value = serde_json::from_slice(&bytes).unwrap();
         assert_eq!(error["error"]["type"], "invalid_request_error", "{error}");
+        // A route or method the Messages API does not have: Anthropic's shape too, not OpenAI's.
+        for (method, uri, status, kind) in [
+            ("GET", "/v1/messages", StatusCode::METHOD_NOT_ALLOWED, "invalid_request_error"),
+            ("POST", "/v1/messages/batches", StatusCode::NOT_FOUND, "not_found_error"),
+            ("GET", "/v1/messages/count_tokens", StatusCode::METHOD_NOT_ALLOWED, "invalid_request_error"),
+        ] {
+            let request =
+                axum::http::Request::builder().method(method).uri(uri).body(axum::body::Body::empty()).unwrap();
+            let response = tower::ServiceExt::oneshot(app.clone(), request).await.unwrap();
+            assert_eq!(response.status(), status, "{method} {uri}");
+            let bytes = axum::body::to_bytes(response.into_body(), usize::MAX).await.unwrap();
+            let error: Value = serde_json::from_slice(&bytes).unwrap();
+            assert_eq!((&error["type"], &error["error"]["type"]), (&json!("error"), &json!(kind)), "{error}");
+            assert!(error["error"]["message"].as_str().unwrap().contains(uri), "{error}");
+        }
+        // Elsewhere OpenAI's.
+        let request = axum::http::Request::builder().uri("/v1/messagesx").body(axum::body::Body::empty()).unwrap();
+        let response = tower::ServiceExt::oneshot(app.clone(), request).await.unwrap();
+        let bytes = axum::body::to_bytes(response.into_body(), usize::MAX).await.unwrap();
+        let error: Value = serde_json::from_slice(&bytes).unwrap();
+        assert!(error["error"]["code"].is_string() && error.get("type").is_none(), "{error}");
     });
 }
 

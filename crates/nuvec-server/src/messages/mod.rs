@@ -45,7 +45,7 @@ pub(crate) fn error_body(error: &ApiError) -> Value {
     json!({"type": "error", "error": {"type": error_type(error.status), "message": error.message}})
 }
 
-fn error_response(error: ApiError) -> Response {
+pub(crate) fn error_response(error: ApiError) -> Response {
     (error.status, Json(error_body(&error))).into_response()
 }
 
