@@ -337,9 +337,23 @@ fn tool_fields_are_checked_naming_them() {
 }
 
 /// The real OpenAI SDK against the server on a socket: tools in, parsed calls out (whole and
-/// streamed), then the round trip with the call's result.
+/// streamed), then the round trip with the call's result, on chat completions and Responses.
 #[test]
 fn the_openai_sdk_gets_parsed_tool_calls() {
+    run_sdk_script("tools_openai.py", "/v1");
+}
+
+/// The real Anthropic SDK on the Messages API: a tool_use block out (whole and streamed), then
+/// the round trip with a tool_result.
+#[test]
+fn the_anthropic_sdk_gets_tool_use_blocks() {
+    run_sdk_script("tools_anthropic.py", "");
+}
+
+/// Runs `script` (in this folder) with the SDKs' Python against a scripted Qwen3 server that
+/// answers a question with a get_weather call and a tool response with the weather, on a socket
+/// whose base URL ends in `suffix`.
+fn run_sdk_script(script: &str, suffix: &str) {
     let python = std::env::var("NUVEC_OPENAI_PYTHON").unwrap_or_else(|_| {
         panic!("NUVEC_OPENAI_PYTHON is not set: run scripts/test.sh (it runs scripts/setup-serve-tests.sh)")
     });
@@ -355,14 +369,14 @@ fn the_openai_sdk_gets_parsed_tool_calls() {
     let served = serve(&fixture("qwen3"), answer);
     let rt = runtime();
     let listener = rt.block_on(tokio::net::TcpListener::bind("127.0.0.1:0")).unwrap();
-    let base = format!("http://{}/v1", listener.local_addr().unwrap());
+    let base = format!("http://{}{suffix}", listener.local_addr().unwrap());
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let stopped = async {
         let _ = stopped.await;
     };
     let serving = rt.spawn(served.server.serve(listener, stopped, std::future::pending()));
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/tools_openai.py");
-    let out = std::process::Command::new(&python).args([script, &base]).output().unwrap();
+    let script = format!("{}/tests/{script}", env!("CARGO_MANIFEST_DIR"));
+    let out = std::process::Command::new(&python).args([&script, &base]).output().unwrap();
     let _ = stop.send(());
     rt.block_on(serving).unwrap().unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);

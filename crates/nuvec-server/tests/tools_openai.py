@@ -1,4 +1,5 @@
-"""Tool calls through the real OpenAI Python SDK (pinned in scripts/serve/requirements.txt).
+"""Tool calls through the real OpenAI Python SDK (pinned in scripts/serve/requirements.txt), on
+chat completions and on the Responses API.
 
     python tools_openai.py BASE_URL
 
@@ -84,4 +85,28 @@ try:
     raise AssertionError("an unknown tool was accepted")
 except openai.BadRequestError as e:
     check(e.body["param"] == "tool_choice", e.body)
+
+# The Responses API: tools in its flat shape, the call as a function_call item, and the round
+# trip with the call and a function_call_output item.
+RESPONSE_TOOLS = [{"type": "function", **TOOLS[0]["function"]}]
+r = client.responses.create(model="scripted", input="What's the weather in Paris?", tools=RESPONSE_TOOLS)
+calls = [item for item in r.output if item.type == "function_call"]
+check(len(calls) == 1 and calls[0].name == "get_weather", r.output)
+check(json.loads(calls[0].arguments) == {"city": "Paris"}, calls)
+check(r.output_text == "", r.output)
+with client.responses.stream(model="scripted", input="What's the weather in Paris?", tools=RESPONSE_TOOLS) as stream:
+    kinds = [event.type for event in stream]
+    streamed = stream.get_final_response()
+check("response.function_call_arguments.done" in kinds, kinds)
+streamed_calls = [item for item in streamed.output if item.type == "function_call"]
+check([(c.name, json.loads(c.arguments)) for c in streamed_calls] == [("get_weather", {"city": "Paris"})], streamed)
+items = [
+    {"role": "user", "content": "What's the weather in Paris?"},
+    calls[0].model_dump(include={"type", "call_id", "name", "arguments"}),
+    {"type": "function_call_output", "call_id": calls[0].call_id, "output": json.dumps({"temperature": 21})},
+]
+r = client.responses.create(model="scripted", input=items, tools=RESPONSE_TOOLS)
+check(r.output_text == "It is 21 °C in Paris.", r.output)
+check(not [item for item in r.output if item.type == "function_call"], r.output)
+print("responses call:", calls[0].name, calls[0].arguments)
 print("ok")
