@@ -7,6 +7,8 @@ import statistics
 import subprocess
 import sys
 
+from raw import Raw
+
 
 def llama(args, batch):
     cmd = [args.llama, "-m", args.gguf, "-npp", str(args.prompt), "-ntg", str(args.gen), "-npl", str(batch),
@@ -18,7 +20,7 @@ def llama(args, batch):
     for line in out.splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
         if len(cells) >= 8 and cells[2] == str(batch) and cells[0] == str(args.prompt):
-            return float(cells[7])
+            return float(cells[7]), out
     sys.exit(f"no result row for B={batch} in llama-batched-bench's output:\n{out}")
 
 
@@ -31,7 +33,7 @@ def nuvec(args, batch):
     m = re.search(r"Averages: prompt_tps=[\d.]+, generation_tps=([\d.]+)", out)
     if not m:
         sys.exit(f"no averages in nuvec bench's output:\n{out}")
-    return float(m.group(1))
+    return float(m.group(1)), out
 
 
 def main():
@@ -46,6 +48,7 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
+    raw = Raw(f"compare-batch-{args.device}")
     results = {}
     for batch in args.batches:
         for r in range(args.rounds):
@@ -54,7 +57,8 @@ def main():
             if r % 2:
                 order.reverse()
             for name, run in order:
-                tps = run(args, batch)
+                tps, out = run(args, batch)
+                raw.save(f"B{batch}-round{r + 1}-{name}", out)
                 results.setdefault((batch, name), []).append(tps)
                 print(f"B={batch:<3} round {r + 1}: {name:<9} {tps:9.1f} generated tok/s", flush=True)
     print(f"\n{args.device}, prompt {args.prompt}, generated {args.gen} per sequence, threads {args.threads}")

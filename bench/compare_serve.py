@@ -27,6 +27,8 @@ import tempfile
 import threading
 import time
 
+from raw import Raw
+
 METRICS = ["throughput", "ttft_p50", "ttft_p99", "itl_p50", "itl_p99", "tokens_per_request"]
 WORDS = (
     "the of and to in is was for on that with as by at from his her an which are be this had not but they "
@@ -206,6 +208,7 @@ def main():
     ap.add_argument("--skip", nargs="*", default=[], help="servers to leave out: nuvec, llama-server, mlx-lm")
     args = ap.parse_args()
     engines = [e for e in ["nuvec", "llama-server", "mlx-lm"] if e not in args.skip]
+    raw = Raw("compare-serve")
     results = {}
     with open("/proc/loadavg") as f:
         print(f"load average before: {f.read().split()[:3]}", flush=True)
@@ -222,6 +225,7 @@ def main():
             order = engines if r % 2 == 0 else engines[::-1]
             for name in order:
                 m = run(args, name, c, texts, arrivals)
+                raw.save(f"C{c}-round{r + 1}-{name}", json.dumps(m, indent=1))
                 results.setdefault((c, name), []).append(m)
                 print(f"C={c:<3} round {r + 1}: {name:<13} " + " ".join(f"{k}={m[k]:.1f}" for k in METRICS), flush=True)
     with open("/proc/loadavg") as f:

@@ -13,6 +13,8 @@ import subprocess
 import sys
 import tempfile
 
+from raw import Raw
+
 METRICS = ["throughput", "ttft_p50", "ttft_p99", "itl_p50", "itl_p99"]
 
 
@@ -44,13 +46,15 @@ def nuvec(args, path, prefix_cache=True):
         cmd += ["--threads", str(args.threads)]
     if not prefix_cache:
         cmd.append("--no-prefix-cache")
-    return parse(subprocess.run(cmd, capture_output=True, text=True, check=True).stdout, "nuvec")
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+    return parse(out, "nuvec"), out
 
 
 def mlx(args, path):
     cmd = [args.python, os.path.join(os.path.dirname(__file__), "mlx_workload.py"), args.model, path, args.device]
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads))
-    return parse(subprocess.run(cmd, capture_output=True, text=True, check=True, env=env).stdout, "mlx-lm")
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True, env=env).stdout
+    return parse(out, "mlx-lm"), out
 
 
 def main():
@@ -74,6 +78,7 @@ def main():
     engines = [("nuvec", lambda p: nuvec(args, p)), ("nuvec-no-prefix", lambda p: nuvec(args, p, False))]
     if not args.skip_mlx:
         engines.append(("mlx-lm", lambda p: mlx(args, p)))
+    raw = Raw(f"compare-serve-workload-{args.device}")
     results = {}
     tmp = tempfile.mkdtemp(prefix="nuvec-workload-")
     for c in args.concurrency:
@@ -82,7 +87,8 @@ def main():
         for r in range(args.rounds):
             order = engines if r % 2 == 0 else engines[::-1]
             for name, run in order:
-                m = run(path)
+                m, out = run(path)
+                raw.save(f"C{c}-round{r + 1}-{name}", out)
                 results.setdefault((c, name), []).append(m)
                 print(f"C={c:<3} round {r + 1}: {name:<15} " + " ".join(f"{k}={m[k]:.1f}" for k in METRICS), flush=True)
     print(f"\n{args.device}, prompts {args.prompt} (+{args.prefix} shared by half), {args.gen} generated, "
