@@ -34,16 +34,21 @@ def top(logits):
     return order.astype(mx.int32), mx.take_along_axis(logits, order, axis=-1)
 
 
-def main(root):
+def own_cases(root):
+    """Each case folder under `root` with its oracle record, where mlx-lm ran the case's own
+    checkpoint: not the AWQ/GPTQ cases, recorded from their dense f32 equivalent, which have no
+    half-precision run of their own."""
     for case in sorted(Path(root).iterdir()):
         oracle = case / "oracle.json"
         if not oracle.exists() or not (case / "config.json").exists():
             continue
         record = json.loads(oracle.read_text())
-        if "oracle" in record:
-            # Recorded from another checkpoint (the AWQ/GPTQ cases: mlx-lm on their dense f32
-            # equivalent), so there is no half-precision run of this one to measure.
-            continue
+        if "oracle" not in record:
+            yield case, record
+
+
+def main(root):
+    for case, record in own_cases(root):
         model, _ = load(str(case))
         prompt, greedy = record["prompt_ids"], record["greedy_tokens"]
         ids = mx.array([prompt + greedy])

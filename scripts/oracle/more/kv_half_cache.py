@@ -25,6 +25,7 @@ import mlx.core as mx
 from mlx.utils import tree_map
 from mlx_lm import load
 from mlx_lm.models.cache import KVCache, make_prompt_cache
+from record_precision_noise import own_cases
 
 TOP = 16
 
@@ -61,14 +62,7 @@ def greedy(model, prompt, steps, dtype):
 def main(root):
     out_dir = Path(root) / "kv_half_cache"
     out_dir.mkdir(exist_ok=True)
-    for case in sorted(Path(root).iterdir()):
-        oracle = case / "oracle.json"
-        if not oracle.exists() or not (case / "config.json").exists():
-            continue
-        record = json.loads(oracle.read_text())
-        if "oracle" in record:
-            # Recorded from another checkpoint (AWQ/GPTQ): no half-precision run of this one.
-            continue
+    for case, record in own_cases(root):
         model, _ = load(str(case))
         prompt, steps = record["prompt_ids"], len(record["greedy_tokens"])
         dtype = model(mx.array([prompt[:1]])).dtype
