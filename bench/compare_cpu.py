@@ -17,8 +17,6 @@ from raw import Raw
 
 PREFILLS = (512, 2048)
 DECODE_PROMPT = 512
-# The run's results folder (bench/raw.py), once main() has made it.
-RAW = None
 
 
 def llama_worker(args):
@@ -88,7 +86,7 @@ def run_measured(cmd):
     return out, usage.ru_maxrss * 1024
 
 
-def measure(engine, args, n_prompt, gen, label):
+def measure(engine, args, raw, n_prompt, gen, label):
     if engine == "nuvec":
         cmd = [args.nuvec, "bench", "--model", args.gguf, "-p", str(n_prompt), "-g", str(gen), "-n", "1",
                "--threads", str(args.threads), "--prefill-step-size", str(max(n_prompt, 512))]
@@ -101,7 +99,7 @@ def measure(engine, args, n_prompt, gen, label):
         m = re.search(r"RESULT prompt_tps=([\d.]+) generation_tps=([\d.]+)", out)
     if not m:
         sys.exit(f"error: no result from {engine}:\n{out}")
-    RAW.save(f"{label}-{engine}-p{n_prompt}-g{gen}", out)
+    raw.save(f"{label}-{engine}-p{n_prompt}-g{gen}", out)
     return float(m.group(1)), float(m.group(2)), rss
 
 
@@ -120,8 +118,7 @@ def main():
 
     import llama_cpp
 
-    global RAW
-    RAW = Raw("compare-cpu")
+    raw = Raw("compare-cpu")
     engines = ["nuvec", "llama.cpp"]
     metrics = {e: {"decode": [], "prefill512": [], "prefill2048": [], "rss": []} for e in engines}
     print(f"model {args.gguf}\nthreads {args.threads}, rounds {args.rounds}, decode {args.gen} tokens after "
@@ -130,9 +127,9 @@ def main():
         order = engines if rnd % 2 == 0 else engines[::-1]
         for e in order:
             label = f"round{rnd + 1}"
-            _, decode, rss1 = measure(e, args, DECODE_PROMPT, args.gen, label)
-            p512, _, rss2 = measure(e, args, 512, 1, label)
-            p2048, _, rss3 = measure(e, args, 2048, 1, label)
+            _, decode, rss1 = measure(e, args, raw, DECODE_PROMPT, args.gen, label)
+            p512, _, rss2 = measure(e, args, raw, 512, 1, label)
+            p2048, _, rss3 = measure(e, args, raw, 2048, 1, label)
             m = metrics[e]
             m["decode"].append(decode)
             m["prefill512"].append(p512)

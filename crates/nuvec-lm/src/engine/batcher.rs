@@ -505,7 +505,7 @@ impl BlockView for View<'_> {
         self.live.get(&key.0).map_or((0, 0), |l| self.paged.probe_prefix(&l.request.history, l.chunk))
     }
 
-    fn shares_pending(&self, key: Key, running: &[(Key, usize)]) -> bool {
+    fn shares_pending(&self, key: Key, cached: usize, running: &[(Key, usize)]) -> bool {
         let Some(waiting) = self.live.get(&key.0) else { return false };
         if !self.paged.prefix_caching() {
             return false;
@@ -514,7 +514,6 @@ impl BlockView for View<'_> {
         let bs = self.paged.block_size();
         // Whole blocks a hit can give it (never its last token), beyond what the cache holds.
         let usable = tokens.len().saturating_sub(1) / bs * bs;
-        let cached = self.prefix(key).0;
         running.iter().any(|&(r, computed)| {
             let Some(other) = self.live.get(&r.0) else { return false };
             let common = tokens[..usable].iter().zip(&other.request.history).take_while(|(a, b)| a == b).count();

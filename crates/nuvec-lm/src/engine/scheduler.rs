@@ -62,10 +62,11 @@ pub(crate) trait BlockView {
     /// For waiting request `key`: the positions a prefix hit gives it (whole blocks), and how
     /// many of those blocks are free now (the hit takes them out of the free count).
     fn prefix(&self, key: Key) -> (usize, usize);
-    /// Whether waiting request `key` would get a longer prefix hit once one of the `running`
-    /// requests (each with the positions it has computed) has computed blocks they share: it
-    /// then waits for them instead of computing the same blocks beside it.
-    fn shares_pending(&self, key: Key, running: &[(Key, usize)]) -> bool;
+    /// Whether waiting request `key`, whose prefix hit gives it `cached` positions now, would
+    /// get a longer one once one of the `running` requests (each with the positions it has
+    /// computed) has computed blocks they share: it then waits for them instead of computing the
+    /// same blocks beside it.
+    fn shares_pending(&self, key: Key, cached: usize, running: &[(Key, usize)]) -> bool;
 }
 
 /// The queues and the block count.
@@ -177,6 +178,7 @@ impl Scheduler {
         // order, but a request waiting for a prefix that a running one is computing lets the
         // ones behind it go first.
         let mut at = 0;
+        let mut running: Vec<(Key, usize)> = self.running.iter().map(|r| (r.key, r.computed)).collect();
         while plan.preempted.is_empty() && self.running.len() < self.max_running {
             let Some(t) = self.waiting.get(at) else { break };
             if self.blocks_for(t.known) > self.total_blocks {
@@ -184,12 +186,11 @@ impl Scheduler {
                 plan.cache_full.push(t.key);
                 continue;
             }
-            let running: Vec<(Key, usize)> = self.running.iter().map(|r| (r.key, r.computed)).collect();
-            if blocks.shares_pending(t.key, &running) {
+            let (cached, revived) = blocks.prefix(t.key);
+            if blocks.shares_pending(t.key, cached, &running) {
                 at += 1;
                 continue;
             }
-            let (cached, revived) = blocks.prefix(t.key);
             let (start, end) = Self::next_rows(&Tracked { computed: cached, ..t.clone() });
             let need = self.blocks_for(end) - self.blocks_for(start) + revived;
             if end - start > budget || need > free {
@@ -201,6 +202,7 @@ impl Scheduler {
             budget -= end - start;
             plan.admitted.push(t.key);
             plan.work.push(Work { key: t.key, start, end, samples: end == t.known });
+            running.push((t.key, t.computed));
             self.running.push(t);
         }
         plan
@@ -232,7 +234,7 @@ mod tests {
         fn prefix(&self, _: Key) -> (usize, usize) {
             (0, 0)
         }
-        fn shares_pending(&self, _: Key, _: &[(Key, usize)]) -> bool {
+        fn shares_pending(&self, _: Key, _: usize, _: &[(Key, usize)]) -> bool {
             false
         }
     }
@@ -351,7 +353,7 @@ mod tests {
         fn prefix(&self, _: Key) -> (usize, usize) {
             (0, 0)
         }
-        fn shares_pending(&self, key: Key, running: &[(Key, usize)]) -> bool {
+        fn shares_pending(&self, key: Key, _: usize, running: &[(Key, usize)]) -> bool {
             key == Key(2) && running.iter().any(|&(k, computed)| k == Key(1) && computed < 32)
         }
     }

@@ -232,8 +232,9 @@ impl PagedCache {
         if let Computed::Chunks(c) = computed {
             // A hit ending inside a chunk would have the rest of that chunk computed in a pass
             // of another shape than the cold run's.
-            let whole = bs * c / gcd(bs, c);
-            hits.truncate(hits.len() * bs / whole * whole / bs);
+            while !(hits.len() * bs).is_multiple_of(c) {
+                hits.pop();
+            }
         }
         hits
     }
@@ -508,22 +509,14 @@ impl PagedCache {
             let i = seq.hashes.len();
             let parent = seq.hashes.last().copied().unwrap_or(prefix::ROOT);
             let block = &known[i * bs..(i + 1) * bs];
-            let computed = open.take().map_or(pass, |o| o.and(pass));
+            let computed = Computed::after(open.take(), pass);
             let h = prefix::block_hash(parent, computed, block);
             self.pool.register(table[i], h, parent, computed, block);
             seq.hashes.push(h);
         }
         if known.len() % bs != 0 {
-            seq.open = Some(open.map_or(pass, |o| o.and(pass)));
+            seq.open = Some(Computed::after(open, pass));
         }
-    }
-}
-
-fn gcd(a: usize, b: usize) -> usize {
-    if b == 0 {
-        a
-    } else {
-        gcd(b, a % b)
     }
 }
 

@@ -27,12 +27,12 @@ pub(crate) enum Computed {
 }
 
 impl Computed {
-    /// How rows computed `self` and then `other` were computed together.
-    pub(crate) fn and(self, other: Computed) -> Computed {
-        if self == other {
-            self
-        } else {
-            Computed::Mixed
+    /// How a block's rows were computed when `pass` computed its next ones after `earlier` (how
+    /// the rows it already held were computed, `None` if it held none).
+    pub(crate) fn after(earlier: Option<Computed>, pass: Computed) -> Computed {
+        match earlier {
+            Some(e) if e != pass => Computed::Mixed,
+            _ => pass,
         }
     }
 
@@ -67,8 +67,9 @@ mod tests {
         assert_eq!(Computed::pass(true, 64, 32), Computed::Chunks(32));
         assert_eq!(Computed::pass(true, 69, 1), Computed::Chunks(1));
         assert_eq!(Computed::pass(true, 64, 5), Computed::Mixed);
-        assert_eq!(Computed::Chunks(32).and(Computed::Chunks(32)), Computed::Chunks(32));
-        assert_eq!(Computed::Chunks(32).and(Computed::Chunks(1)), Computed::Mixed);
+        assert_eq!(Computed::after(None, Computed::Chunks(1)), Computed::Chunks(1));
+        assert_eq!(Computed::after(Some(Computed::Chunks(32)), Computed::Chunks(32)), Computed::Chunks(32));
+        assert_eq!(Computed::after(Some(Computed::Chunks(32)), Computed::Chunks(1)), Computed::Mixed);
         assert_ne!(
             block_hash(ROOT, Computed::Batched, &[1, 2]),
             block_hash(ROOT, Computed::Chunks(2), &[1, 2]),

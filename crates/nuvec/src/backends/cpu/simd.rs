@@ -266,9 +266,7 @@ pub(crate) mod x86 {
             _mm256_storeu_ps(pd.add(i), _mm256_cvtph_ps(_mm_loadu_si128(ps.add(i) as *const __m128i)));
             i += 8;
         }
-        for j in i..n {
-            dst[j] = src[j].to_f32();
-        }
+        super::widen_f16_scalar(&src[i..], &mut dst[i..]);
     }
 
     /// # Safety
@@ -285,9 +283,7 @@ pub(crate) mod x86 {
             _mm256_storeu_ps(pd.add(i), _mm256_castsi256_ps(_mm256_slli_epi32::<16>(wide)));
             i += 8;
         }
-        for j in i..n {
-            dst[j] = f32::from_bits((src[j].to_bits() as u32) << 16);
-        }
+        super::widen_bf16_scalar(&src[i..], &mut dst[i..]);
     }
 
     /// Sum of the eight lanes.
