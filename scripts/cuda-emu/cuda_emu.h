@@ -19,6 +19,7 @@ inline float4 make_float4(float a, float b, float c, float d) { return {a, b, c,
 struct uint4 { unsigned x, y, z, w; };
 inline uint4 make_uint4(unsigned a, unsigned b, unsigned c, unsigned d) { return {a, b, c, d}; }
 struct uint2 { unsigned x, y; };
+inline uint2 make_uint2(unsigned a, unsigned b) { return {a, b}; }
 struct float2 { float x, y; };
 inline float2 make_float2(float a, float b) { return {a, b}; }
 template <class T> T __ldg(const T* p) { return *p; }
@@ -104,7 +105,7 @@ inline float emu_half_to_float(unsigned short h) {
 #define __launch_bounds__(...)
 #define __shared__ static
 #define __align__(n) __attribute__((aligned(n)))
-// The kernel sources leave their inline-PTX wrappers out under this (mma_bf16, bf16x2_rn, smem_addr,
+// The kernel sources leave their inline-PTX wrappers out under this (mma_bf16, bf16x2_rn, bf16x2_fma, smem_addr,
 // cp_async*, ldmatrix_x4, exp2_ftz, and_or, dp4a_us/dp4a_uu below).
 #define NUVEC_CUDA_EMU 1
 
@@ -141,6 +142,16 @@ inline unsigned short emu_bf16_rn(float f) {
 }
 inline float emu_bf16(unsigned v) { return __uint_as_float((v & 0xFFFFu) << 16); }
 inline unsigned bf16x2_rn(float lo, float hi) { return emu_bf16_rn(lo) | ((unsigned)emu_bf16_rn(hi) << 16); }
+// fma.rn.bf16x2 per half, through f64 then f32 before the bf16 rounding: exact for the kernels'
+// uses (small integers), where no rounding happens at all.
+inline unsigned bf16x2_fma(unsigned a, unsigned b, unsigned c) {
+    unsigned r = 0;
+    for (int h = 0; h < 2; ++h) {
+        double v = (double)emu_bf16(a >> 16 * h) * emu_bf16(b >> 16 * h) + emu_bf16(c >> 16 * h);
+        r |= (unsigned)emu_bf16_rn((float)v) << 16 * h;
+    }
+    return r;
+}
 inline void mma_bf16(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
     int lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
     Warp& w = t_block->warps[threadIdx.x >> 5];

@@ -1,12 +1,13 @@
 // Runs the few-row quantized products on the tensor cores (qmma.cu) through cuda_emu.h on the CPU
-// and compares them with the product written from its definition in f64:
-// - qmma_bN_mR (bf16 x): sum_c bf16(x) * bf16(fmaf(s, q, b)), the operands rounded as the kernel
-//   rounds them, so only the f32 accumulation may differ (tolerance 1e-5 of |want| + mean|want|);
-// - qmma_bN_x3 (f32 x in three bf16 parts): sum_c x * fmaf(s, q, b) exactly, at the CUDA tests'
-//   f32 tolerance (1e-4).
+// and compares them with the product written from its definition in f64, the weight never
+// rounded (the kernels take each group as s * sum x q + b * sum x, q exact):
+// - qmma_bN_mR (bf16 x): sum_c bf16(x) * fmaf(s, q, b), only x rounded as the kernel rounds it
+//   (tolerance 1e-5 of |want| + mean|want|: the f32 sums);
+// - qmma_bN_f32 (f32 x in two bf16 parts): sum_c x * fmaf(s, q, b), at the CUDA tests' f32
+//   tolerance (1e-4).
 // 4 and 8 bits, groups of 32, 64 and 128, scales in f32, f16 and bf16, row counts that are not a
 // multiple of the block's 128, K with a partial last chunk (K = 288), one range of K and several
-// (partial slices added by qmma_reduce), and a row's bits at M = 2 and M = 32 (a row never depends
+// (partial slices added by qmma_reduce), eight chunks (every slot of the pipeline reused), and a row's bits at M = 2 and M = 32 (a row never depends
 // on the rows beside it). Built and run by run.sh, which prepends the kernel sources.
 #include "kernels_qmma.cpp"
 #include "emu_check.h"
@@ -43,7 +44,7 @@ static QW make(int n, int k, int bits, int group, int dt) {
 
 typedef void (*Kernel)(float*, const void*, int, int, const u32*, const void*, const void*, int, int, int, int);
 
-// Runs `f` over x ([m, k]: f32 for x3, else bf16 bits) with `cps` chunks per range of K, then
+// Runs `f` over x ([m, k]: f32 for the f32 kernels, else bf16 bits) with `cps` chunks per range of K, then
 // qmma_reduce when there are several ranges: out [m, n].
 static std::vector<float> run(Kernel f, const QW& w, const void* x, int m, int cps) {
     const int chunks = (w.k + 127) / 128, splits = (chunks + cps - 1) / cps;
@@ -57,7 +58,7 @@ static std::vector<float> run(Kernel f, const QW& w, const void* x, int m, int c
     return out;
 }
 
-static void test(const char* name, Kernel f, bool x3, int bits, int m, int n, int k, int group, int dt) {
+static void test(const char* name, Kernel f, bool f32x, int bits, int m, int n, int k, int group, int dt) {
     QW w = make(n, k, bits, group, dt);
     std::uniform_real_distribution<float> d(-1, 1);
     std::vector<float> x((size_t)m * k);
@@ -70,15 +71,15 @@ static void test(const char* name, Kernel f, bool x3, int bits, int m, int n, in
             double a = 0;
             for (int c = 0; c < k; ++c) {
                 const float wv = w.at(r, c), xv = x[(size_t)i * k + c];
-                a += x3 ? (double)xv * wv : (double)emu_bf16(emu_bf16_rn(xv)) * emu_bf16(emu_bf16_rn(wv));
+                a += (f32x ? (double)xv : (double)emu_bf16(emu_bf16_rn(xv))) * wv;
             }
             want[(size_t)i * n + r] = a;
         }
-    const void* xk = x3 ? (const void*)x.data() : (const void*)xb.data();
+    const void* xk = f32x ? (const void*)x.data() : (const void*)xb.data();
     const int chunks = (k + 127) / 128;
     std::string tag = std::string(name) + " m=" + std::to_string(m) + " n=" + std::to_string(n) + " k=" +
                       std::to_string(k) + " g" + std::to_string(group) + " dt" + std::to_string(dt);
-    const double tol = x3 ? 1e-4 : 1e-5;
+    const double tol = f32x ? 1e-4 : 1e-5;
     auto whole = run(f, w, xk, m, chunks);
     cmp(tag + " one range", whole, want, tol);
     auto split = run(f, w, xk, m, 1);
@@ -108,10 +109,14 @@ int main() {
             test("qmma_b4_m16", qmma_b4_m16, false, 4, 2, 136, k, group, dt);
             test("qmma_b4_m16", qmma_b4_m16, false, 4, 9, 40, k, group, dt);
             test("qmma_b8_m32", qmma_b8_m32, false, 8, 17, 136, k, group, dt);
-            test("qmma_b4_x3", qmma_b4_x3, true, 4, 8, 136, k, group, dt);
-            test("qmma_b8_x3", qmma_b8_x3, true, 8, 3, 40, k, group, dt);
+            test("qmma_b4_f32", qmma_b4_f32, true, 4, 8, 136, k, group, dt);
+            test("qmma_b8_f32", qmma_b8_f32, true, 8, 3, 40, k, group, dt);
         }
     }
+    // Eight chunks: every slot of the kernels' pipeline is reused.
+    test("qmma_b4_m16", qmma_b4_m16, false, 4, 5, 136, 1024, 64, DT_BF16);
+    test("qmma_b4_f32", qmma_b4_f32, true, 4, 8, 40, 1024, 32, DT_F16);
+    test("qmma_b8_m32", qmma_b8_m32, false, 8, 20, 40, 1024, 128, DT_BF16);
     test("qmma_b4_m32", qmma_b4_m32, false, 4, 32, 136, 256, 64, DT_BF16);
     test("qmma_b4_m32", qmma_b4_m32, false, 4, 25, 40, 288, 32, DT_F16);
     test("qmma_b8_m32", qmma_b8_m32, false, 8, 32, 136, 256, 128, DT_F32);

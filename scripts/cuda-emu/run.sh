@@ -63,7 +63,7 @@ run_program rows
 # The few-row quantized products on the tensor cores (qmma.cu): qmma.cpp.
 {
     prelude
-    cat "$k/qmma.cu"
+    patched "$k/qmma.cu" 's/extern __shared__ __align__(16) unsigned char qm_smem\[\];/unsigned char* const qm_smem = (unsigned char*)emu_dyn_smem;/'
 } >"$work/kernels_qmma.cpp"
 run_program qmma
 # The flash-attention prefill kernels (flash_attention.cu): attn.cpp.

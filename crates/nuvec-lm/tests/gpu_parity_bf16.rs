@@ -264,7 +264,7 @@ fn decode_alone(gpu: &Model, p: &[u32], steps: usize) -> Vec<Vec<f32>> {
 
 #[test]
 fn q4_batched_decode_forced_bf16() {
-    // Under Bf16 a batched decode step's products of 2 to 8 rows take x in three bf16 parts (f32
+    // Under Bf16 a batched decode step's products of 2 to 8 rows take x in two bf16 parts (f32
     // accuracy) and of 9 to 32 rows x in bf16, on the tensor cores (kernels/qmma.cu); the same
     // steps alone take the one-row f32 GEMV. Each sequence's batched logits must stay within
     // gpu_parity.rs's f32 tolerance of its own (6 sequences), or mlx-lm's bf16-vs-f32 noise (12

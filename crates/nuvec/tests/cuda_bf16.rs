@@ -10,7 +10,8 @@
 //! enough for tensor cores that truncate instead of rounding):
 //! - **exact operands**: the host computes the product of the bf16-rounded operands in f64
 //!   (the GPU rounds the same f32 values to nearest even, and decodes quantized weights with
-//!   the same `fma(scale, q, bias)`), so the only difference allowed is f32 accumulation:
+//!   the same `fma(scale, q, bias)`; the few-row kernels of kernels/qmma.cu, 2 to 32 rows of 4-
+//!   and 8-bit weights, never round the weight, and the host then takes it unrounded), so the only difference allowed is f32 accumulation:
 //!   `|gpu - ref| <= K * 2^-23 * sum|x^ w^|` (Higham's bound for any summation order). For
 //!   attention the probabilities are rounded to bf16 after an f32 softmax: where the host's
 //!   probability lies within the GPU's f32 error of a bf16 rounding boundary, the two may round
@@ -23,7 +24,7 @@
 //!
 //! Decode-sized calls (at most 8 rows, fewer than 64 queries) must still match the CPU at the
 //! f32 tolerance of tests/cuda_ops.rs: bf16 is for prefill and batched decode of more than 8
-//! rows (2 to 8 rows of 4- and 8-bit weights run on the tensor cores too, in three bf16 parts).
+//! rows (2 to 8 rows of 4- and 8-bit weights run on the tensor cores too, x in two bf16 parts).
 //!
 //! Each case prints a `RESULT` line with its largest error as a fraction of each bound (run with
 //! `--nocapture`).
@@ -157,6 +158,23 @@ fn check_linear(case: &str, rng: &mut Rng, w: &Weight, m: usize) {
     compare_linear(&case, &xv, 0.0, w, m, &got, &cpu);
 }
 
+/// Whether a product of `m` rows over `w` runs kernels/qmma.cu (`ops/qmma.rs`'s rule: 2 to 32
+/// rows, affine 4- or 8-bit weights in groups of 32 or more, K a multiple of 32; every input
+/// and weight here is aligned).
+fn qmma_takes(w: &Matrix, m: usize) -> bool {
+    match w {
+        Matrix::Quantized(q) => {
+            let s = q.spec;
+            (2..=32).contains(&m)
+                && s.mode == QuantMode::Affine
+                && matches!(s.bits, 4 | 8)
+                && s.group_size >= 32
+                && q.cols() % 32 == 0
+        }
+        _ => false,
+    }
+}
+
 /// `got` [m, n] against the product of the bf16-rounded operands and against the CPU's `cpu`.
 /// `x_rel`: how far (relative) the GPU's f32 inputs may be from `xv` before rounding (0 when it
 /// reads `xv` itself): where that straddles a bf16 rounding boundary, the GPU's rounded input
@@ -176,7 +194,9 @@ fn compare_linear(case: &str, xv: &[f32], x_rel: f64, w: &Weight, m: usize, got:
             }
         })
         .collect();
-    let wb: Vec<f64> = w.values.iter().map(|&v| bf(v)).collect();
+    // kernels/qmma.cu never rounds a weight (each group is s * sum x q + b * sum x, q exact);
+    // the other paths multiply the weight rounded to bf16.
+    let wb: Vec<f64> = w.values.iter().map(|&v| if qmma_takes(&w.matrix, m) { v as f64 } else { bf(v) }).collect();
     let (mut exact, mut vs_cpu) = (Check::new("exact-operands"), Check::new("cpu-f32"));
     let gamma = k as f64 * F32_ADD;
     for t in 0..m {
@@ -241,7 +261,7 @@ fn linear_quantized_every_width_and_group() {
 #[test]
 fn batched_decode_products_on_the_tensor_cores() {
     // 2 to 32 rows over 4- and 8-bit weights run kernels/qmma.cu: up to 8 rows at f32 accuracy
-    // (x in three bf16 parts), 9 to 32 in bf16 like prefill; K cut into ranges (4096) or not,
+    // (x in two bf16 parts), 9 to 32 with x in bf16; K cut into ranges (4096) or not,
     // with a partial last chunk (288); 33 and more rows take the prefill GEMM again.
     let dev = gpu();
     let mut rng = Rng::new(26);
@@ -251,9 +271,9 @@ fn batched_decode_products_on_the_tensor_cores() {
         for m in [2usize, 5, 8, 9, 16, 17, 33, 48, 64, 65] {
             check_linear(&format!("q{bits} g{group} bf16 k={k} n={n}"), &mut rng, &w, m);
         }
-        // A row's bits do not depend on the rows beside it: the first rows of 32 (bf16) or of 8
-        // (f32 parts) equal the same rows alone.
-        for (many, few) in [(32usize, 9usize), (8, 2)] {
+        // A row's bits do not depend on the rows beside it in one kernel: the first rows of 32 or
+        // of 16 (bf16 x) or of 8 (f32 x) equal the same rows alone.
+        for (many, few) in [(32usize, 17usize), (16, 9), (8, 2)] {
             let xv = rng.vec(many * k, 1.0);
             let all = arr(&xv, &[many, k]).to_device(dev).unwrap().linear(&wg).unwrap().to_f32_vec().unwrap();
             let part = arr(&xv[..few * k], &[few, k]).to_device(dev).unwrap().linear(&wg).unwrap();

@@ -421,7 +421,7 @@ pub use prefill::{matmul_precision, set_matmul_precision, MatmulPrecision};
 mod gate_up;
 
 // Batched decode: products of 2 to 32 rows on the tensor cores (kernels/qmma.cu).
-mod qmma;
+pub(super) mod qmma;
 use qmma::QmmaInput;
 
 /// A weight matrix as kernel arguments (see `struct Weights` in linear.cu).
@@ -1050,7 +1050,7 @@ impl Backend for CudaBackend {
         }
         let o = out.cuda_ptr()?;
         // A few rows of a half-precision model (a batched decode step) on the tensor cores, x
-        // taken in three bf16 parts so that the products keep f32 accuracy.
+        // taken in two bf16 parts so that the products keep f32 accuracy.
         if (2..=GEMV_MAX_ROWS).contains(&m)
             && matmul_precision()?.bf16_weight(wa.w_dt, wa.p_dt, crate::compute_dtype_hint())
             && self.qmma(op, o, QmmaInput::F32Split(x.cuda_ptr()?), m, n, k, &wa)?

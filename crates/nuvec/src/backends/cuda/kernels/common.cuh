@@ -317,6 +317,19 @@ __device__ __forceinline__ u32 bf16x2_rn(float lo, float hi) {
 #endif
 }
 
+// a * b + c per bf16 half, rounded once to bf16 (nearest even); sm_80+, where the host launches
+// the kernels using it (elsewhere it traps).
+__device__ __forceinline__ u32 bf16x2_fma(u32 a, u32 b, u32 c) {
+#if __CUDA_ARCH__ >= 800
+    u32 d;
+    asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+#else
+    __trap();
+    return 0u;
+#endif
+}
+
 // Shared-memory staging for the tensor cores (flash attention; sm_80+, where the host launches
 // the kernels using them, elsewhere they trap). Shared memory by its 32-bit address in the shared
 // window (smem_addr), so that offsets stay 32-bit adds the instructions can take as immediates.

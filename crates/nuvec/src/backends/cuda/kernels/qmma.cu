@@ -1,169 +1,234 @@
 // Quantized products of a few input rows (batched decode: 2 to 32 rows) on the tensor cores.
 //
 // out [M, N] = x [M, K] W^T for MLX affine-quantized W (4 or 8 bits, groups of 32, 64 or 128
-// values, K a multiple of 32). Each packed weight is read from memory once per call and decoded
-// in registers as qdequant_bf16 decodes it for prefill (fmaf(scale, q, bias) in f32, rounded to
-// bf16), then multiplied on the tensor cores (mma.sync m16n8k16, f32 accumulation). The
-// alternative for more than one row, decoding whole weights to bf16 in memory for a GEMM, moves
-// four and a half times the packed bytes per step.
+// values, K a multiple of 32). Each packed weight is read from memory once per call. Each group
+// is taken in its factored form, as mlx's own quantized vector kernels take it:
+//   sum_k x_k (s q_k + b) = s * sum_k x_k q_k + b * sum_k x_k,
+// with the integers q_k as bf16 (exact: 0..255 fit bf16's significand) multiplied on the tensor
+// cores (mma.sync m16n8k16, f32 accumulation), sum_k x_k from the same mma against ones, and s and
+// b applied in f32 once per group and output. So a weight is never rounded, and decoding two
+// 4-bit values is a shift, one lop3 and one bf16x2 fma (the alternative, fmaf(s, q, b) per value
+// and a conversion, made the kernel bound by its integer and float pipes, not by memory).
 //
 // Two input forms:
 // - qmma_bN_mR: x in bf16 (the caller converted it once for several weights), up to R rows. 64
 //   rows (four tiles) measured slower on an H200 than decoding the weights to bf16 for cuBLAS,
 //   so the host stops at 32.
-// - qmma_bN_x3: x in f32, at most 16 rows, for decode-sized calls that must stay at f32
-//   accuracy: x = xh + xl and w = wh + wl, each part bf16, and the product is
-//   xl wh + xh wl + xh wh (the dropped xl wl and the parts' residues are about 2^-16 of each
-//   term, against bf16's 2^-8).
+// - qmma_bN_f32: x in f32, at most 16 rows, for decode-sized calls that must stay at f32
+//   accuracy: x = xh + xl, each part bf16 (the residue xl carries x to about 2^-17), and each
+//   sum takes both parts against the exact q.
 //
 // Shape: a block of QM_WARPS warps covers QM_ROWS weight rows (each warp QM_NT tiles of 8 rows)
 // and one range of K (split-K over gridDim.y, in chunks of QM_CHUNK values); with several
 // ranges each writes its partial sums to its own slice of `out` (the partial buffer) and
-// qmma_reduce adds them in range order. The ranges depend on N and K only, so a row's result
-// never depends on how many rows run with it (M) or what they hold.
+// qmma_reduce adds them in range order. The ranges depend on N, K, the kernel and the device only
+// (ops/qmma.rs), so a row's result never depends on how many rows run with it in one kernel (M) or
+// what they hold.
 //
-// The K order inside a chunk is permuted (a dot product is the same sum in any order, and A and
-// B use the same permutation): in the chunk's mma step s (0..7), the quad lane t (lane % 4)
-// holds the values 32 t + 4 s + {0, 1, 2, 3}, where the mma's own layout would give it columns
-// 2t, 2t + 1, 2t + 8, 2t + 9. So a lane reads 16 contiguous bytes of a 4-bit row (32 bytes of an
-// 8-bit one) per chunk, one scale and bias (a group holds all 32 of its values), and 8
-// contiguous values of x per pair of steps.
+// K order (a dot product is the same sum in any order, and A and B use the same one): a group of
+// G = 2^lg values is G / 16 whole mma steps, so no step mixes groups. In a group, quad lane t
+// (lane % 4) holds the values t G/4 .. (t + 1) G/4 in pieces of 8 (one 4-bit word, two 8-bit
+// words); the lane's piece i (0..3 over a chunk) feeds steps 2i and 2i + 1: with its values
+// v0..v7, step 2i takes the pairs (v0, v4) and (v1, v5) as the lane's two B registers, step
+// 2i + 1 (v2, v6) and (v3, v7) — what one mask of both 16-bit halves of a 4-bit word gives.
 
 #define QM_WARPS 4
 #define QM_NT 4
 #define QM_ROWS (QM_WARPS * QM_NT * 8)
 #define QM_CHUNK 128
 
-// Values 4s..4s+3 of a lane's 32 (BITS = 4: four words; 8: eight) as floats.
+// The first value, within its chunk, of piece i of quad lane t, for groups of 2^lg values.
+__device__ __forceinline__ int qm_piece_k(int i, int t, int lg) {
+    const int per = 1 << (lg - 5);  // a lane's pieces in one group (shifts: lg is not a constant)
+    return ((i >> (lg - 5)) << lg) + (t << (lg - 2)) + (i & (per - 1)) * 8;
+}
+
+// The bf16 pair (q0, q1) of the 4-bit values in bits 0-3 and 16-19 of v: 0x4300 | q is the bf16
+// 128 + q, and one fma takes the 128 off exactly.
+__device__ __forceinline__ u32 qm_q4_pair(u32 v, u32 magic) {
+    return bf16x2_fma(and_or<0x000F000Fu>(v, magic), 0x3F803F80u, 0xC300C300u);
+}
+
+// The bf16 pair of byte e of lo and byte e of hi (8-bit values), exactly.
+__device__ __forceinline__ u32 qm_q8_pair(u32 lo, u32 hi, int e) {
+    const float a = __uint_as_float(__byte_perm(lo, 0x4B000000u, 0x7440 | e)) - 8388608.0f;
+    const float b = __uint_as_float(__byte_perm(hi, 0x4B000000u, 0x7440 | e)) - 8388608.0f;
+    return bf16x2_rn(a, b);
+}
+
+// The lane's B registers of steps 2i (st = 0) and 2i + 1 from its piece i in w.
 template <int BITS>
-__device__ __forceinline__ void qm_values(const u32 (&w)[BITS], int s, float (&v)[4]) {
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-        u32 q;
-        if constexpr (BITS == 4) q = (w[s >> 1] >> (16 * (s & 1) + 4 * e)) & 15u;
-        else q = (w[s] >> (8 * e)) & 255u;
-        v[e] = __uint_as_float(q | 0x4B000000u) - 8388608.0f;
+__device__ __forceinline__ void qm_b(const u32 (&w)[BITS], int i, u32 magic, u32 (&b)[2][2]) {
+    if constexpr (BITS == 4) {
+        const u32 v = w[i];
+        b[0][0] = qm_q4_pair(v, magic);
+        b[0][1] = qm_q4_pair(v >> 4, magic);
+        b[1][0] = qm_q4_pair(v >> 8, magic);
+        b[1][1] = qm_q4_pair(v >> 12, magic);
+    } else {
+        const u32 lo = w[2 * i], hi = w[2 * i + 1];
+        b[0][0] = qm_q8_pair(lo, hi, 0);
+        b[0][1] = qm_q8_pair(lo, hi, 1);
+        b[1][0] = qm_q8_pair(lo, hi, 2);
+        b[1][1] = qm_q8_pair(lo, hi, 3);
     }
 }
 
-// The bf16 value of the low (hi = false) or high half of a packed pair, as f32.
-__device__ __forceinline__ float qm_half(u32 pair, bool hi) { return __uint_as_float(hi ? pair & 0xFFFF0000u : pair << 16); }
-
 // bf16 pairs (lo, hi) = (a, b) and their residues (a - bf16(a), b - bf16(b)) as bf16 pairs.
+__device__ __forceinline__ float qm_half(u32 pair, bool hi) { return __uint_as_float(hi ? pair & 0xFFFF0000u : pair << 16); }
 __device__ __forceinline__ void qm_split(float a, float b, u32& head, u32& tail) {
     head = bf16x2_rn(a, b);
     tail = bf16x2_rn(a - qm_half(head, false), b - qm_half(head, true));
 }
 
-// x goes through shared memory a chunk at a time: the block stages the chunk's 128 values of every
-// row (all loads in flight at once), then each lane reads its A fragments there. A row's values are
-// laid out by (pair of steps s2, quad lane t): the 8 values 32 t + 8 s2 .. + 8 that lane t
-// multiplies in steps 2 s2 and 2 s2 + 1 sit together at piece s2 * 4 + t, so the four lanes of a
-// quad read 64 (bf16) or 128 (f32) contiguous bytes, and the row stride's padding puts the next
-// row's quad on the other banks.
-#define QM_RS_BF16 320
-#define QM_RS_F32 576
+// Chunks go through shared memory in a pipeline of QM_STAGES slots: while the block multiplies
+// chunk c, cp.async is bringing chunks c + 1 .. c + QM_STAGES - 1 (weights and x), so that a
+// chunk's memory round trip is never waited on alone (with one chunk in flight the kernel spent
+// most of its time stalled on loads, at 0.5 TB/s). A slot holds:
+// - the block's 128 weight rows of the chunk, QM_WROW(BITS) bytes each, in 16-byte pieces placed
+//   at piece ^ qm_swz(row) so that the lanes of a warp read distinct banks;
+// - x's rows of the chunk as they are in memory (f32 for the f32 kernels, bf16 else), padded by
+//   16 bytes; the lanes permute their pieces into the steps' pairs as they read them;
+// - each weight row's scales and biases of the chunk's groups (at most 4), as f32.
+// Scales and biases (2 bytes each, not 16-byte aligned) come through registers instead: loaded
+// when their chunk is issued, stored into the slot one iteration later.
+#define QM_STAGES 3
+#define QM_WROW(BITS) (16 * (BITS))
+#define QM_XROWS(MT, SPLIT) ((SPLIT) ? 8 : 16 * (MT))
+#define QM_XROW(SPLIT) ((SPLIT) ? 528 : 272)
+#define QM_SLOT(BITS, MT, SPLIT) (QM_ROWS * QM_WROW(BITS) + QM_XROWS(MT, SPLIT) * QM_XROW(SPLIT) + QM_ROWS * 4 * 2 * 4)
 
-// Stages chunk c of x ([m, k], bf16 or, SPLIT, f32) for `rows` rows (zeros past m or k) into xs.
-template <bool SPLIT>
-__device__ __forceinline__ void qm_stage(unsigned char* xs, const void* x, int rows, int m, int k, int c) {
-    constexpr int PIECES = SPLIT ? 32 : 16;  // 16-byte pieces of a row's chunk
-    const int k0 = c * QM_CHUNK;
-    for (int i = threadIdx.x; i < rows * PIECES; i += QM_WARPS * 32) {
-        const int r = i / PIECES, q = i % PIECES;
-        const int v0 = q * (SPLIT ? 4 : 8);  // first value of the piece
-        const int t = v0 / 32, s2 = (v0 % 32) / 8;
-        uint4 v = make_uint4(0u, 0u, 0u, 0u);
-        if (r < m && k0 + v0 < k) {
-            if constexpr (SPLIT) v = *(const uint4*)((const float*)x + (size_t)r * k + k0 + v0);
-            else v = *(const uint4*)((const u16*)x + (size_t)r * k + k0 + v0);
+extern __shared__ __align__(16) unsigned char qm_smem[];
+
+__device__ __forceinline__ int qm_swz(int row) { return ((row >> 2) & 1) | (((row >> 1) & 1) << 1); }
+
+// Issues chunk c's weights and x into slot `slot` (cp.async; zeros past N, M or K) and loads the
+// scales and biases of weight row nb + threadIdx.x for its groups into s and b.
+template <int BITS, int MT, bool SPLIT>
+__device__ __forceinline__ void qm_issue(int slot, int c, const void* x, int m, int n, int k, int nb, const u32* packed,
+                                         const void* scales, const void* biases, int p_dt, int lg, float (&s)[4],
+                                         float (&b)[4]) {
+    unsigned char* base = qm_smem + slot * QM_SLOT(BITS, MT, SPLIT);
+    const int tid = threadIdx.x;
+    const size_t row_bytes = (size_t)k * BITS / 8;
+    constexpr int WP = QM_WROW(BITS) / 16;  // pieces of a weight row
+#pragma unroll
+    for (int q = 0; q < WP; ++q) {
+        const int idx = tid + q * QM_WARPS * 32, row = idx / WP, p = idx % WP;
+        const bool valid = nb + row < n && c * QM_CHUNK + p * (128 / BITS) < k;
+        const unsigned char* src = (const unsigned char*)packed + (valid ? (size_t)(nb + row) * row_bytes +
+                                                                               (size_t)c * QM_WROW(BITS) + p * 16
+                                                                         : 0);
+        cp_async16(smem_addr(base + row * QM_WROW(BITS) + ((p ^ qm_swz(row)) << 4)), src, valid);
+    }
+    unsigned char* xs = base + QM_ROWS * QM_WROW(BITS);
+    constexpr int XP = SPLIT ? 32 : 16;  // pieces of an x row
+    constexpr int XN = QM_XROWS(MT, SPLIT) * XP;
+#pragma unroll
+    for (int q = 0; q < (XN + QM_WARPS * 32 - 1) / (QM_WARPS * 32); ++q) {
+        const int idx = tid + q * QM_WARPS * 32, row = idx / XP, p = idx % XP;
+        if (idx < XN) {
+            const int kk = c * QM_CHUNK + p * (SPLIT ? 4 : 8);
+            const bool valid = row < m && kk < k;
+            const unsigned char* src =
+                (const unsigned char*)x + (valid ? ((size_t)row * k + kk) * (SPLIT ? 4 : 2) : 0);
+            cp_async16(smem_addr(xs + row * QM_XROW(SPLIT) + p * 16), src, valid);
         }
-        const int at = SPLIT ? r * QM_RS_F32 + (s2 * 4 + t) * 32 + (v0 % 8) * 4 : r * QM_RS_BF16 + (s2 * 4 + t) * 16;
-        *(uint4*)(xs + at) = v;
+    }
+    const int r = nb + tid;
+    const size_t gpr = (size_t)(k >> lg);
+#pragma unroll
+    for (int gb = 0; gb < 4; ++gb) {
+        const int k0 = c * QM_CHUNK + (gb << lg);
+        const bool in = r < n && gb < (QM_CHUNK >> lg) && k0 < k;
+        s[gb] = in ? load_float(scales, (size_t)r * gpr + (k0 >> lg), p_dt) : 0.0f;
+        b[gb] = in ? load_float(biases, (size_t)r * gpr + (k0 >> lg), p_dt) : 0.0f;
     }
 }
 
-// The lane's x operands of steps 2 s2 and 2 s2 + 1 for rows r0 and r1 = r0 + 8 from the staged
-// chunk: A fragments {row r0 cols 2t.., row r1 cols 2t.., row r0 cols 2t+8.., row r1 cols 2t+8..},
-// per step. SPLIT: x is f32 and `tail` gets the residues.
-template <bool SPLIT>
-__device__ __forceinline__ void qm_rows_a(const unsigned char* xs, int r0, int t, int s2, u32 (&head)[2][4],
-                                          u32 (&tail)[2][4]) {
-    u32 h[2][4], l[2][4];
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-        const int r = r0 + 8 * half;
-        if constexpr (SPLIT) {
-            const float4* p = (const float4*)(xs + r * QM_RS_F32 + (s2 * 4 + t) * 32);
-            const float4 v0 = p[0], v1 = p[1];
-            qm_split(v0.x, v0.y, h[half][0], l[half][0]);
-            qm_split(v0.z, v0.w, h[half][1], l[half][1]);
-            qm_split(v1.x, v1.y, h[half][2], l[half][2]);
-            qm_split(v1.z, v1.w, h[half][3], l[half][3]);
-        } else {
-            const uint4 v = *(const uint4*)(xs + r * QM_RS_BF16 + (s2 * 4 + t) * 16);
-            h[half][0] = v.x;
-            h[half][1] = v.y;
-            h[half][2] = v.z;
-            h[half][3] = v.w;
-        }
-    }
-#pragma unroll
-    for (int st = 0; st < 2; ++st) {
-        // Step st of the pair: values 4st..4st+3 of the eight, i.e. pairs 2st and 2st + 1.
-        head[st][0] = h[0][2 * st];
-        head[st][1] = h[1][2 * st];
-        head[st][2] = h[0][2 * st + 1];
-        head[st][3] = h[1][2 * st + 1];
-        if constexpr (SPLIT) {
-            tail[st][0] = l[0][2 * st];
-            tail[st][1] = l[1][2 * st];
-            tail[st][2] = l[0][2 * st + 1];
-            tail[st][3] = l[1][2 * st + 1];
-        }
-    }
+// Stores the scales and biases loaded by qm_issue into slot `slot`.
+template <int BITS, int MT, bool SPLIT>
+__device__ __forceinline__ void qm_put(int slot, const float (&s)[4], const float (&b)[4]) {
+    float* sb = (float*)(qm_smem + slot * QM_SLOT(BITS, MT, SPLIT) + QM_ROWS * QM_WROW(BITS) +
+                         QM_XROWS(MT, SPLIT) * QM_XROW(SPLIT)) +
+                threadIdx.x * 8;
+    *(float4*)sb = make_float4(s[0], b[0], s[1], b[1]);
+    *(float4*)(sb + 4) = make_float4(s[2], b[2], s[3], b[3]);
 }
 
-// The lane's 32 values of a chunk at kk (its words) in rows r0 + 8 j, with their scales and biases
-// (zeros past N or past K).
+// The lane's pieces of weight row `row` (of the block) from a slot's weights: for each group
+// block of the chunk, the lane's run of G/4 values (G/8 bytes at 4 bits, G/4 at 8).
 template <int BITS>
-__device__ __forceinline__ void qm_load(u32 (&w)[QM_NT][BITS], float (&sc)[QM_NT], float (&bi)[QM_NT], const u32* packed,
-                                        const void* scales, const void* biases, int p_dt, int lg, int n, int k, int r0,
-                                        int kk) {
-    const size_t row_words = (size_t)k * BITS / 32, gpr = (size_t)(k >> lg);
+__device__ __forceinline__ void qm_read_w(const unsigned char* ws, int row, int t, int lg, u32 (&w)[BITS]) {
+    const unsigned char* r = ws + row * QM_WROW(BITS);
+    const int sw = qm_swz(row);
+    const int lr = lg - 3 + (BITS == 8 ? 1 : 0), run = 1 << lr;  // bytes of a lane's run in a group
+#define QM_AT(off) (r + (((((off) >> 4) ^ sw)) << 4) + ((off) & 15))
+    if (run >= 16) {
 #pragma unroll
-    for (int j = 0; j < QM_NT; ++j) {
-        const int r = r0 + 8 * j;
-        if (r < n && kk < k) {
-            const uint4* p = (const uint4*)(packed + (size_t)r * row_words + (size_t)kk * BITS / 32);
+        for (int q = 0; q < BITS / 4; ++q) {
+            const int off = (((q * 16) >> lr) << (lr + 2)) + (t << lr) + ((q * 16) & (run - 1));
+            const uint4 v = *(const uint4*)QM_AT(off);
+            w[4 * q] = v.x;
+            w[4 * q + 1] = v.y;
+            w[4 * q + 2] = v.z;
+            w[4 * q + 3] = v.w;
+        }
+    } else if (run == 8) {
 #pragma unroll
-            for (int q = 0; q < BITS / 4; ++q) {
-                const uint4 v = p[q];
-                w[j][4 * q] = v.x;
-                w[j][4 * q + 1] = v.y;
-                w[j][4 * q + 2] = v.z;
-                w[j][4 * q + 3] = v.w;
-            }
-            const size_t gi = (size_t)r * gpr + (size_t)(kk >> lg);
-            sc[j] = load_float(scales, gi, p_dt);
-            bi[j] = load_float(biases, gi, p_dt);
-        } else {
+        for (int q = 0; q < BITS / 2; ++q) {
+            const int off = q * 32 + t * 8;
+            const uint2 v = *(const uint2*)QM_AT(off);
+            w[2 * q] = v.x;
+            w[2 * q + 1] = v.y;
+        }
+    } else {
 #pragma unroll
-            for (int q = 0; q < BITS; ++q) w[j][q] = 0u;
-            sc[j] = 0.0f;
-            bi[j] = 0.0f;
+        for (int q = 0; q < BITS; ++q) w[q] = *(const u32*)QM_AT(q * 16 + t * 4);
+    }
+#undef QM_AT
+}
+
+// The lane's x operands of steps 2i and 2i + 1 for rows r0 and r0 + 8 from a slot's x, piece i
+// starting at value kp of the chunk: A fragments {row r0 pair 0, row r0 + 8 pair 0, row r0 pair
+// 1, row r0 + 8 pair 1} per step, the pairs (v0, v4), (v1, v5) for step 2i and (v2, v6), (v3, v7)
+// for 2i + 1. SPLIT: x is f32, `tail` gets the residues, and only rows below 8 are staged (the
+// rows r0 + 8 are zeros).
+template <bool SPLIT>
+__device__ __forceinline__ void qm_read_a(const unsigned char* xs, int r0, int kp, u32 (&head)[2][4], u32 (&tail)[2][4]) {
+    if constexpr (SPLIT) {
+        const float4* p = (const float4*)(xs + r0 * QM_XROW(true) + kp * 4);
+        const float4 a = p[0], b = p[1];
+        qm_split(a.x, b.x, head[0][0], tail[0][0]);
+        qm_split(a.y, b.y, head[0][2], tail[0][2]);
+        qm_split(a.z, b.z, head[1][0], tail[1][0]);
+        qm_split(a.w, b.w, head[1][2], tail[1][2]);
+#pragma unroll
+        for (int st = 0; st < 2; ++st) head[st][1] = head[st][3] = tail[st][1] = tail[st][3] = 0u;
+    } else {
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+            const uint4 v = *(const uint4*)(xs + (r0 + 8 * half) * QM_XROW(false) + kp * 2);
+            // v.x holds (v0, v1), v.y (v2, v3), v.z (v4, v5), v.w (v6, v7).
+            head[0][half] = __byte_perm(v.x, v.z, 0x5410);
+            head[0][2 + half] = __byte_perm(v.x, v.z, 0x7632);
+            head[1][half] = __byte_perm(v.y, v.w, 0x5410);
+            head[1][2 + half] = __byte_perm(v.y, v.w, 0x7632);
         }
     }
 }
 
-// MT tiles of 16 input rows; SPLIT: x is f32 and every product is taken in three bf16 parts.
+// MT tiles of 16 input rows; SPLIT: x is f32 (at most 8 rows), taken in two bf16 parts.
 template <int BITS, int MT, bool SPLIT>
 __device__ __forceinline__ void qmma_body(float* out, const void* x, int m, int n, const u32* packed,
                                           const void* scales, const void* biases, int p_dt, int lg, int k, int cps) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-    const int nw = blockIdx.x * QM_ROWS + warp * QM_NT * 8;
+    const int nb = blockIdx.x * QM_ROWS, wr = warp * QM_NT * 8;  // the block's and the warp's first row
     const int chunks = (k + QM_CHUNK - 1) / QM_CHUNK;
     const int c0 = blockIdx.y * cps, c1 = min(c0 + cps, chunks);
+    const int per = 1 << (lg - 5);  // pieces of a lane per group
+    const u32 magic = 0x43004300u;
+    const u32 ones[2] = {0x3F803F80u, 0x3F803F80u};
     float acc[MT][QM_NT][4];
 #pragma unroll
     for (int i = 0; i < MT; ++i)
@@ -172,49 +237,80 @@ __device__ __forceinline__ void qmma_body(float* out, const void* x, int m, int 
 #pragma unroll
             for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.0f;
 
-    __shared__ __align__(16) unsigned char xs[SPLIT ? 16 * QM_RS_F32 : 16 * MT * QM_RS_BF16];
-    u32 w[QM_NT][BITS];
-    float sc[QM_NT], bi[QM_NT];
+    // The pipeline's first QM_STAGES - 1 chunks; `ps`, `pb` hold the scales of the chunk issued
+    // last until they are stored.
+    float ps[4], pb[4];
+#pragma unroll
+    for (int s = 0; s < QM_STAGES - 1; ++s) {
+        if (s > 0) qm_put<BITS, MT, SPLIT>(s - 1, ps, pb);
+        if (c0 + s < c1) qm_issue<BITS, MT, SPLIT>(s, c0 + s, x, m, n, k, nb, packed, scales, biases, p_dt, lg, ps, pb);
+        cp_async_commit();
+    }
     for (int c = c0; c < c1; ++c) {
-        const int kk = c * QM_CHUNK + 32 * t;
-        // The weights' loads go out first, then x's, so that both are in flight together.
-        qm_load<BITS>(w, sc, bi, packed, scales, biases, p_dt, lg, n, k, nw + g, kk);
-        __syncthreads();  // every lane has read the chunk before
-        qm_stage<SPLIT>(xs, x, 16 * MT, m, k, c);
-        __syncthreads();
+        const int it = c - c0, slot = it % QM_STAGES;
+        cp_async_wait<QM_STAGES - 2>();  // chunk c's copies (this thread's) have landed
+        __syncthreads();                 // everyone's have, and everyone is done with chunk c - 1
+        qm_put<BITS, MT, SPLIT>((it + QM_STAGES - 2) % QM_STAGES, ps, pb);
+        if (c + QM_STAGES - 1 < c1)
+            qm_issue<BITS, MT, SPLIT>((it + QM_STAGES - 1) % QM_STAGES, c + QM_STAGES - 1, x, m, n, k, nb, packed,
+                                      scales, biases, p_dt, lg, ps, pb);
+        cp_async_commit();
+        const unsigned char* ws = qm_smem + slot * QM_SLOT(BITS, MT, SPLIT);
+        const unsigned char* xs = ws + QM_ROWS * QM_WROW(BITS);
+        const float* sb = (const float*)(xs + QM_XROWS(MT, SPLIT) * QM_XROW(SPLIT));
+        u32 w[QM_NT][BITS];
 #pragma unroll
-        for (int s2 = 0; s2 < 4; ++s2) {
-            u32 b[QM_NT][2][2], bl[QM_NT][2][2];
+        for (int j = 0; j < QM_NT; ++j) qm_read_w<BITS>(ws, wr + 8 * j + g, t, lg, w[j]);
+        // One group's sums: part = sum x q per output, xsum = sum x per input row (its four
+        // registers are those of the output registers' rows).
+        float part[MT][QM_NT][4], xsum[MT][4];
 #pragma unroll
-            for (int j = 0; j < QM_NT; ++j)
+        for (int i = 0; i < 4; ++i) {
+            if ((i & (per - 1)) == 0) {
+#pragma unroll
+                for (int mi = 0; mi < MT; ++mi)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        xsum[mi][e] = 0.0f;
+#pragma unroll
+                        for (int j = 0; j < QM_NT; ++j) part[mi][j][e] = 0.0f;
+                    }
+            }
+            u32 b[QM_NT][2][2];
+#pragma unroll
+            for (int j = 0; j < QM_NT; ++j) qm_b<BITS>(w[j], i, magic, b[j]);
+            const int kp = qm_piece_k(i, t, lg);
+#pragma unroll
+            for (int mi = 0; mi < MT; ++mi) {
+                u32 a[2][4], al[2][4];
+                qm_read_a<SPLIT>(xs, 16 * mi + g, kp, a, al);
 #pragma unroll
                 for (int st = 0; st < 2; ++st) {
-                    float v[4];
-                    qm_values<BITS>(w[j], 2 * s2 + st, v);
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) v[e] = fmaf(sc[j], v[e], bi[j]);
                     if constexpr (SPLIT) {
-                        qm_split(v[0], v[1], b[j][st][0], bl[j][st][0]);
-                        qm_split(v[2], v[3], b[j][st][1], bl[j][st][1]);
-                    } else {
-                        b[j][st][0] = bf16x2_rn(v[0], v[1]);
-                        b[j][st][1] = bf16x2_rn(v[2], v[3]);
+                        mma_bf16(xsum[mi], al[st], ones);
+#pragma unroll
+                        for (int j = 0; j < QM_NT; ++j) mma_bf16(part[mi][j], al[st], b[j][st]);
                     }
+                    mma_bf16(xsum[mi], a[st], ones);
+#pragma unroll
+                    for (int j = 0; j < QM_NT; ++j) mma_bf16(part[mi][j], a[st], b[j][st]);
                 }
+            }
+            // The group's last piece: its scales and biases for the output columns 2t and 2t + 1
+            // of each tile (zeros past N and for a group past K, which holds only zeros).
+            if ((i & (per - 1)) == per - 1) {
+                const int gb = i >> (lg - 5);
 #pragma unroll
-            for (int i = 0; i < MT; ++i) {
-                u32 a[2][4], al[2][4];
-                qm_rows_a<SPLIT>(xs, 16 * i + g, t, s2, a, al);
+                for (int j = 0; j < QM_NT; ++j) {
+                    const float2 c0v = *(const float2*)(sb + (wr + 8 * j + 2 * t) * 8 + 2 * gb);
+                    const float2 c1v = *(const float2*)(sb + (wr + 8 * j + 2 * t + 1) * 8 + 2 * gb);
+                    const float sc[2] = {c0v.x, c1v.x}, bi[2] = {c0v.y, c1v.y};
 #pragma unroll
-                for (int st = 0; st < 2; ++st)
+                    for (int mi = 0; mi < MT; ++mi)
 #pragma unroll
-                    for (int j = 0; j < QM_NT; ++j) {
-                        if constexpr (SPLIT) {
-                            mma_bf16(acc[i][j], al[st], b[j][st]);
-                            mma_bf16(acc[i][j], a[st], bl[j][st]);
-                        }
-                        mma_bf16(acc[i][j], a[st], b[j][st]);
-                    }
+                        for (int e = 0; e < 4; ++e)
+                            acc[mi][j][e] = fmaf(sc[e & 1], part[mi][j][e], fmaf(bi[e & 1], xsum[mi][e], acc[mi][j][e]));
+                }
             }
         }
     }
@@ -223,7 +319,7 @@ __device__ __forceinline__ void qmma_body(float* out, const void* x, int m, int 
     for (int i = 0; i < MT; ++i)
 #pragma unroll
         for (int j = 0; j < QM_NT; ++j) {
-            const int col = nw + 8 * j + 2 * t;
+            const int col = nb + wr + 8 * j + 2 * t;
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
                 const int r = 16 * i + g + 8 * (e >> 1), cc = col + (e & 1);
@@ -255,14 +351,14 @@ __device__ __forceinline__ void qm_prefetch(const u32* packed, int n, int k, int
 #define QM_BEGIN(BITS)                          \
     qm_prefetch<BITS>(packed, n, k, cps); \
     pdl_begin()
-#define QM_X3(BITS) qmma_body<BITS, 1, true>(out, x, m, n, packed, scales, biases, p_dt, lg, k, cps)
+#define QM_F32(BITS) qmma_body<BITS, 1, true>(out, x, m, n, packed, scales, biases, p_dt, lg, k, cps)
 
 extern "C" __global__ void __launch_bounds__(128) qmma_b4_m16(QM_PARAMS) { QM_BEGIN(4); QM_BF16(4, 1); }
 extern "C" __global__ void __launch_bounds__(128) qmma_b4_m32(QM_PARAMS) { QM_BEGIN(4); QM_BF16(4, 2); }
 extern "C" __global__ void __launch_bounds__(128) qmma_b8_m16(QM_PARAMS) { QM_BEGIN(8); QM_BF16(8, 1); }
 extern "C" __global__ void __launch_bounds__(128) qmma_b8_m32(QM_PARAMS) { QM_BEGIN(8); QM_BF16(8, 2); }
-extern "C" __global__ void __launch_bounds__(128) qmma_b4_x3(QM_PARAMS) { QM_BEGIN(4); QM_X3(4); }
-extern "C" __global__ void __launch_bounds__(128) qmma_b8_x3(QM_PARAMS) { QM_BEGIN(8); QM_X3(8); }
+extern "C" __global__ void __launch_bounds__(128) qmma_b4_f32(QM_PARAMS) { QM_BEGIN(4); QM_F32(4); }
+extern "C" __global__ void __launch_bounds__(128) qmma_b8_f32(QM_PARAMS) { QM_BEGIN(8); QM_F32(8); }
 
 // out [mn] = the sum of `splits` partial slices of `part` ([splits, mn]), in slice order.
 extern "C" __global__ void qmma_reduce(float* out, const float* part, int splits, size_t mn) {

@@ -33,7 +33,8 @@ use crate::{Array, DType, Error, Matrix, QuantMode, Result};
 /// rows, `attention` of 64 queries or more). Decode (the GEMV and split-key attention kernels)
 /// is f32 whatever this says: it is limited by memory, not arithmetic. Where this puts a weight
 /// on bf16, 2 to 8 rows of it (a batched decode step) run on the tensor cores too, but with x
-/// and the weights each in three bf16 parts, which keeps f32 accuracy (kernels/qmma.cu).
+/// in two bf16 parts against the weights' exact integers, which keeps f32 accuracy
+/// (kernels/qmma.cu).
 ///
 /// Process-wide: [`set_matmul_precision`], else the environment variable `NUVEC_CUDA_MATMUL`
 /// (`auto`, `f32`, `tf32` or `bf16`, read once), else [`MatmulPrecision::DEFAULT`] (`Auto`).

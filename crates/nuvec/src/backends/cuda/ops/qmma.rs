@@ -1,7 +1,8 @@
 //! Products of a few input rows (a batched decode step: 2 to 32 rows) over affine-quantized
-//! weights on the tensor cores (kernels/qmma.cu): each packed weight is read once per call and
-//! decoded in registers, where the alternatives read it once per row (the one-row GEMVs) or
-//! decode it whole to bf16 in memory first (the prefill GEMM path).
+//! weights on the tensor cores (kernels/qmma.cu): each packed weight is read once per call, its
+//! integers multiplied exactly and each group's scale and bias applied once per output. The
+//! alternatives read each weight once per row (the one-row GEMVs) or decode it whole to bf16 in
+//! memory first (the prefill GEMM path).
 
 use cudarc::driver::LaunchConfig;
 
@@ -13,10 +14,9 @@ use crate::{Error, Result};
 /// of the kernels.
 const QM_ROWS: usize = 128;
 const QM_CHUNK: usize = 128;
-const QM_THREADS: u32 = 128;
-/// Blocks a product should spread over (about four per multiprocessor of an H200): K is cut
-/// into ranges until the blocks of N times the ranges reach this.
-const QMMA_TARGET_BLOCKS: usize = 512;
+pub(in crate::backends::cuda) const QM_THREADS: u32 = 128;
+/// Pipeline slots of the kernels (`QM_STAGES`).
+const QM_STAGES: usize = 3;
 
 /// The input of a [`CudaBackend::qmma`] product.
 #[derive(Clone, Copy)]
@@ -25,8 +25,25 @@ pub(super) enum QmmaInput {
     /// kernel was slower on an H200 than decoding the weights to bf16 for a cuBLAS GEMM, random
     /// 8B 2 943 against 3 331 generated tok/s; at 32 and fewer faster, 2 671 against 2 132 at 32).
     Bf16(u64),
-    /// `[m, k]` f32, taken in three bf16 parts for f32 accuracy (m up to 16; the caller passes 8).
+    /// `[m, k]` f32, taken in two bf16 parts against the exact integers for f32 accuracy (m up
+    /// to 8: the kernel stages 8 rows of x).
     F32Split(u64),
+}
+
+/// The dynamic shared memory of qmma kernel `kernel` (its pipeline's slots: `QM_SLOT` in
+/// kernels/qmma.cu), `None` for any other kernel. Every one passes the default 48 KiB, so the
+/// module loader raises each kernel's limit to this.
+pub(in crate::backends::cuda) fn qmma_smem_bytes(kernel: &str) -> Option<usize> {
+    let (bits, form) = kernel.strip_prefix("qmma_b")?.split_once('_')?;
+    let bits: usize = bits.parse().ok()?;
+    // x's rows staged per slot and the bytes of each (padded).
+    let (x_rows, x_row) = match form {
+        "m16" => (16, 272),
+        "m32" => (32, 272),
+        "f32" => (8, 528),
+        _ => return None,
+    };
+    Some(QM_STAGES * (QM_ROWS * 16 * bits + x_rows * x_row + QM_ROWS * 32))
 }
 
 /// The log2 group size when the kernels take `w` for inputs of `k` features at `x`: affine 4- or
@@ -40,8 +57,9 @@ fn qmma_log_group(w: &WeightArgs, k: usize, x: u64) -> Option<i32> {
 
 impl CudaBackend {
     /// `out [m, n]` f32 at `o` = x times `w`^T with the tensor-core kernels; false (nothing done)
-    /// when they do not take this weight, input or row count. The ranges of K depend on n and k
-    /// only, so a row's result is the same whatever rows run beside it.
+    /// when they do not take this weight, input or row count. The ranges of K depend on n, k, the
+    /// kernel and the device only, so a row's result is the same whatever rows run beside it in
+    /// one kernel (2 to 8 rows in f32, 9 to 16 and 17 to 32 in bf16).
     #[allow(clippy::too_many_arguments)]
     pub(super) fn qmma(
         &self,
@@ -60,8 +78,8 @@ impl CudaBackend {
             (QmmaInput::Bf16(p), 4, 2) => (p, "qmma_b4_m32"),
             (QmmaInput::Bf16(p), 8, 1) => (p, "qmma_b8_m16"),
             (QmmaInput::Bf16(p), 8, 2) => (p, "qmma_b8_m32"),
-            (QmmaInput::F32Split(p), 4, 1) => (p, "qmma_b4_x3"),
-            (QmmaInput::F32Split(p), 8, 1) => (p, "qmma_b8_x3"),
+            (QmmaInput::F32Split(p), 4, 1) if m <= 8 => (p, "qmma_b4_f32"),
+            (QmmaInput::F32Split(p), 8, 1) if m <= 8 => (p, "qmma_b8_f32"),
             _ => return Ok(false),
         };
         if m < 2 || n == 0 {
@@ -72,16 +90,16 @@ impl CudaBackend {
         };
         let chunks = k.div_ceil(QM_CHUNK);
         let blocks = n.div_ceil(QM_ROWS);
-        let per_range = chunks.div_ceil(QMMA_TARGET_BLOCKS.div_ceil(blocks).clamp(1, chunks));
-        let ranges = chunks.div_ceil(per_range);
+        let st = self.st()?;
+        let slots = st.qmma_slots.get(name).copied().unwrap_or(1);
+        let (per_range, ranges) = ranges_of_k(chunks, blocks, slots);
         let cfg = LaunchConfig {
             grid_dim: (to_i32(op, "blocks", blocks)? as u32, ranges as u32, 1),
             block_dim: (QM_THREADS, 1, 1),
-            shared_mem_bytes: 0,
+            shared_mem_bytes: qmma_smem_bytes(name).expect("a qmma kernel") as u32,
         };
         let WeightArgs { packed, scales, biases, p_dt, .. } = *w;
         let (mi, ni, ki, cps) = (m as i32, to_i32(op, "rows", n)?, to_i32(op, "k", k)?, per_range as i32);
-        let st = self.st()?;
         if ranges == 1 {
             launch!(st, op, name, cfg; o, xp, mi, ni, packed, scales, biases, p_dt, lg, ki, cps);
             return Ok(true);
@@ -93,5 +111,42 @@ impl CudaBackend {
         let (splits, mn) = (ranges as i32, (m * n) as u64);
         launch!(st, op, "qmma_reduce", cfg_1d(m * n); o, pp, splits, mn);
         Ok(true)
+    }
+}
+
+/// How K's `chunks` are cut into ranges for `blocks` column blocks on a device holding `slots`
+/// blocks at once: (chunks per range, ranges). A block takes about its chunks plus the
+/// `QM_STAGES - 1` its pipeline needs to fill, and blocks run in waves of `slots`, so the product
+/// takes about waves times that; the rule takes the fewest ranges (the least partial-sum traffic)
+/// among those with the least of it.
+/// It depends on N, K and the device only, never on the rows multiplied.
+fn ranges_of_k(chunks: usize, blocks: usize, slots: usize) -> (usize, usize) {
+    let mut best = (chunks, 1, usize::MAX);
+    for ranges in 1..=chunks {
+        let per_range = chunks.div_ceil(ranges);
+        let ranges = chunks.div_ceil(per_range);
+        let span = (blocks * ranges).div_ceil(slots.max(1)) * (per_range + QM_STAGES - 1);
+        if span < best.2 {
+            best = (per_range, ranges, span);
+        }
+    }
+    (best.0, best.1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ranges_of_k;
+
+    #[test]
+    fn ranges_fill_whole_waves() {
+        // An 8B's gate/up (112 column blocks, 32 chunks) on 132 multiprocessors of 4 blocks:
+        // 4 ranges of 8 chunks (448 blocks, one wave), not 5 of 7 (560 blocks, a wave and a tail).
+        assert_eq!(ranges_of_k(32, 112, 528), (8, 4));
+        // q/o (32 blocks, 32 chunks): 16 ranges of 2, one wave.
+        assert_eq!(ranges_of_k(32, 32, 528), (2, 16));
+        // One chunk: one range.
+        assert_eq!(ranges_of_k(1, 1000, 528), (1, 1));
+        // More blocks than slots already: no cut.
+        assert_eq!(ranges_of_k(32, 1000, 528), (32, 1));
     }
 }
