@@ -91,7 +91,11 @@ impl CudaBackend {
         let chunks = k.div_ceil(QM_CHUNK);
         let blocks = n.div_ceil(QM_ROWS);
         let st = self.st()?;
-        let slots = st.qmma_slots.get(name).copied().unwrap_or(1);
+        // Read at module load on sm_80+ only (the kernels' mma.sync and cp.async need it):
+        // elsewhere the other paths take the product.
+        let Some(&slots) = st.qmma_slots.get(name) else {
+            return Ok(false);
+        };
         let (per_range, ranges) = ranges_of_k(chunks, blocks, slots);
         let cfg = LaunchConfig {
             grid_dim: (to_i32(op, "blocks", blocks)? as u32, ranges as u32, 1),
