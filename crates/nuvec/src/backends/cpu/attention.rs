@@ -9,6 +9,7 @@
 
 use std::cell::RefCell;
 
+use super::kv_dots::{self, KvElem};
 use super::kv_rows::KvRows;
 use super::linear::{with_scratch, PAR_MIN_WORK};
 use super::pool::{self, SendPtr};
@@ -26,8 +27,8 @@ const SPLIT_MIN_KEYS: usize = 32;
 thread_local! {
     /// The calling thread's split-K partials.
     static PARTIALS: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
-    /// A task's keys and values widened to f32 (half-precision caches).
-    static WIDE: RefCell<(Vec<f32>, Vec<f32>)> = const { RefCell::new((Vec::new(), Vec::new())) };
+    /// A task's row starts (where each of its keys' and values' rows begins).
+    static STARTS: RefCell<Vec<usize>> = const { RefCell::new(Vec::new()) };
 }
 
 /// Softmax of `scale * s` over `s` in place (max-subtracted, `scale > 0`); `s` sums to 1, or
@@ -87,7 +88,7 @@ fn attention_with(q: &Array, k: &Array, v: &Array, kv_len: usize, scale: f32, si
     let mut out = Array::zeros(&[l, hq * d], DType::F32);
     let o = out.host_mut::<f32>()?;
     if l == 1 && scale > 0.0 {
-        // Decode widens half-precision rows chunk by chunk inside its tasks.
+        // Decode reads every row where it lies (half-precision ones widened as loaded).
         with_partials(|p| decode(qd, kr, vr, o, [hq, d, hkv, cap], kv_len, scale, sinks, p));
         return Ok(out);
     }
@@ -166,10 +167,9 @@ fn decode_split(
     let task = |t: usize, part: &mut [f32]| {
         let (kvh, c) = (t / splits, t % splits);
         let (j0, j1) = (c * chunk, ((c + 1) * chunk).min(kv_len));
-        with_wide(|kbuf, vbuf| {
-            let keys = kd.f32s((kvh * cap + j0) * d..(kvh * cap + j1) * d, kbuf);
-            let values = vd.f32s((kvh * cap + j0) * d..(kvh * cap + j1) * d, vbuf);
-            decode_part(&qd[kvh * group * d..(kvh + 1) * group * d], keys, values, d, scale, part);
+        with_starts(|starts| {
+            starts.extend((j0..j1).map(|j| (kvh * cap + j) * d));
+            decode_part(&qd[kvh * group * d..(kvh + 1) * group * d], kd, vd, starts, d, scale, part);
         })
     };
     let tasks = hkv * splits;
@@ -195,34 +195,69 @@ pub(super) fn with_partials<R>(f: impl FnOnce(&mut Vec<f32>) -> R) -> R {
     })
 }
 
-/// `f` with this thread's scratch for keys and values widened to f32 (fresh buffers when a
-/// task nests inside another on the same thread).
-pub(super) fn with_wide<R>(f: impl FnOnce(&mut Vec<f32>, &mut Vec<f32>) -> R) -> R {
-    WIDE.with(|cell| match cell.try_borrow_mut() {
+/// `f` with this thread's (emptied) buffer of row starts (a fresh one when a task nests inside
+/// another on the same thread).
+pub(super) fn with_starts<R>(f: impl FnOnce(&mut Vec<usize>) -> R) -> R {
+    STARTS.with(|cell| match cell.try_borrow_mut() {
         Ok(mut b) => {
-            let (k, v) = &mut *b;
-            f(k, v)
+            b.clear();
+            f(&mut b)
         }
-        Err(_) => f(&mut vec![], &mut vec![]),
+        Err(_) => f(&mut vec![]),
     })
 }
 
-/// One split-K task: the group of query heads `qs [group, d]` sharing a KV head, over `keys,
-/// values` (rows of `d`); leaves in `part` the group's weighted values `[group, d]`, then their
-/// maxima `[group]` and sums of exponentials `[group]`.
-pub(super) fn decode_part(qs: &[f32], keys: &[f32], values: &[f32], d: usize, scale: f32, part: &mut [f32]) {
-    let (group, n) = (qs.len() / d, keys.len() / d);
+/// One split-K task: the group of query heads `qs [group, d]` sharing a KV head, over the key
+/// and value rows of `d` elements at `starts` in `keys, values` (read in place); leaves in
+/// `part` the group's weighted values `[group, d]`, then their maxima `[group]` and sums of
+/// exponentials `[group]`.
+pub(super) fn decode_part(
+    qs: &[f32],
+    keys: KvRows,
+    values: KvRows,
+    starts: &[usize],
+    d: usize,
+    scale: f32,
+    part: &mut [f32],
+) {
+    match (keys, values) {
+        (KvRows::F32(k), KvRows::F32(v)) => decode_rows(qs, k, v, starts, d, scale, part),
+        (KvRows::F16(k), KvRows::F16(v)) => decode_rows(qs, k, v, starts, d, scale, part),
+        (KvRows::Bf16(k), KvRows::Bf16(v)) => decode_rows(qs, k, v, starts, d, scale, part),
+        // Keys and values of two types (no cache makes them): both widened, rows in order.
+        (k, v) => {
+            let (mut kw, mut vw) = (vec![], vec![]);
+            for &s in starts {
+                k.extend_f32(s..s + d, &mut kw);
+                v.extend_f32(s..s + d, &mut vw);
+            }
+            let dense: Vec<usize> = (0..starts.len()).map(|j| j * d).collect();
+            decode_rows(qs, &kw[..], &vw[..], &dense, d, scale, part)
+        }
+    }
+}
+
+fn decode_rows<T: KvElem>(
+    qs: &[f32],
+    keys: &[T],
+    values: &[T],
+    starts: &[usize],
+    d: usize,
+    scale: f32,
+    part: &mut [f32],
+) {
+    let (group, n) = (qs.len() / d, starts.len());
     let (weighted, stats) = part.split_at_mut(group * d);
     let (maxes, sums) = stats.split_at_mut(group);
     with_scratch(group * n, |scores| {
         // Keys and values are short streams from memory: prefetched a few rows ahead, the
         // values while the scores are computed.
-        simd::dots_rows(qs, keys, values, d, scores);
+        kv_dots::dots_rows(qs, keys, values, starts, d, scores);
         for ((s, m), sum) in scores.chunks_exact_mut(n).zip(maxes.iter_mut()).zip(sums.iter_mut()) {
             *m = s.iter().copied().fold(f32::NEG_INFINITY, f32::max);
             *sum = simd::exp_shifted(s, *m, scale);
         }
-        simd::weighted_rows(scores, values, d, weighted);
+        kv_dots::weighted_rows(scores, values, starts, d, weighted);
     })
 }
 

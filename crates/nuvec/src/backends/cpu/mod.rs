@@ -8,6 +8,7 @@ mod fpgemv;
 mod gated_delta;
 mod gemma4;
 mod gpt_oss;
+mod kv_dots;
 mod kv_rows;
 mod linear;
 mod paged_attention;

@@ -1,14 +1,14 @@
 //! Decode attention of many sequences over one paged cache, reading the blocks in place.
 //!
 //! Each sequence's query is split exactly as a decode of that sequence alone splits it (the
-//! same key chunks per KV head, the same partials combined in the same order), and each task's
-//! key and value rows are copied out of the blocks into the thread's scratch before the same
-//! inner kernel runs: so a sequence's row is bit for bit what [`super::attention`] gives it
-//! over its positions gathered, and batching never changes a token. What changes is the
+//! same key chunks per KV head, the same partials combined in the same order), and each task
+//! runs the same inner kernel over its key and value rows where they lie in their blocks: so a
+//! sequence's row is bit for bit what [`super::attention`] gives it over its positions
+//! gathered, and batching never changes a token. What changes is the
 //! parallel region: one for every sequence's tasks instead of one (plus two gathers and two
 //! transposes) per sequence.
 
-use super::attention::{combine, decode_part, decode_splits, split_chunks, with_partials, with_wide, Sinks};
+use super::attention::{combine, decode_part, decode_splits, split_chunks, with_partials, with_starts, Sinks};
 use super::f32s;
 use super::kv_rows::KvRows;
 use super::pool;
@@ -58,16 +58,12 @@ pub(crate) fn paged_decode_attention(
         let local = t - plan.first_task;
         let (kvh, c) = (local / plan.splits, local % plan.splits);
         let (j0, j1) = (c * plan.chunk, ((c + 1) * plan.chunk).min(seq.len));
-        with_wide(|kbuf, vbuf| {
-            // This KV head's rows of positions j0..j1, in order, out of their blocks.
-            let row = |j: usize| {
-                let at = (seq.table[j / block_size] as usize * block_size + j % block_size) * width + kvh * d;
-                at..at + d
-            };
-            gather_rows(kr, (j0..j1).map(row), kbuf);
-            gather_rows(vr, (j0..j1).map(row), vbuf);
+        with_starts(|starts| {
+            // This KV head's rows of positions j0..j1, in order, where they lie in their blocks.
+            let row = |j: usize| (seq.table[j / block_size] as usize * block_size + j % block_size) * width + kvh * d;
+            starts.extend((j0..j1).map(row));
             let qs = &qd[(i * hq + kvh * group) * d..(i * hq + (kvh + 1) * group) * d];
-            decode_part(qs, kbuf, vbuf, d, scale, part);
+            decode_part(qs, kr, vr, starts, d, scale, part);
         })
     };
     let mut out = Array::zeros(&[n, hq * d], DType::F32);
@@ -82,14 +78,6 @@ pub(crate) fn paged_decode_attention(
         }
     });
     Ok(out)
-}
-
-/// The rows `ranges` of `rows`, widened to f32, one after another into `out`.
-fn gather_rows(rows: KvRows, ranges: impl Iterator<Item = std::ops::Range<usize>>, out: &mut Vec<f32>) {
-    out.clear();
-    for r in ranges {
-        rows.extend_f32(r, out);
-    }
 }
 
 #[cfg(test)]

@@ -99,97 +99,6 @@ pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
     }
 }
 
-/// Asks the CPU to bring the cache line holding `data[i]` into L1 (a hint: `i` may be out of
-/// range, nothing is read).
-#[inline(always)]
-pub(crate) fn prefetch(data: &[f32], i: usize) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
-        // SAFETY: sse is part of the x86_64 baseline; a prefetch never dereferences its address,
-        // and `wrapping_add` keeps an out-of-range index a valid pointer value.
-        unsafe { _mm_prefetch::<_MM_HINT_T0>(data.as_ptr().wrapping_add(i) as *const i8) };
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = (data, i);
-}
-
-/// Rows `k_j` (`d` floats each) ahead of the one being read that [`dots_rows`] prefetches.
-const ROWS_AHEAD: usize = 12;
-
-/// `scores[g * n + j] = q_g · k_j` for the query rows `qs` (G x d) and the key rows `keys`
-/// (n x d) (scalar reference).
-pub(crate) fn dots_rows_scalar(qs: &[f32], keys: &[f32], d: usize, scores: &mut [f32]) {
-    let n = keys.len() / d;
-    for (j, k) in keys.chunks_exact(d).enumerate() {
-        for (g, q) in qs.chunks_exact(d).enumerate() {
-            scores[g * n + j] = dot_scalar(q, k);
-        }
-    }
-}
-
-/// See [`dots_rows_scalar`]; also prefetches the keys a few rows ahead and `companion` (the
-/// values, read next) alongside.
-pub(crate) fn dots_rows(qs: &[f32], keys: &[f32], companion: &[f32], d: usize, scores: &mut [f32]) {
-    let (n, g) = (keys.len() / d.max(1), qs.len() / d.max(1));
-    assert!(scores.len() >= g * n && companion.len() >= n * d);
-    match isa() {
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: `isa()` returns Avx512 only after detecting avx512f on this CPU; lengths
-        // asserted above and in the kernel.
-        Isa::Avx512 if d.is_multiple_of(16) && d > 0 => unsafe { x512::dots_rows(qs, keys, companion, d, scores) },
-        Isa::Scalar => dots_rows_scalar(qs, keys, d.max(1), scores),
-        #[cfg(target_arch = "x86_64")]
-        _ => {
-            for (j, k) in keys.chunks_exact(d.max(1)).enumerate() {
-                for line in (0..d).step_by(16) {
-                    prefetch(keys, (j + ROWS_AHEAD) * d + line);
-                    prefetch(companion, j * d + line);
-                }
-                for (h, q) in qs.chunks_exact(d.max(1)).enumerate() {
-                    scores[h * n + j] = dot(q, k);
-                }
-            }
-        }
-    }
-}
-
-/// `out[g * d..][..d] = Σ_j p[g * n + j] v_j` for the value rows `values` (n x d) (scalar
-/// reference).
-pub(crate) fn weighted_rows_scalar(p: &[f32], values: &[f32], d: usize, out: &mut [f32]) {
-    let n = values.len() / d;
-    for (g, o) in out.chunks_exact_mut(d).enumerate() {
-        o.iter_mut().for_each(|v| *v = 0.0);
-        for (j, v) in values.chunks_exact(d).enumerate() {
-            axpy_scalar(p[g * n + j], v, o);
-        }
-    }
-}
-
-/// See [`weighted_rows_scalar`].
-pub(crate) fn weighted_rows(p: &[f32], values: &[f32], d: usize, out: &mut [f32]) {
-    let n = values.len() / d.max(1);
-    assert!(p.len() >= (out.len() / d.max(1)) * n);
-    match isa() {
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: `isa()` returns Avx512 only after detecting avx512f on this CPU.
-        Isa::Avx512 if d == 64 => unsafe { x512::weighted_rows::<4>(p, values, out) },
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: as above.
-        Isa::Avx512 if d == 128 => unsafe { x512::weighted_rows::<8>(p, values, out) },
-        Isa::Scalar => weighted_rows_scalar(p, values, d.max(1), out),
-        #[cfg(target_arch = "x86_64")]
-        _ => {
-            for (g, o) in out.chunks_exact_mut(d.max(1)).enumerate() {
-                o.iter_mut().for_each(|v| *v = 0.0);
-                for (j, v) in values.chunks_exact(d.max(1)).enumerate() {
-                    axpy(p[g * n + j], v, o);
-                }
-            }
-        }
-    }
-}
-
 /// `y[i] += a * x[i]` (scalar reference).
 pub(crate) fn axpy_scalar(a: f32, x: &[f32], y: &mut [f32]) {
     for (y, x) in y.iter_mut().zip(x) {
@@ -376,61 +285,6 @@ pub(crate) mod x512 {
         _mm512_scalef_ps(p, n)
     }
 
-    /// See [`super::dots_rows`].
-    ///
-    /// # Safety
-    /// The CPU must support avx512f; `d` is a multiple of 16, `keys` and `companion` hold at
-    /// least n = keys.len() / d rows, `scores` at least G x n floats.
-    #[target_feature(enable = "avx512f")]
-    pub(crate) unsafe fn dots_rows(qs: &[f32], keys: &[f32], companion: &[f32], d: usize, scores: &mut [f32]) {
-        let (n, groups) = (keys.len() / d, qs.len() / d);
-        assert!(d.is_multiple_of(16) && companion.len() >= n * d && scores.len() >= groups * n);
-        let (pk, pq) = (keys.as_ptr(), qs.as_ptr());
-        for j in 0..n {
-            for line in (0..d).step_by(16) {
-                super::prefetch(keys, (j + super::ROWS_AHEAD) * d + line);
-                super::prefetch(companion, j * d + line);
-            }
-            for g in 0..groups {
-                let mut acc = _mm512_setzero_ps();
-                let mut c = 0;
-                while c < d {
-                    // SAFETY: row j of keys and row g of qs hold d floats (c + 16 <= d).
-                    acc = _mm512_fmadd_ps(_mm512_loadu_ps(pq.add(g * d + c)), _mm512_loadu_ps(pk.add(j * d + c)), acc);
-                    c += 16;
-                }
-                scores[g * n + j] = _mm512_reduce_add_ps(acc);
-            }
-        }
-    }
-
-    /// See [`super::weighted_rows`], for rows of `16 * D16` floats.
-    ///
-    /// # Safety
-    /// The CPU must support avx512f; `p` holds G x n floats for n = values.len() / (16 D16) and
-    /// G = out.len() / (16 D16).
-    #[target_feature(enable = "avx512f")]
-    pub(crate) unsafe fn weighted_rows<const D16: usize>(p: &[f32], values: &[f32], out: &mut [f32]) {
-        let d = 16 * D16;
-        let (n, groups) = (values.len() / d, out.len() / d);
-        assert!(p.len() >= groups * n);
-        let pv = values.as_ptr();
-        for g in 0..groups {
-            let mut acc = [_mm512_setzero_ps(); D16];
-            for j in 0..n {
-                let w = _mm512_set1_ps(p[g * n + j]);
-                for (c, a) in acc.iter_mut().enumerate() {
-                    // SAFETY: row j of values holds d = 16 D16 floats.
-                    *a = _mm512_fmadd_ps(w, _mm512_loadu_ps(pv.add(j * d + 16 * c)), *a);
-                }
-            }
-            for (c, a) in acc.iter().enumerate() {
-                // SAFETY: row g of out holds d floats (groups = out.len() / d).
-                _mm512_storeu_ps(out.as_mut_ptr().add(g * d + 16 * c), *a);
-            }
-        }
-    }
-
     /// `out[i] = g[i] / (1 + e^-g[i]) * u[i]`.
     ///
     /// # Safety
@@ -550,26 +404,6 @@ pub(crate) mod tests {
             assert!(((s as f64) - want).abs() <= tol, "scalar exp({x}): {s} vs {want}");
         }
         assert!((sf - ss).abs() <= 1e-5 * ss.abs(), "{sf} vs {ss}");
-    }
-
-    #[test]
-    fn attention_rows_match_scalar() {
-        for (d, groups, n) in [(64usize, 3usize, 37usize), (128, 2, 5), (32, 4, 9), (48, 1, 1), (64, 1, 100)] {
-            let (qs, keys, values) = (randoms(groups * d, 1), randoms(n * d, 2), randoms(n * d, 3));
-            let (mut a, mut b) = (vec![0f32; groups * n], vec![0f32; groups * n]);
-            dots_rows_scalar(&qs, &keys, d, &mut a);
-            dots_rows(&qs, &keys, &values, d, &mut b);
-            for (x, y) in a.iter().zip(&b) {
-                assert!((x - y).abs() <= 1e-5 * (1.0 + x.abs()), "dots d {d}: {x} vs {y}");
-            }
-            let (mut a, mut b) = (vec![0f32; groups * d], vec![0f32; groups * d]);
-            let p = randoms(groups * n, 4);
-            weighted_rows_scalar(&p, &values, d, &mut a);
-            weighted_rows(&p, &values, d, &mut b);
-            for (x, y) in a.iter().zip(&b) {
-                assert!((x - y).abs() <= 1e-5 * (1.0 + x.abs()), "weighted d {d}: {x} vs {y}");
-            }
-        }
     }
 
     #[test]
