@@ -15,6 +15,8 @@ def llama(args, batch):
            "-c", str(batch * (args.prompt + args.gen) + 16), "-t", str(args.threads), "-tb", str(args.threads)]
     if args.device == "cuda":
         cmd += ["-ngl", "99", "-fa", "on"]
+    elif args.llama_fa:
+        cmd += ["-fa", args.llama_fa]
     out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
     # | PP | TG | B | N_KV | T_PP s | S_PP t/s | T_TG s | S_TG t/s | T s | S t/s |
     for line in out.splitlines():
@@ -47,6 +49,9 @@ def main():
     ap.add_argument("--gen", type=int, default=128)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=3)
+    # llama.cpp's flash attention on the CPU (on, off, or its own default, auto): which is faster
+    # depends on the machine, so the peer is run as it decodes fastest there.
+    ap.add_argument("--llama-fa", default="")
     args = ap.parse_args()
     raw = Raw(f"compare-batch-{args.device}")
     results = {}
