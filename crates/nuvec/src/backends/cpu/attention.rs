@@ -9,11 +9,12 @@
 
 use std::cell::RefCell;
 
-use super::kv_dots::{self, KvElem};
+use super::f32s;
+use super::kv_dots;
 use super::kv_rows::KvRows;
 use super::linear::{with_scratch, PAR_MIN_WORK};
 use super::pool::{self, SendPtr};
-use super::{f32s, simd};
+use super::simd::{self, RowElem};
 use crate::{Array, DType, Error, Result};
 
 /// Queries per block on the `gemm` path.
@@ -237,7 +238,7 @@ pub(super) fn decode_part(
     }
 }
 
-fn decode_rows<T: KvElem>(
+fn decode_rows<T: RowElem>(
     qs: &[f32],
     keys: &[T],
     values: &[T],

@@ -73,23 +73,61 @@ pub(crate) fn isa() -> Isa {
     })
 }
 
+/// The element types of the second operand of [`dot`] and [`axpy`] (cached keys and values):
+/// f32, or f16/bf16 widened as loaded, which is exact, so a product over half-precision elements
+/// is bit for bit the product over them widened.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Kind {
+    F32,
+    F16,
+    Bf16,
+}
+
+/// An element [`dot`] and [`axpy`] read (see [`Kind`]).
+pub(crate) trait RowElem: Copy + Send + Sync + 'static {
+    const KIND: Kind;
+    /// The value as f32 (exact).
+    fn widen(self) -> f32;
+}
+
+impl RowElem for f32 {
+    const KIND: Kind = Kind::F32;
+    fn widen(self) -> f32 {
+        self
+    }
+}
+
+impl RowElem for f16 {
+    const KIND: Kind = Kind::F16;
+    fn widen(self) -> f32 {
+        self.to_f32()
+    }
+}
+
+impl RowElem for bf16 {
+    const KIND: Kind = Kind::Bf16;
+    fn widen(self) -> f32 {
+        f32::from_bits((self.to_bits() as u32) << 16)
+    }
+}
+
 /// `Σ a[i] * b[i]` (scalar reference; eight partial sums).
-pub(crate) fn dot_scalar(a: &[f32], b: &[f32]) -> f32 {
+pub(crate) fn dot_scalar<T: RowElem>(a: &[f32], b: &[T]) -> f32 {
     let mut acc = [0f32; 8];
     let (ac, bc) = (a.chunks_exact(8), b.chunks_exact(8));
     let (ar, br) = (ac.remainder(), bc.remainder());
     for (x, y) in ac.zip(bc) {
         for i in 0..8 {
-            acc[i] += x[i] * y[i];
+            acc[i] += x[i] * y[i].widen();
         }
     }
-    let tail: f32 = ar.iter().zip(br).map(|(x, y)| x * y).sum();
+    let tail: f32 = ar.iter().zip(br).map(|(x, y)| x * y.widen()).sum();
     acc.iter().sum::<f32>() + tail
 }
 
 /// `Σ a[i] * b[i]` over the shorter length.
 #[inline]
-pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
+pub(crate) fn dot<T: RowElem>(a: &[f32], b: &[T]) -> f32 {
     let n = a.len().min(b.len());
     match isa() {
         #[cfg(target_arch = "x86_64")]
@@ -100,15 +138,15 @@ pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
 }
 
 /// `y[i] += a * x[i]` (scalar reference).
-pub(crate) fn axpy_scalar(a: f32, x: &[f32], y: &mut [f32]) {
+pub(crate) fn axpy_scalar<T: RowElem>(a: f32, x: &[T], y: &mut [f32]) {
     for (y, x) in y.iter_mut().zip(x) {
-        *y += a * x;
+        *y += a * x.widen();
     }
 }
 
 /// `y[i] += a * x[i]` over the shorter length.
 #[inline]
-pub(crate) fn axpy(a: f32, x: &[f32], y: &mut [f32]) {
+pub(crate) fn axpy<T: RowElem>(a: f32, x: &[T], y: &mut [f32]) {
     let n = x.len().min(y.len());
     match isa() {
         #[cfg(target_arch = "x86_64")]
@@ -162,6 +200,8 @@ pub(crate) mod x86 {
     use half::{bf16, f16};
     use std::arch::x86_64::*;
 
+    use super::{Kind, RowElem};
+
     /// # Safety
     /// The CPU must support avx2 and f16c; `src` and `dst` have the same length.
     #[target_feature(enable = "avx2,f16c")]
@@ -205,11 +245,28 @@ pub(crate) mod x86 {
         _mm_cvtss_f32(s)
     }
 
+    /// Eight elements at `p` as f32 lanes.
+    ///
     /// # Safety
-    /// The CPU must support avx2 and fma; `a` and `b` have the same length.
+    /// The CPU must support avx2 and f16c; eight elements at `p` are readable.
     #[inline]
-    #[target_feature(enable = "avx2,fma")]
-    pub(crate) unsafe fn dot(a: &[f32], b: &[f32]) -> f32 {
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn load8<T: RowElem>(p: *const T) -> __m256 {
+        match T::KIND {
+            Kind::F32 => _mm256_loadu_ps(p as *const f32),
+            Kind::F16 => _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i)),
+            Kind::Bf16 => {
+                let wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(p as *const __m128i));
+                _mm256_castsi256_ps(_mm256_slli_epi32::<16>(wide))
+            }
+        }
+    }
+
+    /// # Safety
+    /// The CPU must support avx2, fma and f16c; `a` and `b` have the same length.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(crate) unsafe fn dot<T: RowElem>(a: &[f32], b: &[T]) -> f32 {
         debug_assert_eq!(a.len(), b.len());
         let n = a.len();
         let (pa, pb) = (a.as_ptr(), b.as_ptr());
@@ -218,27 +275,27 @@ pub(crate) mod x86 {
         // SAFETY (all loads below): every index read is < n, the length of both slices.
         while i + 32 <= n {
             for (j, acc) in acc.iter_mut().enumerate() {
-                *acc = _mm256_fmadd_ps(_mm256_loadu_ps(pa.add(i + 8 * j)), _mm256_loadu_ps(pb.add(i + 8 * j)), *acc);
+                *acc = _mm256_fmadd_ps(_mm256_loadu_ps(pa.add(i + 8 * j)), load8(pb.add(i + 8 * j)), *acc);
             }
             i += 32;
         }
         while i + 8 <= n {
-            acc[0] = _mm256_fmadd_ps(_mm256_loadu_ps(pa.add(i)), _mm256_loadu_ps(pb.add(i)), acc[0]);
+            acc[0] = _mm256_fmadd_ps(_mm256_loadu_ps(pa.add(i)), load8(pb.add(i)), acc[0]);
             i += 8;
         }
         let v = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
         let mut s = hsum(v);
         while i < n {
-            s += *pa.add(i) * *pb.add(i);
+            s += *pa.add(i) * (*pb.add(i)).widen();
             i += 1;
         }
         s
     }
 
     /// # Safety
-    /// The CPU must support avx2 and fma; `x` and `y` have the same length.
-    #[target_feature(enable = "avx2,fma")]
-    pub(crate) unsafe fn axpy(a: f32, x: &[f32], y: &mut [f32]) {
+    /// The CPU must support avx2, fma and f16c; `x` and `y` have the same length.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(crate) unsafe fn axpy<T: RowElem>(a: f32, x: &[T], y: &mut [f32]) {
         debug_assert_eq!(x.len(), y.len());
         let n = x.len();
         let (px, py) = (x.as_ptr(), y.as_mut_ptr());
@@ -246,11 +303,11 @@ pub(crate) mod x86 {
         let mut i = 0;
         // SAFETY (all accesses below): every index is < n, the length of both slices.
         while i + 8 <= n {
-            _mm256_storeu_ps(py.add(i), _mm256_fmadd_ps(va, _mm256_loadu_ps(px.add(i)), _mm256_loadu_ps(py.add(i))));
+            _mm256_storeu_ps(py.add(i), _mm256_fmadd_ps(va, load8(px.add(i)), _mm256_loadu_ps(py.add(i))));
             i += 8;
         }
         while i < n {
-            *py.add(i) += a * *px.add(i);
+            *py.add(i) += a * (*px.add(i)).widen();
             i += 1;
         }
     }

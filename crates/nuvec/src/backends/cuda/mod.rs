@@ -152,9 +152,9 @@ pub(crate) struct State {
     pub(crate) flash: bool,
     /// The prefill weight decoder's stream and tile buffers (`decode_lane.rs`), made on first use.
     decode_lane: OnceLock<Mutex<decode_lane::DecodeLane>>,
-    /// How many blocks of each few-row product kernel (`ops/qmma.rs`) the device holds at once
-    /// (multiprocessors times blocks per multiprocessor), for cutting its grids into whole waves.
-    pub(crate) qmma_slots: HashMap<String, usize>,
+    /// Each few-row product kernel's launch facts (`ops/qmma.rs`), read at module load on
+    /// sm_80+ only.
+    pub(crate) qmma_kernels: HashMap<String, ops::qmma::QmmaKernel>,
 }
 
 impl fmt::Debug for State {
@@ -204,7 +204,7 @@ impl State {
         let sms = ctx
             .attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
             .map_err(driver_err("reading the multiprocessor count"))?;
-        let mut qmma_slots = HashMap::new();
+        let mut qmma_kernels = HashMap::new();
         let mut funcs = HashMap::new();
         for (name, src) in kernel_sources() {
             let mut options = nvrtc_options(&arch);
@@ -226,11 +226,12 @@ impl State {
                 // The flash-attention kernels' double-buffered K/V tiles pass the default 48 KiB
                 // of dynamic shared memory at head size 128, as do the few-row quantized
                 // products' pipelines (both run on sm_80+ only).
+                let qmma_smem = ops::qmma::qmma_smem_bytes(kernel);
                 let big_smem = kernel
                     .strip_prefix("flash_attn_bf16_d")
                     .and_then(|d| d.parse().ok())
                     .map(ops::prefill::flash_smem_bytes)
-                    .or_else(|| ops::qmma::qmma_smem_bytes(kernel));
+                    .or(qmma_smem);
                 if let Some(bytes) = big_smem.filter(|_| major >= 8) {
                     f.set_attribute(
                         cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
@@ -238,11 +239,12 @@ impl State {
                     )
                     .map_err(driver_err("raising a kernel's shared memory"))?;
                 }
-                if let Some(bytes) = ops::qmma::qmma_smem_bytes(kernel).filter(|_| major >= 8) {
+                if let Some(smem) = qmma_smem.filter(|_| major >= 8) {
                     let per_sm = f
-                        .occupancy_max_active_blocks_per_multiprocessor(ops::qmma::QM_THREADS, bytes, None)
+                        .occupancy_max_active_blocks_per_multiprocessor(ops::qmma::QM_THREADS, smem, None)
                         .map_err(driver_err("reading a kernel's occupancy"))?;
-                    qmma_slots.insert(kernel.to_string(), (sms.max(1) as usize) * (per_sm.max(1) as usize));
+                    let slots = (sms.max(1) as usize) * (per_sm.max(1) as usize);
+                    qmma_kernels.insert(kernel.to_string(), ops::qmma::QmmaKernel { slots, smem });
                 }
                 funcs.insert(kernel.to_string(), f);
             }
@@ -259,7 +261,7 @@ impl State {
             capture_epoch: AtomicU64::new(0),
             graph_written_dropped: AtomicU64::new(0),
             capture_arena_bytes: std::sync::atomic::AtomicUsize::new(graph::FIRST_ARENA_BYTES),
-            qmma_slots,
+            qmma_kernels,
             pdl: major >= 9 && std::env::var("NUVEC_PDL").map_or(true, |v| v != "0"),
             flash: major >= 8 && std::env::var("NUVEC_FLASH_ATTENTION").map_or(true, |v| v != "0"),
             decode_lane: OnceLock::new(),

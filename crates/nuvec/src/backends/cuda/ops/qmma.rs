@@ -30,6 +30,16 @@ pub(super) enum QmmaInput {
     F32Split(u64),
 }
 
+/// What launching a qmma kernel takes, read once at module load.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct QmmaKernel {
+    /// Blocks the device holds at once (multiprocessors times blocks per multiprocessor), for
+    /// cutting the grid into whole waves.
+    pub(crate) slots: usize,
+    /// Its dynamic shared memory (its pipeline's slots).
+    pub(crate) smem: usize,
+}
+
 /// The dynamic shared memory of qmma kernel `kernel` (its pipeline's slots: `QM_SLOT` in
 /// kernels/qmma.cu), `None` for any other kernel. Every one passes the default 48 KiB, so the
 /// module loader raises each kernel's limit to this.
@@ -93,14 +103,14 @@ impl CudaBackend {
         let st = self.st()?;
         // Read at module load on sm_80+ only (the kernels' mma.sync and cp.async need it):
         // elsewhere the other paths take the product.
-        let Some(&slots) = st.qmma_slots.get(name) else {
+        let Some(&QmmaKernel { slots, smem }) = st.qmma_kernels.get(name) else {
             return Ok(false);
         };
         let (per_range, ranges) = ranges_of_k(chunks, blocks, slots);
         let cfg = LaunchConfig {
             grid_dim: (to_i32(op, "blocks", blocks)? as u32, ranges as u32, 1),
             block_dim: (QM_THREADS, 1, 1),
-            shared_mem_bytes: qmma_smem_bytes(name).expect("a qmma kernel") as u32,
+            shared_mem_bytes: smem as u32,
         };
         let WeightArgs { packed, scales, biases, p_dt, .. } = *w;
         let (mi, ni, ki, cps) = (m as i32, to_i32(op, "rows", n)?, to_i32(op, "k", k)?, per_range as i32);
