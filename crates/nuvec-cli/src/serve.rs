@@ -71,11 +71,14 @@ pub struct Args {
     /// --max-num-batched-tokens; default 4096 on the CPU, 8192 on CUDA).
     #[arg(long, visible_alias = "max-num-batched-tokens")]
     token_budget: Option<usize>,
-    /// Quantize the KV cache to this many bits (mlx_lm.server's flag): not available when
-    /// serving yet, as the paged cache keeps keys and values in the model's dtype; giving it is
-    /// an error rather than a silently unquantized cache.
+    /// Quantize the KV cache's keys and values to this many bits (4 or 8; MLX's affine format,
+    /// as `nuvec generate --kv-bits N --quantized-kv-start 0` computes: each request's first pass
+    /// attends its own rows in full precision, later ones read them quantized). The CPU only.
     #[arg(long)]
-    kv_bits: Option<u32>,
+    kv_bits: Option<usize>,
+    /// Values per quantization group of the KV cache, with --kv-bits (32, 64 or 128).
+    #[arg(long, default_value_t = 64)]
+    kv_group_size: usize,
     /// Seconds the requests in flight may take to finish after ctrl-c or SIGTERM; those still
     /// running then end with an error (a second signal ends them at once).
     #[arg(long, default_value_t = DEFAULT_SHUTDOWN_GRACE.as_secs_f64())]
@@ -176,13 +179,6 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     if args.api_key.as_deref().is_some_and(|k| k.trim().is_empty()) {
         return Err("--api-key is empty: give a key, or leave --api-key out to serve without one".into());
     }
-    if let Some(bits) = args.kv_bits {
-        return Err(format!(
-            "--kv-bits {bits}: the server's paged KV cache is not quantized yet (it keeps keys and values in the \
-             model's dtype); serve without --kv-bits, or use `nuvec generate --kv-bits {bits}` for one request"
-        )
-        .into());
-    }
     if !(args.shutdown_grace.is_finite() && args.shutdown_grace >= 0.0) {
         return Err(format!("--shutdown-grace {}: give a number of seconds, 0 or more", args.shutdown_grace).into());
     }
@@ -197,6 +193,8 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         prefix_cache: args.no_prefix_cache.then_some(false),
         token_budget: args.token_budget,
         max_positions: args.context.ctx_size.unwrap_or(nuvec_lm::engine::DEFAULT_MAX_POSITIONS),
+        kv_bits: args.kv_bits,
+        kv_group_size: args.kv_group_size,
         ..Default::default()
     };
     batcher.validate().map_err(|e| flag_names(&e.to_string()))?;
@@ -240,6 +238,8 @@ fn flag_names(message: &str) -> String {
         ("BatcherOptions::token_budget", "--token-budget"),
         ("BatcherOptions::max_positions", "--ctx-size"),
         ("BatcherOptions::blocks", "--prompt-cache-bytes"),
+        ("BatcherOptions::kv_bits = ", "--kv-bits "),
+        ("kv_group_size = ", "--kv-group-size "),
     ]
     .iter()
     .fold(message.to_string(), |m, (field, flag)| m.replace(field, flag))

@@ -47,8 +47,10 @@ fn gauge(base: &str, name: &str) -> f64 {
 
 #[test]
 fn flags_the_server_cannot_honour_are_refused_with_the_reason() {
-    let e = refused(&["--kv-bits", "4"]);
-    assert!(e.contains("--kv-bits") && e.contains("not quantized yet"), "{e}");
+    let e = refused(&["--kv-bits", "7"]);
+    assert!(e.contains("--kv-bits 7") && e.contains("bits = 7"), "{e}");
+    let e = refused(&["--kv-bits", "8", "--kv-group-size", "48"]);
+    assert!(e.contains("--kv-group-size 48"), "{e}");
     let e = refused(&["--prompt-cache-bytes", "1"]);
     assert!(e.contains("--prompt-cache-bytes") && e.contains("less than one cache block"), "{e}");
     let e = refused(&["--prompt-cache-bytes", "lots"]);
@@ -86,6 +88,41 @@ fn the_cache_is_sized_in_bytes_and_the_context_limit_holds() {
     assert_eq!(body["choices"][0]["finish_reason"], "length", "{body}");
     let usage = &body["usage"];
     assert_eq!(usage["prompt_tokens"].as_u64().unwrap() + usage["completion_tokens"].as_u64().unwrap(), 64, "{body}");
+}
+
+/// What `nuvec generate ARGS` prints on the default model.
+fn generate(args: &[&str]) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_nuvec"))
+        .args(["generate", "--model", &gguf(), "--verbose", "false"])
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8(out.stdout).unwrap();
+    text.strip_suffix('\n').unwrap_or(&text).to_string()
+}
+
+#[test]
+fn a_quantized_cache_holds_more_and_answers_as_generate_with_kv_bits() {
+    let plain = Served::start(&["--prompt-cache-bytes", "4M"]);
+    let blocks_plain = gauge(&plain.base, "nuvec:kv_cache_blocks_total");
+    drop(plain);
+    let served = Served::start(&["--prompt-cache-bytes", "4M", "--kv-bits", "4"]);
+    // f16 keys and values (a GGUF's cache type) take 2 bytes a value; 4-bit ones half a byte,
+    // plus an f32 scale and bias per 64.
+    let blocks = gauge(&served.base, "nuvec:kv_cache_blocks_total");
+    assert!(blocks >= 3.0 * blocks_plain, "{blocks_plain} blocks plain, {blocks} quantized");
+    let question = "Write one sentence about the sea.";
+    let expected = generate(&["--prompt", question, "-m", "24", "--kv-bits", "4", "--quantized-kv-start", "0"]);
+    let unquantized = generate(&["--prompt", question, "-m", "24"]);
+    assert_ne!(expected, unquantized, "a prompt whose answer shows the quantization");
+    let body = json!({"messages": [{"role": "user", "content": question}], "max_tokens": 24});
+    for _ in 0..2 {
+        let (status, answer) = post(&served.base, "/v1/chat/completions", &body);
+        assert_eq!(status, 200, "{answer}");
+        assert_eq!(answer["choices"][0]["message"]["content"], expected.as_str(), "{answer}");
+    }
+    eprintln!("4-bit KV: {expected:?}; unquantized: {unquantized:?}");
 }
 
 /// A streaming completion over a socket of its own, read line by line.

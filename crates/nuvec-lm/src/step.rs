@@ -152,8 +152,9 @@ impl<'a> StepBatch<'a> {
     }
 
     /// Each sequence's cache of `layer`, when the step decodes several sequences (one row each)
-    /// whose caches of that layer are of one paged store and have no window: such a layer can
-    /// attend them all as one op ([`crate::cache::paged::attend_decodes`]). None otherwise.
+    /// whose caches of that layer are of one plain (not quantized) paged store and have no
+    /// window: such a layer can attend them all as one op
+    /// ([`crate::cache::paged::attend_decodes`]). None otherwise.
     pub(crate) fn paged_decodes(&mut self, layer: usize) -> Option<Vec<&mut PagedKv>> {
         if self.seqs.len() < 2 || self.seqs.iter().any(|s| s.rows != 1) {
             return None;
@@ -161,7 +162,7 @@ impl<'a> StepBatch<'a> {
         let mut caches = Vec::with_capacity(self.seqs.len());
         for seq in &mut self.seqs {
             match seq.cache.get_mut(layer)? {
-                LayerCache::Paged(p) if p.window().is_none() => caches.push(p),
+                LayerCache::Paged(p) if p.window().is_none() && !p.is_quantized() => caches.push(p),
                 _ => return None,
             }
         }

@@ -284,7 +284,9 @@ impl LayerCache {
             }
             LayerCache::Paged(_) => {
                 return Err(Error::Unsupported(
-                    "kv_bits: quantized blocks in a paged cache are not built yet; run without --kv-bits".into(),
+                    "kv_bits: a paged cache is quantized when it is made (PagedCache::new_quantized, \
+                     BatcherOptions::kv_bits), not converted later"
+                        .into(),
                 ))
             }
         }

@@ -86,7 +86,7 @@ impl QuantRows {
             )));
         }
         // [heads, L, dim] -> [L, heads, dim]: one quantized row group per position.
-        let data = a.transpose01()?.to_vec::<f32>()?;
+        let data = a.transpose01()?.to_f32_vec()?;
         let (words, groups) = (d * spec.bits / 32, d / spec.group_size);
         let q = quantize_affine(&data, l * h, d, spec, DType::F32)?;
         let (packed, scales, biases) = (q.packed.to_vec::<u32>()?, q.scales.to_f32_vec()?, q.biases.to_f32_vec()?);

@@ -2,13 +2,13 @@
 
 use std::collections::{BTreeMap, HashSet};
 
-use nuvec::{Array, Device};
+use nuvec::{Array, Device, QuantSpec};
 
 use super::executor::{self, Outcome};
 use super::request::Request;
 use super::scheduler::{BlockView, Key, Scheduler, Work};
 use crate::cache::paged::{PagedCache, SeqId, DEFAULT_BLOCK_SIZE};
-use crate::cache::CacheOptions;
+use crate::cache::{kv_spec, CacheOptions};
 use crate::generate::{FinishReason, GenerateOptions, TokenLogprobs};
 use crate::models::Model;
 use crate::{Error, Result};
@@ -102,6 +102,12 @@ pub struct BatcherOptions {
     /// `batch_invariant`, a hit is cut to whole chunks of the request's `prefill_step_size` that
     /// passes of that size computed, so it is exact too (see `PagedCache`'s docs).
     pub prefix_cache: Option<bool>,
+    /// Quantize the cache's keys and values to this many bits (4 or 8, or any MLX affine
+    /// width; `None`, the default, keeps the model's type): every request is then computed as
+    /// `generate` with these `kv_bits` and `quantized_kv_start` 0 computes it. The CPU only.
+    pub kv_bits: Option<usize>,
+    /// Values per quantization group along the head dimension (default 64), with `kv_bits`.
+    pub kv_group_size: usize,
 }
 
 impl Default for BatcherOptions {
@@ -117,6 +123,8 @@ impl Default for BatcherOptions {
             batch_invariant: false,
             micro_batches: None,
             prefix_cache: None,
+            kv_bits: None,
+            kv_group_size: 64,
         }
     }
 }
@@ -161,6 +169,11 @@ impl BatcherOptions {
                  running request",
                 self.max_batch
             )));
+        }
+        if let Some(bits) = self.kv_bits {
+            kv_spec(bits, self.kv_group_size).map_err(|e| {
+                Error::Invalid(format!("BatcherOptions::kv_bits = {bits}, kv_group_size = {}: {e}", self.kv_group_size))
+            })?;
         }
         match self.micro_batches {
             None | Some(1) => Ok(()),
@@ -235,7 +248,17 @@ impl<'m> Batcher<'m> {
             Some(b) => b,
             None => default_blocks(model, &options)?,
         };
-        let mut paged = PagedCache::new(model, blocks, options.block_size, options.max_batch)?;
+        let mut paged = match options.kv_bits {
+            Some(bits) => PagedCache::new_quantized(
+                model,
+                blocks,
+                options.block_size,
+                options.max_batch,
+                bits,
+                options.kv_group_size,
+            )?,
+            None => PagedCache::new(model, blocks, options.block_size, options.max_batch)?,
+        };
         paged.set_batch_invariant(options.batch_invariant);
         match options.prefix_cache {
             Some(on) => paged.set_prefix_caching(on)?,
@@ -261,7 +284,7 @@ impl<'m> Batcher<'m> {
     /// Refuses an empty prompt, one that could never fit the cache, invalid options, and cache
     /// options the paged cache does not have (a rotating or quantized cache).
     pub fn submit(&mut self, prompt: Vec<u32>, options: GenerateOptions) -> Result<RequestId> {
-        check_cache_options(self.model, &options.cache)?;
+        check_cache_options(self.model, &options.cache, self.paged.kv_quantization())?;
         let chunk = options.prefill_step_size.min(self.max_chunk);
         let request = Request::new(self.model, &prompt, options)?;
         let need = self.scheduler.blocks_for(prompt.len());
@@ -523,13 +546,34 @@ impl BlockView for View<'_> {
     }
 }
 
-/// Refuses cache options the paged cache does not have yet, naming them.
-fn check_cache_options(model: &Model, cache: &CacheOptions) -> Result<()> {
+/// Refuses cache options the paged cache does not have (yet), naming them: a request may ask
+/// for the quantization the cache has (`quantized` from [`BatcherOptions::kv_bits`]) or none.
+fn check_cache_options(model: &Model, cache: &CacheOptions, quantized: Option<QuantSpec>) -> Result<()> {
+    if let Some(bits) = cache.kv_bits {
+        let Some(spec) = quantized else {
+            return Err(Error::Unsupported(format!(
+                "kv_bits = {bits}: this Batcher's cache is not quantized; make it with BatcherOptions::kv_bits \
+                 (nuvec serve --kv-bits), or submit without kv_bits"
+            )));
+        };
+        if (bits, cache.kv_group_size) != (spec.bits, spec.group_size) {
+            return Err(Error::Invalid(format!(
+                "kv_bits = {bits}, kv_group_size = {}: this Batcher's cache is quantized to {} bits in groups of {}; \
+                 submit with those or without kv_bits",
+                cache.kv_group_size, spec.bits, spec.group_size
+            )));
+        }
+        if cache.quantized_kv_start != 0 {
+            return Err(Error::Unsupported(format!(
+                "quantized_kv_start = {}: the Batcher's quantized cache quantizes every sequence after its first \
+                 pass (quantized_kv_start 0); submit with 0 or without kv_bits",
+                cache.quantized_kv_start
+            )));
+        }
+    }
     let asked = model.cache_options(cache).kv_dtype;
     let unsupported = if cache.max_kv_size.is_some() {
         Some("max_kv_size (a rotating cache)")
-    } else if cache.kv_bits.is_some() {
-        Some("kv_bits (a quantized cache)")
     } else if asked != Some(model.kv_dtype()) {
         Some("kv_dtype other than the model's")
     } else {
@@ -545,7 +589,13 @@ fn check_cache_options(model: &Model, cache: &CacheOptions) -> Result<()> {
 
 /// Blocks for `options` on `model`'s device (see [`BatcherOptions::blocks`]).
 fn default_blocks(model: &Model, options: &BatcherOptions) -> Result<usize> {
-    let per_block = model.kv_bytes_per_position()? * options.block_size;
+    let mut per_position = model.kv_bytes_per_position()?;
+    if let Some(bits) = options.kv_bits {
+        // Each value as `bits`, and an f32 scale and bias per group.
+        let values = per_position / model.kv_dtype().dtype().size();
+        per_position = (values * bits).div_ceil(8) + values.div_ceil(options.kv_group_size) * 8;
+    }
+    let per_block = per_position * options.block_size;
     let cap = (options.max_batch * options.max_positions).div_ceil(options.block_size);
     if per_block == 0 {
         return Ok(cap);

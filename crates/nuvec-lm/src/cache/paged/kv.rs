@@ -26,6 +26,9 @@ pub struct PagedKv {
     /// included (what mlx-lm's rotating cache with nothing pinned gives, prefilled whole, in
     /// chunks or decoding).
     window: Option<usize>,
+    /// In a quantized store, the rows of a first pass (from position 0) as it computed them,
+    /// `[kv_heads, L, head_dim]`, until the pass ends: its KV-shared layers read what it read.
+    fresh: Option<(Array, Array)>,
 }
 
 impl PagedKv {
@@ -35,7 +38,7 @@ impl PagedKv {
         block_size: usize,
         window: Option<usize>,
     ) -> Self {
-        PagedKv { store, table, block_size, len: 0, window }
+        PagedKv { store, table, block_size, len: 0, window, fresh: None }
     }
 
     /// Whether `other` is a layer of the same paged cache's store.
@@ -109,8 +112,30 @@ impl PagedKv {
         scale: f32,
         sinks: Sinks,
     ) -> Result<Array> {
+        let plain = lock(&self.store).first_pass_dtype();
+        if let Some(dtype) = plain.filter(|_| self.len == 0) {
+            // mlx-lm quantizes a cache after the pass that filled it (`quantized_kv_start` 0):
+            // the first pass holds its rows in the plain cache's type and attends them so;
+            // they are quantized from those values, and every later pass reads them quantized.
+            let (keys, values) = (keys.astype(dtype)?, values.astype(dtype)?);
+            self.write(&keys, &values)?;
+            let (k, v) = (keys.transpose01()?, values.transpose01()?);
+            let out = self.attend_rows(q, &k, &v, 0, scale, sinks);
+            self.fresh = Some((k, v));
+            return out;
+        }
         self.write(keys, values)?;
         self.attend_held(q, scale, sinks)
+    }
+
+    /// Ends a forward pass: what the layer attends from now on is read from its store.
+    pub(crate) fn end_pass(&mut self) {
+        self.fresh = None;
+    }
+
+    /// Whether the layer's store holds quantized rows.
+    pub(crate) fn is_quantized(&self) -> bool {
+        lock(&self.store).first_pass_dtype().is_some()
     }
 
     /// Attends `q [L, heads, head_dim]`, the queries of the last `L` positions added, over what
@@ -119,6 +144,9 @@ impl PagedKv {
         let l = q.dim(0);
         if l == 0 || l > self.len {
             return Err(Error::Invalid(format!("{l} queries for a paged sequence holding {}", self.len)));
+        }
+        if let Some((k, v)) = self.fresh.as_ref().filter(|(k, _)| k.dim(1) == self.len) {
+            return self.attend_rows(q, k, v, self.len - l, scale, sinks);
         }
         let Some(window) = self.window else {
             let (k, v) = self.gathered()?;
@@ -129,14 +157,24 @@ impl PagedKv {
         let first_new = self.len - l;
         let from = first_new.saturating_sub(window - 1);
         let (k, v) = lock(&self.store).gather_range(&lock(&self.table), from, self.len)?;
-        let held = first_new - from;
+        self.attend_rows(q, &k, &v, first_new - from, scale, sinks)
+    }
+
+    /// Attends `q [L, heads, head_dim]`, the queries of the last `L` of the rows `k, v [kv_heads,
+    /// held + L, head_dim]` (`held` earlier positions, then the new ones), over what each sees:
+    /// all of them causally, or a sliding-window layer's window.
+    fn attend_rows(&self, q: &Array, k: &Array, v: &Array, held: usize, scale: f32, sinks: Sinks) -> Result<Array> {
+        let l = q.dim(0);
+        let Some(window) = self.window else {
+            return sdpa(q, k, v, held + l, scale, sinks);
+        };
         if l == 1 {
-            let (k, v) = on_device_of(q, &k, &v)?;
+            let (k, v) = on_device_of(q, k, v)?;
             sdpa(q, &k, &v, held + 1, scale, sinks)
         } else if held + l > window {
-            attend_windowed(q, &k, &v, held, window, scale, sinks)
+            attend_windowed(q, k, v, held, window, scale, sinks)
         } else {
-            attend_causal(q, &k, &v, scale, sinks)
+            attend_causal(q, k, v, scale, sinks)
         }
     }
 }

@@ -20,17 +20,18 @@
 mod kv;
 mod pool;
 mod prefix;
+mod quant_blocks;
 mod store;
 
 use std::sync::{Arc, Mutex};
 
-use nuvec::Array;
+use nuvec::{Array, Device, QuantSpec};
 
 pub use kv::PagedKv;
 pub(crate) use kv::{attend_decodes, write_decodes};
 use pool::{lock, BlockPool};
 use prefix::Computed;
-use store::LayerStore;
+use store::{KvForm, LayerStore};
 
 use super::LayerCache;
 use crate::models::Model;
@@ -74,20 +75,66 @@ pub struct PagedCache {
     invariant: bool,
     /// Whether the model has recurrent layers (whose state a shared prefix cannot give).
     recurrent: bool,
+    /// The quantization of keys and values, for a quantized cache.
+    quantized: Option<QuantSpec>,
 }
 
 impl PagedCache {
     /// A cache for `model` of `blocks` blocks of `block_size` positions per layer, for at most
     /// `max_seqs` sequences at once. Keys and values are stored in the model's KV type.
     pub fn new(model: &Model, blocks: usize, block_size: usize, max_seqs: usize) -> Result<Self> {
+        Self::with_form(model, blocks, block_size, max_seqs, KvForm::Plain(model.kv_dtype().dtype()))
+    }
+
+    /// [`PagedCache::new`] with keys and values quantized to `bits` in groups of `group_size`
+    /// along the head dimension (mlx-lm's quantized cache with `quantized_kv_start` 0: a
+    /// sequence's first pass from position 0 attends its own rows in full precision, every
+    /// later pass reads them quantized). The CPU only, for now.
+    pub fn new_quantized(
+        model: &Model,
+        blocks: usize,
+        block_size: usize,
+        max_seqs: usize,
+        bits: usize,
+        group_size: usize,
+    ) -> Result<Self> {
+        let spec = super::quantized::kv_spec(bits, group_size)?;
+        if model.device() != Device::Cpu {
+            return Err(Error::Unsupported(format!(
+                "a quantized paged cache on {} is not built (the CPU has one); run without kv_bits there",
+                model.device()
+            )));
+        }
+        // The head sizes show in a one-token pass: a group size that does not divide one is
+        // refused now rather than at a request's first step.
+        let mut probe = model.new_cache();
+        model.prefill(&[0], &mut probe)?;
+        for (i, c) in probe.iter().enumerate() {
+            let keys = match c {
+                LayerCache::Plain(kv) => kv.state()?.map(|(k, _)| k),
+                LayerCache::Rotating(r) => r.state().map(|(k, _, _)| k),
+                _ => None,
+            };
+            if let Some(dim) = keys.map(|k| k.dim(2)).filter(|d| !d.is_multiple_of(group_size)) {
+                return Err(Error::Invalid(format!(
+                    "kv_group_size = {group_size} does not divide the head dimension {dim} of layer {i} of {}; \
+                     give a group size that does (32, 64 or 128), or run without kv_bits",
+                    model.model_type()
+                )));
+            }
+        }
+        let plain = KvForm::Quantized(spec, model.kv_dtype().dtype());
+        Self::with_form(model, blocks, block_size, max_seqs, plain)
+    }
+
+    fn with_form(model: &Model, blocks: usize, block_size: usize, max_seqs: usize, form: KvForm) -> Result<Self> {
         for (name, v) in [("blocks", blocks), ("block_size", block_size), ("max_seqs", max_seqs)] {
             if v == 0 {
                 return Err(Error::Invalid(format!("PagedCache: {name} must be at least 1")));
             }
         }
         let plain = model.new_cache();
-        let dtype = model.kv_dtype().dtype();
-        let store = || Some(Arc::new(Mutex::new(LayerStore::new(blocks, block_size, dtype))));
+        let store = || Some(Arc::new(Mutex::new(LayerStore::new(blocks, block_size, form))));
         let layers = plain
             .iter()
             .enumerate()
@@ -112,7 +159,16 @@ impl PagedCache {
             slots: (0..max_seqs).map(|_| None).collect(),
             model: (model.fingerprint().to_string(), model.num_layers(), model.model_type().to_string()),
             invariant: false,
+            quantized: match form {
+                KvForm::Quantized(spec, _) => Some(spec),
+                KvForm::Plain(_) => None,
+            },
         })
+    }
+
+    /// The quantization of keys and values, for a cache made by [`PagedCache::new_quantized`].
+    pub fn kv_quantization(&self) -> Option<QuantSpec> {
+        self.quantized
     }
 
     /// Batch invariance for every later [`PagedCache::step`]: each sequence gets exactly the
@@ -228,6 +284,13 @@ impl PagedCache {
                 None => break,
             }
             parent = h;
+        }
+        if self.quantized.is_some() {
+            // A sequence's first pass attended its own rows in full precision; a hit that ends
+            // inside it would have the rest of that pass read them quantized.
+            while hits.last().is_some_and(|&(b, _)| self.pool.inside_first_pass(b)) {
+                hits.pop();
+            }
         }
         if let Computed::Chunks(c) = computed {
             // A hit ending inside a chunk would have the rest of that chunk computed in a pass
@@ -475,6 +538,15 @@ impl PagedCache {
             }
         }
         let result = self.run(model, work);
+        for &(id, _) in work {
+            if let Some(seq) = self.slots[id.0 as usize].as_mut() {
+                for c in &mut seq.caches {
+                    if let LayerCache::Paged(kv) = c {
+                        kv.end_pass();
+                    }
+                }
+            }
+        }
         for &(id, tokens) in work {
             if result.is_ok() {
                 self.commit(id, tokens);
@@ -502,6 +574,8 @@ impl PagedCache {
         let Some(seq) = self.slots[id.0 as usize].as_mut() else { return };
         let Some(known) = seq.tokens.as_mut() else { return };
         let pass = Computed::pass(self.invariant, known.len(), tokens.len());
+        // The end of the sequence's first pass, when this is it.
+        let first_pass_end = known.is_empty().then_some(tokens.len());
         known.extend_from_slice(tokens);
         let table = lock(&seq.table);
         let mut open = seq.open.take();
@@ -511,7 +585,8 @@ impl PagedCache {
             let block = &known[i * bs..(i + 1) * bs];
             let computed = Computed::after(open.take(), pass);
             let h = prefix::block_hash(parent, computed, block);
-            self.pool.register(table[i], h, parent, computed, block);
+            let inside_first = first_pass_end.is_some_and(|end| (i + 1) * bs < end);
+            self.pool.register(table[i], h, parent, (computed, inside_first), block);
             seq.hashes.push(h);
         }
         if known.len() % bs != 0 {

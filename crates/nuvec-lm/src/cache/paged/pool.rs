@@ -31,6 +31,9 @@ pub(crate) struct BlockPool {
     /// What each indexed block holds: its parent's hash, how it was computed and its tokens (a
     /// hit compares them, so a hash collision can never share the wrong keys and values).
     content: Vec<Option<(u64, Computed, Vec<u32>)>>,
+    /// Indexed blocks that the first pass of the sequence that wrote them (from position 0)
+    /// went on past.
+    inside_first: Vec<bool>,
     clock: u64,
     /// Whether full blocks are indexed at all.
     caching: bool,
@@ -48,6 +51,7 @@ impl BlockPool {
             cached_free: 0,
             index: HashMap::new(),
             content: vec![None; blocks],
+            inside_first: vec![false; blocks],
             clock: 0,
             caching: false,
         }
@@ -140,8 +144,16 @@ impl BlockPool {
 
     /// Indexes block `b` as holding `tokens`, computed as `computed`, after the prefix hashed
     /// `parent`, hashed `h` (a first holder of that content keeps the index; a block is indexed
-    /// once; a `Mixed` block never is).
-    pub(crate) fn register(&mut self, b: u32, h: u64, parent: u64, computed: Computed, tokens: &[u32]) {
+    /// once; a `Mixed` block never is). `inside_first`: the first pass of the sequence that
+    /// wrote it went on past it.
+    pub(crate) fn register(
+        &mut self,
+        b: u32,
+        h: u64,
+        parent: u64,
+        (computed, inside_first): (Computed, bool),
+        tokens: &[u32],
+    ) {
         if !self.caching
             || computed == Computed::Mixed
             || self.index.contains_key(&h)
@@ -152,6 +164,12 @@ impl BlockPool {
         self.index.insert(h, b);
         self.hash[b as usize] = Some(h);
         self.content[b as usize] = Some((parent, computed, tokens.to_vec()));
+        self.inside_first[b as usize] = inside_first;
+    }
+
+    /// Whether indexed block `b` was written by a first pass that went on past it.
+    pub(crate) fn inside_first_pass(&self, b: u32) -> bool {
+        self.content[b as usize].is_some() && self.inside_first[b as usize]
     }
 
     /// The block holding `tokens`, computed as `computed`, after the prefix hashed `parent`
@@ -191,8 +209,9 @@ mod tests {
         p.set_caching(true);
         let (a, b, c) = (p.take().unwrap(), p.take().unwrap(), p.take().unwrap());
         assert_eq!((p.take(), p.free()), (None, 0));
-        p.register(a, 11, 0, B, &[1]);
-        p.register(b, 22, 0, B, &[2]);
+        p.register(a, 11, 0, (B, false), &[1]);
+        p.register(b, 22, 0, (B, true), &[2]);
+        assert!(p.inside_first_pass(b) && !p.inside_first_pass(a));
         p.release(a);
         p.release(b);
         p.release(c);

@@ -1,0 +1,230 @@
+//! Quantized paged caches (`PagedCache::new_quantized`, `BatcherOptions::kv_bits`): each
+//! sequence gets what `generate` gives it alone with `kv_bits` and `quantized_kv_start` 0 (the
+//! cache quantized after the first pass, as mlx-lm's `maybe_quantize_kv_cache`) — bit for bit in a
+//! batch of one and in batch-invariant mode, the same greedy tokens batched — and prefix hits
+//! never start a request inside another's full-precision first pass.
+
+mod common;
+
+use std::collections::BTreeMap;
+
+use common::{fixtures, rows_of as rows, seeded_prompt as prompt};
+use nuvec_lm::cache::CacheOptions;
+use nuvec_lm::sample::argmax;
+use nuvec_lm::{
+    decode_batch, generate, load_dir, Batcher, BatcherOptions, Event, GenerateOptions, Model, PagedCache, RequestId,
+    TokenLogprobs,
+};
+
+/// Batched rows round differently from one row's; a quantized value whose input sits on a
+/// rounding boundary then moves by one step (what caches.rs allows against mlx-lm).
+const TOLERANCE: f32 = 5e-3;
+
+fn quantized(bits: usize, group_size: usize) -> CacheOptions {
+    CacheOptions { kv_bits: Some(bits), kv_group_size: group_size, quantized_kv_start: 0, ..Default::default() }
+}
+
+/// `generate`'s passes alone: the prompt but its last token in chunks of `chunk`, then one
+/// token at a time, the cache quantized (as `options` say) after each pass. Each step's logits.
+fn alone(model: &Model, prompt: &[u32], steps: usize, chunk: usize, options: &CacheOptions) -> Vec<Vec<f32>> {
+    let mut cache = model.make_cache(options).unwrap();
+    let pass = |cache: &mut Vec<nuvec_lm::cache::LayerCache>| {
+        for c in cache.iter_mut() {
+            c.maybe_quantize(options).unwrap();
+        }
+    };
+    let (head, last) = prompt.split_at(prompt.len() - 1);
+    for c in head.chunks(chunk) {
+        model.prefill(c, &mut cache).unwrap();
+        pass(&mut cache);
+    }
+    let mut logits = rows(&model.forward_last(last, &mut cache).unwrap()).remove(0);
+    pass(&mut cache);
+    let mut all = vec![];
+    for _ in 0..steps {
+        let t = argmax(&logits);
+        all.push(logits);
+        logits = rows(&model.forward_last(&[t], &mut cache).unwrap()).remove(0);
+        pass(&mut cache);
+    }
+    all
+}
+
+/// The same passes in a quantized paged cache: each prompt prefilled alone through
+/// `PagedCache::step`, then every sequence decoded together. Each sequence's logits per step.
+fn paged(
+    model: &Model,
+    prompts: &[Vec<u32>],
+    steps: usize,
+    chunk: usize,
+    (bits, group): (usize, usize),
+) -> Vec<Vec<Vec<f32>>> {
+    let mut paged = PagedCache::new_quantized(model, 256, 16, 8, bits, group).unwrap();
+    assert_eq!(paged.kv_quantization().map(|s| (s.bits, s.group_size)), Some((bits, group)));
+    let mut ids = vec![];
+    for p in prompts {
+        let id = paged.add().unwrap();
+        for c in p[..p.len() - 1].chunks(chunk) {
+            paged.step(model, &[(id, c)]).unwrap();
+        }
+        ids.push(id);
+    }
+    let mut tokens: Vec<u32> = prompts.iter().map(|p| *p.last().unwrap()).collect();
+    let mut out = vec![vec![]; prompts.len()];
+    for _ in 0..steps {
+        for (i, row) in rows(&decode_batch(model, &tokens, &ids, &mut paged).unwrap()).into_iter().enumerate() {
+            tokens[i] = argmax(&row);
+            out[i].push(row);
+        }
+    }
+    out
+}
+
+fn check(case: &str, lengths: &[usize], steps: usize, chunk: usize, (bits, group): (usize, usize)) {
+    let (model, _) = load_dir(&fixtures().join(case)).unwrap();
+    let prompts: Vec<Vec<u32>> =
+        lengths.iter().enumerate().map(|(i, &n)| prompt(n, i as u32 + 3, model.vocab_size())).collect();
+    let together = paged(&model, &prompts, steps, chunk, (bits, group));
+    let mut widest = 0f32;
+    for (i, p) in prompts.iter().enumerate() {
+        let reference = alone(&model, p, steps, chunk, &quantized(bits, group));
+        let tokens: Vec<u32> = reference.iter().map(|r| argmax(r)).collect();
+        let ours: Vec<u32> = together[i].iter().map(|r| argmax(r)).collect();
+        assert_eq!(ours, tokens, "{case} {bits}-bit: sequence {i} ({} prompt tokens)", p.len());
+        for (a, b) in reference.iter().zip(&together[i]) {
+            let worst = a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
+            assert!(worst <= TOLERANCE, "{case} {bits}-bit: sequence {i}: logits differ by {worst}");
+            widest = widest.max(worst);
+        }
+        if lengths.len() == 1 {
+            assert_eq!(together[i], reference, "{case} {bits}-bit: a batch of one is the quantized cache bit for bit");
+        }
+    }
+    eprintln!("{case} {bits}-bit g{group}: lengths {lengths:?}, chunks of {chunk}, widest difference {widest:e}");
+}
+
+#[test]
+fn a_quantized_paged_cache_decodes_as_the_quantized_cache_does() {
+    for kv in [(8, 64), (4, 32)] {
+        check("qwen3-hd64-f32", &[40], 6, 16, kv);
+        check("qwen3-hd64-f32", &[1, 17, 300, 40], 8, 64, kv);
+        // A first pass of the whole prompt, and first passes of one token (decoded together).
+        check("qwen3-hd64-f32", &[2, 33, 1], 6, 2048, kv);
+        // Gated DeltaNet layers keep their state in slots; the attention layers are quantized.
+        check("qwen3_5/qwen3_5-f32", &[1, 17, 90], 6, 32, kv);
+    }
+}
+
+#[test]
+fn a_group_size_that_does_not_divide_the_heads_is_refused_when_the_cache_is_made() {
+    let (model, _) = load_dir(&fixtures().join("llama-f32")).unwrap();
+    let err = PagedCache::new_quantized(&model, 8, 16, 2, 8, 32).unwrap_err().to_string();
+    assert!(err.contains("kv_group_size = 32") && err.contains("head dimension 16"), "{err}");
+    let err = PagedCache::new_quantized(&model, 8, 16, 2, 7, 64).unwrap_err().to_string();
+    assert!(err.contains("bits = 7"), "{err}");
+}
+
+/// What a request produced: its tokens, their log-probabilities (when asked) and the prompt
+/// tokens its prefix hit gave it.
+type Output = (Vec<u32>, Vec<TokenLogprobs>, usize);
+
+/// Steps `batcher` until idle, collecting each request's output.
+fn drain(batcher: &mut Batcher) -> BTreeMap<RequestId, Output> {
+    let mut out: BTreeMap<RequestId, Output> = BTreeMap::new();
+    while batcher.is_busy() {
+        for event in batcher.step().unwrap() {
+            match event {
+                Event::Token { id, token } => out.entry(id).or_default().0.push(token),
+                Event::Logprobs { id, logprobs } => out.entry(id).or_default().1.push(logprobs),
+                Event::Started { id, cached_tokens } => out.entry(id).or_default().2 = cached_tokens,
+                Event::Failed { id, error } => panic!("{id:?} failed: {error}"),
+                _ => {}
+            }
+        }
+    }
+    out
+}
+
+fn solo(model: &Model, prompt: &[u32], options: &GenerateOptions) -> (Vec<u32>, Vec<TokenLogprobs>) {
+    let mut generation = generate(model, prompt, options.clone()).unwrap();
+    let tokens = generation.by_ref().map(Result::unwrap).collect();
+    (tokens, generation.logprobs().to_vec())
+}
+
+#[test]
+fn the_batcher_serves_quantized_requests_their_solo_tokens() {
+    let model: &'static Model = Box::leak(Box::new(load_dir(&fixtures().join("qwen3-hd64-f32")).unwrap().0));
+    let vocab = model.vocab_size();
+    for invariant in [true, false] {
+        let options = BatcherOptions {
+            kv_bits: Some(8),
+            kv_group_size: 64,
+            batch_invariant: invariant,
+            blocks: Some(512),
+            ..Default::default()
+        };
+        let mut batcher = Batcher::new(model, options).unwrap();
+        let requests: Vec<(Vec<u32>, GenerateOptions)> = [1, 17, 300, 40]
+            .iter()
+            .enumerate()
+            .map(|(i, &n)| {
+                let cache = quantized(8, 64);
+                // Batch-invariant requests get their solo log-probabilities bit for bit too.
+                let logprobs = invariant.then_some(3);
+                (
+                    prompt(n, i as u32 + 5, vocab),
+                    GenerateOptions { max_tokens: 8, cache, logprobs, ..Default::default() },
+                )
+            })
+            .collect();
+        let ids: Vec<RequestId> = requests.iter().map(|(p, o)| batcher.submit(p.clone(), o.clone()).unwrap()).collect();
+        let outputs = drain(&mut batcher);
+        for ((p, o), id) in requests.iter().zip(&ids) {
+            let (tokens, logprobs) = solo(model, p, o);
+            assert_eq!(outputs[id].0, tokens, "invariant {invariant}: {} prompt tokens", p.len());
+            assert_eq!(outputs[id].1, logprobs, "invariant {invariant}: {} prompt tokens", p.len());
+        }
+    }
+    // Requests that ask for other settings are refused, naming them.
+    let mut batcher =
+        Batcher::new(model, BatcherOptions { kv_bits: Some(8), blocks: Some(64), ..Default::default() }).unwrap();
+    let p = prompt(5, 1, vocab);
+    for (cache, named) in [
+        (quantized(4, 64), "quantized to 8 bits"),
+        (CacheOptions { quantized_kv_start: 100, ..quantized(8, 64) }, "quantized_kv_start = 100"),
+    ] {
+        let err = batcher.submit(p.clone(), GenerateOptions { cache, ..Default::default() }).unwrap_err().to_string();
+        assert!(err.contains(named), "{err}");
+    }
+    let plain = Batcher::new(model, BatcherOptions { blocks: Some(64), ..Default::default() });
+    let err = plain.unwrap().submit(p, GenerateOptions { cache: quantized(8, 64), ..Default::default() });
+    assert!(err.unwrap_err().to_string().contains("not quantized"));
+    let bad = BatcherOptions { kv_bits: Some(8), kv_group_size: 48, ..Default::default() };
+    let err = Batcher::new(model, bad).err().unwrap().to_string();
+    assert!(err.contains("BatcherOptions::kv_bits") && err.contains("48"), "{err}");
+}
+
+/// A request sharing a prefix with an earlier one gets a hit only where the earlier one's
+/// first pass (computed in full precision) had ended: a hit inside it would have the rest of
+/// that pass read the prefix quantized, which its solo run never does.
+#[test]
+fn quantized_prefix_hits_start_after_the_first_pass() {
+    let model: &'static Model = Box::leak(Box::new(load_dir(&fixtures().join("qwen3-hd64-f32")).unwrap().0));
+    let vocab = model.vocab_size();
+    let shared = prompt(64, 9, vocab);
+    let with_tail = |seed: u32| -> Vec<u32> { shared.iter().copied().chain(prompt(20, seed, vocab)).collect() };
+    for (kv_bits, first_chunk, expect_hit) in [(None, 2048, 64), (Some(8), 2048, 0), (Some(8), 32, 64)] {
+        let options = BatcherOptions { kv_bits, blocks: Some(256), prefix_cache: Some(true), ..Default::default() };
+        let mut batcher = Batcher::new(model, options).unwrap();
+        let cache = if kv_bits.is_some() { quantized(8, 64) } else { CacheOptions::default() };
+        let request = GenerateOptions { max_tokens: 6, prefill_step_size: first_chunk, cache, ..Default::default() };
+        let (a, b) = (with_tail(1), with_tail(2));
+        let first = batcher.submit(a.clone(), request.clone()).unwrap();
+        let out_a = drain(&mut batcher);
+        let second = batcher.submit(b.clone(), request.clone()).unwrap();
+        let out_b = drain(&mut batcher);
+        assert_eq!(out_b[&second].2, expect_hit, "kv_bits {kv_bits:?}, first pass of {first_chunk}");
+        assert_eq!(out_a[&first].0, solo(model, &a, &request).0);
+        assert_eq!(out_b[&second].0, solo(model, &b, &request).0, "kv_bits {kv_bits:?}: the hit changed no token");
+    }
+}
