@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 
 mod common;
-use common::served::{gguf, Served};
+use common::served::{generate, Served};
 
 const QUESTION: &str = "What is the capital of France?";
 
@@ -41,18 +41,6 @@ fn post(base: &str, path: &str, body: &Value, extra: &[&str]) -> (u16, String) {
 
 fn json_of(text: &str) -> Value {
     serde_json::from_str(text).unwrap_or_else(|e| panic!("{e}: {text}"))
-}
-
-/// What `nuvec generate` answers: the reference.
-fn generate(args: &[&str]) -> String {
-    let out = Command::new(env!("CARGO_BIN_EXE_nuvec"))
-        .args(["generate", "--model", &gguf(), "--verbose", "false"])
-        .args(args)
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let text = String::from_utf8(out.stdout).unwrap();
-    text.strip_suffix('\n').unwrap_or(&text).to_string()
 }
 
 fn chat_body(content: &str, max_tokens: usize) -> Value {

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 
 mod common;
-use common::served::{gguf, Served};
+use common::served::{generate, gguf, Served};
 
 /// `nuvec serve ARGS` that must fail: its stderr.
 fn refused(args: &[&str]) -> String {
@@ -88,18 +88,6 @@ fn the_cache_is_sized_in_bytes_and_the_context_limit_holds() {
     assert_eq!(body["choices"][0]["finish_reason"], "length", "{body}");
     let usage = &body["usage"];
     assert_eq!(usage["prompt_tokens"].as_u64().unwrap() + usage["completion_tokens"].as_u64().unwrap(), 64, "{body}");
-}
-
-/// What `nuvec generate ARGS` prints on the default model.
-fn generate(args: &[&str]) -> String {
-    let out = Command::new(env!("CARGO_BIN_EXE_nuvec"))
-        .args(["generate", "--model", &gguf(), "--verbose", "false"])
-        .args(args)
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let text = String::from_utf8(out.stdout).unwrap();
-    text.strip_suffix('\n').unwrap_or(&text).to_string()
 }
 
 #[test]

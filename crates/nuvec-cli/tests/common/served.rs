@@ -10,6 +10,19 @@ pub fn gguf() -> String {
     std::env::var("NUVEC_DEFAULT_GGUF").unwrap_or_else(|_| panic!("NUVEC_DEFAULT_GGUF is not set: run scripts/test.sh"))
 }
 
+/// What `nuvec generate --model <default> ARGS` prints: the reference a served answer equals.
+#[allow(dead_code)] // not every test binary compares with it
+pub fn generate(args: &[&str]) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_nuvec"))
+        .args(["generate", "--model", &gguf(), "--verbose", "false"])
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8(out.stdout).unwrap();
+    text.strip_suffix('\n').unwrap_or(&text).to_string()
+}
+
 /// A running `nuvec serve`, killed when dropped.
 pub struct Served {
     pub child: Child,
