@@ -59,6 +59,13 @@ pub struct Args {
     /// With --workload: cache blocks of 16 positions (default: sized from memory).
     #[arg(long, requires = "workload")]
     blocks: Option<usize>,
+    /// Quantize the paged cache's keys and values to this many bits (the CPU; as `nuvec serve
+    /// --kv-bits`): the sequences, even one, then run in a quantized paged cache.
+    #[arg(long)]
+    kv_bits: Option<usize>,
+    /// Values per quantization group of the KV cache, with --kv-bits.
+    #[arg(long, default_value_t = 64)]
+    kv_group_size: usize,
 }
 
 /// A small deterministic generator (splitmix64) for the prompt ids.
@@ -127,7 +134,10 @@ fn batch_trial(model: &Model, prompts: &[Vec<u32>], args: &Args) -> Result<Trial
     const BLOCK: usize = nuvec_lm::cache::paged::DEFAULT_BLOCK_SIZE;
     let b = prompts.len();
     let per_seq = (args.prompt_tokens + args.generation_tokens).div_ceil(BLOCK);
-    let mut paged = PagedCache::new(model, b * per_seq, BLOCK, b)?;
+    let mut paged = match args.kv_bits {
+        Some(bits) => PagedCache::new_quantized(model, b * per_seq, BLOCK, b, bits, args.kv_group_size)?,
+        None => PagedCache::new(model, b * per_seq, BLOCK, b)?,
+    };
     let ids: Vec<SeqId> = (0..b).map(|_| paged.add()).collect::<Result<_, _>>()?;
     let step = args.prefill_step_size.unwrap_or_else(|| default_prefill_step(model.device())).max(1);
     let start = Instant::now();
@@ -174,6 +184,8 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         let options = BatcherOptions {
             prefix_cache: args.no_prefix_cache.then_some(false),
             blocks: args.blocks,
+            kv_bits: args.kv_bits,
+            kv_group_size: args.kv_group_size,
             ..Default::default()
         };
         return crate::workload::run(&model, path, options);
@@ -190,8 +202,8 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         nuvec::backends::cpu::num_threads()
     );
     let graphs = GraphMode::from_env()?;
-    let run_trial = |graphs| match args.batch_size {
-        1 => trial(&model, &prompts[0], &args, graphs),
+    let run_trial = |graphs| match (args.batch_size, args.kv_bits) {
+        (1, None) => trial(&model, &prompts[0], &args, graphs),
         _ => batch_trial(&model, &prompts, &args),
     };
     if !args.no_warmup {
