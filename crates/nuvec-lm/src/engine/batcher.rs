@@ -7,7 +7,7 @@ use nuvec::{Array, Device, QuantSpec};
 use super::executor::{self, Outcome};
 use super::request::Request;
 use super::scheduler::{BlockView, Key, Scheduler, Work};
-use crate::cache::paged::{PagedCache, SeqId, DEFAULT_BLOCK_SIZE};
+use crate::cache::paged::{window_blocks_for, PagedCache, SeqId, DEFAULT_BLOCK_SIZE};
 use crate::cache::{kv_spec, CacheOptions};
 use crate::generate::{FinishReason, GenerateOptions, TokenLogprobs};
 use crate::models::Model;
@@ -268,6 +268,7 @@ impl<'m> Batcher<'m> {
             }
         }
         let budget = options.token_budget_on(model.device());
+        paged.set_step_tokens(budget)?;
         Ok(Batcher {
             model,
             scheduler: Scheduler::new(options.block_size, blocks, options.max_batch, budget),
@@ -589,13 +590,19 @@ fn check_cache_options(model: &Model, cache: &CacheOptions, quantized: Option<Qu
 
 /// Blocks for `options` on `model`'s device (see [`BatcherOptions::blocks`]).
 fn default_blocks(model: &Model, options: &BatcherOptions) -> Result<usize> {
-    let mut per_position = model.kv_bytes_per_position()?;
+    let (mut full, mut window) = model.kv_bytes_per_position_by_kind()?;
     if let Some(bits) = options.kv_bits {
         // Each value as `bits`, and an f32 scale and bias per group.
-        let values = per_position / model.kv_dtype().dtype().size();
-        per_position = (values * bits).div_ceil(8) + values.div_ceil(options.kv_group_size) * 8;
+        let quantized = |bytes: usize| {
+            let values = bytes / model.kv_dtype().dtype().size();
+            (values * bits).div_ceil(8) + values.div_ceil(options.kv_group_size) * 8
+        };
+        (full, window) = (quantized(full), quantized(window));
     }
-    let per_block = per_position * options.block_size;
+    let per_block = (full + window) * options.block_size;
+    // The sliding-window layers take at most this many blocks (`PagedCache::set_step_tokens`).
+    let budget = options.token_budget_on(model.device());
+    let window_blocks = window_blocks_for(model, options.block_size, options.max_batch, budget);
     let cap = (options.max_batch * options.max_positions).div_ceil(options.block_size);
     if per_block == 0 {
         return Ok(cap);
@@ -622,7 +629,15 @@ fn default_blocks(model: &Model, options: &BatcherOptions) -> Result<usize> {
         }
         None => available as f64 * options.memory_fraction,
     };
-    let blocks = ((bytes / per_block as f64) as usize).min(cap);
+    let blocks = match window_blocks {
+        // Past the windows' blocks, a block costs only the full layers' bytes.
+        Some(w) if bytes >= (w * per_block) as f64 && full > 0 => {
+            w + ((bytes - (w * per_block) as f64) / (full * options.block_size) as f64) as usize
+        }
+        Some(w) if bytes >= (w * per_block) as f64 => cap,
+        _ => (bytes / per_block as f64) as usize,
+    }
+    .min(cap);
     if blocks == 0 {
         return Err(Error::Invalid(format!(
             "no memory left for one cache block ({per_block} bytes) on {}; set BatcherOptions::blocks",

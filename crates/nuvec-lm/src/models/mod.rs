@@ -355,26 +355,42 @@ impl Model {
     /// config: one token runs through a fresh cache and the stored bytes are counted (a
     /// recurrent layer's state does not grow with positions and counts 0).
     pub fn kv_bytes_per_position(&self) -> Result<usize> {
+        let (full, window) = self.kv_bytes_per_position_by_kind()?;
+        Ok(full + window)
+    }
+
+    /// [`Model::kv_bytes_per_position`] split into the full-attention layers' bytes and the
+    /// sliding-window layers' (Gemma 4's and gpt-oss's rotating caches).
+    pub fn kv_bytes_per_position_by_kind(&self) -> Result<(usize, usize)> {
         let mut cache = self.new_cache();
         self.prefill(&[0], &mut cache)?;
-        let mut bytes = 0;
+        let size = self.kv_dtype().dtype().size();
+        // Keys and values `[heads, positions, dim]`: one position is heads x dim of each.
+        let per_position = |k: &Array, v: &Array| (k.dim(0) * k.dim(2) + v.dim(0) * v.dim(2)) * size;
+        let (mut full, mut window) = (0, 0);
         for (i, c) in cache.iter().enumerate() {
             match c {
                 LayerCache::Plain(kv) => {
                     if let Some((k, v)) = kv.state()? {
-                        bytes += (k.len() + v.len()) * self.kv_dtype().dtype().size();
+                        full += per_position(&k, &v);
+                    }
+                }
+                LayerCache::Rotating(r) => {
+                    if let Some((k, v, _)) = r.state() {
+                        window += per_position(&k, &v);
                     }
                 }
                 LayerCache::Recurrent(_) => {}
                 _ => {
                     return Err(Error::Unsupported(format!(
-                        "kv_bytes_per_position: layer {i} of {} does not use a plain cache",
+                        "kv_bytes_per_position: layer {i} of {} uses neither a plain, a sliding-window nor a \
+                         recurrent cache",
                         self.model_type
                     )))
                 }
             }
         }
-        Ok(bytes)
+        Ok((full, window))
     }
 
     /// The float type mlx-lm computes this checkpoint in (f32, f16 or bf16; f32 for a model

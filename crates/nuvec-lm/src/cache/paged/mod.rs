@@ -3,7 +3,9 @@
 //! up front and a finished sequence's blocks serve the next at once. [`decode_batch`] advances
 //! several sequences, each at its own length, in one forward pass ([`crate::StepBatch`]);
 //! [`PagedCache::step`] also takes prefill chunks. Recurrent (Gated DeltaNet) layers keep each
-//! sequence's state in a slot of their own, updated in place.
+//! sequence's state in a slot of their own, updated in place. Sliding-window layers take their
+//! blocks from a pool of their own and give them back as positions leave the window
+//! (`window.rs`; [`PagedCache::set_step_tokens`] bounds that pool).
 //!
 //! With prefix caching on ([`PagedCache::set_prefix_caching`]), every full block a step
 //! completes is indexed by the hash chain of its tokens; [`PagedCache::add_with_prefix`] starts a
@@ -22,6 +24,7 @@ mod pool;
 mod prefix;
 mod quant_blocks;
 mod store;
+mod window;
 
 use std::sync::{Arc, Mutex};
 
@@ -32,6 +35,7 @@ pub(crate) use kv::{attend_decodes, write_decodes};
 use pool::{lock, BlockPool};
 use prefix::Computed;
 use store::{KvForm, LayerStore};
+use window::{Windows, FREED};
 
 use super::LayerCache;
 use crate::models::Model;
@@ -41,15 +45,21 @@ use crate::{Error, Result};
 /// Positions per block by default (vLLM's and the seed's).
 pub const DEFAULT_BLOCK_SIZE: usize = 16;
 
+/// A prefix hit: the full layers' blocks with their hashes, and the window layers' blocks its
+/// end still reads, by index.
+type PrefixHit = (Vec<(u32, u64)>, Vec<(usize, u32)>);
+
 /// A sequence of a [`PagedCache`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct SeqId(pub u32);
 
-/// One sequence: its per-layer caches and the block table they share.
+/// One sequence: its per-layer caches and the block tables they share (the full layers' and
+/// the sliding-window layers').
 #[derive(Debug)]
 struct Seq {
     caches: Vec<LayerCache>,
     table: Arc<Mutex<Vec<u32>>>,
+    window_table: Arc<Mutex<Vec<u32>>>,
     /// The tokens in the cache, when known (a sequence inserted from a plain cache has none and
     /// is never indexed).
     tokens: Option<Vec<u32>>,
@@ -64,10 +74,13 @@ struct Seq {
 pub struct PagedCache {
     /// One store per attention layer (`None` for a recurrent layer).
     stores: Vec<Option<Arc<Mutex<LayerStore>>>>,
-    /// Each sliding-window layer's window. Its blocks stay with the sequence (its table is the
-    /// one the full layers use), so a window does not yet save memory.
+    /// Each sliding-window layer's window (its blocks come from `window_pool`, `window.rs`).
     windows: Vec<Option<usize>>,
     pool: BlockPool,
+    /// The sliding-window layers' blocks, when the model has such layers.
+    window_pool: Option<Windows>,
+    /// How each store holds keys and values (for stores made again by `set_step_tokens`).
+    form: KvForm,
     slots: Vec<Option<Seq>>,
     /// The model the cache was made for (its fingerprint and layer count).
     model: (String, usize, String),
@@ -151,11 +164,14 @@ impl PagedCache {
             })
             .collect::<Result<Vec<_>>>()?;
         let (stores, windows): (Vec<_>, Vec<_>) = layers.into_iter().unzip();
+        let reach = windows.iter().flatten().max().copied();
         Ok(PagedCache {
             recurrent: stores.iter().any(Option::is_none),
             stores,
             windows,
             pool: BlockPool::new(blocks, block_size),
+            window_pool: reach.map(|r| Windows::new(blocks, block_size, r)),
+            form,
             slots: (0..max_seqs).map(|_| None).collect(),
             model: (model.fingerprint().to_string(), model.num_layers(), model.model_type().to_string()),
             invariant: false,
@@ -169,6 +185,42 @@ impl PagedCache {
     /// The quantization of keys and values, for a cache made by [`PagedCache::new_quantized`].
     pub fn kv_quantization(&self) -> Option<QuantSpec> {
         self.quantized
+    }
+
+    /// Bounds the sliding-window layers' blocks to what the cache's sequences need when no step
+    /// adds more than `step_tokens` positions over all of them: each sequence's window, and the
+    /// step's new positions (`window::Windows::bound`; at most as many as the full layers
+    /// have). Those layers' stores then take that many blocks instead of `blocks`: a model whose
+    /// windows are short next to its context keeps most of its cache for the full layers (the
+    /// Batcher sets its token budget here). Refused once a sequence was added; a step beyond it
+    /// fails as a full cache does. Nothing to do for a model without window layers.
+    pub fn set_step_tokens(&mut self, step_tokens: usize) -> Result<()> {
+        let Some(windows) = &self.window_pool else { return Ok(()) };
+        if !self.is_empty() {
+            return Err(Error::Invalid("PagedCache::set_step_tokens: call it before adding sequences".into()));
+        }
+        let bs = self.block_size();
+        let blocks = Windows::bound(windows.reach(), bs, self.max_seqs(), step_tokens).min(self.total_blocks());
+        let caching = windows.pool.caching();
+        let mut sized = Windows::new(blocks, bs, windows.reach());
+        sized.pool.set_caching(caching);
+        for (store, window) in self.stores.iter_mut().zip(&self.windows) {
+            if let (Some(store), Some(_)) = (store, window) {
+                *store = Arc::new(Mutex::new(LayerStore::new(blocks, bs, self.form)));
+            }
+        }
+        self.window_pool = Some(sized);
+        Ok(())
+    }
+
+    /// Blocks of the sliding-window layers in all (`None` for a model without them).
+    pub fn window_blocks(&self) -> Option<usize> {
+        self.window_pool.as_ref().map(|w| w.pool.total())
+    }
+
+    /// Sliding-window blocks no sequence holds.
+    pub fn free_window_blocks(&self) -> Option<usize> {
+        self.window_pool.as_ref().map(|w| w.pool.free())
     }
 
     /// Batch invariance for every later [`PagedCache::step`]: each sequence gets exactly the
@@ -189,6 +241,9 @@ impl PagedCache {
             )));
         }
         self.pool.set_caching(on);
+        if let Some(w) = &mut self.window_pool {
+            w.pool.set_caching(on);
+        }
         Ok(())
     }
 
@@ -248,26 +303,32 @@ impl PagedCache {
             ))
         })?;
         let table = Arc::new(Mutex::new(Vec::new()));
+        let window_table = Arc::new(Mutex::new(Vec::new()));
         let bs = self.block_size();
         let caches = self
             .stores
             .iter()
             .zip(&self.windows)
             .map(|(s, &window)| match s {
-                Some(store) => LayerCache::Paged(PagedKv::new(store.clone(), table.clone(), bs, window)),
+                Some(store) => {
+                    let table = if window.is_some() { &window_table } else { &table };
+                    LayerCache::Paged(PagedKv::new(store.clone(), table.clone(), bs, window))
+                }
                 None => LayerCache::Recurrent(super::RecurrentCache::new()),
             })
             .collect();
-        self.slots[slot] = Some(Seq { caches, table, tokens: Some(vec![]), hashes: vec![], open: None });
+        self.slots[slot] = Some(Seq { caches, table, window_table, tokens: Some(vec![]), hashes: vec![], open: None });
         Ok(SeqId(slot as u32))
     }
 
     /// The blocks holding the longest indexed prefix of `tokens` (full blocks only, and never
     /// the last token, whose logits a request needs computed) for a request prefilled `chunk`
     /// rows per pass: with batch invariance, blocks its own grid computed, ending on that grid.
-    fn prefix_blocks(&self, tokens: &[u32], chunk: usize) -> Vec<(u32, u64)> {
+    /// With sliding-window layers, also the window blocks the hit's end still reads (`(index,
+    /// block)`), all of which must still be indexed.
+    fn prefix_blocks(&self, tokens: &[u32], chunk: usize) -> PrefixHit {
         if !self.pool.caching() || tokens.is_empty() {
-            return vec![];
+            return (vec![], vec![]);
         }
         let bs = self.block_size();
         let usable = &tokens[..(tokens.len() - 1) / bs * bs];
@@ -292,21 +353,35 @@ impl PagedCache {
                 hits.pop();
             }
         }
-        if let Computed::Chunks(c) = computed {
+        loop {
             // A hit ending inside a chunk would have the rest of that chunk computed in a pass
             // of another shape than the cold run's.
-            while !(hits.len() * bs).is_multiple_of(c) {
-                hits.pop();
+            let on_grid = match computed {
+                Computed::Chunks(c) => (hits.len() * bs).is_multiple_of(c),
+                _ => true,
+            };
+            let tail = match &self.window_pool {
+                Some(w) if on_grid => {
+                    let hashes: Vec<u64> = hits.iter().map(|&(_, h)| h).collect();
+                    let blocks: Vec<&[u32]> = usable.chunks_exact(bs).take(hits.len()).collect();
+                    w.lookup_tail(&hashes, computed, &blocks)
+                }
+                _ => on_grid.then(Vec::new),
+            };
+            match tail {
+                Some(tail) => return (hits, tail),
+                None => {
+                    hits.pop();
+                }
             }
         }
-        hits
     }
 
     /// What [`PagedCache::add_with_prefix`] would find for `tokens` prefilled `chunk` rows per
     /// pass, changing nothing: the positions it would start with, and how many of their blocks
     /// are free now (a hit takes them out of the free count).
     pub fn probe_prefix(&self, tokens: &[u32], chunk: usize) -> (usize, usize) {
-        let hits = self.prefix_blocks(tokens, chunk);
+        let (hits, _) = self.prefix_blocks(tokens, chunk);
         let revived = hits.iter().filter(|&&(b, _)| self.pool.holders(b) == 0).count();
         (hits.len() * self.block_size(), revived)
     }
@@ -316,14 +391,23 @@ impl PagedCache {
     /// caller then steps the rest of `tokens` from there, `chunk` rows per prefill pass (with
     /// batch invariance the hit is cut to that grid; see the module docs).
     pub fn add_with_prefix(&mut self, tokens: &[u32], chunk: usize) -> Result<(SeqId, usize)> {
-        let hits = self.prefix_blocks(tokens, chunk);
+        let (hits, tail) = self.prefix_blocks(tokens, chunk);
         let id = self.add()?;
         let held = hits.len() * self.block_size();
         for &(b, _) in &hits {
             self.pool.share(b);
         }
+        let mut window_table = vec![];
+        if let Some(w) = &mut self.window_pool {
+            window_table = vec![FREED; hits.len()];
+            for &(i, b) in &tail {
+                w.pool.share(b);
+                window_table[i] = b;
+            }
+        }
         let seq = self.slots[id.0 as usize].as_mut().expect("just added");
         *lock(&seq.table) = hits.iter().map(|&(b, _)| b).collect();
+        *lock(&seq.window_table) = window_table;
         for c in &mut seq.caches {
             if let LayerCache::Paged(kv) = c {
                 kv.set_held(held);
@@ -391,7 +475,8 @@ impl PagedCache {
         let seq = self.slots[id.0 as usize].as_ref().expect("checked by positions");
         let mut table = lock(&seq.table);
         let had = table.len();
-        while table.len() * bs < held + more {
+        let need = (held + more).div_ceil(bs);
+        while table.len() < need {
             match self.pool.take() {
                 Some(b) => table.push(b),
                 None => {
@@ -404,6 +489,18 @@ impl PagedCache {
                         self.pool.total()
                     )));
                 }
+            }
+        }
+        if let Some(w) = &mut self.window_pool {
+            if !w.grow(&mut lock(&seq.window_table), need) {
+                for b in table.drain(had..) {
+                    self.pool.release(b);
+                }
+                return Err(Error::Invalid(format!(
+                    "the paged cache is full: all {} sliding-window blocks of {bs} positions are in use; remove a \
+                     sequence, or make the cache with more blocks or a larger PagedCache::set_step_tokens",
+                    w.pool.total()
+                )));
             }
         }
         Ok(())
@@ -422,6 +519,9 @@ impl PagedCache {
         for b in freed {
             self.pool.release(b);
         }
+        if let Some(w) = &mut self.window_pool {
+            w.truncate(&mut lock(&seq.window_table), keep);
+        }
         Ok(())
     }
 
@@ -431,6 +531,9 @@ impl PagedCache {
         let seq = self.slots[id.0 as usize].take().expect("checked above");
         for b in lock(&seq.table).drain(..) {
             self.pool.release(b);
+        }
+        if let Some(w) = &mut self.window_pool {
+            w.truncate(&mut lock(&seq.window_table), 0);
         }
         Ok(())
     }
@@ -452,6 +555,17 @@ impl PagedCache {
             )));
         }
         let keep = held - n;
+        let window_table = seq.window_table.clone();
+        if let Some(w) = &self.window_pool {
+            if n > 0 && !w.holds_reach(&lock(&window_table), keep) {
+                return Err(Error::Invalid(format!(
+                    "cannot trim sequence {} back to {keep} positions: its sliding-window layers gave back the blocks \
+                     of positions before {} as they left the window; remove it and start afresh",
+                    id.0,
+                    w.first_needed(held)
+                )));
+            }
+        }
         if n > 0 && !keep.is_multiple_of(bs) {
             // The sequence will write into the block it now ends in.
             self.own_block(id, keep / bs)?;
@@ -469,32 +583,21 @@ impl PagedCache {
         self.shrink(id)
     }
 
-    /// Makes block `i` of sequence `id`'s table its own to write into: a block other sequences
+    /// Makes block `i` of sequence `id`'s tables its own to write into: a block other sequences
     /// share is copied into a fresh one first, and an indexed block leaves the index.
     fn own_block(&mut self, id: SeqId, i: usize) -> Result<()> {
-        let table = self.seq(id)?.table.clone();
-        let b = lock(&table)[i];
-        if self.pool.holders(b) <= 1 {
-            self.pool.unindex(b);
-            return Ok(());
-        }
-        let Some(copy) = self.pool.take() else {
-            return Err(Error::Invalid(format!(
-                "cannot trim sequence {} into a block it shares with another: copying it needs a free block, and all \
-                 {} are in use; remove a sequence first",
-                id.0,
-                self.pool.total()
-            )));
+        let seq = self.seq(id)?;
+        let (table, window_table) = (seq.table.clone(), seq.window_table.clone());
+        let stores = |windowed: bool| -> Vec<Arc<Mutex<LayerStore>>> {
+            let layers = self.stores.iter().zip(&self.windows);
+            layers.filter(|(_, w)| w.is_some() == windowed).filter_map(|(s, _)| s.clone()).collect()
         };
-        for store in self.stores.iter().flatten() {
-            if let Err(e) = lock(store).copy_block(b, copy) {
-                self.pool.release(copy);
-                return Err(e);
-            }
+        let (full, windowed) = (stores(false), stores(true));
+        own_in(&mut self.pool, &table, i, &full, id)?;
+        match &mut self.window_pool {
+            Some(w) => own_in(&mut w.pool, &window_table, i, &windowed, id),
+            None => Ok(()),
         }
-        lock(&table)[i] = copy;
-        self.pool.release(b);
-        Ok(())
     }
 
     fn seq(&self, id: SeqId) -> Result<&Seq> {
@@ -552,8 +655,18 @@ impl PagedCache {
                 self.commit(id, tokens);
             }
             self.shrink(id)?;
+            self.release_window(id)?;
         }
         result
+    }
+
+    /// Gives back the sliding-window blocks of sequence `id` that no later pass reads.
+    fn release_window(&mut self, id: SeqId) -> Result<()> {
+        let len = self.positions(id)?;
+        if let (Some(w), Some(seq)) = (&mut self.window_pool, &self.slots[id.0 as usize]) {
+            w.release_behind(&mut lock(&seq.window_table), len);
+        }
+        Ok(())
     }
 
     fn run(&mut self, model: &Model, work: &[(SeqId, &[u32])]) -> Result<Array> {
@@ -587,12 +700,38 @@ impl PagedCache {
             let h = prefix::block_hash(parent, computed, block);
             let inside_first = first_pass_end.is_some_and(|end| (i + 1) * bs < end);
             self.pool.register(table[i], h, parent, (computed, inside_first), block);
+            if let Some(w) = &mut self.window_pool {
+                // The window layers' block of the same positions, while it is held.
+                let wb = lock(&seq.window_table)[i];
+                if wb != FREED {
+                    w.pool.register(wb, h, parent, (computed, inside_first), block);
+                }
+            }
             seq.hashes.push(h);
         }
         if known.len() % bs != 0 {
             seq.open = Some(Computed::after(open, pass));
         }
     }
+}
+
+/// The widest sliding window of `model`'s layers (positions a query sees), if it has any.
+fn window_reach(model: &Model) -> Option<usize> {
+    let caches = model.new_cache();
+    caches
+        .iter()
+        .filter_map(|c| match c {
+            LayerCache::Rotating(r) if r.window().1 == 0 => Some(r.window().0),
+            _ => None,
+        })
+        .max()
+}
+
+/// The blocks `model`'s sliding-window layers take in a paged cache of `seqs` sequences whose
+/// steps add at most `step_tokens` positions ([`PagedCache::set_step_tokens`] sizes them so,
+/// at most the full layers' count); `None` for a model without such layers.
+pub(crate) fn window_blocks_for(model: &Model, block_size: usize, seqs: usize, step_tokens: usize) -> Option<usize> {
+    window_reach(model).map(|reach| Windows::bound(reach, block_size, seqs, step_tokens))
 }
 
 /// Advances each sequence `ids[i]` of `paged` by `tokens[i]` in one forward pass: the logits
@@ -603,6 +742,39 @@ pub fn decode_batch(model: &Model, tokens: &[u32], ids: &[SeqId], paged: &mut Pa
     }
     let work: Vec<(SeqId, &[u32])> = ids.iter().zip(tokens).map(|(&id, t)| (id, std::slice::from_ref(t))).collect();
     paged.step(model, &work)
+}
+
+/// Makes entry `i` of `table` (blocks of `pool`, in `stores`) the sequence's own: a shared block
+/// is copied into a fresh one, an indexed one leaves the index.
+fn own_in(
+    pool: &mut BlockPool,
+    table: &Mutex<Vec<u32>>,
+    i: usize,
+    stores: &[Arc<Mutex<LayerStore>>],
+    id: SeqId,
+) -> Result<()> {
+    let b = lock(table)[i];
+    if pool.holders(b) <= 1 {
+        pool.unindex(b);
+        return Ok(());
+    }
+    let Some(copy) = pool.take() else {
+        return Err(Error::Invalid(format!(
+            "cannot trim sequence {} into a block it shares with another: copying it needs a free block, and all {} \
+             are in use; remove a sequence first",
+            id.0,
+            pool.total()
+        )));
+    };
+    for store in stores {
+        if let Err(e) = lock(store).copy_block(b, copy) {
+            pool.release(copy);
+            return Err(e);
+        }
+    }
+    lock(table)[i] = copy;
+    pool.release(b);
+    Ok(())
 }
 
 fn missing(id: SeqId) -> Error {
