@@ -64,7 +64,7 @@ pub struct Args {
     #[arg(long, visible_alias = "gpu-memory-utilization", default_value_t = 0.9)]
     memory_fraction: f64,
     /// Do not share the cache of common prompt prefixes across requests (prefix caching is on
-    /// by default where the model allows it).
+    /// by default).
     #[arg(long)]
     no_prefix_cache: bool,
     /// Most tokens one engine step computes, decodes and prompt chunks together (vLLM's

@@ -455,7 +455,7 @@ fn batch_invariant_prefix_hits_give_the_cold_samples_bit_for_bit() {
 }
 
 #[test]
-fn prefix_caching_off_and_on_hybrids() {
+fn prefix_caching_off() {
     let (model, _) = load_dir(&fixtures().join("llama-f32")).unwrap();
     let v = model.vocab_size();
     let off = BatcherOptions { blocks: Some(64), prefix_cache: Some(false), ..Default::default() };
@@ -465,11 +465,36 @@ fn prefix_caching_off_and_on_hybrids() {
     drain(&mut b);
     let again = b.submit(p, greedy(2)).unwrap();
     assert_eq!(drain(&mut b)[&again].cached, Some(0));
-    // A hybrid has no prefix caching yet: off by default, refused when asked for.
-    let (hybrid, _) = load_dir(&fixtures().join("qwen3_5/qwen3_5-f32")).unwrap();
-    let b = Batcher::new(&hybrid, BatcherOptions { blocks: Some(64), ..Default::default() }).unwrap();
-    assert!(!b.prefix_caching());
-    let asked = BatcherOptions { blocks: Some(64), prefix_cache: Some(true), ..Default::default() };
-    let e = Batcher::new(&hybrid, asked).err().expect("refused").to_string();
-    assert!(e.contains("prefix caching") && e.contains("recurrent"), "{e}");
+}
+
+#[test]
+fn hybrid_prefix_hits_end_where_a_recurrent_state_was_kept() {
+    // Qwen3.5's Gated DeltaNet layers: a hit also takes their states as they were where it
+    // ends, kept when a prefill pass ended on a block boundary (passes of 32 rows here: at 32
+    // and 64). Exact in batch-invariant mode (tokens and log-probabilities), the same greedy
+    // tokens otherwise.
+    for case in ["qwen3_5/qwen3_5-f32", "qwen3_5/qwen3_5_moe-f32"] {
+        let (model, _) = load_dir(&fixtures().join(case)).unwrap();
+        let v = model.vocab_size();
+        for invariant in [true, false] {
+            let options = BatcherOptions { blocks: Some(64), batch_invariant: invariant, ..Default::default() };
+            let mut b = Batcher::new(&model, options).unwrap();
+            assert!(b.prefix_caching(), "on by default for hybrids too");
+            let request = GenerateOptions { max_tokens: 6, prefill_step_size: 32, logprobs: Some(2), ..greedy(6) };
+            let first = prompt(70, 1, v);
+            let check = |b: &mut Batcher, p: Vec<u32>, cached: usize, what: &str| {
+                let out = run_alone(b, p.clone(), request.clone());
+                assert_eq!(out.cached, Some(cached), "{case} invariant {invariant}: {what}");
+                let alone = solo(&model, &p, &request);
+                match invariant {
+                    true => assert_eq!(Output { cached: None, ..out }, alone, "{case}: {what}"),
+                    false => assert_eq!(out.tokens, alone.tokens, "{case}: {what}"),
+                }
+            };
+            check(&mut b, first.clone(), 0, "cold");
+            check(&mut b, joined(&first[..64], &prompt(20, 2, v)), 64, "two whole chunks");
+            // Three whole blocks match (48 positions), but no state was kept at 48.
+            check(&mut b, joined(&first[..48], &prompt(20, 3, v)), 32, "cut back to a kept state");
+        }
+    }
 }

@@ -5,6 +5,7 @@
 
 mod common;
 
+use common::paged::stepped_against_alone;
 use common::{fixtures, rows_of as rows, seeded_prompt as prompt};
 use nuvec_lm::sample::argmax;
 use nuvec_lm::{decode_batch, load_dir, Model, PagedCache, SeqId};
@@ -173,42 +174,8 @@ fn bad_ids_and_another_model_are_refused() {
 /// together, against decoding alone on the model's own rotating caches (mlx-lm's semantics).
 fn check_stepped(case: &str, lengths: &[usize], steps: usize, chunk: usize) {
     let (model, _) = load_dir(&fixtures().join(case)).unwrap();
-    let prompts: Vec<Vec<u32>> =
-        lengths.iter().enumerate().map(|(i, &n)| prompt(n, i as u32 + 3, model.vocab_size())).collect();
     let mut paged = PagedCache::new(&model, 512, 16, 8).unwrap();
-    let mut ids = vec![];
-    for p in &prompts {
-        let id = paged.add().unwrap();
-        for c in p[..p.len() - 1].chunks(chunk) {
-            paged.step(&model, &[(id, c)]).unwrap();
-        }
-        ids.push(id);
-    }
-    let mut tokens: Vec<u32> = prompts.iter().map(|p| *p.last().unwrap()).collect();
-    let mut together = vec![vec![]; prompts.len()];
-    for _ in 0..steps {
-        for (i, row) in rows(&decode_batch(&model, &tokens, &ids, &mut paged).unwrap()).into_iter().enumerate() {
-            tokens[i] = argmax(&row);
-            together[i].push(row);
-        }
-    }
-    let mut widest = 0f32;
-    for (i, p) in prompts.iter().enumerate() {
-        // Alone: the same chunks on the model's own caches.
-        let mut cache = model.new_cache();
-        for c in p[..p.len() - 1].chunks(chunk) {
-            model.prefill(c, &mut cache).unwrap();
-        }
-        let mut t = *p.last().unwrap();
-        for (step, ours) in together[i].iter().enumerate() {
-            let reference = rows(&model.forward_last(&[t], &mut cache).unwrap()).remove(0);
-            t = argmax(&reference);
-            assert_eq!(argmax(ours), t, "{case}: sequence {i} ({} tokens) step {step}", p.len());
-            let worst = reference.iter().zip(ours).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
-            assert!(worst <= TOLERANCE, "{case}: sequence {i} step {step}: logits differ by {worst}");
-            widest = widest.max(worst);
-        }
-    }
+    let widest = stepped_against_alone(&model, case, &mut paged, (lengths, steps, chunk), TOLERANCE);
     eprintln!("{case}: lengths {lengths:?}, chunks of {chunk}, widest logit difference from alone {widest:e}");
 }
 

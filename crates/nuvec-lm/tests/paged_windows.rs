@@ -7,53 +7,12 @@
 
 mod common;
 
-use common::{fixtures, rows_of as rows, seeded_prompt as prompt};
-use nuvec_lm::sample::argmax;
-use nuvec_lm::{decode_batch, generate, load_dir, Batcher, BatcherOptions, Event, GenerateOptions, PagedCache};
+use common::paged::stepped_against_alone;
+use common::{fixtures, seeded_prompt as prompt};
+use nuvec_lm::{generate, load_dir, Batcher, BatcherOptions, Event, GenerateOptions, PagedCache};
 
 /// As paged_cache.rs: batched rows round differently from one row's.
 const TOLERANCE: f32 = 1e-3;
-
-/// Every prompt prefilled alone through `paged` in chunks of `chunk`, then all decoded together
-/// `steps` times, against the same passes on the model's own caches.
-fn check(case: &str, lengths: &[usize], steps: usize, chunk: usize, paged: &mut PagedCache) {
-    let (model, _) = load_dir(&fixtures().join(case)).unwrap();
-    let prompts: Vec<Vec<u32>> =
-        lengths.iter().enumerate().map(|(i, &n)| prompt(n, i as u32 + 3, model.vocab_size())).collect();
-    let mut ids = vec![];
-    for p in &prompts {
-        let id = paged.add().unwrap();
-        for c in p[..p.len() - 1].chunks(chunk) {
-            paged.step(&model, &[(id, c)]).unwrap();
-        }
-        ids.push(id);
-    }
-    let mut tokens: Vec<u32> = prompts.iter().map(|p| *p.last().unwrap()).collect();
-    let mut together = vec![vec![]; prompts.len()];
-    for _ in 0..steps {
-        for (i, row) in rows(&decode_batch(&model, &tokens, &ids, paged).unwrap()).into_iter().enumerate() {
-            tokens[i] = argmax(&row);
-            together[i].push(row);
-        }
-    }
-    for (i, p) in prompts.iter().enumerate() {
-        let mut cache = model.new_cache();
-        for c in p[..p.len() - 1].chunks(chunk) {
-            model.prefill(c, &mut cache).unwrap();
-        }
-        let mut t = *p.last().unwrap();
-        for (step, ours) in together[i].iter().enumerate() {
-            let reference = rows(&model.forward_last(&[t], &mut cache).unwrap()).remove(0);
-            t = argmax(&reference);
-            assert_eq!(argmax(ours), t, "{case}: sequence {i} ({} tokens) step {step}", p.len());
-            let worst = reference.iter().zip(ours).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
-            assert!(worst <= TOLERANCE, "{case}: sequence {i} step {step}: logits differ by {worst}");
-        }
-    }
-    for id in ids {
-        paged.remove(id).unwrap();
-    }
-}
 
 #[test]
 fn a_window_pool_far_smaller_than_the_sequences_serves_them_exactly() {
@@ -66,7 +25,7 @@ fn a_window_pool_far_smaller_than_the_sequences_serves_them_exactly() {
         // the step's 32 new positions over 2 blocks.
         assert_eq!(paged.window_blocks(), Some(3 * 3 + 2), "{case}");
         // Three sequences spanning up to 13 blocks each, through 11 window blocks in all.
-        check(case, &[200, 17, 150], 10, 32, &mut paged);
+        stepped_against_alone(&model, case, &mut paged, (&[200, 17, 150], 10, 32), TOLERANCE);
         assert_eq!(paged.free_window_blocks(), Some(11), "{case}: all given back");
         assert_eq!(paged.free_blocks(), 64, "{case}");
     }

@@ -97,8 +97,9 @@ pub struct BatcherOptions {
     /// pipelined.
     pub micro_batches: Option<usize>,
     /// Share the cache blocks of prompt prefixes across requests (vLLM's automatic prefix
-    /// caching): `None` (the default) turns it on where the model allows it (not on hybrids with
-    /// recurrent layers, yet), `Some(true)` insists, `Some(false)` turns it off. With
+    /// caching): `None` (the default) and `Some(true)` turn it on (on hybrids a hit ends where
+    /// a prefill pass kept the recurrent state, see `PagedCache::set_prefix_caching`),
+    /// `Some(false)` turns it off. With
     /// `batch_invariant`, a hit is cut to whole chunks of the request's `prefill_step_size` that
     /// passes of that size computed, so it is exact too (see `PagedCache`'s docs).
     pub prefix_cache: Option<bool>,
@@ -260,13 +261,7 @@ impl<'m> Batcher<'m> {
             None => PagedCache::new(model, blocks, options.block_size, options.max_batch)?,
         };
         paged.set_batch_invariant(options.batch_invariant);
-        match options.prefix_cache {
-            Some(on) => paged.set_prefix_caching(on)?,
-            None => {
-                // Where the model cannot have it, the default is off (the error says why).
-                let _ = paged.set_prefix_caching(true);
-            }
-        }
+        paged.set_prefix_caching(options.prefix_cache.unwrap_or(true))?;
         let budget = options.token_budget_on(model.device());
         paged.set_step_tokens(budget)?;
         Ok(Batcher {

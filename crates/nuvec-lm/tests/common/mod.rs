@@ -2,6 +2,7 @@
 #![allow(dead_code)]
 
 pub mod gpu_cases;
+pub mod paged;
 
 use std::path::{Path, PathBuf};
 

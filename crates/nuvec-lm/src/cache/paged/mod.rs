@@ -19,6 +19,7 @@
 //! computed, and only whole chunks of that grid, so its tokens and log-probabilities are bit for
 //! bit those of the cold run; otherwise a hit matches the cold run to rounding, as batching does.
 
+mod checkpoints;
 mod kv;
 mod pool;
 mod prefix;
@@ -30,6 +31,8 @@ use std::sync::{Arc, Mutex};
 
 use nuvec::{Array, Device, QuantSpec};
 
+use checkpoints::Checkpoints;
+pub use checkpoints::DEFAULT_CHECKPOINT_BYTES;
 pub use kv::PagedKv;
 pub(crate) use kv::{attend_decodes, write_decodes};
 use pool::{lock, BlockPool};
@@ -86,8 +89,11 @@ pub struct PagedCache {
     model: (String, usize, String),
     /// Steps run each sequence as a pass of its own ([`StepBatch::set_batch_invariant`]).
     invariant: bool,
-    /// Whether the model has recurrent layers (whose state a shared prefix cannot give).
+    /// Whether the model has recurrent layers (whose state a prefix hit takes from `checkpoints`).
     recurrent: bool,
+    /// Recurrent states at block boundaries, for prefix hits on hybrid models.
+    checkpoints: Checkpoints,
+    checkpoint_bytes: usize,
     /// The quantization of keys and values, for a quantized cache.
     quantized: Option<QuantSpec>,
 }
@@ -167,6 +173,8 @@ impl PagedCache {
         let reach = windows.iter().flatten().max().copied();
         Ok(PagedCache {
             recurrent: stores.iter().any(Option::is_none),
+            checkpoints: Checkpoints::new(DEFAULT_CHECKPOINT_BYTES),
+            checkpoint_bytes: DEFAULT_CHECKPOINT_BYTES,
             stores,
             windows,
             pool: BlockPool::new(blocks, block_size),
@@ -229,22 +237,27 @@ impl PagedCache {
         self.invariant = invariant;
     }
 
-    /// Turns prefix caching on or off (off by default; off forgets every indexed block). A
-    /// model with recurrent layers refuses it: a shared prefix would need the recurrent state
-    /// at the block boundary, and those checkpoints are not built yet.
+    /// Turns prefix caching on or off (off by default; off forgets every indexed block). On a
+    /// hybrid model a hit also needs its recurrent layers' state where it ends: those are kept
+    /// when a pass of several rows ends on a block boundary (`checkpoints.rs`, at most
+    /// [`PagedCache::set_checkpoint_bytes`]), and a hit ends only where one is.
     pub fn set_prefix_caching(&mut self, on: bool) -> Result<()> {
-        if on && self.recurrent {
-            return Err(Error::Unsupported(format!(
-                "prefix caching for {}: its recurrent (Gated DeltaNet) layers would need state checkpoints at \
-                 block boundaries, which are not built yet; turn prefix caching off",
-                self.model.2
-            )));
+        if !on {
+            self.checkpoints.reset(self.checkpoint_bytes);
         }
         self.pool.set_caching(on);
         if let Some(w) = &mut self.window_pool {
             w.pool.set_caching(on);
         }
         Ok(())
+    }
+
+    /// Bytes of recurrent-state checkpoints a hybrid model's prefix caching keeps at most
+    /// (default [`DEFAULT_CHECKPOINT_BYTES`]; the least recently used go first). Forgets those
+    /// kept so far.
+    pub fn set_checkpoint_bytes(&mut self, bytes: usize) {
+        self.checkpoint_bytes = bytes;
+        self.checkpoints.reset(bytes);
     }
 
     /// Whether prefix caching is on.
@@ -360,6 +373,9 @@ impl PagedCache {
                 Computed::Chunks(c) => (hits.len() * bs).is_multiple_of(c),
                 _ => true,
             };
+            // A hybrid's hit ends where its recurrent state was kept.
+            let on_grid =
+                on_grid && (!self.recurrent || hits.last().is_none_or(|&(_, h)| self.checkpoints.contains(h)));
             let tail = match &self.window_pool {
                 Some(w) if on_grid => {
                     let hashes: Vec<u64> = hits.iter().map(|&(_, h)| h).collect();
@@ -405,9 +421,16 @@ impl PagedCache {
                 window_table[i] = b;
             }
         }
+        let states = match hits.last() {
+            Some(&(_, h)) if self.recurrent => self.checkpoints.take(h).unwrap_or_default(),
+            _ => vec![],
+        };
         let seq = self.slots[id.0 as usize].as_mut().expect("just added");
         *lock(&seq.table) = hits.iter().map(|&(b, _)| b).collect();
         *lock(&seq.window_table) = window_table;
+        for (layer, state) in states {
+            seq.caches[layer] = LayerCache::Recurrent(state);
+        }
         for c in &mut seq.caches {
             if let LayerCache::Paged(kv) = c {
                 kv.set_held(held);
@@ -653,11 +676,37 @@ impl PagedCache {
         for &(id, tokens) in work {
             if result.is_ok() {
                 self.commit(id, tokens);
+                self.checkpoint(id, tokens.len());
             }
             self.shrink(id)?;
             self.release_window(id)?;
         }
         result
+    }
+
+    /// Keeps a hybrid sequence's recurrent states when its pass of `rows` rows (a prefill chunk:
+    /// decode steps would keep one every block) ended on a block boundary.
+    fn checkpoint(&mut self, id: SeqId, rows: usize) {
+        if !self.recurrent || !self.pool.caching() || rows < 2 {
+            return;
+        }
+        let bs = self.block_size();
+        let Some(seq) = self.slots[id.0 as usize].as_ref() else { return };
+        let Some(known) = seq.tokens.as_ref() else { return };
+        if known.is_empty() || !known.len().is_multiple_of(bs) || seq.hashes.len() != known.len() / bs {
+            return;
+        }
+        let states = seq
+            .caches
+            .iter()
+            .enumerate()
+            .filter_map(|(i, c)| match c {
+                LayerCache::Recurrent(r) => Some((i, r.clone())),
+                _ => None,
+            })
+            .collect();
+        let h = *seq.hashes.last().expect("a full block");
+        self.checkpoints.insert(h, states);
     }
 
     /// Gives back the sliding-window blocks of sequence `id` that no later pass reads.
