@@ -359,13 +359,7 @@ impl PagedCache {
             }
             parent = h;
         }
-        if self.quantized.is_some() {
-            // A sequence's first pass attended its own rows in full precision; a hit that ends
-            // inside it would have the rest of that pass read them quantized.
-            while hits.last().is_some_and(|&(b, _)| self.pool.inside_first_pass(b)) {
-                hits.pop();
-            }
-        }
+        // Each condition on where a hit may end, checked again after every block given up.
         loop {
             // A hit ending inside a chunk would have the rest of that chunk computed in a pass
             // of another shape than the cold run's.
@@ -373,16 +367,22 @@ impl PagedCache {
                 Computed::Chunks(c) => (hits.len() * bs).is_multiple_of(c),
                 _ => true,
             };
-            // A hybrid's hit ends where its recurrent state was kept.
-            let on_grid =
-                on_grid && (!self.recurrent || hits.last().is_none_or(|&(_, h)| self.checkpoints.contains(h)));
+            let may_end = on_grid
+                && hits.last().is_none_or(|&(b, h)| {
+                    // A quantized cache's first pass attended its own rows in full precision; a
+                    // hit that ends inside it would have the rest of that pass read them
+                    // quantized.
+                    !(self.quantized.is_some() && self.pool.inside_first_pass(b))
+                    // A hybrid's hit ends where its recurrent state was kept.
+                        && (!self.recurrent || self.checkpoints.contains(h))
+                });
             let tail = match &self.window_pool {
-                Some(w) if on_grid => {
+                Some(w) if may_end => {
                     let hashes: Vec<u64> = hits.iter().map(|&(_, h)| h).collect();
                     let blocks: Vec<&[u32]> = usable.chunks_exact(bs).take(hits.len()).collect();
                     w.lookup_tail(&hashes, computed, &blocks)
                 }
-                _ => on_grid.then(Vec::new),
+                _ => may_end.then(Vec::new),
             };
             match tail {
                 Some(tail) => return (hits, tail),
