@@ -175,7 +175,8 @@ fn bad_ids_and_another_model_are_refused() {
 fn check_stepped(case: &str, lengths: &[usize], steps: usize, chunk: usize) {
     let (model, _) = load_dir(&fixtures().join(case)).unwrap();
     let mut paged = PagedCache::new(&model, 512, 16, 8).unwrap();
-    let widest = stepped_against_alone(&model, case, &mut paged, (lengths, steps, chunk), TOLERANCE);
+    let widest =
+        stepped_against_alone(&model, case, &mut paged, (lengths, steps, chunk), &Default::default(), TOLERANCE);
     eprintln!("{case}: lengths {lengths:?}, chunks of {chunk}, widest logit difference from alone {widest:e}");
 }
 

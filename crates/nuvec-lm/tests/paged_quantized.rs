@@ -8,12 +8,11 @@ mod common;
 
 use std::collections::BTreeMap;
 
-use common::{fixtures, rows_of as rows, seeded_prompt as prompt};
+use common::paged::stepped_against_alone;
+use common::{fixtures, seeded_prompt as prompt};
 use nuvec_lm::cache::CacheOptions;
-use nuvec_lm::sample::argmax;
 use nuvec_lm::{
-    decode_batch, generate, load_dir, Batcher, BatcherOptions, Event, GenerateOptions, Model, PagedCache, RequestId,
-    TokenLogprobs,
+    generate, load_dir, Batcher, BatcherOptions, Event, GenerateOptions, Model, PagedCache, RequestId, TokenLogprobs,
 };
 
 /// Batched rows round differently from one row's; a quantized value whose input sits on a
@@ -24,82 +23,17 @@ fn quantized(bits: usize, group_size: usize) -> CacheOptions {
     CacheOptions { kv_bits: Some(bits), kv_group_size: group_size, quantized_kv_start: 0, ..Default::default() }
 }
 
-/// `generate`'s passes alone: the prompt but its last token in chunks of `chunk`, then one
-/// token at a time, the cache quantized (as `options` say) after each pass. Each step's logits.
-fn alone(model: &Model, prompt: &[u32], steps: usize, chunk: usize, options: &CacheOptions) -> Vec<Vec<f32>> {
-    let mut cache = model.make_cache(options).unwrap();
-    let pass = |cache: &mut Vec<nuvec_lm::cache::LayerCache>| {
-        for c in cache.iter_mut() {
-            c.maybe_quantize(options).unwrap();
-        }
-    };
-    let (head, last) = prompt.split_at(prompt.len() - 1);
-    for c in head.chunks(chunk) {
-        model.prefill(c, &mut cache).unwrap();
-        pass(&mut cache);
-    }
-    let mut logits = rows(&model.forward_last(last, &mut cache).unwrap()).remove(0);
-    pass(&mut cache);
-    let mut all = vec![];
-    for _ in 0..steps {
-        let t = argmax(&logits);
-        all.push(logits);
-        logits = rows(&model.forward_last(&[t], &mut cache).unwrap()).remove(0);
-        pass(&mut cache);
-    }
-    all
-}
-
-/// The same passes in a quantized paged cache: each prompt prefilled alone through
-/// `PagedCache::step`, then every sequence decoded together. Each sequence's logits per step.
-fn paged(
-    model: &Model,
-    prompts: &[Vec<u32>],
-    steps: usize,
-    chunk: usize,
-    (bits, group): (usize, usize),
-) -> Vec<Vec<Vec<f32>>> {
-    let mut paged = PagedCache::new_quantized(model, 256, 16, 8, bits, group).unwrap();
-    assert_eq!(paged.kv_quantization().map(|s| (s.bits, s.group_size)), Some((bits, group)));
-    let mut ids = vec![];
-    for p in prompts {
-        let id = paged.add().unwrap();
-        for c in p[..p.len() - 1].chunks(chunk) {
-            paged.step(model, &[(id, c)]).unwrap();
-        }
-        ids.push(id);
-    }
-    let mut tokens: Vec<u32> = prompts.iter().map(|p| *p.last().unwrap()).collect();
-    let mut out = vec![vec![]; prompts.len()];
-    for _ in 0..steps {
-        for (i, row) in rows(&decode_batch(model, &tokens, &ids, &mut paged).unwrap()).into_iter().enumerate() {
-            tokens[i] = argmax(&row);
-            out[i].push(row);
-        }
-    }
-    out
-}
-
+/// Prompts of `lengths` prefilled alone through a quantized paged cache (each first pass
+/// attending its rows in full precision), then decoded together, against `generate`'s passes
+/// alone on a cache quantized after each: greedy-equal, logits within [`TOLERANCE`], and a batch
+/// of one bit for bit.
 fn check(case: &str, lengths: &[usize], steps: usize, chunk: usize, (bits, group): (usize, usize)) {
     let (model, _) = load_dir(&fixtures().join(case)).unwrap();
-    let prompts: Vec<Vec<u32>> =
-        lengths.iter().enumerate().map(|(i, &n)| prompt(n, i as u32 + 3, model.vocab_size())).collect();
-    let together = paged(&model, &prompts, steps, chunk, (bits, group));
-    let mut widest = 0f32;
-    for (i, p) in prompts.iter().enumerate() {
-        let reference = alone(&model, p, steps, chunk, &quantized(bits, group));
-        let tokens: Vec<u32> = reference.iter().map(|r| argmax(r)).collect();
-        let ours: Vec<u32> = together[i].iter().map(|r| argmax(r)).collect();
-        assert_eq!(ours, tokens, "{case} {bits}-bit: sequence {i} ({} prompt tokens)", p.len());
-        for (a, b) in reference.iter().zip(&together[i]) {
-            let worst = a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
-            assert!(worst <= TOLERANCE, "{case} {bits}-bit: sequence {i}: logits differ by {worst}");
-            widest = widest.max(worst);
-        }
-        if lengths.len() == 1 {
-            assert_eq!(together[i], reference, "{case} {bits}-bit: a batch of one is the quantized cache bit for bit");
-        }
-    }
+    let mut paged = PagedCache::new_quantized(&model, 256, 16, 8, bits, group).unwrap();
+    assert_eq!(paged.kv_quantization().map(|s| (s.bits, s.group_size)), Some((bits, group)));
+    let tolerance = if lengths.len() == 1 { 0.0 } else { TOLERANCE };
+    let options = quantized(bits, group);
+    let widest = stepped_against_alone(&model, case, &mut paged, (lengths, steps, chunk), &options, tolerance);
     eprintln!("{case} {bits}-bit g{group}: lengths {lengths:?}, chunks of {chunk}, widest difference {widest:e}");
 }
 

@@ -25,7 +25,7 @@ fn a_window_pool_far_smaller_than_the_sequences_serves_them_exactly() {
         // the step's 32 new positions over 2 blocks.
         assert_eq!(paged.window_blocks(), Some(3 * 3 + 2), "{case}");
         // Three sequences spanning up to 13 blocks each, through 11 window blocks in all.
-        stepped_against_alone(&model, case, &mut paged, (&[200, 17, 150], 10, 32), TOLERANCE);
+        stepped_against_alone(&model, case, &mut paged, (&[200, 17, 150], 10, 32), &Default::default(), TOLERANCE);
         assert_eq!(paged.free_window_blocks(), Some(11), "{case}: all given back");
         assert_eq!(paged.free_blocks(), 64, "{case}");
     }

@@ -86,8 +86,36 @@ pub fn dequantize(q: &Quantized) -> Result<Vec<f32>> {
 }
 
 /// Dequantizes rows of `cols` values from raw parts (`words` as MLX packs them, one scale and
-/// bias per group) into `out` (`rows * cols` values).
+/// bias per group) into `out` (`rows * cols` values). Widths that divide 32 (2, 4, 8 bits) unpack
+/// a word at a time; the others bit by bit. Both give `scale * q + bias` for every value.
+#[inline]
 pub fn dequantize_rows(words: &[u32], scales: &[f32], biases: &[f32], cols: usize, spec: QuantSpec, out: &mut [f32]) {
+    if 32 % spec.bits == 0 && spec.group_size.is_multiple_of(32 / spec.bits) {
+        dequantize_whole_words(words, scales, biases, spec, out);
+    } else {
+        dequantize_bits(words, scales, biases, cols, spec, out);
+    }
+}
+
+/// [`dequantize_rows`] for widths that divide 32: value `i` of a word in bits `i * bits ..`, a
+/// group at a time.
+#[inline]
+fn dequantize_whole_words(words: &[u32], scales: &[f32], biases: &[f32], spec: QuantSpec, out: &mut [f32]) {
+    let (bits, group) = (spec.bits, spec.group_size);
+    let per_word = 32 / bits;
+    let mask = (1u32 << bits) - 1;
+    let groups = out.chunks_exact_mut(group).zip(words.chunks_exact(group / per_word));
+    for (((out, words), &s), &b) in groups.zip(scales).zip(biases) {
+        for (out, &word) in out.chunks_exact_mut(per_word).zip(words) {
+            for (i, o) in out.iter_mut().enumerate() {
+                *o = s * ((word >> (i * bits)) & mask) as f32 + b;
+            }
+        }
+    }
+}
+
+/// [`dequantize_rows`] for any width, each value read bit by bit from the row's bytes.
+fn dequantize_bits(words: &[u32], scales: &[f32], biases: &[f32], cols: usize, spec: QuantSpec, out: &mut [f32]) {
     let (bits, group) = (spec.bits, spec.group_size);
     let mask = (1u32 << bits) - 1;
     let row_words = cols * bits / 32;
@@ -249,6 +277,22 @@ pub fn from_gptq(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn whole_word_unpacking_reads_what_the_bits_say() {
+        let (rows, cols) = (4, 128);
+        let data: Vec<f32> = (0..rows * cols).map(|i| ((i * 37 % 101) as f32 - 50.0) / 7.0).collect();
+        for (bits, group) in [(2, 32), (4, 32), (4, 64), (8, 64), (8, 128)] {
+            let spec = QuantSpec { mode: QuantMode::Affine, bits, group_size: group };
+            let q = quantize_affine(&data, rows, cols, spec, DType::F32).unwrap();
+            let (w, s, b) =
+                (q.packed.to_vec::<u32>().unwrap(), q.scales.to_f32_vec().unwrap(), q.biases.to_f32_vec().unwrap());
+            let (mut words, mut bitwise) = (vec![0f32; data.len()], vec![0f32; data.len()]);
+            dequantize_whole_words(&w, &s, &b, spec, &mut words);
+            dequantize_bits(&w, &s, &b, cols, spec, &mut bitwise);
+            assert_eq!(words, bitwise, "{bits} bits, groups of {group}");
+        }
+    }
 
     #[test]
     fn round_trip_is_within_one_step() {

@@ -1,6 +1,7 @@
 //! Paged sequences prefilled through `PagedCache::step` and decoded together, against the same
 //! passes alone on the model's own caches.
 
+use nuvec_lm::cache::{CacheOptions, LayerCache};
 use nuvec_lm::sample::argmax;
 use nuvec_lm::{decode_batch, Model, PagedCache};
 
@@ -8,13 +9,15 @@ use super::{rows_of as rows, seeded_prompt as prompt};
 
 /// Every prompt of `lengths` (seeded per index) prefilled alone through `paged` in chunks of
 /// `chunk`, then all decoded together `steps` times; against the same chunks and steps on the
-/// model's own caches (mlx-lm's semantics): equal greedy tokens and logits within `tolerance`.
-/// The sequences are removed at the end. Returns the widest logit difference.
+/// model's own caches made with `options` and quantized after each pass as they say (mlx-lm's
+/// semantics, `generate`'s passes): equal greedy tokens and logits within `tolerance`. The
+/// sequences are removed at the end. Returns the widest logit difference.
 pub fn stepped_against_alone(
     model: &Model,
     case: &str,
     paged: &mut PagedCache,
     (lengths, steps, chunk): (&[usize], usize, usize),
+    options: &CacheOptions,
     tolerance: f32,
 ) -> f32 {
     let prompts: Vec<Vec<u32>> =
@@ -38,13 +41,16 @@ pub fn stepped_against_alone(
     let mut widest = 0f32;
     for (i, p) in prompts.iter().enumerate() {
         // Alone: the same chunks on the model's own caches.
-        let mut cache = model.new_cache();
+        let mut cache = model.make_cache(options).unwrap();
+        let pass = |cache: &mut Vec<LayerCache>| cache.iter_mut().for_each(|c| c.maybe_quantize(options).unwrap());
         for c in p[..p.len() - 1].chunks(chunk) {
             model.prefill(c, &mut cache).unwrap();
+            pass(&mut cache);
         }
         let mut t = *p.last().unwrap();
         for (step, ours) in together[i].iter().enumerate() {
             let reference = rows(&model.forward_last(&[t], &mut cache).unwrap()).remove(0);
+            pass(&mut cache);
             t = argmax(&reference);
             assert_eq!(argmax(ours), t, "{case}: sequence {i} ({} tokens) step {step}", p.len());
             let worst = reference.iter().zip(ours).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);

@@ -62,8 +62,8 @@ impl Checkpoints {
         self.entries.insert(hash, Entry { states, bytes, used: self.clock });
     }
 
-    /// The states kept under `hash`, marked as used now.
-    pub(crate) fn take(&mut self, hash: u64) -> Option<Vec<(usize, RecurrentCache)>> {
+    /// The states kept under `hash` (shared), marked as used now.
+    pub(crate) fn get(&mut self, hash: u64) -> Option<Vec<(usize, RecurrentCache)>> {
         self.clock += 1;
         let e = self.entries.get_mut(&hash)?;
         e.used = self.clock;
@@ -93,7 +93,7 @@ mod tests {
         for h in 1..=3 {
             c.insert(h, vec![(0, state(16))]);
         }
-        assert!(c.take(1).is_some(), "1 is now the most recent");
+        assert!(c.get(1).is_some(), "1 is now the most recent");
         c.insert(4, vec![(0, state(16))]);
         assert!(!c.contains(2) && c.contains(1) && c.contains(3) && c.contains(4));
         c.insert(5, vec![(0, state(64))]);

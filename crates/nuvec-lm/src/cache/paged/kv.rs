@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use nuvec::{Array, Device, PagedSeq};
 
 use super::pool::lock;
-use super::store::LayerStore;
+use super::store::{runs, LayerStore};
 use crate::cache::ops::{attend_causal, attend_windowed, on_device_of, sdpa, Sinks};
 use crate::cache::Positions;
 use crate::{Error, Result};
@@ -75,14 +75,11 @@ impl PagedKv {
         }
         let mut store = lock(&self.store);
         let mut at = 0;
-        while at < l {
-            let pos = self.len + at;
-            let (id, within) = (table[pos / bs] as usize, pos % bs);
-            let n = (bs - within).min(l - at);
+        for (start, n) in runs(&table, bs, self.len, self.len + l) {
             if n == l {
-                store.write(id * bs + within, keys, values)?;
+                store.write(start, keys, values)?;
             } else {
-                store.write(id * bs + within, &keys.slice_rows(at, at + n)?, &values.slice_rows(at, at + n)?)?;
+                store.write(start, &keys.slice_rows(at, at + n)?, &values.slice_rows(at, at + n)?)?;
             }
             at += n;
         }

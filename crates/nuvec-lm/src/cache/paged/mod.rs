@@ -159,7 +159,7 @@ impl PagedCache {
             .enumerate()
             .map(|(i, c)| match c {
                 LayerCache::Plain(_) => Ok((store(), None)),
-                LayerCache::Rotating(r) if r.window().1 == 0 => Ok((store(), Some(r.window().0))),
+                LayerCache::Rotating(_) if paged_window(c).is_some() => Ok((store(), paged_window(c))),
                 LayerCache::Recurrent(_) => Ok((None, None)),
                 other => Err(Error::Unsupported(format!(
                     "PagedCache: layer {i} of {} uses a {} cache, whose paged form is not built yet (plain, \
@@ -422,7 +422,7 @@ impl PagedCache {
             }
         }
         let states = match hits.last() {
-            Some(&(_, h)) if self.recurrent => self.checkpoints.take(h).unwrap_or_default(),
+            Some(&(_, h)) if self.recurrent => self.checkpoints.get(h).unwrap_or_default(),
             _ => vec![],
         };
         let seq = self.slots[id.0 as usize].as_mut().expect("just added");
@@ -764,16 +764,18 @@ impl PagedCache {
     }
 }
 
+/// The window of a layer whose own cache rotates over it with nothing pinned (the sliding-window
+/// layers a paged cache holds), in positions a query sees.
+fn paged_window(cache: &LayerCache) -> Option<usize> {
+    match cache {
+        LayerCache::Rotating(r) if r.window().1 == 0 => Some(r.window().0),
+        _ => None,
+    }
+}
+
 /// The widest sliding window of `model`'s layers (positions a query sees), if it has any.
 fn window_reach(model: &Model) -> Option<usize> {
-    let caches = model.new_cache();
-    caches
-        .iter()
-        .filter_map(|c| match c {
-            LayerCache::Rotating(r) if r.window().1 == 0 => Some(r.window().0),
-            _ => None,
-        })
-        .max()
+    model.new_cache().iter().filter_map(paged_window).max()
 }
 
 /// The blocks `model`'s sliding-window layers take in a paged cache of `seqs` sequences whose

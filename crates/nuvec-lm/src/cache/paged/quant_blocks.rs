@@ -72,8 +72,8 @@ impl QuantBlocks {
         self.biases.copy_within(from * g..(from + n) * g, to * g);
     }
 
-    /// Physical positions `starts[i]..starts[i] + runs[i]`, one run after another, dequantized
-    /// to f32 `[heads, positions, dim]` (the layout attention reads).
+    /// The physical positions of `runs` (`(first, count)` each), one run after another,
+    /// dequantized to f32 `[heads, positions, dim]` (the layout attention reads).
     pub(crate) fn dequantize(&self, runs: &[(usize, usize)]) -> Result<Array> {
         let (w, g, width) = (self.row_words(), self.row_groups(), self.heads * self.dim);
         let n: usize = runs.iter().map(|r| r.1).sum();
@@ -83,51 +83,9 @@ impl QuantBlocks {
             let words = &self.words[start * w..(start + len) * w];
             let (scales, biases) =
                 (&self.scales[start * g..(start + len) * g], &self.biases[start * g..(start + len) * g]);
-            let out = &mut out[at * width..(at + len) * width];
-            match self.spec.bits {
-                4 | 8 => unpack_whole_words(words, scales, biases, self.spec, out),
-                _ => dequantize_rows(words, scales, biases, self.dim, self.spec, out),
-            }
+            dequantize_rows(words, scales, biases, self.dim, self.spec, &mut out[at * width..(at + len) * width]);
             at += len;
         }
         Ok(Array::from_slice(&out, &[n, self.heads, self.dim])?.transpose01()?)
-    }
-}
-
-/// [`dequantize_rows`] for widths that fill whole words (4 and 8 bits: value `i` of a word in
-/// bits `i * bits ..`), a group at a time: `scale * q + bias`, the same values.
-fn unpack_whole_words(words: &[u32], scales: &[f32], biases: &[f32], spec: QuantSpec, out: &mut [f32]) {
-    let (bits, group) = (spec.bits, spec.group_size);
-    let per_word = 32 / bits;
-    let mask = (1u32 << bits) - 1;
-    let group_words = group / per_word;
-    for (((out, words), &s), &b) in
-        out.chunks_exact_mut(group).zip(words.chunks_exact(group_words)).zip(scales).zip(biases)
-    {
-        for (out, &word) in out.chunks_exact_mut(per_word).zip(words) {
-            for (i, o) in out.iter_mut().enumerate() {
-                *o = s * ((word >> (i * bits)) & mask) as f32 + b;
-            }
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn whole_word_unpacking_is_the_definition() {
-        let data: Vec<f32> = (0..4 * 128).map(|i| ((i * 37 % 101) as f32 - 50.0) / 7.0).collect();
-        for (bits, group) in [(4, 32), (4, 64), (8, 64), (8, 128)] {
-            let spec = QuantSpec { mode: nuvec::QuantMode::Affine, bits, group_size: group };
-            let q = quantize_affine(&data, 4, 128, spec, DType::F32).unwrap();
-            let (w, s, b) =
-                (q.packed.to_vec::<u32>().unwrap(), q.scales.to_f32_vec().unwrap(), q.biases.to_f32_vec().unwrap());
-            let (mut ours, mut definition) = (vec![0f32; data.len()], vec![0f32; data.len()]);
-            unpack_whole_words(&w, &s, &b, spec, &mut ours);
-            dequantize_rows(&w, &s, &b, 128, spec, &mut definition);
-            assert_eq!(ours, definition, "{bits} bits, groups of {group}");
-        }
     }
 }

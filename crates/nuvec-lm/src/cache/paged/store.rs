@@ -184,8 +184,9 @@ impl LayerStore {
     }
 }
 
-/// The physical positions of sequence positions `from..to` through `table`: one run per block.
-fn runs(table: &[u32], block_size: usize, from: usize, to: usize) -> Vec<(usize, usize)> {
+/// The physical positions of sequence positions `from..to` through `table`: `(first, count)`,
+/// one run per block.
+pub(crate) fn runs(table: &[u32], block_size: usize, from: usize, to: usize) -> Vec<(usize, usize)> {
     let mut out = vec![];
     let mut pos = from;
     while pos < to {

@@ -33,6 +33,16 @@ fn prefetch_row<T>(data: &[T], start: usize, d: usize) {
     let _ = (data, start, d);
 }
 
+/// Before reading row `j` of `starts`: the key row [`ROWS_AHEAD`] rows on and the value row
+/// at the same start (read next, by [`weighted_rows`]).
+#[inline(always)]
+fn prefetch_for<T>(keys: &[T], values: &[T], starts: &[usize], j: usize, d: usize) {
+    if let Some(&ahead) = starts.get(j + ROWS_AHEAD) {
+        prefetch_row(keys, ahead, d);
+    }
+    prefetch_row(values, starts[j], d);
+}
+
 /// `scores[g * n + j] = q_g · k_j` for the query rows `qs` (G x d) and the key rows of `keys`
 /// at `starts` (n of them); prefetches the keys a few rows ahead and the value rows of `values`
 /// (read next) at the same starts.
@@ -54,10 +64,7 @@ pub(crate) fn dots_rows<T: RowElem>(
         Isa::Avx512 if d.is_multiple_of(16) && d > 0 => unsafe { x512::dots_rows(qs, keys, values, starts, d, scores) },
         _ => {
             for (j, &s) in starts.iter().enumerate() {
-                if let Some(&ahead) = starts.get(j + ROWS_AHEAD) {
-                    prefetch_row(keys, ahead, d);
-                }
-                prefetch_row(values, s, d);
+                prefetch_for(keys, values, starts, j, d);
                 let k = row(keys, s, d);
                 for (g, q) in qs.chunks_exact(d.max(1)).enumerate() {
                     scores[g * n + j] = simd::dot(q, k);
@@ -96,7 +103,7 @@ pub(crate) fn weighted_rows<T: RowElem>(p: &[f32], values: &[T], starts: &[usize
 mod x512 {
     use std::arch::x86_64::*;
 
-    use super::{prefetch_row, RowElem, ROWS_AHEAD};
+    use super::{prefetch_for, RowElem};
     use crate::backends::cpu::simd::Kind;
 
     /// Sixteen elements at `p` as f32 lanes.
@@ -133,10 +140,7 @@ mod x512 {
         let (n, groups) = (starts.len(), qs.len() / d);
         let (pk, pq) = (keys.as_ptr(), qs.as_ptr());
         for (j, &s) in starts.iter().enumerate() {
-            if let Some(&ahead) = starts.get(j + ROWS_AHEAD) {
-                prefetch_row(keys, ahead, d);
-            }
-            prefetch_row(values, s, d);
+            prefetch_for(keys, values, starts, j, d);
             for g in 0..groups {
                 let mut acc = _mm512_setzero_ps();
                 let mut c = 0;

@@ -48,8 +48,8 @@ impl<'a> KvRows<'a> {
         let dst = &mut out[at..];
         match self {
             KvRows::F32(x) => dst.copy_from_slice(&x[range]),
-            KvRows::F16(x) => simd::widen_f16(&x[range], dst),
-            KvRows::Bf16(x) => simd::widen_bf16(&x[range], dst),
+            KvRows::F16(x) => simd::widen(&x[range], dst),
+            KvRows::Bf16(x) => simd::widen(&x[range], dst),
         }
     }
 

@@ -161,8 +161,8 @@ impl<'a> Weights<'a> {
         let k = out.len();
         match self {
             Weights::F32(w) => out.copy_from_slice(&w[r * k..(r + 1) * k]),
-            Weights::F16(w) => simd::widen_f16(&w[r * k..(r + 1) * k], out),
-            Weights::BF16(w) => simd::widen_bf16(&w[r * k..(r + 1) * k], out),
+            Weights::F16(w) => simd::widen(&w[r * k..(r + 1) * k], out),
+            Weights::BF16(w) => simd::widen(&w[r * k..(r + 1) * k], out),
             Weights::Affine(q) => q.dequantize_row(r, out, scratch),
             Weights::Fp(q) => q.dequantize_row(r, out),
         }

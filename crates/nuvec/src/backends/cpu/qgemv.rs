@@ -33,8 +33,8 @@ impl Params<'_> {
         let end = start + out.len();
         match self {
             Params::F32(p) => out.copy_from_slice(&p[start..end]),
-            Params::F16(p) => simd::widen_f16(&p[start..end], out),
-            Params::BF16(p) => simd::widen_bf16(&p[start..end], out),
+            Params::F16(p) => simd::widen(&p[start..end], out),
+            Params::BF16(p) => simd::widen(&p[start..end], out),
         }
     }
 }

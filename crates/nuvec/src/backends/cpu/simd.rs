@@ -156,83 +156,48 @@ pub(crate) fn axpy<T: RowElem>(a: f32, x: &[T], y: &mut [f32]) {
     }
 }
 
-/// `src` widened to f32 into `dst` (same length; exact: every f16 value is an f32 value). The
-/// cache's f16 keys and values and f16 group scales go through here on every step: one
-/// conversion instruction per eight values, inlined (`half`'s slice conversion calls out per eight).
-pub(crate) fn widen_f16(src: &[f16], dst: &mut [f32]) {
-    assert_eq!(src.len(), dst.len(), "widen_f16: lengths differ");
+/// `src` widened to f32 into `dst` (same length; exact: every f16 and bf16 value is an f32
+/// value). The cache's half-precision keys and values and half-precision group scales go through
+/// here on every step: one conversion per eight values, inlined (`half`'s slice conversion calls
+/// out per eight).
+pub(crate) fn widen<T: RowElem>(src: &[T], dst: &mut [f32]) {
+    assert_eq!(src.len(), dst.len(), "widen: lengths differ");
     match isa() {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `isa()` returns Avx2/Avx512 only after detecting avx2, fma and f16c on this CPU;
         // the lengths are equal (asserted above).
-        Isa::Avx2 | Isa::Avx512 => unsafe { x86::widen_f16(src, dst) },
-        Isa::Scalar => widen_f16_scalar(src, dst),
+        Isa::Avx2 | Isa::Avx512 => unsafe { x86::widen(src, dst) },
+        Isa::Scalar => widen_scalar(src, dst),
     }
 }
 
-/// [`widen_f16`]'s scalar reference.
-pub(crate) fn widen_f16_scalar(src: &[f16], dst: &mut [f32]) {
-    for (d, s) in dst.iter_mut().zip(src) {
-        *d = s.to_f32();
-    }
-}
-
-/// `src` widened to f32 into `dst` (same length; exact: a bf16 value is the top half of an f32).
-pub(crate) fn widen_bf16(src: &[bf16], dst: &mut [f32]) {
-    assert_eq!(src.len(), dst.len(), "widen_bf16: lengths differ");
-    match isa() {
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: as in `widen_f16`: avx2 was detected, and the lengths are equal.
-        Isa::Avx2 | Isa::Avx512 => unsafe { x86::widen_bf16(src, dst) },
-        Isa::Scalar => widen_bf16_scalar(src, dst),
-    }
-}
-
-/// [`widen_bf16`]'s scalar reference.
-pub(crate) fn widen_bf16_scalar(src: &[bf16], dst: &mut [f32]) {
-    for (d, s) in dst.iter_mut().zip(src) {
-        *d = f32::from_bits((s.to_bits() as u32) << 16);
+/// [`widen`]'s scalar reference.
+pub(crate) fn widen_scalar<T: RowElem>(src: &[T], dst: &mut [f32]) {
+    for (d, &s) in dst.iter_mut().zip(src) {
+        *d = s.widen();
     }
 }
 
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod x86 {
-    use half::{bf16, f16};
     use std::arch::x86_64::*;
 
     use super::{Kind, RowElem};
 
     /// # Safety
-    /// The CPU must support avx2 and f16c; `src` and `dst` have the same length.
-    #[target_feature(enable = "avx2,f16c")]
-    pub(crate) unsafe fn widen_f16(src: &[f16], dst: &mut [f32]) {
+    /// The CPU must support avx2, fma and f16c; `src` and `dst` have the same length.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(crate) unsafe fn widen<T: RowElem>(src: &[T], dst: &mut [f32]) {
         debug_assert_eq!(src.len(), dst.len());
         let n = src.len();
-        let (ps, pd) = (src.as_ptr() as *const u16, dst.as_mut_ptr());
+        let (ps, pd) = (src.as_ptr(), dst.as_mut_ptr());
         let mut i = 0;
         // SAFETY (loads and stores below): indices stay below n, the length of both slices.
         while i + 8 <= n {
-            _mm256_storeu_ps(pd.add(i), _mm256_cvtph_ps(_mm_loadu_si128(ps.add(i) as *const __m128i)));
+            _mm256_storeu_ps(pd.add(i), load8(ps.add(i)));
             i += 8;
         }
-        super::widen_f16_scalar(&src[i..], &mut dst[i..]);
-    }
-
-    /// # Safety
-    /// The CPU must support avx2; `src` and `dst` have the same length.
-    #[target_feature(enable = "avx2")]
-    pub(crate) unsafe fn widen_bf16(src: &[bf16], dst: &mut [f32]) {
-        debug_assert_eq!(src.len(), dst.len());
-        let n = src.len();
-        let (ps, pd) = (src.as_ptr() as *const u16, dst.as_mut_ptr());
-        let mut i = 0;
-        // SAFETY (loads and stores below): indices stay below n, the length of both slices.
-        while i + 8 <= n {
-            let wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(ps.add(i) as *const __m128i));
-            _mm256_storeu_ps(pd.add(i), _mm256_castsi256_ps(_mm256_slli_epi32::<16>(wide)));
-            i += 8;
-        }
-        super::widen_bf16_scalar(&src[i..], &mut dst[i..]);
+        super::widen_scalar(&src[i..], &mut dst[i..]);
     }
 
     /// Sum of the eight lanes.
@@ -489,14 +454,14 @@ pub(crate) mod tests {
             let h: Vec<f16> = all[..n].iter().map(|&b| f16::from_bits(b)).collect();
             let b: Vec<bf16> = all[..n].iter().map(|&b| bf16::from_bits(b)).collect();
             let (mut want, mut got) = (vec![0f32; n], vec![0f32; n]);
-            widen_f16_scalar(&h, &mut want);
-            widen_f16(&h, &mut got);
+            widen_scalar(&h, &mut want);
+            widen(&h, &mut got);
             let bits = |v: &[f32]| {
                 v.iter().map(|x| x.to_bits() | if x.is_nan() { 0x0040_0000 } else { 0 }).collect::<Vec<_>>()
             };
             assert_eq!(bits(&got), bits(&want), "f16, n = {n}");
-            widen_bf16_scalar(&b, &mut want);
-            widen_bf16(&b, &mut got);
+            widen_scalar(&b, &mut want);
+            widen(&b, &mut got);
             assert_eq!(
                 got.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
                 want.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
