@@ -258,17 +258,18 @@ fn gemv(w: &Weights, x: &[f32], out: &mut [f32]) {
 /// columns `r0..r1` of it during the call.
 unsafe fn qbatch_rows(q: &QMatrix, x: &[f32], xs: &PreparedRows, r0: usize, r1: usize, out: SendPtr<f32>, n: usize) {
     let m = x.len() / q.cols.max(1);
-    let mut vals = [0f32; 2 * qbatch::MAX_ROWS];
+    let mut vals = [0f32; qbatch::PASS_MAX * qbatch::MAX_ROWS];
     with_scratch(qbatch::scratch_len(q), |scratch| {
         let mut r = r0;
         while r < r1 {
             let nr = (r1 - r).min(qbatch::pass_rows(q, xs));
             qbatch::rows(q, r, m, x, xs, scratch, &mut vals[..nr * m]);
-            for (ji, &v) in vals[..nr * m].iter().enumerate() {
-                let (j, i) = (ji / m, ji % m);
-                // SAFETY: i < M and r + j < r1 <= n (the caller's contract); the column is this
-                // call's.
-                unsafe { *out.0.add(i * n + r + j) = v };
+            for (j, col) in vals[..nr * m].chunks_exact(m).enumerate() {
+                for (i, &v) in col.iter().enumerate() {
+                    // SAFETY: i < M and r + j < r1 <= n (the caller's contract); the column is
+                    // this call's.
+                    unsafe { *out.0.add(i * n + r + j) = v };
+                }
             }
             r += nr;
         }

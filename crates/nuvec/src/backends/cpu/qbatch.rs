@@ -11,11 +11,14 @@
 //! `qgemv` does: with the unpacking shared, a bias term per group and input row would be the
 //! only cost left that grows with the rows.
 //!
-//! Kernels, with AVX2+FMA (also used under AVX-512): 4-bit (nibbles of 32-bit lanes against a
-//! transposed copy of `x`, as `qgemv`'s), 8-bit (two weight rows per pass, sharing each load
-//! of `x`), and 2/3/5/6-bit (eight values unpacked per variable shift). The scalar ISA
-//! dequantizes the row into scratch once and dots it with each input row. Every kernel takes
-//! groups of 16, 32, 64 and 128.
+//! Kernels, with AVX2+FMA: 4-bit (nibbles of 32-bit lanes against a transposed copy of `x`, as
+//! `qgemv`'s), 8-bit (two weight rows per pass, sharing each load of `x`), and 2/3/5/6-bit
+//! (eight values unpacked per variable shift). With AVX-512 the 4- and 8-bit widths have kernels
+//! of their own (`x512`: 16 weights per instruction, each row's scales read in place, weight rows
+//! in pairs); the others take the AVX2 ones. The copies of `x` start on a
+//! cache line (a vector load across two lines costs two). The scalar ISA dequantizes the row
+//! into scratch once and dots it with each input row. Every kernel takes groups of 16, 32, 64
+//! and 128.
 
 use super::qgemv::QMatrix;
 use super::simd::{self, Isa};
@@ -26,7 +29,8 @@ pub(crate) const TILE: usize = 8;
 pub(crate) const MAX_ROWS: usize = 32;
 
 /// Input rows up to which [`rows`] beats decoding tiles of weight rows for `gemm` (measured on
-/// an AVX2 Zen 3 with 576 and 1536 columns); 0 without a SIMD kernel, where the per-row
+/// an AVX2 Zen 3 with 576 and 1536 columns; the AVX-512 4-bit kernel up to 32 rows on an
+/// AVX-512 Xeon, SmolLM2 at 32 sequences); 0 without a SIMD kernel, where the per-row
 /// matrix-vector kernels do better.
 pub(crate) fn max_rows(bits: usize, isa: Isa) -> usize {
     if isa == Isa::Scalar {
@@ -34,9 +38,17 @@ pub(crate) fn max_rows(bits: usize, isa: Isa) -> usize {
     }
     match bits {
         8 => MAX_ROWS,
+        #[cfg(target_arch = "x86_64")]
+        4 if isa == Isa::Avx512 => MAX_ROWS,
         4 => 20,
         _ => 16,
     }
+}
+
+/// Whether an AVX-512 kernel takes this width (groups of 16 to 128, as every kernel here).
+#[cfg(target_arch = "x86_64")]
+fn x512_kernel(bits: usize) -> bool {
+    matches!(bits, 4 | 8)
 }
 
 /// Whether an AVX2 kernel takes this width.
@@ -45,30 +57,63 @@ fn avx2_kernel(bits: usize) -> bool {
     matches!(bits, 2 | 3 | 4 | 5 | 6 | 8)
 }
 
-/// The input rows in the layout the kernels read. The 4-bit kernel wants each row's whole
-/// blocks of 64 transposed 8x8, as [`super::qgemv::PreparedX`] lays out one row.
+/// The input rows in the layout the kernels read. The 4-bit kernels want each row as
+/// [`super::qgemv::PreparedX`] lays out one: under AVX2 its whole blocks of 64 transposed 8x8,
+/// under AVX-512 blocks of 128 as 16 lanes of 8 (`perm[k0 + 16 j + i] = x[k0 + 8 i + j]`),
+/// zero-padded to whole blocks.
 pub(crate) struct PreparedRows {
-    /// `m` rows of `blocks * 64` floats (4-bit SIMD only; empty otherwise).
+    /// `m` rows of `stride` floats (4-bit SIMD only; empty otherwise).
     pub perm: Vec<f32>,
+    /// Floats per row of `perm`.
+    pub stride: usize,
+    /// Where row 0 starts in `perm`: on a cache line, so that no vector load of it touches two.
+    pub start: usize,
     /// The ISA the rows were laid out for.
     pub isa: Isa,
 }
 
+/// Values of a row per block of the AVX-512 4-bit layout (16 lanes of 8 nibbles).
+const X512_BLOCK: usize = 128;
+
 impl PreparedRows {
     pub(crate) const fn new() -> Self {
-        PreparedRows { perm: Vec::new(), isa: Isa::Scalar }
+        PreparedRows { perm: Vec::new(), stride: 0, start: 0, isa: Isa::Scalar }
     }
 
     /// Lays out `x` (`x.len() / k` rows of `k`) for a matrix of `bits`.
     pub(crate) fn prepare(&mut self, x: &[f32], k: usize, bits: usize, isa: Isa) {
         self.isa = isa;
         self.perm.clear();
+        self.stride = 0;
+        self.start = 0;
+        #[cfg(target_arch = "x86_64")]
+        if isa == Isa::Avx512 && x512_kernel(bits) && k > 0 {
+            // 4 bits: blocks of 128 as 16 lanes of 8; 8 bits: natural order, rows of whole
+            // 64-byte lines.
+            let stride = if bits == 4 { k.div_ceil(X512_BLOCK) * X512_BLOCK } else { k.next_multiple_of(16) };
+            self.stride = stride;
+            self.perm.resize(x.len() / k * stride + 16, 0.0);
+            self.start = self.perm.as_ptr().align_offset(64).min(16);
+            for (src, dst) in x.chunks_exact(k).zip(self.perm[self.start..].chunks_exact_mut(stride)) {
+                if bits == 8 {
+                    dst[..k].copy_from_slice(src);
+                    continue;
+                }
+                for (at, &v) in src.iter().enumerate() {
+                    let (k0, lane, j) = (at / X512_BLOCK * X512_BLOCK, at % X512_BLOCK / 8, at % 8);
+                    dst[k0 + 16 * j + lane] = v;
+                }
+            }
+            return;
+        }
         if bits != 4 || isa == Isa::Scalar || k == 0 {
             return;
         }
         let kp = k / 64 * 64;
-        self.perm.resize(x.len() / k * kp, 0.0);
-        for (src, dst) in x.chunks_exact(k).zip(self.perm.chunks_exact_mut(kp.max(1))) {
+        self.stride = kp;
+        self.perm.resize(x.len() / k * kp + 16, 0.0);
+        self.start = self.perm.as_ptr().align_offset(64).min(16);
+        for (src, dst) in x.chunks_exact(k).zip(self.perm[self.start..].chunks_exact_mut(kp.max(1))) {
             for (s, d) in src.chunks_exact(64).zip(dst.chunks_exact_mut(64)) {
                 for j in 0..8 {
                     for i in 0..8 {
@@ -82,11 +127,19 @@ impl PreparedRows {
 
 /// Weight rows one kernel pass unpacks together (each load of `x` then feeds that many FMAs).
 const PAIR: usize = 2;
+/// The most weight rows one call of [`rows`] takes ([`pass_rows`]).
+pub(crate) const PASS_MAX: usize = 8;
 
-/// Weight rows [`rows`] best takes at a time: [`PAIR`] at 8 bits (where each weight row's
-/// bytes are a load per 8 weights, so sharing the loads of `x` matters most), one otherwise
-/// (where sharing the unpacking over a whole [`TILE`] matters more).
+/// Weight rows [`rows`] best takes at a time: [`PASS_MAX`] for the AVX-512 4-bit kernel (which
+/// reads its rows' scales itself, so a call costs little beyond its rows), [`PAIR`] at 8 bits
+/// (where each weight row's bytes are a load per 8 weights, so sharing the loads of `x` matters
+/// most), one otherwise (where sharing the unpacking over a whole [`TILE`] matters more).
 pub(crate) fn pass_rows(w: &QMatrix, xs: &PreparedRows) -> usize {
+    #[cfg(target_arch = "x86_64")]
+    if x512_kernel(w.bits) && xs.isa == Isa::Avx512 {
+        // The AVX-512 kernels read their own scales: several rows per call spread the call.
+        return PASS_MAX;
+    }
     if w.bits == 8 && xs.isa != Isa::Scalar {
         PAIR
     } else {
@@ -113,7 +166,16 @@ pub(crate) fn rows(
 ) {
     let (k, g) = (w.cols, w.groups());
     let nr = out.len() / m.max(1);
-    assert!(x.len() >= m * k && scratch.len() >= scratch_len(w) && (1..=PAIR).contains(&nr) && out.len() == nr * m);
+    assert!(x.len() >= m * k && scratch.len() >= scratch_len(w) && (1..=PASS_MAX).contains(&nr) && out.len() == nr * m);
+    assert!(nr <= PAIR || (xs.isa != Isa::Scalar && xs.stride > 0 && cfg!(target_arch = "x86_64")));
+    #[cfg(target_arch = "x86_64")]
+    if x512_kernel(w.bits) && xs.isa == Isa::Avx512 {
+        assert!(xs.stride >= k && xs.perm.len() >= xs.start + m * xs.stride);
+        // SAFETY: Avx512 is only chosen after detecting avx512f/bw/vl and f16c; `prepare` laid
+        // out `xs` for this width, and the kernels assert the rest.
+        unsafe { x512::rows(w, r, nr, m, &xs.perm[xs.start..], xs.stride, out) };
+        return;
+    }
     let (params, dense) = scratch.split_at_mut(2 * PAIR * g);
     #[cfg(target_arch = "x86_64")]
     if xs.isa != Isa::Scalar && avx2_kernel(w.bits) {
@@ -126,13 +188,13 @@ pub(crate) fn rows(
             super::qgemv::x86::read_params(w.scales, r * g, s);
             super::qgemv::x86::read_params(w.biases, r * g, b);
         }
-        assert!(w.bits != 4 || xs.perm.len() >= m * kp);
+        assert!(w.bits != 4 || xs.perm.len() >= xs.start + m * kp);
         let tile = if nr == 1 { TILE } else { TILE / PAIR };
         let mut i = 0;
         while i < m {
             let t = (m - i).min(tile);
             let xt = &x[i * k..(i + t) * k];
-            let pt = if w.bits == 4 { &xs.perm[i * kp..(i + t) * kp] } else { &[][..] };
+            let pt = if w.bits == 4 { &xs.perm[xs.start + i * kp..xs.start + (i + t) * kp] } else { &[][..] };
             let mut ot = [0f32; TILE];
             // SAFETY: as above; `prepare` laid out `xs` for this width (asserted above), and the
             // kernels assert the other lengths.
@@ -381,6 +443,203 @@ mod x86 {
     }
 }
 
+#[cfg(target_arch = "x86_64")]
+mod x512 {
+    use std::arch::x86_64::*;
+
+    use super::super::qgemv::x512::params16;
+    use super::super::qgemv::QMatrix;
+
+    /// `out[j * m + i] = Σ_k w[r0 + j, k] x[i][k]` for `nr` 4- or 8-bit weight rows from `r0`
+    /// and `m` input rows laid out by [`super::PreparedRows`] for AVX-512 (`perm`, rows `stride`
+    /// apart), in tiles of up to [`super::TILE`] input rows per pass over the weight rows (the
+    /// later passes find them in L1); weight rows go in pairs that share each load of `x` (at 4
+    /// bits pairs with tiles of 8 measured faster than single rows with tiles of 16: 39 against
+    /// 30 GMAC/s on one core at 32 input rows of 576).
+    ///
+    /// # Safety
+    /// avx512f/bw/vl and f16c must be available; as [`q4`] and [`q8`], for each row and tile.
+    pub(super) unsafe fn rows(
+        w: &QMatrix,
+        r0: usize,
+        nr: usize,
+        m: usize,
+        perm: &[f32],
+        stride: usize,
+        out: &mut [f32],
+    ) {
+        assert!(out.len() == nr * m && perm.len() >= m * stride);
+        let mut ot = [0f32; 2 * super::TILE];
+        let mut j = 0;
+        while j < nr {
+            let rows = (nr - j).min(2);
+            let mut i = 0;
+            while i < m {
+                let t = (m - i).min(super::TILE);
+                let p = &perm[i * stride..(i + t) * stride];
+                let o = &mut ot[..rows * t];
+                macro_rules! by_tile {
+                    ($f:ident $(, $r:literal)?) => {
+                        match t {
+                            1 => $f::<$($r,)? 1>(w, r0 + j, p, stride, o),
+                            2 => $f::<$($r,)? 2>(w, r0 + j, p, stride, o),
+                            3 => $f::<$($r,)? 3>(w, r0 + j, p, stride, o),
+                            4 => $f::<$($r,)? 4>(w, r0 + j, p, stride, o),
+                            5 => $f::<$($r,)? 5>(w, r0 + j, p, stride, o),
+                            6 => $f::<$($r,)? 6>(w, r0 + j, p, stride, o),
+                            7 => $f::<$($r,)? 7>(w, r0 + j, p, stride, o),
+                            _ => $f::<$($r,)? 8>(w, r0 + j, p, stride, o),
+                        }
+                    };
+                }
+                // SAFETY: forwarded contract; `t` is the tile's row count, `rows` the pass's.
+                match (w.bits, rows) {
+                    (4, 1) => by_tile!(q4, 1),
+                    (4, _) => by_tile!(q4, 2),
+                    (_, 1) => by_tile!(q8, 1),
+                    _ => by_tile!(q8, 2),
+                }
+                for jj in 0..rows {
+                    out[(j + jj) * m + i..(j + jj) * m + i + t].copy_from_slice(&ot[jj * t..(jj + 1) * t]);
+                }
+                i += t;
+            }
+            j += rows;
+        }
+    }
+
+    /// `out[j * M + i] = Σ_k (s[k / group] q[k] + b[k / group]) x[i][k]` for 4-bit weight rows
+    /// `r..r + R` of `w` and `M` input rows laid out for AVX-512 (`perm`, rows `stride` apart),
+    /// each load of `x` shared by the `R` rows. Each 64-byte load
+    /// holds 128 weights, lane `l` nibble `j` weight `8 l + j` of the block, which meets the
+    /// prepared `x[k0 + 16 j ..][..16]`. A lane's 8 weights lie in one group (groups of 16 and
+    /// more), the same one in every block: lane `l`'s group is `(8 l) / group` past the block's
+    /// first. Weights are dequantized in registers once and feed every input row; past the row's
+    /// end the masked load gives 0 and the padded `x` is 0.
+    ///
+    /// # Safety
+    /// avx512f/bw/vl and f16c must be available; `w.bits == 4`, `w.group` is 16, 32, 64 or 128,
+    /// rows `r..r + R` exist, `perm` holds `M` rows of `stride >= w.cols` rounded up to 128
+    /// floats, and `out.len() == R * M`.
+    #[inline]
+    #[allow(clippy::needless_range_loop)] // rows index several register arrays in step
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
+    unsafe fn q4<const R: usize, const M: usize>(w: &QMatrix, r: usize, perm: &[f32], stride: usize, out: &mut [f32]) {
+        let block = super::X512_BLOCK;
+        let (k, group, g, rb) = (w.cols, w.group, w.groups(), w.row_bytes());
+        assert!(w.bits == 4 && matches!(group, 16 | 32 | 64 | 128) && k == g * group && (r + R) * rb <= w.packed.len());
+        assert!(stride >= k.div_ceil(block) * block && perm.len() >= M * stride && out.len() == R * M);
+        let per_block = block / group;
+        // Lane l's group relative to the block's first: (8 l) >> log2(group).
+        let idx = _mm512_srlv_epi32(
+            _mm512_set_epi32(120, 112, 104, 96, 88, 80, 72, 64, 56, 48, 40, 32, 24, 16, 8, 0),
+            _mm512_set1_epi32(group.trailing_zeros() as i32),
+        );
+        let iota = _mm512_set_ps(15., 14., 13., 12., 11., 10., 9., 8., 7., 6., 5., 4., 3., 2., 1., 0.);
+        // Two sets of sums when there are few, so that enough FMAs are in flight.
+        let sets = if R * M <= 4 { 2 } else { 1 };
+        let mut acc = [[[_mm512_setzero_ps(); M]; R]; 2];
+        let (pb, px) = (w.packed.as_ptr().add(r * rb), perm.as_ptr());
+        let mut k0 = 0;
+        while k0 < k {
+            let (g0, gn) = (k0 / group, (g - k0 / group).min(per_block));
+            // k - k0 is a multiple of 16 (groups of 16 and more divide k): whole 4-byte lanes.
+            let lanes = ((k - k0) / 8).min(16);
+            let lmask: __mmask16 = if lanes >= 16 { 0xffff } else { (1u16 << lanes) - 1 };
+            let mut sl = [_mm512_setzero_ps(); R];
+            let mut bl = [_mm512_setzero_ps(); R];
+            let mut v = [_mm512_setzero_si512(); R];
+            for jr in 0..R {
+                // SAFETY: groups g0..g0 + gn of row r + jr exist.
+                sl[jr] = _mm512_permutexvar_ps(idx, params16(w.scales, (r + jr) * g + g0, gn));
+                bl[jr] = _mm512_permutexvar_ps(idx, params16(w.biases, (r + jr) * g + g0, gn));
+                // SAFETY: the mask limits the load to the row's bytes k0 / 2 .. k0 / 2 + 4 lanes.
+                v[jr] = _mm512_maskz_loadu_epi32(lmask, pb.add(jr * rb + k0 / 2) as *const i32);
+            }
+            for j in 0..8 {
+                let mut wv = [_mm512_setzero_ps(); R];
+                for jr in 0..R {
+                    // `vpermps` reads only the low 4 bits of each index: the mask and the
+                    // conversion of nibble j in one shuffle.
+                    let q = _mm512_permutexvar_ps(_mm512_srlv_epi32(v[jr], _mm512_set1_epi32(4 * j as i32)), iota);
+                    wv[jr] = _mm512_fmadd_ps(q, sl[jr], bl[jr]);
+                }
+                let set = j % sets;
+                for i in 0..M {
+                    // SAFETY: row i's block k0 lies in perm [i stride, (i + 1) stride).
+                    let xv = _mm512_loadu_ps(px.add(i * stride + k0 + 16 * j));
+                    for jr in 0..R {
+                        acc[set][jr][i] = _mm512_fmadd_ps(wv[jr], xv, acc[set][jr][i]);
+                    }
+                }
+            }
+            k0 += block;
+        }
+        for jr in 0..R {
+            for i in 0..M {
+                out[jr * M + i] = _mm512_reduce_add_ps(_mm512_add_ps(acc[0][jr][i], acc[1][jr][i]));
+            }
+        }
+    }
+
+    /// `out[j * M + i] = Σ_k (s[k / group] q[k] + b[k / group]) x[i][k]` for 8-bit weight rows
+    /// `r..r + R` of `w` and `M` input rows in natural order (`perm`, rows `stride` apart): 16
+    /// weights widened per load, their group's scale and bias picked from 16 groups loaded at
+    /// once, each load of `x` shared by the `R` rows.
+    ///
+    /// # Safety
+    /// avx512f/bw/vl and f16c must be available; `w.bits == 8`, `w.group` is 16, 32, 64 or 128,
+    /// rows `r..r + R` exist, `perm` holds `M` rows of `stride >= w.cols` floats, and
+    /// `out.len() == R * M`.
+    #[inline]
+    #[allow(clippy::needless_range_loop)] // rows index several register arrays in step
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
+    unsafe fn q8<const R: usize, const M: usize>(w: &QMatrix, r: usize, perm: &[f32], stride: usize, out: &mut [f32]) {
+        let (k, group, g, rb) = (w.cols, w.group, w.groups(), w.row_bytes());
+        assert!(w.bits == 8 && matches!(group, 16 | 32 | 64 | 128) && k == g * group && (r + R) * rb <= w.packed.len());
+        assert!(stride >= k && perm.len() >= M * stride && out.len() == R * M);
+        let mut acc = [[_mm512_setzero_ps(); M]; R];
+        let (pb, px) = (w.packed.as_ptr().add(r * rb), perm.as_ptr());
+        let mut g0 = 0;
+        while g0 < g {
+            let gn = (g - g0).min(16);
+            let mut sv = [_mm512_setzero_ps(); R];
+            let mut bv = [_mm512_setzero_ps(); R];
+            for j in 0..R {
+                // SAFETY: groups g0..g0 + gn of row r + j exist.
+                sv[j] = params16(w.scales, (r + j) * g + g0, gn);
+                bv[j] = params16(w.biases, (r + j) * g + g0, gn);
+            }
+            let mut k0 = g0 * group;
+            while k0 < (g0 + gn) * group {
+                let gi = _mm512_set1_epi32((k0 / group - g0) as i32);
+                let mut wv = [_mm512_setzero_ps(); R];
+                for j in 0..R {
+                    // SAFETY: k0 + 16 <= k (groups of 16 and more divide k): in row r + j.
+                    let q = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(
+                        pb.add(j * rb + k0) as *const __m128i
+                    )));
+                    wv[j] = _mm512_fmadd_ps(q, _mm512_permutexvar_ps(gi, sv[j]), _mm512_permutexvar_ps(gi, bv[j]));
+                }
+                for i in 0..M {
+                    // SAFETY: input row i occupies perm [i stride, i stride + k).
+                    let xv = _mm512_loadu_ps(px.add(i * stride + k0));
+                    for j in 0..R {
+                        acc[j][i] = _mm512_fmadd_ps(wv[j], xv, acc[j][i]);
+                    }
+                }
+                k0 += 16;
+            }
+            g0 += gn;
+        }
+        for j in 0..R {
+            for i in 0..M {
+                out[j * M + i] = _mm512_reduce_add_ps(acc[j][i]);
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::super::qgemv::{row_reference, test_weights};
@@ -396,8 +655,8 @@ mod tests {
         for isa in simd::testable() {
             let mut xs = PreparedRows::new();
             xs.prepare(&x, cols, bits, isa);
-            // Weight rows one at a time and in pairs.
-            for nr in 1..=PAIR {
+            // Weight rows one at a time, in pairs, and as many as a pass takes.
+            for nr in 1..=pass_rows(&w, &xs).max(PAIR).min(n) {
                 let mut out = vec![0f32; nr * m];
                 for r in (0..n + 1 - nr).step_by(nr) {
                     rows(&w, r, m, &x, &xs, &mut scratch, &mut out);

@@ -231,7 +231,7 @@ pub(crate) mod x512 {
     /// avx512f/bw/vl and f16c must be available; `start + n` is within `p`.
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
-    unsafe fn params16(p: Params, start: usize, n: usize) -> __m512 {
+    pub(crate) unsafe fn params16(p: Params, start: usize, n: usize) -> __m512 {
         let mask: __mmask16 = if n >= 16 { 0xffff } else { (1u16 << n) - 1 };
         match p {
             Params::F32(v) => {
