@@ -67,6 +67,11 @@ pub struct Args {
     /// by default).
     #[arg(long)]
     no_prefix_cache: bool,
+    /// On hybrid models (Qwen3.5): prompt passes end at most this many positions apart, each
+    /// keeping the recurrent state where it ends, so that requests sharing a system prompt get
+    /// prefix hits (a multiple of 16; 0: passes of --prefill-step-size only).
+    #[arg(long, default_value_t = nuvec_lm::engine::DEFAULT_CHECKPOINT_INTERVAL)]
+    checkpoint_interval: usize,
     /// Most tokens one engine step computes, decodes and prompt chunks together (vLLM's
     /// --max-num-batched-tokens; default 4096 on the CPU, 8192 on CUDA).
     #[arg(long, visible_alias = "max-num-batched-tokens")]
@@ -195,6 +200,7 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         max_positions: args.context.ctx_size.unwrap_or(nuvec_lm::engine::DEFAULT_MAX_POSITIONS),
         kv_bits: args.kv_bits,
         kv_group_size: args.kv_group_size,
+        checkpoint_interval: args.checkpoint_interval,
         ..Default::default()
     };
     batcher.validate().map_err(|e| flag_names(&e.to_string()))?;
@@ -240,6 +246,8 @@ fn flag_names(message: &str) -> String {
         ("BatcherOptions::blocks", "--prompt-cache-bytes"),
         ("BatcherOptions::kv_bits = ", "--kv-bits "),
         ("kv_group_size = ", "--kv-group-size "),
+        ("BatcherOptions::checkpoint_interval", "--checkpoint-interval"),
+        ("block_size = 16", "the cache's block size, 16"),
     ]
     .iter()
     .fold(message.to_string(), |m, (field, flag)| m.replace(field, flag))

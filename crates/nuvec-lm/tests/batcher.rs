@@ -498,3 +498,37 @@ fn hybrid_prefix_hits_end_where_a_recurrent_state_was_kept() {
         }
     }
 }
+
+#[test]
+fn hybrid_prompts_shorter_than_a_pass_keep_states_every_checkpoint_interval() {
+    // A prompt of one prefill pass (70 tokens under prefill_step_size 2048) kept no recurrent
+    // state before the interval: passes now end every 32 positions, so a request sharing its
+    // first 40 or 64 tokens (a system prompt) gets a hit at 32 or 64, with the cold greedy
+    // tokens. Interval 0 is the old behaviour (no hit); batch-invariant mode keeps the request's
+    // own passes (exact against `generate`), so no hit either.
+    let (model, _) = load_dir(&fixtures().join("qwen3_5/qwen3_5-f32")).unwrap();
+    let v = model.vocab_size();
+    let request = GenerateOptions { max_tokens: 6, ..greedy(6) };
+    let first = prompt(70, 1, v);
+    for (interval, invariant, hits) in [(32, false, [32, 64]), (0, false, [0, 0]), (32, true, [0, 0])] {
+        let options = BatcherOptions {
+            blocks: Some(64),
+            checkpoint_interval: interval,
+            batch_invariant: invariant,
+            ..Default::default()
+        };
+        let mut b = Batcher::new(&model, options).unwrap();
+        let what = format!("interval {interval} invariant {invariant}");
+        let cold = run_alone(&mut b, first.clone(), request.clone());
+        assert_eq!(cold.tokens, solo(&model, &first, &request).tokens, "{what}: cold");
+        for (shared, hit) in [(40, hits[0]), (64, hits[1])] {
+            let p = joined(&first[..shared], &prompt(30, shared as u32, v));
+            let out = run_alone(&mut b, p.clone(), request.clone());
+            assert_eq!(out.cached, Some(hit), "{what}: {shared} shared");
+            assert_eq!(out.tokens, solo(&model, &p, &request).tokens, "{what}: {shared} shared");
+        }
+    }
+    let odd = BatcherOptions { checkpoint_interval: 40, ..Default::default() };
+    let err = Batcher::new(&model, odd).err().expect("refused").to_string();
+    assert!(err.contains("checkpoint_interval = 40") && err.contains("block_size = 16"), "{err}");
+}

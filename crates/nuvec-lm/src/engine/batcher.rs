@@ -109,7 +109,20 @@ pub struct BatcherOptions {
     pub kv_bits: Option<usize>,
     /// Values per quantization group along the head dimension (default 64), with `kv_bits`.
     pub kv_group_size: usize,
+    /// On a hybrid model (recurrent layers) with the prefix cache on: prefill passes end at
+    /// most this many positions apart (default [`DEFAULT_CHECKPOINT_INTERVAL`]; a multiple of
+    /// `block_size`; 0 leaves the passes at the request's `prefill_step_size`), so that every
+    /// pass keeps the recurrent states where it ends and a later request sharing the prompt's
+    /// start (a system prompt) gets a hit there. Not in `batch_invariant` mode, whose passes are
+    /// the request's `prefill_step_size` as `generate`'s are.
+    pub checkpoint_interval: usize,
 }
+
+/// Positions between the recurrent-state checkpoints of a hybrid model's prefill
+/// ([`BatcherOptions::checkpoint_interval`]): passes of 512 rows still run the products as
+/// matrix products, and a shared system prompt of a few thousand tokens gets a hit within 512
+/// positions of its end.
+pub const DEFAULT_CHECKPOINT_INTERVAL: usize = 512;
 
 impl Default for BatcherOptions {
     fn default() -> Self {
@@ -126,6 +139,7 @@ impl Default for BatcherOptions {
             prefix_cache: None,
             kv_bits: None,
             kv_group_size: 64,
+            checkpoint_interval: DEFAULT_CHECKPOINT_INTERVAL,
         }
     }
 }
@@ -176,6 +190,13 @@ impl BatcherOptions {
                 Error::Invalid(format!("BatcherOptions::kv_bits = {bits}, kv_group_size = {}: {e}", self.kv_group_size))
             })?;
         }
+        if !self.checkpoint_interval.is_multiple_of(self.block_size) {
+            return Err(Error::Invalid(format!(
+                "BatcherOptions::checkpoint_interval = {} is not a multiple of block_size = {}: checkpoints sit on \
+                 block boundaries (0 turns them off between passes)",
+                self.checkpoint_interval, self.block_size
+            )));
+        }
         match self.micro_batches {
             None | Some(1) => Ok(()),
             Some(0) => Err(Error::Invalid("BatcherOptions::micro_batches = 0: give at least 1".into())),
@@ -193,6 +214,18 @@ impl BatcherOptions {
             #[cfg(feature = "cuda")]
             Device::Cuda(_) => 8192,
         })
+    }
+}
+
+/// The longest prefill pass [`BatcherOptions::checkpoint_interval`] allows on `paged`: the
+/// interval on a hybrid model with prefix caching on, outside batch-invariant mode; no bound
+/// otherwise.
+fn checkpoint_step(paged: &PagedCache, options: &BatcherOptions) -> usize {
+    let applies = paged.has_recurrent_layers() && paged.prefix_caching() && !options.batch_invariant;
+    match options.checkpoint_interval {
+        0 => usize::MAX,
+        n if applies => n,
+        _ => usize::MAX,
     }
 }
 
@@ -237,6 +270,9 @@ pub struct Batcher<'m> {
     next_id: u64,
     /// Prefill rows per pass: at most the budget less one token of every other running request.
     max_chunk: usize,
+    /// Prefill rows per pass at most, so that passes end where recurrent states are kept
+    /// ([`BatcherOptions::checkpoint_interval`]; `usize::MAX` where that does not apply).
+    checkpoint_step: usize,
     faults: HashSet<u64>,
     stats: BatcherStats,
 }
@@ -264,6 +300,7 @@ impl<'m> Batcher<'m> {
         paged.set_prefix_caching(options.prefix_cache.unwrap_or(true))?;
         let budget = options.token_budget_on(model.device());
         paged.set_step_tokens(budget)?;
+        let checkpoint_step = checkpoint_step(&paged, &options);
         Ok(Batcher {
             model,
             scheduler: Scheduler::new(options.block_size, blocks, options.max_batch, budget),
@@ -271,6 +308,7 @@ impl<'m> Batcher<'m> {
             live: BTreeMap::new(),
             next_id: 0,
             max_chunk: budget - (options.max_batch - 1),
+            checkpoint_step,
             faults: HashSet::new(),
             stats: BatcherStats { blocks_total: blocks, ..BatcherStats::default() },
         })
@@ -281,7 +319,7 @@ impl<'m> Batcher<'m> {
     /// options the paged cache does not have (a rotating or quantized cache).
     pub fn submit(&mut self, prompt: Vec<u32>, options: GenerateOptions) -> Result<RequestId> {
         check_cache_options(self.model, &options.cache, self.paged.kv_quantization())?;
-        let chunk = options.prefill_step_size.min(self.max_chunk);
+        let chunk = options.prefill_step_size.min(self.max_chunk).min(self.checkpoint_step);
         let request = Request::new(self.model, &prompt, options)?;
         let need = self.scheduler.blocks_for(prompt.len());
         if need > self.paged.total_blocks() {

@@ -8,5 +8,6 @@ pub(crate) mod request;
 mod scheduler;
 
 pub use batcher::{
-    Batcher, BatcherOptions, BatcherStats, Event, RequestId, DEFAULT_CPU_KV_BYTES, DEFAULT_MAX_POSITIONS,
+    Batcher, BatcherOptions, BatcherStats, Event, RequestId, DEFAULT_CHECKPOINT_INTERVAL, DEFAULT_CPU_KV_BYTES,
+    DEFAULT_MAX_POSITIONS,
 };

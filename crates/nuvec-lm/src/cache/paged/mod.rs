@@ -260,6 +260,12 @@ impl PagedCache {
         self.checkpoints.reset(bytes);
     }
 
+    /// Whether the model has recurrent layers (a hybrid), whose prefix hits end only where a
+    /// pass kept their states.
+    pub fn has_recurrent_layers(&self) -> bool {
+        self.recurrent
+    }
+
     /// Whether prefix caching is on.
     pub fn prefix_caching(&self) -> bool {
         self.pool.caching()
