@@ -11,6 +11,10 @@ mean tokens per request is printed for every server), streamed with usage.
 
 Measured from the client: TTFT = first text chunk - request sent; ITL = gaps between text
 chunks; throughput = tokens generated / (last request done - first request sent).
+
+A fourth engine, `nuvec-batcher`, runs the same requests without HTTP: the texts tokenized by
+the MLX copy's tokenizer.json, written as a workload file for `nuvec bench --workload` (the
+Batcher in-process, its own timing), so that "nuvec vs nuvec-batcher" is what HTTP costs.
 """
 
 import argparse
@@ -154,7 +158,31 @@ def one(port, prompt, gen):
     return sent, times, usage if usage is not None else len(times)
 
 
+def run_batcher(args, c, texts, arrivals):
+    """The requests through `nuvec bench --workload` (the Batcher in-process, no HTTP)."""
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(os.path.join(args.mlx_model, "tokenizer.json"))
+    requests = [{"arrival": a, "prompt": tok.encode(t).ids, "max_tokens": args.gen} for t, a in zip(texts, arrivals)]
+    with tempfile.TemporaryDirectory(prefix="nuvec-serve-workload-") as tmp:
+        path = os.path.join(tmp, "workload.json")
+        with open(path, "w") as f:
+            json.dump({"concurrency": c, "requests": requests}, f)
+        cmd = [args.nuvec, "bench", "--model", args.gguf, "--workload", path, "--threads", str(args.threads)]
+        out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+    line = next((l for l in out.splitlines() if l.startswith("Workload results:")), None)
+    counts = next((l for l in out.splitlines() if l.startswith("Workload:")), None)
+    if line is None or counts is None:
+        sys.exit(f"no results in nuvec bench --workload's output:\n{out}")
+    m = {k: float(v) for k, v in (f.split("=") for f in line.split(":", 1)[1].split())}
+    fields = dict(f.split("=") for f in counts.split(":", 1)[1].split())
+    m["tokens_per_request"] = float(fields["generated"]) / len(requests)
+    return m
+
+
 def run(args, engine, c, texts, arrivals):
+    if engine == "nuvec-batcher":
+        return run_batcher(args, c, texts, arrivals)
     server = start(args, engine, c)
     try:
         server.ready()
@@ -205,9 +233,10 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--skip", nargs="*", default=[], help="servers to leave out: nuvec, llama-server, mlx-lm")
+    ap.add_argument("--skip", nargs="*", default=[],
+                    help="engines to leave out: nuvec, llama-server, mlx-lm, nuvec-batcher")
     args = ap.parse_args()
-    engines = [e for e in ["nuvec", "llama-server", "mlx-lm"] if e not in args.skip]
+    engines = [e for e in ["nuvec", "llama-server", "mlx-lm", "nuvec-batcher"] if e not in args.skip]
     raw = Raw("compare-serve")
     results = {}
     with open("/proc/loadavg") as f:
