@@ -93,7 +93,7 @@ impl LayerStore {
         if let KvForm::Quantized(spec, _) = self.form {
             if keys.device() != Device::Cpu {
                 return Err(Error::Unsupported(format!(
-                    "quantized keys and values in a paged cache on {} are not built (the CPU has them); run                      without kv_bits there",
+                    "quantized keys and values in a paged cache on {} are not built (the CPU has them); run without kv_bits there",
                     keys.device()
                 )));
             }

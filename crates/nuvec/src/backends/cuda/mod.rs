@@ -64,6 +64,13 @@ pub const SOURCES: [(&str, &str); 11] = [
     ("qmma.cu", include_str!("kernels/qmma.cu")),
 ];
 
+/// The value `NUVEC_NVRTC_DEFINES` (comma-separated `NAME=VALUE` kernel macros, experiments
+/// only) gives macro `name`, for host code that must agree with the kernels on it.
+pub(crate) fn nvrtc_define(name: &str) -> Option<String> {
+    let defines = std::env::var("NUVEC_NVRTC_DEFINES").ok()?;
+    defines.split(',').find_map(|d| d.strip_prefix(name)?.strip_prefix('=').map(str::to_string))
+}
+
 /// The NVRTC options every source is compiled with, for a virtual architecture such as
 /// `compute_90` (the device's own, at run time). `scripts/check-cuda-kernels.sh` uses the same.
 pub fn nvrtc_options(arch: &str) -> Vec<String> {

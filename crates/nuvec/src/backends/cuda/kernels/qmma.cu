@@ -92,7 +92,9 @@ __device__ __forceinline__ void qm_split(float a, float b, u32& head, u32& tail)
 // - each weight row's scales and biases of the chunk's groups (at most 4), as f32.
 // Scales and biases (2 bytes each, not 16-byte aligned) come through registers instead: loaded
 // when their chunk is issued, stored into the slot one iteration later.
+#ifndef QM_STAGES
 #define QM_STAGES 3
+#endif
 #define QM_WROW(BITS) (16 * (BITS))
 #define QM_XROWS(MT, SPLIT) ((SPLIT) ? 8 : 16 * (MT))
 #define QM_XROW(SPLIT) ((SPLIT) ? 528 : 272)
@@ -353,12 +355,17 @@ __device__ __forceinline__ void qm_prefetch(const u32* packed, int n, int k, int
     pdl_begin()
 #define QM_F32(BITS) qmma_body<BITS, 1, true>(out, x, m, n, packed, scales, biases, p_dt, lg, k, cps)
 
-extern "C" __global__ void __launch_bounds__(128) qmma_b4_m16(QM_PARAMS) { QM_BEGIN(4); QM_BF16(4, 1); }
+// Resident blocks per multiprocessor asked of ptxas for the 8- and 16-row kernels (a register
+// cap: 65536 / (128 x QM_MIN_BLOCKS)); an experiment knob (NUVEC_NVRTC_DEFINES), 1 = no cap.
+#ifndef QM_MIN_BLOCKS
+#define QM_MIN_BLOCKS 1
+#endif
+extern "C" __global__ void __launch_bounds__(128, QM_MIN_BLOCKS) qmma_b4_m16(QM_PARAMS) { QM_BEGIN(4); QM_BF16(4, 1); }
 extern "C" __global__ void __launch_bounds__(128) qmma_b4_m32(QM_PARAMS) { QM_BEGIN(4); QM_BF16(4, 2); }
-extern "C" __global__ void __launch_bounds__(128) qmma_b8_m16(QM_PARAMS) { QM_BEGIN(8); QM_BF16(8, 1); }
+extern "C" __global__ void __launch_bounds__(128, QM_MIN_BLOCKS) qmma_b8_m16(QM_PARAMS) { QM_BEGIN(8); QM_BF16(8, 1); }
 extern "C" __global__ void __launch_bounds__(128) qmma_b8_m32(QM_PARAMS) { QM_BEGIN(8); QM_BF16(8, 2); }
-extern "C" __global__ void __launch_bounds__(128) qmma_b4_f32(QM_PARAMS) { QM_BEGIN(4); QM_F32(4); }
-extern "C" __global__ void __launch_bounds__(128) qmma_b8_f32(QM_PARAMS) { QM_BEGIN(8); QM_F32(8); }
+extern "C" __global__ void __launch_bounds__(128, QM_MIN_BLOCKS) qmma_b4_f32(QM_PARAMS) { QM_BEGIN(4); QM_F32(4); }
+extern "C" __global__ void __launch_bounds__(128, QM_MIN_BLOCKS) qmma_b8_f32(QM_PARAMS) { QM_BEGIN(8); QM_F32(8); }
 
 // out [mn] = the sum of `splits` partial slices of `part` ([splits, mn]), in slice order.
 extern "C" __global__ void qmma_reduce(float* out, const float* part, int splits, size_t mn) {

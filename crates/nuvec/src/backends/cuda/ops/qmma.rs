@@ -15,8 +15,14 @@ use crate::{Error, Result};
 const QM_ROWS: usize = 128;
 const QM_CHUNK: usize = 128;
 pub(in crate::backends::cuda) const QM_THREADS: u32 = 128;
-/// Pipeline slots of the kernels (`QM_STAGES`).
-const QM_STAGES: usize = 3;
+/// Pipeline slots of the kernels (`QM_STAGES`): 3, or what `NUVEC_NVRTC_DEFINES` sets it to
+/// (an experiment knob: the kernels are compiled with the same definition).
+fn qm_stages() -> usize {
+    static STAGES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *STAGES.get_or_init(|| {
+        super::super::nvrtc_define("QM_STAGES").and_then(|v| v.parse().ok()).filter(|&s| s >= 2).unwrap_or(3)
+    })
+}
 
 /// The input of a [`CudaBackend::qmma`] product.
 #[derive(Clone, Copy)]
@@ -53,7 +59,7 @@ pub(in crate::backends::cuda) fn qmma_smem_bytes(kernel: &str) -> Option<usize> 
         "f32" => (8, 528),
         _ => return None,
     };
-    Some(QM_STAGES * (QM_ROWS * 16 * bits + x_rows * x_row + QM_ROWS * 32))
+    Some(qm_stages() * (QM_ROWS * 16 * bits + x_rows * x_row + QM_ROWS * 32))
 }
 
 /// The log2 group size when the kernels take `w` for inputs of `k` features at `x`: affine 4- or
@@ -106,7 +112,7 @@ impl CudaBackend {
         let Some(&QmmaKernel { slots, smem }) = st.qmma_kernels.get(name) else {
             return Ok(false);
         };
-        let (per_range, ranges) = ranges_of_k(chunks, blocks, slots);
+        let (per_range, ranges) = ranges_of_k(chunks, blocks, slots, qm_stages());
         let cfg = LaunchConfig {
             grid_dim: (to_i32(op, "blocks", blocks)? as u32, ranges as u32, 1),
             block_dim: (QM_THREADS, 1, 1),
@@ -130,16 +136,16 @@ impl CudaBackend {
 
 /// How K's `chunks` are cut into ranges for `blocks` column blocks on a device holding `slots`
 /// blocks at once: (chunks per range, ranges). A block takes about its chunks plus the
-/// `QM_STAGES - 1` its pipeline needs to fill, and blocks run in waves of `slots`, so the product
+/// `stages - 1` its pipeline needs to fill, and blocks run in waves of `slots`, so the product
 /// takes about waves times that; the rule takes the fewest ranges (the least partial-sum traffic)
 /// among those with the least of it.
 /// It depends on N, K and the device only, never on the rows multiplied.
-fn ranges_of_k(chunks: usize, blocks: usize, slots: usize) -> (usize, usize) {
+fn ranges_of_k(chunks: usize, blocks: usize, slots: usize, stages: usize) -> (usize, usize) {
     let mut best = (chunks, 1, usize::MAX);
     for ranges in 1..=chunks {
         let per_range = chunks.div_ceil(ranges);
         let ranges = chunks.div_ceil(per_range);
-        let span = (blocks * ranges).div_ceil(slots.max(1)) * (per_range + QM_STAGES - 1);
+        let span = (blocks * ranges).div_ceil(slots.max(1)) * (per_range + stages - 1);
         if span < best.2 {
             best = (per_range, ranges, span);
         }
@@ -155,12 +161,12 @@ mod tests {
     fn ranges_fill_whole_waves() {
         // An 8B's gate/up (112 column blocks, 32 chunks) on 132 multiprocessors of 4 blocks:
         // 4 ranges of 8 chunks (448 blocks, one wave), not 5 of 7 (560 blocks, a wave and a tail).
-        assert_eq!(ranges_of_k(32, 112, 528), (8, 4));
+        assert_eq!(ranges_of_k(32, 112, 528, 3), (8, 4));
         // q/o (32 blocks, 32 chunks): 16 ranges of 2, one wave.
-        assert_eq!(ranges_of_k(32, 32, 528), (2, 16));
+        assert_eq!(ranges_of_k(32, 32, 528, 3), (2, 16));
         // One chunk: one range.
-        assert_eq!(ranges_of_k(1, 1000, 528), (1, 1));
+        assert_eq!(ranges_of_k(1, 1000, 528, 3), (1, 1));
         // More blocks than slots already: no cut.
-        assert_eq!(ranges_of_k(32, 1000, 528), (32, 1));
+        assert_eq!(ranges_of_k(32, 1000, 528, 3), (32, 1));
     }
 }
