@@ -134,13 +134,19 @@ impl Store for QuantRows {
         Ok(())
     }
 
+    /// `[heads, positions, dim]`: each position dequantized into a scratch row, its heads copied
+    /// to their places (no transpose of the whole afterwards).
     fn to_array(&self) -> Result<Array> {
         let (h, d, n) = (self.heads, self.dim, self.rows.len());
-        let mut by_position = vec![0f32; n * h * d];
-        for (row, out) in self.rows.iter().zip(by_position.chunks_mut(h * d)) {
-            dequantize_rows(&row.words, &row.scales, &row.biases, d, self.spec, out);
+        let mut out = vec![0f32; n * h * d];
+        let mut scratch = vec![0f32; h * d];
+        for (p, row) in self.rows.iter().enumerate() {
+            dequantize_rows(&row.words, &row.scales, &row.biases, d, self.spec, &mut scratch);
+            for (head, values) in scratch.chunks_exact(d).enumerate() {
+                out[(head * n + p) * d..][..d].copy_from_slice(values);
+            }
         }
-        Ok(Array::from_slice(&by_position, &[n, h, d])?.transpose01()?)
+        Ok(Array::from_slice(&out, &[h, n, d])?)
     }
 }
 

@@ -73,19 +73,29 @@ impl QuantBlocks {
     }
 
     /// The physical positions of `runs` (`(first, count)` each), one run after another,
-    /// dequantized to f32 `[heads, positions, dim]` (the layout attention reads).
+    /// dequantized to f32 `[heads, positions, dim]` (the layout attention reads): each run
+    /// dequantized into a scratch row block, then its heads copied to their places (no
+    /// transpose of the whole afterwards).
     pub(crate) fn dequantize(&self, runs: &[(usize, usize)]) -> Result<Array> {
-        let (w, g, width) = (self.row_words(), self.row_groups(), self.heads * self.dim);
+        let (w, g, width, dim) = (self.row_words(), self.row_groups(), self.heads * self.dim, self.dim);
         let n: usize = runs.iter().map(|r| r.1).sum();
+        let longest = runs.iter().map(|r| r.1).max().unwrap_or(0);
         let mut out = vec![0f32; n * width];
+        let mut rows = vec![0f32; longest * width];
         let mut at = 0;
         for &(start, len) in runs {
             let words = &self.words[start * w..(start + len) * w];
             let (scales, biases) =
                 (&self.scales[start * g..(start + len) * g], &self.biases[start * g..(start + len) * g]);
-            dequantize_rows(words, scales, biases, self.dim, self.spec, &mut out[at * width..(at + len) * width]);
+            let rows = &mut rows[..len * width];
+            dequantize_rows(words, scales, biases, dim, self.spec, rows);
+            for (i, row) in rows.chunks_exact(width).enumerate() {
+                for (h, head) in row.chunks_exact(dim).enumerate() {
+                    out[(h * n + at + i) * dim..][..dim].copy_from_slice(head);
+                }
+            }
             at += len;
         }
-        Ok(Array::from_slice(&out, &[n, self.heads, self.dim])?.transpose01()?)
+        Ok(Array::from_slice(&out, &[self.heads, n, dim])?)
     }
 }
