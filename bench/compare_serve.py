@@ -22,6 +22,7 @@ import http.client
 import json
 import os
 import random
+import re
 import signal
 import socket
 import statistics
@@ -31,6 +32,7 @@ import tempfile
 import threading
 import time
 
+from compare_serve_workload import parse as parse_workload
 from raw import Raw
 
 METRICS = ["throughput", "ttft_p50", "ttft_p99", "itl_p50", "itl_p99", "tokens_per_request"]
@@ -170,13 +172,9 @@ def run_batcher(args, c, texts, arrivals):
             json.dump({"concurrency": c, "requests": requests}, f)
         cmd = [args.nuvec, "bench", "--model", args.gguf, "--workload", path, "--threads", str(args.threads)]
         out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
-    line = next((l for l in out.splitlines() if l.startswith("Workload results:")), None)
-    counts = next((l for l in out.splitlines() if l.startswith("Workload:")), None)
-    if line is None or counts is None:
-        sys.exit(f"no results in nuvec bench --workload's output:\n{out}")
-    m = {k: float(v) for k, v in (f.split("=") for f in line.split(":", 1)[1].split())}
-    fields = dict(f.split("=") for f in counts.split(":", 1)[1].split())
-    m["tokens_per_request"] = float(fields["generated"]) / len(requests)
+    m = parse_workload(out, "nuvec bench --workload")
+    generated = re.search(r"^Workload: .* generated=(\d+)", out, re.M)
+    m["tokens_per_request"] = int(generated.group(1)) / len(requests)
     return m
 
 

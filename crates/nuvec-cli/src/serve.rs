@@ -247,7 +247,7 @@ fn flag_names(message: &str) -> String {
         ("BatcherOptions::kv_bits = ", "--kv-bits "),
         ("kv_group_size = ", "--kv-group-size "),
         ("BatcherOptions::checkpoint_interval", "--checkpoint-interval"),
-        ("block_size = 16", "the cache's block size, 16"),
+        ("of block_size = ", "of the cache's block size, "),
     ]
     .iter()
     .fold(message.to_string(), |m, (field, flag)| m.replace(field, flag))

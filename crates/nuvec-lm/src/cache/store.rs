@@ -58,6 +58,18 @@ impl Store for Array {
     }
 }
 
+/// Copies `rows` (positions `at..`, each every head's `dim` values one after another, as they
+/// are dequantized) into `out` `[heads, n, dim]` (the layout attention reads), so that the whole
+/// is never transposed afterwards.
+pub(crate) fn scatter_heads(rows: &[f32], dim: usize, n: usize, at: usize, out: &mut [f32]) {
+    let width = out.len() / n.max(1);
+    for (i, row) in rows.chunks_exact(width).enumerate() {
+        for (h, head) in row.chunks_exact(dim).enumerate() {
+            out[(h * n + at + i) * dim..][..dim].copy_from_slice(head);
+        }
+    }
+}
+
 /// One position's keys or values for every head, quantized.
 #[derive(Debug, Clone)]
 pub(crate) struct Row {
@@ -135,16 +147,14 @@ impl Store for QuantRows {
     }
 
     /// `[heads, positions, dim]`: each position dequantized into a scratch row, its heads copied
-    /// to their places (no transpose of the whole afterwards).
+    /// to their places ([`scatter_heads`]).
     fn to_array(&self) -> Result<Array> {
         let (h, d, n) = (self.heads, self.dim, self.rows.len());
         let mut out = vec![0f32; n * h * d];
         let mut scratch = vec![0f32; h * d];
         for (p, row) in self.rows.iter().enumerate() {
             dequantize_rows(&row.words, &row.scales, &row.biases, d, self.spec, &mut scratch);
-            for (head, values) in scratch.chunks_exact(d).enumerate() {
-                out[(head * n + p) * d..][..d].copy_from_slice(values);
-            }
+            scatter_heads(&scratch, d, n, p, &mut out);
         }
         Ok(Array::from_slice(&out, &[h, n, d])?)
     }

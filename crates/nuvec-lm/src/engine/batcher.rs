@@ -222,10 +222,10 @@ impl BatcherOptions {
 /// otherwise.
 fn checkpoint_step(paged: &PagedCache, options: &BatcherOptions) -> usize {
     let applies = paged.has_recurrent_layers() && paged.prefix_caching() && !options.batch_invariant;
-    match options.checkpoint_interval {
-        0 => usize::MAX,
-        n if applies => n,
-        _ => usize::MAX,
+    if applies && options.checkpoint_interval > 0 {
+        options.checkpoint_interval
+    } else {
+        usize::MAX
     }
 }
 

@@ -5,6 +5,7 @@
 use nuvec::quantize::{dequantize_rows, quantize_affine};
 use nuvec::{Array, DType, QuantSpec};
 
+use crate::cache::store::scatter_heads;
 use crate::{Error, Result};
 
 /// Every position of one layer's blocks, quantized.
@@ -74,8 +75,8 @@ impl QuantBlocks {
 
     /// The physical positions of `runs` (`(first, count)` each), one run after another,
     /// dequantized to f32 `[heads, positions, dim]` (the layout attention reads): each run
-    /// dequantized into a scratch row block, then its heads copied to their places (no
-    /// transpose of the whole afterwards).
+    /// dequantized into a scratch row block, then its heads copied to their places
+    /// ([`scatter_heads`]).
     pub(crate) fn dequantize(&self, runs: &[(usize, usize)]) -> Result<Array> {
         let (w, g, width, dim) = (self.row_words(), self.row_groups(), self.heads * self.dim, self.dim);
         let n: usize = runs.iter().map(|r| r.1).sum();
@@ -89,11 +90,7 @@ impl QuantBlocks {
                 (&self.scales[start * g..(start + len) * g], &self.biases[start * g..(start + len) * g]);
             let rows = &mut rows[..len * width];
             dequantize_rows(words, scales, biases, dim, self.spec, rows);
-            for (i, row) in rows.chunks_exact(width).enumerate() {
-                for (h, head) in row.chunks_exact(dim).enumerate() {
-                    out[(h * n + at + i) * dim..][..dim].copy_from_slice(head);
-                }
-            }
+            scatter_heads(rows, dim, n, at, &mut out);
             at += len;
         }
         Ok(Array::from_slice(&out, &[self.heads, n, dim])?)

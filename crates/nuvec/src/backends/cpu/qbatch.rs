@@ -80,46 +80,40 @@ impl PreparedRows {
         PreparedRows { perm: Vec::new(), stride: 0, start: 0, isa: Isa::Scalar }
     }
 
-    /// Lays out `x` (`x.len() / k` rows of `k`) for a matrix of `bits`.
+    /// Lays out `x` (`x.len() / k` rows of `k`) for a matrix of `bits`: each row as
+    /// [`super::qgemv::PreparedX`] lays out one (AVX-512: 4 bits its lanes of 8, 8 bits natural
+    /// order; AVX2: 4 bits only), rows `stride` apart from a cache line on.
     pub(crate) fn prepare(&mut self, x: &[f32], k: usize, bits: usize, isa: Isa) {
         self.isa = isa;
         self.perm.clear();
-        self.stride = 0;
-        self.start = 0;
-        #[cfg(target_arch = "x86_64")]
-        if isa == Isa::Avx512 && x512_kernel(bits) && k > 0 {
-            // 4 bits: blocks of 128 as 16 lanes of 8; 8 bits: natural order, rows of whole
-            // 64-byte lines.
-            let stride = if bits == 4 { k.div_ceil(X512_BLOCK) * X512_BLOCK } else { k.next_multiple_of(16) };
-            self.stride = stride;
-            self.perm.resize(x.len() / k * stride + 16, 0.0);
-            self.start = self.perm.as_ptr().align_offset(64).min(16);
-            for (src, dst) in x.chunks_exact(k).zip(self.perm[self.start..].chunks_exact_mut(stride)) {
-                if bits == 8 {
-                    dst[..k].copy_from_slice(src);
-                    continue;
-                }
-                for (at, &v) in src.iter().enumerate() {
-                    let (k0, lane, j) = (at / X512_BLOCK * X512_BLOCK, at % X512_BLOCK / 8, at % 8);
-                    dst[k0 + 16 * j + lane] = v;
-                }
-            }
+        (self.stride, self.start) = (0, 0);
+        if k == 0 {
             return;
         }
-        if bits != 4 || isa == Isa::Scalar || k == 0 {
-            return;
+        let stride = match (isa, bits) {
+            (Isa::Scalar, _) => return,
+            #[cfg(target_arch = "x86_64")]
+            (Isa::Avx512, 4) => k.div_ceil(X512_BLOCK) * X512_BLOCK,
+            #[cfg(target_arch = "x86_64")]
+            (Isa::Avx512, 8) => k.next_multiple_of(16),
+            #[cfg(target_arch = "x86_64")]
+            (_, 4) => k / 64 * 64,
+            #[cfg(target_arch = "x86_64")]
+            _ => return,
+        };
+        if stride == 0 {
+            return; // AVX2, rows shorter than one block: the kernel reads x itself
         }
-        let kp = k / 64 * 64;
-        self.stride = kp;
-        self.perm.resize(x.len() / k * kp + 16, 0.0);
+        self.stride = stride;
+        self.perm.resize(x.len() / k * stride + 16, 0.0);
         self.start = self.perm.as_ptr().align_offset(64).min(16);
-        for (src, dst) in x.chunks_exact(k).zip(self.perm[self.start..].chunks_exact_mut(kp.max(1))) {
-            for (s, d) in src.chunks_exact(64).zip(dst.chunks_exact_mut(64)) {
-                for j in 0..8 {
-                    for i in 0..8 {
-                        d[j * 8 + i] = s[8 * i + j];
-                    }
-                }
+        for (src, dst) in x.chunks_exact(k).zip(self.perm[self.start..].chunks_exact_mut(stride)) {
+            match (isa, bits) {
+                #[cfg(target_arch = "x86_64")]
+                (Isa::Avx512, 4) => super::qgemv::lay_out_x512(src, 8, dst),
+                #[cfg(target_arch = "x86_64")]
+                (Isa::Avx512, _) => dst[..k].copy_from_slice(src),
+                _ => super::qgemv::lay_out_avx2_4bit(src, dst),
             }
         }
     }
@@ -130,8 +124,8 @@ const PAIR: usize = 2;
 /// The most weight rows one call of [`rows`] takes ([`pass_rows`]).
 pub(crate) const PASS_MAX: usize = 8;
 
-/// Weight rows [`rows`] best takes at a time: [`PASS_MAX`] for the AVX-512 4-bit kernel (which
-/// reads its rows' scales itself, so a call costs little beyond its rows), [`PAIR`] at 8 bits
+/// Weight rows [`rows`] best takes at a time: [`PASS_MAX`] for the AVX-512 4- and 8-bit kernels
+/// (which read their rows' scales themselves, so a call costs little beyond its rows), [`PAIR`] at 8 bits
 /// (where each weight row's bytes are a load per 8 weights, so sharing the loads of `x` matters
 /// most), one otherwise (where sharing the unpacking over a whole [`TILE`] matters more).
 pub(crate) fn pass_rows(w: &QMatrix, xs: &PreparedRows) -> usize {
@@ -167,7 +161,6 @@ pub(crate) fn rows(
     let (k, g) = (w.cols, w.groups());
     let nr = out.len() / m.max(1);
     assert!(x.len() >= m * k && scratch.len() >= scratch_len(w) && (1..=PASS_MAX).contains(&nr) && out.len() == nr * m);
-    assert!(nr <= PAIR || (xs.isa != Isa::Scalar && xs.stride > 0 && cfg!(target_arch = "x86_64")));
     #[cfg(target_arch = "x86_64")]
     if x512_kernel(w.bits) && xs.isa == Isa::Avx512 {
         assert!(xs.stride >= k && xs.perm.len() >= xs.start + m * xs.stride);
@@ -176,6 +169,7 @@ pub(crate) fn rows(
         unsafe { x512::rows(w, r, nr, m, &xs.perm[xs.start..], xs.stride, out) };
         return;
     }
+    assert!(nr <= PAIR, "{nr} weight rows in one pass: only the AVX-512 kernels take more than {PAIR}");
     let (params, dense) = scratch.split_at_mut(2 * PAIR * g);
     #[cfg(target_arch = "x86_64")]
     if xs.isa != Isa::Scalar && avx2_kernel(w.bits) {

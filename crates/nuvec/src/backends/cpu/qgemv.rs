@@ -95,38 +95,49 @@ impl PreparedX {
         self.perm.clear();
         #[cfg(target_arch = "x86_64")]
         if isa == Isa::Avx512 && x512_kernel(bits, group) {
-            // Blocks of 16 lanes x `per_lane` values: perm[k0 + 16 j + i] = x[k0 + per_lane i + j],
-            // zero-padded to whole blocks.
             let per_lane = 32 / bits;
-            let block = 16 * per_lane;
-            self.perm.resize(x.len().div_ceil(block) * block, 0.0);
-            let mut tail = [0f32; 128];
-            for (src, dst) in x.chunks(block).zip(self.perm.chunks_exact_mut(block)) {
-                let src = if src.len() == block {
-                    src
-                } else {
-                    tail[..src.len()].copy_from_slice(src);
-                    tail[src.len()..block].iter_mut().for_each(|v| *v = 0.0);
-                    &tail[..block]
-                };
-                for (i, lane) in src.chunks_exact(per_lane).enumerate() {
-                    for (j, &v) in lane.iter().enumerate() {
-                        dst[16 * j + i] = v;
-                    }
-                }
-            }
+            self.perm.resize(x.len().div_ceil(16 * per_lane) * 16 * per_lane, 0.0);
+            lay_out_x512(x, per_lane, &mut self.perm);
             return;
         }
         if bits == 4 && isa != Isa::Scalar {
-            let blocks = x.len() / 64;
-            self.perm.resize(blocks * 64, 0.0);
-            for b in 0..blocks {
-                let (src, dst) = (&x[b * 64..b * 64 + 64], &mut self.perm[b * 64..b * 64 + 64]);
-                for j in 0..8 {
-                    for i in 0..8 {
-                        dst[j * 8 + i] = src[8 * i + j];
-                    }
-                }
+            self.perm.resize(x.len() / 64 * 64, 0.0);
+            lay_out_avx2_4bit(x, &mut self.perm);
+        }
+    }
+}
+
+/// `x` as the AVX-512 kernels read it: blocks of 16 lanes x `per_lane` values, `dst[k0 + 16 j +
+/// i] = x[k0 + per_lane i + j]`, zero-padded to whole blocks (`dst` holds `x.len()` rounded up
+/// to a multiple of `16 * per_lane`; every element of it is written).
+pub(crate) fn lay_out_x512(x: &[f32], per_lane: usize, dst: &mut [f32]) {
+    let block = 16 * per_lane;
+    assert!(per_lane <= 8 && dst.len() == x.len().div_ceil(block) * block);
+    let mut tail = [0f32; 128];
+    for (src, dst) in x.chunks(block).zip(dst.chunks_exact_mut(block)) {
+        let src = if src.len() == block {
+            src
+        } else {
+            tail[..src.len()].copy_from_slice(src);
+            tail[src.len()..block].iter_mut().for_each(|v| *v = 0.0);
+            &tail[..block]
+        };
+        for (i, lane) in src.chunks_exact(per_lane).enumerate() {
+            for (j, &v) in lane.iter().enumerate() {
+                dst[16 * j + i] = v;
+            }
+        }
+    }
+}
+
+/// `x`'s whole blocks of 64 as the AVX2 4-bit kernels read them, each transposed 8x8 so that
+/// nibble `j` of 32-bit lane `i` meets `x[8 i + j]` (`dst` holds `x.len() / 64 * 64`).
+pub(crate) fn lay_out_avx2_4bit(x: &[f32], dst: &mut [f32]) {
+    assert!(dst.len() == x.len() / 64 * 64);
+    for (src, dst) in x.chunks_exact(64).zip(dst.chunks_exact_mut(64)) {
+        for j in 0..8 {
+            for i in 0..8 {
+                dst[j * 8 + i] = src[8 * i + j];
             }
         }
     }

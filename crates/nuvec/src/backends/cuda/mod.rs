@@ -67,8 +67,15 @@ pub const SOURCES: [(&str, &str); 11] = [
 /// The value `NUVEC_NVRTC_DEFINES` (comma-separated `NAME=VALUE` kernel macros, experiments
 /// only) gives macro `name`, for host code that must agree with the kernels on it.
 pub(crate) fn nvrtc_define(name: &str) -> Option<String> {
-    let defines = std::env::var("NUVEC_NVRTC_DEFINES").ok()?;
-    defines.split(',').find_map(|d| d.strip_prefix(name)?.strip_prefix('=').map(str::to_string))
+    nvrtc_defines().iter().find_map(|d| d.strip_prefix(name)?.strip_prefix('=').map(str::to_string))
+}
+
+/// The kernel macros `NUVEC_NVRTC_DEFINES` sets (`NAME=VALUE` or `NAME`, comma-separated;
+/// experiments only, e.g. `QG_PF_BYTES=0`).
+fn nvrtc_defines() -> Vec<String> {
+    std::env::var("NUVEC_NVRTC_DEFINES")
+        .map(|v| v.split(',').filter(|d| !d.is_empty()).map(str::to_string).collect())
+        .unwrap_or_default()
 }
 
 /// The NVRTC options every source is compiled with, for a virtual architecture such as
@@ -215,10 +222,7 @@ impl State {
         let mut funcs = HashMap::new();
         for (name, src) in kernel_sources() {
             let mut options = nvrtc_options(&arch);
-            // Experiments only: kernel macros set at run time (`NUVEC_NVRTC_DEFINES=QG_PF_BYTES=0`).
-            if let Ok(defines) = std::env::var("NUVEC_NVRTC_DEFINES") {
-                options.extend(defines.split(',').filter(|d| !d.is_empty()).map(|d| format!("-D{d}")));
-            }
+            options.extend(nvrtc_defines().iter().map(|d| format!("-D{d}")));
             let opts = CompileOptions { options, name: Some(name.into()), ..Default::default() };
             let ptx = compile_ptx_with_opts(&src, opts).map_err(|e| match e {
                 cudarc::nvrtc::CompileError::CompileError { log, .. } => Error::Device(format!(
