@@ -46,6 +46,8 @@ def nuvec(args, path, prefix_cache=True):
         cmd += ["--threads", str(args.threads)]
     if not prefix_cache:
         cmd.append("--no-prefix-cache")
+    if args.kv_dtype:
+        cmd += ["--kv-dtype", args.kv_dtype]
     out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
     return parse(out, "nuvec"), out
 
@@ -74,6 +76,7 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--skip-mlx", action="store_true")
+    ap.add_argument("--kv-dtype", help="nuvec's cache type (f32, f16, bf16; default: the model's)")
     args = ap.parse_args()
     engines = [("nuvec", lambda p: nuvec(args, p)), ("nuvec-no-prefix", lambda p: nuvec(args, p, False))]
     if not args.skip_mlx:

@@ -98,6 +98,23 @@ inline float emu_half_to_float(unsigned short h) {
     else v = std::ldexp((float)(m | 1024), (int)e - 25);
     return s ? -v : v;
 }
+// f to IEEE half bits, rounded to nearest, ties to even (cvt.rn.f16.f32).
+inline unsigned short emu_float_to_half(float f) {
+    unsigned u;
+    std::memcpy(&u, &f, 4);
+    unsigned s = (u >> 16) & 0x8000;
+    if ((u & 0x7fffffff) > 0x7f800000) return (unsigned short)(s | 0x7e00 | ((u >> 13) & 0x3ff));
+    float a = std::fabs(f);
+    if (a >= 65520.0f) return (unsigned short)(s | 0x7c00);
+    if (a < 6.103515625e-05f) return (unsigned short)(s | (unsigned)std::nearbyint(a * 16777216.0f));
+    int e;
+    std::frexp(a, &e);
+    unsigned mant = (unsigned)std::nearbyint(std::ldexp(a, 11 - e));
+    int exp = e - 1 + 15;
+    if (mant == 2048) mant = 1024, ++exp;
+    if (exp >= 31) return (unsigned short)(s | 0x7c00);
+    return (unsigned short)(s | ((unsigned)exp << 10) | (mant - 1024));
+}
 
 #define __global__
 #define __device__

@@ -97,14 +97,14 @@ static void test_attn(int l, int kv, int hq, int hkv, int d, bool sink, int path
     std::vector<float> out((size_t)l * hq * d);
     if (path == 0) {  // fallback
         emu_launch({(unsigned)hq, (unsigned)l, 1}, {128, 1, 1}, [&] {
-            attention_f32(out.data(), q.data(), k.data(), v.data(), l, hq, hkv, d, cap, kv, scale, sp);
+            attention_f32(out.data(), q.data(), k.data(), v.data(), l, hq, hkv, d, cap, kv, scale, sp, DT_F32);
         });
     } else if (path == 1) {  // split
         int want = std::max(1, (512 + hq * l - 1) / (hq * l));
         int chunk = std::max(32, (kv + want - 1) / want), splits = std::max(1, (kv + chunk - 1) / chunk);
         std::vector<float> part((size_t)l * hq * splits * (d + 2));
         emu_launch({(unsigned)hq, (unsigned)l, (unsigned)splits}, {128, 1, 1}, [&] {
-            attention_split_f32(part.data(), q.data(), k.data(), v.data(), l, hq, hkv, d, cap, kv, scale, chunk, nullptr, want);
+            attention_split_f32(part.data(), q.data(), k.data(), v.data(), l, hq, hkv, d, cap, kv, scale, chunk, nullptr, want, DT_F32);
         });
         emu_launch({(unsigned)hq, (unsigned)l, 1}, {128, 1, 1}, [&] { attention_merge_f32(out.data(), part.data(), hq, d, splits, sp, nullptr); });
     } else {  // scores by hand (as the SGEMM would), then the causal softmax kernel, then PV by hand
@@ -139,7 +139,7 @@ static void test_attn(int l, int kv, int hq, int hkv, int d, bool sink, int path
         std::vector<float> part((size_t)hq * splits * (d + 2)), o2(out.size());
         std::vector<unsigned> parts(QI_PARTS_WORDS(hq * d / 32), 0xdeadbeefu);
         emu_launch({(unsigned)hq, 1, (unsigned)splits}, {128, 1, 1}, [&] {
-            attention_split_f32(part.data(), q.data(), k.data(), v.data(), l, hq, hkv, d, cap, kv, scale, chunk, nullptr, want_s);
+            attention_split_f32(part.data(), q.data(), k.data(), v.data(), l, hq, hkv, d, cap, kv, scale, chunk, nullptr, want_s, DT_F32);
         });
         emu_launch({(unsigned)hq, 1, 1}, {128, 1, 1}, [&] { attention_merge_f32(o2.data(), part.data(), hq, d, splits, sp, parts.data()); });
         check(o2 == out, std::string(name) + " with parts: same output");
@@ -156,7 +156,7 @@ static void split_launch(std::vector<float>& out, const std::vector<float>& q, c
                          const float* sp, const int* step, int kv_arg, int want, int chunk, int splits) {
     std::vector<float> part((size_t)l * hq * splits * (d + 2));
     emu_launch({(unsigned)hq, (unsigned)l, (unsigned)splits}, {128, 1, 1}, [&] {
-        attention_split_f32(part.data(), q.data(), k.data(), v.data(), l, hq, hkv, d, cap, kv_arg, scale, chunk, step, want);
+        attention_split_f32(part.data(), q.data(), k.data(), v.data(), l, hq, hkv, d, cap, kv_arg, scale, chunk, step, want, DT_F32);
     });
     emu_launch({(unsigned)hq, (unsigned)l, 1}, {128, 1, 1}, [&] { attention_merge_f32(out.data(), part.data(), hq, d, splits, sp, nullptr); });
 }
@@ -188,6 +188,68 @@ static void test_attn_step(int l, int hq, int hkv, int d, bool sink, int kv0, st
     }
 }
 
+// ---- keys and values in f16 or bf16: the split kernel and the fallback over a cache of them,
+// against f64 over the rounded values; the paged kernel over the same rows scattered into blocks
+// through a reversed table, bit for bit the split kernel's (a decode row per sequence) ----
+static unsigned short round_half(float f, int dt) { return dt == DT_F16 ? emu_float_to_half(f) : to_bf16(f); }
+static float widen_half(unsigned short h, int dt) { return dt == DT_F16 ? emu_half_to_float(h) : from_bf16(h); }
+static void test_attn_half(int l, int kv, int hq, int hkv, int d, int dt, bool sink) {
+    const int cap = kv + 3, bs = 16;
+    auto q = rnd((size_t)l * hq * d, 1), kf = rnd((size_t)hkv * cap * d, 1), vf = rnd((size_t)hkv * cap * d, 1);
+    std::vector<unsigned short> kh(kf.size()), vh(vf.size());
+    for (size_t i = 0; i < kf.size(); ++i) {
+        kh[i] = round_half(kf[i], dt), kf[i] = widen_half(kh[i], dt);
+        vh[i] = round_half(vf[i], dt), vf[i] = widen_half(vh[i], dt);
+    }
+    auto sinks = rnd(hq, 3);
+    const float* sp = sink ? sinks.data() : nullptr;
+    float scale = 1 / std::sqrt((float)d);
+    std::vector<double> want((size_t)l * hq * d);
+    for (int t = 0; t < l; ++t) for (int h = 0; h < hq; ++h) {
+        int g = h / (hq / hkv), n = kv - l + t + 1;
+        std::vector<double> sc(n); double m = sink ? sinks[h] : -INFINITY;
+        for (int j = 0; j < n; ++j) { double dot = 0; for (int c = 0; c < d; ++c) dot += (double)q[((size_t)t * hq + h) * d + c] * kf[((size_t)g * cap + j) * d + c]; sc[j] = dot * scale; m = std::max(m, sc[j]); }
+        double den = sink ? std::exp(sinks[h] - m) : 0;
+        for (int j = 0; j < n; ++j) den += std::exp(sc[j] - m);
+        for (int c = 0; c < d; ++c) { double acc = 0; for (int j = 0; j < n; ++j) acc += std::exp(sc[j] - m) / den * vf[((size_t)g * cap + j) * d + c]; want[((size_t)t * hq + h) * d + c] = acc; }
+    }
+    char name[200];
+    snprintf(name, 200, "attention over a %s cache sinks=%d L=%d kv=%d Hq=%d Hkv=%d D=%d", dt == DT_F16 ? "f16" : "bf16", sink, l, kv, hq, hkv, d);
+    int want_s = std::max(1, (512 + hq * l - 1) / (hq * l));
+    int chunk = std::max(32, (kv + want_s - 1) / want_s), splits = std::max(1, (kv + chunk - 1) / chunk);
+    std::vector<float> split((size_t)l * hq * d), fallback(split.size());
+    {
+        std::vector<float> part((size_t)l * hq * splits * (d + 2));
+        emu_launch({(unsigned)hq, (unsigned)l, (unsigned)splits}, {128, 1, 1}, [&] {
+            attention_split_f32(part.data(), q.data(), kh.data(), vh.data(), l, hq, hkv, d, cap, kv, scale, chunk, nullptr, want_s, dt);
+        });
+        emu_launch({(unsigned)hq, (unsigned)l, 1}, {128, 1, 1}, [&] { attention_merge_f32(split.data(), part.data(), hq, d, splits, sp, nullptr); });
+        cmp(std::string(name) + " split", split, want);
+    }
+    emu_launch({(unsigned)hq, (unsigned)l, 1}, {128, 1, 1}, [&] {
+        attention_f32(fallback.data(), q.data(), kh.data(), vh.data(), l, hq, hkv, d, cap, kv, scale, sp, dt);
+    });
+    cmp(std::string(name) + " fallback", fallback, want);
+    if (l != 1) return;
+    // The paged store: the same rows of every KV head, position-major, in blocks of 16 in reverse
+    // order; the kernel's splits for one query are the split kernel's.
+    const int blocks = (kv + bs - 1) / bs;
+    std::vector<int> table(blocks);
+    for (int b = 0; b < blocks; ++b) table[b] = blocks - 1 - b;  // the last block first
+    std::vector<unsigned short> ks((size_t)blocks * bs * hkv * d, 0), vs(ks.size(), 0);
+    for (int j = 0; j < kv; ++j) for (int g = 0; g < hkv; ++g) for (int c = 0; c < d; ++c) {
+        size_t at = (((size_t)table[j / bs] * bs + j % bs) * hkv + g) * d + c, from = ((size_t)g * cap + j) * d + c;
+        ks[at] = kh[from], vs[at] = vh[from];
+    }
+    std::vector<float> part((size_t)hq * want_s * (d + 2)), paged(split.size());
+    int lens[1] = {kv};
+    emu_launch({(unsigned)hq, 1, (unsigned)want_s}, {128, 1, 1}, [&] {
+        paged_attention_split_f32(part.data(), q.data(), ks.data(), vs.data(), table.data(), blocks, lens, hq, hkv, d, bs, scale, want_s, dt);
+    });
+    emu_launch({(unsigned)hq, 1, 1}, {128, 1, 1}, [&] { attention_merge_f32(paged.data(), part.data(), hq, d, want_s, sp, nullptr); });
+    check(std::memcmp(paged.data(), split.data(), 4 * split.size()) == 0, std::string(name) + " paged == split, bit for bit");
+}
+
 static void test_swiglu() {
     size_t n = 5000; auto g = rnd(n, 12), u = rnd(n, 12);
     std::vector<float> out(n);
@@ -215,6 +277,11 @@ int main() {
     test_attn_step(1, 8, 2, 64, false, 1, {1, 2, 31, 32, 33, 65, 257, 511, 512, 513, 700});
     test_attn_step(1, 16, 4, 128, true, 9, {9, 10, 300, 699});
     test_attn_step(1, 32, 8, 64, false, 3, {3, 513, 600, 699});  // chunks over 32 (kv > 32 * want)
+    for (int dt : {DT_F16, DT_BF16}) {
+        test_attn_half(1, 300, 8, 2, 128, dt, false); test_attn_half(1, 77, 4, 1, 64, dt, true);
+        test_attn_half(1, 45, 2, 1, 256, dt, false); test_attn_half(1, 37, 2, 2, 512, dt, true);
+        test_attn_half(3, 70, 8, 8, 16, dt, false); test_attn_half(1, 1, 4, 2, 64, dt, false);
+    }
     test_swiglu();
     printf("%d failures\n", fails);
     return fails != 0;

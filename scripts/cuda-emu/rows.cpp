@@ -103,7 +103,7 @@ static void test_rope_qk(int l, int hq, int hkv, int d, int half, int traditiona
         for (auto& x : v) x = nd(rng);
         emu_launch({(unsigned)((hq + 2 * hkv + 7) / 8), (unsigned)l, 1}, {256, 1, 1}, [&] {
             rope_qk_kv_f32(q2.data(), kc.data(), vc.data(), q.data(), k.data(), v.data(), qw.data(), kw.data(), DT_F32,
-                           1e-6f, norm, freqs.data(), half, hq, hkv, d, offset, traditional, nullptr, cap, at);
+                           1e-6f, norm, freqs.data(), half, hq, hkv, d, offset, traditional, nullptr, cap, at, DT_F32);
         });
         bool same = std::memcmp(q2.data(), qo.data(), 4 * q2.size()) == 0;
         for (int h = 0; h < hkv; ++h)
@@ -116,6 +116,30 @@ static void test_rope_qk(int l, int hq, int hkv, int d, int half, int traditiona
                     same = same && std::memcmp(&kc[c], &wk, 4) == 0 && std::memcmp(&vc[c], &wv, 4) == 0;
                 }
         check(same, tag + " rope_qk_kv_f32 == rope_qk_f32 + the cache writes");
+        // Caches of f16 and bf16: the f32 cache's values rounded to nearest even.
+        for (int dt : {DT_F16, DT_BF16}) {
+            std::vector<unsigned short> kh(kc.size(), 0x3c00), vh(kc.size(), 0x3c00);
+            emu_launch({(unsigned)((hq + 2 * hkv + 7) / 8), (unsigned)l, 1}, {256, 1, 1}, [&] {
+                rope_qk_kv_f32(q2.data(), kh.data(), vh.data(), q.data(), k.data(), v.data(), qw.data(), kw.data(),
+                               DT_F32, 1e-6f, norm, freqs.data(), half, hq, hkv, d, offset, traditional, nullptr, cap,
+                               at, dt);
+            });
+            auto round = [&](float f) -> unsigned short {
+                if (dt == DT_F16) return emu_float_to_half(f);
+                unsigned u;
+                std::memcpy(&u, &f, 4);
+                return (unsigned short)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+            };
+            bool same_half = std::memcmp(q2.data(), qo.data(), 4 * q2.size()) == 0;
+            for (int h = 0; h < hkv; ++h)
+                for (int p = at; p < at + l; ++p)
+                    for (int i = 0; i < d; ++i) {
+                        const size_t c = ((size_t)h * cap + p) * d + i;
+                        same_half = same_half && kh[c] == round(kc[c]) && vh[c] == round(vc[c]);
+                    }
+            same_half = same_half && kh[0] == 0x3c00 && vh.back() == 0x3c00;  // rows before and after untouched
+            check(same_half, tag + (dt == DT_F16 ? " f16" : " bf16") + " caches == the f32 cache rounded");
+        }
     }
     for (int is_q = 1; is_q >= 0; --is_q) {
         const std::vector<float>& x = is_q ? q : k;

@@ -31,7 +31,7 @@ patched() {
 # conversion in C instead of PTX.
 prelude() {
     echo '#include "cuda_emu.h"'
-    patched "$k/common.cuh" 's/asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));/f = emu_half_to_float(h);/'
+    patched "$k/common.cuh" 's/asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));/f = emu_half_to_float(h);/;s/asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));/h = emu_float_to_half(f);/'
 }
 # Program $1.cpp (which includes the kernels file written before it) built and run.
 run_program() {

@@ -66,6 +66,9 @@ pub struct Args {
     /// Values per quantization group of the KV cache, with --kv-bits.
     #[arg(long, default_value_t = 64)]
     kv_group_size: usize,
+    /// Store keys and values as f32, f16 or bf16 (default: the model's own type, f16 for GGUF).
+    #[arg(long, value_parser = crate::common::parse_kv_dtype)]
+    kv_dtype: Option<nuvec_lm::cache::KvDtype>,
 }
 
 /// A small deterministic generator (splitmix64) for the prompt ids.
@@ -179,7 +182,12 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         nuvec::backends::cpu::set_num_threads(threads)?;
     }
     let model_path = model_or_default(&args.model)?;
-    let (model, _tokenizer) = load_on(&model_path, parse_device(&args.device)?)?;
+    let (mut model, _tokenizer) = load_on(&model_path, parse_device(&args.device)?)?;
+    if let Some(kv) = args.kv_dtype {
+        // Every cache of the run (alone, paged, the Batcher's) takes the model's type.
+        model.set_kv_dtype(kv);
+    }
+    let model = model;
     if let Some(path) = &args.workload {
         let options = BatcherOptions {
             prefix_cache: args.no_prefix_cache.then_some(false),

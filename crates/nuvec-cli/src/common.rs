@@ -89,7 +89,7 @@ pub struct KvArgs {
     pub kv_dtype: Option<KvDtype>,
 }
 
-fn parse_kv_dtype(name: &str) -> Result<KvDtype, String> {
+pub(crate) fn parse_kv_dtype(name: &str) -> Result<KvDtype, String> {
     KvDtype::parse(name).map_err(|e| e.to_string())
 }
 

@@ -75,12 +75,18 @@ pub fn ineligible(mode: GraphMode, model_type: &str, on_cuda: bool, cache: &[Lay
     if offsets.any(|o| o != first) {
         return Some("the caches hold different numbers of positions");
     }
-    let plain_f32 = cache.iter().all(|c| match c {
-        LayerCache::Plain(kv) => kv.dtype() == DType::F32 && kv.buffers().is_some(),
-        _ => false,
-    });
-    if !plain_f32 {
-        return Some("a cache is not a plain f32 cache holding positions");
+    // Plain caches of one float type (f32, f16 or bf16: the step's kernels take it as a constant).
+    let dtype = match &cache[0] {
+        LayerCache::Plain(kv) => kv.dtype(),
+        _ => DType::U8,
+    };
+    let plain = dtype.is_float()
+        && cache.iter().all(|c| match c {
+            LayerCache::Plain(kv) => kv.dtype() == dtype && kv.buffers().is_some(),
+            _ => false,
+        });
+    if !plain {
+        return Some("a cache is not a plain cache holding positions, or the caches differ in type");
     }
     None
 }
@@ -273,11 +279,13 @@ mod tests {
     }
 
     #[test]
-    fn only_dense_llama_families_with_plain_f32_caches_on_cuda_are_eligible() {
+    fn only_dense_llama_families_with_plain_caches_of_one_type_on_cuda_are_eligible() {
         let good = vec![plain(3, DType::F32), plain(3, DType::F32)];
         for family in GRAPH_MODEL_TYPES {
             assert_eq!(ineligible(GraphMode::On, family, true, &good), None, "{family}");
         }
+        let half = vec![plain(3, DType::BF16), plain(3, DType::BF16)];
+        assert_eq!(ineligible(GraphMode::On, "llama", true, &half), None, "bf16 caches");
         assert!(ineligible(GraphMode::Off, "llama", true, &good).is_some());
         assert!(ineligible(GraphMode::On, "llama", false, &good).is_some(), "the CPU never captures");
         for family in ["qwen3_moe", "gpt_oss", "qwen3_5", "gemma4_text"] {
@@ -285,7 +293,7 @@ mod tests {
             assert_eq!(ineligible(GraphMode::Force, family, true, &good), None, "force tries {family}");
         }
         let cases: [(&str, Vec<LayerCache>); 5] = [
-            ("bf16 cache", vec![plain(3, DType::F32), plain(3, DType::BF16)]),
+            ("f32 and bf16 caches", vec![plain(3, DType::F32), plain(3, DType::BF16)]),
             ("empty cache", vec![plain(0, DType::F32)]),
             ("uneven offsets", vec![plain(3, DType::F32), plain(4, DType::F32)]),
             ("recurrent layer", vec![plain(3, DType::F32), LayerCache::Recurrent(RecurrentCache::new())]),

@@ -1,13 +1,15 @@
 //! Batched decoding on the GPU (feature `cuda`; run on a machine with an NVIDIA GPU, see
 //! docs/batching.md): sequences of mixed lengths in a `PagedCache` on `Device::Cuda(0)`, advanced
 //! together by `decode_batch`, must get the greedy tokens each gets decoding alone on the GPU,
-//! with logits within rounding of them; a batch-invariant step must equal them bit for bit.
+//! with logits within rounding of them; a batch-invariant step must equal them bit for bit. The
+//! caches hold the checkpoint's type (f32 for these fixtures) or, where a test asks, f16 or bf16.
 //! Fixtures: `$NUVEC_GPU_FIXTURES` (else `$NUVEC_FIXTURES`). No GPU fails the test.
 #![cfg(feature = "cuda")]
 
 use nuvec::Device;
 use std::collections::HashMap;
 
+use nuvec_lm::cache::KvDtype;
 use nuvec_lm::{
     decode_batch, load_model_on, Batcher, BatcherOptions, Event, GenerateOptions, Model, PagedCache, RequestId,
     StepBatch,
@@ -47,9 +49,18 @@ fn alone(model: &Model, p: &[u32]) -> Vec<Vec<f32>> {
         .collect()
 }
 
-fn check(case: &str) {
+/// The model of `case` on the GPU, its caches in `kv` when given.
+fn model_on_gpu(case: &str, kv: Option<KvDtype>) -> Model {
     nuvec::backends::cuda::init(0).expect("a CUDA device");
-    let model = load_model_on(&case_dir(case), Device::Cuda(0)).unwrap();
+    let mut model = load_model_on(&case_dir(case), Device::Cuda(0)).unwrap();
+    if let Some(kv) = kv {
+        model.set_kv_dtype(kv);
+    }
+    model
+}
+
+fn check(case: &str, kv: Option<KvDtype>) {
+    let model = model_on_gpu(case, kv);
     let prompts = prompts(&model);
     let mut paged = PagedCache::new(&model, 1024, 16, LENGTHS.len()).unwrap();
     let mut ids = vec![];
@@ -96,24 +107,32 @@ fn check(case: &str) {
         assert_eq!(invariant[i], own, "{case}: sequence {i}: batch-invariant step");
     }
     println!(
-        "RESULT gpu_batch {case}: {} sequences x {STEPS} steps, widest logit difference {widest:e}",
+        "RESULT gpu_batch {case} kv={kv:?}: {} sequences x {STEPS} steps, widest logit difference {widest:e}",
         prompts.len()
     );
 }
 
 #[test]
 fn dense_llama_batched_on_the_gpu() {
-    check("mistral-q4g64");
+    check("mistral-q4g64", None);
 }
 
 #[test]
 fn qwen3_batched_on_the_gpu() {
-    check("qwen3-q4g64");
+    check("qwen3-q4g64", None);
 }
 
 #[test]
 fn moe_batched_on_the_gpu() {
-    check("qwen3_moe-q4g64");
+    check("qwen3_moe-q4g64", None);
+}
+
+/// Paged blocks of f16 and bf16 (the rope kernel writes them rounded, the paged decode kernel
+/// widens them) against contiguous caches of the same type decoded alone.
+#[test]
+fn half_precision_caches_batched_on_the_gpu() {
+    check("mistral-q4g64", Some(KvDtype::F16));
+    check("qwen3-q4g64", Some(KvDtype::Bf16));
 }
 
 /// Each request's greedy tokens alone (`generate` on the GPU) and each step's margin between
@@ -131,9 +150,8 @@ fn solo(model: &Model, p: &[u32], max_tokens: usize) -> (Vec<u32>, Vec<f32>) {
 /// The Batcher on the GPU: requests of mixed lengths served together get the greedy tokens each
 /// gets alone, up to the first step whose top two logits lie within rounding of each other
 /// (where batched rounding may legitimately pick the other), batched and batch-invariant.
-fn check_batcher(case: &str) {
-    nuvec::backends::cuda::init(0).expect("a CUDA device");
-    let model = load_model_on(&case_dir(case), Device::Cuda(0)).unwrap();
+fn check_batcher(case: &str, kv: Option<KvDtype>) {
+    let model = model_on_gpu(case, kv);
     let prompts = prompts(&model);
     for invariant in [false, true] {
         let options = BatcherOptions { batch_invariant: invariant, ..Default::default() };
@@ -161,7 +179,7 @@ fn check_batcher(case: &str) {
             equal += usize::from(*ours == tokens);
         }
         println!(
-            "RESULT gpu_batcher {case} invariant={invariant}: {equal} of {} requests equal their solo run in every token",
+            "RESULT gpu_batcher {case} kv={kv:?} invariant={invariant}: {equal} of {} requests equal their solo run in every token",
             prompts.len()
         );
     }
@@ -169,6 +187,7 @@ fn check_batcher(case: &str) {
 
 #[test]
 fn the_batcher_serves_solo_greedy_tokens_on_the_gpu() {
-    check_batcher("mistral-q4g64");
-    check_batcher("qwen3_moe-q4g64");
+    check_batcher("mistral-q4g64", None);
+    check_batcher("qwen3_moe-q4g64", None);
+    check_batcher("mistral-q4g64", Some(KvDtype::Bf16));
 }

@@ -148,11 +148,17 @@ impl Array {
     }
 
     /// The same values in the float dtype `dtype` (f32, f16 or bf16; narrowing rounds to nearest
-    /// even, as MLX's casts do), on the same device. Converted on the host: for caches and
-    /// checkpoints, not for per-token work.
+    /// even, as MLX's casts do), on the same device. Between float dtypes on a CUDA device the
+    /// conversion runs there; otherwise it runs on the host (for caches and checkpoints, not for
+    /// per-token work).
     pub fn astype(&self, dtype: DType) -> Result<Array> {
         if dtype == self.dtype {
             return Ok(self.clone());
+        }
+        // On a GPU the conversion runs there (a cache of f16 or bf16 takes each step's f32 rows so).
+        #[cfg(feature = "cuda")]
+        if let (Device::Cuda(ordinal), true) = (self.device, self.dtype.is_float()) {
+            return crate::backends::cuda::CudaBackend::get(ordinal).cast(self, dtype);
         }
         let wide = self.to_f32_vec()?;
         let host = match dtype {

@@ -215,13 +215,9 @@ impl Model {
 
     /// The type caches store keys and values in unless [`CacheOptions::kv_dtype`] says otherwise:
     /// the one mlx-lm computes the checkpoint in (f32, f16 or bf16; f16 for a GGUF file, as
-    /// llama.cpp caches). On a GPU caches stay f32 for now: its attention reads f32 only.
+    /// llama.cpp caches), on the CPU and on a GPU alike.
     pub fn kv_dtype(&self) -> KvDtype {
-        if self.device == Device::Cpu {
-            self.kv_dtype
-        } else {
-            KvDtype::F32
-        }
+        self.kv_dtype
     }
 
     /// Sets [`Model::kv_dtype`] (for a custom architecture, whose caches are f32 by default).
@@ -258,11 +254,6 @@ impl Model {
         options.validate()?;
         let options = self.cache_options(options);
         let dtype = options.kv_dtype.expect("filled in above");
-        if self.device != Device::Cpu && dtype != KvDtype::F32 {
-            return Err(Error::Unsupported(format!(
-                "kv dtype {dtype:?}: caches on the GPU are f32 for now (its attention reads f32); pass --kv-dtype f32"
-            )));
-        }
         if let Some(caches) = self.arch.own_cache(dtype.dtype()) {
             if let Some(max) = options.max_kv_size {
                 return Err(Error::Unsupported(format!(

@@ -544,9 +544,11 @@ mod tests {
             "add_bias_f32",
             "rms_norm_f32",
             "rope_f32",
-            "write_axis1_f32",
-            "write_axis1_rows_f32",
+            "write_axis1",
+            "cast_float",
+            "write_axis1_rows",
             "transpose01_f32",
+            "transpose01_u16",
             "argmax_part_f32",
             "argmax_final_f32",
             "gemv",
@@ -595,7 +597,7 @@ mod tests {
             // decode fusions
             "add_rms_norm_f32",
             "rope_qk_f32",
-            "write_kv_rows_f32",
+            "write_kv_rows",
             // phase 4
             "gather3_bf16",
             "convert_bf16",

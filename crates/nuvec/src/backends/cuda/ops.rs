@@ -110,6 +110,16 @@ impl CudaBackend {
         self.on_device(op, name, a)
     }
 
+    /// The addresses and dtype code of a cache's keys and values: one float dtype for both (f32,
+    /// f16 or bf16), on this device.
+    fn kv_ptrs(&self, op: &'static str, k: &Array, v: &Array) -> Result<(u64, u64, i32)> {
+        if k.dtype() != v.dtype() {
+            return Err(Error::shape(op, format!("keys are {} but values {}", k.dtype(), v.dtype())));
+        }
+        let dt = float_code(op, "keys", k)?;
+        Ok((self.ptr(op, "k", k)?, self.ptr(op, "v", v)?, dt))
+    }
+
     /// A fresh f32/u32 array on this device (contents unspecified unless `zero`).
     fn output(&self, shape: &[usize], dtype: DType, zero: bool) -> Result<Array> {
         let st = self.st()?;
@@ -408,6 +418,8 @@ mod gated_delta;
 // gpt-oss: the clamped SwiGLU (kernels/gpt_oss.cu) and the attention sinks' device tables.
 mod gpt_oss;
 mod paged;
+// keys and values of f16 or bf16: conversions on the device
+mod convert;
 
 // decode fusions (kernels/fused.cu).
 mod fused;
@@ -829,14 +841,14 @@ impl CudaBackend {
 
     /// Attention for a decode step or a short chunk: the split-key kernel, then the merge (which
     /// adds the sinks, a device pointer or 0, and writes the integer GEMVs' parts of the one
-    /// output row into `parts` unless it is 0).
+    /// output row into `parts` unless it is 0). Keys and values of dtype `kv_dt`.
     #[allow(clippy::too_many_arguments)]
     fn attention_split(
         &self,
         op: &'static str,
         o: u64,
         parts: u64,
-        (qp, kp, vp): (u64, u64, u64),
+        (qp, kp, vp, kv_dt): (u64, u64, u64, i32),
         (l, hq, hkv, d): (usize, usize, usize, usize),
         cap: usize,
         kv_len: usize,
@@ -866,7 +878,7 @@ impl CudaBackend {
             shared_mem_bytes: 0,
         };
         launch!(self.st()?, op, "attention_split_f32", cfg;
-            pp, qp, kp, vp, li, hqi, hkvi, di, capi, kvi, scale, chunki, step, wanti);
+            pp, qp, kp, vp, li, hqi, hkvi, di, capi, kvi, scale, chunki, step, wanti, kv_dt);
         guard!(self.st()?, |at| kv_len + at.delta <= cap);
         let cfg = LaunchConfig { grid_dim: (hq as u32, l as u32, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
         launch!(self.st()?, op, "attention_merge_f32", cfg; o, pp, hqi, di, si, sinks, parts);
@@ -953,7 +965,8 @@ impl CudaBackend {
         if l > 65535 {
             return Err(Error::Unsupported(format!("{op}: {l} queries in one call (at most 65535 on CUDA)")));
         }
-        let (qp, kp, vp) = (self.f32_ptr(op, "q", q)?, self.f32_ptr(op, "k", k)?, self.f32_ptr(op, "v", v)?);
+        let qp = self.f32_ptr(op, "q", q)?;
+        let (kp, vp, kv_dt) = self.kv_ptrs(op, k, v)?;
         let out = self.output(&[l, hq * d], DType::F32, false)?;
         if l == 0 || hq == 0 || d == 0 {
             return Ok(out);
@@ -967,7 +980,7 @@ impl CudaBackend {
         // MatmulPrecision::Bf16; its softmax has no sink term, so sinks take the f32 path.
         if sinks.is_none()
             && l >= ATTN_GEMM_MIN_QUERIES
-            && self.prefill_attention(op, o, (qp, kp, vp), (l, hq, hkv, d), cap, kv_len, scale)?
+            && self.prefill_attention(op, o, (qp, kp, vp, kv_dt), (l, hq, hkv, d), cap, kv_len, scale)?
         {
             return Ok(out);
         }
@@ -975,16 +988,27 @@ impl CudaBackend {
             Some(s) => self.sinks_table(s)?,
             None => 0,
         };
-        let aligned = d.is_multiple_of(4) && (qp | kp | vp).is_multiple_of(16);
+        // Rows of 4 values load as one 16-byte (f32) or 8-byte (f16, bf16) word.
+        let row_align = if kv_dt == DT_F32 { 16 } else { 8 };
+        let aligned = d.is_multiple_of(4) && qp.is_multiple_of(16) && (kp | vp).is_multiple_of(row_align);
         if aligned && l >= ATTN_GEMM_MIN_QUERIES {
-            return self.attention_gemm(op, o, (qp, kp, vp), (l, hq, hkv, d), cap, kv_len, scale, sp).map(|_| out);
+            if kv_dt == DT_F32 {
+                return self.attention_gemm(op, o, (qp, kp, vp), (l, hq, hkv, d), cap, kv_len, scale, sp).map(|_| out);
+            }
+            // SGEMM reads f32: the rows attended, widened (a prefill step's copy, next to its GEMMs).
+            let (kw, vw) = (
+                self.widen_rows(op, kp, kv_dt, hkv, cap, kv_len, d)?,
+                self.widen_rows(op, vp, kv_dt, hkv, cap, kv_len, d)?,
+            );
+            let wide = (qp, kw.ptr(), vw.ptr());
+            return self.attention_gemm(op, o, wide, (l, hq, hkv, d), kv_len, kv_len, scale, sp).map(|_| out);
         }
         if aligned && d <= ATTS_MAX_DIM {
             // The merge writes the integer GEMVs' parts of a decode row (for o_proj) when its
             // warps hold whole 32-value chunks (head sizes a multiple of 32).
             let parts = if d.is_multiple_of(32) { self.row_int_parts("attention", l, hq * d)? } else { None };
             let pp = parts.as_ref().map_or(0, DeviceBuffer::ptr);
-            self.attention_split(op, o, pp, (qp, kp, vp), (l, hq, hkv, d), cap, kv_len, scale, sp)?;
+            self.attention_split(op, o, pp, (qp, kp, vp, kv_dt), (l, hq, hkv, d), cap, kv_len, scale, sp)?;
             if let Some(parts) = parts {
                 out.set_int_parts(parts);
             }
@@ -997,10 +1021,10 @@ impl CudaBackend {
             block_dim: (ATTN_THREADS as u32, 1, 1),
             shared_mem_bytes: ((d + ATTN_THREADS + 33) * 4) as u32,
         };
-        launch!(self.st()?, op, "attention_f32", cfg; o, qp, kp, vp, li, hqi, hkvi, di, capi, kvi, scale, sp);
+        launch!(self.st()?, op, "attention_f32", cfg; o, qp, kp, vp, li, hqi, hkvi, di, capi, kvi, scale, sp, kv_dt);
         record!(self.st()?, op, "attention_f32", |at| {
             let kvi = i32::try_from(kv_len + at.delta).ok().filter(|&n| n <= capi)?;
-            Some((cfg, kargs![o, qp, kp, vp, li, hqi, hkvi, di, capi, kvi, scale, sp]))
+            Some((cfg, kargs![o, qp, kp, vp, li, hqi, hkvi, di, capi, kvi, scale, sp, kv_dt]))
         });
         Ok(out)
     }
@@ -1227,8 +1251,10 @@ impl Backend for CudaBackend {
         if a != sa || c != sc || offset + n > cap {
             return Err(Error::shape(op, format!("cannot write {:?} into {:?} at {offset}", src.shape(), dst.shape())));
         }
-        let sp = self.f32_ptr(op, "src", src)?;
-        self.f32_ptr(op, "dst", dst)?;
+        // Any float dtypes: a cache of f16 or bf16 takes f32 rows rounded to its type.
+        let (src_dt, dst_dt) = (float_code(op, "src", src)?, float_code(op, "dst", dst)?);
+        let sp = self.ptr(op, "src", src)?;
+        self.on_device(op, "dst", dst)?;
         let total = (a * n * c) as u64;
         if total == 0 {
             return Ok(());
@@ -1242,7 +1268,8 @@ impl Backend for CudaBackend {
         );
         // CUDA graphs: while capturing, the kernel adds the step's delta to the offset.
         let step = self.st()?.step_scalars();
-        launch!(self.st()?, op, "write_axis1_f32", cfg_1d(total as usize); dp, sp, total, ni, capi, ci, offi, step);
+        launch!(self.st()?, op, "write_axis1", cfg_1d(total as usize);
+            dp, dst_dt, sp, src_dt, total, ni, capi, ci, offi, step, ni);
         guard!(self.st()?, |at| offset + at.delta + n <= cap);
         Ok(())
     }
@@ -1259,7 +1286,9 @@ impl Backend for CudaBackend {
             ));
         }
         let sp = self.f32_ptr(op, "src", src)?;
-        self.f32_ptr(op, "dst", dst)?;
+        // A cache of f16 or bf16 takes the rows rounded to its type.
+        let dst_dt = float_code(op, "dst", dst)?;
+        self.on_device(op, "dst", dst)?;
         let total = (a * n * c) as u64;
         if total == 0 {
             return Ok(());
@@ -1273,7 +1302,8 @@ impl Backend for CudaBackend {
         );
         // CUDA graphs: while capturing, the kernel adds the step's delta to the offset.
         let step = self.st()?.step_scalars();
-        launch!(self.st()?, op, "write_axis1_rows_f32", cfg_1d(total as usize); dp, sp, total, ai, capi, ci, offi, step);
+        launch!(self.st()?, op, "write_axis1_rows", cfg_1d(total as usize);
+            dp, dst_dt, sp, total, ai, capi, ci, offi, step);
         guard!(self.st()?, |at| offset + at.delta + n <= cap);
         Ok(())
     }
@@ -1283,13 +1313,18 @@ impl Backend for CudaBackend {
         let [a, b, c] = *x.shape() else {
             return Err(Error::shape(op, format!("expected [A, B, C], got {:?}", x.shape())));
         };
-        let xp = self.f32_ptr(op, "x", x)?;
-        let out = self.output(&[b, a, c], DType::F32, false)?;
+        // Elements of 4 bytes (f32) or 2 (a cache of f16 or bf16) keep their type.
+        let kernel = match float_code(op, "x", x)? {
+            DT_F32 => "transpose01_f32",
+            _ => "transpose01_u16",
+        };
+        let xp = self.ptr(op, "x", x)?;
+        let out = self.output(&[b, a, c], x.dtype(), false)?;
         let n = x.len() as u64;
         if n > 0 {
             let o = out.cuda_ptr()?;
             let (ai, bi, ci) = (to_i32(op, "A", a)?, to_i32(op, "B", b)?, to_i32(op, "C", c)?);
-            launch!(self.st()?, op, "transpose01_f32", cfg_1d(n as usize); o, xp, ai, bi, ci, n);
+            launch!(self.st()?, op, kernel, cfg_1d(n as usize); o, xp, ai, bi, ci, n);
         }
         Ok(out)
     }
@@ -1332,12 +1367,13 @@ impl Backend for CudaBackend {
         if start > end || end > m {
             return Err(Error::shape(op, format!("rows {start}..{end} of {m}")));
         }
-        self.f32_ptr(op, "x", x)?;
+        float_code(op, "x", x)?;
+        self.on_device(op, "x", x)?;
         let row = x.len() / m.max(1);
         let mut shape = x.shape().to_vec();
         shape[0] = end - start;
         // A view sharing x's memory: arrays are values, and writes copy first.
-        Ok(x.window(shape, start * row * 4))
+        Ok(x.window(shape, start * row * x.dtype().size()))
     }
 
     fn argmax(&self, x: &Array) -> Result<Array> {

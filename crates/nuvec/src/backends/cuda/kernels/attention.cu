@@ -1,4 +1,5 @@
-// Causal scaled-dot-product attention with grouped KV heads, f32 throughout.
+// Causal scaled-dot-product attention with grouped KV heads, in f32 over keys and values kept in
+// f32, f16 or bf16 (`kv_dt`: each value widened to f32 as it is read).
 // q [L, Hq, D]; k, v [Hkv, cap, D] (first kv_len positions valid); out [L, Hq * D].
 // Query t sits at position kv_len - L + t and sees keys 0..=that position.
 // `sinks` (null for plain attention) gives one logit per query head (gpt-oss's attention sinks)
@@ -10,8 +11,9 @@
 
 #define ATTN_MAX_ACC 4
 
-extern "C" __global__ void attention_f32(float* out, const float* q, const float* k, const float* v, int l, int hq,
-                                         int hkv, int d, int cap, int kv_len, float scale, const float* sinks) {
+extern "C" __global__ void attention_f32(float* out, const float* q, const void* k, const void* v, int l, int hq,
+                                         int hkv, int d, int cap, int kv_len, float scale, const float* sinks,
+                                         int kv_dt) {
     pdl_begin();
     extern __shared__ float smem[];
     float* qs = smem;            // d floats
@@ -21,8 +23,7 @@ extern "C" __global__ void attention_f32(float* out, const float* q, const float
     int kvh = h / (hq / hkv);
     int n = kv_len - l + t + 1;
     const float* qv = q + ((size_t)t * hq + h) * d;
-    const float* keys = k + (size_t)kvh * cap * d;
-    const float* vals = v + (size_t)kvh * cap * d;
+    const size_t head = (size_t)kvh * cap * d;  // where this KV head's rows start, in values
     for (int c = threadIdx.x; c < d; c += blockDim.x) qs[c] = qv[c];
     __syncthreads();
     float acc[ATTN_MAX_ACC];
@@ -34,9 +35,9 @@ extern "C" __global__ void attention_f32(float* out, const float* q, const float
         int j = j0 + threadIdx.x;
         float s = NEG_INF;
         if (j < n) {
-            const float* kr = keys + (size_t)j * d;
+            const size_t kr = head + (size_t)j * d;
             float dot = 0.0f;
-            for (int c = 0; c < d; ++c) dot = fmaf(qs[c], kr[c], dot);
+            for (int c = 0; c < d; ++c) dot = fmaf(qs[c], load_float(k, kr + c, kv_dt), dot);
             s = dot * scale;
         }
         float cmax = block_max(s, red);
@@ -53,8 +54,8 @@ extern "C" __global__ void attention_f32(float* out, const float* q, const float
             int c = threadIdx.x + i * blockDim.x;
             if (c < d) {
                 float a = acc[i] * corr;
-                const float* vr = vals + (size_t)j0 * d + c;
-                for (int jj = 0; jj < cnt; ++jj) a = fmaf(ps[jj], vr[(size_t)jj * d], a);
+                const size_t vr = head + (size_t)j0 * d + c;
+                for (int jj = 0; jj < cnt; ++jj) a = fmaf(ps[jj], load_float(v, vr + (size_t)jj * d, kv_dt), a);
                 acc[i] = a;
             }
         }
@@ -101,37 +102,62 @@ __device__ __forceinline__ void atts_keys(int l, int t, int s, int kv_len, int c
     j_end = min(kv_len - l + t + 1, j_begin + chunk);
 }
 
-// The body for head sizes up to 128 * SLOTS. A warp takes its keys KB = 4 / SLOTS at a time:
-// their rows' loads are in flight together, and the running maximum and sum move once per group
-// (a key at a time, a 512-key decode step spent 11.5 us on the H200 mostly waiting on each key's
-// loads in turn). KB * SLOTS stays 4, so the rows held take the registers one key of D = 512 did
-// (8 keys per group for D = 128 measured even: eleventh session).
-// Where key and value row j of one KV head are: consecutive rows of a [Hkv, capacity, D] cache,
-// or (PagedRows) the rows of a paged store [blocks * block_size, Hkv * D] through a block table.
-struct ContigRows {
-    const float4* keys;
-    const float4* vals;
-    int d4;
-    __device__ __forceinline__ const float4* key(int j) const { return keys + (size_t)j * d4; }
-    __device__ __forceinline__ const float4* val(int j) const { return vals + (size_t)j * d4; }
+// The body for head sizes up to 128 * SLOTS. A warp takes its keys KB at a time (4 / SLOTS rows
+// of f32, twice as many of f16 or bf16: the same bytes): their rows' loads are in flight
+// together, and the running maximum and sum move once per group (a key at a time, a 512-key
+// decode step spent 11.5 us on the H200 mostly waiting on each key's loads in turn). The rows held
+// take the registers one key of D = 512 did (8 f32 keys per group for D = 128 measured even:
+// eleventh session).
+// How a cache's values are read, 4 at a time: f32 rows as float4 (16 bytes), f16 and bf16 rows
+// as uint2 (8 bytes), each widened to f32 where it is used.
+struct F32Kv {
+    typedef float4 raw;
+    static __device__ __forceinline__ float4 widen(float4 r) { return r; }
 };
+template <int DT>
+struct HalfKv {
+    typedef uint2 raw;
+    static __device__ __forceinline__ float4 widen(uint2 r) {
+        if (DT == DT_F16)
+            return make_float4(f16_to_f32((u16)(r.x & 0xffffu)), f16_to_f32((u16)(r.x >> 16)),
+                               f16_to_f32((u16)(r.y & 0xffffu)), f16_to_f32((u16)(r.y >> 16)));
+        return make_float4(__uint_as_float(r.x << 16), __uint_as_float(r.x & 0xffff0000u),
+                           __uint_as_float(r.y << 16), __uint_as_float(r.y & 0xffff0000u));
+    }
+};
+// Where key and value row j of one KV head are: consecutive rows of a [Hkv, capacity, D] cache,
+// or (PagedRows) the rows of a paged store [blocks * block_size, Hkv * D] through a block table;
+// in units of 4 values.
+template <class E>
+struct ContigRows {
+    typedef E Kv;
+    const typename E::raw* keys;
+    const typename E::raw* vals;
+    int d4;
+    __device__ __forceinline__ const typename E::raw* key(int j) const { return keys + (size_t)j * d4; }
+    __device__ __forceinline__ const typename E::raw* val(int j) const { return vals + (size_t)j * d4; }
+};
+template <class E>
 struct PagedRows {
-    const float4* k;
-    const float4* v;
+    typedef E Kv;
+    const typename E::raw* k;
+    const typename E::raw* v;
     const int* table;
     int block_size, width4, head4;
     __device__ __forceinline__ size_t at(int j) const {
         return ((size_t)table[j / block_size] * block_size + j % block_size) * width4 + head4;
     }
-    __device__ __forceinline__ const float4* key(int j) const { return k + at(j); }
-    __device__ __forceinline__ const float4* val(int j) const { return v + at(j); }
+    __device__ __forceinline__ const typename E::raw* key(int j) const { return k + at(j); }
+    __device__ __forceinline__ const typename E::raw* val(int j) const { return v + at(j); }
 };
 
 // One split's partial (max, sum, values[D]) into `pv`: query `qv` over key rows [j_begin, j_end).
 template <int SLOTS, class Rows>
 __device__ __forceinline__ void atts_core(float* pv, const float4* qv, Rows rows, int d, float scale, int j_begin,
                                           int j_end, float* sm_m, float* sm_l, float4 (*sm_acc)[32 * ATTS_SLOTS]) {
-    constexpr int KB = 4 / SLOTS;
+    typedef typename Rows::Kv Kv;
+    typedef typename Kv::raw Raw;
+    constexpr int KB = 4 / SLOTS * (int)(sizeof(float4) / sizeof(Raw));
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int d4 = d >> 2;
     float4 qr[SLOTS], acc[SLOTS];
@@ -146,13 +172,13 @@ __device__ __forceinline__ void atts_core(float* pv, const float4* qv, Rows rows
     float run_m = NEG_INF, run_l = 0.0f;
     // This warp's keys are j_begin + warp + ATTS_WARPS * i; a group is KB consecutive i.
     for (int j0 = j_begin + warp; j0 < j_end; j0 += ATTS_WARPS * KB) {
-        float4 kk[KB][SLOTS], vv[KB][SLOTS];
+        Raw kk[KB][SLOTS], vv[KB][SLOTS];
 #pragma unroll
         for (int b = 0; b < KB; ++b) {
             const int j = j0 + ATTS_WARPS * b;
             // Past the end no row is addressed (a paged table has no entry there).
-            const float4* kr = j < j_end ? rows.key(j) : nullptr;
-            const float4* vr = j < j_end ? rows.val(j) : nullptr;
+            const Raw* kr = j < j_end ? rows.key(j) : nullptr;
+            const Raw* vr = j < j_end ? rows.val(j) : nullptr;
 #pragma unroll
             for (int i = 0; i < SLOTS; ++i) {
                 int c = lane + 32 * i;
@@ -160,7 +186,7 @@ __device__ __forceinline__ void atts_core(float* pv, const float4* qv, Rows rows
                     kk[b][i] = kr[c];
                     vv[b][i] = vr[c];
                 } else {
-                    kk[b][i] = vv[b][i] = make_float4(0.f, 0.f, 0.f, 0.f);
+                    kk[b][i] = vv[b][i] = Raw{};
                 }
             }
         }
@@ -173,8 +199,9 @@ __device__ __forceinline__ void atts_core(float* pv, const float4* qv, Rows rows
             for (int i = 0; i < SLOTS; ++i) {
                 int c = lane + 32 * i;
                 if (c < d4) {
-                    dot = fmaf(qr[i].x, kk[b][i].x, dot); dot = fmaf(qr[i].y, kk[b][i].y, dot);
-                    dot = fmaf(qr[i].z, kk[b][i].z, dot); dot = fmaf(qr[i].w, kk[b][i].w, dot);
+                    const float4 kf = Kv::widen(kk[b][i]);
+                    dot = fmaf(qr[i].x, kf.x, dot); dot = fmaf(qr[i].y, kf.y, dot);
+                    dot = fmaf(qr[i].z, kf.z, dot); dot = fmaf(qr[i].w, kf.w, dot);
                 }
             }
             dot = warp_sum(dot);  // every lane takes part: j is the same across the warp
@@ -198,8 +225,9 @@ __device__ __forceinline__ void atts_core(float* pv, const float4* qv, Rows rows
             for (int i = 0; i < SLOTS; ++i) {
                 int c = lane + 32 * i;
                 if (c < d4) {
-                    acc[i].x = fmaf(p, vv[b][i].x, acc[i].x); acc[i].y = fmaf(p, vv[b][i].y, acc[i].y);
-                    acc[i].z = fmaf(p, vv[b][i].z, acc[i].z); acc[i].w = fmaf(p, vv[b][i].w, acc[i].w);
+                    const float4 vf = Kv::widen(vv[b][i]);
+                    acc[i].x = fmaf(p, vf.x, acc[i].x); acc[i].y = fmaf(p, vf.y, acc[i].y);
+                    acc[i].z = fmaf(p, vf.z, acc[i].z); acc[i].w = fmaf(p, vf.w, acc[i].w);
                 }
             }
         }
@@ -234,19 +262,30 @@ __device__ __forceinline__ void atts_core(float* pv, const float4* qv, Rows rows
     }
 }
 
-template <int SLOTS>
-__device__ __forceinline__ void atts_body(float* part, const float* q, const float* k, const float* v, int l, int hq,
+// The head-size dispatch of one split, over rows of the cache's element type E.
+template <class Rows>
+__device__ __forceinline__ void atts_sized(float* pv, const float4* qv, Rows rows, int d, float scale, int j_begin,
+                                           int j_end, float* sm_m, float* sm_l, float4 (*sm_acc)[32 * ATTS_SLOTS]) {
+    if (d <= 128) atts_core<1>(pv, qv, rows, d, scale, j_begin, j_end, sm_m, sm_l, sm_acc);
+    else if (d <= 256) atts_core<2>(pv, qv, rows, d, scale, j_begin, j_end, sm_m, sm_l, sm_acc);
+    else atts_core<4>(pv, qv, rows, d, scale, j_begin, j_end, sm_m, sm_l, sm_acc);
+}
+
+template <class E>
+__device__ __forceinline__ void atts_body(float* part, const float* q, const void* k, const void* v, int l, int hq,
                                           int hkv, int d, int cap, int kv_len, float scale, int chunk, const int* step,
                                           int want, float* sm_m, float* sm_l, float4 (*sm_acc)[32 * ATTS_SLOTS]) {
+    typedef typename E::raw Raw;
     const int h = blockIdx.x, t = blockIdx.y, s = blockIdx.z, splits = gridDim.z;
     const int kvh = h / (hq / hkv);
     int j_begin, j_end;
     atts_keys(l, t, s, kv_len, chunk, step, want, j_begin, j_end);
     const int d4 = d >> 2;
     const float4* qv = (const float4*)(q + ((size_t)t * hq + h) * d);
-    ContigRows rows{(const float4*)(k + (size_t)kvh * cap * d), (const float4*)(v + (size_t)kvh * cap * d), d4};
+    const size_t head4 = (size_t)kvh * cap * d4;
+    ContigRows<E> rows{(const Raw*)k + head4, (const Raw*)v + head4, d4};
     float* pv = part + (((size_t)t * hq + h) * splits + s) * (size_t)(d + 2);
-    atts_core<SLOTS>(pv, qv, rows, d, scale, j_begin, j_end, sm_m, sm_l, sm_acc);
+    atts_sized(pv, qv, rows, d, scale, j_begin, j_end, sm_m, sm_l, sm_acc);
 }
 
 // Before pdl_begin (issue 7): the keys and values of the split's cached positions asked into L2
@@ -255,51 +294,73 @@ __device__ __forceinline__ void atts_body(float* part, const float* q, const flo
 #ifndef ATT_PF
 #define ATT_PF 1
 #endif
-__device__ __forceinline__ void atts_prefetch(const float* k, const float* v, int l, int hq, int hkv, int d, int cap,
-                                              int kv_len, int chunk, const int* step, int want) {
+__device__ __forceinline__ void atts_prefetch(const void* k, const void* v, int l, int hq, int hkv, int d, int cap,
+                                              int kv_len, int chunk, const int* step, int want, int kv_dt) {
     const int h = blockIdx.x, t = blockIdx.y;
     if (!ATT_PF || threadIdx.x != 0 || t != 0 || h % (hq / hkv) != 0) return;
     int j_begin, j_end;
     atts_keys(l, t, blockIdx.z, kv_len, chunk, step, want, j_begin, j_end);
     if (j_end <= j_begin) return;
-    const size_t row = (size_t)d * 4, first = ((size_t)(h / (hq / hkv)) * cap + j_begin) * row;
+    const size_t row = (size_t)d * (kv_dt == DT_F32 ? 4 : 2), first = ((size_t)(h / (hq / hkv)) * cap + j_begin) * row;
     l2_prefetch((const char*)k + first, (size_t)(j_end - j_begin) * row);
     l2_prefetch((const char*)v + first, (size_t)(j_end - j_begin) * row);
 }
 
-extern "C" __global__ void attention_split_f32(float* part, const float* q, const float* k, const float* v, int l, int hq, int hkv, int d,
-                        int cap, int kv_len, float scale, int chunk, const int* step, int want) {
-    atts_prefetch(k, v, l, hq, hkv, d, cap, kv_len, chunk, step, want);
+// Keys and values of dtype kv_dt (f32, f16 or bf16: 16- or 8-byte aligned rows).
+extern "C" __global__ void attention_split_f32(float* part, const float* q, const void* k, const void* v, int l, int hq,
+                                               int hkv, int d, int cap, int kv_len, float scale, int chunk,
+                                               const int* step, int want, int kv_dt) {
+    atts_prefetch(k, v, l, hq, hkv, d, cap, kv_len, chunk, step, want, kv_dt);
     pdl_begin();
     __shared__ float sm_m[ATTS_WARPS], sm_l[ATTS_WARPS];
     __shared__ float4 sm_acc[ATTS_WARPS][32 * ATTS_SLOTS];
-    if (d <= 128) atts_body<1>(part, q, k, v, l, hq, hkv, d, cap, kv_len, scale, chunk, step, want, sm_m, sm_l, sm_acc);
-    else if (d <= 256) atts_body<2>(part, q, k, v, l, hq, hkv, d, cap, kv_len, scale, chunk, step, want, sm_m, sm_l, sm_acc);
-    else atts_body<4>(part, q, k, v, l, hq, hkv, d, cap, kv_len, scale, chunk, step, want, sm_m, sm_l, sm_acc);
+    if (kv_dt == DT_F32)
+        atts_body<F32Kv>(part, q, k, v, l, hq, hkv, d, cap, kv_len, scale, chunk, step, want, sm_m, sm_l, sm_acc);
+    else if (kv_dt == DT_F16)
+        atts_body<HalfKv<DT_F16>>(part, q, k, v, l, hq, hkv, d, cap, kv_len, scale, chunk, step, want, sm_m, sm_l,
+                                  sm_acc);
+    else
+        atts_body<HalfKv<DT_BF16>>(part, q, k, v, l, hq, hkv, d, cap, kv_len, scale, chunk, step, want, sm_m, sm_l,
+                                   sm_acc);
 }
 
-// Decode attention of many sequences over one paged store (k, v [blocks * bs, Hkv * D]): grid
-// (Hq, n, want); block (h, t, s) takes query t's keys by the host's split rule for one query,
-// chunk = max(ceil(len / want), 32), so each sequence gets the partials its own decode gets and
-// the merge (over `want` splits, the empty ones skipped) gives its result bit for bit. Sequence
-// t's blocks are tables[t * table_stride ..], its length lens[t].
-extern "C" __global__ void paged_attention_split_f32(float* part, const float* q, const float* k, const float* v,
-                                                     const int* tables, int table_stride, const int* lens, int hq,
-                                                     int hkv, int d, int block_size, float scale, int want) {
-    pdl_begin();
-    __shared__ float sm_m[ATTS_WARPS], sm_l[ATTS_WARPS];
-    __shared__ float4 sm_acc[ATTS_WARPS][32 * ATTS_SLOTS];
+// Decode attention of many sequences over one paged store (k, v [blocks * bs, Hkv * D], of dtype
+// kv_dt): grid (Hq, n, want); block (h, t, s) takes query t's keys by the host's split rule for
+// one query, chunk = max(ceil(len / want), 32), so each sequence gets the partials its own decode
+// gets and the merge (over `want` splits, the empty ones skipped) gives its result bit for bit.
+// Sequence t's blocks are tables[t * table_stride ..], its length lens[t].
+template <class E>
+__device__ __forceinline__ void paged_body(float* part, const float* q, const void* k, const void* v,
+                                           const int* tables, int table_stride, const int* lens, int hq, int hkv,
+                                           int d, int block_size, float scale, int want, float* sm_m, float* sm_l,
+                                           float4 (*sm_acc)[32 * ATTS_SLOTS]) {
+    typedef typename E::raw Raw;
     const int h = blockIdx.x, t = blockIdx.y, s = blockIdx.z;
     const int kv_len = lens[t];
     const int chunk = max((kv_len + want - 1) / want, 32);
     const int j_begin = s * chunk, j_end = min(kv_len, j_begin + chunk);
     const int kvh = h / (hq / hkv), d4 = d >> 2;
-    PagedRows rows{(const float4*)k, (const float4*)v, tables + (size_t)t * table_stride, block_size, hkv * d4, kvh * d4};
+    PagedRows<E> rows{(const Raw*)k, (const Raw*)v, tables + (size_t)t * table_stride, block_size, hkv * d4, kvh * d4};
     const float4* qv = (const float4*)(q + ((size_t)t * hq + h) * d);
     float* pv = part + (((size_t)t * hq + h) * gridDim.z + s) * (size_t)(d + 2);
-    if (d <= 128) atts_core<1>(pv, qv, rows, d, scale, j_begin, j_end, sm_m, sm_l, sm_acc);
-    else if (d <= 256) atts_core<2>(pv, qv, rows, d, scale, j_begin, j_end, sm_m, sm_l, sm_acc);
-    else atts_core<4>(pv, qv, rows, d, scale, j_begin, j_end, sm_m, sm_l, sm_acc);
+    atts_sized(pv, qv, rows, d, scale, j_begin, j_end, sm_m, sm_l, sm_acc);
+}
+extern "C" __global__ void paged_attention_split_f32(float* part, const float* q, const void* k, const void* v,
+                                                     const int* tables, int table_stride, const int* lens, int hq,
+                                                     int hkv, int d, int block_size, float scale, int want,
+                                                     int kv_dt) {
+    pdl_begin();
+    __shared__ float sm_m[ATTS_WARPS], sm_l[ATTS_WARPS];
+    __shared__ float4 sm_acc[ATTS_WARPS][32 * ATTS_SLOTS];
+    if (kv_dt == DT_F32)
+        paged_body<F32Kv>(part, q, k, v, tables, table_stride, lens, hq, hkv, d, block_size, scale, want, sm_m, sm_l,
+                          sm_acc);
+    else if (kv_dt == DT_F16)
+        paged_body<HalfKv<DT_F16>>(part, q, k, v, tables, table_stride, lens, hq, hkv, d, block_size, scale, want,
+                                   sm_m, sm_l, sm_acc);
+    else
+        paged_body<HalfKv<DT_BF16>>(part, q, k, v, tables, table_stride, lens, hq, hkv, d, block_size, scale, want,
+                                    sm_m, sm_l, sm_acc);
 }
 
 // out [L, Hq * D] from the S partials of each (query, head): one block per (head, query).

@@ -289,6 +289,23 @@ __device__ __forceinline__ u32 bf16_rn(float f) {
     return u >> 16;
 }
 
+// f as IEEE half bits, rounded to nearest, ties to even, as the host's `half::f16::from_f32` does.
+__device__ __forceinline__ u16 f32_to_f16(float f) {
+    u16 h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+    return h;
+}
+
+// Element i of a float array of dtype `dt` (f32, f16 or bf16) set to v, rounded to nearest even
+// (the caches of keys and values, kept in half precision, store so).
+__device__ __forceinline__ void store_float(void* p, size_t i, float v, int dt) {
+    if (dt == DT_F32) {
+        ((float*)p)[i] = v;
+    } else {
+        ((u16*)p)[i] = dt == DT_F16 ? f32_to_f16(v) : (u16)bf16_rn(v);
+    }
+}
+
 #ifndef NUVEC_CUDA_EMU
 // Tensor-core helpers (flash attention, the bf16 weight decoder); the CPU emulator
 // (scripts/cuda-emu/cuda_emu.h) defines its own of each.

@@ -64,9 +64,11 @@ extern "C" __global__ void rope_f32(float* out, const float* x, const float* inv
     }
 }
 
-// dst [A, cap, C] rows offset..offset+n of every A <- src [A, n, C]. `step`: as in rope_f32.
-extern "C" __global__ void write_axis1_f32(float* dst, const float* src, size_t n_total, int n, int cap, int c,
-                                           int offset, const int* step) {
+// dst [A, cap, C] rows offset..offset+n of every A <- the first n rows of each A of src
+// [A, src_cap, C], converted from src_dt to dst_dt (f32, f16 or bf16; to half precision rounded
+// to nearest even). `step`: as in rope_f32.
+extern "C" __global__ void write_axis1(void* dst, int dst_dt, const void* src, int src_dt, size_t n_total, int n,
+                                       int cap, int c, int offset, const int* step, int src_cap) {
     pdl_begin();
     if (step) offset += step[0];
     GRID_STRIDE(i, n_total) {
@@ -74,13 +76,19 @@ extern "C" __global__ void write_axis1_f32(float* dst, const float* src, size_t 
         size_t r = i / c;
         size_t j = r % n;
         size_t a = r / n;
-        dst[(a * cap + offset + j) * c + e] = src[i];
+        store_float(dst, (a * cap + offset + j) * c + e, load_float(src, (a * src_cap + j) * c + e, src_dt), dst_dt);
     }
 }
 
-// [A, B, C] -> [B, A, C].
-extern "C" __global__ void transpose01_f32(float* out, const float* x, int a, int b, int c, size_t n) {
+// Every element of x (f32, f16 or bf16) as out's dtype.
+extern "C" __global__ void cast_float(void* out, int out_dt, const void* x, int x_dt, size_t n) {
     pdl_begin();
+    GRID_STRIDE(i, n) store_float(out, i, load_float(x, i, x_dt), out_dt);
+}
+
+// [A, B, C] -> [B, A, C], of 4-byte elements (f32) or 2-byte ones (f16, bf16: transpose01_u16).
+template <class T>
+__device__ __forceinline__ void transpose01(T* out, const T* x, int a, int b, int c, size_t n) {
     GRID_STRIDE(i, n) {
         size_t e = i % c;
         size_t r = i / c;
@@ -88,6 +96,14 @@ extern "C" __global__ void transpose01_f32(float* out, const float* x, int a, in
         size_t ia = r / b;
         out[(jb * a + ia) * c + e] = x[i];
     }
+}
+extern "C" __global__ void transpose01_f32(float* out, const float* x, int a, int b, int c, size_t n) {
+    pdl_begin();
+    transpose01(out, x, a, b, c, n);
+}
+extern "C" __global__ void transpose01_u16(u16* out, const u16* x, int a, int b, int c, size_t n) {
+    pdl_begin();
+    transpose01(out, x, a, b, c, n);
 }
 
 // ---- argmax over rows, in two launches (argmax and argmax_gap; ops.rs, ops/fused.rs) ----
@@ -213,10 +229,10 @@ extern "C" __global__ void argmax_final_f32(u32* out, const u32* part, const flo
 }
 
 // dst [A, cap, C] rows offset..offset+n of every A <- src [n, A, C] (write_axis1 of src with its
-// first two axes swapped: new keys or values [L, heads, head_dim] into a cache). `step`: as in
-// rope_f32.
-extern "C" __global__ void write_axis1_rows_f32(float* dst, const float* src, size_t n_total, int a, int cap, int c,
-                                                int offset, const int* step) {
+// first two axes swapped: new keys or values [L, heads, head_dim] into a cache), f32 into a cache
+// of dst_dt. `step`: as in rope_f32.
+extern "C" __global__ void write_axis1_rows(void* dst, int dst_dt, const float* src, size_t n_total, int a, int cap,
+                                            int c, int offset, const int* step) {
     pdl_begin();
     if (step) offset += step[0];
     GRID_STRIDE(i, n_total) {
@@ -224,6 +240,6 @@ extern "C" __global__ void write_axis1_rows_f32(float* dst, const float* src, si
         size_t r = i / c;
         size_t ia = r % a;
         size_t j = r / a;
-        dst[(ia * cap + offset + j) * c + e] = src[i];
+        store_float(dst, (ia * cap + offset + j) * c + e, src[i], dst_dt);
     }
 }

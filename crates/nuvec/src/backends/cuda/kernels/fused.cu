@@ -92,13 +92,13 @@ extern "C" __global__ void __launch_bounds__(1024) rms_norm_row_f32(float* __res
 // replayed step's scalars, whose step[0] (positions since the captured step) is added to `offset`.
 // With `kc` set (rope_qk_kv_f32) the rotated keys go straight into the key cache [hkv, cap, d] at
 // position cache_off + t (plus step[0] too) instead of `ko`, and hkv more warps (heads hq + hkv..)
-// copy the values v [L, hkv, d] into the value cache `vc` likewise: write_kv_rows_f32's writes,
-// without its launch.
+// copy the values v [L, hkv, d] into the value cache `vc` likewise: write_kv_rows's writes,
+// without its launch. The caches hold `kv_dt` (f32, f16 or bf16; rounded to nearest even).
 __device__ __forceinline__ void rope_qk_run(float* qo, float* ko, const float* q, const float* k, const void* qw,
                                             const void* kw, int w_dt, float eps, int norm, const float* inv_freqs,
                                             int half, int hq, int hkv, int d, long long offset, int traditional,
-                                            const int* step, const float* v, float* kc, float* vc, int cap,
-                                            int cache_off, const long long* positions, const int* slots) {
+                                            const int* step, const float* v, void* kc, void* vc, int cap,
+                                            int cache_off, const long long* positions, const int* slots, int kv_dt) {
     if (step) offset += step[0], cache_off += step[0];
     extern __shared__ float rope_cs[];  // cos of frequency f at f, sin at half + f
     const size_t t = blockIdx.y;
@@ -108,16 +108,21 @@ __device__ __forceinline__ void rope_qk_run(float* qo, float* ko, const float* q
     const size_t at = live ? (t * heads + (is_q ? h : h - hq)) * (size_t)d : 0;
     const float* src = (is_q ? q : k) + at;
     // A paged store [positions, hkv * d] takes row t at its slot; a cache [hkv, cap, d] at cache_off + t.
-    auto cache_row = [&](float* c, int head) {
-        return slots ? c + ((size_t)slots[t] * hkv + head) * d : c + ((size_t)head * cap + cache_off + t) * d;
+    // (in values from the cache's start)
+    auto cache_row = [&](int head) {
+        return slots ? ((size_t)slots[t] * hkv + head) * d : ((size_t)head * cap + cache_off + t) * d;
     };
-    float* dst = is_q ? qo + at : kc ? cache_row(kc, h - hq) : ko + at;
+    // Where the head's output goes: an f32 query or key row, or a key row of the cache.
+    const bool to_cache = !is_q && kc;
+    void* dst = to_cache ? kc : is_q ? (void*)(qo + at) : (void*)(ko + at);
+    const size_t dst_at = to_cache && live ? cache_row(h - hq) : 0;
+    const int dst_dt = to_cache ? kv_dt : DT_F32;
     const void* w = is_q ? qw : kw;
     if (kc && h >= hq + hkv && h < hq + 2 * hkv) {  // a value row into its cache
         const int hv = h - hq - hkv;
         const float* vs = v + (t * hkv + hv) * (size_t)d;
-        float* vd = cache_row(vc, hv);
-        for (int i = lane; i < d; i += 32) vd[i] = vs[i];
+        const size_t vd = cache_row(hv);
+        for (int i = lane; i < d; i += 32) store_float(vc, vd + i, vs[i], kv_dt);
     }
     // Two rotation pairs per lane at a time (rope_pair's features a, b for f = f0 and f0 + 32),
     // loaded together; the first two before the cos/sin table is made (at decode they are all
@@ -160,11 +165,11 @@ __device__ __forceinline__ void rope_qk_run(float* qo, float* ko, const float* q
             int a, b;
             rope_pair(f, half, traditional, a, b);
             const float x1 = scaled(x[u][0], a), x2 = scaled(x[u][1], b), cs = rope_cs[f], sn = rope_cs[half + f];
-            dst[a] = rope_rotate(x1, x2, cs, sn, false);
-            dst[b] = rope_rotate(x1, x2, cs, sn, true);
+            store_float(dst, dst_at + a, rope_rotate(x1, x2, cs, sn, false), dst_dt);
+            store_float(dst, dst_at + b, rope_rotate(x1, x2, cs, sn, true), dst_dt);
         }
     }
-    for (int i = 2 * half + lane; i < d; i += 32) dst[i] = scaled(src[i], i);
+    for (int i = 2 * half + lane; i < d; i += 32) store_float(dst, dst_at + i, scaled(src[i], i), dst_dt);
 }
 
 extern "C" __global__ void rope_qk_f32(float* qo, float* ko, const float* q, const float* k, const void* qw,
@@ -173,33 +178,34 @@ extern "C" __global__ void rope_qk_f32(float* qo, float* ko, const float* q, con
                                        const int* step) {
     pdl_begin();
     rope_qk_run(qo, ko, q, k, qw, kw, w_dt, eps, norm, inv_freqs, half, hq, hkv, d, offset, traditional, step,
-                nullptr, nullptr, nullptr, 0, 0, nullptr, nullptr);
+                nullptr, nullptr, nullptr, 0, 0, nullptr, nullptr, DT_F32);
 }
-extern "C" __global__ void rope_qk_kv_f32(float* qo, float* kc, float* vc, const float* q, const float* k,
+extern "C" __global__ void rope_qk_kv_f32(float* qo, void* kc, void* vc, const float* q, const float* k,
                                           const float* v, const void* qw, const void* kw, int w_dt, float eps,
                                           int norm, const float* inv_freqs, int half, int hq, int hkv, int d,
                                           long long offset, int traditional, const int* step, int cap,
-                                          int cache_off) {
+                                          int cache_off, int kv_dt) {
     pdl_begin();
     rope_qk_run(qo, nullptr, q, k, qw, kw, w_dt, eps, norm, inv_freqs, half, hq, hkv, d, offset, traditional, step,
-                v, kc, vc, cap, cache_off, nullptr, nullptr);
+                v, kc, vc, cap, cache_off, nullptr, nullptr, kv_dt);
 }
 // A decode step of several paged sequences: row t of q, k, v at position positions[t], its key and
-// value written into the stores kc, vc [positions, hkv * d] at row slots[t].
-extern "C" __global__ void rope_qk_paged_f32(float* qo, float* kc, float* vc, const float* q, const float* k,
+// value written into the stores kc, vc [positions, hkv * d] (of kv_dt) at row slots[t].
+extern "C" __global__ void rope_qk_paged_f32(float* qo, void* kc, void* vc, const float* q, const float* k,
                                              const float* v, const void* qw, const void* kw, int w_dt, float eps,
                                              int norm, const float* inv_freqs, int half, int hq, int hkv, int d,
-                                             int traditional, const long long* positions, const int* slots) {
+                                             int traditional, const long long* positions, const int* slots,
+                                             int kv_dt) {
     pdl_begin();
     rope_qk_run(qo, nullptr, q, k, qw, kw, w_dt, eps, norm, inv_freqs, half, hq, hkv, d, 0, traditional, nullptr, v,
-                kc, vc, 0, 0, positions, slots);
+                kc, vc, 0, 0, positions, slots, kv_dt);
 }
 
-// New keys and values [n, a, c] (positions first) into their caches [a, cap, c] at `offset`:
-// write_axis1_rows_f32 of both in one grid (elements 0..n_each-1 are keys', the rest values').
-// `step`: as in rope_qk_f32.
-extern "C" __global__ void write_kv_rows_f32(float* kd, float* vd, const float* ks, const float* vs, size_t n_each,
-                                             int a, int cap, int c, int offset, const int* step) {
+// New keys and values [n, a, c] (positions first, f32) into their caches [a, cap, c] (of kv_dt) at
+// `offset`: write_axis1_rows of both in one grid (elements 0..n_each-1 are keys', the rest
+// values'). `step`: as in rope_qk_f32.
+extern "C" __global__ void write_kv_rows(void* kd, void* vd, const float* ks, const float* vs, size_t n_each, int a,
+                                         int cap, int c, int offset, const int* step, int kv_dt) {
     pdl_begin();
     if (step) offset += step[0];
     FUSED_GRID_STRIDE(i, 2 * n_each) {
@@ -209,7 +215,7 @@ extern "C" __global__ void write_kv_rows_f32(float* kd, float* vd, const float* 
         size_t r = e0 / c;
         size_t ia = r % a;
         size_t j = r / a;
-        (values ? vd : kd)[(ia * cap + offset + j) * c + e] = (values ? vs : ks)[e0];
+        store_float(values ? vd : kd, (ia * cap + offset + j) * c + e, (values ? vs : ks)[e0], kv_dt);
     }
 }
 

@@ -23,6 +23,12 @@ fn rope_kv_enabled() -> bool {
     *ON.get_or_init(|| std::env::var("NUVEC_ROPE_KV").map_or(true, |v| v != "0"))
 }
 
+/// The dtype code of a pair of caches the fused writes take (f32, f16 or bf16, one for both).
+fn cache_code(k_cache: &Array, v_cache: &Array) -> Option<i32> {
+    let code = float_code("cache write", "keys", k_cache).ok()?;
+    (k_cache.dtype() == v_cache.dtype()).then_some(code)
+}
+
 /// What one `rope_qk_f32` launch takes: heads of at most ROPE_QK_MAX_DIM features, at most 65535
 /// positions (the grid's y), and q and k norm weights of one dtype.
 fn rope_qk_fits(d: usize, l: usize, qk_norm: Option<(&Array, &Array, f32)>) -> bool {
@@ -49,6 +55,8 @@ struct CacheTarget {
     v: u64,
     kd: u64,
     vd: u64,
+    /// The caches' dtype code (f32, f16 or bf16).
+    kv_dt: i32,
     cap: usize,
     at: usize,
     paged: Option<(u64, u64)>,
@@ -151,9 +159,10 @@ impl CudaBackend {
                 ),
             ));
         };
-        let f32s = [k_cache.dtype(), v_cache.dtype(), k.dtype(), v.dtype()].iter().all(|&t| t == DType::F32);
+        let kv_dt = cache_code(k_cache, v_cache);
         let one_launch = rope_kv_enabled()
-            && f32s
+            && [k.dtype(), v.dtype()].iter().all(|&t| t == DType::F32)
+            && kv_dt.is_some()
             && k_cache.shape() == v_cache.shape()
             && v.shape() == k.shape()
             && a == hkv
@@ -179,7 +188,8 @@ impl CudaBackend {
         self.ptr(op, "k cache", k_cache)?;
         self.ptr(op, "v cache", v_cache)?;
         let (kd, vd) = (k_cache.cuda_ptr_mut()?, v_cache.cuda_ptr_mut()?);
-        let target = CacheTarget { v: vp, kd, vd, cap, at: cache_offset, paged: None };
+        let kv_dt = kv_dt.expect("checked with one_launch");
+        let target = CacheTarget { v: vp, kd, vd, kv_dt, cap, at: cache_offset, paged: None };
         let rope = RopeArgs { q, k, qk_norm, inv_freqs, offset, traditional };
         let (qo, _) = self.rope_qk_launch(&rope, Some(target))?;
         guard!(self.st()?, |at| cache_offset + at.delta + l <= cap);
@@ -202,8 +212,9 @@ impl CudaBackend {
     ) -> Result<Array> {
         let op = "rope_qk_write_paged";
         let (n, _, _, d, rows) = crate::backend::check_rope_paged(q, k, v, (positions, slots), (ks, vs))?;
-        let f32s = [ks.dtype(), vs.dtype(), k.dtype(), v.dtype()].iter().all(|&t| t == DType::F32);
-        if !(rope_kv_enabled() && f32s && rope_qk_fits(d, n, qk_norm)) {
+        let kv_dt = cache_code(ks, vs);
+        let f32s = [k.dtype(), v.dtype()].iter().all(|&t| t == DType::F32);
+        let Some(kv_dt) = kv_dt.filter(|_| rope_kv_enabled() && f32s && rope_qk_fits(d, n, qk_norm)) else {
             let rows = (positions, slots);
             return crate::backend::rope_qk_write_paged_composed(
                 self,
@@ -216,7 +227,7 @@ impl CudaBackend {
                 rows,
                 (ks, vs),
             );
-        }
+        };
         // Positions and slots per row: a grid no graph replay patches.
         self.st()?.not_capturing("the rope and cache writes of several paged sequences")?;
         let positions = positions.iter().map(|&p| p as i64).collect::<Vec<i64>>();
@@ -226,7 +237,8 @@ impl CudaBackend {
         self.ptr(op, "k store", ks)?;
         self.ptr(op, "v store", vs)?;
         let (kd, vd) = (ks.cuda_ptr_mut()?, vs.cuda_ptr_mut()?);
-        let target = CacheTarget { v: vp, kd, vd, cap: rows, at: 0, paged: Some((positions.ptr(), slots.ptr())) };
+        let paged = Some((positions.ptr(), slots.ptr()));
+        let target = CacheTarget { v: vp, kd, vd, kv_dt, cap: rows, at: 0, paged };
         let rope = RopeArgs { q, k, qk_norm, inv_freqs, offset: 0, traditional };
         let (qo, _) = self.rope_qk_launch(&rope, Some(target))?;
         Ok(qo)
@@ -302,16 +314,16 @@ impl CudaBackend {
                 launch!(self.st()?, op, "rope_qk_f32", cfg;
                     qop, kop, qp, kp, qwp, kwp, w_dt, eps, norm, fp, halfi, hqi, hkvi, di, offset, trad, step);
             }
-            (None, Some(CacheTarget { v: vp, kd, vd, paged: Some((pp, sp)), .. })) => {
+            (None, Some(CacheTarget { v: vp, kd, vd, kv_dt, paged: Some((pp, sp)), .. })) => {
                 launch!(self.st()?, op, "rope_qk_paged_f32", cfg;
-                    qop, kd, vd, qp, kp, vp, qwp, kwp, w_dt, eps, norm, fp, halfi, hqi, hkvi, di, trad, pp, sp);
+                    qop, kd, vd, qp, kp, vp, qwp, kwp, w_dt, eps, norm, fp, halfi, hqi, hkvi, di, trad, pp, sp, kv_dt);
             }
             (None, Some(t)) => {
-                let (vp, kd, vd) = (t.v, t.kd, t.vd);
+                let (vp, kd, vd, kv_dt) = (t.v, t.kd, t.vd, t.kv_dt);
                 let (capi, ati) = (to_i32(op, "capacity", t.cap)?, to_i32(op, "offset", t.at)?);
                 launch!(self.st()?, op, "rope_qk_kv_f32", cfg;
                     qop, kd, vd, qp, kp, vp, qwp, kwp, w_dt, eps, norm, fp, halfi, hqi, hkvi, di, offset, trad, step,
-                    capi, ati);
+                    capi, ati, kv_dt);
             }
             (None, None) => return Err(Error::Device(format!("{op}: neither a key output nor a cache"))),
         }
@@ -328,9 +340,11 @@ impl CudaBackend {
         offset: usize,
     ) -> Result<()> {
         let op = "write_kv_rows";
+        let kv_dt = cache_code(k_cache, v_cache);
         let one_launch = k_cache.shape() == v_cache.shape()
             && k.shape() == v.shape()
-            && [k_cache.dtype(), v_cache.dtype(), k.dtype(), v.dtype()].iter().all(|&t| t == DType::F32);
+            && kv_dt.is_some()
+            && [k.dtype(), v.dtype()].iter().all(|&t| t == DType::F32);
         let (&[a, cap, c], &[n, sa, sc]) = (k_cache.shape(), k.shape()) else {
             return Err(Error::shape(
                 op,
@@ -358,8 +372,9 @@ impl CudaBackend {
         );
         // CUDA graphs: while capturing, the kernel adds the step's delta to the offset.
         let step = self.st()?.step_scalars();
-        launch!(self.st()?, op, "write_kv_rows_f32", cfg_1d(2 * each as usize);
-            kd, vd, kp, vp, each, ai, capi, ci, offi, step);
+        let kv_dt = kv_dt.expect("checked with one_launch");
+        launch!(self.st()?, op, "write_kv_rows", cfg_1d(2 * each as usize);
+            kd, vd, kp, vp, each, ai, capi, ci, offi, step, kv_dt);
         guard!(self.st()?, |at| offset + at.delta + n <= cap);
         Ok(())
     }

@@ -1,6 +1,6 @@
 //! Decode attention of many sequences over one paged cache on a CUDA device: one split-key
 //! launch over every sequence (attention.cu's `paged_attention_split_f32`, reading the blocks
-//! through each sequence's table) and one merge, instead of gathers, transposes and two
+//! through each sequence's table, in the store's f32, f16 or bf16) and one merge, instead of gathers, transposes and two
 //! launches per sequence.
 
 use cudarc::driver::LaunchConfig;
@@ -25,8 +25,11 @@ impl CudaBackend {
     ) -> Result<Array> {
         let op = "paged_decode_attention";
         let (n, hq, hkv, d, _) = check_paged(q, k, v, seqs, block_size, sinks)?;
-        let (qp, kp, vp) = (self.f32_ptr(op, "q", q)?, self.f32_ptr(op, "k", k)?, self.f32_ptr(op, "v", v)?);
-        let aligned = d.is_multiple_of(4) && (qp | kp | vp).is_multiple_of(16);
+        let qp = self.f32_ptr(op, "q", q)?;
+        let (kp, vp, kv_dt) = self.kv_ptrs(op, k, v)?;
+        // Rows of 4 values load as one 16-byte (f32) or 8-byte (f16, bf16) word.
+        let row_align = if k.dtype() == DType::F32 { 16 } else { 8 };
+        let aligned = d.is_multiple_of(4) && qp.is_multiple_of(16) && (kp | vp).is_multiple_of(row_align);
         if !aligned || d > ATTS_MAX_DIM || n > 65535 {
             return paged_decode_attention_composed(self, q, k, v, seqs, block_size, scale, sinks);
         }
@@ -61,7 +64,7 @@ impl CudaBackend {
             shared_mem_bytes: 0,
         };
         launch!(self.st()?, op, "paged_attention_split_f32", cfg;
-            pp, qp, kp, vp, tp, stridei, lp, hqi, hkvi, di, bsi, scale, wanti);
+            pp, qp, kp, vp, tp, stridei, lp, hqi, hkvi, di, bsi, scale, wanti, kv_dt);
         let cfg = LaunchConfig { grid_dim: (hq as u32, n as u32, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
         let no_parts = 0u64;
         launch!(self.st()?, op, "attention_merge_f32", cfg; o, pp, hqi, di, wanti, sp, no_parts);

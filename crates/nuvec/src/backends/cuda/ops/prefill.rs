@@ -530,7 +530,7 @@ impl CudaBackend {
         &self,
         op: &'static str,
         o: u64,
-        (qp, kp, vp): (u64, u64, u64),
+        (qp, kp, vp, kv_dt): (u64, u64, u64, i32),
         (l, hq, hkv, d): (usize, usize, usize, usize),
         cap: usize,
         kv_len: usize,
@@ -543,9 +543,9 @@ impl CudaBackend {
         let group = hq / hkv;
         // K, V: the first kv_len rows of each head, [Hkv, kv_len, D] in bf16.
         let kb = DeviceBuffer::alloc(st, hkv * kv_len * d * 2)?;
-        self.to_bf16(op, kb.ptr(), kp, DT_F32, (kv_len, hkv, d), (d, cap * d))?;
+        self.to_bf16(op, kb.ptr(), kp, kv_dt, (kv_len, hkv, d), (d, cap * d))?;
         let vb = DeviceBuffer::alloc(st, hkv * kv_len * d * 2)?;
-        self.to_bf16(op, vb.ptr(), vp, DT_F32, (kv_len, hkv, d), (d, cap * d))?;
+        self.to_bf16(op, vb.ptr(), vp, kv_dt, (kv_len, hkv, d), (d, cap * d))?;
         // Flash attention where it has a kernel: head sizes 64 and 128, q and out 8-byte aligned
         // (its float2 loads and stores), query blocks within a grid's y limit.
         let warps = flash_warps(d);
