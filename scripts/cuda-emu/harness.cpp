@@ -244,10 +244,21 @@ static void test_attn_half(int l, int kv, int hq, int hkv, int d, int dt, bool s
     std::vector<float> part((size_t)hq * want_s * (d + 2)), paged(split.size());
     int lens[1] = {kv};
     emu_launch({(unsigned)hq, 1, (unsigned)want_s}, {128, 1, 1}, [&] {
-        paged_attention_split_f32(part.data(), q.data(), ks.data(), vs.data(), table.data(), blocks, lens, hq, hkv, d, bs, scale, want_s, dt);
+        paged_attention_split_f32(part.data(), q.data(), ks.data(), vs.data(), table.data(), blocks, lens, hq, hkv, d, bs, scale, want_s, dt, 1);
     });
     emu_launch({(unsigned)hq, 1, 1}, {128, 1, 1}, [&] { attention_merge_f32(paged.data(), part.data(), hq, d, want_s, sp, nullptr); });
     check(std::memcmp(paged.data(), split.data(), 4 * split.size()) == 0, std::string(name) + " paged == split, bit for bit");
+    // The heads of a KV group in one block (D <= 128): the same partials, bit for bit.
+    const int group = hq / hkv;
+    if (d > 128 || group < 2) return;
+    const int gh = group % 4 == 0 ? 4 : group % 3 == 0 ? 3 : group % 2 == 0 ? 2 : 1;
+    std::vector<float> part_g(part.size(), NAN);
+    emu_launch({(unsigned)(hq / gh), 1, (unsigned)want_s}, {128, 1, 1}, [&] {
+        paged_attention_split_f32(part_g.data(), q.data(), ks.data(), vs.data(), table.data(), blocks, lens, hq, hkv, d, bs, scale, want_s, dt, gh);
+    });
+    check(std::memcmp(part_g.data(), part.data(), 4 * part.size()) == 0,
+          std::string(name) + " paged, " + std::to_string(gh) + " heads per block == one per block, bit for bit");
+    printf("ok   %s: paged with %d heads per block == one per block\n", name, gh);
 }
 
 static void test_swiglu() {
@@ -281,6 +292,7 @@ int main() {
         test_attn_half(1, 300, 8, 2, 128, dt, false); test_attn_half(1, 77, 4, 1, 64, dt, true);
         test_attn_half(1, 45, 2, 1, 256, dt, false); test_attn_half(1, 37, 2, 2, 512, dt, true);
         test_attn_half(3, 70, 8, 8, 16, dt, false); test_attn_half(1, 1, 4, 2, 64, dt, false);
+        test_attn_half(1, 200, 9, 3, 32, dt, true); test_attn_half(1, 130, 16, 2, 128, dt, false);
     }
     test_swiglu();
     printf("%d failures\n", fails);

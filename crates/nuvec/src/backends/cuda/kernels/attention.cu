@@ -324,18 +324,124 @@ extern "C" __global__ void attention_split_f32(float* part, const float* q, cons
                                    sm_acc);
 }
 
+// GH query heads of one KV group (head sizes up to 128) in one block: each key and value row is
+// loaded once for all of them instead of once per head. Per head the arithmetic is atts_core's for
+// SLOTS = 1, in the same order (the same key groups, the same online softmax, the same merge of
+// the warps), so every partial is bit for bit what a block of that head alone writes. Head g's
+// query is qv0 + g * d4 and its partial pv0 + g * pv_step.
+template <int GH, class Rows>
+__device__ __forceinline__ void atts_group(float* pv0, size_t pv_step, const float4* qv0, Rows rows, int d, float scale,
+                                           int j_begin, int j_end, float* sm_m, float* sm_l,
+                                           float4 (*sm_acc)[32 * ATTS_SLOTS]) {
+    typedef typename Rows::Kv Kv;
+    typedef typename Kv::raw Raw;
+    constexpr int KB = 4 * (int)(sizeof(float4) / sizeof(Raw));
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int d4 = d >> 2;
+    const bool on = lane < d4;
+    float4 qr[GH], acc[GH];
+    float run_m[GH], run_l[GH];
+#pragma unroll
+    for (int g = 0; g < GH; ++g) {
+        const float4 z = make_float4(0.f, 0.f, 0.f, 0.f);
+        qr[g] = on ? qv0[(size_t)g * d4 + lane] : z;
+        qr[g].x *= scale; qr[g].y *= scale; qr[g].z *= scale; qr[g].w *= scale;
+        acc[g] = z;
+        run_m[g] = NEG_INF;
+        run_l[g] = 0.0f;
+    }
+    for (int j0 = j_begin + warp; j0 < j_end; j0 += ATTS_WARPS * KB) {
+        Raw kk[KB], vv[KB];
+#pragma unroll
+        for (int b = 0; b < KB; ++b) {
+            const int j = j0 + ATTS_WARPS * b;
+            const Raw* kr = j < j_end ? rows.key(j) : nullptr;
+            const Raw* vr = j < j_end ? rows.val(j) : nullptr;
+            if (j < j_end && on) {
+                kk[b] = kr[lane];
+                vv[b] = vr[lane];
+            } else {
+                kk[b] = vv[b] = Raw{};
+            }
+        }
+#pragma unroll
+        for (int g = 0; g < GH; ++g) {
+            float sc[KB];
+            float gm = run_m[g];
+#pragma unroll
+            for (int b = 0; b < KB; ++b) {
+                float dot = 0.0f;
+                if (on) {
+                    const float4 kf = Kv::widen(kk[b]);
+                    dot = fmaf(qr[g].x, kf.x, dot); dot = fmaf(qr[g].y, kf.y, dot);
+                    dot = fmaf(qr[g].z, kf.z, dot); dot = fmaf(qr[g].w, kf.w, dot);
+                }
+                dot = warp_sum(dot);
+                sc[b] = j0 + ATTS_WARPS * b < j_end ? dot : NEG_INF;
+                gm = fmaxf(gm, sc[b]);
+            }
+            float corr = expf(run_m[g] - gm);
+            run_l[g] *= corr;
+            acc[g].x *= corr; acc[g].y *= corr; acc[g].z *= corr; acc[g].w *= corr;
+#pragma unroll
+            for (int b = 0; b < KB; ++b) {
+                if (j0 + ATTS_WARPS * b >= j_end) break;
+                float p = expf(sc[b] - gm);
+                run_l[g] += p;
+                if (on) {
+                    const float4 vf = Kv::widen(vv[b]);
+                    acc[g].x = fmaf(p, vf.x, acc[g].x); acc[g].y = fmaf(p, vf.y, acc[g].y);
+                    acc[g].z = fmaf(p, vf.z, acc[g].z); acc[g].w = fmaf(p, vf.w, acc[g].w);
+                }
+            }
+            run_m[g] = gm;
+        }
+    }
+    // The warps' states combined head by head, as atts_core combines them.
+#pragma unroll
+    for (int g = 0; g < GH; ++g) {
+        if (lane == 0) { sm_m[warp] = run_m[g]; sm_l[warp] = run_l[g]; }
+        if (on) sm_acc[warp][lane] = acc[g];
+        __syncthreads();
+        float m = NEG_INF;
+#pragma unroll
+        for (int w = 0; w < ATTS_WARPS; ++w) m = fmaxf(m, sm_m[w]);
+        float wts[ATTS_WARPS], tot = 0.0f;
+#pragma unroll
+        for (int w = 0; w < ATTS_WARPS; ++w) {
+            wts[w] = sm_m[w] == NEG_INF ? 0.0f : expf(sm_m[w] - m);
+            tot += sm_l[w] * wts[w];
+        }
+        float* pv = pv0 + g * pv_step;
+        if (threadIdx.x == 0) { pv[0] = m; pv[1] = tot; }
+        for (int c = threadIdx.x; c < d4; c += blockDim.x) {
+            float4 a = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+            for (int w = 0; w < ATTS_WARPS; ++w) {
+                float4 b = sm_acc[w][c];
+                a.x = fmaf(wts[w], b.x, a.x); a.y = fmaf(wts[w], b.y, a.y);
+                a.z = fmaf(wts[w], b.z, a.z); a.w = fmaf(wts[w], b.w, a.w);
+            }
+            pv[2 + 4 * c] = a.x; pv[3 + 4 * c] = a.y; pv[4 + 4 * c] = a.z; pv[5 + 4 * c] = a.w;
+        }
+        __syncthreads();  // the next head reuses the shared arrays
+    }
+}
+
 // Decode attention of many sequences over one paged store (k, v [blocks * bs, Hkv * D], of dtype
-// kv_dt): grid (Hq, n, want); block (h, t, s) takes query t's keys by the host's split rule for
-// one query, chunk = max(ceil(len / want), 32), so each sequence gets the partials its own decode
-// gets and the merge (over `want` splits, the empty ones skipped) gives its result bit for bit.
-// Sequence t's blocks are tables[t * table_stride ..], its length lens[t].
+// kv_dt): grid (Hq / gh, n, want); block (x, t, s) takes query heads gh * x .. gh * x + gh - 1
+// (gh > 1: heads of one KV group and D <= 128, atts_group; gh = 1: atts_core) and query t's keys
+// by the host's split rule for one query, chunk = max(ceil(len / want), 32), so each sequence gets
+// the partials its own decode gets and the merge (over `want` splits, the empty ones skipped)
+// gives its result bit for bit, whatever gh. Sequence t's blocks are tables[t * table_stride ..],
+// its length lens[t].
 template <class E>
 __device__ __forceinline__ void paged_body(float* part, const float* q, const void* k, const void* v,
                                            const int* tables, int table_stride, const int* lens, int hq, int hkv,
-                                           int d, int block_size, float scale, int want, float* sm_m, float* sm_l,
-                                           float4 (*sm_acc)[32 * ATTS_SLOTS]) {
+                                           int d, int block_size, float scale, int want, int gh, float* sm_m,
+                                           float* sm_l, float4 (*sm_acc)[32 * ATTS_SLOTS]) {
     typedef typename E::raw Raw;
-    const int h = blockIdx.x, t = blockIdx.y, s = blockIdx.z;
+    const int h = blockIdx.x * gh, t = blockIdx.y, s = blockIdx.z;
     const int kv_len = lens[t];
     const int chunk = max((kv_len + want - 1) / want, 32);
     const int j_begin = s * chunk, j_end = min(kv_len, j_begin + chunk);
@@ -343,24 +449,28 @@ __device__ __forceinline__ void paged_body(float* part, const float* q, const vo
     PagedRows<E> rows{(const Raw*)k, (const Raw*)v, tables + (size_t)t * table_stride, block_size, hkv * d4, kvh * d4};
     const float4* qv = (const float4*)(q + ((size_t)t * hq + h) * d);
     float* pv = part + (((size_t)t * hq + h) * gridDim.z + s) * (size_t)(d + 2);
-    atts_sized(pv, qv, rows, d, scale, j_begin, j_end, sm_m, sm_l, sm_acc);
+    const size_t pv_step = (size_t)gridDim.z * (d + 2);
+    if (gh == 4) atts_group<4>(pv, pv_step, qv, rows, d, scale, j_begin, j_end, sm_m, sm_l, sm_acc);
+    else if (gh == 3) atts_group<3>(pv, pv_step, qv, rows, d, scale, j_begin, j_end, sm_m, sm_l, sm_acc);
+    else if (gh == 2) atts_group<2>(pv, pv_step, qv, rows, d, scale, j_begin, j_end, sm_m, sm_l, sm_acc);
+    else atts_sized(pv, qv, rows, d, scale, j_begin, j_end, sm_m, sm_l, sm_acc);
 }
 extern "C" __global__ void paged_attention_split_f32(float* part, const float* q, const void* k, const void* v,
                                                      const int* tables, int table_stride, const int* lens, int hq,
                                                      int hkv, int d, int block_size, float scale, int want,
-                                                     int kv_dt) {
+                                                     int kv_dt, int gh) {
     pdl_begin();
     __shared__ float sm_m[ATTS_WARPS], sm_l[ATTS_WARPS];
     __shared__ float4 sm_acc[ATTS_WARPS][32 * ATTS_SLOTS];
     if (kv_dt == DT_F32)
-        paged_body<F32Kv>(part, q, k, v, tables, table_stride, lens, hq, hkv, d, block_size, scale, want, sm_m, sm_l,
-                          sm_acc);
+        paged_body<F32Kv>(part, q, k, v, tables, table_stride, lens, hq, hkv, d, block_size, scale, want, gh, sm_m,
+                          sm_l, sm_acc);
     else if (kv_dt == DT_F16)
-        paged_body<HalfKv<DT_F16>>(part, q, k, v, tables, table_stride, lens, hq, hkv, d, block_size, scale, want,
+        paged_body<HalfKv<DT_F16>>(part, q, k, v, tables, table_stride, lens, hq, hkv, d, block_size, scale, want, gh,
                                    sm_m, sm_l, sm_acc);
     else
         paged_body<HalfKv<DT_BF16>>(part, q, k, v, tables, table_stride, lens, hq, hkv, d, block_size, scale, want,
-                                    sm_m, sm_l, sm_acc);
+                                    gh, sm_m, sm_l, sm_acc);
 }
 
 // out [L, Hq * D] from the S partials of each (query, head): one block per (head, query).

@@ -1,7 +1,8 @@
 //! Decode attention of many sequences over one paged cache on a CUDA device: one split-key
 //! launch over every sequence (attention.cu's `paged_attention_split_f32`, reading the blocks
-//! through each sequence's table, in the store's f32, f16 or bf16) and one merge, instead of gathers, transposes and two
-//! launches per sequence.
+//! through each sequence's table, in the store's f32, f16 or bf16; the query heads of a KV group
+//! in one block when the step has sequences enough to fill the GPU so) and one merge, instead of
+//! gathers, transposes and two launches per sequence.
 
 use cudarc::driver::LaunchConfig;
 
@@ -58,16 +59,49 @@ impl CudaBackend {
         let (tp, lp) = (tables.ptr(), lens.ptr());
         let (stridei, hqi, hkvi, di) = (to_i32(op, "table", stride)?, hq as i32, hkv as i32, d as i32);
         let (bsi, wanti) = (to_i32(op, "block size", block_size)?, to_i32(op, "splits", want)?);
+        let gh = heads_per_block(n, hq, hkv, d, want);
         let cfg = LaunchConfig {
-            grid_dim: (hq as u32, n as u32, want as u32),
+            grid_dim: ((hq / gh) as u32, n as u32, want as u32),
             block_dim: (ATTS_THREADS, 1, 1),
             shared_mem_bytes: 0,
         };
+        let ghi = gh as i32;
         launch!(self.st()?, op, "paged_attention_split_f32", cfg;
-            pp, qp, kp, vp, tp, stridei, lp, hqi, hkvi, di, bsi, scale, wanti, kv_dt);
+            pp, qp, kp, vp, tp, stridei, lp, hqi, hkvi, di, bsi, scale, wanti, kv_dt, ghi);
         let cfg = LaunchConfig { grid_dim: (hq as u32, n as u32, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
         let no_parts = 0u64;
         launch!(self.st()?, op, "attention_merge_f32", cfg; o, pp, hqi, di, wanti, sp, no_parts);
         Ok(out)
+    }
+}
+
+/// Query heads per block of the paged decode kernel: several heads of one KV group (up to 4, head
+/// sizes up to 128) load each key and value row once for all of them, where a block per head
+/// reads every row once per head; one head per block when grouping would leave fewer blocks than
+/// a decode alone launches (a step of few sequences wants the parallelism more). Each head's
+/// result is the same bit for bit either way.
+fn heads_per_block(n: usize, hq: usize, hkv: usize, d: usize, want: usize) -> usize {
+    let group = hq / hkv;
+    let gh = [4, 3, 2].into_iter().find(|g| group.is_multiple_of(*g)).unwrap_or(1);
+    if d <= 128 && gh > 1 && n * (hq / gh) * want >= ATTS_TARGET_BLOCKS {
+        gh
+    } else {
+        1
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::heads_per_block;
+
+    #[test]
+    fn many_sequences_group_the_heads_of_a_kv_head() {
+        // Llama-3 8B: 32 query heads over 8 KV heads, 16 splits per sequence.
+        assert_eq!(heads_per_block(64, 32, 8, 128, 16), 4);
+        assert_eq!(heads_per_block(1, 32, 8, 128, 16), 1, "one sequence keeps a block per head");
+        assert_eq!(heads_per_block(64, 9, 3, 64, 57), 3);
+        assert_eq!(heads_per_block(64, 32, 32, 128, 16), 1, "no grouped KV heads");
+        assert_eq!(heads_per_block(64, 32, 8, 256, 16), 1, "head sizes over 128");
+        assert_eq!(heads_per_block(64, 64, 8, 64, 8), 4, "gpt-oss: 8 heads per group, 4 per block");
     }
 }
