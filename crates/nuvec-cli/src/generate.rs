@@ -107,6 +107,8 @@ pub struct Args {
     kv: KvArgs,
     #[command(flatten)]
     context: ContextArgs,
+    #[command(flatten)]
+    constraint: crate::constraint::ConstraintArgs,
     /// Continue from a cache saved by `nuvec cache-prompt`: the prompt is appended to the cached
     /// one, and only what the cache does not hold is computed. Without --model, the model the
     /// file was made with.
@@ -257,6 +259,7 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         cache: cache_options.clone(),
         context_length: args.context.ctx_size,
         allow_past_context: args.context.allow_past_context,
+        constraint: args.constraint.grammar(&tokenizer)?,
     };
     let mut text = TextStream::new(&tokenizer, &options).with_mlx_lm_spacing();
     let mut generation = generate_in(&model, &mut session, &ids, options)?;

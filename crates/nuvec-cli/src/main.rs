@@ -4,6 +4,7 @@ mod bench;
 mod cache_prompt;
 mod chat;
 mod common;
+mod constraint;
 mod convert;
 mod default_model;
 mod generate;

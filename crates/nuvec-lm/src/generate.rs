@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use nuvec::{Array, Device};
 
 use crate::cache::{CacheOptions, LayerCache};
+use crate::constrain::Grammar;
 use crate::decode_graph::DecodeGraph;
 use crate::engine::request::Request;
 use crate::models::Model;
@@ -60,6 +61,13 @@ pub struct GenerateOptions {
     /// degrades), as `--allow-past-context` does; a rotating cache (`cache.max_kv_size`) does
     /// too, as mlx-lm's does. Default false.
     pub allow_past_context: bool,
+    /// What the output must be (a JSON schema, a regex...: [`crate::constrain`]); default none.
+    /// Tokens the grammar does not allow next get log-probability minus infinity after the
+    /// logits processors, end-of-sequence is allowed exactly where the grammar may end, and the
+    /// output ends where the grammar is complete. Stop strings still end it (possibly short of
+    /// the grammar's end); `max_tokens` cuts it as any output. Refused with `ignore_eos` and with
+    /// `min_tokens` (the grammar decides where the output ends).
+    pub constraint: Option<Grammar>,
 }
 
 /// Prompt positions per prefill forward pass by default on `device`: 2048 (mlx-lm's
@@ -94,6 +102,7 @@ impl Default for GenerateOptions {
             cache: CacheOptions::default(),
             context_length: None,
             allow_past_context: false,
+            constraint: None,
         }
     }
 }
@@ -115,6 +124,12 @@ impl GenerateOptions {
         if let Some(n) = self.logprobs.filter(|&n| n > MAX_LOGPROBS) {
             return Err(Error::Invalid(format!("logprobs = {n}: at most {MAX_LOGPROBS} alternatives per token")));
         }
+        if self.constraint.is_some() && (self.ignore_eos || self.min_tokens > 0) {
+            let what = if self.ignore_eos { "ignore_eos (--ignore-eos)" } else { "min_tokens (--min-tokens)" };
+            return Err(Error::Invalid(format!(
+                "{what} with a constraint: the grammar decides where the output ends; drop one of them"
+            )));
+        }
         Ok(())
     }
 
@@ -131,6 +146,13 @@ impl GenerateOptions {
                 "min_tokens = {} is above max_tokens = {}: generation would end before it may (--min-tokens, \
                  --max-tokens)",
                 self.min_tokens, self.max_tokens
+            )));
+        }
+        if let Some(g) = self.constraint.as_ref().filter(|g| g.vocabulary_size() > model.vocab_size()) {
+            return Err(Error::Invalid(format!(
+                "the constraint was compiled for a vocabulary of {} tokens, more than the model's {}:                  compile it with this model's tokenizer",
+                g.vocabulary_size(),
+                model.vocab_size()
             )));
         }
         self.context_limit(model)?;
@@ -384,7 +406,7 @@ impl Generation<'_> {
                 let host = raw.to_vec::<f32>()?;
                 // Already read: keep it for last_logits().
                 let _ = self.last_logits_host.set(host.clone());
-                self.request.sample_on_host(host)
+                self.request.sample_on_host(host)?
             }
         };
         self.last_logits = Some(raw);

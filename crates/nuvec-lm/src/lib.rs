@@ -19,6 +19,7 @@
 pub mod cache;
 pub mod chat;
 pub mod config;
+pub mod constrain;
 pub mod convert;
 // CUDA graphs: one-token decode steps replayed.
 pub mod decode_graph;

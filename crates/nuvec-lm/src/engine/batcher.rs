@@ -494,7 +494,15 @@ impl<'m> Batcher<'m> {
                         host = Some(logits.to_vec::<f32>()?);
                     }
                     let all = host.as_ref().expect("read above");
-                    live.request.sample_on_host(all[row * vocab..(row + 1) * vocab].to_vec())
+                    match live.request.sample_on_host(all[row * vocab..(row + 1) * vocab].to_vec()) {
+                        Ok(t) => t,
+                        Err(error) => {
+                            // Its constraint failed: this request alone ends.
+                            self.scheduler.ran(w, false);
+                            self.fail(w.key.0, error, events);
+                            continue;
+                        }
+                    }
                 }
             };
             self.stats.generated_tokens += 1;

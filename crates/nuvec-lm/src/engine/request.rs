@@ -7,6 +7,7 @@ use nuvec::Array;
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 
+use crate::constrain::TokenMask;
 use crate::generate::{FinishReason, GenerateOptions, TokenLogprobs};
 use crate::models::Model;
 use crate::sample::log_softmax;
@@ -28,6 +29,8 @@ pub(crate) struct Request {
     logprobs: Vec<TokenLogprobs>,
     /// Most tokens (prompt and generated) the sequence may hold.
     context_limit: Option<usize>,
+    /// Where the request stands in its constraint's grammar, when it has one.
+    mask: Option<TokenMask>,
 }
 
 impl Request {
@@ -69,6 +72,7 @@ impl Request {
         eos.extend(&options.extra_eos_token_ids);
         let mut xtc_exempt = model.newline_token_ids().to_vec();
         xtc_exempt.extend(&eos);
+        let mask = options.constraint.as_ref().map(|g| g.start()).transpose()?;
         Ok(Request {
             options,
             eos,
@@ -81,6 +85,7 @@ impl Request {
             finish: None,
             logprobs: vec![],
             context_limit,
+            mask,
         })
     }
 
@@ -120,7 +125,11 @@ impl Request {
     /// processors, log-probabilities or bans of `min_tokens` (see [`greedy_from_gap`]).
     pub(crate) fn plain_greedy(&self) -> bool {
         let o = &self.options;
-        o.sampler.temperature == 0.0 && o.processors.is_empty() && o.logprobs.is_none() && self.yielded >= o.min_tokens
+        o.sampler.temperature == 0.0
+            && o.processors.is_empty()
+            && o.logprobs.is_none()
+            && self.yielded >= o.min_tokens
+            && self.mask.is_none()
     }
 
     /// The greedy token from one row's `argmax_gap` triple, when it is certainly the host
@@ -143,8 +152,9 @@ impl Request {
     }
 
     /// The token from the whole row on the host: the logits processors, the bans of
-    /// `min_tokens`, log-softmax, the log-probabilities asked for, then the sampler.
-    pub(crate) fn sample_on_host(&mut self, mut logits: Vec<f32>) -> u32 {
+    /// `min_tokens`, log-softmax, the constraint's mask, the log-probabilities asked for, then
+    /// the sampler. An error when the constraint fails or leaves no token.
+    pub(crate) fn sample_on_host(&mut self, mut logits: Vec<f32>) -> Result<u32> {
         self.options.processors.apply(&self.history, &mut logits);
         if self.yielded < self.options.min_tokens {
             let banned =
@@ -156,6 +166,9 @@ impl Request {
             }
         }
         let mut logprobs = log_softmax(&logits);
+        if let Some(mask) = self.mask.as_mut() {
+            mask.apply(&mut logprobs, &self.eos)?;
+        }
         if let Some(n) = self.options.logprobs {
             let mut order: Vec<u32> = (0..logprobs.len() as u32).collect();
             let n = n.min(order.len());
@@ -173,7 +186,7 @@ impl Request {
             last.token = token;
             last.logprob = all[token as usize];
         }
-        token
+        Ok(token)
     }
 
     /// Takes the sampled `token`: end-of-sequence and stop tokens end the request without being
@@ -189,10 +202,20 @@ impl Request {
             self.end(FinishReason::Stop(Stopped::Token(token)));
             return None;
         }
+        if let Some(mask) = self.mask.as_mut() {
+            if mask.commit(token).is_err() {
+                // The mask allowed only tokens the grammar takes: a parser fault, not the input's.
+                self.end(FinishReason::Error);
+                return None;
+            }
+        }
         self.yielded += 1;
         let armed = self.yielded >= self.options.min_tokens;
         if let Some((index, cut)) = self.matcher.push(&self.options.stop, token, armed) {
             self.finish = Some(FinishReason::Stop(Stopped::String { index, cut }));
+        } else if self.mask.as_ref().is_some_and(TokenMask::is_complete) {
+            // Nothing may follow but the end: the output ends here, as end-of-sequence would.
+            self.finish = Some(FinishReason::EndOfSequence);
         } else if self.yielded == self.options.max_tokens {
             self.finish = Some(FinishReason::Length);
         }
