@@ -250,6 +250,35 @@ fn the_openai_sdk_drives_the_server() {
 }
 
 #[test]
+fn structured_outputs_through_the_sdk_and_curl() {
+    let served = Served::start(&["--api-key", "sk-structured"]);
+    run_sdk_script("serve_structured.py", &[&format!("{}/v1", served.base), "sk-structured"], &served);
+    // curl: a json_object answer is a JSON object; a constraint with ignore_eos, or two at once,
+    // is a 400 naming the field.
+    let key = ["-H", "authorization: Bearer sk-structured"];
+    let mut body = chat_body("A JSON object with one key, city.", 60);
+    body["response_format"] = json!({"type": "json_object"});
+    let (status, text) = post(&served.base, "/v1/chat/completions", &body, &key);
+    assert_eq!(status, 200, "{text}");
+    let content = json_of(&text)["choices"][0]["message"]["content"].as_str().unwrap().to_string();
+    assert!(json_of(&content).is_object(), "{content}");
+    for (extra, param) in [
+        (json!({"ignore_eos": true}), "ignore_eos"),
+        (json!({"structured_outputs": {"regex": "a+"}}), "structured_outputs"),
+        (json!({"response_format": {"type": "json_schema"}}), "response_format.json_schema"),
+        (json!({"response_format": {"type": "yaml"}}), "response_format.type"),
+    ] {
+        let mut bad = body.clone();
+        for (k, v) in extra.as_object().unwrap() {
+            bad[k] = v.clone();
+        }
+        let (status, text) = post(&served.base, "/v1/chat/completions", &bad, &key);
+        assert_eq!(status, 400, "{extra}: {text}");
+        assert_eq!(json_of(&text)["error"]["param"], param, "{text}");
+    }
+}
+
+#[test]
 fn the_anthropic_sdk_drives_the_messages_api() {
     let expected = generate(&["--prompt", QUESTION, "-m", "40"]);
     let served = Served::start(&["--api-key", "sk-anthropic-test"]);

@@ -59,6 +59,7 @@ mod page;
 mod params;
 mod prepare;
 mod responses;
+mod structured;
 mod tokenize;
 mod tools;
 
@@ -160,6 +161,8 @@ pub(crate) struct AppState {
     pub shared: Arc<engine::Shared>,
     /// When the server started (the model's `created`).
     pub created: u64,
+    /// Structured outputs' grammars, compiled once per constraint.
+    pub grammars: structured::Grammars,
 }
 
 /// A server: its engine thread running, ready to be served on a socket.
@@ -219,8 +222,9 @@ impl Server {
             });
         }
         let created = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
-        let state =
-            Arc::new(AppState { config, info, tokenizer: Arc::new(tokenizer), engine: submit, shared, created });
+        let tokenizer = Arc::new(tokenizer);
+        let grammars = structured::Grammars::new(tokenizer.clone());
+        let state = Arc::new(AppState { config, info, tokenizer, engine: submit, shared, created, grammars });
         Ok(Server { state, engine: Some(handle) })
     }
 

@@ -8,6 +8,7 @@ use nuvec_lm::{GenerateOptions, LogitsProcessors, Stop, Tokenizer};
 use serde_json::{Map, Value};
 
 use crate::error::ApiError;
+use crate::structured::{self, Grammars};
 use crate::tools::{self, ToolRequest};
 
 /// Which endpoint a body is for.
@@ -57,6 +58,8 @@ pub(crate) struct Context<'a> {
     pub template_args: &'a Map<String, Value>,
     pub vocab_size: usize,
     pub tokenizer: &'a Tokenizer,
+    /// Grammars of structured outputs, compiled once per constraint.
+    pub grammars: &'a Grammars,
 }
 
 fn type_name(v: &Value) -> &'static str {
@@ -317,6 +320,17 @@ pub(crate) fn parse(kind: Kind, body: &Map<String, Value>, cx: &Context) -> Resu
             format!("min_tokens = {} is above max_tokens = {}", options.min_tokens, options.max_tokens),
         ));
     }
+    let constraint = structured::requested(&f)?;
+    if let Some((constraint, param)) = constraint.clone() {
+        if options.ignore_eos || options.min_tokens > 0 {
+            let which = if options.ignore_eos { "ignore_eos" } else { "min_tokens" };
+            return Err(ApiError::invalid(
+                which,
+                format!("{which} with a structured output: the grammar decides where the output ends; drop one"),
+            ));
+        }
+        options.constraint = Some(cx.grammars.compile(constraint).map_err(|e| ApiError::invalid(param, e))?);
+    }
 
     let (prompt, tools) = match kind {
         Kind::Chat => {
@@ -334,6 +348,12 @@ pub(crate) fn parse(kind: Kind, body: &Map<String, Value>, cx: &Context) -> Resu
         }
         Kind::Completion => (completion_prompt(&f, cx.vocab_size)?, None),
     };
+    if let (Some((_, param)), true) = (&constraint, tools.as_ref().is_some_and(|t| t.parses_calls())) {
+        return Err(ApiError::unsupported(
+            param,
+            "a structured output with tools the model may call is not supported yet: send tool_choice \"none\", or              no tools",
+        ));
+    }
     Ok(Parsed { kind, prompt, options, n, stream, include_usage, tools })
 }
 
@@ -350,15 +370,6 @@ impl Parsed {
 
 /// Fields that ask for what this server does not do: refused rather than ignored.
 fn refuse_unsupported(kind: Kind, f: &Fields) -> Result<(), ApiError> {
-    if let Some(format) = f.object("response_format")? {
-        let kind = format.get("type").and_then(Value::as_str).unwrap_or("");
-        if kind != "text" {
-            return Err(ApiError::unsupported(
-                "response_format",
-                format!("response_format type {kind:?}: only \"text\" is supported (no structured outputs yet)"),
-            ));
-        }
-    }
     if kind == Kind::Completion {
         if f.boolean("echo")? == Some(true) {
             return Err(ApiError::unsupported("echo", "echo = true is not supported by this server yet"));

@@ -97,6 +97,7 @@ fn prepare_now(state: &AppState, kind: Kind, body: &Map<String, Value>) -> Resul
         template_args: &state.config.template_args,
         vocab_size: state.info.vocab_size,
         tokenizer,
+        grammars: &state.grammars,
     };
     let parsed = params::parse(kind, body, &cx)?;
     let mut answers = (0..parsed.n).map(|_| None).collect();

@@ -261,7 +261,12 @@ fn every_field_is_checked_naming_it() {
             // SmolLM2's template writes no tool calls.
             (json!({"tools": [{"type": "function", "function": {"name": "f"}}]}), StatusCode::BAD_REQUEST, "tools"),
             (json!({"tool_choice": "required"}), StatusCode::BAD_REQUEST, "tool_choice"),
-            (json!({"response_format": {"type": "json_object"}}), StatusCode::BAD_REQUEST, "response_format"),
+            (
+                json!({"response_format": {"type": "json_schema", "json_schema": {"schema": {"uniqueItems": true}}}}),
+                StatusCode::BAD_REQUEST,
+                "response_format.json_schema.schema",
+            ),
+            (json!({"response_format": {"type": "xml"}}), StatusCode::BAD_REQUEST, "response_format.type"),
             (json!({"min_tokens": 9}), StatusCode::BAD_REQUEST, "min_tokens"),
             (json!({"model": "gpt-4o"}), StatusCode::NOT_FOUND, "model"),
             (json!({"model": 4}), StatusCode::BAD_REQUEST, "model"),
