@@ -15,7 +15,7 @@ use nuvec::backends::cuda::MatmulPrecision;
 use nuvec::{Array, DType, Device};
 
 mod common;
-use common::{arr, close, exact, floats, Rng};
+use common::{arr, close, exact, floats, gather_paged, scattered_tables, Rng};
 
 const HALVES: [DType; 2] = [DType::F16, DType::BF16];
 
@@ -148,18 +148,7 @@ fn paged_decode_over_half_stores_equals_each_contiguous_decode() {
     let (hq, hkv, d, bs, blocks) = (8usize, 2usize, 128usize, 16usize, 80usize);
     let width = hkv * d;
     let lens = [1usize, 16, 33, 200, 700];
-    let mut next = 5u32;
-    let tables: Vec<Vec<u32>> = lens
-        .iter()
-        .map(|&len| {
-            (0..len.div_ceil(bs))
-                .map(|_| {
-                    next = (next + 29) % blocks as u32;
-                    next
-                })
-                .collect()
-        })
-        .collect();
+    let tables = scattered_tables(&lens, bs, blocks);
     let seqs: Vec<nuvec::PagedSeq> =
         tables.iter().zip(lens).map(|(t, len)| nuvec::PagedSeq { table: t, len }).collect();
     let q = arr(&rng.vec(lens.len() * hq * d, 1.0), &[lens.len(), hq, d]);
@@ -177,14 +166,7 @@ fn paged_decode_over_half_stores_equals_each_contiguous_decode() {
         for (i, (table, &len)) in tables.iter().zip(&lens).enumerate() {
             // This sequence's rows as a contiguous cache [Hkv, len, D] of the same type.
             let gather = |x: &[f32]| {
-                let mut out = vec![0f32; hkv * len * d];
-                for j in 0..len {
-                    let at = (table[j / bs] as usize * bs + j % bs) * width;
-                    for h in 0..hkv {
-                        out[(h * len + j) * d..][..d].copy_from_slice(&x[at + h * d..][..d]);
-                    }
-                }
-                floats(&out, &[hkv, len, d], dtype).to_device(dev).unwrap()
+                floats(&gather_paged(x, table, len, bs, hkv, d), &[hkv, len, d], dtype).to_device(dev).unwrap()
             };
             let qi = q.slice_rows(i, i + 1).unwrap().to_device(dev).unwrap();
             let solo = nuvec::attention(&qi, &gather(&kf), &gather(&vf), len, scale).unwrap().to_f32_vec().unwrap();

@@ -18,7 +18,7 @@ use nuvec::backends::cuda::{set_matmul_precision, MatmulPrecision};
 use nuvec::{backend, Array, DType, Device, Matrix, QuantMode, QuantSpec, Quantized};
 
 mod common;
-use common::{arr, close, exact, floats, Rng};
+use common::{arr, close, exact, floats, gather_paged, scattered_tables, Rng};
 
 /// The device under test; every test starts here, so every product runs in f32 (every test of
 /// this binary wants the same).
@@ -351,18 +351,7 @@ fn paged_decode_attention_reads_the_blocks_in_place() {
         let k = arr(&rng.vec(blocks * bs * width, 1.0), &[1, blocks * bs, width]);
         let v = arr(&rng.vec(blocks * bs * width, 1.0), &[1, blocks * bs, width]);
         let lens = [1usize, 16, 33, 200, 700, 1000];
-        let mut next = 5u32;
-        let tables: Vec<Vec<u32>> = lens
-            .iter()
-            .map(|&len| {
-                (0..len.div_ceil(bs))
-                    .map(|_| {
-                        next = (next + 29) % blocks as u32;
-                        next
-                    })
-                    .collect()
-            })
-            .collect();
+        let tables = scattered_tables(&lens, bs, blocks);
         let seqs: Vec<nuvec::PagedSeq> =
             tables.iter().zip(lens).map(|(t, len)| nuvec::PagedSeq { table: t, len }).collect();
         let q = arr(&rng.vec(lens.len() * hq * d, 1.0), &[lens.len(), hq, d]);
@@ -378,16 +367,8 @@ fn paged_decode_attention_reads_the_blocks_in_place() {
             let (kh, vh) = (k.to_f32_vec().unwrap(), v.to_f32_vec().unwrap());
             for (i, (table, &len)) in tables.iter().zip(&lens).enumerate() {
                 // [Hkv, len, D] of this sequence, gathered on the host.
-                let gather = |x: &[f32]| {
-                    let mut out = vec![0f32; hkv * len * d];
-                    for j in 0..len {
-                        let at = (table[j / bs] as usize * bs + j % bs) * width;
-                        for h in 0..hkv {
-                            out[(h * len + j) * d..][..d].copy_from_slice(&x[at + h * d..][..d]);
-                        }
-                    }
-                    arr(&out, &[hkv, len, d]).to_device(dev).unwrap()
-                };
+                let gather =
+                    |x: &[f32]| arr(&gather_paged(x, table, len, bs, hkv, d), &[hkv, len, d]).to_device(dev).unwrap();
                 let qi =
                     arr(&q.to_f32_vec().unwrap()[i * hq * d..(i + 1) * hq * d], &[1, hq, d]).to_device(dev).unwrap();
                 let solo = match sinks {

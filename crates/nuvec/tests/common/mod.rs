@@ -111,3 +111,33 @@ pub fn exact(case: &str, got: &Array, want: &Array) {
     }
     eprintln!("RESULT {case:<72} exact");
 }
+
+/// Block tables for sequences of `lens` positions in blocks of `bs`, ids taken from a pool of
+/// `blocks` in a scattered order (every 29th), so that no table is contiguous.
+pub fn scattered_tables(lens: &[usize], bs: usize, blocks: usize) -> Vec<Vec<u32>> {
+    let mut next = 5u32;
+    lens.iter()
+        .map(|&len| {
+            (0..len.div_ceil(bs))
+                .map(|_| {
+                    next = (next + 29) % blocks as u32;
+                    next
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// Positions `0..len` of one sequence of a paged store (`x`: rows of `hkv * d`, position-major)
+/// through its block `table`, as a contiguous cache `[hkv, len, d]`.
+pub fn gather_paged(x: &[f32], table: &[u32], len: usize, bs: usize, hkv: usize, d: usize) -> Vec<f32> {
+    let width = hkv * d;
+    let mut out = vec![0f32; hkv * len * d];
+    for j in 0..len {
+        let at = (table[j / bs] as usize * bs + j % bs) * width;
+        for h in 0..hkv {
+            out[(h * len + j) * d..][..d].copy_from_slice(&x[at + h * d..][..d]);
+        }
+    }
+    out
+}

@@ -151,6 +151,42 @@ struct PagedRows {
     __device__ __forceinline__ const typename E::raw* val(int j) const { return v + at(j); }
 };
 
+// The warps' states (running maximum, sum and values of their keys) combined into one split's
+// partial (max, sum, values[D]) at pv; the shared arrays are free again when it returns.
+template <int SLOTS>
+__device__ __forceinline__ void atts_merge(float* pv, const float4 (&acc)[SLOTS], float run_m, float run_l, int d4,
+                                           float* sm_m, float* sm_l, float4 (*sm_acc)[32 * ATTS_SLOTS]) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    if (lane == 0) { sm_m[warp] = run_m; sm_l[warp] = run_l; }
+#pragma unroll
+    for (int i = 0; i < SLOTS; ++i) {
+        int c = lane + 32 * i;
+        if (c < d4) sm_acc[warp][c] = acc[i];
+    }
+    __syncthreads();
+    float m = NEG_INF;
+#pragma unroll
+    for (int w = 0; w < ATTS_WARPS; ++w) m = fmaxf(m, sm_m[w]);
+    float wts[ATTS_WARPS], tot = 0.0f;
+#pragma unroll
+    for (int w = 0; w < ATTS_WARPS; ++w) {
+        wts[w] = sm_m[w] == NEG_INF ? 0.0f : expf(sm_m[w] - m);
+        tot += sm_l[w] * wts[w];
+    }
+    if (threadIdx.x == 0) { pv[0] = m; pv[1] = tot; }
+    for (int c = threadIdx.x; c < d4; c += blockDim.x) {
+        float4 a = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+        for (int w = 0; w < ATTS_WARPS; ++w) {
+            float4 b = sm_acc[w][c];
+            a.x = fmaf(wts[w], b.x, a.x); a.y = fmaf(wts[w], b.y, a.y);
+            a.z = fmaf(wts[w], b.z, a.z); a.w = fmaf(wts[w], b.w, a.w);
+        }
+        pv[2 + 4 * c] = a.x; pv[3 + 4 * c] = a.y; pv[4 + 4 * c] = a.z; pv[5 + 4 * c] = a.w;
+    }
+    __syncthreads();
+}
+
 // One split's partial (max, sum, values[D]) into `pv`: query `qv` over key rows [j_begin, j_end).
 template <int SLOTS, class Rows>
 __device__ __forceinline__ void atts_core(float* pv, const float4* qv, Rows rows, int d, float scale, int j_begin,
@@ -233,33 +269,7 @@ __device__ __forceinline__ void atts_core(float* pv, const float4* qv, Rows rows
         }
         run_m = gm;
     }
-    if (lane == 0) { sm_m[warp] = run_m; sm_l[warp] = run_l; }
-#pragma unroll
-    for (int i = 0; i < SLOTS; ++i) {
-        int c = lane + 32 * i;
-        if (c < d4) sm_acc[warp][c] = acc[i];
-    }
-    __syncthreads();
-    float m = NEG_INF;
-#pragma unroll
-    for (int w = 0; w < ATTS_WARPS; ++w) m = fmaxf(m, sm_m[w]);
-    float wts[ATTS_WARPS], tot = 0.0f;
-#pragma unroll
-    for (int w = 0; w < ATTS_WARPS; ++w) {
-        wts[w] = sm_m[w] == NEG_INF ? 0.0f : expf(sm_m[w] - m);
-        tot += sm_l[w] * wts[w];
-    }
-    if (threadIdx.x == 0) { pv[0] = m; pv[1] = tot; }
-    for (int c = threadIdx.x; c < d4; c += blockDim.x) {
-        float4 a = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll
-        for (int w = 0; w < ATTS_WARPS; ++w) {
-            float4 b = sm_acc[w][c];
-            a.x = fmaf(wts[w], b.x, a.x); a.y = fmaf(wts[w], b.y, a.y);
-            a.z = fmaf(wts[w], b.z, a.z); a.w = fmaf(wts[w], b.w, a.w);
-        }
-        pv[2 + 4 * c] = a.x; pv[3 + 4 * c] = a.y; pv[4 + 4 * c] = a.z; pv[5 + 4 * c] = a.w;
-    }
+    atts_merge<SLOTS>(pv, acc, run_m, run_l, d4, sm_m, sm_l, sm_acc);
 }
 
 // The head-size dispatch of one split, over rows of the cache's element type E.
@@ -400,31 +410,8 @@ __device__ __forceinline__ void atts_group(float* pv0, size_t pv_step, const flo
     // The warps' states combined head by head, as atts_core combines them.
 #pragma unroll
     for (int g = 0; g < GH; ++g) {
-        if (lane == 0) { sm_m[warp] = run_m[g]; sm_l[warp] = run_l[g]; }
-        if (on) sm_acc[warp][lane] = acc[g];
-        __syncthreads();
-        float m = NEG_INF;
-#pragma unroll
-        for (int w = 0; w < ATTS_WARPS; ++w) m = fmaxf(m, sm_m[w]);
-        float wts[ATTS_WARPS], tot = 0.0f;
-#pragma unroll
-        for (int w = 0; w < ATTS_WARPS; ++w) {
-            wts[w] = sm_m[w] == NEG_INF ? 0.0f : expf(sm_m[w] - m);
-            tot += sm_l[w] * wts[w];
-        }
-        float* pv = pv0 + g * pv_step;
-        if (threadIdx.x == 0) { pv[0] = m; pv[1] = tot; }
-        for (int c = threadIdx.x; c < d4; c += blockDim.x) {
-            float4 a = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll
-            for (int w = 0; w < ATTS_WARPS; ++w) {
-                float4 b = sm_acc[w][c];
-                a.x = fmaf(wts[w], b.x, a.x); a.y = fmaf(wts[w], b.y, a.y);
-                a.z = fmaf(wts[w], b.z, a.z); a.w = fmaf(wts[w], b.w, a.w);
-            }
-            pv[2 + 4 * c] = a.x; pv[3 + 4 * c] = a.y; pv[4 + 4 * c] = a.z; pv[5 + 4 * c] = a.w;
-        }
-        __syncthreads();  // the next head reuses the shared arrays
+        const float4 head_acc[1] = {acc[g]};
+        atts_merge<1>(pv0 + g * pv_step, head_acc, run_m[g], run_l[g], d4, sm_m, sm_l, sm_acc);
     }
 }
 
