@@ -1,14 +1,41 @@
 //! One request's walk through its grammar.
 
+use std::thread::JoinHandle;
+
+use llguidance::toktrie::SimpleVob;
 use llguidance::{Matcher, TokenParser};
 
 use crate::{Error, Result};
 
 /// Where one request stands in its grammar: the tokens it may take next, and each token it took.
+/// The next mask is computed on a thread of its own as soon as a token is taken (and, for the
+/// first, as soon as the request starts), so that it is ready, or nearly, when the forward pass
+/// that needs it ends: generation and the Batcher's steps wait for it only at the sampler.
 pub(crate) struct TokenMask {
-    matcher: Matcher,
+    state: State,
     /// The vocabulary's end-of-sequence id (the one llguidance's masks speak of).
     eos: u32,
+    /// Whether the grammar is complete: nothing may follow but the end.
+    complete: bool,
+}
+
+/// A mask, or llguidance's error as text.
+type MaskResult = std::result::Result<SimpleVob, String>;
+
+enum State {
+    /// The matcher, its next mask not asked for (boxed: it is large beside a thread's handle).
+    Idle(Box<Matcher>),
+    /// The matcher computing its next mask.
+    Computing(JoinHandle<(Matcher, MaskResult)>),
+    /// A failed thread took the matcher with it.
+    Lost,
+}
+
+fn compute(mut matcher: Matcher) -> JoinHandle<(Matcher, MaskResult)> {
+    std::thread::spawn(move || {
+        let mask = matcher.compute_mask().map_err(|e| e.to_string());
+        (matcher, mask)
+    })
 }
 
 impl TokenMask {
@@ -17,20 +44,45 @@ impl TokenMask {
         if let Some(e) = matcher.get_error() {
             return Err(Error::Invalid(format!("starting the constraint: {e}")));
         }
-        Ok(TokenMask { matcher, eos })
+        Ok(TokenMask { state: State::Computing(compute(matcher)), eos, complete: false })
+    }
+
+    /// The mask of the tokens allowed next (waiting for its thread if it still runs).
+    fn next_mask(&mut self) -> Result<SimpleVob> {
+        let (matcher, mask) = match std::mem::replace(&mut self.state, State::Lost) {
+            State::Idle(mut m) => {
+                let mask = m.compute_mask().map_err(|e| e.to_string());
+                (*m, mask)
+            }
+            State::Computing(handle) => {
+                handle.join().map_err(|_| Error::Invalid("the constraint's mask thread panicked".into()))?
+            }
+            State::Lost => return Err(Error::Invalid("the constraint failed on an earlier token".into())),
+        };
+        self.state = State::Idle(Box::new(matcher));
+        mask.map_err(|e| Error::Invalid(format!("the constraint failed: {e}")))
     }
 
     /// Sets every entry of `logprobs` the grammar does not allow next to minus infinity; the
     /// request's end-of-sequence ids `eos` keep theirs exactly when the grammar may end here.
     pub(crate) fn apply(&mut self, logprobs: &mut [f32], eos: &[u32]) -> Result<()> {
-        let mask = self.matcher.compute_mask().map_err(|e| Error::Invalid(format!("the constraint failed: {e}")))?;
+        let mask = self.next_mask()?;
         let may_end = mask.is_allowed(self.eos);
         let kept: Vec<(usize, f32)> =
             eos.iter().filter_map(|&t| logprobs.get(t as usize).map(|&v| (t as usize, v))).collect();
         let known = mask.len().min(logprobs.len());
-        for (i, v) in logprobs[..known].iter_mut().enumerate() {
-            if !mask.get(i) {
-                *v = f32::NEG_INFINITY;
+        // 32 tokens a word: most words are all allowed or all refused.
+        for (word, chunk) in mask.as_slice().iter().zip(logprobs[..known].chunks_mut(32)) {
+            match *word {
+                u32::MAX => {}
+                0 => chunk.fill(f32::NEG_INFINITY),
+                bits => {
+                    for (i, v) in chunk.iter_mut().enumerate() {
+                        if bits >> i & 1 == 0 {
+                            *v = f32::NEG_INFINITY;
+                        }
+                    }
+                }
             }
         }
         logprobs[known..].fill(f32::NEG_INFINITY);
@@ -47,15 +99,26 @@ impl TokenMask {
         Ok(())
     }
 
-    /// Takes `token` (not an end-of-sequence id) into the grammar.
+    /// Takes `token` (not an end-of-sequence id) into the grammar, and starts computing the mask
+    /// after it unless the grammar is complete.
     pub(crate) fn commit(&mut self, token: u32) -> Result<()> {
-        self.matcher
+        let mut matcher = match std::mem::replace(&mut self.state, State::Lost) {
+            State::Idle(m) => *m,
+            State::Computing(handle) => {
+                handle.join().map_err(|_| Error::Invalid("the constraint's mask thread panicked".into()))?.0
+            }
+            State::Lost => return Err(Error::Invalid("the constraint failed on an earlier token".into())),
+        };
+        matcher
             .consume_token(token)
-            .map_err(|e| Error::Invalid(format!("the constraint refused token {token}: {e}")))
+            .map_err(|e| Error::Invalid(format!("the constraint refused token {token}: {e}")))?;
+        self.complete = matcher.is_stopped();
+        self.state = if self.complete { State::Idle(Box::new(matcher)) } else { State::Computing(compute(matcher)) };
+        Ok(())
     }
 
     /// Whether the grammar is complete: nothing may follow but the end.
     pub(crate) fn is_complete(&self) -> bool {
-        self.matcher.is_stopped()
+        self.complete
     }
 }
