@@ -36,6 +36,9 @@ pub fn describe_finish(reason: &FinishReason) -> String {
     match reason {
         FinishReason::EndOfSequence => "end of sequence".to_string(),
         FinishReason::Length => "max tokens".to_string(),
+        FinishReason::ConstraintUnfinished => {
+            "max tokens, inside the constraint (the output does not meet it)".to_string()
+        }
         FinishReason::ContextLength(n) => format!("length (the context of {n} positions is full)"),
         other => format!("{other:?}"),
     }

@@ -187,6 +187,9 @@ pub enum FinishReason {
     EndOfSequence,
     /// `max_tokens` were generated.
     Length,
+    /// `max_tokens` were generated inside the constraint's grammar, where it may not end: the
+    /// output does not satisfy the constraint (an OpenAI `length`, saying why).
+    ConstraintUnfinished,
     /// A stop token or stop string.
     Stop(Stopped),
     /// The request was cancelled.

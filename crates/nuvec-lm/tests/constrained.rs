@@ -298,3 +298,20 @@ fn bad_constraints_are_refused_naming_the_problem() {
         assert!(e.contains("constraint"), "{e}");
     }
 }
+
+#[test]
+fn max_tokens_inside_the_grammar_says_so() {
+    // Cut inside an object: the output does not meet the constraint, and the reason says so; cut
+    // where the grammar may end (any run of letters), it is an ordinary length.
+    let (model, tokenizer) = model();
+    let vocabulary = Vocabulary::new(&tokenizer).unwrap();
+    let prompt = chat(&tokenizer, "Describe a person as JSON.");
+    let person = json!({"type": "object", "properties": {"name": {"type": "string"}, "bio": {"type": "string"}},
+                        "required": ["name", "bio"]});
+    let grammar = Grammar::new(Constraint::JsonSchema(person), &vocabulary).unwrap();
+    let (tokens, text, reason) = run(&model, &tokenizer, &prompt, greedy(grammar, 4));
+    assert_eq!((tokens.len(), reason), (4, FinishReason::ConstraintUnfinished), "{text:?}");
+    let grammar = Grammar::new(Constraint::Regex("[a-z ]*".into()), &vocabulary).unwrap();
+    let (tokens, text, reason) = run(&model, &tokenizer, &prompt, greedy(grammar, 4));
+    assert_eq!((tokens.len(), reason), (4, FinishReason::Length), "{text:?}");
+}

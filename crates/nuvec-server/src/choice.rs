@@ -46,7 +46,13 @@ pub(crate) struct End {
 impl End {
     /// Whether a limit cut the answer (max_tokens, the context, or the KV cache).
     pub fn cut(&self) -> bool {
-        matches!(self.reason, FinishReason::Length | FinishReason::ContextLength(_) | FinishReason::CacheFull)
+        matches!(
+            self.reason,
+            FinishReason::Length
+                | FinishReason::ConstraintUnfinished
+                | FinishReason::ContextLength(_)
+                | FinishReason::CacheFull
+        )
     }
 }
 

@@ -57,7 +57,10 @@ fn finish_reason(reason: &FinishReason, called: bool) -> &'static str {
         _ if called => "tool_calls",
         FinishReason::EndOfSequence | FinishReason::Stop(_) | FinishReason::Cancelled => "stop",
         // The KV cache ran out of room: cut short by a limit, as "length" says.
-        FinishReason::Length | FinishReason::ContextLength(_) | FinishReason::CacheFull => "length",
+        FinishReason::Length
+        | FinishReason::ConstraintUnfinished
+        | FinishReason::ContextLength(_)
+        | FinishReason::CacheFull => "length",
     }
 }
 

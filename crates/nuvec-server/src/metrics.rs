@@ -69,7 +69,10 @@ impl Finished {
     pub fn count(&mut self, reason: &FinishReason) {
         match reason {
             FinishReason::EndOfSequence | FinishReason::Stop(_) => self.stop += 1,
-            FinishReason::Length | FinishReason::ContextLength(_) | FinishReason::CacheFull => self.length += 1,
+            FinishReason::Length
+            | FinishReason::ConstraintUnfinished
+            | FinishReason::ContextLength(_)
+            | FinishReason::CacheFull => self.length += 1,
             FinishReason::Cancelled => self.abort += 1,
             FinishReason::Error => self.error += 1,
         }

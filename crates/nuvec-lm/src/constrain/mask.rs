@@ -121,4 +121,20 @@ impl TokenMask {
     pub(crate) fn is_complete(&self) -> bool {
         self.complete
     }
+
+    /// Whether the output may end here (the grammar accepts what it took); false once the
+    /// constraint has failed.
+    pub(crate) fn is_accepting(&mut self) -> bool {
+        let mut matcher = match std::mem::replace(&mut self.state, State::Lost) {
+            State::Idle(m) => *m,
+            State::Computing(handle) => match handle.join() {
+                Ok((m, _)) => m,
+                Err(_) => return false,
+            },
+            State::Lost => return false,
+        };
+        let accepting = matcher.is_accepting().unwrap_or(false);
+        self.state = State::Idle(Box::new(matcher));
+        accepting
+    }
 }

@@ -217,7 +217,8 @@ impl Request {
             // Nothing may follow but the end: the output ends here, as end-of-sequence would.
             self.finish = Some(FinishReason::EndOfSequence);
         } else if self.yielded == self.options.max_tokens {
-            self.finish = Some(FinishReason::Length);
+            let unfinished = self.mask.as_mut().is_some_and(|m| !m.is_accepting());
+            self.finish = Some(if unfinished { FinishReason::ConstraintUnfinished } else { FinishReason::Length });
         }
         Some(token)
     }

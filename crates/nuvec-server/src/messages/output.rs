@@ -67,7 +67,10 @@ impl Rendering {
             FinishReason::Stop(Stopped::String { index, .. }) => {
                 ("stop_sequence", self.stop_sequences.get(*index).cloned())
             }
-            FinishReason::Length | FinishReason::ContextLength(_) | FinishReason::CacheFull => ("max_tokens", None),
+            FinishReason::Length
+            | FinishReason::ConstraintUnfinished
+            | FinishReason::ContextLength(_)
+            | FinishReason::CacheFull => ("max_tokens", None),
             _ => ("end_turn", None),
         }
     }
