@@ -69,6 +69,18 @@ r = ask("Is the sky blue?", extra_body={"structured_outputs": {"choice": ["yes",
 check(r.choices[0].message.content in ("yes", "no"), r)
 print("regex and choice:", r.choices[0].message.content)
 
+# The Responses API's text.format: the schema beside its type; the response echoes it.
+resp = client.responses.create(
+    model=model,
+    input="Describe a person as JSON.",
+    max_output_tokens=120,
+    temperature=0,
+    text={"format": {"type": "json_schema", "name": "person", "schema": PERSON, "strict": True}},
+)
+jsonschema.validate(json.loads(resp.output_text), PERSON)
+check(resp.text.format.type == "json_schema", resp.text)
+print("responses:", resp.output_text)
+
 # A schema keyword the grammar engine does not implement: a 400 naming the parameter.
 bad = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "array", "uniqueItems": True}}}
 try:

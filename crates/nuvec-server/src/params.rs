@@ -329,7 +329,8 @@ pub(crate) fn parse(kind: Kind, body: &Map<String, Value>, cx: &Context) -> Resu
                 format!("{which} with a structured output: the grammar decides where the output ends; drop one"),
             ));
         }
-        options.constraint = Some(cx.grammars.compile(constraint).map_err(|e| ApiError::invalid(param, e))?);
+        let grammar = cx.grammars.compile(constraint).map_err(|e| ApiError::invalid(param, format!("{param}: {e}")))?;
+        options.constraint = Some(grammar);
     }
 
     let (prompt, tools) = match kind {

@@ -92,7 +92,7 @@ pub(crate) fn requested(f: &Fields) -> Result<Option<(Constraint, &'static str)>
                 Some(other) => {
                     return Err(ApiError::invalid(
                         "response_format.type",
-                        format!("response_format type {other:?} is not one of text, json_object, json_schema"),
+                        format!("response_format.type {other:?} is not one of text, json_object, json_schema"),
                     ))
                 }
             }

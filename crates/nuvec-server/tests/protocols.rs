@@ -474,7 +474,13 @@ fn bad_input_names_the_field_in_each_protocols_shape() {
         (responses(json!({"tools": [{"type": "web_search"}]})), "tools[0].type"),
         (responses(json!({"tools": [{"type": "function", "parameters": {}}]})), "tools[0].name"),
         (responses(json!({"tool_choice": {"type": "file_search"}})), "tool_choice"),
-        (responses(json!({"text": {"format": {"type": "json_schema", "name": "x", "schema": {}}}})), "text.format"),
+        (
+            responses(
+                json!({"text": {"format": {"type": "json_schema", "name": "x", "schema": {"uniqueItems": true}}}}),
+            ),
+            "text.format.schema",
+        ),
+        (responses(json!({"text": {"format": {"type": "yaml"}}})), "text.format.type"),
         (responses(json!({"previous_response_id": "resp_1"})), "previous_response_id"),
         (responses(json!({"max_output_tokens": 0})), "max_output_tokens"),
         (responses(json!({"max_output_tokens": "many"})), "max_output_tokens"),

@@ -29,6 +29,8 @@ pub(crate) struct Echo {
     pub max_output_tokens: Value,
     pub reasoning: Value,
     pub metadata: Value,
+    /// The output's format as asked (`{"format": {"type": "text"}}` when not).
+    pub text: Value,
 }
 
 /// A Responses request, translated.
@@ -88,6 +90,9 @@ pub(crate) fn translate(body: &Map<String, Value>) -> Result<Request, ApiError> 
     if let Some(choice) = tool_choice(&f)? {
         chat.insert("tool_choice".into(), choice);
     }
+    if let Some(format) = response_format(&f)? {
+        chat.insert("response_format".into(), format);
+    }
     chat.insert("messages".into(), Value::Array(messages(&f)?));
     let echo = Echo {
         instructions: f.get("instructions").cloned().unwrap_or(Value::Null),
@@ -97,8 +102,24 @@ pub(crate) fn translate(body: &Map<String, Value>) -> Result<Request, ApiError> 
         max_output_tokens: f.get("max_output_tokens").cloned().unwrap_or(Value::Null),
         reasoning: f.get("reasoning").cloned().unwrap_or(Value::Null),
         metadata: f.get("metadata").cloned().unwrap_or(json!({})),
+        text: f.get("text").cloned().unwrap_or(json!({"format": {"type": "text"}})),
     };
     Ok(Request { chat, echo })
+}
+
+/// `text.format` as chat completions' `response_format`: the Responses API gives a JSON
+/// schema's name, schema and strict flag beside its type (chat nests them in `json_schema`).
+fn response_format(f: &Fields) -> Result<Option<Value>, ApiError> {
+    let Some(text) = f.object("text")? else { return Ok(None) };
+    let Some(format) = Fields::with_prefix(text, "text.").object("format")? else { return Ok(None) };
+    Ok(match format.get("type").and_then(Value::as_str) {
+        Some("json_schema") => {
+            let mut spec = format.clone();
+            spec.remove("type");
+            Some(json!({"type": "json_schema", "json_schema": spec}))
+        }
+        _ => Some(Value::Object(format.clone())),
+    })
 }
 
 /// Fields asking for what this server does not do: refused, saying what to do instead.
@@ -116,17 +137,6 @@ fn refuse_unsupported(f: &Fields) -> Result<(), ApiError> {
             "background",
             "background = true is not supported: send the request and wait",
         ));
-    }
-    if let Some(text) = f.object("text")? {
-        if let Some(format) = Fields::with_prefix(text, "text.").object("format")? {
-            let kind = format.get("type").and_then(Value::as_str).unwrap_or("");
-            if kind != "text" {
-                return Err(ApiError::unsupported(
-                    "text.format",
-                    format!("text.format type {kind:?}: only \"text\" is supported (no structured outputs yet)"),
-                ));
-            }
-        }
     }
     if f.count("top_logprobs")?.is_some_and(|n| n > 0) {
         return Err(ApiError::unsupported(

@@ -33,9 +33,12 @@ async fn respond(state: Arc<AppState>, body: Result<Bytes, BytesRejection>, id: 
     let arrived = Instant::now();
     let body = json_object(body, state.config.body_limit)?;
     let request = input::translate(&body)?;
-    let prepared = prepare(&state, Kind::Chat, request.chat, id)
-        .await
-        .map_err(|e| e.renamed("max_tokens", "max_output_tokens").renamed("messages", "input"))?;
+    let prepared = prepare(&state, Kind::Chat, request.chat, id).await.map_err(|e| {
+        e.renamed("max_tokens", "max_output_tokens")
+            .renamed("messages", "input")
+            .renamed("response_format.json_schema", "text.format")
+            .renamed("response_format", "text.format")
+    })?;
     let rendering = output::Rendering::new(id, &state.config.model_id, request.echo, &prepared.parsed.options);
     generation::run(state, prepared, rendering, id, arrived).await
 }

@@ -74,7 +74,7 @@ impl Rendering {
             "instructions": self.echo.instructions, "max_output_tokens": self.echo.max_output_tokens,
             "metadata": self.echo.metadata, "parallel_tool_calls": self.echo.parallel_tool_calls,
             "previous_response_id": null, "reasoning": self.echo.reasoning, "store": false,
-            "temperature": self.temperature, "top_p": self.top_p, "text": {"format": {"type": "text"}},
+            "temperature": self.temperature, "top_p": self.top_p, "text": self.echo.text,
             "tool_choice": self.echo.tool_choice, "tools": self.echo.tools, "truncation": "disabled",
             "usage": end.map(|e| usage(&e.usage)),
         });
