@@ -150,7 +150,8 @@ impl GenerateOptions {
         }
         if let Some(g) = self.constraint.as_ref().filter(|g| g.vocabulary_size() > model.vocab_size()) {
             return Err(Error::Invalid(format!(
-                "the constraint was compiled for a vocabulary of {} tokens, more than the model's {}:                  compile it with this model's tokenizer",
+                "the constraint was compiled for a vocabulary of {} tokens, more than the model's {}: \
+                 compile it with this model's tokenizer",
                 g.vocabulary_size(),
                 model.vocab_size()
             )));

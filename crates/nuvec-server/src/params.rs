@@ -321,16 +321,12 @@ pub(crate) fn parse(kind: Kind, body: &Map<String, Value>, cx: &Context) -> Resu
         ));
     }
     let constraint = structured::requested(&f)?;
-    if let Some((constraint, param)) = constraint.clone() {
-        if options.ignore_eos || options.min_tokens > 0 {
-            let which = if options.ignore_eos { "ignore_eos" } else { "min_tokens" };
-            return Err(ApiError::invalid(
-                which,
-                format!("{which} with a structured output: the grammar decides where the output ends; drop one"),
-            ));
-        }
-        let grammar = cx.grammars.compile(constraint).map_err(|e| ApiError::invalid(param, format!("{param}: {e}")))?;
-        options.constraint = Some(grammar);
+    if constraint.is_some() && (options.ignore_eos || options.min_tokens > 0) {
+        let which = if options.ignore_eos { "ignore_eos" } else { "min_tokens" };
+        return Err(ApiError::invalid(
+            which,
+            format!("{which} with a structured output: the grammar decides where the output ends; drop one"),
+        ));
     }
 
     let (prompt, tools) = match kind {
@@ -349,11 +345,17 @@ pub(crate) fn parse(kind: Kind, body: &Map<String, Value>, cx: &Context) -> Resu
         }
         Kind::Completion => (completion_prompt(&f, cx.vocab_size)?, None),
     };
-    if let (Some((_, param)), true) = (&constraint, tools.as_ref().is_some_and(|t| t.parses_calls())) {
-        return Err(ApiError::unsupported(
-            param,
-            "a structured output with tools the model may call is not supported yet: send tool_choice \"none\", or              no tools",
-        ));
+    if let Some((constraint, param)) = constraint {
+        if tools.as_ref().is_some_and(|t| t.parses_calls()) {
+            return Err(ApiError::unsupported(
+                param,
+                "a structured output with tools the model may call is not supported yet: send tool_choice \"none\", \
+                 or no tools",
+            ));
+        }
+        // Compiled last, once every other field has been accepted.
+        let grammar = cx.grammars.compile(constraint).map_err(|e| ApiError::invalid(param, format!("{param}: {e}")))?;
+        options.constraint = Some(grammar);
     }
     Ok(Parsed { kind, prompt, options, n, stream, include_usage, tools })
 }

@@ -47,18 +47,23 @@ impl TokenMask {
         Ok(TokenMask { state: State::Computing(compute(matcher)), eos, complete: false })
     }
 
-    /// The mask of the tokens allowed next (waiting for its thread if it still runs).
+    /// The matcher, out of the state (waiting for its thread if it still runs), with the mask
+    /// that thread computed; the state is `Lost` until the caller puts it back.
+    fn take(&mut self) -> Result<(Matcher, Option<MaskResult>)> {
+        match std::mem::replace(&mut self.state, State::Lost) {
+            State::Idle(m) => Ok((*m, None)),
+            State::Computing(handle) => handle
+                .join()
+                .map(|(m, mask)| (m, Some(mask)))
+                .map_err(|_| Error::Invalid("the constraint's mask thread panicked".into())),
+            State::Lost => Err(Error::Invalid("the constraint failed on an earlier token".into())),
+        }
+    }
+
+    /// The mask of the tokens allowed next.
     fn next_mask(&mut self) -> Result<SimpleVob> {
-        let (matcher, mask) = match std::mem::replace(&mut self.state, State::Lost) {
-            State::Idle(mut m) => {
-                let mask = m.compute_mask().map_err(|e| e.to_string());
-                (*m, mask)
-            }
-            State::Computing(handle) => {
-                handle.join().map_err(|_| Error::Invalid("the constraint's mask thread panicked".into()))?
-            }
-            State::Lost => return Err(Error::Invalid("the constraint failed on an earlier token".into())),
-        };
+        let (mut matcher, mask) = self.take()?;
+        let mask = mask.unwrap_or_else(|| matcher.compute_mask().map_err(|e| e.to_string()));
         self.state = State::Idle(Box::new(matcher));
         mask.map_err(|e| Error::Invalid(format!("the constraint failed: {e}")))
     }
@@ -102,13 +107,7 @@ impl TokenMask {
     /// Takes `token` (not an end-of-sequence id) into the grammar, and starts computing the mask
     /// after it unless the grammar is complete.
     pub(crate) fn commit(&mut self, token: u32) -> Result<()> {
-        let mut matcher = match std::mem::replace(&mut self.state, State::Lost) {
-            State::Idle(m) => *m,
-            State::Computing(handle) => {
-                handle.join().map_err(|_| Error::Invalid("the constraint's mask thread panicked".into()))?.0
-            }
-            State::Lost => return Err(Error::Invalid("the constraint failed on an earlier token".into())),
-        };
+        let (mut matcher, _) = self.take()?;
         matcher
             .consume_token(token)
             .map_err(|e| Error::Invalid(format!("the constraint refused token {token}: {e}")))?;
@@ -125,14 +124,7 @@ impl TokenMask {
     /// Whether the output may end here (the grammar accepts what it took); false once the
     /// constraint has failed.
     pub(crate) fn is_accepting(&mut self) -> bool {
-        let mut matcher = match std::mem::replace(&mut self.state, State::Lost) {
-            State::Idle(m) => *m,
-            State::Computing(handle) => match handle.join() {
-                Ok((m, _)) => m,
-                Err(_) => return false,
-            },
-            State::Lost => return false,
-        };
+        let Ok((mut matcher, _)) = self.take() else { return false };
         let accepting = matcher.is_accepting().unwrap_or(false);
         self.state = State::Idle(Box::new(matcher));
         accepting

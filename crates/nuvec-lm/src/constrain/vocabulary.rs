@@ -55,7 +55,7 @@ impl Vocabulary {
         let Some(&eos) = tokenizer.eos_token_ids().first() else {
             return Err(Error::Invalid(
                 "the tokenizer names no end-of-sequence token, which a constrained output needs to end; \
-                 add one (eos_token in tokenizer_config.json, or --eos-token)"
+                 add one (eos_token in tokenizer_config.json, or --extra-eos-token)"
                     .into(),
             ));
         };

@@ -278,6 +278,14 @@ const QG_LONG_GRID: usize = 1536;
 /// projections too) was 3.5 % slower.
 const QG_TARGET_WARPS: usize = 1536;
 
+/// Whether the split-key attention kernels can read these rows: head sizes a multiple of 4, the
+/// queries 16-byte aligned, and keys and values aligned for their loads of 4 values (one 16-byte
+/// word of f32, one 8-byte word of f16 or bf16).
+pub(super) fn split_rows_aligned(d: usize, qp: u64, kp: u64, vp: u64, kv_dt: i32) -> bool {
+    let row_align = if kv_dt == DT_F32 { 16 } else { 8 };
+    d.is_multiple_of(4) && qp.is_multiple_of(16) && (kp | vp).is_multiple_of(row_align)
+}
+
 /// The dtype code of a float array, for kernels that read f32, f16 or bf16.
 fn float_code(op: &'static str, name: &str, a: &Array) -> Result<i32> {
     match a.dtype() {
@@ -988,9 +996,7 @@ impl CudaBackend {
             Some(s) => self.sinks_table(s)?,
             None => 0,
         };
-        // Rows of 4 values load as one 16-byte (f32) or 8-byte (f16, bf16) word.
-        let row_align = if kv_dt == DT_F32 { 16 } else { 8 };
-        let aligned = d.is_multiple_of(4) && qp.is_multiple_of(16) && (kp | vp).is_multiple_of(row_align);
+        let aligned = split_rows_aligned(d, qp, kp, vp, kv_dt);
         if aligned && l >= ATTN_GEMM_MIN_QUERIES {
             if kv_dt == DT_F32 {
                 return self.attention_gemm(op, o, (qp, kp, vp), (l, hq, hkv, d), cap, kv_len, scale, sp).map(|_| out);

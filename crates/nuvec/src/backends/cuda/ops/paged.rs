@@ -6,7 +6,7 @@
 
 use cudarc::driver::LaunchConfig;
 
-use super::{to_i32, CudaBackend, ATTS_MAX_DIM, ATTS_TARGET_BLOCKS, ATTS_THREADS};
+use super::{split_rows_aligned, to_i32, CudaBackend, ATTS_MAX_DIM, ATTS_TARGET_BLOCKS, ATTS_THREADS};
 use crate::backend::{check_paged, paged_decode_attention_composed, PagedSeq};
 use crate::backends::cuda::{DeviceBuffer, State};
 use crate::{Array, DType, Error, Result};
@@ -28,10 +28,7 @@ impl CudaBackend {
         let (n, hq, hkv, d, _) = check_paged(q, k, v, seqs, block_size, sinks)?;
         let qp = self.f32_ptr(op, "q", q)?;
         let (kp, vp, kv_dt) = self.kv_ptrs(op, k, v)?;
-        // Rows of 4 values load as one 16-byte (f32) or 8-byte (f16, bf16) word.
-        let row_align = if k.dtype() == DType::F32 { 16 } else { 8 };
-        let aligned = d.is_multiple_of(4) && qp.is_multiple_of(16) && (kp | vp).is_multiple_of(row_align);
-        if !aligned || d > ATTS_MAX_DIM || n > 65535 {
+        if !split_rows_aligned(d, qp, kp, vp, kv_dt) || d > ATTS_MAX_DIM || n > 65535 {
             return paged_decode_attention_composed(self, q, k, v, seqs, block_size, scale, sinks);
         }
         // The grid's shape follows the sequences' lengths, which no graph replay patches.
