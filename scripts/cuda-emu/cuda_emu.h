@@ -159,13 +159,20 @@ inline unsigned short emu_bf16_rn(float f) {
 }
 inline float emu_bf16(unsigned v) { return __uint_as_float((v & 0xFFFFu) << 16); }
 inline unsigned bf16x2_rn(float lo, float hi) { return emu_bf16_rn(lo) | ((unsigned)emu_bf16_rn(hi) << 16); }
-// fma.rn.bf16x2 per half, through f64 then f32 before the bf16 rounding: exact for the kernels'
-// uses (small integers), where no rounding happens at all.
+// A double rounded once to bf16, to nearest even (normal range; the kernels' values are).
+inline unsigned short emu_bf16_rn_d(double v) {
+    if (v == 0 || std::isnan(v) || std::isinf(v)) return emu_bf16_rn((float)v);
+    int e;
+    const double m = std::frexp(v, &e);  // |m| in [0.5, 1): 8 significant bits are m * 2^8
+    return emu_bf16_rn((float)std::ldexp(std::nearbyint(std::ldexp(m, 8)), e - 8));
+}
+// fma.rn.bf16x2 per half: the product and sum exact in f64 (bf16 operands: a product has 16
+// significant bits, and the kernels' sums stay within f64's 53), rounded once to bf16.
 inline unsigned bf16x2_fma(unsigned a, unsigned b, unsigned c) {
     unsigned r = 0;
     for (int h = 0; h < 2; ++h) {
         double v = (double)emu_bf16(a >> 16 * h) * emu_bf16(b >> 16 * h) + emu_bf16(c >> 16 * h);
-        r |= (unsigned)emu_bf16_rn((float)v) << 16 * h;
+        r |= (unsigned)emu_bf16_rn_d(v) << 16 * h;
     }
     return r;
 }

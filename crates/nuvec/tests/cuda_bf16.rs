@@ -158,9 +158,10 @@ fn check_linear(case: &str, rng: &mut Rng, w: &Weight, m: usize) {
     compare_linear(&case, &xv, 0.0, w, m, &got, &cpu);
 }
 
-/// Whether a product of `m` rows over `w` runs kernels/qmma.cu (`ops/qmma.rs`'s rule: 2 to 32
-/// rows, affine 4- or 8-bit weights in groups of 32 or more, K a multiple of 32; every input
-/// and weight here is aligned).
+/// Whether a product of `m` rows over `w` runs kernels/qmma.cu's exact kernels (`ops/qmma.rs`'s
+/// rule: 2 to 32 rows, affine 4- or 8-bit weights in groups of 32 or more, K a multiple of 32;
+/// every input and weight here is aligned). From 33 rows its kernels multiply the weight rounded
+/// to bf16, as the other paths do.
 fn qmma_takes(w: &Matrix, m: usize) -> bool {
     match w {
         Matrix::Quantized(q) => {
@@ -260,9 +261,10 @@ fn linear_quantized_every_width_and_group() {
 
 #[test]
 fn batched_decode_products_on_the_tensor_cores() {
-    // 2 to 32 rows over 4- and 8-bit weights run kernels/qmma.cu: up to 8 rows at f32 accuracy
-    // (x in two bf16 parts), 9 to 32 with x in bf16; K cut into ranges (4096) or not,
-    // with a partial last chunk (288); 33 and more rows take the prefill GEMM again.
+    // 2 to 64 rows over 4- and 8-bit weights run kernels/qmma.cu: up to 8 rows at f32 accuracy
+    // (x in two bf16 parts), 9 to 32 with x in bf16 against the exact weights, 33 to 64 with the
+    // weights decoded to bf16 in registers (bf16 scales); K cut into ranges (4096) or not, with a
+    // partial last chunk (288); 65 and more rows take the prefill GEMM again.
     let dev = gpu();
     let mut rng = Rng::new(26);
     for (bits, group, k, n) in [(4usize, 64usize, 4096usize, 1000usize), (8, 32, 288, 136), (4, 128, 1024, 300)] {
@@ -271,9 +273,9 @@ fn batched_decode_products_on_the_tensor_cores() {
         for m in [2usize, 5, 8, 9, 16, 17, 33, 48, 64, 65] {
             check_linear(&format!("q{bits} g{group} bf16 k={k} n={n}"), &mut rng, &w, m);
         }
-        // A row's bits do not depend on the rows beside it in one kernel: the first rows of 32 or
-        // of 16 (bf16 x) or of 8 (f32 x) equal the same rows alone.
-        for (many, few) in [(32usize, 17usize), (16, 9), (8, 2)] {
+        // A row's bits do not depend on the rows beside it in one kernel: the first rows of 64,
+        // 32 or 16 (bf16 x) or of 8 (f32 x) equal the same rows alone.
+        for (many, few) in [(64usize, 33usize), (32, 17), (16, 9), (8, 2)] {
             let xv = rng.vec(many * k, 1.0);
             let all = arr(&xv, &[many, k]).to_device(dev).unwrap().linear(&wg).unwrap().to_f32_vec().unwrap();
             let part = arr(&xv[..few * k], &[few, k]).to_device(dev).unwrap().linear(&wg).unwrap();

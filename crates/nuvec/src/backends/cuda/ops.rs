@@ -1081,10 +1081,15 @@ impl Backend for CudaBackend {
         let o = out.cuda_ptr()?;
         // A few rows of a half-precision model (a batched decode step) on the tensor cores, x
         // taken in two bf16 parts so that the products keep f32 accuracy.
+        let bf16_from = qmma::bf16_rows_from();
         if (2..=GEMV_MAX_ROWS).contains(&m)
+            && m < bf16_from
             && matmul_precision()?.bf16_weight(wa.w_dt, wa.p_dt, crate::compute_dtype_hint())
             && self.qmma(op, o, QmmaInput::F32Split(x.cuda_ptr()?), m, n, k, &wa)?
         {
+            return Ok(out);
+        }
+        if (bf16_from.max(2)..=GEMV_MAX_ROWS).contains(&m) && self.prefill_linear(op, o, x.cuda_ptr()?, m, n, k, &wa)? {
             return Ok(out);
         }
         // The fast quantized GEMV first: its integer variants read x's parts, not x (a norm's

@@ -10,20 +10,23 @@
 // 4-bit values is a shift, one lop3 and one bf16x2 fma (the alternative, fmaf(s, q, b) per value
 // and a conversion, made the kernel bound by its integer and float pipes, not by memory).
 //
-// Two input forms:
-// - qmma_bN_mR: x in bf16 (the caller converted it once for several weights), up to R rows. 64
-//   rows (four tiles) measured slower on an H200 than decoding the weights to bf16 for cuBLAS,
-//   so the host stops at 32.
+// Three forms:
+// - qmma_bN_mR: x in bf16 (the caller converted it once for several weights), up to R rows.
+// - qmma_bN_dR: x in bf16, R rows per block (more in blocks over gridDim.z), each weight decoded
+//   in registers to the bf16 the prefill path's GEMM multiplies (s q + b rounded once; scales and
+//   biases must be bf16, so exact operands of the bf16 fma). No per-group sums: a block's
+//   registers go to its accumulators, so one block takes 64 rows (the factored form at 64 rows
+//   held 64 more registers of group sums and was slower than decoding whole weights for cuBLAS).
 // - qmma_bN_f32: x in f32, at most 16 rows, for decode-sized calls that must stay at f32
 //   accuracy: x = xh + xl, each part bf16 (the residue xl carries x to about 2^-17), and each
 //   sum takes both parts against the exact q.
 //
-// Shape: a block of QM_WARPS warps covers QM_ROWS weight rows (each warp QM_NT tiles of 8 rows)
-// and one range of K (split-K over gridDim.y, in chunks of QM_CHUNK values); with several
-// ranges each writes its partial sums to its own slice of `out` (the partial buffer) and
-// qmma_reduce adds them in range order. The ranges depend on N, K, the kernel and the device only
-// (ops/qmma.rs), so a row's result never depends on how many rows run with it in one kernel (M) or
-// what they hold.
+// Shape: a block of QM_WARPS warps covers QM_ROWS weight rows (each warp QM_NT tiles of 8 rows),
+// 16 MT input rows (the dR kernels: the next 16 MT in the next block over gridDim.z) and one range
+// of K (split-K over gridDim.y, in chunks of QM_CHUNK values); with several ranges each writes
+// its partial sums to its own slice of `out` (the partial buffer) and qmma_reduce adds them in
+// range order. The ranges depend on N, K, the kernel and the device only (ops/qmma.rs), so a
+// row's result never depends on how many rows run with it in one kernel (M) or what they hold.
 //
 // K order (a dot product is the same sum in any order, and A and B use the same one): a group of
 // G = 2^lg values is G / 16 whole mma steps, so no step mixes groups. In a group, quad lane t
@@ -104,10 +107,10 @@ extern __shared__ __align__(16) unsigned char qm_smem[];
 
 __device__ __forceinline__ int qm_swz(int row) { return ((row >> 2) & 1) | (((row >> 1) & 1) << 1); }
 
-// Issues chunk c's weights and x into slot `slot` (cp.async; zeros past N, M or K) and loads the
+// Issues chunk c's weights and x's rows m0.. into slot `slot` (cp.async; zeros past N, M or K) and loads the
 // scales and biases of weight row nb + threadIdx.x for its groups into s and b.
 template <int BITS, int MT, bool SPLIT>
-__device__ __forceinline__ void qm_issue(int slot, int c, const void* x, int m, int n, int k, int nb, const u32* packed,
+__device__ __forceinline__ void qm_issue(int slot, int c, const void* x, int m, int m0, int n, int k, int nb, const u32* packed,
                                          const void* scales, const void* biases, int p_dt, int lg, float (&s)[4],
                                          float (&b)[4]) {
     unsigned char* base = qm_smem + slot * QM_SLOT(BITS, MT, SPLIT);
@@ -130,10 +133,10 @@ __device__ __forceinline__ void qm_issue(int slot, int c, const void* x, int m, 
     for (int q = 0; q < (XN + QM_WARPS * 32 - 1) / (QM_WARPS * 32); ++q) {
         const int idx = tid + q * QM_WARPS * 32, row = idx / XP, p = idx % XP;
         if (idx < XN) {
-            const int kk = c * QM_CHUNK + p * (SPLIT ? 4 : 8);
-            const bool valid = row < m && kk < k;
+            const int kk = c * QM_CHUNK + p * (SPLIT ? 4 : 8), xr = m0 + row;
+            const bool valid = xr < m && kk < k;
             const unsigned char* src =
-                (const unsigned char*)x + (valid ? ((size_t)row * k + kk) * (SPLIT ? 4 : 2) : 0);
+                (const unsigned char*)x + (valid ? ((size_t)xr * k + kk) * (SPLIT ? 4 : 2) : 0);
             cp_async16(smem_addr(xs + row * QM_XROW(SPLIT) + p * 16), src, valid);
         }
     }
@@ -220,12 +223,15 @@ __device__ __forceinline__ void qm_read_a(const unsigned char* xs, int r0, int k
     }
 }
 
-// MT tiles of 16 input rows; SPLIT: x is f32 (at most 8 rows), taken in two bf16 parts.
-template <int BITS, int MT, bool SPLIT>
+// MT tiles of 16 input rows (rows from 16 MT blockIdx.z on); SPLIT: x is f32 (at most 8 rows),
+// taken in two bf16 parts; DEQ: each weight decoded to bf16 (s q + b, one rounding) and multiplied
+// as it is, instead of the factored sums.
+template <int BITS, int MT, bool SPLIT, bool DEQ>
 __device__ __forceinline__ void qmma_body(float* out, const void* x, int m, int n, const u32* packed,
                                           const void* scales, const void* biases, int p_dt, int lg, int k, int cps) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     const int nb = blockIdx.x * QM_ROWS, wr = warp * QM_NT * 8;  // the block's and the warp's first row
+    const int m0 = blockIdx.z * 16 * MT;                          // the block's first input row
     const int chunks = (k + QM_CHUNK - 1) / QM_CHUNK;
     const int c0 = blockIdx.y * cps, c1 = min(c0 + cps, chunks);
     const int per = 1 << (lg - 5);  // pieces of a lane per group
@@ -245,7 +251,8 @@ __device__ __forceinline__ void qmma_body(float* out, const void* x, int m, int 
 #pragma unroll
     for (int s = 0; s < QM_STAGES - 1; ++s) {
         if (s > 0) qm_put<BITS, MT, SPLIT>(s - 1, ps, pb);
-        if (c0 + s < c1) qm_issue<BITS, MT, SPLIT>(s, c0 + s, x, m, n, k, nb, packed, scales, biases, p_dt, lg, ps, pb);
+        if (c0 + s < c1)
+            qm_issue<BITS, MT, SPLIT>(s, c0 + s, x, m, m0, n, k, nb, packed, scales, biases, p_dt, lg, ps, pb);
         cp_async_commit();
     }
     for (int c = c0; c < c1; ++c) {
@@ -254,8 +261,8 @@ __device__ __forceinline__ void qmma_body(float* out, const void* x, int m, int 
         __syncthreads();                 // everyone's have, and everyone is done with chunk c - 1
         qm_put<BITS, MT, SPLIT>((it + QM_STAGES - 2) % QM_STAGES, ps, pb);
         if (c + QM_STAGES - 1 < c1)
-            qm_issue<BITS, MT, SPLIT>((it + QM_STAGES - 1) % QM_STAGES, c + QM_STAGES - 1, x, m, n, k, nb, packed,
-                                      scales, biases, p_dt, lg, ps, pb);
+            qm_issue<BITS, MT, SPLIT>((it + QM_STAGES - 1) % QM_STAGES, c + QM_STAGES - 1, x, m, m0, n, k, nb,
+                                      packed, scales, biases, p_dt, lg, ps, pb);
         cp_async_commit();
         const unsigned char* ws = qm_smem + slot * QM_SLOT(BITS, MT, SPLIT);
         const unsigned char* xs = ws + QM_ROWS * QM_WROW(BITS);
@@ -263,24 +270,44 @@ __device__ __forceinline__ void qmma_body(float* out, const void* x, int m, int 
         u32 w[QM_NT][BITS];
 #pragma unroll
         for (int j = 0; j < QM_NT; ++j) qm_read_w<BITS>(ws, wr + 8 * j + g, t, lg, w[j]);
-        // One group's sums: part = sum x q per output, xsum = sum x per input row (its four
-        // registers are those of the output registers' rows).
-        float part[MT][QM_NT][4], xsum[MT][4];
+        // One group's sums (factored form): part = sum x q per output, xsum = sum x per input row
+        // (its four registers are those of the output registers' rows). DEQ: the scale and bias
+        // of the lane's weight row in each tile, as bf16 pairs.
+        float part[DEQ ? 1 : MT][QM_NT][4], xsum[DEQ ? 1 : MT][4];
+        u32 sc2[QM_NT], bi2[QM_NT];
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
             if ((i & (per - 1)) == 0) {
+                if constexpr (DEQ) {
+                    const int gb = i >> (lg - 5);
 #pragma unroll
-                for (int mi = 0; mi < MT; ++mi)
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) {
-                        xsum[mi][e] = 0.0f;
-#pragma unroll
-                        for (int j = 0; j < QM_NT; ++j) part[mi][j][e] = 0.0f;
+                    for (int j = 0; j < QM_NT; ++j) {
+                        const float2 v = *(const float2*)(sb + (wr + 8 * j + g) * 8 + 2 * gb);
+                        sc2[j] = bf16x2_rn(v.x, v.x);
+                        bi2[j] = bf16x2_rn(v.y, v.y);
                     }
+                } else {
+#pragma unroll
+                    for (int mi = 0; mi < MT; ++mi)
+#pragma unroll
+                        for (int e = 0; e < 4; ++e) {
+                            xsum[mi][e] = 0.0f;
+#pragma unroll
+                            for (int j = 0; j < QM_NT; ++j) part[mi][j][e] = 0.0f;
+                        }
+                }
             }
             u32 b[QM_NT][2][2];
 #pragma unroll
-            for (int j = 0; j < QM_NT; ++j) qm_b<BITS>(w[j], i, magic, b[j]);
+            for (int j = 0; j < QM_NT; ++j) {
+                qm_b<BITS>(w[j], i, magic, b[j]);
+                if constexpr (DEQ) {
+#pragma unroll
+                    for (int st = 0; st < 2; ++st)
+#pragma unroll
+                        for (int e = 0; e < 2; ++e) b[j][st][e] = bf16x2_fma(b[j][st][e], sc2[j], bi2[j]);
+                }
+            }
             const int kp = qm_piece_k(i, t, lg);
 #pragma unroll
             for (int mi = 0; mi < MT; ++mi) {
@@ -288,30 +315,38 @@ __device__ __forceinline__ void qmma_body(float* out, const void* x, int m, int 
                 qm_read_a<SPLIT>(xs, 16 * mi + g, kp, a, al);
 #pragma unroll
                 for (int st = 0; st < 2; ++st) {
-                    if constexpr (SPLIT) {
-                        mma_bf16(xsum[mi], al[st], ones);
+                    if constexpr (DEQ) {
 #pragma unroll
-                        for (int j = 0; j < QM_NT; ++j) mma_bf16(part[mi][j], al[st], b[j][st]);
+                        for (int j = 0; j < QM_NT; ++j) mma_bf16(acc[mi][j], a[st], b[j][st]);
+                    } else {
+                        if constexpr (SPLIT) {
+                            mma_bf16(xsum[mi], al[st], ones);
+#pragma unroll
+                            for (int j = 0; j < QM_NT; ++j) mma_bf16(part[mi][j], al[st], b[j][st]);
+                        }
+                        mma_bf16(xsum[mi], a[st], ones);
+#pragma unroll
+                        for (int j = 0; j < QM_NT; ++j) mma_bf16(part[mi][j], a[st], b[j][st]);
                     }
-                    mma_bf16(xsum[mi], a[st], ones);
-#pragma unroll
-                    for (int j = 0; j < QM_NT; ++j) mma_bf16(part[mi][j], a[st], b[j][st]);
                 }
             }
             // The group's last piece: its scales and biases for the output columns 2t and 2t + 1
             // of each tile (zeros past N and for a group past K, which holds only zeros).
-            if ((i & (per - 1)) == per - 1) {
-                const int gb = i >> (lg - 5);
+            if constexpr (!DEQ) {
+                if ((i & (per - 1)) == per - 1) {
+                    const int gb = i >> (lg - 5);
 #pragma unroll
-                for (int j = 0; j < QM_NT; ++j) {
-                    const float2 c0v = *(const float2*)(sb + (wr + 8 * j + 2 * t) * 8 + 2 * gb);
-                    const float2 c1v = *(const float2*)(sb + (wr + 8 * j + 2 * t + 1) * 8 + 2 * gb);
-                    const float sc[2] = {c0v.x, c1v.x}, bi[2] = {c0v.y, c1v.y};
+                    for (int j = 0; j < QM_NT; ++j) {
+                        const float2 c0v = *(const float2*)(sb + (wr + 8 * j + 2 * t) * 8 + 2 * gb);
+                        const float2 c1v = *(const float2*)(sb + (wr + 8 * j + 2 * t + 1) * 8 + 2 * gb);
+                        const float sc[2] = {c0v.x, c1v.x}, bi[2] = {c0v.y, c1v.y};
 #pragma unroll
-                    for (int mi = 0; mi < MT; ++mi)
+                        for (int mi = 0; mi < MT; ++mi)
 #pragma unroll
-                        for (int e = 0; e < 4; ++e)
-                            acc[mi][j][e] = fmaf(sc[e & 1], part[mi][j][e], fmaf(bi[e & 1], xsum[mi][e], acc[mi][j][e]));
+                            for (int e = 0; e < 4; ++e)
+                                acc[mi][j][e] =
+                                    fmaf(sc[e & 1], part[mi][j][e], fmaf(bi[e & 1], xsum[mi][e], acc[mi][j][e]));
+                    }
                 }
             }
         }
@@ -324,7 +359,7 @@ __device__ __forceinline__ void qmma_body(float* out, const void* x, int m, int 
             const int col = nb + wr + 8 * j + 2 * t;
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
-                const int r = 16 * i + g + 8 * (e >> 1), cc = col + (e & 1);
+                const int r = m0 + 16 * i + g + 8 * (e >> 1), cc = col + (e & 1);
                 if (r < m && cc < n) dst[(size_t)r * n + cc] = acc[i][j][e];
             }
         }
@@ -338,7 +373,7 @@ __device__ __forceinline__ void qm_prefetch(const u32* packed, int n, int k, int
     const int r = blockIdx.x * QM_ROWS + threadIdx.x;
     const int chunks = (k + QM_CHUNK - 1) / QM_CHUNK;
     const int c0 = blockIdx.y * cps, c1 = min(c0 + cps, chunks);
-    if (r < n && c0 < c1) {
+    if (blockIdx.z == 0 && r < n && c0 < c1) {
         const size_t row_words = (size_t)k * BITS / 32, w0 = (size_t)c0 * QM_CHUNK * BITS / 32;
         size_t w1 = (size_t)c1 * QM_CHUNK * BITS / 32;
         if (w1 > row_words) w1 = row_words;
@@ -349,11 +384,12 @@ __device__ __forceinline__ void qm_prefetch(const u32* packed, int n, int k, int
 #define QM_PARAMS                                                                                                \
     float *out, const void *x, int m, int n, const u32 *packed, const void *scales, const void *biases, int p_dt, \
         int lg, int k, int cps
-#define QM_BF16(BITS, MT) qmma_body<BITS, MT, false>(out, x, m, n, packed, scales, biases, p_dt, lg, k, cps)
+#define QM_BF16(BITS, MT) qmma_body<BITS, MT, false, false>(out, x, m, n, packed, scales, biases, p_dt, lg, k, cps)
 #define QM_BEGIN(BITS)                          \
     qm_prefetch<BITS>(packed, n, k, cps); \
     pdl_begin()
-#define QM_F32(BITS) qmma_body<BITS, 1, true>(out, x, m, n, packed, scales, biases, p_dt, lg, k, cps)
+#define QM_F32(BITS) qmma_body<BITS, 1, true, false>(out, x, m, n, packed, scales, biases, p_dt, lg, k, cps)
+#define QM_DEQ(BITS, MT) qmma_body<BITS, MT, false, true>(out, x, m, n, packed, scales, biases, p_dt, lg, k, cps)
 
 // Resident blocks per multiprocessor asked of ptxas for the 8- and 16-row kernels (a register
 // cap: 65536 / (128 x QM_MIN_BLOCKS)); an experiment knob (NUVEC_NVRTC_DEFINES), 1 = no cap.
@@ -366,6 +402,14 @@ extern "C" __global__ void __launch_bounds__(128, QM_MIN_BLOCKS) qmma_b8_m16(QM_
 extern "C" __global__ void __launch_bounds__(128) qmma_b8_m32(QM_PARAMS) { QM_BEGIN(8); QM_BF16(8, 2); }
 extern "C" __global__ void __launch_bounds__(128, QM_MIN_BLOCKS) qmma_b4_f32(QM_PARAMS) { QM_BEGIN(4); QM_F32(4); }
 extern "C" __global__ void __launch_bounds__(128, QM_MIN_BLOCKS) qmma_b8_f32(QM_PARAMS) { QM_BEGIN(8); QM_F32(8); }
+// The same for the kernels decoding weights to bf16 (an experiment knob as QM_MIN_BLOCKS).
+#ifndef QM_DEQ_MIN_BLOCKS
+#define QM_DEQ_MIN_BLOCKS 1
+#endif
+extern "C" __global__ void __launch_bounds__(128, QM_DEQ_MIN_BLOCKS) qmma_b4_d16(QM_PARAMS) { QM_BEGIN(4); QM_DEQ(4, 1); }
+extern "C" __global__ void __launch_bounds__(128, QM_DEQ_MIN_BLOCKS) qmma_b4_d32(QM_PARAMS) { QM_BEGIN(4); QM_DEQ(4, 2); }
+extern "C" __global__ void __launch_bounds__(128, QM_DEQ_MIN_BLOCKS) qmma_b4_d64(QM_PARAMS) { QM_BEGIN(4); QM_DEQ(4, 4); }
+extern "C" __global__ void __launch_bounds__(128, QM_DEQ_MIN_BLOCKS) qmma_b8_d64(QM_PARAMS) { QM_BEGIN(8); QM_DEQ(8, 4); }
 
 // out [mn] = the sum of `splits` partial slices of `part` ([splits, mn]), in slice order.
 extern "C" __global__ void qmma_reduce(float* out, const float* part, int splits, size_t mn) {

@@ -24,7 +24,7 @@ use cudarc::driver::{CudaStream, LaunchConfig};
 
 use super::{
     cfg_1d, fast_path_log_group, to_i32, CudaBackend, QmmaInput, WeightArgs, ATTN_GEMM_SCORE_BYTES, DT_BF16, DT_F16,
-    DT_F32, GEMV_MAX_ROWS,
+    DT_F32,
 };
 use crate::backends::cuda::{DeviceBuffer, State};
 use crate::{Array, DType, Error, Matrix, QuantMode, Result};
@@ -256,7 +256,7 @@ impl CudaBackend {
             Matrix::Dense(_) => w.cols() == k,
             Matrix::Quantized(q) => q.spec.mode == QuantMode::Affine && w.cols() == k,
         };
-        if k == 0 || m <= GEMV_MAX_ROWS || ws.is_empty() || !ws.iter().all(plain) {
+        if k == 0 || m < super::qmma::bf16_rows_from().max(2) || ws.is_empty() || !ws.iter().all(plain) {
             return Ok(None);
         }
         if let Some(u) = up {

@@ -1,12 +1,13 @@
-//! Products of a few input rows (a batched decode step: 2 to 32 rows) over affine-quantized
-//! weights on the tensor cores (kernels/qmma.cu): each packed weight is read once per call, its
-//! integers multiplied exactly and each group's scale and bias applied once per output. The
-//! alternatives read each weight once per row (the one-row GEMVs) or decode it whole to bf16 in
-//! memory first (the prefill GEMM path).
+//! Products of a few input rows (a batched decode step) over affine-quantized weights on the
+//! tensor cores (kernels/qmma.cu): each packed weight is read once per call (per 64 rows above
+//! 64). Up to 32 rows, its integers are multiplied exactly and each group's scale and bias applied
+//! once per output; from 33 rows, with bf16 scales, each weight is decoded in registers to the
+//! bf16 value the prefill GEMM multiplies. The alternatives read each weight once per row (the
+//! one-row GEMVs) or decode it whole to bf16 in memory first (the prefill GEMM path).
 
 use cudarc::driver::LaunchConfig;
 
-use super::{cfg_1d, fast_path_log_group, to_i32, CudaBackend, WeightArgs};
+use super::{cfg_1d, fast_path_log_group, to_i32, CudaBackend, WeightArgs, DT_BF16};
 use crate::backends::cuda::{DeviceBuffer, State};
 use crate::{Error, Result};
 
@@ -24,12 +25,42 @@ fn qm_stages() -> usize {
     })
 }
 
+/// Input rows per block of the kernels that decode weights to bf16 (`qmma_bN_d64`).
+const QM_DEQ_ROWS: usize = 64;
+
+/// The row counts the decoding kernels take: from 33 (below, the exact kernels) to 64, or what
+/// `NUVEC_NVRTC_DEFINES` sets as `QM_DEQ_FROM` (17: `qmma_b4_d32` takes 17 to 32 rows) and
+/// `QM_DEQ_MAX` (more rows read each weight once per 64; an experiment knob, as `QM_STAGES`).
+fn deq_rows() -> std::ops::RangeInclusive<usize> {
+    static ROWS: std::sync::OnceLock<(usize, usize)> = std::sync::OnceLock::new();
+    let (from, max) = *ROWS.get_or_init(|| {
+        let at = |name: &str, default: usize| {
+            super::super::nvrtc_define(name).and_then(|v| v.parse().ok()).filter(|&r| r >= 2).unwrap_or(default)
+        };
+        (at("QM_DEQ_FROM", 33), at("QM_DEQ_MAX", QM_DEQ_ROWS))
+    });
+    from..=max
+}
+
+/// The fewest rows whose products take x in bf16 (`QmmaInput::Bf16`): 9, fewer rows keeping f32
+/// accuracy (`F32Split`), or what `NUVEC_NVRTC_DEFINES` sets as `QM_BF16_FROM` (an experiment
+/// knob, at least 2).
+pub(super) fn bf16_rows_from() -> usize {
+    static FROM: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *FROM.get_or_init(|| {
+        super::super::nvrtc_define("QM_BF16_FROM")
+            .and_then(|v| v.parse().ok())
+            .filter(|&r| r >= 2)
+            .unwrap_or(super::GEMV_MAX_ROWS + 1)
+    })
+}
+
 /// The input of a [`CudaBackend::qmma`] product.
 #[derive(Clone, Copy)]
 pub(super) enum QmmaInput {
-    /// `[m, k]` bf16, converted once by the caller (m up to 32, two tiles of 16: at 64 rows the
-    /// kernel was slower on an H200 than decoding the weights to bf16 for a cuBLAS GEMM, random
-    /// 8B 2 943 against 3 331 generated tok/s; at 32 and fewer faster, 2 671 against 2 132 at 32).
+    /// `[m, k]` bf16, converted once by the caller: up to 32 rows the exact kernels (two tiles
+    /// of 16 at most: with four, their per-group sums made them slower than decoding the weights
+    /// to bf16 for a cuBLAS GEMM), from 33 the decoding ones where the scales are bf16.
     Bf16(u64),
     /// `[m, k]` f32, taken in two bf16 parts against the exact integers for f32 accuracy (m up
     /// to 8: the kernel stages 8 rows of x).
@@ -54,8 +85,9 @@ pub(in crate::backends::cuda) fn qmma_smem_bytes(kernel: &str) -> Option<usize> 
     let bits: usize = bits.parse().ok()?;
     // x's rows staged per slot and the bytes of each (padded).
     let (x_rows, x_row) = match form {
-        "m16" => (16, 272),
-        "m32" => (32, 272),
+        "m16" | "d16" => (16, 272),
+        "m32" | "d32" => (32, 272),
+        "d64" => (64, 272),
         "f32" => (8, 528),
         _ => return None,
     };
@@ -75,7 +107,7 @@ impl CudaBackend {
     /// `out [m, n]` f32 at `o` = x times `w`^T with the tensor-core kernels; false (nothing done)
     /// when they do not take this weight, input or row count. The ranges of K depend on n, k, the
     /// kernel and the device only, so a row's result is the same whatever rows run beside it in
-    /// one kernel (2 to 8 rows in f32, 9 to 16 and 17 to 32 in bf16).
+    /// one kernel (2 to 8 rows in f32, 9 to 16, 17 to 32 and 33 and more in bf16).
     #[allow(clippy::too_many_arguments)]
     pub(super) fn qmma(
         &self,
@@ -89,7 +121,13 @@ impl CudaBackend {
     ) -> Result<bool> {
         // The kernel for this input, width and row count (a name from a table: this runs for
         // every weight of every batched decode step).
+        // Decoding a weight to bf16 in one fma rounding needs its scale and bias exact in bf16.
+        let deq = w.p_dt == DT_BF16 && deq_rows().contains(&m);
         let (xp, name) = match (x, w.bits, m.div_ceil(16)) {
+            (QmmaInput::Bf16(p), 4, 1) if deq => (p, "qmma_b4_d16"),
+            (QmmaInput::Bf16(p), 4, 2) if deq => (p, "qmma_b4_d32"),
+            (QmmaInput::Bf16(p), 4, 3..) if deq => (p, "qmma_b4_d64"),
+            (QmmaInput::Bf16(p), 8, 3..) if deq => (p, "qmma_b8_d64"),
             (QmmaInput::Bf16(p), 4, 1) => (p, "qmma_b4_m16"),
             (QmmaInput::Bf16(p), 4, 2) => (p, "qmma_b4_m32"),
             (QmmaInput::Bf16(p), 8, 1) => (p, "qmma_b8_m16"),
@@ -113,8 +151,13 @@ impl CudaBackend {
             return Ok(false);
         };
         let (per_range, ranges) = ranges_of_k(chunks, blocks, slots, qm_stages());
+        let row_blocks = if name.contains("_d") { m.div_ceil(QM_DEQ_ROWS) } else { 1 };
         let cfg = LaunchConfig {
-            grid_dim: (to_i32(op, "blocks", blocks)? as u32, ranges as u32, 1),
+            grid_dim: (
+                to_i32(op, "blocks", blocks)? as u32,
+                ranges as u32,
+                to_i32(op, "row blocks", row_blocks)? as u32,
+            ),
             block_dim: (QM_THREADS, 1, 1),
             shared_mem_bytes: smem as u32,
         };
