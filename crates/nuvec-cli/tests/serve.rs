@@ -278,6 +278,31 @@ fn structured_outputs_through_the_sdk_and_curl() {
     }
 }
 
+/// tool_choice "required" and a named function on a random Qwen3 model with Qwen3's chat
+/// template (the oracle's fixtures, linked into one model directory): serve_tools_forced.py.
+#[test]
+fn forced_tool_calls_through_the_sdk() {
+    let fixtures =
+        std::path::PathBuf::from(std::env::var("NUVEC_FIXTURES").expect("NUVEC_FIXTURES: run scripts/test.sh"));
+    let dir = std::env::temp_dir().join(format!("nuvec-serve-tools-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for (from, names) in [
+        ("qwen3-q4g64", &["config.json", "model.safetensors", "model.safetensors.index.json"][..]),
+        ("tool_chats/qwen3", &["tokenizer.json", "tokenizer_config.json"][..]),
+    ] {
+        for name in names {
+            let (src, dst) = (fixtures.join(from).join(name), dir.join(name));
+            if src.exists() && !dst.exists() {
+                std::os::unix::fs::symlink(&src, &dst).unwrap();
+            }
+        }
+    }
+    let served = Served::start_model(dir.to_str().unwrap(), &["--api-key", "sk-tools"]);
+    run_sdk_script("serve_tools_forced.py", &[&format!("{}/v1", served.base), "sk-tools"], &served);
+    drop(served);
+    std::fs::remove_dir_all(&dir).ok();
+}
+
 #[test]
 fn the_anthropic_sdk_drives_the_messages_api() {
     let expected = generate(&["--prompt", QUESTION, "-m", "40"]);

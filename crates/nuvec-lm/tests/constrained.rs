@@ -8,9 +8,12 @@ mod common;
 
 use std::collections::HashMap;
 use std::io::Write;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 use common::default_gguf;
+use nuvec_lm::chat::tools::ForcedTool;
+use nuvec_lm::chat::{ChatDelta, ToolFormat};
 use nuvec_lm::constrain::{Constraint, Grammar, Vocabulary};
 use nuvec_lm::{
     generate, Batcher, BatcherOptions, Event, FinishReason, GenerateOptions, Message, Model, Sampler, Tokenizer,
@@ -314,4 +317,111 @@ fn max_tokens_inside_the_grammar_says_so() {
     let grammar = Grammar::new(Constraint::Regex("[a-z ]*".into()), &vocabulary).unwrap();
     let (tokens, text, reason) = run(&model, &tokenizer, &prompt, greedy(grammar, 4));
     assert_eq!((tokens.len(), reason), (4, FinishReason::Length), "{text:?}");
+}
+
+/// A model directory of `model`'s weights (a fixture) with the tokenizer and chat template of
+/// `tokenizer` (another fixture, of the same vocabulary): files linked into `at`.
+fn with_tokenizer(model: &Path, tokenizer: &Path, at: &Path) -> PathBuf {
+    std::fs::create_dir_all(at).unwrap();
+    for (dir, names) in [
+        (model, &["config.json", "model.safetensors", "model.safetensors.index.json"][..]),
+        (tokenizer, &["tokenizer.json", "tokenizer_config.json", "chat_template.jinja"][..]),
+    ] {
+        for name in names {
+            let (from, to) = (dir.join(name), at.join(name));
+            if from.exists() && !to.exists() {
+                std::os::unix::fs::symlink(&from, &to).unwrap();
+            }
+        }
+    }
+    at.to_path_buf()
+}
+
+/// tool_choice "required" and a named function, as the server forces them, on random models whose
+/// chat templates call tools in each format (Qwen3's `<tool_call>`, Llama 3.1's JSON, gpt-oss's
+/// harmony): greedy and sampled, every answer parses as exactly one call of an offered tool (the
+/// named one when named), its arguments valid under that tool's schema (judged by `jsonschema`).
+#[test]
+fn forced_tool_calls_hold_to_the_tools_schemas() {
+    let f = common::fixtures();
+    let weather = json!({"type": "object", "properties": {"city": {"type": "string", "minLength": 1, "maxLength": 12}, "unit": {"enum": ["celsius", "fahrenheit"]}, "days": {"type": "integer", "minimum": 1, "maximum": 14}}, "required": ["city", "unit", "days"], "additionalProperties": false});
+    let time = json!({"type": "object", "properties": {"zone": {"enum": ["UTC", "CET", "PST"]}}, "required": ["zone"], "additionalProperties": false});
+    let tools = [
+        ForcedTool { name: "get_weather".into(), parameters: Some(weather.clone()) },
+        ForcedTool { name: "get_time".into(), parameters: Some(time.clone()) },
+    ];
+    let schema_of = |name: &str| if name == "get_weather" { weather.clone() } else { time.clone() };
+    let openai_tools: Vec<Value> = tools
+        .iter()
+        .map(|t| json!({"type": "function", "function": {"name": t.name, "description": "A tool.", "parameters": t.parameters}}))
+        .collect();
+    let scratch = std::env::temp_dir().join(format!("nuvec-forced-calls-{}", std::process::id()));
+    let mut cases = vec![];
+    for (weights, tok, format) in [
+        ("qwen3-q4g64", "tool_chats/qwen3", ToolFormat::Hermes),
+        ("llama-q4g64", "tool_chats/llama3_1", ToolFormat::Llama3),
+        ("gpt_oss/gpt_oss-q4g64", "gpt_oss/gpt_oss-harmony", ToolFormat::Harmony),
+    ] {
+        let dir = with_tokenizer(&f.join(weights), &f.join(tok), &scratch.join(weights.replace('/', "-")));
+        let (model, tokenizer) = nuvec_lm::load(dir.to_str().unwrap()).unwrap();
+        let template = tokenizer.chat_template().expect("a chat template");
+        assert_eq!(ToolFormat::of_template(template.source()), Some(format), "{tok}");
+        let mut args = serde_json::Map::new();
+        args.insert("tools".into(), Value::Array(openai_tools.clone()));
+        let ctx = tokenizer.template_context(args);
+        let messages = json!([{"role": "user", "content": "What is the weather in Paris, and the time?"}]);
+        let rendered = template.render_values(&messages, true, false, &ctx).unwrap();
+        let vocabulary = Vocabulary::new(&tokenizer).unwrap();
+        for name in [None, Some("get_time"), Some("get_weather")] {
+            let prefix = format.forced_prefix(name);
+            let grammar = Grammar::new(format.forced_call(&tools, name).unwrap(), &vocabulary)
+                .unwrap_or_else(|e| panic!("{format:?} {name:?}: {e}"));
+            let prompt = tokenizer.encode(&format!("{rendered}{prefix}"), false).unwrap();
+            for seed in [None, Some(1u64), Some(2)] {
+                let mut options = greedy(grammar.clone(), 120);
+                if let Some(s) = seed {
+                    options.sampler = Sampler { temperature: 1.0, ..Default::default() };
+                    options.seed = Some(s);
+                }
+                let (_, text, reason) = run(&model, &tokenizer, &prompt, options);
+                let what = format!("{format:?} {name:?} seed {seed:?}");
+                assert_eq!(reason, FinishReason::EndOfSequence, "{what}: ended inside the call: {text:?}");
+                let mut output =
+                    nuvec_lm::chat::ChatOutput::new(template, &prompt_text(&rendered, &prefix), Some(format), true);
+                let mut deltas = output.push(&prefix);
+                deltas.extend(output.push(&text));
+                deltas.extend(output.finish());
+                let calls: Vec<_> = deltas
+                    .iter()
+                    .filter_map(|d| match d {
+                        ChatDelta::ToolCall(c) => Some(c.clone()),
+                        _ => None,
+                    })
+                    .collect();
+                eprintln!("RESULT forced call, {what}: {text:?}");
+                assert_eq!(calls.len(), 1, "{what}: {text:?} gave {deltas:?}");
+                let call = &calls[0];
+                assert!(name.is_none_or(|n| n == call.name), "{what}: called {}", call.name);
+                assert!(tools.iter().any(|t| t.name == call.name), "{what}: called {}", call.name);
+                cases.push(
+                    json!({"kind": "schema", "schema": schema_of(&call.name), "text": call.arguments, "what": what}),
+                );
+            }
+        }
+    }
+    std::fs::remove_dir_all(&scratch).ok();
+    for (case, verdict) in cases.iter().zip(judge(&cases)) {
+        assert!(verdict.is_none(), "{}: {:?} is not valid: {}", case["what"], case["text"], verdict.unwrap());
+    }
+    // A name no tool has, and parameters that are no schema, are refused naming them.
+    let e = ToolFormat::Hermes.forced_call(&tools, Some("get_news")).unwrap_err().to_string();
+    assert!(e.contains("get_news"), "{e}");
+    let bad = [ForcedTool { name: "f".into(), parameters: Some(json!([1])) }];
+    let e = ToolFormat::Hermes.forced_call(&bad, None).unwrap_err().to_string();
+    assert!(e.contains("\"f\"") && e.contains("not a JSON schema"), "{e}");
+}
+
+/// The text a forced call's answer follows: the rendered prompt and the call's opening.
+fn prompt_text(rendered: &str, prefix: &str) -> String {
+    format!("{rendered}{prefix}")
 }

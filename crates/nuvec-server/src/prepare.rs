@@ -2,7 +2,9 @@
 //! engine. Every protocol comes through here: `/v1/responses` and `/v1/messages` translate
 //! their bodies into a chat completions body first, so one parser checks every field.
 
+use nuvec_lm::chat::tools::ForcedTool;
 use nuvec_lm::chat::{ChatOutput, ToolFormat};
+use nuvec_lm::constrain::Grammar;
 use serde_json::{Map, Value};
 
 use crate::answer::ChatAnswer;
@@ -41,16 +43,18 @@ pub(crate) fn engine_gone(state: &AppState) -> ApiError {
     ApiError::unavailable(&state.shared.failure().unwrap_or_else(|| "the engine has stopped".into()))
 }
 
-/// The chat prompt for `messages`, and a reader for each of its `parsed.n` answers: tools shown to the model are
-/// parsed back out of it in the template's format, and tool_choice "required" or a named
-/// function starts the answer inside a call (the call's opening is appended to the prompt and
-/// read first), since the model cannot be constrained to one otherwise.
+/// The chat prompt for `messages`, a reader for each of its `parsed.n` answers, and the grammar
+/// of a forced call: tools shown to the model are parsed back out of it in the template's
+/// format, and tool_choice "required" or a named function starts the answer inside a call (the
+/// call's opening is appended to the prompt and read first) and holds the rest to one call of
+/// an offered tool (the named one), its arguments valid under the tool's `parameters` schema,
+/// through the call's close, where the answer ends.
 fn chat_prompt(
     state: &AppState,
     parsed: &Parsed,
     messages: &Value,
     args: &Map<String, Value>,
-) -> Result<(String, Vec<Option<ChatAnswer>>), ApiError> {
+) -> Result<ChatPrompt, ApiError> {
     let tokenizer = &state.tokenizer;
     let template = tokenizer.chat_template().ok_or_else(|| {
         ApiError::invalid("messages", "this model has no chat template: use /v1/completions with a prompt")
@@ -72,10 +76,17 @@ fn chat_prompt(
             ),
         ));
     }
-    let prefix = match (tools.map(|t| &t.choice), format) {
-        (Some(ToolChoice::Required), Some(f)) => f.forced_prefix(None),
-        (Some(ToolChoice::Named(name)), Some(f)) => f.forced_prefix(Some(name)),
-        _ => String::new(),
+    let forced = match (tools, format) {
+        (Some(t), Some(f)) => match &t.choice {
+            ToolChoice::Required => Some((f, None)),
+            ToolChoice::Named(name) => Some((f, Some(name.as_str()))),
+            ToolChoice::Auto | ToolChoice::None => None,
+        },
+        _ => None,
+    };
+    let (prefix, grammar) = match (forced, tools) {
+        (Some((f, name)), Some(t)) => (f.forced_prefix(name), Some(forced_call(state, parsed, f, &t.tools, name)?)),
+        _ => (String::new(), None),
     };
     text.push_str(&prefix);
     let reader = || {
@@ -86,7 +97,50 @@ fn chat_prompt(
         Some(ChatAnswer::new(output, format))
     };
     let readers = (0..parsed.n).map(|_| reader()).collect();
-    Ok((text, readers))
+    Ok(ChatPrompt { text, answers: readers, grammar })
+}
+
+/// What [`chat_prompt`] makes of a chat request.
+struct ChatPrompt {
+    text: String,
+    answers: Vec<Option<ChatAnswer>>,
+    /// A forced call's grammar.
+    grammar: Option<Grammar>,
+}
+
+/// The grammar of a forced call of `name` (any of `tools` when None) in `format`.
+fn forced_call(
+    state: &AppState,
+    parsed: &Parsed,
+    format: ToolFormat,
+    tools: &[Value],
+    name: Option<&str>,
+) -> Result<Grammar, ApiError> {
+    if parsed.options.ignore_eos || parsed.options.min_tokens > 0 {
+        let which = if parsed.options.ignore_eos { "ignore_eos" } else { "min_tokens" };
+        return Err(ApiError::invalid(
+            which,
+            format!(
+                "{which} with tool_choice {}: the call's grammar decides where the answer ends; drop one",
+                name.map_or("\"required\"".to_string(), |n| format!("naming {n:?}"))
+            ),
+        ));
+    }
+    let tools: Vec<ForcedTool> = tools
+        .iter()
+        .map(|t| ForcedTool {
+            name: t["function"]["name"].as_str().unwrap_or_default().to_string(),
+            parameters: t["function"].get("parameters").cloned(),
+        })
+        .collect();
+    let bad = |e: String| {
+        ApiError::invalid(
+            "tools",
+            format!("tool_choice forces a call, but the tools' parameters cannot hold it to them: {e}"),
+        )
+    };
+    let constraint = format.forced_call(&tools, name).map_err(|e| bad(e.to_string()))?;
+    state.grammars.compile(constraint).map_err(bad)
 }
 
 fn prepare_now(state: &AppState, kind: Kind, body: &Map<String, Value>) -> Result<Prepared, ApiError> {
@@ -99,12 +153,15 @@ fn prepare_now(state: &AppState, kind: Kind, body: &Map<String, Value>) -> Resul
         tokenizer,
         grammars: &state.grammars,
     };
-    let parsed = params::parse(kind, body, &cx)?;
+    let mut parsed = params::parse(kind, body, &cx)?;
     let mut answers = (0..parsed.n).map(|_| None).collect();
     let (ids, param) = match &parsed.prompt {
         Prompt::Messages(messages, args) => {
-            let (text, readers) = chat_prompt(state, &parsed, messages, args)?;
+            let ChatPrompt { text, answers: readers, grammar } = chat_prompt(state, &parsed, messages, args)?;
             answers = readers;
+            if grammar.is_some() {
+                parsed.options.constraint = grammar;
+            }
             // The template wrote the special tokens.
             (tokenizer.encode(&text, false), "messages")
         }

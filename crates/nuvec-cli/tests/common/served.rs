@@ -34,8 +34,13 @@ pub struct Served {
 impl Served {
     /// Starts `nuvec serve --model <default> --port 0 <extra>` and waits for its address.
     pub fn start(extra: &[&str]) -> Served {
+        Served::start_model(&gguf(), extra)
+    }
+
+    /// Starts `nuvec serve --model <model> --port 0 <extra>` and waits for its address.
+    pub fn start_model(model: &str, extra: &[&str]) -> Served {
         let mut child = Command::new(env!("CARGO_BIN_EXE_nuvec"))
-            .args(["serve", "--model", &gguf(), "--port", "0"])
+            .args(["serve", "--model", model, "--port", "0"])
             .args(extra)
             .stdin(Stdio::null())
             .stdout(Stdio::null())

@@ -15,6 +15,9 @@
 
 use serde_json::Value;
 
+pub use forced::ForcedTool;
+
+mod forced;
 mod harmony;
 mod hermes;
 mod llama3;
@@ -109,25 +112,6 @@ impl ToolFormat {
             ToolFormat::Llama3 => Box::new(llama3::Llama3::default()),
             ToolFormat::Mistral => Box::new(mistral::Mistral::default()),
             ToolFormat::Harmony => Box::new(harmony::Harmony::new(tools)),
-        }
-    }
-
-    /// The start of a call this format's model is made to continue, for tool_choice
-    /// "required" (`name` None) or a named function: appended to the prompt, so the answer
-    /// begins inside a call (and fed to the parser first, so the call parses whole).
-    pub fn forced_prefix(self, name: Option<&str>) -> String {
-        let quoted = |n: &str| serde_json::to_string(n).expect("strings serialize");
-        match (self, name) {
-            (ToolFormat::Hermes, None) => "<tool_call>\n{\"name\": \"".into(),
-            (ToolFormat::Hermes, Some(n)) => format!("<tool_call>\n{{\"name\": {}, \"arguments\": ", quoted(n)),
-            (ToolFormat::Llama3, None) => "{\"name\": \"".into(),
-            (ToolFormat::Llama3, Some(n)) => format!("{{\"name\": {}, \"parameters\": ", quoted(n)),
-            (ToolFormat::Mistral, None) => "[TOOL_CALLS][{\"name\": \"".into(),
-            (ToolFormat::Mistral, Some(n)) => format!("[TOOL_CALLS][{{\"name\": {}, \"arguments\": ", quoted(n)),
-            (ToolFormat::Harmony, None) => "<|channel|>commentary to=functions.".into(),
-            (ToolFormat::Harmony, Some(n)) => {
-                format!("<|channel|>commentary to=functions.{n} <|constrain|>json<|message|>")
-            }
         }
     }
 

@@ -66,7 +66,7 @@ impl Constraint {
 
 /// `schema` with llguidance's layout options for one-line JSON (", " between items, ": " after
 /// keys, no other whitespace), unless it sets its own (`"x-guidance"`) or is not an object.
-fn one_line(mut schema: Value) -> Value {
+pub(crate) fn one_line(mut schema: Value) -> Value {
     if let Some(map) = schema.as_object_mut() {
         map.entry("x-guidance").or_insert_with(
             || serde_json::json!({"whitespace_flexible": false, "item_separator": ", ", "key_separator": ": "}),

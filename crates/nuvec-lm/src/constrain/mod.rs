@@ -26,6 +26,7 @@ mod grammar;
 mod mask;
 mod vocabulary;
 
+pub(crate) use grammar::one_line;
 pub use grammar::{Constraint, Grammar};
 pub(crate) use mask::TokenMask;
 pub use vocabulary::Vocabulary;
