@@ -4,6 +4,7 @@
 Usage: make-random-checkpoint.py OUT_DIR [--shape 8b|1b|tiny] [--bits 4] [--group-size 64]
        [--tokenizer DIR]   (copies DIR's tokenizer.json / tokenizer_config.json: vocab 32000 fits
                             the mistral fixtures' tokenizer)
+       [--vocab N]         (embedding and head rows: 128256 with Llama 3.1's tokenizer)
 
 Standard library only, so it runs on the GPU machine (where the multi-GB file is written instead of
 travelling). Packed weights repeat one 64 MiB random block; scales are 0.02 and biases -0.16 (bf16),
@@ -35,8 +36,12 @@ def main():
     ap.add_argument("--bits", type=int, default=4)
     ap.add_argument("--group-size", type=int, default=64)
     ap.add_argument("--tokenizer")
+    ap.add_argument("--vocab", type=int, help="rows of the embedding and head (default: the shape's 32000; "
+                    "128256 for Llama 3.1's tokenizer)")
     a = ap.parse_args()
-    s = SHAPES[a.shape]
+    s = dict(SHAPES[a.shape])
+    if a.vocab:
+        s["vocab"] = a.vocab
     h, hd = s["hidden"], s["head_dim"]
     matrices = [("model.embed_tokens", s["vocab"], h), ("lm_head", s["vocab"], h)]
     tensors = [("model.norm.weight", "BF16", [h], bf16(1.0))]

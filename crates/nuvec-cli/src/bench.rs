@@ -59,6 +59,10 @@ pub struct Args {
     /// With --workload: cache blocks of 16 positions (default: sized from memory).
     #[arg(long, requires = "workload")]
     blocks: Option<usize>,
+    /// With --workload: every request's output held to this (structured output). Requests then
+    /// end where their grammar does, or at their max_tokens, instead of ignoring end-of-sequence.
+    #[command(flatten)]
+    constraint: crate::constraint::ConstraintArgs,
     /// Quantize the paged cache's keys and values to this many bits (the CPU; as `nuvec serve
     /// --kv-bits`): the sequences, even one, then run in a quantized paged cache.
     #[arg(long)]
@@ -182,7 +186,13 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         nuvec::backends::cpu::set_num_threads(threads)?;
     }
     let model_path = model_or_default(&args.model)?;
-    let (mut model, _tokenizer) = load_on(&model_path, parse_device(&args.device)?)?;
+    let (mut model, tokenizer) = load_on(&model_path, parse_device(&args.device)?)?;
+    let grammar = args.constraint.grammar(&tokenizer)?;
+    if grammar.is_some() && args.workload.is_none() {
+        return Err("the structured-output flags (--json, --json-schema, --regex, --choice, --grammar) apply to \
+                    --workload runs: give a workload file"
+            .into());
+    }
     if let Some(kv) = args.kv_dtype {
         // Every cache of the run (alone, paged, the Batcher's) takes the model's type.
         model.set_kv_dtype(kv);
@@ -196,7 +206,7 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
             kv_group_size: args.kv_group_size,
             ..Default::default()
         };
-        return crate::workload::run(&model, path, options);
+        return crate::workload::run(&model, path, options, grammar);
     }
     let prompts: Vec<Vec<u32>> = (0..args.batch_size as u64)
         .map(|i| random_tokens(args.prompt_tokens, model.vocab_size(), args.seed.wrapping_add(i)))

@@ -9,6 +9,7 @@
 use std::collections::HashMap;
 use std::time::Instant;
 
+use nuvec_lm::constrain::Grammar;
 use nuvec_lm::{Batcher, BatcherOptions, Event, GenerateOptions, Model, RequestId};
 use serde_json::Value;
 
@@ -65,7 +66,13 @@ fn quantile(values: &mut [f64], q: f64) -> f64 {
 }
 
 /// Runs the workload in `path` on `model`.
-pub fn run(model: &Model, path: &str, options: BatcherOptions) -> Result<(), Box<dyn std::error::Error>> {
+/// Runs the workload in `path`; `constraint` holds every request's output to a grammar.
+pub fn run(
+    model: &Model,
+    path: &str,
+    options: BatcherOptions,
+    constraint: Option<Grammar>,
+) -> Result<(), Box<dyn std::error::Error>> {
     let (concurrency, planned) = parse(path)?;
     let options = BatcherOptions { max_batch: options.max_batch.max(concurrency), ..options };
     let mut batcher = Batcher::new(model, options)?;
@@ -77,7 +84,13 @@ pub fn run(model: &Model, path: &str, options: BatcherOptions) -> Result<(), Box
         let now = start.elapsed().as_secs_f64();
         while next < planned.len() && planned[next].arrival <= now && in_flight.len() < concurrency {
             let p = &planned[next];
-            let options = GenerateOptions { max_tokens: p.max_tokens, ignore_eos: true, ..Default::default() };
+            // Fixed lengths (end-of-sequence ignored), unless a grammar decides where each ends.
+            let options = GenerateOptions {
+                max_tokens: p.max_tokens,
+                ignore_eos: constraint.is_none(),
+                constraint: constraint.clone(),
+                ..Default::default()
+            };
             let id = batcher.submit(p.prompt.clone(), options)?;
             timelines[next].submitted = now;
             in_flight.insert(id, next);

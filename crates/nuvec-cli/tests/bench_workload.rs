@@ -1,0 +1,46 @@
+//! `nuvec bench --workload`: a workload file served through the Batcher on the default model,
+//! with and without a structured-output constraint on every request.
+
+use std::process::Command;
+
+fn gguf() -> String {
+    std::env::var("NUVEC_DEFAULT_GGUF").unwrap_or_else(|_| panic!("NUVEC_DEFAULT_GGUF is not set: run scripts/test.sh"))
+}
+
+/// `nuvec bench --model <default> ARGS`: (success, stdout + stderr).
+fn bench(args: &[&str]) -> (bool, String) {
+    let out =
+        Command::new(env!("CARGO_BIN_EXE_nuvec")).args(["bench", "--model", &gguf()]).args(args).output().unwrap();
+    (out.status.success(), format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)))
+}
+
+/// The `generated=N` of a workload report.
+fn generated(report: &str) -> usize {
+    let at = report.find("generated=").unwrap_or_else(|| panic!("no report: {report}")) + "generated=".len();
+    report[at..].split_whitespace().next().unwrap().parse().unwrap()
+}
+
+#[test]
+fn workloads_run_with_and_without_a_constraint() {
+    let dir = std::env::temp_dir().join(format!("nuvec-bench-workload-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("workload.json");
+    let requests: Vec<_> = (0..3)
+        .map(|i| serde_json::json!({"arrival": 0.0, "max_tokens": 12, "prompt": [1, 504 + i, 2000, 3000 + i, 17]}))
+        .collect();
+    std::fs::write(&path, serde_json::json!({"concurrency": 3, "requests": requests}).to_string()).unwrap();
+    let file = path.to_str().unwrap();
+    // Plain: end-of-sequence ignored, so every request makes its 12 tokens.
+    let (ok, plain) = bench(&["--workload", file]);
+    assert!(ok && plain.contains("Workload results: throughput="), "{plain}");
+    assert_eq!(generated(&plain), 36, "{plain}");
+    // Held to a choice: each request ends with its grammar, after the few tokens of a word.
+    let (ok, chosen) = bench(&["--workload", file, "--choice", "yes", "no"]);
+    assert!(ok, "{chosen}");
+    let n = generated(&chosen);
+    assert!((3..=9).contains(&n), "three one-word answers, {n} tokens: {chosen}");
+    // The constraint flags are for workloads only.
+    let (ok, refused) = bench(&["--regex", "a+", "-p", "4", "-g", "2", "-n", "1"]);
+    assert!(!ok && refused.contains("--workload"), "{refused}");
+    std::fs::remove_dir_all(&dir).ok();
+}
