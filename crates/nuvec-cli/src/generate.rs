@@ -8,6 +8,8 @@ use nuvec_lm::{
     Stop, TextStream, Tokenizer,
 };
 
+use nuvec_lm::speculative::{speculative_generate, PromptLookup};
+
 use crate::common::{model_or_default, peak_memory, ContextArgs, KvArgs};
 
 /// Generate text from a prompt, as `mlx_lm.generate` does.
@@ -114,6 +116,22 @@ pub struct Args {
     /// file was made with.
     #[arg(long)]
     prompt_cache_file: Option<std::path::PathBuf>,
+    /// Speculative decoding with prompt lookup: each step guesses the next tokens from where the
+    /// last few tokens occurred earlier in the prompt or the output, and the model verifies the
+    /// guesses in one pass. The output is the same (greedy, or seeded sampling); it comes faster
+    /// where the answer repeats its input (copies, edits, extraction).
+    #[arg(long)]
+    prompt_lookup: bool,
+    /// With --prompt-lookup: tokens guessed per step (as mlx_lm.generate's --num-draft-tokens).
+    #[arg(long, default_value_t = 4, requires = "prompt_lookup")]
+    num_draft_tokens: usize,
+    /// With --prompt-lookup: the longest n-gram matched (shorter ones down to
+    /// --prompt-lookup-min are tried when it is not found).
+    #[arg(long, default_value_t = 4, requires = "prompt_lookup")]
+    prompt_lookup_max: usize,
+    /// With --prompt-lookup: the shortest n-gram matched.
+    #[arg(long, default_value_t = 1, requires = "prompt_lookup")]
+    prompt_lookup_min: usize,
     /// Print the statistics block (to stderr) after the text: true or false.
     #[arg(long, default_value = "true", value_parser = parse_bool, action = clap::ArgAction::Set)]
     verbose: bool,
@@ -262,10 +280,45 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         constraint: args.constraint.grammar(&tokenizer)?,
     };
     let mut text = TextStream::new(&tokenizer, &options).with_mlx_lm_spacing();
+    if args.prompt_lookup {
+        if args.prompt_cache_file.is_some() {
+            return Err("--prompt-lookup with --prompt-cache-file is not supported yet: drop one".into());
+        }
+        let lookup = PromptLookup { max_ngram: args.prompt_lookup_max, min_ngram: args.prompt_lookup_min };
+        lookup.validate()?;
+        let mut generation = speculative_generate(&model, &ids, options, lookup, args.num_draft_tokens)?;
+        let wrote = write_tokens(generation.by_ref(), &mut text)?;
+        print_logprobs(&args, &tokenizer, generation.logprobs());
+        if args.verbose {
+            let spec = generation.stats();
+            print_stats(wrote, generation.timing(), 0, generation.finish_reason());
+            let share = 100.0 * spec.accepted as f64 / spec.drafted.max(1) as f64;
+            eprintln!(
+                "Speculative: {} of {} guessed tokens accepted ({share:.1} %), {:.2} tokens per step",
+                spec.accepted,
+                spec.drafted,
+                spec.tokens_per_step()
+            );
+        }
+        return Ok(());
+    }
     let mut generation = generate_in(&model, &mut session, &ids, options)?;
+    let wrote = write_tokens(generation.by_ref(), &mut text)?;
+    print_logprobs(&args, &tokenizer, generation.logprobs());
+    if args.verbose {
+        print_stats(wrote, generation.stats(), generation.reused_tokens(), generation.finish_reason());
+    }
+    Ok(())
+}
+
+/// Streams `tokens` as text to stdout, then a newline; whether any text was written.
+fn write_tokens(
+    tokens: impl Iterator<Item = nuvec_lm::Result<u32>>,
+    text: &mut TextStream,
+) -> Result<bool, Box<dyn std::error::Error>> {
     let mut out = std::io::stdout().lock();
     let mut wrote = false;
-    for id in generation.by_ref() {
+    for id in tokens {
         let piece = text.push(id?);
         wrote |= !piece.is_empty();
         out.write_all(piece.as_bytes())?;
@@ -276,8 +329,13 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     out.write_all(rest.as_bytes())?;
     writeln!(out)?;
     out.flush()?;
+    Ok(wrote)
+}
+
+/// The log-probabilities asked for with --logprobs, one line per token (stderr).
+fn print_logprobs(args: &Args, tokenizer: &nuvec_lm::Tokenizer, logprobs: &[nuvec_lm::TokenLogprobs]) {
     if args.logprobs.is_some() {
-        for entry in generation.logprobs() {
+        for entry in logprobs {
             let alternatives: Vec<String> = entry
                 .top
                 .iter()
@@ -287,20 +345,19 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
             eprintln!("{} {token:?} {:.4} | {}", entry.token, entry.logprob, alternatives.join(", "));
         }
     }
-    if args.verbose {
-        let stats = generation.stats();
-        if !wrote {
-            eprintln!("No text generated for this prompt");
-        }
-        eprintln!("==========");
-        let reused = generation.reused_tokens();
-        let from_cache = if reused > 0 { format!(" ({reused} from the prompt cache)") } else { String::new() };
-        eprintln!("Prompt: {} tokens{from_cache}, {:.3} tokens-per-sec", stats.prompt_tokens, stats.prompt_tps());
-        eprintln!("Generation: {} tokens, {:.3} tokens-per-sec", stats.generation_tokens, stats.generation_tps());
-        eprintln!("Peak memory: {:.3} GB", peak_memory() as f64 / 1e9);
-        if let Some(reason) = generation.finish_reason() {
-            eprintln!("Finish: {}", crate::common::describe_finish(reason));
-        }
+}
+
+/// The statistics block (stderr), as mlx_lm.generate prints it.
+fn print_stats(wrote: bool, stats: &nuvec_lm::Stats, reused: usize, finish: Option<&nuvec_lm::FinishReason>) {
+    if !wrote {
+        eprintln!("No text generated for this prompt");
     }
-    Ok(())
+    eprintln!("==========");
+    let from_cache = if reused > 0 { format!(" ({reused} from the prompt cache)") } else { String::new() };
+    eprintln!("Prompt: {} tokens{from_cache}, {:.3} tokens-per-sec", stats.prompt_tokens, stats.prompt_tps());
+    eprintln!("Generation: {} tokens, {:.3} tokens-per-sec", stats.generation_tokens, stats.generation_tps());
+    eprintln!("Peak memory: {:.3} GB", peak_memory() as f64 / 1e9);
+    if let Some(reason) = finish {
+        eprintln!("Finish: {}", crate::common::describe_finish(reason));
+    }
 }

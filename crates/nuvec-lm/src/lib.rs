@@ -39,6 +39,7 @@ pub mod prompt_cache;
 pub mod quantization;
 pub mod sample;
 pub mod session;
+pub mod speculative;
 pub mod staged;
 pub mod step;
 pub mod stop;

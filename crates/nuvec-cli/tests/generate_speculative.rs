@@ -1,0 +1,36 @@
+//! `nuvec generate --prompt-lookup`: the same text as without it, with the guesses it verified
+//! reported; bad n-gram sizes refused.
+
+use std::process::Command;
+
+fn gguf() -> String {
+    std::env::var("NUVEC_DEFAULT_GGUF").unwrap_or_else(|_| panic!("NUVEC_DEFAULT_GGUF is not set: run scripts/test.sh"))
+}
+
+/// `nuvec generate --model <default> ARGS`: (success, stdout, stderr).
+fn generate(args: &[&str]) -> (bool, String, String) {
+    let out =
+        Command::new(env!("CARGO_BIN_EXE_nuvec")).args(["generate", "--model", &gguf()]).args(args).output().unwrap();
+    (out.status.success(), String::from_utf8_lossy(&out.stdout).into(), String::from_utf8_lossy(&out.stderr).into())
+}
+
+#[test]
+fn prompt_lookup_prints_the_same_text() {
+    let prompt = "Repeat the following text word for word: The quick brown fox jumps over the lazy dog near the \
+                  river bank, while the farmer watches from his old wooden porch and drinks a cup of tea.";
+    let (ok, plain, err) = generate(&["--prompt", prompt, "-m", "60"]);
+    assert!(ok, "{err}");
+    for extra in [&["--prompt-lookup"][..], &["--prompt-lookup", "--num-draft-tokens", "8", "--prompt-lookup-min", "2"]]
+    {
+        let mut args = vec!["--prompt", prompt, "-m", "60"];
+        args.extend_from_slice(extra);
+        let (ok, text, err) = generate(&args);
+        assert!(ok, "{err}");
+        assert_eq!(text, plain, "{extra:?}");
+        let line = err.lines().find(|l| l.starts_with("Speculative: ")).unwrap_or_else(|| panic!("{err}"));
+        let accepted: usize = line["Speculative: ".len()..].split_whitespace().next().unwrap().parse().unwrap();
+        assert!(accepted > 0, "a copy accepts guesses: {line}");
+    }
+    let (ok, _, err) = generate(&["--prompt", prompt, "--prompt-lookup", "--prompt-lookup-min", "5"]);
+    assert!(!ok && err.contains("n-gram"), "{err}");
+}

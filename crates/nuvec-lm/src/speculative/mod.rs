@@ -1,0 +1,245 @@
+//! Speculative decoding: a proposer guesses the next few tokens, the target model verifies them
+//! all in one forward pass, and every guess it agrees with is a decode step saved.
+//!
+//! Verification takes the target's rows in order, each through the request's own sampling (the
+//! logits processors, bans, the constraint's mask, the sampler and its seeded generator, stops):
+//! the token sampled at a position is handed out whatever was guessed there, and the next
+//! position is used only when that token is the guess. Every token is therefore the target's own
+//! draw from the distribution plain decoding gives it, drawn with the same generator in the same
+//! order: greedy and seeded outputs equal plain decoding's (to the last bits of the logits, which
+//! a pass over several positions sums in another order than a one-token step). This is the rule
+//! mlx-lm's speculative decoding applies; its cost against the min(1, p/q) rejection rule is
+//! fewer tokens accepted from a *sampled* draft, none from a greedy or lookup one. The cache
+//! keeps the verified positions and is trimmed exactly past them.
+//!
+//! ```no_run
+//! use nuvec_lm::speculative::{speculative_generate, PromptLookup};
+//! # fn main() -> nuvec_lm::Result<()> {
+//! let (model, tokenizer) = nuvec_lm::load("path/to/model")?;
+//! let prompt = tokenizer.encode("Repeat after me: the quick brown fox.", true)?;
+//! let mut g = speculative_generate(&model, &prompt, Default::default(), PromptLookup::default(), 4)?;
+//! let tokens = g.by_ref().collect::<nuvec_lm::Result<Vec<u32>>>()?;
+//! println!("{} of {} drafted tokens accepted", g.stats().accepted, g.stats().drafted);
+//! # Ok(()) }
+//! ```
+
+mod lookup;
+mod proposer;
+
+use std::collections::VecDeque;
+use std::time::Instant;
+
+pub use lookup::PromptLookup;
+pub use proposer::Proposer;
+
+use crate::cache::LayerCache;
+use crate::engine::request::Request;
+use crate::generate::{FinishReason, GenerateOptions, Stats};
+use crate::models::Model;
+use crate::session::Session;
+use crate::{Error, Result};
+
+/// What speculation did over a generation.
+#[derive(Debug, Clone, Default)]
+pub struct SpeculativeStats {
+    /// Forward passes of the target after the prompt (each verifies a proposal or decodes one token).
+    pub steps: usize,
+    /// Tokens proposed.
+    pub drafted: usize,
+    /// Proposed tokens the target agreed with.
+    pub accepted: usize,
+    /// Per draft position: (proposals that reached it, accepted there).
+    pub by_position: Vec<(usize, usize)>,
+}
+
+impl SpeculativeStats {
+    /// Tokens handed out per target step (1 without speculation).
+    pub fn tokens_per_step(&self) -> f64 {
+        (self.steps + self.accepted) as f64 / self.steps.max(1) as f64
+    }
+}
+
+/// A running speculative generation: an iterator of token ids, as [`crate::generate`]'s.
+pub struct Speculative<'a, P: Proposer> {
+    model: &'a Model,
+    request: Request,
+    session: Session,
+    proposer: P,
+    num_draft: usize,
+    /// Tokens verified but not yet handed out.
+    ready: VecDeque<u32>,
+    prefilled: bool,
+    stats: Stats,
+    spec: SpeculativeStats,
+    clock: Option<Instant>,
+}
+
+/// Starts generating from `prompt` with up to `num_draft` tokens from `proposer` verified per
+/// step. The options are [`crate::generate`]'s; a model whose caches cannot be trimmed (the
+/// hybrids' recurrent state) is refused, as are quantized KV caches (their positions are
+/// quantized in groups that a rewind would split).
+pub fn speculative_generate<'a, P: Proposer>(
+    model: &'a Model,
+    prompt: &[u32],
+    options: GenerateOptions,
+    proposer: P,
+    num_draft: usize,
+) -> Result<Speculative<'a, P>> {
+    if num_draft == 0 {
+        return Err(Error::Invalid("num_draft must be at least 1 for speculative decoding".into()));
+    }
+    if options.cache.kv_bits.is_some() {
+        return Err(Error::Invalid(
+            "speculative decoding with a quantized KV cache (kv_bits) is not supported yet: drop one".into(),
+        ));
+    }
+    let request = Request::new(model, prompt, options)?;
+    let session = Session::with_cache(model, &request.options.cache)?;
+    // A rewind must restore exactly what the cache held before the pass: a ring that has wrapped
+    // has overwritten it, and a recurrent state has folded it in.
+    let unsupported = session.cache().iter().find_map(|c| match c {
+        LayerCache::Rotating(_) | LayerCache::QuantizedRotating(_) => Some("sliding-window (rotating) caches"),
+        LayerCache::Recurrent(_) => Some("recurrent layers"),
+        _ => None,
+    });
+    if let Some(what) = unsupported {
+        let why = if request.options.cache.max_kv_size.is_some() { " (max_kv_size makes every cache one)" } else { "" };
+        return Err(Error::Invalid(format!(
+            "speculative decoding is not supported yet with {what}{why}: a {} model's cache of that kind cannot \
+             be rewound past a rejected guess",
+            model.model_type()
+        )));
+    }
+    Ok(Speculative {
+        model,
+        request,
+        session,
+        proposer,
+        num_draft,
+        ready: VecDeque::new(),
+        prefilled: false,
+        stats: Stats { prompt_tokens: prompt.len(), ..Stats::default() },
+        spec: SpeculativeStats::default(),
+        clock: None,
+    })
+}
+
+impl<P: Proposer> Speculative<'_, P> {
+    /// Why generation ended, once it has.
+    pub fn finish_reason(&self) -> Option<&FinishReason> {
+        self.request.finish_reason()
+    }
+
+    /// Timing so far.
+    pub fn stats(&self) -> &SpeculativeStats {
+        &self.spec
+    }
+
+    /// Prompt and generation timing, as [`crate::Generation::stats`].
+    pub fn timing(&self) -> &Stats {
+        &self.stats
+    }
+
+    /// Log-probabilities of the yielded tokens, when the options asked for them.
+    pub fn logprobs(&self) -> &[crate::TokenLogprobs] {
+        self.request.logprobs()
+    }
+
+    /// Prefills all of the prompt but its last token, which the first step takes.
+    fn prefill(&mut self) -> Result<()> {
+        self.clock = Some(Instant::now());
+        let prompt = &self.request.history[..self.request.prompt_len - 1];
+        let step = self.request.options.prefill_step_size;
+        self.session.prefill(self.model, prompt, step, &self.request.options.cache)?;
+        self.prefilled = true;
+        Ok(())
+    }
+
+    /// One target pass: the pending token and a proposal after it, verified in order.
+    fn step(&mut self) -> Result<()> {
+        let last = *self.request.history.last().expect("the history holds the prompt");
+        let left = self.request.options.max_tokens.saturating_sub(self.handed_out());
+        // The pass hands out at most the accepted guesses and one token of the target's own.
+        let k = self.num_draft.min(left.saturating_sub(1));
+        let mut draft = self.proposer.propose(&self.request.history, k)?;
+        draft.truncate(k);
+        let mut input = Vec::with_capacity(draft.len() + 1);
+        input.push(last);
+        input.extend_from_slice(&draft);
+        let logits = self.model.forward(&input, &mut self.session.cache)?;
+        self.session.tokens.extend_from_slice(&input);
+        let vocab = logits.dim(1);
+        let rows = logits.to_vec::<f32>()?;
+        let first = self.stats.generation_tokens == 0;
+        let mut accepted = 0;
+        for (i, row) in rows.chunks_exact(vocab).enumerate() {
+            if self.request.reached_limit() {
+                break;
+            }
+            let token = self.request.sample_on_host(row.to_vec())?;
+            if let Some(t) = self.request.accept(token) {
+                self.ready.push_back(t);
+            }
+            self.stats.generation_tokens += 1;
+            let agrees = draft.get(i) == Some(&token);
+            if let Some(p) = self.position(i, draft.len()) {
+                p.0 += 1;
+                p.1 += agrees as usize;
+            }
+            if !agrees || self.request.finish_reason().is_some() {
+                break;
+            }
+            accepted += 1;
+        }
+        self.spec.steps += 1;
+        self.spec.drafted += draft.len();
+        self.spec.accepted += accepted;
+        // The cache keeps the pending token and the accepted guesses; the token sampled after
+        // them is the next step's pending one.
+        self.session.trim(draft.len() - accepted)?;
+        self.proposer.accepted(accepted)?;
+        let now = Instant::now();
+        if first {
+            self.stats.prompt_time = now - self.clock.unwrap_or(now);
+            self.clock = Some(now);
+        } else {
+            self.stats.generation_time = now - self.clock.unwrap_or(now);
+        }
+        Ok(())
+    }
+
+    /// The per-position counter of draft position `i` (None past the proposal).
+    fn position(&mut self, i: usize, drafted: usize) -> Option<&mut (usize, usize)> {
+        if i >= drafted {
+            return None;
+        }
+        if self.spec.by_position.len() <= i {
+            self.spec.by_position.resize(i + 1, (0, 0));
+        }
+        self.spec.by_position.get_mut(i)
+    }
+
+    fn handed_out(&self) -> usize {
+        self.request.history.len() - self.request.prompt_len
+    }
+}
+
+impl<P: Proposer> Iterator for Speculative<'_, P> {
+    type Item = Result<u32>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        loop {
+            if let Some(t) = self.ready.pop_front() {
+                return Some(Ok(t));
+            }
+            if self.request.finish_reason().is_some() || self.request.reached_limit() {
+                return None;
+            }
+            let result = if self.prefilled { self.step() } else { self.prefill().and_then(|_| self.step()) };
+            if let Err(e) = result {
+                self.request.fail();
+                return Some(Err(e));
+            }
+        }
+    }
+}

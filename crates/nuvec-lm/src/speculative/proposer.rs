@@ -1,0 +1,15 @@
+//! What proposes the tokens a speculative step verifies.
+
+/// Proposes up to `k` tokens likely to follow `history` (the prompt and the output so far).
+/// Proposals only decide how many positions one forward pass of the target verifies: every
+/// token handed out is the target's own, so a poor proposer costs speed, never correctness.
+pub trait Proposer {
+    /// Up to `k` tokens to follow `history` (none: the step decodes one token as usual).
+    fn propose(&mut self, history: &[u32], k: usize) -> crate::Result<Vec<u32>>;
+
+    /// After a step: `accepted` of the last proposal's tokens were taken (its state, if any,
+    /// rewinds to them).
+    fn accepted(&mut self, _accepted: usize) -> crate::Result<()> {
+        Ok(())
+    }
+}

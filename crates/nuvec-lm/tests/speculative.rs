@@ -1,0 +1,108 @@
+//! Speculative decoding with prompt lookup on the real model (SmolLM2-135M-Instruct, its GGUF):
+//! greedy and seeded outputs equal plain decoding's, stops and limits end where they do without
+//! speculation, guesses are accepted, and what cannot be rewound is refused.
+
+mod common;
+
+use common::default_gguf;
+use nuvec_lm::cache::CacheOptions;
+use nuvec_lm::speculative::{speculative_generate, PromptLookup, Proposer};
+use nuvec_lm::{generate, FinishReason, GenerateOptions, Message, Model, Sampler, Stop, Tokenizer};
+
+fn model() -> (Model, Tokenizer) {
+    nuvec_lm::load(default_gguf().to_str().unwrap()).unwrap()
+}
+
+/// A prompt whose answer repeats it: what prompt lookup is for.
+fn prompt(tokenizer: &Tokenizer) -> Vec<u32> {
+    let text =
+        "Copy this list exactly, then stop:\n1. apples and pears\n2. oranges and lemons\n3. plums and cherries\n\
+                4. grapes and melons\n5. figs and dates";
+    let template = tokenizer.chat_template().unwrap();
+    let rendered = template.render(&[Message::new("user", text)], true, &Default::default()).unwrap();
+    tokenizer.encode(&rendered, false).unwrap()
+}
+
+fn plain(model: &Model, prompt: &[u32], options: GenerateOptions) -> (Vec<u32>, FinishReason) {
+    let mut g = generate(model, prompt, options).unwrap();
+    let tokens = g.by_ref().collect::<nuvec_lm::Result<Vec<u32>>>().unwrap();
+    (tokens, g.finish_reason().cloned().unwrap())
+}
+
+fn speculative<P: Proposer>(
+    model: &Model,
+    prompt: &[u32],
+    options: GenerateOptions,
+    proposer: P,
+    k: usize,
+) -> (Vec<u32>, FinishReason, nuvec_lm::speculative::SpeculativeStats) {
+    let mut g = speculative_generate(model, prompt, options, proposer, k).unwrap();
+    let tokens = g.by_ref().collect::<nuvec_lm::Result<Vec<u32>>>().unwrap();
+    (tokens, g.finish_reason().cloned().unwrap(), g.stats().clone())
+}
+
+#[test]
+fn prompt_lookup_gives_plain_decodings_tokens() {
+    let (model, tokenizer) = model();
+    let prompt = prompt(&tokenizer);
+    let cases = [
+        ("greedy", GenerateOptions { max_tokens: 80, ..Default::default() }),
+        (
+            "sampled, seeded",
+            GenerateOptions {
+                max_tokens: 80,
+                sampler: Sampler { temperature: 0.7, top_p: 0.9, ..Default::default() },
+                seed: Some(7),
+                ..Default::default()
+            },
+        ),
+        (
+            "a stop string and max_tokens inside a verified run",
+            GenerateOptions {
+                max_tokens: 37,
+                stop: Stop::strings(&tokenizer, ["lemons"]).unwrap(),
+                ..Default::default()
+            },
+        ),
+        ("max_tokens 1", GenerateOptions { max_tokens: 1, ..Default::default() }),
+    ];
+    for (what, options) in cases {
+        let (want, want_reason) = plain(&model, &prompt, options.clone());
+        for k in [1, 4, 8] {
+            let (got, reason, stats) = speculative(&model, &prompt, options.clone(), PromptLookup::default(), k);
+            println!(
+                "RESULT speculative {what}, k={k}: {} tokens, {} steps, {}/{} accepted ({:.2} tokens per step)",
+                got.len(),
+                stats.steps,
+                stats.accepted,
+                stats.drafted,
+                stats.tokens_per_step()
+            );
+            assert_eq!(got, want, "{what}, k={k}: {:?} vs plain {:?}", tokenizer.decode(&got), tokenizer.decode(&want));
+            assert_eq!(reason, want_reason, "{what}, k={k}");
+            if want.len() > 20 {
+                assert!(stats.accepted > 0 && stats.steps < want.len(), "{what}, k={k}: nothing saved: {stats:?}");
+            }
+            assert!(stats.by_position.iter().all(|&(reached, ok)| ok <= reached), "{stats:?}");
+        }
+    }
+}
+
+#[test]
+fn what_cannot_be_rewound_is_refused() {
+    let (model, tokenizer) = model();
+    let prompt = prompt(&tokenizer);
+    let err = |options: GenerateOptions, k: usize| {
+        speculative_generate(&model, &prompt, options, PromptLookup::default(), k).err().unwrap().to_string()
+    };
+    assert!(err(GenerateOptions::default(), 0).contains("num_draft"));
+    let rotating =
+        GenerateOptions { cache: CacheOptions { max_kv_size: Some(64), ..Default::default() }, ..Default::default() };
+    let e = err(rotating, 4);
+    assert!(e.contains("max_kv_size") && e.contains("not supported"), "{e}");
+    let quantized =
+        GenerateOptions { cache: CacheOptions { kv_bits: Some(8), ..Default::default() }, ..Default::default() };
+    assert!(err(quantized, 4).contains("kv_bits"));
+    let bad = PromptLookup { max_ngram: 1, min_ngram: 2 };
+    assert!(bad.validate().unwrap_err().to_string().contains("n-gram"));
+}
