@@ -1,5 +1,5 @@
-//! `nuvec generate --prompt-lookup`: the same text as without it, with the guesses it verified
-//! reported; bad n-gram sizes refused.
+//! `nuvec generate --prompt-lookup` and `--draft-model`: the same text as without them, with the
+//! guesses verified reported; bad n-gram sizes and a draft of another tokenizer refused.
 
 use std::process::Command;
 
@@ -33,4 +33,22 @@ fn prompt_lookup_prints_the_same_text() {
     }
     let (ok, _, err) = generate(&["--prompt", prompt, "--prompt-lookup", "--prompt-lookup-min", "5"]);
     assert!(!ok && err.contains("n-gram"), "{err}");
+}
+
+#[test]
+fn a_draft_model_prints_the_same_text() {
+    let prompt = "Name three colours.";
+    let (ok, plain, err) = generate(&["--prompt", prompt, "-m", "40"]);
+    assert!(ok, "{err}");
+    // The model as its own draft: its guesses are its own greedy picks.
+    let (ok, text, err) =
+        generate(&["--prompt", prompt, "-m", "40", "--draft-model", &gguf(), "--num-draft-tokens", "2"]);
+    assert!(ok, "{err}");
+    assert_eq!(text, plain);
+    assert!(err.contains("Speculative: "), "{err}");
+    // A draft of another tokenizer is refused, naming the difference.
+    let fixtures = std::env::var("NUVEC_FIXTURES").unwrap_or_else(|_| panic!("NUVEC_FIXTURES is not set"));
+    let other = format!("{fixtures}/llama-q4g64");
+    let (ok, _, err) = generate(&["--prompt", prompt, "--draft-model", &other]);
+    assert!(!ok && err.contains("its tokenizer is not the model's"), "{err}");
 }

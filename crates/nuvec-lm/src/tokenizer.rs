@@ -177,6 +177,35 @@ impl Tokenizer {
         self.inner.get_vocab_size(true)
     }
 
+    /// Why `other` does not encode and decode as this tokenizer does, if it does not: the first
+    /// token whose id differs, or an added token whose id or special flag differs (the whole
+    /// vocabularies are compared, not their sizes). A draft model's tokenizer must pass this.
+    pub fn differs_from(&self, other: &Tokenizer) -> Option<String> {
+        let (mine, theirs) = (self.inner.get_vocab(true), other.inner.get_vocab(true));
+        if mine.len() != theirs.len() {
+            return Some(format!("{} tokens against {}", mine.len(), theirs.len()));
+        }
+        let mut tokens: Vec<(&String, &u32)> = mine.iter().collect();
+        tokens.sort_by_key(|&(_, &id)| id);
+        if let Some((token, id)) = tokens.into_iter().find(|(t, id)| theirs.get(*t) != Some(id)) {
+            return Some(match theirs.get(token) {
+                Some(other) => format!("token {token:?} is {id} in one and {other} in the other"),
+                None => format!("token {token:?} ({id}) is missing from the other"),
+            });
+        }
+        let added = |t: &Tokenizer| {
+            let mut v: Vec<(u32, String, bool)> =
+                t.inner.get_added_tokens_decoder().into_iter().map(|(id, a)| (id, a.content, a.special)).collect();
+            v.sort();
+            v
+        };
+        let (a, b) = (added(self), added(other));
+        if let Some((x, y)) = a.iter().zip(&b).find(|(x, y)| x != y) {
+            return Some(format!("added token {x:?} is {y:?} in the other (id, text, special)"));
+        }
+        (a.len() != b.len()).then(|| format!("{} added tokens against {}", a.len(), b.len()))
+    }
+
     /// Ids that end generation: the model config's and the tokenizer's EOS token.
     pub fn eos_token_ids(&self) -> &[u32] {
         &self.eos_token_ids

@@ -6,7 +6,7 @@ mod common;
 
 use common::default_gguf;
 use nuvec_lm::cache::CacheOptions;
-use nuvec_lm::speculative::{speculative_generate, PromptLookup, Proposer};
+use nuvec_lm::speculative::{speculative_generate, DraftModel, PromptLookup, Proposer};
 use nuvec_lm::{generate, FinishReason, GenerateOptions, Message, Model, Sampler, Stop, Tokenizer};
 
 fn model() -> (Model, Tokenizer) {
@@ -105,4 +105,47 @@ fn what_cannot_be_rewound_is_refused() {
     assert!(err(quantized, 4).contains("kv_bits"));
     let bad = PromptLookup { max_ngram: 1, min_ngram: 2 };
     assert!(bad.validate().unwrap_err().to_string().contains("n-gram"));
+}
+
+/// The model as its own draft (the same tokenizer, greedy guesses that are its own greedy
+/// picks): the outputs are plain decoding's and nearly every guess is accepted; a model of
+/// another tokenizer is told apart.
+#[test]
+fn a_draft_model_gives_plain_decodings_tokens() {
+    let (target, tokenizer) = model();
+    let (draft, draft_tokenizer) = model();
+    let model = target;
+    assert_eq!(tokenizer.differs_from(&draft_tokenizer), None);
+    let other = nuvec_lm::Tokenizer::load(&common::fixtures().join("llama-q4g64"), &[]).unwrap();
+    let why = tokenizer.differs_from(&other).expect("SmolLM2's and Llama 3's tokenizers differ");
+    assert!(why.contains("tokens against"), "{why}");
+    let prompt = prompt(&tokenizer);
+    let cases = [
+        GenerateOptions { max_tokens: 60, ..Default::default() },
+        GenerateOptions {
+            max_tokens: 60,
+            sampler: Sampler { temperature: 0.7, ..Default::default() },
+            seed: Some(3),
+            ..Default::default()
+        },
+    ];
+    for options in cases {
+        let (want, want_reason) = plain(&model, &prompt, options.clone());
+        for k in [1, 3] {
+            let proposer = DraftModel::new(&draft, 512).unwrap();
+            let (got, reason, stats) = speculative(&model, &prompt, options.clone(), proposer, k);
+            println!(
+                "RESULT speculative draft model, temperature {}, k={k}: {} tokens, {}/{} accepted",
+                options.sampler.temperature,
+                got.len(),
+                stats.accepted,
+                stats.drafted
+            );
+            assert_eq!(got, want, "k={k}");
+            assert_eq!(reason, want_reason, "k={k}");
+            if options.sampler.temperature == 0.0 {
+                assert!(stats.accepted * 10 >= stats.drafted * 9, "its own greedy guesses: {stats:?}");
+            }
+        }
+    }
 }

@@ -23,12 +23,14 @@
 //! # Ok(()) }
 //! ```
 
+mod draft;
 mod lookup;
 mod proposer;
 
 use std::collections::VecDeque;
 use std::time::Instant;
 
+pub use draft::DraftModel;
 pub use lookup::PromptLookup;
 pub use proposer::Proposer;
 

@@ -1,0 +1,60 @@
+//! A draft model's proposals: a smaller model of the same tokenizer decodes the guesses greedily
+//! from its own cache, which follows the history (kept where it agrees, trimmed exactly and
+//! extended where it does not), as mlx_lm.generate's `--draft-model`.
+
+use super::proposer::Proposer;
+use crate::cache::LayerCache;
+use crate::models::Model;
+use crate::session::Session;
+use crate::{Error, Result};
+
+/// Proposes what `model` would say next, greedily.
+pub struct DraftModel<'a> {
+    model: &'a Model,
+    session: Session,
+    prefill_step: usize,
+}
+
+impl<'a> DraftModel<'a> {
+    /// A proposer over `model` (its tokenizer must be the target's: compare them with
+    /// [`crate::Tokenizer::differs_from`]), prefilling `prefill_step` tokens per pass.
+    pub fn new(model: &'a Model, prefill_step: usize) -> Result<Self> {
+        let session = Session::new(model);
+        if session.cache().iter().any(|c| matches!(c, LayerCache::Rotating(_) | LayerCache::Recurrent(_))) {
+            return Err(Error::Invalid(format!(
+                "a {} draft model keeps caches that cannot be rewound (sliding windows or recurrent state): not \
+                 supported yet as a draft",
+                model.model_type()
+            )));
+        }
+        Ok(DraftModel { model, session, prefill_step: prefill_step.max(1) })
+    }
+}
+
+impl Proposer for DraftModel<'_> {
+    fn propose(&mut self, history: &[u32], k: usize) -> Result<Vec<u32>> {
+        if k == 0 || history.is_empty() {
+            return Ok(vec![]);
+        }
+        // The draft's cache holds what it agrees with of the history, but never the last token,
+        // which the first guess is computed from.
+        let held = self.session.tokens();
+        let common = held.iter().zip(history).take_while(|(a, b)| a == b).count().min(history.len() - 1);
+        self.session.trim(held.len() - common)?;
+        self.session.prefill(
+            self.model,
+            &history[common..history.len() - 1],
+            self.prefill_step,
+            &Default::default(),
+        )?;
+        let mut last = history[history.len() - 1];
+        let mut guesses = Vec::with_capacity(k);
+        for _ in 0..k {
+            let logits = self.model.forward_last(&[last], &mut self.session.cache)?;
+            self.session.tokens.push(last);
+            last = logits.argmax()?.to_vec::<u32>()?[0];
+            guesses.push(last);
+        }
+        Ok(guesses)
+    }
+}
