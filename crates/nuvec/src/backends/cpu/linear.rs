@@ -276,6 +276,52 @@ unsafe fn qbatch_rows(q: &QMatrix, x: &[f32], xs: &PreparedRows, r0: usize, r1: 
     });
 }
 
+/// `out [M, N] = x [M, K] W^T` for a few input rows over a dense weight, threaded over output
+/// columns: each weight row is read (and widened to f32) once for all M rows, where one GEMV per
+/// row reads the whole weight M times (a speculative step's verification, a small batch). Each
+/// output is the dot product the one-row GEMV computes, bit for bit.
+fn dense_rows(w: &Weights, x: &[f32], m: usize, k: usize, n: usize, out: &mut [f32]) {
+    assert!(x.len() == m * k && out.len() == m * n);
+    let threads = pool::threads();
+    let chunk = n.div_ceil(threads * 4).next_multiple_of(4).max(4);
+    let tasks = n.div_ceil(chunk);
+    let dst = SendPtr(out.as_mut_ptr());
+    let task = |t: usize| {
+        let (r0, r1) = (t * chunk, ((t + 1) * chunk).min(n));
+        // SAFETY: dst is `out` (m x n), alive until this call returns; task t alone writes
+        // columns r0..r1 < n.
+        unsafe { dense_rows_range(w, x, k, r0, r1, dst, n) }
+    };
+    if threads <= 1 || n * k * m < PAR_MIN_WORK || n < 2 {
+        (0..tasks).for_each(task);
+    } else {
+        pool::run(tasks, &task);
+    }
+}
+
+/// Columns `r0..r1` of [`dense_rows`]' output.
+///
+/// # Safety
+/// `out` is valid for `M * n` floats, where `M = x.len() / k`, `r1 <= n`, and nothing else
+/// accesses columns `r0..r1` of it during the call.
+unsafe fn dense_rows_range(w: &Weights, x: &[f32], k: usize, r0: usize, r1: usize, out: SendPtr<f32>, n: usize) {
+    with_scratch(k, |row| {
+        for r in r0..r1 {
+            let wr: &[f32] = match w {
+                Weights::F32(d) => &d[r * k..(r + 1) * k],
+                _ => {
+                    w.row(r, row, &mut []);
+                    row
+                }
+            };
+            for (i, xr) in x.chunks_exact(k).enumerate() {
+                // SAFETY: i < M and r < r1 <= n (the caller's contract); the column is this call's.
+                unsafe { *out.0.add(i * n + r) = simd::dot(wr, xr) };
+            }
+        }
+    })
+}
+
 /// `out [M, N] = x [M, K] W^T` for `M <= qbatch::MAX_ROWS` over affine weights, threaded over
 /// output rows.
 fn qbatch(q: &QMatrix, x: &[f32], m: usize, n: usize, out: &mut [f32]) {
@@ -366,7 +412,10 @@ pub(crate) fn linear(x: &Array, w: &Matrix) -> Result<Array> {
         }
         _ => {}
     }
-    if m <= GEMV_MAX_ROWS || k == 0 {
+    let dense = matches!(weights, Weights::F32(_) | Weights::F16(_) | Weights::BF16(_));
+    if (2..=GEMV_MAX_ROWS).contains(&m) && k > 0 && dense {
+        dense_rows(&weights, xs, m, k, n, o);
+    } else if m <= GEMV_MAX_ROWS || k == 0 {
         for (xr, or) in xs.chunks(k.max(1)).zip(o.chunks_mut(n.max(1))) {
             gemv(&weights, xr, or);
         }
@@ -594,6 +643,33 @@ mod tests {
         // Groups of 16 are GGUF's Q2_K/Q3_K/Q6_K as loaded (with f32 scales).
         for (bits, group) in [(4usize, 32usize), (6, 16), (4, 16), (8, 16)] {
             check_linear_paths(bits, group);
+        }
+    }
+
+    #[test]
+    fn a_few_rows_over_dense_weights_equal_each_row_alone() {
+        // dense_rows reads each weight row once for all the input rows; every output is still
+        // the one-row GEMV's dot product, bit for bit (speculative verification relies on it).
+        let (k, n) = (200usize, 70usize);
+        let w = randoms(n * k, 11);
+        let weights = [
+            Matrix::Dense(Array::from_slice(&w, &[n, k]).unwrap()),
+            Matrix::Dense(
+                Array::from_slice(&w.iter().map(|&v| f16::from_f32(v)).collect::<Vec<_>>(), &[n, k]).unwrap(),
+            ),
+            Matrix::Dense(
+                Array::from_slice(&w.iter().map(|&v| bf16::from_f32(v)).collect::<Vec<_>>(), &[n, k]).unwrap(),
+            ),
+        ];
+        for wm in &weights {
+            for m in 2..=GEMV_MAX_ROWS {
+                let x = randoms(m * k, 40 + m as u64);
+                let all = linear(&Array::from_slice(&x, &[m, k]).unwrap(), wm).unwrap().to_vec::<f32>().unwrap();
+                for t in 0..m {
+                    let one = linear(&Array::from_slice(&x[t * k..(t + 1) * k], &[1, k]).unwrap(), wm).unwrap();
+                    assert_eq!(&all[t * n..(t + 1) * n], &one.to_vec::<f32>().unwrap()[..], "m {m}, row {t}");
+                }
+            }
         }
     }
 
