@@ -1,6 +1,6 @@
 //! The public [`Batcher`]: many requests decoded together over one [`PagedCache`].
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use nuvec::{Array, Device, QuantSpec};
 
@@ -466,45 +466,54 @@ impl<'m> Batcher<'m> {
     }
 
     /// Commits `work`'s rows and samples the next token of each request whose logits row (in
-    /// `logits [work, vocab]`, in order) ends its known tokens.
+    /// `logits [work, vocab]`, in order) ends its known tokens. Rows whose token is not the plain
+    /// greedy pick are sampled on the host, several requests at once on threads of their own
+    /// (each request's processors, mask and generator are its own, so the tokens are those of
+    /// sampling them one after another); events then follow in row order.
     fn take_rows(&mut self, work: &[Work], logits: &Array, events: &mut Vec<Event>) -> Result<()> {
         let vocab = logits.dim(1);
-        let sampling = |w: &Work| w.samples;
-        let any_greedy = work.iter().any(|w| sampling(w) && self.live[&w.key.0].request.plain_greedy());
+        let any_greedy = work.iter().any(|w| w.samples && self.live[&w.key.0].request.plain_greedy());
         let gaps = match any_greedy {
             true => Some(logits.argmax_gap()?.to_vec::<u32>()?),
             false => None,
         };
-        let mut host: Option<Vec<f32>> = None;
+        // Each sampling row's greedy token where the device's pick is certain, else None.
+        let mut picks: Vec<Option<u32>> = vec![None; work.len()];
+        for (row, w) in work.iter().enumerate() {
+            let request = &self.live[&w.key.0].request;
+            if let (true, Some(g), true) = (w.samples, &gaps, request.plain_greedy()) {
+                picks[row] = request.greedy_from_gap(&g[3 * row..3 * row + 3], vocab)?;
+            }
+        }
+        let host_rows: Vec<usize> = (0..work.len()).filter(|&r| work[r].samples && picks[r].is_none()).collect();
+        let mut sampled: Vec<Option<Result<u32>>> = (0..work.len()).map(|_| None).collect();
+        if !host_rows.is_empty() {
+            let host = logits.to_vec::<f32>()?;
+            let wanted: HashMap<u64, usize> = host_rows.iter().map(|&r| (work[r].key.0, r)).collect();
+            let mut jobs: Vec<(usize, &mut Request)> =
+                self.live.iter_mut().filter_map(|(k, live)| wanted.get(k).map(|&r| (r, &mut live.request))).collect();
+            let results = sample_rows(&mut jobs, &host, vocab);
+            for (row, result) in results {
+                sampled[row] = Some(result);
+            }
+        }
         for (row, w) in work.iter().enumerate() {
             self.stats.prefill_tokens += (w.end - w.start - usize::from(w.samples)) as u64;
             if !w.samples {
                 self.scheduler.ran(w, false);
                 continue;
             }
-            let live = self.live.get_mut(&w.key.0).expect("scheduled requests are live");
-            let greedy = match (&gaps, live.request.plain_greedy()) {
-                (Some(g), true) => live.request.greedy_from_gap(&g[3 * row..3 * row + 3], vocab)?,
-                _ => None,
-            };
-            let token = match greedy {
-                Some(t) => t,
-                None => {
-                    if host.is_none() {
-                        host = Some(logits.to_vec::<f32>()?);
-                    }
-                    let all = host.as_ref().expect("read above");
-                    match live.request.sample_on_host(all[row * vocab..(row + 1) * vocab].to_vec()) {
-                        Ok(t) => t,
-                        Err(error) => {
-                            // Its constraint failed: this request alone ends.
-                            self.scheduler.ran(w, false);
-                            self.fail(w.key.0, error, events);
-                            continue;
-                        }
-                    }
+            let token = match (picks[row], sampled[row].take()) {
+                (Some(t), _) | (None, Some(Ok(t))) => t,
+                (None, Some(Err(error))) => {
+                    // Its constraint failed: this request alone ends.
+                    self.scheduler.ran(w, false);
+                    self.fail(w.key.0, error, events);
+                    continue;
                 }
+                (None, None) => unreachable!("every sampling row without a greedy pick was sampled"),
             };
+            let live = self.live.get_mut(&w.key.0).expect("scheduled requests are live");
             self.stats.generated_tokens += 1;
             self.scheduler.ran(w, true);
             let id = RequestId(w.key.0);
@@ -686,4 +695,24 @@ fn default_blocks(model: &Model, options: &BatcherOptions) -> Result<usize> {
         )));
     }
     Ok(blocks)
+}
+
+/// Samples each job's row of `host` (`[rows, vocab]`): `(row, token)` for each, on up to the
+/// machine's cores when there are several (each request only touches its own state).
+fn sample_rows(jobs: &mut [(usize, &mut Request)], host: &[f32], vocab: usize) -> Vec<(usize, Result<u32>)> {
+    let one = |(row, request): &mut (usize, &mut Request)| {
+        (*row, request.sample_on_host(host[*row * vocab..(*row + 1) * vocab].to_vec()))
+    };
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(jobs.len());
+    if threads <= 1 {
+        return jobs.iter_mut().map(one).collect();
+    }
+    let per = jobs.len().div_ceil(threads);
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = jobs
+            .chunks_mut(per)
+            .map(|chunk| scope.spawn(move || chunk.iter_mut().map(one).collect::<Vec<_>>()))
+            .collect();
+        handles.into_iter().flat_map(|h| h.join().expect("a sampling thread panicked")).collect()
+    })
 }

@@ -44,9 +44,17 @@ impl Proposer for PromptLookup {
                 continue;
             }
             let tail = &history[history.len() - n..];
-            // The latest earlier occurrence with at least one token after it.
-            if let Some(start) = (0..history.len() - n).rev().find(|&s| &history[s..s + n] == tail) {
-                let from = start + n;
+            // The latest earlier occurrence with k tokens after it, else the earliest (the most
+            // after it): in a history that repeats with a short period the latest occurrence
+            // sits just before the end, with one or two tokens to offer.
+            let mut found = None;
+            for start in (0..history.len() - n).rev().filter(|&s| &history[s..s + n] == tail) {
+                found = Some(start + n);
+                if start + n + k <= history.len() {
+                    break;
+                }
+            }
+            if let Some(from) = found {
                 return Ok(history[from..(from + k).min(history.len())].to_vec());
             }
         }
@@ -70,6 +78,10 @@ mod tests {
         assert!(p.propose(&[1, 1, 1], 0).unwrap().is_empty());
         // A proposal never runs past the history.
         assert_eq!(p.propose(&[5, 6, 5], 4).unwrap(), vec![6, 5]);
+        // A period of one: the latest occurrence offers one token, the earliest all four.
+        assert_eq!(p.propose(&[9, 9, 9, 9, 9, 9, 9], 4).unwrap(), vec![9, 9, 9, 9]);
+        // The latest occurrence that has k tokens after it wins over earlier ones.
+        assert_eq!(p.propose(&[1, 2, 3, 1, 4, 5, 6, 1], 3).unwrap(), vec![4, 5, 6]);
         assert!(PromptLookup { max_ngram: 2, min_ngram: 3 }.validate().is_err());
         assert!(PromptLookup { max_ngram: 2, min_ngram: 0 }.validate().is_err());
     }
