@@ -22,6 +22,9 @@ pub struct ConstraintArgs {
     /// The output follows this Lark grammar (llguidance's syntax; its `start` rule), from a file.
     #[arg(long, value_name = "FILE")]
     grammar: Option<std::path::PathBuf>,
+    /// What compiling took (vocabulary, constraint), set by `grammar`.
+    #[arg(skip)]
+    timing: std::cell::Cell<Option<(std::time::Duration, std::time::Duration)>>,
 }
 
 impl ConstraintArgs {
@@ -42,8 +45,18 @@ impl ConstraintArgs {
         } else {
             return Ok(None);
         };
+        let start = std::time::Instant::now();
         let vocabulary = Vocabulary::new(tokenizer)?;
-        Ok(Some(Grammar::new(constraint, &vocabulary)?))
+        let built = start.elapsed();
+        let grammar = Grammar::new(constraint, &vocabulary)?;
+        self.timing.set(Some((built, start.elapsed() - built)));
+        Ok(Some(grammar))
+    }
+
+    /// How long the last [`grammar`](Self::grammar) call took to build the tokenizer's
+    /// vocabulary for llguidance and to compile the constraint, when it made one.
+    pub fn timing(&self) -> Option<(std::time::Duration, std::time::Duration)> {
+        self.timing.get()
     }
 }
 

@@ -312,6 +312,13 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     print_logprobs(&args, &tokenizer, generation.logprobs());
     if args.verbose {
         print_stats(wrote, generation.stats(), generation.reused_tokens(), generation.finish_reason());
+        if let Some((vocabulary, grammar)) = args.constraint.timing() {
+            eprintln!(
+                "Constraint: vocabulary built in {:.1} ms, grammar compiled in {:.1} ms",
+                vocabulary.as_secs_f64() * 1e3,
+                grammar.as_secs_f64() * 1e3
+            );
+        }
     }
     Ok(())
 }
