@@ -149,3 +149,27 @@ fn a_draft_model_gives_plain_decodings_tokens() {
         }
     }
 }
+
+/// Log-probabilities asked for come with every token as without speculation: the same tokens
+/// and alternatives, values to the rounding a pass over several positions allows.
+#[test]
+fn logprobs_are_kept_for_every_token() {
+    let (model, tokenizer) = model();
+    let prompt = prompt(&tokenizer);
+    let options = GenerateOptions { max_tokens: 40, logprobs: Some(3), ..Default::default() };
+    let mut plain_run = generate(&model, &prompt, options.clone()).unwrap();
+    let want_tokens = plain_run.by_ref().collect::<nuvec_lm::Result<Vec<u32>>>().unwrap();
+    let want = plain_run.logprobs().to_vec();
+    let mut g = speculative_generate(&model, &prompt, options, PromptLookup::default(), 4).unwrap();
+    let tokens = g.by_ref().collect::<nuvec_lm::Result<Vec<u32>>>().unwrap();
+    assert_eq!(tokens, want_tokens);
+    assert!(g.stats().accepted > 0, "{:?}", g.stats());
+    let got = g.logprobs();
+    assert_eq!(got.len(), want.len());
+    for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+        assert_eq!(a.token, b.token, "token {i}");
+        assert!((a.logprob - b.logprob).abs() < 1e-3, "token {i}: {} vs {}", a.logprob, b.logprob);
+        let (ta, tb): (Vec<u32>, Vec<u32>) = (a.top.iter().map(|t| t.0).collect(), b.top.iter().map(|t| t.0).collect());
+        assert_eq!(ta, tb, "token {i}: alternatives");
+    }
+}

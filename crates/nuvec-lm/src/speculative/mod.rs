@@ -132,7 +132,7 @@ impl<P: Proposer> Speculative<'_, P> {
         self.request.finish_reason()
     }
 
-    /// Timing so far.
+    /// What speculation did so far: steps, guesses made and accepted.
     pub fn stats(&self) -> &SpeculativeStats {
         &self.spec
     }
@@ -221,6 +221,8 @@ impl<P: Proposer> Speculative<'_, P> {
         self.spec.by_position.get_mut(i)
     }
 
+    /// Tokens sampled so far (each handed out, but an end-of-sequence or stop token, which ends
+    /// the generation).
     fn handed_out(&self) -> usize {
         self.request.history.len() - self.request.prompt_len
     }
