@@ -3,7 +3,7 @@
 for speed comparisons only (its text is noise): bench/compare-gpu makes one per architecture and
 both engines load the same files.
 
-Usage: make_mlx_random.py OUT_DIR --arch qwen3-0.6b|llama-3.1-8b [--layers N] [--bits 4]
+Usage: make_mlx_random.py OUT_DIR --arch qwen3-0.6b|llama-3.1-8b|qwen3-30b-a3b|gpt-oss-20b [--layers N] [--bits 4]
        [--group-size 64] --tokenizer DIR
 
 The weights are mlx's default initialisation under seed 0, cast to bfloat16 and quantized with
@@ -37,6 +37,24 @@ CONFIGS = {
         rope_scaling=dict(factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
                           original_max_position_embeddings=8192, rope_type="llama3"),
     ),
+    # Qwen/Qwen3-30B-A3B config.json: 128 experts of 768, 8 per token.
+    "qwen3-30b-a3b": dict(
+        model_type="qwen3_moe", hidden_size=2048, num_hidden_layers=48, intermediate_size=6144,
+        moe_intermediate_size=768, num_experts=128, num_experts_per_tok=8, norm_topk_prob=True,
+        decoder_sparse_step=1, mlp_only_layers=[], num_attention_heads=32, num_key_value_heads=4,
+        head_dim=128, rms_norm_eps=1e-6, vocab_size=151936, rope_theta=1000000.0,
+        max_position_embeddings=40960, tie_word_embeddings=False, hidden_act="silu",
+    ),
+    # openai/gpt-oss-20b config.json: 32 experts of 2880, 4 per token; sliding and full layers.
+    "gpt-oss-20b": dict(
+        model_type="gpt_oss", hidden_size=2880, num_hidden_layers=24, intermediate_size=2880,
+        num_local_experts=32, num_experts_per_tok=4, num_attention_heads=64, num_key_value_heads=8,
+        head_dim=64, sliding_window=128, rms_norm_eps=1e-5, vocab_size=201088, rope_theta=150000,
+        rope_scaling=dict(rope_type="yarn", factor=32.0, beta_fast=32.0, beta_slow=1.0,
+                          original_max_position_embeddings=4096, truncate=False),
+        layer_types=["sliding_attention", "full_attention"] * 12, swiglu_limit=7.0,
+        max_position_embeddings=131072, tie_word_embeddings=False,
+    ),
 }
 
 
@@ -55,6 +73,8 @@ def main():
     config = dict(CONFIGS[a.arch])
     if a.layers:
         config["num_hidden_layers"] = a.layers
+        if "layer_types" in config:
+            config["layer_types"] = config["layer_types"][: a.layers]
     mx.random.seed(0)
     model_class, args_class = _get_classes(config)
     model = model_class(args_class.from_dict(config))

@@ -1,9 +1,11 @@
 #!/usr/bin/env python3
 """A random-weight MLX-format 4-bit Llama checkpoint, for speed measurements only (its text is noise).
 
-Usage: make-random-checkpoint.py OUT_DIR [--shape 8b|1b|tiny] [--bits 4] [--group-size 64]
+Usage: make-random-checkpoint.py OUT_DIR [--shape 8b|1b|tiny|a3b] [--layers N] [--bits 4] [--group-size 64]
        [--tokenizer DIR]   (copies DIR's tokenizer.json / tokenizer_config.json: vocab 32000 fits
                             the mistral fixtures' tokenizer)
+       a3b: Qwen3-30B-A3B's shape (qwen3_moe: 48 layers of 128 stacked experts, 8 per token,
+       vocab 151936 for Qwen3's tokenizer); --layers cuts any shape's layer count.
        [--vocab N]         (embedding and head rows: 128256 with Llama 3.1's tokenizer)
 
 Standard library only, so it runs on the GPU machine (where the multi-GB file is written instead of
@@ -22,6 +24,8 @@ SHAPES = {
     "8b": dict(hidden=4096, layers=32, heads=32, kv_heads=8, head_dim=128, inter=14336, vocab=32000),
     "1b": dict(hidden=2048, layers=16, heads=32, kv_heads=8, head_dim=64, inter=8192, vocab=32000),
     "tiny": dict(hidden=128, layers=2, heads=4, kv_heads=2, head_dim=32, inter=256, vocab=32000),
+    "a3b": dict(hidden=2048, layers=48, heads=32, kv_heads=4, head_dim=128, inter=6144, vocab=151936,
+                experts=128, top_k=8, moe_inter=768),
 }
 
 
@@ -33,6 +37,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
     ap.add_argument("--shape", default="8b", choices=SHAPES)
+    ap.add_argument("--layers", type=int)
     ap.add_argument("--bits", type=int, default=4)
     ap.add_argument("--group-size", type=int, default=64)
     ap.add_argument("--tokenizer")
@@ -42,6 +47,9 @@ def main():
     s = dict(SHAPES[a.shape])
     if a.vocab:
         s["vocab"] = a.vocab
+    if a.layers:
+        s["layers"] = a.layers
+    moe = "experts" in s
     h, hd = s["hidden"], s["head_dim"]
     matrices = [("model.embed_tokens", s["vocab"], h), ("lm_head", s["vocab"], h)]
     tensors = [("model.norm.weight", "BF16", [h], bf16(1.0))]
@@ -52,16 +60,23 @@ def main():
             (f"{p}.self_attn.k_proj", s["kv_heads"] * hd, h),
             (f"{p}.self_attn.v_proj", s["kv_heads"] * hd, h),
             (f"{p}.self_attn.o_proj", h, s["heads"] * hd),
-            (f"{p}.mlp.gate_proj", s["inter"], h),
-            (f"{p}.mlp.up_proj", s["inter"], h),
-            (f"{p}.mlp.down_proj", h, s["inter"]),
         ]
+        if moe:  # a router and the experts stacked [experts, rows, cols], as mlx-lm's SwitchGLU
+            e, mi = s["experts"], s["moe_inter"]
+            matrices += [(f"{p}.mlp.gate", e, h), (f"{p}.mlp.switch_mlp.gate_proj", (e, mi), h),
+                         (f"{p}.mlp.switch_mlp.up_proj", (e, mi), h), (f"{p}.mlp.switch_mlp.down_proj", (e, h), mi)]
+            tensors += [(f"{p}.self_attn.q_norm.weight", "BF16", [hd], bf16(1.0)),
+                        (f"{p}.self_attn.k_norm.weight", "BF16", [hd], bf16(1.0))]
+        else:
+            matrices += [(f"{p}.mlp.gate_proj", s["inter"], h), (f"{p}.mlp.up_proj", s["inter"], h),
+                         (f"{p}.mlp.down_proj", h, s["inter"])]
         tensors += [(f"{p}.input_layernorm.weight", "BF16", [h], bf16(1.0))]
         tensors += [(f"{p}.post_attention_layernorm.weight", "BF16", [h], bf16(1.0))]
     for name, rows, cols in matrices:
-        tensors.append((f"{name}.weight", "U32", [rows, cols * a.bits // 32], None))
-        tensors.append((f"{name}.scales", "BF16", [rows, cols // a.group_size], bf16(0.02)))
-        tensors.append((f"{name}.biases", "BF16", [rows, cols // a.group_size], bf16(-0.16)))
+        rows = list(rows) if isinstance(rows, tuple) else [rows]
+        tensors.append((f"{name}.weight", "U32", rows + [cols * a.bits // 32], None))
+        tensors.append((f"{name}.scales", "BF16", rows + [cols // a.group_size], bf16(0.02)))
+        tensors.append((f"{name}.biases", "BF16", rows + [cols // a.group_size], bf16(-0.16)))
     size = {"U32": 4, "BF16": 2}
     header, offset = {}, 0
     for name, dtype, shape, _ in tensors:
@@ -102,6 +117,10 @@ def main():
         "eos_token_id": 2,
         "quantization": {"group_size": a.group_size, "bits": a.bits},
     }
+    if moe:
+        config.update(model_type="qwen3_moe", architectures=["Qwen3MoeForCausalLM"], num_experts=s["experts"],
+                      num_experts_per_tok=s["top_k"], moe_intermediate_size=s["moe_inter"], norm_topk_prob=True,
+                      decoder_sparse_step=1, mlp_only_layers=[], rms_norm_eps=1e-6, rope_theta=1000000.0)
     with open(os.path.join(a.out, "config.json"), "w") as f:
         json.dump(config, f, indent=1)
     if a.tokenizer:

@@ -73,6 +73,7 @@ inline unsigned __shfl_xor_sync(unsigned m, unsigned v, int o) {
     std::memcpy(&u, &r, 4);
     return u;
 }
+inline int __shfl_xor_sync(unsigned m, int v, int o) { return (int)__shfl_xor_sync(m, (unsigned)v, o); }
 inline float __int_as_float(unsigned i) { float f; std::memcpy(&f, &i, 4); return f; }
 inline float __uint_as_float(unsigned i) { float f; std::memcpy(&f, &i, 4); return f; }
 inline unsigned __float_as_uint(float f) { unsigned i; std::memcpy(&i, &f, 4); return i; }
@@ -88,6 +89,7 @@ inline unsigned __funnelshift_r(unsigned lo, unsigned hi, unsigned sh) {
 }
 [[noreturn]] inline void __trap() { std::abort(); }
 inline int min(int a, int b) { return a < b ? a : b; }
+inline unsigned min(unsigned a, unsigned b) { return a < b ? a : b; }
 inline long long min(long long a, long long b) { return a < b ? a : b; }
 inline int max(int a, int b) { return a > b ? a : b; }
 inline float emu_half_to_float(unsigned short h) {

@@ -7,8 +7,9 @@
 //! patched from the host per replay. Each case decodes 300 steps on
 //! two caches of one model, one through `DecodeGraph` in each mode, feeding both the eager
 //! run's greedy tokens; the run crosses the caches' growth at 256 positions (so the graph is
-//! captured twice). The failure case forces a capture on a mixture-of-experts model, whose
-//! routing reads to the host: the capture must fail, leave the caches as they were, and every
+//! captured twice), on dense models and on Qwen3-MoE (routing and experts on the device). The
+//! failure case forces a capture on the MoE model with its experts run the composed way, which
+//! reads the routing to the host: the capture must fail, leave the caches as they were, and every
 //! step must still equal the eager one.
 //!
 //! Fixtures: `$NUVEC_GPU_FIXTURES` (case directories with config.json and the safetensors),
@@ -112,14 +113,18 @@ fn graphs_equal_eager_qwen3_q4() {
 }
 
 #[test]
+fn graphs_equal_eager_qwen3_moe_q4() {
+    graphs_equal_eager("qwen3_moe-q4g64");
+}
+
+#[test]
 fn moe_capture_fails_and_falls_back_to_eager() {
     let case = "qwen3_moe-q4g64";
-    // Not eligible as such...
-    let (graphs, _, _) = lockstep(case, GraphMode::On, 8);
-    assert_eq!((graphs.captures(), graphs.replayed_steps(), graphs.stopped()), (0, 0, None), "{case}");
-    // ...and a forced capture fails on the routing's read to the host, after which every step
-    // is the eager one (checked bit for bit by `lockstep`).
+    // With the experts run each over its rows (the routing read to the host), a capture fails on
+    // that read, after which every step is the eager one (checked bit for bit by `lockstep`).
+    nuvec::backends::cuda::set_moe_gather_rows(Some(0));
     let (graphs, _, _) = lockstep(case, GraphMode::Force, 24);
+    nuvec::backends::cuda::set_moe_gather_rows(None);
     let why = graphs.stopped().unwrap_or_else(|| panic!("{case}: a forced capture of an MoE step did not fail"));
     assert!(why.contains("cannot be captured"), "{case}: {why}");
     assert_eq!((graphs.captures(), graphs.replayed_steps()), (0, 0), "{case}");

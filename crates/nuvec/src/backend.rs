@@ -3,6 +3,7 @@
 //! Activations are f32; weights may be f32, f16, bf16 or quantized ([`Matrix`]). Shapes are
 //! documented per op; every op checks them and returns an error rather than panicking.
 
+use crate::moe::{self, Experts, MoeRouting};
 use crate::{Array, Device, Error, Matrix, Result};
 
 /// One device's implementation of the ops.
@@ -185,6 +186,26 @@ pub trait Backend: Send + Sync {
     /// shape: `g = min(gate, limit)`, `u = clip(up, -limit, limit)`,
     /// `(u + 1) * g * sigmoid(alpha * g)`.
     fn swiglu_oai(&self, gate: &Array, up: &Array, alpha: f32, limit: f32) -> Result<Array>;
+
+    /// Each row's `top_k` experts and their weights from router logits `[L, experts]` (f32):
+    /// `(ids, weights)`, `[L, top_k]` u32 and f32 on the logits' device, best first, ties to the
+    /// lower index. The default reads the logits to the host.
+    fn moe_route(&self, logits: &Array, top_k: usize, routing: MoeRouting) -> Result<(Array, Array)> {
+        moe::route_composed(logits, top_k, routing)
+    }
+
+    /// `out[t] = sum_j weights[t, j] * expert_{ids[t, j]}(x[t])` for `x [L, hidden]`, each
+    /// expert `down(act(gate(x), up(x)))` with its bias rows. The default reads the choices to
+    /// the host and runs each chosen expert over its rows.
+    fn moe_experts(&self, x: &Array, experts: &Experts, ids: &Array, weights: &Array) -> Result<Array> {
+        moe::experts_composed(x, experts, ids, weights)
+    }
+
+    /// A device-side index of `experts`' buffers for [`Backend::moe_experts`], made once when
+    /// the experts are built (`None`: this backend needs none).
+    fn expert_index(&self, _experts: &Experts) -> Result<Option<Array>> {
+        Ok(None)
+    }
 
     // decode fusions: several ops of a decode step as one (one kernel launch on a GPU, where the
     // host cost of each launch is what a small model's decode step spends its time on). Each

@@ -3,21 +3,22 @@
 //! router's (optionally renormalized) probabilities. gpt-oss routes and activates differently
 //! ([`Routing`], [`Activation`]) and gives every projection a bias.
 
-use nuvec::{Array, Matrix};
+use nuvec::{Array, Experts, Matrix, MoeRouting};
 
 use super::{Linear, Mlp, RmsNorm};
 use crate::weights::Weights;
-use crate::Result;
+use crate::{Error, Result};
+
+/// The experts' gated activation (`silu(gate) * up`, or gpt-oss's clamped SwiGLU).
+pub use nuvec::ExpertActivation as Activation;
 
 /// The router and the experts of one layer.
 #[derive(Debug, Clone)]
 pub struct SparseMoe {
     gate: Linear,
-    experts: Vec<[Linear; 3]>,
+    experts: Experts,
     top_k: usize,
-    norm_topk_prob: bool,
-    routing: Routing,
-    activation: Activation,
+    routing: MoeRouting,
 }
 
 /// How router logits become each token's experts and their weights.
@@ -27,20 +28,6 @@ pub enum Routing {
     SoftmaxTopK,
     /// The top k logits, then a softmax over those k alone: gpt-oss.
     TopKSoftmax,
-}
-
-/// The experts' gated activation, `act(gate, up)` before the down projection.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum Activation {
-    /// `silu(gate) * up`.
-    Silu,
-    /// gpt-oss's clamped SwiGLU (mlx-lm's `swiglu_oai`; see [`nuvec::Backend::swiglu_oai`]).
-    SwigluOai {
-        /// The sigmoid's slope.
-        alpha: f32,
-        /// The clamp.
-        limit: f32,
-    },
 }
 
 /// Sizes and options of a sparse block.
@@ -74,16 +61,12 @@ impl SparseMoe {
         let gates = projection("gate_proj", s.intermediate, s.hidden)?;
         let ups = projection("up_proj", s.intermediate, s.hidden)?;
         let downs = projection("down_proj", s.hidden, s.intermediate)?;
-        let linear = |weight: Matrix| Linear { weight, bias: None };
-        let experts =
-            gates.into_iter().zip(ups).zip(downs).map(|((g, u), d)| [linear(g), linear(u), linear(d)]).collect();
+        let experts = Experts::new(gates, ups, downs, None, Activation::Silu)?;
         Ok(SparseMoe {
             gate,
             experts,
             top_k: s.top_k,
-            norm_topk_prob: s.norm_topk_prob,
-            routing: Routing::SoftmaxTopK,
-            activation: Activation::Silu,
+            routing: MoeRouting::SoftmaxTopK { normalize: s.norm_topk_prob },
         })
     }
 
@@ -95,78 +78,51 @@ impl SparseMoe {
         top_k: usize,
         routing: Routing,
         activation: Activation,
-    ) -> Self {
-        SparseMoe { gate: router, experts, top_k, norm_topk_prob: false, routing, activation }
+    ) -> Result<Self> {
+        let routing = match routing {
+            Routing::SoftmaxTopK => MoeRouting::SoftmaxTopK { normalize: false },
+            Routing::TopKSoftmax => MoeRouting::TopKSoftmax,
+        };
+        Ok(SparseMoe { gate: router, experts: stack(experts, activation)?, top_k, routing })
     }
 
-    /// Applies the block to `x [L, hidden]`.
-    pub fn forward(&self, x: &Array) -> Result<Array> {
-        let (l, hidden) = (x.dim(0), x.dim(1));
-        // Routing and the weighted sum run on the host (small: [L, experts] logits in, [L, hidden]
-        // out); the experts' matrices run on the weights' device.
-        let router = self.gate.forward(x)?.to_vec::<f32>()?;
-        let n = self.experts.len();
-        // Per expert: the tokens routed to it and their weights.
-        let mut routed: Vec<(Vec<u32>, Vec<f32>)> = vec![(vec![], vec![]); n];
-        for (t, logits) in router.chunks(n).enumerate() {
-            for (e, weight) in self.route(logits) {
-                routed[e].0.push(t as u32);
-                routed[e].1.push(weight);
-            }
-        }
-        let rows = Matrix::Dense(x.clone());
-        let mut out = vec![0f32; l * hidden];
-        for (expert, (tokens, weights)) in self.experts.iter().zip(&routed) {
-            if tokens.is_empty() {
-                continue;
-            }
-            let [gate, up, down] = expert;
-            let xe = rows.embed(tokens)?;
-            let (g, u) = (gate.forward(&xe)?, up.forward(&xe)?);
-            let a = match self.activation {
-                Activation::Silu => g.silu_mul(&u)?,
-                Activation::SwigluOai { alpha, limit } => g.swiglu_oai(&u, alpha, limit)?,
-            };
-            let h = down.forward(&a)?.to_vec::<f32>()?;
-            for ((&t, &w), y) in tokens.iter().zip(weights).zip(h.chunks(hidden)) {
-                let o = &mut out[t as usize * hidden..(t as usize + 1) * hidden];
-                o.iter_mut().zip(y).for_each(|(o, y)| *o += w * y);
-            }
-        }
-        Ok(Array::from_slice_on(&out, &[l, hidden], x.device())?)
-    }
-}
-
-impl SparseMoe {
     /// A Qwen-style block (softmax over all experts, then the top k; SiLU experts) from its
     /// router (`[experts, hidden]`) and each expert's gate, up and down projections, for a
     /// loader that reads experts from another layout.
-    pub fn softmax_top_k(gate: Linear, experts: Vec<[Linear; 3]>, top_k: usize, norm_topk_prob: bool) -> Self {
-        SparseMoe { gate, experts, top_k, norm_topk_prob, routing: Routing::SoftmaxTopK, activation: Activation::Silu }
+    pub fn softmax_top_k(gate: Linear, experts: Vec<[Linear; 3]>, top_k: usize, norm_topk_prob: bool) -> Result<Self> {
+        let routing = MoeRouting::SoftmaxTopK { normalize: norm_topk_prob };
+        Ok(SparseMoe { gate, experts: stack(experts, Activation::Silu)?, top_k, routing })
     }
 
-    /// One token's experts and their weights from its router logits.
-    fn route(&self, logits: &[f32]) -> Vec<(usize, f32)> {
-        let by_value = |v: &[f32]| {
-            let mut order: Vec<usize> = (0..v.len()).collect();
-            order.sort_by(|&a, &b| v[b].total_cmp(&v[a]).then(a.cmp(&b)));
-            order.truncate(self.top_k);
-            order
-        };
-        match self.routing {
-            Routing::SoftmaxTopK => {
-                let probs = crate::sample::softmax(logits);
-                let chosen = by_value(&probs);
-                let total: f32 = if self.norm_topk_prob { chosen.iter().map(|&e| probs[e]).sum() } else { 1.0 };
-                chosen.into_iter().map(|e| (e, probs[e] / total)).collect()
-            }
-            Routing::TopKSoftmax => {
-                let chosen = by_value(logits);
-                let picked: Vec<f32> = chosen.iter().map(|&e| logits[e]).collect();
-                chosen.into_iter().zip(crate::sample::softmax(&picked)).collect()
+    /// Applies the block to `x [L, hidden]`: the router's choices and the experts' weighted sum
+    /// stay on the weights' device.
+    pub fn forward(&self, x: &Array) -> Result<Array> {
+        let (ids, weights) = self.gate.forward(x)?.moe_route(self.top_k, self.routing)?;
+        Ok(x.moe_experts(&self.experts, &ids, &weights)?)
+    }
+}
+
+/// Per-expert layers as one [`Experts`]: biases on every projection of every expert, or on none.
+fn stack(experts: Vec<[Linear; 3]>, activation: Activation) -> Result<Experts> {
+    let with_bias = experts.iter().flatten().filter(|l| l.bias.is_some()).count();
+    if with_bias != 0 && with_bias != 3 * experts.len() {
+        return Err(Error::Invalid(format!(
+            "{with_bias} of the experts' {} projections have a bias: all or none must",
+            3 * experts.len()
+        )));
+    }
+    let mut parts: [Vec<Matrix>; 3] = Default::default();
+    let mut biases: [Vec<Array>; 3] = Default::default();
+    for expert in experts {
+        for (p, layer) in expert.into_iter().enumerate() {
+            parts[p].push(layer.weight);
+            if let Some(b) = layer.bias {
+                biases[p].push(b);
             }
         }
     }
+    let [gate, up, down] = parts;
+    Ok(Experts::new(gate, up, down, (with_bias != 0).then_some(biases), activation)?)
 }
 
 /// A layer's feed-forward block: dense, or a mixture of experts.

@@ -85,5 +85,5 @@ fn fused_experts(weights: &Weights, path: &str, s: MoeShape) -> Result<SparseMoe
         })
         .collect::<Result<Vec<_>>>()?;
     let gate = Linear::load(weights, &format!("{path}.gate"), h, e, false)?;
-    Ok(SparseMoe::softmax_top_k(gate, experts, s.top_k, s.norm_topk_prob))
+    SparseMoe::softmax_top_k(gate, experts, s.top_k, s.norm_topk_prob)
 }

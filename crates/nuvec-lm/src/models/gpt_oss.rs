@@ -138,7 +138,7 @@ impl GptOss {
                         hidden,
                         eps,
                     )?,
-                    mlp: SparseMoe::from_parts(router, experts, top_k, Routing::TopKSoftmax, activation),
+                    mlp: SparseMoe::from_parts(router, experts, top_k, Routing::TopKSoftmax, activation)?,
                 })
             })
             .collect::<Result<Vec<_>>>()?;

@@ -32,6 +32,7 @@ use crate::{Error, Result};
 pub use alloc::{available_bytes, cached_bytes, set_cache_limit};
 // Prefill weights decoded on a second stream.
 pub use decode_lane::set_decode_stream;
+pub use ops::set_moe_gather_rows;
 pub use ops::CudaBackend;
 // Phase 4: the prefill matmul precision (bf16 tensor cores by default).
 pub use ops::{matmul_precision, set_matmul_precision, MatmulPrecision};
@@ -42,7 +43,7 @@ pub use graph::StepGraph;
 pub const PRELUDE: &str = include_str!("kernels/common.cuh");
 
 /// The kernel sources, by file name, without the [`PRELUDE`].
-pub const SOURCES: [(&str, &str); 11] = [
+pub const SOURCES: [(&str, &str); 12] = [
     ("elementwise.cu", include_str!("kernels/elementwise.cu")),
     ("linear.cu", include_str!("kernels/linear.cu")),
     ("attention.cu", include_str!("kernels/attention.cu")),
@@ -54,6 +55,8 @@ pub const SOURCES: [(&str, &str); 11] = [
     ("gated_delta.cu", include_str!("kernels/gated_delta.cu")),
     // gpt-oss: the clamped SwiGLU (its attention sinks are in attention.cu).
     ("gpt_oss.cu", include_str!("kernels/gpt_oss.cu")),
+    // Mixture-of-experts layers: routing and the chosen experts without host reads.
+    ("moe.cu", include_str!("kernels/moe.cu")),
     // decode fusions
     ("fused.cu", include_str!("kernels/fused.cu")),
     // Phase 4: tensor-core prefill (bf16 operands for cuBLAS).

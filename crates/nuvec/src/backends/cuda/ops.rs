@@ -425,6 +425,8 @@ mod fp;
 mod gated_delta;
 // gpt-oss: the clamped SwiGLU (kernels/gpt_oss.cu) and the attention sinks' device tables.
 mod gpt_oss;
+mod moe;
+pub use moe::set_moe_gather_rows;
 mod paged;
 // keys and values of f16 or bf16: conversions on the device
 mod convert;
@@ -1456,6 +1458,18 @@ impl Backend for CudaBackend {
             ));
         }
         self.attention_with(q, k, v, kv_len, scale, Some(sinks))
+    }
+
+    fn moe_route(&self, logits: &Array, top_k: usize, routing: crate::MoeRouting) -> Result<(Array, Array)> {
+        self.route_experts(logits, top_k, routing)
+    }
+
+    fn moe_experts(&self, x: &Array, experts: &crate::Experts, ids: &Array, weights: &Array) -> Result<Array> {
+        self.run_experts(x, experts, ids, weights)
+    }
+
+    fn expert_index(&self, experts: &crate::Experts) -> Result<Option<Array>> {
+        self.experts_index(experts)
     }
 
     fn swiglu_oai(&self, gate: &Array, up: &Array, alpha: f32, limit: f32) -> Result<Array> {

@@ -480,3 +480,65 @@ __device__ __forceinline__ float xq_norm_scale(const u32* __restrict__ xq, int k
     for (int c = (int)(threadIdx.x & 31); c < chunks; c += 32) s += tail[1 + c];
     return -1.0f / sqrtf(warp_sum(s) / (float)k + tail[0]);
 }
+
+// ---- Decoding a 32-value chunk of MLX affine-packed values (the GEMVs of linear.cu, moe.cu) ----
+
+#define QG_MAGIC 0x4B000000u
+
+__device__ __forceinline__ float qg_f(u32 bits23) { return __uint_as_float(bits23 | QG_MAGIC) - 8388608.0f; }
+
+// The 32 values of a chunk as floats.
+template <int BITS>
+__device__ __forceinline__ void qg_decode(const u32 (&w)[BITS], float (&q)[32]) {
+    if constexpr (BITS == 8) {
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+#pragma unroll
+            for (int b = 0; b < 4; ++b) q[4 * j + b] = __uint_as_float(__byte_perm(w[j], QG_MAGIC, 0x7540 | b)) - 8388608.0f;
+    } else if constexpr (BITS == 4) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            float v[8];
+            q4_values(w[j], v);
+#pragma unroll
+            for (int t = 0; t < 8; ++t) q[8 * j + t] = v[t];
+        }
+    } else {
+#pragma unroll
+        for (int i = 0; i < 32; ++i) {
+            const int bit = i * BITS, word = bit >> 5, sh = bit & 31;
+            u32 v;
+            if (sh + BITS <= 32) v = w[word] >> sh;
+            else v = __funnelshift_r(w[word], w[word + 1], sh);
+            q[i] = qg_f(v & ((1u << BITS) - 1u));
+        }
+    }
+}
+
+// ---- MLX's floating-point quantization codes (fp_linear.cu, moe.cu) ----
+
+#define FP_MXFP4 1
+#define FP_MXFP8 2
+#define FP_NVFP4 3
+
+// e4m3 ("fn": no infinities, 0x7f/0xff NaN): exponent and mantissa moved to f32's places read
+// 2^(e-127)(1 + m/8), or the subnormal m 2^-129; times 2^120 that is the e4m3 value, exactly.
+__device__ __forceinline__ float fp_e4m3(u32 b) {
+    u32 sign = (b & 0x80u) << 24;
+    u32 em = b & 0x7fu;
+    if (em == 0x7fu) return __uint_as_float(sign | 0x7fc00000u);
+    float mag = __uint_as_float(em << 20) * __uint_as_float(0x7b800000u);
+    return __uint_as_float(sign | __float_as_uint(mag));
+}
+
+// e2m1: 0, 0.5, 1, 1.5, 2, 3, 4, 6; bit 3 the sign.
+__device__ __forceinline__ float fp_e2m1(u32 c) {
+    u32 e = (c >> 1) & 3u, m = c & 1u;
+    float mag = e == 0 ? 0.5f * (float)m : __uint_as_float(((e + 126u) << 23) | (m << 22));
+    return (c & 8u) ? -mag : mag;
+}
+
+// e8m0 as MLX decodes it: 2^(s-127), with s = 0 giving 2^-127 and s = 255 infinity.
+__device__ __forceinline__ float fp_e8m0(u32 s) {
+    return s == 0 ? __uint_as_float(0x00400000u) : __uint_as_float(s << 23);
+}

@@ -5,32 +5,6 @@
 // `factor` (global_scale / 2688, else 1) and multiplies the group scale first, as mx.dequantize
 // does. Accumulation is f32. (fpquant; the host side is backends/cuda/ops/fp.rs.)
 
-#define FP_MXFP4 1
-#define FP_MXFP8 2
-#define FP_NVFP4 3
-
-// e4m3 ("fn": no infinities, 0x7f/0xff NaN): exponent and mantissa moved to f32's places read
-// 2^(e-127)(1 + m/8), or the subnormal m 2^-129; times 2^120 that is the e4m3 value, exactly.
-__device__ __forceinline__ float fp_e4m3(u32 b) {
-    u32 sign = (b & 0x80u) << 24;
-    u32 em = b & 0x7fu;
-    if (em == 0x7fu) return __uint_as_float(sign | 0x7fc00000u);
-    float mag = __uint_as_float(em << 20) * __uint_as_float(0x7b800000u);
-    return __uint_as_float(sign | __float_as_uint(mag));
-}
-
-// e2m1: 0, 0.5, 1, 1.5, 2, 3, 4, 6; bit 3 the sign.
-__device__ __forceinline__ float fp_e2m1(u32 c) {
-    u32 e = (c >> 1) & 3u, m = c & 1u;
-    float mag = e == 0 ? 0.5f * (float)m : __uint_as_float(((e + 126u) << 23) | (m << 22));
-    return (c & 8u) ? -mag : mag;
-}
-
-// e8m0 as MLX decodes it: 2^(s-127), with s = 0 giving 2^-127 and s = 255 infinity.
-__device__ __forceinline__ float fp_e8m0(u32 s) {
-    return s == 0 ? __uint_as_float(0x00400000u) : __uint_as_float(s << 23);
-}
-
 // A floating-point-mode matrix [rows, cols] as the kernels read it.
 struct FpWeights {
     const u32* packed;

@@ -85,38 +85,6 @@ extern "C" __global__ void gather_rows(float* out, const u32* ids, long long row
 #define QG_MAX_M 8
 #define QG_ROWS 4
 #define QG_WARPS 4
-#define QG_MAGIC 0x4B000000u
-
-__device__ __forceinline__ float qg_f(u32 bits23) { return __uint_as_float(bits23 | QG_MAGIC) - 8388608.0f; }
-
-// The 32 values of a chunk as floats.
-template <int BITS>
-__device__ __forceinline__ void qg_decode(const u32 (&w)[BITS], float (&q)[32]) {
-    if constexpr (BITS == 8) {
-#pragma unroll
-        for (int j = 0; j < 8; ++j)
-#pragma unroll
-            for (int b = 0; b < 4; ++b) q[4 * j + b] = __uint_as_float(__byte_perm(w[j], QG_MAGIC, 0x7540 | b)) - 8388608.0f;
-    } else if constexpr (BITS == 4) {
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-            float v[8];
-            q4_values(w[j], v);
-#pragma unroll
-            for (int t = 0; t < 8; ++t) q[8 * j + t] = v[t];
-        }
-    } else {
-#pragma unroll
-        for (int i = 0; i < 32; ++i) {
-            const int bit = i * BITS, word = bit >> 5, sh = bit & 31;
-            u32 v;
-            if (sh + BITS <= 32) v = w[word] >> sh;
-            else v = __funnelshift_r(w[word], w[word + 1], sh);
-            q[i] = qg_f(v & ((1u << BITS) - 1u));
-        }
-    }
-}
-
 // G16: groups of 16 (two per chunk); otherwise 1 << lg values per group (lg >= 5).
 // `block` is this block's index among the blocks of this weight. With `up` set (one input row
 // only), the input is silu(x) * up, as silu_mul computes it: the fused down projection.

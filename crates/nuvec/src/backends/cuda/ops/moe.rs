@@ -1,0 +1,228 @@
+//! Mixture-of-experts layers on a CUDA device (kernels/moe.cu): the router's top-k on the device,
+//! and for up to [`gather_rows`] rows the chosen experts read straight out of the layer's
+//! weights through an index of their buffers, made once per layer ([`CudaBackend::expert_index`]),
+//! so a decode step reads nothing back to the host and can be captured as a CUDA graph. More rows
+//! (a prefill) run the composed op: each expert once over the rows routed to it.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::OnceLock;
+
+use cudarc::driver::LaunchConfig;
+
+use super::{to_i32, CudaBackend, DT_BF16, DT_F16, DT_F32};
+use crate::backends::cuda::State;
+use crate::fpquant::global_factor;
+use crate::moe::{self, ExpertActivation, Experts, MoeRouting};
+use crate::{Array, DType, Error, Matrix, QuantMode, Result};
+
+/// u64 entries per (projection, expert) in the index (moe.cu's `MOE_SLOTS`).
+const SLOTS: usize = 5;
+/// Warps per block of the expert kernels (moe.cu's `MOE_WARPS`).
+const WARPS: usize = 4;
+/// Most experts and top-k the routing kernel takes (moe.cu's `MOE_MAX_EXPERTS`, `MOE_MAX_TOP_K`).
+const MAX_EXPERTS: usize = 1024;
+const MAX_TOP_K: usize = 32;
+
+/// Rows (tokens) up to which the experts run as gathered matrix-vector products by default, each
+/// chosen expert's weights read once per row; above, each expert runs once over its rows.
+const GATHER_ROWS: usize = 64;
+
+/// The current limit: [`set_moe_gather_rows`], else `NUVEC_MOE_GATHER_ROWS`, else 64.
+fn gather_rows() -> usize {
+    static FROM_ENV: OnceLock<usize> = OnceLock::new();
+    match GATHER_ROWS_SET.load(Ordering::Relaxed) {
+        usize::MAX => *FROM_ENV.get_or_init(|| {
+            std::env::var("NUVEC_MOE_GATHER_ROWS").ok().and_then(|v| v.parse().ok()).unwrap_or(GATHER_ROWS)
+        }),
+        rows => rows,
+    }
+}
+
+static GATHER_ROWS_SET: AtomicUsize = AtomicUsize::new(usize::MAX);
+
+/// Sets the most rows for which a mixture-of-experts layer runs its chosen experts as gathered
+/// products on the device (0: always each expert over its rows, the routing read to the host);
+/// `None` goes back to `NUVEC_MOE_GATHER_ROWS` or the default (64).
+pub fn set_moe_gather_rows(rows: Option<usize>) {
+    GATHER_ROWS_SET.store(rows.unwrap_or(usize::MAX), Ordering::Relaxed);
+}
+
+/// How every matrix of a layer's experts is stored, as the kernels take it: the kernel suffix,
+/// the `dt` argument (dense dtype, affine scales' dtype, or fp mode) and log2 of the group size.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Format {
+    suffix: &'static str,
+    dt: i32,
+    lg: i32,
+}
+
+fn float_dt(dtype: DType) -> Option<i32> {
+    match dtype {
+        DType::F32 => Some(DT_F32),
+        DType::F16 => Some(DT_F16),
+        DType::BF16 => Some(DT_BF16),
+        _ => None,
+    }
+}
+
+fn format_of(m: &Matrix) -> Option<Format> {
+    match m {
+        Matrix::Dense(a) => Some(Format { suffix: "dense", dt: float_dt(a.dtype())?, lg: 0 }),
+        Matrix::Quantized(q) => {
+            let suffix = match (q.spec.mode, q.spec.bits) {
+                (QuantMode::Affine, 2) => "b2",
+                (QuantMode::Affine, 3) => "b3",
+                (QuantMode::Affine, 4) => "b4",
+                (QuantMode::Affine, 5) => "b5",
+                (QuantMode::Affine, 6) => "b6",
+                (QuantMode::Affine, 8) => "b8",
+                (QuantMode::Mxfp4 | QuantMode::Nvfp4, 4) => "fp4",
+                (QuantMode::Mxfp8, 8) => "fp8",
+                _ => return None,
+            };
+            let (dt, lg) = match q.spec.mode {
+                QuantMode::Affine => {
+                    if q.biases.dtype() != q.scales.dtype() || !q.spec.group_size.is_power_of_two() {
+                        return None;
+                    }
+                    (float_dt(q.scales.dtype())?, q.spec.group_size.trailing_zeros() as i32)
+                }
+                QuantMode::Mxfp4 => (1, 0),
+                QuantMode::Mxfp8 => (2, 0),
+                QuantMode::Nvfp4 => (3, 0),
+            };
+            (q.spec.mode == QuantMode::Affine || q.scales.dtype() == DType::U8).then_some(Format { suffix, dt, lg })
+        }
+    }
+}
+
+/// The format all of `experts`' matrices share and their bias rows' dtype (DT_F32 without
+/// biases), when the kernels take them: one format, widths that are whole 32-value chunks.
+fn layer_format(experts: &Experts) -> Option<(Format, i32)> {
+    let format = format_of(experts.projections(0)[0])?;
+    let (hidden, inter) = (experts.hidden(), experts.intermediate());
+    if !hidden.is_multiple_of(32) || !inter.is_multiple_of(32) || hidden == 0 || inter == 0 {
+        return None;
+    }
+    let same = (0..experts.len()).all(|e| experts.projections(e).iter().all(|m| format_of(m) == Some(format)));
+    let b_dt = match experts.biases(0) {
+        Some(b) => float_dt(b[0].dtype())?,
+        None => DT_F32,
+    };
+    let same_bias = (0..experts.len())
+        .all(|e| experts.biases(e).is_none_or(|b| b.iter().all(|r| float_dt(r.dtype()) == Some(b_dt))));
+    (same && same_bias).then_some((format, b_dt))
+}
+
+impl CudaBackend {
+    /// [`crate::Backend::expert_index`]: for each projection and expert, the addresses the
+    /// kernels read (see moe.cu), or `None` when the experts' format is not one they take.
+    pub(super) fn experts_index(&self, experts: &Experts) -> Result<Option<Array>> {
+        let op = "experts";
+        if layer_format(experts).is_none() {
+            return Ok(None);
+        }
+        let n = experts.len();
+        let mut index = vec![0u64; 3 * n * SLOTS];
+        for p in 0..3 {
+            for e in 0..n {
+                let entry = &mut index[(p * n + e) * SLOTS..][..SLOTS];
+                match experts.projections(e)[p] {
+                    Matrix::Dense(a) => {
+                        entry[0] = self.ptr(op, "weight", a)?;
+                        entry[4] = 1f32.to_bits() as u64;
+                    }
+                    Matrix::Quantized(q) => {
+                        entry[0] = self.ptr(op, "packed weight", &q.packed)?;
+                        entry[1] = self.ptr(op, "scales", &q.scales)?;
+                        if q.spec.mode == QuantMode::Affine {
+                            entry[2] = self.ptr(op, "biases", &q.biases)?;
+                        }
+                        entry[4] = global_factor(q.global_scale).unwrap_or(1.0).to_bits() as u64;
+                    }
+                }
+                if let Some(b) = experts.biases(e) {
+                    entry[3] = self.ptr(op, "bias", b[p])?;
+                }
+                // The kernels read 16 bytes at a time from each matrix (8 for 2-bit codes).
+                if !entry[0].is_multiple_of(16) {
+                    return Ok(None);
+                }
+            }
+        }
+        let words: Vec<u32> = index.iter().flat_map(|&v| [v as u32, (v >> 32) as u32]).collect();
+        Ok(Some(Array::from_slice_on(&words, &[3, n, 2 * SLOTS], self.dev())?))
+    }
+
+    /// [`crate::Backend::moe_route`]: one warp per row.
+    pub(super) fn route_experts(&self, logits: &Array, top_k: usize, routing: MoeRouting) -> Result<(Array, Array)> {
+        let op = "moe_route";
+        let (rows, n) = moe::check_route(logits, top_k)?;
+        if n > MAX_EXPERTS || top_k > MAX_TOP_K {
+            return moe::route_composed(logits, top_k, routing);
+        }
+        let lp = self.f32_ptr(op, "logits", logits)?;
+        let ids = self.output(&[rows, top_k], DType::U32, false)?;
+        let weights = self.output(&[rows, top_k], DType::F32, false)?;
+        if rows > 0 {
+            let (ip, wp) = (ids.cuda_ptr()?, weights.cuda_ptr()?);
+            let (ni, ki) = (to_i32(op, "experts", n)?, to_i32(op, "top_k", top_k)?);
+            let (mode, normalize) = match routing {
+                MoeRouting::SoftmaxTopK { normalize } => (0i32, normalize as i32),
+                MoeRouting::TopKSoftmax => (1, 0),
+            };
+            let cfg = LaunchConfig {
+                grid_dim: (to_i32(op, "rows", rows)? as u32, 1, 1),
+                block_dim: (32, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            launch!(self.st()?, op, "moe_route", cfg; ip, wp, lp, ni, ki, mode, normalize);
+        }
+        Ok((ids, weights))
+    }
+
+    /// [`crate::Backend::moe_experts`]: the gathered kernels for a few rows of experts they
+    /// take, else the composed op.
+    pub(super) fn run_experts(&self, x: &Array, experts: &Experts, ids: &Array, weights: &Array) -> Result<Array> {
+        let op = "moe_experts";
+        let (rows, top_k) = moe::check_experts(x, experts, ids, weights)?;
+        let (Some(index), Some((format, b_dt))) = (experts.index(), layer_format(experts)) else {
+            return moe::experts_composed(x, experts, ids, weights);
+        };
+        if rows > gather_rows() || !x.cuda_addr()?.is_multiple_of(16) || ids.device() != self.dev() {
+            return moe::experts_composed(x, experts, ids, weights);
+        }
+        let (hidden, inter, n) = (experts.hidden(), experts.intermediate(), experts.len());
+        let out = self.output(&[rows, hidden], DType::F32, false)?;
+        if rows == 0 {
+            return Ok(out);
+        }
+        let xp = self.f32_ptr(op, "x", x)?;
+        let (ip, wp, tp) =
+            (self.ptr(op, "ids", ids)?, self.ptr(op, "weights", weights)?, self.ptr(op, "index", index)?);
+        let act = self.output(&[rows * top_k, inter], DType::F32, false)?;
+        let (ap, o) = (act.cuda_ptr()?, out.cuda_ptr()?);
+        let (ni, ki) = (to_i32(op, "experts", n)?, to_i32(op, "top_k", top_k)?);
+        let (ii, hi) = (to_i32(op, "intermediate", inter)?, to_i32(op, "hidden", hidden)?);
+        let (dt, lg) = (format.dt, format.lg);
+        let (activation, alpha, limit) = match experts.activation() {
+            ExpertActivation::Silu => (0i32, 0f32, 0f32),
+            ExpertActivation::SwigluOai { alpha, limit } => (1, alpha, limit),
+        };
+        let st = self.st()?;
+        let block = (32 * WARPS as u32, 1, 1);
+        let slots = to_i32(op, "rows * top_k", rows * top_k)? as u32;
+        let cfg =
+            LaunchConfig { grid_dim: (inter.div_ceil(WARPS) as u32, slots, 1), block_dim: block, shared_mem_bytes: 0 };
+        let name = format!("moe_gate_up_{}", format.suffix);
+        launch!(st, op, name.as_str(), cfg; ap, xp, ip, tp, ni, ki, ii, hi, dt, lg, b_dt, activation, alpha, limit);
+        let cfg = LaunchConfig {
+            grid_dim: (hidden.div_ceil(WARPS) as u32, rows as u32, 1),
+            block_dim: block,
+            shared_mem_bytes: 0,
+        };
+        let name = format!("moe_down_{}", format.suffix);
+        launch!(st, op, name.as_str(), cfg; o, ap, ip, wp, tp, ni, ki, hi, ii, dt, lg, b_dt);
+        Ok(out)
+    }
+}

@@ -1,0 +1,125 @@
+//! Mixture-of-experts ops on CUDA against the CPU backend's composed ops (the reference):
+//! `moe_route` (softmax-top-k with and without renormalizing, top-k-softmax: the same experts in
+//! the same order, weights within the tolerance) and `moe_experts` over experts in every format
+//! the device kernels take (affine 3/4/8 bits with f32/f16/bf16 scales, dense f32/bf16, mxfp4,
+//! nvfp4 with a global scale, mxfp8), SiLU and gpt-oss's clamped SwiGLU with bias rows, at 1 to
+//! 64 rows (the gathered kernels) and 80 (each expert over its rows, products in f32).
+//!
+//! Needs a CUDA device: without one every test FAILS, saying so. Built only with
+//! `--features cuda`. Tolerance as tests/cuda_ops.rs.
+
+#![cfg(feature = "cuda")]
+
+use nuvec::backends::cuda::MatmulPrecision;
+use nuvec::fpquant::quantize_fp;
+use nuvec::{Array, DType, ExpertActivation, Experts, Matrix, MoeRouting, QuantMode, QuantSpec, Quantized};
+
+mod common;
+use common::{close, floats, randoms, Rng};
+
+/// The device under test, with every product in f32 (the composed path's per-expert products
+/// included), as the comparisons are at f32 rounding.
+fn gpu() -> nuvec::Device {
+    common::gpu_with(MatmulPrecision::F32)
+}
+
+/// A random `[rows, cols]` matrix in `format`: "q{bits}g{group}" with scales of `dtype`,
+/// "dense" of `dtype`, or an fp mode's name ("nvfp4*" with a global scale).
+fn matrix(format: &str, rows: usize, cols: usize, dtype: DType, rng: &mut Rng) -> Matrix {
+    let values = rng.vec(rows * cols, 0.3);
+    if format == "dense" {
+        return Matrix::Dense(floats(&values, &[rows, cols], dtype));
+    }
+    if let Some(spec) = format.strip_prefix('q') {
+        let (bits, group) = spec.split_once('g').unwrap();
+        let spec =
+            QuantSpec { mode: QuantMode::Affine, bits: bits.parse().unwrap(), group_size: group.parse().unwrap() };
+        return Matrix::Quantized(nuvec::quantize::quantize_affine(&values, rows, cols, spec, dtype).unwrap());
+    }
+    let global = format.ends_with('*').then_some(2.5);
+    let mode = QuantMode::parse(format.trim_end_matches('*')).unwrap();
+    let (bits, group_size) = mode.fixed_shape().unwrap();
+    let spec = QuantSpec { mode, bits, group_size };
+    let q = quantize_fp(&values, rows, cols, spec).unwrap();
+    Matrix::Quantized(Quantized::new_fp(q.packed, q.scales, global, spec, cols).unwrap())
+}
+
+/// `n` experts of `hidden` x `inter` in `format`, with bias rows when `biased`, and their copy
+/// on the GPU.
+fn experts(
+    format: &str,
+    dtype: DType,
+    n: usize,
+    hidden: usize,
+    inter: usize,
+    act: ExpertActivation,
+    biased: bool,
+) -> (Experts, Experts) {
+    let mut rng = Rng::new(n as u64 + hidden as u64);
+    let mut parts: [Vec<Matrix>; 3] = Default::default();
+    let mut biases: [Vec<Array>; 3] = Default::default();
+    for _ in 0..n {
+        for (p, (r, c)) in [(inter, hidden), (inter, hidden), (hidden, inter)].into_iter().enumerate() {
+            parts[p].push(matrix(format, r, c, dtype, &mut rng));
+            biases[p].push(floats(&rng.vec(r, 0.5), &[r], DType::BF16));
+        }
+    }
+    let dev = gpu();
+    let moved = |ms: &[Matrix]| ms.iter().map(|m| m.to_device(dev).unwrap()).collect::<Vec<_>>();
+    let moved_b = |bs: &[Array]| bs.iter().map(|b| b.to_device(dev).unwrap()).collect::<Vec<_>>();
+    let gpu_biases = biased.then(|| [moved_b(&biases[0]), moved_b(&biases[1]), moved_b(&biases[2])]);
+    let on_gpu = Experts::new(moved(&parts[0]), moved(&parts[1]), moved(&parts[2]), gpu_biases, act).unwrap();
+    assert!(on_gpu.index().is_some(), "{format}: the device kernels should take these experts");
+    let [g, u, d] = parts;
+    (Experts::new(g, u, d, biased.then_some(biases), act).unwrap(), on_gpu)
+}
+
+#[test]
+fn moe_route_matches_the_cpu() {
+    let dev = gpu();
+    for (experts, top_k, routing) in [
+        (128, 8, MoeRouting::SoftmaxTopK { normalize: true }),
+        (60, 4, MoeRouting::SoftmaxTopK { normalize: false }),
+        (32, 4, MoeRouting::TopKSoftmax),
+        (512, 10, MoeRouting::SoftmaxTopK { normalize: true }),
+    ] {
+        for rows in [1usize, 7, 300] {
+            let logits = Array::from_slice(&randoms(rows * experts, rows as u64, 3.0), &[rows, experts]).unwrap();
+            let (want_ids, want_w) = logits.moe_route(top_k, routing).unwrap();
+            let (ids, w) = logits.to_device(dev).unwrap().moe_route(top_k, routing).unwrap();
+            let case = format!("moe_route {experts} experts top {top_k} {routing:?} rows {rows}");
+            assert_eq!(ids.to_vec::<u32>().unwrap(), want_ids.to_vec::<u32>().unwrap(), "{case}: ids");
+            close(&case, &w, &want_w);
+        }
+    }
+}
+
+#[test]
+fn moe_experts_match_the_cpu() {
+    let dev = gpu();
+    let (hidden, inter, n, top_k) = (256usize, 128usize, 8usize, 3usize);
+    let silu = ExpertActivation::Silu;
+    let oai = ExpertActivation::SwigluOai { alpha: 1.702, limit: 7.0 };
+    for (format, dtype, act, biased) in [
+        ("q4g64", DType::BF16, silu, false),
+        ("q4g32", DType::F16, oai, true),
+        ("q3g128", DType::F32, silu, false),
+        ("q8g64", DType::BF16, silu, true),
+        ("dense", DType::BF16, silu, false),
+        ("dense", DType::F32, oai, true),
+        ("mxfp4", DType::BF16, oai, true),
+        ("nvfp4*", DType::BF16, silu, false),
+        ("mxfp8", DType::BF16, silu, false),
+    ] {
+        let (cpu, on_gpu) = experts(format, dtype, n, hidden, inter, act, biased);
+        for rows in [1usize, 5, 16, 64, 80] {
+            let x = Array::from_slice(&randoms(rows * hidden, rows as u64 + 9, 1.0), &[rows, hidden]).unwrap();
+            let logits = Array::from_slice(&randoms(rows * n, rows as u64, 2.0), &[rows, n]).unwrap();
+            let (ids, w) = logits.moe_route(top_k, MoeRouting::SoftmaxTopK { normalize: true }).unwrap();
+            let want = x.moe_experts(&cpu, &ids, &w).unwrap();
+            let (xg, ig, wg) = (x.to_device(dev).unwrap(), ids.to_device(dev).unwrap(), w.to_device(dev).unwrap());
+            let got = xg.moe_experts(&on_gpu, &ig, &wg).unwrap();
+            close(&format!("moe_experts {format} {dtype} {act:?} biases {biased} rows {rows}"), &got, &want);
+        }
+    }
+}

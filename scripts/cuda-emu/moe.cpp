@@ -1,0 +1,238 @@
+// Runs the mixture-of-experts kernels of moe.cu through cuda_emu.h on the CPU. moe_route against
+// the host's rule (crates/nuvec/src/moe.rs: softmax-top-k with and without renormalizing,
+// top-k-softmax; best first, ties to the lower index): ids exactly, weights to 1e-6. The
+// gathered experts (moe_gate_up_* then moe_down_*) against their definition in f64,
+// sum_j w_j (down_e(act(gate_e x + b, up_e x + b)) + b), for 4-, 3- and 8-bit affine weights
+// (groups of 16, 32 and 64; f32, f16 and bf16 scales), dense bf16 and f32 ones, mxfp4, nvfp4
+// (with a global factor) and mxfp8, SiLU and gpt-oss's clamped SwiGLU, with and without bias
+// rows (tolerance 1e-4 relative to |want| + mean|want|). Built and run by run.sh, which
+// prepends the kernel sources.
+#include "kernels_moe.cpp"
+#include "emu_check.h"
+#include <algorithm>
+#include <cstdio>
+#include <numeric>
+#include <random>
+#include <string>
+
+static std::mt19937 rng(7);
+
+// One expert matrix [n, k] in one format, with its values as the reference reads them.
+struct Mat {
+    std::vector<unsigned> packed;
+    std::vector<unsigned char> sc, bi, dense;
+    std::vector<double> value;  // [n, k]
+};
+
+static double e2m1(unsigned c) {
+    static const double mag[8] = {0, 0.5, 1, 1.5, 2, 3, 4, 6};
+    return (c & 8) ? -mag[c & 7] : mag[c & 7];
+}
+static double e4m3(unsigned b) {
+    unsigned e = (b >> 3) & 15, m = b & 7;
+    double v = e == 0 ? std::ldexp((double)m, -9) : std::ldexp(1.0 + m / 8.0, (int)e - 7);
+    return (b & 0x80) ? -v : v;
+}
+
+// fmt: "b4" etc (affine, with `group` and scale dtype `dt`), "dense" (dtype `dt`), "mxfp4",
+// "nvfp4", "mxfp8". `factor`: nvfp4's global factor.
+static Mat make(const std::string& fmt, int n, int k, int group, int dt, float factor) {
+    Mat m;
+    m.value.resize((size_t)n * k);
+    std::uniform_real_distribution<float> u(-0.5f, 0.5f);
+    if (fmt == "dense") {
+        m.dense.resize((size_t)n * k * (dt == DT_F32 ? 4 : 2));
+        for (size_t i = 0; i < (size_t)n * k; ++i) {
+            float f = u(rng);
+            if (dt == DT_F32) { memcpy(&m.dense[4 * i], &f, 4); m.value[i] = f; continue; }
+            unsigned x; memcpy(&x, &f, 4);
+            unsigned short h = x >> 16;
+            memcpy(&m.dense[2 * i], &h, 2);
+            m.value[i] = __uint_as_float((unsigned)h << 16);
+        }
+        return m;
+    }
+    const bool fp = fmt[0] != 'b';
+    const int bits = fp ? (fmt == "mxfp8" ? 8 : 4) : fmt[1] - '0';
+    if (fp) group = fmt == "nvfp4" ? 16 : 32;
+    std::vector<unsigned> q((size_t)n * k);
+    for (auto& v : q) v = rng() & ((1u << bits) - 1);
+    if (fmt == "mxfp8") for (auto& v : q) if ((v & 0x7f) == 0x7f) v ^= 1;  // no NaN codes
+    m.packed.assign((size_t)n * k * bits / 32, 0);
+    for (size_t i = 0; i < q.size(); ++i) {
+        size_t bit = i * bits;
+        m.packed[bit / 32] |= q[i] << (bit % 32);
+        if (bit % 32 + bits > 32) m.packed[bit / 32 + 1] |= q[i] >> (32 - bit % 32);
+    }
+    const size_t groups = (size_t)n * (k / group);
+    if (fp) {
+        m.sc.resize(groups);
+        for (auto& s : m.sc) s = fmt == "nvfp4" ? (unsigned char)(0x30 + rng() % 16) : (unsigned char)(122 + rng() % 8);
+    } else {
+        random_params(m.sc, groups, dt, 0.05f, rng);
+        random_params(m.bi, groups, dt, 0.2f, rng);
+    }
+    for (int r = 0; r < n; ++r)
+        for (int c = 0; c < k; ++c) {
+            size_t i = (size_t)r * k + c, g = (size_t)r * (k / group) + c / group;
+            if (!fp) {
+                m.value[i] = (double)std::fmaf(param_at(m.sc, g, dt), (float)q[i], param_at(m.bi, g, dt));
+            } else {
+                double s = fmt == "nvfp4" ? e4m3(m.sc[g]) * factor : std::ldexp(1.0, (int)m.sc[g] - 127);
+                m.value[i] = (bits == 8 ? e4m3(q[i]) : e2m1(q[i])) * s;
+            }
+        }
+    return m;
+}
+
+static void test_experts(const std::string& fmt, int group, int dt, bool biases, int activation, int rows) {
+    const int E = 6, top_k = 2, hidden = 96, inter = 64, b_dt = DT_BF16;
+    const float alpha = 1.702f, limit = 7.0f, factor = 0.75f;
+    std::vector<Mat> mats;  // [3][E]
+    for (int p = 0; p < 3; ++p)
+        for (int e = 0; e < E; ++e)
+            mats.push_back(p < 2 ? make(fmt, inter, hidden, group, dt, factor) : make(fmt, hidden, inter, group, dt, factor));
+    std::vector<std::vector<unsigned short>> brow(3 * E);
+    std::vector<std::vector<double>> bval(3 * E);
+    std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+    for (int p = 0; p < 3; ++p)
+        for (int e = 0; e < E; ++e) {
+            int w = p < 2 ? inter : hidden;
+            for (int i = 0; i < w; ++i) {
+                float f = u(rng); unsigned x; memcpy(&x, &f, 4);
+                brow[p * E + e].push_back(x >> 16);
+                bval[p * E + e].push_back(__uint_as_float((x >> 16) << 16));
+            }
+        }
+    std::vector<unsigned long long> index(3 * E * MOE_SLOTS, 0);
+    const int mode = fmt == "mxfp4" ? 1 : fmt == "mxfp8" ? 2 : fmt == "nvfp4" ? 3 : 0;
+    for (int i = 0; i < 3 * E; ++i) {
+        Mat& m = mats[i];
+        unsigned long long* ent = &index[i * MOE_SLOTS];
+        ent[0] = fmt == "dense" ? (unsigned long long)m.dense.data() : (unsigned long long)m.packed.data();
+        ent[1] = (unsigned long long)m.sc.data();
+        ent[2] = (unsigned long long)m.bi.data();
+        ent[3] = biases ? (unsigned long long)brow[i].data() : 0;
+        float f = mode == 3 ? factor : 1.0f;
+        ent[4] = __float_as_uint(f);
+    }
+    std::vector<float> x((size_t)rows * hidden), w((size_t)rows * top_k);
+    std::vector<unsigned> ids((size_t)rows * top_k);
+    for (auto& v : x) v = u(rng);
+    for (int t = 0; t < rows; ++t) {
+        std::vector<int> order(E);
+        std::iota(order.begin(), order.end(), 0);
+        std::shuffle(order.begin(), order.end(), rng);
+        for (int j = 0; j < top_k; ++j) ids[t * top_k + j] = order[j], w[t * top_k + j] = 0.3f + 0.2f * j;
+    }
+    const int dtk = fmt == "dense" || fmt[0] == 'b' ? dt : mode;
+    int lg = 0;
+    while ((1 << lg) < group) ++lg;
+    std::vector<float> act((size_t)rows * top_k * inter, NAN), out((size_t)rows * hidden, NAN);
+    auto gate_up = fmt == "dense" ? moe_gate_up_dense : fmt == "b4" ? moe_gate_up_b4 : fmt == "b3" ? moe_gate_up_b3
+                 : fmt == "b8" ? moe_gate_up_b8 : fmt == "mxfp8" ? moe_gate_up_fp8 : moe_gate_up_fp4;
+    auto down = fmt == "dense" ? moe_down_dense : fmt == "b4" ? moe_down_b4 : fmt == "b3" ? moe_down_b3
+              : fmt == "b8" ? moe_down_b8 : fmt == "mxfp8" ? moe_down_fp8 : moe_down_fp4;
+    emu_launch({(unsigned)(inter / MOE_WARPS), (unsigned)(rows * top_k), 1}, {32 * MOE_WARPS, 1, 1}, [&] {
+        gate_up(act.data(), x.data(), ids.data(), index.data(), E, top_k, inter, hidden, dtk, lg, b_dt, activation,
+                alpha, limit);
+    });
+    emu_launch({(unsigned)(hidden / MOE_WARPS), (unsigned)rows, 1}, {32 * MOE_WARPS, 1, 1}, [&] {
+        down(out.data(), act.data(), ids.data(), w.data(), index.data(), E, top_k, hidden, inter, dtk, lg, b_dt);
+    });
+    std::vector<double> want((size_t)rows * hidden, 0.0);
+    for (int t = 0; t < rows; ++t)
+        for (int j = 0; j < top_k; ++j) {
+            const int e = ids[t * top_k + j];
+            std::vector<double> a(inter);
+            for (int r = 0; r < inter; ++r) {
+                double g = biases ? bval[e][r] : 0, v = biases ? bval[E + e][r] : 0;
+                for (int c = 0; c < hidden; ++c) {
+                    g += mats[e].value[(size_t)r * hidden + c] * x[(size_t)t * hidden + c];
+                    v += mats[E + e].value[(size_t)r * hidden + c] * x[(size_t)t * hidden + c];
+                }
+                if (activation == MOE_ACT_SILU) a[r] = g / (1 + std::exp(-g)) * v;
+                else {
+                    double gc = std::min(g, (double)limit), uc = std::clamp(v, -(double)limit, (double)limit);
+                    a[r] = (uc + 1) * gc / (1 + std::exp(-alpha * gc));
+                }
+            }
+            for (int r = 0; r < hidden; ++r) {
+                double h = biases ? bval[2 * E + e][r] : 0;
+                for (int c = 0; c < inter; ++c) h += mats[2 * E + e].value[(size_t)r * inter + c] * a[c];
+                want[(size_t)t * hidden + r] += w[t * top_k + j] * h;
+            }
+        }
+    cmp("moe experts " + fmt + " group " + std::to_string(group) + " dt " + std::to_string(dt) + (biases ? " biases" : "") +
+            (activation ? " swiglu_oai" : " silu") + " rows " + std::to_string(rows),
+        out, want);
+}
+
+// The host's rule (crates/nuvec/src/moe.rs route_row).
+static void route_ref(const std::vector<float>& l, int top_k, int mode, bool normalize, std::vector<unsigned>& ids,
+                      std::vector<float>& w) {
+    std::vector<float> v = l;
+    if (mode == MOE_ROUTE_SOFTMAX_TOPK) {
+        float mx = -INFINITY, s = 0;
+        for (float x : v) mx = std::max(mx, x);
+        for (float& x : v) x = std::exp(x - mx), s += x;
+        for (float& x : v) x /= s;
+    }
+    std::vector<int> order(v.size());
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return v[a] > v[b]; });
+    std::vector<float> picked;
+    for (int j = 0; j < top_k; ++j) ids.push_back(order[j]), picked.push_back(v[order[j]]);
+    if (mode == MOE_ROUTE_SOFTMAX_TOPK) {
+        float total = 0;
+        for (float p : picked) total += p;
+        if (!normalize) total = 1;
+        for (float p : picked) w.push_back(p / total);
+    } else {
+        float mx = picked[0], s = 0;
+        for (float p : picked) s += std::exp(p - mx);
+        for (float p : picked) w.push_back(std::exp(p - mx) / s);
+    }
+}
+
+static void test_route(int rows, int experts, int top_k, int mode, bool normalize, bool ties) {
+    std::vector<float> logits((size_t)rows * experts);
+    std::normal_distribution<float> nd(0, 2);
+    for (auto& v : logits) v = ties ? (float)(rng() % 4) : nd(rng);
+    std::vector<unsigned> ids((size_t)rows * top_k);
+    std::vector<float> w((size_t)rows * top_k);
+    emu_launch({(unsigned)rows, 1, 1}, {32, 1, 1}, [&] {
+        moe_route(ids.data(), w.data(), logits.data(), experts, top_k, mode, normalize);
+    });
+    std::vector<unsigned> want_ids;
+    std::vector<float> want_w;
+    for (int t = 0; t < rows; ++t)
+        route_ref(std::vector<float>(logits.begin() + (size_t)t * experts, logits.begin() + (size_t)(t + 1) * experts),
+                  top_k, mode, normalize, want_ids, want_w);
+    bool ok = ids == want_ids;
+    for (size_t i = 0; i < w.size() && ok; ++i) ok = std::fabs(w[i] - want_w[i]) <= 1e-6f * (1 + std::fabs(want_w[i]));
+    std::string tag = "moe_route rows " + std::to_string(rows) + " experts " + std::to_string(experts) + " top " +
+                      std::to_string(top_k) + " mode " + std::to_string(mode) + (normalize ? " normalized" : "") +
+                      (ties ? " ties" : "");
+    check(ok, tag);
+    if (ok) printf("ok   %s\n", tag.c_str());
+}
+
+int main() {
+    test_route(3, 128, 8, MOE_ROUTE_SOFTMAX_TOPK, true, false);
+    test_route(2, 128, 8, MOE_ROUTE_SOFTMAX_TOPK, false, false);
+    test_route(2, 32, 4, MOE_ROUTE_TOPK_SOFTMAX, false, false);
+    test_route(2, 40, 6, MOE_ROUTE_TOPK_SOFTMAX, false, true);
+    test_route(2, 512, 10, MOE_ROUTE_SOFTMAX_TOPK, true, true);
+    test_experts("b4", 64, DT_BF16, false, MOE_ACT_SILU, 2);
+    test_experts("b4", 16, DT_F16, true, MOE_ACT_SWIGLU_OAI, 1);
+    test_experts("b3", 32, DT_F32, false, MOE_ACT_SILU, 1);
+    test_experts("b8", 32, DT_BF16, true, MOE_ACT_SILU, 2);
+    test_experts("dense", 32, DT_BF16, false, MOE_ACT_SILU, 1);
+    test_experts("dense", 32, DT_F32, true, MOE_ACT_SWIGLU_OAI, 1);
+    test_experts("mxfp4", 32, 0, true, MOE_ACT_SWIGLU_OAI, 2);
+    test_experts("nvfp4", 16, 0, false, MOE_ACT_SILU, 1);
+    test_experts("mxfp8", 32, 0, false, MOE_ACT_SILU, 1);
+    printf(fails ? "moe: %d FAILED\n" : "moe: all passed\n", fails);
+    return fails ? 1 : 0;
+}
