@@ -52,7 +52,39 @@ struct Checkpoint {
     files: Vec<(String, Vec<u8>)>,
     /// Quantized modules in a layout MLX cannot load (GGUF K-quants' groups of 16), kept out of
     /// `tensors` and `config` until `convert` requantizes or dequantizes them.
-    not_mlx: BTreeMap<String, Quantized>,
+    not_mlx: BTreeMap<String, Module>,
+}
+
+/// A quantized module as one matrix of all its rows (stacked experts' leading axis folded in),
+/// and the shape its rows have in the checkpoint (`[rows]`, or `[experts, rows]`).
+struct Module {
+    q: Quantized,
+    rows: Vec<usize>,
+}
+
+impl Module {
+    /// The module whose parts are `packed` (`[..rows, words]`), `scales` and `biases` (`[..rows,
+    /// groups]`; `None` for the floating-point modes).
+    fn new(packed: Array, scales: Array, biases: Option<Array>, spec: QuantSpec) -> Result<Self> {
+        let rows = packed.shape()[..packed.shape().len().saturating_sub(1)].to_vec();
+        let flat = |a: &Array| -> Result<Array> {
+            let last = a.shape().last().copied().unwrap_or(0);
+            Ok(a.reshape(&[a.len() / last.max(1), last])?)
+        };
+        let cols = packed.shape().last().copied().unwrap_or(0) * 32 / spec.bits;
+        let q = match biases {
+            Some(b) => Quantized::new(flat(&packed)?, flat(&scales)?, flat(&b)?, spec, cols)?,
+            None => Quantized::new_fp(flat(&packed)?, flat(&scales)?, None, spec, cols)?,
+        };
+        Ok(Module { q, rows })
+    }
+
+    /// `a` (`[all rows, n]`) in the module's row shape.
+    fn shaped(&self, a: &Array) -> Result<Array> {
+        let mut shape = self.rows.clone();
+        shape.push(a.dim(-1));
+        Ok(a.reshape(&shape)?)
+    }
 }
 
 fn read_source(source: &str) -> Result<Checkpoint> {
@@ -85,8 +117,7 @@ fn read_source(source: &str) -> Result<Checkpoint> {
             }
             let mut take = |suffix: &str| tensors.remove(&format!("{base}.{suffix}")).expect("converted together");
             let (packed, scales, biases) = (take("weight"), take("scales"), take("biases"));
-            let cols = packed.dim(1) * 32 / spec.bits;
-            not_mlx.insert(base, Quantized::new(packed, scales, biases, spec, cols)?);
+            not_mlx.insert(base, Module::new(packed, scales, Some(biases), spec)?);
         }
         if let Some(entry) = quantization_entry(specs.into_iter()) {
             config.insert("quantization".into(), entry.clone());
@@ -172,7 +203,7 @@ fn cast(a: &Array, dtype: DType) -> Result<Array> {
 fn quantized_modules(
     config: &Map<String, Value>,
     tensors: &BTreeMap<String, Array>,
-) -> Result<BTreeMap<String, Quantized>> {
+) -> Result<BTreeMap<String, Module>> {
     let parsed = crate::config::Config::from_json("config.json", &Value::Object(config.clone()).to_string())?;
     let quantization = Quantization::from_config(&parsed)?;
     let mut out = BTreeMap::new();
@@ -193,16 +224,14 @@ fn quantized_modules(
             // fpquant: as mlx-lm, an unlisted module's floating-point mode is told by its shapes.
             let spec = fp_spec_of(&packed, &scales, spec)
                 .ok_or_else(|| bad(format!("uint8 scales {:?} fit none of mxfp4, mxfp8, nvfp4", scales.shape())))?;
-            let cols = packed.dim(1) * 32 / spec.bits;
             let global = tensors.get(&format!("{base}.global_scale"));
             if global.is_some() {
                 return Err(bad("nvfp4 global scales are not converted yet".into()));
             }
-            out.insert(base.to_string(), Quantized::new_fp(packed, scales, None, spec, cols)?);
+            out.insert(base.to_string(), Module::new(packed, scales, None, spec)?);
             continue;
         }
-        let cols = packed.dim(1) * 32 / spec.bits;
-        out.insert(base.to_string(), Quantized::new(packed, scales, get("biases")?, spec, cols)?);
+        out.insert(base.to_string(), Module::new(packed, scales, Some(get("biases")?), spec)?);
     }
     Ok(out)
 }
@@ -211,8 +240,12 @@ fn quantized_modules(
 /// one mode that does.
 fn fp_spec_of(packed: &Array, scales: &Array, listed: QuantSpec) -> Option<QuantSpec> {
     let fits = |spec: QuantSpec| {
-        let cols = packed.dim(1) * 32 / spec.bits;
-        packed.shape().len() == 2 && scales.shape().len() == 2 && scales.dim(1) * spec.group_size == cols
+        let (p, s) = (packed.shape(), scales.shape());
+        let cols = p.last().copied().unwrap_or(0) * 32 / spec.bits;
+        p.len() >= 2
+            && p.len() == s.len()
+            && p[..p.len() - 1] == s[..s.len() - 1]
+            && s[s.len() - 1] * spec.group_size == cols
     };
     let candidates = [listed.mode, QuantMode::Mxfp4, QuantMode::Mxfp8, QuantMode::Nvfp4];
     candidates
@@ -298,12 +331,13 @@ pub fn convert(source: &str, out: &Path, options: &ConvertOptions) -> Result<()>
     }
     if options.dequantize {
         quantized.append(&mut ck.not_mlx);
-        for (base, q) in &quantized {
+        for (base, m) in &quantized {
+            let q = &m.q;
             // As mlx_lm.convert -d: affine weights take the (cast) scales' dtype; the floating-point
             // modes come out of mx.dequantize as bfloat16 whatever --dtype says (exact: their
             // values have at most 6 significant bits).
             let target = if q.spec.mode == QuantMode::Affine { dtype.unwrap_or(q.scales.dtype()) } else { DType::BF16 };
-            let dense = cast(&Array::from_slice(&dequantize(q)?, &[q.rows(), q.cols()])?, target)?;
+            let dense = m.shaped(&cast(&Array::from_slice(&dequantize(q)?, &[q.rows(), q.cols()])?, target)?)?;
             ck.tensors.remove(&format!("{base}.scales"));
             ck.tensors.remove(&format!("{base}.biases"));
             ck.tensors.insert(format!("{base}.weight"), dense);
@@ -313,19 +347,19 @@ pub fn convert(source: &str, out: &Path, options: &ConvertOptions) -> Result<()>
         ck.config.remove("quantization_config");
     }
     if let (Some(spec), true) = (options.quantize, requantize) {
-        for (base, q) in std::mem::take(&mut ck.not_mlx) {
-            let (rows, cols) = (q.rows(), q.cols());
+        for (base, m) in std::mem::take(&mut ck.not_mlx) {
+            let (q, rows, cols) = (&m.q, m.q.rows(), m.q.cols());
             if !cols.is_multiple_of(spec.group_size) {
                 return Err(Error::Invalid(format!(
                     "{source}: {base} has {cols} columns, not a multiple of --q-group-size {}",
                     spec.group_size
                 )));
             }
-            let q = quantize_affine(&dequantize(&q)?, rows, cols, spec, dtype.unwrap_or(DType::F32))?;
-            ck.tensors.insert(format!("{base}.weight"), q.packed.clone());
-            ck.tensors.insert(format!("{base}.scales"), q.scales.clone());
-            ck.tensors.insert(format!("{base}.biases"), q.biases.clone());
-            quantized.insert(base, q);
+            let q = quantize_affine(&dequantize(q)?, rows, cols, spec, dtype.unwrap_or(DType::F32))?;
+            ck.tensors.insert(format!("{base}.weight"), m.shaped(&q.packed)?);
+            ck.tensors.insert(format!("{base}.scales"), m.shaped(&q.scales)?);
+            ck.tensors.insert(format!("{base}.biases"), m.shaped(&q.biases)?);
+            quantized.insert(base, Module { q, rows: m.rows });
         }
     } else if let Some(spec) = options.quantize {
         let names: Vec<String> = ck.tensors.keys().cloned().collect();
@@ -347,10 +381,10 @@ pub fn convert(source: &str, out: &Path, options: &ConvertOptions) -> Result<()>
                 ck.tensors.insert(format!("{base}.biases"), q.biases.clone());
             }
             ck.tensors.insert(name, q.packed.clone());
-            quantized.insert(base, q);
+            quantized.insert(base, Module { q, rows: vec![rows] });
         }
     }
-    if let Some(entry) = quantization_entry(quantized.iter().map(|(b, q)| (b.clone(), q.spec))) {
+    if let Some(entry) = quantization_entry(quantized.iter().map(|(b, m)| (b.clone(), m.q.spec))) {
         ck.config.insert("quantization".into(), entry.clone());
         ck.config.insert("quantization_config".into(), entry);
     }

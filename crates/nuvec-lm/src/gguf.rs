@@ -16,7 +16,8 @@ use crate::weights::Weights;
 use crate::{Error, Result};
 
 /// GGUF architectures nuvec maps, and the model_type they load as.
-const ARCHITECTURES: &[(&str, &str)] = &[("llama", "llama"), ("qwen2", "qwen2"), ("qwen3", "qwen3")];
+const ARCHITECTURES: &[(&str, &str)] =
+    &[("llama", "llama"), ("qwen2", "qwen2"), ("qwen3", "qwen3"), ("qwen3moe", "qwen3_moe")];
 
 /// Loads a model and its tokenizer from one GGUF file.
 pub fn load_gguf(path: &Path) -> Result<(Model, Tokenizer)> {
@@ -30,7 +31,7 @@ pub fn load_gguf_on(path: &Path, device: nuvec::Device) -> Result<(Model, Tokeni
     let arch = meta_str(&file, "general.architecture")?;
     let Some(&(_, model_type)) = ARCHITECTURES.iter().find(|(a, _)| *a == arch) else {
         return Err(Error::Unsupported(format!(
-            "{label}: GGUF architecture {arch:?} is not mapped (llama, mistral, qwen2, qwen3 are)"
+            "{label}: GGUF architecture {arch:?} is not mapped (llama, mistral, qwen2, qwen3, qwen3moe are)"
         )));
     };
     let config = Config::from_json(&label, &config_json(&file, arch, model_type)?.to_string())?;
@@ -93,7 +94,11 @@ fn config_json(file: &GgufFile, arch: &str, model_type: &str) -> Result<Value> {
         return Err(bad_meta(file, &key("block_count"), "= 0: a model needs at least one layer"));
     }
     config.insert("num_hidden_layers".into(), layers.into());
-    config.insert("intermediate_size".into(), meta_u64(file, &key("feed_forward_length"))?.into());
+    if model_type == "qwen3_moe" {
+        moe_config(file, arch, &mut config)?;
+    } else {
+        config.insert("intermediate_size".into(), meta_u64(file, &key("feed_forward_length"))?.into());
+    }
     config.insert("num_attention_heads".into(), heads.into());
     config.insert(
         "num_key_value_heads".into(),
@@ -139,6 +144,34 @@ fn config_json(file: &GgufFile, arch: &str, model_type: &str) -> Result<Value> {
     Ok(Value::Object(config))
 }
 
+/// A `qwen3moe` file's experts as Qwen3-MoE's config names them. Every layer is sparse and the
+/// chosen experts' probabilities are renormalized, as llama.cpp runs the architecture; the experts'
+/// width defaults as llama.cpp's does (the feed-forward length over the experts used).
+fn moe_config(file: &GgufFile, arch: &str, config: &mut Map<String, Value>) -> Result<()> {
+    let key = |k: &str| format!("{arch}.{k}");
+    let experts = meta_u64(file, &key("expert_count"))?;
+    let used = meta_u64(file, &key("expert_used_count"))?;
+    if experts == 0 || used == 0 || used > experts {
+        let what = format!("= {used} must be between 1 and {arch}.expert_count = {experts}");
+        return Err(bad_meta(file, &key("expert_used_count"), &what));
+    }
+    let ffn = file.get(&key("feed_forward_length")).and_then(GgufValue::as_u64);
+    let expert_ffn = match file.get(&key("expert_feed_forward_length")).and_then(GgufValue::as_u64) {
+        Some(n) => n,
+        None => ffn.map(|f| f / used).ok_or_else(|| {
+            bad_meta(file, &key("expert_feed_forward_length"), "is missing (and so is feed_forward_length)")
+        })?,
+    };
+    config.insert("intermediate_size".into(), ffn.unwrap_or(expert_ffn).into());
+    config.insert("moe_intermediate_size".into(), expert_ffn.into());
+    config.insert("num_experts".into(), experts.into());
+    config.insert("num_experts_per_tok".into(), used.into());
+    config.insert("norm_topk_prob".into(), true.into());
+    config.insert("decoder_sparse_step".into(), 1.into());
+    config.insert("mlp_only_layers".into(), json!([]));
+    Ok(())
+}
+
 /// The checkpoint name of a GGUF tensor name (`blk.3.attn_q.weight` ->
 /// `model.layers.3.self_attn.q_proj.weight`).
 fn checkpoint_name(name: &str) -> Option<String> {
@@ -166,6 +199,10 @@ fn checkpoint_name(name: &str) -> Option<String> {
         "ffn_gate" => "mlp.gate_proj",
         "ffn_up" => "mlp.up_proj",
         "ffn_down" => "mlp.down_proj",
+        "ffn_gate_inp" => "mlp.gate",
+        "ffn_gate_exps" => "mlp.switch_mlp.gate_proj",
+        "ffn_up_exps" => "mlp.switch_mlp.up_proj",
+        "ffn_down_exps" => "mlp.switch_mlp.down_proj",
         _ => return None,
     };
     Some(format!("model.layers.{layer}.{module}.{suffix}"))
@@ -253,14 +290,30 @@ fn converted_arrays(file: &GgufFile, config: &Config, arch: &str) -> Result<Conv
             _ => None,
         };
         let base = name.trim_end_matches(".weight").to_string();
-        match gguf_matrix(file, tensor, order.as_deref())? {
+        // Stacked experts ([cols, rows, experts], innermost first) are one matrix of
+        // experts x rows rows, each row converted alone; the parts then stack as MLX's do.
+        let (flat, experts) = match tensor.dims[..] {
+            [cols, rows, experts] => {
+                let mut flat = tensor.clone();
+                flat.dims = vec![cols, rows * experts];
+                (flat, Some(experts))
+            }
+            _ => (tensor.clone(), None),
+        };
+        let stacked = |a: Array| -> Result<Array> {
+            match experts {
+                Some(e) => Ok(a.reshape(&[e, a.dim(0) / e, a.dim(1)])?),
+                None => Ok(a),
+            }
+        };
+        match gguf_matrix(file, &flat, order.as_deref())? {
             Matrix::Dense(a) => {
-                arrays.insert(name, a);
+                arrays.insert(name, stacked(a)?);
             }
             Matrix::Quantized(q) => {
-                arrays.insert(format!("{base}.weight"), q.packed);
-                arrays.insert(format!("{base}.scales"), q.scales);
-                arrays.insert(format!("{base}.biases"), q.biases);
+                arrays.insert(format!("{base}.weight"), stacked(q.packed)?);
+                arrays.insert(format!("{base}.scales"), stacked(q.scales)?);
+                arrays.insert(format!("{base}.biases"), stacked(q.biases)?);
                 specs.insert(base, q.spec);
             }
         }

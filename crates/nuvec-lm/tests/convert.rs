@@ -4,9 +4,9 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::PathBuf;
 
+use common::gguf_oracle::mlx_lm;
 use common::*;
 use nuvec::{DType, QuantMode, QuantSpec};
 use nuvec_lm::convert::{convert, ConvertOptions};
@@ -16,27 +16,6 @@ fn out_dir(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("nuvec-convert-{name}-{}", std::process::id()));
     std::fs::remove_dir_all(&dir).ok();
     dir
-}
-
-fn oracle_python() -> String {
-    std::env::var("NUVEC_ORACLE_PYTHON")
-        .unwrap_or_else(|_| panic!("NUVEC_ORACLE_PYTHON is not set: run scripts/test.sh"))
-}
-
-/// mlx-lm's greedy run on `dir`: (prompt ids, tokens).
-fn mlx_lm(dir: &Path, mode: &str, max_tokens: usize, prompt: &str) -> (Vec<u32>, Vec<u32>) {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/support/mlx_generate.py");
-    let out = Command::new(oracle_python())
-        .arg(&script)
-        .arg(dir)
-        .arg(mode)
-        .arg(max_tokens.to_string())
-        .arg(prompt)
-        .output()
-        .expect("run the oracle's python");
-    assert!(out.status.success(), "mlx-lm failed on {}:\n{}", dir.display(), String::from_utf8_lossy(&out.stderr));
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    (ids(&v["prompt_ids"]), ids(&v["tokens"]))
 }
 
 fn ours(model_path: &str, chat: bool, max_tokens: usize, prompt: &str) -> (Vec<u32>, Vec<u32>) {
@@ -153,4 +132,21 @@ fn awq_and_gptq_convert_to_mlx_affine() {
         assert_eq!(mlx_lm(&dir, "raw", 16, prompt), (ids_ours, ours_tokens), "{case}: mlx-lm on our conversion");
         std::fs::remove_dir_all(&dir).ok();
     }
+}
+
+/// A mixture-of-experts checkpoint (experts stacked in 3-D quantized tensors, as mlx-lm writes
+/// Qwen3-MoE) converts: `-d` writes the experts dense in their stacked shape, and the result
+/// answers as mlx-lm's record of the quantized original, up to f32 rounding.
+#[test]
+fn stacked_experts_convert_dequantized() {
+    let source = fixtures().join("qwen3_moe-q4g64");
+    let out = out_dir("moe-dense");
+    let options = ConvertOptions { dequantize: true, dtype: Some(DType::F32), ..Default::default() };
+    convert(source.to_str().unwrap(), &out, &options).unwrap();
+    let config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("config.json")).unwrap()).unwrap();
+    assert!(config.get("quantization").is_none(), "{config}");
+    let (model, _) = nuvec_lm::load(out.to_str().unwrap()).unwrap();
+    common::gguf_oracle::check_against_oracle(&model, &ids(&oracle_json(&source)["prompt_ids"]), &source);
+    std::fs::remove_dir_all(&out).ok();
 }

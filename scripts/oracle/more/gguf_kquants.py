@@ -22,7 +22,6 @@ checkpoint, not an MLX quantized one, is the oracle.
 """
 
 import argparse
-import hashlib
 import json
 import math
 import shutil
@@ -31,6 +30,7 @@ import tempfile
 from pathlib import Path
 
 import gguf
+import gguf_models as gm
 import make_fixtures as fx
 import mlx.core as mx
 import numpy as np
@@ -221,63 +221,13 @@ def write_model_gguf(path, tensors, reader):
     w.add_layer_norm_rms_eps(EPS)
     w.add_vocab_size(49152)
     w.add_file_type(gguf.LlamaFileType.MOSTLY_Q4_K_M)
-    # The tokenizer exactly as the SmolLM2 file describes it.
-    w.add_tokenizer_model(fx.gguf_field(reader, "tokenizer.ggml.model"))
-    w.add_tokenizer_pre(fx.gguf_field(reader, "tokenizer.ggml.pre"))
-    w.add_token_list(fx.gguf_field(reader, "tokenizer.ggml.tokens"))
-    w.add_token_types(fx.gguf_field(reader, "tokenizer.ggml.token_type"))
-    w.add_token_merges(fx.gguf_field(reader, "tokenizer.ggml.merges"))
-    for key, add in (("bos_token_id", w.add_bos_token_id), ("eos_token_id", w.add_eos_token_id),
-                     ("unknown_token_id", w.add_unk_token_id), ("padding_token_id", w.add_pad_token_id)):
-        if f"tokenizer.ggml.{key}" in reader.fields:
-            add(int(fx.gguf_field(reader, f"tokenizer.ggml.{key}")))
-    if "tokenizer.ggml.add_bos_token" in reader.fields:
-        w.add_add_bos_token(bool(fx.gguf_field(reader, "tokenizer.ggml.add_bos_token")))
-    w.add_chat_template(fx.gguf_field(reader, "tokenizer.chat_template"))
-    for name, (data, qtype) in tensors.items():
-        if qtype is None:
-            w.add_tensor(name, data)
-        else:
-            w.add_tensor(name, data, raw_shape=data.shape, raw_dtype=qtype)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-
-
-def min_margin(ref):
-    model, tokenizer = fx.load(str(ref))
-    prompt = tokenizer.encode(fx.PROMPT, add_special_tokens=True)
-    _, _, logits = fx.greedy_run(model, prompt, fx.N_STEPS)
-    top2 = np.sort(logits, axis=1)[:, -2:]
-    return float((top2[:, 1] - top2[:, 0]).min())
+    gm.add_smollm_tokenizer(w, reader)
+    gm.write_tensors(w, tensors)
 
 
 def make_model(case_dir, reader, work):
-    """Tries a few seeds and keeps the one whose greedy run has the largest smallest top-2 gap."""
-    base = int(hashlib.sha256(CASE.encode()).hexdigest()[:8], 16)
-    best = None
-    for seed in range(base, base + SEED_TRIALS):
-        ref = work / f"dense-{seed}"
-        _, dense = model_tensors(seed)
-        write_dense(ref, dense, reader)
-        margin = min_margin(ref)
-        print(f"[{CASE}] seed {seed}: min margin {margin:.3f}", flush=True)
-        if best is None or margin > best[0]:
-            best = (margin, seed)
-    seed = best[1]
-    tensors, _ = model_tensors(seed)
-    write_model_gguf(case_dir / "model.gguf", tensors, reader)
-    ref = work / f"dense-{seed}"
-    record = fx.record_plain_prompt(ref, CASE, {
-        "oracle": "mlx-lm on the dense f32 checkpoint of gguf-py's dequantized weights (q/k rows un-permuted)",
-        "gguf_file": "model.gguf",
-        "tensor_types": {n: (q.name if q is not None else "F32") for n, (_, q) in tensors.items()},
-        "weights_seed": seed,
-    })
-    shutil.copy(ref / "oracle.json", case_dir / "oracle.json")
-    shutil.copy(ref / "oracle.safetensors", case_dir / "oracle.safetensors")
-    return record
+    return gm.record_best_seed(CASE, case_dir, reader, work, model_tensors, write_dense, write_model_gguf,
+                               SEED_TRIALS, "mlx-lm on the dense f32 checkpoint of gguf-py's dequantized weights (q/k rows un-permuted)")
 
 
 def main():

@@ -1,6 +1,7 @@
 //! Shared by the integration tests: where the oracle's records are and how to read them.
 #![allow(dead_code)]
 
+pub mod gguf_oracle;
 pub mod gpu_cases;
 pub mod paged;
 
