@@ -363,25 +363,33 @@ pub fn convert(source: &str, out: &Path, options: &ConvertOptions) -> Result<()>
         }
     } else if let Some(spec) = options.quantize {
         let names: Vec<String> = ck.tensors.keys().cloned().collect();
+        let model_type = ck.config.get("model_type").and_then(Value::as_str).unwrap_or_default().to_string();
         for name in names {
             let a = &ck.tensors[&name];
-            let dense_matrix = name.ends_with(".weight") && a.shape().len() == 2 && a.dtype().is_float();
-            if !dense_matrix || !a.dim(1).is_multiple_of(spec.group_size) {
+            // Matrices, and experts stacked as mlx-lm's SwitchLinear holds them ([experts, rows,
+            // cols]), which mlx quantizes too: each row's groups alone, so the stack quantizes as
+            // one matrix of all its rows.
+            let stacked = a.shape().len() == 3 && (name.contains(".switch_mlp.") || name.contains(".experts."));
+            let dense_matrix = name.ends_with(".weight") && (a.shape().len() == 2 || stacked) && a.dtype().is_float();
+            if !dense_matrix || !a.dim(-1).is_multiple_of(spec.group_size) {
                 continue; // as mlx: norms stay, and so does a matrix whose width does not divide
             }
-            let (rows, cols) = (a.dim(0), a.dim(1));
+            let shape = a.shape().to_vec();
+            let (rows, cols) = (a.len() / shape[shape.len() - 1], shape[shape.len() - 1]);
+            let base = name.trim_end_matches(".weight").to_string();
+            let spec = quant_override(&model_type, &base).unwrap_or(spec);
             let q = if spec.mode == QuantMode::Affine {
                 quantize_affine(&a.to_f32_vec()?, rows, cols, spec, a.dtype())?
             } else {
                 quantize_fp(&a.to_f32_vec()?, rows, cols, spec)?
             };
-            let base = name.trim_end_matches(".weight").to_string();
-            ck.tensors.insert(format!("{base}.scales"), q.scales.clone());
-            if q.spec.mode.has_biases() {
-                ck.tensors.insert(format!("{base}.biases"), q.biases.clone());
+            let module = Module { q, rows: shape[..shape.len() - 1].to_vec() };
+            ck.tensors.insert(format!("{base}.scales"), module.shaped(&module.q.scales)?);
+            if module.q.spec.mode.has_biases() {
+                ck.tensors.insert(format!("{base}.biases"), module.shaped(&module.q.biases)?);
             }
-            ck.tensors.insert(name, q.packed.clone());
-            quantized.insert(base, Module { q, rows: vec![rows] });
+            ck.tensors.insert(name, module.shaped(&module.q.packed)?);
+            quantized.insert(base, module);
         }
     }
     if let Some(entry) = quantization_entry(quantized.iter().map(|(b, m)| (b.clone(), m.q.spec))) {
@@ -397,6 +405,20 @@ pub fn convert(source: &str, out: &Path, options: &ConvertOptions) -> Result<()>
         ))
     })?;
     stage.commit()
+}
+
+/// mlx-lm's exceptions to `-q` for a family (each model's `quant_predicate`): the layers that
+/// route tokens to experts stay at 8 bits in groups of 64, whatever `-q` asks.
+fn quant_override(model_type: &str, module: &str) -> Option<QuantSpec> {
+    let suffixes: &[&str] = match model_type {
+        "qwen3_moe" => &["mlp.gate"],
+        "gpt_oss" => &["router"],
+        "qwen3_5" | "qwen3_5_moe" | "qwen3_next" => &["mlp.gate", "shared_expert_gate"],
+        "gemma4" | "gemma4_text" => &["router.proj"],
+        _ => &[],
+    };
+    let routes = suffixes.iter().any(|s| module.ends_with(s));
+    routes.then_some(QuantSpec { mode: QuantMode::Affine, bits: 8, group_size: 64 })
 }
 
 /// Whether nuvec can load the checkpoint written at `dir` (its tokenizer too, when it has one).

@@ -134,11 +134,29 @@ fn awq_and_gptq_convert_to_mlx_affine() {
     }
 }
 
-/// A mixture-of-experts checkpoint (experts stacked in 3-D quantized tensors, as mlx-lm writes
-/// Qwen3-MoE) converts: `-d` writes the experts dense in their stacked shape, and the result
-/// answers as mlx-lm's record of the quantized original, up to f32 rounding.
+/// A mixture-of-experts checkpoint (experts stacked in 3-D tensors, as mlx-lm writes Qwen3-MoE):
+/// `-q` quantizes the stacks as mlx_lm.convert does (bit for bit its tensors, the router at 8
+/// bits as its `quant_predicate` keeps it; mlx-lm answers from the result as nuvec does), and `-d` writes
+/// quantized ones dense in their stacked shape, answering as mlx-lm's record of the quantized
+/// original up to f32 rounding.
 #[test]
-fn stacked_experts_convert_dequantized() {
+fn stacked_experts_convert_both_ways() {
+    let source = fixtures().join("qwen3_moe-f32");
+    let dir = out_dir("moe-q4");
+    let spec = QuantSpec { mode: QuantMode::Affine, bits: 4, group_size: 64 };
+    convert(source.to_str().unwrap(), &dir, &ConvertOptions { quantize: Some(spec), ..Default::default() }).unwrap();
+    let theirs = nuvec::io::SafetensorsFile::open(fixtures().join("qwen3_moe-q4g64/model.safetensors")).unwrap();
+    let ours_file = nuvec::io::SafetensorsFile::open(dir.join("model.safetensors")).unwrap();
+    assert_eq!(ours_file.tensors().len(), theirs.tensors().len(), "the same tensors as mlx_lm.convert's");
+    for name in theirs.tensors().keys() {
+        let (a, b) = (theirs.array(name).unwrap(), ours_file.array(name).unwrap());
+        assert_eq!(a.shape(), b.shape(), "{name}");
+        assert_eq!(a.to_f32_vec().unwrap(), b.to_f32_vec().unwrap(), "{name} differs from mlx_lm.convert's");
+    }
+    let prompt = "The capital of France is";
+    assert_eq!(ours(dir.to_str().unwrap(), false, 16, prompt), mlx_lm(&dir, "raw", 16, prompt));
+    std::fs::remove_dir_all(&dir).ok();
+
     let source = fixtures().join("qwen3_moe-q4g64");
     let out = out_dir("moe-dense");
     let options = ConvertOptions { dequantize: true, dtype: Some(DType::F32), ..Default::default() };
