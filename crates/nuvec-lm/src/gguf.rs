@@ -17,7 +17,7 @@ use crate::{Error, Result};
 
 /// GGUF architectures nuvec maps, and the model_type they load as.
 const ARCHITECTURES: &[(&str, &str)] =
-    &[("llama", "llama"), ("qwen2", "qwen2"), ("qwen3", "qwen3"), ("qwen3moe", "qwen3_moe")];
+    &[("llama", "llama"), ("qwen2", "qwen2"), ("qwen3", "qwen3"), ("qwen3moe", "qwen3_moe"), ("gpt-oss", "gpt_oss")];
 
 /// Loads a model and its tokenizer from one GGUF file.
 pub fn load_gguf(path: &Path) -> Result<(Model, Tokenizer)> {
@@ -31,7 +31,7 @@ pub fn load_gguf_on(path: &Path, device: nuvec::Device) -> Result<(Model, Tokeni
     let arch = meta_str(&file, "general.architecture")?;
     let Some(&(_, model_type)) = ARCHITECTURES.iter().find(|(a, _)| *a == arch) else {
         return Err(Error::Unsupported(format!(
-            "{label}: GGUF architecture {arch:?} is not mapped (llama, mistral, qwen2, qwen3, qwen3moe are)"
+            "{label}: GGUF architecture {arch:?} is not mapped (llama, mistral, qwen2, qwen3, qwen3moe, gpt-oss are)"
         )));
     };
     let config = Config::from_json(&label, &config_json(&file, arch, model_type)?.to_string())?;
@@ -94,8 +94,8 @@ fn config_json(file: &GgufFile, arch: &str, model_type: &str) -> Result<Value> {
         return Err(bad_meta(file, &key("block_count"), "= 0: a model needs at least one layer"));
     }
     config.insert("num_hidden_layers".into(), layers.into());
-    if model_type == "qwen3_moe" {
-        moe_config(file, arch, &mut config)?;
+    if model_type == "qwen3_moe" || model_type == "gpt_oss" {
+        moe_config(file, arch, model_type, &mut config)?;
     } else {
         config.insert("intermediate_size".into(), meta_u64(file, &key("feed_forward_length"))?.into());
     }
@@ -128,6 +128,21 @@ fn config_json(file: &GgufFile, arch: &str, model_type: &str) -> Result<Value> {
             let factor = file.get(&key("rope.scaling.factor")).and_then(GgufValue::as_f64).unwrap_or(1.0);
             config.insert("rope_scaling".into(), json!({"type": "linear", "factor": factor}));
         }
+        Some("yarn") => {
+            // llama.cpp's yarn (corrections floored and ceiled, attention scaled by
+            // 0.1 ln(factor) + 1) is mlx-lm's YarnRoPE with these settings.
+            let get = |k: &str, default: f64| file.get(&key(k)).and_then(GgufValue::as_f64).unwrap_or(default);
+            config.insert(
+                "rope_scaling".into(),
+                json!({
+                    "rope_type": "yarn",
+                    "factor": get("rope.scaling.factor", 1.0),
+                    "original_max_position_embeddings": get("rope.scaling.original_context_length", 4096.0),
+                    "beta_fast": get("rope.scaling.yarn_beta_fast", 32.0),
+                    "beta_slow": get("rope.scaling.yarn_beta_slow", 1.0),
+                }),
+            );
+        }
         Some(other) => {
             return Err(Error::Unsupported(format!(
                 "{}: GGUF rope scaling {other:?} is not mapped yet",
@@ -144,10 +159,12 @@ fn config_json(file: &GgufFile, arch: &str, model_type: &str) -> Result<Value> {
     Ok(Value::Object(config))
 }
 
-/// A `qwen3moe` file's experts as Qwen3-MoE's config names them. Every layer is sparse and the
-/// chosen experts' probabilities are renormalized, as llama.cpp runs the architecture; the experts'
-/// width defaults as llama.cpp's does (the feed-forward length over the experts used).
-fn moe_config(file: &GgufFile, arch: &str, config: &mut Map<String, Value>) -> Result<()> {
+/// A mixture-of-experts file's experts as the family's config names them. `qwen3moe`: every
+/// layer sparse and the chosen experts' probabilities renormalized, as llama.cpp runs it;
+/// `gpt-oss`: its sliding window (every other layer, from the first, as llama.cpp's default
+/// pattern and mlx-lm's default `layer_types`). The experts' width defaults as llama.cpp's does
+/// (the feed-forward length over the experts used).
+fn moe_config(file: &GgufFile, arch: &str, model_type: &str, config: &mut Map<String, Value>) -> Result<()> {
     let key = |k: &str| format!("{arch}.{k}");
     let experts = meta_u64(file, &key("expert_count"))?;
     let used = meta_u64(file, &key("expert_used_count"))?;
@@ -162,19 +179,32 @@ fn moe_config(file: &GgufFile, arch: &str, config: &mut Map<String, Value>) -> R
             bad_meta(file, &key("expert_feed_forward_length"), "is missing (and so is feed_forward_length)")
         })?,
     };
+    config.insert("num_experts_per_tok".into(), used.into());
+    if model_type == "gpt_oss" {
+        config.insert("intermediate_size".into(), expert_ffn.into());
+        config.insert("num_local_experts".into(), experts.into());
+        let window = meta_u64(file, &key("attention.sliding_window"))?;
+        config.insert("sliding_window".into(), window.into());
+        if file.get(&key("attention.sliding_window_pattern")).is_some() {
+            return Err(Error::Unsupported(format!(
+                "{}: {arch}.attention.sliding_window_pattern is not mapped yet (gpt-oss's own alternation is)",
+                file.path().display()
+            )));
+        }
+        return Ok(());
+    }
     config.insert("intermediate_size".into(), ffn.unwrap_or(expert_ffn).into());
     config.insert("moe_intermediate_size".into(), expert_ffn.into());
     config.insert("num_experts".into(), experts.into());
-    config.insert("num_experts_per_tok".into(), used.into());
     config.insert("norm_topk_prob".into(), true.into());
     config.insert("decoder_sparse_step".into(), 1.into());
     config.insert("mlp_only_layers".into(), json!([]));
     Ok(())
 }
 
-/// The checkpoint name of a GGUF tensor name (`blk.3.attn_q.weight` ->
+/// The checkpoint name of a GGUF tensor name of architecture `arch` (`blk.3.attn_q.weight` ->
 /// `model.layers.3.self_attn.q_proj.weight`).
-fn checkpoint_name(name: &str) -> Option<String> {
+fn checkpoint_name(arch: &str, name: &str) -> Option<String> {
     let fixed = match name {
         "token_embd.weight" => Some("model.embed_tokens.weight"),
         "output_norm.weight" => Some("model.norm.weight"),
@@ -187,6 +217,20 @@ fn checkpoint_name(name: &str) -> Option<String> {
     let rest = name.strip_prefix("blk.")?;
     let (layer, rest) = rest.split_once('.')?;
     let (module, suffix) = rest.rsplit_once('.')?;
+    if (module, suffix, arch) == ("attn_sinks", "weight", "gpt-oss") {
+        return Some(format!("model.layers.{layer}.self_attn.sinks"));
+    }
+    // mlx-lm's names for the router and the stacked experts differ by family.
+    let (router, experts) =
+        if arch == "gpt-oss" { ("mlp.router", "mlp.experts") } else { ("mlp.gate", "mlp.switch_mlp") };
+    let expert = |proj: &str| Some(format!("model.layers.{layer}.{experts}.{proj}.{suffix}"));
+    match module {
+        "ffn_gate_inp" => return Some(format!("model.layers.{layer}.{router}.{suffix}")),
+        "ffn_gate_exps" => return expert("gate_proj"),
+        "ffn_up_exps" => return expert("up_proj"),
+        "ffn_down_exps" => return expert("down_proj"),
+        _ => {}
+    }
     let module = match module {
         "attn_norm" => "input_layernorm",
         "ffn_norm" => "post_attention_layernorm",
@@ -199,10 +243,7 @@ fn checkpoint_name(name: &str) -> Option<String> {
         "ffn_gate" => "mlp.gate_proj",
         "ffn_up" => "mlp.up_proj",
         "ffn_down" => "mlp.down_proj",
-        "ffn_gate_inp" => "mlp.gate",
-        "ffn_gate_exps" => "mlp.switch_mlp.gate_proj",
-        "ffn_up_exps" => "mlp.switch_mlp.up_proj",
-        "ffn_down_exps" => "mlp.switch_mlp.down_proj",
+        "post_attention_norm" if arch == "gpt-oss" => "post_attention_layernorm",
         _ => return None,
     };
     Some(format!("model.layers.{layer}.{module}.{suffix}"))
@@ -261,7 +302,7 @@ fn converted_arrays(file: &GgufFile, config: &Config, arch: &str) -> Result<Conv
     // llama.cpp refuses a file with tensors its model does not load ("wrong number of
     // tensors"), and so does mlx-lm for a checkpoint's: they are another model's weights.
     let unmapped: Vec<&str> =
-        file.tensors().iter().map(|t| t.name.as_str()).filter(|n| checkpoint_name(n).is_none()).collect();
+        file.tensors().iter().map(|t| t.name.as_str()).filter(|n| checkpoint_name(arch, n).is_none()).collect();
     if !unmapped.is_empty() {
         let shown = unmapped.iter().take(5).copied().collect::<Vec<_>>().join(", ");
         return Err(Error::Weights {
@@ -277,7 +318,7 @@ fn converted_arrays(file: &GgufFile, config: &Config, arch: &str) -> Result<Conv
     let mut arrays: HashMap<String, Array> = HashMap::new();
     let mut specs: HashMap<String, QuantSpec> = HashMap::new();
     for tensor in file.tensors() {
-        let Some(name) = checkpoint_name(&tensor.name) else {
+        let Some(name) = checkpoint_name(arch, &tensor.name) else {
             continue;
         };
         if tensor.dims.len() == 1 {
@@ -301,9 +342,9 @@ fn converted_arrays(file: &GgufFile, config: &Config, arch: &str) -> Result<Conv
             _ => (tensor.clone(), None),
         };
         let stacked = |a: Array| -> Result<Array> {
-            match experts {
-                Some(e) => Ok(a.reshape(&[e, a.dim(0) / e, a.dim(1)])?),
-                None => Ok(a),
+            match (experts, a.shape()) {
+                (Some(e), &[rows, cols]) if e > 0 && rows % e == 0 => Ok(a.reshape(&[e, rows / e, cols])?),
+                _ => Ok(a),
             }
         };
         match gguf_matrix(file, &flat, order.as_deref())? {
@@ -313,7 +354,9 @@ fn converted_arrays(file: &GgufFile, config: &Config, arch: &str) -> Result<Conv
             Matrix::Quantized(q) => {
                 arrays.insert(format!("{base}.weight"), stacked(q.packed)?);
                 arrays.insert(format!("{base}.scales"), stacked(q.scales)?);
-                arrays.insert(format!("{base}.biases"), stacked(q.biases)?);
+                if q.spec.mode.has_biases() {
+                    arrays.insert(format!("{base}.biases"), stacked(q.biases)?);
+                }
                 specs.insert(base, q.spec);
             }
         }
@@ -383,12 +426,15 @@ mod tests {
 
     #[test]
     fn maps_tensor_names() {
-        assert_eq!(checkpoint_name("blk.12.attn_k.weight").as_deref(), Some("model.layers.12.self_attn.k_proj.weight"));
         assert_eq!(
-            checkpoint_name("blk.0.ffn_norm.weight").as_deref(),
+            checkpoint_name("llama", "blk.12.attn_k.weight").as_deref(),
+            Some("model.layers.12.self_attn.k_proj.weight")
+        );
+        assert_eq!(
+            checkpoint_name("llama", "blk.0.ffn_norm.weight").as_deref(),
             Some("model.layers.0.post_attention_layernorm.weight")
         );
-        assert_eq!(checkpoint_name("token_embd.weight").as_deref(), Some("model.embed_tokens.weight"));
-        assert_eq!(checkpoint_name("rope_freqs.weight"), None);
+        assert_eq!(checkpoint_name("llama", "token_embd.weight").as_deref(), Some("model.embed_tokens.weight"));
+        assert_eq!(checkpoint_name("llama", "rope_freqs.weight"), None);
     }
 }

@@ -18,6 +18,8 @@ fn pre_tokenizer(pre: &str) -> Option<(Value, bool)> {
     let split = |pattern: &str| json!({"type": "Split", "pattern": {"Regex": pattern}, "behavior": "Isolated", "invert": false});
     const LLAMA3: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
     const QWEN2: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+    // o200k (gpt-oss, GPT-4o): cased words with their contractions, numbers in threes.
+    const GPT4O: &str = r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+";
     // (pre-tokenizer, ignore_merges)
     Some(match pre {
         "gpt2" | "default" => (byte_level(true), false),
@@ -29,6 +31,7 @@ fn pre_tokenizer(pre: &str) -> Option<(Value, bool)> {
             (json!({"type": "Sequence", "pretokenizers": [split(LLAMA3), byte_level(false)]}), true)
         }
         "qwen2" => (json!({"type": "Sequence", "pretokenizers": [split(QWEN2), byte_level(false)]}), false),
+        "gpt-4o" => (json!({"type": "Sequence", "pretokenizers": [split(GPT4O), byte_level(false)]}), true),
         _ => return None,
     })
 }

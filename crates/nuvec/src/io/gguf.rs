@@ -91,6 +91,8 @@ pub enum GgmlType {
     Q5_0,
     /// 32 values: f16 scale and min, 32 x 5 bits.
     Q5_1,
+    /// 32 values: an e8m0 scale, 32 x 4-bit e2m1 codes (gpt-oss's experts): MLX's mxfp4.
+    Mxfp4,
     /// A type this build does not convert (its ggml number).
     Other(u32),
     // GGUF K-quants (kquants): 256-value super-blocks, converted by `gguf_kquants`.
@@ -122,6 +124,7 @@ impl GgmlType {
             12 => GgmlType::Q4K,
             13 => GgmlType::Q5K,
             14 => GgmlType::Q6K,
+            39 => GgmlType::Mxfp4,
             other => GgmlType::Other(other),
         }
     }
@@ -141,6 +144,7 @@ impl GgmlType {
             GgmlType::Q4K => (256, 144),
             GgmlType::Q5K => (256, 176),
             GgmlType::Q6K => (256, 210),
+            GgmlType::Mxfp4 => (32, 17),
             GgmlType::Other(_) => return None,
         })
     }

@@ -91,9 +91,10 @@ pub fn gguf_matrix(file: &GgufFile, tensor: &GgufTensor, row_order: Option<&[usi
         GgmlType::Q2K | GgmlType::Q3K | GgmlType::Q4K | GgmlType::Q5K | GgmlType::Q6K => {
             kquant.expect("K-quants have a layout").0
         }
+        GgmlType::Mxfp4 => return mxfp4_matrix(file, tensor, rows, cols, source_row),
         GgmlType::Other(id) => {
             return Err(Error::Unsupported(format!(
-                "{}: tensor {} has ggml type {id}, which nuvec does not convert yet (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K are)",
+                "{}: tensor {} has ggml type {id}, which nuvec does not convert yet (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, MXFP4 are)",
                 file.path().display(),
                 tensor.name
             )))
@@ -142,6 +143,46 @@ pub fn gguf_matrix(file: &GgufFile, tensor: &GgufTensor, row_order: Option<&[usi
     };
     let spec = QuantSpec { mode: QuantMode::Affine, bits, group_size: group };
     Ok(Matrix::Quantized(Quantized::new(packed, scales, biases, spec, cols)?))
+}
+
+/// An MXFP4 tensor as MLX's mxfp4 mode, exactly: ggml's block is the e8m0 scale byte (ggml halves
+/// it and doubles the e2m1 table, the same values) and 16 bytes holding values `j` (low nibble)
+/// and `j + 16` (high nibble); MLX packs value `i` at nibble `i` of its row.
+fn mxfp4_matrix(
+    file: &GgufFile,
+    tensor: &GgufTensor,
+    rows: usize,
+    cols: usize,
+    source_row: impl Fn(usize) -> usize,
+) -> Result<Matrix> {
+    if !cols.is_multiple_of(32) {
+        return Err(Error::Format {
+            path: file.path().display().to_string(),
+            message: format!("tensor {}: {cols} columns do not split into MXFP4 blocks of 32", tensor.name),
+        });
+    }
+    let data = file.read(tensor)?;
+    let blocks = cols / 32;
+    let row_bytes = blocks * 17;
+    let mut packed = vec![0u8; rows * cols / 2];
+    let mut scales = vec![0u8; rows * blocks];
+    for r in 0..rows {
+        let src = &data[source_row(r) * row_bytes..(source_row(r) + 1) * row_bytes];
+        for (k, block) in src.chunks_exact(17).enumerate() {
+            scales[r * blocks + k] = block[0];
+            let qs = &block[1..];
+            let dst = &mut packed[(r * blocks + k) * 16..][..16];
+            for (i, byte) in dst.iter_mut().enumerate() {
+                let value = |v: usize| if v < 16 { qs[v] & 0xf } else { qs[v - 16] >> 4 };
+                *byte = value(2 * i) | (value(2 * i + 1) << 4);
+            }
+        }
+    }
+    let words: Vec<u32> = packed.chunks_exact(4).map(|c| u32::from_le_bytes(c.try_into().expect("4 bytes"))).collect();
+    let packed = Array::from_slice(&words, &[rows, cols / 8])?;
+    let scales = Array::from_slice(&scales, &[rows, blocks])?;
+    let spec = QuantSpec { mode: QuantMode::Mxfp4, bits: 4, group_size: 32 };
+    Ok(Matrix::Quantized(Quantized::new_fp(packed, scales, None, spec, cols)?))
 }
 
 fn permute_rows(a: &Array, rows: usize, source_row: impl Fn(usize) -> usize) -> Result<Array> {
