@@ -4,8 +4,9 @@
 // gathered experts (moe_gate_up_* then moe_down_*) against their definition in f64,
 // sum_j w_j (down_e(act(gate_e x + b, up_e x + b)) + b), for 4-, 3- and 8-bit affine weights
 // (groups of 16, 32 and 64; f32, f16 and bf16 scales), dense bf16 and f32 ones, mxfp4, nvfp4
-// (with a global factor) and mxfp8, SiLU and gpt-oss's clamped SwiGLU, with and without bias
-// rows (tolerance 1e-4 relative to |want| + mean|want|). Built and run by run.sh, which
+// (with a global factor) and mxfp8, SiLU, gpt-oss's clamped SwiGLU and Gemma 4's GELU with
+// per-expert output scales, with and without bias rows (tolerance 1e-4 relative to
+// |want| + mean|want|); moe_shared_add against the host's gated sum. Built and run by run.sh, which
 // prepends the kernel sources.
 #include "kernels_moe.cpp"
 #include "emu_check.h"
@@ -85,7 +86,8 @@ static Mat make(const std::string& fmt, int n, int k, int group, int dt, float f
     return m;
 }
 
-static void test_experts(const std::string& fmt, int group, int dt, bool biases, int activation, int rows) {
+static void test_experts(const std::string& fmt, int group, int dt, bool biases, int activation, int rows,
+                         bool scaled = false) {
     const int E = 6, top_k = 2, hidden = 96, inter = 64, b_dt = DT_BF16;
     const float alpha = 1.702f, limit = 7.0f, factor = 0.75f;
     std::vector<Mat> mats;  // [3][E]
@@ -115,6 +117,7 @@ static void test_experts(const std::string& fmt, int group, int dt, bool biases,
         ent[3] = biases ? (unsigned long long)brow[i].data() : 0;
         float f = mode == 3 ? factor : 1.0f;
         ent[4] = __float_as_uint(f);
+        ent[5] = __float_as_uint(scaled ? 0.5f + 0.25f * (i % E) : 1.0f);  // expert i % E's factor
     }
     std::vector<float> x((size_t)rows * hidden), w((size_t)rows * top_k);
     std::vector<unsigned> ids((size_t)rows * top_k);
@@ -152,6 +155,8 @@ static void test_experts(const std::string& fmt, int group, int dt, bool biases,
                     v += mats[E + e].value[(size_t)r * hidden + c] * x[(size_t)t * hidden + c];
                 }
                 if (activation == MOE_ACT_SILU) a[r] = g / (1 + std::exp(-g)) * v;
+                else if (activation == MOE_ACT_GELU_APPROX)
+                    a[r] = 0.5 * g * (1 + std::tanh(std::sqrt(2 / M_PI) * (g + 0.044715 * g * g * g))) * v;
                 else {
                     double gc = std::min(g, (double)limit), uc = std::clamp(v, -(double)limit, (double)limit);
                     a[r] = (uc + 1) * gc / (1 + std::exp(-alpha * gc));
@@ -160,11 +165,12 @@ static void test_experts(const std::string& fmt, int group, int dt, bool biases,
             for (int r = 0; r < hidden; ++r) {
                 double h = biases ? bval[2 * E + e][r] : 0;
                 for (int c = 0; c < inter; ++c) h += mats[2 * E + e].value[(size_t)r * inter + c] * a[c];
-                want[(size_t)t * hidden + r] += w[t * top_k + j] * h;
+                want[(size_t)t * hidden + r] += w[t * top_k + j] * (scaled ? 0.5 + 0.25 * e : 1.0) * h;
             }
         }
+    const char* act_name = activation == MOE_ACT_SILU ? " silu" : activation == MOE_ACT_GELU_APPROX ? " gelu" : " swiglu_oai";
     cmp("moe experts " + fmt + " group " + std::to_string(group) + " dt " + std::to_string(dt) + (biases ? " biases" : "") +
-            (activation ? " swiglu_oai" : " silu") + " rows " + std::to_string(rows),
+            act_name + (scaled ? " scaled" : "") + " rows " + std::to_string(rows),
         out, want);
 }
 
@@ -218,7 +224,28 @@ static void test_route(int rows, int experts, int top_k, int mode, bool normaliz
     if (ok) printf("ok   %s\n", tag.c_str());
 }
 
+// moe_shared_add against the host's arithmetic (crates/nuvec/src/moe.rs): to 1e-6.
+static void test_shared_add(int rows, int width) {
+    std::uniform_real_distribution<float> u(-3.0f, 3.0f);
+    std::vector<float> a((size_t)rows * width), b(a.size()), gate(rows), out(a.size(), NAN);
+    for (auto& v : a) v = u(rng);
+    for (auto& v : b) v = u(rng);
+    for (auto& v : gate) v = u(rng);
+    emu_launch({2, 1, 1}, {64, 1, 1}, [&] {
+        moe_shared_add(out.data(), a.data(), b.data(), gate.data(), width, a.size());
+    });
+    bool ok = true;
+    for (size_t i = 0; i < a.size() && ok; ++i) {
+        const float g = 1.0f / (1.0f + std::exp(-gate[i / width]));
+        ok = std::fabs(out[i] - (a[i] + g * b[i])) <= 1e-6f * (1 + std::fabs(a[i]) + std::fabs(b[i]));
+    }
+    std::string tag = "moe_shared_add rows " + std::to_string(rows) + " width " + std::to_string(width);
+    check(ok, tag);
+    if (ok) printf("ok   %s\n", tag.c_str());
+}
+
 int main() {
+    test_shared_add(3, 100);
     test_route(3, 128, 8, MOE_ROUTE_SOFTMAX_TOPK, true, false);
     test_route(2, 128, 8, MOE_ROUTE_SOFTMAX_TOPK, false, false);
     test_route(2, 32, 4, MOE_ROUTE_TOPK_SOFTMAX, false, false);
@@ -233,6 +260,8 @@ int main() {
     test_experts("mxfp4", 32, 0, true, MOE_ACT_SWIGLU_OAI, 2);
     test_experts("nvfp4", 16, 0, false, MOE_ACT_SILU, 1);
     test_experts("mxfp8", 32, 0, false, MOE_ACT_SILU, 1);
+    test_experts("b4", 32, DT_BF16, false, MOE_ACT_GELU_APPROX, 2, true);
+    test_experts("dense", 32, DT_BF16, true, MOE_ACT_GELU_APPROX, 1, true);
     printf(fails ? "moe: %d FAILED\n" : "moe: all passed\n", fails);
     return fails ? 1 : 0;
 }

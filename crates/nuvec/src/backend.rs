@@ -194,11 +194,18 @@ pub trait Backend: Send + Sync {
         moe::route_composed(logits, top_k, routing)
     }
 
-    /// `out[t] = sum_j weights[t, j] * expert_{ids[t, j]}(x[t])` for `x [L, hidden]`, each
-    /// expert `down(act(gate(x), up(x)))` with its bias rows. The default reads the choices to
+    /// `out[t] = sum_j weights[t, j] * s_e * expert_e(x[t])` with `e = ids[t, j]` for
+    /// `x [L, hidden]`, each expert `down(act(gate(x), up(x)))` with its bias rows and `s_e` its
+    /// output scale (1 unless [`Experts::with_output_scales`]). The default reads the choices to
     /// the host and runs each chosen expert over its rows.
     fn moe_experts(&self, x: &Array, experts: &Experts, ids: &Array, weights: &Array) -> Result<Array> {
         moe::experts_composed(x, experts, ids, weights)
+    }
+
+    /// `a + sigmoid(gate) * b` for `a, b [L, D]` and one gate per row, `gate [L, 1]` (a shared
+    /// expert under its gate, as Qwen3.5-MoE adds it). The default reads them to the host.
+    fn add_sigmoid_gated(&self, a: &Array, b: &Array, gate: &Array) -> Result<Array> {
+        moe::add_sigmoid_gated_composed(a, b, gate)
     }
 
     /// A device-side index of `experts`' buffers for [`Backend::moe_experts`], made once when

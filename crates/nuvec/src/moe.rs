@@ -31,6 +31,8 @@ pub enum ExpertActivation {
         /// The clamp.
         limit: f32,
     },
+    /// `gelu_approx(gate) * up` (Gemma 4's experts; see [`crate::Backend::gelu_mul`]).
+    GeluApprox,
 }
 
 /// One layer's experts: each a gated MLP (`gate`, `up`: `[intermediate, hidden]`, `down`:
@@ -42,6 +44,8 @@ pub struct Experts {
     down: Vec<Matrix>,
     biases: Option<[Vec<Array>; 3]>,
     activation: ExpertActivation,
+    /// A factor per expert on its routing weight (Gemma 4's `per_expert_scale`).
+    output_scales: Option<Vec<f32>>,
     /// The backend's device-side index of the experts' buffers ([`crate::Backend::expert_index`]),
     /// made once here so that no step uploads it.
     index: Option<Array>,
@@ -84,10 +88,24 @@ impl Experts {
                 }
             }
         }
-        let mut experts = Experts { gate, up, down, biases, activation, index: None };
-        let device = experts.device();
-        experts.index = backend(device).expert_index(&experts)?;
+        let mut experts = Experts { gate, up, down, biases, activation, output_scales: None, index: None };
+        experts.index = backend(experts.device()).expert_index(&experts)?;
         Ok(experts)
+    }
+
+    /// The same experts with each one's routing weight multiplied by `scales[e]` (one per expert).
+    pub fn with_output_scales(mut self, scales: Vec<f32>) -> Result<Self> {
+        if scales.len() != self.len() {
+            return Err(Error::shape("experts", format!("{} output scales for {} experts", scales.len(), self.len())));
+        }
+        self.output_scales = Some(scales);
+        self.index = backend(self.device()).expert_index(&self)?;
+        Ok(self)
+    }
+
+    /// Expert `e`'s factor on its routing weight (1 unless [`Experts::with_output_scales`]).
+    pub fn output_scale(&self, e: usize) -> Option<f32> {
+        self.output_scales.as_ref().map(|s| s[e])
     }
 
     /// Number of experts.
@@ -148,6 +166,42 @@ impl Array {
     pub fn moe_experts(&self, experts: &Experts, ids: &Array, weights: &Array) -> Result<Array> {
         backend(self.device()).moe_experts(self, experts, ids, weights)
     }
+}
+
+impl Array {
+    /// `self + sigmoid(gate) * shared` with one gate per row; see
+    /// [`crate::Backend::add_sigmoid_gated`].
+    pub fn add_sigmoid_gated(&self, shared: &Array, gate: &Array) -> Result<Array> {
+        backend(self.device()).add_sigmoid_gated(self, shared, gate)
+    }
+}
+
+/// Checks `add_sigmoid_gated`'s arguments: `a, b [L, D]` and `gate [L, 1]`, all f32.
+pub(crate) fn check_sigmoid_gated(a: &Array, b: &Array, gate: &Array) -> Result<(usize, usize)> {
+    let f32s = [a, b, gate].iter().all(|x| x.dtype() == crate::DType::F32);
+    if a.shape().len() != 2 || a.shape() != b.shape() || gate.shape() != [a.dim(0), 1] || !f32s {
+        return Err(Error::shape(
+            "add_sigmoid_gated",
+            format!(
+                "a {:?} and b {:?} must be f32 [rows, width], gate {:?} f32 [rows, 1]",
+                a.shape(),
+                b.shape(),
+                gate.shape()
+            ),
+        ));
+    }
+    Ok((a.dim(0), a.dim(1)))
+}
+
+/// [`crate::Backend::add_sigmoid_gated`] on the host.
+pub(crate) fn add_sigmoid_gated_composed(a: &Array, b: &Array, gate: &Array) -> Result<Array> {
+    let (rows, width) = check_sigmoid_gated(a, b, gate)?;
+    let (mut out, shared, gates) = (a.to_vec::<f32>()?, b.to_vec::<f32>()?, gate.to_vec::<f32>()?);
+    for ((o, s), &g) in out.chunks_mut(width.max(1)).zip(shared.chunks(width.max(1))).zip(&gates) {
+        let g = 1.0 / (1.0 + (-g).exp());
+        o.iter_mut().zip(s).for_each(|(o, s)| *o += g * s);
+    }
+    Array::from_slice_on(&out, &[rows, width], a.device())
 }
 
 /// Checks `moe_route`'s arguments: `logits [L, E]` f32 and `1 <= top_k <= E`.
@@ -249,7 +303,10 @@ pub(crate) fn experts_composed(x: &Array, experts: &Experts, ids: &Array, weight
             return Err(Error::shape("moe_experts", format!("expert id {e} is not below the {n} experts")));
         };
         slot.0.push((i / top_k) as u32);
-        slot.1.push(w);
+        slot.1.push(match experts.output_scale(e as usize) {
+            Some(s) => w * s,
+            None => w,
+        });
     }
     let input = Matrix::Dense(x.clone());
     let mut out = vec![0f32; rows * hidden];
@@ -268,6 +325,7 @@ pub(crate) fn experts_composed(x: &Array, experts: &Experts, ids: &Array, weight
         let a = match experts.activation() {
             ExpertActivation::Silu => g.silu_mul(&u)?,
             ExpertActivation::SwigluOai { alpha, limit } => g.swiglu_oai(&u, alpha, limit)?,
+            ExpertActivation::GeluApprox => g.gelu_mul(&u)?,
         };
         let h = with_bias(a.linear(down)?, 2)?.to_vec::<f32>()?;
         for ((&t, &w), y) in tokens.iter().zip(weights).zip(h.chunks(hidden)) {

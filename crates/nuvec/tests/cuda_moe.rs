@@ -2,8 +2,10 @@
 //! `moe_route` (softmax-top-k with and without renormalizing, top-k-softmax: the same experts in
 //! the same order, weights within the tolerance) and `moe_experts` over experts in every format
 //! the device kernels take (affine 3/4/8 bits with f32/f16/bf16 scales, dense f32/bf16, mxfp4,
-//! nvfp4 with a global scale, mxfp8), SiLU and gpt-oss's clamped SwiGLU with bias rows, at 1 to
-//! 64 rows (the gathered kernels) and 80 (each expert over its rows, products in f32).
+//! nvfp4 with a global scale, mxfp8), SiLU, gpt-oss's clamped SwiGLU with bias rows and Gemma 4's
+//! GELU with per-expert output scales, at 1 to
+//! 64 rows (the gathered kernels) and 80 (each expert over its rows, products in f32); and a
+//! shared expert added under its sigmoid gate (`add_sigmoid_gated`).
 //!
 //! Needs a CUDA device: without one every test FAILS, saying so. Built only with
 //! `--features cuda`. Tolerance as tests/cuda_ops.rs.
@@ -68,10 +70,17 @@ fn experts(
     let moved = |ms: &[Matrix]| ms.iter().map(|m| m.to_device(dev).unwrap()).collect::<Vec<_>>();
     let moved_b = |bs: &[Array]| bs.iter().map(|b| b.to_device(dev).unwrap()).collect::<Vec<_>>();
     let gpu_biases = biased.then(|| [moved_b(&biases[0]), moved_b(&biases[1]), moved_b(&biases[2])]);
-    let on_gpu = Experts::new(moved(&parts[0]), moved(&parts[1]), moved(&parts[2]), gpu_biases, act).unwrap();
-    assert!(on_gpu.index().is_some(), "{format}: the device kernels should take these experts");
+    let mut on_gpu = Experts::new(moved(&parts[0]), moved(&parts[1]), moved(&parts[2]), gpu_biases, act).unwrap();
     let [g, u, d] = parts;
-    (Experts::new(g, u, d, biased.then_some(biases), act).unwrap(), on_gpu)
+    let mut cpu = Experts::new(g, u, d, biased.then_some(biases), act).unwrap();
+    if act == ExpertActivation::GeluApprox {
+        // Gemma 4's per-expert scales on the routing weights.
+        let scales: Vec<f32> = (0..n).map(|e| 0.5 + 0.25 * e as f32).collect();
+        cpu = cpu.with_output_scales(scales.clone()).unwrap();
+        on_gpu = on_gpu.with_output_scales(scales).unwrap();
+    }
+    assert!(on_gpu.index().is_some(), "{format}: the device kernels should take these experts");
+    (cpu, on_gpu)
 }
 
 #[test]
@@ -110,6 +119,7 @@ fn moe_experts_match_the_cpu() {
         ("mxfp4", DType::BF16, oai, true),
         ("nvfp4*", DType::BF16, silu, false),
         ("mxfp8", DType::BF16, silu, false),
+        ("q4g64", DType::BF16, ExpertActivation::GeluApprox, false),
     ] {
         let (cpu, on_gpu) = experts(format, dtype, n, hidden, inter, act, biased);
         for rows in [1usize, 5, 16, 64, 80] {
@@ -121,5 +131,19 @@ fn moe_experts_match_the_cpu() {
             let got = xg.moe_experts(&on_gpu, &ig, &wg).unwrap();
             close(&format!("moe_experts {format} {dtype} {act:?} biases {biased} rows {rows}"), &got, &want);
         }
+    }
+}
+
+#[test]
+fn add_sigmoid_gated_matches_the_cpu() {
+    let dev = gpu();
+    for (rows, width) in [(1usize, 256usize), (7, 100)] {
+        let a = Array::from_slice(&randoms(rows * width, 1, 1.0), &[rows, width]).unwrap();
+        let b = Array::from_slice(&randoms(rows * width, 2, 1.0), &[rows, width]).unwrap();
+        let gate = Array::from_slice(&randoms(rows, 3, 4.0), &[rows, 1]).unwrap();
+        let want = a.add_sigmoid_gated(&b, &gate).unwrap();
+        let moved = |x: &Array| x.to_device(dev).unwrap();
+        let got = moved(&a).add_sigmoid_gated(&moved(&b), &moved(&gate)).unwrap();
+        close(&format!("add_sigmoid_gated rows {rows} width {width}"), &got, &want);
     }
 }

@@ -40,19 +40,13 @@ impl SharedExpertMoe {
         })
     }
 
-    /// Applies the block to `x [L, hidden]`.
+    /// Applies the block to `x [L, hidden]`: the routed experts plus the shared one under its
+    /// per-token gate, all on the weights' device.
     pub fn forward(&self, x: &Array) -> Result<Array> {
-        let (l, hidden) = (x.dim(0), x.dim(1));
-        // Like the routing, the per-token gate is combined on the host ([L] gates, [L, hidden] rows).
-        let routed = self.routed.forward(x)?.to_vec::<f32>()?;
-        let shared = self.shared_expert.forward(x)?.to_vec::<f32>()?;
-        let gates = self.shared_expert_gate.forward(x)?.to_vec::<f32>()?;
-        let mut out = routed;
-        for ((o, s), &g) in out.chunks_mut(hidden).zip(shared.chunks(hidden)).zip(&gates) {
-            let g = 1.0 / (1.0 + (-g).exp());
-            o.iter_mut().zip(s).for_each(|(o, s)| *o += g * s);
-        }
-        Ok(Array::from_slice_on(&out, &[l, hidden], x.device())?)
+        let routed = self.routed.forward(x)?;
+        let shared = self.shared_expert.forward(x)?;
+        let gates = self.shared_expert_gate.forward(x)?;
+        Ok(routed.add_sigmoid_gated(&shared, &gates)?)
     }
 }
 

@@ -20,7 +20,7 @@
 //! Norms are plain `x * rsqrt(mean(x^2) + eps) * weight` (mlx's `nn.RMSNorm`; the checkpoint
 //! stores the full scale, not Gemma 3's `1 + weight`).
 
-use nuvec::{Array, Matrix};
+use nuvec::{Array, ExpertActivation, Matrix, MoeRouting};
 use serde_json::Value;
 
 use crate::cache::{KvCache, LayerCache, RotatingKvCache};
@@ -310,8 +310,8 @@ fn default_rope_parameters(kind: LayerType) -> Value {
 struct Experts {
     router_norm: RmsNorm,
     router_proj: Linear,
-    per_expert_scale: Vec<f32>,
-    experts: Vec<GeluMlp>,
+    /// The experts, each one's routing weight times its `per_expert_scale`.
+    experts: nuvec::Experts,
     top_k: usize,
 }
 
@@ -343,54 +343,23 @@ impl Experts {
                 projection("down_proj", hidden, m.intermediate)?,
             )
         };
-        let linear = |weight: Matrix| Linear { weight, bias: None };
-        let experts = gates
-            .into_iter()
-            .zip(ups)
-            .zip(downs)
-            .map(|((g, u), d)| GeluMlp::from_projections(linear(g), linear(u), linear(d)))
-            .collect();
+        let experts = nuvec::Experts::new(gates, ups, downs, None, ExpertActivation::GeluApprox)?
+            .with_output_scales(per_expert_scale)?;
         Ok(Experts {
             router_norm,
             router_proj: Linear::load(weights, &format!("{path}.router.proj"), hidden, m.experts, false)?,
-            per_expert_scale,
             experts,
             top_k: m.top_k,
         })
     }
 
     /// Routes on `h [L, hidden]` (the residual stream) and runs the chosen experts on `x` (its
-    /// normalized copy).
+    /// normalized copy): the top k raw scores, a softmax over those, each times its expert's
+    /// scale; routing and the weighted sum stay on the weights' device.
     fn forward(&self, h: &Array, x: &Array) -> Result<Array> {
-        let (l, hidden) = (x.dim(0), x.dim(1));
-        // Routing and the weighted sum run on the host: [L, experts] scores in, [L, hidden] out.
-        let scores = self.router_proj.forward(&self.router_norm.forward(h)?)?.to_vec::<f32>()?;
-        let n = self.experts.len();
-        let mut routed: Vec<(Vec<u32>, Vec<f32>)> = vec![(vec![], vec![]); n];
-        for (t, row) in scores.chunks(n).enumerate() {
-            let mut order: Vec<usize> = (0..n).collect();
-            order.sort_by(|&a, &b| row[b].total_cmp(&row[a]).then(a.cmp(&b)));
-            let chosen = &order[..self.top_k];
-            let top: Vec<f32> = chosen.iter().map(|&e| row[e]).collect();
-            let probs = crate::sample::softmax(&top);
-            for (&e, p) in chosen.iter().zip(probs) {
-                routed[e].0.push(t as u32);
-                routed[e].1.push(p * self.per_expert_scale[e]);
-            }
-        }
-        let rows = Matrix::Dense(x.clone());
-        let mut out = vec![0f32; l * hidden];
-        for (expert, (tokens, weights)) in self.experts.iter().zip(&routed) {
-            if tokens.is_empty() {
-                continue;
-            }
-            let y = expert.forward(&rows.embed(tokens)?)?.to_vec::<f32>()?;
-            for ((&t, &w), y) in tokens.iter().zip(weights).zip(y.chunks(hidden)) {
-                let o = &mut out[t as usize * hidden..(t as usize + 1) * hidden];
-                o.iter_mut().zip(y).for_each(|(o, y)| *o += w * y);
-            }
-        }
-        Ok(Array::from_slice_on(&out, &[l, hidden], x.device())?)
+        let scores = self.router_proj.forward(&self.router_norm.forward(h)?)?;
+        let (ids, weights) = scores.moe_route(self.top_k, MoeRouting::TopKSoftmax)?;
+        Ok(x.moe_experts(&self.experts, &ids, &weights)?)
     }
 }
 

@@ -1472,6 +1472,10 @@ impl Backend for CudaBackend {
         self.experts_index(experts)
     }
 
+    fn add_sigmoid_gated(&self, a: &Array, b: &Array, gate: &Array) -> Result<Array> {
+        self.sigmoid_gated_add(a, b, gate)
+    }
+
     fn swiglu_oai(&self, gate: &Array, up: &Array, alpha: f32, limit: f32) -> Result<Array> {
         self.swiglu_oai_clamped(gate, up, alpha, limit)
     }

@@ -6,9 +6,10 @@
 
 // The index: for projection p (0 gate, 1 up, 2 down) and expert e, MOE_SLOTS u64 from
 // (p * experts + e) * MOE_SLOTS: the weight (dense values or packed codes), its scales and
-// biases (affine) or scales (fp modes), the projection's bias row (0: none), and the f32 bits
-// of an nvfp4 matrix's global factor (else 1.0f).
-#define MOE_SLOTS 5
+// biases (affine) or scales (fp modes), the projection's bias row (0: none), the f32 bits of an
+// nvfp4 matrix's global factor (else 1.0f), and the f32 bits of the expert's factor on its
+// routing weight (Gemma 4's per-expert scale; else 1.0f).
+#define MOE_SLOTS 6
 #define MOE_WARPS 4
 #define MOE_MAX_EXPERTS 1024
 #define MOE_MAX_TOP_K 32
@@ -18,6 +19,7 @@
 
 #define MOE_ACT_SILU 0
 #define MOE_ACT_SWIGLU_OAI 1
+#define MOE_ACT_GELU_APPROX 2
 
 #define MOE_FMT_DENSE 0
 #define MOE_FMT_AFFINE 1
@@ -204,15 +206,18 @@ __device__ __forceinline__ void moe_gate_up(float* __restrict__ act, const float
     float a;
     if (activation == MOE_ACT_SILU) {
         a = ag / (1.0f + expf(-ag)) * au;
-    } else {  // gpt-oss's clamped SwiGLU, as gpt_oss.cu
+    } else if (activation == MOE_ACT_SWIGLU_OAI) {  // gpt-oss's clamped SwiGLU, as gpt_oss.cu
         const float gc = fminf(ag, limit);
         const float uc = au < -limit ? -limit : (au > limit ? limit : au);
         a = (uc + 1.0f) * (gc * (1.0f / (1.0f + expf(-(alpha * gc)))));
+    } else {  // Gemma 4's GELU (tanh approximation), as gemma4.cu
+        a = 0.5f * ag * (1.0f + tanhf(0.7978846f * (ag + 0.044715f * (ag * ag * ag)))) * au;
     }
     act[(size_t)slot * inter + r] = a;
 }
 
-// out [rows, hidden] = sum_j weights[t, j] * (down_e(act[t, j]) + bias_e) with e = ids[t, j]:
+// out [rows, hidden] = sum_j weights[t, j] s_e (down_e(act[t, j]) + bias_e) with e = ids[t, j]
+// and s_e the expert's factor on its routing weight:
 // grid (hidden / MOE_WARPS, rows), one warp per output row; its lanes take the (slot, chunk)
 // pairs of all top_k slots.
 template <int FMT, int BITS>
@@ -230,17 +235,31 @@ __device__ __forceinline__ void moe_down(float* __restrict__ out, const float* _
     for (int i = lane; i < top_k * chunks; i += 32) {
         const int j = i / chunks, c = i - j * chunks;
         const u32 e = min(tid[j], (u32)(experts - 1));
+        const u64* ent = index + (2 * (size_t)experts + e) * MOE_SLOTS;
         float w[32];
-        moe_weights<FMT, BITS>(index + (2 * (size_t)experts + e) * MOE_SLOTS, r, c, inter, dt, lg, w);
-        acc = fmaf(tw[j], moe_chunk_dot(w, act + ((size_t)t * top_k + j) * inter + 32 * c, 0.0f), acc);
+        moe_weights<FMT, BITS>(ent, r, c, inter, dt, lg, w);
+        const float weight = tw[j] * __uint_as_float((u32)ent[5]);
+        acc = fmaf(weight, moe_chunk_dot(w, act + ((size_t)t * top_k + j) * inter + 32 * c, 0.0f), acc);
     }
     acc = warp_sum(acc);
     if (lane != 0) return;
     for (int j = 0; j < top_k; ++j) {
         const u64* ent = index + (2 * (size_t)experts + min(tid[j], (u32)(experts - 1))) * MOE_SLOTS;
-        if (ent[3]) acc = fmaf(tw[j], load_float((const void*)ent[3], r, b_dt), acc);
+        if (ent[3]) acc = fmaf(tw[j] * __uint_as_float((u32)ent[5]), load_float((const void*)ent[3], r, b_dt), acc);
     }
     out[(size_t)t * hidden + r] = acc;
+}
+
+// out [rows, width] = a + sigmoid(gate[row]) * b: a shared expert under its per-row gate
+// (Qwen3.5-MoE), as the host adds it.
+extern "C" __global__ void moe_shared_add(float* __restrict__ out, const float* __restrict__ a,
+                                          const float* __restrict__ b, const float* __restrict__ gate, int width,
+                                          size_t n) {
+    pdl_begin();
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        const float g = 1.0f / (1.0f + expf(-gate[i / width]));
+        out[i] = a[i] + g * b[i];
+    }
 }
 
 #define MOE_GU_PARAMS                                                                                            \

@@ -16,7 +16,7 @@ use crate::moe::{self, ExpertActivation, Experts, MoeRouting};
 use crate::{Array, DType, Error, Matrix, QuantMode, Result};
 
 /// u64 entries per (projection, expert) in the index (moe.cu's `MOE_SLOTS`).
-const SLOTS: usize = 5;
+const SLOTS: usize = 6;
 /// Warps per block of the expert kernels (moe.cu's `MOE_WARPS`).
 const WARPS: usize = 4;
 /// Most experts and top-k the routing kernel takes (moe.cu's `MOE_MAX_EXPERTS`, `MOE_MAX_TOP_K`).
@@ -144,6 +144,7 @@ impl CudaBackend {
                 if let Some(b) = experts.biases(e) {
                     entry[3] = self.ptr(op, "bias", b[p])?;
                 }
+                entry[5] = experts.output_scale(e).unwrap_or(1.0).to_bits() as u64;
                 // The kernels read 16 bytes at a time from each matrix (8 for 2-bit codes).
                 if !entry[0].is_multiple_of(16) {
                     return Ok(None);
@@ -208,6 +209,7 @@ impl CudaBackend {
         let (activation, alpha, limit) = match experts.activation() {
             ExpertActivation::Silu => (0i32, 0f32, 0f32),
             ExpertActivation::SwigluOai { alpha, limit } => (1, alpha, limit),
+            ExpertActivation::GeluApprox => (2, 0f32, 0f32),
         };
         let st = self.st()?;
         let block = (32 * WARPS as u32, 1, 1);
@@ -223,6 +225,20 @@ impl CudaBackend {
         };
         let name = format!("moe_down_{}", format.suffix);
         launch!(st, op, name.as_str(), cfg; o, ap, ip, wp, tp, ni, ki, hi, ii, dt, lg, b_dt);
+        Ok(out)
+    }
+
+    /// [`crate::Backend::add_sigmoid_gated`]: one thread per value.
+    pub(super) fn sigmoid_gated_add(&self, a: &Array, b: &Array, gate: &Array) -> Result<Array> {
+        let op = "add_sigmoid_gated";
+        let (rows, width) = moe::check_sigmoid_gated(a, b, gate)?;
+        let (ap, bp, gp) = (self.f32_ptr(op, "a", a)?, self.f32_ptr(op, "b", b)?, self.f32_ptr(op, "gate", gate)?);
+        let out = self.output(&[rows, width], DType::F32, false)?;
+        let n = (rows * width) as u64;
+        if n > 0 {
+            let (o, wi) = (out.cuda_ptr()?, to_i32(op, "width", width)?);
+            launch!(self.st()?, op, "moe_shared_add", super::cfg_1d(n as usize); o, ap, bp, gp, wi, n);
+        }
         Ok(out)
     }
 }
