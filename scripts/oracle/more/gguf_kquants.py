@@ -21,13 +21,8 @@ MLX has no equivalent of groups of 16 (mx.quantize accepts 32, 64, 128), so the 
 checkpoint, not an MLX quantized one, is the oracle.
 """
 
-import argparse
-import json
 import math
-import shutil
 import sys
-import tempfile
-from pathlib import Path
 
 import gguf
 import gguf_models as gm
@@ -200,51 +195,16 @@ def dense_config(reader):
     }
 
 
-def write_dense(ref, dense, reader):
-    ref.mkdir(parents=True, exist_ok=True)
-    mx.save_safetensors(str(ref / "model.safetensors"), {k: mx.array(v) for k, v in dense.items()},
-                        metadata={"format": "mlx"})
-    (ref / "config.json").write_text(json.dumps(dense_config(reader), indent=4))
-    fx.write_gguf_tokenizer(reader, ref)
-
-
 def write_model_gguf(path, tensors, reader):
-    w = gguf.GGUFWriter(str(path), "llama")
-    w.add_name("random K-quant llama")
-    w.add_context_length(CONTEXT)
-    w.add_embedding_length(HIDDEN)
-    w.add_block_count(LAYERS)
-    w.add_feed_forward_length(FFN)
-    w.add_head_count(HEADS)
-    w.add_head_count_kv(KV_HEADS)
-    w.add_rope_freq_base(THETA)
-    w.add_layer_norm_rms_eps(EPS)
-    w.add_vocab_size(49152)
-    w.add_file_type(gguf.LlamaFileType.MOSTLY_Q4_K_M)
-    gm.add_smollm_tokenizer(w, reader)
-    gm.write_tensors(w, tensors)
-
-
-def make_model(case_dir, reader, work):
-    return gm.record_best_seed(CASE, case_dir, reader, work, model_tensors, write_dense, write_model_gguf,
-                               SEED_TRIALS, "mlx-lm on the dense f32 checkpoint of gguf-py's dequantized weights (q/k rows un-permuted)")
+    hp = dict(context=CONTEXT, hidden=HIDDEN, layers=LAYERS, ffn=FFN, heads=HEADS, kv_heads=KV_HEADS, theta=THETA,
+              eps=EPS, vocab=49152, file_type=gguf.LlamaFileType.MOSTLY_Q4_K_M)
+    gm.write_tensors(gm.writer(path, "llama", "random K-quant llama", hp, reader), tensors)
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("fixtures", type=Path)
-    ap.add_argument("--tokenizers", type=Path)
-    ap.add_argument("--gguf", type=Path, required=True)
-    args = ap.parse_args()
-    mx.random.seed(0)
-    case_dir = args.fixtures.resolve() / CASE
-    shutil.rmtree(case_dir, ignore_errors=True)
-    case_dir.mkdir(parents=True)
-    make_blocks(case_dir, np.random.default_rng(2026))
-    reader = gguf.GGUFReader(str(args.gguf))
-    with tempfile.TemporaryDirectory() as tmp:
-        record = make_model(case_dir, reader, Path(tmp))
-    print(f"[{CASE}] min margin {record['min_margin']:.3f}, tokens {record['greedy_tokens'][:8]}...", flush=True)
+    gm.main(__doc__, CASE, model_tensors, dense_config, write_model_gguf, SEED_TRIALS,
+            "mlx-lm on the dense f32 checkpoint of gguf-py's dequantized weights (q/k rows un-permuted)",
+            before=lambda case_dir: make_blocks(case_dir, np.random.default_rng(2026)))
 
 
 if __name__ == "__main__":

@@ -16,21 +16,13 @@ Writes FIXTURES/gguf-qwen3moe/:
   is no config.json, so the parity suite skips it.
 """
 
-import argparse
-import json
 import math
-import shutil
 import sys
-import tempfile
-from pathlib import Path
 
 import gguf
 import gguf_models as gm
 import make_fixtures as fx
-import mlx.core as mx
-import numpy as np
 from gguf import GGMLQuantizationType as T
-from gguf.quants import dequantize, quantize
 
 CASE = "gguf-qwen3moe"
 HIDDEN, LAYERS, HEADS, KV_HEADS, HEAD_DIM = 128, 2, 4, 2, 32
@@ -38,60 +30,32 @@ EXPERTS, USED, EXPERT_FFN, VOCAB = 8, 2, 64, 49152
 EPS, THETA, CONTEXT = 1e-6, 1000000.0, 4096
 ATTN_TYPES = {"attn_q": T.Q8_0, "attn_k": T.Q5_0, "attn_v": T.Q4_1, "attn_output": T.Q8_0}
 EXPERT_TYPES = {"ffn_gate_exps": T.Q4_0, "ffn_up_exps": T.Q8_0, "ffn_down_exps": T.Q4_1}
-EXPERT_NAMES = {"ffn_gate_exps": "gate_proj", "ffn_up_exps": "up_proj", "ffn_down_exps": "down_proj"}
 SEED_TRIALS = 6
-
-
-def quantized(rng, qtype, shape, std):
-    """(bytes as the GGUF holds them, gguf-py's f32 values), for any leading shape."""
-    data = quantize((std * rng.standard_normal(shape)).astype(np.float32), qtype)
-    values = dequantize(data, qtype).astype(np.float32)
-    assert values.shape == tuple(shape)
-    return data, values
 
 
 def model_tensors(seed):
     """GGUF tensors {name: (data, qtype or None)} and the dense MLX-named f32 weights."""
-    rng = np.random.default_rng(seed)
-    gguf_t, dense = {}, {}
-
-    def norm(gname, hname, n):
-        v = (1.0 + 0.1 * rng.standard_normal(n)).astype(np.float32)
-        gguf_t[gname] = (v, None)
-        dense[hname] = v
-
-    data, values = quantized(rng, T.Q8_0, (VOCAB, HIDDEN), 0.2)
-    gguf_t["token_embd.weight"] = (data, T.Q8_0)
-    dense["model.embed_tokens.weight"] = values
-    # A wide head: logits spread enough that 64 greedy steps keep clear top-2 gaps.
-    data, values = quantized(rng, T.Q8_0, (VOCAB, HIDDEN), 4.0 / math.sqrt(HIDDEN))
-    gguf_t["output.weight"] = (data, T.Q8_0)
-    dense["lm_head.weight"] = values
-    norm("output_norm.weight", "model.norm.weight", HIDDEN)
-    attn_shapes = {"attn_q": (HEADS * HEAD_DIM, HIDDEN), "attn_k": (KV_HEADS * HEAD_DIM, HIDDEN),
-                   "attn_v": (KV_HEADS * HEAD_DIM, HIDDEN), "attn_output": (HIDDEN, HEADS * HEAD_DIM)}
-    expert_shapes = {"ffn_gate_exps": (EXPERTS, EXPERT_FFN, HIDDEN), "ffn_up_exps": (EXPERTS, EXPERT_FFN, HIDDEN),
-                     "ffn_down_exps": (EXPERTS, HIDDEN, EXPERT_FFN)}
+    t = gm.Tensors(seed)
+    t.untied_q8_embeddings(VOCAB, HIDDEN)
+    attn_shapes = gm.attention_shapes(HIDDEN, HEADS, KV_HEADS, HEAD_DIM)
+    expert_shapes = gm.expert_shapes(EXPERTS, EXPERT_FFN, HIDDEN)
     for i in range(LAYERS):
         p = f"model.layers.{i}"
-        norm(f"blk.{i}.attn_norm.weight", f"{p}.input_layernorm.weight", HIDDEN)
-        norm(f"blk.{i}.ffn_norm.weight", f"{p}.post_attention_layernorm.weight", HIDDEN)
-        norm(f"blk.{i}.attn_q_norm.weight", f"{p}.self_attn.q_norm.weight", HEAD_DIM)
-        norm(f"blk.{i}.attn_k_norm.weight", f"{p}.self_attn.k_norm.weight", HEAD_DIM)
+        t.norm(f"blk.{i}.attn_norm.weight", f"{p}.input_layernorm.weight", HIDDEN)
+        t.norm(f"blk.{i}.ffn_norm.weight", f"{p}.post_attention_layernorm.weight", HIDDEN)
+        t.norm(f"blk.{i}.attn_q_norm.weight", f"{p}.self_attn.q_norm.weight", HEAD_DIM)
+        t.norm(f"blk.{i}.attn_k_norm.weight", f"{p}.self_attn.k_norm.weight", HEAD_DIM)
         for part, qtype in ATTN_TYPES.items():
             rows, cols = attn_shapes[part]
-            data, values = quantized(rng, qtype, (rows, cols), 2.5 / math.sqrt(cols))
-            gguf_t[f"blk.{i}.{part}.weight"] = (data, qtype)
-            dense[f"{p}.{fx.GGUF_NAMES[part]}.weight"] = values
-        router = (1.5 / math.sqrt(HIDDEN) * rng.standard_normal((EXPERTS, HIDDEN))).astype(np.float32)
-        gguf_t[f"blk.{i}.ffn_gate_inp.weight"] = (router, None)
-        dense[f"{p}.mlp.gate.weight"] = router
+            t.matrix(f"blk.{i}.{part}.weight", f"{p}.{fx.GGUF_NAMES[part]}.weight", qtype, (rows, cols),
+                     2.5 / math.sqrt(cols))
+        t.f32(f"blk.{i}.ffn_gate_inp.weight", f"{p}.mlp.gate.weight",
+              1.5 / math.sqrt(HIDDEN) * t.rng.standard_normal((EXPERTS, HIDDEN)))
         for part, qtype in EXPERT_TYPES.items():
             shape = expert_shapes[part]
-            data, values = quantized(rng, qtype, shape, 2.5 / math.sqrt(shape[-1]))
-            gguf_t[f"blk.{i}.{part}.weight"] = (data, qtype)
-            dense[f"{p}.mlp.switch_mlp.{EXPERT_NAMES[part]}.weight"] = values
-    return gguf_t, dense
+            t.matrix(f"blk.{i}.{part}.weight", f"{p}.mlp.switch_mlp.{gm.EXPERT_NAMES[part]}.weight", qtype, shape,
+                     2.5 / math.sqrt(shape[-1]))
+    return t.gguf, t.dense
 
 
 def dense_config(reader):
@@ -121,55 +85,17 @@ def dense_config(reader):
     }
 
 
-def write_dense(ref, dense, reader):
-    ref.mkdir(parents=True, exist_ok=True)
-    mx.save_safetensors(str(ref / "model.safetensors"), {k: mx.array(v) for k, v in dense.items()},
-                        metadata={"format": "mlx"})
-    (ref / "config.json").write_text(json.dumps(dense_config(reader), indent=4))
-    fx.write_gguf_tokenizer(reader, ref)
-
-
 def write_model_gguf(path, tensors, reader):
-    w = gguf.GGUFWriter(str(path), "qwen3moe")
-    w.add_name("random Qwen3-MoE")
-    w.add_context_length(CONTEXT)
-    w.add_embedding_length(HIDDEN)
-    w.add_block_count(LAYERS)
-    w.add_feed_forward_length(4 * HIDDEN)
-    w.add_head_count(HEADS)
-    w.add_head_count_kv(KV_HEADS)
-    w.add_key_length(HEAD_DIM)
-    w.add_value_length(HEAD_DIM)
-    w.add_rope_freq_base(THETA)
-    w.add_layer_norm_rms_eps(EPS)
-    w.add_expert_count(EXPERTS)
-    w.add_expert_used_count(USED)
-    w.add_expert_feed_forward_length(EXPERT_FFN)
-    w.add_vocab_size(VOCAB)
-    w.add_file_type(gguf.LlamaFileType.MOSTLY_Q8_0)
-    gm.add_smollm_tokenizer(w, reader)
+    hp = dict(context=CONTEXT, hidden=HIDDEN, layers=LAYERS, ffn=4 * HIDDEN, heads=HEADS, kv_heads=KV_HEADS,
+              head_dim=HEAD_DIM, theta=THETA, eps=EPS, experts=(EXPERTS, USED, EXPERT_FFN), vocab=VOCAB,
+              file_type=gguf.LlamaFileType.MOSTLY_Q8_0)
+    w = gm.writer(path, "qwen3moe", "random Qwen3-MoE", hp, reader)
     gm.write_tensors(w, tensors)
 
 
-def make_model(case_dir, reader, work):
-    return gm.record_best_seed(CASE, case_dir, reader, work, model_tensors, write_dense, write_model_gguf,
-                               SEED_TRIALS, "mlx-lm on the dense f32 checkpoint of gguf-py's dequantized weights")
-
-
 def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("fixtures", type=Path)
-    ap.add_argument("--tokenizers", type=Path)
-    ap.add_argument("--gguf", type=Path, required=True)
-    args = ap.parse_args()
-    mx.random.seed(0)
-    case_dir = args.fixtures.resolve() / CASE
-    shutil.rmtree(case_dir, ignore_errors=True)
-    case_dir.mkdir(parents=True)
-    reader = gguf.GGUFReader(str(args.gguf))
-    with tempfile.TemporaryDirectory() as tmp:
-        record = make_model(case_dir, reader, Path(tmp))
-    print(f"[{CASE}] min margin {record['min_margin']:.3f}, tokens {record['greedy_tokens'][:8]}...", flush=True)
+    gm.main(__doc__, CASE, model_tensors, dense_config, write_model_gguf, SEED_TRIALS,
+            "mlx-lm on the dense f32 checkpoint of gguf-py's dequantized weights")
 
 
 if __name__ == "__main__":
