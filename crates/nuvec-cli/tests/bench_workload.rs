@@ -3,9 +3,9 @@
 
 use std::process::Command;
 
-fn gguf() -> String {
-    std::env::var("NUVEC_DEFAULT_GGUF").unwrap_or_else(|_| panic!("NUVEC_DEFAULT_GGUF is not set: run scripts/test.sh"))
-}
+mod common;
+
+use common::gguf;
 
 /// `nuvec bench --model <default> ARGS`: (success, stdout + stderr).
 fn bench(args: &[&str]) -> (bool, String) {

@@ -5,9 +5,9 @@ use std::io::Write;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-fn gguf() -> String {
-    std::env::var("NUVEC_DEFAULT_GGUF").unwrap_or_else(|_| panic!("NUVEC_DEFAULT_GGUF is not set: run scripts/test.sh"))
-}
+mod common;
+
+use common::gguf;
 
 #[test]
 fn chat_over_a_pipe_keeps_the_conversation() {

@@ -1,18 +1,9 @@
 //! `nuvec generate`'s structured-output flags on the default model: the text meets the
 //! constraint, the statistics report what compiling it took, a bad one is refused naming it.
 
-use std::process::Command;
+mod common;
 
-fn gguf() -> String {
-    std::env::var("NUVEC_DEFAULT_GGUF").unwrap_or_else(|_| panic!("NUVEC_DEFAULT_GGUF is not set: run scripts/test.sh"))
-}
-
-/// `nuvec generate --model <default> ARGS`: (success, stdout, stderr).
-fn generate(args: &[&str]) -> (bool, String, String) {
-    let out =
-        Command::new(env!("CARGO_BIN_EXE_nuvec")).args(["generate", "--model", &gguf()]).args(args).output().unwrap();
-    (out.status.success(), String::from_utf8_lossy(&out.stdout).into(), String::from_utf8_lossy(&out.stderr).into())
-}
+use common::run_generate as generate;
 
 #[test]
 fn the_text_meets_the_constraint_and_its_cost_is_reported() {

@@ -1,18 +1,9 @@
 //! `nuvec generate --prompt-lookup` and `--draft-model`: the same text as without them, with the
 //! guesses verified reported; bad n-gram sizes and a draft of another tokenizer refused.
 
-use std::process::Command;
+mod common;
 
-fn gguf() -> String {
-    std::env::var("NUVEC_DEFAULT_GGUF").unwrap_or_else(|_| panic!("NUVEC_DEFAULT_GGUF is not set: run scripts/test.sh"))
-}
-
-/// `nuvec generate --model <default> ARGS`: (success, stdout, stderr).
-fn generate(args: &[&str]) -> (bool, String, String) {
-    let out =
-        Command::new(env!("CARGO_BIN_EXE_nuvec")).args(["generate", "--model", &gguf()]).args(args).output().unwrap();
-    (out.status.success(), String::from_utf8_lossy(&out.stdout).into(), String::from_utf8_lossy(&out.stderr).into())
-}
+use common::{gguf, run_generate as generate};
 
 #[test]
 fn prompt_lookup_prints_the_same_text() {

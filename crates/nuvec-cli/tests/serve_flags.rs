@@ -10,7 +10,8 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 
 mod common;
-use common::served::{generate, gguf, Served};
+use common::gguf;
+use common::served::{generate, Served};
 
 /// `nuvec serve ARGS` that must fail: its stderr.
 fn refused(args: &[&str]) -> String {

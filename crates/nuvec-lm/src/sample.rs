@@ -5,6 +5,9 @@ use rand::Rng;
 
 use crate::{Error, Result};
 
+/// `softmax(x)` on the host (one implementation with the routing's).
+pub use nuvec::softmax;
+
 /// Sampling settings. Each has one default, the same in the library and the CLI.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Sampler {
@@ -220,14 +223,6 @@ pub fn apply_top_k(logprobs: &mut [f32], k: usize) {
     for &i in &order[k..] {
         logprobs[i] = f32::NEG_INFINITY;
     }
-}
-
-/// `softmax(x)`.
-pub fn softmax(x: &[f32]) -> Vec<f32> {
-    let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let e: Vec<f32> = x.iter().map(|&v| (v - max).exp()).collect();
-    let sum: f32 = e.iter().sum();
-    e.into_iter().map(|v| v / sum).collect()
 }
 
 /// A draw from `softmax(logprobs * scale)`.

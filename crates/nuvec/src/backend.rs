@@ -3,7 +3,7 @@
 //! Activations are f32; weights may be f32, f16, bf16 or quantized ([`Matrix`]). Shapes are
 //! documented per op; every op checks them and returns an error rather than panicking.
 
-use crate::moe::{self, Experts, MoeRouting};
+use crate::moe::{self, ExpertIndex, Experts, MoeRouting};
 use crate::{Array, Device, Error, Matrix, Result};
 
 /// One device's implementation of the ops.
@@ -210,7 +210,7 @@ pub trait Backend: Send + Sync {
 
     /// A device-side index of `experts`' buffers for [`Backend::moe_experts`], made once when
     /// the experts are built (`None`: this backend needs none).
-    fn expert_index(&self, _experts: &Experts) -> Result<Option<Array>> {
+    fn expert_index(&self, _experts: &Experts) -> Result<Option<ExpertIndex>> {
         Ok(None)
     }
 

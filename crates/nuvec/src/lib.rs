@@ -25,7 +25,7 @@ pub use compute_hint::{compute_dtype_hint, hint_is_half, with_compute_dtype};
 pub use device::Device;
 pub use dtype::DType;
 pub use error::{Error, Result};
-pub use moe::{ExpertActivation, Experts, MoeRouting};
+pub use moe::{softmax, ExpertActivation, ExpertIndex, Experts, MoeRouting};
 pub use ops::{
     attention, attention_sinks, gated_delta, paged_decode_attention, rope_qk, rope_qk_write_kv, rope_qk_write_paged,
 };

@@ -46,9 +46,20 @@ pub struct Experts {
     activation: ExpertActivation,
     /// A factor per expert on its routing weight (Gemma 4's `per_expert_scale`).
     output_scales: Option<Vec<f32>>,
-    /// The backend's device-side index of the experts' buffers ([`crate::Backend::expert_index`]),
-    /// made once here so that no step uploads it.
-    index: Option<Array>,
+    /// The backend's device-side index of the experts ([`crate::Backend::expert_index`]), made
+    /// once here so that no step uploads or works it out.
+    index: Option<ExpertIndex>,
+}
+
+/// What a backend makes once per layer so that its expert kernels need nothing else: a table
+/// on the device (the experts' buffers, as its kernels read them) and the launch parameters of
+/// the experts' format.
+#[derive(Debug, Clone)]
+pub struct ExpertIndex {
+    /// The table the kernels read.
+    pub table: Array,
+    /// The format's launch parameters (the backend's own meaning).
+    pub params: [i32; 4],
 }
 
 impl Experts {
@@ -148,8 +159,8 @@ impl Experts {
         self.biases.as_ref().map(|b| [&b[0][e], &b[1][e], &b[2][e]])
     }
 
-    /// The backend's index of the buffers, when it made one.
-    pub fn index(&self) -> Option<&Array> {
+    /// The backend's index of the experts, when it made one.
+    pub fn index(&self) -> Option<&ExpertIndex> {
         self.index.as_ref()
     }
 }
@@ -282,7 +293,9 @@ fn route_row(logits: &[f32], top_k: usize, routing: MoeRouting) -> Vec<(usize, f
     }
 }
 
-fn softmax(x: &[f32]) -> Vec<f32> {
+/// `softmax(x)` on the host (max subtracted, then `exp`, summed in order): the routing's, and
+/// the samplers' in nuvec-lm.
+pub fn softmax(x: &[f32]) -> Vec<f32> {
     let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     let e: Vec<f32> = x.iter().map(|&v| (v - max).exp()).collect();
     let sum: f32 = e.iter().sum();

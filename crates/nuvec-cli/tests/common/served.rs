@@ -5,10 +5,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-/// The default GGUF model scripts/test.sh installs.
-pub fn gguf() -> String {
-    std::env::var("NUVEC_DEFAULT_GGUF").unwrap_or_else(|_| panic!("NUVEC_DEFAULT_GGUF is not set: run scripts/test.sh"))
-}
+use super::gguf;
 
 /// What `nuvec generate --model <default> ARGS` prints: the reference a served answer equals.
 #[allow(dead_code)] // not every test binary compares with it

@@ -16,7 +16,7 @@ pub use gated_attention::{GatedAttention, GatedAttentionShape};
 pub use gated_delta::{GatedDeltaNet, GatedDeltaShape};
 pub use linear::Linear;
 pub use mlp::Mlp;
-pub use moe::{Activation, FeedForward, MoeShape, Routing, SparseMoe};
+pub use moe::{Activation, FeedForward, MoeShape, SparseMoe};
 pub use norm::RmsNorm;
 pub use rope::Rope;
 pub use shared_moe::SharedExpertMoe;

@@ -1,7 +1,7 @@
 //! Mixture-of-experts feed-forward (mlx-lm's `SwitchGLU` behind a softmax router), as Qwen3-MoE
 //! uses it: each token goes to its top-k experts, whose gated MLP outputs are summed with the
 //! router's (optionally renormalized) probabilities. gpt-oss routes and activates differently
-//! ([`Routing`], [`Activation`]) and gives every projection a bias.
+//! ([`MoeRouting`], [`Activation`]) and gives every projection a bias.
 
 use nuvec::{Array, Experts, Matrix, MoeRouting};
 
@@ -19,15 +19,6 @@ pub struct SparseMoe {
     experts: Experts,
     top_k: usize,
     routing: MoeRouting,
-}
-
-/// How router logits become each token's experts and their weights.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum Routing {
-    /// Softmax over all experts, then the top k (renormalized when `norm_topk_prob`): Qwen3-MoE.
-    SoftmaxTopK,
-    /// The top k logits, then a softmax over those k alone: gpt-oss.
-    TopKSoftmax,
 }
 
 /// Sizes and options of a sparse block.
@@ -71,27 +62,16 @@ impl SparseMoe {
     }
 
     /// A block from its parts: the `router` (biased or not), each expert's `[gate, up, down]`
-    /// projections, and how it routes and activates (gpt-oss builds its own this way).
+    /// projections, and how it routes and activates (gpt-oss, and Qwen3.5-MoE's fused Hugging
+    /// Face experts, build theirs this way).
     pub fn from_parts(
         router: Linear,
         experts: Vec<[Linear; 3]>,
         top_k: usize,
-        routing: Routing,
+        routing: MoeRouting,
         activation: Activation,
     ) -> Result<Self> {
-        let routing = match routing {
-            Routing::SoftmaxTopK => MoeRouting::SoftmaxTopK { normalize: false },
-            Routing::TopKSoftmax => MoeRouting::TopKSoftmax,
-        };
         Ok(SparseMoe { gate: router, experts: stack(experts, activation)?, top_k, routing })
-    }
-
-    /// A Qwen-style block (softmax over all experts, then the top k; SiLU experts) from its
-    /// router (`[experts, hidden]`) and each expert's gate, up and down projections, for a
-    /// loader that reads experts from another layout.
-    pub fn softmax_top_k(gate: Linear, experts: Vec<[Linear; 3]>, top_k: usize, norm_topk_prob: bool) -> Result<Self> {
-        let routing = MoeRouting::SoftmaxTopK { normalize: norm_topk_prob };
-        Ok(SparseMoe { gate, experts: stack(experts, Activation::Silu)?, top_k, routing })
     }
 
     /// Applies the block to `x [L, hidden]`: the router's choices and the experts' weighted sum

@@ -79,5 +79,6 @@ fn fused_experts(weights: &Weights, path: &str, s: MoeShape) -> Result<SparseMoe
         })
         .collect::<Result<Vec<_>>>()?;
     let gate = Linear::load(weights, &format!("{path}.gate"), h, e, false)?;
-    SparseMoe::softmax_top_k(gate, experts, s.top_k, s.norm_topk_prob)
+    let routing = nuvec::MoeRouting::SoftmaxTopK { normalize: s.norm_topk_prob };
+    SparseMoe::from_parts(gate, experts, s.top_k, routing, super::Activation::Silu)
 }

@@ -13,7 +13,7 @@ use nuvec::{Array, Matrix};
 
 use crate::cache::{KvCache, LayerCache, RotatingKvCache};
 use crate::config::Config;
-use crate::layers::{Activation, Attention, AttentionShape, Linear, RmsNorm, Rope, Routing, SparseMoe};
+use crate::layers::{Activation, Attention, AttentionShape, Linear, RmsNorm, Rope, SparseMoe};
 use crate::models::Architecture;
 use crate::step::StepBatch;
 use crate::weights::Weights;
@@ -138,7 +138,7 @@ impl GptOss {
                         hidden,
                         eps,
                     )?,
-                    mlp: SparseMoe::from_parts(router, experts, top_k, Routing::TopKSoftmax, activation)?,
+                    mlp: SparseMoe::from_parts(router, experts, top_k, nuvec::MoeRouting::TopKSoftmax, activation)?,
                 })
             })
             .collect::<Result<Vec<_>>>()?;

@@ -1468,7 +1468,7 @@ impl Backend for CudaBackend {
         self.run_experts(x, experts, ids, weights)
     }
 
-    fn expert_index(&self, experts: &crate::Experts) -> Result<Option<Array>> {
+    fn expert_index(&self, experts: &crate::Experts) -> Result<Option<crate::ExpertIndex>> {
         self.experts_index(experts)
     }
 

@@ -12,7 +12,7 @@ use cudarc::driver::LaunchConfig;
 use super::{to_i32, CudaBackend, DT_BF16, DT_F16, DT_F32};
 use crate::backends::cuda::State;
 use crate::fpquant::global_factor;
-use crate::moe::{self, ExpertActivation, Experts, MoeRouting};
+use crate::moe::{self, ExpertActivation, ExpertIndex, Experts, MoeRouting};
 use crate::{Array, DType, Error, Matrix, QuantMode, Result};
 
 /// u64 entries per (projection, expert) in the index (moe.cu's `MOE_SLOTS`).
@@ -47,11 +47,25 @@ pub fn set_moe_gather_rows(rows: Option<usize>) {
     GATHER_ROWS_SET.store(rows.unwrap_or(usize::MAX), Ordering::Relaxed);
 }
 
-/// How every matrix of a layer's experts is stored, as the kernels take it: the kernel suffix,
-/// the `dt` argument (dense dtype, affine scales' dtype, or fp mode) and log2 of the group size.
+/// The kernel pairs by format (moe.cu), indexed by [`Format::kernels`].
+const KERNELS: [(&str, &str); 9] = [
+    ("moe_gate_up_dense", "moe_down_dense"),
+    ("moe_gate_up_b2", "moe_down_b2"),
+    ("moe_gate_up_b3", "moe_down_b3"),
+    ("moe_gate_up_b4", "moe_down_b4"),
+    ("moe_gate_up_b5", "moe_down_b5"),
+    ("moe_gate_up_b6", "moe_down_b6"),
+    ("moe_gate_up_b8", "moe_down_b8"),
+    ("moe_gate_up_fp4", "moe_down_fp4"),
+    ("moe_gate_up_fp8", "moe_down_fp8"),
+];
+
+/// How every matrix of a layer's experts is stored, as the kernels take it: the kernel pair
+/// (into [`KERNELS`]), the `dt` argument (dense dtype, affine scales' dtype, or fp mode) and log2
+/// of the group size.
 #[derive(Debug, Clone, Copy, PartialEq)]
 struct Format {
-    suffix: &'static str,
+    kernels: i32,
     dt: i32,
     lg: i32,
 }
@@ -67,17 +81,17 @@ fn float_dt(dtype: DType) -> Option<i32> {
 
 fn format_of(m: &Matrix) -> Option<Format> {
     match m {
-        Matrix::Dense(a) => Some(Format { suffix: "dense", dt: float_dt(a.dtype())?, lg: 0 }),
+        Matrix::Dense(a) => Some(Format { kernels: 0, dt: float_dt(a.dtype())?, lg: 0 }),
         Matrix::Quantized(q) => {
-            let suffix = match (q.spec.mode, q.spec.bits) {
-                (QuantMode::Affine, 2) => "b2",
-                (QuantMode::Affine, 3) => "b3",
-                (QuantMode::Affine, 4) => "b4",
-                (QuantMode::Affine, 5) => "b5",
-                (QuantMode::Affine, 6) => "b6",
-                (QuantMode::Affine, 8) => "b8",
-                (QuantMode::Mxfp4 | QuantMode::Nvfp4, 4) => "fp4",
-                (QuantMode::Mxfp8, 8) => "fp8",
+            let kernels = match (q.spec.mode, q.spec.bits) {
+                (QuantMode::Affine, 2) => 1,
+                (QuantMode::Affine, 3) => 2,
+                (QuantMode::Affine, 4) => 3,
+                (QuantMode::Affine, 5) => 4,
+                (QuantMode::Affine, 6) => 5,
+                (QuantMode::Affine, 8) => 6,
+                (QuantMode::Mxfp4 | QuantMode::Nvfp4, 4) => 7,
+                (QuantMode::Mxfp8, 8) => 8,
                 _ => return None,
             };
             let (dt, lg) = match q.spec.mode {
@@ -91,7 +105,7 @@ fn format_of(m: &Matrix) -> Option<Format> {
                 QuantMode::Mxfp8 => (2, 0),
                 QuantMode::Nvfp4 => (3, 0),
             };
-            (q.spec.mode == QuantMode::Affine || q.scales.dtype() == DType::U8).then_some(Format { suffix, dt, lg })
+            (q.spec.mode == QuantMode::Affine || q.scales.dtype() == DType::U8).then_some(Format { kernels, dt, lg })
         }
     }
 }
@@ -116,12 +130,13 @@ fn layer_format(experts: &Experts) -> Option<(Format, i32)> {
 
 impl CudaBackend {
     /// [`crate::Backend::expert_index`]: for each projection and expert, the addresses the
-    /// kernels read (see moe.cu), or `None` when the experts' format is not one they take.
-    pub(super) fn experts_index(&self, experts: &Experts) -> Result<Option<Array>> {
+    /// kernels read (see moe.cu), and the format's launch parameters `[kernel pair, dt, lg, bias
+    /// dtype]`; `None` when the experts' format is not one the kernels take.
+    pub(super) fn experts_index(&self, experts: &Experts) -> Result<Option<ExpertIndex>> {
         let op = "experts";
-        if layer_format(experts).is_none() {
+        let Some((format, b_dt)) = layer_format(experts) else {
             return Ok(None);
-        }
+        };
         let n = experts.len();
         let mut index = vec![0u64; 3 * n * SLOTS];
         for p in 0..3 {
@@ -152,7 +167,8 @@ impl CudaBackend {
             }
         }
         let words: Vec<u32> = index.iter().flat_map(|&v| [v as u32, (v >> 32) as u32]).collect();
-        Ok(Some(Array::from_slice_on(&words, &[3, n, 2 * SLOTS], self.dev())?))
+        let table = Array::from_slice_on(&words, &[3, n, 2 * SLOTS], self.dev())?;
+        Ok(Some(ExpertIndex { table, params: [format.kernels, format.dt, format.lg, b_dt] }))
     }
 
     /// [`crate::Backend::moe_route`]: one warp per row.
@@ -187,7 +203,7 @@ impl CudaBackend {
     pub(super) fn run_experts(&self, x: &Array, experts: &Experts, ids: &Array, weights: &Array) -> Result<Array> {
         let op = "moe_experts";
         let (rows, top_k) = moe::check_experts(x, experts, ids, weights)?;
-        let (Some(index), Some((format, b_dt))) = (experts.index(), layer_format(experts)) else {
+        let Some(index) = experts.index() else {
             return moe::experts_composed(x, experts, ids, weights);
         };
         if rows > gather_rows() || !x.cuda_addr()?.is_multiple_of(16) || ids.device() != self.dev() {
@@ -200,12 +216,13 @@ impl CudaBackend {
         }
         let xp = self.f32_ptr(op, "x", x)?;
         let (ip, wp, tp) =
-            (self.ptr(op, "ids", ids)?, self.ptr(op, "weights", weights)?, self.ptr(op, "index", index)?);
+            (self.ptr(op, "ids", ids)?, self.ptr(op, "weights", weights)?, self.ptr(op, "index", &index.table)?);
         let act = self.output(&[rows * top_k, inter], DType::F32, false)?;
         let (ap, o) = (act.cuda_ptr()?, out.cuda_ptr()?);
         let (ni, ki) = (to_i32(op, "experts", n)?, to_i32(op, "top_k", top_k)?);
         let (ii, hi) = (to_i32(op, "intermediate", inter)?, to_i32(op, "hidden", hidden)?);
-        let (dt, lg) = (format.dt, format.lg);
+        let [kernels, dt, lg, b_dt] = index.params;
+        let (gate_up, down) = KERNELS[kernels as usize];
         let (activation, alpha, limit) = match experts.activation() {
             ExpertActivation::Silu => (0i32, 0f32, 0f32),
             ExpertActivation::SwigluOai { alpha, limit } => (1, alpha, limit),
@@ -216,15 +233,13 @@ impl CudaBackend {
         let slots = to_i32(op, "rows * top_k", rows * top_k)? as u32;
         let cfg =
             LaunchConfig { grid_dim: (inter.div_ceil(WARPS) as u32, slots, 1), block_dim: block, shared_mem_bytes: 0 };
-        let name = format!("moe_gate_up_{}", format.suffix);
-        launch!(st, op, name.as_str(), cfg; ap, xp, ip, tp, ni, ki, ii, hi, dt, lg, b_dt, activation, alpha, limit);
+        launch!(st, op, gate_up, cfg; ap, xp, ip, tp, ni, ki, ii, hi, dt, lg, b_dt, activation, alpha, limit);
         let cfg = LaunchConfig {
             grid_dim: (hidden.div_ceil(WARPS) as u32, rows as u32, 1),
             block_dim: block,
             shared_mem_bytes: 0,
         };
-        let name = format!("moe_down_{}", format.suffix);
-        launch!(st, op, name.as_str(), cfg; o, ap, ip, wp, tp, ni, ki, hi, ii, dt, lg, b_dt);
+        launch!(st, op, down, cfg; o, ap, ip, wp, tp, ni, ki, hi, ii, dt, lg, b_dt);
         Ok(out)
     }
 
