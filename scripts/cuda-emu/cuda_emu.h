@@ -44,6 +44,7 @@ thread_local Block* t_block;
 static float emu_dyn_smem[1 << 16];
 
 inline void __syncthreads() { t_block->bar->arrive_and_wait(); }
+inline int atomicAdd(int* p, int v) { return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST); }
 // Every thread's v ORed; thread 0 clears the flag after the last read, before any thread can
 // reach the next call's first barrier.
 inline int __syncthreads_or(int v) {

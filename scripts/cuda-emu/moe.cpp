@@ -6,7 +6,12 @@
 // (groups of 16, 32 and 64; f32, f16 and bf16 scales), dense bf16 and f32 ones, mxfp4, nvfp4
 // (with a global factor) and mxfp8, SiLU, gpt-oss's clamped SwiGLU and Gemma 4's GELU with
 // per-expert output scales, with and without bias rows (tolerance 1e-4 relative to
-// |want| + mean|want|); moe_shared_add against the host's gated sum. Built and run by run.sh, which
+// |want| + mean|want|); moe_shared_add against the host's gated sum; and the grouped path of
+// many rows (moe_align, qmma_bN_g64 for gate and up, moe_act_bf16, qmma_bN_g64 for down,
+// moe_combine) for 4- and 8-bit weights with bf16 scales, against the same definition with x,
+// the decoded weights and the activations rounded to bf16 as the path rounds them (tolerance
+// 1e-3: an activation's rounding may land on the other side of a bf16 step), with an expert
+// given more than one tile of slots and experts given none. Built and run by run.sh, which
 // prepends the kernel sources.
 #include "kernels_moe.cpp"
 #include "emu_check.h"
@@ -23,6 +28,7 @@ struct Mat {
     std::vector<unsigned> packed;
     std::vector<unsigned char> sc, bi, dense;
     std::vector<double> value;  // [n, k]
+    std::vector<double> value_bf16;  // affine: s q + b rounded once to bf16 (the grouped path's)
 };
 
 static double e2m1(unsigned c) {
@@ -78,12 +84,55 @@ static Mat make(const std::string& fmt, int n, int k, int group, int dt, float f
             size_t i = (size_t)r * k + c, g = (size_t)r * (k / group) + c / group;
             if (!fp) {
                 m.value[i] = (double)std::fmaf(param_at(m.sc, g, dt), (float)q[i], param_at(m.bi, g, dt));
+                m.value_bf16.push_back(
+                    emu_bf16(emu_bf16_rn_d((double)param_at(m.sc, g, dt) * q[i] + param_at(m.bi, g, dt))));
             } else {
                 double s = fmt == "nvfp4" ? e4m3(m.sc[g]) * factor : std::ldexp(1.0, (int)m.sc[g] - 127);
                 m.value[i] = (bits == 8 ? e4m3(q[i]) : e2m1(q[i])) * s;
             }
         }
     return m;
+}
+
+static double bf16_of(double v) { return emu_bf16(emu_bf16_rn_d(v)); }
+
+// The experts' definition in f64: sum_j w_j s_e (down_e(act(gate_e x + b, up_e x + b)) + b) for
+// mats [3][E] and bias rows bval [3][E]. `rounded`: as the grouped path rounds (x, the decoded
+// weights and each activation to bf16), else the weights as the gathered kernels decode them.
+static std::vector<double> expected(const std::vector<Mat>& mats, const std::vector<std::vector<double>>& bval,
+                                    bool biases, int E, int top_k, int hidden, int inter, int activation, float alpha,
+                                    float limit, bool scaled, const std::vector<float>& x,
+                                    const std::vector<unsigned>& ids, const std::vector<float>& w, bool rounded) {
+    const int rows = (int)(x.size() / hidden);
+    auto weight = [&](int m, size_t i) { return rounded ? mats[m].value_bf16[i] : mats[m].value[i]; };
+    std::vector<double> want((size_t)rows * hidden, 0.0);
+    for (int t = 0; t < rows; ++t)
+        for (int j = 0; j < top_k; ++j) {
+            const int e = ids[t * top_k + j];
+            std::vector<double> a(inter);
+            for (int r = 0; r < inter; ++r) {
+                double g = biases ? bval[e][r] : 0, v = biases ? bval[E + e][r] : 0;
+                for (int c = 0; c < hidden; ++c) {
+                    const double xv = rounded ? bf16_of(x[(size_t)t * hidden + c]) : x[(size_t)t * hidden + c];
+                    g += weight(e, (size_t)r * hidden + c) * xv;
+                    v += weight(E + e, (size_t)r * hidden + c) * xv;
+                }
+                if (activation == MOE_ACT_SILU) a[r] = g / (1 + std::exp(-g)) * v;
+                else if (activation == MOE_ACT_GELU_APPROX)
+                    a[r] = 0.5 * g * (1 + std::tanh(std::sqrt(2 / M_PI) * (g + 0.044715 * g * g * g))) * v;
+                else {
+                    double gc = std::min(g, (double)limit), uc = std::clamp(v, -(double)limit, (double)limit);
+                    a[r] = (uc + 1) * gc / (1 + std::exp(-alpha * gc));
+                }
+                if (rounded) a[r] = bf16_of(a[r]);
+            }
+            for (int r = 0; r < hidden; ++r) {
+                double h = biases ? bval[2 * E + e][r] : 0;
+                for (int c = 0; c < inter; ++c) h += weight(2 * E + e, (size_t)r * inter + c) * a[c];
+                want[(size_t)t * hidden + r] += w[t * top_k + j] * (scaled ? 0.5 + 0.25 * e : 1.0) * h;
+            }
+        }
+    return want;
 }
 
 static void test_experts(const std::string& fmt, int group, int dt, bool biases, int activation, int rows,
@@ -143,35 +192,93 @@ static void test_experts(const std::string& fmt, int group, int dt, bool biases,
     emu_launch({(unsigned)(hidden / MOE_WARPS), (unsigned)rows, 1}, {32 * MOE_WARPS, 1, 1}, [&] {
         down(out.data(), act.data(), ids.data(), w.data(), index.data(), E, top_k, hidden, inter, dtk, lg, b_dt);
     });
-    std::vector<double> want((size_t)rows * hidden, 0.0);
-    for (int t = 0; t < rows; ++t)
-        for (int j = 0; j < top_k; ++j) {
-            const int e = ids[t * top_k + j];
-            std::vector<double> a(inter);
-            for (int r = 0; r < inter; ++r) {
-                double g = biases ? bval[e][r] : 0, v = biases ? bval[E + e][r] : 0;
-                for (int c = 0; c < hidden; ++c) {
-                    g += mats[e].value[(size_t)r * hidden + c] * x[(size_t)t * hidden + c];
-                    v += mats[E + e].value[(size_t)r * hidden + c] * x[(size_t)t * hidden + c];
-                }
-                if (activation == MOE_ACT_SILU) a[r] = g / (1 + std::exp(-g)) * v;
-                else if (activation == MOE_ACT_GELU_APPROX)
-                    a[r] = 0.5 * g * (1 + std::tanh(std::sqrt(2 / M_PI) * (g + 0.044715 * g * g * g))) * v;
-                else {
-                    double gc = std::min(g, (double)limit), uc = std::clamp(v, -(double)limit, (double)limit);
-                    a[r] = (uc + 1) * gc / (1 + std::exp(-alpha * gc));
-                }
-            }
-            for (int r = 0; r < hidden; ++r) {
-                double h = biases ? bval[2 * E + e][r] : 0;
-                for (int c = 0; c < inter; ++c) h += mats[2 * E + e].value[(size_t)r * inter + c] * a[c];
-                want[(size_t)t * hidden + r] += w[t * top_k + j] * (scaled ? 0.5 + 0.25 * e : 1.0) * h;
-            }
-        }
+    const std::vector<double> want = expected(mats, bval, biases, E, top_k, hidden, inter, activation, alpha, limit,
+                                              scaled, x, ids, w, false);
     const char* act_name = activation == MOE_ACT_SILU ? " silu" : activation == MOE_ACT_GELU_APPROX ? " gelu" : " swiglu_oai";
     cmp("moe experts " + fmt + " group " + std::to_string(group) + " dt " + std::to_string(dt) + (biases ? " biases" : "") +
             act_name + (scaled ? " scaled" : "") + " rows " + std::to_string(rows),
         out, want);
+}
+
+// The grouped path for `rows` tokens over E experts (b4 or b8, bf16 scales); `skew`: most tokens'
+// first choice is expert 0 (more than one tile of slots).
+static void test_grouped(const std::string& fmt, int group, int E, int hidden, int inter, bool biases, int activation,
+                         int rows, bool skew, bool scaled) {
+    const int top_k = 2, dt = DT_BF16, b_dt = DT_BF16;
+    const float alpha = 1.702f, limit = 7.0f;
+    std::vector<Mat> mats;  // [3][E]
+    for (int p = 0; p < 3; ++p)
+        for (int e = 0; e < E; ++e)
+            mats.push_back(p < 2 ? make(fmt, inter, hidden, group, dt, 1.0f) : make(fmt, hidden, inter, group, dt, 1.0f));
+    std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+    std::vector<std::vector<unsigned short>> brow(3 * E);
+    std::vector<std::vector<double>> bval(3 * E);
+    for (int i = 0; i < 3 * E; ++i)
+        for (int c = 0; c < (i < 2 * E ? inter : hidden); ++c) {
+            float f = u(rng); unsigned x; memcpy(&x, &f, 4);
+            brow[i].push_back(x >> 16);
+            bval[i].push_back(__uint_as_float((x >> 16) << 16));
+        }
+    std::vector<unsigned long long> index(3 * E * MOE_SLOTS, 0);
+    for (int i = 0; i < 3 * E; ++i) {
+        unsigned long long* ent = &index[i * MOE_SLOTS];
+        ent[0] = (unsigned long long)mats[i].packed.data();
+        ent[1] = (unsigned long long)mats[i].sc.data();
+        ent[2] = (unsigned long long)mats[i].bi.data();
+        ent[3] = biases ? (unsigned long long)brow[i].data() : 0;
+        ent[4] = __float_as_uint(1.0f);
+        ent[5] = __float_as_uint(scaled ? 0.5f + 0.25f * (i % E) : 1.0f);
+    }
+    const int slots = rows * top_k, tiles = (slots + MOE_TILE - 1) / MOE_TILE + std::min(E, slots);
+    std::vector<float> x((size_t)rows * hidden), w(slots);
+    std::vector<unsigned> ids(slots);
+    for (auto& v : x) v = u(rng);
+    for (int t = 0; t < rows; ++t) {
+        std::vector<int> order(E);
+        std::iota(order.begin(), order.end(), 0);
+        std::shuffle(order.begin(), order.end(), rng);
+        if (skew && rng() % 10) std::swap(order[0], *std::find(order.begin(), order.end(), 0));
+        for (int j = 0; j < top_k; ++j) ids[t * top_k + j] = order[j], w[t * top_k + j] = 0.3f + 0.2f * j;
+    }
+    std::vector<unsigned short> xb(x.size()), act((size_t)slots * inter);
+    for (size_t i = 0; i < x.size(); ++i) xb[i] = emu_bf16_rn(x[i]);
+    std::vector<int> order((size_t)tiles * MOE_TILE, 7), tile_expert(tiles, 7);
+    std::vector<float> gu((size_t)slots * 2 * inter, NAN), y((size_t)slots * hidden, NAN), out((size_t)rows * hidden, NAN);
+    int lg = 0;
+    while ((1 << lg) < group) ++lg;
+    auto grouped = fmt == "b4" ? qmma_b4_g64 : qmma_b8_g64;
+    emu_launch({1, 1, 1}, {1024, 1, 1}, [&] { moe_align(order.data(), tile_expert.data(), ids.data(), slots, E, tiles); });
+    emu_launch({2 * (unsigned)((inter + 127) / 128), 1, (unsigned)tiles}, {128, 1, 1}, [&] {
+        grouped(gu.data(), xb.data(), order.data(), tile_expert.data(), index.data(), E, 0, 1, top_k, inter, hidden, lg);
+    });
+    emu_launch({3, 1, 1}, {64, 1, 1}, [&] {
+        moe_act_bf16(act.data(), gu.data(), ids.data(), index.data(), E, inter, b_dt, activation, alpha, limit,
+                     (size_t)slots * inter);
+    });
+    emu_launch({(unsigned)((hidden + 127) / 128), 1, (unsigned)tiles}, {128, 1, 1}, [&] {
+        grouped(y.data(), act.data(), order.data(), tile_expert.data(), index.data(), E, 2, 0, 1, hidden, inter, lg);
+    });
+    emu_launch({3, 1, 1}, {64, 1, 1}, [&] {
+        moe_combine(out.data(), y.data(), ids.data(), w.data(), index.data(), E, top_k, hidden, b_dt, (size_t)rows * hidden);
+    });
+    const std::vector<double> want = expected(mats, bval, biases, E, top_k, hidden, inter, activation, alpha, limit,
+                                              scaled, x, ids, w, true);
+    // Every slot in exactly one place of `order`, each tile of one expert.
+    std::vector<int> seen(slots, 0);
+    bool laid_out = true;
+    for (int i = 0; i < tiles * MOE_TILE; ++i) {
+        const int s = order[i];
+        if (s < 0) continue;
+        laid_out = laid_out && s < slots && tile_expert[i / MOE_TILE] == (int)ids[s];
+        if (s < slots) seen[s]++;
+    }
+    for (int c : seen) laid_out = laid_out && c == 1;
+    const char* act_name = activation == MOE_ACT_SILU ? " silu" : activation == MOE_ACT_GELU_APPROX ? " gelu" : " swiglu_oai";
+    const std::string tag = "moe grouped " + fmt + " group " + std::to_string(group) + " experts " + std::to_string(E) +
+                            (biases ? " biases" : "") + act_name + (scaled ? " scaled" : "") + (skew ? " skewed" : "") +
+                            " " + std::to_string(hidden) + "x" + std::to_string(inter) + " rows " + std::to_string(rows);
+    check(laid_out, tag + ": moe_align's layout");
+    cmp(tag, out, want, 1e-3);
 }
 
 // The host's rule (crates/nuvec/src/moe.rs route_row).
@@ -262,6 +369,9 @@ int main() {
     test_experts("mxfp8", 32, 0, false, MOE_ACT_SILU, 1);
     test_experts("b4", 32, DT_BF16, false, MOE_ACT_GELU_APPROX, 2, true);
     test_experts("dense", 32, DT_BF16, true, MOE_ACT_GELU_APPROX, 1, true);
+    test_grouped("b4", 64, 6, 192, 128, false, MOE_ACT_SILU, 80, true, false);
+    test_grouped("b4", 32, 12, 160, 96, true, MOE_ACT_SWIGLU_OAI, 5, false, false);
+    test_grouped("b8", 32, 6, 160, 96, true, MOE_ACT_GELU_APPROX, 40, false, true);
     printf(fails ? "moe: %d FAILED\n" : "moe: all passed\n", fails);
     return fails ? 1 : 0;
 }

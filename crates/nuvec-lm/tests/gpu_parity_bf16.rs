@@ -17,6 +17,9 @@
 //!   top-2 margin is within twice the logit difference measured at that position (only there
 //!   can the difference change the argmax).
 //!
+//! `moe_bf16_q4_checkpoint_prefill` runs a Qwen3-MoE checkpoint quantized from bf16 (its experts'
+//! prefill products grouped by expert on the tensor cores) through the same checks.
+//!
 //! `q4_batched_decode_forced_bf16` runs batched decode steps of 6, 12 and 20 sequences under
 //! `Bf16`, whose products take the tensor-core kernels of `kernels/qmma.cu`, against each
 //! sequence decoded alone.
@@ -58,10 +61,13 @@ fn bits(rows: &[Vec<f32>]) -> Vec<Vec<u32>> {
 
 /// mlx-lm's bf16-vs-f32 logit difference for `case` on this test's prompt and steps: (largest,
 /// mean), recorded by scripts/oracle/more/precision_noise_long.py into
-/// `precision_noise_long/<case>.json` next to the cases.
+/// `precision_noise_long/<case's last part>.json` in the cases' root.
 fn precision_noise(case: &str) -> (f32, f32) {
-    let root = case_dir(case).parent().unwrap().to_path_buf();
-    let path = root.join("precision_noise_long").join(format!("{case}.json"));
+    let case = std::path::Path::new(case);
+    let dir = case_dir(case.to_str().unwrap());
+    let root = dir.ancestors().nth(case.components().count()).unwrap();
+    let name = case.file_name().unwrap().to_str().unwrap();
+    let path = root.join("precision_noise_long").join(format!("{name}.json"));
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| {
         panic!("{}: {e} (copy $NUVEC_FIXTURES/precision_noise_long/ next to the cases)", path.display())
     });
@@ -176,6 +182,16 @@ fn q4_checkpoint_prefill_forced_bf16() {
 fn gpu_rows(gpu: &Model, prompt: &[u32], chunk: usize, tokens: &[u32], p: MatmulPrecision) -> Vec<Vec<f32>> {
     set_matmul_precision(p);
     run(gpu, prompt, chunk, Some(tokens)).0
+}
+
+#[test]
+fn moe_bf16_q4_checkpoint_prefill() {
+    // A mixture-of-experts checkpoint quantized from bf16 (bf16 scales, as mlx-community's): 300
+    // rows, and 128-row chunks, take the grouped expert products (kernels/qmma.cu's g64 kernels,
+    // the slots sorted by expert on the device).
+    let case = "moe_bf16/qwen3_moe-bf16q4";
+    check(case, case, 2048);
+    check(case, case, 128);
 }
 
 #[test]

@@ -7,7 +7,7 @@ the xorshift below) on the GPU with bf16 tensor-core products and compares every
 prompt and of 31 teacher-forced steps with the CPU's f32 run. Its bound is how far mlx-lm's own
 bf16 computation of the same checkpoint is from its f32 computation on those same positions
 (the record_precision_noise.py numbers cover a 70-token run, which a 331-position run exceeds).
-Writes `precision_noise_long/<case>.json`: max_abs_diff, mean_abs_diff, positions, the f32
+Writes `precision_noise_long/<case's last part>.json`: max_abs_diff, mean_abs_diff, positions, the f32
 greedy tokens used for the steps.
 """
 
@@ -21,7 +21,8 @@ from mlx_lm import load
 
 PROMPT = 300
 STEPS = 32
-CASES = ["mistral-bf16"]
+# Case directories below FIXTURES; each record is named by the directory's last part.
+CASES = ["mistral-bf16", "moe_bf16/qwen3_moe-bf16q4"]
 
 
 def prompt_ids(vocab, n):
@@ -66,7 +67,7 @@ def main(root):
             "positions": int(ids.shape[1]),
             "f32_greedy_tokens": tokens[PROMPT:],
         }
-        (out_dir / f"{case}.json").write_text(json.dumps(out, indent=1))
+        (out_dir / f"{Path(case).name}.json").write_text(json.dumps(out, indent=1))
         print(case, {k: v for k, v in out.items() if "diff" in k})
 
 

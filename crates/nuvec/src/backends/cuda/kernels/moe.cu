@@ -176,6 +176,18 @@ __device__ __forceinline__ float moe_chunk_dot(const float (&w)[32], const float
     return acc;
 }
 
+// The experts' activation of gate value g and up value u.
+__device__ __forceinline__ float moe_activate(float g, float u, int activation, float alpha, float limit) {
+    if (activation == MOE_ACT_SILU) return g / (1.0f + expf(-g)) * u;
+    if (activation == MOE_ACT_SWIGLU_OAI) {  // gpt-oss's clamped SwiGLU, as gpt_oss.cu
+        const float gc = fminf(g, limit);
+        const float uc = u < -limit ? -limit : (u > limit ? limit : u);
+        return (uc + 1.0f) * (gc * (1.0f / (1.0f + expf(-(alpha * gc)))));
+    }
+    // Gemma 4's GELU (tanh approximation), as gemma4.cu
+    return 0.5f * g * (1.0f + tanhf(0.7978846f * (g + 0.044715f * (g * g * g)))) * u;
+}
+
 // act [rows * top_k, inter] = act(gate_e(x_t), up_e(x_t)) for each slot (t, j) with e = ids[t, j]:
 // grid (inter / MOE_WARPS, rows * top_k), one warp per output row of both projections.
 template <int FMT, int BITS>
@@ -203,17 +215,7 @@ __device__ __forceinline__ void moe_gate_up(float* __restrict__ act, const float
     if (lane != 0) return;
     if (g[3]) ag += load_float((const void*)g[3], r, b_dt);
     if (u[3]) au += load_float((const void*)u[3], r, b_dt);
-    float a;
-    if (activation == MOE_ACT_SILU) {
-        a = ag / (1.0f + expf(-ag)) * au;
-    } else if (activation == MOE_ACT_SWIGLU_OAI) {  // gpt-oss's clamped SwiGLU, as gpt_oss.cu
-        const float gc = fminf(ag, limit);
-        const float uc = au < -limit ? -limit : (au > limit ? limit : au);
-        a = (uc + 1.0f) * (gc * (1.0f / (1.0f + expf(-(alpha * gc)))));
-    } else {  // Gemma 4's GELU (tanh approximation), as gemma4.cu
-        a = 0.5f * ag * (1.0f + tanhf(0.7978846f * (ag + 0.044715f * (ag * ag * ag)))) * au;
-    }
-    act[(size_t)slot * inter + r] = a;
+    act[(size_t)slot * inter + r] = moe_activate(ag, au, activation, alpha, limit);
 }
 
 // out [rows, hidden] = sum_j weights[t, j] s_e (down_e(act[t, j]) + bias_e) with e = ids[t, j]
@@ -248,6 +250,91 @@ __device__ __forceinline__ void moe_down(float* __restrict__ out, const float* _
         if (ent[3]) acc = fmaf(tw[j] * __uint_as_float((u32)ent[5]), load_float((const void*)ent[3], r, b_dt), acc);
     }
     out[(size_t)t * hidden + r] = acc;
+}
+
+// Many rows (a prefill) run grouped: the slots (token, choice) sorted by expert into tiles of
+// MOE_TILE (moe_align), each tile one tensor-core product against its expert's weights
+// (qmma.cu's qmma_bN_g64: gate and up into gu [slots, 2 inter], then down into y [slots,
+// hidden]), the activation between them (moe_act_bf16) and the weighted sum per token in choice
+// order (moe_combine), so no order of the tiles or of the slots in them changes a result.
+#define MOE_TILE 64
+
+// order [tiles * MOE_TILE]: each expert's slots (indices into ids [slots]) in a run of whole
+// tiles, experts in order, -1 after an expert's last slot; tile_expert [tiles]: the expert of
+// each tile, -1 for tiles past the last (`tiles` is the host's bound, slots / MOE_TILE rounded up
+// plus one per expert). One block of 1024 threads; an id past the experts counts as the last
+// expert, as the gathered kernels take it.
+extern "C" __global__ void __launch_bounds__(1024) moe_align(int* __restrict__ order, int* __restrict__ tile_expert,
+                                                             const u32* __restrict__ ids, int slots, int experts,
+                                                             int tiles) {
+    pdl_begin();
+    __shared__ int count[MOE_MAX_EXPERTS], first[MOE_MAX_EXPERTS];
+    __shared__ int used;
+    const int tid = threadIdx.x, nt = blockDim.x;
+    for (int e = tid; e < experts; e += nt) count[e] = 0;
+    __syncthreads();
+    for (int s = tid; s < slots; s += nt) atomicAdd(&count[min(ids[s], (u32)(experts - 1))], 1);
+    __syncthreads();
+    if (tid == 0) {
+        int t = 0;
+        for (int e = 0; e < experts; ++e) {
+            first[e] = t;
+            t += (count[e] + MOE_TILE - 1) / MOE_TILE;
+        }
+        used = t;
+    }
+    __syncthreads();
+    for (int e = tid; e < experts; e += nt) {
+        const int n = (count[e] + MOE_TILE - 1) / MOE_TILE;
+        for (int i = 0; i < n; ++i) tile_expert[first[e] + i] = e;
+        count[e] = 0;  // from here on, the next free place in the expert's run
+    }
+    for (int t = used + tid; t < tiles; t += nt) tile_expert[t] = -1;
+    for (int i = tid; i < tiles * MOE_TILE; i += nt) order[i] = -1;
+    __syncthreads();
+    for (int s = tid; s < slots; s += nt) {
+        const int e = min(ids[s], (u32)(experts - 1));
+        order[first[e] * MOE_TILE + atomicAdd(&count[e], 1)] = s;
+    }
+}
+
+// act [slots, inter] bf16 = act(gate + bias, up + bias) of gu [slots, 2 inter] (gate values, then
+// up values), with the bias rows of each slot's expert.
+extern "C" __global__ void moe_act_bf16(u16* __restrict__ act, const float* __restrict__ gu, const u32* __restrict__ ids,
+                                        const u64* __restrict__ index, int experts, int inter, int b_dt,
+                                        int activation, float alpha, float limit, size_t n) {
+    pdl_begin();
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        const size_t slot = i / inter;
+        const int r = (int)(i - slot * inter);
+        const u32 e = min(ids[slot], (u32)(experts - 1));
+        const u64 *g = index + (size_t)e * MOE_SLOTS, *u = index + ((size_t)experts + e) * MOE_SLOTS;
+        float ag = gu[slot * 2 * inter + r], au = gu[slot * 2 * inter + inter + r];
+        if (g[3]) ag += load_float((const void*)g[3], r, b_dt);
+        if (u[3]) au += load_float((const void*)u[3], r, b_dt);
+        act[i] = (u16)bf16_rn(moe_activate(ag, au, activation, alpha, limit));
+    }
+}
+
+// out [rows, hidden] = sum_j weights[t, j] s_e (y[t top_k + j] + bias_e), in choice order, with
+// e = ids[t, j] and s_e the expert's factor on its routing weight.
+extern "C" __global__ void moe_combine(float* __restrict__ out, const float* __restrict__ y, const u32* __restrict__ ids,
+                                       const float* __restrict__ weights, const u64* __restrict__ index, int experts,
+                                       int top_k, int hidden, int b_dt, size_t n) {
+    pdl_begin();
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        const size_t t = i / hidden;
+        const int r = (int)(i - t * hidden);
+        float acc = 0.0f;
+        for (int j = 0; j < top_k; ++j) {
+            const size_t slot = t * top_k + j;
+            const u64* ent = index + (2 * (size_t)experts + min(ids[slot], (u32)(experts - 1))) * MOE_SLOTS;
+            float v = y[slot * hidden + r];
+            if (ent[3]) v += load_float((const void*)ent[3], r, b_dt);
+            acc = fmaf(weights[slot] * __uint_as_float((u32)ent[5]), v, acc);
+        }
+        out[i] = acc;
+    }
 }
 
 // out [rows, width] = a + sigmoid(gate[row]) * b: a shared expert under its per-row gate

@@ -107,12 +107,21 @@ extern __shared__ __align__(16) unsigned char qm_smem[];
 
 __device__ __forceinline__ int qm_swz(int row) { return ((row >> 2) & 1) | (((row >> 1) & 1) << 1); }
 
+// Where a block's input rows come from and its outputs go. Plain (GATHER false): rows m0.. of x
+// and of out. Gathered (the grouped products of mixture-of-experts layers, qmma_bN_g64): row i
+// of the block is slot order[m0 + i] (-1: padding, no row), read from x row slot / div and
+// written to out row slot, at column col0 of rows of ld values.
+struct QmRows {
+    const int* order;
+    int div, ld, col0;
+};
+
 // Issues chunk c's weights and x's rows m0.. into slot `slot` (cp.async; zeros past N, M or K) and loads the
 // scales and biases of weight row nb + threadIdx.x for its groups into s and b.
-template <int BITS, int MT, bool SPLIT>
+template <int BITS, int MT, bool SPLIT, bool GATHER>
 __device__ __forceinline__ void qm_issue(int slot, int c, const void* x, int m, int m0, int n, int k, int nb, const u32* packed,
-                                         const void* scales, const void* biases, int p_dt, int lg, float (&s)[4],
-                                         float (&b)[4]) {
+                                         const void* scales, const void* biases, int p_dt, int lg, const QmRows& rows,
+                                         float (&s)[4], float (&b)[4]) {
     unsigned char* base = qm_smem + slot * QM_SLOT(BITS, MT, SPLIT);
     const int tid = threadIdx.x;
     const size_t row_bytes = (size_t)k * BITS / 8;
@@ -133,8 +142,14 @@ __device__ __forceinline__ void qm_issue(int slot, int c, const void* x, int m, 
     for (int q = 0; q < (XN + QM_WARPS * 32 - 1) / (QM_WARPS * 32); ++q) {
         const int idx = tid + q * QM_WARPS * 32, row = idx / XP, p = idx % XP;
         if (idx < XN) {
-            const int kk = c * QM_CHUNK + p * (SPLIT ? 4 : 8), xr = m0 + row;
-            const bool valid = xr < m && kk < k;
+            const int kk = c * QM_CHUNK + p * (SPLIT ? 4 : 8);
+            int xr = m0 + row;
+            bool valid = xr < m && kk < k;
+            if constexpr (GATHER) {
+                const int from = valid ? rows.order[xr] : -1;
+                valid = from >= 0;
+                xr = from / rows.div;
+            }
             const unsigned char* src =
                 (const unsigned char*)x + (valid ? ((size_t)xr * k + kk) * (SPLIT ? 4 : 2) : 0);
             cp_async16(smem_addr(xs + row * QM_XROW(SPLIT) + p * 16), src, valid);
@@ -226,12 +241,15 @@ __device__ __forceinline__ void qm_read_a(const unsigned char* xs, int r0, int k
 // MT tiles of 16 input rows (rows from 16 MT blockIdx.z on); SPLIT: x is f32 (at most 8 rows),
 // taken in two bf16 parts; DEQ: each weight decoded to bf16 (s q + b, one rounding) and multiplied
 // as it is, instead of the factored sums.
-template <int BITS, int MT, bool SPLIT, bool DEQ>
+// The block takes column block bx (QM_ROWS weight rows) and row block mz; GATHER: its rows as
+// `rows` says.
+template <int BITS, int MT, bool SPLIT, bool DEQ, bool GATHER = false>
 __device__ __forceinline__ void qmma_body(float* out, const void* x, int m, int n, const u32* packed,
-                                          const void* scales, const void* biases, int p_dt, int lg, int k, int cps) {
+                                          const void* scales, const void* biases, int p_dt, int lg, int k, int cps,
+                                          int bx, int mz, const QmRows& rows) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-    const int nb = blockIdx.x * QM_ROWS, wr = warp * QM_NT * 8;  // the block's and the warp's first row
-    const int m0 = blockIdx.z * 16 * MT;                          // the block's first input row
+    const int nb = bx * QM_ROWS, wr = warp * QM_NT * 8;  // the block's and the warp's first row
+    const int m0 = mz * 16 * MT;                          // the block's first input row
     const int chunks = (k + QM_CHUNK - 1) / QM_CHUNK;
     const int c0 = blockIdx.y * cps, c1 = min(c0 + cps, chunks);
     const int per = 1 << (lg - 5);  // pieces of a lane per group
@@ -252,7 +270,8 @@ __device__ __forceinline__ void qmma_body(float* out, const void* x, int m, int 
     for (int s = 0; s < QM_STAGES - 1; ++s) {
         if (s > 0) qm_put<BITS, MT, SPLIT>(s - 1, ps, pb);
         if (c0 + s < c1)
-            qm_issue<BITS, MT, SPLIT>(s, c0 + s, x, m, m0, n, k, nb, packed, scales, biases, p_dt, lg, ps, pb);
+            qm_issue<BITS, MT, SPLIT, GATHER>(s, c0 + s, x, m, m0, n, k, nb, packed, scales, biases, p_dt, lg, rows,
+                                              ps, pb);
         cp_async_commit();
     }
     for (int c = c0; c < c1; ++c) {
@@ -261,8 +280,8 @@ __device__ __forceinline__ void qmma_body(float* out, const void* x, int m, int 
         __syncthreads();                 // everyone's have, and everyone is done with chunk c - 1
         qm_put<BITS, MT, SPLIT>((it + QM_STAGES - 2) % QM_STAGES, ps, pb);
         if (c + QM_STAGES - 1 < c1)
-            qm_issue<BITS, MT, SPLIT>((it + QM_STAGES - 1) % QM_STAGES, c + QM_STAGES - 1, x, m, m0, n, k, nb,
-                                      packed, scales, biases, p_dt, lg, ps, pb);
+            qm_issue<BITS, MT, SPLIT, GATHER>((it + QM_STAGES - 1) % QM_STAGES, c + QM_STAGES - 1, x, m, m0, n, k,
+                                              nb, packed, scales, biases, p_dt, lg, rows, ps, pb);
         cp_async_commit();
         const unsigned char* ws = qm_smem + slot * QM_SLOT(BITS, MT, SPLIT);
         const unsigned char* xs = ws + QM_ROWS * QM_WROW(BITS);
@@ -360,7 +379,13 @@ __device__ __forceinline__ void qmma_body(float* out, const void* x, int m, int 
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
                 const int r = m0 + 16 * i + g + 8 * (e >> 1), cc = col + (e & 1);
-                if (r < m && cc < n) dst[(size_t)r * n + cc] = acc[i][j][e];
+                if (r >= m || cc >= n) continue;
+                if constexpr (GATHER) {
+                    const int to = rows.order[r];
+                    if (to >= 0) out[(size_t)to * rows.ld + rows.col0 + cc] = acc[i][j][e];
+                } else {
+                    dst[(size_t)r * n + cc] = acc[i][j][e];
+                }
             }
         }
 }
@@ -384,12 +409,15 @@ __device__ __forceinline__ void qm_prefetch(const u32* packed, int n, int k, int
 #define QM_PARAMS                                                                                                \
     float *out, const void *x, int m, int n, const u32 *packed, const void *scales, const void *biases, int p_dt, \
         int lg, int k, int cps
-#define QM_BF16(BITS, MT) qmma_body<BITS, MT, false, false>(out, x, m, n, packed, scales, biases, p_dt, lg, k, cps)
+#define QM_PLAIN blockIdx.x, blockIdx.z, QmRows{nullptr, 1, 0, 0}
+#define QM_BF16(BITS, MT) \
+    qmma_body<BITS, MT, false, false>(out, x, m, n, packed, scales, biases, p_dt, lg, k, cps, QM_PLAIN)
 #define QM_BEGIN(BITS)                          \
     qm_prefetch<BITS>(packed, n, k, cps); \
     pdl_begin()
-#define QM_F32(BITS) qmma_body<BITS, 1, true, false>(out, x, m, n, packed, scales, biases, p_dt, lg, k, cps)
-#define QM_DEQ(BITS, MT) qmma_body<BITS, MT, false, true>(out, x, m, n, packed, scales, biases, p_dt, lg, k, cps)
+#define QM_F32(BITS) qmma_body<BITS, 1, true, false>(out, x, m, n, packed, scales, biases, p_dt, lg, k, cps, QM_PLAIN)
+#define QM_DEQ(BITS, MT) \
+    qmma_body<BITS, MT, false, true>(out, x, m, n, packed, scales, biases, p_dt, lg, k, cps, QM_PLAIN)
 
 // Resident blocks per multiprocessor asked of ptxas for the 8- and 16-row kernels (a register
 // cap: 65536 / (128 x QM_MIN_BLOCKS)); an experiment knob (NUVEC_NVRTC_DEFINES), 1 = no cap.
@@ -410,6 +438,43 @@ extern "C" __global__ void __launch_bounds__(128, QM_DEQ_MIN_BLOCKS) qmma_b4_d16
 extern "C" __global__ void __launch_bounds__(128, QM_DEQ_MIN_BLOCKS) qmma_b4_d32(QM_PARAMS) { QM_BEGIN(4); QM_DEQ(4, 2); }
 extern "C" __global__ void __launch_bounds__(128, QM_DEQ_MIN_BLOCKS) qmma_b4_d64(QM_PARAMS) { QM_BEGIN(4); QM_DEQ(4, 4); }
 extern "C" __global__ void __launch_bounds__(128, QM_DEQ_MIN_BLOCKS) qmma_b8_d64(QM_PARAMS) { QM_BEGIN(8); QM_DEQ(8, 4); }
+
+// Grouped products of a mixture-of-experts layer, each expert's weights decoded as the d64
+// kernels do: block (x, 0, z) takes tile z of `order` (64 slots routed to expert tile_expert[z],
+// as moe.cu's moe_align laid them out; -1: an unused tile) against column block x of that
+// expert's projection `proj`, found in the layer's expert index (moe.cu's layout, QM_MOE_SLOTS
+// u64 per projection and expert: packed codes, bf16 scales, bf16 biases, ...). With `pair`,
+// the blocks past the projection's take projection proj + 1 into columns n.. (gate and up in
+// one launch: out [slots, 2n]). x row of slot s: s / div (the token for gate and up, whose
+// slots are (token, choice) pairs; the slot itself for down). All of K in one range, so a slot's
+// result depends on its own row only, wherever the tile places it.
+#define QM_MOE_SLOTS 6
+template <int BITS>
+__device__ __forceinline__ void qmma_grouped(float* out, const void* x, const int* order, const int* tile_expert,
+                                             const u64* index, int experts, int proj, int pair, int div, int n, int k,
+                                             int lg) {
+    const int e = tile_expert[blockIdx.z];
+    if (e < 0) return;
+    const int blocks = (n + QM_ROWS - 1) / QM_ROWS;
+    int bx = blockIdx.x, p = proj, col0 = 0;
+    if (pair && bx >= blocks) bx -= blocks, p += 1, col0 = n;
+    const u64* ent = index + ((size_t)p * experts + e) * QM_MOE_SLOTS;
+    const QmRows rows{order, div, pair ? 2 * n : n, col0};
+    const int chunks = (k + QM_CHUNK - 1) / QM_CHUNK;
+    qmma_body<BITS, 4, false, true, true>(out, x, (int)gridDim.z * 64, n, (const u32*)ent[0], (const void*)ent[1],
+                                          (const void*)ent[2], DT_BF16, lg, k, chunks, bx, blockIdx.z, rows);
+}
+#define QMG_PARAMS                                                                                                  \
+    float *out, const void *x, const int *order, const int *tile_expert, const u64 *index, int experts, int proj, \
+        int pair, int div, int n, int k, int lg
+extern "C" __global__ void __launch_bounds__(128, QM_DEQ_MIN_BLOCKS) qmma_b4_g64(QMG_PARAMS) {
+    pdl_begin();
+    qmma_grouped<4>(out, x, order, tile_expert, index, experts, proj, pair, div, n, k, lg);
+}
+extern "C" __global__ void __launch_bounds__(128, QM_DEQ_MIN_BLOCKS) qmma_b8_g64(QMG_PARAMS) {
+    pdl_begin();
+    qmma_grouped<8>(out, x, order, tile_expert, index, experts, proj, pair, div, n, k, lg);
+}
 
 // out [mn] = the sum of `splits` partial slices of `part` ([splits, mn]), in slice order.
 extern "C" __global__ void qmma_reduce(float* out, const float* part, int splits, size_t mn) {

@@ -2,15 +2,21 @@
 //! and for up to [`gather_rows`] rows the chosen experts read straight out of the layer's
 //! weights through an index of their buffers, made once per layer ([`CudaBackend::expert_index`]),
 //! so a decode step reads nothing back to the host and can be captured as a CUDA graph. More rows
-//! (a prefill) run the composed op: each expert once over the rows routed to it.
+//! (a prefill) run grouped where the experts are 4- or 8-bit affine with bf16 scales and the
+//! precision puts them on bf16: the slots sorted by expert on the device (`moe_align`), each tile
+//! of 64 slots one tensor-core product with its expert's weights decoded in registers
+//! (qmma.cu's `qmma_bN_g64`), nothing read back to the host; other formats run the composed op,
+//! each expert once over the rows routed to it.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::OnceLock;
 
 use cudarc::driver::LaunchConfig;
 
-use super::{to_i32, CudaBackend, DT_BF16, DT_F16, DT_F32};
-use crate::backends::cuda::State;
+use super::prefill::matmul_precision;
+use super::qmma::{QmmaKernel, QM_THREADS};
+use super::{cfg_1d, to_i32, CudaBackend, DT_BF16, DT_F16, DT_F32};
+use crate::backends::cuda::{DeviceBuffer, State};
 use crate::fpquant::global_factor;
 use crate::moe::{self, ExpertActivation, ExpertIndex, Experts, MoeRouting};
 use crate::{Array, DType, Error, Matrix, QuantMode, Result};
@@ -22,6 +28,11 @@ const WARPS: usize = 4;
 /// Most experts and top-k the routing kernel takes (moe.cu's `MOE_MAX_EXPERTS`, `MOE_MAX_TOP_K`).
 const MAX_EXPERTS: usize = 1024;
 const MAX_TOP_K: usize = 32;
+
+/// Slots per tile of the grouped products (moe.cu's `MOE_TILE`, the rows of qmma.cu's g64
+/// kernels) and the columns (weight rows) of each of their blocks (`QM_ROWS`).
+const TILE: usize = 64;
+const QM_ROWS: usize = 128;
 
 /// Rows (tokens) up to which the experts run as gathered matrix-vector products by default, each
 /// chosen expert's weights read once per row; above, each expert runs once over its rows.
@@ -41,10 +52,18 @@ fn gather_rows() -> usize {
 static GATHER_ROWS_SET: AtomicUsize = AtomicUsize::new(usize::MAX);
 
 /// Sets the most rows for which a mixture-of-experts layer runs its chosen experts as gathered
-/// products on the device (0: always each expert over its rows, the routing read to the host);
-/// `None` goes back to `NUVEC_MOE_GATHER_ROWS` or the default (64).
+/// products on the device (0: never; more rows run grouped where the experts' format allows,
+/// else each expert over its rows with the routing read to the host); `None` goes back to
+/// `NUVEC_MOE_GATHER_ROWS` or the default (64).
 pub fn set_moe_gather_rows(rows: Option<usize>) {
     GATHER_ROWS_SET.store(rows.unwrap_or(usize::MAX), Ordering::Relaxed);
+}
+
+/// Whether many rows may run as grouped products: yes unless `NUVEC_MOE_GROUPED=0` (read once;
+/// then they run the composed op, for comparisons).
+fn grouped_allowed() -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(|| std::env::var("NUVEC_MOE_GROUPED").map_or(true, |v| v != "0"))
 }
 
 /// The kernel pairs by format (moe.cu), indexed by [`Format::kernels`].
@@ -128,6 +147,15 @@ fn layer_format(experts: &Experts) -> Option<(Format, i32)> {
     (same && same_bias).then_some((format, b_dt))
 }
 
+/// The activation as the kernels take it: (moe.cu's `MOE_ACT_*`, alpha, limit).
+fn activation_args(activation: ExpertActivation) -> (i32, f32, f32) {
+    match activation {
+        ExpertActivation::Silu => (0, 0.0, 0.0),
+        ExpertActivation::SwigluOai { alpha, limit } => (1, alpha, limit),
+        ExpertActivation::GeluApprox => (2, 0.0, 0.0),
+    }
+}
+
 impl CudaBackend {
     /// [`crate::Backend::expert_index`]: for each projection and expert, the addresses the
     /// kernels read (see moe.cu), and the format's launch parameters `[kernel pair, dt, lg, bias
@@ -206,8 +234,14 @@ impl CudaBackend {
         let Some(index) = experts.index() else {
             return moe::experts_composed(x, experts, ids, weights);
         };
-        if rows > gather_rows() || !x.cuda_addr()?.is_multiple_of(16) || ids.device() != self.dev() {
+        if ids.device() != self.dev() || weights.device() != self.dev() {
             return moe::experts_composed(x, experts, ids, weights);
+        }
+        if rows > gather_rows() || !x.cuda_addr()?.is_multiple_of(16) {
+            return match self.grouped_experts(x, experts, index, ids, weights)? {
+                Some(out) => Ok(out),
+                None => moe::experts_composed(x, experts, ids, weights),
+            };
         }
         let (hidden, inter, n) = (experts.hidden(), experts.intermediate(), experts.len());
         let out = self.output(&[rows, hidden], DType::F32, false)?;
@@ -223,11 +257,7 @@ impl CudaBackend {
         let (ii, hi) = (to_i32(op, "intermediate", inter)?, to_i32(op, "hidden", hidden)?);
         let [kernels, dt, lg, b_dt] = index.params;
         let (gate_up, down) = KERNELS[kernels as usize];
-        let (activation, alpha, limit) = match experts.activation() {
-            ExpertActivation::Silu => (0i32, 0f32, 0f32),
-            ExpertActivation::SwigluOai { alpha, limit } => (1, alpha, limit),
-            ExpertActivation::GeluApprox => (2, 0f32, 0f32),
-        };
+        let (activation, alpha, limit) = activation_args(experts.activation());
         let st = self.st()?;
         let block = (32 * WARPS as u32, 1, 1);
         let slots = to_i32(op, "rows * top_k", rows * top_k)? as u32;
@@ -241,6 +271,77 @@ impl CudaBackend {
         };
         launch!(st, op, down, cfg; o, ap, ip, wp, tp, ni, ki, hi, ii, dt, lg, b_dt);
         Ok(out)
+    }
+
+    /// [`crate::Backend::moe_experts`] of many rows as grouped tensor-core products (see the
+    /// module's note); `None` (nothing done) where they do not take the experts or the
+    /// precision keeps the products in f32.
+    fn grouped_experts(
+        &self,
+        x: &Array,
+        experts: &Experts,
+        index: &ExpertIndex,
+        ids: &Array,
+        weights: &Array,
+    ) -> Result<Option<Array>> {
+        let op = "moe_experts";
+        let [kernels, dt, lg, b_dt] = index.params;
+        if !grouped_allowed() {
+            return Ok(None);
+        }
+        let name = match kernels {
+            3 => "qmma_b4_g64",
+            6 => "qmma_b8_g64",
+            _ => return Ok(None),
+        };
+        // Decoding a weight to bf16 in one fma rounding needs its scale and bias exact in bf16.
+        let n = experts.len();
+        if dt != DT_BF16 || lg < 5 || n > MAX_EXPERTS {
+            return Ok(None);
+        }
+        if !matmul_precision()?.bf16_weight(-1, DT_BF16, crate::compute_dtype_hint()) {
+            return Ok(None);
+        }
+        let st = self.st()?;
+        // Read at module load on sm_80+ only (mma.sync and cp.async need it).
+        let Some(&QmmaKernel { smem, .. }) = st.qmma_kernels.get(name) else {
+            return Ok(None);
+        };
+        let (rows, top_k) = (x.dim(0), ids.dim(1));
+        let (hidden, inter, slots) = (experts.hidden(), experts.intermediate(), rows * top_k);
+        // Each expert's slots in whole tiles: at most one partly filled tile per expert.
+        let tiles = slots.div_ceil(TILE) + n.min(slots);
+        let order = DeviceBuffer::alloc(st, tiles * TILE * 4)?;
+        let tile_expert = DeviceBuffer::alloc(st, tiles * 4)?;
+        let xb = DeviceBuffer::alloc(st, rows * hidden * 2)?;
+        let gu = DeviceBuffer::alloc(st, slots * 2 * inter * 4)?;
+        let act = DeviceBuffer::alloc(st, slots * inter * 2)?;
+        let y = DeviceBuffer::alloc(st, slots * hidden * 4)?;
+        let out = self.output(&[rows, hidden], DType::F32, false)?;
+        let (ip, wp, tp) =
+            (self.ptr(op, "ids", ids)?, self.ptr(op, "weights", weights)?, self.ptr(op, "index", &index.table)?);
+        let (op_, tep, xbp, gup, ap, yp) = (order.ptr(), tile_expert.ptr(), xb.ptr(), gu.ptr(), act.ptr(), y.ptr());
+        let (si, ni, ti) = (to_i32(op, "slots", slots)?, to_i32(op, "experts", n)?, to_i32(op, "tiles", tiles)?);
+        let (ki, hi, ii) =
+            (to_i32(op, "top_k", top_k)?, to_i32(op, "hidden", hidden)?, to_i32(op, "intermediate", inter)?);
+        let align = LaunchConfig { grid_dim: (1, 1, 1), block_dim: (1024, 1, 1), shared_mem_bytes: 0 };
+        launch!(st, op, "moe_align", align; op_, tep, ip, si, ni, ti);
+        self.convert_bf16(op, &st.stream, xbp, self.f32_ptr(op, "x", x)?, DT_F32, rows * hidden)?;
+        let grouped = |columns: usize, pair: bool| LaunchConfig {
+            grid_dim: ((columns.div_ceil(QM_ROWS) * if pair { 2 } else { 1 }) as u32, 1, tiles as u32),
+            block_dim: (QM_THREADS, 1, 1),
+            shared_mem_bytes: smem as u32,
+        };
+        // gate and up (projections 0 and 1) of token slot / top_k; down (2) of the slot itself.
+        let (gate, down, pair, single, one) = (0i32, 2i32, 1i32, 0i32, 1i32);
+        launch!(st, op, name, grouped(inter, true); gup, xbp, op_, tep, tp, ni, gate, pair, ki, ii, hi, lg);
+        let (activation, alpha, limit) = activation_args(experts.activation());
+        let values = (slots * inter) as u64;
+        launch!(st, op, "moe_act_bf16", cfg_1d(slots * inter); ap, gup, ip, tp, ni, ii, b_dt, activation, alpha, limit, values);
+        launch!(st, op, name, grouped(hidden, false); yp, ap, op_, tep, tp, ni, down, single, one, hi, ii, lg);
+        let (o, values) = (out.cuda_ptr()?, (rows * hidden) as u64);
+        launch!(st, op, "moe_combine", cfg_1d(rows * hidden); o, yp, ip, wp, tp, ni, ki, hi, b_dt, values);
+        Ok(Some(out))
     }
 
     /// [`crate::Backend::add_sigmoid_gated`]: one thread per value.

@@ -394,7 +394,15 @@ impl CudaBackend {
 
     /// `out [n]` bf16 = `src [n]` (dtype code `dt`) on `stream` (the device stream, or the decode
     /// lane's for weights); `out` is the start of a buffer (4-byte aligned).
-    fn convert_bf16(&self, op: &'static str, stream: &CudaStream, out: u64, src: u64, dt: i32, n: usize) -> Result<()> {
+    pub(super) fn convert_bf16(
+        &self,
+        op: &'static str,
+        stream: &CudaStream,
+        out: u64,
+        src: u64,
+        dt: i32,
+        n: usize,
+    ) -> Result<()> {
         if n == 0 {
             return Ok(());
         }

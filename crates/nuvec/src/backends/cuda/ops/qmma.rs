@@ -87,7 +87,7 @@ pub(in crate::backends::cuda) fn qmma_smem_bytes(kernel: &str) -> Option<usize> 
     let (x_rows, x_row) = match form {
         "m16" | "d16" => (16, 272),
         "m32" | "d32" => (32, 272),
-        "d64" => (64, 272),
+        "d64" | "g64" => (64, 272),
         "f32" => (8, 528),
         _ => return None,
     };
