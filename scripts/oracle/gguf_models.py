@@ -80,6 +80,18 @@ def expert_shapes(experts, width, hidden):
             "ffn_down_exps": (experts, hidden, width)}
 
 
+def closing_fields(reader, vocab):
+    """The config fields every tiny model's dense checkpoint ends with: SmolLM2's vocabulary and
+    special ids (from `reader`), an untied head, f32."""
+    return {
+        "vocab_size": vocab,
+        "tie_word_embeddings": False,
+        "bos_token_id": int(fx.gguf_field(reader, "tokenizer.ggml.bos_token_id")),
+        "eos_token_id": int(fx.gguf_field(reader, "tokenizer.ggml.eos_token_id")),
+        "torch_dtype": "float32",
+    }
+
+
 def write_dense(ref, dense, config, reader):
     """The dense f32 MLX checkpoint of `dense` with `config`, and the SmolLM2 tokenizer."""
     ref.mkdir(parents=True, exist_ok=True)

@@ -12,6 +12,7 @@ use nuvec::quantize::{dequantize, quantize_affine};
 use nuvec::{Array, DType, Matrix, QuantMode, QuantSpec, Quantized};
 use serde_json::{json, Map, Value};
 
+use crate::convert_qwen3_5;
 use crate::output_dir::check_output;
 use crate::quantization::{Legacy, Quantization};
 use crate::staged::Staged;
@@ -299,6 +300,8 @@ pub fn convert(source: &str, out: &Path, options: &ConvertOptions) -> Result<()>
     }
     check_output(out, &hub::resolve(source)?, options.force)?;
     let mut ck = read_source(source)?;
+    let model_type = ck.config.get("model_type").and_then(Value::as_str).unwrap_or_default().to_string();
+    convert_qwen3_5::sanitize(&model_type, &mut ck.tensors)?;
     let mut quantized = quantized_modules(&ck.config, &ck.tensors)?;
     if let Some(first) = ck.not_mlx.keys().next() {
         if options.quantize.is_none() && !options.dequantize {
@@ -322,10 +325,11 @@ pub fn convert(source: &str, out: &Path, options: &ConvertOptions) -> Result<()>
         Some("float32") => Some(DType::F32),
         _ => None,
     });
-    refuse_hybrid(source, &ck.config, options.quantize.is_some() || dtype.is_some())?;
     if let Some(dtype) = dtype {
-        for a in ck.tensors.values_mut() {
-            *a = cast(a, dtype)?;
+        for (name, a) in ck.tensors.iter_mut() {
+            if !convert_qwen3_5::keeps_dtype(&model_type, name) {
+                *a = cast(a, dtype)?;
+            }
         }
         quantized = quantized_modules(&ck.config, &ck.tensors)?;
     }
@@ -363,7 +367,6 @@ pub fn convert(source: &str, out: &Path, options: &ConvertOptions) -> Result<()>
         }
     } else if let Some(spec) = options.quantize {
         let names: Vec<String> = ck.tensors.keys().cloned().collect();
-        let model_type = ck.config.get("model_type").and_then(Value::as_str).unwrap_or_default().to_string();
         for name in names {
             let a = &ck.tensors[&name];
             // Matrices, and experts stacked as mlx-lm's SwitchLinear holds them ([experts, rows,
@@ -469,23 +472,6 @@ fn write(out: &Path, ck: &Checkpoint) -> Result<()> {
     for (name, bytes) in &ck.files {
         let p = out.join(name);
         std::fs::write(&p, bytes).map_err(io(&p))?;
-    }
-    Ok(())
-}
-
-// ---- Gated DeltaNet ----
-
-/// mlx_lm.convert treats Qwen3.5 specially when it casts or quantizes (A_log stays float32, the
-/// MoE router and shared-expert gates get 8 bits, vision and MTP tensors are dropped); this
-/// converter does not yet, so it refuses rather than write something mlx-lm would not.
-fn refuse_hybrid(source: &str, config: &serde_json::Map<String, Value>, changes_tensors: bool) -> Result<()> {
-    let model_type = config.get("model_type").and_then(Value::as_str).unwrap_or("");
-    if changes_tensors && matches!(model_type, "qwen3_5" | "qwen3_5_moe") {
-        return Err(Error::Unsupported(format!(
-            "{source}: converting a {model_type} checkpoint (cast or quantized) is not built yet: mlx_lm.convert keeps \
-             A_log in float32, quantizes the MoE gates to 8 bits and drops vision tensors; convert it with \
-             mlx_lm.convert, which nuvec loads"
-        )));
     }
     Ok(())
 }

@@ -9,6 +9,7 @@ use nuvec::{Array, Matrix, QuantSpec};
 use serde_json::{json, Map, Value};
 
 use crate::config::Config;
+use crate::gguf_qwen35::{self, ValueHeads};
 use crate::gguf_tokenizer;
 use crate::models::Model;
 use crate::tokenizer::Tokenizer;
@@ -16,8 +17,15 @@ use crate::weights::Weights;
 use crate::{Error, Result};
 
 /// GGUF architectures nuvec maps, and the model_type they load as.
-const ARCHITECTURES: &[(&str, &str)] =
-    &[("llama", "llama"), ("qwen2", "qwen2"), ("qwen3", "qwen3"), ("qwen3moe", "qwen3_moe"), ("gpt-oss", "gpt_oss")];
+const ARCHITECTURES: &[(&str, &str)] = &[
+    ("llama", "llama"),
+    ("qwen2", "qwen2"),
+    ("qwen3", "qwen3"),
+    ("qwen3moe", "qwen3_moe"),
+    ("gpt-oss", "gpt_oss"),
+    ("qwen35", "qwen3_5"),
+    ("qwen35moe", "qwen3_5_moe"),
+];
 
 /// Loads a model and its tokenizer from one GGUF file.
 pub fn load_gguf(path: &Path) -> Result<(Model, Tokenizer)> {
@@ -31,7 +39,8 @@ pub fn load_gguf_on(path: &Path, device: nuvec::Device) -> Result<(Model, Tokeni
     let arch = meta_str(&file, "general.architecture")?;
     let Some(&(_, model_type)) = ARCHITECTURES.iter().find(|(a, _)| *a == arch) else {
         return Err(Error::Unsupported(format!(
-            "{label}: GGUF architecture {arch:?} is not mapped (llama, mistral, qwen2, qwen3, qwen3moe, gpt-oss are)"
+            "{label}: GGUF architecture {arch:?} is not mapped (llama, mistral, qwen2, qwen3, qwen3moe, gpt-oss, \
+             qwen35, qwen35moe are)"
         )));
     };
     let config = Config::from_json(&label, &config_json(&file, arch, model_type)?.to_string())?;
@@ -96,7 +105,7 @@ fn config_json(file: &GgufFile, arch: &str, model_type: &str) -> Result<Value> {
     config.insert("num_hidden_layers".into(), layers.into());
     if model_type == "qwen3_moe" || model_type == "gpt_oss" {
         moe_config(file, arch, model_type, &mut config)?;
-    } else {
+    } else if !gguf_qwen35::is_hybrid(arch) {
         config.insert("intermediate_size".into(), meta_u64(file, &key("feed_forward_length"))?.into());
     }
     config.insert("num_attention_heads".into(), heads.into());
@@ -155,6 +164,9 @@ fn config_json(file: &GgufFile, arch: &str, model_type: &str) -> Result<Value> {
     let has_bias = file.tensors().iter().any(|t| t.name == "blk.0.attn_q.bias");
     if model_type == "llama" {
         config.insert("attention_bias".into(), has_bias.into());
+    }
+    if gguf_qwen35::is_hybrid(arch) {
+        gguf_qwen35::config(file, arch, &mut config)?;
     }
     Ok(Value::Object(config))
 }
@@ -216,7 +228,16 @@ fn checkpoint_name(arch: &str, name: &str) -> Option<String> {
     }
     let rest = name.strip_prefix("blk.")?;
     let (layer, rest) = rest.split_once('.')?;
+    let hybrid = gguf_qwen35::is_hybrid(arch);
+    if hybrid {
+        if let Some(special) = gguf_qwen35::special_name(layer, rest) {
+            return Some(special);
+        }
+    }
     let (module, suffix) = rest.rsplit_once('.')?;
+    if let Some(m) = gguf_qwen35::module_name(module).filter(|_| hybrid) {
+        return Some(format!("model.layers.{layer}.{m}.{suffix}"));
+    }
     if (module, suffix, arch) == ("attn_sinks", "weight", "gpt-oss") {
         return Some(format!("model.layers.{layer}.self_attn.sinks"));
     }
@@ -299,10 +320,22 @@ fn converted_arrays(file: &GgufFile, config: &Config, arch: &str) -> Result<Conv
             ),
         });
     }
+    // The Qwen3.5 hybrids' multi-token-prediction layers follow the decoder's: not read.
+    let layers = config.usize("num_hidden_layers")?;
+    let decoder = |name: &str| -> bool {
+        let layer =
+            name.strip_prefix("blk.").and_then(|r| r.split_once('.')).and_then(|(l, _)| l.parse::<usize>().ok());
+        !gguf_qwen35::is_hybrid(arch) || layer.is_none_or(|l| l < layers)
+    };
+    let heads_v = if gguf_qwen35::is_hybrid(arch) { Some(ValueHeads::of(config)?) } else { None };
     // llama.cpp refuses a file with tensors its model does not load ("wrong number of
     // tensors"), and so does mlx-lm for a checkpoint's: they are another model's weights.
-    let unmapped: Vec<&str> =
-        file.tensors().iter().map(|t| t.name.as_str()).filter(|n| checkpoint_name(arch, n).is_none()).collect();
+    let unmapped: Vec<&str> = file
+        .tensors()
+        .iter()
+        .map(|t| t.name.as_str())
+        .filter(|n| decoder(n) && checkpoint_name(arch, n).is_none())
+        .collect();
     if !unmapped.is_empty() {
         let shown = unmapped.iter().take(5).copied().collect::<Vec<_>>().join(", ");
         return Err(Error::Weights {
@@ -318,18 +351,27 @@ fn converted_arrays(file: &GgufFile, config: &Config, arch: &str) -> Result<Conv
     let mut arrays: HashMap<String, Array> = HashMap::new();
     let mut specs: HashMap<String, QuantSpec> = HashMap::new();
     for tensor in file.tensors() {
-        let Some(name) = checkpoint_name(arch, &tensor.name) else {
+        let Some(name) = checkpoint_name(arch, &tensor.name).filter(|_| decoder(&tensor.name)) else {
             continue;
         };
+        // The module's GGUF name (`attn_q` of `blk.0.attn_q.weight`, `ssm_a` of `blk.0.ssm_a`).
+        let module = tensor.name.split('.').nth(2).unwrap_or("");
         if tensor.dims.len() == 1 {
-            arrays.insert(name, file.float_array(tensor)?);
+            let a = file.float_array(tensor)?;
+            let a = match &heads_v {
+                Some(h) => gguf_qwen35::vector(module, &a, h, &tensor.name)?.unwrap_or(a),
+                None => a,
+            };
+            arrays.insert(name, a);
             continue;
         }
-        let order = match (arch, tensor.name.rsplit('.').nth(1)) {
-            ("llama", Some("attn_q")) => Some(head_rows(file, tensor, arch, "head_count", heads)?),
-            ("llama", Some("attn_k")) => Some(head_rows(file, tensor, arch, "head_count_kv", kv_heads)?),
-            _ => None,
+        let order = match (arch, module) {
+            ("llama", "attn_q") => Some(head_rows(file, tensor, arch, "head_count", heads)?),
+            ("llama", "attn_k") => Some(head_rows(file, tensor, arch, "head_count_kv", kv_heads)?),
+            _ => heads_v.as_ref().and_then(|h| h.rows_of(module, tensor.dims[1])),
         };
+        // ssm_out's columns are the value heads: moved as whole blocks after the conversion.
+        let columns = heads_v.as_ref().filter(|_| module == "ssm_out").and_then(ValueHeads::column_blocks);
         let base = name.trim_end_matches(".weight").to_string();
         // Stacked experts ([cols, rows, experts], innermost first) are one matrix of
         // experts x rows rows, each row converted alone; the parts then stack as MLX's do.
@@ -347,15 +389,36 @@ fn converted_arrays(file: &GgufFile, config: &Config, arch: &str) -> Result<Conv
                 _ => Ok(a),
             }
         };
+        // Column blocks of `unit` weight columns, as an array of `per` elements per `of` columns.
+        let moved = |a: Array, per: usize, of: usize| -> Result<Array> {
+            let Some((unit, blocks)) = &columns else {
+                return Ok(a);
+            };
+            if !(unit * per).is_multiple_of(of) {
+                return Err(Error::Unsupported(format!(
+                    "{}: {}'s value heads of {unit} columns do not fall on its blocks of {of}; this layout is not \
+                     mapped",
+                    file.path().display(),
+                    tensor.name
+                )));
+            }
+            gguf_qwen35::permute_column_blocks(&a, unit * per / of, blocks)
+        };
         match gguf_matrix(file, &flat, order.as_deref())? {
+            // mlx-lm's convolution is [channels, kernel, 1].
+            Matrix::Dense(a) if module == "ssm_conv1d" => {
+                let shape = [a.dim(0), a.dim(1), 1];
+                arrays.insert(name, a.reshape(&shape)?);
+            }
             Matrix::Dense(a) => {
-                arrays.insert(name, stacked(a)?);
+                arrays.insert(name, stacked(moved(a, 1, 1)?)?);
             }
             Matrix::Quantized(q) => {
-                arrays.insert(format!("{base}.weight"), stacked(q.packed)?);
-                arrays.insert(format!("{base}.scales"), stacked(q.scales)?);
+                let (bits, group) = (q.spec.bits, q.spec.group_size);
+                arrays.insert(format!("{base}.weight"), stacked(moved(q.packed, bits, 32)?)?);
+                arrays.insert(format!("{base}.scales"), stacked(moved(q.scales, 1, group)?)?);
                 if q.spec.mode.has_biases() {
-                    arrays.insert(format!("{base}.biases"), stacked(q.biases)?);
+                    arrays.insert(format!("{base}.biases"), stacked(moved(q.biases, 1, group)?)?);
                 }
                 specs.insert(base, q.spec);
             }

@@ -21,12 +21,14 @@ pub mod chat;
 pub mod config;
 pub mod constrain;
 pub mod convert;
+mod convert_qwen3_5;
 // CUDA graphs: one-token decode steps replayed.
 pub mod decode_graph;
 pub mod engine;
 mod error;
 pub mod generate;
 pub mod gguf;
+mod gguf_qwen35;
 mod gguf_spm;
 pub mod gguf_tokenizer;
 pub mod hub;

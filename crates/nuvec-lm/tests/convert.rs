@@ -168,3 +168,72 @@ fn stacked_experts_convert_both_ways() {
     common::gguf_oracle::check_against_oracle(&model, &ids(&oracle_json(&source)["prompt_ids"]), &source);
     std::fs::remove_dir_all(&out).ok();
 }
+
+/// `mlx_lm.convert` run by the oracle's Python on `source` with `args`, into `out`.
+fn mlx_lm_convert(source: &std::path::Path, out: &std::path::Path, args: &[&str]) {
+    let python = std::env::var("NUVEC_ORACLE_PYTHON").expect("NUVEC_ORACLE_PYTHON is not set: run scripts/test.sh");
+    let run = std::process::Command::new(python)
+        .args(["-m", "mlx_lm", "convert", "--hf-path"])
+        .arg(source)
+        .arg("--mlx-path")
+        .arg(out)
+        .args(args)
+        .output()
+        .expect("run the oracle's python");
+    assert!(
+        run.status.success(),
+        "mlx_lm.convert failed on {}:\n{}",
+        source.display(),
+        String::from_utf8_lossy(&run.stderr)
+    );
+}
+
+/// Qwen3.5 converts as mlx_lm.convert converts it, tensor for tensor and bit for bit: a Hugging
+/// Face original cast to bf16 (its language model renamed, convolutions moved to [C, K, 1], the
+/// `1 + w` norms stored shifted, A_log left in f32), and an MLX-layout MoE checkpoint quantized
+/// to 4 bits (the router and the shared expert's gate at 8); mlx-lm answers from ours as nuvec
+/// does.
+#[test]
+fn qwen3_5_converts_as_mlx_lm_convert_does() {
+    let q4 = QuantSpec { mode: QuantMode::Affine, bits: 4, group_size: 64 };
+    for (case, dtype, quantize, args) in [
+        ("qwen3_5/qwen3_5-hf", Some(DType::BF16), None, &["--dtype", "bfloat16"][..]),
+        // In f32, so that mlx-lm and nuvec compute alike (in bf16 mlx-lm rounds every activation).
+        ("qwen3_5/qwen3_5_moe-f32", None, Some(q4), &["-q", "--q-bits", "4", "--q-group-size", "64"]),
+    ] {
+        let source = fixtures().join(case);
+        let (ours_dir, theirs_dir) = (out_dir("q35-ours"), out_dir("q35-theirs"));
+        mlx_lm_convert(&source, &theirs_dir, args);
+        let options = ConvertOptions { dtype, quantize, ..Default::default() };
+        convert(source.to_str().unwrap(), &ours_dir, &options).unwrap();
+        let tensors = |dir: &std::path::Path| {
+            let mut all = std::collections::BTreeMap::new();
+            for entry in std::fs::read_dir(dir).unwrap() {
+                let path = entry.unwrap().path();
+                if path.extension().is_some_and(|e| e == "safetensors") {
+                    let file = nuvec::io::SafetensorsFile::open(&path).unwrap();
+                    for name in file.tensors().keys() {
+                        all.insert(name.clone(), file.array(name).unwrap());
+                    }
+                }
+            }
+            all
+        };
+        let (ours_t, theirs_t) = (tensors(&ours_dir), tensors(&theirs_dir));
+        let names = |t: &std::collections::BTreeMap<String, nuvec::Array>| t.keys().cloned().collect::<Vec<_>>();
+        assert_eq!(names(&ours_t), names(&theirs_t), "{case}: the tensors mlx_lm.convert writes");
+        for (name, theirs) in &theirs_t {
+            let ours = &ours_t[name];
+            assert_eq!((ours.shape(), ours.dtype()), (theirs.shape(), theirs.dtype()), "{case}: {name}");
+            let bits = |a: &nuvec::Array| match a.dtype() {
+                DType::U32 => a.to_vec::<u32>().unwrap(),
+                _ => a.to_f32_vec().unwrap().iter().map(|v| v.to_bits()).collect(),
+            };
+            assert!(bits(ours) == bits(theirs), "{case}: {name} differs from mlx_lm.convert's");
+        }
+        let prompt = "The capital of France is";
+        assert_eq!(ours(ours_dir.to_str().unwrap(), false, 12, prompt), mlx_lm(&ours_dir, "raw", 12, prompt), "{case}");
+        std::fs::remove_dir_all(&ours_dir).ok();
+        std::fs::remove_dir_all(&theirs_dir).ok();
+    }
+}

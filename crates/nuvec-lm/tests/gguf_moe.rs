@@ -13,43 +13,7 @@
 
 mod common;
 
-use common::gguf_oracle::{check_against_oracle, mlx_lm_tokens, our_tokens};
-use common::*;
-use nuvec_lm::convert::{convert, ConvertOptions};
-
-fn answers_like_mlx_lm(case: &str, model_type: &str) {
-    let dir = fixtures().join(case);
-    let oracle = oracle_json(&dir);
-    let (model, tokenizer) = nuvec_lm::load(dir.join("model.gguf").to_str().unwrap()).unwrap();
-    assert_eq!(model.model_type(), model_type);
-    let prompt = ids(&oracle["prompt_ids"]);
-    assert_eq!(tokenizer.encode(oracle["prompt"].as_str().unwrap(), true).unwrap(), prompt);
-    check_against_oracle(&model, &prompt, &dir);
-}
-
-fn converts_to_checkpoints_mlx_lm_answers_from(case: &str) {
-    let dir = fixtures().join(case);
-    let oracle = oracle_json(&dir);
-    let prompt = oracle["prompt"].as_str().unwrap();
-    let gguf = dir.join("model.gguf");
-    let out = std::env::temp_dir().join(format!("nuvec-{case}-{}", std::process::id()));
-    std::fs::remove_dir_all(&out).ok();
-    // Q4_0, Q4_1, Q8_0 (affine groups of 32) and MXFP4 (MLX's mxfp4) are kept exactly.
-    convert(gguf.to_str().unwrap(), &out, &ConvertOptions::default()).unwrap();
-    let want = ids(&oracle["greedy_tokens"]);
-    let steps = want.len();
-    assert_eq!(mlx_lm_tokens(&out, steps, prompt), want, "{case}: mlx-lm on the converted checkpoint");
-    assert_eq!(our_tokens(&out, steps, prompt), want, "{case}: nuvec on the converted checkpoint");
-    std::fs::remove_dir_all(&out).ok();
-    // -d in f32 (by default the dense weights would take the f16 scales' type, and mxfp4 bf16, as
-    // mlx_lm.convert -d writes them): llama.cpp's values, the stacked experts keeping their
-    // [experts, rows, cols] shape; the oracle's own checkpoint, up to summation order.
-    let options = ConvertOptions { dequantize: true, dtype: Some(nuvec::DType::F32), ..Default::default() };
-    convert(gguf.to_str().unwrap(), &out, &options).unwrap();
-    let (model, _) = nuvec_lm::load(out.to_str().unwrap()).unwrap();
-    check_against_oracle(&model, &ids(&oracle["prompt_ids"]), &dir);
-    std::fs::remove_dir_all(&out).ok();
-}
+use common::gguf_oracle::{answers_like_mlx_lm, converts_to_checkpoints_mlx_lm_answers_from};
 
 #[test]
 fn qwen3moe_gguf_answers_like_mlx_lm() {

@@ -7,7 +7,9 @@ use std::process::Command;
 use nuvec_lm::sample::argmax;
 use nuvec_lm::{generate, GenerateOptions, Model};
 
-use super::{ids, oracle_f32, oracle_json};
+use nuvec_lm::convert::{convert, ConvertOptions};
+
+use super::{fixtures, ids, oracle_f32, oracle_json};
 
 /// Summation order alone: the tolerance of an f32 computation (as parity.rs).
 pub const F32_TOLERANCE: f32 = 2e-3;
@@ -87,4 +89,42 @@ pub fn our_tokens(path: &Path, max_tokens: usize, prompt: &str) -> Vec<u32> {
     let (model, tokenizer) = nuvec_lm::load(path.to_str().unwrap()).unwrap();
     let ids = tokenizer.encode(prompt, true).unwrap();
     generate(&model, &ids, GenerateOptions { max_tokens, ..Default::default() }).unwrap().map(|t| t.unwrap()).collect()
+}
+
+/// The GGUF record `case` (scripts/oracle/more/gguf_*.py) loads as `model_type`, encodes the
+/// prompt to the recorded ids and answers as mlx-lm did on the dense checkpoint.
+pub fn answers_like_mlx_lm(case: &str, model_type: &str) {
+    let dir = fixtures().join(case);
+    let oracle = oracle_json(&dir);
+    let (model, tokenizer) = nuvec_lm::load(dir.join("model.gguf").to_str().unwrap()).unwrap();
+    assert_eq!(model.model_type(), model_type);
+    let prompt = ids(&oracle["prompt_ids"]);
+    assert_eq!(tokenizer.encode(oracle["prompt"].as_str().unwrap(), true).unwrap(), prompt);
+    check_against_oracle(&model, &prompt, &dir);
+}
+
+/// `nuvec convert` writes the GGUF record `case` as an MLX checkpoint that mlx-lm and nuvec answer
+/// from with the recorded tokens, and with `-d` (f32) as a dense one that answers as the oracle's.
+pub fn converts_to_checkpoints_mlx_lm_answers_from(case: &str) {
+    let dir = fixtures().join(case);
+    let oracle = oracle_json(&dir);
+    let prompt = oracle["prompt"].as_str().unwrap();
+    let gguf = dir.join("model.gguf");
+    let out = std::env::temp_dir().join(format!("nuvec-{case}-{}", std::process::id()));
+    std::fs::remove_dir_all(&out).ok();
+    // Q4_0, Q4_1, Q8_0 (affine groups of 32) and MXFP4 (MLX's mxfp4) are kept exactly.
+    convert(gguf.to_str().unwrap(), &out, &ConvertOptions::default()).unwrap();
+    let want = ids(&oracle["greedy_tokens"]);
+    let steps = want.len();
+    assert_eq!(mlx_lm_tokens(&out, steps, prompt), want, "{case}: mlx-lm on the converted checkpoint");
+    assert_eq!(our_tokens(&out, steps, prompt), want, "{case}: nuvec on the converted checkpoint");
+    std::fs::remove_dir_all(&out).ok();
+    // -d in f32 (by default the dense weights would take the f16 scales' type, and mxfp4 bf16, as
+    // mlx_lm.convert -d writes them): llama.cpp's values, the stacked experts keeping their
+    // [experts, rows, cols] shape; the oracle's own checkpoint, up to summation order.
+    let options = ConvertOptions { dequantize: true, dtype: Some(nuvec::DType::F32), ..Default::default() };
+    convert(gguf.to_str().unwrap(), &out, &options).unwrap();
+    let (model, _) = nuvec_lm::load(out.to_str().unwrap()).unwrap();
+    check_against_oracle(&model, &ids(&oracle["prompt_ids"]), &dir);
+    std::fs::remove_dir_all(&out).ok();
 }
