@@ -8,7 +8,7 @@
 // per-expert output scales, with and without bias rows (tolerance 1e-4 relative to
 // |want| + mean|want|); moe_shared_add against the host's gated sum; and the grouped path of
 // many rows (moe_align, qmma_bN_g64 for gate and up, moe_act_bf16, qmma_bN_g64 for down,
-// moe_combine) for 4- and 8-bit weights with bf16 scales, against the same definition with x,
+// moe_combine) for 4- and 8-bit weights with bf16 scales and mxfp4 ones, against the same definition with x,
 // the decoded weights and the activations rounded to bf16 as the path rounds them (tolerance
 // 1e-3: an activation's rounding may land on the other side of a bf16 step), with an expert
 // given more than one tile of slots and experts given none. Built and run by run.sh, which
@@ -89,6 +89,7 @@ static Mat make(const std::string& fmt, int n, int k, int group, int dt, float f
             } else {
                 double s = fmt == "nvfp4" ? e4m3(m.sc[g]) * factor : std::ldexp(1.0, (int)m.sc[g] - 127);
                 m.value[i] = (bits == 8 ? e4m3(q[i]) : e2m1(q[i])) * s;
+                m.value_bf16.push_back(m.value[i]);  // a code times a power of two: exact in bf16
             }
         }
     return m;
@@ -246,7 +247,7 @@ static void test_grouped(const std::string& fmt, int group, int E, int hidden, i
     std::vector<float> gu((size_t)slots * 2 * inter, NAN), y((size_t)slots * hidden, NAN), out((size_t)rows * hidden, NAN);
     int lg = 0;
     while ((1 << lg) < group) ++lg;
-    auto grouped = fmt == "b4" ? qmma_b4_g64 : qmma_b8_g64;
+    auto grouped = fmt == "b4" ? qmma_b4_g64 : fmt == "b8" ? qmma_b8_g64 : qmma_fp4_g64;
     emu_launch({1, 1, 1}, {1024, 1, 1}, [&] { moe_align(order.data(), tile_expert.data(), ids.data(), slots, E, tiles); });
     emu_launch({2 * (unsigned)((inter + 127) / 128), 1, (unsigned)tiles}, {128, 1, 1}, [&] {
         grouped(gu.data(), xb.data(), order.data(), tile_expert.data(), index.data(), E, 0, 1, top_k, inter, hidden, lg);
@@ -372,6 +373,7 @@ int main() {
     test_grouped("b4", 64, 6, 192, 128, false, MOE_ACT_SILU, 80, true, false);
     test_grouped("b4", 32, 12, 160, 96, true, MOE_ACT_SWIGLU_OAI, 5, false, false);
     test_grouped("b8", 32, 6, 160, 96, true, MOE_ACT_GELU_APPROX, 40, false, true);
+    test_grouped("mxfp4", 32, 6, 160, 96, true, MOE_ACT_SWIGLU_OAI, 80, true, false);
     printf(fails ? "moe: %d FAILED\n" : "moe: all passed\n", fails);
     return fails ? 1 : 0;
 }

@@ -1,8 +1,8 @@
 //! Mixture-of-experts layers of many rows (a prefill) on the grouped tensor-core products: the
 //! slots sorted by expert on the device, each tile of 64 one product with its expert's weights
-//! decoded to bf16 (kernels/qmma.cu's `qmma_bN_g64`), for 4- and 8-bit affine experts with bf16
-//! scales, SiLU and gpt-oss's clamped SwiGLU with bias rows, with one expert given several tiles
-//! of slots and others none.
+//! decoded to bf16 (kernels/qmma.cu's `qmma_bN_g64`, `qmma_fp4_g64`), for 4- and 8-bit affine
+//! experts with bf16 scales and mxfp4 ones (gpt-oss's), SiLU and gpt-oss's clamped SwiGLU with
+//! bias rows, with one expert given several tiles of slots and others none.
 //!
 //! Checked against the product of the operands rounded as the path rounds them (x, each decoded
 //! weight and each activation to bf16), computed on the host in f64. The bound comes from the
@@ -31,9 +31,38 @@ fn bf(v: f64) -> f64 {
     bf16::from_f64(v).to_f64()
 }
 
-/// A random affine `[rows, cols]` weight with bf16 scales, and its values as the grouped kernels
-/// decode them (`s q + b` rounded once to bf16).
+/// A random mxfp4 `[rows, cols]` weight (scales 2^-9 .. 2^-1) and its values (a code's e2m1 value
+/// times its group's power of two: exact in bf16).
+fn mxfp4_weight(rng: &mut Rng, rows: usize, cols: usize) -> (Matrix, Vec<f64>) {
+    const E2M1: [f64; 8] = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0];
+    let packed: Vec<u32> = (0..rows * cols / 8).map(|_| rng.next_u32()).collect();
+    let scales: Vec<u8> = (0..rows * cols / 32).map(|_| 118 + (rng.next_u32() % 9) as u8).collect();
+    let values = (0..rows * cols)
+        .map(|i| {
+            let code = (packed[i / 8] >> (4 * (i % 8))) & 15;
+            let sign = if code & 8 != 0 { -1.0 } else { 1.0 };
+            sign * E2M1[(code & 7) as usize] * 2f64.powi(scales[i / 32] as i32 - 127)
+        })
+        .collect();
+    let spec = QuantSpec { mode: QuantMode::Mxfp4, bits: 4, group_size: 32 };
+    let q = Quantized::new_fp(
+        Array::from_slice(&packed, &[rows, cols / 8]).unwrap(),
+        Array::from_slice(&scales, &[rows, cols / 32]).unwrap(),
+        None,
+        spec,
+        cols,
+    )
+    .unwrap();
+    (Matrix::Quantized(q), values)
+}
+
+/// A random `[rows, cols]` weight of `bits` (0: mxfp4; else affine in groups of `group` with bf16
+/// scales) and its values as the grouped kernels decode them (affine: `s q + b` rounded once to
+/// bf16).
 fn weight(rng: &mut Rng, rows: usize, cols: usize, bits: usize, group: usize) -> (Matrix, Vec<f64>) {
+    if bits == 0 {
+        return mxfp4_weight(rng, rows, cols);
+    }
     let words = cols * bits / 32;
     let packed: Vec<u32> = (0..rows * words).map(|_| rng.next_u32()).collect();
     let groups = cols / group;
@@ -195,7 +224,7 @@ fn run(l: &Layer, x: &[f32], ids: &[u32], w: &[f32], top_k: usize) -> Vec<f32> {
 fn grouped_experts_match_the_rounded_product() {
     let (n, hidden, inter, top_k) = (8usize, 256usize, 192usize, 2usize);
     let oai = ExpertActivation::SwigluOai { alpha: 1.702, limit: 7.0 };
-    for (bits, group, act, biased) in [(4, 64, ExpertActivation::Silu, false), (8, 32, oai, true)] {
+    for (bits, group, act, biased) in [(4, 64, ExpertActivation::Silu, false), (8, 32, oai, true), (0, 32, oai, true)] {
         let l = layer(n, hidden, inter, bits, group, act, biased);
         let mut rng = Rng::new(bits as u64);
         let rows = 300;
@@ -203,7 +232,11 @@ fn grouped_experts_match_the_rounded_product() {
         let (ids, w) = routes(&mut rng, rows, n, top_k);
         let got = run(&l, &x, &ids, &w, top_k);
         let (want, bound) = reference(&l, &x, &ids, &w, top_k);
-        let case = format!("q{bits} g{group} {act:?} biases {biased}");
+        let case = if bits == 0 {
+            format!("mxfp4 {act:?} biases {biased}")
+        } else {
+            format!("q{bits} g{group} {act:?} biases {biased}")
+        };
         let mut worst = 0f64;
         for (i, ((&g, &e), &b)) in got.iter().zip(&want).zip(&bound).enumerate() {
             let err = (g as f64 - e).abs();

@@ -59,10 +59,28 @@ __device__ __forceinline__ u32 qm_q8_pair(u32 lo, u32 hi, int e) {
     return bf16x2_rn(a, b);
 }
 
-// The lane's B registers of steps 2i (st = 0) and 2i + 1 from its piece i in w.
-template <int BITS>
+// The bf16 pair of twice the e2m1 (mxfp4) values of the codes in bits 0-3 and 16-19 of v:
+// magnitudes 0, 1, 2, 3, 4, 6, 8, 12 looked up by byte permutes (their bf16 low bytes, then high
+// bytes, eight to a register pair), the code's sign bit as bf16's. Twice, so that the group's
+// multiplier 2^(E - 128) (qm_issue) stays in bf16's range for every e8m0 exponent E.
+__device__ __forceinline__ u32 qm_fp4_pair(u32 v) {
+    const u32 sel = (v & 0x7u) | ((v >> 12) & 0x70u);
+    const u32 lo = __byte_perm(0x40008000u, 0x4000C080u, sel);
+    const u32 hi = __byte_perm(0x40403F00u, 0x41414040u, sel);
+    return __byte_perm(lo, hi, 0x5140u) | ((v & 0x00080008u) << 12);
+}
+
+// The lane's B registers of steps 2i (st = 0) and 2i + 1 from its piece i in w; FP4: e2m1 codes
+// (qm_fp4_pair) instead of integers.
+template <int BITS, bool FP4 = false>
 __device__ __forceinline__ void qm_b(const u32 (&w)[BITS], int i, u32 magic, u32 (&b)[2][2]) {
-    if constexpr (BITS == 4) {
+    if constexpr (FP4) {
+        const u32 v = w[i];
+        b[0][0] = qm_fp4_pair(v);
+        b[0][1] = qm_fp4_pair(v >> 4);
+        b[1][0] = qm_fp4_pair(v >> 8);
+        b[1][1] = qm_fp4_pair(v >> 12);
+    } else if constexpr (BITS == 4) {
         const u32 v = w[i];
         b[0][0] = qm_q4_pair(v, magic);
         b[0][1] = qm_q4_pair(v >> 4, magic);
@@ -118,7 +136,7 @@ struct QmRows {
 
 // Issues chunk c's weights and x's rows m0.. into slot `slot` (cp.async; zeros past N, M or K) and loads the
 // scales and biases of weight row nb + threadIdx.x for its groups into s and b.
-template <int BITS, int MT, bool SPLIT, bool GATHER>
+template <int BITS, int MT, bool SPLIT, bool GATHER, bool FP4 = false>
 __device__ __forceinline__ void qm_issue(int slot, int c, const void* x, int m, int m0, int n, int k, int nb, const u32* packed,
                                          const void* scales, const void* biases, int p_dt, int lg, const QmRows& rows,
                                          float (&s)[4], float (&b)[4]) {
@@ -161,8 +179,16 @@ __device__ __forceinline__ void qm_issue(int slot, int c, const void* x, int m, 
     for (int gb = 0; gb < 4; ++gb) {
         const int k0 = c * QM_CHUNK + (gb << lg);
         const bool in = r < n && gb < (QM_CHUNK >> lg) && k0 < k;
-        s[gb] = in ? load_float(scales, (size_t)r * gpr + (k0 >> lg), p_dt) : 0.0f;
-        b[gb] = in ? load_float(biases, (size_t)r * gpr + (k0 >> lg), p_dt) : 0.0f;
+        if constexpr (FP4) {
+            // The e8m0 scale 2^(E - 127) over the 2 qm_fp4_pair puts in: 2^(E - 128) (E = 0: the
+            // f32 subnormal 2^-128).
+            const u32 e = in ? ((const unsigned char*)scales)[(size_t)r * gpr + (k0 >> lg)] : 1u;
+            s[gb] = in ? __uint_as_float(e == 0 ? 0x00200000u : (e - 1) << 23) : 0.0f;
+            b[gb] = 0.0f;
+        } else {
+            s[gb] = in ? load_float(scales, (size_t)r * gpr + (k0 >> lg), p_dt) : 0.0f;
+            b[gb] = in ? load_float(biases, (size_t)r * gpr + (k0 >> lg), p_dt) : 0.0f;
+        }
     }
 }
 
@@ -243,7 +269,7 @@ __device__ __forceinline__ void qm_read_a(const unsigned char* xs, int r0, int k
 // as it is, instead of the factored sums.
 // The block takes column block bx (QM_ROWS weight rows) and row block mz; GATHER: its rows as
 // `rows` says.
-template <int BITS, int MT, bool SPLIT, bool DEQ, bool GATHER = false>
+template <int BITS, int MT, bool SPLIT, bool DEQ, bool GATHER = false, bool FP4 = false>
 __device__ __forceinline__ void qmma_body(float* out, const void* x, int m, int n, const u32* packed,
                                           const void* scales, const void* biases, int p_dt, int lg, int k, int cps,
                                           int bx, int mz, const QmRows& rows) {
@@ -270,8 +296,8 @@ __device__ __forceinline__ void qmma_body(float* out, const void* x, int m, int 
     for (int s = 0; s < QM_STAGES - 1; ++s) {
         if (s > 0) qm_put<BITS, MT, SPLIT>(s - 1, ps, pb);
         if (c0 + s < c1)
-            qm_issue<BITS, MT, SPLIT, GATHER>(s, c0 + s, x, m, m0, n, k, nb, packed, scales, biases, p_dt, lg, rows,
-                                              ps, pb);
+            qm_issue<BITS, MT, SPLIT, GATHER, FP4>(s, c0 + s, x, m, m0, n, k, nb, packed, scales, biases, p_dt, lg,
+                                                   rows, ps, pb);
         cp_async_commit();
     }
     for (int c = c0; c < c1; ++c) {
@@ -280,8 +306,8 @@ __device__ __forceinline__ void qmma_body(float* out, const void* x, int m, int 
         __syncthreads();                 // everyone's have, and everyone is done with chunk c - 1
         qm_put<BITS, MT, SPLIT>((it + QM_STAGES - 2) % QM_STAGES, ps, pb);
         if (c + QM_STAGES - 1 < c1)
-            qm_issue<BITS, MT, SPLIT, GATHER>((it + QM_STAGES - 1) % QM_STAGES, c + QM_STAGES - 1, x, m, m0, n, k,
-                                              nb, packed, scales, biases, p_dt, lg, rows, ps, pb);
+            qm_issue<BITS, MT, SPLIT, GATHER, FP4>((it + QM_STAGES - 1) % QM_STAGES, c + QM_STAGES - 1, x, m, m0, n,
+                                                   k, nb, packed, scales, biases, p_dt, lg, rows, ps, pb);
         cp_async_commit();
         const unsigned char* ws = qm_smem + slot * QM_SLOT(BITS, MT, SPLIT);
         const unsigned char* xs = ws + QM_ROWS * QM_WROW(BITS);
@@ -319,7 +345,7 @@ __device__ __forceinline__ void qmma_body(float* out, const void* x, int m, int 
             u32 b[QM_NT][2][2];
 #pragma unroll
             for (int j = 0; j < QM_NT; ++j) {
-                qm_b<BITS>(w[j], i, magic, b[j]);
+                qm_b<BITS, FP4>(w[j], i, magic, b[j]);
                 if constexpr (DEQ) {
 #pragma unroll
                     for (int st = 0; st < 2; ++st)
@@ -443,13 +469,14 @@ extern "C" __global__ void __launch_bounds__(128, QM_DEQ_MIN_BLOCKS) qmma_b8_d64
 // kernels do: block (x, 0, z) takes tile z of `order` (64 slots routed to expert tile_expert[z],
 // as moe.cu's moe_align laid them out; -1: an unused tile) against column block x of that
 // expert's projection `proj`, found in the layer's expert index (moe.cu's layout, QM_MOE_SLOTS
-// u64 per projection and expert: packed codes, bf16 scales, bf16 biases, ...). With `pair`,
+// u64 per projection and expert: packed codes, bf16 scales, bf16 biases, ...; mxfp4: codes and
+// e8m0 scales). With `pair`,
 // the blocks past the projection's take projection proj + 1 into columns n.. (gate and up in
 // one launch: out [slots, 2n]). x row of slot s: s / div (the token for gate and up, whose
 // slots are (token, choice) pairs; the slot itself for down). All of K in one range, so a slot's
 // result depends on its own row only, wherever the tile places it.
 #define QM_MOE_SLOTS 6
-template <int BITS>
+template <int BITS, bool FP4 = false>
 __device__ __forceinline__ void qmma_grouped(float* out, const void* x, const int* order, const int* tile_expert,
                                              const u64* index, int experts, int proj, int pair, int div, int n, int k,
                                              int lg) {
@@ -461,8 +488,9 @@ __device__ __forceinline__ void qmma_grouped(float* out, const void* x, const in
     const u64* ent = index + ((size_t)p * experts + e) * QM_MOE_SLOTS;
     const QmRows rows{order, div, pair ? 2 * n : n, col0};
     const int chunks = (k + QM_CHUNK - 1) / QM_CHUNK;
-    qmma_body<BITS, 4, false, true, true>(out, x, (int)gridDim.z * 64, n, (const u32*)ent[0], (const void*)ent[1],
-                                          (const void*)ent[2], DT_BF16, lg, k, chunks, bx, blockIdx.z, rows);
+    qmma_body<BITS, 4, false, true, true, FP4>(out, x, (int)gridDim.z * 64, n, (const u32*)ent[0],
+                                               (const void*)ent[1], (const void*)ent[2], DT_BF16, lg, k, chunks, bx,
+                                               blockIdx.z, rows);
 }
 #define QMG_PARAMS                                                                                                  \
     float *out, const void *x, const int *order, const int *tile_expert, const u64 *index, int experts, int proj, \
@@ -474,6 +502,12 @@ extern "C" __global__ void __launch_bounds__(128, QM_DEQ_MIN_BLOCKS) qmma_b4_g64
 extern "C" __global__ void __launch_bounds__(128, QM_DEQ_MIN_BLOCKS) qmma_b8_g64(QMG_PARAMS) {
     pdl_begin();
     qmma_grouped<8>(out, x, order, tile_expert, index, experts, proj, pair, div, n, k, lg);
+}
+// mxfp4 experts (e2m1 codes in groups of 32 under an e8m0 scale; lg = 5): each weight decoded
+// exactly (a code's value times a power of two).
+extern "C" __global__ void __launch_bounds__(128, QM_DEQ_MIN_BLOCKS) qmma_fp4_g64(QMG_PARAMS) {
+    pdl_begin();
+    qmma_grouped<4, true>(out, x, order, tile_expert, index, experts, proj, pair, div, n, k, lg);
 }
 
 // out [mn] = the sum of `splits` partial slices of `part` ([splits, mn]), in slice order.

@@ -2,8 +2,8 @@
 //! and for up to [`gather_rows`] rows the chosen experts read straight out of the layer's
 //! weights through an index of their buffers, made once per layer ([`CudaBackend::expert_index`]),
 //! so a decode step reads nothing back to the host and can be captured as a CUDA graph. More rows
-//! (a prefill) run grouped where the experts are 4- or 8-bit affine with bf16 scales and the
-//! precision puts them on bf16: the slots sorted by expert on the device (`moe_align`), each tile
+//! (a prefill) run grouped where the experts are 4- or 8-bit affine with bf16 scales, or mxfp4,
+//! and the precision puts them on bf16: the slots sorted by expert on the device (`moe_align`), each tile
 //! of 64 slots one tensor-core product with its expert's weights decoded in registers
 //! (qmma.cu's `qmma_bN_g64`), nothing read back to the host; other formats run the composed op,
 //! each expert once over the rows routed to it.
@@ -289,14 +289,16 @@ impl CudaBackend {
         if !grouped_allowed() {
             return Ok(None);
         }
-        let name = match kernels {
-            3 => "qmma_b4_g64",
-            6 => "qmma_b8_g64",
+        // Decoding an affine weight to bf16 in one fma rounding needs its scale and bias exact in
+        // bf16; an mxfp4 weight (Format's dt 1) is a code times a power of two, exact.
+        let (name, lg) = match (kernels, dt) {
+            (3, DT_BF16) if lg >= 5 => ("qmma_b4_g64", lg),
+            (6, DT_BF16) if lg >= 5 => ("qmma_b8_g64", lg),
+            (7, 1) => ("qmma_fp4_g64", 5),
             _ => return Ok(None),
         };
-        // Decoding a weight to bf16 in one fma rounding needs its scale and bias exact in bf16.
         let n = experts.len();
-        if dt != DT_BF16 || lg < 5 || n > MAX_EXPERTS {
+        if n > MAX_EXPERTS {
             return Ok(None);
         }
         if !matmul_precision()?.bf16_weight(-1, DT_BF16, crate::compute_dtype_hint()) {

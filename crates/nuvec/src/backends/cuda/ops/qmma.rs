@@ -81,8 +81,9 @@ pub(crate) struct QmmaKernel {
 /// kernels/qmma.cu), `None` for any other kernel. Every one passes the default 48 KiB, so the
 /// module loader raises each kernel's limit to this.
 pub(in crate::backends::cuda) fn qmma_smem_bytes(kernel: &str) -> Option<usize> {
-    let (bits, form) = kernel.strip_prefix("qmma_b")?.split_once('_')?;
-    let bits: usize = bits.parse().ok()?;
+    let (bits, form) = kernel.strip_prefix("qmma_")?.split_once('_')?;
+    // b4, b8, or fp4 (mxfp4 codes: the 4-bit layout).
+    let bits: usize = bits.strip_prefix('b').or(bits.strip_prefix("fp")).and_then(|b| b.parse().ok())?;
     // x's rows staged per slot and the bytes of each (padded).
     let (x_rows, x_row) = match form {
         "m16" | "d16" => (16, 272),
