@@ -3,12 +3,15 @@
 for speed comparisons only (its text is noise): bench/compare-gpu makes one per architecture and
 both engines load the same files.
 
-Usage: make_mlx_random.py OUT_DIR --arch qwen3-0.6b|llama-3.1-8b|qwen3-30b-a3b|gpt-oss-20b [--layers N] [--bits 4]
-       [--group-size 64] --tokenizer DIR
+Usage: make_mlx_random.py OUT_DIR --arch qwen3-0.6b|llama-3.1-8b|qwen3-30b-a3b|gpt-oss-20b|gpt-oss-20b-mxfp4
+       [--layers N] [--bits 4] [--group-size 64] --tokenizer DIR
 
 The weights are mlx's default initialisation under seed 0, cast to bfloat16 and quantized with
 `nn.quantize` (affine, bf16 scales and biases; embeddings and the LM head included), as
-`mlx_lm.convert -q` leaves a bf16 model. --layers cuts the layer count (say so when reporting).
+`mlx_lm.convert -q` leaves a bf16 model. gpt-oss-20b-mxfp4 is quantized as mlx-community's
+gpt-oss MXFP4-Q8 checkpoints are (and as its GGUFs load): the experts in mxfp4, everything else
+affine 8-bit in groups of 64 (mlx_lm.utils.quantize_model; --bits and --group-size do not apply).
+--layers cuts the layer count (say so when reporting).
 """
 
 import argparse
@@ -56,6 +59,13 @@ CONFIGS = {
         max_position_embeddings=131072, tie_word_embeddings=False,
     ),
 }
+# gpt-oss in its own format: the same shape, the experts in mxfp4 (see main).
+CONFIGS["gpt-oss-20b-mxfp4"] = CONFIGS["gpt-oss-20b"]
+
+
+def mxfp4_experts(path, _module):
+    """mlx-community's MXFP4-Q8 layout: the experts mxfp4, the rest at quantize_model's 8 bits."""
+    return {"group_size": 32, "bits": 4, "mode": "mxfp4"} if ".experts." in f"{path}." else True
 
 
 def main():
@@ -68,7 +78,7 @@ def main():
     ap.add_argument("--tokenizer", required=True, help="folder with tokenizer.json and tokenizer_config.json")
     a = ap.parse_args()
 
-    from mlx_lm.utils import _get_classes, save_config, save_model
+    from mlx_lm.utils import _get_classes, quantize_model, save_config, save_model
 
     config = dict(CONFIGS[a.arch])
     if a.layers:
@@ -79,9 +89,13 @@ def main():
     model_class, args_class = _get_classes(config)
     model = model_class(args_class.from_dict(config))
     model.set_dtype(mx.bfloat16)
-    nn.quantize(model, group_size=a.group_size, bits=a.bits)
+    if a.arch.endswith("-mxfp4"):
+        model, config = quantize_model(model, config, 64, 8, quant_predicate=mxfp4_experts)
+        a.bits, a.group_size = "mxfp4/8", 32
+    else:
+        nn.quantize(model, group_size=a.group_size, bits=a.bits)
+        config["quantization"] = {"group_size": a.group_size, "bits": a.bits, "mode": "affine"}
     mx.eval(model.parameters())
-    config["quantization"] = {"group_size": a.group_size, "bits": a.bits, "mode": "affine"}
     out = Path(a.out)
     save_model(out, model, donate_model=True)
     save_config(config, out / "config.json")

@@ -34,3 +34,34 @@ fn qwen35moe_gguf_answers_like_mlx_lm() {
 fn qwen35moe_gguf_converts_to_checkpoints_mlx_lm_answers_from() {
     converts_to_checkpoints_mlx_lm_answers_from("gguf-qwen35moe");
 }
+
+/// Metadata that cannot describe the file's tensors gives an error naming the key: value heads
+/// that are not a multiple of the key heads, and recurrent-layer flags that are not the pattern
+/// `full_attention_interval` gives (the one the model runs).
+#[test]
+fn qwen35_metadata_that_cannot_be_right() {
+    let valid = std::fs::read(common::fixtures().join("gguf-qwen35/model.gguf")).unwrap();
+    let find = |needle: &[u8]| valid.windows(needle.len()).position(|w| w == needle).expect("present") + needle.len();
+    // A u32 value follows its key and its 4-byte type.
+    let cases: [(&str, &[u8], &[&str]); 2] = [
+        (
+            "qwen35.ssm.time_step_rank",
+            b"qwen35.ssm.time_step_rank",
+            &["time_step_rank = 3", "multiple of the key heads"],
+        ),
+        ("qwen35.full_attention_interval", b"qwen35.full_attention_interval", &["recurrent_layers", "not mapped"]),
+    ];
+    for (name, key, words) in cases {
+        let mut bytes = valid.clone();
+        let at = find(key) + 4;
+        bytes[at..at + 4].copy_from_slice(&3u32.to_le_bytes());
+        let path = std::env::temp_dir().join(format!("nuvec-qwen35-{name}-{}.gguf", std::process::id()));
+        std::fs::write(&path, &bytes).unwrap();
+        let err = match nuvec_lm::load(path.to_str().unwrap()) {
+            Ok(_) => panic!("{name}: a broken file loaded"),
+            Err(e) => e.to_string(),
+        };
+        std::fs::remove_file(&path).ok();
+        assert!(words.iter().all(|w| err.contains(w)), "{name}: {err}");
+    }
+}
