@@ -8,8 +8,9 @@
 
 use std::collections::BTreeMap;
 
-use nuvec::{Array, DType};
+use nuvec::Array;
 
+use crate::models::qwen3_5::plus_one;
 use crate::Result;
 
 /// Whether `model_type` is a Qwen3.5 family.
@@ -52,20 +53,13 @@ pub(crate) fn sanitize(model_type: &str, tensors: &mut BTreeMap<String, Array>) 
         let a = match *a.shape() {
             // [C, 1, K] -> [C, K, 1]: the same values in the same order.
             [c, 1, k] if name.contains("conv1d.weight") && k != 1 => a.reshape(&[c, k, 1])?,
-            [n] if hf_layout && SHIFTED_NORMS.iter().any(|s| name.ends_with(s)) => plus_one(&a, n)?,
+            // Rounded to the dtype already: the cast back is exact.
+            [n] if hf_layout && SHIFTED_NORMS.iter().any(|s| name.ends_with(s)) => {
+                Array::from_slice(&plus_one(&a)?, &[n])?.astype(a.dtype())?
+            }
             _ => a,
         };
         tensors.insert(name, a);
     }
     Ok(())
-}
-
-/// `a + 1` rounded to `a`'s dtype, as mlx adds a Python float.
-fn plus_one(a: &Array, n: usize) -> Result<Array> {
-    let values: Vec<f32> = a.to_f32_vec()?.iter().map(|v| v + 1.0).collect();
-    Ok(match a.dtype() {
-        DType::BF16 => Array::from_slice(&values.iter().map(|&v| half::bf16::from_f32(v)).collect::<Vec<_>>(), &[n])?,
-        DType::F16 => Array::from_slice(&values.iter().map(|&v| half::f16::from_f32(v)).collect::<Vec<_>>(), &[n])?,
-        _ => Array::from_slice(&values, &[n])?,
-    })
 }

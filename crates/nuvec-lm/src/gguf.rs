@@ -68,7 +68,7 @@ pub(crate) fn meta_str<'a>(file: &'a GgufFile, key: &str) -> Result<&'a str> {
         .ok_or_else(|| Error::config(file.path().display().to_string(), format!("GGUF metadata {key} is not a string")))
 }
 
-fn meta_u64(file: &GgufFile, key: &str) -> Result<u64> {
+pub(crate) fn meta_u64(file: &GgufFile, key: &str) -> Result<u64> {
     meta(file, key)?.as_u64().ok_or_else(|| {
         Error::config(file.path().display().to_string(), format!("GGUF metadata {key} is not an integer"))
     })
@@ -76,7 +76,7 @@ fn meta_u64(file: &GgufFile, key: &str) -> Result<u64> {
 
 /// A metadata value no model can run with (JSON cannot even hold a NaN: it would turn into a
 /// missing field).
-fn bad_meta(file: &GgufFile, key: &str, what: &str) -> Error {
+pub(crate) fn bad_meta(file: &GgufFile, key: &str, what: &str) -> Error {
     Error::config(file.path().display().to_string(), format!("GGUF metadata {key} {what}; fix or re-convert the file"))
 }
 
@@ -171,12 +171,8 @@ fn config_json(file: &GgufFile, arch: &str, model_type: &str) -> Result<Value> {
     Ok(Value::Object(config))
 }
 
-/// A mixture-of-experts file's experts as the family's config names them. `qwen3moe`: every
-/// layer sparse and the chosen experts' probabilities renormalized, as llama.cpp runs it;
-/// `gpt-oss`: its sliding window (every other layer, from the first, as llama.cpp's default
-/// pattern and mlx-lm's default `layer_types`). The experts' width defaults as llama.cpp's does
-/// (the feed-forward length over the experts used).
-fn moe_config(file: &GgufFile, arch: &str, model_type: &str, config: &mut Map<String, Value>) -> Result<()> {
+/// A mixture-of-experts file's expert count and experts used per token, checked.
+pub(crate) fn expert_counts(file: &GgufFile, arch: &str) -> Result<(u64, u64)> {
     let key = |k: &str| format!("{arch}.{k}");
     let experts = meta_u64(file, &key("expert_count"))?;
     let used = meta_u64(file, &key("expert_used_count"))?;
@@ -184,6 +180,17 @@ fn moe_config(file: &GgufFile, arch: &str, model_type: &str, config: &mut Map<St
         let what = format!("= {used} must be between 1 and {arch}.expert_count = {experts}");
         return Err(bad_meta(file, &key("expert_used_count"), &what));
     }
+    Ok((experts, used))
+}
+
+/// A mixture-of-experts file's experts as the family's config names them. `qwen3moe`: every
+/// layer sparse and the chosen experts' probabilities renormalized, as llama.cpp runs it;
+/// `gpt-oss`: its sliding window (every other layer, from the first, as llama.cpp's default
+/// pattern and mlx-lm's default `layer_types`). The experts' width defaults as llama.cpp's does
+/// (the feed-forward length over the experts used).
+fn moe_config(file: &GgufFile, arch: &str, model_type: &str, config: &mut Map<String, Value>) -> Result<()> {
+    let key = |k: &str| format!("{arch}.{k}");
+    let (experts, used) = expert_counts(file, arch)?;
     let ffn = file.get(&key("feed_forward_length")).and_then(GgufValue::as_u64);
     let expert_ffn = match file.get(&key("expert_feed_forward_length")).and_then(GgufValue::as_u64) {
         Some(n) => n,
@@ -359,7 +366,7 @@ fn converted_arrays(file: &GgufFile, config: &Config, arch: &str) -> Result<Conv
         if tensor.dims.len() == 1 {
             let a = file.float_array(tensor)?;
             let a = match &heads_v {
-                Some(h) => gguf_qwen35::vector(module, &a, h, &tensor.name)?.unwrap_or(a),
+                Some(h) => gguf_qwen35::vector(file, module, &a, h)?.unwrap_or(a),
                 None => a,
             };
             arrays.insert(name, a);

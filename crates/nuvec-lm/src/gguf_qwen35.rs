@@ -16,19 +16,12 @@ use nuvec::io::{GgufFile, GgufValue};
 use nuvec::{Array, DType, Element};
 use serde_json::{json, Map, Value};
 
+use crate::gguf::{bad_meta as bad, expert_counts, meta_u64};
 use crate::{Error, Result};
 
 /// The GGUF architectures this file maps.
 pub(crate) fn is_hybrid(arch: &str) -> bool {
     matches!(arch, "qwen35" | "qwen35moe")
-}
-
-fn meta_u64(file: &GgufFile, key: &str) -> Result<u64> {
-    crate::gguf::meta(file, key)?.as_u64().ok_or_else(|| bad(file, key, "is not an integer"))
-}
-
-fn bad(file: &GgufFile, key: &str, what: &str) -> Error {
-    Error::Config { file: file.path().display().to_string(), message: format!("GGUF metadata {key} {what}") }
 }
 
 /// The config fields of a Qwen3.5 file beyond the common ones (`config` holds those already).
@@ -95,12 +88,7 @@ pub(crate) fn config(file: &GgufFile, arch: &str, config: &mut Map<String, Value
     }
     config.insert("rope_parameters".into(), rope);
     if arch == "qwen35moe" {
-        let experts = meta_u64(file, &key("expert_count"))?;
-        let used = meta_u64(file, &key("expert_used_count"))?;
-        if experts == 0 || used == 0 || used > experts {
-            let what = format!("= {used} must be between 1 and {arch}.expert_count = {experts}");
-            return Err(bad(file, &key("expert_used_count"), &what));
-        }
+        let (experts, used) = expert_counts(file, arch)?;
         let width = meta_u64(file, &key("expert_feed_forward_length"))?;
         config.insert("num_experts".into(), experts.into());
         config.insert("num_experts_per_tok".into(), used.into());
@@ -221,13 +209,13 @@ impl ValueHeads {
 /// A 1-D tensor of a Qwen3.5 file as the checkpoint holds it: `ssm_a` as A_log, `ssm_a` and
 /// `ssm_dt` in the checkpoint's head order, the shared expert's gate as one row; `None` for any
 /// other (taken as it is).
-pub(crate) fn vector(module: &str, a: &Array, heads: &ValueHeads, tensor: &str) -> Result<Option<Array>> {
+pub(crate) fn vector(file: &GgufFile, module: &str, a: &Array, heads: &ValueHeads) -> Result<Option<Array>> {
     match module {
         "ssm_a" => {
             let a_values = heads.per_head(&a.to_f32_vec()?);
             if let Some(v) = a_values.iter().find(|v| v.is_nan() || **v >= 0.0) {
                 return Err(Error::Weights {
-                    file: tensor.to_string(),
+                    file: file.path().display().to_string(),
                     message: format!(
                         "ssm_a holds {v}; llama.cpp writes -exp(A_log) there, which is negative: the file is damaged"
                     ),

@@ -41,12 +41,7 @@ fn check_case(dir: &Path) -> Result<String, String> {
     if ours != prompt {
         return Err(format!("{name}: prompt ids {ours:?} != mlx-lm's {prompt:?}"));
     }
-    let tokens = ids(&oracle["greedy_tokens"]);
-    let margins: Vec<f32> = oracle["margins"].as_array().unwrap().iter().map(|m| m.as_f64().unwrap() as f32).collect();
-    let (first, _) = oracle_f32(dir, "first_logits");
-    let (top_ids, shape) = oracle_f32(dir, "step_top_ids");
-    let (top_logits, _) = oracle_f32(dir, "step_top_logits");
-    let k = shape[1];
+    let GreedyRecord { tokens, margins, first, top_ids, top_logits, k } = greedy_record(dir, &oracle);
 
     let mut cache = model.new_cache();
     let mut logits = logits_after(&model, &prompt, &mut cache);

@@ -50,12 +50,7 @@ fn last_logits(model: &Model, tokens: &[u32], cache: &mut [LayerCache]) -> Vec<f
 fn check_parity(name: &str, dir: &Path, model: &Model) -> Result<String, String> {
     let oracle = oracle_json(dir);
     let prompt = ids(&oracle["prompt_ids"]);
-    let tokens = ids(&oracle["greedy_tokens"]);
-    let margins: Vec<f32> = oracle["margins"].as_array().unwrap().iter().map(|m| m.as_f64().unwrap() as f32).collect();
-    let (first, _) = oracle_f32(dir, "first_logits");
-    let (top_ids, shape) = oracle_f32(dir, "step_top_ids");
-    let (top_logits, _) = oracle_f32(dir, "step_top_logits");
-    let k = shape[1];
+    let GreedyRecord { tokens, margins, first, top_ids, top_logits, k } = greedy_record(dir, &oracle);
 
     let mut cache = model.new_cache();
     let mut logits = last_logits(model, &prompt, &mut cache);

@@ -81,11 +81,7 @@ def dense_config(reader):
         "rope_theta": THETA,
         "rope_scaling": dict(YARN, rope_type="yarn"),
         "max_position_embeddings": CONTEXT,
-        "vocab_size": VOCAB,
-        "tie_word_embeddings": False,
-        "bos_token_id": int(fx.gguf_field(reader, "tokenizer.ggml.bos_token_id")),
-        "eos_token_id": int(fx.gguf_field(reader, "tokenizer.ggml.eos_token_id")),
-        "torch_dtype": "float32",
+        **gm.closing_fields(reader, VOCAB),
     }
 
 

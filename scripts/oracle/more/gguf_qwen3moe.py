@@ -77,11 +77,7 @@ def dense_config(reader):
         "rms_norm_eps": EPS,
         "rope_theta": THETA,
         "max_position_embeddings": CONTEXT,
-        "vocab_size": VOCAB,
-        "tie_word_embeddings": False,
-        "bos_token_id": int(fx.gguf_field(reader, "tokenizer.ggml.bos_token_id")),
-        "eos_token_id": int(fx.gguf_field(reader, "tokenizer.ggml.eos_token_id")),
-        "torch_dtype": "float32",
+        **gm.closing_fields(reader, VOCAB),
     }
 
 

@@ -5,7 +5,7 @@ mod gpt_oss;
 mod llama;
 mod qwen2;
 mod qwen3;
-mod qwen3_5;
+pub(crate) mod qwen3_5;
 mod qwen3_moe;
 mod unused;
 

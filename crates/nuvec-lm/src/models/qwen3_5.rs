@@ -114,13 +114,18 @@ fn norm(weights: &Weights, path: &str, dims: usize, eps: f32, shifted: bool) -> 
         return RmsNorm::load(weights, path, dims, eps);
     }
     let w = weights.norm_tensor(&format!("{path}.weight"), &[dims])?;
+    Ok(RmsNorm::from_weight(Array::from_slice_on(&plus_one(&w)?, &[dims], weights.device())?, eps))
+}
+
+/// A Hugging Face original's norm weight `w` as the `1 + w` mlx-lm's sanitize stores: each
+/// value plus one, rounded to `w`'s dtype (as mlx adds a Python float), returned as f32.
+pub(crate) fn plus_one(w: &Array) -> Result<Vec<f32>> {
     let round = |v: f32| match w.dtype() {
         DType::BF16 => half::bf16::from_f32(v).to_f32(),
         DType::F16 => half::f16::from_f32(v).to_f32(),
         _ => v,
     };
-    let plus_one: Vec<f32> = w.to_f32_vec()?.iter().map(|&v| round(v + 1.0)).collect();
-    Ok(RmsNorm::from_weight(Array::from_slice_on(&plus_one, &[dims], weights.device())?, eps))
+    Ok(w.to_f32_vec()?.iter().map(|&v| round(v + 1.0)).collect())
 }
 
 /// The rotary embedding of `rope_parameters` (mlx-lm's defaults when absent: theta 100000,

@@ -9,7 +9,7 @@ use nuvec_lm::{generate, GenerateOptions, Model};
 
 use nuvec_lm::convert::{convert, ConvertOptions};
 
-use super::{fixtures, ids, oracle_f32, oracle_json};
+use super::{fixtures, greedy_record, ids, oracle_json, GreedyRecord};
 
 /// Summation order alone: the tolerance of an f32 computation (as parity.rs).
 pub const F32_TOLERANCE: f32 = 2e-3;
@@ -22,12 +22,7 @@ fn logits_after(model: &Model, tokens: &[u32], cache: &mut [nuvec_lm::cache::Lay
 /// within the f32 tolerance; then decoding freely, the same greedy tokens.
 pub fn check_against_oracle(model: &Model, prompt: &[u32], dir: &Path) {
     let oracle = oracle_json(dir);
-    let tokens = ids(&oracle["greedy_tokens"]);
-    let margins: Vec<f32> = oracle["margins"].as_array().unwrap().iter().map(|m| m.as_f64().unwrap() as f32).collect();
-    let (first, _) = oracle_f32(dir, "first_logits");
-    let (top_ids, shape) = oracle_f32(dir, "step_top_ids");
-    let (top_logits, _) = oracle_f32(dir, "step_top_logits");
-    let k = shape[1];
+    let GreedyRecord { tokens, margins, first, top_ids, top_logits, k } = greedy_record(dir, &oracle);
 
     // mlx-lm computed the dense f32 checkpoint: an f32 cache, not the GGUF default (f16).
     let f32_cache =

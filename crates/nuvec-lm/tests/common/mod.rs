@@ -44,6 +44,31 @@ pub fn oracle_f32(dir: &Path, name: &str) -> (Vec<f32>, Vec<usize>) {
     (a.to_f32_vec().unwrap(), a.shape().to_vec())
 }
 
+/// A recorded greedy run (make_fixtures.py's `record_plain_prompt`): the tokens, each step's top-2
+/// margin, the first step's logits, and each step's `k` best ids and their logits.
+pub struct GreedyRecord {
+    pub tokens: Vec<u32>,
+    pub margins: Vec<f32>,
+    pub first: Vec<f32>,
+    pub top_ids: Vec<f32>,
+    pub top_logits: Vec<f32>,
+    pub k: usize,
+}
+
+/// The greedy run recorded in `dir` (`oracle`: its parsed oracle.json).
+pub fn greedy_record(dir: &Path, oracle: &Value) -> GreedyRecord {
+    let margins = oracle["margins"].as_array().unwrap().iter().map(|m| m.as_f64().unwrap() as f32).collect();
+    let (top_ids, shape) = oracle_f32(dir, "step_top_ids");
+    GreedyRecord {
+        tokens: ids(&oracle["greedy_tokens"]),
+        margins,
+        first: oracle_f32(dir, "first_logits").0,
+        top_ids,
+        top_logits: oracle_f32(dir, "step_top_logits").0,
+        k: shape[1],
+    }
+}
+
 /// `ids` of a JSON list.
 pub fn ids(v: &Value) -> Vec<u32> {
     v.as_array().unwrap_or_else(|| panic!("not a list: {v}")).iter().map(|x| x.as_u64().unwrap() as u32).collect()

@@ -11,9 +11,9 @@ use crate::fpquant::global_factor;
 use crate::{Array, DType, Error, QuantMode, Quantized, Result};
 
 /// Mode codes of `fp_linear.cu`.
-const FP_MXFP4: i32 = 1;
-const FP_MXFP8: i32 = 2;
-const FP_NVFP4: i32 = 3;
+pub(super) const FP_MXFP4: i32 = 1;
+pub(super) const FP_MXFP8: i32 = 2;
+pub(super) const FP_NVFP4: i32 = 3;
 
 /// A floating-point-mode matrix as kernel arguments.
 #[derive(Clone, Copy)]

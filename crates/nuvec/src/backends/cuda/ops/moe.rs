@@ -13,8 +13,9 @@ use std::sync::OnceLock;
 
 use cudarc::driver::LaunchConfig;
 
+use super::fp::{FP_MXFP4, FP_MXFP8, FP_NVFP4};
 use super::prefill::matmul_precision;
-use super::qmma::{QmmaKernel, QM_THREADS};
+use super::qmma::{QmmaKernel, QM_ROWS, QM_THREADS};
 use super::{cfg_1d, to_i32, CudaBackend, DT_BF16, DT_F16, DT_F32};
 use crate::backends::cuda::{DeviceBuffer, State};
 use crate::fpquant::global_factor;
@@ -30,9 +31,8 @@ const MAX_EXPERTS: usize = 1024;
 const MAX_TOP_K: usize = 32;
 
 /// Slots per tile of the grouped products (moe.cu's `MOE_TILE`, the rows of qmma.cu's g64
-/// kernels) and the columns (weight rows) of each of their blocks (`QM_ROWS`).
+/// kernels).
 const TILE: usize = 64;
-const QM_ROWS: usize = 128;
 
 /// Rows (tokens) up to which the experts run as gathered matrix-vector products by default, each
 /// chosen expert's weights read once per row; above, each expert runs once over its rows.
@@ -120,9 +120,9 @@ fn format_of(m: &Matrix) -> Option<Format> {
                     }
                     (float_dt(q.scales.dtype())?, q.spec.group_size.trailing_zeros() as i32)
                 }
-                QuantMode::Mxfp4 => (1, 0),
-                QuantMode::Mxfp8 => (2, 0),
-                QuantMode::Nvfp4 => (3, 0),
+                QuantMode::Mxfp4 => (FP_MXFP4, 0),
+                QuantMode::Mxfp8 => (FP_MXFP8, 0),
+                QuantMode::Nvfp4 => (FP_NVFP4, 0),
             };
             (q.spec.mode == QuantMode::Affine || q.scales.dtype() == DType::U8).then_some(Format { kernels, dt, lg })
         }
@@ -290,11 +290,11 @@ impl CudaBackend {
             return Ok(None);
         }
         // Decoding an affine weight to bf16 in one fma rounding needs its scale and bias exact in
-        // bf16; an mxfp4 weight (Format's dt 1) is a code times a power of two, exact.
-        let (name, lg) = match (kernels, dt) {
-            (3, DT_BF16) if lg >= 5 => ("qmma_b4_g64", lg),
-            (6, DT_BF16) if lg >= 5 => ("qmma_b8_g64", lg),
-            (7, 1) => ("qmma_fp4_g64", 5),
+        // bf16; an mxfp4 weight is a code times a power of two, exact.
+        let (name, lg) = match (KERNELS[kernels as usize].0, dt) {
+            ("moe_gate_up_b4", DT_BF16) if lg >= 5 => ("qmma_b4_g64", lg),
+            ("moe_gate_up_b8", DT_BF16) if lg >= 5 => ("qmma_b8_g64", lg),
+            ("moe_gate_up_fp4", FP_MXFP4) => ("qmma_fp4_g64", 5),
             _ => return Ok(None),
         };
         let n = experts.len();

@@ -13,7 +13,7 @@ use crate::{Error, Result};
 
 /// Weight rows per block (`QM_ROWS`), values of K per chunk (`QM_CHUNK`) and threads per block
 /// of the kernels.
-const QM_ROWS: usize = 128;
+pub(super) const QM_ROWS: usize = 128;
 const QM_CHUNK: usize = 128;
 pub(in crate::backends::cuda) const QM_THREADS: u32 = 128;
 /// Pipeline slots of the kernels (`QM_STAGES`): 3, or what `NUVEC_NVRTC_DEFINES` sets it to
