@@ -97,10 +97,10 @@ def body_start(text, at):
 # Every kernel starts with pdl_begin() (common.cuh): the backend launches kernels with
 # programmatic stream serialization, so a kernel that touched memory before it could race with
 # the kernel before it on the stream. The 4-bit GEMVs start with QG4_BEGIN / QGM4_BEGIN /
-# GUS_BEGIN (linear.cu), the few-row products with QM_BEGIN (qmma.cu) and the decode attention
+# GUS_BEGIN (linear.cu), the few-row products with QM_BEGIN (qmma.cu) and QI_BEGIN (qimma.cu), and the decode attention
 # split with atts_prefetch: an L2 prefetch of what they will read (a hint, which cannot race),
 # then pdl_begin.
-starts = ("pdl_begin();", "atts_prefetch(", "QG4_BEGIN(", "QGM4_BEGIN(", "GUS_BEGIN(", "QM_BEGIN(")
+starts = ("pdl_begin();", "atts_prefetch(", "QG4_BEGIN(", "QGM4_BEGIN(", "GUS_BEGIN(", "QM_BEGIN(", "QI_BEGIN(")
 checks = 0
 for path in sources:
     name, body = os.path.basename(path), open(path).read()

@@ -179,13 +179,19 @@ inline unsigned bf16x2_fma(unsigned a, unsigned b, unsigned c) {
     }
     return r;
 }
-inline void mma_bf16(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
-    int lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
+// Every lane's fragments of an mma.sync into its warp's exchange (then every lane reads them all).
+inline Warp& emu_mma_share(const unsigned (&a)[4], const unsigned (&b)[2]) {
+    int lane = threadIdx.x & 31;
     Warp& w = t_block->warps[threadIdx.x >> 5];
     w.bar->arrive_and_wait();
     std::memcpy(w.mma_a[lane], a, sizeof a);
     std::memcpy(w.mma_b[lane], b, sizeof b);
     w.bar->arrive_and_wait();
+    return w;
+}
+inline void mma_bf16(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
+    int lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
+    Warp& w = emu_mma_share(a, b);
     // A[r][k]: lane (r % 8) * 4 + (k % 8) / 2, register (r >= 8) + 2 (k >= 8), half k % 2;
     // B[k][n]: lane n * 4 + (k % 8) / 2, register k >= 8, half k % 2.
     auto A = [&](int r, int k) {
@@ -206,6 +212,34 @@ inline void mma_bf16(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[
     w.bar->arrive_and_wait();  // every lane has read the fragments before any lane's next call
     for (int i = 0; i < 4; ++i) d[i] = (float)r[i];
 }
+
+// The m16n8k32 mma.sync on bytes (qimma.cu's mma_u8): A unsigned, B signed (SB) or unsigned,
+// exact int32 sums (wrapping, as the hardware's without .satfinite).
+// A[r][k]: lane (r % 8) * 4 + (k % 16) / 4, register (r >= 8) + 2 (k >= 16), byte k % 4;
+// B[k][n]: lane n * 4 + (k % 16) / 4, register k >= 16, byte k % 4.
+template <bool SB>
+inline void mma_u8(int (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
+    int lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
+    Warp& w = emu_mma_share(a, b);
+    auto A = [&](int r, int k) {
+        return (long long)((w.mma_a[(r & 7) * 4 + ((k & 15) >> 2)][(r >= 8) + 2 * (k >= 16)] >> 8 * (k & 3)) & 255u);
+    };
+    auto B = [&](int k, int n) {
+        unsigned v = (w.mma_b[n * 4 + ((k & 15) >> 2)][k >= 16] >> 8 * (k & 3)) & 255u;
+        return SB ? (long long)(signed char)v : (long long)v;
+    };
+    int r[4];
+    for (int i = 0; i < 4; ++i) {
+        int row = g + 8 * (i >> 1), n = 2 * c + (i & 1);
+        long long s = d[i];
+        for (int k = 0; k < 32; ++k) s += A(row, k) * B(k, n);
+        r[i] = (int)(unsigned)(unsigned long long)s;
+    }
+    w.bar->arrive_and_wait();  // every lane has read the fragments before any lane's next call
+    for (int i = 0; i < 4; ++i) d[i] = r[i];
+}
+// The warp's lanes meet (a barrier of the warp's threads).
+inline void __syncwarp(unsigned = 0xffffffffu) { t_block->warps[threadIdx.x >> 5].bar->arrive_and_wait(); }
 
 // Shared memory by 32-bit address: the emulated window is emu_dyn_smem (the kernels' dynamic
 // shared memory under run.sh's patch), an address the byte offset into it.

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Checks the logic of CUDA kernels on the CPU, in six programs: the Gated DeltaNet / gpt-oss
+# Checks the logic of CUDA kernels on the CPU, in seven programs: the Gated DeltaNet / gpt-oss
 # kernels, the attention kernels' sinks and split attention reading its kv length from a CUDA
 # graph's step scalars (bit-identical to the eager launch) (harness.cpp); the 4-bit one-row GEMVs
 # (linear.cu: qgemv.cpp); the row kernels (rows.cpp); the few-row quantized products on the
-# tensor cores (qmma.cu: qmma.cpp); the flash-attention prefill kernels
+# tensor cores (qmma.cu: qmma.cpp) and in integers (qimma.cu: qimma.cpp); the flash-attention prefill kernels
 # (flash_attention.cu: attn.cpp); the mixture-of-experts kernels (moe.cu and qmma.cu's grouped
 # products: moe.cpp). The kernel sources (common.cuh patched for the host: f16
 # conversion in C instead of PTX, dynamic shared memory as a static array) are compiled with g++
@@ -67,6 +67,13 @@ run_program rows
     patched "$k/qmma.cu" 's/extern __shared__ __align__(16) unsigned char qm_smem\[\];/unsigned char* const qm_smem = (unsigned char*)emu_dyn_smem;/'
 } >"$work/kernels_qmma.cpp"
 run_program qmma
+# The few-row 4-bit products in integers (qimma.cu, over linear.cu's xsplit_f32): qimma.cpp.
+{
+    prelude
+    cat "$k/linear.cu"
+    patched "$k/qimma.cu" 's/extern __shared__ __align__(16) unsigned char qi_smem\[\];/unsigned char* const qi_smem = (unsigned char*)emu_dyn_smem;/'
+} >"$work/kernels_qimma.cpp"
+run_program qimma
 # The flash-attention prefill kernels (flash_attention.cu): attn.cpp.
 {
     prelude

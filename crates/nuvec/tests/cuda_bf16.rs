@@ -152,10 +152,31 @@ fn check_linear(case: &str, rng: &mut Rng, w: &Weight, m: usize) {
     assert_eq!((got.shape(), got.device()), (&[m, n][..], dev), "{case}");
     let got = got.to_f32_vec().unwrap();
     let case = format!("linear bf16 {case} m={m}");
-    if m <= 8 {
+    if m <= 8 || qimma_takes(&w.matrix, m) {
         return close_f32(&case, &got, &cpu);
     }
     compare_linear(&case, &xv, 0.0, w, m, &got, &cpu);
+}
+
+/// Whether a product of `m` rows over `w` runs kernels/qimma.cu's integer kernels (`ops/qimma.rs`'s
+/// rule: with `NUVEC_QIMMA=1`, 2 to 64 rows, affine 4-bit weights in groups of 32 or more, K a
+/// multiple of 32), which take x at the one-row integer GEMV's accuracy: f32's, as the CPU. Run
+/// this file with and without `NUVEC_QIMMA=1` (docs/cuda.md).
+fn qimma_takes(w: &Matrix, m: usize) -> bool {
+    if std::env::var("NUVEC_QIMMA").map_or(true, |v| v != "1") {
+        return false;
+    }
+    match w {
+        Matrix::Quantized(q) => {
+            let s = q.spec;
+            (2..=64).contains(&m)
+                && s.mode == QuantMode::Affine
+                && s.bits == 4
+                && s.group_size >= 32
+                && q.cols() % 32 == 0
+        }
+        _ => false,
+    }
 }
 
 /// Whether a product of `m` rows over `w` runs kernels/qmma.cu's exact kernels (`ops/qmma.rs`'s
@@ -261,10 +282,12 @@ fn linear_quantized_every_width_and_group() {
 
 #[test]
 fn batched_decode_products_on_the_tensor_cores() {
-    // 2 to 64 rows over 4- and 8-bit weights run kernels/qmma.cu: up to 8 rows at f32 accuracy
-    // (x in two bf16 parts), 9 to 32 with x in bf16 against the exact weights, 33 to 64 with the
-    // weights decoded to bf16 in registers (bf16 scales); K cut into ranges (4096) or not, with a
-    // partial last chunk (288); 65 and more rows take the prefill GEMM again.
+    // 2 to 64 rows run kernels/qmma.cu: up to 8 rows at f32 accuracy (x in two bf16 parts), 9 to
+    // 32 with x in bf16 against the exact weights, 33 to 64 with the weights decoded to bf16 in
+    // registers (bf16 scales); with NUVEC_QIMMA=1, over 4-bit weights kernels/qimma.cu in
+    // integers at f32 accuracy (x in the integer GEMVs' int8 parts, 32 input rows per block,
+    // more in further blocks). K cut into ranges (4096) or not, with a partial last chunk (288);
+    // 65 and more rows take the prefill GEMM again.
     let dev = gpu();
     let mut rng = Rng::new(26);
     for (bits, group, k, n) in [(4usize, 64usize, 4096usize, 1000usize), (8, 32, 288, 136), (4, 128, 1024, 300)] {
@@ -312,7 +335,7 @@ fn linear_many_and_silu_mul_linear() {
             assert_eq!((g.shape(), g.device()), (&[m, w.matrix.rows()][..], dev));
             let cpu = x.linear(&w.matrix).unwrap().to_f32_vec().unwrap();
             let case = format!("linear_many bf16 m={m} weight {i}");
-            if m <= 8 {
+            if m <= 8 || qimma_takes(&w.matrix, m) {
                 close_f32(&case, &g.to_f32_vec().unwrap(), &cpu);
             } else {
                 compare_linear(&case, &xv, 0.0, w, m, &g.to_f32_vec().unwrap(), &cpu);
@@ -322,7 +345,7 @@ fn linear_many_and_silu_mul_linear() {
         assert_eq!((got.shape(), got.device()), (&[m, 64][..], dev));
         let cpu = x.silu_mul_linear(&u, &wd.matrix).unwrap().to_f32_vec().unwrap();
         let case = format!("silu_mul_linear bf16 m={m} q4 g32");
-        if m <= 8 {
+        if m <= 8 || qimma_takes(&wd.matrix, m) {
             close_f32(&case, &got.to_f32_vec().unwrap(), &cpu);
         } else {
             // The GPU's silu (its expf) may differ from the host's by a few f32 ulps.

@@ -43,7 +43,7 @@ pub use graph::StepGraph;
 pub const PRELUDE: &str = include_str!("kernels/common.cuh");
 
 /// The kernel sources, by file name, without the [`PRELUDE`].
-pub const SOURCES: [(&str, &str); 12] = [
+pub const SOURCES: [(&str, &str); 13] = [
     ("elementwise.cu", include_str!("kernels/elementwise.cu")),
     ("linear.cu", include_str!("kernels/linear.cu")),
     ("attention.cu", include_str!("kernels/attention.cu")),
@@ -65,6 +65,8 @@ pub const SOURCES: [(&str, &str); 12] = [
     ("flash_attention.cu", include_str!("kernels/flash_attention.cu")),
     // Batched decode: few-row quantized products on the tensor cores (mma.sync, sm_80+).
     ("qmma.cu", include_str!("kernels/qmma.cu")),
+    // Batched decode over 4-bit weights: few-row products in integers (mma.sync, sm_80+).
+    ("qimma.cu", include_str!("kernels/qimma.cu")),
 ];
 
 /// The value `NUVEC_NVRTC_DEFINES` (comma-separated `NAME=VALUE` kernel macros, experiments
@@ -172,6 +174,9 @@ pub(crate) struct State {
     /// Each few-row product kernel's launch facts (`ops/qmma.rs`), read at module load on
     /// sm_80+ only.
     pub(crate) qmma_kernels: HashMap<String, ops::qmma::QmmaKernel>,
+    /// Each integer few-row product kernel's blocks resident at once and its dynamic shared
+    /// memory (`ops/qimma.rs`), read at module load on sm_80+ only.
+    pub(crate) qimma_kernels: HashMap<String, (usize, usize)>,
 }
 
 impl fmt::Debug for State {
@@ -222,6 +227,7 @@ impl State {
             .attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
             .map_err(driver_err("reading the multiprocessor count"))?;
         let mut qmma_kernels = HashMap::new();
+        let mut qimma_kernels = HashMap::new();
         let mut funcs = HashMap::new();
         for (name, src) in kernel_sources() {
             let mut options = nvrtc_options(&arch);
@@ -239,13 +245,14 @@ impl State {
                 let f = module.load_function(kernel).map_err(driver_err("finding a kernel"))?;
                 // The flash-attention kernels' double-buffered K/V tiles pass the default 48 KiB
                 // of dynamic shared memory at head size 128, as do the few-row quantized
-                // products' pipelines (both run on sm_80+ only).
+                // products' pipelines (all run on sm_80+ only).
                 let qmma_smem = ops::qmma::qmma_smem_bytes(kernel);
                 let big_smem = kernel
                     .strip_prefix("flash_attn_bf16_d")
                     .and_then(|d| d.parse().ok())
                     .map(ops::prefill::flash_smem_bytes)
-                    .or(qmma_smem);
+                    .or(qmma_smem)
+                    .or(ops::qimma::qimma_smem(kernel));
                 if let Some(bytes) = big_smem.filter(|_| major >= 8) {
                     f.set_attribute(
                         cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
@@ -259,6 +266,13 @@ impl State {
                         .map_err(driver_err("reading a kernel's occupancy"))?;
                     let slots = (sms.max(1) as usize) * (per_sm.max(1) as usize);
                     qmma_kernels.insert(kernel.to_string(), ops::qmma::QmmaKernel { slots, smem });
+                }
+                if let Some(threads) = ops::qimma::qimma_threads(kernel).filter(|_| major >= 8) {
+                    let smem = ops::qimma::qimma_smem(kernel).unwrap_or(0);
+                    let per_sm = f
+                        .occupancy_max_active_blocks_per_multiprocessor(threads, smem, None)
+                        .map_err(driver_err("reading a kernel's occupancy"))?;
+                    qimma_kernels.insert(kernel.to_string(), ((sms.max(1) as usize) * (per_sm.max(1) as usize), smem));
                 }
                 funcs.insert(kernel.to_string(), f);
             }
@@ -276,6 +290,7 @@ impl State {
             graph_written_dropped: AtomicU64::new(0),
             capture_arena_bytes: std::sync::atomic::AtomicUsize::new(graph::FIRST_ARENA_BYTES),
             qmma_kernels,
+            qimma_kernels,
             pdl: major >= 9 && std::env::var("NUVEC_PDL").map_or(true, |v| v != "0"),
             flash: major >= 8 && std::env::var("NUVEC_FLASH_ATTENTION").map_or(true, |v| v != "0"),
             decode_lane: OnceLock::new(),

@@ -112,6 +112,13 @@ impl CudaBackend {
 
     /// The addresses and dtype code of a cache's keys and values: one float dtype for both (f32,
     /// f16 or bf16), on this device.
+    /// Whether `x` can be the input of the fused and few-row paths: an f32 array of at least one
+    /// axis on this device, and `up` (silu(x) * up), where given, the same.
+    fn plain_input(&self, x: &Array, up: Option<&Array>) -> bool {
+        let f32_here = |a: &Array| !a.shape().is_empty() && a.dtype() == DType::F32 && a.device() == self.dev();
+        f32_here(x) && up.is_none_or(|u| u.shape() == x.shape() && f32_here(u))
+    }
+
     fn kv_ptrs(&self, op: &'static str, k: &Array, v: &Array) -> Result<(u64, u64, i32)> {
         if k.dtype() != v.dtype() {
             return Err(Error::shape(op, format!("keys are {} but values {}", k.dtype(), v.dtype())));
@@ -444,6 +451,8 @@ mod gate_up;
 
 // Batched decode: products of 2 to 32 rows on the tensor cores (kernels/qmma.cu).
 pub(super) mod qmma;
+// Batched decode over 4-bit weights: products of 2 to 64 rows in integers (kernels/qimma.cu).
+pub(super) mod qimma;
 use qmma::QmmaInput;
 
 /// A weight matrix as kernel arguments (see `struct Weights` in linear.cu).
@@ -705,8 +714,7 @@ impl CudaBackend {
         ws: &[&Matrix],
         up: Option<&Array>,
     ) -> Result<Option<Vec<Array>>> {
-        if ws.is_empty() || ws.len() > 3 || x.shape().is_empty() || x.dtype() != DType::F32 || x.device() != self.dev()
-        {
+        if ws.is_empty() || ws.len() > 3 || !self.plain_input(x, up) {
             return Ok(None);
         }
         let k = x.dim(-1);
@@ -720,10 +728,8 @@ impl CudaBackend {
             // their kernels (ops/fp.rs).
             return Ok(None);
         }
-        if let Some(u) = up {
-            if u.shape() != x.shape() || u.dtype() != DType::F32 || u.device() != self.dev() || ws.len() != 1 {
-                return Ok(None);
-            }
+        if up.is_some() && ws.len() != 1 {
+            return Ok(None);
         }
         let args = ws.iter().map(|w| self.weight_args(op, w)).collect::<Result<Vec<_>>>()?;
         let a0 = &args[0];
@@ -1076,6 +1082,11 @@ impl Backend for CudaBackend {
         let n = w.rows();
         let mut shape = x.shape().to_vec();
         *shape.last_mut().expect("x has at least one axis") = n;
+        // A few rows over 4-bit weights (a batched decode step) in integers on the tensor cores
+        // (with NUVEC_QIMMA=1: ops/qimma.rs).
+        if let Some(mut outs) = self.qimma_many(op, x, &[w], None)? {
+            return Ok(outs.remove(0));
+        }
         let out = self.output(&shape, DType::F32, k == 0)?;
         if m == 0 || n == 0 || k == 0 {
             return Ok(out);
@@ -1136,6 +1147,10 @@ impl Backend for CudaBackend {
         if let Some(outs) = self.fused_qgemv("linear_many", x, ws, None)? {
             return Ok(outs);
         }
+        // A few rows over 4-bit weights, x split once for all of them (ops/qimma.rs).
+        if let Some(outs) = self.qimma_many("linear_many", x, ws, None)? {
+            return Ok(outs);
+        }
         // phase 4: prefill in bf16, the input converted once for all the weights (ops/prefill.rs)
         if let Some(outs) = self.prefill_linear_many("linear_many", x, ws, None)? {
             return Ok(outs);
@@ -1152,6 +1167,9 @@ impl Backend for CudaBackend {
             if let Some(mut outs) = self.fused_qgemv("silu_mul_linear", gate, &[w], Some(up))? {
                 return Ok(outs.remove(0));
             }
+        }
+        if let Some(mut outs) = self.qimma_many("silu_mul_linear", gate, &[w], Some(up))? {
+            return Ok(outs.remove(0));
         }
         // phase 4: prefill in bf16, silu(gate) * up made in bf16 in one pass (ops/prefill.rs)
         if let Some(mut outs) = self.prefill_linear_many("silu_mul_linear", gate, &[w], Some(up))? {

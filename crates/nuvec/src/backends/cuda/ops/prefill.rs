@@ -247,7 +247,7 @@ impl CudaBackend {
         ws: &[&Matrix],
         up: Option<&Array>,
     ) -> Result<Option<Vec<Array>>> {
-        if x.shape().is_empty() || x.dtype() != DType::F32 || x.device() != self.dev() {
+        if !self.plain_input(x, up) {
             return Ok(None);
         }
         let k = x.dim(-1);
@@ -258,11 +258,6 @@ impl CudaBackend {
         };
         if k == 0 || m < super::qmma::bf16_rows_from().max(2) || ws.is_empty() || !ws.iter().all(plain) {
             return Ok(None);
-        }
-        if let Some(u) = up {
-            if u.shape() != x.shape() || u.dtype() != DType::F32 || u.device() != self.dev() {
-                return Ok(None);
-            }
         }
         let precision = matmul_precision()?;
         if precision == MatmulPrecision::F32 || precision == MatmulPrecision::Tf32 {

@@ -164,17 +164,34 @@ impl CudaBackend {
         };
         let WeightArgs { packed, scales, biases, p_dt, .. } = *w;
         let (mi, ni, ki, cps) = (m as i32, to_i32(op, "rows", n)?, to_i32(op, "k", k)?, per_range as i32);
-        if ranges == 1 {
-            launch!(st, op, name, cfg; o, xp, mi, ni, packed, scales, biases, p_dt, lg, ki, cps);
-            return Ok(true);
-        }
-        // Each range's partial sums in a slice of their own, then added in range order.
-        let parts = DeviceBuffer::alloc(st, ranges * m * n * 4)?;
-        let pp = parts.ptr();
-        launch!(st, op, name, cfg; pp, xp, mi, ni, packed, scales, biases, p_dt, lg, ki, cps);
-        let (splits, mn) = (ranges as i32, (m * n) as u64);
-        launch!(st, op, "qmma_reduce", cfg_1d(m * n); o, pp, splits, mn);
+        self.in_ranges(op, o, ranges, m * n, |dst| {
+            launch!(st, op, name, cfg; dst, xp, mi, ni, packed, scales, biases, p_dt, lg, ki, cps);
+            Ok(())
+        })?;
         Ok(true)
+    }
+
+    /// Runs `product` (a launch writing `mn` f32 at the address it is given, one slice per range of
+    /// K) into `o`: directly for one range, else into a partial buffer of `ranges` slices that
+    /// `qmma_reduce` then adds in range order.
+    pub(super) fn in_ranges(
+        &self,
+        op: &'static str,
+        o: u64,
+        ranges: usize,
+        mn: usize,
+        product: impl FnOnce(u64) -> Result<()>,
+    ) -> Result<()> {
+        if ranges == 1 {
+            return product(o);
+        }
+        let st = self.st()?;
+        let parts = DeviceBuffer::alloc(st, ranges * mn * 4)?;
+        let pp = parts.ptr();
+        product(pp)?;
+        let (splits, n) = (ranges as i32, mn as u64);
+        launch!(st, op, "qmma_reduce", cfg_1d(mn); o, pp, splits, n);
+        Ok(())
     }
 }
 
@@ -184,7 +201,7 @@ impl CudaBackend {
 /// takes about waves times that; the rule takes the fewest ranges (the least partial-sum traffic)
 /// among those with the least of it.
 /// It depends on N, K and the device only, never on the rows multiplied.
-fn ranges_of_k(chunks: usize, blocks: usize, slots: usize, stages: usize) -> (usize, usize) {
+pub(super) fn ranges_of_k(chunks: usize, blocks: usize, slots: usize, stages: usize) -> (usize, usize) {
     let mut best = (chunks, 1, usize::MAX);
     for ranges in 1..=chunks {
         let per_range = chunks.div_ceil(ranges);

@@ -1,0 +1,315 @@
+// Few-row 4-bit products in integers on the tensor cores (batched decode: 2 to 64 rows).
+//
+// out [M, N] = x [M, K] W^T for MLX affine 4-bit W (groups of 32, 64 or 128 values, K a multiple
+// of 32), x given as the integer GEMVs' parts (xsplit_f32 over all M rows, common.cuh: per
+// 32-value chunk of a row X = rint(x 2^e), |X| <= 2^22, in three int8 parts, a scale 2^-e and the
+// chunk's sum of x). Per chunk and output one int32 sum S = sum q X, exact: mma.sync m16n8k32
+// (the codes q as unsigned bytes, the parts as bytes), chained over the parts as
+// C = (C << 8) + A B_part (|S| <= 32 * 15 * 2^22 < 2^31). Then in f32, per chunk as the one-row
+// integer GEMV (linear.cu qgemv4i_acc) takes it: s (S 2^-e) + b sum(x), with the scale and bias
+// of the chunk's group. That GEMV multiplies the same operands (x's parts, the exact codes), so a
+// row's result in a batch differs from its result alone by f32 rounding only; the bf16 forms of
+// qmma.cu round x (and, from 33 rows, the weights) instead. The integer work per weight is small
+// enough that the products stay bound by reading the weights: the 4-bit codes are the mma's
+// operand as they are (two masks and a shift per 8), where the bf16 forms decode each value.
+//
+// Shape: a block of QI_WARPS(MT) warps takes QI_ROWS weight rows (each warp MT tiles of 16), 8 NX
+// input rows (NX tiles of 8; more rows go to further blocks, each reading the weights again) and
+// one range of K (gridDim.y; as qmma.cu's kernels, several ranges write partial slices that
+// qmma_reduce adds in range order, and the ranges depend on N, K, the kernel and the device
+// only). Per 128 values of K the block copies its rows' 64 bytes each and its input rows' parts
+// into shared memory (cp.async, the next chunk's copies in flight during this one's products;
+// every warp reads the same parts: read from memory per warp, they were several times the
+// weights' bytes), and each warp reads its rows back with ldmatrix, which hands quad lane t
+// (lane % 4) word t of each 32-value chunk of rows lane / 4 and lane / 4 + 8: the 8 codes whose
+// even and odd ones are that lane's A bytes (k slots 4t .. 4t + 3 and 16 + 4t ..), the order x's
+// parts already have (xsplit_chunk: word t's even, then odd values).
+
+#define QI_ROWS 128
+#define QI_CHUNK 128
+#define QI_WARPS(MT) (QI_ROWS / (16 * (MT)))
+
+#ifndef NUVEC_CUDA_EMU
+// d += A B for one m16n8k32 step: A 16 x 32 unsigned bytes (row-major), B 32 x 8 bytes
+// (column-major), signed (SB) or unsigned, int32 sums (wrapping; the callers' sums fit). sm_80+,
+// where the host launches the kernels using it (elsewhere it traps).
+template <bool SB>
+__device__ __forceinline__ void mma_u8(int (&d)[4], const u32 (&a)[4], const u32 (&b)[2]) {
+#if __CUDA_ARCH__ >= 800
+#define NUVEC_MMA_U8(bt)                                                                                \
+    asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.u8." bt ".s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "  \
+                 "{%8,%9}, {%0,%1,%2,%3};"                                                              \
+                 : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])                                       \
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]))
+    if constexpr (SB) NUVEC_MMA_U8("s8");
+    else NUVEC_MMA_U8("u8");
+#undef NUVEC_MMA_U8
+#else
+    __trap();
+#endif
+}
+#endif
+
+// Shared memory, QI_STAGES slots (chunk c in one while the next chunks arrive in the others by
+// cp.async), each holding for one chunk of 128 values:
+// - the block's QI_ROWS weight rows (64 bytes each, pieces placed by qi_at);
+// - its input rows' parts of the chunk's four 32-value chunks (4 x 96 bytes, rows padded to
+//   QI_XROW so that the eight rows one B-operand read touches fall on distinct banks in pairs);
+// - each weight row's scales and biases of the chunk's groups (at most 4; f32 pairs), and each
+//   input row's scales 2^-e and sums of its four 32-value chunks (f32 pairs).
+// The parameters (2- or 4-byte values, not 16-byte aligned) come through registers: loaded when
+// their chunk is issued, stored into its slot one iteration later, so that their memory round
+// trip is hidden behind a chunk's products (loaded where they were used, at each group's end,
+// their latency was most of the kernel's time).
+#ifndef QI_STAGES
+#define QI_STAGES 3
+#endif
+#define QI_XROW 416
+#define QI_WPAR (QI_ROWS * 64 + (XR) * QI_XROW)
+#define QI_XPAR (QI_WPAR + QI_ROWS * 32)
+#define QI_SLOT(XR) (QI_ROWS * 64 + (XR) * QI_XROW + QI_ROWS * 32 + (XR) * 32)
+extern __shared__ __align__(16) unsigned char qi_smem[];
+
+// The byte of piece p (16 bytes: one 32-value chunk) of weight row `row` in a slot: pieces placed
+// at p ^ ((row >> 1) & 3), so that the eight rows an ldmatrix phase reads (and the two rows a
+// phase of 16-byte copies writes) hit distinct banks.
+__device__ __forceinline__ int qi_at(int row, int p) { return row * 64 + ((p ^ ((row >> 1) & 3)) << 4); }
+
+// A thread's parameters of one chunk, in flight from its issue to its store: weight row
+// threadIdx.x's (s, b) of the chunk's groups (threads below QI_ROWS), and pair
+// threadIdx.x + i blockDim.x of the input rows' (scale, sum) pairs (row = pair / 4, 32-value
+// chunk pair % 4).
+template <int XR>
+struct QiParams {
+    static constexpr int XP = (XR * 4 + 127) / 128;  // blockDim.x is at least 128
+    float s[4], b[4], xs[XP], xm[XP];
+};
+
+// Issues chunk c into slot `slot` (cp.async; zeros past N, M and K): the block's weight rows from
+// nb and x's parts of input rows m0 .. m0 + XR, and loads the chunk's parameters into `pr`.
+template <int XR>
+__device__ __forceinline__ void qi_issue(int slot, int c, const u32* xq, int m, int m0, int kc, int n, int k, int nb,
+                                         const u32* packed, const void* scales, const void* biases, int p_dt,
+                                         int lg, QiParams<XR>& pr) {
+    unsigned char* base = qi_smem + slot * QI_SLOT(XR);
+    const size_t row_bytes = (size_t)k / 2;
+    for (int q = threadIdx.x; q < QI_ROWS * 4; q += blockDim.x) {
+        const int row = q >> 2, p = q & 3;
+        const bool valid = nb + row < n && c * QI_CHUNK + p * 32 < k;
+        const unsigned char* src =
+            (const unsigned char*)packed + (valid ? (size_t)(nb + row) * row_bytes + (size_t)c * 64 + p * 16 : 0);
+        cp_async16(smem_addr(base + qi_at(row, p)), src, valid);
+    }
+    unsigned char* xs = base + QI_ROWS * 64;
+    for (int q = threadIdx.x; q < XR * 24; q += blockDim.x) {
+        const int row = q / 24, p = q % 24, cc = c * 4 + p / 6;
+        const bool valid = m0 + row < m && cc < kc;
+        const unsigned char* src =
+            (const unsigned char*)xq + (valid ? ((size_t)(m0 + row) * kc + c * 4) * QI_WORDS * 4 + p * 16 : 0);
+        cp_async16(smem_addr(xs + row * QI_XROW + p * 16), src, valid);
+    }
+    const int r = nb + threadIdx.x;
+    const size_t gpr = (size_t)(k >> lg);
+#pragma unroll
+    for (int gb = 0; gb < 4; ++gb) {
+        const int k0 = c * QI_CHUNK + (gb << lg);
+        const bool in = threadIdx.x < QI_ROWS && r < n && gb < (QI_CHUNK >> lg) && k0 < k;
+        pr.s[gb] = in ? load_float(scales, (size_t)r * gpr + (k0 >> lg), p_dt) : 0.0f;
+        pr.b[gb] = in ? load_float(biases, (size_t)r * gpr + (k0 >> lg), p_dt) : 0.0f;
+    }
+    const float* xscale = (const float*)(xq + (size_t)m * kc * QI_WORDS);
+    const float* xsum = xscale + (size_t)m * kc;
+#pragma unroll
+    for (int i = 0; i < QiParams<XR>::XP; ++i) {
+        const int q = threadIdx.x + i * blockDim.x, row = m0 + q / 4, cc = c * 4 + q % 4;
+        const bool in = q < XR * 4 && row < m && cc < kc;
+        pr.xs[i] = in ? __ldg(xscale + (size_t)row * kc + cc) : 0.0f;
+        pr.xm[i] = in ? __ldg(xsum + (size_t)row * kc + cc) : 0.0f;
+    }
+}
+
+// Stores the parameters qi_issue loaded into slot `slot`.
+template <int XR>
+__device__ __forceinline__ void qi_put(int slot, const QiParams<XR>& pr) {
+    unsigned char* base = qi_smem + slot * QI_SLOT(XR);
+    if (threadIdx.x < QI_ROWS) {
+        float* w = (float*)(base + QI_WPAR) + threadIdx.x * 8;
+        *(float4*)w = make_float4(pr.s[0], pr.b[0], pr.s[1], pr.b[1]);
+        *(float4*)(w + 4) = make_float4(pr.s[2], pr.b[2], pr.s[3], pr.b[3]);
+    }
+    float2* x = (float2*)(base + QI_XPAR);
+#pragma unroll
+    for (int i = 0; i < QiParams<XR>::XP; ++i) {
+        const int q = threadIdx.x + i * blockDim.x;
+        if (q < XR * 4) x[q] = make_float2(pr.xs[i], pr.xm[i]);
+    }
+}
+
+// MT tiles of 16 weight rows per warp, NX tiles of 8 input rows.
+template <int MT, int NX>
+__device__ __forceinline__ void qimma_body(float* out, const u32* __restrict__ xq, int m, int n,
+                                           const u32* __restrict__ packed, const void* __restrict__ scales,
+                                           const void* __restrict__ biases, int p_dt, int lg, int k, int cps) {
+    constexpr int XR = 8 * NX;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    // Blocks (bx, mz) next to each other over blockIdx.x: column block bx of the weight against
+    // input rows mz 8 NX .. (the blocks that read the same weights run together, so all but the
+    // first find them in L2).
+    const int zs = (m + XR - 1) / XR, bx = blockIdx.x / zs, m0 = (blockIdx.x % zs) * XR;
+    const int nb = bx * QI_ROWS, wr = warp * MT * 16;  // the block's and the warp's first weight row
+    const int kc = k >> 5;                             // x's chunks per row
+    const int chunks = (k + QI_CHUNK - 1) / QI_CHUNK;
+    const int c0 = blockIdx.y * cps, c1 = min(c0 + cps, chunks);
+
+    float acc[MT][NX][4];
+#pragma unroll
+    for (int i = 0; i < MT; ++i)
+#pragma unroll
+        for (int j = 0; j < NX; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.0f;
+
+    // The pipeline's first QI_STAGES - 1 chunks; `pr` holds the parameters of the chunk issued
+    // last until they are stored.
+    QiParams<XR> pr;
+#pragma unroll
+    for (int s = 0; s < QI_STAGES - 1; ++s) {
+        if (s > 0) qi_put<XR>(s - 1, pr);
+        if (c0 + s < c1) qi_issue<XR>(s, c0 + s, xq, m, m0, kc, n, k, nb, packed, scales, biases, p_dt, lg, pr);
+        cp_async_commit();
+    }
+    u32 a[MT][4];
+    for (int c = c0; c < c1; ++c) {
+        const int it = c - c0, slot = it % QI_STAGES;
+        cp_async_wait<QI_STAGES - 2>();  // chunk c's copies (this thread's) have landed
+        __syncthreads();                 // everyone's have, and everyone is done with chunk c - 1
+        qi_put<XR>((it + QI_STAGES - 2) % QI_STAGES, pr);
+        if (c + QI_STAGES - 1 < c1)
+            qi_issue<XR>((it + QI_STAGES - 1) % QI_STAGES, c + QI_STAGES - 1, xq, m, m0, kc, n, k, nb, packed, scales,
+                         biases, p_dt, lg, pr);
+        cp_async_commit();
+        if (QI_STAGES == 2) __syncthreads();  // the parameters just stored are chunk c's own
+        const unsigned char* wb = qi_smem + slot * QI_SLOT(XR);
+        const unsigned char* xs = wb + QI_ROWS * 64;
+        const float* wpar = (const float*)(wb + QI_WPAR);
+        const float2* xpar = (const float2*)(wb + QI_XPAR);
+        // Chunks 2h and 2h + 1 (one at a time, which keeps the x operands of two chunks in
+        // registers, not of four): a[mt] = ldmatrix of {rows g, g + 8 of tile mt} x {chunk 2h, 2h + 1}.
+#pragma unroll 1
+        for (int j = 0; j < 4; ++j) {
+            const int cc = c * 4 + j;  // x's chunk (of each row)
+            if (cc >= kc) break;
+            if ((j & 1) == 0) {
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt) {
+                    const int mi = lane >> 3, row = wr + 16 * mt + (lane & 7) + 8 * (mi & 1);
+                    ldmatrix_x4<false>(a[mt], smem_addr(wb + qi_at(row, j + (mi >> 1))));
+                }
+            }
+            u32 A[MT][4];
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) {
+                const u32 w0 = (j & 1) ? a[mt][2] : a[mt][0], w1 = (j & 1) ? a[mt][3] : a[mt][1];
+                A[mt][0] = w0 & 0x0F0F0F0Fu;
+                A[mt][1] = w1 & 0x0F0F0F0Fu;
+                A[mt][2] = (w0 >> 4) & 0x0F0F0F0Fu;
+                A[mt][3] = (w1 >> 4) & 0x0F0F0F0Fu;
+            }
+            // B: input row nx 8 + g of the block, word t of each part. Each part's products for
+            // every tile before the next part's (the mma wrappers are volatile asm, kept in this
+            // order), so that independent mmas follow one another instead of each waiting on
+            // the one before.
+            u32 B[NX][3][2];
+#pragma unroll
+            for (int nx = 0; nx < NX; ++nx)
+#pragma unroll
+                for (int p = 0; p < 3; ++p) {
+                    const uint2 v = *(const uint2*)(xs + (nx * 8 + g) * QI_XROW + j * 96 + p * 32 + 8 * t);
+                    B[nx][p][0] = v.x;
+                    B[nx][p][1] = v.y;
+                }
+            int S[MT][NX][4];
+#pragma unroll
+            for (int p = 0; p < 3; ++p)
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                    for (int nx = 0; nx < NX; ++nx) {
+                        if (p == 0) {
+#pragma unroll
+                            for (int e = 0; e < 4; ++e) S[mt][nx][e] = 0;
+                            mma_u8<true>(S[mt][nx], A[mt], B[nx][0]);
+                        } else {
+#pragma unroll
+                            for (int e = 0; e < 4; ++e) S[mt][nx][e] <<= 8;
+                            mma_u8<false>(S[mt][nx], A[mt], B[nx][p]);
+                        }
+                    }
+            // Per output, as the one-row integer GEMV: acc += s (S 2^-e) + b sum(x), with the
+            // scale and bias of the weight row's group (rows g and g + 8 of each tile) and the
+            // input row's chunk scale and sum (rows nx 8 + 2t and + 1: the lane's columns).
+            const int gb = j >> (lg - 5);  // the group's index in the chunk of 128
+            float2 wp[MT][2];
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                for (int h = 0; h < 2; ++h) wp[mt][h] = *(const float2*)(wpar + (wr + 16 * mt + g + 8 * h) * 8 + 2 * gb);
+#pragma unroll
+            for (int nx = 0; nx < NX; ++nx) {
+                const float2 xp[2] = {xpar[(nx * 8 + 2 * t) * 4 + j], xpar[(nx * 8 + 2 * t + 1) * 4 + j]};
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        const float2 w = wp[mt][e >> 1], x = xp[e & 1];
+                        // s 2^-e is exact (a power of two), so s S 2^-e rounds once.
+                        acc[mt][nx][e] = fmaf(w.x * x.x, (float)S[mt][nx][e], fmaf(w.y, x.y, acc[mt][nx][e]));
+                    }
+            }
+        }
+    }
+    float* dst = out + (size_t)blockIdx.y * m * n;
+    const int r0 = nb + wr;
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int nx = 0; nx < NX; ++nx)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int row = r0 + 16 * mt + g + 8 * (e >> 1), xr = m0 + nx * 8 + 2 * t + (e & 1);
+                if (row < n && xr < m) dst[(size_t)xr * n + row] = acc[mt][nx][e];
+            }
+}
+
+// Asks L2 for the packed bytes this block will read (its rows' bytes in its range of K), a row per
+// thread, before pdl_begin: weights are never written by a kernel (as qmma.cu's qm_prefetch).
+__device__ __forceinline__ void qi_prefetch(const u32* packed, int m, int n, int k, int cps, int rows) {
+    const int zs = (m + rows - 1) / rows;
+    const int r = (blockIdx.x / zs) * QI_ROWS + threadIdx.x;
+    const int chunks = (k + QI_CHUNK - 1) / QI_CHUNK;
+    const int c0 = blockIdx.y * cps, c1 = min(c0 + cps, chunks);
+    if (blockIdx.x % zs == 0 && threadIdx.x < QI_ROWS && r < n && c0 < c1) {
+        const size_t row_bytes = (size_t)k / 2, b0 = (size_t)c0 * 64;
+        const size_t b1 = (size_t)c1 * 64 < row_bytes ? (size_t)c1 * 64 : row_bytes;
+        l2_prefetch((const unsigned char*)packed + (size_t)r * row_bytes + b0, b1 - b0);
+    }
+}
+
+#define QI_PARAMS                                                                                                \
+    float *out, const u32 *xq, int m, int n, const u32 *packed, const void *scales, const void *biases, int p_dt, \
+        int lg, int k, int cps
+#define QI_BEGIN(ROWS)                           \
+    qi_prefetch(packed, m, n, k, cps, ROWS); \
+    pdl_begin()
+#define QI_ARGS out, xq, m, n, packed, scales, biases, p_dt, lg, k, cps
+
+// qimma_b4_xR: R input rows per block (more rows: more blocks, each reading the weights again).
+// QI_X32_MIN_BLOCKS: resident blocks per multiprocessor asked of ptxas for the 32-row form (2: a
+// 128-register cap, with a few spills; 1: 144 registers, no spills); an experiment knob
+// (NUVEC_NVRTC_DEFINES).
+#ifndef QI_X32_MIN_BLOCKS
+#define QI_X32_MIN_BLOCKS 2
+#endif
+extern "C" __global__ void __launch_bounds__(128) qimma_b4_x8(QI_PARAMS) { QI_BEGIN(8); qimma_body<2, 1>(QI_ARGS); }
+extern "C" __global__ void __launch_bounds__(128) qimma_b4_x16(QI_PARAMS) { QI_BEGIN(16); qimma_body<2, 2>(QI_ARGS); }
+extern "C" __global__ void __launch_bounds__(256, QI_X32_MIN_BLOCKS) qimma_b4_x32(QI_PARAMS) { QI_BEGIN(32); qimma_body<1, 4>(QI_ARGS); }

@@ -1,0 +1,142 @@
+// Runs the few-row 4-bit products in integers (qimma.cu) through cuda_emu.h on the CPU, over x's
+// parts as xsplit_f32 (linear.cu) writes them for M rows, and compares them with:
+// - what they multiply, written from its definition in f64: per group s * sum q X 2^-e + b * sum x
+//   (X 2^-e the parts' value of x, q exact, the sums of x xsplit_f32's), to 1e-6 (f32 sums);
+// - the product itself, sum x (s q + b) in f64, to the CUDA tests' f32 tolerance (1e-4).
+// Groups of 32, 64 and 128, scales in f32, f16 and bf16, every form (8, 16 and 32 rows per block)
+// at full and partial row counts, more rows than a block takes (33 and 64 rows in blocks of 32), N not a multiple of the block's 128, K with a partial last
+// chunk of 128, one range of K and several (the partial slices added in range order, as
+// qmma_reduce does), and a row's bits at M = 2 and M = 64 (a row never depends on the rows beside
+// it). Built and run by run.sh, which prepends the kernel sources.
+#include "kernels_qimma.cpp"
+#include "emu_check.h"
+#include <cstdio>
+#include <random>
+#include <string>
+
+static std::mt19937 rng(23);
+
+struct QW {
+    int n, k, group, dt;
+    std::vector<unsigned> packed;
+    std::vector<unsigned char> sc, bi;
+    unsigned q(int r, int c) const { return (packed[(size_t)r * (k / 8) + c / 8] >> (4 * (c % 8))) & 15u; }
+    size_t gi(int r, int c) const { return (size_t)r * (k / group) + c / group; }
+    float s(int r, int c) const { return param_at(sc, gi(r, c), dt); }
+    float b(int r, int c) const { return param_at(bi, gi(r, c), dt); }
+};
+static QW make(int n, int k, int group, int dt) {
+    QW w{n, k, group, dt, {}, {}, {}};
+    w.packed.resize((size_t)n * k / 8);
+    for (auto& v : w.packed) v = rng();
+    random_params(w.sc, (size_t)n * (k / group), dt, 0.05f, rng);
+    random_params(w.bi, (size_t)n * (k / group), dt, 0.2f, rng);
+    return w;
+}
+
+typedef void (*Kernel)(float*, const u32*, int, int, const u32*, const void*, const void*, int, int, int, int);
+
+// x's parts for m rows of k values (xsplit_f32 over the m k values: row i's chunks follow row i - 1's).
+static std::vector<unsigned> parts_of(const std::vector<float>& x, int m, int k) {
+    const int chunks = m * k / 32;
+    std::vector<unsigned> p((size_t)chunks * 27 + 1, 0u);
+    emu_launch({(unsigned)((chunks * 32 + 127) / 128), 1, 1}, {128, 1, 1}, [&] { xsplit_f32(p.data(), x.data(), m * k); });
+    return p;
+}
+
+// Runs `f` (`warps` warps, `rows` input rows per block) with `cps` 128-value chunks per range of
+// K: out [m, n].
+static std::vector<float> run(Kernel f, int warps, int rows, const QW& w, const std::vector<unsigned>& xq, int m, int cps) {
+    const int chunks = (w.k + 127) / 128, splits = (chunks + cps - 1) / cps;
+    const int lg = __builtin_ctz(w.group);
+    std::vector<float> part((size_t)splits * m * w.n, NAN), out((size_t)m * w.n);
+    const unsigned zs = (unsigned)((m + rows - 1) / rows);
+    emu_launch({(unsigned)((w.n + 127) / 128) * zs, (unsigned)splits, 1}, {(unsigned)(32 * warps), 1, 1}, [&] {
+        f(part.data(), xq.data(), m, w.n, w.packed.data(), w.sc.data(), w.bi.data(), w.dt, lg, w.k, cps);
+    });
+    for (size_t i = 0; i < out.size(); ++i) {
+        float s = part[i];
+        for (int p = 1; p < splits; ++p) s += part[(size_t)p * out.size() + i];
+        out[i] = s;
+    }
+    return out;
+}
+
+static void test(const char* name, Kernel f, int warps, int rows, int m, int n, int k, int group, int dt) {
+    QW w = make(n, k, group, dt);
+    std::uniform_real_distribution<float> d(-1, 1);
+    std::vector<float> x((size_t)m * k);
+    for (auto& v : x) v = d(rng) * (rng() % 4 == 0 ? 8.0f : 1.0f);
+    const auto xq = parts_of(x, m, k);
+    const int kc = k / 32;
+    const float* scale = (const float*)(xq.data() + (size_t)m * kc * 24);
+    const float* sum = scale + (size_t)m * kc;
+    // X of value c of row i from the parts (hi signed, mid and lo unsigned; word (v / 8, v % 2), byte (v % 8) / 2).
+    auto X = [&](int i, int c) {
+        const unsigned* ch = xq.data() + ((size_t)i * kc + c / 32) * 24;
+        const int v = c % 32, word = (v / 8) * 2 + (v % 2), byte = (v % 8) / 2;
+        auto at = [&](int p) { return (ch[p * 8 + word] >> (8 * byte)) & 255u; };
+        return 65536 * (int)(signed char)at(0) + 256 * (int)at(1) + (int)at(2);
+    };
+    std::vector<double> want((size_t)m * n), exact((size_t)m * n);
+    for (int i = 0; i < m; ++i)
+        for (int r = 0; r < n; ++r) {
+            double a = 0, e = 0;
+            for (int g0 = 0; g0 < k; g0 += group) {
+                double qx = 0, xs = 0;
+                for (int c = g0; c < g0 + group; ++c) {
+                    qx += (double)w.q(r, c) * X(i, c) * scale[(size_t)i * kc + c / 32];
+                    e += (double)x[(size_t)i * k + c] * ((double)w.s(r, c) * w.q(r, c) + w.b(r, c));
+                }
+                for (int c = g0; c < g0 + group; c += 32) xs += sum[(size_t)i * kc + c / 32];
+                a += w.s(r, g0) * qx + w.b(r, g0) * xs;
+            }
+            want[(size_t)i * n + r] = a;
+            exact[(size_t)i * n + r] = e;
+        }
+    const int chunks = (k + 127) / 128;
+    std::string tag = std::string(name) + " m=" + std::to_string(m) + " n=" + std::to_string(n) + " k=" +
+                      std::to_string(k) + " g" + std::to_string(group) + " dt" + std::to_string(dt);
+    auto whole = run(f, warps, rows, w, xq, m, chunks);
+    cmp(tag + " one range", whole, want, 1e-6);
+    cmp(tag + " one range, the product", whole, exact, 1e-4);
+    auto split = run(f, warps, rows, w, xq, m, 1);
+    cmp(tag + " ranges of one chunk", split, want, 1e-6);
+}
+
+// Rows 0 and 1 of a 64-row product (two blocks of 32 rows) are bit for bit those of the same two
+// rows alone (another form).
+static void test_rows_alone() {
+    QW w = make(136, 256, 64, DT_BF16);
+    std::uniform_real_distribution<float> d(-1, 1);
+    std::vector<float> x((size_t)64 * 256);
+    for (auto& v : x) v = d(rng);
+    auto all = run(qimma_b4_x32, 8, 32, w, parts_of(x, 64, 256), 64, 1);
+    x.resize((size_t)2 * 256);
+    auto two = run(qimma_b4_x8, 4, 8, w, parts_of(x, 2, 256), 2, 1);
+    bool same = std::memcmp(all.data(), two.data(), two.size() * sizeof(float)) == 0;
+    check(same, "qimma rows 0-1 at m=64 equal m=2");
+    if (same) printf("ok   %-60s bit for bit\n", "qimma rows 0-1 at m=64 and at m=2");
+}
+
+int main() {
+    const int dts[3] = {DT_F32, DT_F16, DT_BF16};
+    int i = 0;
+    for (int group : {32, 64, 128}) {
+        for (int k : {256, 288, 384}) {
+            if (k % group) continue;
+            const int dt = dts[i++ % 3];
+            test("qimma_b4_x8", qimma_b4_x8, 4, 8, 2, 136, k, group, dt);
+            test("qimma_b4_x8", qimma_b4_x8, 4, 8, 8, 40, k, group, dt);
+            test("qimma_b4_x16", qimma_b4_x16, 4, 16, 13, 136, k, group, dt);
+            test("qimma_b4_x32", qimma_b4_x32, 8, 32, 32, 40, k, group, dt);
+        }
+    }
+    test("qimma_b4_x16", qimma_b4_x16, 4, 16, 16, 200, 1024, 64, DT_BF16);
+    test("qimma_b4_x32", qimma_b4_x32, 8, 32, 17, 136, 288, 32, DT_F16);
+    test("qimma_b4_x32", qimma_b4_x32, 8, 32, 33, 136, 256, 64, DT_BF16);
+    test("qimma_b4_x32", qimma_b4_x32, 8, 32, 64, 40, 384, 128, DT_F32);
+    test_rows_alone();
+    printf("%d failures\n", fails);
+    return fails ? 1 : 0;
+}
