@@ -9,11 +9,12 @@
 // integer GEMV (linear.cu qgemv4i_acc) takes it: s (S 2^-e) + b sum(x), with the scale and bias
 // of the chunk's group. That GEMV multiplies the same operands (x's parts, the exact codes), so a
 // row's result in a batch differs from its result alone by f32 rounding only; the bf16 forms of
-// qmma.cu round x (and, from 33 rows, the weights) instead. The integer work per weight is small
-// enough that the products stay bound by reading the weights: the 4-bit codes are the mma's
-// operand as they are (two masks and a shift per 8), where the bf16 forms decode each value.
+// qmma.cu round x (and, from 33 rows, the weights) instead. The aim is integer work per weight
+// small enough that the products are bound by reading the weights: the 4-bit codes are the mma's
+// operand as they are (two masks and a shift per 8), where the bf16 forms decode each value (the
+// host runs these only when asked, until they are faster: ops/qimma.rs).
 //
-// Shape: a block of QI_WARPS(MT) warps takes QI_ROWS weight rows (each warp MT tiles of 16), 8 NX
+// Shape: a block of QI_ROWS / (16 MT) warps takes QI_ROWS weight rows (each warp MT tiles of 16), 8 NX
 // input rows (NX tiles of 8; more rows go to further blocks, each reading the weights again) and
 // one range of K (gridDim.y; as qmma.cu's kernels, several ranges write partial slices that
 // qmma_reduce adds in range order, and the ranges depend on N, K, the kernel and the device
@@ -27,7 +28,6 @@
 
 #define QI_ROWS 128
 #define QI_CHUNK 128
-#define QI_WARPS(MT) (QI_ROWS / (16 * (MT)))
 
 #ifndef NUVEC_CUDA_EMU
 // d += A B for one m16n8k32 step: A 16 x 32 unsigned bytes (row-major), B 32 x 8 bytes
