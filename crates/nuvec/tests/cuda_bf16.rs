@@ -163,20 +163,7 @@ fn check_linear(case: &str, rng: &mut Rng, w: &Weight, m: usize) {
 /// multiple of 32), which take x at the one-row integer GEMV's accuracy: f32's, as the CPU. Run
 /// this file with and without `NUVEC_QIMMA=1` (docs/cuda.md).
 fn qimma_takes(w: &Matrix, m: usize) -> bool {
-    if std::env::var("NUVEC_QIMMA").map_or(true, |v| v != "1") {
-        return false;
-    }
-    match w {
-        Matrix::Quantized(q) => {
-            let s = q.spec;
-            (2..=64).contains(&m)
-                && s.mode == QuantMode::Affine
-                && s.bits == 4
-                && s.group_size >= 32
-                && q.cols() % 32 == 0
-        }
-        _ => false,
-    }
+    std::env::var("NUVEC_QIMMA").is_ok_and(|v| v == "1") && (2..=64).contains(&m) && few_row_affine(w, &[4])
 }
 
 /// Whether a product of `m` rows over `w` runs kernels/qmma.cu's exact kernels (`ops/qmma.rs`'s
@@ -184,14 +171,16 @@ fn qimma_takes(w: &Matrix, m: usize) -> bool {
 /// every input and weight here is aligned). From 33 rows its kernels multiply the weight rounded
 /// to bf16, as the other paths do.
 fn qmma_takes(w: &Matrix, m: usize) -> bool {
+    (2..=32).contains(&m) && few_row_affine(w, &[4, 8])
+}
+
+/// Whether `w` is an affine weight of one of `bits` in groups of 32 or more with K a multiple of
+/// 32: what the few-row kernels take.
+fn few_row_affine(w: &Matrix, bits: &[usize]) -> bool {
     match w {
         Matrix::Quantized(q) => {
             let s = q.spec;
-            (2..=32).contains(&m)
-                && s.mode == QuantMode::Affine
-                && matches!(s.bits, 4 | 8)
-                && s.group_size >= 32
-                && q.cols() % 32 == 0
+            s.mode == QuantMode::Affine && bits.contains(&s.bits) && s.group_size >= 32 && q.cols() % 32 == 0
         }
         _ => false,
     }

@@ -171,12 +171,9 @@ pub(crate) struct State {
     pub(crate) flash: bool,
     /// The prefill weight decoder's stream and tile buffers (`decode_lane.rs`), made on first use.
     decode_lane: OnceLock<Mutex<decode_lane::DecodeLane>>,
-    /// Each few-row product kernel's launch facts (`ops/qmma.rs`), read at module load on
-    /// sm_80+ only.
+    /// Each few-row product kernel's launch facts (`ops/qmma.rs`, `ops/qimma.rs`), read at
+    /// module load on sm_80+ only.
     pub(crate) qmma_kernels: HashMap<String, ops::qmma::QmmaKernel>,
-    /// Each integer few-row product kernel's blocks resident at once and its dynamic shared
-    /// memory (`ops/qimma.rs`), read at module load on sm_80+ only.
-    pub(crate) qimma_kernels: HashMap<String, (usize, usize)>,
 }
 
 impl fmt::Debug for State {
@@ -227,7 +224,6 @@ impl State {
             .attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
             .map_err(driver_err("reading the multiprocessor count"))?;
         let mut qmma_kernels = HashMap::new();
-        let mut qimma_kernels = HashMap::new();
         let mut funcs = HashMap::new();
         for (name, src) in kernel_sources() {
             let mut options = nvrtc_options(&arch);
@@ -246,13 +242,15 @@ impl State {
                 // The flash-attention kernels' double-buffered K/V tiles pass the default 48 KiB
                 // of dynamic shared memory at head size 128, as do the few-row quantized
                 // products' pipelines (all run on sm_80+ only).
-                let qmma_smem = ops::qmma::qmma_smem_bytes(kernel);
+                // The few-row products (qmma.cu, qimma.cu): threads and shared memory per block.
+                let few_row = ops::qmma::qmma_smem_bytes(kernel)
+                    .map(|smem| (ops::qmma::QM_THREADS, smem))
+                    .or_else(|| ops::qimma::qimma_launch(kernel));
                 let big_smem = kernel
                     .strip_prefix("flash_attn_bf16_d")
                     .and_then(|d| d.parse().ok())
                     .map(ops::prefill::flash_smem_bytes)
-                    .or(qmma_smem)
-                    .or(ops::qimma::qimma_smem(kernel));
+                    .or(few_row.map(|(_, smem)| smem));
                 if let Some(bytes) = big_smem.filter(|_| major >= 8) {
                     f.set_attribute(
                         cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
@@ -260,19 +258,12 @@ impl State {
                     )
                     .map_err(driver_err("raising a kernel's shared memory"))?;
                 }
-                if let Some(smem) = qmma_smem.filter(|_| major >= 8) {
-                    let per_sm = f
-                        .occupancy_max_active_blocks_per_multiprocessor(ops::qmma::QM_THREADS, smem, None)
-                        .map_err(driver_err("reading a kernel's occupancy"))?;
-                    let slots = (sms.max(1) as usize) * (per_sm.max(1) as usize);
-                    qmma_kernels.insert(kernel.to_string(), ops::qmma::QmmaKernel { slots, smem });
-                }
-                if let Some(threads) = ops::qimma::qimma_threads(kernel).filter(|_| major >= 8) {
-                    let smem = ops::qimma::qimma_smem(kernel).unwrap_or(0);
+                if let Some((threads, smem)) = few_row.filter(|_| major >= 8) {
                     let per_sm = f
                         .occupancy_max_active_blocks_per_multiprocessor(threads, smem, None)
                         .map_err(driver_err("reading a kernel's occupancy"))?;
-                    qimma_kernels.insert(kernel.to_string(), ((sms.max(1) as usize) * (per_sm.max(1) as usize), smem));
+                    let slots = (sms.max(1) as usize) * (per_sm.max(1) as usize);
+                    qmma_kernels.insert(kernel.to_string(), ops::qmma::QmmaKernel { slots, smem });
                 }
                 funcs.insert(kernel.to_string(), f);
             }
@@ -290,7 +281,6 @@ impl State {
             graph_written_dropped: AtomicU64::new(0),
             capture_arena_bytes: std::sync::atomic::AtomicUsize::new(graph::FIRST_ARENA_BYTES),
             qmma_kernels,
-            qimma_kernels,
             pdl: major >= 9 && std::env::var("NUVEC_PDL").map_or(true, |v| v != "0"),
             flash: major >= 8 && std::env::var("NUVEC_FLASH_ATTENTION").map_or(true, |v| v != "0"),
             decode_lane: OnceLock::new(),

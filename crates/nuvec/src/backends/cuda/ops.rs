@@ -659,10 +659,19 @@ impl CudaBackend {
         if let Some(parts) = x.int_parts() {
             return Ok((parts, None));
         }
-        let parts = DeviceBuffer::alloc(self.st()?, int_parts_bytes(k))?;
-        let (pp, xp, ki) = (parts.ptr(), x.cuda_ptr()?, to_i32(op, "k", k)?);
-        launch!(self.st()?, op, "xsplit_f32", cfg_1d(k); pp, xp, ki);
-        Ok((pp, Some(parts)))
+        let parts = self.split_parts(op, x.cuda_ptr()?, k)?;
+        Ok((parts.ptr(), Some(parts)))
+    }
+
+    /// The integer GEMVs' parts of the `len` f32 values at `xp` (`xsplit_f32`; several rows of a
+    /// `len / rows`-value x split as one row: row i's chunks follow row i - 1's), in a buffer that
+    /// must outlive the launches reading it.
+    pub(super) fn split_parts(&self, op: &'static str, xp: u64, len: usize) -> Result<DeviceBuffer> {
+        let st = self.st()?;
+        let parts = DeviceBuffer::alloc(st, int_parts_bytes(len))?;
+        let (pp, n) = (parts.ptr(), to_i32(op, "k", len)?);
+        launch!(st, op, "xsplit_f32", cfg_1d(len); pp, xp, n);
+        Ok(parts)
     }
 
     /// A buffer for the integer GEMVs' parts of a producer's output when it is one row of `d`

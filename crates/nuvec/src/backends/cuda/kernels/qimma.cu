@@ -65,8 +65,8 @@ __device__ __forceinline__ void mma_u8(int (&d)[4], const u32 (&a)[4], const u32
 #define QI_STAGES 3
 #endif
 #define QI_XROW 416
-#define QI_WPAR (QI_ROWS * 64 + (XR) * QI_XROW)
-#define QI_XPAR (QI_WPAR + QI_ROWS * 32)
+#define QI_WPAR(XR) (QI_ROWS * 64 + (XR) * QI_XROW)
+#define QI_XPAR(XR) (QI_WPAR(XR) + QI_ROWS * 32)
 #define QI_SLOT(XR) (QI_ROWS * 64 + (XR) * QI_XROW + QI_ROWS * 32 + (XR) * 32)
 extern __shared__ __align__(16) unsigned char qi_smem[];
 
@@ -133,11 +133,11 @@ template <int XR>
 __device__ __forceinline__ void qi_put(int slot, const QiParams<XR>& pr) {
     unsigned char* base = qi_smem + slot * QI_SLOT(XR);
     if (threadIdx.x < QI_ROWS) {
-        float* w = (float*)(base + QI_WPAR) + threadIdx.x * 8;
+        float* w = (float*)(base + QI_WPAR(XR)) + threadIdx.x * 8;
         *(float4*)w = make_float4(pr.s[0], pr.b[0], pr.s[1], pr.b[1]);
         *(float4*)(w + 4) = make_float4(pr.s[2], pr.b[2], pr.s[3], pr.b[3]);
     }
-    float2* x = (float2*)(base + QI_XPAR);
+    float2* x = (float2*)(base + QI_XPAR(XR));
 #pragma unroll
     for (int i = 0; i < QiParams<XR>::XP; ++i) {
         const int q = threadIdx.x + i * blockDim.x;
@@ -191,8 +191,8 @@ __device__ __forceinline__ void qimma_body(float* out, const u32* __restrict__ x
         if (QI_STAGES == 2) __syncthreads();  // the parameters just stored are chunk c's own
         const unsigned char* wb = qi_smem + slot * QI_SLOT(XR);
         const unsigned char* xs = wb + QI_ROWS * 64;
-        const float* wpar = (const float*)(wb + QI_WPAR);
-        const float2* xpar = (const float2*)(wb + QI_XPAR);
+        const float* wpar = (const float*)(wb + QI_WPAR(XR));
+        const float2* xpar = (const float2*)(wb + QI_XPAR(XR));
         // Chunks 2h and 2h + 1 (one at a time, which keeps the x operands of two chunks in
         // registers, not of four): a[mt] = ldmatrix of {rows g, g + 8 of tile mt} x {chunk 2h, 2h + 1}.
 #pragma unroll 1

@@ -10,9 +10,9 @@ use std::sync::OnceLock;
 
 use cudarc::driver::LaunchConfig;
 
-use super::qmma::ranges_of_k;
-use super::{cfg_1d, fast_path_log_group, int_parts_bytes, to_i32, CudaBackend, WeightArgs};
-use crate::backends::cuda::{DeviceBuffer, State};
+use super::qmma::{ranges_of_k, QmmaKernel};
+use super::{fast_path_log_group, to_i32, CudaBackend, WeightArgs};
+use crate::backends::cuda::State;
 use crate::{Array, Backend, DType, Error, Matrix, QuantMode, Result};
 
 /// The most input rows these products take (above, cuBLAS over weights decoded to bf16 reads
@@ -33,32 +33,23 @@ fn qi_stages() -> usize {
     })
 }
 
-/// Threads per block of qimma kernel `kernel` (4 warps of two 16-row tiles for 8 and 16 input
-/// rows per block, 8 warps of one tile for 32), `None` for any other kernel.
-pub(in crate::backends::cuda) fn qimma_threads(kernel: &str) -> Option<u32> {
-    match kernel {
-        "qimma_b4_x8" | "qimma_b4_x16" => Some(128),
-        "qimma_b4_x32" => Some(256),
-        _ => None,
-    }
+/// The kernels: name, input rows per block (more rows take more blocks) and threads per block
+/// (4 warps of two 16-row tiles for 8 and 16 input rows, 8 warps of one tile for 32).
+const KERNELS: [(&str, usize, u32); 3] =
+    [("qimma_b4_x8", 8, 128), ("qimma_b4_x16", 16, 128), ("qimma_b4_x32", 32, 256)];
+
+/// Threads per block and dynamic shared memory of qimma kernel `kernel` (`QI_SLOT` in
+/// kernels/qimma.cu times its slots: per chunk its weight rows' 64 bytes, its input rows' parts,
+/// and both's scales and biases or sums), `None` for any other kernel.
+pub(in crate::backends::cuda) fn qimma_launch(kernel: &str) -> Option<(u32, usize)> {
+    let &(_, rows, threads) = KERNELS.iter().find(|k| k.0 == kernel)?;
+    Some((threads, qi_stages() * (QI_ROWS * 64 + rows * QI_XROW + QI_ROWS * 32 + rows * 32)))
 }
 
-/// Dynamic shared memory of qimma kernel `kernel` (`QI_SLOT` in kernels/qimma.cu times its
-/// slots: per chunk its weight rows' 64 bytes, its input rows' parts, and both's scales and
-/// biases or sums), `None` for any other kernel.
-pub(in crate::backends::cuda) fn qimma_smem(kernel: &str) -> Option<usize> {
-    let rows: usize = kernel.strip_prefix("qimma_b4_x")?.parse().ok()?;
-    Some(qi_stages() * (QI_ROWS * 64 + rows * QI_XROW + QI_ROWS * 32 + rows * 32))
-}
-
-/// The kernel for `m` input rows (2 to 64) and the input rows of its blocks (more rows take
-/// more blocks).
-fn kernel_for(m: usize) -> (&'static str, usize) {
-    match m {
-        ..=8 => ("qimma_b4_x8", 8),
-        9..=16 => ("qimma_b4_x16", 16),
-        _ => ("qimma_b4_x32", 32),
-    }
+/// The kernel for `m` input rows (2 to 64): the first whose blocks take them all, else the
+/// widest.
+fn kernel_for(m: usize) -> (&'static str, usize, u32) {
+    *KERNELS.iter().find(|k| m <= k.1).unwrap_or(&KERNELS[KERNELS.len() - 1])
 }
 
 /// Whether the integer products run: only with `NUVEC_QIMMA=1` (read once), until they are
@@ -89,8 +80,9 @@ impl CudaBackend {
             return Ok(None);
         }
         let st = self.st()?;
-        let (name, _) = kernel_for(m);
-        let Some(&(slots, _)) = st.qimma_kernels.get(name) else {
+        let kernel = kernel_for(m);
+        // Read at module load on sm_80+ only (mma.sync, cp.async), as the qmma kernels.
+        let Some(&launch) = st.qmma_kernels.get(kernel.0) else {
             return Ok(None);
         };
         // The weights these kernels take, with their log2 group size.
@@ -105,13 +97,11 @@ impl CudaBackend {
         }
         // silu(x) * up first where asked, then x's parts: m k values split as one row.
         let gated = match up {
-            Some(u) => Some(self.binary(op, "silu_mul_f32", x, u)?),
+            Some(u) => Some(Backend::silu_mul(self, x, u)?),
             None => None,
         };
-        let xp = gated.as_ref().unwrap_or(x).cuda_ptr()?;
-        let parts = DeviceBuffer::alloc(st, int_parts_bytes(m * k))?;
-        let (pp, mk) = (parts.ptr(), to_i32(op, "k", m * k)?);
-        launch!(st, op, "xsplit_f32", cfg_1d(m * k); pp, xp, mk);
+        let parts = self.split_parts(op, gated.as_ref().unwrap_or(x).cuda_ptr()?, m * k)?;
+        let pp = parts.ptr();
         let mut outs = Vec::with_capacity(ws.len());
         for (w, arg) in ws.iter().zip(&args) {
             // A weight of another kind beside them (q/k/v of mixed widths) takes its own path,
@@ -125,21 +115,22 @@ impl CudaBackend {
             *shape.last_mut().expect("x has an axis") = n;
             let out = self.output(&shape, DType::F32, false)?;
             if n > 0 {
-                self.qimma(op, name, slots, out.cuda_ptr()?, pp, (m, n, k), a, *lg)?;
+                self.qimma(op, kernel, launch, out.cuda_ptr()?, pp, (m, n, k), a, *lg)?;
             }
             outs.push(out);
         }
         Ok(Some(outs))
     }
 
-    /// `out [m, n]` at `o` = x (its parts at `xq`) times `w`^T with kernel `name`, K cut into
-    /// ranges as the bf16 forms cut it (by N, K, the kernel and the device only).
+    /// `out [m, n]` at `o` = x (its parts at `xq`) times `w`^T with kernel `(name, rows per
+    /// block, threads)`, K cut into ranges as the bf16 forms cut it (by N, K, the kernel and the
+    /// device only).
     #[allow(clippy::too_many_arguments)]
     fn qimma(
         &self,
         op: &'static str,
-        name: &'static str,
-        slots: usize,
+        (name, rows, threads): (&'static str, usize, u32),
+        QmmaKernel { slots, smem }: QmmaKernel,
         o: u64,
         xq: u64,
         (m, n, k): (usize, usize, usize),
@@ -153,11 +144,8 @@ impl CudaBackend {
         // ranges count the column blocks of one block of input rows, so that they do not depend
         // on M.
         let (per_range, ranges) = ranges_of_k(chunks, blocks, slots, 2);
-        let threads = qimma_threads(name).expect("a qimma kernel");
-        let smem = qimma_smem(name).expect("a qimma kernel");
-        let row_blocks = m.div_ceil(kernel_for(m).1);
         let cfg = LaunchConfig {
-            grid_dim: (to_i32(op, "blocks", blocks * row_blocks)? as u32, ranges as u32, 1),
+            grid_dim: (to_i32(op, "blocks", blocks * m.div_ceil(rows))? as u32, ranges as u32, 1),
             block_dim: (threads, 1, 1),
             shared_mem_bytes: smem as u32,
         };
@@ -172,22 +160,22 @@ impl CudaBackend {
 
 #[cfg(test)]
 mod tests {
-    use super::{kernel_for, qimma_smem, qimma_threads};
+    use super::{kernel_for, qimma_launch};
 
     #[test]
     fn every_row_count_has_a_kernel_the_loader_knows() {
         // 2 to 64 rows: the kernel's blocks take 8, 16 or 32 input rows (more: more blocks), and
         // the module loader reads each one's threads and shared memory by its name.
         for m in 2..=super::QI_MAX_ROWS {
-            let (name, rows) = kernel_for(m);
+            let (name, rows, threads) = kernel_for(m);
             assert!(m <= rows || rows == 32, "{m} rows: {name}");
             assert_eq!(name, format!("qimma_b4_x{rows}"));
-            assert!(qimma_threads(name).is_some(), "{name}");
             // Three slots of the 32-row form fit an H100/H200 multiprocessor's 227 KiB twice.
-            let smem = qimma_smem(name).unwrap();
+            let (t, smem) = qimma_launch(name).unwrap();
+            assert_eq!(t, threads);
             assert!(smem <= 113 * 1024, "{name}: {smem} bytes");
         }
-        assert_eq!(kernel_for(9), ("qimma_b4_x16", 16));
-        assert_eq!(qimma_smem("qmma_b4_m16"), None);
+        assert_eq!(kernel_for(9).0, "qimma_b4_x16");
+        assert_eq!(qimma_launch("qmma_b4_m16"), None);
     }
 }
