@@ -7,7 +7,8 @@
 // at full and partial row counts, more rows than a block takes (33 and 64 rows in blocks of 32), N not a multiple of the block's 128, K with a partial last
 // chunk of 128, one range of K and several (the partial slices added in range order, as
 // qmma_reduce does), and a row's bits at M = 2 and M = 64 (a row never depends on the rows beside
-// it). Built and run by run.sh, which prepends the kernel sources.
+// it). The register forms (qimma_b4_r8, _r16) over xsplit_tiles_f32's layout, two weights in one
+// launch. Built and run by run.sh, which prepends the kernel sources.
 #include "kernels_qimma.cpp"
 #include "emu_check.h"
 #include <cstdio>
@@ -104,6 +105,65 @@ static void test(const char* name, Kernel f, int warps, int rows, int m, int n, 
     cmp(tag + " ranges of one chunk", split, want, 1e-6);
 }
 
+typedef void (*RegKernel)(const u32*, int, int, int, int, float*, int, const u32*, const void*, const void*, float*,
+                          int, const u32*, const void*, const void*, float*, int, const u32*, const void*,
+                          const void*);
+
+// The register kernels (qimma_b4_r8, _r16: `nt` tiles of 8 input rows per block) over two weights
+// of one launch (rows n and n2, so that the second weight's tiles follow the first's), x's parts
+// in xsplit_tiles_f32's layout: against the same sums as `test` from xsplit_f32's parts (the two
+// layouts hold the same words).
+static void test_reg(const char* name, RegKernel f, int nt, int m, int n, int n2, int k, int group, int dt) {
+    QW ws[2] = {make(n, k, group, dt), make(n2, k, group, dt)};
+    std::uniform_real_distribution<float> d(-1, 1);
+    std::vector<float> x((size_t)m * k);
+    for (auto& v : x) v = d(rng) * (rng() % 4 == 0 ? 8.0f : 1.0f);
+    const auto xq = parts_of(x, m, k);
+    const int kc = k / 32, tiles = (m + 7) / 8;
+    std::vector<unsigned> xt((size_t)tiles * kc * 208, 0xDEADBEEFu);
+    emu_launch({(unsigned)((tiles * 8 * k + 255) / 256), 1, 1}, {256, 1, 1}, [&] { xsplit_tiles_f32(xt.data(), x.data(), m, k); });
+    const float* scale = (const float*)(xq.data() + (size_t)m * kc * 24);
+    const float* sum = scale + (size_t)m * kc;
+    auto X = [&](int i, int c) {
+        const unsigned* ch = xq.data() + ((size_t)i * kc + c / 32) * 24;
+        const int v = c % 32, word = (v / 8) * 2 + (v % 2), byte = (v % 8) / 2;
+        auto at = [&](int p) { return (ch[p * 8 + word] >> (8 * byte)) & 255u; };
+        return 65536 * (int)(signed char)at(0) + 256 * (int)at(1) + (int)at(2);
+    };
+    std::vector<float> out0((size_t)m * n, NAN), out1((size_t)m * n2, NAN);
+    const int lg = __builtin_ctz(group);
+    const unsigned blocks = (unsigned)((n + 15) / 16 + (n2 + 15) / 16);
+    emu_launch({blocks, (unsigned)((tiles + nt - 1) / nt), 1}, {256, 1, 1}, [&] {
+        f(xt.data(), m, dt, lg, k, out0.data(), n, ws[0].packed.data(), ws[0].sc.data(), ws[0].bi.data(), out1.data(),
+          n2, ws[1].packed.data(), ws[1].sc.data(), ws[1].bi.data(), nullptr, 0, nullptr, nullptr, nullptr);
+    });
+    for (int wi = 0; wi < 2; ++wi) {
+        const QW& w = ws[wi];
+        std::vector<double> want((size_t)m * w.n), exact((size_t)m * w.n);
+        for (int i = 0; i < m; ++i)
+            for (int r = 0; r < w.n; ++r) {
+                double a = 0, e = 0;
+                for (int g0 = 0; g0 < k; g0 += group) {
+                    double qx = 0, xs = 0;
+                    for (int c = g0; c < g0 + group; ++c) {
+                        qx += (double)w.q(r, c) * X(i, c) * scale[(size_t)i * kc + c / 32];
+                        e += (double)x[(size_t)i * k + c] * ((double)w.s(r, c) * w.q(r, c) + w.b(r, c));
+                    }
+                    for (int c = g0; c < g0 + group; c += 32) xs += sum[(size_t)i * kc + c / 32];
+                    a += w.s(r, g0) * qx + w.b(r, g0) * xs;
+                }
+                want[(size_t)i * w.n + r] = a;
+                exact[(size_t)i * w.n + r] = e;
+            }
+        std::string tag = std::string(name) + " weight " + std::to_string(wi) + " m=" + std::to_string(m) +
+                          " n=" + std::to_string(w.n) + " k=" + std::to_string(k) + " g" + std::to_string(group) +
+                          " dt" + std::to_string(dt);
+        const auto& got = wi ? out1 : out0;
+        cmp(tag, got, want, 1e-6);
+        cmp(tag + ", the product", got, exact, 1e-4);
+    }
+}
+
 // Rows 0 and 1 of a 64-row product (two blocks of 32 rows) are bit for bit those of the same two
 // rows alone (another form).
 static void test_rows_alone() {
@@ -137,6 +197,17 @@ int main() {
     test("qimma_b4_x32", qimma_b4_x32, 8, 32, 33, 136, 256, 64, DT_BF16);
     test("qimma_b4_x32", qimma_b4_x32, 8, 32, 64, 40, 384, 128, DT_F32);
     test_rows_alone();
+    i = 0;
+    for (int group : {32, 64, 128})
+        for (int k : {256, 384}) {
+            if (k % group) continue;
+            const int dt = dts[i++ % 3];
+            test_reg("qimma_b4_r8", qimma_b4_r8, 1, 2, 40, 24, k, group, dt);
+            test_reg("qimma_b4_r8", qimma_b4_r8, 1, 8, 136, 16, k, group, dt);
+            test_reg("qimma_b4_r16", qimma_b4_r16, 2, 13, 40, 24, k, group, dt);
+        }
+    test_reg("qimma_b4_r8", qimma_b4_r8, 1, 5, 48, 33, 1024, 64, DT_BF16);
+    test_reg("qimma_b4_r16", qimma_b4_r16, 2, 16, 32, 20, 1152, 32, DT_F16);
     printf("%d failures\n", fails);
     return fails ? 1 : 0;
 }

@@ -159,11 +159,16 @@ fn check_linear(case: &str, rng: &mut Rng, w: &Weight, m: usize) {
 }
 
 /// Whether a product of `m` rows over `w` runs kernels/qimma.cu's integer kernels (`ops/qimma.rs`'s
-/// rule: with `NUVEC_QIMMA=1`, 2 to 64 rows, affine 4-bit weights in groups of 32 or more, K a
-/// multiple of 32), which take x at the one-row integer GEMV's accuracy: f32's, as the CPU. Run
-/// this file with and without `NUVEC_QIMMA=1` (docs/cuda.md).
+/// rule: affine 4-bit weights in groups of 32 or more, K a multiple of 32; 2 to 16 rows by
+/// default, none with `NUVEC_QIMMA=0`, 2 to 64 with `NUVEC_QIMMA=1`), which take x at the one-row
+/// integer GEMV's accuracy: f32's, as the CPU. Run this file with each setting (docs/cuda.md).
 fn qimma_takes(w: &Matrix, m: usize) -> bool {
-    std::env::var("NUVEC_QIMMA").is_ok_and(|v| v == "1") && (2..=64).contains(&m) && few_row_affine(w, &[4])
+    let most = match std::env::var("NUVEC_QIMMA").as_deref() {
+        Ok("0") => 0,
+        Ok("1") => 64,
+        _ => 16,
+    };
+    (2..=most).contains(&m) && few_row_affine(w, &[4])
 }
 
 /// Whether a product of `m` rows over `w` runs kernels/qmma.cu's exact kernels (`ops/qmma.rs`'s

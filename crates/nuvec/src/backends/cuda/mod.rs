@@ -174,6 +174,8 @@ pub(crate) struct State {
     /// Each few-row product kernel's launch facts (`ops/qmma.rs`, `ops/qimma.rs`), read at
     /// module load on sm_80+ only.
     pub(crate) qmma_kernels: HashMap<String, ops::qmma::QmmaKernel>,
+    /// The last few step tables copied to the device, with their bytes (`upload_shared`).
+    shared_uploads: Mutex<Vec<(Vec<u8>, Arc<DeviceBuffer>)>>,
 }
 
 impl fmt::Debug for State {
@@ -284,6 +286,7 @@ impl State {
             pdl: major >= 9 && std::env::var("NUVEC_PDL").map_or(true, |v| v != "0"),
             flash: major >= 8 && std::env::var("NUVEC_FLASH_ATTENTION").map_or(true, |v| v != "0"),
             decode_lane: OnceLock::new(),
+            shared_uploads: Mutex::new(Vec::new()),
         })
     }
 
@@ -414,6 +417,10 @@ impl Drop for DeviceBuffer {
     }
 }
 
+/// Step tables kept by [`DeviceBuffer::upload_shared`]: a step's four (rope positions and store
+/// rows, attention tables and lengths).
+const SHARED_UPLOADS: usize = 4;
+
 impl DeviceBuffer {
     /// `len` bytes, uninitialized (every kernel writing one fills it whole).
     pub(crate) fn alloc(st: &'static State, len: usize) -> Result<Self> {
@@ -458,6 +465,25 @@ impl DeviceBuffer {
             st.stream.memcpy_htod(bytes, &mut dst).map_err(driver_err("copying to the device"))?;
         }
         Ok(b)
+    }
+
+    /// A device copy of `bytes` that nothing writes, shared with earlier callers that asked
+    /// for the same bytes: the tables a step of several sequences gives every layer (positions,
+    /// store rows, block tables, lengths) are copied once per step instead of once per layer,
+    /// since each copy from pageable host memory is a stream-ordered operation between kernels
+    /// that costs host time and a gap on the device.
+    pub(crate) fn upload_shared(st: &'static State, bytes: &[u8]) -> Result<Arc<Self>> {
+        let mut kept = st.shared_uploads.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(i) = kept.iter().position(|(b, _)| b.as_slice() == bytes) {
+            let hit = kept.remove(i);
+            let buf = hit.1.clone();
+            kept.insert(0, hit);
+            return Ok(buf);
+        }
+        let buf = Arc::new(Self::upload(st, bytes)?);
+        kept.insert(0, (bytes.to_vec(), buf.clone()));
+        kept.truncate(SHARED_UPLOADS);
+        Ok(buf)
     }
 
     /// The device address of the first byte.

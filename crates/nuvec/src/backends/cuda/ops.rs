@@ -138,6 +138,11 @@ impl CudaBackend {
     fn upload<T: bytemuck::Pod>(&self, data: &[T]) -> Result<DeviceBuffer> {
         DeviceBuffer::upload(self.st()?, bytemuck::cast_slice(data))
     }
+
+    /// [`DeviceBuffer::upload_shared`]: a read-only device copy of a step's table.
+    fn upload_shared<T: bytemuck::Pod>(&self, data: &[T]) -> Result<std::sync::Arc<DeviceBuffer>> {
+        DeviceBuffer::upload_shared(self.st()?, bytemuck::cast_slice(data))
+    }
 }
 
 /// Whether the SGEMM weight products run on the tensor cores in TF32 (inputs rounded to 10-bit

@@ -439,9 +439,15 @@ __device__ __forceinline__ float exp2_ftz(float x) {
 // Chunk c of x, lane v of a full warp holding value v: the chunk's largest |x| and its sum by warp
 // reductions, X = rint(x 2^e) with |X| <= 2^22, split X = 65536 hi + 256 mid + lo; lane
 // 8j + 2t + eo holds byte t of word (j, eo) of each part, ORed into the word over the lanes that
-// share it (lane bits 1-2). Every producer calls this, so the parts are the same whoever writes them.
-__device__ __forceinline__ void xsplit_chunk(u32* __restrict__ parts, int chunks, int c, float v, int lane,
-                                             bool pending = false) {
+// share it (lane bits 1-2), so that lanes with t == 0 hold whole words. Every producer of parts
+// calls this, so the parts are the same whoever writes them (xsplit_chunk here, qimma.cu's tiled
+// layout for the few-row kernels).
+struct XsplitWords {
+    u32 hi, mid, lo;
+    int e;
+    float sum;
+};
+__device__ __forceinline__ XsplitWords xsplit_words(float v, int lane) {
     const float m = warp_max(fabsf(v)), sx = warp_sum(v);
     int ex = 0;
     if (m > 0.0f) frexpf(m, &ex);  // m < 2^ex
@@ -455,16 +461,22 @@ __device__ __forceinline__ void xsplit_chunk(u32* __restrict__ parts, int chunks
         mid |= __shfl_xor_sync(0xffffffffu, mid, o);
         lo |= __shfl_xor_sync(0xffffffffu, lo, o);
     }
-    if (t == 0) {
+    return {hi, mid, lo, e, sx};
+}
+// xsplit_words stored in the layout above (scale and sum negated for a norm's pending scale).
+__device__ __forceinline__ void xsplit_chunk(u32* __restrict__ parts, int chunks, int c, float v, int lane,
+                                             bool pending = false) {
+    const XsplitWords w = xsplit_words(v, lane);
+    if (((lane >> 1) & 3) == 0) {
         u32* out = parts + (size_t)c * QI_WORDS + (lane >> 3) * 2 + (lane & 1);
-        out[0] = hi;
-        out[8] = mid;
-        out[16] = lo;
+        out[0] = w.hi;
+        out[8] = w.mid;
+        out[16] = w.lo;
     }
     if (lane == 0) {
         float* scale = (float*)(parts + (size_t)chunks * QI_WORDS);
-        scale[c] = pending ? -ldexpf(1.0f, -e) : ldexpf(1.0f, -e);
-        scale[chunks + c] = pending ? -sx : sx;
+        scale[c] = pending ? -ldexpf(1.0f, -w.e) : ldexpf(1.0f, -w.e);
+        scale[chunks + c] = pending ? -w.sum : w.sum;
     }
 }
 

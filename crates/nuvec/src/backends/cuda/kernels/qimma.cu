@@ -313,3 +313,201 @@ __device__ __forceinline__ void qi_prefetch(const u32* packed, int m, int n, int
 extern "C" __global__ void __launch_bounds__(128) qimma_b4_x8(QI_PARAMS) { QI_BEGIN(8); qimma_body<2, 1>(QI_ARGS); }
 extern "C" __global__ void __launch_bounds__(128) qimma_b4_x16(QI_PARAMS) { QI_BEGIN(16); qimma_body<2, 2>(QI_ARGS); }
 extern "C" __global__ void __launch_bounds__(256, QI_X32_MIN_BLOCKS) qimma_b4_x32(QI_PARAMS) { QI_BEGIN(32); qimma_body<1, 4>(QI_ARGS); }
+
+// ---- Up to 16 input rows, weights straight from memory (qimma_b4_r8, qimma_b4_r16) ----
+//
+// The same sums as the forms above (per 32-value chunk S = sum q X exact in int32 over the three
+// parts, then s (S 2^-e) + b sum(x) in f32), without a block-wide pipeline: a warp takes one tile
+// of 16 weight rows over its share of K (the block's QIR_WARPS warps split K into whole batches
+// of 4 chunks, then add their partials in warp order), and what bounds it is the load
+// instructions per chunk, so every load is a wide one:
+// - weights: quad lane t loads chunk t of a batch for rows g and g + 8 (16 bytes each), and the
+//   warp turns them around through 1.25 KiB of shared memory so that lane t holds word t of each
+//   chunk (its A bytes, in the order x's parts have them; see the header);
+// - scales and biases: a batch's groups of rows g and g + 8 in one load each (K a multiple of
+//   128: whole groups, aligned);
+// - x: xsplit_tiles_f32's layout, where one tile of 8 input rows' part p of a chunk is the 256
+//   bytes a warp's B operands take (lane (g, t): words 2t and 2t + 1 of row g), and the tile's
+//   scales and sums of a chunk are 64 bytes (lane t: rows 2t and 2t + 1's, its C columns).
+// The blocks take the tiles of up to three weights of one launch in order (q/k/v, gate/up).
+#define QIR_WARPS 8
+#define QIR_BATCH 4
+// x's parts of M rows (padded to whole tiles of 8) in the few-row layout: per tile and 32-value
+// chunk, part p's words as [p][row][word] (64 u32 each), then per tile and chunk [row][scale,
+// sum] floats. The same words and values as xsplit_f32's, a warp per (row, chunk).
+extern "C" __global__ void xsplit_tiles_f32(u32* __restrict__ parts, const float* __restrict__ x, int m, int k) {
+    pdl_begin();
+    const int kc = k >> 5, lane = threadIdx.x & 31, tiles = (m + 7) >> 3;
+    const int warps = (int)((gridDim.x * blockDim.x) >> 5);
+    float* scales = (float*)(parts + (size_t)tiles * kc * 192);
+    for (int q = (int)((blockIdx.x * blockDim.x + threadIdx.x) >> 5); q < tiles * 8 * kc; q += warps) {
+        const int row = q / kc, c = q % kc, tile = row >> 3, g = row & 7;
+        const float v = row < m ? x[(size_t)row * k + (size_t)c * 32 + lane] : 0.0f;
+        const XsplitWords w = xsplit_words(v, lane);
+        const size_t tc = (size_t)tile * kc + c;
+        if (((lane >> 1) & 3) == 0) {
+            u32* out = parts + tc * 192 + g * 8 + (lane >> 3) * 2 + (lane & 1);
+            out[0] = w.hi;
+            out[64] = w.mid;
+            out[128] = w.lo;
+        }
+        if (lane == 0) {
+            scales[tc * 16 + g * 2] = ldexpf(1.0f, -w.e);
+            scales[tc * 16 + g * 2 + 1] = w.sum;
+        }
+    }
+}
+
+// The scales (or biases) of the 4 chunks of a batch from group index i (a multiple of the groups
+// in 128 values: whole and aligned), one load.
+__device__ __forceinline__ void qir_params(const void* __restrict__ p, size_t i, int dt, int lg, float (&v)[4]) {
+    const int ng = 4 >> (lg - 5);  // groups of 32, 64 or 128 values: 4, 2 or 1 per batch
+    float g[4];
+    if (dt == DT_F32) {
+        const float* f = (const float*)p + i;
+        if (ng == 4) {
+            const float4 q = __ldg((const float4*)f);
+            g[0] = q.x, g[1] = q.y, g[2] = q.z, g[3] = q.w;
+        } else if (ng == 2) {
+            const float2 q = __ldg((const float2*)f);
+            g[0] = q.x, g[1] = q.y;
+        } else {
+            g[0] = __ldg(f);
+        }
+    } else {
+        const u16* h = (const u16*)p + i;
+        u32 w0 = 0, w1 = 0;
+        if (ng == 4) {
+            const uint2 q = __ldg((const uint2*)h);
+            w0 = q.x, w1 = q.y;
+        } else if (ng == 2) {
+            w0 = __ldg((const u32*)h);
+        } else {
+            w0 = __ldg(h);
+        }
+        const u16 hs[4] = {(u16)(w0 & 0xFFFFu), (u16)(w0 >> 16), (u16)(w1 & 0xFFFFu), (u16)(w1 >> 16)};
+#pragma unroll
+        for (int e = 0; e < 4; ++e) g[e] = dt == DT_BF16 ? bf16_to_f32(hs[e]) : f16_to_f32(hs[e]);
+    }
+#pragma unroll
+    for (int u = 0; u < 4; ++u) v[u] = ng == 4 ? g[u] : ng == 2 ? g[u >> 1] : g[0];
+}
+
+template <int NT>
+__device__ __forceinline__ void qimma_reg_body(float* out, const u32* __restrict__ xq, int m, int n,
+                                               const u32* __restrict__ packed, const void* __restrict__ scales,
+                                               const void* __restrict__ biases, int p_dt, int lg, int k, int tile) {
+    __shared__ float red[QIR_WARPS][NT * 4][32];
+    // Per warp, a batch's 16 rows of 64 bytes at a stride of 80: the reads below (row g, word
+    // 4u + t) then hit 32 distinct banks.
+    __shared__ __align__(16) u32 turn[QIR_WARPS][16 * 20];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const int kc = k >> 5, tiles = (m + 7) >> 3, j0 = blockIdx.y * NT;
+    // Rows past n read the last row (never stored).
+    const int r0 = min(tile * 16 + g, n - 1), r1 = min(tile * 16 + g + 8, n - 1);
+    const uint4* __restrict__ w0 = (const uint4*)(packed + (size_t)r0 * (k >> 3)) + t;
+    const uint4* __restrict__ w1 = (const uint4*)(packed + (size_t)r1 * (k >> 3)) + t;
+    const size_t gpr = (size_t)(k >> lg), sg0 = (size_t)r0 * gpr, sg1 = (size_t)r1 * gpr;
+    const float* __restrict__ xsc = (const float*)(xq + (size_t)tiles * kc * 192);
+    float acc[NT][4];
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[j][e] = 0.0f;
+    const int batches = kc / QIR_BATCH, per = (batches + QIR_WARPS - 1) / QIR_WARPS;
+    const int b0 = warp * per, b1 = min(b0 + per, batches);
+    u32* tw = turn[warp];
+    uint4 na, nb;
+    if (b0 < b1) {
+        na = __ldg(w0 + (size_t)b0 * QIR_BATCH);
+        nb = __ldg(w1 + (size_t)b0 * QIR_BATCH);
+    }
+    for (int bi = b0; bi < b1; ++bi) {
+        const int cb = bi * QIR_BATCH;
+        // This batch's words into shared memory, the next batch's loads in flight meanwhile.
+        *(uint4*)(tw + g * 20 + 4 * t) = na;
+        *(uint4*)(tw + (g + 8) * 20 + 4 * t) = nb;
+        if (bi + 1 < b1) {
+            na = __ldg(w0 + (size_t)(cb + QIR_BATCH));
+            nb = __ldg(w1 + (size_t)(cb + QIR_BATCH));
+        }
+        const size_t gi = ((size_t)cb << 5) >> lg;
+        float s[2][4], b[2][4];
+        qir_params(scales, sg0 + gi, p_dt, lg, s[0]);
+        qir_params(biases, sg0 + gi, p_dt, lg, b[0]);
+        qir_params(scales, sg1 + gi, p_dt, lg, s[1]);
+        qir_params(biases, sg1 + gi, p_dt, lg, b[1]);
+        __syncwarp();
+        u32 wa[QIR_BATCH], wb[QIR_BATCH];
+#pragma unroll
+        for (int u = 0; u < QIR_BATCH; ++u) {
+            wa[u] = tw[g * 20 + 4 * u + t];
+            wb[u] = tw[(g + 8) * 20 + 4 * u + t];
+        }
+        __syncwarp();
+#pragma unroll
+        for (int u = 0; u < QIR_BATCH; ++u) {
+            const int c = cb + u;
+            const u32 A[4] = {wa[u] & 0x0F0F0F0Fu, wb[u] & 0x0F0F0F0Fu, (wa[u] >> 4) & 0x0F0F0F0Fu,
+                              (wb[u] >> 4) & 0x0F0F0F0Fu};
+#pragma unroll
+            for (int j = 0; j < NT; ++j) {
+                const size_t tc = (size_t)min(j0 + j, tiles - 1) * kc + c;
+                const u32* xp = xq + tc * 192 + g * 8 + 2 * t;
+                u32 B[3][2];
+#pragma unroll
+                for (int p = 0; p < 3; ++p) {
+                    const uint2 v = __ldg((const uint2*)(xp + p * 64));
+                    B[p][0] = v.x;
+                    B[p][1] = v.y;
+                }
+                const float4 xs = __ldg((const float4*)(xsc + tc * 16 + 4 * t));  // rows 2t, 2t + 1: scale, sum
+                int S[4] = {0, 0, 0, 0};
+                mma_u8<true>(S, A, B[0]);
+#pragma unroll
+                for (int p = 1; p < 3; ++p) {
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) S[e] <<= 8;
+                    mma_u8<false>(S, A, B[p]);
+                }
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const float xe = (e & 1) ? xs.z : xs.x, xm = (e & 1) ? xs.w : xs.y;
+                    acc[j][e] = fmaf(s[e >> 1][u] * xe, (float)S[e], fmaf(b[e >> 1][u], xm, acc[j][e]));
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) red[warp][j * 4 + e][lane] = acc[j][e];
+    __syncthreads();
+    for (int q = threadIdx.x; q < NT * 128; q += blockDim.x) {
+        const int je = q >> 5, l = q & 31, e = je & 3;
+        float v = 0.0f;
+#pragma unroll
+        for (int w = 0; w < QIR_WARPS; ++w) v += red[w][je][l];
+        const int row = tile * 16 + (l >> 2) + 8 * (e >> 1), xr = (j0 + (je >> 2)) * 8 + 2 * (l & 3) + (e & 1);
+        if (row < n && xr < m) out[(size_t)xr * n + row] = v;
+    }
+}
+
+// Up to three weights of one width, group size and scale type: tiles [0, nt0) of weight 0, then
+// weight 1's, then weight 2's (blockIdx.x); input tiles NT blockIdx.y .. (blockIdx.y).
+#define QIR_PARAMS                                                                                                   \
+    const u32 *xq, int m, int p_dt, int lg, int k, float *out0, int n0, const u32 *pk0, const void *sc0,            \
+        const void *bi0, float *out1, int n1, const u32 *pk1, const void *sc1, const void *bi1, float *out2, int n2, \
+        const u32 *pk2, const void *sc2, const void *bi2
+template <int NT>
+__device__ __forceinline__ void qimma_reg(QIR_PARAMS) {
+    const int nt0 = (n0 + 15) / 16, nt1 = (n1 + 15) / 16;
+    int tile = blockIdx.x;
+    if (tile < nt0) return qimma_reg_body<NT>(out0, xq, m, n0, pk0, sc0, bi0, p_dt, lg, k, tile);
+    tile -= nt0;
+    if (tile < nt1) return qimma_reg_body<NT>(out1, xq, m, n1, pk1, sc1, bi1, p_dt, lg, k, tile);
+    qimma_reg_body<NT>(out2, xq, m, n2, pk2, sc2, bi2, p_dt, lg, k, tile - nt1);
+}
+#define QIR_ARGS xq, m, p_dt, lg, k, out0, n0, pk0, sc0, bi0, out1, n1, pk1, sc1, bi1, out2, n2, pk2, sc2, bi2
+extern "C" __global__ void __launch_bounds__(32 * QIR_WARPS, 2) qimma_b4_r8(QIR_PARAMS) { pdl_begin(); qimma_reg<1>(QIR_ARGS); }
+extern "C" __global__ void __launch_bounds__(32 * QIR_WARPS, 2) qimma_b4_r16(QIR_PARAMS) { pdl_begin(); qimma_reg<2>(QIR_ARGS); }

@@ -232,7 +232,7 @@ impl CudaBackend {
         self.st()?.not_capturing("the rope and cache writes of several paged sequences")?;
         let positions = positions.iter().map(|&p| p as i64).collect::<Vec<i64>>();
         let slots = slots.iter().map(|&s| to_i32(op, "store row", s)).collect::<Result<Vec<i32>>>()?;
-        let (positions, slots) = (self.upload(&positions)?, self.upload(&slots)?);
+        let (positions, slots) = (self.upload_shared(&positions)?, self.upload_shared(&slots)?);
         let vp = self.f32_ptr(op, "v", v)?;
         self.ptr(op, "k store", ks)?;
         self.ptr(op, "v store", vs)?;

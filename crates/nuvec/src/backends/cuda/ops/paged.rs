@@ -44,7 +44,7 @@ impl CudaBackend {
             }
         }
         let lens = seqs.iter().map(|s| to_i32(op, "sequence length", s.len)).collect::<Result<Vec<i32>>>()?;
-        let (tables, lens) = (self.upload(&tables)?, self.upload(&lens)?);
+        let (tables, lens) = (self.upload_shared(&tables)?, self.upload_shared(&lens)?);
         let sp = match sinks {
             Some(s) => self.sinks_table(s)?,
             None => 0,

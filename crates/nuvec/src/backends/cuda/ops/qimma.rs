@@ -1,10 +1,16 @@
 //! Products of 2 to 64 input rows (a batched decode step) over 4-bit affine weights, in integers
 //! on the tensor cores (kernels/qimma.cu): x split once into the one-row integer GEMVs' int8
-//! parts (`xsplit_f32` over all its rows), each packed weight read once per call, and each
-//! 32-value chunk's sum exact in int32, so a row's result is its one-row result up to f32
-//! rounding order. With `NUVEC_QIMMA=1` they take these rows before the bf16 forms of
-//! `ops/qmma.rs` (which round x, and from 33 rows the weights); off by default: on the H200 they
-//! are as fast at 8 rows and slower from 16 (docs/cuda.md).
+//! parts, each packed weight read once per call, and each 32-value chunk's sum exact in int32, so
+//! a row's result is its one-row result up to f32 rounding order (the bf16 forms of `ops/qmma.rs`
+//! round x, and from 33 rows the weights). Two families:
+//! - up to 16 rows, the register kernels (`qimma_b4_r8`, `qimma_b4_r16`: weights loaded straight
+//!   from memory, x's parts in `xsplit_tiles_f32`'s layout, up to three weights per launch; K a
+//!   multiple of 128, groups of 32 to 128). On by default: on the H200 a random 8B decodes
+//!   2 / 8 sequences 1.29x / 1.29x faster than through the bf16 forms, 16 about as fast;
+//! - 17 to 64 rows, the shared-memory pipeline kernels (`qimma_b4_x8` .. `_x32`), only with
+//!   `NUVEC_QIMMA=1`: slower than the bf16 forms there (docs/cuda.md).
+//!
+//! `NUVEC_QIMMA=0` turns both off.
 
 use std::sync::OnceLock;
 
@@ -12,7 +18,7 @@ use cudarc::driver::LaunchConfig;
 
 use super::qmma::{ranges_of_k, QmmaKernel};
 use super::{fast_path_log_group, to_i32, CudaBackend, WeightArgs};
-use crate::backends::cuda::State;
+use crate::backends::cuda::{DeviceBuffer, State};
 use crate::{Array, Backend, DType, Error, Matrix, QuantMode, Result};
 
 /// The most input rows these products take (above, cuBLAS over weights decoded to bf16 reads
@@ -42,6 +48,9 @@ const KERNELS: [(&str, usize, u32); 3] =
 /// kernels/qimma.cu times its slots: per chunk its weight rows' 64 bytes, its input rows' parts,
 /// and both's scales and biases or sums), `None` for any other kernel.
 pub(in crate::backends::cuda) fn qimma_launch(kernel: &str) -> Option<(u32, usize)> {
+    if REG_KERNELS.iter().any(|k| k.0 == kernel) {
+        return Some((QIR_THREADS, 0));
+    }
     let &(_, rows, threads) = KERNELS.iter().find(|k| k.0 == kernel)?;
     Some((threads, qi_stages() * (QI_ROWS * 64 + rows * QI_XROW + QI_ROWS * 32 + rows * 32)))
 }
@@ -52,17 +61,37 @@ fn kernel_for(m: usize) -> (&'static str, usize, u32) {
     *KERNELS.iter().find(|k| m <= k.1).unwrap_or(&KERNELS[KERNELS.len() - 1])
 }
 
-/// Whether the integer products run: only with `NUVEC_QIMMA=1` (read once), until they are
-/// faster than the bf16 forms they would replace (docs/cuda.md, "Few-row products in integers").
-fn enabled() -> bool {
-    static ON: OnceLock<bool> = OnceLock::new();
-    *ON.get_or_init(|| std::env::var("NUVEC_QIMMA").is_ok_and(|v| v == "1"))
+/// The register kernels (up to 16 input rows): name and input rows per block.
+const REG_KERNELS: [(&str, usize); 2] = [("qimma_b4_r8", 8), ("qimma_b4_r16", 16)];
+/// Threads per block of the register kernels (`QIR_WARPS` warps).
+const QIR_THREADS: u32 = 256;
+/// Weight rows per block of the register kernels (one mma tile).
+const QIR_TILE: usize = 16;
+
+/// Which integer products run (`NUVEC_QIMMA`, read once): `0` none, unset the register kernels
+/// (up to 16 input rows), `1` also the shared-memory ones (17 to 64 rows), which are slower than
+/// the bf16 forms they would replace (docs/cuda.md, "Few-row products in integers").
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    Off,
+    Registers,
+    All,
+}
+
+fn mode() -> Mode {
+    static MODE: OnceLock<Mode> = OnceLock::new();
+    *MODE.get_or_init(|| match std::env::var("NUVEC_QIMMA").as_deref() {
+        Ok("0") => Mode::Off,
+        Ok("1") => Mode::All,
+        _ => Mode::Registers,
+    })
 }
 
 impl CudaBackend {
     /// `x [.., k]` (f32, 2 to 64 rows) times each of `ws`, or with `up` silu(x) * up, through the
     /// integer kernels with x split once for all the weights they take (4-bit affine, groups of
-    /// 32 and more, K a multiple of 32, on sm_80+; any other weight beside them takes `linear`);
+    /// 32 and more, K a multiple of 32, on sm_80+; for the register kernels groups of at most 128,
+    /// K a multiple of 128 and 16-byte aligned buffers; any other weight beside them takes `linear`);
     /// `None` (nothing done) when they take none of them or not this input.
     pub(super) fn qimma_many(
         &self,
@@ -71,7 +100,8 @@ impl CudaBackend {
         ws: &[&Matrix],
         up: Option<&Array>,
     ) -> Result<Option<Vec<Array>>> {
-        if !enabled() || !self.plain_input(x, up) {
+        let mode = mode();
+        if mode == Mode::Off || !self.plain_input(x, up) {
             return Ok(None);
         }
         let k = x.dim(-1);
@@ -79,10 +109,15 @@ impl CudaBackend {
         if !(2..=QI_MAX_ROWS).contains(&m) || !k.is_multiple_of(32) || ws.is_empty() {
             return Ok(None);
         }
+        // The register kernels load a batch of 128 values' weights, scales and biases at once.
+        let reg = REG_KERNELS.iter().find(|r| m <= r.1 && k.is_multiple_of(128)).copied();
+        if reg.is_none() && mode != Mode::All {
+            return Ok(None);
+        }
         let st = self.st()?;
         let kernel = kernel_for(m);
         // Read at module load on sm_80+ only (mma.sync, cp.async), as the qmma kernels.
-        let Some(&launch) = st.qmma_kernels.get(kernel.0) else {
+        let Some(&launch) = st.qmma_kernels.get(reg.map_or(kernel.0, |r| r.0)) else {
             return Ok(None);
         };
         // The weights these kernels take, with their log2 group size.
@@ -90,7 +125,13 @@ impl CudaBackend {
         for w in ws {
             let affine = matches!(w, Matrix::Quantized(q) if q.spec.mode == QuantMode::Affine && q.spec.bits == 4);
             let a = if affine && w.cols() == k { Some(self.weight_args(op, w)?) } else { None };
-            args.push(a.and_then(|a| fast_path_log_group(&a, k, 0).filter(|&lg| lg >= 5).map(|lg| (a, lg))));
+            // The register kernels take groups of 32 to 128 values, and their 16-byte loads want
+            // aligned weights, scales and biases.
+            let max_lg = if reg.is_some() { 7 } else { i32::MAX };
+            let aligned = |a: &WeightArgs| reg.is_none() || [a.packed, a.scales, a.biases].iter().all(|p| p % 16 == 0);
+            args.push(a.and_then(|a| {
+                fast_path_log_group(&a, k, 0).filter(|lg| (5..=max_lg).contains(lg) && aligned(&a)).map(|lg| (a, lg))
+            }));
         }
         if args.iter().all(Option::is_none) || (up.is_some() && args.iter().any(Option::is_none)) {
             return Ok(None);
@@ -100,7 +141,12 @@ impl CudaBackend {
             Some(u) => Some(Backend::silu_mul(self, x, u)?),
             None => None,
         };
-        let parts = self.split_parts(op, gated.as_ref().unwrap_or(x).cuda_ptr()?, m * k)?;
+        let xin = gated.as_ref().unwrap_or(x).cuda_ptr()?;
+        if let Some((name, rows)) = reg {
+            let parts = self.split_tiles(op, xin, m, k)?;
+            return self.qimma_reg(op, (name, rows), x, parts.ptr(), ws, &args, (m, k)).map(Some);
+        }
+        let parts = self.split_parts(op, xin, m * k)?;
         let pp = parts.ptr();
         let mut outs = Vec::with_capacity(ws.len());
         for (w, arg) in ws.iter().zip(&args) {
@@ -120,6 +166,82 @@ impl CudaBackend {
             outs.push(out);
         }
         Ok(Some(outs))
+    }
+
+    /// x's parts (`m` rows of `k` at `xp`) in the register kernels' layout (`xsplit_tiles_f32`:
+    /// whole tiles of 8 rows, the rows past `m` zero).
+    fn split_tiles(&self, op: &'static str, xp: u64, m: usize, k: usize) -> Result<DeviceBuffer> {
+        let st = self.st()?;
+        let (tiles, chunks) = (m.div_ceil(8), k / 32);
+        let parts = DeviceBuffer::alloc(st, tiles * chunks * (192 + 16) * 4)?;
+        let (pp, mi, ki) = (parts.ptr(), to_i32(op, "rows", m)?, to_i32(op, "k", k)?);
+        launch!(st, op, "xsplit_tiles_f32", super::cfg_1d(tiles * 8 * k); pp, xp, mi, ki);
+        Ok(parts)
+    }
+
+    /// Each of `ws` times x (its parts at `xq`, `m` rows of `k`) through register kernel `(name,
+    /// input rows per block)`: the weights `args` takes (with their log2 group size) in launches
+    /// of up to three that share a scale type and group size, any other through `linear`.
+    #[allow(clippy::too_many_arguments)]
+    fn qimma_reg(
+        &self,
+        op: &'static str,
+        (name, rows): (&'static str, usize),
+        x: &Array,
+        xq: u64,
+        ws: &[&Matrix],
+        args: &[Option<(WeightArgs, i32)>],
+        (m, k): (usize, usize),
+    ) -> Result<Vec<Array>> {
+        let st = self.st()?;
+        let mut outs: Vec<Option<Array>> = Vec::with_capacity(ws.len());
+        for (w, arg) in ws.iter().zip(args) {
+            let out = match arg {
+                Some(_) => {
+                    let mut shape = x.shape().to_vec();
+                    *shape.last_mut().expect("x has an axis") = w.rows();
+                    self.output(&shape, DType::F32, false)?
+                }
+                None => Backend::linear(self, x, w)?,
+            };
+            outs.push(Some(out));
+        }
+        // Launches over runs of taken weights of one scale type and group size.
+        let taken: Vec<usize> = (0..ws.len()).filter(|&i| args[i].is_some()).collect();
+        let mut at = 0;
+        while at < taken.len() {
+            let (a0, lg) = args[taken[at]].as_ref().expect("taken");
+            let mut group = vec![taken[at]];
+            while group.len() < 3 && at + group.len() < taken.len() {
+                let (a, l) = args[taken[at + group.len()]].as_ref().expect("taken");
+                if a.p_dt != a0.p_dt || l != lg {
+                    break;
+                }
+                group.push(taken[at + group.len()]);
+            }
+            at += group.len();
+            let mut slot = [(0u64, 0i32, 0u64, 0u64, 0u64); 3];
+            let mut tiles = 0;
+            for (s, &i) in slot.iter_mut().zip(&group) {
+                let (a, _) = args[i].as_ref().expect("taken");
+                let n = ws[i].rows();
+                let o = outs[i].as_ref().expect("made above").cuda_ptr()?;
+                *s = (o, to_i32(op, "rows", n)?, a.packed, a.scales, a.biases);
+                tiles += n.div_ceil(QIR_TILE);
+            }
+            if tiles == 0 {
+                continue;
+            }
+            let cfg = LaunchConfig {
+                grid_dim: (to_i32(op, "blocks", tiles)? as u32, m.div_ceil(8).div_ceil(rows / 8) as u32, 1),
+                block_dim: (QIR_THREADS, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            let (mi, ki, p_dt, lgi) = (m as i32, to_i32(op, "k", k)?, a0.p_dt, *lg);
+            let [(o0, n0, pk0, sc0, bi0), (o1, n1, pk1, sc1, bi1), (o2, n2, pk2, sc2, bi2)] = slot;
+            launch!(st, op, name, cfg; xq, mi, p_dt, lgi, ki, o0, n0, pk0, sc0, bi0, o1, n1, pk1, sc1, bi1, o2, n2, pk2, sc2, bi2);
+        }
+        Ok(outs.into_iter().map(|o| o.expect("made above")).collect())
     }
 
     /// `out [m, n]` at `o` = x (its parts at `xq`) times `w`^T with kernel `(name, rows per
@@ -177,5 +299,10 @@ mod tests {
         }
         assert_eq!(kernel_for(9).0, "qimma_b4_x16");
         assert_eq!(qimma_launch("qmma_b4_m16"), None);
+        // The register kernels: 8 warps, no dynamic shared memory, 8 and 16 input rows per block.
+        for (name, rows) in super::REG_KERNELS {
+            assert_eq!(qimma_launch(name), Some((256, 0)), "{name}");
+            assert_eq!(name, format!("qimma_b4_r{rows}"));
+        }
     }
 }
