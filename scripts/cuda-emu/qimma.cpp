@@ -63,13 +63,19 @@ static std::vector<float> run(Kernel f, int warps, int rows, const QW& w, const 
     return out;
 }
 
-static void test(const char* name, Kernel f, int warps, int rows, int m, int n, int k, int group, int dt) {
-    QW w = make(n, k, group, dt);
+// Random x of m rows of k values (a quarter of them 8 times larger).
+static std::vector<float> random_x(int m, int k) {
     std::uniform_real_distribution<float> d(-1, 1);
     std::vector<float> x((size_t)m * k);
     for (auto& v : x) v = d(rng) * (rng() % 4 == 0 ? 8.0f : 1.0f);
-    const auto xq = parts_of(x, m, k);
-    const int kc = k / 32;
+    return x;
+}
+
+// x [m, k] times w^T in f64: what the kernels sum (`want`: per group s * sum q X 2^-e + b * sum x over
+// x's parts `xq`, xsplit_f32's) and the product itself (`exact`: sum x (s q + b)).
+static void references(const QW& w, const std::vector<float>& x, const std::vector<unsigned>& xq, int m,
+                       std::vector<double>& want, std::vector<double>& exact) {
+    const int k = w.k, n = w.n, kc = k / 32, group = w.group;
     const float* scale = (const float*)(xq.data() + (size_t)m * kc * 24);
     const float* sum = scale + (size_t)m * kc;
     // X of value c of row i from the parts (hi signed, mid and lo unsigned; word (v / 8, v % 2), byte (v % 8) / 2).
@@ -79,7 +85,8 @@ static void test(const char* name, Kernel f, int warps, int rows, int m, int n, 
         auto at = [&](int p) { return (ch[p * 8 + word] >> (8 * byte)) & 255u; };
         return 65536 * (int)(signed char)at(0) + 256 * (int)at(1) + (int)at(2);
     };
-    std::vector<double> want((size_t)m * n), exact((size_t)m * n);
+    want.assign((size_t)m * n, 0.0);
+    exact.assign((size_t)m * n, 0.0);
     for (int i = 0; i < m; ++i)
         for (int r = 0; r < n; ++r) {
             double a = 0, e = 0;
@@ -95,6 +102,14 @@ static void test(const char* name, Kernel f, int warps, int rows, int m, int n, 
             want[(size_t)i * n + r] = a;
             exact[(size_t)i * n + r] = e;
         }
+}
+
+static void test(const char* name, Kernel f, int warps, int rows, int m, int n, int k, int group, int dt) {
+    QW w = make(n, k, group, dt);
+    const auto x = random_x(m, k);
+    const auto xq = parts_of(x, m, k);
+    std::vector<double> want, exact;
+    references(w, x, xq, m, want, exact);
     const int chunks = (k + 127) / 128;
     std::string tag = std::string(name) + " m=" + std::to_string(m) + " n=" + std::to_string(n) + " k=" +
                       std::to_string(k) + " g" + std::to_string(group) + " dt" + std::to_string(dt);
@@ -115,21 +130,11 @@ typedef void (*RegKernel)(const u32*, int, int, int, int, float*, int, const u32
 // layouts hold the same words).
 static void test_reg(const char* name, RegKernel f, int nt, int m, int n, int n2, int k, int group, int dt) {
     QW ws[2] = {make(n, k, group, dt), make(n2, k, group, dt)};
-    std::uniform_real_distribution<float> d(-1, 1);
-    std::vector<float> x((size_t)m * k);
-    for (auto& v : x) v = d(rng) * (rng() % 4 == 0 ? 8.0f : 1.0f);
+    const auto x = random_x(m, k);
     const auto xq = parts_of(x, m, k);
     const int kc = k / 32, tiles = (m + 7) / 8;
     std::vector<unsigned> xt((size_t)tiles * kc * 208, 0xDEADBEEFu);
     emu_launch({(unsigned)((tiles * 8 * k + 255) / 256), 1, 1}, {256, 1, 1}, [&] { xsplit_tiles_f32(xt.data(), x.data(), m, k); });
-    const float* scale = (const float*)(xq.data() + (size_t)m * kc * 24);
-    const float* sum = scale + (size_t)m * kc;
-    auto X = [&](int i, int c) {
-        const unsigned* ch = xq.data() + ((size_t)i * kc + c / 32) * 24;
-        const int v = c % 32, word = (v / 8) * 2 + (v % 2), byte = (v % 8) / 2;
-        auto at = [&](int p) { return (ch[p * 8 + word] >> (8 * byte)) & 255u; };
-        return 65536 * (int)(signed char)at(0) + 256 * (int)at(1) + (int)at(2);
-    };
     std::vector<float> out0((size_t)m * n, NAN), out1((size_t)m * n2, NAN);
     const int lg = __builtin_ctz(group);
     const unsigned blocks = (unsigned)((n + 15) / 16 + (n2 + 15) / 16);
@@ -139,22 +144,8 @@ static void test_reg(const char* name, RegKernel f, int nt, int m, int n, int n2
     });
     for (int wi = 0; wi < 2; ++wi) {
         const QW& w = ws[wi];
-        std::vector<double> want((size_t)m * w.n), exact((size_t)m * w.n);
-        for (int i = 0; i < m; ++i)
-            for (int r = 0; r < w.n; ++r) {
-                double a = 0, e = 0;
-                for (int g0 = 0; g0 < k; g0 += group) {
-                    double qx = 0, xs = 0;
-                    for (int c = g0; c < g0 + group; ++c) {
-                        qx += (double)w.q(r, c) * X(i, c) * scale[(size_t)i * kc + c / 32];
-                        e += (double)x[(size_t)i * k + c] * ((double)w.s(r, c) * w.q(r, c) + w.b(r, c));
-                    }
-                    for (int c = g0; c < g0 + group; c += 32) xs += sum[(size_t)i * kc + c / 32];
-                    a += w.s(r, g0) * qx + w.b(r, g0) * xs;
-                }
-                want[(size_t)i * w.n + r] = a;
-                exact[(size_t)i * w.n + r] = e;
-            }
+        std::vector<double> want, exact;
+        references(w, x, xq, m, want, exact);
         std::string tag = std::string(name) + " weight " + std::to_string(wi) + " m=" + std::to_string(m) +
                           " n=" + std::to_string(w.n) + " k=" + std::to_string(k) + " g" + std::to_string(group) +
                           " dt" + std::to_string(dt);
