@@ -278,10 +278,11 @@ fn linear_quantized_every_width_and_group() {
 fn batched_decode_products_on_the_tensor_cores() {
     // 2 to 64 rows run kernels/qmma.cu: up to 8 rows at f32 accuracy (x in two bf16 parts), 9 to
     // 32 with x in bf16 against the exact weights, 33 to 64 with the weights decoded to bf16 in
-    // registers (bf16 scales); with NUVEC_QIMMA=1, over 4-bit weights kernels/qimma.cu in
-    // integers at f32 accuracy (x in the integer GEMVs' int8 parts, 32 input rows per block,
-    // more in further blocks). K cut into ranges (4096) or not, with a partial last chunk (288);
-    // 65 and more rows take the prefill GEMM again.
+    // registers (bf16 scales); over 4-bit weights kernels/qimma.cu in integers at f32 accuracy
+    // (x in the integer GEMVs' int8 parts) takes 2 to 16 rows by default (K a multiple of 128:
+    // the register kernels) and 2 to 64 with NUVEC_QIMMA=1 (8, 16 or 32 input rows per block,
+    // more in further blocks), none with NUVEC_QIMMA=0 (`qimma_takes`). K cut into ranges (4096)
+    // or not, with a partial last chunk (288); 65 and more rows take the prefill GEMM again.
     let dev = gpu();
     let mut rng = Rng::new(26);
     for (bits, group, k, n) in [(4usize, 64usize, 4096usize, 1000usize), (8, 32, 288, 136), (4, 128, 1024, 300)] {
