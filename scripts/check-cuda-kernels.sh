@@ -19,47 +19,19 @@ if [ ! -x "$venv/bin/python" ] || ! "$venv/bin/python" -m pip show -q "nvidia-cu
     "$venv/bin/python" -m pip install -q --disable-pip-version-check "nvidia-cuda-nvrtc==$NVRTC_VERSION"
 fi
 
-exec "$venv/bin/python" - "$root/crates/nuvec/src/backends/cuda/kernels" <<'PY'
-import ctypes, glob, os, re, sys, sysconfig
+exec "$venv/bin/python" - "$root/crates/nuvec/src/backends/cuda/kernels" "$root/scripts" <<'PY'
+import ctypes, glob, os, re, sys
 
 kernels = sys.argv[1]
-site = sysconfig.get_paths()["purelib"]
-libs = glob.glob(os.path.join(site, "nvidia", "*", "lib", "libnvrtc.so.*")) + glob.glob(
-    os.path.join(site, "nvidia", "cuda_nvrtc", "lib", "libnvrtc.so.*"))
-libs = [l for l in libs if re.search(r"libnvrtc\.so\.\d+$", l)]
-if not libs:
-    sys.exit("check-cuda-kernels: libnvrtc not found in the nvidia-cuda-nvrtc wheel")
-# NVRTC dlopens its builtins by soname: load them first from the wheel's folder.
-for builtins in glob.glob(os.path.join(os.path.dirname(libs[0]), "libnvrtc-builtins.so.*")):
-    if ".alt." not in builtins:
-        ctypes.CDLL(builtins, mode=ctypes.RTLD_GLOBAL)
-nvrtc = ctypes.CDLL(libs[0])
+sys.path.insert(0, sys.argv[2])
+from nvrtc_wheel import compile_src, load, source
+
+nvrtc, lib = load("check-cuda-kernels")
 major, minor = ctypes.c_int(), ctypes.c_int()
 nvrtc.nvrtcVersion(ctypes.byref(major), ctypes.byref(minor))
-print(f"NVRTC {major.value}.{minor.value} ({libs[0]})")
-
-def compile_src(name, src, opts):
-    prog = ctypes.c_void_p()
-    err = nvrtc.nvrtcCreateProgram(ctypes.byref(prog), src.encode(), name.encode(), 0, None, None)
-    if err:
-        return False, f"nvrtcCreateProgram error {err}", ""
-    arr = (ctypes.c_char_p * len(opts))(*[o.encode() for o in opts])
-    err = nvrtc.nvrtcCompileProgram(prog, len(opts), arr)
-    size = ctypes.c_size_t()
-    nvrtc.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
-    log = ctypes.create_string_buffer(size.value)
-    nvrtc.nvrtcGetProgramLog(prog, log)
-    ptx = ""
-    if err == 0:
-        nvrtc.nvrtcGetPTXSize(prog, ctypes.byref(size))
-        buf = ctypes.create_string_buffer(size.value)
-        nvrtc.nvrtcGetPTX(prog, buf)
-        ptx = buf.value.decode()
-    nvrtc.nvrtcDestroyProgram(ctypes.byref(prog))
-    return err == 0, log.value.decode(errors="replace"), ptx
+print(f"NVRTC {major.value}.{minor.value} ({lib})")
 
 # Must match crates/nuvec/src/backends/cuda/mod.rs: SOURCES, kernel_sources(), nvrtc_options().
-prelude = open(os.path.join(kernels, "common.cuh")).read()
 sources = sorted(glob.glob(os.path.join(kernels, "*.cu")))
 if not sources:
     sys.exit(f"check-cuda-kernels: no .cu files in {kernels}")
@@ -67,10 +39,10 @@ failed = 0
 for path in sources:
     name = os.path.basename(path)
     body = open(path).read()
-    src = f'{prelude}\n#line 1 "{name}"\n{body}'
+    src = source(kernels, name)
     names = re.findall(r'extern "C" __global__ void (?:__launch_bounds__\([^)]*\)\s*)?(\w+)\s*\(', body)
     for arch in ("compute_90", "sm_90"):
-        ok, log, ptx = compile_src(name, src, [f"--gpu-architecture={arch}", "--std=c++17"])
+        ok, log, ptx = compile_src(nvrtc, name, src, [f"--gpu-architecture={arch}", "--std=c++17"])
         missing = [k for k in names if ok and arch.startswith("compute") and f".entry {k}(" not in ptx]
         status = "ok" if ok and not missing else "FAILED"
         print(f"{status:6} {name:18} {arch:10} kernels: {', '.join(names)}")

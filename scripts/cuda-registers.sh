@@ -14,34 +14,18 @@ fi
 source="${1:?usage: scripts/cuda-registers.sh SOURCE.cu [PATTERN] [-DNAME=VALUE ...]}"
 pattern="${2:-.}"
 shift $(($# < 2 ? $# : 2))
-exec "$venv/bin/python" - "$root/crates/nuvec/src/backends/cuda/kernels" "$source" "$pattern" "$@" <<'PY'
-import ctypes, glob, os, re, sys, sysconfig
+exec "$venv/bin/python" - "$root/crates/nuvec/src/backends/cuda/kernels" "$root/scripts" "$source" "$pattern" "$@" <<'PY'
+import os, re, sys
 
-kernels, name, pattern, extra = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
-site = sysconfig.get_paths()["purelib"]
-libs = [l for l in glob.glob(os.path.join(site, "nvidia", "*", "lib", "libnvrtc.so.*")) if re.search(r"libnvrtc\.so\.\d+$", l)]
-if not libs:
-    sys.exit("cuda-registers: libnvrtc not found in the nvidia-cuda-nvrtc wheel")
-for builtins in glob.glob(os.path.join(os.path.dirname(libs[0]), "libnvrtc-builtins.so.*")):
-    if ".alt." not in builtins:
-        ctypes.CDLL(builtins, mode=ctypes.RTLD_GLOBAL)
-nvrtc = ctypes.CDLL(libs[0])
-path = os.path.join(kernels, name)
-if not os.path.exists(path):
-    sys.exit(f"cuda-registers: no kernel source {path}")
-# As the backend compiles it (crates/nuvec/src/backends/cuda/mod.rs): common.cuh, then the source.
-src = open(os.path.join(kernels, "common.cuh")).read() + f'\n#line 1 "{name}"\n' + open(path).read()
-prog = ctypes.c_void_p()
-nvrtc.nvrtcCreateProgram(ctypes.byref(prog), src.encode(), name.encode(), 0, None, None)
-opts = ["--gpu-architecture=sm_90", "--std=c++17", "--ptxas-options=-v"] + extra
-arr = (ctypes.c_char_p * len(opts))(*[o.encode() for o in opts])
-err = nvrtc.nvrtcCompileProgram(prog, len(opts), arr)
-size = ctypes.c_size_t()
-nvrtc.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
-log = ctypes.create_string_buffer(size.value)
-nvrtc.nvrtcGetProgramLog(prog, log)
-text = log.value.decode(errors="replace")
-if err:
+kernels, name, pattern, extra = sys.argv[1], sys.argv[3], sys.argv[4], sys.argv[5:]
+sys.path.insert(0, sys.argv[2])
+from nvrtc_wheel import compile_src, load, source
+
+nvrtc, _ = load("cuda-registers")
+if not os.path.exists(os.path.join(kernels, name)):
+    sys.exit(f"cuda-registers: no kernel source {os.path.join(kernels, name)}")
+ok, text, _ = compile_src(nvrtc, name, source(kernels, name), ["--gpu-architecture=sm_90", "--std=c++17", "--ptxas-options=-v"] + extra)
+if not ok:
     sys.exit(f"cuda-registers: NVRTC could not compile {name}:\n{text}")
 kernel = None
 for line in text.splitlines():

@@ -110,8 +110,6 @@ impl CudaBackend {
         self.on_device(op, name, a)
     }
 
-    /// The addresses and dtype code of a cache's keys and values: one float dtype for both (f32,
-    /// f16 or bf16), on this device.
     /// Whether `x` can be the input of the fused and few-row paths: an f32 array of at least one
     /// axis on this device, and `up` (silu(x) * up), where given, the same.
     fn plain_input(&self, x: &Array, up: Option<&Array>) -> bool {
@@ -119,6 +117,8 @@ impl CudaBackend {
         f32_here(x) && up.is_none_or(|u| u.shape() == x.shape() && f32_here(u))
     }
 
+    /// The addresses and dtype code of a cache's keys and values: one float dtype for both (f32,
+    /// f16 or bf16), on this device.
     fn kv_ptrs(&self, op: &'static str, k: &Array, v: &Array) -> Result<(u64, u64, i32)> {
         if k.dtype() != v.dtype() {
             return Err(Error::shape(op, format!("keys are {} but values {}", k.dtype(), v.dtype())));
@@ -1097,7 +1097,7 @@ impl Backend for CudaBackend {
         let mut shape = x.shape().to_vec();
         *shape.last_mut().expect("x has at least one axis") = n;
         // A few rows over 4-bit weights (a batched decode step) in integers on the tensor cores
-        // (with NUVEC_QIMMA=1: ops/qimma.rs).
+        // (ops/qimma.rs: 2 to 16 rows by default, NUVEC_QIMMA picks).
         if let Some(mut outs) = self.qimma_many(op, x, &[w], None)? {
             return Ok(outs.remove(0));
         }

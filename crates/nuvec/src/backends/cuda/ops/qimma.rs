@@ -194,39 +194,28 @@ impl CudaBackend {
         (m, k): (usize, usize),
     ) -> Result<Vec<Array>> {
         let st = self.st()?;
-        let mut outs: Vec<Option<Array>> = Vec::with_capacity(ws.len());
+        let mut outs = Vec::with_capacity(ws.len());
         for (w, arg) in ws.iter().zip(args) {
-            let out = match arg {
+            outs.push(match arg {
                 Some(_) => {
                     let mut shape = x.shape().to_vec();
                     *shape.last_mut().expect("x has an axis") = w.rows();
                     self.output(&shape, DType::F32, false)?
                 }
                 None => Backend::linear(self, x, w)?,
-            };
-            outs.push(Some(out));
+            });
         }
-        // Launches over runs of taken weights of one scale type and group size.
-        let taken: Vec<usize> = (0..ws.len()).filter(|&i| args[i].is_some()).collect();
-        let mut at = 0;
-        while at < taken.len() {
-            let (a0, lg) = args[taken[at]].as_ref().expect("taken");
-            let mut group = vec![taken[at]];
-            while group.len() < 3 && at + group.len() < taken.len() {
-                let (a, l) = args[taken[at + group.len()]].as_ref().expect("taken");
-                if a.p_dt != a0.p_dt || l != lg {
-                    break;
-                }
-                group.push(taken[at + group.len()]);
-            }
-            at += group.len();
+        // One launch per run of up to three taken weights of one scale type and group size.
+        let taken: Vec<(usize, &(WeightArgs, i32))> =
+            args.iter().enumerate().filter_map(|(i, a)| a.as_ref().map(|a| (i, a))).collect();
+        let runs = taken.chunk_by(|(_, (a, la)), (_, (b, lb))| a.p_dt == b.p_dt && la == lb);
+        for group in runs.flat_map(|run| run.chunks(3)) {
+            let (a0, lg) = group[0].1;
             let mut slot = [(0u64, 0i32, 0u64, 0u64, 0u64); 3];
             let mut tiles = 0;
-            for (s, &i) in slot.iter_mut().zip(&group) {
-                let (a, _) = args[i].as_ref().expect("taken");
+            for (s, &(i, (a, _))) in slot.iter_mut().zip(group) {
                 let n = ws[i].rows();
-                let o = outs[i].as_ref().expect("made above").cuda_ptr()?;
-                *s = (o, to_i32(op, "rows", n)?, a.packed, a.scales, a.biases);
+                *s = (outs[i].cuda_ptr()?, to_i32(op, "rows", n)?, a.packed, a.scales, a.biases);
                 tiles += n.div_ceil(QIR_TILE);
             }
             if tiles == 0 {
@@ -241,7 +230,7 @@ impl CudaBackend {
             let [(o0, n0, pk0, sc0, bi0), (o1, n1, pk1, sc1, bi1), (o2, n2, pk2, sc2, bi2)] = slot;
             launch!(st, op, name, cfg; xq, mi, p_dt, lgi, ki, o0, n0, pk0, sc0, bi0, o1, n1, pk1, sc1, bi1, o2, n2, pk2, sc2, bi2);
         }
-        Ok(outs.into_iter().map(|o| o.expect("made above")).collect())
+        Ok(outs)
     }
 
     /// `out [m, n]` at `o` = x (its parts at `xq`) times `w`^T with kernel `(name, rows per
@@ -259,7 +248,6 @@ impl CudaBackend {
         w: &WeightArgs,
         lg: i32,
     ) -> Result<()> {
-        let st = self.st()?;
         let chunks = k.div_ceil(QI_CHUNK);
         let blocks = n.div_ceil(QI_ROWS);
         // A block runs its chunks with the next one's loads in flight: one chunk to fill. The
@@ -271,12 +259,7 @@ impl CudaBackend {
             block_dim: (threads, 1, 1),
             shared_mem_bytes: smem as u32,
         };
-        let WeightArgs { packed, scales, biases, p_dt, .. } = *w;
-        let (mi, ni, ki, cps) = (m as i32, to_i32(op, "rows", n)?, to_i32(op, "k", k)?, per_range as i32);
-        self.in_ranges(op, o, ranges, m * n, |dst| {
-            launch!(st, op, name, cfg; dst, xq, mi, ni, packed, scales, biases, p_dt, lg, ki, cps);
-            Ok(())
-        })
+        self.launch_ranged(op, name, cfg, o, xq, (m, n, k), w, lg, (per_range, ranges))
     }
 }
 

@@ -162,13 +162,33 @@ impl CudaBackend {
             block_dim: (QM_THREADS, 1, 1),
             shared_mem_bytes: smem as u32,
         };
+        self.launch_ranged(op, name, cfg, o, xp, (m, n, k), w, lg, (per_range, ranges))?;
+        Ok(true)
+    }
+
+    /// Launches few-row product kernel `name` (qmma.cu's or qimma.cu's shared-memory forms, whose
+    /// parameters are the same: out, x, m, n, the weight, its log2 group size, k and the chunks
+    /// per range) over `ranges` ranges of K of `per_range` chunks each, into `o` ([`Self::in_ranges`]).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn launch_ranged(
+        &self,
+        op: &'static str,
+        name: &str,
+        cfg: LaunchConfig,
+        o: u64,
+        xp: u64,
+        (m, n, k): (usize, usize, usize),
+        w: &WeightArgs,
+        lg: i32,
+        (per_range, ranges): (usize, usize),
+    ) -> Result<()> {
+        let st = self.st()?;
         let WeightArgs { packed, scales, biases, p_dt, .. } = *w;
         let (mi, ni, ki, cps) = (m as i32, to_i32(op, "rows", n)?, to_i32(op, "k", k)?, per_range as i32);
         self.in_ranges(op, o, ranges, m * n, |dst| {
             launch!(st, op, name, cfg; dst, xp, mi, ni, packed, scales, biases, p_dt, lg, ki, cps);
             Ok(())
-        })?;
-        Ok(true)
+        })
     }
 
     /// Runs `product` (a launch writing `mn` f32 at the address it is given, one slice per range of
