@@ -325,13 +325,19 @@ extern "C" __global__ void __launch_bounds__(256, QI_X32_MIN_BLOCKS) qimma_b4_x3
 //   warp turns them around through 1.25 KiB of shared memory so that lane t holds word t of each
 //   chunk (its A bytes, in the order x's parts have them; see the header);
 // - scales and biases: a batch's groups of rows g and g + 8 in one load each (K a multiple of
-//   128: whole groups, aligned);
+//   128: whole groups, aligned), a batch ahead like the weights, the kernel specialized per
+//   scale type so that they wait in 2 or 4 registers each;
 // - x: xsplit_tiles_f32's layout, where one tile of 8 input rows' part p of a chunk is the 256
 //   bytes a warp's B operands take (lane (g, t): words 2t and 2t + 1 of row g), and the tile's
 //   scales and sums of a chunk are 64 bytes (lane t: rows 2t and 2t + 1's, its C columns).
 // The blocks take the tiles of up to three weights of one launch in order (q/k/v, gate/up).
 #define QIR_WARPS 8
 #define QIR_BATCH 4
+// Scales and biases loaded a batch ahead (1) or at their batch's start (0): an experiment knob
+// (NUVEC_NVRTC_DEFINES=QIR_PARAMS_AHEAD=0).
+#ifndef QIR_PARAMS_AHEAD
+#define QIR_PARAMS_AHEAD 1
+#endif
 // x's parts of M rows (padded to whole tiles of 8) in the few-row layout: per tile and 32-value
 // chunk, part p's words as [p][row][word] (64 u32 each), then per tile and chunk [row][scale,
 // sum] floats. The same words and values as xsplit_f32's, a warp per (row, chunk).
@@ -358,49 +364,78 @@ extern "C" __global__ void xsplit_tiles_f32(u32* __restrict__ parts, const float
     }
 }
 
-// The scales (or biases) of the 4 chunks of a batch from group index i (a multiple of the groups
-// in 128 values: whole and aligned), one load.
-__device__ __forceinline__ void qir_params(const void* __restrict__ p, size_t i, int dt, int lg, float (&v)[4]) {
-    const int ng = 4 >> (lg - 5);  // groups of 32, 64 or 128 values: 4, 2 or 1 per batch
-    float g[4];
-    if (dt == DT_F32) {
+// The scales (or biases) of a batch's 4 chunks from group index i (a multiple of the groups in
+// 128 values, so whole and aligned) as raw words, one load: 4, 2 or 1 groups of 32, 64 or 128
+// values, in the scale type DT (f32, f16, bf16); qir_decode turns them into each chunk's value.
+// Loaded a batch ahead of their use, as the weights are.
+template <int DT>
+struct QirRaw {
+    static constexpr int WORDS = DT == DT_F32 ? 4 : 2;
+    u32 w[WORDS];
+};
+template <int DT>
+__device__ __forceinline__ QirRaw<DT> qir_load(const void* __restrict__ p, size_t i, int lg) {
+    const int ng = 4 >> (lg - 5);
+    QirRaw<DT> r;
+#pragma unroll
+    for (int e = 0; e < QirRaw<DT>::WORDS; ++e) r.w[e] = 0;
+    if (DT == DT_F32) {
         const float* f = (const float*)p + i;
         if (ng == 4) {
-            const float4 q = __ldg((const float4*)f);
-            g[0] = q.x, g[1] = q.y, g[2] = q.z, g[3] = q.w;
+            const uint4 q = __ldg((const uint4*)f);
+            r.w[0] = q.x, r.w[1] = q.y, r.w[2 % QirRaw<DT>::WORDS] = q.z, r.w[3 % QirRaw<DT>::WORDS] = q.w;
         } else if (ng == 2) {
-            const float2 q = __ldg((const float2*)f);
-            g[0] = q.x, g[1] = q.y;
+            const uint2 q = __ldg((const uint2*)f);
+            r.w[0] = q.x, r.w[1] = q.y;
         } else {
-            g[0] = __ldg(f);
+            r.w[0] = __ldg((const u32*)f);
         }
     } else {
         const u16* h = (const u16*)p + i;
-        u32 w0 = 0, w1 = 0;
         if (ng == 4) {
             const uint2 q = __ldg((const uint2*)h);
-            w0 = q.x, w1 = q.y;
+            r.w[0] = q.x, r.w[1] = q.y;
         } else if (ng == 2) {
-            w0 = __ldg((const u32*)h);
+            r.w[0] = __ldg((const u32*)h);
         } else {
-            w0 = __ldg(h);
+            r.w[0] = __ldg(h);
         }
-        const u16 hs[4] = {(u16)(w0 & 0xFFFFu), (u16)(w0 >> 16), (u16)(w1 & 0xFFFFu), (u16)(w1 >> 16)};
+    }
+    return r;
+}
+template <int DT>
+__device__ __forceinline__ void qir_decode(const QirRaw<DT>& r, int lg, float (&v)[4]) {
+    const int ng = 4 >> (lg - 5);
+    float g[4];
 #pragma unroll
-        for (int e = 0; e < 4; ++e) g[e] = dt == DT_BF16 ? bf16_to_f32(hs[e]) : f16_to_f32(hs[e]);
+    for (int e = 0; e < 4; ++e) {
+        if (DT == DT_F32) {
+            g[e] = __uint_as_float(r.w[e % QirRaw<DT>::WORDS]);
+        } else {
+            const u16 h = (u16)(r.w[(e >> 1) % QirRaw<DT>::WORDS] >> (16 * (e & 1)));
+            g[e] = DT == DT_BF16 ? bf16_to_f32(h) : f16_to_f32(h);
+        }
     }
 #pragma unroll
     for (int u = 0; u < 4; ++u) v[u] = ng == 4 ? g[u] : ng == 2 ? g[u >> 1] : g[0];
 }
 
+// A block's shared memory: the warps' partials, and per warp a batch's 16 rows of 64 bytes at a
+// stride of 80 (the reads of row g, word 4u + t then hit 32 distinct banks). Declared once per
+// kernel, for every scale type's body.
 template <int NT>
+struct QirShared {
+    float red[QIR_WARPS][NT * 4][32];
+    __align__(16) u32 turn[QIR_WARPS][16 * 20];
+};
+
+template <int NT, int DT>
 __device__ __forceinline__ void qimma_reg_body(float* out, const u32* __restrict__ xq, int m, int n,
                                                const u32* __restrict__ packed, const void* __restrict__ scales,
-                                               const void* __restrict__ biases, int p_dt, int lg, int k, int tile) {
-    __shared__ float red[QIR_WARPS][NT * 4][32];
-    // Per warp, a batch's 16 rows of 64 bytes at a stride of 80: the reads below (row g, word
-    // 4u + t) then hit 32 distinct banks.
-    __shared__ __align__(16) u32 turn[QIR_WARPS][16 * 20];
+                                               const void* __restrict__ biases, int lg, int k, int tile,
+                                               QirShared<NT>& sh) {
+    auto& red = sh.red;
+    auto& turn = sh.turn;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     const int kc = k >> 5, tiles = (m + 7) >> 3, j0 = blockIdx.y * NT;
     // Rows past n read the last row (never stored).
@@ -417,26 +452,35 @@ __device__ __forceinline__ void qimma_reg_body(float* out, const u32* __restrict
     const int batches = kc / QIR_BATCH, per = (batches + QIR_WARPS - 1) / QIR_WARPS;
     const int b0 = warp * per, b1 = min(b0 + per, batches);
     u32* tw = turn[warp];
+    // The next batch's weights and parameters, in flight while this one is multiplied.
     uint4 na, nb;
-    if (b0 < b1) {
-        na = __ldg(w0 + (size_t)b0 * QIR_BATCH);
-        nb = __ldg(w1 + (size_t)b0 * QIR_BATCH);
-    }
+    QirRaw<DT> ps0, pb0, ps1, pb1;
+    auto params = [&](int bi) {
+        const size_t gi = ((size_t)bi * QIR_BATCH * 32) >> lg;
+        ps0 = qir_load<DT>(scales, sg0 + gi, lg);
+        pb0 = qir_load<DT>(biases, sg0 + gi, lg);
+        ps1 = qir_load<DT>(scales, sg1 + gi, lg);
+        pb1 = qir_load<DT>(biases, sg1 + gi, lg);
+    };
+    auto issue = [&](int bi) {
+        na = __ldg(w0 + (size_t)bi * QIR_BATCH);
+        nb = __ldg(w1 + (size_t)bi * QIR_BATCH);
+        if (QIR_PARAMS_AHEAD) params(bi);
+    };
+    if (b0 < b1) issue(b0);
     for (int bi = b0; bi < b1; ++bi) {
         const int cb = bi * QIR_BATCH;
-        // This batch's words into shared memory, the next batch's loads in flight meanwhile.
+        if (!QIR_PARAMS_AHEAD) params(bi);
+        // This batch's words into shared memory and its parameters decoded, then the next
+        // batch's loads issued.
         *(uint4*)(tw + g * 20 + 4 * t) = na;
         *(uint4*)(tw + (g + 8) * 20 + 4 * t) = nb;
-        if (bi + 1 < b1) {
-            na = __ldg(w0 + (size_t)(cb + QIR_BATCH));
-            nb = __ldg(w1 + (size_t)(cb + QIR_BATCH));
-        }
-        const size_t gi = ((size_t)cb << 5) >> lg;
         float s[2][4], b[2][4];
-        qir_params(scales, sg0 + gi, p_dt, lg, s[0]);
-        qir_params(biases, sg0 + gi, p_dt, lg, b[0]);
-        qir_params(scales, sg1 + gi, p_dt, lg, s[1]);
-        qir_params(biases, sg1 + gi, p_dt, lg, b[1]);
+        qir_decode<DT>(ps0, lg, s[0]);
+        qir_decode<DT>(pb0, lg, b[0]);
+        qir_decode<DT>(ps1, lg, s[1]);
+        qir_decode<DT>(pb1, lg, b[1]);
+        if (bi + 1 < b1) issue(bi + 1);
         __syncwarp();
         u32 wa[QIR_BATCH], wb[QIR_BATCH];
 #pragma unroll
@@ -499,15 +543,22 @@ __device__ __forceinline__ void qimma_reg_body(float* out, const u32* __restrict
     const u32 *xq, int m, int p_dt, int lg, int k, float *out0, int n0, const u32 *pk0, const void *sc0,            \
         const void *bi0, float *out1, int n1, const u32 *pk1, const void *sc1, const void *bi1, float *out2, int n2, \
         const u32 *pk2, const void *sc2, const void *bi2
-template <int NT>
-__device__ __forceinline__ void qimma_reg(QIR_PARAMS) {
+#define QIR_ARGS xq, m, p_dt, lg, k, out0, n0, pk0, sc0, bi0, out1, n1, pk1, sc1, bi1, out2, n2, pk2, sc2, bi2
+template <int NT, int DT>
+__device__ __forceinline__ void qimma_reg_dt(QIR_PARAMS, QirShared<NT>& sh) {
     const int nt0 = (n0 + 15) / 16, nt1 = (n1 + 15) / 16;
     int tile = blockIdx.x;
-    if (tile < nt0) return qimma_reg_body<NT>(out0, xq, m, n0, pk0, sc0, bi0, p_dt, lg, k, tile);
+    if (tile < nt0) return qimma_reg_body<NT, DT>(out0, xq, m, n0, pk0, sc0, bi0, lg, k, tile, sh);
     tile -= nt0;
-    if (tile < nt1) return qimma_reg_body<NT>(out1, xq, m, n1, pk1, sc1, bi1, p_dt, lg, k, tile);
-    qimma_reg_body<NT>(out2, xq, m, n2, pk2, sc2, bi2, p_dt, lg, k, tile - nt1);
+    if (tile < nt1) return qimma_reg_body<NT, DT>(out1, xq, m, n1, pk1, sc1, bi1, lg, k, tile, sh);
+    qimma_reg_body<NT, DT>(out2, xq, m, n2, pk2, sc2, bi2, lg, k, tile - nt1, sh);
 }
-#define QIR_ARGS xq, m, p_dt, lg, k, out0, n0, pk0, sc0, bi0, out1, n1, pk1, sc1, bi1, out2, n2, pk2, sc2, bi2
+template <int NT>
+__device__ __forceinline__ void qimma_reg(QIR_PARAMS) {
+    __shared__ QirShared<NT> sh;
+    if (p_dt == DT_BF16) qimma_reg_dt<NT, DT_BF16>(QIR_ARGS, sh);
+    else if (p_dt == DT_F16) qimma_reg_dt<NT, DT_F16>(QIR_ARGS, sh);
+    else qimma_reg_dt<NT, DT_F32>(QIR_ARGS, sh);
+}
 extern "C" __global__ void __launch_bounds__(32 * QIR_WARPS, 2) qimma_b4_r8(QIR_PARAMS) { pdl_begin(); qimma_reg<1>(QIR_ARGS); }
 extern "C" __global__ void __launch_bounds__(32 * QIR_WARPS, 2) qimma_b4_r16(QIR_PARAMS) { pdl_begin(); qimma_reg<2>(QIR_ARGS); }
