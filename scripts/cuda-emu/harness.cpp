@@ -244,17 +244,28 @@ static void test_attn_half(int l, int kv, int hq, int hkv, int d, int dt, bool s
     std::vector<float> part((size_t)hq * want_s * (d + 2)), paged(split.size());
     int lens[1] = {kv};
     emu_launch({(unsigned)hq, 1, (unsigned)want_s}, {128, 1, 1}, [&] {
-        paged_attention_split_f32(part.data(), q.data(), ks.data(), vs.data(), table.data(), blocks, lens, hq, hkv, d, bs, scale, want_s, dt, 1);
+        paged_attention_split_f32(part.data(), q.data(), ks.data(), vs.data(), table.data(), blocks, lens, hq, hkv, d, bs, scale, want_s, 0, dt, 1);
     });
     emu_launch({(unsigned)hq, 1, 1}, {128, 1, 1}, [&] { attention_merge_f32(paged.data(), part.data(), hq, d, want_s, sp, nullptr); });
     check(std::memcmp(paged.data(), split.data(), 4 * split.size()) == 0, std::string(name) + " paged == split, bit for bit");
+    // A step of many sequences: one chunk of 64 keys for all, one split more than the sequence
+    // needs (an empty partial the merge skips), against the definition.
+    {
+        const int keys = 64, splits = (kv + keys - 1) / keys + 1;
+        std::vector<float> part_k((size_t)hq * splits * (d + 2), NAN), chunked(split.size());
+        emu_launch({(unsigned)hq, 1, (unsigned)splits}, {128, 1, 1}, [&] {
+            paged_attention_split_f32(part_k.data(), q.data(), ks.data(), vs.data(), table.data(), blocks, lens, hq, hkv, d, bs, scale, want_s, keys, dt, 1);
+        });
+        emu_launch({(unsigned)hq, 1, 1}, {128, 1, 1}, [&] { attention_merge_f32(chunked.data(), part_k.data(), hq, d, splits, sp, nullptr); });
+        cmp(std::string(name) + " paged, 64 keys per split", chunked, want);
+    }
     // The heads of a KV group in one block (D <= 128): the same partials, bit for bit.
     const int group = hq / hkv;
     if (d > 128 || group < 2) return;
     const int gh = group % 4 == 0 ? 4 : group % 3 == 0 ? 3 : group % 2 == 0 ? 2 : 1;
     std::vector<float> part_g(part.size(), NAN);
     emu_launch({(unsigned)(hq / gh), 1, (unsigned)want_s}, {128, 1, 1}, [&] {
-        paged_attention_split_f32(part_g.data(), q.data(), ks.data(), vs.data(), table.data(), blocks, lens, hq, hkv, d, bs, scale, want_s, dt, gh);
+        paged_attention_split_f32(part_g.data(), q.data(), ks.data(), vs.data(), table.data(), blocks, lens, hq, hkv, d, bs, scale, want_s, 0, dt, gh);
     });
     check(std::memcmp(part_g.data(), part.data(), 4 * part.size()) == 0,
           std::string(name) + " paged, " + std::to_string(gh) + " heads per block == one per block, bit for bit");

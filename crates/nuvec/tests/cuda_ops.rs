@@ -385,6 +385,31 @@ fn paged_decode_attention_reads_the_blocks_in_place() {
 }
 
 #[test]
+fn paged_decode_attention_of_many_sequences_against_the_cpu() {
+    // 64 sequences of mixed lengths (1 to 2100) with 32 query heads over 8 KV heads: enough that
+    // the launch takes one chunk of keys for every sequence instead of each one's solo splits
+    // (ops/paged.rs `batch_splits`); each row against the CPU kernel, in f32 and bf16 stores.
+    let dev = gpu();
+    let mut rng = Rng::new(23);
+    let (hq, hkv, d, bs, blocks) = (32usize, 8usize, 128usize, 16usize, 160usize);
+    let width = hkv * d;
+    let lens: Vec<usize> = [1usize, 17, 300, 2100, 33, 550, 64, 1000].repeat(8);
+    let tables = scattered_tables(&lens, bs, blocks);
+    let seqs: Vec<nuvec::PagedSeq> =
+        tables.iter().zip(&lens).map(|(t, &len)| nuvec::PagedSeq { table: t, len }).collect();
+    let q = arr(&rng.vec(lens.len() * hq * d, 1.0), &[lens.len(), hq, d]);
+    let scale = 1.0 / (d as f32).sqrt();
+    for dtype in [DType::F32, DType::BF16] {
+        let (kf, vf) = (rng.vec(blocks * bs * width, 1.0), rng.vec(blocks * bs * width, 1.0));
+        let (k, v) = (floats(&kf, &[1, blocks * bs, width], dtype), floats(&vf, &[1, blocks * bs, width], dtype));
+        let want = nuvec::paged_decode_attention(&q, &k, &v, &seqs, bs, scale, None).unwrap();
+        let (qg, kg, vg) = (q.to_device(dev).unwrap(), k.to_device(dev).unwrap(), v.to_device(dev).unwrap());
+        let got = nuvec::paged_decode_attention(&qg, &kg, &vg, &seqs, bs, scale, None).unwrap();
+        close(&format!("paged decode of {} sequences over {dtype} stores", lens.len()), &got, &want);
+    }
+}
+
+#[test]
 fn rope_and_paged_writes_of_a_decode_step_in_one_launch() {
     // Each row rotated at its own position (with and without q/k norms), bit for bit the GPU's
     // rope_qk of that row alone; its key and value land in its store row, and no other row moves.

@@ -416,27 +416,38 @@ __device__ __forceinline__ void atts_group(float* pv0, size_t pv_step, const flo
 }
 
 // Decode attention of many sequences over one paged store (k, v [blocks * bs, Hkv * D], of dtype
-// kv_dt): grid (Hq / gh, n, want); block (x, t, s) takes query heads gh * x .. gh * x + gh - 1
-// (gh > 1: heads of one KV group and D <= 128, atts_group; gh = 1: atts_core) and query t's keys
-// by the host's split rule for one query, chunk = max(ceil(len / want), 32), so each sequence gets
-// the partials its own decode gets and the merge (over `want` splits, the empty ones skipped)
-// gives its result bit for bit, whatever gh. Sequence t's blocks are tables[t * table_stride ..],
-// its length lens[t].
+// kv_dt): grid (Hq / gh, n, splits); block (x, t, s) takes query heads gh * x .. gh * x + gh - 1
+// (gh > 1: heads of one KV group and D <= 128, atts_group; gh = 1: atts_core) and keys
+// [s chunk, (s + 1) chunk) of query t. `keys` = 0: chunk by the host's split rule for one query,
+// max(ceil(len / want), 32), so each sequence gets the partials its own decode gets and the merge
+// (over the splits, the empty ones skipped) gives its result bit for bit, whatever gh. `keys` > 0
+// (a step of many sequences, where the sequences alone fill the GPU): chunk = keys for every
+// sequence, so each block has work of one size and a sequence takes as many splits as its length
+// needs. Sequence t's blocks are tables[t * table_stride ..], its length lens[t].
 template <class E>
 __device__ __forceinline__ void paged_body(float* part, const float* q, const void* k, const void* v,
                                            const int* tables, int table_stride, const int* lens, int hq, int hkv,
-                                           int d, int block_size, float scale, int want, int gh, float* sm_m,
-                                           float* sm_l, float4 (*sm_acc)[32 * ATTS_SLOTS]) {
+                                           int d, int block_size, float scale, int want, int keys, int gh,
+                                           float* sm_m, float* sm_l, float4 (*sm_acc)[32 * ATTS_SLOTS]) {
     typedef typename E::raw Raw;
     const int h = blockIdx.x * gh, t = blockIdx.y, s = blockIdx.z;
     const int kv_len = lens[t];
-    const int chunk = max((kv_len + want - 1) / want, 32);
+    const int chunk = keys > 0 ? keys : max((kv_len + want - 1) / want, 32);
     const int j_begin = s * chunk, j_end = min(kv_len, j_begin + chunk);
     const int kvh = h / (hq / hkv), d4 = d >> 2;
-    PagedRows<E> rows{(const Raw*)k, (const Raw*)v, tables + (size_t)t * table_stride, block_size, hkv * d4, kvh * d4};
-    const float4* qv = (const float4*)(q + ((size_t)t * hq + h) * d);
     float* pv = part + (((size_t)t * hq + h) * gridDim.z + s) * (size_t)(d + 2);
     const size_t pv_step = (size_t)gridDim.z * (d + 2);
+    if (j_begin >= j_end) {
+        // A split past the sequence's last key: the empty partial the merge skips (maximum -inf,
+        // sum 0, values 0: what atts_merge writes for no keys), without the loop and the merges.
+        for (int i = threadIdx.x; i < gh * (d + 2); i += blockDim.x) {
+            const int g = i / (d + 2), c = i % (d + 2);
+            pv[g * pv_step + c] = c == 0 ? NEG_INF : 0.0f;
+        }
+        return;
+    }
+    PagedRows<E> rows{(const Raw*)k, (const Raw*)v, tables + (size_t)t * table_stride, block_size, hkv * d4, kvh * d4};
+    const float4* qv = (const float4*)(q + ((size_t)t * hq + h) * d);
     if (gh == 4) atts_group<4>(pv, pv_step, qv, rows, d, scale, j_begin, j_end, sm_m, sm_l, sm_acc);
     else if (gh == 3) atts_group<3>(pv, pv_step, qv, rows, d, scale, j_begin, j_end, sm_m, sm_l, sm_acc);
     else if (gh == 2) atts_group<2>(pv, pv_step, qv, rows, d, scale, j_begin, j_end, sm_m, sm_l, sm_acc);
@@ -445,19 +456,19 @@ __device__ __forceinline__ void paged_body(float* part, const float* q, const vo
 extern "C" __global__ void paged_attention_split_f32(float* part, const float* q, const void* k, const void* v,
                                                      const int* tables, int table_stride, const int* lens, int hq,
                                                      int hkv, int d, int block_size, float scale, int want,
-                                                     int kv_dt, int gh) {
+                                                     int keys, int kv_dt, int gh) {
     pdl_begin();
     __shared__ float sm_m[ATTS_WARPS], sm_l[ATTS_WARPS];
     __shared__ float4 sm_acc[ATTS_WARPS][32 * ATTS_SLOTS];
     if (kv_dt == DT_F32)
-        paged_body<F32Kv>(part, q, k, v, tables, table_stride, lens, hq, hkv, d, block_size, scale, want, gh, sm_m,
-                          sm_l, sm_acc);
+        paged_body<F32Kv>(part, q, k, v, tables, table_stride, lens, hq, hkv, d, block_size, scale, want, keys, gh,
+                          sm_m, sm_l, sm_acc);
     else if (kv_dt == DT_F16)
-        paged_body<HalfKv<DT_F16>>(part, q, k, v, tables, table_stride, lens, hq, hkv, d, block_size, scale, want, gh,
-                                   sm_m, sm_l, sm_acc);
+        paged_body<HalfKv<DT_F16>>(part, q, k, v, tables, table_stride, lens, hq, hkv, d, block_size, scale, want, keys,
+                                   gh, sm_m, sm_l, sm_acc);
     else
         paged_body<HalfKv<DT_BF16>>(part, q, k, v, tables, table_stride, lens, hq, hkv, d, block_size, scale, want,
-                                    gh, sm_m, sm_l, sm_acc);
+                                    keys, gh, sm_m, sm_l, sm_acc);
 }
 
 // out [L, Hq * D] from the S partials of each (query, head): one block per (head, query).

@@ -34,7 +34,8 @@ impl CudaBackend {
         // The grid's shape follows the sequences' lengths, which no graph replay patches.
         self.st()?.not_capturing("paged decode attention")?;
         // Each sequence's splits as a decode of it alone takes them (`attention_split` for one
-        // query), so its partials and result are that decode's.
+        // query), so its partials and result are that decode's; unless the step has sequences
+        // enough to fill the GPU without splitting them so finely (`batch_splits`).
         let want = ATTS_TARGET_BLOCKS.div_ceil(hq).max(1);
         let stride = seqs.iter().map(|s| s.len.div_ceil(block_size)).max().unwrap_or(1);
         let mut tables = vec![0i32; n * stride];
@@ -51,25 +52,56 @@ impl CudaBackend {
         };
         let out = self.output(&[n, hq * d], DType::F32, false)?;
         let o = out.cuda_ptr()?;
-        let part = DeviceBuffer::alloc(self.st()?, n * hq * want * (d + 2) * 4)?;
-        let pp = part.ptr();
+
         let (tp, lp) = (tables.ptr(), lens.ptr());
         let (stridei, hqi, hkvi, di) = (to_i32(op, "table", stride)?, hq as i32, hkv as i32, d as i32);
         let (bsi, wanti) = (to_i32(op, "block size", block_size)?, to_i32(op, "splits", want)?);
         let gh = heads_per_block(n, hq, hkv, d, want);
+        let lens_usize: Vec<usize> = seqs.iter().map(|s| s.len).collect();
+        let (keys, splits) = batch_splits(&lens_usize, hq / gh, want, batch_blocks()).unwrap_or((0, want));
         let cfg = LaunchConfig {
-            grid_dim: ((hq / gh) as u32, n as u32, want as u32),
+            grid_dim: ((hq / gh) as u32, n as u32, splits as u32),
             block_dim: (ATTS_THREADS, 1, 1),
             shared_mem_bytes: 0,
         };
-        let ghi = gh as i32;
+        let part = DeviceBuffer::alloc(self.st()?, n * hq * splits * (d + 2) * 4)?;
+        let pp = part.ptr();
+        let (ghi, keysi, splitsi) = (gh as i32, to_i32(op, "keys per split", keys)?, to_i32(op, "splits", splits)?);
         launch!(self.st()?, op, "paged_attention_split_f32", cfg;
-            pp, qp, kp, vp, tp, stridei, lp, hqi, hkvi, di, bsi, scale, wanti, kv_dt, ghi);
+            pp, qp, kp, vp, tp, stridei, lp, hqi, hkvi, di, bsi, scale, wanti, keysi, kv_dt, ghi);
         let cfg = LaunchConfig { grid_dim: (hq as u32, n as u32, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
         let no_parts = 0u64;
-        launch!(self.st()?, op, "attention_merge_f32", cfg; o, pp, hqi, di, wanti, sp, no_parts);
+        launch!(self.st()?, op, "attention_merge_f32", cfg; o, pp, hqi, di, splitsi, sp, no_parts);
         Ok(out)
     }
+}
+
+/// Blocks a step of many sequences aims its paged decode launch at (`NUVEC_ATTS_BATCH_BLOCKS`,
+/// read once; 0: every sequence split as it is alone). A few waves of the GPU's multiprocessors:
+/// enough to keep them busy, few enough that each block has keys to amortize its start and its
+/// partial's merge.
+fn batch_blocks() -> usize {
+    static BLOCKS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *BLOCKS.get_or_init(|| {
+        std::env::var("NUVEC_ATTS_BATCH_BLOCKS").ok().and_then(|v| v.parse().ok()).unwrap_or(ATTS_BATCH_BLOCKS)
+    })
+}
+const ATTS_BATCH_BLOCKS: usize = 2048;
+
+/// The keys per split and the splits of a step's paged decode launch where its sequences, split
+/// as each is alone (`solo` splits each, `per_split` blocks per split and sequence), would launch
+/// more than `target` blocks: one chunk of keys for all sequences (a multiple of 32), so that the
+/// launch has about `target` blocks of one size; `None` to keep the solo splits (then each
+/// sequence's result is its decode's alone, bit for bit; with a common chunk the splits differ and
+/// the result matches to rounding).
+fn batch_splits(lens: &[usize], per_split: usize, solo: usize, target: usize) -> Option<(usize, usize)> {
+    if target == 0 || lens.len() * per_split * solo <= target {
+        return None;
+    }
+    let total: usize = lens.iter().sum();
+    let keys = (total * per_split).div_ceil(target).next_multiple_of(32).max(32);
+    let splits = lens.iter().map(|l| l.div_ceil(keys)).max().unwrap_or(1).max(1);
+    Some((keys, splits))
 }
 
 /// Query heads per block of the paged decode kernel: several heads of one KV group (up to 4, head
@@ -89,7 +121,24 @@ fn heads_per_block(n: usize, hq: usize, hkv: usize, d: usize, want: usize) -> us
 
 #[cfg(test)]
 mod tests {
-    use super::heads_per_block;
+    use super::{batch_splits, heads_per_block};
+
+    #[test]
+    fn many_sequences_share_one_chunk_of_keys() {
+        // 64 sequences of 550 positions, 8 blocks per split (Llama-3 8B, 4 heads per block).
+        let lens = vec![550; 64];
+        let (keys, splits) = batch_splits(&lens, 8, 16, 2048).unwrap();
+        assert_eq!((keys, splits), (160, 4));
+        assert!(lens.len() * 8 * splits <= 2048 + 64 * 8);
+        // Few sequences keep their solo splits (bit for bit their own decode).
+        assert_eq!(batch_splits(&[1, 16, 33, 200, 700], 2, 64, 2048), None);
+        assert_eq!(batch_splits(&vec![550; 8], 8, 16, 2048), None);
+        assert_eq!(batch_splits(&lens, 8, 16, 0), None, "0 turns it off");
+        // A long sequence among short ones takes more splits of the same size.
+        let (keys, splits) = batch_splits(&[2100, 1, 17, 300].repeat(16), 8, 16, 2048).unwrap();
+        assert_eq!(keys % 32, 0);
+        assert_eq!(splits, 2100usize.div_ceil(keys));
+    }
 
     #[test]
     fn many_sequences_group_the_heads_of_a_kv_head() {
