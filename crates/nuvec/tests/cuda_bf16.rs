@@ -527,3 +527,42 @@ fn attention_prefill_bf16() {
         }
     }
 }
+
+#[test]
+fn paged_decode_of_many_sequences_on_the_tensor_cores() {
+    // 64 sequences of mixed lengths over a bf16 paged store: enough sequences that the step runs
+    // on the tensor cores (flash_attention.cu `paged_flash_decode_bf16_d*`), with q rounded to
+    // bf16 and each probability rounded to bf16 before P V. Against the CPU kernel given the same
+    // bf16-rounded q, the only difference allowed is the probabilities' rounding, at most u
+    // relative per term: |gpu - cpu| <= u * max|v| (the weights sum to one), plus f32 slack.
+    let dev = gpu();
+    let mut rng = Rng::new(29);
+    for (hq, hkv, d, sinks) in [(32usize, 8usize, 128usize, false), (64, 8, 64, true)] {
+        let (bs, blocks) = (16usize, 160usize);
+        let width = hkv * d;
+        let lens: Vec<usize> = [1usize, 17, 300, 2100, 33, 550, 64, 1000].repeat(8);
+        let tables = common::scattered_tables(&lens, bs, blocks);
+        let seqs: Vec<nuvec::PagedSeq> =
+            tables.iter().zip(&lens).map(|(t, &len)| nuvec::PagedSeq { table: t, len }).collect();
+        let qv: Vec<f32> = rng.vec(lens.len() * hq * d, 2.0).iter().map(|&x| bf(x) as f32).collect();
+        let q = arr(&qv, &[lens.len(), hq, d]);
+        let (k, _) = floats(&rng.vec(blocks * bs * width, 1.0), &[1, blocks * bs, width], DType::BF16);
+        let (v, vf) = floats(&rng.vec(blocks * bs * width, 1.0), &[1, blocks * bs, width], DType::BF16);
+        let sink_logits: Vec<f32> = (0..hq).map(|h| h as f32 * 0.25 - 2.0).collect();
+        let sink = sinks.then_some(&sink_logits[..]);
+        let scale = 1.0 / (d as f32).sqrt();
+        let want = nuvec::paged_decode_attention(&q, &k, &v, &seqs, bs, scale, sink).unwrap().to_f32_vec().unwrap();
+        let (qg, kg, vg) = (q.to_device(dev).unwrap(), k.to_device(dev).unwrap(), v.to_device(dev).unwrap());
+        let got = nuvec::paged_decode_attention(&qg, &kg, &vg, &seqs, bs, scale, sink).unwrap();
+        assert!(matches!(got.device(), Device::Cuda(_)));
+        let got = got.to_f32_vec().unwrap();
+        let vmax = vf.iter().fold(0f32, |m, x| m.max(x.abs())) as f64;
+        let bound = U * vmax + 1e-5;
+        let worst = got.iter().zip(&want).map(|(a, b)| (a - b).abs() as f64).fold(0f64, f64::max);
+        let case = format!("paged decode of {} sequences, Hq={hq} Hkv={hkv} D={d} sinks={sinks}", lens.len());
+        eprintln!("RESULT {case}: max |gpu - cpu| {worst:.3e} = {:.3} of the bound", worst / bound);
+        assert!(worst <= bound, "{case}: max error {worst:e} over the bound {bound:e}");
+        // Not the f32 path: the rounding shows (else this test would not test the kernel).
+        assert!(worst > 5e-5, "{case}: the GPU matched the CPU exactly; did the tensor-core kernel run?");
+    }
+}

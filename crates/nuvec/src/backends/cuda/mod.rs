@@ -594,6 +594,8 @@ mod tests {
             // phase 3; some carry __launch_bounds__ between `void` and the name
             "attention_split_f32",
             "paged_attention_split_f32",
+            "paged_flash_decode_bf16_d64",
+            "paged_flash_decode_bf16_d128",
             "rope_qk_paged_f32",
             "attention_merge_f32",
             "causal_softmax_f32",

@@ -204,3 +204,197 @@ extern "C" __global__ void __launch_bounds__(256) flash_attn_bf16_d128(FA_PARAMS
     pdl_begin();
     flash_attn_body<128, 8>(FA_ARGS);
 }
+
+// Decode attention of many sequences over a paged bf16 store on the tensor cores: the query
+// heads of one KV group are the rows of one warp's mma.sync tiles (up to 16 heads; the rows past
+// them are zeros and go nowhere), so a key row read once serves every head of its group, and
+// Q K^T and P V take m16n8k16 MMAs where the scalar kernel (attention.cu) spent a warp reduction
+// per key and head. The arithmetic is the prefill kernel's above (q rounded to bf16, scores and
+// softmax in f32, probabilities rounded to bf16 for P V, f32 accumulation); only the host's
+// bf16-attention precision (ops/paged.rs) sends a step here.
+//
+// k, v [blocks * bs, Hkv * D] bf16; q f32 [n, Hq * D]; grid (Hkv, n, splits), one warp per block:
+// block (x, t, s) takes KV head x of sequence t over keys [s keys, (s + 1) keys) of its lens[t],
+// found through its table (tables + t * table_stride), and writes each head's partial (maximum of
+// the scaled scores, sum of exponentials, unnormalized values [D]) where paged_attention_split_f32
+// writes it, for attention_merge_f32. Tiles of PF_KEYS keys are copied into shared memory by
+// cp.async, double-buffered: 4 * PF_KEYS * (D + 8) * 2 bytes (17 KiB at D = 128).
+#define PF_KEYS 16
+
+// Keys j0 .. j0 + PF_KEYS of one KV head (column offset `head` of rows of `width` values) into
+// the K and V tiles at shared addresses kd and vd, through the sequence's block table (blocks of
+// 2^shift rows when shift >= 0, else of bs); zeros from j_end on. A key's row is found once for
+// both (a division per key where the block size is not a power of two).
+template <int D>
+__device__ __forceinline__ void pf_load_tiles(u32 kd, u32 vd, const u16* __restrict__ k, const u16* __restrict__ v,
+                                              const int* table, int bs, int shift, size_t width, int head, int j0,
+                                              int j_end) {
+    constexpr int VEC = D / 8, PASS = 32 / VEC;  // 16-byte pieces of a row; rows per pass of the warp
+    const int lane = threadIdx.x & 31, key0 = lane / VEC, d0 = (lane % VEC) * 8;
+#pragma unroll
+    for (int r = 0; r < PF_KEYS / PASS; ++r) {
+        const int key = key0 + r * PASS, j = j0 + key;
+        const bool in = j < j_end;
+        const int blk = shift >= 0 ? j >> shift : j / bs, at = shift >= 0 ? j & (bs - 1) : j % bs;
+        const size_t off = (in ? (size_t)table[blk] * bs + at : 0) * width + head + d0;
+        const u32 dst = 2 * (key * (D + 8) + d0);
+        cp_async16(kd + dst, k + off, in);
+        cp_async16(vd + dst, v + off, in);
+    }
+}
+
+template <int D>
+__device__ __forceinline__ void paged_flash_body(float* __restrict__ part, const float* __restrict__ q,
+                                                 const u16* __restrict__ k, const u16* __restrict__ v,
+                                                 const int* tables, int table_stride, const int* lens, int hq, int hkv,
+                                                 int bs, float scale, int keys) {
+    constexpr int KS = D / 16, NT = D / 8, ROW = 2 * (D + 8), TILE = PF_KEYS * ROW;
+    const int kvh = blockIdx.x, t = blockIdx.y, s = blockIdx.z, splits = gridDim.z;
+    const int gh = hq / hkv, h0 = kvh * gh;
+    const int lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
+    const int len = lens[t], j_begin = s * keys, j_end = min(len, j_begin + keys);
+    float* pv0 = part + (((size_t)t * hq + h0) * splits + s) * (size_t)(D + 2);
+    const size_t pv_step = (size_t)splits * (D + 2);
+    if (j_begin >= j_end) {  // past the sequence's last key: the empty partials the merge skips
+        for (int i = lane; i < gh * (D + 2); i += 32)
+            pv0[(i / (D + 2)) * pv_step + i % (D + 2)] = i % (D + 2) == 0 ? NEG_INF : 0.0f;
+        return;
+    }
+    const int* table = tables + (size_t)t * table_stride;
+    const size_t width = (size_t)hkv * D;
+    const u32 ks = smem_addr(fa_smem), vs = ks + 2 * TILE;
+    int shift = -1;  // log2(bs) for a power of two
+    if ((bs & (bs - 1)) == 0)
+        for (shift = 0; (1 << shift) < bs; ++shift) {
+        }
+    pf_load_tiles<D>(ks, vs, k, v, table, bs, shift, width, kvh * D, j_begin, j_end);
+    cp_async_commit();
+    // Q as A fragments: rows g and g + 8 are heads h0 + g and h0 + g + 8 (zeros past gh).
+    u32 qa[KS][4];
+    {
+        const bool in0 = g < gh, in1 = g + 8 < gh;
+        const float* q0p = q + ((size_t)t * hq + h0 + (in0 ? g : 0)) * D + 2 * tq;
+        const float* q1p = q + ((size_t)t * hq + h0 + (in1 ? g + 8 : 0)) * D + 2 * tq;
+#pragma unroll
+        for (int kk = 0; kk < KS; ++kk) {
+            const float2 z = make_float2(0.0f, 0.0f);
+            const float2 a = in0 ? *(const float2*)(q0p + 16 * kk) : z, b = in1 ? *(const float2*)(q1p + 16 * kk) : z;
+            const float2 c = in0 ? *(const float2*)(q0p + 16 * kk + 8) : z;
+            const float2 e = in1 ? *(const float2*)(q1p + 16 * kk + 8) : z;
+            qa[kk][0] = bf16x2_rn(a.x, a.y);
+            qa[kk][1] = bf16x2_rn(b.x, b.y);
+            qa[kk][2] = bf16x2_rn(c.x, c.y);
+            qa[kk][3] = bf16x2_rn(e.x, e.y);
+        }
+    }
+    float o[NT][4];
+#pragma unroll
+    for (int n = 0; n < NT; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+    float m0 = NEG_INF, m1 = NEG_INF, s0 = 0.0f, s1 = 0.0f;
+    const float c = scale * 1.4426950408889634f;
+    const u32 kl = ks + (lane & 7) * ROW + 16 * (lane >> 3);
+    const u32 vl = vs + (lane & 15) * ROW + 16 * (lane >> 4);
+    for (int j0 = j_begin, buf = 0; j0 < j_end; j0 += PF_KEYS, buf ^= 1) {
+        cp_async_wait<0>();
+        __syncwarp();  // every lane's copies of this tile landed; every lane done with the other buffer
+        if (j0 + PF_KEYS < j_end) {
+            pf_load_tiles<D>(ks + (buf ^ 1) * TILE, vs + (buf ^ 1) * TILE, k, v, table, bs, shift, width, kvh * D,
+                             j0 + PF_KEYS, j_end);
+            cp_async_commit();
+        }
+        const u32 kt = kl + buf * TILE, vt = vl + buf * TILE;
+        float sc[2][4];
+#pragma unroll
+        for (int n = 0; n < 2; ++n) sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.0f;
+#pragma unroll
+        for (int kk = 0; kk < KS; kk += 2)
+#pragma unroll
+            for (int n = 0; n < 2; ++n) {
+                u32 b[4];
+                ldmatrix_x4<false>(b, kt + 8 * n * ROW + 32 * kk);
+                const u32 b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
+                mma_bf16(sc[n], qa[kk], b0);
+                mma_bf16(sc[n], qa[kk + 1], b1);
+            }
+        if (j0 + PF_KEYS > j_end) {
+#pragma unroll
+            for (int n = 0; n < 2; ++n)
+#pragma unroll
+                for (int e = 0; e < 2; ++e)
+                    if (j0 + 8 * n + 2 * tq + e >= j_end) sc[n][e] = sc[n][2 + e] = NEG_INF;
+        }
+        float mx0 = fmaxf(m0, fmaxf(fmaxf(sc[0][0], sc[0][1]), fmaxf(sc[1][0], sc[1][1])));
+        float mx1 = fmaxf(m1, fmaxf(fmaxf(sc[0][2], sc[0][3]), fmaxf(sc[1][2], sc[1][3])));
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+        // The first tile holds key j_begin, so every row's maximum is finite from then on.
+        if (__any_sync(0xffffffffu, mx0 != m0 || mx1 != m1)) {
+            const float corr0 = exp2_ftz((m0 - mx0) * c), corr1 = exp2_ftz((m1 - mx1) * c);
+            s0 *= corr0;
+            s1 *= corr1;
+#pragma unroll
+            for (int n = 0; n < NT; ++n) {
+                o[n][0] *= corr0;
+                o[n][1] *= corr0;
+                o[n][2] *= corr1;
+                o[n][3] *= corr1;
+            }
+            m0 = mx0;
+            m1 = mx1;
+        }
+        const float mc0 = m0 * c, mc1 = m1 * c;
+        u32 pa[4];  // P as the A fragment of one k step of 16 keys
+#pragma unroll
+        for (int n = 0; n < 2; ++n) {
+            const float p00 = exp2_ftz(fmaf(sc[n][0], c, -mc0)), p01 = exp2_ftz(fmaf(sc[n][1], c, -mc0));
+            const float p10 = exp2_ftz(fmaf(sc[n][2], c, -mc1)), p11 = exp2_ftz(fmaf(sc[n][3], c, -mc1));
+            s0 += p00 + p01;
+            s1 += p10 + p11;
+            pa[n * 2] = bf16x2_rn(p00, p01);
+            pa[n * 2 + 1] = bf16x2_rn(p10, p11);
+        }
+#pragma unroll
+        for (int n = 0; n < NT; n += 2) {
+            u32 b[4];
+            ldmatrix_x4<true>(b, vt + 16 * n);
+            const u32 b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
+            mma_bf16(o[n], pa, b0);
+            mma_bf16(o[n + 1], pa, b1);
+        }
+    }
+    s0 += __shfl_xor_sync(0xffffffffu, s0, 1);
+    s0 += __shfl_xor_sync(0xffffffffu, s0, 2);
+    s1 += __shfl_xor_sync(0xffffffffu, s1, 1);
+    s1 += __shfl_xor_sync(0xffffffffu, s1, 2);
+    // Partials in the scalar kernel's units: the maximum of the scaled scores.
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+        const int r = g + 8 * half;
+        if (r >= gh) continue;
+        float* pv = pv0 + r * pv_step;
+        if (tq == 0) {
+            pv[0] = (half ? m1 : m0) * scale;
+            pv[1] = half ? s1 : s0;
+        }
+#pragma unroll
+        for (int n = 0; n < NT; ++n) {
+            pv[2 + 8 * n + 2 * tq] = o[n][2 * half];
+            pv[3 + 8 * n + 2 * tq] = o[n][2 * half + 1];
+        }
+    }
+}
+
+#define PF_PARAMS                                                                                                 \
+    float *part, const float *q, const u16 *k, const u16 *v, const int *tables, int table_stride, const int *lens, \
+        int hq, int hkv, int bs, float scale, int keys
+#define PF_ARGS part, q, k, v, tables, table_stride, lens, hq, hkv, bs, scale, keys
+extern "C" __global__ void __launch_bounds__(32) paged_flash_decode_bf16_d64(PF_PARAMS) {
+    pdl_begin();
+    paged_flash_body<64>(PF_ARGS);
+}
+extern "C" __global__ void __launch_bounds__(32) paged_flash_decode_bf16_d128(PF_PARAMS) {
+    pdl_begin();
+    paged_flash_body<128>(PF_ARGS);
+}

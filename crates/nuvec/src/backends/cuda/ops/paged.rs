@@ -6,7 +6,8 @@
 
 use cudarc::driver::LaunchConfig;
 
-use super::{split_rows_aligned, to_i32, CudaBackend, ATTS_MAX_DIM, ATTS_TARGET_BLOCKS, ATTS_THREADS};
+use super::prefill::matmul_precision;
+use super::{split_rows_aligned, to_i32, CudaBackend, ATTS_MAX_DIM, ATTS_TARGET_BLOCKS, ATTS_THREADS, DT_BF16};
 use crate::backend::{check_paged, paged_decode_attention_composed, PagedSeq};
 use crate::backends::cuda::{DeviceBuffer, State};
 use crate::{Array, DType, Error, Result};
@@ -58,22 +59,62 @@ impl CudaBackend {
         let (bsi, wanti) = (to_i32(op, "block size", block_size)?, to_i32(op, "splits", want)?);
         let gh = heads_per_block(n, hq, hkv, d, want);
         let lens_usize: Vec<usize> = seqs.iter().map(|s| s.len).collect();
-        let (keys, splits) = batch_splits(&lens_usize, hq / gh, want, batch_blocks()).unwrap_or((0, want));
-        let cfg = LaunchConfig {
-            grid_dim: ((hq / gh) as u32, n as u32, splits as u32),
-            block_dim: (ATTS_THREADS, 1, 1),
-            shared_mem_bytes: 0,
-        };
+        let batched = batch_splits(&lens_usize, hq / gh, want, batch_blocks());
+        // A step of many sequences on the tensor cores where it can: one warp per KV head of a
+        // sequence and split, the group's query heads the rows of its MMAs.
+        let flash = batched.is_some() && self.paged_flash_takes(qp, kv_dt, hq, hkv, d)?;
+        let (keys, splits) =
+            if flash { common_chunk(&lens_usize, hkv, batch_blocks()) } else { batched.unwrap_or((0, want)) };
         let part = DeviceBuffer::alloc(self.st()?, n * hq * splits * (d + 2) * 4)?;
         let pp = part.ptr();
-        let (ghi, keysi, splitsi) = (gh as i32, to_i32(op, "keys per split", keys)?, to_i32(op, "splits", splits)?);
-        launch!(self.st()?, op, "paged_attention_split_f32", cfg;
-            pp, qp, kp, vp, tp, stridei, lp, hqi, hkvi, di, bsi, scale, wanti, keysi, kv_dt, ghi);
+        let (keysi, splitsi) = (to_i32(op, "keys per split", keys)?, to_i32(op, "splits", splits)?);
+        if flash {
+            let cfg = LaunchConfig {
+                grid_dim: (hkv as u32, n as u32, splits as u32),
+                block_dim: (32, 1, 1),
+                shared_mem_bytes: paged_flash_smem_bytes(d) as u32,
+            };
+            let name = if d == 64 { "paged_flash_decode_bf16_d64" } else { "paged_flash_decode_bf16_d128" };
+            launch!(self.st()?, op, name, cfg; pp, qp, kp, vp, tp, stridei, lp, hqi, hkvi, bsi, scale, keysi);
+        } else {
+            let cfg = LaunchConfig {
+                grid_dim: ((hq / gh) as u32, n as u32, splits as u32),
+                block_dim: (ATTS_THREADS, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            let ghi = gh as i32;
+            launch!(self.st()?, op, "paged_attention_split_f32", cfg;
+                pp, qp, kp, vp, tp, stridei, lp, hqi, hkvi, di, bsi, scale, wanti, keysi, kv_dt, ghi);
+        }
         let cfg = LaunchConfig { grid_dim: (hq as u32, n as u32, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
         let no_parts = 0u64;
         launch!(self.st()?, op, "attention_merge_f32", cfg; o, pp, hqi, di, splitsi, sp, no_parts);
         Ok(out)
     }
+}
+
+impl CudaBackend {
+    /// Whether a step of many sequences runs its paged decode on the tensor cores
+    /// (flash_attention.cu `paged_flash_decode_bf16_d*`): a bf16 store, head sizes 64 and 128, up
+    /// to 16 query heads per KV head, attention on the bf16 path by the matmul precision (as the
+    /// prefill's flash kernels), sm_80+ (`NUVEC_FLASH_ATTENTION=0` or `NUVEC_PAGED_FLASH=0` off).
+    fn paged_flash_takes(&self, qp: u64, kv_dt: i32, hq: usize, hkv: usize, d: usize) -> Result<bool> {
+        static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        let on = *ON.get_or_init(|| std::env::var("NUVEC_PAGED_FLASH").map_or(true, |v| v != "0"));
+        Ok(on
+            && self.st()?.flash
+            && kv_dt == DT_BF16
+            && (d == 64 || d == 128)
+            && hq / hkv <= 16
+            && qp.is_multiple_of(8)
+            && matmul_precision()?.bf16_attention(crate::hint_is_half()))
+    }
+}
+
+/// Dynamic shared memory of the tensor-core paged decode: K and V tiles of 16 keys (rows of D + 8
+/// bf16), double-buffered.
+fn paged_flash_smem_bytes(d: usize) -> usize {
+    4 * 16 * (d + 8) * 2
 }
 
 /// Blocks a step of many sequences aims its paged decode launch at (`NUVEC_ATTS_BATCH_BLOCKS`,
@@ -98,10 +139,17 @@ fn batch_splits(lens: &[usize], per_split: usize, solo: usize, target: usize) ->
     if target == 0 || lens.len() * per_split * solo <= target {
         return None;
     }
+    Some(common_chunk(lens, per_split, target))
+}
+
+/// One chunk of keys (a multiple of 32) for sequences of `lens` positions so that a launch of
+/// `per_split` blocks per sequence and split has about `target` blocks, and the splits the
+/// longest sequence takes.
+fn common_chunk(lens: &[usize], per_split: usize, target: usize) -> (usize, usize) {
     let total: usize = lens.iter().sum();
-    let keys = (total * per_split).div_ceil(target).next_multiple_of(32).max(32);
+    let keys = (total * per_split).div_ceil(target.max(1)).next_multiple_of(32).max(32);
     let splits = lens.iter().map(|l| l.div_ceil(keys)).max().unwrap_or(1).max(1);
-    Some((keys, splits))
+    (keys, splits)
 }
 
 /// Query heads per block of the paged decode kernel: several heads of one KV group (up to 4, head
@@ -132,7 +180,7 @@ mod tests {
         assert!(lens.len() * 8 * splits <= 2048 + 64 * 8);
         // Few sequences keep their solo splits (bit for bit their own decode).
         assert_eq!(batch_splits(&[1, 16, 33, 200, 700], 2, 64, 2048), None);
-        assert_eq!(batch_splits(&vec![550; 8], 8, 16, 2048), None);
+        assert_eq!(batch_splits(&[550; 8], 8, 16, 2048), None);
         assert_eq!(batch_splits(&lens, 8, 16, 0), None, "0 turns it off");
         // A long sequence among short ones takes more splits of the same size.
         let (keys, splits) = batch_splits(&[2100, 1, 17, 300].repeat(16), 8, 16, 2048).unwrap();

@@ -94,7 +94,7 @@ impl MatmulPrecision {
 
     /// Whether prefill attention runs on the bf16 path; `half_model`: the model running computes
     /// in f16 or bf16 ([`crate::hint_is_half`]).
-    fn bf16_attention(self, half_model: bool) -> bool {
+    pub(crate) fn bf16_attention(self, half_model: bool) -> bool {
         match self {
             MatmulPrecision::Bf16 => true,
             MatmulPrecision::Auto => half_model,
