@@ -36,6 +36,53 @@ __device__ __forceinline__ void fa_load_tile(u32 dst, const u16* __restrict__ sr
 
 extern __shared__ __align__(16) u16 fa_smem[];
 
+// One key tile's online-softmax step for a lane's two query rows: sc holds the tile's raw scores
+// (NS n tiles of 8 keys; masked keys -inf, and the first tile must hold a key each row sees, so
+// that the running maximum is finite from then on); m0/m1 and s0/s1 are the rows' running maximum
+// and (the lane's part of) the sum of exp2((score - max) * c), c the scale times log2(e). Where a
+// maximum grew, the sums and O (NT n tiles) are rescaled (rarely, after the first tiles); the
+// probabilities come back rounded to bf16 as P's A fragments, one per 16 keys (the score
+// accumulator's layout is the A operand's, so they never leave registers).
+template <int NS, int NT>
+__device__ __forceinline__ void fa_softmax_tile(const float (&sc)[NS][4], float c, float& m0, float& m1, float& s0,
+                                                float& s1, float (&o)[NT][4], u32 (&pa)[NS / 2][4]) {
+    float mx0 = m0, mx1 = m1;
+#pragma unroll
+    for (int n = 0; n < NS; ++n) {
+        mx0 = fmaxf(mx0, fmaxf(sc[n][0], sc[n][1]));
+        mx1 = fmaxf(mx1, fmaxf(sc[n][2], sc[n][3]));
+    }
+    // The row's maximum over its four lanes (t = 0..3).
+    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+    if (__any_sync(0xffffffffu, mx0 != m0 || mx1 != m1)) {
+        const float corr0 = exp2_ftz((m0 - mx0) * c), corr1 = exp2_ftz((m1 - mx1) * c);
+        s0 *= corr0;
+        s1 *= corr1;
+#pragma unroll
+        for (int n = 0; n < NT; ++n) {
+            o[n][0] *= corr0;
+            o[n][1] *= corr0;
+            o[n][2] *= corr1;
+            o[n][3] *= corr1;
+        }
+        m0 = mx0;
+        m1 = mx1;
+    }
+    const float mc0 = m0 * c, mc1 = m1 * c;
+#pragma unroll
+    for (int n = 0; n < NS; ++n) {
+        const float p00 = exp2_ftz(fmaf(sc[n][0], c, -mc0)), p01 = exp2_ftz(fmaf(sc[n][1], c, -mc0));
+        const float p10 = exp2_ftz(fmaf(sc[n][2], c, -mc1)), p11 = exp2_ftz(fmaf(sc[n][3], c, -mc1));
+        s0 += p00 + p01;  // the lane's part; summed across the four lanes at the end
+        s1 += p10 + p11;
+        pa[n >> 1][(n & 1) * 2] = bf16x2_rn(p00, p01);
+        pa[n >> 1][(n & 1) * 2 + 1] = bf16x2_rn(p10, p11);
+    }
+}
+
 template <int D, int WARPS>
 __device__ __forceinline__ void flash_attn_body(float* __restrict__ out, const float* __restrict__ q,
                                                 const u16* __restrict__ kb, const u16* __restrict__ vb, int l,
@@ -126,44 +173,8 @@ __device__ __forceinline__ void flash_attn_body(float* __restrict__ out, const f
                     if (key > pos1 || key >= kv_len) sc[n][2 + e] = NEG_INF;
                 }
         }
-        float mx0 = m0, mx1 = m1;
-#pragma unroll
-        for (int n = 0; n < FA_KEYS / 8; ++n) {
-            mx0 = fmaxf(mx0, fmaxf(sc[n][0], sc[n][1]));
-            mx1 = fmaxf(mx1, fmaxf(sc[n][2], sc[n][3]));
-        }
-        // The row's maximum over its four lanes (t = 0..3).
-        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
-        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
-        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
-        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
-        // Every row sees key 0 in the first tile, so the maximum is finite from then on. O and
-        // the sums need rescaling only where it grew (rarely, after the first tiles).
-        if (__any_sync(0xffffffffu, mx0 != m0 || mx1 != m1)) {
-            const float corr0 = exp2_ftz((m0 - mx0) * c), corr1 = exp2_ftz((m1 - mx1) * c);
-            s0 *= corr0;
-            s1 *= corr1;
-#pragma unroll
-            for (int n = 0; n < NT; ++n) {
-                o[n][0] *= corr0;
-                o[n][1] *= corr0;
-                o[n][2] *= corr1;
-                o[n][3] *= corr1;
-            }
-            m0 = mx0;
-            m1 = mx1;
-        }
-        const float mc0 = m0 * c, mc1 = m1 * c;
         u32 pa[FA_KEYS / 16][4];  // P as A fragments, one per 16 keys
-#pragma unroll
-        for (int n = 0; n < FA_KEYS / 8; ++n) {
-            const float p00 = exp2_ftz(fmaf(sc[n][0], c, -mc0)), p01 = exp2_ftz(fmaf(sc[n][1], c, -mc0));
-            const float p10 = exp2_ftz(fmaf(sc[n][2], c, -mc1)), p11 = exp2_ftz(fmaf(sc[n][3], c, -mc1));
-            s0 += p00 + p01;  // the lane's part; summed across the four lanes at the end
-            s1 += p10 + p11;
-            pa[n >> 1][(n & 1) * 2] = bf16x2_rn(p00, p01);
-            pa[n >> 1][(n & 1) * 2 + 1] = bf16x2_rn(p10, p11);
-        }
+        fa_softmax_tile<FA_KEYS / 8, NT>(sc, c, m0, m1, s0, s1, o, pa);
         // O += P V: k steps of 16 keys, pairs of n tiles of 8 features.
 #pragma unroll
         for (int kk = 0; kk < FA_KEYS / 16; ++kk)
@@ -323,45 +334,15 @@ __device__ __forceinline__ void paged_flash_body(float* __restrict__ part, const
                 for (int e = 0; e < 2; ++e)
                     if (j0 + 8 * n + 2 * tq + e >= j_end) sc[n][e] = sc[n][2 + e] = NEG_INF;
         }
-        float mx0 = fmaxf(m0, fmaxf(fmaxf(sc[0][0], sc[0][1]), fmaxf(sc[1][0], sc[1][1])));
-        float mx1 = fmaxf(m1, fmaxf(fmaxf(sc[0][2], sc[0][3]), fmaxf(sc[1][2], sc[1][3])));
-        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
-        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
-        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
-        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
-        // The first tile holds key j_begin, so every row's maximum is finite from then on.
-        if (__any_sync(0xffffffffu, mx0 != m0 || mx1 != m1)) {
-            const float corr0 = exp2_ftz((m0 - mx0) * c), corr1 = exp2_ftz((m1 - mx1) * c);
-            s0 *= corr0;
-            s1 *= corr1;
-#pragma unroll
-            for (int n = 0; n < NT; ++n) {
-                o[n][0] *= corr0;
-                o[n][1] *= corr0;
-                o[n][2] *= corr1;
-                o[n][3] *= corr1;
-            }
-            m0 = mx0;
-            m1 = mx1;
-        }
-        const float mc0 = m0 * c, mc1 = m1 * c;
-        u32 pa[4];  // P as the A fragment of one k step of 16 keys
-#pragma unroll
-        for (int n = 0; n < 2; ++n) {
-            const float p00 = exp2_ftz(fmaf(sc[n][0], c, -mc0)), p01 = exp2_ftz(fmaf(sc[n][1], c, -mc0));
-            const float p10 = exp2_ftz(fmaf(sc[n][2], c, -mc1)), p11 = exp2_ftz(fmaf(sc[n][3], c, -mc1));
-            s0 += p00 + p01;
-            s1 += p10 + p11;
-            pa[n * 2] = bf16x2_rn(p00, p01);
-            pa[n * 2 + 1] = bf16x2_rn(p10, p11);
-        }
+        u32 pa[1][4];  // P as the A fragment of one k step of 16 keys
+        fa_softmax_tile<2, NT>(sc, c, m0, m1, s0, s1, o, pa);
 #pragma unroll
         for (int n = 0; n < NT; n += 2) {
             u32 b[4];
             ldmatrix_x4<true>(b, vt + 16 * n);
             const u32 b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
-            mma_bf16(o[n], pa, b0);
-            mma_bf16(o[n + 1], pa, b1);
+            mma_bf16(o[n], pa[0], b0);
+            mma_bf16(o[n + 1], pa[0], b1);
         }
     }
     s0 += __shfl_xor_sync(0xffffffffu, s0, 1);
