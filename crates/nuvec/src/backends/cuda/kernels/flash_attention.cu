@@ -83,6 +83,24 @@ __device__ __forceinline__ void fa_softmax_tile(const float (&sc)[NS][4], float 
     }
 }
 
+// A lane's Q rows as the A fragments of Q K^T, rounded to bf16: rows at q0p and q1p (f32, already
+// at the lane's feature 2t), features 16 kk + 2t (+1, +8, +9) for each of the KS k steps; a row
+// that is not `in` reads as zeros.
+template <int KS>
+__device__ __forceinline__ void fa_load_q(u32 (&qa)[KS][4], const float* q0p, const float* q1p, bool in0, bool in1) {
+    const float2 z = make_float2(0.0f, 0.0f);
+#pragma unroll
+    for (int kk = 0; kk < KS; ++kk) {
+        const float2 a = in0 ? *(const float2*)(q0p + 16 * kk) : z, b = in1 ? *(const float2*)(q1p + 16 * kk) : z;
+        const float2 c = in0 ? *(const float2*)(q0p + 16 * kk + 8) : z;
+        const float2 e = in1 ? *(const float2*)(q1p + 16 * kk + 8) : z;
+        qa[kk][0] = bf16x2_rn(a.x, a.y);
+        qa[kk][1] = bf16x2_rn(b.x, b.y);
+        qa[kk][2] = bf16x2_rn(c.x, c.y);
+        qa[kk][3] = bf16x2_rn(e.x, e.y);
+    }
+}
+
 template <int D, int WARPS>
 __device__ __forceinline__ void flash_attn_body(float* __restrict__ out, const float* __restrict__ q,
                                                 const u16* __restrict__ kb, const u16* __restrict__ vb, int l,
@@ -111,19 +129,8 @@ __device__ __forceinline__ void flash_attn_body(float* __restrict__ out, const f
     cp_async_commit();
     // Q as A fragments: rows r0 / r1, features 16 kk + 2t (+1, +8, +9). Rows past L repeat L - 1.
     u32 qa[KS][4];
-    {
-        const float* q0p = q + (size_t)min(r0, l - 1) * qstride + (size_t)h * D + 2 * t;
-        const float* q1p = q + (size_t)min(r1, l - 1) * qstride + (size_t)h * D + 2 * t;
-#pragma unroll
-        for (int kk = 0; kk < KS; ++kk) {
-            const float2 a = *(const float2*)(q0p + 16 * kk), b = *(const float2*)(q1p + 16 * kk);
-            const float2 c = *(const float2*)(q0p + 16 * kk + 8), e = *(const float2*)(q1p + 16 * kk + 8);
-            qa[kk][0] = bf16x2_rn(a.x, a.y);
-            qa[kk][1] = bf16x2_rn(b.x, b.y);
-            qa[kk][2] = bf16x2_rn(c.x, c.y);
-            qa[kk][3] = bf16x2_rn(e.x, e.y);
-        }
-    }
+    fa_load_q<KS>(qa, q + (size_t)min(r0, l - 1) * qstride + (size_t)h * D + 2 * t,
+                  q + (size_t)min(r1, l - 1) * qstride + (size_t)h * D + 2 * t, true, true);
     float o[NT][4];
 #pragma unroll
     for (int n = 0; n < NT; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
@@ -284,19 +291,8 @@ __device__ __forceinline__ void paged_flash_body(float* __restrict__ part, const
     u32 qa[KS][4];
     {
         const bool in0 = g < gh, in1 = g + 8 < gh;
-        const float* q0p = q + ((size_t)t * hq + h0 + (in0 ? g : 0)) * D + 2 * tq;
-        const float* q1p = q + ((size_t)t * hq + h0 + (in1 ? g + 8 : 0)) * D + 2 * tq;
-#pragma unroll
-        for (int kk = 0; kk < KS; ++kk) {
-            const float2 z = make_float2(0.0f, 0.0f);
-            const float2 a = in0 ? *(const float2*)(q0p + 16 * kk) : z, b = in1 ? *(const float2*)(q1p + 16 * kk) : z;
-            const float2 c = in0 ? *(const float2*)(q0p + 16 * kk + 8) : z;
-            const float2 e = in1 ? *(const float2*)(q1p + 16 * kk + 8) : z;
-            qa[kk][0] = bf16x2_rn(a.x, a.y);
-            qa[kk][1] = bf16x2_rn(b.x, b.y);
-            qa[kk][2] = bf16x2_rn(c.x, c.y);
-            qa[kk][3] = bf16x2_rn(e.x, e.y);
-        }
+        fa_load_q<KS>(qa, q + ((size_t)t * hq + h0 + (in0 ? g : 0)) * D + 2 * tq,
+                      q + ((size_t)t * hq + h0 + (in1 ? g + 8 : 0)) * D + 2 * tq, in0, in1);
     }
     float o[NT][4];
 #pragma unroll
