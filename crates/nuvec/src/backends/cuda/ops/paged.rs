@@ -58,13 +58,16 @@ impl CudaBackend {
         let (stridei, hqi, hkvi, di) = (to_i32(op, "table", stride)?, hq as i32, hkv as i32, d as i32);
         let (bsi, wanti) = (to_i32(op, "block size", block_size)?, to_i32(op, "splits", want)?);
         let gh = heads_per_block(n, hq, hkv, d, want);
-        let lens_usize: Vec<usize> = seqs.iter().map(|s| s.len).collect();
-        let batched = batch_splits(&lens_usize, hq / gh, want, batch_blocks());
+        let keys_of = KeyCounts {
+            total: seqs.iter().map(|s| s.len).sum(),
+            longest: seqs.iter().map(|s| s.len).max().unwrap_or(0),
+        };
+        let batched = batch_splits(n, keys_of, hq / gh, want, batch_blocks());
         // A step of many sequences on the tensor cores where it can: one warp per KV head of a
         // sequence and split, the group's query heads the rows of its MMAs.
         let flash = batched.is_some() && self.paged_flash_takes(qp, kv_dt, hq, hkv, d)?;
         let (keys, splits) =
-            if flash { common_chunk(&lens_usize, hkv, batch_blocks()) } else { batched.unwrap_or((0, want)) };
+            if flash { common_chunk(keys_of, hkv, batch_blocks()) } else { batched.unwrap_or((0, want)) };
         let part = DeviceBuffer::alloc(self.st()?, n * hq * splits * (d + 2) * 4)?;
         let pp = part.ptr();
         let (keysi, splitsi) = (to_i32(op, "keys per split", keys)?, to_i32(op, "splits", splits)?);
@@ -111,10 +114,13 @@ impl CudaBackend {
     }
 }
 
-/// Dynamic shared memory of the tensor-core paged decode: K and V tiles of 16 keys (rows of D + 8
-/// bf16), double-buffered.
+/// Keys per tile of the tensor-core paged decode (flash_attention.cu `PF_KEYS`).
+const PAGED_FLASH_KEYS: usize = 16;
+
+/// Dynamic shared memory of the tensor-core paged decode: K and V tiles of `PAGED_FLASH_KEYS`
+/// keys (rows of D + 8 bf16), double-buffered.
 fn paged_flash_smem_bytes(d: usize) -> usize {
-    4 * 16 * (d + 8) * 2
+    4 * PAGED_FLASH_KEYS * (d + 8) * 2
 }
 
 /// Blocks a step of many sequences aims its paged decode launch at (`NUVEC_ATTS_BATCH_BLOCKS`,
@@ -129,27 +135,31 @@ fn batch_blocks() -> usize {
 }
 const ATTS_BATCH_BLOCKS: usize = 2048;
 
-/// The keys per split and the splits of a step's paged decode launch where its sequences, split
-/// as each is alone (`solo` splits each, `per_split` blocks per split and sequence), would launch
-/// more than `target` blocks: one chunk of keys for all sequences (a multiple of 32), so that the
-/// launch has about `target` blocks of one size; `None` to keep the solo splits (then each
-/// sequence's result is its decode's alone, bit for bit; with a common chunk the splits differ and
-/// the result matches to rounding).
-fn batch_splits(lens: &[usize], per_split: usize, solo: usize, target: usize) -> Option<(usize, usize)> {
-    if target == 0 || lens.len() * per_split * solo <= target {
-        return None;
-    }
-    Some(common_chunk(lens, per_split, target))
+/// A step's sequence lengths as the split rules need them: their sum and the longest.
+#[derive(Clone, Copy)]
+struct KeyCounts {
+    total: usize,
+    longest: usize,
 }
 
-/// One chunk of keys (a multiple of 32) for sequences of `lens` positions so that a launch of
-/// `per_split` blocks per sequence and split has about `target` blocks, and the splits the
-/// longest sequence takes.
-fn common_chunk(lens: &[usize], per_split: usize, target: usize) -> (usize, usize) {
-    let total: usize = lens.iter().sum();
-    let keys = (total * per_split).div_ceil(target.max(1)).next_multiple_of(32).max(32);
-    let splits = lens.iter().map(|l| l.div_ceil(keys)).max().unwrap_or(1).max(1);
-    (keys, splits)
+/// The keys per split and the splits of a step's paged decode launch where its `n` sequences,
+/// split as each is alone (`solo` splits each, `per_split` blocks per split and sequence), would
+/// launch more than `target` blocks: one chunk of keys for all sequences (a multiple of 32), so
+/// that the launch has about `target` blocks of one size; `None` to keep the solo splits (then
+/// each sequence's result is its decode's alone, bit for bit; with a common chunk the splits
+/// differ and the result matches to rounding).
+fn batch_splits(n: usize, keys: KeyCounts, per_split: usize, solo: usize, target: usize) -> Option<(usize, usize)> {
+    if target == 0 || n * per_split * solo <= target {
+        return None;
+    }
+    Some(common_chunk(keys, per_split, target))
+}
+
+/// One chunk of keys (a multiple of 32) so that a launch of `per_split` blocks per sequence and
+/// split has about `target` blocks, and the splits the longest sequence takes.
+fn common_chunk(keys: KeyCounts, per_split: usize, target: usize) -> (usize, usize) {
+    let chunk = (keys.total * per_split).div_ceil(target.max(1)).next_multiple_of(32).max(32);
+    (chunk, keys.longest.div_ceil(chunk).max(1))
 }
 
 /// Query heads per block of the paged decode kernel: several heads of one KV group (up to 4, head
@@ -169,21 +179,27 @@ fn heads_per_block(n: usize, hq: usize, hkv: usize, d: usize, want: usize) -> us
 
 #[cfg(test)]
 mod tests {
-    use super::{batch_splits, heads_per_block};
+    use super::{batch_splits, heads_per_block, KeyCounts};
+
+    /// `batch_splits` for sequences of `lens` positions.
+    fn splits_of(lens: &[usize], per_split: usize, solo: usize, target: usize) -> Option<(usize, usize)> {
+        let keys = KeyCounts { total: lens.iter().sum(), longest: lens.iter().copied().max().unwrap_or(0) };
+        batch_splits(lens.len(), keys, per_split, solo, target)
+    }
 
     #[test]
     fn many_sequences_share_one_chunk_of_keys() {
         // 64 sequences of 550 positions, 8 blocks per split (Llama-3 8B, 4 heads per block).
         let lens = vec![550; 64];
-        let (keys, splits) = batch_splits(&lens, 8, 16, 2048).unwrap();
+        let (keys, splits) = splits_of(&lens, 8, 16, 2048).unwrap();
         assert_eq!((keys, splits), (160, 4));
         assert!(lens.len() * 8 * splits <= 2048 + 64 * 8);
         // Few sequences keep their solo splits (bit for bit their own decode).
-        assert_eq!(batch_splits(&[1, 16, 33, 200, 700], 2, 64, 2048), None);
-        assert_eq!(batch_splits(&[550; 8], 8, 16, 2048), None);
-        assert_eq!(batch_splits(&lens, 8, 16, 0), None, "0 turns it off");
+        assert_eq!(splits_of(&[1, 16, 33, 200, 700], 2, 64, 2048), None);
+        assert_eq!(splits_of(&[550; 8], 8, 16, 2048), None);
+        assert_eq!(splits_of(&lens, 8, 16, 0), None, "0 turns it off");
         // A long sequence among short ones takes more splits of the same size.
-        let (keys, splits) = batch_splits(&[2100, 1, 17, 300].repeat(16), 8, 16, 2048).unwrap();
+        let (keys, splits) = splits_of(&[2100, 1, 17, 300].repeat(16), 8, 16, 2048).unwrap();
         assert_eq!(keys % 32, 0);
         assert_eq!(splits, 2100usize.div_ceil(keys));
     }
