@@ -140,6 +140,13 @@ int main() {
     test("qmma_b4_d32", qmma_b4_d32, false, 4, 20, 40, 256, 64, DT_BF16, 32);
     test("qmma_b4_d16", qmma_b4_d16, false, 4, 8, 136, 288, 64, DT_BF16, 16);
     test("qmma_b8_d64", qmma_b8_d64, false, 8, 70, 136, 288, 32, DT_BF16, 64);
+    // Groups of 64 take a body compiled for that size (qmma_b4_m32 and the dR kernels): eight
+    // chunks (every pipeline slot reused), a partial last chunk, rows past M in a second block.
+    test("qmma_b4_d64", qmma_b4_d64, false, 4, 64, 136, 1024, 64, DT_BF16, 64);
+    test("qmma_b4_d64", qmma_b4_d64, false, 4, 100, 40, 320, 64, DT_BF16, 64);
+    test("qmma_b8_d64", qmma_b8_d64, false, 8, 40, 136, 1024, 64, DT_BF16, 64);
+    test("qmma_b4_m32", qmma_b4_m32, false, 4, 30, 136, 1024, 64, DT_F16);
+    test("qmma_b4_m32", qmma_b4_m32, false, 4, 17, 40, 320, 64, DT_F32);
     printf("%d failures\n", fails);
     return fails ? 1 : 0;
 }

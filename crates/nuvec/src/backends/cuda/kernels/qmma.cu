@@ -62,7 +62,7 @@ __device__ __forceinline__ u32 qm_q8_pair(u32 lo, u32 hi, int e) {
 // The bf16 pair of twice the e2m1 (mxfp4) values of the codes in bits 0-3 and 16-19 of v:
 // magnitudes 0, 1, 2, 3, 4, 6, 8, 12 looked up by byte permutes (their bf16 low bytes, then high
 // bytes, eight to a register pair), the code's sign bit as bf16's. Twice, so that the group's
-// multiplier 2^(E - 128) (qm_issue) stays in bf16's range for every e8m0 exponent E.
+// multiplier 2^(E - 128) (QmLoader::issue) stays in bf16's range for every e8m0 exponent E.
 __device__ __forceinline__ u32 qm_fp4_pair(u32 v) {
     const u32 sel = (v & 0x7u) | ((v >> 12) & 0x70u);
     const u32 lo = __byte_perm(0x40008000u, 0x4000C080u, sel);
@@ -113,8 +113,10 @@ __device__ __forceinline__ void qm_split(float a, float b, u32& head, u32& tail)
 // - each weight row's scales and biases of the chunk's groups (at most 4), as f32.
 // Scales and biases (2 bytes each, not 16-byte aligned) come through registers instead: loaded
 // when their chunk is issued, stored into the slot one iteration later.
+// Two slots: one chunk in flight while one is multiplied is enough here (the loop is bound by
+// issuing instructions; at 64 rows a third slot measured slower, at 8 to 32 the same).
 #ifndef QM_STAGES
-#define QM_STAGES 3
+#define QM_STAGES 2
 #endif
 #define QM_WROW(BITS) (16 * (BITS))
 #define QM_XROWS(MT, SPLIT) ((SPLIT) ? 8 : 16 * (MT))
@@ -134,65 +136,117 @@ struct QmRows {
     int div, ld, col0;
 };
 
-// Issues chunk c's weights and x's rows m0.. into slot `slot` (cp.async; zeros past N, M or K) and loads the
-// scales and biases of weight row nb + threadIdx.x for its groups into s and b.
-template <int BITS, int MT, bool SPLIT, bool GATHER, bool FP4 = false>
-__device__ __forceinline__ void qm_issue(int slot, int c, const void* x, int m, int m0, int n, int k, int nb, const u32* packed,
-                                         const void* scales, const void* biases, int p_dt, int lg, const QmRows& rows,
-                                         float (&s)[4], float (&b)[4]) {
-    unsigned char* base = qm_smem + slot * QM_SLOT(BITS, MT, SPLIT);
-    const int tid = threadIdx.x;
-    const size_t row_bytes = (size_t)k * BITS / 8;
-    constexpr int WP = QM_WROW(BITS) / 16;  // pieces of a weight row
-#pragma unroll
-    for (int q = 0; q < WP; ++q) {
-        const int idx = tid + q * QM_WARPS * 32, row = idx / WP, p = idx % WP;
-        const bool valid = nb + row < n && c * QM_CHUNK + p * (128 / BITS) < k;
-        const unsigned char* src = (const unsigned char*)packed + (valid ? (size_t)(nb + row) * row_bytes +
-                                                                               (size_t)c * QM_WROW(BITS) + p * 16
-                                                                         : 0);
-        cp_async16(smem_addr(base + row * QM_WROW(BITS) + ((p ^ qm_swz(row)) << 4)), src, valid);
-    }
-    unsigned char* xs = base + QM_ROWS * QM_WROW(BITS);
-    constexpr int XP = SPLIT ? 32 : 16;  // pieces of an x row
-    constexpr int XN = QM_XROWS(MT, SPLIT) * XP;
-#pragma unroll
-    for (int q = 0; q < (XN + QM_WARPS * 32 - 1) / (QM_WARPS * 32); ++q) {
-        const int idx = tid + q * QM_WARPS * 32, row = idx / XP, p = idx % XP;
-        if (idx < XN) {
-            const int kk = c * QM_CHUNK + p * (SPLIT ? 4 : 8);
-            int xr = m0 + row;
-            bool valid = xr < m && kk < k;
-            if constexpr (GATHER) {
-                const int from = valid ? rows.order[xr] : -1;
-                valid = from >= 0;
-                xr = from / rows.div;
-            }
-            const unsigned char* src =
-                (const unsigned char*)x + (valid ? ((size_t)xr * k + kk) * (SPLIT ? 4 : 2) : 0);
-            cp_async16(smem_addr(xs + row * QM_XROW(SPLIT) + p * 16), src, valid);
-        }
-    }
-    const int r = nb + tid;
-    const size_t gpr = (size_t)(k >> lg);
-#pragma unroll
-    for (int gb = 0; gb < 4; ++gb) {
-        const int k0 = c * QM_CHUNK + (gb << lg);
-        const bool in = r < n && gb < (QM_CHUNK >> lg) && k0 < k;
-        if constexpr (FP4) {
-            // The e8m0 scale 2^(E - 127) over the 2 qm_fp4_pair puts in: 2^(E - 128) (E = 0: the
-            // f32 subnormal 2^-128).
-            const u32 e = in ? ((const unsigned char*)scales)[(size_t)r * gpr + (k0 >> lg)] : 1u;
-            s[gb] = in ? __uint_as_float(e == 0 ? 0x00200000u : (e - 1) << 23) : 0.0f;
-            b[gb] = 0.0f;
-        } else {
-            s[gb] = in ? load_float(scales, (size_t)r * gpr + (k0 >> lg), p_dt) : 0.0f;
-            b[gb] = in ? load_float(biases, (size_t)r * gpr + (k0 >> lg), p_dt) : 0.0f;
-        }
-    }
-}
+// Issues the chunks of one block into pipeline slots. A thread copies the same pieces of every
+// chunk (its weight pieces: rows tid / WP + q 128 / WP, piece tid % WP; its x pieces likewise)
+// and loads the scales and biases of weight row nb + tid, so their places, sources and row
+// checks are found once, here, and a chunk only adds its offset (cp.async; zeros past N, M or
+// K). LG > 0: the group size 2^LG known when compiling (lg is then ignored); SDT >= 0: the
+// scales' dtype likewise (p_dt ignored).
+template <int BITS, int MT, bool SPLIT, bool GATHER, bool FP4 = false, int LG = 0, int SDT = -1>
+struct QmLoader {
+    static constexpr int WP = QM_WROW(BITS) / 16;  // pieces of a weight row, and a thread's per chunk
+    static constexpr int XP = SPLIT ? 32 : 16;     // pieces of an x row
+    static constexpr int XV = SPLIT ? 4 : 8;       // values of an x piece
+    static constexpr int XB = SPLIT ? 4 : 2;       // bytes of an x value
+    static constexpr int XQ = QM_XROWS(MT, SPLIT) * XP / (QM_WARPS * 32);  // a thread's x pieces
+    static constexpr int WRQ = QM_WARPS * 32 / WP, XRQ = QM_WARPS * 32 / XP;  // rows between them
 
-// Stores the scales and biases loaded by qm_issue into slot `slot`.
+    const unsigned char* w_src;  // the thread's first weight piece of chunk 0
+    size_t w_step;               // bytes from one of its weight pieces to the next (WRQ rows)
+    const unsigned char* x_src;  // the thread's first x piece of chunk 0 (plain rows)
+    size_t x_step;               // bytes from one of its x pieces to the next (XRQ rows)
+    int x_row[GATHER ? XQ : 1];  // gathered rows: the x row of each x piece, -1: none (zeros)
+    const void* sc;              // the scale and bias arrays, and row nb + tid's first group in them
+    const void* bi;
+    size_t g_row;
+    u32 w_dst, x_dst;            // the thread's first pieces within a slot
+    int w_k, x_k, k, lg, p_dt;   // the first value of the thread's pieces in a chunk; K
+    unsigned w_ok, x_ok;         // bit q: weight (x) piece q's row is below N (M)
+    bool s_ok;                   // row nb + tid is below N
+
+    __device__ __forceinline__ QmLoader(const void* x, int m, int m0, int n, int k_, int nb, const u32* packed,
+                                        const void* scales, const void* biases, int p_dt_, int lg_,
+                                        const QmRows& rows) {
+        const int tid = threadIdx.x;
+        k = k_;
+        lg = LG > 0 ? LG : lg_;
+        p_dt = SDT >= 0 ? SDT : p_dt_;
+        const size_t row_bytes = (size_t)k * BITS / 8;
+        const int wr = tid / WP, wp = tid % WP;
+        w_ok = 0;
+#pragma unroll
+        for (int q = 0; q < WP; ++q) w_ok |= (nb + wr + q * WRQ < n ? 1u : 0u) << q;
+        w_src = (const unsigned char*)packed + (nb + wr < n ? (size_t)(nb + wr) * row_bytes + wp * 16 : 0);
+        w_step = (size_t)WRQ * row_bytes;
+        w_k = wp * (128 / BITS);
+        w_dst = wr * QM_WROW(BITS) + ((wp ^ qm_swz(wr)) << 4);
+        const int xr = tid / XP, xp = tid % XP;
+        x_k = xp * XV;
+        x_ok = 0;
+#pragma unroll
+        for (int q = 0; q < XQ; ++q) {
+            const int r = m0 + xr + q * XRQ;
+            if constexpr (GATHER) {
+                const int from = r < m ? rows.order[r] : -1;
+                x_row[q] = from >= 0 ? from / rows.div : -1;
+                x_ok |= (from >= 0 ? 1u : 0u) << q;
+            } else {
+                x_ok |= (r < m ? 1u : 0u) << q;
+            }
+        }
+        x_src = (const unsigned char*)x + (GATHER || m0 + xr >= m ? 0 : ((size_t)(m0 + xr) * k + x_k) * XB);
+        x_step = (size_t)XRQ * k * XB;
+        x_dst = QM_ROWS * QM_WROW(BITS) + xr * QM_XROW(SPLIT) + xp * 16;
+        s_ok = nb + tid < n;
+        sc = scales;
+        bi = biases;
+        g_row = (size_t)(nb + tid) * (size_t)(k >> lg);
+    }
+
+    // Chunk c's weights and x into slot `slot` (cp.async), and the scales and biases of row nb +
+    // tid for its groups into s and b.
+    __device__ __forceinline__ void issue(int slot, int c, float (&s)[4], float (&b)[4]) const {
+        const u32 base = smem_addr(qm_smem) + slot * QM_SLOT(BITS, MT, SPLIT);
+        const int k0 = c * QM_CHUNK;
+        const bool wk = k0 + w_k < k;
+        const unsigned char* wsrc = w_src + (size_t)c * QM_WROW(BITS);
+#pragma unroll
+        for (int q = 0; q < WP; ++q) {
+            const bool valid = wk && ((w_ok >> q) & 1u);
+            cp_async16(base + w_dst + q * WRQ * QM_WROW(BITS), valid ? wsrc + q * w_step : w_src, valid);
+        }
+        const bool xk = k0 + x_k < k;
+#pragma unroll
+        for (int q = 0; q < XQ; ++q) {
+            const bool valid = xk && ((x_ok >> q) & 1u);
+            const unsigned char* src = x_src;
+            if constexpr (GATHER) {
+                if (valid) src += ((size_t)x_row[q] * k + k0 + x_k) * XB;
+            } else {
+                if (valid) src += q * x_step + (size_t)k0 * XB;
+            }
+            cp_async16(base + x_dst + q * XRQ * QM_XROW(SPLIT), src, valid);
+        }
+        const int gpc = QM_CHUNK >> lg;  // groups in a chunk (lg 5 to 7)
+#pragma unroll
+        for (int gb = 0; gb < 4; ++gb) {
+            const bool in = s_ok && gb < gpc && k0 + (gb << lg) < k;
+            const size_t gi = g_row + (size_t)c * gpc + gb;
+            if constexpr (FP4) {
+                // The e8m0 scale 2^(E - 127) over the 2 qm_fp4_pair puts in: 2^(E - 128) (E = 0: the
+                // f32 subnormal 2^-128).
+                const u32 e = in ? ((const unsigned char*)sc)[gi] : 1u;
+                s[gb] = in ? __uint_as_float(e == 0 ? 0x00200000u : (e - 1) << 23) : 0.0f;
+                b[gb] = 0.0f;
+            } else {
+                s[gb] = in ? load_float(sc, gi, p_dt) : 0.0f;
+                b[gb] = in ? load_float(bi, gi, p_dt) : 0.0f;
+            }
+        }
+    }
+};
+
+// Stores the scales and biases loaded by QmLoader::issue into slot `slot`.
 template <int BITS, int MT, bool SPLIT>
 __device__ __forceinline__ void qm_put(int slot, const float (&s)[4], const float (&b)[4]) {
     float* sb = (float*)(qm_smem + slot * QM_SLOT(BITS, MT, SPLIT) + QM_ROWS * QM_WROW(BITS) +
@@ -204,8 +258,9 @@ __device__ __forceinline__ void qm_put(int slot, const float (&s)[4], const floa
 
 // The lane's pieces of weight row `row` (of the block) from a slot's weights: for each group
 // block of the chunk, the lane's run of G/4 values (G/8 bytes at 4 bits, G/4 at 8).
-template <int BITS>
+template <int BITS, int LG = 0>
 __device__ __forceinline__ void qm_read_w(const unsigned char* ws, int row, int t, int lg, u32 (&w)[BITS]) {
+    if constexpr (LG > 0) lg = LG;
     const unsigned char* r = ws + row * QM_WROW(BITS);
     const int sw = qm_swz(row);
     const int lr = lg - 3 + (BITS == 8 ? 1 : 0), run = 1 << lr;  // bytes of a lane's run in a group
@@ -268,11 +323,14 @@ __device__ __forceinline__ void qm_read_a(const unsigned char* xs, int r0, int k
 // taken in two bf16 parts; DEQ: each weight decoded to bf16 (s q + b, one rounding) and multiplied
 // as it is, instead of the factored sums.
 // The block takes column block bx (QM_ROWS weight rows) and row block mz; GATHER: its rows as
-// `rows` says.
-template <int BITS, int MT, bool SPLIT, bool DEQ, bool GATHER = false, bool FP4 = false>
+// `rows` says. LG > 0: groups of 2^LG values, known when compiling (QmLoader).
+template <int BITS, int MT, bool SPLIT, bool DEQ, bool GATHER = false, bool FP4 = false, int LG = 0>
 __device__ __forceinline__ void qmma_body(float* out, const void* x, int m, int n, const u32* packed,
                                           const void* scales, const void* biases, int p_dt, int lg, int k, int cps,
                                           int bx, int mz, const QmRows& rows) {
+    if constexpr (LG > 0) lg = LG;
+    // The decoding kernels take bf16 scales only (one fma rounding of s q + b needs them exact).
+    constexpr int SDT = DEQ && !FP4 ? DT_BF16 : -1;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     const int nb = bx * QM_ROWS, wr = warp * QM_NT * 8;  // the block's and the warp's first row
     const int m0 = mz * 16 * MT;                          // the block's first input row
@@ -293,28 +351,31 @@ __device__ __forceinline__ void qmma_body(float* out, const void* x, int m, int 
     // last until they are stored.
     float ps[4], pb[4];
 #pragma unroll
+    const QmLoader<BITS, MT, SPLIT, GATHER, FP4, LG, SDT> loader(x, m, m0, n, k, nb, packed, scales, biases, p_dt, lg,
+                                                                 rows);
     for (int s = 0; s < QM_STAGES - 1; ++s) {
         if (s > 0) qm_put<BITS, MT, SPLIT>(s - 1, ps, pb);
-        if (c0 + s < c1)
-            qm_issue<BITS, MT, SPLIT, GATHER, FP4>(s, c0 + s, x, m, m0, n, k, nb, packed, scales, biases, p_dt, lg,
-                                                   rows, ps, pb);
+        if (c0 + s < c1) loader.issue(s, c0 + s, ps, pb);
         cp_async_commit();
     }
+    // Slots in turn: chunk c's, the one its predecessor's scales go to, the one chunk c + STAGES - 1
+    // is issued into (counters, not c modulo STAGES, which costs a multiply-high a chunk).
+    int slot = 0, put = QM_STAGES - 2, next = QM_STAGES - 1;
     for (int c = c0; c < c1; ++c) {
-        const int it = c - c0, slot = it % QM_STAGES;
+        // The scales loaded with the chunk issued last go into its slot before the barrier, which
+        // then orders them before every warp's reads (with two slots that chunk is c itself).
+        // The slot's last chunk was multiplied before the previous iteration's barrier.
+        qm_put<BITS, MT, SPLIT>(put, ps, pb);
         cp_async_wait<QM_STAGES - 2>();  // chunk c's copies (this thread's) have landed
         __syncthreads();                 // everyone's have, and everyone is done with chunk c - 1
-        qm_put<BITS, MT, SPLIT>((it + QM_STAGES - 2) % QM_STAGES, ps, pb);
-        if (c + QM_STAGES - 1 < c1)
-            qm_issue<BITS, MT, SPLIT, GATHER, FP4>((it + QM_STAGES - 1) % QM_STAGES, c + QM_STAGES - 1, x, m, m0, n,
-                                                   k, nb, packed, scales, biases, p_dt, lg, rows, ps, pb);
+        if (c + QM_STAGES - 1 < c1) loader.issue(next, c + QM_STAGES - 1, ps, pb);
         cp_async_commit();
         const unsigned char* ws = qm_smem + slot * QM_SLOT(BITS, MT, SPLIT);
         const unsigned char* xs = ws + QM_ROWS * QM_WROW(BITS);
         const float* sb = (const float*)(xs + QM_XROWS(MT, SPLIT) * QM_XROW(SPLIT));
         u32 w[QM_NT][BITS];
 #pragma unroll
-        for (int j = 0; j < QM_NT; ++j) qm_read_w<BITS>(ws, wr + 8 * j + g, t, lg, w[j]);
+        for (int j = 0; j < QM_NT; ++j) qm_read_w<BITS, LG>(ws, wr + 8 * j + g, t, lg, w[j]);
         // One group's sums (factored form): part = sum x q per output, xsum = sum x per input row
         // (its four registers are those of the output registers' rows). DEQ: the scale and bias
         // of the lane's weight row in each tile, as bf16 pairs.
@@ -395,6 +456,9 @@ __device__ __forceinline__ void qmma_body(float* out, const void* x, int m, int 
                 }
             }
         }
+        slot = slot == QM_STAGES - 1 ? 0 : slot + 1;
+        put = put == QM_STAGES - 1 ? 0 : put + 1;
+        next = next == QM_STAGES - 1 ? 0 : next + 1;
     }
     float* dst = out + (size_t)blockIdx.y * m * n;
 #pragma unroll
@@ -438,12 +502,19 @@ __device__ __forceinline__ void qm_prefetch(const u32* packed, int n, int k, int
 #define QM_PLAIN blockIdx.x, blockIdx.z, QmRows{nullptr, 1, 0, 0}
 #define QM_BF16(BITS, MT) \
     qmma_body<BITS, MT, false, false>(out, x, m, n, packed, scales, biases, p_dt, lg, k, cps, QM_PLAIN)
+// The same body twice, the group size of 64 values (mlx's default) known when compiling: its
+// addresses then fold into constants, about a third of the loop's instructions. Other sizes
+// take the general body.
+#define QM_LG64(BODY, ...)                                                                                    \
+    if (lg == 6)                                                                                              \
+        BODY<__VA_ARGS__, 6>(out, x, m, n, packed, scales, biases, p_dt, lg, k, cps, QM_PLAIN);               \
+    else                                                                                                      \
+        BODY<__VA_ARGS__, 0>(out, x, m, n, packed, scales, biases, p_dt, lg, k, cps, QM_PLAIN)
 #define QM_BEGIN(BITS)                          \
     qm_prefetch<BITS>(packed, n, k, cps); \
     pdl_begin()
 #define QM_F32(BITS) qmma_body<BITS, 1, true, false>(out, x, m, n, packed, scales, biases, p_dt, lg, k, cps, QM_PLAIN)
-#define QM_DEQ(BITS, MT) \
-    qmma_body<BITS, MT, false, true>(out, x, m, n, packed, scales, biases, p_dt, lg, k, cps, QM_PLAIN)
+#define QM_DEQ(BITS, MT) QM_LG64(qmma_body, BITS, MT, false, true, false, false)
 
 // Resident blocks per multiprocessor asked of ptxas for the 8- and 16-row kernels (a register
 // cap: 65536 / (128 x QM_MIN_BLOCKS)); an experiment knob (NUVEC_NVRTC_DEFINES), 1 = no cap.
@@ -451,7 +522,10 @@ __device__ __forceinline__ void qm_prefetch(const u32* packed, int n, int k, int
 #define QM_MIN_BLOCKS 1
 #endif
 extern "C" __global__ void __launch_bounds__(128, QM_MIN_BLOCKS) qmma_b4_m16(QM_PARAMS) { QM_BEGIN(4); QM_BF16(4, 1); }
-extern "C" __global__ void __launch_bounds__(128) qmma_b4_m32(QM_PARAMS) { QM_BEGIN(4); QM_BF16(4, 2); }
+extern "C" __global__ void __launch_bounds__(128) qmma_b4_m32(QM_PARAMS) {
+    QM_BEGIN(4);
+    QM_LG64(qmma_body, 4, 2, false, false, false, false);
+}
 extern "C" __global__ void __launch_bounds__(128, QM_MIN_BLOCKS) qmma_b8_m16(QM_PARAMS) { QM_BEGIN(8); QM_BF16(8, 1); }
 extern "C" __global__ void __launch_bounds__(128) qmma_b8_m32(QM_PARAMS) { QM_BEGIN(8); QM_BF16(8, 2); }
 extern "C" __global__ void __launch_bounds__(128, QM_MIN_BLOCKS) qmma_b4_f32(QM_PARAMS) { QM_BEGIN(4); QM_F32(4); }
@@ -488,9 +562,19 @@ __device__ __forceinline__ void qmma_grouped(float* out, const void* x, const in
     const u64* ent = index + ((size_t)p * experts + e) * QM_MOE_SLOTS;
     const QmRows rows{order, div, pair ? 2 * n : n, col0};
     const int chunks = (k + QM_CHUNK - 1) / QM_CHUNK;
-    qmma_body<BITS, 4, false, true, true, FP4>(out, x, (int)gridDim.z * 64, n, (const u32*)ent[0],
-                                               (const void*)ent[1], (const void*)ent[2], DT_BF16, lg, k, chunks, bx,
-                                               blockIdx.z, rows);
+    // mxfp4's groups are always 32 values; affine ones of 64 (mlx's default) take a body compiled
+    // for that size, as the plain kernels do (QM_LG64).
+#define QMG_BODY(LG)                                                                                                   \
+    qmma_body<BITS, 4, false, true, true, FP4, LG>(out, x, (int)gridDim.z * 64, n, (const u32*)ent[0],                \
+                                                   (const void*)ent[1], (const void*)ent[2], DT_BF16, lg, k, chunks, \
+                                                   bx, blockIdx.z, rows)
+    if constexpr (FP4)
+        QMG_BODY(5);
+    else if (lg == 6)
+        QMG_BODY(6);
+    else
+        QMG_BODY(0);
+#undef QMG_BODY
 }
 #define QMG_PARAMS                                                                                                  \
     float *out, const void *x, const int *order, const int *tile_expert, const u64 *index, int experts, int proj, \

@@ -16,12 +16,12 @@ use crate::{Error, Result};
 pub(super) const QM_ROWS: usize = 128;
 const QM_CHUNK: usize = 128;
 pub(in crate::backends::cuda) const QM_THREADS: u32 = 128;
-/// Pipeline slots of the kernels (`QM_STAGES`): 3, or what `NUVEC_NVRTC_DEFINES` sets it to
+/// Pipeline slots of the kernels (`QM_STAGES`): 2, or what `NUVEC_NVRTC_DEFINES` sets it to
 /// (an experiment knob: the kernels are compiled with the same definition).
 fn qm_stages() -> usize {
     static STAGES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     *STAGES.get_or_init(|| {
-        super::super::nvrtc_define("QM_STAGES").and_then(|v| v.parse().ok()).filter(|&s| s >= 2).unwrap_or(3)
+        super::super::nvrtc_define("QM_STAGES").and_then(|v| v.parse().ok()).filter(|&s| s >= 2).unwrap_or(2)
     })
 }
 
