@@ -140,9 +140,9 @@ struct QmRows {
 // chunk (its weight pieces: rows tid / WP + q 128 / WP, piece tid % WP; its x pieces likewise)
 // and loads the scales and biases of weight row nb + tid, so their places, sources and row
 // checks are found once, here, and a chunk only adds its offset (cp.async; zeros past N, M or
-// K). LG > 0: the group size 2^LG known when compiling (lg is then ignored); SDT >= 0: the
-// scales' dtype likewise (p_dt ignored).
-template <int BITS, int MT, bool SPLIT, bool GATHER, bool FP4 = false, int LG = 0, int SDT = -1>
+// K). A group size or scale dtype the caller knows when compiling folds into the code through
+// inlining.
+template <int BITS, int MT, bool SPLIT, bool GATHER, bool FP4 = false>
 struct QmLoader {
     static constexpr int WP = QM_WROW(BITS) / 16;  // pieces of a weight row, and a thread's per chunk
     static constexpr int XP = SPLIT ? 32 : 16;     // pieces of an x row
@@ -169,8 +169,8 @@ struct QmLoader {
                                         const QmRows& rows) {
         const int tid = threadIdx.x;
         k = k_;
-        lg = LG > 0 ? LG : lg_;
-        p_dt = SDT >= 0 ? SDT : p_dt_;
+        lg = lg_;
+        p_dt = p_dt_;
         const size_t row_bytes = (size_t)k * BITS / 8;
         const int wr = tid / WP, wp = tid % WP;
         w_ok = 0;
@@ -258,9 +258,8 @@ __device__ __forceinline__ void qm_put(int slot, const float (&s)[4], const floa
 
 // The lane's pieces of weight row `row` (of the block) from a slot's weights: for each group
 // block of the chunk, the lane's run of G/4 values (G/8 bytes at 4 bits, G/4 at 8).
-template <int BITS, int LG = 0>
+template <int BITS>
 __device__ __forceinline__ void qm_read_w(const unsigned char* ws, int row, int t, int lg, u32 (&w)[BITS]) {
-    if constexpr (LG > 0) lg = LG;
     const unsigned char* r = ws + row * QM_WROW(BITS);
     const int sw = qm_swz(row);
     const int lr = lg - 3 + (BITS == 8 ? 1 : 0), run = 1 << lr;  // bytes of a lane's run in a group
@@ -323,14 +322,14 @@ __device__ __forceinline__ void qm_read_a(const unsigned char* xs, int r0, int k
 // taken in two bf16 parts; DEQ: each weight decoded to bf16 (s q + b, one rounding) and multiplied
 // as it is, instead of the factored sums.
 // The block takes column block bx (QM_ROWS weight rows) and row block mz; GATHER: its rows as
-// `rows` says. LG > 0: groups of 2^LG values, known when compiling (QmLoader).
+// `rows` says. LG > 0: groups of 2^LG values, known when compiling (lg is then ignored).
 template <int BITS, int MT, bool SPLIT, bool DEQ, bool GATHER = false, bool FP4 = false, int LG = 0>
 __device__ __forceinline__ void qmma_body(float* out, const void* x, int m, int n, const u32* packed,
                                           const void* scales, const void* biases, int p_dt, int lg, int k, int cps,
                                           int bx, int mz, const QmRows& rows) {
     if constexpr (LG > 0) lg = LG;
     // The decoding kernels take bf16 scales only (one fma rounding of s q + b needs them exact).
-    constexpr int SDT = DEQ && !FP4 ? DT_BF16 : -1;
+    if constexpr (DEQ && !FP4) p_dt = DT_BF16;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     const int nb = bx * QM_ROWS, wr = warp * QM_NT * 8;  // the block's and the warp's first row
     const int m0 = mz * 16 * MT;                          // the block's first input row
@@ -351,7 +350,7 @@ __device__ __forceinline__ void qmma_body(float* out, const void* x, int m, int 
     // last until they are stored.
     float ps[4], pb[4];
 #pragma unroll
-    const QmLoader<BITS, MT, SPLIT, GATHER, FP4, LG, SDT> loader(x, m, m0, n, k, nb, packed, scales, biases, p_dt, lg,
+    const QmLoader<BITS, MT, SPLIT, GATHER, FP4> loader(x, m, m0, n, k, nb, packed, scales, biases, p_dt, lg,
                                                                  rows);
     for (int s = 0; s < QM_STAGES - 1; ++s) {
         if (s > 0) qm_put<BITS, MT, SPLIT>(s - 1, ps, pb);
@@ -375,7 +374,7 @@ __device__ __forceinline__ void qmma_body(float* out, const void* x, int m, int 
         const float* sb = (const float*)(xs + QM_XROWS(MT, SPLIT) * QM_XROW(SPLIT));
         u32 w[QM_NT][BITS];
 #pragma unroll
-        for (int j = 0; j < QM_NT; ++j) qm_read_w<BITS, LG>(ws, wr + 8 * j + g, t, lg, w[j]);
+        for (int j = 0; j < QM_NT; ++j) qm_read_w<BITS>(ws, wr + 8 * j + g, t, lg, w[j]);
         // One group's sums (factored form): part = sum x q per output, xsum = sum x per input row
         // (its four registers are those of the output registers' rows). DEQ: the scale and bias
         // of the lane's weight row in each tile, as bf16 pairs.
