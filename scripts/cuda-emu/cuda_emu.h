@@ -251,6 +251,7 @@ inline void cp_async16(unsigned dst, const void* src, bool valid) {
     if (valid) std::memcpy(emu_smem(dst), src, 16);
     else std::memset(emu_smem(dst), 0, 16);
 }
+template <int N> void cp_async_small(unsigned dst, const void* src) { std::memcpy(emu_smem(dst), src, N); }
 inline void cp_async_commit() {}
 template <int N> void cp_async_wait() {}
 // ldmatrix .x4: lane i gives row i % 8 of matrix i / 8; r[m] gets matrix m's row lane / 4, columns

@@ -364,6 +364,16 @@ __device__ __forceinline__ void cp_async16(u32 dst, const void* src, bool valid)
     __trap();
 #endif
 }
+// N (4 or 8) bytes from global to shared memory through L1 (cp.async .ca), for small
+// parameters staged beside cp_async16's copies; src and dst aligned to N.
+template <int N>
+__device__ __forceinline__ void cp_async_small(u32 dst, const void* src) {
+#if __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.ca.shared.global [%0], [%1], %2;" ::"r"(dst), "l"(src), "n"(N) : "memory");
+#else
+    __trap();
+#endif
+}
 // Closes a group of this thread's cp.async copies.
 __device__ __forceinline__ void cp_async_commit() {
 #if __CUDA_ARCH__ >= 800

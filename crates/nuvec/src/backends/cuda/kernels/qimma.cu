@@ -321,23 +321,18 @@ extern "C" __global__ void __launch_bounds__(256, QI_X32_MIN_BLOCKS) qimma_b4_x3
 // of 16 weight rows over its share of K (the block's QIR_WARPS warps split K into whole batches
 // of 4 chunks, then add their partials in warp order), and what bounds it is the load
 // instructions per chunk, so every load is a wide one:
-// - weights: quad lane t loads chunk t of a batch for rows g and g + 8 (16 bytes each), and the
-//   warp turns them around through 1.25 KiB of shared memory so that lane t holds word t of each
-//   chunk (its A bytes, in the order x's parts have them; see the header);
-// - scales and biases: a batch's groups of rows g and g + 8 in one load each (K a multiple of
-//   128: whole groups, aligned), a batch ahead like the weights, the kernel specialized per
-//   scale type so that they wait in 2 or 4 registers each;
+// - weights: quad lane t copies chunk t of a batch for rows g and g + 8 (16 bytes each) into the
+//   warp's ring in shared memory (below), from which lane t reads word t of each chunk (its A
+//   bytes, in the order x's parts have them; see the header);
+// - scales and biases: a batch's groups of rows g and g + 8 in one copy per stream (K a multiple
+//   of 128: whole groups, aligned), through the ring with the weights, the kernel specialized
+//   per scale type;
 // - x: xsplit_tiles_f32's layout, where one tile of 8 input rows' part p of a chunk is the 256
 //   bytes a warp's B operands take (lane (g, t): words 2t and 2t + 1 of row g), and the tile's
 //   scales and sums of a chunk are 64 bytes (lane t: rows 2t and 2t + 1's, its C columns).
 // The blocks take the tiles of up to three weights of one launch in order (q/k/v, gate/up).
 #define QIR_WARPS 8
 #define QIR_BATCH 4
-// Scales and biases loaded a batch ahead (1) or at their batch's start (0): an experiment knob
-// (NUVEC_NVRTC_DEFINES=QIR_PARAMS_AHEAD=0).
-#ifndef QIR_PARAMS_AHEAD
-#define QIR_PARAMS_AHEAD 1
-#endif
 // x's parts of M rows (padded to whole tiles of 8) in the few-row layout: per tile and 32-value
 // chunk, part p's words as [p][row][word] (64 u32 each), then per tile and chunk [row][scale,
 // sum] floats. The same words and values as xsplit_f32's, a warp per (row, chunk).
@@ -364,45 +359,14 @@ extern "C" __global__ void xsplit_tiles_f32(u32* __restrict__ parts, const float
     }
 }
 
-// The scales (or biases) of a batch's 4 chunks from group index i (a multiple of the groups in
-// 128 values, so whole and aligned) as raw words, one load: 4, 2 or 1 groups of 32, 64 or 128
-// values, in the scale type DT (f32, f16, bf16); qir_decode turns them into each chunk's value.
-// Loaded a batch ahead of their use, as the weights are.
+// The scales (or biases) of a batch's 4 chunks as raw words, as one copy staged them: 4, 2 or 1
+// groups of 32, 64 or 128 values (whole and aligned: K is a multiple of 128), in the scale type
+// DT (f32, f16, bf16); qir_decode turns them into each chunk's value.
 template <int DT>
 struct QirRaw {
     static constexpr int WORDS = DT == DT_F32 ? 4 : 2;
     u32 w[WORDS];
 };
-template <int DT>
-__device__ __forceinline__ QirRaw<DT> qir_load(const void* __restrict__ p, size_t i, int lg) {
-    const int ng = 4 >> (lg - 5);
-    QirRaw<DT> r;
-#pragma unroll
-    for (int e = 0; e < QirRaw<DT>::WORDS; ++e) r.w[e] = 0;
-    if (DT == DT_F32) {
-        const float* f = (const float*)p + i;
-        if (ng == 4) {
-            const uint4 q = __ldg((const uint4*)f);
-            r.w[0] = q.x, r.w[1] = q.y, r.w[2 % QirRaw<DT>::WORDS] = q.z, r.w[3 % QirRaw<DT>::WORDS] = q.w;
-        } else if (ng == 2) {
-            const uint2 q = __ldg((const uint2*)f);
-            r.w[0] = q.x, r.w[1] = q.y;
-        } else {
-            r.w[0] = __ldg((const u32*)f);
-        }
-    } else {
-        const u16* h = (const u16*)p + i;
-        if (ng == 4) {
-            const uint2 q = __ldg((const uint2*)h);
-            r.w[0] = q.x, r.w[1] = q.y;
-        } else if (ng == 2) {
-            r.w[0] = __ldg((const u32*)h);
-        } else {
-            r.w[0] = __ldg(h);
-        }
-    }
-    return r;
-}
 template <int DT>
 __device__ __forceinline__ void qir_decode(const QirRaw<DT>& r, int lg, float (&v)[4]) {
     const int ng = 4 >> (lg - 5);
@@ -420,78 +384,99 @@ __device__ __forceinline__ void qir_decode(const QirRaw<DT>& r, int lg, float (&
     for (int u = 0; u < 4; ++u) v[u] = ng == 4 ? g[u] : ng == 2 ? g[u >> 1] : g[0];
 }
 
-// A block's shared memory: the warps' partials, and per warp a batch's 16 rows of 64 bytes at a
-// stride of 80 (the reads of row g, word 4u + t then hit 32 distinct banks). Declared once per
-// kernel, for every scale type's body.
-template <int NT>
-struct QirShared {
-    float red[QIR_WARPS][NT * 4][32];
-    __align__(16) u32 turn[QIR_WARPS][16 * 20];
+// A warp's batches of weights, scales and biases go through a ring of QIR_RING slots in shared
+// memory (cp.async), the copies QIR_RING - 1 batches ahead of the batch it multiplies, so that
+// the bytes in flight cost no registers; the first copies are issued before pdl_begin (no kernel
+// writes weights). A slot: the batch's 16 rows at a stride of 80 bytes (the reads of row g, word
+// 4u + t hit 32 distinct banks), then per quad g and lane t parameter stream t (t = 0, 1: row
+// g's scales and biases; 2, 3: row g + 8's), QirRing<DT>::PB bytes each. QIR_RING is an
+// experiment knob (NUVEC_NVRTC_DEFINES; the host sizes the shared memory from the same value).
+#ifndef QIR_RING
+#define QIR_RING 3
+#endif
+template <int DT>
+struct QirRing {
+    // Bytes of one parameter stream of a batch (4 groups of 32 in the widest case).
+    static constexpr int PB = DT == DT_F32 ? 16 : 8;
+    static constexpr int WEIGHTS = 16 * 80;
+    static constexpr int SLOT = WEIGHTS + 32 * PB;
 };
 
 template <int NT, int DT>
 __device__ __forceinline__ void qimma_reg_body(float* out, const u32* __restrict__ xq, int m, int n,
                                                const u32* __restrict__ packed, const void* __restrict__ scales,
-                                               const void* __restrict__ biases, int lg, int k, int tile,
-                                               QirShared<NT>& sh) {
-    auto& red = sh.red;
-    auto& turn = sh.turn;
+                                               const void* __restrict__ biases, int lg, int k, int tile) {
+    constexpr int SLOT = QirRing<DT>::SLOT, PB = QirRing<DT>::PB, DSZ = DT == DT_F32 ? 4 : 2;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-    const int kc = k >> 5, tiles = (m + 7) >> 3, j0 = blockIdx.y * NT;
-    // Rows past n read the last row (never stored).
+    const int kc = k >> 5, batches = kc / QIR_BATCH, per = (batches + QIR_WARPS - 1) / QIR_WARPS;
+    const int b0 = warp * per, b1 = min(b0 + per, batches);
+    // This lane's copies per batch: chunk t of rows g and g + 8 (16 bytes each; rows past n read
+    // the last row, never stored), and parameter stream t: cb bytes from the group of the
+    // batch's first value (a 2-byte stream: the aligned 4 bytes holding it, its half picked when
+    // decoded; `odd` is its row's first group's parity).
     const int r0 = min(tile * 16 + g, n - 1), r1 = min(tile * 16 + g + 8, n - 1);
     const uint4* __restrict__ w0 = (const uint4*)(packed + (size_t)r0 * (k >> 3)) + t;
     const uint4* __restrict__ w1 = (const uint4*)(packed + (size_t)r1 * (k >> 3)) + t;
-    const size_t gpr = (size_t)(k >> lg), sg0 = (size_t)r0 * gpr, sg1 = (size_t)r1 * gpr;
+    const size_t gpr = (size_t)(k >> lg);
+    const int sb = (QIR_BATCH * 32 >> lg) * DSZ, cb = sb < 4 ? 4 : sb;
+    const unsigned char* psrc =
+        (const unsigned char*)((t & 1) ? biases : scales) + (size_t)(t >> 1 ? r1 : r0) * gpr * DSZ;
+    const int odd[2] = {(int)((r0 * gpr) & 1), (int)((r1 * gpr) & 1)};
+    unsigned char* ring = qi_smem + (size_t)warp * QIR_RING * SLOT;
+    const u32 ring_a = smem_addr(ring);
+    auto issue = [&](int bi, int slot) {
+        const u32 base = ring_a + slot * SLOT;
+        cp_async16(base + g * 80 + 16 * t, w0 + (size_t)bi * QIR_BATCH, true);
+        cp_async16(base + (g + 8) * 80 + 16 * t, w1 + (size_t)bi * QIR_BATCH, true);
+        const u32 dst = base + QirRing<DT>::WEIGHTS + lane * PB;
+        const unsigned char* src = psrc + (size_t)bi * sb;
+        if (cb == 16) cp_async16(dst, src, true);
+        else if (cb == 8) cp_async_small<8>(dst, src);
+        else cp_async_small<4>(dst, (const void*)((size_t)src & ~(size_t)3));
+    };
+#pragma unroll
+    for (int s = 0; s < QIR_RING - 1; ++s) {
+        if (b0 + s < b1) issue(b0 + s, s);
+        cp_async_commit();
+    }
+    pdl_begin();
+    const int tiles = (m + 7) >> 3, j0 = blockIdx.y * NT;
     const float* __restrict__ xsc = (const float*)(xq + (size_t)tiles * kc * 192);
     float acc[NT][4];
 #pragma unroll
     for (int j = 0; j < NT; ++j)
 #pragma unroll
         for (int e = 0; e < 4; ++e) acc[j][e] = 0.0f;
-    const int batches = kc / QIR_BATCH, per = (batches + QIR_WARPS - 1) / QIR_WARPS;
-    const int b0 = warp * per, b1 = min(b0 + per, batches);
-    u32* tw = turn[warp];
-    // The next batch's weights and parameters, in flight while this one is multiplied.
-    uint4 na, nb;
-    QirRaw<DT> ps0, pb0, ps1, pb1;
-    auto params = [&](int bi) {
-        const size_t gi = ((size_t)bi * QIR_BATCH * 32) >> lg;
-        ps0 = qir_load<DT>(scales, sg0 + gi, lg);
-        pb0 = qir_load<DT>(biases, sg0 + gi, lg);
-        ps1 = qir_load<DT>(scales, sg1 + gi, lg);
-        pb1 = qir_load<DT>(biases, sg1 + gi, lg);
-    };
-    auto issue = [&](int bi) {
-        na = __ldg(w0 + (size_t)bi * QIR_BATCH);
-        nb = __ldg(w1 + (size_t)bi * QIR_BATCH);
-        if (QIR_PARAMS_AHEAD) params(bi);
-    };
-    if (b0 < b1) issue(b0);
-    for (int bi = b0; bi < b1; ++bi) {
-        const int cb = bi * QIR_BATCH;
-        if (!QIR_PARAMS_AHEAD) params(bi);
-        // This batch's words into shared memory and its parameters decoded, then the next
-        // batch's loads issued.
-        *(uint4*)(tw + g * 20 + 4 * t) = na;
-        *(uint4*)(tw + (g + 8) * 20 + 4 * t) = nb;
-        float s[2][4], b[2][4];
-        qir_decode<DT>(ps0, lg, s[0]);
-        qir_decode<DT>(pb0, lg, b[0]);
-        qir_decode<DT>(ps1, lg, s[1]);
-        qir_decode<DT>(pb1, lg, b[1]);
-        if (bi + 1 < b1) issue(bi + 1);
+    for (int bi = b0, slot = 0; bi < b1; ++bi) {
+        // The slot the last batch was read from takes the batch QIR_RING - 1 ahead; this
+        // batch's slot is whole once this lane's copies of it landed and the warp met.
+        if (bi + QIR_RING - 1 < b1) issue(bi + QIR_RING - 1, slot == 0 ? QIR_RING - 1 : slot - 1);
+        cp_async_commit();
+        cp_async_wait<QIR_RING - 1>();
         __syncwarp();
+        const u32* tw = (const u32*)(ring + slot * SLOT);
         u32 wa[QIR_BATCH], wb[QIR_BATCH];
 #pragma unroll
         for (int u = 0; u < QIR_BATCH; ++u) {
             wa[u] = tw[g * 20 + 4 * u + t];
             wb[u] = tw[(g + 8) * 20 + 4 * u + t];
         }
+        float s[2][4], b[2][4];
+        const u32* pw = (const u32*)(ring + slot * SLOT + QirRing<DT>::WEIGHTS + g * 4 * PB);
+#pragma unroll
+        for (int st = 0; st < 4; ++st) {
+            QirRaw<DT> r;
+#pragma unroll
+            for (int e = 0; e < QirRaw<DT>::WORDS; ++e) r.w[e] = pw[st * (PB / 4) + e];
+            if (sb == 2 && ((odd[st >> 1] + bi) & 1)) r.w[0] >>= 16;
+            qir_decode<DT>(r, lg, (st & 1) ? b[st >> 1] : s[st >> 1]);
+        }
+        // Every lane has read the slot before the next batch's copies refill it.
         __syncwarp();
+        slot = slot + 1 == QIR_RING ? 0 : slot + 1;
 #pragma unroll
         for (int u = 0; u < QIR_BATCH; ++u) {
-            const int c = cb + u;
+            const int c = bi * QIR_BATCH + u;
             const u32 A[4] = {wa[u] & 0x0F0F0F0Fu, wb[u] & 0x0F0F0F0Fu, (wa[u] >> 4) & 0x0F0F0F0Fu,
                               (wb[u] >> 4) & 0x0F0F0F0Fu};
 #pragma unroll
@@ -522,6 +507,10 @@ __device__ __forceinline__ void qimma_reg_body(float* out, const u32* __restrict
             }
         }
     }
+    // The warps' partials, added in warp order, in the ring's memory once every copy landed.
+    cp_async_wait<0>();
+    __syncthreads();
+    float(*red)[NT * 4][32] = (float(*)[NT * 4][32])qi_smem;
 #pragma unroll
     for (int j = 0; j < NT; ++j)
 #pragma unroll
@@ -545,20 +534,20 @@ __device__ __forceinline__ void qimma_reg_body(float* out, const u32* __restrict
         const u32 *pk2, const void *sc2, const void *bi2
 #define QIR_ARGS xq, m, p_dt, lg, k, out0, n0, pk0, sc0, bi0, out1, n1, pk1, sc1, bi1, out2, n2, pk2, sc2, bi2
 template <int NT, int DT>
-__device__ __forceinline__ void qimma_reg_dt(QIR_PARAMS, QirShared<NT>& sh) {
+__device__ __forceinline__ void qimma_reg_dt(QIR_PARAMS) {
     const int nt0 = (n0 + 15) / 16, nt1 = (n1 + 15) / 16;
     int tile = blockIdx.x;
-    if (tile < nt0) return qimma_reg_body<NT, DT>(out0, xq, m, n0, pk0, sc0, bi0, lg, k, tile, sh);
+    if (tile < nt0) return qimma_reg_body<NT, DT>(out0, xq, m, n0, pk0, sc0, bi0, lg, k, tile);
     tile -= nt0;
-    if (tile < nt1) return qimma_reg_body<NT, DT>(out1, xq, m, n1, pk1, sc1, bi1, lg, k, tile, sh);
-    qimma_reg_body<NT, DT>(out2, xq, m, n2, pk2, sc2, bi2, lg, k, tile - nt1, sh);
+    if (tile < nt1) return qimma_reg_body<NT, DT>(out1, xq, m, n1, pk1, sc1, bi1, lg, k, tile);
+    qimma_reg_body<NT, DT>(out2, xq, m, n2, pk2, sc2, bi2, lg, k, tile - nt1);
 }
+// The kernels start with their first copies (qimma_reg_body), then pdl_begin.
 template <int NT>
 __device__ __forceinline__ void qimma_reg(QIR_PARAMS) {
-    __shared__ QirShared<NT> sh;
-    if (p_dt == DT_BF16) qimma_reg_dt<NT, DT_BF16>(QIR_ARGS, sh);
-    else if (p_dt == DT_F16) qimma_reg_dt<NT, DT_F16>(QIR_ARGS, sh);
-    else qimma_reg_dt<NT, DT_F32>(QIR_ARGS, sh);
+    if (p_dt == DT_BF16) qimma_reg_dt<NT, DT_BF16>(QIR_ARGS);
+    else if (p_dt == DT_F16) qimma_reg_dt<NT, DT_F16>(QIR_ARGS);
+    else qimma_reg_dt<NT, DT_F32>(QIR_ARGS);
 }
-extern "C" __global__ void __launch_bounds__(32 * QIR_WARPS, 2) qimma_b4_r8(QIR_PARAMS) { pdl_begin(); qimma_reg<1>(QIR_ARGS); }
-extern "C" __global__ void __launch_bounds__(32 * QIR_WARPS, 2) qimma_b4_r16(QIR_PARAMS) { pdl_begin(); qimma_reg<2>(QIR_ARGS); }
+extern "C" __global__ void __launch_bounds__(32 * QIR_WARPS, 2) qimma_b4_r8(QIR_PARAMS) { qimma_reg<1>(QIR_ARGS); }
+extern "C" __global__ void __launch_bounds__(32 * QIR_WARPS, 2) qimma_b4_r16(QIR_PARAMS) { qimma_reg<2>(QIR_ARGS); }

@@ -3,10 +3,11 @@
 //! parts, each packed weight read once per call, and each 32-value chunk's sum exact in int32, so
 //! a row's result is its one-row result up to f32 rounding order (the bf16 forms of `ops/qmma.rs`
 //! round x, and from 33 rows the weights). Two families:
-//! - up to 16 rows, the register kernels (`qimma_b4_r8`, `qimma_b4_r16`: weights loaded straight
-//!   from memory, x's parts in `xsplit_tiles_f32`'s layout, up to three weights per launch; K a
-//!   multiple of 128, groups of 32 to 128). On by default: on the H200 a random 8B decodes
-//!   2 / 8 sequences 1.29x / 1.29x faster than through the bf16 forms, 16 about as fast;
+//! - up to 16 rows, the register kernels (`qimma_b4_r8`, `qimma_b4_r16`: a warp per 16 weight
+//!   rows and share of K, its weights, scales and biases through a cp.async ring in shared memory,
+//!   x's parts in `xsplit_tiles_f32`'s layout, up to three weights per launch; K a multiple of
+//!   128, groups of 32 to 128). On by default: on the H200 a random 8B decodes 2 / 8 sequences
+//!   1.29x / 1.29x faster than through the bf16 forms, 16 about as fast (docs/cuda.md);
 //! - 17 to 64 rows, the shared-memory pipeline kernels (`qimma_b4_x8` .. `_x32`), only with
 //!   `NUVEC_QIMMA=1`: slower than the bf16 forms there (docs/cuda.md).
 //!
@@ -49,7 +50,7 @@ const KERNELS: [(&str, usize, u32); 3] =
 /// and both's scales and biases or sums), `None` for any other kernel.
 pub(in crate::backends::cuda) fn qimma_launch(kernel: &str) -> Option<(u32, usize)> {
     if REG_KERNELS.iter().any(|k| k.0 == kernel) {
-        return Some((QIR_THREADS, 0));
+        return Some((QIR_THREADS, qir_smem(0)));
     }
     let &(_, rows, threads) = KERNELS.iter().find(|k| k.0 == kernel)?;
     Some((threads, qi_stages() * (QI_ROWS * 64 + rows * QI_XROW + QI_ROWS * 32 + rows * 32)))
@@ -65,8 +66,26 @@ fn kernel_for(m: usize) -> (&'static str, usize, u32) {
 const REG_KERNELS: [(&str, usize); 2] = [("qimma_b4_r8", 8), ("qimma_b4_r16", 16)];
 /// Threads per block of the register kernels (`QIR_WARPS` warps).
 const QIR_THREADS: u32 = 256;
+const QIR_WARPS: usize = 8;
 /// Weight rows per block of the register kernels (one mma tile).
 const QIR_TILE: usize = 16;
+
+/// Slots of each warp's cp.async ring in the register kernels (`QIR_RING` in kernels/qimma.cu: 3,
+/// or what `NUVEC_NVRTC_DEFINES` sets it to, an experiment knob the kernels are compiled with).
+fn qir_ring() -> usize {
+    static RING: OnceLock<usize> = OnceLock::new();
+    *RING.get_or_init(|| {
+        super::super::nvrtc_define("QIR_RING").and_then(|v| v.parse().ok()).filter(|&s| s >= 2).unwrap_or(3)
+    })
+}
+
+/// Dynamic shared memory of a register-kernel launch whose scales have dtype code `p_dt` (0 f32,
+/// 1 f16, 2 bf16; `QirRing` in kernels/qimma.cu): per warp, ring slots of a batch's 16 weight
+/// rows (80 bytes each) and 32 parameter streams (16 bytes each for f32 scales, 8 for 16-bit).
+fn qir_smem(p_dt: i32) -> usize {
+    let stream = if p_dt == 0 { 16 } else { 8 };
+    QIR_WARPS * qir_ring() * (QIR_TILE * 80 + 32 * stream)
+}
 
 /// Which integer products run (`NUVEC_QIMMA`, read once): `0` none, unset the register kernels
 /// (up to 16 input rows), `1` also the shared-memory ones (17 to 64 rows), which are slower than
@@ -224,7 +243,7 @@ impl CudaBackend {
             let cfg = LaunchConfig {
                 grid_dim: (to_i32(op, "blocks", tiles)? as u32, m.div_ceil(8).div_ceil(rows / 8) as u32, 1),
                 block_dim: (QIR_THREADS, 1, 1),
-                shared_mem_bytes: 0,
+                shared_mem_bytes: qir_smem(a0.p_dt) as u32,
             };
             let (mi, ki, p_dt, lgi) = (m as i32, to_i32(op, "k", k)?, a0.p_dt, *lg);
             let [(o0, n0, pk0, sc0, bi0), (o1, n1, pk1, sc1, bi1), (o2, n2, pk2, sc2, bi2)] = slot;
@@ -282,9 +301,11 @@ mod tests {
         }
         assert_eq!(kernel_for(9).0, "qimma_b4_x16");
         assert_eq!(qimma_launch("qmma_b4_m16"), None);
-        // The register kernels: 8 warps, no dynamic shared memory, 8 and 16 input rows per block.
+        // The register kernels: 8 warps, their rings (f32 scales: the most), 8 and 16 input rows
+        // per block.
         for (name, rows) in super::REG_KERNELS {
-            assert_eq!(qimma_launch(name), Some((256, 0)), "{name}");
+            assert_eq!(qimma_launch(name), Some((256, super::qir_smem(0))), "{name}");
+            assert!(super::qir_smem(0) <= 113 * 1024 && super::qir_smem(2) <= super::qir_smem(0));
             assert_eq!(name, format!("qimma_b4_r{rows}"));
         }
     }
