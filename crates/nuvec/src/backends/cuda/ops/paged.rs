@@ -63,11 +63,15 @@ impl CudaBackend {
             longest: seqs.iter().map(|s| s.len).max().unwrap_or(0),
         };
         let batched = batch_splits(n, keys_of, hq / gh, want, batch_blocks());
-        // A step of many sequences on the tensor cores where it can: one warp per KV head of a
-        // sequence and split, the group's query heads the rows of its MMAs.
-        let flash = batched.is_some() && self.paged_flash_takes(qp, kv_dt, hq, hkv, d)?;
-        let (keys, splits) =
-            if flash { common_chunk(keys_of, hkv, batch_blocks()) } else { batched.unwrap_or((0, want)) };
+        // A step of several sequences on the tensor cores where it can: one warp per KV head of
+        // a sequence and split (one chunk of keys for all, at least `flash_min_keys`), the
+        // group's query heads the rows of its MMAs.
+        let flash = n >= 2 && self.paged_flash_takes(qp, kv_dt, hq, hkv, d)?;
+        let (keys, splits) = if flash {
+            flash_chunk(keys_of, hkv, batch_blocks(), flash_min_keys())
+        } else {
+            batched.unwrap_or((0, want))
+        };
         let part = DeviceBuffer::alloc(self.st()?, n * hq * splits * (d + 2) * 4)?;
         let pp = part.ptr();
         let (keysi, splitsi) = (to_i32(op, "keys per split", keys)?, to_i32(op, "splits", splits)?);
@@ -135,6 +139,20 @@ fn batch_blocks() -> usize {
 }
 const ATTS_BATCH_BLOCKS: usize = 2048;
 
+/// Keys per split of the tensor-core paged decode at least (`NUVEC_PAGED_FLASH_MIN_KEYS`, read
+/// once, a multiple of 32): a step of few sequences would otherwise cut each into chunks of 32
+/// keys, most of a warp's time then its start and its partial's merge.
+fn flash_min_keys() -> usize {
+    static KEYS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *KEYS.get_or_init(|| {
+        std::env::var("NUVEC_PAGED_FLASH_MIN_KEYS")
+            .ok()
+            .and_then(|v| v.parse::<usize>().ok())
+            .map_or(PAGED_FLASH_MIN_KEYS, |k| k.next_multiple_of(32).max(32))
+    })
+}
+const PAGED_FLASH_MIN_KEYS: usize = 96;
+
 /// A step's sequence lengths as the split rules need them: their sum and the longest.
 #[derive(Clone, Copy)]
 struct KeyCounts {
@@ -162,6 +180,13 @@ fn common_chunk(keys: KeyCounts, per_split: usize, target: usize) -> (usize, usi
     (chunk, keys.longest.div_ceil(chunk).max(1))
 }
 
+/// The tensor-core paged decode's chunk of keys and splits: `common_chunk`'s for `per_split`
+/// warps per sequence and split, but at least `min_keys` keys a split.
+fn flash_chunk(keys: KeyCounts, per_split: usize, target: usize, min_keys: usize) -> (usize, usize) {
+    let chunk = common_chunk(keys, per_split, target).0.max(min_keys);
+    (chunk, keys.longest.div_ceil(chunk).max(1))
+}
+
 /// Query heads per block of the paged decode kernel: several heads of one KV group (up to 4, head
 /// sizes up to 128) load each key and value row once for all of them, where a block per head
 /// reads every row once per head; one head per block when grouping would leave fewer blocks than
@@ -179,7 +204,7 @@ fn heads_per_block(n: usize, hq: usize, hkv: usize, d: usize, want: usize) -> us
 
 #[cfg(test)]
 mod tests {
-    use super::{batch_splits, heads_per_block, KeyCounts};
+    use super::{batch_splits, flash_chunk, heads_per_block, KeyCounts, PAGED_FLASH_MIN_KEYS};
 
     /// `batch_splits` for sequences of `lens` positions.
     fn splits_of(lens: &[usize], per_split: usize, solo: usize, target: usize) -> Option<(usize, usize)> {
@@ -202,6 +227,21 @@ mod tests {
         let (keys, splits) = splits_of(&[2100, 1, 17, 300].repeat(16), 8, 16, 2048).unwrap();
         assert_eq!(keys % 32, 0);
         assert_eq!(splits, 2100usize.div_ceil(keys));
+    }
+
+    #[test]
+    fn the_tensor_core_decode_takes_whole_chunks_of_keys_for_few_sequences() {
+        let keys =
+            |lens: &[usize]| KeyCounts { total: lens.iter().sum(), longest: lens.iter().copied().max().unwrap() };
+        // Llama-3 8B (8 KV heads, a warp per KV head and split): 8 sequences of 550 positions
+        // would take chunks of 32 keys (1 088 warps); they take 96 (6 splits, 384 warps).
+        assert_eq!(flash_chunk(keys(&[550; 8]), 8, 2048, PAGED_FLASH_MIN_KEYS), (96, 6));
+        // Many sequences already take more than the least.
+        assert_eq!(flash_chunk(keys(&[550; 64]), 8, 2048, PAGED_FLASH_MIN_KEYS), (160, 4));
+        // Two sequences, one short: the longest sets the splits, the short one's past its end are
+        // empty.
+        assert_eq!(flash_chunk(keys(&[3, 700]), 8, 2048, 96), (96, 8));
+        assert_eq!(flash_chunk(keys(&[1, 1]), 8, 2048, 96), (96, 1));
     }
 
     #[test]
