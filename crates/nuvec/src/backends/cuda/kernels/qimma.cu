@@ -533,14 +533,20 @@ __device__ __forceinline__ void qimma_reg_body(float* out, const u32* __restrict
         const void *bi0, float *out1, int n1, const u32 *pk1, const void *sc1, const void *bi1, float *out2, int n2, \
         const u32 *pk2, const void *sc2, const void *bi2
 #define QIR_ARGS xq, m, p_dt, lg, k, out0, n0, pk0, sc0, bi0, out1, n1, pk1, sc1, bi1, out2, n2, pk2, sc2, bi2
+// The block's weight picked first and the body inlined once (three inlined bodies per scale
+// type measured 2-3 % slower at 8 rows).
 template <int NT, int DT>
 __device__ __forceinline__ void qimma_reg_dt(QIR_PARAMS) {
     const int nt0 = (n0 + 15) / 16, nt1 = (n1 + 15) / 16;
-    int tile = blockIdx.x;
-    if (tile < nt0) return qimma_reg_body<NT, DT>(out0, xq, m, n0, pk0, sc0, bi0, lg, k, tile);
-    tile -= nt0;
-    if (tile < nt1) return qimma_reg_body<NT, DT>(out1, xq, m, n1, pk1, sc1, bi1, lg, k, tile);
-    qimma_reg_body<NT, DT>(out2, xq, m, n2, pk2, sc2, bi2, lg, k, tile - nt1);
+    int tile = blockIdx.x, w = 0;
+    if (tile >= nt0) tile -= nt0, w = 1;
+    if (w == 1 && tile >= nt1) tile -= nt1, w = 2;
+    float* out = w == 0 ? out0 : w == 1 ? out1 : out2;
+    const int n = w == 0 ? n0 : w == 1 ? n1 : n2;
+    const u32* pk = w == 0 ? pk0 : w == 1 ? pk1 : pk2;
+    const void* sc = w == 0 ? sc0 : w == 1 ? sc1 : sc2;
+    const void* bi = w == 0 ? bi0 : w == 1 ? bi1 : bi2;
+    qimma_reg_body<NT, DT>(out, xq, m, n, pk, sc, bi, lg, k, tile);
 }
 // The kernels start with their first copies (qimma_reg_body), then pdl_begin.
 template <int NT>
