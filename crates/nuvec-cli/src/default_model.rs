@@ -8,7 +8,7 @@ pub const FILE_NAME: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
 
 /// Where nuvec keeps what its scripts install: `NUVEC_CACHE`, else `~/.cache/nuvec`.
 pub fn cache_dir() -> PathBuf {
-    match std::env::var_os("NUVEC_CACHE") {
+    match nuvec::tuning::env_os("NUVEC_CACHE") {
         Some(dir) => PathBuf::from(dir),
         None => PathBuf::from(std::env::var_os("HOME").unwrap_or_else(|| ".".into())).join(".cache/nuvec"),
     }
@@ -16,7 +16,7 @@ pub fn cache_dir() -> PathBuf {
 
 /// The default model: `NUVEC_DEFAULT_MODEL`, else the installed SmolLM2 file.
 pub fn resolve() -> Result<String, String> {
-    if let Some(model) = std::env::var_os("NUVEC_DEFAULT_MODEL") {
+    if let Some(model) = nuvec::tuning::env_os("NUVEC_DEFAULT_MODEL") {
         return Ok(model.to_string_lossy().into_owned());
     }
     let path = cache_dir().join("models").join(FILE_NAME);

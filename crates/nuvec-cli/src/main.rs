@@ -17,7 +17,8 @@ use clap::{Parser, Subcommand};
 #[command(
     name = "nuvec",
     version,
-    about = "Run open-weight language models: mlx-lm's semantics, on CPUs (and GPUs to come)"
+    about = "Run open-weight language models: mlx-lm's semantics, on CPUs and NVIDIA GPUs (build with --features cuda)",
+    after_help = "`nuvec --help-env` lists the environment knobs (NUVEC_*)."
 )]
 struct Cli {
     #[command(subcommand)]
@@ -42,6 +43,10 @@ enum Command {
 }
 
 fn main() {
+    if std::env::args().nth(1).as_deref() == Some("--help-env") {
+        print!("{}", nuvec::tuning::help());
+        return;
+    }
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Generate(args) => generate::run(args),

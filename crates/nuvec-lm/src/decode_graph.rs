@@ -40,7 +40,7 @@ pub enum GraphMode {
 impl GraphMode {
     /// Reads `NUVEC_CUDA_GRAPHS`.
     pub fn from_env() -> Result<Self> {
-        match std::env::var("NUVEC_CUDA_GRAPHS") {
+        match nuvec::tuning::env("NUVEC_CUDA_GRAPHS") {
             Ok(v) => Self::parse(&v),
             Err(_) => Ok(GraphMode::On),
         }

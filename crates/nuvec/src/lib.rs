@@ -18,6 +18,7 @@ mod moe;
 mod ops;
 mod quant;
 pub mod quantize;
+pub mod tuning;
 
 pub use array::{Array, Element};
 pub use backend::{backend, Backend, GatedDeltaDims, PagedSeq};

@@ -61,7 +61,7 @@ fn has_avx512() -> bool {
 pub(crate) fn isa() -> Isa {
     static ISA: OnceLock<Isa> = OnceLock::new();
     *ISA.get_or_init(|| {
-        let cap = std::env::var("NUVEC_CPU_ISA").unwrap_or_default();
+        let cap = crate::tuning::env("NUVEC_CPU_ISA").unwrap_or_default();
         if cap == "scalar" {
             return Isa::Scalar;
         }

@@ -41,7 +41,7 @@ fn size_class(len: usize) -> usize {
 }
 
 fn default_limit() -> usize {
-    match std::env::var("NUVEC_CUDA_ALLOC_CACHE_MB") {
+    match crate::tuning::env("NUVEC_CUDA_ALLOC_CACHE_MB") {
         Ok(v) => v.trim().parse::<usize>().map_or(DEFAULT_LIMIT, |mb| mb.saturating_mul(1 << 20)),
         Err(_) => DEFAULT_LIMIT,
     }

@@ -126,7 +126,7 @@ fn enabled() -> bool {
         2 => true,
         _ => {
             static FROM_ENV: OnceLock<bool> = OnceLock::new();
-            *FROM_ENV.get_or_init(|| std::env::var("NUVEC_DECODE_STREAM").map_or(true, |v| v != "0"))
+            *FROM_ENV.get_or_init(|| crate::tuning::env("NUVEC_DECODE_STREAM").map_or(true, |v| v != "0"))
         }
     }
 }

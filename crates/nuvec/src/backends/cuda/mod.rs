@@ -78,7 +78,7 @@ pub(crate) fn nvrtc_define(name: &str) -> Option<String> {
 /// The kernel macros `NUVEC_NVRTC_DEFINES` sets (`NAME=VALUE` or `NAME`, comma-separated;
 /// experiments only, e.g. `QG_PF_BYTES=0`).
 fn nvrtc_defines() -> Vec<String> {
-    std::env::var("NUVEC_NVRTC_DEFINES")
+    crate::tuning::env("NUVEC_NVRTC_DEFINES")
         .map(|v| v.split(',').filter(|d| !d.is_empty()).map(str::to_string).collect())
         .unwrap_or_default()
 }
@@ -283,8 +283,8 @@ impl State {
             graph_written_dropped: AtomicU64::new(0),
             capture_arena_bytes: std::sync::atomic::AtomicUsize::new(graph::FIRST_ARENA_BYTES),
             qmma_kernels,
-            pdl: major >= 9 && std::env::var("NUVEC_PDL").map_or(true, |v| v != "0"),
-            flash: major >= 8 && std::env::var("NUVEC_FLASH_ATTENTION").map_or(true, |v| v != "0"),
+            pdl: major >= 9 && crate::tuning::env("NUVEC_PDL").map_or(true, |v| v != "0"),
+            flash: major >= 8 && crate::tuning::env("NUVEC_FLASH_ATTENTION").map_or(true, |v| v != "0"),
             decode_lane: OnceLock::new(),
             shared_uploads: Mutex::new(Vec::new()),
         })

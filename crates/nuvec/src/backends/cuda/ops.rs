@@ -171,7 +171,7 @@ fn tf32_matmul() -> Result<bool> {
 fn qgemv4_variant(k: usize, rows: usize, plain: bool) -> (&'static str, usize, u32) {
     static FORCED: OnceLock<Option<usize>> = OnceLock::new();
     let forced = *FORCED.get_or_init(|| {
-        std::env::var("NUVEC_QGEMV_VARIANT")
+        crate::tuning::env("NUVEC_QGEMV_VARIANT")
             .ok()
             .and_then(|v| v.parse::<usize>().ok())
             .filter(|&v| qgemv4_shape(v).is_some())
@@ -232,7 +232,7 @@ fn qgemv4_shape(v: usize) -> Option<(&'static str, usize, u32)> {
 /// Whether the integer dot-product GEMVs are on (`NUVEC_QGEMV_INT=0` turns them off).
 fn int_gemvs() -> bool {
     static ON: OnceLock<bool> = OnceLock::new();
-    *ON.get_or_init(|| std::env::var("NUVEC_QGEMV_INT").map_or(true, |v| v != "0"))
+    *ON.get_or_init(|| crate::tuning::env("NUVEC_QGEMV_INT").map_or(true, |v| v != "0"))
 }
 
 /// Whether `producer` ("norm": the row norms, "attention": the decode attention's merge,
@@ -242,7 +242,7 @@ fn int_gemvs() -> bool {
 /// comma-separated list of the producers that do.
 fn producer_parts(producer: &str) -> bool {
     static ON: OnceLock<Option<Vec<String>>> = OnceLock::new();
-    let on = ON.get_or_init(|| match std::env::var("NUVEC_PRODUCER_PARTS") {
+    let on = ON.get_or_init(|| match crate::tuning::env("NUVEC_PRODUCER_PARTS") {
         Ok(v) if v == "0" => Some(Vec::new()),
         Ok(v) if v != "1" => Some(v.split(',').map(|p| p.trim().to_string()).collect()),
         _ => None,
@@ -265,7 +265,7 @@ fn int_variant(suffix: &str) -> bool {
 /// (`NUVEC_QGEMV_FUSED_SILU=1`) rather than from a `silu_mul` launch before it (the default).
 fn fused_silu() -> bool {
     static ON: OnceLock<bool> = OnceLock::new();
-    *ON.get_or_init(|| std::env::var("NUVEC_QGEMV_FUSED_SILU").is_ok_and(|v| v == "1"))
+    *ON.get_or_init(|| crate::tuning::env("NUVEC_QGEMV_FUSED_SILU").is_ok_and(|v| v == "1"))
 }
 
 /// u32 words of x's parts per 32-value chunk (`QI_WORDS` in `kernels/linear.cu`); a scale and a

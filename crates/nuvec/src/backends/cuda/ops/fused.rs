@@ -20,7 +20,7 @@ const ROPE_QK_HEADS: usize = 8;
 /// for timing).
 fn rope_kv_enabled() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("NUVEC_ROPE_KV").map_or(true, |v| v != "0"))
+    *ON.get_or_init(|| crate::tuning::env("NUVEC_ROPE_KV").map_or(true, |v| v != "0"))
 }
 
 /// The dtype code of a pair of caches the fused writes take (f32, f16 or bf16, one for both).

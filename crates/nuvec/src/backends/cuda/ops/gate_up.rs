@@ -16,7 +16,7 @@ use crate::{Array, DType, Error, Matrix, QuantMode, Result};
 /// the composition can be timed and compared against it).
 fn enabled() -> bool {
     static ON: OnceLock<bool> = OnceLock::new();
-    *ON.get_or_init(|| std::env::var("NUVEC_GATE_UP_SILU").map_or(true, |v| v != "0"))
+    *ON.get_or_init(|| crate::tuning::env("NUVEC_GATE_UP_SILU").map_or(true, |v| v != "0"))
 }
 
 /// The `qgemv_multi_b4` variants with a fused twin `gate_up_silu_b4{suffix}` (the per-word,

@@ -43,7 +43,7 @@ fn gather_rows() -> usize {
     static FROM_ENV: OnceLock<usize> = OnceLock::new();
     match GATHER_ROWS_SET.load(Ordering::Relaxed) {
         usize::MAX => *FROM_ENV.get_or_init(|| {
-            std::env::var("NUVEC_MOE_GATHER_ROWS").ok().and_then(|v| v.parse().ok()).unwrap_or(GATHER_ROWS)
+            crate::tuning::env("NUVEC_MOE_GATHER_ROWS").ok().and_then(|v| v.parse().ok()).unwrap_or(GATHER_ROWS)
         }),
         rows => rows,
     }
@@ -63,7 +63,7 @@ pub fn set_moe_gather_rows(rows: Option<usize>) {
 /// then they run the composed op, for comparisons).
 fn grouped_allowed() -> bool {
     static ON: OnceLock<bool> = OnceLock::new();
-    *ON.get_or_init(|| std::env::var("NUVEC_MOE_GROUPED").map_or(true, |v| v != "0"))
+    *ON.get_or_init(|| crate::tuning::env("NUVEC_MOE_GROUPED").map_or(true, |v| v != "0"))
 }
 
 /// The kernel pairs by format (moe.cu), indexed by [`Format::kernels`].

@@ -16,7 +16,7 @@ use crate::{Array, DType, Error, Matrix, QuantMode, Result};
 /// Whether the fold is on (`NUVEC_NORM_FOLD=0` keeps the projection and the norm apart).
 fn enabled() -> bool {
     static ON: OnceLock<bool> = OnceLock::new();
-    *ON.get_or_init(|| std::env::var("NUVEC_NORM_FOLD").map_or(true, |v| v != "0")) && int_gemvs()
+    *ON.get_or_init(|| crate::tuning::env("NUVEC_NORM_FOLD").map_or(true, |v| v != "0")) && int_gemvs()
 }
 
 impl CudaBackend {

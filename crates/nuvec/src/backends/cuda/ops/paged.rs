@@ -107,7 +107,7 @@ impl CudaBackend {
     /// prefill's flash kernels), sm_80+ (`NUVEC_FLASH_ATTENTION=0` or `NUVEC_PAGED_FLASH=0` off).
     fn paged_flash_takes(&self, qp: u64, kv_dt: i32, hq: usize, hkv: usize, d: usize) -> Result<bool> {
         static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-        let on = *ON.get_or_init(|| std::env::var("NUVEC_PAGED_FLASH").map_or(true, |v| v != "0"));
+        let on = *ON.get_or_init(|| crate::tuning::env("NUVEC_PAGED_FLASH").map_or(true, |v| v != "0"));
         Ok(on
             && self.st()?.flash
             && kv_dt == DT_BF16
@@ -134,7 +134,7 @@ fn paged_flash_smem_bytes(d: usize) -> usize {
 fn batch_blocks() -> usize {
     static BLOCKS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     *BLOCKS.get_or_init(|| {
-        std::env::var("NUVEC_ATTS_BATCH_BLOCKS").ok().and_then(|v| v.parse().ok()).unwrap_or(ATTS_BATCH_BLOCKS)
+        crate::tuning::env("NUVEC_ATTS_BATCH_BLOCKS").ok().and_then(|v| v.parse().ok()).unwrap_or(ATTS_BATCH_BLOCKS)
     })
 }
 const ATTS_BATCH_BLOCKS: usize = 2048;
@@ -145,7 +145,7 @@ const ATTS_BATCH_BLOCKS: usize = 2048;
 fn flash_min_keys() -> usize {
     static KEYS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     *KEYS.get_or_init(|| {
-        std::env::var("NUVEC_PAGED_FLASH_MIN_KEYS")
+        crate::tuning::env("NUVEC_PAGED_FLASH_MIN_KEYS")
             .ok()
             .and_then(|v| v.parse::<usize>().ok())
             .map_or(PAGED_FLASH_MIN_KEYS, |k| k.next_multiple_of(32).max(32))

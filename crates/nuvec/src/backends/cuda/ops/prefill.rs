@@ -163,7 +163,7 @@ pub fn matmul_precision() -> Result<MatmulPrecision> {
     }
     static FROM_ENV: OnceLock<std::result::Result<MatmulPrecision, String>> = OnceLock::new();
     FROM_ENV
-        .get_or_init(|| match std::env::var("NUVEC_CUDA_MATMUL") {
+        .get_or_init(|| match crate::tuning::env("NUVEC_CUDA_MATMUL") {
             Err(std::env::VarError::NotPresent) => Ok(MatmulPrecision::DEFAULT),
             Err(e) => Err(format!("NUVEC_CUDA_MATMUL: {e}; set it to auto, f32, tf32 or bf16")),
             Ok(v) if v.trim().is_empty() => Ok(MatmulPrecision::DEFAULT),

@@ -99,7 +99,7 @@ enum Mode {
 
 fn mode() -> Mode {
     static MODE: OnceLock<Mode> = OnceLock::new();
-    *MODE.get_or_init(|| match std::env::var("NUVEC_QIMMA").as_deref() {
+    *MODE.get_or_init(|| match crate::tuning::env("NUVEC_QIMMA").as_deref() {
         Ok("0") => Mode::Off,
         Ok("1") => Mode::All,
         _ => Mode::Registers,

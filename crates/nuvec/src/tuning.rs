@@ -1,0 +1,260 @@
+//! Every environment variable nuvec reads at run time, declared once ([`KNOBS`]): name, values,
+//! default, the device it concerns and what it trades. Code reads them through [`env`] /
+//! [`env_os`] (drop-in for `std::env::var` / `var_os`, limited to declared names; each site
+//! still parses its value once), and `nuvec --help-env` prints the list. A unit test keeps the
+//! list and the sources in step: no `NUVEC_*` read outside this module's functions, no
+//! undeclared name, no declared name that nothing reads. Variables of the test suites and bench
+//! scripts (fixtures, oracle paths) are not knobs and are documented where they are read.
+
+use std::ffi::OsString;
+
+/// One environment knob.
+#[derive(Debug, Clone, Copy)]
+pub struct Knob {
+    /// The variable's name.
+    pub name: &'static str,
+    /// The values it takes.
+    pub values: &'static str,
+    /// What applies when it is unset.
+    pub default: &'static str,
+    /// Where it acts: "cpu", "cuda" or "any".
+    pub device: &'static str,
+    /// What it does, and what it trades.
+    pub what: &'static str,
+}
+
+const fn knob(
+    name: &'static str,
+    values: &'static str,
+    default: &'static str,
+    device: &'static str,
+    what: &'static str,
+) -> Knob {
+    Knob { name, values, default, device, what }
+}
+
+/// Every knob, by device and then name.
+pub const KNOBS: &[Knob] = &[
+    knob("NUVEC_CACHE", "a directory", "~/.cache/nuvec", "any", "where the default model, built tools and caches live"),
+    knob(
+        "NUVEC_DEFAULT_MODEL",
+        "a model path",
+        "the embedded SmolLM2-135M GGUF",
+        "any",
+        "the model the CLI runs when --model is not given",
+    ),
+    knob(
+        "NUVEC_CPU_ISA",
+        "avx2, scalar",
+        "the best the processor has (AVX-512, AVX2)",
+        "cpu",
+        "caps the SIMD kernels' instruction set (to compare them)",
+    ),
+    knob(
+        "NUVEC_ATTS_BATCH_BLOCKS",
+        "a block count; 0",
+        "2048",
+        "cuda",
+        "a paged decode step of many sequences aims at about this many blocks with one common chunk of \
+         keys; 0 splits every sequence as alone",
+    ),
+    knob(
+        "NUVEC_CUDA_ALLOC_CACHE_MB",
+        "megabytes; 0",
+        "1024",
+        "cuda",
+        "freed device memory the caching allocator keeps for reuse, per device (0: none)",
+    ),
+    knob(
+        "NUVEC_CUDA_GRAPHS",
+        "0, 1, force",
+        "1",
+        "cuda",
+        "one-token decode steps replayed as CUDA graphs; force also tries families not known to capture",
+    ),
+    knob(
+        "NUVEC_CUDA_MATMUL",
+        "auto, f32, tf32, bf16",
+        "auto",
+        "cuda",
+        "precision of the prefill products and attention (auto: bf16 for half-precision models)",
+    ),
+    knob("NUVEC_DECODE_STREAM", "0, 1", "1", "cuda", "prefill decodes quantized weights on a second stream"),
+    knob(
+        "NUVEC_FLASH_ATTENTION",
+        "0, 1",
+        "1",
+        "cuda",
+        "the tensor-core flash attention kernels (prefill, paged decode); 0 keeps the f32 kernels",
+    ),
+    knob("NUVEC_GATE_UP_SILU", "0, 1", "1", "cuda", "gate, up and silu(gate) * up of a decode step in one launch"),
+    knob(
+        "NUVEC_MOE_GATHER_ROWS",
+        "a row count",
+        "64",
+        "cuda",
+        "up to this many rows, MoE experts read each chosen expert's weights per row; above, grouped",
+    ),
+    knob("NUVEC_MOE_GROUPED", "0, 1", "1", "cuda", "many-row MoE steps as grouped products; 0 runs the composed op"),
+    knob("NUVEC_NORM_FOLD", "0, 1", "1", "cuda", "a decode step's norm folded into the next projection's integer GEMV"),
+    knob(
+        "NUVEC_NVRTC_DEFINES",
+        "NAME=VALUE,...",
+        "none",
+        "cuda",
+        "experiment-only macros for the kernel sources (QM_STAGES, QIR_RING, ...; docs/cuda.md)",
+    ),
+    knob(
+        "NUVEC_PAGED_FLASH",
+        "0, 1",
+        "1",
+        "cuda",
+        "paged decode of 2+ sequences over bf16 stores on the tensor cores; 0 keeps the f32 kernel (steps \
+         of few sequences then bit for bit each solo decode)",
+    ),
+    knob(
+        "NUVEC_PAGED_FLASH_MIN_KEYS",
+        "keys (a multiple of 32)",
+        "96",
+        "cuda",
+        "the least keys per split of the tensor-core paged decode",
+    ),
+    knob(
+        "NUVEC_PDL",
+        "0, 1",
+        "1",
+        "cuda",
+        "programmatic dependent launch (sm_90+): a kernel starts as the one before drains",
+    ),
+    knob(
+        "NUVEC_PRODUCER_PARTS",
+        "0, 1, norm,attention,gate_up",
+        "1",
+        "cuda",
+        "which kernels also write the integer GEMVs' int8 parts of their output (0: separate split launches)",
+    ),
+    knob(
+        "NUVEC_QGEMV_FUSED_SILU",
+        "0, 1",
+        "0",
+        "cuda",
+        "the down projection's GEMV takes silu(gate) * up itself instead of after a silu_mul launch",
+    ),
+    knob("NUVEC_QGEMV_INT", "0, 1", "1", "cuda", "one-row 4-bit GEMVs on int8 dot products; 0 keeps the f32 loops"),
+    knob(
+        "NUVEC_QGEMV_VARIANT",
+        "0, 6..15",
+        "chosen by shape",
+        "cuda",
+        "forces one 4-bit GEMV variant (for timing them)",
+    ),
+    knob(
+        "NUVEC_QIMMA",
+        "0, 1",
+        "unset: 2-16 rows",
+        "cuda",
+        "integer products of few rows: unset for 2-16 rows, 1 also 17-64 (slower there), 0 none",
+    ),
+    knob("NUVEC_ROPE_KV", "0, 1", "1", "cuda", "rope and the cache write of a decode step in one launch"),
+];
+
+/// The knob named `name`, if declared.
+pub fn find(name: &str) -> Option<&'static Knob> {
+    KNOBS.iter().find(|k| k.name == name)
+}
+
+/// `std::env::var(name)` for a declared knob (an undeclared name is a bug: debug builds panic).
+pub fn env(name: &str) -> Result<String, std::env::VarError> {
+    debug_assert!(find(name).is_some(), "{name} is not declared in nuvec::tuning::KNOBS");
+    std::env::var(name)
+}
+
+/// `std::env::var_os(name)` for a declared knob.
+pub fn env_os(name: &str) -> Option<OsString> {
+    debug_assert!(find(name).is_some(), "{name} is not declared in nuvec::tuning::KNOBS");
+    std::env::var_os(name)
+}
+
+/// The knobs as a text table, each with its value in this process when set.
+pub fn help() -> String {
+    let mut out = String::from(
+        "Environment knobs (read once per process; experiment-only kernel macros go through \
+         NUVEC_NVRTC_DEFINES):\n\n",
+    );
+    for k in KNOBS {
+        let now = std::env::var_os(k.name).map(|v| format!(" (now: {})", v.to_string_lossy())).unwrap_or_default();
+        out.push_str(&format!(
+            "  {} [{}] = {}, default {}{now}\n      {}\n",
+            k.name, k.device, k.values, k.default, k.what
+        ));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::{Path, PathBuf};
+
+    fn sources(dir: &Path, out: &mut Vec<PathBuf>) {
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            let name = path.file_name().unwrap().to_string_lossy().to_string();
+            if path.is_dir() {
+                // Test suites and their helpers read fixture variables, not knobs.
+                if name != "tests" && name != "target" {
+                    sources(&path, out);
+                }
+            } else if name.ends_with(".rs") {
+                out.push(path);
+            }
+        }
+    }
+
+    /// The `NUVEC_*` string literals of `text` that follow `call`.
+    fn names_after(text: &str, call: &str) -> Vec<String> {
+        text.match_indices(call)
+            .map(|(i, _)| {
+                let rest = &text[i + call.len()..];
+                rest.chars().take_while(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || *c == '_').collect()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn every_knob_is_declared_once_and_read_through_this_module() {
+        let crates = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+        let mut files = Vec::new();
+        sources(crates, &mut files);
+        assert!(files.len() > 50, "found {} sources under {}", files.len(), crates.display());
+        let mut read = std::collections::BTreeSet::new();
+        for file in &files {
+            let text = std::fs::read_to_string(file).unwrap();
+            for call in ["env::var(\"NUVEC_", "env::var_os(\"NUVEC_"] {
+                let direct = names_after(&text, call);
+                assert!(direct.is_empty(), "{}: reads {direct:?} directly; use nuvec::tuning::env", file.display());
+            }
+            for call in ["tuning::env(\"NUVEC_", "tuning::env_os(\"NUVEC_"] {
+                for name in names_after(&text, call) {
+                    let name = format!("NUVEC_{name}");
+                    assert!(find(&name).is_some(), "{}: {name} is not declared in KNOBS", file.display());
+                    read.insert(name);
+                }
+            }
+        }
+        let mut seen = std::collections::BTreeSet::new();
+        for k in KNOBS {
+            assert!(seen.insert(k.name), "{} declared twice", k.name);
+            assert!(read.contains(k.name), "{} is declared but nothing reads it", k.name);
+            assert!(["cpu", "cuda", "any"].contains(&k.device), "{}: device {:?}", k.name, k.device);
+        }
+    }
+
+    #[test]
+    fn the_help_lists_every_knob() {
+        let text = help();
+        for k in KNOBS {
+            assert!(text.contains(k.name), "{}", k.name);
+        }
+    }
+}
