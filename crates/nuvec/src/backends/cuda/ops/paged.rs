@@ -65,8 +65,9 @@ impl CudaBackend {
         let batched = batch_splits(n, keys_of, hq / gh, want, batch_blocks());
         // A step of several sequences on the tensor cores where it can: one warp per KV head of
         // a sequence and split (one chunk of keys for all, at least `flash_min_keys`), the
-        // group's query heads the rows of its MMAs.
-        let flash = n >= 2 && self.paged_flash_takes(qp, kv_dt, hq, hkv, d)?;
+        // group's query heads the rows of its MMAs. `NUVEC_ATTS_BATCH_BLOCKS=0` keeps every
+        // sequence's solo splits, so the f32 kernel.
+        let flash = n >= 2 && batch_blocks() > 0 && self.paged_flash_takes(qp, kv_dt, hq, hkv, d)?;
         let (keys, splits) = if flash {
             flash_chunk(keys_of, hkv, batch_blocks(), flash_min_keys())
         } else {
