@@ -314,7 +314,7 @@ extern "C" __global__ void __launch_bounds__(128) qimma_b4_x8(QI_PARAMS) { QI_BE
 extern "C" __global__ void __launch_bounds__(128) qimma_b4_x16(QI_PARAMS) { QI_BEGIN(16); qimma_body<2, 2>(QI_ARGS); }
 extern "C" __global__ void __launch_bounds__(256, QI_X32_MIN_BLOCKS) qimma_b4_x32(QI_PARAMS) { QI_BEGIN(32); qimma_body<1, 4>(QI_ARGS); }
 
-// ---- Up to 16 input rows, weights straight from memory (qimma_b4_r8, qimma_b4_r16) ----
+// ---- Up to 16 input rows, each warp's own pipeline (qimma_b4_r8, qimma_b4_r16) ----
 //
 // The same sums as the forms above (per 32-value chunk S = sum q X exact in int32 over the three
 // parts, then s (S 2^-e) + b sum(x) in f32), without a block-wide pipeline: a warp takes one tile
