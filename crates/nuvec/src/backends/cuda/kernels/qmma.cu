@@ -349,9 +349,9 @@ __device__ __forceinline__ void qmma_body(float* out, const void* x, int m, int 
     // The pipeline's first QM_STAGES - 1 chunks; `ps`, `pb` hold the scales of the chunk issued
     // last until they are stored.
     float ps[4], pb[4];
-#pragma unroll
     const QmLoader<BITS, MT, SPLIT, GATHER, FP4> loader(x, m, m0, n, k, nb, packed, scales, biases, p_dt, lg,
                                                                  rows);
+#pragma unroll
     for (int s = 0; s < QM_STAGES - 1; ++s) {
         if (s > 0) qm_put<BITS, MT, SPLIT>(s - 1, ps, pb);
         if (c0 + s < c1) loader.issue(s, c0 + s, ps, pb);

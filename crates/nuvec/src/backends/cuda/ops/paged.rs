@@ -62,7 +62,6 @@ impl CudaBackend {
             total: seqs.iter().map(|s| s.len).sum(),
             longest: seqs.iter().map(|s| s.len).max().unwrap_or(0),
         };
-        let batched = batch_splits(n, keys_of, hq / gh, want, batch_blocks());
         // A step of several sequences on the tensor cores where it can: one warp per KV head of
         // a sequence and split (one chunk of keys for all, at least `flash_min_keys`), the
         // group's query heads the rows of its MMAs. `NUVEC_ATTS_BATCH_BLOCKS=0` keeps every
@@ -71,7 +70,7 @@ impl CudaBackend {
         let (keys, splits) = if flash {
             flash_chunk(keys_of, hkv, batch_blocks(), flash_min_keys())
         } else {
-            batched.unwrap_or((0, want))
+            batch_splits(n, keys_of, hq / gh, want, batch_blocks()).unwrap_or((0, want))
         };
         let part = DeviceBuffer::alloc(self.st()?, n * hq * splits * (d + 2) * 4)?;
         let pp = part.ptr();
