@@ -424,45 +424,61 @@ __device__ __forceinline__ void qimma_reg_body(float* out, const u32* __restrict
     const int odd[2] = {(int)((r0 * gpr) & 1), (int)((r1 * gpr) & 1)};
     unsigned char* ring = qi_smem + (size_t)warp * QIR_RING * SLOT;
     const u32 ring_a = smem_addr(ring);
-    auto issue = [&](int bi, int slot) {
+    // The next batch's copies into `slot`, from sources that advance by a batch per call (the
+    // batches are issued in order: no address is recomputed from the batch index).
+    const uint4* __restrict__ n0 = w0 + (size_t)b0 * QIR_BATCH;
+    const uint4* __restrict__ n1 = w1 + (size_t)b0 * QIR_BATCH;
+    const unsigned char* np = psrc + (size_t)b0 * sb;
+    const u32 wdst = g * 80 + 16 * t, pdst = QirRing<DT>::WEIGHTS + lane * PB;
+    auto issue = [&](int slot) {
         const u32 base = ring_a + slot * SLOT;
-        cp_async16(base + g * 80 + 16 * t, w0 + (size_t)bi * QIR_BATCH, true);
-        cp_async16(base + (g + 8) * 80 + 16 * t, w1 + (size_t)bi * QIR_BATCH, true);
-        const u32 dst = base + QirRing<DT>::WEIGHTS + lane * PB;
-        const unsigned char* src = psrc + (size_t)bi * sb;
-        if (cb == 16) cp_async16(dst, src, true);
-        else if (cb == 8) cp_async_small<8>(dst, src);
-        else cp_async_small<4>(dst, (const void*)((size_t)src & ~(size_t)3));
+        cp_async16(base + wdst, n0, true);
+        cp_async16(base + wdst + 8 * 80, n1, true);
+        if (cb == 16) cp_async16(base + pdst, np, true);
+        else if (cb == 8) cp_async_small<8>(base + pdst, np);
+        else cp_async_small<4>(base + pdst, (const void*)((size_t)np & ~(size_t)3));
+        n0 += QIR_BATCH, n1 += QIR_BATCH, np += sb;
     };
 #pragma unroll
     for (int s = 0; s < QIR_RING - 1; ++s) {
-        if (b0 + s < b1) issue(b0 + s, s);
+        if (b0 + s < b1) issue(s);
         cp_async_commit();
     }
     pdl_begin();
     const int tiles = (m + 7) >> 3, j0 = blockIdx.y * NT;
-    const float* __restrict__ xsc = (const float*)(xq + (size_t)tiles * kc * 192);
+    // x's parts and scales of this warp's first batch, per input tile; a batch later is
+    // QIR_BATCH chunks on (192 words of parts, 16 floats of scales and sums per chunk).
+    const u32* __restrict__ xp[NT];
+    const float* __restrict__ xs[NT];
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {
+        const size_t tc = (size_t)min(j0 + j, tiles - 1) * kc + (size_t)b0 * QIR_BATCH;
+        xp[j] = xq + tc * 192 + g * 8 + 2 * t;
+        xs[j] = (const float*)(xq + (size_t)tiles * kc * 192) + tc * 16 + 4 * t;
+    }
     float acc[NT][4];
 #pragma unroll
     for (int j = 0; j < NT; ++j)
 #pragma unroll
         for (int e = 0; e < 4; ++e) acc[j][e] = 0.0f;
+    const u32 wread = g * 20 + t, pread = QirRing<DT>::WEIGHTS + g * 4 * PB;
     for (int bi = b0, slot = 0; bi < b1; ++bi) {
         // The slot the last batch was read from takes the batch QIR_RING - 1 ahead; this
         // batch's slot is whole once this lane's copies of it landed and the warp met.
-        if (bi + QIR_RING - 1 < b1) issue(bi + QIR_RING - 1, slot == 0 ? QIR_RING - 1 : slot - 1);
+        if (bi + QIR_RING - 1 < b1) issue(slot == 0 ? QIR_RING - 1 : slot - 1);
         cp_async_commit();
         cp_async_wait<QIR_RING - 1>();
         __syncwarp();
-        const u32* tw = (const u32*)(ring + slot * SLOT);
+        const unsigned char* sl = ring + slot * SLOT;
+        const u32* tw = (const u32*)sl + wread;
         u32 wa[QIR_BATCH], wb[QIR_BATCH];
 #pragma unroll
         for (int u = 0; u < QIR_BATCH; ++u) {
-            wa[u] = tw[g * 20 + 4 * u + t];
-            wb[u] = tw[(g + 8) * 20 + 4 * u + t];
+            wa[u] = tw[4 * u];
+            wb[u] = tw[8 * 20 + 4 * u];
         }
         float s[2][4], b[2][4];
-        const u32* pw = (const u32*)(ring + slot * SLOT + QirRing<DT>::WEIGHTS + g * 4 * PB);
+        const u32* pw = (const u32*)(sl + pread);
 #pragma unroll
         for (int st = 0; st < 4; ++st) {
             QirRaw<DT> r;
@@ -476,21 +492,18 @@ __device__ __forceinline__ void qimma_reg_body(float* out, const u32* __restrict
         slot = slot + 1 == QIR_RING ? 0 : slot + 1;
 #pragma unroll
         for (int u = 0; u < QIR_BATCH; ++u) {
-            const int c = bi * QIR_BATCH + u;
             const u32 A[4] = {wa[u] & 0x0F0F0F0Fu, wb[u] & 0x0F0F0F0Fu, (wa[u] >> 4) & 0x0F0F0F0Fu,
                               (wb[u] >> 4) & 0x0F0F0F0Fu};
 #pragma unroll
             for (int j = 0; j < NT; ++j) {
-                const size_t tc = (size_t)min(j0 + j, tiles - 1) * kc + c;
-                const u32* xp = xq + tc * 192 + g * 8 + 2 * t;
                 u32 B[3][2];
 #pragma unroll
                 for (int p = 0; p < 3; ++p) {
-                    const uint2 v = __ldg((const uint2*)(xp + p * 64));
+                    const uint2 v = __ldg((const uint2*)(xp[j] + u * 192 + p * 64));
                     B[p][0] = v.x;
                     B[p][1] = v.y;
                 }
-                const float4 xs = __ldg((const float4*)(xsc + tc * 16 + 4 * t));  // rows 2t, 2t + 1: scale, sum
+                const float4 x4 = __ldg((const float4*)(xs[j] + u * 16));  // rows 2t, 2t + 1: scale, sum
                 int S[4] = {0, 0, 0, 0};
                 mma_u8<true>(S, A, B[0]);
 #pragma unroll
@@ -501,11 +514,13 @@ __device__ __forceinline__ void qimma_reg_body(float* out, const u32* __restrict
                 }
 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
-                    const float xe = (e & 1) ? xs.z : xs.x, xm = (e & 1) ? xs.w : xs.y;
+                    const float xe = (e & 1) ? x4.z : x4.x, xm = (e & 1) ? x4.w : x4.y;
                     acc[j][e] = fmaf(s[e >> 1][u] * xe, (float)S[e], fmaf(b[e >> 1][u], xm, acc[j][e]));
                 }
             }
         }
+#pragma unroll
+        for (int j = 0; j < NT; ++j) xp[j] += QIR_BATCH * 192, xs[j] += QIR_BATCH * 16;
     }
     // The warps' partials, added in warp order, in the ring's memory once every copy landed.
     cp_async_wait<0>();
