@@ -73,7 +73,7 @@ def body_start(text, at):
 # split with atts_prefetch: an L2 prefetch of what they will read (a hint, which cannot race),
 # then pdl_begin; the few-row register kernels (qimma_reg) copy their first weights, scales and
 # biases, which no kernel writes, into shared memory first.
-starts = ("pdl_begin();", "atts_prefetch(", "QG4_BEGIN(", "QGM4_BEGIN(", "GUS_BEGIN(", "QM_BEGIN(", "QI_BEGIN(", "qimma_reg<")
+starts = ("pdl_begin();", "atts_prefetch(", "QG4_BEGIN(", "QGM4_BEGIN(", "GUS_BEGIN(", "QM_BEGIN(", "QI_BEGIN(", "qimma_reg<", "qdec_reg<")
 checks = 0
 for path in sources:
     name, body = os.path.basename(path), open(path).read()

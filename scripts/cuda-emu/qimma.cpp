@@ -170,6 +170,51 @@ static void test_rows_alone() {
     if (same) printf("ok   %-60s bit for bit\n", "qimma rows 0-1 at m=64 and at m=2");
 }
 
+typedef void (*DecKernel)(const u32*, int, int, int, int, float*, int, const u32*, const void*, const void*, float*,
+                          int, const u32*, const void*, const void*, float*, int, const u32*, const void*,
+                          const void*);
+
+// The experimental bf16 forms (qdec_b4_r8, _r16) over xbf16_tiles_f32's layout, two weights in
+// one launch (bf16 scales): against their definition in f64, sum bf16(x) bf16(s q + b) (each
+// weight rounded once, as bf16x2_fma rounds it), to 1e-5; and the product itself to 3e-2 (x and
+// the weights in bf16).
+static void test_dec(const char* name, DecKernel f, int nt, int m, int n, int n2, int k, int group) {
+    QW ws[2] = {make(n, k, group, DT_BF16), make(n2, k, group, DT_BF16)};
+    const auto x = random_x(m, k);
+    const int kc = k / 32, tiles = (m + 7) / 8;
+    std::vector<unsigned> xb((size_t)tiles * kc * 32 * 4, 0xDEADBEEFu);
+    emu_launch({(unsigned)((tiles * kc * 32 + 255) / 256), 1, 1}, {256, 1, 1},
+               [&] { xbf16_tiles_f32((uint4*)xb.data(), x.data(), m, k); });
+    std::vector<float> out0((size_t)m * n, NAN), out1((size_t)m * n2, NAN);
+    const int lg = __builtin_ctz(group);
+    const unsigned blocks = (unsigned)((n + 15) / 16 + (n2 + 15) / 16);
+    emu_launch({blocks, (unsigned)((tiles + nt - 1) / nt), 1}, {256, 1, 1}, [&] {
+        f(xb.data(), m, DT_BF16, lg, k, out0.data(), n, ws[0].packed.data(), ws[0].sc.data(), ws[0].bi.data(),
+          out1.data(), n2, ws[1].packed.data(), ws[1].sc.data(), ws[1].bi.data(), nullptr, 0, nullptr, nullptr, nullptr);
+    });
+    auto bf = [](double v) { return (double)emu_bf16(emu_bf16_rn_d(v)); };
+    for (int wi = 0; wi < 2; ++wi) {
+        const QW& w = ws[wi];
+        std::vector<double> want((size_t)m * w.n), exact((size_t)m * w.n);
+        for (int i = 0; i < m; ++i)
+            for (int r = 0; r < w.n; ++r) {
+                double a = 0, e = 0;
+                for (int c = 0; c < k; ++c) {
+                    const double xv = x[(size_t)i * k + c], wv = (double)w.s(r, c) * w.q(r, c) + w.b(r, c);
+                    a += bf((float)xv) * bf(wv);
+                    e += xv * wv;
+                }
+                want[(size_t)i * w.n + r] = a;
+                exact[(size_t)i * w.n + r] = e;
+            }
+        std::string tag = std::string(name) + " weight " + std::to_string(wi) + " m=" + std::to_string(m) +
+                          " n=" + std::to_string(w.n) + " k=" + std::to_string(k) + " g" + std::to_string(group);
+        const auto& got = wi ? out1 : out0;
+        cmp(tag, got, want, 1e-5);
+        cmp(tag + ", the product", got, exact, 3e-2);
+    }
+}
+
 int main() {
     const int dts[3] = {DT_F32, DT_F16, DT_BF16};
     int i = 0;
@@ -199,6 +244,13 @@ int main() {
         }
     test_reg("qimma_b4_r8", qimma_b4_r8, 1, 5, 48, 33, 1024, 64, DT_BF16);
     test_reg("qimma_b4_r16", qimma_b4_r16, 2, 16, 32, 20, 1152, 32, DT_F16);
+    for (int group : {32, 64, 128}) {
+        test_dec("qdec_b4_r8", qdec_b4_r8, 1, 2, 40, 24, 384, group);
+        test_dec("qdec_b4_r8", qdec_b4_r8, 1, 8, 136, 16, 256, group);
+        test_dec("qdec_b4_r16", qdec_b4_r16, 2, 13, 40, 24, 384, group);
+    }
+    test_dec("qdec_b4_r8", qdec_b4_r8, 1, 5, 48, 33, 1024, 64);
+    test_dec("qdec_b4_r16", qdec_b4_r16, 2, 16, 32, 20, 1152, 128);
     printf("%d failures\n", fails);
     return fails ? 1 : 0;
 }

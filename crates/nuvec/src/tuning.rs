@@ -150,10 +150,11 @@ pub const KNOBS: &[Knob] = &[
     ),
     knob(
         "NUVEC_QIMMA",
-        "0, 1",
+        "0, 1, bf16",
         "unset: 2-16 rows",
         "cuda",
-        "integer products of few rows: unset for 2-16 rows, 1 also 17-64 (slower there), 0 none",
+        "integer products of few rows: unset for 2-16 rows, 1 also 17-64 (slower there), 0 none; bf16 the \
+         2-16-row kernels with weights and x in bf16 (an experiment)",
     ),
     knob("NUVEC_ROPE_KV", "0, 1", "1", "cuda", "rope and the cache write of a decode step in one launch"),
 ];

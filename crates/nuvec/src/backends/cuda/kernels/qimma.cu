@@ -572,3 +572,174 @@ __device__ __forceinline__ void qimma_reg(QIR_PARAMS) {
 }
 extern "C" __global__ void __launch_bounds__(32 * QIR_WARPS, 2) qimma_b4_r8(QIR_PARAMS) { qimma_reg<1>(QIR_ARGS); }
 extern "C" __global__ void __launch_bounds__(32 * QIR_WARPS, 2) qimma_b4_r16(QIR_PARAMS) { qimma_reg<2>(QIR_ARGS); }
+
+// ---- An experiment: the register kernels with the weights decoded to bf16 (qdec_b4_r8, _r16) ----
+//
+// The ring, warps and tiles of qimma_reg_body, but each weight decoded to bf16 (s q + b, one
+// rounding, as qmma.cu's decoding kernels from 33 rows) and x rounded to bf16, multiplied by
+// mma.sync m16n8k16 (bf16, f32 sums) with the weights as A (16 rows) and 8 input rows as B: no
+// int8 parts, no per-chunk epilogue. Bf16 scales only (the host checks). Quad lane t's word t of
+// a 32-value chunk (values 8t .. 8t + 7 of rows g and g + 8) gives, through 0x4300 | q, the bf16
+// pairs (v0, v4), (v1, v5), (v2, v6), (v3, v7): the A registers of two k16 steps, in which the
+// k order is permuted the same way for x, which xbf16_tiles_f32 stores per lane as those pairs.
+// Opt-in (NUVEC_QIMMA=bf16) until measured.
+
+// x [m, k] (f32) as bf16 in the qdec layout: per tile of 8 rows and 32-value chunk, [row g][lane
+// t] 16 bytes = the pairs (x 8t, x 8t + 4), (+1, +5), (+2, +6), (+3, +7) of row g; rows past m zero.
+extern "C" __global__ void xbf16_tiles_f32(uint4* __restrict__ out, const float* __restrict__ x, int m, int k) {
+    pdl_begin();
+    const int kc = k >> 5, tiles = (m + 7) >> 3;
+    const int total = tiles * kc * 32;
+    for (int q = (int)(blockIdx.x * blockDim.x + threadIdx.x); q < total; q += (int)(gridDim.x * blockDim.x)) {
+        const int t = q & 3, g = (q >> 2) & 7, tc = q >> 5, tile = tc / kc, c = tc % kc, row = tile * 8 + g;
+        float v[8];
+#pragma unroll
+        for (int i = 0; i < 8; ++i) v[i] = 0.0f;
+        if (row < m) {
+            const float4* p = (const float4*)(x + (size_t)row * k + (size_t)c * 32 + 8 * t);
+            const float4 a = p[0], b = p[1];
+            v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+        }
+        out[q] = make_uint4(bf16x2_rn(v[0], v[4]), bf16x2_rn(v[1], v[5]), bf16x2_rn(v[2], v[6]), bf16x2_rn(v[3], v[7]));
+    }
+}
+
+template <int NT>
+__device__ __forceinline__ void qdec_reg_body(float* out, const uint4* __restrict__ xb, int m, int n,
+                                              const u32* __restrict__ packed, const void* __restrict__ scales,
+                                              const void* __restrict__ biases, int lg, int k, int tile) {
+    constexpr int SLOT = QirRing<DT_BF16>::SLOT, PB = QirRing<DT_BF16>::PB;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const int kc = k >> 5, batches = kc / QIR_BATCH, per = (batches + QIR_WARPS - 1) / QIR_WARPS;
+    const int b0 = warp * per, b1 = min(b0 + per, batches);
+    const int r0 = min(tile * 16 + g, n - 1), r1 = min(tile * 16 + g + 8, n - 1);
+    const size_t gpr = (size_t)(k >> lg);
+    const int sb = (QIR_BATCH * 32 >> lg) * 2, cb = sb < 4 ? 4 : sb;
+    const int odd[2] = {(int)((r0 * gpr) & 1), (int)((r1 * gpr) & 1)};
+    const uint4* __restrict__ n0 = (const uint4*)(packed + (size_t)r0 * (k >> 3)) + t + (size_t)b0 * QIR_BATCH;
+    const uint4* __restrict__ n1 = (const uint4*)(packed + (size_t)r1 * (k >> 3)) + t + (size_t)b0 * QIR_BATCH;
+    const unsigned char* np = (const unsigned char*)((t & 1) ? biases : scales) +
+                              ((size_t)(t >> 1 ? r1 : r0) * gpr) * 2 + (size_t)b0 * sb;
+    unsigned char* ring = qi_smem + (size_t)warp * QIR_RING * SLOT;
+    const u32 ring_a = smem_addr(ring);
+    const u32 wdst = g * 80 + 16 * t, pdst = QirRing<DT_BF16>::WEIGHTS + lane * PB;
+    auto issue = [&](int slot) {
+        const u32 base = ring_a + slot * SLOT;
+        cp_async16(base + wdst, n0, true);
+        cp_async16(base + wdst + 8 * 80, n1, true);
+        if (cb == 8) cp_async_small<8>(base + pdst, np);
+        else cp_async_small<4>(base + pdst, (const void*)((size_t)np & ~(size_t)3));
+        n0 += QIR_BATCH, n1 += QIR_BATCH, np += sb;
+    };
+#pragma unroll
+    for (int s = 0; s < QIR_RING - 1; ++s) {
+        if (b0 + s < b1) issue(s);
+        cp_async_commit();
+    }
+    pdl_begin();
+    const int tiles = (m + 7) >> 3, j0 = blockIdx.y * NT;
+    const uint4* __restrict__ xp[NT];
+#pragma unroll
+    for (int j = 0; j < NT; ++j) xp[j] = xb + ((size_t)min(j0 + j, tiles - 1) * kc + (size_t)b0 * QIR_BATCH) * 32 + lane;
+    float acc[NT][4];
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[j][e] = 0.0f;
+    const u32 wread = g * 20 + t, pread = QirRing<DT_BF16>::WEIGHTS + g * 4 * PB;
+    const u32 magic = 0x43004300u;
+    // Chunk u's group within a batch: u >> (lg - 5) of the batch's (4 >> (lg - 5)) groups.
+    const int gsh = lg - 5;
+    for (int bi = b0, slot = 0; bi < b1; ++bi) {
+        if (bi + QIR_RING - 1 < b1) issue(slot == 0 ? QIR_RING - 1 : slot - 1);
+        cp_async_commit();
+        cp_async_wait<QIR_RING - 1>();
+        __syncwarp();
+        const unsigned char* sl = ring + slot * SLOT;
+        const u32* tw = (const u32*)sl + wread;
+        u32 wa[QIR_BATCH], wb[QIR_BATCH];
+#pragma unroll
+        for (int u = 0; u < QIR_BATCH; ++u) {
+            wa[u] = tw[4 * u];
+            wb[u] = tw[8 * 20 + 4 * u];
+        }
+        // Streams 0-3: row g's scales, biases, row g + 8's scales, biases (two words: up to four
+        // bf16 groups; a 2-byte stream's word holds its group in the half of its parity).
+        const u32* pw = (const u32*)(sl + pread);
+        u32 pr[4][2];
+#pragma unroll
+        for (int st = 0; st < 4; ++st) {
+            pr[st][0] = pw[st * (PB / 4)];
+            pr[st][1] = pw[st * (PB / 4) + 1];
+            if (sb == 2 && ((odd[st >> 1] + bi) & 1)) pr[st][0] >>= 16;
+        }
+        __syncwarp();
+        slot = slot + 1 == QIR_RING ? 0 : slot + 1;
+#pragma unroll
+        for (int u = 0; u < QIR_BATCH; ++u) {
+            // This chunk's group: its bf16 scale and bias of rows g and g + 8, both halves.
+            const int gi = u >> gsh;
+            u32 s2[2], b2[2];
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const u32 sw = (gi >> 1) ? pr[2 * h][1] : pr[2 * h][0];
+                const u32 bw = (gi >> 1) ? pr[2 * h + 1][1] : pr[2 * h + 1][0];
+                const u32 sel = (gi & 1) ? 0x3232u : 0x1010u;
+                s2[h] = __byte_perm(sw, 0u, sel);
+                b2[h] = __byte_perm(bw, 0u, sel);
+            }
+            // The bf16 pairs (v i, v i + 4) of rows g (wa) and g + 8 (wb), decoded.
+            u32 A[2][4];
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                const u32 qa = bf16x2_fma(and_or<0x000F000Fu>(wa[u] >> (4 * i), magic), 0x3F803F80u, 0xC300C300u);
+                const u32 qb = bf16x2_fma(and_or<0x000F000Fu>(wb[u] >> (4 * i), magic), 0x3F803F80u, 0xC300C300u);
+                // Step i >> 1: a0a1 / a2a3 from the pair i (even i), a4a5 / a6a7 from the next.
+                A[i >> 1][(i & 1) * 2] = bf16x2_fma(qa, s2[0], b2[0]);
+                A[i >> 1][(i & 1) * 2 + 1] = bf16x2_fma(qb, s2[1], b2[1]);
+            }
+#pragma unroll
+            for (int j = 0; j < NT; ++j) {
+                const uint4 xv = __ldg(xp[j] + u * 32);
+                const u32 B0[2] = {xv.x, xv.y}, B1[2] = {xv.z, xv.w};
+                mma_bf16(acc[j], A[0], B0);
+                mma_bf16(acc[j], A[1], B1);
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < NT; ++j) xp[j] += QIR_BATCH * 32;
+    }
+    cp_async_wait<0>();
+    __syncthreads();
+    float(*red)[NT * 4][32] = (float(*)[NT * 4][32])qi_smem;
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) red[warp][j * 4 + e][lane] = acc[j][e];
+    __syncthreads();
+    for (int q = threadIdx.x; q < NT * 128; q += blockDim.x) {
+        const int je = q >> 5, l = q & 31, e = je & 3;
+        float v = 0.0f;
+#pragma unroll
+        for (int w = 0; w < QIR_WARPS; ++w) v += red[w][je][l];
+        const int row = tile * 16 + (l >> 2) + 8 * (e >> 1), xr = (j0 + (je >> 2)) * 8 + 2 * (l & 3) + (e & 1);
+        if (row < n && xr < m) out[(size_t)xr * n + row] = v;
+    }
+}
+
+template <int NT>
+__device__ __forceinline__ void qdec_reg(QIR_PARAMS) {
+    const int nt0 = (n0 + 15) / 16, nt1 = (n1 + 15) / 16;
+    int tile = blockIdx.x, w = 0;
+    if (tile >= nt0) tile -= nt0, w = 1;
+    if (w == 1 && tile >= nt1) tile -= nt1, w = 2;
+    float* out = w == 0 ? out0 : w == 1 ? out1 : out2;
+    const int n = w == 0 ? n0 : w == 1 ? n1 : n2;
+    const u32* pk = w == 0 ? pk0 : w == 1 ? pk1 : pk2;
+    const void* sc = w == 0 ? sc0 : w == 1 ? sc1 : sc2;
+    const void* bi = w == 0 ? bi0 : w == 1 ? bi1 : bi2;
+    qdec_reg_body<NT>(out, (const uint4*)xq, m, n, pk, sc, bi, lg, k, tile);
+}
+// 79 and 108 registers: three blocks of 8 warps per SM for the 8-row form.
+extern "C" __global__ void __launch_bounds__(32 * QIR_WARPS, 3) qdec_b4_r8(QIR_PARAMS) { qdec_reg<1>(QIR_ARGS); }
+extern "C" __global__ void __launch_bounds__(32 * QIR_WARPS, 2) qdec_b4_r16(QIR_PARAMS) { qdec_reg<2>(QIR_ARGS); }

@@ -52,6 +52,9 @@ pub(in crate::backends::cuda) fn qimma_launch(kernel: &str) -> Option<(u32, usiz
     if REG_KERNELS.iter().any(|k| k.0 == kernel) {
         return Some((QIR_THREADS, qir_smem(0)));
     }
+    if DEC_KERNELS.iter().any(|k| k.0 == kernel) {
+        return Some((QIR_THREADS, qir_smem(2)));
+    }
     let &(_, rows, threads) = KERNELS.iter().find(|k| k.0 == kernel)?;
     Some((threads, qi_stages() * (QI_ROWS * 64 + rows * QI_XROW + QI_ROWS * 32 + rows * 32)))
 }
@@ -64,6 +67,8 @@ fn kernel_for(m: usize) -> (&'static str, usize, u32) {
 
 /// The register kernels (up to 16 input rows): name and input rows per block.
 const REG_KERNELS: [(&str, usize); 2] = [("qimma_b4_r8", 8), ("qimma_b4_r16", 16)];
+/// Their experimental form with the weights decoded to bf16 (`NUVEC_QIMMA=bf16`, bf16 scales).
+const DEC_KERNELS: [(&str, usize); 2] = [("qdec_b4_r8", 8), ("qdec_b4_r16", 16)];
 /// Threads per block of the register kernels (`QIR_WARPS` warps).
 const QIR_THREADS: u32 = 256;
 const QIR_WARPS: usize = 8;
@@ -89,12 +94,15 @@ fn qir_smem(p_dt: i32) -> usize {
 
 /// Which integer products run (`NUVEC_QIMMA`, read once): `0` none, unset the register kernels
 /// (up to 16 input rows), `1` also the shared-memory ones (17 to 64 rows), which are slower than
-/// the bf16 forms they would replace (docs/cuda.md, "Few-row products in integers").
+/// the bf16 forms they would replace (docs/cuda.md, "Few-row products in integers"); `bf16` the
+/// register kernels' experimental form with the weights and x in bf16 (`qdec_b4_r*`) where the
+/// scales are bf16.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Mode {
     Off,
     Registers,
     All,
+    Decoded,
 }
 
 fn mode() -> Mode {
@@ -102,6 +110,7 @@ fn mode() -> Mode {
     *MODE.get_or_init(|| match crate::tuning::env("NUVEC_QIMMA").as_deref() {
         Ok("0") => Mode::Off,
         Ok("1") => Mode::All,
+        Ok("bf16") => Mode::Decoded,
         _ => Mode::Registers,
     })
 }
@@ -162,6 +171,16 @@ impl CudaBackend {
         };
         let xin = gated.as_ref().unwrap_or(x).cuda_ptr()?;
         if let Some((name, rows)) = reg {
+            let bf16 = |a: &Option<(WeightArgs, i32)>| a.as_ref().is_none_or(|(a, _)| a.p_dt == 2);
+            if mode == Mode::Decoded && args.iter().all(bf16) {
+                let st = self.st()?;
+                let (tiles, chunks) = (m.div_ceil(8), k / 32);
+                let xb = DeviceBuffer::alloc(st, tiles * chunks * 32 * 16)?;
+                let (xp, mi, ki) = (xb.ptr(), to_i32(op, "rows", m)?, to_i32(op, "k", k)?);
+                launch!(st, op, "xbf16_tiles_f32", super::cfg_1d(tiles * chunks * 32); xp, xin, mi, ki);
+                let dec = DEC_KERNELS[REG_KERNELS.iter().position(|r| r.0 == name).expect("a register kernel")];
+                return self.qimma_reg(op, dec, x, xp, ws, &args, (m, k)).map(Some);
+            }
             let parts = self.split_tiles(op, xin, m, k)?;
             return self.qimma_reg(op, (name, rows), x, parts.ptr(), ws, &args, (m, k)).map(Some);
         }
