@@ -174,11 +174,11 @@ typedef void (*DecKernel)(const u32*, int, int, int, int, float*, int, const u32
                           int, const u32*, const void*, const void*, float*, int, const u32*, const void*,
                           const void*);
 
-// The experimental bf16 forms (qdec_b4_r8, _r16) over xbf16_tiles_f32's layout, two weights in
+// The bf16 forms (qdec_b4_r8 .. _r64) over xbf16_tiles_f32's layout, two weights in
 // one launch (bf16 scales): against their definition in f64, sum bf16(x) bf16(s q + b) (each
 // weight rounded once, as bf16x2_fma rounds it), to 1e-5; and the product itself to 3e-2 (x and
 // the weights in bf16).
-static void test_dec(const char* name, DecKernel f, int nt, int m, int n, int n2, int k, int group) {
+static void test_dec(const char* name, DecKernel f, int nt, int m, int n, int n2, int k, int group, int tpb = 1) {
     QW ws[2] = {make(n, k, group, DT_BF16), make(n2, k, group, DT_BF16)};
     const auto x = random_x(m, k);
     const int kc = k / 32, tiles = (m + 7) / 8;
@@ -187,7 +187,7 @@ static void test_dec(const char* name, DecKernel f, int nt, int m, int n, int n2
                [&] { xbf16_tiles_f32((uint4*)xb.data(), x.data(), m, k); });
     std::vector<float> out0((size_t)m * n, NAN), out1((size_t)m * n2, NAN);
     const int lg = __builtin_ctz(group);
-    const unsigned blocks = (unsigned)((n + 15) / 16 + (n2 + 15) / 16);
+    const unsigned blocks = (unsigned)((n + 16 * tpb - 1) / (16 * tpb) + (n2 + 16 * tpb - 1) / (16 * tpb));
     emu_launch({blocks, (unsigned)((tiles + nt - 1) / nt), 1}, {256, 1, 1}, [&] {
         f(xb.data(), m, DT_BF16, lg, k, out0.data(), n, ws[0].packed.data(), ws[0].sc.data(), ws[0].bi.data(),
           out1.data(), n2, ws[1].packed.data(), ws[1].sc.data(), ws[1].bi.data(), nullptr, 0, nullptr, nullptr, nullptr);
@@ -251,6 +251,14 @@ int main() {
     }
     test_dec("qdec_b4_r8", qdec_b4_r8, 1, 5, 48, 33, 1024, 64);
     test_dec("qdec_b4_r16", qdec_b4_r16, 2, 16, 32, 20, 1152, 128);
+    test_dec("qdec_b4_r32", qdec_b4_r32, 4, 17, 40, 24, 384, 64);
+    test_dec("qdec_b4_r32", qdec_b4_r32, 4, 32, 16, 33, 256, 32);
+    test_dec("qdec_b4_r64", qdec_b4_r64, 8, 33, 40, 16, 384, 128);
+    test_dec("qdec_b4_r64", qdec_b4_r64, 8, 64, 24, 16, 256, 64);
+    // Several tiles per block: a weight of 3 tiles (a block past its end) beside one of 2.
+    test_dec("qdec_b4_r32_t2", qdec_b4_r32_t2, 4, 20, 40, 32, 384, 64, 2);
+    test_dec("qdec_b4_r64_t2", qdec_b4_r64_t2, 8, 64, 40, 17, 256, 32, 2);
+    test_dec("qdec_b4_r64_t2", qdec_b4_r64_t2, 8, 41, 72, 24, 1024, 128, 2);
     printf("%d failures\n", fails);
     return fails ? 1 : 0;
 }

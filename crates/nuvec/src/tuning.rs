@@ -150,11 +150,26 @@ pub const KNOBS: &[Knob] = &[
     ),
     knob(
         "NUVEC_QIMMA",
-        "0, 1, bf16",
-        "unset: 2-16 rows",
+        "0, int, 1",
+        "unset: 2-16 rows, bf16 where the scales are",
         "cuda",
-        "integer products of few rows: unset for 2-16 rows, 1 also 17-64 (slower there), 0 none; bf16 the \
-         2-16-row kernels with weights and x in bf16 (an experiment)",
+        "few-row products over 4-bit weights: unset 2-16 rows with weights and x in bf16 (integers where \
+         the scales are not bf16), int 2-16 rows in integers (f32 accuracy), 1 also 17-64 in integers \
+         (slower there), 0 none",
+    ),
+    knob(
+        "NUVEC_QDEC_ROWS",
+        "16, 32, 64",
+        "64",
+        "cuda",
+        "the most input rows of the bf16 register kernels (more rows: the qmma kernels)",
+    ),
+    knob(
+        "NUVEC_QDEC_TPB",
+        "1, 2",
+        "2",
+        "cuda",
+        "the most weight tiles per block of the bf16 register kernels at 32-64 rows (where they fill the GPU)",
     ),
     knob("NUVEC_ROPE_KV", "0, 1", "1", "cuda", "rope and the cache write of a decode step in one launch"),
 ];

@@ -152,23 +152,35 @@ fn check_linear(case: &str, rng: &mut Rng, w: &Weight, m: usize) {
     assert_eq!((got.shape(), got.device()), (&[m, n][..], dev), "{case}");
     let got = got.to_f32_vec().unwrap();
     let case = format!("linear bf16 {case} m={m}");
-    if m <= 8 || qimma_takes(&w.matrix, m) {
+    if (m <= 8 && !qdec_takes(&w.matrix, m)) || qimma_takes(&w.matrix, m) {
         return close_f32(&case, &got, &cpu);
     }
     compare_linear(&case, &xv, 0.0, w, m, &got, &cpu);
 }
 
 /// Whether a product of `m` rows over `w` runs kernels/qimma.cu's integer kernels (`ops/qimma.rs`'s
-/// rule: affine 4-bit weights in groups of 32 or more, K a multiple of 32; 2 to 16 rows by
-/// default, none with `NUVEC_QIMMA=0`, 2 to 64 with `NUVEC_QIMMA=1`), which take x at the one-row
-/// integer GEMV's accuracy: f32's, as the CPU. Run this file with each setting (docs/cuda.md).
+/// rule: affine 4-bit weights in groups of 32 or more, K a multiple of 32; 2 to 16 rows where the
+/// scales are not bf16 by default, 2 to 16 with `NUVEC_QIMMA=int`, 2 to 64 with `NUVEC_QIMMA=1`,
+/// none with `NUVEC_QIMMA=0`), which take x at the one-row integer GEMV's accuracy: f32's, as the
+/// CPU. Run this file with each setting (docs/cuda.md).
 fn qimma_takes(w: &Matrix, m: usize) -> bool {
     let most = match std::env::var("NUVEC_QIMMA").as_deref() {
         Ok("0") => 0,
         Ok("1") => 64,
         _ => 16,
     };
-    (2..=most).contains(&m) && few_row_affine(w, &[4])
+    (2..=most).contains(&m) && few_row_affine(w, &[4]) && !qdec_takes(w, m)
+}
+
+/// Whether a product of `m` rows over `w` runs kernels/qimma.cu's register kernels with the
+/// weights decoded to bf16 and x rounded to bf16 (`qdec_b4_r*`; by default, 2 to 64 rows (to 16
+/// or 32 with `NUVEC_QDEC_ROWS`) over
+/// affine 4-bit weights with bf16 scales in groups of 32 to 128, K a multiple of 128).
+fn qdec_takes(w: &Matrix, m: usize) -> bool {
+    let default = std::env::var("NUVEC_QIMMA").is_err();
+    let most = std::env::var("NUVEC_QDEC_ROWS").ok().and_then(|v| v.parse().ok()).unwrap_or(64);
+    let bf16_scales = matches!(w, Matrix::Quantized(q) if q.scales.dtype() == DType::BF16 && q.spec.group_size <= 128);
+    default && (2..=most).contains(&m) && few_row_affine(w, &[4]) && bf16_scales && w.cols().is_multiple_of(128)
 }
 
 /// Whether a product of `m` rows over `w` runs kernels/qmma.cu's exact kernels (`ops/qmma.rs`'s
@@ -210,9 +222,10 @@ fn compare_linear(case: &str, xv: &[f32], x_rel: f64, w: &Weight, m: usize, got:
             }
         })
         .collect();
-    // kernels/qmma.cu never rounds a weight (each group is s * sum x q + b * sum x, q exact);
-    // the other paths multiply the weight rounded to bf16.
-    let wb: Vec<f64> = w.values.iter().map(|&v| if qmma_takes(&w.matrix, m) { v as f64 } else { bf(v) }).collect();
+    // kernels/qmma.cu's kernels up to 32 rows never round a weight (each group is s * sum x q +
+    // b * sum x, q exact); the other paths multiply the weight rounded to bf16.
+    let exact_w = qmma_takes(&w.matrix, m) && !qdec_takes(&w.matrix, m);
+    let wb: Vec<f64> = w.values.iter().map(|&v| if exact_w { v as f64 } else { bf(v) }).collect();
     let (mut exact, mut vs_cpu) = (Check::new("exact-operands"), Check::new("cpu-f32"));
     let gamma = k as f64 * F32_ADD;
     for t in 0..m {
@@ -278,11 +291,13 @@ fn linear_quantized_every_width_and_group() {
 fn batched_decode_products_on_the_tensor_cores() {
     // 2 to 64 rows run kernels/qmma.cu: up to 8 rows at f32 accuracy (x in two bf16 parts), 9 to
     // 32 with x in bf16 against the exact weights, 33 to 64 with the weights decoded to bf16 in
-    // registers (bf16 scales); over 4-bit weights kernels/qimma.cu in integers at f32 accuracy
-    // (x in the integer GEMVs' int8 parts) takes 2 to 16 rows by default (K a multiple of 128:
-    // the register kernels) and 2 to 64 with NUVEC_QIMMA=1 (8, 16 or 32 input rows per block,
-    // more in further blocks), none with NUVEC_QIMMA=0 (`qimma_takes`). K cut into ranges (4096)
-    // or not, with a partial last chunk (288); 65 and more rows take the prefill GEMM again.
+    // registers (bf16 scales). Over 4-bit weights kernels/qimma.cu takes 2 to 16 rows by default
+    // (K a multiple of 128: the register kernels), with the weights decoded to bf16 and x in bf16
+    // where the scales are bf16 (`qdec_takes`) and in integers at f32 accuracy (x in the integer
+    // GEMVs' int8 parts) otherwise; in integers with NUVEC_QIMMA=int, 2 to 64 rows with
+    // NUVEC_QIMMA=1 (8, 16 or 32 input rows per block, more in further blocks), none with
+    // NUVEC_QIMMA=0 (`qimma_takes`). K cut into ranges (4096) or not, with a partial last chunk
+    // (288); 65 and more rows take the prefill GEMM again.
     let dev = gpu();
     let mut rng = Rng::new(26);
     for (bits, group, k, n) in [(4usize, 64usize, 4096usize, 1000usize), (8, 32, 288, 136), (4, 128, 1024, 300)] {
@@ -292,7 +307,7 @@ fn batched_decode_products_on_the_tensor_cores() {
             check_linear(&format!("q{bits} g{group} bf16 k={k} n={n}"), &mut rng, &w, m);
         }
         // A row's bits do not depend on the rows beside it in one kernel: the first rows of 64,
-        // 32 or 16 (bf16 x) or of 8 (f32 x) equal the same rows alone.
+        // 32, 16 or 8 equal the same rows alone.
         for (many, few) in [(64usize, 33usize), (32, 17), (16, 9), (8, 2)] {
             let xv = rng.vec(many * k, 1.0);
             let all = arr(&xv, &[many, k]).to_device(dev).unwrap().linear(&wg).unwrap().to_f32_vec().unwrap();
@@ -330,7 +345,7 @@ fn linear_many_and_silu_mul_linear() {
             assert_eq!((g.shape(), g.device()), (&[m, w.matrix.rows()][..], dev));
             let cpu = x.linear(&w.matrix).unwrap().to_f32_vec().unwrap();
             let case = format!("linear_many bf16 m={m} weight {i}");
-            if m <= 8 || qimma_takes(&w.matrix, m) {
+            if (m <= 8 && !qdec_takes(&w.matrix, m)) || qimma_takes(&w.matrix, m) {
                 close_f32(&case, &g.to_f32_vec().unwrap(), &cpu);
             } else {
                 compare_linear(&case, &xv, 0.0, w, m, &g.to_f32_vec().unwrap(), &cpu);
@@ -340,7 +355,7 @@ fn linear_many_and_silu_mul_linear() {
         assert_eq!((got.shape(), got.device()), (&[m, 64][..], dev));
         let cpu = x.silu_mul_linear(&u, &wd.matrix).unwrap().to_f32_vec().unwrap();
         let case = format!("silu_mul_linear bf16 m={m} q4 g32");
-        if m <= 8 || qimma_takes(&wd.matrix, m) {
+        if (m <= 8 && !qdec_takes(&wd.matrix, m)) || qimma_takes(&wd.matrix, m) {
             close_f32(&case, &got.to_f32_vec().unwrap(), &cpu);
         } else {
             // The GPU's silu (its expf) may differ from the host's by a few f32 ulps.

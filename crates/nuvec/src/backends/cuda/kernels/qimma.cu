@@ -573,7 +573,7 @@ __device__ __forceinline__ void qimma_reg(QIR_PARAMS) {
 extern "C" __global__ void __launch_bounds__(32 * QIR_WARPS, 2) qimma_b4_r8(QIR_PARAMS) { qimma_reg<1>(QIR_ARGS); }
 extern "C" __global__ void __launch_bounds__(32 * QIR_WARPS, 2) qimma_b4_r16(QIR_PARAMS) { qimma_reg<2>(QIR_ARGS); }
 
-// ---- An experiment: the register kernels with the weights decoded to bf16 (qdec_b4_r8, _r16) ----
+// ---- The register kernels with the weights decoded to bf16 (qdec_b4_r8, _r16) ----
 //
 // The ring, warps and tiles of qimma_reg_body, but each weight decoded to bf16 (s q + b, one
 // rounding, as qmma.cu's decoding kernels from 33 rows) and x rounded to bf16, multiplied by
@@ -582,7 +582,8 @@ extern "C" __global__ void __launch_bounds__(32 * QIR_WARPS, 2) qimma_b4_r16(QIR
 // a 32-value chunk (values 8t .. 8t + 7 of rows g and g + 8) gives, through 0x4300 | q, the bf16
 // pairs (v0, v4), (v1, v5), (v2, v6), (v3, v7): the A registers of two k16 steps, in which the
 // k order is permuted the same way for x, which xbf16_tiles_f32 stores per lane as those pairs.
-// Opt-in (NUVEC_QIMMA=bf16) until measured.
+// The default for bf16 scales (ops/qimma.rs): fewer instructions per weight than the integer
+// chain's IMMAs, shifts and per-chunk epilogue, and fewer registers (3 blocks per SM).
 
 // x [m, k] (f32) as bf16 in the qdec layout: per tile of 8 rows and 32-value chunk, [row g][lane
 // t] 16 bytes = the pairs (x 8t, x 8t + 4), (+1, +5), (+2, +6), (+3, +7) of row g; rows past m zero.
@@ -604,14 +605,18 @@ extern "C" __global__ void xbf16_tiles_f32(uint4* __restrict__ out, const float*
     }
 }
 
-template <int NT>
+// TPB weight tiles per block (warp w takes tile w % TPB and share w / TPB of K): the warps of
+// a block that read the same x at about the same time share its lines in L1, which matters
+// from 32 input rows (x's bytes per weight byte grow with the rows).
+template <int NT, int TPB>
 __device__ __forceinline__ void qdec_reg_body(float* out, const uint4* __restrict__ xb, int m, int n,
                                               const u32* __restrict__ packed, const void* __restrict__ scales,
-                                              const void* __restrict__ biases, int lg, int k, int tile) {
-    constexpr int SLOT = QirRing<DT_BF16>::SLOT, PB = QirRing<DT_BF16>::PB;
+                                              const void* __restrict__ biases, int lg, int k, int tile0) {
+    constexpr int SLOT = QirRing<DT_BF16>::SLOT, PB = QirRing<DT_BF16>::PB, SHARES = QIR_WARPS / TPB;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-    const int kc = k >> 5, batches = kc / QIR_BATCH, per = (batches + QIR_WARPS - 1) / QIR_WARPS;
-    const int b0 = warp * per, b1 = min(b0 + per, batches);
+    const int tile = tile0 + warp % TPB;
+    const int kc = k >> 5, batches = kc / QIR_BATCH, per = (batches + SHARES - 1) / SHARES;
+    const int b0 = warp / TPB * per, b1 = min(b0 + per, batches);
     const int r0 = min(tile * 16 + g, n - 1), r1 = min(tile * 16 + g + 8, n - 1);
     const size_t gpr = (size_t)(k >> lg);
     const int sb = (QIR_BATCH * 32 >> lg) * 2, cb = sb < 4 ? 4 : sb;
@@ -717,29 +722,37 @@ __device__ __forceinline__ void qdec_reg_body(float* out, const uint4* __restric
 #pragma unroll
         for (int e = 0; e < 4; ++e) red[warp][j * 4 + e][lane] = acc[j][e];
     __syncthreads();
-    for (int q = threadIdx.x; q < NT * 128; q += blockDim.x) {
-        const int je = q >> 5, l = q & 31, e = je & 3;
+    for (int q = threadIdx.x; q < TPB * NT * 128; q += blockDim.x) {
+        const int tt = q / (NT * 128), je = (q >> 5) % (NT * 4), l = q & 31, e = je & 3;
         float v = 0.0f;
 #pragma unroll
-        for (int w = 0; w < QIR_WARPS; ++w) v += red[w][je][l];
-        const int row = tile * 16 + (l >> 2) + 8 * (e >> 1), xr = (j0 + (je >> 2)) * 8 + 2 * (l & 3) + (e & 1);
+        for (int w = 0; w < SHARES; ++w) v += red[w * TPB + tt][je][l];
+        const int row = (tile0 + tt) * 16 + (l >> 2) + 8 * (e >> 1), xr = (j0 + (je >> 2)) * 8 + 2 * (l & 3) + (e & 1);
         if (row < n && xr < m) out[(size_t)xr * n + row] = v;
     }
 }
 
-template <int NT>
+template <int NT, int TPB = 1>
 __device__ __forceinline__ void qdec_reg(QIR_PARAMS) {
-    const int nt0 = (n0 + 15) / 16, nt1 = (n1 + 15) / 16;
+    // Blocks of TPB tiles, each weight's first block at a whole block (its last may run past n).
+    const int nt0 = (n0 + 16 * TPB - 1) / (16 * TPB), nt1 = (n1 + 16 * TPB - 1) / (16 * TPB);
     int tile = blockIdx.x, w = 0;
     if (tile >= nt0) tile -= nt0, w = 1;
     if (w == 1 && tile >= nt1) tile -= nt1, w = 2;
+    tile *= TPB;
     float* out = w == 0 ? out0 : w == 1 ? out1 : out2;
     const int n = w == 0 ? n0 : w == 1 ? n1 : n2;
     const u32* pk = w == 0 ? pk0 : w == 1 ? pk1 : pk2;
     const void* sc = w == 0 ? sc0 : w == 1 ? sc1 : sc2;
     const void* bi = w == 0 ? bi0 : w == 1 ? bi1 : bi2;
-    qdec_reg_body<NT>(out, (const uint4*)xq, m, n, pk, sc, bi, lg, k, tile);
+    qdec_reg_body<NT, TPB>(out, (const uint4*)xq, m, n, pk, sc, bi, lg, k, tile);
 }
 // 79 and 108 registers: three blocks of 8 warps per SM for the 8-row form.
 extern "C" __global__ void __launch_bounds__(32 * QIR_WARPS, 3) qdec_b4_r8(QIR_PARAMS) { qdec_reg<1>(QIR_ARGS); }
 extern "C" __global__ void __launch_bounds__(32 * QIR_WARPS, 2) qdec_b4_r16(QIR_PARAMS) { qdec_reg<2>(QIR_ARGS); }
+// 17 to 64 rows (NUVEC_QDEC_ROWS): each weight decoded once for 32 or 64 input rows.
+extern "C" __global__ void __launch_bounds__(32 * QIR_WARPS, 2) qdec_b4_r32(QIR_PARAMS) { qdec_reg<4>(QIR_ARGS); }
+extern "C" __global__ void __launch_bounds__(32 * QIR_WARPS, 2) qdec_b4_r64(QIR_PARAMS) { qdec_reg<8>(QIR_ARGS); }
+// Two weight tiles per block where there are enough of them (NUVEC_QDEC_TPB; four measured slower).
+extern "C" __global__ void __launch_bounds__(32 * QIR_WARPS, 2) qdec_b4_r32_t2(QIR_PARAMS) { qdec_reg<4, 2>(QIR_ARGS); }
+extern "C" __global__ void __launch_bounds__(32 * QIR_WARPS, 2) qdec_b4_r64_t2(QIR_PARAMS) { qdec_reg<8, 2>(QIR_ARGS); }

@@ -1,17 +1,22 @@
-//! Products of 2 to 64 input rows (a batched decode step) over 4-bit affine weights, in integers
-//! on the tensor cores (kernels/qimma.cu): x split once into the one-row integer GEMVs' int8
-//! parts, each packed weight read once per call, and each 32-value chunk's sum exact in int32, so
-//! a row's result is its one-row result up to f32 rounding order (the bf16 forms of `ops/qmma.rs`
-//! round x, and from 33 rows the weights). Two families:
-//! - up to 16 rows, the register kernels (`qimma_b4_r8`, `qimma_b4_r16`: a warp per 16 weight
-//!   rows and share of K, its weights, scales and biases through a cp.async ring in shared memory,
-//!   x's parts in `xsplit_tiles_f32`'s layout, up to three weights per launch; K a multiple of
-//!   128, groups of 32 to 128). On by default: on the H200 a random 8B decodes 2 / 8 sequences
-//!   1.29x / 1.29x faster than through the bf16 forms, 16 about as fast (docs/cuda.md);
-//! - 17 to 64 rows, the shared-memory pipeline kernels (`qimma_b4_x8` .. `_x32`), only with
-//!   `NUVEC_QIMMA=1`: slower than the bf16 forms there (docs/cuda.md).
+//! Products of 2 to 64 input rows (a batched decode step) over 4-bit affine weights on the tensor
+//! cores (kernels/qimma.cu), each packed weight read once per call.
+//! - The register kernels: a warp per 16 weight rows and share of K, its weights, scales and
+//!   biases through a cp.async ring in shared memory, up to three weights per launch; K a
+//!   multiple of 128, groups of 32 to 128. By default, where the scales are bf16 (mlx's bf16
+//!   models), from 2 to 64 rows `qdec_b4_r8` .. `_r64`: each weight decoded to bf16 (s q + b, one
+//!   rounding) and x rounded to bf16 (`xbf16_tiles_f32`), f32 sums: the precision of the bf16
+//!   forms of `ops/qmma.rs` from 33 rows and of mlx-lm's bf16 activations; from 32 rows two tiles
+//!   a block (`_t2`) where that still fills the GPU. On the H200 a random 8B decodes 8 / 16 / 32 /
+//!   64 sequences 1.13x / 1.32x / 1.42x / 1.28x faster than before (docs/cuda.md).
+//!   `NUVEC_QDEC_ROWS` (16, 32) caps their rows (the qmma kernels take the rest).
+//! - Up to 16 rows otherwise (scales not bf16), or with `NUVEC_QIMMA=int`, `qimma_b4_r8` / `_r16`
+//!   in integers: x split once into the one-row integer GEMVs' int8 parts (`xsplit_tiles_f32`),
+//!   each 32-value chunk's sum exact in int32, so a row's result is its one-row result up to f32
+//!   rounding order.
+//! - 17 to 64 rows in integers, the shared-memory pipeline kernels (`qimma_b4_x8` .. `_x32`), only
+//!   with `NUVEC_QIMMA=1`: slower than the bf16 forms there (docs/cuda.md).
 //!
-//! `NUVEC_QIMMA=0` turns both off.
+//! `NUVEC_QIMMA=0` turns them all off.
 
 use std::sync::OnceLock;
 
@@ -52,7 +57,7 @@ pub(in crate::backends::cuda) fn qimma_launch(kernel: &str) -> Option<(u32, usiz
     if REG_KERNELS.iter().any(|k| k.0 == kernel) {
         return Some((QIR_THREADS, qir_smem(0)));
     }
-    if DEC_KERNELS.iter().any(|k| k.0 == kernel) {
+    if DEC_KERNELS.iter().any(|k| k.0 == kernel) || DEC_WIDE.iter().any(|k| k.0 == kernel) {
         return Some((QIR_THREADS, qir_smem(2)));
     }
     let &(_, rows, threads) = KERNELS.iter().find(|k| k.0 == kernel)?;
@@ -67,8 +72,9 @@ fn kernel_for(m: usize) -> (&'static str, usize, u32) {
 
 /// The register kernels (up to 16 input rows): name and input rows per block.
 const REG_KERNELS: [(&str, usize); 2] = [("qimma_b4_r8", 8), ("qimma_b4_r16", 16)];
-/// Their experimental form with the weights decoded to bf16 (`NUVEC_QIMMA=bf16`, bf16 scales).
-const DEC_KERNELS: [(&str, usize); 2] = [("qdec_b4_r8", 8), ("qdec_b4_r16", 16)];
+/// Their form with the weights decoded to bf16 and x in bf16 (bf16 scales; the default there).
+const DEC_KERNELS: [(&str, usize); 4] =
+    [("qdec_b4_r8", 8), ("qdec_b4_r16", 16), ("qdec_b4_r32", 32), ("qdec_b4_r64", 64)];
 /// Threads per block of the register kernels (`QIR_WARPS` warps).
 const QIR_THREADS: u32 = 256;
 const QIR_WARPS: usize = 8;
@@ -92,11 +98,12 @@ fn qir_smem(p_dt: i32) -> usize {
     QIR_WARPS * qir_ring() * (QIR_TILE * 80 + 32 * stream)
 }
 
-/// Which integer products run (`NUVEC_QIMMA`, read once): `0` none, unset the register kernels
-/// (up to 16 input rows), `1` also the shared-memory ones (17 to 64 rows), which are slower than
-/// the bf16 forms they would replace (docs/cuda.md, "Few-row products in integers"); `bf16` the
-/// register kernels' experimental form with the weights and x in bf16 (`qdec_b4_r*`) where the
-/// scales are bf16.
+/// Which few-row products run (`NUVEC_QIMMA`, read once): unset, up to 16 input rows through the
+/// register kernels, with the weights and x in bf16 (`qdec_b4_r*`) where every scale taken is
+/// bf16 and in integers (`qimma_b4_r*`) otherwise; `int` the integer register kernels only (x at
+/// f32 accuracy, as one row alone); `1` those and the integer shared-memory ones for 17 to 64 rows,
+/// which are slower than the bf16 forms they would replace (docs/cuda.md, "Few-row products in
+/// integers"); `0` none.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Mode {
     Off,
@@ -105,13 +112,47 @@ enum Mode {
     Decoded,
 }
 
+/// The bf16 register kernels with several weight tiles per block: name, input rows, tiles.
+const DEC_WIDE: [(&str, usize, usize); 2] = [("qdec_b4_r32_t2", 32, 2), ("qdec_b4_r64_t2", 64, 2)];
+
+/// The form of register kernel `name` (`rows` input rows per block) to launch for a product of
+/// `blocks(t)` blocks of `t` weight tiles: the most tiles per block (up to `NUVEC_QDEC_TPB`) that
+/// still fill every multiprocessor's slots once, else `name` itself (one tile).
+fn wide_form(st: &State, name: &'static str, rows: usize, blocks: &dyn Fn(usize) -> usize) -> (&'static str, usize) {
+    let fits = |&&(wide, r, tpb): &&(&'static str, usize, usize)| {
+        r == rows && tpb <= qdec_tpb() && st.qmma_kernels.get(wide).is_some_and(|k| blocks(tpb) >= k.slots)
+    };
+    match DEC_WIDE.iter().filter(fits).max_by_key(|w| w.2) {
+        Some(&(wide, _, tpb)) if name.starts_with("qdec") => (wide, tpb),
+        _ => (name, 1),
+    }
+}
+
+/// The most weight tiles per block of the bf16 register kernels (`NUVEC_QDEC_TPB`, read once: 2
+/// unless set to 1).
+fn qdec_tpb() -> usize {
+    static TPB: OnceLock<usize> = OnceLock::new();
+    *TPB.get_or_init(|| if crate::tuning::env("NUVEC_QDEC_TPB").as_deref() == Ok("1") { 1 } else { 2 })
+}
+
+/// The most input rows the bf16 register kernels take (`NUVEC_QDEC_ROWS`, read once; 64 unless
+/// set to 16 or 32).
+fn qdec_rows() -> usize {
+    static ROWS: OnceLock<usize> = OnceLock::new();
+    *ROWS.get_or_init(|| match crate::tuning::env("NUVEC_QDEC_ROWS").as_deref() {
+        Ok("16") => 16,
+        Ok("32") => 32,
+        _ => 64,
+    })
+}
+
 fn mode() -> Mode {
     static MODE: OnceLock<Mode> = OnceLock::new();
     *MODE.get_or_init(|| match crate::tuning::env("NUVEC_QIMMA").as_deref() {
         Ok("0") => Mode::Off,
         Ok("1") => Mode::All,
-        Ok("bf16") => Mode::Decoded,
-        _ => Mode::Registers,
+        Ok("int") => Mode::Registers,
+        _ => Mode::Decoded,
     })
 }
 
@@ -137,15 +178,20 @@ impl CudaBackend {
         if !(2..=QI_MAX_ROWS).contains(&m) || !k.is_multiple_of(32) || ws.is_empty() {
             return Ok(None);
         }
-        // The register kernels load a batch of 128 values' weights, scales and biases at once.
-        let reg = REG_KERNELS.iter().find(|r| m <= r.1 && k.is_multiple_of(128)).copied();
-        if reg.is_none() && mode != Mode::All {
+        // The register kernels load a batch of 128 values' weights, scales and biases at once;
+        // their bf16 form may take more rows (`NUVEC_QDEC_ROWS`) where every scale is bf16.
+        let batches = k.is_multiple_of(128);
+        let reg = REG_KERNELS.iter().find(|r| m <= r.1 && batches).copied();
+        let dec =
+            DEC_KERNELS.iter().find(|r| m <= r.1 && m <= qdec_rows() && batches && mode == Mode::Decoded).copied();
+        let regs = reg.or(dec);
+        if regs.is_none() && mode != Mode::All {
             return Ok(None);
         }
         let st = self.st()?;
         let kernel = kernel_for(m);
         // Read at module load on sm_80+ only (mma.sync, cp.async), as the qmma kernels.
-        let Some(&launch) = st.qmma_kernels.get(reg.map_or(kernel.0, |r| r.0)) else {
+        let Some(&launch) = st.qmma_kernels.get(regs.map_or(kernel.0, |r| r.0)) else {
             return Ok(None);
         };
         // The weights these kernels take, with their log2 group size.
@@ -155,8 +201,8 @@ impl CudaBackend {
             let a = if affine && w.cols() == k { Some(self.weight_args(op, w)?) } else { None };
             // The register kernels take groups of 32 to 128 values, and their 16-byte loads want
             // aligned weights, scales and biases.
-            let max_lg = if reg.is_some() { 7 } else { i32::MAX };
-            let aligned = |a: &WeightArgs| reg.is_none() || [a.packed, a.scales, a.biases].iter().all(|p| p % 16 == 0);
+            let max_lg = if regs.is_some() { 7 } else { i32::MAX };
+            let aligned = |a: &WeightArgs| regs.is_none() || [a.packed, a.scales, a.biases].iter().all(|p| p % 16 == 0);
             args.push(a.and_then(|a| {
                 fast_path_log_group(&a, k, 0).filter(|lg| (5..=max_lg).contains(lg) && aligned(&a)).map(|lg| (a, lg))
             }));
@@ -170,19 +216,21 @@ impl CudaBackend {
             None => None,
         };
         let xin = gated.as_ref().unwrap_or(x).cuda_ptr()?;
-        if let Some((name, rows)) = reg {
-            let bf16 = |a: &Option<(WeightArgs, i32)>| a.as_ref().is_none_or(|(a, _)| a.p_dt == 2);
-            if mode == Mode::Decoded && args.iter().all(bf16) {
-                let st = self.st()?;
-                let (tiles, chunks) = (m.div_ceil(8), k / 32);
-                let xb = DeviceBuffer::alloc(st, tiles * chunks * 32 * 16)?;
-                let (xp, mi, ki) = (xb.ptr(), to_i32(op, "rows", m)?, to_i32(op, "k", k)?);
-                launch!(st, op, "xbf16_tiles_f32", super::cfg_1d(tiles * chunks * 32); xp, xin, mi, ki);
-                let dec = DEC_KERNELS[REG_KERNELS.iter().position(|r| r.0 == name).expect("a register kernel")];
-                return self.qimma_reg(op, dec, x, xp, ws, &args, (m, k)).map(Some);
-            }
+        let bf16 = |a: &Option<(WeightArgs, i32)>| a.as_ref().is_none_or(|(a, _)| a.p_dt == 2);
+        if let Some(dec) = dec.filter(|_| args.iter().all(bf16)) {
+            let (tiles, chunks) = (m.div_ceil(8), k / 32);
+            let xb = DeviceBuffer::alloc(st, tiles * chunks * 32 * 16)?;
+            let (xp, mi, ki) = (xb.ptr(), to_i32(op, "rows", m)?, to_i32(op, "k", k)?);
+            launch!(st, op, "xbf16_tiles_f32", super::cfg_1d(tiles * chunks * 32); xp, xin, mi, ki);
+            return self.qimma_reg(op, dec, x, xp, ws, &args, (m, k)).map(Some);
+        }
+        if let Some(reg) = reg {
             let parts = self.split_tiles(op, xin, m, k)?;
-            return self.qimma_reg(op, (name, rows), x, parts.ptr(), ws, &args, (m, k)).map(Some);
+            return self.qimma_reg(op, reg, x, parts.ptr(), ws, &args, (m, k)).map(Some);
+        }
+        if mode != Mode::All {
+            // More rows than the integer register kernels take, and a scale not bf16.
+            return Ok(None);
         }
         let parts = self.split_parts(op, xin, m * k)?;
         let pp = parts.ptr();
@@ -250,17 +298,18 @@ impl CudaBackend {
         for group in runs.flat_map(|run| run.chunks(3)) {
             let (a0, lg) = group[0].1;
             let mut slot = [(0u64, 0i32, 0u64, 0u64, 0u64); 3];
-            let mut tiles = 0;
             for (s, &(i, (a, _))) in slot.iter_mut().zip(group) {
                 let n = ws[i].rows();
                 *s = (outs[i].cuda_ptr()?, to_i32(op, "rows", n)?, a.packed, a.scales, a.biases);
-                tiles += n.div_ceil(QIR_TILE);
             }
-            if tiles == 0 {
+            // Blocks of `tpb` weight tiles, each weight's first at a whole block.
+            let blocks = |tpb: usize| group.iter().map(|&(i, _)| ws[i].rows().div_ceil(QIR_TILE * tpb)).sum::<usize>();
+            if blocks(1) == 0 {
                 continue;
             }
+            let (name, tpb) = wide_form(st, name, rows, &blocks);
             let cfg = LaunchConfig {
-                grid_dim: (to_i32(op, "blocks", tiles)? as u32, m.div_ceil(8).div_ceil(rows / 8) as u32, 1),
+                grid_dim: (to_i32(op, "blocks", blocks(tpb))? as u32, m.div_ceil(8).div_ceil(rows / 8) as u32, 1),
                 block_dim: (QIR_THREADS, 1, 1),
                 shared_mem_bytes: qir_smem(a0.p_dt) as u32,
             };
@@ -326,6 +375,18 @@ mod tests {
             assert_eq!(qimma_launch(name), Some((256, super::qir_smem(0))), "{name}");
             assert!(super::qir_smem(0) <= 113 * 1024 && super::qir_smem(2) <= super::qir_smem(0));
             assert_eq!(name, format!("qimma_b4_r{rows}"));
+        }
+        // Their bf16 form: the same ring (bf16 scales); the sums of every warp's rows of the
+        // block (4 floats per lane and 8-row tile) reuse it at the end.
+        for (name, rows) in super::DEC_KERNELS {
+            assert_eq!(qimma_launch(name), Some((256, super::qir_smem(2))), "{name}");
+            assert!(super::QIR_WARPS * rows / 8 * 4 * 32 * 4 <= super::qir_smem(2), "{name}");
+            assert_eq!(name, format!("qdec_b4_r{rows}"));
+        }
+        for (name, rows, tpb) in super::DEC_WIDE {
+            assert_eq!(qimma_launch(name), Some((256, super::qir_smem(2))), "{name}");
+            assert!(super::QIR_WARPS * rows / 8 * 4 * 32 * 4 <= super::qir_smem(2), "{name}");
+            assert_eq!(name, format!("qdec_b4_r{rows}_t{tpb}"));
         }
     }
 }
