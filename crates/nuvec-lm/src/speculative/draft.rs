@@ -41,19 +41,20 @@ impl Proposer for DraftModel<'_> {
         let held = self.session.tokens();
         let common = held.iter().zip(history).take_while(|(a, b)| a == b).count().min(history.len() - 1);
         self.session.trim(held.len() - common)?;
-        self.session.prefill(
-            self.model,
-            &history[common..history.len() - 1],
-            self.prefill_step,
-            &Default::default(),
-        )?;
-        let mut last = history[history.len() - 1];
+        // What it lacks goes in with the first guess's pass when it fits a prefill step: after a
+        // step whose guesses were all taken that is the last guess (never fed back) and the
+        // target's token, one pass instead of two.
+        let pending = &history[common..];
+        let split = if pending.len() <= self.prefill_step { 0 } else { pending.len() - 1 };
+        self.session.prefill(self.model, &pending[..split], self.prefill_step, &Default::default())?;
+        let mut input = pending[split..].to_vec();
         let mut guesses = Vec::with_capacity(k);
         for _ in 0..k {
-            let logits = self.model.forward_last(&[last], &mut self.session.cache)?;
-            self.session.tokens.push(last);
-            last = logits.argmax()?.to_vec::<u32>()?[0];
-            guesses.push(last);
+            let logits = self.model.forward_last(&input, &mut self.session.cache)?;
+            self.session.tokens.extend_from_slice(&input);
+            let guess = logits.argmax()?.to_vec::<u32>()?[0];
+            guesses.push(guess);
+            input = vec![guess];
         }
         Ok(guesses)
     }

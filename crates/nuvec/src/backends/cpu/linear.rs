@@ -24,6 +24,10 @@ use half::{bf16, f16};
 pub(crate) const PAR_MIN_WORK: usize = 1 << 16;
 /// Input rows up to which the matrix-vector kernel beats decoding tiles for `gemm`.
 const GEMV_MAX_ROWS: usize = 4;
+/// The most input rows a dense weight takes through [`dense_rows`] (each weight row read once,
+/// widened in registers, every output the one-row dot product): a speculative step verifies up to
+/// this many positions at about one row's cost where the weights' bytes set the pace.
+const DENSE_ROWS_MAX: usize = 8;
 
 /// Weights [`linear_many`] runs as one pass at most.
 const MANY_MAX: usize = 8;
@@ -239,13 +243,17 @@ fn gemv(w: &Weights, x: &[f32], out: &mut [f32]) {
                 *o = simd::dot(&d[(r0 + i) * k..(r0 + i + 1) * k], x);
             }
         }),
-        _ => par_rows(out, k, |r0, o| {
-            with_scratch(k, |row| {
-                for (i, o) in o.iter_mut().enumerate() {
-                    w.row(r0 + i, row, &mut []);
-                    *o = simd::dot(row, x);
-                }
-            })
+        // Half-precision rows widened in registers (the same products and order as widened
+        // into scratch first, without writing and reading the copy).
+        Weights::F16(d) => par_rows(out, k, |r0, o| {
+            for (i, o) in o.iter_mut().enumerate() {
+                *o = simd::dot(x, &d[(r0 + i) * k..(r0 + i + 1) * k]);
+            }
+        }),
+        Weights::BF16(d) => par_rows(out, k, |r0, o| {
+            for (i, o) in o.iter_mut().enumerate() {
+                *o = simd::dot(x, &d[(r0 + i) * k..(r0 + i + 1) * k]);
+            }
         }),
     }
 }
@@ -305,21 +313,21 @@ fn dense_rows(w: &Weights, x: &[f32], m: usize, k: usize, n: usize, out: &mut [f
 /// `out` is valid for `M * n` floats, where `M = x.len() / k`, `r1 <= n`, and nothing else
 /// accesses columns `r0..r1` of it during the call.
 unsafe fn dense_rows_range(w: &Weights, x: &[f32], k: usize, r0: usize, r1: usize, out: SendPtr<f32>, n: usize) {
-    with_scratch(k, |row| {
-        for r in r0..r1 {
-            let wr: &[f32] = match w {
-                Weights::F32(d) => &d[r * k..(r + 1) * k],
-                _ => {
-                    w.row(r, row, &mut []);
-                    row
-                }
-            };
-            for (i, xr) in x.chunks_exact(k).enumerate() {
-                // SAFETY: i < M and r < r1 <= n (the caller's contract); the column is this call's.
-                unsafe { *out.0.add(i * n + r) = simd::dot(wr, xr) };
-            }
+    let m = x.len() / k.max(1);
+    let mut dots = [0f32; DENSE_ROWS_MAX];
+    let dots = &mut dots[..m];
+    for r in r0..r1 {
+        match w {
+            Weights::F32(d) => simd::dot_rows(&d[r * k..(r + 1) * k], x, dots),
+            Weights::F16(d) => simd::dot_rows(&d[r * k..(r + 1) * k], x, dots),
+            Weights::BF16(d) => simd::dot_rows(&d[r * k..(r + 1) * k], x, dots),
+            _ => unreachable!("dense_rows takes dense weights"),
         }
-    })
+        for (i, &v) in dots.iter().enumerate() {
+            // SAFETY: i < M and r < r1 <= n (the caller's contract); the column is this call's.
+            unsafe { *out.0.add(i * n + r) = v };
+        }
+    }
 }
 
 /// `out [M, N] = x [M, K] W^T` for `M <= qbatch::MAX_ROWS` over affine weights, threaded over
@@ -413,7 +421,7 @@ pub(crate) fn linear(x: &Array, w: &Matrix) -> Result<Array> {
         _ => {}
     }
     let dense = matches!(weights, Weights::F32(_) | Weights::F16(_) | Weights::BF16(_));
-    if (2..=GEMV_MAX_ROWS).contains(&m) && k > 0 && dense {
+    if (2..=DENSE_ROWS_MAX).contains(&m) && k > 0 && dense {
         dense_rows(&weights, xs, m, k, n, o);
     } else if m <= GEMV_MAX_ROWS || k == 0 {
         for (xr, or) in xs.chunks(k.max(1)).zip(o.chunks_mut(n.max(1))) {
@@ -650,24 +658,25 @@ mod tests {
     fn a_few_rows_over_dense_weights_equal_each_row_alone() {
         // dense_rows reads each weight row once for all the input rows; every output is still
         // the one-row GEMV's dot product, bit for bit (speculative verification relies on it).
-        let (k, n) = (200usize, 70usize);
-        let w = randoms(n * k, 11);
-        let weights = [
-            Matrix::Dense(Array::from_slice(&w, &[n, k]).unwrap()),
-            Matrix::Dense(
-                Array::from_slice(&w.iter().map(|&v| f16::from_f32(v)).collect::<Vec<_>>(), &[n, k]).unwrap(),
-            ),
-            Matrix::Dense(
-                Array::from_slice(&w.iter().map(|&v| bf16::from_f32(v)).collect::<Vec<_>>(), &[n, k]).unwrap(),
-            ),
-        ];
-        for wm in &weights {
-            for m in 2..=GEMV_MAX_ROWS {
-                let x = randoms(m * k, 40 + m as u64);
-                let all = linear(&Array::from_slice(&x, &[m, k]).unwrap(), wm).unwrap().to_vec::<f32>().unwrap();
-                for t in 0..m {
-                    let one = linear(&Array::from_slice(&x[t * k..(t + 1) * k], &[1, k]).unwrap(), wm).unwrap();
-                    assert_eq!(&all[t * n..(t + 1) * n], &one.to_vec::<f32>().unwrap()[..], "m {m}, row {t}");
+        for (k, n) in [(200usize, 70usize), (203, 9)] {
+            let w = randoms(n * k, 11);
+            let weights = [
+                Matrix::Dense(Array::from_slice(&w, &[n, k]).unwrap()),
+                Matrix::Dense(
+                    Array::from_slice(&w.iter().map(|&v| f16::from_f32(v)).collect::<Vec<_>>(), &[n, k]).unwrap(),
+                ),
+                Matrix::Dense(
+                    Array::from_slice(&w.iter().map(|&v| bf16::from_f32(v)).collect::<Vec<_>>(), &[n, k]).unwrap(),
+                ),
+            ];
+            for wm in &weights {
+                for m in 2..=DENSE_ROWS_MAX {
+                    let x = randoms(m * k, 40 + m as u64);
+                    let all = linear(&Array::from_slice(&x, &[m, k]).unwrap(), wm).unwrap().to_vec::<f32>().unwrap();
+                    for t in 0..m {
+                        let one = linear(&Array::from_slice(&x[t * k..(t + 1) * k], &[1, k]).unwrap(), wm).unwrap();
+                        assert_eq!(&all[t * n..(t + 1) * n], &one.to_vec::<f32>().unwrap()[..], "m {m}, row {t}");
+                    }
                 }
             }
         }

@@ -137,6 +137,30 @@ pub(crate) fn dot<T: RowElem>(a: &[f32], b: &[T]) -> f32 {
     }
 }
 
+/// `out[i] = dot(x row i, w)` for the `out.len()` rows of `xs` (each `w.len()` long), `w` read
+/// from memory once for all of them and widened in registers; each sum in [`dot`]'s order, so
+/// every output is bit for bit what [`dot`] gives for that row (a dense weight's rows in a
+/// speculative step's verification or a small batch).
+pub(crate) fn dot_rows<T: RowElem>(w: &[T], xs: &[f32], out: &mut [f32]) {
+    let k = w.len();
+    assert_eq!(xs.len(), k * out.len(), "dot_rows: {} inputs for {} rows of {k}", xs.len(), out.len());
+    if k == 0 {
+        out.fill(0.0);
+        return;
+    }
+    match isa() {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `isa()` returns Avx2/Avx512 only after detecting avx2, fma and f16c on this CPU;
+        // xs holds out.len() rows of w.len() (asserted above).
+        Isa::Avx2 | Isa::Avx512 => unsafe { x86::dot_rows(w, xs, out) },
+        Isa::Scalar => {
+            for (o, x) in out.iter_mut().zip(xs.chunks_exact(k)) {
+                *o = dot_scalar(x, w);
+            }
+        }
+    }
+}
+
 /// `y[i] += a * x[i]` (scalar reference).
 pub(crate) fn axpy_scalar<T: RowElem>(a: f32, x: &[T], y: &mut [f32]) {
     for (y, x) in y.iter_mut().zip(x) {
@@ -255,6 +279,54 @@ pub(crate) mod x86 {
             i += 1;
         }
         s
+    }
+
+    /// [`dot`] of `w` with each row of `xs`, two rows per pass over `w` (their eight sums and
+    /// `w`'s four vectors fit the 16 registers), each in `dot`'s order of operations.
+    ///
+    /// # Safety
+    /// The CPU must support avx2, fma and f16c; `xs` holds `out.len()` rows of `w.len()`.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(crate) unsafe fn dot_rows<T: RowElem>(w: &[T], xs: &[f32], out: &mut [f32]) {
+        let (k, m) = (w.len(), out.len());
+        debug_assert_eq!(xs.len(), k * m);
+        let pw = w.as_ptr();
+        let mut r = 0;
+        while r + 2 <= m {
+            // SAFETY (all loads below): rows r and r + 1 of xs and every index of w read are
+            // below k; xs holds m rows of k.
+            let (pa, pb) = (xs.as_ptr().add(r * k), xs.as_ptr().add((r + 1) * k));
+            let (mut a, mut b) = ([_mm256_setzero_ps(); 4], [_mm256_setzero_ps(); 4]);
+            let mut i = 0;
+            while i + 32 <= k {
+                for j in 0..4 {
+                    let wv = load8(pw.add(i + 8 * j));
+                    a[j] = _mm256_fmadd_ps(_mm256_loadu_ps(pa.add(i + 8 * j)), wv, a[j]);
+                    b[j] = _mm256_fmadd_ps(_mm256_loadu_ps(pb.add(i + 8 * j)), wv, b[j]);
+                }
+                i += 32;
+            }
+            while i + 8 <= k {
+                let wv = load8(pw.add(i));
+                a[0] = _mm256_fmadd_ps(_mm256_loadu_ps(pa.add(i)), wv, a[0]);
+                b[0] = _mm256_fmadd_ps(_mm256_loadu_ps(pb.add(i)), wv, b[0]);
+                i += 8;
+            }
+            let mut sa = hsum(_mm256_add_ps(_mm256_add_ps(a[0], a[1]), _mm256_add_ps(a[2], a[3])));
+            let mut sb = hsum(_mm256_add_ps(_mm256_add_ps(b[0], b[1]), _mm256_add_ps(b[2], b[3])));
+            while i < k {
+                let wi = (*pw.add(i)).widen();
+                sa += *pa.add(i) * wi;
+                sb += *pb.add(i) * wi;
+                i += 1;
+            }
+            out[r] = sa;
+            out[r + 1] = sb;
+            r += 2;
+        }
+        if r < m {
+            out[r] = dot(&xs[r * k..(r + 1) * k], w);
+        }
     }
 
     /// # Safety
@@ -441,6 +513,32 @@ pub(crate) mod tests {
             silu_mul(&g, &u, &mut b);
             for (i, (x, y)) in a.iter().zip(&b).enumerate() {
                 assert!((x - y).abs() <= 4.0 * f32::EPSILON * x.abs() + 1e-30, "n {n} g {}: {x} vs {y}", g[i]);
+            }
+        }
+    }
+
+    #[test]
+    fn dot_rows_gives_each_row_its_own_dot_bit_for_bit() {
+        // Lengths with and without whole 32-value blocks, 8-value steps and a scalar tail; odd
+        // and even row counts (the last row of an odd count takes dot itself).
+        for k in [0usize, 1, 7, 8, 31, 32, 33, 200, 203, 576] {
+            let w = randoms(k, 31);
+            let (h, b): (Vec<f16>, Vec<bf16>) = w.iter().map(|&v| (f16::from_f32(v), bf16::from_f32(v))).unzip();
+            for m in 1..=5 {
+                let xs = randoms(m * k, 32 + m as u64);
+                let mut got = vec![f32::NAN; m];
+                let rows = |got: &[f32], want: &dyn Fn(&[f32]) -> f32| {
+                    for (r, g) in got.iter().enumerate() {
+                        let x = &xs[r * k..(r + 1) * k];
+                        assert_eq!(g.to_bits(), want(x).to_bits(), "k {k} m {m} row {r}");
+                    }
+                };
+                dot_rows(&w, &xs, &mut got);
+                rows(&got, &|x| dot(x, &w));
+                dot_rows(&h, &xs, &mut got);
+                rows(&got, &|x| dot(x, &h));
+                dot_rows(&b, &xs, &mut got);
+                rows(&got, &|x| dot(x, &b));
             }
         }
     }
