@@ -402,6 +402,28 @@ struct QirRing {
     static constexpr int SLOT = WEIGHTS + 32 * PB;
 };
 
+// One batch's turn of a warp's ring: the slot the last batch was read from takes the batch
+// QIR_RING - 1 ahead (`issue`); this batch's slot is whole once this lane's copies of it landed
+// and the warp met. Reads this lane's words of the batch's 16 weight rows (row g into wa, g + 8
+// into wb, word t of each 32-value chunk) and returns the slot for its scales and biases.
+template <int DT, typename Issue>
+__device__ __forceinline__ const unsigned char* qir_turn(Issue& issue, int bi, int b1, int slot,
+                                                         const unsigned char* ring, u32 wread,
+                                                         u32 (&wa)[QIR_BATCH], u32 (&wb)[QIR_BATCH]) {
+    if (bi + QIR_RING - 1 < b1) issue(slot == 0 ? QIR_RING - 1 : slot - 1);
+    cp_async_commit();
+    cp_async_wait<QIR_RING - 1>();
+    __syncwarp();
+    const unsigned char* sl = ring + slot * QirRing<DT>::SLOT;
+    const u32* tw = (const u32*)sl + wread;
+#pragma unroll
+    for (int u = 0; u < QIR_BATCH; ++u) {
+        wa[u] = tw[4 * u];
+        wb[u] = tw[8 * 20 + 4 * u];
+    }
+    return sl;
+}
+
 template <int NT, int DT>
 __device__ __forceinline__ void qimma_reg_body(float* out, const u32* __restrict__ xq, int m, int n,
                                                const u32* __restrict__ packed, const void* __restrict__ scales,
@@ -463,20 +485,8 @@ __device__ __forceinline__ void qimma_reg_body(float* out, const u32* __restrict
         for (int e = 0; e < 4; ++e) acc[j][e] = 0.0f;
     const u32 wread = g * 20 + t, pread = QirRing<DT>::WEIGHTS + g * 4 * PB;
     for (int bi = b0, slot = 0; bi < b1; ++bi) {
-        // The slot the last batch was read from takes the batch QIR_RING - 1 ahead; this
-        // batch's slot is whole once this lane's copies of it landed and the warp met.
-        if (bi + QIR_RING - 1 < b1) issue(slot == 0 ? QIR_RING - 1 : slot - 1);
-        cp_async_commit();
-        cp_async_wait<QIR_RING - 1>();
-        __syncwarp();
-        const unsigned char* sl = ring + slot * SLOT;
-        const u32* tw = (const u32*)sl + wread;
         u32 wa[QIR_BATCH], wb[QIR_BATCH];
-#pragma unroll
-        for (int u = 0; u < QIR_BATCH; ++u) {
-            wa[u] = tw[4 * u];
-            wb[u] = tw[8 * 20 + 4 * u];
-        }
+        const unsigned char* sl = qir_turn<DT>(issue, bi, b1, slot, ring, wread, wa, wb);
         float s[2][4], b[2][4];
         const u32* pw = (const u32*)(sl + pread);
 #pragma unroll
@@ -656,18 +666,8 @@ __device__ __forceinline__ void qdec_reg_body(float* out, const uint4* __restric
     // Chunk u's group within a batch: u >> (lg - 5) of the batch's (4 >> (lg - 5)) groups.
     const int gsh = lg - 5;
     for (int bi = b0, slot = 0; bi < b1; ++bi) {
-        if (bi + QIR_RING - 1 < b1) issue(slot == 0 ? QIR_RING - 1 : slot - 1);
-        cp_async_commit();
-        cp_async_wait<QIR_RING - 1>();
-        __syncwarp();
-        const unsigned char* sl = ring + slot * SLOT;
-        const u32* tw = (const u32*)sl + wread;
         u32 wa[QIR_BATCH], wb[QIR_BATCH];
-#pragma unroll
-        for (int u = 0; u < QIR_BATCH; ++u) {
-            wa[u] = tw[4 * u];
-            wb[u] = tw[8 * 20 + 4 * u];
-        }
+        const unsigned char* sl = qir_turn<DT_BF16>(issue, bi, b1, slot, ring, wread, wa, wb);
         // Streams 0-3: row g's scales, biases, row g + 8's scales, biases (two words: up to four
         // bf16 groups; a 2-byte stream's word holds its group in the half of its parity).
         const u32* pw = (const u32*)(sl + pread);
