@@ -98,12 +98,12 @@ fn qir_smem(p_dt: i32) -> usize {
     QIR_WARPS * qir_ring() * (QIR_TILE * 80 + 32 * stream)
 }
 
-/// Which few-row products run (`NUVEC_QIMMA`, read once): unset, up to 16 input rows through the
-/// register kernels, with the weights and x in bf16 (`qdec_b4_r*`) where every scale taken is
-/// bf16 and in integers (`qimma_b4_r*`) otherwise; `int` the integer register kernels only (x at
-/// f32 accuracy, as one row alone); `1` those and the integer shared-memory ones for 17 to 64 rows,
-/// which are slower than the bf16 forms they would replace (docs/cuda.md, "Few-row products in
-/// integers"); `0` none.
+/// Which few-row products run (`NUVEC_QIMMA`, read once): unset, the register kernels with the
+/// weights and x in bf16 (`qdec_b4_r*`, 2 to `NUVEC_QDEC_ROWS` input rows) where every scale taken
+/// is bf16, in integers (`qimma_b4_r*`, 2 to 16 rows) otherwise; `int` the integer register
+/// kernels only (x at f32 accuracy, as one row alone); `1` those and the integer shared-memory
+/// ones for 17 to 64 rows, which are slower than the bf16 forms they would replace (docs/cuda.md,
+/// "Few-row products in integers"); `0` none.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Mode {
     Off,
