@@ -54,7 +54,8 @@ impl Proposer for DraftModel<'_> {
             self.session.tokens.extend_from_slice(&input);
             let guess = logits.argmax()?.to_vec::<u32>()?[0];
             guesses.push(guess);
-            input = vec![guess];
+            input.clear();
+            input.push(guess);
         }
         Ok(guesses)
     }

@@ -238,23 +238,19 @@ fn gemv(w: &Weights, x: &[f32], out: &mut [f32]) {
                 *o = q.dot_row(r0 + i, x);
             }
         }),
-        Weights::F32(d) => par_rows(out, k, |r0, o| {
-            for (i, o) in o.iter_mut().enumerate() {
-                *o = simd::dot(&d[(r0 + i) * k..(r0 + i + 1) * k], x);
-            }
-        }),
-        // Half-precision rows widened in registers (the same products and order as widened
-        // into scratch first, without writing and reading the copy).
-        Weights::F16(d) => par_rows(out, k, |r0, o| {
-            for (i, o) in o.iter_mut().enumerate() {
-                *o = simd::dot(x, &d[(r0 + i) * k..(r0 + i + 1) * k]);
-            }
-        }),
-        Weights::BF16(d) => par_rows(out, k, |r0, o| {
-            for (i, o) in o.iter_mut().enumerate() {
-                *o = simd::dot(x, &d[(r0 + i) * k..(r0 + i + 1) * k]);
-            }
-        }),
+        Weights::F32(d) => par_rows(out, k, |r0, o| dense_gemv(d, x, r0, o)),
+        Weights::F16(d) => par_rows(out, k, |r0, o| dense_gemv(d, x, r0, o)),
+        Weights::BF16(d) => par_rows(out, k, |r0, o| dense_gemv(d, x, r0, o)),
+    }
+}
+
+/// `out[i] = x · row r0 + i` of a dense weight `d` (rows of `x.len()`), half-precision rows
+/// widened in registers (the products and order of widening into scratch first, without
+/// writing and reading the copy).
+fn dense_gemv<T: simd::RowElem>(d: &[T], x: &[f32], r0: usize, out: &mut [f32]) {
+    let k = x.len();
+    for (i, o) in out.iter_mut().enumerate() {
+        *o = simd::dot(x, &d[(r0 + i) * k..(r0 + i + 1) * k]);
     }
 }
 

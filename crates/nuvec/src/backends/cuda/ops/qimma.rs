@@ -117,15 +117,13 @@ const DEC_WIDE: [(&str, usize, usize); 2] = [("qdec_b4_r32_t2", 32, 2), ("qdec_b
 
 /// The form of register kernel `name` (`rows` input rows per block) to launch for a product of
 /// `blocks(t)` blocks of `t` weight tiles: the most tiles per block (up to `NUVEC_QDEC_TPB`) that
-/// still fill every multiprocessor's slots once, else `name` itself (one tile).
+/// still fill every multiprocessor's slots once, else `name` itself (one tile). Only the bf16
+/// kernels of 32 and 64 rows have wide forms, so the rows pick them.
 fn wide_form(st: &State, name: &'static str, rows: usize, blocks: &dyn Fn(usize) -> usize) -> (&'static str, usize) {
     let fits = |&&(wide, r, tpb): &&(&'static str, usize, usize)| {
         r == rows && tpb <= qdec_tpb() && st.qmma_kernels.get(wide).is_some_and(|k| blocks(tpb) >= k.slots)
     };
-    match DEC_WIDE.iter().filter(fits).max_by_key(|w| w.2) {
-        Some(&(wide, _, tpb)) if name.starts_with("qdec") => (wide, tpb),
-        _ => (name, 1),
-    }
+    DEC_WIDE.iter().filter(fits).max_by_key(|w| w.2).map_or((name, 1), |&(wide, _, tpb)| (wide, tpb))
 }
 
 /// The most weight tiles per block of the bf16 register kernels (`NUVEC_QDEC_TPB`, read once: 2
