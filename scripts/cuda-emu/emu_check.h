@@ -91,3 +91,23 @@ static void check_parts(const std::string& what, const unsigned* parts, const fl
     }
     printf("ok   %-60s parts as defined\n", what.c_str());
 }
+
+// The bf16 register products' input tiles of x [m, k] (common.cuh qdec_tile_at) against their
+// definition written out here: per tile of 8 rows and 32-value chunk, [row g][lane t] the words
+// (x 8t, x 8t + 4), (+1, +5), (+2, +6), (+3, +7) of row g rounded to bf16, bit for bit, for
+// the m rows (those past m are free).
+static void check_tiles(const std::string& what, const unsigned* tiles, const float* x, int m, int k) {
+    const int kc = k / 32;
+    for (int row = 0; row < m; ++row)
+        for (int c = 0; c < kc; ++c)
+            for (int t = 0; t < 4; ++t)
+                for (int j = 0; j < 4; ++j) {
+                    const float* v = x + (size_t)row * k + c * 32 + 8 * t + j;
+                    const size_t at = ((((size_t)(row / 8) * kc + c) * 8 + row % 8) * 4 + t) * 4 + j;
+                    if (tiles[at] != bf16x2_rn(v[0], v[4])) {
+                        check(false, what + ": row " + std::to_string(row) + " value " + std::to_string(c * 32 + 8 * t + j));
+                        return;
+                    }
+                }
+    printf("ok   %-60s tiles as defined\n", what.c_str());
+}

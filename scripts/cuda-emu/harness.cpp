@@ -106,7 +106,7 @@ static void test_attn(int l, int kv, int hq, int hkv, int d, bool sink, int path
         emu_launch({(unsigned)hq, (unsigned)l, (unsigned)splits}, {128, 1, 1}, [&] {
             attention_split_f32(part.data(), q.data(), k.data(), v.data(), l, hq, hkv, d, cap, kv, scale, chunk, nullptr, want, DT_F32);
         });
-        emu_launch({(unsigned)hq, (unsigned)l, 1}, {128, 1, 1}, [&] { attention_merge_f32(out.data(), part.data(), hq, d, splits, sp, nullptr); });
+        emu_launch({(unsigned)hq, (unsigned)l, 1}, {128, 1, 1}, [&] { attention_merge_f32(out.data(), part.data(), hq, d, splits, sp, nullptr, nullptr); });
     } else {  // scores by hand (as the SGEMM would), then the causal softmax kernel, then PV by hand
         int first = kv - l, n = kv;
         std::vector<float> sc((size_t)hq * l * n);
@@ -141,9 +141,21 @@ static void test_attn(int l, int kv, int hq, int hkv, int d, bool sink, int path
         emu_launch({(unsigned)hq, 1, (unsigned)splits}, {128, 1, 1}, [&] {
             attention_split_f32(part.data(), q.data(), k.data(), v.data(), l, hq, hkv, d, cap, kv, scale, chunk, nullptr, want_s, DT_F32);
         });
-        emu_launch({(unsigned)hq, 1, 1}, {128, 1, 1}, [&] { attention_merge_f32(o2.data(), part.data(), hq, d, splits, sp, parts.data()); });
+        emu_launch({(unsigned)hq, 1, 1}, {128, 1, 1}, [&] { attention_merge_f32(o2.data(), part.data(), hq, d, splits, sp, parts.data(), nullptr); });
         check(o2 == out, std::string(name) + " with parts: same output");
         check_parts(std::string(name) + " merge parts", parts.data(), o2.data(), hq * d);
+    }
+    if (path == 1 && d % 32 == 0) {  // the merge again, writing the output's bf16 tiles too
+        int want_s = std::max(1, (512 + hq * l - 1) / (hq * l));
+        int chunk = std::max(32, (kv + want_s - 1) / want_s), splits = std::max(1, (kv + chunk - 1) / chunk);
+        std::vector<float> part((size_t)l * hq * splits * (d + 2)), o2(out.size());
+        std::vector<unsigned> tiles((size_t)(l + 7) / 8 * 8 * hq * d / 2, 0xdeadbeefu);
+        emu_launch({(unsigned)hq, (unsigned)l, (unsigned)splits}, {128, 1, 1}, [&] {
+            attention_split_f32(part.data(), q.data(), k.data(), v.data(), l, hq, hkv, d, cap, kv, scale, chunk, nullptr, want_s, DT_F32);
+        });
+        emu_launch({(unsigned)hq, (unsigned)l, 1}, {128, 1, 1}, [&] { attention_merge_f32(o2.data(), part.data(), hq, d, splits, sp, nullptr, tiles.data()); });
+        check(o2 == out, std::string(name) + " with tiles: same output");
+        check_tiles(std::string(name) + " merge tiles", tiles.data(), o2.data(), l, hq * d);
     }
 }
 
@@ -158,7 +170,7 @@ static void split_launch(std::vector<float>& out, const std::vector<float>& q, c
     emu_launch({(unsigned)hq, (unsigned)l, (unsigned)splits}, {128, 1, 1}, [&] {
         attention_split_f32(part.data(), q.data(), k.data(), v.data(), l, hq, hkv, d, cap, kv_arg, scale, chunk, step, want, DT_F32);
     });
-    emu_launch({(unsigned)hq, (unsigned)l, 1}, {128, 1, 1}, [&] { attention_merge_f32(out.data(), part.data(), hq, d, splits, sp, nullptr); });
+    emu_launch({(unsigned)hq, (unsigned)l, 1}, {128, 1, 1}, [&] { attention_merge_f32(out.data(), part.data(), hq, d, splits, sp, nullptr, nullptr); });
 }
 static void test_attn_step(int l, int hq, int hkv, int d, bool sink, int kv0, std::vector<int> kvs) {
     int cap = 700;
@@ -223,7 +235,7 @@ static void test_attn_half(int l, int kv, int hq, int hkv, int d, int dt, bool s
         emu_launch({(unsigned)hq, (unsigned)l, (unsigned)splits}, {128, 1, 1}, [&] {
             attention_split_f32(part.data(), q.data(), kh.data(), vh.data(), l, hq, hkv, d, cap, kv, scale, chunk, nullptr, want_s, dt);
         });
-        emu_launch({(unsigned)hq, (unsigned)l, 1}, {128, 1, 1}, [&] { attention_merge_f32(split.data(), part.data(), hq, d, splits, sp, nullptr); });
+        emu_launch({(unsigned)hq, (unsigned)l, 1}, {128, 1, 1}, [&] { attention_merge_f32(split.data(), part.data(), hq, d, splits, sp, nullptr, nullptr); });
         cmp(std::string(name) + " split", split, want);
     }
     emu_launch({(unsigned)hq, (unsigned)l, 1}, {128, 1, 1}, [&] {
@@ -246,7 +258,7 @@ static void test_attn_half(int l, int kv, int hq, int hkv, int d, int dt, bool s
     emu_launch({(unsigned)hq, 1, (unsigned)want_s}, {128, 1, 1}, [&] {
         paged_attention_split_f32(part.data(), q.data(), ks.data(), vs.data(), table.data(), blocks, lens, hq, hkv, d, bs, scale, want_s, 0, dt, 1);
     });
-    emu_launch({(unsigned)hq, 1, 1}, {128, 1, 1}, [&] { attention_merge_f32(paged.data(), part.data(), hq, d, want_s, sp, nullptr); });
+    emu_launch({(unsigned)hq, 1, 1}, {128, 1, 1}, [&] { attention_merge_f32(paged.data(), part.data(), hq, d, want_s, sp, nullptr, nullptr); });
     check(std::memcmp(paged.data(), split.data(), 4 * split.size()) == 0, std::string(name) + " paged == split, bit for bit");
     // A step of many sequences: one chunk of 64 keys for all, one split more than the sequence
     // needs (an empty partial the merge skips), against the definition.
@@ -256,7 +268,7 @@ static void test_attn_half(int l, int kv, int hq, int hkv, int d, int dt, bool s
         emu_launch({(unsigned)hq, 1, (unsigned)splits}, {128, 1, 1}, [&] {
             paged_attention_split_f32(part_k.data(), q.data(), ks.data(), vs.data(), table.data(), blocks, lens, hq, hkv, d, bs, scale, want_s, keys, dt, 1);
         });
-        emu_launch({(unsigned)hq, 1, 1}, {128, 1, 1}, [&] { attention_merge_f32(chunked.data(), part_k.data(), hq, d, splits, sp, nullptr); });
+        emu_launch({(unsigned)hq, 1, 1}, {128, 1, 1}, [&] { attention_merge_f32(chunked.data(), part_k.data(), hq, d, splits, sp, nullptr, nullptr); });
         cmp(std::string(name) + " paged, 64 keys per split", chunked, want);
     }
     // The heads of a KV group in one block (D <= 128): the same partials, bit for bit.
@@ -292,7 +304,7 @@ int main() {
     for (int s = 0; s < 2; ++s) {
         test_attn(1, 1, 4, 2, 64, s, 1); test_attn(1, 300, 8, 2, 128, s, 1); test_attn(3, 70, 8, 8, 16, s, 1);
         // split path at head sizes 256 and 512 (2 and 4 float4 slots per lane, keys 2 and 1 at a time)
-        test_attn(1, 45, 2, 1, 256, s, 1); test_attn(2, 37, 2, 2, 512, s, 1);
+        test_attn(1, 45, 2, 1, 256, s, 1); test_attn(2, 37, 2, 2, 512, s, 1); test_attn(9, 40, 4, 2, 64, s, 1);
         test_attn(2, 50, 4, 2, 30, s, 0); test_attn(1, 77, 4, 1, 30, s, 0); test_attn(1, 300, 4, 2, 16, s, 0);
         test_attn(64, 64, 4, 1, 64, s, 2); test_attn(10, 57, 2, 2, 16, s, 2);
     }

@@ -185,6 +185,12 @@ static void test_dec(const char* name, DecKernel f, int nt, int m, int n, int n2
     std::vector<unsigned> xb((size_t)tiles * kc * 32 * 4, 0xDEADBEEFu);
     emu_launch({(unsigned)((tiles * kc * 32 + 255) / 256), 1, 1}, {256, 1, 1},
                [&] { xbf16_tiles_f32((uint4*)xb.data(), x.data(), m, k); });
+    check_tiles(std::string("xbf16_tiles_f32 m=") + std::to_string(m) + " k=" + std::to_string(k), xb.data(), x.data(), m, k);
+    // The rows past m as a producer writing the tiles beside its output leaves them (anything:
+    // here NaNs), which no stored result may depend on.
+    for (int c = 0; c < kc; ++c)
+        for (int row = m; row < tiles * 8; ++row)
+            for (int j = 0; j < 16; ++j) xb[(((size_t)(row / 8) * kc + c) * 8 + row % 8) * 16 + j] = 0x7FC07FC0u;
     std::vector<float> out0((size_t)m * n, NAN), out1((size_t)m * n2, NAN);
     const int lg = __builtin_ctz(group);
     const unsigned blocks = (unsigned)((n + 16 * tpb - 1) / (16 * tpb) + (n2 + 16 * tpb - 1) / (16 * tpb));
@@ -215,6 +221,19 @@ static void test_dec(const char* name, DecKernel f, int nt, int m, int n, int n2
     }
 }
 
+// silu(g) * u straight into the tiles: bit for bit the tiles of silu_mul_f32's output (its
+// expression, elementwise.cu, in f32 here).
+static void test_silu_tiles(int m, int k) {
+    const auto g = random_x(m, k), u = random_x(m, k);
+    std::vector<float> h((size_t)m * k);
+    for (size_t i = 0; i < h.size(); ++i) h[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+    const int tiles = (m + 7) / 8;
+    std::vector<unsigned> xb((size_t)tiles * 8 * k / 2, 0xDEADBEEFu);
+    emu_launch({(unsigned)((tiles * k + 255) / 256), 1, 1}, {256, 1, 1},
+               [&] { silu_mul_xbf16_tiles_f32((uint4*)xb.data(), g.data(), u.data(), m, k); });
+    check_tiles("silu_mul_xbf16_tiles_f32 m=" + std::to_string(m) + " k=" + std::to_string(k), xb.data(), h.data(), m, k);
+}
+
 int main() {
     const int dts[3] = {DT_F32, DT_F16, DT_BF16};
     int i = 0;
@@ -233,6 +252,8 @@ int main() {
     test("qimma_b4_x32", qimma_b4_x32, 8, 32, 33, 136, 256, 64, DT_BF16);
     test("qimma_b4_x32", qimma_b4_x32, 8, 32, 64, 40, 384, 128, DT_F32);
     test_rows_alone();
+    test_silu_tiles(3, 256);
+    test_silu_tiles(17, 1024);
     i = 0;
     for (int group : {32, 64, 128})
         for (int k : {256, 384}) {

@@ -32,8 +32,20 @@ static void test_norms(int rows, int d, int vec, std::mt19937& rng) {
     // The fused kernel with 4 virtual threads per thread (a prefill's blocks), the reference with
     // 1 (a decode row's): bit for bit equal, as the row order does not depend on the block.
     emu_launch({(unsigned)rows, 1, 1}, {threads_for(d, 4), 1, 1}, [&] {
-        add_rms_norm_f32(sum.data(), out.data(), a.data(), b.data(), w.data(), DT_F32, d, eps, vec);
+        add_rms_norm_f32(sum.data(), out.data(), a.data(), b.data(), w.data(), DT_F32, d, eps, vec, nullptr);
     });
+    if (d % 128 == 0) {  // with the bf16 tiles of its output (a batched decode step's rows)
+        const int padded = (rows + 7) / 8 * 8;
+        std::vector<float> s2(rows * d), o2(rows * d);
+        std::vector<unsigned> tiles((size_t)padded * d / 2, 0xdeadbeefu);
+        for (int f : {1, 4}) {
+            emu_launch({(unsigned)rows, 1, 1}, {threads_for(d, f), 1, 1}, [&] {
+                add_rms_norm_f32(s2.data(), o2.data(), a.data(), b.data(), w.data(), DT_F32, d, eps, vec, tiles.data());
+            });
+            check(o2 == out && s2 == sum, "add_rms_norm with tiles = without " + tag);
+            check_tiles("add_rms_norm_f32 tiles " + std::to_string(f) + " per thread " + tag, tiles.data(), o2.data(), rows, d);
+        }
+    }
     emu_launch({(unsigned)rows, 1, 1}, {threads_for(d), 1, 1}, [&] {
         rms_norm_f32(ref_out.data(), ref_sum.data(), w.data(), DT_F32, d, eps, vec);
     });
@@ -218,6 +230,8 @@ int main() {
         test_norms(1, 1536, vec, rng);  // 384 virtual threads: 192 threads of 2
         test_norms(1, 1920, vec, rng);  // 480: one per thread
     }
+    test_norms(9, 384, 1, rng);    // tiles: two tiles of rows, one partly filled
+    test_norms(2, 6144, 1, rng);   // tiles: several quads per thread
     test_norms(2, 1001, 0, rng);  // not a multiple of 4: the scalar path's tail
     test_norms(1, 6000, 0, rng);  // over 1024 virtual threads' 4 values, a partial last pass
     test_norms(1, 20000, 1, rng);  // several quads per virtual thread

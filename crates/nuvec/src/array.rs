@@ -353,11 +353,11 @@ impl Array {
         }
     }
 
-    /// Records `parts` (written by the launch that wrote this array) as the integer GEMVs' parts
-    /// of this array as one f32 row.
-    pub(crate) fn set_int_parts(&self, parts: crate::backends::cuda::DeviceBuffer) {
+    /// Records `bytes` (written by the launch that wrote this array) as `form` of this array
+    /// (`DeviceBuffer::set_derived`).
+    pub(crate) fn set_derived(&self, form: crate::backends::cuda::Derived, bytes: crate::backends::cuda::DeviceBuffer) {
         if let Bytes::Cuda(buf) = &*self.bytes {
-            buf.set_int_parts(parts);
+            buf.set_derived(form, bytes);
         }
     }
 
@@ -369,11 +369,11 @@ impl Array {
         }
     }
 
-    /// The device address of the integer GEMVs' parts of this array, when they were recorded for
-    /// its bytes and it views all of them (a reshape does; a window into a larger array does not).
-    pub(crate) fn int_parts(&self) -> Option<u64> {
+    /// The device address of `form` of this array, when it was recorded for its bytes and the
+    /// array views all of them (a reshape does; a window into a larger array does not).
+    pub(crate) fn derived(&self, form: crate::backends::cuda::Derived) -> Option<u64> {
         match &*self.bytes {
-            Bytes::Cuda(buf) if self.offset == 0 && self.nbytes() == buf.len() => buf.int_parts(),
+            Bytes::Cuda(buf) if self.offset == 0 && self.nbytes() == buf.len() => buf.derived(form),
             _ => None,
         }
     }

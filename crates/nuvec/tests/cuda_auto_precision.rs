@@ -98,6 +98,13 @@ fn half(w: &Matrix) -> bool {
     matches!(dt, DType::F16 | DType::BF16)
 }
 
+/// Whether `m` rows over `w` run kernels/qimma.cu's integer register kernels whatever the
+/// precision: 2 to 16 rows over affine 4-bit weights whose scales are not bf16 (bf16 scales take
+/// the bf16 register kernels where the precision allows; ops/qimma.rs).
+fn integer_rows(w: &Matrix, m: usize) -> bool {
+    matches!(w, Matrix::Quantized(q) if q.spec.bits == 4 && q.scales.dtype() != DType::BF16) && (2..=16).contains(&m)
+}
+
 #[test]
 fn linear_follows_each_weight() {
     let dev = gpu();
@@ -127,7 +134,12 @@ fn linear_follows_each_weight() {
                     .remove(0)
             };
             let case = format!("linear auto {name} m={m}");
-            if half(w) {
+            if integer_rows(w, m) {
+                // One path under every setting: the integer register kernels, at f32 accuracy.
+                assert_eq!(bits(&auto), bits(&f32_), "{case}: auto and f32");
+                assert_eq!(bits(&bf16_), bits(&f32_), "{case}: bf16 and f32");
+                close_f32(&case, &auto, &x.linear(w).unwrap().to_f32_vec().unwrap());
+            } else if half(w) {
                 same_path(&case, &auto, &bf16_, &f32_, "bf16");
                 same_path(&format!("{case}, bf16 model"), &in_model(DType::BF16), &bf16_, &f32_, "bf16");
                 // mlx-lm promotes the product to an f32 model's activations.

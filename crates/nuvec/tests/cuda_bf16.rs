@@ -366,6 +366,71 @@ fn linear_many_and_silu_mul_linear() {
 }
 
 #[test]
+fn products_over_inputs_their_producers_wrote_in_bf16() {
+    // A batched step's norm and paged attention merge write their rows in the bf16 register
+    // products' input form beside the f32 output, and silu(gate) * up goes straight into it: the
+    // products over those give, bit for bit, what they give over the same f32 values uploaded
+    // afresh (converted by the product itself).
+    let dev = gpu();
+    let mut rng = Rng::new(31);
+    let fresh = |a: &Array| arr(&a.to_f32_vec().unwrap(), a.shape()).to_device(dev).unwrap();
+    let same = |case: &str, got: &Array, want: &Array| {
+        assert_eq!(
+            got.to_f32_vec().unwrap(),
+            want.to_f32_vec().unwrap(),
+            "{case}: differs from the product over a fresh copy"
+        );
+    };
+    let k = 1024;
+    let w = quantized(&mut rng, 200, k, 4, 64, DType::BF16).matrix.to_device(dev).unwrap();
+    let w2 = quantized(&mut rng, 136, k, 4, 64, DType::BF16).matrix.to_device(dev).unwrap();
+    let half = quantized(&mut rng, 72, k / 2, 4, 64, DType::BF16).matrix.to_device(dev).unwrap();
+    let norm_wv = rng.vec(k, 1.0);
+    let norm_w = arr(&norm_wv, &[k]).to_device(dev).unwrap();
+    for m in [2usize, 8, 13, 32, 33, 64] {
+        let (ah, bh) = (arr(&rng.vec(m * k, 1.0), &[m, k]), arr(&rng.vec(m * k, 1.0), &[m, k]));
+        let (a, b) = (ah.to_device(dev).unwrap(), bh.to_device(dev).unwrap());
+        let (sum, normed) = a.add_rms_norm(&b, &norm_w, 1e-5).unwrap();
+        // The norm itself (each row over several blocks) as the CPU's, to f32 rounding.
+        let (cpu_sum, cpu_normed) = ah.add_rms_norm(&bh, &arr(&norm_wv, &[k]), 1e-5).unwrap();
+        close_f32(&format!("add_rms_norm m={m} sum"), &sum.to_f32_vec().unwrap(), &cpu_sum.to_f32_vec().unwrap());
+        close_f32(&format!("add_rms_norm m={m}"), &normed.to_f32_vec().unwrap(), &cpu_normed.to_f32_vec().unwrap());
+        let got = normed.linear_many(&[&w, &w2]).unwrap();
+        let want = fresh(&normed).linear_many(&[&w, &w2]).unwrap();
+        same(&format!("norm m={m} weight 0"), &got[0], &want[0]);
+        same(&format!("norm m={m} weight 1"), &got[1], &want[1]);
+        // A reshape keeps the rows (and their tiles); rows of another length do not take them.
+        let got = normed.reshape(&[1, m, k]).unwrap().linear(&w).unwrap();
+        same(&format!("norm m={m} reshaped"), &got, &want[0].reshape(&[1, m, 200]).unwrap());
+        if m <= 32 {
+            let cut = normed.reshape(&[2 * m, k / 2]).unwrap();
+            same(
+                &format!("norm m={m} as rows of {}", k / 2),
+                &cut.linear(&half).unwrap(),
+                &fresh(&cut).linear(&half).unwrap(),
+            );
+        }
+        let (g, u) = (a.clone(), b.clone());
+        let got = g.silu_mul_linear(&u, &w).unwrap();
+        let want = g.silu_mul(&u).unwrap().linear(&w).unwrap();
+        same(&format!("silu_mul_linear m={m}"), &got, &want);
+    }
+    // The merge of a paged decode step (64 query heads of 64: rows of 4096).
+    let (hq, hkv, d, bs, blocks) = (64usize, 8usize, 64usize, 16usize, 64usize);
+    let lens: Vec<usize> = vec![1, 17, 300, 40, 5, 160, 64, 9, 2];
+    let tables = common::scattered_tables(&lens, bs, blocks);
+    let seqs: Vec<nuvec::PagedSeq> =
+        tables.iter().zip(&lens).map(|(t, &len)| nuvec::PagedSeq { table: t, len }).collect();
+    let q = arr(&rng.vec(lens.len() * hq * d, 2.0), &[lens.len(), hq, d]).to_device(dev).unwrap();
+    let (kv, _) = floats(&rng.vec(blocks * bs * hkv * d, 1.0), &[1, blocks * bs, hkv * d], DType::BF16);
+    let kv = kv.to_device(dev).unwrap();
+    let wo = quantized(&mut rng, 128, hq * d, 4, 64, DType::BF16).matrix.to_device(dev).unwrap();
+    let att = nuvec::paged_decode_attention(&q, &kv, &kv, &seqs, bs, 0.125, None).unwrap();
+    let rows = att.reshape(&[lens.len(), hq * d]).unwrap();
+    same("paged attention merge", &rows.linear(&wo).unwrap(), &fresh(&rows).linear(&wo).unwrap());
+}
+
+#[test]
 fn linear_tiles_views_and_3d() {
     let dev = gpu();
     let mut rng = Rng::new(23);

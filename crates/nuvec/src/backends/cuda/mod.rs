@@ -380,6 +380,28 @@ pub(crate) fn state(ordinal: usize) -> Result<&'static State> {
     Ok(s)
 }
 
+/// A form of an f32 array's bytes that the products reading it take instead, written by the
+/// kernel that made the array (so that no conversion launch runs before the product).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum Derived {
+    /// The integer one-row GEMVs' parts of the bytes as one f32 row (`xsplit_chunk`,
+    /// kernels/common.cuh).
+    IntParts,
+    /// The bytes as rows of `k` values in bf16, as the bf16 register products take them
+    /// (`qdec_tile_at`, kernels/common.cuh; ops/qimma.rs).
+    Bf16Tiles { k: usize },
+}
+
+impl Derived {
+    /// Where a buffer keeps this form (one of each kind).
+    fn slot(self) -> usize {
+        match self {
+            Derived::IntParts => 0,
+            Derived::Bf16Tiles { .. } => 1,
+        }
+    }
+}
+
 /// Bytes in device memory: one allocation of the device's stream (taken from the device's cache
 /// of freed buffers when one of the size class is there, and handed back to it when dropped),
 /// plus a host copy made only if something reads the array as raw host bytes (saving it, say).
@@ -390,10 +412,10 @@ pub(crate) struct DeviceBuffer {
     len: usize,
     st: &'static State,
     mirror: OnceLock<Vec<u64>>,
-    /// The integer GEMVs' parts of these bytes as one f32 row (`xsplit_chunk`, kernels/common.cuh),
-    /// when the kernel that wrote the row wrote them too; forgotten with the host copy.
-    int_parts: OnceLock<Box<DeviceBuffer>>,
-    /// The bytes are a norm's u = h * w with its scale pending (ops/norm_fold.rs): `int_parts`
+    /// Other forms of these bytes that the kernel writing them wrote too (see [`Derived`]),
+    /// forgotten with the host copy.
+    derived: [OnceLock<Box<(Derived, DeviceBuffer)>>; 2],
+    /// The bytes are a norm's u = h * w with its scale pending (ops/norm_fold.rs): the integer parts
     /// holds the scale's terms, and `settle` (ops.rs) scales the bytes in place before anything
     /// reads them as values.
     pending_norm: std::sync::atomic::AtomicBool,
@@ -439,7 +461,7 @@ impl DeviceBuffer {
             len,
             st,
             mirror: OnceLock::new(),
-            int_parts: OnceLock::new(),
+            derived: [OnceLock::new(), OnceLock::new()],
             pending_norm: std::sync::atomic::AtomicBool::new(false),
             epoch,
             graph_written: false,
@@ -534,27 +556,28 @@ impl DeviceBuffer {
         &bytes[..self.len.min(bytes.len())]
     }
 
-    /// Records `parts` as the integer GEMVs' parts of these bytes (see `int_parts`); a second
-    /// record for the same bytes is dropped (one kernel writes a buffer's row once).
-    pub(crate) fn set_int_parts(&self, parts: DeviceBuffer) {
-        let _ = self.int_parts.set(Box::new(parts));
+    /// Records `form` of these bytes (see [`Derived`]); a second record of one form for the
+    /// same bytes is dropped (one kernel writes a buffer's rows once).
+    pub(crate) fn set_derived(&self, form: Derived, bytes: DeviceBuffer) {
+        let _ = self.derived[form.slot()].set(Box::new((form, bytes)));
     }
 
-    /// The device address of the integer GEMVs' parts of these bytes, if recorded.
-    pub(crate) fn int_parts(&self) -> Option<u64> {
-        self.int_parts.get().map(|p| p.ptr())
+    /// The device address of `form` of these bytes, if recorded (as that form: tiles of another
+    /// row length are not these).
+    pub(crate) fn derived(&self, form: Derived) -> Option<u64> {
+        self.derived[form.slot()].get().filter(|d| d.0 == form).map(|d| d.1.ptr())
     }
 
     /// Marks the bytes as a norm's u with its scale pending in the integer parts just recorded
-    /// (`set_int_parts`), which the integer GEMVs read; see `settle`.
+    /// (`set_derived`), which the integer GEMVs read; see `settle`.
     pub(crate) fn set_pending_norm(&self) {
         self.pending_norm.store(true, std::sync::atomic::Ordering::Release);
     }
 
-    /// Forgets the host copy and the integer parts (the device bytes are about to change).
+    /// Forgets the host copy and the derived forms (the device bytes are about to change).
     pub(crate) fn invalidate(&mut self) {
         self.mirror = OnceLock::new();
-        self.int_parts = OnceLock::new();
+        self.derived = [OnceLock::new(), OnceLock::new()];
         *self.pending_norm.get_mut() = false;
         if self.epoch == 0 && self.st.capturing() != 0 {
             self.graph_written = true;

@@ -8,7 +8,7 @@ use cudarc::cublas::sys::cublasOperation_t;
 use cudarc::driver::LaunchConfig;
 
 use super::graph::{StepPos, STEP_TOKEN};
-use super::{state, DeviceBuffer, State};
+use super::{state, Derived, DeviceBuffer, State};
 use crate::{Array, Backend, DType, Device, Error, GatedDeltaDims, Matrix, QuantMode, QuantSpec, Result};
 
 /// Input rows up to which `linear` runs the fused matrix-vector kernel (must match `GEMV_MAX_M`).
@@ -420,7 +420,8 @@ impl DeviceBuffer {
             return Ok(());
         }
         let op = "rms_norm (pending scale)";
-        let parts = self.int_parts().ok_or_else(|| Error::Device(format!("{op}: the norm's parts are gone")))?;
+        let parts =
+            self.derived(Derived::IntParts).ok_or_else(|| Error::Device(format!("{op}: the norm's parts are gone")))?;
         let (y, d) = (self.ptr(), self.len() / 4);
         let di = to_i32(op, "row length", d)?;
         launch!(self.st, op, "rms_settle_f32", cfg_1d(d); y, parts, di);
@@ -664,7 +665,7 @@ impl CudaBackend {
         if !int_variant(suffix) {
             return Ok((x.cuda_ptr()?, None));
         }
-        if let Some(parts) = x.int_parts() {
+        if let Some(parts) = x.derived(Derived::IntParts) {
             return Ok((parts, None));
         }
         let parts = self.split_parts(op, x.cuda_ptr()?, k)?;
@@ -685,7 +686,7 @@ impl CudaBackend {
     /// A buffer for the integer GEMVs' parts of a producer's output when it is one row of `d`
     /// values that such a GEMV could read, and `producer` writes parts (see [`producer_parts`]):
     /// the producer writes them, and the caller records the buffer on the output
-    /// (`Array::set_int_parts`).
+    /// (`Array::set_derived`).
     pub(super) fn row_int_parts(&self, producer: &str, rows: usize, d: usize) -> Result<Option<DeviceBuffer>> {
         if rows != 1 || d == 0 || !d.is_multiple_of(32) || !producer_parts(producer) {
             return Ok(None);
@@ -1063,7 +1064,7 @@ impl Backend for CudaBackend {
         if let Some(parts) = self.row_int_parts("norm", rows, d)? {
             let (cfg, pp) = (fused::norm_row_cfg(d), parts.ptr());
             launch!(self.st()?, op, "rms_norm_row_f32", cfg; o, xp, wp, w_dt, di, eps, vec, pp);
-            out.set_int_parts(parts);
+            out.set_derived(Derived::IntParts, parts);
             return Ok(out);
         }
         let grid = u32::try_from(rows).map_err(|_| Error::Unsupported(format!("{op}: {rows} rows")))?;

@@ -473,9 +473,11 @@ extern "C" __global__ void paged_attention_split_f32(float* part, const float* q
 
 // out [L, Hq * D] from the S partials of each (query, head): one block per (head, query).
 // `parts` (L = 1, D a multiple of 32, so that a warp holds whole chunks; else null): the integer
-// GEMVs' parts of out too (xsplit_chunk), for the output projection.
+// GEMVs' parts of out too (xsplit_chunk), for the output projection. `tiles` (several queries,
+// D a multiple of 32 and 128 threads; else null): out in the bf16 register products' input too
+// (common.cuh), the output projection's over a batch.
 extern "C" __global__ void attention_merge_f32(float* out, const float* part, int hq, int d, int splits,
-                                               const float* sinks, u32* parts) {
+                                               const float* sinks, u32* parts, u32* tiles) {
     pdl_begin();
     const int h = blockIdx.x, t = blockIdx.y;
     const float* p = part + ((size_t)t * hq + h) * splits * (size_t)(d + 2);
@@ -497,6 +499,7 @@ extern "C" __global__ void attention_merge_f32(float* out, const float* part, in
         }
         o[c] = a * inv;
         if (parts) xsplit_chunk(parts, (hq * d) >> 5, (h * d + c) >> 5, a * inv, (int)(threadIdx.x & 31));
+        if (tiles) qdec_tile_value(tiles, t, h * d + c, hq * d, a * inv);
     }
 }
 

@@ -215,9 +215,14 @@ __device__ __forceinline__ NormQuad norm_quad(float4 v, const void* w, int i, in
     return {v, make_float4(r[0], r[1], r[2], r[3])};
 }
 
+// v * inv * w for a quad.
+__device__ __forceinline__ float4 quad_normed(NormQuad q, float inv) {
+    return make_float4(q.v.x * inv * q.w.x, q.v.y * inv * q.w.y, q.v.z * inv * q.w.z, q.v.w * inv * q.w.w);
+}
 // out = v * inv * w for the (up to) 4 values at i: one 16-byte store when `vec` (as row_quad).
 __device__ __forceinline__ void quad_norm_store(float* __restrict__ o, NormQuad q, int i, int d, float inv, int vec) {
-    const float r[4] = {q.v.x * inv * q.w.x, q.v.y * inv * q.w.y, q.v.z * inv * q.w.z, q.v.w * inv * q.w.w};
+    const float4 n = quad_normed(q, inv);
+    const float r[4] = {n.x, n.y, n.z, n.w};
     if (vec) {
         *(float4*)(o + i) = make_float4(r[0], r[1], r[2], r[3]);
         return;
@@ -433,6 +438,39 @@ __device__ __forceinline__ float exp2_ftz(float x) {
     return r;
 }
 #endif
+
+// ---- The bf16 register products' input (qimma.cu's qdec kernels) ----
+//
+// x [m, k] as bf16: per tile of 8 rows and 32-value chunk, [row g][lane t] 16 bytes = the pairs
+// (x 8t, x 8t + 4), (+1, +5), (+2, +6), (+3, +7) of row g, the B fragments of two k16 steps.
+// Rows past m are never stored from (an MMA's output column depends on its input row alone), so
+// a tile's rows past m may hold anything. Written by xbf16_tiles_f32 from an f32 x, or by the
+// kernel that makes x (a norm, an attention merge) beside its f32 output (ops/qimma.rs).
+
+// The 16-byte unit of (row, chunk c, lane t) for rows of kc chunks.
+__device__ __forceinline__ size_t qdec_tile_at(int row, int c, int t, int kc) {
+    return (((size_t)(row >> 3) * kc + c) * 8 + (row & 7)) * 4 + t;
+}
+// Value v = x[row][i] into the tiles, from a warp whose lanes hold 32 consecutive values of one
+// row (i's warp 32-aligned, every lane calling): lane i & 7 < 4 takes i + 4's from its lane and
+// writes their pair, one 4-byte word.
+__device__ __forceinline__ void qdec_tile_value(u32* __restrict__ tiles, int row, int i, int k, float v) {
+    const float up = __shfl_xor_sync(0xffffffffu, v, 4);
+    if ((i & 7) < 4) tiles[qdec_tile_at(row, i >> 5, (i >> 3) & 3, k >> 5) * 4 + (i & 3)] = bf16x2_rn(v, up);
+}
+// Values r = x[row][i .. i + 3] (i a multiple of 4) into the tiles, from a warp whose lanes hold
+// 32 consecutive quads of one row (128-aligned, every lane calling): a lane pair (i, i + 4)
+// swaps halves and each writes two of its 8 values' four pairs, 8 bytes.
+__device__ __forceinline__ void qdec_tile_quad(u32* __restrict__ tiles, int row, int i, int k, float4 r) {
+    const bool high = (i & 4) != 0;
+    const float p0 = __shfl_xor_sync(0xffffffffu, high ? r.x : r.z, 1);
+    const float p1 = __shfl_xor_sync(0xffffffffu, high ? r.y : r.w, 1);
+    // The low lane holds values 0-3 of the 8 (pairs (0, 4), (1, 5)), the high one 4-7 ((2, 6), (3, 7)).
+    const u32 w0 = high ? bf16x2_rn(p0, r.z) : bf16x2_rn(r.x, p0);
+    const u32 w1 = high ? bf16x2_rn(p1, r.w) : bf16x2_rn(r.y, p1);
+    const size_t at = qdec_tile_at(row, i >> 5, (i >> 3) & 3, k >> 5) * 4 + (high ? 2 : 0);
+    *(uint2*)(tiles + at) = make_uint2(w0, w1);
+}
 
 // ---- x's parts for the integer GEMVs (linear.cu qgemv4i_acc) ----
 // Layout for a K-value x: [chunks][QI_WORDS] u32 parts ([part][word][even, odd] bytes), then

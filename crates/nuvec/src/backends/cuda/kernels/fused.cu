@@ -7,10 +7,11 @@
 
 // One block per row of `d`, shaped and ordered as rms_norm_f32 (norm_vthreads' layout,
 // common.cuh): sum = a + b, then out = sum * (1 / sqrt(mean(sum^2) + eps)) * w.
-// `vec`: a, b and sum rows 16-byte aligned and d a multiple of 4 (the host checks).
+// `vec`: a, b and sum rows 16-byte aligned and d a multiple of 4 (the host checks). `tiles`
+// (else null; d a multiple of 128): out in the bf16 register products' input too (common.cuh).
 extern "C" __global__ void __launch_bounds__(1024) add_rms_norm_f32(float* __restrict__ sum, float* __restrict__ out,
                                             const float* __restrict__ a, const float* __restrict__ b, const void* w,
-                                            int w_dt, int d, float eps, int vec) {
+                                            int w_dt, int d, float eps, int vec, u32* __restrict__ tiles) {
     pdl_begin();
     __shared__ float scratch[33];
     size_t base = (size_t)blockIdx.x * d;
@@ -31,7 +32,10 @@ extern "C" __global__ void __launch_bounds__(1024) add_rms_norm_f32(float* __res
     float inv = 1.0f / sqrtf(block_sum_slots(s, vt / blockDim.x, scratch) / (float)d + eps);
     // The weights load with the values (a store could alias them, so they would not be hoisted).
     auto weighted = [&](int i) { return norm_quad(added(i), w, i, d, w_dt); };
-    row_quads(d, vt, weighted, [&](int, int i, NormQuad q) { quad_norm_store(out + base, q, i, d, inv, vec); });
+    row_quads(d, vt, weighted, [&](int, int i, NormQuad q) {
+        quad_norm_store(out + base, q, i, d, inv, vec);
+        if (tiles) qdec_tile_quad(tiles, (int)blockIdx.x, i, d, quad_normed(q, inv));
+    });
 }
 
 // A decode row's norm spread over several blocks, which also writes the integer GEMVs' parts of

@@ -595,10 +595,10 @@ extern "C" __global__ void __launch_bounds__(32 * QIR_WARPS, 2) qimma_b4_r16(QIR
 // The default for bf16 scales (ops/qimma.rs): fewer instructions per weight than the integer
 // chain's IMMAs, shifts and per-chunk epilogue, and fewer registers (3 blocks per SM).
 
-// x [m, k] (f32) as bf16 in the qdec layout: per tile of 8 rows and 32-value chunk, [row g][lane
-// t] 16 bytes = the pairs (x 8t, x 8t + 4), (+1, +5), (+2, +6), (+3, +7) of row g; rows past m zero.
-extern "C" __global__ void xbf16_tiles_f32(uint4* __restrict__ out, const float* __restrict__ x, int m, int k) {
-    pdl_begin();
+// x [m, k] (f32) as bf16 in the qdec layout (common.cuh, qdec_tile_at), rows past m zero; `load`
+// gives the 8 values of row `row` from `at` (x's values `at` .. `at + 7`).
+template <class Load8>
+__device__ __forceinline__ void xbf16_tiles(uint4* __restrict__ out, int m, int k, Load8 load) {
     const int kc = k >> 5, tiles = (m + 7) >> 3;
     const int total = tiles * kc * 32;
     for (int q = (int)(blockIdx.x * blockDim.x + threadIdx.x); q < total; q += (int)(gridDim.x * blockDim.x)) {
@@ -606,13 +606,30 @@ extern "C" __global__ void xbf16_tiles_f32(uint4* __restrict__ out, const float*
         float v[8];
 #pragma unroll
         for (int i = 0; i < 8; ++i) v[i] = 0.0f;
-        if (row < m) {
-            const float4* p = (const float4*)(x + (size_t)row * k + (size_t)c * 32 + 8 * t);
-            const float4 a = p[0], b = p[1];
-            v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
-        }
+        if (row < m) load((size_t)row * k + (size_t)c * 32 + 8 * t, v);
         out[q] = make_uint4(bf16x2_rn(v[0], v[4]), bf16x2_rn(v[1], v[5]), bf16x2_rn(v[2], v[6]), bf16x2_rn(v[3], v[7]));
     }
+}
+extern "C" __global__ void xbf16_tiles_f32(uint4* __restrict__ out, const float* __restrict__ x, int m, int k) {
+    pdl_begin();
+    xbf16_tiles(out, m, k, [&](size_t at, float (&v)[8]) {
+        const float4 a = *(const float4*)(x + at), b = *(const float4*)(x + at + 4);
+        v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+    });
+}
+// silu(g) * u (silu_mul_f32's expression, elementwise.cu) straight into the tiles: the down
+// projection's input without its f32 form.
+extern "C" __global__ void silu_mul_xbf16_tiles_f32(uint4* __restrict__ out, const float* __restrict__ g,
+                                                    const float* __restrict__ u, int m, int k) {
+    pdl_begin();
+    xbf16_tiles(out, m, k, [&](size_t at, float (&v)[8]) {
+        const float4 ga = *(const float4*)(g + at), gb = *(const float4*)(g + at + 4);
+        const float4 ua = *(const float4*)(u + at), ub = *(const float4*)(u + at + 4);
+        const float gs[8] = {ga.x, ga.y, ga.z, ga.w, gb.x, gb.y, gb.z, gb.w};
+        const float us[8] = {ua.x, ua.y, ua.z, ua.w, ub.x, ub.y, ub.z, ub.w};
+#pragma unroll
+        for (int i = 0; i < 8; ++i) v[i] = gs[i] / (1.0f + expf(-gs[i])) * us[i];
+    });
 }
 
 // TPB weight tiles per block (warp w takes tile w % TPB and share w / TPB of K): the warps of

@@ -9,7 +9,7 @@ use super::{
     ATTS_MAX_DIM, ATTS_TARGET_BLOCKS, ATTS_THREADS, DT_F32,
 };
 use crate::backends::cuda::graph::{KArg, StepPos};
-use crate::backends::cuda::{DeviceBuffer, State};
+use crate::backends::cuda::{Derived, DeviceBuffer, State};
 use crate::{Array, DType, Error, Result};
 
 impl CudaBackend {
@@ -55,7 +55,8 @@ impl CudaBackend {
             pp, qp, kp, vp, li, hqi, hkvi, di, capi, kvi, scale, chunki, step, wanti, kv_dt);
         guard!(self.st()?, |at| kv_len + at.delta <= cap);
         let cfg = LaunchConfig { grid_dim: (hq as u32, l as u32, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
-        launch!(self.st()?, op, "attention_merge_f32", cfg; o, pp, hqi, di, si, sinks, parts);
+        let no_tiles = 0u64;
+        launch!(self.st()?, op, "attention_merge_f32", cfg; o, pp, hqi, di, si, sinks, parts, no_tiles);
         Ok(())
     }
 
@@ -182,7 +183,7 @@ impl CudaBackend {
             let pp = parts.as_ref().map_or(0, DeviceBuffer::ptr);
             self.attention_split(op, o, pp, (qp, kp, vp, kv_dt), (l, hq, hkv, d), cap, kv_len, scale, sp)?;
             if let Some(parts) = parts {
-                out.set_int_parts(parts);
+                out.set_derived(Derived::IntParts, parts);
             }
             return Ok(out);
         }

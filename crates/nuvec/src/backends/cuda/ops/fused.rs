@@ -7,7 +7,7 @@ use cudarc::driver::LaunchConfig;
 
 use super::{cfg_1d, float_code, norm_threads, norm_vthreads, rows_vectorizable, to_i32, CudaBackend};
 use crate::backends::cuda::graph::StepPos;
-use crate::backends::cuda::State;
+use crate::backends::cuda::{Derived, DeviceBuffer, State};
 use crate::{Array, Backend, DType, Error, Result};
 
 /// Most features per head `rope_qk_f32` takes (its cos/sin table of d floats stays within the
@@ -108,13 +108,19 @@ impl CudaBackend {
         if let Some(parts) = self.row_int_parts("norm", rows, d)? {
             let (cfg, pp) = (norm_row_cfg(d), parts.ptr());
             launch!(self.st()?, op, "add_rms_norm_row_f32", cfg; sp, np, ap, bp, wp, w_dt, di, eps, vec, pp);
-            normed.set_int_parts(parts);
+            normed.set_derived(Derived::IntParts, parts);
             return Ok((sum, normed));
         }
+        // The rows as the batched products' bf16 input too, where one could read them so.
+        let tiles = self.bf16_tiles_for(rows, d)?;
+        let tp = tiles.as_ref().map_or(0, DeviceBuffer::ptr);
         let grid = u32::try_from(rows).map_err(|_| Error::Unsupported(format!("{op}: {rows} rows")))?;
         let cfg =
             LaunchConfig { grid_dim: (grid, 1, 1), block_dim: (norm_threads(d, rows), 1, 1), shared_mem_bytes: 0 };
-        launch!(self.st()?, op, "add_rms_norm_f32", cfg; sp, np, ap, bp, wp, w_dt, di, eps, vec);
+        launch!(self.st()?, op, "add_rms_norm_f32", cfg; sp, np, ap, bp, wp, w_dt, di, eps, vec, tp);
+        if let Some(tiles) = tiles {
+            normed.set_derived(Derived::Bf16Tiles { k: d }, tiles);
+        }
         Ok((sum, normed))
     }
 

@@ -9,7 +9,7 @@ use std::sync::OnceLock;
 use cudarc::driver::LaunchConfig;
 
 use super::{qgemv4_variant, to_i32, CudaBackend};
-use crate::backends::cuda::State;
+use crate::backends::cuda::{Derived, State};
 use crate::{Array, DType, Error, Matrix, QuantMode, Result};
 
 /// Whether the fused launch is on (`NUVEC_GATE_UP_SILU=0` turns it off, so the two launches of
@@ -82,7 +82,7 @@ impl CudaBackend {
             let blocks = to_i32(op, "blocks", n / 32)? as u32;
             let cfg = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
             launch!(st, op, "gate_up_silu_b4_v16", cfg; o, xp, ni, pg, sg, bg, pu, su, bu, p_dt, lg, ki, pp);
-            out.set_int_parts(parts);
+            out.set_derived(Derived::IntParts, parts);
             return Ok(Some(out));
         }
         let (name, rows_per_block) = (format!("gate_up_silu_b4{suffix}"), rows / 2);

@@ -10,7 +10,7 @@ use std::sync::OnceLock;
 use cudarc::driver::LaunchConfig;
 
 use super::{float_code, int_gemvs, int_parts_bytes, to_i32, CudaBackend};
-use crate::backends::cuda::{DeviceBuffer, State};
+use crate::backends::cuda::{Derived, DeviceBuffer, State};
 use crate::{Array, DType, Error, Matrix, QuantMode, Result};
 
 /// Whether the fold is on (`NUVEC_NORM_FOLD=0` keeps the projection and the norm apart).
@@ -78,7 +78,7 @@ impl CudaBackend {
         let cfg = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (512, 1, 1), shared_mem_bytes: 0 };
         launch!(self.st()?, op, "qgemv_norm_b4_v17", cfg;
             hp, yp, xq, ni, packed, scales, biases, p_dt, lg, ki, rp, nwp, nw_dt, eps, pp);
-        normed.set_int_parts(parts);
+        normed.set_derived(Derived::IntParts, parts);
         normed.set_pending_norm();
         Ok(Some((h, normed)))
     }

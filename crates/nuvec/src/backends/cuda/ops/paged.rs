@@ -9,7 +9,7 @@ use cudarc::driver::LaunchConfig;
 use super::prefill::matmul_precision;
 use super::{split_rows_aligned, to_i32, CudaBackend, ATTS_MAX_DIM, ATTS_TARGET_BLOCKS, ATTS_THREADS, DT_BF16};
 use crate::backend::{check_paged, paged_decode_attention_composed, PagedSeq};
-use crate::backends::cuda::{DeviceBuffer, State};
+use crate::backends::cuda::{Derived, DeviceBuffer, State};
 use crate::{Array, DType, Error, Result};
 
 impl CudaBackend {
@@ -94,8 +94,14 @@ impl CudaBackend {
                 pp, qp, kp, vp, tp, stridei, lp, hqi, hkvi, di, bsi, scale, wanti, keysi, kv_dt, ghi);
         }
         let cfg = LaunchConfig { grid_dim: (hq as u32, n as u32, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
-        let no_parts = 0u64;
-        launch!(self.st()?, op, "attention_merge_f32", cfg; o, pp, hqi, di, splitsi, sp, no_parts);
+        // The rows as the output projection's bf16 input too, where it could read them so (the
+        // merge's warps hold whole 32-value chunks when D is a multiple of 32).
+        let tiles = if d.is_multiple_of(32) { self.bf16_tiles_for(n, hq * d)? } else { None };
+        let (no_parts, tp) = (0u64, tiles.as_ref().map_or(0, DeviceBuffer::ptr));
+        launch!(self.st()?, op, "attention_merge_f32", cfg; o, pp, hqi, di, splitsi, sp, no_parts, tp);
+        if let Some(tiles) = tiles {
+            out.set_derived(Derived::Bf16Tiles { k: hq * d }, tiles);
+        }
         Ok(out)
     }
 }

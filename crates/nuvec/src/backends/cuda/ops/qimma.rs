@@ -4,11 +4,14 @@
 //!   biases through a cp.async ring in shared memory, up to three weights per launch; K a
 //!   multiple of 128, groups of 32 to 128. By default, where the scales are bf16 (mlx's bf16
 //!   models), from 2 to 64 rows `qdec_b4_r8` .. `_r64`: each weight decoded to bf16 (s q + b, one
-//!   rounding) and x rounded to bf16 (`xbf16_tiles_f32`), f32 sums: the precision of the bf16
-//!   forms of `ops/qmma.rs` from 33 rows and of mlx-lm's bf16 activations; from 32 rows two tiles
-//!   a block (`_t2`) where that still fills the GPU. On the H200 a random 8B decodes 8 / 16 / 32 /
-//!   64 sequences 1.13x / 1.32x / 1.42x / 1.28x faster than before (docs/cuda.md).
-//!   `NUVEC_QDEC_ROWS` (16, 32) caps their rows (the qmma kernels take the rest).
+//!   rounding) and x rounded to bf16, f32 sums: the precision of the bf16 forms of `ops/qmma.rs`
+//!   from 33 rows and of mlx-lm's bf16 activations, so only where the matmul precision allows it
+//!   (`bf16`, or `auto` in a half-precision model); from 32 rows two tiles a block (`_t2`) where
+//!   that still fills the GPU. x's bf16 tiles come from the kernel that made x where it wrote
+//!   them (the batched norm, the paged attention merge: `bf16_tiles_for`, `Derived::Bf16Tiles`),
+//!   are made with silu(x) · up for the down projection (`silu_mul_xbf16_tiles_f32`), else by
+//!   `xbf16_tiles_f32`. `NUVEC_QDEC_ROWS` (16, 32) caps their rows (the qmma kernels take the
+//!   rest). Measured: docs/cuda.md.
 //! - Up to 16 rows otherwise (scales not bf16), or with `NUVEC_QIMMA=int`, `qimma_b4_r8` / `_r16`
 //!   in integers: x split once into the one-row integer GEMVs' int8 parts (`xsplit_tiles_f32`),
 //!   each 32-value chunk's sum exact in int32, so a row's result is its one-row result up to f32
@@ -22,9 +25,10 @@ use std::sync::OnceLock;
 
 use cudarc::driver::LaunchConfig;
 
+use super::prefill::matmul_precision;
 use super::qmma::{ranges_of_k, QmmaKernel};
-use super::{fast_path_log_group, to_i32, CudaBackend, WeightArgs};
-use crate::backends::cuda::{DeviceBuffer, State};
+use super::{fast_path_log_group, to_i32, CudaBackend, WeightArgs, DT_BF16};
+use crate::backends::cuda::{Derived, DeviceBuffer, State};
 use crate::{Array, Backend, DType, Error, Matrix, QuantMode, Result};
 
 /// The most input rows these products take (above, cuBLAS over weights decoded to bf16 reads
@@ -144,6 +148,18 @@ fn qdec_rows() -> usize {
     })
 }
 
+/// Whether the process's matmul precision lets a batched product round x and bf16-scaled weights
+/// to bf16 (as the prefill GEMM does: `Bf16`, or `Auto` in a half-precision model), else the
+/// integer kernels keep f32 accuracy (`NUVEC_CUDA_MATMUL=f32`).
+fn bf16_products() -> Result<bool> {
+    Ok(matmul_precision()?.bf16_weight(-1, DT_BF16, crate::compute_dtype_hint()))
+}
+
+/// Room for `m` rows of `k` values as bf16 tiles (whole tiles of 8 rows).
+fn bf16_tiles_buffer(st: &'static State, m: usize, k: usize) -> Result<DeviceBuffer> {
+    DeviceBuffer::alloc(st, m.div_ceil(8) * 8 * k * 2)
+}
+
 fn mode() -> Mode {
     static MODE: OnceLock<Mode> = OnceLock::new();
     *MODE.get_or_init(|| match crate::tuning::env("NUVEC_QIMMA").as_deref() {
@@ -180,8 +196,11 @@ impl CudaBackend {
         // their bf16 form may take more rows (`NUVEC_QDEC_ROWS`) where every scale is bf16.
         let batches = k.is_multiple_of(128);
         let reg = REG_KERNELS.iter().find(|r| m <= r.1 && batches).copied();
-        let dec =
-            DEC_KERNELS.iter().find(|r| m <= r.1 && m <= qdec_rows() && batches && mode == Mode::Decoded).copied();
+        let rounds = bf16_products()?;
+        let dec = DEC_KERNELS
+            .iter()
+            .find(|r| m <= r.1 && m <= qdec_rows() && batches && mode == Mode::Decoded && rounds)
+            .copied();
         let regs = reg.or(dec);
         if regs.is_none() && mode != Mode::All {
             return Ok(None);
@@ -208,20 +227,34 @@ impl CudaBackend {
         if args.iter().all(Option::is_none) || (up.is_some() && args.iter().any(Option::is_none)) {
             return Ok(None);
         }
+        let bf16 = |a: &Option<(WeightArgs, i32)>| a.as_ref().is_none_or(|(a, _)| a.p_dt == 2);
+        if let Some(dec) = dec.filter(|_| args.iter().all(bf16)) {
+            // x in bf16 tiles: as the kernel that wrote x wrote them, else converted here (with
+            // silu(x) * up made on the way where asked).
+            let made = x.derived(Derived::Bf16Tiles { k }).filter(|_| up.is_none());
+            let xb = match made {
+                Some(_) => None,
+                None => Some(bf16_tiles_buffer(st, m, k)?),
+            };
+            let xp = made.unwrap_or_else(|| xb.as_ref().map_or(0, DeviceBuffer::ptr));
+            if let Some(xb) = &xb {
+                let (xp, xin, mi, ki) = (xb.ptr(), x.cuda_ptr()?, to_i32(op, "rows", m)?, to_i32(op, "k", k)?);
+                let cfg = super::cfg_1d(xb.len() / 16);
+                if let Some(u) = up {
+                    let upp = u.cuda_ptr()?;
+                    launch!(st, op, "silu_mul_xbf16_tiles_f32", cfg; xp, xin, upp, mi, ki);
+                } else {
+                    launch!(st, op, "xbf16_tiles_f32", cfg; xp, xin, mi, ki);
+                }
+            }
+            return self.qimma_reg(op, dec, x, xp, ws, &args, (m, k)).map(Some);
+        }
         // silu(x) * up first where asked, then x's parts: m k values split as one row.
         let gated = match up {
             Some(u) => Some(Backend::silu_mul(self, x, u)?),
             None => None,
         };
         let xin = gated.as_ref().unwrap_or(x).cuda_ptr()?;
-        let bf16 = |a: &Option<(WeightArgs, i32)>| a.as_ref().is_none_or(|(a, _)| a.p_dt == 2);
-        if let Some(dec) = dec.filter(|_| args.iter().all(bf16)) {
-            let (tiles, chunks) = (m.div_ceil(8), k / 32);
-            let xb = DeviceBuffer::alloc(st, tiles * chunks * 32 * 16)?;
-            let (xp, mi, ki) = (xb.ptr(), to_i32(op, "rows", m)?, to_i32(op, "k", k)?);
-            launch!(st, op, "xbf16_tiles_f32", super::cfg_1d(tiles * chunks * 32); xp, xin, mi, ki);
-            return self.qimma_reg(op, dec, x, xp, ws, &args, (m, k)).map(Some);
-        }
         if let Some(reg) = reg {
             let parts = self.split_tiles(op, xin, m, k)?;
             return self.qimma_reg(op, reg, x, parts.ptr(), ws, &args, (m, k)).map(Some);
@@ -250,6 +283,21 @@ impl CudaBackend {
             outs.push(out);
         }
         Ok(Some(outs))
+    }
+
+    /// A buffer for the bf16 register products' input (`qdec_tile_at`, kernels/common.cuh) when
+    /// a product of `rows` input rows of `k` could take its weights through them (the default
+    /// mode, 2 to `NUVEC_QDEC_ROWS` rows, K a multiple of 128, sm_80+), so that the kernel
+    /// making such an input writes it too and the product converts nothing (the caller records
+    /// it on the output: `Array::set_derived` with `Derived::Bf16Tiles`).
+    pub(super) fn bf16_tiles_for(&self, rows: usize, k: usize) -> Result<Option<DeviceBuffer>> {
+        let st = self.st()?;
+        let takes = mode() == Mode::Decoded
+            && bf16_products()?
+            && (2..=qdec_rows().min(QI_MAX_ROWS)).contains(&rows)
+            && k.is_multiple_of(128)
+            && st.qmma_kernels.contains_key(DEC_KERNELS[0].0);
+        takes.then(|| bf16_tiles_buffer(st, rows, k)).transpose()
     }
 
     /// x's parts (`m` rows of `k` at `xp`) in the register kernels' layout (`xsplit_tiles_f32`:
