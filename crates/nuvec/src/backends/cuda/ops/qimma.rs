@@ -227,7 +227,7 @@ impl CudaBackend {
         if args.iter().all(Option::is_none) || (up.is_some() && args.iter().any(Option::is_none)) {
             return Ok(None);
         }
-        let bf16 = |a: &Option<(WeightArgs, i32)>| a.as_ref().is_none_or(|(a, _)| a.p_dt == 2);
+        let bf16 = |a: &Option<(WeightArgs, i32)>| a.as_ref().is_none_or(|(a, _)| a.p_dt == DT_BF16);
         if let Some(dec) = dec.filter(|_| args.iter().all(bf16)) {
             // x in bf16 tiles: as the kernel that wrote x wrote them, else converted here (with
             // silu(x) * up made on the way where asked).

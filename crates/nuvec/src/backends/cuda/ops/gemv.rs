@@ -1,0 +1,346 @@
+//! The one-row and few-row (up to 8) GEMVs over quantized weights (kernels/linear.cu): which
+//! kernel shape a product takes (`qgemv4_variant`), the integer GEMVs' int8 parts of x (made by
+//! `xsplit_f32`, or written by the kernel that made x: [`Derived::IntParts`]), the multi-weight
+//! launch for q/k/v and gate/up (`fused_qgemv`), and the chunked weight decoder for the f32
+//! prefill tiles (`fast_dequant`).
+
+use std::sync::OnceLock;
+
+use cudarc::driver::LaunchConfig;
+
+use super::{cfg_1d, to_i32, CudaBackend, WeightArgs};
+use crate::backends::cuda::{Derived, DeviceBuffer, State};
+use crate::{Array, DType, Error, Matrix, QuantMode, Result};
+
+/// Output rows per block and threads per block of the fast quantized GEMV (`QG_ROWS`,
+/// `QG_WARPS` in linear.cu), and the most input rows it takes (`QG_MAX_M`).
+const QG_ROWS: usize = 4;
+const QG_THREADS: u32 = 128;
+
+/// The shape of the one-row 4-bit GEMV for `k` inputs and `rows` outputs (all weights of a
+/// multi-weight launch together): `(kernel name suffix, output rows per block, threads per block)`.
+///
+/// Where `plain` (groups of 32 or more, no fused silu(x) * up) the integer dot-product kernels
+/// run: `xsplit_f32` first splits x into int8 parts, then each word of weights costs 2 masks, a
+/// shift and 6 `dp4a` per row where the f32 loops issue ~24 instructions (they were bound by
+/// issue, docs/cuda.md, eighth session). Measured on the H200 (ninth session): the 8B decoded at
+/// 427 tok/s against 347 with the f32 loops, a 1B at 1308 against 1236. Long grids (LM heads,
+/// an 8B's gate/up) take 1 warp per block (`_v13`); otherwise the warps per block grow from 1
+/// while the grid holds fewer than [`QG_TARGET_WARPS`] warps and every lane still gets a 32-value
+/// chunk of each row (`_v13`, `_v15`, `_v14`): a [4096, 14336] down projection is only 512 blocks
+/// of 8 rows. Groups of 16 and the fused silu(x) * up take the per-word f32 loop (`_v7`, `_v6`,
+/// `_v8`, `_v9`) by the same rule. `NUVEC_QGEMV_VARIANT=0|6..15` forces one shape (for timing them; see [`qgemv4_shape`];
+/// `_v10`.. apply only where `plain`), `NUVEC_QGEMV_INT=0` keeps the f32 loops (`_v11` for long
+/// grids).
+pub(super) fn qgemv4_variant(k: usize, rows: usize, plain: bool) -> (&'static str, usize, u32) {
+    static FORCED: OnceLock<Option<usize>> = OnceLock::new();
+    let forced = *FORCED.get_or_init(|| {
+        crate::tuning::env("NUVEC_QGEMV_VARIANT")
+            .ok()
+            .and_then(|v| v.parse::<usize>().ok())
+            .filter(|&v| qgemv4_shape(v).is_some())
+    });
+    let int = plain && int_gemvs();
+    let v = match forced.filter(|&v| v < 10 || plain) {
+        Some(v) => v,
+        None => {
+            let (blocks, chunks) = (rows.div_ceil(8), k / 32);
+            if plain && blocks >= QG_LONG_GRID {
+                if int {
+                    13
+                } else {
+                    11
+                }
+            } else {
+                let mut warps = 1;
+                while warps < 8 && blocks * warps < QG_TARGET_WARPS && chunks >= 64 * warps {
+                    warps *= 2;
+                }
+                match (warps, int) {
+                    (1, true) => 13,
+                    (2, true) => 15,
+                    (_, true) => 14,
+                    (1, false) => 7,
+                    (2, false) => 6,
+                    (4, false) => 8,
+                    _ => 9,
+                }
+            }
+        }
+    };
+    qgemv4_shape(v).expect("qgemv4_variant picks listed shapes only")
+}
+
+/// The one-row 4-bit GEMV kernels by variant number: `(kernel name suffix, output rows per block,
+/// threads per block)`. 0 is `qgemv1_b4`, the `qgemv_body` kernel every width has; 1-5 were
+/// earlier `qgemv_body` shapes, removed after they lost on the H200 (docs/cuda.md, third and
+/// fourth sessions).
+fn qgemv4_shape(v: usize) -> Option<(&'static str, usize, u32)> {
+    Some(match v {
+        0 => ("", QG_ROWS, QG_THREADS),
+        6 => ("_v6", 8, 64),
+        7 => ("_v7", 8, 32),
+        8 => ("_v8", 8, 128),
+        9 => ("_v9", 8, 256),
+        10 => ("_v10", 4, 32),
+        11 => ("_v11", 8, 32),
+        12 => ("_v12", 4, 128),
+        // Integer dot products over x's parts (`xsplit_f32`): 1, 4 and 2 warps.
+        13 => ("_v13", 8, 32),
+        14 => ("_v14", 8, 128),
+        15 => ("_v15", 8, 64),
+        _ => return None,
+    })
+}
+
+/// Whether the integer dot-product GEMVs are on (`NUVEC_QGEMV_INT=0` turns them off).
+pub(super) fn int_gemvs() -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(|| crate::tuning::env("NUVEC_QGEMV_INT").map_or(true, |v| v != "0"))
+}
+
+/// Whether `producer` ("norm": the row norms, "attention": the decode attention's merge,
+/// "gate_up": the fused gate/up), which writes one-row f32 inputs of the integer GEMVs, also
+/// writes the row's parts, so that no `xsplit_f32` launch is needed: while the integer GEMVs are
+/// on, unless `NUVEC_PRODUCER_PARTS` is `0` (none; the separate split launches, for timing) or a
+/// comma-separated list of the producers that do.
+fn producer_parts(producer: &str) -> bool {
+    static ON: OnceLock<Option<Vec<String>>> = OnceLock::new();
+    let on = ON.get_or_init(|| match crate::tuning::env("NUVEC_PRODUCER_PARTS") {
+        Ok(v) if v == "0" => Some(Vec::new()),
+        Ok(v) if v != "1" => Some(v.split(',').map(|p| p.trim().to_string()).collect()),
+        _ => None,
+    });
+    int_gemvs() && on.as_ref().is_none_or(|list| list.iter().any(|p| p == producer))
+}
+
+/// Bytes of the integer GEMVs' parts of a `k`-value row (`xsplit_chunk`'s layout, with the norm
+/// tail: `QI_PARTS_WORDS` in kernels/common.cuh).
+pub(super) fn int_parts_bytes(k: usize) -> usize {
+    ((k / 32) * (QI_WORDS + 3) + 1) * 4
+}
+
+/// Whether a one-row 4-bit variant reads x as `xsplit_f32`'s parts (integer dot products).
+fn int_variant(suffix: &str) -> bool {
+    matches!(suffix, "_v13" | "_v14" | "_v15")
+}
+
+/// Whether the decode down projection takes `silu(gate) * up` inside the GEMV
+/// (`NUVEC_QGEMV_FUSED_SILU=1`) rather than from a `silu_mul` launch before it (the default).
+pub(super) fn fused_silu() -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(|| crate::tuning::env("NUVEC_QGEMV_FUSED_SILU").is_ok_and(|v| v == "1"))
+}
+
+/// u32 words of x's parts per 32-value chunk (`QI_WORDS` in `kernels/linear.cu`); a scale and a
+/// sum follow the parts.
+const QI_WORDS: usize = 24;
+
+/// Blocks of 8 rows from which a one-row 4-bit GEMV is a long grid (LM heads, an 8B's gate/up):
+/// there `_v11` (8 rows x 1 warp, x per word, 96 registers) read fastest on the H200: the 8B's
+/// LM head 110 us against 128 (`_v7`), Qwen3-0.6B's 44 against 50, a [14336, 4096] gate 17.8
+/// against 19.2 (`timing_probe`, fourth session).
+const QG_LONG_GRID: usize = 1536;
+
+/// Warps a one-row 4-bit GEMV grid should hold before it adds warps per block: ~12 per SM of the
+/// H200's 132 (the 128-register kernels fit 16 warps per SM). At 16 per SM an 8B's q/k/v launch
+/// (768 blocks of 8 rows) took 4 warps per block, 1.45 waves of the 528 blocks an H200 holds;
+/// with 2 warps (`_v15`, 1 056 resident) it is one wave, and the 8B decoded 1.5 % faster
+/// (eleventh session: 451 against 444 tok/s, medians of 3); 1 024 (`_v15` for the o and down
+/// projections too) was 3.5 % slower.
+const QG_TARGET_WARPS: usize = 1536;
+
+/// When the fast quantized kernels (`qgemv*`, `qdequant_b*`) can take `w`: affine-quantized with
+/// a power-of-two group of at least 16, `k` a multiple of 32, the packed words aligned for the
+/// width's wide loads and `wide` (the f32 side the kernel reads or writes in 16-byte units)
+/// 16-byte aligned. Returns log2 of the group size.
+pub(super) fn fast_path_log_group(w: &WeightArgs, k: usize, wide: u64) -> Option<i32> {
+    let align = match w.bits {
+        2 => 8,
+        4 | 8 => 16,
+        _ => 4,
+    };
+    let group = w.group as usize;
+    let fits = w.w_dt == -1
+        && k.is_multiple_of(32)
+        && group.is_power_of_two()
+        && group >= 16
+        && w.packed.is_multiple_of(align)
+        && wide.is_multiple_of(16);
+    fits.then(|| group.trailing_zeros() as i32)
+}
+
+impl CudaBackend {
+    /// The fast quantized GEMV (`qgemv1_bN` / `qgemv_bN`), when `w` is affine-quantized with a
+    /// power-of-two group size >= 16, `k` is a multiple of 32 and the packed words are aligned
+    /// for the kernel's wide loads. Returns false (nothing launched) otherwise.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn fast_qgemv(
+        &self,
+        op: &'static str,
+        out: u64,
+        x: &Array,
+        m: usize,
+        n: usize,
+        k: usize,
+        w: &WeightArgs,
+    ) -> Result<bool> {
+        let Some(lg) = fast_path_log_group(w, k, x.cuda_addr()?) else {
+            return Ok(false);
+        };
+        let WeightArgs { packed, scales, biases, p_dt, bits, .. } = *w;
+        let (suffix, rows, threads) =
+            if m == 1 && bits == 4 { qgemv4_variant(k, n, lg > 4) } else { ("", QG_ROWS, QG_THREADS) };
+        let name = format!("{}_b{bits}{suffix}", if m == 1 { "qgemv1" } else { "qgemv" });
+        let (x, _parts) = self.gemv_input(op, suffix, x, k)?;
+        let (mi, ni, ki) = (m as i32, to_i32(op, "rows", n)?, to_i32(op, "k", k)?);
+        let blocks = to_i32(op, "blocks", n.div_ceil(rows))? as u32;
+        let cfg = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (threads, 1, 1), shared_mem_bytes: 0 };
+        launch!(self.st()?, op, name.as_str(), cfg; out, x, mi, ni, packed, scales, biases, p_dt, lg, ki);
+        Ok(true)
+    }
+
+    /// The `x` argument of a one-row GEMV of variant `suffix`: for the integer variants x's parts
+    /// (those its producer wrote, else `xsplit_f32`'s into a buffer that must outlive the
+    /// launch), else x itself.
+    pub(super) fn gemv_input(
+        &self,
+        op: &'static str,
+        suffix: &str,
+        x: &Array,
+        k: usize,
+    ) -> Result<(u64, Option<DeviceBuffer>)> {
+        if !int_variant(suffix) {
+            return Ok((x.cuda_ptr()?, None));
+        }
+        if let Some(parts) = x.derived(Derived::IntParts) {
+            return Ok((parts, None));
+        }
+        let parts = self.split_parts(op, x.cuda_ptr()?, k)?;
+        Ok((parts.ptr(), Some(parts)))
+    }
+
+    /// The integer GEMVs' parts of the `len` f32 values at `xp` (`xsplit_f32`; several rows of a
+    /// `len / rows`-value x split as one row: row i's chunks follow row i - 1's), in a buffer that
+    /// must outlive the launches reading it.
+    pub(super) fn split_parts(&self, op: &'static str, xp: u64, len: usize) -> Result<DeviceBuffer> {
+        let st = self.st()?;
+        let parts = DeviceBuffer::alloc(st, int_parts_bytes(len))?;
+        let (pp, n) = (parts.ptr(), to_i32(op, "k", len)?);
+        launch!(st, op, "xsplit_f32", cfg_1d(len); pp, xp, n);
+        Ok(parts)
+    }
+
+    /// A buffer for the integer GEMVs' parts of a producer's output when it is one row of `d`
+    /// values that such a GEMV could read, and `producer` writes parts (see [`producer_parts`]):
+    /// the producer writes them, and the caller records the buffer on the output
+    /// (`Array::set_derived`).
+    pub(super) fn row_int_parts(&self, producer: &str, rows: usize, d: usize) -> Result<Option<DeviceBuffer>> {
+        if rows != 1 || d == 0 || !d.is_multiple_of(32) || !producer_parts(producer) {
+            return Ok(None);
+        }
+        Ok(Some(DeviceBuffer::alloc(self.st()?, int_parts_bytes(d))?))
+    }
+
+    /// Decodes weight rows `row0..row0 + rows` of an affine-quantized `w` to f32 with the
+    /// chunked kernel (`qdequant_bN`), under the fast GEMV's conditions; false if they do not hold.
+    pub(super) fn fast_dequant(
+        &self,
+        op: &'static str,
+        out: u64,
+        row0: usize,
+        rows: usize,
+        k: usize,
+        w: &WeightArgs,
+    ) -> Result<bool> {
+        let Some(lg) = fast_path_log_group(w, k, out) else {
+            return Ok(false);
+        };
+        let WeightArgs { packed, scales, biases, p_dt, bits, .. } = *w;
+        let name = format!("qdequant_b{bits}");
+        let (row0, rowsl, ki) = (row0 as i64, rows as i64, to_i32(op, "k", k)?);
+        launch!(self.st()?, op, name.as_str(), cfg_1d(rows * k / 32); out, row0, rowsl, packed, scales, biases, p_dt, lg, ki);
+        Ok(true)
+    }
+
+    /// One launch of `qgemv_multi_bN` for one input row and up to three affine-quantized weights
+    /// of one width, group size and scale dtype (q/k/v, gate/up), or for the down projection of
+    /// `silu(x) * up` (`up` set, one weight). `None` (nothing launched) when the case is not that.
+    pub(super) fn fused_qgemv(
+        &self,
+        op: &'static str,
+        x: &Array,
+        ws: &[&Matrix],
+        up: Option<&Array>,
+    ) -> Result<Option<Vec<Array>>> {
+        if ws.is_empty() || ws.len() > 3 || !self.plain_input(x, up) {
+            return Ok(None);
+        }
+        let k = x.dim(-1);
+        if x.len() != k
+            || !k.is_multiple_of(32)
+            || ws
+                .iter()
+                .any(|w| w.cols() != k || !matches!(w, Matrix::Quantized(q) if q.spec.mode == QuantMode::Affine))
+        {
+            // The floating-point modes (mxfp4, mxfp8, nvfp4) go through `linear`, which has
+            // their kernels (ops/fp.rs).
+            return Ok(None);
+        }
+        if up.is_some() && ws.len() != 1 {
+            return Ok(None);
+        }
+        let args = ws.iter().map(|w| self.weight_args(op, w)).collect::<Result<Vec<_>>>()?;
+        let a0 = &args[0];
+        let group = a0.group as usize;
+        let align = match a0.bits {
+            2 => 8,
+            4 | 8 => 16,
+            _ => 4,
+        };
+        let same = args.iter().all(|a| a.bits == a0.bits && a.group == a0.group && a.p_dt == a0.p_dt);
+        let xp = x.cuda_addr()?; // alignment only: gemv_input gives what the kernel reads
+        let upp = match up {
+            Some(u) => u.cuda_ptr()?,
+            None => 0,
+        };
+        if !same
+            || !group.is_power_of_two()
+            || group < 16
+            || args.iter().any(|a| !a.packed.is_multiple_of(align))
+            || !(xp | upp).is_multiple_of(16)
+        {
+            return Ok(None);
+        }
+        let rows: usize = ws.iter().map(|w| w.rows()).sum();
+        let (suffix, rows_per_block, threads) =
+            if a0.bits == 4 { qgemv4_variant(k, rows, group > 16 && up.is_none()) } else { ("", QG_ROWS, QG_THREADS) };
+        let mut outs = Vec::with_capacity(ws.len());
+        let mut slots = [(0u64, 0i32, 0u64, 0u64, 0u64); 3];
+        let mut blocks = 0usize;
+        for (i, (w, a)) in ws.iter().zip(&args).enumerate() {
+            let n = w.rows();
+            let mut shape = x.shape().to_vec();
+            *shape.last_mut().expect("x has an axis") = n;
+            let out = self.output(&shape, DType::F32, false)?;
+            slots[i] = (out.cuda_ptr()?, to_i32(op, "rows", n)?, a.packed, a.scales, a.biases);
+            blocks += n.div_ceil(rows_per_block);
+            outs.push(out);
+        }
+        if blocks == 0 {
+            return Ok(Some(outs));
+        }
+        let (p_dt, lg, ki) = (a0.p_dt, group.trailing_zeros() as i32, to_i32(op, "k", k)?);
+        let [(o0, n0, pk0, sc0, bi0), (o1, n1, pk1, sc1, bi1), (o2, n2, pk2, sc2, bi2)] = slots;
+        let name = format!("qgemv_multi_b{}{suffix}", a0.bits);
+        let (xp, _parts) = self.gemv_input(op, suffix, x, k)?;
+        let cfg = LaunchConfig {
+            grid_dim: (to_i32(op, "blocks", blocks)? as u32, 1, 1),
+            block_dim: (threads, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        launch!(self.st()?, op, name.as_str(), cfg;
+            xp, p_dt, lg, ki, o0, n0, pk0, sc0, bi0, upp, o1, n1, pk1, sc1, bi1, o2, n2, pk2, sc2, bi2);
+        Ok(Some(outs))
+    }
+}
