@@ -1,7 +1,10 @@
 //! `nuvec bench`: prompt and generation throughput on random tokens, shaped like `mlx_lm.benchmark`.
 //!
 //! The model is driven directly (no sampler, no stop conditions: EOS is ignored), so every trial
-//! processes exactly `-p` prompt tokens and generates exactly `-g` tokens (greedy).
+//! processes exactly `-p` prompt tokens and generates exactly `-g` tokens (greedy). As
+//! `llama-bench`, `-p`, `-g`, `-b` and `-d` take comma lists, swept in one run (every
+//! combination is a test), `-d` puts a context of that many tokens before the prompt, and `-o`
+//! prints the tests as JSON, CSV or a Markdown table.
 
 use std::time::Instant;
 
@@ -9,6 +12,7 @@ use clap::Parser;
 use nuvec_lm::decode_graph::{DecodeGraph, GraphMode};
 use nuvec_lm::{decode_batch, default_prefill_step, load_on, BatcherOptions, Model, PagedCache, SeqId};
 
+use crate::bench_report::Report;
 use crate::common::{model_or_default, parse_device, peak_memory};
 
 /// Measure prompt processing and generation speed, as `mlx_lm.benchmark` does.
@@ -18,17 +22,27 @@ pub struct Args {
     /// (default: SmolLM2-135M-Instruct, see scripts/get-default-model.sh).
     #[arg(long)]
     model: Option<String>,
-    /// Prompt length in (random) tokens.
-    #[arg(short = 'p', long, default_value_t = 512)]
-    prompt_tokens: usize,
-    /// Tokens to generate per trial.
-    #[arg(short = 'g', long, default_value_t = 1024)]
-    generation_tokens: usize,
+    /// Prompt length in (random) tokens; a comma list sweeps several (`-p 128,512`).
+    #[arg(short = 'p', long, value_delimiter = ',', default_value = "512")]
+    prompt_tokens: Vec<usize>,
+    /// Tokens to generate per trial; a comma list sweeps several.
+    #[arg(short = 'g', long, value_delimiter = ',', default_value = "1024")]
+    generation_tokens: Vec<usize>,
     /// Sequences decoded together (as mlx_lm.benchmark's -b): each gets its own random prompt
     /// of -p tokens and generates -g; the rates are totals over all of them. Above 1 the
-    /// sequences live in a paged cache and every decode step is one forward pass for all.
-    #[arg(short = 'b', long, default_value_t = 1)]
-    batch_size: usize,
+    /// sequences live in a paged cache and every decode step is one forward pass for all. A
+    /// comma list sweeps several.
+    #[arg(short = 'b', long, value_delimiter = ',', default_value = "1")]
+    batch_size: Vec<usize>,
+    /// Tokens of (random) context already in each sequence's cache before the prompt, as
+    /// llama-bench's -d: the prompt and the generation are timed after it. A comma list sweeps
+    /// several.
+    #[arg(short = 'd', long, value_delimiter = ',', default_value = "0")]
+    depth: Vec<usize>,
+    /// How the results are printed: `text` (mlx_lm.benchmark's lines), or one row per test as
+    /// `json`, `csv` or `md` (a Markdown table) on stdout, with the progress lines on stderr.
+    #[arg(short = 'o', long, value_enum, default_value_t = Output::Text)]
+    output: Output,
     /// Timed trials (after one untimed warm-up).
     #[arg(short = 'n', long, default_value_t = 5)]
     num_trials: usize,
@@ -75,6 +89,24 @@ pub struct Args {
     kv_dtype: Option<nuvec_lm::cache::KvDtype>,
 }
 
+/// The form of `nuvec bench`'s report.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Output {
+    Text,
+    Json,
+    Csv,
+    Md,
+}
+
+/// One test of a sweep: the values it runs with.
+#[derive(Clone, Copy, Debug)]
+pub struct Test {
+    pub prompt_tokens: usize,
+    pub generation_tokens: usize,
+    pub batch_size: usize,
+    pub depth: usize,
+}
+
 /// A small deterministic generator (splitmix64) for the prompt ids.
 fn random_tokens(n: usize, vocab: usize, seed: u64) -> Vec<u32> {
     let mut state = seed.wrapping_add(0x9e37_79b9_7f4a_7c15);
@@ -100,14 +132,28 @@ struct Trial {
     peak: u64,
     /// Decode steps replayed as a CUDA graph.
     replayed: usize,
+    /// Positions in the (first) sequence's cache at the end: its context, prompt and the
+    /// generated tokens but the last.
+    positions: usize,
 }
 
-fn trial(model: &Model, prompt: &[u32], args: &Args, graphs: GraphMode) -> Result<Trial, Box<dyn std::error::Error>> {
+/// One sequence alone: its context (`t.depth` tokens, untimed), then the prompt and the
+/// generation, timed.
+fn trial(
+    model: &Model,
+    (context, prompt): (&[u32], &[u32]),
+    args: &Args,
+    t: Test,
+    graphs: GraphMode,
+) -> Result<Trial, Box<dyn std::error::Error>> {
     let mut cache = model.new_cache();
+    let step = args.prefill_step_size.unwrap_or_else(|| default_prefill_step(model.device()));
+    for chunk in context.chunks(step.max(1)) {
+        model.prefill(chunk, &mut cache)?;
+    }
     let start = Instant::now();
     // As mlx-lm: chunks of prefill_step_size, the last prompt token goes through the first step.
     let (body, last) = prompt.split_at(prompt.len() - 1);
-    let step = args.prefill_step_size.unwrap_or_else(|| default_prefill_step(model.device()));
     for chunk in body.chunks(step.max(1)) {
         model.prefill(chunk, &mut cache)?;
     }
@@ -117,7 +163,7 @@ fn trial(model: &Model, prompt: &[u32], args: &Args, graphs: GraphMode) -> Resul
     let start = Instant::now();
     // One-token steps as CUDA graphs where the model allows (NUVEC_CUDA_GRAPHS=0: never).
     let mut steps = DecodeGraph::new(graphs);
-    for _ in 1..args.generation_tokens {
+    for _ in 1..t.generation_tokens {
         token = argmax(&steps.step(model, &mut cache, token)?)?;
     }
     if let Some(why) = steps.stopped() {
@@ -128,59 +174,78 @@ fn trial(model: &Model, prompt: &[u32], args: &Args, graphs: GraphMode) -> Resul
     Ok(Trial {
         prompt_tps: prompt.len() as f64 / prompt_time,
         // The first generated token comes with the prompt pass, as in mlx-lm's statistics.
-        generation_tps: if args.generation_tokens > 1 { (args.generation_tokens - 1) as f64 / gen_time } else { 0.0 },
+        generation_tps: if t.generation_tokens > 1 { (t.generation_tokens - 1) as f64 / gen_time } else { 0.0 },
         peak: peak_memory(),
         replayed: steps.replayed_steps(),
+        positions: cache.first().map_or(0, nuvec_lm::cache::LayerCache::offset),
     })
 }
 
-/// `prompts.len()` sequences together in a paged cache: the prompts prefilled in steps of at
-/// most `prefill_step_size` rows (whole prompts of several sequences per step where they fit),
-/// then every decode step one forward pass over all sequences.
-fn batch_trial(model: &Model, prompts: &[Vec<u32>], args: &Args) -> Result<Trial, Box<dyn std::error::Error>> {
+/// `prompts.len()` sequences together in a paged cache: each sequence's context (untimed), then
+/// the prompts prefilled in steps of at most `prefill_step_size` rows (whole prompts of several
+/// sequences per step where they fit), then every decode step one forward pass over all
+/// sequences.
+fn batch_trial(
+    model: &Model,
+    (contexts, prompts): (&[Vec<u32>], &[Vec<u32>]),
+    args: &Args,
+    t: Test,
+) -> Result<Trial, Box<dyn std::error::Error>> {
     const BLOCK: usize = nuvec_lm::cache::paged::DEFAULT_BLOCK_SIZE;
     let b = prompts.len();
-    let per_seq = (args.prompt_tokens + args.generation_tokens).div_ceil(BLOCK);
+    let per_seq = (t.depth + t.prompt_tokens + t.generation_tokens).div_ceil(BLOCK);
     let mut paged = match args.kv_bits {
         Some(bits) => PagedCache::new_quantized(model, b * per_seq, BLOCK, b, bits, args.kv_group_size)?,
         None => PagedCache::new(model, b * per_seq, BLOCK, b)?,
     };
     let ids: Vec<SeqId> = (0..b).map(|_| paged.add()).collect::<Result<_, _>>()?;
     let step = args.prefill_step_size.unwrap_or_else(|| default_prefill_step(model.device())).max(1);
+    let prefill = |paged: &mut PagedCache, rows: &[Vec<u32>], len: usize| -> nuvec_lm::Result<()> {
+        for chunk_start in (0..len).step_by(step) {
+            let chunk_end = (chunk_start + step).min(len);
+            let per_step = (step / (chunk_end - chunk_start)).max(1);
+            for group in ids.iter().zip(rows).collect::<Vec<_>>().chunks(per_step) {
+                let work: Vec<(SeqId, &[u32])> =
+                    group.iter().map(|(&id, p)| (id, &p[chunk_start..chunk_end])).collect();
+                paged.step(model, &work)?;
+            }
+        }
+        Ok(())
+    };
+    prefill(&mut paged, contexts, t.depth)?;
     let start = Instant::now();
     // As mlx-lm: the prompt but its last token is prefilled; the last goes through the first step.
-    let body = args.prompt_tokens - 1;
-    for chunk_start in (0..body).step_by(step) {
-        let chunk_end = (chunk_start + step).min(body);
-        let per_step = (step / (chunk_end - chunk_start)).max(1);
-        for group in ids.iter().zip(prompts).collect::<Vec<_>>().chunks(per_step) {
-            let work: Vec<(SeqId, &[u32])> = group.iter().map(|(&id, p)| (id, &p[chunk_start..chunk_end])).collect();
-            paged.step(model, &work)?;
-        }
-    }
+    prefill(&mut paged, prompts, t.prompt_tokens - 1)?;
     let mut tokens: Vec<u32> = prompts.iter().map(|p| p[p.len() - 1]).collect();
     tokens = decode_batch(model, &tokens, &ids, &mut paged)?.argmax()?.to_vec::<u32>()?;
     let prompt_time = start.elapsed().as_secs_f64();
     let start = Instant::now();
-    for _ in 1..args.generation_tokens {
+    for _ in 1..t.generation_tokens {
         tokens = decode_batch(model, &tokens, &ids, &mut paged)?.argmax()?.to_vec::<u32>()?;
     }
     let gen_time = start.elapsed().as_secs_f64();
     Ok(Trial {
-        prompt_tps: (b * args.prompt_tokens) as f64 / prompt_time,
-        generation_tps: if args.generation_tokens > 1 {
-            (b * (args.generation_tokens - 1)) as f64 / gen_time
-        } else {
-            0.0
-        },
+        prompt_tps: (b * t.prompt_tokens) as f64 / prompt_time,
+        generation_tps: if t.generation_tokens > 1 { (b * (t.generation_tokens - 1)) as f64 / gen_time } else { 0.0 },
         peak: peak_memory(),
         replayed: 0,
+        positions: paged.positions(ids[0])?,
     })
 }
 
 pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
-    if args.prompt_tokens == 0 || args.generation_tokens == 0 || args.num_trials == 0 || args.batch_size == 0 {
-        return Err("--prompt-tokens, --generation-tokens, --num-trials and --batch-size must be at least 1".into());
+    let lists = [
+        ("--prompt-tokens", &args.prompt_tokens),
+        ("--generation-tokens", &args.generation_tokens),
+        ("--batch-size", &args.batch_size),
+    ];
+    for (flag, values) in lists {
+        if values.is_empty() || values.contains(&0) {
+            return Err(format!("{flag} must be at least 1 (each value of a comma list)").into());
+        }
+    }
+    if args.num_trials == 0 {
+        return Err("--num-trials must be at least 1".into());
     }
     if let Some(threads) = args.threads {
         nuvec::backends::cpu::set_num_threads(threads)?;
@@ -208,58 +273,107 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         };
         return crate::workload::run(&model, path, options, grammar);
     }
-    let prompts: Vec<Vec<u32>> = (0..args.batch_size as u64)
-        .map(|i| random_tokens(args.prompt_tokens, model.vocab_size(), args.seed.wrapping_add(i)))
-        .collect();
-    println!(
-        "Running benchmark on {} with prompt_tokens={}, generation_tokens={}, batch_size={}, threads={}",
+    // llama-bench's order: prompt lengths outermost, then generation lengths, batch sizes, depths.
+    let mut tests = vec![];
+    for &prompt_tokens in &args.prompt_tokens {
+        for &generation_tokens in &args.generation_tokens {
+            for &batch_size in &args.batch_size {
+                for &depth in &args.depth {
+                    tests.push(Test { prompt_tokens, generation_tokens, batch_size, depth });
+                }
+            }
+        }
+    }
+    let mut report = Report::new(args.output, &model_path, model.device().to_string());
+    for t in tests {
+        let summary = run_test(&model, &args, t, &report)?;
+        report.test(t, &summary);
+    }
+    report.finish();
+    Ok(())
+}
+
+/// A test's trials: the mean and the standard deviation of each rate, the peak memory.
+pub struct Summary {
+    pub trials: usize,
+    pub prompt_tps: (f64, f64),
+    pub generation_tps: (f64, f64),
+    pub peak: u64,
+    /// The first sequence's cache positions after the last trial.
+    pub positions: usize,
+}
+
+/// Mean and (sample) standard deviation.
+fn mean_sd(values: &[f64]) -> (f64, f64) {
+    let n = values.len() as f64;
+    let mean = values.iter().sum::<f64>() / n;
+    let var = if values.len() > 1 { values.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / (n - 1.0) } else { 0.0 };
+    (mean, var.sqrt())
+}
+
+/// One test: its warm-up and timed trials, each trial's line (and, in text, the averages) as
+/// mlx_lm.benchmark prints them.
+fn run_test(model: &Model, args: &Args, t: Test, report: &Report) -> Result<Summary, Box<dyn std::error::Error>> {
+    let vocab = model.vocab_size();
+    let seeds = (0..t.batch_size as u64).map(|i| args.seed.wrapping_add(i));
+    let prompts: Vec<Vec<u32>> = seeds.clone().map(|s| random_tokens(t.prompt_tokens, vocab, s)).collect();
+    // The context of each sequence from seeds of its own (no prompt repeats its context).
+    let contexts: Vec<Vec<u32>> = seeds.map(|s| random_tokens(t.depth, vocab, s ^ 0x5eed_c0de)).collect();
+    report.line(&format!(
+        "Running benchmark on {} with prompt_tokens={}, generation_tokens={}, batch_size={}, depth={}, threads={}",
         model.device(),
-        args.prompt_tokens,
-        args.generation_tokens,
-        args.batch_size,
+        t.prompt_tokens,
+        t.generation_tokens,
+        t.batch_size,
+        t.depth,
         nuvec::backends::cpu::num_threads()
-    );
+    ));
     let graphs = GraphMode::from_env()?;
-    let run_trial = |graphs| match (args.batch_size, args.kv_bits) {
-        (1, None) => trial(&model, &prompts[0], &args, graphs),
-        _ => batch_trial(&model, &prompts, &args),
+    let run_trial = |graphs| match (t.batch_size, args.kv_bits) {
+        (1, None) => trial(model, (&contexts[0], &prompts[0]), args, t, graphs),
+        _ => batch_trial(model, (&contexts, &prompts), args, t),
     };
     if !args.no_warmup {
         run_trial(graphs)?;
     }
     let mut trials = vec![];
     for i in 0..args.num_trials {
-        let t = run_trial(graphs)?;
-        println!(
+        let tr = run_trial(graphs)?;
+        report.line(&format!(
             "Trial {}:  prompt_tps={:.3}, generation_tps={:.3}, peak_memory={:.3}",
             i + 1,
-            t.prompt_tps,
-            t.generation_tps,
-            t.peak as f64 / 1e9
-        );
-        trials.push(t);
+            tr.prompt_tps,
+            tr.generation_tps,
+            tr.peak as f64 / 1e9
+        ));
+        trials.push(tr);
     }
-    let n = trials.len() as f64;
-    println!(
+    let summary = Summary {
+        trials: trials.len(),
+        prompt_tps: mean_sd(&trials.iter().map(|t| t.prompt_tps).collect::<Vec<_>>()),
+        generation_tps: mean_sd(&trials.iter().map(|t| t.generation_tps).collect::<Vec<_>>()),
+        peak: trials.iter().map(|t| t.peak).max().unwrap_or(0),
+        positions: trials.last().map_or(0, |t| t.positions),
+    };
+    report.line(&format!(
         "Averages: prompt_tps={:.3}, generation_tps={:.3}, peak_memory={:.3}",
-        trials.iter().map(|t| t.prompt_tps).sum::<f64>() / n,
-        trials.iter().map(|t| t.generation_tps).sum::<f64>() / n,
-        trials.iter().map(|t| t.peak).max().unwrap_or(0) as f64 / 1e9
-    );
+        summary.prompt_tps.0,
+        summary.generation_tps.0,
+        summary.peak as f64 / 1e9
+    ));
     // CUDA graphs: when steps were replayed, one more trial without them, per-token times side
     // by side.
     let replayed = trials.iter().map(|t| t.replayed).sum::<usize>();
     if replayed > 0 {
-        let eager = trial(&model, &prompts[0], &args, GraphMode::Off)?;
-        let graph_tps = trials.iter().map(|t| t.generation_tps).sum::<f64>() / n;
-        println!(
+        let eager = trial(model, (&contexts[0], &prompts[0]), args, t, GraphMode::Off)?;
+        report.line(&format!(
             "CUDA graphs: decode {:.3} ms/token with graphs ({} of {} steps replayed per trial), \
              {:.3} ms/token eager (NUVEC_CUDA_GRAPHS=0)",
-            1e3 / graph_tps,
+            1e3 / summary.generation_tps.0,
             replayed / trials.len(),
-            args.generation_tokens - 1,
+            t.generation_tokens - 1,
             1e3 / eager.generation_tps
-        );
+        ));
     }
-    Ok(())
+    Ok(summary)
 }

@@ -1,6 +1,7 @@
 //! `nuvec`: the command line, shaped like mlx-lm's (`nuvec generate` ~ `mlx_lm.generate`).
 
 mod bench;
+mod bench_report;
 mod cache_prompt;
 mod chat;
 mod common;

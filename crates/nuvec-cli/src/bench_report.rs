@@ -1,0 +1,139 @@
+//! How `nuvec bench` prints its tests: mlx_lm.benchmark's lines as they come (`-o text`), or,
+//! as llama-bench's `-o`, one row per test once all have run (`json`, `csv`, `md`) on stdout,
+//! the progress lines on stderr.
+
+use serde_json::json;
+
+use crate::bench::{Output, Summary, Test};
+
+/// One test's row.
+struct Row {
+    test: Test,
+    trials: usize,
+    prompt_tps: (f64, f64),
+    generation_tps: (f64, f64),
+    peak_gb: f64,
+    positions: usize,
+}
+
+pub struct Report {
+    output: Output,
+    model: String,
+    device: String,
+    threads: usize,
+    rows: Vec<Row>,
+}
+
+impl Report {
+    pub fn new(output: Output, model: &str, device: String) -> Self {
+        let threads = nuvec::backends::cpu::num_threads();
+        Report { output, model: model.to_string(), device, threads, rows: vec![] }
+    }
+
+    /// A progress line: the report itself in text, stderr otherwise.
+    pub fn line(&self, text: &str) {
+        if self.output == Output::Text {
+            println!("{text}");
+        } else {
+            eprintln!("{text}");
+        }
+    }
+
+    /// A test's results.
+    pub fn test(&mut self, test: Test, s: &Summary) {
+        let row = Row {
+            test,
+            trials: s.trials,
+            prompt_tps: s.prompt_tps,
+            generation_tps: s.generation_tps,
+            peak_gb: s.peak as f64 / 1e9,
+            positions: s.positions,
+        };
+        self.rows.push(row);
+    }
+
+    /// Prints the rows (nothing more in text).
+    pub fn finish(self) {
+        match self.output {
+            Output::Text => {}
+            Output::Json => {
+                let rows: Vec<_> = self.rows.iter().map(|r| self.json(r)).collect();
+                println!("{}", serde_json::to_string_pretty(&rows).expect("numbers and strings serialize"));
+            }
+            Output::Csv => {
+                println!("{}", COLUMNS.join(","));
+                for r in &self.rows {
+                    let model = format!("\"{}\"", self.model.replace('"', "\"\""));
+                    println!("{model},{}", self.cells(r)[1..].join(","));
+                }
+            }
+            Output::Md => {
+                println!("| {} |", COLUMNS.join(" | "));
+                println!("|{}", " --- |".repeat(2) + &" ---: |".repeat(COLUMNS.len() - 2));
+                for r in &self.rows {
+                    println!("| {} |", self.cells(r).join(" | "));
+                }
+            }
+        }
+    }
+
+    fn json(&self, r: &Row) -> serde_json::Value {
+        let t = r.test;
+        json!({
+            "model": self.model,
+            "device": self.device,
+            "threads": self.threads,
+            "batch_size": t.batch_size,
+            "depth": t.depth,
+            "prompt_tokens": t.prompt_tokens,
+            "generation_tokens": t.generation_tokens,
+            "trials": r.trials,
+            "prompt_tps": r.prompt_tps.0,
+            "prompt_tps_sd": r.prompt_tps.1,
+            "generation_tps": r.generation_tps.0,
+            "generation_tps_sd": r.generation_tps.1,
+            "peak_memory_gb": r.peak_gb,
+            "positions": r.positions,
+        })
+    }
+
+    /// A row's cells in `COLUMNS`' order.
+    fn cells(&self, r: &Row) -> Vec<String> {
+        let t = r.test;
+        vec![
+            self.model.clone(),
+            self.device.clone(),
+            self.threads.to_string(),
+            t.batch_size.to_string(),
+            t.depth.to_string(),
+            t.prompt_tokens.to_string(),
+            t.generation_tokens.to_string(),
+            r.trials.to_string(),
+            format!("{:.3}", r.prompt_tps.0),
+            format!("{:.3}", r.prompt_tps.1),
+            format!("{:.3}", r.generation_tps.0),
+            format!("{:.3}", r.generation_tps.1),
+            format!("{:.3}", r.peak_gb),
+            r.positions.to_string(),
+        ]
+    }
+}
+
+/// The table's columns (the JSON objects' keys, in order); `positions`: the first sequence's
+/// cache positions after a trial (depth + prompt + generated - 1), what the trial ran over.
+const COLUMNS: [&str; 14] = [
+    "model",
+    "device",
+    "threads",
+    "batch_size",
+    "depth",
+    "prompt_tokens",
+    "generation_tokens",
+    "trials",
+    "prompt_tps",
+    "prompt_tps_sd",
+    "generation_tps",
+    "generation_tps_sd",
+    "peak_memory_gb",
+    "positions",
+];
