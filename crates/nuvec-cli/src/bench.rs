@@ -53,9 +53,8 @@ pub struct Args {
     /// Where the model runs: cpu, cuda or cuda:N (cuda needs a build with `--features cuda`).
     #[arg(long, default_value = "cpu")]
     device: String,
-    /// Worker threads for the CPU kernels (default: all cores).
-    #[arg(long)]
-    threads: Option<usize>,
+    #[command(flatten)]
+    threads: crate::common::ThreadArgs,
     /// Seed of the random prompt.
     #[arg(long, default_value_t = 0)]
     seed: u64,
@@ -247,9 +246,7 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     if args.num_trials == 0 {
         return Err("--num-trials must be at least 1".into());
     }
-    if let Some(threads) = args.threads {
-        nuvec::backends::cpu::set_num_threads(threads)?;
-    }
+    args.threads.apply()?;
     let model_path = model_or_default(&args.model)?;
     let (mut model, tokenizer) = load_on(&model_path, parse_device(&args.device)?)?;
     let grammar = args.constraint.grammar(&tokenizer)?;

@@ -1,13 +1,12 @@
 //! `nuvec cache-prompt`: prefill a prompt once and save the cache (as mlx_lm.cache_prompt), for
 //! `nuvec generate --prompt-cache-file` to continue from.
 
-use std::io::Read;
 use std::path::PathBuf;
 
 use clap::Parser;
 use nuvec_lm::{load, prompt_cache, Session};
 
-use crate::common::{model_or_default, KvArgs};
+use crate::common::{model_or_default, read_prompt, KvArgs, ThreadArgs};
 
 /// Prefill a prompt and save the KV cache to a file.
 #[derive(Parser, Debug)]
@@ -18,8 +17,13 @@ pub struct Args {
     model: Option<String>,
     /// The prompt to cache; `-` reads stdin. With a chat template it becomes the start of the
     /// user's message (as mlx_lm.cache_prompt).
-    #[arg(short = 'p', long)]
-    prompt: String,
+    #[arg(short = 'p', long, required_unless_present = "file")]
+    prompt: Option<String>,
+    /// Read the prompt from this file instead (as is), as llama.cpp's -f.
+    #[arg(short = 'f', long, value_name = "FILE", conflicts_with = "prompt")]
+    file: Option<PathBuf>,
+    #[command(flatten)]
+    threads: ThreadArgs,
     /// Where to save the cache (a .safetensors file). An existing prompt cache is replaced;
     /// any other existing file is refused unless --force.
     #[arg(long)]
@@ -35,12 +39,9 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
+    args.threads.apply()?;
     let model_name = model_or_default(&args.model)?;
-    let mut prompt = args.prompt.clone();
-    if prompt == "-" {
-        prompt.clear();
-        std::io::stdin().read_to_string(&mut prompt)?;
-    }
+    let prompt = read_prompt(args.prompt.as_deref().unwrap_or_default(), args.file.as_deref(), false)?;
     // Refuse a target that cannot or must not be written before the prefill, not after it.
     let target = prompt_cache::prepare_save(&args.prompt_cache_file, args.force)?;
     let (model, tokenizer) = load(&model_name)?;

@@ -10,12 +10,14 @@ use nuvec_lm::{
 };
 use serde_json::{json, Value};
 
-use crate::common::{describe_finish, model_or_default, ContextArgs};
+use crate::common::{describe_finish, model_or_default, ContextArgs, ThreadArgs};
 
 /// Chat with a model in the terminal (or over a pipe: one message per line).
 #[derive(Parser, Debug)]
 #[command(allow_negative_numbers = true)]
 pub struct Args {
+    #[command(flatten)]
+    threads: ThreadArgs,
     /// Model directory, Hugging Face repo id in the local cache, or .gguf file (default: SmolLM2).
     #[arg(long)]
     model: Option<String>,
@@ -58,6 +60,7 @@ const HELP: &str =
     "Type a message and press Enter. Commands: 'q' quits, 'r' resets the conversation, 'h' shows this help.";
 
 pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
+    args.threads.apply()?;
     let model_path = model_or_default(&args.model)?;
     let sampler = crate::common::checked_sampler(
         Sampler {

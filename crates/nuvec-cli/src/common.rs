@@ -1,4 +1,5 @@
-//! What several subcommands share: the model argument, KV cache flags, peak memory.
+//! What several subcommands share: the model argument, KV cache flags, threads, the prompt's
+//! source, peak memory.
 
 use clap::Args;
 use nuvec_lm::cache::{CacheOptions, KvDtype};
@@ -128,4 +129,41 @@ pub fn checked_sampler(sampler: nuvec_lm::Sampler, note: &str) -> Result<nuvec_l
         eprintln!("warning: {ignored}{note}");
     }
     Ok(sampler)
+}
+
+/// Worker threads of the CPU kernels (`-t`, as llama.cpp's tools): every command that computes
+/// takes it.
+#[derive(Args, Debug, Clone, Copy)]
+pub struct ThreadArgs {
+    /// Worker threads for the CPU kernels (default: all cores).
+    #[arg(short = 't', long)]
+    pub threads: Option<usize>,
+}
+
+impl ThreadArgs {
+    /// Sets the CPU kernels' threads where asked (before anything computes).
+    pub fn apply(&self) -> Result<(), String> {
+        match self.threads {
+            Some(0) => Err("--threads must be at least 1".into()),
+            Some(n) => nuvec::backends::cpu::set_num_threads(n).map_err(|e| format!("--threads {n}: {e}")),
+            None => Ok(()),
+        }
+    }
+}
+
+/// The prompt's text: `-f FILE`'s contents when given (as is), else `-p`'s text with `\n` and
+/// `\t` expanded when `expand`, stdin for `-`.
+pub fn read_prompt(prompt: &str, file: Option<&std::path::Path>, expand: bool) -> Result<String, String> {
+    if let Some(path) = file {
+        return std::fs::read_to_string(path)
+            .map_err(|e| format!("--file {}: cannot read the prompt: {e}", path.display()));
+    }
+    let text = if expand { prompt.replace("\\n", "\n").replace("\\t", "\t") } else { prompt.to_string() };
+    if text == "-" {
+        let mut all = String::new();
+        std::io::Read::read_to_string(&mut std::io::stdin(), &mut all)
+            .map_err(|e| format!("reading the prompt from stdin: {e}"))?;
+        return Ok(all);
+    }
+    Ok(text)
 }

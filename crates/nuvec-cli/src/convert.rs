@@ -9,6 +9,8 @@ use nuvec_lm::convert::{convert, ConvertOptions};
 /// Convert a Hugging Face, MLX or GGUF checkpoint to an MLX-format directory (as mlx_lm.convert).
 #[derive(Parser, Debug)]
 pub struct Args {
+    #[command(flatten)]
+    threads: crate::common::ThreadArgs,
     /// The source: a checkpoint directory, a Hugging Face repo id in the local cache, or a .gguf file.
     #[arg(long, visible_alias = "model")]
     hf_path: String,
@@ -45,6 +47,7 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
+    args.threads.apply()?;
     let dtype = match args.dtype.as_deref() {
         None => None,
         Some("float16") => Some(DType::F16),

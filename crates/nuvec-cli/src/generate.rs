@@ -1,6 +1,6 @@
 //! `nuvec generate`: mlx_lm.generate's flags and output, plus stops, penalties and log-probs.
 
-use std::io::{Read, Write};
+use std::io::Write;
 
 use clap::Parser;
 use nuvec_lm::{
@@ -10,7 +10,7 @@ use nuvec_lm::{
 
 use nuvec_lm::speculative::{speculative_generate, DraftModel, PromptLookup, Proposer, Speculative};
 
-use crate::common::{model_or_default, peak_memory, ContextArgs, KvArgs};
+use crate::common::{model_or_default, peak_memory, read_prompt, ContextArgs, KvArgs, ThreadArgs};
 
 /// Generate text from a prompt, as `mlx_lm.generate` does.
 #[derive(Parser, Debug)]
@@ -26,6 +26,11 @@ pub struct Args {
     /// Message to the model; `-` reads stdin. `\n` and `\t` are expanded.
     #[arg(short = 'p', long, default_value = "hello")]
     prompt: String,
+    /// Read the message from this file instead (as is), as llama.cpp's -f.
+    #[arg(short = 'f', long, value_name = "FILE", conflicts_with = "prompt")]
+    file: Option<std::path::PathBuf>,
+    #[command(flatten)]
+    threads: ThreadArgs,
     /// System prompt for the chat template.
     #[arg(long)]
     system_prompt: Option<String>,
@@ -218,6 +223,7 @@ fn prompt_ids(args: &Args, tokenizer: &Tokenizer, prompt: &str) -> Result<Vec<u3
 }
 
 pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
+    args.threads.apply()?;
     // A prompt cache names the model it was made with, as mlx_lm.generate reads it from there.
     let cached = match &args.prompt_cache_file {
         Some(file) => Some(prompt_cache::read_info(file)?),
@@ -248,11 +254,7 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         frequency_context_size: args.frequency_context_size,
         logit_bias: logit_bias(&args.logit_bias)?,
     };
-    let mut prompt = args.prompt.replace("\\n", "\n").replace("\\t", "\t");
-    if prompt == "-" {
-        prompt.clear();
-        std::io::stdin().read_to_string(&mut prompt)?;
-    }
+    let mut prompt = read_prompt(&args.prompt, args.file.as_deref(), true)?;
 
     let (model, mut tokenizer) = load_on(&model_path, crate::common::parse_device(&args.device)?)?;
     for token in &args.extra_eos_token {

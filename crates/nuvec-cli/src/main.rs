@@ -10,6 +10,7 @@ mod convert;
 mod default_model;
 mod generate;
 mod serve;
+mod version;
 mod workload;
 
 use clap::{Parser, Subcommand};
@@ -44,9 +45,16 @@ enum Command {
 }
 
 fn main() {
-    if std::env::args().nth(1).as_deref() == Some("--help-env") {
-        print!("{}", nuvec::tuning::help());
-        return;
+    match std::env::args().nth(1).as_deref() {
+        Some("--help-env") => {
+            print!("{}", nuvec::tuning::help());
+            return;
+        }
+        Some("--version" | "-V") => {
+            print!("{}", version::text());
+            return;
+        }
+        _ => {}
     }
     let cli = Cli::parse();
     let result = match cli.command {
@@ -60,5 +68,16 @@ fn main() {
     if let Err(e) = result {
         eprintln!("error: {e}");
         std::process::exit(1);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// clap's own checks of the definitions (no short flag twice in a command, every
+    /// `conflicts_with` and `requires` naming an argument that exists, ...).
+    #[test]
+    fn the_command_line_is_well_formed() {
+        use clap::CommandFactory;
+        super::Cli::command().debug_assert();
     }
 }

@@ -24,9 +24,8 @@ pub struct Args {
     /// Where the model runs: cpu, cuda or cuda:N (cuda needs a build with `--features cuda`).
     #[arg(long, default_value = "cpu")]
     device: String,
-    /// Worker threads for the CPU kernels (default: all cores).
-    #[arg(long)]
-    threads: Option<usize>,
+    #[command(flatten)]
+    threads: crate::common::ThreadArgs,
     /// Address to listen on.
     #[arg(long, default_value = "127.0.0.1")]
     host: String,
@@ -205,9 +204,7 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     };
     batcher.validate().map_err(|e| flag_names(&e.to_string()))?;
 
-    if let Some(threads) = args.threads {
-        nuvec::backends::cpu::set_num_threads(threads)?;
-    }
+    args.threads.apply()?;
     let device = crate::common::parse_device(&args.device)?;
     let (model, tokenizer) = load_on(&model_path, device)?;
     sampler.validate_for(model.vocab_size())?;

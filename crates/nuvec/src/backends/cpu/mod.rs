@@ -67,6 +67,20 @@ pub fn set_num_threads(n: usize) -> Result<()> {
     Ok(())
 }
 
+/// The instruction set the CPU kernels run here (`avx512`, `avx2` or `scalar`: the widest the
+/// CPU has, capped by `NUVEC_CPU_ISA`), and the CPU features that choice looks at which this CPU
+/// reports.
+pub fn kernel_isa() -> (&'static str, Vec<&'static str>) {
+    let name = match simd::isa() {
+        simd::Isa::Scalar => "scalar",
+        #[cfg(target_arch = "x86_64")]
+        simd::Isa::Avx2 => "avx2",
+        #[cfg(target_arch = "x86_64")]
+        simd::Isa::Avx512 => "avx512",
+    };
+    (name, simd::detected_features())
+}
+
 /// Threads the CPU kernels use.
 pub fn num_threads() -> usize {
     pool::threads()

@@ -57,6 +57,29 @@ fn has_avx512() -> bool {
     is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512bw") && is_x86_feature_detected!("avx512vl")
 }
 
+/// The CPU features the kernels' choice rests on that this CPU reports (x86-64; none elsewhere).
+pub(crate) fn detected_features() -> Vec<&'static str> {
+    #[allow(unused_mut)]
+    let mut found = Vec::new();
+    #[cfg(target_arch = "x86_64")]
+    {
+        let checks: [(&str, bool); 10] = [
+            ("avx2", is_x86_feature_detected!("avx2")),
+            ("fma", is_x86_feature_detected!("fma")),
+            ("f16c", is_x86_feature_detected!("f16c")),
+            ("avx512f", is_x86_feature_detected!("avx512f")),
+            ("avx512bw", is_x86_feature_detected!("avx512bw")),
+            ("avx512vl", is_x86_feature_detected!("avx512vl")),
+            ("avx512vnni", is_x86_feature_detected!("avx512vnni")),
+            ("avx512bf16", is_x86_feature_detected!("avx512bf16")),
+            ("avx512fp16", is_x86_feature_detected!("avx512fp16")),
+            ("avxvnni", is_x86_feature_detected!("avxvnni")),
+        ];
+        found.extend(checks.iter().filter(|c| c.1).map(|c| c.0));
+    }
+    found
+}
+
 /// The instruction set chosen for this process.
 pub(crate) fn isa() -> Isa {
     static ISA: OnceLock<Isa> = OnceLock::new();
