@@ -219,6 +219,11 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         ..config.defaults
     };
     config.defaults.validate_for(&model)?;
+    // What a first request would pay (a GPU's kernel compiles above all) is paid before the
+    // server listens, so that once it answers its first request is as fast as the rest.
+    let warming = std::time::Instant::now();
+    model.warm_up().map_err(|e| format!("warming the model up: {e}"))?;
+    eprintln!("[INFO] warmed up in {:.1} s", warming.elapsed().as_secs_f64());
     config.template_args = template_args;
     config.api_key = args.api_key.clone();
     config.allowed_origins =

@@ -48,6 +48,7 @@ pub mod stop;
 pub mod stream;
 pub mod token_bytes;
 pub mod tokenizer;
+mod warm_up;
 pub mod weights;
 
 pub use cache::paged::{decode_batch, PagedCache, SeqId};
