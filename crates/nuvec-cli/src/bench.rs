@@ -23,32 +23,32 @@ pub struct Args {
     #[arg(long)]
     model: Option<String>,
     /// Prompt length in (random) tokens; a comma list sweeps several (`-p 128,512`).
-    #[arg(short = 'p', long, value_delimiter = ',', default_value = "512")]
+    #[arg(short = 'p', long, value_delimiter = ',', default_value = "512", conflicts_with = "workload")]
     prompt_tokens: Vec<usize>,
     /// Tokens to generate per trial; a comma list sweeps several.
-    #[arg(short = 'g', long, value_delimiter = ',', default_value = "1024")]
+    #[arg(short = 'g', long, value_delimiter = ',', default_value = "1024", conflicts_with = "workload")]
     generation_tokens: Vec<usize>,
     /// Sequences decoded together (as mlx_lm.benchmark's -b): each gets its own random prompt
     /// of -p tokens and generates -g; the rates are totals over all of them. Above 1 the
     /// sequences live in a paged cache and every decode step is one forward pass for all. A
     /// comma list sweeps several.
-    #[arg(short = 'b', long, value_delimiter = ',', default_value = "1")]
+    #[arg(short = 'b', long, value_delimiter = ',', default_value = "1", conflicts_with = "workload")]
     batch_size: Vec<usize>,
     /// Tokens of (random) context already in each sequence's cache before the prompt, as
     /// llama-bench's -d: the prompt and the generation are timed after it. A comma list sweeps
     /// several.
-    #[arg(short = 'd', long, value_delimiter = ',', default_value = "0")]
+    #[arg(short = 'd', long, value_delimiter = ',', default_value = "0", conflicts_with = "workload")]
     depth: Vec<usize>,
     /// How the results are printed: `text` (mlx_lm.benchmark's lines), or one row per test as
     /// `json`, `csv` or `md` (a Markdown table) on stdout, with the progress lines on stderr.
-    #[arg(short = 'o', long, value_enum, default_value_t = Output::Text)]
+    #[arg(short = 'o', long, value_enum, default_value_t = Output::Text, conflicts_with = "workload")]
     output: Output,
     /// Timed trials (after one untimed warm-up).
-    #[arg(short = 'n', long, default_value_t = 5)]
+    #[arg(short = 'n', long, default_value_t = 5, conflicts_with = "workload")]
     num_trials: usize,
     /// Prompt tokens processed per forward pass (default 2048 on the CPU, as mlx-lm; 4096 on
     /// CUDA, where each pass decodes the quantized weights for the tensor cores).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "workload")]
     prefill_step_size: Option<usize>,
     /// Where the model runs: cpu, cuda or cuda:N (cuda needs a build with `--features cuda`).
     #[arg(long, default_value = "cpu")]
@@ -56,14 +56,15 @@ pub struct Args {
     #[command(flatten)]
     threads: crate::common::ThreadArgs,
     /// Seed of the random prompt.
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = 0, conflicts_with = "workload")]
     seed: u64,
     /// Skip the untimed warm-up trial.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "workload")]
     no_warmup: bool,
     /// Run a serving workload through the Batcher instead: a JSON file of requests with
     /// arrival times, as bench/compare-serve-workload writes (see crates/nuvec-cli/src/workload.rs);
-    /// reports throughput, time to first token and inter-token latency.
+    /// reports throughput, time to first token and inter-token latency. The file sets the
+    /// prompts and lengths, so the flags of the random-prompt tests are refused beside it.
     #[arg(long, value_name = "FILE")]
     workload: Option<String>,
     /// With --workload: turn the Batcher's prefix cache off.

@@ -39,6 +39,11 @@ fn workloads_run_with_and_without_a_constraint() {
     assert!(ok, "{chosen}");
     let n = generated(&chosen);
     assert!((3..=9).contains(&n), "three one-word answers, {n} tokens: {chosen}");
+    // The random-prompt tests' flags would be ignored beside a workload: refused.
+    for flag in [&["-p", "8"][..], &["-b", "2"], &["-d", "4"], &["-o", "json"], &["--no-warmup"]] {
+        let (ok, refused) = bench(&[&["--workload", file][..], flag].concat());
+        assert!(!ok && refused.contains("cannot be used with"), "{flag:?}: {refused}");
+    }
     // The constraint flags are for workloads only.
     let (ok, refused) = bench(&["--regex", "a+", "-p", "4", "-g", "2", "-n", "1"]);
     assert!(!ok && refused.contains("--workload"), "{refused}");
