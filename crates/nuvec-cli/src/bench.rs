@@ -285,7 +285,7 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     let mut report = Report::new(args.output, &model_path, model.device().to_string());
     for t in tests {
         let summary = run_test(&model, &args, t, &report)?;
-        report.test(t, &summary);
+        report.test(t, summary);
     }
     report.finish();
     Ok(())

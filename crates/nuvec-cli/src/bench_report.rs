@@ -6,22 +6,12 @@ use serde_json::json;
 
 use crate::bench::{Output, Summary, Test};
 
-/// One test's row.
-struct Row {
-    test: Test,
-    trials: usize,
-    prompt_tps: (f64, f64),
-    generation_tps: (f64, f64),
-    peak_gb: f64,
-    positions: usize,
-}
-
 pub struct Report {
     output: Output,
     model: String,
     device: String,
     threads: usize,
-    rows: Vec<Row>,
+    rows: Vec<(Test, Summary)>,
 }
 
 impl Report {
@@ -40,16 +30,8 @@ impl Report {
     }
 
     /// A test's results.
-    pub fn test(&mut self, test: Test, s: &Summary) {
-        let row = Row {
-            test,
-            trials: s.trials,
-            prompt_tps: s.prompt_tps,
-            generation_tps: s.generation_tps,
-            peak_gb: s.peak as f64 / 1e9,
-            positions: s.positions,
-        };
-        self.rows.push(row);
+    pub fn test(&mut self, test: Test, summary: Summary) {
+        self.rows.push((test, summary));
     }
 
     /// Prints the rows (nothing more in text).
@@ -57,28 +39,27 @@ impl Report {
         match self.output {
             Output::Text => {}
             Output::Json => {
-                let rows: Vec<_> = self.rows.iter().map(|r| self.json(r)).collect();
+                let rows: Vec<_> = self.rows.iter().map(|(t, r)| self.json(*t, r)).collect();
                 println!("{}", serde_json::to_string_pretty(&rows).expect("numbers and strings serialize"));
             }
             Output::Csv => {
                 println!("{}", COLUMNS.join(","));
-                for r in &self.rows {
+                for (t, r) in &self.rows {
                     let model = format!("\"{}\"", self.model.replace('"', "\"\""));
-                    println!("{model},{}", self.cells(r)[1..].join(","));
+                    println!("{model},{}", self.cells(*t, r)[1..].join(","));
                 }
             }
             Output::Md => {
                 println!("| {} |", COLUMNS.join(" | "));
                 println!("|{}", " --- |".repeat(2) + &" ---: |".repeat(COLUMNS.len() - 2));
-                for r in &self.rows {
-                    println!("| {} |", self.cells(r).join(" | "));
+                for (t, r) in &self.rows {
+                    println!("| {} |", self.cells(*t, r).join(" | "));
                 }
             }
         }
     }
 
-    fn json(&self, r: &Row) -> serde_json::Value {
-        let t = r.test;
+    fn json(&self, t: Test, r: &Summary) -> serde_json::Value {
         json!({
             "model": self.model,
             "device": self.device,
@@ -92,14 +73,13 @@ impl Report {
             "prompt_tps_sd": r.prompt_tps.1,
             "generation_tps": r.generation_tps.0,
             "generation_tps_sd": r.generation_tps.1,
-            "peak_memory_gb": r.peak_gb,
+            "peak_memory_gb": r.peak as f64 / 1e9,
             "positions": r.positions,
         })
     }
 
     /// A row's cells in `COLUMNS`' order.
-    fn cells(&self, r: &Row) -> Vec<String> {
-        let t = r.test;
+    fn cells(&self, t: Test, r: &Summary) -> Vec<String> {
         vec![
             self.model.clone(),
             self.device.clone(),
@@ -113,7 +93,7 @@ impl Report {
             format!("{:.3}", r.prompt_tps.1),
             format!("{:.3}", r.generation_tps.0),
             format!("{:.3}", r.generation_tps.1),
-            format!("{:.3}", r.peak_gb),
+            format!("{:.3}", r.peak as f64 / 1e9),
             r.positions.to_string(),
         ]
     }

@@ -219,18 +219,20 @@ __device__ __forceinline__ NormQuad norm_quad(float4 v, const void* w, int i, in
 __device__ __forceinline__ float4 quad_normed(NormQuad q, float inv) {
     return make_float4(q.v.x * inv * q.w.x, q.v.y * inv * q.w.y, q.v.z * inv * q.w.z, q.v.w * inv * q.w.w);
 }
-// out = v * inv * w for the (up to) 4 values at i: one 16-byte store when `vec` (as row_quad).
-__device__ __forceinline__ void quad_norm_store(float* __restrict__ o, NormQuad q, int i, int d, float inv, int vec) {
-    const float4 n = quad_normed(q, inv);
-    const float r[4] = {n.x, n.y, n.z, n.w};
+// o[i .. i + 3] = n, those below d: one 16-byte store when `vec` (as row_quad).
+__device__ __forceinline__ void quad_store(float* __restrict__ o, float4 n, int i, int d, int vec) {
     if (vec) {
-        *(float4*)(o + i) = make_float4(r[0], r[1], r[2], r[3]);
+        *(float4*)(o + i) = n;
         return;
     }
+    const float r[4] = {n.x, n.y, n.z, n.w};
 #pragma unroll
     for (int e = 0; e < 4; ++e)
         if (i + e < d) o[i + e] = r[e];
 }
+
+// silu(g) * u as the CPU backend writes it: g / (1 + exp(-g)) * u.
+__device__ __forceinline__ float silu_mul_value(float g, float u) { return g / (1.0f + expf(-g)) * u; }
 
 // The BITS u32 words of one 32-value chunk of an MLX affine-packed row (32 values of BITS bits
 // are exactly BITS words): one 16-byte load for 4 bits, two for 8, 8 bytes for 2, BITS word loads

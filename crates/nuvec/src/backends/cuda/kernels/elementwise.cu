@@ -9,13 +9,10 @@ extern "C" __global__ void add_f32(float* out, const float* a, const float* b, s
     GRID_STRIDE(i, n) out[i] = a[i] + b[i];
 }
 
-// silu(g) * u, written as the CPU backend writes it: g / (1 + exp(-g)) * u.
+// silu(g) * u (silu_mul_value, common.cuh).
 extern "C" __global__ void silu_mul_f32(float* out, const float* g, const float* u, size_t n) {
     pdl_begin();
-    GRID_STRIDE(i, n) {
-        float x = g[i];
-        out[i] = x / (1.0f + expf(-x)) * u[i];
-    }
+    GRID_STRIDE(i, n) out[i] = silu_mul_value(g[i], u[i]);
 }
 
 // out [M, N] = x [M, N] + bias [N] (bias f32, f16 or bf16).
@@ -42,7 +39,7 @@ extern "C" __global__ void __launch_bounds__(1024) rms_norm_f32(float* out, cons
     float inv = 1.0f / sqrtf(block_sum_slots(s, vt / blockDim.x, scratch) / (float)d + eps);
     // The weights load with the values (a store could alias them, so they would not be hoisted).
     auto weighted = [&](int i) { return norm_quad(load(i), w, i, d, w_dt); };
-    row_quads(d, vt, weighted, [&](int, int i, NormQuad q) { quad_norm_store(o, q, i, d, inv, vec); });
+    row_quads(d, vt, weighted, [&](int, int i, NormQuad q) { quad_store(o, quad_normed(q, inv), i, d, vec); });
 }
 
 // Rotary embedding of x [L, H, D] at positions offset..offset+L. `half` = number of frequencies;

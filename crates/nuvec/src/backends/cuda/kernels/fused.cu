@@ -33,8 +33,9 @@ extern "C" __global__ void __launch_bounds__(1024) add_rms_norm_f32(float* __res
     // The weights load with the values (a store could alias them, so they would not be hoisted).
     auto weighted = [&](int i) { return norm_quad(added(i), w, i, d, w_dt); };
     row_quads(d, vt, weighted, [&](int, int i, NormQuad q) {
-        quad_norm_store(out + base, q, i, d, inv, vec);
-        if (tiles) qdec_tile_quad(tiles, (int)blockIdx.x, i, d, quad_normed(q, inv));
+        const float4 n = quad_normed(q, inv);
+        quad_store(out + base, n, i, d, vec);
+        if (tiles) qdec_tile_quad(tiles, (int)blockIdx.x, i, d, n);
     });
 }
 
@@ -43,7 +44,7 @@ extern "C" __global__ void __launch_bounds__(1024) add_rms_norm_f32(float* __res
 // a one-block 4096-value norm took 5.8 us under ncu, its split launch 2.9). Each block sums the
 // whole row's squares in norm_vthreads' layout (blockDim.x = VT / F, the host's choice), so its
 // 1 / rms is the one-block kernels' bit for bit; then its warps take its 32-value chunks, a warp
-// per chunk, and write them: sum = a + b (when b is set), out = v * inv * w (quad_norm_store's
+// per chunk, and write them: sum = a + b (when b is set), out = v * inv * w (quad_normed's
 // arithmetic), and the chunk's parts. The blocks re-read the row from L2, a few hundred cycles;
 // no block waits for another. d is a multiple of 32, sum and out do not alias a or b (the host's
 // fresh outputs).

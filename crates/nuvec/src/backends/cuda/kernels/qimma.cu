@@ -617,8 +617,8 @@ extern "C" __global__ void xbf16_tiles_f32(uint4* __restrict__ out, const float*
         v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
     });
 }
-// silu(g) * u (silu_mul_f32's expression, elementwise.cu) straight into the tiles: the down
-// projection's input without its f32 form.
+// silu(g) * u (silu_mul_value, as silu_mul_f32) straight into the tiles: the down projection's
+// input without its f32 form.
 extern "C" __global__ void silu_mul_xbf16_tiles_f32(uint4* __restrict__ out, const float* __restrict__ g,
                                                     const float* __restrict__ u, int m, int k) {
     pdl_begin();
@@ -628,7 +628,7 @@ extern "C" __global__ void silu_mul_xbf16_tiles_f32(uint4* __restrict__ out, con
         const float gs[8] = {ga.x, ga.y, ga.z, ga.w, gb.x, gb.y, gb.z, gb.w};
         const float us[8] = {ua.x, ua.y, ua.z, ua.w, ub.x, ub.y, ub.z, ub.w};
 #pragma unroll
-        for (int i = 0; i < 8; ++i) v[i] = gs[i] / (1.0f + expf(-gs[i])) * us[i];
+        for (int i = 0; i < 8; ++i) v[i] = silu_mul_value(gs[i], us[i]);
     });
 }
 

@@ -155,6 +155,16 @@ fn bf16_products() -> Result<bool> {
     Ok(matmul_precision()?.bf16_weight(-1, DT_BF16, crate::compute_dtype_hint()))
 }
 
+/// Whether a product of `m` rows of `k` takes the bf16 register kernels whatever its weights
+/// (theirs must still be 4-bit with bf16 scales): the default mode, the precision allowing bf16,
+/// 2 to `NUVEC_QDEC_ROWS` rows, K a multiple of 128 (a batch of the kernels).
+fn bf16_rows(m: usize, k: usize) -> Result<bool> {
+    Ok(mode() == Mode::Decoded
+        && (2..=qdec_rows().min(QI_MAX_ROWS)).contains(&m)
+        && k.is_multiple_of(128)
+        && bf16_products()?)
+}
+
 /// Room for `m` rows of `k` values as bf16 tiles (whole tiles of 8 rows).
 fn bf16_tiles_buffer(st: &'static State, m: usize, k: usize) -> Result<DeviceBuffer> {
     DeviceBuffer::alloc(st, m.div_ceil(8) * 8 * k * 2)
@@ -196,11 +206,7 @@ impl CudaBackend {
         // their bf16 form may take more rows (`NUVEC_QDEC_ROWS`) where every scale is bf16.
         let batches = k.is_multiple_of(128);
         let reg = REG_KERNELS.iter().find(|r| m <= r.1 && batches).copied();
-        let rounds = bf16_products()?;
-        let dec = DEC_KERNELS
-            .iter()
-            .find(|r| m <= r.1 && m <= qdec_rows() && batches && mode == Mode::Decoded && rounds)
-            .copied();
+        let dec = if bf16_rows(m, k)? { DEC_KERNELS.iter().find(|r| m <= r.1).copied() } else { None };
         let regs = reg.or(dec);
         if regs.is_none() && mode != Mode::All {
             return Ok(None);
@@ -229,24 +235,15 @@ impl CudaBackend {
         }
         let bf16 = |a: &Option<(WeightArgs, i32)>| a.as_ref().is_none_or(|(a, _)| a.p_dt == DT_BF16);
         if let Some(dec) = dec.filter(|_| args.iter().all(bf16)) {
-            // x in bf16 tiles: as the kernel that wrote x wrote them, else converted here (with
-            // silu(x) * up made on the way where asked).
-            let made = x.derived(Derived::Bf16Tiles { k }).filter(|_| up.is_none());
-            let xb = match made {
-                Some(_) => None,
-                None => Some(bf16_tiles_buffer(st, m, k)?),
-            };
-            let xp = made.unwrap_or_else(|| xb.as_ref().map_or(0, DeviceBuffer::ptr));
-            if let Some(xb) = &xb {
-                let (xp, xin, mi, ki) = (xb.ptr(), x.cuda_ptr()?, to_i32(op, "rows", m)?, to_i32(op, "k", k)?);
-                let cfg = super::cfg_1d(xb.len() / 16);
-                if let Some(u) = up {
-                    let upp = u.cuda_ptr()?;
-                    launch!(st, op, "silu_mul_xbf16_tiles_f32", cfg; xp, xin, upp, mi, ki);
-                } else {
-                    launch!(st, op, "xbf16_tiles_f32", cfg; xp, xin, mi, ki);
+            // x in bf16 tiles: as the kernel that wrote x wrote them, else converted here.
+            let converted;
+            let xp = match x.derived(Derived::Bf16Tiles { k }).filter(|_| up.is_none()) {
+                Some(made) => made,
+                None => {
+                    converted = self.bf16_tiles_of(op, x, up, (m, k))?;
+                    converted.ptr()
                 }
-            }
+            };
             return self.qimma_reg(op, dec, x, xp, ws, &args, (m, k)).map(Some);
         }
         // silu(x) * up first where asked, then x's parts: m k values split as one row.
@@ -292,12 +289,31 @@ impl CudaBackend {
     /// it on the output: `Array::set_derived` with `Derived::Bf16Tiles`).
     pub(super) fn bf16_tiles_for(&self, rows: usize, k: usize) -> Result<Option<DeviceBuffer>> {
         let st = self.st()?;
-        let takes = mode() == Mode::Decoded
-            && bf16_products()?
-            && (2..=qdec_rows().min(QI_MAX_ROWS)).contains(&rows)
-            && k.is_multiple_of(128)
-            && st.qmma_kernels.contains_key(DEC_KERNELS[0].0);
+        let takes = bf16_rows(rows, k)? && st.qmma_kernels.contains_key(DEC_KERNELS[0].0);
         takes.then(|| bf16_tiles_buffer(st, rows, k)).transpose()
+    }
+
+    /// x (`m` rows of `k`) in bf16 tiles, or silu(x) * up where `up` is given
+    /// (`xbf16_tiles_f32`, `silu_mul_xbf16_tiles_f32`), in a buffer that must outlive the
+    /// launches reading it.
+    fn bf16_tiles_of(
+        &self,
+        op: &'static str,
+        x: &Array,
+        up: Option<&Array>,
+        (m, k): (usize, usize),
+    ) -> Result<DeviceBuffer> {
+        let st = self.st()?;
+        let tiles = bf16_tiles_buffer(st, m, k)?;
+        let (tp, xp, mi, ki) = (tiles.ptr(), x.cuda_ptr()?, to_i32(op, "rows", m)?, to_i32(op, "k", k)?);
+        let cfg = super::cfg_1d(tiles.len() / 16);
+        if let Some(u) = up {
+            let upp = u.cuda_ptr()?;
+            launch!(st, op, "silu_mul_xbf16_tiles_f32", cfg; tp, xp, upp, mi, ki);
+        } else {
+            launch!(st, op, "xbf16_tiles_f32", cfg; tp, xp, mi, ki);
+        }
+        Ok(tiles)
     }
 
     /// x's parts (`m` rows of `k` at `xp`) in the register kernels' layout (`xsplit_tiles_f32`:
