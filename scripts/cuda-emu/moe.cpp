@@ -137,8 +137,8 @@ static std::vector<double> expected(const std::vector<Mat>& mats, const std::vec
 }
 
 static void test_experts(const std::string& fmt, int group, int dt, bool biases, int activation, int rows,
-                         bool scaled = false) {
-    const int E = 6, top_k = 2, hidden = 96, inter = 64, b_dt = DT_BF16;
+                         bool scaled = false, int hidden = 96, int inter = 64) {
+    const int E = 6, top_k = 2, b_dt = DT_BF16;
     const float alpha = 1.702f, limit = 7.0f, factor = 0.75f;
     std::vector<Mat> mats;  // [3][E]
     for (int p = 0; p < 3; ++p)
@@ -186,18 +186,24 @@ static void test_experts(const std::string& fmt, int group, int dt, bool biases,
                  : fmt == "b8" ? moe_gate_up_b8 : fmt == "mxfp8" ? moe_gate_up_fp8 : moe_gate_up_fp4;
     auto down = fmt == "dense" ? moe_down_dense : fmt == "b4" ? moe_down_b4 : fmt == "b3" ? moe_down_b3
               : fmt == "b8" ? moe_down_b8 : fmt == "mxfp8" ? moe_down_fp8 : moe_down_fp4;
-    emu_launch({(unsigned)(inter / MOE_WARPS), (unsigned)(rows * top_k), 1}, {32 * MOE_WARPS, 1, 1}, [&] {
+    // Output rows per block, as the host launches them (ops/moe.rs): a warp per row for dense
+    // experts; moe_gu_rows per warp and MOE_DOWN_ROWS per block for the others.
+    const int wide = fmt == "b8" || fmt == "mxfp8";
+    const unsigned gu_rows = fmt == "dense" ? MOE_WARPS : MOE_WARPS * (wide ? 2 : 4);
+    const unsigned down_rows = fmt == "dense" ? MOE_WARPS : MOE_DOWN_ROWS;
+    emu_launch({(unsigned)((inter + gu_rows - 1) / gu_rows), (unsigned)(rows * top_k), 1}, {32 * MOE_WARPS, 1, 1}, [&] {
         gate_up(act.data(), x.data(), ids.data(), index.data(), E, top_k, inter, hidden, dtk, lg, b_dt, activation,
                 alpha, limit);
     });
-    emu_launch({(unsigned)(hidden / MOE_WARPS), (unsigned)rows, 1}, {32 * MOE_WARPS, 1, 1}, [&] {
+    emu_launch({(unsigned)((hidden + down_rows - 1) / down_rows), (unsigned)rows, 1}, {32 * MOE_WARPS, 1, 1}, [&] {
         down(out.data(), act.data(), ids.data(), w.data(), index.data(), E, top_k, hidden, inter, dtk, lg, b_dt);
     });
     const std::vector<double> want = expected(mats, bval, biases, E, top_k, hidden, inter, activation, alpha, limit,
                                               scaled, x, ids, w, false);
     const char* act_name = activation == MOE_ACT_SILU ? " silu" : activation == MOE_ACT_GELU_APPROX ? " gelu" : " swiglu_oai";
     cmp("moe experts " + fmt + " group " + std::to_string(group) + " dt " + std::to_string(dt) + (biases ? " biases" : "") +
-            act_name + (scaled ? " scaled" : "") + " rows " + std::to_string(rows),
+            act_name + (scaled ? " scaled" : "") + " rows " + std::to_string(rows) + " hidden " + std::to_string(hidden) +
+            " inter " + std::to_string(inter),
         out, want);
 }
 
@@ -370,6 +376,11 @@ int main() {
     test_experts("mxfp8", 32, 0, false, MOE_ACT_SILU, 1);
     test_experts("b4", 32, DT_BF16, false, MOE_ACT_GELU_APPROX, 2, true);
     test_experts("dense", 32, DT_BF16, true, MOE_ACT_GELU_APPROX, 1, true);
+    // Rows of more chunks than a warp's lanes (gate_up) and more (slot, chunk) pairs than a block's
+    // threads (down), as a real model's.
+    test_experts("b4", 64, DT_BF16, true, MOE_ACT_SILU, 2, false, 1088, 2080);
+    test_experts("mxfp4", 32, 0, true, MOE_ACT_SWIGLU_OAI, 1, true, 1088, 2080);
+    test_experts("b8", 64, DT_BF16, false, MOE_ACT_SILU, 1, false, 1088, 2080);
     test_grouped("b4", 64, 6, 192, 128, false, MOE_ACT_SILU, 80, true, false);
     test_grouped("b4", 32, 12, 160, 96, true, MOE_ACT_SWIGLU_OAI, 5, false, false);
     test_grouped("b8", 32, 6, 160, 96, true, MOE_ACT_GELU_APPROX, 40, false, true);

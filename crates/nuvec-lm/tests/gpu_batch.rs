@@ -155,6 +155,17 @@ fn bf16_scaled_4bit_batched_on_the_gpu() {
     check_within("random-tiny-q4", Some(KvDtype::Bf16), 1.0 / 64.0);
 }
 
+/// A Qwen3-MoE checkpoint quantized from bf16 (bf16 scales, as mlx-community's; fixture
+/// `moe_bf16/qwen3_moe-bf16q4`): its batched steps run the experts as grouped tensor-core products
+/// (x and the activations rounded to bf16) from two rows here instead of 8, so that this batch of
+/// six takes them, against each sequence alone on the gathered f32 kernels.
+#[test]
+fn moe_grouped_decode_on_the_gpu() {
+    nuvec::backends::cuda::set_moe_grouped_rows(Some(2));
+    check_within("moe_bf16/qwen3_moe-bf16q4", None, 1.0 / 64.0);
+    nuvec::backends::cuda::set_moe_grouped_rows(None);
+}
+
 /// Paged blocks of f16 and bf16 (the rope kernel writes them rounded, the paged decode kernel
 /// widens them) against contiguous caches of the same type decoded alone.
 #[test]

@@ -95,6 +95,13 @@ pub const KNOBS: &[Knob] = &[
         "cuda",
         "up to this many rows, MoE experts read each chosen expert's weights per row; above, grouped",
     ),
+    knob(
+        "NUVEC_MOE_GROUPED_ROWS",
+        "a row count",
+        "8",
+        "cuda",
+        "from this many rows, MoE experts the grouped products take run grouped (each expert read once)",
+    ),
     knob("NUVEC_MOE_GROUPED", "0, 1", "1", "cuda", "many-row MoE steps as grouped products; 0 runs the composed op"),
     knob("NUVEC_NORM_FOLD", "0, 1", "1", "cuda", "a decode step's norm folded into the next projection's integer GEMV"),
     knob(

@@ -32,8 +32,8 @@ use crate::{Error, Result};
 pub use alloc::{available_bytes, cached_bytes, set_cache_limit};
 // Prefill weights decoded on a second stream.
 pub use decode_lane::set_decode_stream;
-pub use ops::set_moe_gather_rows;
 pub use ops::CudaBackend;
+pub use ops::{set_moe_gather_rows, set_moe_grouped_rows};
 // Phase 4: the prefill matmul precision (bf16 tensor cores by default).
 pub use ops::{matmul_precision, set_matmul_precision, MatmulPrecision};
 // CUDA graphs

@@ -309,7 +309,7 @@ mod gated_delta;
 // gpt-oss: the clamped SwiGLU (kernels/gpt_oss.cu) and the attention sinks' device tables.
 mod gpt_oss;
 mod moe;
-pub use moe::set_moe_gather_rows;
+pub use moe::{set_moe_gather_rows, set_moe_grouped_rows};
 mod paged;
 // keys and values of f16 or bf16: conversions on the device
 mod convert;

@@ -98,81 +98,117 @@ extern "C" __global__ void __launch_bounds__(32) moe_route(u32* __restrict__ ids
     }
 }
 
-// The 32 weights of chunk c (columns 32c..32c+31) of row `row` of one expert's matrix of `k`
-// columns, as f32. `dt`: the dense values' dtype (dense), the scales' dtype (affine), or the
-// FP_* mode (fp); `lg`: log2 of the affine group size.
-template <int FMT, int BITS>
-__device__ __forceinline__ void moe_weights(const u64* ent, size_t row, int c, int k, int dt, int lg,
-                                            float (&w)[32]) {
+// One 32-value chunk of a quantized expert row as loaded: its BITS words and the scale and bias
+// (affine) or scale (fp modes; no bias) of its two 16-value halves. The many-row kernels below
+// load every row's chunk before they decode any, so that each lane has all those loads in flight.
+template <int BITS>
+struct MoeChunk {
+    u32 q[BITS];
+    float s0, b0, s1, b1;
+};
+
+// Loads chunk c (columns 32c..32c+31) of row `row` of one expert's quantized matrix of `k`
+// columns. `dt`: the scales' dtype (affine) or the FP_* mode (fp); `lg`: log2 of the affine
+// group size. SDT: the affine scales' dtype when the caller knows it (else -1: `dt`); ONE: the
+// chunk lies in one group (groups of 32 and more), so one scale (and bias) is loaded for both
+// halves. Each specialization loads the same values the general one does.
+template <int FMT, int BITS, int SDT = -1, bool ONE = false>
+__device__ __forceinline__ void moe_load(const u64* ent, size_t row, int c, int k, int dt, int lg,
+                                         MoeChunk<BITS>& m) {
     const size_t first = row * (size_t)k + (size_t)c * 32;
-    if constexpr (FMT == MOE_FMT_DENSE) {
-        if (dt == DT_F32) {
-            const float4* p = (const float4*)((const float*)ent[0] + first);
-#pragma unroll
-            for (int i = 0; i < 8; ++i) {
-                const float4 q = __ldg(p + i);
-                w[4 * i] = q.x, w[4 * i + 1] = q.y, w[4 * i + 2] = q.z, w[4 * i + 3] = q.w;
-            }
+    qg_load<BITS>(m.q, (const u32*)ent[0] + first / 32 * BITS);
+    if constexpr (FMT == MOE_FMT_AFFINE) {
+        const int sdt = SDT >= 0 ? SDT : dt;
+        const size_t gpr = (size_t)k >> lg, g0 = row * gpr + (((size_t)c << 5) >> lg);
+        const void *sc = (const void*)ent[1], *bi = (const void*)ent[2];
+        m.s0 = load_float(sc, g0, sdt), m.b0 = load_float(bi, g0, sdt);
+        if constexpr (ONE) {
+            m.s1 = m.s0, m.b1 = m.b0;
         } else {
-            const uint4* p = (const uint4*)((const u16*)ent[0] + first);
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                const uint4 q = __ldg(p + i);
-                const u32 h[4] = {q.x, q.y, q.z, q.w};
-#pragma unroll
-                for (int j = 0; j < 4; ++j) {
-                    const u16 lo = (u16)(h[j] & 0xffffu), hi = (u16)(h[j] >> 16);
-                    w[8 * i + 2 * j] = dt == DT_F16 ? f16_to_f32(lo) : bf16_to_f32(lo);
-                    w[8 * i + 2 * j + 1] = dt == DT_F16 ? f16_to_f32(hi) : bf16_to_f32(hi);
-                }
-            }
+            const size_t g1 = row * gpr + ((((size_t)c << 5) + 16) >> lg);
+            m.s1 = load_float(sc, g1, sdt), m.b1 = load_float(bi, g1, sdt);
         }
     } else {
-        u32 q[BITS];
-        qg_load<BITS>(q, (const u32*)ent[0] + first / 32 * BITS);
-        if constexpr (FMT == MOE_FMT_AFFINE) {
-            float v[32];
-            qg_decode<BITS>(q, v);
-            const size_t gpr = (size_t)k >> lg, g0 = row * gpr + (((size_t)c << 5) >> lg),
-                         g1 = row * gpr + ((((size_t)c << 5) + 16) >> lg);
-            const void *sc = (const void*)ent[1], *bi = (const void*)ent[2];
-            const float s0 = load_float(sc, g0, dt), b0 = load_float(bi, g0, dt);
-            const float s1 = load_float(sc, g1, dt), b1 = load_float(bi, g1, dt);
-#pragma unroll
-            for (int j = 0; j < 16; ++j) w[j] = fmaf(s0, v[j], b0);
-#pragma unroll
-            for (int j = 16; j < 32; ++j) w[j] = fmaf(s1, v[j], b1);
+        // e2m1 codes (mxfp4, nvfp4) or e4m3 (mxfp8), groups of 32 (e8m0 scales) or 16 (nvfp4:
+        // e4m3 scales), the group scale times the global factor, as fp_linear.cu.
+        const unsigned char* sc = (const unsigned char*)ent[1];
+        const float factor = __uint_as_float((u32)ent[4]);
+        const int group = dt == FP_NVFP4 ? 16 : 32;
+        const size_t gpr = (size_t)(k / group);
+        const size_t g0 = row * gpr + (size_t)c * 32 / group;
+        m.s0 = (dt == FP_NVFP4 ? fp_e4m3(sc[g0]) : fp_e8m0(sc[g0])) * factor;
+        if constexpr (ONE) {
+            m.s1 = m.s0;
         } else {
-            // fp modes: e2m1 codes (mxfp4, nvfp4) or e4m3 (mxfp8), groups of 32 (e8m0 scales) or
-            // 16 (nvfp4: e4m3 scales), the group scale times the global factor, as fp_linear.cu.
-            const unsigned char* sc = (const unsigned char*)ent[1];
-            const float factor = __uint_as_float((u32)ent[4]);
-            const int group = dt == FP_NVFP4 ? 16 : 32;
-            const size_t gpr = (size_t)(k / group);
-            const size_t g0 = row * gpr + (size_t)c * 32 / group, g1 = row * gpr + ((size_t)c * 32 + 16) / group;
-            const float s0 = (dt == FP_NVFP4 ? fp_e4m3(sc[g0]) : fp_e8m0(sc[g0])) * factor;
-            const float s1 = (dt == FP_NVFP4 ? fp_e4m3(sc[g1]) : fp_e8m0(sc[g1])) * factor;
+            const size_t g1 = row * gpr + ((size_t)c * 32 + 16) / group;
+            m.s1 = (dt == FP_NVFP4 ? fp_e4m3(sc[g1]) : fp_e8m0(sc[g1])) * factor;
+        }
+        m.b0 = m.b1 = 0.0f;
+    }
+}
+
+// A loaded chunk's 32 weights as f32.
+template <int FMT, int BITS>
+__device__ __forceinline__ void moe_decode(const MoeChunk<BITS>& m, float (&w)[32]) {
+    if constexpr (FMT == MOE_FMT_AFFINE) {
+        float v[32];
+        qg_decode<BITS>(m.q, v);
 #pragma unroll
-            for (int j = 0; j < 32; ++j) {
-                const float code = BITS == 8 ? fp_e4m3((q[j >> 2] >> (8 * (j & 3))) & 0xffu)
-                                             : fp_e2m1((q[j >> 3] >> (4 * (j & 7))) & 0xfu);
-                w[j] = code * (j < 16 ? s0 : s1);
+        for (int j = 0; j < 16; ++j) w[j] = fmaf(m.s0, v[j], m.b0);
+#pragma unroll
+        for (int j = 16; j < 32; ++j) w[j] = fmaf(m.s1, v[j], m.b1);
+    } else {
+#pragma unroll
+        for (int j = 0; j < 32; ++j) {
+            const float code = BITS == 8 ? fp_e4m3((m.q[j >> 2] >> (8 * (j & 3))) & 0xffu)
+                                         : fp_e2m1((m.q[j >> 3] >> (4 * (j & 7))) & 0xfu);
+            w[j] = code * (j < 16 ? m.s0 : m.s1);
+        }
+    }
+}
+
+// The 32 values of chunk c (columns 32c..32c+31) of row `row` of one dense expert matrix of `k`
+// columns (dtype `dt`: f32, f16 or bf16), as f32.
+__device__ __forceinline__ void moe_dense_weights(const u64* ent, size_t row, int c, int k, int dt,
+                                                  float (&w)[32]) {
+    const size_t first = row * (size_t)k + (size_t)c * 32;
+    if (dt == DT_F32) {
+        const float4* p = (const float4*)((const float*)ent[0] + first);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            const float4 q = __ldg(p + i);
+            w[4 * i] = q.x, w[4 * i + 1] = q.y, w[4 * i + 2] = q.z, w[4 * i + 3] = q.w;
+        }
+    } else {
+        const uint4* p = (const uint4*)((const u16*)ent[0] + first);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const uint4 q = __ldg(p + i);
+            const u32 h[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                const u16 lo = (u16)(h[j] & 0xffffu), hi = (u16)(h[j] >> 16);
+                w[8 * i + 2 * j] = dt == DT_F16 ? f16_to_f32(lo) : bf16_to_f32(lo);
+                w[8 * i + 2 * j + 1] = dt == DT_F16 ? f16_to_f32(hi) : bf16_to_f32(hi);
             }
         }
     }
 }
 
-// Sum over one chunk: the 32 weights times x's 32 values (16-byte aligned).
-__device__ __forceinline__ float moe_chunk_dot(const float (&w)[32], const float* __restrict__ x, float acc) {
+// A chunk of x (16-byte aligned) in registers.
+__device__ __forceinline__ void moe_chunk_x(const float* __restrict__ x, float (&v)[32]) {
     const float4* p = (const float4*)x;
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
         const float4 q = __ldg(p + i);
-        acc = fmaf(w[4 * i], q.x, acc);
-        acc = fmaf(w[4 * i + 1], q.y, acc);
-        acc = fmaf(w[4 * i + 2], q.z, acc);
-        acc = fmaf(w[4 * i + 3], q.w, acc);
+        v[4 * i] = q.x, v[4 * i + 1] = q.y, v[4 * i + 2] = q.z, v[4 * i + 3] = q.w;
     }
+}
+
+// acc plus the sum over one chunk of the 32 weights times x's 32 values, in order.
+__device__ __forceinline__ float moe_dot(const float (&w)[32], const float (&v)[32], float acc) {
+#pragma unroll
+    for (int i = 0; i < 32; ++i) acc = fmaf(w[i], v[i], acc);
     return acc;
 }
 
@@ -188,10 +224,10 @@ __device__ __forceinline__ float moe_activate(float g, float u, int activation, 
     return 0.5f * g * (1.0f + tanhf(0.7978846f * (g + 0.044715f * (g * g * g)))) * u;
 }
 
-// act [rows * top_k, inter] = act(gate_e(x_t), up_e(x_t)) for each slot (t, j) with e = ids[t, j]:
-// grid (inter / MOE_WARPS, rows * top_k), one warp per output row of both projections.
-template <int FMT, int BITS>
-__device__ __forceinline__ void moe_gate_up(float* __restrict__ act, const float* __restrict__ x,
+// act [rows * top_k, inter] = act(gate_e(x_t), up_e(x_t)) for each slot (t, j) with e = ids[t, j],
+// for dense experts: grid (inter / MOE_WARPS, rows * top_k), one warp per output row of both
+// projections. (The quantized formats take moe_gate_up_rows below.)
+__device__ __forceinline__ void moe_gate_up_dense_body(float* __restrict__ act, const float* __restrict__ x,
                                             const u32* __restrict__ ids, const u64* __restrict__ index, int experts,
                                             int top_k, int inter, int hidden, int dt, int lg, int b_dt, int activation,
                                             float alpha, float limit) {
@@ -204,11 +240,12 @@ __device__ __forceinline__ void moe_gate_up(float* __restrict__ act, const float
     const float* xr = x + (size_t)(slot / top_k) * hidden;
     float ag = 0.0f, au = 0.0f;
     for (int c = lane; c < (hidden >> 5); c += 32) {
-        float w[32];
-        moe_weights<FMT, BITS>(g, r, c, hidden, dt, lg, w);
-        ag = moe_chunk_dot(w, xr + 32 * c, ag);
-        moe_weights<FMT, BITS>(u, r, c, hidden, dt, lg, w);
-        au = moe_chunk_dot(w, xr + 32 * c, au);
+        float w[32], xv[32];
+        moe_chunk_x(xr + 32 * c, xv);
+        moe_dense_weights(g, r, c, hidden, dt, w);
+        ag = moe_dot(w, xv, ag);
+        moe_dense_weights(u, r, c, hidden, dt, w);
+        au = moe_dot(w, xv, au);
     }
     ag = warp_sum(ag);
     au = warp_sum(au);
@@ -219,11 +256,9 @@ __device__ __forceinline__ void moe_gate_up(float* __restrict__ act, const float
 }
 
 // out [rows, hidden] = sum_j weights[t, j] s_e (down_e(act[t, j]) + bias_e) with e = ids[t, j]
-// and s_e the expert's factor on its routing weight:
-// grid (hidden / MOE_WARPS, rows), one warp per output row; its lanes take the (slot, chunk)
-// pairs of all top_k slots.
-template <int FMT, int BITS>
-__device__ __forceinline__ void moe_down(float* __restrict__ out, const float* __restrict__ act,
+// and s_e the expert's factor on its routing weight, for dense experts: grid (hidden / MOE_WARPS,
+// rows), one warp per output row; its lanes take the (slot, chunk) pairs of all top_k slots.
+__device__ __forceinline__ void moe_down_dense_body(float* __restrict__ out, const float* __restrict__ act,
                                          const u32* __restrict__ ids, const float* __restrict__ weights,
                                          const u64* __restrict__ index, int experts, int top_k, int hidden, int inter,
                                          int dt, int lg, int b_dt) {
@@ -239,9 +274,11 @@ __device__ __forceinline__ void moe_down(float* __restrict__ out, const float* _
         const u32 e = min(tid[j], (u32)(experts - 1));
         const u64* ent = index + (2 * (size_t)experts + e) * MOE_SLOTS;
         float w[32];
-        moe_weights<FMT, BITS>(ent, r, c, inter, dt, lg, w);
+        moe_dense_weights(ent, r, c, inter, dt, w);
         const float weight = tw[j] * __uint_as_float((u32)ent[5]);
-        acc = fmaf(weight, moe_chunk_dot(w, act + ((size_t)t * top_k + j) * inter + 32 * c, 0.0f), acc);
+        float av[32];
+        moe_chunk_x(act + ((size_t)t * top_k + j) * inter + 32 * c, av);
+        acc = fmaf(weight, moe_dot(w, av, 0.0f), acc);
     }
     acc = warp_sum(acc);
     if (lane != 0) return;
@@ -251,6 +288,137 @@ __device__ __forceinline__ void moe_down(float* __restrict__ out, const float* _
     }
     out[(size_t)t * hidden + r] = acc;
 }
+
+// The quantized formats' kernels, for the rows a decode step has (one per sequence): each warp
+// of moe_gate_up_rows takes R output rows of both projections and each block of moe_down_rows R
+// output rows, so that a lane loads x's (or the activation's) chunk once for R rows and has all
+// their chunk loads in flight together, and the expert pointers are read once, not per chunk (a
+// warp per row, as the dense kernels above, waited on that chain of loads in turn and reached a
+// fifth of the memory bandwidth). moe_gate_up_rows sums each row in the dense kernel's order.
+#define MOE_DOWN_ROWS 4
+
+// gate_up's rows per warp: fewer for the wider codes, whose loaded chunks take more registers.
+template <int BITS>
+__device__ constexpr int moe_gu_rows() {
+    return BITS <= 4 ? 4 : 2;
+}
+
+// As moe_gate_up_dense_body, R rows per warp: grid (inter / (MOE_WARPS R), rows * top_k).
+// SDT, ONE: as moe_load's.
+template <int FMT, int BITS, int R, int SDT, bool ONE>
+__device__ __forceinline__ void moe_gate_up_rows(float* __restrict__ act, const float* __restrict__ x,
+                                                 const u32* __restrict__ ids, const u64* __restrict__ index,
+                                                 int experts, int top_k, int inter, int hidden, int dt, int lg,
+                                                 int b_dt, int activation, float alpha, float limit) {
+    const int slot = blockIdx.y, lane = threadIdx.x & 31;
+    const int r0 = (blockIdx.x * MOE_WARPS + (threadIdx.x >> 5)) * R;
+    if (r0 >= inter) return;
+    const u32 e = min(ids[slot], (u32)(experts - 1));
+    const u64* g = index + ((size_t)e) * MOE_SLOTS;
+    const u64* u = index + ((size_t)experts + e) * MOE_SLOTS;
+    const float* xr = x + (size_t)(slot / top_k) * hidden;
+    float ag[R], au[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) ag[r] = au[r] = 0.0f;
+    for (int c = lane; c < (hidden >> 5); c += 32) {
+        MoeChunk<BITS> mg[R], mu[R];
+#pragma unroll
+        for (int r = 0; r < R; ++r) {  // rows past the last load the last one's, never stored
+            const size_t row = (size_t)min(r0 + r, inter - 1);
+            moe_load<FMT, BITS, SDT, ONE>(g, row, c, hidden, dt, lg, mg[r]);
+            moe_load<FMT, BITS, SDT, ONE>(u, row, c, hidden, dt, lg, mu[r]);
+        }
+        float xv[32];
+        moe_chunk_x(xr + 32 * c, xv);
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            float w[32];
+            moe_decode<FMT, BITS>(mg[r], w);
+            ag[r] = moe_dot(w, xv, ag[r]);
+            moe_decode<FMT, BITS>(mu[r], w);
+            au[r] = moe_dot(w, xv, au[r]);
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < R; ++r) ag[r] = warp_sum(ag[r]), au[r] = warp_sum(au[r]);
+    if (lane != 0) return;
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+        if (r0 + r >= inter) break;
+        if (g[3]) ag[r] += load_float((const void*)g[3], r0 + r, b_dt);
+        if (u[3]) au[r] += load_float((const void*)u[3], r0 + r, b_dt);
+        act[(size_t)slot * inter + r0 + r] = moe_activate(ag[r], au[r], activation, alpha, limit);
+    }
+}
+
+// As moe_down_dense_body, R output rows per block: grid (hidden / R, rows); the block's lanes
+// take the (slot, chunk) pairs of all top_k slots, the warps' sums meet in shared memory in warp
+// order.
+template <int FMT, int BITS, int R, int SDT, bool ONE>
+__device__ __forceinline__ void moe_down_rows(float* __restrict__ out, const float* __restrict__ act,
+                                              const u32* __restrict__ ids, const float* __restrict__ weights,
+                                              const u64* __restrict__ index, int experts, int top_k, int hidden,
+                                              int inter, int dt, int lg, int b_dt) {
+    __shared__ const u64* ents[MOE_MAX_TOP_K];
+    __shared__ float scaled[MOE_MAX_TOP_K];
+    __shared__ float part[MOE_WARPS][R];
+    const int t = blockIdx.y, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int r0 = blockIdx.x * R;
+    if (threadIdx.x < top_k) {  // each slot's expert and its routing weight, read once
+        const u64* ent =
+            index + (2 * (size_t)experts + min(ids[(size_t)t * top_k + threadIdx.x], (u32)(experts - 1))) * MOE_SLOTS;
+        ents[threadIdx.x] = ent;
+        scaled[threadIdx.x] = weights[(size_t)t * top_k + threadIdx.x] * __uint_as_float((u32)ent[5]);
+    }
+    __syncthreads();
+    const int chunks = inter >> 5;
+    float acc[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) acc[r] = 0.0f;
+    for (int i = threadIdx.x; i < top_k * chunks; i += 32 * MOE_WARPS) {
+        const int j = i / chunks, c = i - j * chunks;
+        MoeChunk<BITS> m[R];
+#pragma unroll
+        for (int r = 0; r < R; ++r)
+            moe_load<FMT, BITS, SDT, ONE>(ents[j], (size_t)min(r0 + r, hidden - 1), c, inter, dt, lg, m[r]);
+        float av[32];
+        moe_chunk_x(act + ((size_t)t * top_k + j) * inter + 32 * c, av);
+        const float weight = scaled[j];
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            float w[32];
+            moe_decode<FMT, BITS>(m[r], w);
+            acc[r] = fmaf(weight, moe_dot(w, av, 0.0f), acc[r]);
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < R; ++r) acc[r] = warp_sum(acc[r]);
+    if (lane == 0)
+#pragma unroll
+        for (int r = 0; r < R; ++r) part[warp][r] = acc[r];
+    __syncthreads();
+    const int r = threadIdx.x;
+    if (r >= R || r0 + r >= hidden) return;
+    float sum = 0.0f;
+#pragma unroll
+    for (int w = 0; w < MOE_WARPS; ++w) sum += part[w][r];
+    for (int j = 0; j < top_k; ++j)
+        if (ents[j][3]) sum = fmaf(scaled[j], load_float((const void*)ents[j][3], r0 + r, b_dt), sum);
+    out[(size_t)t * hidden + r0 + r] = sum;
+}
+
+// The rows kernels' specializations, picked per launch: bf16 scales in groups of 32 and more
+// (mlx-community's quantized experts) and fp groups of 32 (mxfp4, mxfp8) load one scale per chunk
+// without a dtype branch; other groups and scale dtypes take the general form.
+#define MOE_PICK(KERNEL, FMT, BITS, R, ARGS)                                     \
+    do {                                                                           \
+        if (FMT == MOE_FMT_AFFINE && lg >= 5 && dt == DT_BF16)                     \
+            KERNEL<FMT, BITS, R, DT_BF16, true>(ARGS);                             \
+        else if (FMT == MOE_FMT_FP && dt != FP_NVFP4)                              \
+            KERNEL<FMT, BITS, R, -1, true>(ARGS);                                  \
+        else                                                                       \
+            KERNEL<FMT, BITS, R, -1, false>(ARGS);                                 \
+    } while (0)
 
 // Many rows (a prefill) run grouped: the slots (token, choice) sorted by expert into tiles of
 // MOE_TILE (moe_align), each tile one tensor-core product against its expert's weights
@@ -360,21 +528,21 @@ extern "C" __global__ void moe_shared_add(float* __restrict__ out, const float* 
 
 // One pair per weight format (the host picks by the experts' format; written out, as the host
 // finds kernels by their `extern "C"` names).
-extern "C" __global__ void __launch_bounds__(128) moe_gate_up_dense(MOE_GU_PARAMS) { pdl_begin(); moe_gate_up<MOE_FMT_DENSE, 1>(MOE_GU_ARGS); }
-extern "C" __global__ void __launch_bounds__(128) moe_down_dense(MOE_DOWN_PARAMS) { pdl_begin(); moe_down<MOE_FMT_DENSE, 1>(MOE_DOWN_ARGS); }
-extern "C" __global__ void __launch_bounds__(128) moe_gate_up_b2(MOE_GU_PARAMS) { pdl_begin(); moe_gate_up<MOE_FMT_AFFINE, 2>(MOE_GU_ARGS); }
-extern "C" __global__ void __launch_bounds__(128) moe_down_b2(MOE_DOWN_PARAMS) { pdl_begin(); moe_down<MOE_FMT_AFFINE, 2>(MOE_DOWN_ARGS); }
-extern "C" __global__ void __launch_bounds__(128) moe_gate_up_b3(MOE_GU_PARAMS) { pdl_begin(); moe_gate_up<MOE_FMT_AFFINE, 3>(MOE_GU_ARGS); }
-extern "C" __global__ void __launch_bounds__(128) moe_down_b3(MOE_DOWN_PARAMS) { pdl_begin(); moe_down<MOE_FMT_AFFINE, 3>(MOE_DOWN_ARGS); }
-extern "C" __global__ void __launch_bounds__(128) moe_gate_up_b4(MOE_GU_PARAMS) { pdl_begin(); moe_gate_up<MOE_FMT_AFFINE, 4>(MOE_GU_ARGS); }
-extern "C" __global__ void __launch_bounds__(128) moe_down_b4(MOE_DOWN_PARAMS) { pdl_begin(); moe_down<MOE_FMT_AFFINE, 4>(MOE_DOWN_ARGS); }
-extern "C" __global__ void __launch_bounds__(128) moe_gate_up_b5(MOE_GU_PARAMS) { pdl_begin(); moe_gate_up<MOE_FMT_AFFINE, 5>(MOE_GU_ARGS); }
-extern "C" __global__ void __launch_bounds__(128) moe_down_b5(MOE_DOWN_PARAMS) { pdl_begin(); moe_down<MOE_FMT_AFFINE, 5>(MOE_DOWN_ARGS); }
-extern "C" __global__ void __launch_bounds__(128) moe_gate_up_b6(MOE_GU_PARAMS) { pdl_begin(); moe_gate_up<MOE_FMT_AFFINE, 6>(MOE_GU_ARGS); }
-extern "C" __global__ void __launch_bounds__(128) moe_down_b6(MOE_DOWN_PARAMS) { pdl_begin(); moe_down<MOE_FMT_AFFINE, 6>(MOE_DOWN_ARGS); }
-extern "C" __global__ void __launch_bounds__(128) moe_gate_up_b8(MOE_GU_PARAMS) { pdl_begin(); moe_gate_up<MOE_FMT_AFFINE, 8>(MOE_GU_ARGS); }
-extern "C" __global__ void __launch_bounds__(128) moe_down_b8(MOE_DOWN_PARAMS) { pdl_begin(); moe_down<MOE_FMT_AFFINE, 8>(MOE_DOWN_ARGS); }
-extern "C" __global__ void __launch_bounds__(128) moe_gate_up_fp4(MOE_GU_PARAMS) { pdl_begin(); moe_gate_up<MOE_FMT_FP, 4>(MOE_GU_ARGS); }
-extern "C" __global__ void __launch_bounds__(128) moe_down_fp4(MOE_DOWN_PARAMS) { pdl_begin(); moe_down<MOE_FMT_FP, 4>(MOE_DOWN_ARGS); }
-extern "C" __global__ void __launch_bounds__(128) moe_gate_up_fp8(MOE_GU_PARAMS) { pdl_begin(); moe_gate_up<MOE_FMT_FP, 8>(MOE_GU_ARGS); }
-extern "C" __global__ void __launch_bounds__(128) moe_down_fp8(MOE_DOWN_PARAMS) { pdl_begin(); moe_down<MOE_FMT_FP, 8>(MOE_DOWN_ARGS); }
+extern "C" __global__ void __launch_bounds__(128) moe_gate_up_dense(MOE_GU_PARAMS) { pdl_begin(); moe_gate_up_dense_body(MOE_GU_ARGS); }
+extern "C" __global__ void __launch_bounds__(128) moe_down_dense(MOE_DOWN_PARAMS) { pdl_begin(); moe_down_dense_body(MOE_DOWN_ARGS); }
+extern "C" __global__ void __launch_bounds__(128) moe_gate_up_b2(MOE_GU_PARAMS) { pdl_begin(); MOE_PICK(moe_gate_up_rows, MOE_FMT_AFFINE, 2, moe_gu_rows<2>(), MOE_GU_ARGS); }
+extern "C" __global__ void __launch_bounds__(128) moe_down_b2(MOE_DOWN_PARAMS) { pdl_begin(); MOE_PICK(moe_down_rows, MOE_FMT_AFFINE, 2, MOE_DOWN_ROWS, MOE_DOWN_ARGS); }
+extern "C" __global__ void __launch_bounds__(128) moe_gate_up_b3(MOE_GU_PARAMS) { pdl_begin(); MOE_PICK(moe_gate_up_rows, MOE_FMT_AFFINE, 3, moe_gu_rows<3>(), MOE_GU_ARGS); }
+extern "C" __global__ void __launch_bounds__(128) moe_down_b3(MOE_DOWN_PARAMS) { pdl_begin(); MOE_PICK(moe_down_rows, MOE_FMT_AFFINE, 3, MOE_DOWN_ROWS, MOE_DOWN_ARGS); }
+extern "C" __global__ void __launch_bounds__(128) moe_gate_up_b4(MOE_GU_PARAMS) { pdl_begin(); MOE_PICK(moe_gate_up_rows, MOE_FMT_AFFINE, 4, moe_gu_rows<4>(), MOE_GU_ARGS); }
+extern "C" __global__ void __launch_bounds__(128) moe_down_b4(MOE_DOWN_PARAMS) { pdl_begin(); MOE_PICK(moe_down_rows, MOE_FMT_AFFINE, 4, MOE_DOWN_ROWS, MOE_DOWN_ARGS); }
+extern "C" __global__ void __launch_bounds__(128) moe_gate_up_b5(MOE_GU_PARAMS) { pdl_begin(); MOE_PICK(moe_gate_up_rows, MOE_FMT_AFFINE, 5, moe_gu_rows<5>(), MOE_GU_ARGS); }
+extern "C" __global__ void __launch_bounds__(128) moe_down_b5(MOE_DOWN_PARAMS) { pdl_begin(); MOE_PICK(moe_down_rows, MOE_FMT_AFFINE, 5, MOE_DOWN_ROWS, MOE_DOWN_ARGS); }
+extern "C" __global__ void __launch_bounds__(128) moe_gate_up_b6(MOE_GU_PARAMS) { pdl_begin(); MOE_PICK(moe_gate_up_rows, MOE_FMT_AFFINE, 6, moe_gu_rows<6>(), MOE_GU_ARGS); }
+extern "C" __global__ void __launch_bounds__(128) moe_down_b6(MOE_DOWN_PARAMS) { pdl_begin(); MOE_PICK(moe_down_rows, MOE_FMT_AFFINE, 6, MOE_DOWN_ROWS, MOE_DOWN_ARGS); }
+extern "C" __global__ void __launch_bounds__(128) moe_gate_up_b8(MOE_GU_PARAMS) { pdl_begin(); MOE_PICK(moe_gate_up_rows, MOE_FMT_AFFINE, 8, moe_gu_rows<8>(), MOE_GU_ARGS); }
+extern "C" __global__ void __launch_bounds__(128) moe_down_b8(MOE_DOWN_PARAMS) { pdl_begin(); MOE_PICK(moe_down_rows, MOE_FMT_AFFINE, 8, MOE_DOWN_ROWS, MOE_DOWN_ARGS); }
+extern "C" __global__ void __launch_bounds__(128) moe_gate_up_fp4(MOE_GU_PARAMS) { pdl_begin(); MOE_PICK(moe_gate_up_rows, MOE_FMT_FP, 4, moe_gu_rows<4>(), MOE_GU_ARGS); }
+extern "C" __global__ void __launch_bounds__(128) moe_down_fp4(MOE_DOWN_PARAMS) { pdl_begin(); MOE_PICK(moe_down_rows, MOE_FMT_FP, 4, MOE_DOWN_ROWS, MOE_DOWN_ARGS); }
+extern "C" __global__ void __launch_bounds__(128) moe_gate_up_fp8(MOE_GU_PARAMS) { pdl_begin(); MOE_PICK(moe_gate_up_rows, MOE_FMT_FP, 8, moe_gu_rows<8>(), MOE_GU_ARGS); }
+extern "C" __global__ void __launch_bounds__(128) moe_down_fp8(MOE_DOWN_PARAMS) { pdl_begin(); MOE_PICK(moe_down_rows, MOE_FMT_FP, 8, MOE_DOWN_ROWS, MOE_DOWN_ARGS); }

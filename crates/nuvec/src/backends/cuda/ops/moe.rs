@@ -1,12 +1,14 @@
 //! Mixture-of-experts layers on a CUDA device (kernels/moe.cu): the router's top-k on the device,
-//! and for up to [`gather_rows`] rows the chosen experts read straight out of the layer's
-//! weights through an index of their buffers, made once per layer ([`CudaBackend::expert_index`]),
-//! so a decode step reads nothing back to the host and can be captured as a CUDA graph. More rows
-//! (a prefill) run grouped where the experts are 4- or 8-bit affine with bf16 scales, or mxfp4,
-//! and the precision puts them on bf16: the slots sorted by expert on the device (`moe_align`), each tile
-//! of 64 slots one tensor-core product with its expert's weights decoded in registers
-//! (qmma.cu's `qmma_bN_g64`), nothing read back to the host; other formats run the composed op,
-//! each expert once over the rows routed to it.
+//! and for a few rows (a decode step) the chosen experts read straight out of the layer's weights
+//! through an index of their buffers, made once per layer ([`CudaBackend::expert_index`]), so a
+//! decode step reads nothing back to the host and can be captured as a CUDA graph. From
+//! `NUVEC_MOE_GROUPED_ROWS` rows (default 8: a batched step, a prefill) they run grouped where the
+//! experts are 4- or 8-bit affine with bf16 scales, or mxfp4, and the precision puts them on bf16:
+//! the slots sorted by expert on the device (`moe_align`), each tile of 64 slots one tensor-core
+//! product with its expert's weights decoded in registers (qmma.cu's `qmma_bN_g64`), each chosen
+//! expert read once for all its rows, nothing read back to the host. Experts the grouped products
+//! do not take run gathered up to `NUVEC_MOE_GATHER_ROWS` rows (default 64) and the composed op
+//! above (each expert once over the rows routed to it).
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::OnceLock;
@@ -34,29 +36,74 @@ const MAX_TOP_K: usize = 32;
 /// kernels).
 const TILE: usize = 64;
 
-/// Rows (tokens) up to which the experts run as gathered matrix-vector products by default, each
-/// chosen expert's weights read once per row; above, each expert runs once over its rows.
-const GATHER_ROWS: usize = 64;
+/// A row count a test may set ([`RowLimit::set`]), else its environment knob (read once; a value
+/// that is not a whole number is an error naming it), else its default.
+struct RowLimit {
+    set: AtomicUsize,
+    from_env: OnceLock<std::result::Result<usize, String>>,
+    name: &'static str,
+    env: fn() -> std::result::Result<String, std::env::VarError>,
+    default: usize,
+}
 
-/// The current limit: [`set_moe_gather_rows`], else `NUVEC_MOE_GATHER_ROWS`, else 64.
-fn gather_rows() -> usize {
-    static FROM_ENV: OnceLock<usize> = OnceLock::new();
-    match GATHER_ROWS_SET.load(Ordering::Relaxed) {
-        usize::MAX => *FROM_ENV.get_or_init(|| {
-            crate::tuning::env("NUVEC_MOE_GATHER_ROWS").ok().and_then(|v| v.parse().ok()).unwrap_or(GATHER_ROWS)
-        }),
-        rows => rows,
+impl RowLimit {
+    const fn new(
+        name: &'static str,
+        default: usize,
+        env: fn() -> std::result::Result<String, std::env::VarError>,
+    ) -> Self {
+        RowLimit { set: AtomicUsize::new(usize::MAX), from_env: OnceLock::new(), name, env, default }
+    }
+
+    fn get(&self) -> Result<usize> {
+        match self.set.load(Ordering::Relaxed) {
+            usize::MAX => self
+                .from_env
+                .get_or_init(|| match (self.env)() {
+                    Err(std::env::VarError::NotPresent) => Ok(self.default),
+                    Ok(v) if v.trim().is_empty() => Ok(self.default),
+                    Ok(v) => v.trim().parse().map_err(|_| {
+                        format!("{}={v:?} is not a row count: set it to a whole number (or unset it)", self.name)
+                    }),
+                    Err(e) => Err(format!("{}: {e}; set it to a whole number (or unset it)", self.name)),
+                })
+                .clone()
+                .map_err(Error::Unsupported),
+            rows => Ok(rows),
+        }
+    }
+
+    fn set(&self, rows: Option<usize>) {
+        self.set.store(rows.unwrap_or(usize::MAX), Ordering::Relaxed);
     }
 }
 
-static GATHER_ROWS_SET: AtomicUsize = AtomicUsize::new(usize::MAX);
+/// Rows (tokens) up to which the experts run as gathered matrix-vector products where the grouped
+/// products do not take them, each chosen expert's weights read once per row; above, each expert
+/// runs once over its rows.
+static GATHER_ROWS: RowLimit =
+    RowLimit::new("NUVEC_MOE_GATHER_ROWS", 64, || crate::tuning::env("NUVEC_MOE_GATHER_ROWS"));
+
+/// Rows from which a layer whose experts the grouped products take runs them grouped, each chosen
+/// expert's weights read once for all its rows: 8 rows of Qwen3-30B-A3B choose 64 slots, which
+/// the gathered kernels read one by one, among about 51 distinct experts (16 rows: 128 slots,
+/// about 82 experts). One row (a decode step alone) is faster gathered.
+static GROUPED_ROWS: RowLimit =
+    RowLimit::new("NUVEC_MOE_GROUPED_ROWS", 8, || crate::tuning::env("NUVEC_MOE_GROUPED_ROWS"));
 
 /// Sets the most rows for which a mixture-of-experts layer runs its chosen experts as gathered
 /// products on the device (0: never; more rows run grouped where the experts' format allows,
 /// else each expert over its rows with the routing read to the host); `None` goes back to
 /// `NUVEC_MOE_GATHER_ROWS` or the default (64).
 pub fn set_moe_gather_rows(rows: Option<usize>) {
-    GATHER_ROWS_SET.store(rows.unwrap_or(usize::MAX), Ordering::Relaxed);
+    GATHER_ROWS.set(rows);
+}
+
+/// Sets the rows from which a mixture-of-experts layer runs its experts as grouped products where
+/// their format and the precision allow (fewer rows read each chosen expert per row); `None` goes
+/// back to `NUVEC_MOE_GROUPED_ROWS` or the default (8).
+pub fn set_moe_grouped_rows(rows: Option<usize>) {
+    GROUPED_ROWS.set(rows);
 }
 
 /// Whether many rows may run as grouped products: yes unless `NUVEC_MOE_GROUPED=0` (read once;
@@ -66,17 +113,42 @@ fn grouped_allowed() -> bool {
     *ON.get_or_init(|| crate::tuning::env("NUVEC_MOE_GROUPED").map_or(true, |v| v != "0"))
 }
 
-/// The kernel pairs by format (moe.cu), indexed by [`Format::kernels`].
-const KERNELS: [(&str, &str); 9] = [
-    ("moe_gate_up_dense", "moe_down_dense"),
-    ("moe_gate_up_b2", "moe_down_b2"),
-    ("moe_gate_up_b3", "moe_down_b3"),
-    ("moe_gate_up_b4", "moe_down_b4"),
-    ("moe_gate_up_b5", "moe_down_b5"),
-    ("moe_gate_up_b6", "moe_down_b6"),
-    ("moe_gate_up_b8", "moe_down_b8"),
-    ("moe_gate_up_fp4", "moe_down_fp4"),
-    ("moe_gate_up_fp8", "moe_down_fp8"),
+/// A format's kernel pair (moe.cu) and the output rows each block of them computes.
+#[derive(Clone, Copy)]
+struct ExpertKernels {
+    gate_up: &'static str,
+    down: &'static str,
+    /// `MOE_WARPS` times the rows per warp (`moe_gu_rows`; one for dense experts).
+    gate_up_rows: usize,
+    /// `MOE_WARPS` for dense experts (a warp per row), `MOE_DOWN_ROWS` for the others.
+    down_rows: usize,
+}
+
+const fn kernels(gate_up: &'static str, down: &'static str, rows_per_warp: usize) -> ExpertKernels {
+    let quantized = rows_per_warp > 0;
+    ExpertKernels {
+        gate_up,
+        down,
+        gate_up_rows: if quantized { WARPS * rows_per_warp } else { WARPS },
+        down_rows: if quantized { DOWN_ROWS } else { WARPS },
+    }
+}
+
+/// Rows per block of the quantized formats' down kernels (moe.cu's `MOE_DOWN_ROWS`).
+const DOWN_ROWS: usize = 4;
+
+/// The kernels by format, indexed by [`Format::kernels`]; the rows per warp of gate_up are
+/// moe.cu's `moe_gu_rows` (0: dense, a warp per row).
+const KERNELS: [ExpertKernels; 9] = [
+    kernels("moe_gate_up_dense", "moe_down_dense", 0),
+    kernels("moe_gate_up_b2", "moe_down_b2", 4),
+    kernels("moe_gate_up_b3", "moe_down_b3", 4),
+    kernels("moe_gate_up_b4", "moe_down_b4", 4),
+    kernels("moe_gate_up_b5", "moe_down_b5", 2),
+    kernels("moe_gate_up_b6", "moe_down_b6", 2),
+    kernels("moe_gate_up_b8", "moe_down_b8", 2),
+    kernels("moe_gate_up_fp4", "moe_down_fp4", 4),
+    kernels("moe_gate_up_fp8", "moe_down_fp8", 2),
 ];
 
 /// How every matrix of a layer's experts is stored, as the kernels take it: the kernel pair
@@ -237,11 +309,14 @@ impl CudaBackend {
         if ids.device() != self.dev() || weights.device() != self.dev() {
             return moe::experts_composed(x, experts, ids, weights);
         }
-        if rows > gather_rows() || !x.cuda_addr()?.is_multiple_of(16) {
-            return match self.grouped_experts(x, experts, index, ids, weights)? {
-                Some(out) => Ok(out),
-                None => moe::experts_composed(x, experts, ids, weights),
-            };
+        let gathered = rows <= GATHER_ROWS.get()? && x.cuda_addr()?.is_multiple_of(16);
+        if rows >= GROUPED_ROWS.get()? || !gathered {
+            if let Some(out) = self.grouped_experts(x, experts, index, ids, weights)? {
+                return Ok(out);
+            }
+            if !gathered {
+                return moe::experts_composed(x, experts, ids, weights);
+            }
         }
         let (hidden, inter, n) = (experts.hidden(), experts.intermediate(), experts.len());
         let out = self.output(&[rows, hidden], DType::F32, false)?;
@@ -256,16 +331,19 @@ impl CudaBackend {
         let (ni, ki) = (to_i32(op, "experts", n)?, to_i32(op, "top_k", top_k)?);
         let (ii, hi) = (to_i32(op, "intermediate", inter)?, to_i32(op, "hidden", hidden)?);
         let [kernels, dt, lg, b_dt] = index.params;
-        let (gate_up, down) = KERNELS[kernels as usize];
+        let ExpertKernels { gate_up, down, gate_up_rows, down_rows } = KERNELS[kernels as usize];
         let (activation, alpha, limit) = activation_args(experts.activation());
         let st = self.st()?;
         let block = (32 * WARPS as u32, 1, 1);
         let slots = to_i32(op, "rows * top_k", rows * top_k)? as u32;
-        let cfg =
-            LaunchConfig { grid_dim: (inter.div_ceil(WARPS) as u32, slots, 1), block_dim: block, shared_mem_bytes: 0 };
+        let cfg = LaunchConfig {
+            grid_dim: (inter.div_ceil(gate_up_rows) as u32, slots, 1),
+            block_dim: block,
+            shared_mem_bytes: 0,
+        };
         launch!(st, op, gate_up, cfg; ap, xp, ip, tp, ni, ki, ii, hi, dt, lg, b_dt, activation, alpha, limit);
         let cfg = LaunchConfig {
-            grid_dim: (hidden.div_ceil(WARPS) as u32, rows as u32, 1),
+            grid_dim: (hidden.div_ceil(down_rows) as u32, rows as u32, 1),
             block_dim: block,
             shared_mem_bytes: 0,
         };
@@ -291,7 +369,7 @@ impl CudaBackend {
         }
         // Decoding an affine weight to bf16 in one fma rounding needs its scale and bias exact in
         // bf16; an mxfp4 weight is a code times a power of two, exact.
-        let (name, lg) = match (KERNELS[kernels as usize].0, dt) {
+        let (name, lg) = match (KERNELS[kernels as usize].gate_up, dt) {
             ("moe_gate_up_b4", DT_BF16) if lg >= 5 => ("qmma_b4_g64", lg),
             ("moe_gate_up_b8", DT_BF16) if lg >= 5 => ("qmma_b8_g64", lg),
             ("moe_gate_up_fp4", FP_MXFP4) => ("qmma_fp4_g64", 5),
@@ -358,5 +436,35 @@ impl CudaBackend {
             launch!(self.st()?, op, "moe_shared_add", super::cfg_1d(n as usize); o, ap, bp, gp, wi, n);
         }
         Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::RowLimit;
+
+    #[test]
+    fn row_limits_take_a_set_value_then_the_knob_then_the_default() {
+        static UNSET: RowLimit = RowLimit::new("NUVEC_TEST_ROWS", 8, || Err(std::env::VarError::NotPresent));
+        assert_eq!(UNSET.get().unwrap(), 8);
+        UNSET.set(Some(2));
+        assert_eq!(UNSET.get().unwrap(), 2);
+        UNSET.set(None);
+        assert_eq!(UNSET.get().unwrap(), 8);
+
+        static SET: RowLimit = RowLimit::new("NUVEC_TEST_ROWS", 8, || Ok(" 24 ".to_string()));
+        assert_eq!(SET.get().unwrap(), 24);
+        static EMPTY: RowLimit = RowLimit::new("NUVEC_TEST_ROWS", 8, || Ok(String::new()));
+        assert_eq!(EMPTY.get().unwrap(), 8);
+    }
+
+    #[test]
+    fn a_row_limit_that_is_not_a_number_is_an_error_naming_the_knob() {
+        static BAD: RowLimit = RowLimit::new("NUVEC_TEST_ROWS", 8, || Ok("sixteen".to_string()));
+        let e = BAD.get().unwrap_err().to_string();
+        assert!(e.contains("NUVEC_TEST_ROWS=\"sixteen\"") && e.contains("whole number"), "{e}");
+        // A test's setting still applies (it does not read the knob).
+        BAD.set(Some(4));
+        assert_eq!(BAD.get().unwrap(), 4);
     }
 }
