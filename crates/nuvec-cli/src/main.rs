@@ -9,6 +9,7 @@ mod constraint;
 mod convert;
 mod default_model;
 mod generate;
+mod manage;
 mod serve;
 mod version;
 mod workload;
@@ -42,6 +43,8 @@ enum Command {
     Convert(convert::Args),
     /// Serve a model with OpenAI's HTTP API, requests batched continuously (as mlx_lm.server).
     Serve(serve::Args),
+    /// List or delete models in the Hugging Face cache (as mlx_lm.manage).
+    Manage(manage::Args),
 }
 
 fn main() {
@@ -64,6 +67,7 @@ fn main() {
         Command::Chat(args) => chat::run(args),
         Command::CachePrompt(args) => cache_prompt::run(args),
         Command::Serve(args) => serve::run(args),
+        Command::Manage(args) => manage::run(args),
     };
     if let Err(e) = result {
         eprintln!("error: {e}");
