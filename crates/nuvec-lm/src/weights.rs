@@ -93,7 +93,7 @@ impl Weights {
         let mut files = Vec::new();
         let mut index = HashMap::new();
         for path in names {
-            let file = SafetensorsFile::open(&path)?;
+            let file = nuvec::io::open_for_loading(&path)?;
             for name in file.tensors().keys() {
                 index.insert(name.clone(), files.len());
             }

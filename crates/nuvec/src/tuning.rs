@@ -35,6 +35,13 @@ const fn knob(
 
 /// Every knob, by device and then name.
 pub const KNOBS: &[Knob] = &[
+    knob(
+        "NUVEC_ALIGNED_CACHE",
+        "a directory",
+        "unset",
+        "any",
+        "misaligned safetensors copied there once with 256-byte aligned tensors, then mapped in place",
+    ),
     knob("NUVEC_CACHE", "a directory", "~/.cache/nuvec", "any", "where the default model, built tools and caches live"),
     knob(
         "NUVEC_DEFAULT_MODEL",

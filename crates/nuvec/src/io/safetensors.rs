@@ -26,6 +26,23 @@ pub struct TensorInfo {
     len: usize,
 }
 
+impl TensorInfo {
+    /// Where its bytes start, from the file's start.
+    pub fn offset(&self) -> usize {
+        self.offset
+    }
+
+    /// How many bytes it has.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether it has no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
 /// A safetensors file, mapped, with its header parsed and checked.
 #[derive(Debug)]
 pub struct SafetensorsFile {
@@ -73,6 +90,9 @@ impl SafetensorsFile {
         let base = map.as_ptr() as usize;
         let mut tensors = HashMap::new();
         for (name, view) in parsed.tensors() {
+            if name.starts_with(super::aligned::PAD_PREFIX) {
+                continue; // an aligned copy's gap (io/aligned.rs)
+            }
             let dtype = dtype_of(&name, view.dtype(), &path)?;
             let data = view.data();
             tensors.insert(
@@ -88,6 +108,17 @@ impl SafetensorsFile {
         let metadata = meta.metadata().clone().unwrap_or_default();
         drop(parsed);
         Ok(SafetensorsFile { path, map: Arc::new(map), tensors, metadata })
+    }
+
+    /// Whether every tensor starts at a multiple of its element size, so that all of them are
+    /// used in place (mlx-community files' unpadded headers usually make them copies).
+    pub fn aligned(&self) -> bool {
+        self.tensors.values().all(|t| t.offset % t.dtype.size() == 0)
+    }
+
+    /// The whole file's bytes.
+    pub fn bytes(&self) -> &[u8] {
+        &self.map
     }
 
     /// The file's path.
