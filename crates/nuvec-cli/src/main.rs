@@ -10,6 +10,7 @@ mod convert;
 mod default_model;
 mod generate;
 mod manage;
+mod progress;
 mod serve;
 mod version;
 mod workload;

@@ -68,6 +68,20 @@ pub struct GenerateOptions {
     /// the grammar's end); `max_tokens` cuts it as any output. Refused with `ignore_eos` and with
     /// `min_tokens` (the grammar decides where the output ends).
     pub constraint: Option<Grammar>,
+    /// Called as the prompt is prefilled, with the positions done and the prompt's length
+    /// (mlx-lm's `prompt_progress_callback`): after each prefill pass, the last with the two
+    /// equal. Default none.
+    pub prompt_progress: Option<PromptProgress>,
+}
+
+/// A prompt-progress callback ([`GenerateOptions::prompt_progress`]): `(done, total)`.
+#[derive(Clone)]
+pub struct PromptProgress(pub std::sync::Arc<dyn Fn(usize, usize) + Send + Sync>);
+
+impl std::fmt::Debug for PromptProgress {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("PromptProgress(..)")
+    }
 }
 
 /// Prompt positions per prefill forward pass by default on `device`: 2048 (mlx-lm's
@@ -103,6 +117,7 @@ impl Default for GenerateOptions {
             context_length: None,
             allow_past_context: false,
             constraint: None,
+            prompt_progress: None,
         }
     }
 }
@@ -382,14 +397,23 @@ impl Generation<'_> {
         let logits = if history.len() == prompt_len {
             self.clock = Some(Instant::now());
             let (head, last) = history[self.reused..].split_at(prompt_len - self.reused - 1);
+            let progress = self.request.options.prompt_progress.as_ref();
+            let mut done = self.reused;
             for chunk in head.chunks(self.request.options.prefill_step_size) {
                 self.model.prefill(chunk, &mut session.cache)?;
                 session.tokens.extend_from_slice(chunk);
                 session.maybe_quantize(cache_options)?;
+                done += chunk.len();
+                if let Some(PromptProgress(report)) = progress {
+                    report(done, prompt_len);
+                }
             }
             let logits = self.model.forward_last(last, &mut session.cache)?;
             session.tokens.extend_from_slice(last);
             session.maybe_quantize(cache_options)?;
+            if let Some(PromptProgress(report)) = progress {
+                report(prompt_len, prompt_len);
+            }
             logits
         } else {
             let last = *history.last().expect("history holds the prompt");

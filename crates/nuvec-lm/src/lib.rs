@@ -57,7 +57,8 @@ pub use chat::{ChatTemplate, Message};
 pub use engine::{Batcher, BatcherOptions, BatcherStats, Event, RequestId};
 pub use error::{Error, Result};
 pub use generate::{
-    default_prefill_step, generate, generate_in, FinishReason, GenerateOptions, Generation, Stats, TokenLogprobs,
+    default_prefill_step, generate, generate_in, FinishReason, GenerateOptions, Generation, PromptProgress, Stats,
+    TokenLogprobs,
 };
 pub use load::{load, load_dir, load_dir_on, load_model, load_model_on, load_on};
 pub use models::Model;

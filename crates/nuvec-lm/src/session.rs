@@ -74,10 +74,26 @@ impl Session {
     /// Runs `tokens` through the model into the cache (all of them: no logits are needed),
     /// `step` positions per forward pass, quantizing the cache as `options` say after each.
     pub fn prefill(&mut self, model: &Model, tokens: &[u32], step: usize, options: &CacheOptions) -> Result<()> {
+        self.prefill_reporting(model, tokens, step, options, &|_, _| {})
+    }
+
+    /// [`Session::prefill`], calling `progress(done, total)` after each pass over `step` tokens
+    /// (`total` is `tokens.len()`).
+    pub fn prefill_reporting(
+        &mut self,
+        model: &Model,
+        tokens: &[u32],
+        step: usize,
+        options: &CacheOptions,
+        progress: &dyn Fn(usize, usize),
+    ) -> Result<()> {
+        let mut done = 0;
         for chunk in tokens.chunks(step.max(1)) {
             model.prefill(chunk, &mut self.cache)?;
             self.tokens.extend_from_slice(chunk);
             self.maybe_quantize(options)?;
+            done += chunk.len();
+            progress(done, tokens.len());
         }
         Ok(())
     }

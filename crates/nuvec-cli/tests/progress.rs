@@ -1,0 +1,101 @@
+//! The prefill progress bar of `nuvec cache-prompt` and `nuvec generate`: drawn in a real
+//! terminal (tmux) while a long prompt is prefilled in many passes, and cleared afterwards;
+//! absent when stderr is a pipe, where the output is what it was without the bar.
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+mod common;
+
+use common::gguf;
+
+fn tmux(args: &[&str]) -> String {
+    let out = Command::new("tmux").args(args).output().unwrap_or_else(|e| panic!("tmux is needed for this test ({e})"));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Polls the pane until `done` shows; returns whether `bar` showed at some point, and the last
+/// screen.
+fn watch(session: &str, bar: &str, done: &str) -> (bool, String) {
+    let (start, mut seen) = (Instant::now(), false);
+    loop {
+        let screen = tmux(&["capture-pane", "-p", "-t", session]);
+        seen |= screen.contains(bar);
+        if screen.contains(done) || start.elapsed() > Duration::from_secs(120) {
+            return (seen, screen);
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// A prompt of about 650 tokens, in a file.
+fn long_prompt(name: &str) -> PathBuf {
+    let path = std::env::temp_dir().join(format!("nuvec-progress-{name}-{}.txt", std::process::id()));
+    let text =
+        (0..150).map(|i| format!("Line {i}: the quick brown fox jumps over the lazy dog.\n")).collect::<String>();
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+#[test]
+fn a_long_prefill_shows_a_bar_in_a_terminal() {
+    let prompt = long_prompt("tty");
+    let cache = std::env::temp_dir().join(format!("nuvec-progress-{}.safetensors", std::process::id()));
+    let bin = env!("CARGO_BIN_EXE_nuvec");
+    let runs = [
+        (
+            "cache",
+            format!(
+                "{bin} cache-prompt --model {} -f {} --prompt-cache-file {} --prefill-step-size 8; sleep 30",
+                gguf(),
+                prompt.display(),
+                cache.display()
+            ),
+            "Saved ",
+        ),
+        (
+            "generate",
+            format!(
+                "{bin} generate --model {} -f {} --prefill-step-size 8 -m 4 --ignore-chat-template; sleep 30",
+                gguf(),
+                prompt.display()
+            ),
+            "Peak memory",
+        ),
+    ];
+    for (name, command, done) in runs {
+        let session = format!("nuvec-progress-{name}-{}", std::process::id());
+        tmux(&["new-session", "-d", "-s", &session, "-x", "160", "-y", "40", &command]);
+        let (seen, screen) = watch(&session, "Prefill [", done);
+        tmux(&["kill-session", "-t", &session]);
+        assert!(screen.contains(done), "{name}: did not finish: {screen}");
+        assert!(seen, "{name}: no progress bar while prefilling: {screen}");
+        assert!(!screen.contains("Prefill ["), "{name}: the bar was not cleared: {screen}");
+    }
+    let _ = std::fs::remove_file(&cache);
+    let _ = std::fs::remove_file(&prompt);
+}
+
+#[test]
+fn no_bar_when_stderr_is_not_a_terminal() {
+    let prompt = long_prompt("pipe");
+    let cache = std::env::temp_dir().join(format!("nuvec-progress-pipe-{}.safetensors", std::process::id()));
+    let (p, c) = (prompt.to_str().unwrap(), cache.to_str().unwrap());
+    let out = Command::new(env!("CARGO_BIN_EXE_nuvec"))
+        .args(["cache-prompt", "--model", &gguf(), "-f", p, "--prompt-cache-file", c, "--prefill-step-size", "64"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(err.contains("Processed ") && !err.contains("Prefill"), "{err}");
+    let out = Command::new(env!("CARGO_BIN_EXE_nuvec"))
+        .args(["generate", "--model", &gguf(), "-f", p, "--prefill-step-size", "64", "-m", "4"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(!err.contains("Prefill") && !String::from_utf8_lossy(&out.stdout).contains("Prefill"), "{err}");
+    let _ = std::fs::remove_file(&cache);
+    let _ = std::fs::remove_file(&prompt);
+}
