@@ -61,6 +61,11 @@ fn main() {
         _ => {}
     }
     let cli = Cli::parse();
+    // A knob set to a value its reader would take for the default is refused before any work.
+    if let Err(why) = nuvec::tuning::check_env() {
+        eprintln!("error: {why}");
+        std::process::exit(1);
+    }
     let result = match cli.command {
         Command::Generate(args) => generate::run(args),
         Command::Bench(args) => bench::run(args),

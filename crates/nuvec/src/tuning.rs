@@ -74,7 +74,7 @@ pub const KNOBS: &[Knob] = &[
     ),
     knob(
         "NUVEC_CUDA_GRAPHS",
-        "0, 1, force",
+        "0, 1, force, off, on, false, true",
         "1",
         "cuda",
         "one-token decode steps replayed as CUDA graphs; force also tries families not known to capture",
@@ -205,6 +205,54 @@ pub fn env_os(name: &str) -> Option<OsString> {
     std::env::var_os(name)
 }
 
+/// What `value` fails to be for knob `k` (`None`: a value it takes, or one of the knobs whose
+/// values are free text: folders, paths, NVRTC definitions). An empty value is the default, as
+/// every knob reads it. Each rule is the one the knob's reader applies, so that a value the
+/// reader would quietly take for its default (`NUVEC_PDL=off` leaves PDL on) is refused here.
+pub fn refusal(k: &Knob, value: &str) -> Option<String> {
+    if value.is_empty() {
+        return None;
+    }
+    let count = |v: &str| v.trim().parse::<usize>().ok();
+    let ok = match k.values {
+        "a directory" | "a model path" | "NAME=VALUE,..." => true,
+        "a row count" | "megabytes; 0" | "a block count; 0" => count(value).is_some(),
+        "keys (a multiple of 32)" => count(value).is_some_and(|n| n % 32 == 0),
+        "0, 6..15" => count(value).is_some_and(|n| n == 0 || (6..=15).contains(&n)),
+        "0, 1, norm,attention,gate_up" => {
+            value == "0"
+                || value == "1"
+                || value.split(',').all(|p| ["norm", "attention", "gate_up"].contains(&p.trim()))
+        }
+        list => {
+            // NUVEC_CUDA_MATMUL's reader trims and ignores case; NUVEC_CUDA_GRAPHS's trims.
+            let v = match k.name {
+                "NUVEC_CUDA_MATMUL" => value.trim().to_ascii_lowercase(),
+                "NUVEC_CUDA_GRAPHS" => value.trim().to_string(),
+                _ => value.to_string(),
+            };
+            list.split(", ").any(|allowed| allowed == v)
+        }
+    };
+    (!ok).then(|| {
+        format!("{}={value:?} is not a value it takes ({}); see `nuvec --help-env`, or unset it", k.name, k.values)
+    })
+}
+
+/// Checks every knob set in this process's environment ([`refusal`]): the first refused value is
+/// the error. `nuvec` runs it before any command; a program using the library can too.
+pub fn check_env() -> Result<(), String> {
+    for k in KNOBS {
+        if let Some(v) = std::env::var_os(k.name) {
+            let v = v.to_string_lossy();
+            if let Some(why) = refusal(k, &v) {
+                return Err(why);
+            }
+        }
+    }
+    Ok(())
+}
+
 /// The knobs as a text table, each with its value in this process when set.
 pub fn help() -> String {
     let mut out = String::from(
@@ -249,6 +297,53 @@ mod tests {
                 rest.chars().take_while(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || *c == '_').collect()
             })
             .collect()
+    }
+
+    #[test]
+    fn values_a_reader_would_take_for_its_default_are_refused() {
+        let refused = |name: &str, v: &str| refusal(find(name).unwrap(), v).is_some();
+        for (name, good, bad) in [
+            ("NUVEC_PDL", "0", "off"),
+            ("NUVEC_PDL", "1", "true"),
+            ("NUVEC_CUDA_GRAPHS", " force", "sometimes"),
+            ("NUVEC_CUDA_GRAPHS", "off", "2"),
+            ("NUVEC_CUDA_MATMUL", "BF16", "fp16"),
+            ("NUVEC_CPU_ISA", "scalar", "avx512"),
+            ("NUVEC_QIMMA", "int", "INT"),
+            ("NUVEC_QDEC_ROWS", "32", "48"),
+            ("NUVEC_MOE_GROUPED_ROWS", "16", "sixteen"),
+            ("NUVEC_CUDA_ALLOC_CACHE_MB", "0", "-1"),
+            ("NUVEC_PAGED_FLASH_MIN_KEYS", "64", "100"),
+            ("NUVEC_QGEMV_VARIANT", "13", "5"),
+            ("NUVEC_PRODUCER_PARTS", "norm, gate_up", "norm,merge"),
+        ] {
+            assert!(!refused(name, good), "{name}={good:?} refused");
+            assert!(refused(name, bad), "{name}={bad:?} taken");
+        }
+        // Free-text knobs take anything; an empty value is the default everywhere.
+        assert!(!refused("NUVEC_NVRTC_DEFINES", "QG_PF_BYTES=0") && !refused("NUVEC_ALIGNED_CACHE", "/x"));
+        assert!(KNOBS.iter().all(|k| refusal(k, "").is_none()));
+        let why = refusal(find("NUVEC_PDL").unwrap(), "off").unwrap();
+        assert!(why.contains("NUVEC_PDL=\"off\"") && why.contains("0, 1") && why.contains("--help-env"), "{why}");
+    }
+
+    #[test]
+    fn every_knob_s_values_have_a_rule() {
+        // A knob whose values text is neither a known form nor a list of literal values would
+        // refuse everything but its list's text: each list item must be a bare token.
+        for k in KNOBS {
+            let free = ["a directory", "a model path", "NAME=VALUE,...", "a row count", "megabytes; 0"];
+            let known = free.contains(&k.values)
+                || ["a block count; 0", "keys (a multiple of 32)", "0, 6..15", "0, 1, norm,attention,gate_up"]
+                    .contains(&k.values);
+            let list =
+                k.values.split(", ").all(|t| !t.is_empty() && t.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'));
+            assert!(known || list, "{}: values {:?} have no rule in refusal()", k.name, k.values);
+            if list && !known {
+                let first = k.values.split(", ").next().unwrap();
+                assert!(refusal(k, first).is_none(), "{} refuses its own first value", k.name);
+            }
+        }
     }
 
     #[test]
