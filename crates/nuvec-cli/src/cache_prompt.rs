@@ -49,10 +49,12 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     let started = std::time::Instant::now();
     let kv = args.kv.options();
     let mut session = Session::with_cache(&model, &kv)?;
-    match crate::progress::PrefillBar::on_terminal() {
-        Some(bar) => session.prefill_reporting(&model, &ids, args.prefill_step_size, &kv, &|d, t| bar.report(d, t))?,
-        None => session.prefill(&model, &ids, args.prefill_step_size, &kv)?,
-    }
+    let bar = crate::progress::PrefillBar::on_terminal();
+    session.prefill_reporting(&model, &ids, args.prefill_step_size, &kv, &|done, total| {
+        if let Some(bar) = &bar {
+            bar.report(done, total);
+        }
+    })?;
     let secs = started.elapsed().as_secs_f64();
     eprintln!("Processed {} tokens ({:.2} tok/s)", ids.len(), ids.len() as f64 / secs.max(1e-9));
     target.save(&model, &model_name, &session, &kv, &prompt)?;

@@ -31,8 +31,6 @@ pub struct CachedRepo {
     pub last_accessed: SystemTime,
     /// The latest modification of one of its blobs (the folder's when it has none).
     pub last_modified: SystemTime,
-    /// Its snapshots' commits, each with the refs that name it, in commit order.
-    pub revisions: BTreeMap<String, Vec<String>>,
 }
 
 /// What a scan found: the repos, sorted by path, and why the folders that are not repos were
@@ -97,7 +95,8 @@ fn scan_repo(path: &Path) -> std::result::Result<CachedRepo, String> {
     if !snapshots.is_dir() {
         return Err(bad("no snapshots folder".into()));
     }
-    let mut refs: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    // The commits the refs name: each must have a snapshot.
+    let mut refs = std::collections::BTreeSet::new();
     let refs_dir = path.join("refs");
     if refs_dir.is_file() {
         return Err(bad("refs is a file".into()));
@@ -107,13 +106,10 @@ fn scan_repo(path: &Path) -> std::result::Result<CachedRepo, String> {
             if IGNORED.iter().any(|i| file.file_name().is_some_and(|n| n == *i)) {
                 continue;
             }
-            let commit = std::fs::read_to_string(&file).map_err(|e| bad(format!("{}: {e}", file.display())))?;
-            let ref_name = file.strip_prefix(&refs_dir).unwrap_or(&file).to_string_lossy().replace('\\', "/");
-            refs.entry(commit).or_default().push(ref_name);
+            refs.insert(std::fs::read_to_string(&file).map_err(|e| bad(format!("{}: {e}", file.display())))?);
         }
     }
     let mut blobs: BTreeMap<PathBuf, std::fs::Metadata> = BTreeMap::new();
-    let mut revisions = BTreeMap::new();
     for revision in std::fs::read_dir(&snapshots).map_err(|e| bad(e.to_string()))? {
         let revision = revision.map_err(|e| bad(e.to_string()))?.path();
         let commit = revision.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
@@ -135,11 +131,9 @@ fn scan_repo(path: &Path) -> std::result::Result<CachedRepo, String> {
                 slot.insert(meta);
             }
         }
-        let mut names = refs.remove(&commit).unwrap_or_default();
-        names.sort();
-        revisions.insert(commit, names);
+        refs.remove(&commit);
     }
-    if let Some(commit) = refs.keys().next() {
+    if let Some(commit) = refs.iter().next() {
         return Err(bad(format!("a ref names commit {commit:?}, which has no snapshot")));
     }
     let (last_accessed, last_modified) = if blobs.is_empty() {
@@ -159,7 +153,6 @@ fn scan_repo(path: &Path) -> std::result::Result<CachedRepo, String> {
         files: blobs.len(),
         last_accessed,
         last_modified,
-        revisions,
     })
 }
 
@@ -170,10 +163,11 @@ fn files_below(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
     while let Some(d) = pending.pop() {
         for entry in std::fs::read_dir(&d)? {
             let path = entry?.path();
-            // A link to a folder counts as a folder, as Python's glob("**/*") + is_dir() does.
-            if path.is_dir() && std::fs::symlink_metadata(&path)?.is_dir() {
+            if std::fs::symlink_metadata(&path)?.is_dir() {
                 pending.push(path);
             } else if !path.is_dir() {
+                // A link to a folder is neither entered nor counted, as Python's glob("**/*")
+                // followed by is_dir() skips it.
                 out.push(path);
             }
         }
@@ -265,6 +259,9 @@ mod tests {
     use super::*;
     use std::time::Duration;
 
+    /// The expected strings are what huggingface_hub 2.4.0's `_format_size` and
+    /// `format_timesince` print for the same inputs (the oracle venv's, run with `time.time`
+    /// fixed); `tests/manage.rs` compares whole tables with mlx_lm.manage.
     #[test]
     fn sizes_and_times_print_as_huggingface_hub_prints_them() {
         assert_eq!(format_size(0), "0.0");

@@ -205,32 +205,69 @@ pub fn env_os(name: &str) -> Option<OsString> {
     std::env::var_os(name)
 }
 
-/// What `value` fails to be for knob `k` (`None`: a value it takes, or one of the knobs whose
-/// values are free text: folders, paths, NVRTC definitions). An empty value is the default, as
-/// every knob reads it. Each rule is the one the knob's reader applies, so that a value the
-/// reader would quietly take for its default (`NUVEC_PDL=off` leaves PDL on) is refused here.
+/// What values a knob takes, as its reader parses them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Rule {
+    /// Free text (folders, paths, NVRTC definitions): anything.
+    Free,
+    /// A whole number.
+    Count,
+    /// A whole number that is a multiple of 32.
+    MultipleOf32,
+    /// 0 or a GEMV variant, 6 to 15.
+    QgemvVariant,
+    /// 0, 1, or a comma list of norm, attention, gate_up.
+    Producers,
+    /// One of the comma-separated values (exactly, or trimmed, or trimmed in any case, as the
+    /// knob's reader compares).
+    OneOf {
+        /// The values, ", " between them (the knob's `values`).
+        list: &'static str,
+        /// The reader trims the value.
+        trim: bool,
+        /// The reader ignores case.
+        any_case: bool,
+    },
+}
+
+/// Knob `k`'s rule, from the form of its `values` text (the rest are lists of literal values).
+pub fn rule(k: &Knob) -> Rule {
+    match k.values {
+        "a directory" | "a model path" | "NAME=VALUE,..." => Rule::Free,
+        "a row count" | "megabytes; 0" | "a block count; 0" => Rule::Count,
+        "keys (a multiple of 32)" => Rule::MultipleOf32,
+        "0, 6..15" => Rule::QgemvVariant,
+        "0, 1, norm,attention,gate_up" => Rule::Producers,
+        list => Rule::OneOf {
+            list,
+            trim: matches!(k.name, "NUVEC_CUDA_MATMUL" | "NUVEC_CUDA_GRAPHS"),
+            any_case: k.name == "NUVEC_CUDA_MATMUL",
+        },
+    }
+}
+
+/// What `value` fails to be for knob `k` (`None`: a value it takes). An empty value is the
+/// default, as every knob reads it. Each [`rule`] is the one the knob's reader applies, so that a
+/// value the reader would quietly take for its default (`NUVEC_PDL=off` leaves PDL on) is refused
+/// here.
 pub fn refusal(k: &Knob, value: &str) -> Option<String> {
     if value.is_empty() {
         return None;
     }
-    let count = |v: &str| v.trim().parse::<usize>().ok();
-    let ok = match k.values {
-        "a directory" | "a model path" | "NAME=VALUE,..." => true,
-        "a row count" | "megabytes; 0" | "a block count; 0" => count(value).is_some(),
-        "keys (a multiple of 32)" => count(value).is_some_and(|n| n % 32 == 0),
-        "0, 6..15" => count(value).is_some_and(|n| n == 0 || (6..=15).contains(&n)),
-        "0, 1, norm,attention,gate_up" => {
+    let count = || value.trim().parse::<usize>().ok();
+    let ok = match rule(k) {
+        Rule::Free => true,
+        Rule::Count => count().is_some(),
+        Rule::MultipleOf32 => count().is_some_and(|n| n % 32 == 0),
+        Rule::QgemvVariant => count().is_some_and(|n| n == 0 || (6..=15).contains(&n)),
+        Rule::Producers => {
             value == "0"
                 || value == "1"
                 || value.split(',').all(|p| ["norm", "attention", "gate_up"].contains(&p.trim()))
         }
-        list => {
-            // NUVEC_CUDA_MATMUL's reader trims and ignores case; NUVEC_CUDA_GRAPHS's trims.
-            let v = match k.name {
-                "NUVEC_CUDA_MATMUL" => value.trim().to_ascii_lowercase(),
-                "NUVEC_CUDA_GRAPHS" => value.trim().to_string(),
-                _ => value.to_string(),
-            };
+        Rule::OneOf { list, trim, any_case } => {
+            let v = if trim { value.trim() } else { value };
+            let v = if any_case { v.to_ascii_lowercase() } else { v.to_string() };
             list.split(", ").any(|allowed| allowed == v)
         }
     };
@@ -329,19 +366,18 @@ mod tests {
 
     #[test]
     fn every_knob_s_values_have_a_rule() {
-        // A knob whose values text is neither a known form nor a list of literal values would
-        // refuse everything but its list's text: each list item must be a bare token.
+        // A values text that is neither one of rule()'s forms nor a list of bare tokens would be
+        // read as a list that refuses everything but its own text.
         for k in KNOBS {
-            let free = ["a directory", "a model path", "NAME=VALUE,...", "a row count", "megabytes; 0"];
-            let known = free.contains(&k.values)
-                || ["a block count; 0", "keys (a multiple of 32)", "0, 6..15", "0, 1, norm,attention,gate_up"]
-                    .contains(&k.values);
-            let list =
-                k.values.split(", ").all(|t| !t.is_empty() && t.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'));
-            assert!(known || list, "{}: values {:?} have no rule in refusal()", k.name, k.values);
-            if list && !known {
-                let first = k.values.split(", ").next().unwrap();
-                assert!(refusal(k, first).is_none(), "{} refuses its own first value", k.name);
+            if let Rule::OneOf { list, .. } = rule(k) {
+                let tokens =
+                    list.split(", ").all(|t| !t.is_empty() && t.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'));
+                assert!(tokens, "{}: values {list:?} have no rule in tuning::rule", k.name);
+                assert!(
+                    refusal(k, list.split(", ").next().unwrap()).is_none(),
+                    "{} refuses its own first value",
+                    k.name
+                );
             }
         }
     }

@@ -29,7 +29,12 @@ pub const PAD_PREFIX: &str = "__nuvec_align_pad_";
 /// file's start, the header's metadata kept; through a temporary file beside `dst`, renamed into
 /// place once complete.
 pub fn align_safetensors(src: &Path, dst: &Path) -> Result<()> {
-    let file = SafetensorsFile::open(src)?;
+    write_aligned(&SafetensorsFile::open(src)?, dst)
+}
+
+/// [`align_safetensors`] of a file already open.
+fn write_aligned(file: &SafetensorsFile, dst: &Path) -> Result<()> {
+    let src = file.path();
     let mut order: Vec<(&String, usize, usize)> =
         file.tensors().iter().map(|(name, t)| (name, t.offset(), t.len())).collect();
     order.sort_by_key(|&(_, offset, _)| offset);
@@ -127,7 +132,7 @@ pub fn open_through_cache(path: &Path, cache: Option<&Path>) -> Result<Safetenso
     let copy = copy_path(path, cache)?;
     if !copy.exists() {
         std::fs::create_dir_all(cache).map_err(|e| knob_err(cache, path, e))?;
-        align_safetensors(path, &copy).map_err(|e| knob_err(cache, path, e))?;
+        write_aligned(&file, &copy).map_err(|e| knob_err(cache, path, e))?;
     }
     SafetensorsFile::open(&copy).map_err(|e| Error::Format {
         path: copy.display().to_string(),

@@ -124,31 +124,31 @@ struct ExpertKernels {
     down_rows: usize,
 }
 
-const fn kernels(gate_up: &'static str, down: &'static str, rows_per_warp: usize) -> ExpertKernels {
-    let quantized = rows_per_warp > 0;
-    ExpertKernels {
-        gate_up,
-        down,
-        gate_up_rows: if quantized { WARPS * rows_per_warp } else { WARPS },
-        down_rows: if quantized { DOWN_ROWS } else { WARPS },
-    }
+/// Dense experts' kernels: a warp per output row of either.
+const fn dense(gate_up: &'static str, down: &'static str) -> ExpertKernels {
+    ExpertKernels { gate_up, down, gate_up_rows: WARPS, down_rows: WARPS }
+}
+
+/// A quantized format's kernels: `rows_per_warp` (moe.cu's `moe_gu_rows`) rows of gate/up a warp,
+/// `DOWN_ROWS` output rows of down a block.
+const fn quantized(gate_up: &'static str, down: &'static str, rows_per_warp: usize) -> ExpertKernels {
+    ExpertKernels { gate_up, down, gate_up_rows: WARPS * rows_per_warp, down_rows: DOWN_ROWS }
 }
 
 /// Rows per block of the quantized formats' down kernels (moe.cu's `MOE_DOWN_ROWS`).
 const DOWN_ROWS: usize = 4;
 
-/// The kernels by format, indexed by [`Format::kernels`]; the rows per warp of gate_up are
-/// moe.cu's `moe_gu_rows` (0: dense, a warp per row).
+/// The kernels by format, indexed by [`Format::kernels`].
 const KERNELS: [ExpertKernels; 9] = [
-    kernels("moe_gate_up_dense", "moe_down_dense", 0),
-    kernels("moe_gate_up_b2", "moe_down_b2", 4),
-    kernels("moe_gate_up_b3", "moe_down_b3", 4),
-    kernels("moe_gate_up_b4", "moe_down_b4", 4),
-    kernels("moe_gate_up_b5", "moe_down_b5", 2),
-    kernels("moe_gate_up_b6", "moe_down_b6", 2),
-    kernels("moe_gate_up_b8", "moe_down_b8", 2),
-    kernels("moe_gate_up_fp4", "moe_down_fp4", 4),
-    kernels("moe_gate_up_fp8", "moe_down_fp8", 2),
+    dense("moe_gate_up_dense", "moe_down_dense"),
+    quantized("moe_gate_up_b2", "moe_down_b2", 4),
+    quantized("moe_gate_up_b3", "moe_down_b3", 4),
+    quantized("moe_gate_up_b4", "moe_down_b4", 4),
+    quantized("moe_gate_up_b5", "moe_down_b5", 2),
+    quantized("moe_gate_up_b6", "moe_down_b6", 2),
+    quantized("moe_gate_up_b8", "moe_down_b8", 2),
+    quantized("moe_gate_up_fp4", "moe_down_fp4", 4),
+    quantized("moe_gate_up_fp8", "moe_down_fp8", 2),
 ];
 
 /// How every matrix of a layer's experts is stored, as the kernels take it: the kernel pair
