@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """A random-weight MLX-format 4-bit Llama checkpoint, for speed measurements only (its text is noise).
 
-Usage: make-random-checkpoint.py OUT_DIR [--shape 8b|1b|tiny|a3b|gpt-oss-20b] [--layers N] [--bits 4] [--group-size 64]
+Usage: make-random-checkpoint.py OUT_DIR [--shape 8b|1b|tiny|small|a3b|gpt-oss-20b] [--layers N] [--bits 4] [--group-size 64]
        [--tokenizer DIR]   (copies DIR's tokenizer.json / tokenizer_config.json: vocab 32000 fits
                             the mistral fixtures' tokenizer)
        a3b: Qwen3-30B-A3B's shape (qwen3_moe: 48 layers of 128 stacked experts, 8 per token,
@@ -27,6 +27,8 @@ SHAPES = {
     "8b": dict(hidden=4096, layers=32, heads=32, kv_heads=8, head_dim=128, inter=14336, vocab=32000),
     "1b": dict(hidden=2048, layers=16, heads=32, kv_heads=8, head_dim=64, inter=8192, vocab=32000),
     "tiny": dict(hidden=128, layers=2, heads=4, kv_heads=2, head_dim=32, inter=256, vocab=32000),
+    # Head size 64 and four query heads per KV head: the tensor-core attention kernels' smallest case.
+    "small": dict(hidden=256, layers=2, heads=8, kv_heads=2, head_dim=64, inter=512, vocab=32000),
     "a3b": dict(hidden=2048, layers=48, heads=32, kv_heads=4, head_dim=128, inter=6144, vocab=151936,
                 experts=128, top_k=8, moe_inter=768),
     "gpt-oss-20b": dict(hidden=2880, layers=24, heads=64, kv_heads=8, head_dim=64, inter=2880, vocab=201088,

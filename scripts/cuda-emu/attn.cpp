@@ -3,7 +3,9 @@
 // q, k and v. The kernel also rounds the probabilities to bf16 before P V (as the cuBLAS path
 // did), so the tolerance is bf16's (relative 8e-3 of |want| + mean|want|). Cases: head sizes 64
 // and 128, a query block cut by L, keys past a tile's end, queries after earlier cache rows
-// (kv_len > L) and one KV head per 1, 2 and 4 query heads. Built and run by run.sh.
+// (kv_len > L) and one KV head per 1, 2 and 4 query heads. Then the paged decode kernels of the
+// same file: one sequence's keys per warp, and keys several sequences share read once for a
+// group (below). Built and run by run.sh.
 #include "kernels_attn.cpp"
 #include "emu_check.h"
 #include <cstdio>
@@ -50,6 +52,57 @@ static void test_flash(int d, int l, int kv_len, int hq, int hkv, std::mt19937& 
         out, want, 8e-3);
 }
 
+// The paged decode's partials of every (sequence, head) — `slots` of (maximum, sum, values[d])
+// each — combined as attention_merge_f32 combines them (empty ones, maximum -inf, skipped).
+static std::vector<float> merged(const std::vector<float>& part, int n, int hq, int d, int slots) {
+    std::vector<float> out((size_t)n * hq * d);
+    for (size_t row = 0; row < (size_t)n * hq; ++row) {
+        const float* p = part.data() + row * slots * (d + 2);
+        auto m_of = [&](int sp) { return (double)p[(size_t)sp * (d + 2)]; };
+        double m = -INFINITY, tot = 0;
+        for (int sp = 0; sp < slots; ++sp) m = std::max(m, m_of(sp));
+        for (int sp = 0; sp < slots; ++sp)
+            if (m_of(sp) != -INFINITY) tot += p[(size_t)sp * (d + 2) + 1] * std::exp(m_of(sp) - m);
+        for (int c = 0; c < d; ++c) {
+            double a = 0;
+            for (int sp = 0; sp < slots; ++sp)
+                if (m_of(sp) != -INFINITY) a += std::exp(m_of(sp) - m) * p[(size_t)sp * (d + 2) + 2 + c];
+            out[row * d + c] = (float)(a / tot);
+        }
+    }
+    return out;
+}
+
+// The definition of a paged decode on the bf16-rounded q, k and v: key j of sequence t is row
+// tables[t * stride + j / bs] * bs + j % bs of the store (rows of hkv * d), over lens[t] keys.
+static std::vector<double> paged_definition(const std::vector<float>& q, const std::vector<unsigned short>& kb,
+                                            const std::vector<unsigned short>& vb, const std::vector<int>& tables,
+                                            int stride, const std::vector<int>& lens, int hq, int hkv, int d, int bs,
+                                            float scale) {
+    const int n = (int)lens.size(), width = hkv * d;
+    std::vector<double> want((size_t)n * hq * d);
+    for (int t = 0; t < n; ++t)
+        for (int h = 0; h < hq; ++h) {
+            const int kvh = h / (hq / hkv), len = lens[t];
+            std::vector<double> sc(len);
+            double mx = -INFINITY;
+            auto at = [&](int j) { return ((size_t)tables[(size_t)t * stride + j / bs] * bs + j % bs) * width + (size_t)kvh * d; };
+            for (int j = 0; j < len; ++j) {
+                double dot = 0;
+                for (int c = 0; c < d; ++c) dot += (double)emu_bf16(emu_bf16_rn(q[((size_t)t * hq + h) * d + c])) * emu_bf16(kb[at(j) + c]);
+                mx = std::max(mx, sc[j] = dot * scale);
+            }
+            double sum = 0;
+            for (int j = 0; j < len; ++j) sum += (sc[j] = std::exp(sc[j] - mx));
+            for (int c = 0; c < d; ++c) {
+                double o = 0;
+                for (int j = 0; j < len; ++j) o += sc[j] * emu_bf16(vb[at(j) + c]);
+                want[((size_t)t * hq + h) * d + c] = o / sum;
+            }
+        }
+    return want;
+}
+
 // The paged decode kernel (paged_flash_decode_bf16_d*): n sequences of `lens` keys in a store of
 // blocks of `bs` (16, or 12: not a power of two) taken in reverse order, `keys` per split; the partials combined here as
 // attention_merge_f32 combines them, against the definition on the bf16-rounded q, k and v (the
@@ -76,45 +129,91 @@ static void test_paged_flash(int d, int hq, int hkv, std::vector<int> lens, int 
     const float scale = 1.0f / std::sqrt((float)d);
     auto kernel = d == 64 ? paged_flash_decode_bf16_d64 : paged_flash_decode_bf16_d128;
     emu_launch({(unsigned)hkv, (unsigned)n, (unsigned)splits}, {32, 1, 1}, [&] {
-        kernel(part.data(), q.data(), kb.data(), vb.data(), tables.data(), stride, lens.data(), hq, hkv, bs, scale, keys);
+        kernel(part.data(), q.data(), kb.data(), vb.data(), tables.data(), stride, lens.data(), hq, hkv, bs, scale, keys,
+               nullptr, 0);
     });
-    std::vector<float> got((size_t)n * hq * d);
-    std::vector<double> want(got.size());
     for (int t = 0; t < n; ++t)
-        for (int h = 0; h < hq; ++h) {
-            const float* p = part.data() + ((size_t)t * hq + h) * splits * (d + 2);
-            const int used = (lens[t] + keys - 1) / keys;
-            for (int sp = used; sp < splits; ++sp)
-                check(p[(size_t)sp * (d + 2)] == -INFINITY && p[(size_t)sp * (d + 2) + 1] == 0.0f,
-                      "paged flash: an empty split's partial");
-            double m = -INFINITY, tot = 0;
-            for (int sp = 0; sp < splits; ++sp) m = std::max(m, (double)p[(size_t)sp * (d + 2)]);
-            for (int sp = 0; sp < used; ++sp) tot += p[(size_t)sp * (d + 2) + 1] * std::exp(p[(size_t)sp * (d + 2)] - m);
-            for (int c = 0; c < d; ++c) {
-                double a = 0;
-                for (int sp = 0; sp < used; ++sp) a += std::exp(p[(size_t)sp * (d + 2)] - m) * p[(size_t)sp * (d + 2) + 2 + c];
-                got[((size_t)t * hq + h) * d + c] = (float)(a / tot);
+        for (int h = 0; h < hq; ++h)
+            for (int sp = (lens[t] + keys - 1) / keys; sp < splits; ++sp) {
+                const float* p = part.data() + (((size_t)t * hq + h) * splits + sp) * (d + 2);
+                check(p[0] == -INFINITY && p[1] == 0.0f, "paged flash: an empty split's partial");
             }
-            // The definition: key j of sequence t is row table[j / bs] * bs + j % bs of the store.
-            const int kvh = h / (hq / hkv), len = lens[t];
-            std::vector<double> sc(len);
-            double mx = -INFINITY;
-            auto at = [&](int j) { return ((size_t)tables[(size_t)t * stride + j / bs] * bs + j % bs) * width + (size_t)kvh * d; };
-            for (int j = 0; j < len; ++j) {
-                double dot = 0;
-                for (int c = 0; c < d; ++c) dot += (double)emu_bf16(emu_bf16_rn(q[((size_t)t * hq + h) * d + c])) * emu_bf16(kb[at(j) + c]);
-                mx = std::max(mx, sc[j] = dot * scale);
-            }
-            double sum = 0;
-            for (int j = 0; j < len; ++j) sum += (sc[j] = std::exp(sc[j] - mx));
-            for (int c = 0; c < d; ++c) {
-                double o = 0;
-                for (int j = 0; j < len; ++j) o += sc[j] * emu_bf16(vb[at(j) + c]);
-                want[((size_t)t * hq + h) * d + c] = o / sum;
-            }
-        }
+    const std::vector<float> got = merged(part, n, hq, d, splits);
+    const std::vector<double> want = paged_definition(q, kb, vb, tables, stride, lens, hq, hkv, d, bs, scale);
     cmp("paged_flash_decode_bf16_d" + std::to_string(d) + " hq=" + std::to_string(hq) + " hkv=" + std::to_string(hkv) +
             " keys=" + std::to_string(keys) + " sequences=" + std::to_string(n) + " bs=" + std::to_string(bs),
+        got, want, 8e-3);
+}
+
+// Shared-prefix decode: sequences of group p (group[t] = p, -1 for none) begin with the same
+// shared[p] blocks of the store; their shared keys go through paged_prefix_flash_bf16_d* (`pkeys`
+// per split, one split more than the longest prefix needs: empty partials) and their own keys
+// through paged_flash_decode_bf16_d* from starts[t]; every partial slot must be written by exactly
+// one of the two, and the merge must give each sequence's attention over all its keys.
+static void test_paged_prefix(int d, int hq, int hkv, std::vector<int> lens, std::vector<int> group,
+                              std::vector<int> shared, int keys, int pkeys, std::mt19937& rng, int bs = 16) {
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    const int n = (int)lens.size(), width = hkv * d, gh = hq / hkv, per_tile = PX_WARPS * (16 / gh);
+    int stride = 0, next = 0;
+    for (int l : lens) stride = std::max(stride, (l + bs - 1) / bs);
+    std::vector<int> tables((size_t)n * stride, 0), starts(n, 0);
+    std::vector<std::vector<int>> prefix_blocks(shared.size());
+    for (size_t p = 0; p < shared.size(); ++p)
+        for (int b = 0; b < shared[p]; ++b) prefix_blocks[p].push_back(next++);
+    for (int t = 0; t < n; ++t) {
+        int b = 0;
+        if (group[t] >= 0) {
+            for (int blk : prefix_blocks[group[t]]) tables[(size_t)t * stride + b++] = blk;
+            starts[t] = shared[group[t]] * bs;
+        }
+        for (; b < (lens[t] + bs - 1) / bs; ++b) tables[(size_t)t * stride + b] = next++;
+    }
+    std::vector<int> tiles;
+    int prefix_slots = 0, own_grouped = 0, own_alone = 0;
+    for (size_t p = 0; p < shared.size(); ++p) {
+        std::vector<int> members;
+        for (int t = 0; t < n; ++t)
+            if (group[t] == (int)p) members.push_back(t);
+        for (size_t i = 0; i < members.size(); i += per_tile) {
+            tiles.push_back(members[0]);
+            tiles.push_back(shared[p] * bs);
+            for (int j = 0; j < PX_WARPS * 16; ++j)
+                tiles.push_back(j < per_tile && i + j < members.size() ? members[i + j] : -1);
+        }
+        prefix_slots = std::max(prefix_slots, (shared[p] * bs + pkeys - 1) / pkeys + 1);
+    }
+    for (int t = 0; t < n; ++t) {
+        const int own = (lens[t] - starts[t] + keys - 1) / keys;
+        if (starts[t] > 0) own_grouped = std::max(own_grouped, own);
+        else own_alone = std::max(own_alone, own);
+    }
+    const int slots = std::max(own_grouped + prefix_slots, own_alone);
+    std::vector<unsigned short> kb((size_t)next * bs * width), vb(kb.size());
+    for (auto& x : kb) x = emu_bf16_rn(nd(rng));
+    for (auto& x : vb) x = emu_bf16_rn(nd(rng));
+    std::vector<float> q((size_t)n * hq * d);
+    for (auto& x : q) x = 2.0f * nd(rng);
+    // Each kernel into a buffer of its own, so that a slot written by both shows.
+    std::vector<float> part((size_t)n * hq * slots * (d + 2), NAN), own_part(part);
+    const float scale = 1.0f / std::sqrt((float)d);
+    auto own_kernel = d == 64 ? paged_flash_decode_bf16_d64 : paged_flash_decode_bf16_d128;
+    auto prefix_kernel = d == 64 ? paged_prefix_flash_bf16_d64 : paged_prefix_flash_bf16_d128;
+    emu_launch({(unsigned)hkv, (unsigned)n, (unsigned)slots}, {32, 1, 1}, [&] {
+        own_kernel(own_part.data(), q.data(), kb.data(), vb.data(), tables.data(), stride, lens.data(), hq, hkv, bs, scale,
+                   keys, starts.data(), prefix_slots);
+    });
+    emu_launch({(unsigned)hkv, (unsigned)(tiles.size() / PX_TILE), (unsigned)prefix_slots}, {PX_WARPS * 32, 1, 1}, [&] {
+        prefix_kernel(part.data(), q.data(), kb.data(), vb.data(), tables.data(), stride, tiles.data(), hq, hkv, bs,
+                      scale, pkeys, slots);
+    });
+    for (size_t i = 0; i < part.size(); i += d + 2) {
+        check(std::isnan(part[i]) != std::isnan(own_part[i]), "paged prefix: a partial slot written by both or neither");
+        if (std::isnan(part[i])) std::copy(own_part.begin() + i, own_part.begin() + i + d + 2, part.begin() + i);
+    }
+    const std::vector<float> got = merged(part, n, hq, d, slots);
+    const std::vector<double> want = paged_definition(q, kb, vb, tables, stride, lens, hq, hkv, d, bs, scale);
+    cmp("paged_prefix_flash_bf16_d" + std::to_string(d) + " hq=" + std::to_string(hq) + " hkv=" + std::to_string(hkv) +
+            " sequences=" + std::to_string(n) + " tiles=" + std::to_string(tiles.size() / PX_TILE) + " bs=" + std::to_string(bs),
         got, want, 8e-3);
 }
 
@@ -132,6 +231,14 @@ int main() {
     test_paged_flash(64, 16, 2, {64, 33}, 48, rng);         // 8 heads per KV head (gpt-oss)
     test_paged_flash(64, 4, 4, {20}, 16, rng);              // one head per KV head
     test_paged_flash(128, 8, 2, {70, 9}, 32, rng, 12);      // blocks of 12 rows
+    // Llama-3's shape: 18 sequences in two groups (the first over two tiles of 16 members), two
+    // alone; a member whose own keys are one.
+    test_paged_prefix(128, 32, 8, {100, 70, 65, 90, 80, 66, 75, 99, 81, 82, 83, 84, 85, 86, 87, 88, 89, 77, 200, 9},
+                      {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, -1, -1}, {4, 2}, 32, 64, rng);
+    test_paged_prefix(128, 32, 8, {70, 90, 40}, {0, 0, 0}, {2}, 32, 32, rng);  // P = 32: whole tiles
+    test_paged_prefix(64, 16, 2, {100, 120, 50, 300}, {0, 0, 0, -1}, {3}, 48, 32, rng, 12);  // 8 heads a group; bs 12
+    test_paged_prefix(64, 4, 4, {40, 41}, {0, 0}, {2}, 16, 32, rng);  // one head per KV head: 16 members a warp
+    test_paged_prefix(128, 12, 4, {60, 61, 62, 63, 64, 65}, {0, 0, 0, 0, 0, 0}, {3}, 32, 96, rng);  // 3 heads: 15 rows
     printf("%d failures\n", fails);
     return fails ? 1 : 0;
 }

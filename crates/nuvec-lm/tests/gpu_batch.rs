@@ -78,14 +78,46 @@ fn check_within(case: &str, kv: Option<KvDtype>, relative: f32) {
         }
         ids.push(id);
     }
+    let widest = decodes_match_alone(case, &model, &prompts, &ids, &mut paged, relative);
+    // Batch invariance: every sequence's first step, batched, equals its own batch of one.
+    let mut caches: Vec<_> = prompts.iter().map(|_| model.new_cache()).collect();
+    let mut step = StepBatch::new();
+    step.set_batch_invariant(true);
+    for (p, c) in prompts.iter().zip(caches.iter_mut()) {
+        step.push(p, c).unwrap();
+    }
+    let invariant = rows(&model.step(&mut step).unwrap());
+    for (i, p) in prompts.iter().enumerate() {
+        let mut c = model.new_cache();
+        let own = rows(&model.forward_last(p, &mut c).unwrap()).remove(0);
+        assert_eq!(invariant[i], own, "{case}: sequence {i}: batch-invariant step");
+    }
+    println!(
+        "RESULT gpu_batch {case} kv={kv:?}: {} sequences x {STEPS} steps, widest logit difference {widest:e}",
+        prompts.len()
+    );
+}
+
+/// `STEPS` decode steps of the sequences `ids` of `paged` (each holding its prompt but the last
+/// token), batched, against each prompt decoded alone: each step's logits within `TOLERANCE`
+/// plus `relative` times the row's largest |logit|, and the same greedy token where the top two
+/// are not within that of each other. Returns the widest logit difference.
+fn decodes_match_alone(
+    case: &str,
+    model: &Model,
+    prompts: &[Vec<u32>],
+    ids: &[nuvec_lm::SeqId],
+    paged: &mut PagedCache,
+    relative: f32,
+) -> f32 {
     // Each step is given the tokens each sequence took alone (so a near tie decided otherwise in
     // a batch does not make every later step another context).
-    let references: Vec<Vec<Vec<f32>>> = prompts.iter().map(|p| alone(&model, p)).collect();
+    let references: Vec<Vec<Vec<f32>>> = prompts.iter().map(|p| alone(model, p)).collect();
     let forced: Vec<Vec<u32>> = (0..STEPS).map(|step| references.iter().map(|r| argmax(&r[step])).collect()).collect();
     let mut tokens: Vec<u32> = prompts.iter().map(|p| p[p.len() - 1]).collect();
     let mut batched = vec![vec![]; prompts.len()];
     for next in &forced {
-        let logits = decode_batch(&model, &tokens, &ids, &mut paged).unwrap();
+        let logits = decode_batch(model, &tokens, ids, paged).unwrap();
         assert_eq!(logits.device(), Device::Cuda(0));
         for (i, row) in rows(&logits).into_iter().enumerate() {
             batched[i].push(row);
@@ -107,23 +139,7 @@ fn check_within(case: &str, kv: Option<KvDtype>, relative: f32) {
             }
         }
     }
-    // Batch invariance: every sequence's first step, batched, equals its own batch of one.
-    let mut caches: Vec<_> = prompts.iter().map(|_| model.new_cache()).collect();
-    let mut step = StepBatch::new();
-    step.set_batch_invariant(true);
-    for (p, c) in prompts.iter().zip(caches.iter_mut()) {
-        step.push(p, c).unwrap();
-    }
-    let invariant = rows(&model.step(&mut step).unwrap());
-    for (i, p) in prompts.iter().enumerate() {
-        let mut c = model.new_cache();
-        let own = rows(&model.forward_last(p, &mut c).unwrap()).remove(0);
-        assert_eq!(invariant[i], own, "{case}: sequence {i}: batch-invariant step");
-    }
-    println!(
-        "RESULT gpu_batch {case} kv={kv:?}: {} sequences x {STEPS} steps, widest logit difference {widest:e}",
-        prompts.len()
-    );
+    widest
 }
 
 #[test]
@@ -229,4 +245,37 @@ fn the_batcher_serves_solo_greedy_tokens_on_the_gpu() {
     check_batcher("mistral-q4g64", None);
     check_batcher("qwen3_moe-q4g64", None);
     check_batcher("mistral-q4g64", Some(KvDtype::Bf16));
+}
+
+/// Sequences beginning with one long system prompt, the later ones starting on the first's blocks
+/// (the prefix cache's hit: shared, not copied): their decode steps read those shared keys once
+/// for all of them (the tensor-core paged decode over bf16 blocks, flash_attention.cu
+/// `paged_prefix_flash_bf16_d*`), and must still give each the logits it gets alone, within a
+/// bf16 batch's rounding (as `bf16_scaled_4bit_batched_on_the_gpu`). The case is
+/// `scripts/make-random-checkpoint.py $NUVEC_GPU_FIXTURES/random-small-q4 --shape small` (a bf16
+/// model of head size 64: the fixtures' head size 16 takes the f32 kernel), made on the GPU
+/// machine.
+#[test]
+fn shared_prefixes_decode_as_alone_on_the_gpu() {
+    let case = "random-small-q4";
+    let model = model_on_gpu(case, None);
+    let vocab = model.vocab_size();
+    let system = prompt(vocab - 7, 600);
+    let prompts: Vec<Vec<u32>> =
+        (0..6).map(|i| [system.clone(), prompt(vocab - 20 - i, 5 + 13 * i)].concat()).collect();
+    let mut paged = PagedCache::new(&model, 1024, 16, prompts.len()).unwrap();
+    paged.set_prefix_caching(true).unwrap();
+    let mut ids = vec![];
+    for (i, p) in prompts.iter().enumerate() {
+        let body = &p[..p.len() - 1];
+        let (id, held) = paged.add_with_prefix(body, 512).unwrap();
+        assert!(i == 0 || held >= 512, "sequence {i} starts on {held} shared positions, not the system prompt's");
+        paged.step(&model, &[(id, &body[held..])]).unwrap();
+        ids.push(id);
+    }
+    let widest = decodes_match_alone(case, &model, &prompts, &ids, &mut paged, 1.0 / 64.0);
+    println!(
+        "RESULT gpu_batch shared prefixes: {} sequences x {STEPS} steps, widest logit difference {widest:e}",
+        prompts.len()
+    );
 }

@@ -134,6 +134,15 @@ pub const KNOBS: &[Knob] = &[
         "the least keys per split of the tensor-core paged decode",
     ),
     knob(
+        "NUVEC_PAGED_PREFIX_MIN_KEYS",
+        "keys; 0",
+        "256",
+        "cuda",
+        "the least keys sequences of a tensor-core paged decode step must share (the same cache \
+         blocks, as the prefix cache hands out) to have them read once for the group; 0 reads each \
+         sequence's keys on its own",
+    ),
+    knob(
         "NUVEC_PDL",
         "0, 1",
         "1",
@@ -234,7 +243,7 @@ pub enum Rule {
 pub fn rule(k: &Knob) -> Rule {
     match k.values {
         "a directory" | "a model path" | "NAME=VALUE,..." => Rule::Free,
-        "a row count" | "megabytes; 0" | "a block count; 0" => Rule::Count,
+        "a row count" | "megabytes; 0" | "a block count; 0" | "keys; 0" => Rule::Count,
         "keys (a multiple of 32)" => Rule::MultipleOf32,
         "0, 6..15" => Rule::QgemvVariant,
         "0, 1, norm,attention,gate_up" => Rule::Producers,

@@ -646,3 +646,82 @@ fn paged_decode_of_many_sequences_on_the_tensor_cores() {
         assert!(worst > 5e-5, "{case}: the GPU matched the CPU exactly; did the tensor-core kernel run?");
     }
 }
+
+#[test]
+fn paged_decode_over_shared_prefixes() {
+    // Sequences whose tables begin with the same blocks (as the prefix cache shares a system
+    // prompt): groups of 20 sharing 640 keys (two tiles of the shared-keys kernel at four query
+    // heads per KV head), 8 sharing 320, 4 sharing 128 (under the least shared keys: read alone),
+    // and 16 sharing nothing. The step reads each group's keys once (flash_attention.cu
+    // `paged_prefix_flash_bf16_d*`) and each member's own keys after them; against the CPU with
+    // the tensor-core decode's bound, and against the same step over a store where every
+    // sequence has copies of its own (the reads unshared): equal within the bound, but not bit
+    // for bit (the splits differ), so the shared path is the one that ran.
+    let dev = gpu();
+    let mut rng = Rng::new(41);
+    for (hq, hkv, d, sinks) in [(32usize, 8usize, 128usize, false), (64, 8, 64, true)] {
+        let bs = 16usize;
+        let width = hkv * d;
+        let mut lens = Vec::new();
+        let mut tables: Vec<Vec<u32>> = Vec::new();
+        let mut next = 0u32;
+        let mut fresh = |count: usize| {
+            let t: Vec<u32> = (next..next + count as u32).collect();
+            next += count as u32;
+            t
+        };
+        for (members, shared_blocks) in [(20usize, 40usize), (8, 20), (4, 8), (16, 0)] {
+            let prefix = fresh(shared_blocks);
+            for m in 0..members {
+                let len = shared_blocks * bs + 1 + (m * 37) % 200;
+                let mut table = prefix.clone();
+                table.extend(fresh(len.div_ceil(bs) - shared_blocks));
+                lens.push(len);
+                tables.push(table);
+            }
+        }
+        let blocks = next as usize;
+        let seqs: Vec<nuvec::PagedSeq> =
+            tables.iter().zip(&lens).map(|(t, &len)| nuvec::PagedSeq { table: t, len }).collect();
+        let qv: Vec<f32> = rng.vec(lens.len() * hq * d, 2.0).iter().map(|&x| bf(x) as f32).collect();
+        let q = arr(&qv, &[lens.len(), hq, d]);
+        let (kf, vf) = (rng.vec(blocks * bs * width, 1.0), rng.vec(blocks * bs * width, 1.0));
+        let (k, _) = floats(&kf, &[1, blocks * bs, width], DType::BF16);
+        let (v, vr) = floats(&vf, &[1, blocks * bs, width], DType::BF16);
+        let sink_logits: Vec<f32> = (0..hq).map(|h| h as f32 * 0.25 - 2.0).collect();
+        let sink = sinks.then_some(&sink_logits[..]);
+        let scale = 1.0 / (d as f32).sqrt();
+        let want = nuvec::paged_decode_attention(&q, &k, &v, &seqs, bs, scale, sink).unwrap().to_f32_vec().unwrap();
+        let (qg, kg, vg) = (q.to_device(dev).unwrap(), k.to_device(dev).unwrap(), v.to_device(dev).unwrap());
+        let got = nuvec::paged_decode_attention(&qg, &kg, &vg, &seqs, bs, scale, sink).unwrap().to_f32_vec().unwrap();
+        // Every sequence with blocks of its own: each block's rows copied to a fresh block.
+        let mut own_tables = Vec::new();
+        let (mut kc, mut vc) = (Vec::new(), Vec::new());
+        for t in &tables {
+            let mut own = Vec::new();
+            for &b in t {
+                own.push((kc.len() / (bs * width)) as u32);
+                kc.extend_from_slice(&kf[b as usize * bs * width..][..bs * width]);
+                vc.extend_from_slice(&vf[b as usize * bs * width..][..bs * width]);
+            }
+            own_tables.push(own);
+        }
+        let copies = kc.len() / width;
+        let (kc, _) = floats(&kc, &[1, copies, width], DType::BF16);
+        let (vc, _) = floats(&vc, &[1, copies, width], DType::BF16);
+        let own_seqs: Vec<nuvec::PagedSeq> =
+            own_tables.iter().zip(&lens).map(|(t, &len)| nuvec::PagedSeq { table: t, len }).collect();
+        let (kc, vc) = (kc.to_device(dev).unwrap(), vc.to_device(dev).unwrap());
+        let alone =
+            nuvec::paged_decode_attention(&qg, &kc, &vc, &own_seqs, bs, scale, sink).unwrap().to_f32_vec().unwrap();
+        let vmax = vr.iter().fold(0f32, |m, x| m.max(x.abs())) as f64;
+        let bound = U * vmax + 1e-5;
+        let worst = |a: &[f32], b: &[f32]| a.iter().zip(b).map(|(x, y)| (x - y).abs() as f64).fold(0f64, f64::max);
+        let case = format!("paged decode over shared prefixes, Hq={hq} Hkv={hkv} D={d} sinks={sinks}");
+        let (vs_cpu, vs_alone) = (worst(&got, &want), worst(&got, &alone));
+        eprintln!("RESULT {case}: max |gpu - cpu| {vs_cpu:.3e}, |shared - unshared| {vs_alone:.3e}, bound {bound:.3e}");
+        assert!(vs_cpu <= bound, "{case}: max error {vs_cpu:e} over the bound {bound:e}");
+        assert!(vs_alone <= bound, "{case}: shared and unshared reads differ by {vs_alone:e} (bound {bound:e})");
+        assert!(vs_alone > 0.0, "{case}: bit for bit the unshared step; did the shared-keys kernel run?");
+    }
+}

@@ -311,6 +311,8 @@ mod gpt_oss;
 mod moe;
 pub use moe::{set_moe_gather_rows, set_moe_grouped_rows};
 mod paged;
+// which sequences of a paged decode step share their first keys
+mod shared_prefix;
 // keys and values of f16 or bf16: conversions on the device
 mod convert;
 

@@ -101,6 +101,48 @@ __device__ __forceinline__ void fa_load_q(u32 (&qa)[KS][4], const float* q0p, co
     }
 }
 
+// S = Q K^T for a warp's 16 query rows (qa: their A fragments, KS k steps of 16 features) and
+// the NS * 8 keys of a K tile (kt: this lane's ldmatrix address in it, rows of `row` bytes).
+template <int NS, int KS>
+__device__ __forceinline__ void fa_scores(float (&sc)[NS][4], const u32 (&qa)[KS][4], u32 kt, int row) {
+#pragma unroll
+    for (int n = 0; n < NS; ++n) sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < KS; kk += 2)
+#pragma unroll
+        for (int n = 0; n < NS; ++n) {
+            u32 b[4];
+            ldmatrix_x4<false>(b, kt + 8 * n * row + 32 * kk);
+            const u32 b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
+            mma_bf16(sc[n], qa[kk], b0);
+            mma_bf16(sc[n], qa[kk + 1], b1);
+        }
+}
+
+// O += P V over the NK * 16 keys of a V tile (pa: P's A fragments, one per 16 keys; vt: this
+// lane's ldmatrix.trans address in the tile, rows of `row` bytes): pairs of n tiles of 8 features.
+template <int NK, int NT>
+__device__ __forceinline__ void fa_accumulate(float (&o)[NT][4], const u32 (&pa)[NK][4], u32 vt, int row) {
+#pragma unroll
+    for (int kk = 0; kk < NK; ++kk)
+#pragma unroll
+        for (int n = 0; n < NT; n += 2) {
+            u32 b[4];
+            ldmatrix_x4<true>(b, vt + 16 * kk * row + 16 * n);
+            const u32 b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
+            mma_bf16(o[n], pa[kk], b0);
+            mma_bf16(o[n + 1], pa[kk], b1);
+        }
+}
+
+// A lane's two rows' sums of exponentials over the row's four lanes (each held its part).
+__device__ __forceinline__ void fa_row_sums(float& s0, float& s1) {
+    s0 += __shfl_xor_sync(0xffffffffu, s0, 1);
+    s0 += __shfl_xor_sync(0xffffffffu, s0, 2);
+    s1 += __shfl_xor_sync(0xffffffffu, s1, 1);
+    s1 += __shfl_xor_sync(0xffffffffu, s1, 2);
+}
+
 template <int D, int WARPS>
 __device__ __forceinline__ void flash_attn_body(float* __restrict__ out, const float* __restrict__ q,
                                                 const u16* __restrict__ kb, const u16* __restrict__ vb, int l,
@@ -156,18 +198,7 @@ __device__ __forceinline__ void flash_attn_body(float* __restrict__ out, const f
         const u32 kt = kl + buf * TILE, vt = vl + buf * TILE;
         // S = Q K^T for this warp's 16 rows and the tile's keys: 8 n tiles of 8 keys.
         float sc[FA_KEYS / 8][4];
-#pragma unroll
-        for (int n = 0; n < FA_KEYS / 8; ++n) sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.0f;
-#pragma unroll
-        for (int kk = 0; kk < KS; kk += 2)
-#pragma unroll
-            for (int n = 0; n < FA_KEYS / 8; ++n) {
-                u32 b[4];
-                ldmatrix_x4<false>(b, kt + 8 * n * ROW + 32 * kk);
-                const u32 b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
-                mma_bf16(sc[n], qa[kk], b0);
-                mma_bf16(sc[n], qa[kk + 1], b1);
-            }
+        fa_scores(sc, qa, kt, ROW);
         // Keys after a row's position (or past kv_len) out: only in tiles that reach past the
         // warp's first query (a warp-uniform test).
         if (j0 + FA_KEYS > warp_pos + 1 || j0 + FA_KEYS > kv_len) {
@@ -182,22 +213,9 @@ __device__ __forceinline__ void flash_attn_body(float* __restrict__ out, const f
         }
         u32 pa[FA_KEYS / 16][4];  // P as A fragments, one per 16 keys
         fa_softmax_tile<FA_KEYS / 8, NT>(sc, c, m0, m1, s0, s1, o, pa);
-        // O += P V: k steps of 16 keys, pairs of n tiles of 8 features.
-#pragma unroll
-        for (int kk = 0; kk < FA_KEYS / 16; ++kk)
-#pragma unroll
-            for (int n = 0; n < NT; n += 2) {
-                u32 b[4];
-                ldmatrix_x4<true>(b, vt + 16 * kk * ROW + 16 * n);
-                const u32 b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
-                mma_bf16(o[n], pa[kk], b0);
-                mma_bf16(o[n + 1], pa[kk], b1);
-            }
+        fa_accumulate(o, pa, vt, ROW);  // O += P V
     }
-    s0 += __shfl_xor_sync(0xffffffffu, s0, 1);
-    s0 += __shfl_xor_sync(0xffffffffu, s0, 2);
-    s1 += __shfl_xor_sync(0xffffffffu, s1, 1);
-    s1 += __shfl_xor_sync(0xffffffffu, s1, 2);
+    fa_row_sums(s0, s1);
     const float inv0 = 1.0f / s0, inv1 = 1.0f / s1;
 #pragma unroll
     for (int n = 0; n < NT; ++n) {
@@ -232,25 +250,27 @@ extern "C" __global__ void __launch_bounds__(256) flash_attn_bf16_d128(FA_PARAMS
 // bf16-attention precision (ops/paged.rs) sends a step here.
 //
 // k, v [blocks * bs, Hkv * D] bf16; q f32 [n, Hq * D]; grid (Hkv, n, splits), one warp per block:
-// block (x, t, s) takes KV head x of sequence t over keys [s keys, (s + 1) keys) of its lens[t],
-// found through its table (tables + t * table_stride), and writes each head's partial (maximum of
-// the scaled scores, sum of exponentials, unnormalized values [D]) where paged_attention_split_f32
-// writes it, for attention_merge_f32. Tiles of PF_KEYS keys are copied into shared memory by
+// block (x, t, s) takes KV head x of sequence t over keys [b + s keys, b + (s + 1) keys) of its
+// lens[t], b = starts[t] (0 without starts), found through its table (tables + t * table_stride),
+// and writes each head's partial (maximum of the scaled scores, sum of exponentials, unnormalized
+// values [D]) where paged_attention_split_f32 writes it, for attention_merge_f32; a sequence with
+// b > 0 leaves its last prefix_slots partials to paged_prefix_flash_bf16_d* (below). Tiles of PF_KEYS keys are copied into shared memory by
 // cp.async, double-buffered: 4 * PF_KEYS * (D + 8) * 2 bytes (17 KiB at D = 128).
 #define PF_KEYS 16
 
-// Keys j0 .. j0 + PF_KEYS of one KV head (column offset `head` of rows of `width` values) into
-// the K and V tiles at shared addresses kd and vd, through the sequence's block table (blocks of
-// 2^shift rows when shift >= 0, else of bs); zeros from j_end on. A key's row is found once for
-// both (a division per key where the block size is not a power of two).
-template <int D>
+// Keys j0 .. j0 + KEYS of one KV head (column offset `head` of rows of `width` values) into the
+// K and V tiles at shared addresses kd and vd, by the block's WARPS warps, through a sequence's
+// block table (blocks of 2^shift rows when shift >= 0, else of bs); zeros from j_end on. A key's
+// row is found once for both (a division per key where the block size is not a power of two).
+template <int D, int WARPS, int KEYS>
 __device__ __forceinline__ void pf_load_tiles(u32 kd, u32 vd, const u16* __restrict__ k, const u16* __restrict__ v,
                                               const int* table, int bs, int shift, size_t width, int head, int j0,
                                               int j_end) {
-    constexpr int VEC = D / 8, PASS = 32 / VEC;  // 16-byte pieces of a row; rows per pass of the warp
-    const int lane = threadIdx.x & 31, key0 = lane / VEC, d0 = (lane % VEC) * 8;
+    constexpr int VEC = D / 8, PASS = WARPS * 32 / VEC;  // 16-byte pieces of a row; rows per pass
+    static_assert(KEYS % PASS == 0, "whole passes of the block");
+    const int key0 = threadIdx.x / VEC, d0 = (threadIdx.x % VEC) * 8;
 #pragma unroll
-    for (int r = 0; r < PF_KEYS / PASS; ++r) {
+    for (int r = 0; r < KEYS / PASS; ++r) {
         const int key = key0 + r * PASS, j = j0 + key;
         const bool in = j < j_end;
         const int blk = shift >= 0 ? j >> shift : j / bs, at = shift >= 0 ? j & (bs - 1) : j % bs;
@@ -261,16 +281,66 @@ __device__ __forceinline__ void pf_load_tiles(u32 kd, u32 vd, const u16* __restr
     }
 }
 
+// log2(bs) for a block size that is a power of two, else -1 (pf_load_tiles divides).
+__device__ __forceinline__ int pf_shift(int bs) {
+    if (bs & (bs - 1)) return -1;
+    int shift = 0;
+    while ((1 << shift) < bs) ++shift;
+    return shift;
+}
+
+// One tile of NS * 8 keys from j0 for a warp's 16 rows, each seeing every key before j_end (a
+// decode: no causal mask): the scores, those past j_end out, the online softmax and O += P V.
+template <int NS, int KS, int NT>
+__device__ __forceinline__ void pf_tile(const u32 (&qa)[KS][4], u32 kt, u32 vt, int row, int j0, int j_end, float c,
+                                        float& m0, float& m1, float& s0, float& s1, float (&o)[NT][4]) {
+    float sc[NS][4];
+    fa_scores(sc, qa, kt, row);
+    if (j0 + 8 * NS > j_end) {
+        const int tq = threadIdx.x & 3;
+#pragma unroll
+        for (int n = 0; n < NS; ++n)
+#pragma unroll
+            for (int e = 0; e < 2; ++e)
+                if (j0 + 8 * n + 2 * tq + e >= j_end) sc[n][e] = sc[n][2 + e] = NEG_INF;
+    }
+    u32 pa[NS / 2][4];  // P as A fragments, one per 16 keys
+    fa_softmax_tile<NS, NT>(sc, c, m0, m1, s0, s1, o, pa);
+    fa_accumulate(o, pa, vt, row);
+}
+
+// Row g + 8 half of a warp's MMAs as a partial at pv, in the scalar kernel's units (maximum of
+// the scaled scores, sum of exponentials, unnormalized values): the four lanes of the row each
+// write their features.
+template <int NT>
+__device__ __forceinline__ void pf_store_partial(float* pv, int half, float m0, float m1, float s0, float s1,
+                                                 float scale, const float (&o)[NT][4]) {
+    const int tq = threadIdx.x & 3;
+    if (tq == 0) {
+        pv[0] = (half ? m1 : m0) * scale;
+        pv[1] = half ? s1 : s0;
+    }
+#pragma unroll
+    for (int n = 0; n < NT; ++n) {
+        pv[2 + 8 * n + 2 * tq] = o[n][2 * half];
+        pv[3 + 8 * n + 2 * tq] = o[n][2 * half + 1];
+    }
+}
+
 template <int D>
 __device__ __forceinline__ void paged_flash_body(float* __restrict__ part, const float* __restrict__ q,
                                                  const u16* __restrict__ k, const u16* __restrict__ v,
                                                  const int* tables, int table_stride, const int* lens, int hq, int hkv,
-                                                 int bs, float scale, int keys) {
+                                                 int bs, float scale, int keys, const int* starts, int prefix_slots) {
     constexpr int KS = D / 16, NT = D / 8, ROW = 2 * (D + 8), TILE = PF_KEYS * ROW;
     const int kvh = blockIdx.x, t = blockIdx.y, s = blockIdx.z, splits = gridDim.z;
     const int gh = hq / hkv, h0 = kvh * gh;
     const int lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
-    const int len = lens[t], j_begin = s * keys, j_end = min(len, j_begin + keys);
+    // A sequence whose first keys are shared with others (starts[t] > 0) attends from there; its
+    // last prefix_slots partials are the shared keys' (paged_prefix_flash_bf16_d*).
+    const int start = starts ? starts[t] : 0;
+    if (start > 0 && s >= splits - prefix_slots) return;
+    const int len = lens[t], j_begin = start + s * keys, j_end = min(len, j_begin + keys);
     float* pv0 = part + (((size_t)t * hq + h0) * splits + s) * (size_t)(D + 2);
     const size_t pv_step = (size_t)splits * (D + 2);
     if (j_begin >= j_end) {  // past the sequence's last key: the empty partials the merge skips
@@ -281,11 +351,8 @@ __device__ __forceinline__ void paged_flash_body(float* __restrict__ part, const
     const int* table = tables + (size_t)t * table_stride;
     const size_t width = (size_t)hkv * D;
     const u32 ks = smem_addr(fa_smem), vs = ks + 2 * TILE;
-    int shift = -1;  // log2(bs) for a power of two
-    if ((bs & (bs - 1)) == 0)
-        for (shift = 0; (1 << shift) < bs; ++shift) {
-        }
-    pf_load_tiles<D>(ks, vs, k, v, table, bs, shift, width, kvh * D, j_begin, j_end);
+    const int shift = pf_shift(bs);
+    pf_load_tiles<D, 1, PF_KEYS>(ks, vs, k, v, table, bs, shift, width, kvh * D, j_begin, j_end);
     cp_async_commit();
     // Q as A fragments: rows g and g + 8 are heads h0 + g and h0 + g + 8 (zeros past gh).
     u32 qa[KS][4];
@@ -305,68 +372,23 @@ __device__ __forceinline__ void paged_flash_body(float* __restrict__ part, const
         cp_async_wait<0>();
         __syncwarp();  // every lane's copies of this tile landed; every lane done with the other buffer
         if (j0 + PF_KEYS < j_end) {
-            pf_load_tiles<D>(ks + (buf ^ 1) * TILE, vs + (buf ^ 1) * TILE, k, v, table, bs, shift, width, kvh * D,
-                             j0 + PF_KEYS, j_end);
+            pf_load_tiles<D, 1, PF_KEYS>(ks + (buf ^ 1) * TILE, vs + (buf ^ 1) * TILE, k, v, table, bs, shift, width,
+                                         kvh * D, j0 + PF_KEYS, j_end);
             cp_async_commit();
         }
         const u32 kt = kl + buf * TILE, vt = vl + buf * TILE;
-        float sc[2][4];
-#pragma unroll
-        for (int n = 0; n < 2; ++n) sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.0f;
-#pragma unroll
-        for (int kk = 0; kk < KS; kk += 2)
-#pragma unroll
-            for (int n = 0; n < 2; ++n) {
-                u32 b[4];
-                ldmatrix_x4<false>(b, kt + 8 * n * ROW + 32 * kk);
-                const u32 b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
-                mma_bf16(sc[n], qa[kk], b0);
-                mma_bf16(sc[n], qa[kk + 1], b1);
-            }
-        if (j0 + PF_KEYS > j_end) {
-#pragma unroll
-            for (int n = 0; n < 2; ++n)
-#pragma unroll
-                for (int e = 0; e < 2; ++e)
-                    if (j0 + 8 * n + 2 * tq + e >= j_end) sc[n][e] = sc[n][2 + e] = NEG_INF;
-        }
-        u32 pa[1][4];  // P as the A fragment of one k step of 16 keys
-        fa_softmax_tile<2, NT>(sc, c, m0, m1, s0, s1, o, pa);
-#pragma unroll
-        for (int n = 0; n < NT; n += 2) {
-            u32 b[4];
-            ldmatrix_x4<true>(b, vt + 16 * n);
-            const u32 b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
-            mma_bf16(o[n], pa[0], b0);
-            mma_bf16(o[n + 1], pa[0], b1);
-        }
+        pf_tile<PF_KEYS / 8>(qa, kt, vt, ROW, j0, j_end, c, m0, m1, s0, s1, o);
     }
-    s0 += __shfl_xor_sync(0xffffffffu, s0, 1);
-    s0 += __shfl_xor_sync(0xffffffffu, s0, 2);
-    s1 += __shfl_xor_sync(0xffffffffu, s1, 1);
-    s1 += __shfl_xor_sync(0xffffffffu, s1, 2);
-    // Partials in the scalar kernel's units: the maximum of the scaled scores.
+    fa_row_sums(s0, s1);
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {
-        const int r = g + 8 * half;
-        if (r >= gh) continue;
-        float* pv = pv0 + r * pv_step;
-        if (tq == 0) {
-            pv[0] = (half ? m1 : m0) * scale;
-            pv[1] = half ? s1 : s0;
-        }
-#pragma unroll
-        for (int n = 0; n < NT; ++n) {
-            pv[2 + 8 * n + 2 * tq] = o[n][2 * half];
-            pv[3 + 8 * n + 2 * tq] = o[n][2 * half + 1];
-        }
-    }
+    for (int half = 0; half < 2; ++half)
+        if (g + 8 * half < gh) pf_store_partial(pv0 + (g + 8 * half) * pv_step, half, m0, m1, s0, s1, scale, o);
 }
 
 #define PF_PARAMS                                                                                                 \
     float *part, const float *q, const u16 *k, const u16 *v, const int *tables, int table_stride, const int *lens, \
-        int hq, int hkv, int bs, float scale, int keys
-#define PF_ARGS part, q, k, v, tables, table_stride, lens, hq, hkv, bs, scale, keys
+        int hq, int hkv, int bs, float scale, int keys, const int *starts, int prefix_slots
+#define PF_ARGS part, q, k, v, tables, table_stride, lens, hq, hkv, bs, scale, keys, starts, prefix_slots
 extern "C" __global__ void __launch_bounds__(32) paged_flash_decode_bf16_d64(PF_PARAMS) {
     pdl_begin();
     paged_flash_body<64>(PF_ARGS);
@@ -374,4 +396,97 @@ extern "C" __global__ void __launch_bounds__(32) paged_flash_decode_bf16_d64(PF_
 extern "C" __global__ void __launch_bounds__(32) paged_flash_decode_bf16_d128(PF_PARAMS) {
     pdl_begin();
     paged_flash_body<128>(PF_ARGS);
+}
+
+// The keys several sequences of a paged decode step share (the same blocks of the store, as the
+// prefix cache hands them out: a system prompt), read once for all of them (shared-prefix or
+// cascade attention): the rows of a warp's MMAs are the query heads of a KV group of up to
+// 16 / group members, and the block's PX_WARPS warps share each K/V tile, so one read of a
+// shared key serves PX_WARPS * (16 / group) sequences where paged_flash_decode_bf16_d* reads it
+// once per sequence. The arithmetic is that kernel's; each member's partials join its own keys'
+// (paged_flash_decode_bf16_d* from starts[t]) in attention_merge_f32.
+//
+// Grid (Hkv, tiles, prefix splits), PX_WARPS warps. Tile y's descriptor, PX_TILE ints at
+// tiles + y * PX_TILE: the sequence whose block table the keys are read through, the shared keys
+// P, then the members (sequence indices; -1 past the last), 16 / group per warp. Block (x, y, s)
+// takes KV head x over keys [s keys, (s + 1) keys) of P and writes each member head's partial in
+// slot slots - gridDim.z + s of its row of `slots` partials (empty past P).
+#define PX_WARPS 4
+#define PX_KEYS 32
+#define PX_TILE (2 + PX_WARPS * 16)
+template <int D>
+__device__ __forceinline__ void paged_prefix_body(float* __restrict__ part, const float* __restrict__ q,
+                                                  const u16* __restrict__ k, const u16* __restrict__ v,
+                                                  const int* tables, int table_stride, const int* tiles, int hq,
+                                                  int hkv, int bs, float scale, int keys, int slots) {
+    constexpr int KS = D / 16, NT = D / 8, ROW = 2 * (D + 8), TILE = PX_KEYS * ROW;
+    const int kvh = blockIdx.x, s = blockIdx.z, slot = slots - gridDim.z + s;
+    const int gh = hq / hkv, per_warp = 16 / gh;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, tq = lane & 3;
+    const int* tile = tiles + (size_t)blockIdx.y * PX_TILE;
+    const int j_begin = s * keys, j_end = min(tile[1], j_begin + keys);
+    // This lane's two rows (g and g + 8 of the warp's 16): a member and one of its heads, or none.
+    int t_of[2], h_of[2];
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+        const int r = g + 8 * half;
+        t_of[half] = r < per_warp * gh ? tile[2 + warp * per_warp + r / gh] : -1;
+        h_of[half] = kvh * gh + r % gh;
+    }
+    auto partial = [&](int half) {
+        return part + (((size_t)t_of[half] * hq + h_of[half]) * slots + slot) * (size_t)(D + 2);
+    };
+    if (j_begin >= j_end) {  // past the shared keys (another tile's are longer): empty partials
+#pragma unroll
+        for (int half = 0; half < 2; ++half)
+            if (t_of[half] >= 0) {
+                float* pv = partial(half);
+                for (int i = tq; i < D + 2; i += 4) pv[i] = i == 0 ? NEG_INF : 0.0f;
+            }
+        return;
+    }
+    const int* table = tables + (size_t)tile[0] * table_stride;
+    const size_t width = (size_t)hkv * D;
+    const u32 ks = smem_addr(fa_smem), vs = ks + 2 * TILE;
+    const int shift = pf_shift(bs);
+    pf_load_tiles<D, PX_WARPS, PX_KEYS>(ks, vs, k, v, table, bs, shift, width, kvh * D, j_begin, j_end);
+    cp_async_commit();
+    u32 qa[KS][4];
+    fa_load_q<KS>(qa, q + ((size_t)max(t_of[0], 0) * hq + h_of[0]) * D + 2 * tq,
+                  q + ((size_t)max(t_of[1], 0) * hq + h_of[1]) * D + 2 * tq, t_of[0] >= 0, t_of[1] >= 0);
+    float o[NT][4];
+#pragma unroll
+    for (int n = 0; n < NT; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+    float m0 = NEG_INF, m1 = NEG_INF, s0 = 0.0f, s1 = 0.0f;
+    const float c = scale * 1.4426950408889634f;
+    const u32 kl = ks + (lane & 7) * ROW + 16 * (lane >> 3);
+    const u32 vl = vs + (lane & 15) * ROW + 16 * (lane >> 4);
+    for (int j0 = j_begin, buf = 0; j0 < j_end; j0 += PX_KEYS, buf ^= 1) {
+        cp_async_wait<0>();  // this thread's copies of tile j
+        __syncthreads();     // everyone's; and every warp is done with tile j - 1's buffers
+        if (j0 + PX_KEYS < j_end) {
+            pf_load_tiles<D, PX_WARPS, PX_KEYS>(ks + (buf ^ 1) * TILE, vs + (buf ^ 1) * TILE, k, v, table, bs, shift,
+                                                width, kvh * D, j0 + PX_KEYS, j_end);
+            cp_async_commit();
+        }
+        const u32 kt = kl + buf * TILE, vt = vl + buf * TILE;
+        pf_tile<PX_KEYS / 8>(qa, kt, vt, ROW, j0, j_end, c, m0, m1, s0, s1, o);
+    }
+    fa_row_sums(s0, s1);
+#pragma unroll
+    for (int half = 0; half < 2; ++half)
+        if (t_of[half] >= 0) pf_store_partial(partial(half), half, m0, m1, s0, s1, scale, o);
+}
+
+#define PX_PARAMS                                                                                                 \
+    float *part, const float *q, const u16 *k, const u16 *v, const int *tables, int table_stride, const int *tiles, \
+        int hq, int hkv, int bs, float scale, int keys, int slots
+#define PX_ARGS part, q, k, v, tables, table_stride, tiles, hq, hkv, bs, scale, keys, slots
+extern "C" __global__ void __launch_bounds__(PX_WARPS * 32) paged_prefix_flash_bf16_d64(PX_PARAMS) {
+    pdl_begin();
+    paged_prefix_body<64>(PX_ARGS);
+}
+extern "C" __global__ void __launch_bounds__(PX_WARPS * 32) paged_prefix_flash_bf16_d128(PX_PARAMS) {
+    pdl_begin();
+    paged_prefix_body<128>(PX_ARGS);
 }

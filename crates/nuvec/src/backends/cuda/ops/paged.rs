@@ -2,11 +2,13 @@
 //! launch over every sequence (attention.cu's `paged_attention_split_f32`, reading the blocks
 //! through each sequence's table, in the store's f32, f16 or bf16; the query heads of a KV group
 //! in one block when the step has sequences enough to fill the GPU so) and one merge, instead of
-//! gathers, transposes and two launches per sequence.
+//! gathers, transposes and two launches per sequence. On the tensor cores, keys several
+//! sequences share (the same blocks: [`shared_prefixes`]) are read once per group of them.
 
 use cudarc::driver::LaunchConfig;
 
 use super::prefill::matmul_precision;
+use super::shared_prefix::{shared_prefixes, SharedPrefixes, PX_KEYS, PX_TILE, PX_WARPS};
 use super::{split_rows_aligned, to_i32, CudaBackend, ATTS_MAX_DIM, ATTS_TARGET_BLOCKS, ATTS_THREADS, DT_BF16};
 use crate::backend::{check_paged, paged_decode_attention_composed, PagedSeq};
 use crate::backends::cuda::{Derived, DeviceBuffer, State};
@@ -58,19 +60,42 @@ impl CudaBackend {
         let (stridei, hqi, hkvi, di) = (to_i32(op, "table", stride)?, hq as i32, hkv as i32, d as i32);
         let (bsi, wanti) = (to_i32(op, "block size", block_size)?, to_i32(op, "splits", want)?);
         let gh = heads_per_block(n, hq, hkv, d, want);
-        let keys_of = KeyCounts {
-            total: seqs.iter().map(|s| s.len).sum(),
-            longest: seqs.iter().map(|s| s.len).max().unwrap_or(0),
-        };
         // A step of several sequences on the tensor cores where it can: one warp per KV head of
         // a sequence and split (one chunk of keys for all, at least `flash_min_keys`), the
         // group's query heads the rows of its MMAs. `NUVEC_ATTS_BATCH_BLOCKS=0` keeps every
-        // sequence's solo splits, so the f32 kernel.
+        // sequence's solo splits, so the f32 kernel. There, keys that sequences share (the same
+        // blocks) are read once for each group of them, and each sequence's own keys after them.
         let flash = n >= 2 && batch_blocks() > 0 && self.paged_flash_takes(qp, kv_dt, hq, hkv, d)?;
-        let (keys, splits) = if flash {
+        let shared = if flash {
+            let tables: Vec<&[u32]> = seqs.iter().map(|s| s.table).collect();
+            let lens: Vec<usize> = seqs.iter().map(|s| s.len).collect();
+            shared_prefixes(&tables, &lens, block_size, prefix_min_keys())
+        } else {
+            SharedPrefixes::default()
+        };
+        let starts = shared.starts(n);
+        let own = || seqs.iter().zip(&starts).map(|(s, &start)| s.len - start);
+        let keys_of = KeyCounts { total: own().sum(), longest: own().max().unwrap_or(0) };
+        let (keys, mut splits) = if flash {
             flash_chunk(keys_of, hkv, batch_blocks(), flash_min_keys())
         } else {
             batch_splits(n, keys_of, hq / gh, want, batch_blocks()).unwrap_or((0, want))
+        };
+        // The shared keys' partials take the last `prefix_slots` of each member's row of
+        // partials, after the most its own keys take.
+        let tiles = shared.tiles(hq / hkv);
+        let tile_count = tiles.len() / PX_TILE;
+        let (prefix_keys, prefix_slots) = if tile_count > 0 {
+            let pkeys = prefix_chunk(shared.groups.iter().map(|(k, m)| k * m.len().div_ceil(tiles_per(hq / hkv))), hkv);
+            let most_own = |grouped: bool| {
+                let own = seqs.iter().zip(&starts).filter(|(_, &st)| (st > 0) == grouped);
+                own.map(|(s, &st)| (s.len - st).div_ceil(keys)).max().unwrap_or(0)
+            };
+            let slots = shared.longest().div_ceil(pkeys);
+            splits = (most_own(true) + slots).max(most_own(false));
+            (pkeys, slots)
+        } else {
+            (0, 0)
         };
         let part = DeviceBuffer::alloc(self.st()?, n * hq * splits * (d + 2) * 4)?;
         let pp = part.ptr();
@@ -79,10 +104,28 @@ impl CudaBackend {
             let cfg = LaunchConfig {
                 grid_dim: (hkv as u32, n as u32, splits as u32),
                 block_dim: (32, 1, 1),
-                shared_mem_bytes: paged_flash_smem_bytes(d) as u32,
+                shared_mem_bytes: paged_flash_smem_bytes(d, PAGED_FLASH_KEYS) as u32,
             };
+            let starts = if tile_count > 0 {
+                let starts = starts.iter().map(|&s| to_i32(op, "shared keys", s)).collect::<Result<Vec<i32>>>()?;
+                Some(self.upload(&starts)?)
+            } else {
+                None
+            };
+            let (sp0, pslots) = (starts.as_ref().map_or(0, DeviceBuffer::ptr), prefix_slots as i32);
             let name = if d == 64 { "paged_flash_decode_bf16_d64" } else { "paged_flash_decode_bf16_d128" };
-            launch!(self.st()?, op, name, cfg; pp, qp, kp, vp, tp, stridei, lp, hqi, hkvi, bsi, scale, keysi);
+            launch!(self.st()?, op, name, cfg; pp, qp, kp, vp, tp, stridei, lp, hqi, hkvi, bsi, scale, keysi, sp0, pslots);
+            if tile_count > 0 {
+                let tiles = self.upload(&tiles)?;
+                let cfg = LaunchConfig {
+                    grid_dim: (hkv as u32, tile_count as u32, prefix_slots as u32),
+                    block_dim: (PX_WARPS as u32 * 32, 1, 1),
+                    shared_mem_bytes: paged_flash_smem_bytes(d, PX_KEYS) as u32,
+                };
+                let name = if d == 64 { "paged_prefix_flash_bf16_d64" } else { "paged_prefix_flash_bf16_d128" };
+                let (ti, pki) = (tiles.ptr(), to_i32(op, "shared keys per split", prefix_keys)?);
+                launch!(self.st()?, op, name, cfg; pp, qp, kp, vp, tp, stridei, ti, hqi, hkvi, bsi, scale, pki, splitsi);
+            }
         } else {
             let cfg = LaunchConfig {
                 grid_dim: ((hq / gh) as u32, n as u32, splits as u32),
@@ -127,11 +170,40 @@ impl CudaBackend {
 /// Keys per tile of the tensor-core paged decode (flash_attention.cu `PF_KEYS`).
 const PAGED_FLASH_KEYS: usize = 16;
 
-/// Dynamic shared memory of the tensor-core paged decode: K and V tiles of `PAGED_FLASH_KEYS`
-/// keys (rows of D + 8 bf16), double-buffered.
-fn paged_flash_smem_bytes(d: usize) -> usize {
-    4 * PAGED_FLASH_KEYS * (d + 8) * 2
+/// Dynamic shared memory of the tensor-core paged decode kernels: K and V tiles of `keys` keys
+/// (rows of D + 8 bf16), double-buffered.
+fn paged_flash_smem_bytes(d: usize, keys: usize) -> usize {
+    4 * keys * (d + 8) * 2
 }
+
+/// Members of a shared-keys group per tile of the shared-keys kernel, for `gh` query heads per
+/// KV head ([`SharedPrefixes::tiles`]).
+fn tiles_per(gh: usize) -> usize {
+    PX_WARPS * (16 / gh.clamp(1, 16))
+}
+
+/// The least keys sequences must share for a step to read them once for all
+/// (`NUVEC_PAGED_PREFIX_MIN_KEYS`, read once; 0: never): below it, the partials a group adds cost
+/// more than the reads it saves.
+fn prefix_min_keys() -> usize {
+    static KEYS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *KEYS.get_or_init(|| {
+        crate::tuning::env("NUVEC_PAGED_PREFIX_MIN_KEYS")
+            .ok()
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(PREFIX_MIN_KEYS)
+    })
+}
+const PREFIX_MIN_KEYS: usize = 256;
+
+/// Keys per split of the shared-keys kernel for tiles sharing `tile_keys` keys each: about
+/// `batch_blocks() / PX_WARPS` blocks of four warps over the `hkv` heads, in whole tiles of
+/// `PX_KEYS`, and at least `PREFIX_SPLIT_KEYS` (each split writes a partial per member head).
+fn prefix_chunk(tile_keys: impl Iterator<Item = usize>, hkv: usize) -> usize {
+    let target = (batch_blocks() / PX_WARPS).max(1);
+    (tile_keys.sum::<usize>() * hkv).div_ceil(target).next_multiple_of(PX_KEYS).max(PREFIX_SPLIT_KEYS)
+}
+const PREFIX_SPLIT_KEYS: usize = 256;
 
 /// Blocks a step of many sequences aims its paged decode launch at (`NUVEC_ATTS_BATCH_BLOCKS`,
 /// read once; 0: every sequence split as it is alone). A few waves of the GPU's multiprocessors:
