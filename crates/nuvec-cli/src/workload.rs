@@ -3,8 +3,8 @@
 //! times (seconds from the start), prompts (token ids) and token counts, and the most requests
 //! in flight at once. Each request is submitted once it has arrived and a slot is free; every
 //! generated token's time is recorded. Reports throughput, time to first token (from
-//! submission) and inter-token latency (p50/p99), and the prompt tokens served from the prefix
-//! cache.
+//! submission) and inter-token latency (p50/p99), the prompt tokens served from the prefix
+//! cache, and the time spent in steps that prefilled and in steps that only decoded.
 
 use std::collections::HashMap;
 use std::time::Instant;
@@ -26,6 +26,25 @@ struct Timeline {
     submitted: f64,
     tokens: Vec<f64>,
     cached: usize,
+}
+
+/// Where a run's time went: `Batcher::step` calls that took prompt tokens' rows and those that
+/// only decoded, each a count and seconds. Steps are pipelined, so a call is counted by the rows
+/// it read (those of the pass before), and its seconds include the next pass's submission.
+#[derive(Default)]
+struct StepTimes {
+    decode: (usize, f64),
+    mixed: (usize, f64),
+    prefill_tokens: u64,
+}
+
+impl StepTimes {
+    fn record(&mut self, seconds: f64, prefill_tokens: u64) {
+        let kind = if prefill_tokens > 0 { &mut self.mixed } else { &mut self.decode };
+        kind.0 += 1;
+        kind.1 += seconds;
+        self.prefill_tokens += prefill_tokens;
+    }
 }
 
 fn parse(path: &str) -> Result<(usize, Vec<Planned>), String> {
@@ -79,6 +98,7 @@ pub fn run(
     let mut next = 0;
     let mut in_flight: HashMap<RequestId, usize> = HashMap::new();
     let mut timelines: Vec<Timeline> = (0..planned.len()).map(|_| Timeline::default()).collect();
+    let mut steps = StepTimes::default();
     let start = Instant::now();
     while next < planned.len() || batcher.is_busy() {
         let now = start.elapsed().as_secs_f64();
@@ -103,7 +123,10 @@ pub fn run(
             }
             continue;
         }
-        for event in batcher.step()? {
+        let (before, began) = (batcher.stats().prefill_tokens, Instant::now());
+        let events = batcher.step()?;
+        steps.record(began.elapsed().as_secs_f64(), batcher.stats().prefill_tokens - before);
+        for event in events {
             let t = start.elapsed().as_secs_f64();
             match event {
                 Event::Token { id, .. } => timelines[in_flight[&id]].tokens.push(t),
@@ -129,6 +152,10 @@ pub fn run(
         planned.len(),
         end - first,
         batcher.stats().preemptions
+    );
+    println!(
+        "Workload steps: decode-only {} in {:.3}s, with prefill {} in {:.3}s ({} prefill tokens)",
+        steps.decode.0, steps.decode.1, steps.mixed.0, steps.mixed.1, steps.prefill_tokens
     );
     println!(
         "Workload results: throughput={:.3} ttft_p50={:.1} ttft_p99={:.1} itl_p50={:.1} itl_p99={:.1}",

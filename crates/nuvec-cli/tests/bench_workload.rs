@@ -34,6 +34,16 @@ fn workloads_run_with_and_without_a_constraint() {
     let (ok, plain) = bench(&["--workload", file]);
     assert!(ok && plain.contains("Workload results: throughput="), "{plain}");
     assert_eq!(generated(&plain), 36, "{plain}");
+    // Where the time went: the prompts' tokens but the last (sampled from) were prefilled, by
+    // some steps; the other steps only decoded.
+    let steps = plain.lines().find(|l| l.starts_with("Workload steps: ")).unwrap_or_else(|| panic!("{plain}"));
+    let numbers: Vec<f64> = steps
+        .split(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .filter_map(|w| w.trim_end_matches('.').parse().ok())
+        .collect();
+    let [decode_steps, _, mixed_steps, _, prefill_tokens] = numbers[..] else { panic!("{steps}") };
+    assert_eq!(prefill_tokens, 12.0, "{steps}");
+    assert!(decode_steps >= 1.0 && mixed_steps >= 1.0, "{steps}");
     // Held to a choice: each request ends with its grammar, after the few tokens of a word.
     let (ok, chosen) = bench(&["--workload", file, "--choice", "yes", "no"]);
     assert!(ok, "{chosen}");

@@ -170,6 +170,66 @@ impl<'a> StepBatch<'a> {
         caches.iter().all(|c| c.same_store(first)).then_some(caches)
     }
 
+    /// [`StepBatch::each`] for a step that both decodes and prefills: the sequences decoding one
+    /// row each whose caches of `layer` could be attended as one op (as [`StepBatch::paged_decodes`]
+    /// asks, at least two of them) go to `decodes` together, with their rows of `xs` (in step
+    /// order) and their caches; every other sequence goes to `f` alone. The results' rows are
+    /// stacked in sequence order. Without two such sequences, `each` over all of them.
+    pub(crate) fn each_with_decodes<const N: usize>(
+        &mut self,
+        layer: usize,
+        xs: [&Array; N],
+        decodes: impl FnOnce([Array; N], Vec<&mut PagedKv>) -> Result<Array>,
+        mut f: impl FnMut([Array; N], &mut [LayerCache]) -> Result<Array>,
+    ) -> Result<Array> {
+        fn decoding<'s>(seq: &'s StepSeq<'_>, layer: usize) -> Option<&'s PagedKv> {
+            match seq.cache.get(layer) {
+                Some(LayerCache::Paged(p)) if seq.rows == 1 && p.window().is_none() && !p.is_quantized() => Some(p),
+                _ => None,
+            }
+        }
+        // The decoding sequences of the first one's store (a step's layers share one store).
+        let first = self.seqs.iter().find_map(|s| decoding(s, layer));
+        let batched: Vec<bool> =
+            self.seqs.iter().map(|s| decoding(s, layer).zip(first).is_some_and(|(p, f)| p.same_store(f))).collect();
+        if batched.iter().filter(|&&b| b).count() < 2 {
+            return self.each(xs, f);
+        }
+        // Each sequence's first row, and the decoding rows as runs of consecutive rows.
+        let starts: Vec<usize> = self.seqs.iter().scan(0, |at, s| Some(std::mem::replace(at, *at + s.rows))).collect();
+        let runs = row_runs(self.seqs.iter().zip(&batched).zip(&starts).filter(|((_, &b), _)| b).map(|(_, &at)| at));
+        let picked = xs.map(|x| rows_of(x, &runs));
+        let mut caches = Vec::new();
+        let mut others = Vec::new();
+        for ((seq, &b), &at) in self.seqs.iter_mut().zip(&batched).zip(&starts) {
+            if !b {
+                others.push((at, seq.rows, &mut *seq.cache));
+            } else if let LayerCache::Paged(p) = &mut seq.cache[layer] {
+                caches.push(p);
+            }
+        }
+        let picked: [Array; N] = picked
+            .into_iter()
+            .collect::<Result<Vec<_>>>()?
+            .try_into()
+            .unwrap_or_else(|_| unreachable!("N arrays picked"));
+        let decoded = decodes(picked, caches)?;
+        // Every sequence's result in step order: the decoded rows by runs, the others' own.
+        let mut parts: Vec<(usize, Array)> = Vec::with_capacity(runs.len() + others.len());
+        let mut done = 0;
+        for &(at, n) in &runs {
+            parts.push((at, decoded.slice_rows(done, done + n)?));
+            done += n;
+        }
+        for (at, rows, cache) in others {
+            let mine = xs.iter().map(|x| x.slice_rows(at, at + rows)).collect::<nuvec::Result<Vec<_>>>()?;
+            let mine: [Array; N] = mine.try_into().unwrap_or_else(|_| unreachable!("N arrays sliced"));
+            parts.push((at, f(mine, cache)?));
+        }
+        parts.sort_by_key(|&(at, _)| at);
+        concat_rows(&parts.into_iter().map(|(_, a)| a).collect::<Vec<_>>())
+    }
+
     /// Runs `f` for each sequence on its rows of `xs` (each `[rows, ...]`) and its caches, and
     /// stacks the results' rows in sequence order. A batch of one passes the arrays as they are.
     pub(crate) fn each<const N: usize>(
@@ -205,6 +265,24 @@ impl Default for StepBatch<'_> {
     fn default() -> Self {
         Self::new()
     }
+}
+
+/// Rows at the ascending positions `rows` as runs of consecutive rows: (first row, count).
+fn row_runs(rows: impl Iterator<Item = usize>) -> Vec<(usize, usize)> {
+    let mut runs: Vec<(usize, usize)> = vec![];
+    for r in rows {
+        match runs.last_mut() {
+            Some((at, n)) if *at + *n == r => *n += 1,
+            _ => runs.push((r, 1)),
+        }
+    }
+    runs
+}
+
+/// The rows of `x` in `runs` (first row, count), stacked: a slice when there is one run.
+fn rows_of(x: &Array, runs: &[(usize, usize)]) -> Result<Array> {
+    let parts = runs.iter().map(|&(at, n)| x.slice_rows(at, at + n)).collect::<nuvec::Result<Vec<_>>>()?;
+    concat_rows(&parts)
 }
 
 /// The rows of `parts` (each `[r_i, ...]`, the same trailing shape) stacked into one array.

@@ -90,6 +90,63 @@ fn decode_batch_of_mixed_lengths_matches_decoding_alone() {
     check("qwen3_moe-f32", &[1, 17, 32], 6);
 }
 
+/// Steps that decode some sequences and prefill others, as the Batcher's are (the decoding rows
+/// not all next to each other): the decodes are attended as one op, the chunks each alone, and
+/// every sequence gets the logits it gets alone, to rounding, and its greedy tokens.
+#[test]
+fn steps_that_decode_and_prefill_match_each_alone() {
+    for case in ["llama-q4g64", "qwen3-f32", "qwen3_moe-f32"] {
+        let (model, _) = load_dir(&fixtures().join(case)).unwrap();
+        let lengths = [40usize, 150, 90, 17, 64];
+        let prompts: Vec<Vec<u32>> =
+            lengths.iter().enumerate().map(|(i, &n)| prompt(n, i as u32 + 3, model.vocab_size())).collect();
+        let steps = 8;
+        let mut paged = PagedCache::new(&model, 512, 16, 8).unwrap();
+        let ids: Vec<SeqId> = prompts.iter().map(|_| paged.add().unwrap()).collect();
+        // Prompt tokens in the cache: sequences 0, 2 and 3 all but their last before the steps;
+        // 1 and 4 take 32 a step beside the others' decodes.
+        let mut fed = vec![0usize; prompts.len()];
+        for i in [0, 2, 3] {
+            paged.step(&model, &[(ids[i], &prompts[i][..lengths[i] - 1])]).unwrap();
+            fed[i] = lengths[i] - 1;
+        }
+        let mut got: Vec<Vec<Vec<f32>>> = vec![vec![]; prompts.len()];
+        let mut mixed = 0;
+        while got.iter().any(|g| g.len() < steps) {
+            let mut work: Vec<(usize, Vec<u32>)> = vec![];
+            for (i, p) in prompts.iter().enumerate() {
+                if fed[i] < p.len() - 1 {
+                    work.push((i, p[fed[i]..(fed[i] + 32).min(p.len() - 1)].to_vec()));
+                } else if got[i].len() < steps {
+                    work.push((i, vec![got[i].last().map_or(p[p.len() - 1], |r| argmax(r))]));
+                }
+            }
+            let decodes = work.iter().filter(|(i, t)| t.len() == 1 && fed[*i] == lengths[*i] - 1).count();
+            mixed += usize::from(decodes >= 2 && decodes < work.len());
+            let step: Vec<(SeqId, &[u32])> = work.iter().map(|(i, t)| (ids[*i], &t[..])).collect();
+            let logits = rows(&paged.step(&model, &step).unwrap());
+            for ((i, tokens), row) in work.into_iter().zip(logits) {
+                if fed[i] < lengths[i] - 1 {
+                    fed[i] += tokens.len();
+                } else {
+                    got[i].push(row);
+                }
+            }
+        }
+        assert!(mixed >= 2, "{case}: {mixed} steps both decoded several sequences and prefilled");
+        let mut widest = 0f32;
+        for (i, p) in prompts.iter().enumerate() {
+            for (step, (a, b)) in alone(&model, p, steps).iter().zip(&got[i]).enumerate() {
+                assert_eq!(argmax(b), argmax(a), "{case}: sequence {i} step {step}");
+                let worst = a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
+                assert!(worst <= TOLERANCE, "{case}: sequence {i} step {step}: logits differ by {worst}");
+                widest = widest.max(worst);
+            }
+        }
+        eprintln!("{case}: {mixed} mixed steps, widest logit difference from alone {widest:e}");
+    }
+}
+
 #[test]
 fn hybrid_states_live_in_slots_of_their_own() {
     check("qwen3_5/qwen3_5-f32", &[1, 17, 300], 6);

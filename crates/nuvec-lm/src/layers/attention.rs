@@ -91,14 +91,19 @@ impl Attention {
     }
 
     /// The heads' outputs `[T, heads * head_dim]`, before the output projection: the
-    /// projections over every row, attention per sequence (a decode of several sequences over
-    /// one paged cache as one op).
+    /// projections over every row, attention per sequence (the decodes of several sequences
+    /// over one paged cache as one op, also in a step that prefills others).
     fn attend(&self, x: &Array, step: &mut StepBatch, layer: usize) -> Result<Array> {
         let [q, k, v] = Linear::forward_many([&self.q_proj, &self.k_proj, &self.v_proj], x)?;
         if let Some(caches) = step.paged_decodes(layer) {
             return self.attend_decodes(&q, &k, &v, caches);
         }
-        step.each([&q, &k, &v], |[q, k, v], cache| self.attend_one(&q, &k, &v, &mut cache[layer]))
+        step.each_with_decodes(
+            layer,
+            [&q, &k, &v],
+            |[q, k, v], caches| self.attend_decodes(&q, &k, &v, caches),
+            |[q, k, v], cache| self.attend_one(&q, &k, &v, &mut cache[layer]),
+        )
     }
 
     /// A decode step of several paged sequences, one row of `q, k, v` each: per sequence its
