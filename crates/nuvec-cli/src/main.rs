@@ -10,6 +10,7 @@ mod convert;
 mod default_model;
 mod generate;
 mod manage;
+mod perplexity;
 mod progress;
 mod serve;
 mod version;
@@ -46,6 +47,8 @@ enum Command {
     Serve(serve::Args),
     /// List or delete models in the Hugging Face cache (as mlx_lm.manage).
     Manage(manage::Args),
+    /// Evaluate a model's perplexity on a dataset (as mlx_lm.perplexity).
+    Perplexity(perplexity::Args),
 }
 
 fn main() {
@@ -74,6 +77,7 @@ fn main() {
         Command::CachePrompt(args) => cache_prompt::run(args),
         Command::Serve(args) => serve::run(args),
         Command::Manage(args) => manage::run(args),
+        Command::Perplexity(args) => perplexity::run(args),
     };
     if let Err(e) = result {
         eprintln!("error: {e}");

@@ -37,6 +37,7 @@ pub mod layers;
 mod load;
 pub mod models;
 pub mod output_dir;
+pub mod perplexity;
 pub mod processors;
 pub mod prompt_cache;
 pub mod quantization;

@@ -307,6 +307,17 @@ impl Model {
     /// sequence's caches grow by its tokens; if the pass fails, they are trimmed back to where
     /// they were (a cache that cannot be trimmed, a recurrent state, is named in the error).
     pub fn step(&self, step: &mut StepBatch) -> Result<Array> {
+        self.run_step(step, true)
+    }
+
+    /// [`Model::step`] with the logits `[T, vocab]` of every row (each sequence's rows in step
+    /// order), as [`Model::forward`] gives one sequence's: what perplexity scores.
+    pub fn step_all(&self, step: &mut StepBatch) -> Result<Array> {
+        self.run_step(step, false)
+    }
+
+    /// One pass over `step`: the logits of each sequence's last row (`last_only`) or of every row.
+    fn run_step(&self, step: &mut StepBatch, last_only: bool) -> Result<Array> {
         if step.is_empty() {
             return Err(Error::Invalid("a step of no sequences".into()));
         }
@@ -318,13 +329,16 @@ impl Model {
             if step.batch_invariant() {
                 let rows = step
                     .sequences_mut()
-                    .map(|(tokens, cache)| self.forward_last(tokens, cache))
+                    .map(|(tokens, cache)| match last_only {
+                        true => self.forward_last(tokens, cache),
+                        false => self.forward(tokens, cache),
+                    })
                     .collect::<Result<Vec<_>>>()?;
                 return crate::step::concat_rows(&rows);
             }
             let h = self.arch.hidden(step)?;
             let last = step.last_rows();
-            let rows = if last.len() == h.dim(0) {
+            let rows = if !last_only || last.len() == h.dim(0) {
                 h
             } else {
                 let picked = last.iter().map(|&r| h.slice_rows(r, r + 1)).collect::<nuvec::Result<Vec<_>>>()?;
