@@ -241,6 +241,53 @@ fn a_constraint_the_output_already_meets_changes_no_token() {
 }
 
 #[test]
+fn the_mask_applied_where_the_logits_are_picks_the_host_path_s_tokens() {
+    // Greedy under a constraint takes its token from the logits with the mask applied where they
+    // are (`Array::mask_rows`, then `argmax_gap`); asking for log-probabilities sends every row
+    // through the host path (log-softmax, the mask, the sampler). Both give the same tokens,
+    // alone and in the Batcher.
+    let (model, tokenizer) = model();
+    let vocabulary = Vocabulary::new(&tokenizer).unwrap();
+    let cases: Vec<(String, Constraint)> = schemas()
+        .into_iter()
+        .take(4)
+        .map(|(what, schema)| (format!("Answer with {what} as JSON."), Constraint::JsonSchema(schema)))
+        .chain([("Name a Rust variable.".to_string(), Constraint::Regex(r"[a-z_][a-z0-9_]{0,15}".into()))])
+        .collect();
+    let grammars: Vec<Grammar> = cases.iter().map(|(_, c)| Grammar::new(c.clone(), &vocabulary).unwrap()).collect();
+    let prompts: Vec<Vec<u32>> = cases.iter().map(|(q, _)| chat(&tokenizer, q)).collect();
+    let with_logprobs = |g: &Grammar| GenerateOptions { logprobs: Some(1), ..greedy(g.clone(), 60) };
+    for (prompt, grammar) in prompts.iter().zip(&grammars) {
+        let (device, text, _) = run(&model, &tokenizer, prompt, greedy(grammar.clone(), 60));
+        let (host, _, _) = run(&model, &tokenizer, prompt, with_logprobs(grammar));
+        assert_eq!(device, host, "alone: {text:?}");
+    }
+    // The same batches (so the same logits) through either path.
+    let mut batched: Vec<Vec<Vec<u32>>> = vec![];
+    for logprobs in [false, true] {
+        let mut batcher = Batcher::new(&model, BatcherOptions::default()).unwrap();
+        let ids: Vec<_> = prompts
+            .iter()
+            .zip(&grammars)
+            .map(|(p, g)| {
+                let options = if logprobs { with_logprobs(g) } else { greedy(g.clone(), 60) };
+                batcher.submit(p.clone(), options).unwrap()
+            })
+            .collect();
+        let mut got: HashMap<_, Vec<u32>> = HashMap::new();
+        while batcher.is_busy() {
+            for e in batcher.step().unwrap() {
+                if let Event::Token { id, token } = e {
+                    got.entry(id).or_default().push(token);
+                }
+            }
+        }
+        batched.push(ids.iter().map(|id| got[id].clone()).collect());
+    }
+    assert_eq!(batched[0], batched[1], "the Batcher: the mask where the logits are against the host path");
+}
+
+#[test]
 fn sampled_outputs_stay_valid_in_the_batcher() {
     // 200 requests at temperature 1, each with its own seed, served together: every output holds
     // to the constraint, and a seed gives the same output alone.

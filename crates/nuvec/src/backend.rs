@@ -304,6 +304,24 @@ pub trait Backend: Send + Sync {
         Array::from_slice_on(&out, &shape, self.device())
     }
 
+    /// `x [rows, N]` (f32) with every entry whose bit is clear in `bits` (per row `N.div_ceil(32)`
+    /// words, bit `i % 32` of word `i / 32` for entry `i`) replaced by `fill`: a structured-output
+    /// constraint's mask applied where the logits are, before the greedy pick. The default reads
+    /// `x` to the host.
+    fn mask_rows(&self, x: &Array, bits: &[u32], fill: f32) -> Result<Array> {
+        let n = check_mask_rows(x, bits)?;
+        let mut values = x.to_vec::<f32>()?;
+        let words = n.div_ceil(32);
+        for (row, mask) in values.chunks_mut(n).zip(bits.chunks(words)) {
+            for (i, v) in row.iter_mut().enumerate() {
+                if mask[i / 32] >> (i % 32) & 1 == 0 {
+                    *v = fill;
+                }
+            }
+        }
+        Array::from_slice_on(&values, x.shape(), self.device())
+    }
+
     // gated MLP fusion: the SwiGLU hidden activations of one gate/up pass (one kernel launch
     // fewer per layer in a GPU decode step).
 
@@ -370,6 +388,26 @@ pub(crate) fn gate_up_silu_composed<B: Backend + ?Sized>(
         [g, u] => backend.silu_mul(g, u),
         _ => Err(Error::shape("gate_up_silu", format!("linear_many returned {} arrays for 2 weights", outs.len()))),
     }
+}
+
+/// The row length of a [`Backend::mask_rows`] call, checked: `x` f32 `[rows, N]`, `bits` a mask
+/// of `N.div_ceil(32)` words per row. Every backend runs this check.
+pub(crate) fn check_mask_rows(x: &Array, bits: &[u32]) -> Result<usize> {
+    let &[rows, n] = x.shape() else {
+        return Err(crate::Error::shape("mask_rows", format!("x {:?} must be [rows, n]", x.shape())));
+    };
+    if x.dtype() != crate::DType::F32 || bits.len() != rows * n.div_ceil(32) {
+        return Err(crate::Error::shape(
+            "mask_rows",
+            format!(
+                "{} words of mask for {} x {rows} x {n} (f32 and {} words needed)",
+                bits.len(),
+                x.dtype(),
+                rows * n.div_ceil(32)
+            ),
+        ));
+    }
+    Ok(n)
 }
 
 /// [`Backend::argmax_gap`] of one row (the reference the device kernels follow).
@@ -629,4 +667,32 @@ pub(crate) fn linear_add_rms_norm_composed<B: Backend + ?Sized>(
 ) -> Result<(Array, Array)> {
     let y = backend.linear(x, w)?;
     backend.add_rms_norm(residual, &y, weight, eps)
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::Array;
+
+    #[test]
+    fn mask_rows_keeps_the_allowed_entries() {
+        // Two rows of 33: the second word of each row holds the 33rd entry.
+        let x = Array::from_slice(&(0..66).map(|v| v as f32).collect::<Vec<_>>(), &[2, 33]).unwrap();
+        let bits = [0b101, 1, u32::MAX, 0];
+        let got = x.mask_rows(&bits, -1.0).unwrap().to_vec::<f32>().unwrap();
+        let want: Vec<f32> = (0..66)
+            .map(|i| {
+                let (row, col) = (i / 33, i % 33);
+                let keep = bits[row * 2 + col / 32] >> (col % 32) & 1 == 1;
+                if keep {
+                    i as f32
+                } else {
+                    -1.0
+                }
+            })
+            .collect();
+        assert_eq!(got, want);
+        assert_eq!((got[0], got[1], got[2], got[32], got[65]), (0.0, -1.0, 2.0, 32.0, -1.0));
+        assert!(x.mask_rows(&bits[..3], 0.0).is_err(), "a mask of the wrong length");
+        assert!(x.reshape(&[66]).unwrap().mask_rows(&bits, 0.0).is_err(), "not rows");
+    }
 }

@@ -196,6 +196,12 @@ impl Array {
         backend(self.device()).argmax_gap(self)
     }
 
+    /// `self [rows, N]` (f32) with the entries whose bit is clear in `bits` (`N.div_ceil(32)`
+    /// words per row) replaced by `fill`; see [`crate::Backend::mask_rows`].
+    pub fn mask_rows(&self, bits: &[u32], fill: f32) -> Result<Array> {
+        backend(self.device()).mask_rows(self, bits, fill)
+    }
+
     /// Writes new keys `k` and values `v` `[L, heads, head_dim]` into the caches `self` (keys)
     /// and `v_cache` `[heads, capacity, head_dim]` at `offset`; see
     /// [`crate::Backend::write_kv_rows`].

@@ -996,6 +996,24 @@ fn decode_fusions() {
     let (g, w) = (to(&x3).argmax_gap().unwrap(), x3.argmax_gap().unwrap());
     assert_eq!(g.to_vec::<u32>().unwrap(), w.to_vec::<u32>().unwrap(), "argmax_gap [2,151936]");
     eprintln!("RESULT {:<60} exact", "argmax_gap (ties, near ties, NaN, inf, across ranges, [2,151936])");
+
+    // mask_rows (a constraint's mask before the greedy pick): bit for bit the CPU's, rows whose
+    // length is not a multiple of 32, a row refusing everything, one allowing everything.
+    let (rows_n, n) = (4usize, 151_939usize);
+    let words = n.div_ceil(32);
+    let mut bits: Vec<u32> = (0..rows_n * words).map(|i| (i as u32).wrapping_mul(2_654_435_761)).collect();
+    bits[words..2 * words].fill(0);
+    bits[2 * words..3 * words].fill(u32::MAX);
+    let x = arr(&rng.vec(rows_n * n, 4.0), &[rows_n, n]);
+    let (g, w) = (to(&x).mask_rows(&bits, f32::MIN).unwrap(), x.mask_rows(&bits, f32::MIN).unwrap());
+    assert_eq!(g.to_vec::<f32>().unwrap(), w.to_vec::<f32>().unwrap(), "mask_rows [4,151939]");
+    let masked = w.to_vec::<f32>().unwrap();
+    assert!(
+        masked[n..2 * n].iter().all(|&v| v == f32::MIN)
+            && masked[2 * n..3 * n] == x.to_vec::<f32>().unwrap()[2 * n..3 * n]
+    );
+    assert!(to(&x).mask_rows(&bits[1..], f32::MIN).is_err(), "a mask of the wrong length");
+    eprintln!("RESULT {:<60} exact", "mask_rows [4,151939]");
 }
 
 #[test]

@@ -17,6 +17,8 @@ pub(crate) struct TokenMask {
     eos: u32,
     /// Whether the grammar is complete: nothing may follow but the end.
     complete: bool,
+    /// The mask of the next token once computed, until a token is taken.
+    ready: Option<SimpleVob>,
 }
 
 /// A mask, or llguidance's error as text.
@@ -44,7 +46,7 @@ impl TokenMask {
         if let Some(e) = matcher.get_error() {
             return Err(Error::Invalid(format!("starting the constraint: {e}")));
         }
-        Ok(TokenMask { state: State::Computing(compute(matcher)), eos, complete: false })
+        Ok(TokenMask { state: State::Computing(compute(matcher)), eos, complete: false, ready: None })
     }
 
     /// The matcher, out of the state (waiting for its thread if it still runs), with the mask
@@ -60,19 +62,44 @@ impl TokenMask {
         }
     }
 
-    /// The mask of the tokens allowed next.
-    fn next_mask(&mut self) -> Result<SimpleVob> {
-        let (mut matcher, mask) = self.take()?;
-        let mask = mask.unwrap_or_else(|| matcher.compute_mask().map_err(|e| e.to_string()));
-        self.state = State::Idle(Box::new(matcher));
-        mask.map_err(|e| Error::Invalid(format!("the constraint failed: {e}")))
+    /// The mask of the tokens allowed next (computed once per token taken).
+    fn next_mask(&mut self) -> Result<&SimpleVob> {
+        if self.ready.is_none() {
+            let (mut matcher, mask) = self.take()?;
+            let mask = mask.unwrap_or_else(|| matcher.compute_mask().map_err(|e| e.to_string()));
+            self.state = State::Idle(Box::new(matcher));
+            self.ready = Some(mask.map_err(|e| Error::Invalid(format!("the constraint failed: {e}")))?);
+        }
+        Ok(self.ready.as_ref().expect("set above"))
+    }
+
+    /// The tokens `0..vocab` allowed next as bits, 32 a word (bit `t % 32` of word `t / 32`), as
+    /// [`TokenMask::apply`] leaves them: the request's end-of-sequence ids `eos` allowed exactly
+    /// when the grammar may end here, tokens past the grammar's vocabulary refused.
+    pub(crate) fn bits(&mut self, vocab: usize, eos: &[u32]) -> Result<Vec<u32>> {
+        let own_eos = self.eos;
+        let mask = self.next_mask()?;
+        let may_end = mask.is_allowed(own_eos);
+        let known = mask.len().min(vocab);
+        let mut bits = vec![0u32; vocab.div_ceil(32)];
+        let whole = known / 32;
+        bits[..whole].copy_from_slice(&mask.as_slice()[..whole]);
+        if known % 32 != 0 {
+            bits[whole] = mask.as_slice()[whole] & (u32::MAX >> (32 - known % 32));
+        }
+        for &t in eos.iter().filter(|&&t| (t as usize) < vocab) {
+            let (word, bit) = (t as usize / 32, t % 32);
+            bits[word] = if may_end { bits[word] | 1 << bit } else { bits[word] & !(1 << bit) };
+        }
+        Ok(bits)
     }
 
     /// Sets every entry of `logprobs` the grammar does not allow next to minus infinity; the
     /// request's end-of-sequence ids `eos` keep theirs exactly when the grammar may end here.
     pub(crate) fn apply(&mut self, logprobs: &mut [f32], eos: &[u32]) -> Result<()> {
+        let own_eos = self.eos;
         let mask = self.next_mask()?;
-        let may_end = mask.is_allowed(self.eos);
+        let may_end = mask.is_allowed(own_eos);
         let kept: Vec<(usize, f32)> =
             eos.iter().filter_map(|&t| logprobs.get(t as usize).map(|&v| (t as usize, v))).collect();
         let known = mask.len().min(logprobs.len());
@@ -107,6 +134,7 @@ impl TokenMask {
     /// Takes `token` (not an end-of-sequence id) into the grammar, and starts computing the mask
     /// after it unless the grammar is complete.
     pub(crate) fn commit(&mut self, token: u32) -> Result<()> {
+        self.ready = None;
         let (mut matcher, _) = self.take()?;
         matcher
             .consume_token(token)

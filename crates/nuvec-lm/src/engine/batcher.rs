@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use nuvec::{Array, Device, QuantSpec};
 
 use super::executor::{self, Outcome};
-use super::request::Request;
+use super::request::{Request, MASKED};
 use super::scheduler::{BlockView, Key, Scheduler, Work};
 use crate::cache::paged::{window_blocks_for, PagedCache, SeqId, DEFAULT_BLOCK_SIZE};
 use crate::cache::{kv_spec, CacheOptions};
@@ -472,8 +472,10 @@ impl<'m> Batcher<'m> {
     /// sampling them one after another); events then follow in row order.
     fn take_rows(&mut self, work: &[Work], logits: &Array, events: &mut Vec<Event>) -> Result<()> {
         let vocab = logits.dim(1);
+        let masked: Vec<usize> =
+            (0..work.len()).filter(|&r| work[r].samples && self.live[&work[r].key.0].request.masked_greedy()).collect();
         let any_greedy = work.iter().any(|w| w.samples && self.live[&w.key.0].request.plain_greedy());
-        let gaps = match any_greedy {
+        let gaps = match any_greedy || !masked.is_empty() {
             true => Some(logits.argmax_gap()?.to_vec::<u32>()?),
             false => None,
         };
@@ -483,6 +485,25 @@ impl<'m> Batcher<'m> {
             let request = &self.live[&w.key.0].request;
             if let (true, Some(g), true) = (w.samples, &gaps, request.plain_greedy()) {
                 picks[row] = request.greedy_from_gap(&g[3 * row..3 * row + 3], vocab)?;
+            }
+        }
+        // Constrained greedy rows: every row's mask (all tokens for the others) applied where
+        // the logits are, then the same pick.
+        if let (false, Some(g)) = (masked.is_empty(), &gaps) {
+            let words = vocab.div_ceil(32);
+            let mut bits = vec![u32::MAX; work.len() * words];
+            let mut ready = vec![false; work.len()];
+            for &row in &masked {
+                let live = self.live.get_mut(&work[row].key.0).expect("scheduled requests are live");
+                if let Some(b) = live.request.mask_bits(vocab) {
+                    bits[row * words..][..words].copy_from_slice(&b);
+                    ready[row] = true;
+                }
+            }
+            let m = logits.mask_rows(&bits, MASKED)?.argmax_gap()?.to_vec::<u32>()?;
+            for &row in masked.iter().filter(|&&r| ready[r]) {
+                let (mine, raw) = (&m[3 * row..3 * row + 3], &g[3 * row..3 * row + 3]);
+                picks[row] = self.live[&work[row].key.0].request.greedy_from_masked_gap(mine, raw, vocab)?;
             }
         }
         let host_rows: Vec<usize> = (0..work.len()).filter(|&r| work[r].samples && picks[r].is_none()).collect();

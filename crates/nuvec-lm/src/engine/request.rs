@@ -142,13 +142,63 @@ impl Request {
         Ok(survives_log_softmax(max, gap, vocab).then_some(index))
     }
 
-    /// The greedy token taken where `logits [1, vocab]` are, when nothing needs the whole row;
-    /// `None` when the host path must decide.
-    pub(crate) fn greedy_on_device(&self, logits: &Array) -> Result<Option<u32>> {
-        if !self.plain_greedy() || logits.shape().len() != 2 || logits.dim(0) != 1 {
+    /// The greedy token taken where `logits [1, vocab]` are, when nothing needs the whole row
+    /// (a constraint's mask is applied there: [`Request::masked_greedy`]); `None` when the host
+    /// path must decide.
+    pub(crate) fn greedy_on_device(&mut self, logits: &Array) -> Result<Option<u32>> {
+        if logits.shape().len() != 2 || logits.dim(0) != 1 {
             return Ok(None);
         }
-        self.greedy_from_gap(&logits.argmax_gap()?.to_vec::<u32>()?, logits.dim(1))
+        let vocab = logits.dim(1);
+        if self.masked_greedy() {
+            let Some(bits) = self.mask_bits(vocab) else { return Ok(None) };
+            let masked = logits.mask_rows(&bits, MASKED)?.argmax_gap()?.to_vec::<u32>()?;
+            return self.greedy_from_masked_gap(&masked, &logits.argmax_gap()?.to_vec::<u32>()?, vocab);
+        }
+        if !self.plain_greedy() {
+            return Ok(None);
+        }
+        self.greedy_from_gap(&logits.argmax_gap()?.to_vec::<u32>()?, vocab)
+    }
+
+    /// Whether the next token can be the greedy pick of the raw logits with the constraint's
+    /// mask applied where they are: greedy, a constraint, nothing else that needs the row.
+    pub(crate) fn masked_greedy(&self) -> bool {
+        let o = &self.options;
+        self.mask.is_some()
+            && o.sampler.temperature == 0.0
+            && o.processors.is_empty()
+            && o.logprobs.is_none()
+            && self.yielded >= o.min_tokens
+    }
+
+    /// The tokens of a row of `vocab` logits the constraint allows next, as bits (32 a word);
+    /// `None` when the constraint failed (the host path then reports it).
+    pub(crate) fn mask_bits(&mut self, vocab: usize) -> Option<Vec<u32>> {
+        let eos = &self.eos;
+        self.mask.as_mut()?.bits(vocab, eos).ok()
+    }
+
+    /// The greedy token from a row's `argmax_gap` triples with the constraint's mask applied
+    /// (refused tokens [`MASKED`]) and without it, when it is certainly the host path's pick
+    /// (log-softmax over the whole row, then the mask): the host's log-sum-exp lies within
+    /// ln(vocab) above the raw row's maximum, so its rounding is bounded as in
+    /// [`survives_log_softmax`] with both maxima's magnitudes. A row whose every token is refused,
+    /// or that holds a NaN or an infinity, goes the host path.
+    pub(crate) fn greedy_from_masked_gap(&self, masked: &[u32], raw: &[u32], vocab: usize) -> Result<Option<u32>> {
+        let (&[index, max, gap], &[_, raw_max, raw_gap]) = (masked, raw) else {
+            return Err(Error::Invalid(format!(
+                "argmax_gap gave {} and {} values for one row",
+                masked.len(),
+                raw.len()
+            )));
+        };
+        let (max, gap, raw_max, raw_gap) =
+            (f32::from_bits(max), f32::from_bits(gap), f32::from_bits(raw_max), f32::from_bits(raw_gap));
+        if max <= MASKED || raw_gap.is_nan() {
+            return Ok(None);
+        }
+        Ok(survives_log_softmax(max.abs() + raw_max.abs(), gap, vocab).then_some(index))
     }
 
     /// The token from the whole row on the host: the logits processors, the bans of
@@ -228,6 +278,11 @@ impl Request {
         self.finish = Some(FinishReason::Error);
     }
 }
+
+/// What a constraint's mask writes over a refused token's logit for the device's greedy pick: the
+/// lowest finite f32, so that the row stays finite (`argmax_gap` reports no gap for a row holding
+/// an infinity) and below every logit a model gives.
+pub(crate) const MASKED: f32 = f32::MIN;
 
 /// Whether the first maximum of a row of `vocab` logits, `max`, lying `gap` above every value
 /// before it, is certainly also the first maximum of the row's log-softmax.

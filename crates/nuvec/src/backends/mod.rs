@@ -233,6 +233,11 @@ pub(crate) mod host_checked {
             CpuBackend.argmax_gap(x)
         }
 
+        fn mask_rows(&self, x: &Array, bits: &[u32], fill: f32) -> Result<Array> {
+            on_host("mask_rows", &[("x", x)])?;
+            CpuBackend.mask_rows(x, bits, fill)
+        }
+
         // gated MLP fusion
 
         fn gate_up_silu(&self, x: &Array, gate: &Matrix, up: &Matrix) -> Result<Array> {

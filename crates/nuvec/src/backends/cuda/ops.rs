@@ -1097,6 +1097,10 @@ impl Backend for CudaBackend {
         self.fused_argmax_gap(x)
     }
 
+    fn mask_rows(&self, x: &Array, bits: &[u32], fill: f32) -> Result<Array> {
+        self.masked_rows(x, bits, fill)
+    }
+
     // gated MLP fusion (ops/gate_up.rs)
 
     fn gate_up_silu(&self, x: &Array, gate: &Matrix, up: &Matrix) -> Result<Array> {

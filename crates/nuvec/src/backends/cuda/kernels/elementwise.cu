@@ -103,6 +103,18 @@ extern "C" __global__ void transpose01_u16(u16* out, const u16* x, int a, int b,
     transpose01(out, x, a, b, c, n);
 }
 
+// out [rows, n] = x with every entry whose bit is clear in `bits` (`words` u32 per row, bit i % 32
+// of word i / 32 for entry i) replaced by `fill`: a structured-output constraint's mask applied
+// to the logits before the greedy pick (ops/fused.rs `masked_rows`). Grid (ceil(n / 256), rows).
+extern "C" __global__ void mask_rows_f32(float* out, const float* x, const u32* bits, int n, int words, float fill) {
+    pdl_begin();
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    const size_t at = (size_t)blockIdx.y * n + i;
+    const u32 w = bits[(size_t)blockIdx.y * words + (i >> 5)];
+    out[at] = ((w >> (i & 31)) & 1u) ? x[at] : fill;
+}
+
 // ---- argmax over rows, in two launches (argmax and argmax_gap; ops.rs, ops/fused.rs) ----
 //
 // The CPU's argmax: the index of the first maximum, a value replacing the best only when strictly

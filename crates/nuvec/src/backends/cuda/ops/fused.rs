@@ -385,6 +385,28 @@ impl CudaBackend {
         Ok(())
     }
 
+    /// [`crate::Backend::mask_rows`]: the mask uploaded, one launch over every row.
+    pub(super) fn masked_rows(&self, x: &Array, bits: &[u32], fill: f32) -> Result<Array> {
+        let op = "mask_rows";
+        let n = crate::backend::check_mask_rows(x, bits)?;
+        let rows = x.dim(0);
+        if rows > 65535 {
+            return Err(Error::shape(op, format!("{rows} rows: at most 65535 a call")));
+        }
+        let xp = self.f32_ptr(op, "x", x)?;
+        let mask = self.upload(bits)?;
+        let out = self.output(x.shape(), DType::F32, false)?;
+        let (o, mp) = (out.cuda_ptr()?, mask.ptr());
+        let (ni, wordsi) = (to_i32(op, "row length", n)?, to_i32(op, "mask words", n.div_ceil(32))?);
+        let cfg = LaunchConfig {
+            grid_dim: (n.div_ceil(256) as u32, rows as u32, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        launch!(self.st()?, op, "mask_rows_f32", cfg; o, xp, mp, ni, wordsi, fill);
+        Ok(out)
+    }
+
     pub(super) fn fused_argmax_gap(&self, x: &Array) -> Result<Array> {
         let op = "argmax_gap";
         if x.shape().is_empty() || x.dim(-1) == 0 {
