@@ -151,30 +151,13 @@ impl<'a> StepBatch<'a> {
         Ok(())
     }
 
-    /// Each sequence's cache of `layer`, when the step decodes several sequences (one row each)
-    /// whose caches of that layer are of one plain (not quantized) paged store and have no
-    /// window: such a layer can attend them all as one op
-    /// ([`crate::cache::paged::attend_decodes`]). None otherwise.
-    pub(crate) fn paged_decodes(&mut self, layer: usize) -> Option<Vec<&mut PagedKv>> {
-        if self.seqs.len() < 2 || self.seqs.iter().any(|s| s.rows != 1) {
-            return None;
-        }
-        let mut caches = Vec::with_capacity(self.seqs.len());
-        for seq in &mut self.seqs {
-            match seq.cache.get_mut(layer)? {
-                LayerCache::Paged(p) if p.window().is_none() && !p.is_quantized() => caches.push(p),
-                _ => return None,
-            }
-        }
-        let first: &PagedKv = caches[0];
-        caches.iter().all(|c| c.same_store(first)).then_some(caches)
-    }
-
-    /// [`StepBatch::each`] for a step that both decodes and prefills: the sequences decoding one
-    /// row each whose caches of `layer` could be attended as one op (as [`StepBatch::paged_decodes`]
-    /// asks, at least two of them) go to `decodes` together, with their rows of `xs` (in step
-    /// order) and their caches; every other sequence goes to `f` alone. The results' rows are
-    /// stacked in sequence order. Without two such sequences, `each` over all of them.
+    /// [`StepBatch::each`] with the decodes of a paged store taken together: the sequences
+    /// decoding one row each whose caches of `layer` are of one plain (not quantized) paged store
+    /// without a window, at least two of them, go to `decodes` together, with their rows of `xs`
+    /// (in step order) and their caches, as one op can attend them
+    /// ([`crate::cache::paged::attend_decodes`]); every other sequence (a prefill chunk, another
+    /// cache) goes to `f` alone. The results' rows are stacked in sequence order. Without two
+    /// such sequences, `each` over all of them.
     pub(crate) fn each_with_decodes<const N: usize>(
         &mut self,
         layer: usize,
@@ -214,6 +197,10 @@ impl<'a> StepBatch<'a> {
             .try_into()
             .unwrap_or_else(|_| unreachable!("N arrays picked"));
         let decoded = decodes(picked, caches)?;
+        if others.is_empty() {
+            // Every sequence decoded: the rows are in step order already.
+            return Ok(decoded);
+        }
         // Every sequence's result in step order: the decoded rows by runs, the others' own.
         let mut parts: Vec<(usize, Array)> = Vec::with_capacity(runs.len() + others.len());
         let mut done = 0;
@@ -279,8 +266,13 @@ fn row_runs(rows: impl Iterator<Item = usize>) -> Vec<(usize, usize)> {
     runs
 }
 
-/// The rows of `x` in `runs` (first row, count), stacked: a slice when there is one run.
+/// The rows of `x` in `runs` (first row, count), stacked: `x` itself when they are all its rows.
 fn rows_of(x: &Array, runs: &[(usize, usize)]) -> Result<Array> {
+    if let [(0, n)] = runs {
+        if *n == x.dim(0) {
+            return Ok(x.clone());
+        }
+    }
     let parts = runs.iter().map(|&(at, n)| x.slice_rows(at, at + n)).collect::<nuvec::Result<Vec<_>>>()?;
     concat_rows(&parts)
 }

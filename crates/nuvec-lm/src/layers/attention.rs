@@ -95,9 +95,6 @@ impl Attention {
     /// over one paged cache as one op, also in a step that prefills others).
     fn attend(&self, x: &Array, step: &mut StepBatch, layer: usize) -> Result<Array> {
         let [q, k, v] = Linear::forward_many([&self.q_proj, &self.k_proj, &self.v_proj], x)?;
-        if let Some(caches) = step.paged_decodes(layer) {
-            return self.attend_decodes(&q, &k, &v, caches);
-        }
         step.each_with_decodes(
             layer,
             [&q, &k, &v],

@@ -86,7 +86,7 @@ impl CudaBackend {
         let tiles = shared.tiles(hq / hkv);
         let tile_count = tiles.len() / PX_TILE;
         let (prefix_keys, prefix_slots) = if tile_count > 0 {
-            let pkeys = prefix_chunk(shared.groups.iter().map(|(k, m)| k * m.len().div_ceil(tiles_per(hq / hkv))), hkv);
+            let pkeys = prefix_chunk(shared.tile_keys(hq / hkv), hkv);
             let most_own = |grouped: bool| {
                 let own = seqs.iter().zip(&starts).filter(|(_, &st)| (st > 0) == grouped);
                 own.map(|(s, &st)| (s.len - st).div_ceil(keys)).max().unwrap_or(0)
@@ -176,12 +176,6 @@ fn paged_flash_smem_bytes(d: usize, keys: usize) -> usize {
     4 * keys * (d + 8) * 2
 }
 
-/// Members of a shared-keys group per tile of the shared-keys kernel, for `gh` query heads per
-/// KV head ([`SharedPrefixes::tiles`]).
-fn tiles_per(gh: usize) -> usize {
-    PX_WARPS * (16 / gh.clamp(1, 16))
-}
-
 /// The least keys sequences must share for a step to read them once for all
 /// (`NUVEC_PAGED_PREFIX_MIN_KEYS`, read once; 0: never): below it, the partials a group adds cost
 /// more than the reads it saves.
@@ -196,12 +190,12 @@ fn prefix_min_keys() -> usize {
 }
 const PREFIX_MIN_KEYS: usize = 256;
 
-/// Keys per split of the shared-keys kernel for tiles sharing `tile_keys` keys each: about
-/// `batch_blocks() / PX_WARPS` blocks of four warps over the `hkv` heads, in whole tiles of
+/// Keys per split of the shared-keys kernel for tiles reading `tile_keys` shared keys in all:
+/// about `batch_blocks() / PX_WARPS` blocks of four warps over the `hkv` heads, in whole tiles of
 /// `PX_KEYS`, and at least `PREFIX_SPLIT_KEYS` (each split writes a partial per member head).
-fn prefix_chunk(tile_keys: impl Iterator<Item = usize>, hkv: usize) -> usize {
+fn prefix_chunk(tile_keys: usize, hkv: usize) -> usize {
     let target = (batch_blocks() / PX_WARPS).max(1);
-    (tile_keys.sum::<usize>() * hkv).div_ceil(target).next_multiple_of(PX_KEYS).max(PREFIX_SPLIT_KEYS)
+    (tile_keys * hkv).div_ceil(target).next_multiple_of(PX_KEYS).max(PREFIX_SPLIT_KEYS)
 }
 const PREFIX_SPLIT_KEYS: usize = 256;
 

@@ -37,7 +37,7 @@ impl SharedPrefixes {
     /// each group in tiles of `PX_WARPS * (16 / gh)`, each `[owner, keys, members.., -1..]` of
     /// `PX_TILE` ints (the owner: a member whose table the keys are read through).
     pub fn tiles(&self, gh: usize) -> Vec<i32> {
-        let per_tile = PX_WARPS * (16 / gh.clamp(1, 16));
+        let per_tile = members_per_tile(gh);
         let mut out = Vec::new();
         for (keys, members) in &self.groups {
             for chunk in members.chunks(per_tile) {
@@ -48,10 +48,21 @@ impl SharedPrefixes {
         out
     }
 
+    /// The shared keys the tiles of [`SharedPrefixes::tiles`] read in all (each tile its group's).
+    pub fn tile_keys(&self, gh: usize) -> usize {
+        self.groups.iter().map(|(keys, members)| keys * members.len().div_ceil(members_per_tile(gh))).sum()
+    }
+
     /// The longest shared keys of any group (0 without groups).
     pub fn longest(&self) -> usize {
         self.groups.iter().map(|g| g.0).max().unwrap_or(0)
     }
+}
+
+/// Members of a group per tile of the shared-keys kernel for `gh` query heads per KV head: 16 / gh
+/// a warp's MMA rows, `PX_WARPS` warps.
+fn members_per_tile(gh: usize) -> usize {
+    PX_WARPS * (16 / gh.clamp(1, 16))
 }
 
 /// The groups of sequences (`tables[i]` holding `lens[i]` positions, blocks of `bs`) that share at
@@ -170,5 +181,6 @@ mod tests {
         assert_eq!(sp.starts(32)[..3], [256, 256, 256]);
         assert_eq!(sp.starts(32)[20..], [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 64, 64]);
         assert_eq!(sp.longest(), 256);
+        assert_eq!((sp.tile_keys(4), sp.tile_keys(8)), (2 * 256 + 64, 3 * 256 + 64));
     }
 }
