@@ -49,10 +49,10 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     let started = std::time::Instant::now();
     let kv = args.kv.options();
     let mut session = Session::with_cache(&model, &kv)?;
-    let bar = crate::progress::PrefillBar::on_terminal();
+    let bar = crate::progress::Bar::on_terminal();
     session.prefill_reporting(&model, &ids, args.prefill_step_size, &kv, &|done, total| {
         if let Some(bar) = &bar {
-            bar.report(done, total);
+            bar.report("Prefill", "tokens", done, total);
         }
     })?;
     let secs = started.elapsed().as_secs_f64();

@@ -65,7 +65,8 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         bits: args.q_bits.unwrap_or(bits),
         group_size: args.q_group_size.unwrap_or(group_size),
     });
-    let options = ConvertOptions { quantize, dtype, dequantize: args.dequantize, force: args.force };
+    let progress = crate::progress::Bar::on_terminal().map(|bar| bar.convert_callback());
+    let options = ConvertOptions { quantize, dtype, dequantize: args.dequantize, force: args.force, progress };
     convert(&args.hf_path, &args.mlx_path, &options)?;
     eprintln!("[INFO] Saved to {}", args.mlx_path.display());
     Ok(())

@@ -1,46 +1,60 @@
-//! A progress bar for a long prefill (`nuvec generate`, `nuvec cache-prompt`), drawn on stderr
-//! only when stderr is a terminal: a pipe or a file gets nothing, so scripts see the same output
-//! as before. The bar appears with the first prefill pass that leaves work to do (a prompt of one
-//! pass shows none) and is cleared when the prompt is done.
+//! Progress bars for long work, drawn on stderr only when stderr is a terminal: a pipe or a file
+//! gets nothing, so scripts see the same output as before. A bar appears with the first report
+//! that leaves work to do (a prompt of one pass shows none), is replaced when a new stage starts,
+//! and is cleared when its stage is done: the prefill of `nuvec generate` and `nuvec cache-prompt`
+//! (tokens), the dequantizing or quantizing of `nuvec convert` (tensors).
 
 use std::io::IsTerminal;
 use std::sync::{Arc, Mutex};
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use nuvec_lm::convert::ConvertProgress;
 use nuvec_lm::PromptProgress;
 
-/// The bar, made on the first report that leaves work to do.
-pub struct PrefillBar(Mutex<Option<ProgressBar>>);
+/// The current stage's bar, made on its first report that leaves work to do.
+pub struct Bar(Mutex<Option<(String, ProgressBar)>>);
 
-impl PrefillBar {
+impl Bar {
     /// A bar when stderr is a terminal, else `None`.
-    pub fn on_terminal() -> Option<Arc<PrefillBar>> {
-        std::io::stderr().is_terminal().then(|| Arc::new(PrefillBar(Mutex::new(None))))
+    pub fn on_terminal() -> Option<Arc<Bar>> {
+        std::io::stderr().is_terminal().then(|| Arc::new(Bar(Mutex::new(None))))
     }
 
-    /// `done` of `total` prompt positions prefilled.
-    pub fn report(&self, done: usize, total: usize) {
+    /// `done` of `total` `unit` of `stage` (e.g. "Prefill", "tokens").
+    pub fn report(&self, stage: &str, unit: &str, done: usize, total: usize) {
         let mut slot = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if slot.as_ref().is_some_and(|(s, _)| s != stage) {
+            if let Some((_, bar)) = slot.take() {
+                bar.finish_and_clear();
+            }
+        }
         if done >= total {
-            if let Some(bar) = slot.take() {
+            if let Some((_, bar)) = slot.take() {
                 bar.finish_and_clear();
             }
             return;
         }
-        let bar = slot.get_or_insert_with(|| {
+        let (_, bar) = slot.get_or_insert_with(|| {
             let bar = ProgressBar::with_draw_target(Some(total as u64), ProgressDrawTarget::stderr());
-            let style = ProgressStyle::with_template("Prefill [{bar:32}] {pos}/{len} tokens ({per_sec}, {eta} left)")
+            let template = format!("{stage} [{{bar:32}}] {{pos}}/{{len}} {unit} ({{per_sec}}, {{eta}} left)");
+            let style = ProgressStyle::with_template(&template)
                 .unwrap_or_else(|_| ProgressStyle::default_bar())
                 .progress_chars("=> ");
             bar.set_style(style);
-            bar
+            (stage.to_string(), bar)
         });
         bar.set_position(done as u64);
     }
 
-    /// The callback `GenerateOptions::prompt_progress` takes.
-    pub fn callback(self: &Arc<Self>) -> PromptProgress {
+    /// The callback `GenerateOptions::prompt_progress` takes: the prefill's tokens.
+    pub fn prompt_callback(self: &Arc<Self>) -> PromptProgress {
         let bar = Arc::clone(self);
-        PromptProgress(Arc::new(move |done, total| bar.report(done, total)))
+        PromptProgress(Arc::new(move |done, total| bar.report("Prefill", "tokens", done, total)))
+    }
+
+    /// The callback `ConvertOptions::progress` takes: each stage's tensors.
+    pub fn convert_callback(self: &Arc<Self>) -> ConvertProgress {
+        let bar = Arc::clone(self);
+        ConvertProgress(Arc::new(move |stage, done, total| bar.report(stage, "tensors", done, total)))
     }
 }

@@ -1,6 +1,7 @@
-//! The prefill progress bar of `nuvec cache-prompt` and `nuvec generate`: drawn in a real
+//! The progress bars: the prefill's of `nuvec cache-prompt` and `nuvec generate`, drawn in a real
 //! terminal (tmux) while a long prompt is prefilled in many passes, and cleared afterwards;
-//! absent when stderr is a pipe, where the output is what it was without the bar.
+//! `nuvec convert`'s dequantizing (script(1) gives it a terminal); absent when stderr is a pipe,
+//! where the output is what it was without the bar.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -98,4 +99,29 @@ fn no_bar_when_stderr_is_not_a_terminal() {
     assert!(!err.contains("Prefill") && !String::from_utf8_lossy(&out.stdout).contains("Prefill"), "{err}");
     let _ = std::fs::remove_file(&cache);
     let _ = std::fs::remove_file(&prompt);
+}
+
+#[test]
+fn convert_draws_its_stages_in_a_terminal_only() {
+    // `nuvec convert -d` of the default GGUF dequantizes its 211 quantized weights: a
+    // "Dequantize [...] n/211 tensors" bar in a terminal (the script(1) log of one), none piped.
+    let bin = env!("CARGO_BIN_EXE_nuvec");
+    let dir = |name: &str| std::env::temp_dir().join(format!("nuvec-progress-convert-{name}-{}", std::process::id()));
+    let (tty, piped, log) = (dir("tty"), dir("pipe"), dir("log"));
+    let command = format!("{bin} convert --hf-path {} --mlx-path {} -d", gguf(), tty.display());
+    let status = Command::new("script").args(["-qc", &command, log.to_str().unwrap()]).output();
+    let status = status.unwrap_or_else(|e| panic!("script(1) is needed for this test ({e})"));
+    let screen = String::from_utf8_lossy(&std::fs::read(&log).unwrap()).into_owned();
+    assert!(status.status.success() && screen.contains("Saved to"), "{screen}");
+    assert!(screen.contains("Dequantize [") && screen.contains("/211 tensors"), "no bar in a terminal: {screen}");
+    let out = Command::new(bin)
+        .args(["convert", "--hf-path", &gguf(), "--mlx-path", piped.to_str().unwrap(), "-d"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success() && !err.contains("Dequantize"), "{err}");
+    for d in [&tty, &piped] {
+        let _ = std::fs::remove_dir_all(d);
+    }
+    let _ = std::fs::remove_file(&log);
 }

@@ -44,6 +44,30 @@ pub struct ConvertOptions {
     pub dequantize: bool,
     /// Replace an existing output directory.
     pub force: bool,
+    /// Called after each tensor a stage transforms: `("Dequantize" | "Quantize", done, total)`.
+    pub progress: Option<ConvertProgress>,
+}
+
+/// A convert-progress callback ([`ConvertOptions::progress`]): `(stage, done, total)`, the last
+/// report of a stage with `done == total`.
+#[derive(Clone)]
+pub struct ConvertProgress(pub std::sync::Arc<ConvertProgressFn>);
+
+/// What a [`ConvertProgress`] calls: `(stage, done, total)`.
+pub type ConvertProgressFn = dyn Fn(&str, usize, usize) + Send + Sync;
+
+impl std::fmt::Debug for ConvertProgress {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ConvertProgress(..)")
+    }
+}
+
+impl ConvertOptions {
+    fn report(&self, stage: &str, done: usize, total: usize) {
+        if let Some(p) = &self.progress {
+            (p.0)(stage, done, total);
+        }
+    }
 }
 
 /// A checkpoint in memory: config fields, tensors by name, tokenizer files.
@@ -335,7 +359,9 @@ pub fn convert(source: &str, out: &Path, options: &ConvertOptions) -> Result<()>
     }
     if options.dequantize {
         quantized.append(&mut ck.not_mlx);
-        for (base, m) in &quantized {
+        let total = quantized.len();
+        for (done, (base, m)) in quantized.iter().enumerate() {
+            options.report("Dequantize", done, total);
             let q = &m.q;
             // As mlx_lm.convert -d: affine weights take the (cast) scales' dtype; the floating-point
             // modes come out of mx.dequantize as bfloat16 whatever --dtype says (exact: their
@@ -346,12 +372,16 @@ pub fn convert(source: &str, out: &Path, options: &ConvertOptions) -> Result<()>
             ck.tensors.remove(&format!("{base}.biases"));
             ck.tensors.insert(format!("{base}.weight"), dense);
         }
+        options.report("Dequantize", total, total);
         quantized.clear();
         ck.config.remove("quantization");
         ck.config.remove("quantization_config");
     }
     if let (Some(spec), true) = (options.quantize, requantize) {
-        for (base, m) in std::mem::take(&mut ck.not_mlx) {
+        let requantized = std::mem::take(&mut ck.not_mlx);
+        let total = requantized.len();
+        for (done, (base, m)) in requantized.into_iter().enumerate() {
+            options.report("Quantize", done, total);
             let (q, rows, cols) = (&m.q, m.q.rows(), m.q.cols());
             if !cols.is_multiple_of(spec.group_size) {
                 return Err(Error::Invalid(format!(
@@ -365,9 +395,12 @@ pub fn convert(source: &str, out: &Path, options: &ConvertOptions) -> Result<()>
             ck.tensors.insert(format!("{base}.biases"), m.shaped(&q.biases)?);
             quantized.insert(base, Module { q, rows: m.rows });
         }
+        options.report("Quantize", total, total);
     } else if let Some(spec) = options.quantize {
         let names: Vec<String> = ck.tensors.keys().cloned().collect();
-        for name in names {
+        let total = names.len();
+        for (done, name) in names.into_iter().enumerate() {
+            options.report("Quantize", done, total);
             let a = &ck.tensors[&name];
             // Matrices, and experts stacked as mlx-lm's SwitchLinear holds them ([experts, rows,
             // cols]), which mlx quantizes too: each row's groups alone, so the stack quantizes as
@@ -394,6 +427,7 @@ pub fn convert(source: &str, out: &Path, options: &ConvertOptions) -> Result<()>
             ck.tensors.insert(name, module.shaped(&module.q.packed)?);
             quantized.insert(base, module);
         }
+        options.report("Quantize", total, total);
     }
     if let Some(entry) = quantization_entry(quantized.iter().map(|(b, m)| (b.clone(), m.q.spec))) {
         ck.config.insert("quantization".into(), entry.clone());

@@ -237,3 +237,31 @@ fn qwen3_5_converts_as_mlx_lm_convert_does() {
         std::fs::remove_dir_all(&theirs_dir).ok();
     }
 }
+
+#[test]
+fn each_stage_reports_its_tensors() {
+    // ConvertOptions::progress (what `nuvec convert` draws its bar from on a terminal): each
+    // stage's reports count up by one from 0 and end at its total.
+    let reports = std::sync::Arc::new(std::sync::Mutex::new(Vec::<(String, usize, usize)>::new()));
+    let sink = std::sync::Arc::clone(&reports);
+    let progress = nuvec_lm::convert::ConvertProgress(std::sync::Arc::new(move |stage, done, total| {
+        sink.lock().unwrap().push((stage.to_string(), done, total))
+    }));
+    let spec = QuantSpec { mode: QuantMode::Affine, bits: 4, group_size: 64 };
+    let cases = [
+        ("qwen3-f32", "Quantize", ConvertOptions { quantize: Some(spec), ..Default::default() }),
+        ("qwen3-q4g64", "Dequantize", ConvertOptions { dequantize: true, ..Default::default() }),
+    ];
+    for (case, stage, options) in cases {
+        reports.lock().unwrap().clear();
+        let dir = out_dir(&format!("progress-{case}"));
+        let options = ConvertOptions { progress: Some(progress.clone()), ..options };
+        convert(fixtures().join(case).to_str().unwrap(), &dir, &options).unwrap();
+        let got = reports.lock().unwrap().clone();
+        let total = got.first().map(|r| r.2).unwrap_or(0);
+        assert!(total > 0, "{case}: no reports");
+        let want: Vec<(String, usize, usize)> = (0..=total).map(|d| (stage.to_string(), d, total)).collect();
+        assert_eq!(got, want, "{case}");
+        std::fs::remove_dir_all(&dir).ok();
+    }
+}
