@@ -44,7 +44,8 @@ pub struct ConvertOptions {
     pub dequantize: bool,
     /// Replace an existing output directory.
     pub force: bool,
-    /// Called after each tensor a stage transforms: `("Dequantize" | "Quantize", done, total)`.
+    /// Called as a stage goes through its tensors: `("Dequantize" | "Quantize", done, total)`
+    /// before each (quantizing counts every tensor it looks at, kept ones too) and once at the end.
     pub progress: Option<ConvertProgress>,
 }
 

@@ -248,9 +248,10 @@ fn the_batcher_serves_solo_greedy_tokens_on_the_gpu() {
 }
 
 /// Sequences beginning with one long system prompt, the later ones starting on the first's blocks
-/// (the prefix cache's hit: shared, not copied): their decode steps read those shared keys once
-/// for all of them (the tensor-core paged decode over bf16 blocks, flash_attention.cu
-/// `paged_prefix_flash_bf16_d*`), and must still give each the logits it gets alone, within a
+/// (the prefix cache's hit: shared, not copied, asserted), so that their decode steps take the
+/// shared-keys path (the tensor-core paged decode over bf16 blocks, flash_attention.cu
+/// `paged_prefix_flash_bf16_d*`; that it runs is asserted by cuda_bf16's
+/// `paged_decode_over_shared_prefixes`): each must still get the logits it gets alone, within a
 /// bf16 batch's rounding (as `bf16_scaled_4bit_batched_on_the_gpu`). The case is
 /// `scripts/make-random-checkpoint.py $NUVEC_GPU_FIXTURES/random-small-q4 --shape small` (a bf16
 /// model of head size 64: the fixtures' head size 16 takes the f32 kernel), made on the GPU

@@ -73,15 +73,17 @@ impl TokenMask {
         Ok(self.ready.as_ref().expect("set above"))
     }
 
-    /// The tokens `0..vocab` allowed next as bits, 32 a word (bit `t % 32` of word `t / 32`), as
-    /// [`TokenMask::apply`] leaves them: the request's end-of-sequence ids `eos` allowed exactly
-    /// when the grammar may end here, tokens past the grammar's vocabulary refused.
-    pub(crate) fn bits(&mut self, vocab: usize, eos: &[u32]) -> Result<Vec<u32>> {
+    /// Writes the tokens allowed next into `bits` (`vocab.div_ceil(32)` words for a row of
+    /// `vocab`: bit `t % 32` of word `t / 32`), as [`TokenMask::apply`] leaves them: the request's
+    /// end-of-sequence ids `eos` allowed exactly when the grammar may end here, tokens past the
+    /// grammar's vocabulary refused.
+    pub(crate) fn write_bits(&mut self, bits: &mut [u32], eos: &[u32]) -> Result<()> {
+        let vocab = bits.len() * 32;
         let own_eos = self.eos;
         let mask = self.next_mask()?;
         let may_end = mask.is_allowed(own_eos);
         let known = mask.len().min(vocab);
-        let mut bits = vec![0u32; vocab.div_ceil(32)];
+        bits.fill(0);
         let whole = known / 32;
         bits[..whole].copy_from_slice(&mask.as_slice()[..whole]);
         if known % 32 != 0 {
@@ -91,7 +93,7 @@ impl TokenMask {
             let (word, bit) = (t as usize / 32, t % 32);
             bits[word] = if may_end { bits[word] | 1 << bit } else { bits[word] & !(1 << bit) };
         }
-        Ok(bits)
+        Ok(())
     }
 
     /// Sets every entry of `logprobs` the grammar does not allow next to minus infinity; the

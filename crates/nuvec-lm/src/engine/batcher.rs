@@ -495,10 +495,7 @@ impl<'m> Batcher<'m> {
             let mut ready = vec![false; work.len()];
             for &row in &masked {
                 let live = self.live.get_mut(&work[row].key.0).expect("scheduled requests are live");
-                if let Some(b) = live.request.mask_bits(vocab) {
-                    bits[row * words..][..words].copy_from_slice(&b);
-                    ready[row] = true;
-                }
+                ready[row] = live.request.write_mask_bits(&mut bits[row * words..][..words]);
             }
             let m = logits.mask_rows(&bits, MASKED)?.argmax_gap()?.to_vec::<u32>()?;
             for &row in masked.iter().filter(|&&r| ready[r]) {

@@ -151,7 +151,10 @@ impl Request {
         }
         let vocab = logits.dim(1);
         if self.masked_greedy() {
-            let Some(bits) = self.mask_bits(vocab) else { return Ok(None) };
+            let mut bits = vec![0u32; vocab.div_ceil(32)];
+            if !self.write_mask_bits(&mut bits) {
+                return Ok(None);
+            }
             let masked = logits.mask_rows(&bits, MASKED)?.argmax_gap()?.to_vec::<u32>()?;
             return self.greedy_from_masked_gap(&masked, &logits.argmax_gap()?.to_vec::<u32>()?, vocab);
         }
@@ -172,11 +175,11 @@ impl Request {
             && self.yielded >= o.min_tokens
     }
 
-    /// The tokens of a row of `vocab` logits the constraint allows next, as bits (32 a word);
-    /// `None` when the constraint failed (the host path then reports it).
-    pub(crate) fn mask_bits(&mut self, vocab: usize) -> Option<Vec<u32>> {
+    /// Writes the tokens the constraint allows next into `bits` (a row's words, 32 tokens a
+    /// word); false when there is no constraint or it failed (the host path then reports it).
+    pub(crate) fn write_mask_bits(&mut self, bits: &mut [u32]) -> bool {
         let eos = &self.eos;
-        self.mask.as_mut()?.bits(vocab, eos).ok()
+        self.mask.as_mut().is_some_and(|m| m.write_bits(bits, eos).is_ok())
     }
 
     /// The greedy token from a row's `argmax_gap` triples with the constraint's mask applied
