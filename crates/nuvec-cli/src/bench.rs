@@ -18,7 +18,9 @@ use crate::common::{model_or_default, parse_device, peak_memory};
 /// Measure prompt processing and generation speed, as `mlx_lm.benchmark` does.
 #[derive(Parser, Debug)]
 pub struct Args {
-    /// Model directory, Hugging Face repo id in the local cache, or .gguf file
+    #[command(flatten)]
+    hub: crate::common::HubArgs,
+    /// Model directory, Hugging Face repo id (downloaded when not in the cache), or .gguf file
     /// (default: SmolLM2-135M-Instruct, see scripts/get-default-model.sh).
     #[arg(long)]
     model: Option<String>,
@@ -249,7 +251,7 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     }
     args.threads.apply()?;
     let model_path = model_or_default(&args.model)?;
-    let (mut model, tokenizer) = load_on(&model_path, parse_device(&args.device)?)?;
+    let (mut model, tokenizer) = load_on(&args.hub.fetch(&model_path)?, parse_device(&args.device)?)?;
     let grammar = args.constraint.grammar(&tokenizer)?;
     if grammar.is_some() && args.workload.is_none() {
         return Err("the structured-output flags (--json, --json-schema, --regex, --choice, --grammar) apply to \

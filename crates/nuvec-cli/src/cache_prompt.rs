@@ -12,7 +12,9 @@ use crate::common::{model_or_default, read_prompt, KvArgs, ThreadArgs};
 #[derive(Parser, Debug)]
 #[command(allow_negative_numbers = true)]
 pub struct Args {
-    /// Model directory, Hugging Face repo id in the local cache, or .gguf file (default: SmolLM2).
+    #[command(flatten)]
+    hub: crate::common::HubArgs,
+    /// Model directory, Hugging Face repo id (downloaded when not in the cache), or .gguf file (default: SmolLM2).
     #[arg(long)]
     model: Option<String>,
     /// The prompt to cache; `-` reads stdin. With a chat template it becomes the start of the
@@ -44,7 +46,7 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     let prompt = read_prompt(args.prompt.as_deref().unwrap_or_default(), args.file.as_deref(), false)?;
     // Refuse a target that cannot or must not be written before the prefill, not after it.
     let target = prompt_cache::prepare_save(&args.prompt_cache_file, args.force)?;
-    let (model, tokenizer) = load(&model_name)?;
+    let (model, tokenizer) = load(&args.hub.fetch(&model_name)?)?;
     let ids = crate::generate::cached_prompt_ids(&tokenizer, &prompt)?;
     let started = std::time::Instant::now();
     let kv = args.kv.options();

@@ -17,8 +17,10 @@ use crate::common::{describe_finish, model_or_default, ContextArgs, ThreadArgs};
 #[command(allow_negative_numbers = true)]
 pub struct Args {
     #[command(flatten)]
+    hub: crate::common::HubArgs,
+    #[command(flatten)]
     threads: ThreadArgs,
-    /// Model directory, Hugging Face repo id in the local cache, or .gguf file (default: SmolLM2).
+    /// Model directory, Hugging Face repo id (downloaded when not in the cache), or .gguf file (default: SmolLM2).
     #[arg(long)]
     model: Option<String>,
     /// System prompt for the conversation.
@@ -72,7 +74,7 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         },
         "",
     )?;
-    let (model, tokenizer) = load_on(&model_path, crate::common::parse_device(&args.device)?)?;
+    let (model, tokenizer) = load_on(&args.hub.fetch(&model_path)?, crate::common::parse_device(&args.device)?)?;
     let template = tokenizer
         .chat_template()
         .ok_or_else(|| format!("{model_path} has no chat template: use `nuvec generate` for a base model"))?;

@@ -20,6 +20,31 @@ pub fn model_or_default(model: &Option<String>) -> Result<String, String> {
     }
 }
 
+/// Where a Hugging Face repo id comes from (a directory or a file is used as it is).
+#[derive(Args, Debug, Clone)]
+pub struct HubArgs {
+    /// The branch, tag or commit of a Hugging Face repo id.
+    #[arg(long, default_value = "main")]
+    pub revision: String,
+    /// Never download: a repo id must already be in the Hugging Face cache (as HF_HUB_OFFLINE=1).
+    #[arg(long)]
+    pub offline: bool,
+}
+
+impl HubArgs {
+    /// `model` as a local path: a repo id not in the cache is downloaded into it (a bar per file
+    /// on a terminal). `HF_ENDPOINT`, `HF_TOKEN` and `HF_HUB_OFFLINE` are read as huggingface_hub
+    /// reads them.
+    pub fn fetch(&self, model: &str) -> Result<String, String> {
+        let mut options = nuvec_lm::hub::HubOptions::from_env();
+        options.revision = self.revision.clone();
+        options.offline |= self.offline;
+        options.progress = crate::progress::Bar::on_terminal().map(|bar| bar.download_callback());
+        let path = nuvec_lm::hub::resolve_with(model, &options).map_err(|e| e.to_string())?;
+        Ok(path.display().to_string())
+    }
+}
+
 /// The context flags (as llama.cpp's `--ctx-size`), beside mlx-lm's.
 #[derive(Args, Debug, Clone)]
 pub struct ContextArgs {

@@ -10,8 +10,10 @@ use nuvec_lm::convert::{convert, ConvertOptions};
 #[derive(Parser, Debug)]
 pub struct Args {
     #[command(flatten)]
+    hub: crate::common::HubArgs,
+    #[command(flatten)]
     threads: crate::common::ThreadArgs,
-    /// The source: a checkpoint directory, a Hugging Face repo id in the local cache, or a .gguf file.
+    /// The source: a checkpoint directory, a Hugging Face repo id (downloaded when not in the cache), or a .gguf file.
     #[arg(long, visible_alias = "model")]
     hf_path: String,
     /// Where to write the MLX checkpoint (refused if it exists, unless --force). It is written
@@ -67,7 +69,7 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     });
     let progress = crate::progress::Bar::on_terminal().map(|bar| bar.convert_callback());
     let options = ConvertOptions { quantize, dtype, dequantize: args.dequantize, force: args.force, progress };
-    convert(&args.hf_path, &args.mlx_path, &options)?;
+    convert(&args.hub.fetch(&args.hf_path)?, &args.mlx_path, &options)?;
     eprintln!("[INFO] Saved to {}", args.mlx_path.display());
     Ok(())
 }

@@ -16,7 +16,9 @@ use crate::common::{model_or_default, peak_memory, read_prompt, ContextArgs, KvA
 #[derive(Parser, Debug)]
 #[command(allow_negative_numbers = true)]
 pub struct Args {
-    /// Model directory, Hugging Face repo id in the local cache, or .gguf file
+    #[command(flatten)]
+    hub: crate::common::HubArgs,
+    /// Model directory, Hugging Face repo id (downloaded when not in the cache), or .gguf file
     /// (default: SmolLM2-135M-Instruct, see scripts/get-default-model.sh).
     #[arg(long)]
     model: Option<String>,
@@ -256,7 +258,7 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     };
     let mut prompt = read_prompt(&args.prompt, args.file.as_deref(), true)?;
 
-    let (model, mut tokenizer) = load_on(&model_path, crate::common::parse_device(&args.device)?)?;
+    let (model, mut tokenizer) = load_on(&args.hub.fetch(&model_path)?, crate::common::parse_device(&args.device)?)?;
     for token in &args.extra_eos_token {
         tokenizer.add_eos_token(token)?;
     }

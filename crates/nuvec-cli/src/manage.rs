@@ -6,8 +6,8 @@ use std::path::PathBuf;
 use std::time::SystemTime;
 
 use clap::Parser;
+use nuvec_lm::hub::cache::{self as hub_cache, format_since, format_size, CachedRepo};
 use nuvec_lm::hub::hub_cache_dir;
-use nuvec_lm::hub_cache::{self, format_since, format_size, CachedRepo};
 
 /// List or delete models in the Hugging Face cache (as mlx_lm.manage).
 #[derive(Parser, Debug)]

@@ -15,7 +15,9 @@ use crate::common::{model_or_default, parse_device, peak_memory, ThreadArgs};
 #[derive(Parser, Debug)]
 #[command(allow_negative_numbers = true)]
 pub struct Args {
-    /// Model directory, Hugging Face repo id in the local cache, or .gguf file (default: SmolLM2).
+    #[command(flatten)]
+    hub: crate::common::HubArgs,
+    /// Model directory, Hugging Face repo id (downloaded when not in the cache), or .gguf file (default: SmolLM2).
     #[arg(long)]
     model: Option<String>,
     /// The dataset: a folder in mlx-lm's local layout (train.jsonl is read) or a .jsonl file of
@@ -58,7 +60,7 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     let dataset = Dataset::open(&args.data_path)?;
     let model_name = model_or_default(&args.model)?;
     println!("Loading model from {model_name}...");
-    let (model, tokenizer) = load_on(&model_name, parse_device(&args.device)?)?;
+    let (model, tokenizer) = load_on(&args.hub.fetch(&model_name)?, parse_device(&args.device)?)?;
     println!("\nLoading dataset...");
     println!("  Sequence length: {}", args.sequence_length);
     let windows = dataset.windows(&tokenizer, args.sequence_length, samples, args.seed)?;

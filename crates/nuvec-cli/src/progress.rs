@@ -2,13 +2,15 @@
 //! gets nothing, so scripts see the same output as before. A bar appears with the first report
 //! that leaves work to do (a prompt of one pass shows none), is replaced when a new stage starts,
 //! and is cleared when its stage is done: the prefill of `nuvec generate` and `nuvec cache-prompt`
-//! (tokens), the dequantizing or quantizing of `nuvec convert` (tensors).
+//! (tokens), the dequantizing or quantizing of `nuvec convert` (tensors), a model's download
+//! (bytes, a bar per file).
 
 use std::io::IsTerminal;
 use std::sync::{Arc, Mutex};
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use nuvec_lm::convert::ConvertProgress;
+use nuvec_lm::hub::DownloadProgress;
 use nuvec_lm::PromptProgress;
 
 /// The current stage's bar, made on its first report that leaves work to do.
@@ -36,7 +38,10 @@ impl Bar {
         }
         let (_, bar) = slot.get_or_insert_with(|| {
             let bar = ProgressBar::with_draw_target(Some(total as u64), ProgressDrawTarget::stderr());
-            let template = format!("{stage} [{{bar:32}}] {{pos}}/{{len}} {unit} ({{per_sec}}, {{eta}} left)");
+            let template = match unit {
+                "bytes" => format!("{stage} [{{bar:32}}] {{bytes}}/{{total_bytes}} ({{bytes_per_sec}}, {{eta}} left)"),
+                _ => format!("{stage} [{{bar:32}}] {{pos}}/{{len}} {unit} ({{per_sec}}, {{eta}} left)"),
+            };
             let style = ProgressStyle::with_template(&template)
                 .unwrap_or_else(|_| ProgressStyle::default_bar())
                 .progress_chars("=> ");
@@ -50,6 +55,14 @@ impl Bar {
     pub fn prompt_callback(self: &Arc<Self>) -> PromptProgress {
         let bar = Arc::clone(self);
         PromptProgress(Arc::new(move |done, total| bar.report("Prefill", "tokens", done, total)))
+    }
+
+    /// The callback `HubOptions::progress` takes: each file's bytes.
+    pub fn download_callback(self: &Arc<Self>) -> DownloadProgress {
+        let bar = Arc::clone(self);
+        DownloadProgress(Arc::new(move |file, done, total| {
+            bar.report(&format!("Download {file}"), "bytes", done as usize, total as usize)
+        }))
     }
 
     /// The callback `ConvertOptions::progress` takes: each stage's tensors.

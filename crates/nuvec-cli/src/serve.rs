@@ -13,7 +13,9 @@ use crate::common::{model_or_default, ContextArgs};
 #[derive(Parser, Debug)]
 #[command(allow_negative_numbers = true)]
 pub struct Args {
-    /// Model directory, Hugging Face repo id in the local cache, or .gguf file
+    #[command(flatten)]
+    hub: crate::common::HubArgs,
+    /// Model directory, Hugging Face repo id (downloaded when not in the cache), or .gguf file
     /// (default: SmolLM2-135M-Instruct, see scripts/get-default-model.sh).
     #[arg(long)]
     model: Option<String>,
@@ -206,7 +208,7 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
 
     args.threads.apply()?;
     let device = crate::common::parse_device(&args.device)?;
-    let (model, tokenizer) = load_on(&model_path, device)?;
+    let (model, tokenizer) = load_on(&args.hub.fetch(&model_path)?, device)?;
     sampler.validate_for(model.vocab_size())?;
     let id = args.served_model_name.clone().unwrap_or_else(|| model_id(&model_path));
     let mut config = ServerConfig::new(&id, &tokenizer);

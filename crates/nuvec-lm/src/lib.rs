@@ -32,7 +32,6 @@ mod gguf_qwen35;
 mod gguf_spm;
 pub mod gguf_tokenizer;
 pub mod hub;
-pub mod hub_cache;
 pub mod layers;
 mod load;
 pub mod models;

@@ -12,7 +12,7 @@ use crate::weights::Weights;
 use crate::{hub, Error, Result};
 
 /// Loads the model and tokenizer at `model`: a checkpoint directory, a `.gguf` file, or a repo id
-/// in the local hub cache.
+/// in the Hugging Face cache or downloaded into it (`hub::resolve`).
 pub fn load(model: &str) -> Result<(Model, Tokenizer)> {
     load_on(model, Device::Cpu)
 }

@@ -222,8 +222,10 @@ fn hub_cache_lookups() {
     let hub = std::env::temp_dir().join(format!("nuvec-hub-{}", std::process::id()));
     std::fs::remove_dir_all(&hub).ok();
     std::env::set_var("HF_HUB_CACHE", &hub);
+    // Offline: a repo id not in the cache is an error naming it, not a download.
+    std::env::set_var("HF_HUB_OFFLINE", "1");
     let err = nuvec_lm::load("nobody/no-such-model").unwrap_err().to_string();
-    assert_mentions(&err, &["nobody/no-such-model", "Hugging Face cache", "does not download"]);
+    assert_mentions(&err, &["nobody/no-such-model", "Hugging Face cache", "downloads are off", "HF_HUB_OFFLINE"]);
 
     // refs/main must name a snapshot inside the repo's cache directory.
     let c = checkpoint("hub-outside", config(), tensors());
