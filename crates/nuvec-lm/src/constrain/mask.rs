@@ -1,6 +1,7 @@
 //! One request's walk through its grammar.
 
-use std::thread::JoinHandle;
+use std::sync::mpsc::{channel, Receiver};
+use std::sync::OnceLock;
 
 use llguidance::toktrie::SimpleVob;
 use llguidance::{Matcher, TokenParser};
@@ -8,7 +9,7 @@ use llguidance::{Matcher, TokenParser};
 use crate::{Error, Result};
 
 /// Where one request stands in its grammar: the tokens it may take next, and each token it took.
-/// The next mask is computed on a thread of its own as soon as a token is taken (and, for the
+/// The next mask is computed on the masks' thread pool as soon as a token is taken (and, for the
 /// first, as soon as the request starts), so that it is ready, or nearly, when the forward pass
 /// that needs it ends: generation and the Batcher's steps wait for it only at the sampler.
 pub(crate) struct TokenMask {
@@ -27,17 +28,36 @@ type MaskResult = std::result::Result<SimpleVob, String>;
 enum State {
     /// The matcher, its next mask not asked for (boxed: it is large beside a thread's handle).
     Idle(Box<Matcher>),
-    /// The matcher computing its next mask.
-    Computing(JoinHandle<(Matcher, MaskResult)>),
-    /// A failed thread took the matcher with it.
+    /// The matcher computing its next mask; the matcher comes back with it.
+    Computing(Receiver<(Matcher, MaskResult)>),
+    /// A failed computation took the matcher with it.
     Lost,
 }
 
-fn compute(mut matcher: Matcher) -> JoinHandle<(Matcher, MaskResult)> {
-    std::thread::spawn(move || {
-        let mask = matcher.compute_mask().map_err(|e| e.to_string());
-        (matcher, mask)
+/// The threads masks are computed on: one fewer than the cores, so the thread that launches the
+/// forward pass keeps one (a batch of constrained rows otherwise starts as many masks as rows at
+/// every step, each on a thread made for it). A panicking computation drops its sender, which
+/// its request reads as a failed constraint; the pool goes on.
+fn pool() -> &'static rayon::ThreadPool {
+    static POOL: OnceLock<rayon::ThreadPool> = OnceLock::new();
+    POOL.get_or_init(|| {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(cores.saturating_sub(1).max(1))
+            .thread_name(|i| format!("nuvec-mask-{i}"))
+            .panic_handler(|_| {})
+            .build()
+            .expect("a thread pool for the constraints' masks")
     })
+}
+
+fn compute(mut matcher: Matcher) -> Receiver<(Matcher, MaskResult)> {
+    let (tx, rx) = channel();
+    pool().spawn(move || {
+        let mask = matcher.compute_mask().map_err(|e| e.to_string());
+        let _ = tx.send((matcher, mask));
+    });
+    rx
 }
 
 impl TokenMask {
@@ -54,10 +74,10 @@ impl TokenMask {
     fn take(&mut self) -> Result<(Matcher, Option<MaskResult>)> {
         match std::mem::replace(&mut self.state, State::Lost) {
             State::Idle(m) => Ok((*m, None)),
-            State::Computing(handle) => handle
-                .join()
+            State::Computing(result) => result
+                .recv()
                 .map(|(m, mask)| (m, Some(mask)))
-                .map_err(|_| Error::Invalid("the constraint's mask thread panicked".into())),
+                .map_err(|_| Error::Invalid("the constraint's mask computation panicked".into())),
             State::Lost => Err(Error::Invalid("the constraint failed on an earlier token".into())),
         }
     }
