@@ -10,7 +10,7 @@ use std::time::Instant;
 
 use clap::Parser;
 use nuvec_lm::decode_graph::{DecodeGraph, GraphMode};
-use nuvec_lm::{decode_batch, default_prefill_step, load_on, BatcherOptions, Model, PagedCache, SeqId};
+use nuvec_lm::{decode_batch, default_prefill_step, load_with, BatcherOptions, Model, PagedCache, SeqId};
 
 use crate::bench_report::Report;
 use crate::common::{model_or_default, parse_device, peak_memory};
@@ -19,7 +19,7 @@ use crate::common::{model_or_default, parse_device, peak_memory};
 #[derive(Parser, Debug)]
 pub struct Args {
     #[command(flatten)]
-    hub: crate::common::HubArgs,
+    load: crate::common::LoadArgs,
     /// Model directory, Hugging Face repo id (downloaded when not in the cache), or .gguf file
     /// (default: SmolLM2-135M-Instruct, see scripts/get-default-model.sh).
     #[arg(long)]
@@ -251,7 +251,8 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     }
     args.threads.apply()?;
     let model_path = model_or_default(&args.model)?;
-    let (mut model, tokenizer) = load_on(&args.hub.fetch(&model_path)?, parse_device(&args.device)?)?;
+    let (mut model, tokenizer) =
+        load_with(&args.load.fetch(&model_path)?, &args.load.options(parse_device(&args.device)?))?;
     let grammar = args.constraint.grammar(&tokenizer)?;
     if grammar.is_some() && args.workload.is_none() {
         return Err("the structured-output flags (--json, --json-schema, --regex, --choice, --grammar) apply to \

@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 
 use clap::Parser;
-use nuvec_lm::{load, prompt_cache, Session};
+use nuvec_lm::{load_with, prompt_cache, Session};
 
 use crate::common::{model_or_default, read_prompt, KvArgs, ThreadArgs};
 
@@ -13,7 +13,7 @@ use crate::common::{model_or_default, read_prompt, KvArgs, ThreadArgs};
 #[command(allow_negative_numbers = true)]
 pub struct Args {
     #[command(flatten)]
-    hub: crate::common::HubArgs,
+    load: crate::common::LoadArgs,
     /// Model directory, Hugging Face repo id (downloaded when not in the cache), or .gguf file (default: SmolLM2).
     #[arg(long)]
     model: Option<String>,
@@ -46,7 +46,7 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     let prompt = read_prompt(args.prompt.as_deref().unwrap_or_default(), args.file.as_deref(), false)?;
     // Refuse a target that cannot or must not be written before the prefill, not after it.
     let target = prompt_cache::prepare_save(&args.prompt_cache_file, args.force)?;
-    let (model, tokenizer) = load(&args.hub.fetch(&model_name)?)?;
+    let (model, tokenizer) = load_with(&args.load.fetch(&model_name)?, &args.load.options(nuvec::Device::Cpu))?;
     let ids = crate::generate::cached_prompt_ids(&tokenizer, &prompt)?;
     let started = std::time::Instant::now();
     let kv = args.kv.options();

@@ -6,7 +6,7 @@ use std::io::{BufRead, IsTerminal, Write};
 
 use clap::Parser;
 use nuvec_lm::{
-    default_prefill_step, generate_in, load_on, FinishReason, GenerateOptions, Sampler, Session, TextStream,
+    default_prefill_step, generate_in, load_with, FinishReason, GenerateOptions, Sampler, Session, TextStream,
 };
 use serde_json::{json, Value};
 
@@ -17,7 +17,7 @@ use crate::common::{describe_finish, model_or_default, ContextArgs, ThreadArgs};
 #[command(allow_negative_numbers = true)]
 pub struct Args {
     #[command(flatten)]
-    hub: crate::common::HubArgs,
+    load: crate::common::LoadArgs,
     #[command(flatten)]
     threads: ThreadArgs,
     /// Model directory, Hugging Face repo id (downloaded when not in the cache), or .gguf file (default: SmolLM2).
@@ -74,7 +74,8 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         },
         "",
     )?;
-    let (model, tokenizer) = load_on(&args.hub.fetch(&model_path)?, crate::common::parse_device(&args.device)?)?;
+    let (model, tokenizer) =
+        load_with(&args.load.fetch(&model_path)?, &args.load.options(crate::common::parse_device(&args.device)?))?;
     let template = tokenizer
         .chat_template()
         .ok_or_else(|| format!("{model_path} has no chat template: use `nuvec generate` for a base model"))?;

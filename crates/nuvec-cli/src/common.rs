@@ -45,6 +45,29 @@ impl HubArgs {
     }
 }
 
+/// How a model is found and loaded: its source, and an adapter.
+#[derive(Args, Debug, Clone)]
+pub struct LoadArgs {
+    #[command(flatten)]
+    pub hub: HubArgs,
+    /// An mlx-lm adapter folder (adapters.safetensors, adapter_config.json: what `mlx_lm.lora`
+    /// writes): its LoRA or DoRA terms are applied without touching the model's weights.
+    #[arg(long)]
+    pub adapter_path: Option<std::path::PathBuf>,
+}
+
+impl LoadArgs {
+    /// See [`HubArgs::fetch`].
+    pub fn fetch(&self, model: &str) -> Result<String, String> {
+        self.hub.fetch(model)
+    }
+
+    /// The library's options for `device`.
+    pub fn options(&self, device: nuvec::Device) -> nuvec_lm::LoadOptions {
+        nuvec_lm::LoadOptions { device, adapter_path: self.adapter_path.clone() }
+    }
+}
+
 /// The context flags (as llama.cpp's `--ctx-size`), beside mlx-lm's.
 #[derive(Args, Debug, Clone)]
 pub struct ContextArgs {

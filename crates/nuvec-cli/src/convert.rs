@@ -68,7 +68,8 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         group_size: args.q_group_size.unwrap_or(group_size),
     });
     let progress = crate::progress::Bar::on_terminal().map(|bar| bar.convert_callback());
-    let options = ConvertOptions { quantize, dtype, dequantize: args.dequantize, force: args.force, progress };
+    let options =
+        ConvertOptions { quantize, dtype, dequantize: args.dequantize, force: args.force, progress, adapter: None };
     convert(&args.hub.fetch(&args.hf_path)?, &args.mlx_path, &options)?;
     eprintln!("[INFO] Saved to {}", args.mlx_path.display());
     Ok(())

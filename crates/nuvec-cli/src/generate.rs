@@ -4,8 +4,8 @@ use std::io::Write;
 
 use clap::Parser;
 use nuvec_lm::{
-    default_prefill_step, generate_in, load_on, prompt_cache, GenerateOptions, LogitsProcessors, Sampler, Session,
-    Stop, TextStream, Tokenizer,
+    default_prefill_step, generate_in, load_on, load_with, prompt_cache, GenerateOptions, LogitsProcessors, Sampler,
+    Session, Stop, TextStream, Tokenizer,
 };
 
 use nuvec_lm::speculative::{speculative_generate, DraftModel, PromptLookup, Proposer, Speculative};
@@ -17,7 +17,7 @@ use crate::common::{model_or_default, peak_memory, read_prompt, ContextArgs, KvA
 #[command(allow_negative_numbers = true)]
 pub struct Args {
     #[command(flatten)]
-    hub: crate::common::HubArgs,
+    load: crate::common::LoadArgs,
     /// Model directory, Hugging Face repo id (downloaded when not in the cache), or .gguf file
     /// (default: SmolLM2-135M-Instruct, see scripts/get-default-model.sh).
     #[arg(long)]
@@ -258,7 +258,8 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     };
     let mut prompt = read_prompt(&args.prompt, args.file.as_deref(), true)?;
 
-    let (model, mut tokenizer) = load_on(&args.hub.fetch(&model_path)?, crate::common::parse_device(&args.device)?)?;
+    let (model, mut tokenizer) =
+        load_with(&args.load.fetch(&model_path)?, &args.load.options(crate::common::parse_device(&args.device)?))?;
     for token in &args.extra_eos_token {
         tokenizer.add_eos_token(token)?;
     }

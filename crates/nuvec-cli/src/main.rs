@@ -8,6 +8,7 @@ mod common;
 mod constraint;
 mod convert;
 mod default_model;
+mod fuse;
 mod generate;
 mod manage;
 mod perplexity;
@@ -43,6 +44,8 @@ enum Command {
     CachePrompt(cache_prompt::Args),
     /// Convert a Hugging Face, MLX or GGUF checkpoint to MLX format (as mlx_lm.convert).
     Convert(convert::Args),
+    /// Add an adapter's LoRA / DoRA terms into a model's weights (as mlx_lm.fuse).
+    Fuse(fuse::Args),
     /// Serve a model with OpenAI's HTTP API, requests batched continuously (as mlx_lm.server).
     Serve(serve::Args),
     /// List or delete models in the Hugging Face cache (as mlx_lm.manage).
@@ -73,6 +76,7 @@ fn main() {
         Command::Generate(args) => generate::run(args),
         Command::Bench(args) => bench::run(args),
         Command::Convert(args) => convert::run(args),
+        Command::Fuse(args) => fuse::run(args),
         Command::Chat(args) => chat::run(args),
         Command::CachePrompt(args) => cache_prompt::run(args),
         Command::Serve(args) => serve::run(args),

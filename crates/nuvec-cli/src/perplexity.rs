@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use clap::Parser;
-use nuvec_lm::load_on;
+use nuvec_lm::load_with;
 use nuvec_lm::perplexity::{evaluate, Dataset};
 
 use crate::common::{model_or_default, parse_device, peak_memory, ThreadArgs};
@@ -16,7 +16,7 @@ use crate::common::{model_or_default, parse_device, peak_memory, ThreadArgs};
 #[command(allow_negative_numbers = true)]
 pub struct Args {
     #[command(flatten)]
-    hub: crate::common::HubArgs,
+    load: crate::common::LoadArgs,
     /// Model directory, Hugging Face repo id (downloaded when not in the cache), or .gguf file (default: SmolLM2).
     #[arg(long)]
     model: Option<String>,
@@ -60,7 +60,8 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     let dataset = Dataset::open(&args.data_path)?;
     let model_name = model_or_default(&args.model)?;
     println!("Loading model from {model_name}...");
-    let (model, tokenizer) = load_on(&args.hub.fetch(&model_name)?, parse_device(&args.device)?)?;
+    let (model, tokenizer) =
+        load_with(&args.load.fetch(&model_name)?, &args.load.options(parse_device(&args.device)?))?;
     println!("\nLoading dataset...");
     println!("  Sequence length: {}", args.sequence_length);
     let windows = dataset.windows(&tokenizer, args.sequence_length, samples, args.seed)?;

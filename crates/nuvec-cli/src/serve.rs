@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use clap::Parser;
-use nuvec_lm::{default_prefill_step, load_on, BatcherOptions, GenerateOptions, Sampler};
+use nuvec_lm::{default_prefill_step, load_with, BatcherOptions, GenerateOptions, Sampler};
 use nuvec_server::{Server, ServerConfig, DEFAULT_BODY_LIMIT, DEFAULT_MAX_QUEUE, DEFAULT_SHUTDOWN_GRACE};
 
 use crate::common::{model_or_default, ContextArgs};
@@ -14,7 +14,7 @@ use crate::common::{model_or_default, ContextArgs};
 #[command(allow_negative_numbers = true)]
 pub struct Args {
     #[command(flatten)]
-    hub: crate::common::HubArgs,
+    load: crate::common::LoadArgs,
     /// Model directory, Hugging Face repo id (downloaded when not in the cache), or .gguf file
     /// (default: SmolLM2-135M-Instruct, see scripts/get-default-model.sh).
     #[arg(long)]
@@ -208,7 +208,7 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
 
     args.threads.apply()?;
     let device = crate::common::parse_device(&args.device)?;
-    let (model, tokenizer) = load_on(&args.hub.fetch(&model_path)?, device)?;
+    let (model, tokenizer) = load_with(&args.load.fetch(&model_path)?, &args.load.options(device))?;
     sampler.validate_for(model.vocab_size())?;
     let id = args.served_model_name.clone().unwrap_or_else(|| model_id(&model_path));
     let mut config = ServerConfig::new(&id, &tokenizer);

@@ -16,6 +16,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod adapter;
 pub mod cache;
 pub mod chat;
 pub mod config;
@@ -60,7 +61,9 @@ pub use generate::{
     default_prefill_step, generate, generate_in, FinishReason, GenerateOptions, Generation, PromptProgress, Stats,
     TokenLogprobs,
 };
-pub use load::{load, load_dir, load_dir_on, load_model, load_model_on, load_on};
+pub use load::{
+    load, load_dir, load_dir_on, load_model, load_model_on, load_model_with, load_on, load_with, LoadOptions,
+};
 pub use models::Model;
 pub use processors::LogitsProcessors;
 pub use sample::Sampler;

@@ -1,9 +1,10 @@
 //! `load`: a checkpoint directory (or cached Hugging Face repo id) to a model and its tokenizer.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use nuvec::Device;
 
+use crate::adapter::Adapter;
 use crate::config::Config;
 use crate::models::Model;
 use crate::quantization::Quantization;
@@ -17,15 +18,40 @@ pub fn load(model: &str) -> Result<(Model, Tokenizer)> {
     load_on(model, Device::Cpu)
 }
 
+/// How [`load_with`] loads: where the weights go, and an adapter to apply.
+#[derive(Debug, Clone, Default)]
+pub struct LoadOptions {
+    /// Where every weight goes (and the caches the model makes).
+    pub device: Device,
+    /// An mlx-lm adapter folder (`adapters.safetensors`, `adapter_config.json`): its LoRA or
+    /// DoRA terms are applied to the projections it names, the base weights untouched
+    /// (mlx-lm's `load(path, adapter_path=…)`).
+    pub adapter_path: Option<PathBuf>,
+}
+
 /// [`load`] with every weight on `device` (and the caches the model makes there too).
 pub fn load_on(model: &str, device: Device) -> Result<(Model, Tokenizer)> {
+    load_with(model, &LoadOptions { device, ..Default::default() })
+}
+
+/// [`load`] as `options` say.
+pub fn load_with(model: &str, options: &LoadOptions) -> Result<(Model, Tokenizer)> {
     let path = hub::resolve(model)?;
+    let device = options.device;
     if path.is_file() && path.extension().is_some_and(|e| e == "gguf") {
+        if let Some(adapter) = &options.adapter_path {
+            return Err(Error::Unsupported(format!(
+                "--adapter-path {} with a GGUF file: adapters apply to safetensors checkpoints (mlx-lm's); \
+                 convert the GGUF with `nuvec convert` first",
+                adapter.display()
+            )));
+        }
         let (mut model, tokenizer) = crate::gguf::load_gguf_on(&path, device)?;
         model.set_fingerprint(fingerprint(&[path])?);
         return Ok((model, tokenizer));
     }
-    load_dir_on(&path, device)
+    let model = load_model_with(&path, options)?;
+    finish_load(&path, model)
 }
 
 /// FNV-1a over each file's size, its first and last 64 KiB: cheap, and different for any two
@@ -61,7 +87,11 @@ pub fn load_dir(dir: &Path) -> Result<(Model, Tokenizer)> {
 
 /// [`load_dir`] with every weight on `device`.
 pub fn load_dir_on(dir: &Path, device: Device) -> Result<(Model, Tokenizer)> {
-    let model = load_model_on(dir, device)?;
+    finish_load(dir, load_model_on(dir, device)?)
+}
+
+/// The tokenizer beside `model`, and the model told its end and newline ids.
+fn finish_load(dir: &Path, model: Model) -> Result<(Model, Tokenizer)> {
     let tokenizer = Tokenizer::load(dir, model.eos_token_ids())?;
     let mut model = model;
     model.set_eos_token_ids(tokenizer.eos_token_ids().to_vec());
@@ -78,11 +108,24 @@ pub fn load_model(dir: &Path) -> Result<Model> {
 
 /// [`load_model`] with every weight on `device`.
 pub fn load_model_on(dir: &Path, device: Device) -> Result<Model> {
+    load_model_with(dir, &LoadOptions { device, ..Default::default() })
+}
+
+/// [`load_model`] as `options` say.
+pub fn load_model_with(dir: &Path, options: &LoadOptions) -> Result<Model> {
     let config = Config::load(dir)?;
     let quantization = Quantization::from_config(&config)?;
-    let weights = Weights::open(dir, quantization)?.on_device(device);
-    let mut model = Model::from_config(&config, &weights)?;
+    let mut weights = Weights::open(dir, quantization)?.on_device(options.device);
     let mut files = vec![dir.join("config.json")];
+    if let Some(path) = &options.adapter_path {
+        let adapter = Adapter::open(path)?;
+        files.extend(adapter.files());
+        weights = weights.with_adapter(adapter);
+    }
+    let mut model = Model::from_config(&config, &weights)?;
+    if let Some(adapter) = weights.adapter() {
+        adapter.check_all_taken()?;
+    }
     files.extend(weights.files());
     model.set_fingerprint(fingerprint(&files)?);
     Ok(model)

@@ -9,6 +9,7 @@ use nuvec::io::SafetensorsFile;
 use nuvec::quantize;
 use nuvec::{Array, DType, Device, Matrix, QuantMode, QuantSpec, Quantized};
 
+use crate::adapter::Adapter;
 use crate::quantization::{Legacy, Quantization};
 use crate::{Error, Result};
 
@@ -48,6 +49,8 @@ pub struct Weights {
     /// The names read so far: what is left over after a model is built is a tensor it does not
     /// use, which mlx-lm's strict `load_weights` refuses.
     read: Mutex<HashSet<String>>,
+    /// The adapter every projection loaded from here takes its part of.
+    adapter: Option<Adapter>,
 }
 
 impl Weights {
@@ -107,6 +110,7 @@ impl Weights {
             quantization,
             device: Device::Cpu,
             read: Mutex::default(),
+            adapter: None,
         })
     }
 
@@ -121,7 +125,19 @@ impl Weights {
             quantization: Quantization::default(),
             device: Device::Cpu,
             read: Mutex::default(),
+            adapter: None,
         }
+    }
+
+    /// The same tensors, with `adapter` applied to the projections it names.
+    pub fn with_adapter(mut self, adapter: Adapter) -> Self {
+        self.adapter = Some(adapter);
+        self
+    }
+
+    /// The adapter, when one was given.
+    pub fn adapter(&self) -> Option<&Adapter> {
+        self.adapter.as_ref()
     }
 
     /// The same tensors, handed out on `device` from now on ([`Weights::tensor`],

@@ -64,6 +64,9 @@ pub trait Backend: Send + Sync {
     /// `x [M, N] + bias [N]`.
     fn add_bias(&self, x: &Array, bias: &Array) -> Result<Array>;
 
+    /// `x [M, N] * w [N]`: each row scaled entry by entry (a DoRA adapter's magnitudes).
+    fn mul_columns(&self, x: &Array, w: &Array) -> Result<Array>;
+
     /// `silu(gate) * up`, elementwise.
     fn silu_mul(&self, gate: &Array, up: &Array) -> Result<Array>;
 

@@ -43,6 +43,11 @@ impl Array {
         backend(self.device()).add_bias(self, bias)
     }
 
+    /// Multiplies every row by `w` entry by entry.
+    pub fn mul_columns(&self, w: &Array) -> Result<Array> {
+        backend(self.device()).mul_columns(self, w)
+    }
+
     /// `silu(self) * up`.
     pub fn silu_mul(&self, up: &Array) -> Result<Array> {
         backend(self.device()).silu_mul(self, up)

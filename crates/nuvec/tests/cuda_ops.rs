@@ -587,6 +587,11 @@ fn copies_and_elementwise() {
             &to(&a).add_bias(&to(&bias)).unwrap(),
             &a.add_bias(&bias).unwrap(),
         );
+        exact(
+            &format!("mul_columns [37,129] * {dtype}"),
+            &to(&a).mul_columns(&to(&bias)).unwrap(),
+            &a.mul_columns(&bias).unwrap(),
+        );
     }
     assert!(to(&a).add(&to(&arr(&[1.0], &[1]))).is_err(), "shape mismatch is an error");
 

@@ -12,6 +12,8 @@ use nuvec::quantize::{dequantize, quantize_affine};
 use nuvec::{Array, DType, Matrix, QuantMode, QuantSpec, Quantized};
 use serde_json::{json, Map, Value};
 
+mod fuse;
+
 use crate::convert_qwen3_5;
 use crate::output_dir::check_output;
 use crate::quantization::{Legacy, Quantization};
@@ -44,6 +46,9 @@ pub struct ConvertOptions {
     pub dequantize: bool,
     /// Replace an existing output directory.
     pub force: bool,
+    /// An mlx-lm adapter folder whose LoRA / DoRA terms are added into the weights first
+    /// (`nuvec fuse`, mlx_lm.fuse).
+    pub adapter: Option<std::path::PathBuf>,
     /// Called as a stage goes through its tensors: `("Dequantize" | "Quantize", done, total)`
     /// before each (quantizing counts every tensor it looks at, kept ones too) and once at the end.
     pub progress: Option<ConvertProgress>,
@@ -328,6 +333,9 @@ pub fn convert(source: &str, out: &Path, options: &ConvertOptions) -> Result<()>
     let model_type = ck.config.get("model_type").and_then(Value::as_str).unwrap_or_default().to_string();
     convert_qwen3_5::sanitize(&model_type, &mut ck.tensors)?;
     let mut quantized = quantized_modules(&ck.config, &ck.tensors)?;
+    if let Some(adapter) = &options.adapter {
+        fuse::fuse(&mut ck, &mut quantized, adapter, options.dequantize)?;
+    }
     if let Some(first) = ck.not_mlx.keys().next() {
         if options.quantize.is_none() && !options.dequantize {
             return Err(Error::Unsupported(format!(

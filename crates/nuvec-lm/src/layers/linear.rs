@@ -3,6 +3,7 @@
 use nuvec::{Array, Matrix};
 
 use super::RmsNorm;
+use crate::adapter::LowRank;
 use crate::weights::Weights;
 use crate::{Error, Result};
 
@@ -13,6 +14,9 @@ pub struct Linear {
     pub weight: Matrix,
     /// `[out]`, when the layer has one.
     pub bias: Option<Array>,
+    /// A LoRA / DoRA adapter's term, when one adapts this projection: the fused paths below
+    /// then take the plain ones, so the term is never skipped.
+    pub adapter: Option<LowRank>,
 }
 
 impl Linear {
@@ -21,17 +25,34 @@ impl Linear {
     pub fn load(weights: &Weights, path: &str, inputs: usize, outputs: usize, bias: bool) -> Result<Self> {
         let weight = weights.matrix(path, outputs, inputs)?;
         let bias = if bias { Some(weights.tensor(&format!("{path}.bias"), &[outputs])?) } else { None };
-        Ok(Linear { weight, bias })
+        let adapter = match weights.adapter() {
+            Some(a) => a.low_rank(path, &weight, weights.device())?,
+            None => None,
+        };
+        Ok(Linear { weight, bias, adapter })
+    }
+
+    /// A layer of `weight` and `bias` alone.
+    pub fn plain(weight: Matrix, bias: Option<Array>) -> Self {
+        Linear { weight, bias, adapter: None }
     }
 
     /// Applies the layer to `x [..., in]`.
     pub fn forward(&self, x: &Array) -> Result<Array> {
-        self.with_bias(x.linear(&self.weight)?)
+        let y = x.linear(&self.weight)?;
+        match &self.adapter {
+            Some(adapter) => self.with_bias(adapter.apply(x, y)?),
+            None => self.with_bias(y),
+        }
     }
 
     /// Applies several layers to the same `x [..., in]` (q/k/v, gate/up), in order; the backend
     /// may run them as one pass. Same results as [`Linear::forward`] on each.
     pub fn forward_many<const N: usize>(layers: [&Linear; N], x: &Array) -> Result<[Array; N]> {
+        if layers.iter().any(|l| l.adapter.is_some()) {
+            let outs: Vec<Array> = layers.iter().map(|l| l.forward(x)).collect::<Result<_>>()?;
+            return outs.try_into().map_err(|_| Error::Invalid("forward_many: one output per layer".into()));
+        }
         let weights = layers.map(|l| &l.weight);
         let mut outs = x.linear_many(&weights)?;
         if outs.len() != N {
@@ -48,6 +69,9 @@ impl Linear {
     /// `(silu(gate) * up)` through this layer (a gated MLP's down projection); the backend may
     /// fuse the product into the matrix-vector pass. Same result as `forward(gate.silu_mul(up))`.
     pub fn forward_silu_mul(&self, gate: &Array, up: &Array) -> Result<Array> {
+        if self.adapter.is_some() {
+            return self.forward(&gate.silu_mul(up)?);
+        }
         self.with_bias(gate.silu_mul_linear(up, &self.weight)?)
     }
 
@@ -55,7 +79,7 @@ impl Linear {
     /// the residual add and the norm after it, which a backend may fold together
     /// ([`nuvec::Backend::linear_add_rms_norm`]; with a bias, the separate ops).
     pub fn forward_add_norm(&self, x: &Array, residual: &Array, norm: &RmsNorm) -> Result<(Array, Array)> {
-        if self.bias.is_some() {
+        if self.bias.is_some() || self.adapter.is_some() {
             return norm.forward_add(residual, &self.forward(x)?);
         }
         Ok(x.linear_add_rms_norm(&self.weight, residual, norm.weight(), norm.eps())?)

@@ -72,7 +72,8 @@ impl Mlp {
     /// inputs (prefill) keep that path: CUDA makes silu(gate) * up there in bf16 in the same
     /// pass that feeds the bf16 GEMM of the down projection.
     fn decode_row_hidden(&self, x: &Array) -> Result<Option<Array>> {
-        if x.dim(0) != 1 || self.gate_proj.bias.is_some() || self.up_proj.bias.is_some() {
+        let plain = |l: &Linear| l.bias.is_none() && l.adapter.is_none();
+        if x.dim(0) != 1 || !plain(&self.gate_proj) || !plain(&self.up_proj) {
             return Ok(None);
         }
         Ok(Some(x.gate_up_silu(&self.gate_proj.weight, &self.up_proj.weight)?))

@@ -91,6 +91,9 @@ fn stack(experts: Vec<[Linear; 3]>, activation: Activation) -> Result<Experts> {
             3 * experts.len()
         )));
     }
+    if experts.iter().flatten().any(|l| l.adapter.is_some()) {
+        return Err(Error::Unsupported("adapters on MoE experts are not supported yet".into()));
+    }
     let mut parts: [Vec<Matrix>; 3] = Default::default();
     let mut biases: [Vec<Array>; 3] = Default::default();
     for expert in experts {

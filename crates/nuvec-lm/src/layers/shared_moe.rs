@@ -68,7 +68,7 @@ fn fused_experts(weights: &Weights, path: &str, s: MoeShape) -> Result<SparseMoe
     }
     let halves = gate_up.reshape(&[2 * e, i, h])?;
     let device = weights.device();
-    let dense = |a: Array| -> Result<Linear> { Ok(Linear { weight: Matrix::Dense(a.to_device(device)?), bias: None }) };
+    let dense = |a: Array| -> Result<Linear> { Ok(Linear::plain(Matrix::Dense(a.to_device(device)?), None)) };
     let experts = (0..e)
         .map(|x| {
             Ok([

@@ -196,7 +196,7 @@ fn load_experts(
         return Err(unsanitized_experts_error(weights, path));
     };
     let linear = |weight: Matrix, bias: &Array, e: usize| -> Result<Linear> {
-        Ok(Linear { weight, bias: Some(bias.index_first(e)?) })
+        Ok(Linear::plain(weight, Some(bias.index_first(e)?)))
     };
     gates
         .into_iter()

@@ -113,6 +113,11 @@ pub(crate) mod host_checked {
             CpuBackend.add_bias(x, bias)
         }
 
+        fn mul_columns(&self, x: &Array, w: &Array) -> Result<Array> {
+            on_host("mul_columns", &[("x", x), ("w", w)])?;
+            CpuBackend.mul_columns(x, w)
+        }
+
         fn silu_mul(&self, gate: &Array, up: &Array) -> Result<Array> {
             on_host("silu_mul", &[("gate", gate), ("up", up)])?;
             CpuBackend.silu_mul(gate, up)

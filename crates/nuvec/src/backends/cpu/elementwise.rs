@@ -29,12 +29,21 @@ pub(crate) fn silu_mul(gate: &Array, up: &Array) -> Result<Array> {
 }
 
 pub(crate) fn add_bias(x: &Array, bias: &Array) -> Result<Array> {
+    by_columns("add_bias", x, bias, |a, b| a + b)
+}
+
+pub(crate) fn mul_columns(x: &Array, w: &Array) -> Result<Array> {
+    by_columns("mul_columns", x, w, |a, b| a * b)
+}
+
+/// `f(x[i, j], row[j])` for every entry of `x [.., N]`.
+fn by_columns(op: &'static str, x: &Array, row: &Array, f: impl Fn(f32, f32) -> f32) -> Result<Array> {
     let n = x.dim(-1);
-    if bias.len() != n {
-        return Err(Error::shape("add_bias", format!("bias of {} for rows of {n}", bias.len())));
+    if row.len() != n {
+        return Err(Error::shape(op, format!("a row of {} for rows of {n}", row.len())));
     }
-    let (data, bias) = (f32s("add_bias", x)?, floats("add_bias", bias)?);
-    let out = data.chunks(n).flat_map(|row| row.iter().zip(bias.iter()).map(|(a, b)| a + b)).collect();
+    let (data, row) = (f32s(op, x)?, floats(op, row)?);
+    let out = data.chunks(n).flat_map(|r| r.iter().zip(row.iter()).map(|(&a, &b)| f(a, b))).collect();
     output(out, x.shape())
 }
 

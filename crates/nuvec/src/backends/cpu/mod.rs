@@ -143,6 +143,10 @@ impl Backend for CpuBackend {
         elementwise::add_bias(x, bias)
     }
 
+    fn mul_columns(&self, x: &Array, w: &Array) -> Result<Array> {
+        elementwise::mul_columns(x, w)
+    }
+
     fn silu_mul(&self, gate: &Array, up: &Array) -> Result<Array> {
         elementwise::silu_mul(gate, up)
     }

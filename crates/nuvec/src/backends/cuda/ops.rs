@@ -569,6 +569,27 @@ impl CudaBackend {
         .map_err(|e| Error::Device(format!("{op}: cuBLAS SGEMM on cuda:{}: {e:?}", st.ordinal)))
     }
 
+    /// `x [.., N]` with `row [N]` (f32, f16 or bf16) applied to each row by `kernel`.
+    fn by_columns(&self, op: &'static str, kernel: &str, x: &Array, row: &Array) -> Result<Array> {
+        if x.shape().is_empty() {
+            return Err(Error::shape(op, "input is 0-d"));
+        }
+        let cols = x.dim(-1);
+        if row.len() != cols {
+            return Err(Error::shape(op, format!("a row of {} for rows of {cols}", row.len())));
+        }
+        let xp = self.f32_ptr(op, "x", x)?;
+        let r_dt = float_code(op, "row", row)?;
+        let rp = self.ptr(op, "row", row)?;
+        let out = self.output(x.shape(), DType::F32, false)?;
+        let n = x.len() as u64;
+        if n > 0 {
+            let (o, cols) = (out.cuda_ptr()?, cols as u64);
+            launch!(self.st()?, op, kernel, cfg_1d(n as usize); o, xp, rp, r_dt, n, cols);
+        }
+        Ok(out)
+    }
+
     fn binary(&self, op: &'static str, kernel: &str, a: &Array, b: &Array) -> Result<Array> {
         if a.shape() != b.shape() {
             return Err(Error::shape(op, format!("{:?} and {:?} differ", a.shape(), b.shape())));
@@ -891,24 +912,11 @@ impl Backend for CudaBackend {
     }
 
     fn add_bias(&self, x: &Array, bias: &Array) -> Result<Array> {
-        let op = "add_bias";
-        if x.shape().is_empty() {
-            return Err(Error::shape(op, "input is 0-d"));
-        }
-        let cols = x.dim(-1);
-        if bias.len() != cols {
-            return Err(Error::shape(op, format!("bias of {} for rows of {cols}", bias.len())));
-        }
-        let xp = self.f32_ptr(op, "x", x)?;
-        let b_dt = float_code(op, "bias", bias)?;
-        let bp = self.ptr(op, "bias", bias)?;
-        let out = self.output(x.shape(), DType::F32, false)?;
-        let n = x.len() as u64;
-        if n > 0 {
-            let (o, cols) = (out.cuda_ptr()?, cols as u64);
-            launch!(self.st()?, op, "add_bias_f32", cfg_1d(n as usize); o, xp, bp, b_dt, n, cols);
-        }
-        Ok(out)
+        self.by_columns("add_bias", "add_bias_f32", x, bias)
+    }
+
+    fn mul_columns(&self, x: &Array, w: &Array) -> Result<Array> {
+        self.by_columns("mul_columns", "mul_columns_f32", x, w)
     }
 
     fn silu_mul(&self, gate: &Array, up: &Array) -> Result<Array> {

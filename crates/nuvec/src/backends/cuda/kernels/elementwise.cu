@@ -22,6 +22,13 @@ extern "C" __global__ void add_bias_f32(float* out, const float* x, const void* 
     GRID_STRIDE(i, n) out[i] = x[i] + load_float(bias, i % cols, bias_dt);
 }
 
+// out [M, N] = x [M, N] * w [N] (w f32, f16 or bf16): a DoRA adapter's magnitudes.
+extern "C" __global__ void mul_columns_f32(float* out, const float* x, const void* w, int w_dt, size_t n,
+                                           size_t cols) {
+    pdl_begin();
+    GRID_STRIDE(i, n) out[i] = x[i] * load_float(w, i % cols, w_dt);
+}
+
 // One block per row of `d`, summed in norm_vthreads' layout (common.cuh; a decode row gets a thread
 // per 4 values up to 1024, so that a 4096-wide row is one 16-byte load per thread: a 256-thread
 // loop over it took 15 us under ncu on the H200, a decode step has two per layer):
