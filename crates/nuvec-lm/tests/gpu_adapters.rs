@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 
 use nuvec::io::save_safetensors;
 use nuvec::{Array, Device};
-use nuvec_lm::{generate, load_with, GenerateOptions, LoadOptions, Model};
+use nuvec_lm::{generate, load_model_with, GenerateOptions, LoadOptions, Model};
 
 mod common;
 use common::gpu_cases::{case_dir, margin, prompt};
@@ -63,8 +63,9 @@ fn adapter(case: &str, kind: &str, (hidden, q, kv, inter): (usize, usize, usize,
 }
 
 fn load(case: &str, adapter: &Path, device: Device) -> Model {
+    // The GPU fixtures hold no tokenizer: the model alone.
     let options = LoadOptions { device, adapter_path: Some(adapter.to_path_buf()) };
-    load_with(case_dir(case).to_str().unwrap(), &options).unwrap().0
+    load_model_with(&case_dir(case), &options).unwrap()
 }
 
 fn last_logits(model: &Model, prompt: &[u32]) -> Vec<f32> {
