@@ -62,9 +62,13 @@ impl LoadArgs {
         self.hub.fetch(model)
     }
 
-    /// The library's options for `device`.
+    /// The library's options for `device`: a bar on a terminal while a load that lasts runs.
     pub fn options(&self, device: nuvec::Device) -> nuvec_lm::LoadOptions {
-        nuvec_lm::LoadOptions { device, adapter_path: self.adapter_path.clone() }
+        nuvec_lm::LoadOptions {
+            device,
+            adapter_path: self.adapter_path.clone(),
+            progress: crate::progress::Bar::on_terminal().map(|bar| bar.load_callback()),
+        }
     }
 }
 

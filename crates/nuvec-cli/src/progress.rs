@@ -3,7 +3,7 @@
 //! that leaves work to do (a prompt of one pass shows none), is replaced when a new stage starts,
 //! and is cleared when its stage is done: the prefill of `nuvec generate` and `nuvec cache-prompt`
 //! (tokens), the dequantizing or quantizing of `nuvec convert` (tensors), a model's download
-//! (bytes, a bar per file).
+//! (bytes, a bar per file), and loading a checkpoint that takes more than a second (tensors).
 
 use std::io::IsTerminal;
 use std::sync::{Arc, Mutex};
@@ -11,7 +11,10 @@ use std::sync::{Arc, Mutex};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use nuvec_lm::convert::ConvertProgress;
 use nuvec_lm::hub::DownloadProgress;
-use nuvec_lm::PromptProgress;
+use nuvec_lm::{LoadProgress, PromptProgress};
+
+/// How long a load runs before its bar is drawn.
+const LOAD_BAR_AFTER: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// The current stage's bar, made on its first report that leaves work to do.
 pub struct Bar(Mutex<Option<(String, ProgressBar)>>);
@@ -62,6 +65,18 @@ impl Bar {
         let bar = Arc::clone(self);
         DownloadProgress(Arc::new(move |file, done, total| {
             bar.report(&format!("Download {file}"), "bytes", done as usize, total as usize)
+        }))
+    }
+
+    /// The callback `LoadOptions::progress` takes: the checkpoint's tensors, drawn only once the
+    /// load has taken a second (a small model loads without a flash of a bar).
+    pub fn load_callback(self: &Arc<Self>) -> LoadProgress {
+        let bar = Arc::clone(self);
+        let start = std::time::Instant::now();
+        LoadProgress(Arc::new(move |done, total| {
+            if done >= total || start.elapsed() >= LOAD_BAR_AFTER {
+                bar.report("Load", "tensors", done, total);
+            }
         }))
     }
 

@@ -63,6 +63,7 @@ pub use generate::{
 };
 pub use load::{
     load, load_dir, load_dir_on, load_model, load_model_on, load_model_with, load_on, load_with, LoadOptions,
+    LoadProgress,
 };
 pub use models::Model;
 pub use processors::LogitsProcessors;

@@ -27,6 +27,23 @@ pub struct LoadOptions {
     /// DoRA terms are applied to the projections it names, the base weights untouched
     /// (mlx-lm's `load(path, adapter_path=…)`).
     pub adapter_path: Option<PathBuf>,
+    /// Told as the checkpoint's tensors are read (safetensors checkpoints; a GGUF file reports
+    /// nothing).
+    pub progress: Option<LoadProgress>,
+}
+
+/// A load-progress callback ([`LoadOptions::progress`]): `(tensors read, tensors in the
+/// checkpoint)`, the last report with both equal.
+#[derive(Clone)]
+pub struct LoadProgress(pub std::sync::Arc<LoadProgressFn>);
+
+/// What a [`LoadProgress`] calls: `(tensors read, tensors in the checkpoint)`.
+pub type LoadProgressFn = dyn Fn(usize, usize) + Send + Sync;
+
+impl std::fmt::Debug for LoadProgress {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("LoadProgress(..)")
+    }
 }
 
 /// [`load`] with every weight on `device` (and the caches the model makes there too).
@@ -116,13 +133,18 @@ pub fn load_model_with(dir: &Path, options: &LoadOptions) -> Result<Model> {
     let config = Config::load(dir)?;
     let quantization = Quantization::from_config(&config)?;
     let mut weights = Weights::open(dir, quantization)?.on_device(options.device);
+    if let Some(progress) = &options.progress {
+        weights = weights.with_progress(progress.clone());
+    }
     let mut files = vec![dir.join("config.json")];
     if let Some(path) = &options.adapter_path {
         let adapter = Adapter::open(path)?;
         files.extend(adapter.files());
         weights = weights.with_adapter(adapter);
     }
-    let mut model = Model::from_config(&config, &weights)?;
+    let built = Model::from_config(&config, &weights);
+    weights.report_done();
+    let mut model = built?;
     if let Some(adapter) = weights.adapter() {
         adapter.check_all_taken()?;
     }

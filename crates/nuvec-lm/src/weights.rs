@@ -10,6 +10,7 @@ use nuvec::quantize;
 use nuvec::{Array, DType, Device, Matrix, QuantMode, QuantSpec, Quantized};
 
 use crate::adapter::Adapter;
+use crate::load::LoadProgress;
 use crate::quantization::{Legacy, Quantization};
 use crate::{Error, Result};
 
@@ -51,6 +52,8 @@ pub struct Weights {
     read: Mutex<HashSet<String>>,
     /// The adapter every projection loaded from here takes its part of.
     adapter: Option<Adapter>,
+    /// Told of each tensor read for the first time: `(read, in the checkpoint)`.
+    progress: Option<LoadProgress>,
 }
 
 impl Weights {
@@ -111,6 +114,7 @@ impl Weights {
             device: Device::Cpu,
             read: Mutex::default(),
             adapter: None,
+            progress: None,
         })
     }
 
@@ -126,6 +130,21 @@ impl Weights {
             device: Device::Cpu,
             read: Mutex::default(),
             adapter: None,
+            progress: None,
+        }
+    }
+
+    /// The same tensors, reporting to `progress` as they are read.
+    pub fn with_progress(mut self, progress: LoadProgress) -> Self {
+        self.progress = Some(progress);
+        self
+    }
+
+    /// Reports every tensor read (the end of a load, whatever the model left unread).
+    pub fn report_done(&self) {
+        if let Some(p) = &self.progress {
+            let total = self.index.len() + self.converted.len();
+            (p.0)(total, total);
         }
     }
 
@@ -221,7 +240,12 @@ impl Weights {
     /// Tensor `name` as it is stored.
     pub fn raw(&self, name: &str) -> Result<Array> {
         if self.has(name) {
-            self.read.lock().unwrap_or_else(|e| e.into_inner()).insert(name.to_string());
+            let mut read = self.read.lock().unwrap_or_else(|e| e.into_inner());
+            let (first, done) = (read.insert(name.to_string()), read.len());
+            drop(read);
+            if let (true, Some(p)) = (first, &self.progress) {
+                (p.0)(done, self.index.len() + self.converted.len());
+            }
         }
         if let Some(a) = self.converted.get(name) {
             return Ok(a.clone());

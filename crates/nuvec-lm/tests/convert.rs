@@ -265,3 +265,25 @@ fn each_stage_reports_its_tensors() {
         std::fs::remove_dir_all(&dir).ok();
     }
 }
+
+#[test]
+fn a_load_reports_each_tensor_once() {
+    // LoadOptions::progress (what the CLI draws its load bar from): 1, 2, ... up to what the
+    // model reads, each tensor once (a quantized weight's three parts are three), then the
+    // checkpoint's total once more when the model is built.
+    let reports = std::sync::Arc::new(std::sync::Mutex::new(Vec::<(usize, usize)>::new()));
+    let sink = std::sync::Arc::clone(&reports);
+    let progress =
+        nuvec_lm::LoadProgress(std::sync::Arc::new(move |done, total| sink.lock().unwrap().push((done, total))));
+    for case in ["qwen3-f32", "qwen3-q4g64"] {
+        reports.lock().unwrap().clear();
+        let dir = fixtures().join(case);
+        let options = nuvec_lm::LoadOptions { progress: Some(progress.clone()), ..Default::default() };
+        nuvec_lm::load_model_with(&dir, &options).unwrap();
+        let got = reports.lock().unwrap().clone();
+        let total = nuvec::io::SafetensorsFile::open(dir.join("model.safetensors")).unwrap().tensors().len();
+        let mut want: Vec<(usize, usize)> = (1..=total).map(|d| (d, total)).collect();
+        want.push((total, total));
+        assert_eq!(got, want, "{case}");
+    }
+}

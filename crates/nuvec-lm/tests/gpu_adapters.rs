@@ -64,7 +64,7 @@ fn adapter(case: &str, kind: &str, (hidden, q, kv, inter): (usize, usize, usize,
 
 fn load(case: &str, adapter: &Path, device: Device) -> Model {
     // The GPU fixtures hold no tokenizer: the model alone.
-    let options = LoadOptions { device, adapter_path: Some(adapter.to_path_buf()) };
+    let options = LoadOptions { device, adapter_path: Some(adapter.to_path_buf()), ..Default::default() };
     load_model_with(&case_dir(case), &options).unwrap()
 }
 
