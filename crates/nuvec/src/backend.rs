@@ -67,6 +67,10 @@ pub trait Backend: Send + Sync {
     /// `x [M, N] * w [N]`: each row scaled entry by entry (a DoRA adapter's magnitudes).
     fn mul_columns(&self, x: &Array, w: &Array) -> Result<Array>;
 
+    /// `y [M, N] + t [M, R] · wᵀ` with `w` f32 `[N, R]`, R small: a low-rank adapter's second
+    /// product added to the base one in one pass, in f32.
+    fn add_linear(&self, y: &Array, t: &Array, w: &Array) -> Result<Array>;
+
     /// `silu(gate) * up`, elementwise.
     fn silu_mul(&self, gate: &Array, up: &Array) -> Result<Array>;
 
@@ -390,6 +394,32 @@ pub(crate) fn gate_up_silu_composed<B: Backend + ?Sized>(
     match outs.as_slice() {
         [g, u] => backend.silu_mul(g, u),
         _ => Err(Error::shape("gate_up_silu", format!("linear_many returned {} arrays for 2 weights", outs.len()))),
+    }
+}
+
+/// `(N, R)` of an [`crate::Backend::add_linear`] call, checked: `y [.., N]`, `t [.., R]` of as
+/// many rows, `w` f32 `[N, R]`.
+pub(crate) fn check_add_linear(y: &Array, t: &Array, w: &Array) -> crate::Result<(usize, usize)> {
+    let fits = !y.shape().is_empty()
+        && !t.shape().is_empty()
+        && w.shape().len() == 2
+        && w.dtype() == crate::DType::F32
+        && w.dim(0) == y.dim(-1)
+        && w.dim(1) == t.dim(-1)
+        && w.dim(1) > 0
+        && y.len() / w.dim(0).max(1) == t.len() / w.dim(1);
+    match fits {
+        true => Ok((w.dim(0), w.dim(1))),
+        false => Err(crate::Error::shape(
+            "add_linear",
+            format!(
+                "y {:?}, t {:?}, w {:?} ({}): expected [.., N], [.., R] of as many rows, f32 [N, R]",
+                y.shape(),
+                t.shape(),
+                w.shape(),
+                w.dtype()
+            ),
+        )),
     }
 }
 

@@ -43,6 +43,11 @@ impl Array {
         backend(self.device()).add_bias(self, bias)
     }
 
+    /// `self [M, N] + t [M, R] · wᵀ` (`w` f32 `[N, R]`); see [`crate::Backend::add_linear`].
+    pub fn add_linear(&self, t: &Array, w: &Array) -> Result<Array> {
+        backend(self.device()).add_linear(self, t, w)
+    }
+
     /// Multiplies every row by `w` entry by entry.
     pub fn mul_columns(&self, w: &Array) -> Result<Array> {
         backend(self.device()).mul_columns(self, w)

@@ -593,6 +593,14 @@ fn copies_and_elementwise() {
             &a.mul_columns(&bias).unwrap(),
         );
     }
+    // A low-rank adapter's second product with the sum (FMA on the device: close, not exact).
+    let (t, w) = (arr(&rng.vec(37 * 8, 1.0), &[37, 8]), arr(&rng.vec(129 * 8, 1.0), &[129, 8]));
+    close(
+        "add_linear [37,129] + [37,8] x [129,8]^T",
+        &to(&a).add_linear(&to(&t), &to(&w)).unwrap(),
+        &a.add_linear(&t, &w).unwrap(),
+    );
+    assert!(to(&a).add_linear(&to(&w), &to(&w)).is_err(), "rows that differ are an error");
     assert!(to(&a).add(&to(&arr(&[1.0], &[1]))).is_err(), "shape mismatch is an error");
 
     // slice_rows gives a view; ops on the view read the right rows.

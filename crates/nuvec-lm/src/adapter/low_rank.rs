@@ -10,7 +10,7 @@ use rayon::prelude::*;
 #[derive(Debug, Clone)]
 pub struct LowRank {
     a: Matrix,
-    b: Matrix,
+    b: Array,
     gain: Option<Array>,
 }
 
@@ -42,7 +42,7 @@ impl LowRank {
         let upload = |v: &[f32], shape: &[usize]| Array::from_slice_on(v, shape, device).map_err(|e| e.to_string());
         Ok(LowRank {
             a: Matrix::Dense(upload(&a_t, &[rank, inputs])?),
-            b: Matrix::Dense(upload(&b_t, &[out, rank])?),
+            b: upload(&b_t, &[out, rank])?,
             gain: match gain {
                 Some(g) => Some(upload(&g, &[out])?),
                 None => None,
@@ -53,11 +53,23 @@ impl LowRank {
     /// The adapted output from `x [.., in]` and the base product `base = x Wᵀ [.., out]`
     /// (without the layer's bias, which comes after DoRA's rescaling).
     pub fn apply(&self, x: &Array, base: Array) -> nuvec::Result<Array> {
-        let sum = base.add(&x.linear(&self.a)?.linear(&self.b)?)?;
+        let sum = self.add_to(x, &base)?;
         match &self.gain {
             Some(g) => sum.mul_columns(g),
             None => Ok(sum),
         }
+    }
+
+    /// `y + s·B (A x)`: the low-rank term added to `y [.., out]` (two launches: the product
+    /// by A, then the one by B with the sum).
+    pub fn add_to(&self, x: &Array, y: &Array) -> nuvec::Result<Array> {
+        y.add_linear(&x.linear(&self.a)?, &self.b)
+    }
+
+    /// Whether the adapter only adds its term (LoRA): then it can be added to whatever the
+    /// base product is summed with (a residual) instead of to the product itself.
+    pub fn only_adds(&self) -> bool {
+        self.gain.is_none()
     }
 }
 

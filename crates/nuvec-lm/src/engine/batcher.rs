@@ -506,11 +506,17 @@ impl<'m> Batcher<'m> {
         let host_rows: Vec<usize> = (0..work.len()).filter(|&r| work[r].samples && picks[r].is_none()).collect();
         let mut sampled: Vec<Option<Result<u32>>> = (0..work.len()).map(|_| None).collect();
         if !host_rows.is_empty() {
-            let host = logits.to_vec::<f32>()?;
+            let mut host: HashMap<usize, Vec<f32>> =
+                host_rows.iter().copied().zip(read_rows(logits, &host_rows)?).collect();
             let wanted: HashMap<u64, usize> = host_rows.iter().map(|&r| (work[r].key.0, r)).collect();
-            let mut jobs: Vec<(usize, &mut Request)> =
-                self.live.iter_mut().filter_map(|(k, live)| wanted.get(k).map(|&r| (r, &mut live.request))).collect();
-            let results = sample_rows(&mut jobs, &host, vocab);
+            let mut jobs: Vec<(usize, Vec<f32>, &mut Request)> = self
+                .live
+                .iter_mut()
+                .filter_map(|(k, live)| {
+                    wanted.get(k).map(|&r| (r, host.remove(&r).unwrap_or_default(), &mut live.request))
+                })
+                .collect();
+            let results = sample_rows(&mut jobs);
             for (row, result) in results {
                 sampled[row] = Some(result);
             }
@@ -715,11 +721,22 @@ fn default_blocks(model: &Model, options: &BatcherOptions) -> Result<usize> {
     Ok(blocks)
 }
 
-/// Samples each job's row of `host` (`[rows, vocab]`): `(row, token)` for each, on up to the
+/// Rows `rows` of `logits [n, vocab]` on the host: read one by one when they are few (the
+/// constrained rows whose device pick is uncertain, among greedy ones), else in one copy.
+fn read_rows(logits: &Array, rows: &[usize]) -> Result<Vec<Vec<f32>>> {
+    let (n, vocab) = (logits.dim(0), logits.dim(1));
+    if rows.len() * 4 <= n {
+        return rows.iter().map(|&r| Ok(logits.slice_rows(r, r + 1)?.to_vec::<f32>()?)).collect();
+    }
+    let all = logits.to_vec::<f32>()?;
+    Ok(rows.iter().map(|&r| all[r * vocab..(r + 1) * vocab].to_vec()).collect())
+}
+
+/// Samples each job's row (its logits on the host): `(row, token)` for each, on up to the
 /// machine's cores when there are several (each request only touches its own state).
-fn sample_rows(jobs: &mut [(usize, &mut Request)], host: &[f32], vocab: usize) -> Vec<(usize, Result<u32>)> {
-    let one = |(row, request): &mut (usize, &mut Request)| {
-        (*row, request.sample_on_host(host[*row * vocab..(*row + 1) * vocab].to_vec()))
+fn sample_rows(jobs: &mut [(usize, Vec<f32>, &mut Request)]) -> Vec<(usize, Result<u32>)> {
+    let one = |(row, logits, request): &mut (usize, Vec<f32>, &mut Request)| {
+        (*row, request.sample_on_host(std::mem::take(logits)))
     };
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(jobs.len());
     if threads <= 1 {

@@ -14,8 +14,8 @@ pub struct Linear {
     pub weight: Matrix,
     /// `[out]`, when the layer has one.
     pub bias: Option<Array>,
-    /// A LoRA / DoRA adapter's term, when one adapts this projection: the fused paths below
-    /// then take the plain ones, so the term is never skipped.
+    /// A LoRA / DoRA adapter's term, when one adapts this projection: every path below adds
+    /// it (the fused ones around their fused base product).
     pub adapter: Option<LowRank>,
 }
 
@@ -39,50 +39,54 @@ impl Linear {
 
     /// Applies the layer to `x [..., in]`.
     pub fn forward(&self, x: &Array) -> Result<Array> {
-        let y = x.linear(&self.weight)?;
-        match &self.adapter {
-            Some(adapter) => self.with_bias(adapter.apply(x, y)?),
-            None => self.with_bias(y),
-        }
+        self.finish(x, x.linear(&self.weight)?)
     }
 
     /// Applies several layers to the same `x [..., in]` (q/k/v, gate/up), in order; the backend
     /// may run them as one pass. Same results as [`Linear::forward`] on each.
     pub fn forward_many<const N: usize>(layers: [&Linear; N], x: &Array) -> Result<[Array; N]> {
-        if layers.iter().any(|l| l.adapter.is_some()) {
-            let outs: Vec<Array> = layers.iter().map(|l| l.forward(x)).collect::<Result<_>>()?;
-            return outs.try_into().map_err(|_| Error::Invalid("forward_many: one output per layer".into()));
-        }
         let weights = layers.map(|l| &l.weight);
-        let mut outs = x.linear_many(&weights)?;
+        let outs = x.linear_many(&weights)?;
         if outs.len() != N {
             return Err(Error::Invalid(format!("linear_many returned {} arrays for {N} weights", outs.len())));
         }
-        for (y, layer) in outs.iter_mut().zip(layers) {
-            if let Some(b) = &layer.bias {
-                *y = y.add_bias(b)?;
-            }
-        }
+        let outs: Vec<Array> = outs.into_iter().zip(layers).map(|(y, l)| l.finish(x, y)).collect::<Result<_>>()?;
         outs.try_into().map_err(|_| Error::Invalid("linear_many: length checked above".into()))
     }
 
     /// `(silu(gate) * up)` through this layer (a gated MLP's down projection); the backend may
     /// fuse the product into the matrix-vector pass. Same result as `forward(gate.silu_mul(up))`.
     pub fn forward_silu_mul(&self, gate: &Array, up: &Array) -> Result<Array> {
-        if self.adapter.is_some() {
-            return self.forward(&gate.silu_mul(up)?);
+        let y = gate.silu_mul_linear(up, &self.weight)?;
+        match &self.adapter {
+            Some(adapter) => self.with_bias(adapter.apply(&gate.silu_mul(up)?, y)?),
+            None => self.with_bias(y),
         }
-        self.with_bias(gate.silu_mul_linear(up, &self.weight)?)
     }
 
     /// `h = residual + self.forward(x)` and `(h, norm(h))`: an output or down projection with
     /// the residual add and the norm after it, which a backend may fold together
-    /// ([`nuvec::Backend::linear_add_rms_norm`]; with a bias, the separate ops).
+    /// ([`nuvec::Backend::linear_add_rms_norm`]; with a bias or a DoRA adapter, the separate
+    /// ops; a LoRA adapter's term joins the residual).
     pub fn forward_add_norm(&self, x: &Array, residual: &Array, norm: &RmsNorm) -> Result<(Array, Array)> {
-        if self.bias.is_some() || self.adapter.is_some() {
-            return norm.forward_add(residual, &self.forward(x)?);
+        match &self.adapter {
+            _ if self.bias.is_some() => norm.forward_add(residual, &self.forward(x)?),
+            Some(adapter) if !adapter.only_adds() => norm.forward_add(residual, &self.forward(x)?),
+            Some(adapter) => {
+                let residual = adapter.add_to(x, residual)?;
+                Ok(x.linear_add_rms_norm(&self.weight, &residual, norm.weight(), norm.eps())?)
+            }
+            None => Ok(x.linear_add_rms_norm(&self.weight, residual, norm.weight(), norm.eps())?),
         }
-        Ok(x.linear_add_rms_norm(&self.weight, residual, norm.weight(), norm.eps())?)
+    }
+
+    /// The adapter's term (when the layer has one), then the bias, on the base product `y`.
+    fn finish(&self, x: &Array, y: Array) -> Result<Array> {
+        let y = match &self.adapter {
+            Some(adapter) => adapter.apply(x, y)?,
+            None => y,
+        };
+        self.with_bias(y)
     }
 
     fn with_bias(&self, y: Array) -> Result<Array> {

@@ -118,6 +118,11 @@ pub(crate) mod host_checked {
             CpuBackend.mul_columns(x, w)
         }
 
+        fn add_linear(&self, y: &Array, t: &Array, w: &Array) -> Result<Array> {
+            on_host("add_linear", &[("y", y), ("t", t), ("w", w)])?;
+            CpuBackend.add_linear(y, t, w)
+        }
+
         fn silu_mul(&self, gate: &Array, up: &Array) -> Result<Array> {
             on_host("silu_mul", &[("gate", gate), ("up", up)])?;
             CpuBackend.silu_mul(gate, up)

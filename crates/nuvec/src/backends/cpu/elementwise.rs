@@ -36,6 +36,19 @@ pub(crate) fn mul_columns(x: &Array, w: &Array) -> Result<Array> {
     by_columns("mul_columns", x, w, |a, b| a * b)
 }
 
+pub(crate) fn add_linear(y: &Array, t: &Array, w: &Array) -> Result<Array> {
+    let (n, r) = crate::backend::check_add_linear(y, t, w)?;
+    let shape = y.shape().to_vec();
+    let (y, t, w) = (f32s("add_linear", y)?, f32s("add_linear", t)?, f32s("add_linear", w)?);
+    let mut out = y.to_vec();
+    for (o_row, t_row) in out.chunks_mut(n).zip(t.chunks(r)) {
+        for (o, w_row) in o_row.iter_mut().zip(w.chunks(r)) {
+            *o += t_row.iter().zip(w_row).map(|(a, b)| a * b).sum::<f32>();
+        }
+    }
+    output(out, &shape)
+}
+
 /// `f(x[i, j], row[j])` for every entry of `x [.., N]`.
 fn by_columns(op: &'static str, x: &Array, row: &Array, f: impl Fn(f32, f32) -> f32) -> Result<Array> {
     let n = x.dim(-1);

@@ -147,6 +147,10 @@ impl Backend for CpuBackend {
         elementwise::mul_columns(x, w)
     }
 
+    fn add_linear(&self, y: &Array, t: &Array, w: &Array) -> Result<Array> {
+        elementwise::add_linear(y, t, w)
+    }
+
     fn silu_mul(&self, gate: &Array, up: &Array) -> Result<Array> {
         elementwise::silu_mul(gate, up)
     }

@@ -600,6 +600,7 @@ mod tests {
             "silu_mul_f32",
             "add_bias_f32",
             "mul_columns_f32",
+            "add_linear_f32",
             "rms_norm_f32",
             "rope_f32",
             "write_axis1",

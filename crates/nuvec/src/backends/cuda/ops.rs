@@ -919,6 +919,19 @@ impl Backend for CudaBackend {
         self.by_columns("mul_columns", "mul_columns_f32", x, w)
     }
 
+    fn add_linear(&self, y: &Array, t: &Array, w: &Array) -> Result<Array> {
+        let op = "add_linear";
+        let (n, r) = crate::backend::check_add_linear(y, t, w)?;
+        let (yp, tp, wp) = (self.f32_ptr(op, "y", y)?, self.f32_ptr(op, "t", t)?, self.f32_ptr(op, "w", w)?);
+        let out = self.output(y.shape(), DType::F32, false)?;
+        let total = y.len() as u64;
+        if total > 0 {
+            let (o, n, r) = (out.cuda_ptr()?, n as u64, r as i32);
+            launch!(self.st()?, op, "add_linear_f32", cfg_1d(total as usize); o, yp, tp, wp, total, n, r);
+        }
+        Ok(out)
+    }
+
     fn silu_mul(&self, gate: &Array, up: &Array) -> Result<Array> {
         self.binary("silu_mul", "silu_mul_f32", gate, up)
     }

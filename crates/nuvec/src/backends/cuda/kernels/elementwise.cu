@@ -22,6 +22,20 @@ extern "C" __global__ void add_bias_f32(float* out, const float* x, const void* 
     GRID_STRIDE(i, n) out[i] = x[i] + load_float(bias, i % cols, bias_dt);
 }
 
+// out [M, N] = y [M, N] + t [M, R] . w [N, R]^T, R small (a low-rank adapter's second product
+// added to the base one): one thread per output, the R terms summed in order as the CPU sums them.
+extern "C" __global__ void add_linear_f32(float* out, const float* y, const float* t, const float* w, size_t total,
+                                          size_t n, int r) {
+    pdl_begin();
+    GRID_STRIDE(i, total) {
+        const float* tr = t + (i / n) * r;
+        const float* wr = w + (i % n) * r;
+        float acc = 0.f;
+        for (int k = 0; k < r; ++k) acc += tr[k] * wr[k];
+        out[i] = y[i] + acc;
+    }
+}
+
 // out [M, N] = x [M, N] * w [N] (w f32, f16 or bf16): a DoRA adapter's magnitudes.
 extern "C" __global__ void mul_columns_f32(float* out, const float* x, const void* w, int w_dt, size_t n,
                                            size_t cols) {
