@@ -43,31 +43,19 @@ fn an_adapter_changes_the_answer_and_fuses_into_the_same_one() {
     assert!(made.status.success(), "{}", String::from_utf8_lossy(&made.stderr));
     let a = adapter.to_str().unwrap();
 
+    let fuse = || {
+        let (m, f) = (model.to_str().unwrap(), fused.to_str().unwrap());
+        nuvec(&["fuse", "--model", m, "--adapter-path", a, "--save-path", f])
+    };
     let adapted = answer(&model, &["--adapter-path", a]);
     assert_ne!(adapted, answer(&model, &[]), "the adapter changed nothing");
-    let (ok, _, err) = nuvec(&[
-        "fuse",
-        "--model",
-        model.to_str().unwrap(),
-        "--adapter-path",
-        a,
-        "--save-path",
-        fused.to_str().unwrap(),
-    ]);
+    let (ok, _, err) = fuse();
     assert!(ok && err.contains("Saved the fused model"), "{err}");
     assert_eq!(answer(&fused, &[]), adapted, "the fused checkpoint answers otherwise");
 
     // An existing output is not replaced without --force.
     let config = std::fs::read(fused.join("config.json")).unwrap();
-    let (ok, _, err) = nuvec(&[
-        "fuse",
-        "--model",
-        model.to_str().unwrap(),
-        "--adapter-path",
-        a,
-        "--save-path",
-        fused.to_str().unwrap(),
-    ]);
+    let (ok, _, err) = fuse();
     assert!(!ok && err.contains("--force"), "{err}");
     assert_eq!(std::fs::read(fused.join("config.json")).unwrap(), config);
 

@@ -97,6 +97,10 @@ fn adapters_answer_as_mlx_lm_with_them() {
         let (_, plain) = ours(&load(&dir, None), &prompt);
         let moved = plain.iter().zip(&got.1).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
         assert!(moved > 0.1, "{what}: the adapter moved no logit ({moved})");
+        // A prompt of more rows than one pass of the few-row adapter op takes (64).
+        let long: Vec<u32> = prompt.iter().cycle().take(100).copied().collect();
+        let want = mlx_run(&dir, Some(&adapter), &long);
+        assert_agrees(&format!("{what}, 100-token prompt"), &ours(&load(&dir, Some(&adapter)), &long), &want);
         let _ = std::fs::remove_dir_all(&adapter);
     }
 }

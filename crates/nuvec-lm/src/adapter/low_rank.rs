@@ -11,8 +11,14 @@ use rayon::prelude::*;
 pub struct LowRank {
     a: Matrix,
     b: Array,
+    /// `b` as a weight, for products of many rows (a prefill's), which the backend's matrix
+    /// products run faster than [`Array::add_linear`]'s one thread per output.
+    b_matrix: Matrix,
     gain: Option<Array>,
 }
+
+/// Rows up to which the second product and the sum are one [`Array::add_linear`].
+const ADD_LINEAR_ROWS: usize = 64;
 
 impl LowRank {
     /// From the file's `(lora_a, lora_b, m)` for base weight `base` `[out, in]`.
@@ -40,9 +46,11 @@ impl LowRank {
             Some(m) => Some(dora_gain(base, &a_t, &b_t, rank, &floats(m)?)?),
         };
         let upload = |v: &[f32], shape: &[usize]| Array::from_slice_on(v, shape, device).map_err(|e| e.to_string());
+        let b = upload(&b_t, &[out, rank])?;
         Ok(LowRank {
             a: Matrix::Dense(upload(&a_t, &[rank, inputs])?),
-            b: upload(&b_t, &[out, rank])?,
+            b: b.clone(),
+            b_matrix: Matrix::Dense(b),
             gain: match gain {
                 Some(g) => Some(upload(&g, &[out])?),
                 None => None,
@@ -60,10 +68,14 @@ impl LowRank {
         }
     }
 
-    /// `y + s·B (A x)`: the low-rank term added to `y [.., out]` (two launches: the product
-    /// by A, then the one by B with the sum).
+    /// `y + s·B (A x)`: the low-rank term added to `y [.., out]` (for a few rows two launches:
+    /// the product by A, then the one by B with the sum).
     pub fn add_to(&self, x: &Array, y: &Array) -> nuvec::Result<Array> {
-        y.add_linear(&x.linear(&self.a)?, &self.b)
+        let t = x.linear(&self.a)?;
+        match t.len() / t.dim(-1).max(1) <= ADD_LINEAR_ROWS {
+            true => y.add_linear(&t, &self.b),
+            false => y.add(&t.linear(&self.b_matrix)?),
+        }
     }
 
     /// Whether the adapter only adds its term (LoRA): then it can be added to whatever the
