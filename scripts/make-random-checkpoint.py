@@ -10,15 +10,18 @@ Usage: make-random-checkpoint.py OUT_DIR [--shape 8b|1b|tiny|small|a3b|gpt-oss-2
        token, the router in 8 bits as mlx-community's, vocab 201088); --layers cuts any shape's
        layer count.
        [--vocab N]         (embedding and head rows: 128256 with Llama 3.1's tokenizer)
+       [--seed N]          (the random block's seed, 0: the same seed writes the same file)
 
 Standard library only, so it runs on the GPU machine (where the multi-GB file is written instead of
-travelling). Packed weights repeat one 64 MiB random block; scales are 0.02 and biases -0.16 (bf16),
+travelling). Packed weights repeat one 64 MiB random block (`--seed`, 0 by default: the same
+seed writes the same file, so measurements in different calls see the same answers); scales are 0.02 and biases -0.16 (bf16),
 so dequantized weights lie in about [-0.16, 0.14], as small random init would.
 """
 
 import argparse
 import json
 import os
+import random
 import shutil
 import struct
 
@@ -48,6 +51,8 @@ def main():
     ap.add_argument("--bits", type=int, default=4)
     ap.add_argument("--group-size", type=int, default=64)
     ap.add_argument("--tokenizer")
+    ap.add_argument("--seed", type=int, default=0, help="the random block's seed: the same seed writes the same "
+                    "weights, so runs on checkpoints made in different calls compare (answers included)")
     ap.add_argument("--vocab", type=int, help="rows of the embedding and head (default: the shape's 32000; "
                     "128256 for Llama 3.1's tokenizer)")
     a = ap.parse_args()
@@ -108,7 +113,7 @@ def main():
     meta = json.dumps(header).encode()
     meta += b" " * (-len(meta) % 8)
     os.makedirs(a.out, exist_ok=True)
-    block = os.urandom(64 << 20)
+    block = random.Random(a.seed).randbytes(64 << 20)
     with open(os.path.join(a.out, "model.safetensors"), "wb") as f:
         f.write(struct.pack("<Q", len(meta)) + meta)
         for name, dtype, shape, fill in tensors:
