@@ -182,6 +182,27 @@ fn a_transfer_cut_short_resumes_where_it_stopped() {
     let weights = served().join("model.safetensors");
     assert_eq!(std::fs::read(snapshot.join("model.safetensors")).unwrap(), std::fs::read(weights).unwrap());
 
+    // A part already whole (a run stopped between the transfer and its check) is checked, not
+    // asked for again (a range from its end would be refused).
+    let whole = hub.repo_dir().join("blobs").join(part[0].rsplit('/').next().unwrap().trim_end_matches(".incomplete"));
+    let weights_blob = std::fs::canonicalize(snapshot.join("model.safetensors")).unwrap();
+    assert_eq!(weights_blob, std::fs::canonicalize(&whole).unwrap());
+    std::fs::rename(&whole, hub.repo_dir().join(&part[0])).unwrap();
+    std::fs::remove_file(snapshot.join("model.safetensors")).unwrap();
+    std::fs::remove_file(hub.repo_dir().join("refs/main")).unwrap();
+    let before = hub.requests().len();
+    assert_eq!(resolve_with(REPO, &hub.options()).unwrap(), snapshot);
+    let asked: Vec<_> = hub.requests()[before..]
+        .iter()
+        .filter(|(m, p, _)| m == "GET" && p.contains("model.safetensors"))
+        .cloned()
+        .collect();
+    assert!(asked.is_empty(), "a whole part was fetched again: {asked:?}");
+    assert!(
+        std::fs::read(snapshot.join("model.safetensors")).unwrap()
+            == std::fs::read(served().join("model.safetensors")).unwrap()
+    );
+
     // Within one run, with retries: the same cut, resumed without an error.
     let again = start("cut-retry", &["--cut", &format!("model.safetensors:{cut}")]);
     let snapshot = resolve_with(REPO, &HubOptions { retries: 2, ..again.options() }).unwrap();

@@ -193,6 +193,10 @@ impl<'a> Client<'a> {
         if size.is_some_and(|s| have > s) {
             have = 0;
         }
+        if have > 0 && size == Some(have) {
+            // Whole already (a run that stopped before checking it): the check decides.
+            return Ok(());
+        }
         let (_, response) = self.send(false, url, have)?;
         let resumed = have > 0 && response.status().as_u16() == 206;
         let mut file = match resumed {
