@@ -10,20 +10,16 @@ use std::time::Instant;
 
 use clap::Parser;
 use nuvec_lm::decode_graph::{DecodeGraph, GraphMode};
-use nuvec_lm::{decode_batch, default_prefill_step, load_with, BatcherOptions, Model, PagedCache, SeqId};
+use nuvec_lm::{decode_batch, default_prefill_step, BatcherOptions, Model, PagedCache, SeqId};
 
 use crate::bench_report::Report;
-use crate::common::{model_or_default, parse_device, peak_memory};
+use crate::common::{parse_device, peak_memory};
 
 /// Measure prompt processing and generation speed, as `mlx_lm.benchmark` does.
 #[derive(Parser, Debug)]
 pub struct Args {
     #[command(flatten)]
     load: crate::common::LoadArgs,
-    /// Model directory, Hugging Face repo id (downloaded when not in the cache), or .gguf file
-    /// (default: SmolLM2-135M-Instruct, see scripts/get-default-model.sh).
-    #[arg(long)]
-    model: Option<String>,
     /// Prompt length in (random) tokens; a comma list sweeps several (`-p 128,512`).
     #[arg(short = 'p', long, value_delimiter = ',', default_value = "512", conflicts_with = "workload")]
     prompt_tokens: Vec<usize>,
@@ -250,9 +246,8 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         return Err("--num-trials must be at least 1".into());
     }
     args.threads.apply()?;
-    let model_path = model_or_default(&args.model)?;
-    let (mut model, tokenizer) =
-        load_with(&args.load.fetch(&model_path)?, &args.load.options(parse_device(&args.device)?))?;
+    let model_path = args.load.name()?;
+    let (mut model, tokenizer) = args.load.load(&model_path, parse_device(&args.device)?)?;
     let grammar = args.constraint.grammar(&tokenizer)?;
     if grammar.is_some() && args.workload.is_none() {
         return Err("the structured-output flags (--json, --json-schema, --regex, --choice, --grammar) apply to \

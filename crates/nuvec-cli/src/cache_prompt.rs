@@ -4,9 +4,9 @@
 use std::path::PathBuf;
 
 use clap::Parser;
-use nuvec_lm::{load_with, prompt_cache, Session};
+use nuvec_lm::{prompt_cache, Session};
 
-use crate::common::{model_or_default, read_prompt, KvArgs, ThreadArgs};
+use crate::common::{read_prompt, KvArgs, ThreadArgs};
 
 /// Prefill a prompt and save the KV cache to a file.
 #[derive(Parser, Debug)]
@@ -14,9 +14,6 @@ use crate::common::{model_or_default, read_prompt, KvArgs, ThreadArgs};
 pub struct Args {
     #[command(flatten)]
     load: crate::common::LoadArgs,
-    /// Model directory, Hugging Face repo id (downloaded when not in the cache), or .gguf file (default: SmolLM2).
-    #[arg(long)]
-    model: Option<String>,
     /// The prompt to cache; `-` reads stdin. With a chat template it becomes the start of the
     /// user's message (as mlx_lm.cache_prompt).
     #[arg(short = 'p', long, required_unless_present = "file")]
@@ -42,11 +39,11 @@ pub struct Args {
 
 pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     args.threads.apply()?;
-    let model_name = model_or_default(&args.model)?;
+    let model_name = args.load.name()?;
     let prompt = read_prompt(args.prompt.as_deref().unwrap_or_default(), args.file.as_deref(), false)?;
     // Refuse a target that cannot or must not be written before the prefill, not after it.
     let target = prompt_cache::prepare_save(&args.prompt_cache_file, args.force)?;
-    let (model, tokenizer) = load_with(&args.load.fetch(&model_name)?, &args.load.options(nuvec::Device::Cpu))?;
+    let (model, tokenizer) = args.load.load(&model_name, nuvec::Device::Cpu)?;
     let ids = crate::generate::cached_prompt_ids(&tokenizer, &prompt)?;
     let started = std::time::Instant::now();
     let kv = args.kv.options();

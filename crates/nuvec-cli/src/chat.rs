@@ -5,12 +5,10 @@
 use std::io::{BufRead, IsTerminal, Write};
 
 use clap::Parser;
-use nuvec_lm::{
-    default_prefill_step, generate_in, load_with, FinishReason, GenerateOptions, Sampler, Session, TextStream,
-};
+use nuvec_lm::{default_prefill_step, generate_in, FinishReason, GenerateOptions, Sampler, Session, TextStream};
 use serde_json::{json, Value};
 
-use crate::common::{describe_finish, model_or_default, ContextArgs, ThreadArgs};
+use crate::common::{describe_finish, ContextArgs, ThreadArgs};
 
 /// Chat with a model in the terminal (or over a pipe: one message per line).
 #[derive(Parser, Debug)]
@@ -20,9 +18,6 @@ pub struct Args {
     load: crate::common::LoadArgs,
     #[command(flatten)]
     threads: ThreadArgs,
-    /// Model directory, Hugging Face repo id (downloaded when not in the cache), or .gguf file (default: SmolLM2).
-    #[arg(long)]
-    model: Option<String>,
     /// System prompt for the conversation.
     #[arg(long)]
     system_prompt: Option<String>,
@@ -63,7 +58,7 @@ const HELP: &str =
 
 pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     args.threads.apply()?;
-    let model_path = model_or_default(&args.model)?;
+    let model_path = args.load.name()?;
     let sampler = crate::common::checked_sampler(
         Sampler {
             temperature: args.temp,
@@ -74,8 +69,7 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         },
         "",
     )?;
-    let (model, tokenizer) =
-        load_with(&args.load.fetch(&model_path)?, &args.load.options(crate::common::parse_device(&args.device)?))?;
+    let (model, tokenizer) = args.load.load(&model_path, crate::common::parse_device(&args.device)?)?;
     let template = tokenizer
         .chat_template()
         .ok_or_else(|| format!("{model_path} has no chat template: use `nuvec generate` for a base model"))?;

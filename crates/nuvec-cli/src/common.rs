@@ -45,9 +45,14 @@ impl HubArgs {
     }
 }
 
-/// How a model is found and loaded: its source, and an adapter.
+/// Which model, how it is found and loaded: `--model` (else the embedded default), its source,
+/// and an adapter.
 #[derive(Args, Debug, Clone)]
 pub struct LoadArgs {
+    /// Model directory, Hugging Face repo id (downloaded when not in the cache), or .gguf file
+    /// (default: SmolLM2-135M-Instruct, see scripts/get-default-model.sh).
+    #[arg(long)]
+    pub model: Option<String>,
     #[command(flatten)]
     pub hub: HubArgs,
     /// An mlx-lm adapter folder (adapters.safetensors, adapter_config.json: what `mlx_lm.lora`
@@ -57,18 +62,21 @@ pub struct LoadArgs {
 }
 
 impl LoadArgs {
-    /// See [`HubArgs::fetch`].
-    pub fn fetch(&self, model: &str) -> Result<String, String> {
-        self.hub.fetch(model)
+    /// The model named: `--model`, else the embedded default.
+    pub fn name(&self) -> Result<String, String> {
+        model_or_default(&self.model)
     }
 
-    /// The library's options for `device`: a bar on a terminal while a load that lasts runs.
-    pub fn options(&self, device: nuvec::Device) -> nuvec_lm::LoadOptions {
-        nuvec_lm::LoadOptions {
+    /// Loads `model` (a name as [`LoadArgs::name`] gives) on `device`: downloaded first when it
+    /// is a repo id not in the cache ([`HubArgs::fetch`]), the adapter applied, a bar on a
+    /// terminal while a load that lasts runs.
+    pub fn load(&self, model: &str, device: nuvec::Device) -> Result<(nuvec_lm::Model, nuvec_lm::Tokenizer), String> {
+        let options = nuvec_lm::LoadOptions {
             device,
             adapter_path: self.adapter_path.clone(),
             progress: crate::progress::Bar::on_terminal().map(|bar| bar.load_callback()),
-        }
+        };
+        nuvec_lm::load_with(&self.hub.fetch(model)?, &options).map_err(|e| e.to_string())
     }
 }
 

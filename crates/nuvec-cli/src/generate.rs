@@ -4,13 +4,13 @@ use std::io::Write;
 
 use clap::Parser;
 use nuvec_lm::{
-    default_prefill_step, generate_in, load_on, load_with, prompt_cache, GenerateOptions, LogitsProcessors, Sampler,
-    Session, Stop, TextStream, Tokenizer,
+    default_prefill_step, generate_in, load_on, prompt_cache, GenerateOptions, LogitsProcessors, Sampler, Session,
+    Stop, TextStream, Tokenizer,
 };
 
 use nuvec_lm::speculative::{speculative_generate, DraftModel, PromptLookup, Proposer, Speculative};
 
-use crate::common::{model_or_default, peak_memory, read_prompt, ContextArgs, KvArgs, ThreadArgs};
+use crate::common::{peak_memory, read_prompt, ContextArgs, KvArgs, ThreadArgs};
 
 /// Generate text from a prompt, as `mlx_lm.generate` does.
 #[derive(Parser, Debug)]
@@ -18,10 +18,6 @@ use crate::common::{model_or_default, peak_memory, read_prompt, ContextArgs, KvA
 pub struct Args {
     #[command(flatten)]
     load: crate::common::LoadArgs,
-    /// Model directory, Hugging Face repo id (downloaded when not in the cache), or .gguf file
-    /// (default: SmolLM2-135M-Instruct, see scripts/get-default-model.sh).
-    #[arg(long)]
-    model: Option<String>,
     /// Where the model runs: cpu, cuda or cuda:N (cuda needs a build with `--features cuda`).
     #[arg(long, default_value = "cpu")]
     device: String,
@@ -231,9 +227,9 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         Some(file) => Some(prompt_cache::read_info(file)?),
         None => None,
     };
-    let model_path = match (&args.model, &cached) {
+    let model_path = match (&args.load.model, &cached) {
         (None, Some(info)) => info.model.clone(),
-        _ => model_or_default(&args.model)?,
+        _ => args.load.name()?,
     };
     let sampler = crate::common::checked_sampler(
         Sampler {
@@ -258,8 +254,7 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     };
     let mut prompt = read_prompt(&args.prompt, args.file.as_deref(), true)?;
 
-    let (model, mut tokenizer) =
-        load_with(&args.load.fetch(&model_path)?, &args.load.options(crate::common::parse_device(&args.device)?))?;
+    let (model, mut tokenizer) = args.load.load(&model_path, crate::common::parse_device(&args.device)?)?;
     for token in &args.extra_eos_token {
         tokenizer.add_eos_token(token)?;
     }

@@ -6,10 +6,9 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use clap::Parser;
-use nuvec_lm::load_with;
 use nuvec_lm::perplexity::{evaluate, Dataset};
 
-use crate::common::{model_or_default, parse_device, peak_memory, ThreadArgs};
+use crate::common::{parse_device, peak_memory, ThreadArgs};
 
 /// Evaluate a model's perplexity on a dataset (as mlx_lm.perplexity).
 #[derive(Parser, Debug)]
@@ -17,9 +16,6 @@ use crate::common::{model_or_default, parse_device, peak_memory, ThreadArgs};
 pub struct Args {
     #[command(flatten)]
     load: crate::common::LoadArgs,
-    /// Model directory, Hugging Face repo id (downloaded when not in the cache), or .gguf file (default: SmolLM2).
-    #[arg(long)]
-    model: Option<String>,
     /// The dataset: a folder in mlx-lm's local layout (train.jsonl is read) or a .jsonl file of
     /// records with "text", "messages", or "prompt" and "completion". Hugging Face dataset ids
     /// (mlx-lm's default, allenai/tulu-3-sft-mixture) are not downloaded.
@@ -58,10 +54,9 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         return Err("--sequence-length must be at least 2 (a token and the one it predicts)".into());
     }
     let dataset = Dataset::open(&args.data_path)?;
-    let model_name = model_or_default(&args.model)?;
+    let model_name = args.load.name()?;
     println!("Loading model from {model_name}...");
-    let (model, tokenizer) =
-        load_with(&args.load.fetch(&model_name)?, &args.load.options(parse_device(&args.device)?))?;
+    let (model, tokenizer) = args.load.load(&model_name, parse_device(&args.device)?)?;
     println!("\nLoading dataset...");
     println!("  Sequence length: {}", args.sequence_length);
     let windows = dataset.windows(&tokenizer, args.sequence_length, samples, args.seed)?;

@@ -4,10 +4,10 @@
 use std::time::Duration;
 
 use clap::Parser;
-use nuvec_lm::{default_prefill_step, load_with, BatcherOptions, GenerateOptions, Sampler};
+use nuvec_lm::{default_prefill_step, BatcherOptions, GenerateOptions, Sampler};
 use nuvec_server::{Server, ServerConfig, DEFAULT_BODY_LIMIT, DEFAULT_MAX_QUEUE, DEFAULT_SHUTDOWN_GRACE};
 
-use crate::common::{model_or_default, ContextArgs};
+use crate::common::ContextArgs;
 
 /// Serve a model over HTTP with OpenAI's API (as mlx_lm.server).
 #[derive(Parser, Debug)]
@@ -15,10 +15,6 @@ use crate::common::{model_or_default, ContextArgs};
 pub struct Args {
     #[command(flatten)]
     load: crate::common::LoadArgs,
-    /// Model directory, Hugging Face repo id (downloaded when not in the cache), or .gguf file
-    /// (default: SmolLM2-135M-Instruct, see scripts/get-default-model.sh).
-    #[arg(long)]
-    model: Option<String>,
     /// The model's id in the API (what /v1/models lists and requests may name); default the
     /// repo id, or the file or directory name of a path.
     #[arg(long)]
@@ -158,7 +154,7 @@ fn model_id(model: &str) -> String {
 }
 
 pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
-    let model_path = model_or_default(&args.model)?;
+    let model_path = args.load.name()?;
     let sampler = crate::common::checked_sampler(
         Sampler {
             temperature: args.temp,
@@ -208,7 +204,7 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
 
     args.threads.apply()?;
     let device = crate::common::parse_device(&args.device)?;
-    let (model, tokenizer) = load_with(&args.load.fetch(&model_path)?, &args.load.options(device))?;
+    let (model, tokenizer) = args.load.load(&model_path, device)?;
     sampler.validate_for(model.vocab_size())?;
     let id = args.served_model_name.clone().unwrap_or_else(|| model_id(&model_path));
     let mut config = ServerConfig::new(&id, &tokenizer);

@@ -29,21 +29,13 @@ impl LowRank {
         device: Device,
     ) -> std::result::Result<LowRank, String> {
         let (out, inputs) = (base.rows(), base.cols());
-        let rank = a.shape().get(1).copied().unwrap_or(0);
-        if a.shape() != [inputs, rank] || rank == 0 {
-            return Err(format!("lora_a is {:?}, expected [{inputs}, rank] for this projection", a.shape()));
-        }
-        if b.shape() != [rank, out] {
-            return Err(format!("lora_b is {:?}, expected [{rank}, {out}]", b.shape()));
-        }
+        let rank = rank_of(a, b, out, inputs)?;
         let floats = |x: &Array| x.to_f32_vec().map_err(|e| e.to_string());
-        let (a_in_r, b_r_out) = (floats(a)?, floats(b)?);
-        let a_t = transpose(&a_in_r, inputs, rank);
-        let b_t: Vec<f32> = transpose(&b_r_out, rank, out).iter().map(|v| v * scale).collect();
+        let a_t = transpose(&floats(a)?, inputs, rank);
+        let b_t: Vec<f32> = transpose(&floats(b)?, rank, out).iter().map(|v| v * scale).collect();
         let gain = match m {
             None => None,
-            Some(m) if m.shape() != [out] => return Err(format!("m is {:?}, expected [{out}]", m.shape())),
-            Some(m) => Some(dora_gain(base, &a_t, &b_t, rank, &floats(m)?)?),
+            Some(m) => Some(dora_gain(base, terms((a, b, Some(m)), scale, out, inputs)?)?),
         };
         let upload = |v: &[f32], shape: &[usize]| Array::from_slice_on(v, shape, device).map_err(|e| e.to_string());
         let b = upload(&b_t, &[out, rank])?;
@@ -92,10 +84,7 @@ pub(super) fn terms(
     out: usize,
     inputs: usize,
 ) -> std::result::Result<(Vec<f32>, Option<Vec<f32>>), String> {
-    let rank = a.shape().get(1).copied().unwrap_or(0);
-    if a.shape() != [inputs, rank] || rank == 0 || b.shape() != [rank, out] {
-        return Err(format!("lora_a {:?} and lora_b {:?} do not fit a {out}x{inputs} weight", a.shape(), b.shape()));
-    }
+    let rank = rank_of(a, b, out, inputs)?;
     let floats = |x: &Array| x.to_f32_vec().map_err(|e| e.to_string());
     let (a, b) = (floats(a)?, floats(b)?);
     let mut delta = vec![0f32; out * inputs];
@@ -115,6 +104,20 @@ pub(super) fn terms(
     Ok((delta, m))
 }
 
+/// The rank of `lora_a` `[inputs, r]` and `lora_b` `[r, out]`, checked against a base of `out` x
+/// `inputs`.
+fn rank_of(a: &Array, b: &Array, out: usize, inputs: usize) -> std::result::Result<usize, String> {
+    let rank = a.shape().get(1).copied().unwrap_or(0);
+    match a.shape() == [inputs, rank] && rank > 0 && b.shape() == [rank, out] {
+        true => Ok(rank),
+        false => Err(format!(
+            "lora_a {:?} and lora_b {:?} do not fit this {out}x{inputs} weight (expected [{inputs}, r] and [r, {out}])",
+            a.shape(),
+            b.shape()
+        )),
+    }
+}
+
 fn transpose(v: &[f32], rows: usize, cols: usize) -> Vec<f32> {
     let mut t = vec![0f32; v.len()];
     for r in 0..rows {
@@ -125,24 +128,19 @@ fn transpose(v: &[f32], rows: usize, cols: usize) -> Vec<f32> {
     t
 }
 
-/// `m[o] / ‖W[o] + Σₖ sB[o,k] A[k]‖` for every output `o`, with `W` dequantized as mlx-lm does.
-fn dora_gain(base: &Matrix, a: &[f32], b: &[f32], rank: usize, m: &[f32]) -> std::result::Result<Vec<f32>, String> {
+/// `m[o] / ‖W[o] + delta[o]‖` for every output `o` (`delta` = `s·BᵀAᵀ`, [`terms`]), with `W`
+/// dequantized as mlx-lm does.
+fn dora_gain(base: &Matrix, (delta, m): (Vec<f32>, Option<Vec<f32>>)) -> std::result::Result<Vec<f32>, String> {
     let w = match base {
         Matrix::Dense(w) => w.to_f32_vec(),
         Matrix::Quantized(q) => nuvec::quantize::dequantize(q),
     }
     .map_err(|e| e.to_string())?;
+    let m = m.expect("DoRA's terms carry m");
     let inputs = base.cols();
     Ok(w.par_chunks(inputs)
-        .enumerate()
-        .map(|(o, row)| {
-            let norm_sq: f32 = (0..inputs)
-                .map(|j| {
-                    let adapted = row[j] + (0..rank).map(|k| b[o * rank + k] * a[k * inputs + j]).sum::<f32>();
-                    adapted * adapted
-                })
-                .sum();
-            m[o] / norm_sq.sqrt()
-        })
+        .zip(delta.par_chunks(inputs))
+        .zip(m.par_iter())
+        .map(|((row, d), m)| m / row.iter().zip(d).map(|(w, d)| (w + d) * (w + d)).sum::<f32>().sqrt())
         .collect())
 }

@@ -122,20 +122,11 @@ impl Adapter {
     /// The adapter of projection `module` (base weight `base`, `[out, in]`), on `device`, when
     /// the file has one.
     pub fn low_rank(&self, module: &str, base: &Matrix, device: Device) -> Result<Option<LowRank>> {
-        let Some(t) = self.modules.get(module) else { return Ok(None) };
-        self.taken.lock().unwrap_or_else(|e| e.into_inner()).insert(module.to_string());
-        let file = self.dir.join("adapters.safetensors").display().to_string();
-        let missing =
-            |leaf: &str| Error::Weights { file: file.clone(), message: format!("{module}.{leaf} is missing") };
-        let a = t.a.as_ref().ok_or_else(|| missing("lora_a"))?;
-        let b = t.b.as_ref().ok_or_else(|| missing("lora_b"))?;
-        let m = match self.kind {
-            AdapterKind::Dora => Some(t.m.as_ref().ok_or_else(|| missing("m"))?),
-            AdapterKind::Lora => None,
-        };
-        LowRank::new(base, (a, b, m), self.scale, device)
-            .map(Some)
-            .map_err(|message| Error::Weights { file, message: format!("{module}: {message}") })
+        if !self.modules.contains_key(module) {
+            return Ok(None);
+        }
+        let parts = self.take(module)?;
+        LowRank::new(base, parts, self.scale, device).map(Some).map_err(|message| self.error(module, message))
     }
 
     /// The modules the adapter names, sorted.
@@ -146,20 +137,28 @@ impl Adapter {
     /// Module `module`'s terms for a base weight of `rows` x `cols`, as `nuvec fuse` adds them
     /// in: `s·Bᵀ Aᵀ` (`[rows, cols]`, f32) and, for DoRA, the magnitudes `m`.
     pub(crate) fn terms(&self, module: &str, rows: usize, cols: usize) -> Result<(Vec<f32>, Option<Vec<f32>>)> {
-        let file = self.dir.join("adapters.safetensors").display().to_string();
-        let err = |message: String| Error::Weights { file: file.clone(), message: format!("{module}: {message}") };
-        let t = self.modules.get(module).ok_or_else(|| err("not in the adapter".into()))?;
+        let parts = self.take(module)?;
+        low_rank::terms(parts, self.scale, rows, cols).map_err(|message| self.error(module, message))
+    }
+
+    /// Module `module`'s `(lora_a, lora_b, m)`, each there that the kind needs (`m` for DoRA
+    /// only), the module marked as taken.
+    fn take(&self, module: &str) -> Result<(&Array, &Array, Option<&Array>)> {
+        let t = self.modules.get(module).ok_or_else(|| self.error(module, "not in the adapter".into()))?;
         self.taken.lock().unwrap_or_else(|e| e.into_inner()).insert(module.to_string());
-        let (a, b) = match (&t.a, &t.b) {
-            (Some(a), Some(b)) => (a, b),
-            _ => return Err(err("lora_a or lora_b is missing".into())),
+        let missing = |leaf: &str| self.error(module, format!("{leaf} is missing"));
+        let a = t.a.as_ref().ok_or_else(|| missing("lora_a"))?;
+        let b = t.b.as_ref().ok_or_else(|| missing("lora_b"))?;
+        let m = match self.kind {
+            AdapterKind::Dora => Some(t.m.as_ref().ok_or_else(|| missing("m"))?),
+            AdapterKind::Lora => None,
         };
-        let m = match (self.kind, &t.m) {
-            (AdapterKind::Dora, Some(m)) => Some(m),
-            (AdapterKind::Dora, None) => return Err(err("m is missing".into())),
-            (AdapterKind::Lora, _) => None,
-        };
-        low_rank::terms((a, b, m), self.scale, rows, cols).map_err(err)
+        Ok((a, b, m))
+    }
+
+    fn error(&self, module: &str, message: String) -> Error {
+        let file = self.dir.join("adapters.safetensors").display().to_string();
+        Error::Weights { file, message: format!("{module}: {message}") }
     }
 
     /// Errs naming the adapter's modules no projection of the model took.
