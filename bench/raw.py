@@ -1,7 +1,8 @@
 """Every benchmark run keeps its raw output, so a median quoted in docs/benchmarks.md can be
 traced to the rounds behind it and to the processor they ran on.
 
-A run of bench/compare-* writes `bench/results/<UTC time>-<name>/` (or under `$BENCH_RESULTS`):
+A run of bench/compare-* writes `bench/results/<UTC time>-<name>/` (or under `$BENCH_RESULTS`, or
+`$OUT/results` on the GPU machine):
 - `machine.txt`: the processor, the vector extensions that decide the CPU kernels (AVX2, AVX-512,
   VNNI, F16C; NEON on ARM), cores, memory, the GPUs, and the commit (with "+ changes" when the
   tree was not clean);
@@ -74,7 +75,9 @@ class Raw:
 
     def __init__(self, name):
         stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H%M%SZ")
-        base = Path(os.environ.get("BENCH_RESULTS") or ROOT / "bench" / "results")
+        # On the GPU machine only what is written under $OUT comes back.
+        out = os.environ.get("OUT")
+        base = Path(os.environ.get("BENCH_RESULTS") or (Path(out) / "results" if out else ROOT / "bench" / "results"))
         self.dir = base / f"{stamp}-{name}"
         self.dir.mkdir(parents=True, exist_ok=False)
         (self.dir / "machine.txt").write_text(machine())

@@ -8,7 +8,7 @@
 // per-expert output scales, with and without bias rows (tolerance 1e-4 relative to
 // |want| + mean|want|); moe_shared_add against the host's gated sum; and the grouped path of
 // many rows (moe_align, qmma_bN_g64 for gate and up, moe_act_bf16, qmma_bN_g64 for down,
-// moe_combine) for 4- and 8-bit weights with bf16 scales and mxfp4 ones, against the same definition with x,
+// moe_combine) for 4- and 8-bit weights with bf16 scales (f32 and f16 ones through the s kernels) and mxfp4 ones, against the same definition with x,
 // the decoded weights and the activations rounded to bf16 as the path rounds them (tolerance
 // 1e-3: an activation's rounding may land on the other side of a bf16 step), with an expert
 // given more than one tile of slots and experts given none. Built and run by run.sh, which
@@ -84,8 +84,10 @@ static Mat make(const std::string& fmt, int n, int k, int group, int dt, float f
             size_t i = (size_t)r * k + c, g = (size_t)r * (k / group) + c / group;
             if (!fp) {
                 m.value[i] = (double)std::fmaf(param_at(m.sc, g, dt), (float)q[i], param_at(m.bi, g, dt));
+                // bf16 scales: one bf16 fma; others (the s kernels): fmaf in f32, then one rounding.
                 m.value_bf16.push_back(
-                    emu_bf16(emu_bf16_rn_d((double)param_at(m.sc, g, dt) * q[i] + param_at(m.bi, g, dt))));
+                    dt == DT_BF16 ? emu_bf16(emu_bf16_rn_d((double)param_at(m.sc, g, dt) * q[i] + param_at(m.bi, g, dt)))
+                                  : emu_bf16(emu_bf16_rn((float)m.value[i])));
             } else {
                 double s = fmt == "nvfp4" ? e4m3(m.sc[g]) * factor : std::ldexp(1.0, (int)m.sc[g] - 127);
                 m.value[i] = (bits == 8 ? e4m3(q[i]) : e2m1(q[i])) * s;
@@ -207,11 +209,12 @@ static void test_experts(const std::string& fmt, int group, int dt, bool biases,
         out, want);
 }
 
-// The grouped path for `rows` tokens over E experts (b4 or b8, bf16 scales); `skew`: most tokens'
-// first choice is expert 0 (more than one tile of slots).
+// The grouped path for `rows` tokens over E experts (b4 or b8 with scales of dtype `dt`: the s
+// kernels for f32 and f16); `skew`: most tokens' first choice is expert 0 (more than one tile of
+// slots).
 static void test_grouped(const std::string& fmt, int group, int E, int hidden, int inter, bool biases, int activation,
-                         int rows, bool skew, bool scaled) {
-    const int top_k = 2, dt = DT_BF16, b_dt = DT_BF16;
+                         int rows, bool skew, bool scaled, int dt = DT_BF16) {
+    const int top_k = 2, b_dt = DT_BF16;
     const float alpha = 1.702f, limit = 7.0f;
     std::vector<Mat> mats;  // [3][E]
     for (int p = 0; p < 3; ++p)
@@ -253,17 +256,25 @@ static void test_grouped(const std::string& fmt, int group, int E, int hidden, i
     std::vector<float> gu((size_t)slots * 2 * inter, NAN), y((size_t)slots * hidden, NAN), out((size_t)rows * hidden, NAN);
     int lg = 0;
     while ((1 << lg) < group) ++lg;
-    auto grouped = fmt == "b4" ? qmma_b4_g64 : fmt == "b8" ? qmma_b8_g64 : qmma_fp4_g64;
+    auto grouped = [&](float* o, const void* xin, int proj, int pair, int div, int n, int k) {
+        if (dt != DT_BF16 && fmt == "b4")
+            qmma_b4_g64s(o, xin, order.data(), tile_expert.data(), index.data(), E, proj, pair, div, n, k, lg, dt);
+        else if (dt != DT_BF16)
+            qmma_b8_g64s(o, xin, order.data(), tile_expert.data(), index.data(), E, proj, pair, div, n, k, lg, dt);
+        else
+            (fmt == "b4" ? qmma_b4_g64 : fmt == "b8" ? qmma_b8_g64 : qmma_fp4_g64)(
+                o, xin, order.data(), tile_expert.data(), index.data(), E, proj, pair, div, n, k, lg);
+    };
     emu_launch({1, 1, 1}, {1024, 1, 1}, [&] { moe_align(order.data(), tile_expert.data(), ids.data(), slots, E, tiles); });
     emu_launch({2 * (unsigned)((inter + 127) / 128), 1, (unsigned)tiles}, {128, 1, 1}, [&] {
-        grouped(gu.data(), xb.data(), order.data(), tile_expert.data(), index.data(), E, 0, 1, top_k, inter, hidden, lg);
+        grouped(gu.data(), xb.data(), 0, 1, top_k, inter, hidden);
     });
     emu_launch({3, 1, 1}, {64, 1, 1}, [&] {
         moe_act_bf16(act.data(), gu.data(), ids.data(), index.data(), E, inter, b_dt, activation, alpha, limit,
                      (size_t)slots * inter);
     });
     emu_launch({(unsigned)((hidden + 127) / 128), 1, (unsigned)tiles}, {128, 1, 1}, [&] {
-        grouped(y.data(), act.data(), order.data(), tile_expert.data(), index.data(), E, 2, 0, 1, hidden, inter, lg);
+        grouped(y.data(), act.data(), 2, 0, 1, hidden, inter);
     });
     emu_launch({3, 1, 1}, {64, 1, 1}, [&] {
         moe_combine(out.data(), y.data(), ids.data(), w.data(), index.data(), E, top_k, hidden, b_dt, (size_t)rows * hidden);
@@ -281,7 +292,7 @@ static void test_grouped(const std::string& fmt, int group, int E, int hidden, i
     }
     for (int c : seen) laid_out = laid_out && c == 1;
     const char* act_name = activation == MOE_ACT_SILU ? " silu" : activation == MOE_ACT_GELU_APPROX ? " gelu" : " swiglu_oai";
-    const std::string tag = "moe grouped " + fmt + " group " + std::to_string(group) + " experts " + std::to_string(E) +
+    const std::string tag = "moe grouped " + fmt + " dt" + std::to_string(dt) + " group " + std::to_string(group) + " experts " + std::to_string(E) +
                             (biases ? " biases" : "") + act_name + (scaled ? " scaled" : "") + (skew ? " skewed" : "") +
                             " " + std::to_string(hidden) + "x" + std::to_string(inter) + " rows " + std::to_string(rows);
     check(laid_out, tag + ": moe_align's layout");
@@ -385,6 +396,10 @@ int main() {
     test_grouped("b4", 32, 12, 160, 96, true, MOE_ACT_SWIGLU_OAI, 5, false, false);
     test_grouped("b8", 32, 6, 160, 96, true, MOE_ACT_GELU_APPROX, 40, false, true);
     test_grouped("mxfp4", 32, 6, 160, 96, true, MOE_ACT_SWIGLU_OAI, 80, true, false);
+    // Scales as a GGUF's are stored (f32 Q4_0 / Q8_0 offsets, f16 Q4_1 ones): the s kernels.
+    test_grouped("b4", 32, 6, 192, 128, false, MOE_ACT_SILU, 80, true, false, DT_F32);
+    test_grouped("b8", 32, 6, 160, 96, true, MOE_ACT_SILU, 40, false, false, DT_F32);
+    test_grouped("b4", 64, 6, 160, 96, false, MOE_ACT_SILU, 40, false, false, DT_F16);
     printf(fails ? "moe: %d FAILED\n" : "moe: all passed\n", fails);
     return fails ? 1 : 0;
 }

@@ -6,7 +6,9 @@
 // - qmma_bN_f32 (f32 x in two bf16 parts): sum_c x * fmaf(s, q, b), at the CUDA tests' f32
 //   tolerance (1e-4);
 // - qmma_bN_dR (bf16 x, bf16 scales and biases): sum_c bf16(x) * bf16(s q + b), the weight rounded
-//   once as the kernel's bf16 fma rounds it, over several blocks of rows (gridDim.z).
+//   once as the kernel's bf16 fma rounds it, over several blocks of rows (gridDim.z);
+// - qmma_bN_dRs (bf16 x, f32 or f16 scales and biases): sum_c bf16(x) * bf16(fmaf(s, q, b)), the
+//   weight decoded in f32 and rounded once, as prefill.cu's qdequant_bf16 decodes it.
 // 4 and 8 bits, groups of 32, 64 and 128, scales in f32, f16 and bf16, row counts that are not a
 // multiple of the block's 128, K with a partial last chunk (K = 288), one range of K and several
 // (partial slices added by qmma_reduce), eight chunks (every slot of the pipeline reused), and a row's bits at M = 2 and M = 32 (a row never depends
@@ -32,9 +34,11 @@ struct QW {
     size_t gi(int r, int c) const { return (size_t)r * (k / group) + c / group; }
     // The decoded value in f32, as the kernel computes it before rounding.
     float at(int r, int c) const { return std::fmaf(param(sc, gi(r, c)), (float)q(r, c), param(bi, gi(r, c))); }
-    // The decoded value rounded once to bf16 (the dR kernels' fma.rn.bf16x2).
+    // The decoded value rounded once to bf16: the dR kernels' fma.rn.bf16x2 over bf16 scales, the
+    // dRs kernels' f32 value (at) over others.
     float at_bf16(int r, int c) const {
         const size_t g = gi(r, c);
+        if (dt != DT_BF16) return emu_bf16(emu_bf16_rn(at(r, c)));
         return emu_bf16(emu_bf16_rn_d((double)param(sc, g) * q(r, c) + param(bi, g)));
     }
 };
@@ -147,6 +151,14 @@ int main() {
     test("qmma_b8_d64", qmma_b8_d64, false, 8, 40, 136, 1024, 64, DT_BF16, 64);
     test("qmma_b4_m32", qmma_b4_m32, false, 4, 30, 136, 1024, 64, DT_F16);
     test("qmma_b4_m32", qmma_b4_m32, false, 4, 17, 40, 320, 64, DT_F32);
+    // Scales and biases as stored (a GGUF's f32 and f16 ones), each weight decoded in f32: the
+    // same shapes as the bf16 forms', groups of 32 (GGUF's blocks) and 64 (the compiled size).
+    test("qmma_b4_d64s", qmma_b4_d64s, false, 4, 33, 136, 256, 32, DT_F32, 64);
+    test("qmma_b4_d64s", qmma_b4_d64s, false, 4, 100, 40, 288, 32, DT_F16, 64);
+    test("qmma_b4_d64s", qmma_b4_d64s, false, 4, 64, 136, 1024, 64, DT_F32, 64);
+    test("qmma_b4_d32s", qmma_b4_d32s, false, 4, 20, 40, 256, 32, DT_F32, 32);
+    test("qmma_b4_d16s", qmma_b4_d16s, false, 4, 8, 136, 288, 64, DT_F16, 16);
+    test("qmma_b8_d64s", qmma_b8_d64s, false, 8, 70, 136, 288, 32, DT_F32, 64);
     printf("%d failures\n", fails);
     return fails ? 1 : 0;
 }

@@ -17,6 +17,9 @@
 //!   top-2 margin is within twice the logit difference measured at that position (only there
 //!   can the difference change the argmax).
 //!
+//! `gguf_kquants_prefill_auto`: a GGUF model (half precision, f32 K-quant scales) takes the bf16
+//! products under `Auto`, as llama.cpp computes them, within the same bounds.
+//!
 //! `moe_bf16_q4_checkpoint_prefill` runs a Qwen3-MoE checkpoint quantized from bf16 (its experts'
 //! prefill products grouped by expert on the tensor cores) through the same checks.
 //!
@@ -34,6 +37,7 @@ use std::sync::{Mutex, MutexGuard};
 use nuvec::backends::cuda::{set_matmul_precision, MatmulPrecision};
 use nuvec::Device;
 use nuvec_lm::cache::{CacheOptions, KvDtype};
+use nuvec_lm::gguf::load_gguf_on;
 use nuvec_lm::{load_model_on, Model};
 
 mod common;
@@ -107,13 +111,18 @@ fn run(model: &Model, prompt: &[u32], chunk: usize, forced: Option<&[u32]>) -> (
 /// `case` prefilled in bf16 on the GPU against the CPU, within mlx-lm's bf16 noise of `noise_case`.
 fn check(case: &str, noise_case: &str, chunk: usize) {
     let _turn = turn(MatmulPrecision::Bf16);
-    let (max_tol, mean_tol) = precision_noise(noise_case);
     let dir = case_dir(case);
     let cpu = load_model_on(&dir, Device::Cpu).unwrap();
     let gpu = load_model_on(&dir, Device::Cuda(0)).unwrap_or_else(|e| panic!("{case}: loading on cuda:0: {e}"));
+    check_models(case, &cpu, &gpu, noise_case, chunk);
+}
+
+/// `check` on models already loaded, under the precision set now.
+fn check_models(case: &str, cpu: &Model, gpu: &Model, noise_case: &str, chunk: usize) {
+    let (max_tol, mean_tol) = precision_noise(noise_case);
     let prompt = prompt(cpu.vocab_size(), PROMPT);
-    let (cpu_rows, cpu_tokens) = run(&cpu, &prompt, chunk, None);
-    let (gpu_rows, _) = run(&gpu, &prompt, chunk, Some(&cpu_tokens));
+    let (cpu_rows, cpu_tokens) = run(cpu, &prompt, chunk, None);
+    let (gpu_rows, _) = run(gpu, &prompt, chunk, Some(&cpu_tokens));
     assert_eq!(cpu_rows.len(), gpu_rows.len());
     let (mut max_diff, mut sum, mut count, mut max_logit) = (0f32, 0f64, 0usize, 0f32);
     let mut row_diff = vec![0f32; cpu_rows.len()];
@@ -134,7 +143,7 @@ fn check(case: &str, noise_case: &str, chunk: usize) {
     }
     let mean = (sum / count as f64) as f32;
     assert!(mean <= mean_tol, "{case}: mean logit difference {mean} > {mean_tol} (mlx-lm's own bf16-vs-f32 mean)");
-    let (_, gpu_tokens) = run(&gpu, &prompt, chunk, None);
+    let (_, gpu_tokens) = run(gpu, &prompt, chunk, None);
     let free = match cpu_tokens.iter().zip(&gpu_tokens).position(|(a, b)| a != b) {
         None => format!("all {STEPS} greedy tokens equal"),
         Some(s) => {
@@ -240,6 +249,31 @@ fn q4_checkpoint_prefill() {
 }
 
 #[test]
+fn gguf_kquants_prefill_auto() {
+    // A GGUF model computes in half precision (f16 caches, as llama.cpp), but its K-quant and
+    // Q8_0 scales are f32, kept so to be exact: under the default (Auto) its prefill products
+    // still run on the tensor cores, as llama.cpp runs them: the Bf16 setting's logits bit for
+    // bit, not the F32 setting's, and within the bf16 bound of the architecture's bf16 case
+    // against the CPU (mlx-lm has no GGUF path to record a bound of its own).
+    let case = "gguf-kquants";
+    let _turn = turn(MatmulPrecision::Auto);
+    let root = case_dir("mistral-bf16").parent().unwrap().to_path_buf();
+    let path = root.join(case).join("model.gguf");
+    let cpu = load_gguf_on(&path, Device::Cpu).unwrap().0;
+    let gpu = load_gguf_on(&path, Device::Cuda(0)).unwrap_or_else(|e| panic!("{case}: loading on cuda:0: {e}")).0;
+    assert!(matches!(gpu.compute_dtype(), nuvec::DType::F16 | nuvec::DType::BF16), "{case}: a half model");
+    let prompt = prompt(gpu.vocab_size(), PROMPT);
+    let (_, tokens) = run(&gpu, &prompt, 2048, None);
+    let auto = gpu_rows(&gpu, &prompt, 2048, &tokens, MatmulPrecision::Auto);
+    let bf16 = gpu_rows(&gpu, &prompt, 2048, &tokens, MatmulPrecision::Bf16);
+    let f32_rows = gpu_rows(&gpu, &prompt, 2048, &tokens, MatmulPrecision::F32);
+    assert!(bits(&auto) == bits(&bf16), "{case}: Auto's logits are not the Bf16 setting's");
+    assert!(bits(&auto) != bits(&f32_rows), "{case}: the bf16 and f32 paths agree: proves nothing");
+    set_matmul_precision(MatmulPrecision::Auto);
+    check_models(case, &cpu, &gpu, "mistral-bf16", 2048);
+}
+
+#[test]
 fn bf16_checkpoint_prefill_auto() {
     // Under the default (Auto) a bf16 checkpoint takes the bf16 paths everywhere (its weights,
     // and attention, since the model computes in bf16): the Bf16 setting's logits bit for bit,
@@ -281,20 +315,24 @@ fn decode_alone(gpu: &Model, p: &[u32], steps: usize) -> Vec<Vec<f32>> {
 #[test]
 fn q4_batched_decode_forced_bf16() {
     // Under Bf16 a batched decode step's products of 2 to 8 rows take x in two bf16 parts (f32
-    // accuracy) and of 9 to 32 rows x in bf16, on the tensor cores (kernels/qmma.cu); the same
-    // steps alone take the one-row f32 GEMV. Each sequence's batched logits must stay within
-    // gpu_parity.rs's f32 tolerance of its own (6 sequences), or mlx-lm's bf16-vs-f32 noise (12
-    // and 20), and give its greedy tokens but after a near tie.
+    // accuracy) and of 9 to 32 rows x in bf16, on the tensor cores (kernels/qmma.cu), from 33
+    // rows each weight decoded in f32 from its f32 scales (`qmma_bN_d64s`); the same steps alone
+    // take the one-row f32 GEMV. Each sequence's batched logits must stay within gpu_parity.rs's
+    // f32 tolerance of its own (6 sequences), or mlx-lm's bf16-vs-f32 noise (12, 20 and 40), and
+    // give its greedy tokens but after a near tie.
     use nuvec_lm::{decode_batch, PagedCache};
     let case = "mistral-q4g64";
     let _turn = turn(MatmulPrecision::Bf16);
     let (noise, _) = precision_noise("mistral-bf16");
     let gpu = load_model_on(&case_dir(case), Device::Cuda(0)).unwrap_or_else(|e| panic!("{case}: cuda:0: {e}"));
-    let lengths = [1, 17, 300, 5, 40, 2, 64, 9, 130, 3, 33, 77, 1, 4, 250, 6, 18, 90, 2, 11];
+    let lengths = [
+        1, 17, 300, 5, 40, 2, 64, 9, 130, 3, 33, 77, 1, 4, 250, 6, 18, 90, 2, 11, 7, 21, 140, 3, 55, 1, 12, 260, 8, 2,
+        44, 19, 5, 99, 1, 30, 16, 3, 70, 9,
+    ];
     let steps = 8;
     let prompts: Vec<Vec<u32>> = lengths.iter().enumerate().map(|(i, &n)| prompt(gpu.vocab_size() - i, n)).collect();
     let alone: Vec<Vec<Vec<f32>>> = prompts.iter().map(|p| decode_alone(&gpu, p, steps)).collect();
-    for (count, bound) in [(6, F32_TOLERANCE), (12, noise), (20, noise)] {
+    for (count, bound) in [(6, F32_TOLERANCE), (12, noise), (20, noise), (40, noise)] {
         let mut paged = PagedCache::new(&gpu, 512, 16, count).unwrap();
         let mut ids = vec![];
         for p in &prompts[..count] {

@@ -1,7 +1,8 @@
 //! `MatmulPrecision::Auto` (the default prefill precision) picks, per call, the path mlx-lm's
 //! type for the checkpoint calls for: the bf16 tensor-core path for weights stored in half
 //! precision (dense f16/bf16, or quantized with f16/bf16 scales) unless the model running
-//! computes in f32, and for attention while the model running computes in half precision
+//! computes in f32, for quantized weights with f32 scales inside a half-precision model (a
+//! GGUF's), and for attention while the model running computes in half precision
 //! (`nuvec::with_compute_dtype`); the f32 path for everything else.
 //!
 //! Each case computes the same op under `Auto`, `F32` and `Bf16` on the GPU and checks that
@@ -146,7 +147,14 @@ fn linear_follows_each_weight() {
                 same_path(&format!("{case}, f32 model"), &in_model(DType::F32), &f32_, &bf16_, "f32");
             } else {
                 same_path(&case, &auto, &f32_, &bf16_, "f32");
-                same_path(&format!("{case}, bf16 model"), &in_model(DType::BF16), &f32_, &bf16_, "f32");
+                // f32 scales in a half model (a GGUF's K-quants and Q4_0) take bf16, as llama.cpp
+                // computes them; a dense f32 weight stays f32 there.
+                let model = format!("{case}, bf16 model");
+                match w {
+                    Matrix::Quantized(_) => same_path(&model, &in_model(DType::BF16), &bf16_, &f32_, "bf16"),
+                    Matrix::Dense(_) => same_path(&model, &in_model(DType::BF16), &f32_, &bf16_, "f32"),
+                }
+                same_path(&format!("{case}, f32 model"), &in_model(DType::F32), &f32_, &bf16_, "f32");
                 close_f32(&case, &auto, &x.linear(w).unwrap().to_f32_vec().unwrap());
             }
         }

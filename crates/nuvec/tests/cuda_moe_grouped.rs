@@ -1,7 +1,8 @@
 //! Mixture-of-experts layers of many rows (a prefill) on the grouped tensor-core products: the
 //! slots sorted by expert on the device, each tile of 64 one product with its expert's weights
-//! decoded to bf16 (kernels/qmma.cu's `qmma_bN_g64`, `qmma_fp4_g64`), for 4- and 8-bit affine
-//! experts with bf16 scales and mxfp4 ones (gpt-oss's), SiLU and gpt-oss's clamped SwiGLU with
+//! decoded to bf16 (kernels/qmma.cu's `qmma_bN_g64`, `qmma_fp4_g64`, `qmma_bN_g64s`), for 4- and
+//! 8-bit affine experts with bf16 scales, f32 ones (a GGUF's: each weight decoded in f32, then
+//! rounded once) and mxfp4 ones (gpt-oss's), SiLU and gpt-oss's clamped SwiGLU with
 //! bias rows, with one expert given several tiles of slots and others none.
 //!
 //! Checked against the product of the operands rounded as the path rounds them (x, each decoded
@@ -57,18 +58,24 @@ fn mxfp4_weight(rng: &mut Rng, rows: usize, cols: usize) -> (Matrix, Vec<f64>) {
 }
 
 /// A random `[rows, cols]` weight of `bits` (0: mxfp4; else affine in groups of `group` with bf16
-/// scales) and its values as the grouped kernels decode them (affine: `s q + b` rounded once to
-/// bf16).
-fn weight(rng: &mut Rng, rows: usize, cols: usize, bits: usize, group: usize) -> (Matrix, Vec<f64>) {
+/// scales, or f32 ones with `f32_scales`, as a GGUF's) and its values as the grouped kernels
+/// decode them (affine: `s q + b` rounded once to bf16; over f32 scales, f32's fma first).
+fn weight(rng: &mut Rng, rows: usize, cols: usize, bits: usize, group: usize, f32_scales: bool) -> (Matrix, Vec<f64>) {
     if bits == 0 {
         return mxfp4_weight(rng, rows, cols);
     }
     let words = cols * bits / 32;
     let packed: Vec<u32> = (0..rows * words).map(|_| rng.next_u32()).collect();
     let groups = cols / group;
-    let s: Vec<bf16> =
-        rng.vec(rows * groups, 0.05 * 16.0 / (1 << bits) as f32).into_iter().map(bf16::from_f32).collect();
-    let b: Vec<bf16> = rng.vec(rows * groups, 0.1).into_iter().map(bf16::from_f32).collect();
+    let stored = |v: Vec<f32>| -> Vec<f32> {
+        if f32_scales {
+            v
+        } else {
+            v.into_iter().map(|x| bf16::from_f32(x).to_f32()).collect()
+        }
+    };
+    let s = stored(rng.vec(rows * groups, 0.05 * 16.0 / (1 << bits) as f32));
+    let b = stored(rng.vec(rows * groups, 0.1));
     let mut values = Vec::with_capacity(rows * cols);
     for r in 0..rows {
         for c in 0..cols {
@@ -77,18 +84,24 @@ fn weight(rng: &mut Rng, rows: usize, cols: usize, bits: usize, group: usize) ->
                 (packed[r * words + bit / 32] as u64, packed.get(r * words + bit / 32 + 1).copied().unwrap_or(0));
             let q = ((((hi as u64) << 32) | lo) >> (bit % 32)) & ((1 << bits) - 1);
             let g = r * groups + c / group;
-            values.push(bf(s[g].to_f64() * q as f64 + b[g].to_f64()));
+            values.push(if f32_scales {
+                bf16::from_f32(s[g].mul_add(q as f32, b[g])).to_f64()
+            } else {
+                bf(s[g] as f64 * q as f64 + b[g] as f64)
+            });
         }
     }
     let spec = QuantSpec { mode: QuantMode::Affine, bits, group_size: group };
-    let q = Quantized::new(
-        Array::from_slice(&packed, &[rows, words]).unwrap(),
-        Array::from_slice(&s, &[rows, groups]).unwrap(),
-        Array::from_slice(&b, &[rows, groups]).unwrap(),
-        spec,
-        cols,
-    )
-    .unwrap();
+    let params = |v: &[f32]| {
+        if f32_scales {
+            Array::from_slice(v, &[rows, groups]).unwrap()
+        } else {
+            let h: Vec<bf16> = v.iter().map(|&x| bf16::from_f32(x)).collect();
+            Array::from_slice(&h, &[rows, groups]).unwrap()
+        }
+    };
+    let q = Quantized::new(Array::from_slice(&packed, &[rows, words]).unwrap(), params(&s), params(&b), spec, cols)
+        .unwrap();
     (Matrix::Quantized(q), values)
 }
 
@@ -116,13 +129,12 @@ fn layer(
     n: usize,
     hidden: usize,
     inter: usize,
-    bits: usize,
-    group: usize,
+    (bits, group, f32_scales): (usize, usize, bool),
     act: ExpertActivation,
     biased: bool,
 ) -> Layer {
     let dev = common::gpu_with(MatmulPrecision::Bf16);
-    let mut rng = Rng::new((bits * 100 + group) as u64);
+    let mut rng = Rng::new((bits * 100 + group + f32_scales as usize) as u64);
     let mut mats: [Vec<Matrix>; 3] = Default::default();
     let mut rows: [Vec<Array>; 3] = Default::default();
     let mut values: [Vec<Vec<f64>>; 3] = Default::default();
@@ -130,7 +142,7 @@ fn layer(
     for p in 0..3 {
         let (r, c) = if p < 2 { (inter, hidden) } else { (hidden, inter) };
         for _ in 0..n {
-            let (m, v) = weight(&mut rng, r, c, bits, group);
+            let (m, v) = weight(&mut rng, r, c, bits, group, f32_scales);
             mats[p].push(m.to_device(dev).unwrap());
             values[p].push(v);
             let b: Vec<bf16> = rng.vec(r, if biased { 0.5 } else { 0.0 }).into_iter().map(bf16::from_f32).collect();
@@ -224,8 +236,16 @@ fn run(l: &Layer, x: &[f32], ids: &[u32], w: &[f32], top_k: usize) -> Vec<f32> {
 fn grouped_experts_match_the_rounded_product() {
     let (n, hidden, inter, top_k) = (8usize, 256usize, 192usize, 2usize);
     let oai = ExpertActivation::SwigluOai { alpha: 1.702, limit: 7.0 };
-    for (bits, group, act, biased) in [(4, 64, ExpertActivation::Silu, false), (8, 32, oai, true), (0, 32, oai, true)] {
-        let l = layer(n, hidden, inter, bits, group, act, biased);
+    // The last two: f32 scales, as a GGUF's Q4_0 / Q8_0 experts (the `s` kernels).
+    let cases = [
+        (4, 64, ExpertActivation::Silu, false, false),
+        (8, 32, oai, true, false),
+        (0, 32, oai, true, false),
+        (4, 32, ExpertActivation::Silu, false, true),
+        (8, 32, ExpertActivation::Silu, true, true),
+    ];
+    for (bits, group, act, biased, f32_scales) in cases {
+        let l = layer(n, hidden, inter, (bits, group, f32_scales), act, biased);
         let mut rng = Rng::new(bits as u64);
         let rows = 300;
         let x = rng.vec(rows * hidden, 1.0);
@@ -235,7 +255,7 @@ fn grouped_experts_match_the_rounded_product() {
         let case = if bits == 0 {
             format!("mxfp4 {act:?} biases {biased}")
         } else {
-            format!("q{bits} g{group} {act:?} biases {biased}")
+            format!("q{bits} g{group} {act:?} biases {biased} f32 scales {f32_scales}")
         };
         let mut worst = 0f64;
         for (i, ((&g, &e), &b)) in got.iter().zip(&want).zip(&bound).enumerate() {

@@ -14,7 +14,8 @@
 // - qmma_bN_mR: x in bf16 (the caller converted it once for several weights), up to R rows.
 // - qmma_bN_dR: x in bf16, R rows per block (more in blocks over gridDim.z), each weight decoded
 //   in registers to the bf16 the prefill path's GEMM multiplies (s q + b rounded once; scales and
-//   biases must be bf16, so exact operands of the bf16 fma). No per-group sums: a block's
+//   biases must be bf16, so exact operands of the bf16 fma; the qmma_bN_dRs forms take f32 or f16
+//   ones and decode in f32, qm_decode_f32). No per-group sums: a block's
 //   registers go to its accumulators, so one block takes 64 rows (the factored form at 64 rows
 //   held 64 more registers of group sums and was slower than decoding whole weights for cuBLAS).
 // - qmma_bN_f32: x in f32, at most 16 rows, for decode-sized calls that must stay at f32
@@ -323,13 +324,22 @@ __device__ __forceinline__ void qm_read_a(const unsigned char* xs, int r0, int k
 // as it is, instead of the factored sums.
 // The block takes column block bx (QM_ROWS weight rows) and row block mz; GATHER: its rows as
 // `rows` says. LG > 0: groups of 2^LG values, known when compiling (lg is then ignored).
-template <int BITS, int MT, bool SPLIT, bool DEQ, bool GATHER = false, bool FP4 = false, int LG = 0>
+// Two codes (a bf16 pair of exact integers) decoded in f32, s q + b, then rounded once to bf16: the
+// decoding kernels' form for scales and biases bf16 does not hold exactly (a GGUF's f32 offsets and
+// K-quant scales, f16 ones), the same arithmetic as prefill.cu's qdequant_bf16.
+__device__ __forceinline__ u32 qm_decode_f32(u32 q, float s, float b) {
+    return bf16x2_rn(fmaf(s, __uint_as_float(q << 16), b), fmaf(s, __uint_as_float(q & 0xFFFF0000u), b));
+}
+
+// SF32 (with DEQ): the scales and biases read as stored (p_dt) and each weight decoded by
+// qm_decode_f32 instead of one bf16 fma.
+template <int BITS, int MT, bool SPLIT, bool DEQ, bool GATHER = false, bool FP4 = false, int LG = 0, bool SF32 = false>
 __device__ __forceinline__ void qmma_body(float* out, const void* x, int m, int n, const u32* packed,
                                           const void* scales, const void* biases, int p_dt, int lg, int k, int cps,
                                           int bx, int mz, const QmRows& rows) {
     if constexpr (LG > 0) lg = LG;
-    // The decoding kernels take bf16 scales only (one fma rounding of s q + b needs them exact).
-    if constexpr (DEQ && !FP4) p_dt = DT_BF16;
+    // The bf16-fma decoding takes bf16 scales only (one fma rounding of s q + b needs them exact).
+    if constexpr (DEQ && !FP4 && !SF32) p_dt = DT_BF16;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     const int nb = bx * QM_ROWS, wr = warp * QM_NT * 8;  // the block's and the warp's first row
     const int m0 = mz * 16 * MT;                          // the block's first input row
@@ -380,6 +390,7 @@ __device__ __forceinline__ void qmma_body(float* out, const void* x, int m, int 
         // of the lane's weight row in each tile, as bf16 pairs.
         float part[DEQ ? 1 : MT][QM_NT][4], xsum[DEQ ? 1 : MT][4];
         u32 sc2[QM_NT], bi2[QM_NT];
+        float scf[QM_NT], bif[QM_NT];
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
             if ((i & (per - 1)) == 0) {
@@ -388,8 +399,13 @@ __device__ __forceinline__ void qmma_body(float* out, const void* x, int m, int 
 #pragma unroll
                     for (int j = 0; j < QM_NT; ++j) {
                         const float2 v = *(const float2*)(sb + (wr + 8 * j + g) * 8 + 2 * gb);
-                        sc2[j] = bf16x2_rn(v.x, v.x);
-                        bi2[j] = bf16x2_rn(v.y, v.y);
+                        if constexpr (SF32) {
+                            scf[j] = v.x;
+                            bif[j] = v.y;
+                        } else {
+                            sc2[j] = bf16x2_rn(v.x, v.x);
+                            bi2[j] = bf16x2_rn(v.y, v.y);
+                        }
                     }
                 } else {
 #pragma unroll
@@ -410,7 +426,12 @@ __device__ __forceinline__ void qmma_body(float* out, const void* x, int m, int 
 #pragma unroll
                     for (int st = 0; st < 2; ++st)
 #pragma unroll
-                        for (int e = 0; e < 2; ++e) b[j][st][e] = bf16x2_fma(b[j][st][e], sc2[j], bi2[j]);
+                        for (int e = 0; e < 2; ++e) {
+                            if constexpr (SF32)
+                                b[j][st][e] = qm_decode_f32(b[j][st][e], scf[j], bif[j]);
+                            else
+                                b[j][st][e] = bf16x2_fma(b[j][st][e], sc2[j], bi2[j]);
+                        }
                 }
             }
             const int kp = qm_piece_k(i, t, lg);
@@ -514,6 +535,14 @@ __device__ __forceinline__ void qm_prefetch(const u32* packed, int n, int k, int
     pdl_begin()
 #define QM_F32(BITS) qmma_body<BITS, 1, true, false>(out, x, m, n, packed, scales, biases, p_dt, lg, k, cps, QM_PLAIN)
 #define QM_DEQ(BITS, MT) QM_LG64(qmma_body, BITS, MT, false, true, false, false)
+// The same with the scales as stored (SF32).
+#define QM_DEQS(BITS, MT)                                                                                      \
+    if (lg == 6)                                                                                               \
+        qmma_body<BITS, MT, false, true, false, false, 6, true>(out, x, m, n, packed, scales, biases, p_dt, lg, k, \
+                                                                cps, QM_PLAIN);                                \
+    else                                                                                                       \
+        qmma_body<BITS, MT, false, true, false, false, 0, true>(out, x, m, n, packed, scales, biases, p_dt, lg, k, \
+                                                                cps, QM_PLAIN)
 
 // Resident blocks per multiprocessor asked of ptxas for the 8- and 16-row kernels (a register
 // cap: 65536 / (128 x QM_MIN_BLOCKS)); an experiment knob (NUVEC_NVRTC_DEFINES), 1 = no cap.
@@ -537,6 +566,11 @@ extern "C" __global__ void __launch_bounds__(128, QM_DEQ_MIN_BLOCKS) qmma_b4_d16
 extern "C" __global__ void __launch_bounds__(128, QM_DEQ_MIN_BLOCKS) qmma_b4_d32(QM_PARAMS) { QM_BEGIN(4); QM_DEQ(4, 2); }
 extern "C" __global__ void __launch_bounds__(128, QM_DEQ_MIN_BLOCKS) qmma_b4_d64(QM_PARAMS) { QM_BEGIN(4); QM_DEQ(4, 4); }
 extern "C" __global__ void __launch_bounds__(128, QM_DEQ_MIN_BLOCKS) qmma_b8_d64(QM_PARAMS) { QM_BEGIN(8); QM_DEQ(8, 4); }
+// Scales and biases that are not bf16 (f32, f16), each weight decoded in f32 (qm_decode_f32).
+extern "C" __global__ void __launch_bounds__(128, QM_DEQ_MIN_BLOCKS) qmma_b4_d16s(QM_PARAMS) { QM_BEGIN(4); QM_DEQS(4, 1); }
+extern "C" __global__ void __launch_bounds__(128, QM_DEQ_MIN_BLOCKS) qmma_b4_d32s(QM_PARAMS) { QM_BEGIN(4); QM_DEQS(4, 2); }
+extern "C" __global__ void __launch_bounds__(128, QM_DEQ_MIN_BLOCKS) qmma_b4_d64s(QM_PARAMS) { QM_BEGIN(4); QM_DEQS(4, 4); }
+extern "C" __global__ void __launch_bounds__(128, QM_DEQ_MIN_BLOCKS) qmma_b8_d64s(QM_PARAMS) { QM_BEGIN(8); QM_DEQS(8, 4); }
 
 // Grouped products of a mixture-of-experts layer, each expert's weights decoded as the d64
 // kernels do: block (x, 0, z) takes tile z of `order` (64 slots routed to expert tile_expert[z],
@@ -549,10 +583,10 @@ extern "C" __global__ void __launch_bounds__(128, QM_DEQ_MIN_BLOCKS) qmma_b8_d64
 // slots are (token, choice) pairs; the slot itself for down). All of K in one range, so a slot's
 // result depends on its own row only, wherever the tile places it.
 #define QM_MOE_SLOTS 6
-template <int BITS, bool FP4 = false>
+template <int BITS, bool FP4 = false, bool SF32 = false>
 __device__ __forceinline__ void qmma_grouped(float* out, const void* x, const int* order, const int* tile_expert,
                                              const u64* index, int experts, int proj, int pair, int div, int n, int k,
-                                             int lg) {
+                                             int lg, int p_dt = DT_BF16) {
     const int e = tile_expert[blockIdx.z];
     if (e < 0) return;
     const int blocks = (n + QM_ROWS - 1) / QM_ROWS;
@@ -564,9 +598,9 @@ __device__ __forceinline__ void qmma_grouped(float* out, const void* x, const in
     // mxfp4's groups are always 32 values; affine ones of 64 (mlx's default) take a body compiled
     // for that size, as the plain kernels do (QM_LG64).
 #define QMG_BODY(LG)                                                                                                   \
-    qmma_body<BITS, 4, false, true, true, FP4, LG>(out, x, (int)gridDim.z * 64, n, (const u32*)ent[0],                \
-                                                   (const void*)ent[1], (const void*)ent[2], DT_BF16, lg, k, chunks, \
-                                                   bx, blockIdx.z, rows)
+    qmma_body<BITS, 4, false, true, true, FP4, LG, SF32>(out, x, (int)gridDim.z * 64, n, (const u32*)ent[0],          \
+                                                         (const void*)ent[1], (const void*)ent[2], p_dt, lg, k, chunks, \
+                                                         bx, blockIdx.z, rows)
     if constexpr (FP4)
         QMG_BODY(5);
     else if (lg == 6)
@@ -585,6 +619,16 @@ extern "C" __global__ void __launch_bounds__(128, QM_DEQ_MIN_BLOCKS) qmma_b4_g64
 extern "C" __global__ void __launch_bounds__(128, QM_DEQ_MIN_BLOCKS) qmma_b8_g64(QMG_PARAMS) {
     pdl_begin();
     qmma_grouped<8>(out, x, order, tile_expert, index, experts, proj, pair, div, n, k, lg);
+}
+// Scales and biases of dtype p_dt that are not bf16 (a GGUF's f32 or f16 ones), each weight
+// decoded in f32 (qm_decode_f32).
+extern "C" __global__ void __launch_bounds__(128, QM_DEQ_MIN_BLOCKS) qmma_b4_g64s(QMG_PARAMS, int p_dt) {
+    pdl_begin();
+    qmma_grouped<4, false, true>(out, x, order, tile_expert, index, experts, proj, pair, div, n, k, lg, p_dt);
+}
+extern "C" __global__ void __launch_bounds__(128, QM_DEQ_MIN_BLOCKS) qmma_b8_g64s(QMG_PARAMS, int p_dt) {
+    pdl_begin();
+    qmma_grouped<8, false, true>(out, x, order, tile_expert, index, experts, proj, pair, div, n, k, lg, p_dt);
 }
 // mxfp4 experts (e2m1 codes in groups of 32 under an e8m0 scale; lg = 5): each weight decoded
 // exactly (a code's value times a power of two).

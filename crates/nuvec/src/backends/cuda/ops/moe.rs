@@ -368,18 +368,21 @@ impl CudaBackend {
             return Ok(None);
         }
         // Decoding an affine weight to bf16 in one fma rounding needs its scale and bias exact in
-        // bf16; an mxfp4 weight is a code times a power of two, exact.
-        let (name, lg) = match (KERNELS[kernels as usize].gate_up, dt) {
-            ("moe_gate_up_b4", DT_BF16) if lg >= 5 => ("qmma_b4_g64", lg),
-            ("moe_gate_up_b8", DT_BF16) if lg >= 5 => ("qmma_b8_g64", lg),
-            ("moe_gate_up_fp4", FP_MXFP4) => ("qmma_fp4_g64", 5),
+        // bf16 (other scales, a GGUF's f32 or f16 ones: decoded in f32 by the `s` kernels); an
+        // mxfp4 weight is a code times a power of two, exact.
+        let (name, lg, stored) = match (KERNELS[kernels as usize].gate_up, dt) {
+            ("moe_gate_up_b4", DT_BF16) if lg >= 5 => ("qmma_b4_g64", lg, DT_BF16),
+            ("moe_gate_up_b8", DT_BF16) if lg >= 5 => ("qmma_b8_g64", lg, DT_BF16),
+            ("moe_gate_up_b4", DT_F32 | DT_F16) if lg >= 5 => ("qmma_b4_g64s", lg, dt),
+            ("moe_gate_up_b8", DT_F32 | DT_F16) if lg >= 5 => ("qmma_b8_g64s", lg, dt),
+            ("moe_gate_up_fp4", FP_MXFP4) => ("qmma_fp4_g64", 5, DT_BF16),
             _ => return Ok(None),
         };
         let n = experts.len();
         if n > MAX_EXPERTS {
             return Ok(None);
         }
-        if !matmul_precision()?.bf16_weight(-1, DT_BF16, crate::compute_dtype_hint()) {
+        if !matmul_precision()?.bf16_weight(-1, stored, crate::compute_dtype_hint()) {
             return Ok(None);
         }
         let st = self.st()?;
@@ -414,11 +417,20 @@ impl CudaBackend {
         };
         // gate and up (projections 0 and 1) of token slot / top_k; down (2) of the slot itself.
         let (gate, down, pair, single, one) = (0i32, 2i32, 1i32, 0i32, 1i32);
-        launch!(st, op, name, grouped(inter, true); gup, xbp, op_, tep, tp, ni, gate, pair, ki, ii, hi, lg);
+        let as_stored = stored != DT_BF16;
+        if as_stored {
+            launch!(st, op, name, grouped(inter, true); gup, xbp, op_, tep, tp, ni, gate, pair, ki, ii, hi, lg, stored);
+        } else {
+            launch!(st, op, name, grouped(inter, true); gup, xbp, op_, tep, tp, ni, gate, pair, ki, ii, hi, lg);
+        }
         let (activation, alpha, limit) = activation_args(experts.activation());
         let values = (slots * inter) as u64;
         launch!(st, op, "moe_act_bf16", cfg_1d(slots * inter); ap, gup, ip, tp, ni, ii, b_dt, activation, alpha, limit, values);
-        launch!(st, op, name, grouped(hidden, false); yp, ap, op_, tep, tp, ni, down, single, one, hi, ii, lg);
+        if as_stored {
+            launch!(st, op, name, grouped(hidden, false); yp, ap, op_, tep, tp, ni, down, single, one, hi, ii, lg, stored);
+        } else {
+            launch!(st, op, name, grouped(hidden, false); yp, ap, op_, tep, tp, ni, down, single, one, hi, ii, lg);
+        }
         let (o, values) = (out.cuda_ptr()?, (rows * hidden) as u64);
         launch!(st, op, "moe_combine", cfg_1d(rows * hidden); o, yp, ip, wp, tp, ni, ki, hi, b_dt, values);
         Ok(Some(out))

@@ -52,8 +52,11 @@ pub enum MatmulPrecision {
     /// As the checkpoint computes in mlx-lm: `Bf16` for a weight stored in half precision (dense
     /// f16/bf16 weights, quantized weights with f16/bf16 scales) unless the model running
     /// computes in f32, and for attention while the model running computes in half precision
-    /// ([`crate::with_compute_dtype`]); `F32` otherwise (f32 weights, f32 scales, f32 models,
-    /// and attention called outside a model).
+    /// ([`crate::with_compute_dtype`]); `F32` otherwise (f32 weights, f32 models, and attention
+    /// called outside a model). A quantized weight in a half-precision model takes `Bf16`
+    /// whatever its scales' type: a GGUF's K-quant scales (products of two f16 numbers) and its
+    /// Q4_0/Q8_0 offsets are kept in f32 to be exact, not because the model computes in f32, and
+    /// llama.cpp computes those products in half precision on the tensor cores.
     Auto,
 }
 
@@ -79,15 +82,18 @@ impl MatmulPrecision {
     /// compute type of the model running ([`crate::compute_dtype_hint`]). Under `Auto` both must
     /// be half precision, as in mlx-lm, where a product's type is the promotion of its input's
     /// (the model's activations) and its weight's: a half weight in an f32 model (an AWQ
-    /// checkpoint's f16 scales beside f32 norms) computes in f32. Without a hint (an op called
-    /// outside a model) the weight decides.
+    /// checkpoint's f16 scales beside f32 norms) computes in f32. A quantized weight in a half
+    /// model is half whatever its scales (see `Auto`). Without a hint (an op called outside a
+    /// model) the weight decides.
     pub(super) fn bf16_weight(self, w_dt: i32, p_dt: i32, model: Option<DType>) -> bool {
-        let stored = if w_dt >= 0 { w_dt } else { p_dt };
+        let half = |dt: i32| dt == DT_F16 || dt == DT_BF16;
         match self {
             MatmulPrecision::Bf16 => true,
-            MatmulPrecision::Auto => {
-                (stored == DT_F16 || stored == DT_BF16) && model.is_none_or(|d| matches!(d, DType::F16 | DType::BF16))
-            }
+            MatmulPrecision::Auto => match model {
+                None => half(if w_dt >= 0 { w_dt } else { p_dt }),
+                Some(DType::F16 | DType::BF16) => w_dt < 0 || half(w_dt),
+                Some(_) => false,
+            },
             MatmulPrecision::F32 | MatmulPrecision::Tf32 => false,
         }
     }
@@ -656,11 +662,14 @@ mod tests {
             // mlx-lm promotes the product to the f32 activations' type.
             assert!(!Auto.bf16_weight(w, p, f32_model), "half weight ({w}, {p}) in an f32 model");
         }
-        for (w, p) in full {
-            for model in half_models.into_iter().chain([f32_model]) {
-                assert!(!Auto.bf16_weight(w, p, model), "f32 weight ({w}, {p}), model {model:?}");
-            }
+        for model in half_models.into_iter().chain([f32_model]) {
+            assert!(!Auto.bf16_weight(DT_F32, 0, model), "f32 dense weight, model {model:?}");
         }
+        // f32 scales: the weight decides outside a model; a half model (a GGUF's K-quants) runs
+        // them in half precision, an f32 one in f32.
+        assert!(!Auto.bf16_weight(-1, DT_F32, None));
+        assert!(!Auto.bf16_weight(-1, DT_F32, f32_model));
+        assert!(Auto.bf16_weight(-1, DT_F32, Some(DType::F16)) && Auto.bf16_weight(-1, DT_F32, Some(DType::BF16)));
         // The explicit settings ignore the weight and the model.
         for (w, p) in half.into_iter().chain(full) {
             for model in half_models.into_iter().chain([f32_model]) {

@@ -1,8 +1,9 @@
 //! Products of a few input rows (a batched decode step) over affine-quantized weights on the
 //! tensor cores (kernels/qmma.cu): each packed weight is read once per call (per 64 rows above
 //! 64). Up to 32 rows, its integers are multiplied exactly and each group's scale and bias applied
-//! once per output; from 33 rows, with bf16 scales, each weight is decoded in registers to the
-//! bf16 value the prefill GEMM multiplies. The alternatives read each weight once per row (the
+//! once per output; from 33 rows each weight is decoded in registers to the bf16 value the
+//! prefill GEMM multiplies (with bf16 scales in one bf16 fma; with others, a GGUF's f32 or f16
+//! ones, in f32 as the prefill path decodes them, where the precision puts the weight on bf16). The alternatives read each weight once per row (the
 //! one-row GEMVs) or decode it whole to bf16 in memory first (the prefill GEMM path).
 
 use cudarc::driver::LaunchConfig;
@@ -84,8 +85,9 @@ pub(in crate::backends::cuda) fn qmma_smem_bytes(kernel: &str) -> Option<usize> 
     let (bits, form) = kernel.strip_prefix("qmma_")?.split_once('_')?;
     // b4, b8, or fp4 (mxfp4 codes: the 4-bit layout).
     let bits: usize = bits.strip_prefix('b').or(bits.strip_prefix("fp")).and_then(|b| b.parse().ok())?;
-    // x's rows staged per slot and the bytes of each (padded).
-    let (x_rows, x_row) = match form {
+    // x's rows staged per slot and the bytes of each (padded); the `s` forms (scales as stored)
+    // stage the same.
+    let (x_rows, x_row) = match form.strip_suffix('s').unwrap_or(form) {
         "m16" | "d16" => (16, 272),
         "m32" | "d32" => (32, 272),
         "d64" | "g64" => (64, 272),
@@ -122,13 +124,23 @@ impl CudaBackend {
     ) -> Result<bool> {
         // The kernel for this input, width and row count (a name from a table: this runs for
         // every weight of every batched decode step).
-        // Decoding a weight to bf16 in one fma rounding needs its scale and bias exact in bf16.
+        // Decoding a weight to bf16 in one fma rounding needs its scale and bias exact in bf16;
+        // others are decoded in f32 (the `s` forms) where the precision rounds the weight to bf16
+        // anyway (a GGUF model's: `MatmulPrecision::Auto`).
         let deq = w.p_dt == DT_BF16 && deq_rows().contains(&m);
+        let deq_f32 = w.p_dt != DT_BF16
+            && deq_rows().contains(&m)
+            && matches!(x, QmmaInput::Bf16(_))
+            && super::prefill::matmul_precision()?.bf16_weight(-1, w.p_dt, crate::compute_dtype_hint());
         let (xp, name) = match (x, w.bits, m.div_ceil(16)) {
             (QmmaInput::Bf16(p), 4, 1) if deq => (p, "qmma_b4_d16"),
             (QmmaInput::Bf16(p), 4, 2) if deq => (p, "qmma_b4_d32"),
             (QmmaInput::Bf16(p), 4, 3..) if deq => (p, "qmma_b4_d64"),
             (QmmaInput::Bf16(p), 8, 3..) if deq => (p, "qmma_b8_d64"),
+            (QmmaInput::Bf16(p), 4, 1) if deq_f32 => (p, "qmma_b4_d16s"),
+            (QmmaInput::Bf16(p), 4, 2) if deq_f32 => (p, "qmma_b4_d32s"),
+            (QmmaInput::Bf16(p), 4, 3..) if deq_f32 => (p, "qmma_b4_d64s"),
+            (QmmaInput::Bf16(p), 8, 3..) if deq_f32 => (p, "qmma_b8_d64s"),
             (QmmaInput::Bf16(p), 4, 1) => (p, "qmma_b4_m16"),
             (QmmaInput::Bf16(p), 4, 2) => (p, "qmma_b4_m32"),
             (QmmaInput::Bf16(p), 8, 1) => (p, "qmma_b8_m16"),

