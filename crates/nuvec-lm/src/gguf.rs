@@ -10,6 +10,7 @@ use serde_json::{json, Map, Value};
 
 use crate::config::Config;
 use crate::gguf_qwen35::{self, ValueHeads};
+use crate::gguf_rope;
 use crate::gguf_tokenizer;
 use crate::models::Model;
 use crate::tokenizer::Tokenizer;
@@ -89,10 +90,12 @@ fn config_json(file: &GgufFile, arch: &str, model_type: &str) -> Result<Value> {
         Some(v) => v,
         None => meta(file, "tokenizer.ggml.tokens")?.as_array().map_or(0, |t| t.len() as u64),
     };
-    if file.tensors().iter().any(|t| t.name == "rope_freqs.weight") {
+    let rope_freqs = file.tensors().iter().find(|t| t.name == gguf_rope::ROPE_FREQS);
+    if rope_freqs.is_some() && arch != "llama" {
         return Err(Error::Unsupported(format!(
-            "{}: per-frequency rope factors (rope_freqs, Llama 3.1 GGUFs) are not mapped yet",
-            file.path().display()
+            "{}: per-pair rope factors ({}) in a {arch} file are not mapped (Llama 3's are)",
+            file.path().display(),
+            gguf_rope::ROPE_FREQS
         )));
     }
     let mut config = Map::new();
@@ -157,6 +160,18 @@ fn config_json(file: &GgufFile, arch: &str, model_type: &str) -> Result<Value> {
                 "{}: GGUF rope scaling {other:?} is not mapped yet",
                 file.path().display()
             )))
+        }
+    }
+    if let Some(tensor) = rope_freqs {
+        if config.contains_key("rope_scaling") {
+            return Err(bad_meta(file, &key("rope.scaling.type"), &format!("is set beside {}", gguf_rope::ROPE_FREQS)));
+        }
+        let factors = file.float_array(tensor)?.to_vec::<f32>()?;
+        let theta = config.get("rope_theta").and_then(Value::as_f64).unwrap_or(10000.0);
+        let dims = file.get(&key("rope.dimension_count")).and_then(GgufValue::as_u64).unwrap_or(head_dim);
+        let label = file.path().display().to_string();
+        if let Some(scaling) = gguf_rope::llama3_scaling(&label, &factors, theta, dims as usize)? {
+            config.insert("rope_scaling".into(), scaling);
         }
     }
     let tied = !file.tensors().iter().any(|t| t.name == "output.weight");
@@ -341,7 +356,7 @@ fn converted_arrays(file: &GgufFile, config: &Config, arch: &str) -> Result<Conv
         .tensors()
         .iter()
         .map(|t| t.name.as_str())
-        .filter(|n| decoder(n) && checkpoint_name(arch, n).is_none())
+        .filter(|n| decoder(n) && checkpoint_name(arch, n).is_none() && *n != gguf_rope::ROPE_FREQS)
         .collect();
     if !unmapped.is_empty() {
         let shown = unmapped.iter().take(5).copied().collect::<Vec<_>>().join(", ");

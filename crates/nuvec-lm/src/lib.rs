@@ -30,6 +30,7 @@ mod error;
 pub mod generate;
 pub mod gguf;
 mod gguf_qwen35;
+mod gguf_rope;
 mod gguf_spm;
 pub mod gguf_tokenizer;
 pub mod hub;

@@ -93,6 +93,11 @@ impl Rope {
         Ok(Rope { inv_freqs, traditional, mscale })
     }
 
+    /// The inverse frequency of each rotated pair.
+    pub(crate) fn inv_freqs(&self) -> &[f32] {
+        &self.inv_freqs
+    }
+
     /// Rotates `x [L, H, D]` at positions `offset..offset+L`.
     pub fn forward(&self, x: &Array, offset: usize) -> Result<Array> {
         if self.mscale == 1.0 {
