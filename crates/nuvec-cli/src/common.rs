@@ -71,9 +71,21 @@ impl LoadArgs {
     /// is a repo id not in the cache ([`HubArgs::fetch`]), the adapter applied, a bar on a
     /// terminal while a load that lasts runs.
     pub fn load(&self, model: &str, device: nuvec::Device) -> Result<(nuvec_lm::Model, nuvec_lm::Tokenizer), String> {
+        self.load_serving(model, device, vec![])
+    }
+
+    /// [`LoadArgs::load`] with `served` adapters `(name, folder)` that requests choose by name
+    /// ([`nuvec_lm::LoadOptions::served_adapters`]).
+    pub fn load_serving(
+        &self,
+        model: &str,
+        device: nuvec::Device,
+        served: Vec<(String, std::path::PathBuf)>,
+    ) -> Result<(nuvec_lm::Model, nuvec_lm::Tokenizer), String> {
         let options = nuvec_lm::LoadOptions {
             device,
             adapter_path: self.adapter_path.clone(),
+            served_adapters: served,
             progress: crate::progress::Bar::on_terminal().map(|bar| bar.load_callback()),
         };
         nuvec_lm::load_with(&self.hub.fetch(model)?, &options).map_err(|e| e.to_string())

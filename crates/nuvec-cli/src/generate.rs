@@ -284,6 +284,7 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         allow_past_context: args.context.allow_past_context,
         constraint: args.constraint.grammar(&tokenizer)?,
         prompt_progress: crate::progress::Bar::on_terminal().map(|bar| bar.prompt_callback()),
+        adapter: None,
     };
     let mut text = TextStream::new(&tokenizer, &options).with_mlx_lm_spacing();
     if args.prompt_lookup || args.draft_model.is_some() {

@@ -19,6 +19,11 @@ pub struct Args {
     /// repo id, or the file or directory name of a path.
     #[arg(long)]
     served_model_name: Option<String>,
+    /// An adapter a request can choose, as NAME=PATH (an mlx-lm adapter folder; repeat the
+    /// flag for more, vLLM's --lora-modules): a request whose `model` is NAME runs with it, the
+    /// others with the base model, in the same batches.
+    #[arg(long = "lora-modules", value_name = "NAME=PATH", value_parser = parse_lora_module, num_args = 1..)]
+    lora_modules: Vec<(String, std::path::PathBuf)>,
     /// Where the model runs: cpu, cuda or cuda:N (cuda needs a build with `--features cuda`).
     #[arg(long, default_value = "cpu")]
     device: String,
@@ -204,7 +209,7 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
 
     args.threads.apply()?;
     let device = crate::common::parse_device(&args.device)?;
-    let (model, tokenizer) = args.load.load(&model_path, device)?;
+    let (model, tokenizer) = args.load.load_serving(&model_path, device, args.lora_modules.clone())?;
     sampler.validate_for(model.vocab_size())?;
     let id = args.served_model_name.clone().unwrap_or_else(|| model_id(&model_path));
     let mut config = ServerConfig::new(&id, &tokenizer);
@@ -251,6 +256,16 @@ fn flag_names(message: &str) -> String {
     ]
     .iter()
     .fold(message.to_string(), |m, (field, flag)| m.replace(field, flag))
+}
+
+/// `--lora-modules NAME=PATH`.
+fn parse_lora_module(text: &str) -> Result<(String, std::path::PathBuf), String> {
+    match text.split_once('=') {
+        Some((name, path)) if !name.trim().is_empty() && !path.is_empty() => {
+            Ok((name.trim().to_string(), std::path::PathBuf::from(path)))
+        }
+        _ => Err(format!("{text:?}: expected NAME=PATH (the name requests give as `model`, the adapter folder)")),
+    }
 }
 
 #[cfg(test)]

@@ -72,6 +72,11 @@ pub struct GenerateOptions {
     /// (mlx-lm's `prompt_progress_callback`): after each prefill pass, the last with the two
     /// equal. Default none.
     pub prompt_progress: Option<PromptProgress>,
+    /// The served adapter the request runs with, by name ([`crate::Model::adapter_names`],
+    /// [`crate::LoadOptions::served_adapters`]); default none (the base model). A
+    /// [`crate::Batcher`] runs it; [`generate`] refuses it (load the model with
+    /// [`crate::LoadOptions::adapter_path`] for one adapter on every generation).
+    pub adapter: Option<String>,
 }
 
 /// A prompt-progress callback ([`GenerateOptions::prompt_progress`]): `(done, total)`.
@@ -118,6 +123,7 @@ impl Default for GenerateOptions {
             allow_past_context: false,
             constraint: None,
             prompt_progress: None,
+            adapter: None,
         }
     }
 }
@@ -170,6 +176,9 @@ impl GenerateOptions {
                 g.vocabulary_size(),
                 model.vocab_size()
             )));
+        }
+        if let Some(name) = &self.adapter {
+            model.adapter_id(name)?;
         }
         self.context_limit(model)?;
         Ok(())
@@ -324,6 +333,13 @@ fn start<'a>(
     prompt: &[u32],
     options: GenerateOptions,
 ) -> Result<Generation<'a>> {
+    if let Some(name) = &options.adapter {
+        return Err(Error::Unsupported(format!(
+            "adapter {name:?} chosen for one generation: served adapters run in a Batcher (`nuvec serve \
+             --lora-modules`); for one adapter on every generation, load with LoadOptions::adapter_path \
+             (--adapter-path)"
+        )));
+    }
     let request = Request::new(model, prompt, options)?;
     let mut reused = session.reusable(prompt);
     let stale = session.tokens().len() - reused;

@@ -54,6 +54,7 @@ pub mod tokenizer;
 mod warm_up;
 pub mod weights;
 
+pub use adapter::AdapterId;
 pub use cache::paged::{decode_batch, PagedCache, SeqId};
 pub use chat::{ChatTemplate, Message};
 pub use engine::{Batcher, BatcherOptions, BatcherStats, Event, RequestId};

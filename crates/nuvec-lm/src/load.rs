@@ -27,6 +27,12 @@ pub struct LoadOptions {
     /// DoRA terms are applied to the projections it names, the base weights untouched
     /// (mlx-lm's `load(path, adapter_path=…)`).
     pub adapter_path: Option<PathBuf>,
+    /// Adapters a request can choose by name (vLLM's `--lora-modules`): each `(name, folder)`
+    /// is an mlx-lm adapter folder whose terms the projections hold beside the base weights,
+    /// applied only to the rows of sequences that choose it ([`crate::GenerateOptions::adapter`]
+    /// in a [`crate::Batcher`], [`crate::StepBatch::push_adapted`]); the others run the base
+    /// model. Names must be distinct and non-empty; not together with `adapter_path`.
+    pub served_adapters: Vec<(String, PathBuf)>,
     /// Told as the checkpoint's tensors are read (safetensors checkpoints; a GGUF file reports
     /// nothing).
     pub progress: Option<LoadProgress>,
@@ -56,9 +62,9 @@ pub fn load_with(model: &str, options: &LoadOptions) -> Result<(Model, Tokenizer
     let path = hub::resolve(model)?;
     let device = options.device;
     if path.is_file() && path.extension().is_some_and(|e| e == "gguf") {
-        if let Some(adapter) = &options.adapter_path {
+        if let Some(adapter) = options.adapter_path.as_ref().or(options.served_adapters.first().map(|a| &a.1)) {
             return Err(Error::Unsupported(format!(
-                "--adapter-path {} with a GGUF file: adapters apply to safetensors checkpoints (mlx-lm's); \
+                "adapter {} with a GGUF file: adapters apply to safetensors checkpoints (mlx-lm's); \
                  convert the GGUF with `nuvec convert` first",
                 adapter.display()
             )));
@@ -142,13 +148,36 @@ pub fn load_model_with(dir: &Path, options: &LoadOptions) -> Result<Model> {
         files.extend(adapter.files());
         weights = weights.with_adapter(adapter);
     }
+    weights = weights.with_served_adapters(open_served(options)?);
     let built = Model::from_config(&config, &weights);
     weights.report_done();
     let mut model = built?;
-    if let Some(adapter) = weights.adapter() {
+    for adapter in weights.adapter().into_iter().chain(weights.served_adapters()) {
         adapter.check_all_taken()?;
     }
+    model.set_adapter_names(options.served_adapters.iter().map(|(name, _)| name.clone()).collect());
     files.extend(weights.files());
     model.set_fingerprint(fingerprint(&files)?);
     Ok(model)
+}
+
+/// The served adapters of `options`, opened, their names checked.
+fn open_served(options: &LoadOptions) -> Result<Vec<Adapter>> {
+    let served = &options.served_adapters;
+    if let (Some(path), false) = (&options.adapter_path, served.is_empty()) {
+        return Err(Error::Unsupported(format!(
+            "adapter {} applied to every request beside served adapters: serve the base model with each adapter \
+             served, or fuse it into the base first (`nuvec fuse`)",
+            path.display()
+        )));
+    }
+    for (i, (name, path)) in served.iter().enumerate() {
+        if name.trim().is_empty() {
+            return Err(Error::Invalid(format!("the served adapter at {} has an empty name", path.display())));
+        }
+        if served[..i].iter().any(|(other, _)| other == name) {
+            return Err(Error::Invalid(format!("two served adapters are named {name:?}: give each its own name")));
+        }
+    }
+    served.iter().map(|(_, path)| Adapter::open(path)).collect()
 }

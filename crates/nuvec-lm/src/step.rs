@@ -5,6 +5,8 @@
 
 use nuvec::Array;
 
+use crate::adapter::rows::RowAdapters;
+use crate::adapter::AdapterId;
 use crate::cache::paged::PagedKv;
 use crate::cache::{LayerCache, RecurrentCache};
 use crate::{Error, Result};
@@ -13,6 +15,8 @@ use crate::{Error, Result};
 struct StepSeq<'a> {
     rows: usize,
     cache: &'a mut [LayerCache],
+    /// The served adapter its rows take, if any.
+    adapter: Option<AdapterId>,
 }
 
 /// Sequences run together through one forward pass. Rows are the sequences' new tokens, in
@@ -31,17 +35,34 @@ impl<'a> StepBatch<'a> {
 
     /// A batch of one sequence: `tokens` appended to `cache`.
     pub fn one(tokens: &[u32], cache: &'a mut [LayerCache]) -> Self {
-        StepBatch { tokens: tokens.to_vec(), seqs: vec![StepSeq { rows: tokens.len(), cache }], invariant: false }
+        let seqs = vec![StepSeq { rows: tokens.len(), cache, adapter: None }];
+        StepBatch { tokens: tokens.to_vec(), seqs, invariant: false }
     }
 
     /// Adds a sequence whose `tokens` extend `cache`; an empty chunk is refused.
     pub fn push(&mut self, tokens: &[u32], cache: &'a mut [LayerCache]) -> Result<()> {
+        self.push_adapted(tokens, cache, None)
+    }
+
+    /// [`StepBatch::push`] for a sequence whose rows take served adapter `adapter` (`None`: the
+    /// base model), whatever the others take.
+    pub fn push_adapted(
+        &mut self,
+        tokens: &[u32],
+        cache: &'a mut [LayerCache],
+        adapter: Option<AdapterId>,
+    ) -> Result<()> {
         if tokens.is_empty() {
             return Err(Error::Invalid(format!("sequence {} of the step has no tokens", self.seqs.len())));
         }
         self.tokens.extend_from_slice(tokens);
-        self.seqs.push(StepSeq { rows: tokens.len(), cache });
+        self.seqs.push(StepSeq { rows: tokens.len(), cache, adapter });
         Ok(())
+    }
+
+    /// Which rows take which served adapter; `None` when every row takes the base model.
+    pub(crate) fn row_adapters(&self) -> Option<RowAdapters> {
+        RowAdapters::from_sequences(self.seqs.iter().map(|s| (s.rows, s.adapter)))
     }
 
     /// Batch invariance: every sequence gets exactly (bit for bit) the logits it gets in a batch
@@ -58,14 +79,16 @@ impl<'a> StepBatch<'a> {
         self.invariant
     }
 
-    /// Each sequence's new tokens and caches, in order.
-    pub(crate) fn sequences_mut(&mut self) -> impl Iterator<Item = (&[u32], &mut [LayerCache])> + use<'_, 'a> {
+    /// Each sequence's new tokens, caches and served adapter, in order.
+    pub(crate) fn sequences_mut(
+        &mut self,
+    ) -> impl Iterator<Item = (&[u32], &mut [LayerCache], Option<AdapterId>)> + use<'_, 'a> {
         let mut start = 0;
         let tokens = &self.tokens;
         self.seqs.iter_mut().map(move |s| {
             let rows = &tokens[start..start + s.rows];
             start += s.rows;
-            (rows, &mut *s.cache)
+            (rows, &mut *s.cache, s.adapter)
         })
     }
 

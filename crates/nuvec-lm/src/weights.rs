@@ -52,6 +52,8 @@ pub struct Weights {
     read: Mutex<HashSet<String>>,
     /// The adapter every projection loaded from here takes its part of.
     adapter: Option<Adapter>,
+    /// Adapters each projection also holds the terms of, for the rows that choose them.
+    served: Vec<Adapter>,
     /// Told of each tensor read for the first time: `(read, in the checkpoint)`.
     progress: Option<LoadProgress>,
 }
@@ -114,6 +116,7 @@ impl Weights {
             device: Device::Cpu,
             read: Mutex::default(),
             adapter: None,
+            served: vec![],
             progress: None,
         })
     }
@@ -130,6 +133,7 @@ impl Weights {
             device: Device::Cpu,
             read: Mutex::default(),
             adapter: None,
+            served: vec![],
             progress: None,
         }
     }
@@ -157,6 +161,18 @@ impl Weights {
     /// The adapter, when one was given.
     pub fn adapter(&self) -> Option<&Adapter> {
         self.adapter.as_ref()
+    }
+
+    /// The same tensors, with each projection also holding the terms of `served` (indexed by
+    /// [`crate::AdapterId`]), which a step applies to the rows that chose them.
+    pub fn with_served_adapters(mut self, served: Vec<Adapter>) -> Self {
+        self.served = served;
+        self
+    }
+
+    /// The served adapters, in [`crate::AdapterId`] order.
+    pub fn served_adapters(&self) -> &[Adapter] {
+        &self.served
     }
 
     /// The same tensors, handed out on `device` from now on ([`Weights::tensor`],

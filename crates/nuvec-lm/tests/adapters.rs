@@ -7,52 +7,15 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::Path;
 
 use common::fixtures;
+use common::mlx_adapter::{mlx_run, oracle, prompt, scratch, STEPS};
 use nuvec_lm::convert::{convert, ConvertOptions};
 use nuvec_lm::{generate, load_with, GenerateOptions, LoadOptions, Model};
-use serde_json::Value;
 
 /// f32 logits: nuvec and mlx-lm sum in other orders.
 const TOLERANCE: f32 = 2e-3;
-const STEPS: usize = 8;
-
-fn oracle(args: &[&str]) -> Result<Value, String> {
-    let python = std::env::var_os("NUVEC_ORACLE_PYTHON")
-        .unwrap_or_else(|| panic!("NUVEC_ORACLE_PYTHON is not set: run `scripts/test.sh`"));
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/support/mlx_adapter.py");
-    let out = Command::new(python).arg(script).args(args).output().unwrap();
-    match out.status.success() {
-        true => Ok(serde_json::from_slice(&out.stdout).unwrap()),
-        false => Err(String::from_utf8_lossy(&out.stderr).into_owned()),
-    }
-}
-
-fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("nuvec-adapters-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    dir
-}
-
-fn prompt(case: &Path) -> Vec<u32> {
-    common::oracle_json(case)["prompt_ids"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect()
-}
-
-/// (tokens, first-step logits, per-step top-2 margins) of mlx-lm on `model` (with `adapter`).
-fn mlx_run(model: &Path, adapter: Option<&Path>, prompt: &[u32]) -> (Vec<u32>, Vec<f32>, Vec<f32>) {
-    let ids = prompt.iter().map(u32::to_string).collect::<Vec<_>>().join(",");
-    let steps = STEPS.to_string();
-    let mut args = vec!["run", "--model", model.to_str().unwrap(), "--prompt-ids", &ids, "--max-tokens", &steps];
-    if let Some(a) = adapter {
-        args.extend(["--adapter-path", a.to_str().unwrap()]);
-    }
-    let v = oracle(&args).unwrap();
-    let floats = |k: &str| v[k].as_array().unwrap().iter().map(|x| x.as_f64().unwrap() as f32).collect::<Vec<_>>();
-    let tokens = v["tokens"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect();
-    (tokens, floats("logits"), floats("margins"))
-}
 
 fn ours(model: &Model, prompt: &[u32]) -> (Vec<u32>, Vec<f32>) {
     let logits = model.forward_last(prompt, &mut model.new_cache()).unwrap().to_vec::<f32>().unwrap();

@@ -179,19 +179,24 @@ async fn metrics(State(state): State<Arc<AppState>>) -> Response {
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], text).into_response()
 }
 
-fn model_object(state: &AppState) -> Value {
-    json!({"id": state.config.model_id, "object": "model", "created": state.created, "owned_by": "nuvec"})
+/// The model card of `id`: the base model, or a served adapter (with the base as its `parent`,
+/// as vLLM lists LoRA modules).
+fn model_object(state: &AppState, id: &str) -> Value {
+    let mut card = json!({"id": id, "object": "model", "created": state.created, "owned_by": "nuvec"});
+    if id != state.config.model_id {
+        card["parent"] = state.config.model_id.clone().into();
+    }
+    card
 }
 
 async fn models(State(state): State<Arc<AppState>>) -> Json<Value> {
-    Json(json!({"object": "list", "data": [model_object(&state)]}))
+    let ids = std::iter::once(&state.config.model_id).chain(&state.info.adapters);
+    Json(json!({"object": "list", "data": ids.map(|id| model_object(&state, id)).collect::<Vec<_>>()}))
 }
 
 async fn model(State(state): State<Arc<AppState>>, Path(id): Path<String>) -> Result<Json<Value>, ApiError> {
-    match id == state.config.model_id {
-        true => Ok(Json(model_object(&state))),
-        false => Err(ApiError::no_model(&id, &state.config.model_id)),
-    }
+    state.info.adapter_named(Some(&id), &state.config.model_id)?;
+    Ok(Json(model_object(&state, &id)))
 }
 
 async fn chat_completions(State(state): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> Response {

@@ -40,7 +40,8 @@ pub(crate) async fn complete(
         kind,
         id: id.into(),
         created: crate::api::now(),
-        model: state.config.model_id.clone(),
+        // A served adapter's requests are answered under its name, as vLLM does.
+        model: prepared.parsed.options.adapter.clone().unwrap_or_else(|| state.config.model_id.clone()),
         table: state.tokenizer.token_bytes(),
         logprobs: prepared.parsed.options.logprobs.is_some(),
         choices: (0..prepared.parsed.n).map(|_| Sent::default()).collect(),

@@ -83,10 +83,14 @@ impl ApiError {
     }
 
     /// A 404 for a model this server does not serve.
-    pub fn no_model(asked: &str, served: &str) -> Self {
+    pub fn no_model(asked: &str, served: &str, adapters: &[String]) -> Self {
+        let mut ids = format!("`{served}`");
+        for a in adapters {
+            ids += &format!(", `{a}`");
+        }
         ApiError {
             status: StatusCode::NOT_FOUND,
-            message: format!("The model `{asked}` does not exist: this server serves `{served}` (GET /v1/models)"),
+            message: format!("The model `{asked}` does not exist: this server serves {ids} (GET /v1/models)"),
             kind: "invalid_request_error",
             param: Some("model".into()),
             code: Some("model_not_found"),

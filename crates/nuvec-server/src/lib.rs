@@ -136,18 +136,33 @@ impl ServerConfig {
 }
 
 /// What the handlers need to know about the model (they never touch it).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ModelInfo {
     /// Its vocabulary size (token ids and `logit_bias` keys are checked against it).
     pub vocab_size: usize,
     /// Its context in positions, if bounded (a longer prompt is a 400).
     pub context_length: Option<usize>,
+    /// Its served adapters ([`Model::adapter_names`]): a request whose `model` names one runs
+    /// with it, and `/v1/models` lists them beside the base model.
+    pub adapters: Vec<String>,
 }
 
 impl ModelInfo {
     /// `model`'s.
     pub fn of(model: &Model) -> Self {
-        ModelInfo { vocab_size: model.vocab_size(), context_length: model.context_length() }
+        let adapters = model.adapter_names().to_vec();
+        ModelInfo { vocab_size: model.vocab_size(), context_length: model.context_length(), adapters }
+    }
+
+    /// The served adapter a request's `model` names: `Ok(None)` for the base model (`served`)
+    /// or no name, a 404 for a name that is neither.
+    pub(crate) fn adapter_named(&self, asked: Option<&str>, served: &str) -> Result<Option<String>, ApiError> {
+        match asked {
+            None => Ok(None),
+            Some(m) if m == served => Ok(None),
+            Some(m) if self.adapters.iter().any(|a| a == m) => Ok(Some(m.to_string())),
+            Some(m) => Err(ApiError::no_model(m, served, &self.adapters)),
+        }
     }
 }
 
@@ -203,6 +218,12 @@ impl Server {
         }
         if config.model_id.is_empty() {
             return Err(Error::Invalid("the model id is empty: name the served model".into()));
+        }
+        if info.adapters.contains(&config.model_id) {
+            return Err(Error::Invalid(format!(
+                "a served adapter is named {:?}, as the model is: give it another name",
+                config.model_id
+            )));
         }
         config.defaults.validate().map_err(Error::Runtime)?;
         let (submit, submissions) = mpsc::channel();

@@ -54,6 +54,8 @@ pub(crate) struct Parsed {
 /// What parsing needs to know about the server.
 pub(crate) struct Context<'a> {
     pub model_id: &'a str,
+    /// What the handlers know of the model (its served adapters among it).
+    pub info: &'a crate::ModelInfo,
     pub defaults: &'a GenerateOptions,
     pub template_args: &'a Map<String, Value>,
     pub vocab_size: usize,
@@ -182,11 +184,7 @@ fn integer_of(v: &Value) -> Option<i128> {
 /// Checks `body` for endpoint `kind`.
 pub(crate) fn parse(kind: Kind, body: &Map<String, Value>, cx: &Context) -> Result<Parsed, ApiError> {
     let f = Fields::new(body);
-    if let Some(model) = f.string("model")? {
-        if model != cx.model_id {
-            return Err(ApiError::no_model(model, cx.model_id));
-        }
-    }
+    let adapter = cx.info.adapter_named(f.string("model")?, cx.model_id)?;
     refuse_unsupported(kind, &f)?;
     let n = match f.count("n")? {
         None => 1,
@@ -206,6 +204,7 @@ pub(crate) fn parse(kind: Kind, body: &Map<String, Value>, cx: &Context) -> Resu
     };
 
     let mut options = cx.defaults.clone();
+    options.adapter = adapter;
     let max_tokens = match kind {
         Kind::Chat => match f.count("max_completion_tokens")? {
             Some(n) => Some(("max_completion_tokens", n)),

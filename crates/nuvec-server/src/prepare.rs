@@ -147,6 +147,7 @@ fn prepare_now(state: &AppState, kind: Kind, body: &Map<String, Value>) -> Resul
     let tokenizer = &state.tokenizer;
     let cx = params::Context {
         model_id: &state.config.model_id,
+        info: &state.info,
         defaults: &state.config.defaults,
         template_args: &state.config.template_args,
         vocab_size: state.info.vocab_size,

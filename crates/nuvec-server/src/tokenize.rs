@@ -32,10 +32,8 @@ pub(crate) async fn tokenize(
 }
 
 fn check_model(f: &Fields, state: &AppState) -> Result<(), ApiError> {
-    match f.string("model")? {
-        Some(model) if model != state.config.model_id => Err(ApiError::no_model(model, &state.config.model_id)),
-        _ => Ok(()),
-    }
+    // Every served adapter shares the base model's tokenizer.
+    state.info.adapter_named(f.string("model")?, &state.config.model_id).map(|_| ())
 }
 
 fn tokenize_body(state: &AppState, body: &Map<String, Value>) -> Result<Value, ApiError> {

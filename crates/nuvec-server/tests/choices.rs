@@ -161,7 +161,7 @@ fn serve(max_queue: usize) -> Served {
     let mut config = ServerConfig::new("scripted", &tokenizer);
     config.max_queue = max_queue;
     config.defaults.max_tokens = 64;
-    let info = ModelInfo { vocab_size: tokenizer.vocab_size(), context_length: None };
+    let info = ModelInfo { vocab_size: tokenizer.vocab_size(), context_length: None, adapters: vec![] };
     let log = Arc::new(Mutex::new(Log::default()));
     let gate = Arc::new(AtomicBool::new(true));
     let core = Seeded { tokenizer: tokenizer.clone(), log: log.clone(), next: 0, live: vec![], gate: gate.clone() };

@@ -151,7 +151,7 @@ fn server_with(script: Script, api_key: Option<&str>, max_queue: usize, gate: Op
     config.body_limit = 4096;
     config.defaults.max_tokens = 5;
     config.max_queue = max_queue;
-    let info = ModelInfo { vocab_size: 49152, context_length: Some(64) };
+    let info = ModelInfo { vocab_size: 49152, context_length: Some(64), adapters: vec![] };
     Server::with_engine(tokenizer, info, config, move |engine| {
         engine.run(Scripted { script, next: 0, live: vec![], generated: 0, gate });
         Ok(())
@@ -446,7 +446,7 @@ fn an_engine_panic_makes_health_503() {
 fn an_engine_that_cannot_start_is_an_error() {
     let tokenizer = tokenizer();
     let config = ServerConfig::new("m", &tokenizer);
-    let info = ModelInfo { vocab_size: 10, context_length: None };
+    let info = ModelInfo { vocab_size: 10, context_length: None, adapters: vec![] };
     let started = Server::with_engine(tokenizer, info, config, |_engine| {
         Err(nuvec_lm::Error::Invalid("no memory left for one cache block".into()))
     });

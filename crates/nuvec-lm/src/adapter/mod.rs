@@ -10,6 +10,7 @@
 //! supported yet) is an error naming it, never an adapter silently dropped.
 
 mod low_rank;
+pub(crate) mod rows;
 
 use std::collections::{BTreeMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -19,6 +20,7 @@ use nuvec::io::SafetensorsFile;
 use nuvec::{Array, Device, Matrix};
 
 pub use low_rank::LowRank;
+pub use rows::AdapterId;
 
 use crate::{Error, Result};
 

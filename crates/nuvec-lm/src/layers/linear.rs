@@ -1,9 +1,11 @@
 //! `y = x W^T + b`, with W dense or quantized as the checkpoint stores it.
 
+use std::ops::Range;
+
 use nuvec::{Array, Matrix};
 
 use super::RmsNorm;
-use crate::adapter::LowRank;
+use crate::adapter::{rows, LowRank};
 use crate::weights::Weights;
 use crate::{Error, Result};
 
@@ -17,6 +19,10 @@ pub struct Linear {
     /// A LoRA / DoRA adapter's term, when one adapts this projection: every path below adds
     /// it (the fused ones around their fused base product).
     pub adapter: Option<LowRank>,
+    /// Each served adapter's term (indexed by [`crate::AdapterId`]; `None` where that adapter
+    /// leaves this projection alone), applied to the rows of the sequences that chose it
+    /// ([`crate::StepBatch::push_adapted`]).
+    pub served: Vec<Option<LowRank>>,
 }
 
 impl Linear {
@@ -29,12 +35,29 @@ impl Linear {
             Some(a) => a.low_rank(path, &weight, weights.device())?,
             None => None,
         };
-        Ok(Linear { weight, bias, adapter })
+        let served = weights
+            .served_adapters()
+            .iter()
+            .map(|a| a.low_rank(path, &weight, weights.device()))
+            .collect::<Result<_>>()?;
+        Ok(Linear { weight, bias, adapter, served })
     }
 
     /// A layer of `weight` and `bias` alone.
     pub fn plain(weight: Matrix, bias: Option<Array>) -> Self {
-        Linear { weight, bias, adapter: None }
+        Linear { weight, bias, adapter: None, served: vec![] }
+    }
+
+    /// Whether an adapter's term joins this projection in the running pass (the load's adapter,
+    /// or a served one some row chose): then the fused paths that skip [`Linear::forward`]'s
+    /// product do not apply.
+    pub fn adapted(&self) -> bool {
+        self.adapter.is_some() || !self.served_runs().is_empty()
+    }
+
+    /// Whether any adapter (the load's or a served one) has a term for this projection.
+    pub fn has_adapters(&self) -> bool {
+        self.adapter.is_some() || self.served.iter().any(Option::is_some)
     }
 
     /// Applies the layer to `x [..., in]`.
@@ -58,9 +81,9 @@ impl Linear {
     /// fuse the product into the matrix-vector pass. Same result as `forward(gate.silu_mul(up))`.
     pub fn forward_silu_mul(&self, gate: &Array, up: &Array) -> Result<Array> {
         let y = gate.silu_mul_linear(up, &self.weight)?;
-        match &self.adapter {
-            Some(adapter) => self.with_bias(adapter.apply(&gate.silu_mul(up)?, y)?),
-            None => self.with_bias(y),
+        match self.adapted() {
+            true => self.finish(&gate.silu_mul(up)?, y),
+            false => self.with_bias(y),
         }
     }
 
@@ -70,7 +93,7 @@ impl Linear {
     /// ops; a LoRA adapter's term joins the residual).
     pub fn forward_add_norm(&self, x: &Array, residual: &Array, norm: &RmsNorm) -> Result<(Array, Array)> {
         match &self.adapter {
-            _ if self.bias.is_some() => norm.forward_add(residual, &self.forward(x)?),
+            _ if self.bias.is_some() || !self.served_runs().is_empty() => norm.forward_add(residual, &self.forward(x)?),
             Some(adapter) if !adapter.only_adds() => norm.forward_add(residual, &self.forward(x)?),
             Some(adapter) => {
                 let residual = adapter.add_to(x, residual)?;
@@ -80,13 +103,58 @@ impl Linear {
         }
     }
 
-    /// The adapter's term (when the layer has one), then the bias, on the base product `y`.
+    /// The adapter's term (when the layer has one), the served adapters' on their rows, then
+    /// the bias, on the base product `y`.
     fn finish(&self, x: &Array, y: Array) -> Result<Array> {
         let y = match &self.adapter {
             Some(adapter) => adapter.apply(x, y)?,
             None => y,
         };
+        let y = self.apply_served(x, y)?;
         self.with_bias(y)
+    }
+
+    /// The served adapters of this projection that rows of the running pass chose, with their
+    /// rows.
+    fn served_runs(&self) -> Vec<(&LowRank, Range<usize>)> {
+        if self.served.is_empty() {
+            return vec![];
+        }
+        let Some(active) = rows::active() else { return vec![] };
+        active.runs.iter().filter_map(|(id, r)| self.served.get(id.0)?.as_ref().map(|lr| (lr, r.clone()))).collect()
+    }
+
+    /// `y` with each served adapter's term on the rows that chose it (the rest as they are).
+    fn apply_served(&self, x: &Array, y: Array) -> Result<Array> {
+        let runs = self.served_runs();
+        if runs.is_empty() {
+            return Ok(y);
+        }
+        let rows = rows::active().map_or(0, |a| a.rows);
+        if x.shape().len() != 2 || x.dim(0) != rows {
+            return Err(Error::Invalid(format!(
+                "a served adapter's projection got an input of shape {:?} in a pass of {rows} rows",
+                x.shape()
+            )));
+        }
+        if let [(adapter, r)] = &runs[..] {
+            if r.start == 0 && r.end == rows {
+                return Ok(adapter.apply(x, y)?);
+            }
+        }
+        let mut parts = Vec::with_capacity(2 * runs.len() + 1);
+        let mut at = 0;
+        for (adapter, r) in runs {
+            if at < r.start {
+                parts.push(y.slice_rows(at, r.start)?);
+            }
+            parts.push(adapter.apply(&x.slice_rows(r.start, r.end)?, y.slice_rows(r.start, r.end)?)?);
+            at = r.end;
+        }
+        if at < rows {
+            parts.push(y.slice_rows(at, rows)?);
+        }
+        crate::step::concat_rows(&parts)
     }
 
     fn with_bias(&self, y: Array) -> Result<Array> {

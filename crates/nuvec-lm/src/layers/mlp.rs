@@ -72,7 +72,7 @@ impl Mlp {
     /// inputs (prefill) keep that path: CUDA makes silu(gate) * up there in bf16 in the same
     /// pass that feeds the bf16 GEMM of the down projection.
     fn decode_row_hidden(&self, x: &Array) -> Result<Option<Array>> {
-        let plain = |l: &Linear| l.bias.is_none() && l.adapter.is_none();
+        let plain = |l: &Linear| l.bias.is_none() && !l.adapted();
         if x.dim(0) != 1 || !plain(&self.gate_proj) || !plain(&self.up_proj) {
             return Ok(None);
         }

@@ -91,7 +91,7 @@ fn stack(experts: Vec<[Linear; 3]>, activation: Activation) -> Result<Experts> {
             3 * experts.len()
         )));
     }
-    if experts.iter().flatten().any(|l| l.adapter.is_some()) {
+    if experts.iter().flatten().any(Linear::has_adapters) {
         return Err(Error::Unsupported("adapters on MoE experts are not supported yet".into()));
     }
     let mut parts: [Vec<Matrix>; 3] = Default::default();

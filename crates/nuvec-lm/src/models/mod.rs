@@ -11,6 +11,7 @@ mod unused;
 
 use nuvec::{Array, DType, Device};
 
+use crate::adapter::{rows, AdapterId};
 use crate::cache::{CacheOptions, KvDtype, LayerCache};
 use crate::config::Config;
 use crate::step::StepBatch;
@@ -86,6 +87,8 @@ pub struct Model {
     /// Positions the model was trained for (`max_position_embeddings`, a GGUF's
     /// `context_length`), when the checkpoint says.
     context_length: Option<usize>,
+    /// The served adapters' names, by [`AdapterId`] ([`crate::LoadOptions::served_adapters`]).
+    adapter_names: Vec<String>,
 }
 
 impl std::fmt::Debug for Model {
@@ -147,6 +150,7 @@ impl Model {
             kv_dtype: KvDtype::of(compute_dtype),
             compute_dtype,
             context_length,
+            adapter_names: vec![],
         })
     }
 
@@ -167,6 +171,7 @@ impl Model {
             kv_dtype,
             compute_dtype,
             context_length: None,
+            adapter_names: vec![],
         }
     }
 
@@ -324,19 +329,31 @@ impl Model {
         if let Some(&t) = step.tokens().iter().find(|&&t| t as usize >= self.vocab_size) {
             return Err(Error::Invalid(format!("token {t} is outside the vocabulary of {}", self.vocab_size)));
         }
+        if let Some(r) = step.row_adapters() {
+            if let Some((id, _)) = r.runs.iter().find(|(id, _)| id.0 >= self.adapter_names.len()) {
+                return Err(Error::Invalid(format!(
+                    "a step's sequence takes served adapter {}, and this model serves {}",
+                    id.0,
+                    self.adapter_names.len()
+                )));
+            }
+        }
         let before = step.checkpoint();
         let run = |step: &mut StepBatch| -> Result<Array> {
             if step.batch_invariant() {
                 let rows = step
                     .sequences_mut()
-                    .map(|(tokens, cache)| match last_only {
-                        true => self.forward_last(tokens, cache),
-                        false => self.forward(tokens, cache),
+                    .map(|(tokens, cache, adapter)| {
+                        let own = rows::RowAdapters::from_sequences(std::iter::once((tokens.len(), adapter)));
+                        rows::with_rows(own, || match last_only {
+                            true => self.forward_last(tokens, cache),
+                            false => self.forward(tokens, cache),
+                        })
                     })
                     .collect::<Result<Vec<_>>>()?;
                 return crate::step::concat_rows(&rows);
             }
-            let h = self.arch.hidden(step)?;
+            let h = rows::with_rows(step.row_adapters(), || self.arch.hidden(step))?;
             let last = step.last_rows();
             let rows = if !last_only || last.len() == h.dim(0) {
                 h
@@ -434,6 +451,32 @@ impl Model {
     /// samples of their contents); prompt-cache files record it.
     pub fn fingerprint(&self) -> &str {
         &self.fingerprint
+    }
+
+    /// The served adapters a request can choose ([`crate::LoadOptions::served_adapters`]), by
+    /// [`AdapterId`].
+    pub fn adapter_names(&self) -> &[String] {
+        &self.adapter_names
+    }
+
+    /// The served adapter called `name`, or an error listing those there are.
+    pub fn adapter_id(&self, name: &str) -> Result<AdapterId> {
+        match self.adapter_names.iter().position(|n| n == name) {
+            Some(i) => Ok(AdapterId(i)),
+            None if self.adapter_names.is_empty() => Err(Error::Invalid(format!(
+                "adapter {name:?}: this model serves no adapters (load it with served adapters: `nuvec serve \
+                 --lora-modules NAME=PATH`, LoadOptions::served_adapters)"
+            ))),
+            None => Err(Error::Invalid(format!(
+                "adapter {name:?}: not one this model serves ({})",
+                self.adapter_names.join(", ")
+            ))),
+        }
+    }
+
+    /// Names the served adapters (the loader does, in the order the projections hold them).
+    pub(crate) fn set_adapter_names(&mut self, names: Vec<String>) {
+        self.adapter_names = names;
     }
 
     /// Sets the fingerprint (the loader does).

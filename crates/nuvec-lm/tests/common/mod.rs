@@ -3,6 +3,7 @@
 
 pub mod gguf_oracle;
 pub mod gpu_cases;
+pub mod mlx_adapter;
 pub mod paged;
 
 use std::path::{Path, PathBuf};

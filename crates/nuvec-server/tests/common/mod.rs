@@ -96,7 +96,7 @@ pub fn serve_keyed(dir: &std::path::Path, answer: Answerer, key: Option<&str>) -
     let tokenizer = Tokenizer::load(dir, &[]).unwrap();
     let mut config = ServerConfig::new("scripted", &tokenizer);
     config.api_key = key.map(str::to_string);
-    let info = ModelInfo { vocab_size: tokenizer.vocab_size(), context_length: None };
+    let info = ModelInfo { vocab_size: tokenizer.vocab_size(), context_length: None, adapters: vec![] };
     let prompts = Arc::new(Mutex::new(vec![]));
     let core = Scripted { tokenizer: tokenizer.clone(), answer, prompts: prompts.clone(), next: 0, live: vec![] };
     let server = Server::with_engine(tokenizer.clone(), info, config, move |engine| {

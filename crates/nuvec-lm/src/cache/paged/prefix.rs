@@ -4,8 +4,25 @@
 
 use std::hash::{Hash, Hasher};
 
-/// The parent hash of a sequence's first block.
+use crate::adapter::AdapterId;
+
+/// The parent hash of a sequence's first block, for the base model.
 pub(crate) const ROOT: u64 = 0x6e75_7665_635f_7078;
+
+/// The parent hash of the first block of a sequence whose rows take served adapter `adapter`:
+/// its keys and values are another model's, shared only with sequences of the same adapter.
+pub(crate) fn root(adapter: Option<AdapterId>) -> u64 {
+    match adapter {
+        None => ROOT,
+        Some(id) => {
+            #[allow(deprecated)]
+            let mut h = std::hash::SipHasher::new();
+            ROOT.hash(&mut h);
+            id.0.hash(&mut h);
+            h.finish()
+        }
+    }
+}
 
 /// How the rows of a block were computed, which decides whose bits they are.
 ///

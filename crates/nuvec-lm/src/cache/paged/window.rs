@@ -87,10 +87,12 @@ impl Windows {
     }
 
     /// The indexed window blocks a hit of `hashes.len()` full blocks needs (those from its
-    /// window's first position on), each after the prefix hashed by the one before it; `None`
-    /// when one is missing. `blocks` are the hit's tokens, a block each.
+    /// window's first position on), each after the prefix hashed by the one before it (the
+    /// first after `root`); `None` when one is missing. `blocks` are the hit's tokens, a block
+    /// each.
     pub(crate) fn lookup_tail(
         &self,
+        root: u64,
         hashes: &[u64],
         computed: Computed,
         blocks: &[&[u32]],
@@ -99,7 +101,7 @@ impl Windows {
         let from = self.first_needed(hashes.len() * bs) / bs;
         (from..hashes.len())
             .map(|i| {
-                let parent = if i == 0 { super::prefix::ROOT } else { hashes[i - 1] };
+                let parent = if i == 0 { root } else { hashes[i - 1] };
                 self.pool.lookup(hashes[i], parent, computed, blocks[i]).map(|b| (i, b))
             })
             .collect()
