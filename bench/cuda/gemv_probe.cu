@@ -1,8 +1,9 @@
-// Shapes of the 4-bit one-row GEMV timed against each other on the GPU machine (docs/cuda.md,
-// "GEMV shapes measured without L2 help"): affine 4-bit, group 64, bf16 scales and biases, f32
-// x and output. Each shape's weight is copied until the copies fill >= 600 MB and the calls
-// rotate through them, so L2 does not hold the weights; every variant is checked against a
-// scalar kernel. Also prints the host cost of a kernel launch and of an allocation + free.
+// Shapes of the 4-bit one-row GEMV timed against each other on the GPU machine (the CUDA
+// journal, `git show 70880e0:docs/cuda.md`, "GEMV shapes measured without L2 help"): affine
+// 4-bit, group 64, bf16 scales and biases, f32 x and output. Each shape's weight is copied until
+// the copies fill >= 600 MB and the calls rotate through them, so L2 does not hold the weights;
+// every variant is checked against a scalar kernel. Also prints the host cost of a kernel launch
+// and of an allocation + free.
 // Build and run there (nvcc is on the device; not part of the cargo build):
 //   nvcc -O3 -arch=sm_90 -std=c++17 bench/cuda/gemv_probe.cu -o /tmp/gemv_probe && /tmp/gemv_probe
 #include <cstdio>

@@ -1,8 +1,8 @@
 //! Whole models with the bf16 tensor-core prefill (`MatmulPrecision::Bf16`, set explicitly)
 //! against the same models on the CPU in f32 (feature `cuda`; run on a machine with an NVIDIA
-//! GPU, see docs/cuda.md, phase 4); and the default, `MatmulPrecision::Auto`, which computes each
-//! checkpoint in its own type as mlx-lm does: the bf16 checkpoint exactly as under `Bf16`, the q4
-//! checkpoint with f32 scales exactly as under `F32`, within the f32 tolerance of gpu_parity.rs.
+//! GPU, see docs/cuda.md, "Precision"); and the default, `MatmulPrecision::Auto`, which computes
+//! each checkpoint in its own type as mlx-lm does: the bf16 checkpoint exactly as under `Bf16`, the
+//! q4 checkpoint with f32 scales exactly as under `F32`, within the f32 tolerance of gpu_parity.rs.
 //!
 //! A 300-token prompt (so that the weight products take more than 8 rows and attention 64
 //! queries or more: the bf16 paths), whole or in chunks of 128, then 32 greedy steps (decode is

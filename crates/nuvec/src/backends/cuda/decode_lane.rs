@@ -15,9 +15,10 @@
 //! on (frees, the caching allocator) still holds: a weight freed later is freed after its last
 //! decoding.
 //!
-//! What it buys is modest (docs/cuda.md, eighth session: random 8B prefill 512 +1.7 %, 4096 and a
-//! 1B unchanged): cuBLAS's GEMMs hold every SM (a 384-thread CTA with all the registers), so the
-//! decoder overlaps only their tails and the short kernels between them.
+//! What it buys is modest (the CUDA journal, `git show 70880e0:docs/cuda.md`, eighth session:
+//! random 8B prefill 512 +1.7 %, 4096 and a 1B unchanged): cuBLAS's GEMMs hold every SM (a
+//! 384-thread CTA with all the registers), so the decoder overlaps only their tails and the short
+//! kernels between them.
 //!
 //! `NUVEC_DECODE_STREAM=0` (or [`set_decode_stream`]) decodes on the device stream instead (the
 //! previous behaviour; the results are the same bit for bit).

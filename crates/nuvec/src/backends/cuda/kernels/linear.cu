@@ -295,10 +295,11 @@ extern "C" __global__ void __launch_bounds__(128, 4) qgemv_multi_b8(QGM_PARAMS) 
 // ---- 4-bit one-row GEMV in the probe's shape (v6, v7; issue 7) ----
 //
 // The loop of bench/cuda/gemv_probe.cu's `cur4`, which read 8B-sized weights faster than the
-// `qgemv_body` at the same shape (8 rows per block; docs/cuda.md, third session): per chunk a lane loads its
-// ROWS rows' 16-byte words and one scale/bias pair per row (two for groups of 16), loads the 32
-// x values once, then per row decodes and multiplies one u32 word (8 values) at a time, so only
-// 8 decoded values are live instead of 32. Same arithmetic per group as qgemv_body:
+// `qgemv_body` at the same shape (8 rows per block; the CUDA journal,
+// `git show 70880e0:docs/cuda.md`, third session): per chunk a lane loads its ROWS rows' 16-byte
+// words and one scale/bias pair per row (two for groups of 16), loads the 32 x values once, then
+// per row decodes and multiplies one u32 word (8 values) at a time, so only 8 decoded values are
+// live instead of 32. Same arithmetic per group as qgemv_body:
 // s * sum(q * x) + b * sum(x). The scale dtype is a template argument (PDT >= 0) for groups
 // >= 32, picked once per launch from the runtime `p_dt`, so the loads need no per-load branch;
 // groups of 16 (rare) pass PDT = -1 and read `p_dt` at run time. v6 = 8 rows x 2 warps,
@@ -311,9 +312,9 @@ extern "C" __global__ void __launch_bounds__(128, 4) qgemv_multi_b8(QGM_PARAMS) 
 // the 1 into the group's sum of x, since sum(q x) = 16 (sum((1 + q/16) x) - sum(x)) (qg4_group).
 // The same floats as the former byte_perm per value (a byte 1qqqq000 under 0x3F), so the same
 // sums bit for bit, with the widening on the FMA pipe instead of the integer one: the same
-// instruction count, random 8B decode +2 % on the H200 (docs/cuda.md, eighth session: the loop is
-// bound by instructions issued, not by one pipe). Products and sums stay f32, relative error ~4e-6
-// of mean|out|.
+// instruction count, random 8B decode +2 % on the H200 (the CUDA journal,
+// `git show 70880e0:docs/cuda.md`, eighth session: the loop is bound by instructions issued,
+// not by one pipe). Products and sums stay f32, relative error ~4e-6 of mean|out|.
 __device__ __forceinline__ void qg4_word(u32 w, float (&q)[8]) {
     const u32 one = 0x3C003C00u;  // f16 1.0 in both halves
     const u32 p[4] = {and_or<0x03C003C0u>(w << 6, one), and_or<0x03C003C0u>(w << 2, one),

@@ -64,7 +64,7 @@ impl MatmulPrecision {
     /// What runs when neither the setter nor `NUVEC_CUDA_MATMUL` says otherwise: `Auto`, the
     /// checkpoint's own type, as mlx-lm computes it (bf16 on the tensor cores, about 4x f32's
     /// speed on an H200, for the usual bf16 checkpoints; f32 for f32 ones; see docs/cuda.md,
-    /// phase 4, for what bf16 changes in the logits).
+    /// "Precision", for what bf16 rounds).
     pub const DEFAULT: MatmulPrecision = MatmulPrecision::Auto;
 
     /// The name `NUVEC_CUDA_MATMUL` takes: `f32`, `tf32`, `bf16` or `auto`.
