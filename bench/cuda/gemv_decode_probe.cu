@@ -1,6 +1,6 @@
 // The one-row 4-bit GEMV loop of kernels/linear.cu (qgemv4w_acc: a block of WARPS warps computes
 // ROWS rows, lanes stride the 32-value chunks) timed with three ways of turning a 4-bit value into
-// a float (the CUDA journal, `git show 70880e0:docs/cuda.md`, sixth session), at the shapes of
+// a float (the CUDA journal, `git show 83079a1:docs/cuda.md`, sixth session), at the shapes of
 // the Llama-3.1-8B and Qwen3-0.6B decode step (affine 4-bit, group 64, bf16 scales and biases,
 // f32 x and output):
 //   DEC 0  2^23 + q, then minus 2^23 (what linear.cu does): byte_perm + FADD + FFMA per value;

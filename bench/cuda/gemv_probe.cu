@@ -1,5 +1,5 @@
 // Shapes of the 4-bit one-row GEMV timed against each other on the GPU machine (the CUDA
-// journal, `git show 70880e0:docs/cuda.md`, "GEMV shapes measured without L2 help"): affine
+// journal, `git show 83079a1:docs/cuda.md`, "GEMV shapes measured without L2 help"): affine
 // 4-bit, group 64, bf16 scales and biases, f32 x and output. Each shape's weight is copied until
 // the copies fill >= 600 MB and the calls rotate through them, so L2 does not hold the weights;
 // every variant is checked against a scalar kernel. Also prints the host cost of a kernel launch

@@ -94,7 +94,7 @@ impl std::fmt::Debug for PromptProgress {
 /// 8 positions decodes each quantized weight to bf16 tiles for the tensor cores (~7 % of an 8B's
 /// 4096-token prefill at 2048, by ncu), so fewer, longer passes are faster: on an H200 a random
 /// Llama-3.1-8B prefilled 4096 tokens 6 % faster and a 1B 9 % faster in one pass than in two
-/// (the CUDA journal, `git show 70880e0:docs/cuda.md`, eighth session). A pass's activations grow
+/// (the CUDA journal, `git show 83079a1:docs/cuda.md`, eighth session). A pass's activations grow
 /// with it (an 8B's f32 gate and up outputs alone take 235 MB per 2048 positions); set
 /// `prefill_step_size` lower where memory is short.
 pub fn default_prefill_step(device: Device) -> usize {

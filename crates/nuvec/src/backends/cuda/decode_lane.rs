@@ -15,7 +15,7 @@
 //! on (frees, the caching allocator) still holds: a weight freed later is freed after its last
 //! decoding.
 //!
-//! What it buys is modest (the CUDA journal, `git show 70880e0:docs/cuda.md`, eighth session:
+//! What it buys is modest (the CUDA journal, `git show 83079a1:docs/cuda.md`, eighth session:
 //! random 8B prefill 512 +1.7 %, 4096 and a 1B unchanged): cuBLAS's GEMMs hold every SM (a
 //! 384-thread CTA with all the registers), so the decoder overlaps only their tails and the short
 //! kernels between them.

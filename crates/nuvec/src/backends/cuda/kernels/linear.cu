@@ -296,7 +296,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) qgemv_multi_b8(QGM_PARAMS) 
 //
 // The loop of bench/cuda/gemv_probe.cu's `cur4`, which read 8B-sized weights faster than the
 // `qgemv_body` at the same shape (8 rows per block; the CUDA journal,
-// `git show 70880e0:docs/cuda.md`, third session): per chunk a lane loads its ROWS rows' 16-byte
+// `git show 83079a1:docs/cuda.md`, third session): per chunk a lane loads its ROWS rows' 16-byte
 // words and one scale/bias pair per row (two for groups of 16), loads the 32 x values once, then
 // per row decodes and multiplies one u32 word (8 values) at a time, so only 8 decoded values are
 // live instead of 32. Same arithmetic per group as qgemv_body:
@@ -313,7 +313,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) qgemv_multi_b8(QGM_PARAMS) 
 // The same floats as the former byte_perm per value (a byte 1qqqq000 under 0x3F), so the same
 // sums bit for bit, with the widening on the FMA pipe instead of the integer one: the same
 // instruction count, random 8B decode +2 % on the H200 (the CUDA journal,
-// `git show 70880e0:docs/cuda.md`, eighth session: the loop is bound by instructions issued,
+// `git show 83079a1:docs/cuda.md`, eighth session: the loop is bound by instructions issued,
 // not by one pipe). Products and sums stay f32, relative error ~4e-6 of mean|out|.
 __device__ __forceinline__ void qg4_word(u32 w, float (&q)[8]) {
     const u32 one = 0x3C003C00u;  // f16 1.0 in both halves

@@ -23,7 +23,7 @@ const QG_THREADS: u32 = 128;
 /// Where `plain` (groups of 32 or more, no fused silu(x) * up) the integer dot-product kernels
 /// run: `xsplit_f32` first splits x into int8 parts, then each word of weights costs 2 masks, a
 /// shift and 6 `dp4a` per row where the f32 loops issue ~24 instructions (they were bound by
-/// issue: the CUDA journal, `git show 70880e0:docs/cuda.md`, eighth session). Measured on the
+/// issue: the CUDA journal, `git show 83079a1:docs/cuda.md`, eighth session). Measured on the
 /// H200 (its ninth session): the 8B decoded at 427 tok/s against 347 with the f32 loops, a 1B at
 /// 1308 against 1236. Long grids (LM heads, an 8B's gate/up) take 1 warp per block (`_v13`);
 /// otherwise the warps per block grow from 1 while the grid holds fewer than
@@ -75,7 +75,7 @@ pub(super) fn qgemv4_variant(k: usize, rows: usize, plain: bool) -> (&'static st
 /// The one-row 4-bit GEMV kernels by variant number: `(kernel name suffix, output rows per block,
 /// threads per block)`. 0 is `qgemv1_b4`, the `qgemv_body` kernel every width has; 1-5 were
 /// earlier `qgemv_body` shapes, removed after they lost on the H200 (the CUDA journal,
-/// `git show 70880e0:docs/cuda.md`, third and fourth sessions).
+/// `git show 83079a1:docs/cuda.md`, third and fourth sessions).
 fn qgemv4_shape(v: usize) -> Option<(&'static str, usize, u32)> {
     Some(match v {
         0 => ("", QG_ROWS, QG_THREADS),

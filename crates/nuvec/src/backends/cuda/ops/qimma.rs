@@ -107,7 +107,7 @@ fn qir_smem(p_dt: i32) -> usize {
 /// is bf16, in integers (`qimma_b4_r*`, 2 to 16 rows) otherwise; `int` the integer register
 /// kernels only (x at f32 accuracy, as one row alone); `1` those and the integer shared-memory
 /// ones for 17 to 64 rows, which are slower than the bf16 forms they would replace (measured in
-/// the CUDA journal, `git show 70880e0:docs/cuda.md`, "Few-row products in integers"); `0` none.
+/// the CUDA journal, `git show 83079a1:docs/cuda.md`, "Few-row products in integers"); `0` none.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Mode {
     Off,
