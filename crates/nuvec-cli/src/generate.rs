@@ -285,6 +285,7 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         constraint: args.constraint.grammar(&tokenizer)?,
         prompt_progress: crate::progress::Bar::on_terminal().map(|bar| bar.prompt_callback()),
         adapter: None,
+        cache_salt: None,
     };
     let mut text = TextStream::new(&tokenizer, &options).with_mlx_lm_spacing();
     if args.prompt_lookup || args.draft_model.is_some() {

@@ -133,6 +133,32 @@ fn curl_chat_and_completions_answer_as_generate_does() {
 }
 
 #[test]
+fn curl_cache_salts_keep_prompts_apart() {
+    // vLLM's cache_salt: a prompt's cached blocks serve only requests of the same salt.
+    let served = Served::start(&[]);
+    let ask = |salt: Option<&str>| {
+        let mut body = chat_body(QUESTION, 4);
+        if let Some(s) = salt {
+            body["cache_salt"] = json!(s);
+        }
+        let (status, text) = post(&served.base, "/v1/chat/completions", &body, &[]);
+        assert_eq!(status, 200, "{text}");
+        let usage = json_of(&text)["usage"].clone();
+        let prompt = usage["prompt_tokens"].as_u64().unwrap();
+        (usage["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap(), (prompt - 1) / 16 * 16)
+    };
+    for (salt, hit) in [(Some("a"), false), (Some("a"), true), (Some("b"), false), (None, false), (None, true)] {
+        let (cached, full) = ask(salt);
+        assert_eq!(cached, if hit { full } else { 0 }, "salt {salt:?}");
+    }
+    let mut empty = chat_body(QUESTION, 4);
+    empty["cache_salt"] = json!("");
+    let (status, body) = post(&served.base, "/v1/chat/completions", &empty, &[]);
+    assert_eq!(status, 400, "{body}");
+    assert_eq!(json_of(&body)["error"]["param"], "cache_salt", "{body}");
+}
+
+#[test]
 fn curl_errors_have_their_statuses() {
     let served = Served::start(&[]);
     let base = &served.base;

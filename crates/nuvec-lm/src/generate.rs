@@ -77,6 +77,11 @@ pub struct GenerateOptions {
     /// [`crate::Batcher`] runs it; [`generate`] refuses it (load the model with
     /// [`crate::LoadOptions::adapter_path`] for one adapter on every generation).
     pub adapter: Option<String>,
+    /// A request's cache salt (vLLM's `cache_salt`): in a [`crate::Batcher`] with prefix
+    /// caching, its prompt shares cached blocks only with requests of the same salt (and
+    /// adapter). Tenants with a salt of their own cannot tell from a faster first token what
+    /// others asked. Non-empty when set; default none. A generation alone shares nothing.
+    pub cache_salt: Option<String>,
 }
 
 /// A prompt-progress callback ([`GenerateOptions::prompt_progress`]): `(done, total)`.
@@ -124,6 +129,7 @@ impl Default for GenerateOptions {
             constraint: None,
             prompt_progress: None,
             adapter: None,
+            cache_salt: None,
         }
     }
 }
@@ -141,6 +147,9 @@ impl GenerateOptions {
         self.cache.validate()?;
         if self.prefill_step_size == 0 {
             return Err(Error::Invalid("prefill_step_size must be at least 1".into()));
+        }
+        if self.cache_salt.as_ref().is_some_and(String::is_empty) {
+            return Err(Error::Invalid("cache_salt is empty: give a non-empty string, or none".into()));
         }
         if let Some(n) = self.logprobs.filter(|&n| n > MAX_LOGPROBS) {
             return Err(Error::Invalid(format!("logprobs = {n}: at most {MAX_LOGPROBS} alternatives per token")));

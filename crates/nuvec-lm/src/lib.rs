@@ -55,7 +55,7 @@ mod warm_up;
 pub mod weights;
 
 pub use adapter::AdapterId;
-pub use cache::paged::{decode_batch, PagedCache, SeqId};
+pub use cache::paged::{decode_batch, PagedCache, PrefixScope, SeqId};
 pub use chat::{ChatTemplate, Message};
 pub use engine::{Batcher, BatcherOptions, BatcherStats, Event, RequestId};
 pub use error::{Error, Result};

@@ -401,6 +401,25 @@ fn requests_arriving_together_compute_a_shared_prefix_once() {
     }
 }
 
+#[test]
+fn a_cache_salt_keeps_prompt_blocks_apart() {
+    // vLLM's cache_salt: the same 40-token prompt, one request after another, finds the blocks
+    // of earlier requests of its own salt only; each gets its solo tokens whatever it found.
+    let (model, _) = load_dir(&fixtures().join("llama-f32")).unwrap();
+    let p = prompt(40, 11, model.vocab_size());
+    let mut b = Batcher::new(&model, BatcherOptions { blocks: Some(64), ..Default::default() }).unwrap();
+    let salted = |salt: Option<&str>| GenerateOptions { cache_salt: salt.map(str::to_string), ..greedy(4) };
+    let alone = solo(&model, &p, &greedy(4));
+    for (salt, cached) in [(None, 0), (Some("tenant-a"), 0), (Some("tenant-b"), 0), (Some("tenant-a"), 32), (None, 32)]
+    {
+        let out = run_alone(&mut b, p.clone(), salted(salt));
+        assert_eq!(out.cached, Some(cached), "salt {salt:?}");
+        assert_eq!(out.tokens, alone.tokens, "salt {salt:?}");
+    }
+    let err = b.submit(p, salted(Some(""))).unwrap_err().to_string();
+    assert!(err.contains("cache_salt is empty"), "{err}");
+}
+
 fn event_id(e: &Event) -> RequestId {
     match e {
         Event::Token { id, .. }

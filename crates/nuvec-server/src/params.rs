@@ -205,6 +205,11 @@ pub(crate) fn parse(kind: Kind, body: &Map<String, Value>, cx: &Context) -> Resu
 
     let mut options = cx.defaults.clone();
     options.adapter = adapter;
+    // vLLM's: prompt blocks are shared only among requests of one salt.
+    options.cache_salt = match f.string("cache_salt")? {
+        Some("") => return Err(ApiError::invalid("cache_salt", "cache_salt must be a non-empty string if given")),
+        salt => salt.map(str::to_string),
+    };
     let max_tokens = match kind {
         Kind::Chat => match f.count("max_completion_tokens")? {
             Some(n) => Some(("max_completion_tokens", n)),

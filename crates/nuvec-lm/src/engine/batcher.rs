@@ -7,8 +7,7 @@ use nuvec::{Array, Device, QuantSpec};
 use super::executor::{self, Outcome};
 use super::request::{Request, MASKED};
 use super::scheduler::{BlockView, Key, Scheduler, Work};
-use crate::adapter::AdapterId;
-use crate::cache::paged::{window_blocks_for, PagedCache, SeqId, DEFAULT_BLOCK_SIZE};
+use crate::cache::paged::{window_blocks_for, PagedCache, PrefixScope, SeqId, DEFAULT_BLOCK_SIZE};
 use crate::cache::{kv_spec, CacheOptions};
 use crate::generate::{FinishReason, GenerateOptions, TokenLogprobs};
 use crate::models::Model;
@@ -258,8 +257,9 @@ struct Live {
     cached: Option<usize>,
     /// Prefill rows per pass.
     chunk: usize,
-    /// The served adapter it runs with ([`GenerateOptions::adapter`]).
-    adapter: Option<AdapterId>,
+    /// Its served adapter and cache salt ([`GenerateOptions::adapter`],
+    /// [`GenerateOptions::cache_salt`]): which requests' prompt blocks it may share.
+    scope: PrefixScope,
 }
 
 /// Continuous batching: requests are queued, admitted while cache and slots allow, prefilled in
@@ -324,6 +324,7 @@ impl<'m> Batcher<'m> {
         check_cache_options(self.model, &options.cache, self.paged.kv_quantization())?;
         let chunk = options.prefill_step_size.min(self.max_chunk).min(self.checkpoint_step);
         let adapter = options.adapter.as_deref().map(|name| self.model.adapter_id(name)).transpose()?;
+        let scope = PrefixScope { adapter, salt: options.cache_salt.clone() };
         let request = Request::new(self.model, &prompt, options)?;
         let need = self.scheduler.blocks_for(prompt.len());
         if need > self.paged.total_blocks() {
@@ -338,7 +339,7 @@ impl<'m> Batcher<'m> {
         let id = self.next_id;
         self.next_id += 1;
         self.scheduler.add(Key(id), prompt.len(), chunk);
-        self.live.insert(id, Live { request, seq: None, cancelled: false, cached: None, chunk, adapter });
+        self.live.insert(id, Live { request, seq: None, cancelled: false, cached: None, chunk, scope });
         Ok(RequestId(id))
     }
 
@@ -419,7 +420,7 @@ impl<'m> Batcher<'m> {
             if live.seq.is_none() {
                 let added = self
                     .paged
-                    .add_with_prefix_adapted(&live.request.history, live.chunk, live.adapter)
+                    .add_with_prefix_in(&live.request.history, live.chunk, live.scope.clone())
                     .and_then(|(seq, held)| {
                         live.seq = Some(seq);
                         match held == w.start {
@@ -607,9 +608,7 @@ impl BlockView for View<'_> {
     }
 
     fn prefix(&self, key: Key) -> (usize, usize) {
-        self.live
-            .get(&key.0)
-            .map_or((0, 0), |l| self.paged.probe_prefix_adapted(&l.request.history, l.chunk, l.adapter))
+        self.live.get(&key.0).map_or((0, 0), |l| self.paged.probe_prefix_in(&l.request.history, l.chunk, &l.scope))
     }
 
     fn shares_pending(&self, key: Key, cached: usize, running: &[(Key, usize)]) -> bool {
@@ -622,7 +621,7 @@ impl BlockView for View<'_> {
         // Whole blocks a hit can give it (never its last token), beyond what the cache holds.
         let usable = tokens.len().saturating_sub(1) / bs * bs;
         running.iter().any(|&(r, computed)| {
-            let Some(other) = self.live.get(&r.0).filter(|o| o.adapter == waiting.adapter) else { return false };
+            let Some(other) = self.live.get(&r.0).filter(|o| o.scope == waiting.scope) else { return false };
             let common = tokens[..usable].iter().zip(&other.request.history).take_while(|(a, b)| a == b).count();
             let shared = common / bs * bs;
             shared > cached && computed < shared

@@ -37,11 +37,11 @@ pub use kv::PagedKv;
 pub(crate) use kv::{attend_decodes, write_decodes};
 use pool::{lock, BlockPool};
 use prefix::Computed;
+pub use prefix::PrefixScope;
 use store::{KvForm, LayerStore};
 use window::{Windows, FREED};
 
 use super::LayerCache;
-use crate::adapter::AdapterId;
 use crate::models::Model;
 use crate::step::StepBatch;
 use crate::{Error, Result};
@@ -71,8 +71,8 @@ struct Seq {
     hashes: Vec<u64>,
     /// How the rows of its partly filled last block were computed (`None`: it has none).
     open: Option<Computed>,
-    /// The served adapter its rows take (its blocks are shared only with the same adapter's).
-    adapter: Option<AdapterId>,
+    /// Which sequences may share its blocks (and the served adapter its rows take).
+    scope: PrefixScope,
 }
 
 /// Many sequences' caches in fixed-size blocks (see the module docs).
@@ -318,12 +318,12 @@ impl PagedCache {
 
     /// A new, empty sequence (its prompt is then prefilled with [`PagedCache::step`]).
     pub fn add(&mut self) -> Result<SeqId> {
-        self.add_adapted(None)
+        self.add_in(PrefixScope::default())
     }
 
-    /// [`PagedCache::add`] for a sequence whose rows take served adapter `adapter` (`None`: the
-    /// base model) in every step.
-    pub fn add_adapted(&mut self, adapter: Option<AdapterId>) -> Result<SeqId> {
+    /// [`PagedCache::add`] for a sequence of `scope`: its rows take the scope's served adapter
+    /// in every step, and its blocks are indexed for that scope only.
+    pub fn add_in(&mut self, scope: PrefixScope) -> Result<SeqId> {
         let slot = self.slots.iter().position(Option::is_none).ok_or_else(|| {
             Error::Invalid(format!(
                 "the paged cache holds {} sequences already, its most; remove one or make it with more",
@@ -346,7 +346,7 @@ impl PagedCache {
             })
             .collect();
         let tokens = Some(vec![]);
-        self.slots[slot] = Some(Seq { caches, table, window_table, tokens, hashes: vec![], open: None, adapter });
+        self.slots[slot] = Some(Seq { caches, table, window_table, tokens, hashes: vec![], open: None, scope });
         Ok(SeqId(slot as u32))
     }
 
@@ -355,7 +355,7 @@ impl PagedCache {
     /// rows per pass: with batch invariance, blocks its own grid computed, ending on that grid.
     /// With sliding-window layers, also the window blocks the hit's end still reads (`(index,
     /// block)`), all of which must still be indexed.
-    fn prefix_blocks(&self, tokens: &[u32], chunk: usize, adapter: Option<AdapterId>) -> PrefixHit {
+    fn prefix_blocks(&self, tokens: &[u32], chunk: usize, scope: &PrefixScope) -> PrefixHit {
         if !self.pool.caching() || tokens.is_empty() {
             return (vec![], vec![]);
         }
@@ -365,7 +365,7 @@ impl PagedCache {
             false => Computed::Batched,
             true => Computed::Chunks(chunk.max(1)),
         };
-        let root = prefix::root(adapter);
+        let root = scope.root();
         let mut parent = root;
         let mut hits = vec![];
         for block in usable.chunks_exact(bs) {
@@ -414,12 +414,12 @@ impl PagedCache {
     /// pass, changing nothing: the positions it would start with, and how many of their blocks
     /// are free now (a hit takes them out of the free count).
     pub fn probe_prefix(&self, tokens: &[u32], chunk: usize) -> (usize, usize) {
-        self.probe_prefix_adapted(tokens, chunk, None)
+        self.probe_prefix_in(tokens, chunk, &PrefixScope::default())
     }
 
-    /// [`PagedCache::probe_prefix`] for a sequence of served adapter `adapter`.
-    pub fn probe_prefix_adapted(&self, tokens: &[u32], chunk: usize, adapter: Option<AdapterId>) -> (usize, usize) {
-        let (hits, _) = self.prefix_blocks(tokens, chunk, adapter);
+    /// [`PagedCache::probe_prefix`] for a sequence of `scope`.
+    pub fn probe_prefix_in(&self, tokens: &[u32], chunk: usize, scope: &PrefixScope) -> (usize, usize) {
+        let (hits, _) = self.prefix_blocks(tokens, chunk, scope);
         let revived = hits.iter().filter(|&&(b, _)| self.pool.holders(b) == 0).count();
         (hits.len() * self.block_size(), revived)
     }
@@ -429,19 +429,14 @@ impl PagedCache {
     /// caller then steps the rest of `tokens` from there, `chunk` rows per prefill pass (with
     /// batch invariance the hit is cut to that grid; see the module docs).
     pub fn add_with_prefix(&mut self, tokens: &[u32], chunk: usize) -> Result<(SeqId, usize)> {
-        self.add_with_prefix_adapted(tokens, chunk, None)
+        self.add_with_prefix_in(tokens, chunk, PrefixScope::default())
     }
 
-    /// [`PagedCache::add_with_prefix`] for a sequence whose rows take served adapter `adapter`:
-    /// only blocks that sequences of the same adapter computed are shared.
-    pub fn add_with_prefix_adapted(
-        &mut self,
-        tokens: &[u32],
-        chunk: usize,
-        adapter: Option<AdapterId>,
-    ) -> Result<(SeqId, usize)> {
-        let (hits, tail) = self.prefix_blocks(tokens, chunk, adapter);
-        let id = self.add_adapted(adapter)?;
+    /// [`PagedCache::add_with_prefix`] for a sequence of `scope` ([`PagedCache::add_in`]): only
+    /// blocks that sequences of the same scope computed are shared.
+    pub fn add_with_prefix_in(&mut self, tokens: &[u32], chunk: usize, scope: PrefixScope) -> Result<(SeqId, usize)> {
+        let (hits, tail) = self.prefix_blocks(tokens, chunk, &scope);
+        let id = self.add_in(scope)?;
         let held = hits.len() * self.block_size();
         for &(b, _) in &hits {
             self.pool.share(b);
@@ -758,7 +753,7 @@ impl PagedCache {
         batch.set_batch_invariant(self.invariant);
         for &(id, tokens) in work {
             let seq = slots[id.0 as usize].take().expect("checked in step");
-            batch.push_adapted(tokens, &mut seq.caches, seq.adapter)?;
+            batch.push_adapted(tokens, &mut seq.caches, seq.scope.adapter)?;
         }
         model.step(&mut batch)
     }
@@ -776,7 +771,7 @@ impl PagedCache {
         let mut open = seq.open.take();
         while seq.hashes.len() < known.len() / bs {
             let i = seq.hashes.len();
-            let parent = seq.hashes.last().copied().unwrap_or(prefix::root(seq.adapter));
+            let parent = seq.hashes.last().copied().unwrap_or_else(|| seq.scope.root());
             let block = &known[i * bs..(i + 1) * bs];
             let computed = Computed::after(open.take(), pass);
             let h = prefix::block_hash(parent, computed, block);

@@ -9,18 +9,31 @@ use crate::adapter::AdapterId;
 /// The parent hash of a sequence's first block, for the base model.
 pub(crate) const ROOT: u64 = 0x6e75_7665_635f_7078;
 
-/// The parent hash of the first block of a sequence whose rows take served adapter `adapter`:
-/// its keys and values are another model's, shared only with sequences of the same adapter.
-pub(crate) fn root(adapter: Option<AdapterId>) -> u64 {
-    match adapter {
-        None => ROOT,
-        Some(id) => {
-            #[allow(deprecated)]
-            let mut h = std::hash::SipHasher::new();
-            ROOT.hash(&mut h);
-            id.0.hash(&mut h);
-            h.finish()
+/// What besides its tokens decides which sequences may share a sequence's blocks: the served
+/// adapter its rows take (another adapter computes other keys and values) and a request's cache
+/// salt (vLLM's `cache_salt`: requests of different salts never share, so one tenant cannot
+/// learn from timing what another's prompts were). The default, no adapter and no salt, is the
+/// base model's shared pool.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
+pub struct PrefixScope {
+    /// The served adapter the sequence's rows take.
+    pub adapter: Option<AdapterId>,
+    /// The request's cache salt.
+    pub salt: Option<String>,
+}
+
+impl PrefixScope {
+    /// The parent hash of the sequence's first block: [`ROOT`] for the default scope, else one
+    /// of the scope's own, so its hash chain meets no other scope's.
+    pub(crate) fn root(&self) -> u64 {
+        if *self == PrefixScope::default() {
+            return ROOT;
         }
+        #[allow(deprecated)]
+        let mut h = std::hash::SipHasher::new();
+        ROOT.hash(&mut h);
+        self.hash(&mut h);
+        h.finish()
     }
 }
 
