@@ -174,11 +174,11 @@ pub const KNOBS: &[Knob] = &[
     knob(
         "NUVEC_QIMMA",
         "0, int, 1",
-        "unset: 2-16 rows, bf16 where the scales are",
+        "unset: bf16 up to NUVEC_QDEC_ROWS where the scales are bf16, else integers up to 16",
         "cuda",
-        "few-row products over 4-bit weights: unset 2-16 rows with weights and x in bf16 (integers where \
-         the scales are not bf16), int 2-16 rows in integers (f32 accuracy), 1 also 17-64 in integers \
-         (slower there), 0 none",
+        "few-row products over 4-bit weights: unset 2 to NUVEC_QDEC_ROWS (64) rows with weights and x in \
+         bf16 where the scales are bf16, else 2-16 rows in integers; int 2-16 rows in integers (f32 \
+         accuracy), 1 also 17-64 in integers (slower there), 0 none",
     ),
     knob(
         "NUVEC_QDEC_ROWS",

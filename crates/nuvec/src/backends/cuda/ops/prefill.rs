@@ -30,11 +30,12 @@ use crate::backends::cuda::{DeviceBuffer, State};
 use crate::{Array, DType, Error, Matrix, QuantMode, Result};
 
 /// How the CUDA backend multiplies matrices on the prefill paths (`linear` of more than 8 input
-/// rows, `attention` of 64 queries or more). Decode (the GEMV and split-key attention kernels)
-/// is f32 whatever this says: it is limited by memory, not arithmetic. Where this puts a weight
-/// on bf16, 2 to 8 rows of it (a batched decode step) run on the tensor cores too, but with x
-/// in two bf16 parts against the weights' exact integers, which keeps f32 accuracy
-/// (kernels/qmma.cu).
+/// rows, `attention` of 64 queries or more). A one-row decode (the GEMV and split-key attention
+/// kernels) is f32 whatever this says: it is limited by memory, not arithmetic. A batched decode
+/// step's 2 to 64 rows over 4-bit weights with bf16 scales round x and the decoded weights to
+/// bf16 where this allows bf16 (`ops/qimma.rs`, `qdec_*`, up to `NUVEC_QDEC_ROWS`); other few-row
+/// products run in integers or with x in two bf16 parts against the weights' exact integers,
+/// which keeps f32 accuracy (kernels/qimma.cu, kernels/qmma.cu).
 ///
 /// Process-wide: [`set_matmul_precision`], else the environment variable `NUVEC_CUDA_MATMUL`
 /// (`auto`, `f32`, `tf32` or `bf16`, read once), else [`MatmulPrecision::DEFAULT`] (`Auto`).
