@@ -56,6 +56,26 @@ pub struct Args {
     max_batch: usize,
     #[command(flatten)]
     context: ContextArgs,
+    /// Prompt-lookup speculation (vLLM's ngram method): in steps that only decode, for at most
+    /// --speculation-max-batch requests, each guesses its next tokens from where its last few
+    /// tokens occurred earlier in its prompt or answer, verified in the same pass. Answers are
+    /// the same; they come faster where they repeat their input.
+    #[arg(long)]
+    prompt_lookup: bool,
+    /// With --prompt-lookup: tokens guessed per request and step.
+    #[arg(long, default_value_t = 3, requires = "prompt_lookup")]
+    num_draft_tokens: usize,
+    /// With --prompt-lookup: the longest n-gram matched (shorter ones down to
+    /// --prompt-lookup-min are tried when it is not found).
+    #[arg(long, default_value_t = 4, requires = "prompt_lookup")]
+    prompt_lookup_max: usize,
+    /// With --prompt-lookup: the shortest n-gram matched.
+    #[arg(long, default_value_t = 1, requires = "prompt_lookup")]
+    prompt_lookup_min: usize,
+    /// With --prompt-lookup: most decoding requests in a step that speculates (more are bound by
+    /// arithmetic, where guessed rows would slow everyone).
+    #[arg(long, default_value_t = 8, requires = "prompt_lookup")]
+    speculation_max_batch: usize,
     /// The KV cache's size in bytes (suffixes K, M, G: 4G), as mlx_lm.server's flag sizes its
     /// caches; it holds the running requests and the cached prompt prefixes. Default: 90 % of
     /// free memory on a GPU, at most 4 GiB on the CPU (see --memory-fraction).
@@ -203,6 +223,14 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         kv_bits: args.kv_bits,
         kv_group_size: args.kv_group_size,
         checkpoint_interval: args.checkpoint_interval,
+        speculation: args.prompt_lookup.then_some(nuvec_lm::BatchSpeculation {
+            lookup: nuvec_lm::speculative::PromptLookup {
+                max_ngram: args.prompt_lookup_max,
+                min_ngram: args.prompt_lookup_min,
+            },
+            num_draft: args.num_draft_tokens,
+            max_decodes: args.speculation_max_batch,
+        }),
         ..Default::default()
     };
     batcher.validate().map_err(|e| flag_names(&e.to_string()))?;
@@ -252,6 +280,11 @@ fn flag_names(message: &str) -> String {
         ("BatcherOptions::kv_bits = ", "--kv-bits "),
         ("kv_group_size = ", "--kv-group-size "),
         ("BatcherOptions::checkpoint_interval", "--checkpoint-interval"),
+        ("BatcherOptions::speculation.num_draft", "--num-draft-tokens"),
+        ("BatcherOptions::speculation.max_decodes", "--speculation-max-batch"),
+        ("BatcherOptions::speculation", "--prompt-lookup"),
+        ("BatcherOptions::batch_invariant", "--batch-invariant"),
+        ("BatcherOptions::kv_bits", "--kv-bits"),
         ("of block_size = ", "of the cache's block size, "),
     ]
     .iter()

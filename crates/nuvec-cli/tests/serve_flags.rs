@@ -1,6 +1,7 @@
 //! `nuvec serve`'s engine flags and its shutdown, end to end on the default SmolLM2 model: the
-//! KV cache sized in bytes, a context limit, flags refused with the reason, and SIGTERM letting
-//! the requests in flight finish within the grace period and ending the rest with an error.
+//! KV cache sized in bytes, a context limit, prompt-lookup speculation, flags refused with the
+//! reason, and SIGTERM letting the requests in flight finish within the grace period and ending
+//! the rest with an error.
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::TcpStream;
@@ -112,6 +113,27 @@ fn a_quantized_cache_holds_more_and_answers_as_generate_with_kv_bits() {
         assert_eq!(answer["choices"][0]["message"]["content"], expected.as_str(), "{answer}");
     }
     eprintln!("4-bit KV: {expected:?}; unquantized: {unquantized:?}");
+}
+
+#[test]
+fn prompt_lookup_answers_as_generate_and_reports_its_guesses() {
+    let served = Served::start(&["--prompt-lookup", "--num-draft-tokens", "4"]);
+    // An answer that copies its input and repeats itself, where guesses are right.
+    let question = "Rewrite this code with the variable x renamed to y: def f(x): return x * x + x";
+    let expected = generate(&["--prompt", question, "-m", "40"]);
+    let body = json!({"messages": [{"role": "user", "content": question}], "max_tokens": 40});
+    let (status, answer) = post(&served.base, "/v1/chat/completions", &body);
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer["choices"][0]["message"]["content"], expected.as_str(), "{answer}");
+    let drafted = gauge(&served.base, "nuvec:spec_decode_num_draft_tokens_total");
+    let accepted = gauge(&served.base, "nuvec:spec_decode_num_accepted_tokens_total");
+    assert!(drafted > 0.0 && accepted > 0.0 && accepted <= drafted, "{accepted} of {drafted} guesses right");
+    eprintln!("{expected:?}: {accepted} of {drafted} guesses right");
+    drop(served);
+    let e = refused(&["--prompt-lookup", "--num-draft-tokens", "0"]);
+    assert!(e.contains("--num-draft-tokens"), "{e}");
+    let e = refused(&["--prompt-lookup", "--batch-invariant"]);
+    assert!(e.contains("--prompt-lookup") && e.contains("--batch-invariant"), "{e}");
 }
 
 /// A streaming completion over a socket of its own, read line by line.

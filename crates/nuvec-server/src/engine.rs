@@ -111,6 +111,10 @@ pub struct EngineStats {
     pub blocks_total: usize,
     /// Requests preempted so far.
     pub preemptions: u64,
+    /// Guessed tokens fed to steps (prompt-lookup speculation).
+    pub drafted_tokens: u64,
+    /// Of those, the right guesses.
+    pub accepted_tokens: u64,
 }
 
 /// What the engine thread shares with the handlers.
@@ -279,6 +283,8 @@ impl EngineLoop {
             blocks_used: stats.blocks_used,
             blocks_total: stats.blocks_total,
             preemptions: stats.preemptions,
+            drafted_tokens: stats.drafted_tokens,
+            accepted_tokens: stats.accepted_tokens,
             ..counts.clone()
         };
     }

@@ -190,6 +190,18 @@ pub(crate) fn render(model_name: &str, m: &Metrics, stats: &EngineStats, rejecte
         stats.preemptions as f64,
     );
     t.one(
+        "nuvec:spec_decode_num_draft_tokens_total",
+        "counter",
+        "Guessed tokens fed to steps by prompt-lookup speculation (--prompt-lookup).",
+        stats.drafted_tokens as f64,
+    );
+    t.one(
+        "nuvec:spec_decode_num_accepted_tokens_total",
+        "counter",
+        "Of the guessed tokens, those that were right (each handed out without a step of its own).",
+        stats.accepted_tokens as f64,
+    );
+    t.one(
         "nuvec:requests_rejected_total",
         "counter",
         "Requests refused with 429 because the queue was full (--max-queue).",

@@ -7,6 +7,7 @@ use nuvec::{Array, Device, QuantSpec};
 use super::executor::{self, Outcome};
 use super::request::{Request, MASKED};
 use super::scheduler::{BlockView, Key, Scheduler, Work};
+use super::speculation::{self, BatchSpeculation};
 use crate::cache::paged::{window_blocks_for, PagedCache, PrefixScope, SeqId, DEFAULT_BLOCK_SIZE};
 use crate::cache::{kv_spec, CacheOptions};
 use crate::generate::{FinishReason, GenerateOptions, TokenLogprobs};
@@ -116,6 +117,13 @@ pub struct BatcherOptions {
     /// start (a system prompt) gets a hit there. Not in `batch_invariant` mode, whose passes are
     /// the request's `prefill_step_size` as `generate`'s are.
     pub checkpoint_interval: usize,
+    /// Prompt-lookup speculation (vLLM's `ngram` method; `None`, the default, off): in steps
+    /// that only decode, for at most `max_decodes` requests, each request feeds guesses of its
+    /// next tokens from its own prompt and output, verified in the same pass (see
+    /// `engine/speculation.rs`). Requests hand out what they would without it; not with a
+    /// constraint (they decode plainly), and refused on models whose caches cannot take back a
+    /// wrong guess (recurrent or sliding-window layers) and with `kv_bits`.
+    pub speculation: Option<BatchSpeculation>,
 }
 
 /// Positions between the recurrent-state checkpoints of a hybrid model's prefill
@@ -140,6 +148,7 @@ impl Default for BatcherOptions {
             kv_bits: None,
             kv_group_size: 64,
             checkpoint_interval: DEFAULT_CHECKPOINT_INTERVAL,
+            speculation: None,
         }
     }
 }
@@ -184,6 +193,23 @@ impl BatcherOptions {
                  running request",
                 self.max_batch
             )));
+        }
+        if let Some(s) = &self.speculation {
+            s.validate()?;
+            if self.batch_invariant {
+                return Err(Error::Invalid(
+                    "BatcherOptions::speculation with BatcherOptions::batch_invariant: guessed rows run in passes of several rows, \
+                     where batch invariance promises each request its solo passes; drop one"
+                        .into(),
+                ));
+            }
+            if self.kv_bits.is_some() {
+                return Err(Error::Unsupported(
+                    "BatcherOptions::speculation with BatcherOptions::kv_bits: a quantized cache's guessed rows cannot be taken back \
+                     yet; drop one"
+                        .into(),
+                ));
+            }
         }
         if let Some(bits) = self.kv_bits {
             kv_spec(bits, self.kv_group_size).map_err(|e| {
@@ -246,6 +272,10 @@ pub struct BatcherStats {
     pub prefill_tokens: u64,
     /// Tokens sampled so far.
     pub generated_tokens: u64,
+    /// Guessed tokens fed to steps so far ([`BatcherOptions::speculation`]).
+    pub drafted_tokens: u64,
+    /// Of those, the guesses that were right (each a token handed out without a step of its own).
+    pub accepted_tokens: u64,
 }
 
 /// One request in flight.
@@ -278,6 +308,7 @@ pub struct Batcher<'m> {
     checkpoint_step: usize,
     faults: HashSet<u64>,
     stats: BatcherStats,
+    speculation: Option<BatchSpeculation>,
 }
 
 impl<'m> Batcher<'m> {
@@ -304,9 +335,21 @@ impl<'m> Batcher<'m> {
         let budget = options.token_budget_on(model.device());
         paged.set_step_tokens(budget)?;
         let checkpoint_step = checkpoint_step(&paged, &options);
+        let mut scheduler = Scheduler::new(options.block_size, blocks, options.max_batch, budget);
+        if let Some(s) = &options.speculation {
+            if paged.has_recurrent_layers() || paged.window_blocks().is_some() {
+                return Err(Error::Unsupported(format!(
+                    "BatcherOptions::speculation on a {} model: its {} cannot take back a wrong guess yet; leave \
+                     speculation None",
+                    model.model_type(),
+                    if paged.has_recurrent_layers() { "recurrent layers" } else { "sliding-window layers" }
+                )));
+            }
+            scheduler.set_speculation(s.num_draft, s.max_decodes);
+        }
         Ok(Batcher {
             model,
-            scheduler: Scheduler::new(options.block_size, blocks, options.max_batch, budget),
+            scheduler,
             paged,
             live: BTreeMap::new(),
             next_id: 0,
@@ -314,6 +357,7 @@ impl<'m> Batcher<'m> {
             checkpoint_step,
             faults: HashSet::new(),
             stats: BatcherStats { blocks_total: blocks, ..BatcherStats::default() },
+            speculation: options.speculation,
         })
     }
 
@@ -450,27 +494,134 @@ impl<'m> Batcher<'m> {
             return Ok(events);
         }
         let faults: HashSet<SeqId> = self.faults.iter().filter_map(|k| self.live.get(k).and_then(|l| l.seq)).collect();
-        let items: Vec<(SeqId, &[u32], usize)> = work
+        let drafts: Vec<Vec<u32>> = work.iter().map(|w| self.drafts_for(w)).collect();
+        // A speculating decode's rows: its last token, then the guesses.
+        let fed: Vec<Vec<u32>> = work
             .iter()
-            .map(|w| {
-                let live = &self.live[&w.key.0];
-                (live.seq.expect("given a sequence above"), &live.request.history[w.start..w.end], w.start)
+            .zip(&drafts)
+            .map(|(w, d)| match d.is_empty() {
+                true => vec![],
+                false => [&self.live[&w.key.0].request.history[w.start..w.end], &d[..]].concat(),
             })
             .collect();
-        let outcome = executor::run(self.model, &mut self.paged, &items, &faults);
+        let items: Vec<(SeqId, &[u32], usize)> = work
+            .iter()
+            .zip(&fed)
+            .map(|(w, fed)| {
+                let live = &self.live[&w.key.0];
+                let tokens = if fed.is_empty() { &live.request.history[w.start..w.end] } else { &fed[..] };
+                (live.seq.expect("given a sequence above"), tokens, w.start)
+            })
+            .collect();
+        let counts: Vec<usize> = drafts.iter().map(|d| 1 + d.len()).collect();
+        let outcome = executor::run(self.model, &mut self.paged, &items, &counts, &faults);
         drop(items);
         match outcome {
-            Outcome::Together(logits) => self.take_rows(&work, &logits, &mut events)?,
+            Outcome::Together(logits) => self.take_logits(&work, &drafts, &logits, &mut events)?,
             Outcome::Apart(results) => {
-                for (w, result) in work.iter().zip(results) {
+                for ((w, d), result) in work.iter().zip(&drafts).zip(results) {
                     match result {
-                        Ok(logits) => self.take_rows(std::slice::from_ref(w), &logits, &mut events)?,
+                        Ok(logits) => {
+                            self.take_logits(std::slice::from_ref(w), std::slice::from_ref(d), &logits, &mut events)?
+                        }
                         Err(error) => self.fail(w.key.0, error, &mut events),
                     }
                 }
             }
         }
         Ok(events)
+    }
+
+    /// The guesses request `w` feeds after its last token this step: none unless the plan gave
+    /// it room and the request may speculate.
+    fn drafts_for(&self, w: &Work) -> Vec<u32> {
+        let (Some(s), true) = (&self.speculation, w.draft > 0) else { return vec![] };
+        let request = &self.live[&w.key.0].request;
+        let room = w.draft.min(request.draft_room());
+        // The lookup only reads the history: it cannot fail, and a failure would only mean no guess.
+        s.propose(&request.history, room).unwrap_or_default()
+    }
+
+    /// Takes a step's `logits` (each work item's rows: one, or one more than its `drafts`): the
+    /// plain rows as [`Batcher::take_rows`] does, each speculating request's rows verified.
+    fn take_logits(
+        &mut self,
+        work: &[Work],
+        drafts: &[Vec<u32>],
+        logits: &Array,
+        events: &mut Vec<Event>,
+    ) -> Result<()> {
+        if drafts.iter().all(Vec::is_empty) {
+            return self.take_rows(work, logits, events);
+        }
+        let mut plain: (Vec<Work>, Vec<Array>) = (vec![], vec![]);
+        let mut speculating = vec![];
+        let mut at = 0;
+        for (w, d) in work.iter().zip(drafts) {
+            let rows = logits.slice_rows(at, at + 1 + d.len())?;
+            at += 1 + d.len();
+            match d.is_empty() {
+                true => {
+                    plain.0.push(*w);
+                    plain.1.push(rows);
+                }
+                false => speculating.push((*w, d, rows)),
+            }
+        }
+        if !plain.0.is_empty() {
+            self.take_rows(&plain.0, &crate::step::concat_rows(&plain.1)?, events)?;
+        }
+        for (w, d, rows) in speculating {
+            self.take_guesses(&w, d, &rows, events)?;
+        }
+        Ok(())
+    }
+
+    /// Verifies request `w`'s guesses `drafts` on its `rows` of logits (its last token's, then
+    /// each guess's): the tokens it samples are handed out, the cache keeps the right guesses.
+    fn take_guesses(&mut self, w: &Work, drafts: &[u32], rows: &Array, events: &mut Vec<Event>) -> Result<()> {
+        let vocab = rows.dim(1);
+        let host = rows.to_vec::<f32>()?;
+        let id = RequestId(w.key.0);
+        let live = self.live.get_mut(&w.key.0).expect("scheduled requests are live");
+        let verified = speculation::verify(drafts, &host, vocab, |row| {
+            if live.request.reached_limit() {
+                return Ok(None);
+            }
+            let token = live.request.sample_on_host(row)?;
+            if let Some(token) = live.request.accept(token) {
+                if live.request.options.logprobs.is_some() {
+                    if let Some(lp) = live.request.logprobs().last() {
+                        events.push(Event::Logprobs { id, logprobs: lp.clone() });
+                    }
+                }
+                events.push(Event::Token { id, token });
+            }
+            Ok(Some((token, live.request.finish_reason().is_none())))
+        });
+        let verified = match verified {
+            Ok(v) => v,
+            Err(error) => {
+                self.scheduler.ran(w, 0);
+                self.fail(w.key.0, error, events);
+                return Ok(());
+            }
+        };
+        self.stats.generated_tokens += verified.sampled as u64;
+        self.stats.drafted_tokens += drafts.len() as u64;
+        self.stats.accepted_tokens += verified.accepted as u64;
+        // The cache holds the last token and every guess; the wrong ones go.
+        let seq = live.seq.expect("given a sequence above");
+        let reason = live.request.finish_reason().cloned();
+        if let Err(error) = self.paged.trim(seq, drafts.len() - verified.accepted) {
+            self.fail(w.key.0, error, events);
+            return Ok(());
+        }
+        self.scheduler.ran(w, verified.sampled);
+        if let Some(reason) = reason {
+            self.finish(w.key.0, reason, events);
+        }
+        Ok(())
     }
 
     /// Commits `work`'s rows and samples the next token of each request whose logits row (in
@@ -532,14 +683,14 @@ impl<'m> Batcher<'m> {
         for (row, w) in work.iter().enumerate() {
             self.stats.prefill_tokens += (w.end - w.start - usize::from(w.samples)) as u64;
             if !w.samples {
-                self.scheduler.ran(w, false);
+                self.scheduler.ran(w, 0);
                 continue;
             }
             let token = match (picks[row], sampled[row].take()) {
                 (Some(t), _) | (None, Some(Ok(t))) => t,
                 (None, Some(Err(error))) => {
                     // Its constraint failed: this request alone ends.
-                    self.scheduler.ran(w, false);
+                    self.scheduler.ran(w, 0);
                     self.fail(w.key.0, error, events);
                     continue;
                 }
@@ -547,7 +698,7 @@ impl<'m> Batcher<'m> {
             };
             let live = self.live.get_mut(&w.key.0).expect("scheduled requests are live");
             self.stats.generated_tokens += 1;
-            self.scheduler.ran(w, true);
+            self.scheduler.ran(w, 1);
             let id = RequestId(w.key.0);
             let handed_out = live.request.accept(token);
             if let Some(token) = handed_out {

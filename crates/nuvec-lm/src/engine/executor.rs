@@ -12,36 +12,43 @@ use crate::{Error, Result};
 
 /// What a step's pass gave.
 pub(crate) enum Outcome {
-    /// One pass over all the work: logits `[work, vocab]`, a row per sequence in order.
+    /// One pass over all the work: logits `[rows, vocab]`, each sequence's rows (its `counts`)
+    /// in order.
     Together(Array),
-    /// Run apart after a failed pass: each sequence's logits `[1, vocab]` or its error.
+    /// Run apart after a failed pass: each sequence's logits `[count, vocab]` or its error.
     Apart(Vec<Result<Array>>),
 }
 
-/// Runs `work` (each sequence's new tokens, and the positions it holds before them) on `paged`.
-/// A sequence in `faults` fails its pass before the model runs (the tests' injected failure).
+/// Runs `work` (each sequence's new tokens, and the positions it holds before them) on `paged`,
+/// giving the logits of each sequence's last `counts[i]` rows. A sequence in `faults` fails its
+/// pass before the model runs (the tests' injected failure).
 pub(crate) fn run(
     model: &Model,
     paged: &mut PagedCache,
     work: &[(SeqId, &[u32], usize)],
+    counts: &[usize],
     faults: &HashSet<SeqId>,
 ) -> Outcome {
-    let pass = |paged: &mut PagedCache, items: &[(SeqId, &[u32], usize)]| -> Result<Array> {
+    let pass = |paged: &mut PagedCache, items: &[(SeqId, &[u32], usize)], counts: &[usize]| -> Result<Array> {
         if let Some((id, _, _)) = items.iter().find(|(id, _, _)| faults.contains(id)) {
             return Err(Error::Invalid(format!("injected failure of sequence {}", id.0)));
         }
         let rows: Vec<(SeqId, &[u32])> = items.iter().map(|&(id, t, _)| (id, t)).collect();
-        paged.step(model, &rows)
+        match counts.iter().all(|&c| c == 1) {
+            true => paged.step(model, &rows),
+            false => paged.step_last_rows(model, &rows, counts),
+        }
     };
-    match pass(paged, work) {
+    match pass(paged, work, counts) {
         Ok(logits) => Outcome::Together(logits),
         Err(e) if work.len() == 1 => Outcome::Apart(vec![Err(e)]),
         Err(_) => Outcome::Apart(
             work.iter()
-                .map(|item| {
+                .zip(counts)
+                .map(|(item, count)| {
                     // A cache the failed pass could not put back is not run on again.
                     match paged.positions(item.0)? {
-                        held if held == item.2 => pass(paged, std::slice::from_ref(item)),
+                        held if held == item.2 => pass(paged, std::slice::from_ref(item), std::slice::from_ref(count)),
                         held => Err(Error::Invalid(format!(
                             "sequence {} holds {held} positions after a failed step, not {}: its cache is lost",
                             item.0 .0, item.2

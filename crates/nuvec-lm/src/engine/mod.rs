@@ -1,13 +1,15 @@
 //! Serving many requests: one request's state machine (`request`), what each step computes
-//! (`scheduler`, bookkeeping only), running a step on the paged cache (`executor`), and the
-//! public [`Batcher`] over them (`batcher`).
+//! (`scheduler`, bookkeeping only), running a step on the paged cache (`executor`), verifying
+//! guessed tokens (`speculation`), and the public [`Batcher`] over them (`batcher`).
 
 mod batcher;
 mod executor;
 pub(crate) mod request;
 mod scheduler;
+mod speculation;
 
 pub use batcher::{
     Batcher, BatcherOptions, BatcherStats, Event, RequestId, DEFAULT_CHECKPOINT_INTERVAL, DEFAULT_CPU_KV_BYTES,
     DEFAULT_MAX_POSITIONS,
 };
+pub use speculation::BatchSpeculation;

@@ -276,6 +276,18 @@ impl Request {
         Some(token)
     }
 
+    /// Guessed tokens a step may feed after its last one: a right guess is handed out, so at
+    /// most the tokens it may still hand out beyond the one the step samples anyway, none past
+    /// its context, and none under a constraint (its mask follows the tokens taken one by one).
+    pub(crate) fn draft_room(&self) -> usize {
+        if self.mask.is_some() || self.finish.is_some() {
+            return 0;
+        }
+        let left = self.options.max_tokens.saturating_sub(self.yielded + 1);
+        let context = self.context_limit.map_or(usize::MAX, |l| l.saturating_sub(self.history.len() + 1));
+        left.min(context)
+    }
+
     /// Marks the request failed (its step's error is handed out by the caller).
     pub(crate) fn fail(&mut self) {
         self.finish = Some(FinishReason::Error);

@@ -11,6 +11,10 @@
 //! request is preempted: its blocks are freed and it waits again at the front of the queue, to
 //! be prefilled afresh with the tokens it has produced (vLLM's recompute preemption).
 //!
+//! With speculation on, a step that only decodes, for few enough requests, also gives each
+//! decode room for guessed rows after its last token, where the budget and the free blocks
+//! allow (`engine/speculation.rs`); the guesses that turn out wrong are trimmed after the step.
+//!
 //! Blocks are counted through a [`BlockView`] of the cache: what is free, what a preempted
 //! request would free (blocks it shares with others stay), and how much of a waiting request's
 //! tokens a prefix hit would give it.
@@ -33,13 +37,15 @@ struct Tracked {
 }
 
 /// Rows of one request in a step: its tokens `start..end`; the step's logits for it sample
-/// the next token when `end` is every token it knows.
+/// the next token when `end` is every token it knows. A decode may add up to `draft` guessed
+/// rows after them (speculation; 0 otherwise), for which the step holds budget and blocks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Work {
     pub key: Key,
     pub start: usize,
     pub end: usize,
     pub samples: bool,
+    pub draft: usize,
 }
 
 /// One step's decisions, in the order the caller applies them: preempted requests lose their
@@ -76,6 +82,8 @@ pub(crate) struct Scheduler {
     total_blocks: usize,
     max_running: usize,
     token_budget: usize,
+    /// Guessed rows per decode and the most decodes a speculating step has (`None`: off).
+    speculation: Option<(usize, usize)>,
     waiting: VecDeque<Tracked>,
     /// In admission order.
     running: Vec<Tracked>,
@@ -83,7 +91,14 @@ pub(crate) struct Scheduler {
 
 impl Scheduler {
     pub(crate) fn new(block_size: usize, total_blocks: usize, max_running: usize, token_budget: usize) -> Self {
-        Scheduler { block_size, total_blocks, max_running, token_budget, waiting: VecDeque::new(), running: vec![] }
+        let (waiting, running) = (VecDeque::new(), vec![]);
+        Scheduler { block_size, total_blocks, max_running, token_budget, speculation: None, waiting, running }
+    }
+
+    /// Gives decodes room for `rows` guessed rows in steps of at most `max_decodes` decodes and
+    /// nothing else.
+    pub(crate) fn set_speculation(&mut self, rows: usize, max_decodes: usize) {
+        self.speculation = Some((rows, max_decodes));
     }
 
     /// Blocks that `positions` positions occupy.
@@ -113,14 +128,14 @@ impl Scheduler {
         (self.waiting.len(), self.running.len())
     }
 
-    /// Records a step that ran `work`: its rows are in the cache, and a sampled request knows one
-    /// token more (`sampled`: it goes on; a request that ended is removed instead).
-    pub(crate) fn ran(&mut self, work: &Work, sampled: bool) {
+    /// Records a step that ran `work` and sampled `sampled` tokens for it (0 for a prefill
+    /// chunk, 1 for a decode, 1 + the right guesses for a speculating decode, whose cache keeps
+    /// those guesses): its rows are in the cache, and it knows the tokens sampled (a request that
+    /// ended is removed instead).
+    pub(crate) fn ran(&mut self, work: &Work, sampled: usize) {
         if let Some(t) = self.running.iter_mut().find(|t| t.key == work.key) {
-            t.computed = work.end;
-            if sampled {
-                t.known += 1;
-            }
+            t.computed = work.end + sampled.saturating_sub(1);
+            t.known += sampled;
         }
     }
 
@@ -171,7 +186,7 @@ impl Scheduler {
             }
             free -= need;
             budget -= rows;
-            plan.work.push(Work { key: t.key, start, end, samples: end == t.known });
+            plan.work.push(Work { key: t.key, start, end, samples: end == t.known, draft: 0 });
             i += 1;
         }
         // No admission in a step that had to preempt: the freed blocks go to the running. In
@@ -201,11 +216,31 @@ impl Scheduler {
             free -= need;
             budget -= end - start;
             plan.admitted.push(t.key);
-            plan.work.push(Work { key: t.key, start, end, samples: end == t.known });
+            plan.work.push(Work { key: t.key, start, end, samples: end == t.known, draft: 0 });
             running.push((t.key, t.computed));
             self.running.push(t);
         }
+        self.give_draft_room(&mut plan, budget, free);
         plan
+    }
+
+    /// With speculation on, in a step of only decodes (none preempted, at most the set number):
+    /// each decode, in order, gets room for the guessed rows where the remaining `budget` and
+    /// `free` blocks hold them (and the whole cache does).
+    fn give_draft_room(&self, plan: &mut Plan, mut budget: usize, mut free: usize) {
+        let Some((rows, most)) = self.speculation else { return };
+        let decodes_only = plan.work.iter().all(|w| w.samples && w.end - w.start == 1);
+        if !decodes_only || !plan.preempted.is_empty() || plan.work.len() > most {
+            return;
+        }
+        for w in &mut plan.work {
+            let need = self.blocks_for(w.end + rows) - self.blocks_for(w.end);
+            if rows <= budget && need <= free && self.blocks_for(w.end + rows) <= self.total_blocks {
+                w.draft = rows;
+                budget -= rows;
+                free -= need;
+            }
+        }
     }
 }
 
@@ -259,7 +294,7 @@ mod tests {
                 if w.samples && known + 1 > limit {
                     s.remove(w.key);
                 } else {
-                    s.ran(w, w.samples);
+                    s.ran(w, usize::from(w.samples));
                 }
             }
             for k in &p.cache_full {
@@ -276,18 +311,18 @@ mod tests {
         s.add(Key(1), 70, 32);
         let first = plan(&mut s);
         assert_eq!(first.admitted, vec![Key(1)]);
-        assert_eq!(first.work, vec![Work { key: Key(1), start: 0, end: 32, samples: false }]);
-        s.ran(&first.work[0], false);
+        assert_eq!(first.work, vec![Work { key: Key(1), start: 0, end: 32, samples: false, draft: 0 }]);
+        s.ran(&first.work[0], 0);
         let w: Vec<_> = (0..3)
             .map(|_| {
                 let p = plan(&mut s);
-                s.ran(&p.work[0], p.work[0].samples);
+                s.ran(&p.work[0], usize::from(p.work[0].samples));
                 (p.work[0].start, p.work[0].end, p.work[0].samples)
             })
             .collect();
         assert_eq!(w, vec![(32, 64, false), (64, 69, false), (69, 70, true)]);
         let p = plan(&mut s);
-        assert_eq!(p.work, vec![Work { key: Key(1), start: 70, end: 71, samples: true }]);
+        assert_eq!(p.work, vec![Work { key: Key(1), start: 70, end: 71, samples: true, draft: 0 }]);
     }
 
     #[test]
@@ -299,7 +334,7 @@ mod tests {
         let p = plan(&mut s);
         assert_eq!(p.admitted, vec![Key(1), Key(2)]);
         for w in &p.work {
-            s.ran(w, true);
+            s.ran(w, 1);
         }
         s.add(Key(3), 40, 39);
         let p = plan(&mut s);
@@ -308,7 +343,7 @@ mod tests {
         s.remove(Key(1));
         s.remove(Key(2));
         let p = plan(&mut s);
-        assert_eq!(p.work, vec![Work { key: Key(3), start: 0, end: 39, samples: false }]);
+        assert_eq!(p.work, vec![Work { key: Key(3), start: 0, end: 39, samples: false, draft: 0 }]);
     }
 
     #[test]
@@ -367,15 +402,62 @@ mod tests {
         let p = s.plan(&Sharing(Own::of(&s)));
         assert_eq!(p.admitted, vec![Key(1), Key(3)], "2 waits for 1's blocks; 3 goes past it");
         for w in &p.work {
-            s.ran(w, false);
+            s.ran(w, 0);
         }
         let p = s.plan(&Sharing(Own::of(&s)));
         assert_eq!(p.admitted, Vec::<Key>::new(), "1 has computed 16 of the 32");
         for w in &p.work {
-            s.ran(w, false);
+            s.ran(w, 0);
         }
         let p = s.plan(&Sharing(Own::of(&s)));
         assert_eq!(p.admitted, vec![Key(2)]);
+    }
+
+    #[test]
+    fn only_steps_of_few_decodes_get_room_for_guesses() {
+        let mut s = Scheduler::new(4, 100, 4, 64);
+        s.set_speculation(3, 2);
+        s.add(Key(1), 5, 64);
+        let p = plan(&mut s);
+        assert_eq!(p.work[0].draft, 0, "a prefill chunk: no guesses");
+        s.ran(&p.work[0], 0);
+        let p = plan(&mut s);
+        assert_eq!(p.work, vec![Work { key: Key(1), start: 4, end: 5, samples: true, draft: 3 }]);
+        // Two guesses right: three tokens known more, the last token and both guesses cached.
+        s.ran(&p.work[0], 3);
+        let p = plan(&mut s);
+        assert_eq!((p.work[0].start, p.work[0].end), (7, 8));
+        s.ran(&p.work[0], 1);
+        // A waiting prompt is admitted with a prefill chunk: that step guesses nothing.
+        s.add(Key(2), 5, 64);
+        let p = plan(&mut s);
+        assert!(p.work.iter().all(|w| w.draft == 0), "{p:?}");
+        for w in &p.work {
+            s.ran(w, usize::from(w.samples));
+        }
+        // Three decodes are more than the two a speculating step takes.
+        s.add(Key(3), 1, 64);
+        let p = plan(&mut s);
+        assert_eq!(p.work.len(), 3);
+        assert!(p.work.iter().all(|w| w.draft == 0), "{p:?}");
+    }
+
+    #[test]
+    fn guesses_take_only_the_blocks_that_are_free() {
+        // Blocks of 4: the decode of position 7 fills 2 blocks; 3 guesses (positions 8 to 10)
+        // need a third, which a pool of 3 has free and a pool of 2 has not.
+        let mut s = Scheduler::new(4, 3, 4, 64);
+        s.set_speculation(3, 8);
+        s.add(Key(1), 8, 64);
+        let p = plan(&mut s);
+        s.ran(&p.work[0], 0);
+        assert_eq!(plan(&mut s).work[0].draft, 3);
+        let mut s = Scheduler::new(4, 2, 4, 64);
+        s.set_speculation(3, 8);
+        s.add(Key(1), 8, 64);
+        let p = plan(&mut s);
+        s.ran(&p.work[0], 0);
+        assert_eq!(plan(&mut s).work[0].draft, 0);
     }
 
     #[test]

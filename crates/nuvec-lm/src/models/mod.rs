@@ -91,6 +91,17 @@ pub struct Model {
     adapter_names: Vec<String>,
 }
 
+/// Which rows' logits a step gives.
+#[derive(Clone, Copy)]
+enum Picked<'a> {
+    /// Each sequence's last row.
+    Last,
+    /// Every row.
+    All,
+    /// The last `counts[i]` rows of sequence `i`.
+    LastOf(&'a [usize]),
+}
+
 impl std::fmt::Debug for Model {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Model").field("model_type", &self.model_type).field("layers", &self.num_layers()).finish()
@@ -312,17 +323,37 @@ impl Model {
     /// sequence's caches grow by its tokens; if the pass fails, they are trimmed back to where
     /// they were (a cache that cannot be trimmed, a recurrent state, is named in the error).
     pub fn step(&self, step: &mut StepBatch) -> Result<Array> {
-        self.run_step(step, true)
+        self.run_step(step, Picked::Last)
     }
 
     /// [`Model::step`] with the logits `[T, vocab]` of every row (each sequence's rows in step
     /// order), as [`Model::forward`] gives one sequence's: what perplexity scores.
     pub fn step_all(&self, step: &mut StepBatch) -> Result<Array> {
-        self.run_step(step, false)
+        self.run_step(step, Picked::All)
     }
 
-    /// One pass over `step`: the logits of each sequence's last row (`last_only`) or of every row.
-    fn run_step(&self, step: &mut StepBatch, last_only: bool) -> Result<Array> {
+    /// [`Model::step`] with the logits of the last `counts[i]` rows of sequence `i` (at least 1,
+    /// at most its rows), stacked in step order: what verifying guessed tokens reads.
+    pub fn step_last_rows(&self, step: &mut StepBatch, counts: &[usize]) -> Result<Array> {
+        let ends = step.last_rows();
+        if counts.len() != ends.len() {
+            return Err(Error::Invalid(format!("{} row counts for a step of {} sequences", counts.len(), ends.len())));
+        }
+        let mut start = 0;
+        for (i, (&end, &c)) in ends.iter().zip(counts).enumerate() {
+            if c == 0 || c > end + 1 - start {
+                return Err(Error::Invalid(format!(
+                    "sequence {i} of the step has {} rows; its last {c} asked for",
+                    end + 1 - start
+                )));
+            }
+            start = end + 1;
+        }
+        self.run_step(step, Picked::LastOf(counts))
+    }
+
+    /// One pass over `step`: the logits of the rows `picked` names.
+    fn run_step(&self, step: &mut StepBatch, picked: Picked) -> Result<Array> {
         if step.is_empty() {
             return Err(Error::Invalid("a step of no sequences".into()));
         }
@@ -338,28 +369,50 @@ impl Model {
                 )));
             }
         }
+        // Each sequence's rows wanted, counted from its end (`None`: all).
+        let wanted = |i: usize| match picked {
+            Picked::Last => Some(1),
+            Picked::All => None,
+            Picked::LastOf(counts) => Some(counts[i]),
+        };
         let before = step.checkpoint();
         let run = |step: &mut StepBatch| -> Result<Array> {
             if step.batch_invariant() {
                 let rows = step
                     .sequences_mut()
-                    .map(|(tokens, cache, adapter)| {
+                    .enumerate()
+                    .map(|(i, (tokens, cache, adapter))| {
                         let own = rows::RowAdapters::from_sequences(std::iter::once((tokens.len(), adapter)));
-                        rows::with_rows(own, || match last_only {
-                            true => self.forward_last(tokens, cache),
-                            false => self.forward(tokens, cache),
+                        rows::with_rows(own, || match wanted(i) {
+                            Some(1) => self.forward_last(tokens, cache),
+                            None => self.forward(tokens, cache),
+                            Some(c) => {
+                                let all = self.forward(tokens, cache)?;
+                                Ok(all.slice_rows(all.dim(0) - c, all.dim(0))?)
+                            }
                         })
                     })
                     .collect::<Result<Vec<_>>>()?;
                 return crate::step::concat_rows(&rows);
             }
             let h = rows::with_rows(step.row_adapters(), || self.arch.hidden(step))?;
-            let last = step.last_rows();
-            let rows = if !last_only || last.len() == h.dim(0) {
-                h
-            } else {
-                let picked = last.iter().map(|&r| h.slice_rows(r, r + 1)).collect::<nuvec::Result<Vec<_>>>()?;
-                crate::step::concat_rows(&picked)?
+            // Runs of consecutive rows wanted: (first, end).
+            let mut runs: Vec<(usize, usize)> = vec![];
+            let mut start = 0;
+            for (i, &last) in step.last_rows().iter().enumerate() {
+                let from = wanted(i).map_or(start, |c| last + 1 - c);
+                match runs.last_mut() {
+                    Some((_, end)) if *end == from => *end = last + 1,
+                    _ => runs.push((from, last + 1)),
+                }
+                start = last + 1;
+            }
+            let rows = match runs[..] {
+                [(0, end)] if end == h.dim(0) => h,
+                _ => {
+                    let parts = runs.iter().map(|&(a, b)| h.slice_rows(a, b)).collect::<nuvec::Result<Vec<_>>>()?;
+                    crate::step::concat_rows(&parts)?
+                }
             };
             self.arch.logits(&rows)
         };

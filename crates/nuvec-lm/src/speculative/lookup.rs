@@ -7,7 +7,7 @@ use super::proposer::Proposer;
 use crate::{Error, Result};
 
 /// Proposes from the history itself.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PromptLookup {
     /// The longest n-gram matched first.
     pub max_ngram: usize,

@@ -663,6 +663,16 @@ impl PagedCache {
     /// decode, or a prefill chunk): the logits `[B, vocab]` of each one's last new token, in the
     /// order given. A failed pass leaves every sequence as it was.
     pub fn step(&mut self, model: &Model, work: &[(SeqId, &[u32])]) -> Result<Array> {
+        self.step_rows(model, work, None)
+    }
+
+    /// [`PagedCache::step`] with the logits of the last `counts[i]` rows of sequence `i`, stacked
+    /// in order ([`Model::step_last_rows`]; `None`: each one's last row).
+    pub fn step_last_rows(&mut self, model: &Model, work: &[(SeqId, &[u32])], counts: &[usize]) -> Result<Array> {
+        self.step_rows(model, work, Some(counts))
+    }
+
+    fn step_rows(&mut self, model: &Model, work: &[(SeqId, &[u32])], counts: Option<&[usize]>) -> Result<Array> {
         if (model.fingerprint(), model.num_layers()) != (self.model.0.as_str(), self.model.1) {
             return Err(Error::Invalid(format!(
                 "this paged cache was made for another model (fingerprint {:?}, {} layers), not this one \
@@ -691,7 +701,7 @@ impl PagedCache {
                 return Err(e);
             }
         }
-        let result = self.run(model, work);
+        let result = self.run(model, work, counts);
         for &(id, _) in work {
             if let Some(seq) = self.slots[id.0 as usize].as_mut() {
                 for c in &mut seq.caches {
@@ -746,7 +756,7 @@ impl PagedCache {
         Ok(())
     }
 
-    fn run(&mut self, model: &Model, work: &[(SeqId, &[u32])]) -> Result<Array> {
+    fn run(&mut self, model: &Model, work: &[(SeqId, &[u32])], counts: Option<&[usize]>) -> Result<Array> {
         // Each slot is lent once (ids were checked distinct above).
         let mut slots: Vec<Option<&mut Seq>> = self.slots.iter_mut().map(Option::as_mut).collect();
         let mut batch = StepBatch::new();
@@ -755,7 +765,10 @@ impl PagedCache {
             let seq = slots[id.0 as usize].take().expect("checked in step");
             batch.push_adapted(tokens, &mut seq.caches, seq.scope.adapter)?;
         }
-        model.step(&mut batch)
+        match counts {
+            None => model.step(&mut batch),
+            Some(counts) => model.step_last_rows(&mut batch, counts),
+        }
     }
 
     /// Records sequence `id`'s new `tokens` and indexes the blocks they completed.

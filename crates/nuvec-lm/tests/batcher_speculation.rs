@@ -1,0 +1,151 @@
+//! Prompt-lookup speculation in the Batcher (`BatcherOptions::speculation`): requests that guess
+//! their next tokens from their own prompt and output hand out exactly the tokens `generate`
+//! gives them alone (greedy, seeded sampling, log-probabilities, stop strings), guesses are fed
+//! and some are right, and models whose caches cannot take a wrong guess back are refused.
+
+mod common;
+
+use std::collections::BTreeMap;
+
+use common::{default_gguf, fixtures, seeded_prompt};
+use nuvec_lm::{
+    generate, load_dir, BatchSpeculation, Batcher, BatcherOptions, Event, FinishReason, GenerateOptions, Message,
+    Model, RequestId, Sampler, Stop,
+};
+
+/// A prompt that repeats itself, as the inputs that speculation pays off on do.
+fn repeating(seed: u32, vocab: usize) -> Vec<u32> {
+    seeded_prompt(9, seed, vocab).repeat(3)
+}
+
+fn solo(model: &Model, prompt: &[u32], options: &GenerateOptions) -> (Vec<u32>, Option<FinishReason>) {
+    let mut g = generate(model, prompt, options.clone()).unwrap();
+    let tokens = g.by_ref().map(Result::unwrap).collect();
+    (tokens, g.finish_reason().cloned())
+}
+
+/// Every request's tokens, finish reason and log-probability count, run together.
+fn batched(
+    batcher: &mut Batcher,
+    requests: &[(Vec<u32>, GenerateOptions)],
+) -> Vec<(Vec<u32>, Option<FinishReason>, usize)> {
+    let ids: Vec<RequestId> = requests.iter().map(|(p, o)| batcher.submit(p.clone(), o.clone()).unwrap()).collect();
+    let mut out: BTreeMap<RequestId, (Vec<u32>, Option<FinishReason>, usize)> = BTreeMap::new();
+    while batcher.is_busy() {
+        for event in batcher.step().unwrap() {
+            match event {
+                Event::Token { id, token } => out.entry(id).or_default().0.push(token),
+                Event::Finished { id, reason } => out.entry(id).or_default().1 = Some(reason),
+                Event::Logprobs { id, .. } => out.entry(id).or_default().2 += 1,
+                Event::Failed { id, error } => panic!("{id:?} failed: {error}"),
+                Event::Started { .. } => {}
+            }
+        }
+    }
+    ids.iter().map(|id| out.remove(id).unwrap_or_default()).collect()
+}
+
+#[test]
+fn speculating_requests_hand_out_their_solo_tokens() {
+    for case in ["llama-f32", "qwen3-q4g64", "mistral-q4g64"] {
+        let (model, tokenizer) = load_dir(&fixtures().join(case)).unwrap();
+        let v = model.vocab_size();
+        let greedy = |n: usize| GenerateOptions { max_tokens: n, ..Default::default() };
+        let sampled = GenerateOptions {
+            max_tokens: 24,
+            seed: Some(7),
+            sampler: Sampler { temperature: 0.8, ..Default::default() },
+            ..Default::default()
+        };
+        let with_logprobs = GenerateOptions { logprobs: Some(3), ..greedy(20) };
+        // A stop string made of what the greedy answer says after a few tokens.
+        let stopped_prompt = repeating(4, v);
+        let (answer, _) = solo(&model, &stopped_prompt, &greedy(12));
+        let stop_text = tokenizer.decode(&answer[6..8]).unwrap();
+        let stopping = GenerateOptions { stop: Stop::strings(&tokenizer, [stop_text]).unwrap(), ..greedy(30) };
+        let mut requests = vec![
+            (repeating(1, v), greedy(32)),
+            (repeating(2, v), greedy(7)),
+            (seeded_prompt(20, 5, v), with_logprobs),
+            (stopped_prompt, stopping),
+        ];
+        // Seeded sampling takes the same draws; on f32 weights the pass of several rows rounds
+        // so little that the same draw picks the same token (4-bit weights take another kernel
+        // for several rows, whose rounding can move a draw across a boundary, as plain batching
+        // can).
+        if case.ends_with("f32") {
+            requests.push((repeating(3, v), sampled));
+        }
+        let speculation = BatchSpeculation { num_draft: 4, ..Default::default() };
+        let options = BatcherOptions { blocks: Some(256), speculation: Some(speculation), ..Default::default() };
+        let mut batcher = Batcher::new(&model, options).unwrap();
+        let got = batched(&mut batcher, &requests);
+        for (i, ((prompt, options), (tokens, reason, logprobs))) in requests.iter().zip(&got).enumerate() {
+            let (want, want_reason) = solo(&model, prompt, options);
+            assert_eq!((tokens, reason), (&want, &want_reason), "{case}: request {i}");
+            if options.logprobs.is_some() {
+                assert_eq!(*logprobs, tokens.len(), "{case}: request {i}'s log-probabilities");
+            }
+        }
+        // Random weights seldom repeat themselves: guesses are fed and mostly wrong, so what
+        // this checks is that wrong guesses leave no trace (the right ones: the next test).
+        let stats = batcher.stats();
+        assert!(stats.drafted_tokens > 0, "{case}: nothing guessed: {stats:?}");
+        assert!(stats.accepted_tokens <= stats.drafted_tokens, "{stats:?}");
+        assert_eq!(stats.blocks_used, 0, "{case}: every block back");
+        eprintln!("{case}: {} guessed, {} right", stats.drafted_tokens, stats.accepted_tokens);
+    }
+}
+
+#[test]
+fn right_guesses_are_kept_on_a_real_model() {
+    // SmolLM2 asked to copy and edit: its answers repeat the prompt and themselves, so many
+    // guesses are right.
+    let (model, tokenizer) = nuvec_lm::load(default_gguf().to_str().unwrap()).unwrap();
+    let template = tokenizer.chat_template().expect("the GGUF carries a chat template");
+    let ask = |text: &str| {
+        let rendered = template.render(&[Message::new("user", text)], true, &Default::default()).unwrap();
+        tokenizer.encode(&rendered, false).unwrap()
+    };
+    let greedy = GenerateOptions {
+        max_tokens: 60,
+        extra_eos_token_ids: tokenizer.eos_token_ids().to_vec(),
+        ..Default::default()
+    };
+    let requests = vec![
+        (ask("Rewrite this code with the variable x renamed to y: def f(x): return x * x + x"), greedy.clone()),
+        (ask("Copy this sentence twice: the quick brown fox jumps over the lazy dog."), greedy.clone()),
+        (ask("What is the capital of France?"), greedy),
+    ];
+    let speculation = BatchSpeculation { num_draft: 4, ..Default::default() };
+    let options = BatcherOptions { blocks: Some(256), speculation: Some(speculation), ..Default::default() };
+    let mut batcher = Batcher::new(&model, options).unwrap();
+    let got = batched(&mut batcher, &requests);
+    for (i, ((prompt, options), (tokens, reason, _))) in requests.iter().zip(&got).enumerate() {
+        let (want, want_reason) = solo(&model, prompt, options);
+        assert_eq!((tokens, reason), (&want, &want_reason), "request {i}: {:?}", tokenizer.decode(&want));
+    }
+    let stats = batcher.stats();
+    assert!(stats.accepted_tokens >= 10, "too few guesses right: {stats:?}");
+    eprintln!(
+        "SmolLM2: {} guessed, {} right, {} tokens",
+        stats.drafted_tokens, stats.accepted_tokens, stats.generated_tokens
+    );
+}
+
+#[test]
+fn speculation_is_refused_where_guesses_cannot_be_taken_back() {
+    let on = BatcherOptions { blocks: Some(64), speculation: Some(BatchSpeculation::default()), ..Default::default() };
+    for (case, says) in [("qwen3_5/qwen3_5-f32", "recurrent layers"), ("gpt_oss/gpt_oss-f32", "sliding-window layers")]
+    {
+        let (model, _) = load_dir(&fixtures().join(case)).unwrap();
+        let err = Batcher::new(&model, on.clone()).err().unwrap().to_string();
+        assert!(err.contains(says) && err.contains("speculation"), "{case}: {err}");
+    }
+    let invariant = BatcherOptions { batch_invariant: true, ..on.clone() };
+    assert!(invariant.validate().unwrap_err().to_string().contains("batch_invariant"));
+    let quantized = BatcherOptions { kv_bits: Some(8), ..on.clone() };
+    assert!(quantized.validate().unwrap_err().to_string().contains("kv_bits"));
+    let none = BatcherOptions { speculation: Some(BatchSpeculation { num_draft: 0, ..Default::default() }), ..on };
+    assert!(none.validate().unwrap_err().to_string().contains("num_draft"));
+}
