@@ -71,6 +71,13 @@ pub struct Args {
     /// With --workload: cache blocks of 16 positions (default: sized from memory).
     #[arg(long, requires = "workload")]
     blocks: Option<usize>,
+    /// With --workload: prompt-lookup speculation in the Batcher (as `nuvec serve
+    /// --prompt-lookup`, with its defaults but --num-draft-tokens).
+    #[arg(long, requires = "workload")]
+    prompt_lookup: bool,
+    /// With --prompt-lookup: tokens guessed per request and step.
+    #[arg(long, default_value_t = 3, requires = "prompt_lookup")]
+    num_draft_tokens: usize,
     /// With --workload: every request's output held to this (structured output). Requests then
     /// end where their grammar does, or at their max_tokens, instead of ignoring end-of-sequence.
     #[command(flatten)]
@@ -265,6 +272,9 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
             blocks: args.blocks,
             kv_bits: args.kv_bits,
             kv_group_size: args.kv_group_size,
+            speculation: args
+                .prompt_lookup
+                .then_some(nuvec_lm::BatchSpeculation { num_draft: args.num_draft_tokens, ..Default::default() }),
             ..Default::default()
         };
         return crate::workload::run(&model, path, options, grammar);

@@ -73,9 +73,9 @@ pub struct Args {
     #[arg(long, default_value_t = 1, requires = "prompt_lookup")]
     prompt_lookup_min: usize,
     /// With --prompt-lookup: most decoding requests in a step that speculates (more are bound by
-    /// arithmetic, where guessed rows would slow everyone).
-    #[arg(long, default_value_t = 8, requires = "prompt_lookup")]
-    speculation_max_batch: usize,
+    /// arithmetic, where guessed rows would slow everyone); default 2 on the CPU, 8 on a GPU.
+    #[arg(long, requires = "prompt_lookup")]
+    speculation_max_batch: Option<usize>,
     /// The KV cache's size in bytes (suffixes K, M, G: 4G), as mlx_lm.server's flag sizes its
     /// caches; it holds the running requests and the cached prompt prefixes. Default: 90 % of
     /// free memory on a GPU, at most 4 GiB on the CPU (see --memory-fraction).
@@ -230,6 +230,7 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
             },
             num_draft: args.num_draft_tokens,
             max_decodes: args.speculation_max_batch,
+            min_acceptance: 0.5,
         }),
         ..Default::default()
     };

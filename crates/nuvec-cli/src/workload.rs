@@ -94,6 +94,7 @@ pub fn run(
 ) -> Result<(), Box<dyn std::error::Error>> {
     let (concurrency, planned) = parse(path)?;
     let options = BatcherOptions { max_batch: options.max_batch.max(concurrency), ..options };
+    let speculating = options.speculation.is_some();
     let mut batcher = Batcher::new(model, options)?;
     let mut next = 0;
     let mut in_flight: HashMap<RequestId, usize> = HashMap::new();
@@ -157,6 +158,10 @@ pub fn run(
         "Workload steps: decode-only {} in {:.3}s, with prefill {} in {:.3}s ({} prefill tokens)",
         steps.decode.0, steps.decode.1, steps.mixed.0, steps.mixed.1, steps.prefill_tokens
     );
+    let stats = batcher.stats();
+    if speculating {
+        println!("Workload speculation: drafted={} accepted={}", stats.drafted_tokens, stats.accepted_tokens);
+    }
     println!(
         "Workload results: throughput={:.3} ttft_p50={:.1} ttft_p99={:.1} itl_p50={:.1} itl_p99={:.1}",
         generated as f64 / (end - first).max(1e-9),

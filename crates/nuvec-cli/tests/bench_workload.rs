@@ -1,5 +1,5 @@
 //! `nuvec bench --workload`: a workload file served through the Batcher on the default model,
-//! with and without a structured-output constraint on every request.
+//! with and without a structured-output constraint on every request, and with speculation.
 
 use std::process::Command;
 
@@ -44,6 +44,10 @@ fn workloads_run_with_and_without_a_constraint() {
     let [decode_steps, _, mixed_steps, _, prefill_tokens] = numbers[..] else { panic!("{steps}") };
     assert_eq!(prefill_tokens, 12.0, "{steps}");
     assert!(decode_steps >= 1.0 && mixed_steps >= 1.0, "{steps}");
+    // With prompt-lookup speculation: the same token count, and the guesses reported.
+    let (ok, guessed) = bench(&["--workload", file, "--prompt-lookup", "--num-draft-tokens", "2"]);
+    assert!(ok && generated(&guessed) == 36, "{guessed}");
+    assert!(guessed.contains("Workload speculation: drafted="), "{guessed}");
     // Held to a choice: each request ends with its grammar, after the few tokens of a word.
     let (ok, chosen) = bench(&["--workload", file, "--choice", "yes", "no"]);
     assert!(ok, "{chosen}");

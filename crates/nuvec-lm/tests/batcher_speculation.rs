@@ -76,7 +76,9 @@ fn speculating_requests_hand_out_their_solo_tokens() {
         if case.ends_with("f32") {
             requests.push((repeating(3, v), sampled));
         }
-        let speculation = BatchSpeculation { num_draft: 4, ..Default::default() };
+        // Every step of decodes guesses, whatever the guesses' record (wrong ones are the point).
+        let speculation =
+            BatchSpeculation { num_draft: 4, max_decodes: Some(8), min_acceptance: 0.0, ..Default::default() };
         let options = BatcherOptions { blocks: Some(256), speculation: Some(speculation), ..Default::default() };
         let mut batcher = Batcher::new(&model, options).unwrap();
         let got = batched(&mut batcher, &requests);

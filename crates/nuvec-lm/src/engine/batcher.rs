@@ -287,6 +287,8 @@ struct Live {
     cached: Option<usize>,
     /// Prefill rows per pass.
     chunk: usize,
+    /// Its recent guesses ([`BatcherOptions::speculation`]).
+    guesses: speculation::Record,
     /// Its served adapter and cache salt ([`GenerateOptions::adapter`],
     /// [`GenerateOptions::cache_salt`]): which requests' prompt blocks it may share.
     scope: PrefixScope,
@@ -345,7 +347,12 @@ impl<'m> Batcher<'m> {
                     if paged.has_recurrent_layers() { "recurrent layers" } else { "sliding-window layers" }
                 )));
             }
-            scheduler.set_speculation(s.num_draft, s.max_decodes);
+            let most = s.max_decodes.unwrap_or(match model.device() {
+                Device::Cpu => speculation::DEFAULT_MAX_DECODES_CPU,
+                #[cfg(feature = "cuda")]
+                Device::Cuda(_) => speculation::DEFAULT_MAX_DECODES_GPU,
+            });
+            scheduler.set_speculation(s.num_draft, most);
         }
         Ok(Batcher {
             model,
@@ -383,7 +390,10 @@ impl<'m> Batcher<'m> {
         let id = self.next_id;
         self.next_id += 1;
         self.scheduler.add(Key(id), prompt.len(), chunk);
-        self.live.insert(id, Live { request, seq: None, cancelled: false, cached: None, chunk, scope });
+        self.live.insert(
+            id,
+            Live { request, seq: None, cancelled: false, cached: None, chunk, scope, guesses: Default::default() },
+        );
         Ok(RequestId(id))
     }
 
@@ -534,9 +544,13 @@ impl<'m> Batcher<'m> {
 
     /// The guesses request `w` feeds after its last token this step: none unless the plan gave
     /// it room and the request may speculate.
-    fn drafts_for(&self, w: &Work) -> Vec<u32> {
+    fn drafts_for(&mut self, w: &Work) -> Vec<u32> {
         let (Some(s), true) = (&self.speculation, w.draft > 0) else { return vec![] };
-        let request = &self.live[&w.key.0].request;
+        let live = self.live.get_mut(&w.key.0).expect("scheduled requests are live");
+        if !live.guesses.guesses() {
+            return vec![];
+        }
+        let request = &live.request;
         let room = w.draft.min(request.draft_room());
         // The lookup only reads the history: it cannot fail, and a failure would only mean no guess.
         s.propose(&request.history, room).unwrap_or_default()
@@ -610,6 +624,8 @@ impl<'m> Batcher<'m> {
         self.stats.generated_tokens += verified.sampled as u64;
         self.stats.drafted_tokens += drafts.len() as u64;
         self.stats.accepted_tokens += verified.accepted as u64;
+        let min = self.speculation.as_ref().map_or(0.0, |s| s.min_acceptance);
+        live.guesses.record(drafts.len(), verified.accepted, min);
         // The cache holds the last token and every guess; the wrong ones go.
         let seq = live.seq.expect("given a sequence above");
         let reason = live.request.finish_reason().cloned();

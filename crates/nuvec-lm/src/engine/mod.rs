@@ -12,4 +12,4 @@ pub use batcher::{
     Batcher, BatcherOptions, BatcherStats, Event, RequestId, DEFAULT_CHECKPOINT_INTERVAL, DEFAULT_CPU_KV_BYTES,
     DEFAULT_MAX_POSITIONS,
 };
-pub use speculation::BatchSpeculation;
+pub use speculation::{BatchSpeculation, DEFAULT_MAX_DECODES_CPU, DEFAULT_MAX_DECODES_GPU, PAUSE_STEPS};

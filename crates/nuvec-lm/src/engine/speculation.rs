@@ -10,26 +10,42 @@
 //! Speculation runs only in steps that decode and nothing else, with at most
 //! [`BatchSpeculation::max_decodes`] requests: there a step is bound by reading the weights, and
 //! a few rows more per request cost little; a larger or prefilling step is bound by arithmetic,
-//! where guessed rows would slow everyone.
+//! where guessed rows would slow everyone. And a request guesses only while its recent guesses
+//! are right often enough ([`BatchSpeculation::min_acceptance`]): wrong guesses cost rows and
+//! give nothing, so one whose answer stopped repeating its input pauses, then tries again.
 
 use crate::speculative::{PromptLookup, Proposer};
 use crate::{Error, Result};
 
 /// Prompt-lookup speculation for a [`crate::Batcher`] ([`crate::BatcherOptions::speculation`]).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct BatchSpeculation {
     /// The n-gram sizes matched.
     pub lookup: PromptLookup,
     /// Tokens guessed per request and step (default 3, as `nuvec generate --num-draft-tokens`).
     pub num_draft: usize,
-    /// Most decoding requests in a step that speculates (default 8): a step with more, or with
-    /// a prefill chunk, decodes plainly.
-    pub max_decodes: usize,
+    /// Most decoding requests in a step that speculates: a step with more, or with a prefill
+    /// chunk, decodes plainly. `None` (the default) takes [`DEFAULT_MAX_DECODES_CPU`] on the CPU,
+    /// where a few more rows already cost arithmetic, and [`DEFAULT_MAX_DECODES_GPU`] on a GPU.
+    pub max_decodes: Option<usize>,
+    /// The share of its recent guesses a request must have had right to go on guessing (default
+    /// 0.5); below it, it decodes plainly for [`PAUSE_STEPS`] steps, then tries again (each
+    /// pause after a failed try twice as long, up to 16 times).
+    pub min_acceptance: f64,
 }
+
+/// [`BatchSpeculation::max_decodes`]'s default on the CPU.
+pub const DEFAULT_MAX_DECODES_CPU: usize = 2;
+/// [`BatchSpeculation::max_decodes`]'s default on a GPU.
+pub const DEFAULT_MAX_DECODES_GPU: usize = 8;
+/// Steps a request whose guesses were too often wrong decodes plainly before guessing again.
+pub const PAUSE_STEPS: usize = 16;
+/// How much of its record a request keeps per step of guesses (the rest is the new step's).
+const DECAY: f64 = 0.5;
 
 impl Default for BatchSpeculation {
     fn default() -> Self {
-        BatchSpeculation { lookup: PromptLookup::default(), num_draft: 3, max_decodes: 8 }
+        BatchSpeculation { lookup: PromptLookup::default(), num_draft: 3, max_decodes: None, min_acceptance: 0.5 }
     }
 }
 
@@ -37,7 +53,13 @@ impl BatchSpeculation {
     /// Checks the settings, naming the bad one.
     pub fn validate(&self) -> Result<()> {
         self.lookup.validate()?;
-        for (name, v) in [("num_draft", self.num_draft), ("max_decodes", self.max_decodes)] {
+        if !(0.0..=1.0).contains(&self.min_acceptance) {
+            return Err(Error::Invalid(format!(
+                "BatcherOptions::speculation.min_acceptance = {}: give a share in [0, 1]",
+                self.min_acceptance
+            )));
+        }
+        for (name, v) in [("num_draft", self.num_draft), ("max_decodes", self.max_decodes.unwrap_or(1))] {
             if v == 0 {
                 return Err(Error::Invalid(format!(
                     "BatcherOptions::speculation.{name} = 0: give at least 1 (or speculation None)"
@@ -52,6 +74,46 @@ impl BatchSpeculation {
         let mut drafts = self.lookup.clone().propose(history, room.min(self.num_draft))?;
         drafts.truncate(room);
         Ok(drafts)
+    }
+}
+
+/// A request's record of its recent guesses, which decides whether it guesses.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub(crate) struct Record {
+    drafted: f64,
+    accepted: f64,
+    /// Steps left before it guesses again.
+    pause: usize,
+    /// Pauses in a row: the next one lasts `PAUSE_STEPS << paused` steps.
+    paused: u32,
+}
+
+/// The longest pause, as a power of two times [`PAUSE_STEPS`].
+const MAX_BACKOFF: u32 = 4;
+
+impl Record {
+    /// Whether the request guesses in this step (a paused one counts the step off).
+    pub(crate) fn guesses(&mut self) -> bool {
+        match self.pause {
+            0 => true,
+            _ => {
+                self.pause -= 1;
+                false
+            }
+        }
+    }
+
+    /// Records a step's `drafted` guesses, `accepted` of them right: below `min` of its recent
+    /// guesses right, the request pauses and starts a fresh record afterwards.
+    pub(crate) fn record(&mut self, drafted: usize, accepted: usize, min: f64) {
+        self.drafted = self.drafted * DECAY + drafted as f64;
+        self.accepted = self.accepted * DECAY + accepted as f64;
+        if self.accepted < min * self.drafted {
+            let paused = (self.paused + 1).min(MAX_BACKOFF);
+            *self = Record { pause: PAUSE_STEPS << (paused - 1), paused, ..Record::default() };
+        } else {
+            self.paused = 0;
+        }
     }
 }
 
@@ -119,6 +181,26 @@ mod tests {
         // Over before the first row: nothing.
         let over = |_: Vec<f32>| Ok(None);
         assert_eq!(verify(&[2, 1], &rows(&[2, 1, 0]), 4, over).unwrap(), Verified::default());
+    }
+
+    #[test]
+    fn a_request_whose_guesses_are_wrong_pauses_then_tries_again() {
+        let mut r = Record::default();
+        assert!(r.guesses());
+        r.record(3, 2, 0.5);
+        assert!(r.guesses(), "two of three right");
+        r.record(3, 2, 0.5);
+        assert!(r.guesses(), "three of 4.5 (decayed) right");
+        r.record(3, 0, 0.5);
+        let paused = (0..PAUSE_STEPS).filter(|_| !r.guesses()).count();
+        assert_eq!(paused, PAUSE_STEPS, "1.5 of 5.25 right: paused");
+        assert!(r.guesses(), "and then it guesses again");
+        // Wrong again: a pause twice as long; right: the next pause is short again.
+        r.record(3, 0, 0.5);
+        assert_eq!((0..4 * PAUSE_STEPS).filter(|_| !r.guesses()).count(), 2 * PAUSE_STEPS);
+        r.record(3, 3, 0.5);
+        r.record(3, 0, 0.5);
+        assert_eq!((0..4 * PAUSE_STEPS).filter(|_| !r.guesses()).count(), PAUSE_STEPS);
     }
 
     #[test]
