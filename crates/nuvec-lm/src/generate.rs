@@ -193,6 +193,19 @@ impl GenerateOptions {
         Ok(())
     }
 
+    /// Errs when a served adapter is chosen for `run`, a generation outside a Batcher (only the
+    /// Batcher's steps carry a sequence's adapter to the projections).
+    pub(crate) fn refuse_served_adapter(&self, run: &str) -> Result<()> {
+        match &self.adapter {
+            None => Ok(()),
+            Some(name) => Err(Error::Unsupported(format!(
+                "adapter {name:?} chosen for {run}: served adapters run in a Batcher (`nuvec serve \
+                 --lora-modules`); for one adapter on every generation, load with LoadOptions::adapter_path \
+                 (--adapter-path)"
+            ))),
+        }
+    }
+
     /// The most positions a generation with these options may reach on `model` (`None`: no
     /// bound), or an error for a `context_length` that cannot hold.
     pub fn context_limit(&self, model: &Model) -> Result<Option<usize>> {
@@ -342,13 +355,7 @@ fn start<'a>(
     prompt: &[u32],
     options: GenerateOptions,
 ) -> Result<Generation<'a>> {
-    if let Some(name) = &options.adapter {
-        return Err(Error::Unsupported(format!(
-            "adapter {name:?} chosen for one generation: served adapters run in a Batcher (`nuvec serve \
-             --lora-modules`); for one adapter on every generation, load with LoadOptions::adapter_path \
-             (--adapter-path)"
-        )));
-    }
+    options.refuse_served_adapter("one generation")?;
     let request = Request::new(model, prompt, options)?;
     let mut reused = session.reusable(prompt);
     let stale = session.tokens().len() - reused;

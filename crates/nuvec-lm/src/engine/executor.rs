@@ -34,10 +34,7 @@ pub(crate) fn run(
             return Err(Error::Invalid(format!("injected failure of sequence {}", id.0)));
         }
         let rows: Vec<(SeqId, &[u32])> = items.iter().map(|&(id, t, _)| (id, t)).collect();
-        match counts.iter().all(|&c| c == 1) {
-            true => paged.step(model, &rows),
-            false => paged.step_last_rows(model, &rows, counts),
-        }
+        paged.step_last_rows(model, &rows, counts)
     };
     match pass(paged, work, counts) {
         Ok(logits) => Outcome::Together(logits),

@@ -5,7 +5,7 @@ use std::ops::Range;
 use nuvec::{Array, Matrix};
 
 use super::RmsNorm;
-use crate::adapter::{rows, LowRank};
+use crate::adapter::{rows, AdapterId, LowRank};
 use crate::weights::Weights;
 use crate::{Error, Result};
 
@@ -52,7 +52,7 @@ impl Linear {
     /// or a served one some row chose): then the fused paths that skip [`Linear::forward`]'s
     /// product do not apply.
     pub fn adapted(&self) -> bool {
-        self.adapter.is_some() || !self.served_runs().is_empty()
+        self.adapter.is_some() || self.served_in_pass()
     }
 
     /// Whether any adapter (the load's or a served one) has a term for this projection.
@@ -93,7 +93,7 @@ impl Linear {
     /// ops; a LoRA adapter's term joins the residual).
     pub fn forward_add_norm(&self, x: &Array, residual: &Array, norm: &RmsNorm) -> Result<(Array, Array)> {
         match &self.adapter {
-            _ if self.bias.is_some() || !self.served_runs().is_empty() => norm.forward_add(residual, &self.forward(x)?),
+            _ if self.bias.is_some() || self.served_in_pass() => norm.forward_add(residual, &self.forward(x)?),
             Some(adapter) if !adapter.only_adds() => norm.forward_add(residual, &self.forward(x)?),
             Some(adapter) => {
                 let residual = adapter.add_to(x, residual)?;
@@ -114,23 +114,29 @@ impl Linear {
         self.with_bias(y)
     }
 
-    /// The served adapters of this projection that rows of the running pass chose, with their
-    /// rows.
-    fn served_runs(&self) -> Vec<(&LowRank, Range<usize>)> {
-        if self.served.is_empty() {
-            return vec![];
-        }
-        let Some(active) = rows::active() else { return vec![] };
-        active.runs.iter().filter_map(|(id, r)| self.served.get(id.0)?.as_ref().map(|lr| (lr, r.clone()))).collect()
+    /// This projection's term of served adapter `id`, if it has one.
+    fn served_term(&self, id: AdapterId) -> Option<&LowRank> {
+        self.served.get(id.0)?.as_ref()
+    }
+
+    /// Whether rows of the running pass chose a served adapter with a term for this projection.
+    fn served_in_pass(&self) -> bool {
+        !self.served.is_empty()
+            && rows::active().is_some_and(|a| a.runs.iter().any(|(id, _)| self.served_term(*id).is_some()))
     }
 
     /// `y` with each served adapter's term on the rows that chose it (the rest as they are).
     fn apply_served(&self, x: &Array, y: Array) -> Result<Array> {
-        let runs = self.served_runs();
+        if self.served.is_empty() {
+            return Ok(y);
+        }
+        let Some(active) = rows::active() else { return Ok(y) };
+        let runs: Vec<(&LowRank, Range<usize>)> =
+            active.runs.iter().filter_map(|(id, r)| Some((self.served_term(*id)?, r.clone()))).collect();
         if runs.is_empty() {
             return Ok(y);
         }
-        let rows = rows::active().map_or(0, |a| a.rows);
+        let rows = active.rows;
         if x.shape().len() != 2 || x.dim(0) != rows {
             return Err(Error::Invalid(format!(
                 "a served adapter's projection got an input of shape {:?} in a pass of {rows} rows",

@@ -360,7 +360,8 @@ impl Model {
         if let Some(&t) = step.tokens().iter().find(|&&t| t as usize >= self.vocab_size) {
             return Err(Error::Invalid(format!("token {t} is outside the vocabulary of {}", self.vocab_size)));
         }
-        if let Some(r) = step.row_adapters() {
+        let adapters = step.row_adapters();
+        if let Some(r) = &adapters {
             if let Some((id, _)) = r.runs.iter().find(|(id, _)| id.0 >= self.adapter_names.len()) {
                 return Err(Error::Invalid(format!(
                     "a step's sequence takes served adapter {}, and this model serves {}",
@@ -376,7 +377,7 @@ impl Model {
             Picked::LastOf(counts) => Some(counts[i]),
         };
         let before = step.checkpoint();
-        let run = |step: &mut StepBatch| -> Result<Array> {
+        let run = move |step: &mut StepBatch| -> Result<Array> {
             if step.batch_invariant() {
                 let rows = step
                     .sequences_mut()
@@ -395,7 +396,7 @@ impl Model {
                     .collect::<Result<Vec<_>>>()?;
                 return crate::step::concat_rows(&rows);
             }
-            let h = rows::with_rows(step.row_adapters(), || self.arch.hidden(step))?;
+            let h = rows::with_rows(adapters, || self.arch.hidden(step))?;
             // Runs of consecutive rows wanted: (first, end).
             let mut runs: Vec<(usize, usize)> = vec![];
             let mut start = 0;

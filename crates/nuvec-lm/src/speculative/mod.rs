@@ -95,12 +95,7 @@ pub fn speculative_generate<'a, P: Proposer>(
             "speculative decoding with a quantized KV cache (kv_bits) is not supported yet: drop one".into(),
         ));
     }
-    if let Some(name) = &options.adapter {
-        return Err(Error::Unsupported(format!(
-            "speculative decoding with served adapter {name:?} is not supported yet: load the model with that \
-             adapter (--adapter-path) instead"
-        )));
-    }
+    options.refuse_served_adapter("speculative decoding")?;
     let request = Request::new(model, prompt, options)?;
     let session = Session::with_cache(model, &request.options.cache)?;
     // A rewind must restore exactly what the cache held before the pass: a ring that has wrapped
