@@ -59,9 +59,9 @@ impl Session {
                 self.tokens.len()
             )));
         }
-        // A recurrent layer refuses any trim; ask it before touching the others, so that the
-        // session is left unchanged.
-        if let Some(c) = self.cache.iter_mut().find(|c| matches!(c, LayerCache::Recurrent(_))) {
+        // A layer that cannot give the positions back says why before any other is touched, so
+        // that the session is left unchanged.
+        if let Some(c) = self.cache.iter_mut().find(|c| !c.can_trim(n)) {
             c.trim(n)?;
         }
         for c in &mut self.cache {

@@ -96,10 +96,6 @@ fn what_cannot_be_rewound_is_refused() {
         speculative_generate(&model, &prompt, options, PromptLookup::default(), k).err().unwrap().to_string()
     };
     assert!(err(GenerateOptions::default(), 0).contains("num_draft"));
-    let rotating =
-        GenerateOptions { cache: CacheOptions { max_kv_size: Some(64), ..Default::default() }, ..Default::default() };
-    let e = err(rotating, 4);
-    assert!(e.contains("max_kv_size") && e.contains("not supported"), "{e}");
     let quantized =
         GenerateOptions { cache: CacheOptions { kv_bits: Some(8), ..Default::default() }, ..Default::default() };
     assert!(err(quantized, 4).contains("kv_bits"));

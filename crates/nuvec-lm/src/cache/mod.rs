@@ -170,7 +170,8 @@ pub enum LayerCache {
     /// Attention within chunks of positions; a model's layer asks for it, not [`CacheOptions`].
     Chunked(ChunkedKvCache),
     // ---- Gated DeltaNet ----
-    /// A linear-attention layer's convolution inputs and recurrent state (never trimmed).
+    /// A linear-attention layer's convolution inputs and recurrent state (trimmed only where it
+    /// kept the states to go back to).
     Recurrent(RecurrentCache),
     /// One sequence's block table into a [`paged::PagedCache`]'s shared pool.
     Paged(paged::PagedKv),
@@ -211,6 +212,17 @@ impl LayerCache {
             LayerCache::Chunked(c) => c.trim(n),
             LayerCache::Recurrent(c) => c.trim(n),
             LayerCache::Paged(c) => c.trim(n),
+        }
+    }
+
+    /// Whether `trim(n)` would succeed: the caches whose old positions are gone (a wrapped ring,
+    /// a recurrent state) give back only what they kept (see [`RecurrentCache::keep_rewind`]).
+    pub fn can_trim(&self, n: usize) -> bool {
+        match self {
+            LayerCache::Rotating(c) => c.can_trim(n),
+            LayerCache::QuantizedRotating(c) => c.can_trim(n),
+            LayerCache::Recurrent(c) => c.can_trim(n),
+            _ => n <= self.offset(),
         }
     }
 

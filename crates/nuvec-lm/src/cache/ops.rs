@@ -65,6 +65,36 @@ pub(crate) fn attend_windowed(
     })
 }
 
+/// What one-token steps of a rotating cache with pinned positions show each query: query `i`,
+/// at position `held + i` of `k, v`, sees the first `pinned` positions and the `recent` newest
+/// up to itself (the ring's positions after the pinned ones lie in order here).
+pub(crate) fn attend_pinned_window(
+    q: &Array,
+    k: &Array,
+    v: &Array,
+    held: usize,
+    (pinned, recent): (usize, usize),
+    scale: f32,
+    sinks: Sinks,
+) -> Result<Array> {
+    let (l, width) = (q.dim(0), q.dim(1) * q.dim(2));
+    let (k, v) = on_device_of(q, k, v)?;
+    let (k, v) = (k.transpose01()?, v.transpose01()?);
+    let mut out = Array::zeros_on(&[1, l, width], DType::F32, q.device())?;
+    for i in 0..l {
+        let last = held + i;
+        let start = (last + 1).saturating_sub(recent).max(pinned);
+        let seen = |a: &Array| -> Result<Array> {
+            let parts = [a.slice_rows(0, pinned)?, a.slice_rows(start, last + 1)?];
+            Ok(crate::step::concat_rows(&parts)?.transpose01()?)
+        };
+        let (ki, vi) = (seen(&k)?, seen(&v)?);
+        let row = sdpa(&q.slice_rows(i, i + 1)?, &ki, &vi, ki.dim(1), scale, sinks)?;
+        out.write_axis1(&row.reshape(&[1, 1, width])?, i)?;
+    }
+    Ok(out.reshape(&[l, width])?)
+}
+
 /// Attention of each query row `i` of `q [L, heads, dim]` over the positions `visible(i)` of
 /// `k, v [kv_heads, positions, dim]` (with sinks when given): the masks that are not plain
 /// causal ones (a window, a chunk), one query at a time.

@@ -6,7 +6,7 @@
 
 use nuvec::{Array, DType};
 
-use super::ops::{attend_causal, attend_windowed, on_device_of, sdpa, Sinks};
+use super::ops::{attend_causal, attend_pinned_window, attend_windowed, on_device_of, sdpa, Sinks};
 use super::store::Store;
 use crate::{Error, Result};
 
@@ -26,6 +26,9 @@ pub struct RotatingKvCache<S: Store = Array> {
     idx: usize,
     max_size: usize,
     keep: usize,
+    /// Rows of a pass that speculative decoding may take back (0: none); see
+    /// [`RotatingKvCache::keep_rewind`].
+    rewind: usize,
 }
 
 impl RotatingKvCache<Array> {
@@ -46,7 +49,7 @@ impl<S: Store> RotatingKvCache<S> {
         if max_size == 0 || keep >= max_size {
             return Err(Error::Invalid(format!("max_kv_size = {max_size} must exceed the {keep} kept positions")));
         }
-        Ok(RotatingKvCache { keys: None, values: None, context, offset: 0, idx: 0, max_size, keep })
+        Ok(RotatingKvCache { keys: None, values: None, context, offset: 0, idx: 0, max_size, keep, rewind: 0 })
     }
 
     /// The same ring with its positions converted to another store (quantized, say).
@@ -62,7 +65,17 @@ impl<S: Store> RotatingKvCache<S> {
             idx: self.idx,
             max_size: self.max_size,
             keep: self.keep,
+            rewind: self.rewind,
         })
+    }
+
+    /// Has passes of at most `n + 1` rows (speculative verifications, up to `n` of whose
+    /// positions may be taken back) attend as that many one-token steps would: each row sees the
+    /// pinned positions and the newest `max_size - keep`. mlx-lm's mask for a pass of several
+    /// rows, which prefill chunks keep, slides its window over the pinned positions too; without
+    /// pinned positions the two are the same.
+    pub fn keep_rewind(&mut self, n: usize) {
+        self.rewind = n;
     }
 
     /// Positions seen in total (not all of them are still held once the ring wraps).
@@ -70,21 +83,52 @@ impl<S: Store> RotatingKvCache<S> {
         self.offset
     }
 
-    /// Removes exactly the last `n` positions; an error once the ring has wrapped (they are
-    /// gone) or for more than it holds, leaving the cache unchanged.
+    /// Removes exactly the last `n` positions, or errors leaving the cache unchanged. Before the
+    /// ring fills every position is still held. Past that, the positions of the last pass of
+    /// several rows can be taken back (the window those rows saw is still there, in order, as
+    /// speculative decoding needs), unless the ring has been written in place since; older ones
+    /// are gone.
     pub fn trim(&mut self, n: usize) -> Result<()> {
-        if self.offset >= self.max_size && n > 0 {
-            return Err(Error::Invalid(format!(
-                "cannot trim a rotating cache of {} positions after it wrapped (it has seen {})",
-                self.max_size, self.offset
-            )));
+        if let Some(why) = self.cannot_trim(n) {
+            return Err(Error::Invalid(why));
         }
-        if n > self.offset {
-            return Err(Error::Invalid(format!("cannot trim {n} positions from a cache holding {}", self.offset)));
+        if self.offset >= self.max_size && n > 0 {
+            let len = self.buffer_len() - n;
+            for buffer in [&mut self.keys, &mut self.values] {
+                let held = buffer.take().expect("a cache past its window holds positions");
+                *buffer = Some(held.slice(0, len)?);
+            }
         }
         self.offset -= n;
         self.idx -= n;
         Ok(())
+    }
+
+    /// Whether `trim(n)` would succeed.
+    pub fn can_trim(&self, n: usize) -> bool {
+        self.cannot_trim(n).is_none()
+    }
+
+    /// Why `trim(n)` would fail, if it would.
+    fn cannot_trim(&self, n: usize) -> Option<String> {
+        if n > self.offset {
+            return Some(format!("cannot trim {n} positions from a cache holding {}", self.offset));
+        }
+        if n == 0 || self.offset < self.max_size {
+            return None;
+        }
+        // In temporal order (idx at the end) and still holding a full window after the cut —
+        // what the positions before the cut left, exactly.
+        let len = self.buffer_len();
+        let left = self.offset - n;
+        if self.idx == len && len >= n + left.min(self.max_size) {
+            return None;
+        }
+        Some(format!(
+            "cannot trim {n} positions from a rotating cache of {} positions after it wrapped (it has seen {}): \
+             only a multi-row pass's last positions can be taken back",
+            self.max_size, self.offset
+        ))
     }
 
     fn buffer_len(&self) -> usize {
@@ -158,7 +202,9 @@ impl<S: Store> RotatingKvCache<S> {
         if l > 1 {
             // mlx-lm builds the mask before the update, from the positions held then.
             let held_before = (self.offset - l).min(self.max_size - 1);
-            if held_before + l > self.max_size {
+            if held_before + l > self.max_size && self.keep > 0 && l <= self.rewind + 1 {
+                attend_pinned_window(q, &k, &v, held_before, (self.keep, self.max_size - self.keep), scale, sinks)
+            } else if held_before + l > self.max_size {
                 attend_windowed(q, &k, &v, held_before, self.max_size, scale, sinks)
             } else {
                 attend_causal(q, &k, &v, scale, sinks)
@@ -248,7 +294,7 @@ impl<S: Store> RotatingKvCache<S> {
                 "an inconsistent rotating cache (buffer {len}, idx {idx}, max {max_size})"
             )));
         }
-        Ok(RotatingKvCache { keys: Some(keys), values: Some(values), context, offset, idx, max_size, keep })
+        Ok(RotatingKvCache { keys: Some(keys), values: Some(values), context, offset, idx, max_size, keep, rewind: 0 })
     }
 
     /// What new positions are made with (the quantization, for quantized rows).

@@ -121,8 +121,9 @@ pub struct BatcherOptions {
     /// that only decode, for at most `max_decodes` requests, each request feeds guesses of its
     /// next tokens from its own prompt and output, verified in the same pass (see
     /// `engine/speculation.rs`). Requests hand out what they would without it; not with a
-    /// constraint (they decode plainly), and refused on models whose caches cannot take back a
-    /// wrong guess (recurrent or sliding-window layers) and with `kv_bits`.
+    /// constraint (they decode plainly); refused with `kv_bits`. Hybrids' recurrent layers keep
+    /// their states before each guessed row and sliding-window layers `num_draft` positions
+    /// behind the window, so that a wrong guess is taken back from every layer kind.
     pub speculation: Option<BatchSpeculation>,
 }
 
@@ -335,18 +336,14 @@ impl<'m> Batcher<'m> {
         paged.set_batch_invariant(options.batch_invariant);
         paged.set_prefix_caching(options.prefix_cache.unwrap_or(true))?;
         let budget = options.token_budget_on(model.device());
+        if let Some(s) = &options.speculation {
+            // Wrong guesses are taken back from every layer kind (`PagedCache::trim`).
+            paged.set_rewind(s.num_draft)?;
+        }
         paged.set_step_tokens(budget)?;
         let checkpoint_step = checkpoint_step(&paged, &options);
         let mut scheduler = Scheduler::new(options.block_size, blocks, options.max_batch, budget);
         if let Some(s) = &options.speculation {
-            if paged.has_recurrent_layers() || paged.window_blocks().is_some() {
-                return Err(Error::Unsupported(format!(
-                    "BatcherOptions::speculation on a {} model: its {} cannot take back a wrong guess yet; leave \
-                     speculation None",
-                    model.model_type(),
-                    if paged.has_recurrent_layers() { "recurrent layers" } else { "sliding-window layers" }
-                )));
-            }
             let most = s.max_decodes.unwrap_or(match model.device() {
                 Device::Cpu => speculation::DEFAULT_MAX_DECODES_CPU,
                 #[cfg(feature = "cuda")]
@@ -851,7 +848,8 @@ fn default_blocks(model: &Model, options: &BatcherOptions) -> Result<usize> {
     let per_block = (full + window) * options.block_size;
     // The sliding-window layers take at most this many blocks (`PagedCache::set_step_tokens`).
     let budget = options.token_budget_on(model.device());
-    let window_blocks = window_blocks_for(model, options.block_size, options.max_batch, budget);
+    let slack = options.speculation.as_ref().map_or(0, |s| s.num_draft);
+    let window_blocks = window_blocks_for(model, options.block_size, options.max_batch, budget, slack);
     let cap = (options.max_batch * options.max_positions).div_ceil(options.block_size);
     if per_block == 0 {
         return Ok(cap);

@@ -107,10 +107,28 @@ impl GatedDeltaNet {
             ),
             None => return Err(Error::Invalid("a recurrent cache holds positions but no state".into())),
         };
-        let (mixed, conv_next) = qkv.causal_conv1d_silu(&conv_state.to_device(device)?, &self.conv_weight)?;
-        let (y, state_next) =
-            nuvec::gated_delta(&mixed, [a, b], [&self.a_log, &self.dt_bias], &state.to_device(device)?, d)?;
-        cache.update(conv_next, state_next, l);
+        let (conv_state, state) = (conv_state.to_device(device)?, state.to_device(device)?);
+        let y = if cache.steps_one_by_one(l) {
+            // A pass that may be taken back (speculative verification): the state after each
+            // position is kept, each position computed as a one-token step computes it.
+            let mut ys = Vec::with_capacity(l);
+            let (mut conv_state, mut state) = (conv_state, state);
+            for i in 0..l {
+                let row = |x: &Array| x.slice_rows(i, i + 1);
+                let (mixed, conv_next) = row(qkv)?.causal_conv1d_silu(&conv_state, &self.conv_weight)?;
+                let (y, state_next) =
+                    nuvec::gated_delta(&mixed, [&row(a)?, &row(b)?], [&self.a_log, &self.dt_bias], &state, d)?;
+                cache.update(conv_next.clone(), state_next.clone(), 1);
+                (conv_state, state) = (conv_next, state_next);
+                ys.push(y);
+            }
+            crate::step::concat_rows(&ys)?
+        } else {
+            let (mixed, conv_next) = qkv.causal_conv1d_silu(&conv_state, &self.conv_weight)?;
+            let (y, state_next) = nuvec::gated_delta(&mixed, [a, b], [&self.a_log, &self.dt_bias], &state, d)?;
+            cache.update(conv_next, state_next, l);
+            y
+        };
         // The gated norm: silu(z) * rms_norm(y), per value head.
         let z = z.reshape(&[l, d.value_heads, d.value_dim])?;
         Ok(z.silu_mul(&self.norm.forward(&y)?)?)

@@ -13,6 +13,8 @@ pub struct DraftModel<'a> {
     model: &'a Model,
     session: Session,
     prefill_step: usize,
+    /// Positions its recurrent layers (if any) can give back.
+    rewind: usize,
 }
 
 impl<'a> DraftModel<'a> {
@@ -20,14 +22,16 @@ impl<'a> DraftModel<'a> {
     /// [`crate::Tokenizer::differs_from`]), prefilling `prefill_step` tokens per pass.
     pub fn new(model: &'a Model, prefill_step: usize) -> Result<Self> {
         let session = Session::new(model);
-        if session.cache().iter().any(|c| matches!(c, LayerCache::Rotating(_) | LayerCache::Recurrent(_))) {
+        // The draft decodes its guesses one position at a time: a ring written in place cannot
+        // take them back (a recurrent layer can: it keeps the states before its last guesses).
+        if session.cache().iter().any(|c| matches!(c, LayerCache::Rotating(_))) {
             return Err(Error::Invalid(format!(
-                "a {} draft model keeps caches that cannot be rewound (sliding windows or recurrent state): not \
-                 supported yet as a draft",
+                "a {} draft model keeps sliding-window caches, which cannot take back guesses decoded one at a \
+                 time: not supported yet as a draft (a model without sliding-window layers is)",
                 model.model_type()
             )));
         }
-        Ok(DraftModel { model, session, prefill_step: prefill_step.max(1) })
+        Ok(DraftModel { model, session, prefill_step: prefill_step.max(1), rewind: 0 })
     }
 }
 
@@ -35,6 +39,15 @@ impl Proposer for DraftModel<'_> {
     fn propose(&mut self, history: &[u32], k: usize) -> Result<Vec<u32>> {
         if k == 0 || history.is_empty() {
             return Ok(vec![]);
+        }
+        // At most the k - 1 guesses it was fed one at a time are taken back.
+        if k > self.rewind {
+            self.rewind = k;
+            for cache in &mut self.session.cache {
+                if let LayerCache::Recurrent(c) = cache {
+                    c.keep_rewind(k);
+                }
+            }
         }
         // The draft's cache holds what it agrees with of the history, but never the last token,
         // which the first guess is computed from.

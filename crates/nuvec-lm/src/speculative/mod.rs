@@ -77,9 +77,9 @@ pub struct Speculative<'a, P: Proposer> {
 }
 
 /// Starts generating from `prompt` with up to `num_draft` tokens from `proposer` verified per
-/// step. The options are [`crate::generate`]'s; a model whose caches cannot be trimmed (the
-/// hybrids' recurrent state) is refused, as are quantized KV caches (their positions are
-/// quantized in groups that a rewind would split).
+/// step. The options are [`crate::generate`]'s; every model family runs it, hybrids and
+/// sliding windows (and `max_kv_size`) included, but quantized KV caches are refused (their
+/// positions are quantized in groups that a rewind would split).
 pub fn speculative_generate<'a, P: Proposer>(
     model: &'a Model,
     prompt: &[u32],
@@ -97,21 +97,17 @@ pub fn speculative_generate<'a, P: Proposer>(
     }
     options.refuse_served_adapter("speculative decoding")?;
     let request = Request::new(model, prompt, options)?;
-    let session = Session::with_cache(model, &request.options.cache)?;
-    // A rewind must restore exactly what the cache held before the pass: a ring that has wrapped
-    // has overwritten it, and a recurrent state has folded it in.
-    let unsupported = session.cache().iter().find_map(|c| match c {
-        LayerCache::Rotating(_) | LayerCache::QuantizedRotating(_) => Some("sliding-window (rotating) caches"),
-        LayerCache::Recurrent(_) => Some("recurrent layers"),
-        _ => None,
-    });
-    if let Some(what) = unsupported {
-        let why = if request.options.cache.max_kv_size.is_some() { " (max_kv_size makes every cache one)" } else { "" };
-        return Err(Error::Invalid(format!(
-            "speculative decoding is not supported yet with {what}{why}: a {} model's cache of that kind cannot \
-             be rewound past a rejected guess",
-            model.model_type()
-        )));
+    let mut session = Session::with_cache(model, &request.options.cache)?;
+    // Every cache gives back a rejected guess exactly: key/value caches by position, a ring by
+    // cutting the positions its last pass added (that pass kept the window it saw; its rows see
+    // what one-token steps would), and a recurrent layer by the states it keeps from before
+    // each verified position.
+    for cache in &mut session.cache {
+        match cache {
+            LayerCache::Recurrent(c) => c.keep_rewind(num_draft),
+            LayerCache::Rotating(c) => c.keep_rewind(num_draft),
+            _ => {}
+        }
     }
     Ok(Speculative {
         model,

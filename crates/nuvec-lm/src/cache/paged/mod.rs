@@ -96,6 +96,9 @@ pub struct PagedCache {
     recurrent: bool,
     /// Recurrent states at block boundaries, for prefix hits on hybrid models.
     checkpoints: Checkpoints,
+    /// Positions of a sequence's last pass that [`PagedCache::trim`] can take back on every
+    /// layer kind ([`PagedCache::set_rewind`]).
+    rewind: usize,
     checkpoint_bytes: usize,
     /// The quantization of keys and values, for a quantized cache.
     quantized: Option<QuantSpec>,
@@ -181,7 +184,8 @@ impl PagedCache {
             stores,
             windows,
             pool: BlockPool::new(blocks, block_size),
-            window_pool: reach.map(|r| Windows::new(blocks, block_size, r)),
+            window_pool: reach.map(|r| Windows::new(blocks, block_size, r, 0)),
+            rewind: 0,
             form,
             slots: (0..max_seqs).map(|_| None).collect(),
             model: (model.fingerprint().to_string(), model.num_layers(), model.model_type().to_string()),
@@ -211,9 +215,10 @@ impl PagedCache {
             return Err(Error::Invalid("PagedCache::set_step_tokens: call it before adding sequences".into()));
         }
         let bs = self.block_size();
-        let blocks = Windows::bound(windows.reach(), bs, self.max_seqs(), step_tokens).min(self.total_blocks());
+        let blocks =
+            Windows::bound(windows.reach(), windows.slack(), bs, self.max_seqs(), step_tokens).min(self.total_blocks());
         let caching = windows.pool.caching();
-        let mut sized = Windows::new(blocks, bs, windows.reach());
+        let mut sized = Windows::new(blocks, bs, windows.reach(), windows.slack());
         sized.pool.set_caching(caching);
         for (store, window) in self.stores.iter_mut().zip(&self.windows) {
             if let (Some(store), Some(_)) = (store, window) {
@@ -261,6 +266,24 @@ impl PagedCache {
     pub fn set_checkpoint_bytes(&mut self, bytes: usize) {
         self.checkpoint_bytes = bytes;
         self.checkpoints.reset(bytes);
+    }
+
+    /// Lets [`PagedCache::trim`] take back up to `n` positions of a sequence's last pass on
+    /// every layer kind (speculative decoding's wrong guesses): recurrent layers keep their
+    /// states from before each of a short pass's positions (stepping them one at a time), and
+    /// sliding-window layers keep `n` positions behind their window. Call it before adding
+    /// sequences, and before [`PagedCache::set_step_tokens`], which sizes the window blocks.
+    pub fn set_rewind(&mut self, n: usize) -> Result<()> {
+        if !self.is_empty() {
+            return Err(Error::Invalid("PagedCache::set_rewind: call it before adding sequences".into()));
+        }
+        self.rewind = n;
+        if let Some(w) = self.window_pool.take() {
+            let mut sized = Windows::new(w.pool.total(), self.block_size(), w.reach(), n);
+            sized.pool.set_caching(w.pool.caching());
+            self.window_pool = Some(sized);
+        }
+        Ok(())
     }
 
     /// Whether the model has recurrent layers (a hybrid), whose prefix hits end only where a
@@ -342,7 +365,11 @@ impl PagedCache {
                     let table = if window.is_some() { &window_table } else { &table };
                     LayerCache::Paged(PagedKv::new(store.clone(), table.clone(), bs, window))
                 }
-                None => LayerCache::Recurrent(super::RecurrentCache::new()),
+                None => {
+                    let mut state = super::RecurrentCache::new();
+                    state.keep_rewind(self.rewind);
+                    LayerCache::Recurrent(state)
+                }
             })
             .collect();
         let tokens = Some(vec![]);
@@ -456,7 +483,8 @@ impl PagedCache {
         let seq = self.slots[id.0 as usize].as_mut().expect("just added");
         *lock(&seq.table) = hits.iter().map(|&(b, _)| b).collect();
         *lock(&seq.window_table) = window_table;
-        for (layer, state) in states {
+        for (layer, mut state) in states {
+            state.keep_rewind(self.rewind);
             seq.caches[layer] = LayerCache::Recurrent(state);
         }
         for c in &mut seq.caches {
@@ -591,7 +619,8 @@ impl PagedCache {
 
     /// Removes exactly the last `n` positions of sequence `id` from every layer (blocks no
     /// position uses any more are free again), or errors leaving it unchanged; a sequence of a
-    /// hybrid model, whose recurrent state cannot forget positions, refuses any `n > 0`.
+    /// hybrid model, whose recurrent state cannot forget positions, refuses any `n > 0` beyond
+    /// what [`PagedCache::set_rewind`] keeps.
     pub fn trim(&mut self, id: SeqId, n: usize) -> Result<()> {
         let bs = self.block_size();
         let seq = self.seq_mut(id)?;
@@ -599,9 +628,10 @@ impl PagedCache {
         if n > held {
             return Err(Error::Invalid(format!("cannot trim {n} positions from sequence {} holding {held}", id.0)));
         }
-        if n > 0 && seq.caches.iter().any(|c| matches!(c, LayerCache::Recurrent(_))) {
+        if seq.caches.iter().any(|c| matches!(c, LayerCache::Recurrent(_)) && !c.can_trim(n)) {
             return Err(Error::Invalid(format!(
-                "sequence {} has recurrent layers, which cannot forget positions: remove it and start afresh",
+                "sequence {} has recurrent layers, which cannot forget positions they did not keep the state \
+                 before: remove it and start afresh",
                 id.0
             )));
         }
@@ -739,7 +769,7 @@ impl PagedCache {
             .iter()
             .enumerate()
             .filter_map(|(i, c)| match c {
-                LayerCache::Recurrent(r) => Some((i, r.clone())),
+                LayerCache::Recurrent(r) => Some((i, r.settled())),
                 _ => None,
             })
             .collect();
@@ -820,10 +850,17 @@ fn window_reach(model: &Model) -> Option<usize> {
 }
 
 /// The blocks `model`'s sliding-window layers take in a paged cache of `seqs` sequences whose
-/// steps add at most `step_tokens` positions ([`PagedCache::set_step_tokens`] sizes them so,
-/// at most the full layers' count); `None` for a model without such layers.
-pub(crate) fn window_blocks_for(model: &Model, block_size: usize, seqs: usize, step_tokens: usize) -> Option<usize> {
-    window_reach(model).map(|reach| Windows::bound(reach, block_size, seqs, step_tokens))
+/// steps add at most `step_tokens` positions, each keeping `slack` more behind its window
+/// ([`PagedCache::set_step_tokens`] sizes them so, at most the full layers' count); `None` for a
+/// model without such layers.
+pub(crate) fn window_blocks_for(
+    model: &Model,
+    block_size: usize,
+    seqs: usize,
+    step_tokens: usize,
+    slack: usize,
+) -> Option<usize> {
+    window_reach(model).map(|reach| Windows::bound(reach, slack, block_size, seqs, step_tokens))
 }
 
 /// Advances each sequence `ids[i]` of `paged` by `tokens[i]` in one forward pass: the logits

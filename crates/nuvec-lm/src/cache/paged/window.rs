@@ -19,24 +19,31 @@ pub(crate) struct Windows {
     pub(crate) pool: BlockPool,
     /// The widest window of the model's layers (positions a query sees, itself included).
     reach: usize,
+    /// Positions kept behind the window, so that a trim of that many (a wrong guess taken back)
+    /// still finds every block the shorter sequence reads.
+    slack: usize,
 }
 
 impl Windows {
-    pub(crate) fn new(blocks: usize, block_size: usize, reach: usize) -> Self {
-        Windows { pool: BlockPool::new(blocks, block_size), reach: reach.max(1) }
+    pub(crate) fn new(blocks: usize, block_size: usize, reach: usize, slack: usize) -> Self {
+        Windows { pool: BlockPool::new(blocks, block_size), reach: reach.max(1), slack }
     }
 
     /// Window blocks that `seqs` sequences need at most when each holds its window and a step
     /// adds `step_tokens` positions over all of them: each sequence's window over at most
-    /// `(reach - 1) / bs + 2` blocks, and the step's new positions over their own blocks and
-    /// each sequence's one more boundary.
-    pub(crate) fn bound(reach: usize, block_size: usize, seqs: usize, step_tokens: usize) -> usize {
-        let per_seq = reach.saturating_sub(1).div_ceil(block_size) + 1;
+    /// `(reach - 1 + slack) / bs + 2` blocks, and the step's new positions over their own blocks
+    /// and each sequence's one more boundary.
+    pub(crate) fn bound(reach: usize, slack: usize, block_size: usize, seqs: usize, step_tokens: usize) -> usize {
+        let per_seq = (reach.saturating_sub(1) + slack).div_ceil(block_size) + 1;
         seqs * (per_seq + 1) + step_tokens.div_ceil(block_size)
     }
 
     pub(crate) fn reach(&self) -> usize {
         self.reach
+    }
+
+    pub(crate) fn slack(&self) -> usize {
+        self.slack
     }
 
     /// The first position a later pass of a sequence holding `len` positions can read.
@@ -72,7 +79,7 @@ impl Windows {
     /// Gives back the blocks of `table` that no later pass of a sequence holding `len`
     /// positions reads.
     pub(crate) fn release_behind(&mut self, table: &mut [u32], len: usize) {
-        let behind = self.first_needed(len) / self.pool.block_size();
+        let behind = self.first_needed(len).saturating_sub(self.slack) / self.pool.block_size();
         for b in table.iter_mut().take(behind) {
             if *b != FREED {
                 self.pool.release(std::mem::replace(b, FREED));

@@ -1,0 +1,138 @@
+//! Speculative decoding on the families whose caches forget: sliding windows (gpt-oss, Gemma 4,
+//! any model under `max_kv_size`) and recurrent state (the Qwen3.5 hybrids). A proposer that
+//! knows mlx-lm's greedy answer guesses it with deliberate mistakes (and now and then guesses
+//! nothing), so passes are accepted whole, cut short and taken back at every position, across
+//! the window's wrap; every answer must still be mlx-lm's, token for token.
+
+mod common;
+
+use std::path::Path;
+
+use common::{fixtures, ids, oracle_json};
+use nuvec_lm::cache::CacheOptions;
+use nuvec_lm::speculative::{speculative_generate, DraftModel, Proposer, SpeculativeStats};
+use nuvec_lm::{generate, GenerateOptions, Model};
+
+/// Guesses `answer` after `prompt_len` tokens of history, one guess in three wrong and every
+/// fifth step none at all.
+struct Scripted {
+    answer: Vec<u32>,
+    prompt_len: usize,
+    calls: usize,
+}
+
+impl Proposer for Scripted {
+    fn propose(&mut self, history: &[u32], k: usize) -> nuvec_lm::Result<Vec<u32>> {
+        self.calls += 1;
+        if self.calls.is_multiple_of(5) {
+            return Ok(vec![]);
+        }
+        let at = history.len() - self.prompt_len;
+        let mut guesses: Vec<u32> = self.answer.iter().skip(at).take(k).copied().collect();
+        if self.calls % 3 == 1 && !guesses.is_empty() {
+            let wrong = self.calls % guesses.len();
+            guesses[wrong] = guesses[wrong].wrapping_add(1) % 1000 + 3;
+        }
+        Ok(guesses)
+    }
+}
+
+fn run<P: Proposer>(
+    model: &Model,
+    prompt: &[u32],
+    options: GenerateOptions,
+    proposer: P,
+    k: usize,
+) -> (Vec<u32>, SpeculativeStats) {
+    let mut g = speculative_generate(model, prompt, options, proposer, k).unwrap();
+    let tokens = g.by_ref().collect::<nuvec_lm::Result<Vec<u32>>>().unwrap();
+    (tokens, g.stats().clone())
+}
+
+fn case(name: &str) -> (std::path::PathBuf, Vec<u32>, Vec<u32>) {
+    let dir = fixtures().join(name);
+    let oracle = oracle_json(&dir);
+    (dir.clone(), ids(&oracle["prompt_ids"]), ids(&oracle["greedy_tokens"]))
+}
+
+fn load(dir: &Path) -> Model {
+    nuvec_lm::load(dir.to_str().unwrap()).unwrap().0
+}
+
+/// mlx-lm's greedy answer, with guesses accepted and rejected at every draft position.
+fn answers_like_mlx_lm(name: &str) {
+    let (dir, prompt, want) = case(name);
+    let model = load(&dir);
+    let options = GenerateOptions { max_tokens: want.len(), ..Default::default() };
+    for k in [1, 3, 5] {
+        let proposer = Scripted { answer: want.clone(), prompt_len: prompt.len(), calls: 0 };
+        let (got, stats) = run(&model, &prompt, options.clone(), proposer, k);
+        println!("RESULT {name} k={k}: {} steps, {}/{} guesses taken", stats.steps, stats.accepted, stats.drafted);
+        assert_eq!(got, want, "{name}, k={k}: speculative decoding left mlx-lm's answer");
+        assert!(stats.accepted > want.len() / 3, "{name}, k={k}: too few guesses taken: {stats:?}");
+        assert!(stats.drafted > stats.accepted, "{name}, k={k}: no guess was rejected: {stats:?}");
+    }
+}
+
+#[test]
+fn gpt_oss_sliding_window_answers_like_mlx_lm() {
+    answers_like_mlx_lm("gpt_oss/gpt_oss-f32");
+}
+
+#[test]
+fn gemma4_sliding_window_answers_like_mlx_lm() {
+    answers_like_mlx_lm("gemma4/gemma4-f32");
+}
+
+#[test]
+fn qwen3_5_recurrent_layers_answer_like_mlx_lm() {
+    answers_like_mlx_lm("qwen3_5/qwen3_5-f32");
+    answers_like_mlx_lm("qwen3_5/qwen3_5_moe-f32");
+}
+
+/// `max_kv_size` makes every cache a ring (here of 16 positions, 4 of them pinned): the answer
+/// is the one plain decoding gives under the same bound (mlx-lm has no record of it), across
+/// the wrap.
+#[test]
+fn a_bounded_cache_gives_plain_decodings_tokens() {
+    let (dir, prompt, _) = case("llama-f32");
+    let model = load(&dir);
+    let options = GenerateOptions {
+        max_tokens: 48,
+        cache: CacheOptions { max_kv_size: Some(16), keep: 4, ..Default::default() },
+        ..Default::default()
+    };
+    let want = generate(&model, &prompt, options.clone()).unwrap().collect::<nuvec_lm::Result<Vec<u32>>>().unwrap();
+    for k in [2, 4] {
+        let proposer = Scripted { answer: want.clone(), prompt_len: prompt.len(), calls: 0 };
+        let (got, stats) = run(&model, &prompt, options.clone(), proposer, k);
+        assert_eq!(got, want, "k={k}");
+        assert!(stats.accepted > 0 && stats.drafted > stats.accepted, "k={k}: {stats:?}");
+    }
+}
+
+/// A hybrid as its own draft: its recurrent layers take back the guesses the target rejects
+/// (the target samples, the draft guesses greedily), and greedy guesses are all taken. A
+/// sliding-window draft is refused: its guesses are decoded one at a time into a ring.
+#[test]
+fn a_hybrid_draft_model_rewinds_its_recurrent_state() {
+    let (dir, prompt, want) = case("qwen3_5/qwen3_5-f32");
+    let (target, draft) = (load(&dir), load(&dir));
+    let greedy = GenerateOptions { max_tokens: want.len(), ..Default::default() };
+    let (got, stats) = run(&target, &prompt, greedy, DraftModel::new(&draft, 512).unwrap(), 3);
+    assert_eq!(got, want, "a greedy draft of the same model");
+    assert_eq!(stats.accepted, stats.drafted, "{stats:?}");
+    let sampled = GenerateOptions {
+        max_tokens: 40,
+        sampler: nuvec_lm::Sampler { temperature: 1.5, ..Default::default() },
+        seed: Some(11),
+        ..Default::default()
+    };
+    let plain = generate(&target, &prompt, sampled.clone()).unwrap().collect::<nuvec_lm::Result<Vec<u32>>>().unwrap();
+    let (got, stats) = run(&target, &prompt, sampled, DraftModel::new(&draft, 512).unwrap(), 3);
+    assert_eq!(got, plain, "seeded sampling");
+    assert!(stats.drafted > stats.accepted, "some guesses rejected, so the draft rewound: {stats:?}");
+    let gpt_oss = load(&fixtures().join("gpt_oss/gpt_oss-f32"));
+    let e = DraftModel::new(&gpt_oss, 512).err().unwrap().to_string();
+    assert!(e.contains("sliding-window") && e.contains("not supported"), "{e}");
+}
