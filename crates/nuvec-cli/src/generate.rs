@@ -130,6 +130,13 @@ pub struct Args {
     /// in one pass. The output is the same; it comes faster where the draft agrees often.
     #[arg(long, value_name = "PATH")]
     draft_model: Option<String>,
+    /// With --draft-model and sampling (--temp above 0): the draft draws its guesses with the
+    /// same sampler instead of picking them greedily, and each goes through the rejection rule
+    /// (taken with probability min(1, p/q), else replaced by a draw from what the model gives
+    /// beyond the draft). More guesses are taken; the output follows the same distribution, but
+    /// a seed no longer gives the very tokens it gives without a draft.
+    #[arg(long, requires = "draft_model")]
+    draft_sampling: bool,
     /// With --prompt-lookup or --draft-model: tokens guessed per step (as mlx_lm.generate's).
     #[arg(long, default_value_t = 3)]
     num_draft_tokens: usize,
@@ -288,6 +295,10 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         cache_salt: None,
     };
     let mut text = TextStream::new(&tokenizer, &options).with_mlx_lm_spacing();
+    if args.draft_sampling && args.draft_model.is_none() {
+        // clap lets it through beside --prompt-lookup, which conflicts with --draft-model.
+        return Err("--draft-sampling needs --draft-model: prompt lookup's guesses are not drawn".into());
+    }
     if args.prompt_lookup || args.draft_model.is_some() {
         if args.prompt_cache_file.is_some() {
             return Err("speculative decoding with --prompt-cache-file is not supported yet: drop one".into());
@@ -301,7 +312,14 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
                 )
                 .into());
             }
-            let proposer = DraftModel::new(&draft, options.prefill_step_size)?;
+            let proposer = if args.draft_sampling {
+                // Its own generator: from the request's seed, so that a seed still gives one
+                // output; unseeded, as random as the request's.
+                let seed = options.seed.map(|s| s.wrapping_add(1));
+                DraftModel::sampling(&draft, options.prefill_step_size, options.sampler.clone(), seed)?
+            } else {
+                DraftModel::new(&draft, options.prefill_step_size)?
+            };
             let generation = speculative_generate(&model, &ids, options, proposer, args.num_draft_tokens)?;
             return finish_speculative(&args, &tokenizer, generation, &mut text);
         }

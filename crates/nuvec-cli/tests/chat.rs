@@ -28,15 +28,21 @@ fn chat_over_a_pipe_keeps_the_conversation() {
     assert!(lines[1].contains("Berlin"), "the second turn sees the first: {text}");
 }
 
-fn tmux(args: &[&str]) -> String {
-    let out = Command::new("tmux").args(args).output().unwrap_or_else(|e| panic!("tmux is needed for this test ({e})"));
+/// Runs tmux on a server of `session`'s own, so that no other test's server shutting down
+/// swallows the session.
+fn tmux(session: &str, args: &[&str]) -> String {
+    let out = Command::new("tmux")
+        .args(["-L", session])
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("tmux is needed for this test ({e})"));
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 fn wait_for(session: &str, needle: &str) -> String {
     let start = Instant::now();
     loop {
-        let screen = tmux(&["capture-pane", "-p", "-t", session]);
+        let screen = tmux(session, &["capture-pane", "-p", "-t", session]);
         if screen.contains(needle) || start.elapsed() > Duration::from_secs(60) {
             eprintln!("waited {:?} for {needle:?}", start.elapsed());
             return screen;
@@ -49,15 +55,15 @@ fn wait_for(session: &str, needle: &str) -> String {
 fn chat_in_a_terminal() {
     let session = format!("nuvec-chat-{}", std::process::id());
     let command = format!("{} chat --model {} -m 30; sleep 30", env!("CARGO_BIN_EXE_nuvec"), gguf());
-    tmux(&["new-session", "-d", "-s", &session, "-x", "160", "-y", "40", &command]);
+    tmux(&session, &["new-session", "-d", "-s", &session, "-x", "160", "-y", "40", &command]);
     let screen = wait_for(&session, ">>"); // capture-pane drops the prompt's trailing space
     assert!(screen.contains("'q' quits"), "{screen}");
-    tmux(&["send-keys", "-t", &session, "What is the capital of France?", "Enter"]);
+    tmux(&session, &["send-keys", "-t", &session, "What is the capital of France?", "Enter"]);
     let screen = wait_for(&session, "Paris");
-    tmux(&["send-keys", "-t", &session, "r", "Enter"]);
+    tmux(&session, &["send-keys", "-t", &session, "r", "Enter"]);
     let after_reset = wait_for(&session, "was reset");
-    tmux(&["send-keys", "-t", &session, "q", "Enter"]);
-    tmux(&["kill-session", "-t", &session]);
+    tmux(&session, &["send-keys", "-t", &session, "q", "Enter"]);
+    tmux(&session, &["kill-session", "-t", &session]);
     assert!(screen.contains("Paris"), "{screen}");
     assert!(after_reset.contains("The conversation was reset"), "{after_reset}");
 }

@@ -43,3 +43,36 @@ fn a_draft_model_prints_the_same_text() {
     let (ok, _, err) = generate(&["--prompt", prompt, "--draft-model", &other]);
     assert!(!ok && err.contains("its tokenizer is not the model's"), "{err}");
 }
+
+/// `--draft-sampling`: the model as its own draft drawing its guesses with the same sampler,
+/// so the rejection rule takes nearly all of them (p = q); a seed gives one output. Without a
+/// draft model the flag is refused.
+#[test]
+fn a_sampling_draft_takes_its_drawn_guesses() {
+    let prompt = "Write a short poem about the sea.";
+    let args = [
+        "--prompt",
+        prompt,
+        "-m",
+        "40",
+        "--temp",
+        "0.8",
+        "--seed",
+        "5",
+        "--draft-model",
+        &gguf(),
+        "--draft-sampling",
+        "--num-draft-tokens",
+        "3",
+    ];
+    let (ok, text, err) = generate(&args);
+    assert!(ok, "{err}");
+    let (ok, again, _) = generate(&args);
+    assert!(ok && again == text, "a seed gives one output");
+    let line = err.lines().find(|l| l.starts_with("Speculative: ")).unwrap_or_else(|| panic!("{err}"));
+    let words: Vec<&str> = line["Speculative: ".len()..].split_whitespace().collect();
+    let (accepted, drafted): (usize, usize) = (words[0].parse().unwrap(), words[2].parse().unwrap());
+    assert!(accepted * 10 >= drafted * 8, "a draft equal to the model has its guesses taken: {line}");
+    let (ok, _, err) = generate(&["--prompt", prompt, "--prompt-lookup", "--draft-sampling"]);
+    assert!(!ok && err.contains("--draft-model"), "{err}");
+}

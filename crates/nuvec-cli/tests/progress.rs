@@ -11,8 +11,14 @@ mod common;
 
 use common::gguf;
 
-fn tmux(args: &[&str]) -> String {
-    let out = Command::new("tmux").args(args).output().unwrap_or_else(|e| panic!("tmux is needed for this test ({e})"));
+/// Runs tmux on a server of `session`'s own: a session killed ends its server, and a new
+/// session asked of a server still shutting down never starts.
+fn tmux(session: &str, args: &[&str]) -> String {
+    let out = Command::new("tmux")
+        .args(["-L", session])
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("tmux is needed for this test ({e})"));
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
@@ -21,7 +27,7 @@ fn tmux(args: &[&str]) -> String {
 fn watch(session: &str, bar: &str, done: &str) -> (bool, String) {
     let (start, mut seen) = (Instant::now(), false);
     loop {
-        let screen = tmux(&["capture-pane", "-p", "-t", session]);
+        let screen = tmux(session, &["capture-pane", "-p", "-t", session]);
         seen |= screen.contains(bar);
         if screen.contains(done) || start.elapsed() > Duration::from_secs(120) {
             return (seen, screen);
@@ -67,9 +73,9 @@ fn a_long_prefill_shows_a_bar_in_a_terminal() {
     ];
     for (name, command, done) in runs {
         let session = format!("nuvec-progress-{name}-{}", std::process::id());
-        tmux(&["new-session", "-d", "-s", &session, "-x", "160", "-y", "40", &command]);
+        tmux(&session, &["new-session", "-d", "-s", &session, "-x", "160", "-y", "40", &command]);
         let (seen, screen) = watch(&session, "Prefill [", done);
-        tmux(&["kill-session", "-t", &session]);
+        tmux(&session, &["kill-session", "-t", &session]);
         assert!(screen.contains(done), "{name}: did not finish: {screen}");
         assert!(seen, "{name}: no progress bar while prefilling: {screen}");
         assert!(!screen.contains("Prefill ["), "{name}: the bar was not cleared: {screen}");

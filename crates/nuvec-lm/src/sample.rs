@@ -140,6 +140,38 @@ impl Sampler {
         self.filter(logprobs, xtc_exempt, rng);
         categorical(logprobs, 1.0 / self.temperature, rng)
     }
+
+    /// The distribution [`Sampler::sample`] draws from, as probabilities (the filters applied,
+    /// with their random part drawn from `rng` as a draw would); `None` when decoding greedily.
+    pub fn distribution(&self, logprobs: &mut [f32], xtc_exempt: &[u32], rng: &mut impl Rng) -> Option<Vec<f64>> {
+        if self.temperature == 0.0 {
+            return None;
+        }
+        self.filter(logprobs, xtc_exempt, rng);
+        Some(probabilities(logprobs, 1.0 / self.temperature))
+    }
+}
+
+/// `softmax(logprobs * scale)` in f64, as [`categorical`] weighs the tokens.
+pub fn probabilities(logprobs: &[f32], scale: f32) -> Vec<f64> {
+    let max = logprobs.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let weights: Vec<f64> = logprobs.iter().map(|&x| (((x - max) * scale) as f64).exp()).collect();
+    let total: f64 = weights.iter().sum();
+    weights.into_iter().map(|w| w / total).collect()
+}
+
+/// A draw from `weights` (non-negative, not all zero; they need not sum to 1).
+pub fn draw(weights: &[f64], rng: &mut impl Rng) -> u32 {
+    let total: f64 = weights.iter().sum();
+    let mut u = rng.gen::<f64>() * total;
+    for (i, w) in weights.iter().enumerate() {
+        if u < *w {
+            return i as u32;
+        }
+        u -= w;
+    }
+    // Rounding left a sliver: the last token with any weight.
+    weights.iter().rposition(|&w| w > 0.0).unwrap_or(0) as u32
 }
 
 /// Index of the first maximum.
@@ -229,14 +261,5 @@ pub fn apply_top_k(logprobs: &mut [f32], k: usize) {
 pub fn categorical(logprobs: &[f32], scale: f32, rng: &mut impl Rng) -> u32 {
     let max = logprobs.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     let weights: Vec<f64> = logprobs.iter().map(|&x| (((x - max) * scale) as f64).exp()).collect();
-    let total: f64 = weights.iter().sum();
-    let mut u = rng.gen::<f64>() * total;
-    for (i, w) in weights.iter().enumerate() {
-        if u < *w {
-            return i as u32;
-        }
-        u -= w;
-    }
-    // Rounding left a sliver: the last token with any weight.
-    weights.iter().rposition(|&w| w > 0.0).unwrap_or(0) as u32
+    draw(&weights, rng)
 }

@@ -4,13 +4,13 @@
 //! next token and whether the request goes on.
 
 use nuvec::Array;
-use rand::SeedableRng;
+use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 use crate::constrain::TokenMask;
 use crate::generate::{FinishReason, GenerateOptions, TokenLogprobs};
 use crate::models::Model;
-use crate::sample::log_softmax;
+use crate::sample::{argmax, draw, log_softmax};
 use crate::stop::{StopMatcher, Stopped};
 use crate::{Error, Result};
 
@@ -207,7 +207,48 @@ impl Request {
     /// The token from the whole row on the host: the logits processors, the bans of
     /// `min_tokens`, log-softmax, the constraint's mask, the log-probabilities asked for, then
     /// the sampler. An error when the constraint fails or leaves no token.
-    pub(crate) fn sample_on_host(&mut self, mut logits: Vec<f32>) -> Result<u32> {
+    pub(crate) fn sample_on_host(&mut self, logits: Vec<f32>) -> Result<u32> {
+        let mut logprobs = self.processed(logits)?;
+        let snapshot = self.options.logprobs.map(|_| logprobs.clone());
+        let token = self.options.sampler.sample(&mut logprobs, &self.xtc_exempt, &mut self.rng);
+        self.record_pick(snapshot, token);
+        Ok(token)
+    }
+
+    /// Speculative decoding's rejection rule for a guess drawn from a draft's distribution `q`
+    /// (its probability per token): the row's own distribution `p` takes the guess with
+    /// probability min(1, p/q), else draws from max(0, p - q) renormalized, so the token is
+    /// distributed as `p` whatever `q` was. Returns the token and whether it is the guess.
+    /// Greedy decoding takes the row's argmax (the guess when they agree).
+    pub(crate) fn verify_drawn_guess(&mut self, logits: Vec<f32>, guess: u32, q: &[f64]) -> Result<(u32, bool)> {
+        let mut logprobs = self.processed(logits)?;
+        let snapshot = self.options.logprobs.map(|_| logprobs.clone());
+        let token = match self.options.sampler.distribution(&mut logprobs, &self.xtc_exempt, &mut self.rng) {
+            None => argmax(&logprobs),
+            Some(p) => {
+                let (pg, qg) =
+                    (p.get(guess as usize).copied().unwrap_or(0.0), q.get(guess as usize).copied().unwrap_or(0.0));
+                let u: f64 = self.rng.gen();
+                if qg > 0.0 && u * qg < pg {
+                    guess
+                } else {
+                    let residual: Vec<f64> =
+                        p.iter().zip(q.iter().chain(std::iter::repeat(&0.0))).map(|(a, b)| (a - b).max(0.0)).collect();
+                    if residual.iter().any(|&r| r > 0.0) {
+                        draw(&residual, &mut self.rng)
+                    } else {
+                        draw(&p, &mut self.rng)
+                    }
+                }
+            }
+        };
+        self.record_pick(snapshot, token);
+        Ok((token, token == guess))
+    }
+
+    /// A row's log-probabilities before the sampler: the logits processors, the bans of
+    /// `min_tokens`, log-softmax, the constraint's mask; records the top log-probabilities asked for.
+    fn processed(&mut self, mut logits: Vec<f32>) -> Result<Vec<f32>> {
         self.options.processors.apply(&self.history, &mut logits);
         if self.yielded < self.options.min_tokens {
             let banned =
@@ -233,13 +274,15 @@ impl Request {
             let top = order.iter().take(n).map(|&t| (t, logprobs[t as usize])).collect();
             self.logprobs.push(TokenLogprobs { token: 0, logprob: 0.0, top });
         }
-        let snapshot = self.options.logprobs.map(|_| logprobs.clone());
-        let token = self.options.sampler.sample(&mut logprobs, &self.xtc_exempt, &mut self.rng);
+        Ok(logprobs)
+    }
+
+    /// Notes the picked token and its log-probability in the record [`Request::processed`] began.
+    fn record_pick(&mut self, snapshot: Option<Vec<f32>>, token: u32) {
         if let (Some(all), Some(last)) = (snapshot, self.logprobs.last_mut()) {
             last.token = token;
             last.logprob = all[token as usize];
         }
-        Ok(token)
     }
 
     /// Takes the sampled `token`: end-of-sequence and stop tokens end the request without being

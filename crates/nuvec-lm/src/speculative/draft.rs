@@ -2,9 +2,13 @@
 //! from its own cache, which follows the history (kept where it agrees, trimmed exactly and
 //! extended where it does not), as mlx_lm.generate's `--draft-model`.
 
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+
 use super::proposer::Proposer;
 use crate::cache::LayerCache;
 use crate::models::Model;
+use crate::sample::{draw, log_softmax, Sampler};
 use crate::session::Session;
 use crate::{Error, Result};
 
@@ -15,6 +19,10 @@ pub struct DraftModel<'a> {
     prefill_step: usize,
     /// Positions its recurrent layers (if any) can give back.
     rewind: usize,
+    /// How it draws its guesses, when it does not pick them greedily.
+    sampling: Option<(Sampler, ChaCha8Rng)>,
+    /// The distributions the last proposal was drawn from.
+    drawn: Vec<Vec<f64>>,
 }
 
 impl<'a> DraftModel<'a> {
@@ -31,11 +39,40 @@ impl<'a> DraftModel<'a> {
                 model.model_type()
             )));
         }
-        Ok(DraftModel { model, session, prefill_step: prefill_step.max(1), rewind: 0 })
+        Ok(DraftModel { model, session, prefill_step: prefill_step.max(1), rewind: 0, sampling: None, drawn: vec![] })
+    }
+
+    /// A proposer that draws its guesses from `model`'s distribution under `sampler` (its
+    /// generator seeded with `seed`, or from the system's entropy) instead of picking them
+    /// greedily: with a sampling target the rejection rule then takes more of them (see
+    /// [`crate::speculative`]). A greedy `sampler` (temperature 0) picks, as [`DraftModel::new`].
+    pub fn sampling(model: &'a Model, prefill_step: usize, sampler: Sampler, seed: Option<u64>) -> Result<Self> {
+        sampler.validate()?;
+        let mut draft = DraftModel::new(model, prefill_step)?;
+        let rng = seed.map_or_else(ChaCha8Rng::from_entropy, ChaCha8Rng::seed_from_u64);
+        draft.sampling = Some((sampler, rng));
+        Ok(draft)
+    }
+
+    /// The next guess from the draft's logits row: drawn (noting its distribution) or picked.
+    fn guess(&mut self, row: &[f32]) -> u32 {
+        if let Some((sampler, rng)) = &mut self.sampling {
+            let mut logprobs = log_softmax(row);
+            if let Some(q) = sampler.distribution(&mut logprobs, &[], rng) {
+                let guess = draw(&q, rng);
+                self.drawn.push(q);
+                return guess;
+            }
+        }
+        crate::sample::argmax(row)
     }
 }
 
 impl Proposer for DraftModel<'_> {
+    fn drawn_from(&self) -> Option<&[Vec<f64>]> {
+        self.sampling.as_ref().filter(|(s, _)| s.temperature > 0.0).map(|_| self.drawn.as_slice())
+    }
+
     fn propose(&mut self, history: &[u32], k: usize) -> Result<Vec<u32>> {
         if k == 0 || history.is_empty() {
             return Ok(vec![]);
@@ -62,10 +99,14 @@ impl Proposer for DraftModel<'_> {
         self.session.prefill(self.model, &pending[..split], self.prefill_step, &Default::default())?;
         let mut input = pending[split..].to_vec();
         let mut guesses = Vec::with_capacity(k);
+        self.drawn.clear();
         for _ in 0..k {
             let logits = self.model.forward_last(&input, &mut self.session.cache)?;
             self.session.tokens.extend_from_slice(&input);
-            let guess = logits.argmax()?.to_vec::<u32>()?[0];
+            let guess = match self.sampling {
+                Some(_) => self.guess(&logits.to_vec::<f32>()?),
+                None => logits.argmax()?.to_vec::<u32>()?[0],
+            };
             guesses.push(guess);
             input.clear();
             input.push(guess);

@@ -8,9 +8,13 @@
 //! draw from the distribution plain decoding gives it, drawn with the same generator in the same
 //! order: greedy and seeded outputs equal plain decoding's (to the last bits of the logits, which
 //! a pass over several positions sums in another order than a one-token step). This is the rule
-//! mlx-lm's speculative decoding applies; its cost against the min(1, p/q) rejection rule is
-//! fewer tokens accepted from a *sampled* draft, none from a greedy or lookup one. The cache
-//! keeps the verified positions and is trimmed exactly past them.
+//! mlx-lm's speculative decoding applies, and for a guess that was picked (lookup, a greedy
+//! draft) it takes as many guesses as any rule can. A draft that *draws* its guesses
+//! ([`DraftModel::sampling`]) says from which distributions ([`Proposer::drawn_from`]); those
+//! guesses go through the standard rejection rule instead (taken with probability min(1, p/q),
+//! else a draw from max(0, p - q)), which takes more of them and still gives every token the
+//! target's distribution, though no longer the same draws as plain decoding. The cache keeps the
+//! verified positions and is trimmed exactly past them.
 //!
 //! ```no_run
 //! use nuvec_lm::speculative::{speculative_generate, PromptLookup};
@@ -175,12 +179,18 @@ impl<P: Proposer> Speculative<'_, P> {
             if self.request.reached_limit() {
                 break;
             }
-            let token = self.request.sample_on_host(row.to_vec())?;
+            let drawn = self.proposer.drawn_from().and_then(|q| q.get(i)).filter(|_| i < draft.len());
+            let (token, agrees) = match drawn {
+                Some(q) => self.request.verify_drawn_guess(row.to_vec(), draft[i], q)?,
+                None => {
+                    let token = self.request.sample_on_host(row.to_vec())?;
+                    (token, draft.get(i) == Some(&token))
+                }
+            };
             if let Some(t) = self.request.accept(token) {
                 self.ready.push_back(t);
             }
             self.stats.generation_tokens += 1;
-            let agrees = draft.get(i) == Some(&token);
             if let Some(p) = self.position(i, draft.len()) {
                 p.0 += 1;
                 p.1 += agrees as usize;

@@ -7,6 +7,14 @@ pub trait Proposer {
     /// Up to `k` tokens to follow `history` (none: the step decodes one token as usual).
     fn propose(&mut self, history: &[u32], k: usize) -> crate::Result<Vec<u32>>;
 
+    /// The distributions the last proposal's tokens were drawn from, one per token (their
+    /// probability per vocabulary id), for the rejection rule; `None` (the default) when they
+    /// were picked (lookup, a greedy draft): the target then takes a guess only where its own
+    /// draw is the guess.
+    fn drawn_from(&self) -> Option<&[Vec<f64>]> {
+        None
+    }
+
     /// After a step: `accepted` of the last proposal's tokens were taken (its state, if any,
     /// rewinds to them).
     fn accepted(&mut self, _accepted: usize) -> crate::Result<()> {
