@@ -75,8 +75,12 @@ pub struct Args {
     /// --prompt-lookup`, with its defaults but --num-draft-tokens).
     #[arg(long, requires = "workload")]
     prompt_lookup: bool,
-    /// With --prompt-lookup: tokens guessed per request and step.
-    #[arg(long, default_value_t = 3, requires = "prompt_lookup")]
+    /// With --workload: speculation with this draft model in the Batcher (as `nuvec serve
+    /// --draft-model`).
+    #[arg(long, value_name = "PATH", requires = "workload", conflicts_with = "prompt_lookup")]
+    draft_model: Option<String>,
+    /// With --prompt-lookup or --draft-model: tokens guessed per request and step.
+    #[arg(long, default_value_t = 3)]
     num_draft_tokens: usize,
     /// With --workload: every request's output held to this (structured output). Requests then
     /// end where their grammar does, or at their max_tokens, instead of ignoring end-of-sequence.
@@ -272,12 +276,15 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
             blocks: args.blocks,
             kv_bits: args.kv_bits,
             kv_group_size: args.kv_group_size,
-            speculation: args
-                .prompt_lookup
+            speculation: (args.prompt_lookup || args.draft_model.is_some())
                 .then_some(nuvec_lm::BatchSpeculation { num_draft: args.num_draft_tokens, ..Default::default() }),
             ..Default::default()
         };
-        return crate::workload::run(&model, path, options, grammar);
+        let draft = match &args.draft_model {
+            Some(d) => Some(nuvec_lm::load_on(d, model.device())?.0),
+            None => None,
+        };
+        return crate::workload::run(&model, draft.as_ref(), path, options, grammar);
     }
     // llama-bench's order: prompt lengths outermost, then generation lengths, batch sizes, depths.
     let mut tests = vec![];

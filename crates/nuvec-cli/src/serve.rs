@@ -62,9 +62,16 @@ pub struct Args {
     /// the same; they come faster where they repeat their input.
     #[arg(long)]
     prompt_lookup: bool,
-    /// With --prompt-lookup: tokens guessed per request and step.
-    #[arg(long, default_value_t = 3, requires = "prompt_lookup")]
-    num_draft_tokens: usize,
+    /// Speculation with a draft model (as mlx_lm.server's --draft-model; vLLM's draft-model
+    /// method): a smaller model of the same tokenizer guesses the next tokens of every decoding
+    /// request at once, in steps that only decode, for at most --speculation-max-batch requests,
+    /// verified in the same pass. Answers are the same; they come faster where the draft agrees.
+    /// Its cache takes a share of --prompt-cache-bytes in proportion to its size per position.
+    #[arg(long, value_name = "PATH", conflicts_with = "prompt_lookup")]
+    draft_model: Option<String>,
+    /// With --prompt-lookup or --draft-model: tokens guessed per request and step (default 3).
+    #[arg(long)]
+    num_draft_tokens: Option<usize>,
     /// With --prompt-lookup: the longest n-gram matched (shorter ones down to
     /// --prompt-lookup-min are tried when it is not found).
     #[arg(long, default_value_t = 4, requires = "prompt_lookup")]
@@ -72,9 +79,10 @@ pub struct Args {
     /// With --prompt-lookup: the shortest n-gram matched.
     #[arg(long, default_value_t = 1, requires = "prompt_lookup")]
     prompt_lookup_min: usize,
-    /// With --prompt-lookup: most decoding requests in a step that speculates (more are bound by
-    /// arithmetic, where guessed rows would slow everyone); default 2 on the CPU, 8 on a GPU.
-    #[arg(long, requires = "prompt_lookup")]
+    /// With --prompt-lookup or --draft-model: most decoding requests in a step that speculates
+    /// (more are bound by arithmetic, where guessed rows would slow everyone); default 2 on the
+    /// CPU, 8 on a GPU.
+    #[arg(long)]
     speculation_max_batch: Option<usize>,
     /// The KV cache's size in bytes (suffixes K, M, G: 4G), as mlx_lm.server's flag sizes its
     /// caches; it holds the running requests and the cached prompt prefixes. Default: 90 % of
@@ -212,6 +220,10 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     if args.context.ctx_size == Some(0) {
         return Err("--ctx-size 0: give at least 1 position".into());
     }
+    let speculating = args.prompt_lookup || args.draft_model.is_some();
+    if !speculating && (args.num_draft_tokens.is_some() || args.speculation_max_batch.is_some()) {
+        return Err("--num-draft-tokens and --speculation-max-batch need --prompt-lookup or --draft-model".into());
+    }
     let batcher = BatcherOptions {
         max_batch: args.max_batch,
         batch_invariant: args.batch_invariant,
@@ -223,12 +235,12 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         kv_bits: args.kv_bits,
         kv_group_size: args.kv_group_size,
         checkpoint_interval: args.checkpoint_interval,
-        speculation: args.prompt_lookup.then_some(nuvec_lm::BatchSpeculation {
+        speculation: (args.prompt_lookup || args.draft_model.is_some()).then_some(nuvec_lm::BatchSpeculation {
             lookup: nuvec_lm::speculative::PromptLookup {
                 max_ngram: args.prompt_lookup_max,
                 min_ngram: args.prompt_lookup_min,
             },
-            num_draft: args.num_draft_tokens,
+            num_draft: args.num_draft_tokens.unwrap_or(3),
             max_decodes: args.speculation_max_batch,
             min_acceptance: 0.5,
         }),
@@ -263,7 +275,26 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     config.body_limit = args.max_body_bytes;
     config.max_queue = args.max_queue;
     config.shutdown_grace = Duration::from_secs_f64(args.shutdown_grace);
-    let server = Server::start(model, tokenizer, batcher, config).map_err(|e| flag_names(&e.to_string()))?;
+    let draft = match &args.draft_model {
+        Some(path) => {
+            let (draft, draft_tokenizer) = nuvec_lm::load_on(path, model.device())?;
+            if let Some(why) = tokenizer.differs_from(&draft_tokenizer) {
+                return Err(format!(
+                    "--draft-model {path}: its tokenizer is not the model's ({why}); a draft must share the whole \
+                     vocabulary"
+                )
+                .into());
+            }
+            draft.warm_up().map_err(|e| format!("warming the draft model up: {e}"))?;
+            Some(draft)
+        }
+        None => None,
+    };
+    let server = match draft {
+        Some(draft) => Server::start_with_draft(model, draft, tokenizer, batcher, config),
+        None => Server::start(model, tokenizer, batcher, config),
+    }
+    .map_err(|e| flag_names(&e.to_string()))?;
     eprintln!("[INFO] serving {model_path} as {id:?} on {}", args.device);
     server.run(&args.host, args.port)?;
     Ok(())
@@ -283,7 +314,7 @@ fn flag_names(message: &str) -> String {
         ("BatcherOptions::checkpoint_interval", "--checkpoint-interval"),
         ("BatcherOptions::speculation.num_draft", "--num-draft-tokens"),
         ("BatcherOptions::speculation.max_decodes", "--speculation-max-batch"),
-        ("BatcherOptions::speculation", "--prompt-lookup"),
+        ("BatcherOptions::speculation", "--prompt-lookup or --draft-model"),
         ("BatcherOptions::batch_invariant", "--batch-invariant"),
         ("BatcherOptions::kv_bits", "--kv-bits"),
         ("of block_size = ", "of the cache's block size, "),

@@ -84,10 +84,11 @@ fn quantile(values: &mut [f64], q: f64) -> f64 {
     values[((values.len() as f64 * q).ceil() as usize).clamp(1, values.len()) - 1]
 }
 
-/// Runs the workload in `path` on `model`.
-/// Runs the workload in `path`; `constraint` holds every request's output to a grammar.
+/// Runs the workload in `path`; `draft` guesses for speculation when given, and `constraint`
+/// holds every request's output to a grammar.
 pub fn run(
     model: &Model,
+    draft: Option<&Model>,
     path: &str,
     options: BatcherOptions,
     constraint: Option<Grammar>,
@@ -95,7 +96,10 @@ pub fn run(
     let (concurrency, planned) = parse(path)?;
     let options = BatcherOptions { max_batch: options.max_batch.max(concurrency), ..options };
     let speculating = options.speculation.is_some();
-    let mut batcher = Batcher::new(model, options)?;
+    let mut batcher = match draft {
+        Some(d) => Batcher::with_draft(model, d, options)?,
+        None => Batcher::new(model, options)?,
+    };
     let mut next = 0;
     let mut in_flight: HashMap<RequestId, usize> = HashMap::new();
     let mut timelines: Vec<Timeline> = (0..planned.len()).map(|_| Timeline::default()).collect();

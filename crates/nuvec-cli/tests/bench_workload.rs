@@ -48,6 +48,10 @@ fn workloads_run_with_and_without_a_constraint() {
     let (ok, guessed) = bench(&["--workload", file, "--prompt-lookup", "--num-draft-tokens", "2"]);
     assert!(ok && generated(&guessed) == 36, "{guessed}");
     assert!(guessed.contains("Workload speculation: drafted="), "{guessed}");
+    // With a draft model: the same count, the guesses reported.
+    let (ok, drafted) = bench(&["--workload", file, "--draft-model", &gguf(), "--num-draft-tokens", "2"]);
+    assert!(ok && generated(&drafted) == 36, "{drafted}");
+    assert!(drafted.contains("Workload speculation: drafted="), "{drafted}");
     // Held to a choice: each request ends with its grammar, after the few tokens of a word.
     let (ok, chosen) = bench(&["--workload", file, "--choice", "yes", "no"]);
     assert!(ok, "{chosen}");

@@ -136,6 +136,31 @@ fn prompt_lookup_answers_as_generate_and_reports_its_guesses() {
     assert!(e.contains("--prompt-lookup") && e.contains("--batch-invariant"), "{e}");
 }
 
+/// `--draft-model`: the default model as its own draft guesses for the served requests; the
+/// answer is `nuvec generate`'s and the guesses (its own greedy picks) are right, as /metrics
+/// counts them. A draft of another tokenizer, and the speculation flags without a proposer,
+/// are refused.
+#[test]
+fn a_draft_model_answers_as_generate_and_reports_its_guesses() {
+    let served = Served::start(&["--draft-model", &gguf(), "--num-draft-tokens", "3", "--speculation-max-batch", "4"]);
+    let question = "Name three colours and say why you like them.";
+    let expected = generate(&["--prompt", question, "-m", "40"]);
+    let body = json!({"messages": [{"role": "user", "content": question}], "max_tokens": 40});
+    let (status, answer) = post(&served.base, "/v1/chat/completions", &body);
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer["choices"][0]["message"]["content"], expected.as_str(), "{answer}");
+    let drafted = gauge(&served.base, "nuvec:spec_decode_num_draft_tokens_total");
+    let accepted = gauge(&served.base, "nuvec:spec_decode_num_accepted_tokens_total");
+    assert!(drafted >= 20.0 && accepted >= 0.8 * drafted, "{accepted} of {drafted} guesses right");
+    eprintln!("{expected:?}: {accepted} of {drafted} guesses right");
+    drop(served);
+    let fixtures = std::env::var("NUVEC_FIXTURES").unwrap_or_else(|_| panic!("NUVEC_FIXTURES is not set"));
+    let e = refused(&["--draft-model", &format!("{fixtures}/llama-q4g64")]);
+    assert!(e.contains("its tokenizer is not the model's"), "{e}");
+    let e = refused(&["--num-draft-tokens", "4"]);
+    assert!(e.contains("--prompt-lookup or --draft-model"), "{e}");
+}
+
 /// A streaming completion over a socket of its own, read line by line.
 struct Stream {
     lines: BufReader<TcpStream>,

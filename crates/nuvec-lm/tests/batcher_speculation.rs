@@ -156,3 +156,63 @@ fn speculation_is_refused_where_guesses_cannot_be_taken_back() {
     let none = BatcherOptions { speculation: Some(BatchSpeculation { num_draft: 0, ..Default::default() }), ..on };
     assert!(none.validate().unwrap_err().to_string().contains("num_draft"));
 }
+
+/// A draft model's guesses (`Batcher::with_draft`): the draft guesses for every decoding request
+/// at once, its cache following each request (wrong guesses taken back from it too), and every
+/// request hands out its solo tokens. The model as its own draft guesses the greedy requests'
+/// tokens right and the sampled one's mostly wrong; the 4-bit copy of these tiny random models
+/// (one quantization group per row) seldom agrees with it; the hybrid's draft rewinds its
+/// recurrent layers. Also what a draft must share with the model.
+#[test]
+fn a_draft_models_guesses_leave_the_solo_tokens() {
+    let pairs =
+        [("llama-f32", "llama-f32"), ("llama-f32", "llama-q4g64"), ("qwen3_5/qwen3_5-f32", "qwen3_5/qwen3_5-f32")];
+    for (case, draft_case) in pairs {
+        let (model, _) = load_dir(&fixtures().join(case)).unwrap();
+        let (draft, _) = load_dir(&fixtures().join(draft_case)).unwrap();
+        let v = model.vocab_size();
+        let greedy = |n: usize| GenerateOptions { max_tokens: n, ..Default::default() };
+        let sampled = GenerateOptions {
+            max_tokens: 24,
+            seed: Some(9),
+            sampler: Sampler { temperature: 0.2, ..Default::default() },
+            ..Default::default()
+        };
+        let requests = vec![
+            (seeded_prompt(30, 1, v), greedy(40)),
+            (seeded_prompt(12, 2, v), greedy(9)),
+            (seeded_prompt(20, 3, v), sampled),
+            (seeded_prompt(7, 4, v), GenerateOptions { logprobs: Some(2), ..greedy(20) }),
+        ];
+        let speculation =
+            BatchSpeculation { num_draft: 3, max_decodes: Some(8), min_acceptance: 0.0, ..Default::default() };
+        let options = BatcherOptions { blocks: Some(256), speculation: Some(speculation), ..Default::default() };
+        let mut batcher = Batcher::with_draft(&model, &draft, options).unwrap();
+        let got = batched(&mut batcher, &requests);
+        for (i, ((prompt, options), (tokens, reason, logprobs))) in requests.iter().zip(&got).enumerate() {
+            let (want, want_reason) = solo(&model, prompt, options);
+            assert_eq!((tokens, reason), (&want, &want_reason), "{case}: request {i}");
+            if options.logprobs.is_some() {
+                assert_eq!(*logprobs, tokens.len(), "{case}: request {i}'s log-probabilities");
+            }
+        }
+        let stats = batcher.stats();
+        eprintln!("{case} with {draft_case}: {} guessed, {} right", stats.drafted_tokens, stats.accepted_tokens);
+        assert!(stats.drafted_tokens > 20, "{case}: {stats:?}");
+        assert!(stats.accepted_tokens < stats.drafted_tokens, "{case}: the sampled request rejects some: {stats:?}");
+        if case == draft_case {
+            // Its own picks, which the sampled request (at a low temperature) rejects now and
+            // then: where the draft's cache did not follow, the guesses after would go wrong.
+            assert!(4 * stats.accepted_tokens >= 3 * stats.drafted_tokens, "{case}: its own picks: {stats:?}");
+        }
+        assert_eq!(stats.blocks_used, 0, "{case}: every block back");
+    }
+    let (model, _) = load_dir(&fixtures().join("llama-f32")).unwrap();
+    let (other, _) = load_dir(&fixtures().join("qwen3-f32")).unwrap();
+    let on = BatcherOptions { blocks: Some(64), speculation: Some(BatchSpeculation::default()), ..Default::default() };
+    let err = Batcher::with_draft(&model, &other, on.clone()).err().unwrap().to_string();
+    assert!(err.contains("vocabulary"), "{err}");
+    let err =
+        Batcher::with_draft(&model, &model, BatcherOptions { speculation: None, ..on }).err().unwrap().to_string();
+    assert!(err.contains("speculation"), "{err}");
+}

@@ -203,6 +203,23 @@ impl Server {
         })
     }
 
+    /// [`Server::start`] with `draft` guessing for the speculating requests
+    /// ([`Batcher::with_draft`]; `batcher.speculation` must be set).
+    pub fn start_with_draft(
+        model: Model,
+        draft: Model,
+        tokenizer: Tokenizer,
+        batcher: BatcherOptions,
+        config: ServerConfig,
+    ) -> Result<Self, Error> {
+        let info = ModelInfo::of(&model);
+        Self::with_engine(tokenizer, info, config, move |engine| {
+            let batcher = Batcher::with_draft(&model, &draft, batcher)?;
+            engine.run(batcher);
+            Ok(())
+        })
+    }
+
     /// Starts the engine thread running `engine`, which must call [`EngineLoop::run`] with its
     /// core (or return the error that kept it from making one). [`Server::start`] runs the
     /// Batcher this way; tests run other cores.

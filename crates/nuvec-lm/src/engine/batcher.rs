@@ -4,6 +4,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 
 use nuvec::{Array, Device, QuantSpec};
 
+use super::drafter::Drafter;
 use super::executor::{self, Outcome};
 use super::request::{Request, MASKED};
 use super::scheduler::{BlockView, Key, Scheduler, Work};
@@ -312,15 +313,50 @@ pub struct Batcher<'m> {
     faults: HashSet<u64>,
     stats: BatcherStats,
     speculation: Option<BatchSpeculation>,
+    /// Where guesses come from when a draft model makes them (else the prompt lookup).
+    drafter: Option<Drafter<'m>>,
 }
 
 impl<'m> Batcher<'m> {
     /// A batcher for `model` with `options` (checked; the cache is sized now).
     pub fn new(model: &'m Model, options: BatcherOptions) -> Result<Self> {
+        Batcher::build(model, None, options)
+    }
+
+    /// A batcher whose speculating requests take their guesses from `draft`, a smaller model of
+    /// the same tokenizer (vLLM's draft-model speculation, mlx_lm.server's `--draft-model`),
+    /// instead of the prompt lookup: `options.speculation` must be set (its `num_draft`,
+    /// `max_decodes` and `min_acceptance` apply; its `lookup` does not). The draft keeps a paged
+    /// cache of its own as large as the model's, sized from memory with it; it picks its guesses
+    /// greedily, so every request hands out the tokens it gets alone (see `engine/drafter.rs`).
+    pub fn with_draft(model: &'m Model, draft: &'m Model, options: BatcherOptions) -> Result<Self> {
+        if options.speculation.is_none() {
+            return Err(Error::Invalid(
+                "Batcher::with_draft needs BatcherOptions::speculation (its num_draft and max_decodes)".into(),
+            ));
+        }
+        if draft.vocab_size() != model.vocab_size() {
+            return Err(Error::Invalid(format!(
+                "a draft model of {} tokens for a model of {}: a draft must share the whole vocabulary",
+                draft.vocab_size(),
+                model.vocab_size()
+            )));
+        }
+        if draft.device() != model.device() {
+            return Err(Error::Invalid(format!(
+                "a draft model on {} for a model on {}: load both on one device",
+                draft.device(),
+                model.device()
+            )));
+        }
+        Batcher::build(model, Some(draft), options)
+    }
+
+    fn build(model: &'m Model, draft: Option<&'m Model>, options: BatcherOptions) -> Result<Self> {
         options.validate()?;
         let blocks = match options.blocks {
             Some(b) => b,
-            None => default_blocks(model, &options)?,
+            None => default_blocks(model, draft, &options)?,
         };
         let mut paged = match options.kv_bits {
             Some(bits) => PagedCache::new_quantized(
@@ -351,8 +387,13 @@ impl<'m> Batcher<'m> {
             });
             scheduler.set_speculation(s.num_draft, most);
         }
+        let drafter = match (draft, &options.speculation) {
+            (Some(d), Some(s)) => Some(Drafter::new(d, blocks, options.block_size, options.max_batch, s.num_draft)?),
+            _ => None,
+        };
         Ok(Batcher {
             model,
+            drafter,
             scheduler,
             paged,
             live: BTreeMap::new(),
@@ -501,7 +542,7 @@ impl<'m> Batcher<'m> {
             return Ok(events);
         }
         let faults: HashSet<SeqId> = self.faults.iter().filter_map(|k| self.live.get(k).and_then(|l| l.seq)).collect();
-        let drafts: Vec<Vec<u32>> = work.iter().map(|w| self.drafts_for(w)).collect();
+        let drafts = self.drafts(&work);
         // A speculating decode's rows: its last token, then the guesses.
         let fed: Vec<Vec<u32>> = work
             .iter()
@@ -539,18 +580,44 @@ impl<'m> Batcher<'m> {
         Ok(events)
     }
 
-    /// The guesses request `w` feeds after its last token this step: none unless the plan gave
-    /// it room and the request may speculate.
-    fn drafts_for(&mut self, w: &Work) -> Vec<u32> {
-        let (Some(s), true) = (&self.speculation, w.draft > 0) else { return vec![] };
+    /// The guesses each work item feeds after its last token this step: from the draft model
+    /// for every speculating request at once, or each request's prompt lookup.
+    fn drafts(&mut self, work: &[Work]) -> Vec<Vec<u32>> {
+        let rooms: Vec<usize> = work.iter().map(|w| self.draft_room(w)).collect();
+        let Some(s) = &self.speculation else { return vec![vec![]; work.len()] };
+        let live = &self.live;
+        match &mut self.drafter {
+            Some(drafter) => {
+                drafter.retain(|k| live.contains_key(&k));
+                let asks: Vec<_> = work
+                    .iter()
+                    .zip(&rooms)
+                    .map(|(w, &room)| (w.key.0, live[&w.key.0].request.history.as_slice(), room))
+                    .collect();
+                drafter.propose(&asks)
+            }
+            // The lookup only reads the history: it cannot fail, and a failure would only mean
+            // no guess.
+            None => work
+                .iter()
+                .zip(&rooms)
+                .map(|(w, &room)| match room {
+                    0 => vec![],
+                    _ => s.propose(&live[&w.key.0].request.history, room).unwrap_or_default(),
+                })
+                .collect(),
+        }
+    }
+
+    /// How many guesses request `w` may feed this step: none unless the plan gave it room and
+    /// the request may speculate.
+    fn draft_room(&mut self, w: &Work) -> usize {
+        let (Some(s), true) = (&self.speculation, w.draft > 0) else { return 0 };
         let live = self.live.get_mut(&w.key.0).expect("scheduled requests are live");
         if !live.guesses.guesses() {
-            return vec![];
+            return 0;
         }
-        let request = &live.request;
-        let room = w.draft.min(request.draft_room());
-        // The lookup only reads the history: it cannot fail, and a failure would only mean no guess.
-        s.propose(&request.history, room).unwrap_or_default()
+        w.draft.min(live.request.draft_room()).min(s.num_draft)
     }
 
     /// Takes a step's `logits` (each work item's rows: one, or one more than its `drafts`): the
@@ -834,8 +901,9 @@ fn check_cache_options(model: &Model, cache: &CacheOptions, quantized: Option<Qu
     }
 }
 
-/// Blocks for `options` on `model`'s device (see [`BatcherOptions::blocks`]).
-fn default_blocks(model: &Model, options: &BatcherOptions) -> Result<usize> {
+/// Blocks for `options` on `model`'s device (see [`BatcherOptions::blocks`]); with a `draft`,
+/// whose cache takes as many blocks, the memory is shared between the two in proportion.
+fn default_blocks(model: &Model, draft: Option<&Model>, options: &BatcherOptions) -> Result<usize> {
     let (mut full, mut window) = model.kv_bytes_per_position_by_kind()?;
     if let Some(bits) = options.kv_bits {
         // Each value as `bits`, and an f32 scale and bias per group.
@@ -875,6 +943,14 @@ fn default_blocks(model: &Model, options: &BatcherOptions) -> Result<usize> {
             (available as f64 * options.memory_fraction).min(DEFAULT_CPU_KV_BYTES as f64)
         }
         None => available as f64 * options.memory_fraction,
+    };
+    let bytes = match draft {
+        Some(d) => {
+            let (draft_full, draft_window) = d.kv_bytes_per_position_by_kind()?;
+            let draft_block = (draft_full + draft_window) * options.block_size;
+            bytes * per_block as f64 / (per_block + draft_block) as f64
+        }
+        None => bytes,
     };
     let blocks = match window_blocks {
         // Past the windows' blocks, a block costs only the full layers' bytes.

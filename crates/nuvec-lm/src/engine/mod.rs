@@ -1,8 +1,10 @@
 //! Serving many requests: one request's state machine (`request`), what each step computes
 //! (`scheduler`, bookkeeping only), running a step on the paged cache (`executor`), verifying
-//! guessed tokens (`speculation`), and the public [`Batcher`] over them (`batcher`).
+//! guessed tokens (`speculation`) and a draft model's guesses (`drafter`), and the public
+//! [`Batcher`] over them (`batcher`).
 
 mod batcher;
+mod drafter;
 mod executor;
 pub(crate) mod request;
 mod scheduler;
