@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 mod common;
 
-use common::gguf;
+use common::{gguf, tmux};
 
 #[test]
 fn chat_over_a_pipe_keeps_the_conversation() {
@@ -26,17 +26,6 @@ fn chat_over_a_pipe_keeps_the_conversation() {
     assert_eq!(lines.len(), 2, "{text}");
     assert!(lines[0].contains("Paris"), "{text}");
     assert!(lines[1].contains("Berlin"), "the second turn sees the first: {text}");
-}
-
-/// Runs tmux on a server of `session`'s own, so that no other test's server shutting down
-/// swallows the session.
-fn tmux(session: &str, args: &[&str]) -> String {
-    let out = Command::new("tmux")
-        .args(["-L", session])
-        .args(args)
-        .output()
-        .unwrap_or_else(|e| panic!("tmux is needed for this test ({e})"));
-    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 fn wait_for(session: &str, needle: &str) -> String {

@@ -9,18 +9,7 @@ use std::time::{Duration, Instant};
 
 mod common;
 
-use common::gguf;
-
-/// Runs tmux on a server of `session`'s own: a session killed ends its server, and a new
-/// session asked of a server still shutting down never starts.
-fn tmux(session: &str, args: &[&str]) -> String {
-    let out = Command::new("tmux")
-        .args(["-L", session])
-        .args(args)
-        .output()
-        .unwrap_or_else(|e| panic!("tmux is needed for this test ({e})"));
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
+use common::{gguf, tmux};
 
 /// Polls the pane until `done` shows; returns whether `bar` showed at some point, and the last
 /// screen.

@@ -115,11 +115,9 @@ fn a_quantized_cache_holds_more_and_answers_as_generate_with_kv_bits() {
     eprintln!("4-bit KV: {expected:?}; unquantized: {unquantized:?}");
 }
 
-#[test]
-fn prompt_lookup_answers_as_generate_and_reports_its_guesses() {
-    let served = Served::start(&["--prompt-lookup", "--num-draft-tokens", "4"]);
-    // An answer that copies its input and repeats itself, where guesses are right.
-    let question = "Rewrite this code with the variable x renamed to y: def f(x): return x * x + x";
+/// `question`'s served answer held to `nuvec generate`'s (40 tokens), then the guesses /metrics
+/// counts: (the answer, drafted, accepted).
+fn speculative_answer(served: &Served, question: &str) -> (String, f64, f64) {
     let expected = generate(&["--prompt", question, "-m", "40"]);
     let body = json!({"messages": [{"role": "user", "content": question}], "max_tokens": 40});
     let (status, answer) = post(&served.base, "/v1/chat/completions", &body);
@@ -127,6 +125,15 @@ fn prompt_lookup_answers_as_generate_and_reports_its_guesses() {
     assert_eq!(answer["choices"][0]["message"]["content"], expected.as_str(), "{answer}");
     let drafted = gauge(&served.base, "nuvec:spec_decode_num_draft_tokens_total");
     let accepted = gauge(&served.base, "nuvec:spec_decode_num_accepted_tokens_total");
+    (expected, drafted, accepted)
+}
+
+#[test]
+fn prompt_lookup_answers_as_generate_and_reports_its_guesses() {
+    let served = Served::start(&["--prompt-lookup", "--num-draft-tokens", "4"]);
+    // An answer that copies its input and repeats itself, where guesses are right.
+    let question = "Rewrite this code with the variable x renamed to y: def f(x): return x * x + x";
+    let (expected, drafted, accepted) = speculative_answer(&served, question);
     assert!(drafted > 0.0 && accepted > 0.0 && accepted <= drafted, "{accepted} of {drafted} guesses right");
     eprintln!("{expected:?}: {accepted} of {drafted} guesses right");
     drop(served);
@@ -144,13 +151,7 @@ fn prompt_lookup_answers_as_generate_and_reports_its_guesses() {
 fn a_draft_model_answers_as_generate_and_reports_its_guesses() {
     let served = Served::start(&["--draft-model", &gguf(), "--num-draft-tokens", "3", "--speculation-max-batch", "4"]);
     let question = "Name three colours and say why you like them.";
-    let expected = generate(&["--prompt", question, "-m", "40"]);
-    let body = json!({"messages": [{"role": "user", "content": question}], "max_tokens": 40});
-    let (status, answer) = post(&served.base, "/v1/chat/completions", &body);
-    assert_eq!(status, 200, "{answer}");
-    assert_eq!(answer["choices"][0]["message"]["content"], expected.as_str(), "{answer}");
-    let drafted = gauge(&served.base, "nuvec:spec_decode_num_draft_tokens_total");
-    let accepted = gauge(&served.base, "nuvec:spec_decode_num_accepted_tokens_total");
+    let (expected, drafted, accepted) = speculative_answer(&served, question);
     assert!(drafted >= 20.0 && accepted >= 0.8 * drafted, "{accepted} of {drafted} guesses right");
     eprintln!("{expected:?}: {accepted} of {drafted} guesses right");
     drop(served);

@@ -46,6 +46,23 @@ fn batched(
     ids.iter().map(|id| out.remove(id).unwrap_or_default()).collect()
 }
 
+/// Each request's batched tokens, finish reason and log-probability count (`got`, in order) are
+/// those it gets alone.
+fn each_as_alone(
+    model: &Model,
+    case: &str,
+    requests: &[(Vec<u32>, GenerateOptions)],
+    got: &[(Vec<u32>, Option<FinishReason>, usize)],
+) {
+    for (i, ((prompt, options), (tokens, reason, logprobs))) in requests.iter().zip(got).enumerate() {
+        let (want, want_reason) = solo(model, prompt, options);
+        assert_eq!((tokens, reason), (&want, &want_reason), "{case}: request {i}");
+        if options.logprobs.is_some() {
+            assert_eq!(*logprobs, tokens.len(), "{case}: request {i}'s log-probabilities");
+        }
+    }
+}
+
 #[test]
 fn speculating_requests_hand_out_their_solo_tokens() {
     // Besides plain attention: sliding windows of 8 (gpt-oss, Gemma 4), which the prompts
@@ -92,14 +109,7 @@ fn speculating_requests_hand_out_their_solo_tokens() {
             BatchSpeculation { num_draft: 4, max_decodes: Some(8), min_acceptance: 0.0, ..Default::default() };
         let options = BatcherOptions { blocks: Some(256), speculation: Some(speculation), ..Default::default() };
         let mut batcher = Batcher::new(&model, options).unwrap();
-        let got = batched(&mut batcher, &requests);
-        for (i, ((prompt, options), (tokens, reason, logprobs))) in requests.iter().zip(&got).enumerate() {
-            let (want, want_reason) = solo(&model, prompt, options);
-            assert_eq!((tokens, reason), (&want, &want_reason), "{case}: request {i}");
-            if options.logprobs.is_some() {
-                assert_eq!(*logprobs, tokens.len(), "{case}: request {i}'s log-probabilities");
-            }
-        }
+        each_as_alone(&model, case, &requests, &batched(&mut batcher, &requests));
         // Random weights seldom repeat themselves: guesses are fed and mostly wrong, so what
         // this checks is that wrong guesses leave no trace (the right ones: the next test).
         let stats = batcher.stats();
@@ -188,14 +198,7 @@ fn a_draft_models_guesses_leave_the_solo_tokens() {
             BatchSpeculation { num_draft: 3, max_decodes: Some(8), min_acceptance: 0.0, ..Default::default() };
         let options = BatcherOptions { blocks: Some(256), speculation: Some(speculation), ..Default::default() };
         let mut batcher = Batcher::with_draft(&model, &draft, options).unwrap();
-        let got = batched(&mut batcher, &requests);
-        for (i, ((prompt, options), (tokens, reason, logprobs))) in requests.iter().zip(&got).enumerate() {
-            let (want, want_reason) = solo(&model, prompt, options);
-            assert_eq!((tokens, reason), (&want, &want_reason), "{case}: request {i}");
-            if options.logprobs.is_some() {
-                assert_eq!(*logprobs, tokens.len(), "{case}: request {i}'s log-probabilities");
-            }
-        }
+        each_as_alone(&model, case, &requests, &batched(&mut batcher, &requests));
         let stats = batcher.stats();
         eprintln!("{case} with {draft_case}: {} guessed, {} right", stats.drafted_tokens, stats.accepted_tokens);
         assert!(stats.drafted_tokens > 20, "{case}: {stats:?}");

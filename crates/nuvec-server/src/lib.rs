@@ -195,12 +195,7 @@ impl Server {
         batcher: BatcherOptions,
         config: ServerConfig,
     ) -> Result<Self, Error> {
-        let info = ModelInfo::of(&model);
-        Self::with_engine(tokenizer, info, config, move |engine| {
-            let batcher = Batcher::new(&model, batcher)?;
-            engine.run(batcher);
-            Ok(())
-        })
+        Self::start_batcher(model, None, tokenizer, batcher, config)
     }
 
     /// [`Server::start`] with `draft` guessing for the speculating requests
@@ -212,9 +207,22 @@ impl Server {
         batcher: BatcherOptions,
         config: ServerConfig,
     ) -> Result<Self, Error> {
+        Self::start_batcher(model, Some(draft), tokenizer, batcher, config)
+    }
+
+    fn start_batcher(
+        model: Model,
+        draft: Option<Model>,
+        tokenizer: Tokenizer,
+        batcher: BatcherOptions,
+        config: ServerConfig,
+    ) -> Result<Self, Error> {
         let info = ModelInfo::of(&model);
         Self::with_engine(tokenizer, info, config, move |engine| {
-            let batcher = Batcher::with_draft(&model, &draft, batcher)?;
+            let batcher = match &draft {
+                Some(d) => Batcher::with_draft(&model, d, batcher)?,
+                None => Batcher::new(&model, batcher)?,
+            };
             engine.run(batcher);
             Ok(())
         })
