@@ -193,10 +193,17 @@ fn a_draft_models_guesses_leave_the_solo_tokens() {
             (seeded_prompt(12, 2, v), greedy(9)),
             (seeded_prompt(20, 3, v), sampled),
             (seeded_prompt(7, 4, v), GenerateOptions { logprobs: Some(2), ..greedy(20) }),
+            // Longer than a step's budget: its draft catches up over several steps.
+            (seeded_prompt(150, 5, v), greedy(30)),
         ];
         let speculation =
             BatchSpeculation { num_draft: 3, max_decodes: Some(8), min_acceptance: 0.0, ..Default::default() };
-        let options = BatcherOptions { blocks: Some(256), speculation: Some(speculation), ..Default::default() };
+        let options = BatcherOptions {
+            blocks: Some(256),
+            token_budget: Some(64),
+            speculation: Some(speculation),
+            ..Default::default()
+        };
         let mut batcher = Batcher::with_draft(&model, &draft, options).unwrap();
         each_as_alone(&model, case, &requests, &batched(&mut batcher, &requests));
         let stats = batcher.stats();

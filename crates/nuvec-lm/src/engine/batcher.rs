@@ -388,7 +388,9 @@ impl<'m> Batcher<'m> {
             scheduler.set_speculation(s.num_draft, most);
         }
         let drafter = match (draft, &options.speculation) {
-            (Some(d), Some(s)) => Some(Drafter::new(d, blocks, options.block_size, options.max_batch, s.num_draft)?),
+            (Some(d), Some(s)) => {
+                Some(Drafter::new(d, (blocks, options.block_size, options.max_batch), s.num_draft, budget)?)
+            }
             _ => None,
         };
         Ok(Batcher {

@@ -6,6 +6,10 @@
 //! and each further guess is one batched decode of them all. The draft picks greedily, so each
 //! request's tokens are those it gets without speculation.
 //!
+//! A step's draft pass takes at most the Batcher's token budget of catch-up rows: a request
+//! whose draft lags further (a long prompt, when it first speculates) catches up over several
+//! steps, guessing nothing until it has.
+//!
 //! The draft never fails a request: where its cache is full or its pass fails, the requests it
 //! serves get no guesses that step (and start their draft sequences afresh later).
 
@@ -22,6 +26,8 @@ pub(crate) struct Drafter<'m> {
     paged: PagedCache,
     /// Per request (its key): the draft's sequence and the tokens it holds.
     seqs: HashMap<u64, (SeqId, Vec<u32>)>,
+    /// Catch-up rows a step's draft pass takes at most, over all its requests.
+    budget: usize,
 }
 
 /// One request's ask: its key, its history (prompt and output), how many guesses at most.
@@ -29,20 +35,20 @@ pub(crate) type Ask<'a> = (u64, &'a [u32], usize);
 
 impl<'m> Drafter<'m> {
     /// A drafter over `model` with a cache of `blocks` blocks of `block_size` positions for at
-    /// most `max_seqs` requests, taking back up to `num_draft` positions (wrong guesses).
+    /// most `max_seqs` requests, taking back up to `num_draft` positions (wrong guesses), its
+    /// catch-up passes at most `budget` rows.
     pub(crate) fn new(
         model: &'m Model,
-        blocks: usize,
-        block_size: usize,
-        max_seqs: usize,
+        (blocks, block_size, max_seqs): (usize, usize, usize),
         num_draft: usize,
+        budget: usize,
     ) -> Result<Self> {
         let mut paged = PagedCache::new(model, blocks, block_size, max_seqs)?;
         // Each request's draft sequence is its own; sharing prompt blocks between them would
         // save little beside the target's cache.
         paged.set_prefix_caching(false)?;
         paged.set_rewind(num_draft)?;
-        Ok(Drafter { model, paged, seqs: HashMap::new() })
+        Ok(Drafter { model, paged, seqs: HashMap::new(), budget: budget.max(1) })
     }
 
     /// Up to `room` greedy guesses for each ask (none where the draft could not make them).
@@ -51,27 +57,44 @@ impl<'m> Drafter<'m> {
         // Each sequence brought to its request's history but the last token, which goes in with
         // what it lacks.
         let mut going: Vec<(usize, SeqId, Vec<u32>)> = vec![];
+        // Requests that only catch up this step (part of what they lack, no guess).
+        let mut lagging: Vec<(usize, SeqId, Vec<u32>)> = vec![];
+        let mut left = self.budget;
         for (i, &(key, history, room)) in asks.iter().enumerate() {
-            if room == 0 || history.is_empty() {
+            if room == 0 || history.is_empty() || left == 0 {
                 continue;
             }
             match self.follow(key, history) {
-                Ok((id, pending)) => going.push((i, id, pending)),
+                Ok((id, pending)) if pending.len() <= left => {
+                    left -= pending.len();
+                    going.push((i, id, pending));
+                }
+                Ok((id, mut pending)) => {
+                    // Never the last token: that one goes in with the first guess's pass.
+                    pending.truncate(left.min(pending.len() - 1));
+                    left -= pending.len();
+                    if !pending.is_empty() {
+                        lagging.push((i, id, pending));
+                    }
+                }
                 Err(_) => self.forget(key),
             }
         }
-        if going.is_empty() {
+        if going.is_empty() && lagging.is_empty() {
             return out;
         }
-        let work: Vec<(SeqId, &[u32])> = going.iter().map(|(_, id, p)| (*id, p.as_slice())).collect();
+        let work: Vec<(SeqId, &[u32])> = going.iter().chain(&lagging).map(|(_, id, p)| (*id, p.as_slice())).collect();
         let firsts = match self.paged.step(self.model, &work).and_then(|l| Ok(l.to_vec::<f32>()?)) {
             Ok(rows) => rows,
             Err(_) => {
-                going.iter().for_each(|&(i, _, _)| self.forget(asks[i].0));
+                going.iter().chain(&lagging).for_each(|&(i, _, _)| self.forget(asks[i].0));
                 return out;
             }
         };
-        let vocab = firsts.len() / going.len();
+        let vocab = firsts.len() / work.len();
+        for (i, _, pending) in &lagging {
+            self.held(asks[*i].0).extend_from_slice(pending);
+        }
         for ((i, _, pending), row) in going.iter().zip(firsts.chunks_exact(vocab)) {
             self.held(asks[*i].0).extend_from_slice(pending);
             out[*i].push(argmax(row));
