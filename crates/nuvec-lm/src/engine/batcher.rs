@@ -585,8 +585,9 @@ impl<'m> Batcher<'m> {
     /// The guesses each work item feeds after its last token this step: from the draft model
     /// for every speculating request at once, or each request's prompt lookup.
     fn drafts(&mut self, work: &[Work]) -> Vec<Vec<u32>> {
+        // Its settings are plain numbers: copied, so that the rooms can be asked of `self`.
+        let Some(s) = self.speculation.clone() else { return vec![vec![]; work.len()] };
         let rooms: Vec<usize> = work.iter().map(|w| self.draft_room(w)).collect();
-        let Some(s) = &self.speculation else { return vec![vec![]; work.len()] };
         let live = &self.live;
         match &mut self.drafter {
             Some(drafter) => {

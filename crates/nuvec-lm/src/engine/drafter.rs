@@ -128,7 +128,7 @@ impl<'m> Drafter<'m> {
     /// differs starts afresh.
     fn follow(&mut self, key: u64, history: &[u32]) -> Result<(SeqId, Vec<u32>)> {
         if let Some((id, held)) = self.seqs.get_mut(&key) {
-            let common = held.iter().zip(history).take_while(|(a, b)| a == b).count().min(history.len() - 1);
+            let common = crate::speculative::kept_prefix(held, history);
             if self.paged.trim(*id, held.len() - common).is_ok() {
                 held.truncate(common);
                 return Ok((*id, history[common..].to_vec()));

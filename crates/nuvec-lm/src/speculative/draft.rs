@@ -89,7 +89,7 @@ impl Proposer for DraftModel<'_> {
         // The draft's cache holds what it agrees with of the history, but never the last token,
         // which the first guess is computed from.
         let held = self.session.tokens();
-        let common = held.iter().zip(history).take_while(|(a, b)| a == b).count().min(history.len() - 1);
+        let common = kept_prefix(held, history);
         self.session.trim(held.len() - common)?;
         // What it lacks goes in with the first guess's pass when it fits a prefill step: after a
         // step whose guesses were all taken that is the last guess (never fed back) and the
@@ -113,4 +113,10 @@ impl Proposer for DraftModel<'_> {
         }
         Ok(guesses)
     }
+}
+
+/// How much of what a draft's cache `held` it keeps to follow `history`: the tokens both agree
+/// on, never the history's last token, which goes in with the next guess's pass.
+pub(crate) fn kept_prefix(held: &[u32], history: &[u32]) -> usize {
+    held.iter().zip(history).take_while(|(a, b)| a == b).count().min(history.len().saturating_sub(1))
 }

@@ -34,6 +34,7 @@ mod proposer;
 use std::collections::VecDeque;
 use std::time::Instant;
 
+pub(crate) use draft::kept_prefix;
 pub use draft::DraftModel;
 pub use lookup::PromptLookup;
 pub use proposer::Proposer;
