@@ -3,7 +3,9 @@
 // q, k and v. The kernel also rounds the probabilities to bf16 before P V (as the cuBLAS path
 // did), so the tolerance is bf16's (relative 8e-3 of |want| + mean|want|). Cases: head sizes 64
 // and 128, a query block cut by L, keys past a tile's end, queries after earlier cache rows
-// (kv_len > L) and one KV head per 1, 2 and 4 query heads. Then the paged decode kernels of the
+// (kv_len > L) and one KV head per 1, 2 and 4 query heads; sliding windows (each query sees the
+// `window` newest keys up to its own: rows whose first tiles hold none of their keys) and sink
+// logits joining each head's softmax. Then the paged decode kernels of the
 // same file: one sequence's keys per warp, and keys several sequences share read once for a
 // group (below). Built and run by run.sh.
 #include "kernels_attn.cpp"
@@ -12,7 +14,8 @@
 #include <random>
 #include <string>
 
-static void test_flash(int d, int l, int kv_len, int hq, int hkv, std::mt19937& rng) {
+static void test_flash(int d, int l, int kv_len, int hq, int hkv, std::mt19937& rng, int window = 0,
+                       bool with_sinks = false) {
     const int warps = d == 64 ? 4 : 8;  // as the kernels take them
     std::normal_distribution<float> nd(0.0f, 1.0f);
     std::vector<float> q((size_t)l * hq * d), out((size_t)l * hq * d, NAN);
@@ -20,18 +23,22 @@ static void test_flash(int d, int l, int kv_len, int hq, int hkv, std::mt19937& 
     for (auto& v : q) v = 2.0f * nd(rng);
     for (auto& v : kb) v = emu_bf16_rn(nd(rng));
     for (auto& v : vb) v = emu_bf16_rn(nd(rng));
+    std::vector<float> sinks(hq);
+    for (auto& v : sinks) v = 3.0f * nd(rng);
+    if (hq > 1) sinks[1] = 5.0f;  // weighs about as much as its head's best keys
+    const float* sp = with_sinks ? sinks.data() : nullptr;
     const float scale = 1.0f / std::sqrt((float)d);
     auto kernel = d == 64 ? flash_attn_bf16_d64 : flash_attn_bf16_d128;
     emu_launch({(unsigned)hq, (unsigned)((l + 16 * warps - 1) / (16 * warps)), 1}, {(unsigned)warps * 32, 1, 1},
-               [&] { kernel(out.data(), q.data(), kb.data(), vb.data(), l, kv_len, hq, hkv, scale); });
+               [&] { kernel(out.data(), q.data(), kb.data(), vb.data(), l, kv_len, hq, hkv, scale, sp, window); });
     std::vector<double> want((size_t)l * hq * d);
     const int first = kv_len - l;
     for (int t = 0; t < l; ++t)
         for (int h = 0; h < hq; ++h) {
-            const int kvh = h / (hq / hkv), n = first + t + 1;
+            const int kvh = h / (hq / hkv), n = first + t + 1, lo = window > 0 ? std::max(0, n - window) : 0;
             std::vector<double> s(n);
-            double mx = -INFINITY;
-            for (int j = 0; j < n; ++j) {
+            double mx = with_sinks ? (double)sinks[h] : -INFINITY;
+            for (int j = lo; j < n; ++j) {
                 double dot = 0;
                 for (int c = 0; c < d; ++c)
                     dot += (double)emu_bf16(emu_bf16_rn(q[((size_t)t * hq + h) * d + c])) *
@@ -39,16 +46,17 @@ static void test_flash(int d, int l, int kv_len, int hq, int hkv, std::mt19937& 
                 s[j] = dot * scale;
                 mx = std::max(mx, s[j]);
             }
-            double sum = 0;
-            for (int j = 0; j < n; ++j) sum += (s[j] = std::exp(s[j] - mx));
+            double sum = with_sinks ? std::exp((double)sinks[h] - mx) : 0.0;
+            for (int j = lo; j < n; ++j) sum += (s[j] = std::exp(s[j] - mx));
             for (int c = 0; c < d; ++c) {
                 double o = 0;
-                for (int j = 0; j < n; ++j) o += s[j] * emu_bf16(vb[((size_t)kvh * kv_len + j) * d + c]);
+                for (int j = lo; j < n; ++j) o += s[j] * emu_bf16(vb[((size_t)kvh * kv_len + j) * d + c]);
                 want[((size_t)t * hq + h) * d + c] = o / sum;
             }
         }
     cmp("flash_attn_bf16_d" + std::to_string(d) + " l=" + std::to_string(l) + " kv=" + std::to_string(kv_len) +
-            " hq=" + std::to_string(hq) + " hkv=" + std::to_string(hkv),
+            " hq=" + std::to_string(hq) + " hkv=" + std::to_string(hkv) + " window=" + std::to_string(window) +
+            (with_sinks ? " sinks" : ""),
         out, want, 8e-3);
 }
 
@@ -226,6 +234,10 @@ int main() {
     test_flash(128, 16, 16, 1, 1, rng);   // fewer queries than a warp's rows in the block
     test_flash(128, 260, 300, 2, 2, rng);  // three query blocks, five key tiles (double-buffered)
     test_flash(128, 100, 300, 4, 2, rng);  // keys before the chunk in several tiles
+    test_flash(64, 200, 200, 4, 2, rng, 40, true);  // windows shorter than a tile: rows start in later tiles
+    test_flash(64, 130, 300, 2, 1, rng, 128, false);  // gpt-oss's window over earlier rows
+    test_flash(128, 100, 100, 2, 2, rng, 1, true);  // each query sees itself (and the sink)
+    test_flash(64, 70, 100, 2, 2, rng, 0, true);  // sinks, no window
     test_paged_flash(128, 8, 2, {1, 17, 40, 100}, 32, rng);  // 4 heads per KV head; partial tiles
     test_paged_flash(128, 32, 8, {300, 5}, 160, rng);       // Llama-3's shape; one split of 5 keys
     test_paged_flash(64, 16, 2, {64, 33}, 48, rng);         // 8 heads per KV head (gpt-oss)

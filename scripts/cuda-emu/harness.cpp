@@ -88,7 +88,8 @@ static void test_delta(int hk, int hv, int dk, int dv, int l, bool bias_bf16 = f
 }
 
 // ---- attention with sinks ----
-static void test_attn(int l, int kv, int hq, int hkv, int d, bool sink, int path) {
+// window > 0 (the softmax path only): each query sees the `window` newest keys up to its own.
+static void test_attn(int l, int kv, int hq, int hkv, int d, bool sink, int path, int window = 0) {
     int cap = kv + 5;
     auto q = rnd((size_t)l * hq * d, 1), k = rnd((size_t)hkv * cap * d, 1), v = rnd((size_t)hkv * cap * d, 1);
     auto sinks = rnd(hq, 3); sinks[0] = 12; if (hq > 1) sinks[1] = -12;
@@ -115,7 +116,7 @@ static void test_attn(int l, int kv, int hq, int hkv, int d, bool sink, int path
             for (int c = 0; c < d; ++c) dot += (double)q[((size_t)r * hq + h) * d + c] * k[((size_t)g * cap + j) * d + c];
             sc[((size_t)h * l + r) * n + j] = (float)(dot * scale);
         }
-        emu_launch({(unsigned)l, (unsigned)hq, 1}, {256, 1, 1}, [&] { causal_softmax_f32(sc.data(), l, n, first, sp); });
+        emu_launch({(unsigned)l, (unsigned)hq, 1}, {256, 1, 1}, [&] { causal_softmax_f32(sc.data(), l, n, first, sp, window); });
         for (int h = 0; h < hq; ++h) for (int r = 0; r < l; ++r) for (int c = 0; c < d; ++c) {
             int g = h / (hq / hkv); double acc = 0;
             for (int j = 0; j < n; ++j) acc += (double)sc[((size_t)h * l + r) * n + j] * v[((size_t)g * cap + j) * d + c];
@@ -124,14 +125,14 @@ static void test_attn(int l, int kv, int hq, int hkv, int d, bool sink, int path
     }
     std::vector<double> want(out.size());
     for (int t = 0; t < l; ++t) for (int h = 0; h < hq; ++h) {
-        int g = h / (hq / hkv), n = kv - l + t + 1;
-        std::vector<double> s(n); double m = sink ? sinks[h] : -INFINITY;
-        for (int j = 0; j < n; ++j) { double dot = 0; for (int c = 0; c < d; ++c) dot += (double)q[((size_t)t * hq + h) * d + c] * k[((size_t)g * cap + j) * d + c]; s[j] = dot * scale; m = std::max(m, s[j]); }
+        int g = h / (hq / hkv), n = kv - l + t + 1, lo = window > 0 ? std::max(0, n - window) : 0;
+        std::vector<double> s(n, -INFINITY); double m = sink ? sinks[h] : -INFINITY;
+        for (int j = lo; j < n; ++j) { double dot = 0; for (int c = 0; c < d; ++c) dot += (double)q[((size_t)t * hq + h) * d + c] * k[((size_t)g * cap + j) * d + c]; s[j] = dot * scale; m = std::max(m, s[j]); }
         double den = sink ? std::exp(sinks[h] - m) : 0;
-        for (int j = 0; j < n; ++j) den += std::exp(s[j] - m);
-        for (int c = 0; c < d; ++c) { double acc = 0; for (int j = 0; j < n; ++j) acc += std::exp(s[j] - m) / den * v[((size_t)g * cap + j) * d + c]; want[((size_t)t * hq + h) * d + c] = acc; }
+        for (int j = lo; j < n; ++j) den += std::exp(s[j] - m);
+        for (int c = 0; c < d; ++c) { double acc = 0; for (int j = lo; j < n; ++j) acc += std::exp(s[j] - m) / den * v[((size_t)g * cap + j) * d + c]; want[((size_t)t * hq + h) * d + c] = acc; }
     }
-    char name[200]; snprintf(name, 200, "attention path=%d sinks=%d L=%d kv=%d Hq=%d Hkv=%d D=%d", path, sink, l, kv, hq, hkv, d);
+    char name[200]; snprintf(name, 200, "attention path=%d sinks=%d L=%d kv=%d Hq=%d Hkv=%d D=%d window=%d", path, sink, l, kv, hq, hkv, d, window);
     cmp(name, out, want);
     if (path == 1 && l == 1 && d % 32 == 0) {  // a decode row: the merge again, writing the parts too
         int want_s = std::max(1, (512 + hq - 1) / hq);
@@ -307,6 +308,7 @@ int main() {
         test_attn(1, 45, 2, 1, 256, s, 1); test_attn(2, 37, 2, 2, 512, s, 1); test_attn(9, 40, 4, 2, 64, s, 1);
         test_attn(2, 50, 4, 2, 30, s, 0); test_attn(1, 77, 4, 1, 30, s, 0); test_attn(1, 300, 4, 2, 16, s, 0);
         test_attn(64, 64, 4, 1, 64, s, 2); test_attn(10, 57, 2, 2, 16, s, 2);
+        test_attn(64, 100, 4, 2, 16, s, 2, 8); test_attn(20, 20, 2, 1, 16, s, 2, 1);
     }
     test_attn_step(1, 8, 2, 64, false, 1, {1, 2, 31, 32, 33, 65, 257, 511, 512, 513, 700});
     test_attn_step(1, 16, 4, 128, true, 9, {9, 10, 300, 699});

@@ -145,6 +145,25 @@ pub trait Backend: Send + Sync {
         sinks: &[f32],
     ) -> Result<Array>;
 
+    /// Causal attention over a sliding window (mlx-lm's `create_causal_mask(L, offset, window)`):
+    /// as [`Backend::attention`], but query `i`, at position `p = kv_len - L + i`, sees only the
+    /// positions `p - window < j <= p`; with `sinks`, as [`Backend::attention_sinks`]. A sliding
+    /// layer's prefill chunk over more positions than its window. The default attends one query
+    /// at a time over its own positions.
+    #[allow(clippy::too_many_arguments)]
+    fn attention_window(
+        &self,
+        q: &Array,
+        k: &Array,
+        v: &Array,
+        kv_len: usize,
+        scale: f32,
+        window: usize,
+        sinks: Option<&[f32]>,
+    ) -> Result<Array> {
+        attention_window_composed(self, q, k, v, kv_len, scale, window, sinks)
+    }
+
     /// A decode step's rope and cache writes for several paged sequences, as one op: row `i` of
     /// `q [n, Hq, D]` and `k, v [n, Hkv, D]` sits at position `positions[i]`; q and k are
     /// RMS-normalized per head first when `qk_norm` is given (as [`Backend::rope_qk`]), and the
@@ -673,6 +692,67 @@ pub(crate) fn paged_decode_attention_composed<B: Backend + ?Sized>(
         backend.write_axis1(&mut out, &row.reshape(&[1, 1, hq * d])?, i)?;
     }
     out.reshape(&[n, hq * d])
+}
+
+/// The shapes [`Backend::attention_window`] takes: `(L, Hq, D)`, with an error naming what does
+/// not fit (the window, the sinks, q against k and v).
+pub(crate) fn check_attention_window(
+    q: &Array,
+    k: &Array,
+    v: &Array,
+    kv_len: usize,
+    window: usize,
+    sinks: Option<&[f32]>,
+) -> Result<(usize, usize, usize)> {
+    let op = "attention_window";
+    let (&[l, hq, d], &[hkv, cap, dk]) = (q.shape(), k.shape()) else {
+        return Err(crate::Error::shape(op, format!("q {:?}, k {:?}", q.shape(), k.shape())));
+    };
+    if v.shape() != k.shape() || dk != d || hkv == 0 || hq % hkv != 0 || kv_len > cap || l > kv_len {
+        return Err(crate::Error::shape(
+            op,
+            format!("q {:?}, k {:?}, v {:?}, kv_len {kv_len}", q.shape(), k.shape(), v.shape()),
+        ));
+    }
+    if window == 0 {
+        return Err(crate::Error::shape(op, "a window of 0 positions (each query sees at least itself)"));
+    }
+    if let Some(s) = sinks.filter(|s| s.len() != hq) {
+        return Err(crate::Error::shape(op, format!("{} sinks for {hq} query heads (one per head)", s.len())));
+    }
+    Ok((l, hq, d))
+}
+
+/// [`Backend::attention_window`] as its default composes it: each query over its own window's
+/// positions through [`Backend::attention`] (or its sinks variant).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn attention_window_composed<B: Backend + ?Sized>(
+    backend: &B,
+    q: &Array,
+    k: &Array,
+    v: &Array,
+    kv_len: usize,
+    scale: f32,
+    window: usize,
+    sinks: Option<&[f32]>,
+) -> Result<Array> {
+    let (l, hq, d) = check_attention_window(q, k, v, kv_len, window, sinks)?;
+    // Positions first, once: each query then copies only its range.
+    let (kt, vt) = (backend.transpose01(k)?, backend.transpose01(v)?);
+    let mut out = Array::zeros_on(&[1, l, hq * d], crate::DType::F32, q.device())?;
+    for i in 0..l {
+        let last = kv_len - l + i;
+        let first = (last + 1).saturating_sub(window);
+        let range = |a: &Array| -> Result<Array> { backend.transpose01(&backend.slice_rows(a, first, last + 1)?) };
+        let (ki, vi) = (range(&kt)?, range(&vt)?);
+        let qi = backend.slice_rows(q, i, i + 1)?;
+        let row = match sinks {
+            None => backend.attention(&qi, &ki, &vi, last + 1 - first, scale)?,
+            Some(sinks) => backend.attention_sinks(&qi, &ki, &vi, last + 1 - first, scale, sinks)?,
+        };
+        backend.write_axis1(&mut out, &row.reshape(&[1, 1, hq * d])?, i)?;
+    }
+    out.reshape(&[l, hq * d])
 }
 
 /// The backend of `device`.

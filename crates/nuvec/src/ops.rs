@@ -108,6 +108,20 @@ pub fn attention_sinks(q: &Array, k: &Array, v: &Array, kv_len: usize, scale: f3
     backend(q.device()).attention_sinks(q, k, v, kv_len, scale, sinks)
 }
 
+/// Causal attention over a sliding window of `window` positions, with sink logits when given;
+/// see [`crate::Backend::attention_window`].
+pub fn attention_window(
+    q: &Array,
+    k: &Array,
+    v: &Array,
+    kv_len: usize,
+    scale: f32,
+    window: usize,
+    sinks: Option<&[f32]>,
+) -> Result<Array> {
+    backend(q.device()).attention_window(q, k, v, kv_len, scale, window, sinks)
+}
+
 impl Matrix {
     /// Rows `ids` as f32 `[len(ids), cols]` (an embedding lookup).
     pub fn embed(&self, ids: &[u32]) -> Result<Array> {

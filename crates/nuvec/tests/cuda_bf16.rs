@@ -500,6 +500,26 @@ fn check_attention(
     got: &[f32],
     cpu: &[f32],
 ) {
+    check_attention_masked(flash, case, q, k, v, dims, cap, kv, scale, (usize::MAX, None), got, cpu)
+}
+
+/// [`check_attention`] where query `t` sees only the `window` positions up to its own, with one
+/// sink logit per head joining each softmax's denominator when given.
+#[allow(clippy::too_many_arguments)]
+fn check_attention_masked(
+    flash: bool,
+    case: &str,
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    dims: (usize, usize, usize, usize),
+    cap: usize,
+    kv: usize,
+    scale: f32,
+    (window, sinks): (usize, Option<&[f32]>),
+    got: &[f32],
+    cpu: &[f32],
+) {
     let (l, hq, hkv, d) = dims;
     let group = hq / hkv;
     let (mut exact, mut vs_cpu) = (Check::new("exact-operands"), Check::new("cpu-f32"));
@@ -514,6 +534,8 @@ fn check_attention(
             let val = |j: usize| &v[(g * cap + j) * d..(g * cap + j + 1) * d];
             // Scores of the rounded operands, their f32 error bound, and the rounding's effect.
             let (mut s, mut ds, mut e_round, mut s_f) = (vec![0f64; n], 0f64, 0f64, vec![0f64; n]);
+            // Keys before the window: out of the softmax (probability 0).
+            let lo = n.saturating_sub(window);
             for j in 0..n {
                 let kr = key(j);
                 let (mut dot, mut abs, mut dot_f, mut abs_f) = (0f64, 0f64, 0f64, 0f64);
@@ -528,11 +550,15 @@ fn check_attention(
                 s_f[j] = scale * dot_f;
                 ds = ds.max(scale * abs * d as f64 * F32_ADD + s[j].abs() * F32_ADD);
                 e_round = e_round.max(scale * abs_f * (2.0 * U + U * U));
+                if j < lo {
+                    (s[j], s_f[j]) = (f64::NEG_INFINITY, f64::NEG_INFINITY);
+                }
             }
+            let sink = sinks.map(|s| s[h] as f64);
             let softmax = |s: &[f64]| {
-                let m = s.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                let m = s.iter().copied().chain(sink).fold(f64::NEG_INFINITY, f64::max);
                 let e: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
-                let sum: f64 = e.iter().sum();
+                let sum: f64 = e.iter().sum::<f64>() + sink.map_or(0.0, |z| (z - m).exp());
                 e.into_iter().map(|x| x / sum).collect::<Vec<f64>>()
             };
             let (p, p_f) = (softmax(&s), softmax(&s_f));
@@ -605,6 +631,40 @@ fn attention_prefill_bf16() {
             let flash = d == 64 || d == 128;
             check_attention(flash, &case, &qv, &kvv, &vv, (l, hq, hkv, d), cap, kv, scale, &got, &cpu);
         }
+    }
+}
+
+#[test]
+fn windowed_attention_with_sinks_on_the_flash_kernels() {
+    // gpt-oss's and Gemma 4's sliding layers in prefill: the flash kernels keep each query's
+    // window (its first tiles skipped, the keys it has left masked) and start each row's softmax
+    // from its head's sink; windows shorter and longer than a block of queries, of one position,
+    // and chunks after earlier positions.
+    let dev = gpu();
+    let mut rng = Rng::new(27);
+    for (l, kv, hq, hkv, d, window, with_sinks) in [
+        (600usize, 600usize, 8usize, 2usize, 64usize, 128usize, true),
+        (600, 600, 8, 2, 64, 128, false),
+        (100, 357, 8, 2, 128, 128, true),
+        (300, 300, 4, 2, 128, 1, false),
+        (257, 400, 8, 1, 64, 30, true),
+        (64, 64, 4, 1, 64, 8, true),
+    ] {
+        let cap = kv + 5;
+        let (qv, kvv, vv) = (rng.vec(l * hq * d, 1.0), rng.vec(hkv * cap * d, 1.0), rng.vec(hkv * cap * d, 1.0));
+        let (q, k, v) = (arr(&qv, &[l, hq, d]), arr(&kvv, &[hkv, cap, d]), arr(&vv, &[hkv, cap, d]));
+        let scale = 1.0 / (d as f32).sqrt();
+        let mut sink_logits = rng.vec(hq, 3.0);
+        sink_logits[0] = 12.0; // dominates its head's softmax
+        let sinks = with_sinks.then_some(&sink_logits[..]);
+        let cpu = nuvec::attention_window(&q, &k, &v, kv, scale, window, sinks).unwrap().to_f32_vec().unwrap();
+        let (qg, kg, vg) = (q.to_device(dev).unwrap(), k.to_device(dev).unwrap(), v.to_device(dev).unwrap());
+        let got = nuvec::attention_window(&qg, &kg, &vg, kv, scale, window, sinks).unwrap();
+        assert_eq!((got.shape(), got.device()), (&[l, hq * d][..], dev));
+        let got = got.to_f32_vec().unwrap();
+        let case = format!("attention_window bf16 L={l} kv={kv} Hq={hq} D={d} w={window} sinks={with_sinks}");
+        let masks = (window, sinks);
+        check_attention_masked(true, &case, &qv, &kvv, &vv, (l, hq, hkv, d), cap, kv, scale, masks, &got, &cpu);
     }
 }
 

@@ -1,5 +1,6 @@
 //! The ops of Qwen3.5 hybrids (Gated DeltaNet: `causal_conv1d_silu`, `gated_delta`,
-//! `sigmoid_mul`) and of gpt-oss (`attention_sinks`, `swiglu_oai`) on CUDA against the CPU
+//! `sigmoid_mul`) and of gpt-oss (`attention_sinks`, `swiglu_oai`), and sliding-window attention
+//! (`attention_window`: gpt-oss, Gemma 4), on CUDA against the CPU
 //! backend (itself checked against mlx-lm and against the ops' definitions), on random inputs.
 //!
 //! Needs a CUDA device: without one every test FAILS, saying so (it never passes silently). Built
@@ -214,6 +215,46 @@ fn attention_sinks_every_path() {
         let e = nuvec::attention_sinks(&qg, &kg, &vg, kv, scale, &sinks[1..]).unwrap_err().to_string();
         assert!(e.contains("attention_sinks"), "one sink short: {e}");
     }
+}
+
+#[test]
+fn attention_window_every_path() {
+    // A sliding layer's prefill chunk: 64+ queries through SGEMM and the windowed softmax, fewer
+    // (and a head size the SGEMM path does not take) one query at a time over its own
+    // positions; windows of one position, shorter and longer than a block of queries, and one
+    // reaching every position (plain causal); with and without sinks.
+    let mut rng = Rng::new(26);
+    for (l, kv, hq, hkv, d, window) in [
+        (64usize, 64usize, 4usize, 1usize, 64usize, 8usize),
+        (100, 357, 8, 2, 128, 128),
+        (300, 300, 2, 2, 64, 1),
+        (600, 600, 8, 2, 64, 128),
+        (37, 300, 4, 4, 16, 20),
+        (70, 90, 4, 2, 30, 33),
+        (80, 80, 4, 2, 64, 500),
+    ] {
+        let cap = kv + 5;
+        let q = arr(&rng.vec(l * hq * d, 1.0), &[l, hq, d]);
+        let k = arr(&rng.vec(hkv * cap * d, 1.0), &[hkv, cap, d]);
+        let v = arr(&rng.vec(hkv * cap * d, 1.0), &[hkv, cap, d]);
+        let scale = 1.0 / (d as f32).sqrt();
+        let mut sinks = rng.vec(hq, 3.0);
+        sinks[0] = 12.0;
+        let (qg, kg, vg) = (to_gpu(&q), to_gpu(&k), to_gpu(&v));
+        for sinks in [None, Some(&sinks[..])] {
+            let want = nuvec::attention_window(&q, &k, &v, kv, scale, window, sinks).unwrap();
+            let got = nuvec::attention_window(&qg, &kg, &vg, kv, scale, window, sinks).unwrap();
+            let case =
+                format!("attention_window L={l} kv={kv} Hq={hq} Hkv={hkv} D={d} w={window} sinks={}", sinks.is_some());
+            close(&case, &got, &want);
+        }
+    }
+    let (qg, kg) = (
+        to_gpu(&arr(&rng.vec(64 * 4 * 64, 1.0), &[64, 4, 64])),
+        to_gpu(&arr(&rng.vec(64 * 4 * 64, 1.0), &[1, 256, 64])),
+    );
+    let e = nuvec::attention_window(&qg, &kg, &kg, 64, 0.125, 0, None).unwrap_err().to_string();
+    assert!(e.contains("window of 0"), "{e}");
 }
 
 #[test]

@@ -59,10 +59,8 @@ pub(crate) fn attend_windowed(
     scale: f32,
     sinks: Sinks,
 ) -> Result<Array> {
-    attend_ranges(q, k, v, scale, sinks, |i| {
-        let last = held + i;
-        (last + 1).saturating_sub(window)..last + 1
-    })
+    let (k, v) = on_device_of(q, k, v)?;
+    Ok(nuvec::attention_window(q, &k, &v, held + q.dim(0), scale, window, sinks)?)
 }
 
 /// What one-token steps of a rotating cache with pinned positions show each query: query `i`,

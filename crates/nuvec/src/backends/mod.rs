@@ -187,6 +187,20 @@ pub(crate) mod host_checked {
             CpuBackend.attention_sinks(q, k, v, kv_len, scale, sinks)
         }
 
+        fn attention_window(
+            &self,
+            q: &Array,
+            k: &Array,
+            v: &Array,
+            kv_len: usize,
+            scale: f32,
+            window: usize,
+            sinks: Option<&[f32]>,
+        ) -> Result<Array> {
+            on_host("attention_window", &[("q", q), ("k", k), ("v", v)])?;
+            CpuBackend.attention_window(q, k, v, kv_len, scale, window, sinks)
+        }
+
         fn swiglu_oai(&self, gate: &Array, up: &Array, alpha: f32, limit: f32) -> Result<Array> {
             on_host("swiglu_oai", &[("gate", gate), ("up", up)])?;
             CpuBackend.swiglu_oai(gate, up, alpha, limit)

@@ -54,7 +54,30 @@ fn sink_of(sinks: Sinks, head: usize) -> Option<f32> {
 }
 
 pub(crate) fn attention(q: &Array, k: &Array, v: &Array, kv_len: usize, scale: f32) -> Result<Array> {
-    attention_with(q, k, v, kv_len, scale, None)
+    attention_with(q, k, v, kv_len, scale, None, NO_WINDOW)
+}
+
+/// What a query sees of a plain causal attention: every position up to its own.
+const NO_WINDOW: usize = usize::MAX;
+
+/// See [`crate::Backend::attention_window`]: the blocked and row kernels with each query's
+/// keys starting `window - 1` positions before its own.
+pub(crate) fn attention_window(
+    q: &Array,
+    k: &Array,
+    v: &Array,
+    kv_len: usize,
+    scale: f32,
+    window: usize,
+    sinks: Sinks,
+) -> Result<Array> {
+    crate::backend::check_attention_window(q, k, v, kv_len, window, sinks)?;
+    attention_with(q, k, v, kv_len, scale, sinks, window)
+}
+
+/// The first key query position `pos` sees through `window` (0 without one).
+fn window_start(pos: usize, window: usize) -> usize {
+    (pos + 1).saturating_sub(window)
 }
 
 pub(crate) fn attention_sinks(
@@ -71,10 +94,18 @@ pub(crate) fn attention_sinks(
             format!("{} sinks for q {:?} (one per query head)", sinks.len(), q.shape()),
         ));
     }
-    attention_with(q, k, v, kv_len, scale, Some(sinks))
+    attention_with(q, k, v, kv_len, scale, Some(sinks), NO_WINDOW)
 }
 
-fn attention_with(q: &Array, k: &Array, v: &Array, kv_len: usize, scale: f32, sinks: Sinks) -> Result<Array> {
+fn attention_with(
+    q: &Array,
+    k: &Array,
+    v: &Array,
+    kv_len: usize,
+    scale: f32,
+    sinks: Sinks,
+    window: usize,
+) -> Result<Array> {
     let (&[l, hq, d], &[hkv, cap, dk]) = (q.shape(), k.shape()) else {
         return Err(Error::shape("attention", format!("q {:?}, k {:?}", q.shape(), k.shape())));
     };
@@ -88,7 +119,7 @@ fn attention_with(q: &Array, k: &Array, v: &Array, kv_len: usize, scale: f32, si
     let (kr, vr) = (KvRows::of("attention", k)?, KvRows::of("attention", v)?);
     let mut out = Array::zeros(&[l, hq * d], DType::F32);
     let o = out.host_mut::<f32>()?;
-    if l == 1 && scale > 0.0 {
+    if l == 1 && scale > 0.0 && window >= kv_len {
         // Decode reads every row where it lies (half-precision ones widened as loaded).
         with_partials(|p| decode(qd, kr, vr, o, [hq, d, hkv, cap], kv_len, scale, sinks, p));
         return Ok(out);
@@ -108,9 +139,9 @@ fn attention_with(q: &Array, k: &Array, v: &Array, kv_len: usize, scale: f32, si
         (&kw[..], &vw[..], kv_len)
     };
     if l >= GEMM_MIN_QUERIES && scale > 0.0 {
-        blocked(qd, kd, vd, o, [l, hq, d, hkv, cap], kv_len, scale, sinks);
+        blocked(qd, kd, vd, o, [l, hq, d, hkv, cap], kv_len, scale, sinks, window);
     } else {
-        rows(qd, kd, vd, o, [l, hq, d, hkv, cap], kv_len, scale, sinks);
+        rows(qd, kd, vd, o, [l, hq, d, hkv, cap], kv_len, scale, sinks, window);
     }
     Ok(out)
 }
@@ -299,6 +330,7 @@ fn rows(
     kv_len: usize,
     scale: f32,
     sinks: Sinks,
+    window: usize,
 ) {
     let [l, hq, d, hkv, cap] = dims;
     let group = hq / hkv;
@@ -309,7 +341,10 @@ fn rows(
         let qv = &qd[(t * hq + h) * d..(t * hq + h + 1) * d];
         let keys = &kd[kvh * cap * d..];
         let values = &vd[kvh * cap * d..];
-        let n = first + t + 1;
+        let lo = window_start(first + t, window);
+        let keys = &keys[lo * d..];
+        let values = &values[lo * d..];
+        let n = first + t + 1 - lo;
         with_scratch(n, |scores| {
             for (j, s) in scores.iter_mut().enumerate() {
                 *s = simd::dot(qv, &keys[j * d..(j + 1) * d]);
@@ -353,6 +388,7 @@ fn blocked(
     kv_len: usize,
     scale: f32,
     sinks: Sinks,
+    window: usize,
 ) {
     let [l, hq, d, hkv, cap] = dims;
     let group = hq / hkv;
@@ -366,10 +402,12 @@ fn blocked(
         let kvh = h / group;
         let (t0, t1) = (b * BLOCK, ((b + 1) * BLOCK).min(l));
         let bl = t1 - t0;
-        let nk = first + t1;
+        // Keys lo.. of the block's queries (the first query's window start on).
+        let lo = window_start(first + t0, window);
+        let nk = first + t1 - lo;
         with_scratch(bl * nk, |s| {
-            let keys = &kd[kvh * cap * d..kvh * cap * d + nk * d];
-            let values = &vd[kvh * cap * d..kvh * cap * d + nk * d];
+            let keys = &kd[(kvh * cap + lo) * d..(kvh * cap + lo + nk) * d];
+            let values = &vd[(kvh * cap + lo) * d..(kvh * cap + lo + nk) * d];
             let qp = qd[(t0 * hq + h) * d..].as_ptr();
             // SAFETY: s is bl x nk (row-major); lhs reads bl rows of d floats at stride hq*d
             // starting at query t0 head h (inside q); rhs reads keys 0..nk of this kv head as a
@@ -398,8 +436,10 @@ fn blocked(
                 )
             };
             for (i, srow) in s.chunks_mut(nk).enumerate() {
-                let valid = first + t0 + i + 1;
-                softmax_scaled(&mut srow[..valid], scale, sink_of(sinks, h));
+                let pos = first + t0 + i;
+                let (from, valid) = (window_start(pos, window) - lo, pos + 1 - lo);
+                softmax_scaled(&mut srow[from..valid], scale, sink_of(sinks, h));
+                srow[..from].iter_mut().for_each(|v| *v = 0.0);
                 srow[valid..].iter_mut().for_each(|v| *v = 0.0);
             }
             let dp = dst;
@@ -448,14 +488,30 @@ mod tests {
         scale: f32,
         sinks: Sinks,
     ) -> Vec<f32> {
+        reference_window(qd, kd, vd, dims, kv_len, scale, sinks, NO_WINDOW)
+    }
+
+    /// [`reference`] where query `t` sees only the `window` positions up to its own.
+    #[allow(clippy::too_many_arguments)]
+    fn reference_window(
+        qd: &[f32],
+        kd: &[f32],
+        vd: &[f32],
+        dims: [usize; 5],
+        kv_len: usize,
+        scale: f32,
+        sinks: Sinks,
+        window: usize,
+    ) -> Vec<f32> {
         let [l, hq, d, hkv, cap] = dims;
         let mut out = vec![0f32; l * hq * d];
         for t in 0..l {
             for h in 0..hq {
                 let kvh = h / (hq / hkv);
                 let n = kv_len - l + t + 1;
+                let lo = n.saturating_sub(window);
                 let q = &qd[(t * hq + h) * d..][..d];
-                let s: Vec<f64> = (0..n)
+                let s: Vec<f64> = (lo..n)
                     .map(|j| {
                         let k = &kd[(kvh * cap + j) * d..][..d];
                         q.iter().zip(k).map(|(a, b)| *a as f64 * *b as f64).sum::<f64>() * scale as f64
@@ -467,7 +523,7 @@ mod tests {
                 let sum: f64 = e.iter().sum::<f64>() + sink.map_or(0.0, |s| (s - max).exp());
                 for c in 0..d {
                     out[(t * hq + h) * d + c] =
-                        (0..n).map(|j| e[j] / sum * vd[(kvh * cap + j) * d + c] as f64).sum::<f64>() as f32;
+                        (lo..n).map(|j| e[j - lo] / sum * vd[(kvh * cap + j) * d + c] as f64).sum::<f64>() as f32;
                 }
             }
         }
@@ -503,9 +559,9 @@ mod tests {
             let dims = [l, hq, d, hkv, cap];
             let want = reference(&qd, &kd, &vd, dims, kv_len, 0.2, sinks);
             let mut a = vec![0f32; l * hq * d];
-            rows(&qd, &kd, &vd, &mut a, dims, kv_len, 0.2, sinks);
+            rows(&qd, &kd, &vd, &mut a, dims, kv_len, 0.2, sinks, NO_WINDOW);
             let mut b = vec![0f32; l * hq * d];
-            blocked(&qd, &kd, &vd, &mut b, dims, kv_len, 0.2, sinks);
+            blocked(&qd, &kd, &vd, &mut b, dims, kv_len, 0.2, sinks, NO_WINDOW);
             for ((x, y), w) in a.iter().zip(&b).zip(&want) {
                 assert!((x - w).abs() < 1e-5 && (y - w).abs() < 1e-5, "l {l} kv {kv_len}: {x} {y} vs {w}");
             }
@@ -530,6 +586,69 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// A sliding window: each query sees the `window` positions up to its own, on the row and
+    /// blocked kernels, with and without sinks, windows shorter and longer than a block of
+    /// queries, over chunks that start at 0 and after earlier positions; and through the op, the
+    /// same as the composed default (one query at a time over its own positions).
+    #[test]
+    fn windowed_attention_matches_reference() {
+        let (hq, hkv, cap, d) = (6usize, 2usize, 200usize, 32usize);
+        let kd = randoms(hkv * cap * d, 31);
+        let vd = randoms(hkv * cap * d, 32);
+        let sinks = [-3.0f32, 0.0, 0.5, 2.0, 4.0, 60.0];
+        for (l, kv_len, window) in
+            [(3usize, 40usize, 8usize), (16, 16, 5), (70, 70, 1), (100, 150, 33), (130, 200, 128)]
+        {
+            for sinks in [None, Some(&sinks[..])] {
+                let qd: Vec<f32> = randoms(l * hq * d, l as u64).iter().map(|v| v * 3.0).collect();
+                let dims = [l, hq, d, hkv, cap];
+                let want = reference_window(&qd, &kd, &vd, dims, kv_len, 0.2, sinks, window);
+                let mut a = vec![0f32; l * hq * d];
+                rows(&qd, &kd, &vd, &mut a, dims, kv_len, 0.2, sinks, window);
+                let mut b = vec![0f32; l * hq * d];
+                blocked(&qd, &kd, &vd, &mut b, dims, kv_len, 0.2, sinks, window);
+                for ((x, y), w) in a.iter().zip(&b).zip(&want) {
+                    assert!(
+                        (x - w).abs() < 1e-5 && (y - w).abs() < 1e-5,
+                        "l {l} kv {kv_len} w {window}: {x} {y} vs {w}"
+                    );
+                }
+                let (q, k, v) = (
+                    Array::from_slice(&qd, &[l, hq, d]).unwrap(),
+                    Array::from_slice(&kd, &[hkv, cap, d]).unwrap(),
+                    Array::from_slice(&vd, &[hkv, cap, d]).unwrap(),
+                );
+                let op = attention_window(&q, &k, &v, kv_len, 0.2, window, sinks).unwrap().to_f32_vec().unwrap();
+                let composed = crate::backend::attention_window_composed(
+                    &super::super::CpuBackend,
+                    &q,
+                    &k,
+                    &v,
+                    kv_len,
+                    0.2,
+                    window,
+                    sinks,
+                )
+                .unwrap()
+                .to_f32_vec()
+                .unwrap();
+                for ((x, y), w) in op.iter().zip(&composed).zip(&want) {
+                    assert!((x - w).abs() < 1e-5 && (y - w).abs() < 1e-5, "op l {l} w {window}: {x} {y} vs {w}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_window_of_no_positions_or_sinks_for_other_heads_are_errors() {
+        let q = Array::zeros(&[2, 4, 8], DType::F32);
+        let k = Array::zeros(&[2, 4, 8], DType::F32);
+        let e = attention_window(&q, &k, &k, 4, 0.5, 0, None).unwrap_err().to_string();
+        assert!(e.contains("window of 0"), "{e}");
+        let e = attention_window(&q, &k, &k, 4, 0.5, 2, Some(&[0.0; 3])).unwrap_err().to_string();
+        assert!(e.contains("3 sinks for 4 query heads"), "{e}");
     }
 
     /// Keys and values held in f16 or bf16 give exactly the attention of their f32 values, on

@@ -226,6 +226,19 @@ impl Backend for CpuBackend {
         attention::attention_sinks(q, k, v, kv_len, scale, sinks)
     }
 
+    fn attention_window(
+        &self,
+        q: &Array,
+        k: &Array,
+        v: &Array,
+        kv_len: usize,
+        scale: f32,
+        window: usize,
+        sinks: Option<&[f32]>,
+    ) -> Result<Array> {
+        attention::attention_window(q, k, v, kv_len, scale, window, sinks)
+    }
+
     fn swiglu_oai(&self, gate: &Array, up: &Array, alpha: f32, limit: f32) -> Result<Array> {
         gpt_oss::swiglu_oai(gate, up, alpha, limit)
     }

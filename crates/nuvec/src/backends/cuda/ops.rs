@@ -818,7 +818,7 @@ impl Backend for CudaBackend {
     }
 
     fn attention(&self, q: &Array, k: &Array, v: &Array, kv_len: usize, scale: f32) -> Result<Array> {
-        self.attention_with(q, k, v, kv_len, scale, None)
+        self.attention_with(q, k, v, kv_len, scale, None, None)
     }
 
     fn write_axis1(&self, dst: &mut Array, src: &Array, offset: usize) -> Result<()> {
@@ -1022,7 +1022,21 @@ impl Backend for CudaBackend {
                 format!("{} sinks for q {:?} (one per query head)", sinks.len(), q.shape()),
             ));
         }
-        self.attention_with(q, k, v, kv_len, scale, Some(sinks))
+        self.attention_with(q, k, v, kv_len, scale, Some(sinks), None)
+    }
+
+    fn attention_window(
+        &self,
+        q: &Array,
+        k: &Array,
+        v: &Array,
+        kv_len: usize,
+        scale: f32,
+        window: usize,
+        sinks: Option<&[f32]>,
+    ) -> Result<Array> {
+        crate::backend::check_attention_window(q, k, v, kv_len, window, sinks)?;
+        self.attention_with(q, k, v, kv_len, scale, sinks, Some(window))
     }
 
     fn moe_route(&self, logits: &Array, top_k: usize, routing: crate::MoeRouting) -> Result<(Array, Array)> {

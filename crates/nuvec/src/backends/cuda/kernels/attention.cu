@@ -507,18 +507,21 @@ extern "C" __global__ void attention_merge_f32(float* out, const float* part, in
 // SGEMM, then this, then P V by SGEMM). Row r of every head is query `first + r`, which sees keys
 // 0..=first + r; later entries become 0. One block per (row, head). With `sinks`, head h's sink
 // logit joins the denominator (the weights then sum to less than one).
-extern "C" __global__ void causal_softmax_f32(float* scores, int rows, int n, long long first, const float* sinks) {
+extern "C" __global__ void causal_softmax_f32(float* scores, int rows, int n, long long first, const float* sinks,
+                                              long long window) {
     pdl_begin();
     __shared__ float scratch[33];
     const int r = blockIdx.x, h = blockIdx.y;
     float* row = scores + ((size_t)h * rows + r) * n;
     const int valid = (int)min((long long)n, first + r + 1);
+    // With a window (> 0), the keys before the row's window are out too.
+    const int lo = window > 0 ? (int)max(0LL, first + r + 1 - window) : 0;
     float m = NEG_INF;
-    for (int j = threadIdx.x; j < valid; j += blockDim.x) m = fmaxf(m, row[j]);
+    for (int j = lo + threadIdx.x; j < valid; j += blockDim.x) m = fmaxf(m, row[j]);
     m = block_max(m, scratch);
     if (sinks) m = fmaxf(m, sinks[h]);
     float sum = 0.0f;
-    for (int j = threadIdx.x; j < valid; j += blockDim.x) {
+    for (int j = lo + threadIdx.x; j < valid; j += blockDim.x) {
         float e = expf(row[j] - m);
         row[j] = e;
         sum += e;
@@ -526,5 +529,5 @@ extern "C" __global__ void causal_softmax_f32(float* scores, int rows, int n, lo
     sum = block_sum(sum, scratch);
     if (sinks) sum += expf(sinks[h] - m);
     float inv = 1.0f / sum;
-    for (int j = threadIdx.x; j < n; j += blockDim.x) row[j] = j < valid ? row[j] * inv : 0.0f;
+    for (int j = threadIdx.x; j < n; j += blockDim.x) row[j] = j >= lo && j < valid ? row[j] * inv : 0.0f;
 }

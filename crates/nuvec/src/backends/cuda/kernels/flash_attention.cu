@@ -2,9 +2,12 @@
 // block of queries never leave the SM. bf16 inputs, f32 accumulation and softmax, as the cuBLAS
 // path of ops/prefill.rs computes it (which wrote every score and probability to memory).
 //
-// q f32 [L, Hq * D] (query t at position kv_len - L + t, seeing keys 0..=that position);
+// q f32 [L, Hq * D] (query t at position kv_len - L + t, seeing keys 0..=that position, or only
+// the `window` newest of them when window > 0);
 // kb, vb bf16 [Hkv, kv_len, D] (the cache's first kv_len rows, converted by gather3_bf16);
-// out f32 [L, Hq * D]. Query head h reads KV head h / (Hq / Hkv).
+// out f32 [L, Hq * D]. Query head h reads KV head h / (Hq / Hkv). With sinks (one logit per query
+// head, or null), each head's sink joins its softmax's denominator: it starts as the running
+// maximum (in raw score units, sink / scale) with a sum of one, and adds no value.
 //
 // A block takes WARPS * 16 queries of one head; each warp 16 of them, with their q rows as
 // mma.sync A fragments in registers for the whole call. Keys go by in tiles of FA_KEYS, K and V
@@ -37,8 +40,8 @@ __device__ __forceinline__ void fa_load_tile(u32 dst, const u16* __restrict__ sr
 extern __shared__ __align__(16) u16 fa_smem[];
 
 // One key tile's online-softmax step for a lane's two query rows: sc holds the tile's raw scores
-// (NS n tiles of 8 keys; masked keys -inf, and the first tile must hold a key each row sees, so
-// that the running maximum is finite from then on); m0/m1 and s0/s1 are the rows' running maximum
+// (NS n tiles of 8 keys; masked keys -inf; a row that has seen no key yet keeps maximum -inf
+// and sum 0); m0/m1 and s0/s1 are the rows' running maximum
 // and (the lane's part of) the sum of exp2((score - max) * c), c the scale times log2(e). Where a
 // maximum grew, the sums and O (NT n tiles) are rescaled (rarely, after the first tiles); the
 // probabilities come back rounded to bf16 as P's A fragments, one per 16 keys (the score
@@ -58,7 +61,9 @@ __device__ __forceinline__ void fa_softmax_tile(const float (&sc)[NS][4], float 
     mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
     mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
     if (__any_sync(0xffffffffu, mx0 != m0 || mx1 != m1)) {
-        const float corr0 = exp2_ftz((m0 - mx0) * c), corr1 = exp2_ftz((m1 - mx1) * c);
+        // A row still without a key (maximum -inf) has nothing to rescale.
+        const float corr0 = mx0 == NEG_INF ? 1.0f : exp2_ftz((m0 - mx0) * c);
+        const float corr1 = mx1 == NEG_INF ? 1.0f : exp2_ftz((m1 - mx1) * c);
         s0 *= corr0;
         s1 *= corr1;
 #pragma unroll
@@ -71,7 +76,8 @@ __device__ __forceinline__ void fa_softmax_tile(const float (&sc)[NS][4], float 
         m0 = mx0;
         m1 = mx1;
     }
-    const float mc0 = m0 * c, mc1 = m1 * c;
+    // Every score of a row without a key is -inf: shifted by 0, each exponential is 0 (not NaN).
+    const float mc0 = m0 == NEG_INF ? 0.0f : m0 * c, mc1 = m1 == NEG_INF ? 0.0f : m1 * c;
 #pragma unroll
     for (int n = 0; n < NS; ++n) {
         const float p00 = exp2_ftz(fmaf(sc[n][0], c, -mc0)), p01 = exp2_ftz(fmaf(sc[n][1], c, -mc0));
@@ -146,7 +152,8 @@ __device__ __forceinline__ void fa_row_sums(float& s0, float& s1) {
 template <int D, int WARPS>
 __device__ __forceinline__ void flash_attn_body(float* __restrict__ out, const float* __restrict__ q,
                                                 const u16* __restrict__ kb, const u16* __restrict__ vb, int l,
-                                                int kv_len, int hq, int hkv, float scale) {
+                                                int kv_len, int hq, int hkv, float scale, const float* sinks,
+                                                int window) {
     constexpr int KS = D / 16;                 // k steps of Q K^T
     constexpr int NT = D / 8;                  // n tiles of P V (8 output features each)
     constexpr int ROW = 2 * (D + 8);           // bytes per K or V row in shared memory
@@ -166,8 +173,10 @@ __device__ __forceinline__ void flash_attn_body(float* __restrict__ out, const f
     const int n_keys = min(kv_len, first + min(q0 + WARPS * 16, l));
     const u16* kh = kb + (size_t)kvh * kv_len * D;
     const u16* vh = vb + (size_t)kvh * kv_len * D;
-    fa_load_tile<D, WARPS>(ks, kh, 0, kv_len);
-    fa_load_tile<D, WARPS>(vs, vh, 0, kv_len);
+    // The first tile holding a key the block's first query sees (0 without a window).
+    const int j_first = window > 0 ? max(0, first + q0 - window + 1) / FA_KEYS * FA_KEYS : 0;
+    fa_load_tile<D, WARPS>(ks, kh, j_first, kv_len);
+    fa_load_tile<D, WARPS>(vs, vh, j_first, kv_len);
     cp_async_commit();
     // Q as A fragments: rows r0 / r1, features 16 kk + 2t (+1, +8, +9). Rows past L repeat L - 1.
     u32 qa[KS][4];
@@ -179,15 +188,21 @@ __device__ __forceinline__ void flash_attn_body(float* __restrict__ out, const f
     // Running maximum of the raw scores and running sum of exp2((score - max) * c) for rows r0
     // and r1 (softmax in base 2, the scale folded into one multiply-add per score).
     float m0 = NEG_INF, m1 = NEG_INF, s0 = 0.0f, s1 = 0.0f;
+    if (sinks) {  // the sink as a raw score whose exponential (one lane's part of the sum) is 1
+        m0 = m1 = sinks[h] / scale;
+        s0 = s1 = t == 0 ? 1.0f : 0.0f;
+    }
     const float c = scale * 1.4426950408889634f;
     const int pos0 = first + r0, pos1 = first + r1;
+    // Keys at or before these have left the rows' windows (-1: none have).
+    const int gone0 = window > 0 ? pos0 - window : -1, gone1 = window > 0 ? pos1 - window : -1;
     const int warp_pos = first + q0 + warp * 16;  // the warp's first query position
     // ldmatrix row addresses: K rows (keys) 8n + lane % 8 at features 8 (lane / 8) of a 32-feature
     // step (B fragments of two k steps); V rows 16 kk + lane % 16 at features 8 (lane / 16) of a
     // 16-feature pair of n tiles (B fragments of both).
     const u32 kl = ks + (lane & 7) * ROW + 16 * (lane >> 3);
     const u32 vl = vs + (lane & 15) * ROW + 16 * (lane >> 4);
-    for (int j0 = 0, buf = 0; j0 < n_keys; j0 += FA_KEYS, buf ^= 1) {
+    for (int j0 = j_first, buf = 0; j0 < n_keys; j0 += FA_KEYS, buf ^= 1) {
         cp_async_wait<0>();  // this thread's copies of tile j
         __syncthreads();     // everyone's; and every warp is done with tile j - 1's buffers
         if (j0 + FA_KEYS < n_keys) {
@@ -200,15 +215,16 @@ __device__ __forceinline__ void flash_attn_body(float* __restrict__ out, const f
         float sc[FA_KEYS / 8][4];
         fa_scores(sc, qa, kt, ROW);
         // Keys after a row's position (or past kv_len) out: only in tiles that reach past the
-        // warp's first query (a warp-uniform test).
-        if (j0 + FA_KEYS > warp_pos + 1 || j0 + FA_KEYS > kv_len) {
+        // warp's first query (a warp-uniform test); with a window, also in tiles that reach below
+        // its last query's window.
+        if (j0 + FA_KEYS > warp_pos + 1 || j0 + FA_KEYS > kv_len || (window > 0 && j0 <= warp_pos + 15 - window)) {
 #pragma unroll
             for (int n = 0; n < FA_KEYS / 8; ++n)
 #pragma unroll
                 for (int e = 0; e < 2; ++e) {
                     const int key = j0 + 8 * n + 2 * t + e;
-                    if (key > pos0 || key >= kv_len) sc[n][e] = NEG_INF;
-                    if (key > pos1 || key >= kv_len) sc[n][2 + e] = NEG_INF;
+                    if (key > pos0 || key >= kv_len || key <= gone0) sc[n][e] = NEG_INF;
+                    if (key > pos1 || key >= kv_len || key <= gone1) sc[n][2 + e] = NEG_INF;
                 }
         }
         u32 pa[FA_KEYS / 16][4];  // P as A fragments, one per 16 keys
@@ -226,8 +242,9 @@ __device__ __forceinline__ void flash_attn_body(float* __restrict__ out, const f
 }
 
 #define FA_PARAMS                                                                                                  \
-    float *out, const float *q, const u16 *kb, const u16 *vb, int l, int kv_len, int hq, int hkv, float scale
-#define FA_ARGS out, q, kb, vb, l, kv_len, hq, hkv, scale
+    float *out, const float *q, const u16 *kb, const u16 *vb, int l, int kv_len, int hq, int hkv, float scale,      \
+        const float *sinks, int window
+#define FA_ARGS out, q, kb, vb, l, kv_len, hq, hkv, scale, sinks, window
 // Grid (Hq, ceil(L / (16 * warps))), 32 * warps threads; one kernel per head size. Head size
 // 128 takes 8 warps (each K/V tile serves 128 queries), 64 takes 4 (two or three blocks share an
 // SM, out of step): random 8B prefill 4096 +0.6 % against 4 warps, random 1B 4096 +2 % against

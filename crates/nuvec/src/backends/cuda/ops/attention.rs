@@ -63,7 +63,7 @@ impl CudaBackend {
     /// Attention for a long chunk of queries (prefill): per query head, scores = Q K^T * scale
     /// by SGEMM, a causal softmax in place, then P V by SGEMM into the output columns; queries
     /// go in blocks so that the scores stay under `ATTN_GEMM_SCORE_BYTES`. The softmax adds the
-    /// sinks (a device pointer or 0).
+    /// sinks (a device pointer or 0) and keeps each query's window (> 0) of positions.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn attention_gemm(
         &self,
@@ -74,7 +74,7 @@ impl CudaBackend {
         cap: usize,
         kv_len: usize,
         scale: f32,
-        sinks: u64,
+        (sinks, window): (u64, usize),
     ) -> Result<()> {
         let group = hq / hkv;
         let rows_per_block = (ATTN_GEMM_SCORE_BYTES / (hq * kv_len * 4)).clamp(1, l);
@@ -95,8 +95,8 @@ impl CudaBackend {
             }
             let cfg =
                 LaunchConfig { grid_dim: (rows as u32, hq as u32, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
-            let (ri, ni, fi) = (rows as i32, to_i32(op, "keys", n)?, first as i64);
-            launch!(self.st()?, op, "causal_softmax_f32", cfg; sp, ri, ni, fi, sinks);
+            let (ri, ni, fi, wi) = (rows as i32, to_i32(op, "keys", n)?, first as i64, window as i64);
+            launch!(self.st()?, op, "causal_softmax_f32", cfg; sp, ri, ni, fi, sinks, wi);
             for h in 0..hq {
                 let g = h / group;
                 let vg = vp + (g * cap * d * 4) as u64;
@@ -112,7 +112,10 @@ impl CudaBackend {
 
     /// [`crate::Backend::attention`], and with `sinks` (one logit per query head, already checked
     /// against q's heads) [`crate::Backend::attention_sinks`]: every path takes the sinks as a device
-    /// pointer, null for plain attention.
+    /// pointer, null for plain attention. With a `window` shorter than `kv_len`,
+    /// [`crate::Backend::attention_window`]: the prefill paths (64 queries or more) keep each
+    /// query's window, fewer queries attend one at a time over their own positions.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn attention_with(
         &self,
         q: &Array,
@@ -121,6 +124,7 @@ impl CudaBackend {
         kv_len: usize,
         scale: f32,
         sinks: Option<&[f32]>,
+        window: Option<usize>,
     ) -> Result<Array> {
         let op = "attention";
         let (&[l, hq, d], &[hkv, cap, dk]) = (q.shape(), k.shape()) else {
@@ -151,22 +155,25 @@ impl CudaBackend {
             // CUDA graphs: these paths take positions in ways no replay patches.
             self.st()?.not_capturing("attention over 64 or more queries")?;
         }
-        // phase 4: long chunks in bf16 on the tensor cores (ops/prefill.rs), under
-        // MatmulPrecision::Bf16; its softmax has no sink term, so sinks take the f32 path.
-        if sinks.is_none()
-            && l >= ATTN_GEMM_MIN_QUERIES
-            && self.prefill_attention(op, o, (qp, kp, vp, kv_dt), (l, hq, hkv, d), cap, kv_len, scale)?
-        {
-            return Ok(out);
-        }
         let sp = match sinks {
             Some(s) => self.sinks_table(s)?,
             None => 0,
         };
+        // A window that reaches every position is plain causal attention.
+        let window = window.filter(|&w| w < kv_len).unwrap_or(0);
+        // Long chunks in bf16 on the tensor cores (ops/prefill.rs) where the precision says so.
+        if l >= ATTN_GEMM_MIN_QUERIES
+            && self.prefill_attention(op, o, (qp, kp, vp, kv_dt), (l, hq, hkv, d), cap, kv_len, scale, (sp, window))?
+        {
+            return Ok(out);
+        }
         let aligned = split_rows_aligned(d, qp, kp, vp, kv_dt);
         if aligned && l >= ATTN_GEMM_MIN_QUERIES {
+            let masks = (sp, window);
             if kv_dt == DT_F32 {
-                return self.attention_gemm(op, o, (qp, kp, vp), (l, hq, hkv, d), cap, kv_len, scale, sp).map(|_| out);
+                return self
+                    .attention_gemm(op, o, (qp, kp, vp), (l, hq, hkv, d), cap, kv_len, scale, masks)
+                    .map(|_| out);
             }
             // SGEMM reads f32: the rows attended, widened (a prefill step's copy, next to its GEMMs).
             let (kw, vw) = (
@@ -174,7 +181,10 @@ impl CudaBackend {
                 self.widen_rows(op, vp, kv_dt, hkv, cap, kv_len, d)?,
             );
             let wide = (qp, kw.ptr(), vw.ptr());
-            return self.attention_gemm(op, o, wide, (l, hq, hkv, d), kv_len, kv_len, scale, sp).map(|_| out);
+            return self.attention_gemm(op, o, wide, (l, hq, hkv, d), kv_len, kv_len, scale, masks).map(|_| out);
+        }
+        if window > 0 {
+            return crate::backend::attention_window_composed(self, q, k, v, kv_len, scale, window, sinks);
         }
         if aligned && d <= ATTS_MAX_DIM {
             // The merge writes the integer GEMVs' parts of a decode row (for o_proj) when its

@@ -534,7 +534,8 @@ impl CudaBackend {
     /// `NUVEC_FLASH_ATTENTION=0`), per block of queries: scores = Q K^T * scale for all KV groups
     /// in one batched GEMM (the query heads of a group side by side, so GQA needs no copies of K
     /// or V), the causal softmax writing bf16 probabilities, P V in one batched GEMM, then the
-    /// heads back in order.
+    /// heads back in order. Sinks (a device pointer, or 0) and a window (> 0: each query sees
+    /// that many positions up to its own) only on the flash path (false without it).
     #[allow(clippy::too_many_arguments)]
     pub(super) fn prefill_attention(
         &self,
@@ -545,22 +546,33 @@ impl CudaBackend {
         cap: usize,
         kv_len: usize,
         scale: f32,
+        (sinks, window): (u64, usize),
     ) -> Result<bool> {
         if !matmul_precision()?.bf16_attention(crate::hint_is_half()) {
             return Ok(false);
         }
         let st: &State = self.st()?;
+        // Flash attention where it has a kernel: head sizes 64 and 128, q and out 8-byte aligned
+        // (its float2 loads and stores), query blocks within a grid's y limit; a sink starts the
+        // kernel's running maximum at sink / scale, which needs a positive scale.
+        let warps = flash_warps(d);
+        let query_blocks = l.div_ceil(16 * warps);
+        let flash = st.flash
+            && (d == 64 || d == 128)
+            && qp.is_multiple_of(8)
+            && o.is_multiple_of(8)
+            && query_blocks <= 65535
+            && (sinks == 0 || scale > 0.0);
+        if !flash && (sinks != 0 || window > 0) {
+            return Ok(false);
+        }
         let group = hq / hkv;
         // K, V: the first kv_len rows of each head, [Hkv, kv_len, D] in bf16.
         let kb = DeviceBuffer::alloc(st, hkv * kv_len * d * 2)?;
         self.to_bf16(op, kb.ptr(), kp, kv_dt, (kv_len, hkv, d), (d, cap * d))?;
         let vb = DeviceBuffer::alloc(st, hkv * kv_len * d * 2)?;
         self.to_bf16(op, vb.ptr(), vp, kv_dt, (kv_len, hkv, d), (d, cap * d))?;
-        // Flash attention where it has a kernel: head sizes 64 and 128, q and out 8-byte aligned
-        // (its float2 loads and stores), query blocks within a grid's y limit.
-        let warps = flash_warps(d);
-        let query_blocks = l.div_ceil(16 * warps);
-        if st.flash && (d == 64 || d == 128) && qp.is_multiple_of(8) && o.is_multiple_of(8) && query_blocks <= 65535 {
+        if flash {
             let cfg = LaunchConfig {
                 grid_dim: (to_i32(op, "heads", hq)? as u32, query_blocks as u32, 1),
                 block_dim: (32 * warps as u32, 1, 1),
@@ -568,8 +580,8 @@ impl CudaBackend {
             };
             let name = if d == 64 { "flash_attn_bf16_d64" } else { "flash_attn_bf16_d128" };
             let (li, kvi, hqi, hkvi) = (to_i32(op, "queries", l)?, to_i32(op, "keys", kv_len)?, hq as i32, hkv as i32);
-            let (kbp, vbp) = (kb.ptr(), vb.ptr());
-            launch!(st, op, name, cfg; o, qp, kbp, vbp, li, kvi, hqi, hkvi, scale);
+            let (kbp, vbp, wi) = (kb.ptr(), vb.ptr(), to_i32(op, "window", window)?);
+            launch!(st, op, name, cfg; o, qp, kbp, vbp, li, kvi, hqi, hkvi, scale, sinks, wi);
             return Ok(true);
         }
         // Q [L, Hkv, group * D] -> [Hkv, L, group * D].
