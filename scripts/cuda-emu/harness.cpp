@@ -105,7 +105,7 @@ static void test_attn(int l, int kv, int hq, int hkv, int d, bool sink, int path
         int chunk = std::max(32, (kv + want - 1) / want), splits = std::max(1, (kv + chunk - 1) / chunk);
         std::vector<float> part((size_t)l * hq * splits * (d + 2));
         emu_launch({(unsigned)hq, (unsigned)l, (unsigned)splits}, {128, 1, 1}, [&] {
-            attention_split_f32(part.data(), q.data(), k.data(), v.data(), l, hq, hkv, d, cap, kv, scale, chunk, nullptr, want, DT_F32);
+            attention_split_f32(part.data(), q.data(), k.data(), v.data(), l, hq, hkv, d, cap, kv, scale, chunk, nullptr, want, DT_F32, 0);
         });
         emu_launch({(unsigned)hq, (unsigned)l, 1}, {128, 1, 1}, [&] { attention_merge_f32(out.data(), part.data(), hq, d, splits, sp, nullptr, nullptr); });
     } else {  // scores by hand (as the SGEMM would), then the causal softmax kernel, then PV by hand
@@ -140,7 +140,7 @@ static void test_attn(int l, int kv, int hq, int hkv, int d, bool sink, int path
         std::vector<float> part((size_t)hq * splits * (d + 2)), o2(out.size());
         std::vector<unsigned> parts(QI_PARTS_WORDS(hq * d / 32), 0xdeadbeefu);
         emu_launch({(unsigned)hq, 1, (unsigned)splits}, {128, 1, 1}, [&] {
-            attention_split_f32(part.data(), q.data(), k.data(), v.data(), l, hq, hkv, d, cap, kv, scale, chunk, nullptr, want_s, DT_F32);
+            attention_split_f32(part.data(), q.data(), k.data(), v.data(), l, hq, hkv, d, cap, kv, scale, chunk, nullptr, want_s, DT_F32, 0);
         });
         emu_launch({(unsigned)hq, 1, 1}, {128, 1, 1}, [&] { attention_merge_f32(o2.data(), part.data(), hq, d, splits, sp, parts.data(), nullptr); });
         check(o2 == out, std::string(name) + " with parts: same output");
@@ -152,7 +152,7 @@ static void test_attn(int l, int kv, int hq, int hkv, int d, bool sink, int path
         std::vector<float> part((size_t)l * hq * splits * (d + 2)), o2(out.size());
         std::vector<unsigned> tiles((size_t)(l + 7) / 8 * 8 * hq * d / 2, 0xdeadbeefu);
         emu_launch({(unsigned)hq, (unsigned)l, (unsigned)splits}, {128, 1, 1}, [&] {
-            attention_split_f32(part.data(), q.data(), k.data(), v.data(), l, hq, hkv, d, cap, kv, scale, chunk, nullptr, want_s, DT_F32);
+            attention_split_f32(part.data(), q.data(), k.data(), v.data(), l, hq, hkv, d, cap, kv, scale, chunk, nullptr, want_s, DT_F32, 0);
         });
         emu_launch({(unsigned)hq, (unsigned)l, 1}, {128, 1, 1}, [&] { attention_merge_f32(o2.data(), part.data(), hq, d, splits, sp, nullptr, tiles.data()); });
         check(o2 == out, std::string(name) + " with tiles: same output");
@@ -166,13 +166,42 @@ static void test_attn(int l, int kv, int hq, int hkv, int d, bool sink, int path
 // outputs must be equal bit for bit.
 static void split_launch(std::vector<float>& out, const std::vector<float>& q, const std::vector<float>& k,
                          const std::vector<float>& v, int l, int hq, int hkv, int d, int cap, int kv, float scale,
-                         const float* sp, const int* step, int kv_arg, int want, int chunk, int splits) {
+                         const float* sp, const int* step, int kv_arg, int want, int chunk, int splits, int ring = 0) {
     std::vector<float> part((size_t)l * hq * splits * (d + 2));
     emu_launch({(unsigned)hq, (unsigned)l, (unsigned)splits}, {128, 1, 1}, [&] {
-        attention_split_f32(part.data(), q.data(), k.data(), v.data(), l, hq, hkv, d, cap, kv_arg, scale, chunk, step, want, DT_F32);
+        attention_split_f32(part.data(), q.data(), k.data(), v.data(), l, hq, hkv, d, cap, kv_arg, scale, chunk, step, want, DT_F32, ring);
     });
     emu_launch({(unsigned)hq, (unsigned)l, 1}, {128, 1, 1}, [&] { attention_merge_f32(out.data(), part.data(), hq, d, splits, sp, nullptr, nullptr); });
 }
+// A rotating cache's ring of `cap` slots, captured at kv0 < cap: a replay `delta` steps later
+// attends min(kv0 + delta, cap) slots, bit for bit the eager launch over that many.
+static void test_attn_ring(int hq, int hkv, int d, bool sink, int cap, int kv0, std::vector<int> deltas) {
+    const int l = 1;
+    auto q = rnd((size_t)hq * d, 1), k = rnd((size_t)hkv * cap * d, 1), v = rnd((size_t)hkv * cap * d, 1);
+    auto sinks = rnd(hq, 3);
+    const float* sp = sink ? sinks.data() : nullptr;
+    float scale = 1 / std::sqrt((float)d);
+    int want = std::max(1, (512 + hq - 1) / hq);
+    auto split = [&](int kv, int& chunk, int& splits) {
+        chunk = std::max(32, (kv + want - 1) / want);
+        splits = std::max(1, (kv + chunk - 1) / chunk);
+    };
+    int chunk0, splits0;
+    split(kv0, chunk0, splits0);
+    for (int delta : deltas) {
+        int kv = std::min(kv0 + delta, cap), chunk, splits;
+        split(kv, chunk, splits);
+        std::vector<float> eager((size_t)hq * d), graph((size_t)hq * d);
+        split_launch(eager, q, k, v, l, hq, hkv, d, cap, kv, scale, sp, nullptr, kv, want, chunk, splits);
+        int step[4] = {delta, 0, 0, 0};
+        split_launch(graph, q, k, v, l, hq, hkv, d, cap, kv, scale, sp, step, kv0, want, chunk0, std::max(want, splits0), 1);
+        bool same = memcmp(eager.data(), graph.data(), eager.size() * 4) == 0;
+        printf("%s attention split over a ring of %d, captured at %d, %d steps later (sinks=%d): %s\n",
+               same ? "ok  " : "FAIL", cap, kv0, delta, sink, same ? "bit-identical to eager" : "differs from eager");
+        fails += !same;
+    }
+}
+
 static void test_attn_step(int l, int hq, int hkv, int d, bool sink, int kv0, std::vector<int> kvs) {
     int cap = 700;
     auto q = rnd((size_t)l * hq * d, 1), k = rnd((size_t)hkv * cap * d, 1), v = rnd((size_t)hkv * cap * d, 1);
@@ -234,7 +263,7 @@ static void test_attn_half(int l, int kv, int hq, int hkv, int d, int dt, bool s
     {
         std::vector<float> part((size_t)l * hq * splits * (d + 2));
         emu_launch({(unsigned)hq, (unsigned)l, (unsigned)splits}, {128, 1, 1}, [&] {
-            attention_split_f32(part.data(), q.data(), kh.data(), vh.data(), l, hq, hkv, d, cap, kv, scale, chunk, nullptr, want_s, dt);
+            attention_split_f32(part.data(), q.data(), kh.data(), vh.data(), l, hq, hkv, d, cap, kv, scale, chunk, nullptr, want_s, dt, 0);
         });
         emu_launch({(unsigned)hq, (unsigned)l, 1}, {128, 1, 1}, [&] { attention_merge_f32(split.data(), part.data(), hq, d, splits, sp, nullptr, nullptr); });
         cmp(std::string(name) + " split", split, want);
@@ -312,6 +341,8 @@ int main() {
     }
     test_attn_step(1, 8, 2, 64, false, 1, {1, 2, 31, 32, 33, 65, 257, 511, 512, 513, 700});
     test_attn_step(1, 16, 4, 128, true, 9, {9, 10, 300, 699});
+    test_attn_ring(64, 8, 64, true, 128, 40, {0, 1, 87, 88, 89, 500});
+    test_attn_ring(8, 2, 64, false, 700, 699, {0, 1, 2, 3000});
     test_attn_step(1, 32, 8, 64, false, 3, {3, 513, 600, 699});  // chunks over 32 (kv > 32 * want)
     for (int dt : {DT_F16, DT_BF16}) {
         test_attn_half(1, 300, 8, 2, 128, dt, false); test_attn_half(1, 77, 4, 1, 64, dt, true);

@@ -3,7 +3,8 @@
 // against the definition in f64 (relative 1e-5), add_rms_norm bit for bit against add + rms_norm
 // on the 16-byte and the scalar paths; argmax and argmax_gap bit for bit against the CPU backend's
 // rule (first maximum, strictly greater replaces, a leading NaN wins, NaN/inf make the gap NaN)
-// on rows cut into several ranges. Built and run by run.sh, which prepends the kernel sources.
+// on rows cut into several ranges; write_axis1's ring slots in a CUDA graph's replays against
+// the rotating cache's rule. Built and run by run.sh, which prepends the kernel sources.
 #include "kernels_rows.cpp"
 #include "emu_check.h"
 #include <cstdio>
@@ -220,6 +221,36 @@ static void test_argmax(const std::vector<float>& x, int rows, int n, int chunk_
     }
 }
 
+// write_axis1 into a ring (positions keep.. of `cap` reused in turn), captured writing slot s0:
+// `delta` steps later the row lands where the rotating cache's rule puts it (the slot after the
+// last, wrapping from cap to keep), in every A, nothing else written.
+static void test_write_ring(int cap, int keep, int s0) {
+    const int a = 2, c = 3;
+    int slot = s0;
+    for (int delta = 0; delta < 3 * cap; ++delta) {
+        std::vector<float> dst((size_t)a * cap * c, 0.0f), src((size_t)a * c);
+        for (size_t i = 0; i < src.size(); ++i) src[i] = 1.0f + (float)i;
+        int step[4] = {delta, 0, 0, 0};
+        emu_launch({1, 1, 1}, {64, 1, 1}, [&] {
+            write_axis1(dst.data(), DT_F32, src.data(), DT_F32, (size_t)a * c, 1, cap, c, s0, step, 1, keep);
+        });
+        bool ok = true;
+        for (int x = 0; x < a; ++x)
+            for (int p = 0; p < cap; ++p)
+                for (int e = 0; e < c; ++e)
+                    ok &= dst[((size_t)x * cap + p) * c + e] == (p == slot ? src[(size_t)x * c + e] : 0.0f);
+        if (!ok) {
+            printf("FAIL write_axis1 ring cap %d keep %d from slot %d, %d steps later: not at slot %d\n", cap, keep, s0,
+                   delta, slot);
+            fails++;
+            return;
+        }
+        if (++slot == cap) slot = keep;
+    }
+    printf("ok   write_axis1 into a ring of %d (keep %d) from slot %d: the rotating cache's slots for %d steps\n", cap,
+           keep, s0, 3 * cap);
+}
+
 int main() {
     std::mt19937 rng(7);
     for (int vec : {1, 0}) {
@@ -262,6 +293,9 @@ int main() {
     test_argmax(x, 9, n, 1024);
     test_argmax(x, 9, n, 100);
     test_argmax(std::vector<float>(x.begin(), x.begin() + 9 * 7), 9, 7, 1024);  // one short range
+    test_write_ring(8, 0, 5);
+    test_write_ring(10, 4, 9);
+    test_write_ring(10, 4, 4);
     printf("%d failures\n", fails);
     return fails != 0;
 }

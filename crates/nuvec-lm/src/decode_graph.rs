@@ -9,22 +9,26 @@
 //! moved on by one
 //! ([`KvCache::advance`](crate::cache::KvCache::advance)). It captures again when a cache is
 //! about to grow (its buffers move every 256 positions) or holds other buffers than the ones
-//! captured. A capture that fails leaves the caches as they were before the step, which then
+//! captured. Rotating caches (sliding-window layers, `max_kv_size`) take part once their buffers
+//! hold the whole ring: the captured write and attention go on around the ring at each replay
+//! ([`nuvec::Backend::write_axis1_ring`], [`nuvec::Backend::attention_ring`]), and
+//! [`RotatingKvCache::advance_one`](crate::cache::RotatingKvCache::advance_one) moves their
+//! counters. A capture that fails leaves the caches as they were before the step, which then
 //! runs eagerly, and stops graphs for the rest of the generation. Anything not eligible (the
-//! CPU, other families, caches that are not all plain ones of one type)
+//! CPU, other families, caches that are not all plain or rotating ones of one float type)
 //! runs exactly the eager path.
 //!
 //! `NUVEC_CUDA_GRAPHS=0` turns graphs off; `force` also tries families not known to capture
 //! (for tests of the failure path).
 
-use nuvec::{Array, DType, Device};
+use nuvec::{Array, Device};
 
 use crate::cache::LayerCache;
 use crate::{Error, Model, Result};
 
 /// Families whose decode step reads nothing to the host (Llama-style decoders, dense or with
-/// Qwen3-MoE's experts, which route on the device).
-pub const GRAPH_MODEL_TYPES: &[&str] = &["llama", "mistral", "qwen2", "qwen3", "qwen3_moe"];
+/// Qwen3-MoE's experts, which route on the device; gpt-oss, with its sliding layers' rings).
+pub const GRAPH_MODEL_TYPES: &[&str] = &["llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "gpt_oss"];
 
 /// Whether decode steps may run as CUDA graphs (`NUVEC_CUDA_GRAPHS`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -76,18 +80,16 @@ pub fn ineligible(mode: GraphMode, model_type: &str, on_cuda: bool, cache: &[Lay
     if offsets.any(|o| o != first) {
         return Some("the caches hold different numbers of positions");
     }
-    // Plain caches of one float type (f32, f16 or bf16: the step's kernels take it as a constant).
-    let dtype = match &cache[0] {
-        LayerCache::Plain(kv) => kv.dtype(),
-        _ => DType::U8,
+    // Plain or rotating caches of one float type (f32, f16 or bf16: the step's kernels take it
+    // as a constant).
+    let dtype_of = |c: &LayerCache| match c {
+        LayerCache::Plain(kv) => kv.buffers().map(|(k, _)| k.dtype()),
+        LayerCache::Rotating(r) => r.buffers().map(|(k, _)| k.dtype()),
+        _ => None,
     };
-    let plain = dtype.is_float()
-        && cache.iter().all(|c| match c {
-            LayerCache::Plain(kv) => kv.dtype() == dtype && kv.buffers().is_some(),
-            _ => false,
-        });
-    if !plain {
-        return Some("a cache is not a plain cache holding positions, or the caches differ in type");
+    let dtype = dtype_of(&cache[0]);
+    if !dtype.is_some_and(|d| d.is_float()) || cache.iter().any(|c| dtype_of(c) != dtype) {
+        return Some("a cache is not a plain or rotating cache holding positions, or the caches differ in type");
     }
     None
 }
@@ -98,6 +100,7 @@ pub fn ineligible(mode: GraphMode, model_type: &str, on_cuda: bool, cache: &[Lay
 fn has_room(cache: &[LayerCache]) -> bool {
     cache.iter().all(|c| match c {
         LayerCache::Plain(kv) => kv.capacity() > c.offset(),
+        LayerCache::Rotating(r) => r.steps_in_place(),
         _ => false,
     })
 }
@@ -113,6 +116,7 @@ fn buffer_ids(cache: &[LayerCache]) -> Vec<(usize, usize)> {
 fn buffer_id_iter(cache: &[LayerCache]) -> impl Iterator<Item = (usize, usize)> + '_ {
     cache.iter().filter_map(|c| match c {
         LayerCache::Plain(kv) => kv.buffers().map(|(k, v)| (k.storage_id(), v.storage_id())),
+        LayerCache::Rotating(r) => r.buffers().map(|(k, v)| (k.storage_id(), v.storage_id())),
         _ => None,
     })
 }
@@ -217,8 +221,10 @@ impl DecodeGraph {
             if room && held.buffers.iter().copied().eq(buffer_id_iter(cache)) {
                 if let Some(y) = held.graph.replay(pos, token)? {
                     for c in cache.iter_mut() {
-                        if let LayerCache::Plain(kv) = c {
-                            kv.advance(1)?;
+                        match c {
+                            LayerCache::Plain(kv) => kv.advance(1)?,
+                            LayerCache::Rotating(r) => r.advance_one()?,
+                            _ => {}
                         }
                     }
                     self.replayed += 1;
@@ -232,6 +238,13 @@ impl DecodeGraph {
             return self.eager(model, cache, token);
         };
         let before = buffer_ids(cache);
+        let counters: Vec<Option<(usize, usize)>> = cache
+            .iter()
+            .map(|c| match c {
+                LayerCache::Rotating(r) => Some(r.counters()),
+                _ => None,
+            })
+            .collect();
         let captured = StepGraph::capture(ordinal, pos, token, &out_shape, || model.forward_last(&[token], cache));
         match captured {
             Ok((y, graph)) => {
@@ -247,10 +260,16 @@ impl DecodeGraph {
                 Ok(y)
             }
             Err(e) => {
-                // Nothing of the captured step ran: undo what it did on the host, then run it.
-                for c in cache.iter_mut() {
-                    let extra = c.offset().saturating_sub(pos);
-                    c.trim(extra)?;
+                // Nothing of the captured step ran: undo what it did on the host, then run it (a
+                // ring's in-place step cannot be trimmed: its counters go back).
+                for (c, counters) in cache.iter_mut().zip(counters) {
+                    match (c, counters) {
+                        (LayerCache::Rotating(r), Some(counters)) => r.set_counters(counters),
+                        (c, _) => {
+                            let extra = c.offset().saturating_sub(pos);
+                            c.trim(extra)?;
+                        }
+                    }
                 }
                 if buffer_ids(cache) != before {
                     return Err(Error::Invalid(format!(
@@ -268,7 +287,8 @@ impl DecodeGraph {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cache::{KvCache, RecurrentCache};
+    use crate::cache::{KvCache, RecurrentCache, RotatingKvCache};
+    use nuvec::DType;
 
     fn plain(positions: usize, dtype: DType) -> LayerCache {
         let mut c = KvCache::with_dtype(dtype);
@@ -289,11 +309,14 @@ mod tests {
         assert_eq!(ineligible(GraphMode::On, "llama", true, &half), None, "bf16 caches");
         assert!(ineligible(GraphMode::Off, "llama", true, &good).is_some());
         assert!(ineligible(GraphMode::On, "llama", false, &good).is_some(), "the CPU never captures");
-        for family in ["gpt_oss", "qwen3_5", "gemma4_text"] {
+        for family in ["qwen3_5", "gemma4_text"] {
             assert!(ineligible(GraphMode::On, family, true, &good).is_some(), "{family}");
             assert_eq!(ineligible(GraphMode::Force, family, true, &good), None, "force tries {family}");
         }
-        let cases: [(&str, Vec<LayerCache>); 5] = [
+        let rings = vec![plain(3, DType::F32), ring(3, 8, 0)];
+        assert_eq!(ineligible(GraphMode::On, "gpt_oss", true, &rings), None, "plain and rotating caches");
+        let cases: [(&str, Vec<LayerCache>); 6] = [
+            ("an empty rotating cache", vec![LayerCache::Rotating(RotatingKvCache::new(8, 0).unwrap())]),
             ("f32 and bf16 caches", vec![plain(3, DType::F32), plain(3, DType::BF16)]),
             ("empty cache", vec![plain(0, DType::F32)]),
             ("uneven offsets", vec![plain(3, DType::F32), plain(4, DType::F32)]),
@@ -302,6 +325,47 @@ mod tests {
         ];
         for (what, cache) in cases {
             assert!(ineligible(GraphMode::Force, "llama", true, &cache).is_some(), "{what}");
+        }
+    }
+
+    /// A rotating cache that has seen `positions` (prefilled as one chunk).
+    fn ring(positions: usize, max_size: usize, keep: usize) -> LayerCache {
+        let mut c = RotatingKvCache::new(max_size, keep).unwrap();
+        let kv = Array::from_slice(&vec![0.5f32; 2 * positions * 4], &[2, positions, 4]).unwrap();
+        let q = Array::from_slice(&vec![0.5f32; positions * 2 * 4], &[positions, 2, 4]).unwrap();
+        c.attend(&q, &kv, &kv, 0.5).unwrap();
+        LayerCache::Rotating(c)
+    }
+
+    /// A ring steps in place once its buffers hold all of it; advancing it moves its counters as
+    /// a one-position step does (wrapping to `keep`), and moves no buffer.
+    #[test]
+    fn rotating_caches_step_in_place_once_their_ring_is_whole() {
+        for (positions, keep) in [(20usize, 0usize), (20, 2), (3, 0), (3, 2)] {
+            let (LayerCache::Rotating(mut stepped), LayerCache::Rotating(mut advanced)) =
+                (ring(positions, 8, keep), ring(positions, 8, keep))
+            else {
+                unreachable!()
+            };
+            let kv = Array::from_slice(&[0.25f32; 8], &[2, 1, 4]).unwrap();
+            let q = Array::from_slice(&[0.25f32; 8], &[1, 2, 4]).unwrap();
+            // The first step after a prefill reshapes the buffers (a longer chunk cut to the ring,
+            // or a short one grown to it): a graph cannot replay it.
+            assert!(!stepped.steps_in_place(), "{positions} positions");
+            assert!(advanced.advance_one().is_err(), "{positions}: refused before the ring is whole");
+            for c in [&mut stepped, &mut advanced] {
+                c.attend(&q, &kv, &kv, 0.5).unwrap();
+            }
+            let ids = LayerCache::Rotating(advanced.clone());
+            let ids = buffer_ids(std::slice::from_ref(&ids));
+            for step in 0..20 {
+                assert!(stepped.steps_in_place() && has_room(&[LayerCache::Rotating(stepped.clone())]));
+                stepped.attend(&q, &kv, &kv, 0.5).unwrap();
+                advanced.advance_one().unwrap();
+                assert_eq!(stepped.counters(), advanced.counters(), "{positions} keep {keep}, step {step}");
+            }
+            let after = LayerCache::Rotating(advanced);
+            assert_eq!(buffer_ids(std::slice::from_ref(&after)), ids, "advancing moves no buffer");
         }
     }
 

@@ -7,7 +7,9 @@
 //! patched from the host per replay. Each case decodes 300 steps on
 //! two caches of one model, one through `DecodeGraph` in each mode, feeding both the eager
 //! run's greedy tokens; the run crosses the caches' growth at 256 positions (so the graph is
-//! captured twice), on dense models and on Qwen3-MoE (routing and experts on the device). The
+//! captured twice), on dense models, on Qwen3-MoE (routing and experts on the device) and on
+//! gpt-oss (sinks, and sliding layers whose rotating caches wrap around their ring of 8 at every
+//! eighth replay), and with every cache a rotating one (`max_kv_size` 40, 4 positions kept). The
 //! failure case forces a capture on the MoE model with its experts run the composed way, which
 //! reads the routing to the host: the capture must fail, leave the caches as they were, and every
 //! step must still equal the eager one.
@@ -32,9 +34,8 @@ fn load(case: &str) -> Model {
     load_model_on(&case_dir(case), nuvec::Device::Cuda(0)).unwrap_or_else(|e| panic!("{case}: loading on cuda:0: {e}"))
 }
 
-fn prefilled(model: &Model, prompt: &[u32]) -> Vec<LayerCache> {
-    let options = CacheOptions { kv_dtype: Some(KvDtype::F32), ..Default::default() };
-    let mut cache = model.make_cache(&options).unwrap();
+fn prefilled(model: &Model, prompt: &[u32], options: &CacheOptions) -> Vec<LayerCache> {
+    let mut cache = model.make_cache(options).unwrap();
     model.prefill(prompt, &mut cache).unwrap();
     cache
 }
@@ -43,11 +44,20 @@ fn prefilled(model: &Model, prompt: &[u32]) -> Vec<LayerCache> {
 /// both the eager greedy tokens; every step's logits must be equal bit for bit. Returns the
 /// graph runner and the time each side took.
 fn lockstep(case: &str, mode: GraphMode, steps: usize) -> (DecodeGraph, Duration, Duration) {
+    lockstep_with(case, mode, steps, &CacheOptions { kv_dtype: Some(KvDtype::F32), ..Default::default() })
+}
+
+fn lockstep_with(
+    case: &str,
+    mode: GraphMode,
+    steps: usize,
+    options: &CacheOptions,
+) -> (DecodeGraph, Duration, Duration) {
     let model = load(case);
     let ids = prompt(model.vocab_size(), PROMPT);
     let (head, last) = ids.split_at(PROMPT - 1);
-    let mut eager_cache = prefilled(&model, head);
-    let mut graph_cache = prefilled(&model, head);
+    let mut eager_cache = prefilled(&model, head, options);
+    let mut graph_cache = prefilled(&model, head, options);
     let mut eager = DecodeGraph::new(GraphMode::Off);
     let mut graphs = DecodeGraph::new(mode);
     let (mut eager_time, mut graph_time) = (Duration::ZERO, Duration::ZERO);
@@ -115,6 +125,26 @@ fn graphs_equal_eager_qwen3_q4() {
 #[test]
 fn graphs_equal_eager_qwen3_moe_q4() {
     graphs_equal_eager("qwen3_moe-q4g64");
+}
+
+#[test]
+fn graphs_equal_eager_gpt_oss_q4() {
+    // Its sliding layers' rings are whole from the first step (which cuts the prompt's 11
+    // positions to the window of 8); its full layers grow at 256 as the others'.
+    graphs_equal_eager("gpt_oss/gpt_oss-q4g64");
+}
+
+#[test]
+fn graphs_equal_eager_with_rotating_caches() {
+    // Every layer a ring of 40 keeping its first 4 positions: the first step grows the buffers to
+    // the whole ring, the second is captured, every later one replays (wrapping from 40 to 4).
+    let case = "mistral-q4g64";
+    let options = CacheOptions { kv_dtype: Some(KvDtype::F32), max_kv_size: Some(40), ..Default::default() };
+    let (graphs, _, _) = lockstep_with(case, GraphMode::On, STEPS, &options);
+    assert_eq!(graphs.stopped(), None, "{case}: graphs stopped");
+    assert_eq!((graphs.captures(), graphs.replayed_steps()), (1, STEPS - 2), "{case}: captures, replays");
+    assert_eq!(graphs.patched_nodes(), Some(0), "{case}: kernel nodes patched per replay");
+    println!("RESULT {case} (max_kv_size 40): {STEPS} steps bit-identical, {} replayed", graphs.replayed_steps());
 }
 
 #[test]

@@ -46,6 +46,14 @@ pub trait Backend: Send + Sync {
     /// Writes `src [A, n, C]` into `dst [A, capacity, C]` at `offset` along axis 1, in place.
     fn write_axis1(&self, dst: &mut Array, src: &Array, offset: usize) -> Result<()>;
 
+    /// [`Backend::write_axis1`] of one position into a ring (a rotating cache's keys or values,
+    /// whose positions from `keep` on are reused in turn): the same write. Where a CUDA graph
+    /// captures a decode step, its replays write each later step at the ring's slot for it,
+    /// `keep + (offset - keep + steps) mod (capacity - keep)`, where a plain write moves on.
+    fn write_axis1_ring(&self, dst: &mut Array, src: &Array, offset: usize, _keep: usize) -> Result<()> {
+        self.write_axis1(dst, src, offset)
+    }
+
     /// Writes `src [n, A, C]` into `dst [A, capacity, C]` at `offset` along axis 1, in place:
     /// [`Backend::write_axis1`] of `src` with its first two axes swapped (new keys or values
     /// `[L, heads, head_dim]` into a `[heads, capacity, head_dim]` cache). The default transposes,
@@ -162,6 +170,26 @@ pub trait Backend: Send + Sync {
         sinks: Option<&[f32]>,
     ) -> Result<Array> {
         attention_window_composed(self, q, k, v, kv_len, scale, window, sinks)
+    }
+
+    /// A decode step's attention over a ring (a rotating cache, its slots in any order): as
+    /// [`Backend::attention`] over the first `kv_len` slots (with `sinks`, as
+    /// [`Backend::attention_sinks`]). Where a CUDA graph captures it, its replays attend
+    /// `min(kv_len + steps, capacity)` slots, where a plain cache's attention grows past it.
+    #[allow(clippy::too_many_arguments)]
+    fn attention_ring(
+        &self,
+        q: &Array,
+        k: &Array,
+        v: &Array,
+        kv_len: usize,
+        scale: f32,
+        sinks: Option<&[f32]>,
+    ) -> Result<Array> {
+        match sinks {
+            None => self.attention(q, k, v, kv_len, scale),
+            Some(s) => self.attention_sinks(q, k, v, kv_len, scale, s),
+        }
     }
 
     /// A decode step's rope and cache writes for several paged sequences, as one op: row `i` of

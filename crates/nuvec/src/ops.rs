@@ -73,6 +73,12 @@ impl Array {
         backend(self.device()).write_axis1(self, src, offset)
     }
 
+    /// Writes one position `src` into `self`, a ring whose positions from `keep` on are reused
+    /// in turn, at `offset`; see [`crate::Backend::write_axis1_ring`].
+    pub fn write_axis1_ring(&mut self, src: &Array, offset: usize, keep: usize) -> Result<()> {
+        backend(self.device()).write_axis1_ring(self, src, offset, keep)
+    }
+
     /// Writes `src [n, A, C]` into `self [A, capacity, C]` at `offset` along axis 1; see
     /// [`crate::Backend::write_axis1_from_rows`].
     pub fn write_axis1_from_rows(&mut self, src: &Array, offset: usize) -> Result<()> {
@@ -106,6 +112,19 @@ impl Array {
 /// Causal attention with per-head sink logits; see [`crate::Backend::attention_sinks`].
 pub fn attention_sinks(q: &Array, k: &Array, v: &Array, kv_len: usize, scale: f32, sinks: &[f32]) -> Result<Array> {
     backend(q.device()).attention_sinks(q, k, v, kv_len, scale, sinks)
+}
+
+/// A decode step's attention over a rotating cache's ring, with sink logits when given; see
+/// [`crate::Backend::attention_ring`].
+pub fn attention_ring(
+    q: &Array,
+    k: &Array,
+    v: &Array,
+    kv_len: usize,
+    scale: f32,
+    sinks: Option<&[f32]>,
+) -> Result<Array> {
+    backend(q.device()).attention_ring(q, k, v, kv_len, scale, sinks)
 }
 
 /// Causal attention over a sliding window of `window` positions, with sink logits when given;

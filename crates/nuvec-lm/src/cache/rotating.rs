@@ -6,7 +6,7 @@
 
 use nuvec::{Array, DType};
 
-use super::ops::{attend_causal, attend_pinned_window, attend_windowed, on_device_of, sdpa, Sinks};
+use super::ops::{attend_causal, attend_pinned_window, attend_windowed, on_device_of, Sinks};
 use super::store::Store;
 use crate::{Error, Result};
 
@@ -210,9 +210,11 @@ impl<S: Store> RotatingKvCache<S> {
                 attend_causal(q, &k, &v, scale, sinks)
             }
         } else {
+            // One query over every slot held, in ring order (a softmax over keys whose order
+            // does not matter), as a ring (a CUDA graph of the step replays it).
             let n = self.offset.min(k.dim(1));
             let (k, v) = on_device_of(q, &k, &v)?;
-            sdpa(q, &k, &v, n, scale, sinks)
+            Ok(nuvec::attention_ring(q, &k, &v, n, scale, sinks)?)
         }
     }
 
@@ -265,11 +267,51 @@ impl<S: Store> RotatingKvCache<S> {
         if self.idx == self.max_size {
             self.idx = self.keep;
         }
-        self.keys.as_mut().expect("set").write(keys, self.idx)?;
-        self.values.as_mut().expect("set").write(values, self.idx)?;
+        self.keys.as_mut().expect("set").write_ring(keys, self.idx, self.keep)?;
+        self.values.as_mut().expect("set").write_ring(values, self.idx, self.keep)?;
         self.offset += 1;
         self.idx += 1;
         Ok(())
+    }
+
+    /// Whether a one-position step writes in place without reshaping the buffers: they hold
+    /// `max_size` positions (a CUDA graph of the step then replays it, see
+    /// [`RotatingKvCache::advance_one`]).
+    pub fn steps_in_place(&self) -> bool {
+        self.keys.is_some() && self.buffer_len() == self.max_size
+    }
+
+    /// The counters a one-position step moves, `(offset, idx)`, to put back after a step that
+    /// did not run ([`RotatingKvCache::set_counters`]).
+    pub fn counters(&self) -> (usize, usize) {
+        (self.offset, self.idx)
+    }
+
+    /// Puts back counters read by [`RotatingKvCache::counters`] (a step captured as a CUDA graph
+    /// that failed: nothing of it ran on the device).
+    pub fn set_counters(&mut self, (offset, idx): (usize, usize)) {
+        (self.offset, self.idx) = (offset, idx);
+    }
+
+    /// Moves the cache on by one position whose keys and values were written elsewhere (a CUDA
+    /// graph's replay of a one-position step wrote them where this step would): the counters of
+    /// [`RotatingKvCache::attend`]'s in-place update. Refused (nothing changed) unless the step
+    /// writes in place ([`RotatingKvCache::steps_in_place`]).
+    pub fn advance_one(&mut self) -> Result<()> {
+        if !self.steps_in_place() {
+            return Err(Error::Invalid("advancing a rotating cache whose buffers are not a whole ring".into()));
+        }
+        if self.idx == self.max_size {
+            self.idx = self.keep;
+        }
+        self.offset += 1;
+        self.idx += 1;
+        Ok(())
+    }
+
+    /// The keys and values buffers, as they lie.
+    pub fn buffers(&self) -> Option<(&S, &S)> {
+        Some((self.keys.as_ref()?, self.values.as_ref()?))
     }
 }
 

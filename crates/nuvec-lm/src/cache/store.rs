@@ -25,6 +25,11 @@ pub trait Store: Clone + std::fmt::Debug + Sized {
     fn concat(parts: &[Self]) -> Result<Self>;
     /// Overwrites positions `at..` with `src`.
     fn write(&mut self, src: &Self, at: usize) -> Result<()>;
+    /// Overwrites position `at` with one position `src`, in a ring whose positions from `keep`
+    /// on are reused in turn (what a CUDA graph's replays of the write go on to do).
+    fn write_ring(&mut self, src: &Self, at: usize, _keep: usize) -> Result<()> {
+        self.write(src, at)
+    }
     /// Everything as f32 `[kv_heads, positions, head_dim]`.
     fn to_array(&self) -> Result<Array>;
 }
@@ -51,6 +56,10 @@ impl Store for Array {
 
     fn write(&mut self, src: &Self, at: usize) -> Result<()> {
         Ok(self.write_axis1(src, at)?)
+    }
+
+    fn write_ring(&mut self, src: &Self, at: usize, keep: usize) -> Result<()> {
+        Ok(self.write_axis1_ring(src, at, keep)?)
     }
 
     fn to_array(&self) -> Result<Array> {

@@ -818,38 +818,33 @@ impl Backend for CudaBackend {
     }
 
     fn attention(&self, q: &Array, k: &Array, v: &Array, kv_len: usize, scale: f32) -> Result<Array> {
-        self.attention_with(q, k, v, kv_len, scale, None, None)
+        self.attention_over(q, k, v, kv_len, scale, None, None, false)
     }
 
     fn write_axis1(&self, dst: &mut Array, src: &Array, offset: usize) -> Result<()> {
-        let op = "write_axis1";
-        let (&[a, cap, c], &[sa, n, sc]) = (dst.shape(), src.shape()) else {
-            return Err(Error::shape(op, format!("expected 3-d arrays, got {:?} and {:?}", dst.shape(), src.shape())));
-        };
-        if a != sa || c != sc || offset + n > cap {
-            return Err(Error::shape(op, format!("cannot write {:?} into {:?} at {offset}", src.shape(), dst.shape())));
+        self.write_axis1_at(dst, src, offset, None)
+    }
+
+    fn write_axis1_ring(&self, dst: &mut Array, src: &Array, offset: usize, keep: usize) -> Result<()> {
+        self.write_axis1_at(dst, src, offset, Some(keep))
+    }
+
+    fn attention_ring(
+        &self,
+        q: &Array,
+        k: &Array,
+        v: &Array,
+        kv_len: usize,
+        scale: f32,
+        sinks: Option<&[f32]>,
+    ) -> Result<Array> {
+        if let Some(s) = sinks.filter(|s| q.shape().len() != 3 || s.len() != q.dim(1)) {
+            return Err(Error::shape(
+                "attention_ring",
+                format!("{} sinks for q {:?} (one per query head)", s.len(), q.shape()),
+            ));
         }
-        // Any float dtypes: a cache of f16 or bf16 takes f32 rows rounded to its type.
-        let (src_dt, dst_dt) = (float_code(op, "src", src)?, float_code(op, "dst", dst)?);
-        let sp = self.ptr(op, "src", src)?;
-        self.on_device(op, "dst", dst)?;
-        let total = (a * n * c) as u64;
-        if total == 0 {
-            return Ok(());
-        }
-        let dp = dst.cuda_ptr_mut()?;
-        let (ni, capi, ci, offi) = (
-            to_i32(op, "rows", n)?,
-            to_i32(op, "capacity", cap)?,
-            to_i32(op, "row size", c)?,
-            to_i32(op, "offset", offset)?,
-        );
-        // CUDA graphs: while capturing, the kernel adds the step's delta to the offset.
-        let step = self.st()?.step_scalars();
-        launch!(self.st()?, op, "write_axis1", cfg_1d(total as usize);
-            dp, dst_dt, sp, src_dt, total, ni, capi, ci, offi, step, ni);
-        guard!(self.st()?, |at| offset + at.delta + n <= cap);
-        Ok(())
+        self.attention_over(q, k, v, kv_len, scale, sinks, None, true)
     }
 
     fn write_axis1_from_rows(&self, dst: &mut Array, src: &Array, offset: usize) -> Result<()> {
@@ -1022,7 +1017,7 @@ impl Backend for CudaBackend {
                 format!("{} sinks for q {:?} (one per query head)", sinks.len(), q.shape()),
             ));
         }
-        self.attention_with(q, k, v, kv_len, scale, Some(sinks), None)
+        self.attention_over(q, k, v, kv_len, scale, Some(sinks), None, false)
     }
 
     fn attention_window(
@@ -1036,7 +1031,7 @@ impl Backend for CudaBackend {
         sinks: Option<&[f32]>,
     ) -> Result<Array> {
         crate::backend::check_attention_window(q, k, v, kv_len, window, sinks)?;
-        self.attention_with(q, k, v, kv_len, scale, sinks, Some(window))
+        self.attention_over(q, k, v, kv_len, scale, sinks, Some(window), false)
     }
 
     fn moe_route(&self, logits: &Array, top_k: usize, routing: crate::MoeRouting) -> Result<(Array, Array)> {

@@ -85,7 +85,8 @@ extern "C" __global__ void attention_f32(float* out, const float* q, const void*
 // since the captured step) and the chunk is recomputed from it by the host's rule,
 // max(ceil(kv_len / want), 32); the grid then has as many splits as the largest kv length needs
 // (`want`), and the splits past the last key write an empty partial (maximum -inf, sum 0) that
-// attention_merge_f32 skips, so the result is the eager launch's, bit for bit.
+// attention_merge_f32 skips, so the result is the eager launch's, bit for bit. With `ring` (a
+// rotating cache: every slot of a full ring is a key, in any order) the kv length stops at cap.
 
 #define ATTS_WARPS 4
 #define ATTS_SLOTS 4  // float4 slots per lane: D <= 32 * 4 * ATTS_SLOTS = 512
@@ -93,9 +94,10 @@ extern "C" __global__ void attention_f32(float* out, const float* q, const void*
 // to kv_len (and the chunk taken by the host's rule on the device) when `step` is set (CUDA
 // graphs). atts_body and atts_prefetch both take their range here.
 __device__ __forceinline__ void atts_keys(int l, int t, int s, int kv_len, int chunk, const int* step, int want,
-                                          int& j_begin, int& j_end) {
+                                          int ring_cap, int& j_begin, int& j_end) {
     if (step) {
         kv_len += step[0];
+        if (ring_cap > 0) kv_len = min(kv_len, ring_cap);
         chunk = max((kv_len + want - 1) / want, 32);
     }
     j_begin = s * chunk;
@@ -284,12 +286,13 @@ __device__ __forceinline__ void atts_sized(float* pv, const float4* qv, Rows row
 template <class E>
 __device__ __forceinline__ void atts_body(float* part, const float* q, const void* k, const void* v, int l, int hq,
                                           int hkv, int d, int cap, int kv_len, float scale, int chunk, const int* step,
-                                          int want, float* sm_m, float* sm_l, float4 (*sm_acc)[32 * ATTS_SLOTS]) {
+                                          int want, int ring, float* sm_m, float* sm_l,
+                                          float4 (*sm_acc)[32 * ATTS_SLOTS]) {
     typedef typename E::raw Raw;
     const int h = blockIdx.x, t = blockIdx.y, s = blockIdx.z, splits = gridDim.z;
     const int kvh = h / (hq / hkv);
     int j_begin, j_end;
-    atts_keys(l, t, s, kv_len, chunk, step, want, j_begin, j_end);
+    atts_keys(l, t, s, kv_len, chunk, step, want, ring ? cap : 0, j_begin, j_end);
     const int d4 = d >> 2;
     const float4* qv = (const float4*)(q + ((size_t)t * hq + h) * d);
     const size_t head4 = (size_t)kvh * cap * d4;
@@ -305,11 +308,11 @@ __device__ __forceinline__ void atts_body(float* part, const float* q, const voi
 #define ATT_PF 1
 #endif
 __device__ __forceinline__ void atts_prefetch(const void* k, const void* v, int l, int hq, int hkv, int d, int cap,
-                                              int kv_len, int chunk, const int* step, int want, int kv_dt) {
+                                              int kv_len, int chunk, const int* step, int want, int kv_dt, int ring) {
     const int h = blockIdx.x, t = blockIdx.y;
     if (!ATT_PF || threadIdx.x != 0 || t != 0 || h % (hq / hkv) != 0) return;
     int j_begin, j_end;
-    atts_keys(l, t, blockIdx.z, kv_len, chunk, step, want, j_begin, j_end);
+    atts_keys(l, t, blockIdx.z, kv_len, chunk, step, want, ring ? cap : 0, j_begin, j_end);
     if (j_end <= j_begin) return;
     const size_t row = (size_t)d * (kv_dt == DT_F32 ? 4 : 2), first = ((size_t)(h / (hq / hkv)) * cap + j_begin) * row;
     l2_prefetch((const char*)k + first, (size_t)(j_end - j_begin) * row);
@@ -319,19 +322,20 @@ __device__ __forceinline__ void atts_prefetch(const void* k, const void* v, int 
 // Keys and values of dtype kv_dt (f32, f16 or bf16: 16- or 8-byte aligned rows).
 extern "C" __global__ void attention_split_f32(float* part, const float* q, const void* k, const void* v, int l, int hq,
                                                int hkv, int d, int cap, int kv_len, float scale, int chunk,
-                                               const int* step, int want, int kv_dt) {
-    atts_prefetch(k, v, l, hq, hkv, d, cap, kv_len, chunk, step, want, kv_dt);
+                                               const int* step, int want, int kv_dt, int ring) {
+    atts_prefetch(k, v, l, hq, hkv, d, cap, kv_len, chunk, step, want, kv_dt, ring);
     pdl_begin();
     __shared__ float sm_m[ATTS_WARPS], sm_l[ATTS_WARPS];
     __shared__ float4 sm_acc[ATTS_WARPS][32 * ATTS_SLOTS];
     if (kv_dt == DT_F32)
-        atts_body<F32Kv>(part, q, k, v, l, hq, hkv, d, cap, kv_len, scale, chunk, step, want, sm_m, sm_l, sm_acc);
+        atts_body<F32Kv>(part, q, k, v, l, hq, hkv, d, cap, kv_len, scale, chunk, step, want, ring, sm_m, sm_l,
+                         sm_acc);
     else if (kv_dt == DT_F16)
-        atts_body<HalfKv<DT_F16>>(part, q, k, v, l, hq, hkv, d, cap, kv_len, scale, chunk, step, want, sm_m, sm_l,
-                                  sm_acc);
+        atts_body<HalfKv<DT_F16>>(part, q, k, v, l, hq, hkv, d, cap, kv_len, scale, chunk, step, want, ring, sm_m,
+                                  sm_l, sm_acc);
     else
-        atts_body<HalfKv<DT_BF16>>(part, q, k, v, l, hq, hkv, d, cap, kv_len, scale, chunk, step, want, sm_m, sm_l,
-                                   sm_acc);
+        atts_body<HalfKv<DT_BF16>>(part, q, k, v, l, hq, hkv, d, cap, kv_len, scale, chunk, step, want, ring, sm_m,
+                                   sm_l, sm_acc);
 }
 
 // GH query heads of one KV group (head sizes up to 128) in one block: each key and value row is

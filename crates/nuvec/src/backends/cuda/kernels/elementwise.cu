@@ -84,11 +84,13 @@ extern "C" __global__ void rope_f32(float* out, const float* x, const float* inv
 
 // dst [A, cap, C] rows offset..offset+n of every A <- the first n rows of each A of src
 // [A, src_cap, C], converted from src_dt to dst_dt (f32, f16 or bf16; to half precision rounded
-// to nearest even). `step`: as in rope_f32.
+// to nearest even). `step`: as in rope_f32; with `ring` >= 0 (a rotating cache's one-row write,
+// positions ring.. of each A reused in turn) a replay writes at the ring's slot for offset +
+// step[0]: ring + (offset - ring + step[0]) mod (cap - ring).
 extern "C" __global__ void write_axis1(void* dst, int dst_dt, const void* src, int src_dt, size_t n_total, int n,
-                                       int cap, int c, int offset, const int* step, int src_cap) {
+                                       int cap, int c, int offset, const int* step, int src_cap, int ring) {
     pdl_begin();
-    if (step) offset += step[0];
+    if (step) offset = ring >= 0 ? ring + (offset - ring + step[0]) % (cap - ring) : offset + step[0];
     GRID_STRIDE(i, n_total) {
         size_t e = i % c;
         size_t r = i / c;

@@ -15,7 +15,8 @@ use crate::{Array, DType, Error, Result};
 impl CudaBackend {
     /// Attention for a decode step or a short chunk: the split-key kernel, then the merge (which
     /// adds the sinks, a device pointer or 0, and writes the integer GEMVs' parts of the one
-    /// output row into `parts` unless it is 0). Keys and values of dtype `kv_dt`.
+    /// output row into `parts` unless it is 0). Keys and values of dtype `kv_dt`. With `ring`
+    /// (a rotating cache's full ring), a CUDA graph's replays attend at most `cap` keys.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn attention_split(
         &self,
@@ -27,7 +28,7 @@ impl CudaBackend {
         cap: usize,
         kv_len: usize,
         scale: f32,
-        sinks: u64,
+        (sinks, ring): (u64, bool),
     ) -> Result<()> {
         let want = ATTS_TARGET_BLOCKS.div_ceil(hq * l).max(1);
         let split = move |kv_len: usize| {
@@ -51,9 +52,10 @@ impl CudaBackend {
             block_dim: (ATTS_THREADS, 1, 1),
             shared_mem_bytes: 0,
         };
+        let ringi = ring as i32;
         launch!(self.st()?, op, "attention_split_f32", cfg;
-            pp, qp, kp, vp, li, hqi, hkvi, di, capi, kvi, scale, chunki, step, wanti, kv_dt);
-        guard!(self.st()?, |at| kv_len + at.delta <= cap);
+            pp, qp, kp, vp, li, hqi, hkvi, di, capi, kvi, scale, chunki, step, wanti, kv_dt, ringi);
+        guard!(self.st()?, |at| ring || kv_len + at.delta <= cap);
         let cfg = LaunchConfig { grid_dim: (hq as u32, l as u32, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
         let no_tiles = 0u64;
         launch!(self.st()?, op, "attention_merge_f32", cfg; o, pp, hqi, di, si, sinks, parts, no_tiles);
@@ -114,9 +116,10 @@ impl CudaBackend {
     /// against q's heads) [`crate::Backend::attention_sinks`]: every path takes the sinks as a device
     /// pointer, null for plain attention. With a `window` shorter than `kv_len`,
     /// [`crate::Backend::attention_window`]: the prefill paths (64 queries or more) keep each
-    /// query's window, fewer queries attend one at a time over their own positions.
+    /// query's window, fewer queries attend one at a time over their own positions. With `ring`,
+    /// [`crate::Backend::attention_ring`]: a CUDA graph's replays attend at most the capacity.
     #[allow(clippy::too_many_arguments)]
-    pub(super) fn attention_with(
+    pub(super) fn attention_over(
         &self,
         q: &Array,
         k: &Array,
@@ -125,6 +128,7 @@ impl CudaBackend {
         scale: f32,
         sinks: Option<&[f32]>,
         window: Option<usize>,
+        ring: bool,
     ) -> Result<Array> {
         let op = "attention";
         let (&[l, hq, d], &[hkv, cap, dk]) = (q.shape(), k.shape()) else {
@@ -191,7 +195,7 @@ impl CudaBackend {
             // warps hold whole 32-value chunks (head sizes a multiple of 32).
             let parts = if d.is_multiple_of(32) { self.row_int_parts("attention", l, hq * d)? } else { None };
             let pp = parts.as_ref().map_or(0, DeviceBuffer::ptr);
-            self.attention_split(op, o, pp, (qp, kp, vp, kv_dt), (l, hq, hkv, d), cap, kv_len, scale, sp)?;
+            self.attention_split(op, o, pp, (qp, kp, vp, kv_dt), (l, hq, hkv, d), cap, kv_len, scale, (sp, ring))?;
             if let Some(parts) = parts {
                 out.set_derived(Derived::IntParts, parts);
             }
@@ -206,7 +210,8 @@ impl CudaBackend {
         };
         launch!(self.st()?, op, "attention_f32", cfg; o, qp, kp, vp, li, hqi, hkvi, di, capi, kvi, scale, sp, kv_dt);
         record!(self.st()?, op, "attention_f32", |at| {
-            let kvi = i32::try_from(kv_len + at.delta).ok().filter(|&n| n <= capi)?;
+            let kv_len = if ring { (kv_len + at.delta).min(cap) } else { kv_len + at.delta };
+            let kvi = i32::try_from(kv_len).ok().filter(|&n| n <= capi)?;
             Some((cfg, kargs![o, qp, kp, vp, li, hqi, hkvi, di, capi, kvi, scale, sp, kv_dt]))
         });
         Ok(out)

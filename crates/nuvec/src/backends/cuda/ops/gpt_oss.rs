@@ -1,6 +1,6 @@
 //! gpt-oss on a CUDA device: its experts' clamped SwiGLU (kernels/gpt_oss.cu) and the device
 //! copies of its attention sinks, which the attention kernels of attention.cu take as an
-//! optional pointer (see `CudaBackend::attention_with`).
+//! optional pointer (see `CudaBackend::attention_over`).
 
 use super::{cfg_1d, ConstantTables, CudaBackend};
 use crate::backends::cuda::State;
