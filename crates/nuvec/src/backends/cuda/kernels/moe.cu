@@ -167,6 +167,18 @@ __device__ __forceinline__ void moe_decode(const MoeChunk<BITS>& m, float (&w)[3
     }
 }
 
+// Two e2m1 codes of a word as f32: the nibbles at bits `shift` and `shift` + 16 of q. A code
+// (sign bit 3, exponent bits 2-1, mantissa bit 0) placed at f16 bits 15 and 11-9 is its value
+// times 2^-14 exactly (the zero exponent, 0 and 0.5, lands on f16's subnormals with the same
+// factor), so two masks, shifts and widenings decode a pair where fp_e2m1 spent a dozen
+// instructions per value; the chunk's dot product takes the 2^14 back with its scale.
+__device__ __forceinline__ void fp4_pair(u32 q, int shift, float& a, float& b) {
+    const u32 v = q >> shift;
+    const u32 h = ((v & 0x00070007u) << 9) | ((v & 0x00080008u) << 12);
+    a = f16_to_f32((u16)(h & 0xffffu));
+    b = f16_to_f32((u16)(h >> 16));
+}
+
 // The 32 values of chunk c (columns 32c..32c+31) of row `row` of one dense expert matrix of `k`
 // columns (dtype `dt`: f32, f16 or bf16), as f32.
 __device__ __forceinline__ void moe_dense_weights(const u64* ent, size_t row, int c, int k, int dt,
@@ -210,6 +222,31 @@ __device__ __forceinline__ float moe_dot(const float (&w)[32], const float (&v)[
 #pragma unroll
     for (int i = 0; i < 32; ++i) acc = fmaf(w[i], v[i], acc);
     return acc;
+}
+
+// acc plus a loaded chunk's 32 weights times x's 32 values. e2m1 codes (mxfp4, nvfp4): each half's
+// codes times x summed (fp4_pair's values, 2^-14 times the codes), then times 2^14 (exact) and
+// the half's scale; every other format: its weights decoded (moe_decode), then moe_dot.
+template <int FMT, int BITS>
+__device__ __forceinline__ float moe_chunk_dot(const MoeChunk<BITS>& m, const float (&v)[32], float acc) {
+    if constexpr (FMT == MOE_FMT_FP && BITS == 4) {
+        float half[2] = {0.0f, 0.0f};
+#pragma unroll
+        for (int w = 0; w < 4; ++w)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                float a, b;
+                fp4_pair(m.q[w], 4 * i, a, b);
+                half[w >> 1] = fmaf(a, v[8 * w + i], half[w >> 1]);
+                half[w >> 1] = fmaf(b, v[8 * w + i + 4], half[w >> 1]);
+            }
+        acc = fmaf(m.s0, half[0] * 16384.0f, acc);
+        return fmaf(m.s1, half[1] * 16384.0f, acc);
+    } else {
+        float w[32];
+        moe_decode<FMT, BITS>(m, w);
+        return moe_dot(w, v, acc);
+    }
 }
 
 // The experts' activation of gate value g and up value u.
@@ -294,7 +331,8 @@ __device__ __forceinline__ void moe_down_dense_body(float* __restrict__ out, con
 // output rows, so that a lane loads x's (or the activation's) chunk once for R rows and has all
 // their chunk loads in flight together, and the expert pointers are read once, not per chunk (a
 // warp per row, as the dense kernels above, waited on that chain of loads in turn and reached a
-// fifth of the memory bandwidth). moe_gate_up_rows sums each row in the dense kernel's order.
+// fifth of the memory bandwidth). moe_gate_up_rows sums each row in the dense kernel's order (e2m1 codes: by
+// halves, moe_chunk_dot).
 #define MOE_DOWN_ROWS 4
 
 // gate_up's rows per warp: fewer for the wider codes, whose loaded chunks take more registers.
@@ -332,11 +370,8 @@ __device__ __forceinline__ void moe_gate_up_rows(float* __restrict__ act, const 
         moe_chunk_x(xr + 32 * c, xv);
 #pragma unroll
         for (int r = 0; r < R; ++r) {
-            float w[32];
-            moe_decode<FMT, BITS>(mg[r], w);
-            ag[r] = moe_dot(w, xv, ag[r]);
-            moe_decode<FMT, BITS>(mu[r], w);
-            au[r] = moe_dot(w, xv, au[r]);
+            ag[r] = moe_chunk_dot<FMT, BITS>(mg[r], xv, ag[r]);
+            au[r] = moe_chunk_dot<FMT, BITS>(mu[r], xv, au[r]);
         }
     }
 #pragma unroll
@@ -385,11 +420,7 @@ __device__ __forceinline__ void moe_down_rows(float* __restrict__ out, const flo
         moe_chunk_x(act + ((size_t)t * top_k + j) * inter + 32 * c, av);
         const float weight = scaled[j];
 #pragma unroll
-        for (int r = 0; r < R; ++r) {
-            float w[32];
-            moe_decode<FMT, BITS>(m[r], w);
-            acc[r] = fmaf(weight, moe_dot(w, av, 0.0f), acc[r]);
-        }
+        for (int r = 0; r < R; ++r) acc[r] = fmaf(weight, moe_chunk_dot<FMT, BITS>(m[r], av, 0.0f), acc[r]);
     }
 #pragma unroll
     for (int r = 0; r < R; ++r) acc[r] = warp_sum(acc[r]);
