@@ -186,10 +186,7 @@ pub trait Backend: Send + Sync {
         scale: f32,
         sinks: Option<&[f32]>,
     ) -> Result<Array> {
-        match sinks {
-            None => self.attention(q, k, v, kv_len, scale),
-            Some(s) => self.attention_sinks(q, k, v, kv_len, scale, s),
-        }
+        attention_or_sinks(self, q, k, v, kv_len, scale, sinks)
     }
 
     /// A decode step's rope and cache writes for several paged sequences, as one op: row `i` of
@@ -688,6 +685,23 @@ pub(crate) fn rope_qk_write_paged_composed<B: Backend + ?Sized>(
     out.reshape(&[n, hq, d])
 }
 
+/// [`Backend::attention`], or [`Backend::attention_sinks`] with `sinks`: what the composed
+/// defaults below call per sequence or query.
+fn attention_or_sinks<B: Backend + ?Sized>(
+    backend: &B,
+    q: &Array,
+    k: &Array,
+    v: &Array,
+    kv_len: usize,
+    scale: f32,
+    sinks: Option<&[f32]>,
+) -> Result<Array> {
+    match sinks {
+        None => backend.attention(q, k, v, kv_len, scale),
+        Some(s) => backend.attention_sinks(q, k, v, kv_len, scale, s),
+    }
+}
+
 /// [`Backend::paged_decode_attention`] as its default composes it: each sequence's blocks
 /// gathered into `[Hkv, positions, D]`, then [`Backend::attention`] (or its sinks variant).
 #[allow(clippy::too_many_arguments)]
@@ -713,10 +727,7 @@ pub(crate) fn paged_decode_attention_composed<B: Backend + ?Sized>(
         };
         let (ks, vs) = (gather(&k_blocks)?, gather(&v_blocks)?);
         let qi = backend.slice_rows(q, i, i + 1)?;
-        let row = match sinks {
-            None => backend.attention(&qi, &ks, &vs, s.len, scale)?,
-            Some(sinks) => backend.attention_sinks(&qi, &ks, &vs, s.len, scale, sinks)?,
-        };
+        let row = attention_or_sinks(backend, &qi, &ks, &vs, s.len, scale, sinks)?;
         backend.write_axis1(&mut out, &row.reshape(&[1, 1, hq * d])?, i)?;
     }
     out.reshape(&[n, hq * d])
@@ -774,10 +785,7 @@ pub(crate) fn attention_window_composed<B: Backend + ?Sized>(
         let range = |a: &Array| -> Result<Array> { backend.transpose01(&backend.slice_rows(a, first, last + 1)?) };
         let (ki, vi) = (range(&kt)?, range(&vt)?);
         let qi = backend.slice_rows(q, i, i + 1)?;
-        let row = match sinks {
-            None => backend.attention(&qi, &ki, &vi, last + 1 - first, scale)?,
-            Some(sinks) => backend.attention_sinks(&qi, &ki, &vi, last + 1 - first, scale, sinks)?,
-        };
+        let row = attention_or_sinks(backend, &qi, &ki, &vi, last + 1 - first, scale, sinks)?;
         backend.write_axis1(&mut out, &row.reshape(&[1, 1, hq * d])?, i)?;
     }
     out.reshape(&[l, hq * d])
