@@ -9,6 +9,7 @@ use nuvec::{Array, Matrix, QuantSpec};
 use serde_json::{json, Map, Value};
 
 use crate::config::Config;
+use crate::gguf_gemma4;
 use crate::gguf_qwen35::{self, ValueHeads};
 use crate::gguf_rope;
 use crate::gguf_tokenizer;
@@ -26,6 +27,7 @@ const ARCHITECTURES: &[(&str, &str)] = &[
     ("gpt-oss", "gpt_oss"),
     ("qwen35", "qwen3_5"),
     ("qwen35moe", "qwen3_5_moe"),
+    ("gemma4", "gemma4_text"),
 ];
 
 /// Loads a model and its tokenizer from one GGUF file.
@@ -41,7 +43,7 @@ pub fn load_gguf_on(path: &Path, device: nuvec::Device) -> Result<(Model, Tokeni
     let Some(&(_, model_type)) = ARCHITECTURES.iter().find(|(a, _)| *a == arch) else {
         return Err(Error::Unsupported(format!(
             "{label}: GGUF architecture {arch:?} is not mapped (llama, mistral, qwen2, qwen3, qwen3moe, gpt-oss, \
-             qwen35, qwen35moe are)"
+             qwen35, qwen35moe, gemma4 are)"
         )));
     };
     let config = Config::from_json(&label, &config_json(&file, arch, model_type)?.to_string())?;
@@ -83,6 +85,9 @@ pub(crate) fn bad_meta(file: &GgufFile, key: &str, what: &str) -> Error {
 
 /// The config.json an MLX checkpoint of this model would have.
 fn config_json(file: &GgufFile, arch: &str, model_type: &str) -> Result<Value> {
+    if arch == "gemma4" {
+        return gguf_gemma4::config(file);
+    }
     let key = |k: &str| format!("{arch}.{k}");
     let heads = meta_u64(file, &key("attention.head_count"))?;
     let hidden = meta_u64(file, &key("embedding_length"))?;
@@ -239,6 +244,9 @@ fn moe_config(file: &GgufFile, arch: &str, model_type: &str, config: &mut Map<St
 /// The checkpoint name of a GGUF tensor name of architecture `arch` (`blk.3.attn_q.weight` ->
 /// `model.layers.3.self_attn.q_proj.weight`).
 fn checkpoint_name(arch: &str, name: &str) -> Option<String> {
+    if arch == "gemma4" {
+        return gguf_gemma4::checkpoint_name(name);
+    }
     let fixed = match name {
         "token_embd.weight" => Some("model.embed_tokens.weight"),
         "output_norm.weight" => Some("model.norm.weight"),
@@ -445,6 +453,9 @@ fn converted_arrays(file: &GgufFile, config: &Config, arch: &str) -> Result<Conv
                 specs.insert(base, q.spec);
             }
         }
+    }
+    if arch == "gemma4" {
+        gguf_gemma4::finish(&mut arrays, &mut specs, config)?;
     }
     Ok((arrays, specs))
 }

@@ -1,6 +1,7 @@
 //! SentencePiece vocabularies in GGUF files (`tokenizer.ggml.model = "llama"`: Llama 2, Mistral,
 //! Gemma, ...), rebuilt as the byte-fallback BPE tokenizer that transformers makes of the same
-//! model, so ids equal the original tokenizer.json's.
+//! model, so ids equal the original tokenizer.json's; and Gemma 4's (`"gemma4"`), the same kind
+//! of vocabulary with its merges written out.
 //!
 //! What the file carries, per token: its text, a score and a type (llama.cpp's converter reads
 //! them from tokenizer.model, then marks tokenizer_config.json's added tokens CONTROL or
@@ -247,11 +248,7 @@ fn components(
 pub(crate) fn sentencepiece_tokenizer(file: &GgufFile) -> Result<Tokenizer> {
     let label = file.path().display().to_string();
     let vocab = read_vocabulary(file)?;
-    let n = vocab.pieces.len();
-    let mut ids: HashMap<String, u32> = HashMap::with_capacity(n);
-    for (id, piece) in vocab.pieces.iter().enumerate() {
-        ids.entry(piece.clone()).or_insert(id as u32);
-    }
+    let ids = ids_of(&vocab);
     let normal_scores = || vocab.scores.iter().zip(&vocab.kinds).filter(|(_, &k)| k == Kind::Normal).map(|(s, _)| s);
     if normal_scores().nth(1).is_some() && normal_scores().all(|s| Some(s) == normal_scores().next()) {
         // convert_hf_to_gguf's fallback without tokenizer.model (LlamaHfVocab) writes -1000
@@ -262,6 +259,65 @@ pub(crate) fn sentencepiece_tokenizer(file: &GgufFile) -> Result<Tokenizer> {
              a checkpoint that has tokenizer.model"
         )));
     }
+    let merges = merges(&vocab, &ids);
+    // llama.cpp's defaults for SentencePiece vocabularies: BOS yes, EOS no, space prefix yes.
+    build(file, vocab, ids, merges, true, &[])
+}
+
+/// Gemma 4's vocabulary (`tokenizer.ggml.model = "gemma4"`): SentencePiece-style pieces ("▁" for
+/// spaces, `<0xNN>` byte tokens) with the merge list written out (`tokenizer.ggml.merges`, rank
+/// = position) instead of scores, as Gemma 4's tokenizer.json holds them. The whole text is one
+/// piece sequence, as transformers runs it (llama.cpp splits it at newline runs first, which
+/// gives the same ids as long as no merge joins a newline to other text). Besides the file's
+/// EOS, generation ends at the end-of-turn tokens llama.cpp ends a Gemma turn with
+/// (`<turn|>`, `<|tool_response>`, and Gemma 3's `<end_of_turn>`), where the vocabulary has them.
+pub(crate) fn gemma4_tokenizer(file: &GgufFile) -> Result<Tokenizer> {
+    let key = "tokenizer.ggml.merges";
+    let vocab = read_vocabulary(file)?;
+    let ids = ids_of(&vocab);
+    let entries =
+        meta(file, key)?.as_array().ok_or_else(|| bad(file, format!("GGUF metadata {key} is not an array")))?;
+    let mut merges = Vec::with_capacity(entries.len());
+    for (rank, entry) in entries.iter().enumerate() {
+        // llama.cpp splits at the first space after the first character.
+        let pair = entry.as_str().and_then(|m| {
+            let cut = m.char_indices().skip(1).find(|&(_, c)| c == ' ')?.0;
+            Some((m[..cut].to_string(), m[cut + 1..].to_string()))
+        });
+        let pair =
+            pair.ok_or_else(|| bad(file, format!("GGUF metadata {key}[{rank}] = {entry:?} is not \"left right\"")))?;
+        merges.push(pair);
+    }
+    let ends: Vec<u32> = ["<turn|>", "<|tool_response>", "<end_of_turn>"]
+        .iter()
+        .filter_map(|t| ids.get(*t).copied())
+        .filter(|&id| matches!(vocab.kinds[id as usize], Kind::Control | Kind::UserDefined))
+        .collect();
+    build(file, vocab, ids, merges, false, &ends)
+}
+
+/// Each piece's id (the first, for a piece the vocabulary repeats).
+fn ids_of(vocab: &Vocabulary) -> HashMap<String, u32> {
+    let mut ids: HashMap<String, u32> = HashMap::with_capacity(vocab.pieces.len());
+    for (id, piece) in vocab.pieces.iter().enumerate() {
+        ids.entry(piece.clone()).or_insert(id as u32);
+    }
+    ids
+}
+
+/// A byte-fallback BPE tokenizer of `vocab` and `merges`, with the file's special tokens and
+/// flags (`space_prefix`: whether a missing `add_space_prefix` means yes) and the extra
+/// end-of-sequence ids `ends`.
+fn build(
+    file: &GgufFile,
+    vocab: Vocabulary,
+    ids: HashMap<String, u32>,
+    merges: Vec<(String, String)>,
+    space_prefix: bool,
+    ends: &[u32],
+) -> Result<Tokenizer> {
+    let label = file.path().display().to_string();
+    let n = vocab.pieces.len();
     let unk = match token_id(file, "tokenizer.ggml.unknown_token_id", n)? {
         Some(id) => Some(id),
         None => vocab.kinds.iter().position(|&k| k == Kind::Unknown).map(|id| id as u32),
@@ -270,10 +326,9 @@ pub(crate) fn sentencepiece_tokenizer(file: &GgufFile) -> Result<Tokenizer> {
     let eos = token_id(file, "tokenizer.ggml.eos_token_id", n)?;
     token_id(file, "tokenizer.ggml.padding_token_id", n)?;
     let flag = |key: &str| file.get(key).and_then(GgufValue::as_bool);
-    // llama.cpp's defaults for SentencePiece vocabularies: BOS yes, EOS no, space prefix yes.
     let add_bos = flag("tokenizer.ggml.add_bos_token");
     let add_eos = flag("tokenizer.ggml.add_eos_token").unwrap_or(false);
-    let add_space_prefix = flag("tokenizer.ggml.add_space_prefix").unwrap_or(true);
+    let add_space_prefix = flag("tokenizer.ggml.add_space_prefix").unwrap_or(space_prefix);
     for (on, id, what) in [(add_bos == Some(true), bos, "bos"), (add_eos, eos, "eos")] {
         if on && id.is_none() {
             return Err(bad(
@@ -285,10 +340,7 @@ pub(crate) fn sentencepiece_tokenizer(file: &GgufFile) -> Result<Tokenizer> {
     let text_of = |id: Option<u32>| id.map(|i| (vocab.pieces[i as usize].as_str(), i));
 
     let model = BPE::builder()
-        .vocab_and_merges(
-            ids.iter().map(|(t, &i)| (t.clone(), i)).collect::<tokenizers::models::bpe::Vocab>(),
-            merges(&vocab, &ids),
-        )
+        .vocab_and_merges(ids.iter().map(|(t, &i)| (t.clone(), i)).collect::<tokenizers::models::bpe::Vocab>(), merges)
         .byte_fallback(vocab.kinds.contains(&Kind::Byte))
         .fuse_unk(true);
     let model = match unk {
@@ -323,7 +375,8 @@ pub(crate) fn sentencepiece_tokenizer(file: &GgufFile) -> Result<Tokenizer> {
     let (special, plain): (Vec<AddedToken>, Vec<AddedToken>) = added.into_iter().partition(|t| t.special);
     inner.add_special_tokens(&special);
     inner.add_tokens(&plain);
-    finish(file, inner, text_of(bos).map(|(t, _)| t.to_string()), text_of(eos).map(|(t, _)| t.to_string()))
+    let (bos, eos) = (text_of(bos).map(|(t, _)| t.to_string()), text_of(eos).map(|(t, _)| t.to_string()));
+    finish(file, inner, bos, eos, ends)
 }
 
 #[cfg(test)]

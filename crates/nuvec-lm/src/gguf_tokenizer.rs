@@ -48,9 +48,10 @@ pub(crate) fn tokenizer(file: &GgufFile) -> Result<Tokenizer> {
     match meta_str(file, "tokenizer.ggml.model")? {
         "gpt2" => byte_level_tokenizer(file),
         "llama" => crate::gguf_spm::sentencepiece_tokenizer(file),
+        "gemma4" => crate::gguf_spm::gemma4_tokenizer(file),
         model => Err(Error::Unsupported(format!(
-            "{label}: GGUF tokenizer model {model:?} is not built yet (byte-level BPE \"gpt2\" and \
-             SentencePiece \"llama\" are)"
+            "{label}: GGUF tokenizer model {model:?} is not built yet (byte-level BPE \"gpt2\", \
+             SentencePiece \"llama\" and Gemma 4's \"gemma4\" are)"
         ))),
     }
 }
@@ -120,16 +121,17 @@ fn byte_level_tokenizer(file: &GgufFile) -> Result<Tokenizer> {
         file: label.clone(),
         message: format!("the GGUF vocabulary does not make a tokenizer: {e}"),
     })?;
-    finish(file, inner, bos, eos)
+    finish(file, inner, bos, eos, &[])
 }
 
-/// The parts every vocabulary kind shares: end-of-sequence ids (EOS and EOT) and the chat
-/// template.
+/// The parts every vocabulary kind shares: end-of-sequence ids (EOS, EOT, and the vocabulary
+/// kind's own `ends`) and the chat template.
 pub(crate) fn finish(
     file: &GgufFile,
     inner: tokenizers::Tokenizer,
     bos: Option<String>,
     eos: Option<String>,
+    ends: &[u32],
 ) -> Result<Tokenizer> {
     let label = file.path().display().to_string();
     let vocab = inner.get_vocab_size(true) as u64;
@@ -146,6 +148,11 @@ pub(crate) fn finish(
             if !eos_ids.contains(&(id as u32)) {
                 eos_ids.push(id as u32);
             }
+        }
+    }
+    for &id in ends {
+        if !eos_ids.contains(&id) {
+            eos_ids.push(id);
         }
     }
     let key = "tokenizer.chat_template";

@@ -29,6 +29,7 @@ pub mod engine;
 mod error;
 pub mod generate;
 pub mod gguf;
+mod gguf_gemma4;
 mod gguf_qwen35;
 mod gguf_rope;
 mod gguf_spm;

@@ -1,0 +1,106 @@
+//! GGUFs of llama.cpp's `gemma4` architecture load as mlx-lm's `gemma4_text` and answer as
+//! mlx-lm does on the dense f32 checkpoint of the same values (recorded by
+//! `scripts/oracle/more/gguf_gemma4.py`, written as llama.cpp's converter writes them: sliding
+//! layers from `attention.sliding_window_pattern`, per-layer `feed_forward_length` and
+//! `head_count_kv` arrays, the full layers' proportional rope as `rope_freqs`, the experts' gate
+//! and up rows fused, the router's scales renamed, the `gemma4` tokenizer): the tokenizer
+//! encodes the prompt to the recorded ids, the logits are within f32 rounding teacher-forced and
+//! the greedy tokens equal mlx-lm's; `nuvec convert` writes each as an MLX checkpoint that mlx-lm
+//! loads and answers from with the same tokens.
+//!
+//! - `gguf-gemma4`: sliding and full layers, KV-shared layers with double-wide MLPs, per-layer
+//!   inputs, soft-capping, tied embeddings.
+//! - `gguf-gemma4moe`: the mixture of experts beside the dense MLP, values that are the keys on
+//!   full layers (no `attn_v`, one key/value head there).
+
+mod common;
+
+use common::gguf_oracle::{answers_like_mlx_lm, converts_to_checkpoints_mlx_lm_answers_from};
+use nuvec_lm::gguf_tokenizer::load_gguf_tokenizer;
+
+#[test]
+fn gemma4_gguf_answers_like_mlx_lm() {
+    answers_like_mlx_lm("gguf-gemma4", "gemma4_text");
+}
+
+#[test]
+fn gemma4_gguf_converts_to_checkpoints_mlx_lm_answers_from() {
+    converts_to_checkpoints_mlx_lm_answers_from("gguf-gemma4");
+}
+
+#[test]
+fn gemma4moe_gguf_answers_like_mlx_lm() {
+    answers_like_mlx_lm("gguf-gemma4moe", "gemma4_text");
+}
+
+#[test]
+fn gemma4moe_gguf_converts_to_checkpoints_mlx_lm_answers_from() {
+    converts_to_checkpoints_mlx_lm_answers_from("gguf-gemma4moe");
+}
+
+/// The `gemma4` vocabulary (pieces with "▁" for spaces, byte fallback, the merges written out)
+/// encodes texts to transformers' ids for the tokenizer.json it was converted from — spaces,
+/// runs of spaces and newlines, tabs, accents, CJK, emoji (byte fallback), special tokens in the
+/// text — with and without BOS, and decodes them back; generation ends at `<eos>` and at the end
+/// of a turn.
+#[test]
+fn gemma4_tokenizer_matches_transformers() {
+    let dir = common::fixtures().join("gguf-gemma4");
+    let tokenizer = load_gguf_tokenizer(&dir.join("model.gguf")).unwrap();
+    let cases: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("tokenizer_cases.json")).unwrap()).unwrap();
+    let cases = cases.as_array().unwrap();
+    assert!(cases.len() >= 10);
+    for case in cases {
+        let text = case["text"].as_str().unwrap();
+        let want = common::ids(&case["ids"]);
+        assert_eq!(tokenizer.encode(text, false).unwrap(), want, "{text:?}");
+        assert_eq!(tokenizer.encode(text, true).unwrap(), common::ids(&case["ids_with_bos"]), "{text:?} with BOS");
+        assert_eq!(tokenizer.decode(&want).unwrap(), text, "{text:?} decoded");
+    }
+}
+
+/// Generation ends at the file's EOS and at the end-of-turn tokens llama.cpp ends a Gemma turn
+/// with: the fixture's EOS is `<end_of_turn>` (106); with it set to `<eos>` (1), 106 still ends.
+#[test]
+fn gemma4_tokenizer_ends_at_the_end_of_a_turn() {
+    let valid = std::fs::read(common::fixtures().join("gguf-gemma4/model.gguf")).unwrap();
+    let key = b"tokenizer.ggml.eos_token_id";
+    let at = valid.windows(key.len()).position(|w| w == key).expect("present") + key.len() + 4;
+    assert_eq!(valid[at..at + 4], 106u32.to_le_bytes());
+    let mut bytes = valid.clone();
+    bytes[at..at + 4].copy_from_slice(&1u32.to_le_bytes());
+    let path = std::env::temp_dir().join(format!("nuvec-gemma4-eos-{}.gguf", std::process::id()));
+    std::fs::write(&path, &bytes).unwrap();
+    let tokenizer = load_gguf_tokenizer(&path).unwrap();
+    std::fs::remove_file(&path).ok();
+    let mut eos = tokenizer.eos_token_ids().to_vec();
+    eos.sort();
+    assert_eq!(eos, [1, 106]);
+}
+
+/// Metadata that cannot describe the model gives an error naming the key.
+#[test]
+fn gemma4_metadata_that_cannot_be_right() {
+    let valid = std::fs::read(common::fixtures().join("gguf-gemma4/model.gguf")).unwrap();
+    let find = |needle: &[u8]| valid.windows(needle.len()).position(|w| w == needle).expect("present") + needle.len();
+    // A u32 value follows its key and its 4-byte type.
+    let cases: [(&str, u32, &[&str]); 3] = [
+        ("gemma4.attention.shared_kv_layers", 8, &["shared_kv_layers = 8", "none of the 8 layers"]),
+        ("gemma4.attention.sliding_window", 0, &["sliding_window = 0"]),
+        ("gemma4.rope.dimension_count_swa", 8, &["dimension_count_swa = 8", "not mapped"]),
+    ];
+    for (key, value, words) in cases {
+        let mut bytes = valid.clone();
+        let at = find(key.as_bytes()) + 4;
+        bytes[at..at + 4].copy_from_slice(&value.to_le_bytes());
+        let path = std::env::temp_dir().join(format!("nuvec-gemma4-{key}-{}.gguf", std::process::id()));
+        std::fs::write(&path, &bytes).unwrap();
+        let err = match nuvec_lm::load(path.to_str().unwrap()) {
+            Ok(_) => panic!("{key}: a broken file loaded"),
+            Err(e) => e.to_string(),
+        };
+        std::fs::remove_file(&path).ok();
+        assert!(words.iter().all(|w| err.contains(w)), "{key}: {err}");
+    }
+}
