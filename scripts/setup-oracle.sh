@@ -77,6 +77,27 @@ for entry in "${NPM_TOKENIZERS[@]}"; do
     fi
 done
 
+# ---------------------------------------------------------------- llama.cpp's vocabulary tests (PyPI)
+# Gemma 4's real tokenizer as llama.cpp ships it (models/ggml-vocab-gemma-4.gguf, no weights) with
+# llama.cpp's expected ids (.inp/.out), from the llama.cpp tree vendored in the llama-cpp-python
+# sdist (pinned by sha256; bench/llama-cpp builds from the same tree).
+LLAMA_SDIST_VERSION=0.3.36
+LLAMA_SDIST_SHA=832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e
+LLAMA_VOCAB="$NUVEC_CACHE/llama-vocab-$LLAMA_SDIST_VERSION"
+if [[ ! -f "$LLAMA_VOCAB/.from-$LLAMA_SDIST_SHA" ]]; then
+    log "pip download llama-cpp-python==$LLAMA_SDIST_VERSION (sdist) for its vocabulary tests"
+    tmp="$(mktemp -d)"
+    "$PY" -m pip download --quiet --disable-pip-version-check --no-deps --no-binary llama-cpp-python \
+        "llama-cpp-python==$LLAMA_SDIST_VERSION" -d "$tmp"
+    sdist="$tmp/llama_cpp_python-$LLAMA_SDIST_VERSION.tar.gz"
+    check_sha "$sdist" "$LLAMA_SDIST_SHA"
+    tar -xzf "$sdist" -C "$tmp" --wildcards '*/vendor/llama.cpp/models/ggml-vocab-gemma-4.gguf*'
+    rm -rf "$LLAMA_VOCAB" && mkdir -p "$LLAMA_VOCAB"
+    cp "$tmp"/*/vendor/llama.cpp/models/ggml-vocab-gemma-4.gguf* "$LLAMA_VOCAB/"
+    rm -rf "$tmp"
+    touch "$LLAMA_VOCAB/.from-$LLAMA_SDIST_SHA"
+fi
+
 # ---------------------------------------------------------------- SmolLM2 GGUF (PyPI)
 GGUF="$("$ROOT/scripts/get-default-model.sh")"
 
@@ -118,5 +139,6 @@ export NUVEC_FIXTURES=$FIX
 export NUVEC_DEFAULT_GGUF=$GGUF
 export NUVEC_ORACLE_PYTHON=$PY
 export NUVEC_TOKENIZERS=$TOKDIR
+export NUVEC_LLAMA_VOCAB=$LLAMA_VOCAB
 EOF
 cat "$NUVEC_CACHE/env.sh"

@@ -104,3 +104,37 @@ fn gemma4_metadata_that_cannot_be_right() {
         assert!(words.iter().all(|w| err.contains(w)), "{key}: {err}");
     }
 }
+
+/// Gemma 4's own vocabulary as llama.cpp ships it (`models/ggml-vocab-gemma-4.gguf`: the real
+/// tokenizer, no weights) passes llama.cpp's tokenizer tests for it (`.inp` texts, `.out` ids,
+/// without BOS: spaces, tabs and newline runs, accents, Cyrillic, CJK, emoji, code), and ends
+/// generation at `<eos>`, `<turn|>` and `<|tool_response>`. `scripts/setup-oracle.sh` takes the
+/// three files from the pinned llama-cpp-python sdist (`NUVEC_LLAMA_VOCAB`).
+#[test]
+fn gemma4_tokenizer_passes_llama_cpp_vocab_tests() {
+    let dir = std::path::PathBuf::from(
+        std::env::var("NUVEC_LLAMA_VOCAB").expect("NUVEC_LLAMA_VOCAB is not set: run scripts/test.sh"),
+    );
+    let tokenizer = load_gguf_tokenizer(&dir.join("ggml-vocab-gemma-4.gguf")).unwrap();
+    let inputs = std::fs::read_to_string(dir.join("ggml-vocab-gemma-4.gguf.inp")).unwrap();
+    let outputs = std::fs::read_to_string(dir.join("ggml-vocab-gemma-4.gguf.out")).unwrap();
+    // llama.cpp's test-tokenizer-0: texts separated by this line, one line of ids per text.
+    let sep = "\n__ggml_vocab_test__\n";
+    let mut texts: Vec<&str> = inputs.split(sep).collect();
+    if texts.last() == Some(&"") {
+        texts.pop();
+    }
+    let ids: Vec<Vec<u32>> =
+        outputs.lines().map(|l| l.split_whitespace().map(|t| t.parse().unwrap()).collect()).collect();
+    assert_eq!(texts.len(), ids.len());
+    assert!(texts.len() > 40);
+    for (text, want) in texts.iter().zip(&ids) {
+        assert_eq!(&tokenizer.encode(text, false).unwrap(), want, "{text:?}");
+    }
+    let mut eos = tokenizer.eos_token_ids().to_vec();
+    eos.sort();
+    let id = |t: &str| tokenizer.encode(t, false).unwrap();
+    assert_eq!(id("<turn|>"), [106]);
+    assert_eq!(id("<|tool_response>"), [50]);
+    assert_eq!(eos, [1, 50, 106]);
+}

@@ -29,6 +29,18 @@ pub struct RotatingKvCache<S: Store = Array> {
     /// Rows of a pass that speculative decoding may take back (0: none); see
     /// [`RotatingKvCache::keep_rewind`].
     rewind: usize,
+    /// What the last one-position steps (at most `rewind`) overwrote, newest last.
+    undo: Vec<Undo<S>>,
+}
+
+/// What one one-position step changed, to put back when speculative decoding takes its
+/// position back (a draft model's rejected guess, decoded into the ring in place).
+#[derive(Debug, Clone)]
+enum Undo<S> {
+    /// It wrote slot `at`: the keys and values it held, and the counters before.
+    Slot { at: usize, keys: S, values: S, counters: (usize, usize) },
+    /// It first grew the buffers or cut them to the window: the buffers as they were.
+    Whole { keys: Option<S>, values: Option<S>, counters: (usize, usize) },
 }
 
 impl RotatingKvCache<Array> {
@@ -49,7 +61,17 @@ impl<S: Store> RotatingKvCache<S> {
         if max_size == 0 || keep >= max_size {
             return Err(Error::Invalid(format!("max_kv_size = {max_size} must exceed the {keep} kept positions")));
         }
-        Ok(RotatingKvCache { keys: None, values: None, context, offset: 0, idx: 0, max_size, keep, rewind: 0 })
+        Ok(RotatingKvCache {
+            keys: None,
+            values: None,
+            context,
+            offset: 0,
+            idx: 0,
+            max_size,
+            keep,
+            rewind: 0,
+            undo: vec![],
+        })
     }
 
     /// The same ring with its positions converted to another store (quantized, say).
@@ -66,6 +88,7 @@ impl<S: Store> RotatingKvCache<S> {
             max_size: self.max_size,
             keep: self.keep,
             rewind: self.rewind,
+            undo: vec![],
         })
     }
 
@@ -73,9 +96,12 @@ impl<S: Store> RotatingKvCache<S> {
     /// positions may be taken back) attend as that many one-token steps would: each row sees the
     /// pinned positions and the newest `max_size - keep`. mlx-lm's mask for a pass of several
     /// rows, which prefill chunks keep, slides its window over the pinned positions too; without
-    /// pinned positions the two are the same.
+    /// pinned positions the two are the same. The last `n` one-position steps can be taken back
+    /// too (a draft model's guesses): each keeps what it overwrote.
     pub fn keep_rewind(&mut self, n: usize) {
         self.rewind = n;
+        let extra = self.undo.len().saturating_sub(n);
+        self.undo.drain(..extra);
     }
 
     /// Positions seen in total (not all of them are still held once the ring wraps).
@@ -92,6 +118,24 @@ impl<S: Store> RotatingKvCache<S> {
         if let Some(why) = self.cannot_trim(n) {
             return Err(Error::Invalid(why));
         }
+        if n > 0 && n <= self.undo.len() {
+            for _ in 0..n {
+                let counters = match self.undo.pop().expect("counted") {
+                    Undo::Slot { at, keys, values, counters } => {
+                        self.keys.as_mut().expect("a step wrote it").write(&keys, at)?;
+                        self.values.as_mut().expect("a step wrote it").write(&values, at)?;
+                        counters
+                    }
+                    Undo::Whole { keys, values, counters } => {
+                        (self.keys, self.values) = (keys, values);
+                        counters
+                    }
+                };
+                (self.offset, self.idx) = counters;
+            }
+            return Ok(());
+        }
+        self.undo.clear();
         if self.offset >= self.max_size && n > 0 {
             let len = self.buffer_len() - n;
             for buffer in [&mut self.keys, &mut self.values] {
@@ -114,7 +158,7 @@ impl<S: Store> RotatingKvCache<S> {
         if n > self.offset {
             return Some(format!("cannot trim {n} positions from a cache holding {}", self.offset));
         }
-        if n == 0 || self.offset < self.max_size {
+        if n == 0 || self.offset < self.max_size || n <= self.undo.len() {
             return None;
         }
         // In temporal order (idx at the end) and still holding a full window after the cut —
@@ -126,7 +170,8 @@ impl<S: Store> RotatingKvCache<S> {
         }
         Some(format!(
             "cannot trim {n} positions from a rotating cache of {} positions after it wrapped (it has seen {}): \
-             only a multi-row pass's last positions can be taken back",
+             only a multi-row pass's last positions, or the last one-position steps kept by keep_rewind, can be \
+             taken back",
             self.max_size, self.offset
         ))
     }
@@ -219,6 +264,7 @@ impl<S: Store> RotatingKvCache<S> {
     }
 
     fn update_concat(&mut self, keys: &S, values: &S) -> Result<()> {
+        self.undo.clear();
         match (self.keys.take(), self.values.take()) {
             (Some(k), Some(v)) => {
                 let (k, v) = (self.temporal(&k)?, self.temporal(&v)?);
@@ -241,7 +287,16 @@ impl<S: Store> RotatingKvCache<S> {
     fn update_in_place(&mut self, keys: &S, values: &S) -> Result<()> {
         let prev = self.offset;
         let len = self.buffer_len();
-        if self.keys.is_none() || (prev >= len && len < self.max_size) {
+        let grows = self.keys.is_none() || (prev >= len && len < self.max_size);
+        // A step that may be taken back keeps what it changes: the buffers when it replaces
+        // them (growing, or cutting a multi-row pass's to the window), else the slot it writes.
+        let before = (self.offset, self.idx);
+        let mut undo = (self.rewind > 0 && (grows || len > self.max_size)).then(|| Undo::Whole {
+            keys: self.keys.clone(),
+            values: self.values.clone(),
+            counters: before,
+        });
+        if grows {
             let grow = STEP.min(self.max_size - prev);
             let zeros = |like: &S| -> Result<S> {
                 let a = like.to_array()?;
@@ -267,10 +322,21 @@ impl<S: Store> RotatingKvCache<S> {
         if self.idx == self.max_size {
             self.idx = self.keep;
         }
+        if self.rewind > 0 && undo.is_none() {
+            let (k, v) = (self.keys.as_ref().expect("set"), self.values.as_ref().expect("set"));
+            let at = self.idx;
+            undo = Some(Undo::Slot { at, keys: k.position(at)?, values: v.position(at)?, counters: before });
+        }
         self.keys.as_mut().expect("set").write_ring(keys, self.idx, self.keep)?;
         self.values.as_mut().expect("set").write_ring(values, self.idx, self.keep)?;
         self.offset += 1;
         self.idx += 1;
+        if let Some(u) = undo {
+            if self.undo.len() == self.rewind {
+                self.undo.remove(0);
+            }
+            self.undo.push(u);
+        }
         Ok(())
     }
 
@@ -291,6 +357,7 @@ impl<S: Store> RotatingKvCache<S> {
     /// that failed: nothing of it ran on the device).
     pub fn set_counters(&mut self, (offset, idx): (usize, usize)) {
         (self.offset, self.idx) = (offset, idx);
+        self.undo.clear();
     }
 
     /// Moves the cache on by one position whose keys and values were written elsewhere (a CUDA
@@ -306,6 +373,8 @@ impl<S: Store> RotatingKvCache<S> {
         }
         self.offset += 1;
         self.idx += 1;
+        // The replay wrote the slot without keeping what it held.
+        self.undo.clear();
         Ok(())
     }
 
@@ -336,11 +405,77 @@ impl<S: Store> RotatingKvCache<S> {
                 "an inconsistent rotating cache (buffer {len}, idx {idx}, max {max_size})"
             )));
         }
-        Ok(RotatingKvCache { keys: Some(keys), values: Some(values), context, offset, idx, max_size, keep, rewind: 0 })
+        Ok(RotatingKvCache {
+            keys: Some(keys),
+            values: Some(values),
+            context,
+            offset,
+            idx,
+            max_size,
+            keep,
+            rewind: 0,
+            undo: vec![],
+        })
     }
 
     /// What new positions are made with (the quantization, for quantized rows).
     pub fn context(&self) -> &S::Context {
         &self.context
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `n` positions of 2 heads of width 4, their values numbered from `from`.
+    fn positions(from: usize, n: usize) -> Array {
+        let values: Vec<f32> = (0..2 * n * 4).map(|i| (from * 100 + i) as f32).collect();
+        Array::from_slice(&values, &[2, n, 4]).unwrap()
+    }
+
+    fn step(c: &mut RotatingKvCache, i: usize) {
+        c.update_in_place(&positions(i, 1), &positions(i + 500, 1)).unwrap();
+    }
+
+    fn snapshot(c: &RotatingKvCache) -> (Vec<f32>, Vec<f32>, [usize; 4]) {
+        let (k, v, counters) = c.state().unwrap();
+        (k.to_vec::<f32>().unwrap(), v.to_vec::<f32>().unwrap(), counters)
+    }
+
+    /// One-position steps (a draft model's guesses) under `keep_rewind(3)` are taken back
+    /// exactly — the buffers and counters of before them, bit for bit — before and after the
+    /// ring wraps, right after a multi-row pass (whose buffers the first step cuts to the
+    /// window), pinned positions or not; a fourth step back is refused, leaving the cache as it
+    /// was.
+    #[test]
+    fn one_position_steps_are_taken_back_exactly() {
+        for keep in [0, 2] {
+            let mut c = RotatingKvCache::new(6, keep).unwrap();
+            c.keep_rewind(3);
+            c.update_concat(&positions(1, 5), &positions(2, 5)).unwrap();
+            for i in 0..12 {
+                let before = snapshot(&c);
+                for j in 0..3 {
+                    step(&mut c, 10 + 3 * i + j);
+                }
+                assert!(c.can_trim(3), "keep {keep}, step {i}");
+                c.trim(3).unwrap();
+                assert_eq!(snapshot(&c), before, "keep {keep}, step {i}: three steps taken back");
+                step(&mut c, 90 + i);
+                if i % 4 == 3 {
+                    // A multi-row pass between: its rows are taken back by the cut, as before.
+                    c.update_concat(&positions(200 + i, 2), &positions(300 + i, 2)).unwrap();
+                }
+            }
+            for j in 0..4 {
+                step(&mut c, 400 + j);
+            }
+            let before = snapshot(&c);
+            let e = c.trim(4).unwrap_err().to_string();
+            assert!(e.contains("keep_rewind"), "{e}");
+            assert_eq!(snapshot(&c), before);
+            c.trim(3).unwrap();
+        }
     }
 }

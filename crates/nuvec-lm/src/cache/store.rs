@@ -21,6 +21,11 @@ pub trait Store: Clone + std::fmt::Debug + Sized {
     }
     /// Positions `start..end`.
     fn slice(&self, start: usize, end: usize) -> Result<Self>;
+    /// Position `at` alone, a copy that shares nothing with `self` (so that writing `self`
+    /// afterwards copies nothing).
+    fn position(&self, at: usize) -> Result<Self> {
+        self.slice(at, at + 1)
+    }
     /// `parts` one after another.
     fn concat(parts: &[Self]) -> Result<Self>;
     /// Overwrites positions `at..` with `src`.
@@ -48,6 +53,18 @@ impl Store for Array {
 
     fn slice(&self, start: usize, end: usize) -> Result<Self> {
         slice_axis1(self, start, end)
+    }
+
+    /// Each head's row at `at`, gathered (slicing along the positions would transpose the
+    /// whole buffer twice).
+    fn position(&self, at: usize) -> Result<Self> {
+        let (heads, n, dim) = (self.dim(0), self.dim(1), self.dim(2));
+        if at >= n {
+            return Err(Error::Invalid(format!("position {at} of a cache holding {n}")));
+        }
+        let rows: Vec<u32> = (0..heads).map(|h| (h * n + at) as u32).collect();
+        let table = nuvec::Matrix::Dense(self.reshape(&[heads * n, dim])?);
+        Ok(table.embed(&rows)?.astype(self.dtype())?.reshape(&[heads, 1, dim])?)
     }
 
     fn concat(parts: &[Self]) -> Result<Self> {

@@ -10,7 +10,7 @@ use crate::cache::LayerCache;
 use crate::models::Model;
 use crate::sample::{draw, log_softmax, Sampler};
 use crate::session::Session;
-use crate::{Error, Result};
+use crate::Result;
 
 /// Proposes what `model` would say next, greedily.
 pub struct DraftModel<'a> {
@@ -30,15 +30,6 @@ impl<'a> DraftModel<'a> {
     /// [`crate::Tokenizer::differs_from`]), prefilling `prefill_step` tokens per pass.
     pub fn new(model: &'a Model, prefill_step: usize) -> Result<Self> {
         let session = Session::new(model);
-        // The draft decodes its guesses one position at a time: a ring written in place cannot
-        // take them back (a recurrent layer can: it keeps the states before its last guesses).
-        if session.cache().iter().any(|c| matches!(c, LayerCache::Rotating(_))) {
-            return Err(Error::Invalid(format!(
-                "a {} draft model keeps sliding-window caches, which cannot take back guesses decoded one at a \
-                 time: not supported yet as a draft (a model without sliding-window layers is)",
-                model.model_type()
-            )));
-        }
         Ok(DraftModel { model, session, prefill_step: prefill_step.max(1), rewind: 0, sampling: None, drawn: vec![] })
     }
 
@@ -77,12 +68,16 @@ impl Proposer for DraftModel<'_> {
         if k == 0 || history.is_empty() {
             return Ok(vec![]);
         }
-        // At most the k - 1 guesses it was fed one at a time are taken back.
+        // At most the k - 1 guesses it was fed one at a time are taken back: recurrent layers
+        // keep the states from before them, sliding windows what each overwrote in the ring.
         if k > self.rewind {
             self.rewind = k;
             for cache in &mut self.session.cache {
-                if let LayerCache::Recurrent(c) = cache {
-                    c.keep_rewind(k);
+                match cache {
+                    LayerCache::Recurrent(c) => c.keep_rewind(k),
+                    LayerCache::Rotating(c) => c.keep_rewind(k),
+                    LayerCache::QuantizedRotating(c) => c.keep_rewind(k),
+                    _ => {}
                 }
             }
         }
