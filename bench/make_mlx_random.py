@@ -3,7 +3,8 @@
 for speed comparisons only (its text is noise): bench/compare-gpu makes one per architecture and
 both engines load the same files.
 
-Usage: make_mlx_random.py OUT_DIR --arch qwen3-0.6b|llama-3.1-8b|qwen3-30b-a3b|gpt-oss-20b|gpt-oss-20b-mxfp4
+Usage: make_mlx_random.py OUT_DIR --arch qwen3-0.6b|llama-3.1-8b|qwen3-30b-a3b|gpt-oss-20b|gpt-oss-20b-mxfp4|
+                                         gemma-4-26b-a4b
        [--layers N] [--bits 4] [--group-size 64] --tokenizer DIR
 
 The weights are mlx's default initialisation under seed 0, cast to bfloat16 and quantized with
@@ -57,6 +58,22 @@ CONFIGS = {
                           original_max_position_embeddings=4096, truncate=False),
         layer_types=["sliding_attention", "full_attention"] * 12, swiglu_limit=7.0,
         max_position_embeddings=131072, tie_word_embeddings=False,
+    ),
+    # google/gemma-4-26b-a4b's text model (the hyperparameters of llama.cpp's
+    # models/ggml-vocab-gemma-4.gguf): five sliding layers then one full, 128 experts of 704 (8 per
+    # token) beside a dense MLP, full layers' values their keys.
+    "gemma-4-26b-a4b": dict(
+        model_type="gemma4_text", hidden_size=2816, num_hidden_layers=30, intermediate_size=2112,
+        num_attention_heads=16, num_key_value_heads=8, head_dim=256, global_head_dim=512,
+        num_global_key_value_heads=2, attention_k_eq_v=True, sliding_window=1024,
+        layer_types=(["sliding_attention"] * 5 + ["full_attention"]) * 5, enable_moe_block=True,
+        num_experts=128, top_k_experts=8, moe_intermediate_size=704, num_kv_shared_layers=0,
+        hidden_size_per_layer_input=0, vocab_size=262144, rms_norm_eps=1e-6,
+        final_logit_softcapping=30.0, max_position_embeddings=262144, tie_word_embeddings=True,
+        rope_parameters={
+            "full_attention": {"partial_rotary_factor": 0.25, "rope_theta": 1000000.0, "rope_type": "proportional"},
+            "sliding_attention": {"rope_theta": 10000.0, "rope_type": "default"},
+        },
     ),
 }
 # gpt-oss in its own format: the same shape, the experts in mxfp4 (see main).

@@ -247,13 +247,7 @@ fn checkpoint_name(arch: &str, name: &str) -> Option<String> {
     if arch == "gemma4" {
         return gguf_gemma4::checkpoint_name(name);
     }
-    let fixed = match name {
-        "token_embd.weight" => Some("model.embed_tokens.weight"),
-        "output_norm.weight" => Some("model.norm.weight"),
-        "output.weight" => Some("lm_head.weight"),
-        _ => None,
-    };
-    if let Some(f) = fixed {
+    if let Some(f) = common_global(name) {
         return Some(f.to_string());
     }
     let rest = name.strip_prefix("blk.")?;
@@ -283,8 +277,28 @@ fn checkpoint_name(arch: &str, name: &str) -> Option<String> {
         _ => {}
     }
     let module = match module {
-        "attn_norm" => "input_layernorm",
         "ffn_norm" => "post_attention_layernorm",
+        "post_attention_norm" if arch == "gpt-oss" => "post_attention_layernorm",
+        other => common_module(other)?,
+    };
+    Some(format!("model.layers.{layer}.{module}.{suffix}"))
+}
+
+/// The tensors outside the layers every architecture names alike.
+pub(crate) fn common_global(name: &str) -> Option<&'static str> {
+    Some(match name {
+        "token_embd.weight" => "model.embed_tokens.weight",
+        "output_norm.weight" => "model.norm.weight",
+        "output.weight" => "lm_head.weight",
+        _ => return None,
+    })
+}
+
+/// The attention and MLP modules of a layer every architecture names alike (`attn_q` ->
+/// `self_attn.q_proj`).
+pub(crate) fn common_module(module: &str) -> Option<&'static str> {
+    Some(match module {
+        "attn_norm" => "input_layernorm",
         "attn_q" => "self_attn.q_proj",
         "attn_k" => "self_attn.k_proj",
         "attn_v" => "self_attn.v_proj",
@@ -294,10 +308,8 @@ fn checkpoint_name(arch: &str, name: &str) -> Option<String> {
         "ffn_gate" => "mlp.gate_proj",
         "ffn_up" => "mlp.up_proj",
         "ffn_down" => "mlp.down_proj",
-        "post_attention_norm" if arch == "gpt-oss" => "post_attention_layernorm",
         _ => return None,
-    };
-    Some(format!("model.layers.{layer}.{module}.{suffix}"))
+    })
 }
 
 /// llama.cpp's converter interleaves the two rotary halves of each q/k head for the `llama`

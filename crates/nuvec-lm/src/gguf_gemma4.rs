@@ -23,7 +23,7 @@ use nuvec::io::{GgufFile, GgufValue};
 use nuvec::{Array, DType, Element, QuantSpec};
 use serde_json::{json, Map, Value};
 
-use crate::gguf::{bad_meta as bad, expert_counts, meta, meta_u64};
+use crate::gguf::{bad_meta as bad, common_global, common_module, expert_counts, meta, meta_u64};
 use crate::gguf_rope::ROPE_FREQS;
 use crate::{Error, Result};
 
@@ -284,13 +284,10 @@ fn rope_parameters(file: &GgufFile, head_dim: u64, global_head_dim: u64) -> Resu
 /// `model.layers.3.self_attn.q_proj.weight`); `None` for what the model does not use.
 pub(crate) fn checkpoint_name(name: &str) -> Option<String> {
     let global = match name {
-        "token_embd.weight" => Some("model.embed_tokens.weight"),
-        "output.weight" => Some("lm_head.weight"),
-        "output_norm.weight" => Some("model.norm.weight"),
         "per_layer_token_embd.weight" => Some("model.embed_tokens_per_layer.weight"),
         "per_layer_model_proj.weight" => Some("model.per_layer_model_projection.weight"),
         "per_layer_proj_norm.weight" => Some("model.per_layer_projection_norm.weight"),
-        _ => None,
+        other => common_global(other),
     };
     if let Some(g) = global {
         return Some(g.to_string());
@@ -308,18 +305,8 @@ pub(crate) fn checkpoint_name(name: &str) -> Option<String> {
         _ => {
             let (module, suffix) = rest.rsplit_once('.')?;
             let module = match module {
-                "attn_norm" => "input_layernorm",
-                "attn_q" => "self_attn.q_proj",
-                "attn_k" => "self_attn.k_proj",
-                "attn_v" => "self_attn.v_proj",
-                "attn_output" => "self_attn.o_proj",
-                "attn_q_norm" => "self_attn.q_norm",
-                "attn_k_norm" => "self_attn.k_norm",
                 "post_attention_norm" => "post_attention_layernorm",
                 "ffn_norm" => "pre_feedforward_layernorm",
-                "ffn_gate" => "mlp.gate_proj",
-                "ffn_up" => "mlp.up_proj",
-                "ffn_down" => "mlp.down_proj",
                 "post_ffw_norm" => "post_feedforward_layernorm",
                 "inp_gate" => "per_layer_input_gate",
                 "proj" => "per_layer_projection",
@@ -327,7 +314,7 @@ pub(crate) fn checkpoint_name(name: &str) -> Option<String> {
                 "pre_ffw_norm_2" => "pre_feedforward_layernorm_2",
                 "post_ffw_norm_1" => "post_feedforward_layernorm_1",
                 "post_ffw_norm_2" => "post_feedforward_layernorm_2",
-                _ => return None,
+                other => common_module(other)?,
             };
             return Some(format!("model.layers.{layer}.{module}.{suffix}"));
         }

@@ -319,16 +319,13 @@ impl<S: Store> RotatingKvCache<S> {
             self.values = Some(self.trimmed(&v, trim, None)?);
             self.idx = self.max_size;
         }
-        if self.idx == self.max_size {
-            self.idx = self.keep;
-        }
+        let at = self.next_slot();
         if self.rewind > 0 && undo.is_none() {
             let (k, v) = (self.keys.as_ref().expect("set"), self.values.as_ref().expect("set"));
-            let at = self.idx;
             undo = Some(Undo::Slot { at, keys: k.position(at)?, values: v.position(at)?, counters: before });
         }
-        self.keys.as_mut().expect("set").write_ring(keys, self.idx, self.keep)?;
-        self.values.as_mut().expect("set").write_ring(values, self.idx, self.keep)?;
+        self.keys.as_mut().expect("set").write_ring(keys, at, self.keep)?;
+        self.values.as_mut().expect("set").write_ring(values, at, self.keep)?;
         self.offset += 1;
         self.idx += 1;
         if let Some(u) = undo {
@@ -338,6 +335,15 @@ impl<S: Store> RotatingKvCache<S> {
             self.undo.push(u);
         }
         Ok(())
+    }
+
+    /// The slot a one-position step writes: the next, or back to the first unpinned one at the
+    /// ring's end.
+    fn next_slot(&mut self) -> usize {
+        if self.idx == self.max_size {
+            self.idx = self.keep;
+        }
+        self.idx
     }
 
     /// Whether a one-position step writes in place without reshaping the buffers: they hold
@@ -368,9 +374,7 @@ impl<S: Store> RotatingKvCache<S> {
         if !self.steps_in_place() {
             return Err(Error::Invalid("advancing a rotating cache whose buffers are not a whole ring".into()));
         }
-        if self.idx == self.max_size {
-            self.idx = self.keep;
-        }
+        self.next_slot();
         self.offset += 1;
         self.idx += 1;
         // The replay wrote the slot without keeping what it held.
