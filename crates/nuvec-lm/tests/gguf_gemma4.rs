@@ -138,3 +138,26 @@ fn gemma4_tokenizer_passes_llama_cpp_vocab_tests() {
     assert_eq!(id("<|tool_response>"), [50]);
     assert_eq!(eos, [1, 50, 106]);
 }
+
+/// Gemma 4's own chat template, as its real vocabulary GGUF carries it, renders chats (a system
+/// turn, several turns, Unicode, no generation prompt, thinking on) exactly as transformers'
+/// apply_chat_template does (`gemma4_chats.json`).
+#[test]
+fn gemma4_chat_template_renders_like_transformers() {
+    let dir = std::path::PathBuf::from(
+        std::env::var("NUVEC_LLAMA_VOCAB").expect("NUVEC_LLAMA_VOCAB is not set: run scripts/test.sh"),
+    );
+    let tokenizer = load_gguf_tokenizer(&dir.join("ggml-vocab-gemma-4.gguf")).unwrap();
+    let template = tokenizer.chat_template().expect("Gemma 4's vocabulary carries its chat template");
+    let path = common::fixtures().join("gguf-gemma4/gemma4_chats.json");
+    let records: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let records = records.as_array().unwrap();
+    assert!(records.len() >= 6);
+    for r in records {
+        let mut kwargs = r["kwargs"].as_object().cloned().unwrap_or_default();
+        let add_generation_prompt = kwargs.remove("add_generation_prompt").and_then(|v| v.as_bool()).unwrap_or(false);
+        let kwargs = tokenizer.template_context(kwargs);
+        let rendered = template.render_values(&r["messages"], add_generation_prompt, false, &kwargs).unwrap();
+        assert_eq!(rendered, r["rendered"].as_str().unwrap(), "{}", r["label"]);
+    }
+}

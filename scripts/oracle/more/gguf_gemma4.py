@@ -25,11 +25,17 @@ Writes FIXTURES/gguf-gemma4/ and FIXTURES/gguf-gemma4moe/, each:
   dequantized weights (model_type gemma4_text), recorded like every other case.
 - tokenizer_cases.json: texts and the ids transformers' tokenizer gives them (with and without
   BOS), to compare the GGUF's tokenizer against.
+
+And FIXTURES/gguf-gemma4/gemma4_chats.json: make_fixtures' chats (and one with thinking on)
+rendered by transformers' apply_chat_template with Gemma 4's own chat template, the one in
+llama.cpp's models/ggml-vocab-gemma-4.gguf ($NUVEC_LLAMA_VOCAB, which setup-oracle.sh fetches
+from the pinned llama-cpp-python sdist before the records).
 """
 
 import argparse
 import hashlib
 import json
+import os
 import shutil
 import sys
 import tempfile
@@ -304,6 +310,21 @@ def tokenizer_cases(tok_dir):
             for t in TOKENIZER_TEXTS]
 
 
+def gemma4_chats(tok_dir, dst):
+    """The chats rendered with the chat template of Gemma 4's real vocabulary GGUF."""
+    vocab = Path(os.environ["NUVEC_LLAMA_VOCAB"]) / "ggml-vocab-gemma-4.gguf"
+    field = gguf.GGUFReader(str(vocab)).fields["tokenizer.chat_template"]
+    template = bytes(field.parts[field.data[0]]).decode()
+    wrapper = fx.load_tokenizer_wrapper(tok_dir)
+    chats = []
+    for label, messages, kwargs in fx.CHATS + [("thinking", [{"role": "user", "content": "Why?"}],
+                                                {"enable_thinking": True})]:
+        kw = {"add_generation_prompt": True, **kwargs}
+        rendered = wrapper.apply_chat_template(messages, chat_template=template, tokenize=False, **kw)
+        chats.append({"label": label, "messages": messages, "kwargs": kw, "rendered": rendered})
+    (dst / "gemma4_chats.json").write_text(json.dumps(chats, indent=1, ensure_ascii=False))
+
+
 def make_case(out, case, config, tok_dir, work):
     case_dir = out / case
     shutil.rmtree(case_dir, ignore_errors=True)
@@ -363,6 +384,7 @@ def main():
         fx.copy_tokenizer(args.tokenizers / "gemma3", tok_dir)
         make_case(out, "gguf-gemma4", TEXT, tok_dir, work)
         make_case(out, "gguf-gemma4moe", MOE, tok_dir, work)
+        gemma4_chats(tok_dir, out / "gguf-gemma4")
 
 
 if __name__ == "__main__":
