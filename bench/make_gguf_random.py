@@ -107,6 +107,19 @@ class RandomBlocks:
         return b
 
 
+def collectors(out, seed, mat_type):
+    """The two ways a tensor joins `out`: f32(name, shape, mean, std) normal values; mat(name,
+    shape, qtype) random blocks whose weights have std 1/sqrt(fan-in)."""
+
+    def f32(name, shape, mean=0.0, std=0.02):
+        out.append((name, (mean + std * name_rng(seed, name).standard_normal(shape)).astype(np.float32)))
+
+    def mat(name, shape, qtype=mat_type):
+        out.append((name, RandomBlocks(name, shape, qtype, 1 / math.sqrt(shape[-1]), seed)))
+
+    return f32, mat
+
+
 def sliding(m, i):
     """Gemma 4: whether layer i is a sliding-window layer (five of every six)."""
     return (i + 1) % m["full_every"] != 0
@@ -115,12 +128,7 @@ def sliding(m, i):
 def gemma4_tensors(m, layers, seed):
     """Gemma 4's tensors as llama.cpp's converter names them (conversion/gemma.py)."""
     hidden, out = m["hidden"], []
-
-    def f32(name, shape, mean=0.0, std=0.02):
-        out.append((name, (mean + std * name_rng(seed, name).standard_normal(shape)).astype(np.float32)))
-
-    def mat(name, shape):
-        out.append((name, RandomBlocks(name, shape, T.Q4_0, 1 / math.sqrt(shape[-1]), seed)))
+    f32, mat = collectors(out, seed, T.Q4_0)
 
     mat("token_embd.weight", (m["vocab"], hidden))
     experts, _, width = m["experts"]
@@ -162,12 +170,7 @@ def tensors(m, layers, seed):
     hidden, hd, gptoss = m["hidden"], m["head_dim"], m["arch"] == "gpt-oss"
     mat_type = T.Q8_0 if gptoss else T.Q4_0
     out = []
-
-    def f32(name, shape, mean=0.0, std=0.02):
-        out.append((name, (mean + std * name_rng(seed, name).standard_normal(shape)).astype(np.float32)))
-
-    def mat(name, shape, qtype=mat_type):
-        out.append((name, RandomBlocks(name, shape, qtype, 1 / math.sqrt(shape[-1]), seed)))
+    f32, mat = collectors(out, seed, mat_type)
 
     mat("token_embd.weight", (m["vocab"], hidden))
     for i in range(layers):

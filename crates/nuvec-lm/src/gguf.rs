@@ -77,6 +77,15 @@ pub(crate) fn meta_u64(file: &GgufFile, key: &str) -> Result<u64> {
     })
 }
 
+/// A number that must be positive where the file has it (a rope base, an epsilon).
+pub(crate) fn meta_positive(file: &GgufFile, key: &str) -> Result<Option<f64>> {
+    match file.get(key).and_then(GgufValue::as_f64) {
+        None => Ok(None),
+        Some(v) if v.is_finite() && v > 0.0 => Ok(Some(v)),
+        Some(v) => Err(bad_meta(file, key, &format!("= {v} must be a positive number"))),
+    }
+}
+
 /// A metadata value no model can run with (JSON cannot even hold a NaN: it would turn into a
 /// missing field).
 pub(crate) fn bad_meta(file: &GgufFile, key: &str, what: &str) -> Error {
@@ -130,10 +139,7 @@ fn config_json(file: &GgufFile, arch: &str, model_type: &str) -> Result<Value> {
     }
     config.insert("rms_norm_eps".into(), json!(eps as f32));
     config.insert("vocab_size".into(), vocab.into());
-    if let Some(theta) = file.get(&key("rope.freq_base")).and_then(GgufValue::as_f64) {
-        if !(theta.is_finite() && theta > 0.0) {
-            return Err(bad_meta(file, &key("rope.freq_base"), &format!("= {theta} must be a positive number")));
-        }
+    if let Some(theta) = meta_positive(file, &key("rope.freq_base"))? {
         config.insert("rope_theta".into(), json!(theta as f32));
     }
     if let Some(n) = file.get(&key("context_length")).and_then(GgufValue::as_u64) {

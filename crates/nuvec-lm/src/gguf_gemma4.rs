@@ -23,7 +23,7 @@ use nuvec::io::{GgufFile, GgufValue};
 use nuvec::{Array, DType, Element, QuantSpec};
 use serde_json::{json, Map, Value};
 
-use crate::gguf::{bad_meta as bad, common_global, common_module, expert_counts, meta, meta_u64};
+use crate::gguf::{bad_meta as bad, common_global, common_module, expert_counts, meta, meta_positive, meta_u64};
 use crate::gguf_rope::ROPE_FREQS;
 use crate::{Error, Result};
 
@@ -145,10 +145,8 @@ pub(crate) fn config(file: &GgufFile) -> Result<Value> {
         }
     }
     let eps_key = key("attention.layer_norm_rms_epsilon");
-    let eps = meta(file, &eps_key)?.as_f64().unwrap_or(f64::NAN);
-    if !(eps.is_finite() && eps > 0.0) {
-        return Err(bad(file, &eps_key, &format!("= {eps} must be a positive number")));
-    }
+    meta(file, &eps_key)?;
+    let eps = meta_positive(file, &eps_key)?.ok_or_else(|| bad(file, &eps_key, "is not a number"))?;
     let window = meta_u64(file, &key("attention.sliding_window"))?;
     if window == 0 {
         return Err(bad(file, &key("attention.sliding_window"), "= 0 must be at least 1"));
@@ -231,13 +229,7 @@ pub(crate) fn config(file: &GgufFile) -> Result<Value> {
 /// at `rope.freq_base_swa`; full layers at `rope.freq_base`, through `rope_freqs` when the file
 /// has it (the leading 1.0 entries rotate, the 1e30 ones pass through: the proportional rope).
 fn rope_parameters(file: &GgufFile, head_dim: u64, global_head_dim: u64) -> Result<Value> {
-    let theta = |k: &str| -> Result<f64> {
-        match file.get(&key(k)).and_then(GgufValue::as_f64) {
-            None => Ok(10000.0),
-            Some(t) if t.is_finite() && t > 0.0 => Ok(t),
-            Some(t) => Err(bad(file, &key(k), &format!("= {t} must be a positive number"))),
-        }
-    };
+    let theta = |k: &str| -> Result<f64> { Ok(meta_positive(file, &key(k))?.unwrap_or(10000.0)) };
     let dims = file.get(&key("rope.dimension_count")).and_then(GgufValue::as_u64).unwrap_or(global_head_dim);
     let dims_swa = file.get(&key("rope.dimension_count_swa")).and_then(GgufValue::as_u64).unwrap_or(dims);
     for (k, got, want) in
@@ -351,16 +343,17 @@ pub(crate) fn finish(
             specs.insert(base.replace("gate_up_proj", part), spec);
         }
     }
-    let device = nuvec::Device::Cpu;
+    let experts = match config.bool_or("enable_moe_block", false)? {
+        true => Some(config.usize("num_experts")?),
+        false => None,
+    };
     for i in 0..config.usize("num_hidden_layers")? {
-        arrays.entry(format!("model.layers.{i}.layer_scalar")).or_insert(Array::from_slice_on(&[1f32], &[1], device)?);
-        if config.bool_or("enable_moe_block", false)? {
-            let experts = config.usize("num_experts")?;
-            arrays.entry(format!("model.layers.{i}.router.per_expert_scale")).or_insert(Array::from_slice_on(
-                &vec![1f32; experts],
-                &[experts],
-                device,
-            )?);
+        let mut ones = vec![(format!("model.layers.{i}.layer_scalar"), 1)];
+        ones.extend(experts.map(|e| (format!("model.layers.{i}.router.per_expert_scale"), e)));
+        for (name, n) in ones {
+            if let std::collections::hash_map::Entry::Vacant(slot) = arrays.entry(name) {
+                slot.insert(Array::from_slice_on(&vec![1f32; n], &[n], nuvec::Device::Cpu)?);
+            }
         }
     }
     Ok(())

@@ -29,7 +29,9 @@ pub struct RotatingKvCache<S: Store = Array> {
     /// Rows of a pass that speculative decoding may take back (0: none); see
     /// [`RotatingKvCache::keep_rewind`].
     rewind: usize,
-    /// What the last one-position steps (at most `rewind`) overwrote, newest last.
+    /// One-position steps that can be taken back (0: none); see [`RotatingKvCache::keep_steps`].
+    steps: usize,
+    /// What the last one-position steps (at most `steps`) overwrote, newest last.
     undo: Vec<Undo<S>>,
 }
 
@@ -70,6 +72,7 @@ impl<S: Store> RotatingKvCache<S> {
             max_size,
             keep,
             rewind: 0,
+            steps: 0,
             undo: vec![],
         })
     }
@@ -88,6 +91,7 @@ impl<S: Store> RotatingKvCache<S> {
             max_size: self.max_size,
             keep: self.keep,
             rewind: self.rewind,
+            steps: self.steps,
             undo: vec![],
         })
     }
@@ -96,10 +100,16 @@ impl<S: Store> RotatingKvCache<S> {
     /// positions may be taken back) attend as that many one-token steps would: each row sees the
     /// pinned positions and the newest `max_size - keep`. mlx-lm's mask for a pass of several
     /// rows, which prefill chunks keep, slides its window over the pinned positions too; without
-    /// pinned positions the two are the same. The last `n` one-position steps can be taken back
-    /// too (a draft model's guesses): each keeps what it overwrote.
+    /// pinned positions the two are the same.
     pub fn keep_rewind(&mut self, n: usize) {
         self.rewind = n;
+    }
+
+    /// Makes the last `n` one-position steps (a draft model's guesses, decoded into the ring in
+    /// place) possible to take back: each keeps what it overwrote. Off by default, so a cache
+    /// that never takes a step back (a verifying target's) copies nothing per step.
+    pub fn keep_steps(&mut self, n: usize) {
+        self.steps = n;
         let extra = self.undo.len().saturating_sub(n);
         self.undo.drain(..extra);
     }
@@ -170,7 +180,7 @@ impl<S: Store> RotatingKvCache<S> {
         }
         Some(format!(
             "cannot trim {n} positions from a rotating cache of {} positions after it wrapped (it has seen {}): \
-             only a multi-row pass's last positions, or the last one-position steps kept by keep_rewind, can be \
+             only a multi-row pass's last positions, or the last one-position steps kept by keep_steps, can be \
              taken back",
             self.max_size, self.offset
         ))
@@ -291,7 +301,7 @@ impl<S: Store> RotatingKvCache<S> {
         // A step that may be taken back keeps what it changes: the buffers when it replaces
         // them (growing, or cutting a multi-row pass's to the window), else the slot it writes.
         let before = (self.offset, self.idx);
-        let mut undo = (self.rewind > 0 && (grows || len > self.max_size)).then(|| Undo::Whole {
+        let mut undo = (self.steps > 0 && (grows || len > self.max_size)).then(|| Undo::Whole {
             keys: self.keys.clone(),
             values: self.values.clone(),
             counters: before,
@@ -320,7 +330,7 @@ impl<S: Store> RotatingKvCache<S> {
             self.idx = self.max_size;
         }
         let at = self.next_slot();
-        if self.rewind > 0 && undo.is_none() {
+        if self.steps > 0 && undo.is_none() {
             let (k, v) = (self.keys.as_ref().expect("set"), self.values.as_ref().expect("set"));
             undo = Some(Undo::Slot { at, keys: k.position(at)?, values: v.position(at)?, counters: before });
         }
@@ -329,7 +339,7 @@ impl<S: Store> RotatingKvCache<S> {
         self.offset += 1;
         self.idx += 1;
         if let Some(u) = undo {
-            if self.undo.len() == self.rewind {
+            if self.undo.len() == self.steps {
                 self.undo.remove(0);
             }
             self.undo.push(u);
@@ -418,6 +428,7 @@ impl<S: Store> RotatingKvCache<S> {
             max_size,
             keep,
             rewind: 0,
+            steps: 0,
             undo: vec![],
         })
     }
@@ -447,7 +458,7 @@ mod tests {
         (k.to_vec::<f32>().unwrap(), v.to_vec::<f32>().unwrap(), counters)
     }
 
-    /// One-position steps (a draft model's guesses) under `keep_rewind(3)` are taken back
+    /// One-position steps (a draft model's guesses) under `keep_steps(3)` are taken back
     /// exactly — the buffers and counters of before them, bit for bit — before and after the
     /// ring wraps, right after a multi-row pass (whose buffers the first step cuts to the
     /// window), pinned positions or not; a fourth step back is refused, leaving the cache as it
@@ -456,7 +467,7 @@ mod tests {
     fn one_position_steps_are_taken_back_exactly() {
         for keep in [0, 2] {
             let mut c = RotatingKvCache::new(6, keep).unwrap();
-            c.keep_rewind(3);
+            c.keep_steps(3);
             c.update_concat(&positions(1, 5), &positions(2, 5)).unwrap();
             for i in 0..12 {
                 let before = snapshot(&c);
@@ -477,7 +488,7 @@ mod tests {
             }
             let before = snapshot(&c);
             let e = c.trim(4).unwrap_err().to_string();
-            assert!(e.contains("keep_rewind"), "{e}");
+            assert!(e.contains("keep_steps"), "{e}");
             assert_eq!(snapshot(&c), before);
             c.trim(3).unwrap();
         }

@@ -75,8 +75,8 @@ impl Proposer for DraftModel<'_> {
             for cache in &mut self.session.cache {
                 match cache {
                     LayerCache::Recurrent(c) => c.keep_rewind(k),
-                    LayerCache::Rotating(c) => c.keep_rewind(k),
-                    LayerCache::QuantizedRotating(c) => c.keep_rewind(k),
+                    LayerCache::Rotating(c) => c.keep_steps(k),
+                    LayerCache::QuantizedRotating(c) => c.keep_steps(k),
                     _ => {}
                 }
             }
