@@ -82,11 +82,24 @@ impl LoadArgs {
         device: nuvec::Device,
         served: Vec<(String, std::path::PathBuf)>,
     ) -> Result<(nuvec_lm::Model, nuvec_lm::Tokenizer), String> {
+        self.load_as(model, device, served, false)
+    }
+
+    /// [`LoadArgs::load_serving`], with the checkpoint's multi-token-prediction head when
+    /// `mtp` ([`nuvec_lm::LoadOptions::mtp`]).
+    pub fn load_as(
+        &self,
+        model: &str,
+        device: nuvec::Device,
+        served: Vec<(String, std::path::PathBuf)>,
+        mtp: bool,
+    ) -> Result<(nuvec_lm::Model, nuvec_lm::Tokenizer), String> {
         let options = nuvec_lm::LoadOptions {
             device,
             adapter_path: self.adapter_path.clone(),
             served_adapters: served,
             progress: crate::progress::Bar::on_terminal().map(|bar| bar.load_callback()),
+            mtp,
         };
         nuvec_lm::load_with(&self.hub.fetch(model)?, &options).map_err(|e| e.to_string())
     }

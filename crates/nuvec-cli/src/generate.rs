@@ -8,7 +8,7 @@ use nuvec_lm::{
     Stop, TextStream, Tokenizer,
 };
 
-use nuvec_lm::speculative::{speculative_generate, DraftModel, PromptLookup, Proposer, Speculative};
+use nuvec_lm::speculative::{speculative_generate, DraftModel, MtpHead, PromptLookup, Proposer, Speculative};
 
 use crate::common::{peak_memory, read_prompt, ContextArgs, KvArgs, ThreadArgs};
 
@@ -123,8 +123,15 @@ pub struct Args {
     /// last few tokens occurred earlier in the prompt or the output, and the model verifies the
     /// guesses in one pass. The output is the same (greedy, or seeded sampling); it comes faster
     /// where the answer repeats its input (copies, edits, extraction).
-    #[arg(long, conflicts_with = "draft_model")]
+    #[arg(long, conflicts_with_all = ["draft_model", "mtp"])]
     prompt_lookup: bool,
+    /// Speculative decoding with the checkpoint's own multi-token-prediction head (Qwen3.5's
+    /// mtp.* tensors, as vLLM's and llama.cpp's MTP speculation): the head guesses the next
+    /// tokens from the model's hidden state, and the model verifies them in one pass. The output
+    /// is the same. Needs a checkpoint that ships the head (the Hugging Face original: mlx-lm's
+    /// conversions drop it).
+    #[arg(long, conflicts_with = "draft_model")]
+    mtp: bool,
     /// Speculative decoding with a draft model (as mlx_lm.generate's --draft-model): a smaller
     /// model of the same tokenizer guesses the next tokens greedily, and the model verifies them
     /// in one pass. The output is the same; it comes faster where the draft agrees often.
@@ -137,7 +144,7 @@ pub struct Args {
     /// a seed no longer gives the very tokens it gives without a draft.
     #[arg(long, requires = "draft_model")]
     draft_sampling: bool,
-    /// With --prompt-lookup or --draft-model: tokens guessed per step (as mlx_lm.generate's).
+    /// With --prompt-lookup, --draft-model or --mtp: tokens guessed per step (as mlx_lm.generate's).
     #[arg(long, default_value_t = 3)]
     num_draft_tokens: usize,
     /// With --prompt-lookup: the longest n-gram matched (shorter ones down to
@@ -261,7 +268,8 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     };
     let mut prompt = read_prompt(&args.prompt, args.file.as_deref(), true)?;
 
-    let (model, mut tokenizer) = args.load.load(&model_path, crate::common::parse_device(&args.device)?)?;
+    let device = crate::common::parse_device(&args.device)?;
+    let (model, mut tokenizer) = args.load.load_as(&model_path, device, vec![], args.mtp)?;
     for token in &args.extra_eos_token {
         tokenizer.add_eos_token(token)?;
     }
@@ -299,7 +307,7 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         // clap lets it through beside --prompt-lookup, which conflicts with --draft-model.
         return Err("--draft-sampling needs --draft-model: prompt lookup's guesses are not drawn".into());
     }
-    if args.prompt_lookup || args.draft_model.is_some() {
+    if args.prompt_lookup || args.draft_model.is_some() || args.mtp {
         if args.prompt_cache_file.is_some() {
             return Err("speculative decoding with --prompt-cache-file is not supported yet: drop one".into());
         }
@@ -321,6 +329,10 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
                 DraftModel::new(&draft, options.prefill_step_size)?
             };
             let generation = speculative_generate(&model, &ids, options, proposer, args.num_draft_tokens)?;
+            return finish_speculative(&args, &tokenizer, generation, &mut text);
+        }
+        if args.mtp {
+            let generation = speculative_generate(&model, &ids, options, MtpHead::new(&model)?, args.num_draft_tokens)?;
             return finish_speculative(&args, &tokenizer, generation, &mut text);
         }
         let lookup = PromptLookup { max_ngram: args.prompt_lookup_max, min_ngram: args.prompt_lookup_min };

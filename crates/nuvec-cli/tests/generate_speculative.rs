@@ -76,3 +76,38 @@ fn a_sampling_draft_takes_its_drawn_guesses() {
     let (ok, _, err) = generate(&["--prompt", prompt, "--prompt-lookup", "--draft-sampling"]);
     assert!(!ok && err.contains("--draft-model"), "{err}");
 }
+
+/// `--mtp`: a checkpoint's own multi-token-prediction head (a Qwen3.5 fixture with a random
+/// `mtp.*` head) guesses, the text is the same as without it; a model without a head is refused
+/// naming the fix, and --mtp does not go with another proposer.
+#[test]
+fn an_mtp_head_prints_the_same_text() {
+    let fixtures = std::env::var("NUVEC_FIXTURES").unwrap_or_else(|_| panic!("NUVEC_FIXTURES is not set"));
+    let run = |model: &str, extra: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_nuvec"))
+            .args(["generate", "--model", model, "--prompt", "The capital of France is", "-m", "24"])
+            .args(["--ignore-chat-template"])
+            .args(extra)
+            .output()
+            .unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    for model in [format!("{fixtures}/qwen3_5_mtp/qwen3_5-mtp"), format!("{fixtures}/gguf-qwen35-mtp/model.gguf")] {
+        let (ok, plain, err) = run(&model, &[]);
+        assert!(ok, "{err}");
+        let (ok, text, err) = run(&model, &["--mtp", "--num-draft-tokens", "2"]);
+        assert!(ok, "{err}");
+        assert_eq!(text, plain, "{model}");
+        let line = err.lines().find(|l| l.starts_with("Speculative: ")).unwrap_or_else(|| panic!("{err}"));
+        let drafted: usize = line["Speculative: ".len()..].split_whitespace().nth(2).unwrap().parse().unwrap();
+        assert!(drafted > 0, "the head guessed: {line}");
+    }
+    let (ok, _, err) = run(&gguf(), &["--mtp"]);
+    assert!(!ok && err.contains("no multi-token-prediction head"), "{err}");
+    let (ok, _, err) = run(&gguf(), &["--mtp", "--prompt-lookup"]);
+    assert!(!ok && err.contains("--prompt-lookup"), "{err}");
+}

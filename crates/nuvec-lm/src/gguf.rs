@@ -37,6 +37,12 @@ pub fn load_gguf(path: &Path) -> Result<(Model, Tokenizer)> {
 
 /// [`load_gguf`] with the weights on `device`.
 pub fn load_gguf_on(path: &Path, device: nuvec::Device) -> Result<(Model, Tokenizer)> {
+    load_gguf_as(path, device, false)
+}
+
+/// [`load_gguf_on`], with the file's multi-token-prediction block when `mtp` (Qwen3.5's
+/// `blk.N.nextn.*` past the decoder, [`crate::LoadOptions::mtp`]).
+pub(crate) fn load_gguf_as(path: &Path, device: nuvec::Device, mtp: bool) -> Result<(Model, Tokenizer)> {
     let file = GgufFile::open(path)?;
     let label = path.display().to_string();
     let arch = meta_str(&file, "general.architecture")?;
@@ -51,8 +57,8 @@ pub fn load_gguf_on(path: &Path, device: nuvec::Device) -> Result<(Model, Tokeni
     // before the weights are converted, so the two peaks do not stack.
     let tokenizer = gguf_tokenizer::tokenizer(&file)?;
     nuvec::backends::cpu::release_free_memory();
-    let weights = weights(&file, &config, arch)?.on_device(device);
-    let mut model = Model::from_config(&config, &weights)?;
+    let weights = weights(&file, &config, arch, mtp)?.on_device(device);
+    let mut model = Model::from_config_with(&config, &weights, mtp)?;
     drop(weights);
     model.set_eos_token_ids(tokenizer.eos_token_ids().to_vec());
     model.set_newline_token_ids(tokenizer.encode("\n", false)?);
@@ -249,7 +255,7 @@ fn moe_config(file: &GgufFile, arch: &str, model_type: &str, config: &mut Map<St
 
 /// The checkpoint name of a GGUF tensor name of architecture `arch` (`blk.3.attn_q.weight` ->
 /// `model.layers.3.self_attn.q_proj.weight`).
-fn checkpoint_name(arch: &str, name: &str) -> Option<String> {
+pub(crate) fn checkpoint_name(arch: &str, name: &str) -> Option<String> {
     if arch == "gemma4" {
         return gguf_gemma4::checkpoint_name(name);
     }
@@ -349,15 +355,16 @@ fn head_rows(file: &GgufFile, tensor: &GgufTensor, arch: &str, key: &str, heads:
     Ok(unpermute_order(rows, heads))
 }
 
-fn weights(file: &GgufFile, config: &Config, arch: &str) -> Result<Weights> {
-    Ok(Weights::from_arrays(file.path(), converted_arrays(file, config, arch)?.0))
+fn weights(file: &GgufFile, config: &Config, arch: &str, mtp: bool) -> Result<Weights> {
+    Ok(Weights::from_arrays(file.path(), converted_arrays(file, config, arch, mtp)?.0))
 }
 
 /// Every tensor the model uses, converted and named as an MLX checkpoint names it, and the
 /// affine layout of each quantized module (by module path).
 type Converted = (HashMap<String, Array>, HashMap<String, QuantSpec>);
 
-fn converted_arrays(file: &GgufFile, config: &Config, arch: &str) -> Result<Converted> {
+/// With `mtp`, a Qwen3.5 file's multi-token-prediction block is converted too (as `mtp.*`).
+fn converted_arrays(file: &GgufFile, config: &Config, arch: &str, mtp: bool) -> Result<Converted> {
     let heads = config.usize("num_attention_heads")?;
     let kv_heads = config.usize("num_key_value_heads")?;
     if heads == 0 || kv_heads == 0 {
@@ -368,12 +375,19 @@ fn converted_arrays(file: &GgufFile, config: &Config, arch: &str) -> Result<Conv
             ),
         });
     }
-    // The Qwen3.5 hybrids' multi-token-prediction layers follow the decoder's: not read.
+    // The Qwen3.5 hybrids' multi-token-prediction blocks follow the decoder's: read only when
+    // asked for (the first), as the `mtp.*` tensors of a Hugging Face original.
     let layers = config.usize("num_hidden_layers")?;
-    let decoder = |name: &str| -> bool {
+    let hybrid = gguf_qwen35::is_hybrid(arch);
+    // A tensor's checkpoint name; `None` for one not read, `Some(None)` for one not mapped.
+    let mapped = |name: &str| -> Option<Option<String>> {
         let layer =
             name.strip_prefix("blk.").and_then(|r| r.split_once('.')).and_then(|(l, _)| l.parse::<usize>().ok());
-        !gguf_qwen35::is_hybrid(arch) || layer.is_none_or(|l| l < layers)
+        match layer {
+            Some(l) if hybrid && l == layers && mtp => Some(gguf_qwen35::mtp_name(name, |n| checkpoint_name(arch, n))),
+            Some(l) if hybrid && l >= layers => None,
+            _ => Some(checkpoint_name(arch, name)),
+        }
     };
     let heads_v = if gguf_qwen35::is_hybrid(arch) { Some(ValueHeads::of(config)?) } else { None };
     // llama.cpp refuses a file with tensors its model does not load ("wrong number of
@@ -382,7 +396,7 @@ fn converted_arrays(file: &GgufFile, config: &Config, arch: &str) -> Result<Conv
         .tensors()
         .iter()
         .map(|t| t.name.as_str())
-        .filter(|n| decoder(n) && checkpoint_name(arch, n).is_none() && *n != gguf_rope::ROPE_FREQS)
+        .filter(|n| mapped(n).is_some_and(|m| m.is_none()) && *n != gguf_rope::ROPE_FREQS)
         .collect();
     if !unmapped.is_empty() {
         let shown = unmapped.iter().take(5).copied().collect::<Vec<_>>().join(", ");
@@ -399,7 +413,7 @@ fn converted_arrays(file: &GgufFile, config: &Config, arch: &str) -> Result<Conv
     let mut arrays: HashMap<String, Array> = HashMap::new();
     let mut specs: HashMap<String, QuantSpec> = HashMap::new();
     for tensor in file.tensors() {
-        let Some(name) = checkpoint_name(arch, &tensor.name).filter(|_| decoder(&tensor.name)) else {
+        let Some(Some(name)) = mapped(&tensor.name) else {
             continue;
         };
         // The module's GGUF name (`attn_q` of `blk.0.attn_q.weight`, `ssm_a` of `blk.0.ssm_a`).
@@ -475,6 +489,9 @@ fn converted_arrays(file: &GgufFile, config: &Config, arch: &str) -> Result<Conv
     if arch == "gemma4" {
         gguf_gemma4::finish(&mut arrays, &mut specs, config)?;
     }
+    if mtp && hybrid {
+        gguf_qwen35::finish_mtp(&mut arrays);
+    }
     Ok((arrays, specs))
 }
 
@@ -503,7 +520,7 @@ pub fn read_gguf(path: &Path) -> Result<GgufCheckpoint> {
     };
     let mut config = config_json(&file, arch, model_type)?;
     let parsed = Config::from_json(&label, &config.to_string())?;
-    let (tensors, specs) = converted_arrays(&file, &parsed, arch)?;
+    let (tensors, specs) = converted_arrays(&file, &parsed, arch, false)?;
     let tokenizer = gguf_tokenizer::tokenizer(&file)?;
     for (key, field) in
         [("tokenizer.ggml.bos_token_id", "bos_token_id"), ("tokenizer.ggml.eos_token_id", "eos_token_id")]

@@ -9,8 +9,10 @@
 //! - the shared expert's gate is a vector (`[1, hidden]`).
 //!
 //! The norms are stored as mlx-lm stores them (the `1 + w` of the original), so they load as
-//! they are; the multi-token-prediction layers past the decoder (`nextn_predict_layers`) are not
-//! read, as mlx-lm skips a checkpoint's `mtp.*`.
+//! they are. The multi-token-prediction block past the decoder (`nextn_predict_layers`, what the
+//! converter makes of the original's `mtp.*`) is read only when asked for
+//! ([`crate::LoadOptions::mtp`]), as `mtp.*` again; otherwise it is skipped, as mlx-lm skips
+//! the original's.
 
 use nuvec::io::{GgufFile, GgufValue};
 use nuvec::{Array, DType, Element};
@@ -34,6 +36,9 @@ pub(crate) fn config(file: &GgufFile, arch: &str, config: &mut Map<String, Value
     }
     let layers = blocks - nextn;
     config.insert("num_hidden_layers".into(), layers.into());
+    if nextn > 0 {
+        config.insert("mtp_num_hidden_layers".into(), nextn.into());
+    }
     let interval = file.get(&key("full_attention_interval")).and_then(GgufValue::as_u64).unwrap_or(4);
     if interval == 0 {
         return Err(bad(file, &key("full_attention_interval"), "= 0: it must be at least 1"));
@@ -121,6 +126,36 @@ pub(crate) fn module_name(module: &str) -> Option<&'static str> {
         "ffn_down_shexp" => "mlp.shared_expert.down_proj",
         _ => return None,
     })
+}
+
+/// The checkpoint name of a tensor of the multi-token-prediction block (`blk.N.*`, N the
+/// decoder's layer count), as the original names it under `mtp.`: its `nextn.*` tensors, and
+/// the decoder-layer tensors `decoder` names for a layer 0 (under `mtp.layers.0.`).
+pub(crate) fn mtp_name(name: &str, decoder: impl Fn(&str) -> Option<String>) -> Option<String> {
+    let rest = name.strip_prefix("blk.")?.split_once('.')?.1;
+    if let Some(nextn) = rest.strip_prefix("nextn.") {
+        let (module, suffix) = nextn.rsplit_once('.')?;
+        let module = match module {
+            "eh_proj" => "fc",
+            "enorm" => "pre_fc_norm_embedding",
+            "hnorm" => "pre_fc_norm_hidden",
+            "shared_head_norm" => "norm",
+            _ => return None,
+        };
+        return Some(format!("mtp.{module}.{suffix}"));
+    }
+    let layer = decoder(&format!("blk.0.{rest}"))?;
+    Some(format!("mtp.layers.0.{}", layer.strip_prefix("model.layers.0.")?))
+}
+
+/// A converted multi-token-prediction block without a norm of its own before the output head
+/// (`nextn.shared_head_norm`) takes the model's final norm, as llama.cpp runs it.
+pub(crate) fn finish_mtp(arrays: &mut std::collections::HashMap<String, Array>) {
+    if arrays.contains_key("mtp.fc.weight") && !arrays.contains_key("mtp.norm.weight") {
+        if let Some(norm) = arrays.get("model.norm.weight").cloned() {
+            arrays.insert("mtp.norm.weight".into(), norm);
+        }
+    }
 }
 
 /// The checkpoint name of a Qwen3.5 GGUF tensor that has no `.weight`/`.bias` suffix or
@@ -280,6 +315,19 @@ mod tests {
         assert_eq!(heads.per_head(&[0.0, 1.0, 2.0, 3.0]), vec![0.0, 2.0, 1.0, 3.0]);
         let one = ValueHeads { key_heads: 2, per_key: 1, qk_rows: 4, width: 3 };
         assert!(one.rows_of("attn_gate", 6).is_none() && one.column_blocks().is_none());
+    }
+
+    #[test]
+    fn mtp_block_names_are_the_originals() {
+        let decoder = |n: &str| crate::gguf::checkpoint_name("qwen35", n);
+        assert_eq!(mtp_name("blk.4.nextn.eh_proj.weight", decoder).as_deref(), Some("mtp.fc.weight"));
+        assert_eq!(mtp_name("blk.4.nextn.hnorm.weight", decoder).as_deref(), Some("mtp.pre_fc_norm_hidden.weight"));
+        assert_eq!(mtp_name("blk.4.attn_q.weight", decoder).as_deref(), Some("mtp.layers.0.self_attn.q_proj.weight"));
+        assert_eq!(
+            mtp_name("blk.4.post_attention_norm.weight", decoder).as_deref(),
+            Some("mtp.layers.0.post_attention_layernorm.weight")
+        );
+        assert_eq!(mtp_name("blk.4.nextn.embed_tokens.weight", decoder), None);
     }
 
     #[test]

@@ -36,6 +36,10 @@ pub struct LoadOptions {
     /// Told as the checkpoint's tensors are read (safetensors checkpoints; a GGUF file reports
     /// nothing).
     pub progress: Option<LoadProgress>,
+    /// Also load the checkpoint's multi-token-prediction head (Qwen3.5's `mtp.*` tensors, which
+    /// are otherwise skipped as mlx-lm skips them), for speculative decoding with
+    /// [`crate::speculative::MtpHead`]. A checkpoint without one is an error naming the fix.
+    pub mtp: bool,
 }
 
 /// A load-progress callback ([`LoadOptions::progress`]): `(tensors read, tensors in the
@@ -69,7 +73,7 @@ pub fn load_with(model: &str, options: &LoadOptions) -> Result<(Model, Tokenizer
                 adapter.display()
             )));
         }
-        let (mut model, tokenizer) = crate::gguf::load_gguf_on(&path, device)?;
+        let (mut model, tokenizer) = crate::gguf::load_gguf_as(&path, device, options.mtp)?;
         model.set_fingerprint(fingerprint(&[path])?);
         return Ok((model, tokenizer));
     }
@@ -149,7 +153,7 @@ pub fn load_model_with(dir: &Path, options: &LoadOptions) -> Result<Model> {
         weights = weights.with_adapter(adapter);
     }
     weights = weights.with_served_adapters(open_served(options)?);
-    let built = Model::from_config(&config, &weights);
+    let built = Model::from_config_with(&config, &weights, options.mtp);
     weights.report_done();
     let mut model = built?;
     for adapter in weights.adapter().into_iter().chain(weights.served_adapters()) {

@@ -177,9 +177,13 @@ def config_for(moe):
     return dense_config
 
 
-def writer_for(moe):
+def writer_for(moe, mtp_layers=0):
+    """Writes the file; with `mtp_layers`, that many multi-token-prediction blocks follow the
+    decoder's (block_count counts them, nextn_predict_layers says how many, none recurrent), as
+    llama.cpp's converter writes an original's `mtp.*`."""
     def write_model_gguf(path, tensors, reader):
-        hp = dict(context=CONTEXT, hidden=HIDDEN, layers=LAYERS, ffn=FFN, heads=HEADS, kv_heads=KV_HEADS,
+        blocks = LAYERS + mtp_layers
+        hp = dict(context=CONTEXT, hidden=HIDDEN, layers=blocks, ffn=FFN, heads=HEADS, kv_heads=KV_HEADS,
                   head_dim=HEAD_DIM, theta=THETA, eps=EPS, vocab=VOCAB, file_type=gguf.LlamaFileType.MOSTLY_Q8_0)
         if moe:
             hp["experts"] = (EXPERTS, USED, EXPERT_FFN)
@@ -192,7 +196,10 @@ def writer_for(moe):
         w.add_ssm_time_step_rank(V_HEADS)
         w.add_ssm_inner_size(V_DIM * V_HEADS)
         # The keys by name: the oracle's gguf-py predates their writer methods.
-        w.add_array(f"{w.arch}.attention.recurrent_layers", [recurrent(i) for i in range(LAYERS)])
+        w.add_array(f"{w.arch}.attention.recurrent_layers",
+                    [recurrent(i) and i < LAYERS for i in range(blocks)])
+        if mtp_layers:
+            w.add_uint32(f"{w.arch}.nextn_predict_layers", mtp_layers)
         w.add_uint32(f"{w.arch}.full_attention_interval", INTERVAL)
         w.add_rope_dimension_count(int(HEAD_DIM * ROTARY))
         w.add_rope_dimension_sections(SECTIONS + [0])

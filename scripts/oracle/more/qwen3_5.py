@@ -193,22 +193,20 @@ def add_tensors(case_dir, extra):
     index.write_text(json.dumps(data, indent=4))
 
 
-def make_hf(out, src_case, case):
-    """`src_case` renamed and reshaped as a Hugging Face original; mlx-lm's sanitize must undo it."""
-    src, case_dir = out / src_case, out / case
-    shutil.rmtree(case_dir, ignore_errors=True)
-    shutil.copytree(src, case_dir)
-    for f in ("oracle.json", "oracle.safetensors", "model.safetensors.index.json"):
-        (case_dir / f).unlink(missing_ok=True)
-    shifted = (".input_layernorm.weight", ".post_attention_layernorm.weight", "model.norm.weight",
-               ".q_norm.weight", ".k_norm.weight")
-    hf = {}
-    weights = mx.load(str(src / "model.safetensors"))
+SHIFTED_NORMS = (".input_layernorm.weight", ".post_attention_layernorm.weight", "model.norm.weight",
+                 ".q_norm.weight", ".k_norm.weight")
+
+
+def to_hf(weights, shifted=SHIFTED_NORMS):
+    """mlx-lm's tensors (`weights`, consumed) as a Hugging Face original stores them: experts fused
+    (`experts.gate_up_proj`, `experts.down_proj`), convolutions [C, 1, K], the norms ending in
+    `shifted` stored as w for 1 + w, and `model.language_model.*` names."""
     for name in [n for n in weights if ".mlp.switch_mlp.gate_proj." in n]:
         prefix = name.split(".switch_mlp.")[0]
         gate, up = weights.pop(name), weights.pop(f"{prefix}.switch_mlp.up_proj.weight")
         weights[f"{prefix}.experts.gate_up_proj"] = mx.concatenate([gate, up], axis=1)
         weights[f"{prefix}.experts.down_proj"] = weights.pop(f"{prefix}.switch_mlp.down_proj.weight")
+    hf = {}
     for name, w in weights.items():
         if name.endswith("conv1d.weight"):
             w = w.moveaxis(2, 1)  # mlx [C, K, 1] -> torch [C, 1, K]
@@ -219,6 +217,17 @@ def make_hf(out, src_case, case):
         elif name.startswith("language_model."):
             name = name[len("language_model."):]
         hf[name] = w
+    return hf
+
+
+def make_hf(out, src_case, case):
+    """`src_case` renamed and reshaped as a Hugging Face original; mlx-lm's sanitize must undo it."""
+    src, case_dir = out / src_case, out / case
+    shutil.rmtree(case_dir, ignore_errors=True)
+    shutil.copytree(src, case_dir)
+    for f in ("oracle.json", "oracle.safetensors", "model.safetensors.index.json"):
+        (case_dir / f).unlink(missing_ok=True)
+    hf = to_hf(mx.load(str(src / "model.safetensors")))
     mx.save_safetensors(str(case_dir / "model.safetensors"), hf, metadata={"format": "pt"})
     return record(case_dir, case, {"source": f"{src_case} in Hugging Face layout"})
 

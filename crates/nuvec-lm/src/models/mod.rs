@@ -6,6 +6,7 @@ mod llama;
 mod qwen2;
 mod qwen3;
 pub(crate) mod qwen3_5;
+mod qwen3_5_mtp;
 mod qwen3_moe;
 mod unused;
 
@@ -49,6 +50,29 @@ pub trait Architecture: Send + Sync {
     fn vocab_size(&self) -> Option<usize> {
         None
     }
+
+    // ---- Multi-token prediction ----
+    /// Whether the checkpoint's multi-token-prediction head was loaded
+    /// ([`crate::LoadOptions::mtp`]).
+    fn has_mtp(&self) -> bool {
+        false
+    }
+
+    /// The multi-token-prediction head's hidden states `[rows, hidden]` for the step's rows
+    /// (one sequence, its cache the head's one layer): row `r` from `target[r]`, a final hidden
+    /// state of the target (or the head's own previous output), and the token after it.
+    fn mtp_hidden(&self, _target: &Array, _step: &mut StepBatch) -> Result<Array> {
+        Err(no_mtp())
+    }
+}
+
+/// The error of a model asked for a multi-token-prediction head it has not loaded.
+pub(crate) fn no_mtp() -> Error {
+    Error::Unsupported(
+        "this model has no multi-token-prediction head loaded: load a checkpoint that ships one (Qwen3.5's \
+         mtp.* tensors) with LoadOptions::mtp (the CLI's --mtp)"
+            .into(),
+    )
 }
 
 /// Runs `h` through `layers` in order (`forward(layer, h, step, i)` for layer `i`): the decoder
@@ -111,14 +135,26 @@ impl std::fmt::Debug for Model {
 impl Model {
     /// Builds the family `config.json` names from `weights`.
     pub fn from_config(config: &Config, weights: &Weights) -> Result<Self> {
+        Self::from_config_with(config, weights, false)
+    }
+
+    /// [`Model::from_config`], with the checkpoint's multi-token-prediction head when `mtp`.
+    pub(crate) fn from_config_with(config: &Config, weights: &Weights, mtp: bool) -> Result<Self> {
         let model_type = config.str("model_type")?.to_string();
         config.check_ranges()?;
+        if mtp && !matches!(model_type.as_str(), "qwen3_5" | "qwen3_5_moe") {
+            return Err(Error::Unsupported(format!(
+                "{}: model_type {model_type:?} has no multi-token-prediction head nuvec runs (Qwen3.5's mtp.* is \
+                 the one); speculate with a draft model or prompt lookup instead",
+                config.file()
+            )));
+        }
         let arch: Box<dyn Architecture> = match model_type.as_str() {
             "llama" | "mistral" => Box::new(llama::Llama::load(config, weights)?),
             "qwen2" => Box::new(qwen2::load(config, weights)?),
             "qwen3" => Box::new(qwen3::load(config, weights)?),
             "qwen3_moe" => Box::new(qwen3_moe::load(config, weights)?),
-            "qwen3_5" | "qwen3_5_moe" => Box::new(qwen3_5::Qwen3_5::load(config, weights)?),
+            "qwen3_5" | "qwen3_5_moe" => Box::new(qwen3_5::Qwen3_5::load(config, weights, mtp)?),
             "gemma4_text" => Box::new(gemma4::Gemma4::load_text(config, weights)?),
             "gemma4" => Box::new(gemma4::Gemma4::load_multimodal(config, weights)?),
             "gpt_oss" => Box::new(gpt_oss::GptOss::load(config, weights)?),
@@ -311,6 +347,53 @@ impl Model {
             let l = h.dim(0);
             self.arch.logits(&h.slice_rows(l - 1, l)?)
         })
+    }
+
+    /// [`Model::forward`] with the final hidden states `[L, hidden]` the logits `[L, vocab]`
+    /// come from: what a multi-token-prediction head reads.
+    pub fn forward_hidden(&self, tokens: &[u32], cache: &mut [LayerCache]) -> Result<(Array, Array)> {
+        self.in_compute_dtype(|| {
+            let h = self.arch.hidden(&mut StepBatch::one(tokens, cache))?;
+            let logits = self.arch.logits(&h)?;
+            Ok((h, logits))
+        })
+    }
+
+    /// Extends `cache` with `tokens`, giving their final hidden states `[L, hidden]` (a prefill
+    /// chunk whose hidden states a multi-token-prediction head reads).
+    pub fn prefill_hidden(&self, tokens: &[u32], cache: &mut [LayerCache]) -> Result<Array> {
+        self.in_compute_dtype(|| self.arch.hidden(&mut StepBatch::one(tokens, cache)))
+    }
+
+    /// The output head: logits `[L, vocab]` of hidden states `[L, hidden]` (the model's final
+    /// ones, or its multi-token-prediction head's).
+    pub fn logits(&self, hidden: &Array) -> Result<Array> {
+        self.in_compute_dtype(|| self.arch.logits(hidden))
+    }
+
+    /// Whether the checkpoint's multi-token-prediction head was loaded ([`crate::LoadOptions::mtp`]).
+    pub fn has_mtp(&self) -> bool {
+        self.arch.has_mtp()
+    }
+
+    /// A cache for the multi-token-prediction head (its one attention layer), empty.
+    pub fn new_mtp_cache(&self) -> Result<Vec<LayerCache>> {
+        if !self.has_mtp() {
+            return Err(no_mtp());
+        }
+        Ok(vec![LayerCache::new(&self.cache_options(&CacheOptions::default()))?])
+    }
+
+    /// Runs the multi-token-prediction head over `tokens`, extending its `cache` (from
+    /// [`Model::new_mtp_cache`]): row `r` reads `target[r]` (`[L, hidden]`, the model's final
+    /// hidden state at the head's position `cache length + r`, or the head's own output there)
+    /// and `tokens[r]`, the token at the next position. Returns the head's hidden states
+    /// `[L, hidden]`: [`Model::logits`] of row `r` guesses the token after `tokens[r]`.
+    pub fn mtp_hidden(&self, tokens: &[u32], target: &Array, cache: &mut [LayerCache]) -> Result<Array> {
+        if let Some(&t) = tokens.iter().find(|&&t| t as usize >= self.vocab_size) {
+            return Err(Error::Invalid(format!("token {t} is outside the vocabulary of {}", self.vocab_size)));
+        }
+        self.in_compute_dtype(|| self.arch.mtp_hidden(target, &mut StepBatch::one(tokens, cache)))
     }
 
     /// Extends `cache` with `tokens` without computing logits (a prefill chunk).

@@ -6,7 +6,7 @@
 //!
 //! The published checkpoints are multimodal: config.json nests the language model's fields in
 //! `text_config`, and only the language model's tensors are read (never the vision tower's or
-//! the multi-token-prediction head's). Tensor names follow mlx-lm's sanitized layout
+//! the multi-token-prediction head's, unless asked for: `qwen3_5_mtp.rs`). Tensor names follow mlx-lm's sanitized layout
 //! (`language_model.model.*`), a Hugging Face original's (`model.language_model.*`, with the
 //! convolution stored `[C, 1, K]` and the `1 + w` norms stored as `w`), or a text-only one's
 //! (`model.*`).
@@ -14,6 +14,7 @@
 use nuvec::{Array, DType, GatedDeltaDims, Matrix};
 use serde_json::{json, Value};
 
+use super::qwen3_5_mtp::Mtp;
 use super::Architecture;
 use crate::config::Config;
 use crate::layers::{
@@ -37,7 +38,7 @@ enum FeedForward {
     Sparse(SharedExpertMoe),
 }
 
-struct Block {
+pub(super) struct Block {
     input_layernorm: RmsNorm,
     mixer: Mixer,
     post_attention_layernorm: RmsNorm,
@@ -45,7 +46,7 @@ struct Block {
 }
 
 impl Block {
-    fn forward(&self, x: &Array, step: &mut StepBatch, layer: usize) -> Result<Array> {
+    pub(super) fn forward(&self, x: &Array, step: &mut StepBatch, layer: usize) -> Result<Array> {
         let normed = self.input_layernorm.forward(x)?;
         let r = match &self.mixer {
             Mixer::Linear(m) => m.forward(&normed, step, layer)?,
@@ -67,6 +68,8 @@ pub struct Qwen3_5 {
     layers: Vec<Block>,
     norm: RmsNorm,
     lm_head: Option<Matrix>,
+    /// The multi-token-prediction head, when loaded.
+    mtp: Option<Mtp>,
 }
 
 /// Where a checkpoint keeps the language model's tensors.
@@ -159,9 +162,60 @@ fn rope(text: &Config, head_dim: usize) -> Result<Rope> {
     Rope::from_config(&Config::from_json(text.file(), &spec.to_string())?, rotated, None)
 }
 
+/// What every decoder block of a checkpoint is built from.
+pub(super) struct Parts<'a> {
+    pub(super) weights: &'a Weights,
+    pub(super) text: Config,
+    pub(super) hidden: usize,
+    head_dim: usize,
+    eps: f32,
+    /// Norms stored as `w` for `1 + w` (a Hugging Face original).
+    shifted: bool,
+    delta: GatedDeltaShape,
+    attention: GatedAttentionShape,
+    rope: Rope,
+    moe: MoeShape,
+}
+
+impl Parts<'_> {
+    /// An RMS norm of the model's width at `path`.
+    pub(super) fn norm(&self, path: &str) -> Result<RmsNorm> {
+        norm(self.weights, path, self.hidden, self.eps, self.shifted)
+    }
+
+    /// The decoder block at `p`: Gated DeltaNet when `linear`, else gated full attention.
+    pub(super) fn block(&self, p: &str, linear: bool) -> Result<Block> {
+        let (weights, eps, head_dim) = (self.weights, self.eps, self.head_dim);
+        let mixer = if linear {
+            Mixer::Linear(GatedDeltaNet::load(weights, &format!("{p}.linear_attn"), self.delta)?)
+        } else {
+            let qk_norms = [
+                norm(weights, &format!("{p}.self_attn.q_norm"), head_dim, eps, self.shifted)?,
+                norm(weights, &format!("{p}.self_attn.k_norm"), head_dim, eps, self.shifted)?,
+            ];
+            let path = format!("{p}.self_attn");
+            Mixer::Full(GatedAttention::load(weights, &path, self.attention, qk_norms, self.rope.clone())?)
+        };
+        let mlp = if self.moe.experts > 0 {
+            let shared = self.text.usize("shared_expert_intermediate_size")?;
+            FeedForward::Sparse(SharedExpertMoe::load(weights, &format!("{p}.mlp"), self.moe, shared)?)
+        } else {
+            let intermediate = self.text.usize("intermediate_size")?;
+            FeedForward::Dense(Mlp::load(weights, &format!("{p}.mlp"), self.hidden, intermediate, false)?)
+        };
+        Ok(Block {
+            input_layernorm: self.norm(&format!("{p}.input_layernorm"))?,
+            mixer,
+            post_attention_layernorm: self.norm(&format!("{p}.post_attention_layernorm"))?,
+            mlp,
+        })
+    }
+}
+
 impl Qwen3_5 {
-    /// Loads a `qwen3_5` or `qwen3_5_moe` checkpoint (flat or with `text_config`).
-    pub fn load(config: &Config, weights: &Weights) -> Result<Self> {
+    /// Loads a `qwen3_5` or `qwen3_5_moe` checkpoint (flat or with `text_config`), with its
+    /// multi-token-prediction head when `mtp` asks for it.
+    pub fn load(config: &Config, weights: &Weights, mtp: bool) -> Result<Self> {
         let text = config.text_config()?;
         let hidden = text.usize("hidden_size")?;
         let layers = text.usize("num_hidden_layers")?;
@@ -208,53 +262,18 @@ impl Qwen3_5 {
             return Err(text.error("num_experts_per_tok", message));
         }
         let lm = names.model;
-        let shifted = names.hf_layout;
-        let blocks = (0..layers)
-            .map(|i| {
-                let p = format!("{lm}.layers.{i}");
-                let mixer = if is_linear(i) {
-                    Mixer::Linear(GatedDeltaNet::load(weights, &format!("{p}.linear_attn"), delta)?)
-                } else {
-                    let qk_norms = [
-                        norm(weights, &format!("{p}.self_attn.q_norm"), head_dim, eps, shifted)?,
-                        norm(weights, &format!("{p}.self_attn.k_norm"), head_dim, eps, shifted)?,
-                    ];
-                    Mixer::Full(GatedAttention::load(
-                        weights,
-                        &format!("{p}.self_attn"),
-                        attention,
-                        qk_norms,
-                        rope.clone(),
-                    )?)
-                };
-                let mlp = if experts > 0 {
-                    let shared = text.usize("shared_expert_intermediate_size")?;
-                    FeedForward::Sparse(SharedExpertMoe::load(weights, &format!("{p}.mlp"), moe, shared)?)
-                } else {
-                    let intermediate = text.usize("intermediate_size")?;
-                    FeedForward::Dense(Mlp::load(weights, &format!("{p}.mlp"), hidden, intermediate, false)?)
-                };
-                Ok(Block {
-                    input_layernorm: norm(weights, &format!("{p}.input_layernorm"), hidden, eps, shifted)?,
-                    mixer,
-                    post_attention_layernorm: norm(
-                        weights,
-                        &format!("{p}.post_attention_layernorm"),
-                        hidden,
-                        eps,
-                        shifted,
-                    )?,
-                    mlp,
-                })
-            })
-            .collect::<Result<Vec<_>>>()?;
         // mlx-lm reads tie_word_embeddings from the text config only (default false).
         let tie = text.bool_or("tie_word_embeddings", false)?;
+        let parts =
+            Parts { weights, text, hidden, head_dim, eps, shifted: names.hf_layout, delta, attention, rope, moe };
+        let blocks =
+            (0..layers).map(|i| parts.block(&format!("{lm}.layers.{i}"), is_linear(i))).collect::<Result<Vec<_>>>()?;
         Ok(Qwen3_5 {
             embed_tokens: weights.matrix(&format!("{lm}.embed_tokens"), vocab, hidden)?,
             layers: blocks,
-            norm: norm(weights, &format!("{lm}.norm"), hidden, eps, shifted)?,
+            norm: parts.norm(&format!("{lm}.norm"))?,
             lm_head: if tie { None } else { Some(weights.matrix(names.lm_head(weights), vocab, hidden)?) },
+            mtp: if mtp { Some(Mtp::load(&parts)?) } else { None },
         })
     }
 }
@@ -276,5 +295,16 @@ impl Architecture for Qwen3_5 {
 
     fn is_recurrent(&self, layer: usize) -> bool {
         self.layers.get(layer).is_some_and(|b| matches!(b.mixer, Mixer::Linear(_)))
+    }
+
+    fn has_mtp(&self) -> bool {
+        self.mtp.is_some()
+    }
+
+    fn mtp_hidden(&self, target: &Array, step: &mut StepBatch) -> Result<Array> {
+        match &self.mtp {
+            Some(mtp) => mtp.forward(&self.embed_tokens, target, step),
+            None => Err(super::no_mtp()),
+        }
     }
 }

@@ -29,6 +29,7 @@
 
 mod draft;
 mod lookup;
+mod mtp;
 mod proposer;
 
 use std::collections::VecDeque;
@@ -37,6 +38,7 @@ use std::time::Instant;
 pub(crate) use draft::kept_prefix;
 pub use draft::DraftModel;
 pub use lookup::PromptLookup;
+pub use mtp::MtpHead;
 pub use proposer::Proposer;
 
 use crate::cache::LayerCache;
@@ -154,7 +156,15 @@ impl<P: Proposer> Speculative<'_, P> {
         self.clock = Some(Instant::now());
         let prompt = &self.request.history[..self.request.prompt_len - 1];
         let step = self.request.options.prefill_step_size;
-        self.session.prefill(self.model, prompt, step, &self.request.options.cache)?;
+        if self.proposer.wants_hidden() {
+            for chunk in prompt.chunks(step.max(1)) {
+                let hidden = self.model.prefill_hidden(chunk, &mut self.session.cache)?;
+                self.proposer.observe(self.session.tokens.len(), &hidden)?;
+                self.session.tokens.extend_from_slice(chunk);
+            }
+        } else {
+            self.session.prefill(self.model, prompt, step, &self.request.options.cache)?;
+        }
         self.prefilled = true;
         Ok(())
     }
@@ -170,7 +180,14 @@ impl<P: Proposer> Speculative<'_, P> {
         let mut input = Vec::with_capacity(draft.len() + 1);
         input.push(last);
         input.extend_from_slice(&draft);
-        let logits = self.model.forward(&input, &mut self.session.cache)?;
+        let first_position = self.session.tokens.len();
+        let (hidden, logits) = match self.proposer.wants_hidden() {
+            true => {
+                let (h, logits) = self.model.forward_hidden(&input, &mut self.session.cache)?;
+                (Some(h), logits)
+            }
+            false => (None, self.model.forward(&input, &mut self.session.cache)?),
+        };
         self.session.tokens.extend_from_slice(&input);
         let vocab = logits.dim(1);
         let rows = logits.to_vec::<f32>()?;
@@ -208,6 +225,9 @@ impl<P: Proposer> Speculative<'_, P> {
         // them is the next step's pending one.
         self.session.trim(draft.len() - accepted)?;
         self.proposer.accepted(accepted)?;
+        if let Some(h) = hidden {
+            self.proposer.observe(first_position, &h.slice_rows(0, accepted + 1)?)?;
+        }
         let now = Instant::now();
         if first {
             self.stats.prompt_time = now - self.clock.unwrap_or(now);

@@ -20,4 +20,17 @@ pub trait Proposer {
     fn accepted(&mut self, _accepted: usize) -> crate::Result<()> {
         Ok(())
     }
+
+    /// Whether it reads the target's final hidden states ([`Proposer::observe`]), as a
+    /// multi-token-prediction head does; the target then hands them over (false by default).
+    fn wants_hidden(&self) -> bool {
+        false
+    }
+
+    /// The target's final hidden states `[rows, hidden]` of history positions `first..first +
+    /// rows`, once those positions are verified (the prompt's, then each step's pending token
+    /// and accepted guesses), in order and without gaps.
+    fn observe(&mut self, _first: usize, _hidden: &nuvec::Array) -> crate::Result<()> {
+        Ok(())
+    }
 }

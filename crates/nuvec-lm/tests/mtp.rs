@@ -1,0 +1,283 @@
+//! Qwen3.5's multi-token-prediction head (`mtp.*`), loaded with `LoadOptions::mtp` and run as a
+//! speculative-decoding proposer. mlx-lm has no code for the head: the reference is
+//! scripts/oracle/more/qwen3_5_mtp.py, which builds it from mlx-lm's Qwen3.5 decoder block as
+//! vLLM and llama.cpp run it, on a Hugging Face-layout checkpoint with a random head. The head's
+//! logits and chained guesses must be the reference's; its proposer must keep the same guesses
+//! whatever the target accepted before; and speculation with it must give mlx-lm's greedy answer.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use common::{fixtures, ids, oracle_json, rows_of};
+use nuvec_lm::speculative::{speculative_generate, MtpHead, Proposer, SpeculativeStats};
+use nuvec_lm::{generate, GenerateOptions, LoadOptions, Model};
+use serde_json::Value;
+
+/// A case's folder (its records) and what loads it (the folder, or its model.gguf).
+fn case(name: &str) -> (PathBuf, PathBuf) {
+    if name.starts_with("gguf") {
+        let dir = fixtures().join(name);
+        return (dir.clone(), dir.join("model.gguf"));
+    }
+    let dir = fixtures().join("qwen3_5_mtp").join(name);
+    (dir.clone(), dir)
+}
+
+fn load_mtp(path: &Path) -> Model {
+    let options = LoadOptions { mtp: true, ..Default::default() };
+    nuvec_lm::load_with(path.to_str().unwrap(), &options).unwrap().0
+}
+
+/// The error of loading `path` with its head (`what`: why it must fail).
+fn load_error(path: &Path, what: &str) -> String {
+    let options = LoadOptions { mtp: true, ..Default::default() };
+    match nuvec_lm::load_with(path.to_str().unwrap(), &options) {
+        Ok(_) => panic!("{}: {what}", path.display()),
+        Err(e) => e.to_string(),
+    }
+}
+
+fn mtp_json(dir: &Path) -> Value {
+    serde_json::from_str(&std::fs::read_to_string(dir.join("mtp.json")).unwrap()).unwrap()
+}
+
+/// The target's final hidden states of `tokens`, from a fresh cache in one pass.
+fn target_hidden(model: &Model, tokens: &[u32]) -> nuvec::Array {
+    let mut cache = model.new_cache();
+    model.prefill_hidden(tokens, &mut cache).unwrap()
+}
+
+/// Top-1 equal where the reference's top-2 gap is clear, and the reference's best logits within
+/// `tol` of ours.
+fn check_row(what: &str, row: &[f32], ids: &[u32], values: &[f32], tol: f32) {
+    let best = row.iter().enumerate().fold(0, |b, (i, &v)| if v > row[b] { i } else { b });
+    if values[0] - values[1] > 1e-3 {
+        assert_eq!(best as u32, ids[0], "{what}: top token");
+    }
+    for (&id, &v) in ids.iter().zip(values) {
+        let got = row[id as usize];
+        assert!((got - v).abs() <= tol * (1.0 + v.abs()), "{what}: logit of {id} is {got}, the reference's {v}");
+    }
+}
+
+fn logits_match(name: &str, tol: f32) {
+    let (dir, path) = case(name);
+    let model = load_mtp(&path);
+    let rec = mtp_json(&dir);
+    let seq = ids(&rec["sequence"]);
+    let hidden = target_hidden(&model, &seq[..seq.len() - 1]);
+    let mut cache = model.new_mtp_cache().unwrap();
+    let out = model.mtp_hidden(&seq[1..], &hidden, &mut cache).unwrap();
+    let rows = rows_of(&model.logits(&out).unwrap());
+    let (want_ids, want_values) = (&rec["positions"]["ids"], &rec["positions"]["values"]);
+    assert_eq!(rows.len(), seq.len() - 1);
+    for (i, row) in rows.iter().enumerate() {
+        let ids = ids(&want_ids[i]);
+        let values: Vec<f32> = want_values[i].as_array().unwrap().iter().map(|v| v.as_f64().unwrap() as f32).collect();
+        check_row(&format!("{name}, position {i}"), row, &ids, &values, tol);
+    }
+}
+
+#[test]
+fn dense_head_logits_are_the_reference() {
+    logits_match("qwen3_5-mtp", 1e-3);
+}
+
+#[test]
+fn moe_head_logits_are_the_reference() {
+    logits_match("qwen3_5_moe-mtp", 1e-3);
+}
+
+/// llama.cpp's converter keeps the head as a block past the decoder's (`blk.4.*`, `nextn.*`).
+#[test]
+fn gguf_head_logits_are_the_reference() {
+    logits_match("gguf-qwen35-mtp", 1e-3);
+}
+
+/// The proposer, fed the target's hidden states of a history's positions, guesses what the
+/// reference's chain guesses (up to where a guess hinges on a near tie).
+fn chains_match(name: &str) {
+    let (dir, path) = case(name);
+    let model = load_mtp(&path);
+    let rec = mtp_json(&dir);
+    let seq = ids(&rec["sequence"]);
+    for chain in rec["chains"].as_array().unwrap() {
+        let start = chain["start"].as_u64().unwrap() as usize;
+        let want = ids(&chain["guesses"]);
+        let margins: Vec<f64> = chain["margins"].as_array().unwrap().iter().map(|m| m.as_f64().unwrap()).collect();
+        let mut head = MtpHead::new(&model).unwrap();
+        head.observe(0, &target_hidden(&model, &seq[..=start])).unwrap();
+        let got = head.propose(&seq[..start + 2], want.len()).unwrap();
+        println!("RESULT {name} from {start}: {got:?} (reference {want:?}, margins {margins:?})");
+        let sure = margins.iter().take_while(|&&m| m > 1e-3).count();
+        assert_eq!(got.len(), want.len());
+        assert_eq!(got[..sure], want[..sure], "{name}: the chain from position {start}");
+    }
+}
+
+#[test]
+fn dense_head_chains_are_the_reference() {
+    chains_match("qwen3_5-mtp");
+}
+
+#[test]
+fn moe_head_chains_are_the_reference() {
+    chains_match("qwen3_5_moe-mtp");
+}
+
+#[test]
+fn gguf_head_chains_are_the_reference() {
+    chains_match("gguf-qwen35-mtp");
+}
+
+/// Wraps the head: each proposal the head makes after the target's verified passes must equal
+/// the one a fresh head makes over the whole history at once; the guesses handed to the target
+/// are mlx-lm's answer with deliberate mistakes, so the passes keep every count of guesses.
+struct Checked<'a> {
+    head: MtpHead<'a>,
+    model: &'a Model,
+    answer: Vec<u32>,
+    prompt_len: usize,
+    calls: usize,
+    compared: usize,
+}
+
+impl Proposer for Checked<'_> {
+    fn wants_hidden(&self) -> bool {
+        true
+    }
+
+    fn observe(&mut self, first: usize, hidden: &nuvec::Array) -> nuvec_lm::Result<()> {
+        self.head.observe(first, hidden)
+    }
+
+    fn propose(&mut self, history: &[u32], k: usize) -> nuvec_lm::Result<Vec<u32>> {
+        self.calls += 1;
+        let got = self.head.propose(history, k)?;
+        let mut fresh = MtpHead::new(self.model)?;
+        fresh.observe(0, &target_hidden(self.model, &history[..history.len() - 1]))?;
+        let want = fresh.propose(history, k)?;
+        // Guesses follow one another: compared up to the first that differs, which must be a
+        // near tie of the fresh head's logits.
+        let same = got.iter().zip(&want).take_while(|(a, b)| a == b).count();
+        if same < want.len() {
+            let mut cache = self.model.new_mtp_cache()?;
+            let hidden = target_hidden(self.model, &history[..history.len() - 1]);
+            let out = self.model.mtp_hidden(&history[1..], &hidden, &mut cache)?;
+            let mut h = out.slice_rows(out.dim(0) - 1, out.dim(0))?;
+            for (i, &g) in want.iter().enumerate() {
+                let row = &rows_of(&self.model.logits(&h)?)[0];
+                if i == same {
+                    let mut sorted = row.clone();
+                    sorted.sort_by(|a, b| b.total_cmp(a));
+                    assert!(sorted[0] - sorted[1] < 1e-3, "guess {i} of {got:?} is not a fresh head's {want:?}");
+                    break;
+                }
+                h = self.model.mtp_hidden(&[g], &h, &mut cache)?;
+            }
+        }
+        self.compared += same;
+        assert_eq!(got.len(), want.len(), "the head stopped guessing");
+        // What the target is handed: the answer, one guess in three wrong, every fifth step none.
+        if self.calls.is_multiple_of(5) {
+            return Ok(vec![]);
+        }
+        let at = history.len() - self.prompt_len;
+        let mut guesses: Vec<u32> = self.answer.iter().skip(at).take(k).copied().collect();
+        if self.calls % 3 == 1 && !guesses.is_empty() {
+            let wrong = self.calls % guesses.len();
+            guesses[wrong] = guesses[wrong].wrapping_add(1) % 1000 + 3;
+        }
+        Ok(guesses)
+    }
+}
+
+fn run<P: Proposer>(model: &Model, prompt: &[u32], max: usize, proposer: P, k: usize) -> (Vec<u32>, SpeculativeStats) {
+    let options = GenerateOptions { max_tokens: max, prefill_step_size: 5, ..Default::default() };
+    let mut g = speculative_generate(model, prompt, options, proposer, k).unwrap();
+    let tokens = g.by_ref().collect::<nuvec_lm::Result<Vec<u32>>>().unwrap();
+    (tokens, g.stats().clone())
+}
+
+#[test]
+fn head_follows_every_acceptance_count() {
+    let (dir, path) = case("qwen3_5-mtp");
+    let model = load_mtp(&path);
+    let oracle = oracle_json(&dir);
+    let (prompt, want) = (ids(&oracle["prompt_ids"]), ids(&oracle["greedy_tokens"]));
+    let want = &want[..24];
+    for k in [1, 3] {
+        let head = MtpHead::new(&model).unwrap();
+        let checked =
+            Checked { head, model: &model, answer: want.to_vec(), prompt_len: prompt.len(), calls: 0, compared: 0 };
+        let mut g = speculative_generate(
+            &model,
+            &prompt,
+            GenerateOptions { max_tokens: want.len(), prefill_step_size: 5, ..Default::default() },
+            checked,
+            k,
+        )
+        .unwrap();
+        let got = g.by_ref().collect::<nuvec_lm::Result<Vec<u32>>>().unwrap();
+        let stats = g.stats().clone();
+        println!("RESULT k={k}: {} steps, {}/{} taken", stats.steps, stats.accepted, stats.drafted);
+        assert_eq!(got, want, "k={k}");
+        assert!(stats.accepted > 0 && stats.drafted > stats.accepted, "k={k}: {stats:?}");
+    }
+}
+
+#[test]
+fn speculation_with_the_head_answers_like_mlx_lm() {
+    for name in ["qwen3_5-mtp", "qwen3_5_moe-mtp", "gguf-qwen35-mtp"] {
+        let (dir, path) = case(name);
+        let model = load_mtp(&path);
+        let oracle = oracle_json(&dir);
+        let (prompt, want) = (ids(&oracle["prompt_ids"]), ids(&oracle["greedy_tokens"]));
+        for k in [1, 2, 4] {
+            let (got, stats) = run(&model, &prompt, want.len(), MtpHead::new(&model).unwrap(), k);
+            println!("RESULT {name} k={k}: {} steps, {}/{} guesses taken", stats.steps, stats.accepted, stats.drafted);
+            assert_eq!(got, want, "{name}, k={k}");
+            assert!(stats.drafted > 0, "{name}, k={k}: the head guessed nothing: {stats:?}");
+        }
+        // The head loaded beside the model changes nothing of its own answer.
+        let plain = generate(&model, &prompt, GenerateOptions { max_tokens: want.len(), ..Default::default() })
+            .unwrap()
+            .collect::<nuvec_lm::Result<Vec<u32>>>()
+            .unwrap();
+        assert_eq!(plain, want, "{name}: plain decoding with the head loaded");
+    }
+}
+
+#[test]
+fn a_missing_head_is_an_error_naming_the_fix() {
+    // The Hugging Face original without its head, and mlx-lm's conversion of it.
+    for dir in [fixtures().join("qwen3_5/qwen3_5-hf"), fixtures().join("qwen3_5/qwen3_5-f32")] {
+        let err = load_error(&dir, "a checkpoint without mtp.* loaded with its head");
+        assert!(err.contains("no multi-token-prediction head") && err.contains("draft model"), "{err}");
+    }
+    // Another family.
+    let llama = fixtures().join("llama-f32");
+    let err = load_error(&llama, "a llama checkpoint loaded with a head");
+    assert!(err.contains("no multi-token-prediction head nuvec runs"), "{err}");
+    // A GGUF converted without it (gguf-qwen35), and one of another family.
+    for file in [fixtures().join("gguf-qwen35/model.gguf"), common::default_gguf()] {
+        let err = load_error(&file, "a GGUF without a nextn block loaded with its head");
+        assert!(err.contains("multi-token-prediction head"), "{err}");
+    }
+    // Models loaded without their heads: the head's block is skipped.
+    for name in ["qwen3_5-mtp", "gguf-qwen35-mtp"] {
+        let (dir, path) = case(name);
+        let model = nuvec_lm::load(path.to_str().unwrap()).unwrap().0;
+        assert!(!model.has_mtp());
+        let err = MtpHead::new(&model).err().expect("a head over a model without one").to_string();
+        assert!(err.contains("LoadOptions::mtp") && err.contains("--mtp"), "{err}");
+        let oracle = oracle_json(&dir);
+        let (prompt, want) = (ids(&oracle["prompt_ids"]), ids(&oracle["greedy_tokens"]));
+        let plain = generate(&model, &prompt, GenerateOptions { max_tokens: want.len(), ..Default::default() })
+            .unwrap()
+            .collect::<nuvec_lm::Result<Vec<u32>>>()
+            .unwrap();
+        assert_eq!(plain, want, "{name} without its head");
+    }
+}
