@@ -383,3 +383,42 @@ fn greedy_generation_on_device_q4() {
 fn greedy_generation_on_device_qwen3_moe() {
     greedy_on_device("qwen3_moe-q4g64");
 }
+
+/// Qwen3.5's multi-token-prediction head on the GPU, from a GGUF that keeps it (the
+/// `gguf-qwen35-mtp` fixture, small enough to carry): the head's logits over the prompt's
+/// positions (fed the target's hidden states) within the tolerance of the CPU's, and
+/// speculation with it gives the GPU's own greedy answer.
+#[test]
+fn qwen35_mtp_head() {
+    use nuvec_lm::speculative::{speculative_generate, MtpHead};
+    use nuvec_lm::{GenerateOptions, LoadOptions};
+    nuvec::backends::cuda::set_matmul_precision(nuvec::backends::cuda::MatmulPrecision::F32);
+    let root = std::env::var_os("NUVEC_GPU_FIXTURES").or_else(|| std::env::var_os("NUVEC_FIXTURES")).unwrap();
+    let dir = std::path::PathBuf::from(root).join("gguf-qwen35-mtp");
+    let load = |device| {
+        let options = LoadOptions { device, mtp: true, ..Default::default() };
+        nuvec_lm::load_with(dir.join("model.gguf").to_str().unwrap(), &options).unwrap().0
+    };
+    let (cpu, gpu) = (load(Device::Cpu), load(Device::Cuda(0)));
+    let oracle: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("oracle.json")).unwrap()).unwrap();
+    let prompt: Vec<u32> =
+        oracle["prompt_ids"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect();
+    let head_rows = |model: &Model| -> Vec<Vec<f32>> {
+        let mut cache = model.new_cache();
+        let hidden = model.prefill_hidden(&prompt[..prompt.len() - 1], &mut cache).unwrap();
+        let mut mtp = model.new_mtp_cache().unwrap();
+        let out = model.mtp_hidden(&prompt[1..], &hidden, &mut mtp).unwrap();
+        let logits = model.logits(&out).unwrap().to_vec::<f32>().unwrap();
+        logits.chunks(model.vocab_size()).map(<[f32]>::to_vec).collect()
+    };
+    let (c, g) = (head_rows(&cpu), head_rows(&gpu));
+    let diff = widest(&c, &g);
+    assert!(diff <= TOLERANCE, "the head's logits differ by {diff} between the devices");
+    let options = GenerateOptions { max_tokens: STEPS, ..Default::default() };
+    let plain = nuvec_lm::generate(&gpu, &prompt, options.clone()).unwrap().collect::<nuvec_lm::Result<Vec<u32>>>();
+    let mut spec = speculative_generate(&gpu, &prompt, options, MtpHead::new(&gpu).unwrap(), 3).unwrap();
+    let tokens = spec.by_ref().collect::<nuvec_lm::Result<Vec<u32>>>().unwrap();
+    assert_eq!(tokens, plain.unwrap(), "speculation with the head on the GPU");
+    println!("RESULT qwen35 mtp head: logits within {diff:.2e} of the CPU's; {:?}", spec.stats());
+}
