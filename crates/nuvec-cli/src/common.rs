@@ -71,22 +71,12 @@ impl LoadArgs {
     /// is a repo id not in the cache ([`HubArgs::fetch`]), the adapter applied, a bar on a
     /// terminal while a load that lasts runs.
     pub fn load(&self, model: &str, device: nuvec::Device) -> Result<(nuvec_lm::Model, nuvec_lm::Tokenizer), String> {
-        self.load_serving(model, device, vec![])
+        self.load_as(model, device, vec![], false)
     }
 
     /// [`LoadArgs::load`] with `served` adapters `(name, folder)` that requests choose by name
-    /// ([`nuvec_lm::LoadOptions::served_adapters`]).
-    pub fn load_serving(
-        &self,
-        model: &str,
-        device: nuvec::Device,
-        served: Vec<(String, std::path::PathBuf)>,
-    ) -> Result<(nuvec_lm::Model, nuvec_lm::Tokenizer), String> {
-        self.load_as(model, device, served, false)
-    }
-
-    /// [`LoadArgs::load_serving`], with the checkpoint's multi-token-prediction head when
-    /// `mtp` ([`nuvec_lm::LoadOptions::mtp`]).
+    /// ([`nuvec_lm::LoadOptions::served_adapters`]), and the checkpoint's multi-token-prediction
+    /// head when `mtp` ([`nuvec_lm::LoadOptions::mtp`]).
     pub fn load_as(
         &self,
         model: &str,

@@ -69,7 +69,14 @@ pub struct Args {
     /// Its cache takes a share of --prompt-cache-bytes in proportion to its size per position.
     #[arg(long, value_name = "PATH", conflicts_with = "prompt_lookup")]
     draft_model: Option<String>,
-    /// With --prompt-lookup or --draft-model: tokens guessed per request and step (default 3).
+    /// Speculation with the checkpoint's own multi-token-prediction head (Qwen3.5's mtp.*;
+    /// vLLM's mtp method, llama.cpp's draft-mtp): each request's head guesses its next tokens
+    /// from the model's hidden states, in steps that only decode, for at most
+    /// --speculation-max-batch requests, verified in the same pass. Answers are the same. Needs a
+    /// checkpoint that ships the head (the Hugging Face original, or a GGUF that keeps it).
+    #[arg(long, conflicts_with_all = ["prompt_lookup", "draft_model"])]
+    mtp: bool,
+    /// With --prompt-lookup, --draft-model or --mtp: tokens guessed per request and step (default 3).
     #[arg(long)]
     num_draft_tokens: Option<usize>,
     /// With --prompt-lookup: the longest n-gram matched (shorter ones down to
@@ -79,7 +86,7 @@ pub struct Args {
     /// With --prompt-lookup: the shortest n-gram matched.
     #[arg(long, default_value_t = 1, requires = "prompt_lookup")]
     prompt_lookup_min: usize,
-    /// With --prompt-lookup or --draft-model: most decoding requests in a step that speculates
+    /// With --prompt-lookup, --draft-model or --mtp: most decoding requests in a step that speculates
     /// (more are bound by arithmetic, where guessed rows would slow everyone); default 2 on the
     /// CPU, 8 on a GPU.
     #[arg(long)]
@@ -220,9 +227,11 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     if args.context.ctx_size == Some(0) {
         return Err("--ctx-size 0: give at least 1 position".into());
     }
-    let speculating = args.prompt_lookup || args.draft_model.is_some();
+    let speculating = args.prompt_lookup || args.draft_model.is_some() || args.mtp;
     if !speculating && (args.num_draft_tokens.is_some() || args.speculation_max_batch.is_some()) {
-        return Err("--num-draft-tokens and --speculation-max-batch need --prompt-lookup or --draft-model".into());
+        return Err(
+            "--num-draft-tokens and --speculation-max-batch need --prompt-lookup, --draft-model or --mtp".into()
+        );
     }
     let batcher = BatcherOptions {
         max_batch: args.max_batch,
@@ -235,7 +244,7 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         kv_bits: args.kv_bits,
         kv_group_size: args.kv_group_size,
         checkpoint_interval: args.checkpoint_interval,
-        speculation: (args.prompt_lookup || args.draft_model.is_some()).then_some(nuvec_lm::BatchSpeculation {
+        speculation: speculating.then_some(nuvec_lm::BatchSpeculation {
             lookup: nuvec_lm::speculative::PromptLookup {
                 max_ngram: args.prompt_lookup_max,
                 min_ngram: args.prompt_lookup_min,
@@ -250,7 +259,7 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
 
     args.threads.apply()?;
     let device = crate::common::parse_device(&args.device)?;
-    let (model, tokenizer) = args.load.load_serving(&model_path, device, args.lora_modules.clone())?;
+    let (model, tokenizer) = args.load.load_as(&model_path, device, args.lora_modules.clone(), args.mtp)?;
     sampler.validate_for(model.vocab_size())?;
     let id = args.served_model_name.clone().unwrap_or_else(|| model_id(&model_path));
     let mut config = ServerConfig::new(&id, &tokenizer);
@@ -292,6 +301,7 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     };
     let server = match draft {
         Some(draft) => Server::start_with_draft(model, draft, tokenizer, batcher, config),
+        None if args.mtp => Server::start_with_mtp(model, tokenizer, batcher, config),
         None => Server::start(model, tokenizer, batcher, config),
     }
     .map_err(|e| flag_names(&e.to_string()))?;
@@ -314,7 +324,7 @@ fn flag_names(message: &str) -> String {
         ("BatcherOptions::checkpoint_interval", "--checkpoint-interval"),
         ("BatcherOptions::speculation.num_draft", "--num-draft-tokens"),
         ("BatcherOptions::speculation.max_decodes", "--speculation-max-batch"),
-        ("BatcherOptions::speculation", "--prompt-lookup or --draft-model"),
+        ("BatcherOptions::speculation", "--prompt-lookup, --draft-model or --mtp"),
         ("BatcherOptions::batch_invariant", "--batch-invariant"),
         ("BatcherOptions::kv_bits", "--kv-bits"),
         ("of block_size = ", "of the cache's block size, "),

@@ -159,7 +159,34 @@ fn a_draft_model_answers_as_generate_and_reports_its_guesses() {
     let e = refused(&["--draft-model", &format!("{fixtures}/llama-q4g64")]);
     assert!(e.contains("its tokenizer is not the model's"), "{e}");
     let e = refused(&["--num-draft-tokens", "4"]);
-    assert!(e.contains("--prompt-lookup or --draft-model"), "{e}");
+    assert!(e.contains("--prompt-lookup, --draft-model or --mtp"), "{e}");
+}
+
+/// `--mtp`: a Qwen3.5 fixture's own (random) multi-token-prediction head guesses for the served
+/// requests; the answer is `nuvec generate`'s on the same model, and /metrics counts the
+/// guesses. A model without a head is refused.
+#[test]
+fn an_mtp_head_answers_as_generate_and_reports_its_guesses() {
+    let fixtures = std::env::var("NUVEC_FIXTURES").unwrap_or_else(|_| panic!("NUVEC_FIXTURES is not set"));
+    let model = format!("{fixtures}/gguf-qwen35-mtp/model.gguf");
+    let served = Served::start_model(&model, &["--mtp", "--num-draft-tokens", "2"]);
+    let prompt = "The capital of France is";
+    let out = Command::new(env!("CARGO_BIN_EXE_nuvec"))
+        .args(["generate", "--model", &model, "--verbose", "false", "--ignore-chat-template", "--prompt", prompt])
+        .args(["-m", "20"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let expected = String::from_utf8(out.stdout).unwrap();
+    let body = json!({"prompt": prompt, "max_tokens": 20, "temperature": 0.0});
+    let (status, answer) = post(&served.base, "/v1/completions", &body);
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer["choices"][0]["text"].as_str().map(str::trim), Some(expected.trim()), "{answer}");
+    let drafted = gauge(&served.base, "nuvec:spec_decode_num_draft_tokens_total");
+    assert!(drafted > 0.0, "the head guessed nothing");
+    drop(served);
+    let e = refused(&["--mtp"]);
+    assert!(e.contains("no multi-token-prediction head"), "{e}");
 }
 
 /// A streaming completion over a socket of its own, read line by line.

@@ -131,6 +131,35 @@ fn gguf_head_chains_are_the_reference() {
     chains_match("gguf-qwen35-mtp");
 }
 
+/// Checks `got`, a head's guesses after `history` (shown the target's hidden states from
+/// position `base` on), against a fresh head's over the same positions, computed at once: equal
+/// up to the first that differs, which must be a near tie of the fresh head's logits. Returns
+/// how many were equal.
+fn check_proposal(model: &Model, history: &[u32], base: usize, got: &[u32]) -> usize {
+    let hidden = target_hidden(model, &history[..history.len() - 1]);
+    let shown = hidden.slice_rows(base, hidden.dim(0)).unwrap();
+    let mut fresh = MtpHead::new(model).unwrap();
+    fresh.observe(base, &shown).unwrap();
+    let want = fresh.propose(history, got.len()).unwrap();
+    let same = got.iter().zip(&want).take_while(|(a, b)| a == b).count();
+    if same < want.len() {
+        let mut cache = model.new_mtp_cache().unwrap();
+        let out = model.mtp_hidden(&history[base + 1..], &shown, &mut cache).unwrap();
+        let mut h = out.slice_rows(out.dim(0) - 1, out.dim(0)).unwrap();
+        for (i, &g) in want.iter().enumerate() {
+            let row = &rows_of(&model.logits(&h).unwrap())[0];
+            if i == same {
+                let mut sorted = row.clone();
+                sorted.sort_by(|a, b| b.total_cmp(a));
+                assert!(sorted[0] - sorted[1] < 1e-3, "guess {i} of {got:?} is not a fresh head's {want:?}");
+                break;
+            }
+            h = model.mtp_hidden(&[g], &h, &mut cache).unwrap();
+        }
+    }
+    same
+}
+
 /// Wraps the head: each proposal the head makes after the target's verified passes must equal
 /// the one a fresh head makes over the whole history at once; the guesses handed to the target
 /// are mlx-lm's answer with deliberate mistakes, so the passes keep every count of guesses.
@@ -155,30 +184,9 @@ impl Proposer for Checked<'_> {
     fn propose(&mut self, history: &[u32], k: usize) -> nuvec_lm::Result<Vec<u32>> {
         self.calls += 1;
         let got = self.head.propose(history, k)?;
-        let mut fresh = MtpHead::new(self.model)?;
-        fresh.observe(0, &target_hidden(self.model, &history[..history.len() - 1]))?;
-        let want = fresh.propose(history, k)?;
-        // Guesses follow one another: compared up to the first that differs, which must be a
-        // near tie of the fresh head's logits.
-        let same = got.iter().zip(&want).take_while(|(a, b)| a == b).count();
-        if same < want.len() {
-            let mut cache = self.model.new_mtp_cache()?;
-            let hidden = target_hidden(self.model, &history[..history.len() - 1]);
-            let out = self.model.mtp_hidden(&history[1..], &hidden, &mut cache)?;
-            let mut h = out.slice_rows(out.dim(0) - 1, out.dim(0))?;
-            for (i, &g) in want.iter().enumerate() {
-                let row = &rows_of(&self.model.logits(&h)?)[0];
-                if i == same {
-                    let mut sorted = row.clone();
-                    sorted.sort_by(|a, b| b.total_cmp(a));
-                    assert!(sorted[0] - sorted[1] < 1e-3, "guess {i} of {got:?} is not a fresh head's {want:?}");
-                    break;
-                }
-                h = self.model.mtp_hidden(&[g], &h, &mut cache)?;
-            }
-        }
+        let same = check_proposal(self.model, history, 0, &got);
         self.compared += same;
-        assert_eq!(got.len(), want.len(), "the head stopped guessing");
+        assert_eq!(got.len(), k, "the head stopped guessing");
         // What the target is handed: the answer, one guess in three wrong, every fifth step none.
         if self.calls.is_multiple_of(5) {
             return Ok(vec![]);
@@ -280,4 +288,99 @@ fn a_missing_head_is_an_error_naming_the_fix() {
             .unwrap();
         assert_eq!(plain, want, "{name} without its head");
     }
+}
+
+/// The head in the Batcher (`Batcher::with_mtp`): requests of several kinds (greedy, seeded
+/// sampling, log-probabilities, one longer than a step's budget, and after a first request one
+/// whose prompt starts with that one's, so its head starts after the cached blocks) hand out
+/// their solo tokens, and every proposal the Batcher's heads made is the one a fresh head makes
+/// over the same history from the same first position.
+#[test]
+fn the_head_in_the_batcher_leaves_the_solo_tokens() {
+    use nuvec_lm::{BatchSpeculation, Batcher, BatcherOptions, Event, Sampler};
+    for name in ["qwen3_5-mtp", "gguf-qwen35-mtp"] {
+        let (_, path) = case(name);
+        let model = load_mtp(&path);
+        let v = model.vocab_size();
+        let greedy = |n: usize| GenerateOptions { max_tokens: n, ..Default::default() };
+        let sampled = GenerateOptions {
+            max_tokens: 16,
+            seed: Some(9),
+            sampler: Sampler { temperature: 0.3, ..Default::default() },
+            ..Default::default()
+        };
+        let first = common::seeded_prompt(40, 1, v);
+        let shared = [&first[..36], &common::seeded_prompt(6, 7, v)].concat();
+        let rounds = vec![
+            vec![(first, greedy(12))],
+            vec![
+                (shared, greedy(14)),
+                (common::seeded_prompt(12, 2, v), greedy(9)),
+                (common::seeded_prompt(20, 3, v), sampled),
+                (common::seeded_prompt(7, 4, v), GenerateOptions { logprobs: Some(2), ..greedy(10) }),
+                (common::seeded_prompt(90, 5, v), greedy(12)),
+            ],
+        ];
+        let speculation =
+            BatchSpeculation { num_draft: 3, max_decodes: Some(8), min_acceptance: 0.0, ..Default::default() };
+        let options = BatcherOptions {
+            blocks: Some(256),
+            block_size: 16,
+            token_budget: Some(64),
+            // Recurrent states kept every block, so that the second round's prompt gets a hit.
+            checkpoint_interval: 16,
+            speculation: Some(speculation),
+            ..Default::default()
+        };
+        let mut batcher = Batcher::with_mtp(&model, options).unwrap();
+        batcher.record_mtp_proposals();
+        let mut cached = vec![];
+        for requests in &rounds {
+            let ids: Vec<_> = requests.iter().map(|(p, o)| batcher.submit(p.clone(), o.clone()).unwrap()).collect();
+            let mut got: std::collections::BTreeMap<_, Vec<u32>> = Default::default();
+            while batcher.is_busy() {
+                for event in batcher.step().unwrap() {
+                    match event {
+                        Event::Token { id, token } => got.entry(id).or_default().push(token),
+                        Event::Started { cached_tokens, .. } => cached.push(cached_tokens),
+                        Event::Failed { id, error } => panic!("{id:?} failed: {error}"),
+                        _ => {}
+                    }
+                }
+            }
+            for (i, ((prompt, options), id)) in requests.iter().zip(&ids).enumerate() {
+                let want =
+                    generate(&model, prompt, options.clone()).unwrap().collect::<nuvec_lm::Result<Vec<u32>>>().unwrap();
+                assert_eq!(got.remove(id).unwrap_or_default(), want, "{name}: request {i}");
+            }
+        }
+        assert!(cached.iter().any(|&c| c > 0), "{name}: a prompt began in cached blocks: {cached:?}");
+        let stats = batcher.stats();
+        let proposals = batcher.mtp_proposals();
+        println!(
+            "RESULT {name}: {} guessed, {} right, {} proposals, bases {:?}",
+            stats.drafted_tokens,
+            stats.accepted_tokens,
+            proposals.len(),
+            proposals.iter().map(|p| p.1).filter(|&b| b > 0).collect::<std::collections::BTreeSet<_>>()
+        );
+        assert!(stats.drafted_tokens > 20 && !proposals.is_empty(), "{name}: {stats:?}");
+        // Heads start at 0, or where a prompt's cached blocks end: never anywhere else (a head
+        // that lost its place and started afresh).
+        assert!(proposals.iter().any(|p| p.1 > 0), "{name}: a head started after cached blocks");
+        assert!(proposals.iter().all(|p| p.1 == 0 || cached.contains(&p.1)), "{name}: bases vs hits {cached:?}");
+        for (history, base, guesses) in proposals {
+            check_proposal(&model, history, *base, guesses);
+        }
+        assert_eq!(stats.blocks_used, 0, "{name}: every block back");
+    }
+    // What the head needs.
+    let (_, path) = case("qwen3_5-mtp");
+    let plain = nuvec_lm::load(path.to_str().unwrap()).unwrap().0;
+    let on = BatcherOptions { blocks: Some(64), speculation: Some(BatchSpeculation::default()), ..Default::default() };
+    let err = Batcher::with_mtp(&plain, on).err().unwrap().to_string();
+    assert!(err.contains("LoadOptions::mtp"), "{err}");
+    let model = load_mtp(&path);
+    let err = Batcher::with_mtp(&model, BatcherOptions { blocks: Some(64), ..Default::default() }).err().unwrap();
+    assert!(err.to_string().contains("speculation"), "{err}");
 }

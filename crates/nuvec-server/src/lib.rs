@@ -180,6 +180,16 @@ pub(crate) struct AppState {
     pub grammars: structured::Grammars,
 }
 
+/// Where a speculating request's guesses come from.
+enum Guesses {
+    /// Prompt lookup (when `BatcherOptions::speculation` is set at all).
+    Lookup,
+    /// A draft model.
+    Draft(Model),
+    /// The model's multi-token-prediction head.
+    Mtp,
+}
+
 /// A server: its engine thread running, ready to be served on a socket.
 pub struct Server {
     state: Arc<AppState>,
@@ -195,7 +205,7 @@ impl Server {
         batcher: BatcherOptions,
         config: ServerConfig,
     ) -> Result<Self, Error> {
-        Self::start_batcher(model, None, tokenizer, batcher, config)
+        Self::start_batcher(model, Guesses::Lookup, tokenizer, batcher, config)
     }
 
     /// [`Server::start`] with `draft` guessing for the speculating requests
@@ -207,21 +217,34 @@ impl Server {
         batcher: BatcherOptions,
         config: ServerConfig,
     ) -> Result<Self, Error> {
-        Self::start_batcher(model, Some(draft), tokenizer, batcher, config)
+        Self::start_batcher(model, Guesses::Draft(draft), tokenizer, batcher, config)
+    }
+
+    /// [`Server::start`] with the model's multi-token-prediction head guessing for the
+    /// speculating requests ([`Batcher::with_mtp`]; `batcher.speculation` must be set, the model
+    /// loaded with its head).
+    pub fn start_with_mtp(
+        model: Model,
+        tokenizer: Tokenizer,
+        batcher: BatcherOptions,
+        config: ServerConfig,
+    ) -> Result<Self, Error> {
+        Self::start_batcher(model, Guesses::Mtp, tokenizer, batcher, config)
     }
 
     fn start_batcher(
         model: Model,
-        draft: Option<Model>,
+        guesses: Guesses,
         tokenizer: Tokenizer,
         batcher: BatcherOptions,
         config: ServerConfig,
     ) -> Result<Self, Error> {
         let info = ModelInfo::of(&model);
         Self::with_engine(tokenizer, info, config, move |engine| {
-            let batcher = match &draft {
-                Some(d) => Batcher::with_draft(&model, d, batcher)?,
-                None => Batcher::new(&model, batcher)?,
+            let batcher = match &guesses {
+                Guesses::Draft(d) => Batcher::with_draft(&model, d, batcher)?,
+                Guesses::Mtp => Batcher::with_mtp(&model, batcher)?,
+                Guesses::Lookup => Batcher::new(&model, batcher)?,
             };
             engine.run(batcher);
             Ok(())

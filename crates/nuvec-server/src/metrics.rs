@@ -192,7 +192,7 @@ pub(crate) fn render(model_name: &str, m: &Metrics, stats: &EngineStats, rejecte
     t.one(
         "nuvec:spec_decode_num_draft_tokens_total",
         "counter",
-        "Guessed tokens fed to steps by prompt-lookup speculation (--prompt-lookup).",
+        "Guessed tokens fed to steps by speculation (--prompt-lookup, --draft-model or --mtp).",
         stats.drafted_tokens as f64,
     );
     t.one(

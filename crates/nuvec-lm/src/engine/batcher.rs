@@ -6,6 +6,7 @@ use nuvec::{Array, Device, QuantSpec};
 
 use super::drafter::Drafter;
 use super::executor::{self, Outcome};
+use super::mtp_drafter::{MtpDrafter, MtpProposal};
 use super::request::{Request, MASKED};
 use super::scheduler::{BlockView, Key, Scheduler, Work};
 use super::speculation::{self, BatchSpeculation};
@@ -315,6 +316,10 @@ pub struct Batcher<'m> {
     speculation: Option<BatchSpeculation>,
     /// Where guesses come from when a draft model makes them (else the prompt lookup).
     drafter: Option<Drafter<'m>>,
+    /// Where guesses come from when the model's multi-token-prediction head makes them.
+    mtp: Option<MtpDrafter<'m>>,
+    /// The guesses each speculating request had right in this step (by key).
+    accepted_now: HashMap<u64, usize>,
 }
 
 impl<'m> Batcher<'m> {
@@ -350,6 +355,43 @@ impl<'m> Batcher<'m> {
             )));
         }
         Batcher::build(model, Some(draft), options)
+    }
+
+    /// A batcher whose speculating requests take their guesses from the model's own
+    /// multi-token-prediction head ([`crate::LoadOptions::mtp`]; vLLM's `mtp` method) instead
+    /// of the prompt lookup: `options.speculation` must be set (its `num_draft`, `max_decodes`
+    /// and `min_acceptance` apply; its `lookup` does not). Each request's head has a small cache
+    /// of its own (one layer), shown the model's hidden states of every position the request
+    /// computes; it picks its guesses greedily, so every request hands out the tokens it gets
+    /// alone (see `engine/mtp_drafter.rs`).
+    pub fn with_mtp(model: &'m Model, options: BatcherOptions) -> Result<Self> {
+        if options.speculation.is_none() {
+            return Err(Error::Invalid(
+                "Batcher::with_mtp needs BatcherOptions::speculation (its num_draft and max_decodes)".into(),
+            ));
+        }
+        if !model.has_mtp() {
+            return Err(crate::models::no_mtp());
+        }
+        let mut batcher = Batcher::build(model, None, options)?;
+        batcher.mtp = Some(MtpDrafter::new(model));
+        Ok(batcher)
+    }
+
+    /// Keeps every proposal of the multi-token-prediction head from now on (a test compares
+    /// them with a fresh head's).
+    #[doc(hidden)]
+    pub fn record_mtp_proposals(&mut self) {
+        if let Some(m) = &mut self.mtp {
+            m.record();
+        }
+    }
+
+    /// The proposals [`Batcher::record_mtp_proposals`] kept: each request's history, the first
+    /// position its head was shown, the guesses.
+    #[doc(hidden)]
+    pub fn mtp_proposals(&self) -> &[MtpProposal] {
+        self.mtp.as_ref().map_or(&[], |m| m.recorded())
     }
 
     fn build(model: &'m Model, draft: Option<&'m Model>, options: BatcherOptions) -> Result<Self> {
@@ -396,6 +438,8 @@ impl<'m> Batcher<'m> {
         Ok(Batcher {
             model,
             drafter,
+            mtp: None,
+            accepted_now: HashMap::new(),
             scheduler,
             paged,
             live: BTreeMap::new(),
@@ -564,22 +608,59 @@ impl<'m> Batcher<'m> {
             })
             .collect();
         let counts: Vec<usize> = drafts.iter().map(|d| 1 + d.len()).collect();
-        let outcome = executor::run(self.model, &mut self.paged, &items, &counts, &faults);
+        let outcome = executor::run(self.model, &mut self.paged, &items, &counts, &faults, self.mtp.is_some());
         drop(items);
+        self.accepted_now.clear();
+        // Each work item's hidden states (all its rows), for the head.
+        let mut hidden: Vec<Option<Array>> = vec![None; work.len()];
         match outcome {
-            Outcome::Together(logits) => self.take_logits(&work, &drafts, &logits, &mut events)?,
+            Outcome::Together((logits, h)) => {
+                self.take_logits(&work, &drafts, &logits, &mut events)?;
+                if let Some(h) = h {
+                    let mut at = 0;
+                    for (i, (w, d)) in work.iter().zip(&drafts).enumerate() {
+                        let n = w.end - w.start + d.len();
+                        hidden[i] = Some(h.slice_rows(at, at + n)?);
+                        at += n;
+                    }
+                }
+            }
             Outcome::Apart(results) => {
-                for ((w, d), result) in work.iter().zip(&drafts).zip(results) {
+                for (i, ((w, d), result)) in work.iter().zip(&drafts).zip(results).enumerate() {
                     match result {
-                        Ok(logits) => {
-                            self.take_logits(std::slice::from_ref(w), std::slice::from_ref(d), &logits, &mut events)?
+                        Ok((logits, h)) => {
+                            self.take_logits(std::slice::from_ref(w), std::slice::from_ref(d), &logits, &mut events)?;
+                            hidden[i] = h;
                         }
                         Err(error) => self.fail(w.key.0, error, &mut events),
                     }
                 }
             }
         }
+        self.show_head(&work, &drafts, &hidden);
         Ok(events)
+    }
+
+    /// Shows the multi-token-prediction head (when guesses come from it) each running request's
+    /// positions this step kept (a plain item's rows, a speculating one's last token and right
+    /// guesses), and runs it over them.
+    fn show_head(&mut self, work: &[Work], drafts: &[Vec<u32>], hidden: &[Option<Array>]) {
+        let Some(mtp) = &mut self.mtp else { return };
+        let mut shown = vec![];
+        for ((w, d), h) in work.iter().zip(drafts).zip(hidden) {
+            let (Some(h), Some(live)) = (h, self.live.get(&w.key.0)) else { continue };
+            let kept = match d.is_empty() {
+                true => Some(w.end - w.start),
+                false => self.accepted_now.get(&w.key.0).map(|a| w.end - w.start + a),
+            };
+            let Some(rows) = kept.and_then(|n| h.slice_rows(0, n).ok()) else {
+                mtp.forget(w.key.0);
+                continue;
+            };
+            mtp.observe(w.key.0, w.start, &rows);
+            shown.push((w.key.0, live.request.history.as_slice()));
+        }
+        mtp.catch_up(&shown);
     }
 
     /// The guesses each work item feeds after its last token this step: from the draft model
@@ -589,6 +670,14 @@ impl<'m> Batcher<'m> {
         let Some(s) = self.speculation.clone() else { return vec![vec![]; work.len()] };
         let rooms: Vec<usize> = work.iter().map(|w| self.draft_room(w)).collect();
         let live = &self.live;
+        if let Some(mtp) = &mut self.mtp {
+            let asks: Vec<_> = work
+                .iter()
+                .zip(&rooms)
+                .map(|(w, &room)| (w.key.0, live[&w.key.0].request.history.as_slice(), room))
+                .collect();
+            return mtp.propose(&asks);
+        }
         match &mut self.drafter {
             Some(drafter) => {
                 drafter.retain(|k| live.contains_key(&k));
@@ -693,6 +782,7 @@ impl<'m> Batcher<'m> {
         self.stats.accepted_tokens += verified.accepted as u64;
         let min = self.speculation.as_ref().map_or(0.0, |s| s.min_acceptance);
         live.guesses.record(drafts.len(), verified.accepted, min);
+        self.accepted_now.insert(w.key.0, verified.accepted);
         // The cache holds the last token and every guess; the wrong ones go.
         let seq = live.seq.expect("given a sequence above");
         let reason = live.request.finish_reason().cloned();
@@ -801,6 +891,9 @@ impl<'m> Batcher<'m> {
 
     /// Frees request `k`'s cache (it stays queued: preempted).
     fn release(&mut self, k: Key) {
+        if let Some(mtp) = &mut self.mtp {
+            mtp.forget(k.0);
+        }
         if let Some(seq) = self.live.get_mut(&k.0).and_then(|l| l.seq.take()) {
             // The id came from this cache and was not removed since.
             let _ = self.paged.remove(seq);

@@ -10,31 +10,39 @@ use crate::cache::paged::{PagedCache, SeqId};
 use crate::models::Model;
 use crate::{Error, Result};
 
+/// What a step's pass gave: logits, and (when asked for) the final hidden states of every row.
+pub(crate) type Rows = (Array, Option<Array>);
+
 /// What a step's pass gave.
 pub(crate) enum Outcome {
     /// One pass over all the work: logits `[rows, vocab]`, each sequence's rows (its `counts`)
-    /// in order.
-    Together(Array),
-    /// Run apart after a failed pass: each sequence's logits `[count, vocab]` or its error.
-    Apart(Vec<Result<Array>>),
+    /// in order, and the hidden states of all its rows in order.
+    Together(Rows),
+    /// Run apart after a failed pass: each sequence's rows or its error.
+    Apart(Vec<Result<Rows>>),
 }
 
 /// Runs `work` (each sequence's new tokens, and the positions it holds before them) on `paged`,
-/// giving the logits of each sequence's last `counts[i]` rows. A sequence in `faults` fails its
-/// pass before the model runs (the tests' injected failure).
+/// giving the logits of each sequence's last `counts[i]` rows, and with `hidden` the final hidden
+/// states of every row. A sequence in `faults` fails its pass before the model runs (the tests'
+/// injected failure).
 pub(crate) fn run(
     model: &Model,
     paged: &mut PagedCache,
     work: &[(SeqId, &[u32], usize)],
     counts: &[usize],
     faults: &HashSet<SeqId>,
+    hidden: bool,
 ) -> Outcome {
-    let pass = |paged: &mut PagedCache, items: &[(SeqId, &[u32], usize)], counts: &[usize]| -> Result<Array> {
+    let pass = |paged: &mut PagedCache, items: &[(SeqId, &[u32], usize)], counts: &[usize]| -> Result<Rows> {
         if let Some((id, _, _)) = items.iter().find(|(id, _, _)| faults.contains(id)) {
             return Err(Error::Invalid(format!("injected failure of sequence {}", id.0)));
         }
         let rows: Vec<(SeqId, &[u32])> = items.iter().map(|&(id, t, _)| (id, t)).collect();
-        paged.step_last_rows(model, &rows, counts)
+        match hidden {
+            true => paged.step_last_rows_hidden(model, &rows, counts).map(|(l, h)| (l, Some(h))),
+            false => paged.step_last_rows(model, &rows, counts).map(|l| (l, None)),
+        }
     };
     match pass(paged, work, counts) {
         Ok(logits) => Outcome::Together(logits),

@@ -396,6 +396,15 @@ impl Model {
         self.in_compute_dtype(|| self.arch.mtp_hidden(target, &mut StepBatch::one(tokens, cache)))
     }
 
+    /// [`Model::mtp_hidden`] over every sequence of `step` (each cache the head's one layer),
+    /// `target` holding all their rows in step order.
+    pub(crate) fn mtp_step(&self, step: &mut StepBatch, target: &Array) -> Result<Array> {
+        if let Some(&t) = step.tokens().iter().find(|&&t| t as usize >= self.vocab_size) {
+            return Err(Error::Invalid(format!("token {t} is outside the vocabulary of {}", self.vocab_size)));
+        }
+        self.in_compute_dtype(|| self.arch.mtp_hidden(target, step))
+    }
+
     /// Extends `cache` with `tokens` without computing logits (a prefill chunk).
     pub fn prefill(&self, tokens: &[u32], cache: &mut [LayerCache]) -> Result<()> {
         self.in_compute_dtype(|| self.arch.hidden(&mut StepBatch::one(tokens, cache)).map(|_| ()))
@@ -418,6 +427,22 @@ impl Model {
     /// [`Model::step`] with the logits of the last `counts[i]` rows of sequence `i` (at least 1,
     /// at most its rows), stacked in step order: what verifying guessed tokens reads.
     pub fn step_last_rows(&self, step: &mut StepBatch, counts: &[usize]) -> Result<Array> {
+        Ok(self.step_last_rows_as(step, counts, false)?.0)
+    }
+
+    /// [`Model::step_last_rows`], with the final hidden states `[T, hidden]` of every row of the
+    /// step in order (what a multi-token-prediction head reads). Not in batch-invariant steps.
+    pub fn step_last_rows_hidden(&self, step: &mut StepBatch, counts: &[usize]) -> Result<(Array, Array)> {
+        let (logits, hidden) = self.step_last_rows_as(step, counts, true)?;
+        Ok((logits, hidden.expect("asked for")))
+    }
+
+    fn step_last_rows_as(
+        &self,
+        step: &mut StepBatch,
+        counts: &[usize],
+        hidden: bool,
+    ) -> Result<(Array, Option<Array>)> {
         let ends = step.last_rows();
         if counts.len() != ends.len() {
             return Err(Error::Invalid(format!("{} row counts for a step of {} sequences", counts.len(), ends.len())));
@@ -432,11 +457,21 @@ impl Model {
             }
             start = end + 1;
         }
-        self.run_step(step, Picked::LastOf(counts))
+        self.run_step_as(step, Picked::LastOf(counts), hidden)
     }
 
     /// One pass over `step`: the logits of the rows `picked` names.
     fn run_step(&self, step: &mut StepBatch, picked: Picked) -> Result<Array> {
+        Ok(self.run_step_as(step, picked, false)?.0)
+    }
+
+    /// [`Model::run_step`], with every row's final hidden states when `keep_hidden`.
+    fn run_step_as(&self, step: &mut StepBatch, picked: Picked, keep_hidden: bool) -> Result<(Array, Option<Array>)> {
+        if keep_hidden && step.batch_invariant() {
+            return Err(Error::Unsupported(
+                "the hidden states of a batch-invariant step (each sequence runs alone) are not kept".into(),
+            ));
+        }
         if step.is_empty() {
             return Err(Error::Invalid("a step of no sequences".into()));
         }
@@ -460,7 +495,7 @@ impl Model {
             Picked::LastOf(counts) => Some(counts[i]),
         };
         let before = step.checkpoint();
-        let run = move |step: &mut StepBatch| -> Result<Array> {
+        let run = move |step: &mut StepBatch| -> Result<(Array, Option<Array>)> {
             if step.batch_invariant() {
                 let rows = step
                     .sequences_mut()
@@ -477,9 +512,10 @@ impl Model {
                         })
                     })
                     .collect::<Result<Vec<_>>>()?;
-                return crate::step::concat_rows(&rows);
+                return Ok((crate::step::concat_rows(&rows)?, None));
             }
             let h = rows::with_rows(adapters, || self.arch.hidden(step))?;
+            let kept = keep_hidden.then(|| h.clone());
             // Runs of consecutive rows wanted: (first, end).
             let mut runs: Vec<(usize, usize)> = vec![];
             let mut start = 0;
@@ -498,7 +534,7 @@ impl Model {
                     crate::step::concat_rows(&parts)?
                 }
             };
-            self.arch.logits(&rows)
+            Ok((self.arch.logits(&rows)?, kept))
         };
         self.in_compute_dtype(|| match run(step) {
             Ok(logits) => Ok(logits),

@@ -29,7 +29,7 @@
 
 mod draft;
 mod lookup;
-mod mtp;
+pub(crate) mod mtp;
 mod proposer;
 
 use std::collections::VecDeque;

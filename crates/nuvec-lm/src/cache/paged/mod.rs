@@ -693,16 +693,34 @@ impl PagedCache {
     /// decode, or a prefill chunk): the logits `[B, vocab]` of each one's last new token, in the
     /// order given. A failed pass leaves every sequence as it was.
     pub fn step(&mut self, model: &Model, work: &[(SeqId, &[u32])]) -> Result<Array> {
-        self.step_rows(model, work, None)
+        Ok(self.step_rows(model, work, None, false)?.0)
     }
 
     /// [`PagedCache::step`] with the logits of the last `counts[i]` rows of sequence `i`, stacked
     /// in order ([`Model::step_last_rows`]; `None`: each one's last row).
     pub fn step_last_rows(&mut self, model: &Model, work: &[(SeqId, &[u32])], counts: &[usize]) -> Result<Array> {
-        self.step_rows(model, work, Some(counts))
+        Ok(self.step_rows(model, work, Some(counts), false)?.0)
     }
 
-    fn step_rows(&mut self, model: &Model, work: &[(SeqId, &[u32])], counts: Option<&[usize]>) -> Result<Array> {
+    /// [`PagedCache::step_last_rows`], with the final hidden states of every row of the step
+    /// ([`Model::step_last_rows_hidden`]).
+    pub fn step_last_rows_hidden(
+        &mut self,
+        model: &Model,
+        work: &[(SeqId, &[u32])],
+        counts: &[usize],
+    ) -> Result<(Array, Array)> {
+        let (logits, hidden) = self.step_rows(model, work, Some(counts), true)?;
+        Ok((logits, hidden.expect("asked for")))
+    }
+
+    fn step_rows(
+        &mut self,
+        model: &Model,
+        work: &[(SeqId, &[u32])],
+        counts: Option<&[usize]>,
+        hidden: bool,
+    ) -> Result<(Array, Option<Array>)> {
         if (model.fingerprint(), model.num_layers()) != (self.model.0.as_str(), self.model.1) {
             return Err(Error::Invalid(format!(
                 "this paged cache was made for another model (fingerprint {:?}, {} layers), not this one \
@@ -731,7 +749,7 @@ impl PagedCache {
                 return Err(e);
             }
         }
-        let result = self.run(model, work, counts);
+        let result = self.run(model, work, counts, hidden);
         for &(id, _) in work {
             if let Some(seq) = self.slots[id.0 as usize].as_mut() {
                 for c in &mut seq.caches {
@@ -786,7 +804,13 @@ impl PagedCache {
         Ok(())
     }
 
-    fn run(&mut self, model: &Model, work: &[(SeqId, &[u32])], counts: Option<&[usize]>) -> Result<Array> {
+    fn run(
+        &mut self,
+        model: &Model,
+        work: &[(SeqId, &[u32])],
+        counts: Option<&[usize]>,
+        hidden: bool,
+    ) -> Result<(Array, Option<Array>)> {
         // Each slot is lent once (ids were checked distinct above).
         let mut slots: Vec<Option<&mut Seq>> = self.slots.iter_mut().map(Option::as_mut).collect();
         let mut batch = StepBatch::new();
@@ -795,9 +819,18 @@ impl PagedCache {
             let seq = slots[id.0 as usize].take().expect("checked in step");
             batch.push_adapted(tokens, &mut seq.caches, seq.scope.adapter)?;
         }
-        match counts {
-            None => model.step(&mut batch),
-            Some(counts) => model.step_last_rows(&mut batch, counts),
+        match (counts, hidden) {
+            (None, false) => Ok((model.step(&mut batch)?, None)),
+            (None, true) => {
+                let counts = vec![1; work.len()];
+                let (logits, h) = model.step_last_rows_hidden(&mut batch, &counts)?;
+                Ok((logits, Some(h)))
+            }
+            (Some(counts), false) => Ok((model.step_last_rows(&mut batch, counts)?, None)),
+            (Some(counts), true) => {
+                let (logits, h) = model.step_last_rows_hidden(&mut batch, counts)?;
+                Ok((logits, Some(h)))
+            }
         }
     }
 
