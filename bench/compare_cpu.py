@@ -112,6 +112,7 @@ def main():
     ap.add_argument("--gen", type=int, default=128)
     ap.add_argument("--prompt", type=int, default=512)
     ap.add_argument("--worker", action="store_true")
+    ap.add_argument("--bandwidth", help="bench/cpu/read_bandwidth.c built: MIB THREADS -> GB/s")
     args = ap.parse_args()
     if args.worker:
         return llama_worker(args)
@@ -144,6 +145,18 @@ def main():
         for e in engines:
             v = metrics[e][key]
             print(f"{key:14s} {e:10s} {statistics.median(v):10.2f} {min(v):10.2f} {max(v):10.2f}  {unit}")
+    if args.bandwidth:
+        # The decode step reads every weight once: bytes per token / read bandwidth bounds it.
+        gbs = float(subprocess.run([args.bandwidth, "512", str(args.threads)], capture_output=True, text=True,
+                                   check=True).stdout)
+        size = os.path.getsize(args.gguf)
+        ceiling = gbs * 1e9 / size
+        print()
+        print(f"read bandwidth at {args.threads} threads {gbs:.1f} GB/s; {size / 1e6:.1f} MB read per token: "
+              f"decode ceiling {ceiling:.1f} tok/s")
+        for e in engines:
+            d = statistics.median(metrics[e]["decode"])
+            print(f"  {e:10s} decode at {100 * d / ceiling:5.1f} % of the ceiling")
     print()
     print("ratios nuvec / llama.cpp (medians; decode/prefill: higher is better, RSS: lower is better)")
     for key in ["decode", "prefill512", "prefill2048", "rss"]:
