@@ -9,6 +9,7 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
+use common::scripted::Scripted;
 use common::{fixtures, ids, oracle_json, rows_of};
 use nuvec_lm::speculative::{speculative_generate, MtpHead, Proposer, SpeculativeStats};
 use nuvec_lm::{generate, GenerateOptions, LoadOptions, Model};
@@ -166,9 +167,7 @@ fn check_proposal(model: &Model, history: &[u32], base: usize, got: &[u32]) -> u
 struct Checked<'a> {
     head: MtpHead<'a>,
     model: &'a Model,
-    answer: Vec<u32>,
-    prompt_len: usize,
-    calls: usize,
+    script: Scripted,
     compared: usize,
 }
 
@@ -182,22 +181,12 @@ impl Proposer for Checked<'_> {
     }
 
     fn propose(&mut self, history: &[u32], k: usize) -> nuvec_lm::Result<Vec<u32>> {
-        self.calls += 1;
         let got = self.head.propose(history, k)?;
         let same = check_proposal(self.model, history, 0, &got);
         self.compared += same;
         assert_eq!(got.len(), k, "the head stopped guessing");
-        // What the target is handed: the answer, one guess in three wrong, every fifth step none.
-        if self.calls.is_multiple_of(5) {
-            return Ok(vec![]);
-        }
-        let at = history.len() - self.prompt_len;
-        let mut guesses: Vec<u32> = self.answer.iter().skip(at).take(k).copied().collect();
-        if self.calls % 3 == 1 && !guesses.is_empty() {
-            let wrong = self.calls % guesses.len();
-            guesses[wrong] = guesses[wrong].wrapping_add(1) % 1000 + 3;
-        }
-        Ok(guesses)
+        // What the target is handed: the answer with deliberate mistakes.
+        self.script.propose(history, k)
     }
 }
 
@@ -217,8 +206,7 @@ fn head_follows_every_acceptance_count() {
     let want = &want[..24];
     for k in [1, 3] {
         let head = MtpHead::new(&model).unwrap();
-        let checked =
-            Checked { head, model: &model, answer: want.to_vec(), prompt_len: prompt.len(), calls: 0, compared: 0 };
+        let checked = Checked { head, model: &model, script: Scripted::new(want, prompt.len()), compared: 0 };
         let mut g = speculative_generate(
             &model,
             &prompt,

@@ -8,34 +8,11 @@ mod common;
 
 use std::path::Path;
 
+use common::scripted::Scripted;
 use common::{fixtures, ids, oracle_json};
 use nuvec_lm::cache::CacheOptions;
 use nuvec_lm::speculative::{speculative_generate, DraftModel, Proposer, SpeculativeStats};
 use nuvec_lm::{generate, GenerateOptions, Model};
-
-/// Guesses `answer` after `prompt_len` tokens of history, one guess in three wrong and every
-/// fifth step none at all.
-struct Scripted {
-    answer: Vec<u32>,
-    prompt_len: usize,
-    calls: usize,
-}
-
-impl Proposer for Scripted {
-    fn propose(&mut self, history: &[u32], k: usize) -> nuvec_lm::Result<Vec<u32>> {
-        self.calls += 1;
-        if self.calls.is_multiple_of(5) {
-            return Ok(vec![]);
-        }
-        let at = history.len() - self.prompt_len;
-        let mut guesses: Vec<u32> = self.answer.iter().skip(at).take(k).copied().collect();
-        if self.calls % 3 == 1 && !guesses.is_empty() {
-            let wrong = self.calls % guesses.len();
-            guesses[wrong] = guesses[wrong].wrapping_add(1) % 1000 + 3;
-        }
-        Ok(guesses)
-    }
-}
 
 fn run<P: Proposer>(
     model: &Model,
@@ -65,7 +42,7 @@ fn answers_like_mlx_lm(name: &str) {
     let model = load(&dir);
     let options = GenerateOptions { max_tokens: want.len(), ..Default::default() };
     for k in [1, 3, 5] {
-        let proposer = Scripted { answer: want.clone(), prompt_len: prompt.len(), calls: 0 };
+        let proposer = Scripted::new(&want, prompt.len());
         let (got, stats) = run(&model, &prompt, options.clone(), proposer, k);
         println!("RESULT {name} k={k}: {} steps, {}/{} guesses taken", stats.steps, stats.accepted, stats.drafted);
         assert_eq!(got, want, "{name}, k={k}: speculative decoding left mlx-lm's answer");
@@ -104,7 +81,7 @@ fn a_bounded_cache_gives_plain_decodings_tokens() {
     };
     let want = generate(&model, &prompt, options.clone()).unwrap().collect::<nuvec_lm::Result<Vec<u32>>>().unwrap();
     for k in [2, 4] {
-        let proposer = Scripted { answer: want.clone(), prompt_len: prompt.len(), calls: 0 };
+        let proposer = Scripted::new(&want, prompt.len());
         let (got, stats) = run(&model, &prompt, options.clone(), proposer, k);
         assert_eq!(got, want, "k={k}");
         assert!(stats.accepted > 0 && stats.drafted > stats.accepted, "k={k}: {stats:?}");

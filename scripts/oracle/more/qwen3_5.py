@@ -232,6 +232,13 @@ def make_hf(out, src_case, case):
     return record(case_dir, case, {"source": f"{src_case} in Hugging Face layout"})
 
 
+def text_configs():
+    """The dense and the mixture-of-experts flat configs (model_type qwen3_5 / qwen3_5_moe)."""
+    dense = dict(TEXT, model_type="qwen3_5", eos_token_id=151645, architectures=["Qwen3_5ForCausalLM"])
+    moe = dict(dense, **MOE, model_type="qwen3_5_moe", architectures=["Qwen3_5MoeForCausalLM"])
+    return dense, moe
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("fixtures", type=Path)
@@ -241,8 +248,7 @@ def main():
     mx.random.seed(0)
     out = args.fixtures / "qwen3_5"
     out.mkdir(parents=True, exist_ok=True)
-    dense = dict(TEXT, model_type="qwen3_5", eos_token_id=151645, architectures=["Qwen3_5ForCausalLM"])
-    moe = dict(dense, **MOE, model_type="qwen3_5_moe", architectures=["Qwen3_5MoeForCausalLM"])
+    dense, moe = text_configs()
     wrapper = {
         "model_type": "qwen3_5",
         "architectures": ["Qwen3_5ForConditionalGeneration"],

@@ -145,8 +145,7 @@ def main():
     mx.random.seed(0)
     out = args.fixtures / "qwen3_5_mtp"
     out.mkdir(parents=True, exist_ok=True)
-    dense = dict(q35.TEXT, model_type="qwen3_5", eos_token_id=151645, architectures=["Qwen3_5ForCausalLM"])
-    moe = dict(dense, **q35.MOE, model_type="qwen3_5_moe", architectures=["Qwen3_5MoeForCausalLM"])
+    dense, moe = q35.text_configs()
     with tempfile.TemporaryDirectory() as work:
         work = Path(work)
         (work / "mlx").mkdir()

@@ -5,6 +5,7 @@ pub mod gguf_oracle;
 pub mod gpu_cases;
 pub mod mlx_adapter;
 pub mod paged;
+pub mod scripted;
 
 use std::path::{Path, PathBuf};
 
