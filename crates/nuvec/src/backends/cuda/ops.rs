@@ -4,12 +4,22 @@
 use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock};
 
-use cudarc::cublas::sys::cublasOperation_t;
 use cudarc::driver::LaunchConfig;
 
 use super::graph::{StepPos, STEP_TOKEN};
-use super::{state, Derived, DeviceBuffer, State};
+use super::{state, DeviceBuffer, State};
 use crate::{Array, Backend, DType, Device, Error, GatedDeltaDims, Matrix, QuantMode, QuantSpec, Result};
+
+// How kernels are launched: argument types, `launch!` and the CUDA-graph hooks (macros, so first).
+#[macro_use]
+mod launch;
+use launch::{cfg_1d, to_i32};
+// The f32 products on cuBLAS.
+mod blas;
+// Row norms and the pending scale of a folded norm.
+mod norm;
+// The first maximum of each row.
+mod argmax;
 
 /// Input rows up to which `linear` runs the fused matrix-vector kernel (must match `GEMV_MAX_M`).
 const GEMV_MAX_ROWS: usize = 8;
@@ -141,18 +151,6 @@ impl CudaBackend {
     }
 }
 
-/// Whether the SGEMM weight products run on the tensor cores in TF32 (inputs rounded to 10-bit
-/// mantissas, f32 accumulation): [`MatmulPrecision::Tf32`] (`NUVEC_CUDA_MATMUL=tf32`). Under
-/// `F32` (and for what still calls SGEMM under `Bf16` and `Auto`, e.g. f32 weights under `Auto`)
-/// it is plain SGEMM, whose results match the CPU backend to f32 rounding.
-fn tf32_matmul() -> Result<bool> {
-    Ok(matmul_precision()? == MatmulPrecision::Tf32)
-}
-
-/// Values of a row per block of `argmax_part_f32` (at least; at most 1024 blocks per row): 4 per
-/// thread of its 256.
-const ARGMAX_CHUNK: usize = 1024;
-
 /// Whether the split-key attention kernels can read these rows: head sizes a multiple of 4, the
 /// queries 16-byte aligned, and keys and values aligned for their loads of 4 values (one 16-byte
 /// word of f32, one 8-byte word of f16 or bf16).
@@ -194,102 +192,6 @@ pub(super) fn norm_threads(d: usize, rows: usize) -> u32 {
 /// loads): every row start is then 16-byte aligned.
 pub(super) fn rows_vectorizable(d: usize, ptrs: &[u64]) -> bool {
     d.is_multiple_of(4) && ptrs.iter().all(|p| p.is_multiple_of(16))
-}
-
-/// A grid-stride launch over `n` elements.
-fn cfg_1d(n: usize) -> LaunchConfig {
-    let blocks = n.div_ceil(256).clamp(1, 1 << 20) as u32;
-    LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 }
-}
-
-fn to_i32(op: &'static str, what: &str, v: usize) -> Result<i32> {
-    i32::try_from(v).map_err(|_| Error::Unsupported(format!("{op}: {what} = {v} is over the CUDA kernels' 2^31 limit")))
-}
-
-/// The types a kernel argument may have: the kernels' parameter types as the host holds them
-/// (u64 for pointers and size_t, i32 for int, u32 for unsigned, i64 for long long, f32 for
-/// float). `launch!` passes each argument's address, so any other type would not compile rather
-/// than reach a kernel as the wrong bytes.
-trait KernelArg: Copy {}
-impl KernelArg for u64 {}
-impl KernelArg for i32 {}
-impl KernelArg for u32 {}
-impl KernelArg for i64 {}
-impl KernelArg for f32 {}
-
-/// The address of a kernel argument, as `cuLaunchKernel` takes it.
-fn arg_ptr<T: KernelArg>(v: &T) -> *mut std::ffi::c_void {
-    (v as *const T).cast_mut().cast()
-}
-
-/// Launches kernel `$name` with `$cfg` and the given arguments (locals of the kernel's exact
-/// parameter types: see [`KernelArg`]).
-macro_rules! launch {
-    // On a given stream of the device (the decode lane's; the device stream below).
-    (@on $stream:expr, $st:expr, $op:expr, $name:expr, $cfg:expr; $($arg:ident),* $(,)?) => {{
-        let st: &State = $st;
-        let f = st.func($name)?;
-        let mut params = [$($crate::backends::cuda::ops::arg_ptr(&$arg)),*];
-        // SAFETY: one address per kernel parameter, of locals of its exact type that outlive the
-        // call; every pointer argument is the address of a live device allocation of this device
-        // (held by an Array or DeviceBuffer that outlives the enqueue; frees are ordered after
-        // the kernel on the device stream, which the decode lane's work joins before anything
-        // later), sized for the extents passed alongside it, which the caller checked.
-        unsafe { st.launch_raw_on($stream, f, $cfg, &mut params) }
-            .map_err(|e| Error::Device(format!("{}: launching {} on cuda:{}: {e:?}", $op, $name, st.ordinal)))?;
-    }};
-    ($st:expr, $op:expr, $name:expr, $cfg:expr; $($arg:ident),* $(,)?) => {{
-        let st: &State = $st;
-        launch!(@on &st.stream, st, $op, $name, $cfg; $($arg),*)
-    }};
-}
-
-/// CUDA graphs: while a capture runs, records the kernel `$name` just launched as depending on
-/// the step's position; `$pos` (a `StepPos`) is in scope of the body, which gives `Some((cfg,
-/// [args...]))` for that step (the same argument list as the launch, in order) or `None`.
-macro_rules! record {
-    ($st:expr, $op:expr, $name:expr, |$pos:ident| $body:expr) => {{
-        let st: &State = $st;
-        if st.capturing() != 0 {
-            st.record($op, $name, Box::new(move |$pos: StepPos| -> Option<(LaunchConfig, Vec<KArg>)> { $body }))?;
-        }
-    }};
-}
-
-/// CUDA graphs: while a capture runs, registers the check of a launch that reads the step
-/// scalars (`State::step_scalars`); `$pos` (a `StepPos`) is in scope of the body, which says
-/// whether the graph computes that step as the eager path would.
-macro_rules! guard {
-    ($st:expr, |$pos:ident| $body:expr) => {{
-        let st: &State = $st;
-        if st.capturing() != 0 {
-            st.guard(Box::new(move |$pos: StepPos| -> bool { $body }));
-        }
-    }};
-}
-
-/// The argument list of a recorded launch.
-macro_rules! kargs {
-    ($($arg:expr),* $(,)?) => { vec![$(KArg::from($arg)),*] };
-}
-
-impl DeviceBuffer {
-    /// Scales a norm's output whose scale is pending (`set_pending_norm`) in place, once, so that
-    /// its bytes hold the norm's values (`rms_settle_f32`); nothing otherwise.
-    pub(crate) fn settle(&self) -> Result<()> {
-        use std::sync::atomic::Ordering;
-        // A plain load first: every kernel input passes here, and almost none is pending.
-        if !self.pending_norm.load(Ordering::Acquire) || !self.pending_norm.swap(false, Ordering::AcqRel) {
-            return Ok(());
-        }
-        let op = "rms_norm (pending scale)";
-        let parts =
-            self.derived(Derived::IntParts).ok_or_else(|| Error::Device(format!("{op}: the norm's parts are gone")))?;
-        let (y, d) = (self.ptr(), self.len() / 4);
-        let di = to_i32(op, "row length", d)?;
-        launch!(self.st, op, "rms_settle_f32", cfg_1d(d); y, parts, di);
-        Ok(())
-    }
 }
 
 // The one-row and few-row GEMVs over quantized weights (kernels/linear.cu): shapes, the integer
@@ -419,154 +321,11 @@ impl CudaBackend {
         Ok(())
     }
 
-    /// Row-major `out[:, col0..col0+rows] (ld n) = x [m, k] @ w [rows, k]^T`, all f32, by cuBLAS
-    /// SGEMM (column-major: `out^T = w · x^T`).
-    #[allow(clippy::too_many_arguments)]
-    fn sgemm(
-        &self,
-        op: &'static str,
-        out: u64,
-        x: u64,
-        w: u64,
-        m: usize,
-        rows: usize,
-        k: usize,
-        n: usize,
-    ) -> Result<()> {
-        let st = self.st()?;
-        let (mi, ri, ki, ni) =
-            (to_i32(op, "rows", m)?, to_i32(op, "rows", rows)?, to_i32(op, "k", k)?, to_i32(op, "n", n)?);
-        let blas = st.blas.lock().unwrap_or_else(|p| p.into_inner());
-        let (alpha, beta) = (1f32, 0f32);
-        if tf32_matmul()? {
-            use cudarc::cublas::sys::{cublasComputeType_t, cublasGemmAlgo_t, cudaDataType};
-            let f = cudaDataType::CUDA_R_32F;
-            // SAFETY: as for the SGEMM below (same matrices, extents and leading dimensions);
-            // alpha and beta are f32, as CUBLAS_COMPUTE_32F_FAST_TF32 requires.
-            return unsafe {
-                cudarc::cublas::result::gemm_ex(
-                    *blas.handle(),
-                    cublasOperation_t::CUBLAS_OP_T,
-                    cublasOperation_t::CUBLAS_OP_N,
-                    ri,
-                    mi,
-                    ki,
-                    (&alpha as *const f32).cast(),
-                    w as *const std::ffi::c_void,
-                    f,
-                    ki,
-                    x as *const std::ffi::c_void,
-                    f,
-                    ki,
-                    (&beta as *const f32).cast(),
-                    out as *mut std::ffi::c_void,
-                    f,
-                    ni,
-                    cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_TF32,
-                    cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
-                )
-            }
-            .map_err(|e| Error::Device(format!("{op}: cuBLAS TF32 GEMM on cuda:{}: {e:?}", st.ordinal)));
-        }
-        // SAFETY: w holds rows x k f32 (row-major = column-major k x rows, lda k), x holds m x k
-        // (column-major k x m, ldb k), out holds m rows of n >= rows f32 (column-major, ldc n);
-        // all on this device; the handle's stream is the device stream.
-        unsafe {
-            cudarc::cublas::result::sgemm(
-                *blas.handle(),
-                cublasOperation_t::CUBLAS_OP_T,
-                cublasOperation_t::CUBLAS_OP_N,
-                ri,
-                mi,
-                ki,
-                &alpha,
-                w as *const f32,
-                ki,
-                x as *const f32,
-                ki,
-                &beta,
-                out as *mut f32,
-                ni,
-            )
-        }
-        .map_err(|e| Error::Device(format!("{op}: cuBLAS SGEMM on cuda:{}: {e:?}", st.ordinal)))
-    }
-
     /// A device copy of a rope frequency table, uploaded once per distinct table and kept, so
     /// that a decode step copies nothing from the host for rope.
     fn rope_table(&self, freqs: &[f32]) -> Result<u64> {
         static TABLES: ConstantTables = ConstantTables::new();
         TABLES.get(self, freqs)
-    }
-
-    /// The first maximum of each row of `x` into `out` (u32s): its index (`gap` false: `argmax`),
-    /// or its index, value and lead over the values before it (`gap` true: `argmax_gap`, three
-    /// per row). Each row is cut into ranges of [`ARGMAX_CHUNK`] values or more, a block each
-    /// (`argmax_part_f32`), then one block per row combines them (`argmax_final_f32`).
-    pub(super) fn argmax_rows(&self, op: &'static str, x: &Array, out: u64, gap: bool) -> Result<()> {
-        let n = x.dim(-1);
-        let rows = x.len() / n;
-        let xp = self.f32_ptr(op, "x", x)?;
-        let parts = n.div_ceil(ARGMAX_CHUNK).clamp(1, 1024);
-        let chunk = n.div_ceil(parts);
-        let (ni, parts_i, chunk_i, gap_i) =
-            (to_i32(op, "row length", n)?, parts as i32, to_i32(op, "chunk", chunk)?, i32::from(gap));
-        let per_row = if gap { 3 } else { 1 };
-        // The grid's second axis holds at most 65535 rows: larger batches go in pieces.
-        for first in (0..rows).step_by(65535) {
-            let count = (rows - first).min(65535);
-            let part = DeviceBuffer::alloc(self.st()?, count * parts * 16)?;
-            let pp = part.ptr();
-            let xr = xp + (first * n * 4) as u64;
-            let o = out + (first * per_row * 4) as u64;
-            let cfg =
-                LaunchConfig { grid_dim: (parts as u32, count as u32, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
-            launch!(self.st()?, op, "argmax_part_f32", cfg; pp, xr, ni, chunk_i);
-            let cfg = LaunchConfig { grid_dim: (count as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
-            launch!(self.st()?, op, "argmax_final_f32", cfg; o, pp, xr, ni, parts_i, gap_i);
-        }
-        Ok(())
-    }
-
-    /// Column-major `c (m x n, ldc) = alpha * op(a) op(b)` by cuBLAS SGEMM (f32, no TF32).
-    #[allow(clippy::too_many_arguments)]
-    fn sgemm_raw(
-        &self,
-        op: &'static str,
-        (ta, tb): (bool, bool),
-        (m, n, k): (usize, usize, usize),
-        alpha: f32,
-        (a, lda): (u64, usize),
-        (b, ldb): (u64, usize),
-        (c, ldc): (u64, usize),
-    ) -> Result<()> {
-        let st = self.st()?;
-        let t = |x: bool| if x { cublasOperation_t::CUBLAS_OP_T } else { cublasOperation_t::CUBLAS_OP_N };
-        let d = |v: usize| to_i32(op, "GEMM extent", v);
-        let blas = st.blas.lock().unwrap_or_else(|p| p.into_inner());
-        let beta = 0f32;
-        // SAFETY: the callers pass addresses of live allocations of this device holding the
-        // matrices with the extents and leading dimensions given; the handle's stream is the
-        // device stream, so the product is ordered with the kernels around it.
-        unsafe {
-            cudarc::cublas::result::sgemm(
-                *blas.handle(),
-                t(ta),
-                t(tb),
-                d(m)?,
-                d(n)?,
-                d(k)?,
-                &alpha,
-                a as *const f32,
-                d(lda)?,
-                b as *const f32,
-                d(ldb)?,
-                &beta,
-                c as *mut f32,
-                d(ldc)?,
-            )
-        }
-        .map_err(|e| Error::Device(format!("{op}: cuBLAS SGEMM on cuda:{}: {e:?}", st.ordinal)))
     }
 
     /// `x [.., N]` with `row [N]` (f32, f16 or bf16) applied to each row by `kernel`.
@@ -760,35 +519,7 @@ impl Backend for CudaBackend {
     }
 
     fn rms_norm(&self, x: &Array, weight: &Array, eps: f32) -> Result<Array> {
-        let op = "rms_norm";
-        if x.shape().is_empty() {
-            return Err(Error::shape(op, "input is 0-d"));
-        }
-        let d = x.dim(-1);
-        if weight.len() != d {
-            return Err(Error::shape(op, format!("weight of {} for rows of {d}", weight.len())));
-        }
-        let xp = self.f32_ptr(op, "x", x)?;
-        let w_dt = float_code(op, "weight", weight)?;
-        let wp = self.ptr(op, "weight", weight)?;
-        let out = self.output(x.shape(), DType::F32, false)?;
-        let rows = x.len() / d.max(1);
-        if rows == 0 || d == 0 {
-            return Ok(out);
-        }
-        let (o, di) = (out.cuda_ptr()?, to_i32(op, "row length", d)?);
-        let vec = i32::from(rows_vectorizable(d, &[xp, o]));
-        if let Some(parts) = self.row_int_parts("norm", rows, d)? {
-            let (cfg, pp) = (fused::norm_row_cfg(d), parts.ptr());
-            launch!(self.st()?, op, "rms_norm_row_f32", cfg; o, xp, wp, w_dt, di, eps, vec, pp);
-            out.set_derived(Derived::IntParts, parts);
-            return Ok(out);
-        }
-        let grid = u32::try_from(rows).map_err(|_| Error::Unsupported(format!("{op}: {rows} rows")))?;
-        let cfg =
-            LaunchConfig { grid_dim: (grid, 1, 1), block_dim: (norm_threads(d, rows), 1, 1), shared_mem_bytes: 0 };
-        launch!(self.st()?, op, "rms_norm_f32", cfg; o, xp, wp, w_dt, di, eps, vec);
-        Ok(out)
+        self.rms_norm_rows(x, weight, eps)
     }
 
     fn rope(&self, x: &Array, inv_freqs: &[f32], offset: usize, traditional: bool) -> Result<Array> {
@@ -950,14 +681,7 @@ impl Backend for CudaBackend {
     }
 
     fn argmax(&self, x: &Array) -> Result<Array> {
-        let op = "argmax";
-        if x.shape().is_empty() || x.dim(-1) == 0 {
-            return Err(Error::shape(op, format!("cannot take the argmax of rows of {:?}", x.shape())));
-        }
-        let shape = &x.shape()[..x.shape().len() - 1];
-        let out = self.output(shape, DType::U32, false)?;
-        self.argmax_rows(op, x, out.cuda_ptr()?, false)?;
-        Ok(out)
+        self.argmax_first(x)
     }
 
     // ---- Gated DeltaNet (kernels/gated_delta.cu, launched by ops/gated_delta.rs) ----
