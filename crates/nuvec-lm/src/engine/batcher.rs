@@ -318,8 +318,6 @@ pub struct Batcher<'m> {
     drafter: Option<Drafter<'m>>,
     /// Where guesses come from when the model's multi-token-prediction head makes them.
     mtp: Option<MtpDrafter<'m>>,
-    /// The guesses each speculating request had right in this step (by key).
-    accepted_now: HashMap<u64, usize>,
 }
 
 impl<'m> Batcher<'m> {
@@ -439,7 +437,6 @@ impl<'m> Batcher<'m> {
             model,
             drafter,
             mtp: None,
-            accepted_now: HashMap::new(),
             scheduler,
             paged,
             live: BTreeMap::new(),
@@ -610,12 +607,13 @@ impl<'m> Batcher<'m> {
         let counts: Vec<usize> = drafts.iter().map(|d| 1 + d.len()).collect();
         let outcome = executor::run(self.model, &mut self.paged, &items, &counts, &faults, self.mtp.is_some());
         drop(items);
-        self.accepted_now.clear();
+        // The right guesses of each speculating request whose cache kept them (by key).
+        let mut accepted: HashMap<u64, usize> = HashMap::new();
         // Each work item's hidden states (all its rows), for the head.
         let mut hidden: Vec<Option<Array>> = vec![None; work.len()];
         match outcome {
             Outcome::Together((logits, h)) => {
-                self.take_logits(&work, &drafts, &logits, &mut events)?;
+                accepted = self.take_logits(&work, &drafts, &logits, &mut events)?;
                 if let Some(h) = h {
                     let mut at = 0;
                     for (i, (w, d)) in work.iter().zip(&drafts).enumerate() {
@@ -629,7 +627,8 @@ impl<'m> Batcher<'m> {
                 for (i, ((w, d), result)) in work.iter().zip(&drafts).zip(results).enumerate() {
                     match result {
                         Ok((logits, h)) => {
-                            self.take_logits(std::slice::from_ref(w), std::slice::from_ref(d), &logits, &mut events)?;
+                            let one = std::slice::from_ref(w);
+                            accepted.extend(self.take_logits(one, std::slice::from_ref(d), &logits, &mut events)?);
                             hidden[i] = h;
                         }
                         Err(error) => self.fail(w.key.0, error, &mut events),
@@ -637,21 +636,27 @@ impl<'m> Batcher<'m> {
                 }
             }
         }
-        self.show_head(&work, &drafts, &hidden);
+        self.show_head(&work, &drafts, &hidden, &accepted);
         Ok(events)
     }
 
     /// Shows the multi-token-prediction head (when guesses come from it) each running request's
     /// positions this step kept (a plain item's rows, a speculating one's last token and right
     /// guesses), and runs it over them.
-    fn show_head(&mut self, work: &[Work], drafts: &[Vec<u32>], hidden: &[Option<Array>]) {
+    fn show_head(
+        &mut self,
+        work: &[Work],
+        drafts: &[Vec<u32>],
+        hidden: &[Option<Array>],
+        accepted: &HashMap<u64, usize>,
+    ) {
         let Some(mtp) = &mut self.mtp else { return };
         let mut shown = vec![];
         for ((w, d), h) in work.iter().zip(drafts).zip(hidden) {
             let (Some(h), Some(live)) = (h, self.live.get(&w.key.0)) else { continue };
             let kept = match d.is_empty() {
                 true => Some(w.end - w.start),
-                false => self.accepted_now.get(&w.key.0).map(|a| w.end - w.start + a),
+                false => accepted.get(&w.key.0).map(|a| w.end - w.start + a),
             };
             let Some(rows) = kept.and_then(|n| h.slice_rows(0, n).ok()) else {
                 mtp.forget(w.key.0);
@@ -714,15 +719,18 @@ impl<'m> Batcher<'m> {
 
     /// Takes a step's `logits` (each work item's rows: one, or one more than its `drafts`): the
     /// plain rows as [`Batcher::take_rows`] does, each speculating request's rows verified.
+    /// Returns how many guesses each speculating request's cache kept (by key).
     fn take_logits(
         &mut self,
         work: &[Work],
         drafts: &[Vec<u32>],
         logits: &Array,
         events: &mut Vec<Event>,
-    ) -> Result<()> {
+    ) -> Result<HashMap<u64, usize>> {
+        let mut kept = HashMap::new();
         if drafts.iter().all(Vec::is_empty) {
-            return self.take_rows(work, logits, events);
+            self.take_rows(work, logits, events)?;
+            return Ok(kept);
         }
         let mut plain: (Vec<Work>, Vec<Array>) = (vec![], vec![]);
         let mut speculating = vec![];
@@ -742,14 +750,23 @@ impl<'m> Batcher<'m> {
             self.take_rows(&plain.0, &crate::step::concat_rows(&plain.1)?, events)?;
         }
         for (w, d, rows) in speculating {
-            self.take_guesses(&w, d, &rows, events)?;
+            if let Some(accepted) = self.take_guesses(&w, d, &rows, events)? {
+                kept.insert(w.key.0, accepted);
+            }
         }
-        Ok(())
+        Ok(kept)
     }
 
     /// Verifies request `w`'s guesses `drafts` on its `rows` of logits (its last token's, then
     /// each guess's): the tokens it samples are handed out, the cache keeps the right guesses.
-    fn take_guesses(&mut self, w: &Work, drafts: &[u32], rows: &Array, events: &mut Vec<Event>) -> Result<()> {
+    /// Returns how many it kept (`None`: the request failed).
+    fn take_guesses(
+        &mut self,
+        w: &Work,
+        drafts: &[u32],
+        rows: &Array,
+        events: &mut Vec<Event>,
+    ) -> Result<Option<usize>> {
         let vocab = rows.dim(1);
         let host = rows.to_vec::<f32>()?;
         let id = RequestId(w.key.0);
@@ -774,7 +791,7 @@ impl<'m> Batcher<'m> {
             Err(error) => {
                 self.scheduler.ran(w, 0);
                 self.fail(w.key.0, error, events);
-                return Ok(());
+                return Ok(None);
             }
         };
         self.stats.generated_tokens += verified.sampled as u64;
@@ -782,19 +799,18 @@ impl<'m> Batcher<'m> {
         self.stats.accepted_tokens += verified.accepted as u64;
         let min = self.speculation.as_ref().map_or(0.0, |s| s.min_acceptance);
         live.guesses.record(drafts.len(), verified.accepted, min);
-        self.accepted_now.insert(w.key.0, verified.accepted);
         // The cache holds the last token and every guess; the wrong ones go.
         let seq = live.seq.expect("given a sequence above");
         let reason = live.request.finish_reason().cloned();
         if let Err(error) = self.paged.trim(seq, drafts.len() - verified.accepted) {
             self.fail(w.key.0, error, events);
-            return Ok(());
+            return Ok(None);
         }
         self.scheduler.ran(w, verified.sampled);
         if let Some(reason) = reason {
             self.finish(w.key.0, reason, events);
         }
-        Ok(())
+        Ok(Some(verified.accepted))
     }
 
     /// Commits `work`'s rows and samples the next token of each request whose logits row (in

@@ -75,19 +75,12 @@ impl<'m> MtpDrafter<'m> {
         if inputs.is_empty() {
             return;
         }
-        let mut order = vec![];
-        let result = {
-            let mut work: Vec<(&[u32], &mut [LayerCache])> = vec![];
-            let mut targets = vec![];
-            for (key, state) in self.states.iter_mut() {
-                if let Some((tokens, target)) = inputs.get(key) {
-                    work.push((tokens, state.cache()));
-                    targets.push(target.clone());
-                    order.push(*key);
-                }
-            }
-            crate::step::concat_rows(&targets).and_then(|t| mtp::run(self.model, &mut work, &t))
-        };
+        // Run in key order: the heads' rows stacked the same way.
+        let mut order: Vec<u64> = inputs.keys().copied().collect();
+        order.sort_unstable();
+        let tokens: Vec<&[u32]> = order.iter().map(|k| inputs[k].0.as_slice()).collect();
+        let targets: Vec<Array> = order.iter().map(|k| inputs[k].1.clone()).collect();
+        let result = crate::step::concat_rows(&targets).and_then(|t| self.run_heads(&order, &tokens, &t));
         let Ok(out) = result else {
             order.into_iter().for_each(|k| self.forget(k));
             return;
@@ -156,23 +149,30 @@ impl<'m> MtpDrafter<'m> {
 
     /// The next guess of each going head: the head run once more on its last guess.
     fn next_guesses(&mut self, asks: &[Ask], going: &[(usize, Array)], out: &[Vec<u32>]) -> Result<Vec<(u32, Array)>> {
-        let tokens: Vec<[u32; 1]> = going.iter().map(|&(i, _)| [*out[i].last().expect("guessed")]).collect();
+        let keys: Vec<u64> = going.iter().map(|&(i, _)| asks[i].0).collect();
+        let last: Vec<[u32; 1]> = going.iter().map(|&(i, _)| [*out[i].last().expect("guessed")]).collect();
+        let tokens: Vec<&[u32]> = last.iter().map(|t| t.as_slice()).collect();
         let target = crate::step::concat_rows(&going.iter().map(|(_, h)| h.clone()).collect::<Vec<_>>())?;
-        let at: HashMap<u64, usize> = going.iter().enumerate().map(|(j, &(i, _))| (asks[i].0, j)).collect();
-        // The sequences in the order of `going` (their rows in `target`).
-        let mut slots: Vec<Option<&mut [LayerCache]>> = (0..going.len()).map(|_| None).collect();
-        for (key, state) in self.states.iter_mut() {
-            if let Some(&j) = at.get(key) {
-                slots[j] = Some(state.cache());
-            }
-        }
-        let mut work: Vec<(&[u32], &mut [LayerCache])> = vec![];
-        for (t, slot) in tokens.iter().zip(slots) {
-            work.push((t, slot.expect("a going head has a state")));
-        }
-        let h = mtp::run(self.model, &mut work, &target)?;
+        let h = self.run_heads(&keys, &tokens, &target)?;
         let guesses = mtp::guesses(self.model, &h)?;
         (0..going.len()).map(|j| Ok((guesses[j], h.slice_rows(j, j + 1)?))).collect()
+    }
+
+    /// Runs the heads of `keys` once, in that order, over `tokens[j]` each, `target` holding all
+    /// their rows in the same order: every row's output.
+    fn run_heads(&mut self, keys: &[u64], tokens: &[&[u32]], target: &Array) -> Result<Array> {
+        let at: HashMap<u64, usize> = keys.iter().enumerate().map(|(j, &k)| (k, j)).collect();
+        let mut caches: Vec<Option<&mut [LayerCache]>> = (0..keys.len()).map(|_| None).collect();
+        for (key, state) in self.states.iter_mut() {
+            if let Some(&j) = at.get(key) {
+                caches[j] = Some(state.cache());
+            }
+        }
+        let mut work = Vec::with_capacity(keys.len());
+        for (t, cache) in tokens.iter().zip(caches) {
+            work.push((*t, cache.expect("every key has a head")));
+        }
+        mtp::run(self.model, &mut work, target)
     }
 
     /// The state of request `key`, made when it has none.

@@ -390,10 +390,7 @@ impl Model {
     /// and `tokens[r]`, the token at the next position. Returns the head's hidden states
     /// `[L, hidden]`: [`Model::logits`] of row `r` guesses the token after `tokens[r]`.
     pub fn mtp_hidden(&self, tokens: &[u32], target: &Array, cache: &mut [LayerCache]) -> Result<Array> {
-        if let Some(&t) = tokens.iter().find(|&&t| t as usize >= self.vocab_size) {
-            return Err(Error::Invalid(format!("token {t} is outside the vocabulary of {}", self.vocab_size)));
-        }
-        self.in_compute_dtype(|| self.arch.mtp_hidden(target, &mut StepBatch::one(tokens, cache)))
+        self.mtp_step(&mut StepBatch::one(tokens, cache), target)
     }
 
     /// [`Model::mtp_hidden`] over every sequence of `step` (each cache the head's one layer),

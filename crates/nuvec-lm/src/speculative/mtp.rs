@@ -33,14 +33,14 @@ pub(crate) struct MtpState {
     pending_rows: usize,
     /// The head's output at position `committed - 1`: its next guess's logits come from it.
     last: Option<Array>,
-    /// The history tokens the committed positions read (`base + 1..=committed`).
-    seen: Vec<u32>,
+    /// The last history token the committed positions read (at position `committed`).
+    read: Option<u32>,
 }
 
 impl MtpState {
     pub(crate) fn new(model: &Model) -> Result<Self> {
         let cache = model.new_mtp_cache()?;
-        Ok(MtpState { cache, base: None, committed: 0, pending: vec![], pending_rows: 0, last: None, seen: vec![] })
+        Ok(MtpState { cache, base: None, committed: 0, pending: vec![], pending_rows: 0, last: None, read: None })
     }
 
     /// The target's hidden states `[rows, hidden]` of positions `first..`: the next ones it
@@ -64,10 +64,10 @@ impl MtpState {
         Ok(())
     }
 
-    /// Whether the positions it ran read `history`'s tokens.
+    /// Whether `history` goes on from what the positions it ran read (a history only grows: its
+    /// last token read is still there).
     pub(crate) fn follows(&self, history: &[u32]) -> bool {
-        let from = self.base.map_or(0, |b| b + 1);
-        history.get(from..from + self.seen.len()) == Some(&self.seen[..])
+        self.read.is_none_or(|t| history.get(self.committed) == Some(&t))
     }
 
     /// Takes back the positions of the last proposal's chained guesses, and gives what it must
@@ -97,8 +97,7 @@ impl MtpState {
     pub(crate) fn caught_up(&mut self, out: &Array, history: &[u32]) -> Result<()> {
         self.committed += self.pending_rows;
         self.pending_rows = 0;
-        let base = self.base.unwrap_or(0);
-        self.seen = history[base + 1..=self.committed].to_vec();
+        self.read = history.get(self.committed).copied();
         self.last = Some(out.slice_rows(out.dim(0) - 1, out.dim(0))?);
         Ok(())
     }

@@ -819,18 +819,18 @@ impl PagedCache {
             let seq = slots[id.0 as usize].take().expect("checked in step");
             batch.push_adapted(tokens, &mut seq.caches, seq.scope.adapter)?;
         }
-        match (counts, hidden) {
-            (None, false) => Ok((model.step(&mut batch)?, None)),
-            (None, true) => {
-                let counts = vec![1; work.len()];
-                let (logits, h) = model.step_last_rows_hidden(&mut batch, &counts)?;
-                Ok((logits, Some(h)))
+        // Each sequence's last row unless told otherwise.
+        let ones;
+        let counts = match counts {
+            Some(c) => c,
+            None => {
+                ones = vec![1; work.len()];
+                &ones
             }
-            (Some(counts), false) => Ok((model.step_last_rows(&mut batch, counts)?, None)),
-            (Some(counts), true) => {
-                let (logits, h) = model.step_last_rows_hidden(&mut batch, counts)?;
-                Ok((logits, Some(h)))
-            }
+        };
+        match hidden {
+            true => model.step_last_rows_hidden(&mut batch, counts).map(|(logits, h)| (logits, Some(h))),
+            false => model.step_last_rows(&mut batch, counts).map(|logits| (logits, None)),
         }
     }
 
