@@ -87,10 +87,12 @@ def run_measured(cmd):
 
 
 def measure(engine, args, raw, n_prompt, gen, label):
-    if engine == "nuvec":
+    if engine.startswith("nuvec"):
         cmd = [args.nuvec, "bench", "--model", args.gguf, "-p", str(n_prompt), "-g", str(gen), "-n", "1",
                "--threads", str(args.threads), "--prefill-step-size", str(max(n_prompt, 512))]
-        out, rss = run_measured(cmd)
+        # nuvec-int8: the same binary with int8 activations in its one-row products.
+        knob = "1" if engine == "nuvec-int8" else "0"
+        out, rss = run_measured(["env", f"NUVEC_CPU_INT8_DOT={knob}"] + cmd)
         m = re.search(r"Averages: prompt_tps=([\d.]+), generation_tps=([\d.]+)", out)
     else:
         cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--gguf", args.gguf, "--threads",
@@ -113,6 +115,7 @@ def main():
     ap.add_argument("--prompt", type=int, default=512)
     ap.add_argument("--worker", action="store_true")
     ap.add_argument("--bandwidth", help="bench/cpu/read_bandwidth.c built: MIB THREADS -> GB/s")
+    ap.add_argument("--int8", action="store_true", help="also nuvec with NUVEC_CPU_INT8_DOT=1 (nuvec-int8)")
     args = ap.parse_args()
     if args.worker:
         return llama_worker(args)
@@ -120,12 +123,15 @@ def main():
     import llama_cpp
 
     raw = Raw("compare-cpu")
-    engines = ["nuvec", "llama.cpp"]
+    engines = ["nuvec", "llama.cpp"] + (["nuvec-int8"] if args.int8 else [])
     metrics = {e: {"decode": [], "prefill512": [], "prefill2048": [], "rss": []} for e in engines}
     print(f"model {args.gguf}\nthreads {args.threads}, rounds {args.rounds}, decode {args.gen} tokens after "
           f"{DECODE_PROMPT}; llama-cpp-python {llama_cpp.__version__}", flush=True)
     for rnd in range(args.rounds):
-        order = engines if rnd % 2 == 0 else engines[::-1]
+        # Each round starts with the next engine, and odd rounds go backwards: every engine runs
+        # before and after every other.
+        order = engines[rnd % len(engines):] + engines[:rnd % len(engines)]
+        order = order if rnd % 2 == 0 else order[::-1]
         for e in order:
             label = f"round{rnd + 1}"
             _, decode, rss1 = measure(e, args, raw, DECODE_PROMPT, args.gen, label)
@@ -136,7 +142,7 @@ def main():
             m["prefill512"].append(p512)
             m["prefill2048"].append(p2048)
             m["rss"].append(max(rss1, rss2, rss3) / 2**20)
-            print(f"round {rnd + 1} {e:9s} decode {decode:8.2f} tok/s  prefill512 {p512:8.2f} tok/s  "
+            print(f"round {rnd + 1} {e:10s} decode {decode:8.2f} tok/s  prefill512 {p512:8.2f} tok/s  "
                   f"prefill2048 {p2048:8.2f} tok/s  peak RSS {m['rss'][-1]:7.1f} MiB", flush=True)
 
     print()
@@ -158,10 +164,11 @@ def main():
             d = statistics.median(metrics[e]["decode"])
             print(f"  {e:10s} decode at {100 * d / ceiling:5.1f} % of the ceiling")
     print()
-    print("ratios nuvec / llama.cpp (medians; decode/prefill: higher is better, RSS: lower is better)")
-    for key in ["decode", "prefill512", "prefill2048", "rss"]:
-        a, b = statistics.median(metrics["nuvec"][key]), statistics.median(metrics["llama.cpp"][key])
-        print(f"  {key:12s} {a / b:6.3f}")
+    for e in [e for e in engines if e != "llama.cpp"]:
+        print(f"ratios {e} / llama.cpp (medians; decode/prefill: higher is better, RSS: lower is better)")
+        for key in ["decode", "prefill512", "prefill2048", "rss"]:
+            a, b = statistics.median(metrics[e][key]), statistics.median(metrics["llama.cpp"][key])
+            print(f"  {key:12s} {a / b:6.3f}")
 
 
 if __name__ == "__main__":

@@ -11,8 +11,13 @@ pub fn text() -> String {
     let (isa, cpu_features) = nuvec::backends::cpu::kernel_isa();
     let listed = if cpu_features.is_empty() { "none listed".to_string() } else { cpu_features.join(" ") };
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let int8 = if nuvec::backends::cpu::int8_activations() {
+        "on (NUVEC_CPU_INT8_DOT=1)"
+    } else {
+        "off (f32; NUVEC_CPU_INT8_DOT=1 turns it on where AVX-512 VNNI is)"
+    };
     format!(
-        "nuvec {}\nfeatures: {features}\ncpu: {} kernels: {isa} (features: {listed})\ncores: {cores} (the CPU kernels' threads unless -t)\n",
+        "nuvec {}\nfeatures: {features}\ncpu: {} kernels: {isa} (features: {listed})\nint8 activations: {int8}\ncores: {cores} (the CPU kernels' threads unless -t)\n",
         env!("CARGO_PKG_VERSION"),
         std::env::consts::ARCH,
     )

@@ -51,6 +51,14 @@ pub const KNOBS: &[Knob] = &[
         "the model the CLI runs when --model is not given",
     ),
     knob(
+        "NUVEC_CPU_INT8_DOT",
+        "0, 1",
+        "0",
+        "cpu",
+        "4- and 8-bit products of one input row take the input quantized to int8 per 32 values \
+         (llama.cpp's Q8_1 arithmetic, AVX-512 VNNI): faster decode, logits within that rounding instead of f32",
+    ),
+    knob(
         "NUVEC_CPU_ISA",
         "avx2, scalar",
         "the best the processor has (AVX-512, AVX2)",

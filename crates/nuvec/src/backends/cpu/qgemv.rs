@@ -17,6 +17,7 @@
 use half::{bf16, f16};
 
 use super::linear::unpack_row;
+use super::qgemv_i8::{self, Int8X};
 use super::simd::{self, Isa};
 
 /// Per-group scales or biases in their stored dtype.
@@ -81,11 +82,13 @@ pub(crate) struct PreparedX {
     pub perm: Vec<f32>,
     /// The ISA `perm` was laid out for.
     pub isa: Isa,
+    /// The input quantized to int8 when [`super::qgemv_i8`] takes this product (`NUVEC_CPU_INT8_DOT`).
+    pub int8: Option<Int8X>,
 }
 
 impl PreparedX {
     pub(crate) fn new() -> Self {
-        PreparedX { sums: vec![], perm: vec![], isa: Isa::Scalar }
+        PreparedX { sums: vec![], perm: vec![], isa: Isa::Scalar, int8: None }
     }
 
     pub(crate) fn prepare(&mut self, x: &[f32], group: usize, bits: usize, isa: Isa) {
@@ -93,6 +96,11 @@ impl PreparedX {
         self.sums.clear();
         self.sums.extend(x.chunks(group).map(|c| c.iter().sum::<f32>()));
         self.perm.clear();
+        if isa == Isa::Avx512 && qgemv_i8::takes(bits, group) && qgemv_i8::enabled() {
+            self.int8.get_or_insert_with(Int8X::default).prepare(x, bits);
+            return;
+        }
+        self.int8 = None;
         #[cfg(target_arch = "x86_64")]
         if isa == Isa::Avx512 && x512_kernel(bits, group) {
             let per_lane = 32 / bits;
@@ -179,6 +187,20 @@ pub(crate) fn row_scalar(w: &QMatrix, r: usize, x: &[f32], xs: &PreparedX, param
 /// least `2 * groups` floats.
 pub(crate) fn rows(w: &QMatrix, r0: usize, x: &[f32], xs: &PreparedX, params: &mut [f32], out: &mut [f32]) {
     let isa = xs.isa;
+    #[cfg(target_arch = "x86_64")]
+    if let Some(x8) = &xs.int8 {
+        // SAFETY: `prepare` makes the int8 form only where `qgemv_i8::enabled()` found the
+        // instructions and `takes` this width and group; it was laid out for this width from an
+        // `x` of `w.cols` values (the kernel asserts the shapes).
+        unsafe {
+            if w.bits == 4 {
+                qgemv_i8::x512::q_rows::<4>(w, r0, x8, &xs.sums, out)
+            } else {
+                qgemv_i8::x512::q_rows::<8>(w, r0, x8, &xs.sums, out)
+            }
+        }
+        return;
+    }
     #[cfg(target_arch = "x86_64")]
     if isa == Isa::Avx512 && x512_kernel(w.bits, w.group) {
         // SAFETY: Avx512 is only chosen after detecting avx512f/bw/vl (and avx2, fma, f16c);

@@ -1,0 +1,338 @@
+//! Products of 4- and 8-bit affine weights with the input quantized to int8, llama.cpp's
+//! arithmetic for its Q4_1 / Q8_0 dot products (`x ≈ d_b · xq`, one scale `d_b = max|x| / 127`
+//! per 32 values, `xq` rounded to nearest), on AVX-512 VNNI: `vpdpbusd` multiplies 64 unsigned
+//! weight codes by 64 signed input bytes and adds them four by four into 16 int32 lanes, one
+//! instruction where the f32 kernel ([`super::qgemv::x512`]) spends three per 16 weights.
+//!
+//! Per group `g`: `Σ_k w_k x_k = scale_g · Σ_k q_k x_k + bias_g · Σ_k x_k`. The bias term keeps the
+//! exact f32 group sums of `x`; only `Σ q x` is approximate, each `x_k` off by at most `d_b / 2`,
+//! so a row's error is at most `Σ_k |scale_g q_k| d_b / 2` (what the tests hold the kernels to).
+//! Off unless `NUVEC_CPU_INT8_DOT=1` (issue 28: an approximate path stays opt-in); one input row
+//! only: batched rows keep the f32 kernels.
+
+use std::sync::atomic::{AtomicU8, Ordering};
+
+/// Values sharing one input scale.
+pub(crate) const QBLOCK: usize = 32;
+
+/// 0: not decided yet (the knob decides at the first product), 1: off, 2: on.
+static STATE: AtomicU8 = AtomicU8::new(0);
+
+/// Whether the path is on: [`set`], else `NUVEC_CPU_INT8_DOT=1`, and the processor runs it
+/// (AVX-512 F/BW/VL with VNNI).
+pub(crate) fn enabled() -> bool {
+    match STATE.load(Ordering::Relaxed) {
+        0 => set(crate::tuning::env("NUVEC_CPU_INT8_DOT").is_ok_and(|v| v == "1")),
+        s => s == 2,
+    }
+}
+
+/// Turns the path on or off for the products that follow; returns whether it is on (never where
+/// the processor lacks the instructions).
+pub(crate) fn set(on: bool) -> bool {
+    let on = on && supported();
+    STATE.store(if on { 2 } else { 1 }, Ordering::Relaxed);
+    on
+}
+
+/// Whether this processor has the instructions the kernels need.
+pub(crate) fn supported() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        is_x86_feature_detected!("avx512f")
+            && is_x86_feature_detected!("avx512bw")
+            && is_x86_feature_detected!("avx512vl")
+            && is_x86_feature_detected!("avx512vnni")
+            && is_x86_feature_detected!("f16c")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
+/// Whether the kernels take this width and group size: a lane's 4 or 8 weights lie in one group
+/// and one input block of 32.
+pub(crate) fn takes(bits: usize, group: usize) -> bool {
+    (bits == 4 || bits == 8) && matches!(group, 32 | 64 | 128)
+}
+
+/// Weights per 64-byte load: 16 lanes of `32 / bits`.
+fn block(bits: usize) -> usize {
+    16 * 32 / bits
+}
+
+/// The input as the kernels read it, for one width.
+#[derive(Default)]
+pub(crate) struct Int8X {
+    /// Per block of [`block`] values: 4 bits, 64 bytes meeting the low nibbles (lane `i`, byte `t`:
+    /// `xq[k0 + 8 i + 2 t]`) then 64 meeting the high ones (`xq[k0 + 8 i + 2 t + 1]`); 8 bits,
+    /// the 64 values in order. Zero past the input.
+    pub xq: Vec<i8>,
+    /// Per block, lane `i`'s input scale (the scale of the 32 values its weights meet).
+    pub lane_scale: Vec<f32>,
+}
+
+impl Int8X {
+    /// Quantizes `x` and lays it out for `bits`-wide weights.
+    pub(crate) fn prepare(&mut self, x: &[f32], bits: usize) {
+        let per_lane = 32 / bits;
+        let block = block(bits);
+        let padded = x.len().div_ceil(block) * block;
+        let mut q = vec![0i8; padded];
+        let mut scale = vec![0f32; padded / QBLOCK];
+        for ((src, dst), d) in x.chunks(QBLOCK).zip(q.chunks_exact_mut(QBLOCK)).zip(scale.iter_mut()) {
+            let amax = src.iter().fold(0f32, |m, v| m.max(v.abs()));
+            *d = amax / 127.0;
+            if amax > 0.0 {
+                let inv = 127.0 / amax;
+                for (o, &v) in dst.iter_mut().zip(src) {
+                    *o = (v * inv).round() as i8;
+                }
+            }
+        }
+        self.xq.clear();
+        self.xq.resize(padded, 0);
+        self.lane_scale.clear();
+        self.lane_scale.resize(padded / block * 16, 0.0);
+        for (b, (src, dst)) in q.chunks_exact(block).zip(self.xq.chunks_exact_mut(block)).enumerate() {
+            if bits == 4 {
+                let (lo, hi) = dst.split_at_mut(64);
+                for i in 0..16 {
+                    for t in 0..4 {
+                        lo[4 * i + t] = src[8 * i + 2 * t];
+                        hi[4 * i + t] = src[8 * i + 2 * t + 1];
+                    }
+                }
+            } else {
+                dst.copy_from_slice(src);
+            }
+            for i in 0..16 {
+                self.lane_scale[16 * b + i] = scale[(b * block + per_lane * i) / QBLOCK];
+            }
+        }
+    }
+}
+
+/// AVX-512 VNNI kernels, one row per pass: with the arithmetic this cheap the weights' reads set
+/// the pace, and a matrix read row after row is one stream the hardware prefetcher follows, where
+/// four rows at a time (the f32 kernels' passes) are four short ones.
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod x512 {
+    use std::arch::x86_64::*;
+
+    use super::super::qgemv::x512::params16;
+    use super::super::qgemv::QMatrix;
+    use super::Int8X;
+
+    /// How many rows ahead the kernels prefetch the packed weights (as the f32 kernels do: a
+    /// few rows at a time are short strided streams the hardware prefetcher does not follow).
+    const PF_ROWS: usize = 8;
+
+    /// `out[i] ≈ Σ_k w[r0 + i, k] x[k]` for a 4-bit or 8-bit matrix, `xs` prepared from `x` for
+    /// `BITS` and `sums` the group sums of `x`.
+    ///
+    /// # Safety
+    /// avx512f/bw/vl/vnni and f16c must be available ([`super::supported`]); `w.bits == BITS`,
+    /// [`super::takes`] holds, `xs` was prepared from an `x` of `w.cols` values for `BITS`,
+    /// `sums.len() == w.groups()`, and rows `r0..r0 + out.len()` exist in `w`.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,f16c")]
+    pub(crate) unsafe fn q_rows<const BITS: usize>(w: &QMatrix, r0: usize, xs: &Int8X, sums: &[f32], out: &mut [f32]) {
+        for (i, o) in out.iter_mut().enumerate() {
+            // SAFETY: forwarded contract; row r0 + i exists.
+            *o = q_block::<BITS, 1>(w, r0 + i, xs, sums)[0];
+        }
+    }
+
+    /// `N` rows of [`q_rows`] (the kernels run `N = 1`; more rows per pass share the input's
+    /// loads but read the weights as `N` streams). Per 64-byte load of a row, lane `i` sums its weights' codes times
+    /// their input bytes in int32 (two `vpdpbusd` at 4 bits, one per nibble; one at 8), then the
+    /// sum, as f32, meets the lane's group scale times its input scale.
+    #[inline]
+    #[allow(clippy::needless_range_loop)] // rows index several register arrays in step
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,f16c")]
+    unsafe fn q_block<const BITS: usize, const N: usize>(w: &QMatrix, r0: usize, xs: &Int8X, sums: &[f32]) -> [f32; N] {
+        let per_lane = 32 / BITS;
+        let block = super::block(BITS);
+        let (cols, group) = (w.cols, w.group);
+        let (g_total, rb) = (w.groups(), w.row_bytes());
+        assert!(w.bits == BITS && super::takes(BITS, group));
+        let blocks = cols.div_ceil(block);
+        let x_bytes = if BITS == 4 { 128 } else { 64 };
+        assert!(xs.xq.len() == blocks * x_bytes && xs.lane_scale.len() == blocks * 16);
+        assert!(sums.len() == g_total && cols == g_total * group);
+        assert!((r0 + N) * rb <= w.packed.len());
+        let shift = _mm512_set1_epi32(group.trailing_zeros() as i32);
+        let lane_first = _mm512_mullo_epi32(
+            _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+            _mm512_set1_epi32(per_lane as i32),
+        );
+        let nibble = _mm512_set1_epi8(0x0f);
+        let mut acc = [_mm512_setzero_ps(); N];
+        let mut bacc = [_mm512_setzero_ps(); N];
+        let (pb, px, pd) = (w.packed.as_ptr().add(r0 * rb), xs.xq.as_ptr(), xs.lane_scale.as_ptr());
+        let mut g0 = 0;
+        while g0 < g_total {
+            let gn = (g_total - g0).min(16);
+            let gmask: __mmask16 = if gn >= 16 { 0xffff } else { (1u16 << gn) - 1 };
+            // SAFETY: the mask limits the load to sums[g0..g0 + gn].
+            let sumv = _mm512_maskz_loadu_ps(gmask, sums.as_ptr().add(g0));
+            let mut sv = [_mm512_setzero_ps(); N];
+            for r in 0..N {
+                // SAFETY: groups g0..g0 + gn of row r0 + r exist (the row exists).
+                sv[r] = params16(w.scales, (r0 + r) * g_total + g0, gn);
+                let bv = params16(w.biases, (r0 + r) * g_total + g0, gn);
+                bacc[r] = _mm512_fmadd_ps(bv, sumv, bacc[r]);
+            }
+            // 16 groups of 32+ hold whole blocks (128 or 64 values), so no block straddles two
+            // runs of g0.
+            let k_end = (g0 + gn) * group;
+            let mut k0 = g0 * group;
+            while k0 < k_end {
+                let b = k0 / block;
+                let idx = _mm512_sub_epi32(
+                    _mm512_srlv_epi32(_mm512_add_epi32(_mm512_set1_epi32(k0 as i32), lane_first), shift),
+                    _mm512_set1_epi32(g0 as i32),
+                );
+                let bytes = (k_end - k0).min(block) * BITS / 8;
+                let lmask: __mmask16 = if bytes >= 64 { 0xffff } else { (1u16 << (bytes / 4)) - 1 };
+                // SAFETY: block b of the prepared input exists (b < blocks, asserted sizes).
+                let dx = _mm512_loadu_ps(pd.add(16 * b));
+                let (x_lo, x_hi) = if BITS == 4 {
+                    (
+                        _mm512_loadu_si512(px.add(128 * b) as *const __m512i),
+                        _mm512_loadu_si512(px.add(128 * b + 64) as *const __m512i),
+                    )
+                } else {
+                    (_mm512_loadu_si512(px.add(64 * b) as *const __m512i), _mm512_setzero_si512())
+                };
+                for r in 0..N {
+                    let ahead = pb.wrapping_add((r + PF_ROWS) * rb + k0 * BITS / 8);
+                    _mm_prefetch::<_MM_HINT_NTA>(ahead as *const i8);
+                    // SAFETY: the mask limits the load to the row's bytes k0 * BITS / 8 ..
+                    // + bytes, inside row r0 + r.
+                    let v = _mm512_maskz_loadu_epi32(lmask, pb.add(r * rb + k0 * BITS / 8) as *const i32);
+                    let s = if BITS == 4 {
+                        let lo = _mm512_and_si512(v, nibble);
+                        let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(v), nibble);
+                        _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, x_lo), hi, x_hi)
+                    } else {
+                        _mm512_dpbusd_epi32(_mm512_setzero_si512(), v, x_lo)
+                    };
+                    let scale = _mm512_mul_ps(_mm512_permutexvar_ps(idx, sv[r]), dx);
+                    acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), scale, acc[r]);
+                }
+                k0 += block;
+            }
+            g0 += gn;
+        }
+        let mut out = [0f32; N];
+        for r in 0..N {
+            out[r] = _mm512_reduce_add_ps(_mm512_add_ps(acc[r], bacc[r]));
+        }
+        out
+    }
+}
+
+#[cfg(all(test, target_arch = "x86_64"))]
+mod tests {
+    use super::super::qgemv::test_weights::Weights;
+    use super::super::qgemv::{row_reference, QMatrix};
+    use super::*;
+
+    /// `x`'s group sums, as [`super::super::qgemv::PreparedX`] computes them.
+    fn sums(x: &[f32], group: usize) -> Vec<f32> {
+        x.chunks(group).map(|c| c.iter().sum()).collect()
+    }
+
+    /// The bound of the module doc for row `r`, plus f32 rounding of the exact product's terms.
+    fn bound(w: &QMatrix, r: usize, x: &[f32]) -> f64 {
+        let mut row = vec![0f32; w.cols];
+        let mut params = vec![0f32; 2 * w.groups()];
+        w.dequantize_row(r, &mut row, &mut params);
+        let (scales, biases) = params.split_at(w.groups());
+        let mut total = 0f64;
+        let mut magnitude = 0f64;
+        for (k, (&wk, &xk)) in row.iter().zip(x).enumerate() {
+            let g = k / w.group;
+            let amax = x[k / QBLOCK * QBLOCK..((k / QBLOCK + 1) * QBLOCK).min(x.len())]
+                .iter()
+                .fold(0f32, |m, v| m.max(v.abs()));
+            total += (wk - biases[g]).abs() as f64 * (amax / 127.0) as f64 / 2.0;
+            magnitude += (wk * xk).abs() as f64 + (scales[g] * xk).abs() as f64;
+        }
+        total * (1.0 + 1e-3) + magnitude * 1e-5
+    }
+
+    fn check(bits: usize, group: usize, cols: usize, rows_n: usize, kind: u8) {
+        if !supported() {
+            eprintln!("no AVX-512 VNNI here: the int8 kernels are not run");
+            return;
+        }
+        let weights = Weights::new(bits, group, cols, rows_n, 7 + bits as u64 + cols as u64);
+        let w = weights.matrix(kind);
+        let x: Vec<f32> =
+            (0..cols).map(|i| ((i * 37 % 101) as f32 - 50.0) / 17.0 * if i % 7 == 0 { 3.0 } else { 1.0 }).collect();
+        let mut xs = Int8X::default();
+        xs.prepare(&x, bits);
+        let s = sums(&x, group);
+        for r0 in [0, 1] {
+            let mut out = vec![0f32; rows_n - r0];
+            // SAFETY: supported() checked the features; the shapes are the kernel's contract.
+            unsafe {
+                if bits == 4 {
+                    x512::q_rows::<4>(&w, r0, &xs, &s, &mut out)
+                } else {
+                    x512::q_rows::<8>(&w, r0, &xs, &s, &mut out)
+                }
+            }
+            for (i, &o) in out.iter().enumerate() {
+                let r = r0 + i;
+                let exact = row_reference(&w, r, &x);
+                let b = bound(&w, r, &x);
+                assert!(
+                    (o as f64 - exact).abs() <= b,
+                    "bits {bits} group {group} cols {cols} kind {kind} row {r}: {o} vs {exact} (bound {b})"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn int8_products_within_the_quantization_bound() {
+        for kind in 0..3 {
+            for &(bits, group, cols) in &[
+                (4, 32, 576),
+                (4, 64, 576),
+                (4, 128, 1536),
+                (4, 32, 1536),
+                (4, 64, 96 * 64),
+                (4, 32, 32 * 3),
+                (8, 32, 576),
+                (8, 64, 1536),
+                (8, 128, 384),
+                (8, 32, 32 * 5),
+            ] {
+                check(bits, group, cols, 11, kind);
+            }
+        }
+    }
+
+    #[test]
+    fn the_input_is_laid_out_per_lane() {
+        let x: Vec<f32> = (0..160).map(|i| i as f32 - 80.0).collect();
+        let mut xs = Int8X::default();
+        xs.prepare(&x, 4);
+        // 160 values pad to two blocks of 128; block 0 lane 1 byte 2 (lo) is xq[8 + 4] = x[12].
+        assert_eq!(xs.xq.len(), 256);
+        let d0 = 80.0 / 127.0;
+        assert_eq!(xs.xq[4 + 2], (x[12] / d0).round() as i8);
+        assert_eq!(xs.xq[64 + 4 + 2], (x[13] / d0).round() as i8);
+        // Past the input: zeros, and zero scales.
+        let block1 = &xs.xq[128..];
+        assert!(block1[16..64].iter().chain(&block1[64 + 16..]).all(|&q| q == 0));
+        assert!(xs.lane_scale[16 + 4..].iter().all(|&d| d == 0.0));
+        xs.prepare(&x, 8);
+        assert_eq!((xs.xq.len(), xs.lane_scale.len()), (192, 48));
+        assert_eq!(xs.lane_scale[8], (x[32..64].iter().fold(0f32, |m, v| m.max(v.abs()))) / 127.0);
+        assert!(takes(4, 32) && takes(8, 128) && !takes(4, 16) && !takes(3, 32));
+    }
+}
