@@ -26,8 +26,10 @@ def llama(args, batch):
     sys.exit(f"no result row for B={batch} in llama-batched-bench's output:\n{out}")
 
 
-def nuvec(args, batch):
-    cmd = [args.nuvec, "bench", "--model", args.gguf, "-p", str(args.prompt), "-g", str(args.gen), "-b", str(batch),
+def nuvec(args, batch, int8=False):
+    # nuvec-int8: the same binary with int8 activations in its 4- and 8-bit products (CPU).
+    cmd = ["env", f"NUVEC_CPU_INT8_DOT={1 if int8 else 0}",
+           args.nuvec, "bench", "--model", args.gguf, "-p", str(args.prompt), "-g", str(args.gen), "-b", str(batch),
            "-n", "1", "--no-warmup", "--device", args.device]
     if args.device == "cpu":
         cmd += ["--threads", str(args.threads)]
@@ -52,6 +54,7 @@ def main():
     # llama.cpp's flash attention on the CPU (on, off, or its own default, auto): which is faster
     # depends on the machine, so the peer is run as it decodes fastest there.
     ap.add_argument("--llama-fa", default="")
+    ap.add_argument("--int8", action="store_true", help="also nuvec with NUVEC_CPU_INT8_DOT=1 (nuvec-int8)")
     args = ap.parse_args()
     raw = Raw(f"compare-batch-{args.device}")
     results = {}
@@ -59,23 +62,27 @@ def main():
         for r in range(args.rounds):
             # Alternate which engine goes first, so drift hits both alike.
             order = [("llama.cpp", llama), ("nuvec", nuvec)]
+            if args.int8:
+                order.append(("nuvec-int8", lambda a, b: nuvec(a, b, int8=True)))
             if r % 2:
                 order.reverse()
             for name, run in order:
                 tps, out = run(args, batch)
                 raw.save(f"B{batch}-round{r + 1}-{name}", out)
                 results.setdefault((batch, name), []).append(tps)
-                print(f"B={batch:<3} round {r + 1}: {name:<9} {tps:9.1f} generated tok/s", flush=True)
+                print(f"B={batch:<3} round {r + 1}: {name:<10} {tps:9.1f} generated tok/s", flush=True)
     print(f"\n{args.device}, prompt {args.prompt}, generated {args.gen} per sequence, threads {args.threads}")
+    names = ["llama.cpp", "nuvec"] + (["nuvec-int8"] if args.int8 else [])
     for batch in args.batches:
-        for name in ("llama.cpp", "nuvec"):
+        for name in names:
             v = results[(batch, name)]
-            print(f"B={batch:<3} {name:<9} median {statistics.median(v):9.1f}  (min {min(v):.1f}, max {max(v):.1f})")
-    print("\nratios nuvec / llama.cpp (total generated tok/s, medians):")
-    for batch in args.batches:
-        a = statistics.median(results[(batch, "nuvec")])
-        b = statistics.median(results[(batch, "llama.cpp")])
-        print(f"B={batch:<3} {a / b:.2f}x")
+            print(f"B={batch:<3} {name:<10} median {statistics.median(v):9.1f}  (min {min(v):.1f}, max {max(v):.1f})")
+    for name in names[1:]:
+        print(f"\nratios {name} / llama.cpp (total generated tok/s, medians):")
+        for batch in args.batches:
+            a = statistics.median(results[(batch, name)])
+            b = statistics.median(results[(batch, "llama.cpp")])
+            print(f"B={batch:<3} {a / b:.2f}x")
 
 
 if __name__ == "__main__":

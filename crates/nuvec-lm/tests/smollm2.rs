@@ -7,7 +7,11 @@
 mod common;
 
 use common::*;
-use nuvec_lm::{generate, FinishReason, GenerateOptions, Message, StreamDecoder};
+use std::collections::BTreeMap;
+
+use nuvec_lm::{
+    generate, Batcher, BatcherOptions, Event, FinishReason, GenerateOptions, Message, RequestId, StreamDecoder,
+};
 
 #[test]
 fn smollm2_answers_like_mlx_lm() {
@@ -23,11 +27,36 @@ fn smollm2_answers_like_mlx_lm() {
     assert_eq!(prompt, ids(&oracle["prompt_ids"]));
 
     answer(&model, &tokenizer, &prompt, &oracle, "f32 products");
+    batched(&model, &prompt, &oracle, "f32 products");
     if nuvec::backends::cpu::set_int8_activations(true) {
         answer(&model, &tokenizer, &prompt, &oracle, "int8 activations");
+        batched(&model, &prompt, &oracle, "int8 activations");
         nuvec::backends::cpu::set_int8_activations(false);
     } else {
         eprintln!("no AVX-512 VNNI here: int8 activations not run");
+    }
+}
+
+/// Four copies of the prompt through the Batcher: its decode steps multiply four rows at once
+/// (the few-row products), and each copy still gets mlx-lm's greedy tokens.
+fn batched(model: &nuvec_lm::Model, prompt: &[u32], oracle: &serde_json::Value, how: &str) {
+    let mut batcher = Batcher::new(model, BatcherOptions::default()).unwrap();
+    let options = GenerateOptions { max_tokens: 64, ..Default::default() };
+    let requests: Vec<RequestId> = (0..4).map(|_| batcher.submit(prompt.to_vec(), options.clone()).unwrap()).collect();
+    let mut tokens: BTreeMap<RequestId, Vec<u32>> = BTreeMap::new();
+    let mut most = 0;
+    while batcher.is_busy() {
+        let events = batcher.step().unwrap();
+        let step: Vec<(RequestId, u32)> = events
+            .iter()
+            .filter_map(|e| if let Event::Token { id, token } = e { Some((*id, *token)) } else { None })
+            .collect();
+        most = most.max(step.len());
+        step.into_iter().for_each(|(id, t)| tokens.entry(id).or_default().push(t));
+    }
+    assert_eq!(most, 4, "{how}: the four requests decoded together");
+    for id in requests {
+        assert_eq!(tokens[&id], ids(&oracle["greedy_tokens"]), "{how}, batched: {id:?}");
     }
 }
 

@@ -63,12 +63,12 @@ fn with_prepared<R>(x: &[f32], q: &QMatrix, f: impl FnOnce(&PreparedX) -> R) -> 
 fn with_prepared_rows<R>(x: &[f32], q: &QMatrix, f: impl FnOnce(&PreparedRows) -> R) -> R {
     PREPARED_ROWS.with(|cell| match cell.try_borrow_mut() {
         Ok(mut xs) => {
-            xs.prepare(x, q.cols, q.bits, simd::isa());
+            xs.prepare(x, q.cols, q.group, q.bits, simd::isa());
             f(&xs)
         }
         Err(_) => {
             let mut xs = PreparedRows::new();
-            xs.prepare(x, q.cols, q.bits, simd::isa());
+            xs.prepare(x, q.cols, q.group, q.bits, simd::isa());
             f(&xs)
         }
     })

@@ -21,6 +21,7 @@
 //! and 128.
 
 use super::qgemv::QMatrix;
+use super::qgemv_i8::{self, Int8X};
 use super::simd::{self, Isa};
 
 /// Input rows one kernel pass accumulates against (one register of sums per row).
@@ -70,6 +71,8 @@ pub(crate) struct PreparedRows {
     pub start: usize,
     /// The ISA the rows were laid out for.
     pub isa: Isa,
+    /// The rows quantized to int8 when [`qgemv_i8`] takes this product (`NUVEC_CPU_INT8_DOT`).
+    pub int8: Option<Int8X>,
 }
 
 /// Values of a row per block of the AVX-512 4-bit layout (16 lanes of 8 nibbles).
@@ -77,19 +80,25 @@ const X512_BLOCK: usize = 128;
 
 impl PreparedRows {
     pub(crate) const fn new() -> Self {
-        PreparedRows { perm: Vec::new(), stride: 0, start: 0, isa: Isa::Scalar }
+        PreparedRows { perm: Vec::new(), stride: 0, start: 0, isa: Isa::Scalar, int8: None }
     }
 
-    /// Lays out `x` (`x.len() / k` rows of `k`) for a matrix of `bits`: each row as
+    /// Lays out `x` (`x.len() / k` rows of `k`) for a matrix of `bits` in groups of `group`
+    /// (int8 activations where [`qgemv_i8`] is on and takes them; else each row as
     /// [`super::qgemv::PreparedX`] lays out one (AVX-512: 4 bits its lanes of 8, 8 bits natural
-    /// order; AVX2: 4 bits only), rows `stride` apart from a cache line on.
-    pub(crate) fn prepare(&mut self, x: &[f32], k: usize, bits: usize, isa: Isa) {
+    /// order; AVX2: 4 bits only), rows `stride` apart from a cache line on).
+    pub(crate) fn prepare(&mut self, x: &[f32], k: usize, group: usize, bits: usize, isa: Isa) {
         self.isa = isa;
         self.perm.clear();
         (self.stride, self.start) = (0, 0);
         if k == 0 {
             return;
         }
+        if isa == Isa::Avx512 && qgemv_i8::takes(bits, group) && qgemv_i8::enabled() {
+            self.int8.get_or_insert_with(Int8X::default).prepare_rows(x, k, group, bits);
+            return;
+        }
+        self.int8 = None;
         let stride = match (isa, bits) {
             (Isa::Scalar, _) => return,
             #[cfg(target_arch = "x86_64")]
@@ -161,6 +170,14 @@ pub(crate) fn rows(
     let (k, g) = (w.cols, w.groups());
     let nr = out.len() / m.max(1);
     assert!(x.len() >= m * k && scratch.len() >= scratch_len(w) && (1..=PASS_MAX).contains(&nr) && out.len() == nr * m);
+    #[cfg(target_arch = "x86_64")]
+    if let Some(x8) = &xs.int8 {
+        // SAFETY: `prepare` makes the int8 form only where `qgemv_i8::enabled()` found the
+        // instructions and `takes` this width and group, from `m` rows of `k` (the kernel
+        // asserts the shapes).
+        unsafe { qgemv_i8::x512::rows(w, r, m, x8, out) };
+        return;
+    }
     #[cfg(target_arch = "x86_64")]
     if x512_kernel(w.bits) && xs.isa == Isa::Avx512 {
         assert!(xs.stride >= k && xs.perm.len() >= xs.start + m * xs.stride);
@@ -648,7 +665,7 @@ mod tests {
         let mut scratch = vec![0f32; scratch_len(&w)];
         for isa in simd::testable() {
             let mut xs = PreparedRows::new();
-            xs.prepare(&x, cols, bits, isa);
+            xs.prepare(&x, cols, group, bits, isa);
             // Weight rows one at a time, in pairs, and as many as a pass takes.
             for nr in 1..=pass_rows(&w, &xs).max(PAIR).min(n) {
                 let mut out = vec![0f32; nr * m];

@@ -7,8 +7,9 @@
 //! Per group `g`: `Σ_k w_k x_k = scale_g · Σ_k q_k x_k + bias_g · Σ_k x_k`. The bias term keeps the
 //! exact f32 group sums of `x`; only `Σ q x` is approximate, each `x_k` off by at most `d_b / 2`,
 //! so a row's error is at most `Σ_k |scale_g q_k| d_b / 2` (what the tests hold the kernels to).
-//! Off unless `NUVEC_CPU_INT8_DOT=1` (issue 28: an approximate path stays opt-in); one input row
-//! only: batched rows keep the f32 kernels.
+//! Off unless `NUVEC_CPU_INT8_DOT=1` or [`super::set_int8_activations`] (issue 28: an approximate
+//! path stays opt-in). One input row ([`super::qgemv`]'s products) or a few (batched decode,
+//! [`super::qbatch`]'s).
 
 use std::sync::atomic::{AtomicU8, Ordering};
 
@@ -60,61 +61,102 @@ fn block(bits: usize) -> usize {
     16 * 32 / bits
 }
 
-/// The input as the kernels read it, for one width.
+/// Bytes of the prepared input per block: 4 bits, one 64-byte register per nibble.
+fn block_bytes(bits: usize) -> usize {
+    if bits == 4 {
+        128
+    } else {
+        64
+    }
+}
+
+/// The input as the kernels read it, for one width: [`Int8X::prepare`] lays out one row,
+/// [`Int8X::prepare_rows`] several, each `blocks` blocks long.
 #[derive(Default)]
 pub(crate) struct Int8X {
-    /// Per block of [`block`] values: 4 bits, 64 bytes meeting the low nibbles (lane `i`, byte `t`:
-    /// `xq[k0 + 8 i + 2 t]`) then 64 meeting the high ones (`xq[k0 + 8 i + 2 t + 1]`); 8 bits,
-    /// the 64 values in order. Zero past the input.
+    /// Per row and block of [`block`] values: 4 bits, 64 bytes meeting the low nibbles (lane `i`,
+    /// byte `t`: `xq[k0 + 8 i + 2 t]`) then 64 meeting the high ones (`xq[k0 + 8 i + 2 t + 1]`);
+    /// 8 bits, the 64 values in order. Zero past the row's end.
     pub xq: Vec<i8>,
-    /// Per block, lane `i`'s input scale (the scale of the 32 values its weights meet).
+    /// Per row and block, lane `i`'s input scale (the scale of the 32 values its weights meet).
     pub lane_scale: Vec<f32>,
+    /// Per row, the group sums of `x` (the bias terms), for [`Int8X::prepare_rows`]; a single row
+    /// takes [`super::qgemv::PreparedX`]'s.
+    pub sums: Vec<f32>,
+    /// Blocks per row.
+    pub blocks: usize,
+    /// Scratch: the current 32 values' scales.
+    scale: Vec<f32>,
 }
 
 impl Int8X {
-    /// Quantizes `x` and lays it out for `bits`-wide weights.
+    /// Quantizes `x` (one row) and lays it out for `bits`-wide weights.
     pub(crate) fn prepare(&mut self, x: &[f32], bits: usize) {
-        let per_lane = 32 / bits;
-        let block = block(bits);
-        let padded = x.len().div_ceil(block) * block;
-        let mut q = vec![0i8; padded];
-        let mut scale = vec![0f32; padded / QBLOCK];
-        for ((src, dst), d) in x.chunks(QBLOCK).zip(q.chunks_exact_mut(QBLOCK)).zip(scale.iter_mut()) {
-            let amax = src.iter().fold(0f32, |m, v| m.max(v.abs()));
-            *d = amax / 127.0;
-            if amax > 0.0 {
-                let inv = 127.0 / amax;
-                for (o, &v) in dst.iter_mut().zip(src) {
-                    *o = (v * inv).round() as i8;
-                }
-            }
+        self.lay_out(x, x.len(), bits);
+        self.sums.clear();
+    }
+
+    /// Quantizes the rows of `x` (`k` values each) for `bits`-wide weights in groups of `group`,
+    /// with each row's group sums.
+    pub(crate) fn prepare_rows(&mut self, x: &[f32], k: usize, group: usize, bits: usize) {
+        self.lay_out(x, k, bits);
+        self.sums.clear();
+        for row in x.chunks_exact(k) {
+            self.sums.extend(row.chunks(group).map(|c| c.iter().sum::<f32>()));
         }
+    }
+
+    fn lay_out(&mut self, x: &[f32], k: usize, bits: usize) {
+        if bits == 4 {
+            self.lay_out_for::<4>(x, k)
+        } else {
+            self.lay_out_for::<8>(x, k)
+        }
+    }
+
+    fn lay_out_for<const BITS: usize>(&mut self, x: &[f32], k: usize) {
+        let (per_lane, block, bytes) = (32 / BITS, block(BITS), block_bytes(BITS));
+        let rows = x.len().checked_div(k).unwrap_or(0);
+        self.blocks = k.div_ceil(block);
         self.xq.clear();
-        self.xq.resize(padded, 0);
+        self.xq.resize(rows * self.blocks * bytes, 0);
         self.lane_scale.clear();
-        self.lane_scale.resize(padded / block * 16, 0.0);
-        for (b, (src, dst)) in q.chunks_exact(block).zip(self.xq.chunks_exact_mut(block)).enumerate() {
-            if bits == 4 {
-                let (lo, hi) = dst.split_at_mut(64);
-                for i in 0..16 {
-                    for t in 0..4 {
-                        lo[4 * i + t] = src[8 * i + 2 * t];
-                        hi[4 * i + t] = src[8 * i + 2 * t + 1];
-                    }
+        self.lane_scale.resize(rows * self.blocks * 16, 0.0);
+        for (row, src) in x.chunks_exact(k.max(1)).enumerate() {
+            self.scale.clear();
+            let xq = &mut self.xq[row * self.blocks * bytes..(row + 1) * self.blocks * bytes];
+            for (c, chunk) in src.chunks(QBLOCK).enumerate() {
+                let amax = chunk.iter().fold(0f32, |m, v| m.max(v.abs()));
+                self.scale.push(amax / 127.0);
+                let inv = if amax > 0.0 { 127.0 / amax } else { 0.0 };
+                for (j, &v) in chunk.iter().enumerate() {
+                    let (kk, q) = (c * QBLOCK + j, nearest(v * inv));
+                    let (b, o) = (kk / block, kk % block);
+                    // 4 bits: lane o / 8, its byte (o % 8) / 2, in the low or the high nibbles' half.
+                    let at = if BITS == 4 { 64 * (o % 2) + 4 * (o / 8) + (o % 8) / 2 } else { o };
+                    xq[b * bytes + at] = q;
                 }
-            } else {
-                dst.copy_from_slice(src);
             }
-            for i in 0..16 {
-                self.lane_scale[16 * b + i] = scale[(b * block + per_lane * i) / QBLOCK];
+            let lanes = &mut self.lane_scale[row * self.blocks * 16..(row + 1) * self.blocks * 16];
+            for (l, d) in lanes.iter_mut().enumerate() {
+                let first = (l / 16) * block + per_lane * (l % 16);
+                *d = self.scale.get(first / QBLOCK).copied().unwrap_or(0.0);
             }
         }
     }
 }
 
-/// AVX-512 VNNI kernels, one row per pass: with the arithmetic this cheap the weights' reads set
-/// the pace, and a matrix read row after row is one stream the hardware prefetcher follows, where
-/// four rows at a time (the f32 kernels' passes) are four short ones.
+/// `v` (within ±127.5) rounded to the nearest integer, ties to even: adding and taking away
+/// 1.5 · 2^23 leaves no fraction bits (as `vroundps` would; `f32::round` is a libm call here).
+fn nearest(v: f32) -> i8 {
+    const MAGIC: f32 = 12_582_912.0;
+    ((v + MAGIC) - MAGIC) as i8
+}
+
+/// AVX-512 VNNI kernels, one weight row per pass: with the arithmetic this cheap the weights'
+/// reads set the pace, and a matrix read row after row is one stream the hardware prefetcher
+/// follows, where four rows at a time (the f32 one-row kernels' passes) are four short ones.
+/// Several input rows share each weight row's loads and nibble split.
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod x512 {
     use std::arch::x86_64::*;
@@ -123,12 +165,14 @@ pub(crate) mod x512 {
     use super::super::qgemv::QMatrix;
     use super::Int8X;
 
-    /// How many rows ahead the kernels prefetch the packed weights (as the f32 kernels do: a
-    /// few rows at a time are short strided streams the hardware prefetcher does not follow).
+    /// How many rows ahead the kernels prefetch the packed weights (as the f32 kernels do).
     const PF_ROWS: usize = 8;
+    /// Input rows one pass over a weight row takes (one register of sums each, plus the bias
+    /// sums').
+    pub(crate) const TILE: usize = 8;
 
-    /// `out[i] ≈ Σ_k w[r0 + i, k] x[k]` for a 4-bit or 8-bit matrix, `xs` prepared from `x` for
-    /// `BITS` and `sums` the group sums of `x`.
+    /// `out[i] ≈ Σ_k w[r0 + i, k] x[k]` for a 4-bit or 8-bit matrix, `xs` prepared from one row
+    /// `x` for `BITS` ([`Int8X::prepare`]) and `sums` its group sums.
     ///
     /// # Safety
     /// avx512f/bw/vl/vnni and f16c must be available ([`super::supported`]); `w.bits == BITS`,
@@ -137,50 +181,107 @@ pub(crate) mod x512 {
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,f16c")]
     pub(crate) unsafe fn q_rows<const BITS: usize>(w: &QMatrix, r0: usize, xs: &Int8X, sums: &[f32], out: &mut [f32]) {
         for (i, o) in out.iter_mut().enumerate() {
+            let mut v = [0f32];
             // SAFETY: forwarded contract; row r0 + i exists.
-            *o = q_block::<BITS, 1>(w, r0 + i, xs, sums)[0];
+            q_tile::<BITS, 1>(w, r0 + i, xs, 0, sums, &mut v);
+            *o = v[0];
         }
     }
 
-    /// `N` rows of [`q_rows`] (the kernels run `N = 1`; more rows per pass share the input's
-    /// loads but read the weights as `N` streams). Per 64-byte load of a row, lane `i` sums its weights' codes times
-    /// their input bytes in int32 (two `vpdpbusd` at 4 bits, one per nibble; one at 8), then the
-    /// sum, as f32, meets the lane's group scale times its input scale.
-    #[inline]
-    #[allow(clippy::needless_range_loop)] // rows index several register arrays in step
+    /// `out[j * m + i] ≈ Σ_k w[r0 + j, k] x[i][k]` for `nr = out.len() / m` weight rows from
+    /// `r0` and the `m` input rows `xs` was prepared from ([`Int8X::prepare_rows`]), in tiles of
+    /// up to [`TILE`] input rows per pass over a weight row.
+    ///
+    /// # Safety
+    /// As [`q_rows`], with `xs` prepared from `m` rows of `w.cols` values in groups of `w.group`
+    /// for `w.bits`.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,f16c")]
-    unsafe fn q_block<const BITS: usize, const N: usize>(w: &QMatrix, r0: usize, xs: &Int8X, sums: &[f32]) -> [f32; N] {
+    pub(crate) unsafe fn rows(w: &QMatrix, r0: usize, m: usize, xs: &Int8X, out: &mut [f32]) {
+        let g = w.groups();
+        assert!(m > 0 && out.len().is_multiple_of(m) && xs.sums.len() == m * g);
+        let mut tile = [0f32; TILE];
+        for j in 0..out.len() / m {
+            let mut i = 0;
+            while i < m {
+                let t = (m - i).min(TILE);
+                let o = &mut tile[..t];
+                let sums = &xs.sums[i * g..(i + t) * g];
+                // SAFETY: forwarded contract; row r0 + j exists, input rows i..i + t are prepared.
+                match t {
+                    1 => tile_of::<1>(w, r0 + j, xs, i, sums, o),
+                    2 => tile_of::<2>(w, r0 + j, xs, i, sums, o),
+                    3 => tile_of::<3>(w, r0 + j, xs, i, sums, o),
+                    4 => tile_of::<4>(w, r0 + j, xs, i, sums, o),
+                    5 => tile_of::<5>(w, r0 + j, xs, i, sums, o),
+                    6 => tile_of::<6>(w, r0 + j, xs, i, sums, o),
+                    7 => tile_of::<7>(w, r0 + j, xs, i, sums, o),
+                    _ => tile_of::<8>(w, r0 + j, xs, i, sums, o),
+                }
+                out[j * m + i..j * m + i + t].copy_from_slice(o);
+                i += t;
+            }
+        }
+    }
+
+    /// [`q_tile`] for the matrix's width.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,f16c")]
+    unsafe fn tile_of<const M: usize>(w: &QMatrix, r: usize, xs: &Int8X, i0: usize, sums: &[f32], out: &mut [f32]) {
+        // SAFETY: forwarded contract.
+        if w.bits == 4 {
+            q_tile::<4, M>(w, r, xs, i0, sums, out)
+        } else {
+            q_tile::<8, M>(w, r, xs, i0, sums, out)
+        }
+    }
+
+    /// Weight row `r` against the `M` prepared input rows from `i0` (`sums`: their group sums,
+    /// row after row). Per 64-byte load of the row, lane `l` of input row `i` sums its weights'
+    /// codes times their input bytes in int32 (two `vpdpbusd` at 4 bits, one per nibble; one at
+    /// 8), then the sum, as f32, meets the lane's group scale times its input scale.
+    #[inline]
+    #[allow(clippy::needless_range_loop)] // input rows index several register arrays in step
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,f16c")]
+    unsafe fn q_tile<const BITS: usize, const M: usize>(
+        w: &QMatrix,
+        r: usize,
+        xs: &Int8X,
+        i0: usize,
+        sums: &[f32],
+        out: &mut [f32],
+    ) {
         let per_lane = 32 / BITS;
         let block = super::block(BITS);
+        let x_bytes = super::block_bytes(BITS);
         let (cols, group) = (w.cols, w.group);
         let (g_total, rb) = (w.groups(), w.row_bytes());
-        assert!(w.bits == BITS && super::takes(BITS, group));
+        assert!(w.bits == BITS && super::takes(BITS, group) && cols == g_total * group);
         let blocks = cols.div_ceil(block);
-        let x_bytes = if BITS == 4 { 128 } else { 64 };
-        assert!(xs.xq.len() == blocks * x_bytes && xs.lane_scale.len() == blocks * 16);
-        assert!(sums.len() == g_total && cols == g_total * group);
-        assert!((r0 + N) * rb <= w.packed.len());
+        assert!(xs.blocks == blocks && xs.xq.len() >= (i0 + M) * blocks * x_bytes);
+        assert!(xs.lane_scale.len() >= (i0 + M) * blocks * 16 && sums.len() == M * g_total && out.len() == M);
+        assert!((r + 1) * rb <= w.packed.len());
         let shift = _mm512_set1_epi32(group.trailing_zeros() as i32);
         let lane_first = _mm512_mullo_epi32(
             _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
             _mm512_set1_epi32(per_lane as i32),
         );
         let nibble = _mm512_set1_epi8(0x0f);
-        let mut acc = [_mm512_setzero_ps(); N];
-        let mut bacc = [_mm512_setzero_ps(); N];
-        let (pb, px, pd) = (w.packed.as_ptr().add(r0 * rb), xs.xq.as_ptr(), xs.lane_scale.as_ptr());
+        let mut acc = [_mm512_setzero_ps(); M];
+        let mut bacc = [_mm512_setzero_ps(); M];
+        let pb = w.packed.as_ptr().add(r * rb);
+        let px = xs.xq.as_ptr().add(i0 * blocks * x_bytes);
+        let pd = xs.lane_scale.as_ptr().add(i0 * blocks * 16);
         let mut g0 = 0;
         while g0 < g_total {
             let gn = (g_total - g0).min(16);
             let gmask: __mmask16 = if gn >= 16 { 0xffff } else { (1u16 << gn) - 1 };
-            // SAFETY: the mask limits the load to sums[g0..g0 + gn].
-            let sumv = _mm512_maskz_loadu_ps(gmask, sums.as_ptr().add(g0));
-            let mut sv = [_mm512_setzero_ps(); N];
-            for r in 0..N {
-                // SAFETY: groups g0..g0 + gn of row r0 + r exist (the row exists).
-                sv[r] = params16(w.scales, (r0 + r) * g_total + g0, gn);
-                let bv = params16(w.biases, (r0 + r) * g_total + g0, gn);
-                bacc[r] = _mm512_fmadd_ps(bv, sumv, bacc[r]);
+            // SAFETY: groups g0..g0 + gn of row r exist (the row exists).
+            let sv = params16(w.scales, r * g_total + g0, gn);
+            let bv = params16(w.biases, r * g_total + g0, gn);
+            for i in 0..M {
+                // SAFETY: the mask limits the load to input row i's sums g0..g0 + gn.
+                let sumv = _mm512_maskz_loadu_ps(gmask, sums.as_ptr().add(i * g_total + g0));
+                bacc[i] = _mm512_fmadd_ps(bv, sumv, bacc[i]);
             }
             // 16 groups of 32+ hold whole blocks (128 or 64 values), so no block straddles two
             // runs of g0.
@@ -192,43 +293,39 @@ pub(crate) mod x512 {
                     _mm512_srlv_epi32(_mm512_add_epi32(_mm512_set1_epi32(k0 as i32), lane_first), shift),
                     _mm512_set1_epi32(g0 as i32),
                 );
+                let scale = _mm512_permutexvar_ps(idx, sv);
                 let bytes = (k_end - k0).min(block) * BITS / 8;
                 let lmask: __mmask16 = if bytes >= 64 { 0xffff } else { (1u16 << (bytes / 4)) - 1 };
-                // SAFETY: block b of the prepared input exists (b < blocks, asserted sizes).
-                let dx = _mm512_loadu_ps(pd.add(16 * b));
-                let (x_lo, x_hi) = if BITS == 4 {
-                    (
-                        _mm512_loadu_si512(px.add(128 * b) as *const __m512i),
-                        _mm512_loadu_si512(px.add(128 * b + 64) as *const __m512i),
-                    )
+                let ahead = pb.wrapping_add(PF_ROWS * rb + k0 * BITS / 8);
+                _mm_prefetch::<_MM_HINT_NTA>(ahead as *const i8);
+                // SAFETY: the mask limits the load to the row's bytes k0 * BITS / 8 .. + bytes,
+                // inside row r.
+                let v = _mm512_maskz_loadu_epi32(lmask, pb.add(k0 * BITS / 8) as *const i32);
+                let (lo, hi) = if BITS == 4 {
+                    (_mm512_and_si512(v, nibble), _mm512_and_si512(_mm512_srli_epi16::<4>(v), nibble))
                 } else {
-                    (_mm512_loadu_si512(px.add(64 * b) as *const __m512i), _mm512_setzero_si512())
+                    (v, _mm512_setzero_si512())
                 };
-                for r in 0..N {
-                    let ahead = pb.wrapping_add((r + PF_ROWS) * rb + k0 * BITS / 8);
-                    _mm_prefetch::<_MM_HINT_NTA>(ahead as *const i8);
-                    // SAFETY: the mask limits the load to the row's bytes k0 * BITS / 8 ..
-                    // + bytes, inside row r0 + r.
-                    let v = _mm512_maskz_loadu_epi32(lmask, pb.add(r * rb + k0 * BITS / 8) as *const i32);
+                for i in 0..M {
+                    // SAFETY: block b of input row i0 + i exists (b < blocks, asserted sizes).
+                    let xb = px.add((i * blocks + b) * x_bytes);
                     let s = if BITS == 4 {
-                        let lo = _mm512_and_si512(v, nibble);
-                        let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(v), nibble);
+                        let x_lo = _mm512_loadu_si512(xb as *const __m512i);
+                        let x_hi = _mm512_loadu_si512(xb.add(64) as *const __m512i);
                         _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, x_lo), hi, x_hi)
                     } else {
-                        _mm512_dpbusd_epi32(_mm512_setzero_si512(), v, x_lo)
+                        _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, _mm512_loadu_si512(xb as *const __m512i))
                     };
-                    let scale = _mm512_mul_ps(_mm512_permutexvar_ps(idx, sv[r]), dx);
-                    acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), scale, acc[r]);
+                    let dx = _mm512_loadu_ps(pd.add((i * blocks + b) * 16));
+                    acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(scale, dx), acc[i]);
                 }
                 k0 += block;
             }
             g0 += gn;
         }
-        let mut out = [0f32; N];
-        for r in 0..N {
-            out[r] = _mm512_reduce_add_ps(_mm512_add_ps(acc[r], bacc[r]));
+        for i in 0..M {
+            out[i] = _mm512_reduce_add_ps(_mm512_add_ps(acc[i], bacc[i]));
         }
-        out
     }
 }
 
@@ -316,6 +413,42 @@ mod tests {
         }
     }
 
+    /// `m` input rows through [`x512::rows`], against each row's exact product and bound.
+    fn check_rows(bits: usize, group: usize, cols: usize, n: usize, m: usize, kind: u8) {
+        if !supported() {
+            return;
+        }
+        let weights = Weights::new(bits, group, cols, n, 3 + m as u64);
+        let w = weights.matrix(kind);
+        let x: Vec<f32> = (0..m * cols).map(|i| ((i * 53 % 97) as f32 - 48.0) / 13.0).collect();
+        let mut xs = Int8X::default();
+        xs.prepare_rows(&x, cols, group, bits);
+        for nr in [1, 3] {
+            let mut out = vec![0f32; nr * m];
+            // SAFETY: supported() checked the features; the shapes are the kernel's contract.
+            unsafe { x512::rows(&w, n - nr, m, &xs, &mut out) };
+            for (ji, &o) in out.iter().enumerate() {
+                let (r, xi) = (n - nr + ji / m, &x[(ji % m) * cols..(ji % m + 1) * cols]);
+                let (exact, b) = (row_reference(&w, r, xi), bound(&w, r, xi));
+                assert!(
+                    (o as f64 - exact).abs() <= b,
+                    "bits {bits} group {group} cols {cols} m {m} row {r} input {}: {o} vs {exact} (bound {b})",
+                    ji % m
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn int8_rows_within_the_quantization_bound() {
+        for m in [1, 2, 5, 8, 9, 17] {
+            check_rows(4, 32, 576, 4, m, (m % 3) as u8);
+            check_rows(4, 64, 1536, 4, m, 1);
+            check_rows(8, 32, 576, 4, m, 2);
+            check_rows(8, 128, 384, 4, m, 0);
+        }
+    }
+
     #[test]
     fn the_input_is_laid_out_per_lane() {
         let x: Vec<f32> = (0..160).map(|i| i as f32 - 80.0).collect();
@@ -326,6 +459,7 @@ mod tests {
         let d0 = 80.0 / 127.0;
         assert_eq!(xs.xq[4 + 2], (x[12] / d0).round() as i8);
         assert_eq!(xs.xq[64 + 4 + 2], (x[13] / d0).round() as i8);
+        assert_eq!((nearest(2.5), nearest(-2.5), nearest(3.5), nearest(-127.4), nearest(0.49)), (2, -2, 4, -127, 0));
         // Past the input: zeros, and zero scales.
         let block1 = &xs.xq[128..];
         assert!(block1[16..64].iter().chain(&block1[64 + 16..]).all(|&q| q == 0));
