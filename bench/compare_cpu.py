@@ -90,7 +90,7 @@ def measure(engine, args, raw, n_prompt, gen, label):
     if engine.startswith("nuvec"):
         cmd = [args.nuvec, "bench", "--model", args.gguf, "-p", str(n_prompt), "-g", str(gen), "-n", "1",
                "--threads", str(args.threads), "--prefill-step-size", str(max(n_prompt, 512))]
-        # nuvec-int8: the same binary with int8 activations in its one-row products.
+        # nuvec-int8: the same binary with int8 activations in its 4- and 8-bit products.
         knob = "1" if engine == "nuvec-int8" else "0"
         out, rss = run_measured(["env", f"NUVEC_CPU_INT8_DOT={knob}"] + cmd)
         m = re.search(r"Averages: prompt_tps=([\d.]+), generation_tps=([\d.]+)", out)

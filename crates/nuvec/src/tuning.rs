@@ -55,7 +55,7 @@ pub const KNOBS: &[Knob] = &[
         "0, 1",
         "0",
         "cpu",
-        "4- and 8-bit products of one input row take the input quantized to int8 per 32 values \
+        "4- and 8-bit products of up to 32 input rows take the input quantized to int8 per 32 values \
          (llama.cpp's Q8_1 arithmetic, AVX-512 VNNI): faster decode, logits within that rounding instead of f32",
     ),
     knob(

@@ -82,10 +82,10 @@ pub fn kernel_isa() -> (&'static str, Vec<&'static str>) {
     (name, simd::detected_features())
 }
 
-/// Turns int8 activations on or off for the CPU's 4- and 8-bit products of one input row (the
-/// default is `NUVEC_CPU_INT8_DOT`, off when unset): the row quantized to int8 per 32 values, as
+/// Turns int8 activations on or off for the CPU's 4- and 8-bit products of up to 32 input rows (the
+/// default is `NUVEC_CPU_INT8_DOT`, off when unset): the rows quantized to int8 per 32 values, as
 /// llama.cpp's Q8_1 products, on AVX-512 VNNI. Faster decoding; each product then differs from
-/// the f32 one by at most `Σ |scale · q| · d / 2` (`d` = the 32 values' largest magnitude / 127),
+/// the f32 one by at most `Σ |w| · d / 2` (`d` = the 32 values' largest magnitude / 127),
 /// so logits no longer match mlx-lm's to f32 tolerance. Returns whether the path is on: false
 /// where the processor lacks VNNI (the f32 kernels run). Takes effect for the products that
 /// follow, on every thread.
@@ -93,7 +93,7 @@ pub fn set_int8_activations(on: bool) -> bool {
     qgemv_i8::set(on)
 }
 
-/// Whether the CPU's one-row 4- and 8-bit products take int8 activations
+/// Whether the CPU's 4- and 8-bit products of one or a few rows take int8 activations
 /// ([`set_int8_activations`]).
 pub fn int8_activations() -> bool {
     qgemv_i8::enabled()

@@ -97,7 +97,7 @@ impl PreparedX {
         self.sums.extend(x.chunks(group).map(|c| c.iter().sum::<f32>()));
         self.perm.clear();
         if isa == Isa::Avx512 && qgemv_i8::takes(bits, group) && qgemv_i8::enabled() {
-            self.int8.get_or_insert_with(Int8X::default).prepare(x, bits);
+            self.int8.get_or_insert_with(Int8X::default).prepare(x, group, bits);
             return;
         }
         self.int8 = None;
@@ -194,9 +194,9 @@ pub(crate) fn rows(w: &QMatrix, r0: usize, x: &[f32], xs: &PreparedX, params: &m
         // `x` of `w.cols` values (the kernel asserts the shapes).
         unsafe {
             if w.bits == 4 {
-                qgemv_i8::x512::q_rows::<4>(w, r0, x8, &xs.sums, out)
+                qgemv_i8::x512::q_rows::<4>(w, r0, x8, out)
             } else {
-                qgemv_i8::x512::q_rows::<8>(w, r0, x8, &xs.sums, out)
+                qgemv_i8::x512::q_rows::<8>(w, r0, x8, out)
             }
         }
         return;

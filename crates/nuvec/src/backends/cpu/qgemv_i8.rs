@@ -4,9 +4,13 @@
 //! weight codes by 64 signed input bytes and adds them four by four into 16 int32 lanes, one
 //! instruction where the f32 kernel ([`super::qgemv::x512`]) spends three per 16 weights.
 //!
-//! Per group `g`: `Σ_k w_k x_k = scale_g · Σ_k q_k x_k + bias_g · Σ_k x_k`. The bias term keeps the
-//! exact f32 group sums of `x`; only `Σ q x` is approximate, each `x_k` off by at most `d_b / 2`,
-//! so a row's error is at most `Σ_k |scale_g q_k| d_b / 2` (what the tests hold the kernels to).
+//! The products are of the weights with the quantized input `x̂ = d_b · xq`, bias terms included:
+//! per group `g`, `Σ_k w_k x̂_k = scale_g · Σ_k q_k x̂_k + bias_g · Σ_k x̂_k`, the second sum taken
+//! over `x̂`, as llama.cpp's Q8_1 blocks carry it. (With the exact `Σ_k x_k` there instead, the
+//! rounding errors `x̂_k − x_k` would meet `scale_g q_k`, which is never negative, rather than
+//! `w_k`, which is centred: for an 8-bit weight, whose bias is about `−128 · scale`, several
+//! times the error.) So a row's error is `Σ_k w_k (x̂_k − x_k)`, at most `Σ_k |w_k| d_b / 2`
+//! (what the tests hold the kernels to, beside the int8 arithmetic itself).
 //! Off unless `NUVEC_CPU_INT8_DOT=1` or [`super::set_int8_activations`] (issue 28: an approximate
 //! path stays opt-in). One input row ([`super::qgemv`]'s products) or a few (batched decode,
 //! [`super::qbatch`]'s).
@@ -80,8 +84,7 @@ pub(crate) struct Int8X {
     pub xq: Vec<i8>,
     /// Per row and block, lane `i`'s input scale (the scale of the 32 values its weights meet).
     pub lane_scale: Vec<f32>,
-    /// Per row, the group sums of `x` (the bias terms), for [`Int8X::prepare_rows`]; a single row
-    /// takes [`super::qgemv::PreparedX`]'s.
+    /// Per row, the group sums of `x̂` (the bias terms meet them).
     pub sums: Vec<f32>,
     /// Blocks per row.
     pub blocks: usize,
@@ -90,31 +93,27 @@ pub(crate) struct Int8X {
 }
 
 impl Int8X {
-    /// Quantizes `x` (one row) and lays it out for `bits`-wide weights.
-    pub(crate) fn prepare(&mut self, x: &[f32], bits: usize) {
-        self.lay_out(x, x.len(), bits);
-        self.sums.clear();
+    /// Quantizes `x` (one row) and lays it out for `bits`-wide weights in groups of `group`.
+    pub(crate) fn prepare(&mut self, x: &[f32], group: usize, bits: usize) {
+        self.prepare_rows(x, x.len(), group, bits);
     }
 
     /// Quantizes the rows of `x` (`k` values each) for `bits`-wide weights in groups of `group`,
-    /// with each row's group sums.
+    /// with each row's group sums of `x̂`.
     pub(crate) fn prepare_rows(&mut self, x: &[f32], k: usize, group: usize, bits: usize) {
-        self.lay_out(x, k, bits);
         self.sums.clear();
-        for row in x.chunks_exact(k) {
-            self.sums.extend(row.chunks(group).map(|c| c.iter().sum::<f32>()));
-        }
+        self.lay_out(x, k, group, bits);
     }
 
-    fn lay_out(&mut self, x: &[f32], k: usize, bits: usize) {
+    fn lay_out(&mut self, x: &[f32], k: usize, group: usize, bits: usize) {
         if bits == 4 {
-            self.lay_out_for::<4>(x, k)
+            self.lay_out_for::<4>(x, k, group)
         } else {
-            self.lay_out_for::<8>(x, k)
+            self.lay_out_for::<8>(x, k, group)
         }
     }
 
-    fn lay_out_for<const BITS: usize>(&mut self, x: &[f32], k: usize) {
+    fn lay_out_for<const BITS: usize>(&mut self, x: &[f32], k: usize, group: usize) {
         let (per_lane, block, bytes) = (32 / BITS, block(BITS), block_bytes(BITS));
         let rows = x.len().checked_div(k).unwrap_or(0);
         self.blocks = k.div_ceil(block);
@@ -125,17 +124,24 @@ impl Int8X {
         for (row, src) in x.chunks_exact(k.max(1)).enumerate() {
             self.scale.clear();
             let xq = &mut self.xq[row * self.blocks * bytes..(row + 1) * self.blocks * bytes];
+            // A group holds whole blocks of 32 (groups of 32+), so each block adds to one sum.
+            let first_sum = self.sums.len();
+            self.sums.resize(first_sum + k.div_ceil(group), 0.0);
             for (c, chunk) in src.chunks(QBLOCK).enumerate() {
                 let amax = chunk.iter().fold(0f32, |m, v| m.max(v.abs()));
-                self.scale.push(amax / 127.0);
+                let d = amax / 127.0;
+                self.scale.push(d);
                 let inv = if amax > 0.0 { 127.0 / amax } else { 0.0 };
+                let mut codes = 0i32;
                 for (j, &v) in chunk.iter().enumerate() {
                     let (kk, q) = (c * QBLOCK + j, nearest(v * inv));
+                    codes += q as i32;
                     let (b, o) = (kk / block, kk % block);
                     // 4 bits: lane o / 8, its byte (o % 8) / 2, in the low or the high nibbles' half.
                     let at = if BITS == 4 { 64 * (o % 2) + 4 * (o / 8) + (o % 8) / 2 } else { o };
                     xq[b * bytes + at] = q;
                 }
+                self.sums[first_sum + c * QBLOCK / group] += d * codes as f32;
             }
             let lanes = &mut self.lane_scale[row * self.blocks * 16..(row + 1) * self.blocks * 16];
             for (l, d) in lanes.iter_mut().enumerate() {
@@ -172,18 +178,18 @@ pub(crate) mod x512 {
     pub(crate) const TILE: usize = 8;
 
     /// `out[i] ≈ Σ_k w[r0 + i, k] x[k]` for a 4-bit or 8-bit matrix, `xs` prepared from one row
-    /// `x` for `BITS` ([`Int8X::prepare`]) and `sums` its group sums.
+    /// `x` for `BITS` and the matrix's groups ([`Int8X::prepare`]).
     ///
     /// # Safety
     /// avx512f/bw/vl/vnni and f16c must be available ([`super::supported`]); `w.bits == BITS`,
     /// [`super::takes`] holds, `xs` was prepared from an `x` of `w.cols` values for `BITS`,
-    /// `sums.len() == w.groups()`, and rows `r0..r0 + out.len()` exist in `w`.
+    /// in groups of `w.group`, and rows `r0..r0 + out.len()` exist in `w`.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,f16c")]
-    pub(crate) unsafe fn q_rows<const BITS: usize>(w: &QMatrix, r0: usize, xs: &Int8X, sums: &[f32], out: &mut [f32]) {
+    pub(crate) unsafe fn q_rows<const BITS: usize>(w: &QMatrix, r0: usize, xs: &Int8X, out: &mut [f32]) {
         for (i, o) in out.iter_mut().enumerate() {
             let mut v = [0f32];
             // SAFETY: forwarded contract; row r0 + i exists.
-            q_tile::<BITS, 1>(w, r0 + i, xs, 0, sums, &mut v);
+            q_tile::<BITS, 1>(w, r0 + i, xs, 0, &xs.sums, &mut v);
             *o = v[0];
         }
     }
@@ -235,8 +241,8 @@ pub(crate) mod x512 {
         }
     }
 
-    /// Weight row `r` against the `M` prepared input rows from `i0` (`sums`: their group sums,
-    /// row after row). Per 64-byte load of the row, lane `l` of input row `i` sums its weights'
+    /// Weight row `r` against the `M` prepared input rows from `i0` (`sums`: their group sums of
+    /// `x̂`, row after row). Per 64-byte load of the row, lane `l` of input row `i` sums its weights'
     /// codes times their input bytes in int32 (two `vpdpbusd` at 4 bits, one per nibble; one at
     /// 8), then the sum, as f32, meets the lane's group scale times its input scale.
     #[inline]
@@ -335,56 +341,40 @@ mod tests {
     use super::super::qgemv::{row_reference, QMatrix};
     use super::*;
 
-    /// `x`'s group sums, as [`super::super::qgemv::PreparedX`] computes them.
-    fn sums(x: &[f32], group: usize) -> Vec<f32> {
-        x.chunks(group).map(|c| c.iter().sum()).collect()
-    }
-
     /// The bound of the module doc for row `r`, plus f32 rounding of the exact product's terms.
     fn bound(w: &QMatrix, r: usize, x: &[f32]) -> f64 {
         let mut row = vec![0f32; w.cols];
         let mut params = vec![0f32; 2 * w.groups()];
         w.dequantize_row(r, &mut row, &mut params);
-        let (scales, biases) = params.split_at(w.groups());
         let mut total = 0f64;
         let mut magnitude = 0f64;
         for (k, (&wk, &xk)) in row.iter().zip(x).enumerate() {
-            let g = k / w.group;
             let amax = x[k / QBLOCK * QBLOCK..((k / QBLOCK + 1) * QBLOCK).min(x.len())]
                 .iter()
                 .fold(0f32, |m, v| m.max(v.abs()));
-            total += (wk - biases[g]).abs() as f64 * (amax / 127.0) as f64 / 2.0;
-            magnitude += (wk * xk).abs() as f64 + (scales[g] * xk).abs() as f64;
+            total += wk.abs() as f64 * (amax / 127.0) as f64 / 2.0;
+            magnitude += (wk * xk).abs() as f64;
         }
         total * (1.0 + 1e-3) + magnitude * 1e-5
     }
 
-    /// The int8 arithmetic itself, in f64: `x` quantized as [`Int8X`] does, each code times its
-    /// input byte and scales, the biases times the exact group sums. The kernels must give this
-    /// up to f32 accumulation (the tolerance it returns), whatever `x`'s scales per 32 values.
+    /// The int8 arithmetic itself, in f64: `x` quantized as [`Int8X`] does, each weight times
+    /// its input's `d_b · xq`. The kernels must give this up to f32 accumulation (the tolerance it
+    /// returns), whatever `x`'s scales per 32 values.
     fn emulated(w: &QMatrix, r: usize, x: &[f32]) -> (f64, f64) {
         let mut row = vec![0f32; w.cols];
         let mut params = vec![0f32; 2 * w.groups()];
         w.dequantize_row(r, &mut row, &mut params);
-        let (scales, biases) = params.split_at(w.groups());
         let (mut total, mut magnitude) = (0f64, 0f64);
         for (c, chunk) in x.chunks(QBLOCK).enumerate() {
             let amax = chunk.iter().fold(0f32, |m, v| m.max(v.abs()));
             let d = amax / 127.0;
             let inv = if amax > 0.0 { 127.0 / amax } else { 0.0 };
             for (j, &v) in chunk.iter().enumerate() {
-                let k = c * QBLOCK + j;
-                let g = k / w.group;
-                let q = ((row[k] - biases[g]) / scales[g]).round() as f64;
-                let term = scales[g] as f64 * q * d as f64 * nearest(v * inv) as f64;
+                let term = row[c * QBLOCK + j] as f64 * d as f64 * nearest(v * inv) as f64;
                 total += term;
                 magnitude += term.abs();
             }
-        }
-        for (g, xs) in x.chunks(w.group).enumerate() {
-            let sum: f32 = xs.iter().sum();
-            total += biases[g] as f64 * sum as f64;
-            magnitude += (biases[g] as f64 * sum as f64).abs();
         }
         (total, magnitude * 1e-5 + 1e-6)
     }
@@ -419,16 +409,15 @@ mod tests {
         let w = weights.matrix(kind);
         let x = input(cols, 0);
         let mut xs = Int8X::default();
-        xs.prepare(&x, bits);
-        let s = sums(&x, group);
+        xs.prepare(&x, group, bits);
         for r0 in [0, 1] {
             let mut out = vec![0f32; rows_n - r0];
             // SAFETY: supported() checked the features; the shapes are the kernel's contract.
             unsafe {
                 if bits == 4 {
-                    x512::q_rows::<4>(&w, r0, &xs, &s, &mut out)
+                    x512::q_rows::<4>(&w, r0, &xs, &mut out)
                 } else {
-                    x512::q_rows::<8>(&w, r0, &xs, &s, &mut out)
+                    x512::q_rows::<8>(&w, r0, &xs, &mut out)
                 }
             }
             for (i, &o) in out.iter().enumerate() {
@@ -493,7 +482,7 @@ mod tests {
     fn the_input_is_laid_out_per_lane() {
         let x: Vec<f32> = (0..160).map(|i| i as f32 - 80.0).collect();
         let mut xs = Int8X::default();
-        xs.prepare(&x, 4);
+        xs.prepare(&x, 32, 4);
         // 160 values pad to two blocks of 128; block 0 lane 1 byte 2 (lo) is xq[8 + 4] = x[12].
         assert_eq!(xs.xq.len(), 256);
         let d0 = 80.0 / 127.0;
@@ -504,7 +493,10 @@ mod tests {
         let block1 = &xs.xq[128..];
         assert!(block1[16..64].iter().chain(&block1[64 + 16..]).all(|&q| q == 0));
         assert!(xs.lane_scale[16 + 4..].iter().all(|&d| d == 0.0));
-        xs.prepare(&x, 8);
+        // The group sums are of x̂: group 1 (x[32..64]) is -48..-17 quantized.
+        let (d1, sum1) = (48.0 / 127.0, (32..64).map(|i| ((i as f32 - 80.0) * 127.0 / 48.0).round()).sum::<f32>());
+        assert!((xs.sums[1] - d1 * sum1).abs() < 1e-4, "{} vs {}", xs.sums[1], d1 * sum1);
+        xs.prepare(&x, 32, 8);
         assert_eq!((xs.xq.len(), xs.lane_scale.len()), (192, 48));
         assert_eq!(xs.lane_scale[8], (x[32..64].iter().fold(0f32, |m, v| m.max(v.abs()))) / 127.0);
         assert!(takes(4, 32) && takes(8, 128) && !takes(4, 16) && !takes(3, 32));
