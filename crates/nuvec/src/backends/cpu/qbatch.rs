@@ -71,8 +71,11 @@ pub(crate) struct PreparedRows {
     pub start: usize,
     /// The ISA the rows were laid out for.
     pub isa: Isa,
-    /// The rows quantized to int8 when [`qgemv_i8`] takes this product (`NUVEC_CPU_INT8_DOT`).
-    pub int8: Option<Int8X>,
+    /// The rows quantized to int8 (`NUVEC_CPU_INT8_DOT`), kept between products so that its
+    /// buffers are reused; read through [`PreparedRows::int8`].
+    int8: Int8X,
+    /// Whether `int8` holds these rows ([`qgemv_i8::runs`] took the product).
+    int8_on: bool,
 }
 
 /// Values of a row per block of the AVX-512 4-bit layout (16 lanes of 8 nibbles).
@@ -80,7 +83,12 @@ const X512_BLOCK: usize = 128;
 
 impl PreparedRows {
     pub(crate) const fn new() -> Self {
-        PreparedRows { perm: Vec::new(), stride: 0, start: 0, isa: Isa::Scalar, int8: None }
+        PreparedRows { perm: Vec::new(), stride: 0, start: 0, isa: Isa::Scalar, int8: Int8X::new(), int8_on: false }
+    }
+
+    /// The int8 form of the rows, where this product takes it.
+    pub(crate) fn int8(&self) -> Option<&Int8X> {
+        self.int8_on.then_some(&self.int8)
     }
 
     /// Lays out `x` (`x.len() / k` rows of `k`) for a matrix of `bits` in groups of `group`
@@ -91,14 +99,14 @@ impl PreparedRows {
         self.isa = isa;
         self.perm.clear();
         (self.stride, self.start) = (0, 0);
+        self.int8_on = k > 0 && qgemv_i8::runs(isa, bits, group);
         if k == 0 {
             return;
         }
-        if isa == Isa::Avx512 && qgemv_i8::takes(bits, group) && qgemv_i8::enabled() {
-            self.int8.get_or_insert_with(Int8X::default).prepare_rows(x, k, group, bits);
+        if self.int8_on {
+            self.int8.prepare_rows(x, k, group, bits);
             return;
         }
-        self.int8 = None;
         let stride = match (isa, bits) {
             (Isa::Scalar, _) => return,
             #[cfg(target_arch = "x86_64")]
@@ -171,10 +179,10 @@ pub(crate) fn rows(
     let nr = out.len() / m.max(1);
     assert!(x.len() >= m * k && scratch.len() >= scratch_len(w) && (1..=PASS_MAX).contains(&nr) && out.len() == nr * m);
     #[cfg(target_arch = "x86_64")]
-    if let Some(x8) = &xs.int8 {
-        // SAFETY: `prepare` makes the int8 form only where `qgemv_i8::enabled()` found the
-        // instructions and `takes` this width and group, from `m` rows of `k` (the kernel
-        // asserts the shapes).
+    if let Some(x8) = xs.int8() {
+        // SAFETY: `prepare` makes the int8 form only where `qgemv_i8::runs` found the
+        // instructions and the kernels take this width and group, from `m` rows of `k` (the
+        // kernel asserts the shapes).
         unsafe { qgemv_i8::x512::rows(w, r, m, x8, out) };
         return;
     }

@@ -82,25 +82,34 @@ pub(crate) struct PreparedX {
     pub perm: Vec<f32>,
     /// The ISA `perm` was laid out for.
     pub isa: Isa,
-    /// The input quantized to int8 when [`super::qgemv_i8`] takes this product (`NUVEC_CPU_INT8_DOT`).
-    pub int8: Option<Int8X>,
+    /// The input quantized to int8 (`NUVEC_CPU_INT8_DOT`), kept between products so that its
+    /// buffers are reused; read through [`PreparedX::int8`].
+    int8: Int8X,
+    /// Whether `int8` holds this input ([`qgemv_i8::runs`] took the product).
+    int8_on: bool,
 }
 
 impl PreparedX {
     pub(crate) fn new() -> Self {
-        PreparedX { sums: vec![], perm: vec![], isa: Isa::Scalar, int8: None }
+        PreparedX { sums: vec![], perm: vec![], isa: Isa::Scalar, int8: Int8X::new(), int8_on: false }
+    }
+
+    /// The int8 form of the input, where this product takes it.
+    pub(crate) fn int8(&self) -> Option<&Int8X> {
+        self.int8_on.then_some(&self.int8)
     }
 
     pub(crate) fn prepare(&mut self, x: &[f32], group: usize, bits: usize, isa: Isa) {
         self.isa = isa;
-        self.sums.clear();
-        self.sums.extend(x.chunks(group).map(|c| c.iter().sum::<f32>()));
         self.perm.clear();
-        if isa == Isa::Avx512 && qgemv_i8::takes(bits, group) && qgemv_i8::enabled() {
-            self.int8.get_or_insert_with(Int8X::default).prepare(x, group, bits);
+        self.int8_on = qgemv_i8::runs(isa, bits, group);
+        if self.int8_on {
+            // The int8 kernels carry their own group sums (of the quantized input).
+            self.int8.prepare(x, group, bits);
             return;
         }
-        self.int8 = None;
+        self.sums.clear();
+        self.sums.extend(x.chunks(group).map(|c| c.iter().sum::<f32>()));
         #[cfg(target_arch = "x86_64")]
         if isa == Isa::Avx512 && x512_kernel(bits, group) {
             let per_lane = 32 / bits;
@@ -188,17 +197,11 @@ pub(crate) fn row_scalar(w: &QMatrix, r: usize, x: &[f32], xs: &PreparedX, param
 pub(crate) fn rows(w: &QMatrix, r0: usize, x: &[f32], xs: &PreparedX, params: &mut [f32], out: &mut [f32]) {
     let isa = xs.isa;
     #[cfg(target_arch = "x86_64")]
-    if let Some(x8) = &xs.int8 {
-        // SAFETY: `prepare` makes the int8 form only where `qgemv_i8::enabled()` found the
-        // instructions and `takes` this width and group; it was laid out for this width from an
-        // `x` of `w.cols` values (the kernel asserts the shapes).
-        unsafe {
-            if w.bits == 4 {
-                qgemv_i8::x512::q_rows::<4>(w, r0, x8, out)
-            } else {
-                qgemv_i8::x512::q_rows::<8>(w, r0, x8, out)
-            }
-        }
+    if let Some(x8) = xs.int8() {
+        // SAFETY: `prepare` makes the int8 form only where `qgemv_i8::runs` found the
+        // instructions and the kernels take this width and group; it was laid out for them from
+        // an `x` of `w.cols` values (the kernel asserts the shapes).
+        unsafe { qgemv_i8::x512::q_rows(w, r0, x8, out) };
         return;
     }
     #[cfg(target_arch = "x86_64")]

@@ -17,6 +17,8 @@
 
 use std::sync::atomic::{AtomicU8, Ordering};
 
+use super::simd::Isa;
+
 /// Values sharing one input scale.
 pub(crate) const QBLOCK: usize = 32;
 
@@ -60,6 +62,20 @@ pub(crate) fn takes(bits: usize, group: usize) -> bool {
     (bits == 4 || bits == 8) && matches!(group, 32 | 64 | 128)
 }
 
+/// Whether a product of this width and group, under `isa`, runs here: the path is on and the
+/// kernels take it.
+pub(crate) fn runs(isa: Isa, bits: usize, group: usize) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        isa == Isa::Avx512 && takes(bits, group) && enabled()
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (isa, bits, group);
+        false
+    }
+}
+
 /// Weights per 64-byte load: 16 lanes of `32 / bits`.
 fn block(bits: usize) -> usize {
     16 * 32 / bits
@@ -76,7 +92,6 @@ fn block_bytes(bits: usize) -> usize {
 
 /// The input as the kernels read it, for one width: [`Int8X::prepare`] lays out one row,
 /// [`Int8X::prepare_rows`] several, each `blocks` blocks long.
-#[derive(Default)]
 pub(crate) struct Int8X {
     /// Per row and block of [`block`] values: 4 bits, 64 bytes meeting the low nibbles (lane `i`,
     /// byte `t`: `xq[k0 + 8 i + 2 t]`) then 64 meeting the high ones (`xq[k0 + 8 i + 2 t + 1]`);
@@ -93,6 +108,10 @@ pub(crate) struct Int8X {
 }
 
 impl Int8X {
+    pub(crate) const fn new() -> Self {
+        Int8X { xq: Vec::new(), lane_scale: Vec::new(), sums: Vec::new(), blocks: 0, scale: Vec::new() }
+    }
+
     /// Quantizes `x` (one row) and lays it out for `bits`-wide weights in groups of `group`.
     pub(crate) fn prepare(&mut self, x: &[f32], group: usize, bits: usize) {
         self.prepare_rows(x, x.len(), group, bits);
@@ -101,19 +120,14 @@ impl Int8X {
     /// Quantizes the rows of `x` (`k` values each) for `bits`-wide weights in groups of `group`,
     /// with each row's group sums of `x̂`.
     pub(crate) fn prepare_rows(&mut self, x: &[f32], k: usize, group: usize, bits: usize) {
-        self.sums.clear();
-        self.lay_out(x, k, group, bits);
-    }
-
-    fn lay_out(&mut self, x: &[f32], k: usize, group: usize, bits: usize) {
         if bits == 4 {
-            self.lay_out_for::<4>(x, k, group)
+            self.lay_out::<4>(x, k, group)
         } else {
-            self.lay_out_for::<8>(x, k, group)
+            self.lay_out::<8>(x, k, group)
         }
     }
 
-    fn lay_out_for<const BITS: usize>(&mut self, x: &[f32], k: usize, group: usize) {
+    fn lay_out<const BITS: usize>(&mut self, x: &[f32], k: usize, group: usize) {
         let (per_lane, block, bytes) = (32 / BITS, block(BITS), block_bytes(BITS));
         let rows = x.len().checked_div(k).unwrap_or(0);
         self.blocks = k.div_ceil(block);
@@ -121,6 +135,7 @@ impl Int8X {
         self.xq.resize(rows * self.blocks * bytes, 0);
         self.lane_scale.clear();
         self.lane_scale.resize(rows * self.blocks * 16, 0.0);
+        self.sums.clear();
         for (row, src) in x.chunks_exact(k.max(1)).enumerate() {
             self.scale.clear();
             let xq = &mut self.xq[row * self.blocks * bytes..(row + 1) * self.blocks * bytes];
@@ -178,18 +193,18 @@ pub(crate) mod x512 {
     pub(crate) const TILE: usize = 8;
 
     /// `out[i] ≈ Σ_k w[r0 + i, k] x[k]` for a 4-bit or 8-bit matrix, `xs` prepared from one row
-    /// `x` for `BITS` and the matrix's groups ([`Int8X::prepare`]).
+    /// `x` for the matrix's width and groups ([`Int8X::prepare`]).
     ///
     /// # Safety
-    /// avx512f/bw/vl/vnni and f16c must be available ([`super::supported`]); `w.bits == BITS`,
-    /// [`super::takes`] holds, `xs` was prepared from an `x` of `w.cols` values for `BITS`,
-    /// in groups of `w.group`, and rows `r0..r0 + out.len()` exist in `w`.
+    /// avx512f/bw/vl/vnni and f16c must be available ([`super::supported`]); [`super::takes`]
+    /// holds for `w`, `xs` was prepared from an `x` of `w.cols` values for `w.bits` in groups of
+    /// `w.group`, and rows `r0..r0 + out.len()` exist in `w`.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,f16c")]
-    pub(crate) unsafe fn q_rows<const BITS: usize>(w: &QMatrix, r0: usize, xs: &Int8X, out: &mut [f32]) {
+    pub(crate) unsafe fn q_rows(w: &QMatrix, r0: usize, xs: &Int8X, out: &mut [f32]) {
         for (i, o) in out.iter_mut().enumerate() {
             let mut v = [0f32];
             // SAFETY: forwarded contract; row r0 + i exists.
-            q_tile::<BITS, 1>(w, r0 + i, xs, 0, &xs.sums, &mut v);
+            tile_of::<1>(w, r0 + i, xs, 0, &xs.sums, &mut v);
             *o = v[0];
         }
     }
@@ -408,18 +423,12 @@ mod tests {
         let weights = Weights::new(bits, group, cols, rows_n, 7 + bits as u64 + cols as u64);
         let w = weights.matrix(kind);
         let x = input(cols, 0);
-        let mut xs = Int8X::default();
+        let mut xs = Int8X::new();
         xs.prepare(&x, group, bits);
         for r0 in [0, 1] {
             let mut out = vec![0f32; rows_n - r0];
             // SAFETY: supported() checked the features; the shapes are the kernel's contract.
-            unsafe {
-                if bits == 4 {
-                    x512::q_rows::<4>(&w, r0, &xs, &mut out)
-                } else {
-                    x512::q_rows::<8>(&w, r0, &xs, &mut out)
-                }
-            }
+            unsafe { x512::q_rows(&w, r0, &xs, &mut out) }
             for (i, &o) in out.iter().enumerate() {
                 let r = r0 + i;
                 holds(&w, r, &x, o, &format!("bits {bits} group {group} cols {cols} kind {kind} row {r}"));
@@ -455,7 +464,7 @@ mod tests {
         let weights = Weights::new(bits, group, cols, n, 3 + m as u64);
         let w = weights.matrix(kind);
         let x: Vec<f32> = (0..m).flat_map(|i| input(cols, 3 * i + 1)).collect();
-        let mut xs = Int8X::default();
+        let mut xs = Int8X::new();
         xs.prepare_rows(&x, cols, group, bits);
         for nr in [1, 3] {
             let mut out = vec![0f32; nr * m];
@@ -481,7 +490,7 @@ mod tests {
     #[test]
     fn the_input_is_laid_out_per_lane() {
         let x: Vec<f32> = (0..160).map(|i| i as f32 - 80.0).collect();
-        let mut xs = Int8X::default();
+        let mut xs = Int8X::new();
         xs.prepare(&x, 32, 4);
         // 160 values pad to two blocks of 128; block 0 lane 1 byte 2 (lo) is xq[8 + 4] = x[12].
         assert_eq!(xs.xq.len(), 256);
