@@ -84,6 +84,9 @@ struct Checkpoint {
     /// Quantized modules in a layout MLX cannot load (GGUF K-quants' groups of 16), kept out of
     /// `tensors` and `config` until `convert` requantizes or dequantizes them.
     not_mlx: BTreeMap<String, Module>,
+    /// Read from a GGUF file: dequantized weights are written in f32 unless a dtype is asked
+    /// for, since ggml's `d * q (+ m)` is exact in f32 and not in the f16 its scales are kept in.
+    from_gguf: bool,
 }
 
 /// A quantized module as one matrix of all its rows (stacked experts' leading axis folded in),
@@ -162,6 +165,7 @@ fn read_source(source: &str) -> Result<Checkpoint> {
                 ("tokenizer_config.json".into(), serde_json::to_vec_pretty(&tokenizer_config).expect("json")),
             ],
             not_mlx,
+            from_gguf: true,
         });
     }
     let config_path = path.join("config.json");
@@ -213,7 +217,7 @@ fn read_source(source: &str) -> Result<Checkpoint> {
             ));
         }
     }
-    Ok(Checkpoint { config, tensors, files, not_mlx: BTreeMap::new() })
+    Ok(Checkpoint { config, tensors, files, not_mlx: BTreeMap::new(), from_gguf: false })
 }
 
 fn cast(a: &Array, dtype: DType) -> Result<Array> {
@@ -372,10 +376,11 @@ pub fn convert(source: &str, out: &Path, options: &ConvertOptions) -> Result<()>
         for (done, (base, m)) in quantized.iter().enumerate() {
             options.report("Dequantize", done, total);
             let q = &m.q;
-            // As mlx_lm.convert -d: affine weights take the (cast) scales' dtype; the floating-point
-            // modes come out of mx.dequantize as bfloat16 whatever --dtype says (exact: their
-            // values have at most 6 significant bits).
-            let target = if q.spec.mode == QuantMode::Affine { dtype.unwrap_or(q.scales.dtype()) } else { DType::BF16 };
+            // As mlx_lm.convert -d: affine weights take the (cast) scales' dtype (a GGUF's: f32,
+            // `from_gguf`); the floating-point modes come out of mx.dequantize as bfloat16
+            // whatever --dtype says (exact: their values have at most 6 significant bits).
+            let affine = dtype.unwrap_or(if ck.from_gguf { DType::F32 } else { q.scales.dtype() });
+            let target = if q.spec.mode == QuantMode::Affine { affine } else { DType::BF16 };
             let dense = m.shaped(&cast(&Array::from_slice(&dequantize(q)?, &[q.rows(), q.cols()])?, target)?)?;
             ck.tensors.remove(&format!("{base}.scales"));
             ck.tensors.remove(&format!("{base}.biases"));

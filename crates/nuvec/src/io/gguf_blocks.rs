@@ -111,9 +111,12 @@ pub fn gguf_matrix(file: &GgufFile, tensor: &GgufTensor, row_order: Option<&[usi
     let packed_row = cols * bits / 8;
     let packed_block = per * bits / 8;
     let mut packed = vec![0u8; rows * packed_row];
-    // Q4_1 and Q5_1 keep their f16 scale and min exactly as f16; the offset types' bias
-    // (-8d, -16d, -128d) is exact in f32, and so are the K-quants' products (kept in f32).
-    let f16_params = matches!(tensor.ggml_type, GgmlType::Q4_1 | GgmlType::Q5_1);
+    // The simple blocks keep their parameters as f16, the type ggml stores `d` (and `m`) in:
+    // Q4_1 and Q5_1 exactly so; the offset types' bias (-8d, -16d, -128d) is `d` times a power
+    // of two, so exact in f16 too unless it overflows (checked below: then f32). Every
+    // weight then reads 2 bytes fewer per group of 32 than with f32 parameters (a Q4_0 matrix
+    // 5 bits a weight instead of 6). The K-quants' products `d * sc` need f32 to be exact.
+    let simple = kquant.is_none();
     let mut scales = vec![0f32; rows * groups];
     let mut biases = vec![0f32; rows * groups];
     let mut q = [0u8; QK_K];
@@ -135,6 +138,7 @@ pub fn gguf_matrix(file: &GgufFile, tensor: &GgufTensor, row_order: Option<&[usi
     }
     let words: Vec<u32> = packed.chunks_exact(4).map(|c| u32::from_le_bytes(c.try_into().expect("4 bytes"))).collect();
     let packed = Array::from_slice(&words, &[rows, cols * bits / 32])?;
+    let f16_params = simple && biases.iter().all(|&b| f16::from_f32(b).is_finite());
     let (scales, biases) = if f16_params {
         let to16 = |v: &[f32]| v.iter().map(|&x| f16::from_f32(x)).collect::<Vec<_>>();
         (Array::from_slice(&to16(&scales), &[rows, groups])?, Array::from_slice(&to16(&biases), &[rows, groups])?)
@@ -206,6 +210,70 @@ mod tests {
         pack_lsb(&values, 4, &mut out);
         assert_eq!(out[0], 0x10);
         assert_eq!(out[1], 0x32);
+    }
+
+    /// A GGUF file of one `[rows, 32]` tensor of ggml type `id` whose blocks are `blocks`
+    /// (one per row), written where the test says and opened.
+    fn one_tensor_file(id: u32, rows: usize, blocks: &[u8], tag: &str) -> GgufFile {
+        let mut b = b"GGUF".to_vec();
+        b.extend(3u32.to_le_bytes());
+        b.extend(1u64.to_le_bytes());
+        b.extend(0u64.to_le_bytes());
+        b.extend(1u64.to_le_bytes());
+        b.push(b'w');
+        b.extend(2u32.to_le_bytes());
+        b.extend(32u64.to_le_bytes());
+        b.extend((rows as u64).to_le_bytes());
+        b.extend(id.to_le_bytes());
+        b.extend(0u64.to_le_bytes());
+        b.resize(b.len().div_ceil(32) * 32, 0);
+        b.extend(blocks);
+        let path = std::env::temp_dir().join(format!("nuvec-gguf-blocks-{}-{tag}.gguf", std::process::id()));
+        std::fs::write(&path, &b).unwrap();
+        let file = GgufFile::open(&path).unwrap();
+        std::fs::remove_file(&path).ok();
+        file
+    }
+
+    /// A block of type Q4_0 (`q8` false) or Q8_0 with scale `d` and codes `code(j)`.
+    fn offset_block(q8: bool, d: f32, code: impl Fn(usize) -> u8) -> Vec<u8> {
+        let mut b = f16::from_f32(d).to_le_bytes().to_vec();
+        if q8 {
+            b.extend((0..32).map(|j| (code(j) as i16 - 128) as i8 as u8));
+        } else {
+            b.extend((0..16).map(|j| code(j) | code(j + 16) << 4));
+        }
+        b
+    }
+
+    #[test]
+    fn offset_types_keep_f16_parameters_unless_the_bias_overflows() {
+        for (q8, id, offset, top) in [(false, 2u32, 8.0f32, 15u8), (true, 8, 128.0, 255)] {
+            let code = |r: usize, j: usize| ((r * 7 + j * 5) % (top as usize + 1)) as u8;
+            // A subnormal, a small and an ordinary scale; then a scale whose bias leaves f16.
+            let ds = [3.0e-7f32, 0.0123, -1.75, 60000.0 / offset * 2.0];
+            for (fits, rows) in [(true, 3usize), (false, 4)] {
+                let blocks: Vec<u8> = (0..rows).flat_map(|r| offset_block(q8, ds[r], |j| code(r, j))).collect();
+                let file = one_tensor_file(id, rows, &blocks, &format!("{id}-{rows}"));
+                let Matrix::Quantized(m) = gguf_matrix(&file, &file.tensors()[0], None).unwrap() else {
+                    panic!("a block type gives a quantized matrix")
+                };
+                let dtype = if fits { crate::DType::F16 } else { crate::DType::F32 };
+                assert_eq!((m.scales.dtype(), m.biases.dtype()), (dtype, dtype), "type {id}, {rows} rows");
+                // Every weight is ggml's d * (q - offset), exactly.
+                let values = crate::quantize::dequantize(&m).unwrap();
+                for r in 0..rows {
+                    let d = f16::from_f32(ds[r]).to_f32();
+                    for j in 0..32 {
+                        assert_eq!(
+                            values[r * 32 + j],
+                            d * (code(r, j) as f32 - offset),
+                            "type {id}, row {r}, value {j}"
+                        );
+                    }
+                }
+            }
+        }
     }
 
     #[test]
