@@ -81,12 +81,22 @@ static std::vector<float> merged(const std::vector<float>& part, int n, int hq, 
     return out;
 }
 
-// The definition of a paged decode on the bf16-rounded q, k and v: key j of sequence t is row
+// A store's half type: bf16, or f16 (then q is scaled before it is rounded, as the kernels do).
+struct Half {
+    bool f16;
+    unsigned short round(float x) const { return f16 ? emu_float_to_half(x) : emu_bf16_rn(x); }
+    double value(unsigned short h) const { return f16 ? emu_half_to_float(h) : emu_bf16(h); }
+    const char* name() const { return f16 ? "f16" : "bf16"; }
+    // The probabilities are rounded to the half type for P V: 8 significant bits, or 11.
+    double tolerance() const { return f16 ? 2e-3 : 8e-3; }
+};
+
+// The definition of a paged decode on the half-rounded q, k and v: key j of sequence t is row
 // tables[t * stride + j / bs] * bs + j % bs of the store (rows of hkv * d), over lens[t] keys.
 static std::vector<double> paged_definition(const std::vector<float>& q, const std::vector<unsigned short>& kb,
                                             const std::vector<unsigned short>& vb, const std::vector<int>& tables,
                                             int stride, const std::vector<int>& lens, int hq, int hkv, int d, int bs,
-                                            float scale) {
+                                            float scale, Half half) {
     const int n = (int)lens.size(), width = hkv * d;
     std::vector<double> want((size_t)n * hq * d);
     for (int t = 0; t < n; ++t)
@@ -97,27 +107,31 @@ static std::vector<double> paged_definition(const std::vector<float>& q, const s
             auto at = [&](int j) { return ((size_t)tables[(size_t)t * stride + j / bs] * bs + j % bs) * width + (size_t)kvh * d; };
             for (int j = 0; j < len; ++j) {
                 double dot = 0;
-                for (int c = 0; c < d; ++c) dot += (double)emu_bf16(emu_bf16_rn(q[((size_t)t * hq + h) * d + c])) * emu_bf16(kb[at(j) + c]);
-                mx = std::max(mx, sc[j] = dot * scale);
+                for (int c = 0; c < d; ++c) {
+                    const float x = q[((size_t)t * hq + h) * d + c];
+                    dot += half.value(half.round(half.f16 ? x * scale : x)) * half.value(kb[at(j) + c]);
+                }
+                mx = std::max(mx, sc[j] = half.f16 ? dot : dot * scale);
             }
             double sum = 0;
             for (int j = 0; j < len; ++j) sum += (sc[j] = std::exp(sc[j] - mx));
             for (int c = 0; c < d; ++c) {
                 double o = 0;
-                for (int j = 0; j < len; ++j) o += sc[j] * emu_bf16(vb[at(j) + c]);
+                for (int j = 0; j < len; ++j) o += sc[j] * half.value(vb[at(j) + c]);
                 want[((size_t)t * hq + h) * d + c] = o / sum;
             }
         }
     return want;
 }
 
-// The paged decode kernel (paged_flash_decode_bf16_d*): n sequences of `lens` keys in a store of
-// blocks of `bs` (16, or 12: not a power of two) taken in reverse order, `keys` per split; the partials combined here as
-// attention_merge_f32 combines them, against the definition on the bf16-rounded q, k and v (the
-// probabilities rounded as the prefill kernels round them: the same tolerance). Splits past a
-// sequence's end must hold the empty partial (maximum -inf, sum 0).
+// The paged decode kernel (paged_flash_decode_{bf16,f16}_d*): n sequences of `lens` keys in a
+// store of blocks of `bs` (16, or 12: not a power of two) taken in reverse order, `keys` per
+// split; the partials combined here as attention_merge_f32 combines them, against the definition
+// on the half-rounded q, k and v (the probabilities rounded as the prefill kernels round them:
+// the same tolerance). Splits past a sequence's end must hold the empty partial (maximum -inf,
+// sum 0). q's entries are `qmag` times normal ones (large ones would leave f16 unless scaled).
 static void test_paged_flash(int d, int hq, int hkv, std::vector<int> lens, int keys, std::mt19937& rng,
-                             int bs = 16) {
+                             int bs = 16, Half half = {false}, float qmag = 2.0f) {
     std::normal_distribution<float> nd(0.0f, 1.0f);
     const int n = (int)lens.size(), width = hkv * d;
     int splits = 0, total_blocks = 0;
@@ -129,13 +143,14 @@ static void test_paged_flash(int d, int hq, int hkv, std::vector<int> lens, int 
     for (int t = 0, next = total_blocks; t < n; ++t)
         for (int b = 0; b < (lens[t] + bs - 1) / bs; ++b) tables[(size_t)t * stride + b] = --next;
     std::vector<unsigned short> kb((size_t)total_blocks * bs * width), vb(kb.size());
-    for (auto& x : kb) x = emu_bf16_rn(nd(rng));
-    for (auto& x : vb) x = emu_bf16_rn(nd(rng));
+    for (auto& x : kb) x = half.round(nd(rng));
+    for (auto& x : vb) x = half.round(nd(rng));
     std::vector<float> q((size_t)n * hq * d);
-    for (auto& x : q) x = 2.0f * nd(rng);
+    for (auto& x : q) x = qmag * nd(rng);
     std::vector<float> part((size_t)n * hq * splits * (d + 2), NAN);
     const float scale = 1.0f / std::sqrt((float)d);
-    auto kernel = d == 64 ? paged_flash_decode_bf16_d64 : paged_flash_decode_bf16_d128;
+    auto kernel = half.f16 ? (d == 64 ? paged_flash_decode_f16_d64 : paged_flash_decode_f16_d128)
+                           : (d == 64 ? paged_flash_decode_bf16_d64 : paged_flash_decode_bf16_d128);
     emu_launch({(unsigned)hkv, (unsigned)n, (unsigned)splits}, {32, 1, 1}, [&] {
         kernel(part.data(), q.data(), kb.data(), vb.data(), tables.data(), stride, lens.data(), hq, hkv, bs, scale, keys,
                nullptr, 0);
@@ -147,10 +162,11 @@ static void test_paged_flash(int d, int hq, int hkv, std::vector<int> lens, int 
                 check(p[0] == -INFINITY && p[1] == 0.0f, "paged flash: an empty split's partial");
             }
     const std::vector<float> got = merged(part, n, hq, d, splits);
-    const std::vector<double> want = paged_definition(q, kb, vb, tables, stride, lens, hq, hkv, d, bs, scale);
-    cmp("paged_flash_decode_bf16_d" + std::to_string(d) + " hq=" + std::to_string(hq) + " hkv=" + std::to_string(hkv) +
+    const std::vector<double> want = paged_definition(q, kb, vb, tables, stride, lens, hq, hkv, d, bs, scale, half);
+    cmp(std::string("paged_flash_decode_") + half.name() + "_d" + std::to_string(d) + " hq=" + std::to_string(hq) +
+            " hkv=" + std::to_string(hkv) + " qmag=" + std::to_string(qmag) +
             " keys=" + std::to_string(keys) + " sequences=" + std::to_string(n) + " bs=" + std::to_string(bs),
-        got, want, 8e-3);
+        got, want, half.tolerance());
 }
 
 // Shared-prefix decode: sequences of group p (group[t] = p, -1 for none) begin with the same
@@ -159,7 +175,8 @@ static void test_paged_flash(int d, int hq, int hkv, std::vector<int> lens, int 
 // through paged_flash_decode_bf16_d* from starts[t]; every partial slot must be written by exactly
 // one of the two, and the merge must give each sequence's attention over all its keys.
 static void test_paged_prefix(int d, int hq, int hkv, std::vector<int> lens, std::vector<int> group,
-                              std::vector<int> shared, int keys, int pkeys, std::mt19937& rng, int bs = 16) {
+                              std::vector<int> shared, int keys, int pkeys, std::mt19937& rng, int bs = 16,
+                              Half half = {false}) {
     std::normal_distribution<float> nd(0.0f, 1.0f);
     const int n = (int)lens.size(), width = hkv * d, gh = hq / hkv, per_tile = PX_WARPS * (16 / gh);
     int stride = 0, next = 0;
@@ -197,15 +214,17 @@ static void test_paged_prefix(int d, int hq, int hkv, std::vector<int> lens, std
     }
     const int slots = std::max(own_grouped + prefix_slots, own_alone);
     std::vector<unsigned short> kb((size_t)next * bs * width), vb(kb.size());
-    for (auto& x : kb) x = emu_bf16_rn(nd(rng));
-    for (auto& x : vb) x = emu_bf16_rn(nd(rng));
+    for (auto& x : kb) x = half.round(nd(rng));
+    for (auto& x : vb) x = half.round(nd(rng));
     std::vector<float> q((size_t)n * hq * d);
     for (auto& x : q) x = 2.0f * nd(rng);
     // Each kernel into a buffer of its own, so that a slot written by both shows.
     std::vector<float> part((size_t)n * hq * slots * (d + 2), NAN), own_part(part);
     const float scale = 1.0f / std::sqrt((float)d);
-    auto own_kernel = d == 64 ? paged_flash_decode_bf16_d64 : paged_flash_decode_bf16_d128;
-    auto prefix_kernel = d == 64 ? paged_prefix_flash_bf16_d64 : paged_prefix_flash_bf16_d128;
+    auto own_kernel = half.f16 ? (d == 64 ? paged_flash_decode_f16_d64 : paged_flash_decode_f16_d128)
+                               : (d == 64 ? paged_flash_decode_bf16_d64 : paged_flash_decode_bf16_d128);
+    auto prefix_kernel = half.f16 ? (d == 64 ? paged_prefix_flash_f16_d64 : paged_prefix_flash_f16_d128)
+                                  : (d == 64 ? paged_prefix_flash_bf16_d64 : paged_prefix_flash_bf16_d128);
     emu_launch({(unsigned)hkv, (unsigned)n, (unsigned)slots}, {32, 1, 1}, [&] {
         own_kernel(own_part.data(), q.data(), kb.data(), vb.data(), tables.data(), stride, lens.data(), hq, hkv, bs, scale,
                    keys, starts.data(), prefix_slots);
@@ -219,10 +238,10 @@ static void test_paged_prefix(int d, int hq, int hkv, std::vector<int> lens, std
         if (std::isnan(part[i])) std::copy(own_part.begin() + i, own_part.begin() + i + d + 2, part.begin() + i);
     }
     const std::vector<float> got = merged(part, n, hq, d, slots);
-    const std::vector<double> want = paged_definition(q, kb, vb, tables, stride, lens, hq, hkv, d, bs, scale);
-    cmp("paged_prefix_flash_bf16_d" + std::to_string(d) + " hq=" + std::to_string(hq) + " hkv=" + std::to_string(hkv) +
+    const std::vector<double> want = paged_definition(q, kb, vb, tables, stride, lens, hq, hkv, d, bs, scale, half);
+    cmp(std::string("paged_prefix_flash_") + half.name() + "_d" + std::to_string(d) + " hq=" + std::to_string(hq) + " hkv=" + std::to_string(hkv) +
             " sequences=" + std::to_string(n) + " tiles=" + std::to_string(tiles.size() / PX_TILE) + " bs=" + std::to_string(bs),
-        got, want, 8e-3);
+        got, want, half.tolerance());
 }
 
 int main() {
@@ -251,6 +270,15 @@ int main() {
     test_paged_prefix(64, 16, 2, {100, 120, 50, 300}, {0, 0, 0, -1}, {3}, 48, 32, rng, 12);  // 8 heads a group; bs 12
     test_paged_prefix(64, 4, 4, {40, 41}, {0, 0}, {2}, 16, 32, rng);  // one head per KV head: 16 members a warp
     test_paged_prefix(128, 12, 4, {60, 61, 62, 63, 64, 65}, {0, 0, 0, 0, 0, 0}, {3}, 32, 96, rng);  // 3 heads: 15 rows
+    // Over f16 stores (a GGUF model's caches): the same kernels with f16 MMAs, q scaled first.
+    const Half f16{true};
+    test_paged_flash(128, 8, 2, {1, 17, 40, 100}, 32, rng, 16, f16);
+    test_paged_flash(128, 32, 8, {300, 5}, 160, rng, 16, f16);
+    test_paged_flash(64, 16, 2, {64, 33}, 48, rng, 12, f16);
+    // |q| past f16's largest value (65504): in range once scaled (one-hot softmax rows).
+    test_paged_flash(128, 8, 2, {40, 70}, 32, rng, 16, f16, 30000.0f);
+    test_paged_prefix(128, 32, 8, {70, 90, 40}, {0, 0, 0}, {2}, 32, 32, rng, 16, f16);
+    test_paged_prefix(64, 16, 2, {100, 120, 50, 300}, {0, 0, 0, -1}, {3}, 48, 32, rng, 12, f16);
     printf("%d failures\n", fails);
     return fails ? 1 : 0;
 }

@@ -125,7 +125,7 @@ inline unsigned short emu_float_to_half(float f) {
 #define __launch_bounds__(...)
 #define __shared__ static
 #define __align__(n) __attribute__((aligned(n)))
-// The kernel sources leave their inline-PTX wrappers out under this (mma_bf16, bf16x2_rn, bf16x2_fma, smem_addr,
+// The kernel sources leave their inline-PTX wrappers out under this (mma_bf16, mma_f16, bf16x2_rn, f16x2_rn, bf16x2_fma, smem_addr,
 // cp_async*, ldmatrix_x4, exp2_ftz, and_or, dp4a_us/dp4a_uu below).
 #define NUVEC_CUDA_EMU 1
 
@@ -189,18 +189,20 @@ inline Warp& emu_mma_share(const unsigned (&a)[4], const unsigned (&b)[2]) {
     w.bar->arrive_and_wait();
     return w;
 }
-inline void mma_bf16(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
+// One m16n8k16 step over halves that `half` decodes (bf16 or f16).
+template <class Half>
+inline void emu_mma_half(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2], Half half) {
     int lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
     Warp& w = emu_mma_share(a, b);
     // A[r][k]: lane (r % 8) * 4 + (k % 8) / 2, register (r >= 8) + 2 (k >= 8), half k % 2;
     // B[k][n]: lane n * 4 + (k % 8) / 2, register k >= 8, half k % 2.
     auto A = [&](int r, int k) {
         unsigned v = w.mma_a[(r & 7) * 4 + ((k & 7) >> 1)][(r >= 8) + 2 * (k >= 8)];
-        return (double)emu_bf16(k & 1 ? v >> 16 : v);
+        return (double)half(k & 1 ? v >> 16 : v);
     };
     auto B = [&](int k, int n) {
         unsigned v = w.mma_b[n * 4 + ((k & 7) >> 1)][k >= 8];
-        return (double)emu_bf16(k & 1 ? v >> 16 : v);
+        return (double)half(k & 1 ? v >> 16 : v);
     };
     double r[4];
     for (int i = 0; i < 4; ++i) {
@@ -212,6 +214,14 @@ inline void mma_bf16(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[
     w.bar->arrive_and_wait();  // every lane has read the fragments before any lane's next call
     for (int i = 0; i < 4; ++i) d[i] = (float)r[i];
 }
+inline void mma_bf16(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
+    emu_mma_half(d, a, b, [](unsigned v) { return emu_bf16(v); });
+}
+inline void mma_f16(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
+    emu_mma_half(d, a, b, [](unsigned v) { return emu_half_to_float((unsigned short)(v & 0xFFFFu)); });
+}
+// cvt.rn.f16x2.f32: two floats to f16 (nearest even), lo in the low half.
+inline unsigned f16x2_rn(float lo, float hi) { return emu_float_to_half(lo) | ((unsigned)emu_float_to_half(hi) << 16); }
 
 // The m16n8k32 mma.sync on bytes (qimma.cu's mma_u8): A unsigned, B signed (SB) or unsigned,
 // exact int32 sums (wrapping, as the hardware's without .satfinite).

@@ -182,6 +182,17 @@ fn moe_grouped_decode_on_the_gpu() {
     nuvec::backends::cuda::set_moe_grouped_rows(None);
 }
 
+/// A half-precision model over f16 caches (the type a GGUF model keeps, as llama.cpp): its
+/// batched decode steps read the f16 store on the tensor cores (flash_attention.cu
+/// `paged_flash_decode_f16_d64`: q times the scale and each probability rounded to f16, 2^-11
+/// relative), with the bf16 batch's rounding of the products (as
+/// `bf16_scaled_4bit_batched_on_the_gpu`), against each sequence alone. The case is
+/// `shared_prefixes_decode_as_alone_on_the_gpu`'s (head size 64), made on the GPU machine.
+#[test]
+fn f16_caches_of_a_half_model_batched_on_the_gpu() {
+    check_within("random-small-q4", Some(KvDtype::F16), 1.0 / 64.0);
+}
+
 /// Paged blocks of f16 and bf16 (the rope kernel writes them rounded, the paged decode kernel
 /// widens them) against contiguous caches of the same type decoded alone.
 #[test]

@@ -131,7 +131,7 @@ pub const KNOBS: &[Knob] = &[
         "0, 1",
         "1",
         "cuda",
-        "paged decode of 2+ sequences over bf16 stores on the tensor cores; 0 keeps the f32 kernel (steps \
+        "paged decode of 2+ sequences over bf16 or f16 stores on the tensor cores; 0 keeps the f32 kernel (steps \
          of few sequences then bit for bit each solo decode)",
     ),
     knob(

@@ -69,6 +69,45 @@ fn bf(v: f32) -> f64 {
     bf16::from_f32(v).to_f64()
 }
 
+/// A paged store's half type for the tensor-core decode tests: q's entries rounded to it, the
+/// scale (with f16 the kernels round q times the scale, so a power of two keeps that exact),
+/// the unit roundoff of the probabilities' rounding, and the least error that shows the
+/// rounding happened (the f32 kernel matches the CPU to about 1e-7).
+struct PagedHalf {
+    dtype: DType,
+}
+
+impl PagedHalf {
+    fn round(&self, x: f32) -> f32 {
+        if self.dtype == DType::F16 {
+            f16::from_f32(x).to_f32()
+        } else {
+            bf(x) as f32
+        }
+    }
+    fn scale(&self, d: usize) -> f32 {
+        if self.dtype == DType::F16 {
+            0.125
+        } else {
+            1.0 / (d as f32).sqrt()
+        }
+    }
+    fn u(&self) -> f64 {
+        if self.dtype == DType::F16 {
+            1.0 / 2048.0
+        } else {
+            U
+        }
+    }
+    fn rounding_shows(&self) -> f64 {
+        if self.dtype == DType::F16 {
+            5e-6
+        } else {
+            5e-5
+        }
+    }
+}
+
 /// A weight matrix and its values `[rows, cols]` as the GPU decodes them before rounding:
 /// dense values as stored, affine ones as `fma(scale, q, bias)` in f32.
 struct Weight {
@@ -670,40 +709,52 @@ fn windowed_attention_with_sinks_on_the_flash_kernels() {
 
 #[test]
 fn paged_decode_of_many_sequences_on_the_tensor_cores() {
-    // 64 sequences of mixed lengths over a bf16 paged store: enough sequences that the step runs
-    // on the tensor cores (flash_attention.cu `paged_flash_decode_bf16_d*`), with q rounded to
-    // bf16 and each probability rounded to bf16 before P V. Against the CPU kernel given the same
-    // bf16-rounded q, the only difference allowed is the probabilities' rounding, at most u
-    // relative per term: |gpu - cpu| <= u * max|v| (the weights sum to one), plus f32 slack.
+    // 64 sequences of mixed lengths over a bf16 paged store (and an f16 one, a GGUF model's):
+    // enough sequences that the step runs on the tensor cores (flash_attention.cu
+    // `paged_flash_decode_{bf16,f16}_d*`), with q rounded to the store's type and each
+    // probability rounded so before P V. Against the CPU kernel given the same rounded q, the
+    // only difference allowed is the probabilities' rounding, at most u relative per term:
+    // |gpu - cpu| <= u * max|v| (the weights sum to one), plus f32 slack.
     let dev = gpu();
     let mut rng = Rng::new(29);
-    for (hq, hkv, d, sinks) in [(32usize, 8usize, 128usize, false), (64, 8, 64, true)] {
+    let halves = [DType::BF16, DType::F16].map(|dtype| PagedHalf { dtype });
+    for ((hq, hkv, d, sinks), half) in [(32usize, 8usize, 128usize, false), (64, 8, 64, true)]
+        .into_iter()
+        .flat_map(|c| halves.iter().map(move |h| (c, h)))
+    {
         let (bs, blocks) = (16usize, 160usize);
         let width = hkv * d;
         let lens: Vec<usize> = [1usize, 17, 300, 2100, 33, 550, 64, 1000].repeat(8);
         let tables = common::scattered_tables(&lens, bs, blocks);
         let seqs: Vec<nuvec::PagedSeq> =
             tables.iter().zip(&lens).map(|(t, &len)| nuvec::PagedSeq { table: t, len }).collect();
-        let qv: Vec<f32> = rng.vec(lens.len() * hq * d, 2.0).iter().map(|&x| bf(x) as f32).collect();
+        let qv: Vec<f32> = rng.vec(lens.len() * hq * d, 2.0).iter().map(|&x| half.round(x)).collect();
         let q = arr(&qv, &[lens.len(), hq, d]);
-        let (k, _) = floats(&rng.vec(blocks * bs * width, 1.0), &[1, blocks * bs, width], DType::BF16);
-        let (v, vf) = floats(&rng.vec(blocks * bs * width, 1.0), &[1, blocks * bs, width], DType::BF16);
+        let (k, _) = floats(&rng.vec(blocks * bs * width, 1.0), &[1, blocks * bs, width], half.dtype);
+        let (v, vf) = floats(&rng.vec(blocks * bs * width, 1.0), &[1, blocks * bs, width], half.dtype);
         let sink_logits: Vec<f32> = (0..hq).map(|h| h as f32 * 0.25 - 2.0).collect();
         let sink = sinks.then_some(&sink_logits[..]);
-        let scale = 1.0 / (d as f32).sqrt();
+        let scale = half.scale(d);
         let want = nuvec::paged_decode_attention(&q, &k, &v, &seqs, bs, scale, sink).unwrap().to_f32_vec().unwrap();
         let (qg, kg, vg) = (q.to_device(dev).unwrap(), k.to_device(dev).unwrap(), v.to_device(dev).unwrap());
         let got = nuvec::paged_decode_attention(&qg, &kg, &vg, &seqs, bs, scale, sink).unwrap();
         assert!(matches!(got.device(), Device::Cuda(_)));
         let got = got.to_f32_vec().unwrap();
         let vmax = vf.iter().fold(0f32, |m, x| m.max(x.abs())) as f64;
-        let bound = U * vmax + 1e-5;
+        let bound = half.u() * vmax + 1e-5;
         let worst = got.iter().zip(&want).map(|(a, b)| (a - b).abs() as f64).fold(0f64, f64::max);
-        let case = format!("paged decode of {} sequences, Hq={hq} Hkv={hkv} D={d} sinks={sinks}", lens.len());
+        let case = format!(
+            "paged decode of {} sequences, {} store, Hq={hq} Hkv={hkv} D={d} sinks={sinks}",
+            lens.len(),
+            half.dtype
+        );
         eprintln!("RESULT {case}: max |gpu - cpu| {worst:.3e} = {:.3} of the bound", worst / bound);
         assert!(worst <= bound, "{case}: max error {worst:e} over the bound {bound:e}");
         // Not the f32 path: the rounding shows (else this test would not test the kernel).
-        assert!(worst > 5e-5, "{case}: the GPU matched the CPU exactly; did the tensor-core kernel run?");
+        assert!(
+            worst > half.rounding_shows(),
+            "{case}: the GPU matched the CPU to {worst:e}; did the tensor-core kernel run?"
+        );
     }
 }
 
@@ -712,14 +763,18 @@ fn paged_decode_over_shared_prefixes() {
     // Sequences whose tables begin with the same blocks (as the prefix cache shares a system
     // prompt): groups of 20 sharing 640 keys (two tiles of the shared-keys kernel at four query
     // heads per KV head), 8 sharing 320, 4 sharing 128 (under the least shared keys: read alone),
-    // and 16 sharing nothing. The step reads each group's keys once (flash_attention.cu
-    // `paged_prefix_flash_bf16_d*`) and each member's own keys after them; against the CPU with
+    // and 16 sharing nothing, over a bf16 store and an f16 one. The step reads each group's keys
+    // once (flash_attention.cu `paged_prefix_flash_{bf16,f16}_d*`) and each member's own keys after them; against the CPU with
     // the tensor-core decode's bound, and against the same step over a store where every
     // sequence has copies of its own (the reads unshared): equal within the bound, but not bit
     // for bit (the splits differ), so the shared path is the one that ran.
     let dev = gpu();
     let mut rng = Rng::new(41);
-    for (hq, hkv, d, sinks) in [(32usize, 8usize, 128usize, false), (64, 8, 64, true)] {
+    let halves = [DType::BF16, DType::F16].map(|dtype| PagedHalf { dtype });
+    for ((hq, hkv, d, sinks), half) in [(32usize, 8usize, 128usize, false), (64, 8, 64, true)]
+        .into_iter()
+        .flat_map(|c| halves.iter().map(move |h| (c, h)))
+    {
         let bs = 16usize;
         let width = hkv * d;
         let mut lens = Vec::new();
@@ -743,14 +798,14 @@ fn paged_decode_over_shared_prefixes() {
         let blocks = next as usize;
         let seqs: Vec<nuvec::PagedSeq> =
             tables.iter().zip(&lens).map(|(t, &len)| nuvec::PagedSeq { table: t, len }).collect();
-        let qv: Vec<f32> = rng.vec(lens.len() * hq * d, 2.0).iter().map(|&x| bf(x) as f32).collect();
+        let qv: Vec<f32> = rng.vec(lens.len() * hq * d, 2.0).iter().map(|&x| half.round(x)).collect();
         let q = arr(&qv, &[lens.len(), hq, d]);
         let (kf, vf) = (rng.vec(blocks * bs * width, 1.0), rng.vec(blocks * bs * width, 1.0));
-        let (k, _) = floats(&kf, &[1, blocks * bs, width], DType::BF16);
-        let (v, vr) = floats(&vf, &[1, blocks * bs, width], DType::BF16);
+        let (k, _) = floats(&kf, &[1, blocks * bs, width], half.dtype);
+        let (v, vr) = floats(&vf, &[1, blocks * bs, width], half.dtype);
         let sink_logits: Vec<f32> = (0..hq).map(|h| h as f32 * 0.25 - 2.0).collect();
         let sink = sinks.then_some(&sink_logits[..]);
-        let scale = 1.0 / (d as f32).sqrt();
+        let scale = half.scale(d);
         let want = nuvec::paged_decode_attention(&q, &k, &v, &seqs, bs, scale, sink).unwrap().to_f32_vec().unwrap();
         let (qg, kg, vg) = (q.to_device(dev).unwrap(), k.to_device(dev).unwrap(), v.to_device(dev).unwrap());
         let got = nuvec::paged_decode_attention(&qg, &kg, &vg, &seqs, bs, scale, sink).unwrap().to_f32_vec().unwrap();
@@ -767,17 +822,18 @@ fn paged_decode_over_shared_prefixes() {
             own_tables.push(own);
         }
         let copies = kc.len() / width;
-        let (kc, _) = floats(&kc, &[1, copies, width], DType::BF16);
-        let (vc, _) = floats(&vc, &[1, copies, width], DType::BF16);
+        let (kc, _) = floats(&kc, &[1, copies, width], half.dtype);
+        let (vc, _) = floats(&vc, &[1, copies, width], half.dtype);
         let own_seqs: Vec<nuvec::PagedSeq> =
             own_tables.iter().zip(&lens).map(|(t, &len)| nuvec::PagedSeq { table: t, len }).collect();
         let (kc, vc) = (kc.to_device(dev).unwrap(), vc.to_device(dev).unwrap());
         let alone =
             nuvec::paged_decode_attention(&qg, &kc, &vc, &own_seqs, bs, scale, sink).unwrap().to_f32_vec().unwrap();
         let vmax = vr.iter().fold(0f32, |m, x| m.max(x.abs())) as f64;
-        let bound = U * vmax + 1e-5;
+        let bound = half.u() * vmax + 1e-5;
         let worst = |a: &[f32], b: &[f32]| a.iter().zip(b).map(|(x, y)| (x - y).abs() as f64).fold(0f64, f64::max);
-        let case = format!("paged decode over shared prefixes, Hq={hq} Hkv={hkv} D={d} sinks={sinks}");
+        let case =
+            format!("paged decode over shared prefixes, {} store, Hq={hq} Hkv={hkv} D={d} sinks={sinks}", half.dtype);
         let (vs_cpu, vs_alone) = (worst(&got, &want), worst(&got, &alone));
         eprintln!("RESULT {case}: max |gpu - cpu| {vs_cpu:.3e}, |shared - unshared| {vs_alone:.3e}, bound {bound:.3e}");
         assert!(vs_cpu <= bound, "{case}: max error {vs_cpu:e} over the bound {bound:e}");

@@ -46,7 +46,7 @@ extern __shared__ __align__(16) u16 fa_smem[];
 // maximum grew, the sums and O (NT n tiles) are rescaled (rarely, after the first tiles); the
 // probabilities come back rounded to bf16 as P's A fragments, one per 16 keys (the score
 // accumulator's layout is the A operand's, so they never leave registers).
-template <int NS, int NT>
+template <int NS, int NT, bool F16 = false>
 __device__ __forceinline__ void fa_softmax_tile(const float (&sc)[NS][4], float c, float& m0, float& m1, float& s0,
                                                 float& s1, float (&o)[NT][4], u32 (&pa)[NS / 2][4]) {
     float mx0 = m0, mx1 = m1;
@@ -84,32 +84,36 @@ __device__ __forceinline__ void fa_softmax_tile(const float (&sc)[NS][4], float 
         const float p10 = exp2_ftz(fmaf(sc[n][2], c, -mc1)), p11 = exp2_ftz(fmaf(sc[n][3], c, -mc1));
         s0 += p00 + p01;  // the lane's part; summed across the four lanes at the end
         s1 += p10 + p11;
-        pa[n >> 1][(n & 1) * 2] = bf16x2_rn(p00, p01);
-        pa[n >> 1][(n & 1) * 2 + 1] = bf16x2_rn(p10, p11);
+        pa[n >> 1][(n & 1) * 2] = half2_rn<F16>(p00, p01);
+        pa[n >> 1][(n & 1) * 2 + 1] = half2_rn<F16>(p10, p11);
     }
 }
 
-// A lane's Q rows as the A fragments of Q K^T, rounded to bf16: rows at q0p and q1p (f32, already
-// at the lane's feature 2t), features 16 kk + 2t (+1, +8, +9) for each of the KS k steps; a row
-// that is not `in` reads as zeros.
-template <int KS>
-__device__ __forceinline__ void fa_load_q(u32 (&qa)[KS][4], const float* q0p, const float* q1p, bool in0, bool in1) {
+// A lane's Q rows as the A fragments of Q K^T, rounded to bf16 (or f16 with F16, after a
+// multiply by qs): rows at q0p and q1p (f32, already at the lane's feature 2t), features
+// 16 kk + 2t (+1, +8, +9) for each of the KS k steps; a row that is not `in` reads as zeros.
+template <int KS, bool F16 = false>
+__device__ __forceinline__ void fa_load_q(u32 (&qa)[KS][4], const float* q0p, const float* q1p, bool in0, bool in1,
+                                          float qs = 1.0f) {
     const float2 z = make_float2(0.0f, 0.0f);
 #pragma unroll
     for (int kk = 0; kk < KS; ++kk) {
-        const float2 a = in0 ? *(const float2*)(q0p + 16 * kk) : z, b = in1 ? *(const float2*)(q1p + 16 * kk) : z;
-        const float2 c = in0 ? *(const float2*)(q0p + 16 * kk + 8) : z;
-        const float2 e = in1 ? *(const float2*)(q1p + 16 * kk + 8) : z;
-        qa[kk][0] = bf16x2_rn(a.x, a.y);
-        qa[kk][1] = bf16x2_rn(b.x, b.y);
-        qa[kk][2] = bf16x2_rn(c.x, c.y);
-        qa[kk][3] = bf16x2_rn(e.x, e.y);
+        float2 a = in0 ? *(const float2*)(q0p + 16 * kk) : z, b = in1 ? *(const float2*)(q1p + 16 * kk) : z;
+        float2 c = in0 ? *(const float2*)(q0p + 16 * kk + 8) : z;
+        float2 e = in1 ? *(const float2*)(q1p + 16 * kk + 8) : z;
+        if constexpr (F16) {
+            a.x *= qs, a.y *= qs, b.x *= qs, b.y *= qs, c.x *= qs, c.y *= qs, e.x *= qs, e.y *= qs;
+        }
+        qa[kk][0] = half2_rn<F16>(a.x, a.y);
+        qa[kk][1] = half2_rn<F16>(b.x, b.y);
+        qa[kk][2] = half2_rn<F16>(c.x, c.y);
+        qa[kk][3] = half2_rn<F16>(e.x, e.y);
     }
 }
 
 // S = Q K^T for a warp's 16 query rows (qa: their A fragments, KS k steps of 16 features) and
 // the NS * 8 keys of a K tile (kt: this lane's ldmatrix address in it, rows of `row` bytes).
-template <int NS, int KS>
+template <int NS, int KS, bool F16 = false>
 __device__ __forceinline__ void fa_scores(float (&sc)[NS][4], const u32 (&qa)[KS][4], u32 kt, int row) {
 #pragma unroll
     for (int n = 0; n < NS; ++n) sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.0f;
@@ -120,14 +124,14 @@ __device__ __forceinline__ void fa_scores(float (&sc)[NS][4], const u32 (&qa)[KS
             u32 b[4];
             ldmatrix_x4<false>(b, kt + 8 * n * row + 32 * kk);
             const u32 b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
-            mma_bf16(sc[n], qa[kk], b0);
-            mma_bf16(sc[n], qa[kk + 1], b1);
+            mma_half<F16>(sc[n], qa[kk], b0);
+            mma_half<F16>(sc[n], qa[kk + 1], b1);
         }
 }
 
 // O += P V over the NK * 16 keys of a V tile (pa: P's A fragments, one per 16 keys; vt: this
 // lane's ldmatrix.trans address in the tile, rows of `row` bytes): pairs of n tiles of 8 features.
-template <int NK, int NT>
+template <int NK, int NT, bool F16 = false>
 __device__ __forceinline__ void fa_accumulate(float (&o)[NT][4], const u32 (&pa)[NK][4], u32 vt, int row) {
 #pragma unroll
     for (int kk = 0; kk < NK; ++kk)
@@ -136,8 +140,8 @@ __device__ __forceinline__ void fa_accumulate(float (&o)[NT][4], const u32 (&pa)
             u32 b[4];
             ldmatrix_x4<true>(b, vt + 16 * kk * row + 16 * n);
             const u32 b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
-            mma_bf16(o[n], pa[kk], b0);
-            mma_bf16(o[n + 1], pa[kk], b1);
+            mma_half<F16>(o[n], pa[kk], b0);
+            mma_half<F16>(o[n + 1], pa[kk], b1);
         }
 }
 
@@ -308,11 +312,11 @@ __device__ __forceinline__ int pf_shift(int bs) {
 
 // One tile of NS * 8 keys from j0 for a warp's 16 rows, each seeing every key before j_end (a
 // decode: no causal mask): the scores, those past j_end out, the online softmax and O += P V.
-template <int NS, int KS, int NT>
+template <int NS, bool F16, int KS, int NT>
 __device__ __forceinline__ void pf_tile(const u32 (&qa)[KS][4], u32 kt, u32 vt, int row, int j0, int j_end, float c,
                                         float& m0, float& m1, float& s0, float& s1, float (&o)[NT][4]) {
     float sc[NS][4];
-    fa_scores(sc, qa, kt, row);
+    fa_scores<NS, KS, F16>(sc, qa, kt, row);
     if (j0 + 8 * NS > j_end) {
         const int tq = threadIdx.x & 3;
 #pragma unroll
@@ -322,8 +326,8 @@ __device__ __forceinline__ void pf_tile(const u32 (&qa)[KS][4], u32 kt, u32 vt, 
                 if (j0 + 8 * n + 2 * tq + e >= j_end) sc[n][e] = sc[n][2 + e] = NEG_INF;
     }
     u32 pa[NS / 2][4];  // P as A fragments, one per 16 keys
-    fa_softmax_tile<NS, NT>(sc, c, m0, m1, s0, s1, o, pa);
-    fa_accumulate(o, pa, vt, row);
+    fa_softmax_tile<NS, NT, F16>(sc, c, m0, m1, s0, s1, o, pa);
+    fa_accumulate<NS / 2, NT, F16>(o, pa, vt, row);
 }
 
 // Row g + 8 half of a warp's MMAs as a partial at pv, in the scalar kernel's units (maximum of
@@ -344,7 +348,7 @@ __device__ __forceinline__ void pf_store_partial(float* pv, int half, float m0, 
     }
 }
 
-template <int D>
+template <int D, bool F16>
 __device__ __forceinline__ void paged_flash_body(float* __restrict__ part, const float* __restrict__ q,
                                                  const u16* __restrict__ k, const u16* __restrict__ v,
                                                  const int* tables, int table_stride, const int* lens, int hq, int hkv,
@@ -371,12 +375,16 @@ __device__ __forceinline__ void paged_flash_body(float* __restrict__ part, const
     const int shift = pf_shift(bs);
     pf_load_tiles<D, 1, PF_KEYS>(ks, vs, k, v, table, bs, shift, width, kvh * D, j_begin, j_end);
     cp_async_commit();
-    // Q as A fragments: rows g and g + 8 are heads h0 + g and h0 + g + 8 (zeros past gh).
+    // Q as A fragments: rows g and g + 8 are heads h0 + g and h0 + g + 8 (zeros past gh). In f16,
+    // q times the scale (as llama.cpp's f16 attention), so that it stays far inside f16's range;
+    // the scores are then scaled already.
+    const float qs = F16 ? scale : 1.0f;
+    scale = F16 ? 1.0f : scale;
     u32 qa[KS][4];
     {
         const bool in0 = g < gh, in1 = g + 8 < gh;
-        fa_load_q<KS>(qa, q + ((size_t)t * hq + h0 + (in0 ? g : 0)) * D + 2 * tq,
-                      q + ((size_t)t * hq + h0 + (in1 ? g + 8 : 0)) * D + 2 * tq, in0, in1);
+        fa_load_q<KS, F16>(qa, q + ((size_t)t * hq + h0 + (in0 ? g : 0)) * D + 2 * tq,
+                           q + ((size_t)t * hq + h0 + (in1 ? g + 8 : 0)) * D + 2 * tq, in0, in1, qs);
     }
     float o[NT][4];
 #pragma unroll
@@ -394,7 +402,7 @@ __device__ __forceinline__ void paged_flash_body(float* __restrict__ part, const
             cp_async_commit();
         }
         const u32 kt = kl + buf * TILE, vt = vl + buf * TILE;
-        pf_tile<PF_KEYS / 8>(qa, kt, vt, ROW, j0, j_end, c, m0, m1, s0, s1, o);
+        pf_tile<PF_KEYS / 8, F16>(qa, kt, vt, ROW, j0, j_end, c, m0, m1, s0, s1, o);
     }
     fa_row_sums(s0, s1);
 #pragma unroll
@@ -408,11 +416,20 @@ __device__ __forceinline__ void paged_flash_body(float* __restrict__ part, const
 #define PF_ARGS part, q, k, v, tables, table_stride, lens, hq, hkv, bs, scale, keys, starts, prefix_slots
 extern "C" __global__ void __launch_bounds__(32) paged_flash_decode_bf16_d64(PF_PARAMS) {
     pdl_begin();
-    paged_flash_body<64>(PF_ARGS);
+    paged_flash_body<64, false>(PF_ARGS);
 }
 extern "C" __global__ void __launch_bounds__(32) paged_flash_decode_bf16_d128(PF_PARAMS) {
     pdl_begin();
-    paged_flash_body<128>(PF_ARGS);
+    paged_flash_body<128, false>(PF_ARGS);
+}
+// The same over an f16 store (a GGUF model's caches): q and the probabilities rounded to f16.
+extern "C" __global__ void __launch_bounds__(32) paged_flash_decode_f16_d64(PF_PARAMS) {
+    pdl_begin();
+    paged_flash_body<64, true>(PF_ARGS);
+}
+extern "C" __global__ void __launch_bounds__(32) paged_flash_decode_f16_d128(PF_PARAMS) {
+    pdl_begin();
+    paged_flash_body<128, true>(PF_ARGS);
 }
 
 // The keys several sequences of a paged decode step share (the same blocks of the store, as the
@@ -431,7 +448,7 @@ extern "C" __global__ void __launch_bounds__(32) paged_flash_decode_bf16_d128(PF
 #define PX_WARPS 4
 #define PX_KEYS 32
 #define PX_TILE (2 + PX_WARPS * 16)
-template <int D>
+template <int D, bool F16>
 __device__ __forceinline__ void paged_prefix_body(float* __restrict__ part, const float* __restrict__ q,
                                                   const u16* __restrict__ k, const u16* __restrict__ v,
                                                   const int* tables, int table_stride, const int* tiles, int hq,
@@ -468,9 +485,12 @@ __device__ __forceinline__ void paged_prefix_body(float* __restrict__ part, cons
     const int shift = pf_shift(bs);
     pf_load_tiles<D, PX_WARPS, PX_KEYS>(ks, vs, k, v, table, bs, shift, width, kvh * D, j_begin, j_end);
     cp_async_commit();
+    // In f16, q times the scale (paged_flash_body).
+    const float qs = F16 ? scale : 1.0f;
+    scale = F16 ? 1.0f : scale;
     u32 qa[KS][4];
-    fa_load_q<KS>(qa, q + ((size_t)max(t_of[0], 0) * hq + h_of[0]) * D + 2 * tq,
-                  q + ((size_t)max(t_of[1], 0) * hq + h_of[1]) * D + 2 * tq, t_of[0] >= 0, t_of[1] >= 0);
+    fa_load_q<KS, F16>(qa, q + ((size_t)max(t_of[0], 0) * hq + h_of[0]) * D + 2 * tq,
+                       q + ((size_t)max(t_of[1], 0) * hq + h_of[1]) * D + 2 * tq, t_of[0] >= 0, t_of[1] >= 0, qs);
     float o[NT][4];
 #pragma unroll
     for (int n = 0; n < NT; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
@@ -487,7 +507,7 @@ __device__ __forceinline__ void paged_prefix_body(float* __restrict__ part, cons
             cp_async_commit();
         }
         const u32 kt = kl + buf * TILE, vt = vl + buf * TILE;
-        pf_tile<PX_KEYS / 8>(qa, kt, vt, ROW, j0, j_end, c, m0, m1, s0, s1, o);
+        pf_tile<PX_KEYS / 8, F16>(qa, kt, vt, ROW, j0, j_end, c, m0, m1, s0, s1, o);
     }
     fa_row_sums(s0, s1);
 #pragma unroll
@@ -501,9 +521,17 @@ __device__ __forceinline__ void paged_prefix_body(float* __restrict__ part, cons
 #define PX_ARGS part, q, k, v, tables, table_stride, tiles, hq, hkv, bs, scale, keys, slots
 extern "C" __global__ void __launch_bounds__(PX_WARPS * 32) paged_prefix_flash_bf16_d64(PX_PARAMS) {
     pdl_begin();
-    paged_prefix_body<64>(PX_ARGS);
+    paged_prefix_body<64, false>(PX_ARGS);
 }
 extern "C" __global__ void __launch_bounds__(PX_WARPS * 32) paged_prefix_flash_bf16_d128(PX_PARAMS) {
     pdl_begin();
-    paged_prefix_body<128>(PX_ARGS);
+    paged_prefix_body<128, false>(PX_ARGS);
+}
+extern "C" __global__ void __launch_bounds__(PX_WARPS * 32) paged_prefix_flash_f16_d64(PX_PARAMS) {
+    pdl_begin();
+    paged_prefix_body<64, true>(PX_ARGS);
+}
+extern "C" __global__ void __launch_bounds__(PX_WARPS * 32) paged_prefix_flash_f16_d128(PX_PARAMS) {
+    pdl_begin();
+    paged_prefix_body<128, true>(PX_ARGS);
 }

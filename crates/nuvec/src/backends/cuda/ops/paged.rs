@@ -9,7 +9,7 @@ use cudarc::driver::LaunchConfig;
 
 use super::prefill::matmul_precision;
 use super::shared_prefix::{shared_prefixes, SharedPrefixes, PX_KEYS, PX_TILE, PX_WARPS};
-use super::{split_rows_aligned, to_i32, CudaBackend, ATTS_MAX_DIM, ATTS_TARGET_BLOCKS, ATTS_THREADS, DT_BF16};
+use super::{split_rows_aligned, to_i32, CudaBackend, ATTS_MAX_DIM, ATTS_TARGET_BLOCKS, ATTS_THREADS, DT_BF16, DT_F16};
 use crate::backend::{check_paged, paged_decode_attention_composed, PagedSeq};
 use crate::backends::cuda::{Derived, DeviceBuffer, State};
 use crate::{Array, DType, Error, Result};
@@ -113,7 +113,12 @@ impl CudaBackend {
                 None
             };
             let (sp0, pslots) = (starts.as_ref().map_or(0, DeviceBuffer::ptr), prefix_slots as i32);
-            let name = if d == 64 { "paged_flash_decode_bf16_d64" } else { "paged_flash_decode_bf16_d128" };
+            let name = match (kv_dt == DT_F16, d) {
+                (false, 64) => "paged_flash_decode_bf16_d64",
+                (false, _) => "paged_flash_decode_bf16_d128",
+                (true, 64) => "paged_flash_decode_f16_d64",
+                (true, _) => "paged_flash_decode_f16_d128",
+            };
             launch!(self.st()?, op, name, cfg; pp, qp, kp, vp, tp, stridei, lp, hqi, hkvi, bsi, scale, keysi, sp0, pslots);
             if tile_count > 0 {
                 let tiles = self.upload(&tiles)?;
@@ -122,7 +127,12 @@ impl CudaBackend {
                     block_dim: (PX_WARPS as u32 * 32, 1, 1),
                     shared_mem_bytes: paged_flash_smem_bytes(d, PX_KEYS) as u32,
                 };
-                let name = if d == 64 { "paged_prefix_flash_bf16_d64" } else { "paged_prefix_flash_bf16_d128" };
+                let name = match (kv_dt == DT_F16, d) {
+                    (false, 64) => "paged_prefix_flash_bf16_d64",
+                    (false, _) => "paged_prefix_flash_bf16_d128",
+                    (true, 64) => "paged_prefix_flash_f16_d64",
+                    (true, _) => "paged_prefix_flash_f16_d128",
+                };
                 let (ti, pki) = (tiles.ptr(), to_i32(op, "shared keys per split", prefix_keys)?);
                 launch!(self.st()?, op, name, cfg; pp, qp, kp, vp, tp, stridei, ti, hqi, hkvi, bsi, scale, pki, splitsi);
             }
@@ -151,7 +161,8 @@ impl CudaBackend {
 
 impl CudaBackend {
     /// Whether a step of many sequences runs its paged decode on the tensor cores
-    /// (flash_attention.cu `paged_flash_decode_bf16_d*`): a bf16 store, head sizes 64 and 128, up
+    /// (flash_attention.cu `paged_flash_decode_{bf16,f16}_d*`): a bf16 or f16 store (a GGUF
+    /// model's caches: f16 MMAs over the keys and values as stored), head sizes 64 and 128, up
     /// to 16 query heads per KV head, attention on the bf16 path by the matmul precision (as the
     /// prefill's flash kernels), sm_80+ (`NUVEC_FLASH_ATTENTION=0` or `NUVEC_PAGED_FLASH=0` off).
     fn paged_flash_takes(&self, qp: u64, kv_dt: i32, hq: usize, hkv: usize, d: usize) -> Result<bool> {
@@ -159,7 +170,7 @@ impl CudaBackend {
         let on = *ON.get_or_init(|| crate::tuning::env("NUVEC_PAGED_FLASH").map_or(true, |v| v != "0"));
         Ok(on
             && self.st()?.flash
-            && kv_dt == DT_BF16
+            && (kv_dt == DT_BF16 || kv_dt == DT_F16)
             && (d == 64 || d == 128)
             && hq / hkv <= 16
             && qp.is_multiple_of(8)

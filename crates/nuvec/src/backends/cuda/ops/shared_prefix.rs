@@ -1,8 +1,8 @@
 //! Which sequences of a paged decode step share their first keys: the same blocks of the store at
 //! the start of their tables, as the prefix cache hands them out (a system prompt many requests
 //! begin with). The tensor-core decode reads such keys once for a whole group
-//! (flash_attention.cu `paged_prefix_flash_bf16_d*`) and each member's own keys after them
-//! (`paged_flash_decode_bf16_d*` from its start), where it read every member's keys in full.
+//! (flash_attention.cu `paged_prefix_flash_{bf16,f16}_d*`) and each member's own keys after them
+//! (`paged_flash_decode_{bf16,f16}_d*` from its start), where it read every member's keys in full.
 //! Blocks with the same id are the same rows of the store, so a group's result is each member's
 //! attention over its own keys, whatever the grouping: only the partials' split differs.
 
