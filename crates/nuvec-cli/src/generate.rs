@@ -137,12 +137,12 @@ pub struct Args {
     /// in one pass. The output is the same; it comes faster where the draft agrees often.
     #[arg(long, value_name = "PATH")]
     draft_model: Option<String>,
-    /// With --draft-model and sampling (--temp above 0): the draft draws its guesses with the
-    /// same sampler instead of picking them greedily, and each goes through the rejection rule
-    /// (taken with probability min(1, p/q), else replaced by a draw from what the model gives
-    /// beyond the draft). More guesses are taken; the output follows the same distribution, but
-    /// a seed no longer gives the very tokens it gives without a draft.
-    #[arg(long, requires = "draft_model")]
+    /// With --draft-model or --mtp and sampling (--temp above 0): the draft (or the head) draws
+    /// its guesses with the same sampler instead of picking them greedily, and each goes through
+    /// the rejection rule (taken with probability min(1, p/q), else replaced by a draw from what
+    /// the model gives beyond the draft). More guesses are taken; the output follows the same
+    /// distribution, but a seed no longer gives the very tokens it gives without a draft.
+    #[arg(long)]
     draft_sampling: bool,
     /// With --prompt-lookup, --draft-model or --mtp: tokens guessed per step (as mlx_lm.generate's).
     #[arg(long, default_value_t = 3)]
@@ -303,9 +303,8 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         cache_salt: None,
     };
     let mut text = TextStream::new(&tokenizer, &options).with_mlx_lm_spacing();
-    if args.draft_sampling && args.draft_model.is_none() {
-        // clap lets it through beside --prompt-lookup, which conflicts with --draft-model.
-        return Err("--draft-sampling needs --draft-model: prompt lookup's guesses are not drawn".into());
+    if args.draft_sampling && args.draft_model.is_none() && !args.mtp {
+        return Err("--draft-sampling needs --draft-model or --mtp: prompt lookup's guesses are not drawn".into());
     }
     if args.prompt_lookup || args.draft_model.is_some() || args.mtp {
         if args.prompt_cache_file.is_some() {
@@ -332,7 +331,14 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
             return finish_speculative(&args, &tokenizer, generation, &mut text);
         }
         if args.mtp {
-            let generation = speculative_generate(&model, &ids, options, MtpHead::new(&model)?, args.num_draft_tokens)?;
+            let head = if args.draft_sampling {
+                // Seeded as a sampling draft model's generator (above).
+                let seed = options.seed.map(|s| s.wrapping_add(1));
+                MtpHead::sampling(&model, options.sampler.clone(), seed)?
+            } else {
+                MtpHead::new(&model)?
+            };
+            let generation = speculative_generate(&model, &ids, options, head, args.num_draft_tokens)?;
             return finish_speculative(&args, &tokenizer, generation, &mut text);
         }
         let lookup = PromptLookup { max_ngram: args.prompt_lookup_max, min_ngram: args.prompt_lookup_min };

@@ -78,8 +78,9 @@ fn a_sampling_draft_takes_its_drawn_guesses() {
 }
 
 /// `--mtp`: a checkpoint's own multi-token-prediction head (a Qwen3.5 fixture with a random
-/// `mtp.*` head) guesses, the text is the same as without it; a model without a head is refused
-/// naming the fix, and --mtp does not go with another proposer.
+/// `mtp.*` head) guesses, the text is the same as without it; with `--draft-sampling` the head
+/// draws its guesses and a seed gives one output; a model without a head is refused naming the
+/// fix, and --mtp does not go with another proposer.
 #[test]
 fn an_mtp_head_prints_the_same_text() {
     let fixtures = std::env::var("NUVEC_FIXTURES").unwrap_or_else(|_| panic!("NUVEC_FIXTURES is not set"));
@@ -105,6 +106,14 @@ fn an_mtp_head_prints_the_same_text() {
         let line = err.lines().find(|l| l.starts_with("Speculative: ")).unwrap_or_else(|| panic!("{err}"));
         let drafted: usize = line["Speculative: ".len()..].split_whitespace().nth(2).unwrap().parse().unwrap();
         assert!(drafted > 0, "the head guessed: {line}");
+        let sampled = ["--mtp", "--draft-sampling", "--temp", "0.8", "--seed", "5", "--num-draft-tokens", "2"];
+        let (ok, text, err) = run(&model, &sampled);
+        assert!(ok, "{err}");
+        let line = err.lines().find(|l| l.starts_with("Speculative: ")).unwrap_or_else(|| panic!("{err}"));
+        let drafted: usize = line["Speculative: ".len()..].split_whitespace().nth(2).unwrap().parse().unwrap();
+        assert!(drafted > 0, "the sampling head guessed: {line}");
+        let (ok, again, _) = run(&model, &sampled);
+        assert!(ok && again == text, "{model}: a seed gives one output");
     }
     let (ok, _, err) = run(&gguf(), &["--mtp"]);
     assert!(!ok && err.contains("no multi-token-prediction head"), "{err}");

@@ -4,6 +4,7 @@
 //! vLLM and llama.cpp run it, on a Hugging Face-layout checkpoint with a random head. The head's
 //! logits and chained guesses must be the reference's; its proposer must keep the same guesses
 //! whatever the target accepted before; and speculation with it must give mlx-lm's greedy answer.
+//! A sampling head draws each guess from the distribution it reports for the rejection rule.
 
 mod common;
 
@@ -11,8 +12,10 @@ use std::path::{Path, PathBuf};
 
 use common::scripted::Scripted;
 use common::{fixtures, ids, oracle_json, rows_of};
+use nuvec_lm::sample::log_softmax;
 use nuvec_lm::speculative::{speculative_generate, MtpHead, Proposer, SpeculativeStats};
-use nuvec_lm::{generate, GenerateOptions, LoadOptions, Model};
+use nuvec_lm::{generate, GenerateOptions, LoadOptions, Model, Sampler};
+use rand::SeedableRng;
 use serde_json::Value;
 
 /// A case's folder (its records) and what loads it (the folder, or its model.gguf).
@@ -130,6 +133,51 @@ fn moe_head_chains_are_the_reference() {
 #[test]
 fn gguf_head_chains_are_the_reference() {
     chains_match("gguf-qwen35-mtp");
+}
+
+/// `MtpHead::sampling`: a proposal's guesses are drawn, each from the distribution the head
+/// reports for it (`drawn_from`, what the rejection rule divides by), and that distribution is
+/// the sampler's over the head's own logits along the chain it drew, recomputed here position by
+/// position; one seed draws one chain, and seeds draw several; a greedy sampler reports none and
+/// picks what `MtpHead::new` picks.
+#[test]
+fn a_sampling_head_draws_from_the_distributions_it_reports() {
+    let (dir, path) = case("qwen3_5-mtp");
+    let model = load_mtp(&path);
+    let seq = ids(&mtp_json(&dir)["sequence"]);
+    let start = seq.len() / 2;
+    let history = &seq[..start + 2];
+    let hidden = target_hidden(&model, &seq[..=start]);
+    let sampler = Sampler { temperature: 1.0, top_k: 20, ..Default::default() };
+    let propose = |sampler: &Sampler, seed: u64| {
+        let mut head = MtpHead::sampling(&model, sampler.clone(), Some(seed)).unwrap();
+        head.observe(0, &hidden).unwrap();
+        let chain = head.propose(history, 4).unwrap();
+        (chain, head.drawn_from().map(<[Vec<f64>]>::to_vec))
+    };
+    let (chain, drawn) = propose(&sampler, 3);
+    let drawn = drawn.expect("a sampling head reports the distributions it drew from");
+    assert_eq!((chain.len(), drawn.len()), (4, 4));
+    let mut cache = model.new_mtp_cache().unwrap();
+    let out = model.mtp_hidden(&history[1..], &hidden, &mut cache).unwrap();
+    let mut h = out.slice_rows(out.dim(0) - 1, out.dim(0)).unwrap();
+    for (i, &guess) in chain.iter().enumerate() {
+        let mut logprobs = log_softmax(&rows_of(&model.logits(&h).unwrap())[0]);
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(0);
+        let want = sampler.distribution(&mut logprobs, &[], &mut rng).unwrap();
+        let worst = want.iter().zip(&drawn[i]).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max);
+        assert!(worst < 1e-12, "guess {i}: the reported distribution is off by {worst}");
+        assert!(drawn[i][guess as usize] > 0.0, "guess {i} ({guess}) lies outside its distribution");
+        h = model.mtp_hidden(&[guess], &h, &mut cache).unwrap();
+    }
+    assert_eq!(propose(&sampler, 3).0, chain, "one seed, one chain");
+    let chains: std::collections::HashSet<Vec<u32>> = (0..8).map(|seed| propose(&sampler, seed).0).collect();
+    assert!(chains.len() > 1, "eight seeds drew one chain: {chains:?}");
+    let (picked, reported) = propose(&Sampler::default(), 3);
+    let mut greedy = MtpHead::new(&model).unwrap();
+    greedy.observe(0, &hidden).unwrap();
+    assert_eq!(picked, greedy.propose(history, 4).unwrap(), "a greedy sampler picks");
+    assert!(reported.is_none(), "picked guesses report no distribution");
 }
 
 /// Checks `got`, a head's guesses after `history` (shown the target's hidden states from

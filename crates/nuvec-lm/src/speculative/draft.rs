@@ -2,13 +2,11 @@
 //! from its own cache, which follows the history (kept where it agrees, trimmed exactly and
 //! extended where it does not), as mlx_lm.generate's `--draft-model`.
 
-use rand::SeedableRng;
-use rand_chacha::ChaCha8Rng;
-
+use super::guesser::Guesser;
 use super::proposer::Proposer;
 use crate::cache::LayerCache;
 use crate::models::Model;
-use crate::sample::{draw, log_softmax, Sampler};
+use crate::sample::Sampler;
 use crate::session::Session;
 use crate::Result;
 
@@ -19,10 +17,8 @@ pub struct DraftModel<'a> {
     prefill_step: usize,
     /// Positions its recurrent layers (if any) can give back.
     rewind: usize,
-    /// How it draws its guesses, when it does not pick them greedily.
-    sampling: Option<(Sampler, ChaCha8Rng)>,
-    /// The distributions the last proposal was drawn from.
-    drawn: Vec<Vec<f64>>,
+    /// How it chooses its guesses.
+    guesser: Guesser,
 }
 
 impl<'a> DraftModel<'a> {
@@ -30,7 +26,7 @@ impl<'a> DraftModel<'a> {
     /// [`crate::Tokenizer::differs_from`]), prefilling `prefill_step` tokens per pass.
     pub fn new(model: &'a Model, prefill_step: usize) -> Result<Self> {
         let session = Session::new(model);
-        Ok(DraftModel { model, session, prefill_step: prefill_step.max(1), rewind: 0, sampling: None, drawn: vec![] })
+        Ok(DraftModel { model, session, prefill_step: prefill_step.max(1), rewind: 0, guesser: Guesser::greedy() })
     }
 
     /// A proposer that draws its guesses from `model`'s distribution under `sampler` (its
@@ -38,30 +34,14 @@ impl<'a> DraftModel<'a> {
     /// greedily: with a sampling target the rejection rule then takes more of them (see
     /// [`crate::speculative`]). A greedy `sampler` (temperature 0) picks, as [`DraftModel::new`].
     pub fn sampling(model: &'a Model, prefill_step: usize, sampler: Sampler, seed: Option<u64>) -> Result<Self> {
-        sampler.validate()?;
-        let mut draft = DraftModel::new(model, prefill_step)?;
-        let rng = seed.map_or_else(ChaCha8Rng::from_entropy, ChaCha8Rng::seed_from_u64);
-        draft.sampling = Some((sampler, rng));
-        Ok(draft)
-    }
-
-    /// The next guess from the draft's logits row: drawn (noting its distribution) or picked.
-    fn guess(&mut self, row: &[f32]) -> u32 {
-        if let Some((sampler, rng)) = &mut self.sampling {
-            let mut logprobs = log_softmax(row);
-            if let Some(q) = sampler.distribution(&mut logprobs, &[], rng) {
-                let guess = draw(&q, rng);
-                self.drawn.push(q);
-                return guess;
-            }
-        }
-        crate::sample::argmax(row)
+        let guesser = Guesser::sampling(sampler, seed)?;
+        Ok(DraftModel { guesser, ..DraftModel::new(model, prefill_step)? })
     }
 }
 
 impl Proposer for DraftModel<'_> {
     fn drawn_from(&self) -> Option<&[Vec<f64>]> {
-        self.sampling.as_ref().filter(|(s, _)| s.temperature > 0.0).map(|_| self.drawn.as_slice())
+        self.guesser.drawn_from()
     }
 
     fn propose(&mut self, history: &[u32], k: usize) -> Result<Vec<u32>> {
@@ -94,13 +74,14 @@ impl Proposer for DraftModel<'_> {
         self.session.prefill(self.model, &pending[..split], self.prefill_step, &Default::default())?;
         let mut input = pending[split..].to_vec();
         let mut guesses = Vec::with_capacity(k);
-        self.drawn.clear();
+        self.guesser.clear();
         for _ in 0..k {
             let logits = self.model.forward_last(&input, &mut self.session.cache)?;
             self.session.tokens.extend_from_slice(&input);
-            let guess = match self.sampling {
-                Some(_) => self.guess(&logits.to_vec::<f32>()?),
-                None => logits.argmax()?.to_vec::<u32>()?[0],
+            let guess = if self.guesser.draws() {
+                self.guesser.guess(&logits.to_vec::<f32>()?)
+            } else {
+                logits.argmax()?.to_vec::<u32>()?[0]
             };
             guesses.push(guess);
             input.clear();

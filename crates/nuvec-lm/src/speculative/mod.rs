@@ -28,6 +28,7 @@
 //! ```
 
 mod draft;
+mod guesser;
 mod lookup;
 pub(crate) mod mtp;
 mod proposer;

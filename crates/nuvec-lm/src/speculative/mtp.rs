@@ -4,7 +4,8 @@
 //! each position the target keeps is run through the head once, with the target's hidden state
 //! there and the token that followed; a proposal then chains the head on its own guesses (its own
 //! output standing in for the target's hidden state), and those positions are taken back before
-//! the next proposal. The head picks greedily.
+//! the next proposal. The head picks greedily, or draws its guesses under a sampler
+//! ([`MtpHead::sampling`]) for the rejection rule.
 //!
 //! A sequence's head may start after position 0 (a Batcher request whose prompt began in cached
 //! blocks, whose hidden states were never computed): it then attends to the positions from the
@@ -13,9 +14,11 @@
 
 use nuvec::Array;
 
+use super::guesser::Guesser;
 use super::proposer::Proposer;
 use crate::cache::LayerCache;
 use crate::models::Model;
+use crate::sample::Sampler;
 use crate::step::StepBatch;
 use crate::{Error, Result};
 
@@ -134,20 +137,43 @@ pub(crate) fn run(model: &Model, work: &mut [(&[u32], &mut [LayerCache])], targe
     model.mtp_step(&mut step, target)
 }
 
-/// Proposes what `model`'s multi-token-prediction head guesses, greedily.
+/// Proposes what `model`'s multi-token-prediction head guesses.
 pub struct MtpHead<'a> {
     model: &'a Model,
     state: MtpState,
+    guesser: Guesser,
 }
 
 impl<'a> MtpHead<'a> {
-    /// A proposer over `model`'s multi-token-prediction head (an error when none was loaded).
+    /// A proposer over `model`'s multi-token-prediction head (an error when none was loaded),
+    /// picking its guesses greedily.
     pub fn new(model: &'a Model) -> Result<Self> {
-        Ok(MtpHead { model, state: MtpState::new(model)? })
+        Ok(MtpHead { model, state: MtpState::new(model)?, guesser: Guesser::greedy() })
+    }
+
+    /// A proposer that draws the head's guesses from its distribution under `sampler` (its
+    /// generator seeded with `seed`, or from the system's entropy) instead of picking them, as
+    /// [`super::DraftModel::sampling`]: with a sampling target the rejection rule then takes more
+    /// of them and the output keeps the target's distribution. A greedy `sampler` picks.
+    pub fn sampling(model: &'a Model, sampler: Sampler, seed: Option<u64>) -> Result<Self> {
+        Ok(MtpHead { guesser: Guesser::sampling(sampler, seed)?, ..MtpHead::new(model)? })
+    }
+
+    /// The head's guess from its output row `h` (`[1, hidden]`).
+    fn guess(&mut self, h: &Array) -> Result<u32> {
+        if self.guesser.draws() {
+            let logits = self.model.logits(h)?.to_vec::<f32>()?;
+            return Ok(self.guesser.guess(&logits));
+        }
+        Ok(guesses(self.model, h)?[0])
     }
 }
 
 impl Proposer for MtpHead<'_> {
+    fn drawn_from(&self) -> Option<&[Vec<f64>]> {
+        self.guesser.drawn_from()
+    }
+
     fn wants_hidden(&self) -> bool {
         true
     }
@@ -166,13 +192,14 @@ impl Proposer for MtpHead<'_> {
             let out = self.model.mtp_hidden(&tokens, &target, self.state.cache())?;
             self.state.caught_up(&out, history)?;
         }
+        self.guesser.clear();
         let Some(mut h) = self.state.ready(history).filter(|_| k > 0).cloned() else {
             return Ok(vec![]);
         };
-        let mut chain = guesses(self.model, &h)?;
+        let mut chain = vec![self.guess(&h)?];
         while chain.len() < k {
             h = self.model.mtp_hidden(&chain[chain.len() - 1..], &h, self.state.cache())?;
-            chain.extend(guesses(self.model, &h)?);
+            chain.push(self.guess(&h)?);
         }
         Ok(chain)
     }
