@@ -4,8 +4,8 @@
 use std::collections::HashMap;
 use std::path::Path;
 
-use nuvec::io::{gguf_matrix, GgufFile, GgufTensor, GgufValue};
-use nuvec::{Array, Matrix, QuantSpec};
+use nuvec::io::{gguf_matrix, GgmlType, GgufFile, GgufTensor, GgufValue};
+use nuvec::{Array, DType, Matrix, QuantSpec};
 use serde_json::{json, Map, Value};
 
 use crate::config::Config;
@@ -356,15 +356,29 @@ fn head_rows(file: &GgufFile, tensor: &GgufTensor, arch: &str, key: &str, heads:
 }
 
 fn weights(file: &GgufFile, config: &Config, arch: &str, mtp: bool) -> Result<Weights> {
-    Ok(Weights::from_arrays(file.path(), converted_arrays(file, config, arch, mtp)?.0))
+    Ok(Weights::from_arrays(file.path(), converted_arrays(file, config, arch, Destination::Model { mtp })?.0))
+}
+
+/// Where converted arrays go.
+#[derive(Clone, Copy)]
+enum Destination {
+    /// A model loaded now: the simple blocks' parameters stay in f16, ggml's type for them (fewer
+    /// bytes a weight); with `mtp`, a Qwen3.5 file's multi-token-prediction block too.
+    Model { mtp: bool },
+    /// An MLX checkpoint (`nuvec convert`): the offset types' (Q4_0, Q5_0, Q8_0) parameters in
+    /// f32, as before they were f16, since mlx-lm computes in the type a quantized embedding's
+    /// rows come out in (its scales'): with f16 ones a checkpoint of f32 norms would run in f16.
+    Checkpoint,
 }
 
 /// Every tensor the model uses, converted and named as an MLX checkpoint names it, and the
 /// affine layout of each quantized module (by module path).
 type Converted = (HashMap<String, Array>, HashMap<String, QuantSpec>);
 
-/// With `mtp`, a Qwen3.5 file's multi-token-prediction block is converted too (as `mtp.*`).
-fn converted_arrays(file: &GgufFile, config: &Config, arch: &str, mtp: bool) -> Result<Converted> {
+/// For a model with `mtp`, a Qwen3.5 file's multi-token-prediction block is converted too (as
+/// `mtp.*`); for a checkpoint, the offset types' parameters are f32 ([`Destination`]).
+fn converted_arrays(file: &GgufFile, config: &Config, arch: &str, into: Destination) -> Result<Converted> {
+    let mtp = matches!(into, Destination::Model { mtp: true });
     let heads = config.usize("num_attention_heads")?;
     let kv_heads = config.usize("num_key_value_heads")?;
     if heads == 0 || kv_heads == 0 {
@@ -475,7 +489,12 @@ fn converted_arrays(file: &GgufFile, config: &Config, arch: &str, mtp: bool) -> 
             Matrix::Dense(a) => {
                 arrays.insert(name, stacked(moved(a, 1, 1)?)?);
             }
-            Matrix::Quantized(q) => {
+            Matrix::Quantized(mut q) => {
+                if matches!(into, Destination::Checkpoint)
+                    && matches!(tensor.ggml_type, GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0)
+                {
+                    (q.scales, q.biases) = (q.scales.astype(DType::F32)?, q.biases.astype(DType::F32)?);
+                }
                 let (bits, group) = (q.spec.bits, q.spec.group_size);
                 arrays.insert(format!("{base}.weight"), stacked(moved(q.packed, bits, 32)?)?);
                 arrays.insert(format!("{base}.scales"), stacked(moved(q.scales, 1, group)?)?);
@@ -520,7 +539,7 @@ pub fn read_gguf(path: &Path) -> Result<GgufCheckpoint> {
     };
     let mut config = config_json(&file, arch, model_type)?;
     let parsed = Config::from_json(&label, &config.to_string())?;
-    let (tensors, specs) = converted_arrays(&file, &parsed, arch, false)?;
+    let (tensors, specs) = converted_arrays(&file, &parsed, arch, Destination::Checkpoint)?;
     let tokenizer = gguf_tokenizer::tokenizer(&file)?;
     for (key, field) in
         [("tokenizer.ggml.bos_token_id", "bos_token_id"), ("tokenizer.ggml.eos_token_id", "eos_token_id")]
