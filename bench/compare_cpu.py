@@ -13,7 +13,7 @@ import subprocess
 import sys
 import time
 
-from raw import Raw
+from raw import Raw, machine
 
 PREFILLS = (512, 2048)
 DECODE_PROMPT = 512
@@ -163,6 +163,12 @@ def main():
         for e in engines:
             d = statistics.median(metrics[e]["decode"])
             print(f"  {e:10s} decode at {100 * d / ceiling:5.1f} % of the ceiling")
+    print()
+    # What ran: the processor's vector extensions, and the instruction sets each engine used.
+    print("\n".join(machine().splitlines()[:2]))
+    version = subprocess.run([args.nuvec, "--version"], capture_output=True, text=True, check=True).stdout
+    print("nuvec:     " + next((l for l in version.splitlines() if l.startswith("cpu:")), version.strip()))
+    print("llama.cpp: " + llama_cpp.llama_print_system_info().decode().strip())
     print()
     for e in [e for e in engines if e != "llama.cpp"]:
         print(f"ratios {e} / llama.cpp (medians; decode/prefill: higher is better, RSS: lower is better)")
