@@ -125,7 +125,7 @@ inline unsigned short emu_float_to_half(float f) {
 #define __launch_bounds__(...)
 #define __shared__ static
 #define __align__(n) __attribute__((aligned(n)))
-// The kernel sources leave their inline-PTX wrappers out under this (mma_bf16, mma_f16, bf16x2_rn, f16x2_rn, bf16x2_fma, smem_addr,
+// The kernel sources leave their inline-PTX wrappers out under this (mma_half, mma_bf16, half2_rn, bf16x2_rn, bf16x2_fma, smem_addr,
 // cp_async*, ldmatrix_x4, exp2_ftz, and_or, dp4a_us/dp4a_uu below).
 #define NUVEC_CUDA_EMU 1
 
@@ -214,14 +214,19 @@ inline void emu_mma_half(float (&d)[4], const unsigned (&a)[4], const unsigned (
     w.bar->arrive_and_wait();  // every lane has read the fragments before any lane's next call
     for (int i = 0; i < 4; ++i) d[i] = (float)r[i];
 }
-inline void mma_bf16(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
-    emu_mma_half(d, a, b, [](unsigned v) { return emu_bf16(v); });
+template <bool F16>
+inline void mma_half(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
+    if constexpr (F16)
+        emu_mma_half(d, a, b, [](unsigned v) { return emu_half_to_float((unsigned short)(v & 0xFFFFu)); });
+    else emu_mma_half(d, a, b, [](unsigned v) { return emu_bf16(v); });
 }
-inline void mma_f16(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
-    emu_mma_half(d, a, b, [](unsigned v) { return emu_half_to_float((unsigned short)(v & 0xFFFFu)); });
+inline void mma_bf16(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2]) { mma_half<false>(d, a, b); }
+// cvt.rn.{bf16,f16}x2.f32: two floats to the half type (nearest even), lo in the low half.
+template <bool F16>
+inline unsigned half2_rn(float lo, float hi) {
+    if constexpr (F16) return emu_float_to_half(lo) | ((unsigned)emu_float_to_half(hi) << 16);
+    else return bf16x2_rn(lo, hi);
 }
-// cvt.rn.f16x2.f32: two floats to f16 (nearest even), lo in the low half.
-inline unsigned f16x2_rn(float lo, float hi) { return emu_float_to_half(lo) | ((unsigned)emu_float_to_half(hi) << 16); }
 
 // The m16n8k32 mma.sync on bytes (qimma.cu's mma_u8): A unsigned, B signed (SB) or unsigned,
 // exact int32 sums (wrapping, as the hardware's without .satfinite).

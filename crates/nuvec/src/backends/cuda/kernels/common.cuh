@@ -316,54 +316,44 @@ __device__ __forceinline__ void store_float(void* p, size_t i, float v, int dt) 
 #ifndef NUVEC_CUDA_EMU
 // Tensor-core helpers (flash attention, the bf16 weight decoder); the CPU emulator
 // (scripts/cuda-emu/cuda_emu.h) defines its own of each.
-// d += A B for one m16n8k16 step (A row-major, B column-major, bf16 in, f32 accumulation); bf16
-// mma.sync needs sm_80, where the host launches the kernels using it (elsewhere it traps).
+// d += A B for one m16n8k16 step (A row-major, B column-major, f32 accumulation) over halves of
+// PTX type TYPE ("bf16" or "f16").
+#define MMA_M16N8K16(TYPE)                                                                             \
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32." TYPE "." TYPE ".f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, " \
+                 "{%8,%9}, {%0,%1,%2,%3};"                                                             \
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])                                      \
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]))
+// The tensor-core kernels' two half types: F16 false takes bf16 (bf16 caches, the prefill's
+// converted keys, the weight decoders), true f16 (a GGUF model's f16 caches, read as stored).
+// mma.sync on halves needs sm_80, where the host launches the kernels using it (elsewhere it traps).
+template <bool F16>
+__device__ __forceinline__ void mma_half(float (&d)[4], const u32 (&a)[4], const u32 (&b)[2]) {
+#if __CUDA_ARCH__ >= 800
+    if constexpr (F16) MMA_M16N8K16("f16");
+    else MMA_M16N8K16("bf16");
+#else
+    __trap();
+#endif
+}
+// Two floats rounded to the half type (nearest even), lo in the low half: one cvt on sm_80+
+// (for bf16 the same rounding as bf16_rn, except that a NaN becomes the canonical NaN 0x7FFF;
+// beyond f16's range, infinities), bf16_rn / f32_to_f16 before.
+template <bool F16>
+__device__ __forceinline__ u32 half2_rn(float lo, float hi) {
+#if __CUDA_ARCH__ >= 800
+    u32 r;
+    if constexpr (F16) asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    else asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+#else
+    if constexpr (F16) return (u32)f32_to_f16(lo) | ((u32)f32_to_f16(hi) << 16);
+    else return bf16_rn(lo) | (bf16_rn(hi) << 16);
+#endif
+}
 __device__ __forceinline__ void mma_bf16(float (&d)[4], const u32 (&a)[4], const u32 (&b)[2]) {
-#if __CUDA_ARCH__ >= 800
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-#else
-    __trap();
-#endif
+    mma_half<false>(d, a, b);
 }
-// Two floats rounded to bf16 (nearest even), lo in the low half: one cvt on sm_80+ (the same
-// rounding as bf16_rn, except that a NaN becomes the canonical NaN 0x7FFF), bf16_rn before.
-__device__ __forceinline__ u32 bf16x2_rn(float lo, float hi) {
-#if __CUDA_ARCH__ >= 800
-    u32 r;
-    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-    return r;
-#else
-    return bf16_rn(lo) | (bf16_rn(hi) << 16);
-#endif
-}
-
-// d += A B for one m16n8k16 step with f16 inputs (the paged decode over f16 caches), f32
-// accumulation; sm_80+, where the host launches the kernels using it (elsewhere it traps).
-__device__ __forceinline__ void mma_f16(float (&d)[4], const u32 (&a)[4], const u32 (&b)[2]) {
-#if __CUDA_ARCH__ >= 800
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-#else
-    __trap();
-#endif
-}
-// Two floats rounded to f16 (nearest even; beyond f16's range, infinities), lo in the low half.
-__device__ __forceinline__ u32 f16x2_rn(float lo, float hi) {
-#if __CUDA_ARCH__ >= 800
-    u32 r;
-    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-    return r;
-#else
-    return (u32)f32_to_f16(lo) | ((u32)f32_to_f16(hi) << 16);
-#endif
-}
+__device__ __forceinline__ u32 bf16x2_rn(float lo, float hi) { return half2_rn<false>(lo, hi); }
 
 // a * b + c per bf16 half, rounded once to bf16 (nearest even); sm_80+, where the host launches
 // the kernels using it (elsewhere it traps).
@@ -464,19 +454,6 @@ __device__ __forceinline__ float exp2_ftz(float x) {
     return r;
 }
 #endif
-
-// The tensor-core attention kernels' two half types: F16 false takes bf16 (the bf16 caches, and
-// the prefill's converted keys), true f16 (a GGUF model's f16 caches, read as they are stored).
-template <bool F16>
-__device__ __forceinline__ u32 half2_rn(float lo, float hi) {
-    if constexpr (F16) return f16x2_rn(lo, hi);
-    else return bf16x2_rn(lo, hi);
-}
-template <bool F16>
-__device__ __forceinline__ void mma_half(float (&d)[4], const u32 (&a)[4], const u32 (&b)[2]) {
-    if constexpr (F16) mma_f16(d, a, b);
-    else mma_bf16(d, a, b);
-}
 
 // ---- The bf16 register products' input (qimma.cu's qdec kernels) ----
 //
