@@ -310,6 +310,9 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         if args.prompt_cache_file.is_some() {
             return Err("speculative decoding with --prompt-cache-file is not supported yet: drop one".into());
         }
+        // A drawing draft's (or head's) own generator: from the request's seed, so that a seed
+        // still gives one output; unseeded, as random as the request's.
+        let draft_seed = options.seed.map(|s| s.wrapping_add(1));
         if let Some(path) = &args.draft_model {
             let (draft, draft_tokenizer) = load_on(path, model.device())?;
             if let Some(why) = tokenizer.differs_from(&draft_tokenizer) {
@@ -320,10 +323,7 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
                 .into());
             }
             let proposer = if args.draft_sampling {
-                // Its own generator: from the request's seed, so that a seed still gives one
-                // output; unseeded, as random as the request's.
-                let seed = options.seed.map(|s| s.wrapping_add(1));
-                DraftModel::sampling(&draft, options.prefill_step_size, options.sampler.clone(), seed)?
+                DraftModel::sampling(&draft, options.prefill_step_size, options.sampler.clone(), draft_seed)?
             } else {
                 DraftModel::new(&draft, options.prefill_step_size)?
             };
@@ -332,9 +332,7 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         }
         if args.mtp {
             let head = if args.draft_sampling {
-                // Seeded as a sampling draft model's generator (above).
-                let seed = options.seed.map(|s| s.wrapping_add(1));
-                MtpHead::sampling(&model, options.sampler.clone(), seed)?
+                MtpHead::sampling(&model, options.sampler.clone(), draft_seed)?
             } else {
                 MtpHead::new(&model)?
             };

@@ -78,11 +78,7 @@ impl Proposer for DraftModel<'_> {
         for _ in 0..k {
             let logits = self.model.forward_last(&input, &mut self.session.cache)?;
             self.session.tokens.extend_from_slice(&input);
-            let guess = if self.guesser.draws() {
-                self.guesser.guess(&logits.to_vec::<f32>()?)
-            } else {
-                logits.argmax()?.to_vec::<u32>()?[0]
-            };
+            let guess = self.guesser.pick(&logits)?;
             guesses.push(guess);
             input.clear();
             input.push(guess);

@@ -2,6 +2,7 @@
 //! into guesses: picked greedily, or drawn under a sampler with each guess's distribution kept for
 //! the rejection rule ([`super::Proposer::drawn_from`]).
 
+use nuvec::Array;
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 
@@ -28,8 +29,8 @@ impl Guesser {
         Ok(Guesser { sampling: Some((sampler, rng)), drawn: vec![] })
     }
 
-    /// Whether guesses are drawn (then [`Guesser::guess`] needs each logits row on the host).
-    pub(crate) fn draws(&self) -> bool {
+    /// Whether guesses are drawn (each logits row then comes to the host).
+    fn draws(&self) -> bool {
         self.sampling.as_ref().is_some_and(|(s, _)| s.temperature > 0.0)
     }
 
@@ -38,8 +39,16 @@ impl Guesser {
         self.drawn.clear();
     }
 
-    /// The next guess from a logits row: drawn (noting its distribution) or picked.
-    pub(crate) fn guess(&mut self, row: &[f32]) -> u32 {
+    /// The next guess from a `[1, vocab]` logits row: drawn on the host (noting its
+    /// distribution), or picked where the row is.
+    pub(crate) fn pick(&mut self, logits: &Array) -> Result<u32> {
+        if self.draws() {
+            return Ok(self.guess(&logits.to_vec::<f32>()?));
+        }
+        Ok(logits.argmax()?.to_vec::<u32>()?[0])
+    }
+
+    fn guess(&mut self, row: &[f32]) -> u32 {
         if let Some((sampler, rng)) = &mut self.sampling {
             let mut logprobs = log_softmax(row);
             if let Some(q) = sampler.distribution(&mut logprobs, &[], rng) {

@@ -158,15 +158,6 @@ impl<'a> MtpHead<'a> {
     pub fn sampling(model: &'a Model, sampler: Sampler, seed: Option<u64>) -> Result<Self> {
         Ok(MtpHead { guesser: Guesser::sampling(sampler, seed)?, ..MtpHead::new(model)? })
     }
-
-    /// The head's guess from its output row `h` (`[1, hidden]`).
-    fn guess(&mut self, h: &Array) -> Result<u32> {
-        if self.guesser.draws() {
-            let logits = self.model.logits(h)?.to_vec::<f32>()?;
-            return Ok(self.guesser.guess(&logits));
-        }
-        Ok(guesses(self.model, h)?[0])
-    }
 }
 
 impl Proposer for MtpHead<'_> {
@@ -196,10 +187,10 @@ impl Proposer for MtpHead<'_> {
         let Some(mut h) = self.state.ready(history).filter(|_| k > 0).cloned() else {
             return Ok(vec![]);
         };
-        let mut chain = vec![self.guess(&h)?];
+        let mut chain = vec![self.guesser.pick(&self.model.logits(&h)?)?];
         while chain.len() < k {
             h = self.model.mtp_hidden(&chain[chain.len() - 1..], &h, self.state.cache())?;
-            chain.push(self.guess(&h)?);
+            chain.push(self.guesser.pick(&self.model.logits(&h)?)?);
         }
         Ok(chain)
     }

@@ -113,12 +113,9 @@ impl CudaBackend {
                 None
             };
             let (sp0, pslots) = (starts.as_ref().map_or(0, DeviceBuffer::ptr), prefix_slots as i32);
-            let name = match (kv_dt == DT_F16, d) {
-                (false, 64) => "paged_flash_decode_bf16_d64",
-                (false, _) => "paged_flash_decode_bf16_d128",
-                (true, 64) => "paged_flash_decode_f16_d64",
-                (true, _) => "paged_flash_decode_f16_d128",
-            };
+            // [store type][head size]: bf16 or f16, 64 or 128 (`paged_flash_takes`).
+            let (half, dim) = (usize::from(kv_dt == DT_F16), usize::from(d == 128));
+            let name = PAGED_FLASH_DECODE[half][dim];
             launch!(self.st()?, op, name, cfg; pp, qp, kp, vp, tp, stridei, lp, hqi, hkvi, bsi, scale, keysi, sp0, pslots);
             if tile_count > 0 {
                 let tiles = self.upload(&tiles)?;
@@ -127,12 +124,7 @@ impl CudaBackend {
                     block_dim: (PX_WARPS as u32 * 32, 1, 1),
                     shared_mem_bytes: paged_flash_smem_bytes(d, PX_KEYS) as u32,
                 };
-                let name = match (kv_dt == DT_F16, d) {
-                    (false, 64) => "paged_prefix_flash_bf16_d64",
-                    (false, _) => "paged_prefix_flash_bf16_d128",
-                    (true, 64) => "paged_prefix_flash_f16_d64",
-                    (true, _) => "paged_prefix_flash_f16_d128",
-                };
+                let name = PAGED_PREFIX_FLASH[half][dim];
                 let (ti, pki) = (tiles.ptr(), to_i32(op, "shared keys per split", prefix_keys)?);
                 launch!(self.st()?, op, name, cfg; pp, qp, kp, vp, tp, stridei, ti, hqi, hkvi, bsi, scale, pki, splitsi);
             }
@@ -177,6 +169,17 @@ impl CudaBackend {
             && matmul_precision()?.bf16_attention(crate::hint_is_half()))
     }
 }
+
+/// The tensor-core paged decode kernels by store type (bf16, f16) and head size (64, 128).
+const PAGED_FLASH_DECODE: [[&str; 2]; 2] = [
+    ["paged_flash_decode_bf16_d64", "paged_flash_decode_bf16_d128"],
+    ["paged_flash_decode_f16_d64", "paged_flash_decode_f16_d128"],
+];
+/// The shared-keys kernels, the same way.
+const PAGED_PREFIX_FLASH: [[&str; 2]; 2] = [
+    ["paged_prefix_flash_bf16_d64", "paged_prefix_flash_bf16_d128"],
+    ["paged_prefix_flash_f16_d64", "paged_prefix_flash_f16_d128"],
+];
 
 /// Keys per tile of the tensor-core paged decode (flash_attention.cu `PF_KEYS`).
 const PAGED_FLASH_KEYS: usize = 16;
