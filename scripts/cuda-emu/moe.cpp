@@ -6,7 +6,9 @@
 // (groups of 16, 32 and 64; f32, f16 and bf16 scales), dense bf16 and f32 ones, mxfp4, nvfp4
 // (with a global factor) and mxfp8, SiLU, gpt-oss's clamped SwiGLU and Gemma 4's GELU with
 // per-expert output scales, with and without bias rows (tolerance 1e-4 relative to
-// |want| + mean|want|); moe_shared_add against the host's gated sum; and the grouped path of
+// |want| + mean|want|); the 4-bit integer kernels (moe_gate_up_b4_int, moe_down_b4_int over
+// xsplit_f32's parts, a norm's pending scale too) against the same definition and tolerance;
+// moe_shared_add against the host's gated sum; and the grouped path of
 // many rows (moe_align, qmma_bN_g64 for gate and up, moe_act_bf16, qmma_bN_g64 for down,
 // moe_combine) for 4- and 8-bit weights with bf16 scales (f32 and f16 ones through the s kernels) and mxfp4 ones, against the same definition with x,
 // the decoded weights and the activations rounded to bf16 as the path rounds them (tolerance
@@ -138,8 +140,20 @@ static std::vector<double> expected(const std::vector<Mat>& mats, const std::vec
     return want;
 }
 
+// xsplit_f32's parts of the n values at v (several rows split as one), as the host launches it.
+static std::vector<unsigned> split(const float* v, size_t n) {
+    std::vector<unsigned> parts(QI_PARTS_WORDS(n / 32), 0x7fc00000u);
+    emu_launch({(unsigned)((n + 127) / 128), 1, 1}, {128, 1, 1}, [&] { xsplit_f32(parts.data(), v, (int)n); });
+    return parts;
+}
+
+// Integer: the 4-bit kernels on integer dot products (moe_gate_up_b4_int, moe_down_b4_int) over
+// xsplit_f32's parts; `pending` (one row): x's parts are a norm's with its scale pending (scales
+// and sums negated, the norm tail holding eps and the chunks' sums of squares), x = u / rms(h).
+enum class Path { Rows, Integer, IntegerPending };
+
 static void test_experts(const std::string& fmt, int group, int dt, bool biases, int activation, int rows,
-                         bool scaled = false, int hidden = 96, int inter = 64) {
+                         bool scaled = false, int hidden = 96, int inter = 64, Path path = Path::Rows) {
     const int E = 6, top_k = 2, b_dt = DT_BF16;
     const float alpha = 1.702f, limit = 7.0f, factor = 0.75f;
     std::vector<Mat> mats;  // [3][E]
@@ -193,19 +207,53 @@ static void test_experts(const std::string& fmt, int group, int dt, bool biases,
     const int wide = fmt == "b8" || fmt == "mxfp8";
     const unsigned gu_rows = fmt == "dense" ? MOE_WARPS : MOE_WARPS * (wide ? 2 : 4);
     const unsigned down_rows = fmt == "dense" ? MOE_WARPS : MOE_DOWN_ROWS;
-    emu_launch({(unsigned)((inter + gu_rows - 1) / gu_rows), (unsigned)(rows * top_k), 1}, {32 * MOE_WARPS, 1, 1}, [&] {
-        gate_up(act.data(), x.data(), ids.data(), index.data(), E, top_k, inter, hidden, dtk, lg, b_dt, activation,
-                alpha, limit);
-    });
-    emu_launch({(unsigned)((hidden + down_rows - 1) / down_rows), (unsigned)rows, 1}, {32 * MOE_WARPS, 1, 1}, [&] {
-        down(out.data(), act.data(), ids.data(), w.data(), index.data(), E, top_k, hidden, inter, dtk, lg, b_dt);
-    });
+    if (path == Path::Rows) {
+        emu_launch({(unsigned)((inter + gu_rows - 1) / gu_rows), (unsigned)(rows * top_k), 1}, {32 * MOE_WARPS, 1, 1}, [&] {
+            gate_up(act.data(), x.data(), ids.data(), index.data(), E, top_k, inter, hidden, dtk, lg, b_dt, activation,
+                    alpha, limit);
+        });
+        emu_launch({(unsigned)((hidden + down_rows - 1) / down_rows), (unsigned)rows, 1}, {32 * MOE_WARPS, 1, 1}, [&] {
+            down(out.data(), act.data(), ids.data(), w.data(), index.data(), E, top_k, hidden, inter, dtk, lg, b_dt);
+        });
+    } else {
+        std::vector<unsigned> xq = split(x.data(), x.size());
+        if (path == Path::IntegerPending) {
+            // x's parts become those of u = x rms(h) with the scale pending: the kernels must
+            // multiply by -1 / rms(h) from the tail.
+            std::vector<float> h(hidden);
+            double ss = 0;
+            for (auto& v : h) v = u(rng), ss += (double)v * v;
+            const float eps = 1e-5f, rms = (float)std::sqrt(ss / hidden + eps);
+            std::vector<float> uu(x.size());
+            for (size_t i = 0; i < x.size(); ++i) uu[i] = x[i] * rms;
+            xq = split(uu.data(), uu.size());
+            const int chunks = hidden / 32;
+            float* sc = (float*)(xq.data() + (size_t)chunks * QI_WORDS);
+            for (int c = 0; c < chunks; ++c) sc[c] = -sc[c], sc[chunks + c] = -sc[chunks + c];
+            sc[2 * chunks] = eps;
+            for (int c = 0; c < chunks; ++c) {
+                double p = 0;
+                for (int i = 0; i < 32; ++i) p += (double)h[32 * c + i] * h[32 * c + i];
+                sc[2 * chunks + 1 + c] = (float)p;
+            }
+        }
+        emu_launch({(unsigned)((inter + gu_rows - 1) / gu_rows), (unsigned)(rows * top_k), 1}, {32 * MOE_WARPS, 1, 1}, [&] {
+            moe_gate_up_b4_int(act.data(), (const float*)xq.data(), ids.data(), index.data(), E, top_k, inter, hidden,
+                               dtk, lg, b_dt, activation, alpha, limit);
+        });
+        std::vector<unsigned> aq = split(act.data(), act.size());
+        emu_launch({(unsigned)((hidden + down_rows - 1) / down_rows), (unsigned)rows, 1}, {32 * MOE_WARPS, 1, 1}, [&] {
+            moe_down_b4_int(out.data(), (const float*)aq.data(), ids.data(), w.data(), index.data(), E, top_k, hidden,
+                            inter, dtk, lg, b_dt);
+        });
+    }
     const std::vector<double> want = expected(mats, bval, biases, E, top_k, hidden, inter, activation, alpha, limit,
                                               scaled, x, ids, w, false);
     const char* act_name = activation == MOE_ACT_SILU ? " silu" : activation == MOE_ACT_GELU_APPROX ? " gelu" : " swiglu_oai";
     cmp("moe experts " + fmt + " group " + std::to_string(group) + " dt " + std::to_string(dt) + (biases ? " biases" : "") +
             act_name + (scaled ? " scaled" : "") + " rows " + std::to_string(rows) + " hidden " + std::to_string(hidden) +
-            " inter " + std::to_string(inter),
+            " inter " + std::to_string(inter) +
+            (path == Path::Integer ? " integer" : path == Path::IntegerPending ? " integer pending-norm" : ""),
         out, want);
 }
 
@@ -376,7 +424,7 @@ int main() {
     test_route(2, 32, 4, MOE_ROUTE_TOPK_SOFTMAX, false, false);
     test_route(2, 40, 6, MOE_ROUTE_TOPK_SOFTMAX, false, true);
     test_route(2, 512, 10, MOE_ROUTE_SOFTMAX_TOPK, true, true);
-    test_experts("b4", 64, DT_BF16, false, MOE_ACT_SILU, 2);
+    test_experts("b4", 64, DT_BF16, false, MOE_ACT_SILU, 2, false, 128);
     test_experts("b4", 16, DT_F16, true, MOE_ACT_SWIGLU_OAI, 1);
     test_experts("b3", 32, DT_F32, false, MOE_ACT_SILU, 1);
     test_experts("b8", 32, DT_BF16, true, MOE_ACT_SILU, 2);
@@ -389,9 +437,9 @@ int main() {
     test_experts("dense", 32, DT_BF16, true, MOE_ACT_GELU_APPROX, 1, true);
     // Rows of more chunks than a warp's lanes (gate_up) and more (slot, chunk) pairs than a block's
     // threads (down), as a real model's.
-    test_experts("b4", 64, DT_BF16, true, MOE_ACT_SILU, 2, false, 1088, 2080);
+    test_experts("b4", 64, DT_BF16, true, MOE_ACT_SILU, 2, false, 1088, 2112);
     test_experts("mxfp4", 32, 0, true, MOE_ACT_SWIGLU_OAI, 1, true, 1088, 2080);
-    test_experts("b8", 64, DT_BF16, false, MOE_ACT_SILU, 1, false, 1088, 2080);
+    test_experts("b8", 64, DT_BF16, false, MOE_ACT_SILU, 1, false, 1088, 2112);
     test_grouped("b4", 64, 6, 192, 128, false, MOE_ACT_SILU, 80, true, false);
     test_grouped("b4", 32, 12, 160, 96, true, MOE_ACT_SWIGLU_OAI, 5, false, false);
     test_grouped("b8", 32, 6, 160, 96, true, MOE_ACT_GELU_APPROX, 40, false, true);
@@ -399,7 +447,15 @@ int main() {
     // Scales as a GGUF's are stored (f32 Q4_0 / Q8_0 offsets, f16 Q4_1 ones): the s kernels.
     test_grouped("b4", 32, 6, 192, 128, false, MOE_ACT_SILU, 80, true, false, DT_F32);
     test_grouped("b8", 32, 6, 160, 96, true, MOE_ACT_SILU, 40, false, false, DT_F32);
-    test_grouped("b4", 64, 6, 160, 96, false, MOE_ACT_SILU, 40, false, false, DT_F16);
+    test_grouped("b4", 64, 6, 192, 128, false, MOE_ACT_SILU, 40, false, false, DT_F16);
+    // 4-bit experts in groups of 32 and more on integer dot products, every scale dtype, one row
+    // and several, bias rows, a norm's pending scale, rows longer than a warp's chunks.
+    test_experts("b4", 64, DT_BF16, false, MOE_ACT_SILU, 1, false, 128, 64, Path::Integer);
+    test_experts("b4", 32, DT_F16, true, MOE_ACT_SILU, 3, true, 96, 64, Path::Integer);
+    test_experts("b4", 32, DT_F32, true, MOE_ACT_SWIGLU_OAI, 2, false, 96, 64, Path::Integer);
+    test_experts("b4", 64, DT_F16, false, MOE_ACT_SILU, 1, false, 128, 64, Path::IntegerPending);
+    test_experts("b4", 32, DT_F16, true, MOE_ACT_SILU, 2, false, 1088, 2080, Path::Integer);
+    test_experts("b4", 64, DT_BF16, false, MOE_ACT_SILU, 1, false, 1152, 2048, Path::IntegerPending);
     printf(fails ? "moe: %d FAILED\n" : "moe: all passed\n", fails);
     return fails ? 1 : 0;
 }

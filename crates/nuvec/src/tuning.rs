@@ -171,7 +171,13 @@ pub const KNOBS: &[Knob] = &[
         "cuda",
         "the down projection's GEMV takes silu(gate) * up itself instead of after a silu_mul launch",
     ),
-    knob("NUVEC_QGEMV_INT", "0, 1", "1", "cuda", "one-row 4-bit GEMVs on int8 dot products; 0 keeps the f32 loops"),
+    knob(
+        "NUVEC_QGEMV_INT",
+        "0, 1",
+        "1",
+        "cuda",
+        "one-row 4-bit GEMVs and few-row 4-bit experts on int8 dot products; 0 keeps the f32 loops",
+    ),
     knob(
         "NUVEC_QGEMV_VARIANT",
         "0, 6..15",

@@ -4,7 +4,8 @@
 //! the device kernels take (affine 3/4/8 bits with f32/f16/bf16 scales, dense f32/bf16, mxfp4,
 //! nvfp4 with a global scale, mxfp8), SiLU, gpt-oss's clamped SwiGLU with bias rows and Gemma 4's
 //! GELU with per-expert output scales, at 1 to
-//! 64 rows (the gathered kernels) and 80 (each expert over its rows, products in f32); and a
+//! 64 rows (the gathered kernels; 4-bit experts in groups of 32 and more on int8 dot products
+//! below 8 rows) and 80 (each expert over its rows, products in f32); and a
 //! shared expert added under its sigmoid gate (`add_sigmoid_gated`).
 //!
 //! Needs a CUDA device: without one every test FAILS, saying so. Built only with
@@ -120,6 +121,7 @@ fn moe_experts_match_the_cpu() {
         ("nvfp4*", DType::BF16, silu, false),
         ("mxfp8", DType::BF16, silu, false),
         ("q4g64", DType::BF16, ExpertActivation::GeluApprox, false),
+        ("q4g128", DType::F32, silu, true),
     ] {
         let (cpu, on_gpu) = experts(format, dtype, n, hidden, inter, act, biased);
         for rows in [1usize, 5, 16, 64, 80] {

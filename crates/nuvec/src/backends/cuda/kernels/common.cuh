@@ -544,6 +544,39 @@ __device__ __forceinline__ void xsplit_chunk(u32* __restrict__ parts, int chunks
     }
 }
 
+// The integer sums of one 32-value chunk of 4-bit codes against x's parts of it (xp: the chunk's
+// QI_WORDS words), for each of ROWS rows' chunk words w[r]: a word's 8 nibbles masked into two
+// registers (values 0,2,4,6 and 1,3,5,7, a byte each) meet the parts' bytes in that order, S[r]
+// = (hi, mid, lo) sums, exact in int32 (qi_total joins them).
+template <int ROWS>
+__device__ __forceinline__ void qi4_sums(const uint4 (&w)[ROWS], const u32* __restrict__ xq_chunk, int (&S)[ROWS][3]) {
+    const uint4* xp = (const uint4*)xq_chunk;
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r) S[r][0] = S[r][1] = S[r][2] = 0;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {  // words 2h and 2h + 1: one uint4 of each part
+        const uint4 xh = __ldg(xp + h), xm = __ldg(xp + 2 + h), xl = __ldg(xp + 4 + h);
+#pragma unroll
+        for (int jj = 0; jj < 2; ++jj) {
+            const u32 he = jj ? xh.z : xh.x, ho = jj ? xh.w : xh.y, me = jj ? xm.z : xm.x, mo = jj ? xm.w : xm.y;
+            const u32 le = jj ? xl.z : xl.x, lo = jj ? xl.w : xl.y;
+#pragma unroll
+            for (int r = 0; r < ROWS; ++r) {
+                const int j = 2 * h + jj;
+                const u32 word = j == 0 ? w[r].x : j == 1 ? w[r].y : j == 2 ? w[r].z : w[r].w;
+                const u32 ev = word & 0x0F0F0F0Fu, od = (word >> 4) & 0x0F0F0F0Fu;
+                S[r][0] = dp4a_us(od, ho, dp4a_us(ev, he, S[r][0]));
+                S[r][1] = dp4a_uu(od, mo, dp4a_uu(ev, me, S[r][1]));
+                S[r][2] = dp4a_uu(od, lo, dp4a_uu(ev, le, S[r][2]));
+            }
+        }
+    }
+}
+// A chunk's dot product from its three sums (qi4_sums), before x's chunk scale.
+__device__ __forceinline__ float qi_total(const int (&S)[3]) {
+    return fmaf((float)S[0], 65536.0f, fmaf((float)S[1], 256.0f, (float)S[2]));
+}
+
 // What the integer GEMVs multiply their totals by for parts `xq` of a K-value x: 1, or when a
 // norm's scale is pending (`pending`: a negative scale seen, any lane of the warp) -1 / rms(h)
 // from the norm tail (the layout above; the totals came out negated). Every warp that calls it

@@ -582,35 +582,12 @@ __device__ __forceinline__ void qgemv4i_acc(float (&acc)[ROWS], bool& pending, c
         uint4 w[ROWS];
         float s[ROWS][1], b[ROWS][1];
         load(w, s, b, c);
-        const uint4* xp = (const uint4*)(xq + (size_t)c * QI_WORDS);
         int S[ROWS][3];
-#pragma unroll
-        for (int r = 0; r < ROWS; ++r) S[r][0] = S[r][1] = S[r][2] = 0;
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {  // words 2h and 2h + 1: one uint4 of each part
-            const uint4 xh = __ldg(xp + h), xm = __ldg(xp + 2 + h), xl = __ldg(xp + 4 + h);
-#pragma unroll
-            for (int jj = 0; jj < 2; ++jj) {
-                const u32 he = jj ? xh.z : xh.x, ho = jj ? xh.w : xh.y, me = jj ? xm.z : xm.x, mo = jj ? xm.w : xm.y;
-                const u32 le = jj ? xl.z : xl.x, lo = jj ? xl.w : xl.y;
-#pragma unroll
-                for (int r = 0; r < ROWS; ++r) {
-                    const int j = 2 * h + jj;
-                    const u32 word = j == 0 ? w[r].x : j == 1 ? w[r].y : j == 2 ? w[r].z : w[r].w;
-                    const u32 ev = word & 0x0F0F0F0Fu, od = (word >> 4) & 0x0F0F0F0Fu;
-                    S[r][0] = dp4a_us(od, ho, dp4a_us(ev, he, S[r][0]));
-                    S[r][1] = dp4a_uu(od, mo, dp4a_uu(ev, me, S[r][1]));
-                    S[r][2] = dp4a_uu(od, lo, dp4a_uu(ev, le, S[r][2]));
-                }
-            }
-        }
+        qi4_sums<ROWS>(w, xq + (size_t)c * QI_WORDS, S);
         const float xsc = __ldg(xscale + c), xs = __ldg(xsum + c);
         pending = xsc < 0.0f;  // a norm's scale pending (every chunk's sign): the sums come out negated (common.cuh)
 #pragma unroll
-        for (int r = 0; r < ROWS; ++r) {
-            const float d = fmaf((float)S[r][0], 65536.0f, fmaf((float)S[r][1], 256.0f, (float)S[r][2]));
-            acc[r] += s[r][0] * (d * xsc) + b[r][0] * xs;
-        }
+        for (int r = 0; r < ROWS; ++r) acc[r] += s[r][0] * (qi_total(S[r]) * xsc) + b[r][0] * xs;
     }
 }
 

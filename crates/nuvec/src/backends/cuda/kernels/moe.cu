@@ -451,6 +451,144 @@ __device__ __forceinline__ void moe_down_rows(float* __restrict__ out, const flo
             KERNEL<FMT, BITS, R, -1, false>(ARGS);                                 \
     } while (0)
 
+// 4-bit affine experts in groups of 32 and more, on integer dot products (as linear.cu's one-row
+// GEMVs, qgemv4i_acc): x and the activations come as xsplit_f32's parts, several rows split as
+// one (row i's chunks after row i - 1's), and each (row, chunk) costs 2 masks, a shift and 6
+// dp4a per word where the f32 rows kernels above decode every value (they were bound by
+// instructions issued, as the f32 GEMVs had been). One row's parts may be a norm's with its scale
+// pending (negated scales: xq_norm_scale); split parts never are.
+//
+// A chunk's 16-byte codes and its group's scale and bias (SDT: their dtype).
+template <int SDT>
+__device__ __forceinline__ void moe_load_i4(const u64* ent, size_t row, int c, int k, int lg, uint4& w, float& s,
+                                            float& b) {
+    const size_t chunks = (size_t)k >> 5;
+    w = __ldg((const uint4*)((const u32*)ent[0] + (row * chunks + c) * 4));
+    const size_t g = row * ((size_t)k >> lg) + (((size_t)c << 5) >> lg);
+    s = load_float((const void*)ent[1], g, SDT), b = load_float((const void*)ent[2], g, SDT);
+}
+
+// As moe_gate_up_rows, R rows of gate and of up per warp over x's parts `xq` (gridDim.y / top_k
+// rows of `hidden` values): grid (inter / (MOE_WARPS R), rows * top_k).
+template <int R, int SDT>
+__device__ __forceinline__ void moe_gate_up_int(float* __restrict__ act, const u32* __restrict__ xq,
+                                                const u32* __restrict__ ids, const u64* __restrict__ index,
+                                                int experts, int top_k, int inter, int hidden, int lg, int b_dt,
+                                                int activation, float alpha, float limit) {
+    const int slot = blockIdx.y, lane = threadIdx.x & 31;
+    const int r0 = (blockIdx.x * MOE_WARPS + (threadIdx.x >> 5)) * R;
+    if (r0 >= inter) return;
+    const u32 e = min(ids[slot], (u32)(experts - 1));
+    const u64* g = index + ((size_t)e) * MOE_SLOTS;
+    const u64* u = index + ((size_t)experts + e) * MOE_SLOTS;
+    const int chunks = hidden >> 5, total = (int)(gridDim.y / top_k) * chunks, c0 = (slot / top_k) * chunks;
+    const float* __restrict__ xscale = (const float*)(xq + (size_t)total * QI_WORDS);
+    const float* __restrict__ xsum = xscale + total;
+    float acc[2 * R];
+#pragma unroll
+    for (int r = 0; r < 2 * R; ++r) acc[r] = 0.0f;
+    bool pending = false;
+    for (int c = lane; c < chunks; c += 32) {
+        uint4 w[2 * R];
+        float s[2 * R], b[2 * R];
+#pragma unroll
+        for (int r = 0; r < R; ++r) {  // rows past the last load the last one's, never stored
+            const size_t row = (size_t)min(r0 + r, inter - 1);
+            moe_load_i4<SDT>(g, row, c, hidden, lg, w[r], s[r], b[r]);
+            moe_load_i4<SDT>(u, row, c, hidden, lg, w[R + r], s[R + r], b[R + r]);
+        }
+        int S[2 * R][3];
+        qi4_sums<2 * R>(w, xq + (size_t)(c0 + c) * QI_WORDS, S);
+        const float xsc = __ldg(xscale + c0 + c), xs = __ldg(xsum + c0 + c);
+        pending = xsc < 0.0f;
+#pragma unroll
+        for (int r = 0; r < 2 * R; ++r) acc[r] += s[r] * (qi_total(S[r]) * xsc) + b[r] * xs;
+    }
+#pragma unroll
+    for (int r = 0; r < 2 * R; ++r) acc[r] = warp_sum(acc[r]);
+    // Only one row's parts can be a norm's (pending); its tail follows its sums as for a K-value x.
+    const float scale = xq_norm_scale(xq, hidden, pending);
+    if (lane != 0) return;
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+        if (r0 + r >= inter) break;
+        float ag = acc[r] * scale, au = acc[R + r] * scale;
+        if (g[3]) ag += load_float((const void*)g[3], r0 + r, b_dt);
+        if (u[3]) au += load_float((const void*)u[3], r0 + r, b_dt);
+        act[(size_t)slot * inter + r0 + r] = moe_activate(ag, au, activation, alpha, limit);
+    }
+}
+
+// As moe_down_rows over the activations' parts `aq` (gridDim.y * top_k rows of `inter` values):
+// grid (hidden / MOE_DOWN_ROWS, rows).
+template <int SDT>
+__device__ __forceinline__ void moe_down_int(float* __restrict__ out, const u32* __restrict__ aq,
+                                             const u32* __restrict__ ids, const float* __restrict__ weights,
+                                             const u64* __restrict__ index, int experts, int top_k, int hidden,
+                                             int inter, int lg, int b_dt) {
+    constexpr int R = MOE_DOWN_ROWS;
+    __shared__ const u64* ents[MOE_MAX_TOP_K];
+    __shared__ float scaled[MOE_MAX_TOP_K];
+    __shared__ float part[MOE_WARPS][R];
+    const int t = blockIdx.y, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int r0 = blockIdx.x * R;
+    if (threadIdx.x < top_k) {
+        const u64* ent =
+            index + (2 * (size_t)experts + min(ids[(size_t)t * top_k + threadIdx.x], (u32)(experts - 1))) * MOE_SLOTS;
+        ents[threadIdx.x] = ent;
+        scaled[threadIdx.x] = weights[(size_t)t * top_k + threadIdx.x] * __uint_as_float((u32)ent[5]);
+    }
+    __syncthreads();
+    const int chunks = inter >> 5, total = (int)gridDim.y * top_k * chunks;
+    const float* __restrict__ ascale = (const float*)(aq + (size_t)total * QI_WORDS);
+    const float* __restrict__ asum = ascale + total;
+    float acc[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) acc[r] = 0.0f;
+    for (int i = threadIdx.x; i < top_k * chunks; i += 32 * MOE_WARPS) {
+        const int j = i / chunks, c = i - j * chunks;
+        uint4 w[R];
+        float s[R], b[R];
+#pragma unroll
+        for (int r = 0; r < R; ++r)
+            moe_load_i4<SDT>(ents[j], (size_t)min(r0 + r, hidden - 1), c, inter, lg, w[r], s[r], b[r]);
+        const int ac = (t * top_k + j) * chunks + c;
+        int S[R][3];
+        qi4_sums<R>(w, aq + (size_t)ac * QI_WORDS, S);
+        const float asc = __ldg(ascale + ac), as = __ldg(asum + ac), weight = scaled[j];
+#pragma unroll
+        for (int r = 0; r < R; ++r) acc[r] = fmaf(weight, s[r] * (qi_total(S[r]) * asc) + b[r] * as, acc[r]);
+    }
+#pragma unroll
+    for (int r = 0; r < R; ++r) acc[r] = warp_sum(acc[r]);
+    if (lane == 0)
+#pragma unroll
+        for (int r = 0; r < R; ++r) part[warp][r] = acc[r];
+    __syncthreads();
+    const int r = threadIdx.x;
+    if (r >= R || r0 + r >= hidden) return;
+    float sum = 0.0f;
+#pragma unroll
+    for (int w = 0; w < MOE_WARPS; ++w) sum += part[w][r];
+    for (int j = 0; j < top_k; ++j)
+        if (ents[j][3]) sum = fmaf(scaled[j], load_float((const void*)ents[j][3], r0 + r, b_dt), sum);
+    out[(size_t)t * hidden + r0 + r] = sum;
+}
+
+// The integer kernels' instances by scale dtype.
+#define MOE_INT_PICK(KERNEL, ...)                                            \
+    do {                                                                     \
+        if (dt == DT_BF16) KERNEL<DT_BF16>(__VA_ARGS__);                     \
+        else if (dt == DT_F16) KERNEL<DT_F16>(__VA_ARGS__);                  \
+        else KERNEL<DT_F32>(__VA_ARGS__);                                    \
+    } while (0)
+template <int SDT>
+__device__ __forceinline__ void moe_gate_up_int4(float* act, const u32* xq, const u32* ids, const u64* index,
+                                                 int experts, int top_k, int inter, int hidden, int lg, int b_dt,
+                                                 int activation, float alpha, float limit) {
+    moe_gate_up_int<4, SDT>(act, xq, ids, index, experts, top_k, inter, hidden, lg, b_dt, activation, alpha, limit);
+}
+
 // Many rows (a prefill) run grouped: the slots (token, choice) sorted by expert into tiles of
 // MOE_TILE (moe_align), each tile one tensor-core product against its expert's weights
 // (qmma.cu's qmma_bN_g64: gate and up into gu [slots, 2 inter], then down into y [slots,
@@ -577,3 +715,13 @@ extern "C" __global__ void __launch_bounds__(128) moe_gate_up_fp4(MOE_GU_PARAMS)
 extern "C" __global__ void __launch_bounds__(128) moe_down_fp4(MOE_DOWN_PARAMS) { pdl_begin(); MOE_PICK(moe_down_rows, MOE_FMT_FP, 4, MOE_DOWN_ROWS, MOE_DOWN_ARGS); }
 extern "C" __global__ void __launch_bounds__(128) moe_gate_up_fp8(MOE_GU_PARAMS) { pdl_begin(); MOE_PICK(moe_gate_up_rows, MOE_FMT_FP, 8, moe_gu_rows<8>(), MOE_GU_ARGS); }
 extern "C" __global__ void __launch_bounds__(128) moe_down_fp8(MOE_DOWN_PARAMS) { pdl_begin(); MOE_PICK(moe_down_rows, MOE_FMT_FP, 8, MOE_DOWN_ROWS, MOE_DOWN_ARGS); }
+// 4-bit affine experts in groups of 32 and more on integer dot products: `x` and `act` are
+// xsplit_f32's parts (u32 words) of x and of the activations.
+extern "C" __global__ void __launch_bounds__(128) moe_gate_up_b4_int(MOE_GU_PARAMS) {
+    pdl_begin();
+    MOE_INT_PICK(moe_gate_up_int4, act, (const u32*)x, ids, index, experts, top_k, inter, hidden, lg, b_dt, activation, alpha, limit);
+}
+extern "C" __global__ void __launch_bounds__(128) moe_down_b4_int(MOE_DOWN_PARAMS) {
+    pdl_begin();
+    MOE_INT_PICK(moe_down_int, out, (const u32*)act, ids, weights, index, experts, top_k, hidden, inter, lg, b_dt);
+}

@@ -1,7 +1,9 @@
 //! Mixture-of-experts layers on a CUDA device (kernels/moe.cu): the router's top-k on the device,
 //! and for a few rows (a decode step) the chosen experts read straight out of the layer's weights
 //! through an index of their buffers, made once per layer ([`CudaBackend::expert_index`]), so a
-//! decode step reads nothing back to the host and can be captured as a CUDA graph. From
+//! decode step reads nothing back to the host and can be captured as a CUDA graph. 4-bit experts
+//! in groups of 32 and more run those products on int8 dot products over x's and the
+//! activations' parts, as the one-row GEMVs do (`NUVEC_QGEMV_INT=0`: the f32 loops). From
 //! `NUVEC_MOE_GROUPED_ROWS` rows (default 8: a batched step, a prefill) they run grouped where the
 //! experts are 4- or 8-bit affine with bf16 scales, or mxfp4, and the precision puts them on bf16:
 //! the slots sorted by expert on the device (`moe_align`), each tile of 64 slots one tensor-core
@@ -16,10 +18,11 @@ use std::sync::OnceLock;
 use cudarc::driver::LaunchConfig;
 
 use super::fp::{FP_MXFP4, FP_MXFP8, FP_NVFP4};
+use super::gemv::int_gemvs;
 use super::prefill::matmul_precision;
 use super::qmma::{QmmaKernel, QM_ROWS, QM_THREADS};
 use super::{cfg_1d, to_i32, CudaBackend, DT_BF16, DT_F16, DT_F32};
-use crate::backends::cuda::{DeviceBuffer, State};
+use crate::backends::cuda::{Derived, DeviceBuffer, State};
 use crate::fpquant::global_factor;
 use crate::moe::{self, ExpertActivation, ExpertIndex, Experts, MoeRouting};
 use crate::{Array, DType, Error, Matrix, QuantMode, Result};
@@ -323,15 +326,28 @@ impl CudaBackend {
         if rows == 0 {
             return Ok(out);
         }
-        let xp = self.f32_ptr(op, "x", x)?;
+        let [kernels, dt, lg, b_dt] = index.params;
+        let ExpertKernels { mut gate_up, mut down, gate_up_rows, down_rows } = KERNELS[kernels as usize];
+        // 4-bit experts in groups of 32 and more take x and the activations as the integer GEMVs'
+        // parts (int8 dot products, as the one-row GEMVs): one row's may be its norm's.
+        let integer = gate_up == "moe_gate_up_b4" && lg >= 5 && int_gemvs();
+        let (xp, _x_parts) = match x.derived(Derived::IntParts) {
+            Some(parts) if integer && rows == 1 => (parts, None),
+            _ if integer => {
+                let parts = self.split_parts(op, self.f32_ptr(op, "x", x)?, rows * hidden)?;
+                (parts.ptr(), Some(parts))
+            }
+            _ => (self.f32_ptr(op, "x", x)?, None),
+        };
+        if integer {
+            (gate_up, down) = ("moe_gate_up_b4_int", "moe_down_b4_int");
+        }
         let (ip, wp, tp) =
             (self.ptr(op, "ids", ids)?, self.ptr(op, "weights", weights)?, self.ptr(op, "index", &index.table)?);
         let act = self.output(&[rows * top_k, inter], DType::F32, false)?;
         let (ap, o) = (act.cuda_ptr()?, out.cuda_ptr()?);
         let (ni, ki) = (to_i32(op, "experts", n)?, to_i32(op, "top_k", top_k)?);
         let (ii, hi) = (to_i32(op, "intermediate", inter)?, to_i32(op, "hidden", hidden)?);
-        let [kernels, dt, lg, b_dt] = index.params;
-        let ExpertKernels { gate_up, down, gate_up_rows, down_rows } = KERNELS[kernels as usize];
         let (activation, alpha, limit) = activation_args(experts.activation());
         let st = self.st()?;
         let block = (32 * WARPS as u32, 1, 1);
@@ -342,6 +358,8 @@ impl CudaBackend {
             shared_mem_bytes: 0,
         };
         launch!(st, op, gate_up, cfg; ap, xp, ip, tp, ni, ki, ii, hi, dt, lg, b_dt, activation, alpha, limit);
+        let act_parts = if integer { Some(self.split_parts(op, ap, rows * top_k * inter)?) } else { None };
+        let ap = act_parts.as_ref().map_or(ap, DeviceBuffer::ptr);
         let cfg = LaunchConfig {
             grid_dim: (hidden.div_ceil(down_rows) as u32, rows as u32, 1),
             block_dim: block,
