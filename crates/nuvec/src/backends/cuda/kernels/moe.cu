@@ -386,6 +386,42 @@ __device__ __forceinline__ void moe_gate_up_rows(float* __restrict__ act, const 
     }
 }
 
+// The down kernels' shared parts. Each slot's expert entry and its routing weight times the
+// expert's factor for token t, read once by the block's first top_k threads.
+__device__ __forceinline__ void moe_down_slots(const u64** ents, float* scaled, int t, const u32* __restrict__ ids,
+                                               const float* __restrict__ weights, const u64* __restrict__ index,
+                                               int experts, int top_k) {
+    if (threadIdx.x < top_k) {
+        const u64* ent =
+            index + (2 * (size_t)experts + min(ids[(size_t)t * top_k + threadIdx.x], (u32)(experts - 1))) * MOE_SLOTS;
+        ents[threadIdx.x] = ent;
+        scaled[threadIdx.x] = weights[(size_t)t * top_k + threadIdx.x] * __uint_as_float((u32)ent[5]);
+    }
+    __syncthreads();
+}
+// out[t, r0 + r] for the block's R rows: each thread's sums over its (slot, chunk) pairs `acc`,
+// added by warp, then across the warps in warp order, then the slots' bias rows.
+template <int R>
+__device__ __forceinline__ void moe_down_store(float* __restrict__ out, float (&acc)[R], float (*part)[R],
+                                               const u64* const* ents, const float* scaled, int t, int r0,
+                                               int hidden, int top_k, int b_dt) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+    for (int r = 0; r < R; ++r) acc[r] = warp_sum(acc[r]);
+    if (lane == 0)
+#pragma unroll
+        for (int r = 0; r < R; ++r) part[warp][r] = acc[r];
+    __syncthreads();
+    const int r = threadIdx.x;
+    if (r >= R || r0 + r >= hidden) return;
+    float sum = 0.0f;
+#pragma unroll
+    for (int w = 0; w < MOE_WARPS; ++w) sum += part[w][r];
+    for (int j = 0; j < top_k; ++j)
+        if (ents[j][3]) sum = fmaf(scaled[j], load_float((const void*)ents[j][3], r0 + r, b_dt), sum);
+    out[(size_t)t * hidden + r0 + r] = sum;
+}
+
 // As moe_down_dense_body, R output rows per block: grid (hidden / R, rows); the block's lanes
 // take the (slot, chunk) pairs of all top_k slots, the warps' sums meet in shared memory in warp
 // order.
@@ -397,15 +433,9 @@ __device__ __forceinline__ void moe_down_rows(float* __restrict__ out, const flo
     __shared__ const u64* ents[MOE_MAX_TOP_K];
     __shared__ float scaled[MOE_MAX_TOP_K];
     __shared__ float part[MOE_WARPS][R];
-    const int t = blockIdx.y, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int t = blockIdx.y;
     const int r0 = blockIdx.x * R;
-    if (threadIdx.x < top_k) {  // each slot's expert and its routing weight, read once
-        const u64* ent =
-            index + (2 * (size_t)experts + min(ids[(size_t)t * top_k + threadIdx.x], (u32)(experts - 1))) * MOE_SLOTS;
-        ents[threadIdx.x] = ent;
-        scaled[threadIdx.x] = weights[(size_t)t * top_k + threadIdx.x] * __uint_as_float((u32)ent[5]);
-    }
-    __syncthreads();
+    moe_down_slots(ents, scaled, t, ids, weights, index, experts, top_k);
     const int chunks = inter >> 5;
     float acc[R];
 #pragma unroll
@@ -422,20 +452,7 @@ __device__ __forceinline__ void moe_down_rows(float* __restrict__ out, const flo
 #pragma unroll
         for (int r = 0; r < R; ++r) acc[r] = fmaf(weight, moe_chunk_dot<FMT, BITS>(m[r], av, 0.0f), acc[r]);
     }
-#pragma unroll
-    for (int r = 0; r < R; ++r) acc[r] = warp_sum(acc[r]);
-    if (lane == 0)
-#pragma unroll
-        for (int r = 0; r < R; ++r) part[warp][r] = acc[r];
-    __syncthreads();
-    const int r = threadIdx.x;
-    if (r >= R || r0 + r >= hidden) return;
-    float sum = 0.0f;
-#pragma unroll
-    for (int w = 0; w < MOE_WARPS; ++w) sum += part[w][r];
-    for (int j = 0; j < top_k; ++j)
-        if (ents[j][3]) sum = fmaf(scaled[j], load_float((const void*)ents[j][3], r0 + r, b_dt), sum);
-    out[(size_t)t * hidden + r0 + r] = sum;
+    moe_down_store<R>(out, acc, part, ents, scaled, t, r0, hidden, top_k, b_dt);
 }
 
 // The rows kernels' specializations, picked per launch: bf16 scales in groups of 32 and more
@@ -530,15 +547,9 @@ __device__ __forceinline__ void moe_down_int(float* __restrict__ out, const u32*
     __shared__ const u64* ents[MOE_MAX_TOP_K];
     __shared__ float scaled[MOE_MAX_TOP_K];
     __shared__ float part[MOE_WARPS][R];
-    const int t = blockIdx.y, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int t = blockIdx.y;
     const int r0 = blockIdx.x * R;
-    if (threadIdx.x < top_k) {
-        const u64* ent =
-            index + (2 * (size_t)experts + min(ids[(size_t)t * top_k + threadIdx.x], (u32)(experts - 1))) * MOE_SLOTS;
-        ents[threadIdx.x] = ent;
-        scaled[threadIdx.x] = weights[(size_t)t * top_k + threadIdx.x] * __uint_as_float((u32)ent[5]);
-    }
-    __syncthreads();
+    moe_down_slots(ents, scaled, t, ids, weights, index, experts, top_k);
     const int chunks = inter >> 5, total = (int)gridDim.y * top_k * chunks;
     const float* __restrict__ ascale = (const float*)(aq + (size_t)total * QI_WORDS);
     const float* __restrict__ asum = ascale + total;
@@ -559,20 +570,7 @@ __device__ __forceinline__ void moe_down_int(float* __restrict__ out, const u32*
 #pragma unroll
         for (int r = 0; r < R; ++r) acc[r] = fmaf(weight, s[r] * (qi_total(S[r]) * asc) + b[r] * as, acc[r]);
     }
-#pragma unroll
-    for (int r = 0; r < R; ++r) acc[r] = warp_sum(acc[r]);
-    if (lane == 0)
-#pragma unroll
-        for (int r = 0; r < R; ++r) part[warp][r] = acc[r];
-    __syncthreads();
-    const int r = threadIdx.x;
-    if (r >= R || r0 + r >= hidden) return;
-    float sum = 0.0f;
-#pragma unroll
-    for (int w = 0; w < MOE_WARPS; ++w) sum += part[w][r];
-    for (int j = 0; j < top_k; ++j)
-        if (ents[j][3]) sum = fmaf(scaled[j], load_float((const void*)ents[j][3], r0 + r, b_dt), sum);
-    out[(size_t)t * hidden + r0 + r] = sum;
+    moe_down_store<R>(out, acc, part, ents, scaled, t, r0, hidden, top_k, b_dt);
 }
 
 // The integer kernels' instances by scale dtype.
