@@ -485,13 +485,14 @@ __device__ __forceinline__ void moe_load_i4(const u64* ent, size_t row, int c, i
     s = load_float((const void*)ent[1], g, SDT), b = load_float((const void*)ent[2], g, SDT);
 }
 
-// As moe_gate_up_rows, R rows of gate and of up per warp over x's parts `xq` (gridDim.y / top_k
-// rows of `hidden` values): grid (inter / (MOE_WARPS R), rows * top_k).
-template <int R, int SDT>
+// As moe_gate_up_rows (4-bit: R = moe_gu_rows<4>() rows of gate and of up per warp) over x's
+// parts `xq` (gridDim.y / top_k rows of `hidden` values): grid (inter / (MOE_WARPS R), rows * top_k).
+template <int SDT>
 __device__ __forceinline__ void moe_gate_up_int(float* __restrict__ act, const u32* __restrict__ xq,
                                                 const u32* __restrict__ ids, const u64* __restrict__ index,
                                                 int experts, int top_k, int inter, int hidden, int lg, int b_dt,
                                                 int activation, float alpha, float limit) {
+    constexpr int R = moe_gu_rows<4>();
     const int slot = blockIdx.y, lane = threadIdx.x & 31;
     const int r0 = (blockIdx.x * MOE_WARPS + (threadIdx.x >> 5)) * R;
     if (r0 >= inter) return;
@@ -580,12 +581,6 @@ __device__ __forceinline__ void moe_down_int(float* __restrict__ out, const u32*
         else if (dt == DT_F16) KERNEL<DT_F16>(__VA_ARGS__);                  \
         else KERNEL<DT_F32>(__VA_ARGS__);                                    \
     } while (0)
-template <int SDT>
-__device__ __forceinline__ void moe_gate_up_int4(float* act, const u32* xq, const u32* ids, const u64* index,
-                                                 int experts, int top_k, int inter, int hidden, int lg, int b_dt,
-                                                 int activation, float alpha, float limit) {
-    moe_gate_up_int<4, SDT>(act, xq, ids, index, experts, top_k, inter, hidden, lg, b_dt, activation, alpha, limit);
-}
 
 // Many rows (a prefill) run grouped: the slots (token, choice) sorted by expert into tiles of
 // MOE_TILE (moe_align), each tile one tensor-core product against its expert's weights
@@ -717,7 +712,7 @@ extern "C" __global__ void __launch_bounds__(128) moe_down_fp8(MOE_DOWN_PARAMS) 
 // xsplit_f32's parts (u32 words) of x and of the activations.
 extern "C" __global__ void __launch_bounds__(128) moe_gate_up_b4_int(MOE_GU_PARAMS) {
     pdl_begin();
-    MOE_INT_PICK(moe_gate_up_int4, act, (const u32*)x, ids, index, experts, top_k, inter, hidden, lg, b_dt, activation, alpha, limit);
+    MOE_INT_PICK(moe_gate_up_int, act, (const u32*)x, ids, index, experts, top_k, inter, hidden, lg, b_dt, activation, alpha, limit);
 }
 extern "C" __global__ void __launch_bounds__(128) moe_down_b4_int(MOE_DOWN_PARAMS) {
     pdl_begin();

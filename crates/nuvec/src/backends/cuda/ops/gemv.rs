@@ -214,10 +214,17 @@ impl CudaBackend {
         if !int_variant(suffix) {
             return Ok((x.cuda_ptr()?, None));
         }
+        self.int_parts(op, x, k)
+    }
+
+    /// The integer products' parts of the `len` f32 values of `x`: those its producer wrote (a
+    /// one-row norm's, possibly with its scale pending), else `xsplit_f32`'s (several rows split
+    /// as one) into a buffer that must outlive the launches reading it.
+    pub(super) fn int_parts(&self, op: &'static str, x: &Array, len: usize) -> Result<(u64, Option<DeviceBuffer>)> {
         if let Some(parts) = x.derived(Derived::IntParts) {
             return Ok((parts, None));
         }
-        let parts = self.split_parts(op, x.cuda_ptr()?, k)?;
+        let parts = self.split_parts(op, x.cuda_ptr()?, len)?;
         Ok((parts.ptr(), Some(parts)))
     }
 

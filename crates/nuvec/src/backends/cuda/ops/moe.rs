@@ -22,7 +22,7 @@ use super::gemv::int_gemvs;
 use super::prefill::matmul_precision;
 use super::qmma::{QmmaKernel, QM_ROWS, QM_THREADS};
 use super::{cfg_1d, to_i32, CudaBackend, DT_BF16, DT_F16, DT_F32};
-use crate::backends::cuda::{Derived, DeviceBuffer, State};
+use crate::backends::cuda::{DeviceBuffer, State};
 use crate::fpquant::global_factor;
 use crate::moe::{self, ExpertActivation, ExpertIndex, Experts, MoeRouting};
 use crate::{Array, DType, Error, Matrix, QuantMode, Result};
@@ -327,21 +327,13 @@ impl CudaBackend {
             return Ok(out);
         }
         let [kernels, dt, lg, b_dt] = index.params;
-        let ExpertKernels { mut gate_up, mut down, gate_up_rows, down_rows } = KERNELS[kernels as usize];
+        let ExpertKernels { gate_up, down, gate_up_rows, down_rows } = KERNELS[kernels as usize];
         // 4-bit experts in groups of 32 and more take x and the activations as the integer GEMVs'
         // parts (int8 dot products, as the one-row GEMVs): one row's may be its norm's.
         let integer = gate_up == "moe_gate_up_b4" && lg >= 5 && int_gemvs();
-        let (xp, _x_parts) = match x.derived(Derived::IntParts) {
-            Some(parts) if integer && rows == 1 => (parts, None),
-            _ if integer => {
-                let parts = self.split_parts(op, self.f32_ptr(op, "x", x)?, rows * hidden)?;
-                (parts.ptr(), Some(parts))
-            }
-            _ => (self.f32_ptr(op, "x", x)?, None),
-        };
-        if integer {
-            (gate_up, down) = ("moe_gate_up_b4_int", "moe_down_b4_int");
-        }
+        let (gate_up, down) = if integer { ("moe_gate_up_b4_int", "moe_down_b4_int") } else { (gate_up, down) };
+        self.f32_check(op, "x", x)?;
+        let (xp, _x_parts) = if integer { self.int_parts(op, x, rows * hidden)? } else { (x.cuda_ptr()?, None) };
         let (ip, wp, tp) =
             (self.ptr(op, "ids", ids)?, self.ptr(op, "weights", weights)?, self.ptr(op, "index", &index.table)?);
         let act = self.output(&[rows * top_k, inter], DType::F32, false)?;
