@@ -126,7 +126,7 @@ inline unsigned short emu_float_to_half(float f) {
 #define __shared__ static
 #define __align__(n) __attribute__((aligned(n)))
 // The kernel sources leave their inline-PTX wrappers out under this (mma_half, mma_bf16, half2_rn, bf16x2_rn, bf16x2_fma, smem_addr,
-// cp_async*, ldmatrix_x4, exp2_ftz, and_or, dp4a_us/dp4a_uu below).
+// cp_async*, ldmatrix_x4, exp2_ftz, and_or, dp4a_us/uu/ss/su below).
 #define NUVEC_CUDA_EMU 1
 
 void emu_launch(dim3 grid, dim3 block, std::function<void()> body) {
@@ -293,6 +293,14 @@ inline int dp4a_us(unsigned a, unsigned b, int c) {
 }
 inline int dp4a_uu(unsigned a, unsigned b, int c) {
     for (int i = 0; i < 4; ++i) c += (int)((a >> 8 * i) & 255u) * (int)((b >> 8 * i) & 255u);
+    return c;
+}
+inline int dp4a_ss(unsigned a, unsigned b, int c) {
+    for (int i = 0; i < 4; ++i) c += (int)(signed char)((a >> 8 * i) & 255u) * (int)(signed char)((b >> 8 * i) & 255u);
+    return c;
+}
+inline int dp4a_su(unsigned a, unsigned b, int c) {
+    for (int i = 0; i < 4; ++i) c += (int)(signed char)((a >> 8 * i) & 255u) * (int)((b >> 8 * i) & 255u);
     return c;
 }
 inline float exp2_ftz(float x) {

@@ -6,8 +6,9 @@
 // (groups of 16, 32 and 64; f32, f16 and bf16 scales), dense bf16 and f32 ones, mxfp4, nvfp4
 // (with a global factor) and mxfp8, SiLU, gpt-oss's clamped SwiGLU and Gemma 4's GELU with
 // per-expert output scales, with and without bias rows (tolerance 1e-4 relative to
-// |want| + mean|want|); the 4-bit integer kernels (moe_gate_up_b4_int, moe_down_b4_int over
-// xsplit_f32's parts, a norm's pending scale too) against the same definition and tolerance;
+// |want| + mean|want|); the 4-bit integer kernels (moe_gate_up_b4_int, moe_down_b4_int, and the
+// mxfp4 pair moe_gate_up_fp4_int, moe_down_fp4_int over xsplit_f32's parts, a norm's pending
+// scale too) against the same definition and tolerance;
 // moe_shared_add against the host's gated sum; and the grouped path of
 // many rows (moe_align, qmma_bN_g64 for gate and up, moe_act_bf16, qmma_bN_g64 for down,
 // moe_combine) for 4- and 8-bit weights with bf16 scales (f32 and f16 ones through the s kernels) and mxfp4 ones, against the same definition with x,
@@ -147,7 +148,8 @@ static std::vector<unsigned> split(const float* v, size_t n) {
     return parts;
 }
 
-// Integer: the 4-bit kernels on integer dot products (moe_gate_up_b4_int, moe_down_b4_int) over
+// Integer: the 4-bit kernels on integer dot products (moe_gate_up_b4_int, moe_down_b4_int; mxfp4:
+// the fp4_int pair) over
 // xsplit_f32's parts; `pending` (one row): x's parts are a norm's with its scale pending (scales
 // and sums negated, the norm tail holding eps and the chunks' sums of squares), x = u / rms(h).
 enum class Path { Rows, Integer, IntegerPending };
@@ -237,13 +239,15 @@ static void test_experts(const std::string& fmt, int group, int dt, bool biases,
                 sc[2 * chunks + 1 + c] = (float)p;
             }
         }
+        auto gate_up_int = fmt == "mxfp4" ? moe_gate_up_fp4_int : moe_gate_up_b4_int;
+        auto down_int = fmt == "mxfp4" ? moe_down_fp4_int : moe_down_b4_int;
         emu_launch({(unsigned)((inter + gu_rows - 1) / gu_rows), (unsigned)(rows * top_k), 1}, {32 * MOE_WARPS, 1, 1}, [&] {
-            moe_gate_up_b4_int(act.data(), (const float*)xq.data(), ids.data(), index.data(), E, top_k, inter, hidden,
+            gate_up_int(act.data(), (const float*)xq.data(), ids.data(), index.data(), E, top_k, inter, hidden,
                                dtk, lg, b_dt, activation, alpha, limit);
         });
         std::vector<unsigned> aq = split(act.data(), act.size());
         emu_launch({(unsigned)((hidden + down_rows - 1) / down_rows), (unsigned)rows, 1}, {32 * MOE_WARPS, 1, 1}, [&] {
-            moe_down_b4_int(out.data(), (const float*)aq.data(), ids.data(), w.data(), index.data(), E, top_k, hidden,
+            down_int(out.data(), (const float*)aq.data(), ids.data(), w.data(), index.data(), E, top_k, hidden,
                             inter, dtk, lg, b_dt);
         });
     }
@@ -456,6 +460,10 @@ int main() {
     test_experts("b4", 64, DT_F16, false, MOE_ACT_SILU, 1, false, 128, 64, Path::IntegerPending);
     test_experts("b4", 32, DT_F16, true, MOE_ACT_SILU, 2, false, 1088, 2080, Path::Integer);
     test_experts("b4", 64, DT_BF16, false, MOE_ACT_SILU, 1, false, 1152, 2048, Path::IntegerPending);
+    test_experts("mxfp4", 32, 0, true, MOE_ACT_SWIGLU_OAI, 1, true, 96, 64, Path::Integer);
+    test_experts("mxfp4", 32, 0, false, MOE_ACT_SILU, 3, false, 128, 96, Path::Integer);
+    test_experts("mxfp4", 32, 0, true, MOE_ACT_SWIGLU_OAI, 1, false, 96, 64, Path::IntegerPending);
+    test_experts("mxfp4", 32, 0, true, MOE_ACT_SWIGLU_OAI, 2, true, 1088, 2080, Path::Integer);
     printf(fails ? "moe: %d FAILED\n" : "moe: all passed\n", fails);
     return fails ? 1 : 0;
 }

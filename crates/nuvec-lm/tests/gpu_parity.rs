@@ -10,7 +10,8 @@
 //!   either side may break).
 //!
 //! Fixtures: `$NUVEC_GPU_FIXTURES` (a folder of case directories holding at least config.json
-//! and the safetensors; oracle.json when present gives the prompt), else `$NUVEC_FIXTURES`.
+//! and the safetensors, or a GGUF as model.gguf; oracle.json when present gives the prompt),
+//! else `$NUVEC_FIXTURES`.
 //! Missing fixtures or no usable GPU fail the test: a parity test that skips proves nothing.
 //!
 //! The tolerance is f32's, so the prefill products run in f32 (`set_matmul_precision(F32)`;
@@ -23,6 +24,7 @@
 
 use nuvec::Device;
 use nuvec_lm::cache::{CacheOptions, KvDtype};
+use nuvec_lm::gguf::load_gguf_on;
 use nuvec_lm::{load_model_on, Model};
 
 mod common;
@@ -80,8 +82,13 @@ fn check(case: &str, options: CacheOptions, prompt_len: usize, chunk: usize) {
     // Every test of this binary compares at f32 rounding (process-wide, the same for all).
     nuvec::backends::cuda::set_matmul_precision(nuvec::backends::cuda::MatmulPrecision::F32);
     let dir = case_dir(case);
-    let cpu = load_model_on(&dir, Device::Cpu).unwrap();
-    let gpu = load_model_on(&dir, Device::Cuda(0)).unwrap_or_else(|e| panic!("{case}: loading on cuda:0: {e}"));
+    // A GGUF case holds its file as model.gguf.
+    let load = |device| match dir.join("model.gguf") {
+        gguf if gguf.exists() => load_gguf_on(&gguf, device).map(|(model, _)| model),
+        _ => load_model_on(&dir, device),
+    };
+    let cpu = load(Device::Cpu).unwrap();
+    let gpu = load(Device::Cuda(0)).unwrap_or_else(|e| panic!("{case}: loading on cuda:0: {e}"));
     assert_eq!(gpu.device(), Device::Cuda(0));
     // The same cache type on both: f32 unless the case asks for another (the default for a bf16
     // checkpoint is bf16, as mlx-lm's; f32 keeps the comparison at f32 rounding).
@@ -287,6 +294,13 @@ fn gpt_oss_chunked_prompt() {
     // 300 positions in chunks of 128: full layers through SGEMM + softmax with sinks, sliding
     // layers (window 8) attending each query over its window.
     check("gpt_oss/gpt_oss-q4g64", CacheOptions::default(), 300, 128);
+}
+
+#[test]
+fn gguf_gpt_oss_model() {
+    // llama.cpp's gpt-oss GGUF: MXFP4 experts (one row: the integer expert kernels), Q8_0 and F32
+    // elsewhere.
+    check("gguf-gptoss", CacheOptions::default(), 0, 2048);
 }
 
 #[test]

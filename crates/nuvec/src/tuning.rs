@@ -176,7 +176,7 @@ pub const KNOBS: &[Knob] = &[
         "0, 1",
         "1",
         "cuda",
-        "one-row 4-bit GEMVs and few-row 4-bit experts on int8 dot products; 0 keeps the f32 loops",
+        "one-row 4-bit GEMVs and few-row 4-bit and mxfp4 experts on int8 dot products; 0 keeps the f32 loops",
     ),
     knob(
         "NUVEC_QGEMV_VARIANT",

@@ -10,7 +10,11 @@ pub fn case_dir(case: &str) -> PathBuf {
         .map(PathBuf::from)
         .unwrap_or_else(|| panic!("set NUVEC_GPU_FIXTURES (or NUVEC_FIXTURES) to the fixture case directories"));
     let dir = root.join(case);
-    assert!(dir.join("config.json").exists(), "{}: no such fixture case", dir.display());
+    assert!(
+        dir.join("config.json").exists() || dir.join("model.gguf").exists(),
+        "{}: no such fixture case",
+        dir.display()
+    );
     dir
 }
 

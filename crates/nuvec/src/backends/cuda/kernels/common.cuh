@@ -446,6 +446,17 @@ __device__ __forceinline__ int dp4a_uu(u32 a, u32 b, int c) {
     asm("dp4a.u32.u32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
     return d;
 }
+// The same with a's bytes signed, b's signed (ss) or unsigned (su).
+__device__ __forceinline__ int dp4a_ss(u32 a, u32 b, int c) {
+    int d;
+    asm("dp4a.s32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+}
+__device__ __forceinline__ int dp4a_su(u32 a, u32 b, int c) {
+    int d;
+    asm("dp4a.s32.u32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+}
 // 2^x in one MUFU instruction, results below 2^-126 flushed to 0 (exp2f adds a range fix-up
 // around it for those; softmax probabilities that small round to nothing anyway).
 __device__ __forceinline__ float exp2_ftz(float x) {
@@ -575,6 +586,54 @@ __device__ __forceinline__ void qi4_sums(const uint4 (&w)[ROWS], const u32* __re
 // A chunk's dot product from its three sums (qi4_sums), before x's chunk scale.
 __device__ __forceinline__ float qi_total(const int (&S)[3]) {
     return fmaf((float)S[0], 65536.0f, fmaf((float)S[1], 256.0f, (float)S[2]));
+}
+
+// Twice the value of an e2m1 code (mxfp4, nvfp4) as a signed byte, for the integer sums below:
+// codes 0-7 are {0, 1, 2, 3, 4, 6, 8, 12} (table P, two words), codes 8-15 their negations (N).
+#define FP4I_P0 0x03020100u
+#define FP4I_P1 0x0C080604u
+#define FP4I_N0 0xFDFEFF00u
+#define FP4I_N1 0xF4F8FAFCu
+// The 8 e2m1 codes of a word (nibble i: value i) as twice their values, bytes in value order:
+// v03 holds values 0-3, v47 values 4-7. Per 4 codes one byte permute in each table (a selector
+// nibble's low 3 bits pick the byte) and one picking N's byte where the code's sign bit is set.
+__device__ __forceinline__ void fp4_bytes(u32 q, u32& v03, u32& v47) {
+    const u32 pick = and_or<0x44444444u>(q >> 1, 0x32103210u);
+    v03 = __byte_perm(__byte_perm(FP4I_P0, FP4I_P1, q), __byte_perm(FP4I_N0, FP4I_N1, q), pick);
+    const u32 qh = q >> 16;
+    v47 = __byte_perm(__byte_perm(FP4I_P0, FP4I_P1, qh), __byte_perm(FP4I_N0, FP4I_N1, qh), pick >> 16);
+}
+// As qi4_sums for e2m1 codes: S[r] = (hi, mid, lo) sums of twice the codes' values (fp4_bytes)
+// times x's parts, exact in int32. The parts' even and odd words are put back in value order once
+// per chunk for all ROWS rows, so that each row's word costs its two lookups and 6 dp4a.
+template <int ROWS>
+__device__ __forceinline__ void qfp4_sums(const uint4 (&w)[ROWS], const u32* __restrict__ xq_chunk,
+                                          int (&S)[ROWS][3]) {
+    const uint4* xp = (const uint4*)xq_chunk;
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r) S[r][0] = S[r][1] = S[r][2] = 0;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const uint4 xh = __ldg(xp + h), xm = __ldg(xp + 2 + h), xl = __ldg(xp + 4 + h);
+#pragma unroll
+        for (int jj = 0; jj < 2; ++jj) {
+            // Word j's values 0-3 (even bytes 0, 1 and odd bytes 0, 1 interleaved) and 4-7.
+            const u32 he = jj ? xh.z : xh.x, ho = jj ? xh.w : xh.y, me = jj ? xm.z : xm.x, mo = jj ? xm.w : xm.y;
+            const u32 le = jj ? xl.z : xl.x, lo = jj ? xl.w : xl.y;
+            const u32 h03 = __byte_perm(he, ho, 0x5140), h47 = __byte_perm(he, ho, 0x7362);
+            const u32 m03 = __byte_perm(me, mo, 0x5140), m47 = __byte_perm(me, mo, 0x7362);
+            const u32 l03 = __byte_perm(le, lo, 0x5140), l47 = __byte_perm(le, lo, 0x7362);
+#pragma unroll
+            for (int r = 0; r < ROWS; ++r) {
+                const int j = 2 * h + jj;
+                u32 v03, v47;
+                fp4_bytes(j == 0 ? w[r].x : j == 1 ? w[r].y : j == 2 ? w[r].z : w[r].w, v03, v47);
+                S[r][0] = dp4a_ss(v47, h47, dp4a_ss(v03, h03, S[r][0]));
+                S[r][1] = dp4a_su(v47, m47, dp4a_su(v03, m03, S[r][1]));
+                S[r][2] = dp4a_su(v47, l47, dp4a_su(v03, l03, S[r][2]));
+            }
+        }
+    }
 }
 
 // What the integer GEMVs multiply their totals by for parts `xq` of a K-value x: 1, or when a

@@ -468,26 +468,46 @@ __device__ __forceinline__ void moe_down_rows(float* __restrict__ out, const flo
             KERNEL<FMT, BITS, R, -1, false>(ARGS);                                 \
     } while (0)
 
-// 4-bit affine experts in groups of 32 and more, on integer dot products (as linear.cu's one-row
-// GEMVs, qgemv4i_acc): x and the activations come as xsplit_f32's parts, several rows split as
-// one (row i's chunks after row i - 1's), and each (row, chunk) costs 2 masks, a shift and 6
-// dp4a per word where the f32 rows kernels above decode every value (they were bound by
-// instructions issued, as the f32 GEMVs had been). One row's parts may be a norm's with its scale
-// pending (negated scales: xq_norm_scale); split parts never are.
+// 4-bit experts on integer dot products (as linear.cu's one-row GEMVs, qgemv4i_acc): affine
+// ones in groups of 32 and more, mxfp4 ones (e2m1 codes, an e8m0 scale per 32). x and the
+// activations come as xsplit_f32's parts, several rows split as one (row i's chunks after row
+// i - 1's), and each (row, chunk) word costs 2 masks, a shift and 6 dp4a (affine: qi4_sums) or
+// two table lookups and 6 dp4a (e2m1: qfp4_sums) where the f32 rows kernels above decode every
+// value (they were bound by instructions issued, as the f32 GEMVs had been). One row's parts may
+// be a norm's with its scale pending (negated scales: xq_norm_scale); split parts never are.
 //
-// A chunk's 16-byte codes and its group's scale and bias (SDT: their dtype).
-template <int SDT>
-__device__ __forceinline__ void moe_load_i4(const u64* ent, size_t row, int c, int k, int lg, uint4& w, float& s,
-                                            float& b) {
+// A chunk's 16-byte codes and its scale (affine: its group's scale and bias, of dtype SDT; mxfp4:
+// the e8m0 scale times the global factor, halved for qfp4_sums' doubled codes, and no bias).
+template <int FMT, int SDT>
+__device__ __forceinline__ void moe_load_int(const u64* ent, size_t row, int c, int k, int lg, uint4& w, float& s,
+                                             float& b) {
     const size_t chunks = (size_t)k >> 5;
     w = __ldg((const uint4*)((const u32*)ent[0] + (row * chunks + c) * 4));
-    const size_t g = row * ((size_t)k >> lg) + (((size_t)c << 5) >> lg);
-    s = load_float((const void*)ent[1], g, SDT), b = load_float((const void*)ent[2], g, SDT);
+    if constexpr (FMT == MOE_FMT_AFFINE) {
+        const size_t g = row * ((size_t)k >> lg) + (((size_t)c << 5) >> lg);
+        s = load_float((const void*)ent[1], g, SDT), b = load_float((const void*)ent[2], g, SDT);
+    } else {
+        s = fp_e8m0(((const unsigned char*)ent[1])[row * chunks + c]) * (0.5f * __uint_as_float((u32)ent[4]));
+        b = 0.0f;
+    }
+}
+// Row r's chunk total before x's chunk scale (xsc) and sum (xs): affine s Σ(code x) + b Σx,
+// mxfp4 s Σ(2 value x).
+template <int FMT, int ROWS>
+__device__ __forceinline__ void moe_int_sums(const uint4 (&w)[ROWS], const u32* __restrict__ xq_chunk,
+                                             int (&S)[ROWS][3]) {
+    if constexpr (FMT == MOE_FMT_AFFINE) qi4_sums<ROWS>(w, xq_chunk, S);
+    else qfp4_sums<ROWS>(w, xq_chunk, S);
+}
+template <int FMT>
+__device__ __forceinline__ float moe_int_total(const int (&S)[3], float s, float b, float xsc, float xs) {
+    if constexpr (FMT == MOE_FMT_AFFINE) return s * (qi_total(S) * xsc) + b * xs;
+    else return s * (qi_total(S) * xsc);
 }
 
 // As moe_gate_up_rows (4-bit: R = moe_gu_rows<4>() rows of gate and of up per warp) over x's
 // parts `xq` (gridDim.y / top_k rows of `hidden` values): grid (inter / (MOE_WARPS R), rows * top_k).
-template <int SDT>
+template <int FMT, int SDT>
 __device__ __forceinline__ void moe_gate_up_int(float* __restrict__ act, const u32* __restrict__ xq,
                                                 const u32* __restrict__ ids, const u64* __restrict__ index,
                                                 int experts, int top_k, int inter, int hidden, int lg, int b_dt,
@@ -512,15 +532,15 @@ __device__ __forceinline__ void moe_gate_up_int(float* __restrict__ act, const u
 #pragma unroll
         for (int r = 0; r < R; ++r) {  // rows past the last load the last one's, never stored
             const size_t row = (size_t)min(r0 + r, inter - 1);
-            moe_load_i4<SDT>(g, row, c, hidden, lg, w[r], s[r], b[r]);
-            moe_load_i4<SDT>(u, row, c, hidden, lg, w[R + r], s[R + r], b[R + r]);
+            moe_load_int<FMT, SDT>(g, row, c, hidden, lg, w[r], s[r], b[r]);
+            moe_load_int<FMT, SDT>(u, row, c, hidden, lg, w[R + r], s[R + r], b[R + r]);
         }
         int S[2 * R][3];
-        qi4_sums<2 * R>(w, xq + (size_t)(c0 + c) * QI_WORDS, S);
+        moe_int_sums<FMT, 2 * R>(w, xq + (size_t)(c0 + c) * QI_WORDS, S);
         const float xsc = __ldg(xscale + c0 + c), xs = __ldg(xsum + c0 + c);
         pending = xsc < 0.0f;
 #pragma unroll
-        for (int r = 0; r < 2 * R; ++r) acc[r] += s[r] * (qi_total(S[r]) * xsc) + b[r] * xs;
+        for (int r = 0; r < 2 * R; ++r) acc[r] += moe_int_total<FMT>(S[r], s[r], b[r], xsc, xs);
     }
 #pragma unroll
     for (int r = 0; r < 2 * R; ++r) acc[r] = warp_sum(acc[r]);
@@ -539,7 +559,7 @@ __device__ __forceinline__ void moe_gate_up_int(float* __restrict__ act, const u
 
 // As moe_down_rows over the activations' parts `aq` (gridDim.y * top_k rows of `inter` values):
 // grid (hidden / MOE_DOWN_ROWS, rows).
-template <int SDT>
+template <int FMT, int SDT>
 __device__ __forceinline__ void moe_down_int(float* __restrict__ out, const u32* __restrict__ aq,
                                              const u32* __restrict__ ids, const float* __restrict__ weights,
                                              const u64* __restrict__ index, int experts, int top_k, int hidden,
@@ -563,23 +583,23 @@ __device__ __forceinline__ void moe_down_int(float* __restrict__ out, const u32*
         float s[R], b[R];
 #pragma unroll
         for (int r = 0; r < R; ++r)
-            moe_load_i4<SDT>(ents[j], (size_t)min(r0 + r, hidden - 1), c, inter, lg, w[r], s[r], b[r]);
+            moe_load_int<FMT, SDT>(ents[j], (size_t)min(r0 + r, hidden - 1), c, inter, lg, w[r], s[r], b[r]);
         const int ac = (t * top_k + j) * chunks + c;
         int S[R][3];
-        qi4_sums<R>(w, aq + (size_t)ac * QI_WORDS, S);
+        moe_int_sums<FMT, R>(w, aq + (size_t)ac * QI_WORDS, S);
         const float asc = __ldg(ascale + ac), as = __ldg(asum + ac), weight = scaled[j];
 #pragma unroll
-        for (int r = 0; r < R; ++r) acc[r] = fmaf(weight, s[r] * (qi_total(S[r]) * asc) + b[r] * as, acc[r]);
+        for (int r = 0; r < R; ++r) acc[r] = fmaf(weight, moe_int_total<FMT>(S[r], s[r], b[r], asc, as), acc[r]);
     }
     moe_down_store<R>(out, acc, part, ents, scaled, t, r0, hidden, top_k, b_dt);
 }
 
-// The integer kernels' instances by scale dtype.
-#define MOE_INT_PICK(KERNEL, ...)                                            \
-    do {                                                                     \
-        if (dt == DT_BF16) KERNEL<DT_BF16>(__VA_ARGS__);                     \
-        else if (dt == DT_F16) KERNEL<DT_F16>(__VA_ARGS__);                  \
-        else KERNEL<DT_F32>(__VA_ARGS__);                                    \
+// The affine integer kernels' instances by scale dtype.
+#define MOE_INT_PICK(KERNEL, ...)                                                    \
+    do {                                                                             \
+        if (dt == DT_BF16) KERNEL<MOE_FMT_AFFINE, DT_BF16>(__VA_ARGS__);             \
+        else if (dt == DT_F16) KERNEL<MOE_FMT_AFFINE, DT_F16>(__VA_ARGS__);          \
+        else KERNEL<MOE_FMT_AFFINE, DT_F32>(__VA_ARGS__);                            \
     } while (0)
 
 // Many rows (a prefill) run grouped: the slots (token, choice) sorted by expert into tiles of
@@ -708,8 +728,8 @@ extern "C" __global__ void __launch_bounds__(128) moe_gate_up_fp4(MOE_GU_PARAMS)
 extern "C" __global__ void __launch_bounds__(128) moe_down_fp4(MOE_DOWN_PARAMS) { pdl_begin(); MOE_PICK(moe_down_rows, MOE_FMT_FP, 4, MOE_DOWN_ROWS, MOE_DOWN_ARGS); }
 extern "C" __global__ void __launch_bounds__(128) moe_gate_up_fp8(MOE_GU_PARAMS) { pdl_begin(); MOE_PICK(moe_gate_up_rows, MOE_FMT_FP, 8, moe_gu_rows<8>(), MOE_GU_ARGS); }
 extern "C" __global__ void __launch_bounds__(128) moe_down_fp8(MOE_DOWN_PARAMS) { pdl_begin(); MOE_PICK(moe_down_rows, MOE_FMT_FP, 8, MOE_DOWN_ROWS, MOE_DOWN_ARGS); }
-// 4-bit affine experts in groups of 32 and more on integer dot products: `x` and `act` are
-// xsplit_f32's parts (u32 words) of x and of the activations.
+// 4-bit experts on integer dot products (affine in groups of 32 and more; mxfp4): `x` and `act`
+// are xsplit_f32's parts (u32 words) of x and of the activations.
 extern "C" __global__ void __launch_bounds__(128) moe_gate_up_b4_int(MOE_GU_PARAMS) {
     pdl_begin();
     MOE_INT_PICK(moe_gate_up_int, act, (const u32*)x, ids, index, experts, top_k, inter, hidden, lg, b_dt, activation, alpha, limit);
@@ -717,4 +737,12 @@ extern "C" __global__ void __launch_bounds__(128) moe_gate_up_b4_int(MOE_GU_PARA
 extern "C" __global__ void __launch_bounds__(128) moe_down_b4_int(MOE_DOWN_PARAMS) {
     pdl_begin();
     MOE_INT_PICK(moe_down_int, out, (const u32*)act, ids, weights, index, experts, top_k, hidden, inter, lg, b_dt);
+}
+extern "C" __global__ void __launch_bounds__(128) moe_gate_up_fp4_int(MOE_GU_PARAMS) {
+    pdl_begin();
+    moe_gate_up_int<MOE_FMT_FP, -1>(act, (const u32*)x, ids, index, experts, top_k, inter, hidden, lg, b_dt, activation, alpha, limit);
+}
+extern "C" __global__ void __launch_bounds__(128) moe_down_fp4_int(MOE_DOWN_PARAMS) {
+    pdl_begin();
+    moe_down_int<MOE_FMT_FP, -1>(out, (const u32*)act, ids, weights, index, experts, top_k, hidden, inter, lg, b_dt);
 }

@@ -1,9 +1,9 @@
 //! Mixture-of-experts layers on a CUDA device (kernels/moe.cu): the router's top-k on the device,
 //! and for a few rows (a decode step) the chosen experts read straight out of the layer's weights
 //! through an index of their buffers, made once per layer ([`CudaBackend::expert_index`]), so a
-//! decode step reads nothing back to the host and can be captured as a CUDA graph. 4-bit experts
-//! in groups of 32 and more run those products on int8 dot products over x's and the
-//! activations' parts, as the one-row GEMVs do (`NUVEC_QGEMV_INT=0`: the f32 loops). From
+//! decode step reads nothing back to the host and can be captured as a CUDA graph. 4-bit affine
+//! experts in groups of 32 and more, and mxfp4 ones, run those products on int8 dot products over
+//! x's and the activations' parts, as the one-row GEMVs do (`NUVEC_QGEMV_INT=0`: the f32 loops). From
 //! `NUVEC_MOE_GROUPED_ROWS` rows (default 8: a batched step, a prefill) they run grouped where the
 //! experts are 4- or 8-bit affine with bf16 scales, or mxfp4, and the precision puts them on bf16:
 //! the slots sorted by expert on the device (`moe_align`), each tile of 64 slots one tensor-core
@@ -328,10 +328,17 @@ impl CudaBackend {
         }
         let [kernels, dt, lg, b_dt] = index.params;
         let ExpertKernels { gate_up, down, gate_up_rows, down_rows } = KERNELS[kernels as usize];
-        // 4-bit experts in groups of 32 and more take x and the activations as the integer GEMVs'
-        // parts (int8 dot products, as the one-row GEMVs): one row's may be its norm's.
-        let integer = gate_up == "moe_gate_up_b4" && lg >= 5 && int_gemvs();
-        let (gate_up, down) = if integer { ("moe_gate_up_b4_int", "moe_down_b4_int") } else { (gate_up, down) };
+        // 4-bit affine experts in groups of 32 and more, and mxfp4 ones, take x and the
+        // activations as the integer GEMVs' parts (int8 dot products, as the one-row GEMVs): one
+        // row's may be its norm's.
+        let int_kernels = match gate_up {
+            "moe_gate_up_b4" if lg >= 5 => Some(("moe_gate_up_b4_int", "moe_down_b4_int")),
+            "moe_gate_up_fp4" if dt == FP_MXFP4 => Some(("moe_gate_up_fp4_int", "moe_down_fp4_int")),
+            _ => None,
+        }
+        .filter(|_| int_gemvs());
+        let integer = int_kernels.is_some();
+        let (gate_up, down) = int_kernels.unwrap_or((gate_up, down));
         self.f32_check(op, "x", x)?;
         let (xp, _x_parts) = if integer { self.int_parts(op, x, rows * hidden)? } else { (x.cuda_ptr()?, None) };
         let (ip, wp, tp) =
