@@ -241,11 +241,13 @@ static void test_experts(const std::string& fmt, int group, int dt, bool biases,
         }
         auto gate_up_int = fmt == "mxfp4" ? moe_gate_up_fp4_int : moe_gate_up_b4_int;
         auto down_int = fmt == "mxfp4" ? moe_down_fp4_int : moe_down_b4_int;
-        emu_launch({(unsigned)((inter + gu_rows - 1) / gu_rows), (unsigned)(rows * top_k), 1}, {32 * MOE_WARPS, 1, 1}, [&] {
-            gate_up_int(act.data(), (const float*)xq.data(), ids.data(), index.data(), E, top_k, inter, hidden,
-                               dtk, lg, b_dt, activation, alpha, limit);
+        // gate/up writes the activations as the down kernel's parts, a 32-value chunk per block
+        // (NaN-filled first, so that a word it leaves unwritten shows).
+        std::vector<unsigned> aq(QI_PARTS_WORDS((size_t)rows * top_k * inter / 32), 0x7fc00000u);
+        emu_launch({(unsigned)(inter / 32), (unsigned)(rows * top_k), 1}, {32 * MOE_GU_INT_WARPS, 1, 1}, [&] {
+            gate_up_int((float*)aq.data(), (const float*)xq.data(), ids.data(), index.data(), E, top_k, inter, hidden,
+                        dtk, lg, b_dt, activation, alpha, limit);
         });
-        std::vector<unsigned> aq = split(act.data(), act.size());
         emu_launch({(unsigned)((hidden + down_rows - 1) / down_rows), (unsigned)rows, 1}, {32 * MOE_WARPS, 1, 1}, [&] {
             down_int(out.data(), (const float*)aq.data(), ids.data(), w.data(), index.data(), E, top_k, hidden,
                             inter, dtk, lg, b_dt);

@@ -505,17 +505,25 @@ __device__ __forceinline__ float moe_int_total(const int (&S)[3], float s, float
     else return s * (qi_total(S) * xsc);
 }
 
+// Warps per block of the integer gate/up kernels: with R = moe_gu_rows<4>() rows each, a block
+// makes one 32-value chunk of the activations, which it writes as the down kernel's parts.
+#define MOE_GU_INT_WARPS 8
+
 // As moe_gate_up_rows (4-bit: R = moe_gu_rows<4>() rows of gate and of up per warp) over x's
-// parts `xq` (gridDim.y / top_k rows of `hidden` values): grid (inter / (MOE_WARPS R), rows * top_k).
+// parts `xq` (gridDim.y / top_k rows of `hidden` values): grid (inter / 32, rows * top_k), blocks
+// of MOE_GU_INT_WARPS warps, inter a multiple of 32. The activations go out as xsplit_f32's parts
+// `aq` of all slots' rows as one (slot s's chunks after slot s - 1's), what moe_down_int reads:
+// each block's 32 values meet in shared memory and its first warp splits them (xsplit_chunk).
 template <int FMT, int SDT>
-__device__ __forceinline__ void moe_gate_up_int(float* __restrict__ act, const u32* __restrict__ xq,
+__device__ __forceinline__ void moe_gate_up_int(u32* __restrict__ aq, const u32* __restrict__ xq,
                                                 const u32* __restrict__ ids, const u64* __restrict__ index,
                                                 int experts, int top_k, int inter, int hidden, int lg, int b_dt,
                                                 int activation, float alpha, float limit) {
     constexpr int R = moe_gu_rows<4>();
-    const int slot = blockIdx.y, lane = threadIdx.x & 31;
-    const int r0 = (blockIdx.x * MOE_WARPS + (threadIdx.x >> 5)) * R;
-    if (r0 >= inter) return;
+    static_assert(R * MOE_GU_INT_WARPS == 32, "a block makes one chunk of the activations");
+    __shared__ float chunk[32];
+    const int slot = blockIdx.y, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int r0 = (blockIdx.x * MOE_GU_INT_WARPS + warp) * R;
     const u32 e = min(ids[slot], (u32)(experts - 1));
     const u64* g = index + ((size_t)e) * MOE_SLOTS;
     const u64* u = index + ((size_t)experts + e) * MOE_SLOTS;
@@ -546,15 +554,18 @@ __device__ __forceinline__ void moe_gate_up_int(float* __restrict__ act, const u
     for (int r = 0; r < 2 * R; ++r) acc[r] = warp_sum(acc[r]);
     // Only one row's parts can be a norm's (pending); its tail follows its sums as for a K-value x.
     const float scale = xq_norm_scale(xq, hidden, pending);
-    if (lane != 0) return;
+    if (lane == 0) {
 #pragma unroll
-    for (int r = 0; r < R; ++r) {
-        if (r0 + r >= inter) break;
-        float ag = acc[r] * scale, au = acc[R + r] * scale;
-        if (g[3]) ag += load_float((const void*)g[3], r0 + r, b_dt);
-        if (u[3]) au += load_float((const void*)u[3], r0 + r, b_dt);
-        act[(size_t)slot * inter + r0 + r] = moe_activate(ag, au, activation, alpha, limit);
+        for (int r = 0; r < R; ++r) {
+            float ag = acc[r] * scale, au = acc[R + r] * scale;
+            if (g[3]) ag += load_float((const void*)g[3], r0 + r, b_dt);
+            if (u[3]) au += load_float((const void*)u[3], r0 + r, b_dt);
+            chunk[warp * R + r] = moe_activate(ag, au, activation, alpha, limit);
+        }
     }
+    __syncthreads();
+    const int act_chunks = inter >> 5;
+    if (warp == 0) xsplit_chunk(aq, (int)gridDim.y * act_chunks, slot * act_chunks + (int)blockIdx.x, chunk[lane], lane);
 }
 
 // As moe_down_rows over the activations' parts `aq` (gridDim.y * top_k rows of `inter` values):
@@ -729,18 +740,18 @@ extern "C" __global__ void __launch_bounds__(128) moe_down_fp4(MOE_DOWN_PARAMS) 
 extern "C" __global__ void __launch_bounds__(128) moe_gate_up_fp8(MOE_GU_PARAMS) { pdl_begin(); MOE_PICK(moe_gate_up_rows, MOE_FMT_FP, 8, moe_gu_rows<8>(), MOE_GU_ARGS); }
 extern "C" __global__ void __launch_bounds__(128) moe_down_fp8(MOE_DOWN_PARAMS) { pdl_begin(); MOE_PICK(moe_down_rows, MOE_FMT_FP, 8, MOE_DOWN_ROWS, MOE_DOWN_ARGS); }
 // 4-bit experts on integer dot products (affine in groups of 32 and more; mxfp4): `x` and `act`
-// are xsplit_f32's parts (u32 words) of x and of the activations.
-extern "C" __global__ void __launch_bounds__(128) moe_gate_up_b4_int(MOE_GU_PARAMS) {
+// are xsplit_f32's parts (u32 words) of x and of the activations; gate/up writes the latter.
+extern "C" __global__ void __launch_bounds__(32 * MOE_GU_INT_WARPS) moe_gate_up_b4_int(MOE_GU_PARAMS) {
     pdl_begin();
-    MOE_INT_PICK(moe_gate_up_int, act, (const u32*)x, ids, index, experts, top_k, inter, hidden, lg, b_dt, activation, alpha, limit);
+    MOE_INT_PICK(moe_gate_up_int, (u32*)act, (const u32*)x, ids, index, experts, top_k, inter, hidden, lg, b_dt, activation, alpha, limit);
 }
 extern "C" __global__ void __launch_bounds__(128) moe_down_b4_int(MOE_DOWN_PARAMS) {
     pdl_begin();
     MOE_INT_PICK(moe_down_int, out, (const u32*)act, ids, weights, index, experts, top_k, hidden, inter, lg, b_dt);
 }
-extern "C" __global__ void __launch_bounds__(128) moe_gate_up_fp4_int(MOE_GU_PARAMS) {
+extern "C" __global__ void __launch_bounds__(32 * MOE_GU_INT_WARPS) moe_gate_up_fp4_int(MOE_GU_PARAMS) {
     pdl_begin();
-    moe_gate_up_int<MOE_FMT_FP, -1>(act, (const u32*)x, ids, index, experts, top_k, inter, hidden, lg, b_dt, activation, alpha, limit);
+    moe_gate_up_int<MOE_FMT_FP, -1>((u32*)act, (const u32*)x, ids, index, experts, top_k, inter, hidden, lg, b_dt, activation, alpha, limit);
 }
 extern "C" __global__ void __launch_bounds__(128) moe_down_fp4_int(MOE_DOWN_PARAMS) {
     pdl_begin();

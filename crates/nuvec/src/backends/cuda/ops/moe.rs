@@ -3,7 +3,8 @@
 //! through an index of their buffers, made once per layer ([`CudaBackend::expert_index`]), so a
 //! decode step reads nothing back to the host and can be captured as a CUDA graph. 4-bit affine
 //! experts in groups of 32 and more, and mxfp4 ones, run those products on int8 dot products over
-//! x's and the activations' parts, as the one-row GEMVs do (`NUVEC_QGEMV_INT=0`: the f32 loops). From
+//! x's and the activations' parts, as the one-row GEMVs do (`NUVEC_QGEMV_INT=0`: the f32 loops);
+//! the gate/up kernel writes the activations' parts itself. From
 //! `NUVEC_MOE_GROUPED_ROWS` rows (default 8: a batched step, a prefill) they run grouped where the
 //! experts are 4- or 8-bit affine with bf16 scales, or mxfp4, and the precision puts them on bf16:
 //! the slots sorted by expert on the device (`moe_align`), each tile of 64 slots one tensor-core
@@ -18,7 +19,7 @@ use std::sync::OnceLock;
 use cudarc::driver::LaunchConfig;
 
 use super::fp::{FP_MXFP4, FP_MXFP8, FP_NVFP4};
-use super::gemv::int_gemvs;
+use super::gemv::{int_gemvs, int_parts_bytes};
 use super::prefill::matmul_precision;
 use super::qmma::{QmmaKernel, QM_ROWS, QM_THREADS};
 use super::{cfg_1d, to_i32, CudaBackend, DT_BF16, DT_F16, DT_F32};
@@ -31,6 +32,9 @@ use crate::{Array, DType, Error, Matrix, QuantMode, Result};
 const SLOTS: usize = 6;
 /// Warps per block of the expert kernels (moe.cu's `MOE_WARPS`).
 const WARPS: usize = 4;
+/// Warps per block of the integer gate/up kernels (moe.cu's `MOE_GU_INT_WARPS`): one 32-value
+/// chunk of the activations per block.
+const GU_INT_WARPS: usize = 8;
 /// Most experts and top-k the routing kernel takes (moe.cu's `MOE_MAX_EXPERTS`, `MOE_MAX_TOP_K`).
 const MAX_EXPERTS: usize = 1024;
 const MAX_TOP_K: usize = 32;
@@ -336,29 +340,35 @@ impl CudaBackend {
             "moe_gate_up_fp4" if dt == FP_MXFP4 => Some(("moe_gate_up_fp4_int", "moe_down_fp4_int")),
             _ => None,
         }
-        .filter(|_| int_gemvs());
+        .filter(|_| int_gemvs() && inter.is_multiple_of(32));
         let integer = int_kernels.is_some();
         let (gate_up, down) = int_kernels.unwrap_or((gate_up, down));
         self.f32_check(op, "x", x)?;
         let (xp, _x_parts) = if integer { self.int_parts(op, x, rows * hidden)? } else { (x.cuda_ptr()?, None) };
         let (ip, wp, tp) =
             (self.ptr(op, "ids", ids)?, self.ptr(op, "weights", weights)?, self.ptr(op, "index", &index.table)?);
-        let act = self.output(&[rows * top_k, inter], DType::F32, false)?;
-        let (ap, o) = (act.cuda_ptr()?, out.cuda_ptr()?);
+        // The activations: f32, or (integer kernels) the down kernel's parts of them, which the
+        // gate/up kernel writes a 32-value chunk per block.
+        let st = self.st()?;
+        let (ap, _act, _act_parts) = if integer {
+            let parts = DeviceBuffer::alloc(st, int_parts_bytes(rows * top_k * inter))?;
+            (parts.ptr(), None, Some(parts))
+        } else {
+            let act = self.output(&[rows * top_k, inter], DType::F32, false)?;
+            (act.cuda_ptr()?, Some(act), None)
+        };
+        let o = out.cuda_ptr()?;
         let (ni, ki) = (to_i32(op, "experts", n)?, to_i32(op, "top_k", top_k)?);
         let (ii, hi) = (to_i32(op, "intermediate", inter)?, to_i32(op, "hidden", hidden)?);
         let (activation, alpha, limit) = activation_args(experts.activation());
-        let st = self.st()?;
         let block = (32 * WARPS as u32, 1, 1);
         let slots = to_i32(op, "rows * top_k", rows * top_k)? as u32;
-        let cfg = LaunchConfig {
-            grid_dim: (inter.div_ceil(gate_up_rows) as u32, slots, 1),
-            block_dim: block,
-            shared_mem_bytes: 0,
+        let (gu_grid, gu_block) = match integer {
+            true => (inter / 32, (32 * GU_INT_WARPS as u32, 1, 1)),
+            false => (inter.div_ceil(gate_up_rows), block),
         };
+        let cfg = LaunchConfig { grid_dim: (gu_grid as u32, slots, 1), block_dim: gu_block, shared_mem_bytes: 0 };
         launch!(st, op, gate_up, cfg; ap, xp, ip, tp, ni, ki, ii, hi, dt, lg, b_dt, activation, alpha, limit);
-        let act_parts = if integer { Some(self.split_parts(op, ap, rows * top_k * inter)?) } else { None };
-        let ap = act_parts.as_ref().map_or(ap, DeviceBuffer::ptr);
         let cfg = LaunchConfig {
             grid_dim: (hidden.div_ceil(down_rows) as u32, rows as u32, 1),
             block_dim: block,
