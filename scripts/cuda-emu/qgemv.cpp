@@ -73,7 +73,7 @@ static const float* kernel_x(const std::vector<float>& x, bool int_x, std::vecto
 typedef void (*One)(float*, const float*, int, int, const u32*, const void*, const void*, int, int, int);
 typedef void (*Multi)(const float*, int, int, int, float*, int, const u32*, const void*, const void*, const float*,
                       float*, int, const u32*, const void*, const void*, float*, int, const u32*, const void*,
-                      const void*);
+                      const void*, const void*, const void*, const void*, int);
 
 static void test_one(const char* name, One f, int rows, int threads, int n, int k, int group, int dt, bool int_x) {
     QW w = make(n, k, group, dt, 0.05f);
@@ -89,7 +89,8 @@ static void test_one(const char* name, One f, int rows, int threads, int n, int 
         out, reference(w, x, nullptr));
 }
 
-// Three weights in one launch (q/k/v shape), then one weight with the silu(x) * up input.
+// Three weights in one launch (q/k/v shape; weights 0 and 2 with a bias row added, as q and v
+// of a layer with biases), then one weight with the silu(x) * up input.
 static void test_multi(const char* name, Multi f, int rows, int threads, int k, int group, int dt, bool with_up,
                        bool int_x) {
     int ns[3] = {33, 77, 8};
@@ -101,18 +102,25 @@ static void test_multi(const char* name, Multi f, int rows, int threads, int k, 
     int lg = __builtin_ctz(group);
     unsigned blocks = 0;
     for (int n : ns) blocks += (n + rows - 1) / rows;
+    std::vector<float> add0 = rnd(ns[0]), add2 = rnd(ns[2]);
     emu_launch({blocks, 1, 1}, {(unsigned)threads, 1, 1}, [&] {
         f(xk, dt, lg, k, o[0].data(), ns[0], w[0].packed.data(), w[0].sc.data(), w[0].bi.data(), nullptr,
           o[1].data(), ns[1], w[1].packed.data(), w[1].sc.data(), w[1].bi.data(), o[2].data(), ns[2],
-          w[2].packed.data(), w[2].sc.data(), w[2].bi.data());
+          w[2].packed.data(), w[2].sc.data(), w[2].bi.data(), add0.data(), nullptr, add2.data(), DT_F32);
     });
     std::string tag = std::string(name) + " k=" + std::to_string(k) + " g" + std::to_string(group) + " dt" + std::to_string(dt);
-    for (int i = 0; i < 3; ++i) cmp(tag + " weight " + std::to_string(i), o[i], reference(w[i], x, nullptr));
+    for (int i = 0; i < 3; ++i) {
+        std::vector<double> want = reference(w[i], x, nullptr);
+        const std::vector<float>* add = i == 0 ? &add0 : i == 2 ? &add2 : nullptr;
+        for (size_t r = 0; add != nullptr && r < want.size(); ++r) want[r] += (*add)[r];
+        cmp(tag + " weight " + std::to_string(i) + (add ? " + bias" : ""), o[i], want);
+    }
     if (!with_up) return;
     std::vector<float> od(ns[1], NAN);
     emu_launch({(unsigned)((ns[1] + rows - 1) / rows), 1, 1}, {(unsigned)threads, 1, 1}, [&] {
         f(x.data(), dt, lg, k, od.data(), ns[1], w[1].packed.data(), w[1].sc.data(), w[1].bi.data(), up.data(),
-          nullptr, 0, nullptr, nullptr, nullptr, nullptr, 0, nullptr, nullptr, nullptr);
+          nullptr, 0, nullptr, nullptr, nullptr, nullptr, 0, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr,
+          DT_F32);
     });
     if (with_up) cmp(tag + " silu(x)*up", od, reference(w[1], x, &up));
 }
@@ -137,7 +145,8 @@ static void test_gate_up(const char* name, GateUp f, Multi multi, int rows, int 
     unsigned blocks = 2 * ((n + rows - 1) / rows);
     emu_launch({blocks, 1, 1}, {(unsigned)threads, 1, 1}, [&] {
         multi(xk, dt, lg, k, og.data(), n, g.packed.data(), g.sc.data(), g.bi.data(), nullptr, ou.data(), n,
-              u.packed.data(), u.sc.data(), u.bi.data(), nullptr, 0, nullptr, nullptr, nullptr);
+              u.packed.data(), u.sc.data(), u.bi.data(), nullptr, 0, nullptr, nullptr, nullptr, nullptr, nullptr,
+              nullptr, DT_F32);
     });
     std::string tag = std::string(name) + " n=" + std::to_string(n) + " k=" + std::to_string(k) + " g" +
                       std::to_string(group) + " dt" + std::to_string(dt);
@@ -235,7 +244,7 @@ static void test_norm_rows(int n, int k, int group, int dt, int nw_dt) {
     emu_launch({(unsigned)(m / 8 + m / 8 + 5), 1, 1}, {64, 1, 1}, [&] {
         qgemv_multi_b4_v15(pk, dt, lg, n, ma.data(), m, a.packed.data(), a.sc.data(), a.bi.data(), nullptr, mb.data(),
                            m, b.packed.data(), b.sc.data(), b.bi.data(), mc.data(), 40, c3.packed.data(),
-                           c3.sc.data(), c3.bi.data());
+                           c3.sc.data(), c3.bi.data(), nullptr, nullptr, nullptr, DT_F32);
     });
     cmp(tag + " -> qgemv_multi_b4_v15 weight 0", ma, reference(a, yref, nullptr));
     cmp(tag + " -> qgemv_multi_b4_v15 weight 2", mc, reference(c3, yref, nullptr));

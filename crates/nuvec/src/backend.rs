@@ -21,6 +21,13 @@ pub trait Backend: Send + Sync {
         ws.iter().map(|w| self.linear(x, w)).collect()
     }
 
+    /// [`Backend::linear_many`] with `biases[i]` (a row of `ws[i].rows()` values) added to
+    /// output `i` (q/k/v of a layer with biases). A backend may add them in the products' pass;
+    /// the default runs [`Backend::linear_many`] then [`Backend::add_bias`] on each.
+    fn linear_many_bias(&self, x: &Array, ws: &[&Matrix], biases: &[&Array]) -> Result<Vec<Array>> {
+        linear_many_bias_composed(self, x, ws, biases)
+    }
+
     /// `(silu(gate) * up) @ w^T` for `gate, up [M, K]` (the down projection of a gated MLP). A
     /// backend may skip materializing the product; the default is
     /// [`Backend::silu_mul`] then [`Backend::linear`].
@@ -806,6 +813,19 @@ pub fn backend(device: Device) -> &'static dyn Backend {
 
 /// [`Backend::linear_add_rms_norm`] as its default composes it (for backends that fold only some
 /// cases and fall back to this for the rest).
+/// [`Backend::linear_many_bias`] composed: the products, then each bias.
+pub(crate) fn linear_many_bias_composed<B: Backend + ?Sized>(
+    b: &B,
+    x: &Array,
+    ws: &[&Matrix],
+    biases: &[&Array],
+) -> Result<Vec<Array>> {
+    if biases.len() != ws.len() {
+        return Err(Error::shape("linear_many_bias", format!("{} biases for {} weights", biases.len(), ws.len())));
+    }
+    b.linear_many(x, ws)?.iter().zip(biases).map(|(y, bias)| b.add_bias(y, bias)).collect()
+}
+
 pub(crate) fn linear_add_rms_norm_composed<B: Backend + ?Sized>(
     backend: &B,
     x: &Array,

@@ -13,6 +13,12 @@ impl Array {
         backend(self.device()).linear_many(self, ws)
     }
 
+    /// `self @ ws[i]^T + biases[i]` for each weight, in order; see
+    /// [`crate::Backend::linear_many_bias`].
+    pub fn linear_many_bias(&self, ws: &[&Matrix], biases: &[&Array]) -> Result<Vec<Array>> {
+        backend(self.device()).linear_many_bias(self, ws, biases)
+    }
+
     /// `(silu(self) * up) @ w^T`; see [`crate::Backend::silu_mul_linear`].
     pub fn silu_mul_linear(&self, up: &Array, w: &Matrix) -> Result<Array> {
         backend(self.device()).silu_mul_linear(self, up, w)

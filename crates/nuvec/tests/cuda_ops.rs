@@ -174,6 +174,47 @@ fn fused_quantized_decode_ops() {
 }
 
 #[test]
+fn linear_many_bias_adds_the_biases_in_the_fused_launch() {
+    // q/k/v with biases (Qwen2, gpt-oss): one input row, the biases added in the multi-weight
+    // GEMV's launch, bit for bit what the products then add_bias give on the GPU, and close to
+    // the CPU's; biases of each float dtype; 4 bits (the integer variant at k = 4096) and 8 bits
+    // (a GGUF's Q8_0). Several rows take the composed path.
+    let dev = gpu();
+    let mut rng = Rng::new(31);
+    for (bits, group, k) in [(4, 64, 1024), (4, 32, 4096), (8, 32, 2880), (8, 64, 1024)] {
+        let ws = [
+            quantized(&mut rng, 130, k, bits, group, DType::BF16),
+            quantized(&mut rng, 33, k, bits, group, DType::BF16),
+            quantized(&mut rng, 64, k, bits, group, DType::BF16),
+        ];
+        let wg: Vec<Matrix> = ws.iter().map(|w| w.to_device(dev).unwrap()).collect();
+        let (wr, wgr): (Vec<&Matrix>, Vec<&Matrix>) = (ws.iter().collect(), wg.iter().collect());
+        for dtype in [DType::F32, DType::BF16, DType::F16] {
+            let biases: Vec<Array> = ws.iter().map(|w| floats(&rng.vec(w.rows(), 1.0), &[w.rows()], dtype)).collect();
+            let bg: Vec<Array> = biases.iter().map(|b| b.to_device(dev).unwrap()).collect();
+            let (br, bgr): (Vec<&Array>, Vec<&Array>) = (biases.iter().collect(), bg.iter().collect());
+            for m in [1, 3] {
+                let x = arr(&rng.vec(m * k, 1.0), &[m, k]);
+                let xg = x.to_device(dev).unwrap();
+                let got = xg.linear_many_bias(&wgr, &bgr).unwrap();
+                let composed: Vec<Array> =
+                    xg.linear_many(&wgr).unwrap().iter().zip(&bg).map(|(y, b)| y.add_bias(b).unwrap()).collect();
+                let want = x.linear_many_bias(&wr, &br).unwrap();
+                for i in 0..3 {
+                    let case = format!("linear_many_bias q{bits} g{group} k={k} {dtype} bias m={m} weight {i}");
+                    exact(&case, &got[i], &composed[i]);
+                    close(&case, &got[i], &want[i]);
+                }
+            }
+        }
+        let x = arr(&rng.vec(k, 1.0), &[1, k]).to_device(dev).unwrap();
+        let short = floats(&rng.vec(5, 1.0), &[5], DType::F32).to_device(dev).unwrap();
+        assert!(x.linear_many_bias(&wgr, &[&short, &short]).is_err(), "two biases for three weights");
+        assert!(x.linear_many_bias(&wgr, &[&short, &short, &short]).is_err(), "biases of the wrong length");
+    }
+}
+
+#[test]
 fn gate_up_silu_fused_and_composed() {
     // A gated MLP's hidden activations: for one row, 4-bit gate and up with groups of 32+ run as
     // one gate_up_silu_b4 launch (the variant the [gate; up] launch of linear_many takes: every

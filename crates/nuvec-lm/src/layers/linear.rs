@@ -69,6 +69,15 @@ impl Linear {
     /// may run them as one pass. Same results as [`Linear::forward`] on each.
     pub fn forward_many<const N: usize>(layers: [&Linear; N], x: &Array) -> Result<[Array; N]> {
         let weights = layers.map(|l| &l.weight);
+        // Biases alone after the products (q/k/v of Qwen2, gpt-oss): the backend may add them in
+        // the products' pass.
+        let biases: Vec<&Array> = layers.iter().filter_map(|l| l.bias.as_ref().filter(|_| !l.adapted())).collect();
+        if N > 0 && biases.len() == N {
+            let outs = x.linear_many_bias(&weights, &biases)?;
+            return outs.try_into().map_err(|v: Vec<Array>| {
+                Error::Invalid(format!("linear_many_bias returned {} arrays for {N} weights", v.len()))
+            });
+        }
         let outs = x.linear_many(&weights)?;
         if outs.len() != N {
             return Err(Error::Invalid(format!("linear_many returned {} arrays for {N} weights", outs.len())));

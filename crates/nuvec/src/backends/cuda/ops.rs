@@ -449,8 +449,18 @@ impl Backend for CudaBackend {
         Ok(out)
     }
 
+    fn linear_many_bias(&self, x: &Array, ws: &[&Matrix], biases: &[&Array]) -> Result<Vec<Array>> {
+        // One input row: the biases added in the products' launch.
+        if biases.len() == ws.len() {
+            if let Some(outs) = self.fused_qgemv("linear_many_bias", x, ws, None, Some(biases))? {
+                return Ok(outs);
+            }
+        }
+        crate::backend::linear_many_bias_composed(self, x, ws, biases)
+    }
+
     fn linear_many(&self, x: &Array, ws: &[&Matrix]) -> Result<Vec<Array>> {
-        if let Some(outs) = self.fused_qgemv("linear_many", x, ws, None)? {
+        if let Some(outs) = self.fused_qgemv("linear_many", x, ws, None, None)? {
             return Ok(outs);
         }
         // A few rows over 4-bit weights, x split once for all of them (ops/qimma.rs).
@@ -470,7 +480,7 @@ impl Backend for CudaBackend {
         // all of it (an exp and a division per value per block): the 8B's down projection took
         // 45 us that way against 37 us for gate and up together (twice its bytes; ncu, H200).
         if fused_silu() {
-            if let Some(mut outs) = self.fused_qgemv("silu_mul_linear", gate, &[w], Some(up))? {
+            if let Some(mut outs) = self.fused_qgemv("silu_mul_linear", gate, &[w], Some(up), None)? {
                 return Ok(outs.remove(0));
             }
         }

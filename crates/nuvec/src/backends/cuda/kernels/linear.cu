@@ -233,12 +233,16 @@ extern "C" __global__ void qdequant_b8(QD_PARAMS) { pdl_begin(); qdequant_body<8
 
 // One input row, up to three weights of the same width, group size and scale dtype in one launch
 // (q/k/v, gate/up): blocks [0, nb0) compute weight 0, the next nb1 weight 1, then weight 2.
-// With up0 set (one weight), the input is silu(x) * up0: the fused down projection.
+// With up0 set (one weight), the input is silu(x) * up0: the fused down projection. addN, when
+// set, is a row of nN values (dtype add_dt) added to weight N's outputs: a layer's bias, as
+// add_bias_f32 would add it after the launch (q/k/v with biases: Qwen2, gpt-oss).
 #define QGM_PARAMS                                                                                              \
     const float *x, int p_dt, int lg, int k, float *out0, int n0, const u32 *pk0, const void *sc0, const void *bi0, \
         const float *up0, float *out1, int n1, const u32 *pk1, const void *sc1, const void *bi1, float *out2, int n2, \
-        const u32 *pk2, const void *sc2, const void *bi2
-#define QGM_ARGS x, p_dt, lg, k, out0, n0, pk0, sc0, bi0, up0, out1, n1, pk1, sc1, bi1, out2, n2, pk2, sc2, bi2
+        const u32 *pk2, const void *sc2, const void *bi2, const void *add0, const void *add1, const void *add2,     \
+        int add_dt
+#define QGM_ARGS \
+    x, p_dt, lg, k, out0, n0, pk0, sc0, bi0, up0, out1, n1, pk1, sc1, bi1, out2, n2, pk2, sc2, bi2, add0, add1, add2, add_dt
 
 // The weight a block of a multi-weight launch computes, at ROWS rows per block: blocks [0, nb0)
 // weight 0, the next nb1 weight 1, the rest weight 2; `b` becomes the block's index among that
@@ -260,6 +264,23 @@ __device__ __forceinline__ void qgm_slot(QGM_PARAMS, float*& out, int& n, const 
         out = out1; n = n1; pk = pk1; sc = sc1; bi = bi1; up = nullptr; b -= nb0;
     }
 }
+// The block's weight's bias row added to the rows it stored, by the threads that stored them
+// (thread t row t of the block's ROWS, as qgemv_body and qg4_store_rows write one input row):
+// the weight picked again from the parameters, so nothing stays live across the product's loop.
+template <int ROWS>
+__device__ __forceinline__ void qgm_add_bias(QGM_PARAMS) {
+    const int nb0 = (n0 + ROWS - 1) / ROWS, nb1 = (n1 + ROWS - 1) / ROWS;
+    int b = blockIdx.x, n = n0;
+    float* out = out0;
+    const void* add = add0;
+    if (b >= nb0 + nb1) {
+        out = out2; n = n2; add = add2; b -= nb0 + nb1;
+    } else if (b >= nb0) {
+        out = out1; n = n1; add = add1; b -= nb0;
+    }
+    const int r = b * ROWS + (int)threadIdx.x;
+    if (add != nullptr && (int)threadIdx.x < ROWS && r < n) out[r] += load_float(add, r, add_dt);
+}
 #define QGM_SLOT(ROWS)        \
     float* out;               \
     int n, b;                 \
@@ -271,7 +292,8 @@ __device__ __forceinline__ void qgm_slot(QGM_PARAMS, float*& out, int& n, const 
 #define QGM_DISPATCH(BITS)                                                                \
     QGM_SLOT(QG_ROWS);                                                                    \
     if (lg == 4) qgemv_body<BITS, true, 1>(out, x, 1, n, pk, sc, bi, p_dt, lg, k, b, up); \
-    else qgemv_body<BITS, false, 1>(out, x, 1, n, pk, sc, bi, p_dt, lg, k, b, up);
+    else qgemv_body<BITS, false, 1>(out, x, 1, n, pk, sc, bi, p_dt, lg, k, b, up);        \
+    qgm_add_bias<QG_ROWS>(QGM_ARGS);
 
 extern "C" __global__ void __launch_bounds__(128, 4) qgemv1_b2(QG_PARAMS) { pdl_begin(); QG_DISPATCH(2, 1); }
 extern "C" __global__ void qgemv_b2(QG_PARAMS) { pdl_begin(); QG_DISPATCH(2, QG_MAX_M); }
@@ -645,6 +667,7 @@ template <bool G16, int PDT, int ROWS, int WARPS, int LOOP>
 __device__ __forceinline__ void qgemv4w_pick(QGM_PARAMS) {
     QGM_SLOT(ROWS);
     qgemv4_run<G16, PDT, ROWS, WARPS, LOOP>(out, x, n, pk, sc, bi, p_dt, lg, k, b, up);
+    qgm_add_bias<ROWS>(QGM_ARGS);
 }
 template <int ROWS, int WARPS, int LOOP = QG_LOOP_WORD>
 __device__ __forceinline__ void qgemv4w_multi(QGM_PARAMS) {

@@ -1,14 +1,14 @@
 //! The one-row and few-row (up to 8) GEMVs over quantized weights (kernels/linear.cu): which
 //! kernel shape a product takes (`qgemv4_variant`), the integer GEMVs' int8 parts of x (made by
 //! `xsplit_f32`, or written by the kernel that made x: [`Derived::IntParts`]), the multi-weight
-//! launch for q/k/v and gate/up (`fused_qgemv`), and the chunked weight decoder for the f32
-//! prefill tiles (`fast_dequant`).
+//! launch for q/k/v (with their biases) and gate/up (`fused_qgemv`), and the chunked weight
+//! decoder for the f32 prefill tiles (`fast_dequant`).
 
 use std::sync::OnceLock;
 
 use cudarc::driver::LaunchConfig;
 
-use super::{cfg_1d, to_i32, CudaBackend, WeightArgs};
+use super::{cfg_1d, float_code, to_i32, CudaBackend, WeightArgs, DT_F32};
 use crate::backends::cuda::{Derived, DeviceBuffer, State};
 use crate::{Array, DType, Error, Matrix, QuantMode, Result};
 
@@ -273,17 +273,33 @@ impl CudaBackend {
 
     /// One launch of `qgemv_multi_bN` for one input row and up to three affine-quantized weights
     /// of one width, group size and scale dtype (q/k/v, gate/up), or for the down projection of
-    /// `silu(x) * up` (`up` set, one weight). `None` (nothing launched) when the case is not that.
+    /// `silu(x) * up` (`up` set, one weight). `adds`: a bias row per weight, of one float dtype,
+    /// added to its outputs in the launch. `None` (nothing launched) when the case is not that.
     pub(super) fn fused_qgemv(
         &self,
         op: &'static str,
         x: &Array,
         ws: &[&Matrix],
         up: Option<&Array>,
+        adds: Option<&[&Array]>,
     ) -> Result<Option<Vec<Array>>> {
         if ws.is_empty() || ws.len() > 3 || !self.plain_input(x, up) {
             return Ok(None);
         }
+        let add_dt = match adds {
+            None => DT_F32,
+            Some(adds) => {
+                let dts = adds.iter().map(|a| float_code(op, "bias", a)).collect::<Result<Vec<_>>>()?;
+                let fits = adds.len() == ws.len()
+                    && up.is_none()
+                    && dts.iter().all(|&d| d == dts[0])
+                    && adds.iter().zip(ws).all(|(a, w)| a.len() == w.rows() && a.device() == self.dev());
+                if !fits {
+                    return Ok(None);
+                }
+                dts[0]
+            }
+        };
         let k = x.dim(-1);
         if x.len() != k
             || !k.is_multiple_of(32)
@@ -340,6 +356,11 @@ impl CudaBackend {
         }
         let (p_dt, lg, ki) = (a0.p_dt, group.trailing_zeros() as i32, to_i32(op, "k", k)?);
         let [(o0, n0, pk0, sc0, bi0), (o1, n1, pk1, sc1, bi1), (o2, n2, pk2, sc2, bi2)] = slots;
+        let mut add = [0u64; 3];
+        for (slot, a) in add.iter_mut().zip(adds.unwrap_or_default()) {
+            *slot = self.ptr(op, "bias", a)?;
+        }
+        let [add0, add1, add2] = add;
         let name = format!("qgemv_multi_b{}{suffix}", a0.bits);
         let (xp, _parts) = self.gemv_input(op, suffix, x, k)?;
         let cfg = LaunchConfig {
@@ -348,7 +369,8 @@ impl CudaBackend {
             shared_mem_bytes: 0,
         };
         launch!(self.st()?, op, name.as_str(), cfg;
-            xp, p_dt, lg, ki, o0, n0, pk0, sc0, bi0, upp, o1, n1, pk1, sc1, bi1, o2, n2, pk2, sc2, bi2);
+            xp, p_dt, lg, ki, o0, n0, pk0, sc0, bi0, upp, o1, n1, pk1, sc1, bi1, o2, n2, pk2, sc2, bi2,
+            add0, add1, add2, add_dt);
         Ok(Some(outs))
     }
 }
