@@ -435,28 +435,19 @@ __device__ __forceinline__ u32 and_or(u32 a, u32 c) {
     asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(d) : "r"(a), "n"(MASK), "r"(c));
     return d;
 }
-// c + the dot product of a's 4 unsigned bytes with b's 4 signed (us) or unsigned (uu) bytes, exact.
-__device__ __forceinline__ int dp4a_us(u32 a, u32 b, int c) {
-    int d;
-    asm("dp4a.u32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
-    return d;
-}
-__device__ __forceinline__ int dp4a_uu(u32 a, u32 b, int c) {
-    int d;
-    asm("dp4a.u32.u32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
-    return d;
-}
-// The same with a's bytes signed, b's signed (ss) or unsigned (su).
-__device__ __forceinline__ int dp4a_ss(u32 a, u32 b, int c) {
-    int d;
-    asm("dp4a.s32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
-    return d;
-}
-__device__ __forceinline__ int dp4a_su(u32 a, u32 b, int c) {
-    int d;
-    asm("dp4a.s32.u32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
-    return d;
-}
+// c + the dot product of a's 4 bytes with b's 4 bytes, exact: dp4a_XY takes a's as unsigned (u)
+// or signed (s) and b's as Y.
+#define DP4A(NAME, TYPES)                                                        \
+    __device__ __forceinline__ int NAME(u32 a, u32 b, int c) {                   \
+        int d;                                                                   \
+        asm("dp4a." TYPES " %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c)); \
+        return d;                                                                \
+    }
+DP4A(dp4a_us, "u32.s32")
+DP4A(dp4a_uu, "u32.u32")
+DP4A(dp4a_ss, "s32.s32")
+DP4A(dp4a_su, "s32.u32")
+#undef DP4A
 // 2^x in one MUFU instruction, results below 2^-126 flushed to 0 (exp2f adds a range fix-up
 // around it for those; softmax probabilities that small round to nothing anyway).
 __device__ __forceinline__ float exp2_ftz(float x) {
