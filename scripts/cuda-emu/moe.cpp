@@ -1,5 +1,5 @@
-// Runs the mixture-of-experts kernels of moe.cu through cuda_emu.h on the CPU. moe_route against
-// the host's rule (crates/nuvec/src/moe.rs: softmax-top-k with and without renormalizing,
+// Runs the mixture-of-experts kernels of moe.cu through cuda_emu.h on the CPU. moe_route (with and
+// without a bias row) against the host's rule (crates/nuvec/src/moe.rs: softmax-top-k with and without renormalizing,
 // top-k-softmax; best first, ties to the lower index): ids exactly, weights to 1e-6. The
 // gathered experts (moe_gate_up_* then moe_down_*) against their definition in f64,
 // sum_j w_j (down_e(act(gate_e x + b, up_e x + b)) + b), for 4-, 3- and 8-bit affine weights
@@ -380,25 +380,32 @@ static void route_ref(const std::vector<float>& l, int top_k, int mode, bool nor
     }
 }
 
-static void test_route(int rows, int experts, int top_k, int mode, bool normalize, bool ties) {
+// `biased`: a bf16 bias row added to the logits in the kernel, against the reference on the
+// logits plus the bias (as add_bias_f32 adds them).
+static void test_route(int rows, int experts, int top_k, int mode, bool normalize, bool ties, bool biased = false) {
     std::vector<float> logits((size_t)rows * experts);
     std::normal_distribution<float> nd(0, 2);
     for (auto& v : logits) v = ties ? (float)(rng() % 4) : nd(rng);
+    std::vector<unsigned short> bias(experts);
+    for (auto& b : bias) b = (unsigned short)(__float_as_uint(biased ? nd(rng) : 0.0f) >> 16);
     std::vector<unsigned> ids((size_t)rows * top_k);
     std::vector<float> w((size_t)rows * top_k);
     emu_launch({(unsigned)rows, 1, 1}, {32, 1, 1}, [&] {
-        moe_route(ids.data(), w.data(), logits.data(), experts, top_k, mode, normalize);
+        moe_route(ids.data(), w.data(), logits.data(), experts, top_k, mode, normalize,
+                  biased ? bias.data() : nullptr, DT_BF16);
     });
     std::vector<unsigned> want_ids;
     std::vector<float> want_w;
-    for (int t = 0; t < rows; ++t)
-        route_ref(std::vector<float>(logits.begin() + (size_t)t * experts, logits.begin() + (size_t)(t + 1) * experts),
-                  top_k, mode, normalize, want_ids, want_w);
+    for (int t = 0; t < rows; ++t) {
+        std::vector<float> row(logits.begin() + (size_t)t * experts, logits.begin() + (size_t)(t + 1) * experts);
+        for (int e = 0; e < experts && biased; ++e) row[e] += __uint_as_float((unsigned)bias[e] << 16);
+        route_ref(row, top_k, mode, normalize, want_ids, want_w);
+    }
     bool ok = ids == want_ids;
     for (size_t i = 0; i < w.size() && ok; ++i) ok = std::fabs(w[i] - want_w[i]) <= 1e-6f * (1 + std::fabs(want_w[i]));
     std::string tag = "moe_route rows " + std::to_string(rows) + " experts " + std::to_string(experts) + " top " +
                       std::to_string(top_k) + " mode " + std::to_string(mode) + (normalize ? " normalized" : "") +
-                      (ties ? " ties" : "");
+                      (ties ? " ties" : "") + (biased ? " biased" : "");
     check(ok, tag);
     if (ok) printf("ok   %s\n", tag.c_str());
 }
@@ -430,6 +437,8 @@ int main() {
     test_route(2, 32, 4, MOE_ROUTE_TOPK_SOFTMAX, false, false);
     test_route(2, 40, 6, MOE_ROUTE_TOPK_SOFTMAX, false, true);
     test_route(2, 512, 10, MOE_ROUTE_SOFTMAX_TOPK, true, true);
+    test_route(3, 32, 4, MOE_ROUTE_TOPK_SOFTMAX, false, false, true);
+    test_route(2, 128, 8, MOE_ROUTE_SOFTMAX_TOPK, true, false, true);
     test_experts("b4", 64, DT_BF16, false, MOE_ACT_SILU, 2, false, 128);
     test_experts("b4", 16, DT_F16, true, MOE_ACT_SWIGLU_OAI, 1);
     test_experts("b3", 32, DT_F32, false, MOE_ACT_SILU, 1);

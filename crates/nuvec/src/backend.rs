@@ -252,6 +252,19 @@ pub trait Backend: Send + Sync {
         moe::route_composed(logits, top_k, routing)
     }
 
+    /// [`Backend::moe_route`] of `logits + bias` (`bias [experts]`, a router's bias row). A
+    /// backend may add the bias where it reads the logits; the default runs
+    /// [`Backend::add_bias`] first.
+    fn moe_route_bias(
+        &self,
+        logits: &Array,
+        bias: &Array,
+        top_k: usize,
+        routing: MoeRouting,
+    ) -> Result<(Array, Array)> {
+        self.moe_route(&self.add_bias(logits, bias)?, top_k, routing)
+    }
+
     /// `out[t] = sum_j weights[t, j] * s_e * expert_e(x[t])` with `e = ids[t, j]` for
     /// `x [L, hidden]`, each expert `down(act(gate(x), up(x)))` with its bias rows and `s_e` its
     /// output scale (1 unless [`Experts::with_output_scales`]). The default reads the choices to

@@ -172,6 +172,12 @@ impl Array {
         backend(self.device()).moe_route(self, top_k, routing)
     }
 
+    /// [`Array::moe_route`] of `self + bias` (a router's bias row); see
+    /// [`crate::Backend::moe_route_bias`].
+    pub fn moe_route_bias(&self, bias: &Array, top_k: usize, routing: MoeRouting) -> Result<(Array, Array)> {
+        backend(self.device()).moe_route_bias(self, bias, top_k, routing)
+    }
+
     /// The experts' weighted sum for each row of `self [L, hidden]`; see
     /// [`crate::Backend::moe_experts`].
     pub fn moe_experts(&self, experts: &Experts, ids: &Array, weights: &Array) -> Result<Array> {

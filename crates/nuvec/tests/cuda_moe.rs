@@ -1,6 +1,7 @@
 //! Mixture-of-experts ops on CUDA against the CPU backend's composed ops (the reference):
 //! `moe_route` (softmax-top-k with and without renormalizing, top-k-softmax: the same experts in
-//! the same order, weights within the tolerance) and `moe_experts` over experts in every format
+//! the same order, weights within the tolerance; `moe_route_bias` also bit for bit what
+//! `add_bias` then `moe_route` give on the GPU) and `moe_experts` over experts in every format
 //! the device kernels take (affine 3/4/8 bits with f32/f16/bf16 scales, dense f32/bf16, mxfp4,
 //! nvfp4 with a global scale, mxfp8), SiLU, gpt-oss's clamped SwiGLU with bias rows and Gemma 4's
 //! GELU with per-expert output scales, at 1 to
@@ -100,8 +101,25 @@ fn moe_route_matches_the_cpu() {
             let case = format!("moe_route {experts} experts top {top_k} {routing:?} rows {rows}");
             assert_eq!(ids.to_vec::<u32>().unwrap(), want_ids.to_vec::<u32>().unwrap(), "{case}: ids");
             close(&case, &w, &want_w);
+            // A router's bias row (gpt-oss), added in the routing launch: what add_bias then
+            // routing gives, on the GPU bit for bit and against the CPU.
+            for dtype in [DType::F32, DType::BF16] {
+                let bias = floats(&randoms(experts, 7 + rows as u64, 2.0), &[experts], dtype);
+                let (want_ids, want_w) = logits.moe_route_bias(&bias, top_k, routing).unwrap();
+                let (lg, bg) = (logits.to_device(dev).unwrap(), bias.to_device(dev).unwrap());
+                let (ids, w) = lg.moe_route_bias(&bg, top_k, routing).unwrap();
+                let (cids, cw) = lg.add_bias(&bg).unwrap().moe_route(top_k, routing).unwrap();
+                let case = format!("{case} with a {dtype} bias");
+                assert_eq!(ids.to_vec::<u32>().unwrap(), want_ids.to_vec::<u32>().unwrap(), "{case}: ids");
+                assert_eq!(ids.to_vec::<u32>().unwrap(), cids.to_vec::<u32>().unwrap(), "{case}: ids, composed");
+                assert_eq!(w.to_vec::<f32>().unwrap(), cw.to_vec::<f32>().unwrap(), "{case}: weights, composed");
+                close(&case, &w, &want_w);
+            }
         }
     }
+    let logits = Array::from_slice(&randoms(32, 1, 3.0), &[1, 32]).unwrap().to_device(dev).unwrap();
+    let short = floats(&randoms(31, 2, 1.0), &[31], DType::F32).to_device(dev).unwrap();
+    assert!(logits.moe_route_bias(&short, 4, MoeRouting::TopKSoftmax).is_err(), "a bias of 31 for 32 experts");
 }
 
 #[test]

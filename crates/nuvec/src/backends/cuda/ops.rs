@@ -769,7 +769,17 @@ impl Backend for CudaBackend {
     }
 
     fn moe_route(&self, logits: &Array, top_k: usize, routing: crate::MoeRouting) -> Result<(Array, Array)> {
-        self.route_experts(logits, top_k, routing)
+        self.route_experts(logits, None, top_k, routing)
+    }
+
+    fn moe_route_bias(
+        &self,
+        logits: &Array,
+        bias: &Array,
+        top_k: usize,
+        routing: crate::MoeRouting,
+    ) -> Result<(Array, Array)> {
+        self.route_experts(logits, Some(bias), top_k, routing)
     }
 
     fn moe_experts(&self, x: &Array, experts: &crate::Experts, ids: &Array, weights: &Array) -> Result<Array> {

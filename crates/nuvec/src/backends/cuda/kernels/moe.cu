@@ -27,10 +27,13 @@
 
 // ids [rows, top_k], weights [rows, top_k] from logits [rows, experts]: one warp per row. The
 // choice is made on the probabilities (softmax-top-k) or the logits (top-k-softmax), best first,
-// ties to the lower index; a NaN is never chosen ahead of a number.
+// ties to the lower index; a NaN is never chosen ahead of a number. `bias` (or null): a row of
+// `experts` values (dtype bias_dt) added to each row of logits first, as add_bias_f32 adds a
+// router's bias (gpt-oss).
 extern "C" __global__ void __launch_bounds__(32) moe_route(u32* __restrict__ ids, float* __restrict__ weights,
                                                            const float* __restrict__ logits, int experts, int top_k,
-                                                           int mode, int normalize) {
+                                                           int mode, int normalize, const void* __restrict__ bias,
+                                                           int bias_dt) {
     pdl_begin();
     __shared__ float v[MOE_MAX_EXPERTS];
     __shared__ float picked[MOE_MAX_TOP_K];
@@ -38,7 +41,7 @@ extern "C" __global__ void __launch_bounds__(32) moe_route(u32* __restrict__ ids
     const float* row = logits + (size_t)blockIdx.x * experts;
     float mx = NEG_INF;
     for (int e = lane; e < experts; e += 32) {
-        v[e] = row[e];
+        v[e] = bias != nullptr ? row[e] + load_float(bias, e, bias_dt) : row[e];
         mx = fmaxf(mx, v[e]);
     }
     mx = warp_max(mx);

@@ -22,7 +22,7 @@ use super::fp::{FP_MXFP4, FP_MXFP8, FP_NVFP4};
 use super::gemv::{int_gemvs, int_parts_bytes};
 use super::prefill::matmul_precision;
 use super::qmma::{QmmaKernel, QM_ROWS, QM_THREADS};
-use super::{cfg_1d, to_i32, CudaBackend, DT_BF16, DT_F16, DT_F32};
+use super::{cfg_1d, float_code, to_i32, CudaBackend, DT_BF16, DT_F16, DT_F32};
 use crate::backends::cuda::{DeviceBuffer, State};
 use crate::fpquant::global_factor;
 use crate::moe::{self, ExpertActivation, ExpertIndex, Experts, MoeRouting};
@@ -279,13 +279,26 @@ impl CudaBackend {
     }
 
     /// [`crate::Backend::moe_route`]: one warp per row.
-    pub(super) fn route_experts(&self, logits: &Array, top_k: usize, routing: MoeRouting) -> Result<(Array, Array)> {
+    /// With `bias`, [`crate::Backend::moe_route_bias`]: the bias row added in the same launch.
+    pub(super) fn route_experts(
+        &self,
+        logits: &Array,
+        bias: Option<&Array>,
+        top_k: usize,
+        routing: MoeRouting,
+    ) -> Result<(Array, Array)> {
         let op = "moe_route";
         let (rows, n) = moe::check_route(logits, top_k)?;
-        if n > MAX_EXPERTS || top_k > MAX_TOP_K {
-            return moe::route_composed(logits, top_k, routing);
+        let bias_fits = bias.is_none_or(|b| b.len() == n && b.device() == self.dev());
+        if n > MAX_EXPERTS || top_k > MAX_TOP_K || !bias_fits {
+            let biased = bias.map(|b| logits.add_bias(b)).transpose()?;
+            return moe::route_composed(biased.as_ref().unwrap_or(logits), top_k, routing);
         }
         let lp = self.f32_ptr(op, "logits", logits)?;
+        let (bp, b_dt) = match bias {
+            Some(b) => (self.ptr(op, "bias", b)?, float_code(op, "bias", b)?),
+            None => (0u64, DT_F32),
+        };
         let ids = self.output(&[rows, top_k], DType::U32, false)?;
         let weights = self.output(&[rows, top_k], DType::F32, false)?;
         if rows > 0 {
@@ -300,7 +313,7 @@ impl CudaBackend {
                 block_dim: (32, 1, 1),
                 shared_mem_bytes: 0,
             };
-            launch!(self.st()?, op, "moe_route", cfg; ip, wp, lp, ni, ki, mode, normalize);
+            launch!(self.st()?, op, "moe_route", cfg; ip, wp, lp, ni, ki, mode, normalize, bp, b_dt);
         }
         Ok((ids, weights))
     }
