@@ -824,8 +824,6 @@ pub fn backend(device: Device) -> &'static dyn Backend {
     }
 }
 
-/// [`Backend::linear_add_rms_norm`] as its default composes it (for backends that fold only some
-/// cases and fall back to this for the rest).
 /// [`Backend::linear_many_bias`] composed: the products, then each bias.
 pub(crate) fn linear_many_bias_composed<B: Backend + ?Sized>(
     b: &B,
@@ -839,6 +837,8 @@ pub(crate) fn linear_many_bias_composed<B: Backend + ?Sized>(
     b.linear_many(x, ws)?.iter().zip(biases).map(|(y, bias)| b.add_bias(y, bias)).collect()
 }
 
+/// [`Backend::linear_add_rms_norm`] as its default composes it (for backends that fold only some
+/// cases and fall back to this for the rest).
 pub(crate) fn linear_add_rms_norm_composed<B: Backend + ?Sized>(
     backend: &B,
     x: &Array,

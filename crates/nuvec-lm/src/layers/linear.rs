@@ -71,19 +71,24 @@ impl Linear {
         let weights = layers.map(|l| &l.weight);
         // Biases alone after the products (q/k/v of Qwen2, gpt-oss): the backend may add them in
         // the products' pass.
-        let biases: Vec<&Array> = layers.iter().filter_map(|l| l.bias.as_ref().filter(|_| !l.adapted())).collect();
-        if N > 0 && biases.len() == N {
-            let outs = x.linear_many_bias(&weights, &biases)?;
-            return outs.try_into().map_err(|v: Vec<Array>| {
-                Error::Invalid(format!("linear_many_bias returned {} arrays for {N} weights", v.len()))
-            });
-        }
-        let outs = x.linear_many(&weights)?;
-        if outs.len() != N {
-            return Err(Error::Invalid(format!("linear_many returned {} arrays for {N} weights", outs.len())));
-        }
-        let outs: Vec<Array> = outs.into_iter().zip(layers).map(|(y, l)| l.finish(x, y)).collect::<Result<_>>()?;
-        outs.try_into().map_err(|_| Error::Invalid("linear_many: length checked above".into()))
+        let biases: Vec<&Array> = layers.iter().filter_map(|l| l.lone_bias()).collect();
+        let outs = if N > 0 && biases.len() == N {
+            x.linear_many_bias(&weights, &biases)?
+        } else {
+            let outs = x.linear_many(&weights)?;
+            if outs.len() != N {
+                return Err(Error::Invalid(format!("linear_many returned {} arrays for {N} weights", outs.len())));
+            }
+            outs.into_iter().zip(layers).map(|(y, l)| l.finish(x, y)).collect::<Result<_>>()?
+        };
+        outs.try_into().map_err(|v: Vec<Array>| Error::Invalid(format!("{} outputs for {N} weights", v.len())))
+    }
+
+    /// The bias when it is all that follows the product in the running pass (no adapter's term):
+    /// a backend may then add it inside a fused op ([`Linear::forward_many`], a router's
+    /// `moe_route_bias`).
+    pub fn lone_bias(&self) -> Option<&Array> {
+        self.bias.as_ref().filter(|_| !self.adapted())
     }
 
     /// `(silu(gate) * up)` through this layer (a gated MLP's down projection); the backend may

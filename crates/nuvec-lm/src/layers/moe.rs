@@ -77,13 +77,11 @@ impl SparseMoe {
     /// Applies the block to `x [L, hidden]`: the router's choices and the experts' weighted sum
     /// stay on the weights' device.
     pub fn forward(&self, x: &Array) -> Result<Array> {
-        let (ids, weights) = match &self.gate.bias {
-            // A router's bias alone after its product (gpt-oss): the backend may add it where
-            // the routing reads the logits.
-            Some(bias) if !self.gate.adapted() => {
-                x.linear(&self.gate.weight)?.moe_route_bias(bias, self.top_k, self.routing)?
-            }
-            _ => self.gate.forward(x)?.moe_route(self.top_k, self.routing)?,
+        // A router's bias alone after its product (gpt-oss): the backend may add it where the
+        // routing reads the logits.
+        let (ids, weights) = match self.gate.lone_bias() {
+            Some(bias) => x.linear(&self.gate.weight)?.moe_route_bias(bias, self.top_k, self.routing)?,
+            None => self.gate.forward(x)?.moe_route(self.top_k, self.routing)?,
         };
         Ok(x.moe_experts(&self.experts, &ids, &weights)?)
     }

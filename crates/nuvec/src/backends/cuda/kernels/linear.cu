@@ -246,10 +246,11 @@ extern "C" __global__ void qdequant_b8(QD_PARAMS) { pdl_begin(); qdequant_body<8
 
 // The weight a block of a multi-weight launch computes, at ROWS rows per block: blocks [0, nb0)
 // weight 0, the next nb1 weight 1, the rest weight 2; `b` becomes the block's index among that
-// weight's blocks, and `up` (the fused silu(x) * up input) belongs to weight 0 only.
+// weight's blocks, `up` (the fused silu(x) * up input) belongs to weight 0 only, and `add` is the
+// weight's bias row (or null).
 template <int ROWS>
 __device__ __forceinline__ void qgm_slot(QGM_PARAMS, float*& out, int& n, const u32*& pk, const void*& sc,
-                                         const void*& bi, const float*& up, int& b) {
+                                         const void*& bi, const float*& up, const void*& add, int& b) {
     int nb0 = (n0 + ROWS - 1) / ROWS, nb1 = (n1 + ROWS - 1) / ROWS;
     b = blockIdx.x;
     out = out0;
@@ -258,36 +259,30 @@ __device__ __forceinline__ void qgm_slot(QGM_PARAMS, float*& out, int& n, const 
     sc = sc0;
     bi = bi0;
     up = up0;
+    add = add0;
     if (b >= nb0 + nb1) {
-        out = out2; n = n2; pk = pk2; sc = sc2; bi = bi2; up = nullptr; b -= nb0 + nb1;
+        out = out2; n = n2; pk = pk2; sc = sc2; bi = bi2; up = nullptr; add = add2; b -= nb0 + nb1;
     } else if (b >= nb0) {
-        out = out1; n = n1; pk = pk1; sc = sc1; bi = bi1; up = nullptr; b -= nb0;
+        out = out1; n = n1; pk = pk1; sc = sc1; bi = bi1; up = nullptr; add = add1; b -= nb0;
     }
 }
+#define QGM_SLOT(ROWS)             \
+    float* out;                    \
+    int n, b;                      \
+    const u32* pk;                 \
+    const void *sc, *bi, *add;     \
+    const float* up;               \
+    qgm_slot<ROWS>(QGM_ARGS, out, n, pk, sc, bi, up, add, b)
 // The block's weight's bias row added to the rows it stored, by the threads that stored them
-// (thread t row t of the block's ROWS, as qgemv_body and qg4_store_rows write one input row):
-// the weight picked again from the parameters, so nothing stays live across the product's loop.
+// (thread t row t of the block's ROWS, as qgemv_body and qg4_store_rows write one input row).
+// Called after the product, so that the slot is picked again there and nothing of it stays live
+// across the product's loop.
 template <int ROWS>
 __device__ __forceinline__ void qgm_add_bias(QGM_PARAMS) {
-    const int nb0 = (n0 + ROWS - 1) / ROWS, nb1 = (n1 + ROWS - 1) / ROWS;
-    int b = blockIdx.x, n = n0;
-    float* out = out0;
-    const void* add = add0;
-    if (b >= nb0 + nb1) {
-        out = out2; n = n2; add = add2; b -= nb0 + nb1;
-    } else if (b >= nb0) {
-        out = out1; n = n1; add = add1; b -= nb0;
-    }
+    QGM_SLOT(ROWS);
     const int r = b * ROWS + (int)threadIdx.x;
     if (add != nullptr && (int)threadIdx.x < ROWS && r < n) out[r] += load_float(add, r, add_dt);
 }
-#define QGM_SLOT(ROWS)        \
-    float* out;               \
-    int n, b;                 \
-    const u32* pk;            \
-    const void *sc, *bi;      \
-    const float* up;          \
-    qgm_slot<ROWS>(QGM_ARGS, out, n, pk, sc, bi, up, b)
 
 #define QGM_DISPATCH(BITS)                                                                \
     QGM_SLOT(QG_ROWS);                                                                    \

@@ -286,20 +286,20 @@ impl CudaBackend {
         if ws.is_empty() || ws.len() > 3 || !self.plain_input(x, up) {
             return Ok(None);
         }
-        let add_dt = match adds {
-            None => DT_F32,
-            Some(adds) => {
-                let dts = adds.iter().map(|a| float_code(op, "bias", a)).collect::<Result<Vec<_>>>()?;
-                let fits = adds.len() == ws.len()
-                    && up.is_none()
-                    && dts.iter().all(|&d| d == dts[0])
-                    && adds.iter().zip(ws).all(|(a, w)| a.len() == w.rows() && a.device() == self.dev());
-                if !fits {
+        // The bias rows' pointers (0: none) and their one dtype.
+        let (mut add, mut add_dt) = ([0u64; 3], DT_F32);
+        if let Some(adds) = adds {
+            if adds.len() != ws.len() || up.is_some() {
+                return Ok(None);
+            }
+            for (i, (a, w)) in adds.iter().zip(ws).enumerate() {
+                let dt = float_code(op, "bias", a)?;
+                if a.len() != w.rows() || a.device() != self.dev() || (i > 0 && dt != add_dt) {
                     return Ok(None);
                 }
-                dts[0]
+                (add[i], add_dt) = (self.ptr(op, "bias", a)?, dt);
             }
-        };
+        }
         let k = x.dim(-1);
         if x.len() != k
             || !k.is_multiple_of(32)
@@ -356,10 +356,6 @@ impl CudaBackend {
         }
         let (p_dt, lg, ki) = (a0.p_dt, group.trailing_zeros() as i32, to_i32(op, "k", k)?);
         let [(o0, n0, pk0, sc0, bi0), (o1, n1, pk1, sc1, bi1), (o2, n2, pk2, sc2, bi2)] = slots;
-        let mut add = [0u64; 3];
-        for (slot, a) in add.iter_mut().zip(adds.unwrap_or_default()) {
-            *slot = self.ptr(op, "bias", a)?;
-        }
         let [add0, add1, add2] = add;
         let name = format!("qgemv_multi_b{}{suffix}", a0.bits);
         let (xp, _parts) = self.gemv_input(op, suffix, x, k)?;
