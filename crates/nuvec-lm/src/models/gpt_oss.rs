@@ -41,9 +41,19 @@ struct Block {
 }
 
 impl Block {
-    fn forward(&self, x: &Array, step: &mut StepBatch, layer: usize) -> Result<Array> {
-        let h = x.add(&self.self_attn.forward(&self.input_layernorm.forward(x)?, step, layer)?)?;
-        Ok(h.add(&self.mlp.forward(&self.post_attention_layernorm.forward(&h)?)?)?)
+    /// The block on the residual stream `x`, given `normed = input_layernorm(x)`; returns the
+    /// stream after it and `next_norm` of that (the next block's input norm or the final one),
+    /// each residual add in one op with the norm after it, as the Llama blocks do.
+    fn forward(
+        &self,
+        x: &Array,
+        normed: &Array,
+        next_norm: &RmsNorm,
+        step: &mut StepBatch,
+        layer: usize,
+    ) -> Result<(Array, Array)> {
+        let (h, h_normed) = self.self_attn.forward_add_norm(normed, step, layer, x, &self.post_attention_layernorm)?;
+        next_norm.forward_add(&h, &self.mlp.forward(&h_normed)?)
     }
 }
 
@@ -236,8 +246,7 @@ fn unsanitized_experts_error(weights: &Weights, path: &str) -> Error {
 impl Architecture for GptOss {
     fn hidden(&self, step: &mut StepBatch) -> Result<Array> {
         let h = self.embed_tokens.embed(step.tokens())?;
-        let h = super::through_layers(&self.layers, step, h, |layer, h, step, i| layer.forward(h, step, i))?;
-        self.norm.forward(&h)
+        super::through_normed_layers(&self.layers, step, h, |l| &l.input_layernorm, &self.norm, Block::forward)
     }
 
     fn logits(&self, hidden: &Array) -> Result<Array> {

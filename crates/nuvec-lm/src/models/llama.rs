@@ -182,18 +182,8 @@ impl Llama {
 
 impl Architecture for Llama {
     fn hidden(&self, step: &mut StepBatch) -> Result<Array> {
-        step.check_layers(self.layers.len(), "layers")?;
-        let mut h = self.embed_tokens.embed(step.tokens())?;
-        let Some(first) = self.layers.first() else {
-            return self.norm.forward(&h);
-        };
-        // The residual stream and its norm for the next block travel together.
-        let mut normed = first.input_layernorm.forward(&h)?;
-        for (i, layer) in self.layers.iter().enumerate() {
-            let next_norm = self.layers.get(i + 1).map_or(&self.norm, |next| &next.input_layernorm);
-            (h, normed) = layer.forward(&h, &normed, next_norm, step, i)?;
-        }
-        Ok(normed)
+        let h = self.embed_tokens.embed(step.tokens())?;
+        super::through_normed_layers(&self.layers, step, h, |l| &l.input_layernorm, &self.norm, Block::forward)
     }
 
     fn logits(&self, hidden: &Array) -> Result<Array> {

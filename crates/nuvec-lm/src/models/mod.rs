@@ -15,6 +15,7 @@ use nuvec::{Array, DType, Device};
 use crate::adapter::{rows, AdapterId};
 use crate::cache::{CacheOptions, KvDtype, LayerCache};
 use crate::config::Config;
+use crate::layers::RmsNorm;
 use crate::step::StepBatch;
 use crate::weights::Weights;
 use crate::{Error, Result};
@@ -88,6 +89,29 @@ pub(crate) fn through_layers<L>(
         h = forward(layer, &h, step, i)?;
     }
     Ok(h)
+}
+
+/// The residual stream through blocks that each return it with the next block's input norm
+/// applied (the last block: `final_norm`), so that every residual add runs with the norm after
+/// it; returns the normed stream after the last block.
+pub(crate) fn through_normed_layers<L>(
+    layers: &[L],
+    step: &mut StepBatch,
+    mut h: Array,
+    input_norm: impl Fn(&L) -> &RmsNorm,
+    final_norm: &RmsNorm,
+    forward: impl Fn(&L, &Array, &Array, &RmsNorm, &mut StepBatch, usize) -> Result<(Array, Array)>,
+) -> Result<Array> {
+    step.check_layers(layers.len(), "layers")?;
+    let Some(first) = layers.first() else {
+        return final_norm.forward(&h);
+    };
+    let mut normed = input_norm(first).forward(&h)?;
+    for (i, layer) in layers.iter().enumerate() {
+        let next_norm = layers.get(i + 1).map_or(final_norm, &input_norm);
+        (h, normed) = forward(layer, &h, &normed, next_norm, step, i)?;
+    }
+    Ok(normed)
 }
 
 /// The model types this build loads.
