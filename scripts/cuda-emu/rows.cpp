@@ -20,20 +20,28 @@ static unsigned threads_for(int d, int per_thread = 1) {
     return t / per_thread;
 }
 
-static void test_norms(int rows, int d, int vec, std::mt19937& rng) {
+// `with_bias`: the fused kernels also take a bias row (bf16), added to b as add_bias_f32 adds it.
+static void test_norms(int rows, int d, int vec, std::mt19937& rng, bool with_bias = false) {
     std::normal_distribution<float> nd(0.0f, 1.0f);
     std::vector<float> a(rows * d), b(rows * d), w(d);
     for (auto& v : a) v = nd(rng);
     for (auto& v : b) v = nd(rng);
     for (auto& v : w) v = nd(rng);
+    std::vector<uint16_t> bias_bits(d);
+    for (auto& v : bias_bits) v = emu_bf16_rn(nd(rng));
+    const void* bias = with_bias ? bias_bits.data() : nullptr;
     std::vector<float> sum(rows * d), out(rows * d), ref_sum(rows * d), ref_out(rows * d);
-    std::string tag = "rows=" + std::to_string(rows) + " d=" + std::to_string(d) + " vec=" + std::to_string(vec);
-    for (int i = 0; i < rows * d; ++i) ref_sum[i] = a[i] + b[i];
+    std::string tag = "rows=" + std::to_string(rows) + " d=" + std::to_string(d) + " vec=" + std::to_string(vec) +
+                      (with_bias ? " bias" : "");
+    for (int i = 0; i < rows * d; ++i) {
+        const float bb = with_bias ? b[i] + load_float(bias, i % d, DT_BF16) : b[i];
+        ref_sum[i] = a[i] + bb;
+    }
     float eps = 1e-5f;
     // The fused kernel with 4 virtual threads per thread (a prefill's blocks), the reference with
     // 1 (a decode row's): bit for bit equal, as the row order does not depend on the block.
     emu_launch({(unsigned)rows, 1, 1}, {threads_for(d, 4), 1, 1}, [&] {
-        add_rms_norm_f32(sum.data(), out.data(), a.data(), b.data(), w.data(), DT_F32, d, eps, vec, nullptr);
+        add_rms_norm_f32(sum.data(), out.data(), a.data(), b.data(), bias, DT_BF16, w.data(), DT_F32, d, eps, vec, nullptr);
     });
     if (d % 128 == 0) {  // with the bf16 tiles of its output (a batched decode step's rows)
         const int padded = (rows + 7) / 8 * 8;
@@ -41,7 +49,7 @@ static void test_norms(int rows, int d, int vec, std::mt19937& rng) {
         std::vector<unsigned> tiles((size_t)padded * d / 2, 0xdeadbeefu);
         for (int f : {1, 4}) {
             emu_launch({(unsigned)rows, 1, 1}, {threads_for(d, f), 1, 1}, [&] {
-                add_rms_norm_f32(s2.data(), o2.data(), a.data(), b.data(), w.data(), DT_F32, d, eps, vec, tiles.data());
+                add_rms_norm_f32(s2.data(), o2.data(), a.data(), b.data(), bias, DT_BF16, w.data(), DT_F32, d, eps, vec, tiles.data());
             });
             check(o2 == out && s2 == sum, "add_rms_norm with tiles = without " + tag);
             check_tiles("add_rms_norm_f32 tiles " + std::to_string(f) + " per thread " + tag, tiles.data(), o2.data(), rows, d);
@@ -64,7 +72,7 @@ static void test_norms(int rows, int d, int vec, std::mt19937& rng) {
         std::vector<unsigned> pa(QI_PARTS_WORDS(d / 32), 0xdeadbeefu), pr(pa);
         std::vector<float> s1(d, NAN), o1(d, NAN), o2(d, NAN);
         emu_launch({blocks, 1, 1}, {threads, 1, 1}, [&] {
-            add_rms_norm_row_f32(s1.data(), o1.data(), a.data(), b.data(), w.data(), DT_F32, d, eps, vec, pa.data());
+            add_rms_norm_row_f32(s1.data(), o1.data(), a.data(), b.data(), bias, DT_BF16, w.data(), DT_F32, d, eps, vec, pa.data());
         });
         emu_launch({blocks, 1, 1}, {threads, 1, 1}, [&] {
             rms_norm_row_f32(o2.data(), ref_sum.data(), w.data(), DT_F32, d, eps, vec, pr.data());
@@ -266,6 +274,11 @@ int main() {
     test_norms(2, 1001, 0, rng);  // not a multiple of 4: the scalar path's tail
     test_norms(1, 6000, 0, rng);  // over 1024 virtual threads' 4 values, a partial last pass
     test_norms(1, 20000, 1, rng);  // several quads per virtual thread
+    for (int vec = 0; vec < 2; ++vec) {  // a projection's bias joining the residual add
+        test_norms(1, 2880, vec, rng, true);
+        test_norms(3, 2880, vec, rng, true);
+    }
+    test_norms(2, 1001, 0, rng, true);
     std::mt19937 rr(11);
     for (int norm : {0, 1})
         for (int trad : {0, 1}) {

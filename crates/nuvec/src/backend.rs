@@ -296,6 +296,19 @@ pub trait Backend: Send + Sync {
         Ok((sum, normed))
     }
 
+    /// [`Backend::add_rms_norm`] of `a` and `b + bias` (`bias` one value per column, added as
+    /// [`Backend::add_bias`] adds it): a projection's bias joins the residual add.
+    fn add_bias_rms_norm(
+        &self,
+        a: &Array,
+        b: &Array,
+        bias: &Array,
+        weight: &Array,
+        eps: f32,
+    ) -> Result<(Array, Array)> {
+        self.add_rms_norm(a, &self.add_bias(b, bias)?, weight, eps)
+    }
+
     /// A projection, the residual add after it and the norm after that:
     /// `h = residual + x @ w^T` and `(h, rms_norm(h, weight, eps))` (an attention block's output
     /// projection or an MLP's down projection, and the next norm). A backend may fold the norm

@@ -226,6 +226,12 @@ impl Array {
         backend(self.device()).add_rms_norm(self, other, weight, eps)
     }
 
+    /// `add_rms_norm` of `self` and `other + bias` (`bias` one value per column); see
+    /// [`crate::Backend::add_bias_rms_norm`].
+    pub fn add_bias_rms_norm(&self, other: &Array, bias: &Array, weight: &Array, eps: f32) -> Result<(Array, Array)> {
+        backend(self.device()).add_bias_rms_norm(self, other, bias, weight, eps)
+    }
+
     /// `h = residual + self @ w^T` and `(h, rms_norm(h, weight, eps))`; see
     /// [`crate::Backend::linear_add_rms_norm`].
     pub fn linear_add_rms_norm(

@@ -300,6 +300,39 @@ fn producers_write_the_gemv_parts() {
 }
 
 #[test]
+fn add_bias_rms_norm_adds_the_bias_in_the_norms_launch() {
+    // gpt-oss's o projection: its bias joins the residual add and the norm, bit for bit what
+    // add_bias then add_rms_norm give on the GPU, and close to the CPU's; biases of each float
+    // dtype; one row (the multi-block norm that writes the integer parts, d a multiple of 32;
+    // and d = 1001, the one-block kernel) and several rows.
+    let dev = gpu();
+    let mut rng = Rng::new(37);
+    for d in [2880, 1001] {
+        let nw = arr(&rng.vec(d, 1.0), &[d]);
+        let nwg = nw.to_device(dev).unwrap();
+        for dtype in [DType::F32, DType::BF16, DType::F16] {
+            let bias = floats(&rng.vec(d, 1.0), &[d], dtype);
+            let bg = bias.to_device(dev).unwrap();
+            for m in [1, 3] {
+                let (x, y) = (arr(&rng.vec(m * d, 1.0), &[m, d]), arr(&rng.vec(m * d, 1.0), &[m, d]));
+                let (xg, yg) = (x.to_device(dev).unwrap(), y.to_device(dev).unwrap());
+                let (h, normed) = xg.add_bias_rms_norm(&yg, &bg, &nwg, 1e-5).unwrap();
+                let (h2, normed2) = xg.add_rms_norm(&yg.add_bias(&bg).unwrap(), &nwg, 1e-5).unwrap();
+                let (h3, normed3) = x.add_bias_rms_norm(&y, &bias, &nw, 1e-5).unwrap();
+                let case = format!("add_bias_rms_norm d={d} {dtype} bias m={m}");
+                exact(&format!("{case} sum"), &h, &h2);
+                exact(&format!("{case} normed"), &normed, &normed2);
+                close(&format!("{case} sum"), &h, &h3);
+                close(&format!("{case} normed"), &normed, &normed3);
+            }
+        }
+        let x = arr(&rng.vec(d, 1.0), &[1, d]).to_device(dev).unwrap();
+        let short = floats(&rng.vec(5, 1.0), &[5], DType::F32).to_device(dev).unwrap();
+        assert!(x.add_bias_rms_norm(&x, &short, &nwg, 1e-5).is_err(), "a bias of the wrong length");
+    }
+}
+
+#[test]
 fn linear_add_rms_norm_folds_the_norm() {
     // The o / down projection with the residual add and the next norm (qgemv_norm_b4_v17, one
     // decode row of 4-bit weights): h bit for bit the composition's (the same GEMV loop), the

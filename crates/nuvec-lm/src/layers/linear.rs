@@ -103,9 +103,14 @@ impl Linear {
 
     /// `h = residual + self.forward(x)` and `(h, norm(h))`: an output or down projection with
     /// the residual add and the norm after it, which a backend may fold together
-    /// ([`nuvec::Backend::linear_add_rms_norm`]; with a bias or a DoRA adapter, the separate
-    /// ops; a LoRA adapter's term joins the residual).
+    /// ([`nuvec::Backend::linear_add_rms_norm`]; a lone bias joins the residual add
+    /// ([`nuvec::Backend::add_bias_rms_norm`]); with a bias and an adapter or a DoRA adapter, the
+    /// separate ops; a LoRA adapter's term joins the residual).
     pub fn forward_add_norm(&self, x: &Array, residual: &Array, norm: &RmsNorm) -> Result<(Array, Array)> {
+        if let Some(bias) = self.lone_bias() {
+            // A bias alone after the product (gpt-oss's o projection) joins the residual add.
+            return norm.forward_add_bias(residual, &x.linear(&self.weight)?, bias);
+        }
         match &self.adapter {
             _ if self.bias.is_some() || self.served_in_pass() => norm.forward_add(residual, &self.forward(x)?),
             Some(adapter) if !adapter.only_adds() => norm.forward_add(residual, &self.forward(x)?),

@@ -35,6 +35,12 @@ impl RmsNorm {
         Ok(x.add_rms_norm(residual, &self.weight, self.eps)?)
     }
 
+    /// [`RmsNorm::forward_add`] of `x` and `residual + bias` (`bias` one value per feature: the
+    /// projection's that made `residual`), the bias added in the same op where the backend can.
+    pub fn forward_add_bias(&self, x: &Array, residual: &Array, bias: &Array) -> Result<(Array, Array)> {
+        Ok(x.add_bias_rms_norm(residual, bias, &self.weight, self.eps)?)
+    }
+
     /// The learned scale, one per feature.
     pub fn weight(&self) -> &Array {
         &self.weight

@@ -827,7 +827,18 @@ impl Backend for CudaBackend {
     // decode fusions (ops/fused.rs)
 
     fn add_rms_norm(&self, a: &Array, b: &Array, weight: &Array, eps: f32) -> Result<(Array, Array)> {
-        self.fused_add_rms_norm(a, b, weight, eps)
+        self.fused_add_rms_norm(a, b, None, weight, eps)
+    }
+
+    fn add_bias_rms_norm(
+        &self,
+        a: &Array,
+        b: &Array,
+        bias: &Array,
+        weight: &Array,
+        eps: f32,
+    ) -> Result<(Array, Array)> {
+        self.fused_add_rms_norm(a, b, Some(bias), weight, eps)
     }
 
     fn linear_add_rms_norm(

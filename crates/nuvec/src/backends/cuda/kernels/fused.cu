@@ -5,20 +5,36 @@
 #define FUSED_GRID_STRIDE(i, n) \
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < (n); i += (size_t)gridDim.x * blockDim.x)
 
+// b[i] + bias[i] (bias of dtype bias_dt, one per column; null: b[i]): add_bias_f32's sum, which a
+// projection's bias takes before the residual add.
+__device__ __forceinline__ float biased(const float* __restrict__ b, const void* bias, int bias_dt, int i) {
+    return bias == nullptr ? b[i] : b[i] + load_float(bias, i, bias_dt);
+}
+// The same for the quad at i of a row of d (row_quad's loads).
+__device__ __forceinline__ float4 biased_quad(const float* __restrict__ b, const void* bias, int bias_dt, int i,
+                                              int d, int vec) {
+    const float4 t = row_quad(b, i, d, vec);
+    if (bias == nullptr) return t;
+    const float4 c = norm_quad(t, bias, i, d, bias_dt).w;
+    return make_float4(t.x + c.x, t.y + c.y, t.z + c.z, t.w + c.w);
+}
+
 // One block per row of `d`, shaped and ordered as rms_norm_f32 (norm_vthreads' layout,
-// common.cuh): sum = a + b, then out = sum * (1 / sqrt(mean(sum^2) + eps)) * w.
+// common.cuh): sum = a + (b + bias), then out = sum * (1 / sqrt(mean(sum^2) + eps)) * w.
+// `bias` (dtype bias_dt, d values; else null): the projection's bias that made b, added first.
 // `vec`: a, b and sum rows 16-byte aligned and d a multiple of 4 (the host checks). `tiles`
 // (else null; d a multiple of 128): out in the bf16 register products' input too (common.cuh).
 extern "C" __global__ void __launch_bounds__(1024) add_rms_norm_f32(float* __restrict__ sum, float* __restrict__ out,
-                                            const float* __restrict__ a, const float* __restrict__ b, const void* w,
-                                            int w_dt, int d, float eps, int vec, u32* __restrict__ tiles) {
+                                            const float* __restrict__ a, const float* __restrict__ b,
+                                            const void* bias, int bias_dt, const void* w, int w_dt, int d,
+                                            float eps, int vec, u32* __restrict__ tiles) {
     pdl_begin();
     __shared__ float scratch[33];
     size_t base = (size_t)blockIdx.x * d;
     const int vt = norm_vthreads(d);
     float s[NORM_MAX_F] = {0.0f, 0.0f, 0.0f, 0.0f};
     auto added = [&](int i) {
-        float4 u = row_quad(a + base, i, d, vec), t = row_quad(b + base, i, d, vec);
+        float4 u = row_quad(a + base, i, d, vec), t = biased_quad(b + base, bias, bias_dt, i, d, vec);
         return make_float4(u.x + t.x, u.y + t.y, u.z + t.z, u.w + t.w);
     };
     row_quads(d, vt, added, [&](int k, int i, float4 v) {
@@ -44,21 +60,22 @@ extern "C" __global__ void __launch_bounds__(1024) add_rms_norm_f32(float* __res
 // a one-block 4096-value norm took 5.8 us under ncu, its split launch 2.9). Each block sums the
 // whole row's squares in norm_vthreads' layout (blockDim.x = VT / F, the host's choice), so its
 // 1 / rms is the one-block kernels' bit for bit; then its warps take its 32-value chunks, a warp
-// per chunk, and write them: sum = a + b (when b is set), out = v * inv * w (quad_normed's
+// per chunk, and write them: sum = a + (b + bias) (when b is set; bias as in add_rms_norm_f32),
+// out = v * inv * w (quad_normed's
 // arithmetic), and the chunk's parts. The blocks re-read the row from L2, a few hundred cycles;
 // no block waits for another. d is a multiple of 32, sum and out do not alias a or b (the host's
 // fresh outputs).
 __device__ __forceinline__ void norm_row_chunks(float* __restrict__ sum, float* __restrict__ out,
                                                 const float* __restrict__ a, const float* __restrict__ b,
-                                                const void* w, int w_dt, int d, float eps, int vec,
-                                                u32* __restrict__ parts) {
+                                                const void* bias, int bias_dt, const void* w, int w_dt, int d,
+                                                float eps, int vec, u32* __restrict__ parts) {
     __shared__ float scratch[33];
     const int vt = norm_vthreads(d);
     float s[NORM_MAX_F] = {0.0f, 0.0f, 0.0f, 0.0f};
     auto load = [&](int i) {
         const float4 u = row_quad(a, i, d, vec);
         if (b == nullptr) return u;
-        const float4 t = row_quad(b, i, d, vec);
+        const float4 t = biased_quad(b, bias, bias_dt, i, d, vec);
         return make_float4(u.x + t.x, u.y + t.y, u.z + t.z, u.w + t.w);
     };
     row_quads(d, vt, load, [&](int k, int, float4 v) { s[k] += quad_sumsq(v); });
@@ -66,7 +83,7 @@ __device__ __forceinline__ void norm_row_chunks(float* __restrict__ sum, float* 
     const int lane = threadIdx.x & 31, warps = (int)(blockDim.x >> 5), chunks = d >> 5;
     for (int c = (int)blockIdx.x * warps + (int)(threadIdx.x >> 5); c < chunks; c += (int)gridDim.x * warps) {
         const int i = c * 32 + lane;
-        const float v = b == nullptr ? a[i] : a[i] + b[i];
+        const float v = b == nullptr ? a[i] : a[i] + biased(b, bias, bias_dt, i);
         if (sum != nullptr) sum[i] = v;
         const float o = v * inv * load_float(w, i, w_dt);
         out[i] = o;
@@ -75,16 +92,16 @@ __device__ __forceinline__ void norm_row_chunks(float* __restrict__ sum, float* 
 }
 extern "C" __global__ void __launch_bounds__(1024) add_rms_norm_row_f32(float* __restrict__ sum, float* __restrict__ out,
                                                                 const float* __restrict__ a, const float* __restrict__ b,
-                                                                const void* w, int w_dt, int d, float eps, int vec,
-                                                                u32* __restrict__ parts) {
+                                                                const void* bias, int bias_dt, const void* w, int w_dt,
+                                                                int d, float eps, int vec, u32* __restrict__ parts) {
     pdl_begin();
-    norm_row_chunks(sum, out, a, b, w, w_dt, d, eps, vec, parts);
+    norm_row_chunks(sum, out, a, b, bias, bias_dt, w, w_dt, d, eps, vec, parts);
 }
 extern "C" __global__ void __launch_bounds__(1024) rms_norm_row_f32(float* __restrict__ out, const float* __restrict__ x,
                                                             const void* w, int w_dt, int d, float eps, int vec,
                                                             u32* __restrict__ parts) {
     pdl_begin();
-    norm_row_chunks(nullptr, out, x, nullptr, w, w_dt, d, eps, vec, parts);
+    norm_row_chunks(nullptr, out, x, nullptr, nullptr, 0, w, w_dt, d, eps, vec, parts);
 }
 
 // Queries q [L, hq, d] and keys k [L, hkv, d] of an attention step: a warp per (head, position),

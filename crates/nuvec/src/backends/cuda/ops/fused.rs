@@ -5,7 +5,7 @@
 
 use cudarc::driver::LaunchConfig;
 
-use super::{cfg_1d, float_code, norm_threads, norm_vthreads, rows_vectorizable, to_i32, CudaBackend};
+use super::{cfg_1d, float_code, norm_threads, norm_vthreads, rows_vectorizable, to_i32, CudaBackend, DT_F32};
 use crate::backends::cuda::graph::StepPos;
 use crate::backends::cuda::{Derived, DeviceBuffer, State};
 use crate::{Array, Backend, DType, Error, Result};
@@ -82,8 +82,17 @@ pub(super) fn norm_row_cfg(d: usize) -> LaunchConfig {
 }
 
 impl CudaBackend {
-    pub(super) fn fused_add_rms_norm(&self, a: &Array, b: &Array, weight: &Array, eps: f32) -> Result<(Array, Array)> {
-        let op = "add_rms_norm";
+    /// `(a + (b + bias), rms_norm(that))`, `bias` one value per column (a projection's, added
+    /// as `add_bias` adds it) or none.
+    pub(super) fn fused_add_rms_norm(
+        &self,
+        a: &Array,
+        b: &Array,
+        bias: Option<&Array>,
+        weight: &Array,
+        eps: f32,
+    ) -> Result<(Array, Array)> {
+        let op = if bias.is_some() { "add_bias_rms_norm" } else { "add_rms_norm" };
         if a.shape() != b.shape() {
             return Err(Error::shape(op, format!("{:?} and {:?} differ", a.shape(), b.shape())));
         }
@@ -94,6 +103,13 @@ impl CudaBackend {
         if weight.len() != d {
             return Err(Error::shape(op, format!("weight of {} for rows of {d}", weight.len())));
         }
+        let (bias_p, bias_dt) = match bias {
+            Some(c) if c.len() != d => {
+                return Err(Error::shape(op, format!("bias of {} for rows of {d}", c.len())));
+            }
+            Some(c) => (self.ptr(op, "bias", c)?, float_code(op, "bias", c)?),
+            None => (0, DT_F32),
+        };
         let (ap, bp) = (self.f32_ptr(op, "a", a)?, self.f32_ptr(op, "b", b)?);
         let w_dt = float_code(op, "weight", weight)?;
         let wp = self.ptr(op, "weight", weight)?;
@@ -107,7 +123,7 @@ impl CudaBackend {
         let vec = i32::from(rows_vectorizable(d, &[sp, np, ap, bp]));
         if let Some(parts) = self.row_int_parts("norm", rows, d)? {
             let (cfg, pp) = (norm_row_cfg(d), parts.ptr());
-            launch!(self.st()?, op, "add_rms_norm_row_f32", cfg; sp, np, ap, bp, wp, w_dt, di, eps, vec, pp);
+            launch!(self.st()?, op, "add_rms_norm_row_f32", cfg; sp, np, ap, bp, bias_p, bias_dt, wp, w_dt, di, eps, vec, pp);
             normed.set_derived(Derived::IntParts, parts);
             return Ok((sum, normed));
         }
@@ -117,7 +133,7 @@ impl CudaBackend {
         let grid = u32::try_from(rows).map_err(|_| Error::Unsupported(format!("{op}: {rows} rows")))?;
         let cfg =
             LaunchConfig { grid_dim: (grid, 1, 1), block_dim: (norm_threads(d, rows), 1, 1), shared_mem_bytes: 0 };
-        launch!(self.st()?, op, "add_rms_norm_f32", cfg; sp, np, ap, bp, wp, w_dt, di, eps, vec, tp);
+        launch!(self.st()?, op, "add_rms_norm_f32", cfg; sp, np, ap, bp, bias_p, bias_dt, wp, w_dt, di, eps, vec, tp);
         if let Some(tiles) = tiles {
             normed.set_derived(Derived::Bf16Tiles { k: d }, tiles);
         }
