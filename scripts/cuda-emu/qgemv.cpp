@@ -281,16 +281,14 @@ int main() {
         printf("%s qg4_word: 8 values of 1024 words exactly 1 + q/16 (%d wrong)\n", bad ? "FAIL" : "ok  ", bad);
         fails += bad != 0;
     }
-    // xw: the x-per-word and integer kernels (v10-v15), which take neither groups of 16 nor
+    // xw: the x-per-word and integer kernels (v11, v13-v15), which take neither groups of 16 nor
     // silu(x) * up; int_x: the integer ones (v13-v15), which read x's parts.
     struct { const char* name; One one; Multi multi; int rows, threads; bool xw, int_x; } kernels[] = {
         {"qgemv1_b4_v6", qgemv1_b4_v6, qgemv_multi_b4_v6, 8, 64, false, false},
         {"qgemv1_b4_v7", qgemv1_b4_v7, qgemv_multi_b4_v7, 8, 32, false, false},
         {"qgemv1_b4_v8", qgemv1_b4_v8, qgemv_multi_b4_v8, 8, 128, false, false},
         {"qgemv1_b4_v9", qgemv1_b4_v9, qgemv_multi_b4_v9, 8, 256, false, false},
-        {"qgemv1_b4_v10", qgemv1_b4_v10, qgemv_multi_b4_v10, 4, 32, true, false},
         {"qgemv1_b4_v11", qgemv1_b4_v11, qgemv_multi_b4_v11, 8, 32, true, false},
-        {"qgemv1_b4_v12", qgemv1_b4_v12, qgemv_multi_b4_v12, 4, 128, true, false},
         {"qgemv1_b4_v13", qgemv1_b4_v13, qgemv_multi_b4_v13, 8, 32, true, true},
         {"qgemv1_b4_v14", qgemv1_b4_v14, qgemv_multi_b4_v14, 8, 128, true, true},
         {"qgemv1_b4_v15", qgemv1_b4_v15, qgemv_multi_b4_v15, 8, 64, true, true},
@@ -310,9 +308,7 @@ int main() {
         {"gate_up_silu_b4_v7", gate_up_silu_b4_v7, qgemv_multi_b4_v7, 8, 32, false},
         {"gate_up_silu_b4_v8", gate_up_silu_b4_v8, qgemv_multi_b4_v8, 8, 128, false},
         {"gate_up_silu_b4_v9", gate_up_silu_b4_v9, qgemv_multi_b4_v9, 8, 256, false},
-        {"gate_up_silu_b4_v10", gate_up_silu_b4_v10, qgemv_multi_b4_v10, 4, 32, false},
         {"gate_up_silu_b4_v11", gate_up_silu_b4_v11, qgemv_multi_b4_v11, 8, 32, false},
-        {"gate_up_silu_b4_v12", gate_up_silu_b4_v12, qgemv_multi_b4_v12, 4, 128, false},
         {"gate_up_silu_b4_v13", gate_up_silu_b4_v13, qgemv_multi_b4_v13, 8, 32, true},
         {"gate_up_silu_b4_v14", gate_up_silu_b4_v14, qgemv_multi_b4_v14, 8, 128, true},
         {"gate_up_silu_b4_v15", gate_up_silu_b4_v15, qgemv_multi_b4_v15, 8, 64, true},

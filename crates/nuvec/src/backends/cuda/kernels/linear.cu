@@ -689,15 +689,11 @@ extern "C" __global__ void __launch_bounds__(128, 4) qgemv1_b4_v8(QG_PARAMS) { p
 extern "C" __global__ void __launch_bounds__(256, 2) qgemv1_b4_v9(QG_PARAMS) { pdl_begin(); qgemv4w_one<8, 8>(QG_ARGS); }
 extern "C" __global__ void __launch_bounds__(128, 4) qgemv_multi_b4_v8(QGM_PARAMS) { pdl_begin(); qgemv4w_multi<8, 4>(QGM_ARGS); }
 extern "C" __global__ void __launch_bounds__(256, 2) qgemv_multi_b4_v9(QGM_PARAMS) { pdl_begin(); qgemv4w_multi<8, 8>(QGM_ARGS); }
-// x per word (qgemv4x_acc; groups of 32 and more): v10 = 4 rows x 1 warp and v12 = 4 rows x 4
-// warps at 64 registers (32 warps per SM; their multi-weight twins at 72, which do not spill),
-// v11 = 8 rows x 1 warp at 96 (20 warps per SM).
-extern "C" __global__ void __launch_bounds__(32, 32) qgemv1_b4_v10(QG_PARAMS) { pdl_begin(); qgemv4w_one<4, 1, QG_LOOP_XWORD>(QG_ARGS); }
+// x per word (qgemv4x_acc; groups of 32 and more): v11 = 8 rows x 1 warp at 96 registers (20
+// warps per SM), the long grids' kernel while the integer GEMVs are off. (v10 and v12, 4 rows x 1
+// and x 4 warps, were never picked and went.)
 extern "C" __global__ void __launch_bounds__(32, 20) qgemv1_b4_v11(QG_PARAMS) { pdl_begin(); qgemv4w_one<8, 1, QG_LOOP_XWORD>(QG_ARGS); }
-extern "C" __global__ void __launch_bounds__(128, 8) qgemv1_b4_v12(QG_PARAMS) { pdl_begin(); qgemv4w_one<4, 4, QG_LOOP_XWORD>(QG_ARGS); }
-extern "C" __global__ void __launch_bounds__(32, 28) qgemv_multi_b4_v10(QGM_PARAMS) { pdl_begin(); qgemv4w_multi<4, 1, QG_LOOP_XWORD>(QGM_ARGS); }
 extern "C" __global__ void __launch_bounds__(32, 20) qgemv_multi_b4_v11(QGM_PARAMS) { pdl_begin(); qgemv4w_multi<8, 1, QG_LOOP_XWORD>(QGM_ARGS); }
-extern "C" __global__ void __launch_bounds__(128, 7) qgemv_multi_b4_v12(QGM_PARAMS) { pdl_begin(); qgemv4w_multi<4, 4, QG_LOOP_XWORD>(QGM_ARGS); }
 // Integer dot products over x's parts (the `x` argument is xsplit_f32's buffer): v13 = 8 rows x 1
 // warp, v14 = 8 rows x 4 warps, v15 = 8 rows x 2 warps, 128 registers.
 extern "C" __global__ void __launch_bounds__(32, 16) qgemv1_b4_v13(QG_PARAMS) { QG4_BEGIN(8); qgemv4w_one<8, 1, QG_LOOP_INT>(QG_ARGS); }
@@ -774,9 +770,7 @@ extern "C" __global__ void __launch_bounds__(64, 8) gate_up_silu_b4_v6(GUS_PARAM
 extern "C" __global__ void __launch_bounds__(32, 16) gate_up_silu_b4_v7(GUS_PARAMS) { pdl_begin(); gate_up_silu_b4<4, 1, QG_LOOP_WORD>(GUS_CALL); }
 extern "C" __global__ void __launch_bounds__(128, 4) gate_up_silu_b4_v8(GUS_PARAMS) { pdl_begin(); gate_up_silu_b4<4, 4, QG_LOOP_WORD>(GUS_CALL); }
 extern "C" __global__ void __launch_bounds__(256, 2) gate_up_silu_b4_v9(GUS_PARAMS) { pdl_begin(); gate_up_silu_b4<4, 8, QG_LOOP_WORD>(GUS_CALL); }
-extern "C" __global__ void __launch_bounds__(32, 28) gate_up_silu_b4_v10(GUS_PARAMS) { pdl_begin(); gate_up_silu_b4<2, 1, QG_LOOP_XWORD>(GUS_CALL); }
 extern "C" __global__ void __launch_bounds__(32, 20) gate_up_silu_b4_v11(GUS_PARAMS) { pdl_begin(); gate_up_silu_b4<4, 1, QG_LOOP_XWORD>(GUS_CALL); }
-extern "C" __global__ void __launch_bounds__(128, 7) gate_up_silu_b4_v12(GUS_PARAMS) { pdl_begin(); gate_up_silu_b4<2, 4, QG_LOOP_XWORD>(GUS_CALL); }
 extern "C" __global__ void __launch_bounds__(32, 16) gate_up_silu_b4_v13(GUS_PARAMS) { GUS_BEGIN(4); gate_up_silu_b4<4, 1, QG_LOOP_INT>(GUS_CALL); }
 extern "C" __global__ void __launch_bounds__(128, 4) gate_up_silu_b4_v14(GUS_PARAMS) { GUS_BEGIN(4); gate_up_silu_b4<4, 4, QG_LOOP_INT>(GUS_CALL); }
 extern "C" __global__ void __launch_bounds__(64, 8) gate_up_silu_b4_v15(GUS_PARAMS) { GUS_BEGIN(4); gate_up_silu_b4<4, 2, QG_LOOP_INT>(GUS_CALL); }

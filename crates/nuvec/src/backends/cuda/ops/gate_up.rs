@@ -22,7 +22,7 @@ fn enabled() -> bool {
 /// The `qgemv_multi_b4` variants with a fused twin `gate_up_silu_b4{suffix}` (the per-word,
 /// x-per-word and integer loops; not `qgemv1_b4`'s, which `NUVEC_QGEMV_VARIANT=0` forces). A twin
 /// takes half its variant's rows of gate per block, and as many of up.
-const FUSED_VARIANTS: [&str; 10] = ["_v6", "_v7", "_v8", "_v9", "_v10", "_v11", "_v12", "_v13", "_v14", "_v15"];
+const FUSED_VARIANTS: [&str; 8] = ["_v6", "_v7", "_v8", "_v9", "_v11", "_v13", "_v14", "_v15"];
 
 impl CudaBackend {
     /// One `gate_up_silu_b4_*` launch for one input row (f32, 16-byte aligned, `k` a multiple of

@@ -30,9 +30,9 @@ const QG_THREADS: u32 = 128;
 /// [`QG_TARGET_WARPS`] warps and every lane still gets a 32-value
 /// chunk of each row (`_v13`, `_v15`, `_v14`): a [4096, 14336] down projection is only 512 blocks
 /// of 8 rows. Groups of 16 and the fused silu(x) * up take the per-word f32 loop (`_v7`, `_v6`,
-/// `_v8`, `_v9`) by the same rule. `NUVEC_QGEMV_VARIANT=0|6..15` forces one shape (for timing them; see [`qgemv4_shape`];
-/// `_v10`.. apply only where `plain`), `NUVEC_QGEMV_INT=0` keeps the f32 loops (`_v11` for long
-/// grids).
+/// `_v8`, `_v9`) by the same rule. `NUVEC_QGEMV_VARIANT=0|6..9|11|13..15` forces one shape (for
+/// timing them; see [`qgemv4_shape`]; `_v11`.. apply only where `plain`), `NUVEC_QGEMV_INT=0`
+/// keeps the f32 loops (`_v11` for long grids).
 pub(super) fn qgemv4_variant(k: usize, rows: usize, plain: bool) -> (&'static str, usize, u32) {
     static FORCED: OnceLock<Option<usize>> = OnceLock::new();
     let forced = *FORCED.get_or_init(|| {
@@ -83,9 +83,7 @@ fn qgemv4_shape(v: usize) -> Option<(&'static str, usize, u32)> {
         7 => ("_v7", 8, 32),
         8 => ("_v8", 8, 128),
         9 => ("_v9", 8, 256),
-        10 => ("_v10", 4, 32),
         11 => ("_v11", 8, 32),
-        12 => ("_v12", 4, 128),
         // Integer dot products over x's parts (`xsplit_f32`): 1, 4 and 2 warps.
         13 => ("_v13", 8, 32),
         14 => ("_v14", 8, 128),
