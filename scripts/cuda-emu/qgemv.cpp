@@ -16,22 +16,23 @@
 
 static std::mt19937 rng(11);
 
-// An affine 4-bit weight [n, k]: random words; scales and biases stored in dtype `dt` (random
-// bit patterns of moderate magnitude, so the reference decodes exactly what the kernel reads).
+// An affine 4-bit (or 8-bit) weight [n, k]: random words; scales and biases stored in dtype `dt`
+// (random bit patterns of moderate magnitude, so the reference decodes exactly what the kernel reads).
 struct QW {
-    int n, k, group, dt;
+    int n, k, group, dt, bits;
     std::vector<unsigned> packed;
     std::vector<unsigned char> sc, bi;  // raw bytes of the dtype
     float param(const std::vector<unsigned char>& v, size_t i) const { return param_at(v, i, dt); }
     double at(int r, int c) const {
-        unsigned q = (packed[(size_t)r * (k / 8) + c / 8] >> (4 * (c % 8))) & 15u;
+        const int per = 32 / bits;  // values per word, value i of a word in its bits i * bits..
+        unsigned q = (packed[(size_t)r * (k / per) + c / per] >> (bits * (c % per))) & ((1u << bits) - 1);
         size_t g = (size_t)r * (k / group) + c / group;
         return (double)param(sc, g) * q + param(bi, g);
     }
 };
-static QW make(int n, int k, int group, int dt, float s) {
-    QW w{n, k, group, dt, {}, {}, {}};
-    w.packed.resize((size_t)n * k / 8);
+static QW make(int n, int k, int group, int dt, float s, int bits = 4) {
+    QW w{n, k, group, dt, bits, {}, {}, {}};
+    w.packed.resize((size_t)n * k * bits / 32);
     for (auto& v : w.packed) v = rng();
     size_t groups = (size_t)n * (k / group);
     random_params(w.sc, groups, dt, s, rng);
@@ -75,8 +76,9 @@ typedef void (*Multi)(const float*, int, int, int, float*, int, const u32*, cons
                       float*, int, const u32*, const void*, const void*, float*, int, const u32*, const void*,
                       const void*, const void*, const void*, const void*, int);
 
-static void test_one(const char* name, One f, int rows, int threads, int n, int k, int group, int dt, bool int_x) {
-    QW w = make(n, k, group, dt, 0.05f);
+static void test_one(const char* name, One f, int rows, int threads, int n, int k, int group, int dt, bool int_x,
+                     int bits = 4) {
+    QW w = make(n, k, group, dt, 0.05f, bits);
     auto x = rnd(k);
     std::vector<unsigned> parts;
     const float* xk = kernel_x(x, int_x, parts);
@@ -92,9 +94,10 @@ static void test_one(const char* name, One f, int rows, int threads, int n, int 
 // Three weights in one launch (q/k/v shape; weights 0 and 2 with a bias row added, as q and v
 // of a layer with biases), then one weight with the silu(x) * up input.
 static void test_multi(const char* name, Multi f, int rows, int threads, int k, int group, int dt, bool with_up,
-                       bool int_x) {
+                       bool int_x, int bits = 4) {
     int ns[3] = {33, 77, 8};
-    QW w[3] = {make(ns[0], k, group, dt, 0.05f), make(ns[1], k, group, dt, 0.05f), make(ns[2], k, group, dt, 0.05f)};
+    QW w[3] = {make(ns[0], k, group, dt, 0.05f, bits), make(ns[1], k, group, dt, 0.05f, bits),
+               make(ns[2], k, group, dt, 0.05f, bits)};
     auto x = rnd(k), up = rnd(k);
     std::vector<unsigned> parts;
     const float* xk = kernel_x(x, int_x, parts);
@@ -301,6 +304,20 @@ int main() {
                 test_one(kn.name, kn.one, kn.rows, kn.threads, 77, 384, group, dt, kn.int_x);
                 test_one(kn.name, kn.one, kn.rows, kn.threads, 5, 4096, group, dt, kn.int_x);
                 test_multi(kn.name, kn.multi, kn.rows, kn.threads, 1024, group, dt, !kn.xw, kn.int_x);
+            }
+    // The 8-bit integer kernels (qi8_sums, 4 rows per block): groups of 32 and more, every scale
+    // dtype; k of one partial pass of the lanes (384), of 90 chunks (gpt-oss's 2880) and 4096.
+    struct { const char* name; One one; Multi multi; int threads; } b8[] = {
+        {"qgemv1_b8_i1", qgemv1_b8_i1, qgemv_multi_b8_i1, 32},
+        {"qgemv1_b8_i2", qgemv1_b8_i2, qgemv_multi_b8_i2, 64},
+        {"qgemv1_b8_i4", qgemv1_b8_i4, qgemv_multi_b8_i4, 128},
+    };
+    for (auto& kn : b8)
+        for (int group : {32, 64, 128})
+            for (int dt : {DT_F32, DT_F16, DT_BF16}) {
+                test_one(kn.name, kn.one, 4, kn.threads, 77, 384, group, dt, true, 8);
+                test_one(kn.name, kn.one, 4, kn.threads, 5, 2880 % group ? 4096 : 2880, group, dt, true, 8);
+                test_multi(kn.name, kn.multi, 4, kn.threads, 2880 % group ? 4096 : 2880, group, dt, false, true, 8);
             }
     // The gated MLP fusion, each kernel with the multi variant of the same loop and warps.
     struct { const char* name; GateUp f; Multi multi; int rows, threads; bool int_x; } fused[] = {

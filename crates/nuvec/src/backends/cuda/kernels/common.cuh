@@ -627,6 +627,37 @@ __device__ __forceinline__ void qfp4_sums(const uint4 (&w)[ROWS], const u32* __r
     }
 }
 
+// As qi4_sums for 8-bit codes: each row's chunk as two uint4 (words 0-3, 4-7), word i holding
+// values 4i..4i+3 as unsigned bytes in order. x's parts are put back in value order once per chunk
+// for all ROWS rows (as qfp4_sums does), so that each pair of words costs 6 dp4a and no masks.
+template <int ROWS>
+__device__ __forceinline__ void qi8_sums(const uint4 (&w)[ROWS][2], const u32* __restrict__ xq_chunk,
+                                         int (&S)[ROWS][3]) {
+    const uint4* xp = (const uint4*)xq_chunk;
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r) S[r][0] = S[r][1] = S[r][2] = 0;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const uint4 xh = __ldg(xp + h), xm = __ldg(xp + 2 + h), xl = __ldg(xp + 4 + h);
+#pragma unroll
+        for (int jj = 0; jj < 2; ++jj) {
+            // x's values 8j..8j+3 and 8j+4..8j+7 (j = 2h + jj): the codes' words 2j and 2j + 1.
+            const u32 he = jj ? xh.z : xh.x, ho = jj ? xh.w : xh.y, me = jj ? xm.z : xm.x, mo = jj ? xm.w : xm.y;
+            const u32 le = jj ? xl.z : xl.x, lo = jj ? xl.w : xl.y;
+            const u32 h03 = __byte_perm(he, ho, 0x5140), h47 = __byte_perm(he, ho, 0x7362);
+            const u32 m03 = __byte_perm(me, mo, 0x5140), m47 = __byte_perm(me, mo, 0x7362);
+            const u32 l03 = __byte_perm(le, lo, 0x5140), l47 = __byte_perm(le, lo, 0x7362);
+#pragma unroll
+            for (int r = 0; r < ROWS; ++r) {
+                const u32 a = jj ? w[r][h].z : w[r][h].x, b = jj ? w[r][h].w : w[r][h].y;
+                S[r][0] = dp4a_us(b, h47, dp4a_us(a, h03, S[r][0]));
+                S[r][1] = dp4a_uu(b, m47, dp4a_uu(a, m03, S[r][1]));
+                S[r][2] = dp4a_uu(b, l47, dp4a_uu(a, l03, S[r][2]));
+            }
+        }
+    }
+}
+
 // What the integer GEMVs multiply their totals by for parts `xq` of a K-value x: 1, or when a
 // norm's scale is pending (`pending`: a negative scale seen, any lane of the warp) -1 / rms(h)
 // from the norm tail (the layout above; the totals came out negated). Every warp that calls it

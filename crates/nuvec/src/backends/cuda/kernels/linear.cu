@@ -380,12 +380,12 @@ __device__ __forceinline__ void qg4_load_rows(uint4 (&w)[ROWS], float (&s)[ROWS]
 #ifndef QG_PF_BYTES
 #define QG_PF_BYTES 2048
 #endif
-template <int ROWS>
+template <int ROWS, int BITS = 4>
 __device__ __forceinline__ void qg4_prefetch(const u32* packed, const void* scales, const void* biases, int p_dt, int lg,
                                              int k, int r0, int n, int t0 = 0) {
     const size_t cap = QG_PF_BYTES;
     if (cap == 0 || (int)threadIdx.x != t0 || r0 >= n) return;
-    const size_t rows = (size_t)min(ROWS, n - r0), words = (size_t)k / 2, params = (size_t)(k >> lg) * (p_dt == DT_F32 ? 4 : 2);
+    const size_t rows = (size_t)min(ROWS, n - r0), words = (size_t)k / (8 / BITS), params = (size_t)(k >> lg) * (p_dt == DT_F32 ? 4 : 2);
     const size_t pb = rows * words < cap ? rows * words : cap, sb = rows * params < cap ? rows * params : cap;
     l2_prefetch((const char*)packed + (size_t)r0 * words, pb);
     l2_prefetch((const char*)scales + (size_t)r0 * params, sb);
@@ -393,14 +393,14 @@ __device__ __forceinline__ void qg4_prefetch(const u32* packed, const void* scal
 }
 // The kernels' first lines: their rows prefetched, then pdl_begin. One row (QG_PARAMS), several
 // weights (QGM_PARAMS: the block's weight as qgm_slot picks it), and gate/up (GUS_PARAMS).
-#define QG4_BEGIN(ROWS)                                                                   \
-    qg4_prefetch<ROWS>(packed, scales, biases, p_dt, lg, k, (int)blockIdx.x * (ROWS), n); \
+#define QG4_BEGIN(ROWS, ...)                                                                           \
+    qg4_prefetch<ROWS, ##__VA_ARGS__>(packed, scales, biases, p_dt, lg, k, (int)blockIdx.x * (ROWS), n); \
     pdl_begin()
-#define QGM4_BEGIN(ROWS)                                            \
-    {                                                               \
-        QGM_SLOT(ROWS);                                             \
-        qg4_prefetch<ROWS>(pk, sc, bi, p_dt, lg, k, b * (ROWS), n); \
-    }                                                               \
+#define QGM4_BEGIN(ROWS, ...)                                                        \
+    {                                                                                \
+        QGM_SLOT(ROWS);                                                              \
+        qg4_prefetch<ROWS, ##__VA_ARGS__>(pk, sc, bi, p_dt, lg, k, b * (ROWS), n); \
+    }                                                                                \
     pdl_begin()
 #define GUS_BEGIN(ROWS)                                                                  \
     qg4_prefetch<ROWS>(pg, sg, bg, p_dt, lg, k, (int)blockIdx.x * (ROWS), n);            \
@@ -418,6 +418,29 @@ struct Qg4Rows {
     __device__ __forceinline__ void operator()(uint4 (&w)[ROWS], float (&s)[ROWS][G16 ? 2 : 1],
                                                float (&b)[ROWS][G16 ? 2 : 1], int c) const {
         qg4_load_rows<G16, ROWS, FIRST, COUNT>(w, s, b, packed, scales, biases, dt, lg, r0, n, c, words, gpr);
+    }
+};
+
+// The same for an 8-bit weight (the integer loop; groups of 32 and more): each row's chunk as two
+// 16-byte loads (words 0-3, 4-7) and its scale/bias pair.
+template <int ROWS>
+struct Qg8Rows {
+    const u32* packed;
+    const void *scales, *biases;
+    int dt, lg, r0, n;
+    size_t words, gpr;
+    __device__ __forceinline__ void operator()(uint4 (&w)[ROWS][2], float (&s)[ROWS][1], float (&b)[ROWS][1],
+                                               int c) const {
+#pragma unroll
+        for (int r = 0; r < ROWS; ++r) {
+            const size_t row = (size_t)min(r0 + r, n - 1);
+            const uint4* p = (const uint4*)(packed + row * words + (size_t)c * 8);
+            w[r][0] = __ldg(p);
+            w[r][1] = __ldg(p + 1);
+            const size_t g = row * gpr + (((size_t)c << 5) >> lg);
+            s[r][0] = load_float(scales, g, dt);
+            b[r][0] = load_float(biases, g, dt);
+        }
     }
 };
 
@@ -582,11 +605,21 @@ extern "C" __global__ void xsplit_f32(u32* __restrict__ parts, const float* __re
         xsplit_chunk(parts, chunks, c, x[(size_t)c * 32 + lane], lane);
 }
 
+// A row's chunk of codes as the integer loop holds it: one uint4 of 4-bit codes, two of 8-bit.
+template <int BITS>
+struct QiChunk {
+    using T = uint4;
+};
+template <>
+struct QiChunk<8> {
+    using T = uint4[2];
+};
+
 // A lane's sums over x's parts (xsplit_f32's buffer `xq`), over the rows that load fetches (as
-// qgemv4x_acc; groups of 32 and more: one scale/bias pair per chunk).
-// `first`: the lane's first chunk where it is not threadIdx.x (gate_up_silu_b4_v16's warps each
-// run a block's loop of their own).
-template <int ROWS, int WARPS, class Load>
+// qgemv4x_acc; groups of 32 and more: one scale/bias pair per chunk), of BITS-bit codes (4: qi4_sums;
+// 8: qi8_sums). `first`: the lane's first chunk where it is not threadIdx.x (gate_up_silu_b4_v16's
+// warps each run a block's loop of their own).
+template <int ROWS, int WARPS, int BITS = 4, class Load>
 __device__ __forceinline__ void qgemv4i_acc(float (&acc)[ROWS], bool& pending, const u32* __restrict__ xq, int k,
                                             Load load, int first = -1) {
     const int chunks = k >> 5;
@@ -596,11 +629,12 @@ __device__ __forceinline__ void qgemv4i_acc(float (&acc)[ROWS], bool& pending, c
     for (int r = 0; r < ROWS; ++r) acc[r] = 0.0f;
     pending = false;
     for (int c = first < 0 ? (int)threadIdx.x : first; c < chunks; c += 32 * WARPS) {
-        uint4 w[ROWS];
+        typename QiChunk<BITS>::T w[ROWS];
         float s[ROWS][1], b[ROWS][1];
         load(w, s, b, c);
         int S[ROWS][3];
-        qi4_sums<ROWS>(w, xq + (size_t)c * QI_WORDS, S);
+        if constexpr (BITS == 8) qi8_sums<ROWS>(w, xq + (size_t)c * QI_WORDS, S);
+        else qi4_sums<ROWS>(w, xq + (size_t)c * QI_WORDS, S);
         const float xsc = __ldg(xscale + c), xs = __ldg(xsum + c);
         pending = xsc < 0.0f;  // a norm's scale pending (every chunk's sign): the sums come out negated (common.cuh)
 #pragma unroll
@@ -618,8 +652,8 @@ __device__ __forceinline__ void qgemv4i_acc(float (&acc)[ROWS], bool& pending, c
 
 // One block of a one-row launch (QG_PARAMS, `m` is 1, so that the host launches it like the
 // other variants): groups of 16 with the runtime dtype, otherwise one instance per scale dtype.
-// LOOP picks the loop (QG_LOOP_*).
-template <bool G16, int PDT, int ROWS, int WARPS, int LOOP>
+// LOOP picks the loop (QG_LOOP_*); BITS = 8 (8-bit codes) takes the integer loop only.
+template <bool G16, int PDT, int ROWS, int WARPS, int LOOP, int BITS = 4>
 __device__ __forceinline__ void qgemv4_run(float* out, const float* __restrict__ x, int n,
                                            const u32* __restrict__ packed, const void* __restrict__ scales,
                                            const void* __restrict__ biases, int p_dt, int lg, int k, int block,
@@ -628,13 +662,19 @@ __device__ __forceinline__ void qgemv4_run(float* out, const float* __restrict__
     __shared__ float red[WARPS][ROWS];
     const int dt = PDT >= 0 ? PDT : p_dt;
     const int r0 = block * ROWS;
-    const size_t words = (size_t)(k >> 5) * 4, gpr = (size_t)(k >> lg);
-    const Qg4Rows<G16, ROWS> load{packed, scales, biases, dt, lg, r0, n, words, gpr};
+    static_assert(BITS == 4 || (BITS == 8 && LOOP == QG_LOOP_INT && !G16), "8-bit codes take the integer loop");
+    const size_t words = (size_t)(k >> 5) * BITS, gpr = (size_t)(k >> lg);
     float acc[ROWS];
     bool pending = false;
-    if constexpr (LOOP == QG_LOOP_INT) qgemv4i_acc<ROWS, WARPS>(acc, pending, (const u32*)x, k, load);
-    else if constexpr (LOOP == QG_LOOP_XWORD) qgemv4x_acc<G16, ROWS, WARPS>(acc, x, k, load);
-    else qgemv4w_acc<G16, ROWS, WARPS>(acc, x, k, up, load);
+    if constexpr (BITS == 8) {
+        const Qg8Rows<ROWS> load{packed, scales, biases, dt, lg, r0, n, words, gpr};
+        qgemv4i_acc<ROWS, WARPS, 8>(acc, pending, (const u32*)x, k, load);
+    } else {
+        const Qg4Rows<G16, ROWS> load{packed, scales, biases, dt, lg, r0, n, words, gpr};
+        if constexpr (LOOP == QG_LOOP_INT) qgemv4i_acc<ROWS, WARPS>(acc, pending, (const u32*)x, k, load);
+        else if constexpr (LOOP == QG_LOOP_XWORD) qgemv4x_acc<G16, ROWS, WARPS>(acc, x, k, load);
+        else qgemv4w_acc<G16, ROWS, WARPS>(acc, x, k, up, load);
+    }
     const float scale = LOOP == QG_LOOP_INT ? xq_norm_scale((const u32*)x, k, pending) : 1.0f;
     qg4_store_rows<ROWS, WARPS>(out, acc, red, r0, n, scale);
 }
@@ -643,35 +683,35 @@ __device__ __forceinline__ void qgemv4_run(float* out, const float* __restrict__
 // cap (64) would spill the two scale pairs per row of groups of 16, and x's parts carry one sum per
 // 32 values, so the host never launches them for those (a launch that did would trap, not return
 // wrong numbers).
-template <int ROWS, int WARPS, int LOOP = QG_LOOP_WORD>
+template <int ROWS, int WARPS, int LOOP = QG_LOOP_WORD, int BITS = 4>
 __device__ __forceinline__ void qgemv4w_one(QG_PARAMS) {
     if (LOOP != QG_LOOP_WORD && lg == 4) __trap();
     if constexpr (LOOP == QG_LOOP_WORD)
         if (lg == 4) return qgemv4_run<true, -1, ROWS, WARPS, LOOP>(out, x, n, packed, scales, biases, p_dt, lg, k, blockIdx.x, nullptr);
     if (p_dt == DT_BF16)
-        qgemv4_run<false, DT_BF16, ROWS, WARPS, LOOP>(out, x, n, packed, scales, biases, p_dt, lg, k, blockIdx.x, nullptr);
+        qgemv4_run<false, DT_BF16, ROWS, WARPS, LOOP, BITS>(out, x, n, packed, scales, biases, p_dt, lg, k, blockIdx.x, nullptr);
     else if (p_dt == DT_F16)
-        qgemv4_run<false, DT_F16, ROWS, WARPS, LOOP>(out, x, n, packed, scales, biases, p_dt, lg, k, blockIdx.x, nullptr);
-    else qgemv4_run<false, DT_F32, ROWS, WARPS, LOOP>(out, x, n, packed, scales, biases, p_dt, lg, k, blockIdx.x, nullptr);
+        qgemv4_run<false, DT_F16, ROWS, WARPS, LOOP, BITS>(out, x, n, packed, scales, biases, p_dt, lg, k, blockIdx.x, nullptr);
+    else qgemv4_run<false, DT_F32, ROWS, WARPS, LOOP, BITS>(out, x, n, packed, scales, biases, p_dt, lg, k, blockIdx.x, nullptr);
 }
 
 // The multi-weight launch: the block-to-weight mapping of qgm_slot, done inside each
 // (group, dtype) instance: picking the weight before the dtype branch made ptxas spill at the
 // 128-register cap (216 bytes), this order does not.
-template <bool G16, int PDT, int ROWS, int WARPS, int LOOP>
+template <bool G16, int PDT, int ROWS, int WARPS, int LOOP, int BITS = 4>
 __device__ __forceinline__ void qgemv4w_pick(QGM_PARAMS) {
     QGM_SLOT(ROWS);
-    qgemv4_run<G16, PDT, ROWS, WARPS, LOOP>(out, x, n, pk, sc, bi, p_dt, lg, k, b, up);
+    qgemv4_run<G16, PDT, ROWS, WARPS, LOOP, BITS>(out, x, n, pk, sc, bi, p_dt, lg, k, b, up);
     qgm_add_bias<ROWS>(QGM_ARGS);
 }
-template <int ROWS, int WARPS, int LOOP = QG_LOOP_WORD>
+template <int ROWS, int WARPS, int LOOP = QG_LOOP_WORD, int BITS = 4>
 __device__ __forceinline__ void qgemv4w_multi(QGM_PARAMS) {
     if (LOOP != QG_LOOP_WORD && lg == 4) __trap();
     if constexpr (LOOP == QG_LOOP_WORD)
         if (lg == 4) return qgemv4w_pick<true, -1, ROWS, WARPS, LOOP>(QGM_ARGS);
-    if (p_dt == DT_BF16) qgemv4w_pick<false, DT_BF16, ROWS, WARPS, LOOP>(QGM_ARGS);
-    else if (p_dt == DT_F16) qgemv4w_pick<false, DT_F16, ROWS, WARPS, LOOP>(QGM_ARGS);
-    else qgemv4w_pick<false, DT_F32, ROWS, WARPS, LOOP>(QGM_ARGS);
+    if (p_dt == DT_BF16) qgemv4w_pick<false, DT_BF16, ROWS, WARPS, LOOP, BITS>(QGM_ARGS);
+    else if (p_dt == DT_F16) qgemv4w_pick<false, DT_F16, ROWS, WARPS, LOOP, BITS>(QGM_ARGS);
+    else qgemv4w_pick<false, DT_F32, ROWS, WARPS, LOOP, BITS>(QGM_ARGS);
 }
 
 // Launch bounds as the probe compiled: 128 registers (8 blocks of 2 warps, or 16 of 1, per SM).
@@ -702,6 +742,17 @@ extern "C" __global__ void __launch_bounds__(32, 16) qgemv_multi_b4_v13(QGM_PARA
 extern "C" __global__ void __launch_bounds__(128, 4) qgemv_multi_b4_v14(QGM_PARAMS) { QGM4_BEGIN(8); qgemv4w_multi<8, 4, QG_LOOP_INT>(QGM_ARGS); }
 extern "C" __global__ void __launch_bounds__(64, 8) qgemv1_b4_v15(QG_PARAMS) { QG4_BEGIN(8); qgemv4w_one<8, 2, QG_LOOP_INT>(QG_ARGS); }
 extern "C" __global__ void __launch_bounds__(64, 8) qgemv_multi_b4_v15(QGM_PARAMS) { QGM4_BEGIN(8); qgemv4w_multi<8, 2, QG_LOOP_INT>(QGM_ARGS); }
+
+// 8-bit codes (MLX's 8-bit affine, a GGUF's Q8_0; groups of 32 and more) on the same integer loop
+// (qi8_sums: x's parts in value order, no masks), 4 rows per block (a row's chunk is 32 bytes)
+// and 1, 2 or 4 warps (_i1, _i2, _i4: the host's qgemv8_variant); the f32 body (qgemv1_b8)
+// decodes each byte to a float and issues about three instructions per value and row.
+extern "C" __global__ void __launch_bounds__(32, 16) qgemv1_b8_i1(QG_PARAMS) { QG4_BEGIN(4, 8); qgemv4w_one<4, 1, QG_LOOP_INT, 8>(QG_ARGS); }
+extern "C" __global__ void __launch_bounds__(64, 8) qgemv1_b8_i2(QG_PARAMS) { QG4_BEGIN(4, 8); qgemv4w_one<4, 2, QG_LOOP_INT, 8>(QG_ARGS); }
+extern "C" __global__ void __launch_bounds__(128, 4) qgemv1_b8_i4(QG_PARAMS) { QG4_BEGIN(4, 8); qgemv4w_one<4, 4, QG_LOOP_INT, 8>(QG_ARGS); }
+extern "C" __global__ void __launch_bounds__(32, 16) qgemv_multi_b8_i1(QGM_PARAMS) { QGM4_BEGIN(4, 8); qgemv4w_multi<4, 1, QG_LOOP_INT, 8>(QGM_ARGS); }
+extern "C" __global__ void __launch_bounds__(64, 8) qgemv_multi_b8_i2(QGM_PARAMS) { QGM4_BEGIN(4, 8); qgemv4w_multi<4, 2, QG_LOOP_INT, 8>(QGM_ARGS); }
+extern "C" __global__ void __launch_bounds__(128, 4) qgemv_multi_b8_i4(QGM_PARAMS) { QGM4_BEGIN(4, 8); qgemv4w_multi<4, 4, QG_LOOP_INT, 8>(QGM_ARGS); }
 
 // ---- gate_up_silu: a gated MLP's hidden activations in the gate/up GEMV (issue 7) ----
 //

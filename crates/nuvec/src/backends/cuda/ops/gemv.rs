@@ -92,6 +92,28 @@ fn qgemv4_shape(v: usize) -> Option<(&'static str, usize, u32)> {
     })
 }
 
+/// The one-row 8-bit integer GEMV's shape for `k` inputs and `rows` outputs (all weights of a
+/// multi-weight launch together), `None` while the integer GEMVs are off: `(kernel name suffix,
+/// output rows per block, threads per block)`. 4 rows per block (a row's 32-value chunk is 32
+/// bytes, twice a 4-bit row's) and warps grown from 1 as [`qgemv4_variant`] grows them, while
+/// every lane of a pass still has a chunk of each row (a [5120, 2880] q/k/v launch, 90 chunks a
+/// row, keeps one warp: two would leave 38 of 128 lanes idle).
+fn qgemv8_variant(k: usize, rows: usize) -> Option<(&'static str, usize, u32)> {
+    if !int_gemvs() {
+        return None;
+    }
+    let (blocks, chunks) = (rows.div_ceil(4), k / 32);
+    let mut warps = 1;
+    while warps < 4 && blocks * warps < QG_TARGET_WARPS && chunks >= 32 * 3 * warps {
+        warps *= 2;
+    }
+    Some(match warps {
+        1 => ("_i1", 4, 32),
+        2 => ("_i2", 4, 64),
+        _ => ("_i4", 4, 128),
+    })
+}
+
 /// Whether the integer dot-product GEMVs are on (`NUVEC_QGEMV_INT=0` turns them off).
 pub(super) fn int_gemvs() -> bool {
     static ON: OnceLock<bool> = OnceLock::new();
@@ -121,7 +143,7 @@ pub(super) fn int_parts_bytes(k: usize) -> usize {
 
 /// Whether a one-row 4-bit variant reads x as `xsplit_f32`'s parts (integer dot products).
 fn int_variant(suffix: &str) -> bool {
-    matches!(suffix, "_v13" | "_v14" | "_v15")
+    matches!(suffix, "_v13" | "_v14" | "_v15" | "_i1" | "_i2" | "_i4")
 }
 
 /// Whether the decode down projection takes `silu(gate) * up` inside the GEMV
@@ -188,8 +210,11 @@ impl CudaBackend {
             return Ok(false);
         };
         let WeightArgs { packed, scales, biases, p_dt, bits, .. } = *w;
-        let (suffix, rows, threads) =
-            if m == 1 && bits == 4 { qgemv4_variant(k, n, lg > 4) } else { ("", QG_ROWS, QG_THREADS) };
+        let (suffix, rows, threads) = match (m, bits) {
+            (1, 4) => qgemv4_variant(k, n, lg > 4),
+            (1, 8) if lg > 4 => qgemv8_variant(k, n).unwrap_or(("", QG_ROWS, QG_THREADS)),
+            _ => ("", QG_ROWS, QG_THREADS),
+        };
         let name = format!("{}_b{bits}{suffix}", if m == 1 { "qgemv1" } else { "qgemv" });
         let (x, _parts) = self.gemv_input(op, suffix, x, k)?;
         let (mi, ni, ki) = (m as i32, to_i32(op, "rows", n)?, to_i32(op, "k", k)?);
@@ -335,8 +360,11 @@ impl CudaBackend {
             return Ok(None);
         }
         let rows: usize = ws.iter().map(|w| w.rows()).sum();
-        let (suffix, rows_per_block, threads) =
-            if a0.bits == 4 { qgemv4_variant(k, rows, group > 16 && up.is_none()) } else { ("", QG_ROWS, QG_THREADS) };
+        let (suffix, rows_per_block, threads) = match a0.bits {
+            4 => qgemv4_variant(k, rows, group > 16 && up.is_none()),
+            8 if group > 16 && up.is_none() => qgemv8_variant(k, rows).unwrap_or(("", QG_ROWS, QG_THREADS)),
+            _ => ("", QG_ROWS, QG_THREADS),
+        };
         let mut outs = Vec::with_capacity(ws.len());
         let mut slots = [(0u64, 0i32, 0u64, 0u64, 0u64); 3];
         let mut blocks = 0usize;
