@@ -11,9 +11,10 @@
 
 use nuvec::{Array, Matrix};
 
+use super::llama::Block;
 use crate::cache::{KvCache, LayerCache, RotatingKvCache};
 use crate::config::Config;
-use crate::layers::{Activation, Attention, AttentionShape, Linear, RmsNorm, Rope, SparseMoe};
+use crate::layers::{Activation, Attention, AttentionShape, FeedForward, Linear, RmsNorm, Rope, SparseMoe};
 use crate::models::Architecture;
 use crate::step::StepBatch;
 use crate::weights::Weights;
@@ -31,30 +32,6 @@ enum LayerType {
     Sliding,
     /// Every earlier position.
     Full,
-}
-
-struct Block {
-    input_layernorm: RmsNorm,
-    self_attn: Attention,
-    post_attention_layernorm: RmsNorm,
-    mlp: SparseMoe,
-}
-
-impl Block {
-    /// The block on the residual stream `x`, given `normed = input_layernorm(x)`; returns the
-    /// stream after it and `next_norm` of that (the next block's input norm or the final one),
-    /// each residual add in one op with the norm after it, as the Llama blocks do.
-    fn forward(
-        &self,
-        x: &Array,
-        normed: &Array,
-        next_norm: &RmsNorm,
-        step: &mut StepBatch,
-        layer: usize,
-    ) -> Result<(Array, Array)> {
-        let (h, h_normed) = self.self_attn.forward_add_norm(normed, step, layer, x, &self.post_attention_layernorm)?;
-        next_norm.forward_add(&h, &self.mlp.forward(&h_normed)?)
-    }
 }
 
 /// The gpt-oss decoder.
@@ -148,7 +125,13 @@ impl GptOss {
                         hidden,
                         eps,
                     )?,
-                    mlp: SparseMoe::from_parts(router, experts, top_k, nuvec::MoeRouting::TopKSoftmax, activation)?,
+                    mlp: FeedForward::Sparse(SparseMoe::from_parts(
+                        router,
+                        experts,
+                        top_k,
+                        nuvec::MoeRouting::TopKSoftmax,
+                        activation,
+                    )?),
                 })
             })
             .collect::<Result<Vec<_>>>()?;

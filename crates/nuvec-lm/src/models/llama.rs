@@ -33,11 +33,12 @@ pub struct Family {
     pub moe: bool,
 }
 
-struct Block {
-    input_layernorm: RmsNorm,
-    self_attn: Attention,
-    post_attention_layernorm: RmsNorm,
-    mlp: FeedForward,
+/// A pre-norm decoder block (also gpt-oss's, whose feed-forward is always sparse).
+pub(super) struct Block {
+    pub(super) input_layernorm: RmsNorm,
+    pub(super) self_attn: Attention,
+    pub(super) post_attention_layernorm: RmsNorm,
+    pub(super) mlp: FeedForward,
 }
 
 impl Block {
@@ -48,7 +49,7 @@ impl Block {
     /// values of `h = x + attn(norm(x)); out = h + mlp(norm(h))` followed by `next_norm(out)`
     /// (bit for bit where the backend composes them; CUDA folds a decode row's norms into the
     /// GEMVs, the same to rounding).
-    fn forward(
+    pub(super) fn forward(
         &self,
         x: &Array,
         normed: &Array,

@@ -594,12 +594,24 @@ __device__ __forceinline__ void fp4_bytes(u32 q, u32& v03, u32& v47) {
     const u32 qh = q >> 16;
     v47 = __byte_perm(__byte_perm(FP4I_P0, FP4I_P1, qh), __byte_perm(FP4I_N0, FP4I_N1, qh), pick >> 16);
 }
-// As qi4_sums for e2m1 codes: S[r] = (hi, mid, lo) sums of twice the codes' values (fp4_bytes)
-// times x's parts, exact in int32. The parts' even and odd words are put back in value order once
-// per chunk for all ROWS rows, so that each row's word costs its two lookups and 6 dp4a.
-template <int ROWS>
-__device__ __forceinline__ void qfp4_sums(const uint4 (&w)[ROWS], const u32* __restrict__ xq_chunk,
-                                          int (&S)[ROWS][3]) {
+// x's parts of the chunk's values 8j..8j+7 (j = 2h + jj; xh, xm, xl: the h-th uint4 of the hi, mid
+// and lo parts, which hold words j = 2h and 2h + 1 as (even, odd) byte pairs) in value order: hi,
+// mid and lo of values 0-3 (x03) and of values 4-7 (x47).
+struct XqOrdered {
+    u32 h03, h47, m03, m47, l03, l47;
+};
+__device__ __forceinline__ XqOrdered xq_value_order(uint4 xh, uint4 xm, uint4 xl, int jj) {
+    const u32 he = jj ? xh.z : xh.x, ho = jj ? xh.w : xh.y, me = jj ? xm.z : xm.x, mo = jj ? xm.w : xm.y;
+    const u32 le = jj ? xl.z : xl.x, lo = jj ? xl.w : xl.y;
+    return {__byte_perm(he, ho, 0x5140), __byte_perm(he, ho, 0x7362), __byte_perm(me, mo, 0x5140),
+            __byte_perm(me, mo, 0x7362), __byte_perm(le, lo, 0x5140), __byte_perm(le, lo, 0x7362)};
+}
+
+// The integer sums of a chunk over x's parts in value order: S zeroed, then for each quarter (h, jj)
+// of the chunk (values 8j..8j+7, j = 2h + jj) its parts (xq_value_order, once for all ROWS rows)
+// handed to row(r, h, jj, x, S[r]) for each row, which adds that row's dp4a.
+template <int ROWS, class Row>
+__device__ __forceinline__ void qi_ordered_sums(const u32* __restrict__ xq_chunk, int (&S)[ROWS][3], Row row) {
     const uint4* xp = (const uint4*)xq_chunk;
 #pragma unroll
     for (int r = 0; r < ROWS; ++r) S[r][0] = S[r][1] = S[r][2] = 0;
@@ -608,54 +620,40 @@ __device__ __forceinline__ void qfp4_sums(const uint4 (&w)[ROWS], const u32* __r
         const uint4 xh = __ldg(xp + h), xm = __ldg(xp + 2 + h), xl = __ldg(xp + 4 + h);
 #pragma unroll
         for (int jj = 0; jj < 2; ++jj) {
-            // Word j's values 0-3 (even bytes 0, 1 and odd bytes 0, 1 interleaved) and 4-7.
-            const u32 he = jj ? xh.z : xh.x, ho = jj ? xh.w : xh.y, me = jj ? xm.z : xm.x, mo = jj ? xm.w : xm.y;
-            const u32 le = jj ? xl.z : xl.x, lo = jj ? xl.w : xl.y;
-            const u32 h03 = __byte_perm(he, ho, 0x5140), h47 = __byte_perm(he, ho, 0x7362);
-            const u32 m03 = __byte_perm(me, mo, 0x5140), m47 = __byte_perm(me, mo, 0x7362);
-            const u32 l03 = __byte_perm(le, lo, 0x5140), l47 = __byte_perm(le, lo, 0x7362);
+            const XqOrdered x = xq_value_order(xh, xm, xl, jj);
 #pragma unroll
-            for (int r = 0; r < ROWS; ++r) {
-                const int j = 2 * h + jj;
-                u32 v03, v47;
-                fp4_bytes(j == 0 ? w[r].x : j == 1 ? w[r].y : j == 2 ? w[r].z : w[r].w, v03, v47);
-                S[r][0] = dp4a_ss(v47, h47, dp4a_ss(v03, h03, S[r][0]));
-                S[r][1] = dp4a_su(v47, m47, dp4a_su(v03, m03, S[r][1]));
-                S[r][2] = dp4a_su(v47, l47, dp4a_su(v03, l03, S[r][2]));
-            }
+            for (int r = 0; r < ROWS; ++r) row(r, h, jj, x, S[r]);
         }
     }
 }
 
+// As qi4_sums for e2m1 codes: S[r] = (hi, mid, lo) sums of twice the codes' values (fp4_bytes)
+// times x's parts, exact in int32; each row's word costs its two lookups and 6 dp4a.
+template <int ROWS>
+__device__ __forceinline__ void qfp4_sums(const uint4 (&w)[ROWS], const u32* __restrict__ xq_chunk,
+                                          int (&S)[ROWS][3]) {
+    qi_ordered_sums<ROWS>(xq_chunk, S, [&](int r, int h, int jj, const XqOrdered& x, int (&s)[3]) {
+        const int j = 2 * h + jj;
+        u32 v03, v47;
+        fp4_bytes(j == 0 ? w[r].x : j == 1 ? w[r].y : j == 2 ? w[r].z : w[r].w, v03, v47);
+        s[0] = dp4a_ss(v47, x.h47, dp4a_ss(v03, x.h03, s[0]));
+        s[1] = dp4a_su(v47, x.m47, dp4a_su(v03, x.m03, s[1]));
+        s[2] = dp4a_su(v47, x.l47, dp4a_su(v03, x.l03, s[2]));
+    });
+}
+
 // As qi4_sums for 8-bit codes: each row's chunk as two uint4 (words 0-3, 4-7), word i holding
-// values 4i..4i+3 as unsigned bytes in order. x's parts are put back in value order once per chunk
-// for all ROWS rows (as qfp4_sums does), so that each pair of words costs 6 dp4a and no masks.
+// values 4i..4i+3 as unsigned bytes in order, so values 8j..8j+7 are words 2j and 2j + 1: 6 dp4a
+// per pair of words and no masks.
 template <int ROWS>
 __device__ __forceinline__ void qi8_sums(const uint4 (&w)[ROWS][2], const u32* __restrict__ xq_chunk,
                                          int (&S)[ROWS][3]) {
-    const uint4* xp = (const uint4*)xq_chunk;
-#pragma unroll
-    for (int r = 0; r < ROWS; ++r) S[r][0] = S[r][1] = S[r][2] = 0;
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        const uint4 xh = __ldg(xp + h), xm = __ldg(xp + 2 + h), xl = __ldg(xp + 4 + h);
-#pragma unroll
-        for (int jj = 0; jj < 2; ++jj) {
-            // x's values 8j..8j+3 and 8j+4..8j+7 (j = 2h + jj): the codes' words 2j and 2j + 1.
-            const u32 he = jj ? xh.z : xh.x, ho = jj ? xh.w : xh.y, me = jj ? xm.z : xm.x, mo = jj ? xm.w : xm.y;
-            const u32 le = jj ? xl.z : xl.x, lo = jj ? xl.w : xl.y;
-            const u32 h03 = __byte_perm(he, ho, 0x5140), h47 = __byte_perm(he, ho, 0x7362);
-            const u32 m03 = __byte_perm(me, mo, 0x5140), m47 = __byte_perm(me, mo, 0x7362);
-            const u32 l03 = __byte_perm(le, lo, 0x5140), l47 = __byte_perm(le, lo, 0x7362);
-#pragma unroll
-            for (int r = 0; r < ROWS; ++r) {
-                const u32 a = jj ? w[r][h].z : w[r][h].x, b = jj ? w[r][h].w : w[r][h].y;
-                S[r][0] = dp4a_us(b, h47, dp4a_us(a, h03, S[r][0]));
-                S[r][1] = dp4a_uu(b, m47, dp4a_uu(a, m03, S[r][1]));
-                S[r][2] = dp4a_uu(b, l47, dp4a_uu(a, l03, S[r][2]));
-            }
-        }
-    }
+    qi_ordered_sums<ROWS>(xq_chunk, S, [&](int r, int h, int jj, const XqOrdered& x, int (&s)[3]) {
+        const u32 a = jj ? w[r][h].z : w[r][h].x, b = jj ? w[r][h].w : w[r][h].y;
+        s[0] = dp4a_us(b, x.h47, dp4a_us(a, x.h03, s[0]));
+        s[1] = dp4a_uu(b, x.m47, dp4a_uu(a, x.m03, s[1]));
+        s[2] = dp4a_uu(b, x.l47, dp4a_uu(a, x.l03, s[2]));
+    });
 }
 
 // What the integer GEMVs multiply their totals by for parts `xq` of a K-value x: 1, or when a
