@@ -89,6 +89,15 @@ impl CudaBackend {
         a.cuda_ptr()
     }
 
+    /// The device address and float dtype code of an optional row a kernel adds (a bias), or
+    /// `(0, DT_F32)` for none: the kernels read a null pointer as "no row".
+    fn opt_float_ptr(&self, op: &'static str, name: &str, a: Option<&Array>) -> Result<(u64, i32)> {
+        match a {
+            Some(a) => Ok((self.ptr(op, name, a)?, float_code(op, name, a)?)),
+            None => Ok((0, DT_F32)),
+        }
+    }
+
     /// An error unless `a` lives on this device.
     fn on_device(&self, op: &'static str, name: &str, a: &Array) -> Result<()> {
         if a.device() != self.dev() {

@@ -5,7 +5,7 @@
 
 use cudarc::driver::LaunchConfig;
 
-use super::{cfg_1d, float_code, norm_threads, norm_vthreads, rows_vectorizable, to_i32, CudaBackend, DT_F32};
+use super::{cfg_1d, float_code, norm_threads, norm_vthreads, rows_vectorizable, to_i32, CudaBackend};
 use crate::backends::cuda::graph::StepPos;
 use crate::backends::cuda::{Derived, DeviceBuffer, State};
 use crate::{Array, Backend, DType, Error, Result};
@@ -103,13 +103,10 @@ impl CudaBackend {
         if weight.len() != d {
             return Err(Error::shape(op, format!("weight of {} for rows of {d}", weight.len())));
         }
-        let (bias_p, bias_dt) = match bias {
-            Some(c) if c.len() != d => {
-                return Err(Error::shape(op, format!("bias of {} for rows of {d}", c.len())));
-            }
-            Some(c) => (self.ptr(op, "bias", c)?, float_code(op, "bias", c)?),
-            None => (0, DT_F32),
-        };
+        if let Some(c) = bias.filter(|c| c.len() != d) {
+            return Err(Error::shape(op, format!("bias of {} for rows of {d}", c.len())));
+        }
+        let (bias_p, bias_dt) = self.opt_float_ptr(op, "bias", bias)?;
         let (ap, bp) = (self.f32_ptr(op, "a", a)?, self.f32_ptr(op, "b", b)?);
         let w_dt = float_code(op, "weight", weight)?;
         let wp = self.ptr(op, "weight", weight)?;

@@ -53,11 +53,7 @@ pub(super) fn qgemv4_variant(k: usize, rows: usize, plain: bool) -> (&'static st
                     11
                 }
             } else {
-                let mut warps = 1;
-                while warps < 8 && blocks * warps < QG_TARGET_WARPS && chunks >= 64 * warps {
-                    warps *= 2;
-                }
-                match (warps, int) {
+                match (grid_warps(blocks, chunks, 8, 2), int) {
                     (1, true) => 13,
                     (2, true) => 15,
                     (_, true) => 14,
@@ -102,16 +98,33 @@ fn qgemv8_variant(k: usize, rows: usize) -> Option<(&'static str, usize, u32)> {
     if !int_gemvs() {
         return None;
     }
-    let (blocks, chunks) = (rows.div_ceil(4), k / 32);
-    let mut warps = 1;
-    while warps < 4 && blocks * warps < QG_TARGET_WARPS && chunks >= 32 * 3 * warps {
-        warps *= 2;
-    }
-    Some(match warps {
+    Some(match grid_warps(rows.div_ceil(4), k / 32, 4, 3) {
         1 => ("_i1", 4, 32),
         2 => ("_i2", 4, 64),
         _ => ("_i4", 4, 128),
     })
+}
+
+/// Warps per block of a one-row GEMV grid of `blocks` blocks over rows of `chunks` 32-value
+/// chunks: doubled from 1 (up to `max`) while the grid holds fewer than [`QG_TARGET_WARPS`]
+/// warps and each warp's lanes still get `passes` chunks of a row.
+fn grid_warps(blocks: usize, chunks: usize, max: usize, passes: usize) -> usize {
+    let mut warps = 1;
+    while warps < max && blocks * warps < QG_TARGET_WARPS && chunks >= 32 * passes * warps {
+        warps *= 2;
+    }
+    warps
+}
+
+/// The shape of a one-row GEMV over `bits`-bit weights (`rows` outputs of all the launch's
+/// weights, `k` inputs; `plain`: groups of 32 or more and no fused silu(x) * up): the 4-bit
+/// variants, the 8-bit integer ones, else `qgemv_body`'s.
+fn one_row_shape(bits: i32, k: usize, rows: usize, plain: bool) -> (&'static str, usize, u32) {
+    match bits {
+        4 => qgemv4_variant(k, rows, plain),
+        8 if plain => qgemv8_variant(k, rows).unwrap_or(("", QG_ROWS, QG_THREADS)),
+        _ => ("", QG_ROWS, QG_THREADS),
+    }
 }
 
 /// Whether the integer dot-product GEMVs are on (`NUVEC_QGEMV_INT=0` turns them off).
@@ -210,11 +223,8 @@ impl CudaBackend {
             return Ok(false);
         };
         let WeightArgs { packed, scales, biases, p_dt, bits, .. } = *w;
-        let (suffix, rows, threads) = match (m, bits) {
-            (1, 4) => qgemv4_variant(k, n, lg > 4),
-            (1, 8) if lg > 4 => qgemv8_variant(k, n).unwrap_or(("", QG_ROWS, QG_THREADS)),
-            _ => ("", QG_ROWS, QG_THREADS),
-        };
+        let (suffix, rows, threads) =
+            if m == 1 { one_row_shape(bits, k, n, lg > 4) } else { ("", QG_ROWS, QG_THREADS) };
         let name = format!("{}_b{bits}{suffix}", if m == 1 { "qgemv1" } else { "qgemv" });
         let (x, _parts) = self.gemv_input(op, suffix, x, k)?;
         let (mi, ni, ki) = (m as i32, to_i32(op, "rows", n)?, to_i32(op, "k", k)?);
@@ -360,11 +370,7 @@ impl CudaBackend {
             return Ok(None);
         }
         let rows: usize = ws.iter().map(|w| w.rows()).sum();
-        let (suffix, rows_per_block, threads) = match a0.bits {
-            4 => qgemv4_variant(k, rows, group > 16 && up.is_none()),
-            8 if group > 16 && up.is_none() => qgemv8_variant(k, rows).unwrap_or(("", QG_ROWS, QG_THREADS)),
-            _ => ("", QG_ROWS, QG_THREADS),
-        };
+        let (suffix, rows_per_block, threads) = one_row_shape(a0.bits, k, rows, group > 16 && up.is_none());
         let mut outs = Vec::with_capacity(ws.len());
         let mut slots = [(0u64, 0i32, 0u64, 0u64, 0u64); 3];
         let mut blocks = 0usize;
@@ -394,5 +400,25 @@ impl CudaBackend {
             xp, p_dt, lg, ki, o0, n0, pk0, sc0, bi0, upp, o1, n1, pk1, sc1, bi1, o2, n2, pk2, sc2, bi2,
             add0, add1, add2, add_dt);
         Ok(Some(outs))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_row_shapes_follow_the_grid_rules() {
+        // An 8B's q/k/v (6,144 rows of 4,096): 768 blocks of 8 rows, two warps fill the grid.
+        assert_eq!(one_row_shape(4, 4096, 6144, true), ("_v15", 8, 64));
+        // gpt-oss's q/k/v in 8 bits (5,120 rows of 2,880 = 90 chunks): two warps would leave a
+        // pass of 64 lanes a third empty, so one; its o projection (2,880 rows of 4,096) takes two;
+        // its LM head is a long grid of one warp a block.
+        assert_eq!(one_row_shape(8, 2880, 5120, true), ("_i1", 4, 32));
+        assert_eq!(one_row_shape(8, 4096, 2880, true), ("_i2", 4, 64));
+        assert_eq!(one_row_shape(8, 2880, 201_088, true), ("_i1", 4, 32));
+        // Groups of 16 or a fused silu(x) * up: the f32 body.
+        assert_eq!(one_row_shape(8, 2880, 5120, false), ("", QG_ROWS, QG_THREADS));
+        assert_eq!(one_row_shape(6, 4096, 4096, true), ("", QG_ROWS, QG_THREADS));
     }
 }

@@ -22,7 +22,7 @@ use super::fp::{FP_MXFP4, FP_MXFP8, FP_NVFP4};
 use super::gemv::{int_gemvs, int_parts_bytes};
 use super::prefill::matmul_precision;
 use super::qmma::{QmmaKernel, QM_ROWS, QM_THREADS};
-use super::{cfg_1d, float_code, to_i32, CudaBackend, DT_BF16, DT_F16, DT_F32};
+use super::{cfg_1d, to_i32, CudaBackend, DT_BF16, DT_F16, DT_F32};
 use crate::backends::cuda::{DeviceBuffer, State};
 use crate::fpquant::global_factor;
 use crate::moe::{self, ExpertActivation, ExpertIndex, Experts, MoeRouting};
@@ -295,10 +295,7 @@ impl CudaBackend {
             return moe::route_composed(biased.as_ref().unwrap_or(logits), top_k, routing);
         }
         let lp = self.f32_ptr(op, "logits", logits)?;
-        let (bp, b_dt) = match bias {
-            Some(b) => (self.ptr(op, "bias", b)?, float_code(op, "bias", b)?),
-            None => (0u64, DT_F32),
-        };
+        let (bp, b_dt) = self.opt_float_ptr(op, "bias", bias)?;
         let ids = self.output(&[rows, top_k], DType::U32, false)?;
         let weights = self.output(&[rows, top_k], DType::F32, false)?;
         if rows > 0 {
