@@ -71,9 +71,9 @@ def body_start(text, at):
 # the kernel before it on the stream. The 4-bit GEMVs start with QG4_BEGIN / QGM4_BEGIN /
 # GUS_BEGIN (linear.cu), the few-row products with QM_BEGIN (qmma.cu) and QI_BEGIN (qimma.cu), and the decode attention
 # split with atts_prefetch: an L2 prefetch of what they will read (a hint, which cannot race),
-# then pdl_begin; the few-row register kernels (qimma_reg) copy their first weights, scales and
+# then pdl_begin (the router's product: moe_router_prefetch); the few-row register kernels (qimma_reg) copy their first weights, scales and
 # biases, which no kernel writes, into shared memory first.
-starts = ("pdl_begin();", "atts_prefetch(", "QG4_BEGIN(", "QGM4_BEGIN(", "GUS_BEGIN(", "QM_BEGIN(", "QI_BEGIN(", "qimma_reg<", "qdec_reg<")
+starts = ("pdl_begin();", "atts_prefetch(", "QG4_BEGIN(", "QGM4_BEGIN(", "GUS_BEGIN(", "QM_BEGIN(", "QI_BEGIN(", "qimma_reg<", "qdec_reg<", "moe_router_prefetch(")
 checks = 0
 for path in sources:
     name, body = os.path.basename(path), open(path).read()

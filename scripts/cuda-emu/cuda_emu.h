@@ -45,6 +45,9 @@ static float emu_dyn_smem[1 << 16];
 
 inline void __syncthreads() { t_block->bar->arrive_and_wait(); }
 inline int atomicAdd(int* p, int v) { return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST); }
+inline unsigned atomicAdd(unsigned* p, unsigned v) { return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST); }
+// Blocks run one after another, so every write is visible to the next block anyway.
+inline void __threadfence() {}
 // Every thread's v ORed; thread 0 clears the flag after the last read, before any thread can
 // reach the next call's first barrier.
 inline int __syncthreads_or(int v) {

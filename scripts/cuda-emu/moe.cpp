@@ -1,5 +1,6 @@
-// Runs the mixture-of-experts kernels of moe.cu through cuda_emu.h on the CPU. moe_route (with and
-// without a bias row) against the host's rule (crates/nuvec/src/moe.rs: softmax-top-k with and without renormalizing,
+// Runs the mixture-of-experts kernels of moe.cu and moe_router.cu through cuda_emu.h on the CPU.
+// moe_route (with and without a bias row) and moe_route_dense (the router's product with it)
+// against the host's rule (crates/nuvec/src/moe.rs: softmax-top-k with and without renormalizing,
 // top-k-softmax; best first, ties to the lower index): ids exactly, weights to 1e-6. The
 // gathered experts (moe_gate_up_* then moe_down_*) against their definition in f64,
 // sum_j w_j (down_e(act(gate_e x + b, up_e x + b)) + b), for 4-, 3- and 8-bit affine weights
@@ -154,6 +155,22 @@ static std::vector<unsigned> split(const float* v, size_t n) {
 // and sums negated, the norm tail holding eps and the chunks' sums of squares), x = u / rms(h).
 enum class Path { Rows, Integer, IntegerPending };
 
+// The parts of a norm's u (one row) with its scale pending, as qgemv_norm_b4_v17 writes them:
+// scales and sums negated, then the tail of eps and each chunk's sum of squares of h.
+static std::vector<unsigned> pending_parts(const std::vector<float>& u, const std::vector<float>& h, float eps) {
+    std::vector<unsigned> xq = split(u.data(), u.size());
+    const int chunks = (int)u.size() / 32;
+    float* sc = (float*)(xq.data() + (size_t)chunks * QI_WORDS);
+    for (int c = 0; c < chunks; ++c) sc[c] = -sc[c], sc[chunks + c] = -sc[chunks + c];
+    sc[2 * chunks] = eps;
+    for (int c = 0; c < chunks; ++c) {
+        double p = 0;
+        for (int i = 0; i < 32; ++i) p += (double)h[32 * c + i] * h[32 * c + i];
+        sc[2 * chunks + 1 + c] = (float)p;
+    }
+    return xq;
+}
+
 static void test_experts(const std::string& fmt, int group, int dt, bool biases, int activation, int rows,
                          bool scaled = false, int hidden = 96, int inter = 64, Path path = Path::Rows) {
     const int E = 6, top_k = 2, b_dt = DT_BF16;
@@ -228,16 +245,7 @@ static void test_experts(const std::string& fmt, int group, int dt, bool biases,
             const float eps = 1e-5f, rms = (float)std::sqrt(ss / hidden + eps);
             std::vector<float> uu(x.size());
             for (size_t i = 0; i < x.size(); ++i) uu[i] = x[i] * rms;
-            xq = split(uu.data(), uu.size());
-            const int chunks = hidden / 32;
-            float* sc = (float*)(xq.data() + (size_t)chunks * QI_WORDS);
-            for (int c = 0; c < chunks; ++c) sc[c] = -sc[c], sc[chunks + c] = -sc[chunks + c];
-            sc[2 * chunks] = eps;
-            for (int c = 0; c < chunks; ++c) {
-                double p = 0;
-                for (int i = 0; i < 32; ++i) p += (double)h[32 * c + i] * h[32 * c + i];
-                sc[2 * chunks + 1 + c] = (float)p;
-            }
+            xq = pending_parts(uu, h, eps);
         }
         auto gate_up_int = fmt == "mxfp4" ? moe_gate_up_fp4_int : moe_gate_up_b4_int;
         auto down_int = fmt == "mxfp4" ? moe_down_fp4_int : moe_down_b4_int;
@@ -390,7 +398,7 @@ static void test_route(int rows, int experts, int top_k, int mode, bool normaliz
     for (auto& b : bias) b = (unsigned short)(__float_as_uint(biased ? nd(rng) : 0.0f) >> 16);
     std::vector<unsigned> ids((size_t)rows * top_k);
     std::vector<float> w((size_t)rows * top_k);
-    emu_launch({(unsigned)rows, 1, 1}, {32, 1, 1}, [&] {
+    emu_launch({(unsigned)rows, 1, 1}, {MOE_ROUTE_THREADS, 1, 1}, [&] {
         moe_route(ids.data(), w.data(), logits.data(), experts, top_k, mode, normalize,
                   biased ? bias.data() : nullptr, DT_BF16);
     });
@@ -406,6 +414,100 @@ static void test_route(int rows, int experts, int top_k, int mode, bool normaliz
     std::string tag = "moe_route rows " + std::to_string(rows) + " experts " + std::to_string(experts) + " top " +
                       std::to_string(top_k) + " mode " + std::to_string(mode) + (normalize ? " normalized" : "") +
                       (ties ? " ties" : "") + (biased ? " biased" : "");
+    check(ok, tag);
+    if (ok) printf("ok   %s\n", tag.c_str());
+}
+
+// The device's order where the host's total order says otherwise: -0 ties +0 (the lower index
+// first), -inf is chosen before any NaN and NaNs come last, in index order.
+static void test_route_special() {
+    const std::vector<float> logits = {1.0f, NAN, -INFINITY, -0.0f, 0.0f, 2.0f, NAN, 2.0f};
+    const std::vector<unsigned> want = {5, 7, 0, 3, 4, 2, 1, 6};
+    std::vector<unsigned> ids(8);
+    std::vector<float> w(8);
+    emu_launch({1, 1, 1}, {MOE_ROUTE_THREADS, 1, 1}, [&] {
+        moe_route(ids.data(), w.data(), logits.data(), 8, 8, MOE_ROUTE_TOPK_SOFTMAX, 0, nullptr, DT_F32);
+    });
+    check(ids == want, "moe_route NaN, -inf and signed zeros");
+    if (ids == want) printf("ok   moe_route NaN, -inf and signed zeros\n");
+}
+
+// moe_route_dense (the router's product and the top-k in one launch) for `rows` rows of x [k]
+// through W [experts, k] of dtype w_dt, with an f32 bias row or none; `pending` (one row): x is a
+// norm's u = x rms(h) with the scale pending in its parts. Against the f64 product of the values
+// the kernel reads, then the host's rule: ids exactly, weights and the products it writes to
+// `logits` to 1e-5; launched twice,
+// so the second launch shows that the first set its tickets back to 0.
+static void test_route_dense(int rows, int experts, int k, int w_dt, int top_k, int mode, bool normalize, bool biased,
+                             bool pending) {
+    std::normal_distribution<float> nd(0, 1);
+    std::vector<unsigned> wbits((size_t)experts * k);
+    std::vector<double> wval(wbits.size());
+    for (size_t i = 0; i < wbits.size(); ++i) {
+        const float v = nd(rng) * 2.0f / std::sqrt((float)k);
+        if (w_dt == DT_F32) wbits[i] = __float_as_uint(v), wval[i] = v;
+        else if (w_dt == DT_F16) wbits[i] = emu_float_to_half(v), wval[i] = emu_half_to_float((unsigned short)wbits[i]);
+        else wbits[i] = emu_bf16_rn(v), wval[i] = emu_bf16(wbits[i]);
+    }
+    std::vector<float> wf32;
+    std::vector<unsigned short> w16;
+    for (unsigned b : wbits) w_dt == DT_F32 ? wf32.push_back(__uint_as_float(b)) : w16.push_back((unsigned short)b);
+    const void* w = w_dt == DT_F32 ? (const void*)wf32.data() : (const void*)w16.data();
+    std::vector<float> x((size_t)rows * k), bias(experts);
+    for (auto& v : x) v = nd(rng);
+    for (auto& v : bias) v = biased ? nd(rng) : 0.0f;
+    // x as the kernel reads it (u, with the parts holding the pending scale) and as the product
+    // takes it (x_eff).
+    std::vector<float> xin = x;
+    std::vector<double> x_eff(x.begin(), x.end());
+    std::vector<unsigned> parts;
+    if (pending) {
+        std::vector<float> h(k);
+        double ss = 0;
+        for (auto& v : h) v = nd(rng), ss += (double)v * v;
+        const float eps = 1e-5f;
+        const double rms = std::sqrt(ss / k + eps);
+        for (int i = 0; i < k; ++i) x_eff[i] = (double)xin[i] / rms;
+        parts = pending_parts(xin, h, eps);
+    }
+    // `logits` gets the products of x as the kernel reads it (u, for a pending norm).
+    std::vector<double> want_logits((size_t)rows * experts);
+    std::vector<unsigned> want_ids;
+    std::vector<float> want_w;
+    for (int t = 0; t < rows; ++t) {
+        std::vector<float> row(experts);
+        for (int e = 0; e < experts; ++e) {
+            double d = 0, raw = 0;
+            for (int i = 0; i < k; ++i) {
+                d += wval[(size_t)e * k + i] * x_eff[(size_t)t * k + i];
+                raw += wval[(size_t)e * k + i] * xin[(size_t)t * k + i];
+            }
+            want_logits[(size_t)t * experts + e] = raw;
+            row[e] = (float)(d + bias[e]);
+        }
+        route_ref(row, top_k, mode, normalize, want_ids, want_w);
+    }
+    std::vector<unsigned> tickets(8, 0);
+    bool ok = true;
+    for (int launch = 0; launch < 2 && ok; ++launch) {
+        std::vector<unsigned> ids((size_t)rows * top_k, 0xFFFFFFFFu);
+        std::vector<float> wts((size_t)rows * top_k, NAN), logits((size_t)rows * experts, NAN);
+        emu_launch({(unsigned)((experts + MOE_RL_EXPERTS - 1) / MOE_RL_EXPERTS), (unsigned)rows, 1},
+                   {32 * MOE_RL_WARPS, 1, 1}, [&] {
+                       moe_route_dense(ids.data(), wts.data(), logits.data(), tickets.data(), xin.data(), w, w_dt, k,
+                                       experts, top_k, mode, normalize, biased ? bias.data() : nullptr, DT_F32,
+                                       pending ? parts.data() : nullptr);
+                   });
+        ok = ids == want_ids;
+        for (size_t i = 0; i < wts.size() && ok; ++i) ok = std::fabs(wts[i] - want_w[i]) <= 1e-5f * (1 + std::fabs(want_w[i]));
+        for (size_t i = 0; i < logits.size() && ok; ++i)
+            ok = std::fabs(logits[i] - want_logits[i]) <= 1e-5 * (1 + std::fabs(want_logits[i]));
+        for (unsigned t : tickets) ok = ok && t == 0;
+    }
+    std::string tag = "moe_route_dense rows " + std::to_string(rows) + " experts " + std::to_string(experts) + " k " +
+                      std::to_string(k) + " dt " + std::to_string(w_dt) + " top " + std::to_string(top_k) + " mode " +
+                      std::to_string(mode) + (normalize ? " normalized" : "") + (biased ? " biased" : "") +
+                      (pending ? " pending-norm" : "");
     check(ok, tag);
     if (ok) printf("ok   %s\n", tag.c_str());
 }
@@ -439,6 +541,15 @@ int main() {
     test_route(2, 512, 10, MOE_ROUTE_SOFTMAX_TOPK, true, true);
     test_route(3, 32, 4, MOE_ROUTE_TOPK_SOFTMAX, false, false, true);
     test_route(2, 128, 8, MOE_ROUTE_SOFTMAX_TOPK, true, false, true);
+    test_route_special();
+    // The router's product with the top-k: Qwen3-MoE's shape (128 experts, top 8, renormalized)
+    // and gpt-oss's (32, top 4, biased, top-k-softmax), each weight dtype, expert counts that
+    // leave a block part-filled, x longer than a pass of a warp's loads, a pending norm.
+    test_route_dense(1, 128, 256, DT_F32, 8, MOE_ROUTE_SOFTMAX_TOPK, true, false, false);
+    test_route_dense(1, 128, 256, DT_BF16, 8, MOE_ROUTE_SOFTMAX_TOPK, true, false, true);
+    test_route_dense(3, 32, 1056, DT_F32, 4, MOE_ROUTE_TOPK_SOFTMAX, false, true, false);
+    test_route_dense(2, 30, 136, DT_F16, 6, MOE_ROUTE_SOFTMAX_TOPK, false, true, false);
+    test_route_dense(1, 61, 4608, DT_F32, 8, MOE_ROUTE_SOFTMAX_TOPK, true, false, true);
     test_experts("b4", 64, DT_BF16, false, MOE_ACT_SILU, 2, false, 128);
     test_experts("b4", 16, DT_F16, true, MOE_ACT_SWIGLU_OAI, 1);
     test_experts("b3", 32, DT_F32, false, MOE_ACT_SILU, 1);

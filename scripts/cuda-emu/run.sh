@@ -4,7 +4,7 @@
 # graph's step scalars (bit-identical to the eager launch) (harness.cpp); the 4-bit one-row GEMVs
 # (linear.cu: qgemv.cpp); the row kernels (rows.cpp); the few-row quantized products on the
 # tensor cores (qmma.cu: qmma.cpp) and in integers (qimma.cu: qimma.cpp); the flash-attention prefill kernels
-# (flash_attention.cu: attn.cpp); the mixture-of-experts kernels (moe.cu, qmma.cu's grouped
+# (flash_attention.cu: attn.cpp); the mixture-of-experts kernels (moe.cu, moe_router.cu, qmma.cu's grouped
 # products, linear.cu's xsplit_f32 for the integer ones: moe.cpp). The kernel sources (common.cuh patched for the host: f16
 # conversion in C instead of PTX, dynamic shared memory as a static array) are compiled with g++
 # over cuda_emu.h and run on small random cases against the ops' definitions. Needs g++ with
@@ -80,10 +80,10 @@ run_program qimma
     patched "$k/flash_attention.cu" 's/extern __shared__ __align__(16) u16 fa_smem\[\];/u16* const fa_smem = (u16*)emu_dyn_smem;/'
 } >"$work/kernels_attn.cpp"
 run_program attn
-# The mixture-of-experts kernels (moe.cu, qmma.cu's grouped products, linear.cu's xsplit_f32): moe.cpp.
+# The mixture-of-experts kernels (moe.cu, moe_router.cu, qmma.cu's grouped products, linear.cu's xsplit_f32): moe.cpp.
 {
     prelude
     patched "$k/qmma.cu" 's/extern __shared__ __align__(16) unsigned char qm_smem\[\];/unsigned char* const qm_smem = (unsigned char*)emu_dyn_smem;/'
-    cat "$k/linear.cu" "$k/moe.cu"
+    cat "$k/linear.cu" "$k/moe.cu" "$k/moe_router.cu"
 } >"$work/kernels_moe.cpp"
 run_program moe

@@ -304,6 +304,13 @@ fn gguf_gpt_oss_model() {
 }
 
 #[test]
+fn gguf_qwen3_moe_model() {
+    // llama.cpp's qwen3moe GGUF: Q4_0, Q8_0 and Q4_1 experts, an F32 router (one row: the
+    // router's product and its top-k in one launch).
+    check("gguf-qwen3moe", CacheOptions::default(), 0, 2048);
+}
+
+#[test]
 fn gpt_oss_bf16_model() {
     // A bf16 copy of the gpt_oss-f32 fixture (scripts/bf16-checkpoint.py), dense experts.
     check("gpt_oss/gpt_oss-bf16", CacheOptions::default(), 0, 2048);

@@ -369,6 +369,17 @@ impl Array {
         }
     }
 
+    /// The device address of the integer parts holding this array's pending norm scale
+    /// (`set_pending_norm`), when its bytes are such a norm's output not yet settled and the
+    /// array views all of them; a kernel that applies the scale itself reads the bytes through
+    /// [`Array::cuda_addr`] then.
+    pub(crate) fn pending_norm_parts(&self) -> Option<u64> {
+        match &*self.bytes {
+            Bytes::Cuda(buf) if buf.is_pending_norm() => self.derived(crate::backends::cuda::Derived::IntParts),
+            _ => None,
+        }
+    }
+
     /// The device address of `form` of this array, when it was recorded for its bytes and the
     /// array views all of them (a reshape does; a window into a larger array does not).
     pub(crate) fn derived(&self, form: crate::backends::cuda::Derived) -> Option<u64> {

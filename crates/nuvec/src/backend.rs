@@ -265,6 +265,25 @@ pub trait Backend: Send + Sync {
         self.moe_route(&self.add_bias(logits, bias)?, top_k, routing)
     }
 
+    /// [`Backend::moe_route`] of a router's logits `x @ router^T (+ bias)` for `x [L, hidden]`:
+    /// the product and the choice as one op, which a backend may run as one pass. The default
+    /// runs [`Backend::linear`], then [`Backend::moe_route`] ([`Backend::moe_route_bias`] with a
+    /// bias).
+    fn moe_route_linear(
+        &self,
+        x: &Array,
+        router: &Matrix,
+        bias: Option<&Array>,
+        top_k: usize,
+        routing: MoeRouting,
+    ) -> Result<(Array, Array)> {
+        let logits = self.linear(x, router)?;
+        match bias {
+            Some(bias) => self.moe_route_bias(&logits, bias, top_k, routing),
+            None => self.moe_route(&logits, top_k, routing),
+        }
+    }
+
     /// `out[t] = sum_j weights[t, j] * s_e * expert_e(x[t])` with `e = ids[t, j]` for
     /// `x [L, hidden]`, each expert `down(act(gate(x), up(x)))` with its bias rows and `s_e` its
     /// output scale (1 unless [`Experts::with_output_scales`]). The default reads the choices to

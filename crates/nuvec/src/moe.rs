@@ -178,6 +178,18 @@ impl Array {
         backend(self.device()).moe_route_bias(self, bias, top_k, routing)
     }
 
+    /// Each row's top-k experts from the router's logits `self @ router^T (+ bias)`; see
+    /// [`crate::Backend::moe_route_linear`].
+    pub fn moe_route_linear(
+        &self,
+        router: &Matrix,
+        bias: Option<&Array>,
+        top_k: usize,
+        routing: MoeRouting,
+    ) -> Result<(Array, Array)> {
+        backend(self.device()).moe_route_linear(self, router, bias, top_k, routing)
+    }
+
     /// The experts' weighted sum for each row of `self [L, hidden]`; see
     /// [`crate::Backend::moe_experts`].
     pub fn moe_experts(&self, experts: &Experts, ids: &Array, weights: &Array) -> Result<Array> {

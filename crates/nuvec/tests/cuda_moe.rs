@@ -1,7 +1,9 @@
 //! Mixture-of-experts ops on CUDA against the CPU backend's composed ops (the reference):
 //! `moe_route` (softmax-top-k with and without renormalizing, top-k-softmax: the same experts in
 //! the same order, weights within the tolerance; `moe_route_bias` also bit for bit what
-//! `add_bias` then `moe_route` give on the GPU) and `moe_experts` over experts in every format
+//! `add_bias` then `moe_route` give on the GPU), `moe_route_linear` (the router's product with the
+//! choice: f32, bf16 and f16 routers, with a bias, at 1 to 9 rows, and reading a norm's output
+//! whose scale is still pending) and `moe_experts` over experts in every format
 //! the device kernels take (affine 3/4/8 bits with f32/f16/bf16 scales, dense f32/bf16, mxfp4,
 //! nvfp4 with a global scale, mxfp8), SiLU, gpt-oss's clamped SwiGLU with bias rows and Gemma 4's
 //! GELU with per-expert output scales, at 1 to
@@ -120,6 +122,53 @@ fn moe_route_matches_the_cpu() {
     let logits = Array::from_slice(&randoms(32, 1, 3.0), &[1, 32]).unwrap().to_device(dev).unwrap();
     let short = floats(&randoms(31, 2, 1.0), &[31], DType::F32).to_device(dev).unwrap();
     assert!(logits.moe_route_bias(&short, 4, MoeRouting::TopKSoftmax).is_err(), "a bias of 31 for 32 experts");
+}
+
+#[test]
+fn moe_route_linear_matches_the_cpu() {
+    // The router's product and choice in one launch (moe_route_dense: up to 8 rows of a plain
+    // float router) and past it (9 rows: the product, then moe_route): the experts the CPU's
+    // product then moe_route choose, in order, weights within the tolerance.
+    let dev = gpu();
+    let mut rng = Rng::new(41);
+    let cases = [
+        (128, 2048, 8, MoeRouting::SoftmaxTopK { normalize: true }, false),
+        (32, 2880, 4, MoeRouting::TopKSoftmax, true),
+        (60, 136, 4, MoeRouting::SoftmaxTopK { normalize: false }, false),
+    ];
+    for (experts, hidden, top_k, routing, biased) in cases {
+        for dtype in [DType::F32, DType::BF16, DType::F16] {
+            let router = Matrix::Dense(floats(&rng.vec(experts * hidden, 0.05), &[experts, hidden], dtype));
+            let bias = biased.then(|| floats(&rng.vec(experts, 1.0), &[experts], DType::F32));
+            let (rg, bg) = (router.to_device(dev).unwrap(), bias.as_ref().map(|b| b.to_device(dev).unwrap()));
+            for rows in [1usize, 3, 8, 9] {
+                let x = Array::from_slice(&rng.vec(rows * hidden, 1.0), &[rows, hidden]).unwrap();
+                let (want_ids, want_w) = x.moe_route_linear(&router, bias.as_ref(), top_k, routing).unwrap();
+                let xg = x.to_device(dev).unwrap();
+                let (ids, w) = xg.moe_route_linear(&rg, bg.as_ref(), top_k, routing).unwrap();
+                let case = format!(
+                    "moe_route_linear {experts} experts of {hidden} {dtype} top {top_k} {routing:?} rows {rows}"
+                );
+                assert_eq!(ids.to_vec::<u32>().unwrap(), want_ids.to_vec::<u32>().unwrap(), "{case}: ids");
+                close(&case, &w, &want_w);
+            }
+        }
+    }
+    // A router reading a norm whose scale is still pending (a decode step's o projection folded
+    // with the residual add and the norm): the kernel applies the scale to the logits.
+    let (n, k) = (2048, 2048);
+    let w = matrix("q4g64", n, k, DType::BF16, &mut rng).to_device(dev).unwrap();
+    let g = |v: Vec<f32>, shape: &[usize]| Array::from_slice(&v, shape).unwrap().to_device(dev).unwrap();
+    let (x, res, nw) = (g(rng.vec(k, 1.0), &[1, k]), g(rng.vec(n, 1.0), &[1, n]), g(rng.vec(n, 1.0), &[n]));
+    let router = Matrix::Dense(floats(&rng.vec(128 * n, 0.05), &[128, n], DType::F32));
+    let routing = MoeRouting::SoftmaxTopK { normalize: true };
+    let (_, normed) = x.linear_add_rms_norm(&w, &res, &nw, 1e-5).unwrap();
+    let (ids, wts) = normed.moe_route_linear(&router.to_device(dev).unwrap(), None, 8, routing).unwrap();
+    let settled = normed.to_device(nuvec::Device::Cpu).unwrap();
+    let (want_ids, want_w) = settled.moe_route_linear(&router, None, 8, routing).unwrap();
+    let case = "moe_route_linear of a pending norm";
+    assert_eq!(ids.to_vec::<u32>().unwrap(), want_ids.to_vec::<u32>().unwrap(), "{case}: ids");
+    close(case, &wts, &want_w);
 }
 
 #[test]

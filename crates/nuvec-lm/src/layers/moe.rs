@@ -77,11 +77,11 @@ impl SparseMoe {
     /// Applies the block to `x [L, hidden]`: the router's choices and the experts' weighted sum
     /// stay on the weights' device.
     pub fn forward(&self, x: &Array) -> Result<Array> {
-        // A router's bias alone after its product (gpt-oss): the backend may add it where the
-        // routing reads the logits.
-        let (ids, weights) = match self.gate.lone_bias() {
-            Some(bias) => x.linear(&self.gate.weight)?.moe_route_bias(bias, self.top_k, self.routing)?,
-            None => self.gate.forward(x)?.moe_route(self.top_k, self.routing)?,
+        // The router's product (and its bias, gpt-oss's) with the choice, which the backend may
+        // run as one pass; an adapter's term on the router needs the logits first.
+        let (ids, weights) = match self.gate.adapted() {
+            true => self.gate.forward(x)?.moe_route(self.top_k, self.routing)?,
+            false => x.moe_route_linear(&self.gate.weight, self.gate.bias.as_ref(), self.top_k, self.routing)?,
         };
         Ok(x.moe_experts(&self.experts, &ids, &weights)?)
     }

@@ -43,7 +43,7 @@ pub use graph::StepGraph;
 pub const PRELUDE: &str = include_str!("kernels/common.cuh");
 
 /// The kernel sources, by file name, without the [`PRELUDE`].
-pub const SOURCES: [(&str, &str); 13] = [
+pub const SOURCES: [(&str, &str); 14] = [
     ("elementwise.cu", include_str!("kernels/elementwise.cu")),
     ("linear.cu", include_str!("kernels/linear.cu")),
     ("attention.cu", include_str!("kernels/attention.cu")),
@@ -57,6 +57,7 @@ pub const SOURCES: [(&str, &str); 13] = [
     ("gpt_oss.cu", include_str!("kernels/gpt_oss.cu")),
     // Mixture-of-experts layers: routing and the chosen experts without host reads.
     ("moe.cu", include_str!("kernels/moe.cu")),
+    ("moe_router.cu", include_str!("kernels/moe_router.cu")),
     // decode fusions
     ("fused.cu", include_str!("kernels/fused.cu")),
     // Phase 4: tensor-core prefill (bf16 operands for cuBLAS).
@@ -176,6 +177,12 @@ pub(crate) struct State {
     pub(crate) qmma_kernels: HashMap<String, ops::qmma::QmmaKernel>,
     /// The last few step tables copied to the device, with their bytes (`upload_shared`).
     shared_uploads: Mutex<Vec<(Vec<u8>, Arc<DeviceBuffer>)>>,
+    /// Counters for kernels whose last block to finish does the launch's final work
+    /// (moe_router.cu's `moe_route_dense`, one per row; attention.cu's
+    /// `attention_split_merge_f32`, one per query and head): zero between launches, because that
+    /// block sets its counter back to 0, and every launch on the one device stream waits for the
+    /// kernel before it. Made with the state, outside any capture, so graphs keep its address.
+    tickets: (CudaSlice<u32>, u64),
 }
 
 impl fmt::Debug for State {
@@ -188,7 +195,15 @@ fn driver_err(what: &str) -> impl Fn(cudarc::driver::DriverError) -> Error + '_ 
     move |e| Error::Device(format!("cuda: {what}: {e:?}"))
 }
 
+/// Counters in [`State::tickets`].
+pub(crate) const TICKETS: usize = 256;
+
 impl State {
+    /// The device address of the block counters ([`TICKETS`] of them).
+    pub(crate) fn tickets(&self) -> u64 {
+        self.tickets.1
+    }
+
     fn new(ordinal: usize) -> Result<Self> {
         // Phase 4: a bad NUVEC_CUDA_MATMUL fails the device's first use, not a later prefill.
         matmul_precision()?;
@@ -270,6 +285,9 @@ impl State {
                 funcs.insert(kernel.to_string(), f);
             }
         }
+        let tickets = stream.alloc_zeros::<u32>(TICKETS).map_err(driver_err("allocating the block counters"))?;
+        stream.synchronize().map_err(driver_err("zeroing the block counters"))?;
+        let tickets_ptr = tickets.device_ptr(&stream).0;
         let blas = CudaBlas::new(stream.clone())
             .map_err(|e| Error::Device(format!("cuda: creating a cuBLAS handle: {e:?}")))?;
         Ok(State {
@@ -287,6 +305,7 @@ impl State {
             flash: major >= 8 && crate::tuning::env("NUVEC_FLASH_ATTENTION").map_or(true, |v| v != "0"),
             decode_lane: OnceLock::new(),
             shared_uploads: Mutex::new(Vec::new()),
+            tickets: (tickets, tickets_ptr),
         })
     }
 
@@ -574,6 +593,11 @@ impl DeviceBuffer {
         self.pending_norm.store(true, std::sync::atomic::Ordering::Release);
     }
 
+    /// Whether the bytes are a norm's u whose scale is still pending (see `settle`).
+    pub(crate) fn is_pending_norm(&self) -> bool {
+        self.pending_norm.load(std::sync::atomic::Ordering::Acquire)
+    }
+
     /// Forgets the host copy and the derived forms (the device bytes are about to change).
     pub(crate) fn invalidate(&mut self) {
         self.mirror = OnceLock::new();
@@ -627,6 +651,7 @@ mod tests {
             "paged_prefix_flash_f16_d128",
             "rope_qk_paged_f32",
             "attention_merge_f32",
+            "attention_split_merge_f32",
             "causal_softmax_f32",
             "qdequant_b3",
             "qgemv_b5",
@@ -653,6 +678,9 @@ mod tests {
             "sigmoid_mul_f32",
             "gated_delta_f32",
             "swiglu_oai_f32",
+            // mixture-of-experts routing
+            "moe_route",
+            "moe_route_dense",
             // decode fusions
             "add_rms_norm_f32",
             "rope_qk_f32",

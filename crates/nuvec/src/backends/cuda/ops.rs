@@ -220,6 +220,7 @@ mod gated_delta;
 // gpt-oss: the clamped SwiGLU (kernels/gpt_oss.cu) and the attention sinks' device tables.
 mod gpt_oss;
 mod moe;
+mod moe_router;
 pub use moe::{set_moe_gather_rows, set_moe_grouped_rows};
 mod paged;
 // which sequences of a paged decode step share their first keys
@@ -789,6 +790,17 @@ impl Backend for CudaBackend {
         routing: crate::MoeRouting,
     ) -> Result<(Array, Array)> {
         self.route_experts(logits, Some(bias), top_k, routing)
+    }
+
+    fn moe_route_linear(
+        &self,
+        x: &Array,
+        router: &Matrix,
+        bias: Option<&Array>,
+        top_k: usize,
+        routing: crate::MoeRouting,
+    ) -> Result<(Array, Array)> {
+        self.route_linear(x, router, bias, top_k, routing)
     }
 
     fn moe_experts(&self, x: &Array, experts: &crate::Experts, ids: &Array, weights: &Array) -> Result<Array> {

@@ -37,6 +37,11 @@ __device__ __forceinline__ void l2_prefetch(const void* p, size_t bytes) {
 #endif
 }
 
+// Most experts and top-k of a mixture-of-experts layer the kernels take (moe.cu, moe_router.cu;
+// the host's MAX_EXPERTS and MAX_TOP_K in ops/moe.rs).
+#define MOE_MAX_EXPERTS 1024
+#define MOE_MAX_TOP_K 32
+
 __device__ __forceinline__ float f16_to_f32(u16 h) {
     float f;
     asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));

@@ -1,5 +1,5 @@
 // Mixture-of-experts layers with nothing read back to the host, so that a decode step stays one
-// CUDA graph: the router's top-k (moe_route), and for a few rows the chosen experts' gated MLPs
+// CUDA graph (the router's top-k: moe_router.cu): for a few rows the chosen experts' gated MLPs
 // read straight out of the layer's experts through an index of their buffers (moe_gate_up_*,
 // then moe_down_*, which also takes the routing weights' sum). Accumulation is f32. Host side:
 // backends/cuda/ops/moe.rs; the reference is the composed op of crates/nuvec/src/moe.rs.
@@ -11,11 +11,6 @@
 // routing weight (Gemma 4's per-expert scale; else 1.0f).
 #define MOE_SLOTS 6
 #define MOE_WARPS 4
-#define MOE_MAX_EXPERTS 1024
-#define MOE_MAX_TOP_K 32
-
-#define MOE_ROUTE_SOFTMAX_TOPK 0
-#define MOE_ROUTE_TOPK_SOFTMAX 1
 
 #define MOE_ACT_SILU 0
 #define MOE_ACT_SWIGLU_OAI 1
@@ -24,82 +19,6 @@
 #define MOE_FMT_DENSE 0
 #define MOE_FMT_AFFINE 1
 #define MOE_FMT_FP 2
-
-// ids [rows, top_k], weights [rows, top_k] from logits [rows, experts]: one warp per row. The
-// choice is made on the probabilities (softmax-top-k) or the logits (top-k-softmax), best first,
-// ties to the lower index; a NaN is never chosen ahead of a number. `bias` (or null): a row of
-// `experts` values (dtype bias_dt) added to each row of logits first, as add_bias_f32 adds a
-// router's bias (gpt-oss).
-extern "C" __global__ void __launch_bounds__(32) moe_route(u32* __restrict__ ids, float* __restrict__ weights,
-                                                           const float* __restrict__ logits, int experts, int top_k,
-                                                           int mode, int normalize, const void* __restrict__ bias,
-                                                           int bias_dt) {
-    pdl_begin();
-    __shared__ float v[MOE_MAX_EXPERTS];
-    __shared__ float picked[MOE_MAX_TOP_K];
-    const int lane = threadIdx.x;
-    const float* row = logits + (size_t)blockIdx.x * experts;
-    float mx = NEG_INF;
-    for (int e = lane; e < experts; e += 32) {
-        v[e] = bias != nullptr ? row[e] + load_float(bias, e, bias_dt) : row[e];
-        mx = fmaxf(mx, v[e]);
-    }
-    mx = warp_max(mx);
-    if (mode == MOE_ROUTE_SOFTMAX_TOPK) {
-        float s = 0.0f;
-        for (int e = lane; e < experts; e += 32) {
-            v[e] = expf(v[e] - mx);
-            s += v[e];
-        }
-        s = warp_sum(s);
-        for (int e = lane; e < experts; e += 32) v[e] = v[e] / s;
-    }
-    u32 taken = 0;  // bit i: expert lane + 32 i is chosen
-    u32* out_ids = ids + (size_t)blockIdx.x * top_k;
-    for (int j = 0; j < top_k; ++j) {
-        float best = NEG_INF;
-        int bi = 0x7fffffff;
-        for (int e = lane, i = 0; e < experts; e += 32, ++i) {
-            if (taken >> i & 1u) continue;
-            const float x = v[e];
-            if (x > best || (x == best && e < bi)) best = x, bi = e;
-        }
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) {
-            const float ob = __shfl_xor_sync(0xffffffffu, best, o);
-            const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-            if (ob > best || (ob == best && oi < bi)) best = ob, bi = oi;
-        }
-        if (bi == 0x7fffffff) {  // only NaNs left: the lowest index not yet chosen
-            int lowest = 0x7fffffff;
-            for (int e = lane, i = 0; e < experts; e += 32, ++i)
-                if (!(taken >> i & 1u)) { lowest = e; break; }
-#pragma unroll
-            for (int o = 16; o > 0; o >>= 1) lowest = min(lowest, __shfl_xor_sync(0xffffffffu, lowest, o));
-            bi = lowest;
-            best = __int_as_float(0x7fc00000);
-        }
-        if ((bi & 31) == lane) taken |= 1u << (bi >> 5);
-        if (lane == 0) {
-            out_ids[j] = (u32)bi;
-            picked[j] = best;
-        }
-    }
-    if (lane == 0) {  // `picked` is lane 0's own
-        float* w = weights + (size_t)blockIdx.x * top_k;
-        if (mode == MOE_ROUTE_SOFTMAX_TOPK) {
-            float total = 0.0f;
-            for (int j = 0; j < top_k; ++j) total += picked[j];
-            if (!normalize) total = 1.0f;
-            for (int j = 0; j < top_k; ++j) w[j] = picked[j] / total;
-        } else {
-            float m = NEG_INF, s = 0.0f;
-            for (int j = 0; j < top_k; ++j) m = fmaxf(m, picked[j]);
-            for (int j = 0; j < top_k; ++j) s += expf(picked[j] - m);
-            for (int j = 0; j < top_k; ++j) w[j] = expf(picked[j] - m) / s;
-        }
-    }
-}
 
 // One 32-value chunk of a quantized expert row as loaded: its BITS words and the scale and bias
 // (affine) or scale (fp modes; no bias) of its two 16-value halves. The many-row kernels below

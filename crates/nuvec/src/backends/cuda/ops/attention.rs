@@ -9,13 +9,14 @@ use super::{
     ATTS_MAX_DIM, ATTS_TARGET_BLOCKS, ATTS_THREADS, DT_F32,
 };
 use crate::backends::cuda::graph::{KArg, StepPos};
-use crate::backends::cuda::{Derived, DeviceBuffer, State};
+use crate::backends::cuda::{Derived, DeviceBuffer, State, TICKETS};
 use crate::{Array, DType, Error, Result};
 
 impl CudaBackend {
     /// Attention for a decode step or a short chunk: the split-key kernel, then the merge (which
     /// adds the sinks, a device pointer or 0, and writes the integer GEMVs' parts of the one
-    /// output row into `parts` unless it is 0). Keys and values of dtype `kv_dt`. With `ring`
+    /// output row into `parts` unless it is 0), in one launch while the block counters cover the
+    /// (query, head) pairs (`attention_split_merge_f32`). Keys and values of dtype `kv_dt`. With `ring`
     /// (a rotating cache's full ring), a CUDA graph's replays attend at most `cap` keys.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn attention_split(
@@ -53,12 +54,22 @@ impl CudaBackend {
             shared_mem_bytes: 0,
         };
         let ringi = ring as i32;
-        launch!(self.st()?, op, "attention_split_f32", cfg;
+        let st = self.st()?;
+        // A decode step's (query, head) pairs each have a block counter: the last split merges.
+        if l * hq <= TICKETS {
+            let tickets = st.tickets();
+            launch!(st, op, "attention_split_merge_f32", cfg;
+                o, pp, tickets, qp, kp, vp, li, hqi, hkvi, di, capi, kvi, scale, chunki, step, wanti, kv_dt, ringi,
+                sinks, parts);
+            guard!(st, |at| ring || kv_len + at.delta <= cap);
+            return Ok(());
+        }
+        launch!(st, op, "attention_split_f32", cfg;
             pp, qp, kp, vp, li, hqi, hkvi, di, capi, kvi, scale, chunki, step, wanti, kv_dt, ringi);
-        guard!(self.st()?, |at| ring || kv_len + at.delta <= cap);
+        guard!(st, |at| ring || kv_len + at.delta <= cap);
         let cfg = LaunchConfig { grid_dim: (hq as u32, l as u32, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
         let no_tiles = 0u64;
-        launch!(self.st()?, op, "attention_merge_f32", cfg; o, pp, hqi, di, si, sinks, parts, no_tiles);
+        launch!(st, op, "attention_merge_f32", cfg; o, pp, hqi, di, si, sinks, parts, no_tiles);
         Ok(())
     }
 

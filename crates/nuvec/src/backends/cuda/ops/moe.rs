@@ -1,5 +1,5 @@
-//! Mixture-of-experts layers on a CUDA device (kernels/moe.cu): the router's top-k on the device,
-//! and for a few rows (a decode step) the chosen experts read straight out of the layer's weights
+//! Mixture-of-experts layers on a CUDA device (kernels/moe.cu; the router: moe_router.rs): for a
+//! few rows (a decode step) the chosen experts read straight out of the layer's weights
 //! through an index of their buffers, made once per layer ([`CudaBackend::expert_index`]), so a
 //! decode step reads nothing back to the host and can be captured as a CUDA graph. 4-bit affine
 //! experts in groups of 32 and more, and mxfp4 ones, run those products on int8 dot products over
@@ -25,7 +25,7 @@ use super::qmma::{QmmaKernel, QM_ROWS, QM_THREADS};
 use super::{cfg_1d, to_i32, CudaBackend, DT_BF16, DT_F16, DT_F32};
 use crate::backends::cuda::{DeviceBuffer, State};
 use crate::fpquant::global_factor;
-use crate::moe::{self, ExpertActivation, ExpertIndex, Experts, MoeRouting};
+use crate::moe::{self, ExpertActivation, ExpertIndex, Experts};
 use crate::{Array, DType, Error, Matrix, QuantMode, Result};
 
 /// u64 entries per (projection, expert) in the index (moe.cu's `MOE_SLOTS`).
@@ -35,9 +35,9 @@ const WARPS: usize = 4;
 /// Warps per block of the integer gate/up kernels (moe.cu's `MOE_GU_INT_WARPS`): one 32-value
 /// chunk of the activations per block.
 const GU_INT_WARPS: usize = 8;
-/// Most experts and top-k the routing kernel takes (moe.cu's `MOE_MAX_EXPERTS`, `MOE_MAX_TOP_K`).
-const MAX_EXPERTS: usize = 1024;
-const MAX_TOP_K: usize = 32;
+/// Most experts and top-k the kernels take (common.cuh's `MOE_MAX_EXPERTS`, `MOE_MAX_TOP_K`).
+pub(super) const MAX_EXPERTS: usize = 1024;
+pub(super) const MAX_TOP_K: usize = 32;
 
 /// Slots per tile of the grouped products (moe.cu's `MOE_TILE`, the rows of qmma.cu's g64
 /// kernels).
@@ -276,43 +276,6 @@ impl CudaBackend {
         let words: Vec<u32> = index.iter().flat_map(|&v| [v as u32, (v >> 32) as u32]).collect();
         let table = Array::from_slice_on(&words, &[3, n, 2 * SLOTS], self.dev())?;
         Ok(Some(ExpertIndex { table, params: [format.kernels, format.dt, format.lg, b_dt] }))
-    }
-
-    /// [`crate::Backend::moe_route`]: one warp per row.
-    /// With `bias`, [`crate::Backend::moe_route_bias`]: the bias row added in the same launch.
-    pub(super) fn route_experts(
-        &self,
-        logits: &Array,
-        bias: Option<&Array>,
-        top_k: usize,
-        routing: MoeRouting,
-    ) -> Result<(Array, Array)> {
-        let op = "moe_route";
-        let (rows, n) = moe::check_route(logits, top_k)?;
-        let bias_fits = bias.is_none_or(|b| b.len() == n && b.device() == self.dev());
-        if n > MAX_EXPERTS || top_k > MAX_TOP_K || !bias_fits {
-            let biased = bias.map(|b| logits.add_bias(b)).transpose()?;
-            return moe::route_composed(biased.as_ref().unwrap_or(logits), top_k, routing);
-        }
-        let lp = self.f32_ptr(op, "logits", logits)?;
-        let (bp, b_dt) = self.opt_float_ptr(op, "bias", bias)?;
-        let ids = self.output(&[rows, top_k], DType::U32, false)?;
-        let weights = self.output(&[rows, top_k], DType::F32, false)?;
-        if rows > 0 {
-            let (ip, wp) = (ids.cuda_ptr()?, weights.cuda_ptr()?);
-            let (ni, ki) = (to_i32(op, "experts", n)?, to_i32(op, "top_k", top_k)?);
-            let (mode, normalize) = match routing {
-                MoeRouting::SoftmaxTopK { normalize } => (0i32, normalize as i32),
-                MoeRouting::TopKSoftmax => (1, 0),
-            };
-            let cfg = LaunchConfig {
-                grid_dim: (to_i32(op, "rows", rows)? as u32, 1, 1),
-                block_dim: (32, 1, 1),
-                shared_mem_bytes: 0,
-            };
-            launch!(self.st()?, op, "moe_route", cfg; ip, wp, lp, ni, ki, mode, normalize, bp, b_dt);
-        }
-        Ok((ids, weights))
     }
 
     /// [`crate::Backend::moe_experts`]: the gathered kernels for a few rows of experts they
