@@ -277,11 +277,7 @@ pub trait Backend: Send + Sync {
         top_k: usize,
         routing: MoeRouting,
     ) -> Result<(Array, Array)> {
-        let logits = self.linear(x, router)?;
-        match bias {
-            Some(bias) => self.moe_route_bias(&logits, bias, top_k, routing),
-            None => self.moe_route(&logits, top_k, routing),
-        }
+        moe::route_linear_composed(self, x, router, bias, top_k, routing)
     }
 
     /// `out[t] = sum_j weights[t, j] * s_e * expert_e(x[t])` with `e = ids[t, j]` for

@@ -272,6 +272,23 @@ pub(crate) fn check_experts(x: &Array, experts: &Experts, ids: &Array, weights: 
     Ok((rows, top_k))
 }
 
+/// [`crate::Backend::moe_route_linear`] from the other ops: `backend`'s product, then its
+/// `moe_route` (`moe_route_bias` with a bias).
+pub(crate) fn route_linear_composed<B: crate::Backend + ?Sized>(
+    backend: &B,
+    x: &Array,
+    router: &Matrix,
+    bias: Option<&Array>,
+    top_k: usize,
+    routing: MoeRouting,
+) -> Result<(Array, Array)> {
+    let logits = backend.linear(x, router)?;
+    match bias {
+        Some(bias) => backend.moe_route_bias(&logits, bias, top_k, routing),
+        None => backend.moe_route(&logits, top_k, routing),
+    }
+}
+
 /// [`crate::Backend::moe_route`] on the host: the logits are read, the choices written back to
 /// their device.
 pub(crate) fn route_composed(logits: &Array, top_k: usize, routing: MoeRouting) -> Result<(Array, Array)> {

@@ -530,15 +530,9 @@ extern "C" __global__ void attention_split_merge_f32(float* out, float* part, u3
                                                      int want, int kv_dt, int ring, const float* sinks, u32* parts) {
     atts_prefetch(k, v, l, hq, hkv, d, cap, kv_len, chunk, step, want, kv_dt, ring);
     pdl_begin();
-    __shared__ int last;
     atts_split(part, q, k, v, l, hq, hkv, d, cap, kv_len, scale, chunk, step, want, kv_dt, ring);
     const int h = blockIdx.x, t = blockIdx.y;
-    __threadfence();  // this split's partial visible to the last split before its ticket
-    __syncthreads();
-    if (threadIdx.x == 0) last = atomicAdd(tickets + (size_t)t * hq + h, 1u) == gridDim.z - 1;
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
+    if (!last_block_ticket(tickets + (size_t)t * hq + h, gridDim.z)) return;
     atts_merge_head(out, (const volatile float*)part, hq, d, gridDim.z, sinks, parts, nullptr, h, t);
     if (threadIdx.x == 0) tickets[(size_t)t * hq + h] = 0;
 }

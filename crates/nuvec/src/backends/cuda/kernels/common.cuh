@@ -129,6 +129,21 @@ __device__ float block_max(float v, float* scratch) {
     return scratch[32];
 }
 
+// Whether this block is the last of `blocks` to arrive at `*counter` (every thread of the block
+// calling, after the writes the last block will read): each thread's writes are made visible
+// before the block takes its ticket, and the last block's reads after it see every block's. The
+// last block sets the counter back to 0 when it is done (the next launch on the stream starts
+// after it), so a counter is 0 between launches.
+__device__ __forceinline__ bool last_block_ticket(u32* counter, u32 blocks) {
+    __shared__ int last;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(counter, 1u) == blocks - 1;
+    __syncthreads();
+    if (last) __threadfence();
+    return last;
+}
+
 // The rotary embedding's pair f (of `half`): features a and b, the two halves of the rotated
 // features, or neighbours (2f, 2f + 1) when `traditional`. Feature f of each pair turns by
 // pos * inv_freqs[f]: rope_rotate gives a's value (x1 c - x2 s) or, `second`, b's (x1 s + x2 c).

@@ -173,7 +173,6 @@ extern "C" __global__ void __launch_bounds__(32 * MOE_RL_WARPS)
     const int e = blockIdx.x * MOE_RL_EXPERTS + warp / MOE_RL_SPLIT;
     __shared__ float part[MOE_RL_WARPS];
     __shared__ float scale;
-    __shared__ int last;
     const float* xr = x + (size_t)r * k;
     const int first = (warp % MOE_RL_SPLIT) * 32 + lane, stride = 32 * MOE_RL_SPLIT;
     float dot = 0.0f;
@@ -192,13 +191,8 @@ extern "C" __global__ void __launch_bounds__(32 * MOE_RL_WARPS)
             for (int s = 0; s < MOE_RL_SPLIT; ++s) t += part[threadIdx.x * MOE_RL_SPLIT + s];
             logits[(size_t)r * experts + ei] = t;
         }
-        __threadfence();  // the products visible to the last block before this block's ticket
     }
-    __syncthreads();
-    if (threadIdx.x == 0) last = atomicAdd(tickets + r, 1u) == gridDim.x - 1;
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
+    if (!last_block_ticket(tickets + r, gridDim.x)) return;
     if (warp == 0) {
         const float s = pending != nullptr ? -xq_norm_scale(pending, k, true) : 1.0f;
         if (lane == 0) scale = s;

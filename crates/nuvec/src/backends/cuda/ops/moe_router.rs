@@ -42,8 +42,7 @@ impl CudaBackend {
     ) -> Result<(Array, Array)> {
         let op = "moe_route";
         let (rows, n) = moe::check_route(logits, top_k)?;
-        let bias_fits = bias.is_none_or(|b| b.len() == n && b.device() == self.dev());
-        if n > MAX_EXPERTS || top_k > MAX_TOP_K || !bias_fits {
+        if n > MAX_EXPERTS || top_k > MAX_TOP_K || !self.bias_row_fits(bias, n) {
             let biased = bias.map(|b| logits.add_bias(b)).transpose()?;
             return moe::route_composed(biased.as_ref().unwrap_or(logits), top_k, routing);
         }
@@ -67,7 +66,7 @@ impl CudaBackend {
 
     /// [`crate::Backend::moe_route_linear`]: `moe_route_dense` for up to [`ROUTE_ROWS`] rows of
     /// a plain float router whose rows and `x` are 16-byte aligned, else the product and then
-    /// [`CudaBackend::route_experts`].
+    /// [`CudaBackend::route_experts`] (`moe::route_linear_composed`).
     pub(super) fn route_linear(
         &self,
         x: &Array,
@@ -78,7 +77,7 @@ impl CudaBackend {
     ) -> Result<(Array, Array)> {
         let op = "moe_route_linear";
         let Some((w, rows)) = self.one_launch_router(x, router, bias, top_k)? else {
-            return self.route_experts(&x.linear(router)?, bias, top_k, routing);
+            return moe::route_linear_composed(self, x, router, bias, top_k, routing);
         };
         let (n, k) = (w.dim(0), w.dim(1));
         // A norm's output with its scale still pending is read as it is, the scale applied to
@@ -106,6 +105,11 @@ impl CudaBackend {
         Ok((ids, weights))
     }
 
+    /// Whether a router's bias row (or none) is one the kernels add: `experts` values here.
+    fn bias_row_fits(&self, bias: Option<&Array>, experts: usize) -> bool {
+        bias.is_none_or(|b| b.len() == experts && b.device() == self.dev())
+    }
+
     /// The router's weight and the row count when `moe_route_dense` takes them: f32 rows of x
     /// on this device (1 to [`ROUTE_ROWS`]), a plain float router `[experts, hidden]` here with
     /// hidden a multiple of 8, both 16-byte aligned, and a top-k and bias the routing takes.
@@ -128,7 +132,7 @@ impl CudaBackend {
             && (1..=ROUTE_ROWS).contains(&rows)
             && (1..=MAX_EXPERTS).contains(&n)
             && (1..=MAX_TOP_K.min(n)).contains(&top_k)
-            && bias.is_none_or(|b| b.len() == n && b.device() == self.dev());
+            && self.bias_row_fits(bias, n);
         if !fits || !x.cuda_addr()?.is_multiple_of(16) || !w.cuda_addr()?.is_multiple_of(16) {
             return Ok(None);
         }

@@ -13,7 +13,7 @@ impl DeviceBuffer {
     pub(crate) fn settle(&self) -> Result<()> {
         use std::sync::atomic::Ordering;
         // A plain load first: every kernel input passes here, and almost none is pending.
-        if !self.pending_norm.load(Ordering::Acquire) || !self.pending_norm.swap(false, Ordering::AcqRel) {
+        if !self.is_pending_norm() || !self.pending_norm.swap(false, Ordering::AcqRel) {
             return Ok(());
         }
         let op = "rms_norm (pending scale)";
