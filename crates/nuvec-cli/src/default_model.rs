@@ -8,10 +8,7 @@ pub const FILE_NAME: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
 
 /// Where nuvec keeps what its scripts install: `NUVEC_CACHE`, else `~/.cache/nuvec`.
 pub fn cache_dir() -> PathBuf {
-    match nuvec::tuning::env_os("NUVEC_CACHE") {
-        Some(dir) => PathBuf::from(dir),
-        None => PathBuf::from(std::env::var_os("HOME").unwrap_or_else(|| ".".into())).join(".cache/nuvec"),
-    }
+    nuvec::tuning::cache_dir()
 }
 
 /// The default model: `NUVEC_DEFAULT_MODEL`, else the installed SmolLM2 file.

@@ -88,6 +88,14 @@ pub const KNOBS: &[Knob] = &[
         "one-token decode steps replayed as CUDA graphs; force also tries families not known to capture",
     ),
     knob(
+        "NUVEC_CUDA_KERNEL_CACHE",
+        "0, 1",
+        "1",
+        "cuda",
+        "the kernels' PTX kept in $NUVEC_CACHE/cuda-kernels, so that a start does not compile them again \
+         (NVRTC: 10-25 s); 0 compiles them at every start",
+    ),
+    knob(
         "NUVEC_CUDA_MATMUL",
         "auto, f32, tf32, bf16",
         "auto",
@@ -220,6 +228,14 @@ pub fn find(name: &str) -> Option<&'static Knob> {
 pub fn env(name: &str) -> Result<String, std::env::VarError> {
     debug_assert!(find(name).is_some(), "{name} is not declared in nuvec::tuning::KNOBS");
     std::env::var(name)
+}
+
+/// Where nuvec keeps what it installs and caches: `NUVEC_CACHE`, else `~/.cache/nuvec`.
+pub fn cache_dir() -> std::path::PathBuf {
+    match crate::tuning::env_os("NUVEC_CACHE") {
+        Some(dir) => dir.into(),
+        None => std::path::PathBuf::from(std::env::var_os("HOME").unwrap_or_else(|| ".".into())).join(".cache/nuvec"),
+    }
 }
 
 /// `std::env::var_os(name)` for a declared knob.

@@ -13,6 +13,8 @@
 mod alloc;
 // The prefill weight decoder's own stream.
 mod decode_lane;
+// The kernels' PTX kept on disk between processes.
+mod kernel_cache;
 mod ops;
 // CUDA graphs: a decode step captured and replayed.
 mod graph;
@@ -25,7 +27,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use cudarc::cublas::CudaBlas;
 use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr};
-use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions};
+use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions, Ptx};
 
 use crate::{Error, Result};
 
@@ -93,6 +95,51 @@ pub fn nvrtc_options(arch: &str) -> Vec<String> {
 /// Each kernel source as NVRTC compiles it: `(file name, PRELUDE + source)`.
 pub fn kernel_sources() -> Vec<(&'static str, String)> {
     SOURCES.iter().map(|(name, src)| (*name, format!("{PRELUDE}\n#line 1 \"{name}\"\n{src}"))).collect()
+}
+
+/// NVRTC's version, part of the kernel cache's key (the libraries are loaded: `device_count`).
+fn nvrtc_version() -> Result<(i32, i32)> {
+    let (mut major, mut minor) = (0, 0);
+    // SAFETY: nvrtcVersion writes one int through each pointer; both point at live locals.
+    let status = unsafe { cudarc::nvrtc::sys::nvrtcVersion(&mut major, &mut minor) };
+    if status != cudarc::nvrtc::sys::nvrtcResult::NVRTC_SUCCESS {
+        return Err(Error::Device(format!("cuda: reading NVRTC's version: {status:?}")));
+    }
+    Ok((major, minor))
+}
+
+/// Every kernel source with its PTX for virtual architecture `arch`: from the kernel cache in
+/// `dir` (kernel_cache.rs; None: no cache) where it holds them, else compiled by NVRTC, the sources at once on
+/// threads of their own (NVRTC compiles distinct programs concurrently; the longest source
+/// then sets the time, not the sum).
+fn compiled_sources(arch: &str, dir: Option<std::path::PathBuf>) -> Result<Vec<(&'static str, String, String)>> {
+    let mut options = nvrtc_options(arch);
+    options.extend(nvrtc_defines().iter().map(|d| format!("-D{d}")));
+    let version = nvrtc_version()?;
+    let compile = |name: &'static str, src: String| -> Result<(&'static str, String, String)> {
+        let key = kernel_cache::key(name, &src, &options, version);
+        let ptx = kernel_cache::ptx(dir.as_deref(), name, &key, || {
+            let opts = CompileOptions { options: options.clone(), name: Some(name.into()), ..Default::default() };
+            let ptx = compile_ptx_with_opts(&src, opts).map_err(|e| match e {
+                cudarc::nvrtc::CompileError::CompileError { log, .. } => Error::Device(format!(
+                    "cuda: NVRTC could not compile {name} for {arch}:\n{}",
+                    log.to_string_lossy()
+                )),
+                other => Error::Device(format!("cuda: NVRTC on {name}: {other:?}")),
+            })?;
+            Ok(ptx.to_src())
+        })?;
+        Ok((name, src, ptx))
+    };
+    std::thread::scope(|scope| {
+        let jobs: Vec<_> =
+            kernel_sources().into_iter().map(|(name, src)| scope.spawn(move || compile(name, src))).collect();
+        jobs.into_iter()
+            .map(|job| {
+                job.join().unwrap_or_else(|_| Err(Error::Device("cuda: a kernel compile thread panicked".into())))
+            })
+            .collect()
+    })
 }
 
 /// The `extern "C" __global__` kernel names a source defines.
@@ -242,18 +289,8 @@ impl State {
             .map_err(driver_err("reading the multiprocessor count"))?;
         let mut qmma_kernels = HashMap::new();
         let mut funcs = HashMap::new();
-        for (name, src) in kernel_sources() {
-            let mut options = nvrtc_options(&arch);
-            options.extend(nvrtc_defines().iter().map(|d| format!("-D{d}")));
-            let opts = CompileOptions { options, name: Some(name.into()), ..Default::default() };
-            let ptx = compile_ptx_with_opts(&src, opts).map_err(|e| match e {
-                cudarc::nvrtc::CompileError::CompileError { log, .. } => Error::Device(format!(
-                    "cuda: NVRTC could not compile {name} for {arch}:\n{}",
-                    log.to_string_lossy()
-                )),
-                other => Error::Device(format!("cuda: NVRTC on {name}: {other:?}")),
-            })?;
-            let module = ctx.load_module(ptx).map_err(driver_err("loading a compiled module"))?;
+        for (_name, src, ptx) in compiled_sources(&arch, kernel_cache::folder())? {
+            let module = ctx.load_module(Ptx::from_src(ptx)).map_err(driver_err("loading a compiled module"))?;
             for kernel in kernel_names(&src) {
                 let f = module.load_function(kernel).map_err(driver_err("finding a kernel"))?;
                 // The flash-attention kernels' double-buffered K/V tiles pass the default 48 KiB
@@ -612,6 +649,34 @@ impl DeviceBuffer {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// NVRTC through the kernel cache, end to end, without a GPU: every source compiled into an
+    /// empty cache, read back from it, and compiled again with no cache, the same PTX each time.
+    /// Needs libnvrtc (CUDA 13) where cudarc finds it, e.g. the wheel `scripts/check-cuda-kernels.sh`
+    /// installs: `LD_LIBRARY_PATH=$HOME/.cache/nuvec/nvrtc-13.0.88/lib/python3.11/site-packages/nvidia/cu13/lib
+    /// cargo test -p nuvec --features cuda --lib -- --ignored kernels_come_back_from_the_cache`.
+    #[test]
+    #[ignore = "needs libnvrtc"]
+    fn kernels_come_back_from_the_cache() {
+        // SAFETY: only tries to dlopen the library by its usual names.
+        assert!(unsafe { cudarc::nvrtc::sys::is_culib_present() }, "libnvrtc not found");
+        let dir = std::env::temp_dir().join(format!("nuvec-kernels-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let fresh = compiled_sources("compute_90", Some(dir.clone())).unwrap();
+        let entries = std::fs::read_dir(&dir)
+            .unwrap()
+            .filter(|e| e.as_ref().unwrap().path().extension().is_some_and(|x| x == "ptx"))
+            .count();
+        assert_eq!(entries, SOURCES.len());
+        let cached = compiled_sources("compute_90", Some(dir.clone())).unwrap();
+        let uncached = compiled_sources("compute_90", None).unwrap();
+        for ((a, b), c) in fresh.iter().zip(&cached).zip(&uncached) {
+            assert_eq!((a.0, &a.1), (b.0, &b.1));
+            assert!(a.2 == b.2 && a.2 == c.2, "{}: the cached PTX differs", a.0);
+            assert!(a.2.contains(".entry"), "{}: not PTX", a.0);
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 
     #[test]
     fn every_kernel_is_found_by_name() {
