@@ -109,9 +109,9 @@ fn nvrtc_version() -> Result<(i32, i32)> {
 }
 
 /// Every kernel source with its PTX for virtual architecture `arch`: from the kernel cache in
-/// `dir` (kernel_cache.rs; None: no cache) where it holds them, else compiled by NVRTC, the sources at once on
-/// threads of their own (NVRTC compiles distinct programs concurrently; the longest source
-/// then sets the time, not the sum).
+/// `dir` (kernel_cache.rs; None: no cache) where it holds them, else compiled by NVRTC, the
+/// sources at once on threads of their own (NVRTC compiles distinct programs concurrently; the
+/// longest source then sets the time, not the sum).
 fn compiled_sources(arch: &str, dir: Option<std::path::PathBuf>) -> Result<Vec<(&'static str, String, String)>> {
     let mut options = nvrtc_options(arch);
     options.extend(nvrtc_defines().iter().map(|d| format!("-D{d}")));
