@@ -5,8 +5,8 @@
 //! NVRTC misses and compiles anew; its header carries the key, the PTX's length and its SHA-256,
 //! so a cut or altered file is recompiled, never loaded. Entries are written to a temporary file
 //! beside them and renamed into place (two processes storing the same entry both leave a whole
-//! one). The folder is `$NUVEC_CACHE/cuda-kernels` (`~/.cache/nuvec/cuda-kernels`);
-//! `NUVEC_CUDA_KERNEL_CACHE=0` compiles every time. Nothing outside that folder is touched, and
+//! one). The folder is `$NUVEC_CACHE/cuda-kernels` (`~/.cache/nuvec/cuda-kernels`; with neither
+//! set, no cache); `NUVEC_CUDA_KERNEL_CACHE=0` compiles every time. Nothing outside that folder is touched, and
 //! in it only this module's own `*.ptx` entries: the newest [`KEEP`] of each source stay, older
 //! ones (from earlier builds) are removed. A folder that cannot be written costs only the
 //! compile, with one warning.
@@ -26,10 +26,12 @@ pub(super) const KEEP: usize = 4;
 /// What the header's first word says, so a file of another format is never read as an entry.
 const MAGIC: &str = "// nuvec kernel cache v1";
 
-/// The cache folder: `None` when `NUVEC_CUDA_KERNEL_CACHE=0`.
+/// The cache folder: `None` when `NUVEC_CUDA_KERNEL_CACHE=0`, or when neither `NUVEC_CACHE` nor
+/// `HOME` says where it is (the kernels are then compiled, not written into the working folder).
 pub(super) fn folder() -> Option<PathBuf> {
     let off = crate::tuning::env("NUVEC_CUDA_KERNEL_CACHE").is_ok_and(|v| v == "0");
-    (!off).then(|| crate::tuning::cache_dir().join("cuda-kernels"))
+    let placed = crate::tuning::env_os("NUVEC_CACHE").is_some() || std::env::var_os("HOME").is_some();
+    (!off && placed).then(|| crate::tuning::cache_dir().join("cuda-kernels"))
 }
 
 /// The key of source `name` (as compiled: prelude included) under NVRTC `options` and NVRTC
