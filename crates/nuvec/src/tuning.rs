@@ -230,12 +230,18 @@ pub fn env(name: &str) -> Result<String, std::env::VarError> {
     std::env::var(name)
 }
 
-/// Where nuvec keeps what it installs and caches: `NUVEC_CACHE`, else `~/.cache/nuvec`.
-pub fn cache_dir() -> std::path::PathBuf {
+/// Where nuvec keeps what it installs and caches: `NUVEC_CACHE`, else `~/.cache/nuvec`; `None`
+/// when neither `NUVEC_CACHE` nor `HOME` is set.
+pub fn known_cache_dir() -> Option<std::path::PathBuf> {
     match crate::tuning::env_os("NUVEC_CACHE") {
-        Some(dir) => dir.into(),
-        None => std::path::PathBuf::from(std::env::var_os("HOME").unwrap_or_else(|| ".".into())).join(".cache/nuvec"),
+        Some(dir) => Some(dir.into()),
+        None => std::env::var_os("HOME").map(|home| std::path::PathBuf::from(home).join(".cache/nuvec")),
     }
+}
+
+/// [`known_cache_dir`], else `./.cache/nuvec`.
+pub fn cache_dir() -> std::path::PathBuf {
+    known_cache_dir().unwrap_or_else(|| std::path::PathBuf::from(".").join(".cache/nuvec"))
 }
 
 /// `std::env::var_os(name)` for a declared knob.

@@ -30,8 +30,7 @@ const MAGIC: &str = "// nuvec kernel cache v1";
 /// `HOME` says where it is (the kernels are then compiled, not written into the working folder).
 pub(super) fn folder() -> Option<PathBuf> {
     let off = crate::tuning::env("NUVEC_CUDA_KERNEL_CACHE").is_ok_and(|v| v == "0");
-    let placed = crate::tuning::env_os("NUVEC_CACHE").is_some() || std::env::var_os("HOME").is_some();
-    (!off && placed).then(|| crate::tuning::cache_dir().join("cuda-kernels"))
+    crate::tuning::known_cache_dir().filter(|_| !off).map(|dir| dir.join("cuda-kernels"))
 }
 
 /// The key of source `name` (as compiled: prelude included) under NVRTC `options` and NVRTC
@@ -96,12 +95,12 @@ pub(super) fn ptx(
 /// The PTX of the entry at `path` if its header has `key` and its body the recorded length and
 /// SHA-256.
 fn read_entry(path: &Path, key: &str) -> Option<String> {
-    let text = fs::read_to_string(path).ok()?;
-    let (header, body) = text.split_once('\n')?;
-    let mut words = header.strip_prefix(MAGIC)?.split_whitespace();
+    let mut text = fs::read_to_string(path).ok()?;
+    let body = text.split_off(text.find('\n')? + 1);
+    let mut words = text.strip_prefix(MAGIC)?.split_whitespace();
     let (k, len, sum) = (words.next()?, words.next()?, words.next()?);
-    let whole = k == key && len.parse::<usize>().ok() == Some(body.len()) && sum == hex(&Sha256::digest(body));
-    whole.then(|| body.to_string())
+    let whole = k == key && len.parse::<usize>().ok() == Some(body.len()) && sum == hex(&Sha256::digest(&body));
+    whole.then_some(body)
 }
 
 /// Writes the entry through a temporary file renamed into place, then removes the source's
