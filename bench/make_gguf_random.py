@@ -1,7 +1,7 @@
 """Random-weight GGUF checkpoints of real model shapes, so that nuvec and llama.cpp can be
 benchmarked side by side on the same file.
 
-    make_gguf_random.py OUT.gguf --arch ARCH --tokenizer DIR [--layers N] [--seed 0]
+    make_gguf_random.py OUT.gguf --arch ARCH --tokenizer DIR [--layers N] [--seed 0] [--matrices q4_0|q4_k]
 
 ARCH is qwen3-0.6b, llama-3.1-8b, qwen3-30b-a3b, gpt-oss-20b or gemma-4-26b-a4b: the real
 model's shapes, names, metadata and tensor types as the popular GGUFs have them (llama.cpp's
@@ -13,7 +13,10 @@ heads) then one full (heads of 512, 2 key/value heads whose values are their key
 a quarter of each head rotated through rope_freqs), a dense MLP of 2112 beside 128 experts of
 704 (8 per token, gate and up fused), tied embeddings, soft-capping 30: the hyperparameters of
 llama.cpp's models/ggml-vocab-gemma-4.gguf. --layers N keeps only the
-first N layers. Llama 3.1's rope scaling (the rope_freqs tensor) is left out: nuvec does not
+first N layers. --matrices q4_k writes every Q4_0 matrix as Q4_K instead (the K-quant most GGUFs
+are made of; a pure file, where llama.cpp's Q4_K_M mixes in Q6_K for some matrices): blocks of 256
+with f16 d and dmin and eight 6-bit scales and minimums, here each minimum equal to its scale
+and dmin = 7.5 d, so that the weights' mean is 0. Llama 3.1's rope scaling (the rope_freqs tensor) is left out: nuvec does not
 map it yet, and it only changes positions past 8192.
 
 The quantized blocks' bytes are written directly, never quantized from floats, chunk by chunk
@@ -65,6 +68,11 @@ CHUNK_BLOCKS = 1 << 18
 # q - 8 over -8..7, Q8_0's -128..127 with -128 made -127, MXFP4's e2m1 values (ggml's table of
 # doubled values, scaled by 2^(e-128)).
 QUANT_RMS = {T.Q4_0: math.sqrt(21.5), T.Q8_0: math.sqrt(5460.5), T.MXFP4: math.sqrt(34.25)}
+# Q4_K's 6-bit sub-block scales are drawn from 16..63 (mean square 1752) and its d as |N(0, 1)|
+# + 1/4 times a constant (mean square 1 + sqrt(2 / pi) / 2 + 1/16); its quants' q - 7.5 have a
+# mean square of 21.25. Q4K_RMS: the root mean square of the weights for that constant 1.
+Q4K_SCALES = (16, 64)
+Q4K_RMS = math.sqrt(1752 * (1 + math.sqrt(2 / math.pi) / 2 + 1 / 16) * 21.25)
 
 
 def name_rng(seed, name):
@@ -77,8 +85,8 @@ class RandomBlocks:
 
     def __init__(self, name, shape, qtype, std, seed):
         self.name, self.shape, self.qtype, self.std, self.seed = name, shape, qtype, std, seed
-        self.block_bytes = gguf.GGML_QUANT_SIZES[qtype][1]
-        self.blocks = math.prod(shape) // 32
+        self.block_values, self.block_bytes = gguf.GGML_QUANT_SIZES[qtype]
+        self.blocks = math.prod(shape) // self.block_values
         self.nbytes = self.blocks * self.block_bytes
 
     def tofile(self, f):
@@ -97,6 +105,8 @@ class RandomBlocks:
             up = (4 ** (x - math.floor(x)) - 1) / 3
             b[:, 0] = 128 + math.floor(x) + (rng.random(n) < up)
             return b
+        if self.qtype == T.Q4_K:
+            return self.q4_k(rng, b)
         if self.qtype == T.Q8_0:
             # ggml's quantizer never writes -128 (it rounds x / (amax / 127)).
             q = b[:, 2:].view(np.int8)
@@ -104,6 +114,24 @@ class RandomBlocks:
         # Normal f16 scales, signed as ggml's Q4_0 quantizer's are: the weights' mean is 0.
         d = rng.standard_normal(n, dtype=np.float32) * (self.std / QUANT_RMS[self.qtype])
         b.view(np.float16)[:, 0] = d
+        return b
+
+    def q4_k(self, rng, b):
+        """Q4_K blocks (ggml's block_q4_K: d, dmin, 12 bytes of packed scales and minimums, 128
+        bytes of quants) whose weights d sc (q - 7.5) have the wanted spread."""
+        n = len(b)
+        sc = rng.integers(*Q4K_SCALES, (n, 8), dtype=np.uint8)
+        d = (np.abs(rng.standard_normal(n, dtype=np.float32)) + 0.25) * (self.std / Q4K_RMS)
+        h = b[:, :4].view(np.float16)
+        h[:, 0] = d
+        h[:, 1] = h[:, 0].astype(np.float32) * 7.5
+        # get_scale_min_k4's layout with each minimum m_j equal to its scale: bytes 0-3 and 4-7
+        # hold sub-blocks 0-3's scale and minimum in their low 6 bits and the top 2 bits of
+        # sub-blocks 4-7's; bytes 8-11 sub-blocks 4-7's low 4 bits of scale and of minimum.
+        lo, hi = sc[:, :4], sc[:, 4:]
+        b[:, 4:8] = (lo & 63) | ((hi >> 4) << 6)
+        b[:, 8:12] = b[:, 4:8]
+        b[:, 12:16] = (hi & 15) | ((hi & 15) << 4)
         return b
 
 
@@ -163,12 +191,13 @@ def gemma4_tensors(m, layers, seed):
     return out
 
 
-def tensors(m, layers, seed):
-    """[(name, data)]: data an f32 array or RandomBlocks, shapes in numpy order (rows last-but-one)."""
+def tensors(m, layers, seed, q4=T.Q4_0):
+    """[(name, data)]: data an f32 array or RandomBlocks, shapes in numpy order (rows last-but-one);
+    q4 the type of the matrices written Q4_0 by default."""
     if m["arch"] == "gemma4":
         return gemma4_tensors(m, layers, seed)
     hidden, hd, gptoss = m["hidden"], m["head_dim"], m["arch"] == "gpt-oss"
-    mat_type = T.Q8_0 if gptoss else T.Q4_0
+    mat_type = T.Q8_0 if gptoss else q4
     out = []
     f32, mat = collectors(out, seed, mat_type)
 
@@ -196,7 +225,7 @@ def tensors(m, layers, seed):
             continue
         experts, _, width = m["experts"]
         f32(f"{p}.ffn_gate_inp.weight", (experts, hidden), std=1 / math.sqrt(hidden))
-        exps_type = T.MXFP4 if gptoss else T.Q4_0
+        exps_type = T.MXFP4 if gptoss else q4
         shapes = {"ffn_gate_exps": (experts, width, hidden), "ffn_up_exps": (experts, width, hidden),
                   "ffn_down_exps": (experts, hidden, width)}
         for part, shape in shapes.items():
@@ -211,10 +240,13 @@ def tensors(m, layers, seed):
     return out
 
 
-def add_metadata(w, m, layers):
+def add_metadata(w, m, layers, q4=T.Q4_0):
     w.add_name(f"random {m['name']} architecture")
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
-    w.add_file_type(gguf.LlamaFileType.MOSTLY_MXFP4_MOE if m["arch"] == "gpt-oss" else gguf.LlamaFileType.MOSTLY_Q4_0)
+    if m["arch"] == "gpt-oss":
+        w.add_file_type(gguf.LlamaFileType.MOSTLY_MXFP4_MOE)
+    else:
+        w.add_file_type(gguf.LlamaFileType.MOSTLY_Q4_K_S if q4 == T.Q4_K else gguf.LlamaFileType.MOSTLY_Q4_0)
     w.add_block_count(layers)
     w.add_context_length(m["context"])
     w.add_embedding_length(m["hidden"])
@@ -320,16 +352,21 @@ def main():
                     help="folder of tokenizer.json, tokenizer_config.json (gemma-4-26b-a4b: a vocabulary GGUF)")
     ap.add_argument("--layers", type=int, help="keep only the first N layers")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--matrices", choices=("q4_0", "q4_k"), default="q4_0",
+                    help="the type of the matrices otherwise Q4_0 (not gpt-oss's or Gemma 4's)")
     args = ap.parse_args()
     m = MODELS[args.arch]
+    q4 = T.Q4_K if args.matrices == "q4_k" else T.Q4_0
+    if q4 == T.Q4_K and m["arch"] in ("gpt-oss", "gemma4"):
+        ap.error(f"--matrices q4_k: {args.arch} keeps its own types (Q8_0 / MXFP4, Q4_0); leave it out")
     layers = args.layers or m["layers"]
     w = gguf.GGUFWriter(args.out, m["arch"])
-    add_metadata(w, m, layers)
+    add_metadata(w, m, layers, q4)
     if m["arch"] == "gemma4":
         copy_tokenizer(w, args.tokenizer)
     else:
         add_tokenizer(w, m, args.tokenizer)
-    data = tensors(m, layers, args.seed)
+    data = tensors(m, layers, args.seed, q4)
     for name, t in data:
         if isinstance(t, RandomBlocks):
             w.add_tensor_info(name, gguf.quant_shape_to_byte_shape(t.shape, t.qtype), np.uint8, t.nbytes, t.qtype)

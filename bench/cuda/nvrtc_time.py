@@ -37,10 +37,12 @@ for n in names:
     print(f"{n:22s} {d:6.2f} s ok={ok}")
 print("sequential total", round(total, 2))
 t = time.time()
-threads = [threading.Thread(target=compile_one, args=(n,)) for n in names]
+results = {}
+threads = [threading.Thread(target=lambda n=n: results.__setitem__(n, compile_one(n))) for n in names]
 for x in threads:
     x.start()
 for x in threads:
     x.join()
-print("all at once on threads", round(time.time() - t, 2))
+failed = [n for n in names if not results.get(n, (False, 0))[0]]
+print("all at once on threads", round(time.time() - t, 2), "failed: " + ", ".join(failed) if failed else "all ok")
 print("cpus", os.cpu_count())

@@ -175,11 +175,13 @@ typedef void (*DecKernel)(const u32*, int, int, int, int, float*, int, const u32
                           const void*);
 
 // The bf16 forms (qdec_b4_r8 .. _r64) over xbf16_tiles_f32's layout, two weights in
-// one launch (bf16 scales): against their definition in f64, sum bf16(x) bf16(s q + b) (each
-// weight rounded once, as bf16x2_fma rounds it), to 1e-5; and the product itself to 3e-2 (x and
-// the weights in bf16).
-static void test_dec(const char* name, DecKernel f, int nt, int m, int n, int n2, int k, int group, int tpb = 1) {
-    QW ws[2] = {make(n, k, group, DT_BF16), make(n2, k, group, DT_BF16)};
+// one launch: against their definition in f64, sum bf16(x) bf16(w) with w = s q + b exact for
+// bf16 scales (each weight rounded once, as bf16x2_fma rounds it) and fmaf(s, q, b) for f16 and
+// f32 scales (rounded to f32, then to bf16, as the prefill GEMM's qdequant_bf16), to 1e-5; and the
+// product itself to 3e-2 (x and the weights in bf16).
+static void test_dec(const char* name, DecKernel f, int nt, int m, int n, int n2, int k, int group, int tpb = 1,
+                     int dt = DT_BF16) {
+    QW ws[2] = {make(n, k, group, dt), make(n2, k, group, dt)};
     const auto x = random_x(m, k);
     const int kc = k / 32, tiles = (m + 7) / 8;
     std::vector<unsigned> xb((size_t)tiles * kc * 32 * 4, 0xDEADBEEFu);
@@ -195,7 +197,7 @@ static void test_dec(const char* name, DecKernel f, int nt, int m, int n, int n2
     const int lg = __builtin_ctz(group);
     const unsigned blocks = (unsigned)((n + 16 * tpb - 1) / (16 * tpb) + (n2 + 16 * tpb - 1) / (16 * tpb));
     emu_launch({blocks, (unsigned)((tiles + nt - 1) / nt), 1}, {256, 1, 1}, [&] {
-        f(xb.data(), m, DT_BF16, lg, k, out0.data(), n, ws[0].packed.data(), ws[0].sc.data(), ws[0].bi.data(),
+        f(xb.data(), m, dt, lg, k, out0.data(), n, ws[0].packed.data(), ws[0].sc.data(), ws[0].bi.data(),
           out1.data(), n2, ws[1].packed.data(), ws[1].sc.data(), ws[1].bi.data(), nullptr, 0, nullptr, nullptr, nullptr);
     });
     auto bf = [](double v) { return (double)emu_bf16(emu_bf16_rn_d(v)); };
@@ -207,14 +209,16 @@ static void test_dec(const char* name, DecKernel f, int nt, int m, int n, int n2
                 double a = 0, e = 0;
                 for (int c = 0; c < k; ++c) {
                     const double xv = x[(size_t)i * k + c], wv = (double)w.s(r, c) * w.q(r, c) + w.b(r, c);
-                    a += bf((float)xv) * bf(wv);
+                    const double wr = dt == DT_BF16 ? wv : (double)fmaf(w.s(r, c), (float)w.q(r, c), w.b(r, c));
+                    a += bf((float)xv) * bf(wr);
                     e += xv * wv;
                 }
                 want[(size_t)i * w.n + r] = a;
                 exact[(size_t)i * w.n + r] = e;
             }
         std::string tag = std::string(name) + " weight " + std::to_string(wi) + " m=" + std::to_string(m) +
-                          " n=" + std::to_string(w.n) + " k=" + std::to_string(k) + " g" + std::to_string(group);
+                          " n=" + std::to_string(w.n) + " k=" + std::to_string(k) + " g" + std::to_string(group) +
+                          (dt == DT_F32 ? " f32" : dt == DT_F16 ? " f16" : "");
         const auto& got = wi ? out1 : out0;
         cmp(tag, got, want, 1e-5);
         cmp(tag + ", the product", got, exact, 3e-2);
@@ -280,6 +284,16 @@ int main() {
     test_dec("qdec_b4_r32_t2", qdec_b4_r32_t2, 4, 20, 40, 32, 384, 64, 2);
     test_dec("qdec_b4_r64_t2", qdec_b4_r64_t2, 8, 64, 40, 17, 256, 32, 2);
     test_dec("qdec_b4_r64_t2", qdec_b4_r64_t2, 8, 41, 72, 24, 1024, 128, 2);
+    // Their `s` forms: f16 scales (GGUF's Q4_0 / Q4_1) and f32 ones (its K-quants), each form and
+    // group size.
+    for (int dt : {DT_F16, DT_F32}) {
+        test_dec("qdec_b4_r8s", qdec_b4_r8s, 1, 3, 40, 24, 384, 32, 1, dt);
+        test_dec("qdec_b4_r16s", qdec_b4_r16s, 2, 16, 32, 20, 1152, dt == DT_F16 ? 32 : 64, 1, dt);
+        test_dec("qdec_b4_r32s", qdec_b4_r32s, 4, 29, 40, 24, 384, dt == DT_F16 ? 128 : 32, 1, dt);
+        test_dec("qdec_b4_r64s", qdec_b4_r64s, 8, 64, 24, 16, 256, 64, 1, dt);
+        test_dec("qdec_b4_r32s_t2", qdec_b4_r32s_t2, 4, 32, 40, 32, 384, 32, 2, dt);
+        test_dec("qdec_b4_r64s_t2", qdec_b4_r64s_t2, 8, 41, 72, 24, 1024, dt == DT_F16 ? 64 : 128, 2, dt);
+    }
     printf("%d failures\n", fails);
     return fails ? 1 : 0;
 }

@@ -23,9 +23,10 @@
 //! `moe_bf16_q4_checkpoint_prefill` runs a Qwen3-MoE checkpoint quantized from bf16 (its experts'
 //! prefill products grouped by expert on the tensor cores) through the same checks.
 //!
-//! `q4_batched_decode_forced_bf16` runs batched decode steps of 6, 12 and 20 sequences under
-//! `Bf16`, whose products take the tensor-core kernels of `kernels/qmma.cu`, against each
-//! sequence decoded alone.
+//! `q4_batched_decode_forced_bf16` runs batched decode steps of 6, 12, 20 and 40 sequences under
+//! `Bf16`, whose products take the few-row tensor-core kernels (`kernels/qimma.cu`,
+//! `kernels/qmma.cu`), against each sequence decoded alone; `gguf_kquants_batched_decode_auto`
+//! runs 12 and 20 sequences of the GGUF model under `Auto` the same way.
 //!
 //! Fixtures: `$NUVEC_GPU_FIXTURES`, else `$NUVEC_FIXTURES` (config.json and the safetensors of
 //! each case, and `precision_noise_long/`). Missing fixtures or no usable GPU fail the test.
@@ -314,31 +315,56 @@ fn decode_alone(gpu: &Model, p: &[u32], steps: usize) -> Vec<Vec<f32>> {
 
 #[test]
 fn q4_batched_decode_forced_bf16() {
-    // Under Bf16 a batched decode step's products of 2 to 8 rows take x in two bf16 parts (f32
-    // accuracy) and of 9 to 32 rows x in bf16, on the tensor cores (kernels/qmma.cu), from 33
-    // rows each weight decoded in f32 from its f32 scales (`qmma_bN_d64s`); the same steps alone
-    // take the one-row f32 GEMV. Each sequence's batched logits must stay within gpu_parity.rs's
-    // f32 tolerance of its own (6 sequences), or mlx-lm's bf16-vs-f32 noise (12, 20 and 40), and
-    // give its greedy tokens but after a near tie.
-    use nuvec_lm::{decode_batch, PagedCache};
+    // Under Bf16 a batched decode step's 4-bit products of 2 to 8 rows run in integers at f32
+    // accuracy (kernels/qimma.cu `qimma_b4_r*`), and from 9 rows each weight is decoded in f32
+    // from its f32 scales and rounded to bf16, x in bf16 (`qdec_b4_r*s`; other widths: x in two
+    // bf16 parts up to 8 rows, in bf16 to 32, the weights decoded from 33, kernels/qmma.cu); the
+    // same steps alone take the one-row f32 GEMV. Each sequence's batched logits must stay within
+    // gpu_parity.rs's f32 tolerance of its own (6 sequences), or mlx-lm's bf16-vs-f32 noise (12,
+    // 20 and 40), and give its greedy tokens but after a near tie.
     let case = "mistral-q4g64";
     let _turn = turn(MatmulPrecision::Bf16);
     let (noise, _) = precision_noise("mistral-bf16");
     let gpu = load_model_on(&case_dir(case), Device::Cuda(0)).unwrap_or_else(|e| panic!("{case}: cuda:0: {e}"));
+    batched_against_alone(case, &gpu, &[(6, F32_TOLERANCE), (12, noise), (20, noise), (40, noise)]);
+}
+
+#[test]
+fn gguf_kquants_batched_decode_auto() {
+    // A GGUF model (half precision, f16 caches) under the default: its batched steps' Q4_K
+    // products (K = 256) take the bf16 register kernels from 9 rows (`qdec_b4_r*s`: each weight
+    // fmaf(s, q, b) in f32 from its f32 scales, rounded to bf16), its other K-quants the bf16
+    // paths of their widths, against each sequence alone (the one-row GEMVs), within the bf16
+    // bound gguf_kquants_prefill_auto holds its prefill to.
+    let case = "gguf-kquants";
+    let _turn = turn(MatmulPrecision::Auto);
+    let (noise, _) = precision_noise("mistral-bf16");
+    let path = case_dir(case).join("model.gguf");
+    let gpu = load_gguf_on(&path, Device::Cuda(0)).unwrap_or_else(|e| panic!("{case}: loading on cuda:0: {e}")).0;
+    batched_against_alone(case, &gpu, &[(12, noise), (20, noise)]);
+}
+
+/// Batched decode steps of the first `count` of 40 prompts of mixed lengths, for each `(count,
+/// bound)`, against each prompt decoded alone on the GPU: each sequence's logits within `bound`
+/// of its own, and its greedy tokens but after a near tie (a margin within twice the difference).
+fn batched_against_alone(case: &str, gpu: &Model, counts: &[(usize, f32)]) {
+    use nuvec_lm::{decode_batch, PagedCache};
     let lengths = [
         1, 17, 300, 5, 40, 2, 64, 9, 130, 3, 33, 77, 1, 4, 250, 6, 18, 90, 2, 11, 7, 21, 140, 3, 55, 1, 12, 260, 8, 2,
         44, 19, 5, 99, 1, 30, 16, 3, 70, 9,
     ];
     let steps = 8;
-    let prompts: Vec<Vec<u32>> = lengths.iter().enumerate().map(|(i, &n)| prompt(gpu.vocab_size() - i, n)).collect();
-    let alone: Vec<Vec<Vec<f32>>> = prompts.iter().map(|p| decode_alone(&gpu, p, steps)).collect();
-    for (count, bound) in [(6, F32_TOLERANCE), (12, noise), (20, noise), (40, noise)] {
-        let mut paged = PagedCache::new(&gpu, 512, 16, count).unwrap();
+    let most = counts.iter().map(|c| c.0).max().unwrap_or(0);
+    let prompts: Vec<Vec<u32>> =
+        lengths[..most].iter().enumerate().map(|(i, &n)| prompt(gpu.vocab_size() - i, n)).collect();
+    let alone: Vec<Vec<Vec<f32>>> = prompts.iter().map(|p| decode_alone(gpu, p, steps)).collect();
+    for &(count, bound) in counts {
+        let mut paged = PagedCache::new(gpu, 512, 16, count).unwrap();
         let mut ids = vec![];
         for p in &prompts[..count] {
             let id = paged.add().unwrap();
             if p.len() > 1 {
-                paged.step(&gpu, &[(id, &p[..p.len() - 1])]).unwrap();
+                paged.step(gpu, &[(id, &p[..p.len() - 1])]).unwrap();
             }
             ids.push(id);
         }
@@ -347,18 +373,24 @@ fn q4_batched_decode_forced_bf16() {
         let mut diverged = vec![false; count];
         for step in 0..steps {
             let own_rows = alone.iter().map(|a| &a[step]);
-            let logits = decode_batch(&gpu, &tokens, &ids, &mut paged).unwrap().to_vec::<f32>().unwrap();
+            let logits = decode_batch(gpu, &tokens, &ids, &mut paged).unwrap().to_vec::<f32>().unwrap();
             for ((i, row), own) in logits.chunks(gpu.vocab_size()).enumerate().zip(own_rows) {
                 if diverged[i] {
                     continue;
                 }
                 let d = own.iter().zip(row).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
-                assert!(d <= bound, "{count} sequences: sequence {i} step {step}: logits differ by {d} > {bound}");
+                assert!(
+                    d <= bound,
+                    "{case}, {count} sequences: sequence {i} step {step}: logits differ by {d} > {bound}"
+                );
                 widest = widest.max(d);
                 tokens[i] = argmax(row);
                 if tokens[i] != argmax(own) {
                     let m = margin(own);
-                    assert!(m <= 2.0 * d, "{count} sequences: sequence {i} step {step}: another token, margin {m}");
+                    assert!(
+                        m <= 2.0 * d,
+                        "{case}, {count} sequences: sequence {i} step {step}: another token, margin {m}"
+                    );
                     diverged[i] = true;
                 }
             }

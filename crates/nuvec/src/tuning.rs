@@ -210,6 +210,14 @@ pub const KNOBS: &[Knob] = &[
         "the most input rows of the bf16 register kernels (more rows: the qmma kernels)",
     ),
     knob(
+        "NUVEC_QDEC_SCALED_FROM",
+        "a row count",
+        "9",
+        "cuda",
+        "from this many input rows, 4-bit weights with f16 or f32 scales (GGUF's) take the bf16 register \
+         kernels, decoded in f32 and rounded to bf16 (above 64: never)",
+    ),
+    knob(
         "NUVEC_QDEC_TPB",
         "1, 2",
         "2",

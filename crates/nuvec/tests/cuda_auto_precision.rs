@@ -100,10 +100,13 @@ fn half(w: &Matrix) -> bool {
 }
 
 /// Whether `m` rows over `w` run kernels/qimma.cu's integer register kernels whatever the
-/// precision: 2 to 16 rows over affine 4-bit weights whose scales are not bf16 (bf16 scales take
-/// the bf16 register kernels where the precision allows; ops/qimma.rs).
+/// precision: 2 to 8 rows (below `NUVEC_QDEC_SCALED_FROM`, 9) over affine 4-bit weights whose
+/// scales are not bf16 (bf16 scales, and from 9 rows f16 and f32 ones, take the bf16 register
+/// kernels where the precision allows; ops/qimma.rs).
 fn integer_rows(w: &Matrix, m: usize) -> bool {
-    matches!(w, Matrix::Quantized(q) if q.spec.bits == 4 && q.scales.dtype() != DType::BF16) && (2..=16).contains(&m)
+    let from = std::env::var("NUVEC_QDEC_SCALED_FROM").ok().and_then(|v| v.trim().parse().ok()).unwrap_or(9usize);
+    matches!(w, Matrix::Quantized(q) if q.spec.bits == 4 && q.scales.dtype() != DType::BF16)
+        && (2..from.min(17)).contains(&m)
 }
 
 #[test]

@@ -213,13 +213,15 @@ fn qimma_takes(w: &Matrix, m: usize) -> bool {
 
 /// Whether a product of `m` rows over `w` runs kernels/qimma.cu's register kernels with the
 /// weights decoded to bf16 and x rounded to bf16 (`qdec_b4_r*`; by default, 2 to 64 rows (to 16
-/// or 32 with `NUVEC_QDEC_ROWS`) over
-/// affine 4-bit weights with bf16 scales in groups of 32 to 128, K a multiple of 128).
+/// or 32 with `NUVEC_QDEC_ROWS`) over affine 4-bit weights in groups of 32 to 128, K a multiple
+/// of 128, with bf16 scales, or f16 and f32 ones from `NUVEC_QDEC_SCALED_FROM` (9) rows).
 fn qdec_takes(w: &Matrix, m: usize) -> bool {
     let default = std::env::var("NUVEC_QIMMA").is_err();
     let most = std::env::var("NUVEC_QDEC_ROWS").ok().and_then(|v| v.parse().ok()).unwrap_or(64);
-    let bf16_scales = matches!(w, Matrix::Quantized(q) if q.scales.dtype() == DType::BF16 && q.spec.group_size <= 128);
-    default && (2..=most).contains(&m) && few_row_affine(w, &[4]) && bf16_scales && w.cols().is_multiple_of(128)
+    let from = std::env::var("NUVEC_QDEC_SCALED_FROM").ok().and_then(|v| v.trim().parse().ok()).unwrap_or(9);
+    let scales = matches!(w, Matrix::Quantized(q)
+        if q.spec.group_size <= 128 && (q.scales.dtype() == DType::BF16 || m >= from));
+    default && (2..=most).contains(&m) && few_row_affine(w, &[4]) && scales && w.cols().is_multiple_of(128)
 }
 
 /// Whether a product of `m` rows over `w` runs kernels/qmma.cu's exact kernels (`ops/qmma.rs`'s
@@ -336,14 +338,22 @@ fn batched_decode_products_on_the_tensor_cores() {
     // GEMVs' int8 parts) otherwise; in integers with NUVEC_QIMMA=int, 2 to 64 rows with
     // NUVEC_QIMMA=1 (8, 16 or 32 input rows per block, more in further blocks), none with
     // NUVEC_QIMMA=0 (`qimma_takes`). K cut into ranges (4096) or not, with a partial last chunk
-    // (288); 65 and more rows take the prefill GEMM again.
+    // (288); 65 and more rows take the prefill GEMM again. 4-bit weights with f16 scales (GGUF's
+    // Q4_0) and f32 ones (its K-quants) take the bf16 register kernels from 9 rows, each weight
+    // decoded in f32 and rounded to bf16.
     let dev = gpu();
     let mut rng = Rng::new(26);
-    for (bits, group, k, n) in [(4usize, 64usize, 4096usize, 1000usize), (8, 32, 288, 136), (4, 128, 1024, 300)] {
-        let w = quantized(&mut rng, n, k, bits, group, DType::BF16);
+    for (bits, group, k, n, pdtype) in [
+        (4usize, 64usize, 4096usize, 1000usize, DType::BF16),
+        (8, 32, 288, 136, DType::BF16),
+        (4, 128, 1024, 300, DType::BF16),
+        (4, 32, 4096, 1000, DType::F16),
+        (4, 32, 1024, 300, DType::F32),
+    ] {
+        let w = quantized(&mut rng, n, k, bits, group, pdtype);
         let wg = w.matrix.to_device(dev).unwrap();
         for m in [2usize, 5, 8, 9, 16, 17, 33, 48, 64, 65] {
-            check_linear(&format!("q{bits} g{group} bf16 k={k} n={n}"), &mut rng, &w, m);
+            check_linear(&format!("q{bits} g{group} {pdtype} k={k} n={n}"), &mut rng, &w, m);
         }
         // A row's bits do not depend on the rows beside it in one kernel: the first rows of 64,
         // 32, 16 or 8 equal the same rows alone.
@@ -354,7 +364,7 @@ fn batched_decode_products_on_the_tensor_cores() {
             assert_eq!(
                 &all[..few * n],
                 &part.to_f32_vec().unwrap()[..],
-                "q{bits} g{group} k={k}: {few} of {many} rows"
+                "q{bits} g{group} {pdtype} k={k}: {few} of {many} rows"
             );
         }
     }

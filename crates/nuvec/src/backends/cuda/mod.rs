@@ -761,5 +761,15 @@ mod tests {
         ] {
             assert!(names.iter().any(|n| n == want), "{want} missing from {names:?}");
         }
+        // Each a kernel's own name (lower case, as every kernel is named): a kernel defined
+        // through a macro would be found as the macro's parameter, which no module holds.
+        for n in &names {
+            let lower = n.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
+            assert!(lower && n.starts_with(|c: char| c.is_ascii_lowercase()), "kernel name {n:?}");
+        }
+        // The bf16 register kernels and their forms for f16 and f32 scales (ops/qimma.rs).
+        for want in ["qdec_b4_r8", "qdec_b4_r8s", "qdec_b4_r64_t2", "qdec_b4_r64s_t2"] {
+            assert!(names.iter().any(|n| n == want), "{want} missing");
+        }
     }
 }

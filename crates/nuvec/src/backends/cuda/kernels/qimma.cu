@@ -586,14 +586,15 @@ extern "C" __global__ void __launch_bounds__(32 * QIR_WARPS, 2) qimma_b4_r16(QIR
 // ---- The register kernels with the weights decoded to bf16 (qdec_b4_r8, _r16) ----
 //
 // The ring, warps and tiles of qimma_reg_body, but each weight decoded to bf16 (s q + b, one
-// rounding, as qmma.cu's decoding kernels from 33 rows) and x rounded to bf16, multiplied by
-// mma.sync m16n8k16 (bf16, f32 sums) with the weights as A (16 rows) and 8 input rows as B: no
-// int8 parts, no per-chunk epilogue. Bf16 scales only (the host checks). Quad lane t's word t of
-// a 32-value chunk (values 8t .. 8t + 7 of rows g and g + 8) gives, through 0x4300 | q, the bf16
-// pairs (v0, v4), (v1, v5), (v2, v6), (v3, v7): the A registers of two k16 steps, in which the
-// k order is permuted the same way for x, which xbf16_tiles_f32 stores per lane as those pairs.
-// The default for bf16 scales (ops/qimma.rs): fewer instructions per weight than the integer
-// chain's IMMAs, shifts and per-chunk epilogue, and fewer registers (3 blocks per SM).
+// rounding, as qmma.cu's decoding kernels from 33 rows; from f16 or f32 scales fmaf in f32, then
+// rounded, as their `s` forms) and x rounded to bf16, multiplied by mma.sync m16n8k16 (bf16, f32
+// sums) with the weights as A (16 rows) and 8 input rows as B: no int8 parts, no per-chunk
+// epilogue. Quad lane t's word t of a 32-value chunk (values 8t .. 8t + 7 of rows g and g + 8)
+// gives, through 0x4300 | q, the bf16 pairs (v0, v4), (v1, v5), (v2, v6), (v3, v7): the A
+// registers of two k16 steps, in which the k order is permuted the same way for x, which
+// xbf16_tiles_f32 stores per lane as those pairs. The default on the bf16 path (ops/qimma.rs):
+// fewer instructions per weight than the integer chain's IMMAs, shifts and per-chunk epilogue,
+// and fewer registers (3 blocks per SM).
 
 // x [m, k] (f32) as bf16 in the qdec layout (common.cuh, qdec_tile_at), rows past m zero; `load`
 // gives the 8 values of row `row` from `at` (x's values `at` .. `at + 7`).
@@ -632,34 +633,86 @@ extern "C" __global__ void silu_mul_xbf16_tiles_f32(uint4* __restrict__ out, con
     });
 }
 
+// One batch of the qdec body for f16 or f32 scales (DT): streams 0-3 of the slot at `pw` (row
+// g's scales, biases, row g + 8's) decoded per chunk to f32, each weight fmaf(s, q, b) in f32
+// and rounded to bf16, then the same mma.sync as the bf16 form; the warp meets once the slot is
+// read, before the next batch's copies refill it.
+template <int NT, int DT>
+__device__ __forceinline__ void qdec_batch_f32(const unsigned char* pw8, int sb, const int (&odd)[2], int bi, int lg,
+                                               const u32 (&wa)[QIR_BATCH], const u32 (&wb)[QIR_BATCH],
+                                               const uint4* const __restrict__ (&xp)[NT], float (&acc)[NT][4]) {
+    constexpr int PB = QirRing<DT>::PB;
+    const u32* pw = (const u32*)pw8;
+    float s[2][4], b[2][4];
+#pragma unroll
+    for (int st = 0; st < 4; ++st) {
+        QirRaw<DT> r;
+#pragma unroll
+        for (int e = 0; e < QirRaw<DT>::WORDS; ++e) r.w[e] = pw[st * (PB / 4) + e];
+        if (sb == 2 && ((odd[st >> 1] + bi) & 1)) r.w[0] >>= 16;
+        qir_decode<DT>(r, lg, (st & 1) ? b[st >> 1] : s[st >> 1]);
+    }
+    // Every lane has read the slot before the next batch's copies refill it.
+    __syncwarp();
+    const u32 magic = 0x43004300u;
+#pragma unroll
+    for (int u = 0; u < QIR_BATCH; ++u) {
+        u32 A[2][4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                // The exact codes (v i, v i + 4) as a bf16 pair, then each as f32 (its bf16 bits
+                // in the high half).
+                const u32 q = bf16x2_fma(and_or<0x000F000Fu>((h ? wb[u] : wa[u]) >> (4 * i), magic), 0x3F803F80u,
+                                         0xC300C300u);
+                const float lo = __uint_as_float(q << 16), hi = __uint_as_float(q & 0xFFFF0000u);
+                A[i >> 1][(i & 1) * 2 + h] = bf16x2_rn(fmaf(s[h][u], lo, b[h][u]), fmaf(s[h][u], hi, b[h][u]));
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < NT; ++j) {
+            const uint4 xv = __ldg(xp[j] + u * 32);
+            const u32 B0[2] = {xv.x, xv.y}, B1[2] = {xv.z, xv.w};
+            mma_bf16(acc[j], A[0], B0);
+            mma_bf16(acc[j], A[1], B1);
+        }
+    }
+}
+
 // TPB weight tiles per block (warp w takes tile w % TPB and share w / TPB of K): the warps of
 // a block that read the same x at about the same time share its lines in L1, which matters
 // from 32 input rows (x's bytes per weight byte grow with the rows).
-template <int NT, int TPB>
+// DT: the scales' type. Bf16 scales decode in bf16 (one fma rounding, exact inputs); f16 and f32
+// ones (GGUF's simple blocks and K-quants) decode each weight as fmaf(s, q, b) in f32, rounded to
+// bf16: the arithmetic of qmma.cu's `s` forms and of the prefill GEMM's qdequant_bf16.
+template <int NT, int TPB, int DT>
 __device__ __forceinline__ void qdec_reg_body(float* out, const uint4* __restrict__ xb, int m, int n,
                                               const u32* __restrict__ packed, const void* __restrict__ scales,
                                               const void* __restrict__ biases, int lg, int k, int tile0) {
-    constexpr int SLOT = QirRing<DT_BF16>::SLOT, PB = QirRing<DT_BF16>::PB, SHARES = QIR_WARPS / TPB;
+    constexpr int SLOT = QirRing<DT>::SLOT, PB = QirRing<DT>::PB, SHARES = QIR_WARPS / TPB;
+    constexpr int DSZ = DT == DT_F32 ? 4 : 2;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     const int tile = tile0 + warp % TPB;
     const int kc = k >> 5, batches = kc / QIR_BATCH, per = (batches + SHARES - 1) / SHARES;
     const int b0 = warp / TPB * per, b1 = min(b0 + per, batches);
     const int r0 = min(tile * 16 + g, n - 1), r1 = min(tile * 16 + g + 8, n - 1);
     const size_t gpr = (size_t)(k >> lg);
-    const int sb = (QIR_BATCH * 32 >> lg) * 2, cb = sb < 4 ? 4 : sb;
+    const int sb = (QIR_BATCH * 32 >> lg) * DSZ, cb = sb < 4 ? 4 : sb;
     const int odd[2] = {(int)((r0 * gpr) & 1), (int)((r1 * gpr) & 1)};
     const uint4* __restrict__ n0 = (const uint4*)(packed + (size_t)r0 * (k >> 3)) + t + (size_t)b0 * QIR_BATCH;
     const uint4* __restrict__ n1 = (const uint4*)(packed + (size_t)r1 * (k >> 3)) + t + (size_t)b0 * QIR_BATCH;
     const unsigned char* np = (const unsigned char*)((t & 1) ? biases : scales) +
-                              ((size_t)(t >> 1 ? r1 : r0) * gpr) * 2 + (size_t)b0 * sb;
+                              ((size_t)(t >> 1 ? r1 : r0) * gpr) * DSZ + (size_t)b0 * sb;
     unsigned char* ring = qi_smem + (size_t)warp * QIR_RING * SLOT;
     const u32 ring_a = smem_addr(ring);
-    const u32 wdst = g * 80 + 16 * t, pdst = QirRing<DT_BF16>::WEIGHTS + lane * PB;
+    const u32 wdst = g * 80 + 16 * t, pdst = QirRing<DT>::WEIGHTS + lane * PB;
     auto issue = [&](int slot) {
         const u32 base = ring_a + slot * SLOT;
         cp_async16(base + wdst, n0, true);
         cp_async16(base + wdst + 8 * 80, n1, true);
-        if (cb == 8) cp_async_small<8>(base + pdst, np);
+        if (cb == 16) cp_async16(base + pdst, np, true);
+        else if (cb == 8) cp_async_small<8>(base + pdst, np);
         else cp_async_small<4>(base + pdst, (const void*)((size_t)np & ~(size_t)3));
         n0 += QIR_BATCH, n1 += QIR_BATCH, np += sb;
     };
@@ -678,54 +731,61 @@ __device__ __forceinline__ void qdec_reg_body(float* out, const uint4* __restric
     for (int j = 0; j < NT; ++j)
 #pragma unroll
         for (int e = 0; e < 4; ++e) acc[j][e] = 0.0f;
-    const u32 wread = g * 20 + t, pread = QirRing<DT_BF16>::WEIGHTS + g * 4 * PB;
+    const u32 wread = g * 20 + t, pread = QirRing<DT>::WEIGHTS + g * 4 * PB;
     const u32 magic = 0x43004300u;
     // Chunk u's group within a batch: u >> (lg - 5) of the batch's (4 >> (lg - 5)) groups.
     const int gsh = lg - 5;
     for (int bi = b0, slot = 0; bi < b1; ++bi) {
         u32 wa[QIR_BATCH], wb[QIR_BATCH];
-        const unsigned char* sl = qir_turn<DT_BF16>(issue, bi, b1, slot, ring, wread, wa, wb);
-        // Streams 0-3: row g's scales, biases, row g + 8's scales, biases (two words: up to four
-        // bf16 groups; a 2-byte stream's word holds its group in the half of its parity).
-        const u32* pw = (const u32*)(sl + pread);
-        u32 pr[4][2];
+        const unsigned char* sl = qir_turn<DT>(issue, bi, b1, slot, ring, wread, wa, wb);
+        if constexpr (DT != DT_BF16) {
+            qdec_batch_f32<NT, DT>(sl + pread, sb, odd, bi, lg, wa, wb, xp, acc);
+            slot = slot + 1 == QIR_RING ? 0 : slot + 1;
+        } else {
+            // Streams 0-3: row g's scales, biases, row g + 8's scales, biases (two words: up to four
+            // bf16 groups; a 2-byte stream's word holds its group in the half of its parity).
+            const u32* pw = (const u32*)(sl + pread);
+            u32 pr[4][2];
 #pragma unroll
-        for (int st = 0; st < 4; ++st) {
-            pr[st][0] = pw[st * (PB / 4)];
-            pr[st][1] = pw[st * (PB / 4) + 1];
-            if (sb == 2 && ((odd[st >> 1] + bi) & 1)) pr[st][0] >>= 16;
-        }
-        __syncwarp();
-        slot = slot + 1 == QIR_RING ? 0 : slot + 1;
-#pragma unroll
-        for (int u = 0; u < QIR_BATCH; ++u) {
-            // This chunk's group: its bf16 scale and bias of rows g and g + 8, both halves.
-            const int gi = u >> gsh;
-            u32 s2[2], b2[2];
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                const u32 sw = (gi >> 1) ? pr[2 * h][1] : pr[2 * h][0];
-                const u32 bw = (gi >> 1) ? pr[2 * h + 1][1] : pr[2 * h + 1][0];
-                const u32 sel = (gi & 1) ? 0x3232u : 0x1010u;
-                s2[h] = __byte_perm(sw, 0u, sel);
-                b2[h] = __byte_perm(bw, 0u, sel);
+            for (int st = 0; st < 4; ++st) {
+                pr[st][0] = pw[st * (PB / 4)];
+                pr[st][1] = pw[st * (PB / 4) + 1];
+                if (sb == 2 && ((odd[st >> 1] + bi) & 1)) pr[st][0] >>= 16;
             }
-            // The bf16 pairs (v i, v i + 4) of rows g (wa) and g + 8 (wb), decoded.
-            u32 A[2][4];
+            __syncwarp();
+            slot = slot + 1 == QIR_RING ? 0 : slot + 1;
 #pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                const u32 qa = bf16x2_fma(and_or<0x000F000Fu>(wa[u] >> (4 * i), magic), 0x3F803F80u, 0xC300C300u);
-                const u32 qb = bf16x2_fma(and_or<0x000F000Fu>(wb[u] >> (4 * i), magic), 0x3F803F80u, 0xC300C300u);
-                // Step i >> 1: a0a1 / a2a3 from the pair i (even i), a4a5 / a6a7 from the next.
-                A[i >> 1][(i & 1) * 2] = bf16x2_fma(qa, s2[0], b2[0]);
-                A[i >> 1][(i & 1) * 2 + 1] = bf16x2_fma(qb, s2[1], b2[1]);
-            }
+            for (int u = 0; u < QIR_BATCH; ++u) {
+                // This chunk's group: its bf16 scale and bias of rows g and g + 8, both halves.
+                const int gi = u >> gsh;
+                u32 s2[2], b2[2];
 #pragma unroll
-            for (int j = 0; j < NT; ++j) {
-                const uint4 xv = __ldg(xp[j] + u * 32);
-                const u32 B0[2] = {xv.x, xv.y}, B1[2] = {xv.z, xv.w};
-                mma_bf16(acc[j], A[0], B0);
-                mma_bf16(acc[j], A[1], B1);
+                for (int h = 0; h < 2; ++h) {
+                    const u32 sw = (gi >> 1) ? pr[2 * h][1] : pr[2 * h][0];
+                    const u32 bw = (gi >> 1) ? pr[2 * h + 1][1] : pr[2 * h + 1][0];
+                    const u32 sel = (gi & 1) ? 0x3232u : 0x1010u;
+                    s2[h] = __byte_perm(sw, 0u, sel);
+                    b2[h] = __byte_perm(bw, 0u, sel);
+                }
+                // The bf16 pairs (v i, v i + 4) of rows g (wa) and g + 8 (wb), decoded.
+                u32 A[2][4];
+#pragma unroll
+                for (int i = 0; i < 4; ++i) {
+                    const u32 qa =
+                        bf16x2_fma(and_or<0x000F000Fu>(wa[u] >> (4 * i), magic), 0x3F803F80u, 0xC300C300u);
+                    const u32 qb =
+                        bf16x2_fma(and_or<0x000F000Fu>(wb[u] >> (4 * i), magic), 0x3F803F80u, 0xC300C300u);
+                    // Step i >> 1: a0a1 / a2a3 from the pair i (even i), a4a5 / a6a7 from the next.
+                    A[i >> 1][(i & 1) * 2] = bf16x2_fma(qa, s2[0], b2[0]);
+                    A[i >> 1][(i & 1) * 2 + 1] = bf16x2_fma(qb, s2[1], b2[1]);
+                }
+#pragma unroll
+                for (int j = 0; j < NT; ++j) {
+                    const uint4 xv = __ldg(xp[j] + u * 32);
+                    const u32 B0[2] = {xv.x, xv.y}, B1[2] = {xv.z, xv.w};
+                    mma_bf16(acc[j], A[0], B0);
+                    mma_bf16(acc[j], A[1], B1);
+                }
             }
         }
 #pragma unroll
@@ -749,7 +809,9 @@ __device__ __forceinline__ void qdec_reg_body(float* out, const uint4* __restric
     }
 }
 
-template <int NT, int TPB = 1>
+// SCALED: the forms for f16 and f32 scales (the `s` kernels), apart from the bf16 ones so that
+// each keeps its own registers.
+template <int NT, int TPB = 1, bool SCALED = false>
 __device__ __forceinline__ void qdec_reg(QIR_PARAMS) {
     // Blocks of TPB tiles, each weight's first block at a whole block (its last may run past n).
     const int nt0 = (n0 + 16 * TPB - 1) / (16 * TPB), nt1 = (n1 + 16 * TPB - 1) / (16 * TPB);
@@ -762,7 +824,9 @@ __device__ __forceinline__ void qdec_reg(QIR_PARAMS) {
     const u32* pk = w == 0 ? pk0 : w == 1 ? pk1 : pk2;
     const void* sc = w == 0 ? sc0 : w == 1 ? sc1 : sc2;
     const void* bi = w == 0 ? bi0 : w == 1 ? bi1 : bi2;
-    qdec_reg_body<NT, TPB>(out, (const uint4*)xq, m, n, pk, sc, bi, lg, k, tile);
+    if constexpr (!SCALED) qdec_reg_body<NT, TPB, DT_BF16>(out, (const uint4*)xq, m, n, pk, sc, bi, lg, k, tile);
+    else if (p_dt == DT_F16) qdec_reg_body<NT, TPB, DT_F16>(out, (const uint4*)xq, m, n, pk, sc, bi, lg, k, tile);
+    else qdec_reg_body<NT, TPB, DT_F32>(out, (const uint4*)xq, m, n, pk, sc, bi, lg, k, tile);
 }
 // 79 and 108 registers: three blocks of 8 warps per SM for the 8-row form.
 extern "C" __global__ void __launch_bounds__(32 * QIR_WARPS, 3) qdec_b4_r8(QIR_PARAMS) { qdec_reg<1>(QIR_ARGS); }
@@ -773,3 +837,23 @@ extern "C" __global__ void __launch_bounds__(32 * QIR_WARPS, 2) qdec_b4_r64(QIR_
 // Two weight tiles per block where there are enough of them (NUVEC_QDEC_TPB; four measured slower).
 extern "C" __global__ void __launch_bounds__(32 * QIR_WARPS, 2) qdec_b4_r32_t2(QIR_PARAMS) { qdec_reg<4, 2>(QIR_ARGS); }
 extern "C" __global__ void __launch_bounds__(32 * QIR_WARPS, 2) qdec_b4_r64_t2(QIR_PARAMS) { qdec_reg<8, 2>(QIR_ARGS); }
+// The same for f16 and f32 scales (p_dt 1 or 0), written out: the host finds kernels by their
+// names in this text.
+extern "C" __global__ void __launch_bounds__(32 * QIR_WARPS, 3) qdec_b4_r8s(QIR_PARAMS) {
+    qdec_reg<1, 1, true>(QIR_ARGS);
+}
+extern "C" __global__ void __launch_bounds__(32 * QIR_WARPS, 2) qdec_b4_r16s(QIR_PARAMS) {
+    qdec_reg<2, 1, true>(QIR_ARGS);
+}
+extern "C" __global__ void __launch_bounds__(32 * QIR_WARPS, 2) qdec_b4_r32s(QIR_PARAMS) {
+    qdec_reg<4, 1, true>(QIR_ARGS);
+}
+extern "C" __global__ void __launch_bounds__(32 * QIR_WARPS, 2) qdec_b4_r64s(QIR_PARAMS) {
+    qdec_reg<8, 1, true>(QIR_ARGS);
+}
+extern "C" __global__ void __launch_bounds__(32 * QIR_WARPS, 2) qdec_b4_r32s_t2(QIR_PARAMS) {
+    qdec_reg<4, 2, true>(QIR_ARGS);
+}
+extern "C" __global__ void __launch_bounds__(32 * QIR_WARPS, 2) qdec_b4_r64s_t2(QIR_PARAMS) {
+    qdec_reg<8, 2, true>(QIR_ARGS);
+}

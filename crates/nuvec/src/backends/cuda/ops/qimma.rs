@@ -11,7 +11,10 @@
 //!   them (the batched norm, the paged attention merge: `bf16_tiles_for`, `Derived::Bf16Tiles`),
 //!   are made with silu(x) · up for the down projection (`silu_mul_xbf16_tiles_f32`), else by
 //!   `xbf16_tiles_f32`. `NUVEC_QDEC_ROWS` (16, 32) caps their rows (the qmma kernels take the
-//!   rest). Measured: docs/cuda.md.
+//!   rest). Measured: docs/cuda.md. Weights with f16 or f32 scales (GGUF's Q4_0, Q4_1 and
+//!   K-quants) take them too from `NUVEC_QDEC_SCALED_FROM` (9) rows where the precision rounds
+//!   such a weight to bf16, each weight decoded as `fmaf(s, q, b)` in f32 and rounded to bf16 (the
+//!   prefill GEMM's decoding, and the qmma `s` forms' that they replace).
 //! - Up to 16 rows otherwise (scales not bf16), or with `NUVEC_QIMMA=int`, `qimma_b4_r8` / `_r16`
 //!   in integers: x split once into the one-row integer GEMVs' int8 parts (`xsplit_tiles_f32`),
 //!   each 32-value chunk's sum exact in int32, so a row's result is its one-row result up to f32
@@ -63,6 +66,10 @@ pub(in crate::backends::cuda) fn qimma_launch(kernel: &str) -> Option<(u32, usiz
     }
     if DEC_KERNELS.iter().any(|k| k.0 == kernel) || DEC_WIDE.iter().any(|k| k.0 == kernel) {
         return Some((QIR_THREADS, qir_smem(2)));
+    }
+    if DEC_SCALED.iter().any(|k| k.1 == kernel) {
+        // f32 scales' rings are the widest.
+        return Some((QIR_THREADS, qir_smem(0)));
     }
     let &(_, rows, threads) = KERNELS.iter().find(|k| k.0 == kernel)?;
     Some((threads, qi_stages() * (QI_ROWS * 64 + rows * QI_XROW + QI_ROWS * 32 + rows * 32)))
@@ -118,6 +125,16 @@ enum Mode {
 
 /// The bf16 register kernels with several weight tiles per block: name, input rows, tiles.
 const DEC_WIDE: [(&str, usize, usize); 2] = [("qdec_b4_r32_t2", 32, 2), ("qdec_b4_r64_t2", 64, 2)];
+/// Each bf16 register kernel (bf16 scales) beside its form for f16 and f32 scales (the same
+/// body, compiled apart so that the bf16 forms keep their registers).
+const DEC_SCALED: [(&str, &str); 6] = [
+    ("qdec_b4_r8", "qdec_b4_r8s"),
+    ("qdec_b4_r16", "qdec_b4_r16s"),
+    ("qdec_b4_r32", "qdec_b4_r32s"),
+    ("qdec_b4_r64", "qdec_b4_r64s"),
+    ("qdec_b4_r32_t2", "qdec_b4_r32s_t2"),
+    ("qdec_b4_r64_t2", "qdec_b4_r64s_t2"),
+];
 
 /// The form of register kernel `name` (`rows` input rows per block) to launch for a product of
 /// `blocks(t)` blocks of `t` weight tiles: the most tiles per block (up to `NUVEC_QDEC_TPB`) that
@@ -155,9 +172,25 @@ fn bf16_products() -> Result<bool> {
     Ok(matmul_precision()?.bf16_weight(-1, DT_BF16, crate::compute_dtype_hint()))
 }
 
+/// The fewest input rows at which 4-bit weights with f16 or f32 scales (GGUF's simple blocks and
+/// K-quants) take the bf16 register kernels, each weight decoded in f32 and rounded to bf16
+/// (`NUVEC_QDEC_SCALED_FROM`, read once; above 64 never): fewer rows take the integer register
+/// kernels up to 16 and the qmma kernels above.
+fn qdec_scaled_from() -> usize {
+    static FROM: OnceLock<usize> = OnceLock::new();
+    *FROM.get_or_init(|| {
+        crate::tuning::env("NUVEC_QDEC_SCALED_FROM")
+            .ok()
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(QDEC_SCALED_FROM)
+    })
+}
+const QDEC_SCALED_FROM: usize = 9;
+
 /// Whether a product of `m` rows of `k` takes the bf16 register kernels whatever its weights
-/// (theirs must still be 4-bit with bf16 scales): the default mode, the precision allowing bf16,
-/// 2 to `NUVEC_QDEC_ROWS` rows, K a multiple of 128 (a batch of the kernels).
+/// (theirs must still be 4-bit, with bf16 scales or as `qimma_many` allows others): the default
+/// mode, the precision allowing bf16, 2 to `NUVEC_QDEC_ROWS` rows, K a multiple of 128 (a batch
+/// of the kernels).
 fn bf16_rows(m: usize, k: usize) -> Result<bool> {
     Ok(mode() == Mode::Decoded
         && (2..=qdec_rows().min(QI_MAX_ROWS)).contains(&m)
@@ -233,8 +266,16 @@ impl CudaBackend {
         if args.iter().all(Option::is_none) || (up.is_some() && args.iter().any(Option::is_none)) {
             return Ok(None);
         }
-        let bf16 = |a: &Option<(WeightArgs, i32)>| a.as_ref().is_none_or(|(a, _)| a.p_dt == DT_BF16);
-        if let Some(dec) = dec.filter(|_| args.iter().all(bf16)) {
+        // The bf16 register kernels take bf16 scales, and from `qdec_scaled_from()` rows f16 and f32
+        // ones where the precision rounds such a weight to bf16 (the prefill GEMM's arithmetic).
+        let precision = matmul_precision()?;
+        let scaled = m >= qdec_scaled_from();
+        let decodable = |a: &Option<(WeightArgs, i32)>| {
+            a.as_ref().is_none_or(|(a, _)| {
+                a.p_dt == DT_BF16 || (scaled && precision.bf16_weight(-1, a.p_dt, crate::compute_dtype_hint()))
+            })
+        };
+        if let Some(dec) = dec.filter(|_| args.iter().all(decodable)) {
             // x in bf16 tiles: as the kernel that wrote x wrote them, else converted here.
             let converted;
             let xp = match x.derived(Derived::Bf16Tiles { k }).filter(|_| up.is_none()) {
@@ -370,6 +411,11 @@ impl CudaBackend {
                 continue;
             }
             let (name, tpb) = wide_form(st, name, rows, &blocks);
+            // A bf16 register kernel's form for the run's f16 or f32 scales.
+            let name = match DEC_SCALED.iter().find(|k| k.0 == name) {
+                Some(&(_, scaled)) if a0.p_dt != DT_BF16 => scaled,
+                _ => name,
+            };
             let cfg = LaunchConfig {
                 grid_dim: (to_i32(op, "blocks", blocks(tpb))? as u32, m.div_ceil(8).div_ceil(rows / 8) as u32, 1),
                 block_dim: (QIR_THREADS, 1, 1),
@@ -444,6 +490,16 @@ mod tests {
             assert_eq!(qimma_launch(name), Some((256, super::qir_smem(2))), "{name}");
             assert!(super::QIR_WARPS * rows / 8 * 4 * 32 * 4 <= super::qir_smem(2), "{name}");
             assert_eq!(name, format!("qdec_b4_r{rows}"));
+        }
+        // Its forms for f16 and f32 scales: one for each, named after it, with the widest ring.
+        let bf16_forms: Vec<&str> =
+            super::DEC_KERNELS.iter().map(|k| k.0).chain(super::DEC_WIDE.iter().map(|k| k.0)).collect();
+        assert_eq!(super::DEC_SCALED.map(|k| k.0).to_vec(), bf16_forms);
+        for (name, scaled) in super::DEC_SCALED {
+            assert_eq!(qimma_launch(scaled), Some((256, super::qir_smem(0))), "{scaled}");
+            // qdec_b4_rN[_tT] -> qdec_b4_rNs[_tT].
+            let digits = "qdec_b4_r".len() + name[9..].find(|c: char| !c.is_ascii_digit()).unwrap_or(name.len() - 9);
+            assert_eq!(scaled, format!("{}s{}", &name[..digits], &name[digits..]));
         }
         for (name, rows, tpb) in super::DEC_WIDE {
             assert_eq!(qimma_launch(name), Some((256, super::qir_smem(2))), "{name}");
