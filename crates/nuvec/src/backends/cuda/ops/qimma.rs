@@ -12,11 +12,12 @@
 //!   are made with silu(x) · up for the down projection (`silu_mul_xbf16_tiles_f32`), else by
 //!   `xbf16_tiles_f32`. `NUVEC_QDEC_ROWS` (16, 32) caps their rows (the qmma kernels take the
 //!   rest). Measured: docs/cuda.md. Weights with f16 or f32 scales (GGUF's Q4_0, Q4_1 and
-//!   K-quants) take them too from `NUVEC_QDEC_SCALED_FROM` (9) rows where the precision rounds
-//!   such a weight to bf16, each weight decoded as `fmaf(s, q, b)` in f32 and rounded to bf16 (the
-//!   prefill GEMM's decoding, and the qmma `s` forms' that they replace).
-//! - Up to 16 rows otherwise (scales not bf16), or with `NUVEC_QIMMA=int`, `qimma_b4_r8` / `_r16`
-//!   in integers: x split once into the one-row integer GEMVs' int8 parts (`xsplit_tiles_f32`),
+//!   K-quants) take their `s` forms (`qdec_b4_r16s` ..) from `NUVEC_QDEC_SCALED_FROM` (9) rows
+//!   where the precision rounds such a weight to bf16, each weight decoded as `fmaf(s, q, b)` in
+//!   f32 and rounded to bf16 (the prefill GEMM's decoding, and the qmma `s` forms' that they
+//!   replace).
+//! - Up to 16 rows otherwise (scales not bf16, below `NUVEC_QDEC_SCALED_FROM` rows or where the
+//!   precision keeps f32), or with `NUVEC_QIMMA=int`, `qimma_b4_r8` / `_r16` in integers: x split once into the one-row integer GEMVs' int8 parts (`xsplit_tiles_f32`),
 //!   each 32-value chunk's sum exact in int32, so a row's result is its one-row result up to f32
 //!   rounding order.
 //! - 17 to 64 rows in integers, the shared-memory pipeline kernels (`qimma_b4_x8` .. `_x32`), only
@@ -111,7 +112,8 @@ fn qir_smem(p_dt: i32) -> usize {
 
 /// Which few-row products run (`NUVEC_QIMMA`, read once): unset, the register kernels with the
 /// weights and x in bf16 (`qdec_b4_r*`, 2 to `NUVEC_QDEC_ROWS` input rows) where every scale taken
-/// is bf16, in integers (`qimma_b4_r*`, 2 to 16 rows) otherwise; `int` the integer register
+/// is bf16 or (from `NUVEC_QDEC_SCALED_FROM` rows) f16 / f32 under a bf16 precision, in integers
+/// (`qimma_b4_r*`, 2 to 16 rows) otherwise; `int` the integer register
 /// kernels only (x at f32 accuracy, as one row alone); `1` those and the integer shared-memory
 /// ones for 17 to 64 rows, which are slower than the bf16 forms they would replace (measured in
 /// the CUDA journal, `git show 83079a1:docs/cuda.md`, "Few-row products in integers"); `0` none.
