@@ -225,6 +225,13 @@ pub const KNOBS: &[Knob] = &[
         "the most weight tiles per block of the bf16 register kernels at 32-64 rows (where they fill the GPU)",
     ),
     knob("NUVEC_ROPE_KV", "0, 1", "1", "cuda", "rope and the cache write of a decode step in one launch"),
+    knob(
+        "NUVEC_ATTN_SPLIT_MERGE",
+        "0, 1",
+        "1",
+        "cuda",
+        "a decode step's split attention merged by its last split in the same launch; 0 a merge launch after it",
+    ),
 ];
 
 /// The knob named `name`, if declared.

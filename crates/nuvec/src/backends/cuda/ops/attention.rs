@@ -2,6 +2,8 @@
 //! short chunk, SGEMM + softmax + SGEMM per head for long prefills, and the choice between them
 //! (kernels/attention.cu).
 
+use std::sync::OnceLock;
+
 use cudarc::driver::LaunchConfig;
 
 use super::{
@@ -11,6 +13,14 @@ use super::{
 use crate::backends::cuda::graph::{KArg, StepPos};
 use crate::backends::cuda::{Derived, DeviceBuffer, State, TICKETS};
 use crate::{Array, DType, Error, Result};
+
+/// Whether a decode step's split attention merges in its own launch (`attention_split_merge_f32`;
+/// `NUVEC_ATTN_SPLIT_MERGE=0`, read once, keeps the two launches: the same output bit for bit,
+/// for timing one against the other).
+fn merge_in_split() -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(|| crate::tuning::env("NUVEC_ATTN_SPLIT_MERGE").map_or(true, |v| v != "0"))
+}
 
 impl CudaBackend {
     /// Attention for a decode step or a short chunk: the split-key kernel, then the merge (which
@@ -56,7 +66,7 @@ impl CudaBackend {
         let ringi = ring as i32;
         let st = self.st()?;
         // A decode step's (query, head) pairs each have a block counter: the last split merges.
-        if l * hq <= TICKETS {
+        if l * hq <= TICKETS && merge_in_split() {
             let tickets = st.tickets();
             launch!(st, op, "attention_split_merge_f32", cfg;
                 o, pp, tickets, qp, kp, vp, li, hqi, hkvi, di, capi, kvi, scale, chunki, step, wanti, kv_dt, ringi,
