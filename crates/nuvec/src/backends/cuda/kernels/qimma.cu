@@ -424,6 +424,22 @@ __device__ __forceinline__ const unsigned char* qir_turn(Issue& issue, int bi, i
     return sl;
 }
 
+// Parameter streams 0-3 of a batch's slot at `pw` (row g's scales, biases, row g + 8's), as
+// each chunk's values: s[h][u] and b[h][u] for row g + 8 h and chunk u.
+template <int DT>
+__device__ __forceinline__ void qir_params(const u32* pw, int sb, const int (&odd)[2], int bi, int lg,
+                                           float (&s)[2][4], float (&b)[2][4]) {
+    constexpr int PB = QirRing<DT>::PB;
+#pragma unroll
+    for (int st = 0; st < 4; ++st) {
+        QirRaw<DT> r;
+#pragma unroll
+        for (int e = 0; e < QirRaw<DT>::WORDS; ++e) r.w[e] = pw[st * (PB / 4) + e];
+        if (sb == 2 && ((odd[st >> 1] + bi) & 1)) r.w[0] >>= 16;
+        qir_decode<DT>(r, lg, (st & 1) ? b[st >> 1] : s[st >> 1]);
+    }
+}
+
 template <int NT, int DT>
 __device__ __forceinline__ void qimma_reg_body(float* out, const u32* __restrict__ xq, int m, int n,
                                                const u32* __restrict__ packed, const void* __restrict__ scales,
@@ -488,15 +504,7 @@ __device__ __forceinline__ void qimma_reg_body(float* out, const u32* __restrict
         u32 wa[QIR_BATCH], wb[QIR_BATCH];
         const unsigned char* sl = qir_turn<DT>(issue, bi, b1, slot, ring, wread, wa, wb);
         float s[2][4], b[2][4];
-        const u32* pw = (const u32*)(sl + pread);
-#pragma unroll
-        for (int st = 0; st < 4; ++st) {
-            QirRaw<DT> r;
-#pragma unroll
-            for (int e = 0; e < QirRaw<DT>::WORDS; ++e) r.w[e] = pw[st * (PB / 4) + e];
-            if (sb == 2 && ((odd[st >> 1] + bi) & 1)) r.w[0] >>= 16;
-            qir_decode<DT>(r, lg, (st & 1) ? b[st >> 1] : s[st >> 1]);
-        }
+        qir_params<DT>((const u32*)(sl + pread), sb, odd, bi, lg, s, b);
         // Every lane has read the slot before the next batch's copies refill it.
         __syncwarp();
         slot = slot + 1 == QIR_RING ? 0 : slot + 1;
@@ -641,17 +649,8 @@ template <int NT, int DT>
 __device__ __forceinline__ void qdec_batch_f32(const unsigned char* pw8, int sb, const int (&odd)[2], int bi, int lg,
                                                const u32 (&wa)[QIR_BATCH], const u32 (&wb)[QIR_BATCH],
                                                const uint4* const __restrict__ (&xp)[NT], float (&acc)[NT][4]) {
-    constexpr int PB = QirRing<DT>::PB;
-    const u32* pw = (const u32*)pw8;
     float s[2][4], b[2][4];
-#pragma unroll
-    for (int st = 0; st < 4; ++st) {
-        QirRaw<DT> r;
-#pragma unroll
-        for (int e = 0; e < QirRaw<DT>::WORDS; ++e) r.w[e] = pw[st * (PB / 4) + e];
-        if (sb == 2 && ((odd[st >> 1] + bi) & 1)) r.w[0] >>= 16;
-        qir_decode<DT>(r, lg, (st & 1) ? b[st >> 1] : s[st >> 1]);
-    }
+    qir_params<DT>((const u32*)pw8, sb, odd, bi, lg, s, b);
     // Every lane has read the slot before the next batch's copies refill it.
     __syncwarp();
     const u32 magic = 0x43004300u;
