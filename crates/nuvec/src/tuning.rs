@@ -63,7 +63,8 @@ pub const KNOBS: &[Knob] = &[
         "avx2, scalar",
         "the best the processor has (AVX-512, AVX2)",
         "cpu",
-        "caps the SIMD kernels' instruction set (to compare them)",
+        "caps nuvec's SIMD kernels' instruction set (to compare them); the prefill GEMMs (the gemm crate) \
+         still take AVX-512 where the processor has it",
     ),
     knob(
         "NUVEC_ATTS_BATCH_BLOCKS",
