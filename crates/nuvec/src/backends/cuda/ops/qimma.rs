@@ -17,9 +17,9 @@
 //!   f32 and rounded to bf16 (the prefill GEMM's decoding, and the qmma `s` forms' that they
 //!   replace).
 //! - Up to 16 rows otherwise (scales not bf16, below `NUVEC_QDEC_SCALED_FROM` rows or where the
-//!   precision keeps f32), or with `NUVEC_QIMMA=int`, `qimma_b4_r8` / `_r16` in integers: x split once into the one-row integer GEMVs' int8 parts (`xsplit_tiles_f32`),
-//!   each 32-value chunk's sum exact in int32, so a row's result is its one-row result up to f32
-//!   rounding order.
+//!   precision keeps f32), or with `NUVEC_QIMMA=int`, `qimma_b4_r8` / `_r16` in integers: x split
+//!   once into the one-row integer GEMVs' int8 parts (`xsplit_tiles_f32`), each 32-value chunk's
+//!   sum exact in int32, so a row's result is its one-row result up to f32 rounding order.
 //! - 17 to 64 rows in integers, the shared-memory pipeline kernels (`qimma_b4_x8` .. `_x32`), only
 //!   with `NUVEC_QIMMA=1`: slower than the bf16 forms there (docs/cuda.md).
 //!
@@ -499,9 +499,8 @@ mod tests {
         assert_eq!(super::DEC_SCALED.map(|k| k.0).to_vec(), bf16_forms);
         for (name, scaled) in super::DEC_SCALED {
             assert_eq!(qimma_launch(scaled), Some((256, super::qir_smem(0))), "{scaled}");
-            // qdec_b4_rN[_tT] -> qdec_b4_rNs[_tT].
-            let digits = "qdec_b4_r".len() + name[9..].find(|c: char| !c.is_ascii_digit()).unwrap_or(name.len() - 9);
-            assert_eq!(scaled, format!("{}s{}", &name[..digits], &name[digits..]));
+            // qdec_b4_rN[_tT] -> qdec_b4_rNs[_tT]: the bf16 name holds no `s`.
+            assert!(!name.contains('s') && scaled.replacen('s', "", 1) == name, "{name}: {scaled}");
         }
         for (name, rows, tpb) in super::DEC_WIDE {
             assert_eq!(qimma_launch(name), Some((256, super::qir_smem(2))), "{name}");
