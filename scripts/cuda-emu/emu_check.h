@@ -61,7 +61,7 @@ static void cmp(const std::string& what, const std::vector<float>& got, const st
 // with e = 22 - the exponent of the chunk's largest |x|, bytes hi (signed), mid, lo of X; value v at
 // word (v / 8, v % 2) byte (v % 8) / 2 of each part; then the scales 2^-e and the sums) checked
 // against that definition written out here: every byte and scale exactly, the sums to 1e-5.
-// `pending`: the parts of a norm's u whose scale is pending (qgemv_norm_b4_v17), with the scales
+// `pending`: the parts of a norm's u whose scale is pending (qgemv_norm_b4_i4), with the scales
 // and sums negated.
 static void check_parts(const std::string& what, const unsigned* parts, const float* x, int k, bool pending = false) {
     const int chunks = k / 32;

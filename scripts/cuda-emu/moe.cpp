@@ -155,7 +155,7 @@ static std::vector<unsigned> split(const float* v, size_t n) {
 // and sums negated, the norm tail holding eps and the chunks' sums of squares), x = u / rms(h).
 enum class Path { Rows, Integer, IntegerPending };
 
-// The parts of a norm's u (one row) with its scale pending, as qgemv_norm_b4_v17 writes them:
+// The parts of a norm's u (one row) with its scale pending, as qgemv_norm_b4_i4 writes them:
 // scales and sums negated, then the tail of eps and each chunk's sum of squares of h.
 static std::vector<unsigned> pending_parts(const std::vector<float>& u, const std::vector<float>& h, float eps) {
     std::vector<unsigned> xq = split(u.data(), u.size());

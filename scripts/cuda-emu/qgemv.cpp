@@ -1,4 +1,4 @@
-// Runs the 4-bit one-row GEMV kernels of linear.cu (the per-word v6/v7 shapes, and the production
+// Runs the 4-bit one-row GEMV kernels of linear.cu (the per-word _w2/_w1 shapes, and the production
 // qgemv1_b4 / qgemv_multi_b4 as a control) through cuda_emu.h on the CPU and compares them with
 // the affine product written from its definition in f64: out[r] = sum_c (s * q + b) * x[c], with
 // x replaced by silu(x) * up for the fused down projection (tolerance 1e-4 relative to
@@ -168,34 +168,34 @@ static void test_gate_up(const char* name, GateUp f, Multi multi, int rows, int 
     printf("ok   %-60s = multi + silu_mul bit for bit\n", tag.c_str());
 }
 
-// gate_up_silu_b4_v16 (v13's blocks as the 8 warps of a 32-output block, writing the down
-// projection's parts): its outputs equal v13's bit for bit, and its parts are as defined.
+// gate_up_silu_b4_i1_parts (_i1's blocks as the 8 warps of a 32-output block, writing the down
+// projection's parts): its outputs equal _i1's bit for bit, and its parts are as defined.
 static void test_gate_up_chunk(int n, int k, int group, int dt) {
     QW g = make(n, k, group, dt, 0.05f), u = make(n, k, group, dt, 0.05f);
     auto x = rnd(k);
     std::vector<unsigned> parts, hparts(QI_PARTS_WORDS(n / 32), 0xdeadbeefu);
     const float* xk = kernel_x(x, true, parts);
     const int lg = __builtin_ctz(group);
-    std::vector<float> got(n, NAN), v13(n, NAN);
+    std::vector<float> got(n, NAN), ref_i1(n, NAN);
     emu_launch({(unsigned)(n / 32), 1, 1}, {256, 1, 1}, [&] {
-        gate_up_silu_b4_v16(got.data(), xk, n, g.packed.data(), g.sc.data(), g.bi.data(), u.packed.data(), u.sc.data(),
+        gate_up_silu_b4_i1_parts(got.data(), xk, n, g.packed.data(), g.sc.data(), g.bi.data(), u.packed.data(), u.sc.data(),
                             u.bi.data(), dt, lg, k, hparts.data());
     });
     emu_launch({(unsigned)(n / 4), 1, 1}, {32, 1, 1}, [&] {
-        gate_up_silu_b4_v13(v13.data(), xk, n, g.packed.data(), g.sc.data(), g.bi.data(), u.packed.data(), u.sc.data(),
+        gate_up_silu_b4_i1(ref_i1.data(), xk, n, g.packed.data(), g.sc.data(), g.bi.data(), u.packed.data(), u.sc.data(),
                             u.bi.data(), dt, lg, k);
     });
-    const std::string tag = "gate_up_silu_b4_v16 n=" + std::to_string(n) + " k=" + std::to_string(k) + " g" +
+    const std::string tag = "gate_up_silu_b4_i1_parts n=" + std::to_string(n) + " k=" + std::to_string(k) + " g" +
                             std::to_string(group) + " dt" + std::to_string(dt);
-    check(memcmp(got.data(), v13.data(), 4 * (size_t)n) == 0, tag + " = v13 bit for bit");
+    check(memcmp(got.data(), ref_i1.data(), 4 * (size_t)n) == 0, tag + " = _i1 bit for bit");
     check_parts(tag + " down projection's", hparts.data(), got.data(), n);
 }
 
-// qgemv_norm_b4_v17 (the o / down projection with the residual add and the next norm's first
-// half): h = res + W x equals _v14's output plus res bit for bit, y holds u = h * w bit for bit,
+// qgemv_norm_b4_i4 (the o / down projection with the residual add and the next norm's first
+// half): h = res + W x equals _i4's output plus res bit for bit, y holds u = h * w bit for bit,
 // its parts are u's with the pending sign, the tail holds eps and the partial sums of squares;
 // then the integer GEMVs over those parts (one row, the three-weight launch, the fused gate/up
-// v13 and v16) against the f64 product with y = rms_norm(h) * w, and the same GEMVs over
+// _i1 and _i1_parts) against the f64 product with y = rms_norm(h) * w, and the same GEMVs over
 // x's own parts still bit for bit what they were (scale 1).
 static void test_norm_rows(int n, int k, int group, int dt, int nw_dt) {
     QW w = make(n, k, group, dt, 0.05f);
@@ -212,12 +212,12 @@ static void test_norm_rows(int n, int k, int group, int dt, int nw_dt) {
     std::vector<float> o14(n, NAN), h(n, NAN), y(n, NAN);
     std::vector<unsigned> parts(QI_PARTS_WORDS(n / 32), 0xdeadbeefu);
     emu_launch({(unsigned)(n / 8), 1, 1}, {128, 1, 1},
-               [&] { qgemv1_b4_v14(o14.data(), xk, 1, n, w.packed.data(), w.sc.data(), w.bi.data(), dt, lg, k); });
+               [&] { qgemv1_b4_i4(o14.data(), xk, 1, n, w.packed.data(), w.sc.data(), w.bi.data(), dt, lg, k); });
     emu_launch({(unsigned)(n / 32), 1, 1}, {512, 1, 1}, [&] {
-        qgemv_norm_b4_v17(h.data(), y.data(), xk, n, w.packed.data(), w.sc.data(), w.bi.data(), dt, lg, k, res.data(),
+        qgemv_norm_b4_i4(h.data(), y.data(), xk, n, w.packed.data(), w.sc.data(), w.bi.data(), dt, lg, k, res.data(),
                           nw.data(), nw_dt, eps, parts.data());
     });
-    const std::string tag = "qgemv_norm_b4_v17 n=" + std::to_string(n) + " k=" + std::to_string(k) + " g" +
+    const std::string tag = "qgemv_norm_b4_i4 n=" + std::to_string(n) + " k=" + std::to_string(k) + " g" +
                             std::to_string(group) + " dt" + std::to_string(dt) + " w" + std::to_string(nw_dt);
     bool h_ok = true, u_ok = true;
     for (int i = 0; i < n; ++i) {
@@ -225,7 +225,7 @@ static void test_norm_rows(int n, int k, int group, int dt, int nw_dt) {
         h_ok &= memcmp(&hv, &h[i], 4) == 0;
         u_ok &= memcmp(&u, &y[i], 4) == 0;
     }
-    check(h_ok, tag + " h = res + _v14 bit for bit");
+    check(h_ok, tag + " h = res + _i4 bit for bit");
     check(u_ok, tag + " y = h * w bit for bit");
     check_parts(tag + " u's", parts.data(), y.data(), n, true);
     const float* tail = (const float*)(parts.data() + (size_t)(n / 32) * QI_WORDS) + 2 * (n / 32);
@@ -242,30 +242,30 @@ static void test_norm_rows(int n, int k, int group, int dt, int nw_dt) {
     const float* pk = (const float*)parts.data();
     std::vector<float> one(m, NAN), ma(m, NAN), mb(m, NAN), mc(40, NAN), gu13(m, NAN), gu16(m, NAN);
     emu_launch({(unsigned)(m / 8), 1, 1}, {128, 1, 1},
-               [&] { qgemv1_b4_v14(one.data(), pk, 1, m, a.packed.data(), a.sc.data(), a.bi.data(), dt, lg, n); });
-    cmp(tag + " -> qgemv1_b4_v14", one, reference(a, yref, nullptr));
+               [&] { qgemv1_b4_i4(one.data(), pk, 1, m, a.packed.data(), a.sc.data(), a.bi.data(), dt, lg, n); });
+    cmp(tag + " -> qgemv1_b4_i4", one, reference(a, yref, nullptr));
     emu_launch({(unsigned)(m / 8 + m / 8 + 5), 1, 1}, {64, 1, 1}, [&] {
-        qgemv_multi_b4_v15(pk, dt, lg, n, ma.data(), m, a.packed.data(), a.sc.data(), a.bi.data(), nullptr, mb.data(),
+        qgemv_multi_b4_i2(pk, dt, lg, n, ma.data(), m, a.packed.data(), a.sc.data(), a.bi.data(), nullptr, mb.data(),
                            m, b.packed.data(), b.sc.data(), b.bi.data(), mc.data(), 40, c3.packed.data(),
                            c3.sc.data(), c3.bi.data(), nullptr, nullptr, nullptr, DT_F32);
     });
-    cmp(tag + " -> qgemv_multi_b4_v15 weight 0", ma, reference(a, yref, nullptr));
-    cmp(tag + " -> qgemv_multi_b4_v15 weight 2", mc, reference(c3, yref, nullptr));
+    cmp(tag + " -> qgemv_multi_b4_i2 weight 0", ma, reference(a, yref, nullptr));
+    cmp(tag + " -> qgemv_multi_b4_i2 weight 2", mc, reference(c3, yref, nullptr));
     emu_launch({(unsigned)(m / 4), 1, 1}, {32, 1, 1}, [&] {
-        gate_up_silu_b4_v13(gu13.data(), pk, m, a.packed.data(), a.sc.data(), a.bi.data(), b.packed.data(),
+        gate_up_silu_b4_i1(gu13.data(), pk, m, a.packed.data(), a.sc.data(), a.bi.data(), b.packed.data(),
                             b.sc.data(), b.bi.data(), dt, lg, n);
     });
     std::vector<unsigned> dparts(QI_PARTS_WORDS(m / 32), 0u);
     emu_launch({(unsigned)(m / 32), 1, 1}, {256, 1, 1}, [&] {
-        gate_up_silu_b4_v16(gu16.data(), pk, m, a.packed.data(), a.sc.data(), a.bi.data(), b.packed.data(),
+        gate_up_silu_b4_i1_parts(gu16.data(), pk, m, a.packed.data(), a.sc.data(), a.bi.data(), b.packed.data(),
                             b.sc.data(), b.bi.data(), dt, lg, n, dparts.data());
     });
     auto ra = reference(a, yref, nullptr), rb = reference(b, yref, nullptr);
     std::vector<double> want(m);
     for (int i = 0; i < m; ++i) want[i] = ra[i] / (1.0 + std::exp(-ra[i])) * rb[i];
-    cmp(tag + " -> gate_up_silu_b4_v13", gu13, want);
-    check(gu13 == gu16, tag + " -> gate_up_silu_b4_v16 = v13");
-    check_parts(tag + " -> v16's own parts (not pending)", dparts.data(), gu16.data(), m);
+    cmp(tag + " -> gate_up_silu_b4_i1", gu13, want);
+    check(gu13 == gu16, tag + " -> gate_up_silu_b4_i1_parts = _i1");
+    check_parts(tag + " -> _i1_parts's own parts (not pending)", dparts.data(), gu16.data(), m);
 }
 
 int main() {
@@ -284,17 +284,17 @@ int main() {
         printf("%s qg4_word: 8 values of 1024 words exactly 1 + q/16 (%d wrong)\n", bad ? "FAIL" : "ok  ", bad);
         fails += bad != 0;
     }
-    // xw: the x-per-word and integer kernels (v11, v13-v15), which take neither groups of 16 nor
-    // silu(x) * up; int_x: the integer ones (v13-v15), which read x's parts.
+    // xw: the x-per-word and integer kernels (_xw1, _i1, _i2, _i4), which take neither groups of 16 nor
+    // silu(x) * up; int_x: the integer ones (_i1, _i2, _i4), which read x's parts.
     struct { const char* name; One one; Multi multi; int rows, threads; bool xw, int_x; } kernels[] = {
-        {"qgemv1_b4_v6", qgemv1_b4_v6, qgemv_multi_b4_v6, 8, 64, false, false},
-        {"qgemv1_b4_v7", qgemv1_b4_v7, qgemv_multi_b4_v7, 8, 32, false, false},
-        {"qgemv1_b4_v8", qgemv1_b4_v8, qgemv_multi_b4_v8, 8, 128, false, false},
-        {"qgemv1_b4_v9", qgemv1_b4_v9, qgemv_multi_b4_v9, 8, 256, false, false},
-        {"qgemv1_b4_v11", qgemv1_b4_v11, qgemv_multi_b4_v11, 8, 32, true, false},
-        {"qgemv1_b4_v13", qgemv1_b4_v13, qgemv_multi_b4_v13, 8, 32, true, true},
-        {"qgemv1_b4_v14", qgemv1_b4_v14, qgemv_multi_b4_v14, 8, 128, true, true},
-        {"qgemv1_b4_v15", qgemv1_b4_v15, qgemv_multi_b4_v15, 8, 64, true, true},
+        {"qgemv1_b4_w2", qgemv1_b4_w2, qgemv_multi_b4_w2, 8, 64, false, false},
+        {"qgemv1_b4_w1", qgemv1_b4_w1, qgemv_multi_b4_w1, 8, 32, false, false},
+        {"qgemv1_b4_w4", qgemv1_b4_w4, qgemv_multi_b4_w4, 8, 128, false, false},
+        {"qgemv1_b4_w8", qgemv1_b4_w8, qgemv_multi_b4_w8, 8, 256, false, false},
+        {"qgemv1_b4_xw1", qgemv1_b4_xw1, qgemv_multi_b4_xw1, 8, 32, true, false},
+        {"qgemv1_b4_i1", qgemv1_b4_i1, qgemv_multi_b4_i1, 8, 32, true, true},
+        {"qgemv1_b4_i4", qgemv1_b4_i4, qgemv_multi_b4_i4, 8, 128, true, true},
+        {"qgemv1_b4_i2", qgemv1_b4_i2, qgemv_multi_b4_i2, 8, 64, true, true},
         {"qgemv1_b4 (production)", qgemv1_b4, qgemv_multi_b4, QG_ROWS, 32 * QG_WARPS, false, false},
     };
     for (auto& kn : kernels)
@@ -321,14 +321,14 @@ int main() {
             }
     // The gated MLP fusion, each kernel with the multi variant of the same loop and warps.
     struct { const char* name; GateUp f; Multi multi; int rows, threads; bool int_x; } fused[] = {
-        {"gate_up_silu_b4_v6", gate_up_silu_b4_v6, qgemv_multi_b4_v6, 8, 64, false},
-        {"gate_up_silu_b4_v7", gate_up_silu_b4_v7, qgemv_multi_b4_v7, 8, 32, false},
-        {"gate_up_silu_b4_v8", gate_up_silu_b4_v8, qgemv_multi_b4_v8, 8, 128, false},
-        {"gate_up_silu_b4_v9", gate_up_silu_b4_v9, qgemv_multi_b4_v9, 8, 256, false},
-        {"gate_up_silu_b4_v11", gate_up_silu_b4_v11, qgemv_multi_b4_v11, 8, 32, false},
-        {"gate_up_silu_b4_v13", gate_up_silu_b4_v13, qgemv_multi_b4_v13, 8, 32, true},
-        {"gate_up_silu_b4_v14", gate_up_silu_b4_v14, qgemv_multi_b4_v14, 8, 128, true},
-        {"gate_up_silu_b4_v15", gate_up_silu_b4_v15, qgemv_multi_b4_v15, 8, 64, true},
+        {"gate_up_silu_b4_w2", gate_up_silu_b4_w2, qgemv_multi_b4_w2, 8, 64, false},
+        {"gate_up_silu_b4_w1", gate_up_silu_b4_w1, qgemv_multi_b4_w1, 8, 32, false},
+        {"gate_up_silu_b4_w4", gate_up_silu_b4_w4, qgemv_multi_b4_w4, 8, 128, false},
+        {"gate_up_silu_b4_w8", gate_up_silu_b4_w8, qgemv_multi_b4_w8, 8, 256, false},
+        {"gate_up_silu_b4_xw1", gate_up_silu_b4_xw1, qgemv_multi_b4_xw1, 8, 32, false},
+        {"gate_up_silu_b4_i1", gate_up_silu_b4_i1, qgemv_multi_b4_i1, 8, 32, true},
+        {"gate_up_silu_b4_i4", gate_up_silu_b4_i4, qgemv_multi_b4_i4, 8, 128, true},
+        {"gate_up_silu_b4_i2", gate_up_silu_b4_i2, qgemv_multi_b4_i2, 8, 64, true},
     };
     for (auto& kn : fused)
         for (int group : {32, 64, 128})

@@ -189,7 +189,7 @@ pub const KNOBS: &[Knob] = &[
     ),
     knob(
         "NUVEC_QGEMV_VARIANT",
-        "0, 6..15",
+        "body, w1, w2, w4, w8, xw1, i1, i2, i4",
         "chosen by shape",
         "cuda",
         "forces one 4-bit GEMV variant (for timing them)",
@@ -226,13 +226,6 @@ pub const KNOBS: &[Knob] = &[
         "the most weight tiles per block of the bf16 register kernels at 32-64 rows (where they fill the GPU)",
     ),
     knob("NUVEC_ROPE_KV", "0, 1", "1", "cuda", "rope and the cache write of a decode step in one launch"),
-    knob(
-        "NUVEC_ATTN_SPLIT_MERGE",
-        "0, 1",
-        "1",
-        "cuda",
-        "a decode step's split attention merged by its last split in the same launch; 0 a merge launch after it",
-    ),
 ];
 
 /// The knob named `name`, if declared.
@@ -413,7 +406,7 @@ mod tests {
             ("NUVEC_MOE_GROUPED_ROWS", "16", "sixteen"),
             ("NUVEC_CUDA_ALLOC_CACHE_MB", "0", "-1"),
             ("NUVEC_PAGED_FLASH_MIN_KEYS", "64", "100"),
-            ("NUVEC_QGEMV_VARIANT", "13", "5"),
+            ("NUVEC_QGEMV_VARIANT", "i1", "13"),
             ("NUVEC_PRODUCER_PARTS", "norm, gate_up", "norm,merge"),
         ] {
             assert!(!refused(name, good), "{name}={good:?} refused");

@@ -225,8 +225,7 @@ pub(crate) struct State {
     /// The last few step tables copied to the device, with their bytes (`upload_shared`).
     shared_uploads: Mutex<Vec<(Vec<u8>, Arc<DeviceBuffer>)>>,
     /// Counters for kernels whose last block to finish does the launch's final work
-    /// (moe_router.cu's `moe_route_dense`, one per row; attention.cu's
-    /// `attention_split_merge_f32`, one per query and head): zero between launches, because that
+    /// (moe_router.cu's `moe_route_dense`, one per row): zero between launches, because that
     /// block sets its counter back to 0, and every launch on the one device stream waits for the
     /// kernel before it. Made with the state, outside any capture, so graphs keep its address.
     tickets: (CudaSlice<u32>, u64),
@@ -716,28 +715,27 @@ mod tests {
             "paged_prefix_flash_f16_d128",
             "rope_qk_paged_f32",
             "attention_merge_f32",
-            "attention_split_merge_f32",
             "causal_softmax_f32",
             "qdequant_b3",
             "qgemv_b5",
             "qgemv1_b4",
             "qgemv_multi_b8",
-            "qgemv1_b4_v6",
-            "qgemv1_b4_v7",
-            "qgemv_multi_b4_v6",
-            "qgemv_multi_b4_v7",
-            "qgemv1_b4_v8",
-            "qgemv1_b4_v9",
-            "qgemv_multi_b4_v8",
-            "qgemv_multi_b4_v9",
-            "qgemv1_b4_v11",
-            "qgemv_multi_b4_v11",
+            "qgemv1_b4_w2",
+            "qgemv1_b4_w1",
+            "qgemv_multi_b4_w2",
+            "qgemv_multi_b4_w1",
+            "qgemv1_b4_w4",
+            "qgemv1_b4_w8",
+            "qgemv_multi_b4_w4",
+            "qgemv_multi_b4_w8",
+            "qgemv1_b4_xw1",
+            "qgemv_multi_b4_xw1",
             // gated MLP fusion
-            "gate_up_silu_b4_v6",
-            "gate_up_silu_b4_v7",
-            "gate_up_silu_b4_v8",
-            "gate_up_silu_b4_v9",
-            "gate_up_silu_b4_v11",
+            "gate_up_silu_b4_w2",
+            "gate_up_silu_b4_w1",
+            "gate_up_silu_b4_w4",
+            "gate_up_silu_b4_w8",
+            "gate_up_silu_b4_xw1",
             // Qwen3.5 hybrids and gpt-oss
             "conv1d_silu_f32",
             "sigmoid_mul_f32",

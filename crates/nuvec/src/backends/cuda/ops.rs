@@ -211,7 +211,7 @@ use gemv::{fast_path_log_group, fused_silu, int_gemvs, int_parts_bytes, qgemv4_v
 // (kernels/attention.cu).
 mod attention;
 // The o and down projections with the residual add and the next norm (kernels/linear.cu
-// qgemv_norm_b4_v17).
+// qgemv_norm_b4_i4).
 mod norm_fold;
 // fpquant: linear and embed over mxfp4, mxfp8 and nvfp4 weights (kernels/fp_linear.cu).
 mod fp;

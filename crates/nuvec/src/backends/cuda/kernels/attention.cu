@@ -486,12 +486,12 @@ extern "C" __global__ void paged_attention_split_f32(float* part, const float* q
 // `parts` (L = 1, D a multiple of 32, so that a warp holds whole chunks; else null): the integer
 // GEMVs' parts of out too (xsplit_chunk), for the output projection. `tiles` (several queries,
 // D a multiple of 32 and 128 threads; else null): out in the bf16 register products' input too
-// (common.cuh), the output projection's over a batch. P: the partials' pointer type (volatile
-// where other blocks of the same launch wrote them).
-template <class P>
-__device__ __forceinline__ void atts_merge_head(float* out, P part, int hq, int d, int splits, const float* sinks,
-                                                u32* parts, u32* tiles, int h, int t) {
-    P p = part + ((size_t)t * hq + h) * splits * (size_t)(d + 2);
+// (common.cuh), the output projection's over a batch.
+extern "C" __global__ void attention_merge_f32(float* out, const float* part, int hq, int d, int splits,
+                                               const float* sinks, u32* parts, u32* tiles) {
+    pdl_begin();
+    const int h = blockIdx.x, t = blockIdx.y;
+    const float* p = part + ((size_t)t * hq + h) * splits * (size_t)(d + 2);
     // The sink is one more partial: maximum `sink`, sum 1, values 0.
     float m = sinks ? sinks[h] : NEG_INF;
     for (int s = 0; s < splits; ++s) m = fmaxf(m, p[(size_t)s * (d + 2)]);
@@ -505,7 +505,7 @@ __device__ __forceinline__ void atts_merge_head(float* out, P part, int hq, int 
     for (int c = threadIdx.x; c < d; c += blockDim.x) {
         float a = 0.0f;
         for (int s = 0; s < splits; ++s) {
-            P ps = p + (size_t)s * (d + 2);
+            const float* ps = p + (size_t)s * (d + 2);
             const float m_s = ps[0];
             if (m_s != NEG_INF) a = fmaf(expf(m_s - m), ps[2 + c], a);
         }
@@ -513,28 +513,6 @@ __device__ __forceinline__ void atts_merge_head(float* out, P part, int hq, int 
         if (parts) xsplit_chunk(parts, (hq * d) >> 5, (h * d + c) >> 5, a * inv, (int)(threadIdx.x & 31));
         if (tiles) qdec_tile_value(tiles, t, h * d + c, hq * d, a * inv);
     }
-}
-extern "C" __global__ void attention_merge_f32(float* out, const float* part, int hq, int d, int splits,
-                                               const float* sinks, u32* parts, u32* tiles) {
-    pdl_begin();
-    atts_merge_head(out, part, hq, d, splits, sinks, parts, tiles, blockIdx.x, blockIdx.y);
-}
-
-// attention_split_f32 and attention_merge_f32 in one launch (a decode step: L * Hq at most the
-// host's block counters): the last of a (query, head)'s splits to finish, counted in
-// tickets[t * hq + h] (which it sets back to 0 for the next launch), merges the partials with its
-// threads, the merge launch's arithmetic, so the output is the two launches' bit for bit.
-extern "C" __global__ void attention_split_merge_f32(float* out, float* part, u32* tickets, const float* q,
-                                                     const void* k, const void* v, int l, int hq, int hkv, int d,
-                                                     int cap, int kv_len, float scale, int chunk, const int* step,
-                                                     int want, int kv_dt, int ring, const float* sinks, u32* parts) {
-    atts_prefetch(k, v, l, hq, hkv, d, cap, kv_len, chunk, step, want, kv_dt, ring);
-    pdl_begin();
-    atts_split(part, q, k, v, l, hq, hkv, d, cap, kv_len, scale, chunk, step, want, kv_dt, ring);
-    const int h = blockIdx.x, t = blockIdx.y;
-    if (!last_block_ticket(tickets + (size_t)t * hq + h, gridDim.z)) return;
-    atts_merge_head(out, (const volatile float*)part, hq, d, gridDim.z, sinks, parts, nullptr, h, t);
-    if (threadIdx.x == 0) tickets[(size_t)t * hq + h] = 0;
 }
 
 // Causal softmax in place over scores [H, rows, n] (the prefill path: scores = Q K^T * scale by

@@ -514,7 +514,7 @@ __device__ __forceinline__ void qdec_tile_quad(u32* __restrict__ tiles, int row,
 // Layout for a K-value x: [chunks][QI_WORDS] u32 parts ([part][word][even, odd] bytes), then
 // chunks f32 scales 2^-e, then chunks f32 sums of x (chunks = K / 32), then a norm tail of one
 // f32 eps and chunks f32 partial sums. Scales are positive for x's own parts. Negated scales and
-// sums (-2^-e, -sum(u): written by qgemv_norm_b4_v17) mark the parts of u = h * w of an RMS norm
+// sums (-2^-e, -sum(u): written by qgemv_norm_b4_i4) mark the parts of u = h * w of an RMS norm
 // whose scale is pending: x = u / rms(h), rms(h) = sqrt(sum of the tail's partials / K + eps).
 // The integer GEMVs' sums then come out negated, and they multiply their totals by
 // -1 / rms(h) (xq_norm_scale), having seen the sign in the scales they load anyway. The tail is

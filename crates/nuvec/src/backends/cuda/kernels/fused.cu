@@ -241,7 +241,7 @@ extern "C" __global__ void write_kv_rows(void* kd, void* vd, const float* ks, co
     }
 }
 
-// y [d] *= 1 / rms(h) for a row that qgemv_norm_b4_v17 wrote as u = h * w with its norm's scale
+// y [d] *= 1 / rms(h) for a row that qgemv_norm_b4_i4 wrote as u = h * w with its norm's scale
 // pending in `parts` (common.cuh, xq_norm_scale): the norm's output, made when something other
 // than an integer GEMV reads it. Grid-stride over d.
 extern "C" __global__ void rms_settle_f32(float* y, const u32* parts, int d) {

@@ -309,7 +309,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) qgemv_multi_b5(QGM_PARAMS) 
 extern "C" __global__ void __launch_bounds__(128, 4) qgemv_multi_b6(QGM_PARAMS) { pdl_begin(); QGM_DISPATCH(6) }
 extern "C" __global__ void __launch_bounds__(128, 4) qgemv_multi_b8(QGM_PARAMS) { pdl_begin(); QGM_DISPATCH(8) }
 
-// ---- 4-bit one-row GEMV in the probe's shape (v6, v7; issue 7) ----
+// ---- 4-bit one-row GEMV in the probe's shape (_w2, _w1; issue 7) ----
 //
 // The loop of bench/cuda/gemv_probe.cu's `cur4`, which read 8B-sized weights faster than the
 // `qgemv_body` at the same shape (8 rows per block; the CUDA journal,
@@ -319,8 +319,8 @@ extern "C" __global__ void __launch_bounds__(128, 4) qgemv_multi_b8(QGM_PARAMS) 
 // live instead of 32. Same arithmetic per group as qgemv_body:
 // s * sum(q * x) + b * sum(x). The scale dtype is a template argument (PDT >= 0) for groups
 // >= 32, picked once per launch from the runtime `p_dt`, so the loads need no per-load branch;
-// groups of 16 (rare) pass PDT = -1 and read `p_dt` at run time. v6 = 8 rows x 2 warps,
-// v7 = 8 rows x 1 warp.
+// groups of 16 (rare) pass PDT = -1 and read `p_dt` at run time. _w2 = 8 rows x 2 warps,
+// _w1 = 8 rows x 1 warp.
 
 // The 8 values q of one 4-bit word, in order, as the floats 1 + q / 16 (exact). Values v and
 // v + 4 sit at bits 4v and 4v + 16; one shift puts both at bits 6-9 of their 16-bit half and one
@@ -372,7 +372,7 @@ __device__ __forceinline__ void qg4_load_rows(uint4 (&w)[ROWS], float (&s)[ROWS]
 
 // The start of a block's weight rows r0.. (ROWS of them, fewer at the end) asked into L2 before
 // its pdl_begin: the first QG_PF_BYTES of its packed words (k / 2 bytes a row), of its scales and
-// of its biases, by thread t0 (the integer kernels v13-v16; the others would spill). The blocks
+// of its biases, by thread t0 (the integer kernels _i1, _i2, _i4, _i1_parts; the others would spill). The blocks
 // launch while the kernel before them (a norm, attention's merge, the GEMV before) still runs.
 // Measured on the H200 (eleventh session, 8B decode): 2 KiB +1.2 %, 4 KiB +0.6 %, 8 KiB -0.8 %,
 // 16 KiB -3 % and whole slices -10 % (the prefetches then compete with the loads of the kernel
@@ -539,7 +539,7 @@ __device__ __forceinline__ void qgemv4w_acc(float (&acc)[ROWS], const float* __r
 // loads its 8 x values and multiplies them with that word of every row, so 8 x values are live
 // instead of 32. Each row's sums add in the order of qgemv4w_acc (words in order, values in
 // order). The registers saved buy occupancy: at 64 registers
-// (4 rows) an SM holds 32 warps where the 128 of qgemv4w_acc's kernels hold 16 (ncu on the H200: the v7
+// (4 rows) an SM holds 32 warps where the 128 of qgemv4w_acc's kernels hold 16 (ncu on the H200: the _w1
 // gate/up launch reached 1.8 TB/s at 13.5 active warps per SM, 4 per scheduler).
 // A lane's sums with x read per word, over the rows that load fetches (as qgemv4w_acc).
 template <bool G16, int ROWS, int WARPS, class Load>
@@ -583,7 +583,7 @@ __device__ __forceinline__ void qgemv4x_acc(float (&acc)[ROWS], const float* __r
     }
 }
 
-// ---- Integer dot products (issue 7; v13-v15, the default for groups of 32 and more) ----
+// ---- Integer dot products (issue 7; _i1, _i2, _i4, the default for groups of 32 and more) ----
 //
 // x split per 32-value chunk into a 24-bit block fixed point: X = rint(x 2^e), |X| <= 2^22 for the
 // chunk's largest |x|, held as three int8 parts X = 65536 hi + 256 mid + lo (hi signed, mid and lo
@@ -617,7 +617,7 @@ struct QiChunk<8> {
 
 // A lane's sums over x's parts (xsplit_f32's buffer `xq`), over the rows that load fetches (as
 // qgemv4x_acc; groups of 32 and more: one scale/bias pair per chunk), of BITS-bit codes (4: qi4_sums;
-// 8: qi8_sums). `first`: the lane's first chunk where it is not threadIdx.x (gate_up_silu_b4_v16's
+// 8: qi8_sums). `first`: the lane's first chunk where it is not threadIdx.x (gate_up_silu_b4_i1_parts's
 // warps each run a block's loop of their own).
 template <int ROWS, int WARPS, int BITS = 4, class Load>
 __device__ __forceinline__ void qgemv4i_acc(float (&acc)[ROWS], bool& pending, const u32* __restrict__ xq, int k,
@@ -718,30 +718,30 @@ __device__ __forceinline__ void qgemv4w_multi(QGM_PARAMS) {
 // Without the minimum-blocks bound ptxas gave these kernels ~250 registers (as it gave the removed
 // 8-row qgemv_body shapes: 254), i.e. half the resident warps, although each (group, dtype) body
 // needs 128.
-extern "C" __global__ void __launch_bounds__(64, 8) qgemv1_b4_v6(QG_PARAMS) { pdl_begin(); qgemv4w_one<8, 2>(QG_ARGS); }
-extern "C" __global__ void __launch_bounds__(32, 16) qgemv1_b4_v7(QG_PARAMS) { pdl_begin(); qgemv4w_one<8, 1>(QG_ARGS); }
-extern "C" __global__ void __launch_bounds__(64, 8) qgemv_multi_b4_v6(QGM_PARAMS) { pdl_begin(); qgemv4w_multi<8, 2>(QGM_ARGS); }
-extern "C" __global__ void __launch_bounds__(32, 16) qgemv_multi_b4_v7(QGM_PARAMS) { pdl_begin(); qgemv4w_multi<8, 1>(QGM_ARGS); }
-// The same loop with 4 and 8 warps per block (v8, v9): for weights of few rows and long rows (an
+extern "C" __global__ void __launch_bounds__(64, 8) qgemv1_b4_w2(QG_PARAMS) { pdl_begin(); qgemv4w_one<8, 2>(QG_ARGS); }
+extern "C" __global__ void __launch_bounds__(32, 16) qgemv1_b4_w1(QG_PARAMS) { pdl_begin(); qgemv4w_one<8, 1>(QG_ARGS); }
+extern "C" __global__ void __launch_bounds__(64, 8) qgemv_multi_b4_w2(QGM_PARAMS) { pdl_begin(); qgemv4w_multi<8, 2>(QGM_ARGS); }
+extern "C" __global__ void __launch_bounds__(32, 16) qgemv_multi_b4_w1(QGM_PARAMS) { pdl_begin(); qgemv4w_multi<8, 1>(QGM_ARGS); }
+// The same loop with 4 and 8 warps per block (_w4, _w8): for weights of few rows and long rows (an
 // 8B's o and down projections: 512 blocks of 8 rows), where 2 warps per block leave most of the
-// SMs' warp slots empty and each lane waits on its loads in turn. 128 registers, as v6.
-extern "C" __global__ void __launch_bounds__(128, 4) qgemv1_b4_v8(QG_PARAMS) { pdl_begin(); qgemv4w_one<8, 4>(QG_ARGS); }
-extern "C" __global__ void __launch_bounds__(256, 2) qgemv1_b4_v9(QG_PARAMS) { pdl_begin(); qgemv4w_one<8, 8>(QG_ARGS); }
-extern "C" __global__ void __launch_bounds__(128, 4) qgemv_multi_b4_v8(QGM_PARAMS) { pdl_begin(); qgemv4w_multi<8, 4>(QGM_ARGS); }
-extern "C" __global__ void __launch_bounds__(256, 2) qgemv_multi_b4_v9(QGM_PARAMS) { pdl_begin(); qgemv4w_multi<8, 8>(QGM_ARGS); }
-// x per word (qgemv4x_acc; groups of 32 and more): v11 = 8 rows x 1 warp at 96 registers (20
+// SMs' warp slots empty and each lane waits on its loads in turn. 128 registers, as _w2.
+extern "C" __global__ void __launch_bounds__(128, 4) qgemv1_b4_w4(QG_PARAMS) { pdl_begin(); qgemv4w_one<8, 4>(QG_ARGS); }
+extern "C" __global__ void __launch_bounds__(256, 2) qgemv1_b4_w8(QG_PARAMS) { pdl_begin(); qgemv4w_one<8, 8>(QG_ARGS); }
+extern "C" __global__ void __launch_bounds__(128, 4) qgemv_multi_b4_w4(QGM_PARAMS) { pdl_begin(); qgemv4w_multi<8, 4>(QGM_ARGS); }
+extern "C" __global__ void __launch_bounds__(256, 2) qgemv_multi_b4_w8(QGM_PARAMS) { pdl_begin(); qgemv4w_multi<8, 8>(QGM_ARGS); }
+// x per word (qgemv4x_acc; groups of 32 and more): _xw1 = 8 rows x 1 warp at 96 registers (20
 // warps per SM), the long grids' kernel while the integer GEMVs are off. (v10 and v12, 4 rows x 1
 // and x 4 warps, were never picked and went.)
-extern "C" __global__ void __launch_bounds__(32, 20) qgemv1_b4_v11(QG_PARAMS) { pdl_begin(); qgemv4w_one<8, 1, QG_LOOP_XWORD>(QG_ARGS); }
-extern "C" __global__ void __launch_bounds__(32, 20) qgemv_multi_b4_v11(QGM_PARAMS) { pdl_begin(); qgemv4w_multi<8, 1, QG_LOOP_XWORD>(QGM_ARGS); }
-// Integer dot products over x's parts (the `x` argument is xsplit_f32's buffer): v13 = 8 rows x 1
-// warp, v14 = 8 rows x 4 warps, v15 = 8 rows x 2 warps, 128 registers.
-extern "C" __global__ void __launch_bounds__(32, 16) qgemv1_b4_v13(QG_PARAMS) { QG4_BEGIN(8); qgemv4w_one<8, 1, QG_LOOP_INT>(QG_ARGS); }
-extern "C" __global__ void __launch_bounds__(128, 4) qgemv1_b4_v14(QG_PARAMS) { QG4_BEGIN(8); qgemv4w_one<8, 4, QG_LOOP_INT>(QG_ARGS); }
-extern "C" __global__ void __launch_bounds__(32, 16) qgemv_multi_b4_v13(QGM_PARAMS) { QGM4_BEGIN(8); qgemv4w_multi<8, 1, QG_LOOP_INT>(QGM_ARGS); }
-extern "C" __global__ void __launch_bounds__(128, 4) qgemv_multi_b4_v14(QGM_PARAMS) { QGM4_BEGIN(8); qgemv4w_multi<8, 4, QG_LOOP_INT>(QGM_ARGS); }
-extern "C" __global__ void __launch_bounds__(64, 8) qgemv1_b4_v15(QG_PARAMS) { QG4_BEGIN(8); qgemv4w_one<8, 2, QG_LOOP_INT>(QG_ARGS); }
-extern "C" __global__ void __launch_bounds__(64, 8) qgemv_multi_b4_v15(QGM_PARAMS) { QGM4_BEGIN(8); qgemv4w_multi<8, 2, QG_LOOP_INT>(QGM_ARGS); }
+extern "C" __global__ void __launch_bounds__(32, 20) qgemv1_b4_xw1(QG_PARAMS) { pdl_begin(); qgemv4w_one<8, 1, QG_LOOP_XWORD>(QG_ARGS); }
+extern "C" __global__ void __launch_bounds__(32, 20) qgemv_multi_b4_xw1(QGM_PARAMS) { pdl_begin(); qgemv4w_multi<8, 1, QG_LOOP_XWORD>(QGM_ARGS); }
+// Integer dot products over x's parts (the `x` argument is xsplit_f32's buffer): _i1 = 8 rows x 1
+// warp, _i4 = 8 rows x 4 warps, _i2 = 8 rows x 2 warps, 128 registers.
+extern "C" __global__ void __launch_bounds__(32, 16) qgemv1_b4_i1(QG_PARAMS) { QG4_BEGIN(8); qgemv4w_one<8, 1, QG_LOOP_INT>(QG_ARGS); }
+extern "C" __global__ void __launch_bounds__(128, 4) qgemv1_b4_i4(QG_PARAMS) { QG4_BEGIN(8); qgemv4w_one<8, 4, QG_LOOP_INT>(QG_ARGS); }
+extern "C" __global__ void __launch_bounds__(32, 16) qgemv_multi_b4_i1(QGM_PARAMS) { QGM4_BEGIN(8); qgemv4w_multi<8, 1, QG_LOOP_INT>(QGM_ARGS); }
+extern "C" __global__ void __launch_bounds__(128, 4) qgemv_multi_b4_i4(QGM_PARAMS) { QGM4_BEGIN(8); qgemv4w_multi<8, 4, QG_LOOP_INT>(QGM_ARGS); }
+extern "C" __global__ void __launch_bounds__(64, 8) qgemv1_b4_i2(QG_PARAMS) { QG4_BEGIN(8); qgemv4w_one<8, 2, QG_LOOP_INT>(QG_ARGS); }
+extern "C" __global__ void __launch_bounds__(64, 8) qgemv_multi_b4_i2(QGM_PARAMS) { QGM4_BEGIN(8); qgemv4w_multi<8, 2, QG_LOOP_INT>(QGM_ARGS); }
 
 // 8-bit codes (MLX's 8-bit affine, a GGUF's Q8_0; groups of 32 and more) on the same integer loop
 // (qi8_sums: x's parts in value order, no masks), 4 rows per block (a row's chunk is 32 bytes)
@@ -817,21 +817,21 @@ __device__ __forceinline__ void gate_up_silu_b4(GUS_PARAMS) {
 
 // One per qgemv_multi_b4 variant of the per-word, x-per-word and integer loops, with its launch
 // bounds: 4 rows of gate and 4 of up per block where the variant takes 8 rows (2 and 2 for 4).
-extern "C" __global__ void __launch_bounds__(64, 8) gate_up_silu_b4_v6(GUS_PARAMS) { pdl_begin(); gate_up_silu_b4<4, 2, QG_LOOP_WORD>(GUS_CALL); }
-extern "C" __global__ void __launch_bounds__(32, 16) gate_up_silu_b4_v7(GUS_PARAMS) { pdl_begin(); gate_up_silu_b4<4, 1, QG_LOOP_WORD>(GUS_CALL); }
-extern "C" __global__ void __launch_bounds__(128, 4) gate_up_silu_b4_v8(GUS_PARAMS) { pdl_begin(); gate_up_silu_b4<4, 4, QG_LOOP_WORD>(GUS_CALL); }
-extern "C" __global__ void __launch_bounds__(256, 2) gate_up_silu_b4_v9(GUS_PARAMS) { pdl_begin(); gate_up_silu_b4<4, 8, QG_LOOP_WORD>(GUS_CALL); }
-extern "C" __global__ void __launch_bounds__(32, 20) gate_up_silu_b4_v11(GUS_PARAMS) { pdl_begin(); gate_up_silu_b4<4, 1, QG_LOOP_XWORD>(GUS_CALL); }
-extern "C" __global__ void __launch_bounds__(32, 16) gate_up_silu_b4_v13(GUS_PARAMS) { GUS_BEGIN(4); gate_up_silu_b4<4, 1, QG_LOOP_INT>(GUS_CALL); }
-extern "C" __global__ void __launch_bounds__(128, 4) gate_up_silu_b4_v14(GUS_PARAMS) { GUS_BEGIN(4); gate_up_silu_b4<4, 4, QG_LOOP_INT>(GUS_CALL); }
-extern "C" __global__ void __launch_bounds__(64, 8) gate_up_silu_b4_v15(GUS_PARAMS) { GUS_BEGIN(4); gate_up_silu_b4<4, 2, QG_LOOP_INT>(GUS_CALL); }
+extern "C" __global__ void __launch_bounds__(64, 8) gate_up_silu_b4_w2(GUS_PARAMS) { pdl_begin(); gate_up_silu_b4<4, 2, QG_LOOP_WORD>(GUS_CALL); }
+extern "C" __global__ void __launch_bounds__(32, 16) gate_up_silu_b4_w1(GUS_PARAMS) { pdl_begin(); gate_up_silu_b4<4, 1, QG_LOOP_WORD>(GUS_CALL); }
+extern "C" __global__ void __launch_bounds__(128, 4) gate_up_silu_b4_w4(GUS_PARAMS) { pdl_begin(); gate_up_silu_b4<4, 4, QG_LOOP_WORD>(GUS_CALL); }
+extern "C" __global__ void __launch_bounds__(256, 2) gate_up_silu_b4_w8(GUS_PARAMS) { pdl_begin(); gate_up_silu_b4<4, 8, QG_LOOP_WORD>(GUS_CALL); }
+extern "C" __global__ void __launch_bounds__(32, 20) gate_up_silu_b4_xw1(GUS_PARAMS) { pdl_begin(); gate_up_silu_b4<4, 1, QG_LOOP_XWORD>(GUS_CALL); }
+extern "C" __global__ void __launch_bounds__(32, 16) gate_up_silu_b4_i1(GUS_PARAMS) { GUS_BEGIN(4); gate_up_silu_b4<4, 1, QG_LOOP_INT>(GUS_CALL); }
+extern "C" __global__ void __launch_bounds__(128, 4) gate_up_silu_b4_i4(GUS_PARAMS) { GUS_BEGIN(4); gate_up_silu_b4<4, 4, QG_LOOP_INT>(GUS_CALL); }
+extern "C" __global__ void __launch_bounds__(64, 8) gate_up_silu_b4_i2(GUS_PARAMS) { GUS_BEGIN(4); gate_up_silu_b4<4, 2, QG_LOOP_INT>(GUS_CALL); }
 
-// v16: v13's blocks (4 rows of gate and 4 of up, one warp, the integer loop) as the 8 warps of one
+// _i1_parts: _i1's blocks (4 rows of gate and 4 of up, one warp, the integer loop) as the 8 warps of one
 // block, which then holds 32 outputs: one 32-value chunk of the down projection's input, whose
 // integer parts its first warp writes (xsplit_chunk) with the outputs, so that the down
 // projection needs no xsplit_f32 launch. Each warp's loop, warp sums (qg4_reduce_rows, whose
-// rows are per warp here) and 0 + sum (qg4_row_total over one warp) are v13's, so the outputs
-// equal v13's bit for bit. The host takes it where v13 is picked and n is a multiple of 32.
+// rows are per warp here) and 0 + sum (qg4_row_total over one warp) are _i1's, so the outputs
+// equal _i1's bit for bit. The host takes it where _i1 is picked and n is a multiple of 32.
 template <int PDT>
 __device__ __forceinline__ void gate_up_silu_chunk(float* out, const u32* __restrict__ xq, int n,
                                                    const u32* __restrict__ pg, const void* __restrict__ sg,
@@ -854,7 +854,7 @@ __device__ __forceinline__ void gate_up_silu_chunk(float* out, const u32* __rest
     out[blockIdx.x * 32 + lane] = h;
     xsplit_chunk(parts, n >> 5, (int)blockIdx.x, h, lane);
 }
-extern "C" __global__ void __launch_bounds__(256, 2) gate_up_silu_b4_v16(GUS_PARAMS, u32* parts) {
+extern "C" __global__ void __launch_bounds__(256, 2) gate_up_silu_b4_i1_parts(GUS_PARAMS, u32* parts) {
     GUS_BEGIN(32);
     if (lg < 5 || (n & 31)) __trap();
     const u32* xq = (const u32*)x;
@@ -865,8 +865,8 @@ extern "C" __global__ void __launch_bounds__(256, 2) gate_up_silu_b4_v16(GUS_PAR
 
 // ---- The o and down projections with the residual add and half the next norm (issue 7) ----
 //
-// h = res + W x for one input row, 32 rows per block as four groups of _v14's 8 rows x 4 warps
-// (the same loop, warp sums and 0 + sum over the group's warps, so h equals _v14's output plus
+// h = res + W x for one input row, 32 rows per block as four groups of _i4's 8 rows x 4 warps
+// (the same loop, warp sums and 0 + sum over the group's warps, so h equals _i4's output plus
 // res bit for bit), then, for the integer GEMVs that read the norm's output y = rms_norm(h) * w:
 // the parts of u = h * w (xsplit_chunk) and the 32 rows' sum of squares of h in the parts' norm
 // tail, with eps (common.cuh), so that those GEMVs scale their totals by 1 / rms(h) and no norm
@@ -904,7 +904,7 @@ __device__ __forceinline__ void qgemv_norm_rows(float* h, float* y, const u32* _
         if (blockIdx.x == 0) tail[0] = eps;
     }
 }
-extern "C" __global__ void __launch_bounds__(512, 1) qgemv_norm_b4_v17(float* h, float* y, const float* x, int n,
+extern "C" __global__ void __launch_bounds__(512, 1) qgemv_norm_b4_i4(float* h, float* y, const float* x, int n,
                                                                      const u32* packed, const void* scales,
                                                                      const void* biases, int p_dt, int lg, int k,
                                                                      const float* res, const void* nw, int nw_dt,

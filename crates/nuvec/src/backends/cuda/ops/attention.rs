@@ -2,8 +2,6 @@
 //! short chunk, SGEMM + softmax + SGEMM per head for long prefills, and the choice between them
 //! (kernels/attention.cu).
 
-use std::sync::OnceLock;
-
 use cudarc::driver::LaunchConfig;
 
 use super::{
@@ -11,22 +9,13 @@ use super::{
     ATTS_MAX_DIM, ATTS_TARGET_BLOCKS, ATTS_THREADS, DT_F32,
 };
 use crate::backends::cuda::graph::{KArg, StepPos};
-use crate::backends::cuda::{Derived, DeviceBuffer, State, TICKETS};
+use crate::backends::cuda::{Derived, DeviceBuffer, State};
 use crate::{Array, DType, Error, Result};
-
-/// Whether a decode step's split attention merges in its own launch (`attention_split_merge_f32`;
-/// `NUVEC_ATTN_SPLIT_MERGE=0`, read once, keeps the two launches: the same output bit for bit,
-/// for timing one against the other).
-fn merge_in_split() -> bool {
-    static ON: OnceLock<bool> = OnceLock::new();
-    *ON.get_or_init(|| crate::tuning::env("NUVEC_ATTN_SPLIT_MERGE").map_or(true, |v| v != "0"))
-}
 
 impl CudaBackend {
     /// Attention for a decode step or a short chunk: the split-key kernel, then the merge (which
     /// adds the sinks, a device pointer or 0, and writes the integer GEMVs' parts of the one
-    /// output row into `parts` unless it is 0), in one launch while the block counters cover the
-    /// (query, head) pairs (`attention_split_merge_f32`). Keys and values of dtype `kv_dt`. With `ring`
+    /// output row into `parts` unless it is 0). Keys and values of dtype `kv_dt`. With `ring`
     /// (a rotating cache's full ring), a CUDA graph's replays attend at most `cap` keys.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn attention_split(
@@ -65,15 +54,6 @@ impl CudaBackend {
         };
         let ringi = ring as i32;
         let st = self.st()?;
-        // A decode step's (query, head) pairs each have a block counter: the last split merges.
-        if l * hq <= TICKETS && merge_in_split() {
-            let tickets = st.tickets();
-            launch!(st, op, "attention_split_merge_f32", cfg;
-                o, pp, tickets, qp, kp, vp, li, hqi, hkvi, di, capi, kvi, scale, chunki, step, wanti, kv_dt, ringi,
-                sinks, parts);
-            guard!(st, |at| ring || kv_len + at.delta <= cap);
-            return Ok(());
-        }
         launch!(st, op, "attention_split_f32", cfg;
             pp, qp, kp, vp, li, hqi, hkvi, di, capi, kvi, scale, chunki, step, wanti, kv_dt, ringi);
         guard!(st, |at| ring || kv_len + at.delta <= cap);

@@ -20,9 +20,9 @@ fn enabled() -> bool {
 }
 
 /// The `qgemv_multi_b4` variants with a fused twin `gate_up_silu_b4{suffix}` (the per-word,
-/// x-per-word and integer loops; not `qgemv1_b4`'s, which `NUVEC_QGEMV_VARIANT=0` forces). A twin
+/// x-per-word and integer loops; not `qgemv1_b4`'s, which `NUVEC_QGEMV_VARIANT=body` forces). A twin
 /// takes half its variant's rows of gate per block, and as many of up.
-const FUSED_VARIANTS: [&str; 8] = ["_v6", "_v7", "_v8", "_v9", "_v11", "_v13", "_v14", "_v15"];
+const FUSED_VARIANTS: [&str; 8] = ["_w2", "_w1", "_w4", "_w8", "_xw1", "_i1", "_i4", "_i2"];
 
 impl CudaBackend {
     /// One `gate_up_silu_b4_*` launch for one input row (f32, 16-byte aligned, `k` a multiple of
@@ -74,14 +74,14 @@ impl CudaBackend {
         let (ni, p_dt, ki) = (to_i32(op, "rows", n)?, ga.p_dt, to_i32(op, "k", k)?);
         let lg = g.spec.group_size.trailing_zeros() as i32;
         let (pg, sg, bg, pu, su, bu) = (ga.packed, ga.scales, ga.biases, ua.packed, ua.scales, ua.biases);
-        // Where v13 is picked and the outputs are whole 32-value chunks, v16 runs v13's blocks as
+        // Where _i1 is picked and the outputs are whole 32-value chunks, _i1_parts runs _i1's blocks as
         // the warps of a chunk's block and also writes the down projection's integer parts.
-        let parts = if suffix == "_v13" && n.is_multiple_of(32) { self.row_int_parts("gate_up", 1, n)? } else { None };
+        let parts = if suffix == "_i1" && n.is_multiple_of(32) { self.row_int_parts("gate_up", 1, n)? } else { None };
         if let Some(parts) = parts {
             let pp = parts.ptr();
             let blocks = to_i32(op, "blocks", n / 32)? as u32;
             let cfg = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
-            launch!(st, op, "gate_up_silu_b4_v16", cfg; o, xp, ni, pg, sg, bg, pu, su, bu, p_dt, lg, ki, pp);
+            launch!(st, op, "gate_up_silu_b4_i1_parts", cfg; o, xp, ni, pg, sg, bg, pu, su, bu, p_dt, lg, ki, pp);
             out.set_derived(Derived::IntParts, parts);
             return Ok(Some(out));
         }

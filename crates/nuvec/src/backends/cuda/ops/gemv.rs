@@ -25,68 +25,80 @@ const QG_THREADS: u32 = 128;
 /// shift and 6 `dp4a` per row where the f32 loops issue ~24 instructions (they were bound by
 /// issue: the CUDA journal, `git show 83079a1:docs/cuda.md`, eighth session). Measured on the
 /// H200 (its ninth session): the 8B decoded at 427 tok/s against 347 with the f32 loops, a 1B at
-/// 1308 against 1236. Long grids (LM heads, an 8B's gate/up) take 1 warp per block (`_v13`);
+/// 1308 against 1236. Long grids (LM heads, an 8B's gate/up) take 1 warp per block (`_i1`);
 /// otherwise the warps per block grow from 1 while the grid holds fewer than
 /// [`QG_TARGET_WARPS`] warps and every lane still gets a 32-value
-/// chunk of each row (`_v13`, `_v15`, `_v14`): a [4096, 14336] down projection is only 512 blocks
-/// of 8 rows. Groups of 16 and the fused silu(x) * up take the per-word f32 loop (`_v7`, `_v6`,
-/// `_v8`, `_v9`) by the same rule. `NUVEC_QGEMV_VARIANT=0|6..9|11|13..15` forces one shape (for
-/// timing them; see [`qgemv4_shape`]; `_v11`.. apply only where `plain`), `NUVEC_QGEMV_INT=0`
-/// keeps the f32 loops (`_v11` for long grids).
+/// chunk of each row (`_i1`, `_i2`, `_i4`): a [4096, 14336] down projection is only 512 blocks
+/// of 8 rows. Groups of 16 and the fused silu(x) * up take the per-word f32 loop (`_w1`, `_w2`,
+/// `_w4`, `_w8`) by the same rule. `NUVEC_QGEMV_VARIANT=body|w1|w2|w4|w8|xw1|i1|i2|i4` forces one
+/// shape (for timing them; see [`QGEMV4_SHAPES`]; `xw1` and the `i` shapes apply only where
+/// `plain`), `NUVEC_QGEMV_INT=0` keeps the f32 loops (`_xw1` for long grids).
 pub(super) fn qgemv4_variant(k: usize, rows: usize, plain: bool) -> (&'static str, usize, u32) {
-    static FORCED: OnceLock<Option<usize>> = OnceLock::new();
+    static FORCED: OnceLock<Option<&'static Qgemv4Shape>> = OnceLock::new();
     let forced = *FORCED.get_or_init(|| {
-        crate::tuning::env("NUVEC_QGEMV_VARIANT")
-            .ok()
-            .and_then(|v| v.parse::<usize>().ok())
-            .filter(|&v| qgemv4_shape(v).is_some())
+        let v = crate::tuning::env("NUVEC_QGEMV_VARIANT").ok()?;
+        QGEMV4_SHAPES.iter().find(|s| s.name == v.trim())
     });
     let int = plain && int_gemvs();
-    let v = match forced.filter(|&v| v < 10 || plain) {
-        Some(v) => v,
+    let name = match forced.filter(|s| plain || !s.plain_only) {
+        Some(s) => s.name,
         None => {
             let (blocks, chunks) = (rows.div_ceil(8), k / 32);
             if plain && blocks >= QG_LONG_GRID {
                 if int {
-                    13
+                    "i1"
                 } else {
-                    11
+                    "xw1"
                 }
             } else {
                 match (grid_warps(blocks, chunks, 8, 2), int) {
-                    (1, true) => 13,
-                    (2, true) => 15,
-                    (_, true) => 14,
-                    (1, false) => 7,
-                    (2, false) => 6,
-                    (4, false) => 8,
-                    _ => 9,
+                    (1, true) => "i1",
+                    (2, true) => "i2",
+                    (_, true) => "i4",
+                    (1, false) => "w1",
+                    (2, false) => "w2",
+                    (4, false) => "w4",
+                    _ => "w8",
                 }
             }
         }
     };
-    qgemv4_shape(v).expect("qgemv4_variant picks listed shapes only")
+    let s = QGEMV4_SHAPES.iter().find(|s| s.name == name).expect("qgemv4_variant picks listed shapes only");
+    (s.suffix, s.rows, s.threads)
 }
 
-/// The one-row 4-bit GEMV kernels by variant number: `(kernel name suffix, output rows per block,
-/// threads per block)`. 0 is `qgemv1_b4`, the `qgemv_body` kernel every width has; 1-5 were
-/// earlier `qgemv_body` shapes, removed after they lost on the H200 (the CUDA journal,
-/// `git show 83079a1:docs/cuda.md`, third and fourth sessions).
-fn qgemv4_shape(v: usize) -> Option<(&'static str, usize, u32)> {
-    Some(match v {
-        0 => ("", QG_ROWS, QG_THREADS),
-        6 => ("_v6", 8, 64),
-        7 => ("_v7", 8, 32),
-        8 => ("_v8", 8, 128),
-        9 => ("_v9", 8, 256),
-        11 => ("_v11", 8, 32),
-        // Integer dot products over x's parts (`xsplit_f32`): 1, 4 and 2 warps.
-        13 => ("_v13", 8, 32),
-        14 => ("_v14", 8, 128),
-        15 => ("_v15", 8, 64),
-        _ => return None,
-    })
+/// A one-row 4-bit GEMV kernel: `qgemv1_b4{suffix}` (and `qgemv_multi_b4{suffix}`,
+/// `gate_up_silu_b4{suffix}` where it has them), named by its loop (`w`: f32 per weight word,
+/// `xw`: f32 with x per word, `i`: int8 dot products over x's parts) and its warps per block.
+struct Qgemv4Shape {
+    /// The knob's value for it (`NUVEC_QGEMV_VARIANT`).
+    name: &'static str,
+    suffix: &'static str,
+    /// Output rows per block.
+    rows: usize,
+    threads: u32,
+    /// Only for groups of 32 and more without the fused silu(x) * up.
+    plain_only: bool,
 }
+
+const fn shape(name: &'static str, suffix: &'static str, rows: usize, threads: u32, plain_only: bool) -> Qgemv4Shape {
+    Qgemv4Shape { name, suffix, rows, threads, plain_only }
+}
+
+/// Every one-row 4-bit GEMV shape. `body` is `qgemv1_b4`, the `qgemv_body` kernel every width
+/// has; earlier shapes that lost on the H200 are gone (the CUDA journal, `git show
+/// 83079a1:docs/cuda.md`, third and fourth sessions; 4-row x-per-word shapes never picked).
+const QGEMV4_SHAPES: &[Qgemv4Shape] = &[
+    shape("body", "", QG_ROWS, QG_THREADS, false),
+    shape("w1", "_w1", 8, 32, false),
+    shape("w2", "_w2", 8, 64, false),
+    shape("w4", "_w4", 8, 128, false),
+    shape("w8", "_w8", 8, 256, false),
+    shape("xw1", "_xw1", 8, 32, true),
+    shape("i1", "_i1", 8, 32, true),
+    shape("i2", "_i2", 8, 64, true),
+    shape("i4", "_i4", 8, 128, true),
+];
 
 /// The one-row 8-bit integer GEMV's shape for `k` inputs and `rows` outputs (all weights of a
 /// multi-weight launch together), `None` while the integer GEMVs are off: `(kernel name suffix,
@@ -154,9 +166,9 @@ pub(super) fn int_parts_bytes(k: usize) -> usize {
     ((k / 32) * (QI_WORDS + 3) + 1) * 4
 }
 
-/// Whether a one-row 4-bit variant reads x as `xsplit_f32`'s parts (integer dot products).
+/// Whether a one-row 4- or 8-bit variant reads x as `xsplit_f32`'s parts (integer dot products).
 fn int_variant(suffix: &str) -> bool {
-    matches!(suffix, "_v13" | "_v14" | "_v15" | "_i1" | "_i2" | "_i4")
+    matches!(suffix, "_i1" | "_i2" | "_i4")
 }
 
 /// Whether the decode down projection takes `silu(gate) * up` inside the GEMV
@@ -171,16 +183,16 @@ pub(super) fn fused_silu() -> bool {
 const QI_WORDS: usize = 24;
 
 /// Blocks of 8 rows from which a one-row 4-bit GEMV is a long grid (LM heads, an 8B's gate/up):
-/// there `_v11` (8 rows x 1 warp, x per word, 96 registers) read fastest on the H200: the 8B's
-/// LM head 110 us against 128 (`_v7`), Qwen3-0.6B's 44 against 50, a [14336, 4096] gate 17.8
+/// there `_xw1` (8 rows x 1 warp, x per word, 96 registers) read fastest on the H200: the 8B's
+/// LM head 110 us against 128 (`_w1`), Qwen3-0.6B's 44 against 50, a [14336, 4096] gate 17.8
 /// against 19.2 (`timing_probe`, fourth session).
 const QG_LONG_GRID: usize = 1536;
 
 /// Warps a one-row 4-bit GEMV grid should hold before it adds warps per block: ~12 per SM of the
 /// H200's 132 (the 128-register kernels fit 16 warps per SM). At 16 per SM an 8B's q/k/v launch
 /// (768 blocks of 8 rows) took 4 warps per block, 1.45 waves of the 528 blocks an H200 holds;
-/// with 2 warps (`_v15`, 1 056 resident) it is one wave, and the 8B decoded 1.5 % faster
-/// (eleventh session: 451 against 444 tok/s, medians of 3); 1 024 (`_v15` for the o and down
+/// with 2 warps (`_i2`, 1 056 resident) it is one wave, and the 8B decoded 1.5 % faster
+/// (eleventh session: 451 against 444 tok/s, medians of 3); 1 024 (`_i2` for the o and down
 /// projections too) was 3.5 % slower.
 const QG_TARGET_WARPS: usize = 1536;
 
@@ -410,7 +422,7 @@ mod tests {
     #[test]
     fn one_row_shapes_follow_the_grid_rules() {
         // An 8B's q/k/v (6,144 rows of 4,096): 768 blocks of 8 rows, two warps fill the grid.
-        assert_eq!(one_row_shape(4, 4096, 6144, true), ("_v15", 8, 64));
+        assert_eq!(one_row_shape(4, 4096, 6144, true), ("_i2", 8, 64));
         // gpt-oss's q/k/v in 8 bits (5,120 rows of 2,880 = 90 chunks): two warps would leave a
         // pass of 64 lanes a third empty, so one; its o projection (2,880 rows of 4,096) takes two;
         // its LM head is a long grid of one warp a block.

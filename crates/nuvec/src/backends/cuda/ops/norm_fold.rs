@@ -1,5 +1,5 @@
 //! The output and down projections of a decode row with the residual add and the next norm
-//! folded in (`qgemv_norm_b4_v17`, kernels/linear.cu; issue 7). The GEMV writes `h = residual +
+//! folded in (`qgemv_norm_b4_i4`, kernels/linear.cu; issue 7). The GEMV writes `h = residual +
 //! x w^T` and, for the norm's output, `u = h * weight` with its integer parts and the sums of
 //! squares of `h` (common.cuh, the parts' norm tail): the integer GEMVs that read the norm's
 //! output scale their totals by `1 / rms(h)`, so no norm kernel runs. The output array holds `u`
@@ -20,7 +20,7 @@ fn enabled() -> bool {
 }
 
 impl CudaBackend {
-    /// One `qgemv_norm_b4_v17` launch for one f32 input row of `k` (a multiple of 32) and a 4-bit
+    /// One `qgemv_norm_b4_i4` launch for one f32 input row of `k` (a multiple of 32) and a 4-bit
     /// affine `w` with groups of 32 or more and `n` rows (a multiple of 32), the residual one f32
     /// row of `n`, `eps` > 0. `None` (nothing launched) otherwise.
     pub(super) fn fused_linear_add_rms_norm(
@@ -64,7 +64,7 @@ impl CudaBackend {
         if !(wa.packed | x.cuda_addr()?).is_multiple_of(16) {
             return Ok(None);
         }
-        let (xq, _split) = self.gemv_input(op, "_v14", x, k)?;
+        let (xq, _split) = self.gemv_input(op, "_i4", x, k)?;
         let rp = self.f32_ptr(op, "residual", residual)?;
         let (nw_dt, nwp) = (float_code(op, "weight", weight)?, self.ptr(op, "weight", weight)?);
         let h = self.output(residual.shape(), DType::F32, false)?;
@@ -76,7 +76,7 @@ impl CudaBackend {
         let lg = q.spec.group_size.trailing_zeros() as i32;
         let blocks = to_i32(op, "blocks", n / 32)? as u32;
         let cfg = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (512, 1, 1), shared_mem_bytes: 0 };
-        launch!(self.st()?, op, "qgemv_norm_b4_v17", cfg;
+        launch!(self.st()?, op, "qgemv_norm_b4_i4", cfg;
             hp, yp, xq, ni, packed, scales, biases, p_dt, lg, ki, rp, nwp, nw_dt, eps, pp);
         normed.set_derived(Derived::IntParts, parts);
         normed.set_pending_norm();
