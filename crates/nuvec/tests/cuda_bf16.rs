@@ -371,6 +371,19 @@ fn batched_decode_products_on_the_tensor_cores() {
 }
 
 #[test]
+fn batched_decode_products_of_many_tiles() {
+    // A weight of 20 000 rows: enough blocks for the register kernels' two-tile forms
+    // (`qdec_b4_r32_t2`, `_r64_t2`, which fill every multiprocessor here; the 1 000-row weights
+    // above take one tile a block), over 17 to 64 rows, a partial last input tile included,
+    // against the CPU.
+    let mut rng = Rng::new(41);
+    let w = quantized(&mut rng, 20_000, 4096, 4, 64, DType::BF16);
+    for m in [17usize, 32, 33, 41, 64] {
+        check_linear("q4 g64 bf16 k=4096 n=20000", &mut rng, &w, m);
+    }
+}
+
+#[test]
 fn linear_many_and_silu_mul_linear() {
     // The input converted once for several weights (q/k/v, gate/up), and the down projection of
     // silu(gate) * up made in bf16 in one pass; decode-sized calls stay f32.
