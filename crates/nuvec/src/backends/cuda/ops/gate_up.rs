@@ -19,11 +19,6 @@ fn enabled() -> bool {
     *ON.get_or_init(|| crate::tuning::env("NUVEC_GATE_UP_SILU").map_or(true, |v| v != "0"))
 }
 
-/// The `qgemv_multi_b4` variants with a fused twin `gate_up_silu_b4{suffix}` (the per-word,
-/// x-per-word and integer loops; not `qgemv1_b4`'s, which `NUVEC_QGEMV_VARIANT=body` forces). A twin
-/// takes half its variant's rows of gate per block, and as many of up.
-const FUSED_VARIANTS: [&str; 8] = ["_w2", "_w1", "_w4", "_w8", "_xw1", "_i1", "_i4", "_i2"];
-
 impl CudaBackend {
     /// One `gate_up_silu_b4_*` launch for one input row (f32, 16-byte aligned, `k` a multiple of
     /// 32) and 4-bit affine `gate`, `up` of one shape, group size (32 or more) and scale dtype,
@@ -58,8 +53,10 @@ impl CudaBackend {
         }
         // The shape of the [gate; up] launch of `linear_many` (same warps per block, so each
         // row's sum adds in the same order).
+        // Every shape has a fused twin `gate_up_silu_b4{suffix}` taking half its rows of gate per
+        // block and as many of up, but `qgemv1_b4` (no suffix, `NUVEC_QGEMV_VARIANT=body`).
         let (suffix, rows, threads) = qgemv4_variant(k, 2 * n, true);
-        if !FUSED_VARIANTS.contains(&suffix) {
+        if suffix.is_empty() {
             return Ok(None);
         }
         let mut shape = x.shape().to_vec();

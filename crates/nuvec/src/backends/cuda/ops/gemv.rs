@@ -37,33 +37,33 @@ pub(super) fn qgemv4_variant(k: usize, rows: usize, plain: bool) -> (&'static st
     static FORCED: OnceLock<Option<&'static Qgemv4Shape>> = OnceLock::new();
     let forced = *FORCED.get_or_init(|| {
         let v = crate::tuning::env("NUVEC_QGEMV_VARIANT").ok()?;
-        QGEMV4_SHAPES.iter().find(|s| s.name == v.trim())
+        QGEMV4_SHAPES.iter().find(|s| s.knob_value() == v.trim())
     });
     let int = plain && int_gemvs();
-    let name = match forced.filter(|s| plain || !s.plain_only) {
-        Some(s) => s.name,
+    let suffix = match forced.filter(|s| plain || !s.plain_only) {
+        Some(s) => s.suffix,
         None => {
             let (blocks, chunks) = (rows.div_ceil(8), k / 32);
             if plain && blocks >= QG_LONG_GRID {
                 if int {
-                    "i1"
+                    "_i1"
                 } else {
-                    "xw1"
+                    "_xw1"
                 }
             } else {
                 match (grid_warps(blocks, chunks, 8, 2), int) {
-                    (1, true) => "i1",
-                    (2, true) => "i2",
-                    (_, true) => "i4",
-                    (1, false) => "w1",
-                    (2, false) => "w2",
-                    (4, false) => "w4",
-                    _ => "w8",
+                    (1, true) => "_i1",
+                    (2, true) => "_i2",
+                    (_, true) => "_i4",
+                    (1, false) => "_w1",
+                    (2, false) => "_w2",
+                    (4, false) => "_w4",
+                    _ => "_w8",
                 }
             }
         }
     };
-    let s = QGEMV4_SHAPES.iter().find(|s| s.name == name).expect("qgemv4_variant picks listed shapes only");
+    let s = QGEMV4_SHAPES.iter().find(|s| s.suffix == suffix).expect("qgemv4_variant picks listed shapes only");
     (s.suffix, s.rows, s.threads)
 }
 
@@ -71,8 +71,6 @@ pub(super) fn qgemv4_variant(k: usize, rows: usize, plain: bool) -> (&'static st
 /// `gate_up_silu_b4{suffix}` where it has them), named by its loop (`w`: f32 per weight word,
 /// `xw`: f32 with x per word, `i`: int8 dot products over x's parts) and its warps per block.
 struct Qgemv4Shape {
-    /// The knob's value for it (`NUVEC_QGEMV_VARIANT`).
-    name: &'static str,
     suffix: &'static str,
     /// Output rows per block.
     rows: usize,
@@ -81,23 +79,30 @@ struct Qgemv4Shape {
     plain_only: bool,
 }
 
-const fn shape(name: &'static str, suffix: &'static str, rows: usize, threads: u32, plain_only: bool) -> Qgemv4Shape {
-    Qgemv4Shape { name, suffix, rows, threads, plain_only }
+impl Qgemv4Shape {
+    /// Its `NUVEC_QGEMV_VARIANT` value: the suffix without its `_`, `body` for `qgemv1_b4`.
+    fn knob_value(&self) -> &'static str {
+        self.suffix.strip_prefix('_').unwrap_or("body")
+    }
 }
 
-/// Every one-row 4-bit GEMV shape. `body` is `qgemv1_b4`, the `qgemv_body` kernel every width
-/// has; earlier shapes that lost on the H200 are gone (the CUDA journal, `git show
+const fn shape(suffix: &'static str, rows: usize, threads: u32, plain_only: bool) -> Qgemv4Shape {
+    Qgemv4Shape { suffix, rows, threads, plain_only }
+}
+
+/// Every one-row 4-bit GEMV shape. The first (no suffix; `body` to the knob) is `qgemv1_b4`, the
+/// `qgemv_body` kernel every width has; earlier shapes that lost on the H200 are gone (the CUDA journal, `git show
 /// 83079a1:docs/cuda.md`, third and fourth sessions; 4-row x-per-word shapes never picked).
 const QGEMV4_SHAPES: &[Qgemv4Shape] = &[
-    shape("body", "", QG_ROWS, QG_THREADS, false),
-    shape("w1", "_w1", 8, 32, false),
-    shape("w2", "_w2", 8, 64, false),
-    shape("w4", "_w4", 8, 128, false),
-    shape("w8", "_w8", 8, 256, false),
-    shape("xw1", "_xw1", 8, 32, true),
-    shape("i1", "_i1", 8, 32, true),
-    shape("i2", "_i2", 8, 64, true),
-    shape("i4", "_i4", 8, 128, true),
+    shape("", QG_ROWS, QG_THREADS, false),
+    shape("_w1", 8, 32, false),
+    shape("_w2", 8, 64, false),
+    shape("_w4", 8, 128, false),
+    shape("_w8", 8, 256, false),
+    shape("_xw1", 8, 32, true),
+    shape("_i1", 8, 32, true),
+    shape("_i2", 8, 64, true),
+    shape("_i4", 8, 128, true),
 ];
 
 /// The one-row 8-bit integer GEMV's shape for `k` inputs and `rows` outputs (all weights of a
@@ -418,6 +423,13 @@ impl CudaBackend {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_variant_knob_lists_every_shape() {
+        let knob = crate::tuning::KNOBS.iter().find(|k| k.name == "NUVEC_QGEMV_VARIANT").unwrap();
+        let values: Vec<&str> = super::QGEMV4_SHAPES.iter().map(|s| s.knob_value()).collect();
+        assert_eq!(knob.values, values.join(", "));
+    }
 
     #[test]
     fn one_row_shapes_follow_the_grid_rules() {

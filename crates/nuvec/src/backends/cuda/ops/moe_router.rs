@@ -17,6 +17,7 @@ use crate::{Array, DType, Error, Matrix, Result};
 /// Most rows the one-launch router takes (tickets: one counter per row); more run the product as
 /// a matrix product, then `moe_route`.
 const ROUTE_ROWS: usize = 8;
+const _: () = assert!(ROUTE_ROWS <= crate::backends::cuda::TICKETS, "a counter per routed row");
 /// Experts per block of `moe_route_dense` (moe_router.cu's `MOE_RL_EXPERTS`).
 const ROUTE_EXPERTS_PER_BLOCK: usize = 4;
 /// Threads per block of `moe_route` and `moe_route_dense` (`MOE_ROUTE_THREADS`, `32 * MOE_RL_WARPS`).
