@@ -3,8 +3,9 @@
 # CUDA install needed): NVRTC comes from PyPI's nvidia-cuda-nvrtc wheel (pinned), called through
 # ctypes. Each source is compiled exactly as the backend does at run time (prelude + source,
 # `--gpu-architecture=compute_90 --std=c++17`, giving PTX), and again for sm_90 (machine code,
-# so ptxas errors show too); every `extern "C" __global__` kernel must appear in the PTX and start
-# with `pdl_begin();` (or an L2 prefetch first: linear.cu's *_BEGIN macros, attention.cu's atts_prefetch).
+# so ptxas errors show too), then both for sm_90a (what an H100 / H200 compiles: the warpgroup
+# MMA); every `extern "C" __global__` kernel must appear in the PTX and start with
+# `pdl_begin();` (or an L2 prefetch first: linear.cu's *_BEGIN macros, attention.cu's atts_prefetch).
 # Exits non-zero if anything fails. Usage: scripts/check-cuda-kernels.sh
 set -euo pipefail
 
@@ -41,7 +42,8 @@ for path in sources:
     body = open(path).read()
     src = source(kernels, name)
     names = re.findall(r'extern "C" __global__ void (?:__launch_bounds__\([^)]*\)\s*)?(\w+)\s*\(', body)
-    for arch in ("compute_90", "sm_90"):
+    # compute_90a and sm_90a: what an H100 / H200 runs (the qwg kernels' warpgroup MMA).
+    for arch in ("compute_90", "sm_90", "compute_90a", "sm_90a"):
         ok, log, ptx = compile_src(nvrtc, name, src, [f"--gpu-architecture={arch}", "--std=c++17"])
         missing = [k for k in names if ok and arch.startswith("compute") and f".entry {k}(" not in ptx]
         status = "ok" if ok and not missing else "FAILED"
@@ -71,9 +73,9 @@ def body_start(text, at):
 # the kernel before it on the stream. The 4-bit GEMVs start with QG4_BEGIN / QGM4_BEGIN /
 # GUS_BEGIN (linear.cu), the few-row products with QM_BEGIN (qmma.cu) and QI_BEGIN (qimma.cu), and the decode attention
 # split with atts_prefetch: an L2 prefetch of what they will read (a hint, which cannot race),
-# then pdl_begin (the router's product: moe_router_prefetch); the few-row register kernels (qimma_reg) copy their first weights, scales and
-# biases, which no kernel writes, into shared memory first.
-starts = ("pdl_begin();", "atts_prefetch(", "QG4_BEGIN(", "QGM4_BEGIN(", "GUS_BEGIN(", "QM_BEGIN(", "QI_BEGIN(", "qimma_reg<", "qdec_reg<", "moe_router_prefetch(")
+# then pdl_begin (the router's product: moe_router_prefetch); the few-row register kernels (qimma_reg, qdec_reg, qwg_reg) copy
+# their first weights, scales and biases, which no kernel writes, into shared memory first.
+starts = ("pdl_begin();", "atts_prefetch(", "QG4_BEGIN(", "QGM4_BEGIN(", "GUS_BEGIN(", "QM_BEGIN(", "QI_BEGIN(", "qimma_reg<", "qdec_reg<", "qwg_reg<", "moe_router_prefetch(")
 checks = 0
 for path in sources:
     name, body = os.path.basename(path), open(path).read()

@@ -2,6 +2,8 @@
 // per CUDA thread, blocks one after another, __syncthreads and warp shuffles as barriers. It checks
 // a kernel's indexing and logic, not its speed or memory model.
 #include <barrier>
+#include <cstdio>
+#include <cstdlib>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -12,6 +14,7 @@
 #include <vector>
 #include <algorithm>
 #include <atomic>
+#include <array>
 
 struct dim3 { unsigned x = 1, y = 1, z = 1; };
 struct float4 { float x, y, z, w; };
@@ -38,10 +41,13 @@ struct Warp {
 struct Block {
     std::unique_ptr<std::barrier<>> bar;
     std::vector<Warp> warps;
+    // wgmma's exchange: each warpgroup's barrier and its threads' A fragments.
+    std::vector<std::unique_ptr<std::barrier<>>> wg_bars;
+    std::vector<std::array<unsigned, 4>> wg_a;
     std::atomic<int> any{0};  // __syncthreads_or
 };
 thread_local Block* t_block;
-static float emu_dyn_smem[1 << 16];
+alignas(1024) static float emu_dyn_smem[1 << 16];
 
 inline void __syncthreads() { t_block->bar->arrive_and_wait(); }
 inline int atomicAdd(int* p, int v) { return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST); }
@@ -142,6 +148,8 @@ void emu_launch(dim3 grid, dim3 block, std::function<void()> body) {
                 b.bar = std::make_unique<std::barrier<>>(n);
                 b.warps.resize((n + 31) / 32);
                 for (auto& w : b.warps) w.bar = std::make_unique<std::barrier<>>(32);
+                for (int g = 0; g < n / 128; ++g) b.wg_bars.push_back(std::make_unique<std::barrier<>>(128));
+                b.wg_a.resize(n);
                 std::vector<std::thread> ts;
                 for (int t = 0; t < n; ++t)
                     ts.emplace_back([&, t, bx, by, bz] {
@@ -322,3 +330,46 @@ inline bool __any_sync(unsigned, bool v) {
     w.bar->arrive_and_wait();  // every lane has read before any lane's next call
     return any;
 }
+
+// wgmma.mma_async m64nNk16 (bf16, f32 sums; A from registers, B K-major from shared memory by a
+// descriptor with the 128-byte swizzle), at once: the warpgroup's threads exchange their A
+// fragments, each computes its own outputs (sums in f64, rounded once). B's element (k, n) is at
+// start + (n / 8) SBO + (n % 8) 128 + 2 k, its 16-byte unit bits (4-6) XORed with bits 7-9.
+template <int NT>
+inline void wgmma_bf16(float (&d)[NT][4], const unsigned (&a)[4], unsigned long long desc) {
+    const int tid = threadIdx.x, wg = tid / 128, lane = tid & 31, g = lane >> 2, t = lane & 3;
+    if ((desc >> 62) != 1) { fprintf(stderr, "wgmma emulation: only the 128-byte swizzle\n"); std::abort(); }
+    const unsigned start = (unsigned)(desc & 0x3FFF) << 4, sbo = (unsigned)((desc >> 32) & 0x3FFF) << 4;
+    Block& b = *t_block;
+    b.wg_bars[wg]->arrive_and_wait();
+    for (int i = 0; i < 4; ++i) b.wg_a[tid][i] = a[i];
+    b.wg_bars[wg]->arrive_and_wait();
+    // A[r][k] (r of this warp's 16): thread (warp, (r % 8) * 4 + (k % 8) / 2), register (r >= 8) + 2 (k >= 8).
+    const int w0 = wg * 128 + ((tid >> 5) & 3) * 32;
+    auto A = [&](int r, int k) {
+        unsigned v = b.wg_a[w0 + (r & 7) * 4 + ((k & 7) >> 1)][(r >= 8) + 2 * (k >= 8)];
+        return (double)emu_bf16(k & 1 ? v >> 16 : v);
+    };
+    auto B = [&](int k, int n) {
+        unsigned at = start + (n / 8) * sbo + (n % 8) * 128 + 2 * k;
+        at ^= ((at >> 7) & 7) << 4;
+        unsigned short v;
+        std::memcpy(&v, emu_smem(at), 2);
+        return (double)emu_bf16(v);
+    };
+    double r[NT][4];
+    for (int j = 0; j < NT; ++j)
+        for (int e = 0; e < 4; ++e) {
+            const int row = g + 8 * (e >> 1), n = 8 * j + 2 * t + (e & 1);
+            double s = d[j][e];
+            for (int k = 0; k < 16; ++k) s += A(row, k) * B(k, n);
+            r[j][e] = s;
+        }
+    b.wg_bars[wg]->arrive_and_wait();  // every thread has read the fragments before any thread's next call
+    for (int j = 0; j < NT; ++j)
+        for (int e = 0; e < 4; ++e) d[j][e] = (float)r[j][e];
+}
+inline void wg_fence() {}
+inline void wg_commit() {}
+inline void wg_wait() {}
+inline void fence_proxy_async() {}

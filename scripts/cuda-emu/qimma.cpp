@@ -180,7 +180,7 @@ typedef void (*DecKernel)(const u32*, int, int, int, int, float*, int, const u32
 // f32 scales (rounded to f32, then to bf16, as the prefill GEMM's qdequant_bf16), to 1e-5; and the
 // product itself to 3e-2 (x and the weights in bf16).
 static void test_dec(const char* name, DecKernel f, int nt, int m, int n, int n2, int k, int group, int tpb = 1,
-                     int dt = DT_BF16) {
+                     int dt = DT_BF16, bool wg = false, int ranges = 1) {
     QW ws[2] = {make(n, k, group, dt), make(n2, k, group, dt)};
     const auto x = random_x(m, k);
     const int kc = k / 32, tiles = (m + 7) / 8;
@@ -193,13 +193,28 @@ static void test_dec(const char* name, DecKernel f, int nt, int m, int n, int n2
     for (int c = 0; c < kc; ++c)
         for (int row = m; row < tiles * 8; ++row)
             for (int j = 0; j < 16; ++j) xb[(((size_t)(row / 8) * kc + c) * 8 + row % 8) * 16 + j] = 0x7FC07FC0u;
-    std::vector<float> out0((size_t)m * n, NAN), out1((size_t)m * n2, NAN);
+    // ranges > 1 (the qwg kernels): slices of K's batches, each its own slice of the outputs,
+    // then added in range order as qmma_reduce adds them.
+    std::vector<float> out0((size_t)ranges * m * n, NAN), out1((size_t)ranges * m * n2, NAN);
     const int lg = __builtin_ctz(group);
     const unsigned blocks = (unsigned)((n + 16 * tpb - 1) / (16 * tpb) + (n2 + 16 * tpb - 1) / (16 * tpb));
-    emu_launch({blocks, (unsigned)((tiles + nt - 1) / nt), 1}, {256, 1, 1}, [&] {
-        f(xb.data(), m, dt, lg, k, out0.data(), n, ws[0].packed.data(), ws[0].sc.data(), ws[0].bi.data(),
+    // wg: the qwg kernels, x in the xwg layout for 8 nt rows (one block row of input).
+    std::vector<unsigned> xw;
+    if (wg) {
+        xw.assign((size_t)nt * 8 * k / 2, 0xDEADBEEFu);
+        emu_launch({(unsigned)((k / 64 * nt * 64 + 255) / 256), 1, 1}, {256, 1, 1},
+                   [&] { xwg_from_tiles((uint4*)xw.data(), (const uint4*)xb.data(), m, k, nt * 8); });
+    }
+    emu_launch({blocks, wg ? (unsigned)ranges : (unsigned)((tiles + nt - 1) / nt), 1}, {256, 1, 1}, [&] {
+        f(wg ? xw.data() : xb.data(), m, dt, lg, k, out0.data(), n, ws[0].packed.data(), ws[0].sc.data(), ws[0].bi.data(),
           out1.data(), n2, ws[1].packed.data(), ws[1].sc.data(), ws[1].bi.data(), nullptr, 0, nullptr, nullptr, nullptr);
     });
+    for (auto* o : {&out0, &out1}) {
+        const size_t mn = o->size() / ranges;
+        for (size_t i = 0; i < mn; ++i)
+            for (int r = 1; r < ranges; ++r) (*o)[i] += (*o)[r * mn + i];
+        o->resize(mn);
+    }
     auto bf = [](double v) { return (double)emu_bf16(emu_bf16_rn_d(v)); };
     for (int wi = 0; wi < 2; ++wi) {
         const QW& w = ws[wi];
@@ -284,6 +299,15 @@ int main() {
     test_dec("qdec_b4_r32_t2", qdec_b4_r32_t2, 4, 20, 40, 32, 384, 64, 2);
     test_dec("qdec_b4_r64_t2", qdec_b4_r64_t2, 8, 64, 40, 17, 256, 32, 2);
     test_dec("qdec_b4_r64_t2", qdec_b4_r64_t2, 8, 41, 72, 24, 1024, 128, 2);
+    // The warpgroup forms: blocks of 8 tiles, x through xwg_from_tiles.
+    test_dec("qwg_b4_r64", qwg_b4_r64, 8, 64, 136, 24, 256, 64, 8, DT_BF16, true);
+    test_dec("qwg_b4_r64", qwg_b4_r64, 8, 41, 40, 130, 512, 128, 8, DT_BF16, true);
+    test_dec("qwg_b4_r32", qwg_b4_r32, 4, 17, 24, 150, 384, 32, 8, DT_BF16, true);
+    test_dec("qwg_b4_r32", qwg_b4_r32, 4, 32, 128, 16, 1024, 64, 8, DT_BF16, true);
+    // K in ranges of batches: 3 of 3 and 3 of 2 + 1 (8 and 7 batches), 2 of 1.
+    test_dec("qwg_b4_r64", qwg_b4_r64, 8, 50, 136, 24, 1024, 64, 8, DT_BF16, true, 3);
+    test_dec("qwg_b4_r32", qwg_b4_r32, 4, 20, 40, 130, 896, 32, 8, DT_BF16, true, 3);
+    test_dec("qwg_b4_r64", qwg_b4_r64, 8, 64, 24, 16, 256, 128, 8, DT_BF16, true, 2);
     // Their `s` forms: f16 scales (GGUF's Q4_0 / Q4_1) and f32 ones (its K-quants), each form and
     // group size.
     for (int dt : {DT_F16, DT_F32}) {

@@ -30,8 +30,8 @@ fn rows(logits: &nuvec::Array) -> Vec<Vec<f32>> {
     v.chunks(logits.dim(1)).map(<[f32]>::to_vec).collect()
 }
 
-fn prompts(model: &Model) -> Vec<Vec<u32>> {
-    LENGTHS.iter().enumerate().map(|(i, &n)| prompt(model.vocab_size() - i, n)).collect()
+fn prompts(model: &Model, lengths: &[usize]) -> Vec<Vec<u32>> {
+    lengths.iter().enumerate().map(|(i, &n)| prompt(model.vocab_size() - i, n)).collect()
 }
 
 /// Each sequence alone: the prompt but its last token prefilled, then one token at a time.
@@ -67,9 +67,14 @@ fn check(case: &str, kv: Option<KvDtype>) {
 /// `check` with each step's logits allowed `TOLERANCE` plus `relative` times the row's largest
 /// |logit| (products that round x and the weights to bf16 in a batch, against f32 alone).
 fn check_within(case: &str, kv: Option<KvDtype>, relative: f32) {
+    check_lengths(case, kv, relative, &LENGTHS);
+}
+
+/// `check_within` over prompts of `lengths`.
+fn check_lengths(case: &str, kv: Option<KvDtype>, relative: f32, lengths: &[usize]) {
     let model = model_on_gpu(case, kv);
-    let prompts = prompts(&model);
-    let mut paged = PagedCache::new(&model, 1024, 16, LENGTHS.len()).unwrap();
+    let prompts = prompts(&model, lengths);
+    let mut paged = PagedCache::new(&model, 1024, 16, lengths.len()).unwrap();
     let mut ids = vec![];
     for p in &prompts {
         let id = paged.add().unwrap();
@@ -171,6 +176,15 @@ fn bf16_scaled_4bit_batched_on_the_gpu() {
     check_within("random-tiny-q4", Some(KvDtype::Bf16), 1.0 / 64.0);
 }
 
+/// The same at 40 sequences: products of 17 to 64 rows (`qdec_b4_r64`; on an H100 / H200 with
+/// `NUVEC_QDEC_WGMMA=1` the warpgroup kernels, `qwg_b4_r64`, K in ranges, as a larger model's
+/// gate/up takes them by default).
+#[test]
+fn bf16_scaled_4bit_wide_batch_on_the_gpu() {
+    let lengths: Vec<usize> = (0..40).map(|i| [1, 17, 300, 5, 40, 2, 64, 9][i % 8] + i).collect();
+    check_lengths("random-tiny-q4", None, 1.0 / 64.0, &lengths);
+}
+
 /// A Qwen3-MoE checkpoint quantized from bf16 (bf16 scales, as mlx-community's; fixture
 /// `moe_bf16/qwen3_moe-bf16q4`): its batched steps run the experts as grouped tensor-core products
 /// (x and the activations rounded to bf16) from two rows here instead of 8, so that this batch of
@@ -218,7 +232,7 @@ fn solo(model: &Model, p: &[u32], max_tokens: usize) -> (Vec<u32>, Vec<f32>) {
 /// (where batched rounding may legitimately pick the other), batched and batch-invariant.
 fn check_batcher(case: &str, kv: Option<KvDtype>) {
     let model = model_on_gpu(case, kv);
-    let prompts = prompts(&model);
+    let prompts = prompts(&model, &LENGTHS);
     for invariant in [false, true] {
         let options = BatcherOptions { batch_invariant: invariant, ..Default::default() };
         let mut batcher = Batcher::new(&model, options).unwrap();

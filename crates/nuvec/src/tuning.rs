@@ -225,6 +225,15 @@ pub const KNOBS: &[Knob] = &[
         "cuda",
         "the most weight tiles per block of the bf16 register kernels at 32-64 rows (where they fill the GPU)",
     ),
+    knob(
+        "NUVEC_QDEC_WGMMA",
+        "0, 1",
+        "unset: where the blocks fill half the GPU with K whole",
+        "cuda",
+        "the bf16 products of 17-64 rows with bf16 scales on Hopper's warpgroup MMA (qwg kernels, sm_90 \
+         only): x copied once per 128 weight rows instead of loaded per 16; unset where their blocks \
+         fill half the GPU (an 8B's gate/up), 1 every such product (K in ranges), 0 never",
+    ),
     knob("NUVEC_ROPE_KV", "0, 1", "1", "cuda", "rope and the cache write of a decode step in one launch"),
 ];
 

@@ -87,7 +87,8 @@ fn nvrtc_defines() -> Vec<String> {
 }
 
 /// The NVRTC options every source is compiled with, for a virtual architecture such as
-/// `compute_90` (the device's own, at run time). `scripts/check-cuda-kernels.sh` uses the same.
+/// `compute_90` (the device's own at run time; `compute_90a` on sm_90, for the warpgroup MMA).
+/// `scripts/check-cuda-kernels.sh` compiles both.
 pub fn nvrtc_options(arch: &str) -> Vec<String> {
     vec![format!("--gpu-architecture={arch}"), "--std=c++17".into()]
 }
@@ -282,7 +283,9 @@ impl State {
             .map_err(driver_err("setting the memory pool's release threshold"))?;
         }
         let (major, minor) = ctx.compute_capability().map_err(driver_err("reading the compute capability"))?;
-        let arch = format!("compute_{major}{minor}");
+        // sm_90a's PTX for an H100 / H200: its warpgroup MMA (ops/qimma.rs, the qwg kernels).
+        let wgmma = ops::qimma::wgmma_arch(major, minor);
+        let arch = if wgmma { "compute_90a".to_string() } else { format!("compute_{major}{minor}") };
         let sms = ctx
             .attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
             .map_err(driver_err("reading the multiprocessor count"))?;
@@ -298,7 +301,8 @@ impl State {
                 // The few-row products (qmma.cu, qimma.cu): threads and shared memory per block.
                 let few_row = ops::qmma::qmma_smem_bytes(kernel)
                     .map(|smem| (ops::qmma::QM_THREADS, smem))
-                    .or_else(|| ops::qimma::qimma_launch(kernel));
+                    .or_else(|| ops::qimma::qimma_launch(kernel))
+                    .filter(|_| wgmma || !kernel.starts_with("qwg_"));
                 let big_smem = kernel
                     .strip_prefix("flash_attn_bf16_d")
                     .and_then(|d| d.parse().ok())

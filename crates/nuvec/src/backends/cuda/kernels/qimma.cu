@@ -402,6 +402,20 @@ struct QirRing {
     static constexpr int SLOT = WEIGHTS + 32 * PB;
 };
 
+// A batch's copies into a ring slot at `at` (qir_turn's layout): this lane's words of rows g and
+// g + 8 (n0, n1) at `wdst`, its parameter stream (np, `cb` bytes: 16, 8 or 4, the last a word's
+// aligned part) at `pdst`; the sources then advance by a batch (`sb` parameter bytes).
+__device__ __forceinline__ void qir_copy_batch(u32 at, u32 wdst, u32 pdst, int cb, int sb,
+                                               const uint4* __restrict__& n0, const uint4* __restrict__& n1,
+                                               const unsigned char*& np) {
+    cp_async16(at + wdst, n0, true);
+    cp_async16(at + wdst + 8 * 80, n1, true);
+    if (cb == 16) cp_async16(at + pdst, np, true);
+    else if (cb == 8) cp_async_small<8>(at + pdst, np);
+    else cp_async_small<4>(at + pdst, (const void*)((size_t)np & ~(size_t)3));
+    n0 += QIR_BATCH, n1 += QIR_BATCH, np += sb;
+}
+
 // One batch's turn of a warp's ring: the slot the last batch was read from takes the batch
 // QIR_RING - 1 ahead (`issue`); this batch's slot is whole once this lane's copies of it landed
 // and the warp met. Reads this lane's words of the batch's 16 weight rows (row g into wa, g + 8
@@ -468,15 +482,7 @@ __device__ __forceinline__ void qimma_reg_body(float* out, const u32* __restrict
     const uint4* __restrict__ n1 = w1 + (size_t)b0 * QIR_BATCH;
     const unsigned char* np = psrc + (size_t)b0 * sb;
     const u32 wdst = g * 80 + 16 * t, pdst = QirRing<DT>::WEIGHTS + lane * PB;
-    auto issue = [&](int slot) {
-        const u32 base = ring_a + slot * SLOT;
-        cp_async16(base + wdst, n0, true);
-        cp_async16(base + wdst + 8 * 80, n1, true);
-        if (cb == 16) cp_async16(base + pdst, np, true);
-        else if (cb == 8) cp_async_small<8>(base + pdst, np);
-        else cp_async_small<4>(base + pdst, (const void*)((size_t)np & ~(size_t)3));
-        n0 += QIR_BATCH, n1 += QIR_BATCH, np += sb;
-    };
+    auto issue = [&](int slot) { qir_copy_batch(ring_a + slot * SLOT, wdst, pdst, cb, sb, n0, n1, np); };
 #pragma unroll
     for (int s = 0; s < QIR_RING - 1; ++s) {
         if (b0 + s < b1) issue(s);
@@ -687,6 +693,44 @@ __device__ __forceinline__ void qdec_batch_f32(const unsigned char* pw8, int sb,
     }
 }
 
+// Streams 0-3 of a bf16-scaled batch's slot at `pw` (row g's scales, biases, row g + 8's scales,
+// biases), two words each: up to four bf16 groups; a 2-byte stream's word holds its group in the
+// half of its parity.
+__device__ __forceinline__ void qdec_bf16_params(const u32* pw, int sb, const int (&odd)[2], int bi,
+                                                 u32 (&pr)[4][2]) {
+    constexpr int PB = QirRing<DT_BF16>::PB;
+#pragma unroll
+    for (int st = 0; st < 4; ++st) {
+        pr[st][0] = pw[st * (PB / 4)];
+        pr[st][1] = pw[st * (PB / 4) + 1];
+        if (sb == 2 && ((odd[st >> 1] + bi) & 1)) pr[st][0] >>= 16;
+    }
+}
+// Chunk u of a batch (its group u >> gsh of the batch's streams pr) decoded to bf16: the pairs
+// (v i, v i + 4) of rows g (word wa) and g + 8 (wb) as A, the registers of the chunk's two k16
+// steps (a0a1 / a2a3 from pair i, even i, a4a5 / a6a7 from the next).
+__device__ __forceinline__ void qdec_bf16_chunk(const u32 (&pr)[4][2], int gsh, int u, u32 wa, u32 wb,
+                                                u32 (&A)[2][4]) {
+    const int gi = u >> gsh;
+    u32 s2[2], b2[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const u32 sw = (gi >> 1) ? pr[2 * h][1] : pr[2 * h][0];
+        const u32 bw = (gi >> 1) ? pr[2 * h + 1][1] : pr[2 * h + 1][0];
+        const u32 sel = (gi & 1) ? 0x3232u : 0x1010u;
+        s2[h] = __byte_perm(sw, 0u, sel);
+        b2[h] = __byte_perm(bw, 0u, sel);
+    }
+    const u32 magic = 0x43004300u;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const u32 qa = bf16x2_fma(and_or<0x000F000Fu>(wa >> (4 * i), magic), 0x3F803F80u, 0xC300C300u);
+        const u32 qb = bf16x2_fma(and_or<0x000F000Fu>(wb >> (4 * i), magic), 0x3F803F80u, 0xC300C300u);
+        A[i >> 1][(i & 1) * 2] = bf16x2_fma(qa, s2[0], b2[0]);
+        A[i >> 1][(i & 1) * 2 + 1] = bf16x2_fma(qb, s2[1], b2[1]);
+    }
+}
+
 // TPB weight tiles per block (warp w takes tile w % TPB and share w / TPB of K): the warps of
 // a block that read the same x at about the same time share its lines in L1, which matters
 // from 32 input rows (x's bytes per weight byte grow with the rows).
@@ -714,15 +758,7 @@ __device__ __forceinline__ void qdec_reg_body(float* out, const uint4* __restric
     unsigned char* ring = qi_smem + (size_t)warp * QIR_RING * SLOT;
     const u32 ring_a = smem_addr(ring);
     const u32 wdst = g * 80 + 16 * t, pdst = QirRing<DT>::WEIGHTS + lane * PB;
-    auto issue = [&](int slot) {
-        const u32 base = ring_a + slot * SLOT;
-        cp_async16(base + wdst, n0, true);
-        cp_async16(base + wdst + 8 * 80, n1, true);
-        if (cb == 16) cp_async16(base + pdst, np, true);
-        else if (cb == 8) cp_async_small<8>(base + pdst, np);
-        else cp_async_small<4>(base + pdst, (const void*)((size_t)np & ~(size_t)3));
-        n0 += QIR_BATCH, n1 += QIR_BATCH, np += sb;
-    };
+    auto issue = [&](int slot) { qir_copy_batch(ring_a + slot * SLOT, wdst, pdst, cb, sb, n0, n1, np); };
 #pragma unroll
     for (int s = 0; s < QIR_RING - 1; ++s) {
         if (b0 + s < b1) issue(s);
@@ -739,7 +775,6 @@ __device__ __forceinline__ void qdec_reg_body(float* out, const uint4* __restric
 #pragma unroll
         for (int e = 0; e < 4; ++e) acc[j][e] = 0.0f;
     const u32 wread = g * 20 + t, pread = QirRing<DT>::WEIGHTS + g * 4 * PB;
-    const u32 magic = 0x43004300u;
     // Chunk u's group within a batch: u >> (lg - 5) of the batch's (4 >> (lg - 5)) groups.
     const int gsh = lg - 5;
     for (int bi = b0, slot = 0; bi < b1; ++bi) {
@@ -749,43 +784,14 @@ __device__ __forceinline__ void qdec_reg_body(float* out, const uint4* __restric
             qdec_batch_f32<NT, DT>(sl + pread, sb, odd, bi, lg, wa, wb, xp, acc);
             slot = slot + 1 == QIR_RING ? 0 : slot + 1;
         } else {
-            // Streams 0-3: row g's scales, biases, row g + 8's scales, biases (two words: up to four
-            // bf16 groups; a 2-byte stream's word holds its group in the half of its parity).
-            const u32* pw = (const u32*)(sl + pread);
             u32 pr[4][2];
-#pragma unroll
-            for (int st = 0; st < 4; ++st) {
-                pr[st][0] = pw[st * (PB / 4)];
-                pr[st][1] = pw[st * (PB / 4) + 1];
-                if (sb == 2 && ((odd[st >> 1] + bi) & 1)) pr[st][0] >>= 16;
-            }
+            qdec_bf16_params((const u32*)(sl + pread), sb, odd, bi, pr);
             __syncwarp();
             slot = slot + 1 == QIR_RING ? 0 : slot + 1;
 #pragma unroll
             for (int u = 0; u < QIR_BATCH; ++u) {
-                // This chunk's group: its bf16 scale and bias of rows g and g + 8, both halves.
-                const int gi = u >> gsh;
-                u32 s2[2], b2[2];
-#pragma unroll
-                for (int h = 0; h < 2; ++h) {
-                    const u32 sw = (gi >> 1) ? pr[2 * h][1] : pr[2 * h][0];
-                    const u32 bw = (gi >> 1) ? pr[2 * h + 1][1] : pr[2 * h + 1][0];
-                    const u32 sel = (gi & 1) ? 0x3232u : 0x1010u;
-                    s2[h] = __byte_perm(sw, 0u, sel);
-                    b2[h] = __byte_perm(bw, 0u, sel);
-                }
-                // The bf16 pairs (v i, v i + 4) of rows g (wa) and g + 8 (wb), decoded.
                 u32 A[2][4];
-#pragma unroll
-                for (int i = 0; i < 4; ++i) {
-                    const u32 qa =
-                        bf16x2_fma(and_or<0x000F000Fu>(wa[u] >> (4 * i), magic), 0x3F803F80u, 0xC300C300u);
-                    const u32 qb =
-                        bf16x2_fma(and_or<0x000F000Fu>(wb[u] >> (4 * i), magic), 0x3F803F80u, 0xC300C300u);
-                    // Step i >> 1: a0a1 / a2a3 from the pair i (even i), a4a5 / a6a7 from the next.
-                    A[i >> 1][(i & 1) * 2] = bf16x2_fma(qa, s2[0], b2[0]);
-                    A[i >> 1][(i & 1) * 2 + 1] = bf16x2_fma(qb, s2[1], b2[1]);
-                }
+                qdec_bf16_chunk(pr, gsh, u, wa[u], wb[u], A);
                 qdec_mma<NT>(A, xp, u, acc);
             }
         }
@@ -812,6 +818,25 @@ __device__ __forceinline__ void qdec_reg_body(float* out, const uint4* __restric
 
 // SCALED: the forms for f16 and f32 scales (the `s` kernels), apart from the bf16 ones so that
 // each keeps its own registers.
+// The weight of a block of TPB tiles and its first tile (qdec_reg's choice, for the qwg kernels):
+// blocks of TPB tiles, each weight's first block at a whole block (its last may run past n).
+struct QirWeight {
+    float* out;
+    int n;
+    const u32* pk;
+    const void* sc;
+    const void* bi;
+    int tile;
+};
+template <int TPB>
+__device__ __forceinline__ QirWeight qir_weight(QIR_PARAMS) {
+    const int nt0 = (n0 + 16 * TPB - 1) / (16 * TPB), nt1 = (n1 + 16 * TPB - 1) / (16 * TPB);
+    int tile = blockIdx.x, w = 0;
+    if (tile >= nt0) tile -= nt0, w = 1;
+    if (w == 1 && tile >= nt1) tile -= nt1, w = 2;
+    return {w == 0 ? out0 : w == 1 ? out1 : out2, w == 0 ? n0 : w == 1 ? n1 : n2, w == 0 ? pk0 : w == 1 ? pk1 : pk2,
+            w == 0 ? sc0 : w == 1 ? sc1 : sc2,   w == 0 ? bi0 : w == 1 ? bi1 : bi2, tile * TPB};
+}
 template <int NT, int TPB = 1, bool SCALED = false>
 __device__ __forceinline__ void qdec_reg(QIR_PARAMS) {
     // Blocks of TPB tiles, each weight's first block at a whole block (its last may run past n).
@@ -858,3 +883,211 @@ extern "C" __global__ void __launch_bounds__(32 * QIR_WARPS, 2) qdec_b4_r32s_t2(
 extern "C" __global__ void __launch_bounds__(32 * QIR_WARPS, 2) qdec_b4_r64s_t2(QIR_PARAMS) {
     qdec_reg<8, 2, true>(QIR_ARGS);
 }
+
+// ---- The bf16 products on Hopper's warpgroup MMA (qwg_b4_r32, _r64; sm_90a) ----
+//
+// qdec's weights decoded the same way, but multiplied by wgmma.mma_async m64nNk16: the four warps
+// of a warpgroup give the A operand (64 weight rows, each warp its 16 as qdec's A fragment, whose
+// layout wgmma's register A shares) and the tensor cores read x (B: N = 32 or 64 input rows) from
+// shared memory themselves. qdec's warps each load every input tile per 16 weight rows, so that
+// x's reads (16 times the weights' bytes at 64 rows) bound its speed; here a block of two
+// warpgroups copies x once per 128 weight rows and no warp loads it into registers.
+//
+// x in the xwg layout (xwg_from_tiles): per 64 values of K an [N rows][128 bytes] block; row n's
+// 16-byte unit q = 4 c + u (chunk c of the two, unit u) at position q ^ (n & 7), wgmma's 128-byte
+// swizzle; unit u of a chunk holds the bf16 pairs (x 8t + u, x 8t + u + 4) of t = 0 .. 3, so that
+// wgmma's k order is the decoded weights' (k slot 8u + 2t + e of a chunk is value 8t + u + 4e:
+// qdec_bf16_chunk's pair i = u of word t).
+
+// x's bf16 tiles (qdec_tile_at; `m` rows of `k`) in the xwg layout for N = `rows` (rows past m
+// zero): unit position q of (block, row) is the tiles' word u of the row's four 16-byte units.
+extern "C" __global__ void xwg_from_tiles(uint4* __restrict__ out, const uint4* __restrict__ tiles, int m, int k,
+                                          int rows) {
+    pdl_begin();
+    const int kc = k >> 5, total = (k >> 6) * rows * 8;
+    for (int q = (int)(blockIdx.x * blockDim.x + threadIdx.x); q < total; q += (int)(gridDim.x * blockDim.x)) {
+        const int pos = q & 7, n = (q >> 3) % rows, b = (q >> 3) / rows;
+        const int unit = pos ^ (n & 7), c = 2 * b + (unit >> 2), u = unit & 3;
+        uint4 v = make_uint4(0u, 0u, 0u, 0u);
+        if (n < m) {
+            const u32* src = (const u32*)(tiles + qdec_tile_at(n, c, 0, kc));
+            v = make_uint4(src[u], src[4 + u], src[8 + u], src[12 + u]);
+        }
+        out[q] = v;
+    }
+}
+
+// wgmma's shared-memory descriptor of a K-major operand at `addr` in 128-byte swizzled rows
+// (8-row groups 1024 bytes apart; the leading byte offset unused).
+__device__ __forceinline__ unsigned long long wg_desc(u32 addr) {
+    return (unsigned long long)((addr & 0x3FFFFu) >> 4) | (1ull << 16) | ((unsigned long long)(1024 >> 4) << 32) |
+           (1ull << 62);
+}
+#ifndef NUVEC_CUDA_EMU
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define NUVEC_WGMMA 1
+#endif
+// The warpgroup MMA's fence, commit and wait, and the fence that makes the generic proxy's
+// writes (cp.async's) visible to wgmma's reads. Only on sm_90a, where the host launches
+// the qwg kernels (elsewhere they trap).
+__device__ __forceinline__ void wg_fence() {
+#ifdef NUVEC_WGMMA
+    asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+#else
+    __trap();
+#endif
+}
+__device__ __forceinline__ void wg_commit() {
+#ifdef NUVEC_WGMMA
+    asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void wg_wait() {
+#ifdef NUVEC_WGMMA
+    asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void fence_proxy_async() {
+#ifdef NUVEC_WGMMA
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+#endif
+}
+// d (64 rows of this warpgroup x N = 8 NT columns; this warp's 16 rows as mma.sync's C per 8
+// columns) += A (this warp's 16 rows x 16, mma.sync's A fragment) B (16 x N at desc).
+template <int NT>
+__device__ __forceinline__ void wgmma_bf16(float (&d)[NT][4], const u32 (&a)[4], unsigned long long desc) {
+#ifdef NUVEC_WGMMA
+    if constexpr (NT == 8) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
+        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
+    } else {
+        static_assert(NT == 4, "wgmma_bf16: 32 or 64 columns");
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, {%16, %17, %18, %19}, %20, p, 1, 1, 0;\n}\n"
+        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
+    }
+#else
+    __trap();
+#endif
+}
+#endif
+
+// Bytes of x per 64 values of K for N = 8 NT rows, and of the x ring of the qwg kernels: QIR_RING
+// slots, one more with QWG_OVERLAP (an experiment knob, NUVEC_NVRTC_DEFINES: a batch's wgmma
+// still running while the next batch's turn begins, so the copies skip its slot).
+#ifndef QWG_OVERLAP
+#define QWG_OVERLAP 0
+#endif
+#define QWG_XSLOTS (QIR_RING + QWG_OVERLAP)
+#define QWG_XBLK(NT) ((NT) * 8 * 128)
+#define QWG_XRING(NT) (QWG_XSLOTS * 2 * QWG_XBLK(NT))
+
+// A block of QIR_WARPS warps (two warpgroups) takes weight tiles tile0 .. tile0 + 7 (warp w tile
+// tile0 + w) over range blockIdx.y of K's batches (gridDim.y ranges of equal whole batches, the
+// last shorter; with several, range r writes slice r of out, [ranges][m][n], that qmma_reduce
+// adds in range order), for bf16 scales. Its dynamic shared memory: the x ring
+// (1024-aligned, QWG_XSLOTS slots of a batch's two x blocks), then each warp's weight ring as
+// qdec_reg_body's. A batch's turn: this thread's copies of it landed, the proxy fence, the block
+// meets (every thread's copies of it landed, and every warp is done with the slots the next
+// batch's copies refill: its wgmma waited), the copies QIR_RING - 1 ahead, the decoding, the
+// batch's eight wgmma.
+template <int NT>
+__device__ __forceinline__ void qwg_body(float* out, const uint4* __restrict__ xw, int m, int n,
+                                         const u32* __restrict__ packed, const void* __restrict__ scales,
+                                         const void* __restrict__ biases, int lg, int k, int tile0) {
+    constexpr int SLOT = QirRing<DT_BF16>::SLOT, PB = QirRing<DT_BF16>::PB, XSLOT = 2 * QWG_XBLK(NT);
+    constexpr int XCOPIES = XSLOT / (16 * 32 * QIR_WARPS);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const int tile = tile0 + warp;
+    const int kc = k >> 5, batches = kc / QIR_BATCH, per = (batches + (int)gridDim.y - 1) / (int)gridDim.y;
+    const int b0 = (int)blockIdx.y * per, b1 = min(b0 + per, batches);
+    const int r0 = min(tile * 16 + g, n - 1), r1 = min(tile * 16 + g + 8, n - 1);
+    const size_t gpr = (size_t)(k >> lg);
+    const int sb = (QIR_BATCH * 32 >> lg) * 2, cb = sb < 4 ? 4 : sb;
+    const int odd[2] = {(int)((r0 * gpr) & 1), (int)((r1 * gpr) & 1)};
+    const uint4* __restrict__ n0 = (const uint4*)(packed + (size_t)r0 * (k >> 3)) + t + (size_t)b0 * QIR_BATCH;
+    const uint4* __restrict__ n1 = (const uint4*)(packed + (size_t)r1 * (k >> 3)) + t + (size_t)b0 * QIR_BATCH;
+    const unsigned char* np = (const unsigned char*)((t & 1) ? biases : scales) +
+                              ((size_t)(t >> 1 ? r1 : r0) * gpr) * 2 + (size_t)b0 * sb;
+    out += (size_t)blockIdx.y * m * n;
+    const u32 base = smem_addr(qi_smem), xring = (base + 1023u) & ~1023u;
+    const u32 ring_a = xring + QWG_XRING(NT) + warp * QIR_RING * SLOT;
+    const unsigned char* ring = qi_smem + (ring_a - base);
+    const u32 wdst = g * 80 + 16 * t, pdst = QirRing<DT_BF16>::WEIGHTS + lane * PB;
+    auto issue_w = [&](int slot) { qir_copy_batch(ring_a + slot * SLOT, wdst, pdst, cb, sb, n0, n1, np); };
+    auto issue_x = [&](int slot, int bi) {
+        const u32 at = xring + slot * XSLOT + threadIdx.x * 16;
+        const unsigned char* src = (const unsigned char*)xw + (size_t)bi * XSLOT + threadIdx.x * 16;
+#pragma unroll
+        for (int i = 0; i < XCOPIES; ++i) cp_async16(at + i * 16 * 32 * QIR_WARPS, src + i * 16 * 32 * QIR_WARPS, true);
+    };
+    // The weights' first copies before pdl_begin (no kernel writes them), x's after.
+#pragma unroll
+    for (int s = 0; s < QIR_RING - 1; ++s)
+        if (b0 + s < b1) issue_w(s);
+    pdl_begin();
+#pragma unroll
+    for (int s = 0; s < QIR_RING - 1; ++s) {
+        if (b0 + s < b1) issue_x(s, b0 + s);
+        cp_async_commit();
+    }
+    float acc[NT][4];
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[j][e] = 0.0f;
+    const u32 wread = g * 20 + t, pread = QirRing<DT_BF16>::WEIGHTS + g * 4 * PB;
+    const int gsh = lg - 5;
+    for (int bi = b0, slot = 0, xslot = 0; bi < b1; ++bi) {
+        cp_async_wait<QIR_RING - 2>();
+        fence_proxy_async();
+        __syncthreads();
+        if (bi + QIR_RING - 1 < b1) {
+            const int xnext = xslot + QIR_RING - 1;
+            issue_w(slot == 0 ? QIR_RING - 1 : slot - 1);
+            issue_x(xnext >= QWG_XSLOTS ? xnext - QWG_XSLOTS : xnext, bi + QIR_RING - 1);
+        }
+        cp_async_commit();
+        const unsigned char* sl = ring + slot * SLOT;
+        const u32* tw = (const u32*)sl + wread;
+        u32 pr[4][2];
+        qdec_bf16_params((const u32*)(sl + pread), sb, odd, bi, pr);
+        // The last batch's wgmma done before its A registers are written again.
+        if (QWG_OVERLAP) wg_wait();
+        u32 A[QIR_BATCH][2][4];
+#pragma unroll
+        for (int u = 0; u < QIR_BATCH; ++u) qdec_bf16_chunk(pr, gsh, u, tw[4 * u], tw[8 * 20 + 4 * u], A[u]);
+        const u32 xs = xring + xslot * XSLOT;
+        wg_fence();
+#pragma unroll
+        for (int u = 0; u < QIR_BATCH; ++u)
+#pragma unroll
+            for (int s = 0; s < 2; ++s)
+                wgmma_bf16<NT>(acc, A[u][s], wg_desc(xs + (u >> 1) * QWG_XBLK(NT) + 32 * (2 * (u & 1) + s)));
+        wg_commit();
+        if (!QWG_OVERLAP) wg_wait();
+        slot = slot + 1 == QIR_RING ? 0 : slot + 1;
+        xslot = xslot + 1 == QWG_XSLOTS ? 0 : xslot + 1;
+    }
+    if (QWG_OVERLAP) wg_wait();
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int row = tile * 16 + g + 8 * (e >> 1), xr = 8 * j + 2 * t + (e & 1);
+            if (row < n && xr < m) out[(size_t)xr * n + row] = acc[j][e];
+        }
+}
+template <int NT>
+__device__ __forceinline__ void qwg_reg(QIR_PARAMS) {
+    const QirWeight w = qir_weight<QIR_WARPS>(QIR_ARGS);
+    qwg_body<NT>(w.out, (const uint4*)xq, m, w.n, w.pk, w.sc, w.bi, lg, k, w.tile);
+}
+// x (xq) in the xwg layout for 32 or 64 rows; bf16 scales; blocks of 8 weight tiles.
+extern "C" __global__ void __launch_bounds__(32 * QIR_WARPS, 2) qwg_b4_r32(QIR_PARAMS) { qwg_reg<4>(QIR_ARGS); }
+extern "C" __global__ void __launch_bounds__(32 * QIR_WARPS, 2) qwg_b4_r64(QIR_PARAMS) { qwg_reg<8>(QIR_ARGS); }

@@ -68,6 +68,9 @@ pub(in crate::backends::cuda) fn qimma_launch(kernel: &str) -> Option<(u32, usiz
     if DEC_KERNELS.iter().any(|k| k.0 == kernel) || DEC_WIDE.iter().any(|k| k.0 == kernel) {
         return Some((QIR_THREADS, qir_smem(2)));
     }
+    if let Some(&(_, rows)) = WG_KERNELS.iter().find(|k| k.0 == kernel) {
+        return Some((QIR_THREADS, qwg_smem(rows)));
+    }
     if DEC_SCALED.iter().any(|k| k.1 == kernel) {
         // f32 scales' rings are the widest.
         return Some((QIR_THREADS, qir_smem(0)));
@@ -147,6 +150,47 @@ fn wide_form(st: &State, name: &'static str, rows: usize, blocks: &dyn Fn(usize)
         r == rows && tpb <= qdec_tpb() && st.qmma_kernels.get(wide).is_some_and(|k| blocks(tpb) >= k.slots)
     };
     DEC_WIDE.iter().filter(fits).max_by_key(|w| w.2).map_or((name, 1), |&(wide, _, tpb)| (wide, tpb))
+}
+
+/// The warpgroup forms of the 32- and 64-row bf16 kernels (bf16 scales; qwg_body in
+/// kernels/qimma.cu): loaded only where the module was compiled for sm_90a (`wgmma_arch`).
+const WG_KERNELS: [(&str, usize); 2] = [("qwg_b4_r32", 32), ("qwg_b4_r64", 64)];
+/// Weight tiles per block of the warpgroup kernels (two warpgroups of four).
+const QWG_TILES: usize = 8;
+
+/// Dynamic shared memory of warpgroup kernel `rows` (32 or 64): the x ring (1024-aligned within
+/// 1 KiB of slack; per slot two blocks of 64 values of K, 128 bytes a row) and the warps' weight
+/// rings of the bf16 register kernels.
+fn qwg_smem(rows: usize) -> usize {
+    1024 + (qir_ring() + qwg_overlap()) * 2 * rows * 128 + qir_smem(2)
+}
+
+/// The x ring's slot beyond `QIR_RING` of the warpgroup kernels (`QWG_OVERLAP` in
+/// kernels/qimma.cu: 0, or 1 where `NUVEC_NVRTC_DEFINES` sets it, an experiment knob).
+fn qwg_overlap() -> usize {
+    static OVERLAP: OnceLock<usize> = OnceLock::new();
+    *OVERLAP.get_or_init(|| super::super::nvrtc_define("QWG_OVERLAP").map_or(0, |v| usize::from(v == "1")))
+}
+
+/// Whether the module of architecture `major.minor` is compiled for sm_90a, where the warpgroup
+/// kernels run (wgmma is not in later architectures' PTX).
+pub(in crate::backends::cuda) fn wgmma_arch(major: i32, minor: i32) -> bool {
+    (major, minor) == (9, 0)
+}
+
+/// Whether a run of `blocks` blocks of 8 weight tiles, K cut into `ranges`, takes the warpgroup
+/// kernel with `slots` resident blocks (`NUVEC_QDEC_WGMMA`, read once): unset, where the blocks
+/// fill at least half the slots with K whole (an 8B's gate/up); `1` always, K in ranges where
+/// needed (the partial slices' sums and x's restaging then cost about what the smaller
+/// products gain at 64 rows, more at 32: docs/cuda.md); `0` never.
+fn qwg_takes(blocks: usize, ranges: usize, slots: usize) -> bool {
+    static MODE: OnceLock<Option<bool>> = OnceLock::new();
+    let mode = *MODE.get_or_init(|| match crate::tuning::env("NUVEC_QDEC_WGMMA").as_deref() {
+        Ok("0") => Some(false),
+        Ok("1") => Some(true),
+        _ => None,
+    });
+    mode.unwrap_or(ranges == 1 && 2 * blocks >= slots)
 }
 
 /// The most weight tiles per block of the bf16 register kernels (`NUVEC_QDEC_TPB`, read once: 2
@@ -359,6 +403,58 @@ impl CudaBackend {
         Ok(tiles)
     }
 
+    /// The products of up to three weights (`slot`: output, rows, packed, scales, biases) through
+    /// warpgroup kernel `(name, smem)` in `wblocks` blocks of 8 tiles times `ranges` ranges of K:
+    /// x's tiles at `xb` restaged once, and with several ranges each output's partial slices
+    /// added by `qmma_reduce`.
+    #[allow(clippy::too_many_arguments)]
+    fn qwg(
+        &self,
+        op: &'static str,
+        (name, smem): (&'static str, usize),
+        xb: u64,
+        (m, k): (usize, usize),
+        (wblocks, ranges): (usize, usize),
+        mut slot: [(u64, i32, u64, u64, u64); 3],
+        lg: i32,
+    ) -> Result<()> {
+        let st = self.st()?;
+        let rows = if name.ends_with("64") { 64 } else { 32 };
+        let xw = self.xwg_of(op, xb, (m, k), rows)?;
+        let mut parts = Vec::new();
+        if ranges > 1 {
+            for s in slot.iter_mut().filter(|s| s.1 > 0) {
+                let part = DeviceBuffer::alloc(st, ranges * m * s.1 as usize * 4)?;
+                let out = std::mem::replace(&mut s.0, part.ptr());
+                parts.push((out, part, m * s.1 as usize));
+            }
+        }
+        let cfg = LaunchConfig {
+            grid_dim: (to_i32(op, "blocks", wblocks)? as u32, ranges as u32, 1),
+            block_dim: (QIR_THREADS, 1, 1),
+            shared_mem_bytes: smem as u32,
+        };
+        let (xw, mi, ki, p_dt) = (xw.ptr(), m as i32, to_i32(op, "k", k)?, DT_BF16);
+        let [(o0, n0, pk0, sc0, bi0), (o1, n1, pk1, sc1, bi1), (o2, n2, pk2, sc2, bi2)] = slot;
+        launch!(st, op, name, cfg; xw, mi, p_dt, lg, ki, o0, n0, pk0, sc0, bi0, o1, n1, pk1, sc1, bi1, o2, n2, pk2, sc2, bi2);
+        for (o, part, mn) in parts {
+            let (pp, splits, n) = (part.ptr(), ranges as i32, mn as u64);
+            launch!(st, op, "qmma_reduce", super::cfg_1d(mn); o, pp, splits, n);
+        }
+        Ok(())
+    }
+
+    /// x's bf16 tiles (at `xb`, `m` rows of `k`) in the warpgroup kernels' layout for `rows` (32
+    /// or 64) rows (`xwg_from_tiles`; rows past `m` zero), in a buffer that must outlive the
+    /// launches reading it.
+    fn xwg_of(&self, op: &'static str, xb: u64, (m, k): (usize, usize), rows: usize) -> Result<DeviceBuffer> {
+        let st = self.st()?;
+        let xw = DeviceBuffer::alloc(st, rows * k * 2)?;
+        let (wp, mi, ki, ri) = (xw.ptr(), to_i32(op, "rows", m)?, to_i32(op, "k", k)?, rows as i32);
+        launch!(st, op, "xwg_from_tiles", super::cfg_1d(rows * k / 8); wp, xb, mi, ki, ri);
+        Ok(xw)
+    }
+
     /// x's parts (`m` rows of `k` at `xp`) in the register kernels' layout (`xsplit_tiles_f32`:
     /// whole tiles of 8 rows, the rows past `m` zero).
     fn split_tiles(&self, op: &'static str, xp: u64, m: usize, k: usize) -> Result<DeviceBuffer> {
@@ -411,6 +507,17 @@ impl CudaBackend {
             let blocks = |tpb: usize| group.iter().map(|&(i, _)| ws[i].rows().div_ceil(QIR_TILE * tpb)).sum::<usize>();
             if blocks(1) == 0 {
                 continue;
+            }
+            // The warpgroup form where it is loaded (bf16 scales), K cut into ranges of batches as
+            // the qmma kernels cut it where its blocks alone would not fill the GPU.
+            let wg = WG_KERNELS.iter().find(|w| w.1 == rows && a0.p_dt == DT_BF16 && name.starts_with("qdec_"));
+            if let Some((wname, wk)) = wg.and_then(|w| st.qmma_kernels.get(w.0).map(|k| (w.0, k))) {
+                let wblocks = blocks(QWG_TILES);
+                let (_, ranges) = ranges_of_k(k / 128, wblocks, wk.slots, qir_ring());
+                if qwg_takes(wblocks, ranges, wk.slots) {
+                    self.qwg(op, (wname, wk.smem), xq, (m, k), (wblocks, ranges), slot, *lg)?;
+                    continue;
+                }
             }
             let (name, tpb) = wide_form(st, name, rows, &blocks);
             // A bf16 register kernel's form for the run's f16 or f32 scales.
@@ -501,6 +608,13 @@ mod tests {
             assert_eq!(qimma_launch(scaled), Some((256, super::qir_smem(0))), "{scaled}");
             // qdec_b4_rN[_tT] -> qdec_b4_rNs[_tT]: the bf16 name holds no `s`.
             assert!(!name.contains('s') && scaled.replacen('s', "", 1) == name, "{name}: {scaled}");
+        }
+        // The warpgroup forms: their x ring beside the weights' rings, two blocks per multiprocessor.
+        for (name, rows) in super::WG_KERNELS {
+            let smem = super::qwg_smem(rows);
+            assert_eq!(qimma_launch(name), Some((256, smem)), "{name}");
+            assert!(smem <= 113 * 1024 && smem >= super::qir_smem(2) + 1024 + 3 * 2 * rows * 128, "{name}: {smem}");
+            assert_eq!(name, format!("qwg_b4_r{rows}"));
         }
         for (name, rows, tpb) in super::DEC_WIDE {
             assert_eq!(qimma_launch(name), Some((256, super::qir_smem(2))), "{name}");
