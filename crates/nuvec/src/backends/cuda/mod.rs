@@ -283,8 +283,9 @@ impl State {
             .map_err(driver_err("setting the memory pool's release threshold"))?;
         }
         let (major, minor) = ctx.compute_capability().map_err(driver_err("reading the compute capability"))?;
-        // sm_90a's PTX for an H100 / H200: its warpgroup MMA (ops/qimma.rs, the qwg kernels).
-        let wgmma = ops::qimma::wgmma_arch(major, minor);
+        // sm_90a's PTX for an H100 / H200: its warpgroup MMA (ops/qimma.rs, the qwg kernels),
+        // which NVRTC compiles from 12.0 (an older one keeps compute_90 and the register kernels).
+        let wgmma = ops::qimma::wgmma_arch(major, minor) && nvrtc_version()? >= (12, 0);
         let arch = if wgmma { "compute_90a".to_string() } else { format!("compute_{major}{minor}") };
         let sms = ctx
             .attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)

@@ -404,14 +404,15 @@ impl CudaBackend {
     }
 
     /// The products of up to three weights (`slot`: output, rows, packed, scales, biases) through
-    /// warpgroup kernel `(name, smem)` in `wblocks` blocks of 8 tiles times `ranges` ranges of K:
+    /// warpgroup kernel `(name, input rows, smem)` in `wblocks` blocks of 8 tiles times `ranges`
+    /// ranges of K:
     /// x's tiles at `xb` restaged once, and with several ranges each output's partial slices
     /// added by `qmma_reduce`.
     #[allow(clippy::too_many_arguments)]
     fn qwg(
         &self,
         op: &'static str,
-        (name, smem): (&'static str, usize),
+        (name, rows, smem): (&'static str, usize, usize),
         xb: u64,
         (m, k): (usize, usize),
         (wblocks, ranges): (usize, usize),
@@ -419,7 +420,6 @@ impl CudaBackend {
         lg: i32,
     ) -> Result<()> {
         let st = self.st()?;
-        let rows = if name.ends_with("64") { 64 } else { 32 };
         let xw = self.xwg_of(op, xb, (m, k), rows)?;
         let mut parts = Vec::new();
         if ranges > 1 {
@@ -515,7 +515,7 @@ impl CudaBackend {
                 let wblocks = blocks(QWG_TILES);
                 let (_, ranges) = ranges_of_k(k / 128, wblocks, wk.slots, qir_ring());
                 if qwg_takes(wblocks, ranges, wk.slots) {
-                    self.qwg(op, (wname, wk.smem), xq, (m, k), (wblocks, ranges), slot, *lg)?;
+                    self.qwg(op, (wname, rows, wk.smem), xq, (m, k), (wblocks, ranges), slot, *lg)?;
                     continue;
                 }
             }
