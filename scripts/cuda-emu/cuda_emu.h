@@ -370,6 +370,5 @@ inline void wgmma_bf16(float (&d)[NT][4], const unsigned (&a)[4], unsigned long 
         for (int e = 0; e < 4; ++e) d[j][e] = (float)r[j][e];
 }
 inline void wg_fence() {}
-inline void wg_commit() {}
-inline void wg_wait() {}
+inline void wg_commit_wait() {}
 inline void fence_proxy_async() {}

@@ -303,7 +303,7 @@ impl State {
                 let few_row = ops::qmma::qmma_smem_bytes(kernel)
                     .map(|smem| (ops::qmma::QM_THREADS, smem))
                     .or_else(|| ops::qimma::qimma_launch(kernel))
-                    .filter(|_| wgmma || !kernel.starts_with("qwg_"));
+                    .filter(|_| wgmma || !ops::qimma::needs_wgmma(kernel));
                 let big_smem = kernel
                     .strip_prefix("flash_attn_bf16_d")
                     .and_then(|d| d.parse().ok())

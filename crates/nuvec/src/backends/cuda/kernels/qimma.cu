@@ -937,14 +937,9 @@ __device__ __forceinline__ void wg_fence() {
     __trap();
 #endif
 }
-__device__ __forceinline__ void wg_commit() {
+__device__ __forceinline__ void wg_commit_wait() {
 #ifdef NUVEC_WGMMA
-    asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void wg_wait() {
-#ifdef NUVEC_WGMMA
-    asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+    asm volatile("wgmma.commit_group.sync.aligned;\nwgmma.wait_group.sync.aligned 0;" ::: "memory");
 #endif
 }
 __device__ __forceinline__ void fence_proxy_async() {
@@ -977,21 +972,15 @@ __device__ __forceinline__ void wgmma_bf16(float (&d)[NT][4], const u32 (&a)[4],
 }
 #endif
 
-// Bytes of x per 64 values of K for N = 8 NT rows, and of the x ring of the qwg kernels: QIR_RING
-// slots, one more with QWG_OVERLAP (an experiment knob, NUVEC_NVRTC_DEFINES: a batch's wgmma
-// still running while the next batch's turn begins, so the copies skip its slot).
-#ifndef QWG_OVERLAP
-#define QWG_OVERLAP 0
-#endif
-#define QWG_XSLOTS (QIR_RING + QWG_OVERLAP)
+// Bytes of x per 64 values of K for N = 8 NT rows, and of the x ring of the qwg kernels.
 #define QWG_XBLK(NT) ((NT) * 8 * 128)
-#define QWG_XRING(NT) (QWG_XSLOTS * 2 * QWG_XBLK(NT))
+#define QWG_XRING(NT) (QIR_RING * 2 * QWG_XBLK(NT))
 
 // A block of QIR_WARPS warps (two warpgroups) takes weight tiles tile0 .. tile0 + 7 (warp w tile
 // tile0 + w) over range blockIdx.y of K's batches (gridDim.y ranges of equal whole batches, the
 // last shorter; with several, range r writes slice r of out, [ranges][m][n], that qmma_reduce
 // adds in range order), for bf16 scales. Its dynamic shared memory: the x ring
-// (1024-aligned, QWG_XSLOTS slots of a batch's two x blocks), then each warp's weight ring as
+// (1024-aligned, QIR_RING slots of a batch's two x blocks), then each warp's weight ring as
 // qdec_reg_body's. A batch's turn: this thread's copies of it landed, the proxy fence, the block
 // meets (every thread's copies of it landed, and every warp is done with the slots the next
 // batch's copies refill: its wgmma waited), the copies QIR_RING - 1 ahead, the decoding, the
@@ -1043,38 +1032,33 @@ __device__ __forceinline__ void qwg_body(float* out, const uint4* __restrict__ x
         for (int e = 0; e < 4; ++e) acc[j][e] = 0.0f;
     const u32 wread = g * 20 + t, pread = QirRing<DT_BF16>::WEIGHTS + g * 4 * PB;
     const int gsh = lg - 5;
-    for (int bi = b0, slot = 0, xslot = 0; bi < b1; ++bi) {
+    for (int bi = b0, slot = 0; bi < b1; ++bi) {
         cp_async_wait<QIR_RING - 2>();
         fence_proxy_async();
         __syncthreads();
         if (bi + QIR_RING - 1 < b1) {
-            const int xnext = xslot + QIR_RING - 1;
-            issue_w(slot == 0 ? QIR_RING - 1 : slot - 1);
-            issue_x(xnext >= QWG_XSLOTS ? xnext - QWG_XSLOTS : xnext, bi + QIR_RING - 1);
+            const int next = slot == 0 ? QIR_RING - 1 : slot - 1;
+            issue_w(next);
+            issue_x(next, bi + QIR_RING - 1);
         }
         cp_async_commit();
         const unsigned char* sl = ring + slot * SLOT;
         const u32* tw = (const u32*)sl + wread;
         u32 pr[4][2];
         qdec_bf16_params((const u32*)(sl + pread), sb, odd, bi, pr);
-        // The last batch's wgmma done before its A registers are written again.
-        if (QWG_OVERLAP) wg_wait();
         u32 A[QIR_BATCH][2][4];
 #pragma unroll
         for (int u = 0; u < QIR_BATCH; ++u) qdec_bf16_chunk(pr, gsh, u, tw[4 * u], tw[8 * 20 + 4 * u], A[u]);
-        const u32 xs = xring + xslot * XSLOT;
+        const u32 xs = xring + slot * XSLOT;
         wg_fence();
 #pragma unroll
         for (int u = 0; u < QIR_BATCH; ++u)
 #pragma unroll
             for (int s = 0; s < 2; ++s)
                 wgmma_bf16<NT>(acc, A[u][s], wg_desc(xs + (u >> 1) * QWG_XBLK(NT) + 32 * (2 * (u & 1) + s)));
-        wg_commit();
-        if (!QWG_OVERLAP) wg_wait();
+        wg_commit_wait();
         slot = slot + 1 == QIR_RING ? 0 : slot + 1;
-        xslot = xslot + 1 == QWG_XSLOTS ? 0 : xslot + 1;
     }
-    if (QWG_OVERLAP) wg_wait();
 #pragma unroll
     for (int j = 0; j < NT; ++j)
 #pragma unroll

@@ -162,20 +162,18 @@ const QWG_TILES: usize = 8;
 /// 1 KiB of slack; per slot two blocks of 64 values of K, 128 bytes a row) and the warps' weight
 /// rings of the bf16 register kernels.
 fn qwg_smem(rows: usize) -> usize {
-    1024 + (qir_ring() + qwg_overlap()) * 2 * rows * 128 + qir_smem(2)
-}
-
-/// The x ring's slot beyond `QIR_RING` of the warpgroup kernels (`QWG_OVERLAP` in
-/// kernels/qimma.cu: 0, or 1 where `NUVEC_NVRTC_DEFINES` sets it, an experiment knob).
-fn qwg_overlap() -> usize {
-    static OVERLAP: OnceLock<usize> = OnceLock::new();
-    *OVERLAP.get_or_init(|| super::super::nvrtc_define("QWG_OVERLAP").map_or(0, |v| usize::from(v == "1")))
+    1024 + qir_ring() * 2 * rows * 128 + qir_smem(2)
 }
 
 /// Whether the module of architecture `major.minor` is compiled for sm_90a, where the warpgroup
 /// kernels run (wgmma is not in later architectures' PTX).
 pub(in crate::backends::cuda) fn wgmma_arch(major: i32, minor: i32) -> bool {
     (major, minor) == (9, 0)
+}
+
+/// Whether `kernel` is a warpgroup kernel (only loaded for use where `wgmma_arch`).
+pub(in crate::backends::cuda) fn needs_wgmma(kernel: &str) -> bool {
+    WG_KERNELS.iter().any(|k| k.0 == kernel)
 }
 
 /// Whether a run of `blocks` blocks of 8 weight tiles, K cut into `ranges`, takes the warpgroup
@@ -510,7 +508,7 @@ impl CudaBackend {
             }
             // The warpgroup form where it is loaded (bf16 scales), K cut into ranges of batches as
             // the qmma kernels cut it where its blocks alone would not fill the GPU.
-            let wg = WG_KERNELS.iter().find(|w| w.1 == rows && a0.p_dt == DT_BF16 && name.starts_with("qdec_"));
+            let wg = WG_KERNELS.iter().find(|w| w.1 == rows && a0.p_dt == DT_BF16);
             if let Some((wname, wk)) = wg.and_then(|w| st.qmma_kernels.get(w.0).map(|k| (w.0, k))) {
                 let wblocks = blocks(QWG_TILES);
                 let (_, ranges) = ranges_of_k(k / 128, wblocks, wk.slots, qir_ring());
