@@ -16,6 +16,7 @@ mod pool;
 mod qbatch;
 mod qgemv;
 mod qgemv_i8;
+mod sampling;
 mod simd;
 
 use crate::{Array, Backend, DType, Device, Error, GatedDeltaDims, Matrix, Result};
@@ -179,6 +180,14 @@ impl Backend for CpuBackend {
 
     fn argmax(&self, x: &Array) -> Result<Array> {
         elementwise::argmax(x)
+    }
+
+    fn argmax_gap(&self, x: &Array) -> Result<Array> {
+        sampling::argmax_gap(x)
+    }
+
+    fn mask_rows(&self, x: &Array, bits: &[u32], fill: f32) -> Result<Array> {
+        sampling::mask_rows(x, bits, fill)
     }
 
     // ---- Gated DeltaNet ----
