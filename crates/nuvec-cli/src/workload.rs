@@ -163,6 +163,9 @@ pub fn run(
         steps.decode.0, steps.decode.1, steps.mixed.0, steps.mixed.1, steps.prefill_tokens
     );
     let stats = batcher.stats();
+    if constraint.is_some() {
+        println!("Workload masks: waited {:.3}s for constraint masks after the passes", stats.mask_wait.as_secs_f64());
+    }
     if speculating {
         println!("Workload speculation: drafted={} accepted={}", stats.drafted_tokens, stats.accepted_tokens);
     }

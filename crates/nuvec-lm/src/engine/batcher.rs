@@ -279,6 +279,11 @@ pub struct BatcherStats {
     pub drafted_tokens: u64,
     /// Of those, the guesses that were right (each a token handed out without a step of its own).
     pub accepted_tokens: u64,
+    /// Time steps waited, after their forward pass, for the masks of greedy rows under a
+    /// constraint ([`GenerateOptions::constraint`](crate::GenerateOptions)) still being
+    /// computed: the masks' cost that the pass did not hide. (Sampled rows wait for theirs on
+    /// the sampling threads, not counted here.)
+    pub mask_wait: std::time::Duration,
 }
 
 /// One request in flight.
@@ -841,10 +846,12 @@ impl<'m> Batcher<'m> {
             let words = vocab.div_ceil(32);
             let mut bits = vec![u32::MAX; work.len() * words];
             let mut ready = vec![false; work.len()];
+            let waiting = std::time::Instant::now();
             for &row in &masked {
                 let live = self.live.get_mut(&work[row].key.0).expect("scheduled requests are live");
                 ready[row] = live.request.write_mask_bits(&mut bits[row * words..][..words]);
             }
+            self.stats.mask_wait += waiting.elapsed();
             let m = logits.mask_rows(&bits, MASKED)?.argmax_gap()?.to_vec::<u32>()?;
             for &row in masked.iter().filter(|&&r| ready[r]) {
                 let (mine, raw) = (&m[3 * row..3 * row + 3], &g[3 * row..3 * row + 3]);
@@ -867,6 +874,13 @@ impl<'m> Batcher<'m> {
             let results = sample_rows(&mut jobs);
             for (row, result) in results {
                 sampled[row] = Some(result);
+            }
+        }
+        // Constrained requests start taking their tokens into their grammars, all at once.
+        for (row, w) in work.iter().enumerate() {
+            let token = picks[row].or_else(|| sampled[row].as_ref().and_then(|s| s.as_ref().ok()).copied());
+            if let (true, Some(token)) = (w.samples, token) {
+                self.live.get_mut(&w.key.0).expect("scheduled requests are live").request.start_accept(token);
             }
         }
         for (row, w) in work.iter().enumerate() {
