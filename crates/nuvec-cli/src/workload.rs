@@ -29,8 +29,8 @@ struct Timeline {
 }
 
 /// Where a run's time went: `Batcher::step` calls that took prompt tokens' rows and those that
-/// only decoded, each a count and seconds. Steps are pipelined, so a call is counted by the rows
-/// it read (those of the pass before), and its seconds include the next pass's submission.
+/// only decoded, each a count and seconds. A call submits its pass and reads that pass's results
+/// (steps are not pipelined), so its seconds are the host's work and the pass together.
 #[derive(Default)]
 struct StepTimes {
     decode: (usize, f64),
@@ -170,12 +170,15 @@ pub fn run(
         println!("Workload speculation: drafted={} accepted={}", stats.drafted_tokens, stats.accepted_tokens);
     }
     println!(
-        "Workload results: throughput={:.3} ttft_p50={:.1} ttft_p99={:.1} itl_p50={:.1} itl_p99={:.1}",
+        "Workload results: throughput={:.3} ttft_p50={:.1} ttft_p99={:.1} itl_p50={:.1} itl_p99={:.1} \
+         total_throughput={:.3}",
         generated as f64 / (end - first).max(1e-9),
         1e3 * quantile(&mut ttft, 0.5),
         1e3 * quantile(&mut ttft, 0.99),
         1e3 * quantile(&mut itl, 0.5),
-        1e3 * quantile(&mut itl, 0.99)
+        1e3 * quantile(&mut itl, 0.99),
+        // vLLM's "total token throughput": prompt tokens (cached or computed) and generated ones.
+        (prompt + generated) as f64 / (end - first).max(1e-9)
     );
     Ok(())
 }

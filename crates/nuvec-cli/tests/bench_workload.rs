@@ -34,6 +34,13 @@ fn workloads_run_with_and_without_a_constraint() {
     let (ok, plain) = bench(&["--workload", file]);
     assert!(ok && plain.contains("Workload results: throughput="), "{plain}");
     assert_eq!(generated(&plain), 36, "{plain}");
+    // Total throughput counts the 15 prompt tokens beside the 36 generated, over the same time.
+    let rate = |key: &str| -> f64 {
+        let at = plain.find(key).unwrap_or_else(|| panic!("no {key} in {plain}")) + key.len();
+        plain[at..].split_whitespace().next().unwrap().parse().unwrap()
+    };
+    let (output, total) = (rate(" throughput="), rate("total_throughput="));
+    assert!((total / output - 51.0 / 36.0).abs() < 1e-3, "{plain}");
     // Where the time went: the prompts' tokens but the last (sampled from) were prefilled, by
     // some steps; the other steps only decoded.
     let steps = plain.lines().find(|l| l.starts_with("Workload steps: ")).unwrap_or_else(|| panic!("{plain}"));
