@@ -5,7 +5,7 @@
 
 use super::{f32s, pool};
 use crate::backend::check_mask_rows;
-use crate::{Array, Error, Result};
+use crate::{Array, DType, Error, Result};
 
 /// Lanes of the running maxima, so that the loop compiles to vector max instructions.
 const LANES: usize = 16;
@@ -72,8 +72,9 @@ pub(crate) fn mask_rows(x: &Array, bits: &[u32], fill: f32) -> Result<Array> {
     let n = check_mask_rows(x, bits)?;
     let values = f32s("mask_rows", x)?;
     let words = n.div_ceil(32);
-    let mut out = vec![0f32; values.len()];
-    pool::for_chunks(&mut out, n, |at, o| {
+    // Written in place: a batch's logits are tens of megabytes, copied once more otherwise.
+    let mut masked = Array::zeros(x.shape(), DType::F32);
+    pool::for_chunks(masked.host_mut::<f32>()?, n, |at, o| {
         let (row, mask) = (&values[at..at + n], &bits[at / n * words..][..words]);
         for ((o, v), &w) in o.chunks_mut(32).zip(row.chunks(32)).zip(mask) {
             match w {
@@ -87,7 +88,7 @@ pub(crate) fn mask_rows(x: &Array, bits: &[u32], fill: f32) -> Result<Array> {
             }
         }
     });
-    Array::from_slice(&out, x.shape())
+    Ok(masked)
 }
 
 #[cfg(test)]
