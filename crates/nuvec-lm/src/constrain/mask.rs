@@ -25,18 +25,11 @@ pub(crate) struct TokenMask {
 /// A mask, or llguidance's error as text.
 type MaskResult = std::result::Result<SimpleVob, String>;
 
-/// The matcher back from the pool, with the next mask when one was computed (none once the
-/// grammar is complete or refused the token taken).
-type Back = (Matcher, Option<MaskResult>);
-
 enum State {
     /// The matcher, its next mask not asked for (boxed: it is large beside a thread's handle).
     Idle(Box<Matcher>),
     /// The matcher computing its next mask; the matcher comes back with it.
-    Computing(Receiver<Back>),
-    /// The matcher taking `token` on the pool ([`TokenMask::start_commit`]): `taken` says whether
-    /// the grammar took it (and is then complete), then it comes back as from `Computing`.
-    Taking { token: u32, taken: Receiver<std::result::Result<bool, String>>, then: Receiver<Back> },
+    Computing(Receiver<(Matcher, MaskResult)>),
     /// A failed computation took the matcher with it.
     Lost,
 }
@@ -58,33 +51,13 @@ fn pool() -> &'static rayon::ThreadPool {
     })
 }
 
-fn compute(mut matcher: Matcher) -> Receiver<Back> {
+fn compute(mut matcher: Matcher) -> Receiver<(Matcher, MaskResult)> {
     let (tx, rx) = channel();
     pool().spawn(move || {
         let mask = matcher.compute_mask().map_err(|e| e.to_string());
-        let _ = tx.send((matcher, Some(mask)));
-    });
-    rx
-}
-
-/// `matcher` takes `token`, then computes its next mask unless the grammar is complete or
-/// refused the token: whether it took it (and is complete) comes first, the rest later.
-fn take_then_compute(
-    mut matcher: Matcher,
-    token: u32,
-) -> (Receiver<std::result::Result<bool, String>>, Receiver<Back>) {
-    let ((taken_tx, taken), (tx, then)) = (channel(), channel());
-    pool().spawn(move || {
-        let taken = matcher.consume_token(token).map(|()| matcher.is_stopped()).map_err(|e| e.to_string());
-        let _ = taken_tx.send(taken.clone());
-        let mask = (taken == Ok(false)).then(|| matcher.compute_mask().map_err(|e| e.to_string()));
         let _ = tx.send((matcher, mask));
     });
-    (taken, then)
-}
-
-fn panicked() -> Error {
-    Error::Invalid("the constraint's mask computation panicked".into())
+    rx
 }
 
 impl TokenMask {
@@ -101,9 +74,10 @@ impl TokenMask {
     fn take(&mut self) -> Result<(Matcher, Option<MaskResult>)> {
         match std::mem::replace(&mut self.state, State::Lost) {
             State::Idle(m) => Ok((*m, None)),
-            State::Computing(result) => result.recv().map_err(|_| panicked()),
-            // A token is taken only through `commit`, which settles this first.
-            State::Taking { .. } => Err(Error::Invalid("internal: the constraint's token was not committed".into())),
+            State::Computing(result) => result
+                .recv()
+                .map(|(m, mask)| (m, Some(mask)))
+                .map_err(|_| Error::Invalid("the constraint's mask computation panicked".into())),
             State::Lost => Err(Error::Invalid("the constraint failed on an earlier token".into())),
         }
     }
@@ -179,40 +153,14 @@ impl TokenMask {
         Ok(())
     }
 
-    /// Starts taking `token` into the grammar on the masks' pool, then the mask after it; the
-    /// [`TokenMask::commit`] of the same token that must follow waits only for the first part.
-    /// A batch's rows take their tokens this way all at once: a grammar's step takes from a
-    /// microsecond to a millisecond, and one after another on the thread that runs the steps
-    /// they would keep the device waiting.
-    pub(crate) fn start_commit(&mut self, token: u32) {
-        self.ready = None;
-        if let Ok((matcher, _)) = self.take() {
-            let (taken, then) = take_then_compute(matcher, token);
-            self.state = State::Taking { token, taken, then };
-        }
-    }
-
     /// Takes `token` (not an end-of-sequence id) into the grammar, and starts computing the mask
-    /// after it unless the grammar is complete; after [`TokenMask::start_commit`] of the same
-    /// token, waits for that instead.
+    /// after it unless the grammar is complete.
     pub(crate) fn commit(&mut self, token: u32) -> Result<()> {
         self.ready = None;
-        let refused = |e: String| Error::Invalid(format!("the constraint refused token {token}: {e}"));
-        if matches!(self.state, State::Taking { .. }) {
-            let State::Taking { token: started, taken, then } = std::mem::replace(&mut self.state, State::Lost) else {
-                unreachable!("matched above")
-            };
-            if started != token {
-                return Err(Error::Invalid(format!(
-                    "internal: the constraint was given token {started} to take, then {token}"
-                )));
-            }
-            self.complete = taken.recv().map_err(|_| panicked())?.map_err(refused)?;
-            self.state = State::Computing(then);
-            return Ok(());
-        }
         let (mut matcher, _) = self.take()?;
-        matcher.consume_token(token).map_err(|e| refused(e.to_string()))?;
+        matcher
+            .consume_token(token)
+            .map_err(|e| Error::Invalid(format!("the constraint refused token {token}: {e}")))?;
         self.complete = matcher.is_stopped();
         self.state = if self.complete { State::Idle(Box::new(matcher)) } else { State::Computing(compute(matcher)) };
         Ok(())

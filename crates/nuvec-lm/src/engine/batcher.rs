@@ -876,13 +876,6 @@ impl<'m> Batcher<'m> {
                 sampled[row] = Some(result);
             }
         }
-        // Constrained requests start taking their tokens into their grammars, all at once.
-        for (row, w) in work.iter().enumerate() {
-            let token = picks[row].or_else(|| sampled[row].as_ref().and_then(|s| s.as_ref().ok()).copied());
-            if let (true, Some(token)) = (w.samples, token) {
-                self.live.get_mut(&w.key.0).expect("scheduled requests are live").request.start_accept(token);
-            }
-        }
         for (row, w) in work.iter().enumerate() {
             self.stats.prefill_tokens += (w.end - w.start - usize::from(w.samples)) as u64;
             if !w.samples {

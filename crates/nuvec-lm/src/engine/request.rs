@@ -285,16 +285,6 @@ impl Request {
         }
     }
 
-    /// Starts taking `token` into the constraint's grammar on the masks' pool when
-    /// [`Request::accept`] will take it there (not an end-of-sequence or stop token), so that a
-    /// batch's rows take theirs at once; `accept` then waits for it.
-    pub(crate) fn start_accept(&mut self, token: u32) {
-        let ends = (!self.options.ignore_eos && self.eos.contains(&token)) || self.options.stop.tokens.contains(&token);
-        if let (false, Some(mask)) = (ends, self.mask.as_mut()) {
-            mask.start_commit(token);
-        }
-    }
-
     /// Takes the sampled `token`: end-of-sequence and stop tokens end the request without being
     /// handed out (`None`); any other token is handed out, and may end it (a stop string it
     /// completes, the last of `max_tokens`).
