@@ -14,10 +14,16 @@ fn bench(args: &[&str]) -> (bool, String) {
     (out.status.success(), format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)))
 }
 
+/// The number after the first `key` (`generated=`, ` throughput=`) of a workload report.
+fn number<T: std::str::FromStr>(report: &str, key: &str) -> T {
+    let at = report.find(key).unwrap_or_else(|| panic!("no {key} in {report}")) + key.len();
+    let text = report[at..].split_whitespace().next().unwrap();
+    text.parse().unwrap_or_else(|_| panic!("{key}{text} is not a number"))
+}
+
 /// The `generated=N` of a workload report.
 fn generated(report: &str) -> usize {
-    let at = report.find("generated=").unwrap_or_else(|| panic!("no report: {report}")) + "generated=".len();
-    report[at..].split_whitespace().next().unwrap().parse().unwrap()
+    number(report, "generated=")
 }
 
 #[test]
@@ -35,11 +41,7 @@ fn workloads_run_with_and_without_a_constraint() {
     assert!(ok && plain.contains("Workload results: throughput="), "{plain}");
     assert_eq!(generated(&plain), 36, "{plain}");
     // Total throughput counts the 15 prompt tokens beside the 36 generated, over the same time.
-    let rate = |key: &str| -> f64 {
-        let at = plain.find(key).unwrap_or_else(|| panic!("no {key} in {plain}")) + key.len();
-        plain[at..].split_whitespace().next().unwrap().parse().unwrap()
-    };
-    let (output, total) = (rate(" throughput="), rate("total_throughput="));
+    let (output, total): (f64, f64) = (number(&plain, " throughput="), number(&plain, "total_throughput="));
     assert!((total / output - 51.0 / 36.0).abs() < 1e-3, "{plain}");
     // Where the time went: the prompts' tokens but the last (sampled from) were prefilled, by
     // some steps; the other steps only decoded.
