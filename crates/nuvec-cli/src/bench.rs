@@ -226,11 +226,32 @@ fn batch_trial(
     // As mlx-lm: the prompt but its last token is prefilled; the last goes through the first step.
     prefill(&mut paged, prompts, t.prompt_tokens - 1)?;
     let mut tokens: Vec<u32> = prompts.iter().map(|p| p[p.len() - 1]).collect();
-    tokens = decode_batch(model, &tokens, &ids, &mut paged)?.argmax()?.to_vec::<u32>()?;
+    let mut picks = decode_batch(model, &tokens, &ids, &mut paged)?.argmax_gap()?;
+    tokens = picks.to_vec::<u32>()?.chunks(3).map(|p| p[0]).collect();
     let prompt_time = start.elapsed().as_secs_f64();
     let start = Instant::now();
-    for _ in 1..t.generation_tokens {
-        tokens = decode_batch(model, &tokens, &ids, &mut paged)?.argmax()?.to_vec::<u32>()?;
+    if nuvec_lm::pipeline_default(model.device())? {
+        // As the Batcher's pipelined steps: each step is fed the step before's greedy picks on
+        // the device and enqueued before those are read, one step behind. (Without prefix
+        // caching the cache records no tokens: nothing to tell it of the fed ones.)
+        let fed: Vec<(usize, usize)> = (0..b).map(|i| (i, i)).collect();
+        let placeholders = vec![[0u32]; b];
+        let work: Vec<(SeqId, &[u32])> = ids.iter().zip(&placeholders).map(|(&id, t)| (id, &t[..])).collect();
+        let mut reading: Option<nuvec::PendingRead> = None;
+        for _ in 1..t.generation_tokens {
+            let logits = paged.step_fed(model, &work, &vec![1; b], &picks, &fed)?;
+            picks = logits.argmax_gap()?;
+            if let Some(read) = reading.replace(picks.read_later()?) {
+                read.wait::<u32>()?;
+            }
+        }
+        if let Some(read) = reading {
+            read.wait::<u32>()?;
+        }
+    } else {
+        for _ in 1..t.generation_tokens {
+            tokens = decode_batch(model, &tokens, &ids, &mut paged)?.argmax()?.to_vec::<u32>()?;
+        }
     }
     let gen_time = start.elapsed().as_secs_f64();
     Ok(Trial {

@@ -169,6 +169,10 @@ pub fn run(
     if speculating {
         println!("Workload speculation: drafted={} accepted={}", stats.drafted_tokens, stats.accepted_tokens);
     }
+    if batcher.pipelined() {
+        // Steps enqueued before the step before was read (each step's counts above are those it read).
+        println!("Workload pipeline: pipelined_steps={} taken_back={}", stats.pipelined_steps, stats.taken_back);
+    }
     println!(
         "Workload results: throughput={:.3} ttft_p50={:.1} ttft_p99={:.1} itl_p50={:.1} itl_p99={:.1} \
          total_throughput={:.3}",

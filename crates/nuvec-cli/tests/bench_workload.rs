@@ -9,8 +9,14 @@ use common::gguf;
 
 /// `nuvec bench --model <default> ARGS`: (success, stdout + stderr).
 fn bench(args: &[&str]) -> (bool, String) {
-    let out =
-        Command::new(env!("CARGO_BIN_EXE_nuvec")).args(["bench", "--model", &gguf()]).args(args).output().unwrap();
+    bench_with(&[], args)
+}
+
+/// [`bench`] with environment variables `vars` set.
+fn bench_with(vars: &[(&str, &str)], args: &[&str]) -> (bool, String) {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_nuvec"));
+    command.args(["bench", "--model", &gguf()]).args(args).envs(vars.iter().copied());
+    let out = command.output().unwrap();
     (out.status.success(), format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)))
 }
 
@@ -53,6 +59,16 @@ fn workloads_run_with_and_without_a_constraint() {
     let [decode_steps, _, mixed_steps, _, prefill_tokens] = numbers[..] else { panic!("{steps}") };
     assert_eq!(prefill_tokens, 12.0, "{steps}");
     assert!(decode_steps >= 1.0 && mixed_steps >= 1.0, "{steps}");
+    // Pipelined steps (the CPU's default is off): the same tokens, the steps counted.
+    let (ok, pipelined) = bench_with(&[("NUVEC_BATCH_PIPELINE", "1")], &["--workload", file]);
+    assert!(ok && generated(&pipelined) == 36, "{pipelined}");
+    assert!(number::<usize>(&pipelined, "pipelined_steps=") > 0, "{pipelined}");
+    assert!(!plain.contains("Workload pipeline:"), "{plain}");
+    let (ok, refused) = bench_with(&[("NUVEC_BATCH_PIPELINE", "yes")], &["--workload", file]);
+    assert!(!ok && refused.contains("NUVEC_BATCH_PIPELINE"), "{refused}");
+    // `-b` pipelines its decode loop as the Batcher would.
+    let (ok, batched) = bench_with(&[("NUVEC_BATCH_PIPELINE", "1")], &["-p", "6", "-g", "5", "-b", "3", "-n", "1"]);
+    assert!(ok && batched.contains("generation_tps="), "{batched}");
     // With prompt-lookup speculation: the same token count, and the guesses reported.
     let (ok, guessed) = bench(&["--workload", file, "--prompt-lookup", "--num-draft-tokens", "2"]);
     assert!(ok && generated(&guessed) == 36, "{guessed}");

@@ -3,7 +3,7 @@
 //! MoE runs once over the rows of all sequences; attention (and a hybrid's recurrence) runs per
 //! sequence over its own cache ([`StepBatch::each`]). `generate` is a batch of one.
 
-use nuvec::Array;
+use nuvec::{Array, Matrix};
 
 use crate::adapter::rows::RowAdapters;
 use crate::adapter::AdapterId;
@@ -25,18 +25,27 @@ pub struct StepBatch<'a> {
     tokens: Vec<u32>,
     seqs: Vec<StepSeq<'a>>,
     invariant: bool,
+    fed: Option<Fed>,
+}
+
+/// Rows whose token is a previous step's greedy pick, still on the device ([`StepBatch::feed`]).
+struct Fed {
+    /// That step's `argmax_gap` (`[m, 3]` u32, the index first).
+    picks: Array,
+    /// (row of this step, row of `picks`).
+    rows: Vec<(usize, usize)>,
 }
 
 impl<'a> StepBatch<'a> {
     /// An empty batch.
     pub fn new() -> Self {
-        StepBatch { tokens: vec![], seqs: vec![], invariant: false }
+        StepBatch { tokens: vec![], seqs: vec![], invariant: false, fed: None }
     }
 
     /// A batch of one sequence: `tokens` appended to `cache`.
     pub fn one(tokens: &[u32], cache: &'a mut [LayerCache]) -> Self {
         let seqs = vec![StepSeq { rows: tokens.len(), cache, adapter: None }];
-        StepBatch { tokens: tokens.to_vec(), seqs, invariant: false }
+        StepBatch { tokens: tokens.to_vec(), seqs, invariant: false, fed: None }
     }
 
     /// Adds a sequence whose `tokens` extend `cache`; an empty chunk is refused.
@@ -92,9 +101,44 @@ impl<'a> StepBatch<'a> {
         })
     }
 
-    /// Every row's token, sequence by sequence.
+    /// Every row's token, sequence by sequence; a row [`StepBatch::feed`] gives a token on the
+    /// device holds 0 here until [`StepBatch::resolve_fed`] reads it.
     pub fn tokens(&self) -> &[u32] {
         &self.tokens
+    }
+
+    /// Takes the tokens of `rows` (each a row of this step and a row of `picks`) from `picks`,
+    /// a previous step's [`Array::argmax_gap`] on the device, instead of [`StepBatch::tokens`]:
+    /// the step's embedding reads them there ([`StepBatch::embed`]), so it is enqueued before
+    /// that step's picks reach the host (the Batcher's pipelined steps). Every pick must be a
+    /// token of the model (the logits it came from no wider than the embedding).
+    pub(crate) fn feed(&mut self, picks: Array, rows: Vec<(usize, usize)>) {
+        self.fed = (!rows.is_empty()).then_some(Fed { picks, rows });
+    }
+
+    /// The embedding of every row's token: [`Matrix::embed`] of the tokens, the fed rows'
+    /// spliced in from their picks on the device.
+    pub(crate) fn embed(&self, table: &Matrix) -> Result<Array> {
+        Ok(match &self.fed {
+            Some(f) => table.embed_spliced(&self.tokens, &f.picks, &f.rows)?,
+            None => table.embed(&self.tokens)?,
+        })
+    }
+
+    /// Reads the fed rows' tokens into [`StepBatch::tokens`] (waiting for their step), for a
+    /// model that needs the ids on the host beyond the embedding, or a pass run sequence by
+    /// sequence.
+    pub(crate) fn resolve_fed(&mut self) -> Result<()> {
+        if let Some(f) = self.fed.take() {
+            let picks = f.picks.to_vec::<u32>()?;
+            for (row, pick) in f.rows {
+                let token = picks.get(3 * pick).ok_or_else(|| {
+                    Error::Invalid(format!("row {row} of the step fed from pick {pick} of {}", picks.len() / 3))
+                })?;
+                self.tokens[row] = *token;
+            }
+        }
+        Ok(())
     }
 
     /// Sequences in the batch.

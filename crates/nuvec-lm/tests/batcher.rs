@@ -82,9 +82,21 @@ fn check(
     options: BatcherOptions,
     exact: bool,
 ) -> Batcher<'static> {
+    check_with(case, requests, options, exact, |_, _| {})
+}
+
+/// [`check`], with `prepare` given the batcher and the requests' ids before the first step.
+fn check_with(
+    case: &str,
+    requests: &[(Vec<u32>, GenerateOptions)],
+    options: BatcherOptions,
+    exact: bool,
+    prepare: impl FnOnce(&mut Batcher, &[RequestId]),
+) -> Batcher<'static> {
     let model: &'static Model = Box::leak(Box::new(load_dir(&fixtures().join(case)).unwrap().0));
     let mut batcher = Batcher::new(model, options).unwrap();
     let ids: Vec<RequestId> = requests.iter().map(|(p, o)| batcher.submit(p.clone(), o.clone()).unwrap()).collect();
+    prepare(&mut batcher, &ids);
     let outputs = drain(&mut batcher);
     for ((p, o), id) in requests.iter().zip(&ids) {
         let reference = solo(model, p, o);
@@ -181,10 +193,19 @@ fn sampling_stops_and_logprobs_are_each_requests_own() {
 fn a_pool_too_small_for_everyone_preempts_and_still_gives_the_solo_tokens() {
     // 24 blocks of 4 positions: six requests of 20 + 12 positions cannot all be held at once.
     let case = "llama-q4g64";
-    let options = BatcherOptions { blocks: Some(24), block_size: 4, max_batch: 6, ..Default::default() };
     let requests = mixed(vocab(case), &[20, 20, 19, 18, 20, 17], 12);
-    let b = check(case, &requests, options, false);
-    assert!(b.stats().preemptions > 0, "the pool was meant to run out");
+    for pipeline in [false, true] {
+        let options = BatcherOptions {
+            blocks: Some(24),
+            block_size: 4,
+            max_batch: 6,
+            pipeline: Some(pipeline),
+            ..Default::default()
+        };
+        let b = check(case, &requests, options, false);
+        assert!(b.stats().preemptions > 0, "the pool was meant to run out");
+        assert_eq!(b.stats().pipelined_steps > 0, pipeline);
+    }
     // The same in batch-invariant mode, exactly (a re-prefill recomputes the same positions).
     let options =
         BatcherOptions { blocks: Some(24), block_size: 4, max_batch: 6, batch_invariant: true, ..Default::default() };
@@ -194,9 +215,16 @@ fn a_pool_too_small_for_everyone_preempts_and_still_gives_the_solo_tokens() {
 
 #[test]
 fn cancel_while_waiting_and_while_running() {
+    for pipeline in [false, true] {
+        cancel_while_waiting_and_while_running_in(pipeline);
+    }
+}
+
+fn cancel_while_waiting_and_while_running_in(pipeline: bool) {
     let (model, _) = load_dir(&fixtures().join("llama-f32")).unwrap();
     let v = model.vocab_size();
-    let mut b = Batcher::new(&model, BatcherOptions { max_batch: 1, blocks: Some(64), ..Default::default() }).unwrap();
+    let options = BatcherOptions { max_batch: 1, blocks: Some(64), pipeline: Some(pipeline), ..Default::default() };
+    let mut b = Batcher::new(&model, options).unwrap();
     let running = b.submit(prompt(10, 1, v), greedy(50)).unwrap();
     let waiting = b.submit(prompt(10, 2, v), greedy(50)).unwrap();
     let other = b.submit(prompt(10, 3, v), greedy(4)).unwrap();
@@ -220,13 +248,17 @@ fn cancel_while_waiting_and_while_running() {
 fn a_request_that_outgrows_the_whole_cache_ends_cache_full() {
     let (model, _) = load_dir(&fixtures().join("llama-f32")).unwrap();
     let v = model.vocab_size();
-    let mut b = Batcher::new(&model, BatcherOptions { blocks: Some(3), block_size: 4, ..Default::default() }).unwrap();
-    let id = b.submit(prompt(5, 1, v), greedy(100)).unwrap();
-    let out = drain(&mut b);
     let reference = solo(&model, &prompt(5, 1, v), &greedy(100));
-    // 12 positions: the 5 prompt tokens and 7 generated ones fed back, plus the last sampled.
-    assert_eq!(out[&id].reason, Some(FinishReason::CacheFull));
-    assert_eq!(out[&id].tokens, reference.tokens[..8]);
+    for pipeline in [true, false] {
+        let options = BatcherOptions { blocks: Some(3), block_size: 4, pipeline: Some(pipeline), ..Default::default() };
+        let mut b = Batcher::new(&model, options).unwrap();
+        let id = b.submit(prompt(5, 1, v), greedy(100)).unwrap();
+        let out = drain(&mut b);
+        // 12 positions: the 5 prompt tokens and 7 generated ones fed back, plus the last sampled.
+        assert_eq!(out[&id].reason, Some(FinishReason::CacheFull), "pipelined: {pipeline}");
+        assert_eq!(out[&id].tokens, reference.tokens[..8], "pipelined: {pipeline}");
+    }
+    let mut b = Batcher::new(&model, BatcherOptions { blocks: Some(3), block_size: 4, ..Default::default() }).unwrap();
     // A prompt that could never fit is refused up front.
     let e = b.submit(prompt(13, 1, v), greedy(1)).unwrap_err().to_string();
     assert!(e.contains("13 tokens") && e.contains("BatcherOptions::blocks"), "{e}");
@@ -234,10 +266,15 @@ fn a_request_that_outgrows_the_whole_cache_ends_cache_full() {
 
 #[test]
 fn a_failing_step_fails_only_its_request() {
-    let case = "qwen3_5/qwen3_5-f32";
+    a_failing_step_fails_only_its_request_in("qwen3_5/qwen3_5-f32", None);
+    // Pipelined, the failed pass's requests are run again one by one with their fed tokens.
+    a_failing_step_fails_only_its_request_in("llama-q4g64", Some(true));
+}
+
+fn a_failing_step_fails_only_its_request_in(case: &str, pipeline: Option<bool>) {
     let (model, _) = load_dir(&fixtures().join(case)).unwrap();
     let v = model.vocab_size();
-    let mut b = Batcher::new(&model, BatcherOptions { blocks: Some(256), ..Default::default() }).unwrap();
+    let mut b = Batcher::new(&model, BatcherOptions { blocks: Some(256), pipeline, ..Default::default() }).unwrap();
     let prompts: Vec<Vec<u32>> = (0..4).map(|i| prompt(12 + i, i as u32, v)).collect();
     let ids: Vec<RequestId> = prompts.iter().map(|p| b.submit(p.clone(), greedy(6)).unwrap()).collect();
     // Let every request prefill and decode a little, then make one fail mid-decode.
@@ -284,6 +321,8 @@ fn bad_options_and_requests_are_refused_naming_the_field() {
         (BatcherOptions { cache_bytes: Some(1), ..Default::default() }, "less than one cache block"),
         (BatcherOptions { cache_bytes: Some(usize::MAX), ..Default::default() }, "more than the"),
         (BatcherOptions { cache_bytes: Some(1 << 20), blocks: Some(8), ..Default::default() }, "both set"),
+        (BatcherOptions { pipeline: Some(true), batch_invariant: true, ..Default::default() }, "batch_invariant"),
+        (BatcherOptions { pipeline: Some(true), kv_bits: Some(8), ..Default::default() }, "kv_bits"),
     ];
     for (options, field) in bad {
         let e = Batcher::new(&model, options).err().expect("refused").to_string();
@@ -550,4 +589,51 @@ fn hybrid_prompts_shorter_than_a_pass_keep_states_every_checkpoint_interval() {
     let odd = BatcherOptions { checkpoint_interval: 40, ..Default::default() };
     let err = Batcher::new(&model, odd).err().expect("refused").to_string();
     assert!(err.contains("checkpoint_interval = 40") && err.contains("block_size = 16"), "{err}");
+}
+
+/// Pipelined steps (`BatcherOptions::pipeline`; on the CPU they compute what they would
+/// unpipelined): every request still gets its solo tokens and finish reason, with requests ending
+/// at different steps (lengths, stop tokens), and sampled and log-probability requests among them
+/// (whose steps are read before the next is enqueued), on plain, MoE and sliding-window models.
+#[test]
+fn pipelined_steps_give_the_solo_tokens() {
+    let pipelined = BatcherOptions { blocks: Some(1024), pipeline: Some(true), ..Default::default() };
+    for case in ["llama-q4g64", "qwen3_moe-f32", "gemma4/gemma4-f32", "gpt_oss/gpt_oss-q4g64"] {
+        let (model, _) = load_dir(&fixtures().join(case)).unwrap();
+        let v = model.vocab_size();
+        let mut requests = mixed(v, &[1, 17, 300, 5, 64, 2, 33], 8);
+        for (i, r) in requests.iter_mut().enumerate() {
+            r.1.max_tokens = 3 + 2 * i;
+        }
+        let first = solo(&model, &prompt(9, 1, v), &greedy(12));
+        requests
+            .push((prompt(9, 1, v), GenerateOptions { stop: nuvec_lm::Stop::tokens([first.tokens[4]]), ..greedy(12) }));
+        let sampler = Sampler { temperature: 0.9, ..Default::default() };
+        requests.push((prompt(9, 2, v), GenerateOptions { sampler, seed: Some(3), ..greedy(6) }));
+        requests.push((prompt(12, 3, v), GenerateOptions { logprobs: Some(2), ..greedy(5) }));
+        let b = check(case, &requests, pipelined.clone(), false);
+        assert!(b.pipelined() && b.stats().pipelined_steps > 0, "{case}: {:?}", b.stats());
+        assert_eq!((b.stats().taken_back, b.stats().blocks_used), (0, 0), "{case}");
+    }
+    // A hybrid's recurrent layers cannot take a fed token back: refused when asked, else off.
+    let (hybrid, _) = load_dir(&fixtures().join("qwen3_5/qwen3_5-f32")).unwrap();
+    let e = Batcher::new(&hybrid, pipelined.clone()).err().expect("refused").to_string();
+    assert!(e.contains("pipeline") && e.contains("recurrent"), "{e}");
+    let b = Batcher::new(&hybrid, BatcherOptions { blocks: Some(64), ..Default::default() }).unwrap();
+    assert!(!b.pipelined());
+}
+
+/// A token fed to a pipelined step that the request does not take (here every one of one
+/// request, as if the host had settled near ties otherwise) is taken back from the cache, sliding
+/// windows included, and fed again from the host: the request's tokens are its solo ones.
+#[test]
+fn a_fed_token_taken_back_is_fed_again_from_the_host() {
+    let pipelined = BatcherOptions { blocks: Some(256), pipeline: Some(true), ..Default::default() };
+    for case in ["llama-q4g64", "gpt_oss/gpt_oss-q4g64"] {
+        let requests = mixed(vocab(case), &[5, 40, 12], 10);
+        let b = check_with(case, &requests, pipelined.clone(), false, |b, ids| b.distrust_fed_tokens(ids[1]));
+        let stats = b.stats();
+        assert!(stats.taken_back >= 5 && stats.pipelined_steps > 0, "{case}: {stats:?}");
+        assert_eq!(stats.blocks_used, 0, "{case}");
+    }
 }

@@ -229,13 +229,16 @@ fn solo(model: &Model, p: &[u32], max_tokens: usize) -> (Vec<u32>, Vec<f32>) {
 
 /// The Batcher on the GPU: requests of mixed lengths served together get the greedy tokens each
 /// gets alone, up to the first step whose top two logits lie within rounding of each other
-/// (where batched rounding may legitimately pick the other), batched and batch-invariant.
+/// (where batched rounding may legitimately pick the other): batched with pipelined steps (the
+/// default on a GPU: each step fed the one before's greedy picks on the device), batched without,
+/// and batch-invariant.
 fn check_batcher(case: &str, kv: Option<KvDtype>) {
     let model = model_on_gpu(case, kv);
     let prompts = prompts(&model, &LENGTHS);
-    for invariant in [false, true] {
-        let options = BatcherOptions { batch_invariant: invariant, ..Default::default() };
+    for (invariant, pipeline) in [(false, None), (false, Some(false)), (true, None)] {
+        let options = BatcherOptions { batch_invariant: invariant, pipeline, ..Default::default() };
         let mut batcher = Batcher::new(&model, options).unwrap();
+        assert_eq!(batcher.pipelined(), !invariant && pipeline.is_none(), "{case}");
         let ids: Vec<RequestId> = prompts
             .iter()
             .map(|p| batcher.submit(p.clone(), GenerateOptions { max_tokens: STEPS, ..Default::default() }).unwrap())
@@ -258,9 +261,15 @@ fn check_batcher(case: &str, kv: Option<KvDtype>) {
             assert_eq!(ours[..sure.min(ours.len())], tokens[..sure], "{case}: {} prompt tokens", p.len());
             equal += usize::from(*ours == tokens);
         }
+        let stats = batcher.stats();
+        assert_eq!(stats.pipelined_steps > 0, batcher.pipelined(), "{case}: {stats:?}");
         println!(
-            "RESULT gpu_batcher {case} kv={kv:?} invariant={invariant}: {equal} of {} requests equal their solo run in every token",
-            prompts.len()
+            "RESULT gpu_batcher {case} kv={kv:?} invariant={invariant} pipelined={}: {equal} of {} requests equal their \
+             solo run in every token ({} steps pipelined, {} fed tokens taken back)",
+            batcher.pipelined(),
+            prompts.len(),
+            stats.pipelined_steps,
+            stats.taken_back
         );
     }
 }

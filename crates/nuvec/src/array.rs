@@ -211,6 +211,11 @@ impl Array {
         Ok(&mut bytes.as_mut_bytes()[..len])
     }
 
+    /// The storage and where this array starts in it.
+    pub(crate) fn bytes_view(&self) -> (&Bytes, usize) {
+        (&self.bytes, self.offset)
+    }
+
     pub(crate) fn raw_bytes(&self) -> &[u8] {
         &self.bytes.as_bytes()[self.offset..self.offset + self.nbytes()]
     }

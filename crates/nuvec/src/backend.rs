@@ -38,6 +38,15 @@ pub trait Backend: Send + Sync {
     /// Rows `ids` of `table [V, D]` -> `[len(ids), D]`.
     fn embed(&self, table: &Matrix, ids: &[u32]) -> Result<Array>;
 
+    /// [`Backend::embed`] where some rows' ids are read on the device: for each `(row, pick)` of
+    /// `spliced`, row `row` takes the index of row `pick` of `picks` (`[m, 3]` u32, what
+    /// [`Backend::argmax_gap`] gives: the index is its first word) instead of `ids[row]`. A step
+    /// fed the previous step's greedy picks is enqueued without reading them first. Every
+    /// spliced index must lie in the table; the default reads `picks` to the host and checks.
+    fn embed_spliced(&self, table: &Matrix, ids: &[u32], picks: &Array, spliced: &[(usize, usize)]) -> Result<Array> {
+        embed_spliced_default(self, table, ids, picks, spliced)
+    }
+
     /// RMS norm over the last axis: `x * rsqrt(mean(x^2) + eps) * weight`.
     fn rms_norm(&self, x: &Array, weight: &Array, eps: f32) -> Result<Array>;
 
@@ -535,6 +544,46 @@ pub(crate) fn check_mask_rows(x: &Array, bits: &[u32]) -> Result<usize> {
     Ok(n)
 }
 
+/// [`Backend::embed_spliced`] through the host: `picks` read, the ids spliced, then
+/// [`Backend::embed`].
+pub(crate) fn embed_spliced_default<B: Backend + ?Sized>(
+    b: &B,
+    table: &Matrix,
+    ids: &[u32],
+    picks: &Array,
+    spliced: &[(usize, usize)],
+) -> Result<Array> {
+    check_spliced(ids, picks, spliced)?;
+    let p = picks.to_vec::<u32>()?;
+    let mut ids = ids.to_vec();
+    for &(row, pick) in spliced {
+        ids[row] = p[3 * pick];
+    }
+    b.embed(table, &ids)
+}
+
+/// Checks [`Backend::embed_spliced`]'s arguments: `picks` `[m, 3]` u32, each row of `ids` spliced
+/// at most once from a row of `picks`.
+pub(crate) fn check_spliced(ids: &[u32], picks: &Array, spliced: &[(usize, usize)]) -> Result<()> {
+    let op = "embed_spliced";
+    if picks.dtype() != crate::DType::U32 || picks.shape().len() != 2 || picks.dim(1) != 3 {
+        return Err(crate::Error::shape(op, format!("picks of {:?} {}, not [m, 3] u32", picks.shape(), picks.dtype())));
+    }
+    let mut seen = vec![false; ids.len()];
+    for &(row, pick) in spliced {
+        if row >= ids.len() || pick >= picks.dim(0) {
+            return Err(crate::Error::shape(
+                op,
+                format!("row {row} from pick {pick}, with {} rows and {} picks", ids.len(), picks.dim(0)),
+            ));
+        }
+        if std::mem::replace(&mut seen[row], true) {
+            return Err(crate::Error::shape(op, format!("row {row} spliced twice")));
+        }
+    }
+    Ok(())
+}
+
 /// [`Backend::argmax_gap`] of one row (the reference the device kernels follow).
 pub(crate) fn argmax_gap_row(row: &[f32]) -> (u32, f32, f32) {
     // The first maximum, as `argmax` finds it (a leading NaN wins there).
@@ -904,5 +953,36 @@ mod tests {
         assert_eq!((got[0], got[1], got[2], got[32], got[65]), (0.0, -1.0, 2.0, 32.0, -1.0));
         assert!(x.mask_rows(&bits[..3], 0.0).is_err(), "a mask of the wrong length");
         assert!(x.reshape(&[66]).unwrap().mask_rows(&bits, 0.0).is_err(), "not rows");
+    }
+
+    #[test]
+    fn spliced_rows_take_the_picked_index() {
+        let (v, d) = (7usize, 3usize);
+        let table = crate::Matrix::Dense(
+            Array::from_slice(&(0..v * d).map(|x| x as f32).collect::<Vec<_>>(), &[v, d]).unwrap(),
+        );
+        // Two rows of picks (index, max, gap): 5 and 2.
+        let logits =
+            Array::from_slice(&[0.0f32, 1.0, 0.0, 0.0, 0.0, 9.0, 0.0, 0.0, 0.0, 4.0, 0.0, 0.0, 0.0, 0.0], &[2, 7]);
+        let picks = logits.unwrap().argmax_gap().unwrap();
+        let got = table.embed_spliced(&[1, 0, 3, 0], &picks, &[(1, 0), (3, 1)]).unwrap();
+        assert_eq!(got.to_vec::<f32>().unwrap(), table.embed(&[1, 5, 3, 2]).unwrap().to_vec::<f32>().unwrap());
+        for (bad, words) in [(&[(4, 0)][..], "row 4"), (&[(0, 2)], "pick 2"), (&[(1, 0), (1, 1)], "twice")] {
+            let e = table.embed_spliced(&[1, 0, 3, 0], &picks, bad).unwrap_err().to_string();
+            assert!(e.contains(words), "{words}: {e}");
+        }
+        assert!(table.embed_spliced(&[1], &logits_of(2), &[(0, 0)]).is_err(), "picks must be [m, 3] u32");
+    }
+
+    fn logits_of(n: usize) -> Array {
+        Array::from_slice(&vec![0.5f32; 3 * n], &[n, 3]).unwrap()
+    }
+
+    #[test]
+    fn a_pending_read_gives_the_values() {
+        let a = Array::from_slice(&[3u32, 1, 4, 1, 5, 9], &[2, 3]).unwrap();
+        let pending = a.read_later().unwrap();
+        assert_eq!(pending.wait::<u32>().unwrap(), vec![3, 1, 4, 1, 5, 9]);
+        assert!(pending.wait::<f32>().is_err(), "read as another type");
     }
 }

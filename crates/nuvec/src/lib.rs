@@ -16,6 +16,7 @@ pub mod fpquant;
 pub mod io;
 mod moe;
 mod ops;
+mod pending;
 mod quant;
 pub mod quantize;
 pub mod tuning;
@@ -31,4 +32,5 @@ pub use ops::{
     attention, attention_ring, attention_sinks, attention_window, gated_delta, paged_decode_attention, rope_qk,
     rope_qk_write_kv, rope_qk_write_paged,
 };
+pub use pending::PendingRead;
 pub use quant::{Matrix, QuantMode, QuantSpec, Quantized};

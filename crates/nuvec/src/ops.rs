@@ -156,6 +156,16 @@ impl Matrix {
         };
         backend(device).embed(self, ids)
     }
+
+    /// [`Matrix::embed`] with some rows' ids read on the device from `picks` (see
+    /// [`crate::Backend::embed_spliced`]).
+    pub fn embed_spliced(&self, ids: &[u32], picks: &Array, spliced: &[(usize, usize)]) -> Result<Array> {
+        let device = match self {
+            Matrix::Dense(a) => a.device(),
+            Matrix::Quantized(q) => q.packed.device(),
+        };
+        backend(device).embed_spliced(self, ids, picks, spliced)
+    }
 }
 
 /// Rope and cache writes of a decode step of several paged sequences, as one op (one launch on a

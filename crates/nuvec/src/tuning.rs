@@ -42,6 +42,15 @@ pub const KNOBS: &[Knob] = &[
         "any",
         "misaligned safetensors copied there once with 256-byte aligned tensors, then mapped in place",
     ),
+    knob(
+        "NUVEC_BATCH_PIPELINE",
+        "0, 1",
+        "1 on a GPU, 0 on the CPU",
+        "any",
+        "the Batcher enqueues a step of greedy requests before reading the step before (its picks fed on the \
+         device): the device does not wait for the host between steps, at the cost of a wasted row for each \
+         request that ends (BatcherOptions::pipeline overrides it)",
+    ),
     knob("NUVEC_CACHE", "a directory", "~/.cache/nuvec", "any", "where the default model, built tools and caches live"),
     knob(
         "NUVEC_DEFAULT_MODEL",

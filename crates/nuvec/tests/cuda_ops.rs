@@ -563,6 +563,42 @@ fn embed_dense_and_quantized() {
     assert_eq!(t.embed(&[]).unwrap().shape(), &[0, d]);
 }
 
+/// `embed_spliced` on the device: the rows fed from picks (an `argmax_gap` that stays on the
+/// device) are the rows of the picked ids, for dense and affine tables, exactly as `embed` of
+/// the ids spliced on the host; and a pending read of the picks gives what `to_vec` gives.
+#[test]
+fn embed_spliced_reads_the_picks_on_the_device() {
+    let dev = gpu();
+    let mut rng = Rng::new(41);
+    let (v, d, m) = (301usize, 256usize, 9usize);
+    let logits = arr(&rng.vec(m * v, 3.0), &[m, v]).to_device(dev).unwrap();
+    let picks = logits.argmax_gap().unwrap();
+    let pending = picks.read_later().unwrap();
+    let host = picks.to_vec::<u32>().unwrap();
+    assert_eq!(pending.wait::<u32>().unwrap(), host);
+    let ids: Vec<u32> = (0..20).map(|_| rng.next_u32() % v as u32).collect();
+    let spliced = [(0usize, 3usize), (7, 0), (19, 8), (11, 3)];
+    let mut patched = ids.clone();
+    for &(row, pick) in &spliced {
+        patched[row] = host[3 * pick];
+    }
+    let tables = [
+        Matrix::Dense(floats(&rng.vec(v * d, 1.0), &[v, d], DType::BF16)),
+        quantized(&mut rng, v, d, 4, 64, DType::BF16),
+        quantized(&mut rng, v, d, 8, 32, DType::F16),
+    ];
+    for (i, t) in tables.iter().enumerate() {
+        let t = t.to_device(dev).unwrap();
+        let got = t.embed_spliced(&ids, &picks, &spliced).unwrap();
+        exact(&format!("embed_spliced table {i}"), &got, &t.embed(&patched).unwrap());
+        let one = t.embed_spliced(&[0], &picks, &[(0, 5)]).unwrap();
+        exact(&format!("embed_spliced table {i}, one row"), &one, &t.embed(&[host[15]]).unwrap());
+    }
+    let t = tables[0].to_device(dev).unwrap();
+    assert!(t.embed_spliced(&ids, &picks, &[(20, 0)]).is_err(), "a row outside the ids");
+    assert!(t.embed_spliced(&ids, &picks, &[(0, 9)]).is_err(), "a pick outside the picks");
+}
+
 #[test]
 fn rms_norm_rows() {
     let dev = gpu();

@@ -2,7 +2,7 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
-use nuvec::{Array, Device, QuantSpec};
+use nuvec::{Array, Device, PendingRead, QuantSpec};
 
 use super::drafter::Drafter;
 use super::executor::{self, Outcome};
@@ -127,6 +127,16 @@ pub struct BatcherOptions {
     /// their states before each guessed row and sliding-window layers `num_draft` positions
     /// behind the window, so that a wrong guess is taken back from every layer kind.
     pub speculation: Option<BatchSpeculation>,
+    /// Pipelined steps: a step whose sampling requests all pick greedily is followed by the next
+    /// one, enqueued before its tokens are read (they are fed to the next step on the device),
+    /// so the device does not wait for the host between steps. A request's tokens are the same
+    /// either way: a token the host then picks otherwise (a near tie the device's pick cannot
+    /// settle) takes its row of the next step back. `None` (the default): `NUVEC_BATCH_PIPELINE`,
+    /// else on on a GPU and off on the CPU (whose steps compute as they are enqueued: nothing to
+    /// overlap). Not with speculation, `batch_invariant`, `kv_bits` or a hybrid model (recurrent
+    /// layers), whose rows cannot be taken back so: `Some(true)` with those is refused, `None`
+    /// turns it off.
+    pub pipeline: Option<bool>,
 }
 
 /// Positions between the recurrent-state checkpoints of a hybrid model's prefill
@@ -152,6 +162,7 @@ impl Default for BatcherOptions {
             kv_group_size: 64,
             checkpoint_interval: DEFAULT_CHECKPOINT_INTERVAL,
             speculation: None,
+            pipeline: None,
         }
     }
 }
@@ -284,6 +295,11 @@ pub struct BatcherStats {
     /// computed: the masks' cost that the pass did not hide. (Sampled rows wait for theirs on
     /// the sampling threads, not counted here.)
     pub mask_wait: std::time::Duration,
+    /// Steps enqueued before the step before them was read ([`BatcherOptions::pipeline`]).
+    pub pipelined_steps: u64,
+    /// Tokens fed to a pipelined step on the device and taken back, because the request took
+    /// another token (a near tie its greedy pick goes to the host for).
+    pub taken_back: u64,
 }
 
 /// One request in flight.
@@ -323,6 +339,39 @@ pub struct Batcher<'m> {
     drafter: Option<Drafter<'m>>,
     /// Where guesses come from when the model's multi-token-prediction head makes them.
     mtp: Option<MtpDrafter<'m>>,
+    /// Whether steps are pipelined ([`BatcherOptions::pipeline`]).
+    pipeline: bool,
+    /// The step enqueued last, whose tokens are not read yet (pipelined steps).
+    in_flight: Option<Launched>,
+    /// Requests whose fed tokens are taken back as if the host had picked another token (the
+    /// tests of that path).
+    distrusted: HashSet<u64>,
+}
+
+/// How a step's rows are taken ([`Batcher::take_rows`]).
+struct Taking<'a> {
+    /// The rows' greedy picks, read already (`argmax_gap`'s three words a row).
+    known: Option<&'a [u32]>,
+    /// The scheduler was told of the rows before they were read ([`Batcher::chain`]).
+    told: bool,
+    /// The step enqueued since, fed the rows' greedy picks on the device.
+    next: Option<&'a mut Launched>,
+}
+
+/// A step enqueued and not read yet.
+struct Launched {
+    work: Vec<Work>,
+    drafts: Vec<Vec<u32>>,
+    outcome: Outcome,
+    /// Every row's greedy pick on the device (`argmax_gap`, `[rows, 3]`) and its copy on the way
+    /// to the host, in pipelined steps.
+    picks: Option<(Array, PendingRead)>,
+    /// The requests whose token was fed from the step before on the device (by key).
+    fed: HashSet<u64>,
+    /// The scheduler was told of this step's rows before it was read ([`Batcher::chain`]).
+    told: bool,
+    /// Requests whose rows here are void: the token fed to them was not the one they took.
+    void: HashSet<u64>,
 }
 
 impl<'m> Batcher<'m> {
@@ -417,9 +466,13 @@ impl<'m> Batcher<'m> {
         paged.set_batch_invariant(options.batch_invariant);
         paged.set_prefix_caching(options.prefix_cache.unwrap_or(true))?;
         let budget = options.token_budget_on(model.device());
+        let pipeline = pipelined(model, &paged, draft.is_some(), &options)?;
         if let Some(s) = &options.speculation {
             // Wrong guesses are taken back from every layer kind (`PagedCache::trim`).
             paged.set_rewind(s.num_draft)?;
+        } else if pipeline {
+            // A fed token the host does not take is taken back, from sliding-window layers too.
+            paged.set_rewind(1)?;
         }
         paged.set_step_tokens(budget)?;
         let checkpoint_step = checkpoint_step(&paged, &options);
@@ -451,6 +504,9 @@ impl<'m> Batcher<'m> {
             faults: HashSet::new(),
             stats: BatcherStats { blocks_total: blocks, ..BatcherStats::default() },
             speculation: options.speculation,
+            pipeline,
+            in_flight: None,
+            distrusted: HashSet::new(),
         })
     }
 
@@ -517,6 +573,18 @@ impl<'m> Batcher<'m> {
         self.live.get(&id.0).map(|l| l.request.logprobs())
     }
 
+    /// Takes back every token fed to request `id` on the device in pipelined steps as if the
+    /// host had picked another one, to test that path: its tokens stay the same, a step later.
+    #[doc(hidden)]
+    pub fn distrust_fed_tokens(&mut self, id: RequestId) {
+        self.distrusted.insert(id.0);
+    }
+
+    /// Whether steps are pipelined ([`BatcherOptions::pipeline`]).
+    pub fn pipelined(&self) -> bool {
+        self.pipeline
+    }
+
     /// Makes every step request `id` takes part in fail before the model runs, to test that a
     /// failure stays with its request.
     #[doc(hidden)]
@@ -525,11 +593,69 @@ impl<'m> Batcher<'m> {
     }
 
     /// Runs one step: ends cancelled and finished requests, admits, preempts, then one forward
-    /// pass over every scheduled request. The events of this step, in order. An error here
-    /// means the batcher itself could not go on (a device that failed reading results); a
-    /// failed forward pass only fails its requests ([`Event::Failed`]).
+    /// pass over every scheduled request. The events of this step, in order; in pipelined steps
+    /// ([`BatcherOptions::pipeline`]) the tokens are those of the step enqueued by the call
+    /// before, read while this one runs. An error here means the batcher itself could not go on
+    /// (a device that failed reading results); a failed forward pass only fails its requests
+    /// ([`Event::Failed`]).
     pub fn step(&mut self) -> Result<Vec<Event>> {
         let mut events = vec![];
+        if let Some(mut prev) = self.in_flight.take() {
+            if self.chainable(&prev) {
+                self.chain(&prev);
+                prev.told = true;
+                self.stats.pipelined_steps += 1;
+                let mut next = self.launch(Some(&prev), &mut events)?;
+                self.land(prev, next.as_mut(), &mut events)?;
+                self.in_flight = next;
+                return Ok(events);
+            }
+            self.land(prev, None, &mut events)?;
+        }
+        match self.launch(None, &mut events)? {
+            Some(launched) if self.pipeline => self.in_flight = Some(launched),
+            Some(launched) => self.land(launched, None, &mut events)?,
+            None => {}
+        }
+        Ok(events)
+    }
+
+    /// Whether the step after `prev` can be enqueued before `prev` is read: its pass ran whole,
+    /// and each request it samples for picks greedily on the device or ends with that token by
+    /// its limits (no cancellation waits either).
+    fn chainable(&self, prev: &Launched) -> bool {
+        let Outcome::Together((logits, _)) = &prev.outcome else { return false };
+        if prev.picks.is_none() || logits.dim(1) > self.model.vocab_size() || self.live.values().any(|l| l.cancelled) {
+            return false;
+        }
+        // A request whose next position outgrows the whole cache ends there (CacheFull) after
+        // this token: it is read first.
+        let fits = |w: &Work| self.scheduler.blocks_for(w.end + 1) <= self.paged.total_blocks();
+        prev.work.iter().filter(|w| w.samples && !prev.void.contains(&w.key.0)).all(|w| {
+            self.live
+                .get(&w.key.0)
+                .is_none_or(|l| l.request.last_before_limit() || (l.request.plain_greedy() && fits(w)))
+        })
+    }
+
+    /// Tells the scheduler of `prev`'s rows before they are read, as if each sampling request
+    /// had its token: a request that ends with it by its limits leaves the scheduler instead.
+    fn chain(&mut self, prev: &Launched) {
+        for w in &prev.work {
+            let Some(live) = self.live.get(&w.key.0).filter(|_| !prev.void.contains(&w.key.0)) else { continue };
+            if w.samples && live.request.last_before_limit() {
+                self.scheduler.remove(w.key);
+            } else {
+                self.scheduler.ran(w, usize::from(w.samples));
+            }
+        }
+    }
+
+    /// Ends cancelled and finished requests, admits, preempts, and enqueues one forward pass
+    /// over every scheduled request (`None`: none is). With `prev` (not read yet; the scheduler
+    /// told of it), the requests whose next token `prev` samples are fed its greedy pick on the
+    /// device.
+    fn launch(&mut self, prev: Option<&Launched>, events: &mut Vec<Event>) -> Result<Option<Launched>> {
         let ended: Vec<(u64, FinishReason)> = self
             .live
             .iter_mut()
@@ -544,7 +670,7 @@ impl<'m> Batcher<'m> {
             })
             .collect();
         for (k, reason) in ended {
-            self.finish(k, reason, &mut events);
+            self.finish(k, reason, events);
         }
         let plan = self.scheduler.plan(&View { paged: &self.paged, live: &self.live });
         for k in &plan.preempted {
@@ -552,7 +678,7 @@ impl<'m> Batcher<'m> {
             self.release(*k);
         }
         for k in plan.cache_full {
-            self.finish(k.0, FinishReason::CacheFull, &mut events);
+            self.finish(k.0, FinishReason::CacheFull, events);
         }
         let mut work: Vec<Work> = Vec::with_capacity(plan.work.len());
         for w in plan.work {
@@ -579,7 +705,7 @@ impl<'m> Batcher<'m> {
                         }
                     }
                     Err(error) => {
-                        self.fail(w.key.0, error, &mut events);
+                        self.fail(w.key.0, error, events);
                         continue;
                     }
                 }
@@ -587,12 +713,12 @@ impl<'m> Batcher<'m> {
             work.push(w);
         }
         if work.is_empty() {
-            return Ok(events);
+            return Ok(None);
         }
         let faults: HashSet<SeqId> = self.faults.iter().filter_map(|k| self.live.get(k).and_then(|l| l.seq)).collect();
         let drafts = self.drafts(&work);
         // A speculating decode's rows: its last token, then the guesses.
-        let fed: Vec<Vec<u32>> = work
+        let fed_rows: Vec<Vec<u32>> = work
             .iter()
             .zip(&drafts)
             .map(|(w, d)| match d.is_empty() {
@@ -600,25 +726,73 @@ impl<'m> Batcher<'m> {
                 false => [&self.live[&w.key.0].request.history[w.start..w.end], &d[..]].concat(),
             })
             .collect();
+        // The decodes whose token `prev` picks, still on the device: (item, row of `prev`).
+        let mut picked: Vec<(usize, usize)> = vec![];
+        if let Some(prev) = prev {
+            for (i, w) in work.iter().enumerate() {
+                if w.start == self.live[&w.key.0].request.history.len() {
+                    let row = prev.work.iter().position(|p| p.key == w.key && p.samples);
+                    picked.push((i, row.expect("a request's unread token is sampled by the step before")));
+                }
+            }
+        }
         let items: Vec<(SeqId, &[u32], usize)> = work
             .iter()
-            .zip(&fed)
+            .zip(&fed_rows)
             .map(|(w, fed)| {
                 let live = &self.live[&w.key.0];
-                let tokens = if fed.is_empty() { &live.request.history[w.start..w.end] } else { &fed[..] };
+                let tokens = match (fed.is_empty(), w.start == live.request.history.len()) {
+                    // A placeholder for the picked token.
+                    (_, true) => &[0u32][..],
+                    (true, false) => &live.request.history[w.start..w.end],
+                    (false, false) => &fed[..],
+                };
                 (live.seq.expect("given a sequence above"), tokens, w.start)
             })
             .collect();
         let counts: Vec<usize> = drafts.iter().map(|d| 1 + d.len()).collect();
-        let outcome = executor::run(self.model, &mut self.paged, &items, &counts, &faults, self.mtp.is_some());
+        let from = match (prev.and_then(|p| p.picks.as_ref()), picked.is_empty()) {
+            (Some((picks, _)), false) => Some((picks, &picked[..])),
+            _ => None,
+        };
+        let outcome = executor::run(self.model, &mut self.paged, &items, &counts, &faults, self.mtp.is_some(), from);
         drop(items);
+        let picks = match &outcome {
+            Outcome::Together((logits, _)) if self.pipeline && work.iter().any(|w| w.samples) => {
+                let picks = logits.argmax_gap()?;
+                let read = picks.read_later()?;
+                Some((picks, read))
+            }
+            _ => None,
+        };
+        let fed = picked.iter().map(|&(i, _)| work[i].key.0).collect();
+        Ok(Some(Launched { work, drafts, outcome, picks, fed, told: false, void: HashSet::new() }))
+    }
+
+    /// Reads step `l`'s results: each request's tokens and events. `next`, enqueued since, is fed
+    /// the tokens of `l` that were picked on the device: each is recorded in the cache, or, where
+    /// the request took another token, taken back with the request's row of `next`.
+    fn land(&mut self, l: Launched, next: Option<&mut Launched>, events: &mut Vec<Event>) -> Result<()> {
+        let Launched { work, drafts, outcome, picks, told, void, .. } = l;
+        let known = match &picks {
+            Some((_, read)) => Some(read.wait::<u32>()?),
+            None => None,
+        };
+        // The rows still wanted: their requests go on (a cancelled one gets nothing more), and
+        // their rows stand.
+        let wanted = |i: usize| {
+            let key = work[i].key.0;
+            self.live.get(&key).is_some_and(|l| !l.cancelled) && !void.contains(&key)
+        };
+        let kept: Vec<usize> = (0..work.len()).filter(|&i| wanted(i)).collect();
+        let from = Taking { known: known.as_deref(), told, next };
         // The right guesses of each speculating request whose cache kept them (by key).
         let mut accepted: HashMap<u64, usize> = HashMap::new();
         // Each work item's hidden states (all its rows), for the head.
         let mut hidden: Vec<Option<Array>> = vec![None; work.len()];
         match outcome {
-            Outcome::Together((logits, h)) => {
-                accepted = self.take_logits(&work, &drafts, &logits, &mut events)?;
+            Outcome::Together((logits, h)) if kept.len() == work.len() => {
+                accepted = self.take_logits(&work, &drafts, &logits, from, events)?;
                 if let Some(h) = h {
                     let mut at = 0;
                     for (i, (w, d)) in work.iter().zip(&drafts).enumerate() {
@@ -628,21 +802,57 @@ impl<'m> Batcher<'m> {
                     }
                 }
             }
+            Outcome::Together((logits, _)) => {
+                // Pipelined steps (one row each, no guesses): the kept rows alone.
+                let rows = kept.iter().map(|&i| logits.slice_rows(i, i + 1)).collect::<nuvec::Result<Vec<_>>>()?;
+                let picks: Option<Vec<u32>> =
+                    known.as_ref().map(|k| kept.iter().flat_map(|&i| k[3 * i..3 * i + 3].to_vec()).collect());
+                let from = Taking { known: picks.as_deref(), ..from };
+                let work: Vec<Work> = kept.iter().map(|&i| work[i]).collect();
+                if !rows.is_empty() {
+                    self.take_rows(&work, &crate::step::concat_rows(&rows)?, from, events)?;
+                }
+                return Ok(());
+            }
             Outcome::Apart(results) => {
+                let mut from = from;
                 for (i, ((w, d), result)) in work.iter().zip(&drafts).zip(results).enumerate() {
+                    if !kept.contains(&i) {
+                        continue;
+                    }
                     match result {
                         Ok((logits, h)) => {
                             let one = std::slice::from_ref(w);
-                            accepted.extend(self.take_logits(one, std::slice::from_ref(d), &logits, &mut events)?);
+                            let step = Taking { known: None, told: from.told, next: from.next.as_deref_mut() };
+                            accepted.extend(self.take_logits(one, std::slice::from_ref(d), &logits, step, events)?);
                             hidden[i] = h;
                         }
-                        Err(error) => self.fail(w.key.0, error, &mut events),
+                        Err(error) => self.fail(w.key.0, error, events),
                     }
                 }
             }
         }
         self.show_head(&work, &drafts, &hidden, &accepted);
-        Ok(events)
+        Ok(())
+    }
+
+    /// Records the token `token` that request `key` took where `next` was fed `device` (the
+    /// device's greedy pick): the cache learns it, or, when the request took another one, its
+    /// row of `next` is taken back from the cache and from `next`.
+    fn settle_fed(&mut self, key: u64, token: u32, device: u32, next: &mut Launched) -> Result<()> {
+        let live = &self.live[&key];
+        let Some(seq) = live.seq else { return Ok(()) };
+        // A failed pass of `next` put the cache back: nothing to settle (its failure is
+        // reported when `next` is read).
+        if self.paged.positions(seq)? != live.request.history.len() + 1 {
+            return Ok(());
+        }
+        if token == device && !self.distrusted.contains(&key) {
+            return self.paged.commit_fed(seq, token);
+        }
+        next.void.insert(key);
+        self.stats.taken_back += 1;
+        self.paged.trim(seq, 1)
     }
 
     /// Shows the multi-token-prediction head (when guesses come from it) each running request's
@@ -730,11 +940,12 @@ impl<'m> Batcher<'m> {
         work: &[Work],
         drafts: &[Vec<u32>],
         logits: &Array,
+        from: Taking,
         events: &mut Vec<Event>,
     ) -> Result<HashMap<u64, usize>> {
         let mut kept = HashMap::new();
         if drafts.iter().all(Vec::is_empty) {
-            self.take_rows(work, logits, events)?;
+            self.take_rows(work, logits, from, events)?;
             return Ok(kept);
         }
         let mut plain: (Vec<Work>, Vec<Array>) = (vec![], vec![]);
@@ -752,7 +963,8 @@ impl<'m> Batcher<'m> {
             }
         }
         if !plain.0.is_empty() {
-            self.take_rows(&plain.0, &crate::step::concat_rows(&plain.1)?, events)?;
+            let plainly = Taking { known: None, told: false, next: None };
+            self.take_rows(&plain.0, &crate::step::concat_rows(&plain.1)?, plainly, events)?;
         }
         for (w, d, rows) in speculating {
             if let Some(accepted) = self.take_guesses(&w, d, &rows, events)? {
@@ -822,15 +1034,18 @@ impl<'m> Batcher<'m> {
     /// `logits [work, vocab]`, in order) ends its known tokens. Rows whose token is not the plain
     /// greedy pick are sampled on the host, several requests at once on threads of their own
     /// (each request's processors, mask and generator are its own, so the tokens are those of
-    /// sampling them one after another); events then follow in row order.
-    fn take_rows(&mut self, work: &[Work], logits: &Array, events: &mut Vec<Event>) -> Result<()> {
+    /// sampling them one after another); events then follow in row order. `from` says what is
+    /// known of the rows already, and which step was fed their greedy picks since.
+    fn take_rows(&mut self, work: &[Work], logits: &Array, from: Taking, events: &mut Vec<Event>) -> Result<()> {
+        let Taking { known, told, mut next } = from;
         let vocab = logits.dim(1);
         let masked: Vec<usize> =
             (0..work.len()).filter(|&r| work[r].samples && self.live[&work[r].key.0].request.masked_greedy()).collect();
         let any_greedy = work.iter().any(|w| w.samples && self.live[&w.key.0].request.plain_greedy());
-        let gaps = match any_greedy || !masked.is_empty() {
-            true => Some(logits.argmax_gap()?.to_vec::<u32>()?),
-            false => None,
+        let gaps = match (known, any_greedy || !masked.is_empty()) {
+            (Some(known), _) => Some(known.to_vec()),
+            (None, true) => Some(logits.argmax_gap()?.to_vec::<u32>()?),
+            (None, false) => None,
         };
         // Each sampling row's greedy token where the device's pick is certain, else None.
         let mut picks: Vec<Option<u32>> = vec![None; work.len()];
@@ -879,22 +1094,36 @@ impl<'m> Batcher<'m> {
         for (row, w) in work.iter().enumerate() {
             self.stats.prefill_tokens += (w.end - w.start - usize::from(w.samples)) as u64;
             if !w.samples {
-                self.scheduler.ran(w, 0);
+                if !told {
+                    self.scheduler.ran(w, 0);
+                }
                 continue;
             }
             let token = match (picks[row], sampled[row].take()) {
                 (Some(t), _) | (None, Some(Ok(t))) => t,
                 (None, Some(Err(error))) => {
                     // Its constraint failed: this request alone ends.
-                    self.scheduler.ran(w, 0);
+                    if !told {
+                        self.scheduler.ran(w, 0);
+                    }
                     self.fail(w.key.0, error, events);
                     continue;
                 }
                 (None, None) => unreachable!("every sampling row without a greedy pick was sampled"),
             };
+            if let (Some(next), Some(g)) = (next.as_deref_mut(), &gaps) {
+                if next.fed.contains(&w.key.0) {
+                    if let Err(error) = self.settle_fed(w.key.0, token, g[3 * row], next) {
+                        self.fail(w.key.0, error, events);
+                        continue;
+                    }
+                }
+            }
             let live = self.live.get_mut(&w.key.0).expect("scheduled requests are live");
             self.stats.generated_tokens += 1;
-            self.scheduler.ran(w, 1);
+            if !told {
+                self.scheduler.ran(w, 1);
+            }
             let id = RequestId(w.key.0);
             let handed_out = live.request.accept(token);
             if let Some(token) = handed_out {
@@ -1017,6 +1246,46 @@ fn check_cache_options(model: &Model, cache: &CacheOptions, quantized: Option<Qu
             "the Batcher's paged cache has no {what} yet; submit the request with the default cache options"
         ))),
         None => Ok(()),
+    }
+}
+
+/// Whether a Batcher of `options` over `model` pipelines its steps ([`BatcherOptions::pipeline`]):
+/// as asked, else as `NUVEC_BATCH_PIPELINE` says, else on a GPU; never where a fed token could not
+/// be taken back (asking for it there is refused).
+fn pipelined(model: &Model, paged: &PagedCache, draft: bool, options: &BatcherOptions) -> Result<bool> {
+    let blocker = if options.speculation.is_some() || draft {
+        Some("speculation")
+    } else if options.batch_invariant {
+        Some("batch_invariant")
+    } else if options.kv_bits.is_some() {
+        Some("kv_bits")
+    } else if paged.has_recurrent_layers() {
+        Some("a hybrid model (recurrent layers)")
+    } else {
+        None
+    };
+    if let (Some(true), Some(what)) = (options.pipeline, blocker) {
+        return Err(Error::Unsupported(format!(
+            "BatcherOptions::pipeline = Some(true) with {what}: a token fed on the device could not be taken back \
+             there; leave pipeline None (off there) or Some(false)"
+        )));
+    }
+    let wanted = match options.pipeline {
+        Some(on) => on,
+        None => pipeline_default(model.device())?,
+    };
+    Ok(wanted && blocker.is_none())
+}
+
+/// Whether batched steps on `device` are pipelined unless told otherwise
+/// ([`BatcherOptions::pipeline`] `None`): as `NUVEC_BATCH_PIPELINE` says, else on a GPU and
+/// not on the CPU.
+pub fn pipeline_default(device: Device) -> Result<bool> {
+    match nuvec::tuning::env("NUVEC_BATCH_PIPELINE").as_deref() {
+        Ok("0") => Ok(false),
+        Ok("1") => Ok(true),
+        Ok("") | Err(_) => Ok(device != Device::Cpu),
+        Ok(other) => Err(Error::Invalid(format!("NUVEC_BATCH_PIPELINE={other:?}: use 0 (off) or 1 (on)"))),
     }
 }
 

@@ -113,6 +113,12 @@ impl Request {
         self.finish.is_some()
     }
 
+    /// Whether the next token accepted ends the request by its limits ([`Request::reached_limit`]
+    /// after it), whatever the token: a pipelined step leaves it out of the step after.
+    pub(crate) fn last_before_limit(&self) -> bool {
+        self.yielded + 1 >= self.options.max_tokens || self.context_limit.is_some_and(|l| self.history.len() + 1 >= l)
+    }
+
     /// Ends the request for `reason` (a token not handed out keeps no log-probability entry).
     pub(crate) fn end(&mut self, reason: FinishReason) {
         self.finish = Some(reason);

@@ -647,6 +647,8 @@ impl Gemma4 {
 impl Architecture for Gemma4 {
     fn hidden(&self, step: &mut StepBatch) -> Result<Array> {
         step.check_layers(self.caching_layers(), "layers that keep keys and values (KV-shared layers have none)")?;
+        // The per-layer inputs look the ids up on the host.
+        step.resolve_fed()?;
         let mut h = self.embed_tokens.embed(step.tokens())?.scale(self.embed_scale)?;
         let per_layer = self.per_layer_inputs.as_ref().map(|p| p.compute(step.tokens(), &h)).transpose()?;
         for (i, layer) in self.layers.iter().enumerate() {

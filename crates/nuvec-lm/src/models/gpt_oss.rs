@@ -228,7 +228,7 @@ fn unsanitized_experts_error(weights: &Weights, path: &str) -> Error {
 
 impl Architecture for GptOss {
     fn hidden(&self, step: &mut StepBatch) -> Result<Array> {
-        let h = self.embed_tokens.embed(step.tokens())?;
+        let h = step.embed(&self.embed_tokens)?;
         super::through_normed_layers(&self.layers, step, h, |l| &l.input_layernorm, &self.norm, Block::forward)
     }
 

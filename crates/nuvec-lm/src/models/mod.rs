@@ -518,6 +518,8 @@ impl Model {
         let before = step.checkpoint();
         let run = move |step: &mut StepBatch| -> Result<(Array, Option<Array>)> {
             if step.batch_invariant() {
+                // Each sequence runs alone from its tokens on the host.
+                step.resolve_fed()?;
                 let rows = step
                     .sequences_mut()
                     .enumerate()

@@ -280,7 +280,7 @@ impl Qwen3_5 {
 
 impl Architecture for Qwen3_5 {
     fn hidden(&self, step: &mut StepBatch) -> Result<Array> {
-        let h = self.embed_tokens.embed(step.tokens())?;
+        let h = step.embed(&self.embed_tokens)?;
         let h = super::through_layers(&self.layers, step, h, |layer, h, step, i| layer.forward(h, step, i))?;
         self.norm.forward(&h)
     }

@@ -75,7 +75,7 @@ impl Mtp {
             )));
         }
         step.check_layers(1, "multi-token-prediction layers")?;
-        let e = self.embedding_norm.forward(&embed.embed(step.tokens())?)?;
+        let e = self.embedding_norm.forward(&step.embed(embed)?)?;
         let h = self.hidden_norm.forward(target)?;
         let joined = join_columns(&e, &h)?;
         let x = self.block.forward(&joined.linear(&self.fc)?, step, 0)?;

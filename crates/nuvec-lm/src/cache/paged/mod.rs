@@ -693,13 +693,13 @@ impl PagedCache {
     /// decode, or a prefill chunk): the logits `[B, vocab]` of each one's last new token, in the
     /// order given. A failed pass leaves every sequence as it was.
     pub fn step(&mut self, model: &Model, work: &[(SeqId, &[u32])]) -> Result<Array> {
-        Ok(self.step_rows(model, work, None, false)?.0)
+        Ok(self.step_rows(model, work, None, false, None)?.0)
     }
 
     /// [`PagedCache::step`] with the logits of the last `counts[i]` rows of sequence `i`, stacked
     /// in order ([`Model::step_last_rows`]; `None`: each one's last row).
     pub fn step_last_rows(&mut self, model: &Model, work: &[(SeqId, &[u32])], counts: &[usize]) -> Result<Array> {
-        Ok(self.step_rows(model, work, Some(counts), false)?.0)
+        Ok(self.step_rows(model, work, Some(counts), false, None)?.0)
     }
 
     /// [`PagedCache::step_last_rows`], with the final hidden states of every row of the step
@@ -710,8 +710,45 @@ impl PagedCache {
         work: &[(SeqId, &[u32])],
         counts: &[usize],
     ) -> Result<(Array, Array)> {
-        let (logits, hidden) = self.step_rows(model, work, Some(counts), true)?;
+        let (logits, hidden) = self.step_rows(model, work, Some(counts), true, None)?;
         Ok((logits, hidden.expect("asked for")))
+    }
+
+    /// [`PagedCache::step_last_rows`] where some sequences decode a token that a previous step
+    /// picked greedily and that is still on the device: for each `(i, pick)` of `fed`, sequence
+    /// `i` of `work` has one row, whose token (a placeholder in `work`) is the index in row
+    /// `pick` of `picks` ([`nuvec::Array::argmax_gap`] of that step's logits, no wider than the
+    /// model's vocabulary). The step is enqueued without reading `picks`. Those tokens are not
+    /// known to the prefix cache until [`PagedCache::commit_fed`] tells them (or
+    /// [`PagedCache::trim`] takes their positions back).
+    pub fn step_fed(
+        &mut self,
+        model: &Model,
+        work: &[(SeqId, &[u32])],
+        counts: &[usize],
+        picks: &Array,
+        fed: &[(usize, usize)],
+    ) -> Result<Array> {
+        if let Some(&(i, _)) = fed.iter().find(|&&(i, _)| work.get(i).is_none_or(|w| w.1.len() != 1)) {
+            return Err(Error::Invalid(format!("sequence {i} of the step is fed a picked token but has not one row")));
+        }
+        Ok(self.step_rows(model, work, Some(counts), false, Some((picks, fed)))?.0)
+    }
+
+    /// Records the token that [`PagedCache::step_fed`] fed sequence `id` from the device, as
+    /// the step's other tokens were recorded (the prefix cache indexes the block it completes).
+    pub fn commit_fed(&mut self, id: SeqId, token: u32) -> Result<()> {
+        let held = self.positions(id)?;
+        let seq = self.seq(id)?;
+        if let Some(known) = seq.tokens.as_ref().filter(|t| t.len() + 1 != held) {
+            return Err(Error::Invalid(format!(
+                "sequence {} holds {held} positions and knows {} tokens: no fed token is waiting",
+                id.0,
+                known.len()
+            )));
+        }
+        self.commit(id, &[token]);
+        Ok(())
     }
 
     fn step_rows(
@@ -720,6 +757,7 @@ impl PagedCache {
         work: &[(SeqId, &[u32])],
         counts: Option<&[usize]>,
         hidden: bool,
+        fed: Option<(&Array, &[(usize, usize)])>,
     ) -> Result<(Array, Option<Array>)> {
         if (model.fingerprint(), model.num_layers()) != (self.model.0.as_str(), self.model.1) {
             return Err(Error::Invalid(format!(
@@ -749,7 +787,7 @@ impl PagedCache {
                 return Err(e);
             }
         }
-        let result = self.run(model, work, counts, hidden);
+        let result = self.run(model, work, counts, hidden, fed);
         for &(id, _) in work {
             if let Some(seq) = self.slots[id.0 as usize].as_mut() {
                 for c in &mut seq.caches {
@@ -759,8 +797,9 @@ impl PagedCache {
                 }
             }
         }
-        for &(id, tokens) in work {
-            if result.is_ok() {
+        for (i, &(id, tokens)) in work.iter().enumerate() {
+            // A fed token is recorded when it is known (`commit_fed`).
+            if result.is_ok() && !fed.is_some_and(|(_, f)| f.iter().any(|&(j, _)| j == i)) {
                 self.commit(id, tokens);
                 self.checkpoint(id, tokens.len());
             }
@@ -810,6 +849,7 @@ impl PagedCache {
         work: &[(SeqId, &[u32])],
         counts: Option<&[usize]>,
         hidden: bool,
+        fed: Option<(&Array, &[(usize, usize)])>,
     ) -> Result<(Array, Option<Array>)> {
         // Each slot is lent once (ids were checked distinct above).
         let mut slots: Vec<Option<&mut Seq>> = self.slots.iter_mut().map(Option::as_mut).collect();
@@ -818,6 +858,12 @@ impl PagedCache {
         for &(id, tokens) in work {
             let seq = slots[id.0 as usize].take().expect("checked in step");
             batch.push_adapted(tokens, &mut seq.caches, seq.scope.adapter)?;
+        }
+        if let Some((picks, fed)) = fed {
+            // Each fed sequence's one row, by its place among the step's rows.
+            let firsts: Vec<usize> =
+                work.iter().scan(0, |at, (_, t)| Some(std::mem::replace(at, *at + t.len()))).collect();
+            batch.feed(picks.clone(), fed.iter().map(|&(i, pick)| (firsts[i], pick)).collect());
         }
         // Each sequence's last row unless told otherwise.
         let ones;

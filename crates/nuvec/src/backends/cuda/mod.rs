@@ -18,6 +18,7 @@ mod kernel_cache;
 mod ops;
 // CUDA graphs: a decode step captured and replayed.
 mod graph;
+mod pending;
 
 use std::collections::HashMap;
 use std::fmt;
@@ -40,6 +41,7 @@ pub use ops::{set_moe_gather_rows, set_moe_grouped_rows};
 pub use ops::{matmul_precision, set_matmul_precision, MatmulPrecision};
 // CUDA graphs
 pub use graph::StepGraph;
+pub(crate) use pending::PendingDownload;
 
 /// Definitions every kernel source starts with (dtype helpers, bit unpacking, reductions).
 pub const PRELUDE: &str = include_str!("kernels/common.cuh");

@@ -538,6 +538,34 @@ impl Backend for CudaBackend {
         Ok(out)
     }
 
+    fn embed_spliced(&self, table: &Matrix, ids: &[u32], picks: &Array, spliced: &[(usize, usize)]) -> Result<Array> {
+        let op = "embed_spliced";
+        crate::backend::check_spliced(ids, picks, spliced)?;
+        let affine = match table {
+            Matrix::Quantized(q) => q.spec.mode == QuantMode::Affine,
+            Matrix::Dense(_) => true,
+        };
+        let (v, d) = (table.rows(), table.cols());
+        if !affine || spliced.is_empty() || d == 0 || self.st()?.step_scalars() != 0 {
+            return crate::backend::embed_spliced_default(self, table, ids, picks, spliced);
+        }
+        if let Some(bad) = ids.iter().find(|&&i| i as usize >= v) {
+            return Err(Error::shape(op, format!("token id {bad} is outside the vocabulary of {v}")));
+        }
+        let pp = self.ptr(op, "picks", picks)?;
+        let wa = self.weight_args(op, table)?;
+        let out = self.output(&[ids.len(), d], DType::F32, false)?;
+        let idb = self.upload(ids)?;
+        let pairs: Vec<i32> =
+            spliced.iter().flat_map(|&(row, pick)| [row, pick]).map(|x| to_i32(op, "row", x)).collect::<Result<_>>()?;
+        let pairs = self.upload(&pairs)?;
+        let (ip, pr) = (idb.ptr(), pairs.ptr());
+        let (count, vi) = (to_i32(op, "spliced rows", spliced.len())?, to_i32(op, "vocabulary", v)?);
+        launch!(self.st()?, op, "splice_ids_u32", cfg_1d(spliced.len()); ip, pp, pr, count, vi);
+        self.gather_rows(op, out.cuda_ptr()?, ip, 0, ids.len(), d, &wa)?;
+        Ok(out)
+    }
+
     fn rms_norm(&self, x: &Array, weight: &Array, eps: f32) -> Result<Array> {
         self.rms_norm_rows(x, weight, eps)
     }

@@ -275,3 +275,16 @@ extern "C" __global__ void write_axis1_rows(void* dst, int dst_dt, const float* 
         store_float(dst, (ia * cap + offset + j) * c + e, src[i], dst_dt);
     }
 }
+
+// ids[pairs[2 i]] = picks[3 pairs[2 i + 1]] for i < count: a step's token ids with the rows fed by
+// the previous step's greedy picks (argmax_gap's [m, 3] words, the index first) spliced in on the
+// device (ops.rs `embed_spliced`), so the step is enqueued before those picks are read. The
+// caller guarantees every pick lies in the table (logits no wider than it); an index past it is
+// clamped so that a broken caller cannot make the gather read outside the table.
+extern "C" __global__ void splice_ids_u32(u32* ids, const u32* picks, const int* pairs, int count, int vocab) {
+    pdl_begin();
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= count) return;
+    const u32 id = picks[3 * (size_t)pairs[2 * i + 1]];
+    ids[pairs[2 * i]] = id < (u32)vocab ? id : (u32)(vocab - 1);
+}
