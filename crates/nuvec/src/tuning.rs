@@ -244,6 +244,14 @@ pub const KNOBS: &[Knob] = &[
          fill half the GPU (an 8B's gate/up), 1 every such product (K in ranges), 0 never",
     ),
     knob("NUVEC_ROPE_KV", "0, 1", "1", "cuda", "rope and the cache write of a decode step in one launch"),
+    knob(
+        "NUVEC_STAGED_UPLOADS",
+        "0, 1",
+        "1",
+        "cuda",
+        "copies of up to 1 MiB to the device (step tables, token ids) go through page-locked staging memory, so \
+         the host does not wait for the queued work first; 0 copies from pageable memory (for measuring)",
+    ),
 ];
 
 /// The knob named `name`, if declared.

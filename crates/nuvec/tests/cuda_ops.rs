@@ -599,6 +599,29 @@ fn embed_spliced_reads_the_picks_on_the_device() {
     assert!(t.embed_spliced(&ids, &picks, &[(0, 9)]).is_err(), "a pick outside the picks");
 }
 
+/// Uploads go through a ring of page-locked staging buffers (up to 1 MiB) without waiting for the
+/// queued work: many more uploads than the ring holds, of sizes across the staged limit and
+/// queued behind a long kernel, each arrive whole.
+#[test]
+fn staged_uploads_arrive_whole() {
+    let dev = gpu();
+    let mut rng = Rng::new(43);
+    // Work queued first, so the copies are enqueued behind it.
+    let big = arr(&rng.vec(4096 * 4096, 1.0), &[4096, 4096]).to_device(dev).unwrap();
+    let _busy = big.linear(&Matrix::Dense(big.clone())).unwrap();
+    let sizes = [1usize, 3, 1000, 4097, 65536, 262144, (1 << 20) / 4, (1 << 20) / 4 + 1, 700_000];
+    let mut sent = vec![];
+    for i in 0..300 {
+        let n = sizes[i % sizes.len()];
+        let data: Vec<u32> = (0..n).map(|j| (i * 7919 + j) as u32).collect();
+        let a = Array::from_slice_on(&data, &[n], dev).unwrap();
+        sent.push((data, a));
+    }
+    for (i, (data, a)) in sent.iter().enumerate() {
+        assert_eq!(&a.to_vec::<u32>().unwrap(), data, "upload {i} of {} values", data.len());
+    }
+}
+
 #[test]
 fn rms_norm_rows() {
     let dev = gpu();

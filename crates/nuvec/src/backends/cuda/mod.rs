@@ -19,6 +19,7 @@ mod ops;
 // CUDA graphs: a decode step captured and replayed.
 mod graph;
 mod pending;
+mod staging;
 
 use std::collections::HashMap;
 use std::fmt;
@@ -227,6 +228,8 @@ pub(crate) struct State {
     pub(crate) qmma_kernels: HashMap<String, ops::qmma::QmmaKernel>,
     /// The last few step tables copied to the device, with their bytes (`upload_shared`).
     shared_uploads: Mutex<Vec<(Vec<u8>, Arc<DeviceBuffer>)>>,
+    /// Page-locked buffers small uploads go through (`staging.rs`), made on first use.
+    staging: OnceLock<Mutex<staging::Staging>>,
     /// Counters for kernels whose last block to finish does the launch's final work
     /// (moe_router.cu's `moe_route_dense`, one per row): zero between launches, because that
     /// block sets its counter back to 0, and every launch on the one device stream waits for the
@@ -348,6 +351,7 @@ impl State {
             flash: major >= 8 && crate::tuning::env("NUVEC_FLASH_ATTENTION").map_or(true, |v| v != "0"),
             decode_lane: OnceLock::new(),
             shared_uploads: Mutex::new(Vec::new()),
+            staging: OnceLock::new(),
             tickets: (tickets, tickets_ptr),
         })
     }
@@ -540,14 +544,25 @@ impl DeviceBuffer {
         Ok(b)
     }
 
-    /// A device copy of `bytes`.
+    /// A device copy of `bytes`: small ones through page-locked staging memory (`staging.rs`),
+    /// so that the copy does not wait for the work queued before it.
     pub(crate) fn upload(st: &'static State, bytes: &[u8]) -> Result<Self> {
         st.not_capturing("a copy from the host")?;
         let mut b = Self::alloc(st, bytes.len())?;
-        if !bytes.is_empty() {
-            let mut dst = b.slice.slice_mut(..bytes.len());
-            st.stream.memcpy_htod(bytes, &mut dst).map_err(driver_err("copying to the device"))?;
+        if bytes.is_empty() {
+            return Ok(b);
         }
+        if bytes.len() <= staging::MOST_STAGED && staging::enabled() {
+            if st.staging.get().is_none() {
+                let made = staging::Staging::new(&st.stream)?;
+                let _ = st.staging.set(Mutex::new(made));
+            }
+            let mut ring = st.staging.get().expect("made above").lock().unwrap_or_else(|p| p.into_inner());
+            ring.copy(st, bytes, b.ptr)?;
+            return Ok(b);
+        }
+        let mut dst = b.slice.slice_mut(..bytes.len());
+        st.stream.memcpy_htod(bytes, &mut dst).map_err(driver_err("copying to the device"))?;
         Ok(b)
     }
 
