@@ -2,20 +2,34 @@
 //! go to page-locked host memory on the device stream, in stream order, and reading waits only
 //! for that copy, not for whatever was enqueued after it. The Batcher starts one for a step's
 //! greedy picks before it enqueues the next step, so that it reads them while the next step runs.
+//!
+//! The page-locked buffers are kept for later copies rather than freed: freeing page-locked
+//! memory may wait for the device, which would make the reader wait for the next step after all.
+
+use std::sync::Mutex;
 
 use cudarc::driver::PinnedHostSlice;
 
-use super::{driver_err, DeviceBuffer};
+use super::{driver_err, DeviceBuffer, State};
 use crate::Result;
+
+/// Page-locked buffers kept at most for later copies.
+const KEPT: usize = 8;
 
 /// Bytes on their way to the host.
 pub(crate) struct PendingDownload {
-    host: PinnedHostSlice<u8>,
+    /// Taken back into the pool when dropped.
+    host: Option<PinnedHostSlice<u8>>,
+    st: &'static State,
 }
+
+/// A device's page-locked buffers not in use.
+#[derive(Default)]
+pub(crate) struct DownloadPool(Mutex<Vec<PinnedHostSlice<u8>>>);
 
 impl std::fmt::Debug for PendingDownload {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "PendingDownload({} bytes)", self.host.len())
+        write!(f, "PendingDownload({} bytes)", self.host.as_ref().map_or(0, |h| h.len()))
     }
 }
 
@@ -25,26 +39,46 @@ impl DeviceBuffer {
         self.st.not_capturing("a copy to the host")?;
         self.settle()?;
         let stream = self.slice.stream();
-        let ctx = stream.context();
-        // SAFETY: the buffer is written whole by the copy below before `PendingDownload::wait`
-        // reads it (the slice's event, recorded after the copy, is waited on first). Flags 0:
-        // cached host memory, which the host reads back quickly (write-combined would not).
-        let mut host = unsafe { ctx.alloc_pinned_with_flags::<u8>(len.max(1), 0) }
-            .map_err(driver_err("allocating page-locked host memory"))?;
+        let kept = {
+            let mut pool = self.st.downloads.0.lock().unwrap_or_else(|p| p.into_inner());
+            pool.iter().position(|h| h.len() >= len).map(|i| pool.swap_remove(i))
+        };
+        let mut host = match kept {
+            Some(h) => h,
+            // SAFETY: the buffer is written by the copy below before `PendingDownload::wait` reads
+            // it (the slice's event, recorded after the copy, is waited on first). Flags 0: cached
+            // host memory, which the host reads back quickly (write-combined would not).
+            None => unsafe { stream.context().alloc_pinned_with_flags::<u8>(len.next_power_of_two().max(4096), 0) }
+                .map_err(driver_err("allocating page-locked host memory"))?,
+        };
         if len > 0 {
             let src = self.slice.slice(offset..offset + len);
-            // Into the page-locked slice itself: cudarc then records the slice's event after the
-            // copy instead of waiting for the stream (which it does for pageable memory).
+            // Into the page-locked slice itself (its first `len` bytes; it may be longer): cudarc
+            // then records the slice's event after the copy instead of waiting for the stream
+            // (which it does for pageable memory).
             stream.memcpy_dtoh(&src, &mut host).map_err(driver_err("copying to the host"))?;
         }
-        Ok(PendingDownload { host })
+        Ok(PendingDownload { host: Some(host), st: self.st })
     }
 }
 
 impl PendingDownload {
-    /// The bytes, once the copy is done (it waits for nothing enqueued after the copy).
+    /// The first `len` bytes, once the copy is done (it waits for nothing enqueued after the
+    /// copy).
     pub(crate) fn wait(&self, len: usize) -> Result<Vec<u8>> {
-        let bytes = self.host.as_slice().map_err(driver_err("waiting for a copy to the host"))?;
+        let host = self.host.as_ref().expect("held until dropped");
+        let bytes = host.as_slice().map_err(driver_err("waiting for a copy to the host"))?;
         Ok(bytes[..len].to_vec())
+    }
+}
+
+impl Drop for PendingDownload {
+    fn drop(&mut self) {
+        if let Some(host) = self.host.take() {
+            let mut pool = self.st.downloads.0.lock().unwrap_or_else(|p| p.into_inner());
+            if pool.len() < KEPT {
+                pool.push(host);
+            }
+        }
     }
 }
