@@ -29,9 +29,9 @@ w() { local m=$1 c=$2 tag=w64-$1-$2-r$3; local s0=$(date +%s)
 b() { local m=$1 c=$2 tag=$1-$2-r$3; shift 3; local s0=$(date +%s)
   env $(set_of $c) timeout 100 $B/nuvec bench --model $WORK/$m --device cuda "$@" -n 1 > $OUT/raw/$tag.log 2>&1
   echo "$tag ($(( $(date +%s) - s0 )) s): $(grep -oE 'batch_size=[0-9]+|generation_tps=[0-9.]*|rror.*' $OUT/raw/$tag.log | paste -sd' ' | sed -E 's/batch_size=//g;s/generation_tps=/=/g')"; }
-for r in 1 2; do for c in old st pipe; do [[ $(left) -gt 150 ]] && w m8b $c $r; done; done
-for r in 1 2; do for c in old st pipe; do [[ $(left) -gt 120 ]] && b m8b $c $r -p 512 -g 128 -b 32,64; done; done
+for r in 1; do for c in old st pipe; do [[ $(left) -gt 150 ]] && w m8b $c $r; done; done
+for r in 1; do for c in old st pipe; do [[ $(left) -gt 120 ]] && b m8b $c $r -p 512 -g 128 -b 32,64; done; done
 while ! grep -q "mk rc" /tmp/mk1.log && [[ $(left) -gt 60 ]]; do sleep 3; done
 for r in 1 2; do for c in old st pipe; do [[ $(left) -gt 40 ]] && w m1b $c $r; done; done
-for r in 1 2 3; do for c in old st pipe; do [[ $(left) -gt 20 ]] && b m1b $c $r -p 128 -g 512 -b 64; done; done
+for r in 1 2; do for c in old st pipe; do [[ $(left) -gt 20 ]] && b m1b $c $r -p 128 -g 512 -b 64; done; done
 echo "left $(left) s"; echo done
