@@ -2,8 +2,8 @@
 # Session 51, call 3: small uploads through page-locked staging memory (a pageable copy waits for
 # the queued work, which held a pipelined step's enqueueing until the step before had run).
 # Checks: cuda_ops' staged uploads, embed_spliced and read_later; gpu_batch's Batcher against solo
-# runs. Then three settings alternated, one binary: NUVEC_STAGED_UPLOADS=0 NUVEC_BATCH_PIPELINE=0
-# (call 1's default off), staged unpipelined, staged pipelined (the new default): issue 24's
+# runs (staged). Then three settings alternated, one binary: NUVEC_STAGED_UPLOADS=0
+# NUVEC_BATCH_PIPELINE=0 (the defaults), staged unpipelined, staged pipelined: issue 24's
 # workload at 64 concurrent on the 8B and 1b shapes, bench -b 32,64 on the 8B, -b 64 on the 1b.
 cd "$(dirname "$0")/../../.."
 T0=$(date +%s); left() { echo $((${BUDGET:-540} - ($(date +%s) - T0))); }
@@ -20,9 +20,9 @@ a = types.SimpleNamespace(seed=0, vocab=32000, prefix=4096, prompt=1024, request
 workload(a, 64, "/tmp/w64.json")
 PY
 (cd $B && timeout 90 ./cuda_ops --test-threads=1 staged_uploads embed_spliced 2>&1 | tee $OUT/raw/cuda_ops.log | grep -E "^test |test result|panicked" | head -5)
-(cd $B && NUVEC_GPU_FIXTURES=$G timeout 150 ./gpu_batch --test-threads=1 --nocapture the_batcher_serves 2>&1 | tee $OUT/raw/gpu_batch.log | grep -E "RESULT|test result|panicked|left|right" | head -14)
+(cd $B && NUVEC_STAGED_UPLOADS=1 NUVEC_GPU_FIXTURES=$G timeout 150 ./gpu_batch --test-threads=1 --nocapture the_batcher_serves 2>&1 | tee $OUT/raw/gpu_batch.log | grep -E "RESULT|test result|panicked|left|right" | head -14)
 while ! grep -q "mk rc" /tmp/mk.log && [[ $(left) -gt 200 ]]; do sleep 3; done; tail -1 /tmp/mk.log
-set_of() { case $1 in old) echo "NUVEC_STAGED_UPLOADS=0 NUVEC_BATCH_PIPELINE=0";; st) echo "NUVEC_BATCH_PIPELINE=0";; pipe) echo "NUVEC_BATCH_PIPELINE=1";; esac; }
+set_of() { case $1 in old) echo "NUVEC_STAGED_UPLOADS=0 NUVEC_BATCH_PIPELINE=0";; st) echo "NUVEC_STAGED_UPLOADS=1 NUVEC_BATCH_PIPELINE=0";; pipe) echo "NUVEC_STAGED_UPLOADS=1 NUVEC_BATCH_PIPELINE=1";; esac; }
 w() { local m=$1 c=$2 tag=w64-$1-$2-r$3; local s0=$(date +%s)
   env $(set_of $c) timeout 100 $B/nuvec bench --model $WORK/$m --workload /tmp/w64.json --device cuda > $OUT/raw/$tag.log 2>&1
   echo "$tag ($(( $(date +%s) - s0 )) s): $(grep -E 'Workload (steps|results|pipeline)|rror|panick' $OUT/raw/$tag.log | tr '\n' ' ')"; }

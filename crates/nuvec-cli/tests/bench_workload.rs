@@ -59,7 +59,7 @@ fn workloads_run_with_and_without_a_constraint() {
     let [decode_steps, _, mixed_steps, _, prefill_tokens] = numbers[..] else { panic!("{steps}") };
     assert_eq!(prefill_tokens, 12.0, "{steps}");
     assert!(decode_steps >= 1.0 && mixed_steps >= 1.0, "{steps}");
-    // Pipelined steps (the CPU's default is off): the same tokens, the steps counted.
+    // Pipelined steps (off by default): the same tokens, the steps counted.
     let (ok, pipelined) = bench_with(&[("NUVEC_BATCH_PIPELINE", "1")], &["--workload", file]);
     assert!(ok && generated(&pipelined) == 36, "{pipelined}");
     assert!(number::<usize>(&pipelined, "pipelined_steps=") > 0, "{pipelined}");

@@ -45,11 +45,11 @@ pub const KNOBS: &[Knob] = &[
     knob(
         "NUVEC_BATCH_PIPELINE",
         "0, 1",
-        "1 on a GPU, 0 on the CPU",
+        "0",
         "any",
-        "the Batcher enqueues a step of greedy requests before reading the step before (its picks fed on the \
-         device): the device does not wait for the host between steps, at the cost of a wasted row for each \
-         request that ends (BatcherOptions::pipeline overrides it)",
+        "1: the Batcher enqueues a step of greedy requests before reading the step before (its picks fed on the \
+         device), so that the device need not wait for the host between steps, at the cost of a wasted row for \
+         each request that ends (BatcherOptions::pipeline overrides it; off until it measures faster)",
     ),
     knob("NUVEC_CACHE", "a directory", "~/.cache/nuvec", "any", "where the default model, built tools and caches live"),
     knob(
@@ -247,10 +247,10 @@ pub const KNOBS: &[Knob] = &[
     knob(
         "NUVEC_STAGED_UPLOADS",
         "0, 1",
-        "1",
+        "0",
         "cuda",
-        "copies of up to 1 MiB to the device (step tables, token ids) go through page-locked staging memory, so \
-         the host does not wait for the queued work first; 0 copies from pageable memory (for measuring)",
+        "1: copies of up to 1 MiB to the device (step tables, token ids) go through page-locked staging memory, so \
+         the host does not wait for the queued work first (off until measured on a device)",
     ),
 ];
 

@@ -605,6 +605,7 @@ fn embed_spliced_reads_the_picks_on_the_device() {
 #[test]
 fn staged_uploads_arrive_whole() {
     let dev = gpu();
+    nuvec::backends::cuda::set_staged_uploads(true);
     let mut rng = Rng::new(43);
     // Work queued first, so the copies are enqueued behind it.
     let big = arr(&rng.vec(4096 * 4096, 1.0), &[4096, 4096]).to_device(dev).unwrap();

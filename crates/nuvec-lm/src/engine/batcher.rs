@@ -132,8 +132,8 @@ pub struct BatcherOptions {
     /// so the device does not wait for the host between steps. A request's tokens are the same
     /// either way: a token the host then picks otherwise (a near tie the device's pick cannot
     /// settle) takes its row of the next step back. `None` (the default): `NUVEC_BATCH_PIPELINE`,
-    /// else on on a GPU and off on the CPU (whose steps compute as they are enqueued: nothing to
-    /// overlap). Not with speculation, `batch_invariant`, `kv_bits` or a hybrid model (recurrent
+    /// else off (on a GPU it has not measured faster yet; on the CPU, whose steps compute as
+    /// they are enqueued, there is nothing to overlap). Not with speculation, `batch_invariant`, `kv_bits` or a hybrid model (recurrent
     /// layers), whose rows cannot be taken back so: `Some(true)` with those is refused, `None`
     /// turns it off.
     pub pipeline: Option<bool>,
@@ -1278,13 +1278,14 @@ fn pipelined(model: &Model, paged: &PagedCache, draft: bool, options: &BatcherOp
 }
 
 /// Whether batched steps on `device` are pipelined unless told otherwise
-/// ([`BatcherOptions::pipeline`] `None`): as `NUVEC_BATCH_PIPELINE` says, else on a GPU and
-/// not on the CPU.
-pub fn pipeline_default(device: Device) -> Result<bool> {
+/// ([`BatcherOptions::pipeline`] `None`): as `NUVEC_BATCH_PIPELINE` says, else not. (On a GPU
+/// they did not measure faster yet: docs/benchmarks.md, 2026-12-06. On the CPU, whose steps
+/// compute as they are enqueued, there is nothing to overlap.)
+pub fn pipeline_default(_device: Device) -> Result<bool> {
     match nuvec::tuning::env("NUVEC_BATCH_PIPELINE").as_deref() {
         Ok("0") => Ok(false),
         Ok("1") => Ok(true),
-        Ok("") | Err(_) => Ok(device != Device::Cpu),
+        Ok("") | Err(_) => Ok(false),
         Ok(other) => Err(Error::Invalid(format!("NUVEC_BATCH_PIPELINE={other:?}: use 0 (off) or 1 (on)"))),
     }
 }

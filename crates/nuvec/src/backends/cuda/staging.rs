@@ -71,9 +71,25 @@ impl Staging {
     }
 }
 
-/// Whether small uploads are staged (`NUVEC_STAGED_UPLOADS`, on unless "0": off copies from
-/// pageable memory as before, for measuring).
+/// `set_staged_uploads`' choice: 0 none (the variable decides), 1 off, 2 on.
+static CHOSEN: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
+
+/// Turns staged uploads on or off for the rest of the process (the bytes that arrive are the
+/// same either way).
+pub fn set_staged_uploads(on: bool) {
+    CHOSEN.store(if on { 2 } else { 1 }, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// Whether small uploads are staged: the last [`set_staged_uploads`], else
+/// `NUVEC_STAGED_UPLOADS` (off unless "1": not yet measured on a device against the pageable
+/// copies, see docs/benchmarks.md).
 pub(crate) fn enabled() -> bool {
-    static FROM_ENV: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *FROM_ENV.get_or_init(|| crate::tuning::env("NUVEC_STAGED_UPLOADS").map_or(true, |v| v != "0"))
+    match CHOSEN.load(std::sync::atomic::Ordering::Relaxed) {
+        1 => false,
+        2 => true,
+        _ => {
+            static FROM_ENV: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+            *FROM_ENV.get_or_init(|| crate::tuning::env("NUVEC_STAGED_UPLOADS").is_ok_and(|v| v == "1"))
+        }
+    }
 }
