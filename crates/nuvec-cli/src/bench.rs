@@ -237,9 +237,10 @@ fn batch_trial(
         let fed: Vec<(usize, usize)> = (0..b).map(|i| (i, i)).collect();
         let placeholders = vec![[0u32]; b];
         let work: Vec<(SeqId, &[u32])> = ids.iter().zip(&placeholders).map(|(&id, t)| (id, &t[..])).collect();
+        let ones = vec![1; b];
         let mut reading: Option<nuvec::PendingRead> = None;
         for _ in 1..t.generation_tokens {
-            let logits = paged.step_fed(model, &work, &vec![1; b], &picks, &fed)?;
+            let logits = paged.step_fed(model, &work, &ones, &picks, &fed)?;
             picks = logits.argmax_gap()?;
             if let Some(read) = reading.replace(picks.read_later()?) {
                 read.wait::<u32>()?;

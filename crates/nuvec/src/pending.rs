@@ -10,11 +10,11 @@ use crate::{Array, DType, Element, Error, Result};
 #[derive(Debug)]
 pub struct PendingRead {
     dtype: DType,
-    from: From,
+    from: Source,
 }
 
 #[derive(Debug)]
-enum From {
+enum Source {
     Host(Array),
     #[cfg(feature = "cuda")]
     /// The copy, and its length in bytes.
@@ -31,9 +31,9 @@ impl Array {
             #[cfg(feature = "cuda")]
             (Bytes::Cuda(buf), offset) => {
                 let download = buf.download_later(offset, self.nbytes())?;
-                Ok(PendingRead { dtype, from: From::Device(download, self.nbytes()) })
+                Ok(PendingRead { dtype, from: Source::Device(download, self.nbytes()) })
             }
-            _ => Ok(PendingRead { dtype, from: From::Host(self.clone()) }),
+            _ => Ok(PendingRead { dtype, from: Source::Host(self.clone()) }),
         }
     }
 }
@@ -48,9 +48,9 @@ impl PendingRead {
             ));
         }
         match &self.from {
-            From::Host(a) => a.to_vec(),
+            Source::Host(a) => a.to_vec(),
             #[cfg(feature = "cuda")]
-            From::Device(d, len) => {
+            Source::Device(d, len) => {
                 let bytes = d.wait(*len)?;
                 let mut out = vec![T::zeroed(); len / std::mem::size_of::<T>()];
                 bytemuck::cast_slice_mut::<T, u8>(&mut out).copy_from_slice(&bytes);
