@@ -65,6 +65,10 @@ pub struct Args {
     /// prompts and lengths, so the flags of the random-prompt tests are refused beside it.
     #[arg(long, value_name = "FILE")]
     workload: Option<String>,
+    /// With --workload: sample every request at this temperature (alone: no other filter; each
+    /// request seeded by its place in the file) instead of greedily.
+    #[arg(long, requires = "workload", default_value_t = 0.0)]
+    temp: f32,
     /// With --workload: turn the Batcher's prefix cache off.
     #[arg(long, requires = "workload")]
     no_prefix_cache: bool,
@@ -306,7 +310,7 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
             Some(d) => Some(nuvec_lm::load_on(d, model.device())?.0),
             None => None,
         };
-        return crate::workload::run(&model, draft.as_ref(), path, options, grammar);
+        return crate::workload::run(&model, draft.as_ref(), path, options, grammar, args.temp);
     }
     // llama-bench's order: prompt lengths outermost, then generation lengths, batch sizes, depths.
     let mut tests = vec![];

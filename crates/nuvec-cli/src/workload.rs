@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use std::time::Instant;
 
 use nuvec_lm::constrain::Grammar;
-use nuvec_lm::{Batcher, BatcherOptions, Event, GenerateOptions, Model, RequestId};
+use nuvec_lm::{Batcher, BatcherOptions, Event, GenerateOptions, Model, RequestId, Sampler};
 use serde_json::Value;
 
 /// One request of a workload file.
@@ -92,6 +92,7 @@ pub fn run(
     path: &str,
     options: BatcherOptions,
     constraint: Option<Grammar>,
+    temperature: f32,
 ) -> Result<(), Box<dyn std::error::Error>> {
     let (concurrency, planned) = parse(path)?;
     let options = BatcherOptions { max_batch: options.max_batch.max(concurrency), ..options };
@@ -114,6 +115,9 @@ pub fn run(
                 max_tokens: p.max_tokens,
                 ignore_eos: constraint.is_none(),
                 constraint: constraint.clone(),
+                sampler: Sampler { temperature, ..Default::default() },
+                // Each request its own seed, the same in every run.
+                seed: Some(next as u64),
                 ..Default::default()
             };
             let id = batcher.submit(p.prompt.clone(), options)?;
@@ -168,6 +172,9 @@ pub fn run(
     }
     if speculating {
         println!("Workload speculation: drafted={} accepted={}", stats.drafted_tokens, stats.accepted_tokens);
+    }
+    if temperature > 0.0 {
+        println!("Workload sampling: drawn_on_device={} drawn_again={}", stats.drawn_on_device, stats.drawn_again);
     }
     if batcher.pipelined() {
         // Steps enqueued before the step before was read (each step's counts above are those it read).

@@ -69,6 +69,17 @@ fn workloads_run_with_and_without_a_constraint() {
     // `-b` pipelines its decode loop as the Batcher would.
     let (ok, batched) = bench_with(&[("NUVEC_BATCH_PIPELINE", "1")], &["-p", "6", "-g", "5", "-b", "3", "-n", "1"]);
     assert!(ok && batched.contains("generation_tps="), "{batched}");
+    // Sampled at a temperature: drawn on the host by default on the CPU, where the logits are
+    // with NUVEC_DEVICE_SAMPLING=1 (the same tokens either way: the Batcher's tests).
+    let (ok, sampled) = bench(&["--workload", file, "--temp", "0.8"]);
+    assert!(ok && generated(&sampled) == 36, "{sampled}");
+    assert_eq!(number::<usize>(&sampled, "drawn_on_device="), 0, "{sampled}");
+    let (ok, drawn) = bench_with(&[("NUVEC_DEVICE_SAMPLING", "1")], &["--workload", file, "--temp", "0.8"]);
+    assert!(ok && generated(&drawn) == 36, "{drawn}");
+    assert_eq!(number::<usize>(&drawn, "drawn_on_device=") + number::<usize>(&drawn, "drawn_again="), 36, "{drawn}");
+    assert!(!plain.contains("Workload sampling:"), "{plain}");
+    let (ok, refused) = bench(&["--workload", file, "--temp=-1"]);
+    assert!(!ok && refused.contains("temperature"), "{refused}");
     // With prompt-lookup speculation: the same token count, and the guesses reported.
     let (ok, guessed) = bench(&["--workload", file, "--prompt-lookup", "--num-draft-tokens", "2"]);
     assert!(ok && generated(&guessed) == 36, "{guessed}");

@@ -111,6 +111,23 @@ impl Sampler {
         notes
     }
 
+    /// Whether a draw over a row of `vocab` at these settings is the plain categorical draw at
+    /// 1/temperature: sampling, with no filter that would apply and nothing drawn before it
+    /// (what `nuvec::Array::sample_rows` draws where the logits are).
+    pub fn draws_plainly(&self, vocab: usize) -> bool {
+        self.temperature > 0.0
+            && !(self.top_p > 0.0 && self.top_p < 1.0)
+            && self.min_p == 0.0
+            && self.xtc_probability <= 0.0
+            && !(self.top_k > 0 && self.top_k < vocab)
+    }
+
+    /// The factor the draw scales log-probabilities by: 1/temperature, as [`Sampler::sample`]
+    /// computes it.
+    pub fn scale(&self) -> f32 {
+        1.0 / self.temperature
+    }
+
     /// Applies the filters to `logprobs` in mlx-lm's order (the draw is separate).
     /// `xtc_exempt` are the newline and end-of-sequence ids.
     pub fn filter(&self, logprobs: &mut [f32], xtc_exempt: &[u32], rng: &mut impl Rng) {
@@ -138,7 +155,7 @@ impl Sampler {
             return argmax(logprobs);
         }
         self.filter(logprobs, xtc_exempt, rng);
-        categorical(logprobs, 1.0 / self.temperature, rng)
+        categorical(logprobs, self.scale(), rng)
     }
 
     /// The distribution [`Sampler::sample`] draws from, as probabilities (the filters applied,
@@ -255,6 +272,17 @@ pub fn apply_top_k(logprobs: &mut [f32], k: usize) {
     for &i in &order[k..] {
         logprobs[i] = f32::NEG_INFINITY;
     }
+}
+
+/// A draw from `softmax(logits * scale)` weighed from the raw logits in f64: token `i` weighs
+/// `exp((f64(x_i) - f64(max)) * f64(scale))`. The distribution of [`categorical`] over the
+/// logits' log-softmax, without its f32 roundings, so that a device computing the same weights
+/// (`nuvec::Array::sample_rows`, whose weights differ only in `exp`'s last bit) can tell when its
+/// draw is certainly this one. What a request sampled at a temperature alone draws with.
+pub fn categorical_from_logits(logits: &[f32], scale: f32, rng: &mut impl Rng) -> u32 {
+    let (max, scale) = (logits.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64, scale as f64);
+    let weights: Vec<f64> = logits.iter().map(|&x| ((x as f64 - max) * scale).exp()).collect();
+    draw(&weights, rng)
 }
 
 /// A draw from `softmax(logprobs * scale)`.

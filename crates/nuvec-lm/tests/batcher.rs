@@ -190,6 +190,50 @@ fn sampling_stops_and_logprobs_are_each_requests_own() {
 }
 
 #[test]
+fn requests_sampled_at_a_temperature_alone_are_drawn_where_the_logits_are() {
+    let case = "qwen3-f32";
+    let v = vocab(case);
+    let at = |temperature, seed| GenerateOptions {
+        max_tokens: 10,
+        sampler: Sampler { temperature, ..Default::default() },
+        seed: Some(seed),
+        ..Default::default()
+    };
+    let top_k = GenerateOptions { sampler: Sampler { temperature: 1.0, top_k: 5, ..Default::default() }, ..at(1.0, 4) };
+    let requests = vec![
+        (prompt(9, 1, v), at(0.8, 7)),
+        (prompt(30, 2, v), at(1.0, 8)),
+        (prompt(12, 3, v), at(1.6, 9)),
+        // A filter that applies, and a greedy request: neither drawn there.
+        (prompt(9, 4, v), top_k),
+        (prompt(5, 5, v), greedy(8)),
+    ];
+    let draws = 30;
+    for (on, redraw) in [(true, false), (true, true), (false, false)] {
+        let options = BatcherOptions {
+            batch_invariant: true,
+            blocks: Some(256),
+            device_sampling: Some(on),
+            ..Default::default()
+        };
+        // Each request's tokens are its solo run's, drawn where the logits are or (all draws
+        // taken as uncertain) on the host with the same uniform.
+        let b = check_with(case, &requests, options, true, |b, ids| {
+            if redraw {
+                ids.iter().for_each(|&id| b.redraw_on_host(id));
+            }
+        });
+        let s = b.stats();
+        let expected = match (on, redraw) {
+            (true, false) => (draws, 0),
+            (true, true) => (0, draws),
+            _ => (0, 0),
+        };
+        assert_eq!((s.drawn_on_device, s.drawn_again), expected, "device sampling {on}, redrawn {redraw}");
+    }
+}
+
+#[test]
 fn a_pool_too_small_for_everyone_preempts_and_still_gives_the_solo_tokens() {
     // 24 blocks of 4 positions: six requests of 20 + 12 positions cannot all be held at once.
     let case = "llama-q4g64";

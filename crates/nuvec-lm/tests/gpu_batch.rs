@@ -281,6 +281,57 @@ fn the_batcher_serves_solo_greedy_tokens_on_the_gpu() {
     check_batcher("mistral-q4g64", Some(KvDtype::Bf16));
 }
 
+/// Requests sampled at a temperature alone, drawn where the logits are (`sample_rows` on the
+/// GPU) and drawn on the host from the logits read back: the same batch run both ways gives every
+/// request the same tokens, and nearly every draw is the device's.
+#[test]
+fn sampled_requests_drawn_on_the_gpu_are_the_host_draws() {
+    let case = "mistral-q4g64";
+    let model = model_on_gpu(case, None);
+    let prompts = prompts(&model, &LENGTHS);
+    let run = |on: bool| {
+        let options = BatcherOptions { device_sampling: Some(on), ..Default::default() };
+        let mut batcher = Batcher::new(&model, options).unwrap();
+        let ids: Vec<RequestId> = prompts
+            .iter()
+            .enumerate()
+            .map(|(i, p)| {
+                let sampler = nuvec_lm::Sampler { temperature: [0.7, 1.0, 1.5][i % 3], ..Default::default() };
+                let options =
+                    GenerateOptions { max_tokens: STEPS, sampler, seed: Some(i as u64), ..Default::default() };
+                batcher.submit(p.clone(), options).unwrap()
+            })
+            .collect();
+        let mut got: HashMap<RequestId, Vec<u32>> = HashMap::new();
+        while batcher.is_busy() {
+            for e in batcher.step().unwrap() {
+                match e {
+                    Event::Token { id, token } => got.entry(id).or_default().push(token),
+                    Event::Failed { id, error } => panic!("{case}: {id:?} failed: {error}"),
+                    _ => {}
+                }
+            }
+        }
+        let stats = batcher.stats().clone();
+        (ids.iter().map(|id| got.remove(id).unwrap_or_default()).collect::<Vec<_>>(), stats)
+    };
+    let (on, on_stats) = run(true);
+    let (off, off_stats) = run(false);
+    let draws = (prompts.len() * STEPS) as u64;
+    println!(
+        "RESULT gpu_sampling {case}: {} of {} requests the same both ways; {} of {draws} draws on the device, {} again \
+         on the host",
+        on.iter().zip(&off).filter(|(a, b)| a == b).count(),
+        prompts.len(),
+        on_stats.drawn_on_device,
+        on_stats.drawn_again
+    );
+    assert_eq!(on, off, "{case}: the device's draws are the host's");
+    assert_eq!(on_stats.drawn_on_device + on_stats.drawn_again, draws);
+    assert!(on_stats.drawn_on_device * 100 >= draws * 99, "{on_stats:?}");
+    assert_eq!((off_stats.drawn_on_device, off_stats.drawn_again), (0, 0));
+}
+
 /// Sequences beginning with one long system prompt, the later ones starting on the first's blocks
 /// (the prefix cache's hit: shared, not copied, asserted), so that their decode steps take the
 /// shared-keys path (the tensor-core paged decode over bf16 blocks, flash_attention.cu

@@ -118,35 +118,127 @@ fn sampled_distributions_match_mlx_lm() {
         };
         let lp = vector(&r["logprobs"]);
         let expected: Vec<f64> = r["probs"].as_array().unwrap().iter().map(|v| v.as_f64().unwrap()).collect();
-        let draws = 20_000;
-        let mut counts = vec![0usize; lp.len()];
-        // Fixed seed: the test is deterministic and cannot flake.
-        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(n as u64);
-        for _ in 0..draws {
-            let mut x = lp.clone();
-            counts[sampler.sample(&mut x, &[], &mut rng) as usize] += 1;
-        }
-        // Never a token mlx-lm gives zero probability.
-        for (i, (&c, &p)) in counts.iter().zip(&expected).enumerate() {
-            assert!(!(p == 0.0 && c > 0), "case {n}: drew token {i} {c} times; mlx-lm's sampler never draws it");
-        }
-        // Chi-square over tokens expected at least 5 times; the rest pooled.
-        let (mut chi2, mut df, mut pooled_e, mut pooled_o) = (0.0, 0usize, 0.0, 0.0);
-        for (&c, &p) in counts.iter().zip(&expected) {
-            let e = p * draws as f64;
-            if e >= 5.0 {
-                chi2 += (c as f64 - e).powi(2) / e;
+        for plain in [false, true].into_iter().filter(|&p| !p || sampler.draws_plainly(lp.len())) {
+            let draws = 20_000;
+            let mut counts = vec![0usize; lp.len()];
+            // Fixed seed: the test is deterministic and cannot flake.
+            let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(n as u64);
+            for _ in 0..draws {
+                let token = match plain {
+                    // A temperature alone: the raw logits' draw (the logprobs are logits too).
+                    true => nuvec_lm::sample::categorical_from_logits(&lp, sampler.scale(), &mut rng),
+                    false => sampler.sample(&mut lp.clone(), &[], &mut rng),
+                };
+                counts[token as usize] += 1;
+            }
+            // Never a token mlx-lm gives zero probability.
+            for (i, (&c, &p)) in counts.iter().zip(&expected).enumerate() {
+                assert!(
+                    !(p == 0.0 && c > 0),
+                    "case {n} (plain draw: {plain}): drew token {i} {c} times; mlx-lm's sampler never draws it"
+                );
+            }
+            // Chi-square over tokens expected at least 5 times; the rest pooled.
+            let (mut chi2, mut df, mut pooled_e, mut pooled_o) = (0.0, 0usize, 0.0, 0.0);
+            for (&c, &p) in counts.iter().zip(&expected) {
+                let e = p * draws as f64;
+                if e >= 5.0 {
+                    chi2 += (c as f64 - e).powi(2) / e;
+                    df += 1;
+                } else {
+                    pooled_e += e;
+                    pooled_o += c as f64;
+                }
+            }
+            if pooled_e >= 5.0 {
+                chi2 += (pooled_o - pooled_e).powi(2) / pooled_e;
                 df += 1;
-            } else {
-                pooled_e += e;
-                pooled_o += c as f64;
+            }
+            let df = (df.max(2) - 1) as f64;
+            assert!(
+                chi2 < chi_square_critical(df),
+                "case {n} ({r:?}, plain draw: {plain}): chi2 {chi2:.1} over {df} dof"
+            );
+        }
+    }
+}
+
+/// A generator whose every word is `word`: `gen::<f64>()` then gives `(word >> 11) * 2^-53`.
+struct Fixed(u64);
+
+impl rand::RngCore for Fixed {
+    fn next_u32(&mut self) -> u32 {
+        (self.0 >> 32) as u32
+    }
+    fn next_u64(&mut self) -> u64 {
+        self.0
+    }
+    fn fill_bytes(&mut self, dest: &mut [u8]) {
+        dest.fill(0);
+    }
+    fn try_fill_bytes(&mut self, dest: &mut [u8]) -> Result<(), rand::Error> {
+        dest.fill(0);
+        Ok(())
+    }
+}
+
+/// The host path's draw from a row of logits at `temperature` alone with the uniform `k * 2^-53`.
+fn host_draw(row: &[f32], temperature: f32, k: u64) -> u32 {
+    let scale = Sampler { temperature, ..Default::default() }.scale();
+    nuvec_lm::sample::categorical_from_logits(row, scale, &mut Fixed(k << 11))
+}
+
+#[test]
+fn draws_where_the_logits_are_are_the_host_draws_wherever_they_say_so() {
+    use rand::Rng;
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(5);
+    let mut rows: Vec<Vec<f32>> = vec![];
+    for &n in &[2usize, 7, 1000, 49_152] {
+        // Spread logits, a peaked row, a row of exact ties, large offsets, and -inf entries.
+        let spread: Vec<f32> = (0..n).map(|_| rng.gen_range(-8.0f32..8.0)).collect();
+        let mut peaked = spread.clone();
+        peaked[n / 2] = 30.0;
+        let offset: Vec<f32> = spread.iter().map(|v| v * 4.0 + 900.0).collect();
+        let mut banned = spread.clone();
+        banned.iter_mut().step_by(3).for_each(|v| *v = f32::NEG_INFINITY);
+        rows.extend([spread, peaked, vec![1.5; n], offset, banned]);
+    }
+    let (mut certain, mut drawn, mut left_to_the_host) = (0usize, 0usize, 0usize);
+    for row in &rows {
+        let n = row.len();
+        for &temperature in &[0.3f32, 1.0, 1.7] {
+            let sampler = Sampler { temperature, ..Default::default() };
+            assert!(sampler.draws_plainly(n));
+            // Uniforms at random, and on the host's own interval ends (a draw there is a tie the
+            // device cannot settle, or settles as the host does).
+            let mut ks: Vec<u64> = (0..40).map(|_| rng.gen::<u64>() >> 11).collect();
+            let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+            let weights: Vec<f64> = row.iter().map(|&x| ((x as f64 - max) * sampler.scale() as f64).exp()).collect();
+            let total: f64 = weights.iter().sum();
+            let mut below = 0.0;
+            for w in weights.iter().take(12) {
+                below += w;
+                let k = ((below / total).min(1.0) * (1u64 << 53) as f64) as u64;
+                ks.extend([k.saturating_sub(1), k, k + 1].into_iter().filter(|&k| k < 1 << 53));
+            }
+            let at_random = 40;
+            let x = nuvec::Array::from_slice(&row.repeat(ks.len()), &[ks.len(), n]).unwrap();
+            let uniforms: Vec<f64> = ks.iter().map(|&k| k as f64 / (1u64 << 53) as f64).collect();
+            let words = x.sample_rows(&vec![sampler.scale(); ks.len()], &uniforms).unwrap().to_vec::<u32>().unwrap();
+            for (i, &k) in ks.iter().enumerate() {
+                let (token, sure) = (words[3 * i], words[3 * i + 1]);
+                if sure == 1 {
+                    let host = host_draw(row, temperature, k);
+                    assert_eq!(token, host, "n {n}, temperature {temperature}, u {}", uniforms[i]);
+                    certain += usize::from(i < at_random);
+                }
+                drawn += usize::from(i < at_random);
+                left_to_the_host += usize::from(sure == 0);
             }
         }
-        if pooled_e >= 5.0 {
-            chi2 += (pooled_o - pooled_e).powi(2) / pooled_e;
-            df += 1;
-        }
-        let df = (df.max(2) - 1) as f64;
-        assert!(chi2 < chi_square_critical(df), "case {n} ({r:?}): chi2 {chi2:.1} over {df} dof");
     }
+    // Draws at random uniforms are certain but for a chance of about 1e-10 per draw.
+    assert_eq!(certain, drawn, "draws at random uniforms certain");
+    // Uniforms on the interval ends are left to the host.
+    assert!(left_to_the_host > 100, "{left_to_the_host} draws on interval ends left to the host");
 }

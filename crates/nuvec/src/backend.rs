@@ -430,6 +430,28 @@ pub trait Backend: Send + Sync {
         Array::from_slice_on(&values, x.shape(), self.device())
     }
 
+    /// A categorical draw per row of `x [rows, N]` (f32 logits), certified against the host's
+    /// draw: row `r` draws from `softmax(x[r] * scales[r])` with the uniform `uniforms[r]` in
+    /// `[0, 1)`, as the first token whose running weight passes `uniforms[r]` times the total, and
+    /// gives `u32 [rows, 3]`: the token, 1 when it is certainly the token the host's draw from
+    /// the same row with that uniform gives (else 0: the caller draws on the host), and 0 (the
+    /// layout of [`Backend::argmax_gap`], the token first). See [`sample_row`] for the weights and
+    /// the bound that decides certainty. A row with scale 0 is skipped (0, 0, 0). The default
+    /// reads `x` to the host.
+    fn sample_rows(&self, x: &Array, scales: &[f32], uniforms: &[f64]) -> Result<Array> {
+        let n = check_sample_rows(x, scales, uniforms)?;
+        let values = x.to_vec::<f32>()?;
+        let out: Vec<u32> = values
+            .chunks(n)
+            .zip(scales.iter().zip(uniforms))
+            .flat_map(|(row, (&scale, &u))| {
+                let (token, certain) = sample_row(row, scale, u);
+                [token, u32::from(certain), 0]
+            })
+            .collect();
+        Array::from_slice_on(&out, &[x.dim(0), 3], self.device())
+    }
+
     // gated MLP fusion: the SwiGLU hidden activations of one gate/up pass (one kernel launch
     // fewer per layer in a GPU decode step).
 
@@ -542,6 +564,75 @@ pub(crate) fn check_mask_rows(x: &Array, bits: &[u32]) -> Result<usize> {
         ));
     }
     Ok(n)
+}
+
+/// Checks [`Backend::sample_rows`]' inputs: `x [rows, N]` f32 with a scale and a uniform per
+/// row; returns `N`.
+pub(crate) fn check_sample_rows(x: &Array, scales: &[f32], uniforms: &[f64]) -> Result<usize> {
+    let &[rows, n] = x.shape() else {
+        return Err(crate::Error::shape("sample_rows", format!("x {:?} must be [rows, n]", x.shape())));
+    };
+    if x.dtype() != crate::DType::F32 || n == 0 || scales.len() != rows || uniforms.len() != rows {
+        return Err(crate::Error::shape(
+            "sample_rows",
+            format!(
+                "{} scales and {} uniforms for {} x [{rows}, {n}] (f32, n > 0, one of each per row)",
+                scales.len(),
+                uniforms.len(),
+                x.dtype()
+            ),
+        ));
+    }
+    Ok(n)
+}
+
+/// 2^-50: two weights computed by `exp` on two machines, each within an ulp of the exact value,
+/// with room.
+const SAMPLE_EXP_ROUNDING: f64 = 8.881_784_197_001_252e-16;
+
+/// [`Backend::sample_rows`] of one row (the reference the device kernels follow): `(token,
+/// certain)`, the token the draw found (0 when none).
+///
+/// The host (nuvec-lm's `categorical_from_logits`) weighs token `i` by `w_i = exp((f64(x_i) -
+/// f64(m)) * f64(scale))` (`m` the row's maximum), sums the weights in order in f64, and takes the
+/// first token whose running sum passes `u` times the total. Here the weights are the same IEEE
+/// operations but for `exp`, which on either side lies within an ulp, so each weight is within
+/// `2^-50 w_i` of the host's; the running sums differ further by both sides' f64 summation
+/// (within `8 N 2^-53` of the total, whatever the order) and underflows (a weight one side rounds
+/// to 0 is below 1e-300 on the other). So with `E` the sum of those bounds, a target more than
+/// `3E` inside its token's interval is certainly the host's token. A NaN or `+inf` in the row, a
+/// row all `-inf`, a scale that is not finite and positive or a uniform outside `[0, 1)` is
+/// uncertain (`-inf` entries weigh 0 on both sides).
+pub(crate) fn sample_row(row: &[f32], scale: f32, u: f64) -> (u32, bool) {
+    let n = row.len();
+    let m = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let usable = scale.is_finite()
+        && scale > 0.0
+        && (0.0..1.0).contains(&u)
+        && m.is_finite()
+        && row.iter().all(|&v| v.is_finite() || v == f32::NEG_INFINITY);
+    if !usable {
+        return (0, false);
+    }
+    let (s, m) = (scale as f64, m as f64);
+    let weight = |v: f32| ((v as f64 - m) * s).exp();
+    let total: f64 = row.iter().map(|&v| weight(v)).sum();
+    let bound = sample_bound(total, n);
+    let target = u * total;
+    let mut below = 0.0f64;
+    for (i, &v) in row.iter().enumerate() {
+        let upto = below + weight(v);
+        if upto > target {
+            return (i as u32, target - below > 3.0 * bound && upto - target > 3.0 * bound);
+        }
+        below = upto;
+    }
+    (0, false)
+}
+
+/// `E` of [`sample_row`] for `n` weights summing to `total`.
+pub(crate) fn sample_bound(total: f64, n: usize) -> f64 {
+    total * (SAMPLE_EXP_ROUNDING + 8.0 * n as f64 * f64::EPSILON / 2.0) + n as f64 * 1e-300
 }
 
 /// [`Backend::embed_spliced`] through the host: `picks` read, the ids spliced, then

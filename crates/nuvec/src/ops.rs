@@ -267,6 +267,13 @@ impl Array {
         backend(self.device()).mask_rows(self, bits, fill)
     }
 
+    /// A categorical draw per row of `self [rows, N]` (f32 logits) at `scales` (1 / temperature)
+    /// with `uniforms`, and whether each is certainly the host's draw (`u32 [rows, 3]`: token,
+    /// certain, 0); see [`crate::Backend::sample_rows`].
+    pub fn sample_rows(&self, scales: &[f32], uniforms: &[f64]) -> Result<Array> {
+        backend(self.device()).sample_rows(self, scales, uniforms)
+    }
+
     /// Writes new keys `k` and values `v` `[L, heads, head_dim]` into the caches `self` (keys)
     /// and `v_cache` `[heads, capacity, head_dim]` at `offset`; see
     /// [`crate::Backend::write_kv_rows`].

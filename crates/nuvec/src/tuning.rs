@@ -51,6 +51,15 @@ pub const KNOBS: &[Knob] = &[
          device), so that the device need not wait for the host between steps, at the cost of a wasted row for \
          each request that ends (BatcherOptions::pipeline overrides it; off until it measures faster)",
     ),
+    knob(
+        "NUVEC_DEVICE_SAMPLING",
+        "0, 1",
+        "0",
+        "any",
+        "1: the Batcher draws requests sampled at a temperature alone where the logits are, reading three words of \
+         a step's row instead of the whole row, the host drawing again (with the same uniform) where the draw is \
+         not certainly its own (BatcherOptions::device_sampling overrides it; off until it has run on a GPU)",
+    ),
     knob("NUVEC_CACHE", "a directory", "~/.cache/nuvec", "any", "where the default model, built tools and caches live"),
     knob(
         "NUVEC_DEFAULT_MODEL",

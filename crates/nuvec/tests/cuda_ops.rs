@@ -599,6 +599,49 @@ fn embed_spliced_reads_the_picks_on_the_device() {
     assert!(t.embed_spliced(&ids, &picks, &[(0, 9)]).is_err(), "a pick outside the picks");
 }
 
+/// `sample_rows` on the device: every draw it calls certain is the host reference's token (the
+/// CPU backend's draw, certified against nuvec-lm's host draw there), over vocabularies up to
+/// 151,936 values, peaked, flat and banned (-inf) rows, several temperatures and uniforms at
+/// random; nearly all of them certain; rows the host must decide (a NaN, +inf, no scale) never.
+#[test]
+fn sample_rows_draw_the_host_tokens() {
+    let dev = gpu();
+    let mut rng = Rng::new(47);
+    let (mut certain, mut draws) = (0usize, 0usize);
+    for &n in &[7usize, 1000, 32_000, 151_936] {
+        let spread = rng.vec(n, 6.0);
+        let mut peaked = spread.clone();
+        peaked[n / 3] = 25.0;
+        let mut banned = spread.clone();
+        banned.iter_mut().step_by(2).for_each(|v| *v = f32::NEG_INFINITY);
+        for row in [spread, peaked, vec![0.5; n], banned] {
+            let m = 24;
+            let data = row.repeat(m);
+            let scales: Vec<f32> = (0..m).map(|i| [0.5f32, 1.0, 1.0 / 0.7, 3.0][i % 4]).collect();
+            let uniforms: Vec<f64> = (0..m).map(|_| (rng.next_u32() as f64 + 0.5) / 4_294_967_296.0).collect();
+            let x = arr(&data, &[m, n]);
+            let host = x.sample_rows(&scales, &uniforms).unwrap().to_vec::<u32>().unwrap();
+            let got = x.to_device(dev).unwrap().sample_rows(&scales, &uniforms).unwrap().to_vec::<u32>().unwrap();
+            for i in 0..m {
+                let (token, sure) = (got[3 * i], got[3 * i + 1]);
+                if sure == 1 {
+                    assert_eq!(token, host[3 * i], "n {n}, scale {}, u {}", scales[i], uniforms[i]);
+                    assert!(row[token as usize] > f32::NEG_INFINITY, "a banned token drawn");
+                }
+                assert_eq!(got[3 * i + 2], 0);
+                certain += sure as usize;
+                draws += 1;
+            }
+        }
+    }
+    assert!(certain * 1000 >= draws * 995, "{certain} of {draws} draws certain");
+    let odd = [1.0f32, f32::NAN, 2.0, 1.0, f32::INFINITY, 2.0, 1.0, 3.0, 2.0];
+    let x = arr(&odd, &[3, 3]).to_device(dev).unwrap();
+    let got = x.sample_rows(&[1.0, 1.0, 0.0], &[0.5, 0.5, 0.5]).unwrap().to_vec::<u32>().unwrap();
+    assert_eq!([got[1], got[4], got[7]], [0, 0, 0], "a NaN, +inf and scale 0 are left to the host");
+    assert!(x.sample_rows(&[1.0], &[0.5]).is_err(), "a scale and a uniform per row");
+}
+
 /// Uploads go through a ring of page-locked staging buffers (up to 1 MiB) without waiting for the
 /// queued work: many more uploads than the ring holds, of sizes across the staged limit and
 /// queued behind a long kernel, each arrive whole.

@@ -137,6 +137,15 @@ pub struct BatcherOptions {
     /// layers), whose rows cannot be taken back so: `Some(true)` with those is refused, `None`
     /// turns it off.
     pub pipeline: Option<bool>,
+    /// Draws sampled requests' tokens where the logits are (`nuvec::Array::sample_rows`): a
+    /// request sampled at a temperature alone (no top-p, min-p, XTC or top-k that applies, no
+    /// processors, log-probabilities, `min_tokens` bans or constraint) then has three words of
+    /// its step read instead of its row of logits. Each draw takes the uniform the host's would
+    /// and is used only where it is certainly the host's token (else the host draws it, with the
+    /// same uniform), so the tokens are the same either way. `None` (the default):
+    /// `NUVEC_DEVICE_SAMPLING`, else off (on a GPU until its draw has run on one; on the CPU,
+    /// whose rows are in memory already, for good).
+    pub device_sampling: Option<bool>,
 }
 
 /// Positions between the recurrent-state checkpoints of a hybrid model's prefill
@@ -163,6 +172,7 @@ impl Default for BatcherOptions {
             checkpoint_interval: DEFAULT_CHECKPOINT_INTERVAL,
             speculation: None,
             pipeline: None,
+            device_sampling: None,
         }
     }
 }
@@ -300,6 +310,10 @@ pub struct BatcherStats {
     /// Tokens fed to a pipelined step on the device and taken back, because the request took
     /// another token (a near tie its greedy pick goes to the host for).
     pub taken_back: u64,
+    /// Sampled tokens drawn where the logits are ([`BatcherOptions::device_sampling`]).
+    pub drawn_on_device: u64,
+    /// Draws made there that were not certain, drawn again on the host.
+    pub drawn_again: u64,
 }
 
 /// One request in flight.
@@ -341,11 +355,15 @@ pub struct Batcher<'m> {
     mtp: Option<MtpDrafter<'m>>,
     /// Whether steps are pipelined ([`BatcherOptions::pipeline`]).
     pipeline: bool,
+    /// Whether sampled tokens are drawn where the logits are ([`BatcherOptions::device_sampling`]).
+    device_sampling: bool,
     /// The step enqueued last, whose tokens are not read yet (pipelined steps).
     in_flight: Option<Launched>,
     /// Requests whose fed tokens are taken back as if the host had picked another token (the
     /// tests of that path).
     distrusted: HashSet<u64>,
+    /// Requests whose draws where the logits are count as uncertain ([`Batcher::redraw_on_host`]).
+    redrawn: HashSet<u64>,
 }
 
 /// How a step's rows are taken ([`Batcher::take_rows`]).
@@ -467,6 +485,10 @@ impl<'m> Batcher<'m> {
         paged.set_prefix_caching(options.prefix_cache.unwrap_or(true))?;
         let budget = options.token_budget_on(model.device());
         let pipeline = pipelined(model, &paged, draft.is_some(), &options)?;
+        let device_sampling = match options.device_sampling {
+            Some(on) => on,
+            None => device_sampling_default(model.device())?,
+        };
         if let Some(s) = &options.speculation {
             // Wrong guesses are taken back from every layer kind (`PagedCache::trim`).
             paged.set_rewind(s.num_draft)?;
@@ -505,8 +527,10 @@ impl<'m> Batcher<'m> {
             stats: BatcherStats { blocks_total: blocks, ..BatcherStats::default() },
             speculation: options.speculation,
             pipeline,
+            device_sampling,
             in_flight: None,
             distrusted: HashSet::new(),
+            redrawn: HashSet::new(),
         })
     }
 
@@ -578,6 +602,13 @@ impl<'m> Batcher<'m> {
     #[doc(hidden)]
     pub fn distrust_fed_tokens(&mut self, id: RequestId) {
         self.distrusted.insert(id.0);
+    }
+
+    /// Takes every draw made for request `id` where the logits are as uncertain, so that the host
+    /// draws it again, to test that path: its tokens stay the same.
+    #[doc(hidden)]
+    pub fn redraw_on_host(&mut self, id: RequestId) {
+        self.redrawn.insert(id.0);
     }
 
     /// Whether steps are pipelined ([`BatcherOptions::pipeline`]).
@@ -1042,6 +1073,24 @@ impl<'m> Batcher<'m> {
         let masked: Vec<usize> =
             (0..work.len()).filter(|&r| work[r].samples && self.live[&work[r].key.0].request.masked_greedy()).collect();
         let any_greedy = work.iter().any(|w| w.samples && self.live[&w.key.0].request.plain_greedy());
+        // Sampled rows' draws, enqueued before anything is read.
+        let drawable: Vec<usize> = match self.device_sampling {
+            true => (0..work.len())
+                .filter(|&r| work[r].samples && self.live[&work[r].key.0].request.plain_sampled(vocab))
+                .collect(),
+            false => vec![],
+        };
+        let drawn = match drawable.is_empty() {
+            true => None,
+            false => {
+                let (mut scales, mut uniforms) = (vec![0f32; work.len()], vec![0f64; work.len()]);
+                for &row in &drawable {
+                    let live = self.live.get_mut(&work[row].key.0).expect("scheduled requests are live");
+                    (scales[row], uniforms[row]) = live.request.predraw();
+                }
+                Some(logits.sample_rows(&scales, &uniforms)?)
+            }
+        };
         let gaps = match (known, any_greedy || !masked.is_empty()) {
             (Some(known), _) => Some(known.to_vec()),
             (None, true) => Some(logits.argmax_gap()?.to_vec::<u32>()?),
@@ -1071,6 +1120,21 @@ impl<'m> Batcher<'m> {
             for &row in masked.iter().filter(|&&r| ready[r]) {
                 let (mine, raw) = (&m[3 * row..3 * row + 3], &g[3 * row..3 * row + 3]);
                 picks[row] = self.live[&work[row].key.0].request.greedy_from_masked_gap(mine, raw, vocab)?;
+            }
+        }
+        if let Some(drawn) = drawn {
+            let words = drawn.to_vec::<u32>()?;
+            for &row in &drawable {
+                let live = self.live.get_mut(&work[row].key.0).expect("scheduled requests are live");
+                let mut mine = [words[3 * row], words[3 * row + 1], words[3 * row + 2]];
+                if self.redrawn.contains(&work[row].key.0) {
+                    mine[1] = 0;
+                }
+                picks[row] = live.request.drawn_on_device(&mine)?;
+                match picks[row] {
+                    Some(_) => self.stats.drawn_on_device += 1,
+                    None => self.stats.drawn_again += 1,
+                }
             }
         }
         let host_rows: Vec<usize> = (0..work.len()).filter(|&r| work[r].samples && picks[r].is_none()).collect();
@@ -1287,6 +1351,19 @@ pub fn pipeline_default(_device: Device) -> Result<bool> {
         Ok("1") => Ok(true),
         Ok("") | Err(_) => Ok(false),
         Ok(other) => Err(Error::Invalid(format!("NUVEC_BATCH_PIPELINE={other:?}: use 0 (off) or 1 (on)"))),
+    }
+}
+
+/// Whether a Batcher on `device` draws sampled tokens where the logits are unless told otherwise
+/// ([`BatcherOptions::device_sampling`] `None`): as `NUVEC_DEVICE_SAMPLING` says, else not yet.
+/// (A row of logits read to the host is half a megabyte at a 128k vocabulary, but the GPU's draw
+/// has not run on a GPU yet; on the CPU the rows are in memory already.)
+pub fn device_sampling_default(_device: Device) -> Result<bool> {
+    match nuvec::tuning::env("NUVEC_DEVICE_SAMPLING").as_deref() {
+        Ok("0") => Ok(false),
+        Ok("1") => Ok(true),
+        Ok("") | Err(_) => Ok(false),
+        Ok(other) => Err(Error::Invalid(format!("NUVEC_DEVICE_SAMPLING={other:?}: use 0 (off) or 1 (on)"))),
     }
 }
 

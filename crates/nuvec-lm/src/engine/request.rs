@@ -10,7 +10,7 @@ use rand_chacha::ChaCha8Rng;
 use crate::constrain::TokenMask;
 use crate::generate::{FinishReason, GenerateOptions, TokenLogprobs};
 use crate::models::Model;
-use crate::sample::{argmax, draw, log_softmax};
+use crate::sample::{argmax, categorical_from_logits, draw, log_softmax};
 use crate::stop::{StopMatcher, Stopped};
 use crate::{Error, Result};
 
@@ -31,6 +31,9 @@ pub(crate) struct Request {
     context_limit: Option<usize>,
     /// Where the request stands in its constraint's grammar, when it has one.
     mask: Option<TokenMask>,
+    /// The generator before the uniform of a draw where the logits are ([`Request::predraw`]),
+    /// until the draw is taken or handed to the host path.
+    before_draw: Option<ChaCha8Rng>,
 }
 
 impl Request {
@@ -86,6 +89,7 @@ impl Request {
             logprobs: vec![],
             context_limit,
             mask,
+            before_draw: None,
         })
     }
 
@@ -210,10 +214,52 @@ impl Request {
         Ok(survives_log_softmax(max.abs() + raw_max.abs(), gap, vocab).then_some(index))
     }
 
+    /// Whether the next token is a draw at 1/temperature alone from a row of `vocab` logits, with
+    /// no filter, processors, log-probabilities, bans of `min_tokens` or constraint: the host path
+    /// then draws from the raw logits ([`categorical_from_logits`]), and a device can draw it
+    /// where the logits are (`nuvec::Array::sample_rows`).
+    pub(crate) fn plain_sampled(&self, vocab: usize) -> bool {
+        let o = &self.options;
+        o.sampler.draws_plainly(vocab)
+            && o.processors.is_empty()
+            && o.logprobs.is_none()
+            && self.yielded >= o.min_tokens
+            && self.mask.is_none()
+    }
+
+    /// The scale and the uniform of the next draw, for a draw where the logits are: the uniform
+    /// is the one the host path's draw would take from the request's generator, whose state
+    /// before it is kept until [`Request::drawn_on_device`].
+    pub(crate) fn predraw(&mut self) -> (f32, f64) {
+        self.before_draw = Some(self.rng.clone());
+        (self.options.sampler.scale(), self.rng.gen())
+    }
+
+    /// The token of a draw where the logits were (`sample_rows`' words for this row: token,
+    /// certain, 0) when it is certainly the host path's; otherwise `None`, with the generator set
+    /// back to before [`Request::predraw`], so that the host path draws the same uniform.
+    pub(crate) fn drawn_on_device(&mut self, words: &[u32]) -> Result<Option<u32>> {
+        let &[token, certain, _] = words else {
+            return Err(Error::Invalid(format!("sample_rows gave {} values for one row", words.len())));
+        };
+        let before = self.before_draw.take();
+        if certain == 1 {
+            return Ok(Some(token));
+        }
+        if let Some(rng) = before {
+            self.rng = rng;
+        }
+        Ok(None)
+    }
+
     /// The token from the whole row on the host: the logits processors, the bans of
     /// `min_tokens`, log-softmax, the constraint's mask, the log-probabilities asked for, then
     /// the sampler. An error when the constraint fails or leaves no token.
     pub(crate) fn sample_on_host(&mut self, logits: Vec<f32>) -> Result<u32> {
+        if self.plain_sampled(logits.len()) {
+            // Nothing but the draw applies: from the raw logits, as the device's draw computes it.
+            return Ok(categorical_from_logits(&logits, self.options.sampler.scale(), &mut self.rng));
+        }
         let mut logprobs = self.processed(logits)?;
         let snapshot = self.options.logprobs.map(|_| logprobs.clone());
         let token = self.options.sampler.sample(&mut logprobs, &self.xtc_exempt, &mut self.rng);

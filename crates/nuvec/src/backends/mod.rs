@@ -262,6 +262,11 @@ pub(crate) mod host_checked {
             CpuBackend.mask_rows(x, bits, fill)
         }
 
+        fn sample_rows(&self, x: &Array, scales: &[f32], uniforms: &[f64]) -> Result<Array> {
+            on_host("sample_rows", &[("x", x)])?;
+            CpuBackend.sample_rows(x, scales, uniforms)
+        }
+
         // gated MLP fusion
 
         fn gate_up_silu(&self, x: &Array, gate: &Matrix, up: &Matrix) -> Result<Array> {

@@ -190,6 +190,10 @@ impl Backend for CpuBackend {
         sampling::mask_rows(x, bits, fill)
     }
 
+    fn sample_rows(&self, x: &Array, scales: &[f32], uniforms: &[f64]) -> Result<Array> {
+        sampling::sample_rows(x, scales, uniforms)
+    }
+
     // ---- Gated DeltaNet ----
 
     fn causal_conv1d_silu(&self, x: &Array, state: &Array, weight: &Array) -> Result<(Array, Array)> {

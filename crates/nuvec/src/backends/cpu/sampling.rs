@@ -1,10 +1,11 @@
 //! The greedy pick's ops over whole logits rows: `argmax_gap` and a constraint's `mask_rows`,
-//! read in place and rows spread over the pool. A batch of 64 rows of a 128k vocabulary is 8 M
+//! read in place and rows spread over the pool (and `sample_rows`, the certified draw, the same
+//! way). A batch of 64 rows of a 128k vocabulary is 8 M
 //! values a step: the trait's defaults copy them to a vector first and walk each row three
 //! times, which cost a constrained batch on this backend more than its forward pass.
 
 use super::{f32s, pool};
-use crate::backend::check_mask_rows;
+use crate::backend::{check_mask_rows, check_sample_rows, sample_row};
 use crate::{Array, DType, Error, Result};
 
 /// Lanes of the running maxima, so that the loop compiles to vector max instructions.
@@ -91,6 +92,20 @@ pub(crate) fn mask_rows(x: &Array, bits: &[u32], fill: f32) -> Result<Array> {
     Ok(masked)
 }
 
+pub(crate) fn sample_rows(x: &Array, scales: &[f32], uniforms: &[f64]) -> Result<Array> {
+    let n = check_sample_rows(x, scales, uniforms)?;
+    let values = f32s("sample_rows", x)?;
+    let mut out = vec![0u32; scales.len() * 3];
+    pool::for_chunks(&mut out, 3, |at, o| {
+        let row = at / 3;
+        if scales[row] != 0.0 {
+            let (token, certain) = sample_row(&values[row * n..(row + 1) * n], scales[row], uniforms[row]);
+            o.copy_from_slice(&[token, u32::from(certain), 0]);
+        }
+    });
+    Array::from_slice(&out, &[scales.len(), 3])
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -170,5 +185,60 @@ mod tests {
         let got = mask_rows(&x, &bits, -1e30).unwrap();
         assert_eq!(got.to_vec::<f32>().unwrap().iter().map(|v| v.to_bits()).collect::<Vec<_>>(), expected);
         assert!(mask_rows(&x, &bits[1..], 0.0).is_err());
+    }
+
+    #[test]
+    fn sample_rows_are_the_reference_and_refuse_what_the_host_must_decide() {
+        let (nan, inf) = (f32::NAN, f32::INFINITY);
+        let long = rows().swap_remove(0);
+        let mut with_neg_inf = long.clone();
+        with_neg_inf[..500].fill(-inf);
+        let cases: Vec<(Vec<f32>, f32, f64)> = vec![
+            (long.clone(), 1.0, 0.3),
+            (long.clone(), 2.5, 0.999),
+            (with_neg_inf.clone(), 1.0, 0.001),
+            (long.clone(), 0.0, 0.5),             // skipped
+            (vec![1.0, nan, 2.0], 1.0, 0.5),      // a NaN: the host decides
+            (vec![1.0, inf, 2.0], 1.0, 0.5),      // +inf
+            (vec![-inf, -inf], 1.0, 0.5),         // nothing to draw
+            (vec![1.0, 2.0], f32::INFINITY, 0.5), // no finite scale
+            (vec![1.0, 2.0], 1.0, 1.0),           // u outside [0, 1)
+            (vec![0.0, 0.0, 0.0, 0.0], 1.0, 0.5), // on a boundary: two tokens are as likely
+        ];
+        for (row, scale, u) in &cases {
+            let x = Array::from_slice(row, &[1, row.len()]).unwrap();
+            let got = sample_rows(&x, &[*scale], &[*u]).unwrap().to_vec::<u32>().unwrap();
+            let expected = match *scale {
+                0.0 => [0, 0, 0],
+                _ => {
+                    let (token, certain) = sample_row(row, *scale, *u);
+                    [token, u32::from(certain), 0]
+                }
+            };
+            assert_eq!(got, expected, "scale {scale}, u {u}, row of {}", row.len());
+        }
+        let certain = |i: usize| {
+            sample_rows(&Array::from_slice(&cases[i].0, &[1, cases[i].0.len()]).unwrap(), &[cases[i].1], &[cases[i].2])
+                .unwrap()
+                .to_vec::<u32>()
+                .unwrap()[1]
+        };
+        assert_eq!([certain(0), certain(1), certain(2)], [1, 1, 1], "ordinary rows are certain");
+        for i in 4..cases.len() {
+            assert_eq!(certain(i), 0, "case {i} goes to the host");
+        }
+        // Entries at -inf are never drawn; a small u takes one of the first that can be.
+        let drawn = sample_rows(&Array::from_slice(&with_neg_inf, &[1, 1000]).unwrap(), &[1.0], &[0.001]).unwrap();
+        assert!((500..510).contains(&drawn.to_vec::<u32>().unwrap()[0]));
+        // Several rows at once, each its own.
+        let data: Vec<f32> = [long.clone(), with_neg_inf].concat();
+        let x = Array::from_slice(&data, &[2, 1000]).unwrap();
+        let both = sample_rows(&x, &[1.0, 0.5], &[0.25, 0.75]).unwrap().to_vec::<u32>().unwrap();
+        let one = |row: &[f32], s, u| {
+            let (t, c) = sample_row(row, s, u);
+            [t, u32::from(c), 0]
+        };
+        assert_eq!(both, [one(&long, 1.0, 0.25), one(&data[1000..], 0.5, 0.75)].concat());
+        assert!(sample_rows(&x, &[1.0], &[0.5, 0.5]).is_err(), "a scale per row");
     }
 }

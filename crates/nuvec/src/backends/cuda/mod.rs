@@ -49,7 +49,7 @@ pub(crate) use pending::PendingDownload;
 pub const PRELUDE: &str = include_str!("kernels/common.cuh");
 
 /// The kernel sources, by file name, without the [`PRELUDE`].
-pub const SOURCES: [(&str, &str); 14] = [
+pub const SOURCES: [(&str, &str); 15] = [
     ("elementwise.cu", include_str!("kernels/elementwise.cu")),
     ("linear.cu", include_str!("kernels/linear.cu")),
     ("attention.cu", include_str!("kernels/attention.cu")),
@@ -74,6 +74,8 @@ pub const SOURCES: [(&str, &str); 14] = [
     ("qmma.cu", include_str!("kernels/qmma.cu")),
     // Batched decode over 4-bit weights: few-row products in integers (mma.sync, sm_80+).
     ("qimma.cu", include_str!("kernels/qimma.cu")),
+    // Sampled requests' draws where the logits are.
+    ("sampling.cu", include_str!("kernels/sampling.cu")),
 ];
 
 /// The value `NUVEC_NVRTC_DEFINES` (comma-separated `NAME=VALUE` kernel macros, experiments

@@ -20,6 +20,8 @@ mod blas;
 mod norm;
 // The first maximum of each row.
 mod argmax;
+// A certified categorical draw per row.
+mod sample;
 
 /// Input rows up to which `linear` runs the fused matrix-vector kernel (must match `GEMV_MAX_M`).
 const GEMV_MAX_ROWS: usize = 8;
@@ -933,6 +935,10 @@ impl Backend for CudaBackend {
 
     fn mask_rows(&self, x: &Array, bits: &[u32], fill: f32) -> Result<Array> {
         self.masked_rows(x, bits, fill)
+    }
+
+    fn sample_rows(&self, x: &Array, scales: &[f32], uniforms: &[f64]) -> Result<Array> {
+        self.sampled_rows(x, scales, uniforms)
     }
 
     // gated MLP fusion (ops/gate_up.rs)
