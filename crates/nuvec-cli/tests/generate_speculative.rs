@@ -1,5 +1,6 @@
 //! `nuvec generate --prompt-lookup` and `--draft-model`: the same text as without them, with the
-//! guesses verified reported; bad n-gram sizes and a draft of another tokenizer refused.
+//! guesses verified reported; bad n-gram sizes and a draft of another tokenizer refused. And
+//! sampled tokens drawn where the logits are (`NUVEC_DEVICE_SAMPLING=1`): the same text too.
 
 mod common;
 
@@ -24,6 +25,24 @@ fn prompt_lookup_prints_the_same_text() {
     }
     let (ok, _, err) = generate(&["--prompt", prompt, "--prompt-lookup", "--prompt-lookup-min", "5"]);
     assert!(!ok && err.contains("n-gram"), "{err}");
+}
+
+#[test]
+fn drawing_where_the_logits_are_prints_the_same_text() {
+    let args = ["--model", &gguf(), "--prompt", "Name three colours.", "-m", "30", "--temp", "0.9", "--seed", "11"];
+    let run = |on: &str| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_nuvec"))
+            .arg("generate")
+            .args(args)
+            .env("NUVEC_DEVICE_SAMPLING", on)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let (host, device) = (run("0"), run("1"));
+    assert!(!host.trim().is_empty());
+    assert_eq!(device, host);
 }
 
 #[test]

@@ -302,6 +302,9 @@ pub struct Generation<'a> {
     clock: Option<Instant>,
     /// CUDA graphs: runs the one-token steps.
     decode_graph: DecodeGraph,
+    /// Whether a request sampled at a temperature alone draws where the logits are
+    /// (`NUVEC_DEVICE_SAMPLING`, as the Batcher's [`crate::BatcherOptions::device_sampling`]).
+    device_sampling: bool,
 }
 
 /// The session a generation fills: its own, or one lent by the caller.
@@ -375,6 +378,7 @@ fn start<'a>(
         stats: Stats { prompt_tokens: prompt.len(), ..Stats::default() },
         clock: None,
         decode_graph: DecodeGraph::from_env()?,
+        device_sampling: crate::engine::device_sampling_default(model.device())?,
     })
 }
 
@@ -460,7 +464,11 @@ impl Generation<'_> {
     fn step(&mut self) -> Result<u32> {
         let raw = self.forward()?;
         self.last_logits_host = OnceLock::new();
-        let token = match self.request.greedy_on_device(&raw)? {
+        let on_device = match self.request.greedy_on_device(&raw)? {
+            None if self.device_sampling => self.request.sampled_on_device(&raw)?,
+            picked => picked,
+        };
+        let token = match on_device {
             Some(token) => token,
             None => {
                 let host = raw.to_vec::<f32>()?;

@@ -58,7 +58,10 @@ pub mod weights;
 pub use adapter::AdapterId;
 pub use cache::paged::{decode_batch, PagedCache, PrefixScope, SeqId};
 pub use chat::{ChatTemplate, Message};
-pub use engine::{pipeline_default, BatchSpeculation, Batcher, BatcherOptions, BatcherStats, Event, RequestId};
+pub use engine::{
+    device_sampling_default, pipeline_default, BatchSpeculation, Batcher, BatcherOptions, BatcherStats, Event,
+    RequestId,
+};
 pub use error::{Error, Result};
 pub use generate::{
     default_prefill_step, generate, generate_in, FinishReason, GenerateOptions, Generation, PromptProgress, Stats,

@@ -54,11 +54,11 @@ pub const KNOBS: &[Knob] = &[
     knob(
         "NUVEC_DEVICE_SAMPLING",
         "0, 1",
-        "0",
+        "1 on a GPU, 0 on the CPU",
         "any",
-        "1: the Batcher draws requests sampled at a temperature alone where the logits are, reading three words of \
-         a step's row instead of the whole row, the host drawing again (with the same uniform) where the draw is \
-         not certainly its own (BatcherOptions::device_sampling overrides it; off until it has run on a GPU)",
+        "1: requests sampled at a temperature alone are drawn where the logits are (the Batcher and generate), \
+         reading three words of a step's row instead of the whole row, the host drawing again (with the same \
+         uniform) where the draw is not certainly its own (BatcherOptions::device_sampling overrides it)",
     ),
     knob("NUVEC_CACHE", "a directory", "~/.cache/nuvec", "any", "where the default model, built tools and caches live"),
     knob(

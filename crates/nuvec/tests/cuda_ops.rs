@@ -576,6 +576,11 @@ fn embed_spliced_reads_the_picks_on_the_device() {
     let pending = picks.read_later().unwrap();
     let host = picks.to_vec::<u32>().unwrap();
     assert_eq!(pending.wait::<u32>().unwrap(), host);
+    // Reads of other lengths, and again of one read before (its page-locked buffer kept).
+    for rows in [4usize, 9, 1, 4, 9] {
+        let some = logits.slice_rows(0, rows).unwrap().argmax_gap().unwrap();
+        assert_eq!(some.read_later().unwrap().wait::<u32>().unwrap(), host[..3 * rows], "{rows} rows");
+    }
     let ids: Vec<u32> = (0..20).map(|_| rng.next_u32() % v as u32).collect();
     let spliced = [(0usize, 3usize), (7, 0), (19, 8), (11, 3)];
     let mut patched = ids.clone();

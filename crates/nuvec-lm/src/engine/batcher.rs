@@ -143,8 +143,8 @@ pub struct BatcherOptions {
     /// its step read instead of its row of logits. Each draw takes the uniform the host's would
     /// and is used only where it is certainly the host's token (else the host draws it, with the
     /// same uniform), so the tokens are the same either way. `None` (the default):
-    /// `NUVEC_DEVICE_SAMPLING`, else off (on a GPU until its draw has run on one; on the CPU,
-    /// whose rows are in memory already, for good).
+    /// `NUVEC_DEVICE_SAMPLING`, else on where the logits are on a GPU and off on the CPU (whose
+    /// rows are in memory already).
     pub device_sampling: Option<bool>,
 }
 
@@ -1354,15 +1354,15 @@ pub fn pipeline_default(_device: Device) -> Result<bool> {
     }
 }
 
-/// Whether a Batcher on `device` draws sampled tokens where the logits are unless told otherwise
-/// ([`BatcherOptions::device_sampling`] `None`): as `NUVEC_DEVICE_SAMPLING` says, else not yet.
-/// (A row of logits read to the host is half a megabyte at a 128k vocabulary, but the GPU's draw
-/// has not run on a GPU yet; on the CPU the rows are in memory already.)
-pub fn device_sampling_default(_device: Device) -> Result<bool> {
+/// Whether sampled tokens on `device` are drawn where the logits are unless told otherwise
+/// ([`BatcherOptions::device_sampling`] `None`, and `generate`): as `NUVEC_DEVICE_SAMPLING` says,
+/// else on a GPU (a row of logits read to the host is half a megabyte at a 128k vocabulary) and
+/// not on the CPU (whose rows are in memory already).
+pub fn device_sampling_default(device: Device) -> Result<bool> {
     match nuvec::tuning::env("NUVEC_DEVICE_SAMPLING").as_deref() {
         Ok("0") => Ok(false),
         Ok("1") => Ok(true),
-        Ok("") | Err(_) => Ok(false),
+        Ok("") | Err(_) => Ok(device != Device::Cpu),
         Ok(other) => Err(Error::Invalid(format!("NUVEC_DEVICE_SAMPLING={other:?}: use 0 (off) or 1 (on)"))),
     }
 }

@@ -13,8 +13,8 @@ mod scheduler;
 mod speculation;
 
 pub use batcher::{
-    pipeline_default, Batcher, BatcherOptions, BatcherStats, Event, RequestId, DEFAULT_CHECKPOINT_INTERVAL,
-    DEFAULT_CPU_KV_BYTES, DEFAULT_MAX_POSITIONS,
+    device_sampling_default, pipeline_default, Batcher, BatcherOptions, BatcherStats, Event, RequestId,
+    DEFAULT_CHECKPOINT_INTERVAL, DEFAULT_CPU_KV_BYTES, DEFAULT_MAX_POSITIONS,
 };
 pub use mtp_drafter::MtpProposal;
 pub use speculation::{BatchSpeculation, DEFAULT_MAX_DECODES_CPU, DEFAULT_MAX_DECODES_GPU, PAUSE_STEPS};

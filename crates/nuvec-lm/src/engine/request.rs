@@ -252,6 +252,24 @@ impl Request {
         Ok(None)
     }
 
+    /// The token of a draw where `logits [1, vocab]` are (see [`Request::plain_sampled`]) when it
+    /// is certainly the host path's; `None` when the host path must draw (the generator as it was).
+    pub(crate) fn sampled_on_device(&mut self, logits: &Array) -> Result<Option<u32>> {
+        if logits.shape().len() != 2 || logits.dim(0) != 1 || !self.plain_sampled(logits.dim(1)) {
+            return Ok(None);
+        }
+        let (scale, u) = self.predraw();
+        let words = logits.sample_rows(&[scale], &[u]).and_then(|w| w.to_vec::<u32>());
+        match words {
+            Ok(words) => self.drawn_on_device(&words),
+            Err(e) => {
+                // Set the generator back; the caller's error ends the request anyway.
+                self.drawn_on_device(&[0, 0, 0])?;
+                Err(e.into())
+            }
+        }
+    }
+
     /// The token from the whole row on the host: the logits processors, the bans of
     /// `min_tokens`, log-softmax, the constraint's mask, the log-probabilities asked for, then
     /// the sampler. An error when the constraint fails or leaves no token.

@@ -3,8 +3,9 @@
 //! for that copy, not for whatever was enqueued after it. The Batcher starts one for a step's
 //! greedy picks before it enqueues the next step, so that it reads them while the next step runs.
 //!
-//! The page-locked buffers are kept for later copies rather than freed: freeing page-locked
-//! memory may wait for the device, which would make the reader wait for the next step after all.
+//! The page-locked buffers are kept for later copies of the same length rather than freed
+//! (a Batcher's steps of one batch size read the same length): freeing page-locked memory may
+//! wait for the device, which would make the reader wait for the next step after all.
 
 use std::sync::Mutex;
 
@@ -39,23 +40,24 @@ impl DeviceBuffer {
         self.st.not_capturing("a copy to the host")?;
         self.settle()?;
         let stream = self.slice.stream();
+        // Of exactly the copy's length: cudarc copies as many bytes as the host slice holds.
+        let size = len.max(1);
         let kept = {
             let mut pool = self.st.downloads.0.lock().unwrap_or_else(|p| p.into_inner());
-            pool.iter().position(|h| h.len() >= len).map(|i| pool.swap_remove(i))
+            pool.iter().position(|h| h.len() == size).map(|i| pool.swap_remove(i))
         };
         let mut host = match kept {
             Some(h) => h,
-            // SAFETY: the buffer is written by the copy below before `PendingDownload::wait` reads
-            // it (the slice's event, recorded after the copy, is waited on first). Flags 0: cached
-            // host memory, which the host reads back quickly (write-combined would not).
-            None => unsafe { stream.context().alloc_pinned_with_flags::<u8>(len.next_power_of_two().max(4096), 0) }
+            // SAFETY: the buffer is written whole by the copy below before `PendingDownload::wait`
+            // reads it (the slice's event, recorded after the copy, is waited on first). Flags 0:
+            // cached host memory, which the host reads back quickly (write-combined would not).
+            None => unsafe { stream.context().alloc_pinned_with_flags::<u8>(size, 0) }
                 .map_err(driver_err("allocating page-locked host memory"))?,
         };
         if len > 0 {
             let src = self.slice.slice(offset..offset + len);
-            // Into the page-locked slice itself (its first `len` bytes; it may be longer): cudarc
-            // then records the slice's event after the copy instead of waiting for the stream
-            // (which it does for pageable memory).
+            // Into the page-locked slice itself: cudarc then records the slice's event after the
+            // copy instead of waiting for the stream (which it does for pageable memory).
             stream.memcpy_dtoh(&src, &mut host).map_err(driver_err("copying to the host"))?;
         }
         Ok(PendingDownload { host: Some(host), st: self.st })
