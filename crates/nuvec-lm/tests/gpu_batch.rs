@@ -232,6 +232,21 @@ fn solo(model: &Model, p: &[u32], max_tokens: usize) -> (Vec<u32>, Vec<f32>) {
 /// (where batched rounding may legitimately pick the other): batched with pipelined steps (each
 /// step fed the one before's greedy picks on the device), batched without (the default), and
 /// batch-invariant.
+/// Steps `batcher` until it is idle: each request's tokens (a failed request fails the test).
+fn tokens_to_the_end(batcher: &mut Batcher, case: &str) -> HashMap<RequestId, Vec<u32>> {
+    let mut got: HashMap<RequestId, Vec<u32>> = HashMap::new();
+    while batcher.is_busy() {
+        for e in batcher.step().unwrap() {
+            match e {
+                Event::Token { id, token } => got.entry(id).or_default().push(token),
+                Event::Failed { id, error } => panic!("{case}: {id:?} failed: {error}"),
+                _ => {}
+            }
+        }
+    }
+    got
+}
+
 fn check_batcher(case: &str, kv: Option<KvDtype>) {
     let model = model_on_gpu(case, kv);
     let prompts = prompts(&model, &LENGTHS);
@@ -243,16 +258,7 @@ fn check_batcher(case: &str, kv: Option<KvDtype>) {
             .iter()
             .map(|p| batcher.submit(p.clone(), GenerateOptions { max_tokens: STEPS, ..Default::default() }).unwrap())
             .collect();
-        let mut got: HashMap<RequestId, Vec<u32>> = HashMap::new();
-        while batcher.is_busy() {
-            for e in batcher.step().unwrap() {
-                match e {
-                    Event::Token { id, token } => got.entry(id).or_default().push(token),
-                    Event::Failed { id, error } => panic!("{case}: {id:?} failed: {error}"),
-                    _ => {}
-                }
-            }
-        }
+        let got = tokens_to_the_end(&mut batcher, case);
         let mut equal = 0;
         for (p, id) in prompts.iter().zip(&ids) {
             let (tokens, margins) = solo(&model, p, STEPS);
@@ -302,16 +308,7 @@ fn sampled_requests_drawn_on_the_gpu_are_the_host_draws() {
                 batcher.submit(p.clone(), options).unwrap()
             })
             .collect();
-        let mut got: HashMap<RequestId, Vec<u32>> = HashMap::new();
-        while batcher.is_busy() {
-            for e in batcher.step().unwrap() {
-                match e {
-                    Event::Token { id, token } => got.entry(id).or_default().push(token),
-                    Event::Failed { id, error } => panic!("{case}: {id:?} failed: {error}"),
-                    _ => {}
-                }
-            }
-        }
+        let mut got = tokens_to_the_end(&mut batcher, case);
         let stats = batcher.stats().clone();
         (ids.iter().map(|id| got.remove(id).unwrap_or_default()).collect::<Vec<_>>(), stats)
     };
