@@ -38,7 +38,7 @@ pub use alloc::{available_bytes, cached_bytes, set_cache_limit};
 pub use decode_lane::set_decode_stream;
 pub use ops::CudaBackend;
 pub use ops::{set_moe_gather_rows, set_moe_grouped_rows};
-pub use staging::set_staged_uploads;
+pub use staging::{set_staged_uploads, staged_uploads};
 // Phase 4: the prefill matmul precision (bf16 tensor cores by default).
 pub use ops::{matmul_precision, set_matmul_precision, MatmulPrecision};
 // CUDA graphs
@@ -233,8 +233,6 @@ pub(crate) struct State {
     shared_uploads: Mutex<Vec<(Vec<u8>, Arc<DeviceBuffer>)>>,
     /// Page-locked buffers small uploads go through (`staging.rs`), made on first use.
     staging: OnceLock<Mutex<staging::Staging>>,
-    /// Page-locked buffers of finished copies to the host, for the next (`pending.rs`).
-    downloads: pending::DownloadPool,
     /// Counters for kernels whose last block to finish does the launch's final work
     /// (moe_router.cu's `moe_route_dense`, one per row): zero between launches, because that
     /// block sets its counter back to 0, and every launch on the one device stream waits for the
@@ -357,7 +355,6 @@ impl State {
             decode_lane: OnceLock::new(),
             shared_uploads: Mutex::new(Vec::new()),
             staging: OnceLock::new(),
-            downloads: pending::DownloadPool::default(),
             tickets: (tickets, tickets_ptr),
         })
     }

@@ -84,6 +84,11 @@ pub fn set_staged_uploads(on: bool) {
 /// `NUVEC_STAGED_UPLOADS` (off unless "1": not yet measured on a device against the pageable
 /// copies, see docs/benchmarks.md).
 pub(crate) fn enabled() -> bool {
+    staged_uploads()
+}
+
+/// Whether small uploads go through the staging ring (see [`set_staged_uploads`]).
+pub fn staged_uploads() -> bool {
     match CHOSEN.load(std::sync::atomic::Ordering::Relaxed) {
         1 => false,
         2 => true,
