@@ -1346,14 +1346,14 @@ fn pipelined(model: &Model, paged: &PagedCache, draft: bool, options: &BatcherOp
 
 /// Refuses pipelined steps on a GPU whose small uploads are staged (`NUVEC_STAGED_UPLOADS=1`):
 /// the two together gave wrong tokens on an H100 (`gpu_batch`, 2026-12-06, see
-/// docs/batching.md), which is not understood yet.
+/// docs/batching.md: stale reads, fixed since in `read_later`), and have not run together since.
 pub(crate) fn refuse_untried_pipelining(device: Device) -> Result<()> {
     #[cfg(feature = "cuda")]
     if matches!(device, Device::Cuda(_)) && nuvec::backends::cuda::staged_uploads() {
         return Err(Error::Unsupported(
             "pipelined steps (BatcherOptions::pipeline, NUVEC_BATCH_PIPELINE) with staged uploads \
-             (NUVEC_STAGED_UPLOADS=1) on a GPU gave wrong tokens in their last test and are refused until that is \
-             found; turn one of them off"
+             (NUVEC_STAGED_UPLOADS=1) on a GPU gave wrong tokens in their last test and are refused until they \
+             have run together correctly; turn one of them off"
                 .into(),
         ));
     }
