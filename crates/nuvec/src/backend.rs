@@ -604,14 +604,12 @@ const SAMPLE_EXP_ROUNDING: f64 = 8.881_784_197_001_252e-16;
 /// row all `-inf`, a scale that is not finite and positive or a uniform outside `[0, 1)` is
 /// uncertain (`-inf` entries weigh 0 on both sides).
 pub(crate) fn sample_row(row: &[f32], scale: f32, u: f64) -> (u32, bool) {
+    if !(scale.is_finite() && scale > 0.0 && (0.0..1.0).contains(&u)) {
+        return (0, false);
+    }
     let n = row.len();
     let m = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let usable = scale.is_finite()
-        && scale > 0.0
-        && (0.0..1.0).contains(&u)
-        && m.is_finite()
-        && row.iter().all(|&v| v.is_finite() || v == f32::NEG_INFINITY);
-    if !usable {
+    if !m.is_finite() || !row.iter().all(|&v| v.is_finite() || v == f32::NEG_INFINITY) {
         return (0, false);
     }
     let (s, m) = (scale as f64, m as f64);

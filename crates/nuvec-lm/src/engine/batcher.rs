@@ -1074,22 +1074,20 @@ impl<'m> Batcher<'m> {
             (0..work.len()).filter(|&r| work[r].samples && self.live[&work[r].key.0].request.masked_greedy()).collect();
         let any_greedy = work.iter().any(|w| w.samples && self.live[&w.key.0].request.plain_greedy());
         // Sampled rows' draws, enqueued before anything is read.
-        let drawable: Vec<usize> = match self.device_sampling {
-            true => (0..work.len())
-                .filter(|&r| work[r].samples && self.live[&work[r].key.0].request.plain_sampled(vocab))
-                .collect(),
-            false => vec![],
-        };
-        let drawn = match drawable.is_empty() {
-            true => None,
-            false => {
-                let (mut scales, mut uniforms) = (vec![0f32; work.len()], vec![0f64; work.len()]);
-                for &row in &drawable {
-                    let live = self.live.get_mut(&work[row].key.0).expect("scheduled requests are live");
-                    (scales[row], uniforms[row]) = live.request.predraw();
-                }
-                Some(logits.sample_rows(&scales, &uniforms)?)
+        let drawable: Vec<usize> = (0..work.len())
+            .filter(|&r| {
+                self.device_sampling && work[r].samples && self.live[&work[r].key.0].request.plain_sampled(vocab)
+            })
+            .collect();
+        let drawn = if drawable.is_empty() {
+            None
+        } else {
+            let (mut scales, mut uniforms) = (vec![0f32; work.len()], vec![0f64; work.len()]);
+            for &row in &drawable {
+                let live = self.live.get_mut(&work[row].key.0).expect("scheduled requests are live");
+                (scales[row], uniforms[row]) = live.request.predraw();
             }
+            Some(logits.sample_rows(&scales, &uniforms)?)
         };
         let gaps = match (known, any_greedy || !masked.is_empty()) {
             (Some(known), _) => Some(known.to_vec()),
@@ -1335,12 +1333,11 @@ fn pipelined(model: &Model, paged: &PagedCache, draft: bool, options: &BatcherOp
         )));
     }
     let wanted = match options.pipeline {
+        Some(true) if blocker.is_none() => refuse_untried_pipelining(model.device()).map(|()| true)?,
         Some(on) => on,
+        // The variable's `1` is checked there.
         None => pipeline_default(model.device())?,
     };
-    if wanted && blocker.is_none() {
-        refuse_untried_pipelining(model.device())?;
-    }
     Ok(wanted && blocker.is_none())
 }
 
@@ -1366,11 +1363,19 @@ pub(crate) fn refuse_untried_pipelining(device: Device) -> Result<()> {
 /// they did not measure faster yet: docs/benchmarks.md, 2026-12-06. On the CPU, whose steps
 /// compute as they are enqueued, there is nothing to overlap.)
 pub fn pipeline_default(device: Device) -> Result<bool> {
-    match nuvec::tuning::env("NUVEC_BATCH_PIPELINE").as_deref() {
-        Ok("0") => Ok(false),
-        Ok("1") => refuse_untried_pipelining(device).map(|()| true),
-        Ok("") | Err(_) => Ok(false),
-        Ok(other) => Err(Error::Invalid(format!("NUVEC_BATCH_PIPELINE={other:?}: use 0 (off) or 1 (on)"))),
+    match switch("NUVEC_BATCH_PIPELINE")? {
+        Some(true) => refuse_untried_pipelining(device).map(|()| true),
+        Some(false) | None => Ok(false),
+    }
+}
+
+/// A `0` / `1` knob: `Some(on)`, `None` when unset or empty, an error naming any other value.
+fn switch(name: &str) -> Result<Option<bool>> {
+    match nuvec::tuning::env(name).as_deref() {
+        Ok("0") => Ok(Some(false)),
+        Ok("1") => Ok(Some(true)),
+        Ok("") | Err(_) => Ok(None),
+        Ok(other) => Err(Error::Invalid(format!("{name}={other:?}: use 0 (off) or 1 (on)"))),
     }
 }
 
@@ -1379,12 +1384,7 @@ pub fn pipeline_default(device: Device) -> Result<bool> {
 /// else on a GPU (a row of logits read to the host is half a megabyte at a 128k vocabulary) and
 /// not on the CPU (whose rows are in memory already).
 pub fn device_sampling_default(device: Device) -> Result<bool> {
-    match nuvec::tuning::env("NUVEC_DEVICE_SAMPLING").as_deref() {
-        Ok("0") => Ok(false),
-        Ok("1") => Ok(true),
-        Ok("") | Err(_) => Ok(device != Device::Cpu),
-        Ok(other) => Err(Error::Invalid(format!("NUVEC_DEVICE_SAMPLING={other:?}: use 0 (off) or 1 (on)"))),
-    }
+    Ok(switch("NUVEC_DEVICE_SAMPLING")?.unwrap_or(device != Device::Cpu))
 }
 
 /// Blocks for `options` on `model`'s device (see [`BatcherOptions::blocks`]); with a `draft`,

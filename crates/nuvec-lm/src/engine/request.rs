@@ -134,12 +134,14 @@ impl Request {
     /// Whether the next token can be the raw logits' greedy pick without reading the row: no
     /// processors, log-probabilities or bans of `min_tokens` (see [`greedy_from_gap`]).
     pub(crate) fn plain_greedy(&self) -> bool {
+        self.options.sampler.temperature == 0.0 && self.only_the_pick() && self.mask.is_none()
+    }
+
+    /// Whether the row is needed for nothing but the next token's pick: no processors,
+    /// log-probabilities or bans of `min_tokens`.
+    fn only_the_pick(&self) -> bool {
         let o = &self.options;
-        o.sampler.temperature == 0.0
-            && o.processors.is_empty()
-            && o.logprobs.is_none()
-            && self.yielded >= o.min_tokens
-            && self.mask.is_none()
+        o.processors.is_empty() && o.logprobs.is_none() && self.yielded >= o.min_tokens
     }
 
     /// The greedy token from one row's `argmax_gap` triple, when it is certainly the host
@@ -177,12 +179,7 @@ impl Request {
     /// Whether the next token can be the greedy pick of the raw logits with the constraint's
     /// mask applied where they are: greedy, a constraint, nothing else that needs the row.
     pub(crate) fn masked_greedy(&self) -> bool {
-        let o = &self.options;
-        self.mask.is_some()
-            && o.sampler.temperature == 0.0
-            && o.processors.is_empty()
-            && o.logprobs.is_none()
-            && self.yielded >= o.min_tokens
+        self.mask.is_some() && self.options.sampler.temperature == 0.0 && self.only_the_pick()
     }
 
     /// Writes the tokens the constraint allows next into `bits` (a row's words, 32 tokens a
@@ -219,12 +216,7 @@ impl Request {
     /// then draws from the raw logits ([`categorical_from_logits`]), and a device can draw it
     /// where the logits are (`nuvec::Array::sample_rows`).
     pub(crate) fn plain_sampled(&self, vocab: usize) -> bool {
-        let o = &self.options;
-        o.sampler.draws_plainly(vocab)
-            && o.processors.is_empty()
-            && o.logprobs.is_none()
-            && self.yielded >= o.min_tokens
-            && self.mask.is_none()
+        self.options.sampler.draws_plainly(vocab) && self.only_the_pick() && self.mask.is_none()
     }
 
     /// The scale and the uniform of the next draw, for a draw where the logits are: the uniform
@@ -242,14 +234,19 @@ impl Request {
         let &[token, certain, _] = words else {
             return Err(Error::Invalid(format!("sample_rows gave {} values for one row", words.len())));
         };
-        let before = self.before_draw.take();
         if certain == 1 {
+            self.before_draw = None;
             return Ok(Some(token));
         }
-        if let Some(rng) = before {
+        self.undraw();
+        Ok(None)
+    }
+
+    /// Sets the generator back to before [`Request::predraw`] (a no-op after the draw was taken).
+    fn undraw(&mut self) {
+        if let Some(rng) = self.before_draw.take() {
             self.rng = rng;
         }
-        Ok(None)
     }
 
     /// The token of a draw where `logits [1, vocab]` are (see [`Request::plain_sampled`]) when it
@@ -259,12 +256,10 @@ impl Request {
             return Ok(None);
         }
         let (scale, u) = self.predraw();
-        let words = logits.sample_rows(&[scale], &[u]).and_then(|w| w.to_vec::<u32>());
-        match words {
+        match logits.sample_rows(&[scale], &[u]).and_then(|w| w.to_vec::<u32>()) {
             Ok(words) => self.drawn_on_device(&words),
             Err(e) => {
-                // Set the generator back; the caller's error ends the request anyway.
-                self.drawn_on_device(&[0, 0, 0])?;
+                self.undraw();
                 Err(e.into())
             }
         }

@@ -97,11 +97,10 @@ pub(crate) fn sample_rows(x: &Array, scales: &[f32], uniforms: &[f64]) -> Result
     let values = f32s("sample_rows", x)?;
     let mut out = vec![0u32; scales.len() * 3];
     pool::for_chunks(&mut out, 3, |at, o| {
+        // A row with scale 0 (skipped) is refused at once: (0, 0, 0).
         let row = at / 3;
-        if scales[row] != 0.0 {
-            let (token, certain) = sample_row(&values[row * n..(row + 1) * n], scales[row], uniforms[row]);
-            o.copy_from_slice(&[token, u32::from(certain), 0]);
-        }
+        let (token, certain) = sample_row(&values[row * n..(row + 1) * n], scales[row], uniforms[row]);
+        o.copy_from_slice(&[token, u32::from(certain), 0]);
     });
     Array::from_slice(&out, &[scales.len(), 3])
 }

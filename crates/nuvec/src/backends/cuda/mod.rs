@@ -555,7 +555,7 @@ impl DeviceBuffer {
         if bytes.is_empty() {
             return Ok(b);
         }
-        if bytes.len() <= staging::MOST_STAGED && staging::enabled() {
+        if bytes.len() <= staging::MOST_STAGED && staging::staged_uploads() {
             if st.staging.get().is_none() {
                 let made = staging::Staging::new(&st.stream)?;
                 let _ = st.staging.set(Mutex::new(made));

@@ -80,14 +80,8 @@ pub fn set_staged_uploads(on: bool) {
     CHOSEN.store(if on { 2 } else { 1 }, std::sync::atomic::Ordering::Relaxed);
 }
 
-/// Whether small uploads are staged: the last [`set_staged_uploads`], else
-/// `NUVEC_STAGED_UPLOADS` (off unless "1": not yet measured on a device against the pageable
-/// copies, see docs/benchmarks.md).
-pub(crate) fn enabled() -> bool {
-    staged_uploads()
-}
-
-/// Whether small uploads go through the staging ring (see [`set_staged_uploads`]).
+/// Whether small uploads go through the staging ring: the last [`set_staged_uploads`], else
+/// `NUVEC_STAGED_UPLOADS` (off unless "1", see docs/batching.md).
 pub fn staged_uploads() -> bool {
     match CHOSEN.load(std::sync::atomic::Ordering::Relaxed) {
         1 => false,
