@@ -1363,15 +1363,16 @@ pub(crate) fn refuse_untried_pipelining(device: Device) -> Result<()> {
 /// they did not measure faster yet: docs/benchmarks.md, 2026-12-06. On the CPU, whose steps
 /// compute as they are enqueued, there is nothing to overlap.)
 pub fn pipeline_default(device: Device) -> Result<bool> {
-    match switch("NUVEC_BATCH_PIPELINE")? {
+    match switch("NUVEC_BATCH_PIPELINE", nuvec::tuning::env("NUVEC_BATCH_PIPELINE"))? {
         Some(true) => refuse_untried_pipelining(device).map(|()| true),
         Some(false) | None => Ok(false),
     }
 }
 
-/// A `0` / `1` knob: `Some(on)`, `None` when unset or empty, an error naming any other value.
-fn switch(name: &str) -> Result<Option<bool>> {
-    match nuvec::tuning::env(name).as_deref() {
+/// A `0` / `1` knob's `value` (read at the call, where the registry's test finds the name):
+/// `Some(on)`, `None` when unset or empty, an error naming any other value.
+fn switch(name: &str, value: std::result::Result<String, std::env::VarError>) -> Result<Option<bool>> {
+    match value.as_deref() {
         Ok("0") => Ok(Some(false)),
         Ok("1") => Ok(Some(true)),
         Ok("") | Err(_) => Ok(None),
@@ -1384,7 +1385,8 @@ fn switch(name: &str) -> Result<Option<bool>> {
 /// else on a GPU (a row of logits read to the host is half a megabyte at a 128k vocabulary) and
 /// not on the CPU (whose rows are in memory already).
 pub fn device_sampling_default(device: Device) -> Result<bool> {
-    Ok(switch("NUVEC_DEVICE_SAMPLING")?.unwrap_or(device != Device::Cpu))
+    let value = nuvec::tuning::env("NUVEC_DEVICE_SAMPLING");
+    Ok(switch("NUVEC_DEVICE_SAMPLING", value)?.unwrap_or(device != Device::Cpu))
 }
 
 /// Blocks for `options` on `model`'s device (see [`BatcherOptions::blocks`]); with a `draft`,
