@@ -367,7 +367,7 @@ fn run_test(model: &Model, args: &Args, t: Test, report: &Report) -> Result<Summ
         t.depth,
         nuvec::backends::cpu::num_threads()
     ));
-    let graphs = GraphMode::from_env()?;
+    let graphs = GraphMode::for_device(model.device())?;
     let run_trial = |graphs| match (t.batch_size, args.kv_bits) {
         (1, None) => trial(model, (&contexts[0], &prompts[0]), args, t, graphs),
         _ => batch_trial(model, (&contexts, &prompts), args, t),

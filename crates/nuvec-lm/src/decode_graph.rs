@@ -42,9 +42,10 @@ pub enum GraphMode {
 }
 
 impl GraphMode {
-    /// Reads `NUVEC_CUDA_GRAPHS`.
-    pub fn from_env() -> Result<Self> {
-        match nuvec::tuning::env("NUVEC_CUDA_GRAPHS") {
+    /// `NUVEC_CUDA_GRAPHS` of `device`: its setting (`nuvec::tuning::configure`), else the
+    /// environment's.
+    pub fn for_device(device: nuvec::Device) -> Result<Self> {
+        match nuvec::tuning::setting("NUVEC_CUDA_GRAPHS", device) {
             Ok(v) => Self::parse(&v),
             Err(_) => Ok(GraphMode::On),
         }
@@ -161,9 +162,9 @@ impl DecodeGraph {
         }
     }
 
-    /// In the mode `NUVEC_CUDA_GRAPHS` asks for.
-    pub fn from_env() -> Result<Self> {
-        Ok(Self::new(GraphMode::from_env()?))
+    /// In the mode `NUVEC_CUDA_GRAPHS` asks for on `device`.
+    pub fn for_device(device: nuvec::Device) -> Result<Self> {
+        Ok(Self::new(GraphMode::for_device(device)?))
     }
 
     /// Steps computed by replaying a graph.

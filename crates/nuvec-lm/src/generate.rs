@@ -377,7 +377,7 @@ fn start<'a>(
         last_logits_host: OnceLock::new(),
         stats: Stats { prompt_tokens: prompt.len(), ..Stats::default() },
         clock: None,
-        decode_graph: DecodeGraph::from_env()?,
+        decode_graph: DecodeGraph::for_device(model.device())?,
         device_sampling: crate::engine::device_sampling_default(model.device())?,
     })
 }

@@ -33,6 +33,9 @@ pub enum Error {
     /// A device could not be used.
     #[error("device: {0}")]
     Device(String),
+    /// A tuning knob's setting that cannot be taken (its name, its value, or when it was given).
+    #[error("tuning: {0}")]
+    Setting(String),
 }
 
 /// Result with the array layer's error.

@@ -1,12 +1,18 @@
 //! Every environment variable nuvec reads at run time, declared once ([`KNOBS`]): name, values,
-//! default, the device it concerns and what it trades. Code reads them through [`env`] /
-//! [`env_os`] (drop-in for `std::env::var` / `var_os`, limited to declared names; each site
-//! still parses its value once), and `nuvec --help-env` prints the list. A unit test keeps the
+//! default, the device it concerns and what it trades. Code reads them through [`setting`] (a
+//! device's value: what a program gave that device with [`configure`], else the environment's;
+//! see `settings.rs`) or, for the knobs that are one per process, [`env`] / [`env_os`] (drop-in
+//! for `std::env::var` / `var_os`, limited to declared names). Each is parsed once where it is
+//! read (a GPU's all together, `backends/cuda/knobs.rs`), and `nuvec --help-env` prints the
+//! list. A unit test keeps the
 //! list and the sources in step: no `NUVEC_*` read outside this module's functions, no
 //! undeclared name, no declared name that nothing reads. Variables of the test suites and bench
 //! scripts (fixtures, oracle paths) are not knobs and are documented where they are read.
 
 use std::ffi::OsString;
+
+mod settings;
+pub use settings::{configure, setting, settings, Settings};
 
 /// One environment knob.
 #[derive(Debug, Clone, Copy)]
@@ -383,7 +389,8 @@ pub fn check_env() -> Result<(), String> {
 /// The knobs as a text table, each with its value in this process when set.
 pub fn help() -> String {
     let mut out = String::from(
-        "Environment knobs (read once per process; experiment-only kernel macros go through \
+        "Environment knobs (each device reads them once, when it starts; a program can give a device its \
+         own values with nuvec::tuning::configure; experiment-only kernel macros go through \
          NUVEC_NVRTC_DEFINES):\n\n",
     );
     for k in KNOBS {
@@ -485,7 +492,7 @@ mod tests {
                 let direct = names_after(&text, call);
                 assert!(direct.is_empty(), "{}: reads {direct:?} directly; use nuvec::tuning::env", file.display());
             }
-            for call in ["tuning::env(\"NUVEC_", "tuning::env_os(\"NUVEC_"] {
+            for call in ["tuning::env(\"NUVEC_", "tuning::env_os(\"NUVEC_", "tuning::setting(\"NUVEC_"] {
                 for name in names_after(&text, call) {
                     let name = format!("NUVEC_{name}");
                     assert!(find(&name).is_some(), "{}: {name} is not declared in KNOBS", file.display());

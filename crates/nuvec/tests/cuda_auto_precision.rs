@@ -40,7 +40,7 @@ fn gpu() -> Device {
 fn under(p: MatmulPrecision, f: impl FnOnce() -> Vec<Array>) -> Vec<Vec<f32>> {
     let _turn = MODE.lock().unwrap_or_else(|e| e.into_inner());
     set_matmul_precision(p);
-    assert_eq!(matmul_precision().unwrap(), p);
+    assert_eq!(matmul_precision(0).unwrap(), p);
     let out: Vec<Vec<f32>> = f().iter().map(|a| a.to_f32_vec().unwrap()).collect();
     set_matmul_precision(MatmulPrecision::Auto);
     out

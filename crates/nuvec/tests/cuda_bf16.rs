@@ -48,7 +48,7 @@ use common::{arr, Rng};
 /// The device under test, in bf16 mode; panics (fails the test) when there is none.
 fn gpu() -> Device {
     let dev = common::gpu_with(MatmulPrecision::Bf16);
-    assert_eq!(matmul_precision().unwrap(), MatmulPrecision::Bf16);
+    assert_eq!(matmul_precision(0).unwrap(), MatmulPrecision::Bf16);
     dev
 }
 

@@ -1346,7 +1346,10 @@ fn pipelined(model: &Model, paged: &PagedCache, draft: bool, options: &BatcherOp
 /// docs/batching.md: stale reads, fixed since in `read_later`), and have not run together since.
 pub(crate) fn refuse_untried_pipelining(device: Device) -> Result<()> {
     #[cfg(feature = "cuda")]
-    if matches!(device, Device::Cuda(_)) && nuvec::backends::cuda::staged_uploads() {
+    if let Device::Cuda(ordinal) = device {
+        if !nuvec::backends::cuda::staged_uploads(ordinal)? {
+            return Ok(());
+        }
         return Err(Error::Unsupported(
             "pipelined steps (BatcherOptions::pipeline, NUVEC_BATCH_PIPELINE) with staged uploads \
              (NUVEC_STAGED_UPLOADS=1) on a GPU gave wrong tokens in their last test and are refused until they \
@@ -1359,11 +1362,12 @@ pub(crate) fn refuse_untried_pipelining(device: Device) -> Result<()> {
 }
 
 /// Whether batched steps on `device` are pipelined unless told otherwise
-/// ([`BatcherOptions::pipeline`] `None`): as `NUVEC_BATCH_PIPELINE` says, else not. (On a GPU
+/// ([`BatcherOptions::pipeline`] `None`): as the device's `NUVEC_BATCH_PIPELINE` says (its
+/// setting, `nuvec::tuning::configure`, else the environment's), else not. (On a GPU
 /// they did not measure faster yet: docs/benchmarks.md, 2026-12-06. On the CPU, whose steps
 /// compute as they are enqueued, there is nothing to overlap.)
 pub fn pipeline_default(device: Device) -> Result<bool> {
-    match switch("NUVEC_BATCH_PIPELINE", nuvec::tuning::env("NUVEC_BATCH_PIPELINE"))? {
+    match switch("NUVEC_BATCH_PIPELINE", nuvec::tuning::setting("NUVEC_BATCH_PIPELINE", device))? {
         Some(true) => refuse_untried_pipelining(device).map(|()| true),
         Some(false) | None => Ok(false),
     }
@@ -1381,11 +1385,12 @@ fn switch(name: &str, value: std::result::Result<String, std::env::VarError>) ->
 }
 
 /// Whether sampled tokens on `device` are drawn where the logits are unless told otherwise
-/// ([`BatcherOptions::device_sampling`] `None`, and `generate`): as `NUVEC_DEVICE_SAMPLING` says,
+/// ([`BatcherOptions::device_sampling`] `None`, and `generate`): as the device's
+/// `NUVEC_DEVICE_SAMPLING` says (its setting, else the environment's),
 /// else on a GPU (a row of logits read to the host is half a megabyte at a 128k vocabulary) and
 /// not on the CPU (whose rows are in memory already).
 pub fn device_sampling_default(device: Device) -> Result<bool> {
-    let value = nuvec::tuning::env("NUVEC_DEVICE_SAMPLING");
+    let value = nuvec::tuning::setting("NUVEC_DEVICE_SAMPLING", device);
     Ok(switch("NUVEC_DEVICE_SAMPLING", value)?.unwrap_or(device != Device::Cpu))
 }
 

@@ -25,11 +25,12 @@ pub(crate) const QBLOCK: usize = 32;
 /// 0: not decided yet (the knob decides at the first product), 1: off, 2: on.
 static STATE: AtomicU8 = AtomicU8::new(0);
 
-/// Whether the path is on: [`set`], else `NUVEC_CPU_INT8_DOT=1`, and the processor runs it
+/// Whether the path is on: [`set`], else the CPU's `NUVEC_CPU_INT8_DOT=1` (its setting, else the
+/// environment's), and the processor runs it
 /// (AVX-512 F/BW/VL with VNNI).
 pub(crate) fn enabled() -> bool {
     match STATE.load(Ordering::Relaxed) {
-        0 => set(crate::tuning::env("NUVEC_CPU_INT8_DOT").is_ok_and(|v| v == "1")),
+        0 => set(crate::tuning::setting("NUVEC_CPU_INT8_DOT", crate::Device::Cpu).is_ok_and(|v| v == "1")),
         s => s == 2,
     }
 }

@@ -80,11 +80,12 @@ pub(crate) fn detected_features() -> Vec<&'static str> {
     found
 }
 
-/// The instruction set chosen for this process.
+/// The instruction set chosen for this process: the best the processor has, capped by the CPU's
+/// `NUVEC_CPU_ISA` (its setting, `nuvec::tuning::configure`, else the environment's).
 pub(crate) fn isa() -> Isa {
     static ISA: OnceLock<Isa> = OnceLock::new();
     *ISA.get_or_init(|| {
-        let cap = crate::tuning::env("NUVEC_CPU_ISA").unwrap_or_default();
+        let cap = crate::tuning::setting("NUVEC_CPU_ISA", crate::Device::Cpu).unwrap_or_default();
         if cap == "scalar" {
             return Isa::Scalar;
         }

@@ -26,7 +26,7 @@ const LARGE_STEP: usize = 64 << 10;
 const MAX_KEPT_BUFFER: usize = 256 << 20;
 /// Default bound on the bytes kept, per device (`NUVEC_CUDA_ALLOC_CACHE_MB` overrides; 0 turns
 /// the cache off).
-const DEFAULT_LIMIT: usize = 1 << 30;
+pub(super) const DEFAULT_LIMIT: usize = 1 << 30;
 
 /// The bytes actually allocated for a request of `len`.
 fn size_class(len: usize) -> usize {
@@ -40,13 +40,6 @@ fn size_class(len: usize) -> usize {
     }
 }
 
-fn default_limit() -> usize {
-    match crate::tuning::env("NUVEC_CUDA_ALLOC_CACHE_MB") {
-        Ok(v) => v.trim().parse::<usize>().map_or(DEFAULT_LIMIT, |mb| mb.saturating_mul(1 << 20)),
-        Err(_) => DEFAULT_LIMIT,
-    }
-}
-
 /// One device's freed buffers, by size class.
 pub(crate) struct Cache {
     free: HashMap<usize, Vec<CudaSlice<u8>>>,
@@ -57,8 +50,9 @@ pub(crate) struct Cache {
 }
 
 impl Cache {
-    pub(crate) fn new() -> Self {
-        Cache { free: HashMap::new(), kept: 0, limit: default_limit() }
+    /// An empty cache keeping at most `limit` bytes (`NUVEC_CUDA_ALLOC_CACHE_MB`, knobs.rs).
+    pub(crate) fn new(limit: usize) -> Self {
+        Cache { free: HashMap::new(), kept: 0, limit }
     }
 
     /// Every kept buffer, leaving the cache empty.

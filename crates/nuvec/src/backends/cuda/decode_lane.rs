@@ -24,7 +24,7 @@
 //! previous behaviour; the results are the same bit for bit).
 
 use std::sync::atomic::{AtomicU8, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use cudarc::driver::{CudaEvent, CudaSlice, CudaStream, DevicePtr};
 
@@ -119,16 +119,13 @@ pub fn set_decode_stream(on: bool) {
     CHOSEN.store(if on { 2 } else { 1 }, Ordering::Relaxed);
 }
 
-/// Whether prefill decodes weights on the lane: the last [`set_decode_stream`], else
-/// `NUVEC_DECODE_STREAM` (on unless "0").
-fn enabled() -> bool {
+/// Whether prefill decodes weights on the lane: the last [`set_decode_stream`], else the
+/// device's `NUVEC_DECODE_STREAM` (on unless "0").
+fn enabled(st: &State) -> bool {
     match CHOSEN.load(Ordering::Relaxed) {
         1 => false,
         2 => true,
-        _ => {
-            static FROM_ENV: OnceLock<bool> = OnceLock::new();
-            *FROM_ENV.get_or_init(|| crate::tuning::env("NUVEC_DECODE_STREAM").map_or(true, |v| v != "0"))
-        }
+        _ => st.knobs.decode_stream,
     }
 }
 
@@ -136,7 +133,7 @@ impl State {
     /// The device's decode lane, made on first use; `None` while a CUDA graph capture runs (a
     /// capture records one stream) or when the lane is turned off.
     pub(crate) fn decode_lane(&self) -> Result<Option<MutexGuard<'_, DecodeLane>>> {
-        if !enabled() || self.capturing() != 0 {
+        if !enabled(self) || self.capturing() != 0 {
             return Ok(None);
         }
         if self.decode_lane.get().is_none() {

@@ -15,6 +15,7 @@ mod alloc;
 mod decode_lane;
 // The kernels' PTX kept on disk between processes.
 mod kernel_cache;
+mod knobs;
 mod ops;
 // CUDA graphs: a decode step captured and replayed.
 mod graph;
@@ -238,6 +239,8 @@ pub(crate) struct State {
     /// block sets its counter back to 0, and every launch on the one device stream waits for the
     /// kernel before it. Made with the state, outside any capture, so graphs keep its address.
     tickets: (CudaSlice<u32>, u64),
+    /// The device's knobs (knobs.rs), read when it started.
+    pub(crate) knobs: knobs::Knobs,
 }
 
 impl fmt::Debug for State {
@@ -260,8 +263,8 @@ impl State {
     }
 
     fn new(ordinal: usize) -> Result<Self> {
-        // Phase 4: a bad NUVEC_CUDA_MATMUL fails the device's first use, not a later prefill.
-        matmul_precision()?;
+        // A knob value the device cannot take fails its first use, not a later op.
+        let knobs = knobs::Knobs::read(ordinal)?;
         let count = device_count()?;
         if ordinal >= count {
             return Err(Error::Device(format!(
@@ -344,18 +347,19 @@ impl State {
             stream,
             funcs,
             blas: Mutex::new(blas),
-            cache: Mutex::new(alloc::Cache::new()),
+            cache: Mutex::new(alloc::Cache::new(knobs.alloc_cache_bytes)),
             capture: Mutex::new(None),
             capture_epoch: AtomicU64::new(0),
             graph_written_dropped: AtomicU64::new(0),
             capture_arena_bytes: std::sync::atomic::AtomicUsize::new(graph::FIRST_ARENA_BYTES),
             qmma_kernels,
-            pdl: major >= 9 && crate::tuning::env("NUVEC_PDL").map_or(true, |v| v != "0"),
-            flash: major >= 8 && crate::tuning::env("NUVEC_FLASH_ATTENTION").map_or(true, |v| v != "0"),
+            pdl: major >= 9 && knobs.pdl,
+            flash: major >= 8 && knobs.flash_attention,
             decode_lane: OnceLock::new(),
             shared_uploads: Mutex::new(Vec::new()),
             staging: OnceLock::new(),
             tickets: (tickets, tickets_ptr),
+            knobs,
         })
     }
 
@@ -555,7 +559,7 @@ impl DeviceBuffer {
         if bytes.is_empty() {
             return Ok(b);
         }
-        if bytes.len() <= staging::MOST_STAGED && staging::staged_uploads() {
+        if bytes.len() <= staging::MOST_STAGED && st.staged_uploads() {
             if st.staging.get().is_none() {
                 let made = staging::Staging::new(&st.stream)?;
                 let _ = st.staging.set(Mutex::new(made));

@@ -415,7 +415,7 @@ impl Backend for CudaBackend {
         let bf16_from = qmma::bf16_rows_from();
         if (2..=GEMV_MAX_ROWS).contains(&m)
             && m < bf16_from
-            && matmul_precision()?.bf16_weight(wa.w_dt, wa.p_dt, crate::compute_dtype_hint())
+            && self.st()?.matmul_precision().bf16_weight(wa.w_dt, wa.p_dt, crate::compute_dtype_hint())
             && self.qmma(op, o, QmmaInput::F32Split(x.cuda_ptr()?), m, n, k, &wa)?
         {
             return Ok(out);
@@ -491,7 +491,7 @@ impl Backend for CudaBackend {
         // GEMV (`NUVEC_QGEMV_FUSED_SILU=1`) makes every block of the down projection recompute
         // all of it (an exp and a division per value per block): the 8B's down projection took
         // 45 us that way against 37 us for gate and up together (twice its bytes; ncu, H200).
-        if fused_silu() {
+        if fused_silu(&self.st()?.knobs) {
             if let Some(mut outs) = self.fused_qgemv("silu_mul_linear", gate, &[w], Some(up), None)? {
                 return Ok(outs.remove(0));
             }

@@ -80,15 +80,20 @@ pub fn set_staged_uploads(on: bool) {
     CHOSEN.store(if on { 2 } else { 1 }, std::sync::atomic::Ordering::Relaxed);
 }
 
-/// Whether small uploads go through the staging ring: the last [`set_staged_uploads`], else
-/// `NUVEC_STAGED_UPLOADS` (off unless "1", see docs/batching.md).
-pub fn staged_uploads() -> bool {
-    match CHOSEN.load(std::sync::atomic::Ordering::Relaxed) {
-        1 => false,
-        2 => true,
-        _ => {
-            static FROM_ENV: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-            *FROM_ENV.get_or_init(|| crate::tuning::env("NUVEC_STAGED_UPLOADS").is_ok_and(|v| v == "1"))
+/// Whether small uploads to device `ordinal` go through the staging ring: the last
+/// [`set_staged_uploads`], else the device's `NUVEC_STAGED_UPLOADS` (off unless "1", see
+/// docs/batching.md).
+pub fn staged_uploads(ordinal: usize) -> Result<bool> {
+    Ok(super::state(ordinal)?.staged_uploads())
+}
+
+impl State {
+    /// [`staged_uploads`] of this device.
+    pub(crate) fn staged_uploads(&self) -> bool {
+        match CHOSEN.load(std::sync::atomic::Ordering::Relaxed) {
+            1 => false,
+            2 => true,
+            _ => self.knobs.staged_uploads,
         }
     }
 }

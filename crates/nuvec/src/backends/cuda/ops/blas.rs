@@ -3,16 +3,17 @@
 
 use cudarc::cublas::sys::cublasOperation_t;
 
-use super::prefill::{matmul_precision, MatmulPrecision};
+use super::prefill::MatmulPrecision;
 use super::{to_i32, CudaBackend};
+use crate::backends::cuda::State;
 use crate::{Error, Result};
 
 /// Whether the SGEMM weight products run on the tensor cores in TF32 (inputs rounded to 10-bit
 /// mantissas, f32 accumulation): [`MatmulPrecision::Tf32`] (`NUVEC_CUDA_MATMUL=tf32`). Under
 /// `F32` (and for what still calls SGEMM under `Bf16` and `Auto`, e.g. f32 weights under `Auto`)
 /// it is plain SGEMM, whose results match the CPU backend to f32 rounding.
-fn tf32_matmul() -> Result<bool> {
-    Ok(matmul_precision()? == MatmulPrecision::Tf32)
+fn tf32_matmul(st: &State) -> bool {
+    st.matmul_precision() == MatmulPrecision::Tf32
 }
 
 impl CudaBackend {
@@ -35,7 +36,7 @@ impl CudaBackend {
             (to_i32(op, "rows", m)?, to_i32(op, "rows", rows)?, to_i32(op, "k", k)?, to_i32(op, "n", n)?);
         let blas = st.blas.lock().unwrap_or_else(|p| p.into_inner());
         let (alpha, beta) = (1f32, 0f32);
-        if tf32_matmul()? {
+        if tf32_matmul(self.st()?) {
             use cudarc::cublas::sys::{cublasComputeType_t, cublasGemmAlgo_t, cudaDataType};
             let f = cudaDataType::CUDA_R_32F;
             // SAFETY: as for the SGEMM below (same matrices, extents and leading dimensions);

@@ -18,9 +18,8 @@ const ROPE_QK_HEADS: usize = 8;
 
 /// Whether rope_qk_write_kv is one launch (`NUVEC_ROPE_KV=0` runs rope_qk then write_kv_rows,
 /// for timing).
-fn rope_kv_enabled() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| crate::tuning::env("NUVEC_ROPE_KV").map_or(true, |v| v != "0"))
+fn rope_kv_enabled(st: &State) -> bool {
+    st.knobs.rope_kv
 }
 
 /// The dtype code of a pair of caches the fused writes take (f32, f16 or bf16, one for both).
@@ -179,7 +178,7 @@ impl CudaBackend {
             ));
         };
         let kv_dt = cache_code(k_cache, v_cache);
-        let one_launch = rope_kv_enabled()
+        let one_launch = rope_kv_enabled(self.st()?)
             && [k.dtype(), v.dtype()].iter().all(|&t| t == DType::F32)
             && kv_dt.is_some()
             && k_cache.shape() == v_cache.shape()
@@ -233,7 +232,8 @@ impl CudaBackend {
         let (n, _, _, d, rows) = crate::backend::check_rope_paged(q, k, v, (positions, slots), (ks, vs))?;
         let kv_dt = cache_code(ks, vs);
         let f32s = [k.dtype(), v.dtype()].iter().all(|&t| t == DType::F32);
-        let Some(kv_dt) = kv_dt.filter(|_| rope_kv_enabled() && f32s && rope_qk_fits(d, n, qk_norm)) else {
+        let one_launch = rope_kv_enabled(self.st()?);
+        let Some(kv_dt) = kv_dt.filter(|_| one_launch && f32s && rope_qk_fits(d, n, qk_norm)) else {
             let rows = (positions, slots);
             return crate::backend::rope_qk_write_paged_composed(
                 self,

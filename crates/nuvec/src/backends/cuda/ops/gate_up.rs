@@ -4,8 +4,6 @@
 //! launch with groups of 32 or more, in the shape that launch would take, so its result equals
 //! the composition bit for bit; anything else runs the composition.
 
-use std::sync::OnceLock;
-
 use cudarc::driver::LaunchConfig;
 
 use super::{qgemv4_variant, to_i32, CudaBackend};
@@ -14,9 +12,8 @@ use crate::{Array, DType, Error, Matrix, QuantMode, Result};
 
 /// Whether the fused launch is on (`NUVEC_GATE_UP_SILU=0` turns it off, so the two launches of
 /// the composition can be timed and compared against it).
-fn enabled() -> bool {
-    static ON: OnceLock<bool> = OnceLock::new();
-    *ON.get_or_init(|| crate::tuning::env("NUVEC_GATE_UP_SILU").map_or(true, |v| v != "0"))
+fn enabled(st: &State) -> bool {
+    st.knobs.gate_up_silu
 }
 
 impl CudaBackend {
@@ -26,7 +23,7 @@ impl CudaBackend {
     /// `NUVEC_GATE_UP_SILU=0`.
     pub(super) fn fused_gate_up_silu(&self, x: &Array, gate: &Matrix, up: &Matrix) -> Result<Option<Array>> {
         let op = "gate_up_silu";
-        if !enabled() || x.shape().is_empty() || x.dtype() != DType::F32 || x.device() != self.dev() {
+        if !enabled(self.st()?) || x.shape().is_empty() || x.dtype() != DType::F32 || x.device() != self.dev() {
             return Ok(None);
         }
         let k = x.dim(-1);
@@ -55,7 +52,7 @@ impl CudaBackend {
         // row's sum adds in the same order).
         // Every shape has a fused twin `gate_up_silu_b4{suffix}` taking half its rows of gate per
         // block and as many of up, but `qgemv1_b4` (no suffix, `NUVEC_QGEMV_VARIANT=body`).
-        let (suffix, rows, threads) = qgemv4_variant(k, 2 * n, true);
+        let (suffix, rows, threads) = qgemv4_variant(&self.st()?.knobs, k, 2 * n, true);
         if suffix.is_empty() {
             return Ok(None);
         }

@@ -4,11 +4,10 @@
 //! launch for q/k/v (with their biases) and gate/up (`fused_qgemv`), and the chunked weight
 //! decoder for the f32 prefill tiles (`fast_dequant`).
 
-use std::sync::OnceLock;
-
 use cudarc::driver::LaunchConfig;
 
 use super::{cfg_1d, float_code, to_i32, CudaBackend, WeightArgs, DT_F32};
+use crate::backends::cuda::knobs::Knobs;
 use crate::backends::cuda::{Derived, DeviceBuffer, State};
 use crate::{Array, DType, Error, Matrix, QuantMode, Result};
 
@@ -33,13 +32,9 @@ const QG_THREADS: u32 = 128;
 /// `_w4`, `_w8`) by the same rule. `NUVEC_QGEMV_VARIANT=body|w1|w2|w4|w8|xw1|i1|i2|i4` forces one
 /// shape (for timing them; see [`QGEMV4_SHAPES`]; `xw1` and the `i` shapes apply only where
 /// `plain`), `NUVEC_QGEMV_INT=0` keeps the f32 loops (`_xw1` for long grids).
-pub(super) fn qgemv4_variant(k: usize, rows: usize, plain: bool) -> (&'static str, usize, u32) {
-    static FORCED: OnceLock<Option<&'static Qgemv4Shape>> = OnceLock::new();
-    let forced = *FORCED.get_or_init(|| {
-        let v = crate::tuning::env("NUVEC_QGEMV_VARIANT").ok()?;
-        QGEMV4_SHAPES.iter().find(|s| s.knob_value() == v.trim())
-    });
-    let int = plain && int_gemvs();
+pub(super) fn qgemv4_variant(knobs: &Knobs, k: usize, rows: usize, plain: bool) -> (&'static str, usize, u32) {
+    let forced = knobs.qgemv_variant.as_deref().and_then(|v| QGEMV4_SHAPES.iter().find(|s| s.knob_value() == v));
+    let int = plain && int_gemvs(knobs);
     let suffix = match forced.filter(|s| plain || !s.plain_only) {
         Some(s) => s.suffix,
         None => {
@@ -111,8 +106,8 @@ const QGEMV4_SHAPES: &[Qgemv4Shape] = &[
 /// bytes, twice a 4-bit row's) and warps grown from 1 as [`qgemv4_variant`] grows them, while
 /// every lane of a pass still has a chunk of each row (a [5120, 2880] q/k/v launch, 90 chunks a
 /// row, keeps one warp: two would leave 38 of 128 lanes idle).
-fn qgemv8_variant(k: usize, rows: usize) -> Option<(&'static str, usize, u32)> {
-    if !int_gemvs() {
+fn qgemv8_variant(knobs: &Knobs, k: usize, rows: usize) -> Option<(&'static str, usize, u32)> {
+    if !int_gemvs(knobs) {
         return None;
     }
     Some(match grid_warps(rows.div_ceil(4), k / 32, 4, 3) {
@@ -136,18 +131,17 @@ fn grid_warps(blocks: usize, chunks: usize, max: usize, passes: usize) -> usize 
 /// The shape of a one-row GEMV over `bits`-bit weights (`rows` outputs of all the launch's
 /// weights, `k` inputs; `plain`: groups of 32 or more and no fused silu(x) * up): the 4-bit
 /// variants, the 8-bit integer ones, else `qgemv_body`'s.
-fn one_row_shape(bits: i32, k: usize, rows: usize, plain: bool) -> (&'static str, usize, u32) {
+fn one_row_shape(knobs: &Knobs, bits: i32, k: usize, rows: usize, plain: bool) -> (&'static str, usize, u32) {
     match bits {
-        4 => qgemv4_variant(k, rows, plain),
-        8 if plain => qgemv8_variant(k, rows).unwrap_or(("", QG_ROWS, QG_THREADS)),
+        4 => qgemv4_variant(knobs, k, rows, plain),
+        8 if plain => qgemv8_variant(knobs, k, rows).unwrap_or(("", QG_ROWS, QG_THREADS)),
         _ => ("", QG_ROWS, QG_THREADS),
     }
 }
 
 /// Whether the integer dot-product GEMVs are on (`NUVEC_QGEMV_INT=0` turns them off).
-pub(super) fn int_gemvs() -> bool {
-    static ON: OnceLock<bool> = OnceLock::new();
-    *ON.get_or_init(|| crate::tuning::env("NUVEC_QGEMV_INT").map_or(true, |v| v != "0"))
+pub(super) fn int_gemvs(knobs: &Knobs) -> bool {
+    knobs.qgemv_int
 }
 
 /// Whether `producer` ("norm": the row norms, "attention": the decode attention's merge,
@@ -155,14 +149,8 @@ pub(super) fn int_gemvs() -> bool {
 /// writes the row's parts, so that no `xsplit_f32` launch is needed: while the integer GEMVs are
 /// on, unless `NUVEC_PRODUCER_PARTS` is `0` (none; the separate split launches, for timing) or a
 /// comma-separated list of the producers that do.
-fn producer_parts(producer: &str) -> bool {
-    static ON: OnceLock<Option<Vec<String>>> = OnceLock::new();
-    let on = ON.get_or_init(|| match crate::tuning::env("NUVEC_PRODUCER_PARTS") {
-        Ok(v) if v == "0" => Some(Vec::new()),
-        Ok(v) if v != "1" => Some(v.split(',').map(|p| p.trim().to_string()).collect()),
-        _ => None,
-    });
-    int_gemvs() && on.as_ref().is_none_or(|list| list.iter().any(|p| p == producer))
+fn producer_parts(knobs: &Knobs, producer: &str) -> bool {
+    int_gemvs(knobs) && knobs.producer_parts.as_ref().is_none_or(|list| list.iter().any(|p| p == producer))
 }
 
 /// Bytes of the integer GEMVs' parts of a `k`-value row (`xsplit_chunk`'s layout, with the norm
@@ -178,9 +166,8 @@ fn int_variant(suffix: &str) -> bool {
 
 /// Whether the decode down projection takes `silu(gate) * up` inside the GEMV
 /// (`NUVEC_QGEMV_FUSED_SILU=1`) rather than from a `silu_mul` launch before it (the default).
-pub(super) fn fused_silu() -> bool {
-    static ON: OnceLock<bool> = OnceLock::new();
-    *ON.get_or_init(|| crate::tuning::env("NUVEC_QGEMV_FUSED_SILU").is_ok_and(|v| v == "1"))
+pub(super) fn fused_silu(knobs: &Knobs) -> bool {
+    knobs.qgemv_fused_silu
 }
 
 /// u32 words of x's parts per 32-value chunk (`QI_WORDS` in `kernels/linear.cu`); a scale and a
@@ -241,7 +228,7 @@ impl CudaBackend {
         };
         let WeightArgs { packed, scales, biases, p_dt, bits, .. } = *w;
         let (suffix, rows, threads) =
-            if m == 1 { one_row_shape(bits, k, n, lg > 4) } else { ("", QG_ROWS, QG_THREADS) };
+            if m == 1 { one_row_shape(&self.st()?.knobs, bits, k, n, lg > 4) } else { ("", QG_ROWS, QG_THREADS) };
         let name = format!("{}_b{bits}{suffix}", if m == 1 { "qgemv1" } else { "qgemv" });
         let (x, _parts) = self.gemv_input(op, suffix, x, k)?;
         let (mi, ni, ki) = (m as i32, to_i32(op, "rows", n)?, to_i32(op, "k", k)?);
@@ -294,7 +281,7 @@ impl CudaBackend {
     /// the producer writes them, and the caller records the buffer on the output
     /// (`Array::set_derived`).
     pub(super) fn row_int_parts(&self, producer: &str, rows: usize, d: usize) -> Result<Option<DeviceBuffer>> {
-        if rows != 1 || d == 0 || !d.is_multiple_of(32) || !producer_parts(producer) {
+        if rows != 1 || d == 0 || !d.is_multiple_of(32) || !producer_parts(&self.st()?.knobs, producer) {
             return Ok(None);
         }
         Ok(Some(DeviceBuffer::alloc(self.st()?, int_parts_bytes(d))?))
@@ -387,7 +374,8 @@ impl CudaBackend {
             return Ok(None);
         }
         let rows: usize = ws.iter().map(|w| w.rows()).sum();
-        let (suffix, rows_per_block, threads) = one_row_shape(a0.bits, k, rows, group > 16 && up.is_none());
+        let (suffix, rows_per_block, threads) =
+            one_row_shape(&self.st()?.knobs, a0.bits, k, rows, group > 16 && up.is_none());
         let mut outs = Vec::with_capacity(ws.len());
         let mut slots = [(0u64, 0i32, 0u64, 0u64, 0u64); 3];
         let mut blocks = 0usize;
@@ -434,15 +422,15 @@ mod tests {
     #[test]
     fn one_row_shapes_follow_the_grid_rules() {
         // An 8B's q/k/v (6,144 rows of 4,096): 768 blocks of 8 rows, two warps fill the grid.
-        assert_eq!(one_row_shape(4, 4096, 6144, true), ("_i2", 8, 64));
+        assert_eq!(one_row_shape(&Knobs::default(), 4, 4096, 6144, true), ("_i2", 8, 64));
         // gpt-oss's q/k/v in 8 bits (5,120 rows of 2,880 = 90 chunks): two warps would leave a
         // pass of 64 lanes a third empty, so one; its o projection (2,880 rows of 4,096) takes two;
         // its LM head is a long grid of one warp a block.
-        assert_eq!(one_row_shape(8, 2880, 5120, true), ("_i1", 4, 32));
-        assert_eq!(one_row_shape(8, 4096, 2880, true), ("_i2", 4, 64));
-        assert_eq!(one_row_shape(8, 2880, 201_088, true), ("_i1", 4, 32));
+        assert_eq!(one_row_shape(&Knobs::default(), 8, 2880, 5120, true), ("_i1", 4, 32));
+        assert_eq!(one_row_shape(&Knobs::default(), 8, 4096, 2880, true), ("_i2", 4, 64));
+        assert_eq!(one_row_shape(&Knobs::default(), 8, 2880, 201_088, true), ("_i1", 4, 32));
         // Groups of 16 or a fused silu(x) * up: the f32 body.
-        assert_eq!(one_row_shape(8, 2880, 5120, false), ("", QG_ROWS, QG_THREADS));
-        assert_eq!(one_row_shape(6, 4096, 4096, true), ("", QG_ROWS, QG_THREADS));
+        assert_eq!(one_row_shape(&Knobs::default(), 8, 2880, 5120, false), ("", QG_ROWS, QG_THREADS));
+        assert_eq!(one_row_shape(&Knobs::default(), 6, 4096, 4096, true), ("", QG_ROWS, QG_THREADS));
     }
 }

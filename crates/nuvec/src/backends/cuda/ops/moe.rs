@@ -14,13 +14,11 @@
 //! above (each expert once over the rows routed to it).
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::OnceLock;
 
 use cudarc::driver::LaunchConfig;
 
 use super::fp::{FP_MXFP4, FP_MXFP8, FP_NVFP4};
 use super::gemv::{int_gemvs, int_parts_bytes};
-use super::prefill::matmul_precision;
 use super::qmma::{QmmaKernel, QM_ROWS, QM_THREADS};
 use super::{cfg_1d, to_i32, CudaBackend, DT_BF16, DT_F16, DT_F32};
 use crate::backends::cuda::{DeviceBuffer, State};
@@ -43,60 +41,38 @@ pub(super) const MAX_TOP_K: usize = 32;
 /// kernels).
 const TILE: usize = 64;
 
-/// A row count a test may set ([`RowLimit::set`]), else its environment knob (read once; a value
-/// that is not a whole number is an error naming it), else its default.
-struct RowLimit {
-    set: AtomicUsize,
-    from_env: OnceLock<std::result::Result<usize, String>>,
-    name: &'static str,
-    env: fn() -> std::result::Result<String, std::env::VarError>,
-    default: usize,
-}
+/// A row count a test may set for every device ([`RowLimit::set`]), else the device's knob.
+struct RowLimit(AtomicUsize);
 
 impl RowLimit {
-    const fn new(
-        name: &'static str,
-        default: usize,
-        env: fn() -> std::result::Result<String, std::env::VarError>,
-    ) -> Self {
-        RowLimit { set: AtomicUsize::new(usize::MAX), from_env: OnceLock::new(), name, env, default }
+    const fn new() -> Self {
+        RowLimit(AtomicUsize::new(usize::MAX))
     }
 
-    fn get(&self) -> Result<usize> {
-        match self.set.load(Ordering::Relaxed) {
-            usize::MAX => self
-                .from_env
-                .get_or_init(|| match (self.env)() {
-                    Err(std::env::VarError::NotPresent) => Ok(self.default),
-                    Ok(v) if v.trim().is_empty() => Ok(self.default),
-                    Ok(v) => v.trim().parse().map_err(|_| {
-                        format!("{}={v:?} is not a row count: set it to a whole number (or unset it)", self.name)
-                    }),
-                    Err(e) => Err(format!("{}: {e}; set it to a whole number (or unset it)", self.name)),
-                })
-                .clone()
-                .map_err(Error::Unsupported),
-            rows => Ok(rows),
+    /// The set value, else `knob`.
+    fn or(&self, knob: usize) -> usize {
+        match self.0.load(Ordering::Relaxed) {
+            usize::MAX => knob,
+            rows => rows,
         }
     }
 
     fn set(&self, rows: Option<usize>) {
-        self.set.store(rows.unwrap_or(usize::MAX), Ordering::Relaxed);
+        self.0.store(rows.unwrap_or(usize::MAX), Ordering::Relaxed);
     }
 }
 
 /// Rows (tokens) up to which the experts run as gathered matrix-vector products where the grouped
 /// products do not take them, each chosen expert's weights read once per row; above, each expert
-/// runs once over its rows.
-static GATHER_ROWS: RowLimit =
-    RowLimit::new("NUVEC_MOE_GATHER_ROWS", 64, || crate::tuning::env("NUVEC_MOE_GATHER_ROWS"));
+/// runs once over its rows (`NUVEC_MOE_GATHER_ROWS`, default 64).
+static GATHER_ROWS: RowLimit = RowLimit::new();
 
 /// Rows from which a layer whose experts the grouped products take runs them grouped, each chosen
 /// expert's weights read once for all its rows: 8 rows of Qwen3-30B-A3B choose 64 slots, which
 /// the gathered kernels read one by one, among about 51 distinct experts (16 rows: 128 slots,
-/// about 82 experts). One row (a decode step alone) is faster gathered.
-static GROUPED_ROWS: RowLimit =
-    RowLimit::new("NUVEC_MOE_GROUPED_ROWS", 8, || crate::tuning::env("NUVEC_MOE_GROUPED_ROWS"));
+/// about 82 experts). One row (a decode step alone) is faster gathered (`NUVEC_MOE_GROUPED_ROWS`,
+/// default 8).
+static GROUPED_ROWS: RowLimit = RowLimit::new();
 
 /// Sets the most rows for which a mixture-of-experts layer runs its chosen experts as gathered
 /// products on the device (0: never; more rows run grouped where the experts' format allows,
@@ -111,13 +87,6 @@ pub fn set_moe_gather_rows(rows: Option<usize>) {
 /// back to `NUVEC_MOE_GROUPED_ROWS` or the default (8).
 pub fn set_moe_grouped_rows(rows: Option<usize>) {
     GROUPED_ROWS.set(rows);
-}
-
-/// Whether many rows may run as grouped products: yes unless `NUVEC_MOE_GROUPED=0` (read once;
-/// then they run the composed op, for comparisons).
-fn grouped_allowed() -> bool {
-    static ON: OnceLock<bool> = OnceLock::new();
-    *ON.get_or_init(|| crate::tuning::env("NUVEC_MOE_GROUPED").map_or(true, |v| v != "0"))
 }
 
 /// A format's kernel pair (moe.cu) and the output rows each block of them computes.
@@ -289,8 +258,9 @@ impl CudaBackend {
         if ids.device() != self.dev() || weights.device() != self.dev() {
             return moe::experts_composed(x, experts, ids, weights);
         }
-        let gathered = rows <= GATHER_ROWS.get()? && x.cuda_addr()?.is_multiple_of(16);
-        if rows >= GROUPED_ROWS.get()? || !gathered {
+        let knobs = &self.st()?.knobs;
+        let gathered = rows <= GATHER_ROWS.or(knobs.moe_gather_rows) && x.cuda_addr()?.is_multiple_of(16);
+        if rows >= GROUPED_ROWS.or(knobs.moe_grouped_rows) || !gathered {
             if let Some(out) = self.grouped_experts(x, experts, index, ids, weights)? {
                 return Ok(out);
             }
@@ -313,7 +283,7 @@ impl CudaBackend {
             "moe_gate_up_fp4" if dt == FP_MXFP4 => Some(("moe_gate_up_fp4_int", "moe_down_fp4_int")),
             _ => None,
         }
-        .filter(|_| int_gemvs() && inter.is_multiple_of(32));
+        .filter(|_| int_gemvs(knobs) && inter.is_multiple_of(32));
         let integer = int_kernels.is_some();
         let (gate_up, down) = int_kernels.unwrap_or((gate_up, down));
         self.f32_check(op, "x", x)?;
@@ -364,7 +334,8 @@ impl CudaBackend {
     ) -> Result<Option<Array>> {
         let op = "moe_experts";
         let [kernels, dt, lg, b_dt] = index.params;
-        if !grouped_allowed() {
+        // `NUVEC_MOE_GROUPED=0`: the composed op, for comparisons.
+        if !self.st()?.knobs.moe_grouped {
             return Ok(None);
         }
         // Decoding an affine weight to bf16 in one fma rounding needs its scale and bias exact in
@@ -382,7 +353,7 @@ impl CudaBackend {
         if n > MAX_EXPERTS {
             return Ok(None);
         }
-        if !matmul_precision()?.bf16_weight(-1, stored, crate::compute_dtype_hint()) {
+        if !self.st()?.matmul_precision().bf16_weight(-1, stored, crate::compute_dtype_hint()) {
             return Ok(None);
         }
         let st = self.st()?;
@@ -456,27 +427,12 @@ mod tests {
     use super::RowLimit;
 
     #[test]
-    fn row_limits_take_a_set_value_then_the_knob_then_the_default() {
-        static UNSET: RowLimit = RowLimit::new("NUVEC_TEST_ROWS", 8, || Err(std::env::VarError::NotPresent));
-        assert_eq!(UNSET.get().unwrap(), 8);
-        UNSET.set(Some(2));
-        assert_eq!(UNSET.get().unwrap(), 2);
-        UNSET.set(None);
-        assert_eq!(UNSET.get().unwrap(), 8);
-
-        static SET: RowLimit = RowLimit::new("NUVEC_TEST_ROWS", 8, || Ok(" 24 ".to_string()));
-        assert_eq!(SET.get().unwrap(), 24);
-        static EMPTY: RowLimit = RowLimit::new("NUVEC_TEST_ROWS", 8, || Ok(String::new()));
-        assert_eq!(EMPTY.get().unwrap(), 8);
-    }
-
-    #[test]
-    fn a_row_limit_that_is_not_a_number_is_an_error_naming_the_knob() {
-        static BAD: RowLimit = RowLimit::new("NUVEC_TEST_ROWS", 8, || Ok("sixteen".to_string()));
-        let e = BAD.get().unwrap_err().to_string();
-        assert!(e.contains("NUVEC_TEST_ROWS=\"sixteen\"") && e.contains("whole number"), "{e}");
-        // A test's setting still applies (it does not read the knob).
-        BAD.set(Some(4));
-        assert_eq!(BAD.get().unwrap(), 4);
+    fn row_limits_take_a_set_value_then_the_knob() {
+        static LIMIT: RowLimit = RowLimit::new();
+        assert_eq!(LIMIT.or(8), 8);
+        LIMIT.set(Some(2));
+        assert_eq!(LIMIT.or(8), 2);
+        LIMIT.set(None);
+        assert_eq!(LIMIT.or(24), 24);
     }
 }

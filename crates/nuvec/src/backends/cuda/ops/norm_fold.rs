@@ -5,8 +5,6 @@
 //! output scale their totals by `1 / rms(h)`, so no norm kernel runs. The output array holds `u`
 //! until something reads it as values (`DeviceBuffer::settle` scales it in place then).
 
-use std::sync::OnceLock;
-
 use cudarc::driver::LaunchConfig;
 
 use super::{float_code, int_gemvs, int_parts_bytes, to_i32, CudaBackend};
@@ -14,9 +12,8 @@ use crate::backends::cuda::{Derived, DeviceBuffer, State};
 use crate::{Array, DType, Error, Matrix, QuantMode, Result};
 
 /// Whether the fold is on (`NUVEC_NORM_FOLD=0` keeps the projection and the norm apart).
-fn enabled() -> bool {
-    static ON: OnceLock<bool> = OnceLock::new();
-    *ON.get_or_init(|| crate::tuning::env("NUVEC_NORM_FOLD").map_or(true, |v| v != "0")) && int_gemvs()
+fn enabled(st: &State) -> bool {
+    st.knobs.norm_fold && int_gemvs(&st.knobs)
 }
 
 impl CudaBackend {
@@ -32,7 +29,7 @@ impl CudaBackend {
         eps: f32,
     ) -> Result<Option<(Array, Array)>> {
         let op = "linear_add_rms_norm";
-        if !enabled() || x.shape().is_empty() || residual.shape().is_empty() {
+        if !enabled(self.st()?) || x.shape().is_empty() || residual.shape().is_empty() {
             return Ok(None);
         }
         let Matrix::Quantized(q) = w else {

@@ -7,10 +7,10 @@
 
 use cudarc::driver::LaunchConfig;
 
-use super::prefill::matmul_precision;
 use super::shared_prefix::{shared_prefixes, SharedPrefixes, PX_KEYS, PX_TILE, PX_WARPS};
 use super::{split_rows_aligned, to_i32, CudaBackend, ATTS_MAX_DIM, ATTS_TARGET_BLOCKS, ATTS_THREADS, DT_BF16, DT_F16};
 use crate::backend::{check_paged, paged_decode_attention_composed, PagedSeq};
+use crate::backends::cuda::knobs::Knobs;
 use crate::backends::cuda::{Derived, DeviceBuffer, State};
 use crate::{Array, DType, Error, Result};
 
@@ -61,15 +61,16 @@ impl CudaBackend {
         let (bsi, wanti) = (to_i32(op, "block size", block_size)?, to_i32(op, "splits", want)?);
         let gh = heads_per_block(n, hq, hkv, d, want);
         // A step of several sequences on the tensor cores where it can: one warp per KV head of
-        // a sequence and split (one chunk of keys for all, at least `flash_min_keys`), the
+        // a sequence and split (one chunk of keys for all, at least `NUVEC_PAGED_FLASH_MIN_KEYS`), the
         // group's query heads the rows of its MMAs. `NUVEC_ATTS_BATCH_BLOCKS=0` keeps every
         // sequence's solo splits, so the f32 kernel. There, keys that sequences share (the same
         // blocks) are read once for each group of them, and each sequence's own keys after them.
-        let flash = n >= 2 && batch_blocks() > 0 && self.paged_flash_takes(qp, kv_dt, hq, hkv, d)?;
+        let knobs = &self.st()?.knobs;
+        let flash = n >= 2 && knobs.atts_batch_blocks > 0 && self.paged_flash_takes(qp, kv_dt, hq, hkv, d)?;
         let shared = if flash {
             let tables: Vec<&[u32]> = seqs.iter().map(|s| s.table).collect();
             let lens: Vec<usize> = seqs.iter().map(|s| s.len).collect();
-            shared_prefixes(&tables, &lens, block_size, prefix_min_keys())
+            shared_prefixes(&tables, &lens, block_size, knobs.paged_prefix_min_keys)
         } else {
             SharedPrefixes::default()
         };
@@ -77,16 +78,16 @@ impl CudaBackend {
         let own = || seqs.iter().zip(&starts).map(|(s, &start)| s.len - start);
         let keys_of = KeyCounts { total: own().sum(), longest: own().max().unwrap_or(0) };
         let (keys, mut splits) = if flash {
-            flash_chunk(keys_of, hkv, batch_blocks(), flash_min_keys())
+            flash_chunk(keys_of, hkv, knobs.atts_batch_blocks, knobs.paged_flash_min_keys)
         } else {
-            batch_splits(n, keys_of, hq / gh, want, batch_blocks()).unwrap_or((0, want))
+            batch_splits(n, keys_of, hq / gh, want, knobs.atts_batch_blocks).unwrap_or((0, want))
         };
         // The shared keys' partials take the last `prefix_slots` of each member's row of
         // partials, after the most its own keys take.
         let tiles = shared.tiles(hq / hkv);
         let tile_count = tiles.len() / PX_TILE;
         let (prefix_keys, prefix_slots) = if tile_count > 0 {
-            let pkeys = prefix_chunk(shared.tile_keys(hq / hkv), hkv);
+            let pkeys = prefix_chunk(knobs, shared.tile_keys(hq / hkv), hkv);
             let most_own = |grouped: bool| {
                 let own = seqs.iter().zip(&starts).filter(|(_, &st)| (st > 0) == grouped);
                 own.map(|(s, &st)| (s.len - st).div_ceil(keys)).max().unwrap_or(0)
@@ -158,15 +159,14 @@ impl CudaBackend {
     /// to 16 query heads per KV head, attention on the bf16 path by the matmul precision (as the
     /// prefill's flash kernels), sm_80+ (`NUVEC_FLASH_ATTENTION=0` or `NUVEC_PAGED_FLASH=0` off).
     fn paged_flash_takes(&self, qp: u64, kv_dt: i32, hq: usize, hkv: usize, d: usize) -> Result<bool> {
-        static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-        let on = *ON.get_or_init(|| crate::tuning::env("NUVEC_PAGED_FLASH").map_or(true, |v| v != "0"));
-        Ok(on
-            && self.st()?.flash
+        let st = self.st()?;
+        Ok(st.knobs.paged_flash
+            && st.flash
             && (kv_dt == DT_BF16 || kv_dt == DT_F16)
             && (d == 64 || d == 128)
             && hq / hkv <= 16
             && qp.is_multiple_of(8)
-            && matmul_precision()?.bf16_attention(crate::hint_is_half()))
+            && st.matmul_precision().bf16_attention(crate::hint_is_half()))
     }
 }
 
@@ -190,54 +190,14 @@ fn paged_flash_smem_bytes(d: usize, keys: usize) -> usize {
     4 * keys * (d + 8) * 2
 }
 
-/// The least keys sequences must share for a step to read them once for all
-/// (`NUVEC_PAGED_PREFIX_MIN_KEYS`, read once; 0: never): below it, the partials a group adds cost
-/// more than the reads it saves.
-fn prefix_min_keys() -> usize {
-    static KEYS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *KEYS.get_or_init(|| {
-        crate::tuning::env("NUVEC_PAGED_PREFIX_MIN_KEYS")
-            .ok()
-            .and_then(|v| v.trim().parse().ok())
-            .unwrap_or(PREFIX_MIN_KEYS)
-    })
-}
-const PREFIX_MIN_KEYS: usize = 256;
-
 /// Keys per split of the shared-keys kernel for tiles reading `tile_keys` shared keys in all:
-/// about `batch_blocks() / PX_WARPS` blocks of four warps over the `hkv` heads, in whole tiles of
+/// about `NUVEC_ATTS_BATCH_BLOCKS / PX_WARPS` blocks of four warps over the `hkv` heads, in whole tiles of
 /// `PX_KEYS`, and at least `PREFIX_SPLIT_KEYS` (each split writes a partial per member head).
-fn prefix_chunk(tile_keys: usize, hkv: usize) -> usize {
-    let target = (batch_blocks() / PX_WARPS).max(1);
+fn prefix_chunk(knobs: &Knobs, tile_keys: usize, hkv: usize) -> usize {
+    let target = (knobs.atts_batch_blocks / PX_WARPS).max(1);
     (tile_keys * hkv).div_ceil(target).next_multiple_of(PX_KEYS).max(PREFIX_SPLIT_KEYS)
 }
 const PREFIX_SPLIT_KEYS: usize = 256;
-
-/// Blocks a step of many sequences aims its paged decode launch at (`NUVEC_ATTS_BATCH_BLOCKS`,
-/// read once; 0: every sequence split as it is alone). A few waves of the GPU's multiprocessors:
-/// enough to keep them busy, few enough that each block has keys to amortize its start and its
-/// partial's merge.
-fn batch_blocks() -> usize {
-    static BLOCKS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *BLOCKS.get_or_init(|| {
-        crate::tuning::env("NUVEC_ATTS_BATCH_BLOCKS").ok().and_then(|v| v.parse().ok()).unwrap_or(ATTS_BATCH_BLOCKS)
-    })
-}
-const ATTS_BATCH_BLOCKS: usize = 2048;
-
-/// Keys per split of the tensor-core paged decode at least (`NUVEC_PAGED_FLASH_MIN_KEYS`, read
-/// once, a multiple of 32): a step of few sequences would otherwise cut each into chunks of 32
-/// keys, most of a warp's time then its start and its partial's merge.
-fn flash_min_keys() -> usize {
-    static KEYS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *KEYS.get_or_init(|| {
-        crate::tuning::env("NUVEC_PAGED_FLASH_MIN_KEYS")
-            .ok()
-            .and_then(|v| v.parse::<usize>().ok())
-            .map_or(PAGED_FLASH_MIN_KEYS, |k| k.next_multiple_of(32).max(32))
-    })
-}
-const PAGED_FLASH_MIN_KEYS: usize = 96;
 
 /// A step's sequence lengths as the split rules need them: their sum and the longest.
 #[derive(Clone, Copy)]
@@ -290,7 +250,8 @@ fn heads_per_block(n: usize, hq: usize, hkv: usize, d: usize, want: usize) -> us
 
 #[cfg(test)]
 mod tests {
-    use super::{batch_splits, flash_chunk, heads_per_block, KeyCounts, PAGED_FLASH_MIN_KEYS};
+    use super::{batch_splits, flash_chunk, heads_per_block, KeyCounts};
+    use crate::backends::cuda::knobs::Knobs;
 
     /// `batch_splits` for sequences of `lens` positions.
     fn splits_of(lens: &[usize], per_split: usize, solo: usize, target: usize) -> Option<(usize, usize)> {
@@ -321,9 +282,9 @@ mod tests {
             |lens: &[usize]| KeyCounts { total: lens.iter().sum(), longest: lens.iter().copied().max().unwrap() };
         // Llama-3 8B (8 KV heads, a warp per KV head and split): 8 sequences of 550 positions
         // would take chunks of 32 keys (1 088 warps); they take 96 (6 splits, 384 warps).
-        assert_eq!(flash_chunk(keys(&[550; 8]), 8, 2048, PAGED_FLASH_MIN_KEYS), (96, 6));
+        assert_eq!(flash_chunk(keys(&[550; 8]), 8, 2048, Knobs::default().paged_flash_min_keys), (96, 6));
         // Many sequences already take more than the least.
-        assert_eq!(flash_chunk(keys(&[550; 64]), 8, 2048, PAGED_FLASH_MIN_KEYS), (160, 4));
+        assert_eq!(flash_chunk(keys(&[550; 64]), 8, 2048, Knobs::default().paged_flash_min_keys), (160, 4));
         // Two sequences, one short: the longest sets the splits, the short one's past its end are
         // empty.
         assert_eq!(flash_chunk(keys(&[3, 700]), 8, 2048, 96), (96, 8));

@@ -17,7 +17,6 @@
 use std::fmt;
 use std::str::FromStr;
 use std::sync::atomic::{AtomicU8, Ordering};
-use std::sync::OnceLock;
 
 use cudarc::cublas::sys::{cublasComputeType_t, cublasGemmAlgo_t, cublasOperation_t, cudaDataType};
 use cudarc::driver::{CudaStream, LaunchConfig};
@@ -161,25 +160,23 @@ pub fn set_matmul_precision(precision: MatmulPrecision) {
     CHOSEN.store(precision.code(), Ordering::Relaxed);
 }
 
-/// The prefill matmul precision in force: the last [`set_matmul_precision`], else
-/// `NUVEC_CUDA_MATMUL`, else [`MatmulPrecision::DEFAULT`]. An unknown value of the variable is
-/// an error (every prefill op returns it), never a silent default.
-pub fn matmul_precision() -> Result<MatmulPrecision> {
-    if let Some(p) = MatmulPrecision::from_code(CHOSEN.load(Ordering::Relaxed)) {
-        return Ok(p);
+/// The matmul precision in force on device `ordinal`: the last [`set_matmul_precision`], else
+/// the device's `NUVEC_CUDA_MATMUL` (its settings, else the environment; a value it does not
+/// take fails the device's start), else [`MatmulPrecision::DEFAULT`].
+pub fn matmul_precision(ordinal: usize) -> Result<MatmulPrecision> {
+    Ok(crate::backends::cuda::state(ordinal)?.matmul_precision())
+}
+
+impl State {
+    /// [`matmul_precision`] of this device.
+    pub(crate) fn matmul_precision(&self) -> MatmulPrecision {
+        chosen_or(self.knobs.matmul)
     }
-    static FROM_ENV: OnceLock<std::result::Result<MatmulPrecision, String>> = OnceLock::new();
-    FROM_ENV
-        .get_or_init(|| match crate::tuning::env("NUVEC_CUDA_MATMUL") {
-            Err(std::env::VarError::NotPresent) => Ok(MatmulPrecision::DEFAULT),
-            Err(e) => Err(format!("NUVEC_CUDA_MATMUL: {e}; set it to auto, f32, tf32 or bf16")),
-            Ok(v) if v.trim().is_empty() => Ok(MatmulPrecision::DEFAULT),
-            Ok(v) => v.parse::<MatmulPrecision>().map_err(|_| {
-                format!("NUVEC_CUDA_MATMUL={v:?} is not a matmul precision: set it to auto, f32, tf32 or bf16 (or unset it)")
-            }),
-        })
-        .clone()
-        .map_err(Error::Unsupported)
+}
+
+/// The setter's choice, else `knob`.
+fn chosen_or(knob: MatmulPrecision) -> MatmulPrecision {
+    MatmulPrecision::from_code(CHOSEN.load(Ordering::Relaxed)).unwrap_or(knob)
 }
 
 /// Packed words per thread of `qdequant_bf16_b4` (`QDB4_WORDS` in `kernels/prefill.cu`).
@@ -232,7 +229,7 @@ impl CudaBackend {
         k: usize,
         w: &WeightArgs,
     ) -> Result<bool> {
-        if !matmul_precision()?.bf16_weight(w.w_dt, w.p_dt, crate::compute_dtype_hint()) {
+        if !self.st()?.matmul_precision().bf16_weight(w.w_dt, w.p_dt, crate::compute_dtype_hint()) {
             return Ok(false);
         }
         let xb = DeviceBuffer::alloc(self.st()?, m * k * 2)?;
@@ -266,7 +263,7 @@ impl CudaBackend {
         if k == 0 || m < super::qmma::bf16_rows_from().max(2) || ws.is_empty() || !ws.iter().all(plain) {
             return Ok(None);
         }
-        let precision = matmul_precision()?;
+        let precision = self.st()?.matmul_precision();
         if precision == MatmulPrecision::F32 || precision == MatmulPrecision::Tf32 {
             return Ok(None);
         }
@@ -548,7 +545,7 @@ impl CudaBackend {
         scale: f32,
         (sinks, window): (u64, usize),
     ) -> Result<bool> {
-        if !matmul_precision()?.bf16_attention(crate::hint_is_half()) {
+        if !self.st()?.matmul_precision().bf16_attention(crate::hint_is_half()) {
             return Ok(false);
         }
         let st: &State = self.st()?;
@@ -710,9 +707,10 @@ mod tests {
     #[test]
     fn the_setter_wins() {
         // The only test in this binary that sets it.
+        assert_eq!(chosen_or(MatmulPrecision::Bf16), MatmulPrecision::Bf16);
         set_matmul_precision(MatmulPrecision::Tf32);
-        assert_eq!(matmul_precision().unwrap(), MatmulPrecision::Tf32);
+        assert_eq!(chosen_or(MatmulPrecision::Auto), MatmulPrecision::Tf32);
         set_matmul_precision(MatmulPrecision::F32);
-        assert_eq!(matmul_precision().unwrap(), MatmulPrecision::F32);
+        assert_eq!(chosen_or(MatmulPrecision::Bf16), MatmulPrecision::F32);
     }
 }

@@ -29,9 +29,9 @@ use std::sync::OnceLock;
 
 use cudarc::driver::LaunchConfig;
 
-use super::prefill::matmul_precision;
 use super::qmma::{ranges_of_k, QmmaKernel};
 use super::{fast_path_log_group, to_i32, CudaBackend, WeightArgs, DT_BF16};
+use crate::backends::cuda::knobs::Knobs;
 use crate::backends::cuda::{Derived, DeviceBuffer, State};
 use crate::{Array, Backend, DType, Error, Matrix, QuantMode, Result};
 
@@ -121,7 +121,7 @@ fn qir_smem(p_dt: i32) -> usize {
 /// ones for 17 to 64 rows, which are slower than the bf16 forms they would replace (measured in
 /// the CUDA journal, `git show 83079a1:docs/cuda.md`, "Few-row products in integers"); `0` none.
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum Mode {
+pub(crate) enum Mode {
     Off,
     Registers,
     All,
@@ -147,7 +147,7 @@ const DEC_SCALED: [(&str, &str); 6] = [
 /// kernels of 32 and 64 rows have wide forms, so the rows pick them.
 fn wide_form(st: &State, name: &'static str, rows: usize, blocks: &dyn Fn(usize) -> usize) -> (&'static str, usize) {
     let fits = |&&(wide, r, tpb): &&(&'static str, usize, usize)| {
-        r == rows && tpb <= qdec_tpb() && st.qmma_kernels.get(wide).is_some_and(|k| blocks(tpb) >= k.slots)
+        r == rows && tpb <= st.knobs.qdec_tpb && st.qmma_kernels.get(wide).is_some_and(|k| blocks(tpb) >= k.slots)
     };
     DEC_WIDE.iter().filter(fits).max_by_key(|w| w.2).map_or((name, 1), |&(wide, _, tpb)| (wide, tpb))
 }
@@ -177,84 +177,35 @@ pub(in crate::backends::cuda) fn needs_wgmma(kernel: &str) -> bool {
 }
 
 /// Whether a run of `blocks` blocks of 8 weight tiles, K cut into `ranges`, takes the warpgroup
-/// kernel with `slots` resident blocks (`NUVEC_QDEC_WGMMA`, read once): unset, where the blocks
+/// kernel with `slots` resident blocks (`NUVEC_QDEC_WGMMA`): unset, where the blocks
 /// fill at least half the slots with K whole (an 8B's gate/up); `1` always, K in ranges where
 /// needed (the partial slices' sums and x's restaging then cost about what the smaller
 /// products gain at 64 rows, more at 32: docs/cuda.md); `0` never.
-fn qwg_takes(blocks: usize, ranges: usize, slots: usize) -> bool {
-    static MODE: OnceLock<Option<bool>> = OnceLock::new();
-    let mode = *MODE.get_or_init(|| match crate::tuning::env("NUVEC_QDEC_WGMMA").as_deref() {
-        Ok("0") => Some(false),
-        Ok("1") => Some(true),
-        _ => None,
-    });
-    mode.unwrap_or(ranges == 1 && 2 * blocks >= slots)
+fn qwg_takes(knobs: &Knobs, blocks: usize, ranges: usize, slots: usize) -> bool {
+    knobs.qdec_wgmma.unwrap_or(ranges == 1 && 2 * blocks >= slots)
 }
 
-/// The most weight tiles per block of the bf16 register kernels (`NUVEC_QDEC_TPB`, read once: 2
-/// unless set to 1).
-fn qdec_tpb() -> usize {
-    static TPB: OnceLock<usize> = OnceLock::new();
-    *TPB.get_or_init(|| if crate::tuning::env("NUVEC_QDEC_TPB").as_deref() == Ok("1") { 1 } else { 2 })
-}
-
-/// The most input rows the bf16 register kernels take (`NUVEC_QDEC_ROWS`, read once; 64 unless
-/// set to 16 or 32).
-fn qdec_rows() -> usize {
-    static ROWS: OnceLock<usize> = OnceLock::new();
-    *ROWS.get_or_init(|| match crate::tuning::env("NUVEC_QDEC_ROWS").as_deref() {
-        Ok("16") => 16,
-        Ok("32") => 32,
-        _ => 64,
-    })
-}
-
-/// Whether the process's matmul precision lets a batched product round x and bf16-scaled weights
+/// Whether the device's matmul precision lets a batched product round x and bf16-scaled weights
 /// to bf16 (as the prefill GEMM does: `Bf16`, or `Auto` in a half-precision model), else the
 /// integer kernels keep f32 accuracy (`NUVEC_CUDA_MATMUL=f32`).
-fn bf16_products() -> Result<bool> {
-    Ok(matmul_precision()?.bf16_weight(-1, DT_BF16, crate::compute_dtype_hint()))
+fn bf16_products(st: &State) -> bool {
+    st.matmul_precision().bf16_weight(-1, DT_BF16, crate::compute_dtype_hint())
 }
-
-/// The fewest input rows at which 4-bit weights with f16 or f32 scales (GGUF's simple blocks and
-/// K-quants) take the bf16 register kernels, each weight decoded in f32 and rounded to bf16
-/// (`NUVEC_QDEC_SCALED_FROM`, read once; above 64 never): fewer rows take the integer register
-/// kernels up to 16 and the qmma kernels above.
-fn qdec_scaled_from() -> usize {
-    static FROM: OnceLock<usize> = OnceLock::new();
-    *FROM.get_or_init(|| {
-        crate::tuning::env("NUVEC_QDEC_SCALED_FROM")
-            .ok()
-            .and_then(|v| v.trim().parse().ok())
-            .unwrap_or(QDEC_SCALED_FROM)
-    })
-}
-const QDEC_SCALED_FROM: usize = 9;
 
 /// Whether a product of `m` rows of `k` takes the bf16 register kernels whatever its weights
 /// (theirs must still be 4-bit, with bf16 scales or as `qimma_many` allows others): the default
 /// mode, the precision allowing bf16, 2 to `NUVEC_QDEC_ROWS` rows, K a multiple of 128 (a batch
 /// of the kernels).
-fn bf16_rows(m: usize, k: usize) -> Result<bool> {
-    Ok(mode() == Mode::Decoded
-        && (2..=qdec_rows().min(QI_MAX_ROWS)).contains(&m)
+fn bf16_rows(st: &State, m: usize, k: usize) -> bool {
+    st.knobs.qimma == Mode::Decoded
+        && (2..=st.knobs.qdec_rows.min(QI_MAX_ROWS)).contains(&m)
         && k.is_multiple_of(128)
-        && bf16_products()?)
+        && bf16_products(st)
 }
 
 /// Room for `m` rows of `k` values as bf16 tiles (whole tiles of 8 rows).
 fn bf16_tiles_buffer(st: &'static State, m: usize, k: usize) -> Result<DeviceBuffer> {
     DeviceBuffer::alloc(st, m.div_ceil(8) * 8 * k * 2)
-}
-
-fn mode() -> Mode {
-    static MODE: OnceLock<Mode> = OnceLock::new();
-    *MODE.get_or_init(|| match crate::tuning::env("NUVEC_QIMMA").as_deref() {
-        Ok("0") => Mode::Off,
-        Ok("1") => Mode::All,
-        Ok("int") => Mode::Registers,
-        _ => Mode::Decoded,
-    })
 }
 
 impl CudaBackend {
@@ -270,7 +221,7 @@ impl CudaBackend {
         ws: &[&Matrix],
         up: Option<&Array>,
     ) -> Result<Option<Vec<Array>>> {
-        let mode = mode();
+        let mode = self.st()?.knobs.qimma;
         if mode == Mode::Off || !self.plain_input(x, up) {
             return Ok(None);
         }
@@ -283,7 +234,7 @@ impl CudaBackend {
         // their bf16 form may take more rows (`NUVEC_QDEC_ROWS`) where every scale is bf16.
         let batches = k.is_multiple_of(128);
         let reg = REG_KERNELS.iter().find(|r| m <= r.1 && batches).copied();
-        let dec = if bf16_rows(m, k)? { DEC_KERNELS.iter().find(|r| m <= r.1).copied() } else { None };
+        let dec = if bf16_rows(self.st()?, m, k) { DEC_KERNELS.iter().find(|r| m <= r.1).copied() } else { None };
         let regs = reg.or(dec);
         if regs.is_none() && mode != Mode::All {
             return Ok(None);
@@ -310,10 +261,10 @@ impl CudaBackend {
         if args.iter().all(Option::is_none) || (up.is_some() && args.iter().any(Option::is_none)) {
             return Ok(None);
         }
-        // The bf16 register kernels take bf16 scales, and from `qdec_scaled_from()` rows f16 and f32
+        // The bf16 register kernels take bf16 scales, and from `NUVEC_QDEC_SCALED_FROM` rows f16 and f32
         // ones where the precision rounds such a weight to bf16 (the prefill GEMM's arithmetic).
-        let precision = matmul_precision()?;
-        let scaled = m >= qdec_scaled_from();
+        let precision = self.st()?.matmul_precision();
+        let scaled = m >= self.st()?.knobs.qdec_scaled_from;
         let decodable = |a: &Option<(WeightArgs, i32)>| {
             a.as_ref().is_none_or(|(a, _)| {
                 a.p_dt == DT_BF16 || (scaled && precision.bf16_weight(-1, a.p_dt, crate::compute_dtype_hint()))
@@ -374,7 +325,7 @@ impl CudaBackend {
     /// it on the output: `Array::set_derived` with `Derived::Bf16Tiles`).
     pub(super) fn bf16_tiles_for(&self, rows: usize, k: usize) -> Result<Option<DeviceBuffer>> {
         let st = self.st()?;
-        let takes = bf16_rows(rows, k)? && st.qmma_kernels.contains_key(DEC_KERNELS[0].0);
+        let takes = bf16_rows(st, rows, k) && st.qmma_kernels.contains_key(DEC_KERNELS[0].0);
         takes.then(|| bf16_tiles_buffer(st, rows, k)).transpose()
     }
 
@@ -512,7 +463,7 @@ impl CudaBackend {
             if let Some((wname, wk)) = wg.and_then(|w| st.qmma_kernels.get(w.0).map(|k| (w.0, k))) {
                 let wblocks = blocks(QWG_TILES);
                 let (_, ranges) = ranges_of_k(k / 128, wblocks, wk.slots, qir_ring());
-                if qwg_takes(wblocks, ranges, wk.slots) {
+                if qwg_takes(&st.knobs, wblocks, ranges, wk.slots) {
                     self.qwg(op, (wname, rows, wk.smem), xq, (m, k), (wblocks, ranges), slot, *lg)?;
                     continue;
                 }

@@ -131,7 +131,7 @@ impl CudaBackend {
         let deq_f32 = w.p_dt != DT_BF16
             && deq_rows().contains(&m)
             && matches!(x, QmmaInput::Bf16(_))
-            && super::prefill::matmul_precision()?.bf16_weight(-1, w.p_dt, crate::compute_dtype_hint());
+            && self.st()?.matmul_precision().bf16_weight(-1, w.p_dt, crate::compute_dtype_hint());
         let (xp, name) = match (x, w.bits, m.div_ceil(16)) {
             (QmmaInput::Bf16(p), 4, 1) if deq => (p, "qmma_b4_d16"),
             (QmmaInput::Bf16(p), 4, 2) if deq => (p, "qmma_b4_d32"),
