@@ -1,8 +1,7 @@
 // Runs the 4-bit one-row GEMV kernels of linear.cu (the per-word _w2/_w1 shapes, and the production
 // qgemv1_b4 / qgemv_multi_b4 as a control) through cuda_emu.h on the CPU and compares them with
-// the affine product written from its definition in f64: out[r] = sum_c (s * q + b) * x[c], with
-// x replaced by silu(x) * up for the fused down projection (tolerance 1e-4 relative to
-// |want| + mean|want|). Every group size (16..128), scale dtype (f32, f16, bf16), row counts that
+// the affine product written from its definition in f64: out[r] = sum_c (s * q + b) * x[c]
+// (tolerance 1e-4 relative to |want| + mean|want|). Every group size (16..128), scale dtype (f32, f16, bf16), row counts that
 // are not a multiple of 8 and the three-weight block mapping. The gated MLP fusion
 // (gate_up_silu_b4_*: silu(x . gate) * (x . up)) against the same f64 definition, and bit for bit
 // against the composition it replaces: the qgemv_multi_b4 variant of the same loop and warps over
@@ -39,15 +38,11 @@ static QW make(int n, int k, int group, int dt, float s, int bits = 4) {
     random_params(w.bi, groups, dt, 4 * s, rng);  // biases larger than scales, as in the CUDA tests
     return w;
 }
-static std::vector<double> reference(const QW& w, const std::vector<float>& x, const std::vector<float>* up) {
+static std::vector<double> reference(const QW& w, const std::vector<float>& x) {
     std::vector<double> out(w.n);
     for (int r = 0; r < w.n; ++r) {
         double a = 0;
-        for (int c = 0; c < w.k; ++c) {
-            double xv = x[c];
-            if (up) xv = xv / (1.0 + std::exp(-xv)) * (*up)[c];
-            a += w.at(r, c) * xv;
-        }
+        for (int c = 0; c < w.k; ++c) a += w.at(r, c) * (double)x[c];
         out[r] = a;
     }
     return out;
@@ -72,9 +67,9 @@ static const float* kernel_x(const std::vector<float>& x, bool int_x, std::vecto
 }
 
 typedef void (*One)(float*, const float*, int, int, const u32*, const void*, const void*, int, int, int);
-typedef void (*Multi)(const float*, int, int, int, float*, int, const u32*, const void*, const void*, const float*,
-                      float*, int, const u32*, const void*, const void*, float*, int, const u32*, const void*,
-                      const void*, const void*, const void*, const void*, int);
+typedef void (*Multi)(const float*, int, int, int, float*, int, const u32*, const void*, const void*, float*, int,
+                      const u32*, const void*, const void*, float*, int, const u32*, const void*, const void*,
+                      const void*, const void*, const void*, int);
 
 static void test_one(const char* name, One f, int rows, int threads, int n, int k, int group, int dt, bool int_x,
                      int bits = 4) {
@@ -88,17 +83,17 @@ static void test_one(const char* name, One f, int rows, int threads, int n, int 
                [&] { f(out.data(), xk, 1, n, w.packed.data(), w.sc.data(), w.bi.data(), dt, lg, k); });
     cmp(std::string(name) + " n=" + std::to_string(n) + " k=" + std::to_string(k) + " g" + std::to_string(group) +
             " dt" + std::to_string(dt),
-        out, reference(w, x, nullptr));
+        out, reference(w, x));
 }
 
 // Three weights in one launch (q/k/v shape; weights 0 and 2 with a bias row added, as q and v
-// of a layer with biases), then one weight with the silu(x) * up input.
-static void test_multi(const char* name, Multi f, int rows, int threads, int k, int group, int dt, bool with_up,
-                       bool int_x, int bits = 4) {
+// of a layer with biases).
+static void test_multi(const char* name, Multi f, int rows, int threads, int k, int group, int dt, bool int_x,
+                       int bits = 4) {
     int ns[3] = {33, 77, 8};
     QW w[3] = {make(ns[0], k, group, dt, 0.05f, bits), make(ns[1], k, group, dt, 0.05f, bits),
                make(ns[2], k, group, dt, 0.05f, bits)};
-    auto x = rnd(k), up = rnd(k);
+    auto x = rnd(k);
     std::vector<unsigned> parts;
     const float* xk = kernel_x(x, int_x, parts);
     std::vector<float> o[3] = {std::vector<float>(ns[0], NAN), std::vector<float>(ns[1], NAN), std::vector<float>(ns[2], NAN)};
@@ -107,25 +102,16 @@ static void test_multi(const char* name, Multi f, int rows, int threads, int k, 
     for (int n : ns) blocks += (n + rows - 1) / rows;
     std::vector<float> add0 = rnd(ns[0]), add2 = rnd(ns[2]);
     emu_launch({blocks, 1, 1}, {(unsigned)threads, 1, 1}, [&] {
-        f(xk, dt, lg, k, o[0].data(), ns[0], w[0].packed.data(), w[0].sc.data(), w[0].bi.data(), nullptr,
-          o[1].data(), ns[1], w[1].packed.data(), w[1].sc.data(), w[1].bi.data(), o[2].data(), ns[2],
+        f(xk, dt, lg, k, o[0].data(), ns[0], w[0].packed.data(), w[0].sc.data(), w[0].bi.data(), o[1].data(), ns[1], w[1].packed.data(), w[1].sc.data(), w[1].bi.data(), o[2].data(), ns[2],
           w[2].packed.data(), w[2].sc.data(), w[2].bi.data(), add0.data(), nullptr, add2.data(), DT_F32);
     });
     std::string tag = std::string(name) + " k=" + std::to_string(k) + " g" + std::to_string(group) + " dt" + std::to_string(dt);
     for (int i = 0; i < 3; ++i) {
-        std::vector<double> want = reference(w[i], x, nullptr);
+        std::vector<double> want = reference(w[i], x);
         const std::vector<float>* add = i == 0 ? &add0 : i == 2 ? &add2 : nullptr;
         for (size_t r = 0; add != nullptr && r < want.size(); ++r) want[r] += (*add)[r];
         cmp(tag + " weight " + std::to_string(i) + (add ? " + bias" : ""), o[i], want);
     }
-    if (!with_up) return;
-    std::vector<float> od(ns[1], NAN);
-    emu_launch({(unsigned)((ns[1] + rows - 1) / rows), 1, 1}, {(unsigned)threads, 1, 1}, [&] {
-        f(x.data(), dt, lg, k, od.data(), ns[1], w[1].packed.data(), w[1].sc.data(), w[1].bi.data(), up.data(),
-          nullptr, 0, nullptr, nullptr, nullptr, nullptr, 0, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr,
-          DT_F32);
-    });
-    if (with_up) cmp(tag + " silu(x)*up", od, reference(w[1], x, &up));
 }
 
 typedef void (*GateUp)(float*, const float*, int, const u32*, const void*, const void*, const u32*, const void*,
@@ -147,13 +133,13 @@ static void test_gate_up(const char* name, GateUp f, Multi multi, int rows, int 
     // The composition: one multi launch over [gate; up], then silu(g) * u as silu_mul_f32 writes it.
     unsigned blocks = 2 * ((n + rows - 1) / rows);
     emu_launch({blocks, 1, 1}, {(unsigned)threads, 1, 1}, [&] {
-        multi(xk, dt, lg, k, og.data(), n, g.packed.data(), g.sc.data(), g.bi.data(), nullptr, ou.data(), n,
+        multi(xk, dt, lg, k, og.data(), n, g.packed.data(), g.sc.data(), g.bi.data(), ou.data(), n,
               u.packed.data(), u.sc.data(), u.bi.data(), nullptr, 0, nullptr, nullptr, nullptr, nullptr, nullptr,
               nullptr, DT_F32);
     });
     std::string tag = std::string(name) + " n=" + std::to_string(n) + " k=" + std::to_string(k) + " g" +
                       std::to_string(group) + " dt" + std::to_string(dt);
-    auto rg = reference(g, x, nullptr), ru = reference(u, x, nullptr);
+    auto rg = reference(g, x), ru = reference(u, x);
     std::vector<double> want(n);
     for (int i = 0; i < n; ++i) want[i] = rg[i] / (1.0 + std::exp(-rg[i])) * ru[i];
     cmp(tag, got, want);
@@ -243,14 +229,14 @@ static void test_norm_rows(int n, int k, int group, int dt, int nw_dt) {
     std::vector<float> one(m, NAN), ma(m, NAN), mb(m, NAN), mc(40, NAN), gu13(m, NAN), gu16(m, NAN);
     emu_launch({(unsigned)(m / 8), 1, 1}, {128, 1, 1},
                [&] { qgemv1_b4_i4(one.data(), pk, 1, m, a.packed.data(), a.sc.data(), a.bi.data(), dt, lg, n); });
-    cmp(tag + " -> qgemv1_b4_i4", one, reference(a, yref, nullptr));
+    cmp(tag + " -> qgemv1_b4_i4", one, reference(a, yref));
     emu_launch({(unsigned)(m / 8 + m / 8 + 5), 1, 1}, {64, 1, 1}, [&] {
-        qgemv_multi_b4_i2(pk, dt, lg, n, ma.data(), m, a.packed.data(), a.sc.data(), a.bi.data(), nullptr, mb.data(),
+        qgemv_multi_b4_i2(pk, dt, lg, n, ma.data(), m, a.packed.data(), a.sc.data(), a.bi.data(), mb.data(),
                            m, b.packed.data(), b.sc.data(), b.bi.data(), mc.data(), 40, c3.packed.data(),
                            c3.sc.data(), c3.bi.data(), nullptr, nullptr, nullptr, DT_F32);
     });
-    cmp(tag + " -> qgemv_multi_b4_i2 weight 0", ma, reference(a, yref, nullptr));
-    cmp(tag + " -> qgemv_multi_b4_i2 weight 2", mc, reference(c3, yref, nullptr));
+    cmp(tag + " -> qgemv_multi_b4_i2 weight 0", ma, reference(a, yref));
+    cmp(tag + " -> qgemv_multi_b4_i2 weight 2", mc, reference(c3, yref));
     emu_launch({(unsigned)(m / 4), 1, 1}, {32, 1, 1}, [&] {
         gate_up_silu_b4_i1(gu13.data(), pk, m, a.packed.data(), a.sc.data(), a.bi.data(), b.packed.data(),
                             b.sc.data(), b.bi.data(), dt, lg, n);
@@ -260,7 +246,7 @@ static void test_norm_rows(int n, int k, int group, int dt, int nw_dt) {
         gate_up_silu_b4_i1_parts(gu16.data(), pk, m, a.packed.data(), a.sc.data(), a.bi.data(), b.packed.data(),
                             b.sc.data(), b.bi.data(), dt, lg, n, dparts.data());
     });
-    auto ra = reference(a, yref, nullptr), rb = reference(b, yref, nullptr);
+    auto ra = reference(a, yref), rb = reference(b, yref);
     std::vector<double> want(m);
     for (int i = 0; i < m; ++i) want[i] = ra[i] / (1.0 + std::exp(-ra[i])) * rb[i];
     cmp(tag + " -> gate_up_silu_b4_i1", gu13, want);
@@ -284,8 +270,8 @@ int main() {
         printf("%s qg4_word: 8 values of 1024 words exactly 1 + q/16 (%d wrong)\n", bad ? "FAIL" : "ok  ", bad);
         fails += bad != 0;
     }
-    // xw: the x-per-word and integer kernels (_xw1, _i1, _i2, _i4), which take neither groups of 16 nor
-    // silu(x) * up; int_x: the integer ones (_i1, _i2, _i4), which read x's parts.
+    // xw: the x-per-word and integer kernels (_xw1, _i1, _i2, _i4), which take no groups of 16;
+    // int_x: the integer ones (_i1, _i2, _i4), which read x's parts.
     struct { const char* name; One one; Multi multi; int rows, threads; bool xw, int_x; } kernels[] = {
         {"qgemv1_b4_w2", qgemv1_b4_w2, qgemv_multi_b4_w2, 8, 64, false, false},
         {"qgemv1_b4_w1", qgemv1_b4_w1, qgemv_multi_b4_w1, 8, 32, false, false},
@@ -303,7 +289,7 @@ int main() {
                 if (kn.xw && group == 16) continue;
                 test_one(kn.name, kn.one, kn.rows, kn.threads, 77, 384, group, dt, kn.int_x);
                 test_one(kn.name, kn.one, kn.rows, kn.threads, 5, 4096, group, dt, kn.int_x);
-                test_multi(kn.name, kn.multi, kn.rows, kn.threads, 1024, group, dt, !kn.xw, kn.int_x);
+                test_multi(kn.name, kn.multi, kn.rows, kn.threads, 1024, group, dt, kn.int_x);
             }
     // The 8-bit integer kernels (qi8_sums, 4 rows per block): groups of 32 and more, every scale
     // dtype; k of one partial pass of the lanes (384), of 90 chunks (gpt-oss's 2880) and 4096.
@@ -317,7 +303,7 @@ int main() {
             for (int dt : {DT_F32, DT_F16, DT_BF16}) {
                 test_one(kn.name, kn.one, 4, kn.threads, 77, 384, group, dt, true, 8);
                 test_one(kn.name, kn.one, 4, kn.threads, 5, 2880 % group ? 4096 : 2880, group, dt, true, 8);
-                test_multi(kn.name, kn.multi, 4, kn.threads, 2880 % group ? 4096 : 2880, group, dt, false, true, 8);
+                test_multi(kn.name, kn.multi, 4, kn.threads, 2880 % group ? 4096 : 2880, group, dt, true, 8);
             }
     // The gated MLP fusion, each kernel with the multi variant of the same loop and warps.
     struct { const char* name; GateUp f; Multi multi; int rows, threads; bool int_x; } fused[] = {

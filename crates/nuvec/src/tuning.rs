@@ -198,13 +198,6 @@ pub const KNOBS: &[Knob] = &[
         "which kernels also write the integer GEMVs' int8 parts of their output (0: separate split launches)",
     ),
     knob(
-        "NUVEC_QGEMV_FUSED_SILU",
-        "0, 1",
-        "0",
-        "cuda",
-        "the down projection's GEMV takes silu(gate) * up itself instead of after a silu_mul launch",
-    ),
-    knob(
         "NUVEC_QGEMV_INT",
         "0, 1",
         "1",

@@ -65,8 +65,6 @@ pub(crate) struct Knobs {
     pub(crate) qgemv_int: bool,
     /// `NUVEC_PRODUCER_PARTS`: the producers writing the integer GEMVs' parts (`None`: all).
     pub(crate) producer_parts: Option<Vec<String>>,
-    /// `NUVEC_QGEMV_FUSED_SILU`: the down projection takes silu(gate) * up inside its GEMV.
-    pub(crate) qgemv_fused_silu: bool,
     /// `NUVEC_STAGED_UPLOADS`: small uploads through page-locked staging memory.
     pub(crate) staged_uploads: bool,
     /// `NUVEC_DECODE_STREAM`: prefill decodes quantized weights on a second stream.
@@ -109,7 +107,6 @@ impl Knobs {
                 "NUVEC_QGEMV_VARIANT" => crate::tuning::setting("NUVEC_QGEMV_VARIANT", device),
                 "NUVEC_QGEMV_INT" => crate::tuning::setting("NUVEC_QGEMV_INT", device),
                 "NUVEC_PRODUCER_PARTS" => crate::tuning::setting("NUVEC_PRODUCER_PARTS", device),
-                "NUVEC_QGEMV_FUSED_SILU" => crate::tuning::setting("NUVEC_QGEMV_FUSED_SILU", device),
                 "NUVEC_STAGED_UPLOADS" => crate::tuning::setting("NUVEC_STAGED_UPLOADS", device),
                 "NUVEC_DECODE_STREAM" => crate::tuning::setting("NUVEC_DECODE_STREAM", device),
                 other => unreachable!("{other} is not one of the device's knobs"),
@@ -185,7 +182,6 @@ impl Knobs {
                 Some(v) if v != "1" => Some(v.split(',').map(|p| p.trim().to_string()).collect()),
                 _ => None,
             },
-            qgemv_fused_silu: on_if_1("NUVEC_QGEMV_FUSED_SILU")?,
             staged_uploads: on_if_1("NUVEC_STAGED_UPLOADS")?,
             decode_stream: on_unless_0("NUVEC_DECODE_STREAM")?,
         })
@@ -202,7 +198,7 @@ mod tests {
             Knobs::from_values(move |name| pairs.iter().find(|p| p.0 == name).map(|p| p.1.to_string()))
         };
         let d = Knobs::default();
-        assert!(d.pdl && d.paged_flash && !d.staged_uploads && !d.qgemv_fused_silu && d.producer_parts.is_none());
+        assert!(d.pdl && d.paged_flash && !d.staged_uploads && d.producer_parts.is_none());
         assert_eq!(
             (d.matmul, d.paged_flash_min_keys, d.moe_gather_rows, d.qdec_rows),
             (MatmulPrecision::Auto, 96, 64, 64)

@@ -208,7 +208,7 @@ pub(super) fn rows_vectorizable(d: usize, ptrs: &[u64]) -> bool {
 // The one-row and few-row GEMVs over quantized weights (kernels/linear.cu): shapes, the integer
 // GEMVs' parts of x, the multi-weight launch.
 mod gemv;
-use gemv::{fast_path_log_group, fused_silu, int_gemvs, int_parts_bytes, qgemv4_variant};
+use gemv::{fast_path_log_group, int_gemvs, int_parts_bytes, qgemv4_variant};
 // Attention over a contiguous cache: split-key + merge for decode, SGEMM per head for prefill
 // (kernels/attention.cu).
 mod attention;
@@ -464,7 +464,7 @@ impl Backend for CudaBackend {
     fn linear_many_bias(&self, x: &Array, ws: &[&Matrix], biases: &[&Array]) -> Result<Vec<Array>> {
         // One input row: the biases added in the products' launch.
         if biases.len() == ws.len() {
-            if let Some(outs) = self.fused_qgemv("linear_many_bias", x, ws, None, Some(biases))? {
+            if let Some(outs) = self.fused_qgemv("linear_many_bias", x, ws, Some(biases))? {
                 return Ok(outs);
             }
         }
@@ -472,7 +472,7 @@ impl Backend for CudaBackend {
     }
 
     fn linear_many(&self, x: &Array, ws: &[&Matrix]) -> Result<Vec<Array>> {
-        if let Some(outs) = self.fused_qgemv("linear_many", x, ws, None, None)? {
+        if let Some(outs) = self.fused_qgemv("linear_many", x, ws, None)? {
             return Ok(outs);
         }
         // A few rows over 4-bit weights, x split once for all of them (ops/qimma.rs).
@@ -488,14 +488,9 @@ impl Backend for CudaBackend {
 
     fn silu_mul_linear(&self, gate: &Array, up: &Array, w: &Matrix) -> Result<Array> {
         // Decode: silu(gate) * up is one small launch, then the plain GEMV. Folding it into the
-        // GEMV (`NUVEC_QGEMV_FUSED_SILU=1`) makes every block of the down projection recompute
-        // all of it (an exp and a division per value per block): the 8B's down projection took
-        // 45 us that way against 37 us for gate and up together (twice its bytes; ncu, H200).
-        if fused_silu(&self.st()?.knobs) {
-            if let Some(mut outs) = self.fused_qgemv("silu_mul_linear", gate, &[w], Some(up), None)? {
-                return Ok(outs.remove(0));
-            }
-        }
+        // GEMV made every block of the down projection recompute all of it (an exp and a
+        // division per value per block): the 8B's down projection took 45 us that way against
+        // 37 us for gate and up together (twice its bytes; ncu, H200).
         if let Some(mut outs) = self.qimma_many("silu_mul_linear", gate, &[w], Some(up))? {
             return Ok(outs.remove(0));
         }

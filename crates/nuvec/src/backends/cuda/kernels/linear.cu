@@ -86,12 +86,11 @@ extern "C" __global__ void gather_rows(float* out, const u32* ids, long long row
 #define QG_ROWS 4
 #define QG_WARPS 4
 // G16: groups of 16 (two per chunk); otherwise 1 << lg values per group (lg >= 5).
-// `block` is this block's index among the blocks of this weight. With `up` set (one input row
-// only), the input is silu(x) * up, as silu_mul computes it: the fused down projection.
+// `block` is this block's index among the blocks of this weight.
 template <int BITS, bool G16, int MAXM>
 __device__ __forceinline__ void qgemv_body(float* out, const float* x, int m, int n, const u32* packed,
                                            const void* scales, const void* biases, int p_dt, int lg, int k,
-                                           int block, const float* up = nullptr) {
+                                           int block) {
     constexpr int ROWS = QG_ROWS, WARPS = QG_WARPS;
     __shared__ float red[WARPS][ROWS][MAXM];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -129,19 +128,6 @@ __device__ __forceinline__ void qgemv_body(float* out, const float* x, int m, in
                 for (int v = 0; v < 8; ++v) {
                     float4 t = xp[v];
                     xv[4 * v] = t.x; xv[4 * v + 1] = t.y; xv[4 * v + 2] = t.z; xv[4 * v + 3] = t.w;
-                }
-                if (MAXM == 1 && up != nullptr) {
-                    const float4* upp = (const float4*)(up + ((size_t)c << 5));
-#pragma unroll
-                    for (int v = 0; v < 8; ++v) {
-                        float4 u = upp[v];
-                        float uu[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-                        for (int e = 0; e < 4; ++e) {
-                            float g = xv[4 * v + e];
-                            xv[4 * v + e] = g / (1.0f + expf(-g)) * uu[e];
-                        }
-                    }
                 }
                 float xs0 = 0.0f, xs1 = 0.0f;
 #pragma unroll
@@ -232,25 +218,23 @@ extern "C" __global__ void qdequant_b8(QD_PARAMS) { pdl_begin(); qdequant_body<8
     else qgemv_body<BITS, false, MAXM>(QG_ARGS, blockIdx.x)
 
 // One input row, up to three weights of the same width, group size and scale dtype in one launch
-// (q/k/v, gate/up): blocks [0, nb0) compute weight 0, the next nb1 weight 1, then weight 2.
-// With up0 set (one weight), the input is silu(x) * up0: the fused down projection. addN, when
+// (q/k/v, gate/up): blocks [0, nb0) compute weight 0, the next nb1 weight 1, then weight 2. addN, when
 // set, is a row of nN values (dtype add_dt) added to weight N's outputs: a layer's bias, as
 // add_bias_f32 would add it after the launch (q/k/v with biases: Qwen2, gpt-oss).
 #define QGM_PARAMS                                                                                              \
     const float *x, int p_dt, int lg, int k, float *out0, int n0, const u32 *pk0, const void *sc0, const void *bi0, \
-        const float *up0, float *out1, int n1, const u32 *pk1, const void *sc1, const void *bi1, float *out2, int n2, \
+        float *out1, int n1, const u32 *pk1, const void *sc1, const void *bi1, float *out2, int n2,                   \
         const u32 *pk2, const void *sc2, const void *bi2, const void *add0, const void *add1, const void *add2,     \
         int add_dt
 #define QGM_ARGS \
-    x, p_dt, lg, k, out0, n0, pk0, sc0, bi0, up0, out1, n1, pk1, sc1, bi1, out2, n2, pk2, sc2, bi2, add0, add1, add2, add_dt
+    x, p_dt, lg, k, out0, n0, pk0, sc0, bi0, out1, n1, pk1, sc1, bi1, out2, n2, pk2, sc2, bi2, add0, add1, add2, add_dt
 
 // The weight a block of a multi-weight launch computes, at ROWS rows per block: blocks [0, nb0)
 // weight 0, the next nb1 weight 1, the rest weight 2; `b` becomes the block's index among that
-// weight's blocks, `up` (the fused silu(x) * up input) belongs to weight 0 only, and `add` is the
-// weight's bias row (or null).
+// weight's blocks, and `add` is the weight's bias row (or null).
 template <int ROWS>
 __device__ __forceinline__ void qgm_slot(QGM_PARAMS, float*& out, int& n, const u32*& pk, const void*& sc,
-                                         const void*& bi, const float*& up, const void*& add, int& b) {
+                                         const void*& bi, const void*& add, int& b) {
     int nb0 = (n0 + ROWS - 1) / ROWS, nb1 = (n1 + ROWS - 1) / ROWS;
     b = blockIdx.x;
     out = out0;
@@ -258,12 +242,11 @@ __device__ __forceinline__ void qgm_slot(QGM_PARAMS, float*& out, int& n, const 
     pk = pk0;
     sc = sc0;
     bi = bi0;
-    up = up0;
     add = add0;
     if (b >= nb0 + nb1) {
-        out = out2; n = n2; pk = pk2; sc = sc2; bi = bi2; up = nullptr; add = add2; b -= nb0 + nb1;
+        out = out2; n = n2; pk = pk2; sc = sc2; bi = bi2; add = add2; b -= nb0 + nb1;
     } else if (b >= nb0) {
-        out = out1; n = n1; pk = pk1; sc = sc1; bi = bi1; up = nullptr; add = add1; b -= nb0;
+        out = out1; n = n1; pk = pk1; sc = sc1; bi = bi1; add = add1; b -= nb0;
     }
 }
 #define QGM_SLOT(ROWS)             \
@@ -271,8 +254,7 @@ __device__ __forceinline__ void qgm_slot(QGM_PARAMS, float*& out, int& n, const 
     int n, b;                      \
     const u32* pk;                 \
     const void *sc, *bi, *add;     \
-    const float* up;               \
-    qgm_slot<ROWS>(QGM_ARGS, out, n, pk, sc, bi, up, add, b)
+    qgm_slot<ROWS>(QGM_ARGS, out, n, pk, sc, bi, add, b)
 // The block's weight's bias row added to the rows it stored, by the threads that stored them
 // (thread t row t of the block's ROWS, as qgemv_body and qg4_store_rows write one input row).
 // Called after the product, so that the slot is picked again there and nothing of it stays live
@@ -286,8 +268,8 @@ __device__ __forceinline__ void qgm_add_bias(QGM_PARAMS) {
 
 #define QGM_DISPATCH(BITS)                                                                \
     QGM_SLOT(QG_ROWS);                                                                    \
-    if (lg == 4) qgemv_body<BITS, true, 1>(out, x, 1, n, pk, sc, bi, p_dt, lg, k, b, up); \
-    else qgemv_body<BITS, false, 1>(out, x, 1, n, pk, sc, bi, p_dt, lg, k, b, up);        \
+    if (lg == 4) qgemv_body<BITS, true, 1>(out, x, 1, n, pk, sc, bi, p_dt, lg, k, b); \
+    else qgemv_body<BITS, false, 1>(out, x, 1, n, pk, sc, bi, p_dt, lg, k, b);        \
     qgm_add_bias<QG_ROWS>(QGM_ARGS);
 
 extern "C" __global__ void __launch_bounds__(128, 4) qgemv1_b2(QG_PARAMS) { pdl_begin(); QG_DISPATCH(2, 1); }
@@ -478,8 +460,7 @@ __device__ __forceinline__ void qg4_store_rows(float* out, const float (&acc)[RO
 // A lane's sums of the per-word loop: acc[r] over the chunks c = lane, lane + 32 * WARPS, ...
 // of the ROWS rows that load(w, s, b, c) fetches (qg4_load_rows).
 template <bool G16, int ROWS, int WARPS, class Load>
-__device__ __forceinline__ void qgemv4w_acc(float (&acc)[ROWS], const float* __restrict__ x, int k,
-                                            const float* __restrict__ up, Load load) {
+__device__ __forceinline__ void qgemv4w_acc(float (&acc)[ROWS], const float* __restrict__ x, int k, Load load) {
     const int chunks = k >> 5;
     constexpr int NG = G16 ? 2 : 1;  // scale/bias pairs per chunk
 #pragma unroll
@@ -494,19 +475,6 @@ __device__ __forceinline__ void qgemv4w_acc(float (&acc)[ROWS], const float* __r
         for (int v = 0; v < 8; ++v) {
             float4 t = __ldg(xp + v);
             xv[4 * v] = t.x; xv[4 * v + 1] = t.y; xv[4 * v + 2] = t.z; xv[4 * v + 3] = t.w;
-        }
-        if (up != nullptr) {  // the fused down projection: silu(x) * up, as silu_mul computes it
-            const float4* upp = (const float4*)(up + ((size_t)c << 5));
-#pragma unroll
-            for (int v = 0; v < 8; ++v) {
-                float4 u = __ldg(upp + v);
-                float uu[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    float g = xv[4 * v + e];
-                    xv[4 * v + e] = g / (1.0f + expf(-g)) * uu[e];
-                }
-            }
         }
         float xs[NG];
 #pragma unroll
@@ -535,7 +503,7 @@ __device__ __forceinline__ void qgemv4w_acc(float (&acc)[ROWS], const float* __r
     }
 }
 
-// The same arithmetic with x read per word (v10-v12; no fused silu(x) * up): for each of a chunk's 4 words, the lane
+// The same arithmetic with x read per word: for each of a chunk's 4 words, the lane
 // loads its 8 x values and multiplies them with that word of every row, so 8 x values are live
 // instead of 32. Each row's sums add in the order of qgemv4w_acc (words in order, values in
 // order). The registers saved buy occupancy: at 64 registers
@@ -642,10 +610,9 @@ __device__ __forceinline__ void qgemv4i_acc(float (&acc)[ROWS], bool& pending, c
     }
 }
 
-// The loops of the one-row 4-bit kernels: per word (qgemv4w_acc, which also takes the fused
-// silu(x) * up input), x per word (qgemv4x_acc) and integer dot products over x's parts
-// (qgemv4i_acc, where the kernel's `x` argument is xsplit_f32's buffer). The last two take groups
-// of 32 and more only, without silu(x) * up.
+// The loops of the one-row 4-bit kernels: per word (qgemv4w_acc), x per word (qgemv4x_acc) and
+// integer dot products over x's parts (qgemv4i_acc, where the kernel's `x` argument is
+// xsplit_f32's buffer). The last two take groups of 32 and more only.
 #define QG_LOOP_WORD 0
 #define QG_LOOP_XWORD 1
 #define QG_LOOP_INT 2
@@ -656,9 +623,7 @@ __device__ __forceinline__ void qgemv4i_acc(float (&acc)[ROWS], bool& pending, c
 template <bool G16, int PDT, int ROWS, int WARPS, int LOOP, int BITS = 4>
 __device__ __forceinline__ void qgemv4_run(float* out, const float* __restrict__ x, int n,
                                            const u32* __restrict__ packed, const void* __restrict__ scales,
-                                           const void* __restrict__ biases, int p_dt, int lg, int k, int block,
-                                           const float* __restrict__ up) {
-    if (LOOP != QG_LOOP_WORD && up != nullptr) __trap();  // the host sends silu(x) * up to the per-word loop
+                                           const void* __restrict__ biases, int p_dt, int lg, int k, int block) {
     __shared__ float red[WARPS][ROWS];
     const int dt = PDT >= 0 ? PDT : p_dt;
     const int r0 = block * ROWS;
@@ -673,7 +638,7 @@ __device__ __forceinline__ void qgemv4_run(float* out, const float* __restrict__
         const Qg4Rows<G16, ROWS> load{packed, scales, biases, dt, lg, r0, n, words, gpr};
         if constexpr (LOOP == QG_LOOP_INT) qgemv4i_acc<ROWS, WARPS>(acc, pending, (const u32*)x, k, load);
         else if constexpr (LOOP == QG_LOOP_XWORD) qgemv4x_acc<G16, ROWS, WARPS>(acc, x, k, load);
-        else qgemv4w_acc<G16, ROWS, WARPS>(acc, x, k, up, load);
+        else qgemv4w_acc<G16, ROWS, WARPS>(acc, x, k, load);
     }
     const float scale = LOOP == QG_LOOP_INT ? xq_norm_scale((const u32*)x, k, pending) : 1.0f;
     qg4_store_rows<ROWS, WARPS>(out, acc, red, r0, n, scale);
@@ -687,12 +652,12 @@ template <int ROWS, int WARPS, int LOOP = QG_LOOP_WORD, int BITS = 4>
 __device__ __forceinline__ void qgemv4w_one(QG_PARAMS) {
     if (LOOP != QG_LOOP_WORD && lg == 4) __trap();
     if constexpr (LOOP == QG_LOOP_WORD)
-        if (lg == 4) return qgemv4_run<true, -1, ROWS, WARPS, LOOP>(out, x, n, packed, scales, biases, p_dt, lg, k, blockIdx.x, nullptr);
+        if (lg == 4) return qgemv4_run<true, -1, ROWS, WARPS, LOOP>(out, x, n, packed, scales, biases, p_dt, lg, k, blockIdx.x);
     if (p_dt == DT_BF16)
-        qgemv4_run<false, DT_BF16, ROWS, WARPS, LOOP, BITS>(out, x, n, packed, scales, biases, p_dt, lg, k, blockIdx.x, nullptr);
+        qgemv4_run<false, DT_BF16, ROWS, WARPS, LOOP, BITS>(out, x, n, packed, scales, biases, p_dt, lg, k, blockIdx.x);
     else if (p_dt == DT_F16)
-        qgemv4_run<false, DT_F16, ROWS, WARPS, LOOP, BITS>(out, x, n, packed, scales, biases, p_dt, lg, k, blockIdx.x, nullptr);
-    else qgemv4_run<false, DT_F32, ROWS, WARPS, LOOP, BITS>(out, x, n, packed, scales, biases, p_dt, lg, k, blockIdx.x, nullptr);
+        qgemv4_run<false, DT_F16, ROWS, WARPS, LOOP, BITS>(out, x, n, packed, scales, biases, p_dt, lg, k, blockIdx.x);
+    else qgemv4_run<false, DT_F32, ROWS, WARPS, LOOP, BITS>(out, x, n, packed, scales, biases, p_dt, lg, k, blockIdx.x);
 }
 
 // The multi-weight launch: the block-to-weight mapping of qgm_slot, done inside each
@@ -701,7 +666,7 @@ __device__ __forceinline__ void qgemv4w_one(QG_PARAMS) {
 template <bool G16, int PDT, int ROWS, int WARPS, int LOOP, int BITS = 4>
 __device__ __forceinline__ void qgemv4w_pick(QGM_PARAMS) {
     QGM_SLOT(ROWS);
-    qgemv4_run<G16, PDT, ROWS, WARPS, LOOP, BITS>(out, x, n, pk, sc, bi, p_dt, lg, k, b, up);
+    qgemv4_run<G16, PDT, ROWS, WARPS, LOOP, BITS>(out, x, n, pk, sc, bi, p_dt, lg, k, b);
     qgm_add_bias<ROWS>(QGM_ARGS);
 }
 template <int ROWS, int WARPS, int LOOP = QG_LOOP_WORD, int BITS = 4>
@@ -791,7 +756,7 @@ __device__ __forceinline__ void gate_up_silu_body(float* out, const float* __res
     bool pending = false;
     if constexpr (LOOP == QG_LOOP_INT) qgemv4i_acc<R2, WARPS>(acc, pending, (const u32*)x, k, load);
     else if constexpr (LOOP == QG_LOOP_XWORD) qgemv4x_acc<false, R2, WARPS>(acc, x, k, load);
-    else qgemv4w_acc<false, R2, WARPS>(acc, x, k, nullptr, load);
+    else qgemv4w_acc<false, R2, WARPS>(acc, x, k, load);
     qg4_reduce_rows<R2, WARPS>(acc, red);
     const float scale = LOOP == QG_LOOP_INT ? xq_norm_scale((const u32*)x, k, pending) : 1.0f;
     const unsigned t = threadIdx.x;

@@ -19,7 +19,7 @@ const QG_THREADS: u32 = 128;
 /// The shape of the one-row 4-bit GEMV for `k` inputs and `rows` outputs (all weights of a
 /// multi-weight launch together): `(kernel name suffix, output rows per block, threads per block)`.
 ///
-/// Where `plain` (groups of 32 or more, no fused silu(x) * up) the integer dot-product kernels
+/// Where `plain` (groups of 32 or more) the integer dot-product kernels
 /// run: `xsplit_f32` first splits x into int8 parts, then each word of weights costs 2 masks, a
 /// shift and 6 `dp4a` per row where the f32 loops issue ~24 instructions (they were bound by
 /// issue: the CUDA journal, `git show 83079a1:docs/cuda.md`, eighth session). Measured on the
@@ -28,7 +28,7 @@ const QG_THREADS: u32 = 128;
 /// otherwise the warps per block grow from 1 while the grid holds fewer than
 /// [`QG_TARGET_WARPS`] warps and every lane still gets a 32-value
 /// chunk of each row (`_i1`, `_i2`, `_i4`): a [4096, 14336] down projection is only 512 blocks
-/// of 8 rows. Groups of 16 and the fused silu(x) * up take the per-word f32 loop (`_w1`, `_w2`,
+/// of 8 rows. Groups of 16 take the per-word f32 loop (`_w1`, `_w2`,
 /// `_w4`, `_w8`) by the same rule. `NUVEC_QGEMV_VARIANT=body|w1|w2|w4|w8|xw1|i1|i2|i4` forces one
 /// shape (for timing them; see [`QGEMV4_SHAPES`]; `xw1` and the `i` shapes apply only where
 /// `plain`), `NUVEC_QGEMV_INT=0` keeps the f32 loops (`_xw1` for long grids).
@@ -70,7 +70,7 @@ struct Qgemv4Shape {
     /// Output rows per block.
     rows: usize,
     threads: u32,
-    /// Only for groups of 32 and more without the fused silu(x) * up.
+    /// Only for groups of 32 and more.
     plain_only: bool,
 }
 
@@ -129,7 +129,7 @@ fn grid_warps(blocks: usize, chunks: usize, max: usize, passes: usize) -> usize 
 }
 
 /// The shape of a one-row GEMV over `bits`-bit weights (`rows` outputs of all the launch's
-/// weights, `k` inputs; `plain`: groups of 32 or more and no fused silu(x) * up): the 4-bit
+/// weights, `k` inputs; `plain`: groups of 32 or more): the 4-bit
 /// variants, the 8-bit integer ones, else `qgemv_body`'s.
 fn one_row_shape(knobs: &Knobs, bits: i32, k: usize, rows: usize, plain: bool) -> (&'static str, usize, u32) {
     match bits {
@@ -162,12 +162,6 @@ pub(super) fn int_parts_bytes(k: usize) -> usize {
 /// Whether a one-row 4- or 8-bit variant reads x as `xsplit_f32`'s parts (integer dot products).
 fn int_variant(suffix: &str) -> bool {
     matches!(suffix, "_i1" | "_i2" | "_i4")
-}
-
-/// Whether the decode down projection takes `silu(gate) * up` inside the GEMV
-/// (`NUVEC_QGEMV_FUSED_SILU=1`) rather than from a `silu_mul` launch before it (the default).
-pub(super) fn fused_silu(knobs: &Knobs) -> bool {
-    knobs.qgemv_fused_silu
 }
 
 /// u32 words of x's parts per 32-value chunk (`QI_WORDS` in `kernels/linear.cu`); a scale and a
@@ -309,24 +303,22 @@ impl CudaBackend {
     }
 
     /// One launch of `qgemv_multi_bN` for one input row and up to three affine-quantized weights
-    /// of one width, group size and scale dtype (q/k/v, gate/up), or for the down projection of
-    /// `silu(x) * up` (`up` set, one weight). `adds`: a bias row per weight, of one float dtype,
+    /// of one width, group size and scale dtype (q/k/v, gate/up). `adds`: a bias row per weight, of one float dtype,
     /// added to its outputs in the launch. `None` (nothing launched) when the case is not that.
     pub(super) fn fused_qgemv(
         &self,
         op: &'static str,
         x: &Array,
         ws: &[&Matrix],
-        up: Option<&Array>,
         adds: Option<&[&Array]>,
     ) -> Result<Option<Vec<Array>>> {
-        if ws.is_empty() || ws.len() > 3 || !self.plain_input(x, up) {
+        if ws.is_empty() || ws.len() > 3 || !self.plain_input(x, None) {
             return Ok(None);
         }
         // The bias rows' pointers (0: none) and their one dtype.
         let (mut add, mut add_dt) = ([0u64; 3], DT_F32);
         if let Some(adds) = adds {
-            if adds.len() != ws.len() || up.is_some() {
+            if adds.len() != ws.len() {
                 return Ok(None);
             }
             for (i, (a, w)) in adds.iter().zip(ws).enumerate() {
@@ -348,9 +340,6 @@ impl CudaBackend {
             // their kernels (ops/fp.rs).
             return Ok(None);
         }
-        if up.is_some() && ws.len() != 1 {
-            return Ok(None);
-        }
         let args = ws.iter().map(|w| self.weight_args(op, w)).collect::<Result<Vec<_>>>()?;
         let a0 = &args[0];
         let group = a0.group as usize;
@@ -361,21 +350,16 @@ impl CudaBackend {
         };
         let same = args.iter().all(|a| a.bits == a0.bits && a.group == a0.group && a.p_dt == a0.p_dt);
         let xp = x.cuda_addr()?; // alignment only: gemv_input gives what the kernel reads
-        let upp = match up {
-            Some(u) => u.cuda_ptr()?,
-            None => 0,
-        };
         if !same
             || !group.is_power_of_two()
             || group < 16
             || args.iter().any(|a| !a.packed.is_multiple_of(align))
-            || !(xp | upp).is_multiple_of(16)
+            || !xp.is_multiple_of(16)
         {
             return Ok(None);
         }
         let rows: usize = ws.iter().map(|w| w.rows()).sum();
-        let (suffix, rows_per_block, threads) =
-            one_row_shape(&self.st()?.knobs, a0.bits, k, rows, group > 16 && up.is_none());
+        let (suffix, rows_per_block, threads) = one_row_shape(&self.st()?.knobs, a0.bits, k, rows, group > 16);
         let mut outs = Vec::with_capacity(ws.len());
         let mut slots = [(0u64, 0i32, 0u64, 0u64, 0u64); 3];
         let mut blocks = 0usize;
@@ -402,7 +386,7 @@ impl CudaBackend {
             shared_mem_bytes: 0,
         };
         launch!(self.st()?, op, name.as_str(), cfg;
-            xp, p_dt, lg, ki, o0, n0, pk0, sc0, bi0, upp, o1, n1, pk1, sc1, bi1, o2, n2, pk2, sc2, bi2,
+            xp, p_dt, lg, ki, o0, n0, pk0, sc0, bi0, o1, n1, pk1, sc1, bi1, o2, n2, pk2, sc2, bi2,
             add0, add1, add2, add_dt);
         Ok(Some(outs))
     }
@@ -429,7 +413,7 @@ mod tests {
         assert_eq!(one_row_shape(&Knobs::default(), 8, 2880, 5120, true), ("_i1", 4, 32));
         assert_eq!(one_row_shape(&Knobs::default(), 8, 4096, 2880, true), ("_i2", 4, 64));
         assert_eq!(one_row_shape(&Knobs::default(), 8, 2880, 201_088, true), ("_i1", 4, 32));
-        // Groups of 16 or a fused silu(x) * up: the f32 body.
+        // Groups of 16: the f32 body.
         assert_eq!(one_row_shape(&Knobs::default(), 8, 2880, 5120, false), ("", QG_ROWS, QG_THREADS));
         assert_eq!(one_row_shape(&Knobs::default(), 6, 4096, 4096, true), ("", QG_ROWS, QG_THREADS));
     }
