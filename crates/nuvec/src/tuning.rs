@@ -485,7 +485,10 @@ mod tests {
                 let direct = names_after(&text, call);
                 assert!(direct.is_empty(), "{}: reads {direct:?} directly; use nuvec::tuning::env", file.display());
             }
-            for call in ["tuning::env(\"NUVEC_", "tuning::env_os(\"NUVEC_", "tuning::setting(\"NUVEC_"] {
+            // `cuda_knob`: a GPU's knobs, read through `setting` in backends/cuda/knobs.rs.
+            for call in
+                ["tuning::env(\"NUVEC_", "tuning::env_os(\"NUVEC_", "tuning::setting(\"NUVEC_", "cuda_knob(\"NUVEC_"]
+            {
                 for name in names_after(&text, call) {
                     let name = format!("NUVEC_{name}");
                     assert!(find(&name).is_some(), "{}: {name} is not declared in KNOBS", file.display());

@@ -82,44 +82,14 @@ impl Knobs {
     /// Device `ordinal`'s knobs.
     pub(crate) fn read(ordinal: usize) -> Result<Knobs> {
         let device = Device::Cuda(ordinal);
-        // Each name written out at its read (the knob registry's test finds readers by it).
-        let raw = |name: &'static str| -> Option<String> {
-            match name {
-                "NUVEC_CUDA_ALLOC_CACHE_MB" => crate::tuning::setting("NUVEC_CUDA_ALLOC_CACHE_MB", device),
-                "NUVEC_PDL" => crate::tuning::setting("NUVEC_PDL", device),
-                "NUVEC_FLASH_ATTENTION" => crate::tuning::setting("NUVEC_FLASH_ATTENTION", device),
-                "NUVEC_CUDA_MATMUL" => crate::tuning::setting("NUVEC_CUDA_MATMUL", device),
-                "NUVEC_PAGED_FLASH" => crate::tuning::setting("NUVEC_PAGED_FLASH", device),
-                "NUVEC_PAGED_PREFIX_MIN_KEYS" => crate::tuning::setting("NUVEC_PAGED_PREFIX_MIN_KEYS", device),
-                "NUVEC_ATTS_BATCH_BLOCKS" => crate::tuning::setting("NUVEC_ATTS_BATCH_BLOCKS", device),
-                "NUVEC_PAGED_FLASH_MIN_KEYS" => crate::tuning::setting("NUVEC_PAGED_FLASH_MIN_KEYS", device),
-                "NUVEC_QDEC_WGMMA" => crate::tuning::setting("NUVEC_QDEC_WGMMA", device),
-                "NUVEC_QDEC_TPB" => crate::tuning::setting("NUVEC_QDEC_TPB", device),
-                "NUVEC_QDEC_ROWS" => crate::tuning::setting("NUVEC_QDEC_ROWS", device),
-                "NUVEC_QDEC_SCALED_FROM" => crate::tuning::setting("NUVEC_QDEC_SCALED_FROM", device),
-                "NUVEC_QIMMA" => crate::tuning::setting("NUVEC_QIMMA", device),
-                "NUVEC_MOE_GATHER_ROWS" => crate::tuning::setting("NUVEC_MOE_GATHER_ROWS", device),
-                "NUVEC_MOE_GROUPED_ROWS" => crate::tuning::setting("NUVEC_MOE_GROUPED_ROWS", device),
-                "NUVEC_MOE_GROUPED" => crate::tuning::setting("NUVEC_MOE_GROUPED", device),
-                "NUVEC_NORM_FOLD" => crate::tuning::setting("NUVEC_NORM_FOLD", device),
-                "NUVEC_GATE_UP_SILU" => crate::tuning::setting("NUVEC_GATE_UP_SILU", device),
-                "NUVEC_ROPE_KV" => crate::tuning::setting("NUVEC_ROPE_KV", device),
-                "NUVEC_QGEMV_VARIANT" => crate::tuning::setting("NUVEC_QGEMV_VARIANT", device),
-                "NUVEC_QGEMV_INT" => crate::tuning::setting("NUVEC_QGEMV_INT", device),
-                "NUVEC_PRODUCER_PARTS" => crate::tuning::setting("NUVEC_PRODUCER_PARTS", device),
-                "NUVEC_STAGED_UPLOADS" => crate::tuning::setting("NUVEC_STAGED_UPLOADS", device),
-                "NUVEC_DECODE_STREAM" => crate::tuning::setting("NUVEC_DECODE_STREAM", device),
-                other => unreachable!("{other} is not one of the device's knobs"),
-            }
-            .ok()
-        };
-        Knobs::from_values(raw)
+        Knobs::from_values(|name| crate::tuning::setting(name, device).ok())
     }
 
     /// The knobs from `value` (a knob's name to its text, `None` unset), each text checked
-    /// against what its knob takes; an empty text is the default.
+    /// against what its knob takes; an empty text is the default. Each knob is read by
+    /// `cuda_knob("NAME")`, where the knob registry's test finds its reader.
     fn from_values(value: impl Fn(&'static str) -> Option<String>) -> Result<Knobs> {
-        let text = |name: &'static str| -> Result<Option<String>> {
+        let cuda_knob = |name: &'static str| -> Result<Option<String>> {
             let knob = find(name).expect("a declared knob");
             match value(name) {
                 Some(v) if v.is_empty() => Ok(None),
@@ -130,60 +100,58 @@ impl Knobs {
                 None => Ok(None),
             }
         };
-        let on_unless_0 = |name| Ok::<bool, Error>(text(name)?.as_deref() != Some("0"));
-        let on_if_1 = |name| Ok::<bool, Error>(text(name)?.as_deref() == Some("1"));
-        let count = |name, default: usize| {
-            Ok::<usize, Error>(text(name)?.map_or(default, |v| v.trim().parse().expect("a count (checked)")))
-        };
+        let on_unless_0 = |v: Option<String>| v.as_deref() != Some("0");
+        let on_if_1 = |v: Option<String>| v.as_deref() == Some("1");
+        let count = |v: Option<String>, default: usize| v.map_or(default, |v| v.trim().parse().unwrap_or(default));
         Ok(Knobs {
-            alloc_cache_bytes: count("NUVEC_CUDA_ALLOC_CACHE_MB", super::alloc::DEFAULT_LIMIT >> 20)?
+            alloc_cache_bytes: count(cuda_knob("NUVEC_CUDA_ALLOC_CACHE_MB")?, super::alloc::DEFAULT_LIMIT >> 20)
                 .saturating_mul(1 << 20),
-            pdl: on_unless_0("NUVEC_PDL")?,
-            flash_attention: on_unless_0("NUVEC_FLASH_ATTENTION")?,
-            matmul: match text("NUVEC_CUDA_MATMUL")? {
+            pdl: on_unless_0(cuda_knob("NUVEC_PDL")?),
+            flash_attention: on_unless_0(cuda_knob("NUVEC_FLASH_ATTENTION")?),
+            matmul: match cuda_knob("NUVEC_CUDA_MATMUL")? {
                 Some(v) => v.parse().map_err(|_| {
                     Error::Setting(format!("NUVEC_CUDA_MATMUL={v:?} is not a matmul precision (auto, f32, tf32, bf16)"))
                 })?,
                 None => MatmulPrecision::DEFAULT,
             },
-            paged_flash: on_unless_0("NUVEC_PAGED_FLASH")?,
-            paged_prefix_min_keys: count("NUVEC_PAGED_PREFIX_MIN_KEYS", 256)?,
-            atts_batch_blocks: count("NUVEC_ATTS_BATCH_BLOCKS", 2048)?,
+            paged_flash: on_unless_0(cuda_knob("NUVEC_PAGED_FLASH")?),
+            paged_prefix_min_keys: count(cuda_knob("NUVEC_PAGED_PREFIX_MIN_KEYS")?, 256),
+            atts_batch_blocks: count(cuda_knob("NUVEC_ATTS_BATCH_BLOCKS")?, 2048),
             // Whole warps' worth of keys (the knob takes multiples of 32 only), at least one.
-            paged_flash_min_keys: count("NUVEC_PAGED_FLASH_MIN_KEYS", 96)?.next_multiple_of(32).max(32),
-            qdec_wgmma: match text("NUVEC_QDEC_WGMMA")?.as_deref() {
+            paged_flash_min_keys: count(cuda_knob("NUVEC_PAGED_FLASH_MIN_KEYS")?, 96).next_multiple_of(32).max(32),
+            qdec_wgmma: match cuda_knob("NUVEC_QDEC_WGMMA")?.as_deref() {
                 Some("0") => Some(false),
                 Some("1") => Some(true),
                 _ => None,
             },
-            qdec_tpb: if text("NUVEC_QDEC_TPB")?.as_deref() == Some("1") { 1 } else { 2 },
-            qdec_rows: match text("NUVEC_QDEC_ROWS")?.as_deref() {
+            qdec_tpb: if cuda_knob("NUVEC_QDEC_TPB")?.as_deref() == Some("1") { 1 } else { 2 },
+            qdec_rows: match cuda_knob("NUVEC_QDEC_ROWS")?.as_deref() {
                 Some("16") => 16,
                 Some("32") => 32,
                 _ => 64,
             },
-            qdec_scaled_from: count("NUVEC_QDEC_SCALED_FROM", 9)?,
-            qimma: match text("NUVEC_QIMMA")?.as_deref() {
+            qdec_scaled_from: count(cuda_knob("NUVEC_QDEC_SCALED_FROM")?, 9),
+            qimma: match cuda_knob("NUVEC_QIMMA")?.as_deref() {
                 Some("0") => QimmaMode::Off,
                 Some("1") => QimmaMode::All,
                 Some("int") => QimmaMode::Registers,
                 _ => QimmaMode::Decoded,
             },
-            moe_gather_rows: count("NUVEC_MOE_GATHER_ROWS", 64)?,
-            moe_grouped_rows: count("NUVEC_MOE_GROUPED_ROWS", 8)?,
-            moe_grouped: on_unless_0("NUVEC_MOE_GROUPED")?,
-            norm_fold: on_unless_0("NUVEC_NORM_FOLD")?,
-            gate_up_silu: on_unless_0("NUVEC_GATE_UP_SILU")?,
-            rope_kv: on_unless_0("NUVEC_ROPE_KV")?,
-            qgemv_variant: text("NUVEC_QGEMV_VARIANT")?.map(|v| v.trim().to_string()),
-            qgemv_int: on_unless_0("NUVEC_QGEMV_INT")?,
-            producer_parts: match text("NUVEC_PRODUCER_PARTS")? {
+            moe_gather_rows: count(cuda_knob("NUVEC_MOE_GATHER_ROWS")?, 64),
+            moe_grouped_rows: count(cuda_knob("NUVEC_MOE_GROUPED_ROWS")?, 8),
+            moe_grouped: on_unless_0(cuda_knob("NUVEC_MOE_GROUPED")?),
+            norm_fold: on_unless_0(cuda_knob("NUVEC_NORM_FOLD")?),
+            gate_up_silu: on_unless_0(cuda_knob("NUVEC_GATE_UP_SILU")?),
+            rope_kv: on_unless_0(cuda_knob("NUVEC_ROPE_KV")?),
+            qgemv_variant: cuda_knob("NUVEC_QGEMV_VARIANT")?.map(|v| v.trim().to_string()),
+            qgemv_int: on_unless_0(cuda_knob("NUVEC_QGEMV_INT")?),
+            producer_parts: match cuda_knob("NUVEC_PRODUCER_PARTS")? {
                 Some(v) if v == "0" => Some(Vec::new()),
                 Some(v) if v != "1" => Some(v.split(',').map(|p| p.trim().to_string()).collect()),
                 _ => None,
             },
-            staged_uploads: on_if_1("NUVEC_STAGED_UPLOADS")?,
-            decode_stream: on_unless_0("NUVEC_DECODE_STREAM")?,
+            staged_uploads: on_if_1(cuda_knob("NUVEC_STAGED_UPLOADS")?),
+            decode_stream: on_unless_0(cuda_knob("NUVEC_DECODE_STREAM")?),
         })
     }
 }
