@@ -258,7 +258,7 @@ pub const KNOBS: &[Knob] = &[
         "0",
         "cuda",
         "1: copies of up to 1 MiB to the device (step tables, token ids) go through page-locked staging memory, so \
-         the host does not wait for the queued work first (off until measured on a device)",
+         the host does not wait for the queued work first (off: measured even on an H100, alone and pipelined)",
     ),
 ];
 

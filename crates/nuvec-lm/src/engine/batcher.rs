@@ -1333,32 +1333,10 @@ fn pipelined(model: &Model, paged: &PagedCache, draft: bool, options: &BatcherOp
         )));
     }
     let wanted = match options.pipeline {
-        Some(true) if blocker.is_none() => refuse_untried_pipelining(model.device()).map(|()| true)?,
         Some(on) => on,
-        // The variable's `1` is checked there.
         None => pipeline_default(model.device())?,
     };
     Ok(wanted && blocker.is_none())
-}
-
-/// Refuses pipelined steps on a GPU whose small uploads are staged (`NUVEC_STAGED_UPLOADS=1`):
-/// the two together gave wrong tokens on an H100 (`gpu_batch`, 2026-12-06, see
-/// docs/batching.md: stale reads, fixed since in `read_later`), and have not run together since.
-pub(crate) fn refuse_untried_pipelining(device: Device) -> Result<()> {
-    #[cfg(feature = "cuda")]
-    if let Device::Cuda(ordinal) = device {
-        if !nuvec::backends::cuda::staged_uploads(ordinal)? {
-            return Ok(());
-        }
-        return Err(Error::Unsupported(
-            "pipelined steps (BatcherOptions::pipeline, NUVEC_BATCH_PIPELINE) with staged uploads \
-             (NUVEC_STAGED_UPLOADS=1) on a GPU gave wrong tokens in their last test and are refused until they \
-             have run together correctly; turn one of them off"
-                .into(),
-        ));
-    }
-    let _ = device;
-    Ok(())
 }
 
 /// Whether batched steps on `device` are pipelined unless told otherwise
@@ -1367,10 +1345,7 @@ pub(crate) fn refuse_untried_pipelining(device: Device) -> Result<()> {
 /// they did not measure faster yet: docs/benchmarks.md, 2026-12-06. On the CPU, whose steps
 /// compute as they are enqueued, there is nothing to overlap.)
 pub fn pipeline_default(device: Device) -> Result<bool> {
-    match switch("NUVEC_BATCH_PIPELINE", nuvec::tuning::setting("NUVEC_BATCH_PIPELINE", device))? {
-        Some(true) => refuse_untried_pipelining(device).map(|()| true),
-        Some(false) | None => Ok(false),
-    }
+    Ok(switch("NUVEC_BATCH_PIPELINE", nuvec::tuning::setting("NUVEC_BATCH_PIPELINE", device))?.unwrap_or(false))
 }
 
 /// A `0` / `1` knob's `value` (read at the call, where the registry's test finds the name):

@@ -234,6 +234,8 @@ pub(crate) struct State {
     shared_uploads: Mutex<Vec<(Vec<u8>, Arc<DeviceBuffer>)>>,
     /// Page-locked buffers small uploads go through (`staging.rs`), made on first use.
     staging: OnceLock<Mutex<staging::Staging>>,
+    /// Page-locked buffers of finished copies to the host, for the next (`pending.rs`).
+    downloads: pending::DownloadPool,
     /// Counters for kernels whose last block to finish does the launch's final work
     /// (moe_router.cu's `moe_route_dense`, one per row): zero between launches, because that
     /// block sets its counter back to 0, and every launch on the one device stream waits for the
@@ -358,6 +360,7 @@ impl State {
             decode_lane: OnceLock::new(),
             shared_uploads: Mutex::new(Vec::new()),
             staging: OnceLock::new(),
+            downloads: pending::DownloadPool::default(),
             tickets: (tickets, tickets_ptr),
             knobs,
         })
