@@ -23,11 +23,11 @@
 //! `NUVEC_DECODE_STREAM=0` (or [`set_decode_stream`]) decodes on the device stream instead (the
 //! previous behaviour; the results are the same bit for bit).
 
-use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use cudarc::driver::{CudaEvent, CudaSlice, CudaStream, DevicePtr};
 
+use super::knobs::Switch;
 use super::{driver_err, State};
 use crate::Result;
 
@@ -110,23 +110,19 @@ impl DecodeLane {
     }
 }
 
-/// `set_decode_stream`'s choice: 0 none (the variable decides), 1 off, 2 on.
-static CHOSEN: AtomicU8 = AtomicU8::new(0);
+/// `set_decode_stream`'s choice.
+static CHOSEN: Switch = Switch::unset();
 
 /// Turns the decode lane on or off for the rest of the process (prefill results are the same
 /// bit for bit either way; this is for measuring, and for the test that checks that sameness).
 pub fn set_decode_stream(on: bool) {
-    CHOSEN.store(if on { 2 } else { 1 }, Ordering::Relaxed);
+    CHOSEN.set(on);
 }
 
 /// Whether prefill decodes weights on the lane: the last [`set_decode_stream`], else the
 /// device's `NUVEC_DECODE_STREAM` (on unless "0").
 fn enabled(st: &State) -> bool {
-    match CHOSEN.load(Ordering::Relaxed) {
-        1 => false,
-        2 => true,
-        _ => st.knobs.decode_stream,
-    }
+    CHOSEN.or(st.knobs.decode_stream)
 }
 
 impl State {

@@ -3,6 +3,8 @@
 //! not take fails the device's start, naming the knob (`nuvec::tuning::refusal`), rather than
 //! quietly running the default. The ops read them from the device's `State`.
 
+use std::sync::atomic::{AtomicU8, Ordering};
+
 use crate::tuning::{find, refusal};
 use crate::{Device, Error, Result};
 
@@ -71,6 +73,30 @@ pub(crate) struct Knobs {
     pub(crate) decode_stream: bool,
 }
 
+/// A process-wide choice a test or benchmark sets over every device's knob ([`Switch::set`]).
+pub(crate) struct Switch(AtomicU8);
+
+impl Switch {
+    /// Nothing chosen: each device's knob decides.
+    pub(crate) const fn unset() -> Self {
+        Switch(AtomicU8::new(0))
+    }
+
+    /// Chooses `on` for the rest of the process.
+    pub(crate) fn set(&self, on: bool) {
+        self.0.store(if on { 2 } else { 1 }, Ordering::Relaxed);
+    }
+
+    /// The choice, else `knob`.
+    pub(crate) fn or(&self, knob: bool) -> bool {
+        match self.0.load(Ordering::Relaxed) {
+            1 => false,
+            2 => true,
+            _ => knob,
+        }
+    }
+}
+
 impl Default for Knobs {
     /// Every knob at its default (what an unset environment gives).
     fn default() -> Self {
@@ -108,12 +134,8 @@ impl Knobs {
                 .saturating_mul(1 << 20),
             pdl: on_unless_0(cuda_knob("NUVEC_PDL")?),
             flash_attention: on_unless_0(cuda_knob("NUVEC_FLASH_ATTENTION")?),
-            matmul: match cuda_knob("NUVEC_CUDA_MATMUL")? {
-                Some(v) => v.parse().map_err(|_| {
-                    Error::Setting(format!("NUVEC_CUDA_MATMUL={v:?} is not a matmul precision (auto, f32, tf32, bf16)"))
-                })?,
-                None => MatmulPrecision::DEFAULT,
-            },
+            // A value the knob takes (checked) is a precision's name.
+            matmul: cuda_knob("NUVEC_CUDA_MATMUL")?.and_then(|v| v.parse().ok()).unwrap_or(MatmulPrecision::DEFAULT),
             paged_flash: on_unless_0(cuda_knob("NUVEC_PAGED_FLASH")?),
             paged_prefix_min_keys: count(cuda_knob("NUVEC_PAGED_PREFIX_MIN_KEYS")?, 256),
             atts_batch_blocks: count(cuda_knob("NUVEC_ATTS_BATCH_BLOCKS")?, 2048),
@@ -159,6 +181,16 @@ impl Knobs {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_switch_is_the_knob_until_set() {
+        let switch = Switch::unset();
+        assert!(switch.or(true) && !switch.or(false));
+        switch.set(false);
+        assert!(!switch.or(true));
+        switch.set(true);
+        assert!(switch.or(false));
+    }
 
     #[test]
     fn knobs_parse_as_their_readers_did_and_refuse_what_they_would_have_ignored() {

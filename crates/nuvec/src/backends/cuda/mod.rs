@@ -39,7 +39,7 @@ pub use alloc::{available_bytes, cached_bytes, set_cache_limit};
 pub use decode_lane::set_decode_stream;
 pub use ops::CudaBackend;
 pub use ops::{set_moe_gather_rows, set_moe_grouped_rows};
-pub use staging::{set_staged_uploads, staged_uploads};
+pub use staging::set_staged_uploads;
 // Phase 4: the prefill matmul precision (bf16 tensor cores by default).
 pub use ops::{matmul_precision, set_matmul_precision, MatmulPrecision};
 // CUDA graphs

@@ -10,6 +10,7 @@
 
 use cudarc::driver::{CudaEvent, CudaStream, PinnedHostSlice};
 
+use super::knobs::Switch;
 use super::{driver_err, State};
 use crate::Result;
 
@@ -71,29 +72,20 @@ impl Staging {
     }
 }
 
-/// `set_staged_uploads`' choice: 0 none (the variable decides), 1 off, 2 on.
-static CHOSEN: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
+/// `set_staged_uploads`' choice.
+static CHOSEN: Switch = Switch::unset();
 
 /// Turns staged uploads on or off for the rest of the process (the bytes that arrive are the
 /// same either way).
 pub fn set_staged_uploads(on: bool) {
-    CHOSEN.store(if on { 2 } else { 1 }, std::sync::atomic::Ordering::Relaxed);
-}
-
-/// Whether small uploads to device `ordinal` go through the staging ring: the last
-/// [`set_staged_uploads`], else the device's `NUVEC_STAGED_UPLOADS` (off unless "1", see
-/// docs/batching.md).
-pub fn staged_uploads(ordinal: usize) -> Result<bool> {
-    Ok(super::state(ordinal)?.staged_uploads())
+    CHOSEN.set(on);
 }
 
 impl State {
-    /// [`staged_uploads`] of this device.
+    /// Whether small uploads to this device go through the staging ring: the last
+    /// [`set_staged_uploads`], else the device's `NUVEC_STAGED_UPLOADS` (off unless "1", see
+    /// docs/batching.md).
     pub(crate) fn staged_uploads(&self) -> bool {
-        match CHOSEN.load(std::sync::atomic::Ordering::Relaxed) {
-            1 => false,
-            2 => true,
-            _ => self.knobs.staged_uploads,
-        }
+        CHOSEN.or(self.knobs.staged_uploads)
     }
 }

@@ -16,12 +16,6 @@ const ROPE_QK_MAX_DIM: usize = 8192;
 /// Heads (warps) per block of `rope_qk_f32`.
 const ROPE_QK_HEADS: usize = 8;
 
-/// Whether rope_qk_write_kv is one launch (`NUVEC_ROPE_KV=0` runs rope_qk then write_kv_rows,
-/// for timing).
-fn rope_kv_enabled(st: &State) -> bool {
-    st.knobs.rope_kv
-}
-
 /// The dtype code of a pair of caches the fused writes take (f32, f16 or bf16, one for both).
 fn cache_code(k_cache: &Array, v_cache: &Array) -> Option<i32> {
     let code = float_code("cache write", "keys", k_cache).ok()?;
@@ -178,7 +172,8 @@ impl CudaBackend {
             ));
         };
         let kv_dt = cache_code(k_cache, v_cache);
-        let one_launch = rope_kv_enabled(self.st()?)
+        // `NUVEC_ROPE_KV=0` runs rope_qk then write_kv_rows, for timing.
+        let one_launch = self.st()?.knobs.rope_kv
             && [k.dtype(), v.dtype()].iter().all(|&t| t == DType::F32)
             && kv_dt.is_some()
             && k_cache.shape() == v_cache.shape()
@@ -232,7 +227,7 @@ impl CudaBackend {
         let (n, _, _, d, rows) = crate::backend::check_rope_paged(q, k, v, (positions, slots), (ks, vs))?;
         let kv_dt = cache_code(ks, vs);
         let f32s = [k.dtype(), v.dtype()].iter().all(|&t| t == DType::F32);
-        let one_launch = rope_kv_enabled(self.st()?);
+        let one_launch = self.st()?.knobs.rope_kv;
         let Some(kv_dt) = kv_dt.filter(|_| one_launch && f32s && rope_qk_fits(d, n, qk_norm)) else {
             let rows = (positions, slots);
             return crate::backend::rope_qk_write_paged_composed(

@@ -10,20 +10,16 @@ use super::{qgemv4_variant, to_i32, CudaBackend};
 use crate::backends::cuda::{Derived, State};
 use crate::{Array, DType, Error, Matrix, QuantMode, Result};
 
-/// Whether the fused launch is on (`NUVEC_GATE_UP_SILU=0` turns it off, so the two launches of
-/// the composition can be timed and compared against it).
-fn enabled(st: &State) -> bool {
-    st.knobs.gate_up_silu
-}
-
 impl CudaBackend {
     /// One `gate_up_silu_b4_*` launch for one input row (f32, 16-byte aligned, `k` a multiple of
     /// 32) and 4-bit affine `gate`, `up` of one shape, group size (32 or more) and scale dtype,
     /// their packed words 16-byte aligned. `None` (nothing launched) otherwise, or when
-    /// `NUVEC_GATE_UP_SILU=0`.
+    /// `NUVEC_GATE_UP_SILU=0` (so that the two launches of the composition can be timed and
+    /// compared against it).
     pub(super) fn fused_gate_up_silu(&self, x: &Array, gate: &Matrix, up: &Matrix) -> Result<Option<Array>> {
         let op = "gate_up_silu";
-        if !enabled(self.st()?) || x.shape().is_empty() || x.dtype() != DType::F32 || x.device() != self.dev() {
+        if !self.st()?.knobs.gate_up_silu || x.shape().is_empty() || x.dtype() != DType::F32 || x.device() != self.dev()
+        {
             return Ok(None);
         }
         let k = x.dim(-1);
