@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The project's tests: installs the pinned oracle (mlx-lm), the real tokenizers and the default
 # model, records mlx-lm's reference outputs (cached by content hash), curl, the OpenAI SDK and
-# headless Chromium for the server's tests, then runs every Rust test.
+# headless Chromium for the server's tests, Open MPI for the pipeline's ranks, then runs every
+# Rust test.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -26,9 +27,11 @@ export NUVEC_OPENAI_PYTHON
 # (crates/nuvec-cli/tests/serve_page.rs): exports NUVEC_CHROMIUM and NUVEC_PAGE_NODE_MODULES.
 page_env="$(scripts/setup-page-tests.sh)"
 eval "$page_env"
-# The whole workspace, unless packages are named (`scripts/test.sh -p nuvec-server -p nuvec-cli`:
-# cargo's --workspace would override them).
-scope=(--workspace)
+# Open MPI and libclang for the `mpi` feature: pipelines over real ranks (mpirun).
+scripts/setup-mpi.sh
+# The whole workspace with the `mpi` feature, unless packages are named (`scripts/test.sh -p
+# nuvec-server -p nuvec-cli`: cargo's --workspace would override them; add `--features` there).
+scope=(--workspace --features nuvec-cli/mpi)
 for arg in "$@"; do
     case "$arg" in -p | --package | --package=* | -p?*) scope=() ;; esac
 done

@@ -71,18 +71,20 @@ impl LoadArgs {
     /// is a repo id not in the cache ([`HubArgs::fetch`]), the adapter applied, a bar on a
     /// terminal while a load that lasts runs.
     pub fn load(&self, model: &str, device: nuvec::Device) -> Result<(nuvec_lm::Model, nuvec_lm::Tokenizer), String> {
-        self.load_as(model, device, vec![], false)
+        self.load_as(model, device, vec![], false, None)
     }
 
     /// [`LoadArgs::load`] with `served` adapters `(name, folder)` that requests choose by name
     /// ([`nuvec_lm::LoadOptions::served_adapters`]), and the checkpoint's multi-token-prediction
-    /// head when `mtp` ([`nuvec_lm::LoadOptions::mtp`]).
+    /// head when `mtp` ([`nuvec_lm::LoadOptions::mtp`]), only this rank's stage of `pipeline` when
+    /// given ([`nuvec_lm::LoadOptions::pipeline`]).
     pub fn load_as(
         &self,
         model: &str,
         device: nuvec::Device,
         served: Vec<(String, std::path::PathBuf)>,
         mtp: bool,
+        pipeline: Option<nuvec_lm::Pipeline>,
     ) -> Result<(nuvec_lm::Model, nuvec_lm::Tokenizer), String> {
         let options = nuvec_lm::LoadOptions {
             device,
@@ -90,6 +92,7 @@ impl LoadArgs {
             served_adapters: served,
             progress: crate::progress::Bar::on_terminal().map(|bar| bar.load_callback()),
             mtp,
+            pipeline,
         };
         nuvec_lm::load_with(&self.hub.fetch(model)?, &options).map_err(|e| e.to_string())
     }

@@ -259,7 +259,7 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
 
     args.threads.apply()?;
     let device = crate::common::parse_device(&args.device)?;
-    let (model, tokenizer) = args.load.load_as(&model_path, device, args.lora_modules.clone(), args.mtp)?;
+    let (model, tokenizer) = args.load.load_as(&model_path, device, args.lora_modules.clone(), args.mtp, None)?;
     sampler.validate_for(model.vocab_size())?;
     let id = args.served_model_name.clone().unwrap_or_else(|| model_id(&model_path));
     let mut config = ServerConfig::new(&id, &tokenizer);

@@ -39,6 +39,7 @@ pub mod layers;
 mod load;
 pub mod models;
 pub mod output_dir;
+pub mod parallel;
 pub mod perplexity;
 pub mod processors;
 pub mod prompt_cache;
@@ -72,6 +73,7 @@ pub use load::{
     LoadProgress,
 };
 pub use models::Model;
+pub use parallel::{load_model_pipelined, Pipeline, Split, Stage};
 pub use processors::LogitsProcessors;
 pub use sample::Sampler;
 pub use session::Session;

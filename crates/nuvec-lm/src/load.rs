@@ -7,6 +7,7 @@ use nuvec::Device;
 use crate::adapter::Adapter;
 use crate::config::Config;
 use crate::models::Model;
+use crate::parallel::Pipeline;
 use crate::quantization::Quantization;
 use crate::tokenizer::Tokenizer;
 use crate::weights::Weights;
@@ -40,6 +41,10 @@ pub struct LoadOptions {
     /// are otherwise skipped as mlx-lm skips them), for speculative decoding with
     /// [`crate::speculative::MtpHead`]. A checkpoint without one is an error naming the fix.
     pub mtp: bool,
+    /// Load only this rank's stage of a pipeline ([`crate::parallel`]): its layers' tensors, and
+    /// the embeddings or the head where the stage runs them. A checkpoint folder on the CPU,
+    /// without adapters or a multi-token-prediction head.
+    pub pipeline: Option<Pipeline>,
 }
 
 /// A load-progress callback ([`LoadOptions::progress`]): `(tensors read, tensors in the
@@ -66,6 +71,14 @@ pub fn load_with(model: &str, options: &LoadOptions) -> Result<(Model, Tokenizer
     let path = hub::resolve(model)?;
     let device = options.device;
     if path.is_file() && path.extension().is_some_and(|e| e == "gguf") {
+        if options.pipeline.is_some() {
+            return Err(Error::Unsupported(format!(
+                "a pipeline over {}: a GGUF file is converted whole at load, so every rank would read every \
+                 tensor; convert it once (`nuvec convert --model {} --out DIR`) and pipeline DIR",
+                path.display(),
+                path.display()
+            )));
+        }
         if let Some(adapter) = options.adapter_path.as_ref().or(options.served_adapters.first().map(|a| &a.1)) {
             return Err(Error::Unsupported(format!(
                 "adapter {} with a GGUF file: adapters apply to safetensors checkpoints (mlx-lm's); \
@@ -153,7 +166,13 @@ pub fn load_model_with(dir: &Path, options: &LoadOptions) -> Result<Model> {
         weights = weights.with_adapter(adapter);
     }
     weights = weights.with_served_adapters(open_served(options)?);
-    let built = Model::from_config_with(&config, &weights, options.mtp);
+    let built = match &options.pipeline {
+        None => Model::from_config_with(&config, &weights, options.mtp),
+        Some(pipeline) => {
+            refuse_in_pipeline(options)?;
+            Model::from_config_pipelined(&config, &weights, pipeline)
+        }
+    };
     weights.report_done();
     let mut model = built?;
     for adapter in weights.adapter().into_iter().chain(weights.served_adapters()) {
@@ -163,6 +182,19 @@ pub fn load_model_with(dir: &Path, options: &LoadOptions) -> Result<Model> {
     files.extend(weights.files());
     model.set_fingerprint(fingerprint(&files)?);
     Ok(model)
+}
+
+/// What a pipeline stage does not load with (mlx-lm refuses adapters in distributed mode too).
+fn refuse_in_pipeline(options: &LoadOptions) -> Result<()> {
+    let what = match () {
+        _ if options.adapter_path.is_some() || !options.served_adapters.is_empty() => "adapters",
+        _ if options.mtp => "a multi-token-prediction head",
+        _ => return Ok(()),
+    };
+    Err(Error::Unsupported(format!(
+        "{what} on a pipelined model are not supported: fuse an adapter into the base first (`nuvec fuse`), \
+         and speculate without a pipeline"
+    )))
 }
 
 /// The served adapters of `options`, opened, their names checked.

@@ -33,6 +33,10 @@ pub enum Error {
     /// A device could not be used.
     #[error("device: {0}")]
     Device(String),
+    /// A process group's exchange failed: a rank that left or stopped answering, a launch
+    /// that cannot form the group.
+    #[error("distributed: {0}")]
+    Distributed(String),
     /// A tuning knob's setting that cannot be taken (its name, its value, or when it was given).
     #[error("tuning: {0}")]
     Setting(String),

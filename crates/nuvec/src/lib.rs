@@ -10,6 +10,7 @@ pub mod backends;
 mod buffer;
 mod compute_hint;
 mod device;
+pub mod distributed;
 mod dtype;
 mod error;
 pub mod fpquant;

@@ -75,6 +75,14 @@ pub const KNOBS: &[Knob] = &[
         "the model the CLI runs when --model is not given",
     ),
     knob(
+        "NUVEC_DISTRIBUTED_TIMEOUT",
+        "seconds",
+        "60",
+        "any",
+        "how long a rank of a process group (mpirun) waits for the others before its call fails, naming the rank \
+         it waited for",
+    ),
+    knob(
         "NUVEC_CPU_INT8_DOT",
         "0, 1",
         "0",
@@ -301,6 +309,8 @@ pub enum Rule {
     Free,
     /// A whole number.
     Count,
+    /// A whole number of at least 1.
+    Positive,
     /// A whole number that is a multiple of 32.
     MultipleOf32,
     /// 0 or a GEMV variant, 6 to 15.
@@ -324,6 +334,7 @@ pub fn rule(k: &Knob) -> Rule {
     match k.values {
         "a directory" | "a model path" | "NAME=VALUE,..." => Rule::Free,
         "a row count" | "megabytes; 0" | "a block count; 0" | "keys; 0" => Rule::Count,
+        "seconds" => Rule::Positive,
         "keys (a multiple of 32)" => Rule::MultipleOf32,
         "0, 6..15" => Rule::QgemvVariant,
         "0, 1, norm,attention,gate_up" => Rule::Producers,
@@ -347,6 +358,7 @@ pub fn refusal(k: &Knob, value: &str) -> Option<String> {
     let ok = match rule(k) {
         Rule::Free => true,
         Rule::Count => count().is_some(),
+        Rule::Positive => count().is_some_and(|n| n > 0),
         Rule::MultipleOf32 => count().is_some_and(|n| n % 32 == 0),
         Rule::QgemvVariant => count().is_some_and(|n| n == 0 || (6..=15).contains(&n)),
         Rule::Producers => {
@@ -443,6 +455,7 @@ mod tests {
             ("NUVEC_PAGED_FLASH_MIN_KEYS", "64", "100"),
             ("NUVEC_QGEMV_VARIANT", "i1", "13"),
             ("NUVEC_PRODUCER_PARTS", "norm, gate_up", "norm,merge"),
+            ("NUVEC_DISTRIBUTED_TIMEOUT", "30", "0"),
         ] {
             assert!(!refused(name, good), "{name}={good:?} refused");
             assert!(refused(name, bad), "{name}={bad:?} taken");

@@ -466,6 +466,13 @@ impl<'m> Batcher<'m> {
 
     fn build(model: &'m Model, draft: Option<&'m Model>, options: BatcherOptions) -> Result<Self> {
         options.validate()?;
+        if model.stage().is_some() {
+            // Its steps would need one micro-batch per stage in flight, and every rank to
+            // schedule alike.
+            return Err(Error::Unsupported(
+                "a Batcher over a pipelined model is not built yet: generate one request at a time on it".into(),
+            ));
+        }
         let blocks = match options.blocks {
             Some(b) => b,
             None => default_blocks(model, draft, &options)?,

@@ -67,9 +67,11 @@ impl Request {
                 prompt.len()
             )));
         }
-        let rng = match options.seed {
-            Some(seed) => ChaCha8Rng::seed_from_u64(seed),
-            None => ChaCha8Rng::from_entropy(),
+        let rng = match (options.seed, model.stage()) {
+            (Some(seed), _) => ChaCha8Rng::seed_from_u64(seed),
+            // Every rank of a pipeline samples, and must draw the same tokens.
+            (None, Some(stage)) => ChaCha8Rng::seed_from_u64(stage.shared_seed()?),
+            (None, None) => ChaCha8Rng::from_entropy(),
         };
         let mut eos = model.eos_token_ids().to_vec();
         eos.extend(&options.extra_eos_token_ids);

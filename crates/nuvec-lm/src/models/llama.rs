@@ -6,9 +6,10 @@ use nuvec::{Array, Matrix};
 use crate::config::Config;
 use crate::layers::{Attention, AttentionShape, FeedForward, Mlp, MoeShape, RmsNorm, Rope, SparseMoe};
 use crate::models::Architecture;
+use crate::parallel::Stage;
 use crate::step::StepBatch;
 use crate::weights::Weights;
-use crate::Result;
+use crate::{Error, Result};
 
 /// What differs between the families built on this decoder.
 #[derive(Debug, Clone)]
@@ -62,32 +63,50 @@ impl Block {
     }
 }
 
-/// The decoder: embeddings, blocks, final norm, and a head (or the embeddings, tied).
+/// The decoder: embeddings, blocks, final norm, and a head (or the embeddings, tied). A pipeline
+/// stage holds its own blocks, and of the rest only what it runs.
 pub struct Llama {
-    embed_tokens: Matrix,
+    /// `None` on a stage that neither embeds the tokens nor has a head tied to them.
+    embed_tokens: Option<Matrix>,
     layers: Vec<Block>,
-    norm: RmsNorm,
+    /// `None` on a stage without the head.
+    norm: Option<RmsNorm>,
     lm_head: Option<Matrix>,
+    stage: Option<Stage>,
+}
+
+/// Llama's and Mistral's options on the decoder.
+pub fn family(config: &Config) -> Result<Family> {
+    Ok(Family {
+        qkv_bias: config.bool_or("attention_bias", false)?,
+        o_bias: config.bool_or("attention_bias", false)?,
+        mlp_bias: config.bool_or("mlp_bias", false)?,
+        qk_norm: false,
+        head_dim_required: false,
+        default_rope_theta: Some(10000.0),
+        default_tie: Some(true),
+        moe: false,
+    })
 }
 
 impl Llama {
     /// Loads Llama or Mistral.
     pub fn load(config: &Config, weights: &Weights) -> Result<Self> {
-        let family = Family {
-            qkv_bias: config.bool_or("attention_bias", false)?,
-            o_bias: config.bool_or("attention_bias", false)?,
-            mlp_bias: config.bool_or("mlp_bias", false)?,
-            qk_norm: false,
-            head_dim_required: false,
-            default_rope_theta: Some(10000.0),
-            default_tie: Some(true),
-            moe: false,
-        };
-        Self::load_family(config, weights, &family)
+        Self::load_family(config, weights, &family(config)?)
     }
 
     /// Loads any family on this decoder.
     pub fn load_family(config: &Config, weights: &Weights, family: &Family) -> Result<Self> {
+        Self::load_stage(config, weights, family, None)
+    }
+
+    /// Loads any family on this decoder, only `stage`'s part of it when given.
+    pub(crate) fn load_stage(
+        config: &Config,
+        weights: &Weights,
+        family: &Family,
+        stage: Option<Stage>,
+    ) -> Result<Self> {
         let hidden = config.usize("hidden_size")?;
         let heads = config.usize("num_attention_heads")?;
         let kv_heads = config.opt_usize("num_key_value_heads")?.unwrap_or(heads);
@@ -145,7 +164,8 @@ impl Llama {
             let step = config.opt_usize("decoder_sparse_step")?.unwrap_or(1).max(1);
             Ok(!mlp_only.contains(&i) && (i + 1).is_multiple_of(step))
         };
-        let blocks = (0..layers)
+        let range = stage.as_ref().map_or(0..layers, Stage::layers);
+        let blocks = range
             .map(|i| {
                 let p = format!("model.layers.{i}");
                 Ok(Block {
@@ -172,23 +192,55 @@ impl Llama {
                 })
             })
             .collect::<Result<Vec<_>>>()?;
+        let head_here = stage.as_ref().is_none_or(Stage::has_head);
+        let embeds_here = stage.as_ref().is_none_or(Stage::embeds) || (head_here && tie);
         Ok(Llama {
-            embed_tokens: weights.matrix("model.embed_tokens", vocab, hidden)?,
+            embed_tokens: embeds_here.then(|| weights.matrix("model.embed_tokens", vocab, hidden)).transpose()?,
             layers: blocks,
-            norm: RmsNorm::load(weights, "model.norm", hidden, eps)?,
-            lm_head: if tie { None } else { Some(weights.matrix("lm_head", vocab, hidden)?) },
+            norm: head_here.then(|| RmsNorm::load(weights, "model.norm", hidden, eps)).transpose()?,
+            lm_head: match tie || !head_here {
+                true => None,
+                false => Some(weights.matrix("lm_head", vocab, hidden)?),
+            },
+            stage,
         })
+    }
+
+    fn embeddings(&self) -> Result<&Matrix> {
+        self.embed_tokens.as_ref().ok_or_else(|| Error::Invalid("this pipeline stage holds no embeddings".into()))
     }
 }
 
 impl Architecture for Llama {
     fn hidden(&self, step: &mut StepBatch) -> Result<Array> {
-        let h = step.embed(&self.embed_tokens)?;
-        super::through_normed_layers(&self.layers, step, h, |l| &l.input_layernorm, &self.norm, Block::forward)
+        // A stage without the head ends on its last block's own input norm, whose output it drops.
+        let final_norm = match (&self.norm, self.layers.last()) {
+            (Some(norm), _) => norm,
+            (None, Some(last)) => &last.input_layernorm,
+            (None, None) => return Err(Error::Invalid("a pipeline stage with neither layers nor head".into())),
+        };
+        let through = |step: &mut StepBatch, h| {
+            super::through_normed_layers_keep(&self.layers, step, h, |l| &l.input_layernorm, final_norm, Block::forward)
+        };
+        match &self.stage {
+            None => Ok(through(step, step.embed(self.embeddings()?)?)?.1),
+            Some(stage) => stage.run(step, |step| step.embed(self.embeddings()?), through),
+        }
     }
 
     fn logits(&self, hidden: &Array) -> Result<Array> {
-        Ok(hidden.linear(self.lm_head.as_ref().unwrap_or(&self.embed_tokens))?)
+        let head = || match self.lm_head.as_ref().or(self.embed_tokens.as_ref()) {
+            Some(head) => Ok(hidden.linear(head)?),
+            None => Err(Error::Invalid("this pipeline stage holds no output head".into())),
+        };
+        match &self.stage {
+            None => head(),
+            Some(stage) => stage.share_logits(hidden.dim(0), head),
+        }
+    }
+
+    fn stage(&self) -> Option<&Stage> {
+        self.stage.as_ref()
     }
 
     fn num_layers(&self) -> usize {

@@ -16,6 +16,7 @@ use crate::adapter::{rows, AdapterId};
 use crate::cache::{CacheOptions, KvDtype, LayerCache};
 use crate::config::Config;
 use crate::layers::RmsNorm;
+use crate::parallel::{Pipeline, Stage};
 use crate::step::StepBatch;
 use crate::weights::Weights;
 use crate::{Error, Result};
@@ -65,6 +66,12 @@ pub trait Architecture: Send + Sync {
     fn mtp_hidden(&self, _target: &Array, _step: &mut StepBatch) -> Result<Array> {
         Err(no_mtp())
     }
+
+    // ---- Pipeline parallelism ----
+    /// This rank's stage, when the model was loaded as one ([`crate::parallel`]).
+    fn stage(&self) -> Option<&Stage> {
+        None
+    }
 }
 
 /// The error of a model asked for a multi-token-prediction head it has not loaded.
@@ -97,21 +104,35 @@ pub(crate) fn through_layers<L>(
 pub(crate) fn through_normed_layers<L>(
     layers: &[L],
     step: &mut StepBatch,
-    mut h: Array,
+    h: Array,
     input_norm: impl Fn(&L) -> &RmsNorm,
     final_norm: &RmsNorm,
     forward: impl Fn(&L, &Array, &Array, &RmsNorm, &mut StepBatch, usize) -> Result<(Array, Array)>,
 ) -> Result<Array> {
+    Ok(through_normed_layers_keep(layers, step, h, input_norm, final_norm, forward)?.1)
+}
+
+/// [`through_normed_layers`], giving the stream after the last block beside its normed form (what
+/// a pipeline stage passes on).
+pub(crate) fn through_normed_layers_keep<L>(
+    layers: &[L],
+    step: &mut StepBatch,
+    mut h: Array,
+    input_norm: impl Fn(&L) -> &RmsNorm,
+    final_norm: &RmsNorm,
+    forward: impl Fn(&L, &Array, &Array, &RmsNorm, &mut StepBatch, usize) -> Result<(Array, Array)>,
+) -> Result<(Array, Array)> {
     step.check_layers(layers.len(), "layers")?;
     let Some(first) = layers.first() else {
-        return final_norm.forward(&h);
+        let normed = final_norm.forward(&h)?;
+        return Ok((h, normed));
     };
     let mut normed = input_norm(first).forward(&h)?;
     for (i, layer) in layers.iter().enumerate() {
         let next_norm = layers.get(i + 1).map_or(final_norm, &input_norm);
         (h, normed) = forward(layer, &h, &normed, next_norm, step, i)?;
     }
-    Ok(normed)
+    Ok((h, normed))
 }
 
 /// The model types this build loads.
@@ -190,6 +211,50 @@ impl Model {
                 )))
             }
         };
+        Self::assemble(config, weights, model_type, arch, |_| false)
+    }
+
+    /// This rank's stage of `pipeline` from `config` and `weights` (which it reads only the
+    /// stage's tensors of): the families on the Llama decoder.
+    pub(crate) fn from_config_pipelined(config: &Config, weights: &Weights, pipeline: &Pipeline) -> Result<Self> {
+        let model_type = config.str("model_type")?.to_string();
+        config.check_ranges()?;
+        let family = match model_type.as_str() {
+            "llama" | "mistral" => llama::family(config)?,
+            "qwen2" => qwen2::family(),
+            "qwen3" => qwen3::family(),
+            "qwen3_moe" => qwen3_moe::family(),
+            "gemma4" | "gemma4_text" => {
+                return Err(Error::Unsupported(format!(
+                    "{}: Gemma 4 is not pipelined: its per-layer inputs and shared key/value layers would cross \
+                     stages (mlx-lm does not pipeline it either)",
+                    config.file()
+                )))
+            }
+            other => {
+                return Err(Error::Unsupported(format!(
+                    "{}: pipeline parallelism for model_type {other:?} is not built yet (llama, mistral, qwen2, \
+                     qwen3 and qwen3_moe are)",
+                    config.file()
+                )))
+            }
+        };
+        let (layers, hidden) = (config.usize("num_hidden_layers")?, config.usize("hidden_size")?);
+        let vocab = config.usize("vocab_size")?;
+        let stage = Stage::new(&pipeline.group, &pipeline.split, layers, hidden, vocab, weights.device())?;
+        let arch = llama::Llama::load_stage(config, weights, &family, Some(stage.clone()))?;
+        Self::assemble(config, weights, model_type, Box::new(arch), |name| stage.elsewhere(name))
+    }
+
+    /// The model of `arch`, built from `config` and `weights`; tensors it left unread are refused
+    /// unless `elsewhere` says another pipeline stage reads them.
+    fn assemble(
+        config: &Config,
+        weights: &Weights,
+        model_type: String,
+        arch: Box<dyn Architecture>,
+        elsewhere: impl Fn(&str) -> bool,
+    ) -> Result<Self> {
         let vocab_size = match arch.vocab_size() {
             Some(v) => v,
             None => match config.opt_usize("vocab_size")? {
@@ -198,7 +263,7 @@ impl Model {
                 None => config.text_config()?.usize("vocab_size")?,
             },
         };
-        unused::refuse_unused(&model_type, weights)?;
+        unused::refuse_unused(&model_type, weights, elsewhere)?;
         let compute_dtype = weights.compute_dtype();
         let context_length = match config.opt_usize("max_position_embeddings")? {
             Some(n) => Some(n),
@@ -284,9 +349,15 @@ impl Model {
         &self.eos_token_ids
     }
 
-    /// Decoder layers.
+    /// Decoder layers (a pipeline stage's own).
     pub fn num_layers(&self) -> usize {
         self.arch.num_layers()
+    }
+
+    /// This rank's stage, when the model was loaded as one of a pipeline
+    /// ([`crate::parallel::load_model_pipelined`]).
+    pub fn stage(&self) -> Option<&Stage> {
+        self.arch.stage()
     }
 
     /// The type caches store keys and values in unless [`CacheOptions::kv_dtype`] says otherwise:

@@ -7,7 +7,12 @@ use crate::Result;
 
 /// Loads a Qwen 2 checkpoint.
 pub fn load(config: &Config, weights: &Weights) -> Result<Llama> {
-    let family = Family {
+    Llama::load_family(config, weights, &family())
+}
+
+/// Qwen 2's options on the shared decoder.
+pub fn family() -> Family {
+    Family {
         qkv_bias: true,
         o_bias: false,
         mlp_bias: false,
@@ -16,6 +21,5 @@ pub fn load(config: &Config, weights: &Weights) -> Result<Llama> {
         default_rope_theta: Some(1_000_000.0),
         moe: false,
         default_tie: Some(true),
-    };
-    Llama::load_family(config, weights, &family)
+    }
 }

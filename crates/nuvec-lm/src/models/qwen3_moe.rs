@@ -8,5 +8,10 @@ use crate::Result;
 
 /// Loads a Qwen 3 MoE checkpoint.
 pub fn load(config: &Config, weights: &Weights) -> Result<Llama> {
-    Llama::load_family(config, weights, &Family { moe: true, ..super::qwen3::family() })
+    Llama::load_family(config, weights, &family())
+}
+
+/// Qwen 3 MoE's options on the shared decoder.
+pub fn family() -> Family {
+    Family { moe: true, ..super::qwen3::family() }
 }

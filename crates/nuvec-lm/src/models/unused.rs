@@ -41,9 +41,10 @@ fn dropped_by_sanitize(model_type: &str, name: &str) -> bool {
 }
 
 /// Refuses the tensors of `weights` the model of `model_type` did not read while it was built,
-/// but those mlx-lm's sanitize drops.
-pub(crate) fn refuse_unused(model_type: &str, weights: &Weights) -> Result<()> {
-    let extra: Vec<String> = weights.unread().into_iter().filter(|n| !dropped_by_sanitize(model_type, n)).collect();
+/// but those mlx-lm's sanitize drops and those `elsewhere` says another pipeline stage reads.
+pub(crate) fn refuse_unused(model_type: &str, weights: &Weights, elsewhere: impl Fn(&str) -> bool) -> Result<()> {
+    let extra: Vec<String> =
+        weights.unread().into_iter().filter(|n| !dropped_by_sanitize(model_type, n) && !elsewhere(n)).collect();
     if extra.is_empty() {
         return Ok(());
     }

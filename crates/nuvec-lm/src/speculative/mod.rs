@@ -98,6 +98,9 @@ pub fn speculative_generate<'a, P: Proposer>(
     if num_draft == 0 {
         return Err(Error::Invalid("num_draft must be at least 1 for speculative decoding".into()));
     }
+    if model.stage().is_some() {
+        return Err(Error::Unsupported("speculative decoding on a pipelined model: run it on one process".into()));
+    }
     if options.cache.kv_bits.is_some() {
         return Err(Error::Invalid(
             "speculative decoding with a quantized KV cache (kv_bits) is not supported yet: drop one".into(),

@@ -13,8 +13,14 @@ use crate::{Device, Error, Result};
 /// Knobs with one value per process, from the environment only: where files live, and the
 /// kernels' compilation (the experiment macros, which host code also reads without a device, and
 /// the compiled-kernel cache).
-const PROCESS_WIDE: &[&str] =
-    &["NUVEC_CACHE", "NUVEC_DEFAULT_MODEL", "NUVEC_ALIGNED_CACHE", "NUVEC_NVRTC_DEFINES", "NUVEC_CUDA_KERNEL_CACHE"];
+const PROCESS_WIDE: &[&str] = &[
+    "NUVEC_CACHE",
+    "NUVEC_DEFAULT_MODEL",
+    "NUVEC_ALIGNED_CACHE",
+    "NUVEC_NVRTC_DEFINES",
+    "NUVEC_CUDA_KERNEL_CACHE",
+    "NUVEC_DISTRIBUTED_TIMEOUT",
+];
 
 /// Knob values for one device, each checked as `nuvec --help-env` describes it. Built with
 /// [`Settings::set`] or parsed from `NAME=VALUE` lines, then handed to [`configure`].

@@ -1,0 +1,145 @@
+//! One rank's stage of a pipeline: which layers it runs, and how a step's hidden states and
+//! logits cross between the stages.
+
+use std::ops::Range;
+use std::path::Path;
+
+use nuvec::distributed::Group;
+use nuvec::{Array, Device};
+
+use super::{wire, Split};
+use crate::load::{load_model_with, LoadOptions};
+use crate::models::Model;
+use crate::step::StepBatch;
+use crate::{Error, Result};
+
+/// A pipeline to load a model as ([`LoadOptions::pipeline`]): the group whose ranks share the
+/// layers, and how.
+#[derive(Debug, Clone)]
+pub struct Pipeline {
+    /// The ranks, one stage each.
+    pub group: Group,
+    /// The layers of each rank.
+    pub split: Split,
+}
+
+/// Loads the checkpoint folder `path` as this rank's stage of a pipeline over `group`: only the
+/// stage's tensors are read (the embeddings on the first stage, the highest rank; the final norm
+/// and head on the last, rank 0, with the embeddings there too when the head is tied to them).
+/// Every rank calls it, with the same `split`.
+pub fn load_model_pipelined(path: &Path, group: &Group, split: Split) -> Result<Model> {
+    let pipeline = Pipeline { group: group.clone(), split };
+    load_model_with(path, &LoadOptions { pipeline: Some(pipeline), ..Default::default() })
+}
+
+/// This rank's part of a pipelined model.
+#[derive(Debug, Clone)]
+pub struct Stage {
+    group: Group,
+    layers: Range<usize>,
+    hidden: usize,
+    vocab: usize,
+    device: Device,
+}
+
+impl Stage {
+    /// Rank `group.rank()`'s stage of a model of `layers` decoder layers (of `hidden` units and
+    /// `vocab` logits) split as `split` says.
+    pub(crate) fn new(
+        group: &Group,
+        split: &Split,
+        layers: usize,
+        hidden: usize,
+        vocab: usize,
+        device: Device,
+    ) -> Result<Stage> {
+        if device != Device::Cpu {
+            return Err(Error::Unsupported(format!(
+                "a pipeline on {device:?}: process groups move host memory (MPI), and GPU stages (NCCL) are not \
+                 built; pipeline CPU ranks"
+            )));
+        }
+        let ranges = split.ranges(layers, group.size())?;
+        Ok(Stage { group: group.clone(), layers: ranges[group.rank()].clone(), hidden, vocab, device })
+    }
+
+    /// The group of the pipeline.
+    pub fn group(&self) -> &Group {
+        &self.group
+    }
+
+    /// The model's layers this rank runs (numbered as in the checkpoint).
+    pub fn layers(&self) -> Range<usize> {
+        self.layers.clone()
+    }
+
+    /// Whether this rank runs the first layers, from the tokens' embeddings (the highest rank).
+    pub fn embeds(&self) -> bool {
+        self.group.rank() + 1 == self.group.size()
+    }
+
+    /// Whether this rank runs the last layers, the final norm and the output head (rank 0).
+    pub fn has_head(&self) -> bool {
+        self.group.rank() == 0
+    }
+
+    /// Whether checkpoint tensor `name` belongs to the model's other stages, or to the parts
+    /// around the layers that another stage may hold instead (embeddings, final norm, head):
+    /// a stage reads those it needs, and leaves the rest unread.
+    pub(crate) fn elsewhere(&self, name: &str) -> bool {
+        if let Some(rest) = name.strip_prefix("model.layers.") {
+            let layer = rest.split('.').next().and_then(|i| i.parse::<usize>().ok());
+            return layer.is_some_and(|i| !self.layers.contains(&i));
+        }
+        ["model.embed_tokens.", "model.norm.", "lm_head."].iter().any(|p| name.starts_with(p))
+    }
+
+    /// The stage's part of a step: the rows' embeddings (`embed`, on the first stage) or the
+    /// hidden states the stage before sent, through `layers` (giving the residual stream and its
+    /// final norm); the normed states on rank 0, which has the head; elsewhere the stream, also
+    /// sent on to the next stage (the caller's logits come from rank 0: [`Stage::share_logits`]).
+    pub(crate) fn run(
+        &self,
+        step: &mut StepBatch,
+        embed: impl FnOnce(&StepBatch) -> Result<Array>,
+        layers: impl FnOnce(&mut StepBatch, Array) -> Result<(Array, Array)>,
+    ) -> Result<Array> {
+        let rank = self.group.rank();
+        let h = match self.embeds() {
+            true => embed(step)?,
+            false => {
+                let bytes = self.group.recv(rank + 1)?;
+                let from = format!("rank {}", rank + 1);
+                wire::decode(&bytes, &[step.tokens().len(), self.hidden], self.device, &from)?
+            }
+        };
+        let (h, normed) = layers(step, h)?;
+        if self.has_head() {
+            return Ok(normed);
+        }
+        self.group.send(rank - 1, &wire::encode(&h)?)?;
+        Ok(h)
+    }
+
+    /// The logits of `rows` rows: `head()`'s on rank 0, broadcast to every rank.
+    pub(crate) fn share_logits(&self, rows: usize, head: impl FnOnce() -> Result<Array>) -> Result<Array> {
+        let shape = [rows, self.vocab];
+        if self.has_head() {
+            let logits = head()?;
+            let mut bytes = wire::encode(&logits)?;
+            self.group.broadcast(0, &mut bytes)?;
+            return Ok(logits);
+        }
+        let mut bytes = vec![0u8; wire::encoded_len(rows * self.vocab)];
+        self.group.broadcast(0, &mut bytes)?;
+        wire::decode(&bytes, &shape, self.device, "rank 0")
+    }
+
+    /// A seed rank 0 draws, the same on every rank: the random stream of a request that gives
+    /// none, so that every rank samples the same tokens.
+    pub(crate) fn shared_seed(&self) -> Result<u64> {
+        let mut bytes = rand::random::<u64>().to_le_bytes();
+        self.group.broadcast(0, &mut bytes)?;
+        Ok(u64::from_le_bytes(bytes))
+    }
+}
