@@ -142,6 +142,11 @@ pub struct Args {
     /// count per rank, rank 0 first (rank 0 runs the last layers): `10,20`.
     #[arg(long, value_name = "even|N,N,..", requires = "pipeline")]
     pipeline_split: Option<String>,
+    /// Split every layer across the ranks of `mpirun -n N nuvec generate --tensor-parallel …`
+    /// instead (mlx-lm's sharding; a build with the `mpi` feature): each rank keeps its share of
+    /// the attention heads and MLP units, and the partial products are summed over the ranks.
+    #[arg(long, conflicts_with_all = ["pipeline", "draft_model", "mtp", "prompt_lookup", "prompt_cache_file"])]
+    tensor_parallel: bool,
     /// Speculative decoding with a draft model (as mlx_lm.generate's --draft-model): a smaller
     /// model of the same tokenizer guesses the next tokens greedily, and the model verifies them
     /// in one pass. The output is the same; it comes faster where the draft agrees often.
@@ -286,9 +291,12 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
             split: Split::parse(args.pipeline_split.as_deref().unwrap_or("even"))?,
         }),
     };
-    // Every rank of a pipeline generates the same tokens; rank 0 prints them.
-    let quiet = pipeline.as_ref().is_some_and(|p| p.group.rank() != 0);
-    let (model, mut tokenizer) = args.load.load_as(&model_path, device, vec![], args.mtp, pipeline)?;
+    let (mut model, mut tokenizer) = args.load.load_as(&model_path, device, vec![], args.mtp, pipeline)?;
+    if args.tensor_parallel {
+        model.shard(&nuvec::distributed::init(true)?)?;
+    }
+    // Every rank of a split model generates the same tokens; rank 0 prints them.
+    let quiet = model.ranks().is_some_and(|group| group.rank() != 0);
     for token in &args.extra_eos_token {
         tokenizer.add_eos_token(token)?;
     }

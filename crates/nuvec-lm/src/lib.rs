@@ -73,7 +73,7 @@ pub use load::{
     LoadProgress,
 };
 pub use models::Model;
-pub use parallel::{load_model_pipelined, Pipeline, Split, Stage};
+pub use parallel::{load_model_pipelined, load_model_sharded, Pipeline, Shard, Split, Stage};
 pub use processors::LogitsProcessors;
 pub use sample::Sampler;
 pub use session::Session;

@@ -131,6 +131,28 @@ impl Array {
         Ok(self.host::<T>()?.to_vec())
     }
 
+    /// Columns `start..end` of a 2-D array, copied (a device array's through the host): a
+    /// rank's slice of a weight's inputs when a model is split across ranks.
+    pub fn columns(&self, start: usize, end: usize) -> Result<Array> {
+        let [rows, cols] = self.shape[..] else {
+            return Err(Error::shape("columns", format!("{:?} is not a matrix", self.shape)));
+        };
+        if start > end || end > cols {
+            return Err(Error::shape("columns", format!("columns {start}..{end} of {cols}")));
+        }
+        #[cfg(feature = "cuda")]
+        if self.device != Device::Cpu {
+            return self.to_device(Device::Cpu)?.columns(start, end)?.to_device(self.device);
+        }
+        let size = self.dtype.size();
+        let bytes = self.raw_bytes();
+        let mut out = Vec::with_capacity(rows * (end - start) * size);
+        for r in 0..rows {
+            out.extend_from_slice(&bytes[(r * cols + start) * size..(r * cols + end) * size]);
+        }
+        Self::from_bytes(Bytes::copy_of(&out), vec![rows, end - start], self.dtype)
+    }
+
     /// The elements converted to f32 on the host, whatever the float dtype.
     pub fn to_f32_vec(&self) -> Result<Vec<f32>> {
         #[cfg(feature = "cuda")]

@@ -268,11 +268,88 @@ impl Matrix {
         }
     }
 
+    /// Output features `rows` (a rank's share of a projection's outputs).
+    pub fn rows_part(&self, rows: std::ops::Range<usize>) -> Result<Matrix> {
+        if rows.start > rows.end || rows.end > self.rows() {
+            return Err(Error::shape("rows_part", format!("rows {rows:?} of {}", self.rows())));
+        }
+        let part = |a: &Array| a.slice_rows(rows.start, rows.end);
+        Ok(match self {
+            Matrix::Dense(a) => Matrix::Dense(part(a)?),
+            Matrix::Quantized(q) => Matrix::Quantized(Quantized {
+                packed: part(&q.packed)?,
+                scales: part(&q.scales)?,
+                biases: if q.spec.mode.has_biases() { part(&q.biases)? } else { q.biases.clone() },
+                ..q.clone()
+            }),
+        })
+    }
+
+    /// Input features `cols` (a rank's share of a projection's inputs); a quantized matrix
+    /// splits only at whole groups and whole packed words.
+    pub fn cols_part(&self, cols: std::ops::Range<usize>) -> Result<Matrix> {
+        if cols.start > cols.end || cols.end > self.cols() {
+            return Err(Error::shape("cols_part", format!("columns {cols:?} of {}", self.cols())));
+        }
+        Ok(match self {
+            Matrix::Dense(a) => Matrix::Dense(a.columns(cols.start, cols.end)?),
+            Matrix::Quantized(q) => {
+                let (bits, group) = (q.spec.bits, q.spec.group_size);
+                let whole = |c: usize| c.is_multiple_of(group) && (c * bits).is_multiple_of(32);
+                if !whole(cols.start) || !whole(cols.end) {
+                    return Err(Error::shape(
+                        "cols_part",
+                        format!("columns {cols:?} cut a group of {group} ({bits}-bit values)"),
+                    ));
+                }
+                let groups = |a: &Array| a.columns(cols.start / group, cols.end / group);
+                Matrix::Quantized(Quantized {
+                    packed: q.packed.columns(cols.start * bits / 32, cols.end * bits / 32)?,
+                    scales: groups(&q.scales)?,
+                    biases: if q.spec.mode.has_biases() { groups(&q.biases)? } else { q.biases.clone() },
+                    ..q.clone()
+                })
+            }
+        })
+    }
+
     /// Bytes the matrix occupies.
     pub fn nbytes(&self) -> usize {
         match self {
             Matrix::Dense(a) => a.nbytes(),
             Matrix::Quantized(q) => q.packed.nbytes() + q.scales.nbytes() + q.biases.nbytes(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::quantize::{dequantize, quantize_affine};
+
+    /// Columns `cols` of each of `rows` rows of the row-major `w`.
+    fn columns_of(w: &[f32], width: usize, cols: std::ops::Range<usize>) -> Vec<f32> {
+        w.chunks(width).flat_map(|row| row[cols.clone()].to_vec()).collect()
+    }
+
+    #[test]
+    fn a_matrix_parts_hold_its_rows_and_whole_groups_of_columns() {
+        let (rows, cols) = (6, 256);
+        let w: Vec<f32> = (0..rows * cols).map(|i| ((i * 37 % 101) as f32 - 50.0) / 25.0).collect();
+        let spec = QuantSpec { mode: QuantMode::Affine, bits: 3, group_size: 32 };
+        let q = quantize_affine(&w, rows, cols, spec, DType::BF16).unwrap();
+        let whole = dequantize(&q).unwrap();
+        let m = Matrix::Quantized(q);
+        let Matrix::Quantized(part) = m.cols_part(64..192).unwrap() else { unreachable!() };
+        assert_eq!((part.rows(), part.cols()), (rows, 128));
+        assert_eq!(dequantize(&part).unwrap(), columns_of(&whole, cols, 64..192));
+        let Matrix::Quantized(part) = m.rows_part(2..5).unwrap() else { unreachable!() };
+        assert_eq!(dequantize(&part).unwrap(), whole[2 * cols..5 * cols]);
+        let e = m.cols_part(16..48).unwrap_err().to_string();
+        assert!(e.contains("cut a group of 32"), "{e}");
+        let dense = Matrix::Dense(Array::from_slice(&w, &[rows, cols]).unwrap());
+        let Matrix::Dense(part) = dense.cols_part(3..10).unwrap() else { unreachable!() };
+        assert_eq!(part.to_vec::<f32>().unwrap(), columns_of(&w, cols, 3..10));
+        assert!(dense.rows_part(4..7).is_err());
     }
 }

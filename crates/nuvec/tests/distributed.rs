@@ -3,51 +3,17 @@
 //! cases below (ignored when the binary runs on its own).
 #![cfg(feature = "mpi")]
 
-use std::process::Command;
+#[path = "support/mpirun.rs"]
+mod mpirun;
+
 use std::time::{Duration, Instant};
 
+use mpirun::{mpirun, under_mpirun};
 use nuvec::distributed;
-
-/// Set in the ranks' environment, so that a `rank_*` case knows it runs under mpirun.
-const ROLE: &str = "DISTRIBUTED_TEST_RANK";
-
-/// Runs this binary's case `case` on `ranks` ranks under mpirun; its output (both streams) and
-/// whether mpirun succeeded.
-fn mpirun(ranks: usize, case: &str, limit: Duration) -> (String, bool) {
-    let exe = std::env::current_exe().unwrap();
-    let mut child = Command::new("mpirun")
-        .args(["-n", &ranks.to_string(), "--oversubscribe"])
-        .arg(exe)
-        .args(["--exact", case, "--ignored", "--nocapture", "--test-threads=1"])
-        .env(ROLE, "1")
-        // Root in containers; shared memory without ptrace attach.
-        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
-        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
-        .env("OMPI_MCA_btl_vader_single_copy_mechanism", "none")
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("mpirun could not start: install Open MPI (scripts/setup-mpi.sh)");
-    let start = Instant::now();
-    while child.try_wait().unwrap().is_none() {
-        if start.elapsed() > limit {
-            let _ = child.kill();
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    let out = child.wait_with_output().unwrap();
-    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    (text, out.status.success())
-}
-
-fn under_mpirun() -> bool {
-    std::env::var_os(ROLE).is_some()
-}
 
 #[test]
 fn two_ranks_exchange_every_kind_of_message() {
-    let (out, ok) = mpirun(2, "rank_exchanges", Duration::from_secs(60));
+    let (out, ok) = mpirun(2, "rank_exchanges", &[], Duration::from_secs(60));
     assert!(ok, "mpirun failed:\n{out}");
     for rank in 0..2 {
         assert!(out.contains(&format!("rank {rank} of 2: every exchange checked")), "rank {rank}:\n{out}");
@@ -89,7 +55,7 @@ fn rank_exchanges() {
 
 #[test]
 fn a_rank_that_stops_answering_fails_the_waiting_rank_in_time() {
-    let (out, _) = mpirun(2, "rank_waits_for_a_silent_peer", Duration::from_secs(60));
+    let (out, _) = mpirun(2, "rank_waits_for_a_silent_peer", &[], Duration::from_secs(60));
     let at = out.find("rank 0 gave up after ").unwrap_or_else(|| panic!("{out}"));
     let line = out[at..].lines().next().unwrap();
     let seconds: f64 = line.split_whitespace().nth(5).unwrap().parse().unwrap();

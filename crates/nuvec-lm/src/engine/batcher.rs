@@ -466,11 +466,12 @@ impl<'m> Batcher<'m> {
 
     fn build(model: &'m Model, draft: Option<&'m Model>, options: BatcherOptions) -> Result<Self> {
         options.validate()?;
-        if model.stage().is_some() {
-            // Its steps would need one micro-batch per stage in flight, and every rank to
-            // schedule alike.
+        if model.ranks().is_some() {
+            // Every rank would have to schedule alike (and a pipeline keep one micro-batch per
+            // stage in flight).
             return Err(Error::Unsupported(
-                "a Batcher over a pipelined model is not built yet: generate one request at a time on it".into(),
+                "a Batcher over a model split across ranks is not built yet: generate one request at a time on it"
+                    .into(),
             ));
         }
         let blocks = match options.blocks {

@@ -67,10 +67,10 @@ impl Request {
                 prompt.len()
             )));
         }
-        let rng = match (options.seed, model.stage()) {
+        let rng = match (options.seed, model.ranks()) {
             (Some(seed), _) => ChaCha8Rng::seed_from_u64(seed),
-            // Every rank of a pipeline samples, and must draw the same tokens.
-            (None, Some(stage)) => ChaCha8Rng::seed_from_u64(stage.shared_seed()?),
+            // Every rank of a split model samples, and must draw the same tokens.
+            (None, Some(group)) => ChaCha8Rng::seed_from_u64(crate::parallel::seed_of_rank0(group)?),
             (None, None) => ChaCha8Rng::from_entropy(),
         };
         let mut eos = model.eos_token_ids().to_vec();

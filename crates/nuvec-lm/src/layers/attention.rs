@@ -5,9 +5,10 @@ use nuvec::Array;
 use super::{Linear, RmsNorm, Rope};
 use crate::cache::paged::{attend_decodes, write_decodes, PagedKv};
 use crate::cache::{LayerCache, Positions};
+use crate::parallel::Shard;
 use crate::step::{concat_rows, StepBatch};
 use crate::weights::Weights;
-use crate::Result;
+use crate::{Error, Result};
 
 /// The sizes and options of an attention block, as the model family reads them from its config.
 #[derive(Debug, Clone)]
@@ -69,6 +70,34 @@ impl Attention {
         let sinks = weights.tensor(&format!("{path}.sinks"), &[self.shape.heads])?;
         self.sinks = Some(sinks.to_f32_vec()?);
         Ok(self)
+    }
+
+    /// This rank's share of the block: its share of the query heads, the key/value heads they
+    /// read (shared between ranks when there are fewer than ranks), and the output projection's
+    /// columns for those heads, summed over the group.
+    pub(crate) fn shard(&self, shard: &Shard) -> Result<Attention> {
+        let s = &self.shape;
+        let heads = shard.part(s.heads, "query heads")?;
+        let per_kv = s.heads / s.kv_heads;
+        let own = heads.len();
+        if !own.is_multiple_of(per_kv) && !per_kv.is_multiple_of(own) {
+            return Err(Error::Unsupported(format!(
+                "{own} query heads per rank do not cover whole groups of the {per_kv} that share a key/value head"
+            )));
+        }
+        let kv = heads.start / per_kv..(heads.end - 1) / per_kv + 1;
+        let features = |r: &std::ops::Range<usize>| r.start * s.head_dim..r.end * s.head_dim;
+        Ok(Attention {
+            q_proj: self.q_proj.output_part(features(&heads))?,
+            k_proj: self.k_proj.output_part(features(&kv))?,
+            v_proj: self.v_proj.output_part(features(&kv))?,
+            o_proj: self.o_proj.input_part(features(&heads), shard.group())?,
+            q_norm: self.q_norm.clone(),
+            k_norm: self.k_norm.clone(),
+            rope: self.rope.clone(),
+            shape: AttentionShape { heads: own, kv_heads: kv.len(), ..s.clone() },
+            sinks: self.sinks.as_ref().map(|sinks| sinks[heads.clone()].to_vec()),
+        })
     }
 
     /// Attends the step's rows `x [T, hidden]`, each sequence's over its layer-`layer` cache

@@ -2,6 +2,7 @@
 
 use std::ops::Range;
 
+use nuvec::distributed::Group;
 use nuvec::{Array, Matrix};
 
 use super::RmsNorm;
@@ -23,6 +24,10 @@ pub struct Linear {
     /// leaves this projection alone), applied to the rows of the sequences that chose it
     /// ([`crate::StepBatch::push_adapted`]).
     pub served: Vec<Option<LowRank>>,
+    /// The ranks whose products are summed into this layer's output: set on a rank's share of a
+    /// projection's inputs when the model is split across ranks ([`crate::parallel`]), where
+    /// each rank multiplies its slice of the inputs and the sum is the whole product.
+    pub sum_over: Option<Group>,
 }
 
 impl Linear {
@@ -40,12 +45,39 @@ impl Linear {
             .iter()
             .map(|a| a.low_rank(path, &weight, weights.device()))
             .collect::<Result<_>>()?;
-        Ok(Linear { weight, bias, adapter, served })
+        Ok(Linear { weight, bias, adapter, served, sum_over: None })
     }
 
     /// A layer of `weight` and `bias` alone.
     pub fn plain(weight: Matrix, bias: Option<Array>) -> Self {
-        Linear { weight, bias, adapter: None, served: vec![] }
+        Linear { weight, bias, adapter: None, served: vec![], sum_over: None }
+    }
+
+    /// This rank's share `rows` of the layer's outputs (its slice of the weight's rows and of
+    /// the bias), for a model split across ranks. A layer with adapters is refused.
+    pub(crate) fn output_part(&self, rows: Range<usize>) -> Result<Linear> {
+        self.refuse_adapters()?;
+        let bias =
+            self.bias.as_ref().map(|b| b.reshape(&[b.len(), 1])?.slice_rows(rows.start, rows.end)).transpose()?;
+        let bias = bias.map(|b| b.reshape(&[b.len()])).transpose()?;
+        Ok(Linear::plain(self.weight.rows_part(rows)?, bias))
+    }
+
+    /// This rank's share `cols` of the layer's inputs, its products summed over `group` (the
+    /// bias added once, on rank 0). A layer with adapters is refused.
+    pub(crate) fn input_part(&self, cols: Range<usize>, group: &Group) -> Result<Linear> {
+        self.refuse_adapters()?;
+        let bias = self.bias.clone().filter(|_| group.rank() == 0);
+        Ok(Linear { sum_over: Some(group.clone()), ..Linear::plain(self.weight.cols_part(cols)?, bias) })
+    }
+
+    fn refuse_adapters(&self) -> Result<()> {
+        match self.has_adapters() {
+            true => Err(Error::Unsupported(
+                "an adapter on a model split across ranks: fuse it into the base first (`nuvec fuse`)".into(),
+            )),
+            false => Ok(()),
+        }
     }
 
     /// Whether an adapter's term joins this projection in the running pass (the load's adapter,
@@ -62,7 +94,11 @@ impl Linear {
 
     /// Applies the layer to `x [..., in]`.
     pub fn forward(&self, x: &Array) -> Result<Array> {
-        self.finish(x, x.linear(&self.weight)?)
+        let y = self.finish(x, x.linear(&self.weight)?)?;
+        match &self.sum_over {
+            Some(group) => crate::parallel::sum_over(group, y),
+            None => Ok(y),
+        }
     }
 
     /// Applies several layers to the same `x [..., in]` (q/k/v, gate/up), in order; the backend
@@ -94,6 +130,9 @@ impl Linear {
     /// `(silu(gate) * up)` through this layer (a gated MLP's down projection); the backend may
     /// fuse the product into the matrix-vector pass. Same result as `forward(gate.silu_mul(up))`.
     pub fn forward_silu_mul(&self, gate: &Array, up: &Array) -> Result<Array> {
+        if self.sum_over.is_some() {
+            return self.forward(&gate.silu_mul(up)?);
+        }
         let y = gate.silu_mul_linear(up, &self.weight)?;
         match self.adapted() {
             true => self.finish(&gate.silu_mul(up)?, y),
@@ -107,6 +146,10 @@ impl Linear {
     /// ([`nuvec::Backend::add_bias_rms_norm`]); with a bias and an adapter or a DoRA adapter, the
     /// separate ops; a LoRA adapter's term joins the residual).
     pub fn forward_add_norm(&self, x: &Array, residual: &Array, norm: &RmsNorm) -> Result<(Array, Array)> {
+        if self.sum_over.is_some() {
+            // The residual joins the sum of every rank's share, not each share.
+            return norm.forward_add(residual, &self.forward(x)?);
+        }
         if let Some(bias) = self.lone_bias() {
             // A bias alone after the product (gpt-oss's o projection) joins the residual add.
             return norm.forward_add_bias(residual, &x.linear(&self.weight)?, bias);

@@ -3,6 +3,7 @@
 use nuvec::Array;
 
 use super::{Linear, RmsNorm};
+use crate::parallel::Shard;
 use crate::weights::Weights;
 use crate::Result;
 
@@ -24,6 +25,17 @@ impl Mlp {
             gate_proj: Linear::load(weights, &format!("{path}.gate_proj"), dims, hidden, bias)?,
             up_proj: Linear::load(weights, &format!("{path}.up_proj"), dims, hidden, bias)?,
             down_proj: Linear::load(weights, &format!("{path}.down_proj"), hidden, dims, bias)?,
+        })
+    }
+
+    /// This rank's share of the block: its share of the hidden units, the down projection's
+    /// products summed over the group.
+    pub(crate) fn shard(&self, shard: &Shard) -> Result<Mlp> {
+        let units = shard.part(self.gate_proj.weight.rows(), "hidden units")?;
+        Ok(Mlp {
+            gate_proj: self.gate_proj.output_part(units.clone())?,
+            up_proj: self.up_proj.output_part(units.clone())?,
+            down_proj: self.down_proj.input_part(units, shard.group())?,
         })
     }
 

@@ -6,7 +6,7 @@ use nuvec::{Array, Matrix};
 use crate::config::Config;
 use crate::layers::{Attention, AttentionShape, FeedForward, Mlp, MoeShape, RmsNorm, Rope, SparseMoe};
 use crate::models::Architecture;
-use crate::parallel::Stage;
+use crate::parallel::{Shard, Stage};
 use crate::step::StepBatch;
 use crate::weights::Weights;
 use crate::{Error, Result};
@@ -73,6 +73,7 @@ pub struct Llama {
     norm: Option<RmsNorm>,
     lm_head: Option<Matrix>,
     stage: Option<Stage>,
+    shard: Option<Shard>,
 }
 
 /// Llama's and Mistral's options on the decoder.
@@ -203,6 +204,46 @@ impl Llama {
                 false => Some(weights.matrix("lm_head", vocab, hidden)?),
             },
             stage,
+            shard: None,
+        })
+    }
+
+    /// This rank's share of every block ([`crate::parallel`]'s tensor parallelism); the
+    /// embeddings, norms and head stay whole.
+    pub(crate) fn split_across(&self, shard: &Shard) -> Result<Llama> {
+        let at = crate::parallel::shard_at;
+        let layers = self
+            .layers
+            .iter()
+            .enumerate()
+            .map(|(i, b)| {
+                let place = |part: &str| format!("model.layers.{i}.{part}");
+                Ok(Block {
+                    input_layernorm: b.input_layernorm.clone(),
+                    self_attn: b.self_attn.shard(shard).map_err(|e| at(&place("self_attn"), e))?,
+                    post_attention_layernorm: b.post_attention_layernorm.clone(),
+                    mlp: match &b.mlp {
+                        FeedForward::Dense(mlp) => {
+                            FeedForward::Dense(mlp.shard(shard).map_err(|e| at(&place("mlp"), e))?)
+                        }
+                        FeedForward::Sparse(_) => {
+                            return Err(Error::Unsupported(format!(
+                                "{}: mixture-of-experts layers are not split across ranks yet; pipeline the model \
+                                 instead (--pipeline)",
+                                place("mlp")
+                            )))
+                        }
+                    },
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Llama {
+            embed_tokens: self.embed_tokens.clone(),
+            layers,
+            norm: self.norm.clone(),
+            lm_head: self.lm_head.clone(),
+            stage: None,
+            shard: Some(shard.clone()),
         })
     }
 
@@ -233,14 +274,27 @@ impl Architecture for Llama {
             Some(head) => Ok(hidden.linear(head)?),
             None => Err(Error::Invalid("this pipeline stage holds no output head".into())),
         };
-        match &self.stage {
-            None => head(),
-            Some(stage) => stage.share_logits(hidden.dim(0), head),
+        match (&self.stage, &self.shard) {
+            (Some(stage), _) => stage.share_logits(hidden.dim(0), head),
+            (None, Some(shard)) => {
+                let vocab = self.lm_head.as_ref().or(self.embed_tokens.as_ref()).map_or(0, Matrix::rows);
+                crate::parallel::logits_of_rank0(shard.group(), (hidden.dim(0), vocab), hidden.device(), head)
+            }
+            (None, None) => head(),
         }
     }
 
     fn stage(&self) -> Option<&Stage> {
         self.stage.as_ref()
+    }
+
+    fn shard(&self, shard: &Shard) -> Option<Result<Box<dyn Architecture>>> {
+        (self.stage.is_none() && self.shard.is_none())
+            .then(|| Ok(Box::new(self.split_across(shard)?) as Box<dyn Architecture>))
+    }
+
+    fn sharded(&self) -> Option<&Shard> {
+        self.shard.as_ref()
     }
 
     fn num_layers(&self) -> usize {

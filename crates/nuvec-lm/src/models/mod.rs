@@ -16,7 +16,7 @@ use crate::adapter::{rows, AdapterId};
 use crate::cache::{CacheOptions, KvDtype, LayerCache};
 use crate::config::Config;
 use crate::layers::RmsNorm;
-use crate::parallel::{Pipeline, Stage};
+use crate::parallel::{Pipeline, Shard, Stage};
 use crate::step::StepBatch;
 use crate::weights::Weights;
 use crate::{Error, Result};
@@ -70,6 +70,17 @@ pub trait Architecture: Send + Sync {
     // ---- Pipeline parallelism ----
     /// This rank's stage, when the model was loaded as one ([`crate::parallel`]).
     fn stage(&self) -> Option<&Stage> {
+        None
+    }
+
+    // ---- Tensor parallelism ----
+    /// This rank's share of every layer ([`Model::shard`]); `None` for a family not split yet.
+    fn shard(&self, _shard: &Shard) -> Option<Result<Box<dyn Architecture>>> {
+        None
+    }
+
+    /// This rank's place, when the model was split across ranks.
+    fn sharded(&self) -> Option<&Shard> {
         None
     }
 }
@@ -358,6 +369,51 @@ impl Model {
     /// ([`crate::parallel::load_model_pipelined`]).
     pub fn stage(&self) -> Option<&Stage> {
         self.arch.stage()
+    }
+
+    /// This rank's place, when the model was split across ranks ([`Model::shard`]).
+    pub fn sharded(&self) -> Option<&Shard> {
+        self.arch.sharded()
+    }
+
+    /// The group of ranks that run this model together (a pipeline's or a split's), whose
+    /// ranks must sample alike.
+    pub fn ranks(&self) -> Option<&nuvec::distributed::Group> {
+        self.stage().map(Stage::group).or(self.sharded().map(Shard::group))
+    }
+
+    /// Keeps this rank's share of every layer of a model loaded whole (mlx-lm's
+    /// `model.shard(group)`): its share of the query heads (with the key/value heads they read,
+    /// shared between ranks when there are fewer than ranks) and of the MLP's hidden units; the
+    /// output and down projections' products are summed over `group`, and rank 0's logits are
+    /// every rank's. Every rank calls it. Sizes that do not divide are an error naming the
+    /// layer, and the model is left as it was.
+    pub fn shard(&mut self, group: &nuvec::distributed::Group) -> Result<()> {
+        if self.ranks().is_some() {
+            return Err(Error::Unsupported(
+                "a model is split across ranks once: pipelined or sharded, not both".into(),
+            ));
+        }
+        if self.device != Device::Cpu {
+            return Err(Error::Unsupported(format!(
+                "tensor parallelism on {:?}: process groups move host memory (MPI), and GPU ranks (NCCL) are not \
+                 built; split a model on the CPU",
+                self.device
+            )));
+        }
+        if self.model_type.starts_with("gemma4") {
+            return Err(Error::Unsupported("Gemma 4 is not split across ranks (nor by mlx-lm)".into()));
+        }
+        match self.arch.shard(&Shard::new(group)) {
+            Some(arch) => self.arch = arch?,
+            None => {
+                return Err(Error::Unsupported(format!(
+                    "tensor parallelism for model_type {:?} is not built yet (llama, mistral, qwen2 and qwen3 are)",
+                    self.model_type
+                )))
+            }
+        }
+        Ok(())
     }
 
     /// The type caches store keys and values in unless [`CacheOptions::kv_dtype`] says otherwise:

@@ -7,11 +7,20 @@
 //! broadcast, so that every rank samples the same token from the same logits (rank 0's seed is
 //! shared when a request gives none) and `generate` yields the same tokens on every rank.
 //!
-//! Tensor parallelism (every layer split across the ranks) is not built.
+//! Tensor parallelism, as mlx-lm's `model.shard(group)`: every rank holds a slice of every
+//! attention and MLP projection (its share of the query heads with the key/value heads they read,
+//! its share of the hidden units), and the output and down projections' partial products are
+//! summed over the group; the embeddings, norms and head are whole on every rank, rank 0's logits
+//! broadcast as in a pipeline.
 
 mod pipeline;
+mod shard;
+mod shared;
 mod split;
 mod wire;
 
 pub use pipeline::{load_model_pipelined, Pipeline, Stage};
+pub(crate) use shard::at as shard_at;
+pub use shard::{load_model_sharded, Shard};
+pub(crate) use shared::{logits_of_rank0, seed_of_rank0, sum_over};
 pub use split::Split;

@@ -123,23 +123,6 @@ impl Stage {
 
     /// The logits of `rows` rows: `head()`'s on rank 0, broadcast to every rank.
     pub(crate) fn share_logits(&self, rows: usize, head: impl FnOnce() -> Result<Array>) -> Result<Array> {
-        let shape = [rows, self.vocab];
-        if self.has_head() {
-            let logits = head()?;
-            let mut bytes = wire::encode(&logits)?;
-            self.group.broadcast(0, &mut bytes)?;
-            return Ok(logits);
-        }
-        let mut bytes = vec![0u8; wire::encoded_len(rows * self.vocab)];
-        self.group.broadcast(0, &mut bytes)?;
-        wire::decode(&bytes, &shape, self.device, "rank 0")
-    }
-
-    /// A seed rank 0 draws, the same on every rank: the random stream of a request that gives
-    /// none, so that every rank samples the same tokens.
-    pub(crate) fn shared_seed(&self) -> Result<u64> {
-        let mut bytes = rand::random::<u64>().to_le_bytes();
-        self.group.broadcast(0, &mut bytes)?;
-        Ok(u64::from_le_bytes(bytes))
+        super::shared::logits_of_rank0(&self.group, (rows, self.vocab), self.device, head)
     }
 }

@@ -98,8 +98,10 @@ pub fn speculative_generate<'a, P: Proposer>(
     if num_draft == 0 {
         return Err(Error::Invalid("num_draft must be at least 1 for speculative decoding".into()));
     }
-    if model.stage().is_some() {
-        return Err(Error::Unsupported("speculative decoding on a pipelined model: run it on one process".into()));
+    if model.ranks().is_some() {
+        return Err(Error::Unsupported(
+            "speculative decoding on a model split across ranks: run it on one process".into(),
+        ));
     }
     if options.cache.kv_bits.is_some() {
         return Err(Error::Invalid(

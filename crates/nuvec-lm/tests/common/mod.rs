@@ -4,6 +4,7 @@
 pub mod gguf_oracle;
 pub mod gpu_cases;
 pub mod mlx_adapter;
+#[path = "../../../nuvec/tests/support/mpirun.rs"]
 pub mod mpirun;
 pub mod paged;
 pub mod scripted;

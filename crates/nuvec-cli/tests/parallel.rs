@@ -1,6 +1,6 @@
-//! `nuvec generate --pipeline` on two ranks of Open MPI's `mpirun` (scripts/setup-mpi.sh): rank 0
-//! prints mlx-lm's answer from SmolLM2's real weights, once; the others print nothing. Started
-//! alone, or on a GGUF file, it says what to do instead.
+//! `nuvec generate --pipeline` on two ranks and `--tensor-parallel` on three, under Open MPI's
+//! `mpirun` (scripts/setup-mpi.sh): rank 0 prints mlx-lm's answer from SmolLM2's real weights,
+//! once; the others print nothing. Started alone, or on a GGUF file, it says what to do instead.
 #![cfg(feature = "mpi")]
 
 mod common;
@@ -36,6 +36,20 @@ fn generate_pipelined_over_two_ranks_answers_like_mlx_lm_once() {
     assert!(ok, "{stdout}\n{stderr}");
     assert_eq!(stdout.trim_end(), oracle["text"].as_str().unwrap(), "{stderr}");
     assert_eq!(stderr.matches("Generation: ").count(), 1, "rank 0 alone reports:\n{stderr}");
+}
+
+#[test]
+fn generate_split_over_three_ranks_answers_like_mlx_lm_once() {
+    let model = fixture("smollm2-q4_1");
+    let oracle: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(format!("{model}/oracle.json")).unwrap()).unwrap();
+    let question = oracle["question"].as_str().unwrap();
+    let (ok, stdout, stderr) = mpirun(3, &["generate", "--model", &model, "-p", question, "--tensor-parallel"]);
+    assert!(ok, "{stdout}\n{stderr}");
+    assert_eq!(stdout.trim_end(), oracle["text"].as_str().unwrap(), "{stderr}");
+    assert_eq!(stderr.matches("Generation: ").count(), 1, "rank 0 alone reports:\n{stderr}");
+    let (ok, _, stderr) = mpirun(2, &["generate", "--model", &model, "-p", question, "--tensor-parallel"]);
+    assert!(!ok && stderr.contains("9 query heads do not split evenly over 2 ranks"), "{stderr}");
 }
 
 #[test]

@@ -1,11 +1,13 @@
 //! Runs a test binary's case on several ranks under Open MPI's `mpirun` (installed by
-//! scripts/setup-mpi.sh).
+//! scripts/setup-mpi.sh). Shared by the process-group tests here and nuvec-lm's pipeline and
+//! tensor-parallel tests (`#[path]`).
+#![allow(dead_code)]
 
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// Set in the ranks' environment, so that a rank's case knows it runs under mpirun.
-pub const ROLE: &str = "PIPELINE_TEST_RANK";
+pub const ROLE: &str = "MPIRUN_TEST_RANK";
 
 /// Whether this process is a rank that [`mpirun`] started.
 pub fn under_mpirun() -> bool {

@@ -1,0 +1,54 @@
+//! Tensor parallelism: one rank's share of every layer of a model split across a group.
+
+use std::ops::Range;
+use std::path::Path;
+
+use nuvec::distributed::Group;
+
+use crate::load::load_model;
+use crate::models::Model;
+use crate::{Error, Result};
+
+/// Loads the checkpoint folder `path` and keeps this rank's share of every layer
+/// ([`Model::shard`]). Every rank of `group` calls it.
+pub fn load_model_sharded(path: &Path, group: &Group) -> Result<Model> {
+    let mut model = load_model(path)?;
+    model.shard(group)?;
+    Ok(model)
+}
+
+/// A rank's place in a model split by tensor parallelism.
+#[derive(Debug, Clone)]
+pub struct Shard {
+    group: Group,
+}
+
+impl Shard {
+    pub(crate) fn new(group: &Group) -> Shard {
+        Shard { group: group.clone() }
+    }
+
+    /// The group whose ranks share every layer.
+    pub fn group(&self) -> &Group {
+        &self.group
+    }
+
+    /// This rank's share of `n` units (heads, hidden units): the `rank`-th of `size` equal
+    /// parts; `what` names the units when they do not divide.
+    pub(crate) fn part(&self, n: usize, what: &str) -> Result<Range<usize>> {
+        let size = self.group.size();
+        if !n.is_multiple_of(size) {
+            return Err(Error::Unsupported(format!("{n} {what} do not split evenly over {size} ranks")));
+        }
+        let share = n / size;
+        Ok(self.group.rank() * share..(self.group.rank() + 1) * share)
+    }
+}
+
+/// `e` with the layer part it happened in named (`model.layers.3.self_attn`, ...).
+pub(crate) fn at(place: &str, e: Error) -> Error {
+    Error::Unsupported(format!(
+        "{place}: cannot be split across ranks ({}); run on fewer ranks, or one whose count divides it",
+        e.to_string().trim_start_matches("not supported: ")
+    ))
+}
