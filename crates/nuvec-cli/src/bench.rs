@@ -100,6 +100,8 @@ pub struct Args {
     /// Store keys and values as f32, f16 or bf16 (default: the model's own type, f16 for GGUF).
     #[arg(long, value_parser = crate::common::parse_kv_dtype)]
     kv_dtype: Option<nuvec_lm::cache::KvDtype>,
+    #[command(flatten)]
+    split: crate::common::SplitArgs,
 }
 
 /// The form of `nuvec bench`'s report.
@@ -284,7 +286,10 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     }
     args.threads.apply()?;
     let model_path = args.load.name()?;
-    let (mut model, tokenizer) = args.load.load(&model_path, parse_device(&args.device)?)?;
+    let pipeline = args.split.pipeline()?;
+    let (mut model, tokenizer) =
+        args.load.load_as(&model_path, parse_device(&args.device)?, vec![], false, pipeline)?;
+    args.split.shard(&mut model)?;
     let grammar = args.constraint.grammar(&tokenizer)?;
     if grammar.is_some() && args.workload.is_none() {
         return Err("the structured-output flags (--json, --json-schema, --regex, --choice, --grammar) apply to \
@@ -323,7 +328,9 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
             }
         }
     }
-    let mut report = Report::new(args.output, &model_path, model.device().to_string());
+    // Every rank of a split model runs the tests; rank 0 reports them.
+    let quiet = model.ranks().is_some_and(|group| group.rank() != 0);
+    let mut report = Report::new(args.output, &model_path, model.device().to_string(), quiet);
     for t in tests {
         let summary = run_test(&model, &args, t, &report)?;
         report.test(t, summary);

@@ -12,16 +12,21 @@ pub struct Report {
     device: String,
     threads: usize,
     rows: Vec<(Test, Summary)>,
+    /// Prints nothing (a rank other than 0 of a split model).
+    quiet: bool,
 }
 
 impl Report {
-    pub fn new(output: Output, model: &str, device: String) -> Self {
+    pub fn new(output: Output, model: &str, device: String, quiet: bool) -> Self {
         let threads = nuvec::backends::cpu::num_threads();
-        Report { output, model: model.to_string(), device, threads, rows: vec![] }
+        Report { output, model: model.to_string(), device, threads, rows: vec![], quiet }
     }
 
     /// A progress line: the report itself in text, stderr otherwise.
     pub fn line(&self, text: &str) {
+        if self.quiet {
+            return;
+        }
         if self.output == Output::Text {
             println!("{text}");
         } else {
@@ -36,6 +41,9 @@ impl Report {
 
     /// Prints the rows (nothing more in text).
     pub fn finish(self) {
+        if self.quiet {
+            return;
+        }
         match self.output {
             Output::Text => {}
             Output::Json => {

@@ -98,6 +98,52 @@ impl LoadArgs {
     }
 }
 
+/// How a model runs over the ranks `mpirun -n N nuvec …` starts (a build with the `mpi`
+/// feature): a pipeline of layer ranges, or every layer split.
+#[derive(Args, Debug, Clone)]
+pub struct SplitArgs {
+    /// Run as one stage of a pipeline over the ranks of `mpirun -n N nuvec … --pipeline`: each
+    /// rank loads and runs only its layers, rank 0 the last ones and the head, and prints. A
+    /// checkpoint folder on the CPU; the prompt comes from flags or files (mpirun gives stdin to
+    /// rank 0 only).
+    #[arg(long, conflicts_with_all = ["draft_model", "prompt_lookup"])]
+    pub pipeline: bool,
+    /// The layers of each rank for --pipeline: `even` (the extra layers to the low ranks), or one
+    /// count per rank, rank 0 first (rank 0 runs the last layers): `10,20`.
+    #[arg(long, value_name = "even|N,N,..", requires = "pipeline")]
+    pub pipeline_split: Option<String>,
+    /// Split every layer across the ranks of `mpirun -n N nuvec … --tensor-parallel` instead
+    /// (mlx-lm's sharding): each rank keeps its share of the attention heads, MLP units and
+    /// experts' units, and the partial products are summed over the ranks.
+    #[arg(long, conflicts_with_all = ["pipeline", "draft_model", "prompt_lookup"])]
+    pub tensor_parallel: bool,
+}
+
+impl SplitArgs {
+    /// Whether the model runs over several ranks.
+    pub fn any(&self) -> bool {
+        self.pipeline || self.tensor_parallel
+    }
+
+    /// The pipeline to load as (joining the launcher's group), with --pipeline.
+    pub fn pipeline(&self) -> Result<Option<nuvec_lm::Pipeline>, Box<dyn std::error::Error>> {
+        if !self.pipeline {
+            return Ok(None);
+        }
+        let group = nuvec::distributed::init(true)?;
+        let split = nuvec_lm::Split::parse(self.pipeline_split.as_deref().unwrap_or("even"))?;
+        Ok(Some(nuvec_lm::Pipeline { group, split }))
+    }
+
+    /// Keeps this rank's share of every layer of `model`, with --tensor-parallel.
+    pub fn shard(&self, model: &mut nuvec_lm::Model) -> Result<(), Box<dyn std::error::Error>> {
+        if self.tensor_parallel {
+            model.shard(&nuvec::distributed::init(true)?)?;
+        }
+        Ok(())
+    }
+}
+
 /// The context flags (as llama.cpp's `--ctx-size`), beside mlx-lm's.
 #[derive(Args, Debug, Clone)]
 pub struct ContextArgs {

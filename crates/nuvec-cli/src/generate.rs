@@ -4,8 +4,8 @@ use std::io::Write;
 
 use clap::Parser;
 use nuvec_lm::{
-    default_prefill_step, generate_in, load_on, prompt_cache, GenerateOptions, LogitsProcessors, Pipeline, Sampler,
-    Session, Split, Stop, TextStream, Tokenizer,
+    default_prefill_step, generate_in, load_on, prompt_cache, GenerateOptions, LogitsProcessors, Sampler, Session,
+    Stop, TextStream, Tokenizer,
 };
 
 use nuvec_lm::speculative::{speculative_generate, DraftModel, MtpHead, PromptLookup, Proposer, Speculative};
@@ -132,21 +132,8 @@ pub struct Args {
     /// conversions drop it).
     #[arg(long, conflicts_with = "draft_model")]
     mtp: bool,
-    /// Run as one stage of a pipeline over the ranks of `mpirun -n N nuvec generate --pipeline …`
-    /// (a build with the `mpi` feature): each rank loads and runs only its layers, rank 0 the
-    /// last ones and the head, and prints the text. A checkpoint folder on the CPU; the prompt
-    /// comes from --prompt or --file (mpirun gives stdin to rank 0 only).
-    #[arg(long, conflicts_with_all = ["draft_model", "mtp", "prompt_lookup", "prompt_cache_file"])]
-    pipeline: bool,
-    /// The layers of each rank for --pipeline: `even` (the extra layers to the low ranks), or one
-    /// count per rank, rank 0 first (rank 0 runs the last layers): `10,20`.
-    #[arg(long, value_name = "even|N,N,..", requires = "pipeline")]
-    pipeline_split: Option<String>,
-    /// Split every layer across the ranks of `mpirun -n N nuvec generate --tensor-parallel …`
-    /// instead (mlx-lm's sharding; a build with the `mpi` feature): each rank keeps its share of
-    /// the attention heads and MLP units, and the partial products are summed over the ranks.
-    #[arg(long, conflicts_with_all = ["pipeline", "draft_model", "mtp", "prompt_lookup", "prompt_cache_file"])]
-    tensor_parallel: bool,
+    #[command(flatten)]
+    split: crate::common::SplitArgs,
     /// Speculative decoding with a draft model (as mlx_lm.generate's --draft-model): a smaller
     /// model of the same tokenizer guesses the next tokens greedily, and the model verifies them
     /// in one pass. The output is the same; it comes faster where the draft agrees often.
@@ -284,17 +271,12 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     let mut prompt = read_prompt(&args.prompt, args.file.as_deref(), true)?;
 
     let device = crate::common::parse_device(&args.device)?;
-    let pipeline = match args.pipeline {
-        false => None,
-        true => Some(Pipeline {
-            group: nuvec::distributed::init(true)?,
-            split: Split::parse(args.pipeline_split.as_deref().unwrap_or("even"))?,
-        }),
-    };
-    let (mut model, mut tokenizer) = args.load.load_as(&model_path, device, vec![], args.mtp, pipeline)?;
-    if args.tensor_parallel {
-        model.shard(&nuvec::distributed::init(true)?)?;
+    if args.split.any() && args.prompt_cache_file.is_some() {
+        return Err("--prompt-cache-file with a model split across ranks is not supported: drop one".into());
     }
+    let pipeline = args.split.pipeline()?;
+    let (mut model, mut tokenizer) = args.load.load_as(&model_path, device, vec![], args.mtp, pipeline)?;
+    args.split.shard(&mut model)?;
     // Every rank of a split model generates the same tokens; rank 0 prints them.
     let quiet = model.ranks().is_some_and(|group| group.rank() != 0);
     for token in &args.extra_eos_token {

@@ -1,6 +1,6 @@
 //! `nuvec generate --pipeline` on two ranks and `--tensor-parallel` on three, under Open MPI's
 //! `mpirun` (scripts/setup-mpi.sh): rank 0 prints mlx-lm's answer from SmolLM2's real weights,
-//! once; the others print nothing. Started alone, or on a GGUF file, it says what to do instead.
+//! once; the others print nothing (and `bench --pipeline` reports once). Started alone, or on a GGUF file, it says what to do instead.
 #![cfg(feature = "mpi")]
 
 mod common;
@@ -36,6 +36,12 @@ fn generate_pipelined_over_two_ranks_answers_like_mlx_lm_once() {
     assert!(ok, "{stdout}\n{stderr}");
     assert_eq!(stdout.trim_end(), oracle["text"].as_str().unwrap(), "{stderr}");
     assert_eq!(stderr.matches("Generation: ").count(), 1, "rank 0 alone reports:\n{stderr}");
+    // mlx_lm.benchmark's --pipeline: rank 0 reports, once per trial.
+    let bench = ["bench", "--model", &model, "-p", "16", "-g", "8", "-n", "2", "--pipeline"];
+    let (ok, stdout, stderr) = mpirun(2, &bench);
+    assert!(ok, "{stdout}\n{stderr}");
+    assert_eq!(stdout.matches("Trial ").count(), 2, "{stdout}");
+    assert_eq!(stdout.matches("Averages: ").count(), 1, "{stdout}");
 }
 
 #[test]

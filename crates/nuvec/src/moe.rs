@@ -104,6 +104,32 @@ impl Experts {
         Ok(experts)
     }
 
+    /// Each expert's hidden units `units` (a rank's share of a model split across ranks): the
+    /// gate and up projections' rows, the down projection's columns; the down projection's bias
+    /// stays where `down_bias` (the one rank that adds it to the summed output), zeros elsewhere.
+    pub fn units_part(&self, units: std::ops::Range<usize>, down_bias: bool) -> Result<Experts> {
+        let rows = |m: &[Matrix]| m.iter().map(|w| w.rows_part(units.clone())).collect::<Result<Vec<_>>>();
+        let down = self.down.iter().map(|w| w.cols_part(units.clone())).collect::<Result<Vec<_>>>()?;
+        let part = |b: &Array| b.reshape(&[b.len(), 1])?.slice_rows(units.start, units.end)?.reshape(&[units.len()]);
+        let keep = |b: &Array| match down_bias {
+            true => Ok(b.clone()),
+            false => Array::zeros_on(b.shape(), b.dtype(), b.device()),
+        };
+        let biases = match &self.biases {
+            None => None,
+            Some([g, u, d]) => Some([
+                g.iter().map(part).collect::<Result<Vec<_>>>()?,
+                u.iter().map(part).collect::<Result<Vec<_>>>()?,
+                d.iter().map(keep).collect::<Result<Vec<_>>>()?,
+            ]),
+        };
+        let experts = Experts::new(rows(&self.gate)?, rows(&self.up)?, down, biases, self.activation)?;
+        match &self.output_scales {
+            Some(scales) => experts.with_output_scales(scales.clone()),
+            None => Ok(experts),
+        }
+    }
+
     /// The same experts with each one's routing weight multiplied by `scales[e]` (one per expert).
     pub fn with_output_scales(mut self, scales: Vec<f32>) -> Result<Self> {
         if scales.len() != self.len() {

@@ -3,9 +3,11 @@
 //! router's (optionally renormalized) probabilities. gpt-oss routes and activates differently
 //! ([`MoeRouting`], [`Activation`]) and gives every projection a bias.
 
+use nuvec::distributed::Group;
 use nuvec::{Array, Experts, Matrix, MoeRouting};
 
 use super::{Linear, Mlp, RmsNorm};
+use crate::parallel::Shard;
 use crate::weights::Weights;
 use crate::{Error, Result};
 
@@ -19,6 +21,8 @@ pub struct SparseMoe {
     experts: Experts,
     top_k: usize,
     routing: MoeRouting,
+    /// The ranks whose experts' outputs are summed, on a rank's share of a split model.
+    sum_over: Option<Group>,
 }
 
 /// Sizes and options of a sparse block.
@@ -58,6 +62,7 @@ impl SparseMoe {
             experts,
             top_k: s.top_k,
             routing: MoeRouting::SoftmaxTopK { normalize: s.norm_topk_prob },
+            sum_over: None,
         })
     }
 
@@ -71,7 +76,24 @@ impl SparseMoe {
         routing: MoeRouting,
         activation: Activation,
     ) -> Result<Self> {
-        Ok(SparseMoe { gate: router, experts: stack(experts, activation)?, top_k, routing })
+        Ok(SparseMoe { gate: router, experts: stack(experts, activation)?, top_k, routing, sum_over: None })
+    }
+
+    /// This rank's share of the block: the router whole (every rank routes alike: their inputs
+    /// are the same bits), each expert's share of its hidden units, the outputs summed over the
+    /// group.
+    pub(crate) fn shard(&self, shard: &Shard) -> Result<SparseMoe> {
+        let units = shard.part(self.experts.intermediate(), "expert hidden units")?;
+        if self.gate.has_adapters() {
+            return Err(Error::Unsupported(
+                "an adapter on a model split across ranks: fuse it into the base first (`nuvec fuse`)".into(),
+            ));
+        }
+        Ok(SparseMoe {
+            experts: self.experts.units_part(units, shard.group().rank() == 0)?,
+            sum_over: Some(shard.group().clone()),
+            ..self.clone()
+        })
     }
 
     /// Applies the block to `x [L, hidden]`: the router's choices and the experts' weighted sum
@@ -83,7 +105,11 @@ impl SparseMoe {
             true => self.gate.forward(x)?.moe_route(self.top_k, self.routing)?,
             false => x.moe_route_linear(&self.gate.weight, self.gate.bias.as_ref(), self.top_k, self.routing)?,
         };
-        Ok(x.moe_experts(&self.experts, &ids, &weights)?)
+        let y = x.moe_experts(&self.experts, &ids, &weights)?;
+        match &self.sum_over {
+            Some(group) => crate::parallel::sum_over(group, y),
+            None => Ok(y),
+        }
     }
 }
 

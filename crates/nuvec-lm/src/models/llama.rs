@@ -226,12 +226,8 @@ impl Llama {
                         FeedForward::Dense(mlp) => {
                             FeedForward::Dense(mlp.shard(shard).map_err(|e| at(&place("mlp"), e))?)
                         }
-                        FeedForward::Sparse(_) => {
-                            return Err(Error::Unsupported(format!(
-                                "{}: mixture-of-experts layers are not split across ranks yet; pipeline the model \
-                                 instead (--pipeline)",
-                                place("mlp")
-                            )))
+                        FeedForward::Sparse(moe) => {
+                            FeedForward::Sparse(moe.shard(shard).map_err(|e| at(&place("mlp"), e))?)
                         }
                     },
                 })

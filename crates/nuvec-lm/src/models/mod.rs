@@ -384,9 +384,9 @@ impl Model {
 
     /// Keeps this rank's share of every layer of a model loaded whole (mlx-lm's
     /// `model.shard(group)`): its share of the query heads (with the key/value heads they read,
-    /// shared between ranks when there are fewer than ranks) and of the MLP's hidden units; the
-    /// output and down projections' products are summed over `group`, and rank 0's logits are
-    /// every rank's. Every rank calls it. Sizes that do not divide are an error naming the
+    /// shared between ranks when there are fewer than ranks) and of the MLP's and each expert's
+    /// hidden units; the output, down and experts' products are summed over `group`, and rank
+    /// 0's logits are every rank's. Every rank calls it. Sizes that do not divide are an error naming the
     /// layer, and the model is left as it was.
     pub fn shard(&mut self, group: &nuvec::distributed::Group) -> Result<()> {
         if self.ranks().is_some() {
@@ -408,7 +408,7 @@ impl Model {
             Some(arch) => self.arch = arch?,
             None => {
                 return Err(Error::Unsupported(format!(
-                    "tensor parallelism for model_type {:?} is not built yet (llama, mistral, qwen2 and qwen3 are)",
+                    "tensor parallelism for model_type {:?} is not built yet (llama, mistral, qwen2, qwen3 and qwen3_moe are)",
                     self.model_type
                 )))
             }

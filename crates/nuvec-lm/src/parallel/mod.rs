@@ -8,10 +8,10 @@
 //! shared when a request gives none) and `generate` yields the same tokens on every rank.
 //!
 //! Tensor parallelism, as mlx-lm's `model.shard(group)`: every rank holds a slice of every
-//! attention and MLP projection (its share of the query heads with the key/value heads they read,
-//! its share of the hidden units), and the output and down projections' partial products are
-//! summed over the group; the embeddings, norms and head are whole on every rank, rank 0's logits
-//! broadcast as in a pipeline.
+//! attention, MLP and expert projection (its share of the query heads with the key/value heads
+//! they read, its share of the hidden units and of each expert's), and the output and down
+//! projections' partial products are summed over the group; the embeddings, norms, routers and
+//! head are whole on every rank, rank 0's logits broadcast as in a pipeline.
 
 mod pipeline;
 mod shard;

@@ -8,11 +8,24 @@ use super::wire;
 use crate::Result;
 
 /// The sum over every rank of `group` of its `y` (each rank's product of its share of a layer's
-/// inputs), summed in f32 and given back in `y`'s type.
+/// inputs), in f32 and given back in `y`'s type. Every rank gathers every share and adds them in
+/// rank order, so that all hold the same bits: a mixture-of-experts router on the sum then picks
+/// the same experts on every rank, which an all-reduce free to add in another order on each rank
+/// would not promise at a near-tie.
 pub(crate) fn sum_over(group: &Group, y: Array) -> Result<Array> {
-    let mut values = y.to_f32_vec()?;
-    group.all_reduce_sum(&mut values)?;
-    let sum = Array::from_slice_on(&values, y.shape(), y.device())?;
+    let values = y.to_f32_vec()?;
+    let mut bytes = Vec::with_capacity(4 * values.len());
+    for v in &values {
+        bytes.extend_from_slice(&v.to_le_bytes());
+    }
+    let all = group.all_gather(&bytes)?;
+    let mut sum = vec![0f32; values.len()];
+    for share in all.chunks_exact(bytes.len().max(1)) {
+        for (s, c) in sum.iter_mut().zip(share.chunks_exact(4)) {
+            *s += f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+        }
+    }
+    let sum = Array::from_slice_on(&sum, y.shape(), y.device())?;
     Ok(sum.astype(y.dtype())?)
 }
 
