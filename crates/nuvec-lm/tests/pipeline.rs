@@ -97,6 +97,12 @@ fn rank_of_a_pipeline() {
     assert_eq!(generation.finish_reason(), Some(&FinishReason::EndOfSequence));
     drop(generation);
     println!("greedy as mlx-lm: rank {rank} of {}, layers {:?}", group.size(), stage.layers());
+    // The same stage cut from the model loaded whole.
+    let mut cut = nuvec_lm::load_model(&dir).unwrap();
+    cut.pipeline(&group, Split::parse(&std::env::var(SPLIT).unwrap()).unwrap()).unwrap();
+    assert_eq!(cut.stage().unwrap().layers(), stage.layers());
+    let greedy = GenerateOptions { max_tokens: 64, ..Default::default() };
+    assert_eq!(tokens(&cut, &prompt, greedy), ids(&oracle["greedy_tokens"]), "rank {rank}, cut from the whole");
     println!("with a seed: {:?}", tokens(&model, &prompt, sampled(Some(5))));
     println!("without a seed: {:?}", tokens(&model, &prompt, sampled(None)));
 }
@@ -130,6 +136,12 @@ fn what_a_pipeline_refuses_is_named() {
     assert!(e.contains("pipeline parallelism for model_type \"gpt_oss\" is not built yet"), "{e}");
     let e = refused(&fx.join("llama-q4g64"), Split::Layers(vec![1, 1]));
     assert!(e.contains("one count per rank"), "{e}");
+    let mut whole = nuvec_lm::load_model(&fx.join("llama-q4g64")).unwrap();
+    let e = whole.pipeline(&one, Split::Layers(vec![1, 1])).unwrap_err().to_string();
+    assert!(e.contains("one count per rank") && whole.stage().is_none(), "{e}");
+    whole.pipeline(&one, Split::Even).unwrap();
+    let e = whole.shard(&one).unwrap_err().to_string();
+    assert!(e.contains("pipelined or sharded, not both"), "{e}");
     let pipeline = Some(Pipeline { group: one.clone(), split: Split::Even });
     let gguf = LoadOptions { pipeline: pipeline.clone(), ..Default::default() };
     let e = load_with(default_gguf().to_str().unwrap(), &gguf).map(drop).unwrap_err().to_string();

@@ -6,10 +6,11 @@ use nuvec::{Array, Matrix};
 use crate::config::Config;
 use crate::layers::{Attention, AttentionShape, FeedForward, Mlp, MoeShape, RmsNorm, Rope, SparseMoe};
 use crate::models::Architecture;
-use crate::parallel::{Shard, Stage};
+use crate::parallel::{Shard, Split, Stage};
 use crate::step::StepBatch;
 use crate::weights::Weights;
 use crate::{Error, Result};
+use nuvec::distributed::Group;
 
 /// What differs between the families built on this decoder.
 #[derive(Debug, Clone)]
@@ -35,6 +36,7 @@ pub struct Family {
 }
 
 /// A pre-norm decoder block (also gpt-oss's, whose feed-forward is always sparse).
+#[derive(Clone)]
 pub(super) struct Block {
     pub(super) input_layernorm: RmsNorm,
     pub(super) self_attn: Attention,
@@ -208,6 +210,22 @@ impl Llama {
         })
     }
 
+    /// The stage `stage` of this whole decoder: its blocks, and the embeddings, norm and head
+    /// where it runs them ([`crate::Model::pipeline`]).
+    pub(crate) fn stage_of(&self, stage: Stage) -> Llama {
+        let layers = self.layers[stage.layers()].to_vec();
+        let head_here = stage.has_head();
+        let tied = self.lm_head.is_none();
+        Llama {
+            embed_tokens: self.embed_tokens.clone().filter(|_| stage.embeds() || (head_here && tied)),
+            layers,
+            norm: self.norm.clone().filter(|_| head_here),
+            lm_head: self.lm_head.clone().filter(|_| head_here),
+            stage: Some(stage),
+            shard: None,
+        }
+    }
+
     /// This rank's share of every block ([`crate::parallel`]'s tensor parallelism); the
     /// embeddings, norms and head stay whole.
     pub(crate) fn split_across(&self, shard: &Shard) -> Result<Llama> {
@@ -291,6 +309,17 @@ impl Architecture for Llama {
 
     fn sharded(&self) -> Option<&Shard> {
         self.shard.as_ref()
+    }
+
+    fn pipeline(&self, group: &Group, split: &Split) -> Option<Result<Box<dyn Architecture>>> {
+        let head = self.lm_head.as_ref().or(self.embed_tokens.as_ref())?;
+        let (vocab, hidden) = (head.rows(), head.cols());
+        let device = head.device();
+        let whole = self.stage.is_none() && self.shard.is_none();
+        whole.then(|| {
+            let stage = Stage::new(group, split, self.layers.len(), hidden, vocab, device)?;
+            Ok(Box::new(self.stage_of(stage)) as Box<dyn Architecture>)
+        })
     }
 
     fn num_layers(&self) -> usize {

@@ -16,7 +16,7 @@ use crate::adapter::{rows, AdapterId};
 use crate::cache::{CacheOptions, KvDtype, LayerCache};
 use crate::config::Config;
 use crate::layers::RmsNorm;
-use crate::parallel::{Pipeline, Shard, Stage};
+use crate::parallel::{Pipeline, Shard, Split, Stage};
 use crate::step::StepBatch;
 use crate::weights::Weights;
 use crate::{Error, Result};
@@ -81,6 +81,12 @@ pub trait Architecture: Send + Sync {
 
     /// This rank's place, when the model was split across ranks.
     fn sharded(&self) -> Option<&Shard> {
+        None
+    }
+
+    /// This rank's stage of a pipeline, from the whole model ([`Model::pipeline`]); `None` for
+    /// a family not pipelined yet.
+    fn pipeline(&self, _group: &nuvec::distributed::Group, _split: &Split) -> Option<Result<Box<dyn Architecture>>> {
         None
     }
 }
@@ -380,6 +386,36 @@ impl Model {
     /// ranks must sample alike.
     pub fn ranks(&self) -> Option<&nuvec::distributed::Group> {
         self.stage().map(Stage::group).or(self.sharded().map(Shard::group))
+    }
+
+    /// Keeps this rank's stage of a pipeline over `group` of a model loaded whole (mlx-lm's
+    /// `model.pipeline(group)`), as [`crate::parallel::load_model_pipelined`] would have loaded
+    /// it: its layers, and the embeddings, norm and head where it runs them. Every rank calls it
+    /// with the same `split`. On an error the model is left as it was.
+    pub fn pipeline(&mut self, group: &nuvec::distributed::Group, split: Split) -> Result<()> {
+        if self.ranks().is_some() {
+            return Err(Error::Unsupported(
+                "a model is split across ranks once: pipelined or sharded, not both".into(),
+            ));
+        }
+        if self.model_type.starts_with("gemma4") {
+            return Err(Error::Unsupported(
+                "Gemma 4 is not pipelined: its per-layer inputs and shared key/value layers would cross stages \
+                 (mlx-lm does not pipeline it either)"
+                    .into(),
+            ));
+        }
+        match self.arch.pipeline(group, &split) {
+            Some(arch) => self.arch = arch?,
+            None => {
+                return Err(Error::Unsupported(format!(
+                    "pipeline parallelism for model_type {:?} is not built yet (llama, mistral, qwen2, qwen3 and \
+                     qwen3_moe are)",
+                    self.model_type
+                )))
+            }
+        }
+        Ok(())
     }
 
     /// Keeps this rank's share of every layer of a model loaded whole (mlx-lm's
