@@ -13,16 +13,12 @@ use crate::Result;
 /// the same experts on every rank, which an all-reduce free to add in another order on each rank
 /// would not promise at a near-tie.
 pub(crate) fn sum_over(group: &Group, y: Array) -> Result<Array> {
-    let values = y.to_f32_vec()?;
-    let mut bytes = Vec::with_capacity(4 * values.len());
-    for v in &values {
-        bytes.extend_from_slice(&v.to_le_bytes());
-    }
+    let bytes = wire::le_bytes(&y.to_f32_vec()?);
     let all = group.all_gather(&bytes)?;
-    let mut sum = vec![0f32; values.len()];
+    let mut sum = vec![0f32; y.len()];
     for share in all.chunks_exact(bytes.len().max(1)) {
-        for (s, c) in sum.iter_mut().zip(share.chunks_exact(4)) {
-            *s += f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+        for (s, v) in sum.iter_mut().zip(wire::le_values(share)) {
+            *s += v;
         }
     }
     let sum = Array::from_slice_on(&sum, y.shape(), y.device())?;

@@ -13,13 +13,19 @@ pub(super) fn encode(a: &Array) -> Result<Vec<u8>> {
         .iter()
         .position(|&t| t == a.dtype())
         .ok_or_else(|| Error::Unsupported(format!("a pipeline stage passes float arrays on, not {}", a.dtype())))?;
-    let values = a.to_f32_vec()?;
-    let mut bytes = Vec::with_capacity(1 + 4 * values.len());
-    bytes.push(tag as u8);
-    for v in values {
-        bytes.extend_from_slice(&v.to_le_bytes());
-    }
+    let mut bytes = vec![tag as u8];
+    bytes.extend(le_bytes(&a.to_f32_vec()?));
     Ok(bytes)
+}
+
+/// `values` as little-endian bytes.
+pub(super) fn le_bytes(values: &[f32]) -> Vec<u8> {
+    values.iter().flat_map(|v| v.to_le_bytes()).collect()
+}
+
+/// The f32 values of little-endian `bytes` ([`le_bytes`]'s).
+pub(super) fn le_values(bytes: &[u8]) -> impl Iterator<Item = f32> + '_ {
+    bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
 }
 
 /// How many bytes [`encode`] makes of an array of `elements` values.
