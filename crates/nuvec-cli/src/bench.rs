@@ -315,6 +315,9 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
             Some(d) => Some(nuvec_lm::load_on(d, model.device())?.0),
             None => None,
         };
+        if crate::common::follow_rank0(&model)? {
+            return Ok(());
+        }
         return crate::workload::run(&model, draft.as_ref(), path, options, grammar, args.temp);
     }
     // llama-bench's order: prompt lengths outermost, then generation lengths, batch sizes, depths.

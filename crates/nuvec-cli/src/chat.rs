@@ -51,6 +51,8 @@ pub struct Args {
     device: String,
     #[command(flatten)]
     context: ContextArgs,
+    #[command(flatten)]
+    split: crate::common::SplitArgs,
 }
 
 const HELP: &str =
@@ -69,19 +71,30 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         },
         "",
     )?;
-    let (model, tokenizer) = args.load.load(&model_path, crate::common::parse_device(&args.device)?)?;
+    let pipeline = args.split.pipeline()?;
+    let device = crate::common::parse_device(&args.device)?;
+    let (mut model, tokenizer) = args.load.load_as(&model_path, device, vec![], false, pipeline)?;
+    args.split.shard(&mut model)?;
+    let model = model;
+    // Rank 0 of a split model reads the messages and tells them to the other ranks, which
+    // answer alike and print nothing.
+    let ranks = model.ranks().filter(|g| g.size() > 1).cloned();
+    let quiet = ranks.as_ref().is_some_and(|g| g.rank() != 0);
     let template = tokenizer
         .chat_template()
         .ok_or_else(|| format!("{model_path} has no chat template: use `nuvec generate` for a base model"))?;
     let context = tokenizer.template_context(Default::default());
     let fresh =
         || -> Vec<Value> { args.system_prompt.iter().map(|s| json!({"role": "system", "content": s})).collect() };
-    let interactive = std::io::stdin().is_terminal();
+    let interactive = std::io::stdin().is_terminal() && !quiet;
     let mut messages = fresh();
     let cache = nuvec_lm::cache::CacheOptions { max_kv_size: args.max_kv_size, ..Default::default() };
     let mut session = Session::with_cache(&model, &cache)?;
     let stdin = std::io::stdin();
-    let mut out = std::io::stdout();
+    let mut out: Box<dyn Write> = match quiet {
+        true => Box::new(std::io::sink()),
+        false => Box::new(std::io::stdout()),
+    };
     if interactive {
         eprintln!("[INFO] Chatting with {model_path}. {HELP}");
     }
@@ -90,21 +103,24 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
             write!(out, ">> ")?;
             out.flush()?;
         }
-        let mut line = String::new();
-        if stdin.lock().read_line(&mut line)? == 0 {
+        let Some(line) = next_line(&stdin, ranks.as_ref())? else {
             break; // end of input
-        }
+        };
         let query = line.trim_end_matches(['\n', '\r']);
         match query {
             "q" => break,
             "r" => {
                 messages = fresh();
                 session = Session::with_cache(&model, &cache)?;
-                eprintln!("[INFO] The conversation was reset.");
+                if !quiet {
+                    eprintln!("[INFO] The conversation was reset.");
+                }
                 continue;
             }
             "h" => {
-                eprintln!("{HELP}");
+                if !quiet {
+                    eprintln!("{HELP}");
+                }
                 continue;
             }
             "" => continue,
@@ -129,7 +145,9 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
             Err(e) => {
                 // A message the model cannot take (past its context) must not end the session.
                 messages.pop();
-                eprintln!("error: {e}\n[INFO] The message was not sent; 'r' resets the conversation.");
+                if !quiet {
+                    eprintln!("error: {e}\n[INFO] The message was not sent; 'r' resets the conversation.");
+                }
                 continue;
             }
         };
@@ -142,10 +160,42 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         }
         writeln!(out, "{}", text.finish())?;
         out.flush()?;
-        if let Some(reason @ FinishReason::ContextLength(_)) = generation.finish_reason() {
+        if let Some(reason @ FinishReason::ContextLength(_)) = generation.finish_reason().filter(|_| !quiet) {
             eprintln!("[INFO] Finish: {}; 'r' resets the conversation.", describe_finish(reason));
         }
         messages.push(json!({"role": "assistant", "content": tokenizer.decode(&reply)?}));
     }
     Ok(())
+}
+
+/// The next line of input (`None` at its end). Over the ranks of a split model, rank 0 reads it
+/// from stdin (mpirun gives stdin to rank 0 alone) and sends it to every other rank, which waits
+/// for it as long as the user takes to type.
+fn next_line(
+    stdin: &std::io::Stdin,
+    ranks: Option<&nuvec::distributed::Group>,
+) -> Result<Option<String>, Box<dyn std::error::Error>> {
+    let Some(group) = ranks else { return read_line(stdin) };
+    let waiting = group.clone().with_timeout(std::time::Duration::MAX);
+    if group.rank() != 0 {
+        let bytes = waiting.recv(0)?;
+        return match bytes.split_first() {
+            Some((1, text)) => Ok(Some(String::from_utf8(text.to_vec())?)),
+            _ => Ok(None),
+        };
+    }
+    let line = read_line(stdin)?;
+    let bytes = match &line {
+        Some(text) => [&[1u8][..], text.as_bytes()].concat(),
+        None => vec![0],
+    };
+    for rank in 1..group.size() {
+        waiting.send(rank, &bytes)?;
+    }
+    Ok(line)
+}
+
+fn read_line(stdin: &std::io::Stdin) -> Result<Option<String>, Box<dyn std::error::Error>> {
+    let mut line = String::new();
+    Ok((stdin.lock().read_line(&mut line)? > 0).then_some(line))
 }

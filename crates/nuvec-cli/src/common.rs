@@ -106,7 +106,8 @@ pub struct SplitArgs {
     /// rank loads and runs only its layers, rank 0 the last ones and the head, and prints. A
     /// checkpoint folder on the CPU; the prompt comes from flags or files (mpirun gives stdin to
     /// rank 0 only).
-    #[arg(long, conflicts_with_all = ["draft_model", "prompt_lookup"])]
+    // Speculation on a split model is refused where it is asked for (`generate`, the Batcher).
+    #[arg(long)]
     pub pipeline: bool,
     /// The layers of each rank for --pipeline: `even` (the extra layers to the low ranks), or one
     /// count per rank, rank 0 first (rank 0 runs the last layers): `10,20`.
@@ -115,7 +116,7 @@ pub struct SplitArgs {
     /// Split every layer across the ranks of `mpirun -n N nuvec … --tensor-parallel` instead
     /// (mlx-lm's sharding): each rank keeps its share of the attention heads, MLP units and
     /// experts' units, and the partial products are summed over the ranks.
-    #[arg(long, conflicts_with_all = ["pipeline", "draft_model", "prompt_lookup"])]
+    #[arg(long, conflicts_with = "pipeline")]
     pub tensor_parallel: bool,
 }
 
@@ -141,6 +142,19 @@ impl SplitArgs {
             model.shard(&nuvec::distributed::init(true)?)?;
         }
         Ok(())
+    }
+}
+
+/// On a rank but 0 of a model split across ranks: runs this rank's part of every step of the
+/// Batcher rank 0 makes (which takes the requests), until rank 0 drops it; `true` then, `false`
+/// on rank 0 or a model run whole.
+pub fn follow_rank0(model: &nuvec_lm::Model) -> Result<bool, Box<dyn std::error::Error>> {
+    match model.ranks() {
+        Some(group) if group.rank() != 0 => {
+            nuvec_lm::Batcher::follow(model)?;
+            Ok(true)
+        }
+        _ => Ok(false),
     }
 }
 

@@ -29,6 +29,8 @@ pub struct Args {
     device: String,
     #[command(flatten)]
     threads: crate::common::ThreadArgs,
+    #[command(flatten)]
+    split: crate::common::SplitArgs,
     /// Address to listen on.
     #[arg(long, default_value = "127.0.0.1")]
     host: String,
@@ -259,7 +261,11 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
 
     args.threads.apply()?;
     let device = crate::common::parse_device(&args.device)?;
-    let (model, tokenizer) = args.load.load_as(&model_path, device, args.lora_modules.clone(), args.mtp, None)?;
+    let pipeline = args.split.pipeline()?;
+    let (mut model, tokenizer) =
+        args.load.load_as(&model_path, device, args.lora_modules.clone(), args.mtp, pipeline)?;
+    args.split.shard(&mut model)?;
+    let model = model;
     sampler.validate_for(model.vocab_size())?;
     let id = args.served_model_name.clone().unwrap_or_else(|| model_id(&model_path));
     let mut config = ServerConfig::new(&id, &tokenizer);
@@ -277,6 +283,12 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     let warming = std::time::Instant::now();
     model.warm_up().map_err(|e| format!("warming the model up: {e}"))?;
     eprintln!("[INFO] warmed up in {:.1} s", warming.elapsed().as_secs_f64());
+    if let Some(group) = model.ranks().filter(|g| g.rank() != 0) {
+        // Rank 0 alone listens; this rank runs its part of every step rank 0's Batcher takes.
+        eprintln!("[INFO] rank {} of {} follows rank 0's server", group.rank(), group.size());
+        crate::common::follow_rank0(&model)?;
+        return Ok(());
+    }
     config.template_args = template_args;
     config.api_key = args.api_key.clone();
     config.allowed_origins =

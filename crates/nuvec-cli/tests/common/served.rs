@@ -26,6 +26,8 @@ pub struct Served {
     /// `http://HOST:PORT`.
     pub base: String,
     log: Arc<Mutex<String>>,
+    /// Stopped with SIGTERM first (a launcher such as mpirun, which then stops what it started).
+    terminate: bool,
 }
 
 impl Served {
@@ -36,14 +38,15 @@ impl Served {
 
     /// Starts `nuvec serve --model <model> --port 0 <extra>` and waits for its address.
     pub fn start_model(model: &str, extra: &[&str]) -> Served {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_nuvec"))
-            .args(["serve", "--model", model, "--port", "0"])
-            .args(extra)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
+        let mut command = Command::new(env!("CARGO_BIN_EXE_nuvec"));
+        command.args(["serve", "--model", model, "--port", "0"]).args(extra);
+        Served::start_command(command, false)
+    }
+
+    /// Starts `command` (a `nuvec serve … --port 0`, or a launcher of one) and waits for the
+    /// address it prints; `terminate`: stop it with SIGTERM first when dropped.
+    pub fn start_command(mut command: Command, terminate: bool) -> Served {
+        let mut child = command.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::piped()).spawn().unwrap();
         let log = Arc::new(Mutex::new(String::new()));
         let (tx, rx) = std::sync::mpsc::channel();
         let stderr = child.stderr.take().unwrap();
@@ -59,7 +62,7 @@ impl Served {
             }
         });
         match rx.recv_timeout(Duration::from_secs(120)) {
-            Ok(base) => Served { child, base, log },
+            Ok(base) => Served { child, base, log, terminate },
             Err(_) => {
                 let _ = child.kill();
                 panic!("nuvec serve did not start: {}", log.lock().unwrap());
@@ -94,6 +97,13 @@ impl Served {
 
 impl Drop for Served {
     fn drop(&mut self) {
+        if self.terminate {
+            let _ = Command::new("kill").args(["-TERM", &self.child.id().to_string()]).status();
+            let start = std::time::Instant::now();
+            while start.elapsed() < Duration::from_secs(15) && matches!(self.child.try_wait(), Ok(None)) {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
     }

@@ -466,13 +466,9 @@ impl<'m> Batcher<'m> {
 
     fn build(model: &'m Model, draft: Option<&'m Model>, options: BatcherOptions) -> Result<Self> {
         options.validate()?;
-        if model.ranks().is_some() {
-            // Every rank would have to schedule alike (and a pipeline keep one micro-batch per
-            // stage in flight).
-            return Err(Error::Unsupported(
-                "a Batcher over a model split across ranks is not built yet: generate one request at a time on it"
-                    .into(),
-            ));
+        let ranks = model.ranks();
+        if let Some(group) = ranks {
+            refuse_split(group, draft.is_some() || options.speculation.is_some(), &options)?;
         }
         let blocks = match options.blocks {
             Some(b) => b,
@@ -515,6 +511,9 @@ impl<'m> Batcher<'m> {
             });
             scheduler.set_speculation(s.num_draft, most);
         }
+        if let Some(group) = ranks {
+            paged.lead(group)?;
+        }
         let drafter = match (draft, &options.speculation) {
             (Some(d), Some(s)) => {
                 Some(Drafter::new(d, (blocks, options.block_size, options.max_batch), s.num_draft, budget)?)
@@ -542,6 +541,21 @@ impl<'m> Batcher<'m> {
         })
     }
 
+    /// On every rank but 0 of a model split across ranks ([`Model::ranks`]): runs this rank's
+    /// part of every step of the Batcher that rank 0 makes over its part, from its making until
+    /// it is dropped (call it again for rank 0's next Batcher). Rank 0 alone takes requests and
+    /// samples; here only the cache is kept, alike. Waits as long as rank 0 sends nothing; fails
+    /// when the group does (a rank that stopped answering within a step's timeout).
+    pub fn follow(model: &Model) -> Result<()> {
+        match model.ranks() {
+            Some(group) if group.rank() != 0 => crate::cache::paged::follow(model, group),
+            Some(_) => {
+                Err(Error::Invalid("Batcher::follow on rank 0, which makes the Batcher the others follow".into()))
+            }
+            None => Err(Error::Invalid("Batcher::follow on a model not split across ranks".into())),
+        }
+    }
+
     /// Queues `prompt` (token ids) with `options`; it starts at a later [`Batcher::step`].
     /// Refuses an empty prompt, one that could never fit the cache, invalid options, and cache
     /// options the paged cache does not have (a rotating or quantized cache).
@@ -550,7 +564,7 @@ impl<'m> Batcher<'m> {
         let chunk = options.prefill_step_size.min(self.max_chunk).min(self.checkpoint_step);
         let adapter = options.adapter.as_deref().map(|name| self.model.adapter_id(name)).transpose()?;
         let scope = PrefixScope { adapter, salt: options.cache_salt.clone() };
-        let request = Request::new(self.model, &prompt, options)?;
+        let request = Request::here(self.model, &prompt, options)?;
         let need = self.scheduler.blocks_for(prompt.len());
         if need > self.paged.total_blocks() {
             return Err(Error::Invalid(format!(
@@ -1319,6 +1333,35 @@ fn check_cache_options(model: &Model, cache: &CacheOptions, quantized: Option<Qu
     }
 }
 
+/// What a Batcher over a model split across `group` cannot do: be made on a rank but 0 (which
+/// follow it), speculate, quantize its cache, or feed tokens picked on the device.
+fn refuse_split(group: &nuvec::distributed::Group, speculates: bool, options: &BatcherOptions) -> Result<()> {
+    if group.rank() != 0 {
+        return Err(Error::Invalid(format!(
+            "a Batcher over a model split across ranks is made on rank 0; rank {} calls Batcher::follow",
+            group.rank()
+        )));
+    }
+    if speculates {
+        return Err(Error::Unsupported("speculative decoding on a model split across ranks".into()));
+    }
+    if options.kv_bits.is_some() {
+        // Its making probes the model with a pass of rank 0 alone.
+        return Err(Error::Unsupported(
+            "a quantized paged cache (kv_bits) over a model split across ranks is not built yet; leave kv_bits None"
+                .into(),
+        ));
+    }
+    if options.pipeline == Some(true) {
+        return Err(Error::Unsupported(
+            "BatcherOptions::pipeline = Some(true) over a model split across ranks: a token picked on the device is \
+             not on the other ranks; leave it None"
+                .into(),
+        ));
+    }
+    Ok(())
+}
+
 /// Whether a Batcher of `options` over `model` pipelines its steps ([`BatcherOptions::pipeline`]):
 /// as asked, else as `NUVEC_BATCH_PIPELINE` says, else on a GPU; never where a fed token could not
 /// be taken back (asking for it there is refused).
@@ -1344,7 +1387,7 @@ fn pipelined(model: &Model, paged: &PagedCache, draft: bool, options: &BatcherOp
         Some(on) => on,
         None => pipeline_default(model.device())?,
     };
-    Ok(wanted && blocker.is_none())
+    Ok(wanted && blocker.is_none() && model.ranks().is_none())
 }
 
 /// Whether batched steps on `device` are pipelined unless told otherwise
@@ -1380,7 +1423,7 @@ pub fn device_sampling_default(device: Device) -> Result<bool> {
 /// Blocks for `options` on `model`'s device (see [`BatcherOptions::blocks`]); with a `draft`,
 /// whose cache takes as many blocks, the memory is shared between the two in proportion.
 fn default_blocks(model: &Model, draft: Option<&Model>, options: &BatcherOptions) -> Result<usize> {
-    let (mut full, mut window) = model.kv_bytes_per_position_by_kind()?;
+    let (mut full, mut window) = crate::cache::paged::kv_bytes_per_position(model)?;
     if let Some(bits) = options.kv_bits {
         // Each value as `bits`, and an f32 scale and bias per group.
         let quantized = |bytes: usize| {

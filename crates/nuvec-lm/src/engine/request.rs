@@ -37,8 +37,25 @@ pub(crate) struct Request {
 }
 
 impl Request {
-    /// Checks `options` against `model` and `prompt` against the context limit.
+    /// Checks `options` against `model` and `prompt` against the context limit. On a model split
+    /// across ranks every rank samples alike (each calls this in turn, drawing rank 0's seed
+    /// when `options` give none).
     pub(crate) fn new(model: &Model, prompt: &[u32], options: GenerateOptions) -> Result<Self> {
+        Request::sampled_by(model, prompt, options, model.ranks())
+    }
+
+    /// [`Request::new`] for a request only this rank samples (a Batcher's, on rank 0).
+    pub(crate) fn here(model: &Model, prompt: &[u32], options: GenerateOptions) -> Result<Self> {
+        Request::sampled_by(model, prompt, options, None)
+    }
+
+    /// [`Request::new`]; `ranks`, when given, share the seed.
+    fn sampled_by(
+        model: &Model,
+        prompt: &[u32],
+        options: GenerateOptions,
+        ranks: Option<&nuvec::distributed::Group>,
+    ) -> Result<Self> {
         options.validate_for(model)?;
         if prompt.is_empty() {
             return Err(Error::Invalid("the prompt is empty: give at least one token".into()));
@@ -67,7 +84,7 @@ impl Request {
                 prompt.len()
             )));
         }
-        let rng = match (options.seed, model.ranks()) {
+        let rng = match (options.seed, ranks) {
             (Some(seed), _) => ChaCha8Rng::seed_from_u64(seed),
             // Every rank of a split model samples, and must draw the same tokens.
             (None, Some(group)) => ChaCha8Rng::seed_from_u64(crate::parallel::seed_of_rank0(group)?),

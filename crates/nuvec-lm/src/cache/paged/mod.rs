@@ -21,6 +21,7 @@
 
 mod checkpoints;
 mod kv;
+mod mirror;
 mod pool;
 mod prefix;
 mod quant_blocks;
@@ -35,6 +36,7 @@ use checkpoints::Checkpoints;
 pub use checkpoints::DEFAULT_CHECKPOINT_BYTES;
 pub use kv::PagedKv;
 pub(crate) use kv::{attend_decodes, write_decodes};
+pub(crate) use mirror::{follow, kv_bytes_per_position};
 use pool::{lock, BlockPool};
 use prefix::Computed;
 pub use prefix::PrefixScope;
@@ -102,6 +104,10 @@ pub struct PagedCache {
     checkpoint_bytes: usize,
     /// The quantization of keys and values, for a quantized cache.
     quantized: Option<QuantSpec>,
+    /// The step size [`PagedCache::set_step_tokens`] sized the window layers for.
+    step_tokens: Option<usize>,
+    /// The group whose other ranks' caches follow this one (`mirror.rs`).
+    leader: Option<nuvec::distributed::Group>,
 }
 
 impl PagedCache {
@@ -194,6 +200,8 @@ impl PagedCache {
                 KvForm::Quantized(spec, _) => Some(spec),
                 KvForm::Plain(_) => None,
             },
+            step_tokens: None,
+            leader: None,
         })
     }
 
@@ -210,7 +218,7 @@ impl PagedCache {
     /// Batcher sets its token budget here). Refused once a sequence was added; a step beyond it
     /// fails as a full cache does. Nothing to do for a model without window layers.
     pub fn set_step_tokens(&mut self, step_tokens: usize) -> Result<()> {
-        let Some(windows) = &self.window_pool else { return Ok(()) };
+        let Some(windows) = &self.window_pool else { return self.tell(&mirror::Op::StepTokens(step_tokens)) };
         if !self.is_empty() {
             return Err(Error::Invalid("PagedCache::set_step_tokens: call it before adding sequences".into()));
         }
@@ -226,7 +234,8 @@ impl PagedCache {
             }
         }
         self.window_pool = Some(sized);
-        Ok(())
+        self.step_tokens = Some(step_tokens);
+        self.tell(&mirror::Op::StepTokens(step_tokens))
     }
 
     /// Blocks of the sliding-window layers in all (`None` for a model without them).
@@ -243,6 +252,8 @@ impl PagedCache {
     /// logits it gets alone (see [`StepBatch::set_batch_invariant`]).
     pub fn set_batch_invariant(&mut self, invariant: bool) {
         self.invariant = invariant;
+        // A failure to tell is the group's, which its next call reports.
+        let _ = self.tell(&mirror::Op::Invariant(invariant));
     }
 
     /// Turns prefix caching on or off (off by default; off forgets every indexed block). On a
@@ -257,7 +268,7 @@ impl PagedCache {
         if let Some(w) = &mut self.window_pool {
             w.pool.set_caching(on);
         }
-        Ok(())
+        self.tell(&mirror::Op::Caching(on))
     }
 
     /// Bytes of recurrent-state checkpoints a hybrid model's prefix caching keeps at most
@@ -266,6 +277,8 @@ impl PagedCache {
     pub fn set_checkpoint_bytes(&mut self, bytes: usize) {
         self.checkpoint_bytes = bytes;
         self.checkpoints.reset(bytes);
+        // A failure to tell is the group's, which its next call reports.
+        let _ = self.tell(&mirror::Op::CheckpointBytes(bytes));
     }
 
     /// Lets [`PagedCache::trim`] take back up to `n` positions of a sequence's last pass on
@@ -283,7 +296,7 @@ impl PagedCache {
             sized.pool.set_caching(w.pool.caching());
             self.window_pool = Some(sized);
         }
-        Ok(())
+        self.tell(&mirror::Op::Rewind(n))
     }
 
     /// Whether the model has recurrent layers (a hybrid), whose prefix hits end only where a
@@ -347,6 +360,12 @@ impl PagedCache {
     /// [`PagedCache::add`] for a sequence of `scope`: its rows take the scope's served adapter
     /// in every step, and its blocks are indexed for that scope only.
     pub fn add_in(&mut self, scope: PrefixScope) -> Result<SeqId> {
+        let id = self.add_slot(scope.clone())?;
+        self.tell(&mirror::Op::Add { scope, id })?;
+        Ok(id)
+    }
+
+    fn add_slot(&mut self, scope: PrefixScope) -> Result<SeqId> {
         let slot = self.slots.iter().position(Option::is_none).ok_or_else(|| {
             Error::Invalid(format!(
                 "the paged cache holds {} sequences already, its most; remove one or make it with more",
@@ -463,7 +482,7 @@ impl PagedCache {
     /// blocks that sequences of the same scope computed are shared.
     pub fn add_with_prefix_in(&mut self, tokens: &[u32], chunk: usize, scope: PrefixScope) -> Result<(SeqId, usize)> {
         let (hits, tail) = self.prefix_blocks(tokens, chunk, &scope);
-        let id = self.add_in(scope)?;
+        let id = self.add_slot(scope.clone())?;
         let held = hits.len() * self.block_size();
         for &(b, _) in &hits {
             self.pool.share(b);
@@ -494,12 +513,20 @@ impl PagedCache {
         }
         seq.tokens = Some(tokens[..held].to_vec());
         seq.hashes = hits.iter().map(|&(_, h)| h).collect();
+        self.tell(&mirror::Op::AddWithPrefix { tokens: tokens.to_vec(), chunk, scope, id, held })?;
         Ok((id, held))
     }
 
     /// A sequence holding what `cache` (a prefilled plain cache of the same model, one per layer)
     /// holds: its keys and values copied into blocks, recurrent states taken as they are.
     pub fn insert(&mut self, cache: &[LayerCache]) -> Result<SeqId> {
+        if self.leads() {
+            return Err(Error::Unsupported(
+                "inserting a prefilled cache into the paged cache of a model split across ranks: the other ranks \
+                 hold no copy of it; step the prompt instead"
+                    .into(),
+            ));
+        }
         if cache.len() != self.stores.len() {
             return Err(Error::Invalid(format!(
                 "a cache of {} layers inserted into a paged cache for {}",
@@ -614,7 +641,7 @@ impl PagedCache {
         if let Some(w) = &mut self.window_pool {
             w.truncate(&mut lock(&seq.window_table), 0);
         }
-        Ok(())
+        self.tell(&mirror::Op::Remove(id))
     }
 
     /// Removes exactly the last `n` positions of sequence `id` from every layer (blocks no
@@ -622,6 +649,11 @@ impl PagedCache {
     /// hybrid model, whose recurrent state cannot forget positions, refuses any `n > 0` beyond
     /// what [`PagedCache::set_rewind`] keeps.
     pub fn trim(&mut self, id: SeqId, n: usize) -> Result<()> {
+        self.trim_here(id, n)?;
+        self.tell(&mirror::Op::Trim(id, n))
+    }
+
+    fn trim_here(&mut self, id: SeqId, n: usize) -> Result<()> {
         let bs = self.block_size();
         let seq = self.seq_mut(id)?;
         let held = seq.caches.first().map_or(0, LayerCache::offset);
@@ -729,6 +761,7 @@ impl PagedCache {
         picks: &Array,
         fed: &[(usize, usize)],
     ) -> Result<Array> {
+        self.refuse_fed()?;
         if let Some(&(i, _)) = fed.iter().find(|&&(i, _)| work.get(i).is_none_or(|w| w.1.len() != 1)) {
             return Err(Error::Invalid(format!("sequence {i} of the step is fed a picked token but has not one row")));
         }
@@ -738,6 +771,7 @@ impl PagedCache {
     /// Records the token that [`PagedCache::step_fed`] fed sequence `id` from the device, as
     /// the step's other tokens were recorded (the prefix cache indexes the block it completes).
     pub fn commit_fed(&mut self, id: SeqId, token: u32) -> Result<()> {
+        self.refuse_fed()?;
         let held = self.positions(id)?;
         let seq = self.seq(id)?;
         if let Some(known) = seq.tokens.as_ref().filter(|t| t.len() + 1 != held) {
@@ -749,6 +783,16 @@ impl PagedCache {
         }
         self.commit(id, &[token]);
         Ok(())
+    }
+
+    /// A token picked on the device is not on the other ranks of a split model.
+    fn refuse_fed(&self) -> Result<()> {
+        match self.leads() {
+            true => Err(Error::Unsupported(
+                "feeding a token picked on the device to a model split across ranks: read it first".into(),
+            )),
+            false => Ok(()),
+        }
     }
 
     fn step_rows(
@@ -782,6 +826,16 @@ impl PagedCache {
         for (i, &(id, tokens)) in work.iter().enumerate() {
             if let Err(e) = self.reserve(id, tokens.len()) {
                 for &(id, _) in &work[..i] {
+                    self.shrink(id)?;
+                }
+                return Err(e);
+            }
+        }
+        if self.leads() {
+            let told = work.iter().map(|&(id, t)| (id, t.to_vec())).collect();
+            let told = self.tell(&mirror::Op::Step { work: told, counts: counts.map(<[usize]>::to_vec), hidden });
+            if let Err(e) = told {
+                for &(id, _) in work {
                     self.shrink(id)?;
                 }
                 return Err(e);

@@ -1,0 +1,148 @@
+//! The `Batcher` over a model split across real ranks (Open MPI's `mpirun`, CPU ranks): rank 0
+//! batches the requests and the other ranks follow its paged cache (`Batcher::follow`); every
+//! request gets what `generate` gives it alone on the whole model — mlx-lm's greedy tokens for
+//! SmolLM2's oracle prompt, the solo run's tokens for the others, seeded samples included — in a
+//! pipeline and split by tensors, and a prompt submitted again starts from the prefix cache on
+//! every rank alike. Then what such a Batcher refuses, in one process.
+#![cfg(feature = "mpi")]
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use common::mpirun::{mpirun, reports, under_mpirun};
+use common::*;
+use nuvec::distributed::{self, Group};
+use nuvec_lm::{
+    generate, load_model_pipelined, load_model_sharded, Batcher, BatcherOptions, Event, GenerateOptions, Model,
+    RequestId, Sampler, Split,
+};
+
+/// How the ranks split the model: `pipeline` or `tensor`.
+const MODE: &str = "SPLIT_BATCHER_MODE";
+
+/// The requests: SmolLM2's oracle prompt (greedy, 64 tokens), two prompts of other lengths,
+/// one of them sampled with a seed, and the oracle prompt again once the first is done.
+fn requests(oracle_prompt: &[u32]) -> Vec<(Vec<u32>, GenerateOptions)> {
+    let greedy = |n| GenerateOptions { max_tokens: n, ..Default::default() };
+    let sampler = Sampler { temperature: 0.9, top_p: 0.95, ..Default::default() };
+    let sampled = GenerateOptions { max_tokens: 20, sampler, seed: Some(3), ignore_eos: true, ..Default::default() };
+    vec![
+        (oracle_prompt.to_vec(), greedy(64)),
+        (seeded_prompt(37, 1, 49_152), greedy(16)),
+        (seeded_prompt(5, 2, 49_152), sampled),
+    ]
+}
+
+fn solo(model: &Model, prompt: &[u32], options: GenerateOptions) -> Vec<u32> {
+    generate(model, prompt, options).unwrap().collect::<nuvec_lm::Result<Vec<u32>>>().unwrap()
+}
+
+#[test]
+fn a_batcher_over_a_split_model_answers_as_the_whole_model() {
+    let dir = fixtures().join("smollm2-q4_1");
+    let oracle = oracle_json(&dir);
+    let prompt = ids(&oracle["prompt_ids"]);
+    let whole = nuvec_lm::load_model(&dir).unwrap();
+    let expected: Vec<String> =
+        requests(&prompt).into_iter().map(|(p, o)| format!("{:?}", solo(&whole, &p, o))).collect();
+    assert_eq!(expected[0], format!("{:?}", ids(&oracle["greedy_tokens"])), "the solo run is mlx-lm's");
+    for (ranks, mode) in [(2, "pipeline"), (3, "tensor")] {
+        let (out, ok) = mpirun(ranks, "rank_of_a_split_batcher", &[(MODE, mode)], Duration::from_secs(300));
+        assert!(ok, "{mode} over {ranks} ranks:\n{out}");
+        assert_eq!(reports(&out, "followed rank 0: ").len(), ranks - 1, "{out}");
+        let answers = reports(&out, "request ");
+        assert_eq!(answers.len(), 4, "{out}");
+        for (i, want) in expected.iter().chain([&expected[0]]).enumerate() {
+            assert!(answers.contains(&format!("{i}: {want}").as_str()), "{mode}: request {i} gives {want}:\n{out}");
+        }
+        let cached = reports(&out, "cached again: ");
+        assert!(cached.len() == 1 && cached[0].parse::<usize>().unwrap() >= 16, "a prefix hit on every rank:\n{out}");
+    }
+}
+
+/// Steps `batcher` until idle: each request's tokens, and the cached tokens it started with.
+fn drain(batcher: &mut Batcher) -> BTreeMap<RequestId, (Vec<u32>, usize)> {
+    let mut out: BTreeMap<RequestId, (Vec<u32>, usize)> = BTreeMap::new();
+    while batcher.is_busy() {
+        for event in batcher.step().unwrap() {
+            match event {
+                Event::Token { id, token } => out.entry(id).or_default().0.push(token),
+                Event::Started { id, cached_tokens } => out.entry(id).or_default().1 = cached_tokens,
+                Event::Failed { id, error } => panic!("{id:?} failed: {error}"),
+                _ => {}
+            }
+        }
+    }
+    out
+}
+
+#[test]
+#[ignore = "a rank of a_batcher_over_a_split_model_answers_as_the_whole_model, under mpirun"]
+fn rank_of_a_split_batcher() {
+    if !under_mpirun() {
+        return;
+    }
+    let dir = fixtures().join("smollm2-q4_1");
+    let group = distributed::init(true).unwrap();
+    let model = match std::env::var(MODE).unwrap().as_str() {
+        "pipeline" => load_model_pipelined(&dir, &group, Split::Even).unwrap(),
+        _ => load_model_sharded(&dir, &group).unwrap(),
+    };
+    if group.rank() != 0 {
+        Batcher::follow(&model).unwrap();
+        println!("followed rank 0: rank {}", group.rank());
+        return;
+    }
+    let prompt = ids(&oracle_json(&dir)["prompt_ids"]);
+    let options = BatcherOptions { max_batch: 4, ..Default::default() };
+    let mut batcher = Batcher::new(&model, options).unwrap();
+    let mut ids = vec![];
+    for (p, o) in requests(&prompt) {
+        ids.push(batcher.submit(p, o).unwrap());
+    }
+    let mut out = drain(&mut batcher);
+    let again = batcher.submit(prompt, GenerateOptions { max_tokens: 64, ..Default::default() }).unwrap();
+    ids.push(again);
+    out.append(&mut drain(&mut batcher));
+    for (i, id) in ids.iter().enumerate() {
+        println!("request {i}: {:?}", out[id].0);
+    }
+    println!("cached again: {}", out[&again].1);
+}
+
+#[test]
+fn what_a_batcher_over_a_split_model_refuses_is_named() {
+    if under_mpirun() {
+        return;
+    }
+    let dir = fixtures().join("llama-q4g64");
+    let staged = load_model_pipelined(&dir, &Group::alone(), Split::Even).unwrap();
+    let prompt = [1, 15, 27, 3];
+    let greedy = GenerateOptions { max_tokens: 8, ignore_eos: true, ..Default::default() };
+    let mut batcher = Batcher::new(&staged, BatcherOptions { blocks: Some(8), ..Default::default() }).unwrap();
+    let id = batcher.submit(prompt.to_vec(), greedy.clone()).unwrap();
+    let mut tokens = vec![];
+    while batcher.is_busy() {
+        for event in batcher.step().unwrap() {
+            if let Event::Token { id: i, token } = event {
+                assert_eq!(i, id);
+                tokens.push(token);
+            }
+        }
+    }
+    let whole = nuvec_lm::load_model(&dir).unwrap();
+    assert_eq!(tokens, solo(&whole, &prompt, greedy), "a pipeline of one rank batches as the whole model");
+    drop(batcher);
+    let e = Batcher::follow(&staged).unwrap_err().to_string();
+    assert!(e.contains("Batcher::follow on rank 0"), "{e}");
+    let e = Batcher::follow(&whole).unwrap_err().to_string();
+    assert!(e.contains("not split across ranks"), "{e}");
+    let pipelined = BatcherOptions { pipeline: Some(true), ..Default::default() };
+    let e = Batcher::new(&staged, pipelined).map(drop).unwrap_err().to_string();
+    assert!(e.contains("pipeline = Some(true) over a model split across ranks"), "{e}");
+    let speculating = BatcherOptions { speculation: Some(Default::default()), ..Default::default() };
+    let e = Batcher::with_draft(&staged, &whole, speculating).map(drop).unwrap_err().to_string();
+    assert!(e.contains("speculative decoding on a model split across ranks"), "{e}");
+}
