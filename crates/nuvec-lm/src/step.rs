@@ -141,6 +141,34 @@ impl<'a> StepBatch<'a> {
         Ok(())
     }
 
+    /// The batch cut into at most `n` batches of consecutive sequences, of about equal rows
+    /// (a pipeline's micro-batches): each holds its sequences' tokens and caches. One part, the
+    /// whole batch, when rows are fed from the device.
+    pub(crate) fn parts(&mut self, n: usize) -> Vec<StepBatch<'_>> {
+        let StepBatch { tokens, seqs, invariant, fed } = self;
+        let n = match fed {
+            Some(_) => 1,
+            None => n.clamp(1, seqs.len().max(1)),
+        };
+        let (total, count) = (tokens.len(), seqs.len());
+        let mut seqs = seqs.iter_mut();
+        let (mut taken, mut row) = (0, 0);
+        (0..n)
+            .map(|p| {
+                let target = (p + 1) * total / n;
+                let mut part = StepBatch { tokens: vec![], seqs: vec![], invariant: *invariant, fed: None };
+                // At least one sequence each, and one left for each part after this one.
+                while taken < count - (n - 1 - p) && (part.seqs.is_empty() || row < target) {
+                    let s = seqs.next().expect("counted");
+                    part.tokens.extend_from_slice(&tokens[row..row + s.rows]);
+                    part.seqs.push(StepSeq { rows: s.rows, cache: &mut *s.cache, adapter: s.adapter });
+                    (taken, row) = (taken + 1, row + s.rows);
+                }
+                part
+            })
+            .collect()
+    }
+
     /// Sequences in the batch.
     pub fn len(&self) -> usize {
         self.seqs.len()
@@ -361,4 +389,36 @@ pub(crate) fn concat_rows(parts: &[Array]) -> Result<Array> {
     let mut shape = vec![joined.dim(1)];
     shape.extend_from_slice(tail);
     Ok(joined.reshape(&shape)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cache::KvCache;
+
+    #[test]
+    fn parts_cut_consecutive_sequences_of_about_equal_rows() {
+        let mut caches: Vec<Vec<LayerCache>> = (0..5).map(|_| vec![LayerCache::Plain(KvCache::default())]).collect();
+        let rows = [6, 1, 1, 3, 1];
+        let mut step = StepBatch::new();
+        let mut next = 0;
+        for (cache, &r) in caches.iter_mut().zip(&rows) {
+            let tokens: Vec<u32> = (next..next + r).collect();
+            next += r;
+            step.push(&tokens, cache).unwrap();
+        }
+        let cut =
+            |step: &mut StepBatch, n| -> Vec<Vec<u32>> { step.parts(n).iter().map(|p| p.tokens().to_vec()).collect() };
+        // Twelve rows in two: the long first sequence alone reaches half.
+        assert_eq!(cut(&mut step, 2), [(0..6).collect::<Vec<_>>(), (6..12).collect()]);
+        let three = cut(&mut step, 3);
+        assert_eq!(three.iter().map(Vec::len).collect::<Vec<_>>(), [6, 2, 4]);
+        assert_eq!(three.concat(), (0..12).collect::<Vec<_>>());
+        // No more parts than sequences, and never an empty one.
+        let many = cut(&mut step, 9);
+        assert_eq!(many.len(), 5);
+        assert!(many.iter().all(|p| !p.is_empty()));
+        assert_eq!(cut(&mut step, 1), [(0..12).collect::<Vec<_>>()]);
+        assert_eq!(step.parts(4).iter().map(StepBatch::len).sum::<usize>(), 5);
+    }
 }

@@ -2,7 +2,7 @@
 //! batches the requests and the other ranks follow its paged cache (`Batcher::follow`); every
 //! request gets what `generate` gives it alone on the whole model — mlx-lm's greedy tokens for
 //! SmolLM2's oracle prompt, the solo run's tokens for the others, seeded samples included — in a
-//! pipeline and split by tensors, and a prompt submitted again starts from the prefix cache on
+//! pipeline (its steps as micro-batches) and split by tensors, and a prompt submitted again starts from the prefix cache on
 //! every rank alike. Then what such a Batcher refuses, in one process.
 #![cfg(feature = "mpi")]
 
@@ -48,8 +48,11 @@ fn a_batcher_over_a_split_model_answers_as_the_whole_model() {
     let expected: Vec<String> =
         requests(&prompt).into_iter().map(|(p, o)| format!("{:?}", solo(&whole, &p, o))).collect();
     assert_eq!(expected[0], format!("{:?}", ids(&oracle["greedy_tokens"])), "the solo run is mlx-lm's");
-    for (ranks, mode) in [(2, "pipeline"), (3, "tensor")] {
-        let (out, ok) = mpirun(ranks, "rank_of_a_split_batcher", &[(MODE, mode)], Duration::from_secs(300));
+    // A pipeline's steps of several sequences run as micro-batches: two (one per stage) on two
+    // ranks, three on three (every stage's own, then each other stage's in turn).
+    for (ranks, mode, micro) in [(2, "pipeline", ""), (3, "pipeline", "3"), (3, "tensor", "")] {
+        let env = [(MODE, mode), ("NUVEC_PIPELINE_MICRO_BATCHES", micro)];
+        let (out, ok) = mpirun(ranks, "rank_of_a_split_batcher", &env, Duration::from_secs(300));
         assert!(ok, "{mode} over {ranks} ranks:\n{out}");
         assert_eq!(reports(&out, "followed rank 0: ").len(), ranks - 1, "{out}");
         let answers = reports(&out, "request ");

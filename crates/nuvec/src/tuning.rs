@@ -83,6 +83,15 @@ pub const KNOBS: &[Knob] = &[
          it waited for",
     ),
     knob(
+        "NUVEC_PIPELINE_MICRO_BATCHES",
+        "micro-batches",
+        "the pipeline's ranks",
+        "any",
+        "a step of several sequences over a pipeline (mpirun, --pipeline) runs as this many micro-batches of \
+         consecutive sequences, so that each stage runs one while the stage before it runs the next (1: the \
+         whole step at once); every rank must be given the same value",
+    ),
+    knob(
         "NUVEC_CPU_INT8_DOT",
         "0, 1",
         "0",
@@ -334,7 +343,7 @@ pub fn rule(k: &Knob) -> Rule {
     match k.values {
         "a directory" | "a model path" | "NAME=VALUE,..." => Rule::Free,
         "a row count" | "megabytes; 0" | "a block count; 0" | "keys; 0" => Rule::Count,
-        "seconds" => Rule::Positive,
+        "seconds" | "micro-batches" => Rule::Positive,
         "keys (a multiple of 32)" => Rule::MultipleOf32,
         "0, 6..15" => Rule::QgemvVariant,
         "0, 1, norm,attention,gate_up" => Rule::Producers,

@@ -98,11 +98,28 @@ impl Stage {
     /// hidden states the stage before sent, through `layers` (giving the residual stream and its
     /// final norm); the normed states on rank 0, which has the head; elsewhere the stream, also
     /// sent on to the next stage (the caller's logits come from rank 0: [`Stage::share_logits`]).
+    /// A step of several sequences runs as micro-batches ([`Stage::micro_batches`]): while a
+    /// stage runs one, the stage before it runs the next.
     pub(crate) fn run(
         &self,
         step: &mut StepBatch,
-        embed: impl FnOnce(&StepBatch) -> Result<Array>,
-        layers: impl FnOnce(&mut StepBatch, Array) -> Result<(Array, Array)>,
+        embed: impl Fn(&StepBatch) -> Result<Array>,
+        layers: impl Fn(&mut StepBatch, Array) -> Result<(Array, Array)>,
+    ) -> Result<Array> {
+        let n = self.micro_batches(step.len())?;
+        if n <= 1 {
+            return self.run_part(step, &embed, &layers);
+        }
+        let outs =
+            step.parts(n).iter_mut().map(|part| self.run_part(part, &embed, &layers)).collect::<Result<Vec<_>>>()?;
+        crate::step::concat_rows(&outs)
+    }
+
+    fn run_part(
+        &self,
+        step: &mut StepBatch,
+        embed: &impl Fn(&StepBatch) -> Result<Array>,
+        layers: &impl Fn(&mut StepBatch, Array) -> Result<(Array, Array)>,
     ) -> Result<Array> {
         let rank = self.group.rank();
         let h = match self.embeds() {
@@ -119,6 +136,20 @@ impl Stage {
         }
         self.group.send(rank - 1, &wire::encode(&h)?)?;
         Ok(h)
+    }
+
+    /// Micro-batches a step of `sequences` runs as: `NUVEC_PIPELINE_MICRO_BATCHES` (1 turns them
+    /// off), else one per stage; at most one per sequence. Every rank must read the same value.
+    pub fn micro_batches(&self, sequences: usize) -> Result<usize> {
+        let asked = match nuvec::tuning::env("NUVEC_PIPELINE_MICRO_BATCHES") {
+            Ok(v) if !v.trim().is_empty() => v.trim().parse::<usize>().ok().filter(|&n| n > 0).ok_or_else(|| {
+                Error::Invalid(format!(
+                    "NUVEC_PIPELINE_MICRO_BATCHES={v:?}: give a whole number of at least 1 (1: no micro-batches)"
+                ))
+            })?,
+            _ => self.group.size(),
+        };
+        Ok(asked.min(sequences))
     }
 
     /// The logits of `rows` rows: `head()`'s on rank 0, broadcast to every rank.

@@ -20,6 +20,7 @@ const PROCESS_WIDE: &[&str] = &[
     "NUVEC_NVRTC_DEFINES",
     "NUVEC_CUDA_KERNEL_CACHE",
     "NUVEC_DISTRIBUTED_TIMEOUT",
+    "NUVEC_PIPELINE_MICRO_BATCHES",
 ];
 
 /// Knob values for one device, each checked as `nuvec --help-env` describes it. Built with
