@@ -1,6 +1,7 @@
 //! Pipeline parallelism over real ranks (Open MPI's `mpirun`, CPU ranks): each rank reads only its
 //! stage's tensors, and every rank generates mlx-lm's greedy tokens (SmolLM2's real weights), and
-//! the solo run's sampled tokens with a seed and without one. Then what a pipeline refuses.
+//! the solo run's sampled tokens with a seed and without one; gpt-oss and the Qwen3.5 hybrids
+//! pipelined generate the whole model's tokens. Then what a pipeline refuses.
 #![cfg(feature = "mpi")]
 
 mod common;
@@ -107,6 +108,44 @@ fn rank_of_a_pipeline() {
     println!("without a seed: {:?}", tokens(&model, &prompt, sampled(None)));
 }
 
+/// Families beside the Llama decoder's, each a stage of a sliding (or linear) and a full layer
+/// on two ranks: gpt-oss (windows of 8 positions, sinks), the Qwen3.5 hybrids (a Gated DeltaNet
+/// and a gated attention layer each; mlx-lm's layout, a Hugging Face original's, the MoE one).
+const OTHER_FAMILIES: [&str; 4] =
+    ["gpt_oss/gpt_oss-q4g64", "qwen3_5/qwen3_5-f32", "qwen3_5/qwen3_5-hf", "qwen3_5/qwen3_5_moe-f32"];
+
+#[test]
+fn other_families_pipelined_generate_the_whole_models_tokens() {
+    let (out, ok) = mpirun(2, "rank_of_other_families_pipelined", &[], Duration::from_secs(180));
+    assert!(ok, "{out}");
+    for case in OTHER_FAMILIES {
+        assert_eq!(reports(&out, &format!("{case} as the whole model: ")).len(), 2, "{out}");
+    }
+}
+
+#[test]
+#[ignore = "a rank of other_families_pipelined_generate_the_whole_models_tokens, under mpirun"]
+fn rank_of_other_families_pipelined() {
+    if !under_mpirun() {
+        return;
+    }
+    let group = distributed::init(true).unwrap();
+    for case in OTHER_FAMILIES {
+        let dir = fixtures().join(case);
+        // Loaded as stages (each reading its own tensors) and cut from the whole model.
+        let whole = nuvec_lm::load_model(&dir).unwrap();
+        let staged = nuvec_lm::load_model_pipelined(&dir, &group, Split::Even).unwrap();
+        let mut cut = nuvec_lm::load_model(&dir).unwrap();
+        cut.pipeline(&group, Split::Even).unwrap();
+        let prompt: Vec<u32> = (0..12).map(|i| 1000 + 37 * i).collect();
+        let greedy = GenerateOptions { max_tokens: 24, ignore_eos: true, ..Default::default() };
+        let expected = tokens(&whole, &prompt, greedy.clone());
+        assert_eq!(tokens(&staged, &prompt, greedy.clone()), expected, "{case}: rank {}", group.rank());
+        assert_eq!(tokens(&cut, &prompt, greedy), expected, "{case}: rank {}, cut from the whole", group.rank());
+        println!("{case} as the whole model: rank {} of {}", group.rank(), group.size());
+    }
+}
+
 #[test]
 fn a_pipeline_of_one_rank_is_the_whole_model() {
     if under_mpirun() {
@@ -132,10 +171,13 @@ fn what_a_pipeline_refuses_is_named() {
     let fx = fixtures();
     let e = refused(&fx.join("gemma4/gemma4-q4g64"), Split::Even);
     assert!(e.contains("Gemma 4 is not pipelined"), "{e}");
-    let e = refused(&fx.join("gpt_oss/gpt_oss-q4g64"), Split::Even);
-    assert!(e.contains("pipeline parallelism for model_type \"gpt_oss\" is not built yet"), "{e}");
     let e = refused(&fx.join("llama-q4g64"), Split::Layers(vec![1, 1]));
     assert!(e.contains("one count per rank"), "{e}");
+    let with_head = LoadOptions { mtp: true, ..Default::default() };
+    let path = fx.join("qwen3_5_mtp/qwen3_5-mtp");
+    let (mut hybrid, _) = load_with(path.to_str().unwrap(), &with_head).unwrap();
+    let e = hybrid.pipeline(&one, Split::Even).unwrap_err().to_string();
+    assert!(e.contains("multi-token-prediction head on a pipelined model") && hybrid.stage().is_none(), "{e}");
     let mut whole = nuvec_lm::load_model(&fx.join("llama-q4g64")).unwrap();
     let e = whole.pipeline(&one, Split::Layers(vec![1, 1])).unwrap_err().to_string();
     assert!(e.contains("one count per rank") && whole.stage().is_none(), "{e}");

@@ -65,6 +65,27 @@ fn a_batcher_over_a_split_model_answers_as_the_whole_model() {
     }
 }
 
+/// Prompts for the hybrid (Qwen3.5) case, of other lengths: one past a block of 16 positions.
+fn hybrid_prompts() -> Vec<Vec<u32>> {
+    vec![(0..21).map(|i| 1000 + 37 * i).collect(), vec![5, 6, 7], (0..9).map(|i| 300 + 11 * i).collect()]
+}
+
+#[test]
+fn a_batcher_over_a_pipelined_hybrid_answers_as_the_whole_model() {
+    // Each stage a Gated DeltaNet layer (its state in the paged cache's slots) and a gated
+    // attention layer; the prefix cache stays off (each rank's recurrent checkpoints its own).
+    let whole = nuvec_lm::load_model(&fixtures().join("qwen3_5/qwen3_5-f32")).unwrap();
+    let greedy = GenerateOptions { max_tokens: 16, ignore_eos: true, ..Default::default() };
+    let (out, ok) = mpirun(2, "rank_of_a_split_batcher", &[(MODE, "hybrid")], Duration::from_secs(120));
+    assert!(ok, "{out}");
+    let answers = reports(&out, "request ");
+    for (i, p) in hybrid_prompts().iter().enumerate() {
+        let want = format!("{i}: {:?}", solo(&whole, p, greedy.clone()));
+        assert!(answers.contains(&want.as_str()), "request {want}:\n{out}");
+    }
+    assert_eq!(reports(&out, "prefix cache: ").concat(), "false", "{out}");
+}
+
 /// Steps `batcher` until idle: each request's tokens, and the cached tokens it started with.
 fn drain(batcher: &mut Batcher) -> BTreeMap<RequestId, (Vec<u32>, usize)> {
     let mut out: BTreeMap<RequestId, (Vec<u32>, usize)> = BTreeMap::new();
@@ -89,13 +110,27 @@ fn rank_of_a_split_batcher() {
     }
     let dir = fixtures().join("smollm2-q4_1");
     let group = distributed::init(true).unwrap();
-    let model = match std::env::var(MODE).unwrap().as_str() {
+    let mode = std::env::var(MODE).unwrap();
+    let model = match mode.as_str() {
         "pipeline" => load_model_pipelined(&dir, &group, Split::Even).unwrap(),
+        "hybrid" => load_model_pipelined(&fixtures().join("qwen3_5/qwen3_5-f32"), &group, Split::Even).unwrap(),
         _ => load_model_sharded(&dir, &group).unwrap(),
     };
     if group.rank() != 0 {
         Batcher::follow(&model).unwrap();
         println!("followed rank 0: rank {}", group.rank());
+        return;
+    }
+    if mode == "hybrid" {
+        let mut batcher = Batcher::new(&model, BatcherOptions { max_batch: 4, ..Default::default() }).unwrap();
+        println!("prefix cache: {}", batcher.prefix_caching());
+        let greedy = GenerateOptions { max_tokens: 16, ignore_eos: true, ..Default::default() };
+        let ids: Vec<RequestId> =
+            hybrid_prompts().into_iter().map(|p| batcher.submit(p, greedy.clone()).unwrap()).collect();
+        let out = drain(&mut batcher);
+        for (i, id) in ids.iter().enumerate() {
+            println!("request {i}: {:?}", out[id].0);
+        }
         return;
     }
     let prompt = ids(&oracle_json(&dir)["prompt_ids"]);
@@ -145,6 +180,11 @@ fn what_a_batcher_over_a_split_model_refuses_is_named() {
     let pipelined = BatcherOptions { pipeline: Some(true), ..Default::default() };
     let e = Batcher::new(&staged, pipelined).map(drop).unwrap_err().to_string();
     assert!(e.contains("pipeline = Some(true) over a model split across ranks"), "{e}");
+    let hybrid = load_model_pipelined(&fixtures().join("qwen3_5/qwen3_5-f32"), &Group::alone(), Split::Even).unwrap();
+    let cached = BatcherOptions { prefix_cache: Some(true), ..Default::default() };
+    let e = Batcher::new(&hybrid, cached).map(drop).unwrap_err().to_string();
+    assert!(e.contains("prefix_cache = Some(true) over a qwen3_5 model split across ranks"), "{e}");
+    assert!(!Batcher::new(&hybrid, Default::default()).unwrap().prefix_caching());
     let speculating = BatcherOptions { speculation: Some(Default::default()), ..Default::default() };
     let e = Batcher::with_draft(&staged, &whole, speculating).map(drop).unwrap_err().to_string();
     assert!(e.contains("speculative decoding on a model split across ranks"), "{e}");

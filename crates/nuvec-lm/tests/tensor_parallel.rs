@@ -1,7 +1,8 @@
 //! Tensor parallelism over real ranks (Open MPI's `mpirun`, CPU ranks): SmolLM2 (real weights)
 //! split over three ranks gives mlx-lm's greedy tokens, logits within rounding of the whole
-//! model's and the whole model's sampled tokens; Qwen3 (bf16, q/k norms) and Qwen3-MoE (each
-//! expert's units split, the router whole) over two ranks the whole model's tokens; a model whose
+//! model's and the whole model's sampled tokens; Qwen3 (bf16, q/k norms), Qwen3-MoE (each
+//! expert's units split, the router whole) and gpt-oss (sinks, biases, sliding windows) over two
+//! ranks the whole model's tokens; a model whose
 //! sizes do not divide is refused naming the layer and left as it was. Then what a split refuses
 //! in one process.
 #![cfg(feature = "mpi")]
@@ -87,7 +88,13 @@ fn rank_of_qwen3_split() {
     // A dense first layer, then 4 experts of 64 units, 32 on each rank.
     let moe = fixtures().join("qwen3_moe-f32");
     let (whole, split) = (nuvec_lm::load_model(&moe).unwrap(), load_model_sharded(&moe, &group).unwrap());
-    assert_eq!(tokens(&split, &prompt, greedy.clone()), tokens(&whole, &prompt, greedy));
+    assert_eq!(tokens(&split, &prompt, greedy.clone()), tokens(&whole, &prompt, greedy.clone()));
+    // gpt-oss: sinks and biased projections split with their heads and units (the output and down
+    // biases added once), sliding-window layers of 8 positions past their window.
+    let oss = fixtures().join("gpt_oss/gpt_oss-f32");
+    let (whole, split) = (nuvec_lm::load_model(&oss).unwrap(), load_model_sharded(&oss, &group).unwrap());
+    let long: Vec<u32> = (0..12).map(|i| 1000 + 37 * i).collect();
+    assert_eq!(tokens(&split, &long, greedy.clone()), tokens(&whole, &long, greedy));
     // Two ranks over a 4-bit g64 model: each rank's 32 columns of o_proj would cut a group.
     let mut q4 = nuvec_lm::load_model(&fixtures().join("qwen3-q4g64")).unwrap();
     let e = q4.shard(&group).unwrap_err().to_string();
@@ -105,13 +112,13 @@ fn what_a_split_refuses_is_named() {
     let refused = |dir: std::path::PathBuf| load_model_sharded(&dir, &one).map(drop).unwrap_err().to_string();
     let e = refused(fx.join("gemma4/gemma4-q4g64"));
     assert!(e.contains("Gemma 4 is not split"), "{e}");
-    let e = refused(fx.join("gpt_oss/gpt_oss-q4g64"));
-    assert!(e.contains("tensor parallelism for model_type \"gpt_oss\" is not built yet"), "{e}");
+    let e = refused(fx.join("qwen3_5/qwen3_5-f32"));
+    assert!(e.contains("tensor parallelism for model_type \"qwen3_5\" is not built yet"), "{e}");
     let mut staged = nuvec_lm::load_model_pipelined(&fx.join("llama-q4g64"), &one, Split::Even).unwrap();
     let e = staged.shard(&one).unwrap_err().to_string();
     assert!(e.contains("pipelined or sharded, not both"), "{e}");
     // A group of one keeps every layer whole and answers as the whole model.
-    for case in ["llama-q4g64", "qwen3_moe-q4g64"] {
+    for case in ["llama-q4g64", "qwen3_moe-q4g64", "gpt_oss/gpt_oss-q4g64"] {
         let dir = fx.join(case);
         let split = load_model_sharded(&dir, &one).unwrap();
         let greedy = GenerateOptions { max_tokens: 12, ignore_eos: true, ..Default::default() };

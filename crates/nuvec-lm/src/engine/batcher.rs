@@ -486,7 +486,8 @@ impl<'m> Batcher<'m> {
             None => PagedCache::new(model, blocks, options.block_size, options.max_batch)?,
         };
         paged.set_batch_invariant(options.batch_invariant);
-        paged.set_prefix_caching(options.prefix_cache.unwrap_or(true))?;
+        paged
+            .set_prefix_caching(options.prefix_cache.unwrap_or(true) && !split_hybrid(model, options.prefix_cache)?)?;
         let budget = options.token_budget_on(model.device());
         let pipeline = pipelined(model, &paged, draft.is_some(), &options)?;
         let device_sampling = match options.device_sampling {
@@ -1331,6 +1332,22 @@ fn check_cache_options(model: &Model, cache: &CacheOptions, quantized: Option<Qu
         ))),
         None => Ok(()),
     }
+}
+
+/// Whether `model` is a hybrid (recurrent layers) split across ranks, whose prefix cache stays off:
+/// a hit there needs each rank's recurrent states where it ends, which each rank keeps within its
+/// own budget, so the ranks could find different hits. Asking for the prefix cache is refused.
+fn split_hybrid(model: &Model, prefix_cache: Option<bool>) -> Result<bool> {
+    // The family, not this rank's layers: a stage may hold no recurrent layer while others do.
+    let hybrid = model.ranks().is_some() && model.model_type().starts_with("qwen3_5");
+    if hybrid && prefix_cache == Some(true) {
+        return Err(Error::Unsupported(format!(
+            "BatcherOptions::prefix_cache = Some(true) over a {} model split across ranks: each rank keeps its own \
+             recurrent states, and their hits could differ; leave it None (off there)",
+            model.model_type()
+        )));
+    }
+    Ok(hybrid)
 }
 
 /// What a Batcher over a model split across `group` cannot do: be made on a rank but 0 (which

@@ -11,11 +11,12 @@
 
 use nuvec::{Array, Matrix};
 
-use super::llama::Block;
+use super::llama::{Block, Llama};
 use crate::cache::{KvCache, LayerCache, RotatingKvCache};
 use crate::config::Config;
 use crate::layers::{Activation, Attention, AttentionShape, FeedForward, Linear, RmsNorm, Rope, SparseMoe};
 use crate::models::Architecture;
+use crate::parallel::{Shard, Split, Stage};
 use crate::step::StepBatch;
 use crate::weights::Weights;
 use crate::{Error, Result};
@@ -34,14 +35,13 @@ enum LayerType {
     Full,
 }
 
-/// The gpt-oss decoder.
+/// The gpt-oss decoder: Llama's, with blocks of its own and per-layer caches. A pipeline stage or
+/// a rank's split holds its part, as Llama's does.
 pub struct GptOss {
-    embed_tokens: Matrix,
-    layers: Vec<Block>,
+    decoder: Llama,
+    /// Of the decoder's own layers.
     layer_types: Vec<LayerType>,
     sliding_window: usize,
-    norm: RmsNorm,
-    lm_head: Matrix,
 }
 
 /// config.json's `layer_types`, or mlx-lm's default (sliding, full, sliding, ...).
@@ -76,6 +76,12 @@ fn layer_types(config: &Config, layers: usize) -> Result<Vec<LayerType>> {
 impl GptOss {
     /// Loads gpt-oss; absent fields take mlx-lm's `ModelArgs` defaults.
     pub fn load(config: &Config, weights: &Weights) -> Result<Self> {
+        Self::load_stage(config, weights, None)
+    }
+
+    /// Loads gpt-oss, only `stage`'s part of it when given: its layers, the embeddings on the
+    /// first stage, the final norm and head on the last.
+    pub(crate) fn load_stage(config: &Config, weights: &Weights, stage: Option<Stage>) -> Result<Self> {
         let usize_or = |key: &str, default: usize| -> Result<usize> { Ok(config.opt_usize(key)?.unwrap_or(default)) };
         let layers = usize_or("num_hidden_layers", 36)?;
         let hidden = usize_or("hidden_size", 2880)?;
@@ -99,7 +105,8 @@ impl GptOss {
         if sliding_window == 0 {
             return Err(config.error("sliding_window", "= 0: the window must hold at least one position"));
         }
-        let layer_types = layer_types(config, layers)?;
+        let range = stage.as_ref().map_or(0..layers, Stage::layers);
+        let layer_types = layer_types(config, layers)?[range.clone()].to_vec();
         // mlx-lm builds this rope non-traditional whatever config.json says; a config saying
         // otherwise is contradictory, so it is an error rather than silently ignored.
         if config.bool_or("rope_traditional", false)? {
@@ -108,7 +115,7 @@ impl GptOss {
         let rope = Rope::from_config(config, head_dim, Some(150000.0))?;
         let shape =
             AttentionShape { hidden, heads, kv_heads, head_dim, qkv_bias: true, o_bias: true, qk_norm_eps: None };
-        let blocks = (0..layers)
+        let blocks = range
             .map(|i| {
                 let p = format!("model.layers.{i}");
                 let attn = format!("{p}.self_attn");
@@ -135,14 +142,16 @@ impl GptOss {
                 })
             })
             .collect::<Result<Vec<_>>>()?;
-        Ok(GptOss {
-            embed_tokens: weights.matrix("model.embed_tokens", vocab, hidden)?,
-            layers: blocks,
-            layer_types,
-            sliding_window,
-            norm: RmsNorm::load(weights, "model.norm", hidden, eps)?,
-            lm_head: weights.matrix("lm_head", vocab, hidden)?,
-        })
+        let head_here = stage.as_ref().is_none_or(Stage::has_head);
+        let embeds_here = stage.as_ref().is_none_or(Stage::embeds);
+        let decoder = Llama::from_parts(
+            embeds_here.then(|| weights.matrix("model.embed_tokens", vocab, hidden)).transpose()?,
+            blocks,
+            head_here.then(|| RmsNorm::load(weights, "model.norm", hidden, eps)).transpose()?,
+            head_here.then(|| weights.matrix("lm_head", vocab, hidden)).transpose()?,
+            stage,
+        );
+        Ok(GptOss { decoder, layer_types, sliding_window })
     }
 }
 
@@ -228,16 +237,41 @@ fn unsanitized_experts_error(weights: &Weights, path: &str) -> Error {
 
 impl Architecture for GptOss {
     fn hidden(&self, step: &mut StepBatch) -> Result<Array> {
-        let h = step.embed(&self.embed_tokens)?;
-        super::through_normed_layers(&self.layers, step, h, |l| &l.input_layernorm, &self.norm, Block::forward)
+        self.decoder.hidden(step)
     }
 
     fn logits(&self, hidden: &Array) -> Result<Array> {
-        Ok(hidden.linear(&self.lm_head)?)
+        self.decoder.logits(hidden)
     }
 
     fn num_layers(&self) -> usize {
-        self.layers.len()
+        self.decoder.num_layers()
+    }
+
+    fn stage(&self) -> Option<&Stage> {
+        self.decoder.stage()
+    }
+
+    fn shard(&self, shard: &Shard) -> Option<Result<Box<dyn Architecture>>> {
+        let whole = self.decoder.stage().is_none() && self.decoder.sharded().is_none();
+        whole.then(|| {
+            let decoder = self.decoder.split_across(shard)?;
+            let layer_types = self.layer_types.clone();
+            Ok(Box::new(GptOss { decoder, layer_types, sliding_window: self.sliding_window }) as Box<dyn Architecture>)
+        })
+    }
+
+    fn sharded(&self) -> Option<&Shard> {
+        self.decoder.sharded()
+    }
+
+    fn pipeline(&self, group: &nuvec::distributed::Group, split: &Split) -> Option<Result<Box<dyn Architecture>>> {
+        let stage = self.decoder.new_stage(group, split)?;
+        Some(stage.map(|stage| {
+            let layer_types = self.layer_types[stage.layers()].to_vec();
+            let decoder = self.decoder.stage_of(stage);
+            Box::new(GptOss { decoder, layer_types, sliding_window: self.sliding_window }) as Box<dyn Architecture>
+        }))
     }
 
     /// mlx-lm's `make_cache`: a plain cache for full-attention layers, a rotating cache of

@@ -210,6 +210,26 @@ impl Llama {
         })
     }
 
+    /// A decoder of these parts, loaded by a family that builds its own blocks (gpt-oss): a
+    /// stage's own, with the embeddings, norm and head where it runs them.
+    pub(super) fn from_parts(
+        embed_tokens: Option<Matrix>,
+        layers: Vec<Block>,
+        norm: Option<RmsNorm>,
+        lm_head: Option<Matrix>,
+        stage: Option<Stage>,
+    ) -> Llama {
+        Llama { embed_tokens, layers, norm, lm_head, stage, shard: None }
+    }
+
+    /// Rank `group.rank()`'s stage of this whole decoder split as `split`; `None` once it is a
+    /// stage or split already (or holds no head).
+    pub(super) fn new_stage(&self, group: &Group, split: &Split) -> Option<Result<Stage>> {
+        let head = self.lm_head.as_ref().or(self.embed_tokens.as_ref())?;
+        let whole = self.stage.is_none() && self.shard.is_none();
+        whole.then(|| Stage::new(group, split, self.layers.len(), head.cols(), head.rows(), head.device()))
+    }
+
     /// The stage `stage` of this whole decoder: its blocks, and the embeddings, norm and head
     /// where it runs them ([`crate::Model::pipeline`]).
     pub(crate) fn stage_of(&self, stage: Stage) -> Llama {
@@ -275,7 +295,7 @@ impl Architecture for Llama {
             (None, None) => return Err(Error::Invalid("a pipeline stage with neither layers nor head".into())),
         };
         let through = |step: &mut StepBatch, h| {
-            super::through_normed_layers_keep(&self.layers, step, h, |l| &l.input_layernorm, final_norm, Block::forward)
+            super::through_normed_layers(&self.layers, step, h, |l| &l.input_layernorm, final_norm, Block::forward)
         };
         match &self.stage {
             None => Ok(through(step, step.embed(self.embeddings()?)?)?.1),
@@ -312,14 +332,8 @@ impl Architecture for Llama {
     }
 
     fn pipeline(&self, group: &Group, split: &Split) -> Option<Result<Box<dyn Architecture>>> {
-        let head = self.lm_head.as_ref().or(self.embed_tokens.as_ref())?;
-        let (vocab, hidden) = (head.rows(), head.cols());
-        let device = head.device();
-        let whole = self.stage.is_none() && self.shard.is_none();
-        whole.then(|| {
-            let stage = Stage::new(group, split, self.layers.len(), hidden, vocab, device)?;
-            Ok(Box::new(self.stage_of(stage)) as Box<dyn Architecture>)
-        })
+        let stage = self.new_stage(group, split)?;
+        Some(stage.map(|stage| Box::new(self.stage_of(stage)) as Box<dyn Architecture>))
     }
 
     fn num_layers(&self) -> usize {

@@ -117,21 +117,9 @@ pub(crate) fn through_layers<L>(
 
 /// The residual stream through blocks that each return it with the next block's input norm
 /// applied (the last block: `final_norm`), so that every residual add runs with the norm after
-/// it; returns the normed stream after the last block.
+/// it; returns the stream after the last block and its normed form (what a pipeline stage passes
+/// on, and what the head reads).
 pub(crate) fn through_normed_layers<L>(
-    layers: &[L],
-    step: &mut StepBatch,
-    h: Array,
-    input_norm: impl Fn(&L) -> &RmsNorm,
-    final_norm: &RmsNorm,
-    forward: impl Fn(&L, &Array, &Array, &RmsNorm, &mut StepBatch, usize) -> Result<(Array, Array)>,
-) -> Result<Array> {
-    Ok(through_normed_layers_keep(layers, step, h, input_norm, final_norm, forward)?.1)
-}
-
-/// [`through_normed_layers`], giving the stream after the last block beside its normed form (what
-/// a pipeline stage passes on).
-pub(crate) fn through_normed_layers_keep<L>(
     layers: &[L],
     step: &mut StepBatch,
     mut h: Array,
@@ -151,6 +139,9 @@ pub(crate) fn through_normed_layers_keep<L>(
     }
     Ok((h, normed))
 }
+
+/// The families split across ranks (pipelined or by tensors), for the errors of the others.
+const SPLIT_FAMILIES: &str = "llama, mistral, qwen2, qwen3, qwen3_moe and gpt_oss; qwen3_5 and qwen3_5_moe pipelined";
 
 /// The model types this build loads.
 pub const SUPPORTED_MODEL_TYPES: &[&str] =
@@ -232,15 +223,16 @@ impl Model {
     }
 
     /// This rank's stage of `pipeline` from `config` and `weights` (which it reads only the
-    /// stage's tensors of): the families on the Llama decoder.
+    /// stage's tensors of): the families on the Llama decoder, and gpt-oss.
     pub(crate) fn from_config_pipelined(config: &Config, weights: &Weights, pipeline: &Pipeline) -> Result<Self> {
         let model_type = config.str("model_type")?.to_string();
         config.check_ranges()?;
         let family = match model_type.as_str() {
-            "llama" | "mistral" => llama::family(config)?,
-            "qwen2" => qwen2::family(),
-            "qwen3" => qwen3::family(),
-            "qwen3_moe" => qwen3_moe::family(),
+            "llama" | "mistral" => Some(llama::family(config)?),
+            "qwen2" => Some(qwen2::family()),
+            "qwen3" => Some(qwen3::family()),
+            "qwen3_moe" => Some(qwen3_moe::family()),
+            "gpt_oss" | "qwen3_5" | "qwen3_5_moe" => None,
             "gemma4" | "gemma4_text" => {
                 return Err(Error::Unsupported(format!(
                     "{}: Gemma 4 is not pipelined: its per-layer inputs and shared key/value layers would cross \
@@ -250,17 +242,23 @@ impl Model {
             }
             other => {
                 return Err(Error::Unsupported(format!(
-                    "{}: pipeline parallelism for model_type {other:?} is not built yet (llama, mistral, qwen2, \
-                     qwen3 and qwen3_moe are)",
+                    "{}: pipeline parallelism for model_type {other:?} is not built yet ({SPLIT_FAMILIES} are)",
                     config.file()
                 )))
             }
         };
-        let (layers, hidden) = (config.usize("num_hidden_layers")?, config.usize("hidden_size")?);
-        let vocab = config.usize("vocab_size")?;
+        // A multimodal checkpoint keeps the language model's sizes in text_config.
+        let text = config.text_config()?;
+        let (layers, hidden) = (text.usize("num_hidden_layers")?, text.usize("hidden_size")?);
+        let vocab = text.usize("vocab_size")?;
         let stage = Stage::new(&pipeline.group, &pipeline.split, layers, hidden, vocab, weights.device())?;
-        let arch = llama::Llama::load_stage(config, weights, &family, Some(stage.clone()))?;
-        Self::assemble(config, weights, model_type, Box::new(arch), |name| stage.elsewhere(name))
+        let part = Some(stage.clone());
+        let arch: Box<dyn Architecture> = match family {
+            Some(family) => Box::new(llama::Llama::load_stage(config, weights, &family, part)?),
+            None if model_type == "gpt_oss" => Box::new(gpt_oss::GptOss::load_stage(config, weights, part)?),
+            None => Box::new(qwen3_5::Qwen3_5::load_stage(config, weights, false, part)?),
+        };
+        Self::assemble(config, weights, model_type, arch, |name| stage.elsewhere(name))
     }
 
     /// The model of `arch`, built from `config` and `weights`; tensors it left unread are refused
@@ -409,8 +407,7 @@ impl Model {
             Some(arch) => self.arch = arch?,
             None => {
                 return Err(Error::Unsupported(format!(
-                    "pipeline parallelism for model_type {:?} is not built yet (llama, mistral, qwen2, qwen3 and \
-                     qwen3_moe are)",
+                    "pipeline parallelism for model_type {:?} is not built yet ({SPLIT_FAMILIES} are)",
                     self.model_type
                 )))
             }
@@ -444,7 +441,7 @@ impl Model {
             Some(arch) => self.arch = arch?,
             None => {
                 return Err(Error::Unsupported(format!(
-                    "tensor parallelism for model_type {:?} is not built yet (llama, mistral, qwen2, qwen3 and qwen3_moe are)",
+                    "tensor parallelism for model_type {:?} is not built yet ({SPLIT_FAMILIES} are)",
                     self.model_type
                 )))
             }

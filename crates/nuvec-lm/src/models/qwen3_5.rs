@@ -20,12 +20,14 @@ use crate::config::Config;
 use crate::layers::{
     GatedAttention, GatedAttentionShape, GatedDeltaNet, GatedDeltaShape, Mlp, MoeShape, RmsNorm, Rope, SharedExpertMoe,
 };
+use crate::parallel::{Split, Stage};
 use crate::step::StepBatch;
 use crate::weights::Weights;
 use crate::{Error, Result};
 
 /// A layer's token mixer.
 #[allow(clippy::large_enum_variant)] // one per layer, built once: boxing would only add a hop
+#[derive(Clone)]
 enum Mixer {
     Linear(GatedDeltaNet),
     Full(GatedAttention),
@@ -33,11 +35,13 @@ enum Mixer {
 
 /// A layer's feed-forward block.
 #[allow(clippy::large_enum_variant)] // as above
+#[derive(Clone)]
 enum FeedForward {
     Dense(Mlp),
     Sparse(SharedExpertMoe),
 }
 
+#[derive(Clone)]
 pub(super) struct Block {
     input_layernorm: RmsNorm,
     mixer: Mixer,
@@ -62,14 +66,19 @@ impl Block {
     }
 }
 
-/// The Qwen3.5 decoder.
+/// The Qwen3.5 decoder. A pipeline stage holds its own blocks, and of the rest only what it
+/// runs (the embeddings on the first stage, the norm and head on the last).
 pub struct Qwen3_5 {
-    embed_tokens: Matrix,
+    /// `None` on a stage that neither embeds the tokens nor has a head tied to them.
+    embed_tokens: Option<Matrix>,
     layers: Vec<Block>,
-    norm: RmsNorm,
+    /// `None` on a stage without the head.
+    norm: Option<RmsNorm>,
+    /// `None` when tied to the embeddings, or on a stage without the head.
     lm_head: Option<Matrix>,
     /// The multi-token-prediction head, when loaded.
     mtp: Option<Mtp>,
+    stage: Option<Stage>,
 }
 
 /// Where a checkpoint keeps the language model's tensors.
@@ -216,6 +225,12 @@ impl Qwen3_5 {
     /// Loads a `qwen3_5` or `qwen3_5_moe` checkpoint (flat or with `text_config`), with its
     /// multi-token-prediction head when `mtp` asks for it.
     pub fn load(config: &Config, weights: &Weights, mtp: bool) -> Result<Self> {
+        Self::load_stage(config, weights, mtp, None)
+    }
+
+    /// [`Qwen3_5::load`], only `stage`'s part of it when given (no multi-token-prediction head
+    /// then: the caller refuses it).
+    pub(crate) fn load_stage(config: &Config, weights: &Weights, mtp: bool, stage: Option<Stage>) -> Result<Self> {
         let text = config.text_config()?;
         let hidden = text.usize("hidden_size")?;
         let layers = text.usize("num_hidden_layers")?;
@@ -233,7 +248,12 @@ impl Qwen3_5 {
                 .error("num_key_value_heads", format_args!("= {kv_heads} must divide num_attention_heads = {heads}")));
         }
         let is_linear = |i: usize| !(i + 1).is_multiple_of(interval);
-        let linear_layers: Vec<usize> = (0..layers).filter(|&i| is_linear(i)).collect();
+        let range = stage.as_ref().map_or(0..layers, Stage::layers);
+        // The layout shows in any linear layer's convolution: the stage's own where it has one.
+        let mut linear_layers: Vec<usize> = range.clone().filter(|&i| is_linear(i)).collect();
+        if linear_layers.is_empty() {
+            linear_layers = (0..layers).filter(|&i| is_linear(i)).take(1).collect();
+        }
         let names = Names::detect(weights, &linear_layers)?;
         let delta = GatedDeltaShape {
             hidden,
@@ -267,26 +287,84 @@ impl Qwen3_5 {
         let parts =
             Parts { weights, text, hidden, head_dim, eps, shifted: names.hf_layout, delta, attention, rope, moe };
         let blocks =
-            (0..layers).map(|i| parts.block(&format!("{lm}.layers.{i}"), is_linear(i))).collect::<Result<Vec<_>>>()?;
+            range.map(|i| parts.block(&format!("{lm}.layers.{i}"), is_linear(i))).collect::<Result<Vec<_>>>()?;
+        let head_here = stage.as_ref().is_none_or(Stage::has_head);
+        let embeds_here = stage.as_ref().is_none_or(Stage::embeds) || (head_here && tie);
         Ok(Qwen3_5 {
-            embed_tokens: weights.matrix(&format!("{lm}.embed_tokens"), vocab, hidden)?,
+            embed_tokens: embeds_here
+                .then(|| weights.matrix(&format!("{lm}.embed_tokens"), vocab, hidden))
+                .transpose()?,
             layers: blocks,
-            norm: parts.norm(&format!("{lm}.norm"))?,
-            lm_head: if tie { None } else { Some(weights.matrix(names.lm_head(weights), vocab, hidden)?) },
+            norm: head_here.then(|| parts.norm(&format!("{lm}.norm"))).transpose()?,
+            lm_head: match tie || !head_here {
+                true => None,
+                false => Some(weights.matrix(names.lm_head(weights), vocab, hidden)?),
+            },
             mtp: if mtp { Some(Mtp::load(&parts)?) } else { None },
+            stage,
         })
+    }
+
+    fn embeddings(&self) -> Result<&Matrix> {
+        self.embed_tokens.as_ref().ok_or_else(|| Error::Invalid("this pipeline stage holds no embeddings".into()))
     }
 }
 
 impl Architecture for Qwen3_5 {
     fn hidden(&self, step: &mut StepBatch) -> Result<Array> {
-        let h = step.embed(&self.embed_tokens)?;
-        let h = super::through_layers(&self.layers, step, h, |layer, h, step, i| layer.forward(h, step, i))?;
-        self.norm.forward(&h)
+        // A stage without the head passes its stream on unnormed.
+        let through = |step: &mut StepBatch, h| -> Result<(Array, Array)> {
+            let h = super::through_layers(&self.layers, step, h, |layer, h, step, i| layer.forward(h, step, i))?;
+            let normed = match &self.norm {
+                Some(norm) => norm.forward(&h)?,
+                None => h.clone(),
+            };
+            Ok((h, normed))
+        };
+        match &self.stage {
+            None => Ok(through(step, step.embed(self.embeddings()?)?)?.1),
+            Some(stage) => stage.run(step, |step| step.embed(self.embeddings()?), through),
+        }
     }
 
     fn logits(&self, hidden: &Array) -> Result<Array> {
-        Ok(hidden.linear(self.lm_head.as_ref().unwrap_or(&self.embed_tokens))?)
+        let head = || match self.lm_head.as_ref().or(self.embed_tokens.as_ref()) {
+            Some(head) => Ok(hidden.linear(head)?),
+            None => Err(Error::Invalid("this pipeline stage holds no output head".into())),
+        };
+        match &self.stage {
+            Some(stage) => stage.share_logits(hidden.dim(0), head),
+            None => head(),
+        }
+    }
+
+    fn stage(&self) -> Option<&Stage> {
+        self.stage.as_ref()
+    }
+
+    fn pipeline(&self, group: &nuvec::distributed::Group, split: &Split) -> Option<Result<Box<dyn Architecture>>> {
+        let head = self.lm_head.as_ref().or(self.embed_tokens.as_ref())?;
+        if self.stage.is_some() {
+            return None;
+        }
+        if self.mtp.is_some() {
+            return Some(Err(Error::Unsupported(
+                "a multi-token-prediction head on a pipelined model: load the model without it".into(),
+            )));
+        }
+        let stage = Stage::new(group, split, self.layers.len(), head.cols(), head.rows(), head.device());
+        Some(stage.map(|stage| {
+            let head_here = stage.has_head();
+            let tied = self.lm_head.is_none();
+            Box::new(Qwen3_5 {
+                embed_tokens: self.embed_tokens.clone().filter(|_| stage.embeds() || (head_here && tied)),
+                layers: self.layers[stage.layers()].to_vec(),
+                norm: self.norm.clone().filter(|_| head_here),
+                lm_head: self.lm_head.clone().filter(|_| head_here),
+                mtp: None,
+                stage: Some(stage),
+            }) as Box<dyn Architecture>
+        }))
     }
 
     fn num_layers(&self) -> usize {
@@ -303,7 +381,7 @@ impl Architecture for Qwen3_5 {
 
     fn mtp_hidden(&self, target: &Array, step: &mut StepBatch) -> Result<Array> {
         match &self.mtp {
-            Some(mtp) => mtp.forward(&self.embed_tokens, target, step),
+            Some(mtp) => mtp.forward(self.embeddings()?, target, step),
             None => Err(super::no_mtp()),
         }
     }

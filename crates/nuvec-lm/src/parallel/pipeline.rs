@@ -85,13 +85,18 @@ impl Stage {
 
     /// Whether checkpoint tensor `name` belongs to the model's other stages, or to the parts
     /// around the layers that another stage may hold instead (embeddings, final norm, head):
-    /// a stage reads those it needs, and leaves the rest unread.
+    /// a stage reads those it needs, and leaves the rest unread. The decoder's tensors are
+    /// found under the prefixes checkpoints use (a multimodal wrapper's too).
     pub(crate) fn elsewhere(&self, name: &str) -> bool {
-        if let Some(rest) = name.strip_prefix("model.layers.") {
+        const DECODER: [&str; 3] = ["language_model.model.", "model.language_model.", "model."];
+        let Some(rest) = DECODER.iter().find_map(|p| name.strip_prefix(p)) else {
+            return ["lm_head.", "language_model.lm_head."].iter().any(|p| name.starts_with(p));
+        };
+        if let Some(rest) = rest.strip_prefix("layers.") {
             let layer = rest.split('.').next().and_then(|i| i.parse::<usize>().ok());
             return layer.is_some_and(|i| !self.layers.contains(&i));
         }
-        ["model.embed_tokens.", "model.norm.", "lm_head."].iter().any(|p| name.starts_with(p))
+        ["embed_tokens.", "norm."].iter().any(|p| rest.starts_with(p))
     }
 
     /// The stage's part of a step: the rows' embeddings (`embed`, on the first stage) or the
