@@ -71,19 +71,22 @@ fn hybrid_prompts() -> Vec<Vec<u32>> {
 }
 
 #[test]
-fn a_batcher_over_a_pipelined_hybrid_answers_as_the_whole_model() {
-    // Each stage a Gated DeltaNet layer (its state in the paged cache's slots) and a gated
-    // attention layer; the prefix cache stays off (each rank's recurrent checkpoints its own).
+fn a_batcher_over_a_split_hybrid_answers_as_the_whole_model() {
+    // Pipelined: each stage a Gated DeltaNet layer (its state in the paged cache's slots) and a
+    // gated attention layer; split: every rank a share of each. The prefix cache stays off
+    // (each rank's recurrent checkpoints are its own).
     let whole = nuvec_lm::load_model(&fixtures().join("qwen3_5/qwen3_5-f32")).unwrap();
     let greedy = GenerateOptions { max_tokens: 16, ignore_eos: true, ..Default::default() };
-    let (out, ok) = mpirun(2, "rank_of_a_split_batcher", &[(MODE, "hybrid")], Duration::from_secs(120));
-    assert!(ok, "{out}");
-    let answers = reports(&out, "request ");
-    for (i, p) in hybrid_prompts().iter().enumerate() {
-        let want = format!("{i}: {:?}", solo(&whole, p, greedy.clone()));
-        assert!(answers.contains(&want.as_str()), "request {want}:\n{out}");
+    for mode in ["hybrid", "hybrid-tensor"] {
+        let (out, ok) = mpirun(2, "rank_of_a_split_batcher", &[(MODE, mode)], Duration::from_secs(120));
+        assert!(ok, "{mode}: {out}");
+        let answers = reports(&out, "request ");
+        for (i, p) in hybrid_prompts().iter().enumerate() {
+            let want = format!("{i}: {:?}", solo(&whole, p, greedy.clone()));
+            assert!(answers.contains(&want.as_str()), "{mode}: request {want}:\n{out}");
+        }
+        assert_eq!(reports(&out, "prefix cache: ").concat(), "false", "{out}");
     }
-    assert_eq!(reports(&out, "prefix cache: ").concat(), "false", "{out}");
 }
 
 /// Steps `batcher` until idle: each request's tokens, and the cached tokens it started with.
@@ -114,6 +117,7 @@ fn rank_of_a_split_batcher() {
     let model = match mode.as_str() {
         "pipeline" => load_model_pipelined(&dir, &group, Split::Even).unwrap(),
         "hybrid" => load_model_pipelined(&fixtures().join("qwen3_5/qwen3_5-f32"), &group, Split::Even).unwrap(),
+        "hybrid-tensor" => load_model_sharded(&fixtures().join("qwen3_5/qwen3_5-f32"), &group).unwrap(),
         _ => load_model_sharded(&dir, &group).unwrap(),
     };
     if group.rank() != 0 {
@@ -121,7 +125,7 @@ fn rank_of_a_split_batcher() {
         println!("followed rank 0: rank {}", group.rank());
         return;
     }
-    if mode == "hybrid" {
+    if mode.starts_with("hybrid") {
         let mut batcher = Batcher::new(&model, BatcherOptions { max_batch: 4, ..Default::default() }).unwrap();
         println!("prefix cache: {}", batcher.prefix_caching());
         let greedy = GenerateOptions { max_tokens: 16, ignore_eos: true, ..Default::default() };

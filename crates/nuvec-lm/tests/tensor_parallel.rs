@@ -1,8 +1,9 @@
 //! Tensor parallelism over real ranks (Open MPI's `mpirun`, CPU ranks): SmolLM2 (real weights)
 //! split over three ranks gives mlx-lm's greedy tokens, logits within rounding of the whole
 //! model's and the whole model's sampled tokens; Qwen3 (bf16, q/k norms), Qwen3-MoE (each
-//! expert's units split, the router whole) and gpt-oss (sinks, biases, sliding windows) over two
-//! ranks the whole model's tokens; a model whose
+//! expert's units split, the router whole), gpt-oss (sinks, biases, sliding windows) and the
+//! Qwen3.5 hybrids (Gated DeltaNet heads, gated attention, shared experts) over two ranks the
+//! whole model's tokens; a model whose
 //! sizes do not divide is refused naming the layer and left as it was. Then what a split refuses
 //! in one process.
 #![cfg(feature = "mpi")]
@@ -94,7 +95,18 @@ fn rank_of_qwen3_split() {
     let oss = fixtures().join("gpt_oss/gpt_oss-f32");
     let (whole, split) = (nuvec_lm::load_model(&oss).unwrap(), load_model_sharded(&oss, &group).unwrap());
     let long: Vec<u32> = (0..12).map(|i| 1000 + 37 * i).collect();
-    assert_eq!(tokens(&split, &long, greedy.clone()), tokens(&whole, &long, greedy));
+    assert_eq!(tokens(&split, &long, greedy.clone()), tokens(&whole, &long, greedy.clone()));
+    // The Qwen3.5 hybrids: each rank a key head of every Gated DeltaNet layer with its two value
+    // heads (channels, convolution, gates, decays), half of every gated attention layer's heads,
+    // half of every MLP's and expert's units, the shared expert's too.
+    for case in ["qwen3_5/qwen3_5-f32", "qwen3_5/qwen3_5-hf", "qwen3_5/qwen3_5_moe-f32"] {
+        let dir = fixtures().join(case);
+        let (whole, split) = (nuvec_lm::load_model(&dir).unwrap(), load_model_sharded(&dir, &group).unwrap());
+        assert_eq!(tokens(&split, &long, greedy.clone()), tokens(&whole, &long, greedy.clone()), "{case}");
+        let at = |m: &Model| m.forward_last(&long, &mut m.new_cache()).unwrap().to_vec::<f32>().unwrap();
+        let (a, b) = (at(&whole), at(&split));
+        assert!(gap(&a, &b) < 1e-4 && gap(&a, &vec![0.0; a.len()]) > 1e-2, "{case}: logits differ by {}", gap(&a, &b));
+    }
     // Two ranks over a 4-bit g64 model: each rank's 32 columns of o_proj would cut a group.
     let mut q4 = nuvec_lm::load_model(&fixtures().join("qwen3-q4g64")).unwrap();
     let e = q4.shard(&group).unwrap_err().to_string();
@@ -112,8 +124,11 @@ fn what_a_split_refuses_is_named() {
     let refused = |dir: std::path::PathBuf| load_model_sharded(&dir, &one).map(drop).unwrap_err().to_string();
     let e = refused(fx.join("gemma4/gemma4-q4g64"));
     assert!(e.contains("Gemma 4 is not split"), "{e}");
-    let e = refused(fx.join("qwen3_5/qwen3_5-f32"));
-    assert!(e.contains("tensor parallelism for model_type \"qwen3_5\" is not built yet"), "{e}");
+    let with_head = nuvec_lm::LoadOptions { mtp: true, ..Default::default() };
+    let path = fx.join("qwen3_5_mtp/qwen3_5-mtp");
+    let (mut hybrid, _) = nuvec_lm::load_with(path.to_str().unwrap(), &with_head).unwrap();
+    let e = hybrid.shard(&one).unwrap_err().to_string();
+    assert!(e.contains("multi-token-prediction head on a model split") && hybrid.sharded().is_none(), "{e}");
     let mut staged = nuvec_lm::load_model_pipelined(&fx.join("llama-q4g64"), &one, Split::Even).unwrap();
     let e = staged.shard(&one).unwrap_err().to_string();
     assert!(e.contains("pipelined or sharded, not both"), "{e}");

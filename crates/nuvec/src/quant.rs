@@ -285,6 +285,30 @@ impl Matrix {
         })
     }
 
+    /// Output features of each of `ranges`, stacked in order (a rank's share of a projection
+    /// whose outputs are several parts, each split alike: queries, keys and values in one).
+    pub fn rows_parts(&self, ranges: &[std::ops::Range<usize>]) -> Result<Matrix> {
+        let parts = ranges.iter().map(|r| self.rows_part(r.clone())).collect::<Result<Vec<_>>>()?;
+        Ok(match self {
+            Matrix::Dense(_) => {
+                let arrays: Vec<&Array> =
+                    parts.iter().filter_map(|m| if let Matrix::Dense(a) = m { Some(a) } else { None }).collect();
+                Matrix::Dense(stack_rows(&arrays)?)
+            }
+            Matrix::Quantized(q) => {
+                let qs: Vec<&Quantized> =
+                    parts.iter().filter_map(|m| if let Matrix::Quantized(q) = m { Some(q) } else { None }).collect();
+                let field = |of: fn(&Quantized) -> &Array| stack_rows(&qs.iter().map(|q| of(q)).collect::<Vec<_>>());
+                Matrix::Quantized(Quantized {
+                    packed: field(|q| &q.packed)?,
+                    scales: field(|q| &q.scales)?,
+                    biases: if q.spec.mode.has_biases() { field(|q| &q.biases)? } else { q.biases.clone() },
+                    ..q.clone()
+                })
+            }
+        })
+    }
+
     /// Input features `cols` (a rank's share of a projection's inputs); a quantized matrix
     /// splits only at whole groups and whole packed words.
     pub fn cols_part(&self, cols: std::ops::Range<usize>) -> Result<Matrix> {
@@ -322,6 +346,22 @@ impl Matrix {
     }
 }
 
+/// The rows of 2-D `parts` (the same columns and type) stacked in order.
+fn stack_rows(parts: &[&Array]) -> Result<Array> {
+    let first = parts.first().ok_or_else(|| Error::shape("stack_rows", "no parts".to_string()))?;
+    let cols = first.dim(1);
+    let total = parts.iter().map(|p| p.dim(0)).sum();
+    let mut out = Array::zeros_on(&[1, total, cols], first.dtype(), first.device())?;
+    let mut at = 0;
+    for p in parts {
+        if p.dim(0) > 0 {
+            out.write_axis1(&p.reshape(&[1, p.dim(0), cols])?, at)?;
+        }
+        at += p.dim(0);
+    }
+    out.reshape(&[total, cols])
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -351,5 +391,10 @@ mod tests {
         let Matrix::Dense(part) = dense.cols_part(3..10).unwrap() else { unreachable!() };
         assert_eq!(part.to_vec::<f32>().unwrap(), columns_of(&w, cols, 3..10));
         assert!(dense.rows_part(4..7).is_err());
+        // Rows of several parts, stacked: 0..1 and 3..5, quantized and dense.
+        let Matrix::Quantized(part) = m.rows_parts(&[0..1, 3..5]).unwrap() else { unreachable!() };
+        assert_eq!(dequantize(&part).unwrap(), [&whole[..cols], &whole[3 * cols..5 * cols]].concat());
+        let Matrix::Dense(part) = dense.rows_parts(&[4..6, 1..2]).unwrap() else { unreachable!() };
+        assert_eq!(part.to_vec::<f32>().unwrap(), [&w[4 * cols..6 * cols], &w[cols..2 * cols]].concat());
     }
 }

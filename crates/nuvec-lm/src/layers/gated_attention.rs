@@ -7,6 +7,7 @@ use nuvec::Array;
 
 use super::{Linear, RmsNorm, Rope};
 use crate::cache::LayerCache;
+use crate::parallel::Shard;
 use crate::step::StepBatch;
 use crate::weights::Weights;
 use crate::{Error, Result};
@@ -61,6 +62,34 @@ impl GatedAttention {
             k_norm,
             rope,
             shape,
+        })
+    }
+
+    /// This rank's share of the block ([`crate::parallel`]): its share of the query heads (each
+    /// head's queries and gate), the key/value heads they read, and the output projection's
+    /// columns for its heads, its product summed over the group.
+    pub(crate) fn shard(&self, shard: &Shard) -> Result<GatedAttention> {
+        let s = &self.shape;
+        let heads = shard.part(s.heads, "query heads")?;
+        let per_kv = s.heads / s.kv_heads;
+        let own = heads.len();
+        if !own.is_multiple_of(per_kv) && !per_kv.is_multiple_of(own) {
+            return Err(Error::Unsupported(format!(
+                "{own} query heads per rank do not cover whole groups of the {per_kv} that share a key/value head"
+            )));
+        }
+        let kv = heads.start / per_kv..(heads.end - 1) / per_kv + 1;
+        let features = |r: &std::ops::Range<usize>, width: usize| r.start * width..r.end * width;
+        Ok(GatedAttention {
+            // Each head's row is [queries | gate].
+            q_proj: self.q_proj.output_part(features(&heads, 2 * s.head_dim))?,
+            k_proj: self.k_proj.output_part(features(&kv, s.head_dim))?,
+            v_proj: self.v_proj.output_part(features(&kv, s.head_dim))?,
+            o_proj: self.o_proj.input_part(features(&heads, s.head_dim), shard.group())?,
+            q_norm: self.q_norm.clone(),
+            k_norm: self.k_norm.clone(),
+            rope: self.rope.clone(),
+            shape: GatedAttentionShape { heads: own, kv_heads: kv.len(), ..*s },
         })
     }
 

@@ -4,10 +4,11 @@
 //! the value along the key (the delta rule) and read by the query. Its cache is the
 //! convolution's last inputs and that memory: constant in size, whatever the length.
 
-use nuvec::{Array, DType, GatedDeltaDims};
+use nuvec::{Array, DType, GatedDeltaDims, Matrix};
 
 use super::{Linear, RmsNorm};
 use crate::cache::{LayerCache, Positions, RecurrentCache};
+use crate::parallel::Shard;
 use crate::step::StepBatch;
 use crate::weights::Weights;
 use crate::{Error, Result};
@@ -77,6 +78,47 @@ impl GatedDeltaNet {
             norm: RmsNorm::load(weights, &p("norm"), d.value_dim, shape.eps)?,
             out_proj: Linear::load(weights, &p("out_proj"), value_width, h, false)?,
             shape,
+        })
+    }
+
+    /// This rank's share of the mixer ([`crate::parallel`]): its share of the key heads with
+    /// the value heads that read them (their query, key and value channels, convolution taps,
+    /// gates, decays and output gate), and the output projection's columns for its value heads,
+    /// its product summed over the group. The norm is per value head, whole on every rank.
+    pub(crate) fn shard(&self, shard: &Shard) -> Result<GatedDeltaNet> {
+        let d = self.shape.dims;
+        let keys = shard.part(d.key_heads, "linear-attention key heads")?;
+        let per = d.value_heads / d.key_heads;
+        let values = keys.start * per..keys.end * per;
+        let (kd, vd, k_width) = (d.key_dim, d.value_dim, d.key_heads * d.key_dim);
+        // A `mixed` row is [queries | keys | values]: this rank's heads of each.
+        let channels = [
+            keys.start * kd..keys.end * kd,
+            k_width + keys.start * kd..k_width + keys.end * kd,
+            2 * k_width + values.start * vd..2 * k_width + values.end * vd,
+        ];
+        let conv_weight = match Matrix::Dense(self.conv_weight.clone()).rows_parts(&channels)? {
+            Matrix::Dense(a) => a,
+            Matrix::Quantized(_) => unreachable!("parts of a dense matrix are dense"),
+        };
+        let heads = |a: &Array| -> Result<Array> {
+            Ok(a.reshape(&[a.len(), 1])?.slice_rows(values.start, values.end)?.reshape(&[values.len()])?)
+        };
+        let value_features = values.start * vd..values.end * vd;
+        Ok(GatedDeltaNet {
+            in_proj_qkv: self.in_proj_qkv.output_parts(&channels)?,
+            in_proj_z: self.in_proj_z.output_part(value_features.clone())?,
+            in_proj_b: self.in_proj_b.output_part(values.clone())?,
+            in_proj_a: self.in_proj_a.output_part(values.clone())?,
+            conv_weight,
+            a_log: heads(&self.a_log)?,
+            dt_bias: heads(&self.dt_bias)?,
+            norm: self.norm.clone(),
+            out_proj: self.out_proj.input_part(value_features, shard.group())?,
+            shape: GatedDeltaShape {
+                dims: GatedDeltaDims { key_heads: keys.len(), value_heads: values.len(), ..d },
+                ..self.shape
+            },
         })
     }
 

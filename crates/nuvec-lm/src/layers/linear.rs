@@ -63,6 +63,23 @@ impl Linear {
         Ok(Linear::plain(self.weight.rows_part(rows)?, bias))
     }
 
+    /// This rank's shares `parts` of the layer's outputs, stacked in order (a projection whose
+    /// outputs are several parts split alike: queries, keys and values in one). A layer with
+    /// adapters is refused.
+    pub(crate) fn output_parts(&self, parts: &[Range<usize>]) -> Result<Linear> {
+        self.refuse_adapters()?;
+        let weight = self.weight.rows_parts(parts)?;
+        let bias = match &self.bias {
+            None => None,
+            Some(b) => {
+                let all = b.to_f32_vec()?;
+                let kept: Vec<f32> = parts.iter().flat_map(|r| all[r.clone()].iter().copied()).collect();
+                Some(Array::from_slice_on(&kept, &[kept.len()], b.device())?.astype(b.dtype())?)
+            }
+        };
+        Ok(Linear::plain(weight, bias))
+    }
+
     /// This rank's share `cols` of the layer's inputs, its products summed over `group` (the
     /// bias added once, on rank 0). A layer with adapters is refused.
     pub(crate) fn input_part(&self, cols: Range<usize>, group: &Group) -> Result<Linear> {

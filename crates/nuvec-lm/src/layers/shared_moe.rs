@@ -6,6 +6,7 @@
 use nuvec::{Array, Matrix};
 
 use super::{Linear, Mlp, MoeShape, SparseMoe};
+use crate::parallel::Shard;
 use crate::weights::Weights;
 use crate::{Error, Result};
 
@@ -37,6 +38,17 @@ impl SharedExpertMoe {
                 false,
             )?,
             shared_expert_gate: Linear::load(weights, &format!("{path}.shared_expert_gate"), shape.hidden, 1, false)?,
+        })
+    }
+
+    /// This rank's share of the block ([`crate::parallel`]): each routed expert's and the
+    /// shared expert's share of their hidden units (each summed over the group); the router and
+    /// the shared expert's gate whole.
+    pub(crate) fn shard(&self, shard: &Shard) -> Result<SharedExpertMoe> {
+        Ok(SharedExpertMoe {
+            routed: self.routed.shard(shard)?,
+            shared_expert: self.shared_expert.shard(shard)?,
+            shared_expert_gate: self.shared_expert_gate.clone(),
         })
     }
 

@@ -141,7 +141,7 @@ pub(crate) fn through_normed_layers<L>(
 }
 
 /// The families split across ranks (pipelined or by tensors), for the errors of the others.
-const SPLIT_FAMILIES: &str = "llama, mistral, qwen2, qwen3, qwen3_moe and gpt_oss; qwen3_5 and qwen3_5_moe pipelined";
+const SPLIT_FAMILIES: &str = "llama, mistral, qwen2, qwen3, qwen3_moe, qwen3_5, qwen3_5_moe and gpt_oss";
 
 /// The model types this build loads.
 pub const SUPPORTED_MODEL_TYPES: &[&str] =

@@ -20,7 +20,7 @@ use crate::config::Config;
 use crate::layers::{
     GatedAttention, GatedAttentionShape, GatedDeltaNet, GatedDeltaShape, Mlp, MoeShape, RmsNorm, Rope, SharedExpertMoe,
 };
-use crate::parallel::{Split, Stage};
+use crate::parallel::{Shard, Split, Stage};
 use crate::step::StepBatch;
 use crate::weights::Weights;
 use crate::{Error, Result};
@@ -64,6 +64,24 @@ impl Block {
         };
         Ok(h.add(&f)?)
     }
+
+    /// This rank's share of the block, layer `i` ([`crate::parallel`]): its share of the mixer's
+    /// heads and of the feed-forward's hidden units; the norms whole.
+    fn shard(&self, shard: &Shard, i: usize) -> Result<Block> {
+        let at = |part: &str, e| crate::parallel::shard_at(&format!("model.layers.{i}.{part}"), e);
+        Ok(Block {
+            input_layernorm: self.input_layernorm.clone(),
+            mixer: match &self.mixer {
+                Mixer::Linear(m) => Mixer::Linear(m.shard(shard).map_err(|e| at("linear_attn", e))?),
+                Mixer::Full(m) => Mixer::Full(m.shard(shard).map_err(|e| at("self_attn", e))?),
+            },
+            post_attention_layernorm: self.post_attention_layernorm.clone(),
+            mlp: match &self.mlp {
+                FeedForward::Dense(m) => FeedForward::Dense(m.shard(shard).map_err(|e| at("mlp", e))?),
+                FeedForward::Sparse(m) => FeedForward::Sparse(m.shard(shard).map_err(|e| at("mlp", e))?),
+            },
+        })
+    }
 }
 
 /// The Qwen3.5 decoder. A pipeline stage holds its own blocks, and of the rest only what it
@@ -79,6 +97,7 @@ pub struct Qwen3_5 {
     /// The multi-token-prediction head, when loaded.
     mtp: Option<Mtp>,
     stage: Option<Stage>,
+    shard: Option<Shard>,
 }
 
 /// Where a checkpoint keeps the language model's tensors.
@@ -302,6 +321,7 @@ impl Qwen3_5 {
             },
             mtp: if mtp { Some(Mtp::load(&parts)?) } else { None },
             stage,
+            shard: None,
         })
     }
 
@@ -332,10 +352,41 @@ impl Architecture for Qwen3_5 {
             Some(head) => Ok(hidden.linear(head)?),
             None => Err(Error::Invalid("this pipeline stage holds no output head".into())),
         };
-        match &self.stage {
-            Some(stage) => stage.share_logits(hidden.dim(0), head),
-            None => head(),
+        match (&self.stage, &self.shard) {
+            (Some(stage), _) => stage.share_logits(hidden.dim(0), head),
+            (None, Some(shard)) => {
+                let vocab = self.lm_head.as_ref().or(self.embed_tokens.as_ref()).map_or(0, Matrix::rows);
+                crate::parallel::logits_of_rank0(shard.group(), (hidden.dim(0), vocab), hidden.device(), head)
+            }
+            (None, None) => head(),
         }
+    }
+
+    fn shard(&self, shard: &Shard) -> Option<Result<Box<dyn Architecture>>> {
+        if self.stage.is_some() || self.shard.is_some() {
+            return None;
+        }
+        if self.mtp.is_some() {
+            return Some(Err(Error::Unsupported(
+                "a multi-token-prediction head on a model split across ranks: load the model without it".into(),
+            )));
+        }
+        let layers = self.layers.iter().enumerate().map(|(i, b)| b.shard(shard, i)).collect::<Result<Vec<_>>>();
+        Some(layers.map(|layers| {
+            Box::new(Qwen3_5 {
+                embed_tokens: self.embed_tokens.clone(),
+                layers,
+                norm: self.norm.clone(),
+                lm_head: self.lm_head.clone(),
+                mtp: None,
+                stage: None,
+                shard: Some(shard.clone()),
+            }) as Box<dyn Architecture>
+        }))
+    }
+
+    fn sharded(&self) -> Option<&Shard> {
+        self.shard.as_ref()
     }
 
     fn stage(&self) -> Option<&Stage> {
@@ -344,7 +395,7 @@ impl Architecture for Qwen3_5 {
 
     fn pipeline(&self, group: &nuvec::distributed::Group, split: &Split) -> Option<Result<Box<dyn Architecture>>> {
         let head = self.lm_head.as_ref().or(self.embed_tokens.as_ref())?;
-        if self.stage.is_some() {
+        if self.stage.is_some() || self.shard.is_some() {
             return None;
         }
         if self.mtp.is_some() {
@@ -363,6 +414,7 @@ impl Architecture for Qwen3_5 {
                 lm_head: self.lm_head.clone().filter(|_| head_here),
                 mtp: None,
                 stage: Some(stage),
+                shard: None,
             }) as Box<dyn Architecture>
         }))
     }
