@@ -73,9 +73,12 @@ pub struct Llama {
     layers: Vec<Block>,
     /// `None` on a stage without the head.
     norm: Option<RmsNorm>,
+    /// On a rank of a split model, its share of the vocabulary when `vocab_split`.
     lm_head: Option<Matrix>,
     stage: Option<Stage>,
     shard: Option<Shard>,
+    /// Whether `lm_head` is this rank's share of the vocabulary ([`Shard::head`]).
+    vocab_split: bool,
 }
 
 /// Llama's and Mistral's options on the decoder.
@@ -207,6 +210,7 @@ impl Llama {
             },
             stage,
             shard: None,
+            vocab_split: false,
         })
     }
 
@@ -219,7 +223,7 @@ impl Llama {
         lm_head: Option<Matrix>,
         stage: Option<Stage>,
     ) -> Llama {
-        Llama { embed_tokens, layers, norm, lm_head, stage, shard: None }
+        Llama { embed_tokens, layers, norm, lm_head, stage, shard: None, vocab_split: false }
     }
 
     /// Rank `group.rank()`'s stage of this whole decoder split as `split`; `None` once it is a
@@ -243,6 +247,7 @@ impl Llama {
             lm_head: self.lm_head.clone().filter(|_| head_here),
             stage: Some(stage),
             shard: None,
+            vocab_split: false,
         }
     }
 
@@ -271,13 +276,15 @@ impl Llama {
                 })
             })
             .collect::<Result<Vec<_>>>()?;
+        let (lm_head, vocab_split) = shard.head(self.lm_head.as_ref())?;
         Ok(Llama {
             embed_tokens: self.embed_tokens.clone(),
             layers,
             norm: self.norm.clone(),
-            lm_head: self.lm_head.clone(),
+            lm_head,
             stage: None,
             shard: Some(shard.clone()),
+            vocab_split,
         })
     }
 
@@ -310,6 +317,7 @@ impl Architecture for Llama {
         };
         match (&self.stage, &self.shard) {
             (Some(stage), _) => stage.share_logits(hidden.dim(0), head),
+            (None, Some(shard)) if self.vocab_split => crate::parallel::logits_by_vocab(shard.group(), head()?),
             (None, Some(shard)) => {
                 let vocab = self.lm_head.as_ref().or(self.embed_tokens.as_ref()).map_or(0, Matrix::rows);
                 crate::parallel::logits_of_rank0(shard.group(), (hidden.dim(0), vocab), hidden.device(), head)

@@ -417,10 +417,11 @@ impl Model {
 
     /// Keeps this rank's share of every layer of a model loaded whole (mlx-lm's
     /// `model.shard(group)`): its share of the query heads (with the key/value heads they read,
-    /// shared between ranks when there are fewer than ranks) and of the MLP's and each expert's
-    /// hidden units; the output, down and experts' products are summed over `group`, and rank
-    /// 0's logits are every rank's. Every rank calls it. Sizes that do not divide are an error naming the
-    /// layer, and the model is left as it was.
+    /// shared between ranks when there are fewer than ranks), of a Gated DeltaNet's heads, and
+    /// of the MLP's and each expert's hidden units; the output, down and experts' products are
+    /// summed over `group`. An untied head whose rows divide is split by vocabulary (its logits
+    /// gathered); otherwise rank 0's logits are every rank's. Every rank calls it. Sizes that do
+    /// not divide are an error naming the layer, and the model is left as it was.
     pub fn shard(&mut self, group: &nuvec::distributed::Group) -> Result<()> {
         if self.ranks().is_some() {
             return Err(Error::Unsupported(

@@ -98,6 +98,8 @@ pub struct Qwen3_5 {
     mtp: Option<Mtp>,
     stage: Option<Stage>,
     shard: Option<Shard>,
+    /// Whether `lm_head` is this rank's share of the vocabulary ([`Shard::head`]).
+    vocab_split: bool,
 }
 
 /// Where a checkpoint keeps the language model's tensors.
@@ -322,6 +324,7 @@ impl Qwen3_5 {
             mtp: if mtp { Some(Mtp::load(&parts)?) } else { None },
             stage,
             shard: None,
+            vocab_split: false,
         })
     }
 
@@ -354,6 +357,7 @@ impl Architecture for Qwen3_5 {
         };
         match (&self.stage, &self.shard) {
             (Some(stage), _) => stage.share_logits(hidden.dim(0), head),
+            (None, Some(shard)) if self.vocab_split => crate::parallel::logits_by_vocab(shard.group(), head()?),
             (None, Some(shard)) => {
                 let vocab = self.lm_head.as_ref().or(self.embed_tokens.as_ref()).map_or(0, Matrix::rows);
                 crate::parallel::logits_of_rank0(shard.group(), (hidden.dim(0), vocab), hidden.device(), head)
@@ -371,18 +375,21 @@ impl Architecture for Qwen3_5 {
                 "a multi-token-prediction head on a model split across ranks: load the model without it".into(),
             )));
         }
-        let layers = self.layers.iter().enumerate().map(|(i, b)| b.shard(shard, i)).collect::<Result<Vec<_>>>();
-        Some(layers.map(|layers| {
-            Box::new(Qwen3_5 {
+        let split = || -> Result<Box<dyn Architecture>> {
+            let layers = self.layers.iter().enumerate().map(|(i, b)| b.shard(shard, i)).collect::<Result<Vec<_>>>()?;
+            let (lm_head, vocab_split) = shard.head(self.lm_head.as_ref())?;
+            Ok(Box::new(Qwen3_5 {
                 embed_tokens: self.embed_tokens.clone(),
                 layers,
                 norm: self.norm.clone(),
-                lm_head: self.lm_head.clone(),
+                lm_head,
                 mtp: None,
                 stage: None,
                 shard: Some(shard.clone()),
-            }) as Box<dyn Architecture>
-        }))
+                vocab_split,
+            }))
+        };
+        Some(split())
     }
 
     fn sharded(&self) -> Option<&Shard> {
@@ -415,6 +422,7 @@ impl Architecture for Qwen3_5 {
                 mtp: None,
                 stage: Some(stage),
                 shard: None,
+                vocab_split: false,
             }) as Box<dyn Architecture>
         }))
     }

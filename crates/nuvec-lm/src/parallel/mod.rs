@@ -11,7 +11,9 @@
 //! attention, MLP and expert projection (its share of the query heads with the key/value heads
 //! they read, its share of the hidden units and of each expert's), and the output and down
 //! projections' partial products are summed over the group; the embeddings, norms, routers and
-//! head are whole on every rank, rank 0's logits broadcast as in a pipeline.
+//! head are whole on every rank, rank 0's logits broadcast as in a pipeline, except an untied
+//! head whose rows divide: each rank computes its share of the vocabulary, and every rank
+//! gathers the whole row of logits.
 
 mod pipeline;
 mod shard;
@@ -22,5 +24,5 @@ mod wire;
 pub use pipeline::{load_model_pipelined, Pipeline, Stage};
 pub(crate) use shard::at as shard_at;
 pub use shard::{load_model_sharded, Shard};
-pub(crate) use shared::{logits_of_rank0, seed_of_rank0, sum_over};
+pub(crate) use shared::{logits_by_vocab, logits_of_rank0, seed_of_rank0, sum_over};
 pub use split::Split;

@@ -4,6 +4,7 @@ use std::ops::Range;
 use std::path::Path;
 
 use nuvec::distributed::Group;
+use nuvec::Matrix;
 
 use crate::load::load_model;
 use crate::models::Model;
@@ -42,6 +43,20 @@ impl Shard {
         }
         let share = n / size;
         Ok(self.group.rank() * share..(self.group.rank() + 1) * share)
+    }
+}
+
+impl Shard {
+    /// This rank's share of an untied output `head` split by vocabulary, when its rows divide
+    /// over the ranks (`true` then: its logits are gathered, [`super::logits_by_vocab`]); else
+    /// the head as it is (whole, or `None` when tied to the embeddings).
+    pub(crate) fn head(&self, head: Option<&Matrix>) -> Result<(Option<Matrix>, bool)> {
+        match head {
+            Some(h) if h.rows().is_multiple_of(self.group.size()) => {
+                Ok((Some(h.rows_part(self.part(h.rows(), "vocabulary rows")?)?), true))
+            }
+            other => Ok((other.cloned(), false)),
+        }
     }
 }
 

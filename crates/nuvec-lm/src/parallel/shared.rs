@@ -44,6 +44,25 @@ pub(crate) fn logits_of_rank0(
     wire::decode(&bytes, &[rows, vocab], device, "rank 0")
 }
 
+/// The logits `[rows, vocab]` of an output head split by vocabulary over `group`: this rank's
+/// `part` (`[rows, vocab / ranks]`, the logits of its share of the head's rows) and every other
+/// rank's, gathered in rank order, the same on every rank.
+pub(crate) fn logits_by_vocab(group: &Group, part: Array) -> Result<Array> {
+    let (rows, share, ranks) = (part.dim(0), part.dim(1), group.size());
+    let bytes = wire::le_bytes(&part.to_f32_vec()?);
+    let all = group.all_gather(&bytes)?;
+    let mut logits = vec![0f32; rows * share * ranks];
+    if !bytes.is_empty() {
+        for (rank, theirs) in all.chunks_exact(bytes.len()).enumerate() {
+            for (i, v) in wire::le_values(theirs).enumerate() {
+                logits[(i / share) * share * ranks + rank * share + i % share] = v;
+            }
+        }
+    }
+    let logits = Array::from_slice_on(&logits, &[rows, share * ranks], part.device())?;
+    Ok(logits.astype(part.dtype())?)
+}
+
 /// A seed rank 0 draws, the same on every rank: the random stream of a request that gives none,
 /// so that every rank samples the same tokens.
 pub(crate) fn seed_of_rank0(group: &Group) -> Result<u64> {
