@@ -109,9 +109,11 @@ pub struct SplitArgs {
     // Speculation on a split model is refused where it is asked for (`generate`, the Batcher).
     #[arg(long)]
     pub pipeline: bool,
-    /// The layers of each rank for --pipeline: `even` (the extra layers to the low ranks), or one
-    /// count per rank, rank 0 first (rank 0 runs the last layers): `10,20`.
-    #[arg(long, value_name = "even|N,N,..", requires = "pipeline")]
+    /// The layers of each rank for --pipeline: `even` (the extra layers to the low ranks),
+    /// `memory` (in proportion to each rank's free memory), or one count per rank, rank 0 first
+    /// (rank 0 runs the last layers): `10,20`. Each rank's share is checked against its free
+    /// memory before any rank loads.
+    #[arg(long, value_name = "even|memory|N,N,..", requires = "pipeline")]
     pub pipeline_split: Option<String>,
     /// Split every layer across the ranks of `mpirun -n N nuvec … --tensor-parallel` instead
     /// (mlx-lm's sharding): each rank keeps its share of the attention heads, MLP units and

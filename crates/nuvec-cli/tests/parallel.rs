@@ -60,6 +60,11 @@ fn generate_pipelined_over_two_ranks_answers_like_mlx_lm_once() {
     assert!(ok, "{stdout}\n{stderr}");
     assert_eq!(stdout.trim_end(), oracle["text"].as_str().unwrap(), "{stderr}");
     assert_eq!(stderr.matches("Generation: ").count(), 1, "rank 0 alone reports:\n{stderr}");
+    // Stages sized by the ranks' free memory (on one machine, about even).
+    let by_memory = ["generate", "--model", &model, "-p", question, "--pipeline", "--pipeline-split", "memory"];
+    let (ok, stdout, stderr) = mpirun(2, &by_memory);
+    assert!(ok, "{stdout}\n{stderr}");
+    assert_eq!(stdout.trim_end(), oracle["text"].as_str().unwrap(), "{stderr}");
     // mlx_lm.benchmark's --pipeline: rank 0 reports, once per trial.
     let bench = ["bench", "--model", &model, "-p", "16", "-g", "8", "-n", "2", "--pipeline"];
     let (ok, stdout, stderr) = mpirun(2, &bench);

@@ -87,6 +87,35 @@ fn rank_waits_for_a_silent_peer() {
 }
 
 #[test]
+fn a_rank_that_dies_ends_the_job_naming_it_long_before_the_timeout() {
+    let start = Instant::now();
+    let (out, ok) = mpirun(2, "rank_waits_for_a_dying_peer", &[], Duration::from_secs(60));
+    let took = start.elapsed();
+    assert!(!ok, "{out}");
+    // Rank 0 waits for at most 30 s; mpirun ends the job as soon as rank 1 dies.
+    assert!(took < Duration::from_secs(20), "{took:?}:\n{out}");
+    assert!(!out.contains("rank 0 got"), "{out}");
+    assert!(out.contains("process rank 1") && out.contains("signal 9"), "mpirun names the rank:\n{out}");
+}
+
+#[test]
+#[ignore = "a rank of a_rank_that_dies_ends_the_job_naming_it_long_before_the_timeout, under mpirun"]
+fn rank_waits_for_a_dying_peer() {
+    if !under_mpirun() {
+        return;
+    }
+    let g = distributed::init(true).unwrap().with_timeout(Duration::from_secs(30));
+    g.barrier().unwrap();
+    if g.rank() == 1 {
+        // Killed, as the OOM killer or a crash would.
+        let _ = std::process::Command::new("kill").args(["-9", &std::process::id().to_string()]).status();
+        std::thread::sleep(Duration::from_secs(60));
+    }
+    let got = g.recv(1);
+    println!("rank 0 got {got:?}");
+}
+
+#[test]
 fn a_process_started_alone_is_a_group_of_one_unless_strict() {
     if under_mpirun() {
         return;

@@ -251,7 +251,10 @@ impl Model {
         let text = config.text_config()?;
         let (layers, hidden) = (text.usize("num_hidden_layers")?, text.usize("hidden_size")?);
         let vocab = text.usize("vocab_size")?;
-        let stage = Stage::new(&pipeline.group, &pipeline.split, layers, hidden, vocab, weights.device())?;
+        // Every rank checks that each rank's share fits its free memory before any loads.
+        let bytes = weights.files().iter().filter_map(|f| std::fs::metadata(f).ok()).map(|m| m.len()).sum();
+        let split = Split::Layers(pipeline.split.plan(&pipeline.group, layers, Some(bytes))?);
+        let stage = Stage::new(&pipeline.group, &split, layers, hidden, vocab, weights.device())?;
         let part = Some(stage.clone());
         let arch: Box<dyn Architecture> = match family {
             Some(family) => Box::new(llama::Llama::load_stage(config, weights, &family, part)?),

@@ -59,7 +59,7 @@ impl Stage {
                  built; pipeline CPU ranks"
             )));
         }
-        let ranges = split.ranges(layers, group.size())?;
+        let ranges = super::split::ranges_of(&split.plan(group, layers, None)?);
         Ok(Stage { group: group.clone(), layers: ranges[group.rank()].clone(), hidden, vocab, device })
     }
 
