@@ -8,7 +8,7 @@ use crate::cache::{LayerCache, Positions};
 use crate::parallel::Shard;
 use crate::step::{concat_rows, StepBatch};
 use crate::weights::Weights;
-use crate::{Error, Result};
+use crate::Result;
 
 /// The sizes and options of an attention block, as the model family reads them from its config.
 #[derive(Debug, Clone)]
@@ -77,15 +77,8 @@ impl Attention {
     /// columns for those heads, summed over the group.
     pub(crate) fn shard(&self, shard: &Shard) -> Result<Attention> {
         let s = &self.shape;
-        let heads = shard.part(s.heads, "query heads")?;
-        let per_kv = s.heads / s.kv_heads;
+        let (heads, kv) = shard.heads(s.heads, s.kv_heads)?;
         let own = heads.len();
-        if !own.is_multiple_of(per_kv) && !per_kv.is_multiple_of(own) {
-            return Err(Error::Unsupported(format!(
-                "{own} query heads per rank do not cover whole groups of the {per_kv} that share a key/value head"
-            )));
-        }
-        let kv = heads.start / per_kv..(heads.end - 1) / per_kv + 1;
         let features = |r: &std::ops::Range<usize>| r.start * s.head_dim..r.end * s.head_dim;
         Ok(Attention {
             q_proj: self.q_proj.output_part(features(&heads))?,

@@ -70,15 +70,8 @@ impl GatedAttention {
     /// columns for its heads, its product summed over the group.
     pub(crate) fn shard(&self, shard: &Shard) -> Result<GatedAttention> {
         let s = &self.shape;
-        let heads = shard.part(s.heads, "query heads")?;
-        let per_kv = s.heads / s.kv_heads;
+        let (heads, kv) = shard.heads(s.heads, s.kv_heads)?;
         let own = heads.len();
-        if !own.is_multiple_of(per_kv) && !per_kv.is_multiple_of(own) {
-            return Err(Error::Unsupported(format!(
-                "{own} query heads per rank do not cover whole groups of the {per_kv} that share a key/value head"
-            )));
-        }
-        let kv = heads.start / per_kv..(heads.end - 1) / per_kv + 1;
         let features = |r: &std::ops::Range<usize>, width: usize| r.start * width..r.end * width;
         Ok(GatedAttention {
             // Each head's row is [queries | gate].

@@ -351,19 +351,13 @@ impl Architecture for Qwen3_5 {
     }
 
     fn logits(&self, hidden: &Array) -> Result<Array> {
-        let head = || match self.lm_head.as_ref().or(self.embed_tokens.as_ref()) {
-            Some(head) => Ok(hidden.linear(head)?),
-            None => Err(Error::Invalid("this pipeline stage holds no output head".into())),
-        };
-        match (&self.stage, &self.shard) {
-            (Some(stage), _) => stage.share_logits(hidden.dim(0), head),
-            (None, Some(shard)) if self.vocab_split => crate::parallel::logits_by_vocab(shard.group(), head()?),
-            (None, Some(shard)) => {
-                let vocab = self.lm_head.as_ref().or(self.embed_tokens.as_ref()).map_or(0, Matrix::rows);
-                crate::parallel::logits_of_rank0(shard.group(), (hidden.dim(0), vocab), hidden.device(), head)
-            }
-            (None, None) => head(),
-        }
+        let head = self.lm_head.as_ref().or(self.embed_tokens.as_ref());
+        crate::parallel::logits_of(
+            hidden,
+            head,
+            self.stage.as_ref(),
+            self.shard.as_ref().map(|s| (s, self.vocab_split)),
+        )
     }
 
     fn shard(&self, shard: &Shard) -> Option<Result<Box<dyn Architecture>>> {

@@ -24,5 +24,5 @@ mod wire;
 pub use pipeline::{load_model_pipelined, Pipeline, Stage};
 pub(crate) use shard::at as shard_at;
 pub use shard::{load_model_sharded, Shard};
-pub(crate) use shared::{logits_by_vocab, logits_of_rank0, seed_of_rank0, sum_over};
+pub(crate) use shared::{logits_of, seed_of_rank0, sum_over};
 pub use split::Split;

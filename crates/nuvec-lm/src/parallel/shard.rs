@@ -47,6 +47,21 @@ impl Shard {
 }
 
 impl Shard {
+    /// This rank's query heads of `heads`, and the key/value heads of `kv_heads` they read (each
+    /// shared by `heads / kv_heads` query heads: with fewer key/value heads than ranks, the ranks
+    /// whose query heads share one each keep a copy).
+    pub(crate) fn heads(&self, heads: usize, kv_heads: usize) -> Result<(Range<usize>, Range<usize>)> {
+        let query = self.part(heads, "query heads")?;
+        let (per_kv, own) = (heads / kv_heads, query.len());
+        if !own.is_multiple_of(per_kv) && !per_kv.is_multiple_of(own) {
+            return Err(Error::Unsupported(format!(
+                "{own} query heads per rank do not cover whole groups of the {per_kv} that share a key/value head"
+            )));
+        }
+        let kv = query.start / per_kv..(query.end - 1) / per_kv + 1;
+        Ok((query, kv))
+    }
+
     /// This rank's share of an untied output `head` split by vocabulary, when its rows divide
     /// over the ranks (`true` then: its logits are gathered, [`super::logits_by_vocab`]); else
     /// the head as it is (whole, or `None` when tied to the embeddings).

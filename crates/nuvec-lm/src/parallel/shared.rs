@@ -2,10 +2,10 @@
 //! from, and the seed they are sampled with.
 
 use nuvec::distributed::Group;
-use nuvec::{Array, Device};
+use nuvec::{Array, Device, Matrix};
 
-use super::wire;
-use crate::Result;
+use super::{wire, Shard, Stage};
+use crate::{Error, Result};
 
 /// The sum over every rank of `group` of its `y` (each rank's product of its share of a layer's
 /// inputs), in f32 and given back in `y`'s type. Every rank gathers every share and adds them in
@@ -25,9 +25,34 @@ pub(crate) fn sum_over(group: &Group, y: Array) -> Result<Array> {
     Ok(sum.astype(y.dtype())?)
 }
 
+/// The logits of `hidden`'s rows through `head` (this rank's output head; `None` on a pipeline
+/// stage without it) on a model that may be split across ranks: a pipeline's from its last
+/// stage (rank 0), shared; a split model's gathered by vocabulary (`(shard, true)`: `head` is
+/// this rank's share of the vocabulary) or rank 0's, broadcast; a whole model's, the product.
+pub(crate) fn logits_of(
+    hidden: &Array,
+    head: Option<&Matrix>,
+    stage: Option<&Stage>,
+    shard: Option<(&Shard, bool)>,
+) -> Result<Array> {
+    let product = || match head {
+        Some(head) => Ok(hidden.linear(head)?),
+        None => Err(Error::Invalid("this pipeline stage holds no output head".into())),
+    };
+    match (stage, shard) {
+        (Some(stage), _) => stage.share_logits(hidden.dim(0), product),
+        (None, Some((shard, true))) => logits_by_vocab(shard.group(), product()?),
+        (None, Some((shard, false))) => {
+            let vocab = head.map_or(0, Matrix::rows);
+            logits_of_rank0(shard.group(), (hidden.dim(0), vocab), hidden.device(), product)
+        }
+        (None, None) => product(),
+    }
+}
+
 /// The logits `[rows, vocab]` of rank 0 on every rank: `head()` there, broadcast; so that every
 /// rank samples from the same values, whatever rounding its own would have had.
-pub(crate) fn logits_of_rank0(
+pub(super) fn logits_of_rank0(
     group: &Group,
     (rows, vocab): (usize, usize),
     device: Device,
@@ -47,7 +72,7 @@ pub(crate) fn logits_of_rank0(
 /// The logits `[rows, vocab]` of an output head split by vocabulary over `group`: this rank's
 /// `part` (`[rows, vocab / ranks]`, the logits of its share of the head's rows) and every other
 /// rank's, gathered in rank order, the same on every rank.
-pub(crate) fn logits_by_vocab(group: &Group, part: Array) -> Result<Array> {
+fn logits_by_vocab(group: &Group, part: Array) -> Result<Array> {
     let (rows, share, ranks) = (part.dim(0), part.dim(1), group.size());
     let bytes = wire::le_bytes(&part.to_f32_vec()?);
     let all = group.all_gather(&bytes)?;

@@ -1,9 +1,10 @@
 //! A paged cache kept alike on every rank of a split model. Rank 0 leads
 //! ([`PagedCache::lead`]): it tells each change of its cache to the other ranks, which follow
 //! ([`follow`]) by making the same change to a cache of their own part of the model. A step is
-//! told before it runs, since every rank's part of the model takes part in it; every other change
-//! after it succeeded on rank 0, with its outcome, which each follower checks it reached too.
-//! Changes that fail leave a cache as it was, on every rank alike, so none is told.
+//! told before it runs, since every rank's part of the model takes part in it, and its outcome
+//! after; every other change after it succeeded on rank 0, with its outcome. Each follower checks
+//! that it reached the same outcome, and stops with an error saying so where it did not. Other
+//! changes that fail leave a cache as it was, on every rank alike, so none is told.
 
 use std::time::Duration;
 
@@ -58,6 +59,8 @@ pub(super) enum Op {
         counts: Option<Vec<usize>>,
         hidden: bool,
     },
+    /// Whether the step just told succeeded on rank 0.
+    Stepped(bool),
     /// The leader's cache is gone.
     End,
     /// A pass of one token that measures the model's cache ([`kv_bytes_per_position`]).
@@ -145,14 +148,21 @@ pub(crate) fn follow(model: &Model, group: &Group) -> Result<()> {
         if let Op::End = op {
             return Ok(());
         }
-        match apply(&mut cache, model, op) {
-            Err(Error::Array(nuvec::Error::Distributed(cause))) => {
-                return Err(Error::Array(nuvec::Error::Distributed(cause)))
-            }
-            Err(e @ Error::Invalid(_)) if e.to_string().starts_with(DISAGREE) => return Err(e),
-            // A step that fails on rank 0 before its part of the model ran fails alike here, and
-            // leaves both caches as they were.
-            _ => {}
+        let stepped = matches!(op, Op::Step { .. });
+        let here = apply(&mut cache, model, op);
+        if let Err(Error::Array(nuvec::Error::Distributed(cause))) = here {
+            return Err(Error::Array(nuvec::Error::Distributed(cause)));
+        }
+        if !stepped {
+            here?;
+            continue;
+        }
+        // A step that failed on rank 0 failed alike here (and left both caches as they were).
+        match (here, decode(&group.recv(0)?)?) {
+            (Ok(()), Op::Stepped(true)) | (Err(_), Op::Stepped(false)) => {}
+            (Err(e), Op::Stepped(true)) => return Err(disagree(format!("a step that ran on rank 0 failed here: {e}"))),
+            (Ok(()), Op::Stepped(false)) => return Err(disagree("a step that failed on rank 0 ran here".into())),
+            _ => return Err(disagree("a step's outcome was not told".into())),
         }
     }
 }
@@ -209,6 +219,7 @@ fn apply(cache: &mut PagedCache, model: &Model, op: Op) -> Result<()> {
             cache.step_rows(model, &work, counts.as_deref(), hidden, None)?;
         }
         Op::Probe => drop(model.kv_bytes_per_position_by_kind()?),
+        Op::Stepped(_) => return Err(disagree("a step's outcome told without its step".into())),
         Op::End => {}
     }
     Ok(())
@@ -285,6 +296,10 @@ fn encode(op: &Op) -> Vec<u8> {
         }
         Op::End => w.tag(11),
         Op::Probe => w.tag(12),
+        Op::Stepped(ok) => {
+            w.tag(13);
+            w.flag(*ok);
+        }
     }
     w.0
 }
@@ -330,6 +345,7 @@ fn decode(bytes: &[u8]) -> Result<Op> {
         }
         11 => Op::End,
         12 => Op::Probe,
+        13 => Op::Stepped(r.flag()?),
         t => return Err(malformed(&format!("an unknown change {t}"))),
     };
     if !r.0.is_empty() {
@@ -453,6 +469,7 @@ mod tests {
             Op::Step { work: vec![(SeqId(1), vec![5])], counts: None, hidden: false },
             Op::Trim(SeqId(9), 3),
             Op::StepTokens(4096),
+            Op::Stepped(false),
         ];
         for op in &ops {
             let bytes = encode(op);
@@ -466,7 +483,7 @@ mod tests {
             }
             _ => panic!("another change"),
         }
-        let e = decode(&[13]).map(drop).unwrap_err().to_string();
-        assert!(e.contains("unknown change 13") && e.contains("same build"), "{e}");
+        let e = decode(&[14]).map(drop).unwrap_err().to_string();
+        assert!(e.contains("unknown change 14") && e.contains("same build"), "{e}");
     }
 }

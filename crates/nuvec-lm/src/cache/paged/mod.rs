@@ -860,7 +860,11 @@ impl PagedCache {
             self.shrink(id)?;
             self.release_window(id)?;
         }
-        result
+        // The followers check that the step went the same way there.
+        let told = self.tell(&mirror::Op::Stepped(result.is_ok()));
+        let result = result?;
+        told?;
+        Ok(result)
     }
 
     /// Keeps a hybrid sequence's recurrent states when its pass of `rows` rows (a prefill chunk:
