@@ -315,7 +315,9 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
             Some(d) => Some(nuvec_lm::load_on(d, model.device())?.0),
             None => None,
         };
-        if crate::common::follow_rank0(&model)? {
+        if model.ranks().is_some_and(|group| group.rank() != 0) {
+            // Rank 0 runs the workload; this rank its part of every step rank 0's Batcher takes.
+            nuvec_lm::Batcher::follow(&model)?;
             return Ok(());
         }
         return crate::workload::run(&model, draft.as_ref(), path, options, grammar, args.temp);

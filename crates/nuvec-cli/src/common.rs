@@ -147,19 +147,6 @@ impl SplitArgs {
     }
 }
 
-/// On a rank but 0 of a model split across ranks: runs this rank's part of every step of the
-/// Batcher rank 0 makes (which takes the requests), until rank 0 drops it; `true` then, `false`
-/// on rank 0 or a model run whole.
-pub fn follow_rank0(model: &nuvec_lm::Model) -> Result<bool, Box<dyn std::error::Error>> {
-    match model.ranks() {
-        Some(group) if group.rank() != 0 => {
-            nuvec_lm::Batcher::follow(model)?;
-            Ok(true)
-        }
-        _ => Ok(false),
-    }
-}
-
 /// The context flags (as llama.cpp's `--ctx-size`), beside mlx-lm's.
 #[derive(Args, Debug, Clone)]
 pub struct ContextArgs {

@@ -286,7 +286,7 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     if let Some(group) = model.ranks().filter(|g| g.rank() != 0) {
         // Rank 0 alone listens; this rank runs its part of every step rank 0's Batcher takes.
         eprintln!("[INFO] rank {} of {} follows rank 0's server", group.rank(), group.size());
-        crate::common::follow_rank0(&model)?;
+        nuvec_lm::Batcher::follow(&model)?;
         return Ok(());
     }
     config.template_args = template_args;

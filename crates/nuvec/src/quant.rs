@@ -288,6 +288,9 @@ impl Matrix {
     /// Output features of each of `ranges`, stacked in order (a rank's share of a projection
     /// whose outputs are several parts, each split alike: queries, keys and values in one).
     pub fn rows_parts(&self, ranges: &[std::ops::Range<usize>]) -> Result<Matrix> {
+        if let [range] = ranges {
+            return self.rows_part(range.clone());
+        }
         let parts = ranges.iter().map(|r| self.rows_part(r.clone())).collect::<Result<Vec<_>>>()?;
         Ok(match self {
             Matrix::Dense(_) => {

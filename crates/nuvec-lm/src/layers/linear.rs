@@ -56,11 +56,7 @@ impl Linear {
     /// This rank's share `rows` of the layer's outputs (its slice of the weight's rows and of
     /// the bias), for a model split across ranks. A layer with adapters is refused.
     pub(crate) fn output_part(&self, rows: Range<usize>) -> Result<Linear> {
-        self.refuse_adapters()?;
-        let bias =
-            self.bias.as_ref().map(|b| b.reshape(&[b.len(), 1])?.slice_rows(rows.start, rows.end)).transpose()?;
-        let bias = bias.map(|b| b.reshape(&[b.len()])).transpose()?;
-        Ok(Linear::plain(self.weight.rows_part(rows)?, bias))
+        self.output_parts(std::slice::from_ref(&rows))
     }
 
     /// This rank's shares `parts` of the layer's outputs, stacked in order (a projection whose

@@ -199,7 +199,7 @@ impl Llama {
             })
             .collect::<Result<Vec<_>>>()?;
         let head_here = stage.as_ref().is_none_or(Stage::has_head);
-        let embeds_here = stage.as_ref().is_none_or(Stage::embeds) || (head_here && tie);
+        let embeds_here = stage.as_ref().is_none_or(|s| s.holds_embeddings(tie));
         Ok(Llama {
             embed_tokens: embeds_here.then(|| weights.matrix("model.embed_tokens", vocab, hidden)).transpose()?,
             layers: blocks,
@@ -231,7 +231,7 @@ impl Llama {
     pub(super) fn new_stage(&self, group: &Group, split: &Split) -> Option<Result<Stage>> {
         let head = self.lm_head.as_ref().or(self.embed_tokens.as_ref())?;
         let whole = self.stage.is_none() && self.shard.is_none();
-        whole.then(|| Stage::new(group, split, self.layers.len(), head.cols(), head.rows(), head.device()))
+        whole.then(|| Stage::for_head(group, split, self.layers.len(), head))
     }
 
     /// The stage `stage` of this whole decoder: its blocks, and the embeddings, norm and head
@@ -239,9 +239,8 @@ impl Llama {
     pub(crate) fn stage_of(&self, stage: Stage) -> Llama {
         let layers = self.layers[stage.layers()].to_vec();
         let head_here = stage.has_head();
-        let tied = self.lm_head.is_none();
         Llama {
-            embed_tokens: self.embed_tokens.clone().filter(|_| stage.embeds() || (head_here && tied)),
+            embed_tokens: self.embed_tokens.clone().filter(|_| stage.holds_embeddings(self.lm_head.is_none())),
             layers,
             norm: self.norm.clone().filter(|_| head_here),
             lm_head: self.lm_head.clone().filter(|_| head_here),

@@ -140,6 +140,10 @@ pub(crate) fn through_normed_layers<L>(
     Ok((h, normed))
 }
 
+/// Why Gemma 4 is refused as a pipeline.
+const GEMMA4_NOT_PIPELINED: &str = "Gemma 4 is not pipelined: its per-layer inputs and shared key/value layers \
+                                    would cross stages (mlx-lm does not pipeline it either)";
+
 /// The families split across ranks (pipelined or by tensors), for the errors of the others.
 const SPLIT_FAMILIES: &str = "llama, mistral, qwen2, qwen3, qwen3_moe, qwen3_5, qwen3_5_moe and gpt_oss";
 
@@ -234,11 +238,7 @@ impl Model {
             "qwen3_moe" => Some(qwen3_moe::family()),
             "gpt_oss" | "qwen3_5" | "qwen3_5_moe" => None,
             "gemma4" | "gemma4_text" => {
-                return Err(Error::Unsupported(format!(
-                    "{}: Gemma 4 is not pipelined: its per-layer inputs and shared key/value layers would cross \
-                     stages (mlx-lm does not pipeline it either)",
-                    config.file()
-                )))
+                return Err(Error::Unsupported(format!("{}: {GEMMA4_NOT_PIPELINED}", config.file())))
             }
             other => {
                 return Err(Error::Unsupported(format!(
@@ -394,28 +394,10 @@ impl Model {
     /// it: its layers, and the embeddings, norm and head where it runs them. Every rank calls it
     /// with the same `split`. On an error the model is left as it was.
     pub fn pipeline(&mut self, group: &nuvec::distributed::Group, split: Split) -> Result<()> {
-        if self.ranks().is_some() {
-            return Err(Error::Unsupported(
-                "a model is split across ranks once: pipelined or sharded, not both".into(),
-            ));
-        }
         if self.model_type.starts_with("gemma4") {
-            return Err(Error::Unsupported(
-                "Gemma 4 is not pipelined: its per-layer inputs and shared key/value layers would cross stages \
-                 (mlx-lm does not pipeline it either)"
-                    .into(),
-            ));
+            return Err(Error::Unsupported(GEMMA4_NOT_PIPELINED.into()));
         }
-        match self.arch.pipeline(group, &split) {
-            Some(arch) => self.arch = arch?,
-            None => {
-                return Err(Error::Unsupported(format!(
-                    "pipeline parallelism for model_type {:?} is not built yet ({SPLIT_FAMILIES} are)",
-                    self.model_type
-                )))
-            }
-        }
-        Ok(())
+        self.split_arch("pipeline parallelism", |arch| arch.pipeline(group, &split))
     }
 
     /// Keeps this rank's share of every layer of a model loaded whole (mlx-lm's
@@ -426,11 +408,6 @@ impl Model {
     /// gathered); otherwise rank 0's logits are every rank's. Every rank calls it. Sizes that do
     /// not divide are an error naming the layer, and the model is left as it was.
     pub fn shard(&mut self, group: &nuvec::distributed::Group) -> Result<()> {
-        if self.ranks().is_some() {
-            return Err(Error::Unsupported(
-                "a model is split across ranks once: pipelined or sharded, not both".into(),
-            ));
-        }
         if self.device != Device::Cpu {
             return Err(Error::Unsupported(format!(
                 "tensor parallelism on {:?}: process groups move host memory (MPI), and GPU ranks (NCCL) are not \
@@ -441,11 +418,27 @@ impl Model {
         if self.model_type.starts_with("gemma4") {
             return Err(Error::Unsupported("Gemma 4 is not split across ranks (nor by mlx-lm)".into()));
         }
-        match self.arch.shard(&Shard::new(group)) {
+        self.split_arch("tensor parallelism", |arch| arch.shard(&Shard::new(group)))
+    }
+
+    /// Replaces the architecture with `split`'s part of it (`what`: the kind of split, for the
+    /// error of a family without it), once: a model already split is refused, and on an error
+    /// the model is left as it was.
+    fn split_arch(
+        &mut self,
+        what: &str,
+        split: impl FnOnce(&dyn Architecture) -> Option<Result<Box<dyn Architecture>>>,
+    ) -> Result<()> {
+        if self.ranks().is_some() {
+            return Err(Error::Unsupported(
+                "a model is split across ranks once: pipelined or sharded, not both".into(),
+            ));
+        }
+        match split(self.arch.as_ref()) {
             Some(arch) => self.arch = arch?,
             None => {
                 return Err(Error::Unsupported(format!(
-                    "tensor parallelism for model_type {:?} is not built yet ({SPLIT_FAMILIES} are)",
+                    "{what} for model_type {:?} is not built yet ({SPLIT_FAMILIES} are)",
                     self.model_type
                 )))
             }

@@ -310,7 +310,7 @@ impl Qwen3_5 {
         let blocks =
             range.map(|i| parts.block(&format!("{lm}.layers.{i}"), is_linear(i))).collect::<Result<Vec<_>>>()?;
         let head_here = stage.as_ref().is_none_or(Stage::has_head);
-        let embeds_here = stage.as_ref().is_none_or(Stage::embeds) || (head_here && tie);
+        let embeds_here = stage.as_ref().is_none_or(|s| s.holds_embeddings(tie));
         Ok(Qwen3_5 {
             embed_tokens: embeds_here
                 .then(|| weights.matrix(&format!("{lm}.embed_tokens"), vocab, hidden))
@@ -404,12 +404,11 @@ impl Architecture for Qwen3_5 {
                 "a multi-token-prediction head on a pipelined model: load the model without it".into(),
             )));
         }
-        let stage = Stage::new(group, split, self.layers.len(), head.cols(), head.rows(), head.device());
+        let stage = Stage::for_head(group, split, self.layers.len(), head);
         Some(stage.map(|stage| {
             let head_here = stage.has_head();
-            let tied = self.lm_head.is_none();
             Box::new(Qwen3_5 {
-                embed_tokens: self.embed_tokens.clone().filter(|_| stage.embeds() || (head_here && tied)),
+                embed_tokens: self.embed_tokens.clone().filter(|_| stage.holds_embeddings(self.lm_head.is_none())),
                 layers: self.layers[stage.layers()].to_vec(),
                 norm: self.norm.clone().filter(|_| head_here),
                 lm_head: self.lm_head.clone().filter(|_| head_here),

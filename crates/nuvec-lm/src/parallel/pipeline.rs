@@ -5,7 +5,7 @@ use std::ops::Range;
 use std::path::Path;
 
 use nuvec::distributed::Group;
-use nuvec::{Array, Device};
+use nuvec::{Array, Device, Matrix};
 
 use super::{wire, Split};
 use crate::load::{load_model_with, LoadOptions};
@@ -40,6 +40,8 @@ pub struct Stage {
     hidden: usize,
     vocab: usize,
     device: Device,
+    /// Micro-batches a step of several sequences runs as ([`Stage::micro_batches`]).
+    micro_batches: usize,
 }
 
 impl Stage {
@@ -60,7 +62,14 @@ impl Stage {
             )));
         }
         let ranges = super::split::ranges_of(&split.plan(group, layers, None)?);
-        Ok(Stage { group: group.clone(), layers: ranges[group.rank()].clone(), hidden, vocab, device })
+        let micro_batches = micro_batches(group)?;
+        Ok(Stage { group: group.clone(), layers: ranges[group.rank()].clone(), hidden, vocab, device, micro_batches })
+    }
+
+    /// [`Stage::new`] for a decoder of `layers` layers whose output head (or tied embeddings)
+    /// is `head`: its sizes and device are the model's.
+    pub(crate) fn for_head(group: &Group, split: &Split, layers: usize, head: &Matrix) -> Result<Stage> {
+        Stage::new(group, split, layers, head.cols(), head.rows(), head.device())
     }
 
     /// The group of the pipeline.
@@ -76,6 +85,12 @@ impl Stage {
     /// Whether this rank runs the first layers, from the tokens' embeddings (the highest rank).
     pub fn embeds(&self) -> bool {
         self.group.rank() + 1 == self.group.size()
+    }
+
+    /// Whether this stage holds the token embeddings: to embed the step's tokens, or as the
+    /// output head when the model's is `tied` to them.
+    pub fn holds_embeddings(&self, tied: bool) -> bool {
+        self.embeds() || (self.has_head() && tied)
     }
 
     /// Whether this rank runs the last layers, the final norm and the output head (rank 0).
@@ -111,7 +126,7 @@ impl Stage {
         embed: impl Fn(&StepBatch) -> Result<Array>,
         layers: impl Fn(&mut StepBatch, Array) -> Result<(Array, Array)>,
     ) -> Result<Array> {
-        let n = self.micro_batches(step.len())?;
+        let n = self.micro_batches(step.len());
         if n <= 1 {
             return self.run_part(step, &embed, &layers);
         }
@@ -144,21 +159,25 @@ impl Stage {
     }
 
     /// Micro-batches a step of `sequences` runs as: `NUVEC_PIPELINE_MICRO_BATCHES` (1 turns them
-    /// off), else one per stage; at most one per sequence. Every rank must read the same value.
-    pub fn micro_batches(&self, sequences: usize) -> Result<usize> {
-        let asked = match nuvec::tuning::env("NUVEC_PIPELINE_MICRO_BATCHES") {
-            Ok(v) if !v.trim().is_empty() => v.trim().parse::<usize>().ok().filter(|&n| n > 0).ok_or_else(|| {
-                Error::Invalid(format!(
-                    "NUVEC_PIPELINE_MICRO_BATCHES={v:?}: give a whole number of at least 1 (1: no micro-batches)"
-                ))
-            })?,
-            _ => self.group.size(),
-        };
-        Ok(asked.min(sequences))
+    /// off; read when the stage is made), else one per stage; at most one per sequence.
+    pub fn micro_batches(&self, sequences: usize) -> usize {
+        self.micro_batches.min(sequences)
     }
 
     /// The logits of `rows` rows: `head()`'s on rank 0, broadcast to every rank.
     pub(crate) fn share_logits(&self, rows: usize, head: impl FnOnce() -> Result<Array>) -> Result<Array> {
         super::shared::logits_of_rank0(&self.group, (rows, self.vocab), self.device, head)
+    }
+}
+
+/// `NUVEC_PIPELINE_MICRO_BATCHES`, else the pipeline's ranks. Every rank must read the same value.
+fn micro_batches(group: &Group) -> Result<usize> {
+    match nuvec::tuning::env("NUVEC_PIPELINE_MICRO_BATCHES") {
+        Ok(v) if !v.trim().is_empty() => v.trim().parse::<usize>().ok().filter(|&n| n > 0).ok_or_else(|| {
+            Error::Invalid(format!(
+                "NUVEC_PIPELINE_MICRO_BATCHES={v:?}: give a whole number of at least 1 (1: no micro-batches)"
+            ))
+        }),
+        _ => Ok(group.size()),
     }
 }

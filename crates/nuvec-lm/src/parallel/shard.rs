@@ -44,9 +44,7 @@ impl Shard {
         let share = n / size;
         Ok(self.group.rank() * share..(self.group.rank() + 1) * share)
     }
-}
 
-impl Shard {
     /// This rank's query heads of `heads`, and the key/value heads of `kv_heads` they read (each
     /// shared by `heads / kv_heads` query heads: with fewer key/value heads than ranks, the ranks
     /// whose query heads share one each keep a copy).
@@ -63,7 +61,7 @@ impl Shard {
     }
 
     /// This rank's share of an untied output `head` split by vocabulary, when its rows divide
-    /// over the ranks (`true` then: its logits are gathered, [`super::logits_by_vocab`]); else
+    /// over the ranks (`true` then: every rank gathers the logits, `shared::logits_of`); else
     /// the head as it is (whole, or `None` when tied to the embeddings).
     pub(crate) fn head(&self, head: Option<&Matrix>) -> Result<(Option<Matrix>, bool)> {
         match head {
