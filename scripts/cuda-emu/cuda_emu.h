@@ -49,6 +49,12 @@ struct Block {
 thread_local Block* t_block;
 alignas(1024) static float emu_dyn_smem[1 << 16];
 
+// The intrinsics that round each operation on its own (no contraction into a fused multiply-add):
+// plain arithmetic here, built without FMA contraction.
+inline float __fadd_rn(float a, float b) { return a + b; }
+inline float __fsub_rn(float a, float b) { return a - b; }
+inline float __fmul_rn(float a, float b) { return a * b; }
+inline float __fdiv_rn(float a, float b) { return a / b; }
 inline void __syncthreads() { t_block->bar->arrive_and_wait(); }
 inline int atomicAdd(int* p, int v) { return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST); }
 inline unsigned atomicAdd(unsigned* p, unsigned v) { return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST); }

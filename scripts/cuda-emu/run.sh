@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# Checks the logic of CUDA kernels on the CPU, in seven programs: the Gated DeltaNet / gpt-oss
+# Checks the logic of CUDA kernels on the CPU, in eight programs: the Gated DeltaNet / gpt-oss
 # kernels, the attention kernels' sinks and split attention reading its kv length from a CUDA
 # graph's step scalars (bit-identical to the eager launch) (harness.cpp); the 4-bit one-row GEMVs
 # (linear.cu: qgemv.cpp); the row kernels (rows.cpp); the few-row quantized products on the
 # tensor cores (qmma.cu: qmma.cpp) and in integers (qimma.cu: qimma.cpp); the flash-attention prefill kernels
 # (flash_attention.cu: attn.cpp); the mixture-of-experts kernels (moe.cu, moe_router.cu, qmma.cu's grouped
-# products, linear.cu's xsplit_f32 for the integer ones: moe.cpp). The kernel sources (common.cuh patched for the host: f16
+# products, linear.cu's xsplit_f32 for the integer ones: moe.cpp); the quantized keys and values of
+# a paged cache (kv_quant.cu: kvq.cpp). The kernel sources (common.cuh patched for the host: f16
 # conversion in C instead of PTX, dynamic shared memory as a static array) are compiled with g++
 # over cuda_emu.h and run on small random cases against the ops' definitions. Needs g++ with
 # C++20 (std::barrier); a few minutes on 2 cores (a thread per CUDA thread). Exits non-zero on a
@@ -87,3 +88,11 @@ run_program attn
     cat "$k/linear.cu" "$k/moe.cu" "$k/moe_router.cu"
 } >"$work/kernels_moe.cpp"
 run_program moe
+# The quantized keys and values of a paged cache (kv_quant.cu) and the paged decode over them
+# (attention.cu): kvq.cpp.
+{
+    prelude
+    cat "$k/kv_quant.cu"
+    patched "$k/attention.cu" 's/extern __shared__ float smem\[\];/float* smem = emu_dyn_smem;/'
+} >"$work/kernels_kvq.cpp"
+run_program kvq

@@ -90,7 +90,7 @@ pub struct Args {
     /// end where their grammar does, or at their max_tokens, instead of ignoring end-of-sequence.
     #[command(flatten)]
     constraint: crate::constraint::ConstraintArgs,
-    /// Quantize the paged cache's keys and values to this many bits (the CPU; as `nuvec serve
+    /// Quantize the paged cache's keys and values to this many bits (as `nuvec serve
     /// --kv-bits`): the sequences, even one, then run in a quantized paged cache.
     #[arg(long)]
     kv_bits: Option<usize>,

@@ -117,7 +117,8 @@ pub struct Args {
     token_budget: Option<usize>,
     /// Quantize the KV cache's keys and values to this many bits (4 or 8; MLX's affine format,
     /// as `nuvec generate --kv-bits N --quantized-kv-start 0` computes: each request's first pass
-    /// attends its own rows in full precision, later ones read them quantized). The CPU only.
+    /// attends its own rows in full precision, later ones read them quantized). On a GPU the rows
+    /// are quantized and read there.
     #[arg(long)]
     kv_bits: Option<usize>,
     /// Values per quantization group of the KV cache, with --kv-bits (32, 64 or 128).

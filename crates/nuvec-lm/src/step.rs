@@ -247,8 +247,8 @@ impl<'a> StepBatch<'a> {
     }
 
     /// [`StepBatch::each`] with the decodes of a paged store taken together: the sequences
-    /// decoding one row each whose caches of `layer` are of one plain (not quantized) paged store
-    /// without a window, at least two of them, go to `decodes` together, with their rows of `xs`
+    /// decoding one row each whose caches of `layer` are of one paged store that can be attended
+    /// so ([`PagedKv::decodes_together`]: plain, or quantized on a GPU), at least two of them, go to `decodes` together, with their rows of `xs`
     /// (in step order) and their caches, as one op can attend them
     /// ([`crate::cache::paged::attend_decodes`]); every other sequence (a prefill chunk, another
     /// cache) goes to `f` alone. The results' rows are stacked in sequence order. Without two
@@ -262,7 +262,7 @@ impl<'a> StepBatch<'a> {
     ) -> Result<Array> {
         fn decoding<'s>(seq: &'s StepSeq<'_>, layer: usize) -> Option<&'s PagedKv> {
             match seq.cache.get(layer) {
-                Some(LayerCache::Paged(p)) if seq.rows == 1 && p.window().is_none() && !p.is_quantized() => Some(p),
+                Some(LayerCache::Paged(p)) if seq.rows == 1 && p.decodes_together() => Some(p),
                 _ => None,
             }
         }

@@ -10,7 +10,7 @@
 use nuvec::Device;
 use std::collections::HashMap;
 
-use nuvec_lm::cache::KvDtype;
+use nuvec_lm::cache::{CacheOptions, KvDtype, LayerCache};
 use nuvec_lm::{
     decode_batch, load_model_on, Batcher, BatcherOptions, Event, GenerateOptions, Model, PagedCache, RequestId,
     StepBatch,
@@ -34,16 +34,20 @@ fn prompts(model: &Model, lengths: &[usize]) -> Vec<Vec<u32>> {
     lengths.iter().enumerate().map(|(i, &n)| prompt(model.vocab_size() - i, n)).collect()
 }
 
-/// Each sequence alone: the prompt but its last token prefilled, then one token at a time.
-fn alone(model: &Model, p: &[u32]) -> Vec<Vec<f32>> {
-    let mut cache = model.new_cache();
+/// Each sequence alone: the prompt but its last token prefilled, then one token at a time, on
+/// caches made with `options` (a quantized cache quantized after every pass, as `generate` does).
+fn alone(model: &Model, p: &[u32], options: &CacheOptions) -> Vec<Vec<f32>> {
+    let mut cache = model.make_cache(options).unwrap();
+    let pass = |cache: &mut Vec<LayerCache>| cache.iter_mut().for_each(|c| c.maybe_quantize(options).unwrap());
     if p.len() > 1 {
         model.prefill(&p[..p.len() - 1], &mut cache).unwrap();
+        pass(&mut cache);
     }
     let mut t = p[p.len() - 1];
     (0..STEPS)
         .map(|_| {
             let row = rows(&model.forward_last(&[t], &mut cache).unwrap()).remove(0);
+            pass(&mut cache);
             t = argmax(&row);
             row
         })
@@ -83,7 +87,7 @@ fn check_lengths(case: &str, kv: Option<KvDtype>, relative: f32, lengths: &[usiz
         }
         ids.push(id);
     }
-    let widest = decodes_match_alone(case, &model, &prompts, &ids, &mut paged, relative);
+    let widest = decodes_match_alone(case, &model, &prompts, &ids, &mut paged, relative, &CacheOptions::default());
     // Batch invariance: every sequence's first step, batched, equals its own batch of one.
     let mut caches: Vec<_> = prompts.iter().map(|_| model.new_cache()).collect();
     let mut step = StepBatch::new();
@@ -114,10 +118,11 @@ fn decodes_match_alone(
     ids: &[nuvec_lm::SeqId],
     paged: &mut PagedCache,
     relative: f32,
+    options: &CacheOptions,
 ) -> f32 {
     // Each step is given the tokens each sequence took alone (so a near tie decided otherwise in
     // a batch does not make every later step another context).
-    let references: Vec<Vec<Vec<f32>>> = prompts.iter().map(|p| alone(model, p)).collect();
+    let references: Vec<Vec<Vec<f32>>> = prompts.iter().map(|p| alone(model, p, options)).collect();
     let forced: Vec<Vec<u32>> = (0..STEPS).map(|step| references.iter().map(|r| argmax(&r[step])).collect()).collect();
     let mut tokens: Vec<u32> = prompts.iter().map(|p| p[p.len() - 1]).collect();
     let mut batched = vec![vec![]; prompts.len()];
@@ -213,6 +218,42 @@ fn f16_caches_of_a_half_model_batched_on_the_gpu() {
 fn half_precision_caches_batched_on_the_gpu() {
     check("mistral-q4g64", Some(KvDtype::F16));
     check("qwen3-q4g64", Some(KvDtype::Bf16));
+}
+
+/// Quantized paged caches (`kv_bits`) on the GPU: new rows quantized in the device's store and
+/// read back through each sequence's table there (kernels/kv_quant.cu). Each sequence decodes as
+/// the model's own quantized cache does alone on the GPU (quantized on the host after every pass,
+/// as mlx-lm's `maybe_quantize_kv_cache`): a batch of one bit for bit, a batch of mixed lengths
+/// (first passes of one token and of 2,100) within `TOLERANCE`, greedy-equal where the top two
+/// are apart.
+#[test]
+fn quantized_paged_caches_on_the_gpu() {
+    let case = "qwen3-q4g64";
+    let model = model_on_gpu(case, None);
+    for (bits, group) in [(8, 64), (4, 32)] {
+        let options =
+            CacheOptions { kv_bits: Some(bits), kv_group_size: group, quantized_kv_start: 0, ..Default::default() };
+        for lengths in [&[40][..], &LENGTHS[..]] {
+            let prompts = prompts(&model, lengths);
+            let mut paged = PagedCache::new_quantized(&model, 1024, 16, lengths.len(), bits, group).unwrap();
+            let mut ids = vec![];
+            for p in &prompts {
+                let id = paged.add().unwrap();
+                if p.len() > 1 {
+                    paged.step(&model, &[(id, &p[..p.len() - 1])]).unwrap();
+                }
+                ids.push(id);
+            }
+            let widest = decodes_match_alone(case, &model, &prompts, &ids, &mut paged, 0.0, &options);
+            if lengths.len() == 1 {
+                assert_eq!(widest, 0.0, "{case} {bits}-bit g{group}: a batch of one is not the quantized cache's");
+            }
+            println!(
+                "RESULT gpu_batch {case} kv_bits={bits} g{group}: {} sequences x {STEPS} steps, widest logit difference {widest:e}",
+                prompts.len()
+            );
+        }
+    }
 }
 
 /// Each request's greedy tokens alone (`generate` on the GPU) and each step's margin between
@@ -356,7 +397,7 @@ fn shared_prefixes_decode_as_alone_on_the_gpu() {
         paged.step(&model, &[(id, &body[held..])]).unwrap();
         ids.push(id);
     }
-    let widest = decodes_match_alone(case, &model, &prompts, &ids, &mut paged, 1.0 / 64.0);
+    let widest = decodes_match_alone(case, &model, &prompts, &ids, &mut paged, 1.0 / 64.0, &CacheOptions::default());
     println!(
         "RESULT gpu_batch shared prefixes: {} sequences x {STEPS} steps, widest logit difference {widest:e}",
         prompts.len()

@@ -4,7 +4,7 @@
 //! documented per op; every op checks them and returns an error rather than panicking.
 
 use crate::moe::{self, ExpertIndex, Experts, MoeRouting};
-use crate::{Array, Device, Error, Matrix, Result};
+use crate::{Array, DType, Device, Error, Matrix, QuantMode, Quantized, Result};
 
 /// One device's implementation of the ops.
 pub trait Backend: Send + Sync {
@@ -247,6 +247,62 @@ pub trait Backend: Send + Sync {
         sinks: Option<&[f32]>,
     ) -> Result<Array> {
         paged_decode_attention_composed(self, q, k, v, seqs, block_size, scale, sinks)
+    }
+
+    /// Quantizes `rows [n, cols]` (any float type), row `i` into row `slots[i]` of `store`
+    /// (affine, f32 scales and biases, `cols` values a row), keeping its other rows: the words,
+    /// scales and biases [`crate::quantize::quantize_affine`] makes of them with f32 scales, bit
+    /// for bit (a paged cache's quantized keys or values). The default quantizes on the host and
+    /// writes each row in place.
+    fn quantize_rows_into(&self, rows: &Array, store: &mut Quantized, slots: &[usize]) -> Result<()> {
+        quantize_rows_into_composed(self, rows, store, slots)
+    }
+
+    /// [`Backend::paged_decode_attention`] over stores of quantized rows (as
+    /// [`Backend::quantize_rows_into`] writes them, `kv_heads * head_dim` values a row): each row
+    /// what attention over that sequence's positions dequantized ([`Backend::dequantize_paged`])
+    /// gives, which is what the default does; a backend may read the codes in place instead.
+    #[allow(clippy::too_many_arguments)]
+    fn paged_decode_attention_quantized(
+        &self,
+        q: &Array,
+        k: &Quantized,
+        v: &Quantized,
+        seqs: &[PagedSeq<'_>],
+        block_size: usize,
+        scale: f32,
+        sinks: Option<&[f32]>,
+    ) -> Result<Array> {
+        paged_decode_attention_quantized_composed(self, q, k, v, seqs, block_size, scale, sinks)
+    }
+
+    /// Copies `n` rows of the 2-D array `a` (any element type) from row `from` over those from
+    /// row `to`, in place (a paged cache's block copied before a write). The two ranges must not
+    /// overlap. The default copies host memory.
+    fn copy_rows_within(&self, a: &mut Array, from: usize, to: usize, n: usize) -> Result<()> {
+        let row = check_rows_within(a, from, to, n)?;
+        a.host_bytes_mut()?.copy_within(from * row..(from + n) * row, to * row);
+        Ok(())
+    }
+
+    /// Positions `from .. to` of a paged sequence in `store` (rows as
+    /// [`Backend::quantize_rows_into`] writes them, each `heads` heads of `cols / heads` values;
+    /// position `p` in row `table[p / block_size] * block_size + p % block_size`), dequantized to
+    /// f32 `[heads, to - from, cols / heads]` (the layout attention reads). The default gathers
+    /// the rows ([`Backend::embed`]) and transposes.
+    #[allow(clippy::too_many_arguments)]
+    fn dequantize_paged(
+        &self,
+        store: &Quantized,
+        heads: usize,
+        table: &[u32],
+        block_size: usize,
+        from: usize,
+        to: usize,
+    ) -> Result<Array> {
+        let positions = check_quantized_paged(store, heads, table, block_size, from, to)?;
+        let rows = self.embed(&Matrix::Quantized(store.clone()), &positions)?;
+        self.transpose01(&rows.reshape(&[to - from, heads, store.cols() / heads])?)
     }
 
     /// gpt-oss's expert activation (mlx-lm's `swiglu_oai`), elementwise over `gate, up` of one
@@ -747,6 +803,102 @@ impl GatedDeltaDims {
     }
 }
 
+/// The checks of [`Backend::copy_rows_within`]; returns a row's bytes.
+pub(crate) fn check_rows_within(a: &Array, from: usize, to: usize, n: usize) -> Result<usize> {
+    let rows = a.shape().first().copied().unwrap_or(0);
+    if a.shape().len() != 2 || from.max(to) + n > rows || (from < to + n && to < from + n && n > 0) {
+        return Err(Error::shape(
+            "copy_rows_within",
+            format!(
+                "rows {from}..{} over {to}..{} of {:?}: two ranges of a 2-d array that do not overlap",
+                from + n,
+                to + n,
+                a.shape()
+            ),
+        ));
+    }
+    Ok(a.dim(1) * a.dtype().size())
+}
+
+/// The checks of [`Backend::quantize_rows_into`]: an affine store of f32 scales, `rows`
+/// `[n, cols]` of a float type, a slot in the store for each. Returns `n`.
+pub(crate) fn check_quantized_rows(rows: &Array, store: &Quantized, slots: &[usize]) -> Result<usize> {
+    let op = "quantize_rows_into";
+    if store.spec.mode != QuantMode::Affine || store.scales.dtype() != DType::F32 {
+        return Err(Error::shape(op, "the store must be affine with f32 scales and biases"));
+    }
+    if rows.shape().len() != 2 || rows.dim(1) != store.cols() || !rows.dtype().is_float() {
+        return Err(Error::shape(
+            op,
+            format!("rows must be float [n, {}], got {} {:?}", store.cols(), rows.dtype(), rows.shape()),
+        ));
+    }
+    let n = rows.dim(0);
+    if slots.len() != n {
+        return Err(Error::shape(op, format!("{} slots for {n} rows", slots.len())));
+    }
+    if let Some(bad) = slots.iter().find(|&&s| s >= store.rows()) {
+        return Err(Error::shape(op, format!("slot {bad} of a store of {} rows", store.rows())));
+    }
+    Ok(n)
+}
+
+/// The checks of [`Backend::dequantize_paged`]; returns the store rows of positions `from .. to`.
+pub(crate) fn check_quantized_paged(
+    store: &Quantized,
+    heads: usize,
+    table: &[u32],
+    block_size: usize,
+    from: usize,
+    to: usize,
+) -> Result<Vec<u32>> {
+    let op = "dequantize_paged";
+    if heads == 0 || !store.cols().is_multiple_of(heads) || block_size == 0 {
+        return Err(Error::shape(op, format!("{heads} heads, block size {block_size}, rows of {}", store.cols())));
+    }
+    if from > to || to.div_ceil(block_size) > table.len() {
+        return Err(Error::shape(
+            op,
+            format!("positions {from}..{to} through a table of {} blocks of {block_size}", table.len()),
+        ));
+    }
+    let rows = store.rows();
+    (from..to)
+        .map(|p| {
+            let row = table[p / block_size] as usize * block_size + p % block_size;
+            match u32::try_from(row) {
+                Ok(r) if row < rows => Ok(r),
+                _ => Err(Error::shape(op, format!("position {p} is in row {row} of a store of {rows}"))),
+            }
+        })
+        .collect()
+}
+
+/// [`Backend::quantize_rows_into`] as its default composes it: quantized on the host, then each
+/// row's parts written in place ([`Backend::write_axis1`]).
+pub(crate) fn quantize_rows_into_composed<B: Backend + ?Sized>(
+    backend: &B,
+    rows: &Array,
+    store: &mut Quantized,
+    slots: &[usize],
+) -> Result<()> {
+    let n = check_quantized_rows(rows, store, slots)?;
+    let cols = store.cols();
+    let q = crate::quantize::quantize_affine(&rows.to_f32_vec()?, n, cols, store.spec, DType::F32)?;
+    let device = backend.device();
+    for (part, new) in [(&mut store.packed, q.packed), (&mut store.scales, q.scales), (&mut store.biases, q.biases)] {
+        let (total, width) = (part.dim(0), part.dim(1));
+        let new = new.to_device(device)?;
+        // Taken out first, so that the reshaped array is the bytes' only holder (written in place).
+        let mut whole = std::mem::replace(part, Array::zeros(&[0], DType::F32)).reshape(&[1, total, width])?;
+        for (i, &slot) in slots.iter().enumerate() {
+            backend.write_axis1(&mut whole, &new.slice_rows(i, i + 1)?.reshape(&[1, 1, width])?, slot)?;
+        }
+        *part = whole.reshape(&[total, width])?;
+    }
+    Ok(())
+}
+
 /// One sequence of [`Backend::paged_decode_attention`]: its blocks in position order and how
 /// many positions it holds (its new one included).
 #[derive(Debug, Clone, Copy)]
@@ -768,23 +920,36 @@ pub(crate) fn check_paged(
     sinks: Option<&[f32]>,
 ) -> Result<(usize, usize, usize, usize, usize)> {
     let op = "paged_decode_attention";
+    let width = k.shape().last().copied().unwrap_or(0);
+    let positions = k.len().checked_div(width).unwrap_or(0);
+    let leading_ones = k.shape().len() >= 2 && k.shape()[..k.shape().len() - 2].iter().all(|&a| a == 1);
+    let (q_shape, k_shape, v_shape) = (q.shape(), k.shape(), v.shape());
+    let bad = || format!("q {q_shape:?}, k {k_shape:?}, v {v_shape:?}: keys must be [positions, kv_heads * head_dim]");
+    if v.shape() != k.shape() || !leading_ones {
+        return Err(Error::shape(op, bad()));
+    }
+    check_paged_dims(op, q, (width, positions), seqs, block_size, sinks).map_err(|e| match e {
+        Error::Shape { message, .. } if message.is_empty() => Error::shape(op, bad()),
+        e => e,
+    })
+}
+
+/// [`check_paged`] of a store of `positions` rows of `width` values (`width` a multiple of q's
+/// head size); an empty message for keys of the wrong shape.
+fn check_paged_dims(
+    op: &'static str,
+    q: &Array,
+    (width, positions): (usize, usize),
+    seqs: &[PagedSeq<'_>],
+    block_size: usize,
+    sinks: Option<&[f32]>,
+) -> Result<(usize, usize, usize, usize, usize)> {
     let &[n, hq, d] = q.shape() else {
         return Err(Error::shape(op, format!("q {:?} must be [n, heads, head_dim]", q.shape())));
     };
-    let width = k.shape().last().copied().unwrap_or(0);
     let hkv = width.checked_div(d).unwrap_or(0);
-    let positions = k.len().checked_div(width).unwrap_or(0);
-    let leading_ones = k.shape().len() >= 2 && k.shape()[..k.shape().len() - 2].iter().all(|&a| a == 1);
-    if v.shape() != k.shape() || !leading_ones || hkv == 0 || hkv * d != width || hq % hkv != 0 {
-        return Err(Error::shape(
-            op,
-            format!(
-                "q {:?}, k {:?}, v {:?}: keys must be [positions, kv_heads * head_dim]",
-                q.shape(),
-                k.shape(),
-                v.shape()
-            ),
-        ));
+    if hkv == 0 || hkv * d != width || hq % hkv != 0 {
+        return Err(Error::shape(op, ""));
     }
     if block_size == 0 || !positions.is_multiple_of(block_size) || seqs.len() != n {
         return Err(Error::shape(
@@ -809,6 +974,55 @@ pub(crate) fn check_paged(
         return Err(Error::shape(op, format!("{} sinks for {hq} query heads", s.len())));
     }
     Ok((n, hq, hkv, d, blocks))
+}
+
+/// The checks of [`Backend::paged_decode_attention_quantized`]: [`check_paged`]'s, over stores
+/// of one quantization.
+pub(crate) fn check_paged_quantized(
+    q: &Array,
+    k: &Quantized,
+    v: &Quantized,
+    seqs: &[PagedSeq<'_>],
+    block_size: usize,
+    sinks: Option<&[f32]>,
+) -> Result<(usize, usize, usize, usize, usize)> {
+    let op = "paged_decode_attention_quantized";
+    if k.spec != v.spec || k.rows() != v.rows() || k.cols() != v.cols() {
+        return Err(Error::shape(op, "keys and values must be stores of one shape and quantization"));
+    }
+    check_paged_dims(op, q, (k.cols(), k.rows()), seqs, block_size, sinks).map_err(|e| match e {
+        Error::Shape { message, .. } if message.is_empty() => Error::shape(
+            op,
+            format!("q {:?} over rows of {} values: not a whole number of its heads", q.shape(), k.cols()),
+        ),
+        e => e,
+    })
+}
+
+/// [`Backend::paged_decode_attention_quantized`] as its default composes it: each sequence's
+/// positions dequantized ([`Backend::dequantize_paged`]), then [`Backend::attention`] (or its
+/// sinks variant).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn paged_decode_attention_quantized_composed<B: Backend + ?Sized>(
+    backend: &B,
+    q: &Array,
+    k: &Quantized,
+    v: &Quantized,
+    seqs: &[PagedSeq<'_>],
+    block_size: usize,
+    scale: f32,
+    sinks: Option<&[f32]>,
+) -> Result<Array> {
+    let (n, hq, hkv, d, _) = check_paged_quantized(q, k, v, seqs, block_size, sinks)?;
+    let mut out = Array::zeros_on(&[1, n, hq * d], DType::F32, q.device())?;
+    for (i, s) in seqs.iter().enumerate() {
+        let ks = backend.dequantize_paged(k, hkv, s.table, block_size, 0, s.len)?;
+        let vs = backend.dequantize_paged(v, hkv, s.table, block_size, 0, s.len)?;
+        let qi = backend.slice_rows(q, i, i + 1)?;
+        let row = attention_or_sinks(backend, &qi, &ks, &vs, s.len, scale, sinks)?;
+        backend.write_axis1(&mut out, &row.reshape(&[1, 1, hq * d])?, i)?;
+    }
+    out.reshape(&[n, hq * d])
 }
 
 /// The dimensions of a [`Backend::rope_qk_write_paged`] call, checked: `(n, Hq, Hkv, D,

@@ -30,8 +30,9 @@ pub use dtype::DType;
 pub use error::{Error, Result};
 pub use moe::{softmax, ExpertActivation, ExpertIndex, Experts, MoeRouting};
 pub use ops::{
-    attention, attention_ring, attention_sinks, attention_window, gated_delta, paged_decode_attention, rope_qk,
-    rope_qk_write_kv, rope_qk_write_paged,
+    attention, attention_ring, attention_sinks, attention_window, dequantize_paged, gated_delta,
+    paged_decode_attention, paged_decode_attention_quantized, quantize_rows_into, rope_qk, rope_qk_write_kv,
+    rope_qk_write_paged,
 };
 pub use pending::PendingRead;
 pub use quant::{Matrix, QuantMode, QuantSpec, Quantized};

@@ -198,6 +198,39 @@ pub fn paged_decode_attention(
     backend(q.device()).paged_decode_attention(q, k, v, seqs, block_size, scale, sinks)
 }
 
+/// Decode attention of several sequences over quantized paged stores; see
+/// [`crate::Backend::paged_decode_attention_quantized`].
+pub fn paged_decode_attention_quantized(
+    q: &Array,
+    k: &crate::Quantized,
+    v: &crate::Quantized,
+    seqs: &[crate::PagedSeq<'_>],
+    block_size: usize,
+    scale: f32,
+    sinks: Option<&[f32]>,
+) -> Result<Array> {
+    backend(q.device()).paged_decode_attention_quantized(q, k, v, seqs, block_size, scale, sinks)
+}
+
+/// Quantizes `rows` into rows `slots` of `store`, on the store's device; see
+/// [`crate::Backend::quantize_rows_into`].
+pub fn quantize_rows_into(rows: &Array, store: &mut crate::Quantized, slots: &[usize]) -> Result<()> {
+    backend(store.packed.device()).quantize_rows_into(rows, store, slots)
+}
+
+/// Positions `from .. to` of a paged sequence in a quantized store, dequantized; see
+/// [`crate::Backend::dequantize_paged`].
+pub fn dequantize_paged(
+    store: &crate::Quantized,
+    heads: usize,
+    table: &[u32],
+    block_size: usize,
+    from: usize,
+    to: usize,
+) -> Result<Array> {
+    backend(store.packed.device()).dequantize_paged(store, heads, table, block_size, from, to)
+}
+
 /// Causal attention; see [`crate::Backend::attention`].
 pub fn attention(q: &Array, k: &Array, v: &Array, kv_len: usize, scale: f32) -> Result<Array> {
     backend(q.device()).attention(q, k, v, kv_len, scale)

@@ -1266,3 +1266,136 @@ fn caching_allocator_reuses_memory_safely() {
 fn to_gpu(data: &[f32], dev: Device) -> Array {
     Array::from_slice_on(data, &[data.len()], dev).unwrap()
 }
+
+/// A paged cache's quantized keys and values on the GPU (kernels/kv_quant.cu): rows quantized
+/// into a store where they are give `quantize_affine`'s words, scales and biases bit for bit
+/// (every width MLX allows, groups of 32, 64 and 128; f32, f16 and bf16 rows; a constant group and
+/// a NaN), the other rows kept; a sequence's positions read back through a scattered block table
+/// equal the CPU backend's gather of the same store; a block copied within the store is its source.
+#[test]
+fn quantized_kv_rows_on_the_device_are_the_hosts() {
+    let dev = gpu();
+    let mut rng = Rng::new(77);
+    let (heads, dim, bs, blocks) = (2usize, 64usize, 4usize, 8usize);
+    let (cols, store_rows) = (heads * dim, bs * blocks);
+    for bits in [2usize, 3, 4, 5, 6, 8] {
+        for group in [32usize, 64, 128] {
+            let spec = QuantSpec { mode: QuantMode::Affine, bits, group_size: group };
+            let case = format!("{bits}-bit g{group}");
+            let mut x = rng.vec(9 * cols, 3.0);
+            x[..group].iter_mut().for_each(|v| *v = 0.75);
+            x[cols + 3] = f32::NAN;
+            let dtype = [DType::F32, DType::F16, DType::BF16][bits % 3];
+            let rows = floats(&x, &[9, cols], dtype);
+            let (words, groups) = (cols * bits / 32, cols / group);
+            let zeros = |w, t| Array::zeros_on(&[store_rows, w], t, dev).unwrap();
+            let mut store = Quantized::new(
+                zeros(words, DType::U32),
+                zeros(groups, DType::F32),
+                zeros(groups, DType::F32),
+                spec,
+                cols,
+            )
+            .unwrap();
+            let slots: Vec<usize> = (5..14).collect();
+            nuvec::quantize_rows_into(&rows.to_device(dev).unwrap(), &mut store, &slots).unwrap();
+            let want =
+                nuvec::quantize::quantize_affine(&rows.to_f32_vec().unwrap(), 9, cols, spec, DType::F32).unwrap();
+            let got_words = store.packed.to_vec::<u32>().unwrap();
+            assert_eq!(&got_words[5 * words..14 * words], &want.packed.to_vec::<u32>().unwrap()[..], "{case}: words");
+            assert!(
+                got_words[..5 * words].iter().chain(&got_words[14 * words..]).all(|&w| w == 0),
+                "{case}: other rows"
+            );
+            for (got, want, what) in [(&store.scales, &want.scales, "scales"), (&store.biases, &want.biases, "biases")]
+            {
+                let got = got.to_vec::<f32>().unwrap();
+                let bits_of = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                assert_eq!(
+                    bits_of(&got[5 * groups..14 * groups]),
+                    bits_of(&want.to_vec::<f32>().unwrap()),
+                    "{case}: {what}"
+                );
+            }
+            // Positions 3 .. 9 of a sequence whose blocks are 3, 1, 2: rows 15, 4-7, 8-9, against
+            // the host's rule (dequantize_rows) in the layout attention reads.
+            let table = [3u32, 1, 2];
+            let (scales, biases) = (store.scales.to_vec::<f32>().unwrap(), store.biases.to_vec::<f32>().unwrap());
+            let mut want = vec![0f32; 7 * cols];
+            let mut row = vec![0f32; cols];
+            for (i, p) in (3..10).enumerate() {
+                let r = table[p / bs] as usize * bs + p % bs;
+                let (wr, gr) = (&got_words[r * words..(r + 1) * words], r * groups..(r + 1) * groups);
+                nuvec::quantize::dequantize_rows(wr, &scales[gr.clone()], &biases[gr], cols, spec, &mut row);
+                for h in 0..heads {
+                    want[(h * 7 + i) * dim..(h * 7 + i + 1) * dim].copy_from_slice(&row[h * dim..(h + 1) * dim]);
+                }
+            }
+            let got = nuvec::dequantize_paged(&store, heads, &table, bs, 3, 10).unwrap();
+            assert_eq!(got.device(), dev);
+            exact(&format!("{case}: dequantize_paged"), &got, &Array::from_slice(&want, &[heads, 7, dim]).unwrap());
+            // Block 1 (rows 4-7) copied over block 6: the same words, scales and biases.
+            for part in [&mut store.packed, &mut store.scales, &mut store.biases] {
+                backend(dev).copy_rows_within(part, 4, 24, bs).unwrap();
+            }
+            let words_after = store.packed.to_vec::<u32>().unwrap();
+            assert_eq!(words_after[24 * words..28 * words], words_after[4 * words..8 * words], "{case}: copied block");
+            assert_eq!(words_after[..24 * words], got_words[..24 * words], "{case}: the rest kept");
+            eprintln!("RESULT {:<60} bit for bit", format!("quantized KV rows {case} ({dtype})"));
+        }
+    }
+}
+
+/// Decode attention over quantized paged stores on the GPU (attention.cu
+/// `paged_attention_split_quant_f32`, the codes read in place): three sequences of 1, 40 and 300
+/// positions through scattered block tables, 4 and 8 bits, with and without sinks: each row bit
+/// for bit attention over that sequence's positions dequantized (`dequantize_paged`), as a step
+/// of few sequences keeps each one's own splits.
+#[test]
+fn paged_decode_over_quantized_stores_reads_the_codes_in_place() {
+    let dev = gpu();
+    let mut rng = Rng::new(91);
+    let (hq, hkv, d, bs, blocks) = (8usize, 2usize, 64usize, 16usize, 24usize);
+    let lens = [1usize, 40, 300];
+    let tables = scattered_tables(&lens, bs, blocks);
+    let cols = hkv * d;
+    let scale = (d as f32).powf(-0.5);
+    for (bits, group) in [(8usize, 64usize), (4, 32)] {
+        let spec = QuantSpec { mode: QuantMode::Affine, bits, group_size: group };
+        let store = |rng: &mut Rng| {
+            let zeros = |w, t| Array::zeros_on(&[blocks * bs, w], t, dev).unwrap();
+            let mut q = Quantized::new(
+                zeros(cols * bits / 32, DType::U32),
+                zeros(cols / group, DType::F32),
+                zeros(cols / group, DType::F32),
+                spec,
+                cols,
+            )
+            .unwrap();
+            let rows = arr(&rng.vec(blocks * bs * cols, 2.0), &[blocks * bs, cols]).to_device(dev).unwrap();
+            nuvec::quantize_rows_into(&rows, &mut q, &(0..blocks * bs).collect::<Vec<_>>()).unwrap();
+            q
+        };
+        let (k, v) = (store(&mut rng), store(&mut rng));
+        let q = arr(&rng.vec(lens.len() * hq * d, 1.0), &[lens.len(), hq, d]).to_device(dev).unwrap();
+        let sinks: Vec<f32> = rng.vec(hq, 1.0);
+        for sinks in [None, Some(&sinks[..])] {
+            let seqs: Vec<nuvec::PagedSeq> =
+                tables.iter().zip(lens).map(|(t, len)| nuvec::PagedSeq { table: t, len }).collect();
+            let got = nuvec::paged_decode_attention_quantized(&q, &k, &v, &seqs, bs, scale, sinks).unwrap();
+            for (i, s) in seqs.iter().enumerate() {
+                let ks = nuvec::dequantize_paged(&k, hkv, s.table, bs, 0, s.len).unwrap();
+                let vs = nuvec::dequantize_paged(&v, hkv, s.table, bs, 0, s.len).unwrap();
+                let qi = q.slice_rows(i, i + 1).unwrap();
+                let want = match sinks {
+                    None => nuvec::attention(&qi, &ks, &vs, s.len, scale).unwrap(),
+                    Some(sk) => nuvec::attention_sinks(&qi, &ks, &vs, s.len, scale, sk).unwrap(),
+                };
+                let case =
+                    format!("{bits}-bit g{group}, sinks {}, sequence {i} of {} positions", sinks.is_some(), s.len);
+                exact(&case, &got.slice_rows(i, i + 1).unwrap(), &want.reshape(&[1, hq * d]).unwrap());
+            }
+        }
+        eprintln!("RESULT {:<60} bit for bit", format!("paged decode over {bits}-bit g{group} stores"));
+    }
+}

@@ -108,7 +108,7 @@ pub struct BatcherOptions {
     pub prefix_cache: Option<bool>,
     /// Quantize the cache's keys and values to this many bits (4 or 8, or any MLX affine
     /// width; `None`, the default, keeps the model's type): every request is then computed as
-    /// `generate` with these `kv_bits` and `quantized_kv_start` 0 computes it. The CPU only.
+    /// `generate` with these `kv_bits` and `quantized_kv_start` 0 computes it. On a GPU too (its rows quantized and read there).
     pub kv_bits: Option<usize>,
     /// Values per quantization group along the head dimension (default 64), with `kv_bits`.
     pub kv_group_size: usize,

@@ -7,7 +7,7 @@
 
 use std::sync::{Arc, Mutex};
 
-use nuvec::{Array, Device, PagedSeq};
+use nuvec::{Array, DType, Device, PagedSeq};
 
 use super::pool::lock;
 use super::store::{runs, LayerStore};
@@ -130,9 +130,12 @@ impl PagedKv {
         self.fresh = None;
     }
 
-    /// Whether the layer's store holds quantized rows.
-    pub(crate) fn is_quantized(&self) -> bool {
-        lock(&self.store).first_pass_dtype().is_some()
+    /// Whether a decode step of this layer can attend it with the other sequences of its store
+    /// in one op ([`attend_decodes`]): no window, and either a plain store or quantized rows on a
+    /// GPU past the sequence's first pass (which attends its own rows in full precision).
+    pub(crate) fn decodes_together(&self) -> bool {
+        let store = lock(&self.store);
+        self.window.is_none() && store.reads_in_place() && (store.first_pass_dtype().is_none() || self.len > 0)
     }
 
     /// Attends `q [L, heads, head_dim]`, the queries of the last `L` positions added, over what
@@ -207,7 +210,20 @@ pub(crate) fn write_decodes(
         slots.push(block as usize * s.block_size + s.len % s.block_size);
     }
     let mut store = lock(&store);
-    let out = write((&positions, &slots), store.arrays_mut(heads, dim, device)?)?;
+    let out = if store.first_pass_dtype().is_some() {
+        // Quantized rows: `write` puts them into f32 rows of their own, quantized into the
+        // sequences' slots after.
+        let n = seqs.len();
+        let mut keys = Array::zeros_on(&[1, n, heads * dim], DType::F32, device)?;
+        let mut values = Array::zeros_on(&[1, n, heads * dim], DType::F32, device)?;
+        let own: Vec<usize> = (0..n).collect();
+        let out = write((&positions, &own), (&mut keys, &mut values))?;
+        let rows = |a: Array| a.reshape(&[n, heads * dim]);
+        store.write_quantized_slots(&slots, &rows(keys)?, &rows(values)?)?;
+        out
+    } else {
+        write((&positions, &slots), store.arrays_mut(heads, dim, device)?)?
+    };
     for s in seqs.iter_mut() {
         s.len += 1;
     }
@@ -230,6 +246,9 @@ pub(crate) fn attend_decodes(seqs: &[&mut PagedKv], q: &Array, scale: f32, sinks
     let tables: Vec<_> = seqs.iter().map(|s| lock(&s.table)).collect();
     let paged: Vec<PagedSeq> = seqs.iter().zip(&tables).map(|(s, t)| PagedSeq { table: t, len: s.len }).collect();
     let store = lock(&first.store);
+    if let Some((k, v)) = store.quantized_on_device() {
+        return Ok(nuvec::paged_decode_attention_quantized(q, k, v, &paged, first.block_size, scale, sinks)?);
+    }
     let (k, v) = store.arrays()?;
     Ok(nuvec::paged_decode_attention(q, k, v, &paged, first.block_size, scale, sinks)?)
 }

@@ -30,7 +30,7 @@ mod window;
 
 use std::sync::{Arc, Mutex};
 
-use nuvec::{Array, Device, QuantSpec};
+use nuvec::{Array, QuantSpec};
 
 use checkpoints::Checkpoints;
 pub use checkpoints::DEFAULT_CHECKPOINT_BYTES;
@@ -120,7 +120,7 @@ impl PagedCache {
     /// [`PagedCache::new`] with keys and values quantized to `bits` in groups of `group_size`
     /// along the head dimension (mlx-lm's quantized cache with `quantized_kv_start` 0: a
     /// sequence's first pass from position 0 attends its own rows in full precision, every
-    /// later pass reads them quantized). The CPU only, for now.
+    /// later pass reads them quantized). On a GPU the rows are quantized and read there.
     pub fn new_quantized(
         model: &Model,
         blocks: usize,
@@ -130,12 +130,6 @@ impl PagedCache {
         group_size: usize,
     ) -> Result<Self> {
         let spec = super::quantized::kv_spec(bits, group_size)?;
-        if model.device() != Device::Cpu {
-            return Err(Error::Unsupported(format!(
-                "a quantized paged cache on {} is not built (the CPU has one); run without kv_bits there",
-                model.device()
-            )));
-        }
         // The head sizes show in a one-token pass: a group size that does not divide one is
         // refused now rather than at a request's first step.
         let mut probe = model.new_cache();

@@ -1,8 +1,8 @@
 //! One layer's keys and values of every block: one array each, `[1, blocks * block_size,
 //! kv_heads * head_dim]` (positions first, as the projections produce them; made on first use),
-//! or, in a quantized cache, a quantized row per position ([`QuantBlocks`], host memory).
+//! or, in a quantized cache, a quantized row per position ([`QuantBlocks`]).
 
-use nuvec::{Array, DType, Device, Matrix, QuantSpec};
+use nuvec::{Array, DType, Device, Matrix, QuantSpec, Quantized};
 
 use super::quant_blocks::QuantBlocks;
 use crate::{Error, Result};
@@ -12,7 +12,7 @@ use crate::{Error, Result};
 pub(crate) enum KvForm {
     /// Arrays of this element type.
     Plain(DType),
-    /// Rows quantized so (the CPU only); a sequence's first pass keeps its rows in the plain
+    /// Rows quantized so; a sequence's first pass keeps its rows in the plain
     /// type for its own attention, as mlx-lm's plain cache holds them before it is quantized.
     Quantized(QuantSpec, DType),
 }
@@ -70,17 +70,17 @@ impl LayerStore {
 
     /// Makes a quantized store's rows for `heads` heads of `dim` features at the first write,
     /// and refuses a later write of another shape.
-    fn ready_quantized(&mut self, spec: QuantSpec, heads: usize, dim: usize) -> Result<()> {
+    fn ready_quantized(&mut self, spec: QuantSpec, heads: usize, dim: usize, device: Device) -> Result<()> {
         match &self.quantized {
-            Some((_, _, shape)) if *shape == [heads, dim] => Ok(()),
+            Some((k, _, shape)) if *shape == [heads, dim] && k.device() == device => Ok(()),
             Some((_, _, shape)) => Err(Error::Invalid(format!(
                 "a paged layer made for {} heads of {} features on its first write was given {heads} of {dim}",
                 shape[0], shape[1]
             ))),
             None => {
                 let positions = self.blocks * self.block_size;
-                let keys = QuantBlocks::new(positions, heads, dim, spec)?;
-                let values = QuantBlocks::new(positions, heads, dim, spec)?;
+                let keys = QuantBlocks::new(positions, heads, dim, spec, device)?;
+                let values = QuantBlocks::new(positions, heads, dim, spec, device)?;
                 self.quantized = Some((keys, values, [heads, dim]));
                 Ok(())
             }
@@ -91,13 +91,7 @@ impl LayerStore {
     pub(crate) fn write(&mut self, at: usize, keys: &Array, values: &Array) -> Result<()> {
         let (n, heads, dim) = (keys.dim(0), keys.dim(1), keys.dim(2));
         if let KvForm::Quantized(spec, _) = self.form {
-            if keys.device() != Device::Cpu {
-                return Err(Error::Unsupported(format!(
-                    "quantized keys and values in a paged cache on {} are not built (the CPU has them); run without kv_bits there",
-                    keys.device()
-                )));
-            }
-            self.ready_quantized(spec, heads, dim)?;
+            self.ready_quantized(spec, heads, dim, keys.device())?;
             let (k, v, _) = self.quantized.as_mut().expect("made above");
             k.write(at, keys)?;
             return v.write(at, values);
@@ -116,7 +110,7 @@ impl LayerStore {
         let blocks = self.blocks;
         if let Some((k, v, _)) = self.quantized.as_mut() {
             for q in [k, v] {
-                q.copy(from as usize * bs, to as usize * bs, bs);
+                q.copy(from as usize * bs, to as usize * bs, bs)?;
             }
             return Ok(());
         }
@@ -127,6 +121,33 @@ impl LayerStore {
             a.write_axis1(&rows.reshape(&[1, bs, width])?, to as usize * bs)?;
         }
         Ok(())
+    }
+
+    /// Whether a decode step can read this layer's keys and values where they are (one op over
+    /// every sequence): a plain store, or quantized rows on a GPU.
+    pub(crate) fn reads_in_place(&self) -> bool {
+        match (&self.form, &self.quantized) {
+            (KvForm::Plain(_), _) => true,
+            (KvForm::Quantized(..), Some((k, _, _))) => k.on_device().is_some(),
+            // Nothing written yet: where the first write puts the rows is not known.
+            (KvForm::Quantized(..), None) => false,
+        }
+    }
+
+    /// A quantized store's keys and values on a GPU.
+    pub(crate) fn quantized_on_device(&self) -> Option<(&Quantized, &Quantized)> {
+        let (k, v, _) = self.quantized.as_ref()?;
+        Some((k.on_device()?, v.on_device()?))
+    }
+
+    /// Quantizes `keys, values [n, heads * dim]` (f32), row `i` into physical position
+    /// `slots[i]`, in a quantized store on a GPU.
+    pub(crate) fn write_quantized_slots(&mut self, slots: &[usize], keys: &Array, values: &Array) -> Result<()> {
+        let Some((k, v, _)) = self.quantized.as_mut() else {
+            return Err(Error::Invalid("a decode step's quantized rows for a store that has none yet".into()));
+        };
+        k.write_slots(slots, keys)?;
+        v.write_slots(slots, values)
     }
 
     /// The keys and values of every block for writing, made for `heads` heads of `dim` features
@@ -149,8 +170,10 @@ impl LayerStore {
     /// `[heads, to - from, dim]`: the blocks holding them gathered, the ends cut, one transpose.
     pub(crate) fn gather_range(&self, table: &[u32], from: usize, to: usize) -> Result<(Array, Array)> {
         if let Some((k, v, _)) = self.quantized.as_ref() {
-            let runs = runs(table, self.block_size, from, to);
-            return Ok((k.dequantize(&runs)?, v.dequantize(&runs)?));
+            return Ok((
+                k.dequantize(table, self.block_size, from, to)?,
+                v.dequantize(table, self.block_size, from, to)?,
+            ));
         }
         let Some((k, v, [heads, dim])) = self.arrays.as_ref() else {
             return Err(Error::Invalid("a paged layer read before anything was written to it".into()));

@@ -627,7 +627,7 @@ fn write_step(st: &State, step: u64, delta: i32, token: u32) -> Result<()> {
 }
 
 /// Enqueues a copy of `len` bytes between two device addresses.
-fn copy_device(st: &State, dst: u64, src: u64, len: usize) -> Result<()> {
+pub(crate) fn copy_device(st: &State, dst: u64, src: u64, len: usize) -> Result<()> {
     if len == 0 {
         return Ok(());
     }

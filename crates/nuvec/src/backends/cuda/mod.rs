@@ -50,7 +50,7 @@ pub(crate) use pending::PendingDownload;
 pub const PRELUDE: &str = include_str!("kernels/common.cuh");
 
 /// The kernel sources, by file name, without the [`PRELUDE`].
-pub const SOURCES: [(&str, &str); 15] = [
+pub const SOURCES: [(&str, &str); 16] = [
     ("elementwise.cu", include_str!("kernels/elementwise.cu")),
     ("linear.cu", include_str!("kernels/linear.cu")),
     ("attention.cu", include_str!("kernels/attention.cu")),
@@ -77,6 +77,8 @@ pub const SOURCES: [(&str, &str); 15] = [
     ("qimma.cu", include_str!("kernels/qimma.cu")),
     // Sampled requests' draws where the logits are.
     ("sampling.cu", include_str!("kernels/sampling.cu")),
+    // A paged cache's quantized keys and values.
+    ("kv_quant.cu", include_str!("kernels/kv_quant.cu")),
 ];
 
 /// The value `NUVEC_NVRTC_DEFINES` (comma-separated `NAME=VALUE` kernel macros, experiments

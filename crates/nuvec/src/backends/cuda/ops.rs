@@ -225,6 +225,8 @@ mod moe;
 mod moe_router;
 pub use moe::{set_moe_gather_rows, set_moe_grouped_rows};
 mod paged;
+// a paged cache's quantized keys and values (kernels/kv_quant.cu)
+mod kv_quant;
 // which sequences of a paged decode step share their first keys
 mod shared_prefix;
 // keys and values of f16 or bf16: conversions on the device
@@ -869,6 +871,39 @@ impl Backend for CudaBackend {
         sinks: Option<&[f32]>,
     ) -> Result<Array> {
         self.paged_attention(q, k, v, seqs, block_size, scale, sinks)
+    }
+
+    fn paged_decode_attention_quantized(
+        &self,
+        q: &Array,
+        k: &crate::Quantized,
+        v: &crate::Quantized,
+        seqs: &[crate::PagedSeq<'_>],
+        block_size: usize,
+        scale: f32,
+        sinks: Option<&[f32]>,
+    ) -> Result<Array> {
+        self.paged_attention_quantized(q, k, v, seqs, block_size, scale, sinks)
+    }
+
+    fn copy_rows_within(&self, a: &mut Array, from: usize, to: usize, n: usize) -> Result<()> {
+        self.rows_within(a, from, to, n)
+    }
+
+    fn quantize_rows_into(&self, rows: &Array, store: &mut crate::Quantized, slots: &[usize]) -> Result<()> {
+        self.kv_quantize_rows(rows, store, slots)
+    }
+
+    fn dequantize_paged(
+        &self,
+        store: &crate::Quantized,
+        heads: usize,
+        table: &[u32],
+        block_size: usize,
+        from: usize,
+        to: usize,
+    ) -> Result<Array> {
+        self.kv_dequantize_paged(store, heads, table, block_size, from, to)
     }
     // decode fusions (ops/fused.rs)
 

@@ -138,6 +138,8 @@ struct ContigRows {
     int d4;
     __device__ __forceinline__ const typename E::raw* key(int j) const { return keys + (size_t)j * d4; }
     __device__ __forceinline__ const typename E::raw* val(int j) const { return vals + (size_t)j * d4; }
+    __device__ __forceinline__ typename E::raw load_key(int j, int c) const { return key(j)[c]; }
+    __device__ __forceinline__ typename E::raw load_val(int j, int c) const { return val(j)[c]; }
 };
 template <class E>
 struct PagedRows {
@@ -151,6 +153,62 @@ struct PagedRows {
     }
     __device__ __forceinline__ const typename E::raw* key(int j) const { return k + at(j); }
     __device__ __forceinline__ const typename E::raw* val(int j) const { return v + at(j); }
+    __device__ __forceinline__ typename E::raw load_key(int j, int c) const { return key(j)[c]; }
+    __device__ __forceinline__ typename E::raw load_val(int j, int c) const { return val(j)[c]; }
+    // The rows of KV head kvh (heads of 4 * d4 values) of the sequence whose blocks are seq_table.
+    __device__ __forceinline__ PagedRows of(const int* seq_table, int kvh, int d4) const {
+        PagedRows r = *this;
+        r.table = seq_table;
+        r.head4 = kvh * d4;
+        return r;
+    }
+};
+// Keys and values quantized to BITS (4 or 8) as kv_quant.cu stores them: row r holds
+// `width` values in words [r, width * BITS / 32] and one scale and bias per group of gs
+// [r, width / gs]. A lane's 4 values are one 32-bit word (8 bits) or half of one (4 bits), within
+// one group (gs a multiple of 4), widened as kv_dequantize_paged_f32 writes them (scale * code +
+// bias, each rounded), so attention over them is attention over those f32 values bit for bit.
+struct QuantRaw {
+    u32 codes;
+    float scale, bias;
+};
+template <int BITS>
+struct QuantKv {
+    typedef QuantRaw raw;
+    static __device__ __forceinline__ float4 widen(QuantRaw r) {
+        const u32 m = (1u << BITS) - 1u;
+        return make_float4(__fadd_rn(__fmul_rn(r.scale, (float)(r.codes & m)), r.bias),
+                           __fadd_rn(__fmul_rn(r.scale, (float)((r.codes >> BITS) & m)), r.bias),
+                           __fadd_rn(__fmul_rn(r.scale, (float)((r.codes >> (2 * BITS)) & m)), r.bias),
+                           __fadd_rn(__fmul_rn(r.scale, (float)((r.codes >> (3 * BITS)) & m)), r.bias));
+    }
+};
+template <int BITS>
+struct QuantPagedRows {
+    typedef QuantKv<BITS> Kv;
+    const u32* kw;
+    const float* ks;
+    const float* kb;
+    const u32* vw;
+    const float* vs;
+    const float* vb;
+    const int* table;
+    int block_size, width, head, gs;
+    __device__ __forceinline__ QuantRaw load(const u32* w, const float* s, const float* b, int j, int c) const {
+        const size_t row = (size_t)table[j / block_size] * block_size + j % block_size;
+        const int idx = head + 4 * c, bit = idx * BITS;
+        const u32 word = w[row * (size_t)(width / 32 * BITS) + (bit >> 5)];
+        const size_t g = row * (size_t)(width / gs) + idx / gs;
+        return QuantRaw{BITS == 8 ? word : word >> (bit & 31), s[g], b[g]};
+    }
+    __device__ __forceinline__ QuantRaw load_key(int j, int c) const { return load(kw, ks, kb, j, c); }
+    __device__ __forceinline__ QuantRaw load_val(int j, int c) const { return load(vw, vs, vb, j, c); }
+    __device__ __forceinline__ QuantPagedRows of(const int* seq_table, int kvh, int d4) const {
+        QuantPagedRows r = *this;
+        r.table = seq_table;
+        r.head = kvh * 4 * d4;
+        return r;
+    }
 };
 
 // The warps' states (running maximum, sum and values of their keys) combined into one split's
@@ -215,14 +273,12 @@ __device__ __forceinline__ void atts_core(float* pv, const float4* qv, Rows rows
         for (int b = 0; b < KB; ++b) {
             const int j = j0 + ATTS_WARPS * b;
             // Past the end no row is addressed (a paged table has no entry there).
-            const Raw* kr = j < j_end ? rows.key(j) : nullptr;
-            const Raw* vr = j < j_end ? rows.val(j) : nullptr;
 #pragma unroll
             for (int i = 0; i < SLOTS; ++i) {
                 int c = lane + 32 * i;
                 if (j < j_end && c < d4) {
-                    kk[b][i] = kr[c];
-                    vv[b][i] = vr[c];
+                    kk[b][i] = rows.load_key(j, c);
+                    vv[b][i] = rows.load_val(j, c);
                 } else {
                     kk[b][i] = vv[b][i] = Raw{};
                 }
@@ -376,11 +432,9 @@ __device__ __forceinline__ void atts_group(float* pv0, size_t pv_step, const flo
 #pragma unroll
         for (int b = 0; b < KB; ++b) {
             const int j = j0 + ATTS_WARPS * b;
-            const Raw* kr = j < j_end ? rows.key(j) : nullptr;
-            const Raw* vr = j < j_end ? rows.val(j) : nullptr;
             if (j < j_end && on) {
-                kk[b] = kr[lane];
-                vv[b] = vr[lane];
+                kk[b] = rows.load_key(j, lane);
+                vv[b] = rows.load_val(j, lane);
             } else {
                 kk[b] = vv[b] = Raw{};
             }
@@ -435,12 +489,13 @@ __device__ __forceinline__ void atts_group(float* pv0, size_t pv_step, const flo
 // (a step of many sequences, where the sequences alone fill the GPU): chunk = keys for every
 // sequence, so each block has work of one size and a sequence takes as many splits as its length
 // needs. Sequence t's blocks are tables[t * table_stride ..], its length lens[t].
-template <class E>
-__device__ __forceinline__ void paged_body(float* part, const float* q, const void* k, const void* v,
-                                           const int* tables, int table_stride, const int* lens, int hq, int hkv,
-                                           int d, int block_size, float scale, int want, int keys, int gh,
-                                           float* sm_m, float* sm_l, float4 (*sm_acc)[32 * ATTS_SLOTS]) {
-    typedef typename E::raw Raw;
+// `stores`: the rows of every sequence and KV head, as base (Rows::of picks sequence t's and
+// head kvh's).
+template <class Rows>
+__device__ __forceinline__ void paged_body(float* part, const float* q, Rows stores, const int* tables,
+                                           int table_stride, const int* lens, int hq, int hkv, int d, float scale,
+                                           int want, int keys, int gh, float* sm_m, float* sm_l,
+                                           float4 (*sm_acc)[32 * ATTS_SLOTS]) {
     const int h = blockIdx.x * gh, t = blockIdx.y, s = blockIdx.z;
     const int kv_len = lens[t];
     const int chunk = keys > 0 ? keys : max((kv_len + want - 1) / want, 32);
@@ -457,12 +512,17 @@ __device__ __forceinline__ void paged_body(float* part, const float* q, const vo
         }
         return;
     }
-    PagedRows<E> rows{(const Raw*)k, (const Raw*)v, tables + (size_t)t * table_stride, block_size, hkv * d4, kvh * d4};
+    const Rows rows = stores.of(tables + (size_t)t * table_stride, kvh, d4);
     const float4* qv = (const float4*)(q + ((size_t)t * hq + h) * d);
     if (gh == 4) atts_group<4>(pv, pv_step, qv, rows, d, scale, j_begin, j_end, sm_m, sm_l, sm_acc);
     else if (gh == 3) atts_group<3>(pv, pv_step, qv, rows, d, scale, j_begin, j_end, sm_m, sm_l, sm_acc);
     else if (gh == 2) atts_group<2>(pv, pv_step, qv, rows, d, scale, j_begin, j_end, sm_m, sm_l, sm_acc);
     else atts_sized(pv, qv, rows, d, scale, j_begin, j_end, sm_m, sm_l, sm_acc);
+}
+template <class E>
+__device__ __forceinline__ PagedRows<E> paged_store(const void* k, const void* v, int block_size, int hkv, int d) {
+    typedef typename E::raw Raw;
+    return PagedRows<E>{(const Raw*)k, (const Raw*)v, nullptr, block_size, hkv * (d >> 2), 0};
 }
 extern "C" __global__ void paged_attention_split_f32(float* part, const float* q, const void* k, const void* v,
                                                      const int* tables, int table_stride, const int* lens, int hq,
@@ -472,14 +532,34 @@ extern "C" __global__ void paged_attention_split_f32(float* part, const float* q
     __shared__ float sm_m[ATTS_WARPS], sm_l[ATTS_WARPS];
     __shared__ float4 sm_acc[ATTS_WARPS][32 * ATTS_SLOTS];
     if (kv_dt == DT_F32)
-        paged_body<F32Kv>(part, q, k, v, tables, table_stride, lens, hq, hkv, d, block_size, scale, want, keys, gh,
-                          sm_m, sm_l, sm_acc);
+        paged_body(part, q, paged_store<F32Kv>(k, v, block_size, hkv, d), tables, table_stride, lens, hq, hkv, d,
+                   scale, want, keys, gh, sm_m, sm_l, sm_acc);
     else if (kv_dt == DT_F16)
-        paged_body<HalfKv<DT_F16>>(part, q, k, v, tables, table_stride, lens, hq, hkv, d, block_size, scale, want, keys,
-                                   gh, sm_m, sm_l, sm_acc);
+        paged_body(part, q, paged_store<HalfKv<DT_F16>>(k, v, block_size, hkv, d), tables, table_stride, lens, hq, hkv,
+                   d, scale, want, keys, gh, sm_m, sm_l, sm_acc);
     else
-        paged_body<HalfKv<DT_BF16>>(part, q, k, v, tables, table_stride, lens, hq, hkv, d, block_size, scale, want,
-                                    keys, gh, sm_m, sm_l, sm_acc);
+        paged_body(part, q, paged_store<HalfKv<DT_BF16>>(k, v, block_size, hkv, d), tables, table_stride, lens, hq,
+                   hkv, d, scale, want, keys, gh, sm_m, sm_l, sm_acc);
+}
+// paged_attention_split_f32 over a quantized store (QuantPagedRows: words kw / vw, scales ks / vs,
+// biases kb / vb, `bits` 4 or 8 in groups of gs): the same splits and partials as over the store
+// dequantized to f32, bit for bit.
+extern "C" __global__ void paged_attention_split_quant_f32(float* part, const float* q, const u32* kw,
+                                                           const float* ks, const float* kb, const u32* vw,
+                                                           const float* vs, const float* vb, const int* tables,
+                                                           int table_stride, const int* lens, int hq, int hkv, int d,
+                                                           int block_size, float scale, int want, int keys, int bits,
+                                                           int gs, int gh) {
+    pdl_begin();
+    __shared__ float sm_m[ATTS_WARPS], sm_l[ATTS_WARPS];
+    __shared__ float4 sm_acc[ATTS_WARPS][32 * ATTS_SLOTS];
+    if (bits == 8) {
+        QuantPagedRows<8> stores{kw, ks, kb, vw, vs, vb, nullptr, block_size, hkv * d, 0, gs};
+        paged_body(part, q, stores, tables, table_stride, lens, hq, hkv, d, scale, want, keys, gh, sm_m, sm_l, sm_acc);
+    } else {
+        QuantPagedRows<4> stores{kw, ks, kb, vw, vs, vb, nullptr, block_size, hkv * d, 0, gs};
+        paged_body(part, q, stores, tables, table_stride, lens, hq, hkv, d, scale, want, keys, gh, sm_m, sm_l, sm_acc);
+    }
 }
 
 // out [L, Hq * D] from the S partials of each (query, head): one block per (head, query).

@@ -9,10 +9,13 @@ use cudarc::driver::LaunchConfig;
 
 use super::shared_prefix::{shared_prefixes, SharedPrefixes, PX_KEYS, PX_TILE, PX_WARPS};
 use super::{split_rows_aligned, to_i32, CudaBackend, ATTS_MAX_DIM, ATTS_TARGET_BLOCKS, ATTS_THREADS, DT_BF16, DT_F16};
-use crate::backend::{check_paged, paged_decode_attention_composed, PagedSeq};
+use crate::backend::{
+    check_paged, check_paged_quantized, paged_decode_attention_composed, paged_decode_attention_quantized_composed,
+    PagedSeq,
+};
 use crate::backends::cuda::knobs::Knobs;
 use crate::backends::cuda::{Derived, DeviceBuffer, State};
-use crate::{Array, DType, Error, Result};
+use crate::{Array, DType, Error, Quantized, Result};
 
 impl CudaBackend {
     /// [`crate::Backend::paged_decode_attention`].
@@ -40,21 +43,12 @@ impl CudaBackend {
         // query), so its partials and result are that decode's; unless the step has sequences
         // enough to fill the GPU without splitting them so finely (`batch_splits`).
         let want = ATTS_TARGET_BLOCKS.div_ceil(hq).max(1);
-        let stride = seqs.iter().map(|s| s.len.div_ceil(block_size)).max().unwrap_or(1);
-        let mut tables = vec![0i32; n * stride];
-        for (row, s) in tables.chunks_exact_mut(stride).zip(seqs) {
-            for (t, &b) in row.iter_mut().zip(&s.table[..s.len.div_ceil(block_size)]) {
-                *t = to_i32(op, "block id", b as usize)?;
-            }
-        }
-        let lens = seqs.iter().map(|s| to_i32(op, "sequence length", s.len)).collect::<Result<Vec<i32>>>()?;
-        let (tables, lens) = (self.upload_shared(&tables)?, self.upload_shared(&lens)?);
+        let (tables, stride, lens) = self.step_tables(op, seqs, block_size)?;
         let sp = match sinks {
             Some(s) => self.sinks_table(s)?,
             None => 0,
         };
         let out = self.output(&[n, hq * d], DType::F32, false)?;
-        let o = out.cuda_ptr()?;
 
         let (tp, lp) = (tables.ptr(), lens.ptr());
         let (stridei, hqi, hkvi, di) = (to_i32(op, "table", stride)?, hq as i32, hkv as i32, d as i32);
@@ -139,6 +133,23 @@ impl CudaBackend {
             launch!(self.st()?, op, "paged_attention_split_f32", cfg;
                 pp, qp, kp, vp, tp, stridei, lp, hqi, hkvi, di, bsi, scale, wanti, keysi, kv_dt, ghi);
         }
+        self.merge_partials(op, &out, pp, (n, hq, d, splits), sp)?;
+        Ok(out)
+    }
+
+    /// The merge of a paged decode's partials `pp` (`splits` per sequence and head) into `out
+    /// [n, Hq * D]`, `sp` the sinks' device table (0 for none).
+    fn merge_partials(
+        &self,
+        op: &'static str,
+        out: &Array,
+        pp: u64,
+        dims: (usize, usize, usize, usize),
+        sp: u64,
+    ) -> Result<()> {
+        let (n, hq, d, splits) = dims;
+        let o = out.cuda_ptr()?;
+        let (hqi, di, splitsi) = (hq as i32, d as i32, to_i32(op, "splits", splits)?);
         let cfg = LaunchConfig { grid_dim: (hq as u32, n as u32, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
         // The rows as the output projection's bf16 input too, where it could read them so (the
         // merge's warps hold whole 32-value chunks when D is a multiple of 32).
@@ -148,7 +159,99 @@ impl CudaBackend {
         if let Some(tiles) = tiles {
             out.set_derived(Derived::Bf16Tiles { k: hq * d }, tiles);
         }
+        Ok(())
+    }
+
+    /// [`crate::Backend::paged_decode_attention_quantized`]: attention.cu's
+    /// `paged_attention_split_quant_f32` reading 4- and 8-bit codes in place, with the f32 store's
+    /// splits (so each sequence's result is its attention over its positions dequantized, bit
+    /// for bit, while the step keeps each sequence's solo splits), then the merge. Other widths,
+    /// and head sizes the split kernel does not take, go through the composed default.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn paged_attention_quantized(
+        &self,
+        q: &Array,
+        k: &Quantized,
+        v: &Quantized,
+        seqs: &[PagedSeq<'_>],
+        block_size: usize,
+        scale: f32,
+        sinks: Option<&[f32]>,
+    ) -> Result<Array> {
+        let op = "paged_decode_attention_quantized";
+        let (n, hq, hkv, d, _) = check_paged_quantized(q, k, v, seqs, block_size, sinks)?;
+        let qp = self.f32_ptr(op, "q", q)?;
+        let bits = k.spec.bits;
+        if !(bits == 4 || bits == 8) || !d.is_multiple_of(4) || !qp.is_multiple_of(16) || d > ATTS_MAX_DIM || n > 65535
+        {
+            return paged_decode_attention_quantized_composed(self, q, k, v, seqs, block_size, scale, sinks);
+        }
+        self.st()?.not_capturing("paged decode attention")?;
+        let mut ptrs = [0u64; 6];
+        for (slot, (part, name)) in ptrs.iter_mut().zip([
+            (&k.packed, "key words"),
+            (&k.scales, "key scales"),
+            (&k.biases, "key biases"),
+            (&v.packed, "value words"),
+            (&v.scales, "value scales"),
+            (&v.biases, "value biases"),
+        ]) {
+            *slot = self.ptr(op, name, part)?;
+        }
+        let [kw, ks, kb, vw, vs, vb] = ptrs;
+        let want = ATTS_TARGET_BLOCKS.div_ceil(hq).max(1);
+        let (tables, stride, lens) = self.step_tables(op, seqs, block_size)?;
+        let sp = match sinks {
+            Some(s) => self.sinks_table(s)?,
+            None => 0,
+        };
+        let gh = heads_per_block(n, hq, hkv, d, want);
+        let knobs = &self.st()?.knobs;
+        let keys_of = KeyCounts {
+            total: seqs.iter().map(|s| s.len).sum(),
+            longest: seqs.iter().map(|s| s.len).max().unwrap_or(0),
+        };
+        let (keys, splits) = batch_splits(n, keys_of, hq / gh, want, knobs.atts_batch_blocks).unwrap_or((0, want));
+        let part = DeviceBuffer::alloc(self.st()?, n * hq * splits * (d + 2) * 4)?;
+        let pp = part.ptr();
+        let out = self.output(&[n, hq * d], DType::F32, false)?;
+        let cfg = LaunchConfig {
+            grid_dim: ((hq / gh) as u32, n as u32, splits as u32),
+            block_dim: (ATTS_THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let (tp, lp, stridei) = (tables.ptr(), lens.ptr(), to_i32(op, "table", stride)?);
+        let (hqi, hkvi, di, bsi) = (hq as i32, hkv as i32, d as i32, to_i32(op, "block size", block_size)?);
+        let (wanti, keysi, bitsi, gsi, ghi) = (
+            to_i32(op, "splits", want)?,
+            to_i32(op, "keys per split", keys)?,
+            bits as i32,
+            k.spec.group_size as i32,
+            gh as i32,
+        );
+        launch!(self.st()?, op, "paged_attention_split_quant_f32", cfg;
+            pp, qp, kw, ks, kb, vw, vs, vb, tp, stridei, lp, hqi, hkvi, di, bsi, scale, wanti, keysi, bitsi, gsi, ghi);
+        self.merge_partials(op, &out, pp, (n, hq, d, splits), sp)?;
         Ok(out)
+    }
+
+    /// A step's block tables (one row of `stride` block ids per sequence, the blocks its
+    /// positions use) and lengths, on the device.
+    fn step_tables(
+        &self,
+        op: &'static str,
+        seqs: &[PagedSeq<'_>],
+        block_size: usize,
+    ) -> Result<(std::sync::Arc<DeviceBuffer>, usize, std::sync::Arc<DeviceBuffer>)> {
+        let stride = seqs.iter().map(|s| s.len.div_ceil(block_size)).max().unwrap_or(1);
+        let mut tables = vec![0i32; seqs.len() * stride];
+        for (row, s) in tables.chunks_exact_mut(stride).zip(seqs) {
+            for (t, &b) in row.iter_mut().zip(&s.table[..s.len.div_ceil(block_size)]) {
+                *t = to_i32(op, "block id", b as usize)?;
+            }
+        }
+        let lens = seqs.iter().map(|s| to_i32(op, "sequence length", s.len)).collect::<Result<Vec<i32>>>()?;
+        Ok((self.upload_shared(&tables)?, stride, self.upload_shared(&lens)?))
     }
 }
 
