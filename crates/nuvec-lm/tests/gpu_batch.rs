@@ -79,14 +79,7 @@ fn check_lengths(case: &str, kv: Option<KvDtype>, relative: f32, lengths: &[usiz
     let model = model_on_gpu(case, kv);
     let prompts = prompts(&model, lengths);
     let mut paged = PagedCache::new(&model, 1024, 16, lengths.len()).unwrap();
-    let mut ids = vec![];
-    for p in &prompts {
-        let id = paged.add().unwrap();
-        if p.len() > 1 {
-            paged.step(&model, &[(id, &p[..p.len() - 1])]).unwrap();
-        }
-        ids.push(id);
-    }
+    let ids = prefilled(&model, &prompts, &mut paged);
     let widest = decodes_match_alone(case, &model, &prompts, &ids, &mut paged, relative, &CacheOptions::default());
     // Batch invariance: every sequence's first step, batched, equals its own batch of one.
     let mut caches: Vec<_> = prompts.iter().map(|_| model.new_cache()).collect();
@@ -105,6 +98,19 @@ fn check_lengths(case: &str, kv: Option<KvDtype>, relative: f32, lengths: &[usiz
         "RESULT gpu_batch {case} kv={kv:?}: {} sequences x {STEPS} steps, widest logit difference {widest:e}",
         prompts.len()
     );
+}
+
+/// Each prompt but its last token added to `paged`, prefilled alone; their sequence ids.
+fn prefilled(model: &Model, prompts: &[Vec<u32>], paged: &mut PagedCache) -> Vec<nuvec_lm::SeqId> {
+    let mut ids = vec![];
+    for p in prompts {
+        let id = paged.add().unwrap();
+        if p.len() > 1 {
+            paged.step(model, &[(id, &p[..p.len() - 1])]).unwrap();
+        }
+        ids.push(id);
+    }
+    ids
 }
 
 /// `STEPS` decode steps of the sequences `ids` of `paged` (each holding its prompt but the last
@@ -236,14 +242,7 @@ fn quantized_paged_caches_on_the_gpu() {
         for lengths in [&[40][..], &LENGTHS[..]] {
             let prompts = prompts(&model, lengths);
             let mut paged = PagedCache::new_quantized(&model, 1024, 16, lengths.len(), bits, group).unwrap();
-            let mut ids = vec![];
-            for p in &prompts {
-                let id = paged.add().unwrap();
-                if p.len() > 1 {
-                    paged.step(&model, &[(id, &p[..p.len() - 1])]).unwrap();
-                }
-                ids.push(id);
-            }
+            let ids = prefilled(&model, &prompts, &mut paged);
             let widest = decodes_match_alone(case, &model, &prompts, &ids, &mut paged, 0.0, &options);
             if lengths.len() == 1 {
                 assert_eq!(widest, 0.0, "{case} {bits}-bit g{group}: a batch of one is not the quantized cache's");
