@@ -248,7 +248,7 @@ impl<'a> StepBatch<'a> {
 
     /// [`StepBatch::each`] with the decodes of a paged store taken together: the sequences
     /// decoding one row each whose caches of `layer` are of one paged store that can be attended
-    /// so ([`PagedKv::decodes_together`]: plain, or quantized on a GPU), at least two of them, go to `decodes` together, with their rows of `xs`
+    /// so ([`PagedKv::decodes_together`]: plain, or quantized past a first pass), at least two of them, go to `decodes` together, with their rows of `xs`
     /// (in step order) and their caches, as one op can attend them
     /// ([`crate::cache::paged::attend_decodes`]); every other sequence (a prefill chunk, another
     /// cache) goes to `f` alone. The results' rows are stacked in sequence order. Without two

@@ -1,8 +1,10 @@
-//! The ops over a paged cache's quantized rows as the CPU backend runs them (the trait's
-//! defaults; tests/cuda_ops.rs holds the CUDA kernels to the same rules): rows quantized into
-//! scattered slots are `quantize_affine`'s, other rows kept; rows copied within a store; a
-//! sequence's positions read back through its block table; decode attention over the stores;
-//! and the inputs each refuses, with the error naming them.
+//! The ops over a paged cache's quantized rows as the CPU backend runs them
+//! (`backends/cpu/quantized_kv.rs`; tests/cuda_ops.rs holds the CUDA kernels to the same rules):
+//! rows quantized into scattered slots are `quantize_affine`'s, other rows kept; rows copied
+//! within a store; a sequence's positions read back through its block table are
+//! `dequantize_rows`'; decode attention over the stores (each task dequantizing its own rows) is,
+//! row by row, attention over each sequence's positions read back; and the inputs each refuses,
+//! with the error naming them.
 
 use nuvec::quantize::{dequantize_rows, quantize_affine};
 use nuvec::{backend, Array, DType, Device, PagedSeq, QuantMode, QuantSpec, Quantized};
@@ -88,9 +90,7 @@ fn positions_read_back_and_attended_through_block_tables() {
             want[(h * 7 + i) * DIM..(h * 7 + i + 1) * DIM].copy_from_slice(&row[h * DIM..(h + 1) * DIM]);
         }
     }
-    let got = got.to_vec::<f32>().unwrap();
-    let worst = got.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
-    assert!(worst <= 1e-6, "dequantize_paged differs from dequantize_rows by {worst}");
+    assert_eq!(got.to_vec::<f32>().unwrap(), want, "dequantize_paged against dequantize_rows");
     // Decode attention of both sequences: each row attention over its positions read back.
     let q = Array::from_slice(&values(2 * 4 * DIM, 3), &[2, 4, DIM]).unwrap();
     let seqs: Vec<PagedSeq> = tables.iter().zip(lens).map(|(t, len)| PagedSeq { table: t, len }).collect();

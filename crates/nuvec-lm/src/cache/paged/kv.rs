@@ -131,8 +131,8 @@ impl PagedKv {
     }
 
     /// Whether a decode step of this layer can attend it with the other sequences of its store
-    /// in one op ([`attend_decodes`]): no window, and either a plain store or quantized rows on a
-    /// GPU past the sequence's first pass (which attends its own rows in full precision).
+    /// in one op ([`attend_decodes`]): no window, and either a plain store or quantized rows past
+    /// the sequence's first pass (which attends its own rows in full precision).
     pub(crate) fn decodes_together(&self) -> bool {
         let store = lock(&self.store);
         self.window.is_none() && store.reads_in_place() && (store.first_pass_dtype().is_none() || self.len > 0)
@@ -246,7 +246,7 @@ pub(crate) fn attend_decodes(seqs: &[&mut PagedKv], q: &Array, scale: f32, sinks
     let tables: Vec<_> = seqs.iter().map(|s| lock(&s.table)).collect();
     let paged: Vec<PagedSeq> = seqs.iter().zip(&tables).map(|(s, t)| PagedSeq { table: t, len: s.len }).collect();
     let store = lock(&first.store);
-    if let Some((k, v)) = store.quantized_on_device() {
+    if let Some((k, v)) = store.quantized_rows() {
         return Ok(nuvec::paged_decode_attention_quantized(q, k, v, &paged, first.block_size, scale, sinks)?);
     }
     let (k, v) = store.arrays()?;

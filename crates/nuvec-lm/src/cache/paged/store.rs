@@ -124,24 +124,19 @@ impl LayerStore {
     }
 
     /// Whether a decode step can read this layer's keys and values where they are (one op over
-    /// every sequence): a plain store, or quantized rows on a GPU.
+    /// every sequence): a plain store, or a quantized one written before.
     pub(crate) fn reads_in_place(&self) -> bool {
-        match (&self.form, &self.quantized) {
-            (KvForm::Plain(_), _) => true,
-            (KvForm::Quantized(..), Some((k, _, _))) => k.on_device().is_some(),
-            // Nothing written yet: where the first write puts the rows is not known.
-            (KvForm::Quantized(..), None) => false,
-        }
+        matches!(self.form, KvForm::Plain(_)) || self.quantized.is_some()
     }
 
-    /// A quantized store's keys and values on a GPU.
-    pub(crate) fn quantized_on_device(&self) -> Option<(&Quantized, &Quantized)> {
+    /// A quantized store's keys and values.
+    pub(crate) fn quantized_rows(&self) -> Option<(&Quantized, &Quantized)> {
         let (k, v, _) = self.quantized.as_ref()?;
-        Some((k.on_device()?, v.on_device()?))
+        Some((k.rows(), v.rows()))
     }
 
     /// Quantizes `keys, values [n, heads * dim]` (f32), row `i` into physical position
-    /// `slots[i]`, in a quantized store on a GPU.
+    /// `slots[i]`, in a quantized store.
     pub(crate) fn write_quantized_slots(&mut self, slots: &[usize], keys: &Array, values: &Array) -> Result<()> {
         let Some((k, v, _)) = self.quantized.as_mut() else {
             return Err(Error::Invalid("a decode step's quantized rows for a store that has none yet".into()));

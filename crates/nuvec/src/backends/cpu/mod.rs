@@ -16,6 +16,7 @@ mod pool;
 mod qbatch;
 mod qgemv;
 mod qgemv_i8;
+mod quantized_kv;
 mod sampling;
 mod simd;
 
@@ -243,6 +244,35 @@ impl Backend for CpuBackend {
         sinks: Option<&[f32]>,
     ) -> Result<Array> {
         paged_attention::paged_decode_attention(q, k, v, seqs, block_size, scale, sinks)
+    }
+
+    fn quantize_rows_into(&self, rows: &Array, store: &mut crate::Quantized, slots: &[usize]) -> Result<()> {
+        quantized_kv::quantize_rows_into(rows, store, slots)
+    }
+
+    fn dequantize_paged(
+        &self,
+        store: &crate::Quantized,
+        heads: usize,
+        table: &[u32],
+        block_size: usize,
+        from: usize,
+        to: usize,
+    ) -> Result<Array> {
+        quantized_kv::dequantize_paged(store, heads, table, block_size, from, to)
+    }
+
+    fn paged_decode_attention_quantized(
+        &self,
+        q: &Array,
+        k: &crate::Quantized,
+        v: &crate::Quantized,
+        seqs: &[crate::PagedSeq<'_>],
+        block_size: usize,
+        scale: f32,
+        sinks: Option<&[f32]>,
+    ) -> Result<Array> {
+        quantized_kv::paged_decode_attention_quantized(q, k, v, seqs, block_size, scale, sinks)
     }
 
     fn attention_sinks(

@@ -1,0 +1,176 @@
+//! A paged cache's quantized rows in host memory (`Quantized` arrays of `[positions,
+//! kv_heads * head_dim]`): rows quantized into their slots, a sequence's positions read back
+//! through its block table, and the decode of many sequences attending them in place. Each
+//! decode task dequantizes its own key and value rows into a scratch block and runs the f32
+//! decode kernel over it, so a sequence's row is bit for bit attention over its positions read
+//! back, and the dequantization runs in the pool's threads, only over the rows each task reads.
+
+use std::cell::RefCell;
+
+use super::attention::{combine, decode_part, decode_splits, split_chunks, with_partials, with_starts, Sinks};
+use super::kv_rows::KvRows;
+use super::{f32s, pool};
+use crate::backend::{
+    check_paged_quantized, check_quantized_paged, check_quantized_rows, paged_decode_attention_quantized_composed,
+    PagedSeq,
+};
+use crate::quantize::{dequantize_rows, quantize_affine};
+use crate::{Array, DType, Quantized, Result};
+
+thread_local! {
+    /// A decode task's key and value rows, dequantized.
+    static ROWS: RefCell<(Vec<f32>, Vec<f32>)> = const { RefCell::new((Vec::new(), Vec::new())) };
+}
+
+/// [`crate::Backend::quantize_rows_into`]: `quantize_affine` of the rows (groups never cross a
+/// row), each row's words, scales and biases copied into its slot.
+pub(crate) fn quantize_rows_into(rows: &Array, store: &mut Quantized, slots: &[usize]) -> Result<()> {
+    let n = check_quantized_rows(rows, store, slots)?;
+    let (cols, spec) = (store.cols(), store.spec);
+    let q = quantize_affine(&rows.to_f32_vec()?, n, cols, spec, DType::F32)?;
+    let (w, g) = (cols * spec.bits / 32, cols / spec.group_size);
+    copy_to_slots(q.packed.host::<u32>()?, store.packed.host_mut::<u32>()?, w, slots);
+    copy_to_slots(q.scales.host::<f32>()?, store.scales.host_mut::<f32>()?, g, slots);
+    copy_to_slots(q.biases.host::<f32>()?, store.biases.host_mut::<f32>()?, g, slots);
+    Ok(())
+}
+
+/// Row `i` of `rows` (each `width` values) into row `slots[i]` of `out`.
+fn copy_to_slots<T: Copy>(rows: &[T], out: &mut [T], width: usize, slots: &[usize]) {
+    for (row, &slot) in rows.chunks_exact(width).zip(slots) {
+        out[slot * width..(slot + 1) * width].copy_from_slice(row);
+    }
+}
+
+/// One store's rows as the kernels read them: words, scales and biases, and their widths.
+#[derive(Clone, Copy)]
+struct Rows<'a> {
+    words: &'a [u32],
+    scales: &'a [f32],
+    biases: &'a [f32],
+    store: &'a Quantized,
+}
+
+impl<'a> Rows<'a> {
+    fn of(store: &'a Quantized) -> Result<Self> {
+        Ok(Rows { words: store.packed.host()?, scales: store.scales.host()?, biases: store.biases.host()?, store })
+    }
+
+    /// Values `first .. first + n` of row `row` (whole groups) dequantized into `out`.
+    fn dequantize(&self, row: usize, first: usize, n: usize, out: &mut [f32]) {
+        let (spec, cols) = (self.store.spec, self.store.cols());
+        let (w, g) = (cols * spec.bits / 32, cols / spec.group_size);
+        let (w0, g0) = (row * w + first * spec.bits / 32, row * g + first / spec.group_size);
+        let (words, groups) = (n * spec.bits / 32, n / spec.group_size);
+        let (s, b) = (&self.scales[g0..g0 + groups], &self.biases[g0..g0 + groups]);
+        dequantize_rows(&self.words[w0..w0 + words], s, b, n, spec, out);
+    }
+}
+
+/// [`crate::Backend::dequantize_paged`]: each position's row dequantized (`dequantize_rows`), its
+/// heads copied to their places.
+pub(crate) fn dequantize_paged(
+    store: &Quantized,
+    heads: usize,
+    table: &[u32],
+    block_size: usize,
+    from: usize,
+    to: usize,
+) -> Result<Array> {
+    let positions = check_quantized_paged(store, heads, table, block_size, from, to)?;
+    let (n, cols) = (to - from, store.cols());
+    let dim = cols / heads;
+    let rows = Rows::of(store)?;
+    let mut out = Array::zeros(&[heads, n, dim], DType::F32);
+    let o = out.host_mut::<f32>()?;
+    let mut row = vec![0f32; cols];
+    for (i, &p) in positions.iter().enumerate() {
+        rows.dequantize(p as usize, 0, cols, &mut row);
+        for (h, head) in row.chunks_exact(dim).enumerate() {
+            o[(h * n + i) * dim..][..dim].copy_from_slice(head);
+        }
+    }
+    Ok(out)
+}
+
+/// Where one sequence's tasks and partials start, and how its keys are split.
+struct Plan {
+    first_task: usize,
+    chunk: usize,
+    splits: usize,
+}
+
+/// [`crate::Backend::paged_decode_attention_quantized`]: the f32 paged decode's tasks and
+/// splits, each task over its rows dequantized (head sizes a multiple of the group size: a
+/// head's values are whole groups; others go through the composed path).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn paged_decode_attention_quantized(
+    q: &Array,
+    k: &Quantized,
+    v: &Quantized,
+    seqs: &[PagedSeq<'_>],
+    block_size: usize,
+    scale: f32,
+    sinks: Sinks,
+) -> Result<Array> {
+    let (n, hq, hkv, d, _) = check_paged_quantized(q, k, v, seqs, block_size, sinks)?;
+    if scale <= 0.0 || !d.is_multiple_of(k.spec.group_size) {
+        // The split-K kernel takes the maximum before scaling; the general path handles a
+        // non-positive scale.
+        return paged_decode_attention_quantized_composed(&super::CpuBackend, q, k, v, seqs, block_size, scale, sinks);
+    }
+    let qd = f32s("paged_decode_attention_quantized", q)?;
+    let (kr, vr) = (Rows::of(k)?, Rows::of(v)?);
+    let group = hq / hkv;
+    let stride = group * (d + 2);
+    let mut tasks = 0;
+    let plans: Vec<Plan> = seqs
+        .iter()
+        .map(|s| {
+            let (chunk, splits) = split_chunks(s.len, decode_splits([hq, d, hkv, s.len], s.len));
+            let plan = Plan { first_task: tasks, chunk, splits };
+            tasks += hkv * splits;
+            plan
+        })
+        .collect();
+    let task = |t: usize, part: &mut [f32]| {
+        let i = plans.partition_point(|p| p.first_task <= t) - 1;
+        let (plan, seq) = (&plans[i], &seqs[i]);
+        let local = t - plan.first_task;
+        let (kvh, c) = (local / plan.splits, local % plan.splits);
+        let (j0, j1) = (c * plan.chunk, ((c + 1) * plan.chunk).min(seq.len));
+        let qs = &qd[(i * hq + kvh * group) * d..(i * hq + (kvh + 1) * group) * d];
+        let mut run = |keys: &mut Vec<f32>, values: &mut Vec<f32>| {
+            keys.resize((j1 - j0) * d, 0.0);
+            values.resize((j1 - j0) * d, 0.0);
+            for (j, (kd, vd)) in (j0..j1).zip(keys.chunks_exact_mut(d).zip(values.chunks_exact_mut(d))) {
+                let row = seq.table[j / block_size] as usize * block_size + j % block_size;
+                kr.dequantize(row, kvh * d, d, kd);
+                vr.dequantize(row, kvh * d, d, vd);
+            }
+            with_starts(|starts| {
+                starts.extend((0..j1 - j0).map(|j| j * d));
+                decode_part(qs, KvRows::F32(keys), KvRows::F32(values), starts, d, scale, part);
+            })
+        };
+        ROWS.with(|cell| match cell.try_borrow_mut() {
+            Ok(mut rows) => {
+                let (keys, values) = &mut *rows;
+                run(keys, values)
+            }
+            Err(_) => run(&mut vec![], &mut vec![]),
+        })
+    };
+    let mut out = Array::zeros(&[n, hq * d], DType::F32);
+    let o = out.host_mut::<f32>()?;
+    with_partials(|partials| {
+        // Every task writes its whole part: the buffer's old contents are never read.
+        partials.resize(tasks * stride, 0.0);
+        pool::for_chunks(&mut partials[..], stride, |start, part| task(start / stride, part));
+        for (plan, o) in plans.iter().zip(o.chunks_exact_mut(hq * d)) {
+            let mine = &partials[plan.first_task * stride..(plan.first_task + hkv * plan.splits) * stride];
+            combine(mine, o, [hq, d, hkv], plan.splits, scale, sinks);
+        }
+    });
+    Ok(out)
+}
