@@ -39,6 +39,30 @@ pub(crate) fn paged_decode_attention(
     }
     let qd = f32s("paged_decode_attention", q)?;
     let (kr, vr) = (KvRows::of("paged_decode_attention", k)?, KvRows::of("paged_decode_attention", v)?);
+    let width = hkv * d;
+    decode_sequences(qd, seqs, [n, hq, hkv, d], scale, sinks, |seq, kvh, keys, qs, part| {
+        with_starts(|starts| {
+            // This KV head's rows of the positions `keys`, in order, where they lie in their blocks.
+            let row = |j: usize| (seq.table[j / block_size] as usize * block_size + j % block_size) * width + kvh * d;
+            starts.extend(keys.map(row));
+            decode_part(qs, kr, vr, starts, d, scale, part);
+        })
+    })
+}
+
+/// The split-K decode of sequences `seqs` (queries `qd [n, hq, d]`): each sequence's keys of
+/// each KV head split as a decode of it alone splits them, `task(seq, kvh, keys, qs, part)`
+/// leaving in `part` the partial of the group of query heads `qs` over positions `keys` (as
+/// [`decode_part`] does), the tasks run in the pool, then each sequence's partials combined in
+/// order into its row of `[n, hq * d]`.
+pub(super) fn decode_sequences(
+    qd: &[f32],
+    seqs: &[PagedSeq<'_>],
+    [n, hq, hkv, d]: [usize; 4],
+    scale: f32,
+    sinks: Sinks,
+    task: impl Fn(&PagedSeq<'_>, usize, std::ops::Range<usize>, &[f32], &mut [f32]) + Sync,
+) -> Result<Array> {
     let group = hq / hkv;
     let stride = group * (d + 2);
     let mut tasks = 0;
@@ -51,27 +75,21 @@ pub(crate) fn paged_decode_attention(
             plan
         })
         .collect();
-    let width = hkv * d;
-    let task = |t: usize, part: &mut [f32]| {
+    let run = |t: usize, part: &mut [f32]| {
         let i = plans.partition_point(|p| p.first_task <= t) - 1;
         let (plan, seq) = (&plans[i], &seqs[i]);
         let local = t - plan.first_task;
         let (kvh, c) = (local / plan.splits, local % plan.splits);
-        let (j0, j1) = (c * plan.chunk, ((c + 1) * plan.chunk).min(seq.len));
-        with_starts(|starts| {
-            // This KV head's rows of positions j0..j1, in order, where they lie in their blocks.
-            let row = |j: usize| (seq.table[j / block_size] as usize * block_size + j % block_size) * width + kvh * d;
-            starts.extend((j0..j1).map(row));
-            let qs = &qd[(i * hq + kvh * group) * d..(i * hq + (kvh + 1) * group) * d];
-            decode_part(qs, kr, vr, starts, d, scale, part);
-        })
+        let keys = c * plan.chunk..((c + 1) * plan.chunk).min(seq.len);
+        let qs = &qd[(i * hq + kvh * group) * d..(i * hq + (kvh + 1) * group) * d];
+        task(seq, kvh, keys, qs, part);
     };
     let mut out = Array::zeros(&[n, hq * d], DType::F32);
     let o = out.host_mut::<f32>()?;
     with_partials(|partials| {
         // Every task writes its whole part: the buffer's old contents are never read.
         partials.resize(tasks * stride, 0.0);
-        pool::for_chunks(&mut partials[..], stride, |start, part| task(start / stride, part));
+        pool::for_chunks(&mut partials[..], stride, |start, part| run(start / stride, part));
         for (plan, o) in plans.iter().zip(o.chunks_exact_mut(hq * d)) {
             let mine = &partials[plan.first_task * stride..(plan.first_task + hkv * plan.splits) * stride];
             combine(mine, o, [hq, d, hkv], plan.splits, scale, sinks);

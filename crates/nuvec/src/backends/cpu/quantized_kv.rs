@@ -7,9 +7,10 @@
 
 use std::cell::RefCell;
 
-use super::attention::{combine, decode_part, decode_splits, split_chunks, with_partials, with_starts, Sinks};
+use super::attention::{decode_part, with_starts, Sinks};
+use super::f32s;
 use super::kv_rows::KvRows;
-use super::{f32s, pool};
+use super::paged_attention::decode_sequences;
 use crate::backend::{
     check_paged_quantized, check_quantized_paged, check_quantized_rows, paged_decode_attention_quantized_composed,
     PagedSeq,
@@ -93,13 +94,6 @@ pub(crate) fn dequantize_paged(
     Ok(out)
 }
 
-/// Where one sequence's tasks and partials start, and how its keys are split.
-struct Plan {
-    first_task: usize,
-    chunk: usize,
-    splits: usize,
-}
-
 /// [`crate::Backend::paged_decode_attention_quantized`]: the f32 paged decode's tasks and
 /// splits, each task over its rows dequantized (head sizes a multiple of the group size: a
 /// head's values are whole groups; others go through the composed path).
@@ -121,56 +115,27 @@ pub(crate) fn paged_decode_attention_quantized(
     }
     let qd = f32s("paged_decode_attention_quantized", q)?;
     let (kr, vr) = (Rows::of(k)?, Rows::of(v)?);
-    let group = hq / hkv;
-    let stride = group * (d + 2);
-    let mut tasks = 0;
-    let plans: Vec<Plan> = seqs
-        .iter()
-        .map(|s| {
-            let (chunk, splits) = split_chunks(s.len, decode_splits([hq, d, hkv, s.len], s.len));
-            let plan = Plan { first_task: tasks, chunk, splits };
-            tasks += hkv * splits;
-            plan
-        })
-        .collect();
-    let task = |t: usize, part: &mut [f32]| {
-        let i = plans.partition_point(|p| p.first_task <= t) - 1;
-        let (plan, seq) = (&plans[i], &seqs[i]);
-        let local = t - plan.first_task;
-        let (kvh, c) = (local / plan.splits, local % plan.splits);
-        let (j0, j1) = (c * plan.chunk, ((c + 1) * plan.chunk).min(seq.len));
-        let qs = &qd[(i * hq + kvh * group) * d..(i * hq + (kvh + 1) * group) * d];
-        let mut run = |keys: &mut Vec<f32>, values: &mut Vec<f32>| {
-            keys.resize((j1 - j0) * d, 0.0);
-            values.resize((j1 - j0) * d, 0.0);
-            for (j, (kd, vd)) in (j0..j1).zip(keys.chunks_exact_mut(d).zip(values.chunks_exact_mut(d))) {
+    decode_sequences(qd, seqs, [n, hq, hkv, d], scale, sinks, |seq, kvh, keys, qs, part| {
+        let mut run = |kd: &mut Vec<f32>, vd: &mut Vec<f32>| {
+            let len = keys.len();
+            kd.resize(len * d, 0.0);
+            vd.resize(len * d, 0.0);
+            for (j, (kr_out, vr_out)) in keys.clone().zip(kd.chunks_exact_mut(d).zip(vd.chunks_exact_mut(d))) {
                 let row = seq.table[j / block_size] as usize * block_size + j % block_size;
-                kr.dequantize(row, kvh * d, d, kd);
-                vr.dequantize(row, kvh * d, d, vd);
+                kr.dequantize(row, kvh * d, d, kr_out);
+                vr.dequantize(row, kvh * d, d, vr_out);
             }
             with_starts(|starts| {
-                starts.extend((0..j1 - j0).map(|j| j * d));
-                decode_part(qs, KvRows::F32(keys), KvRows::F32(values), starts, d, scale, part);
+                starts.extend((0..len).map(|j| j * d));
+                decode_part(qs, KvRows::F32(kd), KvRows::F32(vd), starts, d, scale, part);
             })
         };
         ROWS.with(|cell| match cell.try_borrow_mut() {
             Ok(mut rows) => {
-                let (keys, values) = &mut *rows;
-                run(keys, values)
+                let (kd, vd) = &mut *rows;
+                run(kd, vd)
             }
             Err(_) => run(&mut vec![], &mut vec![]),
         })
-    };
-    let mut out = Array::zeros(&[n, hq * d], DType::F32);
-    let o = out.host_mut::<f32>()?;
-    with_partials(|partials| {
-        // Every task writes its whole part: the buffer's old contents are never read.
-        partials.resize(tasks * stride, 0.0);
-        pool::for_chunks(&mut partials[..], stride, |start, part| task(start / stride, part));
-        for (plan, o) in plans.iter().zip(o.chunks_exact_mut(hq * d)) {
-            let mine = &partials[plan.first_task * stride..(plan.first_task + hkv * plan.splits) * stride];
-            combine(mine, o, [hq, d, hkv], plan.splits, scale, sinks);
-        }
-    });
-    Ok(out)
+    })
 }
