@@ -252,16 +252,14 @@ pub trait Backend: Send + Sync {
     /// Quantizes `rows [n, cols]` (any float type), row `i` into row `slots[i]` of `store`
     /// (affine, f32 scales and biases, `cols` values a row), keeping its other rows: the words,
     /// scales and biases [`crate::quantize::quantize_affine`] makes of them with f32 scales, bit
-    /// for bit (a paged cache's quantized keys or values). The default quantizes on the host and
-    /// writes each row in place.
-    fn quantize_rows_into(&self, rows: &Array, store: &mut Quantized, slots: &[usize]) -> Result<()> {
-        quantize_rows_into_composed(self, rows, store, slots)
-    }
+    /// for bit (a paged cache's quantized keys or values).
+    fn quantize_rows_into(&self, rows: &Array, store: &mut Quantized, slots: &[usize]) -> Result<()>;
 
     /// [`Backend::paged_decode_attention`] over stores of quantized rows (as
     /// [`Backend::quantize_rows_into`] writes them, `kv_heads * head_dim` values a row): each row
     /// what attention over that sequence's positions dequantized ([`Backend::dequantize_paged`])
-    /// gives, which is what the default does; a backend may read the codes in place instead.
+    /// gives (what [`paged_decode_attention_quantized_composed`] computes), reading the codes in
+    /// place where the backend can.
     #[allow(clippy::too_many_arguments)]
     fn paged_decode_attention_quantized(
         &self,
@@ -272,24 +270,18 @@ pub trait Backend: Send + Sync {
         block_size: usize,
         scale: f32,
         sinks: Option<&[f32]>,
-    ) -> Result<Array> {
-        paged_decode_attention_quantized_composed(self, q, k, v, seqs, block_size, scale, sinks)
-    }
+    ) -> Result<Array>;
 
     /// Copies `n` rows of the 2-D array `a` (any element type) from row `from` over those from
     /// row `to`, in place (a paged cache's block copied before a write). The two ranges must not
-    /// overlap. The default copies host memory.
-    fn copy_rows_within(&self, a: &mut Array, from: usize, to: usize, n: usize) -> Result<()> {
-        let row = check_rows_within(a, from, to, n)?;
-        a.host_bytes_mut()?.copy_within(from * row..(from + n) * row, to * row);
-        Ok(())
-    }
+    /// overlap.
+    fn copy_rows_within(&self, a: &mut Array, from: usize, to: usize, n: usize) -> Result<()>;
 
     /// Positions `from .. to` of a paged sequence in `store` (rows as
     /// [`Backend::quantize_rows_into`] writes them, each `heads` heads of `cols / heads` values;
     /// position `p` in row `table[p / block_size] * block_size + p % block_size`), dequantized to
-    /// f32 `[heads, to - from, cols / heads]` (the layout attention reads). The default gathers
-    /// the rows ([`Backend::embed`]) and transposes.
+    /// f32 `[heads, to - from, cols / heads]` (the layout attention reads), each value
+    /// `scale * code + bias` as [`crate::quantize::dequantize_rows`] computes it.
     #[allow(clippy::too_many_arguments)]
     fn dequantize_paged(
         &self,
@@ -299,11 +291,7 @@ pub trait Backend: Send + Sync {
         block_size: usize,
         from: usize,
         to: usize,
-    ) -> Result<Array> {
-        let positions = check_quantized_paged(store, heads, table, block_size, from, to)?;
-        let rows = self.embed(&Matrix::Quantized(store.clone()), &positions)?;
-        self.transpose01(&rows.reshape(&[to - from, heads, store.cols() / heads])?)
-    }
+    ) -> Result<Array>;
 
     /// gpt-oss's expert activation (mlx-lm's `swiglu_oai`), elementwise over `gate, up` of one
     /// shape: `g = min(gate, limit)`, `u = clip(up, -limit, limit)`,
@@ -874,31 +862,6 @@ pub(crate) fn check_quantized_paged(
         .collect()
 }
 
-/// [`Backend::quantize_rows_into`] as its default composes it: quantized on the host, then each
-/// row's parts written in place ([`Backend::write_axis1`]).
-pub(crate) fn quantize_rows_into_composed<B: Backend + ?Sized>(
-    backend: &B,
-    rows: &Array,
-    store: &mut Quantized,
-    slots: &[usize],
-) -> Result<()> {
-    let n = check_quantized_rows(rows, store, slots)?;
-    let cols = store.cols();
-    let q = crate::quantize::quantize_affine(&rows.to_f32_vec()?, n, cols, store.spec, DType::F32)?;
-    let device = backend.device();
-    for (part, new) in [(&mut store.packed, q.packed), (&mut store.scales, q.scales), (&mut store.biases, q.biases)] {
-        let (total, width) = (part.dim(0), part.dim(1));
-        let new = new.to_device(device)?;
-        // Taken out first, so that the reshaped array is the bytes' only holder (written in place).
-        let mut whole = std::mem::replace(part, Array::zeros(&[0], DType::F32)).reshape(&[1, total, width])?;
-        for (i, &slot) in slots.iter().enumerate() {
-            backend.write_axis1(&mut whole, &new.slice_rows(i, i + 1)?.reshape(&[1, 1, width])?, slot)?;
-        }
-        *part = whole.reshape(&[total, width])?;
-    }
-    Ok(())
-}
-
 /// One sequence of [`Backend::paged_decode_attention`]: its blocks in position order and how
 /// many positions it holds (its new one included).
 #[derive(Debug, Clone, Copy)]
@@ -928,14 +891,11 @@ pub(crate) fn check_paged(
     if v.shape() != k.shape() || !leading_ones {
         return Err(Error::shape(op, bad()));
     }
-    check_paged_dims(op, q, (width, positions), seqs, block_size, sinks).map_err(|e| match e {
-        Error::Shape { message, .. } if message.is_empty() => Error::shape(op, bad()),
-        e => e,
-    })
+    check_paged_dims(op, q, (width, positions), seqs, block_size, sinks, bad)
 }
 
 /// [`check_paged`] of a store of `positions` rows of `width` values (`width` a multiple of q's
-/// head size); an empty message for keys of the wrong shape.
+/// head size); `bad` says what is wrong with keys whose rows are not whole heads.
 fn check_paged_dims(
     op: &'static str,
     q: &Array,
@@ -943,13 +903,14 @@ fn check_paged_dims(
     seqs: &[PagedSeq<'_>],
     block_size: usize,
     sinks: Option<&[f32]>,
+    bad: impl FnOnce() -> String,
 ) -> Result<(usize, usize, usize, usize, usize)> {
     let &[n, hq, d] = q.shape() else {
         return Err(Error::shape(op, format!("q {:?} must be [n, heads, head_dim]", q.shape())));
     };
     let hkv = width.checked_div(d).unwrap_or(0);
     if hkv == 0 || hkv * d != width || hq % hkv != 0 {
-        return Err(Error::shape(op, ""));
+        return Err(Error::shape(op, bad()));
     }
     if block_size == 0 || !positions.is_multiple_of(block_size) || seqs.len() != n {
         return Err(Error::shape(
@@ -990,16 +951,12 @@ pub(crate) fn check_paged_quantized(
     if k.spec != v.spec || k.rows() != v.rows() || k.cols() != v.cols() {
         return Err(Error::shape(op, "keys and values must be stores of one shape and quantization"));
     }
-    check_paged_dims(op, q, (k.cols(), k.rows()), seqs, block_size, sinks).map_err(|e| match e {
-        Error::Shape { message, .. } if message.is_empty() => Error::shape(
-            op,
-            format!("q {:?} over rows of {} values: not a whole number of its heads", q.shape(), k.cols()),
-        ),
-        e => e,
-    })
+    let bad = || format!("q {:?} over rows of {} values: not a whole number of its heads", q.shape(), k.cols());
+    check_paged_dims(op, q, (k.cols(), k.rows()), seqs, block_size, sinks, bad)
 }
 
-/// [`Backend::paged_decode_attention_quantized`] as its default composes it: each sequence's
+/// [`Backend::paged_decode_attention_quantized`] composed of other ops (what it must give, and
+/// the backends' path for what their kernels do not take): each sequence's
 /// positions dequantized ([`Backend::dequantize_paged`]), then [`Backend::attention`] (or its
 /// sinks variant).
 #[allow(clippy::too_many_arguments)]

@@ -71,6 +71,43 @@ pub(crate) mod host_checked {
             CpuBackend.paged_decode_attention(q, k, v, seqs, block_size, scale, sinks)
         }
 
+        fn paged_decode_attention_quantized(
+            &self,
+            q: &Array,
+            k: &crate::Quantized,
+            v: &crate::Quantized,
+            seqs: &[crate::PagedSeq<'_>],
+            block_size: usize,
+            scale: f32,
+            sinks: Option<&[f32]>,
+        ) -> Result<Array> {
+            on_host("paged_decode_attention_quantized", &[("q", q), ("keys", &k.packed), ("values", &v.packed)])?;
+            CpuBackend.paged_decode_attention_quantized(q, k, v, seqs, block_size, scale, sinks)
+        }
+
+        fn quantize_rows_into(&self, rows: &Array, store: &mut crate::Quantized, slots: &[usize]) -> Result<()> {
+            on_host("quantize_rows_into", &[("rows", rows), ("store", &store.packed)])?;
+            CpuBackend.quantize_rows_into(rows, store, slots)
+        }
+
+        fn dequantize_paged(
+            &self,
+            store: &crate::Quantized,
+            heads: usize,
+            table: &[u32],
+            block_size: usize,
+            from: usize,
+            to: usize,
+        ) -> Result<Array> {
+            on_host("dequantize_paged", &[("store", &store.packed)])?;
+            CpuBackend.dequantize_paged(store, heads, table, block_size, from, to)
+        }
+
+        fn copy_rows_within(&self, a: &mut Array, from: usize, to: usize, n: usize) -> Result<()> {
+            on_host("copy_rows_within", &[("a", a)])?;
+            CpuBackend.copy_rows_within(a, from, to, n)
+        }
+
         fn attention(&self, q: &Array, k: &Array, v: &Array, kv_len: usize, scale: f32) -> Result<Array> {
             on_host("attention", &[("q", q), ("k", k), ("v", v)])?;
             CpuBackend.attention(q, k, v, kv_len, scale)

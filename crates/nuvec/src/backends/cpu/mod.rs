@@ -250,6 +250,10 @@ impl Backend for CpuBackend {
         quantized_kv::quantize_rows_into(rows, store, slots)
     }
 
+    fn copy_rows_within(&self, a: &mut Array, from: usize, to: usize, n: usize) -> Result<()> {
+        quantized_kv::copy_rows_within(a, from, to, n)
+    }
+
     fn dequantize_paged(
         &self,
         store: &crate::Quantized,

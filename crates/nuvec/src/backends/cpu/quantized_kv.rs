@@ -12,8 +12,8 @@ use super::f32s;
 use super::kv_rows::KvRows;
 use super::paged_attention::decode_sequences;
 use crate::backend::{
-    check_paged_quantized, check_quantized_paged, check_quantized_rows, paged_decode_attention_quantized_composed,
-    PagedSeq,
+    check_paged_quantized, check_quantized_paged, check_quantized_rows, check_rows_within,
+    paged_decode_attention_quantized_composed, PagedSeq,
 };
 use crate::quantize::{dequantize_rows, quantize_affine};
 use crate::{Array, DType, Quantized, Result};
@@ -33,6 +33,13 @@ pub(crate) fn quantize_rows_into(rows: &Array, store: &mut Quantized, slots: &[u
     copy_to_slots(q.packed.host::<u32>()?, store.packed.host_mut::<u32>()?, w, slots);
     copy_to_slots(q.scales.host::<f32>()?, store.scales.host_mut::<f32>()?, g, slots);
     copy_to_slots(q.biases.host::<f32>()?, store.biases.host_mut::<f32>()?, g, slots);
+    Ok(())
+}
+
+/// [`crate::Backend::copy_rows_within`]: a copy within the host bytes.
+pub(crate) fn copy_rows_within(a: &mut Array, from: usize, to: usize, n: usize) -> Result<()> {
+    let row = check_rows_within(a, from, to, n)?;
+    a.host_bytes_mut()?.copy_within(from * row..(from + n) * row, to * row);
     Ok(())
 }
 

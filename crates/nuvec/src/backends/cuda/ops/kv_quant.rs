@@ -42,7 +42,8 @@ impl CudaBackend {
             self.on_device(op, "store", part)?;
         }
         let slots = slots.iter().map(|&s| to_i32(op, "slot", s)).collect::<Result<Vec<i32>>>()?;
-        let slots = self.upload(&slots)?;
+        // A decode step's keys and values go to the same slots: one upload for both.
+        let slots = self.upload_shared(&slots)?;
         let sl = slots.ptr();
         let (wp, sp, bp) = (store.packed.cuda_ptr_mut()?, store.scales.cuda_ptr_mut()?, store.biases.cuda_ptr_mut()?);
         let cfg = LaunchConfig { grid_dim: (n as u32, 1, 1), block_dim: (QUANTIZE_THREADS, 1, 1), shared_mem_bytes: 0 };
