@@ -286,17 +286,45 @@ static void test_attn_half(int l, int kv, int hq, int hkv, int d, int dt, bool s
     std::vector<float> part((size_t)hq * want_s * (d + 2)), paged(split.size());
     int lens[1] = {kv};
     emu_launch({(unsigned)hq, 1, (unsigned)want_s}, {128, 1, 1}, [&] {
-        paged_attention_split_f32(part.data(), q.data(), ks.data(), vs.data(), table.data(), blocks, lens, hq, hkv, d, bs, scale, want_s, 0, dt, 1);
+        paged_attention_split_f32(part.data(), q.data(), ks.data(), vs.data(), table.data(), blocks, lens, nullptr, hq, hkv, d, bs, scale, want_s, 0, dt, 1);
     });
     emu_launch({(unsigned)hq, 1, 1}, {128, 1, 1}, [&] { attention_merge_f32(paged.data(), part.data(), hq, d, want_s, sp, nullptr, nullptr); });
     check(std::memcmp(paged.data(), split.data(), 4 * split.size()) == 0, std::string(name) + " paged == split, bit for bit");
+    // A sliding window: the paged kernel from a first key (starts) is the split kernel over the
+    // window's keys alone, bit for bit; the table's entries for blocks wholly before the window
+    // are -1 (given back: never to be read).
+    for (int window : {kv - 1, kv / 2 + 3, 33, 7}) {
+        if (window < 1 || window >= kv) continue;
+        const int first = kv - window, wcap = window + 3;
+        std::vector<unsigned short> kw((size_t)hkv * wcap * d, 0), vw(kw.size(), 0);
+        for (int g = 0; g < hkv; ++g) for (int j = 0; j < window; ++j) for (int c = 0; c < d; ++c) {
+            kw[((size_t)g * wcap + j) * d + c] = kh[((size_t)g * cap + first + j) * d + c];
+            vw[((size_t)g * wcap + j) * d + c] = vh[((size_t)g * cap + first + j) * d + c];
+        }
+        const int wchunk = std::max(32, (window + want_s - 1) / want_s), wsplits = std::max(1, (window + wchunk - 1) / wchunk);
+        std::vector<float> wpart((size_t)hq * wsplits * (d + 2)), alone(split.size()), windowed(split.size());
+        emu_launch({(unsigned)hq, 1, (unsigned)wsplits}, {128, 1, 1}, [&] {
+            attention_split_f32(wpart.data(), q.data(), kw.data(), vw.data(), 1, hq, hkv, d, wcap, window, scale, wchunk, nullptr, want_s, dt, 0);
+        });
+        emu_launch({(unsigned)hq, 1, 1}, {128, 1, 1}, [&] { attention_merge_f32(alone.data(), wpart.data(), hq, d, wsplits, sp, nullptr, nullptr); });
+        std::vector<int> wtable(table);
+        for (int b = 0; b < first / bs; ++b) wtable[b] = -1;
+        int starts[1] = {first};
+        std::vector<float> ppart((size_t)hq * want_s * (d + 2), NAN);
+        emu_launch({(unsigned)hq, 1, (unsigned)want_s}, {128, 1, 1}, [&] {
+            paged_attention_split_f32(ppart.data(), q.data(), ks.data(), vs.data(), wtable.data(), blocks, lens, starts, hq, hkv, d, bs, scale, want_s, 0, dt, 1);
+        });
+        emu_launch({(unsigned)hq, 1, 1}, {128, 1, 1}, [&] { attention_merge_f32(windowed.data(), ppart.data(), hq, d, want_s, sp, nullptr, nullptr); });
+        check(std::memcmp(windowed.data(), alone.data(), 4 * alone.size()) == 0,
+              std::string(name) + " paged from key " + std::to_string(first) + " == split over the window alone, bit for bit");
+    }
     // A step of many sequences: one chunk of 64 keys for all, one split more than the sequence
     // needs (an empty partial the merge skips), against the definition.
     {
         const int keys = 64, splits = (kv + keys - 1) / keys + 1;
         std::vector<float> part_k((size_t)hq * splits * (d + 2), NAN), chunked(split.size());
         emu_launch({(unsigned)hq, 1, (unsigned)splits}, {128, 1, 1}, [&] {
-            paged_attention_split_f32(part_k.data(), q.data(), ks.data(), vs.data(), table.data(), blocks, lens, hq, hkv, d, bs, scale, want_s, keys, dt, 1);
+            paged_attention_split_f32(part_k.data(), q.data(), ks.data(), vs.data(), table.data(), blocks, lens, nullptr, hq, hkv, d, bs, scale, want_s, keys, dt, 1);
         });
         emu_launch({(unsigned)hq, 1, 1}, {128, 1, 1}, [&] { attention_merge_f32(chunked.data(), part_k.data(), hq, d, splits, sp, nullptr, nullptr); });
         cmp(std::string(name) + " paged, 64 keys per split", chunked, want);
@@ -307,7 +335,7 @@ static void test_attn_half(int l, int kv, int hq, int hkv, int d, int dt, bool s
     const int gh = group % 4 == 0 ? 4 : group % 3 == 0 ? 3 : group % 2 == 0 ? 2 : 1;
     std::vector<float> part_g(part.size(), NAN);
     emu_launch({(unsigned)(hq / gh), 1, (unsigned)want_s}, {128, 1, 1}, [&] {
-        paged_attention_split_f32(part_g.data(), q.data(), ks.data(), vs.data(), table.data(), blocks, lens, hq, hkv, d, bs, scale, want_s, 0, dt, gh);
+        paged_attention_split_f32(part_g.data(), q.data(), ks.data(), vs.data(), table.data(), blocks, lens, nullptr, hq, hkv, d, bs, scale, want_s, 0, dt, gh);
     });
     check(std::memcmp(part_g.data(), part.data(), 4 * part.size()) == 0,
           std::string(name) + " paged, " + std::to_string(gh) + " heads per block == one per block, bit for bit");

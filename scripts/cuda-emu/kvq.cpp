@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <random>
 #include <string>
+#include <tuple>
 
 // quantize_affine of one row of `width` values, as quantize.rs computes it.
 static void host_quantize(const float* x, int width, int bits, int gs, std::vector<unsigned>& words,
@@ -155,23 +156,29 @@ static void test_paged_quant(int hq, int hkv, int d, int bits, int gs, const std
     const int gh_group = d <= 128 ? (group % 4 == 0 ? 4 : group % 3 == 0 ? 3 : group % 2 == 0 ? 2 : 1) : 1;
     int longest = 0;
     for (int len : lens) longest = std::max(longest, len);
-    for (auto [keys, gh] : std::vector<std::pair<int, int>>{{0, 1}, {0, gh_group}, {64, 1}, {64, gh_group}}) {
+    // Sliding windows of 9 keys (from key lens[t] - 9 on): the same partials both ways too.
+    std::vector<int> firsts(n);
+    for (int t = 0; t < n; ++t) firsts[t] = std::max(0, lens[t] - 9);
+    for (auto [keys, gh, starts] : std::vector<std::tuple<int, int, const int*>>{
+             {0, 1, nullptr}, {0, gh_group, nullptr}, {64, 1, nullptr}, {64, gh_group, nullptr},
+             {0, gh_group, firsts.data()}, {32, 1, firsts.data()}}) {
         int splits = want;
         if (keys > 0) splits = (longest + keys - 1) / keys + 1;
         std::vector<float> pf((size_t)n * hq * splits * (d + 2), NAN), pq(pf.size(), NAN);
         emu_launch({(unsigned)(hq / gh), (unsigned)n, (unsigned)splits}, {128, 1, 1}, [&] {
-            paged_attention_split_f32(pf.data(), q.data(), kf.data(), vf.data(), tables.data(), stride, lens.data(), hq,
-                                      hkv, d, bs, scale, want, keys, DT_F32, gh);
+            paged_attention_split_f32(pf.data(), q.data(), kf.data(), vf.data(), tables.data(), stride, lens.data(),
+                                      starts, hq, hkv, d, bs, scale, want, keys, DT_F32, gh);
         });
         emu_launch({(unsigned)(hq / gh), (unsigned)n, (unsigned)splits}, {128, 1, 1}, [&] {
             paged_attention_split_quant_f32(pq.data(), q.data(), kw.data(), ks.data(), kb.data(), vw.data(), vs.data(),
-                                            vb.data(), tables.data(), stride, lens.data(), hq, hkv, d, bs, scale, want,
-                                            keys, bits, gs, gh);
+                                            vb.data(), tables.data(), stride, lens.data(), starts, hq, hkv, d, bs,
+                                            scale, want, keys, bits, gs, gh);
         });
         const bool same = std::memcmp(pf.data(), pq.data(), pf.size() * 4) == 0;
         std::string tag = "paged_attention_split_quant_f32 hq=" + std::to_string(hq) + " hkv=" + std::to_string(hkv) +
                           " d=" + std::to_string(d) + " bits=" + std::to_string(bits) + " gs=" + std::to_string(gs) +
-                          " keys=" + std::to_string(keys) + " gh=" + std::to_string(gh);
+                          " keys=" + std::to_string(keys) + " gh=" + std::to_string(gh) +
+                          (starts ? " windows of 9" : "");
         check(same, tag + " = the f32 kernel over the dequantized store");
         printf("%s %s\n", same ? "ok  " : "FAIL", tag.c_str());
     }

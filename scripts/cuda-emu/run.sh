@@ -10,8 +10,9 @@
 # conversion in C instead of PTX, dynamic shared memory as a static array) are compiled with g++
 # over cuda_emu.h and run on small random cases against the ops' definitions. Needs g++ with
 # C++20 (std::barrier); a few minutes on 2 cores (a thread per CUDA thread). Exits non-zero on a
-# mismatch. Usage: scripts/cuda-emu/run.sh
+# mismatch. Usage: scripts/cuda-emu/run.sh [PROGRAM...] (e.g. `harness kvq`; all eight without).
 set -euo pipefail
+only="$*"
 here="$(cd "$(dirname "$0")" && pwd)"
 k="$here/../../crates/nuvec/src/backends/cuda/kernels"
 work="$(mktemp -d)"
@@ -35,8 +36,13 @@ prelude() {
     echo '#include "cuda_emu.h"'
     patched "$k/common.cuh" 's/asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));/f = emu_half_to_float(h);/;s/asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));/h = emu_float_to_half(f);/'
 }
-# Program $1.cpp (which includes the kernels file written before it) built and run.
+# Program $1.cpp (which includes the kernels file written before it) built and run; with
+# program names as arguments, only those.
 run_program() {
+    if [ "$#" -gt 0 ] && [ -n "$only" ] && [[ " $only " != *" $1 "* ]]; then
+        echo "cuda-emu: $1 skipped"
+        return
+    fi
     cp "$here/$1.cpp" "$work/"
     g++ -std=c++20 -O1 -w -pthread "$work/$1.cpp" -o "$work/$1"
     "$work/$1"

@@ -1,5 +1,5 @@
 #!/bin/bash
-# bins13: built from main 88ab1f6 with --features cuda (nuvec, cuda_ops, gpu_batch, cuda_graphs, gpu_parity).
+# bins14: built from main 267c280 with --features cuda (nuvec, cuda_ops, gpu_batch, cuda_graphs, gpu_parity).
 # Quantized paged KV on the GPU, with the decode reading the codes in place
 # (attention.cu paged_attention_split_quant_f32, the rope's rows quantized into their slots):
 # cuda_ops whole (attention.cu's loads changed for every store type; the new quantized ops),
@@ -9,7 +9,7 @@
 # alternated, two rounds. PART=tests or PART=bench runs one half.
 cd "$(dirname "$0")/../../.."
 B=/tmp/b; G=/tmp/gfx; mkdir -p $B /tmp/fx $G $OUT/raw
-tar -C $B -xJf .gpu-run/bins13.tar.xz && tar -C /tmp/fx -xJf .gpu-run/fx.tar.xz && tar -C $G -xJf .gpu-run/gfx.tar.xz && tar -C $G -xJf .gpu-run/q3.tar.xz
+tar -C $B -xJf .gpu-run/bins14.tar.xz && tar -C /tmp/fx -xJf .gpu-run/fx.tar.xz && tar -C $G -xJf .gpu-run/gfx.tar.xz && tar -C $G -xJf .gpu-run/q3.tar.xz
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 export NUVEC_GPU_FIXTURES=$G
 if [[ $PART != bench ]]; then

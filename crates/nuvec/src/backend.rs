@@ -228,13 +228,13 @@ pub trait Backend: Send + Sync {
     }
 
     /// Decode attention of several sequences over one paged cache, as one op: query row `i`
-    /// of `q [n, Hq, D]` is sequence `seqs[i]`'s next position and attends that sequence's first
-    /// `len` positions, which sit in the blocks its `table` lists (block `b` holds positions
-    /// `b * block_size ..` of the store) of `k, v [blocks * block_size, Hkv * D]` (position-major,
-    /// as the projections write them; any leading axes of length 1 are allowed). With `sinks`,
-    /// as [`Backend::attention_sinks`]. Returns `[n, Hq * D]`, each row what
-    /// [`Backend::attention`] gives over that sequence's positions gathered, which is what the
-    /// default does; a backend may read the blocks in place instead.
+    /// of `q [n, Hq, D]` is sequence `seqs[i]`'s next position and attends that sequence's
+    /// positions `first .. len` (all of them, or a sliding window's), which sit in the blocks its
+    /// `table` lists (block `b` holds positions `b * block_size ..` of the store) of `k, v
+    /// [blocks * block_size, Hkv * D]` (position-major, as the projections write them; any
+    /// leading axes of length 1 are allowed). With `sinks`, as [`Backend::attention_sinks`].
+    /// Returns `[n, Hq * D]`, each row what [`Backend::attention`] gives over those positions
+    /// gathered, which is what the default does; a backend may read the blocks in place instead.
     #[allow(clippy::too_many_arguments)]
     fn paged_decode_attention(
         &self,
@@ -862,14 +862,40 @@ pub(crate) fn check_quantized_paged(
         .collect()
 }
 
-/// One sequence of [`Backend::paged_decode_attention`]: its blocks in position order and how
-/// many positions it holds (its new one included).
+/// One sequence of [`Backend::paged_decode_attention`]: its blocks in position order, how
+/// many positions it holds (its new one included) and the first one its query attends.
 #[derive(Debug, Clone, Copy)]
 pub struct PagedSeq<'a> {
-    /// Block ids into the store, in position order.
+    /// Block ids into the store, in position order. Entries for blocks wholly before `first`
+    /// are never read (a sliding-window layer's table marks them given back).
     pub table: &'a [u32],
     /// Positions held, the query's own included (at least 1).
     pub len: usize,
+    /// The first position attended: 0, or where a sliding window starts (below `len`).
+    pub first: usize,
+}
+
+impl<'a> PagedSeq<'a> {
+    /// A sequence whose query attends every position it holds.
+    pub fn new(table: &'a [u32], len: usize) -> Self {
+        PagedSeq { table, len, first: 0 }
+    }
+
+    /// A sequence whose query sees only its last `window` positions (itself included), as a
+    /// sliding-window layer's decode does.
+    pub fn windowed(table: &'a [u32], len: usize, window: usize) -> Self {
+        PagedSeq { table, len, first: len.saturating_sub(window) }
+    }
+
+    /// The positions attended.
+    pub fn attended(&self) -> usize {
+        self.len - self.first
+    }
+
+    /// The table's entries the attended positions lie in.
+    pub(crate) fn used_blocks(&self, block_size: usize) -> &'a [u32] {
+        &self.table[self.first / block_size..self.len.div_ceil(block_size)]
+    }
 }
 
 /// The dimensions of a [`Backend::paged_decode_attention`] call, checked: `(n, Hq, Hkv, D,
@@ -920,13 +946,13 @@ fn check_paged_dims(
     }
     let blocks = positions / block_size;
     for (i, s) in seqs.iter().enumerate() {
-        let bad_block = s.table.iter().find(|&&b| b as usize >= blocks);
-        if s.len == 0 || s.table.len() * block_size < s.len || bad_block.is_some() {
+        let fits = s.first < s.len && s.table.len() * block_size >= s.len;
+        if !fits || s.used_blocks(block_size).iter().any(|&b| b as usize >= blocks) {
             return Err(Error::shape(
                 op,
                 format!(
-                    "sequence {i} holds {} positions in blocks {:?} of a store of {blocks} blocks of {block_size}",
-                    s.len, s.table
+                    "sequence {i} holds {} positions (attending from {}) in blocks {:?} of a store of {blocks} blocks of {block_size}",
+                    s.len, s.first, s.table
                 ),
             ));
         }
@@ -973,10 +999,10 @@ pub(crate) fn paged_decode_attention_quantized_composed<B: Backend + ?Sized>(
     let (n, hq, hkv, d, _) = check_paged_quantized(q, k, v, seqs, block_size, sinks)?;
     let mut out = Array::zeros_on(&[1, n, hq * d], DType::F32, q.device())?;
     for (i, s) in seqs.iter().enumerate() {
-        let ks = backend.dequantize_paged(k, hkv, s.table, block_size, 0, s.len)?;
-        let vs = backend.dequantize_paged(v, hkv, s.table, block_size, 0, s.len)?;
+        let ks = backend.dequantize_paged(k, hkv, s.table, block_size, s.first, s.len)?;
+        let vs = backend.dequantize_paged(v, hkv, s.table, block_size, s.first, s.len)?;
         let qi = backend.slice_rows(q, i, i + 1)?;
-        let row = attention_or_sinks(backend, &qi, &ks, &vs, s.len, scale, sinks)?;
+        let row = attention_or_sinks(backend, &qi, &ks, &vs, s.attended(), scale, sinks)?;
         backend.write_axis1(&mut out, &row.reshape(&[1, 1, hq * d])?, i)?;
     }
     out.reshape(&[n, hq * d])
@@ -1059,8 +1085,9 @@ fn attention_or_sinks<B: Backend + ?Sized>(
     }
 }
 
-/// [`Backend::paged_decode_attention`] as its default composes it: each sequence's blocks
-/// gathered into `[Hkv, positions, D]`, then [`Backend::attention`] (or its sinks variant).
+/// [`Backend::paged_decode_attention`] as its default composes it: each sequence's attended
+/// positions gathered into `[Hkv, positions, D]`, then [`Backend::attention`] (or its sinks
+/// variant).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn paged_decode_attention_composed<B: Backend + ?Sized>(
     backend: &B,
@@ -1073,18 +1100,22 @@ pub(crate) fn paged_decode_attention_composed<B: Backend + ?Sized>(
     sinks: Option<&[f32]>,
 ) -> Result<Array> {
     let (n, hq, hkv, d, blocks) = check_paged(q, k, v, seqs, block_size, sinks)?;
-    let rows = |a: &Array| a.reshape(&[blocks, block_size * hkv * d]);
-    let (k_blocks, v_blocks) = (Matrix::Dense(rows(k)?), Matrix::Dense(rows(v)?));
+    let rows = |a: &Array| a.reshape(&[blocks * block_size, hkv * d]);
+    let (k_rows, v_rows) = (Matrix::Dense(rows(k)?), Matrix::Dense(rows(v)?));
     let mut out = Array::zeros_on(&[1, n, hq * d], crate::DType::F32, q.device())?;
     for (i, s) in seqs.iter().enumerate() {
-        let used = &s.table[..s.len.div_ceil(block_size)];
+        let at = |p: usize| {
+            let row = s.table[p / block_size] as usize * block_size + p % block_size;
+            u32::try_from(row).map_err(|_| Error::shape("paged_decode_attention", format!("store row {row}")))
+        };
+        let positions = (s.first..s.len).map(at).collect::<Result<Vec<u32>>>()?;
         let gather = |m: &Matrix| -> Result<Array> {
-            let g = backend.embed(m, used)?.reshape(&[used.len() * block_size, hkv, d])?;
+            let g = backend.embed(m, &positions)?.reshape(&[positions.len(), hkv, d])?;
             backend.transpose01(&g)
         };
-        let (ks, vs) = (gather(&k_blocks)?, gather(&v_blocks)?);
+        let (ks, vs) = (gather(&k_rows)?, gather(&v_rows)?);
         let qi = backend.slice_rows(q, i, i + 1)?;
-        let row = attention_or_sinks(backend, &qi, &ks, &vs, s.len, scale, sinks)?;
+        let row = attention_or_sinks(backend, &qi, &ks, &vs, s.attended(), scale, sinks)?;
         backend.write_axis1(&mut out, &row.reshape(&[1, 1, hq * d])?, i)?;
     }
     out.reshape(&[n, hq * d])

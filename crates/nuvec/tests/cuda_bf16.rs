@@ -481,8 +481,7 @@ fn products_over_inputs_their_producers_wrote_in_bf16() {
     let (hq, hkv, d, bs, blocks) = (64usize, 8usize, 64usize, 16usize, 64usize);
     let lens: Vec<usize> = vec![1, 17, 300, 40, 5, 160, 64, 9, 2];
     let tables = common::scattered_tables(&lens, bs, blocks);
-    let seqs: Vec<nuvec::PagedSeq> =
-        tables.iter().zip(&lens).map(|(t, &len)| nuvec::PagedSeq { table: t, len }).collect();
+    let seqs: Vec<nuvec::PagedSeq> = tables.iter().zip(&lens).map(|(t, &len)| nuvec::PagedSeq::new(t, len)).collect();
     let q = arr(&rng.vec(lens.len() * hq * d, 2.0), &[lens.len(), hq, d]).to_device(dev).unwrap();
     let (kv, _) = floats(&rng.vec(blocks * bs * hkv * d, 1.0), &[1, blocks * bs, hkv * d], DType::BF16);
     let kv = kv.to_device(dev).unwrap();
@@ -748,9 +747,7 @@ fn paged_decode_of_many_sequences_on_the_tensor_cores() {
         let (bs, blocks) = (16usize, 160usize);
         let width = hkv * d;
         let lens: Vec<usize> = [1usize, 17, 300, 2100, 33, 550, 64, 1000].repeat(8);
-        let tables = common::scattered_tables(&lens, bs, blocks);
-        let seqs: Vec<nuvec::PagedSeq> =
-            tables.iter().zip(&lens).map(|(t, &len)| nuvec::PagedSeq { table: t, len }).collect();
+        let whole = common::scattered_tables(&lens, bs, blocks);
         let qv: Vec<f32> = rng.vec(lens.len() * hq * d, 2.0).iter().map(|&x| half.round(x)).collect();
         let q = arr(&qv, &[lens.len(), hq, d]);
         let (k, _) = floats(&rng.vec(blocks * bs * width, 1.0), &[1, blocks * bs, width], half.dtype);
@@ -758,26 +755,41 @@ fn paged_decode_of_many_sequences_on_the_tensor_cores() {
         let sink_logits: Vec<f32> = (0..hq).map(|h| h as f32 * 0.25 - 2.0).collect();
         let sink = sinks.then_some(&sink_logits[..]);
         let scale = half.scale(d);
-        let want = nuvec::paged_decode_attention(&q, &k, &v, &seqs, bs, scale, sink).unwrap().to_f32_vec().unwrap();
-        let (qg, kg, vg) = (q.to_device(dev).unwrap(), k.to_device(dev).unwrap(), v.to_device(dev).unwrap());
-        let got = nuvec::paged_decode_attention(&qg, &kg, &vg, &seqs, bs, scale, sink).unwrap();
-        assert!(matches!(got.device(), Device::Cuda(_)));
-        let got = got.to_f32_vec().unwrap();
-        let vmax = vf.iter().fold(0f32, |m, x| m.max(x.abs())) as f64;
-        let bound = half.u() * vmax + 1e-5;
-        let worst = got.iter().zip(&want).map(|(a, b)| (a - b).abs() as f64).fold(0f64, f64::max);
-        let case = format!(
-            "paged decode of {} sequences, {} store, Hq={hq} Hkv={hkv} D={d} sinks={sinks}",
-            lens.len(),
-            half.dtype
-        );
-        eprintln!("RESULT {case}: max |gpu - cpu| {worst:.3e} = {:.3} of the bound", worst / bound);
-        assert!(worst <= bound, "{case}: max error {worst:e} over the bound {bound:e}");
-        // Not the f32 path: the rounding shows (else this test would not test the kernel).
-        assert!(
-            worst > half.rounding_shows(),
-            "{case}: the GPU matched the CPU to {worst:e}; did the tensor-core kernel run?"
-        );
+        // Every position, then sliding windows of 128 (gpt-oss's), the blocks before given back.
+        for window in [None, Some(128usize)] {
+            let tables = match window {
+                Some(w) => common::windowed_tables(&whole, &lens, bs, w),
+                None => whole.clone(),
+            };
+            let seqs: Vec<nuvec::PagedSeq> = tables
+                .iter()
+                .zip(&lens)
+                .map(|(t, &len)| match window {
+                    Some(w) => nuvec::PagedSeq::windowed(t, len, w),
+                    None => nuvec::PagedSeq::new(t, len),
+                })
+                .collect();
+            let want = nuvec::paged_decode_attention(&q, &k, &v, &seqs, bs, scale, sink).unwrap().to_f32_vec().unwrap();
+            let (qg, kg, vg) = (q.to_device(dev).unwrap(), k.to_device(dev).unwrap(), v.to_device(dev).unwrap());
+            let got = nuvec::paged_decode_attention(&qg, &kg, &vg, &seqs, bs, scale, sink).unwrap();
+            assert!(matches!(got.device(), Device::Cuda(_)));
+            let got = got.to_f32_vec().unwrap();
+            let vmax = vf.iter().fold(0f32, |m, x| m.max(x.abs())) as f64;
+            let bound = half.u() * vmax + 1e-5;
+            let worst = got.iter().zip(&want).map(|(a, b)| (a - b).abs() as f64).fold(0f64, f64::max);
+            let case = format!(
+                "paged decode of {} sequences, {} store, Hq={hq} Hkv={hkv} D={d} sinks={sinks} window={window:?}",
+                lens.len(),
+                half.dtype
+            );
+            eprintln!("RESULT {case}: max |gpu - cpu| {worst:.3e} = {:.3} of the bound", worst / bound);
+            assert!(worst <= bound, "{case}: max error {worst:e} over the bound {bound:e}");
+            // Not the f32 path: the rounding shows (else this test would not test the kernel).
+            assert!(
+                worst > half.rounding_shows(),
+                "{case}: the GPU matched the CPU to {worst:e}; did the tensor-core kernel run?"
+            );
+        }
     }
 }
 
@@ -820,7 +832,7 @@ fn paged_decode_over_shared_prefixes() {
         }
         let blocks = next as usize;
         let seqs: Vec<nuvec::PagedSeq> =
-            tables.iter().zip(&lens).map(|(t, &len)| nuvec::PagedSeq { table: t, len }).collect();
+            tables.iter().zip(&lens).map(|(t, &len)| nuvec::PagedSeq::new(t, len)).collect();
         let qv: Vec<f32> = rng.vec(lens.len() * hq * d, 2.0).iter().map(|&x| half.round(x)).collect();
         let q = arr(&qv, &[lens.len(), hq, d]);
         let (kf, vf) = (rng.vec(blocks * bs * width, 1.0), rng.vec(blocks * bs * width, 1.0));
@@ -848,7 +860,7 @@ fn paged_decode_over_shared_prefixes() {
         let (kc, _) = floats(&kc, &[1, copies, width], half.dtype);
         let (vc, _) = floats(&vc, &[1, copies, width], half.dtype);
         let own_seqs: Vec<nuvec::PagedSeq> =
-            own_tables.iter().zip(&lens).map(|(t, &len)| nuvec::PagedSeq { table: t, len }).collect();
+            own_tables.iter().zip(&lens).map(|(t, &len)| nuvec::PagedSeq::new(t, len)).collect();
         let (kc, vc) = (kc.to_device(dev).unwrap(), vc.to_device(dev).unwrap());
         let alone =
             nuvec::paged_decode_attention(&qg, &kc, &vc, &own_seqs, bs, scale, sink).unwrap().to_f32_vec().unwrap();

@@ -149,8 +149,7 @@ fn paged_decode_over_half_stores_equals_each_contiguous_decode() {
     let width = hkv * d;
     let lens = [1usize, 16, 33, 200, 700];
     let tables = scattered_tables(&lens, bs, blocks);
-    let seqs: Vec<nuvec::PagedSeq> =
-        tables.iter().zip(lens).map(|(t, len)| nuvec::PagedSeq { table: t, len }).collect();
+    let seqs: Vec<nuvec::PagedSeq> = tables.iter().zip(lens).map(|(t, len)| nuvec::PagedSeq::new(t, len)).collect();
     let q = arr(&rng.vec(lens.len() * hq * d, 1.0), &[lens.len(), hq, d]);
     let scale = 1.0 / (d as f32).sqrt();
     for dtype in HALVES {

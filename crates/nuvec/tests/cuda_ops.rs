@@ -18,7 +18,7 @@ use nuvec::backends::cuda::{set_matmul_precision, MatmulPrecision};
 use nuvec::{backend, Array, DType, Device, Matrix, QuantMode, QuantSpec, Quantized};
 
 mod common;
-use common::{arr, close, exact, floats, gather_paged, scattered_tables, Rng};
+use common::{arr, close, exact, floats, gather_window, scattered_tables, windowed_tables, Rng};
 
 /// The device under test; every test starts here, so every product runs in f32 (every test of
 /// this binary wants the same).
@@ -417,43 +417,62 @@ fn attention_split_and_gemm_paths() {
 #[test]
 fn paged_decode_attention_reads_the_blocks_in_place() {
     // Several sequences over one paged store against the CPU kernel, and each row bit for bit
-    // the GPU's own decode of that sequence over its blocks gathered; with and without sinks.
+    // the GPU's own decode of that sequence over its blocks gathered; with and without sinks;
+    // every position, or sliding windows (gpt-oss's 64 query heads over 8 among them) whose
+    // tables gave back the blocks before them.
     let dev = gpu();
     let mut rng = Rng::new(17);
-    for (hq, hkv, d) in [(9usize, 3usize, 64usize), (8, 2, 128), (4, 4, 32)] {
+    for (hq, hkv, d) in [(9usize, 3usize, 64usize), (8, 2, 128), (4, 4, 32), (64, 8, 64)] {
         let (bs, blocks) = (16usize, 80usize);
         let width = hkv * d;
         let k = arr(&rng.vec(blocks * bs * width, 1.0), &[1, blocks * bs, width]);
         let v = arr(&rng.vec(blocks * bs * width, 1.0), &[1, blocks * bs, width]);
         let lens = [1usize, 16, 33, 200, 700, 1000];
-        let tables = scattered_tables(&lens, bs, blocks);
-        let seqs: Vec<nuvec::PagedSeq> =
-            tables.iter().zip(lens).map(|(t, len)| nuvec::PagedSeq { table: t, len }).collect();
+        let whole = scattered_tables(&lens, bs, blocks);
         let q = arr(&rng.vec(lens.len() * hq * d, 1.0), &[lens.len(), hq, d]);
         let sinks: Vec<f32> = (0..hq).map(|h| h as f32 * 0.5 - 1.0).collect();
         let scale = 1.0 / (d as f32).sqrt();
         let (qg, kg, vg) = (q.to_device(dev).unwrap(), k.to_device(dev).unwrap(), v.to_device(dev).unwrap());
-        for sinks in [None, Some(&sinks[..])] {
-            let case = format!("paged Hq={hq} Hkv={hkv} D={d} sinks={}", sinks.is_some());
-            let want = nuvec::paged_decode_attention(&q, &k, &v, &seqs, bs, scale, sinks).unwrap();
-            let got = nuvec::paged_decode_attention(&qg, &kg, &vg, &seqs, bs, scale, sinks).unwrap();
-            close(&case, &got, &want);
-            let got = got.to_f32_vec().unwrap();
-            let (kh, vh) = (k.to_f32_vec().unwrap(), v.to_f32_vec().unwrap());
-            for (i, (table, &len)) in tables.iter().zip(&lens).enumerate() {
-                // [Hkv, len, D] of this sequence, gathered on the host.
-                let gather =
-                    |x: &[f32]| arr(&gather_paged(x, table, len, bs, hkv, d), &[hkv, len, d]).to_device(dev).unwrap();
-                let qi =
-                    arr(&q.to_f32_vec().unwrap()[i * hq * d..(i + 1) * hq * d], &[1, hq, d]).to_device(dev).unwrap();
-                let solo = match sinks {
-                    None => nuvec::attention(&qi, &gather(&kh), &gather(&vh), len, scale),
-                    Some(s) => nuvec::attention_sinks(&qi, &gather(&kh), &gather(&vh), len, scale, s),
-                };
-                let solo = solo.unwrap().to_f32_vec().unwrap();
-                let row = &got[i * hq * d..(i + 1) * hq * d];
-                let same = row.iter().zip(&solo).all(|(a, b)| a.to_bits() == b.to_bits());
-                assert!(same, "{case}: sequence {i} (len {len}) differs from its own decode");
+        for window in [None, Some(128usize), Some(40)] {
+            let tables = match window {
+                Some(w) => windowed_tables(&whole, &lens, bs, w),
+                None => whole.clone(),
+            };
+            let seqs: Vec<nuvec::PagedSeq> = tables
+                .iter()
+                .zip(lens)
+                .map(|(t, len)| match window {
+                    Some(w) => nuvec::PagedSeq::windowed(t, len, w),
+                    None => nuvec::PagedSeq::new(t, len),
+                })
+                .collect();
+            for sinks in [None, Some(&sinks[..])] {
+                let case = format!("paged Hq={hq} Hkv={hkv} D={d} window={window:?} sinks={}", sinks.is_some());
+                let want = nuvec::paged_decode_attention(&q, &k, &v, &seqs, bs, scale, sinks).unwrap();
+                let got = nuvec::paged_decode_attention(&qg, &kg, &vg, &seqs, bs, scale, sinks).unwrap();
+                close(&case, &got, &want);
+                let got = got.to_f32_vec().unwrap();
+                let (kh, vh) = (k.to_f32_vec().unwrap(), v.to_f32_vec().unwrap());
+                for (i, s) in seqs.iter().enumerate() {
+                    // [Hkv, attended, D] of this sequence, gathered on the host.
+                    let n = s.attended();
+                    let gather = |x: &[f32]| {
+                        arr(&gather_window(x, s.table, s.first..s.len, bs, hkv, d), &[hkv, n, d])
+                            .to_device(dev)
+                            .unwrap()
+                    };
+                    let qi = arr(&q.to_f32_vec().unwrap()[i * hq * d..(i + 1) * hq * d], &[1, hq, d])
+                        .to_device(dev)
+                        .unwrap();
+                    let solo = match sinks {
+                        None => nuvec::attention(&qi, &gather(&kh), &gather(&vh), n, scale),
+                        Some(s) => nuvec::attention_sinks(&qi, &gather(&kh), &gather(&vh), n, scale, s),
+                    };
+                    let solo = solo.unwrap().to_f32_vec().unwrap();
+                    let row = &got[i * hq * d..(i + 1) * hq * d];
+                    let same = row.iter().zip(&solo).all(|(a, b)| a.to_bits() == b.to_bits());
+                    assert!(same, "{case}: sequence {i} (len {}) differs from its own decode", s.len);
+                }
             }
         }
     }
@@ -470,17 +489,22 @@ fn paged_decode_attention_of_many_sequences_against_the_cpu() {
     let width = hkv * d;
     let lens: Vec<usize> = [1usize, 17, 300, 2100, 33, 550, 64, 1000].repeat(8);
     let tables = scattered_tables(&lens, bs, blocks);
-    let seqs: Vec<nuvec::PagedSeq> =
-        tables.iter().zip(&lens).map(|(t, &len)| nuvec::PagedSeq { table: t, len }).collect();
+    let seqs: Vec<nuvec::PagedSeq> = tables.iter().zip(&lens).map(|(t, &len)| nuvec::PagedSeq::new(t, len)).collect();
     let q = arr(&rng.vec(lens.len() * hq * d, 1.0), &[lens.len(), hq, d]);
     let scale = 1.0 / (d as f32).sqrt();
+    // The same sequences through sliding windows of 128 positions (the blocks before given back).
+    let freed = windowed_tables(&tables, &lens, bs, 128);
+    let windows: Vec<nuvec::PagedSeq> =
+        freed.iter().zip(&lens).map(|(t, &len)| nuvec::PagedSeq::windowed(t, len, 128)).collect();
     for dtype in [DType::F32, DType::BF16] {
         let (kf, vf) = (rng.vec(blocks * bs * width, 1.0), rng.vec(blocks * bs * width, 1.0));
         let (k, v) = (floats(&kf, &[1, blocks * bs, width], dtype), floats(&vf, &[1, blocks * bs, width], dtype));
-        let want = nuvec::paged_decode_attention(&q, &k, &v, &seqs, bs, scale, None).unwrap();
         let (qg, kg, vg) = (q.to_device(dev).unwrap(), k.to_device(dev).unwrap(), v.to_device(dev).unwrap());
-        let got = nuvec::paged_decode_attention(&qg, &kg, &vg, &seqs, bs, scale, None).unwrap();
-        close(&format!("paged decode of {} sequences over {dtype} stores", lens.len()), &got, &want);
+        for (seqs, what) in [(&seqs, "sequences"), (&windows, "windows of 128")] {
+            let want = nuvec::paged_decode_attention(&q, &k, &v, seqs, bs, scale, None).unwrap();
+            let got = nuvec::paged_decode_attention(&qg, &kg, &vg, seqs, bs, scale, None).unwrap();
+            close(&format!("paged decode of {} {what} over {dtype} stores", lens.len()), &got, &want);
+        }
     }
 }
 
@@ -1381,7 +1405,7 @@ fn paged_decode_over_quantized_stores_reads_the_codes_in_place() {
         let sinks: Vec<f32> = rng.vec(hq, 1.0);
         for sinks in [None, Some(&sinks[..])] {
             let seqs: Vec<nuvec::PagedSeq> =
-                tables.iter().zip(lens).map(|(t, len)| nuvec::PagedSeq { table: t, len }).collect();
+                tables.iter().zip(lens).map(|(t, len)| nuvec::PagedSeq::new(t, len)).collect();
             let got = nuvec::paged_decode_attention_quantized(&q, &k, &v, &seqs, bs, scale, sinks).unwrap();
             for (i, s) in seqs.iter().enumerate() {
                 let ks = nuvec::dequantize_paged(&k, hkv, s.table, bs, 0, s.len).unwrap();

@@ -93,7 +93,7 @@ fn positions_read_back_and_attended_through_block_tables() {
     assert_eq!(got.to_vec::<f32>().unwrap(), want, "dequantize_paged against dequantize_rows");
     // Decode attention of both sequences: each row attention over its positions read back.
     let q = Array::from_slice(&values(2 * 4 * DIM, 3), &[2, 4, DIM]).unwrap();
-    let seqs: Vec<PagedSeq> = tables.iter().zip(lens).map(|(t, len)| PagedSeq { table: t, len }).collect();
+    let seqs: Vec<PagedSeq> = tables.iter().zip(lens).map(|(t, len)| PagedSeq::new(t, len)).collect();
     let out =
         nuvec::paged_decode_attention_quantized(&q, &k, &v, &seqs, BLOCK, 0.25, None).unwrap().to_vec::<f32>().unwrap();
     for (i, s) in seqs.iter().enumerate() {
@@ -101,6 +101,18 @@ fn positions_read_back_and_attended_through_block_tables() {
         let vs = nuvec::dequantize_paged(&v, HEADS, s.table, BLOCK, 0, s.len).unwrap();
         let alone = nuvec::attention(&q.slice_rows(i, i + 1).unwrap(), &ks, &vs, s.len, 0.25).unwrap();
         assert_eq!(out[i * 4 * DIM..(i + 1) * 4 * DIM], alone.to_vec::<f32>().unwrap()[..], "sequence {i}");
+    }
+    // Sliding windows of 6 positions: each row attention over its window's positions alone, the
+    // blocks wholly before the window never read (given back: marked u32::MAX).
+    let freed: [&[u32]; 2] = [&[u32::MAX, 1, 3], &[0, 5]];
+    let seqs: Vec<PagedSeq> = freed.iter().zip(lens).map(|(t, len)| PagedSeq::windowed(t, len, 6)).collect();
+    let out =
+        nuvec::paged_decode_attention_quantized(&q, &k, &v, &seqs, BLOCK, 0.25, None).unwrap().to_vec::<f32>().unwrap();
+    for (i, s) in seqs.iter().enumerate() {
+        let ks = nuvec::dequantize_paged(&k, HEADS, tables[i], BLOCK, s.first, s.len).unwrap();
+        let vs = nuvec::dequantize_paged(&v, HEADS, tables[i], BLOCK, s.first, s.len).unwrap();
+        let alone = nuvec::attention(&q.slice_rows(i, i + 1).unwrap(), &ks, &vs, s.attended(), 0.25).unwrap();
+        assert_eq!(out[i * 4 * DIM..(i + 1) * 4 * DIM], alone.to_vec::<f32>().unwrap()[..], "window of sequence {i}");
     }
 }
 
@@ -121,7 +133,7 @@ fn bad_inputs_are_refused_naming_them() {
     let e = err(backend(Device::Cpu).copy_rows_within(&mut s.packed, 0, 2, 4).unwrap_err());
     assert!(e.contains("do not overlap"), "{e}");
     let q = Array::from_slice(&values(3 * DIM, 5), &[1, 3, DIM]).unwrap();
-    let seqs = [PagedSeq { table: &[0], len: 2 }];
+    let seqs = [PagedSeq::new(&[0], 2)];
     let e = err(nuvec::paged_decode_attention_quantized(&q, &s, &s, &seqs, BLOCK, 1.0, None).unwrap_err());
     assert!(e.contains("not a whole number of its heads"), "{e}");
 }

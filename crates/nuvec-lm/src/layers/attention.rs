@@ -125,59 +125,27 @@ impl Attention {
         )
     }
 
-    /// A decode step of several paged sequences, one row of `q, k, v` each: per sequence its
-    /// norms, rope and cache write, exactly as [`Attention::attend_one`] does them, then one
-    /// attention op over all of them.
-    fn attend_decodes(&self, q: &Array, k: &Array, v: &Array, mut caches: Vec<&mut PagedKv>) -> Result<Array> {
+    /// A decode step of several paged sequences, one row of `q, k, v` each
+    /// ([`decode_together`]).
+    fn attend_decodes(&self, q: &Array, k: &Array, v: &Array, caches: Vec<&mut PagedKv>) -> Result<Array> {
         let s = &self.shape;
+        let n = caches.len();
+        let q = q.reshape(&[n, s.heads, s.head_dim])?;
+        let k = k.reshape(&[n, s.kv_heads, s.head_dim])?;
+        let v = v.reshape(&[n, s.kv_heads, s.head_dim])?;
         let scale = (s.head_dim as f32).powf(-0.5);
-        if let Some(norms) = self.paired_norms().filter(|&n| self.rope.fuses_paged(n)) {
-            // Every row's norms, rope and cache write as one op.
-            let n = caches.len();
-            let q = q.reshape(&[n, s.heads, s.head_dim])?;
-            let k = k.reshape(&[n, s.kv_heads, s.head_dim])?;
-            let v = v.reshape(&[n, s.kv_heads, s.head_dim])?;
-            let dims = (s.kv_heads, s.head_dim, k.device());
-            let rotated = write_decodes(&mut caches, dims, |rows, stores| {
-                self.rope.forward_qk_paged((&q, &k, &v), norms, rows, stores)
-            })?;
-            return attend_decodes(&caches, &rotated, scale, self.sinks.as_deref());
-        }
-        let mut rotated = Vec::with_capacity(caches.len());
-        for (i, cache) in caches.iter_mut().enumerate() {
-            let q = q.slice_rows(i, i + 1)?.reshape(&[1, s.heads, s.head_dim])?;
-            let k = k.slice_rows(i, i + 1)?.reshape(&[1, s.kv_heads, s.head_dim])?;
-            let v = v.slice_rows(i, i + 1)?.reshape(&[1, s.kv_heads, s.head_dim])?;
-            let (q, k) = self.rotate(q, k, cache.offset())?;
-            cache.write(&k, &v)?;
-            rotated.push(q);
-        }
-        attend_decodes(&caches, &concat_rows(&rotated)?, scale, self.sinks.as_deref())
+        let norms = (self.q_norm.as_ref(), self.k_norm.as_ref());
+        decode_together(&self.rope, norms, (&q, &k, &v), caches, (scale, self.sinks.as_deref()))
     }
 
-    /// The q/k norms as the fused rope ops take them: `Some(Some(..))` with both, `Some(None)`
-    /// with neither, `None` for one without the other (which only the separate ops handle).
+    /// The q/k norms as the fused rope ops take them ([`paired`]).
     fn paired_norms(&self) -> Option<Option<(&RmsNorm, &RmsNorm)>> {
-        match (&self.q_norm, &self.k_norm) {
-            (Some(qn), Some(kn)) => Some(Some((qn, kn))),
-            (None, None) => Some(None),
-            _ => None,
-        }
+        paired((self.q_norm.as_ref(), self.k_norm.as_ref()))
     }
 
-    /// The q/k norms (where the family has them) and rope of both, as one op, at `offset`.
+    /// The q/k norms (where the family has them) and rope of both at `offset` ([`rotate`]).
     fn rotate(&self, q: Array, k: Array, offset: usize) -> Result<(Array, Array)> {
-        match (&self.q_norm, &self.k_norm) {
-            (Some(qn), Some(kn)) => self.rope.forward_qk(&q, &k, Some((qn, kn)), offset),
-            (None, None) => self.rope.forward_qk(&q, &k, None, offset),
-            (qn, kn) => {
-                let norm = |a: Array, n: &Option<RmsNorm>| match n {
-                    Some(n) => n.forward(&a),
-                    None => Ok(a),
-                };
-                self.rope.forward_qk(&norm(q, qn)?, &norm(k, kn)?, None, offset)
-            }
-        }
+        rotate(&self.rope, (self.q_norm.as_ref(), self.k_norm.as_ref()), q, k, offset)
     }
 
     /// One sequence's rows of the projections `q, k, v [L, ...]` over its cache.
@@ -201,4 +169,65 @@ impl Attention {
         let (q, k) = self.rotate(q, k, offset)?;
         cache.attend_with_sinks(&q, &k, &v, scale, self.sinks.as_deref())
     }
+}
+
+/// The q/k norms of a block, as the fused rope ops take them: `Some(Some(..))` with both,
+/// `Some(None)` with neither, `None` for one without the other (which only the separate ops
+/// handle).
+fn paired<'a>(norms: (Option<&'a RmsNorm>, Option<&'a RmsNorm>)) -> Option<Option<(&'a RmsNorm, &'a RmsNorm)>> {
+    match norms {
+        (Some(qn), Some(kn)) => Some(Some((qn, kn))),
+        (None, None) => Some(None),
+        _ => None,
+    }
+}
+
+/// `q, k [L, heads, head_dim]` through the q/k norms (where given) and `rope` at `offset`: one
+/// op where the norms come in pairs.
+fn rotate(
+    rope: &Rope,
+    norms: (Option<&RmsNorm>, Option<&RmsNorm>),
+    q: Array,
+    k: Array,
+    offset: usize,
+) -> Result<(Array, Array)> {
+    if let Some(pair) = paired(norms) {
+        return rope.forward_qk(&q, &k, pair, offset);
+    }
+    let norm = |a: Array, n: Option<&RmsNorm>| match n {
+        Some(n) => n.forward(&a),
+        None => Ok(a),
+    };
+    rope.forward_qk(&norm(q, norms.0)?, &norm(k, norms.1)?, None, offset)
+}
+
+/// A decode step of several paged sequences over one store, one row each of `q [n, heads,
+/// head_dim]` and `k, v [n, kv_heads, head_dim]`: per row the q/k norms (where given) and rope
+/// at its sequence's position and its key and value written into its cache (one op where the
+/// rope fuses them), then one attention op over every sequence's positions (a sliding window's
+/// last ones in a window layer) with `(scale, sinks)`. Each row is what the sequence's decode
+/// alone computes (to rounding; bit for bit on the CPU).
+pub(crate) fn decode_together(
+    rope: &Rope,
+    norms: (Option<&RmsNorm>, Option<&RmsNorm>),
+    (q, k, v): (&Array, &Array, &Array),
+    mut caches: Vec<&mut PagedKv>,
+    (scale, sinks): (f32, Option<&[f32]>),
+) -> Result<Array> {
+    let (kv_heads, head_dim) = (k.dim(1), k.dim(2));
+    if let Some(pair) = paired(norms).filter(|&n| rope.fuses_paged(n)) {
+        // Every row's norms, rope and cache write as one op.
+        let dims = (kv_heads, head_dim, k.device());
+        let rotated =
+            write_decodes(&mut caches, dims, |rows, stores| rope.forward_qk_paged((q, k, v), pair, rows, stores))?;
+        return attend_decodes(&caches, &rotated, scale, sinks);
+    }
+    let mut rotated = Vec::with_capacity(caches.len());
+    for (i, cache) in caches.iter_mut().enumerate() {
+        let row = |a: &Array| a.slice_rows(i, i + 1);
+        let (q, k) = rotate(rope, norms, row(q)?, row(k)?, cache.offset())?;
+        cache.write(&k, &row(v)?)?;
+        rotated.push(q);
+    }
+    attend_decodes(&caches, &concat_rows(&rotated)?, scale, sinks)
 }

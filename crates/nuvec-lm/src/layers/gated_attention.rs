@@ -5,7 +5,8 @@
 
 use nuvec::Array;
 
-use super::{Linear, RmsNorm, Rope};
+use super::{decode_together, Linear, RmsNorm, Rope};
+use crate::cache::paged::PagedKv;
 use crate::cache::LayerCache;
 use crate::parallel::Shard;
 use crate::step::StepBatch;
@@ -87,14 +88,46 @@ impl GatedAttention {
     }
 
     /// Attends the step's rows `x [T, hidden]`, each sequence's over its layer-`layer` cache
-    /// (which grows by its rows): the projections over every row, attention per sequence.
+    /// (which grows by its rows): the projections over every row, attention per sequence (the
+    /// decodes of several sequences over one paged cache as one op).
     pub fn forward(&self, x: &Array, step: &mut StepBatch, layer: usize) -> Result<Array> {
         let [q_and_gate, k, v] = Linear::forward_many([&self.q_proj, &self.k_proj, &self.v_proj], x)?;
-        let out = step.each([&q_and_gate, &k, &v], |[q_and_gate, k, v], cache| match &mut cache[layer] {
-            LayerCache::Recurrent(_) => Err(Error::Invalid("a Qwen3.5 attention layer given a recurrent cache".into())),
-            c => self.attend_one(&q_and_gate, &k, &v, c),
-        })?;
+        let out = step.each_with_decodes(
+            layer,
+            [&q_and_gate, &k, &v],
+            |[q_and_gate, k, v], caches| self.attend_decodes(&q_and_gate, &k, &v, caches),
+            |[q_and_gate, k, v], cache| match &mut cache[layer] {
+                LayerCache::Recurrent(_) => {
+                    Err(Error::Invalid("a Qwen3.5 attention layer given a recurrent cache".into()))
+                }
+                c => self.attend_one(&q_and_gate, &k, &v, c),
+            },
+        )?;
         self.o_proj.forward(&out)
+    }
+
+    /// Each head's row of `q_and_gate [L, heads * 2 * head_dim]` is [queries | gate]: the
+    /// queries `[L, heads, head_dim]` and the gate `[L, heads * head_dim]`.
+    fn split_gate(&self, q_and_gate: &Array) -> Result<(Array, Array)> {
+        let s = &self.shape;
+        let l = q_and_gate.dim(0);
+        let halves = q_and_gate.reshape(&[l * s.heads, 2, s.head_dim])?.transpose01()?;
+        let q = halves.slice_rows(0, 1)?.reshape(&[l, s.heads, s.head_dim])?;
+        let gate = halves.slice_rows(1, 2)?.reshape(&[l, s.heads * s.head_dim])?;
+        Ok((q, gate))
+    }
+
+    /// A decode step of several paged sequences, one row each ([`decode_together`]), gated.
+    fn attend_decodes(&self, q_and_gate: &Array, k: &Array, v: &Array, caches: Vec<&mut PagedKv>) -> Result<Array> {
+        let s = &self.shape;
+        let n = caches.len();
+        let (q, gate) = self.split_gate(q_and_gate)?;
+        let k = k.reshape(&[n, s.kv_heads, s.head_dim])?;
+        let v = v.reshape(&[n, s.kv_heads, s.head_dim])?;
+        let norms = (Some(&self.q_norm), Some(&self.k_norm));
+        let scale = (s.head_dim as f32).powf(-0.5);
+        let out = decode_together(&self.rope, norms, (&q, &k, &v), caches, (scale, None))?;
+        Ok(out.reshape(&[n, s.heads * s.head_dim])?.sigmoid_mul(&gate)?)
     }
 
     /// One sequence's rows of the projections over its cache, gated.
@@ -102,10 +135,7 @@ impl GatedAttention {
         let s = &self.shape;
         let l = q_and_gate.dim(0);
         let offset = cache.offset();
-        // Each head's row is [queries | gate]: split it as [2, L * heads, head_dim].
-        let halves = q_and_gate.reshape(&[l * s.heads, 2, s.head_dim])?.transpose01()?;
-        let q = halves.slice_rows(0, 1)?.reshape(&[l, s.heads, s.head_dim])?;
-        let gate = halves.slice_rows(1, 2)?.reshape(&[l, s.heads * s.head_dim])?;
+        let (q, gate) = self.split_gate(q_and_gate)?;
         let q = self.rope.forward(&self.q_norm.forward(&q)?, offset)?;
         let k = self.rope.forward(&self.k_norm.forward(&k.reshape(&[l, s.kv_heads, s.head_dim])?)?, offset)?;
         let v = v.reshape(&[l, s.kv_heads, s.head_dim])?;

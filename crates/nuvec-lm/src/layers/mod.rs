@@ -11,6 +11,7 @@ mod norm;
 mod rope;
 mod shared_moe;
 
+pub(crate) use attention::decode_together;
 pub use attention::{Attention, AttentionShape};
 pub use gated_attention::{GatedAttention, GatedAttentionShape};
 pub use gated_delta::{GatedDeltaNet, GatedDeltaShape};

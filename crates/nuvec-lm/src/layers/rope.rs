@@ -103,7 +103,12 @@ impl Rope {
         if self.mscale == 1.0 {
             return Ok(x.rope(&self.inv_freqs, offset, self.traditional)?);
         }
-        // mlx-lm scales only the rotated features; here they are the whole head.
+        Ok(self.scaled(x)?.rope(&self.inv_freqs, offset, self.traditional)?)
+    }
+
+    /// `x` times yarn's magnitude scale, which mlx-lm applies to the rotated features only;
+    /// here they must be the whole head.
+    fn scaled(&self, x: &Array) -> Result<Array> {
         if 2 * self.inv_freqs.len() != x.dim(-1) {
             return Err(Error::Unsupported(format!(
                 "yarn rope over {} of {} features per head (partial rotary) is not built yet",
@@ -111,7 +116,7 @@ impl Rope {
                 x.dim(-1)
             )));
         }
-        Ok(x.scale(self.mscale)?.rope(&self.inv_freqs, offset, self.traditional)?)
+        Ok(x.scale(self.mscale)?)
     }
 
     /// `(self.forward(q'), self.forward(k'))` where `q', k'` are `q, k` RMS-normalized per head
@@ -163,9 +168,13 @@ impl Rope {
         Ok(nuvec::rope_qk_write_kv(q, k, v, norms, &self.inv_freqs, offset, self.traditional, cache)?)
     }
 
-    /// Whether [`Rope::forward_qk_paged`] takes q/k norms `qk_norm` (it runs the one fused op).
+    /// Whether [`Rope::forward_qk_paged`] takes q/k norms `qk_norm` (it runs the one fused op,
+    /// after yarn's magnitude scale where there are no norms to run first).
     pub fn fuses_paged(&self, qk_norm: Option<(&RmsNorm, &RmsNorm)>) -> bool {
-        self.mscale == 1.0 && qk_norm.is_none_or(|(qn, kn)| qn.eps() == kn.eps())
+        match qk_norm {
+            None => true,
+            Some((qn, kn)) => self.mscale == 1.0 && qn.eps() == kn.eps(),
+        }
     }
 
     /// One new position of each of several paged sequences: row `i` of `q, k, v [n, heads,
@@ -183,6 +192,11 @@ impl Rope {
             return Err(Error::Unsupported("this rope's paged decode writes are not one op".into()));
         }
         let norms = qk_norm.map(|(qn, kn)| (qn.weight(), kn.weight(), qn.eps()));
+        if self.mscale != 1.0 {
+            // Yarn's magnitude scale on every row first, as `forward` applies it.
+            let (q, k) = (self.scaled(q)?, self.scaled(k)?);
+            return Ok(nuvec::rope_qk_write_paged(&q, &k, v, norms, &self.inv_freqs, self.traditional, rows, stores)?);
+        }
         Ok(nuvec::rope_qk_write_paged(q, k, v, norms, &self.inv_freqs, self.traditional, rows, stores)?)
     }
 }

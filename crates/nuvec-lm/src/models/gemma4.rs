@@ -23,11 +23,12 @@
 use nuvec::{Array, ExpertActivation, Matrix, MoeRouting};
 use serde_json::Value;
 
-use crate::cache::{KvCache, LayerCache, RotatingKvCache};
+use crate::cache::paged::attend_decodes;
+use crate::cache::{KvCache, LayerCache, Positions, RotatingKvCache};
 use crate::config::Config;
-use crate::layers::{GeluMlp, Linear, RmsNorm, Rope};
+use crate::layers::{decode_together, GeluMlp, Linear, RmsNorm, Rope};
 use crate::models::Architecture;
-use crate::step::StepBatch;
+use crate::step::{concat_rows, StepBatch};
 use crate::weights::Weights;
 use crate::{Error, Result};
 
@@ -264,27 +265,58 @@ impl Attention {
                         (q, k.clone(), k)
                     }
                 };
-                step.each([&q, &k, &v], |[q, k, v], caches| {
-                    let cache = &mut caches[layer];
-                    let offset = cache.offset();
-                    let q = self.rope.forward(&self.q_norm.forward(&heads(&q, self.heads)?)?, offset)?;
-                    let k = self.rope.forward(&p.k_norm.forward(&heads(&k, self.kv_heads)?)?, offset)?;
-                    let v = p.v_norm.forward(&heads(&v, self.kv_heads)?)?;
-                    cache.attend(&q, &k, &v, 1.0)
-                })?
+                step.each_with_decodes(
+                    layer,
+                    [&q, &k, &v],
+                    |[q, k, v], caches| {
+                        // Several paged sequences' decodes: one row each, attended as one op.
+                        let (q, k) = (heads(&q, self.heads)?, heads(&k, self.kv_heads)?);
+                        let v = p.v_norm.forward(&heads(&v, self.kv_heads)?)?;
+                        let norms = (Some(&self.q_norm), Some(&p.k_norm));
+                        decode_together(&self.rope, norms, (&q, &k, &v), caches, (1.0, None))
+                    },
+                    |[q, k, v], caches| {
+                        let cache = &mut caches[layer];
+                        let offset = cache.offset();
+                        let q = self.rope.forward(&self.q_norm.forward(&heads(&q, self.heads)?)?, offset)?;
+                        let k = self.rope.forward(&p.k_norm.forward(&heads(&k, self.kv_heads)?)?, offset)?;
+                        let v = p.v_norm.forward(&heads(&v, self.kv_heads)?)?;
+                        cache.attend(&q, &k, &v, 1.0)
+                    },
+                )?
             }
             None if source != layer => {
                 let q = self.q_proj.forward(x)?;
-                step.each([&q], |[q], caches| {
-                    let cache = &caches[source];
-                    let l = q.dim(0);
-                    // The queries sit where the source layer's new keys do.
-                    let offset = cache.offset().checked_sub(l).ok_or_else(|| {
-                        Error::Invalid(format!("a shared cache of {} positions for {l} new ones", cache.offset()))
-                    })?;
-                    let q = self.rope.forward(&self.q_norm.forward(&heads(&q, self.heads)?)?, offset)?;
-                    cache.attend_held(&q, 1.0)
-                })?
+                // The queries sit where the source layer's new keys do.
+                let rotated =
+                    |q: &Array, offset: usize| self.rope.forward(&self.q_norm.forward(&heads(q, self.heads)?)?, offset);
+                step.each_with_decodes(
+                    source,
+                    [&q],
+                    |[q], caches| {
+                        // Several paged sequences' decodes over the source layer's caches (each
+                        // holding this step's position already): one attention op.
+                        let rows = caches
+                            .iter()
+                            .enumerate()
+                            .map(|(i, c)| {
+                                let offset = c.offset().checked_sub(1).ok_or_else(|| {
+                                    Error::Invalid("a shared paged cache without this step's position".into())
+                                })?;
+                                rotated(&q.slice_rows(i, i + 1)?, offset)
+                            })
+                            .collect::<Result<Vec<_>>>()?;
+                        attend_decodes(&caches, &concat_rows(&rows)?, 1.0, None)
+                    },
+                    |[q], caches| {
+                        let cache = &caches[source];
+                        let l = q.dim(0);
+                        let offset = cache.offset().checked_sub(l).ok_or_else(|| {
+                            Error::Invalid(format!("a shared cache of {} positions for {l} new ones", cache.offset()))
+                        })?;
+                        cache.attend_held(&rotated(&q, offset)?, 1.0)
+                    },
+                )?
             }
             _ => return Err(Error::Invalid("a Gemma 4 layer given the wrong kind of key/value source".into())),
         };

@@ -131,13 +131,40 @@ pub fn scattered_tables(lens: &[usize], bs: usize, blocks: usize) -> Vec<Vec<u32
 /// Positions `0..len` of one sequence of a paged store (`x`: rows of `hkv * d`, position-major)
 /// through its block `table`, as a contiguous cache `[hkv, len, d]`.
 pub fn gather_paged(x: &[f32], table: &[u32], len: usize, bs: usize, hkv: usize, d: usize) -> Vec<f32> {
-    let width = hkv * d;
-    let mut out = vec![0f32; hkv * len * d];
-    for j in 0..len {
+    gather_window(x, table, 0..len, bs, hkv, d)
+}
+
+/// Positions `range` of one sequence of a paged store, as [`gather_paged`] gathers them: `[hkv,
+/// range.len(), d]`.
+pub fn gather_window(
+    x: &[f32],
+    table: &[u32],
+    range: std::ops::Range<usize>,
+    bs: usize,
+    hkv: usize,
+    d: usize,
+) -> Vec<f32> {
+    let (width, n) = (hkv * d, range.len());
+    let mut out = vec![0f32; hkv * n * d];
+    for (i, j) in range.enumerate() {
         let at = (table[j / bs] as usize * bs + j % bs) * width;
         for h in 0..hkv {
-            out[(h * len + j) * d..][..d].copy_from_slice(&x[at + h * d..][..d]);
+            out[(h * n + i) * d..][..d].copy_from_slice(&x[at + h * d..][..d]);
         }
     }
     out
+}
+
+/// `tables` with the entries of the blocks wholly before each sequence's last `window` of its
+/// `lens` positions given back (`u32::MAX`, as a sliding-window layer's table marks them), and
+/// the sequences as windowed [`nuvec::PagedSeq`]s over them.
+pub fn windowed_tables(tables: &[Vec<u32>], lens: &[usize], bs: usize, window: usize) -> Vec<Vec<u32>> {
+    tables
+        .iter()
+        .zip(lens)
+        .map(|(t, &len)| {
+            let gone = len.saturating_sub(window) / bs;
+            t.iter().enumerate().map(|(b, &id)| if b < gone { u32::MAX } else { id }).collect()
+        })
+        .collect()
 }

@@ -131,11 +131,13 @@ impl PagedKv {
     }
 
     /// Whether a decode step of this layer can attend it with the other sequences of its store
-    /// in one op ([`attend_decodes`]): no window, and either a plain store or quantized rows past
-    /// the sequence's first pass (which attends its own rows in full precision).
+    /// in one op ([`attend_decodes`]): a plain store, or quantized rows past the sequence's first
+    /// pass (which attends its own rows in full precision, as do the layers that share its keys
+    /// until it ends).
     pub(crate) fn decodes_together(&self) -> bool {
         let store = lock(&self.store);
-        self.window.is_none() && store.reads_in_place() && (store.first_pass_dtype().is_none() || self.len > 0)
+        let past_first_pass = self.len > 0 && self.fresh.is_none();
+        store.reads_in_place() && (store.first_pass_dtype().is_none() || past_first_pass)
     }
 
     /// Attends `q [L, heads, head_dim]`, the queries of the last `L` positions added, over what
@@ -231,20 +233,28 @@ pub(crate) fn write_decodes(
 }
 
 /// Attends `q [n, heads, head_dim]`, whose row `i` is the newest position of `seqs[i]` (its
-/// keys and values written already), over every position each sequence holds, as one op over
-/// the store the sequences share: what [`PagedKv::attend_held`] gives each alone, without the
-/// per-sequence gathers. The layers must be of one store and have no window.
+/// keys and values written already), over every position each sequence holds (a sliding-window
+/// layer's: the last `window`), as one op over the store the sequences share: what
+/// [`PagedKv::attend_held`] gives each alone, without the per-sequence gathers. The layers must
+/// be of one store.
 pub(crate) fn attend_decodes(seqs: &[&mut PagedKv], q: &Array, scale: f32, sinks: Sinks) -> Result<Array> {
     let Some(first) = seqs.first() else {
         return Err(Error::Invalid("a decode step of no sequences".into()));
     };
-    if seqs.iter().any(|s| !s.same_store(first) || s.window.is_some()) {
-        return Err(Error::Invalid("sequences of one decode pass must share one paged layer without a window".into()));
+    if seqs.iter().any(|s| !s.same_store(first)) {
+        return Err(Error::Invalid("sequences of one decode pass must share one paged layer".into()));
     }
     // Each sequence has a table of its own (a step holds a sequence once), so holding them all
     // at once cannot deadlock.
     let tables: Vec<_> = seqs.iter().map(|s| lock(&s.table)).collect();
-    let paged: Vec<PagedSeq> = seqs.iter().zip(&tables).map(|(s, t)| PagedSeq { table: t, len: s.len }).collect();
+    let paged: Vec<PagedSeq> = seqs
+        .iter()
+        .zip(&tables)
+        .map(|(s, t)| match s.window {
+            Some(window) => PagedSeq::windowed(t, s.len, window),
+            None => PagedSeq::new(t, s.len),
+        })
+        .collect();
     let store = lock(&first.store);
     if let Some((k, v)) = store.quantized_rows() {
         return Ok(nuvec::paged_decode_attention_quantized(q, k, v, &paged, first.block_size, scale, sinks)?);

@@ -488,18 +488,20 @@ __device__ __forceinline__ void atts_group(float* pv0, size_t pv_step, const flo
 // (over the splits, the empty ones skipped) gives its result bit for bit, whatever gh. `keys` > 0
 // (a step of many sequences, where the sequences alone fill the GPU): chunk = keys for every
 // sequence, so each block has work of one size and a sequence takes as many splits as its length
-// needs. Sequence t's blocks are tables[t * table_stride ..], its length lens[t].
+// needs. Sequence t's blocks are tables[t * table_stride ..], its length lens[t]; with `starts`,
+// it attends keys [starts[t], lens[t]) (a sliding window), split as a decode over those keys
+// alone: the splits count from starts[t], so the partials are those of that decode, bit for bit.
 // `stores`: the rows of every sequence and KV head, as base (Rows::of picks sequence t's and
 // head kvh's).
 template <class Rows>
 __device__ __forceinline__ void paged_body(float* part, const float* q, Rows stores, const int* tables,
-                                           int table_stride, const int* lens, int hq, int hkv, int d, float scale,
-                                           int want, int keys, int gh, float* sm_m, float* sm_l,
+                                           int table_stride, const int* lens, const int* starts, int hq, int hkv,
+                                           int d, float scale, int want, int keys, int gh, float* sm_m, float* sm_l,
                                            float4 (*sm_acc)[32 * ATTS_SLOTS]) {
     const int h = blockIdx.x * gh, t = blockIdx.y, s = blockIdx.z;
-    const int kv_len = lens[t];
+    const int start = starts ? starts[t] : 0, kv_len = lens[t] - start;
     const int chunk = keys > 0 ? keys : max((kv_len + want - 1) / want, 32);
-    const int j_begin = s * chunk, j_end = min(kv_len, j_begin + chunk);
+    const int j_begin = start + s * chunk, j_end = min(lens[t], j_begin + chunk);
     const int kvh = h / (hq / hkv), d4 = d >> 2;
     float* pv = part + (((size_t)t * hq + h) * gridDim.z + s) * (size_t)(d + 2);
     const size_t pv_step = (size_t)gridDim.z * (d + 2);
@@ -525,21 +527,21 @@ __device__ __forceinline__ PagedRows<E> paged_store(const void* k, const void* v
     return PagedRows<E>{(const Raw*)k, (const Raw*)v, nullptr, block_size, hkv * (d >> 2), 0};
 }
 extern "C" __global__ void paged_attention_split_f32(float* part, const float* q, const void* k, const void* v,
-                                                     const int* tables, int table_stride, const int* lens, int hq,
-                                                     int hkv, int d, int block_size, float scale, int want,
-                                                     int keys, int kv_dt, int gh) {
+                                                     const int* tables, int table_stride, const int* lens,
+                                                     const int* starts, int hq, int hkv, int d, int block_size,
+                                                     float scale, int want, int keys, int kv_dt, int gh) {
     pdl_begin();
     __shared__ float sm_m[ATTS_WARPS], sm_l[ATTS_WARPS];
     __shared__ float4 sm_acc[ATTS_WARPS][32 * ATTS_SLOTS];
     if (kv_dt == DT_F32)
-        paged_body(part, q, paged_store<F32Kv>(k, v, block_size, hkv, d), tables, table_stride, lens, hq, hkv, d,
-                   scale, want, keys, gh, sm_m, sm_l, sm_acc);
-    else if (kv_dt == DT_F16)
-        paged_body(part, q, paged_store<HalfKv<DT_F16>>(k, v, block_size, hkv, d), tables, table_stride, lens, hq, hkv,
+        paged_body(part, q, paged_store<F32Kv>(k, v, block_size, hkv, d), tables, table_stride, lens, starts, hq, hkv,
                    d, scale, want, keys, gh, sm_m, sm_l, sm_acc);
+    else if (kv_dt == DT_F16)
+        paged_body(part, q, paged_store<HalfKv<DT_F16>>(k, v, block_size, hkv, d), tables, table_stride, lens, starts,
+                   hq, hkv, d, scale, want, keys, gh, sm_m, sm_l, sm_acc);
     else
-        paged_body(part, q, paged_store<HalfKv<DT_BF16>>(k, v, block_size, hkv, d), tables, table_stride, lens, hq,
-                   hkv, d, scale, want, keys, gh, sm_m, sm_l, sm_acc);
+        paged_body(part, q, paged_store<HalfKv<DT_BF16>>(k, v, block_size, hkv, d), tables, table_stride, lens,
+                   starts, hq, hkv, d, scale, want, keys, gh, sm_m, sm_l, sm_acc);
 }
 // paged_attention_split_f32 over a quantized store (QuantPagedRows: words kw / vw, scales ks / vs,
 // biases kb / vb, `bits` 4 or 8 in groups of gs): the same splits and partials as over the store
@@ -547,18 +549,20 @@ extern "C" __global__ void paged_attention_split_f32(float* part, const float* q
 extern "C" __global__ void paged_attention_split_quant_f32(float* part, const float* q, const u32* kw,
                                                            const float* ks, const float* kb, const u32* vw,
                                                            const float* vs, const float* vb, const int* tables,
-                                                           int table_stride, const int* lens, int hq, int hkv, int d,
-                                                           int block_size, float scale, int want, int keys, int bits,
-                                                           int gs, int gh) {
+                                                           int table_stride, const int* lens, const int* starts,
+                                                           int hq, int hkv, int d, int block_size, float scale,
+                                                           int want, int keys, int bits, int gs, int gh) {
     pdl_begin();
     __shared__ float sm_m[ATTS_WARPS], sm_l[ATTS_WARPS];
     __shared__ float4 sm_acc[ATTS_WARPS][32 * ATTS_SLOTS];
     if (bits == 8) {
         QuantPagedRows<8> stores{kw, ks, kb, vw, vs, vb, nullptr, block_size, hkv * d, 0, gs};
-        paged_body(part, q, stores, tables, table_stride, lens, hq, hkv, d, scale, want, keys, gh, sm_m, sm_l, sm_acc);
+        paged_body(part, q, stores, tables, table_stride, lens, starts, hq, hkv, d, scale, want, keys, gh, sm_m, sm_l,
+                   sm_acc);
     } else {
         QuantPagedRows<4> stores{kw, ks, kb, vw, vs, vb, nullptr, block_size, hkv * d, 0, gs};
-        paged_body(part, q, stores, tables, table_stride, lens, hq, hkv, d, scale, want, keys, gh, sm_m, sm_l, sm_acc);
+        paged_body(part, q, stores, tables, table_stride, lens, starts, hq, hkv, d, scale, want, keys, gh, sm_m, sm_l,
+                   sm_acc);
     }
 }
 

@@ -43,32 +43,37 @@ impl CudaBackend {
         // query), so its partials and result are that decode's; unless the step has sequences
         // enough to fill the GPU without splitting them so finely (`batch_splits`).
         let want = ATTS_TARGET_BLOCKS.div_ceil(hq).max(1);
-        let (tables, stride, lens) = self.step_tables(op, seqs, block_size)?;
+        let step = self.step_tables(op, seqs, block_size)?;
         let sp = match sinks {
             Some(s) => self.sinks_table(s)?,
             None => 0,
         };
         let out = self.output(&[n, hq * d], DType::F32, false)?;
 
-        let (tp, lp) = (tables.ptr(), lens.ptr());
-        let (stridei, hqi, hkvi, di) = (to_i32(op, "table", stride)?, hq as i32, hkv as i32, d as i32);
+        let (tp, lp) = (step.tables.ptr(), step.lens.ptr());
+        let (stridei, hqi, hkvi, di) = (to_i32(op, "table", step.stride)?, hq as i32, hkv as i32, d as i32);
         let (bsi, wanti) = (to_i32(op, "block size", block_size)?, to_i32(op, "splits", want)?);
         let gh = heads_per_block(n, hq, hkv, d, want);
         // A step of several sequences on the tensor cores where it can: one warp per KV head of
         // a sequence and split (one chunk of keys for all, at least `NUVEC_PAGED_FLASH_MIN_KEYS`), the
         // group's query heads the rows of its MMAs. `NUVEC_ATTS_BATCH_BLOCKS=0` keeps every
         // sequence's solo splits, so the f32 kernel. There, keys that sequences share (the same
-        // blocks) are read once for each group of them, and each sequence's own keys after them.
+        // blocks) are read once for each group of them, and each sequence's own keys after them
+        // (not in a sliding-window layer, whose sequences start where their windows do).
         let knobs = &self.st()?.knobs;
         let flash = n >= 2 && knobs.atts_batch_blocks > 0 && self.paged_flash_takes(qp, kv_dt, hq, hkv, d)?;
-        let shared = if flash {
+        let shared = if flash && step.starts.is_none() {
             let tables: Vec<&[u32]> = seqs.iter().map(|s| s.table).collect();
             let lens: Vec<usize> = seqs.iter().map(|s| s.len).collect();
             shared_prefixes(&tables, &lens, block_size, knobs.paged_prefix_min_keys)
         } else {
             SharedPrefixes::default()
         };
-        let starts = shared.starts(n);
+        // Where each sequence's own keys start: after its shared keys, or where its window does.
+        let starts: Vec<usize> = match step.starts {
+            Some(_) => seqs.iter().map(|s| s.first).collect(),
+            None => shared.starts(n),
+        };
         let own = || seqs.iter().zip(&starts).map(|(s, &start)| s.len - start);
         let keys_of = KeyCounts { total: own().sum(), longest: own().max().unwrap_or(0) };
         let (keys, mut splits) = if flash {
@@ -101,13 +106,14 @@ impl CudaBackend {
                 block_dim: (32, 1, 1),
                 shared_mem_bytes: paged_flash_smem_bytes(d, PAGED_FLASH_KEYS) as u32,
             };
-            let starts = if tile_count > 0 {
+            let shared_starts = if tile_count > 0 {
                 let starts = starts.iter().map(|&s| to_i32(op, "shared keys", s)).collect::<Result<Vec<i32>>>()?;
                 Some(self.upload(&starts)?)
             } else {
                 None
             };
-            let (sp0, pslots) = (starts.as_ref().map_or(0, DeviceBuffer::ptr), prefix_slots as i32);
+            let sp0 = shared_starts.as_ref().map_or(step.starts_ptr(), DeviceBuffer::ptr);
+            let pslots = prefix_slots as i32;
             // [store type][head size]: bf16 or f16, 64 or 128 (`paged_flash_takes`).
             let (half, dim) = (usize::from(kv_dt == DT_F16), usize::from(d == 128));
             let name = PAGED_FLASH_DECODE[half][dim];
@@ -130,8 +136,9 @@ impl CudaBackend {
                 shared_mem_bytes: 0,
             };
             let ghi = gh as i32;
+            let stp = step.starts_ptr();
             launch!(self.st()?, op, "paged_attention_split_f32", cfg;
-                pp, qp, kp, vp, tp, stridei, lp, hqi, hkvi, di, bsi, scale, wanti, keysi, kv_dt, ghi);
+                pp, qp, kp, vp, tp, stridei, lp, stp, hqi, hkvi, di, bsi, scale, wanti, keysi, kv_dt, ghi);
         }
         self.merge_partials(op, &out, pp, (n, hq, d, splits), sp)?;
         Ok(out)
@@ -200,7 +207,7 @@ impl CudaBackend {
         }
         let [kw, ks, kb, vw, vs, vb] = ptrs;
         let want = ATTS_TARGET_BLOCKS.div_ceil(hq).max(1);
-        let (tables, stride, lens) = self.step_tables(op, seqs, block_size)?;
+        let step = self.step_tables(op, seqs, block_size)?;
         let sp = match sinks {
             Some(s) => self.sinks_table(s)?,
             None => 0,
@@ -208,8 +215,8 @@ impl CudaBackend {
         let gh = heads_per_block(n, hq, hkv, d, want);
         let knobs = &self.st()?.knobs;
         let keys_of = KeyCounts {
-            total: seqs.iter().map(|s| s.len).sum(),
-            longest: seqs.iter().map(|s| s.len).max().unwrap_or(0),
+            total: seqs.iter().map(PagedSeq::attended).sum(),
+            longest: seqs.iter().map(PagedSeq::attended).max().unwrap_or(0),
         };
         let (keys, splits) = batch_splits(n, keys_of, hq / gh, want, knobs.atts_batch_blocks).unwrap_or((0, want));
         let part = DeviceBuffer::alloc(self.st()?, n * hq * splits * (d + 2) * 4)?;
@@ -220,7 +227,8 @@ impl CudaBackend {
             block_dim: (ATTS_THREADS, 1, 1),
             shared_mem_bytes: 0,
         };
-        let (tp, lp, stridei) = (tables.ptr(), lens.ptr(), to_i32(op, "table", stride)?);
+        let (tp, lp, stp) = (step.tables.ptr(), step.lens.ptr(), step.starts_ptr());
+        let stridei = to_i32(op, "table", step.stride)?;
         let (hqi, hkvi, di, bsi) = (hq as i32, hkv as i32, d as i32, to_i32(op, "block size", block_size)?);
         let (wanti, keysi, bitsi, gsi, ghi) = (
             to_i32(op, "splits", want)?,
@@ -230,28 +238,34 @@ impl CudaBackend {
             gh as i32,
         );
         launch!(self.st()?, op, "paged_attention_split_quant_f32", cfg;
-            pp, qp, kw, ks, kb, vw, vs, vb, tp, stridei, lp, hqi, hkvi, di, bsi, scale, wanti, keysi, bitsi, gsi, ghi);
+            pp, qp, kw, ks, kb, vw, vs, vb, tp, stridei, lp, stp, hqi, hkvi, di, bsi, scale, wanti, keysi, bitsi, gsi, ghi);
         self.merge_partials(op, &out, pp, (n, hq, d, splits), sp)?;
         Ok(out)
     }
 
-    /// A step's block tables (one row of `stride` block ids per sequence, the blocks its
-    /// positions use) and lengths, on the device.
-    fn step_tables(
-        &self,
-        op: &'static str,
-        seqs: &[PagedSeq<'_>],
-        block_size: usize,
-    ) -> Result<(std::sync::Arc<DeviceBuffer>, usize, std::sync::Arc<DeviceBuffer>)> {
-        let stride = seqs.iter().map(|s| s.len.div_ceil(block_size)).max().unwrap_or(1);
+    /// A step's block tables on the device: one row of `stride` block ids per sequence, the
+    /// blocks its attended positions use (a sliding window's from the block it starts in, so
+    /// positions count from that block's first), with its length and the first position it
+    /// attends in the same count (the starts only when a sequence has a window).
+    fn step_tables(&self, op: &'static str, seqs: &[PagedSeq<'_>], block_size: usize) -> Result<StepTables> {
+        let stride = seqs.iter().map(|s| s.used_blocks(block_size).len()).max().unwrap_or(1);
         let mut tables = vec![0i32; seqs.len() * stride];
+        let (mut lens, mut starts) = (Vec::with_capacity(seqs.len()), Vec::with_capacity(seqs.len()));
         for (row, s) in tables.chunks_exact_mut(stride).zip(seqs) {
-            for (t, &b) in row.iter_mut().zip(&s.table[..s.len.div_ceil(block_size)]) {
+            for (t, &b) in row.iter_mut().zip(s.used_blocks(block_size)) {
                 *t = to_i32(op, "block id", b as usize)?;
             }
+            let base = s.first / block_size * block_size;
+            lens.push(to_i32(op, "sequence length", s.len - base)?);
+            starts.push((s.first - base) as i32);
         }
-        let lens = seqs.iter().map(|s| to_i32(op, "sequence length", s.len)).collect::<Result<Vec<i32>>>()?;
-        Ok((self.upload_shared(&tables)?, stride, self.upload_shared(&lens)?))
+        let windowed = seqs.iter().any(|s| s.first > 0);
+        Ok(StepTables {
+            tables: self.upload_shared(&tables)?,
+            stride,
+            lens: self.upload_shared(&lens)?,
+            starts: if windowed { Some(self.upload_shared(&starts)?) } else { None },
+        })
     }
 }
 
@@ -270,6 +284,22 @@ impl CudaBackend {
             && hq / hkv <= 16
             && qp.is_multiple_of(8)
             && st.matmul_precision().bf16_attention(crate::hint_is_half()))
+    }
+}
+
+/// [`CudaBackend::step_tables`]: a step's tables, lengths and (with a sliding window) first
+/// positions, on the device.
+struct StepTables {
+    tables: std::sync::Arc<DeviceBuffer>,
+    stride: usize,
+    lens: std::sync::Arc<DeviceBuffer>,
+    starts: Option<std::sync::Arc<DeviceBuffer>>,
+}
+
+impl StepTables {
+    /// The starts' device address, 0 (every sequence from its first position) without them.
+    fn starts_ptr(&self) -> u64 {
+        self.starts.as_ref().map_or(0, |s| s.ptr())
     }
 }
 
