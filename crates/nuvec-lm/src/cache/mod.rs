@@ -328,9 +328,9 @@ impl LayerCache {
                 let spec = c.spec();
                 let mut arrays = vec![];
                 let mut shape = [0, 0];
-                if let Some((k, v)) = c.rows() {
-                    let (ka, s) = named("key", k)?;
-                    let (va, _) = named("value", v)?;
+                if let Some((k, v)) = c.rows()? {
+                    let (ka, s) = named("key", &k)?;
+                    let (va, _) = named("value", &v)?;
                     arrays = ka.into_iter().chain(va).collect();
                     shape = s;
                 }

@@ -3,18 +3,79 @@
 //! algorithm. Attention reads them dequantized, which is the arithmetic of mlx-lm's quantized
 //! attention (`q · (scale * k_q + bias)`).
 
-use nuvec::{Array, QuantMode, QuantSpec};
+use nuvec::{Array, PagedSeq, QuantMode, QuantSpec};
 
 use super::ops::{attend_causal, Sinks};
+use super::paged::QuantBlocks;
 use super::store::{QuantRows, Store};
 use crate::{Error, Result};
 
-/// Keys and values of one layer, quantized position by position.
+/// Positions a cache's rows grow by (as the plain cache's buffers), and the block size its
+/// rows are read through: one block table `0, 1, 2, ..` over them.
+const STEP: usize = 256;
+
+/// Keys and values of one layer, quantized position by position into rows on the device the
+/// model's keys come from (as a paged cache's quantized blocks): a new position is quantized
+/// where it is, a decode step attends the codes in place, and nothing crosses to the host.
 #[derive(Debug, Clone)]
 pub struct QuantizedKvCache {
     spec: QuantSpec,
-    keys: Option<QuantRows>,
-    values: Option<QuantRows>,
+    rows: Option<Rows>,
+}
+
+/// The held rows: room for some positions, the first `len` held.
+#[derive(Debug, Clone)]
+struct Rows {
+    keys: QuantBlocks,
+    values: QuantBlocks,
+    len: usize,
+}
+
+impl Rows {
+    fn capacity(&self) -> usize {
+        self.keys.positions()
+    }
+
+    /// The block table over every row.
+    fn table(&self) -> Vec<u32> {
+        (0..self.capacity().div_ceil(STEP) as u32).collect()
+    }
+
+    /// Quantizes `keys, values [kv_heads, L, head_dim]` into positions `len..`, growing the rows
+    /// (by whole steps) when they have no room.
+    fn append(&mut self, keys: &Array, values: &Array) -> Result<()> {
+        let l = keys.dim(1);
+        let need = self.len + l;
+        if need > self.capacity() {
+            let room = need.next_multiple_of(STEP);
+            self.keys = self.keys.grown(self.len, room)?;
+            self.values = self.values.grown(self.len, room)?;
+        }
+        self.keys.write(self.len, &keys.transpose01()?)?;
+        self.values.write(self.len, &values.transpose01()?)?;
+        self.len = need;
+        Ok(())
+    }
+
+    /// Everything held, dequantized to f32 `[kv_heads, len, head_dim]`.
+    fn dequantized(&self) -> Result<(Array, Array)> {
+        let table = self.table();
+        Ok((self.keys.dequantize(&table, STEP, 0, self.len)?, self.values.dequantize(&table, STEP, 0, self.len)?))
+    }
+
+    /// Causal attention of `q [L, heads, head_dim]` over everything held: a decode step reads the
+    /// codes in place ([`nuvec::paged_decode_attention_quantized`]: the attention over the rows
+    /// dequantized, bit for bit), a longer pass over the rows dequantized.
+    fn attend(&self, q: &Array, scale: f32, sinks: Sinks) -> Result<Array> {
+        if q.dim(0) == 1 && self.keys.device() == q.device() {
+            let table = self.table();
+            let seq = [PagedSeq::new(&table, self.len)];
+            let (k, v) = (self.keys.rows(), self.values.rows());
+            return Ok(nuvec::paged_decode_attention_quantized(q, k, v, &seq, STEP, scale, sinks)?);
+        }
+        let (k, v) = self.dequantized()?;
+        attend_causal(q, &k, &v, scale, sinks)
+    }
 }
 
 /// The quantization `bits`/`group_size` name, checked against MLX's affine formats.
@@ -27,7 +88,7 @@ pub fn kv_spec(bits: usize, group_size: usize) -> Result<QuantSpec> {
 impl QuantizedKvCache {
     /// An empty cache quantizing to `bits` in groups of `group_size`.
     pub fn new(bits: usize, group_size: usize) -> Result<Self> {
-        Ok(QuantizedKvCache { spec: kv_spec(bits, group_size)?, keys: None, values: None })
+        Ok(QuantizedKvCache { spec: kv_spec(bits, group_size)?, rows: None })
     }
 
     /// The quantization.
@@ -37,7 +98,7 @@ impl QuantizedKvCache {
 
     /// Positions held.
     pub fn offset(&self) -> usize {
-        self.keys.as_ref().map_or(0, |k| k.len())
+        self.rows.as_ref().map_or(0, |r| r.len)
     }
 
     /// Removes exactly the last `n` positions, or errors leaving the cache unchanged.
@@ -46,8 +107,8 @@ impl QuantizedKvCache {
         if n > held {
             return Err(Error::Invalid(format!("cannot trim {n} positions from a cache holding {held}")));
         }
-        for rows in [&mut self.keys, &mut self.values].into_iter().flatten() {
-            rows.rows.truncate(held - n);
+        if let Some(rows) = &mut self.rows {
+            rows.len -= n;
         }
         Ok(())
     }
@@ -67,31 +128,43 @@ impl QuantizedKvCache {
         scale: f32,
         sinks: Sinks,
     ) -> Result<Array> {
-        for (held, new) in [(&mut self.keys, keys), (&mut self.values, values)] {
-            let new = QuantRows::quantize(new, self.spec)?;
-            *held = Some(match held.take() {
-                Some(old) => QuantRows::concat(&[old, new])?,
-                None => new,
-            });
+        let (h, d, device) = (keys.dim(0), keys.dim(2), keys.device());
+        let rows = match &mut self.rows {
+            Some(rows) => rows,
+            None => self.rows.insert(Rows {
+                keys: QuantBlocks::new(0, h, d, self.spec, device)?,
+                values: QuantBlocks::new(0, h, d, self.spec, device)?,
+                len: 0,
+            }),
+        };
+        if rows.keys.device() != device {
+            // Rows read from a prompt-cache file start on the host.
+            rows.keys = rows.keys.to_device(device)?;
+            rows.values = rows.values.to_device(device)?;
         }
-        let (k, v) = (self.keys.as_ref().expect("set"), self.values.as_ref().expect("set"));
-        attend_causal(q, &k.to_array()?, &v.to_array()?, scale, sinks)
+        rows.append(keys, values)?;
+        rows.attend(q, scale, sinks)
     }
 
     /// A quantized copy of a plain cache's contents `[kv_heads, n, head_dim]` (mlx-lm's
     /// `KVCache.to_quantized`).
     pub fn from_plain(keys: &Array, values: &Array, bits: usize, group_size: usize) -> Result<Self> {
         let spec = kv_spec(bits, group_size)?;
-        Ok(QuantizedKvCache {
-            spec,
-            keys: Some(QuantRows::quantize(keys, spec)?),
-            values: Some(QuantRows::quantize(values, spec)?),
-        })
+        let (h, d, device) = (keys.dim(0), keys.dim(2), keys.device());
+        let mut rows = Rows {
+            keys: QuantBlocks::new(0, h, d, spec, device)?,
+            values: QuantBlocks::new(0, h, d, spec, device)?,
+            len: 0,
+        };
+        rows.append(keys, values)?;
+        Ok(QuantizedKvCache { spec, rows: Some(rows) })
     }
 
     /// The held keys and values (for a prompt-cache file).
-    pub fn rows(&self) -> Option<(&QuantRows, &QuantRows)> {
-        Some((self.keys.as_ref()?, self.values.as_ref()?))
+    pub fn rows(&self) -> Result<Option<(QuantRows, QuantRows)>> {
+        let Some(rows) = &self.rows else { return Ok(None) };
+        let take = |b: &QuantBlocks| b.held(rows.len);
+        Ok(Some((take(&rows.keys)?, take(&rows.values)?)))
     }
 
     /// A cache holding `keys` and `values`.
@@ -99,7 +172,11 @@ impl QuantizedKvCache {
         if keys.len() != values.len() || keys.spec != values.spec {
             return Err(Error::Invalid("quantized keys and values do not match".into()));
         }
-        Ok(QuantizedKvCache { spec: keys.spec, keys: Some(keys), values: Some(values) })
+        let len = keys.len();
+        // Room in whole steps, so that the rows are whole blocks of the table.
+        let room = |r: &QuantRows| QuantBlocks::from_rows(r)?.grown(len, len.next_multiple_of(STEP));
+        let rows = Rows { keys: room(&keys)?, values: room(&values)?, len };
+        Ok(QuantizedKvCache { spec: keys.spec, rows: Some(rows) })
     }
 }
 
@@ -108,12 +185,12 @@ impl QuantizedKvCache {
     /// Attends `q [L, heads, head_dim]`, the queries of the last `L` positions added, causally
     /// over everything held, as [`QuantizedKvCache::attend`] did when it added them.
     pub fn attend_held(&self, q: &Array, scale: f32) -> Result<Array> {
-        let (Some(k), Some(v)) = (&self.keys, &self.values) else {
+        let Some(rows) = self.rows.as_ref().filter(|r| r.len > 0) else {
             return Err(Error::Invalid("attending over an empty quantized cache".into()));
         };
-        if q.dim(0) > k.len() {
-            return Err(Error::Invalid(format!("{} queries for a cache holding {}", q.dim(0), k.len())));
+        if q.dim(0) > rows.len {
+            return Err(Error::Invalid(format!("{} queries for a cache holding {}", q.dim(0), rows.len)));
         }
-        attend_causal(q, &k.to_array()?, &v.to_array()?, scale, None)
+        rows.attend(q, scale, None)
     }
 }

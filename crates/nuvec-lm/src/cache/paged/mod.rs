@@ -25,6 +25,7 @@ mod mirror;
 mod pool;
 mod prefix;
 mod quant_blocks;
+pub(crate) use quant_blocks::QuantBlocks;
 mod store;
 mod window;
 

@@ -6,10 +6,13 @@
 
 use nuvec::{Array, DType, Device, QuantSpec, Quantized};
 
+use crate::cache::QuantRows;
+use crate::step::concat_rows;
 use crate::{Error, Result};
 
-/// Every position of one layer's blocks, quantized.
-#[derive(Debug)]
+/// Every position of one layer's blocks, quantized (also the rows of an unpaged
+/// [`crate::cache::QuantizedKvCache`]).
+#[derive(Debug, Clone)]
 pub(crate) struct QuantBlocks {
     heads: usize,
     rows: Quantized,
@@ -39,6 +42,49 @@ impl QuantBlocks {
     /// The device the rows are on.
     pub(crate) fn device(&self) -> Device {
         self.rows.packed.device()
+    }
+
+    /// The positions there is room for.
+    pub(crate) fn positions(&self) -> usize {
+        self.rows.rows()
+    }
+
+    /// The same rows with room for `positions` (at least `held`): the first `held` copied, the
+    /// rest zeros.
+    pub(crate) fn grown(&self, held: usize, positions: usize) -> Result<Self> {
+        let device = self.device();
+        let part = |a: &Array| -> Result<Array> {
+            let zeros = Array::zeros_on(&[positions - held, a.dim(1)], a.dtype(), device)?;
+            if held == 0 {
+                return Ok(zeros);
+            }
+            concat_rows(&[a.slice_rows(0, held)?, zeros])
+        };
+        let r = &self.rows;
+        let rows = Quantized::new(part(&r.packed)?, part(&r.scales)?, part(&r.biases)?, r.spec, r.cols())?;
+        Ok(QuantBlocks { heads: self.heads, rows })
+    }
+
+    /// The rows on `device`.
+    pub(crate) fn to_device(&self, device: Device) -> Result<Self> {
+        let r = &self.rows;
+        let moved = |a: &Array| a.to_device(device);
+        let rows = Quantized::new(moved(&r.packed)?, moved(&r.scales)?, moved(&r.biases)?, r.spec, r.cols())?;
+        Ok(QuantBlocks { heads: self.heads, rows })
+    }
+
+    /// The first `held` positions as [`QuantRows`] (on the host: a prompt-cache file's).
+    pub(crate) fn held(&self, held: usize) -> Result<QuantRows> {
+        let r = &self.rows;
+        let take = |a: &Array| -> Result<Array> { Ok(a.slice_rows(0, held)?.to_device(Device::Cpu)?) };
+        let parts = [take(&r.packed)?, take(&r.scales)?, take(&r.biases)?];
+        QuantRows::from_parts(r.spec, [&parts[0], &parts[1], &parts[2]], [self.heads, r.cols() / self.heads])
+    }
+
+    /// Rows holding `rows`' positions (on the host), room for exactly those.
+    pub(crate) fn from_rows(rows: &QuantRows) -> Result<Self> {
+        let ([packed, scales, biases], [heads, dim]) = rows.to_parts()?;
+        Ok(QuantBlocks { heads, rows: Quantized::new(packed, scales, biases, rows.spec, heads * dim)? })
     }
 
     /// The rows, for ops that read them in place.
