@@ -5,7 +5,7 @@
 mod common;
 
 use common::default_gguf;
-use nuvec_lm::cache::CacheOptions;
+use nuvec_lm::cache::{CacheOptions, LayerCache};
 use nuvec_lm::speculative::{speculative_generate, DraftModel, PromptLookup, Proposer};
 use nuvec_lm::{generate, FinishReason, GenerateOptions, Message, Model, Sampler, Stop, Tokenizer};
 
@@ -96,11 +96,58 @@ fn what_cannot_be_rewound_is_refused() {
         speculative_generate(&model, &prompt, options, PromptLookup::default(), k).err().unwrap().to_string()
     };
     assert!(err(GenerateOptions::default(), 0).contains("num_draft"));
-    let quantized =
-        GenerateOptions { cache: CacheOptions { kv_bits: Some(8), ..Default::default() }, ..Default::default() };
-    assert!(err(quantized, 4).contains("kv_bits"));
+    let ring = CacheOptions { kv_bits: Some(8), max_kv_size: Some(256), ..Default::default() };
+    let e = err(GenerateOptions { cache: ring, ..Default::default() }, 4);
+    assert!(e.contains("quantized rotating KV cache"), "{e}");
     let bad = PromptLookup { max_ngram: 1, min_ngram: 2 };
     assert!(bad.validate().unwrap_err().to_string().contains("n-gram"));
+}
+
+/// A quantized KV cache (`kv_bits`) as plain decoding has it: quantized from the start, or from
+/// a `quantized_kv_start` that the generation crosses, where no pass may reach past that point
+/// before the cache is quantized there (the first pass that reaches it ends on it): the same
+/// tokens as decoding one token at a time. (At 4 bits the noise puts near ties in this answer,
+/// where a verified pass's rounding, as any multi-row pass's, may pick the other token.)
+#[test]
+fn quantized_caches_give_plain_decodings_tokens() {
+    let (model, tokenizer) = model();
+    let prompt = prompt(&tokenizer);
+    let start_inside = prompt.len() + 13;
+    for start in [0, start_inside] {
+        let cache = CacheOptions { kv_bits: Some(8), quantized_kv_start: start, ..Default::default() };
+        let options = GenerateOptions { max_tokens: 60, cache, ..Default::default() };
+        let (want, want_reason) = plain(&model, &prompt, options.clone());
+        for k in [3, 8] {
+            let case = format!("kv_bits 8 from {start}, k={k}");
+            let mut g = speculative_generate(&model, &prompt, options.clone(), PromptLookup::default(), k).unwrap();
+            let mut got = vec![];
+            // The held positions when the caches are first seen quantized (they change only in
+            // passes, so that is where the pass that quantized them ended).
+            let mut quantized_at = None;
+            while let Some(token) = g.next() {
+                got.push(token.unwrap());
+                let layers = g.cache();
+                let quantized = layers.iter().all(|c| matches!(c, LayerCache::Quantized(_)));
+                assert!(quantized || layers.iter().all(|c| matches!(c, LayerCache::Plain(_))), "{case}");
+                if quantized && quantized_at.is_none() {
+                    quantized_at = Some(layers[0].offset());
+                }
+            }
+            let stats = g.stats().clone();
+            println!(
+                "RESULT speculative {case}: {} tokens, {}/{} accepted, quantized at {quantized_at:?} positions",
+                got.len(),
+                stats.accepted,
+                stats.drafted
+            );
+            assert_eq!(got, want, "{case}");
+            assert_eq!(g.finish_reason(), Some(&want_reason), "{case}");
+            assert!(stats.accepted > 0, "{case}: nothing accepted: {stats:?}");
+            if start > 0 {
+                assert_eq!(quantized_at, Some(start), "{case}: quantized after the wrong pass");
+            }
+        }
+    }
 }
 
 /// The model as its own draft (the same tokenizer, greedy guesses that are its own greedy

@@ -86,8 +86,11 @@ pub struct Speculative<'a, P: Proposer> {
 
 /// Starts generating from `prompt` with up to `num_draft` tokens from `proposer` verified per
 /// step. The options are [`crate::generate`]'s; every model family runs it, hybrids and
-/// sliding windows (and `max_kv_size`) included, but quantized KV caches are refused (their
-/// positions are quantized in groups that a rewind would split).
+/// sliding windows (and `max_kv_size`) included. A quantized KV cache (`kv_bits`) is taken as
+/// plain decoding takes it: no pass reaches past `quantized_kv_start` before the cache is
+/// quantized there, so every position attends what it attends decoding one token at a time;
+/// a quantized ring (`kv_bits` with `max_kv_size`, or a sliding-window model) is refused (its
+/// rewind is not built).
 pub fn speculative_generate<'a, P: Proposer>(
     model: &'a Model,
     prompt: &[u32],
@@ -103,14 +106,17 @@ pub fn speculative_generate<'a, P: Proposer>(
             "speculative decoding on a model split across ranks: run it on one process".into(),
         ));
     }
-    if options.cache.kv_bits.is_some() {
-        return Err(Error::Invalid(
-            "speculative decoding with a quantized KV cache (kv_bits) is not supported yet: drop one".into(),
-        ));
-    }
     options.refuse_served_adapter("speculative decoding")?;
     let request = Request::new(model, prompt, options)?;
     let mut session = Session::with_cache(model, &request.options.cache)?;
+    let ring = session.cache.iter().any(|c| matches!(c, LayerCache::Rotating(_) | LayerCache::QuantizedRotating(_)));
+    if request.options.cache.kv_bits.is_some() && ring {
+        return Err(Error::Invalid(
+            "speculative decoding over a quantized rotating KV cache (kv_bits with max_kv_size, or a sliding-window \
+             model) is not supported yet: drop kv_bits or the draft"
+                .into(),
+        ));
+    }
     // Every cache gives back a rejected guess exactly: key/value caches by position, a ring by
     // cutting the positions its last pass added (that pass kept the window it saw; its rows see
     // what one-token steps would), and a recurrent layer by the states it keeps from before
@@ -147,6 +153,12 @@ impl<P: Proposer> Speculative<'_, P> {
         &self.spec
     }
 
+    /// The target's caches, one per layer, as the last pass left them (as
+    /// [`crate::Generation::cache`]).
+    pub fn cache(&self) -> &[LayerCache] {
+        &self.session.cache
+    }
+
     /// Prompt and generation timing, as [`crate::Generation::stats`].
     pub fn timing(&self) -> &Stats {
         &self.stats
@@ -167,6 +179,7 @@ impl<P: Proposer> Speculative<'_, P> {
                 let hidden = self.model.prefill_hidden(chunk, &mut self.session.cache)?;
                 self.proposer.observe(self.session.tokens.len(), &hidden)?;
                 self.session.tokens.extend_from_slice(chunk);
+                self.session.maybe_quantize(&self.request.options.cache)?;
             }
         } else {
             self.session.prefill(self.model, prompt, step, &self.request.options.cache)?;
@@ -180,7 +193,7 @@ impl<P: Proposer> Speculative<'_, P> {
         let last = *self.request.history.last().expect("the history holds the prompt");
         let left = self.request.options.max_tokens.saturating_sub(self.handed_out());
         // The pass hands out at most the accepted guesses and one token of the target's own.
-        let k = self.num_draft.min(left.saturating_sub(1));
+        let k = self.num_draft.min(left.saturating_sub(1)).min(self.before_quantizing());
         let mut draft = self.proposer.propose(&self.request.history, k)?;
         draft.truncate(k);
         let mut input = Vec::with_capacity(draft.len() + 1);
@@ -230,6 +243,7 @@ impl<P: Proposer> Speculative<'_, P> {
         // The cache keeps the pending token and the accepted guesses; the token sampled after
         // them is the next step's pending one.
         self.session.trim(draft.len() - accepted)?;
+        self.session.maybe_quantize(&self.request.options.cache)?;
         self.proposer.accepted(accepted)?;
         if let Some(h) = hidden {
             self.proposer.observe(first_position, &h.slice_rows(0, accepted + 1)?)?;
@@ -242,6 +256,19 @@ impl<P: Proposer> Speculative<'_, P> {
             self.stats.generation_time = now - self.clock.unwrap_or(now);
         }
         Ok(())
+    }
+
+    /// The guesses a pass may carry before a quantized cache would be quantized (unbounded
+    /// without `kv_bits`): decoding one token at a time, the cache is quantized after the pass
+    /// that brings it to `quantized_kv_start` positions (at least 1), and every later position
+    /// attends the quantized rows, so no pass reaches past that point unquantized.
+    fn before_quantizing(&self) -> usize {
+        let cache = &self.request.options.cache;
+        let held = self.session.tokens.len();
+        match cache.kv_bits {
+            Some(_) if held < cache.quantized_kv_start.max(1) => cache.quantized_kv_start.max(1) - held - 1,
+            _ => usize::MAX,
+        }
     }
 
     /// The per-position counter of draft position `i` (None past the proposal).
