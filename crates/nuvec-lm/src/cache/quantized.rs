@@ -20,7 +20,8 @@ const STEP: usize = 256;
 #[derive(Debug, Clone)]
 pub struct QuantizedKvCache {
     spec: QuantSpec,
-    rows: Option<Rows>,
+    /// Boxed: a layer's cache is one variant of [`super::LayerCache`], kept small.
+    rows: Option<Box<Rows>>,
 }
 
 /// The held rows: room for some positions, the first `len` held.
@@ -131,11 +132,11 @@ impl QuantizedKvCache {
         let (h, d, device) = (keys.dim(0), keys.dim(2), keys.device());
         let rows = match &mut self.rows {
             Some(rows) => rows,
-            None => self.rows.insert(Rows {
+            None => self.rows.insert(Box::new(Rows {
                 keys: QuantBlocks::new(0, h, d, self.spec, device)?,
                 values: QuantBlocks::new(0, h, d, self.spec, device)?,
                 len: 0,
-            }),
+            })),
         };
         if rows.keys.device() != device {
             // Rows read from a prompt-cache file start on the host.
@@ -157,7 +158,7 @@ impl QuantizedKvCache {
             len: 0,
         };
         rows.append(keys, values)?;
-        Ok(QuantizedKvCache { spec, rows: Some(rows) })
+        Ok(QuantizedKvCache { spec, rows: Some(Box::new(rows)) })
     }
 
     /// The held keys and values (for a prompt-cache file).
@@ -176,7 +177,7 @@ impl QuantizedKvCache {
         // Room in whole steps, so that the rows are whole blocks of the table.
         let room = |r: &QuantRows| QuantBlocks::from_rows(r)?.grown(len, len.next_multiple_of(STEP));
         let rows = Rows { keys: room(&keys)?, values: room(&values)?, len };
-        Ok(QuantizedKvCache { spec: keys.spec, rows: Some(rows) })
+        Ok(QuantizedKvCache { spec: keys.spec, rows: Some(Box::new(rows)) })
     }
 }
 
