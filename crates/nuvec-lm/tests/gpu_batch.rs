@@ -240,13 +240,15 @@ fn half_precision_caches_batched_on_the_gpu() {
 
 /// Quantized paged caches (`kv_bits`) on the GPU: new rows quantized in the device's store and
 /// read back through each sequence's table there (kernels/kv_quant.cu). Each sequence decodes as
-/// the model's own quantized cache does alone on the GPU (quantized on the host after every pass,
+/// the model's own (unpaged) quantized cache does alone on the GPU (quantized after every pass,
 /// as mlx-lm's `maybe_quantize_kv_cache`): a batch of one bit for bit, a batch of mixed lengths
-/// (first passes of one token and of 2,100) within `TOLERANCE`, greedy-equal where the top two
-/// are apart.
+/// (first passes of one token and of 2,100) within the bf16 batch's rounding
+/// (`f16_caches_of_a_half_model_batched_on_the_gpu`'s case: head size 64, which groups of 64 and
+/// 32 divide; the f32 fixtures' heads of 16 take no MLX group size), greedy-equal where the top
+/// two are apart.
 #[test]
 fn quantized_paged_caches_on_the_gpu() {
-    let case = "qwen3-q4g64";
+    let case = "random-small-q4";
     let model = model_on_gpu(case, None);
     for (bits, group) in [(8, 64), (4, 32)] {
         let options =
@@ -255,7 +257,8 @@ fn quantized_paged_caches_on_the_gpu() {
             let prompts = prompts(&model, lengths);
             let mut paged = PagedCache::new_quantized(&model, 1024, 16, lengths.len(), bits, group).unwrap();
             let ids = prefilled(&model, &prompts, &mut paged);
-            let widest = decodes_match_alone(case, &model, &prompts, &ids, &mut paged, 0.0, &options);
+            let relative = if lengths.len() == 1 { 0.0 } else { 1.0 / 64.0 };
+            let widest = decodes_match_alone(case, &model, &prompts, &ids, &mut paged, relative, &options);
             if lengths.len() == 1 {
                 assert_eq!(widest, 0.0, "{case} {bits}-bit g{group}: a batch of one is not the quantized cache's");
             }
