@@ -7,7 +7,6 @@
 use nuvec::{Array, DType, Device, QuantSpec, Quantized};
 
 use crate::cache::QuantRows;
-use crate::step::concat_rows;
 use crate::{Error, Result};
 
 /// Every position of one layer's blocks, quantized (also the rows of an unpaged
@@ -50,18 +49,25 @@ impl QuantBlocks {
     }
 
     /// The same rows with room for `positions` (at least `held`): the first `held` copied, the
-    /// rest zeros.
+    /// rest zeros. Through the host (a growth comes once per many positions), where rows of any
+    /// element type are copied alike.
     pub(crate) fn grown(&self, held: usize, positions: usize) -> Result<Self> {
         let device = self.device();
-        let part = |a: &Array| -> Result<Array> {
-            let zeros = Array::zeros_on(&[positions - held, a.dim(1)], a.dtype(), device)?;
-            if held == 0 {
-                return Ok(zeros);
-            }
-            concat_rows(&[a.slice_rows(0, held)?, zeros])
-        };
+        fn part<T: Copy + Default + nuvec::Element>(a: &Array, held: usize, positions: usize) -> Result<Array> {
+            let width = a.dim(1);
+            let mut rows: Vec<T> = if held == 0 { vec![] } else { a.to_vec::<T>()? };
+            rows.truncate(held * width);
+            rows.resize(positions * width, T::default());
+            Ok(Array::from_slice(&rows, &[positions, width])?)
+        }
         let r = &self.rows;
-        let rows = Quantized::new(part(&r.packed)?, part(&r.scales)?, part(&r.biases)?, r.spec, r.cols())?;
+        let (packed, scales, biases) = (
+            part::<u32>(&r.packed, held, positions)?,
+            part::<f32>(&r.scales, held, positions)?,
+            part::<f32>(&r.biases, held, positions)?,
+        );
+        let on = |a: Array| a.to_device(device);
+        let rows = Quantized::new(on(packed)?, on(scales)?, on(biases)?, r.spec, r.cols())?;
         Ok(QuantBlocks { heads: self.heads, rows })
     }
 
@@ -76,7 +82,7 @@ impl QuantBlocks {
     /// The first `held` positions as [`QuantRows`] (on the host: a prompt-cache file's).
     pub(crate) fn held(&self, held: usize) -> Result<QuantRows> {
         let r = &self.rows;
-        let take = |a: &Array| -> Result<Array> { Ok(a.slice_rows(0, held)?.to_device(Device::Cpu)?) };
+        let take = |a: &Array| -> Result<Array> { Ok(a.to_device(Device::Cpu)?.slice_rows(0, held)?) };
         let parts = [take(&r.packed)?, take(&r.scales)?, take(&r.biases)?];
         QuantRows::from_parts(r.spec, [&parts[0], &parts[1], &parts[2]], [self.heads, r.cols() / self.heads])
     }
