@@ -30,6 +30,9 @@ struct Rows {
     keys: QuantBlocks,
     values: QuantBlocks,
     len: usize,
+    /// The block table over every row (`0, 1, 2, ..`), remade only when the rows grow, so that
+    /// a decode step allocates none.
+    table: Vec<u32>,
 }
 
 impl Rows {
@@ -37,9 +40,10 @@ impl Rows {
         self.keys.positions()
     }
 
-    /// The block table over every row.
-    fn table(&self) -> Vec<u32> {
-        (0..self.capacity().div_ceil(STEP) as u32).collect()
+    /// Rows of `keys` and `values` holding `len` positions, with their table.
+    fn new(keys: QuantBlocks, values: QuantBlocks, len: usize) -> Self {
+        let table = (0..keys.positions().div_ceil(STEP) as u32).collect();
+        Rows { keys, values, len, table }
     }
 
     /// Quantizes `keys, values [kv_heads, L, head_dim]` into positions `len..`, growing the rows
@@ -49,8 +53,7 @@ impl Rows {
         let need = self.len + l;
         if need > self.capacity() {
             let room = need.next_multiple_of(STEP);
-            self.keys = self.keys.grown(self.len, room)?;
-            self.values = self.values.grown(self.len, room)?;
+            *self = Rows::new(self.keys.grown(self.len, room)?, self.values.grown(self.len, room)?, self.len);
         }
         self.keys.write(self.len, &keys.transpose01()?)?;
         self.values.write(self.len, &values.transpose01()?)?;
@@ -60,8 +63,8 @@ impl Rows {
 
     /// Everything held, dequantized to f32 `[kv_heads, len, head_dim]`.
     fn dequantized(&self) -> Result<(Array, Array)> {
-        let table = self.table();
-        Ok((self.keys.dequantize(&table, STEP, 0, self.len)?, self.values.dequantize(&table, STEP, 0, self.len)?))
+        let table = &self.table;
+        Ok((self.keys.dequantize(table, STEP, 0, self.len)?, self.values.dequantize(table, STEP, 0, self.len)?))
     }
 
     /// Causal attention of `q [L, heads, head_dim]` over everything held: a decode step reads the
@@ -69,8 +72,7 @@ impl Rows {
     /// dequantized, bit for bit), a longer pass over the rows dequantized.
     fn attend(&self, q: &Array, scale: f32, sinks: Sinks) -> Result<Array> {
         if q.dim(0) == 1 && self.keys.device() == q.device() {
-            let table = self.table();
-            let seq = [PagedSeq::new(&table, self.len)];
+            let seq = [PagedSeq::new(&self.table, self.len)];
             let (k, v) = (self.keys.rows(), self.values.rows());
             return Ok(nuvec::paged_decode_attention_quantized(q, k, v, &seq, STEP, scale, sinks)?);
         }
@@ -132,11 +134,11 @@ impl QuantizedKvCache {
         let (h, d, device) = (keys.dim(0), keys.dim(2), keys.device());
         let rows = match &mut self.rows {
             Some(rows) => rows,
-            None => self.rows.insert(Box::new(Rows {
-                keys: QuantBlocks::new(0, h, d, self.spec, device)?,
-                values: QuantBlocks::new(0, h, d, self.spec, device)?,
-                len: 0,
-            })),
+            None => self.rows.insert(Box::new(Rows::new(
+                QuantBlocks::new(0, h, d, self.spec, device)?,
+                QuantBlocks::new(0, h, d, self.spec, device)?,
+                0,
+            ))),
         };
         if rows.keys.device() != device {
             // Rows read from a prompt-cache file start on the host.
@@ -152,11 +154,7 @@ impl QuantizedKvCache {
     pub fn from_plain(keys: &Array, values: &Array, bits: usize, group_size: usize) -> Result<Self> {
         let spec = kv_spec(bits, group_size)?;
         let (h, d, device) = (keys.dim(0), keys.dim(2), keys.device());
-        let mut rows = Rows {
-            keys: QuantBlocks::new(0, h, d, spec, device)?,
-            values: QuantBlocks::new(0, h, d, spec, device)?,
-            len: 0,
-        };
+        let mut rows = Rows::new(QuantBlocks::new(0, h, d, spec, device)?, QuantBlocks::new(0, h, d, spec, device)?, 0);
         rows.append(keys, values)?;
         Ok(QuantizedKvCache { spec, rows: Some(Box::new(rows)) })
     }
@@ -176,7 +174,7 @@ impl QuantizedKvCache {
         let len = keys.len();
         // Room in whole steps, so that the rows are whole blocks of the table.
         let room = |r: &QuantRows| QuantBlocks::from_rows(r)?.grown(len, len.next_multiple_of(STEP));
-        let rows = Rows { keys: room(&keys)?, values: room(&values)?, len };
+        let rows = Rows::new(room(&keys)?, room(&values)?, len);
         Ok(QuantizedKvCache { spec: keys.spec, rows: Some(Box::new(rows)) })
     }
 }
