@@ -6,7 +6,9 @@ set -euo pipefail
 need=()
 command -v mpirun >/dev/null || need+=(openmpi-bin)
 command -v mpicc >/dev/null || need+=(libopenmpi-dev)
-compgen -G "/usr/lib/llvm-*/lib/libclang.so*" >/dev/null || compgen -G "/usr/lib/x86_64-linux-gnu/libclang*.so*" >/dev/null \
+# libclang itself (libclang.so*, libclang-NN.so*), not libclang-cpp, which other packages bring and
+# bindgen cannot use.
+compgen -G "/usr/lib/llvm-*/lib/libclang.so*" >/dev/null || compgen -G "/usr/lib/x86_64-linux-gnu/libclang-[0-9]*.so*" >/dev/null \
     || need+=(libclang-dev)
 if ((${#need[@]})); then
     if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null; then
