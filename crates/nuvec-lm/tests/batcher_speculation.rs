@@ -56,11 +56,47 @@ fn each_as_alone(
 ) {
     for (i, ((prompt, options), (tokens, reason, logprobs))) in requests.iter().zip(got).enumerate() {
         let (want, want_reason) = solo(model, prompt, options);
+        let temperature = options.sampler.temperature;
+        if temperature > 0.0 && tokens != &want && tokens.len() == want.len() {
+            moved_across_a_boundary(model, case, prompt, &want, tokens, temperature);
+            continue;
+        }
         assert_eq!((tokens, reason), (&want, &want_reason), "{case}: request {i}");
         if options.logprobs.is_some() {
             assert_eq!(*logprobs, tokens.len(), "{case}: request {i}'s log-probabilities");
         }
     }
+}
+
+/// A seeded draw from a verification pass may pick the neighbour of the token it picks alone,
+/// where its uniform falls within the pass's rounding of the boundary between the two
+/// (docs/speculative.md: a pass of several rows sums in another order than a one-token step).
+/// Checks that this, and nothing else, is what happened at the first token where `got` leaves
+/// `want`: the tokens between the two (the draw walks the vocabulary in order) hold no more of
+/// the weight at `temperature` than rounding the logits moves a running sum by (a draw from
+/// another state would land anywhere: a tenth of the weight away, not a millionth).
+fn moved_across_a_boundary(model: &Model, case: &str, prompt: &[u32], want: &[u32], got: &[u32], temperature: f32) {
+    let at = want.iter().zip(got).position(|(a, b)| a != b).expect("the tokens differ");
+    let history = [prompt, &want[..at]].concat();
+    let logits = model.forward_last(&history, &mut model.new_cache()).unwrap().to_vec::<f32>().unwrap();
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+    let weights: Vec<f64> = logits.iter().map(|&x| ((x as f64 - max) / temperature as f64).exp()).collect();
+    let total: f64 = weights.iter().sum();
+    let (lo, hi) = (want[at].min(got[at]) as usize, want[at].max(got[at]) as usize);
+    let between: f64 = weights[lo + 1..hi].iter().sum::<f64>() / total;
+    let (alone, batched) = (weights[want[at] as usize] / total, weights[got[at] as usize] / total);
+    eprintln!(
+        "{case}: a sampled draw moved at token {at}: {} alone (p {alone:.3e}), {} batched (p {batched:.3e}), \
+         {between:.3e} of the weight between them",
+        want[at], got[at]
+    );
+    assert!(
+        between < 1e-5,
+        "{case}: the sampled request left its solo tokens at token {at} ({} alone, {} batched) where no \
+         rounding of the pass explains it: p {alone:.3e} / {batched:.3e}, {between:.3e} between them",
+        want[at],
+        got[at]
+    );
 }
 
 #[test]
@@ -98,9 +134,10 @@ fn speculating_requests_hand_out_their_solo_tokens() {
             (stopped_prompt, stopping),
         ];
         // Seeded sampling takes the same draws; on f32 weights the pass of several rows rounds
-        // so little that the same draw picks the same token (4-bit weights take another kernel
-        // for several rows, whose rounding can move a draw across a boundary, as plain batching
-        // can).
+        // so little that the same draw picks the same token, except where the draw lies within
+        // that rounding of a boundary between two tokens (`moved_across_a_boundary`: gpt-oss
+        // on an AVX2 processor). 4-bit weights take another kernel for several rows, whose
+        // rounding moves draws more often, as plain batching can.
         if case.ends_with("f32") {
             requests.push((repeating(3, v), sampled));
         }
