@@ -216,9 +216,12 @@ static void test_argmax(const std::vector<float>& x, int rows, int n, int chunk_
     int parts = std::min(1024, std::max(1, (n + chunk_values - 1) / chunk_values));
     int chunk = (n + parts - 1) / parts;
     std::vector<unsigned> part(4 * rows * parts), gap(3 * rows), idx(rows);
-    emu_launch({(unsigned)parts, (unsigned)rows, 1}, {256, 1, 1}, [&] { argmax_part_f32(part.data(), x.data(), n, chunk); });
-    emu_launch({(unsigned)rows, 1, 1}, {256, 1, 1}, [&] { argmax_final_f32(gap.data(), part.data(), x.data(), n, parts, 1); });
-    emu_launch({(unsigned)rows, 1, 1}, {256, 1, 1}, [&] { argmax_final_f32(idx.data(), part.data(), x.data(), n, parts, 0); });
+    emu_launch({(unsigned)parts, (unsigned)rows, 1}, {256, 1, 1},
+               [&] { argmax_part_f32(part.data(), x.data(), n, chunk, nullptr, 0, 0.0f); });
+    emu_launch({(unsigned)rows, 1, 1}, {256, 1, 1},
+               [&] { argmax_final_f32(gap.data(), part.data(), x.data(), n, parts, 1, nullptr, 0, 0.0f); });
+    emu_launch({(unsigned)rows, 1, 1}, {256, 1, 1},
+               [&] { argmax_final_f32(idx.data(), part.data(), x.data(), n, parts, 0, nullptr, 0, 0.0f); });
     for (int r = 0; r < rows; ++r) {
         unsigned want[3];
         cpu_argmax_gap(x.data() + (size_t)r * n, n, want);
@@ -226,6 +229,32 @@ static void test_argmax(const std::vector<float>& x, int rows, int n, int chunk_
         check(std::memcmp(&gap[3 * r], want, 12) == 0,
               "argmax_gap " + tag + " got " + std::to_string(gap[3 * r]) + " want " + std::to_string(want[0]));
         check(idx[r] == want[0], "argmax " + tag);
+    }
+    // Through a mask (masked_argmax_gap): the pick over the rows with the refused entries set to
+    // the fill, as mask_rows writes them; words of all, none and some entries, and a row of none.
+    const int words = (n + 31) / 32;
+    const float fill = -3.402823466e38f;
+    std::vector<unsigned> mask((size_t)rows * words);
+    unsigned state = 12345u;
+    for (size_t i = 0; i < mask.size(); ++i) {
+        state = state * 1664525u + 1013904223u;
+        mask[i] = i % 5 == 0 ? 0xffffffffu : i % 5 == 1 ? 0u : state;
+    }
+    for (int w = 0; w < words; ++w) mask[w] = 0;  // row 0: every entry refused
+    std::vector<float> masked(x);
+    for (int r = 0; r < rows; ++r)
+        for (int i = 0; i < n; ++i)
+            if (!((mask[(size_t)r * words + i / 32] >> (i % 32)) & 1u)) masked[(size_t)r * n + i] = fill;
+    emu_launch({(unsigned)parts, (unsigned)rows, 1}, {256, 1, 1},
+               [&] { argmax_part_f32(part.data(), x.data(), n, chunk, mask.data(), words, fill); });
+    emu_launch({(unsigned)rows, 1, 1}, {256, 1, 1},
+               [&] { argmax_final_f32(gap.data(), part.data(), x.data(), n, parts, 1, mask.data(), words, fill); });
+    for (int r = 0; r < rows; ++r) {
+        unsigned want[3];
+        cpu_argmax_gap(masked.data() + (size_t)r * n, n, want);
+        std::string tag = "n=" + std::to_string(n) + " parts=" + std::to_string(parts) + " row " + std::to_string(r);
+        check(std::memcmp(&gap[3 * r], want, 12) == 0,
+              "masked argmax_gap " + tag + " got " + std::to_string(gap[3 * r]) + " want " + std::to_string(want[0]));
     }
 }
 

@@ -300,6 +300,12 @@ impl Array {
         backend(self.device()).mask_rows(self, bits, fill)
     }
 
+    /// [`Array::argmax_gap`] of [`Array::mask_rows`]`(bits, fill)` without the masked rows
+    /// written out; see [`crate::Backend::masked_argmax_gap`].
+    pub fn masked_argmax_gap(&self, bits: &[u32], fill: f32) -> Result<Array> {
+        backend(self.device()).masked_argmax_gap(self, bits, fill)
+    }
+
     /// A categorical draw per row of `self [rows, N]` (f32 logits) at `scales` (1 / temperature)
     /// with `uniforms`, and whether each is certainly the host's draw (`u32 [rows, 3]`: token,
     /// certain, 0); see [`crate::Backend::sample_rows`].

@@ -1234,6 +1234,16 @@ fn decode_fusions() {
     );
     assert!(to(&x).mask_rows(&bits[1..], f32::MIN).is_err(), "a mask of the wrong length");
     eprintln!("RESULT {:<60} exact", "mask_rows [4,151939]");
+
+    // masked_argmax_gap: the pick over those masked rows, never written out, bit for bit the
+    // CPU's argmax_gap of them (the refusing row's pick is its first entry, the fill).
+    let want = w.argmax_gap().unwrap().to_vec::<u32>().unwrap();
+    let got = to(&x).masked_argmax_gap(&bits, f32::MIN).unwrap().to_vec::<u32>().unwrap();
+    assert_eq!(got, want, "masked_argmax_gap [4,151939]");
+    assert_eq!(x.masked_argmax_gap(&bits, f32::MIN).unwrap().to_vec::<u32>().unwrap(), want, "the CPU's");
+    assert_eq!(got[3], 0, "the row refusing everything");
+    assert!(to(&x).masked_argmax_gap(&bits[1..], f32::MIN).is_err(), "a mask of the wrong length");
+    eprintln!("RESULT {:<60} exact", "masked_argmax_gap [4,151939]");
 }
 
 #[test]

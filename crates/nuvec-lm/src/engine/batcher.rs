@@ -1137,7 +1137,7 @@ impl<'m> Batcher<'m> {
                 ready[row] = live.request.write_mask_bits(&mut bits[row * words..][..words]);
             }
             self.stats.mask_wait += waiting.elapsed();
-            let m = logits.mask_rows(&bits, MASKED)?.argmax_gap()?.to_vec::<u32>()?;
+            let m = logits.masked_argmax_gap(&bits, MASKED)?.to_vec::<u32>()?;
             for &row in masked.iter().filter(|&&r| ready[r]) {
                 let (mine, raw) = (&m[3 * row..3 * row + 3], &g[3 * row..3 * row + 3]);
                 picks[row] = self.live[&work[row].key.0].request.greedy_from_masked_gap(mine, raw, vocab)?;

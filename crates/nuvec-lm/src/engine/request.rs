@@ -186,7 +186,7 @@ impl Request {
             if !self.write_mask_bits(&mut bits) {
                 return Ok(None);
             }
-            let masked = logits.mask_rows(&bits, MASKED)?.argmax_gap()?.to_vec::<u32>()?;
+            let masked = logits.masked_argmax_gap(&bits, MASKED)?.to_vec::<u32>()?;
             return self.greedy_from_masked_gap(&masked, &logits.argmax_gap()?.to_vec::<u32>()?, vocab);
         }
         if !self.plain_greedy() {

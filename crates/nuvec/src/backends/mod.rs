@@ -299,6 +299,11 @@ pub(crate) mod host_checked {
             CpuBackend.mask_rows(x, bits, fill)
         }
 
+        fn masked_argmax_gap(&self, x: &Array, bits: &[u32], fill: f32) -> Result<Array> {
+            on_host("masked_argmax_gap", &[("x", x)])?;
+            CpuBackend.masked_argmax_gap(x, bits, fill)
+        }
+
         fn sample_rows(&self, x: &Array, scales: &[f32], uniforms: &[f64]) -> Result<Array> {
             on_host("sample_rows", &[("x", x)])?;
             CpuBackend.sample_rows(x, scales, uniforms)

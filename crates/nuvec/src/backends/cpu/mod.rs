@@ -191,6 +191,10 @@ impl Backend for CpuBackend {
         sampling::mask_rows(x, bits, fill)
     }
 
+    fn masked_argmax_gap(&self, x: &Array, bits: &[u32], fill: f32) -> Result<Array> {
+        sampling::masked_argmax_gap(x, bits, fill)
+    }
+
     fn sample_rows(&self, x: &Array, scales: &[f32], uniforms: &[f64]) -> Result<Array> {
         sampling::sample_rows(x, scales, uniforms)
     }

@@ -69,6 +69,21 @@ pub(crate) fn argmax_gap(x: &Array) -> Result<Array> {
     Array::from_slice(&out, &shape)
 }
 
+/// `row` with the entries whose bit is clear in `mask` replaced by `fill`, into `out`.
+fn mask_row(out: &mut [f32], row: &[f32], mask: &[u32], fill: f32) {
+    for ((o, v), &w) in out.chunks_mut(32).zip(row.chunks(32)).zip(mask) {
+        match w {
+            u32::MAX => o.copy_from_slice(v),
+            0 => o.fill(fill),
+            w => {
+                for (i, (o, &v)) in o.iter_mut().zip(v).enumerate() {
+                    *o = if w >> i & 1 == 1 { v } else { fill };
+                }
+            }
+        }
+    }
+}
+
 pub(crate) fn mask_rows(x: &Array, bits: &[u32], fill: f32) -> Result<Array> {
     let n = check_mask_rows(x, bits)?;
     let values = f32s("mask_rows", x)?;
@@ -76,20 +91,31 @@ pub(crate) fn mask_rows(x: &Array, bits: &[u32], fill: f32) -> Result<Array> {
     // Written in place: a batch's logits are tens of megabytes, copied once more otherwise.
     let mut masked = Array::zeros(x.shape(), DType::F32);
     pool::for_chunks(masked.host_mut::<f32>()?, n, |at, o| {
-        let (row, mask) = (&values[at..at + n], &bits[at / n * words..][..words]);
-        for ((o, v), &w) in o.chunks_mut(32).zip(row.chunks(32)).zip(mask) {
-            match w {
-                u32::MAX => o.copy_from_slice(v),
-                0 => o.fill(fill),
-                w => {
-                    for (i, (o, &v)) in o.iter_mut().zip(v).enumerate() {
-                        *o = if w >> i & 1 == 1 { v } else { fill };
-                    }
-                }
-            }
-        }
+        mask_row(o, &values[at..at + n], &bits[at / n * words..][..words], fill);
     });
     Ok(masked)
+}
+
+pub(crate) fn masked_argmax_gap(x: &Array, bits: &[u32], fill: f32) -> Result<Array> {
+    let n = check_mask_rows(x, bits)?;
+    let values = f32s("masked_argmax_gap", x)?;
+    let words = n.div_ceil(32);
+    thread_local! {
+        /// One masked row at a time, kept by each thread of the pool: it stays in the cache,
+        /// where a batch's masked rows written out are a fresh buffer of tens of megabytes.
+        static ROW: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+    }
+    let mut out = vec![0u32; values.len() / n * 3];
+    pool::for_chunks(&mut out, 3, |at, o| {
+        let row = at / 3;
+        ROW.with_borrow_mut(|masked| {
+            masked.resize(n, 0.0);
+            mask_row(masked, &values[row * n..(row + 1) * n], &bits[row * words..][..words], fill);
+            let (index, max, gap) = argmax_gap_row(masked);
+            o.copy_from_slice(&[index, max.to_bits(), gap.to_bits()]);
+        });
+    });
+    Array::from_slice(&out, &[values.len() / n, 3])
 }
 
 pub(crate) fn sample_rows(x: &Array, scales: &[f32], uniforms: &[f64]) -> Result<Array> {
@@ -184,6 +210,32 @@ mod tests {
         let got = mask_rows(&x, &bits, -1e30).unwrap();
         assert_eq!(got.to_vec::<f32>().unwrap().iter().map(|v| v.to_bits()).collect::<Vec<_>>(), expected);
         assert!(mask_rows(&x, &bits[1..], 0.0).is_err());
+        // The pick over the masked rows, without writing them: the reference's over `expected`,
+        // a row with every entry refused included (its first entry, the fill, wins).
+        let mut bits = bits;
+        bits[words..2 * words].fill(0);
+        let masked: Vec<f32> = (0..m * n)
+            .map(|i| {
+                let (row, col) = (i / n, i % n);
+                if bits[row * words + col / 32] >> (col % 32) & 1 == 1 {
+                    data[i]
+                } else {
+                    -1e30
+                }
+            })
+            .collect();
+        let want: Vec<u32> = masked
+            .chunks(n)
+            .flat_map(|row| {
+                let (index, max, gap) = crate::backend::argmax_gap_row(row);
+                [index, max.to_bits(), gap.to_bits()]
+            })
+            .collect();
+        let got = masked_argmax_gap(&x, &bits, -1e30).unwrap();
+        assert_eq!(got.shape(), &[m, 3]);
+        assert_eq!(got.to_vec::<u32>().unwrap(), want);
+        assert_eq!(want[3..6], [0, (-1e30f32).to_bits(), f32::INFINITY.to_bits()]);
+        assert!(masked_argmax_gap(&x, &bits[1..], 0.0).is_err());
     }
 
     #[test]

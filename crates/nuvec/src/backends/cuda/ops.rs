@@ -967,6 +967,10 @@ impl Backend for CudaBackend {
         self.masked_rows(x, bits, fill)
     }
 
+    fn masked_argmax_gap(&self, x: &Array, bits: &[u32], fill: f32) -> Result<Array> {
+        self.fused_masked_argmax_gap(x, bits, fill)
+    }
+
     fn sample_rows(&self, x: &Array, scales: &[f32], uniforms: &[f64]) -> Result<Array> {
         self.sampled_rows(x, scales, uniforms)
     }

@@ -145,7 +145,14 @@ extern "C" __global__ void mask_rows_f32(float* out, const float* x, const u32* 
 // block per row took 55 us for a 32000-entry row on the H200 (ncu), and a 151936-entry one is
 // Qwen3's: a decode step's greedy pick was a tenth of the step. So each row is cut into `parts`
 // ranges of `chunk` values, a block each (argmax_part_f32), and one block per row combines them
-// (argmax_final_f32).
+// (argmax_final_f32). With `mask` (non-null: `words` words a row, bit i % 32 of word i / 32 for
+// entry i), an entry whose bit is clear reads as `fill`: the pick over mask_rows_f32's output
+// without writing it.
+
+// Entry i of a row, or `fill` where its mask (null: none) refuses it.
+__device__ __forceinline__ float argmax_entry(const float* row, const u32* mask, int i, float fill) {
+    return (mask == nullptr || (mask[i >> 5] >> (i & 31)) & 1u) ? row[i] : fill;
+}
 
 // (value, index) of the block's first maximum among its threads' (index -1: none), in sv/si[0].
 __device__ void argmax_block_pick(float best, int bi, float* sv, int* si) {
@@ -170,18 +177,20 @@ __device__ void argmax_block_pick(float best, int bi, float* sv, int* si) {
 // * parts + p) + 0..3] = the first maximum's f32 bits, its index (-1 when the range is all NaN),
 // the largest value before it in the range (-inf if none), and 1 if the range holds a NaN or an
 // infinity (else 0).
-extern "C" __global__ void argmax_part_f32(u32* part, const float* x, int n, int chunk) {
+extern "C" __global__ void argmax_part_f32(u32* part, const float* x, int n, int chunk, const u32* mask, int words,
+                                           float fill) {
     pdl_begin();
     __shared__ float sv[256];
     __shared__ int si[256];
     __shared__ float scratch[33];
     const int p = blockIdx.x, parts = gridDim.x;
     const float* row = x + (size_t)blockIdx.y * n;
+    const u32* m = mask ? mask + (size_t)blockIdx.y * words : nullptr;
     const int lo = p * chunk, hi = min(n, lo + chunk);
     float best = NEG_INF;
     int bi = -1, bad = 0;
     for (int i = lo + threadIdx.x; i < hi; i += blockDim.x) {
-        float v = row[i];
+        float v = argmax_entry(row, m, i, fill);
         bad |= !(fabsf(v) <= 3.402823466e38f);  // NaN or an infinity
         if (bi < 0 || v > best) {
             if (bi < 0 && !(v == v)) continue;  // a NaN never becomes a thread's best
@@ -194,7 +203,7 @@ extern "C" __global__ void argmax_part_f32(u32* part, const float* x, int n, int
     const int r = si[0];
     const float top = sv[0];
     float before = NEG_INF;
-    for (int i = lo + threadIdx.x; i < r; i += blockDim.x) before = fmaxf(before, row[i]);
+    for (int i = lo + threadIdx.x; i < r; i += blockDim.x) before = fmaxf(before, argmax_entry(row, m, i, fill));
     before = block_max(before, scratch);
     if (threadIdx.x == 0) {
         u32* o = part + 4 * ((size_t)blockIdx.y * parts + p);
@@ -209,7 +218,8 @@ extern "C" __global__ void argmax_part_f32(u32* part, const float* x, int n, int
 // the index. gap == 1 (argmax_gap): out[3 * row + 0..2] = the index r, the f32 bits of x[r] and of
 // x[r] - (largest value before r) (+inf when r = 0; a quiet NaN when the row holds a NaN or an
 // infinity).
-extern "C" __global__ void argmax_final_f32(u32* out, const u32* part, const float* x, int n, int parts, int gap) {
+extern "C" __global__ void argmax_final_f32(u32* out, const u32* part, const float* x, int n, int parts, int gap,
+                                            const u32* mask, int words, float fill) {
     pdl_begin();
     __shared__ float sv[256];
     __shared__ int si[256];
@@ -217,6 +227,7 @@ extern "C" __global__ void argmax_final_f32(u32* out, const u32* part, const flo
     __shared__ int at_part;
     const u32* pr = part + 4 * (size_t)blockIdx.x * parts;
     const float* row = x + (size_t)blockIdx.x * n;
+    const u32* m = mask ? mask + (size_t)blockIdx.x * words : nullptr;
     float best = NEG_INF;
     int bi = -1, bp = -1, bad = 0;
     for (int q = threadIdx.x; q < parts; q += blockDim.x) {  // parts in order: the first wins ties
@@ -245,14 +256,16 @@ extern "C" __global__ void argmax_final_f32(u32* out, const u32* part, const flo
     before = block_max(before, scratch);
     if (threadIdx.x == 0) {
         if (rp >= 0) before = fmaxf(before, __uint_as_float(pr[4 * rp + 2]));
-        if (!(row[0] == row[0]) || r < 0) {
+        const float first = argmax_entry(row, m, 0, fill);
+        if (!(first == first) || r < 0) {
             r = 0;
             before = NEG_INF;
         }
         if (gap) {
-            float g = bad ? __int_as_float(0x7fc00000) : row[r] - before;
+            const float top = argmax_entry(row, m, r, fill);
+            float g = bad ? __int_as_float(0x7fc00000) : top - before;
             out[3 * (size_t)blockIdx.x] = (u32)r;
-            out[3 * (size_t)blockIdx.x + 1] = __float_as_uint(row[r]);
+            out[3 * (size_t)blockIdx.x + 1] = __float_as_uint(top);
             out[3 * (size_t)blockIdx.x + 2] = __float_as_uint(g);
         } else {
             out[blockIdx.x] = (u32)r;

@@ -423,7 +423,18 @@ impl CudaBackend {
         let mut shape = x.shape().to_vec();
         *shape.last_mut().expect("checked above") = 3;
         let out = self.output(&shape, DType::U32, false)?;
-        self.argmax_rows(op, x, out.cuda_ptr()?, true)?;
+        self.argmax_rows(op, x, out.cuda_ptr()?, true, None)?;
+        Ok(out)
+    }
+
+    /// [`crate::Backend::masked_argmax_gap`]: the argmax kernels reading each entry through the
+    /// mask, so the masked rows are never written.
+    pub(super) fn fused_masked_argmax_gap(&self, x: &Array, bits: &[u32], fill: f32) -> Result<Array> {
+        let op = "masked_argmax_gap";
+        crate::backend::check_mask_rows(x, bits)?;
+        let mask = self.upload(bits)?;
+        let out = self.output(&[x.dim(0), 3], DType::U32, false)?;
+        self.argmax_rows(op, x, out.cuda_ptr()?, true, Some((&mask, fill)))?;
         Ok(out)
     }
 }
