@@ -28,5 +28,5 @@ mod vocabulary;
 
 pub(crate) use grammar::one_line;
 pub use grammar::{Constraint, Grammar};
-pub(crate) use mask::TokenMask;
+pub(crate) use mask::{commit_all, TokenMask};
 pub use vocabulary::Vocabulary;

@@ -7,7 +7,7 @@ use nuvec::{Array, Device, PendingRead, QuantSpec};
 use super::drafter::Drafter;
 use super::executor::{self, Outcome};
 use super::mtp_drafter::{MtpDrafter, MtpProposal};
-use super::request::{Request, MASKED};
+use super::request::{commit_constraints, Request, MASKED};
 use super::scheduler::{BlockView, Key, Scheduler, Work};
 use super::speculation::{self, BatchSpeculation};
 use crate::cache::paged::{window_blocks_for, PagedCache, PrefixScope, SeqId, DEFAULT_BLOCK_SIZE};
@@ -1176,6 +1176,23 @@ impl<'m> Batcher<'m> {
                 sampled[row] = Some(result);
             }
         }
+        // The constrained rows' tokens into their grammars, all at once.
+        let tokens: HashMap<u64, u32> = work
+            .iter()
+            .enumerate()
+            .filter(|(_, w)| w.samples)
+            .filter_map(|(row, w)| {
+                let sampled = match &sampled[row] {
+                    Some(Ok(t)) => Some(*t),
+                    _ => None,
+                };
+                picks[row].or(sampled).map(|t| (w.key.0, t))
+            })
+            .collect();
+        let mut constrained: Vec<(&mut Request, u32)> =
+            self.live.iter_mut().filter_map(|(k, l)| tokens.get(k).map(|&t| (&mut l.request, t))).collect();
+        commit_constraints(&mut constrained);
+        drop(constrained);
         for (row, w) in work.iter().enumerate() {
             self.stats.prefill_tokens += (w.end - w.start - usize::from(w.samples)) as u64;
             if !w.samples {

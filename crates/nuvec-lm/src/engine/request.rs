@@ -31,6 +31,9 @@ pub(crate) struct Request {
     context_limit: Option<usize>,
     /// Where the request stands in its constraint's grammar, when it has one.
     mask: Option<TokenMask>,
+    /// A token taken into the grammar ahead of [`Request::accept`] ([`commit_constraints`]),
+    /// and whether the grammar took it.
+    committed: Option<(u32, bool)>,
     /// The generator before the uniform of a draw where the logits are ([`Request::predraw`]),
     /// until the draw is taken or handed to the host path.
     before_draw: Option<ChaCha8Rng>,
@@ -108,6 +111,7 @@ impl Request {
             logprobs: vec![],
             context_limit,
             mask,
+            committed: None,
             before_draw: None,
         })
     }
@@ -369,6 +373,14 @@ impl Request {
         }
     }
 
+    /// Whether [`Request::accept`] takes `token` into the constraint's grammar: there is one, and
+    /// the token does not end the request first (end-of-sequence, a stop token).
+    fn takes_into_grammar(&self, token: u32) -> bool {
+        self.mask.is_some()
+            && (self.options.ignore_eos || !self.eos.contains(&token))
+            && !self.options.stop.tokens.contains(&token)
+    }
+
     /// Takes the sampled `token`: end-of-sequence and stop tokens end the request without being
     /// handed out (`None`); any other token is handed out, and may end it (a stop string it
     /// completes, the last of `max_tokens`).
@@ -382,8 +394,12 @@ impl Request {
             self.end(FinishReason::Stop(Stopped::Token(token)));
             return None;
         }
+        let committed = match self.committed.take() {
+            Some((t, ok)) if t == token => Some(ok),
+            _ => None,
+        };
         if let Some(mask) = self.mask.as_mut() {
-            if mask.commit(token).is_err() {
+            if !committed.unwrap_or_else(|| mask.commit(token).is_ok()) {
                 // The mask allowed only tokens the grammar takes: a parser fault, not the input's.
                 self.end(FinishReason::Error);
                 return None;
@@ -438,4 +454,27 @@ pub(crate) const MASKED: f32 = f32::MIN;
 pub(crate) fn survives_log_softmax(max: f32, gap: f32, vocab: usize) -> bool {
     let bound = ((vocab as f32).ln() + 4.0 + max.abs()) * (-18f32).exp2();
     gap > bound
+}
+
+/// Takes each request's sampled token into its constraint's grammar ahead of
+/// [`Request::accept`], all at once ([`crate::constrain::commit_all`]); `accept` of the same
+/// token then finds it taken. Requests without a constraint, or whose token ends them first, are
+/// left to `accept`.
+pub(crate) fn commit_constraints(requests: &mut [(&mut Request, u32)]) {
+    let mut masks = vec![];
+    let mut owners = vec![];
+    for (i, (request, token)) in requests.iter_mut().enumerate() {
+        if request.takes_into_grammar(*token) {
+            owners.push((i, *token));
+            masks.push((request.mask.as_mut().expect("takes_into_grammar: a constraint"), *token));
+        }
+    }
+    if masks.len() < 2 {
+        return;
+    }
+    let taken = crate::constrain::commit_all(&mut masks);
+    drop(masks);
+    for ((i, token), ok) in owners.into_iter().zip(taken) {
+        requests[i].0.committed = Some((token, ok.is_ok()));
+    }
 }
