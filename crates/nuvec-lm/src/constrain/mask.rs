@@ -205,6 +205,14 @@ impl TokenMask {
 /// commit's outcome, in order.
 pub(crate) fn commit_all(masks: &mut [(&mut TokenMask, u32)]) -> Vec<Result<()>> {
     use rayon::prelude::*;
+    // A mask still being computed is waited for here, not on the pool, whose threads may all be
+    // taken by the consumes (one thread on two cores) while the computation waits behind them.
+    for (mask, _) in masks.iter_mut() {
+        if matches!(mask.state, State::Computing(_)) {
+            // A failed computation leaves the state lost: the consume below reports it.
+            let _ = mask.next_mask();
+        }
+    }
     let taken: Vec<Result<()>> = pool().install(|| masks.par_iter_mut().map(|(m, token)| m.consume(*token)).collect());
     for ((mask, _), ok) in masks.iter_mut().zip(&taken) {
         if ok.is_ok() {
