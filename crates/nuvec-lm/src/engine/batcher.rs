@@ -1180,7 +1180,7 @@ impl<'m> Batcher<'m> {
         let tokens: HashMap<u64, u32> = work
             .iter()
             .enumerate()
-            .filter(|(_, w)| w.samples)
+            .filter(|(_, w)| w.samples && self.live[&w.key.0].request.constrained())
             .filter_map(|(row, w)| {
                 let sampled = match &sampled[row] {
                     Some(Ok(t)) => Some(*t),
@@ -1189,10 +1189,11 @@ impl<'m> Batcher<'m> {
                 picks[row].or(sampled).map(|t| (w.key.0, t))
             })
             .collect();
-        let mut constrained: Vec<(&mut Request, u32)> =
-            self.live.iter_mut().filter_map(|(k, l)| tokens.get(k).map(|&t| (&mut l.request, t))).collect();
-        commit_constraints(&mut constrained);
-        drop(constrained);
+        if tokens.len() > 1 {
+            let mut constrained: Vec<(&mut Request, u32)> =
+                self.live.iter_mut().filter_map(|(k, l)| tokens.get(k).map(|&t| (&mut l.request, t))).collect();
+            commit_constraints(&mut constrained);
+        }
         for (row, w) in work.iter().enumerate() {
             self.stats.prefill_tokens += (w.end - w.start - usize::from(w.samples)) as u64;
             if !w.samples {

@@ -373,6 +373,11 @@ impl Request {
         }
     }
 
+    /// Whether the request's output is held to a constraint.
+    pub(crate) fn constrained(&self) -> bool {
+        self.mask.is_some()
+    }
+
     /// Whether [`Request::accept`] takes `token` into the constraint's grammar: there is one, and
     /// the token does not end the request first (end-of-sequence, a stop token).
     fn takes_into_grammar(&self, token: u32) -> bool {
