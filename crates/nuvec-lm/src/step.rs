@@ -7,9 +7,16 @@ use nuvec::{Array, Matrix};
 
 use crate::adapter::rows::RowAdapters;
 use crate::adapter::AdapterId;
-use crate::cache::paged::PagedKv;
+use crate::cache::paged::{InPlace, PagedKv};
+use crate::cache::Positions;
 use crate::cache::{LayerCache, RecurrentCache};
 use crate::{Error, Result};
+
+/// The most rows a sequence with a cached prefix may bring to a step's in-place attention
+/// ([`StepBatch::each_with_decodes`]): up to here a chunk's rows attended as decodes cost no
+/// more than the per-sequence gather they replace (each reads the prefix; a gather copies it),
+/// and the CPU's attention of a few queries takes one row at a time anyway.
+pub(crate) const IN_PLACE_MAX_ROWS: usize = 16;
 
 /// One sequence of a step: how many rows (new tokens) it has and its caches, one per layer.
 struct StepSeq<'a> {
@@ -246,44 +253,52 @@ impl<'a> StepBatch<'a> {
         Ok(())
     }
 
-    /// [`StepBatch::each`] with the decodes of a paged store taken together: the sequences
-    /// decoding one row each whose caches of `layer` are of one paged store that can be attended
-    /// so ([`PagedKv::decodes_together`]: plain, or quantized past a first pass), at least two of them, go to `decodes` together, with their rows of `xs`
-    /// (in step order) and their caches, as one op can attend them
-    /// ([`crate::cache::paged::attend_decodes`]); every other sequence (a prefill chunk, another
-    /// cache) goes to `f` alone. The results' rows are stacked in sequence order. Without two
-    /// such sequences, `each` over all of them.
+    /// [`StepBatch::each`] with the rows of a paged store attended together: the sequences whose
+    /// caches of `layer` are of one paged store that can be attended so
+    /// ([`PagedKv::decodes_together`]: plain, or quantized past a first pass) and that decode one
+    /// row or bring at most [`IN_PLACE_MAX_ROWS`] over a cached prefix, at least two of them, go
+    /// to `decodes` together, with their rows of `xs` (in step order) and their caches and row
+    /// counts, as one op can attend them ([`crate::cache::paged::attend_decodes`]); every other
+    /// sequence (a prompt's first pass, a long chunk, another cache) goes to `f` alone. The
+    /// results' rows are stacked in sequence order. Without two such sequences, `each` over all
+    /// of them. `written`: whether the caches of `layer` hold the step's rows already (a layer
+    /// reading an earlier layer's keys).
     pub(crate) fn each_with_decodes<const N: usize>(
         &mut self,
         layer: usize,
+        written: bool,
         xs: [&Array; N],
-        decodes: impl FnOnce([Array; N], Vec<&mut PagedKv>) -> Result<Array>,
+        decodes: impl FnOnce([Array; N], InPlace<'_>) -> Result<Array>,
         mut f: impl FnMut([Array; N], &mut [LayerCache]) -> Result<Array>,
     ) -> Result<Array> {
-        fn decoding<'s>(seq: &'s StepSeq<'_>, layer: usize) -> Option<&'s PagedKv> {
-            match seq.cache.get(layer) {
-                Some(LayerCache::Paged(p)) if seq.rows == 1 && p.decodes_together() => Some(p),
-                _ => None,
-            }
+        fn in_place<'s>(seq: &'s StepSeq<'_>, layer: usize, written: bool) -> Option<&'s PagedKv> {
+            let Some(LayerCache::Paged(p)) = seq.cache.get(layer) else {
+                return None;
+            };
+            let held = p.offset() - if written { seq.rows.min(p.offset()) } else { 0 };
+            let rows_fit = seq.rows == 1 || (seq.rows <= IN_PLACE_MAX_ROWS && held > 0);
+            (rows_fit && p.decodes_together()).then_some(p)
         }
-        // The decoding sequences of the first one's store (a step's layers share one store).
-        let first = self.seqs.iter().find_map(|s| decoding(s, layer));
+        let in_place = |seq| in_place(seq, layer, written);
+        // The in-place sequences of the first one's store (a step's layers share one store).
+        let first = self.seqs.iter().find_map(in_place);
         let batched: Vec<bool> =
-            self.seqs.iter().map(|s| decoding(s, layer).zip(first).is_some_and(|(p, f)| p.same_store(f))).collect();
+            self.seqs.iter().map(|s| in_place(s).zip(first).is_some_and(|(p, f)| p.same_store(f))).collect();
         if batched.iter().filter(|&&b| b).count() < 2 {
             return self.each(xs, f);
         }
-        // Each sequence's first row, and the decoding rows as runs of consecutive rows.
+        // Each sequence's first row, and the in-place rows as runs of consecutive rows.
         let starts: Vec<usize> = self.seqs.iter().scan(0, |at, s| Some(std::mem::replace(at, *at + s.rows))).collect();
-        let runs = row_runs(self.seqs.iter().zip(&batched).zip(&starts).filter(|((_, &b), _)| b).map(|(_, &at)| at));
+        let picked_rows = self.seqs.iter().zip(&batched).zip(&starts).filter(|((_, &b), _)| b);
+        let runs = row_runs(picked_rows.flat_map(|((s, _), &at)| at..at + s.rows));
         let picked = xs.map(|x| rows_of(x, &runs));
-        let mut caches = Vec::new();
+        let mut caches = InPlace::new();
         let mut others = Vec::new();
         for ((seq, &b), &at) in self.seqs.iter_mut().zip(&batched).zip(&starts) {
             if !b {
                 others.push((at, seq.rows, &mut *seq.cache));
             } else if let LayerCache::Paged(p) = &mut seq.cache[layer] {
-                caches.push(p);
+                caches.push(p, seq.rows);
             }
         }
         let picked: [Array; N] = picked

@@ -18,6 +18,7 @@ use nuvec_lm::{
 
 mod common;
 use common::gpu_cases::{argmax, case_dir, margin, prompt};
+use common::paged::chunks_against_alone;
 
 /// As the CPU batch tests: row-batched products (more than 8 rows take the GEMM path on the GPU)
 /// sum in another order than one row's GEMV.
@@ -178,6 +179,21 @@ fn windowed_and_gated_layers_batched_on_the_gpu() {
         check(case, None);
     }
     check_batcher("gpt_oss/gpt_oss-q4g64", None);
+}
+
+/// Short chunks over cached prefixes (a verification pass, a prefill's last chunk), several in
+/// one step beside decodes and longer chunks, attended in place on the device (each row as a
+/// decode at its position): every step's logits within rounding of the same passes alone, for
+/// plain, sliding-window (with sinks) and gated layers.
+#[test]
+fn short_chunks_over_cached_prefixes_on_the_gpu() {
+    for case in ["mistral-q4g64", "gpt_oss/gpt_oss-q4g64", "qwen3_5/qwen3_5-q4g64"] {
+        let model = model_on_gpu(case, None);
+        let mut paged = PagedCache::new(&model, 256, 16, 8).unwrap();
+        let setup = (&[70, 45, 90][..], 20, &[3, 16, 1, 7, 17, 2, 5][..], 6);
+        let widest = chunks_against_alone(&model, case, &mut paged, setup, &CacheOptions::default(), TOLERANCE);
+        println!("RESULT gpu_batch {case}: short chunks over cached prefixes, widest logit difference {widest:e}");
+    }
 }
 
 #[test]

@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::paged::stepped_against_alone;
+use common::paged::{chunks_against_alone, stepped_against_alone};
 use common::{fixtures, rows_of as rows, seeded_prompt as prompt};
 use nuvec_lm::sample::argmax;
 use nuvec_lm::{decode_batch, load_dir, Model, PagedCache, SeqId};
@@ -235,6 +235,31 @@ fn check_stepped(case: &str, lengths: &[usize], steps: usize, chunk: usize) {
     let widest =
         stepped_against_alone(&model, case, &mut paged, (lengths, steps, chunk), &Default::default(), TOLERANCE);
     eprintln!("{case}: lengths {lengths:?}, chunks of {chunk}, widest logit difference from alone {widest:e}");
+}
+
+/// Short chunks over cached prefixes, several in one step beside decodes and longer chunks
+/// (attended in place, each row as a decode at its position), for every attention layer type:
+/// plain, MoE, a quantized model, sliding windows with sinks (gpt-oss) and with KV-shared
+/// layers (Gemma 4), and a hybrid's gated attention beside its recurrent layers (Qwen3.5).
+#[test]
+fn short_chunks_over_cached_prefixes_attend_in_place_as_alone() {
+    let chunks = [3, 16, 1, 7, 17, 2, 5];
+    for (case, lengths) in [
+        ("llama-f32", &[70, 45, 90][..]),
+        ("llama-q4g64", &[60, 41]),
+        ("qwen3_moe-f32", &[50, 33, 64]),
+        ("gpt_oss/gpt_oss-f32", &[60, 37, 29]),
+        ("gemma4/gemma4-f32", &[44, 57, 30]),
+        ("qwen3_5/qwen3_5-f32", &[48, 35]),
+    ] {
+        let (model, _) = load_dir(&fixtures().join(case)).unwrap();
+        let mut paged = PagedCache::new(&model, 256, 16, 8).unwrap();
+        let free = paged.free_blocks();
+        let setup = (lengths, 20, &chunks[..], 6);
+        let widest = chunks_against_alone(&model, case, &mut paged, setup, &Default::default(), TOLERANCE);
+        eprintln!("{case}: short chunks, widest logit difference from alone {widest:e}");
+        assert_eq!(paged.free_blocks(), free, "{case}: every block back");
+    }
 }
 
 #[test]

@@ -8,7 +8,7 @@ mod common;
 
 use std::collections::BTreeMap;
 
-use common::paged::stepped_against_alone;
+use common::paged::{chunks_against_alone, stepped_against_alone};
 use common::{fixtures, seeded_prompt as prompt};
 use nuvec_lm::cache::CacheOptions;
 use nuvec_lm::{
@@ -46,6 +46,18 @@ fn a_quantized_paged_cache_decodes_as_the_quantized_cache_does() {
         check("qwen3-hd64-f32", &[2, 33, 1], 6, 2048, kv);
         // Gated DeltaNet layers keep their state in slots; the attention layers are quantized.
         check("qwen3_5/qwen3_5-f32", &[1, 17, 90], 6, 32, kv);
+    }
+}
+
+/// Short chunks over quantized prefixes, several in one step (attended in place over the codes).
+#[test]
+fn short_chunks_over_quantized_prefixes_attend_as_alone() {
+    for (case, (bits, group)) in [("qwen3-hd64-f32", (8, 64)), ("qwen3_5/qwen3_5-f32", (4, 32))] {
+        let (model, _) = load_dir(&fixtures().join(case)).unwrap();
+        let mut paged = PagedCache::new_quantized(&model, 256, 16, 8, bits, group).unwrap();
+        let setup = (&[50, 37, 61][..], 20, &[4, 16, 1, 9, 17, 2][..], 5);
+        let widest = chunks_against_alone(&model, case, &mut paged, setup, &quantized(bits, group), TOLERANCE);
+        eprintln!("{case} {bits}-bit g{group}: short chunks, widest difference {widest:e}");
     }
 }
 

@@ -3,7 +3,7 @@
 use nuvec::Array;
 
 use super::{Linear, RmsNorm, Rope};
-use crate::cache::paged::{attend_decodes, write_decodes, PagedKv};
+use crate::cache::paged::{attend_decodes, write_decodes, InPlace};
 use crate::cache::{LayerCache, Positions};
 use crate::parallel::Shard;
 use crate::step::{concat_rows, StepBatch};
@@ -113,23 +113,23 @@ impl Attention {
     }
 
     /// The heads' outputs `[T, heads * head_dim]`, before the output projection: the
-    /// projections over every row, attention per sequence (the decodes of several sequences
-    /// over one paged cache as one op, also in a step that prefills others).
+    /// projections over every row, attention per sequence (the decodes and short chunks of
+    /// several sequences over one paged cache as one op, also in a step that prefills others).
     fn attend(&self, x: &Array, step: &mut StepBatch, layer: usize) -> Result<Array> {
         let [q, k, v] = Linear::forward_many([&self.q_proj, &self.k_proj, &self.v_proj], x)?;
         step.each_with_decodes(
             layer,
+            false,
             [&q, &k, &v],
             |[q, k, v], caches| self.attend_decodes(&q, &k, &v, caches),
             |[q, k, v], cache| self.attend_one(&q, &k, &v, &mut cache[layer]),
         )
     }
 
-    /// A decode step of several paged sequences, one row of `q, k, v` each
-    /// ([`decode_together`]).
-    fn attend_decodes(&self, q: &Array, k: &Array, v: &Array, caches: Vec<&mut PagedKv>) -> Result<Array> {
+    /// The rows of several paged sequences attended in place ([`decode_together`]).
+    fn attend_decodes(&self, q: &Array, k: &Array, v: &Array, caches: InPlace<'_>) -> Result<Array> {
         let s = &self.shape;
-        let n = caches.len();
+        let n = q.dim(0);
         let q = q.reshape(&[n, s.heads, s.head_dim])?;
         let k = k.reshape(&[n, s.kv_heads, s.head_dim])?;
         let v = v.reshape(&[n, s.kv_heads, s.head_dim])?;
@@ -201,17 +201,18 @@ fn rotate(
     rope.forward_qk(&norm(q, norms.0)?, &norm(k, norms.1)?, None, offset)
 }
 
-/// A decode step of several paged sequences over one store, one row each of `q [n, heads,
-/// head_dim]` and `k, v [n, kv_heads, head_dim]`: per row the q/k norms (where given) and rope
-/// at its sequence's position and its key and value written into its cache (one op where the
-/// rope fuses them), then one attention op over every sequence's positions (a sliding window's
-/// last ones in a window layer) with `(scale, sinks)`. Each row is what the sequence's decode
-/// alone computes (to rounding; bit for bit on the CPU).
+/// The rows of several paged sequences over one store attended in place (decodes, and short
+/// chunks over a cached prefix), `q [rows, heads, head_dim]` and `k, v [rows, kv_heads,
+/// head_dim]` in `caches`' order: per row the q/k norms (where given) and rope at its position
+/// and its key and value written into its sequence's cache (one op where the rope fuses them),
+/// then one attention op in which each row attends every position up to its own (a sliding
+/// window's last ones in a window layer) with `(scale, sinks)`. Each row is what a decode of its
+/// position alone computes (to rounding; bit for bit on the CPU).
 pub(crate) fn decode_together(
     rope: &Rope,
     norms: (Option<&RmsNorm>, Option<&RmsNorm>),
     (q, k, v): (&Array, &Array, &Array),
-    mut caches: Vec<&mut PagedKv>,
+    mut caches: InPlace<'_>,
     (scale, sinks): (f32, Option<&[f32]>),
 ) -> Result<Array> {
     let (kv_heads, head_dim) = (k.dim(1), k.dim(2));
@@ -222,12 +223,14 @@ pub(crate) fn decode_together(
             write_decodes(&mut caches, dims, |rows, stores| rope.forward_qk_paged((q, k, v), pair, rows, stores))?;
         return attend_decodes(&caches, &rotated, scale, sinks);
     }
-    let mut rotated = Vec::with_capacity(caches.len());
-    for (i, cache) in caches.iter_mut().enumerate() {
-        let row = |a: &Array| a.slice_rows(i, i + 1);
-        let (q, k) = rotate(rope, norms, row(q)?, row(k)?, cache.offset())?;
-        cache.write(&k, &row(v)?)?;
+    let mut rotated = Vec::new();
+    let mut at = 0;
+    for (cache, rows) in caches.iter_mut() {
+        let mine = |a: &Array| a.slice_rows(at, at + rows);
+        let (q, k) = rotate(rope, norms, mine(q)?, mine(k)?, cache.offset())?;
+        cache.write(&k, &mine(v)?)?;
         rotated.push(q);
+        at += rows;
     }
     attend_decodes(&caches, &concat_rows(&rotated)?, scale, sinks)
 }

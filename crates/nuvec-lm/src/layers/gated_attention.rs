@@ -6,7 +6,7 @@
 use nuvec::Array;
 
 use super::{decode_together, Linear, RmsNorm, Rope};
-use crate::cache::paged::PagedKv;
+use crate::cache::paged::InPlace;
 use crate::cache::LayerCache;
 use crate::parallel::Shard;
 use crate::step::StepBatch;
@@ -94,6 +94,7 @@ impl GatedAttention {
         let [q_and_gate, k, v] = Linear::forward_many([&self.q_proj, &self.k_proj, &self.v_proj], x)?;
         let out = step.each_with_decodes(
             layer,
+            false,
             [&q_and_gate, &k, &v],
             |[q_and_gate, k, v], caches| self.attend_decodes(&q_and_gate, &k, &v, caches),
             |[q_and_gate, k, v], cache| match &mut cache[layer] {
@@ -117,10 +118,10 @@ impl GatedAttention {
         Ok((q, gate))
     }
 
-    /// A decode step of several paged sequences, one row each ([`decode_together`]), gated.
-    fn attend_decodes(&self, q_and_gate: &Array, k: &Array, v: &Array, caches: Vec<&mut PagedKv>) -> Result<Array> {
+    /// The rows of several paged sequences attended in place ([`decode_together`]), gated.
+    fn attend_decodes(&self, q_and_gate: &Array, k: &Array, v: &Array, caches: InPlace<'_>) -> Result<Array> {
         let s = &self.shape;
-        let n = caches.len();
+        let n = q_and_gate.dim(0);
         let (q, gate) = self.split_gate(q_and_gate)?;
         let k = k.reshape(&[n, s.kv_heads, s.head_dim])?;
         let v = v.reshape(&[n, s.kv_heads, s.head_dim])?;

@@ -267,9 +267,10 @@ impl Attention {
                 };
                 step.each_with_decodes(
                     layer,
+                    false,
                     [&q, &k, &v],
                     |[q, k, v], caches| {
-                        // Several paged sequences' decodes: one row each, attended as one op.
+                        // Several paged sequences' rows attended in place as one op.
                         let (q, k) = (heads(&q, self.heads)?, heads(&k, self.kv_heads)?);
                         let v = p.v_norm.forward(&heads(&v, self.kv_heads)?)?;
                         let norms = (Some(&self.q_norm), Some(&p.k_norm));
@@ -292,20 +293,20 @@ impl Attention {
                     |q: &Array, offset: usize| self.rope.forward(&self.q_norm.forward(&heads(q, self.heads)?)?, offset);
                 step.each_with_decodes(
                     source,
+                    true,
                     [&q],
                     |[q], caches| {
-                        // Several paged sequences' decodes over the source layer's caches (each
-                        // holding this step's position already): one attention op.
-                        let rows = caches
-                            .iter()
-                            .enumerate()
-                            .map(|(i, c)| {
-                                let offset = c.offset().checked_sub(1).ok_or_else(|| {
-                                    Error::Invalid("a shared paged cache without this step's position".into())
-                                })?;
-                                rotated(&q.slice_rows(i, i + 1)?, offset)
-                            })
-                            .collect::<Result<Vec<_>>>()?;
+                        // Several paged sequences' rows over the source layer's caches (each
+                        // holding this step's positions already): one attention op.
+                        let mut rows = Vec::new();
+                        let mut at = 0;
+                        for (c, n) in caches.iter() {
+                            let offset = c.offset().checked_sub(n).ok_or_else(|| {
+                                Error::Invalid("a shared paged cache without this step's positions".into())
+                            })?;
+                            rows.push(rotated(&q.slice_rows(at, at + n)?, offset)?);
+                            at += n;
+                        }
                         attend_decodes(&caches, &concat_rows(&rows)?, 1.0, None)
                     },
                     |[q], caches| {

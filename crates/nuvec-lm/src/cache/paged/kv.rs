@@ -1,9 +1,10 @@
 //! A sequence's keys and values for one layer of a [`super::PagedCache`]: its length, and the
 //! sequence's block table (shared by all its layers, grown by the cache before each step) into
-//! the layer's store. A decode step of several sequences attends them all in one op that reads
-//! the blocks in place ([`attend_decodes`]); otherwise attention reads the sequence's blocks
-//! gathered into one array (a row gather and a transpose). Either way the attention reads
-//! exactly the values a plain cache would hold and gives the same result bit for bit.
+//! the layer's store. The rows of a step's sequences that bring one row (a decode) or a few over
+//! a cached prefix (a short prefill chunk, a verification pass) are attended together in one op
+//! that reads the blocks in place ([`attend_decodes`]), each row as a decode at its position
+//! computes it; otherwise attention reads the sequence's blocks gathered into one array (a row
+//! gather and a transpose) and gives bit for bit what a plain cache's pass of those rows gives.
 
 use std::sync::{Arc, Mutex};
 
@@ -181,41 +182,85 @@ impl PagedKv {
     }
 }
 
-/// The rows of one new position for each of `seqs` (layers of one store), written by `write`:
+/// The sequences of one step whose rows are attended in place together over one paged store:
+/// each one's layer and how many new rows it brings (one for a decode; a short prefill chunk or a
+/// verification pass over a cached prefix brings several, each attended as a decode at its own
+/// position).
+pub(crate) struct InPlace<'c> {
+    seqs: Vec<&'c mut PagedKv>,
+    rows: Vec<usize>,
+}
+
+impl<'c> InPlace<'c> {
+    /// No sequences yet.
+    pub(crate) fn new() -> Self {
+        InPlace { seqs: vec![], rows: vec![] }
+    }
+
+    /// Adds a sequence's layer with its `rows` new rows (the next rows of the step's arrays).
+    pub(crate) fn push(&mut self, seq: &'c mut PagedKv, rows: usize) {
+        self.seqs.push(seq);
+        self.rows.push(rows);
+    }
+
+    /// The rows of every sequence, in order.
+    pub(crate) fn total_rows(&self) -> usize {
+        self.rows.iter().sum()
+    }
+
+    /// Each sequence's layer and its rows, in order.
+    pub(crate) fn iter_mut(&mut self) -> impl Iterator<Item = (&mut PagedKv, usize)> + use<'_, 'c> {
+        self.seqs.iter_mut().map(|s| &mut **s).zip(self.rows.iter().copied())
+    }
+
+    /// Each sequence's layer and its rows, in order.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (&PagedKv, usize)> + use<'_, 'c> {
+        self.seqs.iter().map(|s| &**s).zip(self.rows.iter().copied())
+    }
+
+    /// The first sequence's layer: every sequence's must be of its store.
+    fn first_of_one_store(&self) -> Result<&PagedKv> {
+        let Some(first) = self.seqs.first() else {
+            return Err(Error::Invalid("a step attended in place with no sequences".into()));
+        };
+        if self.seqs.iter().any(|s| !s.same_store(first)) {
+            return Err(Error::Invalid("sequences attended in place together must share one paged layer".into()));
+        }
+        Ok(first)
+    }
+}
+
+/// The rows of the new positions of `seqs` (layers of one store), in order, written by `write`:
 /// it gets each row's position and its row in the store, and the store's keys and values (made
 /// for `heads` heads of `dim` features on `device` at the first write), and returns what the
-/// layer goes on with. Each sequence then holds one position more.
+/// layer goes on with. Each sequence then holds its rows more.
 pub(crate) fn write_decodes(
-    seqs: &mut [&mut PagedKv],
+    seqs: &mut InPlace<'_>,
     (heads, dim, device): (usize, usize, Device),
     write: impl FnOnce((&[usize], &[usize]), (&mut Array, &mut Array)) -> Result<Array>,
 ) -> Result<Array> {
-    let Some(first) = seqs.first() else {
-        return Err(Error::Invalid("a decode step of no sequences".into()));
-    };
-    let store = first.store.clone();
-    let mut positions = Vec::with_capacity(seqs.len());
-    let mut slots = Vec::with_capacity(seqs.len());
-    for s in seqs.iter() {
-        if !s.same_store(first) {
-            return Err(Error::Invalid("sequences of one decode pass must share one paged layer".into()));
-        }
+    let store = seqs.first_of_one_store()?.store.clone();
+    let n = seqs.total_rows();
+    let mut positions = Vec::with_capacity(n);
+    let mut slots = Vec::with_capacity(n);
+    for (s, rows) in seqs.iter() {
         let table = lock(&s.table);
-        let Some(&block) = table.get(s.len / s.block_size) else {
-            return Err(Error::Invalid(format!(
-                "a paged sequence of {} positions in {} blocks was given 1 more without a block reserved for it",
-                s.len,
-                table.len()
-            )));
-        };
-        positions.push(s.len);
-        slots.push(block as usize * s.block_size + s.len % s.block_size);
+        for pos in s.len..s.len + rows {
+            let Some(&block) = table.get(pos / s.block_size) else {
+                return Err(Error::Invalid(format!(
+                    "a paged sequence of {} positions in {} blocks was given {rows} more without blocks reserved for them",
+                    s.len,
+                    table.len()
+                )));
+            };
+            positions.push(pos);
+            slots.push(block as usize * s.block_size + pos % s.block_size);
+        }
     }
     let mut store = lock(&store);
     let out = if store.first_pass_dtype().is_some() {
         // Quantized rows: `write` puts them into f32 rows of their own, quantized into the
         // sequences' slots after.
-        let n = seqs.len();
         let mut keys = Array::zeros_on(&[1, n, heads * dim], DType::F32, device)?;
         let mut values = Array::zeros_on(&[1, n, heads * dim], DType::F32, device)?;
         let own: Vec<usize> = (0..n).collect();
@@ -226,35 +271,33 @@ pub(crate) fn write_decodes(
     } else {
         write((&positions, &slots), store.arrays_mut(heads, dim, device)?)?
     };
-    for s in seqs.iter_mut() {
-        s.len += 1;
+    for (s, rows) in seqs.iter_mut() {
+        s.len += rows;
     }
     Ok(out)
 }
 
-/// Attends `q [n, heads, head_dim]`, whose row `i` is the newest position of `seqs[i]` (its
-/// keys and values written already), over every position each sequence holds (a sliding-window
-/// layer's: the last `window`), as one op over the store the sequences share: what
-/// [`PagedKv::attend_held`] gives each alone, without the per-sequence gathers. The layers must
-/// be of one store.
-pub(crate) fn attend_decodes(seqs: &[&mut PagedKv], q: &Array, scale: f32, sinks: Sinks) -> Result<Array> {
-    let Some(first) = seqs.first() else {
-        return Err(Error::Invalid("a decode step of no sequences".into()));
-    };
-    if seqs.iter().any(|s| !s.same_store(first)) {
-        return Err(Error::Invalid("sequences of one decode pass must share one paged layer".into()));
-    }
+/// Attends `q [rows, heads, head_dim]`, the rows of `seqs` in order (each sequence's last rows,
+/// their keys and values written already), each row over the positions up to its own (a
+/// sliding-window layer's: the last `window` of them), as one op over the store the sequences
+/// share: what [`PagedKv::attend_held`] gives each sequence's rows, without the per-sequence
+/// gathers, each row as a decode at its position computes it.
+pub(crate) fn attend_decodes(seqs: &InPlace<'_>, q: &Array, scale: f32, sinks: Sinks) -> Result<Array> {
+    let first = seqs.first_of_one_store()?;
     // Each sequence has a table of its own (a step holds a sequence once), so holding them all
     // at once cannot deadlock.
-    let tables: Vec<_> = seqs.iter().map(|s| lock(&s.table)).collect();
-    let paged: Vec<PagedSeq> = seqs
-        .iter()
-        .zip(&tables)
-        .map(|(s, t)| match s.window {
-            Some(window) => PagedSeq::windowed(t, s.len, window),
-            None => PagedSeq::new(t, s.len),
-        })
-        .collect();
+    let tables: Vec<_> = seqs.iter().map(|(s, _)| lock(&s.table)).collect();
+    let mut paged: Vec<PagedSeq> = Vec::with_capacity(seqs.total_rows());
+    for ((s, rows), t) in seqs.iter().zip(&tables) {
+        if rows == 0 || rows > s.len {
+            return Err(Error::Invalid(format!("{rows} rows of a paged sequence holding {}", s.len)));
+        }
+        // Row `j` of the sequence's last `rows` is the query at position `len - rows + j`.
+        paged.extend((s.len + 1 - rows..=s.len).map(|len| match s.window {
+            Some(window) => PagedSeq::windowed(t, len, window),
+            None => PagedSeq::new(t, len),
+        }));
+    }
     let store = lock(&first.store);
     if let Some((k, v)) = store.quantized_rows() {
         return Ok(nuvec::paged_decode_attention_quantized(q, k, v, &paged, first.block_size, scale, sinks)?);

@@ -36,7 +36,7 @@ use nuvec::{Array, QuantSpec};
 use checkpoints::Checkpoints;
 pub use checkpoints::DEFAULT_CHECKPOINT_BYTES;
 pub use kv::PagedKv;
-pub(crate) use kv::{attend_decodes, write_decodes};
+pub(crate) use kv::{attend_decodes, write_decodes, InPlace};
 pub(crate) use mirror::{follow, kv_bytes_per_position};
 use pool::{lock, BlockPool};
 use prefix::Computed;
