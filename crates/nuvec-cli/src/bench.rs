@@ -86,6 +86,10 @@ pub struct Args {
     /// With --prompt-lookup or --draft-model: tokens guessed per request and step.
     #[arg(long, default_value_t = 3)]
     num_draft_tokens: usize,
+    /// With --prompt-lookup or --draft-model: most decoding requests in a step that speculates
+    /// (as `nuvec serve --speculation-max-batch`; default 2 on the CPU, 8 on a GPU).
+    #[arg(long)]
+    speculation_max_batch: Option<usize>,
     /// With --workload: every request's output held to this (structured output). Requests then
     /// end where their grammar does, or at their max_tokens, instead of ignoring end-of-sequence.
     #[command(flatten)]
@@ -284,6 +288,9 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     if args.num_trials == 0 {
         return Err("--num-trials must be at least 1".into());
     }
+    if args.speculation_max_batch.is_some() && !args.prompt_lookup && args.draft_model.is_none() {
+        return Err("--speculation-max-batch needs --prompt-lookup or --draft-model".into());
+    }
     args.threads.apply()?;
     let model_path = args.load.name()?;
     let pipeline = args.split.pipeline()?;
@@ -307,8 +314,11 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
             blocks: args.blocks,
             kv_bits: args.kv_bits,
             kv_group_size: args.kv_group_size,
-            speculation: (args.prompt_lookup || args.draft_model.is_some())
-                .then_some(nuvec_lm::BatchSpeculation { num_draft: args.num_draft_tokens, ..Default::default() }),
+            speculation: (args.prompt_lookup || args.draft_model.is_some()).then_some(nuvec_lm::BatchSpeculation {
+                num_draft: args.num_draft_tokens,
+                max_decodes: args.speculation_max_batch,
+                ..Default::default()
+            }),
             ..Default::default()
         };
         let draft = match &args.draft_model {

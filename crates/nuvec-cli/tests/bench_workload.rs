@@ -84,6 +84,17 @@ fn workloads_run_with_and_without_a_constraint() {
     let (ok, guessed) = bench(&["--workload", file, "--prompt-lookup", "--num-draft-tokens", "2"]);
     assert!(ok && generated(&guessed) == 36, "{guessed}");
     assert!(guessed.contains("Workload speculation: drafted="), "{guessed}");
+    // The three requests decode together from the first step to the last: with at most one
+    // speculating decode a step, no step guesses; with three, steps do. The same tokens.
+    let drafted = |report: &str| number::<usize>(report, "drafted=");
+    for (most, guesses) in [("1", false), ("3", true)] {
+        let args = ["--workload", file, "--prompt-lookup", "--speculation-max-batch", most];
+        let (ok, report) = bench(&args);
+        assert!(ok && generated(&report) == 36, "{report}");
+        assert_eq!(drafted(&report) > 0, guesses, "--speculation-max-batch {most}: {report}");
+    }
+    let (ok, refused) = bench(&["--workload", file, "--speculation-max-batch", "4"]);
+    assert!(!ok && refused.contains("--prompt-lookup"), "{refused}");
     // With a draft model: the same count, the guesses reported.
     let (ok, drafted) = bench(&["--workload", file, "--draft-model", &gguf(), "--num-draft-tokens", "2"]);
     assert!(ok && generated(&drafted) == 36, "{drafted}");
