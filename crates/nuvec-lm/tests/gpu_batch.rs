@@ -171,8 +171,7 @@ fn qwen3_batched_on_the_gpu() {
 
 /// Families whose decodes went one sequence at a time before they were attended together:
 /// sliding-window layers (gpt-oss, past its 8-position window, with sinks) and Qwen3.5's gated
-/// full-attention layers. (Gemma 4's window and KV-shared layers take the same ops; its fixture
-/// is checked on the CPU, `tests/batcher.rs`.)
+/// full-attention layers. (Gemma 4's: `gemma4_batched_on_the_gpu`.)
 #[test]
 fn windowed_and_gated_layers_batched_on_the_gpu() {
     for case in ["gpt_oss/gpt_oss-q4g64", "qwen3_5/qwen3_5-q4g64"] {
@@ -194,6 +193,21 @@ fn short_chunks_over_cached_prefixes_on_the_gpu() {
         let widest = chunks_against_alone(&model, case, &mut paged, setup, &CacheOptions::default(), TOLERANCE);
         println!("RESULT gpu_batch {case}: short chunks over cached prefixes, widest logit difference {widest:e}");
     }
+}
+
+/// Gemma 4's sliding-window layers (a window of 8 that the prompts outgrow) and its KV-shared
+/// layers, which attend an earlier layer's paged caches: decodes batched, short chunks over
+/// cached prefixes, and the Batcher (pipelined, plain, batch-invariant), each against alone.
+#[test]
+fn gemma4_batched_on_the_gpu() {
+    let case = "gemma4/gemma4-q4g64";
+    check(case, None);
+    let model = model_on_gpu(case, None);
+    let mut paged = PagedCache::new(&model, 256, 16, 8).unwrap();
+    let setup = (&[70, 45, 90][..], 20, &[3, 16, 1, 7, 17, 2, 5][..], 6);
+    let widest = chunks_against_alone(&model, case, &mut paged, setup, &CacheOptions::default(), TOLERANCE);
+    println!("RESULT gpu_batch {case}: short chunks over cached prefixes, widest logit difference {widest:e}");
+    check_batcher(case, None);
 }
 
 #[test]
