@@ -219,28 +219,9 @@ pub(crate) fn rows(w: &QMatrix, r0: usize, x: &[f32], xs: &PreparedX, params: &m
     }
     #[cfg(target_arch = "x86_64")]
     if isa == Isa::Avx2 || isa == Isa::Avx512 {
-        let (g, rb) = (w.groups(), w.row_bytes());
-        for (i, o) in out.iter_mut().enumerate() {
-            let r = r0 + i;
-            let bytes = &w.packed[r * rb..(r + 1) * rb];
-            let (s, b) = params[..2 * g].split_at_mut(g);
-            // SAFETY: Avx2 is only chosen after detecting avx2+fma+f16c; the slices have the
-            // lengths the kernels check (cols, groups, and the prepared perm).
-            *o = unsafe {
-                x86::read_params(w.scales, r * g, s);
-                x86::read_params(w.biases, r * g, b);
-                let bias = simd::x86::dot(b, &xs.sums);
-                bias + match w.bits {
-                    4 => x86::q4(bytes, s, w.group, x, &xs.perm),
-                    8 => x86::q8(bytes, s, w.group, x),
-                    2 => x86::unpacked::<2>(bytes, s, w.group, x),
-                    3 => x86::unpacked::<3>(bytes, s, w.group, x),
-                    5 => x86::unpacked::<5>(bytes, s, w.group, x),
-                    6 => x86::unpacked::<6>(bytes, s, w.group, x),
-                    _ => row_scalar(w, r, x, xs, params) - bias,
-                }
-            };
-        }
+        // SAFETY: Avx2 is only chosen after detecting avx2+fma+f16c; `prepare` laid out `xs` for
+        // this ISA and width from an `x` of `w.cols` values (the kernels check the lengths).
+        unsafe { x86::rows(w, r0, x, xs, params, out) };
         return;
     }
     let _ = isa;
@@ -442,6 +423,59 @@ pub(crate) mod x86 {
     use super::super::simd::x86::hsum;
     use super::Params;
 
+    /// [`super::rows`] on AVX2: each row's scales and biases widened, its bias term (the biases
+    /// against `x`'s group sums) and its product, in one function so that the per-row steps
+    /// inline (a row of a small model is a few hundred values: their calls cost as much as
+    /// the row).
+    ///
+    /// # Safety
+    /// avx2, fma and f16c must be available; `xs` prepared for `w` on AVX2 from `x`
+    /// ([`super::PreparedX::prepare`]), `params` at least `2 * w.groups()` floats.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(crate) unsafe fn rows(
+        w: &super::QMatrix,
+        r0: usize,
+        x: &[f32],
+        xs: &super::PreparedX,
+        params: &mut [f32],
+        out: &mut [f32],
+    ) {
+        if !matches!(w.bits, 2..=6 | 8) {
+            for (i, o) in out.iter_mut().enumerate() {
+                *o = super::row_scalar(w, r0 + i, x, xs, params);
+            }
+            return;
+        }
+        let (g, rb) = (w.groups(), w.row_bytes());
+        let (s, b) = params[..2 * g].split_at_mut(g);
+        for (i, o) in out.iter_mut().enumerate() {
+            let r = r0 + i;
+            let bytes = &w.packed[r * rb..(r + 1) * rb];
+            read_params(w.scales, r * g, s);
+            read_params(w.biases, r * g, b);
+            let bias = super::super::simd::x86::dot(b, &xs.sums);
+            *o = bias
+                + match w.bits {
+                    4 => q4(bytes, s, w.group, x, &xs.perm),
+                    8 => q8(bytes, s, w.group, x),
+                    2 => unpacked::<2>(bytes, s, w.group, x),
+                    3 => unpacked::<3>(bytes, s, w.group, x),
+                    5 => unpacked::<5>(bytes, s, w.group, x),
+                    _ => unpacked::<6>(bytes, s, w.group, x),
+                };
+        }
+    }
+
+    /// The group of a column, `k / group`, as a shift where the group size is a power of two (every
+    /// MLX and GGUF group size is): the kernels ask once or twice per block of columns, and an
+    /// integer division there costs as much as the block's arithmetic.
+    #[inline(always)]
+    fn group_index(group: usize) -> impl Fn(usize) -> usize {
+        let shift = group.trailing_zeros();
+        let pow2 = group.is_power_of_two();
+        move |k| if pow2 { k >> shift } else { k / group }
+    }
+
     /// `p[start..start + out.len()]` as f32 (F16C for f16, a shift for bf16).
     ///
     /// # Safety
@@ -463,7 +497,7 @@ pub(crate) mod x86 {
                     i += 8;
                 }
                 for j in i..n {
-                    out[j] = src[j].to_f32();
+                    out[j] = _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(src[j].to_bits()))));
                 }
             }
             Params::BF16(v) => {
@@ -487,12 +521,14 @@ pub(crate) mod x86 {
     /// # Safety
     /// avx2+fma must be available; `bytes` holds `x.len() / 2` bytes, `s` one scale per `group`
     /// of `x`, `perm` the 64-blocks of `x` transposed as [`super::PreparedX`] writes them.
+    #[inline]
     #[target_feature(enable = "avx2,fma")]
     pub(crate) unsafe fn q4(bytes: &[u8], s: &[f32], group: usize, x: &[f32], perm: &[f32]) -> f32 {
         let k = x.len();
         let blocks = k / 64;
         assert!(bytes.len() * 2 >= k && perm.len() >= blocks * 64 && s.len() * group >= k);
         let mask = _mm256_set1_epi32(0xf);
+        let group_of = group_index(group);
         let mut acc0 = _mm256_setzero_ps();
         let mut acc1 = _mm256_setzero_ps();
         let (pb, pp) = (bytes.as_ptr(), perm.as_ptr());
@@ -523,7 +559,7 @@ pub(crate) mod x86 {
                 let g = k0 / 16;
                 _mm256_set_ps(s[g + 3], s[g + 3], s[g + 2], s[g + 2], s[g + 1], s[g + 1], s[g], s[g])
             } else {
-                _mm256_set_m128(_mm_set1_ps(s[(k0 + 32) / group]), _mm_set1_ps(s[k0 / group]))
+                _mm256_set_m128(_mm_set1_ps(s[group_of(k0 + 32)]), _mm_set1_ps(s[group_of(k0)]))
             };
             if b % 2 == 0 {
                 acc0 = _mm256_fmadd_ps(_mm256_add_ps(t0, t1), sv, acc0);
@@ -555,6 +591,7 @@ pub(crate) mod x86 {
     /// # Safety
     /// avx2+fma must be available; `bytes` holds `x.len() * BITS / 8` bytes, `s` one scale per
     /// `group` of `x`, and `group` is a multiple of 16 dividing `x.len()`.
+    #[inline]
     #[target_feature(enable = "avx2,fma")]
     pub(crate) unsafe fn unpacked<const BITS: usize>(bytes: &[u8], s: &[f32], group: usize, x: &[f32]) -> f32 {
         let k = x.len();
@@ -599,6 +636,7 @@ pub(crate) mod x86 {
     /// # Safety
     /// avx2+fma must be available; `bytes` holds `x.len()` bytes, `s` one scale per `group` of
     /// `x`, and `x.len()` is a multiple of 32 (of 16 with groups of 16).
+    #[inline]
     #[target_feature(enable = "avx2,fma")]
     pub(crate) unsafe fn q8(bytes: &[u8], s: &[f32], group: usize, x: &[f32]) -> f32 {
         let k = x.len();
@@ -607,6 +645,7 @@ pub(crate) mod x86 {
         // SAFETY (of both closures' reads): callers pass offsets with at most k bytes and floats.
         let q = |at: usize| _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(pb.add(at) as *const __m128i)));
         let xv = |at: usize| _mm256_loadu_ps(px.add(at));
+        let group_of = group_index(group);
         let mut acc0 = _mm256_setzero_ps();
         let mut acc1 = _mm256_setzero_ps();
         let mut k0 = 0;
@@ -625,7 +664,7 @@ pub(crate) mod x86 {
             let mut t1 = _mm256_mul_ps(q(k0 + 8), xv(k0 + 8));
             t0 = _mm256_fmadd_ps(q(k0 + 16), xv(k0 + 16), t0);
             t1 = _mm256_fmadd_ps(q(k0 + 24), xv(k0 + 24), t1);
-            let sv = _mm256_set1_ps(s[k0 / group]);
+            let sv = _mm256_set1_ps(s[group_of(k0)]);
             if (k0 / 32) % 2 == 0 {
                 acc0 = _mm256_fmadd_ps(_mm256_add_ps(t0, t1), sv, acc0);
             } else {
