@@ -275,7 +275,7 @@ impl<'a> StepBatch<'a> {
             let Some(LayerCache::Paged(p)) = seq.cache.get(layer) else {
                 return None;
             };
-            let held = p.offset() - if written { seq.rows.min(p.offset()) } else { 0 };
+            let held = p.offset().saturating_sub(if written { seq.rows } else { 0 });
             let rows_fit = seq.rows == 1 || (seq.rows <= IN_PLACE_MAX_ROWS && held > 0);
             (rows_fit && p.decodes_together()).then_some(p)
         }

@@ -224,13 +224,11 @@ pub(crate) fn decode_together(
         return attend_decodes(&caches, &rotated, scale, sinks);
     }
     let mut rotated = Vec::new();
-    let mut at = 0;
-    for (cache, rows) in caches.iter_mut() {
-        let mine = |a: &Array| a.slice_rows(at, at + rows);
+    for (cache, span) in caches.iter_mut() {
+        let mine = |a: &Array| a.slice_rows(span.start, span.end);
         let (q, k) = rotate(rope, norms, mine(q)?, mine(k)?, cache.offset())?;
         cache.write(&k, &mine(v)?)?;
         rotated.push(q);
-        at += rows;
     }
     attend_decodes(&caches, &concat_rows(&rotated)?, scale, sinks)
 }

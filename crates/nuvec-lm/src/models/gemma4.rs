@@ -299,13 +299,11 @@ impl Attention {
                         // Several paged sequences' rows over the source layer's caches (each
                         // holding this step's positions already): one attention op.
                         let mut rows = Vec::new();
-                        let mut at = 0;
-                        for (c, n) in caches.iter() {
-                            let offset = c.offset().checked_sub(n).ok_or_else(|| {
+                        for (c, span) in caches.iter() {
+                            let offset = c.offset().checked_sub(span.len()).ok_or_else(|| {
                                 Error::Invalid("a shared paged cache without this step's positions".into())
                             })?;
-                            rows.push(rotated(&q.slice_rows(at, at + n)?, offset)?);
-                            at += n;
+                            rows.push(rotated(&q.slice_rows(span.start, span.end)?, offset)?);
                         }
                         attend_decodes(&caches, &concat_rows(&rows)?, 1.0, None)
                     },

@@ -72,7 +72,6 @@ pub fn stepped_against_alone(
 /// token, all together until each has `steps` decoded. Against the same passes alone on the
 /// model's own caches made with `options`: every step's logits within `tolerance` and equal
 /// greedy tokens. The sequences are removed at the end. Returns the widest logit difference.
-#[allow(dead_code)]
 pub fn chunks_against_alone(
     model: &Model,
     case: &str,

@@ -6,6 +6,7 @@
 //! computes it; otherwise attention reads the sequence's blocks gathered into one array (a row
 //! gather and a transpose) and gives bit for bit what a plain cache's pass of those rows gives.
 
+use std::ops::Range;
 use std::sync::{Arc, Mutex};
 
 use nuvec::{Array, DType, Device, PagedSeq};
@@ -208,14 +209,14 @@ impl<'c> InPlace<'c> {
         self.rows.iter().sum()
     }
 
-    /// Each sequence's layer and its rows, in order.
-    pub(crate) fn iter_mut(&mut self) -> impl Iterator<Item = (&mut PagedKv, usize)> + use<'_, 'c> {
-        self.seqs.iter_mut().map(|s| &mut **s).zip(self.rows.iter().copied())
+    /// Each sequence's layer and its rows of the step's in-place arrays, in order.
+    pub(crate) fn iter_mut(&mut self) -> impl Iterator<Item = (&mut PagedKv, Range<usize>)> + use<'_, 'c> {
+        self.seqs.iter_mut().map(|s| &mut **s).zip(spans(&self.rows))
     }
 
-    /// Each sequence's layer and its rows, in order.
-    pub(crate) fn iter(&self) -> impl Iterator<Item = (&PagedKv, usize)> + use<'_, 'c> {
-        self.seqs.iter().map(|s| &**s).zip(self.rows.iter().copied())
+    /// Each sequence's layer and its rows of the step's in-place arrays, in order.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (&PagedKv, Range<usize>)> + use<'_, 'c> {
+        self.seqs.iter().map(|s| &**s).zip(spans(&self.rows))
     }
 
     /// The first sequence's layer: every sequence's must be of its store.
@@ -228,6 +229,14 @@ impl<'c> InPlace<'c> {
         }
         Ok(first)
     }
+}
+
+/// Consecutive ranges of `rows[i]` rows each, from row 0.
+fn spans(rows: &[usize]) -> impl Iterator<Item = Range<usize>> + '_ {
+    rows.iter().scan(0, |at, &n| {
+        *at += n;
+        Some(*at - n..*at)
+    })
 }
 
 /// The rows of the new positions of `seqs` (layers of one store), in order, written by `write`:
@@ -243,7 +252,8 @@ pub(crate) fn write_decodes(
     let n = seqs.total_rows();
     let mut positions = Vec::with_capacity(n);
     let mut slots = Vec::with_capacity(n);
-    for (s, rows) in seqs.iter() {
+    for (s, span) in seqs.iter() {
+        let rows = span.len();
         let table = lock(&s.table);
         for pos in s.len..s.len + rows {
             let Some(&block) = table.get(pos / s.block_size) else {
@@ -271,8 +281,8 @@ pub(crate) fn write_decodes(
     } else {
         write((&positions, &slots), store.arrays_mut(heads, dim, device)?)?
     };
-    for (s, rows) in seqs.iter_mut() {
-        s.len += rows;
+    for (s, span) in seqs.iter_mut() {
+        s.len += span.len();
     }
     Ok(out)
 }
@@ -288,7 +298,8 @@ pub(crate) fn attend_decodes(seqs: &InPlace<'_>, q: &Array, scale: f32, sinks: S
     // at once cannot deadlock.
     let tables: Vec<_> = seqs.iter().map(|(s, _)| lock(&s.table)).collect();
     let mut paged: Vec<PagedSeq> = Vec::with_capacity(seqs.total_rows());
-    for ((s, rows), t) in seqs.iter().zip(&tables) {
+    for ((s, span), t) in seqs.iter().zip(&tables) {
+        let rows = span.len();
         if rows == 0 || rows > s.len {
             return Err(Error::Invalid(format!("{rows} rows of a paged sequence holding {}", s.len)));
         }
