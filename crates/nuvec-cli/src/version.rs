@@ -14,7 +14,7 @@ pub fn text() -> String {
     let int8 = if nuvec::backends::cpu::int8_activations() {
         "on (NUVEC_CPU_INT8_DOT=1)"
     } else {
-        "off (f32; NUVEC_CPU_INT8_DOT=1 turns it on where AVX-512 VNNI is)"
+        "off (f32; NUVEC_CPU_INT8_DOT=1 turns it on where AVX2 or AVX-512 VNNI is)"
     };
     format!(
         "nuvec {}\nfeatures: {features}\ncpu: {} kernels: {isa} (features: {listed})\nint8 activations: {int8}\ncores: {cores} (the CPU kernels' threads unless -t)\n",

@@ -2,7 +2,7 @@
 //! with the same tokens as mlx-lm gives on the same weights (an exact MLX conversion), alone and
 //! as four requests in the Batcher.
 //!
-//! With int8 activations (`set_int8_activations`, where the processor has AVX-512 VNNI), an
+//! With int8 activations (`set_int8_activations`, where the processor has AVX2 or AVX-512 VNNI), an
 //! approximate path: teacher-forced on mlx-lm's answer, one token at a time (so every product
 //! takes the int8 kernels), each step whose top-two gap in mlx-lm is at least [`CLEAR`] keeps
 //! mlx-lm's token (the answer's first step is a near-tie, 0.083, which int8 may flip); and the
@@ -45,7 +45,7 @@ fn smollm2_answers_like_mlx_lm() {
         batched(&model, &sum, &alone, "int8 activations");
         nuvec::backends::cpu::set_int8_activations(false);
     } else {
-        eprintln!("no AVX-512 VNNI here: int8 activations not run");
+        eprintln!("no AVX2 here: int8 activations not run");
     }
 }
 

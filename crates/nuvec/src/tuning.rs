@@ -97,7 +97,7 @@ pub const KNOBS: &[Knob] = &[
         "0",
         "cpu",
         "4- and 8-bit products of up to 32 input rows take the input quantized to int8 per 32 values \
-         (llama.cpp's Q8_1 arithmetic, AVX-512 VNNI): faster decode, logits within that rounding instead of f32",
+         (llama.cpp's Q8_1 arithmetic, AVX2 or AVX-512 VNNI): faster decode, logits within that rounding instead of f32",
     ),
     knob(
         "NUVEC_CPU_ISA",

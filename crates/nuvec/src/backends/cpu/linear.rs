@@ -231,7 +231,7 @@ fn gemv(w: &Weights, x: &[f32], out: &mut [f32]) {
     let k = x.len();
     match w {
         Weights::Affine(q) => with_prepared(x, q, |xs| {
-            par_rows(out, k, |r0, o| with_scratch(2 * q.groups(), |p| qgemv::rows(q, r0, x, xs, p, o)));
+            par_rows(out, k, |r0, o| with_scratch(qgemv::params_len(q), |p| qgemv::rows(q, r0, x, xs, p, o)));
         }),
         Weights::Fp(q) => par_rows(out, k, |r0, o| {
             for (i, o) in o.iter_mut().enumerate() {
@@ -501,7 +501,7 @@ pub(crate) fn linear_many(x: &Array, ws: &[&Matrix]) -> Result<Vec<Array>> {
                 // SAFETY: output i has ws[i].rows() floats, alive until this region ends; task t
                 // alone writes its rows r0..r1 of it.
                 let o = unsafe { std::slice::from_raw_parts_mut(p.0.add(r0), r1 - r0) };
-                with_scratch(2 * q.groups(), |scratch| qgemv::rows(q, r0, xs, prepared, scratch, o));
+                with_scratch(qgemv::params_len(q), |scratch| qgemv::rows(q, r0, xs, prepared, scratch, o));
             })
         });
     } else {

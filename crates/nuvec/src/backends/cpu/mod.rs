@@ -86,10 +86,11 @@ pub fn kernel_isa() -> (&'static str, Vec<&'static str>) {
 
 /// Turns int8 activations on or off for the CPU's 4- and 8-bit products of up to 32 input rows (the
 /// default is `NUVEC_CPU_INT8_DOT`, off when unset): the rows quantized to int8 per 32 values, as
-/// llama.cpp's Q8_1 products, on AVX-512 VNNI. Faster decoding; each product then differs from
-/// the f32 one by at most `Σ |w| · d / 2` (`d` = the 32 values' largest magnitude / 127),
-/// so logits no longer match mlx-lm's to f32 tolerance. Returns whether the path is on: false
-/// where the processor lacks VNNI (the f32 kernels run). Takes effect for the products that
+/// llama.cpp's Q8_1 products, on AVX2 (`vpmaddubsw`) or AVX-512 VNNI (`vpdpbusd`). Faster
+/// decoding; each product then differs from the f32 one by at most `Σ |w| · d / 2` (`d` = the 32
+/// values' largest magnitude / 127), so logits no longer match mlx-lm's to f32 tolerance.
+/// Returns whether the path is on: false where the processor lacks AVX2, FMA and F16C (the f32
+/// kernels run). Takes effect for the products that
 /// follow, on every thread.
 pub fn set_int8_activations(on: bool) -> bool {
     qgemv_i8::set(on)

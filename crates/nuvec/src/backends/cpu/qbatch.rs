@@ -142,12 +142,13 @@ const PAIR: usize = 2;
 pub(crate) const PASS_MAX: usize = 8;
 
 /// Weight rows [`rows`] best takes at a time: [`PASS_MAX`] for the AVX-512 4- and 8-bit kernels
-/// (which read their rows' scales themselves, so a call costs little beyond its rows), [`PAIR`] at 8 bits
+/// and the int8 ones (which read their rows' scales themselves, so a call costs little beyond its
+/// rows), [`PAIR`] at 8 bits
 /// (where each weight row's bytes are a load per 8 weights, so sharing the loads of `x` matters
 /// most), one otherwise (where sharing the unpacking over a whole [`TILE`] matters more).
 pub(crate) fn pass_rows(w: &QMatrix, xs: &PreparedRows) -> usize {
     #[cfg(target_arch = "x86_64")]
-    if x512_kernel(w.bits) && xs.isa == Isa::Avx512 {
+    if xs.int8().is_some() || (x512_kernel(w.bits) && xs.isa == Isa::Avx512) {
         // The AVX-512 kernels read their own scales: several rows per call spread the call.
         return PASS_MAX;
     }
@@ -160,7 +161,7 @@ pub(crate) fn pass_rows(w: &QMatrix, xs: &PreparedRows) -> usize {
 
 /// Scratch floats [`rows`] needs: the scales and biases of [`PAIR`] rows, and a dequantized row.
 pub(crate) fn scratch_len(w: &QMatrix) -> usize {
-    2 * PAIR * w.groups() + w.cols
+    (2 * PAIR * w.groups() + w.cols).max(super::qgemv::params_len(w))
 }
 
 /// `out[j * m + i] = Σ_k w[r + j, k] x[i, k]` for `j < out.len() / m` (1 or [`PAIR`] weight
@@ -183,7 +184,7 @@ pub(crate) fn rows(
         // SAFETY: `prepare` makes the int8 form only where `qgemv_i8::runs` found the
         // instructions and the kernels take this width and group, from `m` rows of `k` (the
         // kernel asserts the shapes).
-        unsafe { qgemv_i8::x512::rows(w, r, m, x8, out) };
+        unsafe { qgemv_i8::rows(xs.isa, w, r, m, x8, scratch, out) };
         return;
     }
     #[cfg(target_arch = "x86_64")]

@@ -192,8 +192,20 @@ pub(crate) fn row_scalar(w: &QMatrix, r: usize, x: &[f32], xs: &PreparedX, param
     acc
 }
 
-/// `out[r] = Σ_k w[r0 + r, k] x[k]` for the rows `r0..r0 + out.len()`. `params` is scratch of at
-/// least `2 * groups` floats.
+/// Scratch floats [`rows`] needs: the scales and biases of the rows one pass reads.
+pub(crate) fn params_len(w: &QMatrix) -> usize {
+    #[cfg(target_arch = "x86_64")]
+    {
+        qgemv_i8::avx2::params_len(w)
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        2 * w.groups()
+    }
+}
+
+/// `out[r] = Σ_k w[r0 + r, k] x[k]` for the rows `r0..r0 + out.len()`. `params` is scratch of
+/// [`params_len`] floats.
 pub(crate) fn rows(w: &QMatrix, r0: usize, x: &[f32], xs: &PreparedX, params: &mut [f32], out: &mut [f32]) {
     let isa = xs.isa;
     #[cfg(target_arch = "x86_64")]
@@ -201,7 +213,7 @@ pub(crate) fn rows(w: &QMatrix, r0: usize, x: &[f32], xs: &PreparedX, params: &m
         // SAFETY: `prepare` makes the int8 form only where `qgemv_i8::runs` found the
         // instructions and the kernels take this width and group; it was laid out for them from
         // an `x` of `w.cols` values (the kernel asserts the shapes).
-        unsafe { qgemv_i8::x512::q_rows(w, r0, x8, out) };
+        unsafe { qgemv_i8::q_rows(isa, w, r0, x8, params, out) };
         return;
     }
     #[cfg(target_arch = "x86_64")]

@@ -1,8 +1,10 @@
 //! Products of 4- and 8-bit affine weights with the input quantized to int8, llama.cpp's
 //! arithmetic for its Q4_1 / Q8_0 dot products (`x ≈ d_b · xq`, one scale `d_b = max|x| / 127`
-//! per 32 values, `xq` rounded to nearest), on AVX-512 VNNI: `vpdpbusd` multiplies 64 unsigned
-//! weight codes by 64 signed input bytes and adds them four by four into 16 int32 lanes, one
-//! instruction where the f32 kernel ([`super::qgemv::x512`]) spends three per 16 weights.
+//! per 32 values, `xq` rounded to nearest). On AVX-512 VNNI ([`x512`]) `vpdpbusd` multiplies 64
+//! unsigned weight codes by 64 signed input bytes and adds them four by four into 16 int32 lanes,
+//! one instruction where the f32 kernel ([`super::qgemv::x512`]) spends three per 16 weights; on
+//! AVX2 ([`avx2`]) `vpmaddubsw` and `vpmaddwd` do the same for 32 codes, two instructions where
+//! the f32 kernel ([`super::qgemv::x86`]) widens each weight to a float and spends an FMA on it.
 //!
 //! The products are of the weights with the quantized input `x̂ = d_b · xq`, bias terms included:
 //! per group `g`, `Σ_k w_k x̂_k = scale_g · Σ_k q_k x̂_k + bias_g · Σ_k x̂_k`, the second sum taken
@@ -17,6 +19,8 @@
 
 use std::sync::atomic::{AtomicU8, Ordering};
 
+#[cfg(target_arch = "x86_64")]
+use super::qgemv::QMatrix;
 use super::simd::Isa;
 
 /// Values sharing one input scale.
@@ -26,8 +30,7 @@ pub(crate) const QBLOCK: usize = 32;
 static STATE: AtomicU8 = AtomicU8::new(0);
 
 /// Whether the path is on: [`set`], else the CPU's `NUVEC_CPU_INT8_DOT=1` (its setting, else the
-/// environment's), and the processor runs it
-/// (AVX-512 F/BW/VL with VNNI).
+/// environment's), and the processor runs it ([`supported`]).
 pub(crate) fn enabled() -> bool {
     match STATE.load(Ordering::Relaxed) {
         0 => set(crate::tuning::setting("NUVEC_CPU_INT8_DOT", crate::Device::Cpu).is_ok_and(|v| v == "1")),
@@ -43,18 +46,24 @@ pub(crate) fn set(on: bool) -> bool {
     on
 }
 
-/// Whether this processor has the instructions the kernels need.
+/// Whether this processor has the instructions some kernel needs (AVX2, FMA and F16C; AVX-512
+/// VNNI for [`x512`]).
 pub(crate) fn supported() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
-        is_x86_feature_detected!("avx512f")
-            && is_x86_feature_detected!("avx512bw")
-            && is_x86_feature_detected!("avx512vl")
-            && is_x86_feature_detected!("avx512vnni")
-            && is_x86_feature_detected!("f16c")
+        is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c")
     }
     #[cfg(not(target_arch = "x86_64"))]
     false
+}
+
+/// Whether this processor runs [`x512`] (AVX-512 F/BW/VL with VNNI).
+#[cfg(target_arch = "x86_64")]
+fn vnni() -> bool {
+    is_x86_feature_detected!("avx512f")
+        && is_x86_feature_detected!("avx512bw")
+        && is_x86_feature_detected!("avx512vl")
+        && is_x86_feature_detected!("avx512vnni")
 }
 
 /// Whether the kernels take this width and group size: a lane's 4 or 8 weights lie in one group
@@ -64,16 +73,44 @@ pub(crate) fn takes(bits: usize, group: usize) -> bool {
 }
 
 /// Whether a product of this width and group, under `isa`, runs here: the path is on and the
-/// kernels take it.
+/// kernels take it (AVX-512 under VNNI, else AVX2).
 pub(crate) fn runs(isa: Isa, bits: usize, group: usize) -> bool {
     #[cfg(target_arch = "x86_64")]
     {
-        isa == Isa::Avx512 && takes(bits, group) && enabled()
+        isa != Isa::Scalar && takes(bits, group) && enabled()
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
         let _ = (isa, bits, group);
         false
+    }
+}
+
+/// [`x512::q_rows`] where `isa` is AVX-512 and the processor has VNNI, else [`avx2::q_rows`];
+/// `params` is scratch of at least `2 * w.groups()` floats.
+///
+/// # Safety
+/// [`runs`] held for `isa` and `w`'s width and group when `xs` was prepared from an `x` of
+/// `w.cols` values; rows `r0..r0 + out.len()` exist in `w`.
+#[cfg(target_arch = "x86_64")]
+pub(crate) unsafe fn q_rows(isa: Isa, w: &QMatrix, r0: usize, xs: &Int8X, params: &mut [f32], out: &mut [f32]) {
+    if isa == Isa::Avx512 && vnni() {
+        x512::q_rows(w, r0, xs, out)
+    } else {
+        avx2::q_rows(w, r0, xs, params, out)
+    }
+}
+
+/// [`x512::rows`] or [`avx2::rows`], as [`q_rows`] chooses.
+///
+/// # Safety
+/// As [`q_rows`], with `xs` prepared from `m` rows.
+#[cfg(target_arch = "x86_64")]
+pub(crate) unsafe fn rows(isa: Isa, w: &QMatrix, r0: usize, m: usize, xs: &Int8X, params: &mut [f32], out: &mut [f32]) {
+    if isa == Isa::Avx512 && vnni() {
+        x512::rows(w, r0, m, xs, out)
+    } else {
+        avx2::rows(w, r0, m, xs, params, out)
     }
 }
 
@@ -174,6 +211,9 @@ fn nearest(v: f32) -> i8 {
     const MAGIC: f32 = 12_582_912.0;
     ((v + MAGIC) - MAGIC) as i8
 }
+
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod avx2;
 
 /// AVX-512 VNNI kernels, one weight row per pass: with the arithmetic this cheap the weights'
 /// reads set the pace, and a matrix read row after row is one stream the hardware prefetcher
@@ -354,7 +394,7 @@ pub(crate) mod x512 {
 #[cfg(all(test, target_arch = "x86_64"))]
 mod tests {
     use super::super::qgemv::test_weights::Weights;
-    use super::super::qgemv::{row_reference, QMatrix};
+    use super::super::qgemv::{row_reference, Params, QMatrix};
     use super::*;
 
     /// The bound of the module doc for row `r`, plus f32 rounding of the exact product's terms.
@@ -416,11 +456,27 @@ mod tests {
         assert!((o as f64 - exact).abs() <= b, "{what}: {o} vs {exact} exactly (bound {b})");
     }
 
-    fn check(bits: usize, group: usize, cols: usize, rows_n: usize, kind: u8) {
-        if !supported() {
-            eprintln!("no AVX-512 VNNI here: the int8 kernels are not run");
-            return;
+    /// The instruction sets whose int8 kernels run here: AVX2's, and AVX-512's where VNNI is.
+    fn kernels() -> Vec<Isa> {
+        let mut isas = Vec::new();
+        if supported() {
+            isas.push(Isa::Avx2);
+        } else {
+            eprintln!("no AVX2 here: the int8 kernels are not run");
         }
+        if vnni() {
+            isas.push(Isa::Avx512);
+        }
+        isas
+    }
+
+    fn check(bits: usize, group: usize, cols: usize, rows_n: usize, kind: u8) {
+        for isa in kernels() {
+            check_on(isa, bits, group, cols, rows_n, kind);
+        }
+    }
+
+    fn check_on(isa: Isa, bits: usize, group: usize, cols: usize, rows_n: usize, kind: u8) {
         let weights = Weights::new(bits, group, cols, rows_n, 7 + bits as u64 + cols as u64);
         let w = weights.matrix(kind);
         let x = input(cols, 0);
@@ -428,11 +484,11 @@ mod tests {
         xs.prepare(&x, group, bits);
         for r0 in [0, 1] {
             let mut out = vec![0f32; rows_n - r0];
-            // SAFETY: supported() checked the features; the shapes are the kernel's contract.
-            unsafe { x512::q_rows(&w, r0, &xs, &mut out) }
+            // SAFETY: kernels() checked the features; the shapes are the kernel's contract.
+            unsafe { q_rows(isa, &w, r0, &xs, &mut vec![0.0; avx2::params_len(&w)], &mut out) }
             for (i, &o) in out.iter().enumerate() {
                 let r = r0 + i;
-                holds(&w, r, &x, o, &format!("bits {bits} group {group} cols {cols} kind {kind} row {r}"));
+                holds(&w, r, &x, o, &format!("{isa:?} bits {bits} group {group} cols {cols} kind {kind} row {r}"));
             }
         }
     }
@@ -457,11 +513,14 @@ mod tests {
         }
     }
 
-    /// `m` input rows through [`x512::rows`], against each row's exact product and bound.
+    /// `m` input rows through [`rows`], against each row's exact product and bound.
     fn check_rows(bits: usize, group: usize, cols: usize, n: usize, m: usize, kind: u8) {
-        if !supported() {
-            return;
+        for isa in kernels() {
+            check_rows_on(isa, bits, group, cols, n, m, kind);
         }
+    }
+
+    fn check_rows_on(isa: Isa, bits: usize, group: usize, cols: usize, n: usize, m: usize, kind: u8) {
         let weights = Weights::new(bits, group, cols, n, 3 + m as u64);
         let w = weights.matrix(kind);
         let x: Vec<f32> = (0..m).flat_map(|i| input(cols, 3 * i + 1)).collect();
@@ -469,11 +528,12 @@ mod tests {
         xs.prepare_rows(&x, cols, group, bits);
         for nr in [1, 3] {
             let mut out = vec![0f32; nr * m];
-            // SAFETY: supported() checked the features; the shapes are the kernel's contract.
-            unsafe { x512::rows(&w, n - nr, m, &xs, &mut out) };
+            // SAFETY: kernels() checked the features; the shapes are the kernel's contract.
+            unsafe { rows(isa, &w, n - nr, m, &xs, &mut vec![0.0; avx2::params_len(&w)], &mut out) };
             for (ji, &o) in out.iter().enumerate() {
                 let (r, xi) = (n - nr + ji / m, &x[(ji % m) * cols..(ji % m + 1) * cols]);
-                holds(&w, r, xi, o, &format!("bits {bits} group {group} cols {cols} m {m} row {r} input {}", ji % m));
+                let what = format!("{isa:?} bits {bits} group {group} cols {cols} m {m} row {r} input {}", ji % m);
+                holds(&w, r, xi, o, &what);
             }
         }
     }
@@ -485,6 +545,43 @@ mod tests {
             check_rows(4, 64, 1536, 4, m, 1);
             check_rows(8, 32, 576, 4, m, 2);
             check_rows(8, 128, 384, 4, m, 0);
+        }
+    }
+
+    /// Codes at both ends of their range against inputs at both ends of theirs, so that every
+    /// pair of products the AVX2 kernels add in 16 bits is as large as it can be (7,620 at 4 bits,
+    /// 32,512 at 8 once the codes are taken as `q - 128`): no sum saturates.
+    #[test]
+    fn extreme_codes_do_not_saturate() {
+        for &bits in &[4usize, 8] {
+            let (group, cols) = (32, 256);
+            let x: Vec<f32> = (0..cols).map(|i| if (i / 3) % 2 == 0 { -1.0 } else { 1.0 }).collect();
+            let mut xs = Int8X::new();
+            xs.prepare(&x, group, bits);
+            for byte in [0x00u8, 0xff, 0x0f, 0xf0] {
+                let packed = vec![byte; 2 * cols * bits / 8];
+                let (scales, biases) = (vec![0.5f32; 2 * cols / group], vec![-0.25f32; 2 * cols / group]);
+                let w = QMatrix {
+                    packed: &packed,
+                    scales: Params::F32(&scales),
+                    biases: Params::F32(&biases),
+                    bits,
+                    group,
+                    cols,
+                };
+                for isa in kernels() {
+                    let mut out = [0f32; 2];
+                    // SAFETY: kernels() checked the features; two rows of `cols` exist.
+                    unsafe { q_rows(isa, &w, 0, &xs, &mut vec![0.0; avx2::params_len(&w)], &mut out) };
+                    for (r, &o) in out.iter().enumerate() {
+                        let exact = row_reference(&w, r, &x);
+                        assert!(
+                            (o as f64 - exact).abs() < 1e-3,
+                            "{isa:?} {bits} bits, bytes {byte:#x}: {o} vs {exact}"
+                        );
+                    }
+                }
+            }
         }
     }
 

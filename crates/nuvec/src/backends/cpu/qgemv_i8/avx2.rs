@@ -1,0 +1,231 @@
+//! AVX2 kernels over the same prepared input as [`super::x512`]: `vpmaddubsw` multiplies 32
+//! unsigned weight codes by 32 signed input bytes and adds neighbours into 16-bit pairs, and
+//! `vpmaddwd` against ones adds the pairs into 8 int32 lanes of four products each (llama.cpp's
+//! AVX2 Q4_1 x Q8_1 arithmetic). A 64-byte block of the prepared layout is two 32-byte halves:
+//! half `h` holds lanes `8h..8h + 8` of [`super::x512`]'s sixteen, so the same bytes meet the same
+//! weights.
+//!
+//! The 16-bit pairs must not saturate. 4 bits: codes of at most 15 times inputs of at most 127,
+//! four to a pair after the nibbles' two products are added, 7,620 at most. 8 bits: a code of up
+//! to 255 times 127, twice, would reach 64,770, so the codes are taken as `q - 128` (signed, the
+//! difference moved into the bias: `bias + 128 scale`), their magnitude against the input with
+//! their sign (`vpsignb`), 32,512 at most.
+
+use std::arch::x86_64::*;
+
+use super::super::qgemv::x86::read_params;
+use super::super::qgemv::QMatrix;
+use super::Int8X;
+
+/// How many rows ahead the kernels prefetch the packed weights (as the f32 kernels do).
+const PF_ROWS: usize = 8;
+/// Input rows one pass over a weight row takes (one register of sums each).
+pub(crate) const TILE: usize = 4;
+/// Weight rows one pass over a single input row takes: each load of the input's bytes and
+/// scales, and the lanes' group indices, then serve four rows.
+pub(crate) const ROWS: usize = 4;
+
+/// Scratch floats the kernels need: [`ROWS`] rows' scales and biases.
+pub(crate) fn params_len(w: &QMatrix) -> usize {
+    2 * ROWS * w.groups()
+}
+
+/// `out[i] ≈ Σ_k w[r0 + i, k] x[k]` for a 4-bit or 8-bit matrix, `xs` prepared from one row
+/// `x` for the matrix's width and groups ([`Int8X::prepare`]); `params` is scratch of
+/// [`params_len`] floats.
+///
+/// # Safety
+/// avx2, fma and f16c must be available; [`super::takes`] holds for `w`, `xs` was prepared
+/// from an `x` of `w.cols` values for `w.bits` in groups of `w.group`, and rows
+/// `r0..r0 + out.len()` exist in `w`.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn q_rows(w: &QMatrix, r0: usize, xs: &Int8X, params: &mut [f32], out: &mut [f32]) {
+    let mut j = 0;
+    while j < out.len() {
+        let o = &mut out[j..];
+        // SAFETY: forwarded contract; rows r0 + j.. exist as far as `o` reaches.
+        if o.len() >= ROWS {
+            tile_of::<ROWS, 1>(w, r0 + j, xs, 0, &xs.sums, params, &mut o[..ROWS]);
+            j += ROWS;
+        } else {
+            tile_of::<1, 1>(w, r0 + j, xs, 0, &xs.sums, params, &mut o[..1]);
+            j += 1;
+        }
+    }
+}
+
+/// `out[j * m + i] ≈ Σ_k w[r0 + j, k] x[i][k]` for `out.len() / m` weight rows from `r0` and
+/// the `m` input rows `xs` was prepared from ([`Int8X::prepare_rows`]), in tiles of up to
+/// [`TILE`] input rows per pass over a weight row.
+///
+/// # Safety
+/// As [`q_rows`], with `xs` prepared from `m` rows of `w.cols` values in groups of `w.group`
+/// for `w.bits`.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn rows(w: &QMatrix, r0: usize, m: usize, xs: &Int8X, params: &mut [f32], out: &mut [f32]) {
+    let g = w.groups();
+    assert!(m > 0 && out.len().is_multiple_of(m) && xs.sums.len() == m * g);
+    if m == 1 {
+        // SAFETY: forwarded contract.
+        return q_rows(w, r0, xs, params, out);
+    }
+    let mut tile = [0f32; TILE];
+    for j in 0..out.len() / m {
+        let mut i = 0;
+        while i < m {
+            let t = (m - i).min(TILE);
+            let o = &mut tile[..t];
+            let sums = &xs.sums[i * g..(i + t) * g];
+            // SAFETY: forwarded contract; row r0 + j exists, input rows i..i + t are prepared.
+            match t {
+                1 => tile_of::<1, 1>(w, r0 + j, xs, i, sums, params, o),
+                2 => tile_of::<1, 2>(w, r0 + j, xs, i, sums, params, o),
+                3 => tile_of::<1, 3>(w, r0 + j, xs, i, sums, params, o),
+                _ => tile_of::<1, 4>(w, r0 + j, xs, i, sums, params, o),
+            }
+            out[j * m + i..j * m + i + t].copy_from_slice(o);
+            i += t;
+        }
+    }
+}
+
+/// [`q_tile`] for the matrix's width.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn tile_of<const R: usize, const M: usize>(
+    w: &QMatrix,
+    r: usize,
+    xs: &Int8X,
+    i0: usize,
+    sums: &[f32],
+    params: &mut [f32],
+    out: &mut [f32],
+) {
+    // SAFETY: forwarded contract.
+    if w.bits == 4 {
+        q_tile::<4, R, M>(w, r, xs, i0, sums, params, out)
+    } else {
+        q_tile::<8, R, M>(w, r, xs, i0, sums, params, out)
+    }
+}
+
+/// Weight rows `r..r + R` against the `M` prepared input rows from `i0` (`sums`: their group
+/// sums of `x̂`, row after row) into `out[j * M + i]`. Per 32-byte half block of a row, lane `l`
+/// of input row `i` sums its weights' codes times their input bytes in int32, then the sum, as
+/// f32, meets the lane's group scale times its input scale. The bias terms (biases against the
+/// group sums) go into the same registers: only their total is read.
+#[inline]
+#[allow(clippy::needless_range_loop)] // rows index several register arrays in step
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q_tile<const BITS: usize, const R: usize, const M: usize>(
+    w: &QMatrix,
+    r: usize,
+    xs: &Int8X,
+    i0: usize,
+    sums: &[f32],
+    params: &mut [f32],
+    out: &mut [f32],
+) {
+    let block = super::block(BITS);
+    let half = block / 2;
+    let x_bytes = super::block_bytes(BITS);
+    let (cols, group) = (w.cols, w.group);
+    let (g, rb) = (w.groups(), w.row_bytes());
+    assert!(w.bits == BITS && super::takes(BITS, group) && cols == g * group);
+    let blocks = cols.div_ceil(block);
+    assert!(xs.blocks == blocks && xs.xq.len() >= (i0 + M) * blocks * x_bytes);
+    assert!(xs.lane_scale.len() >= (i0 + M) * blocks * 16 && sums.len() == M * g && out.len() == R * M);
+    assert!((r + R) * rb <= w.packed.len() && params.len() >= 2 * R * g);
+    let mut acc = [[_mm256_setzero_ps(); M]; R];
+    let mut tail = [[0f32; M]; R];
+    let (scales, biases) = params[..2 * R * g].split_at_mut(R * g);
+    // The rows' parameters lie one after another.
+    read_params(w.scales, r * g, scales);
+    read_params(w.biases, r * g, biases);
+    for j in 0..R {
+        let (s, b) = (&scales[j * g..(j + 1) * g], &mut biases[j * g..(j + 1) * g]);
+        if BITS == 8 {
+            // The codes are taken as q - 128 below.
+            for (bias, &scale) in b.iter_mut().zip(s.iter()) {
+                *bias += 128.0 * scale;
+            }
+        }
+        for i in 0..M {
+            let sm = &sums[i * g..(i + 1) * g];
+            let mut k = 0;
+            while k + 8 <= g {
+                // SAFETY: k + 8 <= g bounds both loads.
+                let (bv, sv) = (_mm256_loadu_ps(b.as_ptr().add(k)), _mm256_loadu_ps(sm.as_ptr().add(k)));
+                acc[j][i] = _mm256_fmadd_ps(bv, sv, acc[j][i]);
+                k += 8;
+            }
+            tail[j][i] = (k..g).map(|k| b[k] * sm[k]).sum();
+        }
+    }
+    let shift = group.trailing_zeros();
+    let nibble = _mm256_set1_epi8(0x0f);
+    let flip = _mm256_set1_epi8(i8::MIN);
+    let ones = _mm256_set1_epi16(1);
+    let pb = w.packed.as_ptr().add(r * rb);
+    let px = xs.xq.as_ptr().add(i0 * blocks * x_bytes);
+    let pd = xs.lane_scale.as_ptr().add(i0 * blocks * 16);
+    let ps = scales.as_ptr();
+    // Groups of 32+ hold whole halves (64 or 32 values); a row of 4-bit weights may end half way
+    // through its last half (32 values).
+    let mut k0 = 0;
+    while k0 < cols {
+        let (bk, h) = (k0 / block, (k0 % block) / half);
+        let whole = cols - k0 >= 64;
+        // Lanes 0..4 of a 4-bit half are its first 32 values, lanes 4..8 the next 32 (past the
+        // row's end: zero inputs, any scale).
+        let (g_lo, g_hi) = (k0 >> shift, ((k0 + 32) >> shift).min(g - 1));
+        let mut xv = [[_mm256_setzero_si256(); 2]; M];
+        let mut dx = [_mm256_setzero_ps(); M];
+        for i in 0..M {
+            // SAFETY: half h of block bk of input row i0 + i exists (bk < blocks, asserted
+            // sizes); at 4 bits its high nibbles' bytes lie 64 on.
+            let xb = px.add((i * blocks + bk) * x_bytes + 32 * h);
+            xv[i][0] = _mm256_loadu_si256(xb as *const __m256i);
+            if BITS == 4 {
+                xv[i][1] = _mm256_loadu_si256(xb.add(64) as *const __m256i);
+            }
+            dx[i] = _mm256_loadu_ps(pd.add((i * blocks + bk) * 16 + 8 * h));
+        }
+        for j in 0..R {
+            let at = pb.add(j * rb + k0 * BITS / 8);
+            if (k0 * BITS / 8).is_multiple_of(64) {
+                _mm_prefetch::<_MM_HINT_NTA>(at.wrapping_add(PF_ROWS * rb) as *const i8);
+            }
+            let (wa, wb, ws) = if BITS == 4 {
+                // SAFETY: 32 bytes (64 values) where the row has them, else its last 16.
+                let v = if whole {
+                    _mm256_loadu_si256(at as *const __m256i)
+                } else {
+                    _mm256_zextsi128_si256(_mm_loadu_si128(at as *const __m128i))
+                };
+                let sj = ps.add(j * g);
+                let ws = _mm256_set_m128(_mm_broadcast_ss(&*sj.add(g_hi)), _mm_broadcast_ss(&*sj.add(g_lo)));
+                (_mm256_and_si256(v, nibble), _mm256_and_si256(_mm256_srli_epi16::<4>(v), nibble), ws)
+            } else {
+                // SAFETY: 32 bytes (32 values): 8-bit rows are whole groups of 32+.
+                let v = _mm256_xor_si256(_mm256_loadu_si256(at as *const __m256i), flip);
+                (_mm256_abs_epi8(v), v, _mm256_broadcast_ss(&*ps.add(j * g + g_lo)))
+            };
+            for i in 0..M {
+                let pairs = if BITS == 4 {
+                    _mm256_add_epi16(_mm256_maddubs_epi16(wa, xv[i][0]), _mm256_maddubs_epi16(wb, xv[i][1]))
+                } else {
+                    _mm256_maddubs_epi16(wa, _mm256_sign_epi8(xv[i][0], wb))
+                };
+                let sum = _mm256_madd_epi16(pairs, ones);
+                acc[j][i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_mul_ps(ws, dx[i]), acc[j][i]);
+            }
+        }
+        k0 += half;
+    }
+    for j in 0..R {
+        for i in 0..M {
+            out[j * M + i] = super::super::simd::x86::hsum(acc[j][i]) + tail[j][i];
+        }
+    }
+}
