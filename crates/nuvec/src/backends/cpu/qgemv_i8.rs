@@ -159,13 +159,23 @@ impl Int8X {
     /// with each row's group sums of `x̂`.
     pub(crate) fn prepare_rows(&mut self, x: &[f32], k: usize, group: usize, bits: usize) {
         if bits == 4 {
-            self.lay_out::<4>(x, k, group)
+            self.lay_out::<4>(x, k, group, true)
         } else {
-            self.lay_out::<8>(x, k, group)
+            self.lay_out::<8>(x, k, group, true)
         }
     }
 
-    fn lay_out<const BITS: usize>(&mut self, x: &[f32], k: usize, group: usize) {
+    /// [`Int8X::prepare_rows`] without SIMD (the reference the tests hold the SIMD form to).
+    #[cfg(test)]
+    fn lay_out_scalar(&mut self, x: &[f32], k: usize, group: usize, bits: usize) {
+        if bits == 4 {
+            self.lay_out::<4>(x, k, group, false)
+        } else {
+            self.lay_out::<8>(x, k, group, false)
+        }
+    }
+
+    fn lay_out<const BITS: usize>(&mut self, x: &[f32], k: usize, group: usize, simd: bool) {
         let (per_lane, block, bytes) = (32 / BITS, block(BITS), block_bytes(BITS));
         let rows = x.len().checked_div(k).unwrap_or(0);
         self.blocks = k.div_ceil(block);
@@ -180,7 +190,17 @@ impl Int8X {
             // A group holds whole blocks of 32 (groups of 32+), so each block adds to one sum.
             let first_sum = self.sums.len();
             self.sums.resize(first_sum + k.div_ceil(group), 0.0);
-            for (c, chunk) in src.chunks(QBLOCK).enumerate() {
+            #[allow(unused_mut)] // only x86-64 quantizes blocks with SIMD
+            let mut done = 0;
+            #[cfg(not(target_arch = "x86_64"))]
+            let _ = simd;
+            #[cfg(target_arch = "x86_64")]
+            if simd && supported() {
+                // SAFETY: supported() found avx2, fma and f16c.
+                done =
+                    unsafe { avx2::quantize_row::<BITS>(src, group, xq, &mut self.scale, &mut self.sums[first_sum..]) };
+            }
+            for (c, chunk) in src.chunks(QBLOCK).enumerate().skip(done) {
                 let amax = chunk.iter().fold(0f32, |m, v| m.max(v.abs()));
                 let d = amax / 127.0;
                 self.scale.push(d);
@@ -581,6 +601,32 @@ mod tests {
                         );
                     }
                 }
+            }
+        }
+    }
+
+    /// The AVX2 quantizer gives the scalar one's layout, scales and sums bit for bit.
+    #[test]
+    fn simd_quantization_is_the_scalar_one() {
+        if !supported() {
+            return;
+        }
+        for &(bits, group, k) in &[(4usize, 32usize, 576usize), (4, 64, 1536), (4, 128, 160), (8, 32, 576), (8, 64, 96)]
+        {
+            let x: Vec<f32> = (0..3).flat_map(|i| input(k, i)).collect();
+            let mut zeros = x.clone();
+            zeros[..40].iter_mut().for_each(|v| *v = 0.0);
+            for x in [x, zeros] {
+                let mut simd = Int8X::new();
+                simd.prepare_rows(&x, k, group, bits);
+                let mut scalar = Int8X::new();
+                scalar.lay_out_scalar(&x, k, group, bits);
+                assert_eq!(simd.xq, scalar.xq, "{bits} bits, group {group}, {k} values");
+                assert_eq!(simd.lane_scale, scalar.lane_scale);
+                assert_eq!(
+                    simd.sums.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                    scalar.sums.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+                );
             }
         }
     }

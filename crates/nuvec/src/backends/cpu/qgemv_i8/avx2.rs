@@ -229,3 +229,65 @@ unsafe fn q_tile<const BITS: usize, const R: usize, const M: usize>(
         }
     }
 }
+
+/// Quantizes `src`'s whole blocks of 32 values as [`Int8X`] does (bit for bit: the same largest
+/// magnitude, scale and rounding to nearest even), writing the codes into `xq` (one row of the
+/// layout for `BITS`), pushing each block's scale onto `scale` and adding `d · Σ codes` to its
+/// group's sum in `sums`. Returns how many blocks it took; the rest of the row is the caller's.
+///
+/// # Safety
+/// avx2, fma and f16c must be available.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn quantize_row<const BITS: usize>(
+    src: &[f32],
+    group: usize,
+    xq: &mut [i8],
+    scale: &mut Vec<f32>,
+    sums: &mut [f32],
+) -> usize {
+    let whole = src.len() / 32;
+    let (block, bytes) = (super::block(BITS), super::block_bytes(BITS));
+    assert!(xq.len() >= src.len().div_ceil(block) * bytes && sums.len() >= (32 * whole).div_ceil(group));
+    let magnitude = _mm256_set1_ps(-0.0);
+    // packs interleave the halves of their inputs: this puts the 32 codes back in order.
+    let order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    // Per 16 bytes: the even ones, then the odd ones.
+    let split = _mm256_setr_epi8(
+        0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15, 0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15,
+    );
+    let out = xq.as_mut_ptr();
+    for c in 0..whole {
+        // SAFETY: block c's 32 values lie in `src` (c < whole).
+        let p = src.as_ptr().add(32 * c);
+        let v = [_mm256_loadu_ps(p), _mm256_loadu_ps(p.add(8)), _mm256_loadu_ps(p.add(16)), _mm256_loadu_ps(p.add(24))];
+        let a = v.map(|v| _mm256_andnot_ps(magnitude, v));
+        let m = _mm256_max_ps(_mm256_max_ps(a[0], a[1]), _mm256_max_ps(a[2], a[3]));
+        let m = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps::<1>(m));
+        let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+        let amax = _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
+        let d = amax / 127.0;
+        let inv = _mm256_set1_ps(if amax > 0.0 { 127.0 / amax } else { 0.0 });
+        // Rounds to nearest even (the default rounding mode), as `nearest`.
+        let q = v.map(|v| _mm256_cvtps_epi32(_mm256_mul_ps(v, inv)));
+        let total = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
+        let total = _mm_add_epi32(_mm256_castsi256_si128(total), _mm256_extracti128_si256::<1>(total));
+        let total = _mm_add_epi32(total, _mm_shuffle_epi32::<0b01_00_11_10>(total));
+        let codes = _mm_cvtsi128_si32(_mm_add_epi32(total, _mm_shuffle_epi32::<0b10_11_00_01>(total)));
+        // Codes of at most 127 in magnitude: the packs do not saturate.
+        let packed = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+        let packed = _mm256_permutevar8x32_epi32(packed, order);
+        let (b, o) = (32 * c / block, 32 * c % block);
+        // SAFETY: block b of the row's layout lies in `xq` (asserted); the 32 codes fill bytes
+        // o..o + 32 of it (8 bits), or bytes o / 2..o / 2 + 16 of its low and high nibbles' halves.
+        if BITS == 8 {
+            _mm256_storeu_si256(out.add(b * bytes + o) as *mut __m256i, packed);
+        } else {
+            let halves = _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_shuffle_epi8(packed, split));
+            _mm_storeu_si128(out.add(b * bytes + o / 2) as *mut __m128i, _mm256_castsi256_si128(halves));
+            _mm_storeu_si128(out.add(b * bytes + 64 + o / 2) as *mut __m128i, _mm256_extracti128_si256::<1>(halves));
+        }
+        scale.push(d);
+        sums[32 * c / group] += d * codes as f32;
+    }
+    whole
+}
