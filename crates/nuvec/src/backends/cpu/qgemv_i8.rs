@@ -546,7 +546,7 @@ mod tests {
         let x: Vec<f32> = (0..m).flat_map(|i| input(cols, 3 * i + 1)).collect();
         let mut xs = Int8X::new();
         xs.prepare_rows(&x, cols, group, bits);
-        for nr in [1, 3] {
+        for nr in [1, 3, 6] {
             let mut out = vec![0f32; nr * m];
             // SAFETY: kernels() checked the features; the shapes are the kernel's contract.
             unsafe { rows(isa, &w, n - nr, m, &xs, &mut vec![0.0; avx2::params_len(&w)], &mut out) };
@@ -561,10 +561,10 @@ mod tests {
     #[test]
     fn int8_rows_within_the_quantization_bound() {
         for m in [1, 2, 3, 4, 5, 7, 8, 9, 17] {
-            check_rows(4, 32, 576, 4, m, (m % 3) as u8);
-            check_rows(4, 64, 1536, 4, m, 1);
-            check_rows(8, 32, 576, 4, m, 2);
-            check_rows(8, 128, 384, 4, m, 0);
+            check_rows(4, 32, 576, 8, m, (m % 3) as u8);
+            check_rows(4, 64, 1536, 8, m, 1);
+            check_rows(8, 32, 576, 8, m, 2);
+            check_rows(8, 128, 384, 8, m, 0);
         }
     }
 
