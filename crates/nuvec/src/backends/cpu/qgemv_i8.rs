@@ -232,6 +232,30 @@ fn nearest(v: f32) -> i8 {
     ((v + MAGIC) - MAGIC) as i8
 }
 
+/// `out[j * m + i]` (`out.len() / m` weight rows against `m` input rows) in passes of one weight
+/// row and up to `tile` (at most 8) input rows: `pass(j, i, those rows' group sums of x̂ (`g`
+/// each), the pass's outputs)`.
+#[cfg(target_arch = "x86_64")]
+fn by_tiles(
+    m: usize,
+    g: usize,
+    tile: usize,
+    sums: &[f32],
+    out: &mut [f32],
+    mut pass: impl FnMut(usize, usize, &[f32], &mut [f32]),
+) {
+    let mut buf = [0f32; 8];
+    for j in 0..out.len() / m {
+        let mut i = 0;
+        while i < m {
+            let t = (m - i).min(tile);
+            pass(j, i, &sums[i * g..(i + t) * g], &mut buf[..t]);
+            out[j * m + i..j * m + i + t].copy_from_slice(&buf[..t]);
+            i += t;
+        }
+    }
+}
+
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx2;
 
@@ -281,28 +305,20 @@ pub(crate) mod x512 {
     pub(crate) unsafe fn rows(w: &QMatrix, r0: usize, m: usize, xs: &Int8X, out: &mut [f32]) {
         let g = w.groups();
         assert!(m > 0 && out.len().is_multiple_of(m) && xs.sums.len() == m * g);
-        let mut tile = [0f32; TILE];
-        for j in 0..out.len() / m {
-            let mut i = 0;
-            while i < m {
-                let t = (m - i).min(TILE);
-                let o = &mut tile[..t];
-                let sums = &xs.sums[i * g..(i + t) * g];
-                // SAFETY: forwarded contract; row r0 + j exists, input rows i..i + t are prepared.
-                match t {
-                    1 => tile_of::<1>(w, r0 + j, xs, i, sums, o),
-                    2 => tile_of::<2>(w, r0 + j, xs, i, sums, o),
-                    3 => tile_of::<3>(w, r0 + j, xs, i, sums, o),
-                    4 => tile_of::<4>(w, r0 + j, xs, i, sums, o),
-                    5 => tile_of::<5>(w, r0 + j, xs, i, sums, o),
-                    6 => tile_of::<6>(w, r0 + j, xs, i, sums, o),
-                    7 => tile_of::<7>(w, r0 + j, xs, i, sums, o),
-                    _ => tile_of::<8>(w, r0 + j, xs, i, sums, o),
-                }
-                out[j * m + i..j * m + i + t].copy_from_slice(o);
-                i += t;
+        super::by_tiles(m, g, TILE, &xs.sums, out, |j, i, sums, o| {
+            // SAFETY: forwarded contract; row r0 + j exists, input rows i..i + o.len() are
+            // prepared.
+            match o.len() {
+                1 => tile_of::<1>(w, r0 + j, xs, i, sums, o),
+                2 => tile_of::<2>(w, r0 + j, xs, i, sums, o),
+                3 => tile_of::<3>(w, r0 + j, xs, i, sums, o),
+                4 => tile_of::<4>(w, r0 + j, xs, i, sums, o),
+                5 => tile_of::<5>(w, r0 + j, xs, i, sums, o),
+                6 => tile_of::<6>(w, r0 + j, xs, i, sums, o),
+                7 => tile_of::<7>(w, r0 + j, xs, i, sums, o),
+                _ => tile_of::<8>(w, r0 + j, xs, i, sums, o),
             }
-        }
+        });
     }
 
     /// [`q_tile`] for the matrix's width.

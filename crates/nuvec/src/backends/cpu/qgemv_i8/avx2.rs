@@ -69,24 +69,15 @@ pub(crate) unsafe fn rows(w: &QMatrix, r0: usize, m: usize, xs: &Int8X, params: 
         // SAFETY: forwarded contract.
         return q_rows(w, r0, xs, params, out);
     }
-    let mut tile = [0f32; TILE];
-    for j in 0..out.len() / m {
-        let mut i = 0;
-        while i < m {
-            let t = (m - i).min(TILE);
-            let o = &mut tile[..t];
-            let sums = &xs.sums[i * g..(i + t) * g];
-            // SAFETY: forwarded contract; row r0 + j exists, input rows i..i + t are prepared.
-            match t {
-                1 => tile_of::<1, 1>(w, r0 + j, xs, i, sums, params, o),
-                2 => tile_of::<1, 2>(w, r0 + j, xs, i, sums, params, o),
-                3 => tile_of::<1, 3>(w, r0 + j, xs, i, sums, params, o),
-                _ => tile_of::<1, 4>(w, r0 + j, xs, i, sums, params, o),
-            }
-            out[j * m + i..j * m + i + t].copy_from_slice(o);
-            i += t;
+    super::by_tiles(m, g, TILE, &xs.sums, out, |j, i, sums, o| {
+        // SAFETY: forwarded contract; row r0 + j exists, input rows i..i + o.len() are prepared.
+        match o.len() {
+            1 => tile_of::<1, 1>(w, r0 + j, xs, i, sums, params, o),
+            2 => tile_of::<1, 2>(w, r0 + j, xs, i, sums, params, o),
+            3 => tile_of::<1, 3>(w, r0 + j, xs, i, sums, params, o),
+            _ => tile_of::<1, 4>(w, r0 + j, xs, i, sums, params, o),
         }
-    }
+    });
 }
 
 /// [`q_tile`] for the matrix's width.
