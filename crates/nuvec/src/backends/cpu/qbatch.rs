@@ -149,7 +149,7 @@ pub(crate) const PASS_MAX: usize = 8;
 pub(crate) fn pass_rows(w: &QMatrix, xs: &PreparedRows) -> usize {
     #[cfg(target_arch = "x86_64")]
     if xs.int8().is_some() || (x512_kernel(w.bits) && xs.isa == Isa::Avx512) {
-        // The AVX-512 kernels read their own scales: several rows per call spread the call.
+        // These kernels read their own scales: several rows per call spread the call.
         return PASS_MAX;
     }
     if w.bits == 8 && xs.isa != Isa::Scalar {
@@ -159,7 +159,8 @@ pub(crate) fn pass_rows(w: &QMatrix, xs: &PreparedRows) -> usize {
     }
 }
 
-/// Scratch floats [`rows`] needs: the scales and biases of [`PAIR`] rows, and a dequantized row.
+/// Scratch floats [`rows`] needs: the scales and biases of [`PAIR`] rows and a dequantized row,
+/// and at least what the int8 kernels' passes take ([`super::qgemv::params_len`]).
 pub(crate) fn scratch_len(w: &QMatrix) -> usize {
     (2 * PAIR * w.groups() + w.cols).max(super::qgemv::params_len(w))
 }

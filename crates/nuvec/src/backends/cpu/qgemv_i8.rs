@@ -87,7 +87,7 @@ pub(crate) fn runs(isa: Isa, bits: usize, group: usize) -> bool {
 }
 
 /// [`x512::q_rows`] where `isa` is AVX-512 and the processor has VNNI, else [`avx2::q_rows`];
-/// `params` is scratch of at least `2 * w.groups()` floats.
+/// `params` is scratch of [`avx2::params_len`] floats.
 ///
 /// # Safety
 /// [`runs`] held for `isa` and `w`'s width and group when `xs` was prepared from an `x` of
@@ -184,22 +184,18 @@ impl Int8X {
         self.lane_scale.clear();
         self.lane_scale.resize(rows * self.blocks * 16, 0.0);
         self.sums.clear();
+        let simd = simd && supported();
         for (row, src) in x.chunks_exact(k.max(1)).enumerate() {
             self.scale.clear();
             let xq = &mut self.xq[row * self.blocks * bytes..(row + 1) * self.blocks * bytes];
             // A group holds whole blocks of 32 (groups of 32+), so each block adds to one sum.
             let first_sum = self.sums.len();
             self.sums.resize(first_sum + k.div_ceil(group), 0.0);
-            #[allow(unused_mut)] // only x86-64 quantizes blocks with SIMD
-            let mut done = 0;
-            #[cfg(not(target_arch = "x86_64"))]
-            let _ = simd;
-            #[cfg(target_arch = "x86_64")]
-            if simd && supported() {
-                // SAFETY: supported() found avx2, fma and f16c.
-                done =
-                    unsafe { avx2::quantize_row::<BITS>(src, group, xq, &mut self.scale, &mut self.sums[first_sum..]) };
-            }
+            let done = if simd {
+                simd_blocks::<BITS>(src, group, xq, &mut self.scale, &mut self.sums[first_sum..])
+            } else {
+                0
+            };
             for (c, chunk) in src.chunks(QBLOCK).enumerate().skip(done) {
                 let amax = chunk.iter().fold(0f32, |m, v| m.max(v.abs()));
                 let d = amax / 127.0;
@@ -222,6 +218,27 @@ impl Int8X {
                 *d = self.scale.get(first / QBLOCK).copied().unwrap_or(0.0);
             }
         }
+    }
+}
+
+/// [`avx2::quantize_row`] where this processor runs it ([`supported`]; the caller checked),
+/// else no block: how many of `src`'s blocks of 32 it quantized.
+fn simd_blocks<const BITS: usize>(
+    src: &[f32],
+    group: usize,
+    xq: &mut [i8],
+    scale: &mut Vec<f32>,
+    sums: &mut [f32],
+) -> usize {
+    #[cfg(target_arch = "x86_64")]
+    {
+        // SAFETY: the caller found avx2, fma and f16c (`supported`).
+        unsafe { avx2::quantize_row::<BITS>(src, group, xq, scale, sums) }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (src, group, xq, scale, sums);
+        0
     }
 }
 
